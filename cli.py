@@ -1,0 +1,294 @@
+"""dsv4-lab: the command line of the lab (typer + rich).
+
+Every command loads stages.yaml first; a bad spec, a bad filter or a bad targets file is
+one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from harness.matrix import FilterError, expand, parse_axis_flags, parse_filters, parse_where, select
+from harness.paths import lab_root
+from harness.spec import ARCHS, ARCH_KEYS, Spec, SpecError, Stage, load_spec
+
+
+class UsageError(Exception):
+    """Bad command-line usage, phrased as one line."""
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  help="Staged kernel lab for DeepSeek-V4 attention: run, gate, dashboard.")
+baseline_app = typer.Typer(no_args_is_help=True, help="Baselines: the metric values a case must keep.")
+targets_app = typer.Typer(no_args_is_help=True, help="Remote targets (SSH).")
+app.add_typer(baseline_app, name="baseline")
+app.add_typer(targets_app, name="targets")
+
+FILTER_CTX = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def _spec() -> Spec:
+    root = lab_root()
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return load_spec(root=root)
+
+
+def _archs(arch: str) -> list[str] | None:
+    if arch in ("all", ""):
+        return None
+    out = []
+    for a in arch.split(","):
+        a = a.strip()
+        if a in ARCHS:
+            out.append(ARCHS[a])
+        elif a in ARCH_KEYS:
+            out.append(a)
+        else:
+            raise UsageError(f"--arch {a}: unknown — use {', '.join(v for v in ARCHS.values() if v != 'cpu')} or all")
+    return out
+
+
+def _cases_of(stage: Stage, extra: list[str], where: str | None):
+    pairs = parse_axis_flags(extra) + (parse_where(where) if where else [])
+    filters = parse_filters(stage, pairs)
+    return select(expand(stage), filters)
+
+
+def _stages(spec: Spec, name: str | None, all_: bool) -> list[Stage]:
+    if all_ or name is None:
+        if not all_ and name is None:
+            raise UsageError("name a stage (e.g. dsv4-lab run stage-A) or pass --all")
+        return list(spec.stages.values())
+    return [spec.stage(name)]
+
+
+# ---------------------------------------------------------------------------------------
+
+
+@app.command("list")
+def list_cmd() -> None:
+    """Stages, their archs, matrix sizes, and whether each arch can run here."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from harness.environment import gpu_capabilities
+
+    spec = _spec()
+    caps = gpu_capabilities()
+    runnable = {"cpu"} | {a for _, a in caps.values() if a}
+    gpus = ", ".join(sorted({n for n, _ in caps.values()})) or "no GPU"
+    table = Table(title=f"dsv4-lab stages — this machine: {gpus}")
+    for col in ("stage", "title", "axes", "cases", "archs"):
+        table.add_column(col)
+    for st in spec.stages.values():
+        n = len(expand(st))
+        axes = " × ".join(f"{k}{{{','.join(map(str, v))}}}" for k, v in st.matrix.items())
+        archs = ", ".join(f"{a} ({'runs here' if a in runnable else 'compile only'})" for a in st.kernels)
+        table.add_row(st.name, st.title, axes, str(n), archs)
+    Console().print(table)
+
+
+@app.command("run", context_settings=FILTER_CTX)
+def run_cmd(
+    ctx: typer.Context,
+    stage: Optional[str] = typer.Argument(None, help="stage name, e.g. stage-D1 or D1"),
+    all_: bool = typer.Option(False, "--all", help="every stage"),
+    arch: str = typer.Option("all", help="sm_90a, sm_100a or all"),
+    bench: bool = typer.Option(False, "--bench", help="also time the stage's bench case"),
+    where: Optional[str] = typer.Option(None, help="filters, e.g. hd=512,n=256"),
+    target: str = typer.Option("local", help="where to run: local, or a target from targets.yaml (a,b splits)"),
+    gpus: Optional[str] = typer.Option(None, help="GPU indices to use, e.g. 0,1"),
+    workers_per_gpu: int = typer.Option(1, help="worker processes per GPU"),
+    timeout: Optional[float] = typer.Option(None, help="per-case timeout in seconds (default: the stage's)"),
+    seed: int = typer.Option(0, help="base seed of the input generators"),
+    emit_jsonl: bool = typer.Option(False, "--emit-jsonl", help="print records as JSON lines on stdout (remote mode)"),
+    shard: Optional[str] = typer.Option(None, help="run only every n-th case from the i-th: i/n (used to split runs)"),
+) -> None:
+    """Run a stage's matrix (filtered by axis flags like --hd 512); live progress, a table, records."""
+    from harness.report import run_local_and_report, run_remote_and_report
+
+    spec = _spec()
+    stages = _stages(spec, stage, all_)
+    archs = _archs(arch)
+    gpu_list = [int(g) for g in gpus.split(",")] if gpus else None
+    cases = {st.id: _cases_of(st, ctx.args, where) for st in stages}
+    if sum(len(c) for c in cases.values()) == 0:
+        raise UsageError("no case matches these filters")
+    argv = ["run"] + sys.argv[2:]
+    shard_t = None
+    if shard:
+        try:
+            i, n = (int(x) for x in shard.split("/"))
+            assert 0 <= i < n
+        except (ValueError, AssertionError):
+            raise UsageError(f"--shard {shard}: expected i/n with 0 <= i < n, e.g. 0/2")
+        shard_t = (i, n)
+    if target != "local":
+        code = run_remote_and_report(spec, target, argv, cases)
+    else:
+        code = run_local_and_report(
+            spec, stages, archs, cases, bench=bench, gpus=gpu_list, workers_per_gpu=workers_per_gpu,
+            timeout=timeout, seed=seed, emit_jsonl=emit_jsonl, argv=argv, shard=shard_t,
+        )
+    raise typer.Exit(code)
+
+
+@app.command("compile", context_settings=FILTER_CTX)
+def compile_cmd(
+    ctx: typer.Context,
+    stage: str = typer.Argument(..., help="stage name"),
+    arch: str = typer.Option(..., help="sm_90a or sm_100a"),
+    where: Optional[str] = typer.Option(None, help="filters, e.g. hd=512"),
+    keep: Optional[Path] = typer.Option(None, help="copy PTX and cubin (and SASS when cuobjdump is here) to this folder"),
+) -> None:
+    """Compile only (no GPU needed): instruction inventory, registers / shared memory / spills."""
+    from harness.report import compile_and_report
+
+    spec = _spec()
+    st = spec.stage(stage)
+    archs = _archs(arch) or list(st.kernels)
+    for a in archs:
+        if a not in st.kernels:
+            raise UsageError(f"{st.name} has no {a} kernel (it has {', '.join(st.kernels)})")
+    raise typer.Exit(compile_and_report(spec, st, archs, _cases_of(st, ctx.args, where), keep))
+
+
+@app.command("gate")
+def gate_cmd(
+    install_hook: bool = typer.Option(False, "--install-hook", help="install the git pre-commit hook"),
+    force: bool = typer.Option(False, "--force", help="with --install-hook: replace a hook the lab did not write"),
+    no_run: bool = typer.Option(False, "--no-run", help="never run stale cases; report them"),
+) -> None:
+    """Regression gate: every baselined case must still hold on the current tree."""
+    from harness import gate
+
+    root = lab_root()
+    if install_hook:
+        raise typer.Exit(gate.install_hook(root, force=force))
+    raise typer.Exit(gate.main(root, allow_run=not no_run))
+
+
+@baseline_app.command("accept", context_settings=FILTER_CTX)
+def baseline_accept(
+    ctx: typer.Context,
+    stage: str = typer.Argument(...),
+    arch: str = typer.Option("all"),
+    where: Optional[str] = typer.Option(None),
+) -> None:
+    """Make the newest passing, fresh result of each selected case its baseline."""
+    from harness import baselines
+
+    spec = _spec()
+    st = spec.stage(stage)
+    raise typer.Exit(baselines.accept(spec, st, _archs(arch), _cases_of(st, ctx.args, where)))
+
+
+@baseline_app.command("show")
+def baseline_show(stage: Optional[str] = typer.Argument(None)) -> None:
+    """The baselines, per stage, arch and case."""
+    from harness import baselines
+
+    raise typer.Exit(baselines.show(lab_root(), stage))
+
+
+@baseline_app.command("drop", context_settings=FILTER_CTX)
+def baseline_drop(
+    ctx: typer.Context,
+    stage: str = typer.Argument(...),
+    arch: str = typer.Option("all"),
+    where: Optional[str] = typer.Option(None),
+) -> None:
+    """Remove the baselines of the selected cases."""
+    from harness import baselines
+
+    spec = _spec()
+    st = spec.stage(stage)
+    raise typer.Exit(baselines.drop(spec, st, _archs(arch), _cases_of(st, ctx.args, where)))
+
+
+@app.command("dashboard")
+def dashboard_cmd(watch: bool = typer.Option(False, "--watch", help="refresh while records arrive"),
+                  interval: float = typer.Option(2.0, help="seconds between refreshes with --watch")) -> None:
+    """Where every stage stands: stages × arch."""
+    from harness import dashboard
+
+    raise typer.Exit(dashboard.main(lab_root(), watch=watch, interval=interval))
+
+
+@app.command("history", context_settings=FILTER_CTX)
+def history_cmd(ctx: typer.Context, stage: str = typer.Argument(...), arch: str = typer.Option("all"),
+                where: Optional[str] = typer.Option(None)) -> None:
+    """One case's metrics across commits, oldest first, with a trend line."""
+    from harness import history
+
+    spec = _spec()
+    st = spec.stage(stage)
+    raise typer.Exit(history.main(spec, st, _archs(arch), _cases_of(st, ctx.args, where)))
+
+
+@app.command("show")
+def show_cmd(record_or_run: str = typer.Argument(..., help="a record id (RUN.N) or a run id")) -> None:
+    """A record or a run in full, error text and notes included."""
+    from harness import history
+
+    raise typer.Exit(history.show(lab_root(), record_or_run))
+
+
+@app.command("note")
+def note_cmd(run: str = typer.Argument(...), text: str = typer.Argument(...)) -> None:
+    """Annotate a run; shown by show and history."""
+    from harness import history
+
+    raise typer.Exit(history.note(lab_root(), run, text))
+
+
+@targets_app.command("list")
+def targets_list() -> None:
+    """The targets declared in targets.yaml (and the per-user override)."""
+    from harness import targets
+
+    raise typer.Exit(targets.list_cmd(lab_root()))
+
+
+@targets_app.command("check")
+def targets_check(name: str = typer.Argument(...)) -> None:
+    """Connect to a target; report Python, torch, CuTeDSL, GPUs and the work folder."""
+    from harness import targets
+
+    raise typer.Exit(targets.check_cmd(lab_root(), name))
+
+
+def main() -> None:
+    """Console entry point: usage and config problems are one line and exit code 2."""
+    from harness.baselines import BaselineError
+    from harness.targets import TargetError
+
+    try:
+        app(standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (SpecError, FilterError, UsageError, BaselineError, TargetError) as exc:
+        print(f"dsv4-lab: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("dsv4-lab: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # click's own usage errors
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(2)
+        if isinstance(exc, click.exceptions.Abort):
+            sys.exit(130)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,2 @@
+class BaselineError(Exception):
+    pass

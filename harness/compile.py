@@ -1,0 +1,283 @@
+"""Compile checks and the on-disk compile cache.
+
+A case is compiled against fake tensors (static shapes from the oracle's `tensors(case)`),
+so it needs no GPU. The result is exported to an object file and cached under
+.cache/compile/<key>/ with its PTX, cubin and a meta.json holding the instruction
+inventory and the resource report (registers, shared memory, spills). The key covers the
+stage's source hash, the kernel parameters, the tensor specs, the arch and the CuTeDSL
+version: a re-run of an unchanged matrix compiles nothing.
+
+CuTeDSL reads its target arch from the environment when it is imported, so compiling is
+done in worker processes dedicated to one arch (`compile_many`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from harness.environment import cutedsl_version
+from harness.identity import source_hash
+from harness.paths import cache_dir
+from harness.spec import Stage, load_spec
+
+# Counted in the PTX of every compile; shown by `dsv4-lab compile`.
+INVENTORY = {
+    "wgmma": r"\bwgmma\.mma_async",
+    "tcgen05.mma": r"\btcgen05\.mma\b",
+    "tcgen05.ld": r"\btcgen05\.ld\b",
+    "tcgen05.st": r"\btcgen05\.st\b",
+    "tcgen05.alloc": r"\btcgen05\.alloc\b",
+    "cp.async.bulk.tensor": r"\bcp\.async\.bulk\.tensor",
+    "mbarrier": r"\bmbarrier\.",
+    "ldmatrix": r"\bldmatrix\b",
+    "stmatrix": r"\bstmatrix\b",
+    "fence.proxy.async": r"\bfence\.proxy\.async",
+    "mma.sync": r"\bmma\.sync\b",
+}
+
+
+@dataclass
+class CompileResult:
+    ok: bool
+    key: str
+    arch: str
+    cached: bool = False
+    seconds: float = 0.0
+    prefix: str = ""
+    object_path: str = ""
+    ptx_path: str = ""
+    cubin_path: str = ""
+    inventory: dict[str, int] = field(default_factory=dict)
+    resources: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """The compact form kept in a record."""
+        d: dict[str, Any] = {"key": self.key[:12], "s": round(self.seconds, 2), "cached": self.cached}
+        d.update(self.resources)
+        return d
+
+
+def tensor_specs(stage: Stage, case: dict[str, Any]) -> list:
+    return _load_attr(stage.tensors.module, stage.tensors.name)(case)
+
+
+def _load_attr(module: str, name: str):
+    return getattr(importlib.import_module(module), name)
+
+
+def cache_key(root: Path, stage: Stage, arch: str, case: dict[str, Any]) -> str:
+    specs = tensor_specs(stage, case)
+    payload = {
+        "src": source_hash(root, stage, arch),
+        "arch": arch,
+        "params": {k: case[k] for k in stage.kernel_params},
+        "tensors": [s.to_json() for s in specs],
+        "cute": cutedsl_version(),
+        "entry": stage.kernels[arch].entry,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def entry_dir(root: Path, key: str) -> Path:
+    return cache_dir(root) / "compile" / key[:2] / key
+
+
+def cached_result(root: Path, key: str) -> CompileResult | None:
+    meta = entry_dir(root, key) / "meta.json"
+    if not meta.is_file():
+        return None
+    try:
+        d = json.loads(meta.read_text())
+        res = CompileResult(**d)
+    except (ValueError, TypeError):
+        return None
+    if res.ok and not Path(res.object_path).is_file():
+        return None
+    res.cached = True
+    return res
+
+
+def inventory(ptx: str) -> dict[str, int]:
+    return {name: len(re.findall(rx, ptx)) for name, rx in INVENTORY.items()}
+
+
+def ptxas_resources(ptx_path: Path, arch: str) -> dict[str, Any]:
+    """Registers, spills, stack and static shared memory per the CUDA assembler, when it is
+    installed (`ptxas -v`). Empty when it is not."""
+    ptxas = shutil.which("ptxas")
+    if not ptxas:
+        return {}
+    try:
+        out = subprocess.run(
+            [ptxas, f"-arch={arch}", "-v", str(ptx_path), "-o", os.devnull],
+            capture_output=True, text=True, timeout=300,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    text = out.stdout + out.stderr
+    res: dict[str, Any] = {}
+    regs = [int(x) for x in re.findall(r"Used (\d+) registers", text)]
+    if regs:
+        res["regs"] = max(regs)
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    if spills:
+        res["spill"] = max(int(a) + int(b) for a, b in spills)
+    stack = re.findall(r"(\d+) bytes stack frame", text)
+    if stack:
+        res["stack"] = max(int(x) for x in stack)
+    smem = re.findall(r"(\d+) bytes smem", text)
+    res["static_smem"] = max((int(x) for x in smem), default=0)
+    return res
+
+
+def _fake_tensor(spec):
+    import cutlass
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    dtypes = {
+        "bfloat16": cutlass.BFloat16, "float16": cutlass.Float16, "float32": cutlass.Float32,
+        "int32": cutlass.Int32, "uint8": cutlass.Uint8, "float8_e4m3fn": cutlass.Float8E4M3FN,
+    }
+    order = tuple(range(len(spec.shape) - 1, -1, -1))  # row-major: last mode fastest
+    return make_fake_compact_tensor(dtypes[spec.dtype], tuple(spec.shape), stride_order=order, assumed_align=16)
+
+
+def _short_error(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # CuTeDSL colours its messages
+    return text.strip()[:4000]
+
+
+def compile_case(root: Path, stage: Stage, arch: str, case: dict[str, Any], keep: Path | None = None) -> CompileResult:
+    """Compile one case for `arch` in this process (whose CUTE_DSL_ARCH must be `arch`),
+    or return the cached result. Never raises for a kernel's own error."""
+    key = cache_key(root, stage, arch, case)
+    hit = cached_result(root, key)
+    if hit is not None and keep is None:
+        return hit
+    if os.environ.get("CUTE_DSL_ARCH") != arch:
+        raise RuntimeError(f"compile_case for {arch} in a process set up for {os.environ.get('CUTE_DSL_ARCH')}")
+    out_dir = entry_dir(root, key)
+    t0 = time.perf_counter()
+    prefix = "dsv4_" + key[:16]
+    try:
+        import cutlass.cute as cute
+        from cutlass.cute.runtime import make_fake_stream
+
+        kref = stage.kernels[arch]
+        kernel_cls = _load_attr(kref.module, kref.entry)
+        kernel = kernel_cls(**{k: case[k] for k in stage.kernel_params})
+        fakes = [_fake_tensor(s) for s in tensor_specs(stage, case)]
+        compiled = cute.compile(kernel, *fakes, make_fake_stream())
+        # CUTE_DSL_KEEP=ptx,cubin (set per process) dumps both into CUTE_DSL_DUMP_DIR.
+        # __ptx__ holds the PTX text, or the path of the dumped file, depending on the build.
+        raw_ptx = compiled.__ptx__ or ""
+        ptx_file = Path(raw_ptx) if raw_ptx and "\n" not in raw_ptx else None
+        ptx = ptx_file.read_text() if ptx_file and ptx_file.is_file() else raw_ptx
+        cubin = compiled.__cubin__ if isinstance(compiled.__cubin__, bytes) else b""
+        if ptx_file:
+            for dumped in ptx_file.parent.glob(ptx_file.name.rsplit(".", 2)[0] + ".*"):
+                dumped.unlink(missing_ok=True)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        compiled.export_to_c(str(out_dir), "kernel", function_prefix=prefix)
+        seconds = time.perf_counter() - t0
+        (out_dir / "kernel.ptx").write_text(ptx)
+        if cubin:
+            (out_dir / "kernel.cubin").write_bytes(cubin)
+        resources = ptxas_resources(out_dir / "kernel.ptx", arch) if ptx else {}
+        smem = getattr(kernel, "smem_bytes", None)
+        if isinstance(smem, int):
+            resources["smem"] = smem + resources.get("static_smem", 0)
+        res = CompileResult(
+            ok=True, key=key, arch=arch, seconds=seconds, prefix=prefix,
+            object_path=str(out_dir / "kernel.o"), ptx_path=str(out_dir / "kernel.ptx"),
+            cubin_path=str(out_dir / "kernel.cubin") if cubin else "",
+            inventory=inventory(ptx), resources=resources,
+        )
+    except Exception as exc:  # the kernel's own compile error is a result, not a crash
+        res = CompileResult(
+            ok=False, key=key, arch=arch, seconds=time.perf_counter() - t0,
+            error=_short_error(exc), resources={},
+        )
+        if os.environ.get("DSV4_LAB_DEBUG"):
+            traceback.print_exc()
+    if res.ok:
+        tmp_meta = out_dir / "meta.json.tmp"
+        tmp_meta.write_text(json.dumps(asdict(res)))
+        tmp_meta.replace(out_dir / "meta.json")
+    if keep is not None and res.ok:
+        keep.mkdir(parents=True, exist_ok=True)
+        for name in ("kernel.ptx", "kernel.cubin"):
+            src = out_dir / name
+            if src.is_file():
+                shutil.copy(src, keep / name)
+    return res
+
+
+# ---------------------------------------------------------------------------------------
+# Parallel compiling: one process pool per arch (CuTeDSL's arch is per process).
+
+_WORKER_STATE: dict[str, Any] = {}
+
+
+def _init_worker(root: str, arch: str) -> None:
+    os.environ["CUTE_DSL_ARCH"] = arch
+    os.environ["CUTE_DSL_KEEP"] = "ptx,cubin"
+    os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="dsv4-compile-")
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    _WORKER_STATE["root"] = Path(root)
+    _WORKER_STATE["spec"] = load_spec(root=Path(root))
+
+
+def _compile_job(stage_id: str, arch: str, case: dict[str, Any]) -> CompileResult:
+    spec = _WORKER_STATE["spec"]
+    return compile_case(_WORKER_STATE["root"], spec.stages[stage_id], arch, case)
+
+
+class Compiler:
+    """Compiles cases in parallel, a pool per arch, sized to the machine's cores."""
+
+    def __init__(self, root: Path, max_workers: int | None = None):
+        self.root = root
+        self.max_workers = max_workers or max(1, os.cpu_count() or 1)
+        self._pools: dict[str, ProcessPoolExecutor] = {}
+
+    def _pool(self, arch: str) -> ProcessPoolExecutor:
+        if arch not in self._pools:
+            self._pools[arch] = ProcessPoolExecutor(
+                max_workers=self.max_workers, mp_context=get_context("spawn"),
+                initializer=_init_worker, initargs=(str(self.root), arch),
+            )
+        return self._pools[arch]
+
+    def submit(self, stage: Stage, arch: str, case: dict[str, Any]) -> Future:
+        """A future CompileResult; an already cached case resolves at once, without a pool."""
+        key = cache_key(self.root, stage, arch, case)
+        hit = cached_result(self.root, key)
+        if hit is not None:
+            fut: Future = Future()
+            fut.set_result(hit)
+            return fut
+        return self._pool(arch).submit(_compile_job, stage.id, arch, case)
+
+    def close(self, cancel: bool = False) -> None:
+        for pool in self._pools.values():
+            pool.shutdown(wait=not cancel, cancel_futures=cancel)
+        self._pools.clear()

@@ -1,0 +1,265 @@
+"""Case execution in a worker process, and the parent's handle on that process.
+
+The worker imports torch and CuTeDSL once, then serves cases over a pipe: inputs from the
+stage's generator, outputs allocated and poisoned, the cached compiled kernel loaded and
+launched, CUDA errors checked by a synchronize, the oracle run, metrics returned. A CUDA
+error leaves the context unusable, so after reporting one the worker exits and the parent
+starts a new one. The parent bounds each case by a timeout: a hang is killed and reported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing import get_context
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+STARTUP_TIMEOUT_S = 180.0
+
+
+@dataclass
+class Job:
+    stage: str
+    arch: str
+    case: dict[str, Any]
+    kernel_params: tuple[str, ...]
+    kernel_module: str
+    kernel_entry: str
+    tensors: tuple[str, str]
+    inputs: tuple[str, str]
+    oracle: tuple[str, str]
+    flops: tuple[str, str] | None
+    seed: int
+    object_path: str = ""
+    prefix: str = ""
+    bench: bool = False
+
+
+# ---------------------------------------------------------------------------------------
+# Worker side.
+
+
+def _attr(ref: tuple[str, str]):
+    return getattr(importlib.import_module(ref[0]), ref[1])
+
+
+_TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "int32": "int32",
+                 "uint8": "uint8", "float8_e4m3fn": "float8_e4m3fn"}
+
+
+class _Executor:
+    def __init__(self) -> None:
+        self._loaded: dict[str, Any] = {}
+
+    def launcher(self, job: Job, args: list):
+        """A zero-argument callable that launches the case's kernel on `args`."""
+        import torch
+
+        if job.arch == "cpu":  # the lab's own tests: a plain-Python kernel
+            kernel = _attr((job.kernel_module, job.kernel_entry))(**{k: job.case[k] for k in job.kernel_params})
+            return lambda: kernel(*args)
+
+        import cuda.bindings.driver as cuda
+        import cutlass.cute as cute
+        from cutlass.cute.runtime import from_dlpack
+
+        fn = self._loaded.get(job.object_path)
+        if fn is None:
+            fn = cute.runtime.load_module(job.object_path)[job.prefix]
+            self._loaded[job.object_path] = fn
+        cute_args = [from_dlpack(t, assumed_align=16) for t in args]
+
+        def launch() -> None:
+            fn(*cute_args, cuda.CUstream(torch.cuda.current_stream().cuda_stream))
+
+        return launch
+
+    def run(self, job: Job) -> dict:
+        import torch
+
+        from harness.metrics import compare, poison_
+
+        device = "cpu" if job.arch == "cpu" else "cuda"
+        specs = _attr(job.tensors)(job.case)
+        inputs = _attr(job.inputs)(job.case, job.seed, device)
+
+        def fresh_outputs() -> dict:
+            return {
+                s.name: poison_(torch.empty(s.shape, dtype=getattr(torch, _TORCH_DTYPES[s.dtype]), device=device))
+                for s in specs if s.role == "out"
+            }
+
+        outputs = fresh_outputs()
+        args = [inputs[s.name] if s.role == "in" else outputs[s.name] for s in specs]
+        launch = self.launcher(job, args)
+        launch()
+        if device == "cuda":
+            torch.cuda.synchronize()  # raises on a launch failure or illegal address
+        ref = _attr(job.oracle)(inputs, job.case)
+        metrics = {name: compare(outputs[name], ref[name]).to_json() for name in outputs}
+        result: dict[str, Any] = {"metrics": metrics}
+        if job.bench and device == "cuda":
+            result["timing"] = self._bench(job, specs, inputs, fresh_outputs)
+        return result
+
+    def _bench(self, job: Job, specs, inputs: dict, fresh_outputs) -> dict:
+        from harness.timing import bench, rotations
+
+        total_bytes = sum(s.nbytes for s in specs)
+        sets = []
+        for i in range(rotations(total_bytes)):
+            ins = inputs if i == 0 else {k: v.clone() for k, v in inputs.items()}
+            outs = fresh_outputs()
+            sets.append([ins[s.name] if s.role == "in" else outs[s.name] for s in specs])
+        t = bench([self.launcher(job, a) for a in sets])
+        secs = t["us"] * 1e-6
+        if job.flops:
+            t["tflops"] = _attr(job.flops)(job.case) / secs / 1e12
+        t["gbps"] = total_bytes / secs / 1e9
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in t.items()}
+
+
+def worker_main(conn: Connection, root: str, gpu: int | None) -> None:
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    try:
+        import torch
+
+        env: dict[str, Any] = {}
+        if torch.cuda.is_available():
+            import cutlass  # noqa: F401  (import cost paid before the first case)
+
+            from harness.environment import gpu_environment
+
+            torch.cuda.init()
+            env = gpu_environment()
+        conn.send({"ready": True, "env": env, "pid": os.getpid()})
+    except Exception as exc:
+        conn.send({"ready": False, "error": f"worker start failed: {type(exc).__name__}: {exc}"})
+        return
+    executor = _Executor()
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            out = executor.run(job)
+            out["seconds"] = time.perf_counter() - t0
+            conn.send(out)
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}".strip()
+            cuda_error = "CUDA" in text or "cuda" in type(exc).__module__ or "CUresult" in text
+            conn.send({
+                "error": text[:4000],
+                "trace": traceback.format_exc()[-3000:],
+                "status": "crash" if cuda_error else "error",
+                "seconds": time.perf_counter() - t0,
+            })
+            if cuda_error:  # the CUDA context is unusable after a device fault
+                os._exit(3)
+
+
+# ---------------------------------------------------------------------------------------
+# Parent side.
+
+
+class WorkerHandle:
+    """One worker process, (re)started on demand, pinned to one GPU (or none)."""
+
+    def __init__(self, root: Path, gpu: int | None):
+        self.root = root
+        self.gpu = gpu
+        self.proc = None
+        self.conn: Connection | None = None
+        self.env: dict[str, Any] = {}
+        self.starts = 0
+
+    def _start(self) -> None:
+        ctx = get_context("spawn")
+        parent, child = ctx.Pipe()
+        self.proc = ctx.Process(target=worker_main, args=(child, str(self.root), self.gpu), daemon=True)
+        self.proc.start()
+        child.close()
+        self.conn = parent
+        self.starts += 1
+        if not parent.poll(STARTUP_TIMEOUT_S):
+            self.kill()
+            raise RuntimeError(f"worker did not start within {STARTUP_TIMEOUT_S:.0f} s")
+        try:
+            hello = parent.recv()
+        except EOFError:
+            code = self.proc.exitcode
+            self.kill()
+            raise RuntimeError(f"worker died while starting (exit code {code})")
+        if not hello.get("ready"):
+            self.kill()
+            raise RuntimeError(hello.get("error", "worker failed to start"))
+        self.env = hello.get("env", {})
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.is_alive()
+
+    def run(self, job: Job, timeout_s: float) -> dict:
+        """The worker's answer for `job`, or {"status": "crash"|"timeout", "error": ...}."""
+        if not self.alive():
+            self.kill()
+            try:
+                self._start()
+            except RuntimeError as exc:
+                return {"status": "crash", "error": str(exc)}
+        assert self.conn is not None and self.proc is not None
+        self.conn.send(job)
+        if not self.conn.poll(timeout_s):
+            self.kill()
+            return {"status": "timeout", "error": f"no result within {timeout_s:g} s; worker killed"}
+        try:
+            out = self.conn.recv()
+        except EOFError:
+            self.proc.join(5)
+            code = self.proc.exitcode
+            self.kill()
+            return {"status": "crash", "error": f"worker died (exit code {code}{_signal_name(code)})"}
+        if out.get("status") == "crash":
+            self.proc.join(5)
+            self.kill()
+        return out
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+        if self.conn is not None:
+            self.conn.close()
+        self.proc, self.conn = None, None
+
+    def close(self) -> None:
+        if self.alive() and self.conn is not None:
+            try:
+                self.conn.send(None)
+                self.proc.join(5)
+            except (OSError, BrokenPipeError):
+                pass
+        self.kill()
+
+
+def _signal_name(code: int | None) -> str:
+    if code is None or code >= 0:
+        return ""
+    import signal
+
+    try:
+        return f", {signal.Signals(-code).name}"
+    except ValueError:
+        return ""
