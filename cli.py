@@ -74,10 +74,10 @@ def _stages(spec: Spec, name: str | None, all_: bool) -> list[Stage]:
 @app.command("list")
 def list_cmd() -> None:
     """Stages, their archs, matrix sizes, and whether each arch can run here."""
-    from rich.console import Console
     from rich.table import Table
 
     from harness.environment import gpu_capabilities
+    from harness.report import make_console
 
     spec = _spec()
     caps = gpu_capabilities()
@@ -91,7 +91,7 @@ def list_cmd() -> None:
         axes = " × ".join(f"{k}{{{','.join(map(str, v))}}}" for k, v in st.matrix.items())
         archs = ", ".join(f"{a} ({'runs here' if a in runnable else 'compile only'})" for a in st.kernels)
         table.add_row(st.name, st.title, axes, str(n), archs)
-    Console().print(table)
+    make_console().print(table)
 
 
 @app.command("run", context_settings=FILTER_CTX)
@@ -270,7 +270,8 @@ def main() -> None:
     from harness.targets import TargetError
 
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)  # click returns a command's exit code in this mode
+        sys.exit(rc if isinstance(rc, int) else 0)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (SpecError, FilterError, UsageError, BaselineError, TargetError) as exc:

@@ -33,7 +33,7 @@ from typing import Any
 from harness.environment import cutedsl_version
 from harness.identity import source_hash
 from harness.paths import cache_dir
-from harness.spec import Stage, load_spec
+from harness.spec import Stage
 
 # Counted in the PTX of every compile; shown by `dsv4-lab compile`.
 INVENTORY = {
@@ -49,6 +49,9 @@ INVENTORY = {
     "fence.proxy.async": r"\bfence\.proxy\.async",
     "mma.sync": r"\bmma\.sync\b",
 }
+
+
+CACHE_FORMAT = 2  # bump when what a cache entry holds changes
 
 
 @dataclass
@@ -84,6 +87,7 @@ def _load_attr(module: str, name: str):
 def cache_key(root: Path, stage: Stage, arch: str, case: dict[str, Any]) -> str:
     specs = tensor_specs(stage, case)
     payload = {
+        "lab": CACHE_FORMAT,
         "src": source_hash(root, stage, arch),
         "arch": arch,
         "params": {k: case[k] for k in stage.kernel_params},
@@ -146,6 +150,19 @@ def ptxas_resources(ptx_path: Path, arch: str) -> dict[str, Any]:
     return res
 
 
+def dynamic_smem_bytes(kernel) -> int | None:
+    """The dynamic shared memory a kernel launches with, as it declares it: an int
+    `smem_bytes`, or the `smem_struct` it allocates (a cute.struct), set while tracing."""
+    smem = getattr(kernel, "smem_bytes", None)
+    if isinstance(smem, int):
+        return smem
+    struct = getattr(kernel, "smem_struct", None)
+    try:
+        return int(struct.size_in_bytes()) if struct is not None else None
+    except Exception:
+        return None
+
+
 def _fake_tensor(spec):
     import cutlass
     from cutlass.cute.runtime import make_fake_compact_tensor
@@ -201,8 +218,8 @@ def compile_case(root: Path, stage: Stage, arch: str, case: dict[str, Any], keep
         if cubin:
             (out_dir / "kernel.cubin").write_bytes(cubin)
         resources = ptxas_resources(out_dir / "kernel.ptx", arch) if ptx else {}
-        smem = getattr(kernel, "smem_bytes", None)
-        if isinstance(smem, int):
+        smem = dynamic_smem_bytes(kernel)
+        if smem is not None:
             resources["smem"] = smem + resources.get("static_smem", 0)
         res = CompileResult(
             ok=True, key=key, arch=arch, seconds=seconds, prefix=prefix,
@@ -243,12 +260,10 @@ def _init_worker(root: str, arch: str) -> None:
     if root not in sys.path:
         sys.path.insert(0, root)
     _WORKER_STATE["root"] = Path(root)
-    _WORKER_STATE["spec"] = load_spec(root=Path(root))
 
 
-def _compile_job(stage_id: str, arch: str, case: dict[str, Any]) -> CompileResult:
-    spec = _WORKER_STATE["spec"]
-    return compile_case(_WORKER_STATE["root"], spec.stages[stage_id], arch, case)
+def _compile_job(stage: Stage, arch: str, case: dict[str, Any]) -> CompileResult:
+    return compile_case(_WORKER_STATE["root"], stage, arch, case)
 
 
 class Compiler:
@@ -258,6 +273,7 @@ class Compiler:
         self.root = root
         self.max_workers = max_workers or max(1, os.cpu_count() or 1)
         self._pools: dict[str, ProcessPoolExecutor] = {}
+        self._pending: dict[str, Future] = {}  # key -> future: one compile per key per run
 
     def _pool(self, arch: str) -> ProcessPoolExecutor:
         if arch not in self._pools:
@@ -270,12 +286,16 @@ class Compiler:
     def submit(self, stage: Stage, arch: str, case: dict[str, Any]) -> Future:
         """A future CompileResult; an already cached case resolves at once, without a pool."""
         key = cache_key(self.root, stage, arch, case)
+        if key in self._pending:
+            return self._pending[key]
         hit = cached_result(self.root, key)
         if hit is not None:
             fut: Future = Future()
             fut.set_result(hit)
-            return fut
-        return self._pool(arch).submit(_compile_job, stage.id, arch, case)
+        else:
+            fut = self._pool(arch).submit(_compile_job, stage, arch, case)
+        self._pending[key] = fut
+        return fut
 
     def close(self, cancel: bool = False) -> None:
         for pool in self._pools.values():

@@ -2,12 +2,13 @@
 kernel for one arch depends on. A record is *stale* once that hash no longer matches the tree.
 
 The source hash of (stage, arch) covers: the arch's kernel module, every other file of the
-stage folder except the other archs' kernel modules, the shared stages/common/ folder, and
-the oracle modules the stage uses. Nothing here imports torch or CuTeDSL.
+stage folder except the other archs' kernel modules, the stages/common modules those files
+import, and the oracle modules the stage uses. Nothing here imports torch or CuTeDSL.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
 import subprocess
@@ -35,12 +36,35 @@ def _source_files(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
 
 
+def _shared_imports(root: Path, files: list[Path]) -> list[Path]:
+    """The files of shared modules (`stages.common.*`, `oracles.*`) that `files` import,
+    followed transitively."""
+    seen: set[Path] = set()
+    todo = [f for f in files if f.suffix == ".py"]
+    while todo:
+        tree = ast.parse(todo.pop().read_text())
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                if not name.startswith(("stages.common", "oracles.")):
+                    continue
+                path = root / Path(*name.split(".")).with_suffix(".py")
+                if path.is_file() and path not in seen:
+                    seen.add(path)
+                    todo.append(path)
+    return sorted(seen)
+
+
 def source_files(root: Path, stage: Stage, arch: str) -> list[Path]:
     other_kernels = {k.path for a, k in stage.kernels.items() if a != arch}
     files = [p for p in _source_files(stage.dir) if p not in other_kernels]
-    files += _source_files(root / "stages" / "common")
     files += stage.oracle_files()
-    return files
+    files += _shared_imports(root, files)
+    return sorted(set(files))
 
 
 def source_hash(root: Path, stage: Stage, arch: str) -> str:

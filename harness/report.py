@@ -50,6 +50,8 @@ def case_line(rec: Record) -> str:
         parts.append(f"cos {cos:.7f}")
     if rec.timing:
         parts.append(f"{rec.timing['us']:.2f} µs")
+        if rec.timing.get("peer_us") is not None:
+            parts.append(f"(torch {rec.timing['peer_us']:.2f} µs)")
     if rec.status == "compiled" and rec.note:
         parts.append(f"[dim]{rec.note}[/]")
     elif rec.error and rec.status != "pass":
@@ -59,8 +61,11 @@ def case_line(rec: Record) -> str:
 
 def results_table(records: list[Record]) -> Table:
     t = Table(title="results", show_lines=False)
-    for col in ("stage", "arch", "case", "status", "cosine", "rel L2", "max abs", "regs/spill", "µs", "TFLOP/s"):
-        t.add_column(col, justify="right" if col in ("cosine", "rel L2", "max abs", "µs", "TFLOP/s") else "left")
+    peers = any(r.timing and r.timing.get("peer_us") is not None for r in records)
+    cols = ["stage", "arch", "case", "status", "cosine", "rel L2", "max abs", "regs/spill", "µs", "TFLOP/s"]
+    cols += ["torch µs"] if peers else []
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("stage", "arch", "case", "status", "regs/spill") else "right")
     for r in records:
         glyph, style = STATUS_STYLE.get(r.status, ("?", "white"))
         res = r.compile or {}
@@ -71,6 +76,7 @@ def results_table(records: list[Record]) -> Table:
             _fmt(worst(r, "cosine"), ".7f"), _fmt(worst(r, "rel_l2", max), ".2e"), _fmt(worst(r, "max_abs", max), ".2e"),
             regs, _fmt(r.timing.get("us") if r.timing else None, ".2f"),
             _fmt(r.timing.get("tflops") if r.timing else None, ".1f"),
+            *([_fmt(r.timing.get("peer_us") if r.timing else None, ".2f")] if peers else []),
         )
     return t
 

@@ -81,13 +81,16 @@ class Runner:
     """One run: owns the compiler pools, the worker processes and the record writer."""
 
     def __init__(self, spec: Spec, opts: RunOptions, on_record: Callable[[Record], None] | None = None,
-                 writer: RecordWriter | None = None, emit: Callable[[str], None] | None = None):
+                 emit: Callable[[str], None] | None = None, results_root: Path | None = None):
+        """`emit`: send each record's JSON line there instead of writing it (remote mode).
+        `results_root`: the lab whose results/ receives records (default: the spec's)."""
         self.spec = spec
         self.root = spec.root
+        self.results_root = results_root or spec.root
         self.opts = opts
         self.run_id = new_run_id()
         self.on_record = on_record or (lambda r: None)
-        self.writer = writer if writer is not None else RecordWriter(self.root)
+        self.writer = RecordWriter(self.results_root)
         self.emit = emit
         self.records: list[Record] = []
         self._lock = threading.Lock()
@@ -136,7 +139,7 @@ class Runner:
         reasons = {t.arch: not_runnable_reason(t.arch, caps) for t in self.opts.tasks if t.arch not in runnable_archs}
 
         if self.emit is None:
-            append_event(runs_file(self.root), {
+            append_event(runs_file(self.results_root), {
                 "run": self.run_id, "t": now_iso(), "event": "start", "target": self.opts.target,
                 "argv": self.opts.argv, "cases": len(self.opts.tasks), "bench": self.opts.bench,
             })
@@ -172,7 +175,7 @@ class Runner:
             compiler.close(cancel=interrupted)
             self.writer.close()
             if self.emit is None:
-                append_event(runs_file(self.root), {
+                append_event(runs_file(self.results_root), {
                     "run": self.run_id, "t": now_iso(), "event": "end", "interrupted": interrupted,
                     "counts": RunSummary(self.run_id, self.records).counts,
                 })
@@ -222,6 +225,7 @@ class Runner:
                 tensors=(s.tensors.module, s.tensors.name), inputs=(s.inputs.module, s.inputs.name),
                 oracle=(s.oracle.module, s.oracle.name),
                 flops=(s.flops.module, s.flops.name) if s.flops else None,
+                peer=(s.peer.module, s.peer.name) if s.peer else None,
                 seed=_seed(s.id, task.case.dict, self.opts.seed),
                 object_path=res.object_path, prefix=res.prefix, bench=self._bench_this(task),
             )

@@ -67,6 +67,7 @@ class Stage:
     inputs: FuncRef
     oracle: FuncRef
     flops: FuncRef | None
+    peer: FuncRef | None
     matrix: dict[str, list[Any]]
     kernel_params: tuple[str, ...]
     tolerances: dict[str, Tolerance]
@@ -79,7 +80,7 @@ class Stage:
         return f"stage-{self.id}"
 
     def oracle_files(self) -> list[Path]:
-        refs = [self.tensors, self.inputs, self.oracle] + ([self.flops] if self.flops else [])
+        refs = [self.tensors, self.inputs, self.oracle] + [r for r in (self.flops, self.peer) if r]
         return sorted({r.path for r in refs})
 
 
@@ -215,16 +216,16 @@ def _func_ref(ctx: _Ctx, node: Node, key: str) -> FuncRef:
 # ---------------------------------------------------------------------------------------
 
 STAGE_KEYS = {
-    "title", "dir", "kernels", "tensors", "inputs", "oracle", "flops", "matrix",
+    "title", "dir", "kernels", "tensors", "inputs", "oracle", "flops", "peer", "matrix",
     "kernel_params", "tolerances", "timeout_s", "bench",
 }
 STAGE_REQUIRED = {"title", "dir", "kernels", "tensors", "inputs", "oracle", "matrix", "tolerances"}
 
 
-def _parse_stage(ctx: _Ctx, sid: str, node: Node) -> Stage:
+def _parse_stage(ctx: _Ctx, sid: str, node: Node, key_node: Node) -> Stage:
     key = f"stages.{sid}"
     pairs = _mapping(ctx, node, key)
-    _check_keys(ctx, pairs, key, STAGE_KEYS, STAGE_REQUIRED, node)
+    _check_keys(ctx, pairs, key, STAGE_KEYS, STAGE_REQUIRED, key_node)
     f = {str(_scalar(k)): v for k, v in pairs}
 
     title = _typed(ctx, f["title"], f"{key}.title", (str,), "a string")
@@ -252,7 +253,7 @@ def _parse_stage(ctx: _Ctx, sid: str, node: Node) -> Stage:
 
     refs = {
         name: _func_ref(ctx, f[name], f"{key}.{name}")
-        for name in ("tensors", "inputs", "oracle", "flops") if name in f
+        for name in ("tensors", "inputs", "oracle", "flops", "peer") if name in f
     }
 
     matrix: dict[str, list[Any]] = {}
@@ -320,7 +321,7 @@ def _parse_stage(ctx: _Ctx, sid: str, node: Node) -> Stage:
 
     return Stage(
         id=sid, title=title, dir=stage_dir, kernels=kernels,
-        tensors=refs["tensors"], inputs=refs["inputs"], oracle=refs["oracle"], flops=refs.get("flops"),
+        tensors=refs["tensors"], inputs=refs["inputs"], oracle=refs["oracle"], flops=refs.get("flops"), peer=refs.get("peer"),
         matrix=matrix, kernel_params=kernel_params, tolerances=tolerances, timeout_s=timeout_s,
         bench=bench, line=node.start_mark.line + 1,
     )
@@ -330,7 +331,7 @@ def load_spec(path: Path | None = None, root: Path | None = None) -> Spec:
     """Load and validate stages.yaml. Raises SpecError (one line) on any problem."""
     from harness.paths import SPEC_NAME, lab_root
 
-    root = root or (path.parent if path else lab_root())
+    root = (root or (path.parent if path else lab_root())).resolve()
     path = path or root / SPEC_NAME
     ctx = _Ctx(path, root)
     if not path.is_file():
@@ -356,7 +357,7 @@ def load_spec(path: Path | None = None, root: Path | None = None) -> Spec:
         sid = normalize_stage_name(raw)
         if not sid or not sid.replace("_", "").isalnum():
             raise ctx.fail(knode, f"stages.{raw}", "stage ids are short names like A or D1")
-        stages[sid] = _parse_stage(ctx, sid, vnode)
+        stages[sid] = _parse_stage(ctx, sid, vnode, knode)
     if not stages:
         raise ctx.fail(top["stages"], "stages", "no stages declared")
     return Spec(path=path, root=root, stages=stages)

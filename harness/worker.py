@@ -36,6 +36,7 @@ class Job:
     oracle: tuple[str, str]
     flops: tuple[str, str] | None
     seed: int
+    peer: tuple[str, str] | None = None
     object_path: str = ""
     prefix: str = ""
     bench: bool = False
@@ -119,9 +120,17 @@ class _Executor:
             sets.append([ins[s.name] if s.role == "in" else outs[s.name] for s in specs])
         t = bench([self.launcher(job, a) for a in sets])
         secs = t["us"] * 1e-6
-        if job.flops:
-            t["tflops"] = _attr(job.flops)(job.case) / secs / 1e12
+        flops = _attr(job.flops)(job.case) if job.flops else None
+        if flops:
+            t["tflops"] = flops / secs / 1e12
         t["gbps"] = total_bytes / secs / 1e9
+        if job.peer:  # the same computation written plainly in PyTorch, timed the same way
+            peer = _attr(job.peer)
+            ins_sets = [{s.name: a[i] for i, s in enumerate(specs) if s.role == "in"} for a in sets]
+            p = bench([(lambda ins=ins: peer(ins, job.case)) for ins in ins_sets])
+            t["peer_us"] = p["us"]
+            if flops:
+                t["peer_tflops"] = flops / (p["us"] * 1e-6) / 1e12
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in t.items()}
 
 

@@ -1,0 +1,156 @@
+"""`dsv4-lab dashboard`: where every stage stands, stages × arch, on one screen.
+
+Per stage and arch: compiled (and when), ran (where: host and GPU), cases passed / total in
+the freshest run, worst cosine, delta to baseline, median µs of the benched case,
+registers / spills / shared memory, a stale marker, and the age of the newest result.
+Built from records alone (no torch, no CuTeDSL). Readable without colour: every state has a
+glyph and a word.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from harness.baselines import case_label, load as load_baselines
+from harness.identity import source_hash
+from harness.records import print_warnings, read_records
+from harness.spec import Spec, Stage, load_spec
+
+RAN = ("pass", "fail", "crash", "timeout")
+
+
+@dataclass
+class Cell:
+    """The state of one (stage, arch)."""
+
+    compiled: str = "—"
+    ran: str = "—"
+    passed: str = "—"
+    cosine: str = "—"
+    delta: str = "—"
+    us: str = "—"
+    resources: str = "—"
+    stale: str = ""
+    age: str = "—"
+    style: str = "dim"
+
+
+def _age(iso: str, now: float) -> str:
+    try:
+        t = time.mktime(time.strptime(iso, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+    except (ValueError, OverflowError):
+        return "?"
+    s = max(0, now - t)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{int(s // size)}{unit}"
+    return f"{int(s)}s"
+
+
+def cell(spec: Spec, stage: Stage, arch: str, records: list[dict], baselines: dict, now: float) -> Cell:
+    mine = [r for r in records if r["stage"] == stage.id and r["arch"] == arch]
+    c = Cell()
+    if not mine:
+        c.compiled = "not yet"
+        return c
+    src = source_hash(spec.root, stage, arch)
+    compiled = [r for r in mine if r.get("compile") and r["status"] != "compile_error"]
+    errors = [r for r in mine if r["status"] == "compile_error"]
+    newest = mine[-1]
+    if errors and errors[-1] is newest:
+        c.compiled = f"✗ error {_age(newest['t'], now)} ago"
+    elif compiled:
+        c.compiled = f"✓ {_age(compiled[-1]['t'], now)} ago"
+    res = [r["compile"] for r in compiled if (r.get("code") or {}).get("src") == src] or [r["compile"] for r in compiled]
+    if res:
+        regs = max((x.get("regs", 0) for x in res), default=0)
+        spill = max((x.get("spill", 0) for x in res), default=0)
+        smem = max((x.get("smem", x.get("static_smem", 0)) for x in res), default=0)
+        c.resources = f"{regs}r/{spill}s/{smem // 1024}K" + (" ⚠spill" if spill else "")
+    ran = [r for r in mine if r["status"] in RAN]
+    if not ran:
+        note = next((r.get("note") for r in reversed(mine) if r.get("note")), None)
+        c.ran = "○ compiled, not run" + (f" ({note.split(': ', 1)[-1]})" if note else "")
+        c.style = "yellow"
+        c.stale = "stale" if (newest.get("code") or {}).get("src") != src else ""
+        c.age = _age(newest["t"], now)
+        return c
+    run_id = ran[-1]["run"]
+    run = [r for r in ran if r["run"] == run_id]
+    env = run[-1].get("env") or {}
+    c.ran = f"{env.get('gpu', '?')} @ {run[-1].get('target', 'local')}:{env.get('host', '?')}"
+    n_pass = sum(1 for r in run if r["status"] == "pass")
+    c.passed = f"{'✓' if n_pass == len(run) else '✗'} {n_pass}/{len(run)}"
+    cos = [m.get("cosine") for r in run for m in (r.get("metrics") or {}).values()]
+    known = [x for x in cos if x is not None]
+    c.cosine = "n/a" if not known or len(known) < len(cos) else f"{min(known):.7f}"
+    deltas = []
+    for r in run:
+        b = baselines.get((stage.id, arch, case_label(r["case"])))
+        if b is None:
+            continue
+        for out, bm in b.metrics.items():
+            now_cos = ((r.get("metrics") or {}).get(out) or {}).get("cosine")
+            if now_cos is not None and bm.get("cosine") is not None:
+                deltas.append(now_cos - bm["cosine"])
+    if deltas:
+        c.delta = f"{min(deltas):+.1e}"
+    timed = [r for r in ran if r.get("timing")]
+    if timed:
+        t = timed[-1]
+        c.us = f"{t['timing']['us']:.2f}" + (f" ({t['timing']['tflops']:.0f} TF/s)" if t["timing"].get("tflops") else "")
+    c.stale = "stale" if any((r.get("code") or {}).get("src") != src for r in run) else ""
+    c.age = _age(run[-1]["t"], now)
+    c.style = "green" if n_pass == len(run) and not c.stale else ("red" if n_pass < len(run) else "yellow")
+    return c
+
+
+def render(root: Path) -> Group | Text:
+    spec = load_spec(root=root)
+    warn: list[str] = []
+    records = read_records(root, list(spec.stages), warn)
+    print_warnings(warn)
+    if not records:
+        return Text("No records yet. Start with: dsv4-lab run stage-A   (with no GPU it compiles both archs "
+                    "and records that nothing ran)")
+    baselines = {(b.stage, b.arch, b.case): b for b in load_baselines(root)}
+    now = time.time()
+    table = Table(title="dsv4-lab dashboard", show_lines=True)
+    for col in ("stage", "arch", "compiled", "ran on", "passed", "worst cos", "Δ base", "µs (bench)",
+                "regs/spill/smem", "fresh", "age"):
+        table.add_column(col)
+    for st in spec.stages.values():
+        for i, arch in enumerate(st.kernels):
+            c = cell(spec, st, arch, records, baselines, now)
+            table.add_row(
+                f"{st.name}" if i == 0 else "", arch, c.compiled, Text(c.ran, style=c.style), c.passed, c.cosine,
+                c.delta, c.us, c.resources, "⚠ stale" if c.stale else "✓ fresh" if c.age != "—" else "—", c.age,
+            )
+    legend = Text("✓ pass/fresh  ✗ failure  ○ compiled, not run (no device of that arch: never verified)  "
+                  "⚠ stale: the source changed since this result — re-run it", style="dim")
+    return Group(table, legend)
+
+
+def main(root: Path, watch: bool = False, interval: float = 2.0) -> int:
+    from harness.report import make_console
+
+    console = make_console()
+    if not watch:
+        console.print(render(root))
+        return 0
+    from rich.live import Live
+
+    with Live(render(root), console=console, refresh_per_second=4, screen=False) as live:
+        try:
+            while True:
+                time.sleep(interval)
+                live.update(render(root))
+        except KeyboardInterrupt:
+            pass
+    return 0

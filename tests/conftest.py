@@ -1,0 +1,64 @@
+"""Shared fixtures: the project root, a throwaway lab of fake CPU stages, and the GPU marker."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none here)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def project_root() -> Path:
+    return ROOT
+
+
+def make_fake_lab(dest: Path) -> Path:
+    """A lab of fake CPU stages (tests/fixtures/lab) in `dest`, as its own git repository."""
+    shutil.copytree(FIXTURES / "lab", dest)
+    shutil.copy(ROOT / "oracles" / "common.py", dest / "oracles" / "common.py")
+    subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=dest, check=True)
+    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "fake lab"], cwd=dest, check=True)
+    return dest
+
+
+@pytest.fixture
+def fake_lab(tmp_path, monkeypatch) -> Path:
+    lab = make_fake_lab(tmp_path / "lab")
+    monkeypatch.setenv("DSV4_LAB_ROOT", str(lab))
+    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path / "cache"))
+    return lab
+
+
+def run_cli(args: list[str], cwd: Path, env_extra: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`dsv4-lab ARGS` as a user types it, in a fresh process."""
+    import os
+
+    env = {**os.environ, **(env_extra or {})}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)

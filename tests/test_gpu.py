@@ -1,0 +1,42 @@
+"""On a GPU: the lab runs stage A through its own runner, and it catches the historical
+failure — stage B with P's layout permuted between the MMAs runs cleanly and returns
+garbage; the lab must report `fail` with a cosine far from 1."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from harness.matrix import expand
+from harness.runner import RunOptions, Runner, Task
+from harness.spec import KernelRef, load_spec
+
+pytestmark = pytest.mark.gpu
+
+
+def _run(spec, stage, arch, tmp_path):
+    tasks = [Task(stage, arch, c) for c in expand(stage)]
+    return Runner(spec, RunOptions(tasks=tasks, argv=["pytest"]), results_root=tmp_path).run()
+
+
+def test_stage_a_sm90_passes_its_matrix(project_root, tmp_path):
+    spec = load_spec(root=project_root)
+    summary = _run(spec, spec.stages["A"], "sm_90a", tmp_path)
+    assert [r.status for r in summary.records] == ["pass"] * 8
+    assert min(r.metrics["S"]["cosine"] for r in summary.records) >= 0.99999
+
+
+def test_lab_catches_permuted_p_in_stage_b(project_root, tmp_path):
+    spec = load_spec(root=project_root)
+    b = spec.stages["B"]
+    wrong = KernelRef("sm_90a", "tests.fixtures.wrong_b.sm90", "Kernel",
+                      project_root / "tests" / "fixtures" / "wrong_b" / "sm90.py")
+    wrong_b = dataclasses.replace(b, kernels={"sm_90a": wrong}, dir=wrong.path.parent)
+    summary = _run(spec, wrong_b, "sm_90a", tmp_path)
+    assert len(summary.records) == 4
+    for rec in summary.records:
+        print("wrong-B", rec.case, rec.status, rec.metrics["O"])
+        assert rec.status == "fail"
+        assert rec.metrics["O"]["unwritten"] == 0 and rec.metrics["O"]["nonfinite"] == 0  # runs cleanly
+        assert rec.metrics["O"]["cosine"] < 0.5                                             # and is garbage

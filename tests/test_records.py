@@ -1,0 +1,56 @@
+"""Record schema round-trip and forgiving reading."""
+
+from __future__ import annotations
+
+import json
+
+from harness.records import Record, RecordWriter, read_records, stage_file, validate
+
+
+def sample(i: int = 1, status: str = "pass") -> Record:
+    return Record(
+        id=f"r1.{i}", run="r1", t="2026-11-21T00:00:00Z", stage="A", arch="sm_90a",
+        case={"hd": 64, "n": 128, "m": 128}, status=status,
+        metrics={"S": {"cosine": 0.9999999, "rel_l2": 1e-7, "max_abs": 1e-5, "nonfinite": 0, "unwritten": 0}},
+        timing={"us": 5.2, "tflops": 6.4}, compile={"key": "abc", "s": 1.0, "cached": False, "regs": 90, "spill": 0},
+        env={"host": "h", "gpu": "NVIDIA H200", "cc": "9.0", "driver": "580", "cuda": "13.0", "torch": "2.11", "cute": "4.8.1"},
+        code={"commit": "abc123", "dirty": False, "src": "0123456789ab"}, gpu=0,
+    )
+
+
+def test_round_trip_and_compactness(tmp_path):
+    rec = sample()
+    line = rec.to_json()
+    assert "\n" not in line and len(line) < 700
+    d = json.loads(line)
+    assert validate(d) is None
+    assert Record.from_dict(d) == rec
+    assert d["v"] == 1 and list(d)[0] == "v"
+
+
+def test_writer_appends_and_reader_skips_corrupt_lines(tmp_path):
+    w = RecordWriter(tmp_path)
+    w.write(sample(1))
+    w.write(sample(2, "fail"))
+    w.close()
+    path = stage_file(tmp_path, "A")
+    with open(path, "a") as fh:
+        fh.write('{"v":1,"id":"trunc\n')           # truncated by a crash
+        fh.write('{"v":1,"id":"x"}\n')              # parses, not a record
+        fh.write("\x00\x01garbage\n")
+    w = RecordWriter(tmp_path)
+    w.write(sample(3))
+    w.close()
+    warn: list[str] = []
+    recs = read_records(tmp_path, ["A"], warn)
+    assert [r["id"] for r in recs] == ["r1.1", "r1.2", "r1.3"]
+    assert len(warn) == 3
+    assert all(f"{path}:" in w for w in warn)
+    assert any(":3:" in w for w in warn)
+
+
+def test_validate_rejects_wrong_version_and_status():
+    d = json.loads(sample().to_json())
+    assert validate({**d, "v": 99})
+    assert validate({**d, "status": "great"})
+    assert validate([1, 2])

@@ -1,0 +1,71 @@
+"""Worker isolation: a case that aborts the process, hangs past its timeout, raises, returns
+garbage or leaves outputs unwritten gets that status; the run goes on; every case is
+recorded; Ctrl-C keeps what finished and marks the run interrupted."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+from harness.records import read_records, read_runs
+from tests.conftest import ROOT, run_cli
+
+
+def test_every_bad_case_gets_its_status_and_the_run_goes_on(fake_lab):
+    t0 = time.monotonic()
+    r = run_cli(["run", "--all"], cwd=fake_lab)
+    wall = time.monotonic() - t0
+    assert r.returncode == 1, r.stdout + r.stderr
+    recs = read_records(fake_lab)
+    by_mode = {rec["case"].get("mode", f"ok{rec['case']['n']}"): rec for rec in recs}
+    assert by_mode["abort"]["status"] == "crash" and "SIGABRT" in by_mode["abort"]["error"]
+    assert by_mode["hang"]["status"] == "timeout" and "5 s" in by_mode["hang"]["error"]
+    assert by_mode["raise"]["status"] == "crash" and "kernel raised on purpose" in by_mode["raise"]["error"]
+    assert by_mode["wrong"]["status"] == "fail" and by_mode["wrong"]["metrics"]["out"]["cosine"] < 0.9
+    assert by_mode["unwritten"]["status"] == "fail" and by_mode["unwritten"]["metrics"]["out"]["unwritten"] == 8
+    assert by_mode["ok"]["status"] == "pass"          # after the bad ones: the run went on
+    assert by_mode["ok16"]["status"] == by_mode["ok32"]["status"] == "pass"
+    assert len(recs) == 8
+    assert wall < 60
+    runs = read_runs(fake_lab)
+    (run,) = runs.values()
+    assert run["interrupted"] is False and run["counts"] == {"pass": 3, "crash": 2, "timeout": 1, "fail": 2}
+    assert "2 crash" in r.stdout and "1 timeout" in r.stdout
+
+
+def test_passing_run_exits_zero_and_filters_apply(fake_lab):
+    r = run_cli(["run", "stage-BAD", "--mode", "ok"], cwd=fake_lab)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [rec["case"]["mode"] for rec in read_records(fake_lab)] == ["ok"]
+
+
+def test_bad_filter_is_one_line_exit_2(fake_lab):
+    r = run_cli(["run", "stage-BAD", "--mode", "sideways"], cwd=fake_lab)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "mode=sideways is not in the matrix" in r.stderr
+
+
+def test_ctrl_c_keeps_finished_records_and_marks_run_interrupted(fake_lab):
+    env = {"PYTHONPATH": str(ROOT)}
+    import os
+
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "run", "stage-BAD", "--mode", "ok,hang", "--timeout", "60"],
+                            cwd=fake_lab, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not read_records(fake_lab):
+        time.sleep(0.2)
+    assert read_records(fake_lab), "the ok case should be recorded while the hang case runs"
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    recs = read_records(fake_lab)
+    assert [r["case"]["mode"] for r in recs] == ["ok"] and recs[0]["status"] == "pass"
+    (run,) = read_runs(fake_lab).values()
+    assert run["interrupted"] is True
+    for line in (fake_lab / "results" / "records" / "BAD.jsonl").read_text().splitlines():
+        json.loads(line)  # nothing half-written

@@ -1,0 +1,91 @@
+"""stages.yaml validation: every bad spec is one line naming file, line and key; exit 2."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness.spec import SpecError, load_spec, normalize_stage_name
+from tests.conftest import run_cli
+
+GOOD = """\
+version: 1
+stages:
+  OK:
+    title: add
+    dir: stages/fake
+    kernels: {cpu: {module: stages.fake.cpu, entry: Add}}
+    tensors: oracles.add:tensors
+    inputs: oracles.add:make_inputs
+    oracle: oracles.add:reference
+    matrix: {n: [16, 32]}
+    tolerances: {out: {cosine_min: 0.9999}}
+"""
+
+
+def write(lab: Path, text: str) -> Path:
+    p = lab / "stages.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def error_of(lab: Path, text: str) -> str:
+    write(lab, text)
+    with pytest.raises(SpecError) as exc:
+        load_spec(root=lab)
+    return str(exc.value)
+
+
+def test_project_spec_loads(project_root):
+    spec = load_spec(root=project_root)
+    assert "A" in spec.stages
+    a = spec.stages["A"]
+    assert set(a.kernels) == {"sm_90a", "sm_100a"}
+    assert a.matrix == {"hd": [64, 128, 256, 512], "n": [128, 256], "m": [128]}
+    assert a.tolerances["S"].cosine_min == 0.99999
+
+
+def test_good_fake_spec_loads(fake_lab):
+    write(fake_lab, GOOD)
+    spec = load_spec(root=fake_lab)
+    assert spec.stage("stage-ok").matrix == {"n": [16, 32]}
+
+
+@pytest.mark.parametrize("bad, line, key, says", [
+    (GOOD.replace("    title: add\n", "    title: add\n    colour: red\n"), 5, "stages.OK.colour", "unknown key"),
+    (GOOD.replace("title: add", "title: [1, 2]"), 4, "stages.OK.title", "expected a string"),
+    (GOOD.replace("stages.fake.cpu", "stages.fake.gone"), 6, "stages.OK.kernels.cpu.module", "not found"),
+    (GOOD.replace("entry: Add", "entry: Subtract"), 6, "stages.OK.kernels.cpu.module", "'Subtract' is not defined"),
+    (GOOD.replace("oracles.add:reference", "oracles.add:nothing"), 9, "stages.OK.oracle", "'nothing' is not defined"),
+    (GOOD.replace("{n: [16, 32]}", "{n: []}"), 10, "stages.OK.matrix.n", "empty list"),
+    (GOOD.replace("matrix: {n: [16, 32]}", "matrix: {}"), 10, "stages.OK.matrix", "empty matrix"),
+    (GOOD.replace("{n: [16, 32]}", "{n: 16}"), 10, "stages.OK.matrix.n", "expected a list"),
+    (GOOD.replace("cosine_min: 0.9999", "cosine_min: high"), 11, "stages.OK.tolerances.out.cosine_min", "expected a number"),
+    (GOOD.replace("{cpu:", "{sm80:"), 6, "stages.OK.kernels.sm80", "unknown arch"),
+    (GOOD.replace("    dir: stages/fake\n", ""), 3, "stages.OK.dir", "missing required key"),
+    (GOOD.replace("version: 1", "version: 7"), 1, "version", "unsupported version"),
+    (GOOD + "  bad: [\n", 12, "", "not valid YAML"),
+])
+def test_bad_spec_is_one_line_with_file_line_and_key(fake_lab, bad, line, key, says):
+    msg = error_of(fake_lab, bad)
+    assert "\n" not in msg
+    assert msg.startswith(f"stages.yaml:{line}: ") or (not key and msg.startswith("stages.yaml:")), msg
+    assert key in msg and says in msg, msg
+
+
+def test_cli_reports_bad_spec_without_traceback(fake_lab):
+    write(fake_lab, GOOD.replace("{n: [16, 32]}", "{n: []}"))
+    for args in (["list"], ["run", "stage-OK"], ["gate"], ["dashboard"]):
+        r = run_cli(args, cwd=fake_lab)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert lines == [lines[0]] and "stages.yaml:10: stages.OK.matrix.n: empty list" in lines[0], r.stderr
+        assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_stage_names():
+    assert normalize_stage_name("stage-D1") == "D1"
+    assert normalize_stage_name("d1") == "D1"
+    assert normalize_stage_name("A") == "A"
