@@ -167,10 +167,13 @@ def accept(spec, stage, archs: list[str] | None, cases) -> int:
     save(root, list(index.values()))
     for arch, label, rid in taken:
         console.print(f"baseline {stage.name} {arch} {label} ← {rid}", highlight=False)
-    if missing:
-        console.print(f"{len(missing)} selected case(s) have no passing fresh record and were left as they were "
-                      f"(compile-only archs are never baselined): " + "; ".join(missing[:6])
-                      + (" …" if len(missing) > 6 else ""), highlight=False)
+    by_arch: dict[str, int] = {}
+    for item in missing:
+        arch = item.split(" ", 1)[0]
+        by_arch[arch] = by_arch.get(arch, 0) + 1
+    for arch, n in by_arch.items():
+        console.print(f"{arch}: {n} case(s) have no passing result for the current source — not baselined "
+                      "(an arch that was only compiled is never baselined)", highlight=False)
     return 0
 
 

@@ -60,7 +60,7 @@ def _shared_imports(root: Path, files: list[Path]) -> list[Path]:
 
 
 def source_files(root: Path, stage: Stage, arch: str) -> list[Path]:
-    other_kernels = {k.path for a, k in stage.kernels.items() if a != arch}
+    other_kernels = {k.path for a, k in stage.kernels.items() if a != arch} - {stage.kernels[arch].path}
     files = [p for p in _source_files(stage.dir) if p not in other_kernels]
     files += stage.oracle_files()
     files += _shared_imports(root, files)

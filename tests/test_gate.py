@@ -1,0 +1,221 @@
+"""Gate decisions on synthetic records: pass, regression, improvement, stale (run here, or
+refused with the command to run), early stop on the proven small case; corrupt records; the
+git hook."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness import baselines, gate
+from harness.baselines import Baseline, case_label
+from harness.identity import source_hash
+from harness.records import Record, RecordWriter
+from harness.spec import load_spec
+from tests.conftest import run_cli
+
+
+def add_hd_stage(lab: Path) -> None:
+    """A fake stage with an hd axis and a GPU arch, for the proven-small-case rule and for
+    stale cases that this machine cannot run."""
+    text = (lab / "stages.yaml").read_text()
+    text += """
+  HD:
+    title: fake attention with hd
+    dir: stages/fake
+    kernels: {sm90: {module: stages.fake.cpu, entry: Add}, cpu: {module: stages.fake.cpu, entry: Add}}
+    tensors: oracles.add:tensors
+    inputs: oracles.add:make_inputs
+    oracle: oracles.add:reference
+    matrix: {hd: [64, 512], n: [16]}
+    kernel_params: [n]
+    tolerances: {out: {cosine_min: 0.99}}
+"""
+    (lab / "stages.yaml").write_text(text)
+
+
+def rec(spec, stage: str, arch: str, case: dict, cos: float, status: str = "pass", i: int = 1, src=None) -> Record:
+    st = spec.stages[stage]
+    return Record(
+        id=f"run{i}.{i}", run=f"run{i}", t="2026-11-21T00:00:00Z", stage=stage, arch=arch, case=case,
+        status=status, metrics={"out": {"cosine": cos, "rel_l2": 1e-3, "max_abs": 1e-3, "nonfinite": 0, "unwritten": 0}},
+        code={"commit": "x", "dirty": False, "src": src or source_hash(spec.root, st, arch)},
+    )
+
+
+def write(lab: Path, *records: Record) -> None:
+    w = RecordWriter(lab)
+    for r in records:
+        w.write(r)
+    w.close()
+
+
+def base(spec, stage: str, arch: str, case: dict, cos: float, rid: str = "run1.1") -> Baseline:
+    return Baseline(stage=stage, arch=arch, case=case_label(case), record=rid,
+                    src=source_hash(spec.root, spec.stages[stage], arch),
+                    metrics={"out": {"cosine": cos, "rel_l2": 1e-3, "max_abs": 1e-3}})
+
+
+@pytest.fixture
+def lab(fake_lab):
+    add_hd_stage(fake_lab)
+    return fake_lab
+
+
+def decide(lab: Path, allow_run: bool = False) -> tuple[int, str]:
+    out = io.StringIO()
+    code = gate.main(lab, allow_run=allow_run, out=out)
+    return code, out.getvalue()
+
+
+C64, C512 = {"hd": 64, "n": 16}, {"hd": 512, "n": 16}
+
+
+def test_no_baselines_passes(lab):
+    assert decide(lab)[0] == 0
+
+
+def test_pass_when_fresh_results_hold(lab):
+    spec = load_spec(root=lab)
+    write(lab, rec(spec, "HD", "sm_90a", C64, 0.9999), rec(spec, "HD", "sm_90a", C512, 0.9998, i=2))
+    baselines.save(lab, [base(spec, "HD", "sm_90a", C64, 0.9999), base(spec, "HD", "sm_90a", C512, 0.9998)])
+    code, text = decide(lab)
+    assert code == 0 and "2 baselined case(s) hold" in text
+
+
+def test_regression_is_named_with_baseline_now_delta_record(lab):
+    spec = load_spec(root=lab)
+    write(lab, rec(spec, "HD", "sm_90a", C64, 0.9999), rec(spec, "HD", "sm_90a", C512, 0.95, i=7))
+    baselines.save(lab, [base(spec, "HD", "sm_90a", C64, 0.9999), base(spec, "HD", "sm_90a", C512, 0.9998)])
+    code, text = decide(lab)
+    assert code == 1
+    assert "REGRESSIONS" in text and "stage-HD sm_90a hd=512,n=16" in text and "out.cosine" in text
+    assert "0.9998" in text and "0.95" in text and "-0.0498" in text and "run7.7" in text
+
+
+def test_failed_status_is_a_regression(lab):
+    spec = load_spec(root=lab)
+    r = rec(spec, "HD", "sm_90a", C64, 0.9999, status="crash")
+    r.error = "CUDA_ERROR_ILLEGAL_ADDRESS"
+    write(lab, r)
+    baselines.save(lab, [base(spec, "HD", "sm_90a", C64, 0.9999)])
+    code, text = decide(lab)
+    assert code == 1 and "crash: CUDA_ERROR_ILLEGAL_ADDRESS" in text
+
+
+def test_improvement_is_reported_with_the_accept_command(lab):
+    spec = load_spec(root=lab)
+    write(lab, rec(spec, "HD", "sm_90a", C64, 0.99999))
+    baselines.save(lab, [base(spec, "HD", "sm_90a", C64, 0.999)])
+    code, text = decide(lab)
+    assert code == 0 and "improvements" in text
+    assert "dsv4-lab baseline accept stage-HD --arch sm_90a --hd 64 --n 16" in text
+
+
+def test_early_stop_on_the_small_case(lab):
+    spec = load_spec(root=lab)
+    write(lab, rec(spec, "HD", "sm_90a", C64, 0.5))  # hd=512 has no fresh record at all
+    baselines.save(lab, [base(spec, "HD", "sm_90a", C64, 0.9999), base(spec, "HD", "sm_90a", C512, 0.9998)])
+    code, text = decide(lab)
+    assert code == 1 and "stopped at the first regression among the proven small cases" in text
+    assert "stale" not in text  # it never looked at hd=512
+
+
+def test_stale_without_a_device_names_stage_and_command(lab):
+    spec = load_spec(root=lab)
+    write(lab, rec(spec, "HD", "sm_90a", C64, 0.9999, src="0ld0ld0ld0ld"))
+    baselines.save(lab, [base(spec, "HD", "sm_90a", C64, 0.9999)])
+    code, text = decide(lab, allow_run=True)  # no sm_90 GPU here (CI): cannot run
+    assert code == 1
+    line = [ln for ln in text.splitlines() if "stale" in ln]
+    assert len(line) == 1 and "stage-HD sm_90a (1 case)" in line[0] and "dsv4-lab run stage-HD --arch sm_90a" in line[0]
+
+
+def test_stale_with_a_runnable_target_runs_the_cases(lab):
+    spec = load_spec(root=lab)
+    write(lab, rec(spec, "HD", "cpu", C64, 0.9999, src="0ld0ld0ld0ld"))
+    baselines.save(lab, [base(spec, "HD", "cpu", C64, 0.9999999)])
+    code, text = decide(lab, allow_run=True)  # the cpu arch runs here: the gate runs it
+    assert code == 0, text
+    recs = [json.loads(x) for x in (lab / "results" / "records" / "HD.jsonl").read_text().splitlines()]
+    assert recs[-1]["status"] == "pass" and recs[-1]["code"]["src"] == source_hash(spec.root, spec.stages["HD"], "cpu")
+
+
+def test_changed_source_makes_results_stale(lab):
+    spec = load_spec(root=lab)
+    write(lab, rec(spec, "HD", "sm_90a", C64, 0.9999))
+    baselines.save(lab, [base(spec, "HD", "sm_90a", C64, 0.9999)])
+    assert decide(lab)[0] == 0
+    with open(lab / "stages" / "fake" / "cpu.py", "a") as fh:
+        fh.write("\n# a change\n")
+    code, text = decide(lab)
+    assert code == 1 and "stale" in text
+
+
+def test_corrupt_records_are_skipped_with_a_warning(lab, capsys):
+    spec = load_spec(root=lab)
+    path = lab / "results" / "records" / "HD.jsonl"
+    write(lab, rec(spec, "HD", "sm_90a", C64, 0.9999))
+    with open(path, "a") as fh:
+        fh.write('{"v": 1, "id": "broken\n')
+    baselines.save(lab, [base(spec, "HD", "sm_90a", C64, 0.9999)])
+    code, _ = decide(lab)
+    assert code == 0
+    assert f"{path}:2: skipped a corrupt line" in capsys.readouterr().err
+
+
+def test_invalid_baselines_file_is_one_line_exit_2(lab):
+    (lab / "results").mkdir(exist_ok=True)
+    (lab / "results" / "baselines.yaml").write_text("version: 1\nbaselines:\n  A: [\n")
+    r = run_cli(["gate"], cwd=lab)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "baselines.yaml:" in r.stderr
+
+
+def test_accept_takes_the_newest_passing_fresh_record(lab):
+    spec = load_spec(root=lab)
+    write(lab, rec(spec, "HD", "sm_90a", C64, 0.99, i=1), rec(spec, "HD", "sm_90a", C64, 0.999, i=2),
+          rec(spec, "HD", "sm_90a", C64, 0.2, status="fail", i=3))
+    r = run_cli(["baseline", "accept", "stage-HD", "--arch", "sm_90a", "--hd", "64"], cwd=lab)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (b,) = baselines.load(lab)
+    assert b.record == "run2.2" and b.metrics["out"]["cosine"] == 0.999
+    assert "HD:" in (lab / "results" / "baselines.yaml").read_text()
+    r = run_cli(["baseline", "drop", "stage-HD", "--hd", "64"], cwd=lab)
+    assert r.returncode == 0 and baselines.load(lab) == []
+
+
+# -- the hook -----------------------------------------------------------------------------
+
+
+def test_hook_install_is_idempotent_and_refuses_a_foreign_hook(lab):
+    r = run_cli(["gate", "--install-hook"], cwd=lab)
+    assert r.returncode == 0, r.stderr
+    hook = lab / ".git" / "hooks" / "pre-commit"
+    assert gate.HOOK_MARK in hook.read_text() and hook.stat().st_mode & stat.S_IXUSR
+    assert run_cli(["gate", "--install-hook"], cwd=lab).returncode == 0
+    hook.write_text("#!/bin/sh\necho mine\n")
+    r = run_cli(["gate", "--install-hook"], cwd=lab)
+    assert r.returncode == 2 and "not written by dsv4-lab" in r.stderr and "mine" in hook.read_text()
+    assert run_cli(["gate", "--install-hook", "--force"], cwd=lab).returncode == 0
+    assert gate.HOOK_MARK in hook.read_text()
+
+
+def test_hook_refuses_a_commit_that_regresses(lab, tmp_path):
+    spec = load_spec(root=lab)
+    write(lab, rec(spec, "HD", "sm_90a", C64, 0.5))
+    baselines.save(lab, [base(spec, "HD", "sm_90a", C64, 0.9999)])
+    assert run_cli(["gate", "--install-hook"], cwd=lab).returncode == 0
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{Path(os.sys.executable).parent}:{os.environ['PATH']}"}
+    (lab / "x.txt").write_text("x")
+    subprocess.run(["git", "add", "x.txt"], cwd=lab, check=True)
+    r = subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-m", "x"], cwd=lab, env=env,
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "REGRESSIONS" in r.stdout + r.stderr
