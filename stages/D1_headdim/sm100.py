@@ -1,0 +1,824 @@
+"""Stage D1 on Blackwell (sm_100a): online-softmax attention for head dims 64 … 512,
+tcgen05 MMAs with S and O in tensor memory (TMEM); P in TMEM at hd = 64 and in
+shared memory above.
+
+Compiled for sm_100a and inspected (PTX inventory, ptxas) only: it has never
+run on a Blackwell GPU.  Do not call it verified.
+
+Math (row i of the 128 query rows, KV tiles j of `kv_tile` keys, scale = 1/sqrt(hd))
+    S_j      = Q · K_jᵀ                                  fp32 in TMEM
+    m_j      = max(m_{j-1}, max_k S_j[i, k])             running row max (raw scores)
+    P_j      = exp2(S_j · c − m_j · c),  c = scale · log2(e)
+    α_j      = exp2(m_{j-1} · c − m_j · c)               (α_0 = 0: m_{-1} = −inf)
+    l_j      = α_j · l_{j-1} + Σ_k P_j[i, k]             running row sum (fp32 P)
+    O_j      = α_j · O_{j-1} + bf16(P_j) · V_j           O in TMEM (fp32)
+    O        = bf16(O_last / l_last)
+    LSE[i]   = ln Σ_k exp(scale · S[i, k]) = (m_last · c + log2 l_last) · ln 2
+    Q [m, hd], K, V [n, hd], O [m, hd] bf16 row-major; LSE [m] fp32.  m = 128,
+    hd ∈ {64, 128, 256, 512}, n a multiple of kv_tile (the stage runs n ∈ {128, 256, 1024}).
+
+Why hd = 512 takes two CTAs (the TMEM budget)
+    TMEM is 128 lanes × 512 columns of 32 bit.  With M = 128 query rows (one
+    per lane) an fp32 accumulator of width w needs w columns: S needs kv_tile
+    columns, O needs hd.  At hd = 512, O alone fills all 512 columns, so S
+    (≥ 64 columns) cannot be placed next to it in one CTA.  The kernel
+    therefore splits O by head-dim columns: CTA b (grid = hd / hd_per_cta)
+    owns O[:, b·hd_per_cta : (b+1)·hd_per_cta], with hd_per_cta = min(hd, 256).
+    Every CTA computes the full S = Q·Kᵀ (over all hd) and the same softmax
+    (same MMAs in the same order, so the same row max and sum); only its
+    P·V slab differs, and CTA 0 alone writes LSE.  At hd = 512 this costs one
+    extra Q·Kᵀ (1.5× the FLOPs of the two GEMMs) and a second SM.  (The
+    production-shaped alternative, a 2-CTA cta_group::2 MMA with M = 128 whose
+    accumulator rows are spread over both CTAs' TMEM as in CUTLASS's MLA
+    decode example, needs cross-warp row reductions and cluster barriers; it
+    is not attempted without hardware to test it on.)
+    Within a CTA, O is accumulated as hd_per_cta / pv_n PV tiles of width
+    pv_n ≤ 256 (tcgen05 bf16 N is 16 … 256): by default pv_n = hd_per_cta,
+    i.e. one N = 256 tile per CTA at hd = 512 (two N = 256 tiles in all);
+    the `pv_n` option (e.g. 128) gives several PV tiles in one CTA.
+
+    `tmem_budget(hd, kv_tile)` (plain Python) gives the columns per buffer;
+    the constructor raises ValueError("TMEM budget: S … + O … = N columns >
+    512 …") when they do not fit, and the traced kernel re-derives every
+    column count from the MMA fragments (find_tmem_tensor_col_offset),
+    requires them to equal the budget and re-checks the 512-column limit.
+    How to trigger the error: force the whole head dim into one CTA,
+        Kernel(m=128, n=128, hd=512, hd_per_cta=512)
+        → ValueError: TMEM budget: S 64 + O 512 = 576 columns > 512 …
+
+    Configurations (defaults; TMEM columns per CTA, dynamic SMEM incl. barriers)
+      hd   CTAs kv_tile  P     S + O (alloc)     K slots        V slots        SMEM
+      64    1    128    TMEM  128 + 64  (256)   2 × 16 KiB     2 × 16 KiB      81 KiB
+      128   1    128    SMEM  128 + 128 (256)   2 × 32 KiB     2 × 32 KiB     193 KiB
+      256   1     64    SMEM   64 + 256 (512)   4 × 16 KiB     2 × 32 KiB     209 KiB
+      512   2     64    SMEM   64 + 256 (512)   3 × 16 KiB     1 × 32 KiB     225 KiB
+    Q stays resident (128 × hd bf16: 128 KiB at hd = 512).  K is streamed in
+    chunks of min(hd, 128) head-dim columns (kv_tile × that per slot), so one
+    Q·K_jᵀ is hd / 128 chunks of tcgen05.mma (one chunk at hd ≤ 128); V slots hold this CTA's Vᵀ slab
+    (hd_per_cta × kv_tile); P (SMEM-P) is 128 × kv_tile bf16.  The limit is
+    227 KiB (232448 bytes) of dynamic shared memory per CTA; the constructor
+    checks an estimate and the traced kernel the real struct size (both
+    equal for the defaults).  ptxas -v (sm_100a) when written, n = 128 / 256 /
+    1024: hd 64 165/173/173 registers, hd 128 159/233/233, hd 256 122,
+    hd 512 123/124/124; no spills.
+
+P between the two MMAs
+    hd = 64 (TMEM-P, stage C's path, unchanged): P (bf16) is written
+    with tcgen05.st into the upper half of S's columns, viewed as the PV MMA's
+    K-major A operand in TMEM (`TmemPlan` from stages/common); the PV MMA
+    reads A from TMEM.
+    hd > 64 (SMEM-P): the softmax threads convert their S row (registers,
+    from a tcgen05.ld partitioned by the QK accumulator's layout) to bf16 and
+    store it with 128-bit st.shared through a tiled copy built from that same
+    tcgen05.ld (make_tiled_copy_D), into an (M, K) view of the PV MMA's
+    A-operand SMEM layout (make_smem_layout_a, K-major, 128-byte swizzle).
+    Then each thread executes fence.proxy.async.shared::cta (the tensor core
+    reads shared memory through the async proxy) before arriving on the
+    "P full" mbarrier (128 arrivals); the MMA warp waits on it and issues the
+    PV MMA with A from SMEM.  Trace-time checks prove that (1) register i of
+    the tcgen05.ld fragment and register i of the shared-memory copy hold the
+    same (row, key) for every checked thread and (2) the (M, K) view of the
+    A-operand layout is the identity on (row, key) coordinates.
+
+Units and data flow (one CTA, 192 threads, warp-specialised, as stage C)
+    warp 5      TMA producer: Q once; per KV tile j the head-dim chunks of
+                K_j (K ring) and this CTA's Vᵀ slab of V_j (V ring).
+    warp 4      MMA issuer: S = Q·K_jᵀ chunk by chunk (SMEM × SMEM → TMEM);
+                then, once P_j is ready (and O rescaled), O += P_j·V_j
+                (A from TMEM at hd = 64, from SMEM above; accumulate off for
+                j = 0), issued as hd_per_cta / pv_n PV tiles per K step.
+    warps 0-3   softmax warpgroup, thread t ↔ TMEM lane t ↔ query row t:
+                tcgen05.ld S row → max, exp2, sum → bf16 P; wait until PV_{j-1}
+                has completed; store P (TMEM or SMEM); if the max moved for
+                any row of the warp, rescale O in TMEM 32 columns at a time
+                (tcgen05.ld → × α → tcgen05.st); tcgen05.wait::st; signal the
+                MMA warp.  At the end: O / l → bf16 → global 32 columns at a
+                time, LSE (CTA 0).
+
+Synchronisation (mbarriers via cutlass.pipeline; arrive counts in THREADS)
+    q, k, v   PipelineTmaUmma   load warp (TMA tx bytes) → MMA warp (tcgen05.commit)
+    s         PipelineUmmaAsync MMA warp commit → 128 softmax threads
+    p         PipelineAsyncUmma 128 softmax threads → MMA warp; its release is a
+              tcgen05.commit, so "P slot free" also means "PV_j complete"
+    o         PipelineUmmaAsync MMA warp commit after the last PV → 128 threads
+    TMEM-P: P_j lives inside S's columns, so the softmax warps hand S back only
+    after PV_j has completed (stage C).  SMEM-P: S is handed back as soon as
+    it has been loaded into registers (tcgen05.wait::ld), P_j's buffer is
+    rewritten only after the "P slot free" commit of PV_{j-1}.
+
+Lessons of DSV4.md ("What the first attempt taught"), as handled here
+    1  Every value used by more than one branch (plans, copies, fragments,
+       pipelines, partitions) is built before the warp-role `if`s; values the
+       other P path does not use are set to None first; compile-time choices
+       use cutlass.const_expr; the loop-carried row max / sum are Float32
+       values defined before the KV loop.
+    2  Every pipeline side made of threads counts threads: the softmax side is
+       CooperativeGroup(Thread, 128); MMA/TMA sides are 1 (elected thread).
+    3  TMEM stores (P at hd = 64, the rescaled O always) are followed by
+       tcgen05.wait::st and tcgen05.fence::before_thread_sync before the
+       P-full arrive; the MMA warp fences (after_thread_sync) after its wait.
+       SMEM-P adds fence.proxy.async.shared::cta before the arrive.
+    4  Column offsets come from find_tmem_tensor_col_offset of the fragments
+       (TmemPlan at hd = 64, `_SmemPTmemPlan` below), checked against
+       tmem_budget(); TMEM-P's bf16 pointer is the fp32 column offset recast.
+    5  P's TMEM view (hd = 64) and P's SMEM layout (hd > 64) are both the PV
+       MMA's A-operand layout (make_smem_layout_a of the PV tiler, K-major),
+       never a composition of the QK accumulator's layout; the trace-time
+       checks above prove the element correspondence.
+    6  P spans the PV tiler's K extent (kv_tile): 64 TMEM columns at hd = 64,
+       128 × kv_tile bf16 in SMEM above.
+    7  hd = 64: registers → TMEM; hd > 64: registers → SMEM through a copy
+       partitioned by the QK accumulator's thread layout, then the async-proxy
+       fence and the mbarrier before the MMA reads it.
+    8  QK N = kv_tile ∈ {64, 128, 256}; PV N = pv_n ∈ {64, 128, 256}; hd = 512
+       uses two N = 256 PV tiles (one per CTA); never N > 256.
+    9  Q, K, V, O get a unit L mode ((rows, cols, 1)) before tiling.
+    10 Not used: V has its own TMA and ring (it may alias K in memory; K's
+       shared buffer is never read as V).
+    11 hd = 64 keeps stage C's data path, barriers and TMEM plan; only the O
+       epilogue is chunked (32 columns at a time).  The scratch compile check
+       compiles hd = 64 first and compares its PTX with stage C's: the same
+       tcgen05 / mbarrier / TMA sequence but for the chunked epilogue.
+    12 Nothing here needs credentials.
+"""
+
+import math
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.blackwell_helpers as sm100_utils
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
+from cutlass.memory import TmemAllocator
+
+from stages.common.sm100_idioms import (
+    TmemPlan,
+    check_same_fragment_coords,
+    tcgen05_fence_after_sync,
+    tcgen05_fence_before_sync,
+)
+
+BF16 = cutlass.BFloat16
+F32 = cutlass.Float32
+
+TILE_M = 128  # query rows per CTA = UMMA M = TMEM lanes
+TMEM_COLUMNS = 512  # TMEM columns per SM (32 bit each)
+TMEM_COL_BITS = 32
+SMEM_LIMIT = 227 * 1024  # max dynamic shared memory per CTA on sm_100 (232448 bytes)
+MMA_N_MAX = 256  # tcgen05 kind::f16 with M = 128: N ∈ {16, 32, …, 256}
+K_CHUNK = 128  # head-dim columns of K per shared slot (one Q·Kᵀ chunk)
+HEAD_DIMS = (64, 128, 256, 512)
+TMEM_P_HD = 64  # the head dim that keeps P in TMEM (stage C's path)
+
+# hd → (kv_tile, K slots, V slots).  hd_per_cta defaults to min(hd, 256).
+_DEFAULTS = {
+    64: (128, 2, 2),
+    128: (128, 2, 2),
+    256: (64, 4, 2),
+    512: (64, 3, 1),
+}
+
+# Threads whose SMEM-P copy fragments are compared at trace time.
+_CHECK_THREADS = tuple(range(32)) + (32, 45, 64, 95, 96, 127)
+
+
+def default_hd_per_cta(hd: int) -> int:
+    """O columns owned by one CTA: the whole head dim up to 256, else 256."""
+    return min(hd, MMA_N_MAX)
+
+
+def _acc_cols(width: int, dtype_bits: int) -> int:
+    """TMEM columns of a 128-row accumulator/operand `width` elements wide."""
+    return width * dtype_bits // TMEM_COL_BITS
+
+
+def _alloc_cols(used: int) -> int:
+    """tcgen05.alloc takes a power of two ≥ 32 columns."""
+    alloc = 32
+    while alloc < used:
+        alloc *= 2
+    return alloc
+
+
+def tmem_budget(hd: int, kv_tile: int, hd_per_cta: int | None = None) -> dict:
+    """TMEM columns per CTA for S, P and O (plain Python, no tracing needed).
+
+    S is the fp32 Q·Kᵀ accumulator (kv_tile columns), O the fp32 P·V
+    accumulator of this CTA's head-dim slab (hd_per_cta columns, default
+    min(hd, 256)).  P is bf16 (two per column): at hd = 64 it lives in TMEM
+    inside S's columns (kv_tile / 2 columns, no extra space); above, it lives
+    in shared memory (0 columns).  `total` = S + O must be ≤ 512.
+    """
+    if hd_per_cta is None:
+        hd_per_cta = default_hd_per_cta(hd)
+    s = _acc_cols(kv_tile, F32.width)
+    p = _acc_cols(kv_tile, BF16.width) if hd == TMEM_P_HD else 0
+    o = _acc_cols(hd_per_cta, F32.width)
+    total = s + o  # P adds nothing: inside S (TMEM-P) or in SMEM
+    return {
+        "S": s,
+        "P": p,
+        "P_in": "TMEM (inside S)" if p else "SMEM",
+        "O": o,
+        "total": total,
+        "alloc": _alloc_cols(total),
+        "limit": TMEM_COLUMNS,
+        "ctas": hd // hd_per_cta,
+    }
+
+
+def _tmem_budget_error(hd, kv_tile, hd_per_cta, s, o, total) -> ValueError:
+    return ValueError(
+        f"TMEM budget: S {s} + O {o} = {total} columns > {TMEM_COLUMNS} "
+        f"(hd={hd}, kv_tile={kv_tile}, hd_per_cta={hd_per_cta}): a 128-row fp32 accumulator "
+        f"takes one column per element of a row, so S needs kv_tile and O needs hd_per_cta "
+        f"columns; split O over more CTAs (hd_per_cta ≤ 256, the default) or shrink kv_tile"
+    )
+
+
+def smem_budget(hd: int, kv_tile: int, hd_per_cta: int, k_slots: int, v_slots: int) -> dict:
+    """Dynamic shared memory estimate in bytes (buffers + barrier block)."""
+    k_chunk = min(hd, K_CHUNK)
+    q = TILE_M * hd * 2
+    k = kv_tile * k_chunk * 2
+    v = kv_tile * hd_per_cta * 2
+    p = 0 if hd == TMEM_P_HD else TILE_M * kv_tile * 2
+    barriers = 1024  # mbarriers + TMEM address, padded to the 1024-byte buffer alignment
+    total = barriers + q + k_slots * k + v_slots * v + p
+    return {"Q": q, "K_slot": k, "K_slots": k_slots, "V_slot": v, "V_slots": v_slots,
+            "P": p, "total": total, "limit": SMEM_LIMIT}
+
+
+class _SmemPTmemPlan:
+    """TMEM columns of S (fp32) and O (fp32) when P lives in shared memory.
+
+    S: the QK accumulator, columns [0, s_cols); O: the PV accumulator of the
+    CTA's slab (hd_per_cta / pv_n PV tiles), columns [s_cols, s_cols + o_cols).
+    Both counts come from the fragments (find_tmem_tensor_col_offset).
+    """
+
+    def __init__(self, qk_mma, pv_mma, s_shape_mn, o_shape_mn):
+        s_frag = qk_mma.make_fragment_C(qk_mma.partition_shape_C(s_shape_mn))
+        o_frag = pv_mma.make_fragment_C(pv_mma.partition_shape_C(o_shape_mn))
+        self.s_cols = tcgen05.find_tmem_tensor_col_offset(s_frag)
+        self.o_cols = tcgen05.find_tmem_tensor_col_offset(o_frag)
+        self.p_cols = 0
+        self.s_col = 0
+        self.o_col = self.s_col + self.s_cols
+        self.alloc_cols = _alloc_cols(self.o_col + self.o_cols)
+        self.s_layout = s_frag.layout
+        self.o_layout = o_frag.layout
+
+    def views(self, tmem_ptr):
+        """(tStS, tOtO) as TMEM tensors, given the fp32 base pointer."""
+        tStS = cute.make_tensor(tmem_ptr + self.s_col, self.s_layout)
+        tOtO = cute.make_tensor(tmem_ptr + self.o_col, self.o_layout)
+        return tStS, tOtO
+
+
+def _mk_view(t: cute.Tensor) -> cute.Tensor:
+    """(M, K) view of an A-operand tensor ((M_atom, K_atom), M_rest, K_rest):
+    m = m_atom + M_atom·m_rest, k = k_atom + K_atom·k_rest (same iterator)."""
+    s, d = t.layout.shape, t.layout.stride
+    layout = cute.make_layout(
+        ((s[0][0], s[1]), (s[0][1], s[2])), stride=((d[0][0], d[1]), (d[0][1], d[2]))
+    )
+    return cute.make_tensor(t.iterator, layout)
+
+
+def _check_smem_p(s_load, cS, p_copy, cA, kv_tile):
+    """Trace-time proof for SMEM-P.
+
+    (1) The (M, K) view of the PV MMA's A-operand partition is the identity
+        on (row, key): it addresses P[m, k] where the MMA reads P[m, k].
+    (2) For each checked thread, register i of its tcgen05.ld fragment of S
+        and register i of its shared-memory copy fragment (retiled from the
+        same registers) hold the same (row, key) as the SMEM element it writes.
+    """
+    cA_mk = _mk_view(cA)
+    for m in range(0, TILE_M, 5):
+        for k in range(0, kv_tile, 3):
+            if cA_mk[(m, k)] != (m, k):
+                raise ValueError(f"SMEM-P: A-operand (M, K) view maps {(m, k)} to {cA_mk[(m, k)]}")
+    c_mk = cute.make_identity_tensor((TILE_M, kv_tile))
+    for t in _CHECK_THREADS:
+        reg_crd = p_copy.get_slice(t).retile(s_load.get_slice(t).partition_D(cS))
+        dst_crd = p_copy.get_slice(t).partition_D(c_mk)
+        a = [reg_crd[i] for i in range(cute.size(reg_crd))]
+        b = [dst_crd[i] for i in range(cute.size(dst_crd))]
+        if a != b:
+            raise ValueError(f"SMEM-P: S-load and P-store fragments disagree for thread {t}")
+
+
+class Kernel:
+    """O = softmax(Q·Kᵀ / sqrt(hd))·V and LSE, online softmax, tcgen05 + TMEM, sm_100a.
+
+    hd = 64: P in TMEM (stage C's path).  hd ∈ {128, 256, 512}: P through
+    shared memory.  hd = 512: two CTAs, each owning 256 columns of O.
+
+    Options beyond the stage's axes (defaults from the table in the module
+    docstring): kv_tile (keys per KV tile, 64/128/256), hd_per_cta (O columns
+    per CTA), pv_n (N of one PV MMA tile).  An impossible combination raises
+    ValueError in the constructor, e.g. the TMEM budget error:
+        Kernel(m=128, n=128, hd=512, hd_per_cta=512)
+        ValueError: TMEM budget: S 64 + O 512 = 576 columns > 512 (hd=512, ...)
+    """
+
+    TILE_M = TILE_M
+    SOFTMAX_WARPS = (0, 1, 2, 3)
+    MMA_WARP = 4
+    LOAD_WARP = 5
+    THREADS = 32 * 6
+    SOFTMAX_THREADS = 32 * 4
+
+    def __init__(self, *, m: int, n: int, hd: int,
+                 kv_tile: int | None = None, hd_per_cta: int | None = None, pv_n: int | None = None):
+        if m != TILE_M:
+            raise ValueError(f"stage D1 sm100: m must be {TILE_M}, got {m}")
+        if hd not in HEAD_DIMS:
+            raise ValueError(f"stage D1 sm100: hd must be one of {HEAD_DIMS}, got {hd}")
+        d_kv, k_slots, v_slots = _DEFAULTS[hd]
+        kv_tile = d_kv if kv_tile is None else kv_tile
+        hd_per_cta = default_hd_per_cta(hd) if hd_per_cta is None else hd_per_cta
+        pv_n = min(hd_per_cta, MMA_N_MAX) if pv_n is None else pv_n
+        self.tmem_p = hd == TMEM_P_HD
+
+        if kv_tile not in (64, 128, 256):
+            raise ValueError(f"stage D1 sm100: kv_tile must be 64, 128 or 256, got {kv_tile}")
+        if self.tmem_p and kv_tile != 128:
+            raise ValueError("stage D1 sm100: TMEM-P (hd = 64) keeps stage C's kv_tile = 128")
+        if n <= 0 or n % kv_tile != 0:
+            raise ValueError(f"stage D1 sm100: n must be a positive multiple of {kv_tile}, got {n}")
+        if hd_per_cta not in (64, 128, 256, 512) or hd_per_cta > hd or hd % hd_per_cta != 0:
+            raise ValueError(f"stage D1 sm100: hd_per_cta must be a power-of-two divisor of hd ≥ 64, got {hd_per_cta}")
+        if pv_n % 64 != 0 or pv_n > MMA_N_MAX or hd_per_cta % pv_n != 0:
+            raise ValueError(f"stage D1 sm100: pv_n must be 64, 128 or 256 and divide hd_per_cta, got {pv_n}")
+        if self.tmem_p and pv_n != hd:
+            raise ValueError("stage D1 sm100: TMEM-P (hd = 64) uses one PV tile of N = 64")
+
+        budget = tmem_budget(hd, kv_tile, hd_per_cta)
+        if budget["total"] > TMEM_COLUMNS:
+            raise _tmem_budget_error(hd, kv_tile, hd_per_cta, budget["S"], budget["O"], budget["total"])
+        # Non-default tiles: keep the preferred ring depths if they fit, else fewer slots.
+        for k_try in range(k_slots, 0, -1):
+            fits = [v for v in range(v_slots, 0, -1)
+                    if smem_budget(hd, kv_tile, hd_per_cta, k_try, v)["total"] <= SMEM_LIMIT]
+            if fits:
+                k_slots, v_slots = k_try, fits[0]
+                break
+        smem = smem_budget(hd, kv_tile, hd_per_cta, k_slots, v_slots)
+        if smem["total"] > SMEM_LIMIT:
+            raise ValueError(
+                f"SMEM budget: Q {smem['Q']} + K {k_slots}×{smem['K_slot']} + V {v_slots}×{smem['V_slot']}"
+                f" + P {smem['P']} + barriers = {smem['total']} bytes > {SMEM_LIMIT}"
+                f" (hd={hd}, kv_tile={kv_tile}, hd_per_cta={hd_per_cta})"
+            )
+
+        self.m, self.n, self.hd = m, n, hd
+        self.kv_tile, self.hd_per_cta, self.pv_n = kv_tile, hd_per_cta, pv_n
+        self.k_slots, self.v_slots = k_slots, v_slots
+        self.k_chunk = min(hd, K_CHUNK)
+        self.n_chunks = hd // self.k_chunk
+        self.ctas = hd // hd_per_cta
+        self.n_tiles = n // kv_tile
+        self.budget = budget
+        self.smem_estimate = smem["total"]
+        self.q_tiler = (TILE_M, kv_tile, hd)  # (M, N, K) of S = Q·Kᵀ, Q's view (whole hd)
+        self.k_tiler = (TILE_M, kv_tile, self.k_chunk)  # the same MMA, one K chunk
+        self.pv_tiler = (TILE_M, hd_per_cta, kv_tile)  # (M, N, K) of O_slab = P·V_slab
+        self.scale_log2 = math.log2(math.e) / math.sqrt(hd)  # softmax scale folded with log2(e)
+
+    # ------------------------------------------------------------------ host side
+    def _smem_struct(self, q_smem, k_smem, v_smem, p_smem):
+        """The shared-storage struct; no P buffer on the TMEM-P path."""
+        k_stages, v_stages = self.k_slots, self.v_slots
+        if self.tmem_p:
+
+            @cute.struct
+            class Smem:
+                q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+                k_mbar: cute.struct.MemRange[cutlass.Int64, 2 * k_stages]
+                v_mbar: cute.struct.MemRange[cutlass.Int64, 2 * v_stages]
+                s_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+                p_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+                o_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+                tmem_addr: cutlass.Int32
+                sQ: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(q_smem.outer)], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(k_smem.outer)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(v_smem.outer)], 1024]
+
+        else:
+
+            @cute.struct
+            class Smem:
+                q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+                k_mbar: cute.struct.MemRange[cutlass.Int64, 2 * k_stages]
+                v_mbar: cute.struct.MemRange[cutlass.Int64, 2 * v_stages]
+                s_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+                p_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+                o_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+                tmem_addr: cutlass.Int32
+                sQ: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(q_smem.outer)], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(k_smem.outer)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(v_smem.outer)], 1024]
+                sP: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(p_smem.outer)], 1024]
+
+        size = int(Smem.size_in_bytes())
+        if size > SMEM_LIMIT:
+            raise ValueError(f"SMEM budget: the shared-storage struct takes {size} bytes > {SMEM_LIMIT}")
+        return Smem
+
+    @cute.jit
+    def __call__(
+        self,
+        Q: cute.Tensor,
+        K: cute.Tensor,
+        V: cute.Tensor,
+        O: cute.Tensor,
+        LSE: cute.Tensor,
+        stream: cuda.CUstream,
+    ):
+        # (rows, cols, L = 1) views.  PV's B operand is Vᵀ: (N = hd, K = n), MN-major.
+        unit = cute.make_layout(1)
+        mQ = cute.make_tensor(Q.iterator, cute.append(Q.layout, unit))
+        mK = cute.make_tensor(K.iterator, cute.append(K.layout, unit))
+        mV = cute.make_tensor(V.iterator, cute.append(cute.select(V.layout, mode=[1, 0]), unit))
+        mO = cute.make_tensor(O.iterator, cute.append(O.layout, unit))
+        if cutlass.const_expr(
+            utils.LayoutEnum.from_tensor(mQ).mma_major_mode() != OperandMajorMode.K
+            or utils.LayoutEnum.from_tensor(mK).mma_major_mode() != OperandMajorMode.K
+            or utils.LayoutEnum.from_tensor(mV).mma_major_mode() != OperandMajorMode.MN
+        ):
+            raise ValueError("stage D1 sm100: Q, K, V must be row-major")
+
+        cta = tcgen05.CtaGroup.ONE
+        qk_mma = sm100_utils.make_trivial_tiled_mma(
+            BF16, BF16, OperandMajorMode.K, OperandMajorMode.K, F32, cta, self.q_tiler[:2]
+        )
+        # P is K-major either way; it is read from TMEM (hd = 64) or from SMEM.
+        p_source = tcgen05.OperandSource.TMEM if cutlass.const_expr(self.tmem_p) else tcgen05.OperandSource.SMEM
+        pv_mma = sm100_utils.make_trivial_tiled_mma(
+            BF16, BF16, OperandMajorMode.K, OperandMajorMode.MN, F32, cta, (TILE_M, self.pv_n), p_source
+        )
+
+        q_smem = sm100_utils.make_smem_layout_a(qk_mma, self.q_tiler, BF16, 1)
+        k_smem = sm100_utils.make_smem_layout_b(qk_mma, self.k_tiler, BF16, self.k_slots)
+        v_smem = sm100_utils.make_smem_layout_b(pv_mma, self.pv_tiler, BF16, self.v_slots)
+        p_smem = sm100_utils.make_smem_layout_a(pv_mma, self.pv_tiler, BF16, 1)  # PV A-operand layout
+
+        q_one = cute.select(q_smem, mode=[0, 1, 2])
+        k_one = cute.select(k_smem, mode=[0, 1, 2])
+        v_one = cute.select(v_smem, mode=[0, 1, 2])
+        tma_op = cpasync.CopyBulkTensorTileG2SOp(cta)
+        tma_q, tma_Q = cute.nvgpu.make_tiled_tma_atom_A(tma_op, mQ, q_one, self.q_tiler, qk_mma)
+        tma_k, tma_K = cute.nvgpu.make_tiled_tma_atom_B(tma_op, mK, k_one, self.k_tiler, qk_mma)
+        tma_v, tma_V = cute.nvgpu.make_tiled_tma_atom_B(tma_op, mV, v_one, self.pv_tiler, pv_mma)
+        self.q_bytes = cute.size_in_bytes(BF16, q_one)
+        self.k_bytes = cute.size_in_bytes(BF16, k_one)
+        self.v_bytes = cute.size_in_bytes(BF16, v_one)
+
+        self.smem_struct = self._smem_struct(q_smem, k_smem, v_smem, p_smem)
+
+        self.kernel(
+            qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_V, mO, LSE, q_smem, k_smem, v_smem, p_smem
+        ).launch(
+            grid=(self.ctas, 1, 1),  # CTA b owns O columns [b·hd_per_cta, (b+1)·hd_per_cta)
+            block=(self.THREADS, 1, 1),
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    # ------------------------------------------------------------------ device side
+    @cute.kernel
+    def kernel(
+        self,
+        qk_mma: cute.TiledMma,
+        pv_mma: cute.TiledMma,
+        tma_q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_k: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_v: cute.CopyAtom,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        q_smem: cute.ComposedLayout,
+        k_smem: cute.ComposedLayout,
+        v_smem: cute.ComposedLayout,
+        p_smem: cute.ComposedLayout,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        cta_idx, _, _ = cute.arch.block_idx()  # which head-dim slab of O
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+
+        if warp_idx == self.LOAD_WARP:
+            cpasync.prefetch_descriptor(tma_q)
+            cpasync.prefetch_descriptor(tma_k)
+            cpasync.prefetch_descriptor(tma_v)
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.smem_struct)
+        sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)  # (MMA, MMA_M, MMA_K, 1)
+        sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (MMA, MMA_N, MMA_K, slots)
+        sV = storage.sV.get_tensor(v_smem.outer, swizzle=v_smem.inner)  # (MMA, MMA_N, MMA_K, slots)
+
+        # ---- pipelines (arrive counts: elected thread = 1, softmax side = 128 threads)
+        one = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+        softmax_threads = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.SOFTMAX_THREADS)
+        q_prod, q_cons = pipeline.PipelineTmaUmma.create(
+            num_stages=1, producer_group=one, consumer_group=one,
+            tx_count=self.q_bytes, barrier_storage=storage.q_mbar.data_ptr(),
+        ).make_participants()
+        k_prod, k_cons = pipeline.PipelineTmaUmma.create(
+            num_stages=self.k_slots, producer_group=one, consumer_group=one,
+            tx_count=self.k_bytes, barrier_storage=storage.k_mbar.data_ptr(),
+        ).make_participants()
+        v_prod, v_cons = pipeline.PipelineTmaUmma.create(
+            num_stages=self.v_slots, producer_group=one, consumer_group=one,
+            tx_count=self.v_bytes, barrier_storage=storage.v_mbar.data_ptr(),
+        ).make_participants()
+        s_prod, s_cons = pipeline.PipelineUmmaAsync.create(
+            num_stages=1, producer_group=one, consumer_group=softmax_threads,
+            barrier_storage=storage.s_mbar.data_ptr(),
+        ).make_participants()
+        p_prod, p_cons = pipeline.PipelineAsyncUmma.create(
+            num_stages=1, producer_group=softmax_threads, consumer_group=one,
+            barrier_storage=storage.p_mbar.data_ptr(),
+        ).make_participants()
+        o_prod, o_cons = pipeline.PipelineUmmaAsync.create(
+            num_stages=1, producer_group=one, consumer_group=softmax_threads,
+            barrier_storage=storage.o_mbar.data_ptr(),
+        ).make_participants()
+
+        # TMEM: warp 0 allocates and frees; every warp reads the address after barrier 1.
+        tmem_alloc = TmemAllocator(
+            storage.tmem_addr.ptr,
+            barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=1, num_threads=self.THREADS),
+            allocator_warp_id=self.SOFTMAX_WARPS[0],
+        )
+        softmax_sync = pipeline.NamedBarrier(barrier_id=2, num_threads=self.SOFTMAX_THREADS)
+
+        # ---- MMA operands (shared-memory descriptors)
+        qk_thr = qk_mma.get_slice(0)
+        pv_thr = pv_mma.get_slice(0)
+        tSrQ = qk_mma.make_fragment_A(sQ)  # (MMA, MMA_M, hd / 16, 1)
+        tSrK = qk_mma.make_fragment_B(sK)  # (MMA, MMA_N, k_chunk / 16, slots)
+        tOrV = pv_mma.make_fragment_B(sV)  # (MMA, PV tiles, kv_tile / 16, slots)
+
+        # ---- TMA partitions: Q (TMA), K (TMA, n_tiles, chunks), Vᵀ (TMA, CTAs, n_tiles)
+        gQ = cute.flat_divide(mQ, cute.select(self.q_tiler, mode=[0, 2]))  # (128, hd, 1, 1, 1)
+        gK = cute.flat_divide(mK, cute.select(self.k_tiler, mode=[1, 2]))  # (kv, 128, n_tiles, chunks, 1)
+        gV = cute.flat_divide(mV, cute.select(self.pv_tiler, mode=[1, 2]))  # (hd_cta, kv, ctas, n_tiles, 1)
+        tQsQ, tQgQ = cpasync.tma_partition(
+            tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 3),
+            cute.group_modes(qk_thr.partition_A(gQ), 0, 3),
+        )
+        tKsK, tKgK = cpasync.tma_partition(
+            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 3),
+            cute.group_modes(qk_thr.partition_B(gK), 0, 3),
+        )
+        tVsV, tVgV = cpasync.tma_partition(
+            tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 3),
+            cute.group_modes(pv_thr.partition_B(gV), 0, 3),
+        )
+        tQgQ = tQgQ[None, 0, 0, 0]  # (TMA)
+        tKgK = tKgK[None, None, None, 0]  # (TMA, n_tiles, chunks)
+        tVgV = tVgV[None, cta_idx, None, 0]  # (TMA, n_tiles): this CTA's head-dim slab
+
+        # ---- TMEM plan (from the fragments), checked against tmem_budget().
+        s_mn = (TILE_M, self.kv_tile)
+        o_mn = (TILE_M, self.hd_per_cta)
+        tmem_plan = None
+        if cutlass.const_expr(self.tmem_p):
+            tmem_plan = TmemPlan(qk_mma, pv_mma, self.q_tiler, self.pv_tiler, p_smem, F32, BF16)
+        else:
+            tmem_plan = _SmemPTmemPlan(qk_mma, pv_mma, s_mn, o_mn)
+        self._check_tmem_plan(tmem_plan)
+        tmem_cols = tmem_plan.alloc_cols
+        tmem_alloc.allocate(tmem_cols)  # only the allocator warp (0) executes tcgen05.alloc
+        tmem_alloc.wait_for_alloc()
+        tmem_ptr = tmem_alloc.retrieve_ptr(F32)
+        tmem_alloc.relinquish_alloc_permit()
+
+        # ---- P: TMEM view (hd = 64) or SMEM buffer (hd > 64), and the S load that feeds it.
+        tStS = None
+        tOtO = None
+        tOrP = None  # the PV MMA's A operand, (MMA, MMA_M, kv_tile / 16)
+        s_load = None  # tcgen05.ld of this thread's S row
+        tS_src = None  # S as s_load sees it
+        cS_src = None  # (row, key) coordinates of S, partitioned like tS_src
+        p_store = None  # TMEM-P: tcgen05.st of P
+        p_copy = None  # SMEM-P: st.shared of P, tiled like s_load
+        sP_mk = None  # SMEM-P: (M, K) view of P's A-operand SMEM layout
+        cS = qk_thr.partition_C(cute.make_identity_tensor(s_mn))  # ((128, kv), 1, 1)
+        cA = pv_thr.partition_A(cute.make_identity_tensor(s_mn))  # ((128, 16), 1, kv / 16)
+
+        def ld_atom(rep):
+            return cute.make_copy_atom(tcgen05.Ld32x32bOp(rep), F32)
+
+        if cutlass.const_expr(self.tmem_p):
+            tStS, tOrP, tOtO = tmem_plan.views(tmem_ptr)
+            s_load = tcgen05.make_tmem_copy(ld_atom(tcgen05.Repetition.x32), tStS)
+            p_store = tcgen05.make_tmem_copy(
+                cute.make_copy_atom(tcgen05.St32x32bOp(tcgen05.Repetition.x16), BF16), tOrP
+            )
+            check_same_fragment_coords(s_load, cS, p_store, cA, "TMEM-P (S → P)")  # trace time
+            tS_src = tStS
+            cS_src = cS
+        else:
+            tStS, tOtO = tmem_plan.views(tmem_ptr)
+            sP = storage.sP.get_tensor(p_smem.outer, swizzle=p_smem.inner)  # (MMA, MMA_M, MMA_K, 1)
+            tOrP = pv_mma.make_fragment_A(sP)[None, None, None, 0]
+            tS_src = tStS[(None, None), 0, 0]  # (128, kv)
+            cS_src = cS[(None, None), 0, 0]
+            s_load = tcgen05.make_tmem_copy(ld_atom(tcgen05.Repetition.x32), tS_src)
+            p_copy = cute.make_tiled_copy_D(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BF16, num_bits_per_copy=128), s_load
+            )
+            sP_mk = _mk_view(sP[None, None, None, 0])  # (128, kv) in the A-operand layout
+            _check_smem_p(s_load, cS_src, p_copy, cA, self.kv_tile)  # trace time
+
+        # ---- O: load/store in chunks of 32 columns (rescale, epilogue).
+        o_load = tcgen05.make_tmem_copy(ld_atom(tcgen05.Repetition.x32), tOtO)
+        o_store = tcgen05.make_tmem_copy(
+            cute.make_copy_atom(tcgen05.St32x32bOp(tcgen05.Repetition.x32), F32), tOtO
+        )
+        cO = pv_thr.partition_C(cute.make_identity_tensor(o_mn))  # ((128, pv_n), 1, PV tiles)
+        check_same_fragment_coords(o_load, cO, o_store, cO, "O rescale")  # trace time
+        gO = cute.flat_divide(mO, cute.select(self.pv_tiler, mode=[0, 1]))[None, None, 0, cta_idx, 0]
+        tOgO = pv_thr.partition_C(gO)  # (128, hd_cta) slab of O, partitioned like tOtO
+
+        n_tiles = self.n_tiles
+        kb_per_chunk = cute.size(tSrK, mode=[2])
+        num_kb_pv = cute.size(tOrV, mode=[2])
+
+        # ======================= TMA load warp =======================
+        if warp_idx == self.LOAD_WARP:
+            q_slot = q_prod.acquire_and_advance()
+            cute.copy(tma_q, tQgQ, tQsQ[None, 0], tma_bar_ptr=q_slot.barrier)
+            for j in cutlass.range(n_tiles, unroll=1):
+                for c in cutlass.range_constexpr(self.n_chunks):
+                    k_slot = k_prod.acquire_and_advance()
+                    cute.copy(tma_k, tKgK[None, j, c], tKsK[None, k_slot.index], tma_bar_ptr=k_slot.barrier)
+                v_slot = v_prod.acquire_and_advance()
+                cute.copy(tma_v, tVgV[None, j], tVsV[None, v_slot.index], tma_bar_ptr=v_slot.barrier)
+            # Wait for the MMA warp's last releases so no arrive lands after exit.
+            q_prod.tail()
+            k_prod.tail()
+            v_prod.tail()
+
+        # ======================= MMA warp =======================
+        if warp_idx == self.MMA_WARP:
+            q_full = q_cons.wait_and_advance()
+            for j in cutlass.range(n_tiles, unroll=1):
+                # S = Q · K_jᵀ, hd / 128 chunks (TMEM-P: overwrites P_{j-1}, whose PV
+                # completed before the softmax warps handed S back).
+                s_free = s_prod.acquire_and_advance()
+                for c in cutlass.range_constexpr(self.n_chunks):
+                    k_full = k_cons.wait_and_advance()
+                    tcgen05_fence_after_sync()
+                    for kb in cutlass.range_constexpr(kb_per_chunk):
+                        qk_mma.set(tcgen05.Field.ACCUMULATE, c * kb_per_chunk + kb != 0)
+                        cute.gemm(
+                            qk_mma, tStS, tSrQ[None, None, c * kb_per_chunk + kb, 0],
+                            tSrK[None, None, kb, k_full.index], tStS,
+                        )
+                    k_full.release()  # tcgen05.commit → K slot free once read
+                s_free.commit()  # tcgen05.commit → S_j ready for the softmax warps
+                # O += P_j · V_j: one tcgen05.mma per PV tile and K step of 16 keys.
+                v_full = v_cons.wait_and_advance()
+                p_full = p_cons.wait_and_advance()
+                tcgen05_fence_after_sync()
+                for kb in cutlass.range_constexpr(num_kb_pv):
+                    if cutlass.const_expr(kb == 0):
+                        pv_mma.set(tcgen05.Field.ACCUMULATE, j != 0)
+                    else:
+                        pv_mma.set(tcgen05.Field.ACCUMULATE, True)
+                    cute.gemm(pv_mma, tOtO, tOrP[None, None, kb], tOrV[None, None, kb, v_full.index], tOtO)
+                p_full.release()  # tcgen05.commit → P slot free = PV_j complete
+                v_full.release()
+            o_slot = o_prod.acquire_and_advance()
+            o_slot.commit()  # tcgen05.commit → every MMA done, O final
+            q_full.release()
+
+        # ======================= softmax warpgroup =======================
+        if warp_idx < self.MMA_WARP:
+            thr_s = s_load.get_slice(tidx)
+            thr_o = o_load.get_slice(tidx)
+            thr_o_st = o_store.get_slice(tidx)
+            tTR_tS = thr_s.partition_S(tS_src)  # this thread's row of S in TMEM
+            tTR_tO = thr_o.partition_S(tOtO)  # (V, 32-col chunks, 1, PV tiles) of O in TMEM
+            tRT_tO = thr_o_st.partition_D(tOtO)  # the same, for tcgen05.st
+            tTR_gO = thr_o.partition_D(tOgO)  # this thread's row of the O slab in global memory
+            tTR_cO = thr_o.partition_D(cO)  # its (row, d) coordinates
+            rS = cute.make_rmem_tensor(thr_s.partition_D(cS_src).shape, F32)
+            rP = cute.make_rmem_tensor(rS.shape, BF16)  # P in S's register order
+            o_chunks = cute.size(tTR_cO, mode=[1])  # tcgen05.ld/st of 32 columns each
+            pv_tiles = cute.size(tTR_cO, mode=[3])
+            rO = cute.make_rmem_tensor(tTR_cO[None, 0, None, 0].shape, F32)
+            rO_out = cute.make_rmem_tensor(tTR_cO[None, 0, None, 0].shape, BF16)
+            row = tTR_cO[0][0]  # the query row this thread owns
+
+            tRT_tP = None  # TMEM-P destination
+            rP_tmem = None
+            tRS_sP = None  # SMEM-P destination
+            rP_smem = None
+            if cutlass.const_expr(self.tmem_p):
+                thr_p = p_store.get_slice(tidx)
+                tRT_tP = thr_p.partition_D(tOrP)
+                # Same registers, indexed like the tcgen05.st fragment (both compact; the
+                # trace-time check proved index i is the same (row, key) in both).
+                rP_tmem = cute.make_tensor(rP.iterator, cute.make_layout(thr_p.partition_S(cA).shape))
+            else:
+                thr_pc = p_copy.get_slice(tidx)
+                tRS_sP = thr_pc.partition_D(sP_mk)
+                rP_smem = thr_pc.retile(rP)
+
+            c = F32(self.scale_log2)
+            row_max = F32(-math.inf)  # m_{j-1}, raw-score units
+            row_sum = F32(0.0)  # l_{j-1}
+            for j in cutlass.range(n_tiles, unroll=1):
+                s_full = s_cons.wait_and_advance()
+                tcgen05_fence_after_sync()
+                cute.copy(s_load, tTR_tS, rS)
+                cute.arch.fence_view_async_tmem_load()  # tcgen05.wait::ld: rS valid
+                if cutlass.const_expr(not self.tmem_p):
+                    # S is in registers and P goes elsewhere: QK_{j+1} may overwrite S.
+                    tcgen05_fence_before_sync()
+                    s_full.release()
+
+                s = rS.load()
+                new_max = cute.arch.fmax(row_max, s.reduce(cute.ReductionOp.MAX, -F32.inf, 0))
+                new_max_c = new_max * c
+                alpha = cute.math.exp2(row_max * c - new_max_c, fastmath=True)  # 0 when j = 0
+                p = cute.math.exp2(s * c - new_max_c, fastmath=True)
+                row_sum = row_sum * alpha + p.reduce(cute.ReductionOp.ADD, F32(0.0), 0)
+                rP.store(p.to(BF16))
+
+                # P slot free ⇔ PV_{j-1} complete ⇔ O_{j-1} final in TMEM and P's
+                # buffer no longer read; PV_j waits for this slot's commit.
+                p_slot = p_prod.acquire_and_advance()
+                tcgen05_fence_after_sync()
+                if cutlass.const_expr(self.tmem_p):
+                    cute.copy(p_store, rP_tmem, tRT_tP)  # tcgen05.st into S's upper columns
+                else:
+                    cute.copy(p_copy, rP_smem, tRS_sP)  # st.shared into the A-operand layout
+                if j > 0:
+                    # Rescale O_{j-1} by alpha, warp-uniform decision (tcgen05.ld/st are
+                    # warp-collective); rows whose max did not move multiply by 1.
+                    if cute.arch.vote_any_sync(new_max > row_max):
+                        for t in cutlass.range_constexpr(pv_tiles):
+                            for ch in cutlass.range_constexpr(o_chunks):
+                                cute.copy(o_load, tTR_tO[None, ch, None, t], rO)
+                                cute.arch.fence_view_async_tmem_load()
+                                rO.store(rO.load() * alpha)
+                                cute.copy(o_store, rO, tRT_tO[None, ch, None, t])
+                cute.arch.fence_view_async_tmem_store()  # tcgen05.wait::st: P / O in TMEM
+                if cutlass.const_expr(not self.tmem_p):
+                    cute.arch.fence_view_async_shared()  # fence.proxy.async.shared::cta: P for the MMA
+                tcgen05_fence_before_sync()
+                p_slot.commit()  # 128 arrivals → the MMA warp may run PV_j
+                row_max = new_max
+                if cutlass.const_expr(self.tmem_p):
+                    # P_j sits in S_j's columns: hand S back for QK_{j+1} only once
+                    # PV_j has read P_j (the P slot's "free" is a tcgen05.commit after PV_j).
+                    p_prod.acquire()
+                    tcgen05_fence_before_sync()
+                    s_full.release()
+
+            # Epilogue: O row / l → bf16 → global, 32 columns at a time; LSE (natural log).
+            o_full = o_cons.wait_and_advance()
+            tcgen05_fence_after_sync()
+            inv_sum = F32(1.0) / row_sum
+            for t in cutlass.range_constexpr(pv_tiles):
+                for ch in cutlass.range_constexpr(o_chunks):
+                    cute.copy(o_load, tTR_tO[None, ch, None, t], rO)
+                    cute.arch.fence_view_async_tmem_load()
+                    rO_out.store((rO.load() * inv_sum).to(BF16))
+                    cute.autovec_copy(rO_out, tTR_gO[None, ch, None, t])
+            if cta_idx == 0:
+                mLSE[row] = (row_max * c + cute.math.log2(row_sum, fastmath=True)) * F32(math.log(2.0))
+            tcgen05_fence_before_sync()
+            o_full.release()
+
+            # All four warps are done with TMEM before warp 0 frees it.
+            softmax_sync.arrive_and_wait()
+            tcgen05_fence_after_sync()
+            tmem_alloc.free(tmem_ptr, tmem_cols)
+
+    def _check_tmem_plan(self, plan):
+        """Trace time: the fragment-derived columns must equal tmem_budget() and fit in 512."""
+        b = self.budget
+        derived = {"S": plan.s_cols, "P": plan.p_cols, "O": plan.o_cols}
+        expected = {"S": b["S"], "P": b["P"], "O": b["O"]}
+        total = plan.s_cols + plan.o_cols
+        if total > TMEM_COLUMNS:
+            raise _tmem_budget_error(self.hd, self.kv_tile, self.hd_per_cta, plan.s_cols, plan.o_cols, total)
+        if derived != expected or plan.alloc_cols != b["alloc"]:
+            raise ValueError(
+                f"TMEM plan: fragments give {derived} (alloc {plan.alloc_cols}), "
+                f"tmem_budget gives {expected} (alloc {b['alloc']})"
+            )
