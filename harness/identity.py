@@ -30,15 +30,9 @@ def _hash_files(root: Path, files: list[Path]) -> str:
     return h.hexdigest()[:HASH_LEN]
 
 
-def _source_files(folder: Path) -> list[Path]:
-    if not folder.is_dir():
-        return []
-    return [p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
-
-
-def _shared_imports(root: Path, files: list[Path]) -> list[Path]:
-    """The files of shared modules (`stages.common.*`, `oracles.*`) that `files` import,
-    followed transitively."""
+def _lab_imports(root: Path, files: list[Path]) -> list[Path]:
+    """The lab's own modules (`stages.*`, `oracles.*`) that `files` import, followed
+    transitively."""
     seen: set[Path] = set()
     todo = [f for f in files if f.suffix == ".py"]
     while todo:
@@ -50,7 +44,7 @@ def _shared_imports(root: Path, files: list[Path]) -> list[Path]:
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             for name in names:
-                if not name.startswith(("stages.common", "oracles.")):
+                if not name.startswith(("stages.", "oracles.")):
                     continue
                 path = root / Path(*name.split(".")).with_suffix(".py")
                 if path.is_file() and path not in seen:
@@ -60,10 +54,12 @@ def _shared_imports(root: Path, files: list[Path]) -> list[Path]:
 
 
 def source_files(root: Path, stage: Stage, arch: str) -> list[Path]:
-    other_kernels = {k.path for a, k in stage.kernels.items() if a != arch} - {stage.kernels[arch].path}
-    files = [p for p in _source_files(stage.dir) if p not in other_kernels]
-    files += stage.oracle_files()
-    files += _shared_imports(root, files)
+    kernel = stage.kernels[arch].path
+    files = [kernel, *stage.oracle_files()]
+    init = kernel.parent / "__init__.py"
+    if init.is_file():
+        files.append(init)
+    files += _lab_imports(root, files)
     return sorted(set(files))
 
 
