@@ -1,7 +1,7 @@
 """`dsv4-lab dashboard`: where every stage stands, stages × arch, on one screen.
 
-Per stage and arch: compiled (and when), ran (where: host and GPU), cases passed / total in
-the freshest run, worst cosine, delta to baseline, median µs of the benched case,
+Per stage and arch: compiled (and when), ran (where: host and GPU), cases whose newest
+result passed / cases in the matrix, worst cosine, delta to baseline, median µs of the benched case,
 registers / spills / shared memory, a stale marker, and the age of the newest result.
 Built from records alone (no torch, no CuTeDSL). Readable without colour: every state has a
 glyph and a word.
@@ -13,12 +13,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
 from harness.baselines import case_label, load as load_baselines
 from harness.identity import source_hash
+from harness.matrix import expand
 from harness.records import print_warnings, read_records
 from harness.spec import Spec, Stage, load_spec
 
@@ -76,17 +77,22 @@ def cell(spec: Spec, stage: Stage, arch: str, records: list[dict], baselines: di
     ran = [r for r in mine if r["status"] in RAN]
     if not ran:
         note = next((r.get("note") for r in reversed(mine) if r.get("note")), None)
-        c.ran = "○ compiled, not run" + (f" ({note.split(': ', 1)[-1]})" if note else "")
+        why = note.split(": ", 1)[-1].split(" (")[0] if note else ""
+        c.ran = "○ compiled, not run" + (f": {why}" if why else "")
         c.style = "yellow"
         c.stale = "stale" if (newest.get("code") or {}).get("src") != src else ""
         c.age = _age(newest["t"], now)
         return c
-    run_id = ran[-1]["run"]
-    run = [r for r in ran if r["run"] == run_id]
+    # The newest result of each case of the matrix (a run may cover only some cases).
+    latest: dict[str, dict] = {}
+    for r in ran:
+        latest[case_label(r["case"])] = r
+    run = sorted(latest.values(), key=lambda r: r["t"])
     env = run[-1].get("env") or {}
     c.ran = f"{env.get('gpu', '?')} @ {run[-1].get('target', 'local')}:{env.get('host', '?')}"
     n_pass = sum(1 for r in run if r["status"] == "pass")
-    c.passed = f"{'✓' if n_pass == len(run) else '✗'} {n_pass}/{len(run)}"
+    total = len(expand(stage))
+    c.passed = f"{'✓' if n_pass == total else '✗'} {n_pass}/{total}"
     cos = [m.get("cosine") for r in run for m in (r.get("metrics") or {}).values()]
     known = [x for x in cos if x is not None]
     c.cosine = "n/a" if not known or len(known) < len(cos) else f"{min(known):.7f}"
@@ -105,9 +111,11 @@ def cell(spec: Spec, stage: Stage, arch: str, records: list[dict], baselines: di
     if timed:
         t = timed[-1]
         c.us = f"{t['timing']['us']:.2f}" + (f" ({t['timing']['tflops']:.0f} TF/s)" if t["timing"].get("tflops") else "")
+        if (t.get("code") or {}).get("src") != src:
+            c.us += " stale"
     c.stale = "stale" if any((r.get("code") or {}).get("src") != src for r in run) else ""
     c.age = _age(run[-1]["t"], now)
-    c.style = "green" if n_pass == len(run) and not c.stale else ("red" if n_pass < len(run) else "yellow")
+    c.style = "green" if n_pass == total and not c.stale else ("red" if n_pass < len(run) else "yellow")
     return c
 
 
@@ -144,13 +152,22 @@ def main(root: Path, watch: bool = False, interval: float = 2.0) -> int:
     if not watch:
         console.print(render(root))
         return 0
-    from rich.live import Live
+    try:
+        if console.is_terminal:
+            from rich.live import Live
 
-    with Live(render(root), console=console, refresh_per_second=4, screen=False) as live:
-        try:
+            with Live(render(root), console=console, refresh_per_second=4, screen=False) as live:
+                while True:
+                    time.sleep(interval)
+                    live.update(render(root))
+        else:  # piped: a fresh table each interval, flushed
+            import sys
+
             while True:
+                console.print(f"--- {time.strftime('%H:%M:%S')}", highlight=False)
+                console.print(render(root))
+                sys.stdout.flush()
                 time.sleep(interval)
-                live.update(render(root))
-        except KeyboardInterrupt:
-            pass
+    except KeyboardInterrupt:
+        pass
     return 0

@@ -201,7 +201,7 @@ def compile_and_report(spec: Spec, stage: Stage, archs: list[str], cases: list[C
     finally:
         compiler.close()
     console.print(table)
-    if not any(r for r in ("ptxas",) if shutil.which(r)):
+    if not shutil.which("ptxas"):
         console.print("registers / spills: ptxas is not installed here, so they are not reported", highlight=False)
     if keep is not None:
         console.print(f"PTX / cubin{' / SASS' if shutil.which('cuobjdump') else ''} kept in {keep}", highlight=False)

@@ -50,10 +50,6 @@ def _attr(ref: tuple[str, str]):
     return getattr(importlib.import_module(ref[0]), ref[1])
 
 
-_TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "int32": "int32",
-                 "uint8": "uint8", "float8_e4m3fn": "float8_e4m3fn"}
-
-
 class _Executor:
     def __init__(self) -> None:
         self._loaded: dict[str, Any] = {}
@@ -92,7 +88,7 @@ class _Executor:
 
         def fresh_outputs() -> dict:
             return {
-                s.name: poison_(torch.empty(s.shape, dtype=getattr(torch, _TORCH_DTYPES[s.dtype]), device=device))
+                s.name: poison_(torch.empty(s.shape, dtype=getattr(torch, s.dtype), device=device))
                 for s in specs if s.role == "out"
             }
 

@@ -69,3 +69,26 @@ def test_history_sparkline_and_notes(fake_lab):
 def test_sparkline():
     assert sparkline([1, 2, 3]) == "▁▅█"
     assert sparkline([None, 5, 5]) == "·▁▁"
+
+
+def test_watch_refreshes_while_records_arrive(fake_lab):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "dashboard", "--watch", "--interval", "0.5"], cwd=fake_lab,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+    time.sleep(4)
+    w = RecordWriter(fake_lab)
+    w.write(Record(id="r.1", run="r", t="2026-11-21T00:00:00Z", stage="OK", arch="cpu", case={"n": 16},
+                   status="pass", metrics={"out": {"cosine": 1.0}}, env={"host": "h"}, code={"src": "x"}))
+    w.close()
+    time.sleep(3)
+    proc.terminate()
+    out, _ = proc.communicate(timeout=10)
+    frames = out.split("--- ")
+    assert len(frames) >= 3
+    assert "1/2" not in frames[1] and "1/2" in frames[-1]

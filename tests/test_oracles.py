@@ -50,7 +50,7 @@ def softmax_loops(q, k, v, scale):
 
 
 @pytest.mark.parametrize("scores", ["normal", "wide"])
-@pytest.mark.parametrize("hd", [64, 512])
+@pytest.mark.parametrize("hd", [64, 128, 256, 512])
 def test_softmax_oracle_matches_plain_python(scores, hd):
     case = {"m": 4, "n": 128, "hd": hd, "scores": scores}
     inputs = attention.softmax_inputs(case, seed=3)
