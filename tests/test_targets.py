@@ -240,7 +240,8 @@ def test_remote_run_command_quotes_every_argument(tmp_path, monkeypatch):
     assert "'n=4; rm -rf /'" in cmd
     assert cmd.startswith("cd '/w d;$(x)/dsv4-lab-")
     assert "DSV4_LAB_GIT=abc123:1" in cmd
-    words = shlex.split(cmd.split(" && ")[-1])
+    assert cmd.endswith("; exit $?")
+    words = shlex.split(cmd.split(" && ")[-1].removesuffix("; exit $?"))
     assert words[:3] == ["python", "-m", "cli"] and words[-1] == "n=4; rm -rf /"
 
 
@@ -400,7 +401,7 @@ def test_remote_crash_keeps_records_received(remote_lab, capsys):
     recs = records_of(remote_lab, "CRASH")
     assert [r["case"]["n"] for r in recs] == [4] and recs[0]["target"] == "box"
     (run,) = read_runs(remote_lab).values()
-    assert run["interrupted"] is True and "exit code" in run["lost"]
+    assert run["interrupted"] is True and "exit code 137, SIGKILL" in run["lost"]
     assert "marked interrupted" in out.err
 
 
