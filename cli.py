@@ -6,10 +6,9 @@ one line on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
@@ -259,9 +258,9 @@ def targets_list() -> None:
 @targets_app.command("check")
 def targets_check(name: str = typer.Argument(...)) -> None:
     """Connect to a target; report Python, torch, CuTeDSL, GPUs and the work folder."""
-    from harness import targets
+    from harness import remote
 
-    raise typer.Exit(targets.check_cmd(lab_root(), name))
+    raise typer.Exit(remote.check_cmd(lab_root(), name))
 
 
 def main() -> None:

@@ -13,7 +13,6 @@ torch nor CuTeDSL. Exit codes: 0 pass, 1 regression or stale, 2 bad usage or con
 
 from __future__ import annotations
 
-import os
 import stat
 import sys
 from dataclasses import dataclass

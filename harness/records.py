@@ -63,6 +63,15 @@ class Record:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
+def status_counts(records) -> dict[str, int]:
+    """{status: number of records} of Record objects or record dicts."""
+    counts: dict[str, int] = {}
+    for r in records:
+        status = r["status"] if isinstance(r, dict) else r.status
+        counts[status] = counts.get(status, 0) + 1
+    return counts
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
 

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from harness.matrix import Case
-from harness.records import Record
+from harness.records import Record, status_counts
 from harness.spec import Spec, Stage
 
 STATUS_STYLE = {
@@ -82,9 +82,7 @@ def results_table(records: list[Record]) -> Table:
 
 
 def summary_lines(records: list[Record], interrupted: bool, reasons: dict[str, str]) -> list[str]:
-    counts: dict[str, int] = {}
-    for r in records:
-        counts[r.status] = counts.get(r.status, 0) + 1
+    counts = status_counts(records)
     ran = sum(v for k, v in counts.items() if k not in ("compiled", "compile_error", "skipped"))
     lines = [" · ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no cases"]
     for arch, why in sorted(reasons.items()):
@@ -161,7 +159,7 @@ def compile_and_report(spec: Spec, stage: Stage, archs: list[str], cases: list[C
     import shutil
     import subprocess
 
-    from harness.compile import Compiler, cached_result
+    from harness.compile import Compiler
 
     console = make_console()
     compiler = Compiler(spec.root)
@@ -209,6 +207,6 @@ def compile_and_report(spec: Spec, stage: Stage, archs: list[str], cases: list[C
 
 
 def run_remote_and_report(spec: Spec, target: str, argv: list[str], cases: dict[str, list[Case]]) -> int:
-    from harness.targets import run_remote_and_report as remote
+    from harness.remote import run_remote_and_report as remote
 
     return remote(spec, target, argv, cases)

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.nodes import Node, ScalarNode, SequenceNode
+
+from harness.yamlnodes import NodeContext, kind as _kind, mapping as _mapping, scalar as _scalar
 
 SCHEMA_VERSION = 1
 
@@ -112,40 +114,12 @@ def normalize_stage_name(name: str) -> str:
 # Node-level helpers: every check knows the line of what it checks.
 
 
-class _Ctx:
+class _Ctx(NodeContext):
+    """Reading stages.yaml: module references resolve under the lab root."""
+
     def __init__(self, path: Path, root: Path):
-        self.path = path
+        super().__init__(path.name, SpecError)
         self.root = root
-
-    def fail(self, node: Node | None, key: str, problem: str) -> SpecError:
-        line = node.start_mark.line + 1 if node is not None else 1
-        return SpecError(f"{self.path.name}:{line}: {key}: {problem}")
-
-
-def _scalar(node: Node) -> Any:
-    """A scalar node's value as YAML's safe loader would type it."""
-    return yaml.safe_load(yaml.serialize(node)) if node is not None else None
-
-
-def _mapping(ctx: _Ctx, node: Node, key: str) -> list[tuple[ScalarNode, Node]]:
-    if not isinstance(node, MappingNode):
-        raise ctx.fail(node, key, f"expected a mapping, got {_kind(node)}")
-    seen: set[str] = set()
-    for k, _ in node.value:
-        name = str(_scalar(k))
-        if name in seen:
-            raise ctx.fail(k, f"{key}.{name}", "duplicate key — keep one")
-        seen.add(name)
-    return node.value
-
-
-def _kind(node: Node) -> str:
-    if isinstance(node, MappingNode):
-        return "a mapping"
-    if isinstance(node, SequenceNode):
-        return "a list"
-    value = _scalar(node)
-    return f"{type(value).__name__} {value!r}"
 
 
 def _typed(ctx: _Ctx, node: Node, key: str, types: tuple[type, ...], what: str) -> Any:

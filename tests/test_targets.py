@@ -15,14 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import targets
+from harness import remote, targets
 from harness.matrix import expand
 from harness.records import MAX_LINE_BYTES, read_records, read_runs
 from harness.spec import load_spec
-from harness.targets import (
-    Target, TargetError, explain_ssh_failure, load_targets, load_targets_file, parse_line, read_lines,
-    remote_path, remote_run_args, ssh_argv,
-)
+from harness.remote import explain_ssh_failure, parse_line, read_lines, remote_path, remote_run_args, ssh_argv
+from harness.targets import Target, TargetError, load_targets, load_targets_file
 from tests.ssh_fixtures import SshServer, make_lab, run_cli, ssh_server  # noqa: F401  (fixture)
 
 PY = sys.executable
@@ -236,7 +234,7 @@ def test_remote_run_args():
 def test_remote_run_command_quotes_every_argument(tmp_path, monkeypatch):
     monkeypatch.setenv("DSV4_LAB_GIT", "abc123:1")  # git_state reads it first
     t = _target(workdir="/w d;$(x)")
-    cmd = targets.remote_run_command(t, tmp_path, ["run", "FAKE", "--where", "n=4; rm -rf /"])
+    cmd = remote.remote_run_command(t, tmp_path, ["run", "FAKE", "--where", "n=4; rm -rf /"])
     assert "'n=4; rm -rf /'" in cmd
     assert cmd.startswith("cd '/w d;$(x)/dsv4-lab-")
     assert "DSV4_LAB_GIT=abc123:1" in cmd
@@ -316,7 +314,7 @@ def run_remote(lab: Path, stage: str, target: str, **kw) -> int:
     spec = load_spec(root=lab)
     st = spec.stage(stage)
     argv = ["run", stage, "--target", target]
-    return targets.run_remote_and_report(spec, target, argv, {st.id: expand(st)}, **kw)
+    return remote.run_remote_and_report(spec, target, argv, {st.id: expand(st)}, **kw)
 
 
 def records_of(lab: Path, stage: str) -> list[dict]:
@@ -327,10 +325,10 @@ def records_of(lab: Path, stage: str) -> list[dict]:
 @pytest.mark.parametrize("method", ["rsync", "tar"])
 def test_full_round_trip(remote_lab, tmp_path, capsys, method):
     lab = remote_lab
-    folder = tmp_path / "remote work" / targets.lab_id(lab)
+    folder = tmp_path / "remote work" / remote.lab_id(lab)
     folder.mkdir(parents=True)
     (folder / "stale.py").write_text("left from an older sync\n")
-    shipped = targets.tree_files(lab)
+    shipped = remote.tree_files(lab)
     code = run_remote(lab, "FAKE", "box", sync_method=method)
     out = capsys.readouterr()
     assert code == 0, out.out + out.err
@@ -343,10 +341,10 @@ def test_full_round_trip(remote_lab, tmp_path, capsys, method):
     (run,) = runs.values()
     assert run["target"] == "box" and run["interrupted"] is False and run["counts"] == {"pass": 3}
     # the remote folder is exactly what git would commit
-    remote = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
-    assert remote == sorted(shipped)
-    assert "notes.txt" in remote and "local.log" not in remote and "stale.py" not in remote
-    assert not any("__pycache__" in p for p in remote)
+    on_remote = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    assert on_remote == sorted(shipped)
+    assert "notes.txt" in on_remote and "local.log" not in on_remote and "stale.py" not in on_remote
+    assert not any("__pycache__" in p for p in on_remote)
     assert "box" in out.out and "copied" in out.out
 
 
@@ -369,16 +367,16 @@ def test_host_key_mismatch_is_refused(remote_lab, capsys):
     assert "host key mismatch" in err and "known_hosts" in err
     assert "StrictHostKeyChecking=no" not in err
     assert records_of(remote_lab, "FAKE") == []
-    assert targets.check_cmd(remote_lab, "badkey") == 3
+    assert remote.check_cmd(remote_lab, "badkey") == 3
     err = capsys.readouterr().err
     assert "host key mismatch" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.ssh
 def test_unknown_host_key_and_auth_failure(remote_lab, capsys):
-    assert targets.check_cmd(remote_lab, "unknownkey") == 3
+    assert remote.check_cmd(remote_lab, "unknownkey") == 3
     assert "not in your known_hosts" in capsys.readouterr().err
-    assert targets.check_cmd(remote_lab, "noauth") == 3
+    assert remote.check_cmd(remote_lab, "noauth") == 3
     err = capsys.readouterr().err
     assert "authentication failed" in err and "ssh-agent" in err
 
@@ -390,7 +388,7 @@ def test_unreachable_host_fails_fast(remote_lab, capsys):
     assert time.monotonic() - t0 < 30
     err = capsys.readouterr().err
     assert "cannot reach" in err and "Connection refused" in err
-    assert targets.check_cmd(remote_lab, "closed") == 3
+    assert remote.check_cmd(remote_lab, "closed") == 3
 
 
 @pytest.mark.ssh
@@ -445,14 +443,14 @@ def test_workdir_with_spaces_and_shell_characters(remote_lab, tmp_path, capsys):
     assert code == 0, out.out + out.err
     assert len(records_of(remote_lab, "FAKE")) == 3
     odd = tmp_path / "w d;touch pwned;$(touch pwned2)`touch pwned3`"
-    assert (odd / targets.lab_id(remote_lab) / "stages.yaml").is_file()
+    assert (odd / remote.lab_id(remote_lab) / "stages.yaml").is_file()
     for p in ("pwned", "pwned2", "pwned3"):
         assert not list(tmp_path.rglob(p)) and not (Path.home() / p).exists()
 
 
 @pytest.mark.ssh
 def test_check_reports_python_torch_cute_gpus_folder(remote_lab, capsys):
-    code = targets.check_cmd(remote_lab, "box")
+    code = remote.check_cmd(remote_lab, "box")
     out = capsys.readouterr().out
     versions = {}
     for dist in ("torch", "nvidia-cutlass-dsl"):
