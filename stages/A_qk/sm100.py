@@ -38,19 +38,16 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.blackwell_helpers as sm100_utils
-from cutlass.cute.nvgpu import cpasync, tcgen05
+from cutlass.cute.nvgpu import tcgen05
 from cutlass.memory import TmemAllocator, get_num_tmem_alloc_cols
-from cutlass._mlir.dialects import nvvm
 
-
-def _tcgen05_fence_before_sync():
-    """tcgen05.fence::before_thread_sync: order prior tcgen05 ops before a barrier."""
-    nvvm.tcgen05_fence(nvvm.Tcgen05FenceKind.BEFORE_THREAD_SYNC)
-
-
-def _tcgen05_fence_after_sync():
-    """tcgen05.fence::after_thread_sync: order later tcgen05 ops after a barrier/wait."""
-    nvvm.tcgen05_fence(nvvm.Tcgen05FenceKind.AFTER_THREAD_SYNC)
+from stages.common.sm100_idioms import (
+    tcgen05_fence_after_sync,
+    tcgen05_fence_before_sync,
+    tma_umma_pipeline,
+    umma_to_threads_pipeline,
+)
+from stages.common.tma import prefetch_descriptors, sm100_tma_load, tma_partition_tile
 
 
 class Kernel:
@@ -97,15 +94,10 @@ class Kernel:
 
         q_smem = sm100_utils.make_smem_layout_a(tiled_mma, self.mma_tiler, ab_dtype, self.stages)
         k_smem = sm100_utils.make_smem_layout_b(tiled_mma, self.mma_tiler, ab_dtype, self.stages)
-        q_smem_one = cute.select(q_smem, mode=[0, 1, 2])
-        k_smem_one = cute.select(k_smem, mode=[0, 1, 2])
+        tma_q, tma_Q, q_bytes = sm100_tma_load("A", tiled_mma, Q, q_smem, self.mma_tiler)
+        tma_k, tma_K, k_bytes = sm100_tma_load("B", tiled_mma, K, k_smem, self.mma_tiler)
 
-        tma_op = cpasync.CopyBulkTensorTileG2SOp(tcgen05.CtaGroup.ONE)
-        tma_q, tma_Q = cute.nvgpu.make_tiled_tma_atom_A(tma_op, Q, q_smem_one, self.mma_tiler, tiled_mma)
-        tma_k, tma_K = cute.nvgpu.make_tiled_tma_atom_B(tma_op, K, k_smem_one, self.mma_tiler, tiled_mma)
-
-        # Bytes one stage's two TMA loads deposit on its full barrier.
-        self.tx_bytes = cute.size_in_bytes(ab_dtype, q_smem_one) + cute.size_in_bytes(ab_dtype, k_smem_one)
+        self.tx_bytes = q_bytes + k_bytes  # what one stage's two TMA loads deposit on its full barrier
         # TMEM columns for the (128 × n) fp32 accumulator, read off its layout.
         acc_fake = tiled_mma.make_fragment_C(tiled_mma.partition_shape_C(self.mma_tiler[:2]))
         self.tmem_cols = get_num_tmem_alloc_cols(acc_fake)
@@ -142,8 +134,7 @@ class Kernel:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
 
         if warp_idx == 0:
-            cpasync.prefetch_descriptor(tma_q)
-            cpasync.prefetch_descriptor(tma_k)
+            prefetch_descriptors(tma_q, tma_k)
 
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(self.smem_struct)
@@ -152,20 +143,9 @@ class Kernel:
 
         # Operand pipeline: TMA (one elected thread + tx bytes) → UMMA (one
         # tcgen05.commit per release).
-        ab_prod, ab_cons = pipeline.PipelineTmaUmma.create(
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            tx_count=self.tx_bytes,
-            barrier_storage=storage.ab_mbar.data_ptr(),
-        ).make_participants()
+        ab_prod, ab_cons = tma_umma_pipeline(storage.ab_mbar, self.stages, self.tx_bytes)
         # Accumulator pipeline: UMMA commit → all 128 epilogue THREADS.
-        acc_prod, acc_cons = pipeline.PipelineUmmaAsync.create(
-            num_stages=1,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.THREADS),
-            barrier_storage=storage.acc_mbar.data_ptr(),
-        ).make_participants()
+        acc_prod, acc_cons = umma_to_threads_pipeline(storage.acc_mbar, self.THREADS)
 
         # TMEM: warp 0 allocates, everyone reads the base address after a barrier.
         tmem = TmemAllocator(
@@ -188,12 +168,8 @@ class Kernel:
         tCrK = tiled_mma.make_fragment_B(sK)
 
         # TMA partitions: one copy moves one K-block of Q (or K).
-        tQsQ, tQgQ = cpasync.tma_partition(
-            tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 3), cute.group_modes(tCgQ, 0, 3)
-        )
-        tKsK, tKgK = cpasync.tma_partition(
-            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 3), cute.group_modes(tCgK, 0, 3)
-        )
+        tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, tCgQ, 3)
+        tKsK, tKgK = tma_partition_tile(tma_k, sK, tCgK, 3)
 
         tmem.wait_for_alloc()
         tmem_ptr = tmem.retrieve_ptr(cutlass.Float32)
@@ -240,7 +216,7 @@ class Kernel:
 
         # Epilogue (all 4 warps): TMEM → registers → global, 32 columns at a time.
         acc_full = acc_cons.wait_and_advance()
-        _tcgen05_fence_after_sync()  # the MMAs' TMEM writes are visible to tcgen05.ld
+        tcgen05_fence_after_sync()  # the MMAs' TMEM writes are visible to tcgen05.ld
         for c in cutlass.range_constexpr(cute.size(tTRtAcc, mode=[2])):
             cute.copy(t2r, tTRtAcc[(None, None, c)], tTRrAcc)
             cute.arch.fence_view_async_tmem_load()  # tcgen05.wait::ld: registers valid
@@ -248,7 +224,7 @@ class Kernel:
         acc_full.release()
 
         # Everyone is done with TMEM: warp 0 frees it.
-        _tcgen05_fence_before_sync()
+        tcgen05_fence_before_sync()
         pipeline.sync(barrier_id=1)
-        _tcgen05_fence_after_sync()
+        tcgen05_fence_after_sync()
         tmem.free(tmem_ptr)

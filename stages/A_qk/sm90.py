@@ -29,7 +29,10 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import warpgroup
+
+from stages.common.sm90_idioms import tma_pipeline, wgmma_sync
+from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile, tma_produce
 
 
 class Kernel:
@@ -78,16 +81,8 @@ class Kernel:
         k_smem = sm90_utils.make_smem_layout_b(
             utils.LayoutEnum.ROW_MAJOR, self.cta_tile, ab_dtype, self.stages
         )
-        q_smem_one = cute.slice_(q_smem, (None, None, 0))
-        k_smem_one = cute.slice_(k_smem, (None, None, 0))
-
-        tma_op = cpasync.CopyBulkTensorTileG2SOp()
-        tma_q, tma_Q = cpasync.make_tiled_tma_atom(
-            tma_op, Q, q_smem_one, (self.BLOCK_M, self.BLOCK_K)
-        )
-        tma_k, tma_K = cpasync.make_tiled_tma_atom(
-            tma_op, K, k_smem_one, (self.BLOCK_N, self.BLOCK_K)
-        )
+        tma_q, tma_Q, q_bytes = sm90_tma_load(Q, q_smem, (self.BLOCK_M, self.BLOCK_K))
+        tma_k, tma_K, k_bytes = sm90_tma_load(K, k_smem, (self.BLOCK_N, self.BLOCK_K))
 
         @cute.struct
         class Smem:
@@ -96,8 +91,7 @@ class Kernel:
             sK: cute.struct.Align[cute.struct.MemRange[ab_dtype, cute.cosize(k_smem)], 1024]
 
         self.smem_struct = Smem
-        # Bytes one stage's two TMA loads deposit on its full barrier.
-        self.tx_bytes = cute.size_in_bytes(ab_dtype, q_smem_one) + cute.size_in_bytes(ab_dtype, k_smem_one)
+        self.tx_bytes = q_bytes + k_bytes  # what one stage's two TMA loads deposit on its full barrier
 
         self.kernel(tiled_mma, tma_q, tma_Q, tma_k, tma_K, S, q_smem, k_smem).launch(
             grid=(self.n // self.BLOCK_N, 1, 1),
@@ -123,8 +117,7 @@ class Kernel:
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
 
         if warp_idx == 0:
-            cpasync.prefetch_descriptor(tma_q)
-            cpasync.prefetch_descriptor(tma_k)
+            prefetch_descriptors(tma_q, tma_k)
 
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(self.smem_struct)
@@ -133,13 +126,7 @@ class Kernel:
 
         # Full barrier: 1 producer arrival + TMA bytes.  Empty barrier: one
         # arrival per consumer warp (consumer_release signals from lane 0).
-        pipe = pipeline.PipelineTmaAsync.create(
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.threads // 32),
-            tx_count=self.tx_bytes,
-            barrier_storage=storage.mbar.data_ptr(),
-        )
+        pipe = tma_pipeline(storage.mbar, self.stages, self.tx_bytes, self.threads // 32, defer_sync=False)
 
         # Global tiles: (128, 64, num_k_blocks) for Q and K, (128, 128) for S.
         gQ = cute.local_tile(mQ, (self.BLOCK_M, self.BLOCK_K), (0, None))
@@ -147,12 +134,8 @@ class Kernel:
         gS = cute.local_tile(mS, (self.BLOCK_M, self.BLOCK_N), (0, n_blk))
 
         # TMA partitions: one copy moves a whole (128, 64) block.
-        tQsQ, tQgQ = cpasync.tma_partition(
-            tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
-        )
-        tKsK, tKgK = cpasync.tma_partition(
-            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
-        )
+        tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, gQ, 2)
+        tKsK, tKgK = tma_partition_tile(tma_k, sK, gK, 2)
 
         # MMA operands are per warpgroup (shared-memory descriptors); the
         # accumulator and its global image are per thread.
@@ -168,35 +151,19 @@ class Kernel:
         # Prologue: fill every slot.
         if warp_idx == 0:
             for _ in cutlass.range_constexpr(self.stages):
-                pipe.producer_acquire(prod)
-                bar = pipe.producer_get_barrier(prod)
-                cute.copy(tma_q, tQgQ[(None, prod.count)], tQsQ[(None, prod.index)], tma_bar_ptr=bar)
-                cute.copy(tma_k, tKgK[(None, prod.count)], tKsK[(None, prod.index)], tma_bar_ptr=bar)
-                pipe.producer_commit(prod)
+                tma_produce(pipe, prod, (tma_q, tQgQ, tQsQ), (tma_k, tKgK, tKsK))
                 prod.advance()
 
         # Main loop over K-blocks (fully unrolled: at most 8).
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
-        mma_k_steps = cute.size(tCrQ, mode=[2])
         for kb in cutlass.range_constexpr(self.num_k_blocks):
             pipe.consumer_wait(cons)
-            warpgroup.fence()
-            for kk in cutlass.range_constexpr(mma_k_steps):
-                crd = (None, None, kk, cons.index)
-                cute.gemm(tiled_mma, acc, tCrQ[crd], tCrK[crd], acc)
-                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
+            wgmma_sync(tiled_mma, acc, tCrQ, tCrK, a_slot=cons.index, b_slot=cons.index, zero_init=kb == 0)
             pipe.consumer_release(cons)
             cons.advance()
             # Refill the slot just released with K-block kb + stages.
             if kb + self.stages < self.num_k_blocks:
                 if warp_idx == 0:
-                    pipe.producer_acquire(prod)
-                    bar = pipe.producer_get_barrier(prod)
-                    cute.copy(tma_q, tQgQ[(None, prod.count)], tQsQ[(None, prod.index)], tma_bar_ptr=bar)
-                    cute.copy(tma_k, tKgK[(None, prod.count)], tKsK[(None, prod.index)], tma_bar_ptr=bar)
-                    pipe.producer_commit(prod)
+                    tma_produce(pipe, prod, (tma_q, tQgQ, tQsQ), (tma_k, tKgK, tKsK))
                     prod.advance()
 
         # Epilogue: registers → global, each thread its own fragment.

@@ -77,15 +77,24 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.blackwell_helpers as sm100_utils
-from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
+from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
 from cutlass.memory import TmemAllocator
 
 from stages.common.sm100_idioms import (
     TmemPlan,
+    attention_smem_struct,
+    attention_views,
     check_same_fragment_coords,
     tcgen05_fence_after_sync,
     tcgen05_fence_before_sync,
+    threads_to_umma_pipeline,
+    tma_umma_pipeline,
+    tmem_allocate,
+    tmem_copy,
+    tmem_free,
+    umma_to_threads_pipeline,
 )
+from stages.common.tma import prefetch_descriptors, sm100_tma_load, tma_partition_tile
 
 BF16 = cutlass.BFloat16
 F32 = cutlass.Float32
@@ -122,17 +131,7 @@ class Kernel:
     @cute.jit
     def __call__(self, Q: cute.Tensor, K: cute.Tensor, V: cute.Tensor, O: cute.Tensor, stream: cuda.CUstream):
         # (rows, cols, L = 1) views.  PV's B operand is Vᵀ: (N = hd, K = n), MN-major.
-        unit = cute.make_layout(1)
-        mQ = cute.make_tensor(Q.iterator, cute.append(Q.layout, unit))
-        mK = cute.make_tensor(K.iterator, cute.append(K.layout, unit))
-        mV = cute.make_tensor(V.iterator, cute.append(cute.select(V.layout, mode=[1, 0]), unit))
-        mO = cute.make_tensor(O.iterator, cute.append(O.layout, unit))
-        if cutlass.const_expr(
-            utils.LayoutEnum.from_tensor(mQ).mma_major_mode() != OperandMajorMode.K
-            or utils.LayoutEnum.from_tensor(mK).mma_major_mode() != OperandMajorMode.K
-            or utils.LayoutEnum.from_tensor(mV).mma_major_mode() != OperandMajorMode.MN
-        ):
-            raise ValueError("stage B sm100: Q, K, V must be row-major")
+        mQ, mK, mV, mO = attention_views(Q, K, V, O, "stage B sm100")
 
         cta = tcgen05.CtaGroup.ONE
         qk_mma = sm100_utils.make_trivial_tiled_mma(
@@ -149,31 +148,12 @@ class Kernel:
         v_smem = sm100_utils.make_smem_layout_b(pv_mma, self.pv_tiler, BF16, self.KV_STAGES)
         p_layout = sm100_utils.make_smem_layout_a(pv_mma, self.pv_tiler, BF16, 1)  # P's A-operand layout
 
-        q_one = cute.select(q_smem, mode=[0, 1, 2])
-        k_one = cute.select(k_smem, mode=[0, 1, 2])
-        v_one = cute.select(v_smem, mode=[0, 1, 2])
-        tma_op = cpasync.CopyBulkTensorTileG2SOp(cta)
-        tma_q, tma_Q = cute.nvgpu.make_tiled_tma_atom_A(tma_op, mQ, q_one, self.qk_tiler, qk_mma)
-        tma_k, tma_K = cute.nvgpu.make_tiled_tma_atom_B(tma_op, mK, k_one, self.qk_tiler, qk_mma)
-        tma_v, tma_V = cute.nvgpu.make_tiled_tma_atom_B(tma_op, mV, v_one, self.pv_tiler, pv_mma)
-        self.q_bytes = cute.size_in_bytes(BF16, q_one)
-        self.k_bytes = cute.size_in_bytes(BF16, k_one)
-        self.v_bytes = cute.size_in_bytes(BF16, v_one)
+        tma_q, tma_Q, self.q_bytes = sm100_tma_load("A", qk_mma, mQ, q_smem, self.qk_tiler)
+        tma_k, tma_K, self.k_bytes = sm100_tma_load("B", qk_mma, mK, k_smem, self.qk_tiler)
+        tma_v, tma_V, self.v_bytes = sm100_tma_load("B", pv_mma, mV, v_smem, self.pv_tiler)
 
-        @cute.struct
-        class Smem:
-            q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-            k_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.KV_STAGES]
-            v_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.KV_STAGES]
-            s_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-            p_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-            o_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-            tmem_addr: cutlass.Int32
-            sQ: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(q_smem.outer)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(k_smem.outer)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(v_smem.outer)], 1024]
-
-        self.smem_struct = Smem
+        # Barriers of the six pipelines, the TMEM address, Q, K and V buffers.
+        self.smem_struct = attention_smem_struct(BF16, q_smem, k_smem, v_smem, self.KV_STAGES, self.KV_STAGES)
 
         self.kernel(
             qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_V, mO, q_smem, k_smem, v_smem, p_layout
@@ -205,9 +185,7 @@ class Kernel:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
 
         if warp_idx == self.LOAD_WARP:
-            cpasync.prefetch_descriptor(tma_q)
-            cpasync.prefetch_descriptor(tma_k)
-            cpasync.prefetch_descriptor(tma_v)
+            prefetch_descriptors(tma_q, tma_k, tma_v)
 
         smem = utils.SmemAllocator()
         storage = smem.allocate(self.smem_struct)
@@ -216,32 +194,12 @@ class Kernel:
         sV = storage.sV.get_tensor(v_smem.outer, swizzle=v_smem.inner)  # (MMA, MMA_N, MMA_K, stages)
 
         # ---- pipelines (arrive counts: elected thread = 1, softmax side = 128 threads)
-        one = pipeline.CooperativeGroup(pipeline.Agent.Thread)
-        softmax_threads = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.SOFTMAX_THREADS)
-        q_prod, q_cons = pipeline.PipelineTmaUmma.create(
-            num_stages=1, producer_group=one, consumer_group=one,
-            tx_count=self.q_bytes, barrier_storage=storage.q_mbar.data_ptr(),
-        ).make_participants()
-        k_prod, k_cons = pipeline.PipelineTmaUmma.create(
-            num_stages=self.KV_STAGES, producer_group=one, consumer_group=one,
-            tx_count=self.k_bytes, barrier_storage=storage.k_mbar.data_ptr(),
-        ).make_participants()
-        v_prod, v_cons = pipeline.PipelineTmaUmma.create(
-            num_stages=self.KV_STAGES, producer_group=one, consumer_group=one,
-            tx_count=self.v_bytes, barrier_storage=storage.v_mbar.data_ptr(),
-        ).make_participants()
-        s_prod, s_cons = pipeline.PipelineUmmaAsync.create(
-            num_stages=1, producer_group=one, consumer_group=softmax_threads,
-            barrier_storage=storage.s_mbar.data_ptr(),
-        ).make_participants()
-        p_prod, p_cons = pipeline.PipelineAsyncUmma.create(
-            num_stages=1, producer_group=softmax_threads, consumer_group=one,
-            barrier_storage=storage.p_mbar.data_ptr(),
-        ).make_participants()
-        o_prod, o_cons = pipeline.PipelineUmmaAsync.create(
-            num_stages=1, producer_group=one, consumer_group=softmax_threads,
-            barrier_storage=storage.o_mbar.data_ptr(),
-        ).make_participants()
+        q_prod, q_cons = tma_umma_pipeline(storage.q_mbar, 1, self.q_bytes)
+        k_prod, k_cons = tma_umma_pipeline(storage.k_mbar, self.KV_STAGES, self.k_bytes)
+        v_prod, v_cons = tma_umma_pipeline(storage.v_mbar, self.KV_STAGES, self.v_bytes)
+        s_prod, s_cons = umma_to_threads_pipeline(storage.s_mbar, self.SOFTMAX_THREADS)
+        p_prod, p_cons = threads_to_umma_pipeline(storage.p_mbar, self.SOFTMAX_THREADS)
+        o_prod, o_cons = umma_to_threads_pipeline(storage.o_mbar, self.SOFTMAX_THREADS)
 
         # TMEM: warp 0 allocates and frees; every warp reads the address after barrier 1.
         tmem_alloc = TmemAllocator(
@@ -262,18 +220,9 @@ class Kernel:
         gQ = cute.flat_divide(mQ, cute.select(self.qk_tiler, mode=[0, 2]))  # (128, hd, 1, 1, 1)
         gK = cute.flat_divide(mK, cute.select(self.qk_tiler, mode=[1, 2]))  # (128, hd, n_tiles, 1, 1)
         gV = cute.flat_divide(mV, cute.select(self.pv_tiler, mode=[1, 2]))  # (hd, 128, 1, n_tiles, 1)
-        tQsQ, tQgQ = cpasync.tma_partition(
-            tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 3),
-            cute.group_modes(qk_thr.partition_A(gQ), 0, 3),
-        )
-        tKsK, tKgK = cpasync.tma_partition(
-            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 3),
-            cute.group_modes(qk_thr.partition_B(gK), 0, 3),
-        )
-        tVsV, tVgV = cpasync.tma_partition(
-            tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 3),
-            cute.group_modes(pv_thr.partition_B(gV), 0, 3),
-        )
+        tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, qk_thr.partition_A(gQ), 3)
+        tKsK, tKgK = tma_partition_tile(tma_k, sK, qk_thr.partition_B(gK), 3)
+        tVsV, tVgV = tma_partition_tile(tma_v, sV, pv_thr.partition_B(gV), 3)
         tQgQ = tQgQ[None, 0, 0, 0]  # (TMA)
         tKgK = tKgK[None, None, 0, 0]  # (TMA, n_tiles)
         tVgV = tVgV[None, 0, None, 0]  # (TMA, n_tiles)
@@ -281,16 +230,13 @@ class Kernel:
         # ---- TMEM: plan (S, P inside S, O), allocation by warp 0, address to all warps.
         tmem_plan = TmemPlan(qk_mma, pv_mma, self.qk_tiler, self.pv_tiler, p_layout, F32, BF16)
         tmem_cols = tmem_plan.alloc_cols
-        tmem_alloc.allocate(tmem_cols)  # only the allocator warp (0) executes tcgen05.alloc
-        tmem_alloc.wait_for_alloc()
-        tmem_ptr = tmem_alloc.retrieve_ptr(F32)
-        tmem_alloc.relinquish_alloc_permit()
+        tmem_ptr = tmem_allocate(tmem_alloc, tmem_cols)  # tcgen05.alloc by the allocator warp (0)
         tStS, tOrP, tOtO = tmem_plan.views(tmem_ptr)
 
         # ---- softmax-warpgroup TMEM copies; thread t ↔ lane t ↔ row t.
-        s_load = tcgen05.make_tmem_copy(cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition.x32), F32), tStS)
-        p_store = tcgen05.make_tmem_copy(cute.make_copy_atom(tcgen05.St32x32bOp(tcgen05.Repetition.x16), BF16), tOrP)
-        o_load = tcgen05.make_tmem_copy(cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition.x32), F32), tOtO)
+        s_load = tmem_copy(tcgen05.Ld32x32bOp, tcgen05.Repetition.x32, F32, tStS)
+        p_store = tmem_copy(tcgen05.St32x32bOp, tcgen05.Repetition.x16, BF16, tOrP)
+        o_load = tmem_copy(tcgen05.Ld32x32bOp, tcgen05.Repetition.x32, F32, tOtO)
         cS = qk_thr.partition_C(cute.make_identity_tensor(self.qk_tiler[:2]))  # (row, key)
         cP = pv_thr.partition_A(cute.make_identity_tensor((self.TILE_M, self.KV_TILE)))  # (row, key)
         check_same_fragment_coords(s_load, cS, p_store, cP, "TMEM-P (S → P)")  # trace time
@@ -391,6 +337,4 @@ class Kernel:
             o_full.release()
 
             # All four warps are done with TMEM before warp 0 frees it.
-            softmax_sync.arrive_and_wait()
-            tcgen05_fence_after_sync()
-            tmem_alloc.free(tmem_ptr, tmem_cols)
+            tmem_free(tmem_alloc, tmem_ptr, tmem_cols, softmax_sync)

@@ -33,9 +33,15 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from stages.common.sm90_idioms import accumulator_to_a_operand, check_accumulator_is_a_operand
+from stages.common.sm90_idioms import (
+    accumulator_to_a_operand,
+    register_p_mmas,
+    register_p_smem_struct,
+    tma_pipeline,
+    wgmma_sync,
+)
+from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile, tma_produce, transpose_view
 
 
 class Kernel:
@@ -75,55 +81,34 @@ class Kernel:
         qk_tile = (self.BLOCK_M, self.BLOCK_N, self.hd)  # (M, N, K) of S = Q·Kᵀ
         pv_tile = (self.BLOCK_M, self.hd, self.BLOCK_N)  # (M, N, K) of O = P·V
 
-        qk_mma = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype,
-            warpgroup.OperandMajorMode.K,  # Q [m, hd]: hd contiguous
-            warpgroup.OperandMajorMode.K,  # K [n, hd]: hd contiguous
-            cutlass.Float32,
-            (self.num_warpgroups, 1, 1),
-            tiler_mn=(64, self.BLOCK_N),
-        )
-        pv_mma = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype,
-            warpgroup.OperandMajorMode.K,  # P in registers
-            warpgroup.OperandMajorMode.MN,  # V [n, hd] as B (N = hd, K = keys): hd contiguous
-            cutlass.Float32,
-            (self.num_warpgroups, 1, 1),
-            tiler_mn=(64, self.hd),
-            a_source=warpgroup.OperandSource.RMEM,
-        )
-        check_accumulator_is_a_operand(qk_mma, pv_mma, (self.BLOCK_M, self.BLOCK_N))
+        # S = Q·Kᵀ (SS wgmma m64n128k16) and O = P·V (RS wgmma m64n64k16, P in
+        # registers), two warpgroups along M; the S → P retile checked at trace time.
+        qk_mma, pv_mma = register_p_mmas(dtype, self.num_warpgroups, self.BLOCK_N, self.hd)
 
         q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, qk_tile, dtype, 1)
         k_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, qk_tile, dtype, self.stages)
         v_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.COL_MAJOR, pv_tile, dtype, self.stages)
-        q_smem_one = cute.slice_(q_smem, (None, None, 0))
-        k_smem_one = cute.slice_(k_smem, (None, None, 0))
-        v_smem_one = cute.slice_(v_smem, (None, None, 0))
 
-        # V seen as (hd, n): the B operand of P·V with N = hd leading.
-        Vt = cute.make_tensor(V.iterator, cute.select(V.layout, mode=[1, 0]))
+        Vt = transpose_view(V)  # V [n, hd] as Vᵀ (hd, n): the B operand of P·V, N = hd leading
+        tma_q, tma_Q, q_bytes = sm90_tma_load(Q, q_smem, (self.BLOCK_M, self.hd))
+        tma_k, tma_K, k_bytes = sm90_tma_load(K, k_smem, (self.BLOCK_N, self.hd))
+        tma_v, tma_Vt, v_bytes = sm90_tma_load(Vt, v_smem, (self.hd, self.BLOCK_N))
 
-        tma_op = cpasync.CopyBulkTensorTileG2SOp()
-        tma_q, tma_Q = cpasync.make_tiled_tma_atom(tma_op, Q, q_smem_one, (self.BLOCK_M, self.hd))
-        tma_k, tma_K = cpasync.make_tiled_tma_atom(tma_op, K, k_smem_one, (self.BLOCK_N, self.hd))
-        tma_v, tma_Vt = cpasync.make_tiled_tma_atom(tma_op, Vt, v_smem_one, (self.hd, self.BLOCK_N))
-
-        @cute.struct
-        class Smem:
-            q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-            kv_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
-            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(q_smem)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(k_smem)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(v_smem)], 1024]
-
-        self.smem_struct = Smem
-        self.q_bytes = cute.size_in_bytes(dtype, q_smem_one)
-        self.kv_bytes = cute.size_in_bytes(dtype, k_smem_one) + cute.size_in_bytes(dtype, v_smem_one)
+        self.smem_struct = register_p_smem_struct(dtype, q_smem, k_smem, v_smem, self.stages)
+        self.q_bytes = q_bytes
+        self.kv_bytes = k_bytes + v_bytes
 
         self.kernel(
             qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_Vt, O, q_smem, k_smem, v_smem
         ).launch(grid=(1, 1, 1), block=(self.threads, 1, 1), stream=stream)
+
+    def p_from_scores(self, acc_s: cute.Tensor, thr_pv: cute.ThrMma, tile_mk: tuple, dtype) -> cute.Tensor:
+        """Step 2: P = dtype(S) as this thread's register A fragment of the P·V
+        wgmma (`thr_pv`) over the (M, K) = (rows, keys) tile `tile_mk`, from the
+        fp32 S accumulator `acc_s`: the same registers re-indexed, no data moves
+        (stages/common/sm90_idioms.py).  A method of its own so that the lab's
+        wrong-on-purpose fixture (tests/fixtures/wrong_b) can replace it."""
+        return accumulator_to_a_operand(acc_s, thr_pv, tile_mk, dtype)
 
     @cute.kernel
     def kernel(
@@ -144,32 +129,16 @@ class Kernel:
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
-            cpasync.prefetch_descriptor(tma_q)
-            cpasync.prefetch_descriptor(tma_k)
-            cpasync.prefetch_descriptor(tma_v)
+            prefetch_descriptors(tma_q, tma_k, tma_v)
 
         storage = cutlass.utils.SmemAllocator().allocate(self.smem_struct)
         sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)  # (128, hd, 1)
         sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (128, hd, stages)
         sV = storage.sV.get_tensor(v_smem.outer, swizzle=v_smem.inner)  # (hd, 128, stages)
 
-        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.threads // 32)
-        q_pipe = pipeline.PipelineTmaAsync.create(
-            num_stages=1,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=consumer_warps,
-            tx_count=self.q_bytes,
-            barrier_storage=storage.q_mbar.data_ptr(),
-            defer_sync=True,
-        )
-        kv_pipe = pipeline.PipelineTmaAsync.create(
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=consumer_warps,
-            tx_count=self.kv_bytes,
-            barrier_storage=storage.kv_mbar.data_ptr(),
-            defer_sync=True,
-        )
+        consumer_warps = self.threads // 32
+        q_pipe = tma_pipeline(storage.q_mbar, 1, self.q_bytes, consumer_warps)
+        kv_pipe = tma_pipeline(storage.kv_mbar, self.stages, self.kv_bytes, consumer_warps)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -177,15 +146,9 @@ class Kernel:
         gQ = cute.local_tile(mQ, (self.BLOCK_M, self.hd), (None, 0))
         gK = cute.local_tile(mK, (self.BLOCK_N, self.hd), (None, 0))
         gVt = cute.local_tile(mVt, (self.hd, self.BLOCK_N), (0, None))
-        tQsQ, tQgQ = cpasync.tma_partition(
-            tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
-        )
-        tKsK, tKgK = cpasync.tma_partition(
-            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
-        )
-        tVsV, tVgV = cpasync.tma_partition(
-            tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gVt, 0, 2)
-        )
+        tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, gQ, 2)
+        tKsK, tKgK = tma_partition_tile(tma_k, sK, gK, 2)
+        tVsV, tVgV = tma_partition_tile(tma_v, sV, gVt, 2)
 
         # MMA fragments. SMEM operands are per warpgroup; accumulators per thread.
         thr_qk = qk_mma.get_slice(tidx)
@@ -205,50 +168,31 @@ class Kernel:
             q_pipe.producer_acquire(q_state)
             cute.copy(tma_q, tQgQ[(None, 0)], tQsQ[(None, 0)], tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
             for _ in cutlass.range_constexpr(self.stages):
-                kv_pipe.producer_acquire(prod)
-                bar = kv_pipe.producer_get_barrier(prod)
-                cute.copy(tma_k, tKgK[(None, prod.count)], tKsK[(None, prod.index)], tma_bar_ptr=bar)
-                cute.copy(tma_v, tVgV[(None, prod.count)], tVsV[(None, prod.index)], tma_bar_ptr=bar)
+                tma_produce(kv_pipe, prod, (tma_k, tKgK, tKsK), (tma_v, tVgV, tVsV))
                 prod.advance()
 
         q_pipe.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
         cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        qk_steps = cute.size(tSrQ, mode=[2])
-        pv_steps = cute.size(tOrV, mode=[2])
 
         for kv_tile in cutlass.range(self.num_kv_tiles, unroll=1):
             kv_pipe.consumer_wait(cons)
 
             # 1. S = Q · K_tileᵀ
             acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-            warpgroup.fence()
-            qk_mma.set(warpgroup.Field.ACCUMULATE, False)
-            for k in cutlass.range_constexpr(qk_steps):
-                cute.gemm(qk_mma, acc_s, tSrQ[None, None, k, 0], tSrK[None, None, k, cons.index], acc_s)
-                qk_mma.set(warpgroup.Field.ACCUMULATE, True)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
+            wgmma_sync(qk_mma, acc_s, tSrQ, tSrK, a_slot=0, b_slot=cons.index, zero_init=True)
 
             # 2. P = bf16(S), same registers re-indexed as the A operand.
-            tOrP = accumulator_to_a_operand(acc_s, thr_pv, (self.BLOCK_M, self.BLOCK_N), mO.element_type)
+            tOrP = self.p_from_scores(acc_s, thr_pv, (self.BLOCK_M, self.BLOCK_N), mO.element_type)
 
             # 3. O += P · V_tile
-            warpgroup.fence()
-            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-            for k in cutlass.range_constexpr(pv_steps):
-                cute.gemm(pv_mma, acc_o, tOrP[None, None, k], tOrV[None, None, k, cons.index], acc_o)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
+            wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=cons.index)
 
             kv_pipe.consumer_release(cons)
             cons.advance()
 
             # Refill the released slot with KV tile kv_tile + stages.
             if warp_idx == 0 and kv_tile + self.stages < self.num_kv_tiles:
-                kv_pipe.producer_acquire(prod)
-                bar = kv_pipe.producer_get_barrier(prod)
-                cute.copy(tma_k, tKgK[(None, prod.count)], tKsK[(None, prod.index)], tma_bar_ptr=bar)
-                cute.copy(tma_v, tVgV[(None, prod.count)], tVsV[(None, prod.index)], tma_bar_ptr=bar)
+                tma_produce(kv_pipe, prod, (tma_k, tKgK, tKsK), (tma_v, tVgV, tVsV))
                 prod.advance()
 
         # Epilogue: fp32 → bf16, each thread stores its own fragment.

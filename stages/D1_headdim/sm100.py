@@ -151,22 +151,33 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.blackwell_helpers as sm100_utils
-from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
+from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
 from cutlass.memory import TmemAllocator
 
 from stages.common.sm100_idioms import (
+    TMEM_COL_BITS,
     TmemPlan,
+    attention_smem_struct,
+    attention_views,
     check_same_fragment_coords,
+    online_softmax_update,
     tcgen05_fence_after_sync,
     tcgen05_fence_before_sync,
+    threads_to_umma_pipeline,
+    tma_umma_pipeline,
+    tmem_alloc_cols,
+    tmem_allocate,
+    tmem_copy,
+    tmem_free,
+    umma_to_threads_pipeline,
 )
+from stages.common.tma import prefetch_descriptors, sm100_tma_load, tma_partition_tile
 
 BF16 = cutlass.BFloat16
 F32 = cutlass.Float32
 
 TILE_M = 128  # query rows per CTA = UMMA M = TMEM lanes
 TMEM_COLUMNS = 512  # TMEM columns per SM (32 bit each)
-TMEM_COL_BITS = 32
 SMEM_LIMIT = 227 * 1024  # max dynamic shared memory per CTA on sm_100 (232448 bytes)
 MMA_N_MAX = 256  # tcgen05 kind::f16 with M = 128: N ∈ {16, 32, …, 256}
 K_CHUNK = 128  # head-dim columns of K per shared slot (one Q·Kᵀ chunk)
@@ -195,14 +206,6 @@ def _acc_cols(width: int, dtype_bits: int) -> int:
     return width * dtype_bits // TMEM_COL_BITS
 
 
-def _alloc_cols(used: int) -> int:
-    """tcgen05.alloc takes a power of two ≥ 32 columns."""
-    alloc = 32
-    while alloc < used:
-        alloc *= 2
-    return alloc
-
-
 def tmem_budget(hd: int, kv_tile: int, hd_per_cta: int | None = None) -> dict:
     """TMEM columns per CTA for S, P and O (plain Python, no tracing needed).
 
@@ -224,7 +227,7 @@ def tmem_budget(hd: int, kv_tile: int, hd_per_cta: int | None = None) -> dict:
         "P_in": "TMEM (inside S)" if p else "SMEM",
         "O": o,
         "total": total,
-        "alloc": _alloc_cols(total),
+        "alloc": tmem_alloc_cols(total),
         "limit": TMEM_COLUMNS,
         "ctas": hd // hd_per_cta,
     }
@@ -268,7 +271,7 @@ class _SmemPTmemPlan:
         self.p_cols = 0
         self.s_col = 0
         self.o_col = self.s_col + self.s_cols
-        self.alloc_cols = _alloc_cols(self.o_col + self.o_cols)
+        self.alloc_cols = tmem_alloc_cols(self.o_col + self.o_cols)
         self.s_layout = s_frag.layout
         self.o_layout = o_frag.layout
 
@@ -393,39 +396,11 @@ class Kernel:
 
     # ------------------------------------------------------------------ host side
     def _smem_struct(self, q_smem, k_smem, v_smem, p_smem):
-        """The shared-storage struct; no P buffer on the TMEM-P path."""
-        k_stages, v_stages = self.k_slots, self.v_slots
-        if self.tmem_p:
-
-            @cute.struct
-            class Smem:
-                q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-                k_mbar: cute.struct.MemRange[cutlass.Int64, 2 * k_stages]
-                v_mbar: cute.struct.MemRange[cutlass.Int64, 2 * v_stages]
-                s_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-                p_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-                o_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-                tmem_addr: cutlass.Int32
-                sQ: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(q_smem.outer)], 1024]
-                sK: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(k_smem.outer)], 1024]
-                sV: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(v_smem.outer)], 1024]
-
-        else:
-
-            @cute.struct
-            class Smem:
-                q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-                k_mbar: cute.struct.MemRange[cutlass.Int64, 2 * k_stages]
-                v_mbar: cute.struct.MemRange[cutlass.Int64, 2 * v_stages]
-                s_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-                p_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-                o_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-                tmem_addr: cutlass.Int32
-                sQ: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(q_smem.outer)], 1024]
-                sK: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(k_smem.outer)], 1024]
-                sV: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(v_smem.outer)], 1024]
-                sP: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(p_smem.outer)], 1024]
-
+        """The shared-storage struct (stage C's, plus a P buffer on the SMEM-P path),
+        checked against the shared-memory limit."""
+        Smem = attention_smem_struct(
+            BF16, q_smem, k_smem, v_smem, self.k_slots, self.v_slots, p_smem=None if self.tmem_p else p_smem
+        )
         size = int(Smem.size_in_bytes())
         if size > SMEM_LIMIT:
             raise ValueError(f"SMEM budget: the shared-storage struct takes {size} bytes > {SMEM_LIMIT}")
@@ -442,17 +417,7 @@ class Kernel:
         stream: cuda.CUstream,
     ):
         # (rows, cols, L = 1) views.  PV's B operand is Vᵀ: (N = hd, K = n), MN-major.
-        unit = cute.make_layout(1)
-        mQ = cute.make_tensor(Q.iterator, cute.append(Q.layout, unit))
-        mK = cute.make_tensor(K.iterator, cute.append(K.layout, unit))
-        mV = cute.make_tensor(V.iterator, cute.append(cute.select(V.layout, mode=[1, 0]), unit))
-        mO = cute.make_tensor(O.iterator, cute.append(O.layout, unit))
-        if cutlass.const_expr(
-            utils.LayoutEnum.from_tensor(mQ).mma_major_mode() != OperandMajorMode.K
-            or utils.LayoutEnum.from_tensor(mK).mma_major_mode() != OperandMajorMode.K
-            or utils.LayoutEnum.from_tensor(mV).mma_major_mode() != OperandMajorMode.MN
-        ):
-            raise ValueError("stage D1 sm100: Q, K, V must be row-major")
+        mQ, mK, mV, mO = attention_views(Q, K, V, O, "stage D1 sm100")
 
         cta = tcgen05.CtaGroup.ONE
         qk_mma = sm100_utils.make_trivial_tiled_mma(
@@ -469,16 +434,9 @@ class Kernel:
         v_smem = sm100_utils.make_smem_layout_b(pv_mma, self.pv_tiler, BF16, self.v_slots)
         p_smem = sm100_utils.make_smem_layout_a(pv_mma, self.pv_tiler, BF16, 1)  # PV A-operand layout
 
-        q_one = cute.select(q_smem, mode=[0, 1, 2])
-        k_one = cute.select(k_smem, mode=[0, 1, 2])
-        v_one = cute.select(v_smem, mode=[0, 1, 2])
-        tma_op = cpasync.CopyBulkTensorTileG2SOp(cta)
-        tma_q, tma_Q = cute.nvgpu.make_tiled_tma_atom_A(tma_op, mQ, q_one, self.q_tiler, qk_mma)
-        tma_k, tma_K = cute.nvgpu.make_tiled_tma_atom_B(tma_op, mK, k_one, self.k_tiler, qk_mma)
-        tma_v, tma_V = cute.nvgpu.make_tiled_tma_atom_B(tma_op, mV, v_one, self.pv_tiler, pv_mma)
-        self.q_bytes = cute.size_in_bytes(BF16, q_one)
-        self.k_bytes = cute.size_in_bytes(BF16, k_one)
-        self.v_bytes = cute.size_in_bytes(BF16, v_one)
+        tma_q, tma_Q, self.q_bytes = sm100_tma_load("A", qk_mma, mQ, q_smem, self.q_tiler)
+        tma_k, tma_K, self.k_bytes = sm100_tma_load("B", qk_mma, mK, k_smem, self.k_tiler)
+        tma_v, tma_V, self.v_bytes = sm100_tma_load("B", pv_mma, mV, v_smem, self.pv_tiler)
 
         self.smem_struct = self._smem_struct(q_smem, k_smem, v_smem, p_smem)
 
@@ -515,9 +473,7 @@ class Kernel:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
 
         if warp_idx == self.LOAD_WARP:
-            cpasync.prefetch_descriptor(tma_q)
-            cpasync.prefetch_descriptor(tma_k)
-            cpasync.prefetch_descriptor(tma_v)
+            prefetch_descriptors(tma_q, tma_k, tma_v)
 
         smem = utils.SmemAllocator()
         storage = smem.allocate(self.smem_struct)
@@ -526,32 +482,12 @@ class Kernel:
         sV = storage.sV.get_tensor(v_smem.outer, swizzle=v_smem.inner)  # (MMA, MMA_N, MMA_K, slots)
 
         # ---- pipelines (arrive counts: elected thread = 1, softmax side = 128 threads)
-        one = pipeline.CooperativeGroup(pipeline.Agent.Thread)
-        softmax_threads = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.SOFTMAX_THREADS)
-        q_prod, q_cons = pipeline.PipelineTmaUmma.create(
-            num_stages=1, producer_group=one, consumer_group=one,
-            tx_count=self.q_bytes, barrier_storage=storage.q_mbar.data_ptr(),
-        ).make_participants()
-        k_prod, k_cons = pipeline.PipelineTmaUmma.create(
-            num_stages=self.k_slots, producer_group=one, consumer_group=one,
-            tx_count=self.k_bytes, barrier_storage=storage.k_mbar.data_ptr(),
-        ).make_participants()
-        v_prod, v_cons = pipeline.PipelineTmaUmma.create(
-            num_stages=self.v_slots, producer_group=one, consumer_group=one,
-            tx_count=self.v_bytes, barrier_storage=storage.v_mbar.data_ptr(),
-        ).make_participants()
-        s_prod, s_cons = pipeline.PipelineUmmaAsync.create(
-            num_stages=1, producer_group=one, consumer_group=softmax_threads,
-            barrier_storage=storage.s_mbar.data_ptr(),
-        ).make_participants()
-        p_prod, p_cons = pipeline.PipelineAsyncUmma.create(
-            num_stages=1, producer_group=softmax_threads, consumer_group=one,
-            barrier_storage=storage.p_mbar.data_ptr(),
-        ).make_participants()
-        o_prod, o_cons = pipeline.PipelineUmmaAsync.create(
-            num_stages=1, producer_group=one, consumer_group=softmax_threads,
-            barrier_storage=storage.o_mbar.data_ptr(),
-        ).make_participants()
+        q_prod, q_cons = tma_umma_pipeline(storage.q_mbar, 1, self.q_bytes)
+        k_prod, k_cons = tma_umma_pipeline(storage.k_mbar, self.k_slots, self.k_bytes)
+        v_prod, v_cons = tma_umma_pipeline(storage.v_mbar, self.v_slots, self.v_bytes)
+        s_prod, s_cons = umma_to_threads_pipeline(storage.s_mbar, self.SOFTMAX_THREADS)
+        p_prod, p_cons = threads_to_umma_pipeline(storage.p_mbar, self.SOFTMAX_THREADS)
+        o_prod, o_cons = umma_to_threads_pipeline(storage.o_mbar, self.SOFTMAX_THREADS)
 
         # TMEM: warp 0 allocates and frees; every warp reads the address after barrier 1.
         tmem_alloc = TmemAllocator(
@@ -572,18 +508,9 @@ class Kernel:
         gQ = cute.flat_divide(mQ, cute.select(self.q_tiler, mode=[0, 2]))  # (128, hd, 1, 1, 1)
         gK = cute.flat_divide(mK, cute.select(self.k_tiler, mode=[1, 2]))  # (kv, 128, n_tiles, chunks, 1)
         gV = cute.flat_divide(mV, cute.select(self.pv_tiler, mode=[1, 2]))  # (hd_cta, kv, ctas, n_tiles, 1)
-        tQsQ, tQgQ = cpasync.tma_partition(
-            tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 3),
-            cute.group_modes(qk_thr.partition_A(gQ), 0, 3),
-        )
-        tKsK, tKgK = cpasync.tma_partition(
-            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 3),
-            cute.group_modes(qk_thr.partition_B(gK), 0, 3),
-        )
-        tVsV, tVgV = cpasync.tma_partition(
-            tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 3),
-            cute.group_modes(pv_thr.partition_B(gV), 0, 3),
-        )
+        tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, qk_thr.partition_A(gQ), 3)
+        tKsK, tKgK = tma_partition_tile(tma_k, sK, qk_thr.partition_B(gK), 3)
+        tVsV, tVgV = tma_partition_tile(tma_v, sV, pv_thr.partition_B(gV), 3)
         tQgQ = tQgQ[None, 0, 0, 0]  # (TMA)
         tKgK = tKgK[None, None, None, 0]  # (TMA, n_tiles, chunks)
         tVgV = tVgV[None, cta_idx, None, 0]  # (TMA, n_tiles): this CTA's head-dim slab
@@ -598,10 +525,7 @@ class Kernel:
             tmem_plan = _SmemPTmemPlan(qk_mma, pv_mma, s_mn, o_mn)
         self._check_tmem_plan(tmem_plan)
         tmem_cols = tmem_plan.alloc_cols
-        tmem_alloc.allocate(tmem_cols)  # only the allocator warp (0) executes tcgen05.alloc
-        tmem_alloc.wait_for_alloc()
-        tmem_ptr = tmem_alloc.retrieve_ptr(F32)
-        tmem_alloc.relinquish_alloc_permit()
+        tmem_ptr = tmem_allocate(tmem_alloc, tmem_cols)  # tcgen05.alloc by the allocator warp (0)
 
         # ---- P: TMEM view (hd = 64) or SMEM buffer (hd > 64), and the S load that feeds it.
         tStS = None
@@ -616,15 +540,10 @@ class Kernel:
         cS = qk_thr.partition_C(cute.make_identity_tensor(s_mn))  # ((128, kv), 1, 1)
         cA = pv_thr.partition_A(cute.make_identity_tensor(s_mn))  # ((128, 16), 1, kv / 16)
 
-        def ld_atom(rep):
-            return cute.make_copy_atom(tcgen05.Ld32x32bOp(rep), F32)
-
         if cutlass.const_expr(self.tmem_p):
             tStS, tOrP, tOtO = tmem_plan.views(tmem_ptr)
-            s_load = tcgen05.make_tmem_copy(ld_atom(tcgen05.Repetition.x32), tStS)
-            p_store = tcgen05.make_tmem_copy(
-                cute.make_copy_atom(tcgen05.St32x32bOp(tcgen05.Repetition.x16), BF16), tOrP
-            )
+            s_load = tmem_copy(tcgen05.Ld32x32bOp, tcgen05.Repetition.x32, F32, tStS)
+            p_store = tmem_copy(tcgen05.St32x32bOp, tcgen05.Repetition.x16, BF16, tOrP)
             check_same_fragment_coords(s_load, cS, p_store, cA, "TMEM-P (S → P)")  # trace time
             tS_src = tStS
             cS_src = cS
@@ -634,7 +553,7 @@ class Kernel:
             tOrP = pv_mma.make_fragment_A(sP)[None, None, None, 0]
             tS_src = tStS[(None, None), 0, 0]  # (128, kv)
             cS_src = cS[(None, None), 0, 0]
-            s_load = tcgen05.make_tmem_copy(ld_atom(tcgen05.Repetition.x32), tS_src)
+            s_load = tmem_copy(tcgen05.Ld32x32bOp, tcgen05.Repetition.x32, F32, tS_src)
             p_copy = cute.make_tiled_copy_D(
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BF16, num_bits_per_copy=128), s_load
             )
@@ -642,10 +561,8 @@ class Kernel:
             _check_smem_p(s_load, cS_src, p_copy, cA, self.kv_tile)  # trace time
 
         # ---- O: load/store in chunks of 32 columns (rescale, epilogue).
-        o_load = tcgen05.make_tmem_copy(ld_atom(tcgen05.Repetition.x32), tOtO)
-        o_store = tcgen05.make_tmem_copy(
-            cute.make_copy_atom(tcgen05.St32x32bOp(tcgen05.Repetition.x32), F32), tOtO
-        )
+        o_load = tmem_copy(tcgen05.Ld32x32bOp, tcgen05.Repetition.x32, F32, tOtO)
+        o_store = tmem_copy(tcgen05.St32x32bOp, tcgen05.Repetition.x32, F32, tOtO)
         cO = pv_thr.partition_C(cute.make_identity_tensor(o_mn))  # ((128, pv_n), 1, PV tiles)
         check_same_fragment_coords(o_load, cO, o_store, cO, "O rescale")  # trace time
         gO = cute.flat_divide(mO, cute.select(self.pv_tiler, mode=[0, 1]))[None, None, 0, cta_idx, 0]
@@ -750,12 +667,8 @@ class Kernel:
                     tcgen05_fence_before_sync()
                     s_full.release()
 
-                s = rS.load()
-                new_max = cute.arch.fmax(row_max, s.reduce(cute.ReductionOp.MAX, -F32.inf, 0))
-                new_max_c = new_max * c
-                alpha = cute.math.exp2(row_max * c - new_max_c, fastmath=True)  # 0 when j = 0
-                p = cute.math.exp2(s * c - new_max_c, fastmath=True)
-                row_sum = row_sum * alpha + p.reduce(cute.ReductionOp.ADD, F32(0.0), 0)
+                # m_j, α_j = 2^(m_{j-1}·c − m_j·c), P_j = 2^(S_j·c − m_j·c), l_j = α_j·l_{j-1} + Σ P_j.
+                p, new_max, alpha, row_sum = online_softmax_update(rS.load(), row_max, row_sum, c)
                 rP.store(p.to(BF16))
 
                 # P slot free ⇔ PV_{j-1} complete ⇔ O_{j-1} final in TMEM and P's
@@ -805,9 +718,7 @@ class Kernel:
             o_full.release()
 
             # All four warps are done with TMEM before warp 0 frees it.
-            softmax_sync.arrive_and_wait()
-            tcgen05_fence_after_sync()
-            tmem_alloc.free(tmem_ptr, tmem_cols)
+            tmem_free(tmem_alloc, tmem_ptr, tmem_cols, softmax_sync)
 
     def _check_tmem_plan(self, plan):
         """Trace time: the fragment-derived columns must equal tmem_budget() and fit in 512."""

@@ -73,27 +73,16 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import cpasync, warp, warpgroup
+from cutlass.cute.nvgpu import warp, warpgroup
+
+from stages.common.sm90_idioms import acc_rows_cols, online_softmax_row, tma_pipeline, wgmma_sync
+from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile, tma_produce, transpose_view
 
 # Named barriers (id 0 is __syncthreads).
 _BAR_P_FULL = 1  # P and the row factors are in shared memory (both warpgroups)
 _BAR_P_EMPTY = 2  # warpgroup 1 is done reading them (wg 1 arrives, wg 0 waits)
 
 _SMEM_LIMIT = 227 * 1024  # Hopper: largest dynamic shared memory per CTA
-
-
-def _rows_cols(t: cute.Tensor) -> cute.Tensor:
-    """View a wgmma accumulator fragment ((2, 2, N/8), MMA_M, MMA_N) as
-    (rows, columns) of this thread: rows = (r, r + 8) × MMA_M, columns =
-    (2 adjacent) × (N/8 blocks) × MMA_N."""
-    s, d = t.layout.shape, t.layout.stride
-    return cute.make_tensor(
-        t.iterator,
-        cute.make_layout(
-            ((s[0][1], s[1]), (s[0][0], s[0][2], s[2])),
-            stride=((d[0][1], d[1]), (d[0][0], d[0][2], d[2])),
-        ),
-    )
 
 
 def _smem_layout_vt(dtype, hd: int, block_n: int, stages: int, slice_n: int):
@@ -173,17 +162,11 @@ class Kernel:
         k_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, qk_tile, dtype, self.stages)
         v_smem = _smem_layout_vt(dtype, hd, bn, self.stages, hd // self.NUM_WG)
         p_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, pv_tile, dtype, 1)
-        q_smem_one = cute.slice_(q_smem, (None, None, 0))
-        k_smem_one = cute.slice_(k_smem, (None, None, 0))
-        v_smem_one = cute.slice_(v_smem, (None, None, 0))
 
-        # V seen as (hd, n): the B operand of P·V with N = hd leading.
-        Vt = cute.make_tensor(V.iterator, cute.select(V.layout, mode=[1, 0]))
-
-        tma_op = cpasync.CopyBulkTensorTileG2SOp()
-        tma_q, tma_Q = cpasync.make_tiled_tma_atom(tma_op, Q, q_smem_one, (bm, hd))
-        tma_k, tma_K = cpasync.make_tiled_tma_atom(tma_op, K, k_smem_one, (bn, hd))
-        tma_v, tma_Vt = cpasync.make_tiled_tma_atom(tma_op, Vt, v_smem_one, (hd, bn))
+        Vt = transpose_view(V)  # V [n, hd] as Vᵀ (hd, n): the B operand of P·V, N = hd leading
+        tma_q, tma_Q, self.q_bytes = sm90_tma_load(Q, q_smem, (bm, hd))
+        tma_k, tma_K, self.k_bytes = sm90_tma_load(K, k_smem, (bn, hd))
+        tma_v, tma_Vt, self.v_bytes = sm90_tma_load(Vt, v_smem, (hd, bn))
 
         @cute.struct
         class Smem:
@@ -197,9 +180,6 @@ class Kernel:
             sP: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(p_smem)], 1024]
 
         self.smem_struct = Smem
-        self.q_bytes = cute.size_in_bytes(dtype, q_smem_one)
-        self.k_bytes = cute.size_in_bytes(dtype, k_smem_one)
-        self.v_bytes = cute.size_in_bytes(dtype, v_smem_one)
 
         self.kernel(
             qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_Vt, O, LSE,
@@ -236,9 +216,7 @@ class Kernel:
         wg = warp_idx // 4  # warpgroup: 0 computes S and the softmax; both own half of O
         tid_wg = tidx % 128
         if warp_idx == 0:
-            cpasync.prefetch_descriptor(tma_q)
-            cpasync.prefetch_descriptor(tma_k)
-            cpasync.prefetch_descriptor(tma_v)
+            prefetch_descriptors(tma_q, tma_k, tma_v)
 
         storage = cutlass.utils.SmemAllocator().allocate(self.smem_struct)
         sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)  # (64, hd, 1)
@@ -249,31 +227,9 @@ class Kernel:
         s_row = storage.row_factor.get_tensor(cute.make_layout(bm))  # α per row, then 1/ℓ
 
         # TMA pipelines: Q once; K consumed by warpgroup 0 (4 warps), V by both (8 warps).
-        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
-        q_pipe = pipeline.PipelineTmaAsync.create(
-            num_stages=1,
-            producer_group=producer,
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
-            tx_count=self.q_bytes,
-            barrier_storage=storage.q_mbar.data_ptr(),
-            defer_sync=True,
-        )
-        k_pipe = pipeline.PipelineTmaAsync.create(
-            num_stages=self.stages,
-            producer_group=producer,
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
-            tx_count=self.k_bytes,
-            barrier_storage=storage.k_mbar.data_ptr(),
-            defer_sync=True,
-        )
-        v_pipe = pipeline.PipelineTmaAsync.create(
-            num_stages=self.stages,
-            producer_group=producer,
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.threads // 32),
-            tx_count=self.v_bytes,
-            barrier_storage=storage.v_mbar.data_ptr(),
-            defer_sync=True,
-        )
+        q_pipe = tma_pipeline(storage.q_mbar, 1, self.q_bytes, 4)
+        k_pipe = tma_pipeline(storage.k_mbar, self.stages, self.k_bytes, 4)
+        v_pipe = tma_pipeline(storage.v_mbar, self.stages, self.v_bytes, self.threads // 32)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -281,15 +237,9 @@ class Kernel:
         gQ = cute.local_tile(mQ, (bm, hd), (None, 0))
         gK = cute.local_tile(mK, (bn, hd), (None, 0))
         gVt = cute.local_tile(mVt, (hd, bn), (0, None))
-        tQsQ, tQgQ = cpasync.tma_partition(
-            tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
-        )
-        tKsK, tKgK = cpasync.tma_partition(
-            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
-        )
-        tVsV, tVgV = cpasync.tma_partition(
-            tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gVt, 0, 2)
-        )
+        tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, gQ, 2)
+        tKsK, tKgK = tma_partition_tile(tma_k, sK, gK, 2)
+        tVsV, tVgV = tma_partition_tile(tma_v, sV, gVt, 2)
 
         # S side (used by warpgroup 0 only; defined for every thread so that all
         # names exist before the warpgroup branches).
@@ -297,7 +247,7 @@ class Kernel:
         tSrQ = qk_mma.make_fragment_A(thr_qk.partition_A(sQ))  # (MMA, 1, hd/16, 1)
         tSrK = qk_mma.make_fragment_B(thr_qk.partition_B(sK))  # (MMA, 1, hd/16, stages)
         s_shape = thr_qk.partition_shape_C((bm, bn))
-        tScS_rc = _rows_cols(thr_qk.partition_C(cute.make_identity_tensor((bm, bn))))  # (row, key)
+        tScS_rc = acc_rows_cols(thr_qk.partition_C(cute.make_identity_tensor((bm, bn))))  # (row, key)
         # P: registers (accumulator layout) → shared memory (P·V A-operand layout), stmatrix.
         p_store = cute.make_tiled_copy_C(
             cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), mO.element_type), qk_mma
@@ -311,10 +261,10 @@ class Kernel:
         tOrV = pv_mma.make_fragment_B(thr_pv.partition_B(sV))  # (MMA, 1, bn/16, stages)
         gO = cute.local_tile(mO, (bm, hd), (row_block, 0))
         tOgO = thr_pv.partition_C(gO)
-        tOcO_rc = _rows_cols(thr_pv.partition_C(cute.make_identity_tensor((bm, hd))))  # (row, col)
+        tOcO_rc = acc_rows_cols(thr_pv.partition_C(cute.make_identity_tensor((bm, hd))))  # (row, col)
         acc_o = cute.make_rmem_tensor(tOgO.shape, cutlass.Float32)
         acc_o.fill(0.0)
-        acc_o_rc = _rows_cols(acc_o)
+        acc_o_rc = acc_rows_cols(acc_o)
 
         # Softmax state of warpgroup 0, per row of this thread: running max (raw
         # score units) and this thread's partial sum of 2^(S·c − max·c).
@@ -333,59 +283,33 @@ class Kernel:
             q_pipe.producer_acquire(q_state)
             cute.copy(tma_q, tQgQ[(None, row_block)], tQsQ[(None, 0)], tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
             for _ in cutlass.range_constexpr(self.stages):
-                k_pipe.producer_acquire(k_prod)
-                cute.copy(tma_k, tKgK[(None, k_prod.count)], tKsK[(None, k_prod.index)],
-                          tma_bar_ptr=k_pipe.producer_get_barrier(k_prod))
+                tma_produce(k_pipe, k_prod, (tma_k, tKgK, tKsK))
                 k_prod.advance()
             for _ in cutlass.range_constexpr(self.stages):
-                v_pipe.producer_acquire(v_prod)
-                cute.copy(tma_v, tVgV[(None, v_prod.count)], tVsV[(None, v_prod.index)],
-                          tma_bar_ptr=v_pipe.producer_get_barrier(v_prod))
+                tma_produce(v_pipe, v_prod, (tma_v, tVgV, tVsV))
                 v_prod.advance()
 
         k_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         v_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         if wg == 0:
             q_pipe.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
-        qk_steps = cute.size(tSrQ, mode=[2])
-        pv_steps = cute.size(tOrV, mode=[2])
 
         for kv_tile in cutlass.range(self.num_kv_tiles, unroll=1):
             if wg == 0:
                 # S = Q · K_tileᵀ (raw scores, fp32)
                 k_pipe.consumer_wait(k_cons)
                 acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-                warpgroup.fence()
-                qk_mma.set(warpgroup.Field.ACCUMULATE, False)
-                for k in cutlass.range_constexpr(qk_steps):
-                    cute.gemm(qk_mma, acc_s, tSrQ[None, None, k, 0], tSrK[None, None, k, k_cons.index], acc_s)
-                    qk_mma.set(warpgroup.Field.ACCUMULATE, True)
-                warpgroup.commit_group()
-                warpgroup.wait_group(0)
+                wgmma_sync(qk_mma, acc_s, tSrQ, tSrK, a_slot=0, b_slot=k_cons.index, zero_init=True)
                 k_pipe.consumer_release(k_cons)
                 if warp_idx == 0 and kv_tile + self.stages < self.num_kv_tiles:
-                    k_pipe.producer_acquire(k_prod)
-                    cute.copy(tma_k, tKgK[(None, k_prod.count)], tKsK[(None, k_prod.index)],
-                              tma_bar_ptr=k_pipe.producer_get_barrier(k_prod))
+                    tma_produce(k_pipe, k_prod, (tma_k, tKgK, tKsK))
                     k_prod.advance()
 
                 # Online softmax, row by row: S ← P, α for the row.
-                acc_s_rc = _rows_cols(acc_s)
+                acc_s_rc = acc_rows_cols(acc_s)
                 alpha = cute.make_rmem_tensor(num_rows, cutlass.Float32)
                 for r in cutlass.range_constexpr(num_rows):
-                    m_new = row_max[r]
-                    for j in cutlass.range_constexpr(cute.size(acc_s_rc, mode=[1])):
-                        m_new = cute.arch.fmax(m_new, acc_s_rc[r, j])
-                    m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)  # the row's quad
-                    alpha[r] = cute.math.exp2((row_max[r] - m_new) * c, fastmath=True)
-                    row_max[r] = m_new
-                    m_scaled = m_new * c
-                    tile_sum = cutlass.Float32(0.0)
-                    for j in cutlass.range_constexpr(cute.size(acc_s_rc, mode=[1])):
-                        p = cute.math.exp2(acc_s_rc[r, j] * c - m_scaled, fastmath=True)
-                        acc_s_rc[r, j] = p
-                        tile_sum += p
-                    row_sum[r] = row_sum[r] * alpha[r] + tile_sum
+                    alpha[r] = online_softmax_row(acc_s_rc, r, row_max, row_sum, c)
                 r_p = cute.make_rmem_tensor(s_shape, mO.element_type)
                 r_p.store(acc_s.load().to(mO.element_type))
 
@@ -406,20 +330,13 @@ class Kernel:
                 for j in cutlass.range_constexpr(cute.size(acc_o_rc, mode=[1])):
                     acc_o_rc[r, j] = acc_o_rc[r, j] * a
             v_pipe.consumer_wait(v_cons)
-            warpgroup.fence()
-            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-            for k in cutlass.range_constexpr(pv_steps):
-                cute.gemm(pv_mma, acc_o, tOrP[None, None, k], tOrV[None, None, k, v_cons.index], acc_o)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
+            wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=v_cons.index)
             v_pipe.consumer_release(v_cons)
             v_cons.advance()
             if wg == 1:
                 cute.arch.barrier_arrive(barrier_id=_BAR_P_EMPTY, number_of_threads=self.threads)
             if warp_idx == 0 and kv_tile + self.stages < self.num_kv_tiles:
-                v_pipe.producer_acquire(v_prod)
-                cute.copy(tma_v, tVgV[(None, v_prod.count)], tVsV[(None, v_prod.index)],
-                          tma_bar_ptr=v_pipe.producer_get_barrier(v_prod))
+                tma_produce(v_pipe, v_prod, (tma_v, tVgV, tVsV))
                 v_prod.advance()
 
         # Finalize. Warpgroup 0: ℓ over the quad, LSE = (m·c + log2 ℓ)·ln 2, publish 1/ℓ.

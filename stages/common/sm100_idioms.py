@@ -35,12 +35,35 @@ Cross-thread ordering of tcgen05 operations
     tcgen05.fence::before_thread_sync / ::after_thread_sync, the PTX fences
     that order asynchronous tcgen05 operations (ld/st/mma) around an
     execution-ordering synchronisation (mbarrier arrive/wait, bar.sync).
+
+Pipelines between the load warp, the MMA warp and the softmax threads
+    `tma_umma_pipeline` (TMA → tcgen05.mma), `umma_to_threads_pipeline`
+    (tcgen05.commit → N threads) and `threads_to_umma_pipeline` (N threads →
+    tcgen05.mma, released by tcgen05.commit) build the cutlass.pipeline
+    objects with arrive counts in threads (an elected thread counts 1) and
+    return their (producer, consumer) participants.  Each call initialises
+    its barriers and synchronises the CTA itself (no deferred sync).
+
+TMEM allocation
+    `tmem_allocate` / `tmem_free` are the two ends of a TmemAllocator's life
+    in a kernel whose every thread needs the TMEM address.
+
+Online softmax with one thread per row
+    `online_softmax_update` is stage C's per-tile update of a row's running
+    max and sum when a thread owns the whole row (TMEM lane t = row t), so
+    every row reduction is thread-local.
+
+Two-MMA attention host setup (stages B, C, D1)
+    `attention_views` gives row-major Q, K, O a unit L mode and V its Vᵀ view;
+    `attention_smem_struct` is their shared-storage struct.
 """
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
 from cutlass._mlir.dialects import nvvm
-from cutlass.cute.nvgpu import tcgen05
+from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
 
 TMEM_COL_BITS = 32  # one TMEM column is 32 bits wide in every lane
 
@@ -57,6 +80,14 @@ def tcgen05_fence_before_sync():
 def tcgen05_fence_after_sync():
     """tcgen05.fence::after_thread_sync: order later tcgen05 ops after the last sync."""
     nvvm.tcgen05_fence(nvvm.Tcgen05FenceKind.AFTER_THREAD_SYNC)
+
+
+def tmem_alloc_cols(used: int) -> int:
+    """Columns to pass to tcgen05.alloc for `used` columns: a power of two ≥ 32."""
+    alloc = 32
+    while alloc < used:
+        alloc *= 2
+    return alloc
 
 
 class TmemPlan:
@@ -93,10 +124,7 @@ class TmemPlan:
         self.p_col = self.s_col + self.s_cols - self.p_cols  # upper part of S
         self.o_col = self.s_col + self.s_cols
         used = self.o_col + self.o_cols
-        alloc = 32
-        while alloc < used:  # tcgen05.alloc: a power of two ≥ 32 columns
-            alloc *= 2
-        self.alloc_cols = alloc
+        self.alloc_cols = tmem_alloc_cols(used)
 
         self.s_layout = s_frag.layout
         self.o_layout = o_frag.layout
@@ -130,3 +158,155 @@ def check_same_fragment_coords(load, load_coords, store, store_coords, what):
             raise ValueError(
                 f"{what}: TMEM load and store register fragments disagree for thread {t}"
             )
+
+
+# ---------------------------------------------------------------------------------------
+# Pipelines (arrive counts in threads; an elected thread or a tcgen05.commit counts 1)
+
+
+def tma_umma_pipeline(mbar, stages: int, tx_bytes: int):
+    """PipelineTmaUmma over the mbarrier block `mbar` (MemRange of 2 × `stages`
+    Int64): an elected producer thread whose TMA loads of `tx_bytes` per slot
+    complete the full barrier → the MMA warp, whose release of a slot is a
+    tcgen05.commit (the slot is empty once the MMAs issued before it have read
+    it).  Returns (producer, consumer) participants."""
+    one = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+    return pipeline.PipelineTmaUmma.create(
+        num_stages=stages, producer_group=one, consumer_group=one,
+        tx_count=tx_bytes, barrier_storage=mbar.data_ptr(),
+    ).make_participants()
+
+
+def umma_to_threads_pipeline(mbar, threads: int, stages: int = 1):
+    """PipelineUmmaAsync: the MMA warp commits (tcgen05.commit: full once the
+    MMAs issued before it completed) → `threads` consumer threads, each of
+    which arrives on release.  Returns (producer, consumer) participants."""
+    return pipeline.PipelineUmmaAsync.create(
+        num_stages=stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, threads),
+        barrier_storage=mbar.data_ptr(),
+    ).make_participants()
+
+
+def threads_to_umma_pipeline(mbar, threads: int, stages: int = 1):
+    """PipelineAsyncUmma: `threads` producer threads each arrive (commit) → the
+    MMA warp, whose release is a tcgen05.commit, so "slot free" means the MMAs
+    that read the slot have completed.  Returns (producer, consumer)
+    participants."""
+    return pipeline.PipelineAsyncUmma.create(
+        num_stages=stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, threads),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+        barrier_storage=mbar.data_ptr(),
+    ).make_participants()
+
+
+# ---------------------------------------------------------------------------------------
+# TMEM
+
+
+def tmem_allocate(tmem_alloc, cols: int, dtype=cutlass.Float32):
+    """Allocate `cols` TMEM columns with a TmemAllocator and hand the address to
+    every thread: the allocator warp executes tcgen05.alloc, every thread waits
+    on the allocator's retrieve barrier and reads the base pointer (as `dtype`),
+    and the allocator warp relinquishes its allocation permit (no further
+    tcgen05.alloc from this CTA).  Call it from every thread of the barrier."""
+    tmem_alloc.allocate(cols)
+    tmem_alloc.wait_for_alloc()
+    tmem_ptr = tmem_alloc.retrieve_ptr(dtype)
+    tmem_alloc.relinquish_alloc_permit()
+    return tmem_ptr
+
+
+def tmem_free(tmem_alloc, tmem_ptr, cols: int, done: pipeline.NamedBarrier) -> None:
+    """Free the TMEM allocation once every thread that used it is done: all of
+    them meet on the named barrier `done` (each has issued
+    tcgen05.fence::before_thread_sync after its last TMEM access), then
+    tcgen05.fence::after_thread_sync and the allocator warp's tcgen05.dealloc."""
+    done.arrive_and_wait()
+    tcgen05_fence_after_sync()
+    tmem_alloc.free(tmem_ptr, cols)
+
+
+def tmem_copy(op, rep, dtype, tmem_tensor: cute.Tensor):
+    """A tiled TMEM copy (tcgen05.ld or .st, e.g. op = tcgen05.Ld32x32bOp, rep =
+    tcgen05.Repetition.x32) of `dtype` elements over the TMEM tensor it will
+    move: thread t of the warpgroup ↔ TMEM lane t."""
+    return tcgen05.make_tmem_copy(cute.make_copy_atom(op(rep), dtype), tmem_tensor)
+
+
+# ---------------------------------------------------------------------------------------
+# Two-MMA attention host setup (S = Q·Kᵀ in TMEM, O = P·V)
+
+
+def attention_views(Q: cute.Tensor, K: cute.Tensor, V: cute.Tensor, O: cute.Tensor, who: str):
+    """(mQ, mK, mV, mO): (rows, cols, L = 1) views of row-major Q [m, hd], K [n, hd]
+    and O [m, hd], and V [n, hd] seen as Vᵀ (hd, n, 1), PV's MN-major B operand
+    (N = hd, K = keys).  Raises ValueError("{who}: Q, K, V must be row-major")
+    when Q or K is not K-major or Vᵀ not MN-major."""
+    unit = cute.make_layout(1)
+    mQ = cute.make_tensor(Q.iterator, cute.append(Q.layout, unit))
+    mK = cute.make_tensor(K.iterator, cute.append(K.layout, unit))
+    mV = cute.make_tensor(V.iterator, cute.append(cute.select(V.layout, mode=[1, 0]), unit))
+    mO = cute.make_tensor(O.iterator, cute.append(O.layout, unit))
+    if (
+        utils.LayoutEnum.from_tensor(mQ).mma_major_mode() != OperandMajorMode.K
+        or utils.LayoutEnum.from_tensor(mK).mma_major_mode() != OperandMajorMode.K
+        or utils.LayoutEnum.from_tensor(mV).mma_major_mode() != OperandMajorMode.MN
+    ):
+        raise ValueError(f"{who}: Q, K, V must be row-major")
+    return mQ, mK, mV, mO
+
+
+def attention_smem_struct(dtype, q_smem, k_smem, v_smem, k_stages: int, v_stages: int, p_smem=None):
+    """The shared-storage struct of the warp-specialised two-MMA attention
+    kernels: mbarrier blocks of the q (1 slot), k, v (`k_stages`, `v_stages`
+    slots), s, p and o pipelines, the TMEM base address, then the Q, K and V
+    operand buffers and, when `p_smem` is given (SMEM-P), the P buffer, each
+    aligned to 1024 bytes (the 128-byte swizzle atom).  Buffers hold `dtype`,
+    sized by the cosize of each layout's outer part."""
+
+    @cute.struct
+    class Smem:
+        q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+        k_mbar: cute.struct.MemRange[cutlass.Int64, 2 * k_stages]
+        v_mbar: cute.struct.MemRange[cutlass.Int64, 2 * v_stages]
+        s_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+        p_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+        o_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+        tmem_addr: cutlass.Int32
+        sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(q_smem.outer)], 1024]
+        sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(k_smem.outer)], 1024]
+        sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(v_smem.outer)], 1024]
+        if p_smem is not None:  # SMEM-P only: the field exists only then
+            sP: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(p_smem.outer)], 1024]
+
+    return Smem
+
+
+# ---------------------------------------------------------------------------------------
+# Online softmax, one thread per row
+
+
+def online_softmax_update(s, row_max, row_sum, c):
+    """One KV tile of the base-2 online softmax for a row that this thread owns
+    whole (TMEM lane t = query row t: no shuffles).
+
+    s: the row's raw scores S_j (fp32 TensorSSA, e.g. rS.load()); row_max,
+    row_sum: the running max m_{j-1} (raw-score units) and sum l_{j-1} (Float32);
+    c = scale · log2(e).  Returns (p, new_max, alpha, row_sum):
+
+        new_max = max(m_{j-1}, max_k S_j[k])
+        alpha   = 2^(m_{j-1} · c − new_max · c)       (0 on the first tile: m_{-1} = −inf)
+        p       = 2^(S_j · c − new_max · c)           fp32 TensorSSA
+        row_sum = alpha · l_{j-1} + Σ_k p[k]          l_j
+
+    The caller rebinds row_sum and moves row_max to new_max itself (after it
+    has compared them, e.g. for the warp-uniform O-rescale decision)."""
+    new_max = cute.arch.fmax(row_max, s.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0))
+    new_max_c = new_max * c
+    alpha = cute.math.exp2(row_max * c - new_max_c, fastmath=True)  # 0 when j = 0
+    p = cute.math.exp2(s * c - new_max_c, fastmath=True)
+    row_sum = row_sum * alpha + p.reduce(cute.ReductionOp.ADD, cutlass.Float32(0.0), 0)
+    return p, new_max, alpha, row_sum

@@ -15,11 +15,31 @@ P in registers between two WGMMAs
     tiled MMAs a kernel builds (call it in the host-side `__call__`): if the
     fragments ever disagreed, compilation fails instead of the kernel quietly
     computing with a permuted P.  `accumulator_to_a_operand` then does the
-    re-indexing and the conversion inside the kernel.
+    re-indexing and the conversion inside the kernel.  `register_p_mmas`
+    builds the usual pair (SS wgmma for Q·Kᵀ, RS wgmma for P·V) and runs the
+    check; `register_p_smem_struct` is the shared storage of such a kernel.
+
+A warpgroup GEMM, waited for
+    `wgmma_sync` issues the K steps of one tiled wgmma between
+    warpgroup.fence and commit_group / wait_group(0).
+
+TMA pipelines
+    `tma_pipeline` builds the PipelineTmaAsync every stage uses: one elected
+    producer thread whose TMA bytes complete the full barrier, and consumer
+    warps that each arrive once on the empty barrier.
+
+Rows of a wgmma accumulator, online softmax
+    `acc_rows_cols` views an accumulator fragment as (rows, columns) of the
+    calling thread, the indexing every row-wise softmax step uses;
+    `online_softmax_row` is one row's base-2 online-softmax update on it
+    (stage C's math; the sm90 kernels of C and D1 use it).
 """
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import warpgroup
 
 # Lanes whose fragment coordinates are compared at trace time: one full warp
 # (every lane pattern) in the first warpgroup, and one lane of the second.
@@ -47,6 +67,55 @@ def check_accumulator_is_a_operand(tiled_mma_c, tiled_mma_a, tile_mn):
             )
 
 
+def register_p_mmas(dtype, num_warpgroups: int, block_n: int, hd: int):
+    """(qk_mma, pv_mma) of attention with P in registers, fp32 accumulators,
+    `num_warpgroups` warpgroups stacked along M (64 query rows each):
+
+        qk_mma  S = Q · Kᵀ, SS wgmma m64n{block_n}k16; Q [rows, hd] and K [keys, hd]
+                row-major, i.e. both operands K-major
+        pv_mma  O = P · V, RS wgmma m64n{hd}k16; A = P from registers (K-major),
+                B = Vᵀ (hd, keys) MN-major, i.e. V [keys, hd] row-major
+
+    and the trace-time proof (`check_accumulator_is_a_operand`) that S's
+    accumulator over the (64 · num_warpgroups, block_n) tile is P's A fragment."""
+    qk_mma = sm90_utils.make_trivial_tiled_mma(
+        dtype, dtype,
+        warpgroup.OperandMajorMode.K,  # Q [m, hd]: hd contiguous
+        warpgroup.OperandMajorMode.K,  # K [n, hd]: hd contiguous
+        cutlass.Float32,
+        (num_warpgroups, 1, 1),
+        tiler_mn=(64, block_n),
+    )
+    pv_mma = sm90_utils.make_trivial_tiled_mma(
+        dtype, dtype,
+        warpgroup.OperandMajorMode.K,  # P in registers
+        warpgroup.OperandMajorMode.MN,  # V [n, hd] as B (N = hd, K = keys): hd contiguous
+        cutlass.Float32,
+        (num_warpgroups, 1, 1),
+        tiler_mn=(64, hd),
+        a_source=warpgroup.OperandSource.RMEM,
+    )
+    check_accumulator_is_a_operand(qk_mma, pv_mma, (64 * num_warpgroups, block_n))
+    return qk_mma, pv_mma
+
+
+def register_p_smem_struct(dtype, q_smem, k_smem, v_smem, kv_stages: int):
+    """Shared storage of a register-P attention kernel: the mbarrier pair of the
+    Q pipeline (one slot), 2 × `kv_stages` mbarriers of the K+V pipeline, then
+    the Q, K and V buffers (`dtype`, the cosize of each staged layout), each
+    aligned to 1024 bytes (the 128-byte swizzle atom)."""
+
+    @cute.struct
+    class Smem:
+        q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+        kv_mbar: cute.struct.MemRange[cutlass.Int64, 2 * kv_stages]
+        sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(q_smem)], 1024]
+        sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(k_smem)], 1024]
+        sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(v_smem)], 1024]
+
+    return Smem
+
+
 @cute.jit
 def accumulator_to_a_operand(
     acc: cute.Tensor,
@@ -63,3 +132,110 @@ def accumulator_to_a_operand(
     frag_a_as_acc = cute.make_tensor(frag_a.iterator, acc.layout)
     frag_a_as_acc.store(acc.load().to(dtype))
     return frag_a
+
+
+def tma_pipeline(mbar, stages: int, tx_bytes: int, consumer_warps: int, defer_sync: bool = True):
+    """PipelineTmaAsync over the mbarrier block `mbar` (a smem MemRange of 2 ×
+    `stages` Int64): the producer is one thread (its TMA loads of `tx_bytes`
+    bytes per slot complete the full barrier), the consumer side counts
+    `consumer_warps` arrivals per slot (consumer_release arrives once per warp).
+
+    defer_sync=True leaves the barrier-init fence and the CTA barrier to the
+    caller (cute.arch.mbarrier_init_fence(); cute.arch.sync_threads() once all
+    pipelines are created); False lets `create` do both."""
+    return pipeline.PipelineTmaAsync.create(
+        num_stages=stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
+        tx_count=tx_bytes,
+        barrier_storage=mbar.data_ptr(),
+        defer_sync=defer_sync,
+    )
+
+
+def acc_rows_cols(t: cute.Tensor) -> cute.Tensor:
+    """View a wgmma accumulator fragment ((2, 2, N/8), MMA_M, MMA_N) — or any
+    tensor partitioned like one, e.g. identity coordinates — as (rows, columns)
+    of this thread: rows = (r, r + 8) × MMA_M, columns = (2 adjacent) × (N/8
+    blocks) × MMA_N.  Same iterator, no data moves.  A row's columns are spread
+    over the 4 lanes of a quad, so a full-row reduction is the thread's own
+    reduction over the columns followed by a butterfly over the quad
+    (threads_in_group=4)."""
+    s, d = t.layout.shape, t.layout.stride
+    return cute.make_tensor(
+        t.iterator,
+        cute.make_layout(
+            ((s[0][1], s[1]), (s[0][0], s[0][2], s[2])),
+            stride=((d[0][1], d[1]), (d[0][0], d[0][2], d[2])),
+        ),
+    )
+
+
+@cute.jit
+def online_softmax_row(
+    s_rc: cute.Tensor,
+    r: cutlass.Constexpr[int],
+    row_max: cute.Tensor,
+    row_sum: cute.Tensor,
+    c: cutlass.Constexpr[float],
+) -> cutlass.Float32:
+    """One row of the base-2 online softmax over a KV tile, on this thread's part
+    of the row.  `s_rc` is the raw-score accumulator as (rows, columns)
+    (`acc_rows_cols`), `r` the row, `c` = scale · log2(e); `row_max` and
+    `row_sum` are the per-row state (raw-score units; this thread's partial sum).
+
+        m_new      = max(row_max[r], max_j S[r, j])      over the row's quad (shuffles)
+        α          = 2^((row_max[r] − m_new) · c)        (0 when row_max[r] = −∞)
+        S[r, j]   ← P = 2^(S[r, j] · c − m_new · c)       in place, fp32
+        row_max[r] ← m_new
+        row_sum[r] ← α · row_sum[r] + Σ_j P[r, j]         this thread's columns only
+
+    Returns α; rescaling O by it is the caller's.  The row sum stays a
+    per-thread partial: reduce it over the quad (threads_in_group=4) at the end."""
+    m_new = row_max[r]
+    for j in cutlass.range_constexpr(cute.size(s_rc, mode=[1])):
+        m_new = cute.arch.fmax(m_new, s_rc[r, j])
+    m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)  # the row's quad
+    alpha = cute.math.exp2((row_max[r] - m_new) * c, fastmath=True)
+    row_max[r] = m_new
+    m_scaled = m_new * c
+    tile_sum = cutlass.Float32(0.0)
+    for j in cutlass.range_constexpr(cute.size(s_rc, mode=[1])):
+        p = cute.math.exp2(s_rc[r, j] * c - m_scaled, fastmath=True)
+        s_rc[r, j] = p
+        tile_sum += p
+    row_sum[r] = row_sum[r] * alpha + tile_sum
+    return alpha
+
+
+@cute.jit
+def wgmma_sync(
+    tiled_mma: cute.TiledMma,
+    acc: cute.Tensor,
+    a: cute.Tensor,
+    b: cute.Tensor,
+    a_slot=None,
+    b_slot=None,
+    zero_init: cutlass.Constexpr[bool] = False,
+):
+    """acc = A · B (zero_init) or acc += A · B on the warpgroup tensor cores, complete on return.
+
+    `a`, `b`: this thread's MMA operand fragments (MMA, MMA_M/N, K steps[, slots]),
+    smem descriptors or a register A fragment; `a_slot` / `b_slot`: the slot
+    (last mode) to use, or None for a fragment without a slot mode.  `acc`: the
+    fp32 accumulator fragment.  Emits warpgroup.fence (wgmma.fence: prior
+    register writes to acc / A are visible), one wgmma per K step (scale-d = 0
+    on the first when zero_init), commit_group and wait_group(0).
+
+    Each K step indexes the fragments as a[None, None, k, slot] in one go, the
+    indexing the stages used inline (the descriptor arithmetic, and so the PTX,
+    depends on it)."""
+    warpgroup.fence()
+    tiled_mma.set(warpgroup.Field.ACCUMULATE, not zero_init)
+    for k in cutlass.range_constexpr(cute.size(a, mode=[2])):
+        a_k = a[None, None, k] if cutlass.const_expr(a_slot is None) else a[None, None, k, a_slot]
+        b_k = b[None, None, k] if cutlass.const_expr(b_slot is None) else b[None, None, k, b_slot]
+        cute.gemm(tiled_mma, acc, a_k, b_k, acc)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
+    warpgroup.wait_group(0)
