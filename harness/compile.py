@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -254,6 +255,7 @@ _WORKER_STATE: dict[str, Any] = {}
 
 
 def _init_worker(root: str, arch: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     os.environ["CUTE_DSL_ARCH"] = arch
     os.environ["CUTE_DSL_KEEP"] = "ptx,cubin"
     os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="dsv4-compile-")

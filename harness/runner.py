@@ -9,9 +9,7 @@ reason ("compiled, not run: no sm_100 device"): never as passed.
 from __future__ import annotations
 
 import queue
-import sys
 import threading
-import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +20,7 @@ from harness.environment import gpu_capabilities, host_environment
 from harness.identity import code_identity
 from harness.matrix import Case
 from harness.metrics import violations
-from harness.records import Record, RecordWriter, append_event, new_run_id, now_iso, runs_file
+from harness.records import Record, RecordWriter, append_event, new_run_id, now_iso, runs_file, status_counts
 from harness.spec import Spec, Stage
 from harness.worker import Job, WorkerHandle
 
@@ -57,10 +55,7 @@ class RunSummary:
 
     @property
     def counts(self) -> dict[str, int]:
-        c: dict[str, int] = {}
-        for r in self.records:
-            c[r.status] = c.get(r.status, 0) + 1
-        return c
+        return status_counts(self.records)
 
     @property
     def exit_code(self) -> int:
@@ -98,6 +93,7 @@ class Runner:
         self._stop = threading.Event()
         self._identity: dict[tuple[str, str], dict] = {}
         self._workers: list[WorkerHandle] = []
+        self._threads: list[threading.Thread] = []
 
     # -- records ---------------------------------------------------------------------------
 
@@ -148,7 +144,7 @@ class Runner:
         interrupted = False
         try:
             futures = [(t, self._submit(compiler, t)) for t in self.opts.tasks]
-            threads = self._start_workers(caps, runnable_archs, ready)
+            self._threads = self._start_workers(caps, runnable_archs, ready)
             # Hand each case to the workers as soon as its compile is done (in order).
             for task, fut in futures:
                 if self._stop.is_set():
@@ -161,9 +157,9 @@ class Runner:
                                  env=host_environment(), note=reasons[task.arch])
                 else:
                     ready.put((task, res))
-            for _ in threads:
+            for _ in self._threads:
                 ready.put(None)
-            for th in threads:
+            for th in self._threads:
                 while th.is_alive():
                     th.join(0.2)
         except KeyboardInterrupt:
@@ -172,6 +168,8 @@ class Runner:
         finally:
             for w in self._workers:
                 w.kill() if interrupted else w.close()
+            for th in self._threads:  # a killed worker's case returns at once and is dropped
+                th.join(5)
             compiler.close(cancel=interrupted)
             self.writer.close()
             if self.emit is None:
@@ -231,6 +229,8 @@ class Runner:
             )
             timeout = self.opts.timeout_s or s.timeout_s
             out = handle.run(job, timeout)
+            if self._stop.is_set():  # interrupted: the case did not finish, it is not a crash
+                return
             env = handle.env or host_environment()
             common = dict(compile=res.summary() if task.arch != "cpu" else None, env=env,
                           gpu=handle.gpu)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 import time
 import traceback
@@ -131,6 +132,9 @@ class _Executor:
 
 
 def worker_main(conn: Connection, root: str, gpu: int | None) -> None:
+    # Ctrl-C in a terminal reaches the whole process group: only the parent handles it (it
+    # kills the workers and keeps what finished), so a worker never dies of it mid-case.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
     if root not in sys.path:
@@ -262,8 +266,6 @@ class WorkerHandle:
 def _signal_name(code: int | None) -> str:
     if code is None or code >= 0:
         return ""
-    import signal
-
     try:
         return f", {signal.Signals(-code).name}"
     except ValueError:
