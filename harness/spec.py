@@ -166,7 +166,10 @@ def _defines(path: Path, name: str) -> bool:
     return False
 
 
-def _resolve(ctx: _Ctx, node: Node, key: str, module: str, name: str) -> Path:
+def _resolve(ctx: _Ctx, node: Node, key: str, module: str, name: str,
+             name_at: tuple[Node, str] | None = None) -> Path:
+    """The file of `module`, which must define `name`. An undefined name is blamed on
+    `name_at` (its node and key) when the name has a key of its own."""
     path = _module_file(ctx.root, module)
     if path is None:
         raise ctx.fail(node, key, f"module '{module}' not found under {ctx.root} — check the dotted path")
@@ -175,6 +178,7 @@ def _resolve(ctx: _Ctx, node: Node, key: str, module: str, name: str) -> Path:
     except SyntaxError as exc:
         raise ctx.fail(node, key, f"{path.relative_to(ctx.root)} does not parse: line {exc.lineno}: {exc.msg}")
     if not found:
+        node, key = name_at or (node, key)
         raise ctx.fail(node, key, f"'{name}' is not defined in {path.relative_to(ctx.root)} — check the name")
     return path
 
@@ -222,7 +226,8 @@ def _parse_stage(ctx: _Ctx, sid: str, node: Node, key_node: Node) -> Stage:
         v = {str(_scalar(a)): b for a, b in vpairs}
         module = _typed(ctx, v["module"], f"{kk}.module", (str,), "a dotted module path")
         entry = _typed(ctx, v["entry"], f"{kk}.entry", (str,), "a class name") if "entry" in v else "Kernel"
-        path = _resolve(ctx, v["module"], f"{kk}.module", module, entry)
+        path = _resolve(ctx, v["module"], f"{kk}.module", module, entry,
+                        (v["entry"], f"{kk}.entry") if "entry" in v else None)
         kernels[ARCHS[akey]] = KernelRef(ARCHS[akey], module, entry, path)
 
     refs = {

@@ -57,7 +57,7 @@ def test_good_fake_spec_loads(fake_lab):
     (GOOD.replace("    title: add\n", "    title: add\n    colour: red\n"), 5, "stages.OK.colour", "unknown key"),
     (GOOD.replace("title: add", "title: [1, 2]"), 4, "stages.OK.title", "expected a string"),
     (GOOD.replace("stages.fake.cpu", "stages.fake.gone"), 6, "stages.OK.kernels.cpu.module", "not found"),
-    (GOOD.replace("entry: Add", "entry: Subtract"), 6, "stages.OK.kernels.cpu.module", "'Subtract' is not defined"),
+    (GOOD.replace("entry: Add", "entry: Subtract"), 6, "stages.OK.kernels.cpu.entry", "'Subtract' is not defined"),
     (GOOD.replace("oracles.add:reference", "oracles.add:nothing"), 9, "stages.OK.oracle", "'nothing' is not defined"),
     (GOOD.replace("{n: [16, 32]}", "{n: []}"), 10, "stages.OK.matrix.n", "empty list"),
     (GOOD.replace("matrix: {n: [16, 32]}", "matrix: {}"), 10, "stages.OK.matrix", "empty matrix"),
