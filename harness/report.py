@@ -62,8 +62,10 @@ def case_line(rec: Record) -> str:
 def results_table(records: list[Record]) -> Table:
     t = Table(title="results", show_lines=False)
     peers = any(r.timing and r.timing.get("peer_us") is not None for r in records)
+    several_gpus = len({r.gpu for r in records if r.gpu is not None}) > 1  # a run spread over GPUs
     cols = ["stage", "arch", "case", "status", "cosine", "rel L2", "max abs", "regs/spill", "µs", "TFLOP/s"]
     cols += ["torch µs"] if peers else []
+    cols += ["gpu"] if several_gpus else []
     for col in cols:
         t.add_column(col, justify="left" if col in ("stage", "arch", "case", "status", "regs/spill") else "right")
     for r in records:
@@ -77,6 +79,7 @@ def results_table(records: list[Record]) -> Table:
             regs, _fmt(r.timing.get("us") if r.timing else None, ".2f"),
             _fmt(r.timing.get("tflops") if r.timing else None, ".1f"),
             *([_fmt(r.timing.get("peer_us") if r.timing else None, ".2f")] if peers else []),
+            *([_fmt(r.gpu, "d")] if several_gpus else []),
         )
     return t
 
