@@ -36,11 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-
-
-
 from harness.records import MAX_LINE_BYTES, Record, RecordWriter, append_event, now_iso, runs_file, status_counts, validate
-from harness.targets import Target, TargetError, _where, resolve_targets
+from harness.targets import Target, TargetError, resolve_targets
 
 SSH_CONFIG_ENV = "DSV4_LAB_SSH_CONFIG"
 EXIT_LINK = 3  # a target could not be reached, or the link / remote run was lost
@@ -127,7 +124,7 @@ def explain_ssh_failure(t: Target, stderr: str) -> str:
     """ssh's stderr as one line that says what to do."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip() and not ln.startswith("@")]
     last = lines[-1] if lines else "no message from ssh"
-    where = _where(t)
+    where = t.where
     if "REMOTE HOST IDENTIFICATION HAS CHANGED" in stderr or "has changed and you have requested strict" in stderr:
         return (f"{t.name}: host key mismatch for {where}: the server's key is not the one in your known_hosts. "
                 "Check known_hosts: if the server was really reinstalled, verify its new fingerprint with its "
@@ -166,7 +163,7 @@ def _run_ssh(t: Target, remote_command: str, timeout: float) -> subprocess.Compl
         out = subprocess.run(ssh_argv(t, remote_command), stdin=subprocess.DEVNULL, capture_output=True,
                              timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise LinkError(f"{t.name}: no answer from {_where(t)} within {timeout:.0f} s")
+        raise LinkError(f"{t.name}: no answer from {t.where} within {timeout:.0f} s")
     if out.returncode == 255:
         raise LinkError(explain_ssh_failure(t, out.stderr.decode("utf-8", "replace")))
     return out
@@ -794,7 +791,7 @@ def check_cmd(root: Path, name: str) -> int:
         raise TargetError(f"targets check {name}: check one target at a time")
     t = resolve_targets(root, name, "targets check")[0]
     console = make_console()
-    console.print(f"[bold]{t.name}[/]: ssh {_where(t)} (declared at {t.declared})", highlight=False)
+    console.print(f"[bold]{t.name}[/]: ssh {t.where} (declared at {t.declared})", highlight=False)
     t0 = time.monotonic()
     try:
         out = _run_ssh(t, check_script(t), timeout=DEFAULT_CONNECT_TIMEOUT + 90)

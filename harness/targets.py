@@ -88,6 +88,11 @@ class Target:
     declared: str = ""  # "targets.yaml:12"
     overrides: str | None = None  # where the lab entry it replaces was declared
 
+    @property
+    def where(self) -> str:
+        """The ssh destination as messages show it: `host` or `host port 2222`."""
+        return self.ssh + (f" port {self.port}" if self.port else "")
+
 
 def lab_targets_file(root: Path) -> Path:
     return root / TARGETS_NAME
@@ -299,10 +304,6 @@ def resolve_targets(root: Path, spec: str, what: str = "--target") -> list[Targe
     return out
 
 
-def _where(t: Target) -> str:
-    return t.ssh + (f" port {t.port}" if t.port else "")
-
-
 # ---------------------------------------------------------------------------------------
 # `dsv4-lab targets list` and `dsv4-lab targets check NAME`.
 
@@ -325,6 +326,6 @@ def list_cmd(root: Path) -> int:
         table.add_column(col)
     for t in sorted(targets.values(), key=lambda t: t.name):
         declared = t.declared + (f" (overrides {t.overrides})" if t.overrides else "")
-        table.add_row(t.name, _where(t), t.workdir, t.python, ",".join(map(str, t.gpus)) or "all", declared)
+        table.add_row(t.name, t.where, t.workdir, t.python, ",".join(map(str, t.gpus)) or "all", declared)
     console.print(table)
     return 0

@@ -18,7 +18,6 @@ def _has_gpu() -> bool:
 @pytest.mark.skipif(_has_gpu(), reason="this is the no-GPU path")
 def test_main_job_without_gpu_compiles_and_says_nothing_ran(tmp_path):
     import shutil
-    import subprocess
 
     lab = tmp_path / "lab"
     shutil.copytree(ROOT, lab, ignore=shutil.ignore_patterns(".git", ".cache", ".device", "scratch", "results",
