@@ -63,12 +63,11 @@ class Record:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
-def status_counts(records) -> dict[str, int]:
-    """{status: number of records} of Record objects or record dicts."""
+def status_counts(records: list[Record]) -> dict[str, int]:
+    """{status: number of records}."""
     counts: dict[str, int] = {}
     for r in records:
-        status = r["status"] if isinstance(r, dict) else r.status
-        counts[status] = counts.get(status, 0) + 1
+        counts[r.status] = counts.get(r.status, 0) + 1
     return counts
 
 

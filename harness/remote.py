@@ -438,7 +438,7 @@ class TargetRun:
     run_id: str | None = None
     cases: int | None = None
     end: dict | None = None
-    records: list = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
     rejected: int = 0
     first_reject: str | None = None
     lines: int = 0

@@ -79,7 +79,7 @@ def results_table(records: list[Record]) -> Table:
             regs, _fmt(r.timing.get("us") if r.timing else None, ".2f"),
             _fmt(r.timing.get("tflops") if r.timing else None, ".1f"),
             *([_fmt(r.timing.get("peer_us") if r.timing else None, ".2f")] if peers else []),
-            *([_fmt(r.gpu, "d")] if several_gpus else []),
+            *([_fmt(r.gpu)] if several_gpus else []),
         )
     return t
 

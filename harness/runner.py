@@ -168,6 +168,9 @@ class Runner:
         finally:
             for w in self._workers:
                 w.kill() if interrupted else w.close()
+            if interrupted:  # idle serving threads wait for work: release them
+                for _ in self._threads:
+                    ready.put(None)
             for th in self._threads:  # a killed worker's case returns at once and is dropped
                 th.join(5)
             compiler.close(cancel=interrupted)

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from yaml.nodes import Node, ScalarNode, SequenceNode
 
-from harness.yamlnodes import NodeContext, kind as _kind, mapping as _mapping, scalar as _scalar
+from harness.yamlnodes import TOP, NodeContext, kind as _kind, mapping as _mapping, scalar as _scalar
 
 SCHEMA_VERSION = 1
 
@@ -324,7 +324,7 @@ def load_spec(path: Path | None = None, root: Path | None = None) -> Spec:
         raise SpecError(f"{path.name}:{line}: not valid YAML: {problem}")
     if doc is None:
         raise SpecError(f"{path.name}:1: empty file — declare 'version: {SCHEMA_VERSION}' and 'stages:'")
-    pairs = _mapping(ctx, doc, "(top level)")
+    pairs = _mapping(ctx, doc, TOP)
     _check_keys(ctx, pairs, "", {"version", "stages"}, {"version", "stages"}, doc)
     top = {str(_scalar(k)): v for k, v in pairs}
     version = _typed(ctx, top["version"], "version", (int,), "an integer")

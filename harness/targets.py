@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from harness.yamlnodes import NodeContext, kind as _kind, mapping as _mapping, scalar as _scalar
+from harness.yamlnodes import TOP, NodeContext, kind as _kind, mapping as _mapping, scalar as _scalar
 
 
 class TargetError(Exception):
@@ -250,7 +250,7 @@ def load_targets_file(path: Path, display: str | None = None) -> dict[str, Targe
     if doc is None:
         return {}
     _refuse_secrets(ctx, doc, "")
-    top = _mapping(ctx, doc, "(top level)")
+    top = _mapping(ctx, doc, TOP)
     fields = {str(_scalar(k)): (k, v) for k, v in top}
     for fname, (knode, _) in fields.items():
         if fname not in ("version", "targets"):

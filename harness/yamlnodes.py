@@ -9,6 +9,9 @@ import yaml
 from yaml.nodes import MappingNode, Node, SequenceNode
 
 
+TOP = "(top level)"  # the key shown for a problem with the document itself
+
+
 class NodeContext:
     """Which file is being read (as shown in messages), and which error a problem raises."""
 
@@ -48,6 +51,6 @@ def mapping(ctx: NodeContext, node: Node, key: str) -> list[tuple[Node, Node]]:
     for k, _ in node.value:
         name = str(scalar(k))
         if name in seen:
-            raise ctx.fail(k, f"{key}.{name}" if key and not key.startswith("(") else name, "duplicate key — keep one")
+            raise ctx.fail(k, name if key == TOP else f"{key}.{name}", "duplicate key — keep one")
         seen.add(name)
     return node.value

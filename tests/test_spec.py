@@ -67,6 +67,8 @@ def test_good_fake_spec_loads(fake_lab):
     (GOOD.replace("    dir: stages/fake\n", ""), 3, "stages.OK.dir", "missing required key"),
     (GOOD.replace("version: 1", "version: 7"), 1, "version", "unsupported version"),
     (GOOD + "  bad: [\n", 12, "", "not valid YAML"),
+    (GOOD + "version: 1\n", 12, ": version: duplicate key", "keep one"),            # top level: the key alone
+    (GOOD.replace("    title: add\n", "    title: add\n    title: sub\n"), 5, "stages.OK.title", "duplicate key"),
 ])
 def test_bad_spec_is_one_line_with_file_line_and_key(fake_lab, bad, line, key, says):
     msg = error_of(fake_lab, bad)
