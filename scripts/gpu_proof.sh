@@ -12,8 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/dsv4-gpu-proof}
 mkdir -p "$out"
-export DSV4_LAB_CACHE=${DSV4_LAB_CACHE:-/tmp/dsv4-lab-cache}
-rm -rf "$DSV4_LAB_CACHE"
+export DSV4_LAB_CACHE=$(mktemp -d /tmp/dsv4-lab-cache.XXXXXX)  # a cache of its own: a cold start
 TIMEFORMAT='wall %R s'
 lab() { python3 -m cli "$@"; }
 
