@@ -18,7 +18,9 @@ from typing import Any
 
 import yaml
 
+from harness.labels import case_label
 from harness.paths import results_dir
+from harness.records import Record
 
 BASELINE_VERSION = 1
 DEFAULT_TOLERANCE = {"cosine": 1e-6, "rel_l2": 0.25, "max_abs": 0.25}
@@ -52,10 +54,6 @@ class Baseline:
 
 def baselines_file(root: Path) -> Path:
     return results_dir(root) / "baselines.yaml"
-
-
-def case_label(case: dict[str, Any]) -> str:
-    return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in case.items())
 
 
 def load(root: Path, must_exist: bool = False) -> list[Baseline]:
@@ -119,11 +117,11 @@ def save(root: Path, items: list[Baseline]) -> None:
         raise
 
 
-def metrics_of(record: dict) -> dict[str, dict[str, float]]:
+def metrics_of(record: Record) -> dict[str, dict[str, float]]:
     """The gated metric values of a record, per output."""
     return {
         out: {k: m[k] for k in ("cosine", "rel_l2", "max_abs") if m.get(k) is not None}
-        for out, m in (record.get("metrics") or {}).items()
+        for out, m in record.metrics.items()
     }
 
 
@@ -156,10 +154,10 @@ def accept(spec, stage, archs: list[str] | None, cases) -> int:
                 missing.append(f"{arch} {label}")
                 continue
             index[(stage.id, arch, label)] = Baseline(
-                stage=stage.id, arch=arch, case=label, record=rec["id"], src=src, metrics=metrics_of(rec),
-                timing_us=(rec.get("timing") or {}).get("us"),
+                stage=stage.id, arch=arch, case=label, record=rec.id, src=src, metrics=metrics_of(rec),
+                timing_us=(rec.timing or {}).get("us"),
             )
-            taken.append((arch, label, rec["id"]))
+            taken.append((arch, label, rec.id))
     if not taken:
         console.print(f"no passing, fresh record for {stage.name} with these filters — run it first: "
                       f"dsv4-lab run {stage.name}", highlight=False)
@@ -177,14 +175,14 @@ def accept(spec, stage, archs: list[str] | None, cases) -> int:
     return 0
 
 
-def newest(records: list[dict], stage: str, arch: str, case: dict, src: str | None,
-           statuses: tuple[str, ...] | None = None) -> dict | None:
+def newest(records: list[Record], stage: str, arch: str, case: dict, src: str | None,
+           statuses: tuple[str, ...] | None = None) -> Record | None:
     for rec in reversed(records):
-        if rec["stage"] != stage or rec["arch"] != arch or rec["case"] != case:
+        if rec.stage != stage or rec.arch != arch or rec.case != case:
             continue
-        if src is not None and (rec.get("code") or {}).get("src") != src:
+        if src is not None and rec.code.get("src") != src:
             continue
-        if statuses is not None and rec["status"] not in statuses:
+        if statuses is not None and rec.status not in statuses:
             continue
         return rec
     return None

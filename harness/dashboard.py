@@ -17,13 +17,14 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from harness.baselines import case_label, load as load_baselines
+from harness.baselines import load as load_baselines
+from harness.labels import case_label
 from harness.identity import source_hash
 from harness.matrix import expand
-from harness.records import print_warnings, read_records
+from harness.records import Record, print_warnings, read_records
 from harness.spec import Spec, Stage, load_spec
 
-RAN = ("pass", "fail", "crash", "timeout")
+from harness.statuses import RAN
 
 
 @dataclass
@@ -54,69 +55,73 @@ def _age(iso: str, now: float) -> str:
     return f"{int(s)}s"
 
 
-def cell(spec: Spec, stage: Stage, arch: str, records: list[dict], baselines: dict, now: float) -> Cell:
-    mine = [r for r in records if r["stage"] == stage.id and r["arch"] == arch]
+def cell(spec: Spec, stage: Stage, arch: str, records: list[Record], baselines: dict, now: float) -> Cell:
+    mine = [r for r in records if r.stage == stage.id and r.arch == arch]
     c = Cell()
     if not mine:
         c.compiled = "not yet"
         return c
     src = source_hash(spec.root, stage, arch)
-    compiled = [r for r in mine if r.get("compile") and r["status"] != "compile_error"]
-    errors = [r for r in mine if r["status"] == "compile_error"]
+    compiled = [r for r in mine if r.compile and r.status != "compile_error"]
+    errors = [r for r in mine if r.status == "compile_error"]
     newest = mine[-1]
     if errors and errors[-1] is newest:
-        c.compiled = f"✗ error {_age(newest['t'], now)} ago"
+        c.compiled = f"✗ error {_age(newest.t, now)} ago"
     elif compiled:
-        c.compiled = f"✓ {_age(compiled[-1]['t'], now)} ago"
-    res = [r["compile"] for r in compiled if (r.get("code") or {}).get("src") == src] or [r["compile"] for r in compiled]
+        c.compiled = f"✓ {_age(compiled[-1].t, now)} ago"
+    res = [r.compile for r in compiled if r.code.get("src") == src] or [r.compile for r in compiled]
     if res:
-        regs = max((x.get("regs", 0) for x in res), default=0)
-        spill = max((x.get("spill", 0) for x in res), default=0)
-        smem = max((x.get("smem", x.get("static_smem", 0)) for x in res), default=0)
+        regs = max((_int(x.get("regs")) for x in res), default=0)
+        spill = max((_int(x.get("spill")) for x in res), default=0)
+        smem = max((_int(x.get("smem", x.get("static_smem"))) for x in res), default=0)
         c.resources = f"{regs}r/{spill}s/{smem // 1024}K" + (" ⚠spill" if spill else "")
-    ran = [r for r in mine if r["status"] in RAN]
+    ran = [r for r in mine if r.status in RAN]
     if not ran:
-        note = next((r.get("note") for r in reversed(mine) if r.get("note")), None)
+        note = next((r.note for r in reversed(mine) if r.note), None)
         why = note.split(": ", 1)[-1].split(" (")[0] if note else ""
         c.ran = "○ compiled, not run" + (f": {why}" if why else "")
         c.style = "yellow"
-        c.stale = "stale" if (newest.get("code") or {}).get("src") != src else ""
-        c.age = _age(newest["t"], now)
+        c.stale = "stale" if newest.code.get("src") != src else ""
+        c.age = _age(newest.t, now)
         return c
     # The newest result of each case of the matrix (a run may cover only some cases).
-    latest: dict[str, dict] = {}
+    latest: dict[str, Record] = {}
     for r in ran:
-        latest[case_label(r["case"])] = r
-    run = sorted(latest.values(), key=lambda r: r["t"])
-    env = run[-1].get("env") or {}
-    c.ran = f"{env.get('gpu', '?')} @ {run[-1].get('target', 'local')}:{env.get('host', '?')}"
-    n_pass = sum(1 for r in run if r["status"] == "pass")
+        latest[case_label(r.case)] = r
+    run = sorted(latest.values(), key=lambda r: r.t)
+    env = run[-1].env
+    c.ran = f"{env.get('gpu', '?')} @ {run[-1].target}:{env.get('host', '?')}"
+    n_pass = sum(1 for r in run if r.status == "pass")
     total = len(expand(stage))
     c.passed = f"{'✓' if n_pass == total else '✗'} {n_pass}/{total}"
-    cos = [m.get("cosine") for r in run for m in (r.get("metrics") or {}).values()]
+    cos = [m.get("cosine") for r in run for m in r.metrics.values()]
     known = [x for x in cos if x is not None]
     c.cosine = "n/a" if not known or len(known) < len(cos) else f"{min(known):.7f}"
     deltas = []
     for r in run:
-        b = baselines.get((stage.id, arch, case_label(r["case"])))
+        b = baselines.get((stage.id, arch, case_label(r.case)))
         if b is None:
             continue
         for out, bm in b.metrics.items():
-            now_cos = ((r.get("metrics") or {}).get(out) or {}).get("cosine")
+            now_cos = r.metric(out, "cosine")
             if now_cos is not None and bm.get("cosine") is not None:
                 deltas.append(now_cos - bm["cosine"])
     if deltas:
         c.delta = f"{min(deltas):+.1e}"
-    timed = [r for r in ran if r.get("timing")]
+    timed = [r for r in ran if r.timing]
     if timed:
-        t = timed[-1]
-        c.us = f"{t['timing']['us']:.2f}" + (f" ({t['timing']['tflops']:.0f} TF/s)" if t["timing"].get("tflops") else "")
-        if (t.get("code") or {}).get("src") != src:
+        t = timed[-1].timing or {}
+        c.us = f"{t['us']:.2f}" + (f" ({t['tflops']:.0f} TF/s)" if t.get("tflops") else "")
+        if timed[-1].code.get("src") != src:
             c.us += " stale"
-    c.stale = "stale" if any((r.get("code") or {}).get("src") != src for r in run) else ""
-    c.age = _age(run[-1]["t"], now)
+    c.stale = "stale" if any(r.code.get("src") != src for r in run) else ""
+    c.age = _age(run[-1].t, now)
     c.style = "green" if n_pass == total and not c.stale else ("red" if n_pass < len(run) else "yellow")
     return c
+
+
+def _int(x: object) -> int:
+    return x if isinstance(x, int) and not isinstance(x, bool) else 0
 
 
 def render(root: Path) -> Group | Text:

@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.baselines import Baseline, case_label, load, newest
+from harness.baselines import Baseline, load, newest
+from harness.labels import case_label
 from harness.identity import source_hash
-from harness.records import print_warnings, read_records
+from harness.records import Record, print_warnings, read_records
 from harness.spec import Spec, SpecError, load_spec
 
-RESULT_STATUSES = ("pass", "fail", "crash", "timeout")  # a run's verdict (not "compiled")
+from harness.statuses import RAN as RESULT_STATUSES  # a run's verdict (not "compiled")
 
 
 @dataclass
@@ -39,14 +40,14 @@ class Finding:
     text: str = ""
 
 
-def compare(b: Baseline, rec: dict) -> list[Finding]:
+def compare(b: Baseline, rec: Record) -> list[Finding]:
     """Regressions and improvements of one fresh record against its baseline."""
     out: list[Finding] = []
-    if rec["status"] != "pass":
-        why = rec.get("error") or rec["status"]
-        return [Finding("regression", b, metric="status", record=rec["id"], text=f"{rec['status']}: {why}"[:200])]
+    if rec.status != "pass":
+        why = rec.error or rec.status
+        return [Finding("regression", b, metric="status", record=rec.id, text=f"{rec.status}: {why}"[:200])]
     for output, base_m in b.metrics.items():
-        now_m = (rec.get("metrics") or {}).get(output, {})
+        now_m = rec.metrics.get(output, {})
         for metric, base in base_m.items():
             now = now_m.get(metric)
             tol = b.tolerance.get(metric, 0.0)
@@ -57,7 +58,7 @@ def compare(b: Baseline, rec: dict) -> list[Finding]:
                 worse = now is None or now > base * (1 + tol) + 1e-12
                 better = now is not None and now < base / (1 + tol) - 1e-12
             if worse or better:
-                out.append(Finding("regression" if worse else "improvement", b, output, metric, base, now, rec["id"]))
+                out.append(Finding("regression" if worse else "improvement", b, output, metric, base, now, rec.id))
     return out
 
 
@@ -75,7 +76,7 @@ def small_first(spec: Spec, items: list[Baseline]) -> tuple[list[Baseline], list
     return small, rest
 
 
-def evaluate(spec: Spec, items: list[Baseline], records: list[dict]) -> tuple[list[Finding], bool]:
+def evaluate(spec: Spec, items: list[Baseline], records: list[Record]) -> tuple[list[Finding], bool]:
     """All findings, and whether the gate stopped early on a small-case regression."""
     src = {(b.stage, b.arch): _src(spec, b) for b in items}
     findings: list[Finding] = []

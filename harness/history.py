@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.table import Table
 
 from harness.records import append_event, notes_file, now_iso, print_warnings, read_notes, read_records, read_runs
+from harness.labels import case_label
 from harness.report import make_console, worst
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -51,26 +52,25 @@ def main(spec, stage, archs: list[str] | None, cases) -> int:
         if archs and arch not in archs:
             continue
         for case in wanted:
-            rows = [r for r in records if r["arch"] == arch and r["case"] == case]
+            rows = [r for r in records if r.arch == arch and r.case == case]
             if not rows:
                 continue
             shown += 1
-            label = ",".join(f"{k}={v}" for k, v in case.items())
+            label = case_label(case)
             t = Table(title=f"{stage.name} {arch} {label}")
             for col in ("time", "commit", "run", "status", "cosine", "rel L2", "µs", "note"):
                 t.add_column(col)
             for r in rows:
-                code = r.get("code") or {}
-                commit = (code.get("commit") or "none")[:8] + ("*" if code.get("dirty") else "")
-                note = "; ".join(n["text"] for n in notes.get(r["run"], []))
-                timing = r.get("timing") or {}
-                t.add_row(r["t"].replace("T", " ").rstrip("Z"), commit, r["run"], r["status"],
+                commit = str(r.code.get("commit") or "none")[:8] + ("*" if r.code.get("dirty") else "")
+                note = "; ".join(n["text"] for n in notes.get(r.run, []))
+                timing = r.timing or {}
+                t.add_row(r.t.replace("T", " ").rstrip("Z"), commit, r.run, r.status,
                           _f(worst(r, "cosine"), ".9f"), _f(worst(r, "rel_l2", max), ".2e"),
                           _f(timing.get("us"), ".2f"), note)
             console.print(t)
             cos = [_digits(worst(r, "cosine")) for r in rows]
             console.print(f"  cosine (nines, higher is better)  {sparkline(cos)}", highlight=False)
-            us = [(r.get("timing") or {}).get("us") for r in rows]
+            us = [(r.timing or {}).get("us") for r in rows]
             if any(u is not None for u in us):
                 console.print(f"  µs (lower is better)              {sparkline(us)}", highlight=False)
             console.print("  commit* = recorded from a tree with uncommitted changes", style="dim", highlight=False)
@@ -91,37 +91,40 @@ def show(root: Path, ident: str) -> int:
     print_warnings(warn)
     runs = read_runs(root, warn)
     notes = read_notes(root, warn)
-    rec = next((r for r in records if r["id"] == ident), None)
+    rec = next((r for r in records if r.id == ident), None)
     if rec is not None:
-        console.print_json(json.dumps(rec))
-        for n in notes.get(rec["run"], []):
-            console.print(f"note ({n['t']}): {n['text']}", highlight=False)
+        shown = {k: v for k, v in json.loads(rec.to_json()).items() if k != "trace"}
+        console.print_json(json.dumps(shown))
+        if rec.trace:
+            console.print("traceback (kept in the record):", highlight=False)
+            console.out(rec.trace, highlight=False)
+        for n in notes.get(rec.run, []):
+            console.print(f"note ({n.get('t', '?')}): {n['text']}", highlight=False)
         return 0
-    of_run = [r for r in records if r["run"] == ident]
+    of_run = [r for r in records if r.run == ident]
     if ident not in runs and not of_run:
         console.print(f"no record or run '{ident}' — ids look like 20261121-142649-5461 (run) or "
                       "20261121-142649-5461.3 (record); see `dsv4-lab history`", highlight=False)
         return 2
     from harness.report import results_table
-    from harness.records import Record
 
     ev = runs.get(ident, {})
     console.print(f"run {ident}  target {ev.get('target', '?')}  argv {' '.join(ev.get('argv', []))}  "
                   f"interrupted {ev.get('interrupted', 'unknown (no end event)')}", highlight=False)
     if of_run:
-        console.print(results_table([Record.from_dict(r) for r in of_run]))
+        console.print(results_table(of_run))
         for r in of_run:
-            if r.get("error") and r["status"] != "pass":
-                console.print(f"{r['id']} {r['status']}: {r['error']}", highlight=False)
+            if r.error and r.status != "pass":
+                console.print(f"{r.id} {r.status}: {r.error}", highlight=False)
     for n in notes.get(ident, []):
-        console.print(f"note ({n['t']}): {n['text']}", highlight=False)
+        console.print(f"note ({n.get('t', '?')}): {n['text']}", highlight=False)
     return 0
 
 
 def note(root: Path, run: str, text: str) -> int:
     console = make_console()
     runs = read_runs(root)
-    known = run in runs or any(r["run"] == run for r in read_records(root))
+    known = run in runs or any(r.run == run for r in read_records(root))
     if not known:
         console.print(f"no run '{run}' — see `dsv4-lab dashboard` or results/runs.jsonl for run ids", highlight=False)
         return 2

@@ -5,14 +5,17 @@ Files (all under results/, committed):
   runs.jsonl              one line when a run starts and one when it ends (or is interrupted)
   notes.jsonl             annotations of runs (`dsv4-lab note RUN "text"`)
 
-Reading is forgiving: a truncated or corrupt line is skipped with one warning naming
-file:line, and every other record is kept. Writing appends and flushes each line the
-moment its case ends.
+Reading is forgiving but strict about shape: a truncated, corrupt or wrongly typed line is
+skipped with one warning naming file:line, and every other record is kept; what is read comes
+back as the same typed `Record` that was written. Writing appends and flushes each line the
+moment its case ends, always starting on a fresh line (a truncated last line left by a crash
+never swallows the next record).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import sys
@@ -22,14 +25,16 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from harness.paths import records_dir, results_dir
+from harness.statuses import STATUSES
 
 RECORD_VERSION = 1
 MAX_LINE_BYTES = 64 * 1024
 
-STATUSES = ("pass", "fail", "compile_error", "crash", "timeout", "skipped", "compiled")
-# "compiled": built for an arch this machine cannot run; says so, never counts as verified.
-
 REQUIRED = {"v", "id", "run", "t", "stage", "arch", "case", "status"}
+
+
+class RecordError(ValueError):
+    """Why a parsed JSON object is not a record this lab can use (one phrase)."""
 
 
 @dataclass
@@ -50,6 +55,7 @@ class Record:
     gpu: int | None = None
     error: str | None = None
     note: str | None = None
+    trace: str | None = None  # the full traceback of a failure in user code (`dsv4-lab show ID`)
     v: int = RECORD_VERSION
 
     def to_json(self) -> str:
@@ -58,9 +64,17 @@ class Record:
         return json.dumps(d, separators=(",", ":"), sort_keys=False, allow_nan=False)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Record":
+    def from_dict(cls, d: Any) -> "Record":
+        """A Record from a parsed JSON object; RecordError (one phrase) when its keys or
+        types are not those of a record. Unknown keys are ignored (newer writers)."""
+        why = validate(d)
+        if why:
+            raise RecordError(why)
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+    def metric(self, output: str, name: str) -> float | None:
+        return (self.metrics.get(output) or {}).get(name)
 
 
 def status_counts(records: list[Record]) -> dict[str, int]:
@@ -79,19 +93,55 @@ def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+_NUM = (int, float)
+_OPTIONAL_TYPES: dict[str, tuple[type, ...]] = {
+    "metrics": (dict,), "timing": (dict,), "compile": (dict,), "env": (dict,), "code": (dict,),
+    "target": (str,), "gpu": (int,), "error": (str,), "note": (str,), "trace": (str,),
+}
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, _NUM) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def validate(d: Any) -> str | None:
-    """Why a parsed line is not a record we can use; None when it is."""
+    """Why a parsed line is not a record we can use; None when it is. Checks every key's
+    type, so a reader can trust what it gets (no NaN or infinite metric, timing in µs > 0)."""
     if not isinstance(d, dict):
         return "not a JSON object"
     missing = REQUIRED - d.keys()
     if missing:
         return f"missing {', '.join(sorted(missing))}"
-    if d["v"] != RECORD_VERSION:
-        return f"schema version {d['v']} (this lab reads {RECORD_VERSION})"
+    if d["v"] != RECORD_VERSION or isinstance(d["v"], bool):
+        return f"schema version {str(d['v'])[:20]} (this lab reads {RECORD_VERSION})"
+    for key in ("id", "run", "t", "stage", "arch", "status"):
+        if not isinstance(d[key], str) or not d[key]:
+            return f"{key} is not a non-empty string"
     if d["status"] not in STATUSES:
-        return f"unknown status {d['status']!r}"
-    if not isinstance(d["case"], dict):
-        return "case is not an object"
+        return f"unknown status {d['status'][:40]!r}"
+    if not isinstance(d["case"], dict) or not all(
+            isinstance(v, (int, float, str, bool)) for v in d["case"].values()):
+        return "case is not an object of scalar values"
+    for key, types in _OPTIONAL_TYPES.items():
+        value = d.get(key)
+        if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+            return f"{key} is not {'an object' if types == (dict,) else 'a ' + types[0].__name__}"
+    for out, m in (d.get("metrics") or {}).items():
+        if not isinstance(m, dict):
+            return f"metrics.{out} is not an object"
+        for name, value in m.items():
+            if value is not None and not _finite(value):
+                return f"metrics.{out}.{name} is not a finite number"
+    timing = d.get("timing")
+    if timing is not None:
+        if not (_finite(timing.get("us")) and timing["us"] > 0):
+            return "timing.us is not a positive number"
+        for name, value in timing.items():
+            if value is not None and not isinstance(value, str) and not _finite(value):
+                return f"timing.{name} is not a finite number"
+    code = d.get("code") or {}
+    if code.get("src") is not None and not isinstance(code["src"], str):
+        return "code.src is not a string"
     return None
 
 
@@ -105,17 +155,25 @@ class Appender:
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._fh = open(path, "a", encoding="utf-8")
+        self._fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(self, line: str) -> None:
-        if "\n" in line:
+        """Append `line` as one whole line. If the file does not end in a newline (a line
+        cut off by a crash, or a hand edit), a newline goes first, so the fragment stays a
+        lone corrupt line that readers skip and this record stays intact."""
+        if "\n" in line or "\r" in line:
             raise ValueError("a record must be one line")
-        self._fh.write(line + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        data = (line + "\n").encode("utf-8")
+        size = os.fstat(self._fd).st_size
+        if size and os.pread(self._fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
+        os.write(self._fd, data)  # O_APPEND: one write, never interleaved with another appender's
+        os.fsync(self._fd)
 
     def close(self) -> None:
-        self._fh.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class RecordWriter:
@@ -136,12 +194,21 @@ class RecordWriter:
         self._files.clear()
 
 
-def iter_jsonl(path: Path, warn: list[str] | None = None) -> Iterator[tuple[int, dict]]:
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name}")
+
+
+def iter_jsonl(path: Path, warn: list[str] | None = None) -> Iterator[tuple[int, Any]]:
     """(line number, object) for every line of `path` that parses; a bad line adds one
-    warning to `warn` (file:line: why) and is skipped."""
+    warning to `warn` (file:line: why) and is skipped. A file that is missing yields
+    nothing; one that cannot be read (a folder, no permission) adds one warning."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
+        return
+    except OSError as exc:
+        if warn is not None:
+            warn.append(f"{path}: cannot be read ({exc.strerror or exc}) — skipped")
         return
     for lineno, raw in enumerate(data.split(b"\n"), 1):
         if not raw.strip():
@@ -149,30 +216,32 @@ def iter_jsonl(path: Path, warn: list[str] | None = None) -> Iterator[tuple[int,
         try:
             if len(raw) > MAX_LINE_BYTES:
                 raise ValueError(f"line longer than {MAX_LINE_BYTES} bytes")
-            obj = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+            obj = json.loads(raw, parse_constant=_reject_constant)
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             if warn is not None:
-                warn.append(f"{path}:{lineno}: skipped a corrupt line ({str(exc).splitlines()[0][:80]})")
+                warn.append(f"{path}:{lineno}: skipped a corrupt line ({(str(exc).splitlines() or [''])[0][:80]})")
             continue
         yield lineno, obj
 
 
-def read_records(root: Path, stages: list[str] | None = None, warn: list[str] | None = None) -> list[dict]:
-    """All valid records (as dicts, oldest first within each file) of the given stages."""
+def read_records(root: Path, stages: list[str] | None = None, warn: list[str] | None = None) -> list[Record]:
+    """All valid records (oldest first within each file) of the given stages, typed."""
     folder = records_dir(root)
     if stages is None:
-        files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+        try:
+            files = sorted(p for p in folder.glob("*.jsonl")) if folder.is_dir() else []
+        except OSError:
+            files = []
     else:
         files = [stage_file(root, s) for s in stages]
-    out: list[dict] = []
+    out: list[Record] = []
     for path in files:
         for lineno, obj in iter_jsonl(path, warn):
-            why = validate(obj)
-            if why:
+            try:
+                out.append(Record.from_dict(obj))
+            except RecordError as exc:
                 if warn is not None:
-                    warn.append(f"{path}:{lineno}: skipped a record ({why})")
-                continue
-            out.append(obj)
+                    warn.append(f"{path}:{lineno}: skipped a record ({exc})")
     return out
 
 
@@ -196,16 +265,20 @@ def read_runs(root: Path, warn: list[str] | None = None) -> dict[str, dict]:
     """run id -> merged start/end events."""
     runs: dict[str, dict] = {}
     for _, ev in iter_jsonl(runs_file(root), warn):
-        if isinstance(ev, dict) and "run" in ev:
+        if isinstance(ev, dict) and isinstance(ev.get("run"), str):
             runs.setdefault(ev["run"], {}).update(ev)
     return runs
 
 
 def read_notes(root: Path, warn: list[str] | None = None) -> dict[str, list[dict]]:
     notes: dict[str, list[dict]] = {}
-    for _, ev in iter_jsonl(notes_file(root), warn):
-        if isinstance(ev, dict) and "run" in ev and "text" in ev:
+    path = notes_file(root)
+    for lineno, ev in iter_jsonl(path, warn):
+        if (isinstance(ev, dict) and isinstance(ev.get("run"), str) and isinstance(ev.get("text"), str)
+                and isinstance(ev.get("t", ""), str)):
             notes.setdefault(ev["run"], []).append(ev)
+        elif warn is not None:
+            warn.append(f"{path}:{lineno}: skipped a note (needs run, t and text as strings)")
     return notes
 
 

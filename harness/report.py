@@ -15,10 +15,7 @@ from harness.matrix import Case
 from harness.records import Record, status_counts
 from harness.spec import Spec, Stage
 
-STATUS_STYLE = {
-    "pass": ("✓", "green"), "fail": ("✗", "red"), "compile_error": ("✗", "red"), "crash": ("✗", "red"),
-    "timeout": ("⏱", "red"), "skipped": ("-", "dim"), "compiled": ("○", "yellow"),
-}
+from harness.statuses import STYLE as STATUS_STYLE
 
 
 def make_console() -> Console:
@@ -35,9 +32,8 @@ def _fmt(x: Any, spec: str = ".6f") -> str:
     return str(x)
 
 
-def worst(rec: Record | dict, key: str, pick=min) -> float | None:
-    metrics = rec.metrics if isinstance(rec, Record) else rec.get("metrics", {})
-    vals = [m.get(key) for m in metrics.values() if m.get(key) is not None]
+def worst(rec: Record, key: str, pick=min) -> float | None:
+    vals = [m.get(key) for m in rec.metrics.values() if m.get(key) is not None]
     return pick(vals) if vals else None
 
 

@@ -24,7 +24,7 @@ from harness.records import Record, RecordWriter, append_event, new_run_id, now_
 from harness.spec import Spec, Stage
 from harness.worker import Job, WorkerHandle
 
-FAILING = ("fail", "compile_error", "crash", "timeout")
+from harness.statuses import FAILING  # noqa: E402  (re-exported for remote.py)
 
 
 @dataclass

@@ -28,8 +28,8 @@ def test_main_job_without_gpu_compiles_and_says_nothing_ran(tmp_path):
     assert "compiled, not run: no GPU on this machine" in r.stdout
     assert "Nothing was run or verified for sm_100a" in r.stdout and "No case ran on a GPU" in r.stdout
     recs = read_records(lab, ["A"])
-    assert sorted(x["arch"] for x in recs) == ["sm_100a", "sm_90a"] and {x["status"] for x in recs} == {"compiled"}
-    assert all(x["compile"]["key"] for x in recs)
+    assert sorted(x.arch for x in recs) == ["sm_100a", "sm_90a"] and {x.status for x in recs} == {"compiled"}
+    assert all(x.compile["key"] for x in recs)
 
 
 def test_list_shows_archs_and_whether_they_run_here():

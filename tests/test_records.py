@@ -43,7 +43,7 @@ def test_writer_appends_and_reader_skips_corrupt_lines(tmp_path):
     w.close()
     warn: list[str] = []
     recs = read_records(tmp_path, ["A"], warn)
-    assert [r["id"] for r in recs] == ["r1.1", "r1.2", "r1.3"]
+    assert [r.id for r in recs] == ["r1.1", "r1.2", "r1.3"]
     assert len(warn) == 3
     assert all(f"{path}:" in w for w in warn)
     assert any(":3:" in w for w in warn)

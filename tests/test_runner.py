@@ -21,14 +21,14 @@ def test_every_bad_case_gets_its_status_and_the_run_goes_on(fake_lab):
     wall = time.monotonic() - t0
     assert r.returncode == 1, r.stdout + r.stderr
     recs = read_records(fake_lab)
-    by_mode = {rec["case"].get("mode", f"ok{rec['case']['n']}"): rec for rec in recs}
-    assert by_mode["abort"]["status"] == "crash" and "SIGABRT" in by_mode["abort"]["error"]
-    assert by_mode["hang"]["status"] == "timeout" and "5 s" in by_mode["hang"]["error"]
-    assert by_mode["raise"]["status"] == "crash" and "kernel raised on purpose" in by_mode["raise"]["error"]
-    assert by_mode["wrong"]["status"] == "fail" and by_mode["wrong"]["metrics"]["out"]["cosine"] < 0.9
-    assert by_mode["unwritten"]["status"] == "fail" and by_mode["unwritten"]["metrics"]["out"]["unwritten"] == 8
-    assert by_mode["ok"]["status"] == "pass"          # after the bad ones: the run went on
-    assert by_mode["ok16"]["status"] == by_mode["ok32"]["status"] == "pass"
+    by_mode = {rec.case.get("mode", f"ok{rec.case['n']}"): rec for rec in recs}
+    assert by_mode["abort"].status == "crash" and "SIGABRT" in by_mode["abort"].error
+    assert by_mode["hang"].status == "timeout" and "5 s" in by_mode["hang"].error
+    assert by_mode["raise"].status == "crash" and "kernel raised on purpose" in by_mode["raise"].error
+    assert by_mode["wrong"].status == "fail" and by_mode["wrong"].metrics["out"]["cosine"] < 0.9
+    assert by_mode["unwritten"].status == "fail" and by_mode["unwritten"].metrics["out"]["unwritten"] == 8
+    assert by_mode["ok"].status == "pass"          # after the bad ones: the run went on
+    assert by_mode["ok16"].status == by_mode["ok32"].status == "pass"
     assert len(recs) == 8
     assert wall < 60
     runs = read_runs(fake_lab)
@@ -40,7 +40,7 @@ def test_every_bad_case_gets_its_status_and_the_run_goes_on(fake_lab):
 def test_passing_run_exits_zero_and_filters_apply(fake_lab):
     r = run_cli(["run", "stage-BAD", "--mode", "ok"], cwd=fake_lab)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert [rec["case"]["mode"] for rec in read_records(fake_lab)] == ["ok"]
+    assert [rec.case["mode"] for rec in read_records(fake_lab)] == ["ok"]
 
 
 def test_bad_filter_is_one_line_exit_2(fake_lab):
@@ -65,7 +65,7 @@ def test_ctrl_c_keeps_finished_records_and_marks_run_interrupted(fake_lab):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, out + err
     recs = read_records(fake_lab)
-    assert [r["case"]["mode"] for r in recs] == ["ok"] and recs[0]["status"] == "pass"
+    assert [r.case["mode"] for r in recs] == ["ok"] and recs[0].status == "pass"
     (run,) = read_runs(fake_lab).values()
     assert run["interrupted"] is True
     for line in (fake_lab / "results" / "records" / "BAD.jsonl").read_text().splitlines():

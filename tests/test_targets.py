@@ -333,9 +333,9 @@ def test_full_round_trip(remote_lab, tmp_path, capsys, method):
     out = capsys.readouterr()
     assert code == 0, out.out + out.err
     recs = records_of(lab, "FAKE")
-    assert [r["case"]["n"] for r in recs] == [4, 8, 16]
-    assert all(r["target"] == "box" and r["status"] == "pass" and r["arch"] == "cpu" for r in recs)
-    assert all(r["code"]["commit"] and r["code"]["dirty"] is True for r in recs)  # notes.txt is untracked
+    assert [r.case["n"] for r in recs] == [4, 8, 16]
+    assert all(r.target == "box" and r.status == "pass" and r.arch == "cpu" for r in recs)
+    assert all(r.code["commit"] and r.code["dirty"] is True for r in recs)  # notes.txt is untracked
     runs = read_runs(lab)
     assert len(runs) == 1
     (run,) = runs.values()
@@ -354,7 +354,7 @@ def test_cli_run_and_split_across_two_targets(remote_lab, ssh_server):
     out = run_cli(remote_lab, "run", "FAKE", "--target", "box,box2", env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     recs = records_of(remote_lab, "FAKE")
-    by_target = {t: sorted(r["case"]["n"] for r in recs if r["target"] == t) for t in ("box", "box2")}
+    by_target = {t: sorted(r.case["n"] for r in recs if r.target == t) for t in ("box", "box2")}
     assert by_target == {"box": [4, 16], "box2": [8]}
     runs = read_runs(remote_lab)
     assert sorted(r.get("shard") for r in runs.values()) == ["0/2", "1/2"]
@@ -397,7 +397,7 @@ def test_remote_crash_keeps_records_received(remote_lab, capsys):
     out = capsys.readouterr()
     assert code == 3, out.out + out.err
     recs = records_of(remote_lab, "CRASH")
-    assert [r["case"]["n"] for r in recs] == [4] and recs[0]["target"] == "box"
+    assert [r.case["n"] for r in recs] == [4] and recs[0].target == "box"
     (run,) = read_runs(remote_lab).values()
     assert run["interrupted"] is True and "exit code 137, SIGKILL" in run["lost"]
     assert "marked interrupted" in out.err
@@ -429,7 +429,7 @@ def test_malformed_and_oversized_lines_are_rejected(remote_lab, tmp_path, capsys
     out = capsys.readouterr()
     assert code == 1, out.out + out.err
     recs = records_of(remote_lab, "FAKE")
-    assert len(recs) == 1 and recs[0]["id"] == "R1.2" and recs[0]["target"] == "liar"
+    assert len(recs) == 1 and recs[0].id == "R1.2" and recs[0].target == "liar"
     assert "rejected 3 line(s)" in out.err and "line 2: not JSON" in out.err
     assert not (tmp_path / "evil.jsonl").exists() and not list(tmp_path.rglob("evil.jsonl"))
     (run,) = read_runs(remote_lab).values()
