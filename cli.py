@@ -263,6 +263,73 @@ def targets_check(name: str = typer.Argument(...)) -> None:
     raise typer.Exit(remote.check_cmd(lab_root(), name))
 
 
+# -- check, new stage ---------------------------------------------------------------------
+
+new_app = typer.Typer(no_args_is_help=True, help="Scaffold a new piece of the lab (a stage).")
+app.add_typer(new_app, name="new")
+
+
+@app.command("check")
+def check_cmd(stage: Optional[str] = typer.Argument(None, help="stage name; every stage when left out")) -> None:
+    """The stage contract on the CPU, without compiling: axes vs Kernel.__init__, tensors vs
+    __call__, inputs and oracle shapes, tolerance keys. One line per problem, exit 2."""
+    from harness import check
+
+    spec = _spec()
+    stages = [spec.stage(stage)] if stage else list(spec.stages.values())
+    raise typer.Exit(check.main(spec, stages))
+
+
+@new_app.command("stage")
+def new_stage_cmd(
+    stage_id: str = typer.Argument(..., help="the new stage's id, e.g. E2"),
+    axes: list[str] = typer.Option(..., "--axes", help="a matrix axis: NAME=V1,V2 (repeat per axis)"),
+    inputs: list[str] = typer.Option(..., "--in", help="an input: NAME:DIMS[:DTYPE], e.g. Q:m,hd:bfloat16 (repeat)"),
+    outputs: list[str] = typer.Option(..., "--out", help="an output: NAME:DIMS[:DTYPE], e.g. S:m,n:float32 (repeat)"),
+    title: Optional[str] = typer.Option(None, help="one line: what the stage computes"),
+    slug: Optional[str] = typer.Option(None, help="folder suffix: stages/<ID>_<slug> (default from the title)"),
+) -> None:
+    """Scaffold a stage: kernels for sm90 and sm100, an oracle module, its stages.yaml block."""
+    from harness import scaffold
+
+    raise typer.Exit(scaffold.main(lab_root(), stage_id, axes, inputs, outputs, title, slug))
+
+
+def _click_exception_class() -> type[BaseException]:
+    """The ClickException class typer raises (typer vendors click in recent releases; never
+    import `click` itself: a fresh install may not have it)."""
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+AXIS_HELP_COMMANDS = ("run", "compile", "history", "baseline")
+
+
+def _axis_help() -> str:
+    """The axis flags each stage takes, for the --help of the commands that filter cases."""
+    try:
+        spec = _spec()
+    except Exception:  # a broken spec shows its own one-line error when a command runs
+        return ""
+    lines = ["Axis filters (each takes one value or a comma list):"]
+    for st in spec.stages.values():
+        flags = "  ".join(f"--{a.replace('_', '-')} {{{','.join(str(v).lower() if isinstance(v, bool) else str(v) for v in vals)}}}"
+                          for a, vals in st.matrix.items())
+        lines.append(f"  {st.name}: {flags}")
+    return "\n\n".join(lines) if len(lines) > 1 else ""
+
+
+def _add_axis_help() -> None:
+    if "--help" not in sys.argv[1:] and "-h" not in sys.argv[1:]:
+        return
+    text = _axis_help()
+    if not text:
+        return
+    for info in app.registered_commands + baseline_app.registered_commands:
+        name = info.name or (info.callback.__name__ if info.callback else "")
+        if name in ("run", "compile", "history", "accept", "show", "drop"):
+            info.epilog = text
+
+
 def main() -> None:
     """Console entry point: usage and config problems are one line and exit code 2."""
     from harness.baselines import BaselineError
