@@ -415,7 +415,8 @@ class _StageCheck:
                 what = f"lists {len(names)} tensors ({_names(names)}) but __call__ takes {len(taken)} ({_names(taken)})"
             else:
                 what = f"lists the tensors as ({_names(names)}) but __call__ takes ({_names(taken)})"
-            problems.append(f"{', '.join(sites)}: Kernel.__call__: tensors() ({tsite}) {what} — __call__ takes the "
+            also = f" (also {', '.join(sites[1:])})" if len(sites) > 1 else ""
+            problems.append(f"{sites[0]}: Kernel.__call__{also}: tensors() ({tsite}) {what} — __call__ takes the "
                             f"tensors in tensors()' order, then stream")
         return problems
 

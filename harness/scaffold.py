@@ -375,6 +375,21 @@ def _stage_indent(spec_path: Path) -> int:
     return 2
 
 
+def _no_stages_yet(spec_path: Path) -> bool:
+    """stages.yaml declares `stages:` last, with nothing under it yet."""
+    import yaml
+    from yaml.nodes import MappingNode, ScalarNode
+
+    try:
+        doc = yaml.compose(spec_path.read_text())
+    except (yaml.YAMLError, OSError, UnicodeDecodeError):
+        return False
+    if not isinstance(doc, MappingNode) or not doc.value:
+        return False
+    key, value = doc.value[-1]
+    return key.value == "stages" and isinstance(value, ScalarNode) and value.value in ("", "~", "null")
+
+
 def _slugify(text: str) -> str:
     words = re.findall(r"[a-z0-9]+", text.lower())
     return "_".join(words[:3]) or "stage"
@@ -407,11 +422,13 @@ def scaffold_stage(root: Path, stage_id: str, axes_flags: list[str], in_flags: l
 
     spec_path = root / SPEC_NAME
     try:
-        spec = load_spec(spec_path, root)
+        existing = load_spec(spec_path, root).stages
     except SpecError as exc:
-        raise ScaffoldError(f"{exc} (fix stages.yaml before adding a stage)")
-    if sid in spec.stages:
-        raise ScaffoldError(f"{SPEC_NAME}:{spec.stages[sid].line}: stages.{sid}: stage {sid} exists — pick another id")
+        if not _no_stages_yet(spec_path):  # a fresh lab's `stages:` with nothing under it is fine
+            raise ScaffoldError(f"{exc} (fix stages.yaml before adding a stage)")
+        existing = {}
+    if sid in existing:
+        raise ScaffoldError(f"{SPEC_NAME}:{existing[sid].line}: stages.{sid}: stage {sid} exists — pick another id")
     folder = f"stages/{sid}_{slug}"
     stage_dir = root / folder
     oracle_file = root / "oracles" / f"{sid.lower()}.py"

@@ -120,7 +120,11 @@ def where_defined(obj: object, root: Path) -> str:
     target = inspect.unwrap(obj) if callable(obj) else obj
     try:
         path = inspect.getsourcefile(target) or inspect.getfile(target)  # type: ignore[arg-type]
-        line = inspect.getsourcelines(target)[1]  # type: ignore[arg-type]
+        lines, line = inspect.getsourcelines(target)  # type: ignore[arg-type]
+        for offset, text in enumerate(lines):  # past the decorators, to the def itself
+            if text.lstrip().startswith(("def ", "async def ", "class ")):
+                line += offset
+                break
     except (TypeError, OSError):
         code = getattr(target, "__code__", None)
         if code is None:
