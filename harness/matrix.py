@@ -4,14 +4,20 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
-from harness.spec import Stage
+from harness.labels import case_label, value_text
+from harness.spec import MAX_CASES, Stage
 
 
 class FilterError(ValueError):
     """A filter that names an unknown axis or a value outside the matrix (one line)."""
+
+
+class MatrixSizeError(FilterError):
+    """More cases than MAX_CASES at once (one line saying how many and how to narrow)."""
 
 
 @dataclass(frozen=True)
@@ -27,32 +33,68 @@ class Case:
 
     @property
     def label(self) -> str:
-        return ",".join(f"{k}={_fmt(v)}" for k, v in self.params)
+        return case_label(dict(self.params))
 
     def kernel_args(self, names: Iterable[str]) -> dict[str, Any]:
         d = self.dict
         return {n: d[n] for n in names}
 
 
-def _fmt(v: Any) -> str:
-    return str(v).lower() if isinstance(v, bool) else str(v)
+_fmt = value_text
 
 
-def expand(stage: Stage) -> list[Case]:
-    axes = list(stage.matrix)
-    return [
-        Case(stage.id, tuple(zip(axes, values)))
-        for values in itertools.product(*(stage.matrix[a] for a in axes))
-    ]
+def _axis_values(stage: Stage, filters: Mapping[str, set[Any]] | None) -> dict[str, list[Any]]:
+    """Each axis's values that pass the filters, in matrix order."""
+    filters = filters or {}
+    for axis in filters:
+        if axis not in stage.matrix:
+            raise FilterError(f"{stage.name}: no axis '{axis}' — filter by one of: {', '.join(stage.matrix)}")
+    return {a: [v for v in vals if a not in filters or v in filters[a]] for a, vals in stage.matrix.items()}
+
+
+def count(stage: Stage, filters: Mapping[str, set[Any]] | None = None) -> int:
+    """How many cases `expand(stage, filters)` gives, without building them."""
+    return math.prod(len(v) for v in _axis_values(stage, filters).values())
+
+
+def expand(stage: Stage, filters: Mapping[str, set[Any]] | None = None) -> list[Case]:
+    """The cases of the matrix (those passing `filters`, applied per axis before the product), in
+    axis order. More than MAX_CASES is refused before any case is built."""
+    values = _axis_values(stage, filters)
+    n = math.prod(len(v) for v in values.values())
+    if n > MAX_CASES:
+        sizes = " × ".join(f"{a} {len(v)}" for a, v in values.items())
+        widest = max(values, key=lambda a: len(values[a]))
+        raise MatrixSizeError(
+            f"{stage.name}: {n} cases ({sizes}) — more than {MAX_CASES} at once; narrow it with filters "
+            f"(e.g. --{widest} {_fmt(values[widest][0])}, or --where {widest}={_fmt(values[widest][0])}) "
+            "or list fewer values in stages.yaml")
+    axes = list(values)
+    return [Case(stage.id, tuple(zip(axes, combo))) for combo in itertools.product(*values.values())]
 
 
 def _coerce(stage: Stage, axis: str, text: str) -> Any:
-    """Turn a filter's text into the axis's own value type (`512` -> 512, `true` -> True)."""
-    for value in stage.matrix[axis]:
-        if _fmt(value) == text.strip().lower() or str(value) == text.strip():
+    """Turn a filter's text into the axis's own value (`512` -> 512, `true`/`True` -> True,
+    `1e-5` -> 1e-05): the value written exactly so first, else the one number equal to it, else
+    the one value equal to it ignoring case."""
+    t = text.strip()
+    values = stage.matrix[axis]
+    for value in values:
+        if _fmt(value) == t or str(value) == t:
             return value
-    shown = ", ".join(_fmt(v) for v in stage.matrix[axis])
-    raise FilterError(f"{stage.name}: {axis}={text} is not in the matrix — {axis} takes {shown}")
+    try:
+        number: float | None = float(t)
+    except ValueError:
+        number = None
+    for match in (
+        [v for v in values if number is not None and isinstance(v, (int, float)) and not isinstance(v, bool)
+         and v == number],
+        [v for v in values if _fmt(v).lower() == t.lower()],
+    ):
+        if len(match) == 1:
+            return match[0]
+    shown = ", ".join(_fmt(v) for v in values)
+    raise FilterError(f"{stage.name}: {axis}={t} is not in the matrix — {axis} takes {shown}")
 
 
 def parse_filters(stage: Stage, pairs: list[tuple[str, str]]) -> dict[str, set[Any]]:

@@ -9,16 +9,28 @@ the key and the fix.
 from __future__ import annotations
 
 import ast
+import io
+import keyword
+import math
+import re
+import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from yaml.nodes import Node, ScalarNode, SequenceNode
 
-from harness.yamlnodes import TOP, NodeContext, kind as _kind, mapping as _mapping, scalar as _scalar
+from harness.labels import value_text
+from harness.yamlnodes import TOP, NodeContext, kind as _kind, mapping as _mapping, one_line, read_file
+from harness.yamlnodes import scalar as _scalar
 
 SCHEMA_VERSION = 1
+
+# The most cases one stage's matrix may have: expanding more would take gigabytes before the first
+# case runs. harness/matrix.py refuses the same limit after filters.
+MAX_CASES = 100_000
+MAX_TIMEOUT_S = 86_400.0  # a case that needs more than a day is a hang
+MAX_STAGE_ID = 32  # characters; a stage id names files (results/records/stage-ID.jsonl)
 
 # stages.yaml names archs by short key; the compiler by target name.
 ARCHS: dict[str, str] = {"sm90": "sm_90a", "sm100": "sm_100a", "cpu": "cpu"}
@@ -26,6 +38,17 @@ ARCHS: dict[str, str] = {"sm90": "sm_90a", "sm100": "sm_100a", "cpu": "cpu"}
 ARCH_KEYS: dict[str, str] = {v: k for k, v in ARCHS.items()}
 
 TOLERANCE_KEYS = {"cosine_min", "rel_l2_max", "max_abs_max"}
+# Each tolerance's range: (lowest, highest) allowed, both inclusive; None is unbounded (but finite).
+TOLERANCE_RANGES: dict[str, tuple[float, float | None]] = {
+    "cosine_min": (-1.0, 1.0), "rel_l2_max": (0.0, None), "max_abs_max": (0.0, None),
+}
+
+# Axis names that would be read as the lab's own options (`--arch`, `--where` …), not as filters.
+RESERVED_AXES = {"all", "arch", "bench", "where", "target", "gpus", "workers_per_gpu", "timeout", "seed",
+                 "emit_jsonl", "shard", "keep", "help", "force", "no_run", "watch", "interval", "diff",
+                 "traceback", "json"}
+_FILTER_CHARS = set(",=|")  # they separate filters (`--where hd=64|128,n=256`) and case labels
+_NONE = object()
 
 
 class SpecError(Exception):
@@ -124,16 +147,51 @@ class _Ctx(NodeContext):
 
 def _typed(ctx: _Ctx, node: Node, key: str, types: tuple[type, ...], what: str) -> Any:
     if not isinstance(node, ScalarNode):
-        raise ctx.fail(node, key, f"expected {what}, got {_kind(node)}")
+        raise ctx.fail(node, key, f"expected {what}, got {_kind(node)} — give {what}")
     value = _scalar(node)
     if isinstance(value, bool) and bool not in types:
-        raise ctx.fail(node, key, f"expected {what}, got {value!r}")
+        raise ctx.fail(node, key, f"expected {what}, got {value!r} — give {what}")
     if not isinstance(value, types):
-        raise ctx.fail(node, key, f"expected {what}, got {_kind(node)}")
+        raise ctx.fail(node, key, f"expected {what}, got {_kind(node)} — give {what}")
     return value
 
 
-def _check_keys(ctx: _Ctx, pairs, key: str, allowed: set[str], required: set[str], node: Node):
+def _text(ctx: _Ctx, node: Node, key: str, what: str) -> str:
+    """A non-empty one-line string."""
+    value = _typed(ctx, node, key, (str,), what)
+    if not value.strip():
+        raise ctx.fail(node, key, f"empty — give {what}")
+    if not value.isprintable():
+        raise ctx.fail(node, key, "contains a newline or control character — write it on one line")
+    return value
+
+
+def _number(ctx: _Ctx, node: Node, key: str, what: str, lo: float, hi: float | None,
+            lo_open: bool = False) -> float:
+    """A finite number in [lo, hi] (or (lo, hi] with lo_open): never NaN or infinite."""
+    value = float(_typed(ctx, node, key, (int, float), what))
+    if not math.isfinite(value):
+        raise ctx.fail(node, key, f"{value} is not a finite number — give {what}")
+    if value < lo or (lo_open and value == lo) or (hi is not None and value > hi):
+        span = f"{'more than' if lo_open else 'at least'} {lo:g}" + (f" and at most {hi:g}" if hi is not None else "")
+        raise ctx.fail(node, key, f"{value:g} is out of range — {what} must be {span}")
+    return value
+
+
+_DOTTED_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _identifier(name: str) -> bool:
+    return bool(_DOTTED_PART.fullmatch(name)) and not keyword.iskeyword(name)
+
+
+def _dotted(name: str) -> bool:
+    """`stages.A_qk.sm90`: dotted Python identifiers, nothing relative (`.x`, `..x`, `a..b`)."""
+    return all(_identifier(part) for part in name.split("."))
+
+
+def _check_keys(ctx: _Ctx, pairs: list[tuple[Node, Node]], key: str, allowed: set[str], required: set[str],
+                node: Node) -> None:
     names = {str(_scalar(k)): k for k, _ in pairs}
     for name, knode in names.items():
         if name not in allowed:
@@ -155,12 +213,30 @@ def _module_file(root: Path, module: str) -> Path | None:
 
 
 def _defines(path: Path, name: str) -> bool:
-    tree = ast.parse(path.read_text(), filename=str(path))
+    """Whether the module file binds `name` at its top level (def, class, assignment, import).
+    Raises SyntaxError (with the file's line) or ValueError for a file Python cannot parse."""
+    source = path.read_bytes()
+    if b"\0" in source:
+        raise ValueError("contains a null byte")
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)  # SyntaxError: unknown encoding
+    try:
+        # The whole file must decode (Python itself lets bad bytes in a comment pass; the lab's other
+        # readers of sources would not).
+        text = source.decode(encoding)
+    except UnicodeDecodeError as exc:
+        err = SyntaxError(f"not {encoding} text (byte 0x{source[exc.start]:02x}) — save it as UTF-8")
+        err.lineno = source[: exc.start].count(b"\n") + 1
+        raise err from None
+    tree = ast.parse(text, filename=str(path))
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
             return True
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == name for t in node.targets
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return True
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+            (a.asname or a.name.split(".")[0]) == name for a in node.names
         ):
             return True
     return False
@@ -170,13 +246,28 @@ def _resolve(ctx: _Ctx, node: Node, key: str, module: str, name: str,
              name_at: tuple[Node, str] | None = None) -> Path:
     """The file of `module`, which must define `name`. An undefined name is blamed on
     `name_at` (its node and key) when the name has a key of its own."""
+    if not _dotted(module):
+        raise ctx.fail(node, key, f"{module!r} is not a dotted module path — write it like stages.A_qk.sm90 "
+                                  "(identifiers joined by single dots, nothing relative)")
+    if not _identifier(name):
+        node, key = name_at or (node, key)
+        raise ctx.fail(node, key, f"{name!r} is not a Python name — give the class or function name")
     path = _module_file(ctx.root, module)
     if path is None:
         raise ctx.fail(node, key, f"module '{module}' not found under {ctx.root} — check the dotted path")
+    rel = path.relative_to(ctx.root)
     try:
         found = _defines(path, name)
     except SyntaxError as exc:
-        raise ctx.fail(node, key, f"{path.relative_to(ctx.root)} does not parse: line {exc.lineno}: {exc.msg}")
+        at = f"{rel}:{exc.lineno}" if exc.lineno else str(rel)
+        fix = "" if " — " in str(exc.msg) else " — fix that file"
+        raise ctx.fail(node, key, f"{at} does not parse: {exc.msg}{fix}")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ctx.fail(node, key, f"{rel} does not parse: {exc} — fix that file")
+    except (RecursionError, MemoryError):
+        raise ctx.fail(node, key, f"{rel} does not parse: nested too deeply — fix that file")
+    except OSError as exc:
+        raise ctx.fail(node, key, f"{rel} cannot be read ({exc.strerror or exc}) — fix its permissions")
     if not found:
         node, key = name_at or (node, key)
         raise ctx.fail(node, key, f"'{name}' is not defined in {path.relative_to(ctx.root)} — check the name")
@@ -184,7 +275,7 @@ def _resolve(ctx: _Ctx, node: Node, key: str, module: str, name: str,
 
 
 def _func_ref(ctx: _Ctx, node: Node, key: str) -> FuncRef:
-    text = _typed(ctx, node, key, (str,), "'package.module:function'")
+    text = _text(ctx, node, key, "'package.module:function'")
     if text.count(":") != 1 or not all(text.split(":")):
         raise ctx.fail(node, key, f"expected 'package.module:function', got {text!r}")
     module, name = text.split(":")
@@ -206,97 +297,49 @@ def _parse_stage(ctx: _Ctx, sid: str, node: Node, key_node: Node) -> Stage:
     _check_keys(ctx, pairs, key, STAGE_KEYS, STAGE_REQUIRED, key_node)
     f = {str(_scalar(k)): v for k, v in pairs}
 
-    title = _typed(ctx, f["title"], f"{key}.title", (str,), "a string")
-    dir_text = _typed(ctx, f["dir"], f"{key}.dir", (str,), "a folder path")
-    stage_dir = ctx.root / dir_text
-    if not stage_dir.is_dir():
-        raise ctx.fail(f["dir"], f"{key}.dir", f"folder '{dir_text}' does not exist — create it or fix the path")
-
-    kernels: dict[str, KernelRef] = {}
-    kpairs = _mapping(ctx, f["kernels"], f"{key}.kernels")
-    if not kpairs:
-        raise ctx.fail(f["kernels"], f"{key}.kernels", "no kernels — declare sm90 and/or sm100")
-    for knode, vnode in kpairs:
-        akey = str(_scalar(knode))
-        kk = f"{key}.kernels.{akey}"
-        if akey not in ARCHS:
-            raise ctx.fail(knode, kk, f"unknown arch — use one of {', '.join(ARCHS)}")
-        vpairs = _mapping(ctx, vnode, kk)
-        _check_keys(ctx, vpairs, kk, {"module", "entry"}, {"module"}, vnode)
-        v = {str(_scalar(a)): b for a, b in vpairs}
-        module = _typed(ctx, v["module"], f"{kk}.module", (str,), "a dotted module path")
-        entry = _typed(ctx, v["entry"], f"{kk}.entry", (str,), "a class name") if "entry" in v else "Kernel"
-        path = _resolve(ctx, v["module"], f"{kk}.module", module, entry,
-                        (v["entry"], f"{kk}.entry") if "entry" in v else None)
-        kernels[ARCHS[akey]] = KernelRef(ARCHS[akey], module, entry, path)
-
+    title = _text(ctx, f["title"], f"{key}.title", "a string")
+    stage_dir = _stage_dir(ctx, f["dir"], f"{key}.dir")
+    kernels = _kernels(ctx, f["kernels"], f"{key}.kernels")
     refs = {
         name: _func_ref(ctx, f[name], f"{key}.{name}")
         for name in ("tensors", "inputs", "oracle", "flops", "peer") if name in f
     }
-
-    matrix: dict[str, list[Any]] = {}
-    mpairs = _mapping(ctx, f["matrix"], f"{key}.matrix")
-    if not mpairs:
-        raise ctx.fail(f["matrix"], f"{key}.matrix", "empty matrix — give at least one axis with values")
-    for anode, vnode in mpairs:
-        axis = str(_scalar(anode))
-        ak = f"{key}.matrix.{axis}"
-        if not axis.isidentifier():
-            raise ctx.fail(anode, ak, "axis names must be identifiers (used as --flags)")
-        if not isinstance(vnode, SequenceNode):
-            raise ctx.fail(vnode, ak, f"expected a list of values, got {_kind(vnode)}")
-        if not vnode.value:
-            raise ctx.fail(vnode, ak, "empty list — give at least one value")
-        values = [_typed(ctx, item, ak, (int, str, bool, float), "a scalar") for item in vnode.value]
-        if len(set(values)) != len(values):
-            raise ctx.fail(vnode, ak, "repeated value — list each value once")
-        matrix[axis] = values
+    matrix = _matrix(ctx, f["matrix"], f"{key}.matrix")
 
     kernel_params: tuple[str, ...] = tuple(matrix)
     if "kernel_params" in f:
-        node_kp = f["kernel_params"]
+        node_kp, kk = f["kernel_params"], f"{key}.kernel_params"
         if not isinstance(node_kp, SequenceNode):
-            raise ctx.fail(node_kp, f"{key}.kernel_params", f"expected a list of axis names, got {_kind(node_kp)}")
-        kernel_params = tuple(_typed(ctx, n, f"{key}.kernel_params", (str,), "an axis name") for n in node_kp.value)
-        for name, n in zip(kernel_params, node_kp.value):
+            raise ctx.fail(node_kp, kk, f"expected a list of axis names, got {_kind(node_kp)} — e.g. [m, n, hd]")
+        names: list[str] = []
+        for n in node_kp.value:
+            name = _typed(ctx, n, kk, (str,), "an axis name")
             if name not in matrix:
-                raise ctx.fail(n, f"{key}.kernel_params", f"'{name}' is not a matrix axis ({', '.join(matrix)})")
+                raise ctx.fail(n, kk, f"'{name}' is not a matrix axis ({', '.join(matrix)}) — name one of those")
+            if name in names:
+                raise ctx.fail(n, kk, f"'{name}' is repeated — list each axis once")
+            names.append(name)
+        kernel_params = tuple(names)
 
-    tolerances: dict[str, Tolerance] = {}
-    tpairs = _mapping(ctx, f["tolerances"], f"{key}.tolerances")
-    if not tpairs:
-        raise ctx.fail(f["tolerances"], f"{key}.tolerances", "no outputs — give each output's tolerances")
-    for onode, vnode in tpairs:
-        out = str(_scalar(onode))
-        ok = f"{key}.tolerances.{out}"
-        vpairs = _mapping(ctx, vnode, ok)
-        _check_keys(ctx, vpairs, ok, TOLERANCE_KEYS, set(), vnode)
-        if not vpairs:
-            raise ctx.fail(vnode, ok, f"no bounds — give one of {', '.join(sorted(TOLERANCE_KEYS))}")
-        vals = {
-            str(_scalar(a)): float(_typed(ctx, b, f"{ok}.{_scalar(a)}", (int, float), "a number"))
-            for a, b in vpairs
-        }
-        tolerances[out] = Tolerance(**vals)
+    tolerances = _tolerances(ctx, f["tolerances"], f"{key}.tolerances")
 
     timeout_s = 120.0
     if "timeout_s" in f:
-        timeout_s = float(_typed(ctx, f["timeout_s"], f"{key}.timeout_s", (int, float), "seconds"))
-        if timeout_s <= 0:
-            raise ctx.fail(f["timeout_s"], f"{key}.timeout_s", "must be positive")
+        timeout_s = _number(ctx, f["timeout_s"], f"{key}.timeout_s", "seconds", 0.0, MAX_TIMEOUT_S, lo_open=True)
 
     bench: dict[str, Any] = {}
     if "bench" in f:
-        bpairs = _mapping(ctx, f["bench"], f"{key}.bench")
-        for anode, vnode in bpairs:
+        for anode, vnode in _mapping(ctx, f["bench"], f"{key}.bench"):
             axis = str(_scalar(anode))
+            bk = f"{key}.bench.{axis}"
             if axis not in matrix:
-                raise ctx.fail(anode, f"{key}.bench.{axis}", f"not a matrix axis ({', '.join(matrix)})")
-            value = _typed(ctx, vnode, f"{key}.bench.{axis}", (int, str, bool, float), "a scalar")
-            if value not in matrix[axis]:
-                raise ctx.fail(vnode, f"{key}.bench.{axis}", f"{value!r} is not in the matrix {matrix[axis]}")
-            bench[axis] = value
+                raise ctx.fail(anode, bk, f"not a matrix axis ({', '.join(matrix)}) — name one of those")
+            value = _typed(ctx, vnode, bk, (int, str, bool, float), "a scalar")
+            same = [v for v in matrix[axis] if type(v) is type(value) and v == value]
+            if not same:
+                shown = ", ".join(value_text(v) for v in matrix[axis])
+                raise ctx.fail(vnode, bk, f"{one_line(repr(value), 60)} is not in the matrix — {axis} takes {shown}")
+            bench[axis] = same[0]
 
     return Stage(
         id=sid, title=title, dir=stage_dir, kernels=kernels,
@@ -306,6 +349,118 @@ def _parse_stage(ctx: _Ctx, sid: str, node: Node, key_node: Node) -> Stage:
     )
 
 
+def _stage_dir(ctx: _Ctx, node: Node, key: str) -> Path:
+    """The stage's folder: an existing folder inside the lab."""
+    text = _text(ctx, node, key, "a folder path inside the lab")
+    if Path(text).is_absolute() or ".." in Path(text).parts:
+        raise ctx.fail(node, key, f"'{text}' is not inside the lab — give a path relative to {ctx.root.name}/")
+    stage_dir = ctx.root / text
+    if not stage_dir.resolve().is_relative_to(ctx.root):
+        raise ctx.fail(node, key, f"'{text}' leads outside the lab (a symlink?) — give a folder inside it")
+    if not stage_dir.is_dir():
+        raise ctx.fail(node, key, f"folder '{text}' does not exist — create it or fix the path")
+    return stage_dir
+
+
+def _kernels(ctx: _Ctx, node: Node, key: str) -> dict[str, KernelRef]:
+    kernels: dict[str, KernelRef] = {}
+    kpairs = _mapping(ctx, node, key)
+    if not kpairs:
+        raise ctx.fail(node, key, "no kernels — declare sm90 and/or sm100")
+    for knode, vnode in kpairs:
+        akey = str(_scalar(knode))
+        kk = f"{key}.{akey}"
+        if akey not in ARCHS:
+            raise ctx.fail(knode, kk, f"unknown arch — use one of {', '.join(ARCHS)}")
+        vpairs = _mapping(ctx, vnode, kk)
+        _check_keys(ctx, vpairs, kk, {"module", "entry"}, {"module"}, vnode)
+        v = {str(_scalar(a)): b for a, b in vpairs}
+        module = _text(ctx, v["module"], f"{kk}.module", "a dotted module path")
+        entry = _text(ctx, v["entry"], f"{kk}.entry", "a class name") if "entry" in v else "Kernel"
+        path = _resolve(ctx, v["module"], f"{kk}.module", module, entry,
+                        (v["entry"], f"{kk}.entry") if "entry" in v else None)
+        kernels[ARCHS[akey]] = KernelRef(ARCHS[akey], module, entry, path)
+    return kernels
+
+
+def _axis_value(ctx: _Ctx, node: Node, key: str) -> Any:
+    """One matrix value: a finite number, a boolean, or a word that survives a filter and a case label."""
+    value = _typed(ctx, node, key, (int, str, bool, float), "a number, true/false or a word")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ctx.fail(node, key, f"{value} is not a finite number — give a number")
+    if isinstance(value, str):
+        if not value or value != value.strip() or not value.isprintable() or _FILTER_CHARS & set(value):
+            raise ctx.fail(node, key, f"{one_line(repr(value), 60)} cannot be an axis value — use a word without "
+                                      "spaces, control characters or , = |")
+    return value
+
+
+def _matrix(ctx: _Ctx, node: Node, key: str) -> dict[str, list[Any]]:
+    matrix: dict[str, list[Any]] = {}
+    mpairs = _mapping(ctx, node, key)
+    if not mpairs:
+        raise ctx.fail(node, key, "empty matrix — give at least one axis with values")
+    for anode, vnode in mpairs:
+        axis = str(_scalar(anode))
+        ak = f"{key}.{axis}"
+        if not _identifier(axis):
+            raise ctx.fail(anode, ak, "axis names must be Python identifiers (they are --flags and keyword "
+                                      "arguments) — rename it")
+        if axis in RESERVED_AXES:
+            raise ctx.fail(anode, ak, f"--{axis} is one of the lab's own options — rename the axis")
+        if not isinstance(vnode, SequenceNode):
+            raise ctx.fail(vnode, ak, f"expected a list of values, got {_kind(vnode)} — e.g. [64, 128]")
+        if not vnode.value:
+            raise ctx.fail(vnode, ak, "empty list — give at least one value")
+        if len(vnode.value) > MAX_CASES:
+            raise ctx.fail(vnode, ak, f"{len(vnode.value)} values — more than the limit of {MAX_CASES} cases; "
+                                      "list fewer values")
+        values: list[Any] = []
+        by_text: dict[str, Any] = {}
+        by_value: dict[Any, Any] = {}
+        for item in vnode.value:
+            value = _axis_value(ctx, item, ak)
+            text = value_text(value)
+            # 1 and "1" print the same (one case label for two cases); 1, 1.0 and true compare equal (a filter
+            # value would match both): either way, one value written twice.
+            twin = by_text.get(text, by_value.get(value, _NONE))
+            if twin is not _NONE:
+                raise ctx.fail(item, ak, f"repeated value {one_line(repr(value), 40)} (same as "
+                                         f"{one_line(repr(twin), 40)}) — list each value once")
+            by_text[text] = by_value[value] = value
+            values.append(value)
+        matrix[axis] = values
+    n = math.prod(len(v) for v in matrix.values())
+    if n > MAX_CASES:
+        sizes = " × ".join(f"{a} {len(v)}" for a, v in matrix.items())
+        raise ctx.fail(node, key, f"{n} cases ({sizes}) — more than the limit of {MAX_CASES}; list fewer values "
+                                  "or split the stage")
+    return matrix
+
+
+def _tolerances(ctx: _Ctx, node: Node, key: str) -> dict[str, Tolerance]:
+    tolerances: dict[str, Tolerance] = {}
+    tpairs = _mapping(ctx, node, key)
+    if not tpairs:
+        raise ctx.fail(node, key, "no outputs — give each output's tolerances")
+    for onode, vnode in tpairs:
+        out = str(_scalar(onode))
+        ok = f"{key}.{out}"
+        if not out.strip() or not out.isprintable():
+            raise ctx.fail(onode, ok, "not an output name — name an output of tensors()")
+        vpairs = _mapping(ctx, vnode, ok)
+        _check_keys(ctx, vpairs, ok, TOLERANCE_KEYS, set(), vnode)
+        if not vpairs:
+            raise ctx.fail(vnode, ok, f"no bounds — give one of {', '.join(sorted(TOLERANCE_KEYS))}")
+        vals: dict[str, float] = {}
+        for a, b in vpairs:
+            metric = str(_scalar(a))
+            lo, hi = TOLERANCE_RANGES[metric]
+            vals[metric] = _number(ctx, b, f"{ok}.{metric}", "a number", lo, hi)
+        tolerances[out] = Tolerance(**vals)
+    return tolerances
+
+
 def load_spec(path: Path | None = None, root: Path | None = None) -> Spec:
     """Load and validate stages.yaml. Raises SpecError (one line) on any problem."""
     from harness.paths import SPEC_NAME, lab_root
@@ -313,15 +468,9 @@ def load_spec(path: Path | None = None, root: Path | None = None) -> Spec:
     root = (root or (path.parent if path else lab_root())).resolve()
     path = path or root / SPEC_NAME
     ctx = _Ctx(path, root)
-    if not path.is_file():
+    if not path.exists():
         raise SpecError(f"{path}: not found — run from the lab folder or set DSV4_LAB_ROOT")
-    try:
-        doc = yaml.compose(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else 1
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError(f"{path.name}:{line}: not valid YAML: {problem}")
+    doc = read_file(path, ctx)
     if doc is None:
         raise SpecError(f"{path.name}:1: empty file — declare 'version: {SCHEMA_VERSION}' and 'stages:'")
     pairs = _mapping(ctx, doc, TOP)
@@ -329,14 +478,22 @@ def load_spec(path: Path | None = None, root: Path | None = None) -> Spec:
     top = {str(_scalar(k)): v for k, v in pairs}
     version = _typed(ctx, top["version"], "version", (int,), "an integer")
     if version != SCHEMA_VERSION:
-        raise ctx.fail(top["version"], "version", f"unsupported version {version} — this lab reads {SCHEMA_VERSION}")
+        raise ctx.fail(top["version"], "version", f"unsupported version {one_line(str(version), 40)} — "
+                                                  f"this lab reads {SCHEMA_VERSION}")
     stages: dict[str, Stage] = {}
+    first: dict[str, tuple[str, int]] = {}  # stage id -> (as written, line)
     for knode, vnode in _mapping(ctx, top["stages"], "stages"):
         raw = str(_scalar(knode))
         sid = normalize_stage_name(raw)
-        if not sid or not sid.replace("_", "").isalnum():
-            raise ctx.fail(knode, f"stages.{raw}", "stage ids are short names like A or D1")
+        if not re.fullmatch(rf"[A-Z0-9][A-Z0-9_]{{0,{MAX_STAGE_ID - 1}}}", sid):
+            raise ctx.fail(knode, f"stages.{raw}", f"stage ids are short names like A or D1 (letters, digits, _; "
+                                                   f"at most {MAX_STAGE_ID}) — rename it")
+        if sid in first:
+            was, line = first[sid]
+            raise ctx.fail(knode, f"stages.{raw}", f"same stage as '{was}' (line {line}) — stage ids ignore case and "
+                                                   "a 'stage-' prefix; rename one")
+        first[sid] = (raw, knode.start_mark.line + 1)
         stages[sid] = _parse_stage(ctx, sid, vnode, knode)
     if not stages:
-        raise ctx.fail(top["stages"], "stages", "no stages declared")
+        raise ctx.fail(top["stages"], "stages", "no stages declared — add one")
     return Spec(path=path, root=root, stages=stages)

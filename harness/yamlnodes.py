@@ -1,15 +1,44 @@
-"""Line-aware reading of YAML config files (stages.yaml, targets.yaml, …): the composed node
-tree keeps each value's line, so every problem can be one line naming file, line and key."""
+"""Line-aware reading of YAML config files (stages.yaml, targets.yaml, baselines.yaml, …): the
+composed node tree keeps each value's line, so every problem can be one line naming file, line
+and key.
+
+`read_file` / `compose` are the one way in. Whatever the bytes, they return a bounded node tree
+or raise the context's error as one line, never anything else:
+- YAML amplification is refused while composing: at most MAX_ALIASES aliases, standing for at
+  most MAX_ALIAS_NODES nodes in all (a billion-laughs bomb is refused after a few aliases, in
+  milliseconds), and no alias inside its own anchor (a cycle);
+- nesting deeper than MAX_DEPTH is refused before Python's recursion limit is reached;
+- non-UTF-8 bytes, characters YAML forbids (NUL…), tags other than YAML's plain ones
+  (`!!python/…`, `!!binary`, merge keys `<<`), mapping keys that are not plain values, and
+  values that cannot be built (a 5000-digit integer, `2024-13-45`, `!!int abc`) are each one
+  line naming where they are.
+So `scalar`, `kind` and `mapping` never raise on a tree from `compose`.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
-from yaml.nodes import MappingNode, Node, SequenceNode
+from yaml.composer import ComposerError
+from yaml.constructor import SafeConstructor
+from yaml.events import AliasEvent
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 
 TOP = "(top level)"  # the key shown for a problem with the document itself
+
+MAX_ALIASES = 100  # aliases (`*name`) in one file
+MAX_ALIAS_NODES = 10_000  # nodes the aliases stand for, counted as if written out
+MAX_DEPTH = 64  # nested mappings/lists
+MAX_BYTES = 16 * 1024 * 1024  # a config file larger than this is refused unread
+
+_T = "tag:yaml.org,2002:"
+MAP_TAG, SEQ_TAG = _T + "map", _T + "seq"
+SCALAR_TAGS = {_T + n: n for n in ("null", "bool", "int", "float", "str", "timestamp")}
+_WHAT = {"null": "empty value", "bool": "boolean", "int": "integer", "float": "number", "str": "string",
+         "timestamp": "date"}
 
 
 class NodeContext:
@@ -21,32 +50,216 @@ class NodeContext:
         self.mapping_hint = mapping_hint
 
     def fail(self, node: Node | None, key: str, problem: str) -> Exception:
-        line = node.start_mark.line + 1 if node is not None else 1
-        return self.error(f"{self.display}:{line}: {key}: {problem}")
+        return self.fail_at(node.start_mark.line + 1 if node is not None else 1, key, problem)
+
+    def fail_at(self, line: int, key: str | None, problem: str) -> Exception:
+        """The error for a problem at `line` (1-based); `key` None for a problem of the text itself."""
+        where = f"{one_line(key, 200)}: " if key else ""
+        return self.error(f"{self.display}:{line}: {where}{one_line(problem, 600)}")
 
     def line(self, node: Node) -> str:
         return f"{self.display}:{node.start_mark.line + 1}"
 
 
+def one_line(text: str, limit: int) -> str:
+    """`text` with control characters escaped, cut to `limit` characters: a message stays one line."""
+    out = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+    return out if len(out) <= limit else out[: limit - 1] + "…"
+
+
+# ---------------------------------------------------------------------------------------
+# Reading and composing.
+
+
+class _Refused(Exception):
+    def __init__(self, line: int, problem: str):
+        super().__init__(problem)
+        self.line = line
+        self.problem = problem
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader's composer, counting aliases (and what they stand for) and nesting depth."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self._aliases = 0
+        self._alias_nodes = 0
+        self._depth = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> its node count, aliases written out
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node:
+        if self.check_event(AliasEvent):
+            event = self.peek_event()
+            line = event.start_mark.line + 1
+            target = self.anchors.get(event.anchor)
+            if target is None:
+                raise ComposerError(None, None, f"found undefined alias {event.anchor!r}", event.start_mark)
+            size = self._sizes.get(id(target))
+            if size is None:
+                raise _Refused(line, f"alias *{event.anchor} is inside its own anchor (a cycle) — write the values out")
+            self._aliases += 1
+            self._alias_nodes += size
+            if self._aliases > MAX_ALIASES:
+                raise _Refused(line, f"more than {MAX_ALIASES} YAML aliases (*name) — write the values out")
+            if self._alias_nodes > MAX_ALIAS_NODES:
+                raise _Refused(line, f"YAML aliases stand for more than {MAX_ALIAS_NODES} values in all "
+                                     f"(*{event.anchor} alone for {size}) — write the values out")
+            return super().compose_node(parent, index)
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise _Refused(self.peek_event().start_mark.line + 1,
+                           f"nested more than {MAX_DEPTH} levels deep — flatten it")
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        if isinstance(node, MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, SequenceNode):
+            children = node.value
+        else:
+            children = []
+        self._sizes[id(node)] = 1 + sum(self._sizes.get(id(c), 1) for c in children)
+        return node
+
+
+def read_file(path: Path, ctx: NodeContext, max_bytes: int = MAX_BYTES) -> Node | None:
+    """The node tree of a YAML file (None when it holds no document). The caller decides what a
+    missing file means; anything else that is not a readable regular file is one line."""
+    try:
+        if not path.is_file():
+            what = "a folder" if path.is_dir() else "not a regular file"
+            raise ctx.fail_at(1, None, f"is {what} — it must be a YAML file")
+        with path.open("rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise ctx.fail_at(1, None, f"cannot read it ({exc.strerror or exc}) — fix its permissions")
+    if len(data) > max_bytes:
+        raise ctx.fail_at(1, None, f"larger than {max_bytes // (1024 * 1024)} MiB — this is not a config file")
+    return compose(data, ctx)
+
+
+def compose(data: str | bytes, ctx: NodeContext) -> Node | None:
+    """Compose one YAML document, bounded (see the module's text). Raises ctx.error (one line)."""
+    if isinstance(data, bytes):
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            line = data[: exc.start].count(b"\n") + 1
+            raise ctx.fail_at(line, None, f"not UTF-8 text (byte 0x{data[exc.start]:02x}) — save the file as UTF-8")
+    else:
+        text = data
+    loader: _BoundedLoader | None = None
+    try:
+        loader = _BoundedLoader(text)  # its reader refuses forbidden characters (NUL…) at once
+        node = loader.get_single_node()
+    except _Refused as exc:
+        raise ctx.fail_at(exc.line, None, exc.problem)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or exc.context or "unreadable"
+        raise ctx.fail_at(mark.line + 1 if mark else 1, None, f"not valid YAML: {problem} — fix the syntax")
+    except yaml.reader.ReaderError as exc:
+        line = text[: exc.position].count("\n") + 1 if isinstance(exc.position, int) else 1
+        raise ctx.fail_at(line, None, f"not valid YAML: character #x{exc.character:04x} is not allowed "
+                                      "— remove it")
+    except yaml.YAMLError as exc:
+        raise ctx.fail_at(1, None, f"not valid YAML: {str(exc).splitlines()[0] if str(exc) else 'unreadable'} "
+                                   "— fix the syntax")
+    except RecursionError:
+        raise ctx.fail_at(1, None, "nested too deeply — flatten it")
+    finally:
+        if loader is not None:
+            loader.dispose()
+    if node is not None:
+        _check_tree(node, ctx)
+    return node
+
+
+def _check_tree(root: Node, ctx: NodeContext) -> None:
+    """Every node has a plain tag, every mapping key is a plain value, every scalar can be built."""
+    seen: set[int] = set()
+    stack: list[tuple[Node, str]] = [(root, TOP)]
+    while stack:
+        node, key = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, MappingNode):
+            if node.tag != MAP_TAG:
+                raise ctx.fail(node, key, f"tag {node.tag!r} is not supported — remove it")
+            todo = []
+            for k, v in node.value:
+                if not isinstance(k, ScalarNode):
+                    raise ctx.fail(k, key, "a mapping key must be a plain name, not a list or mapping — rename it")
+                if is_empty(k):
+                    raise ctx.fail(k, key, "an empty key — name it")
+                if k.tag == _T + "merge":
+                    raise ctx.fail(k, key, "merge keys (<<) are not supported — write the keys out")
+                name = str(_build(k, ctx, key))
+                todo.append((v, name if key == TOP else f"{key}.{name}"))
+            stack.extend(reversed(todo))
+        elif isinstance(node, SequenceNode):
+            if node.tag != SEQ_TAG:
+                raise ctx.fail(node, key, f"tag {node.tag!r} is not supported — remove it")
+            stack.extend((item, key) for item in reversed(node.value))
+        else:
+            _build(node, ctx, key)
+
+
+def _build(node: Node, ctx: NodeContext, key: str) -> Any:
+    if node.tag not in SCALAR_TAGS:
+        raise ctx.fail(node, key, f"tag {node.tag!r} is not supported — write a plain value")
+    what = SCALAR_TAGS[node.tag]
+    if what == "int":
+        digits = sum(c.isdigit() for c in node.value)
+        if digits > 1000:
+            raise ctx.fail(node, key, f"an integer of {digits} digits — write a smaller number")
+    try:
+        return SafeConstructor().construct_object(node)
+    except ValueError as exc:
+        detail = f" ({one_line(str(exc), 100)})" if what == "timestamp" else ""
+        raise ctx.fail(node, key, f"not a valid {_WHAT[what]}{detail} — fix the value")
+    except (yaml.YAMLError, KeyError, AttributeError, TypeError, OverflowError, IndexError):
+        raise ctx.fail(node, key, f"not a valid {_WHAT[what]} — fix the value")
+
+
+# ---------------------------------------------------------------------------------------
+# Reading a composed tree.
+
+
 def scalar(node: Node | None) -> Any:
-    """A scalar node's value as YAML's safe loader types it."""
-    return yaml.safe_load(yaml.serialize(node)) if node is not None else None
+    """A node's value as YAML's safe loader types it (None for no node)."""
+    if node is None:
+        return None
+    if isinstance(node, ScalarNode):
+        return SafeConstructor().construct_object(node)
+    return SafeConstructor().construct_document(node)
+
+
+def is_empty(node: Node | None) -> bool:
+    """True for a missing node or an empty value (`key:` with nothing after it, `~`, `null`)."""
+    return node is None or (isinstance(node, ScalarNode) and node.tag == _T + "null")
 
 
 def kind(node: Node) -> str:
-    """What a node holds, for messages: 'a mapping', 'a list', or `int 3`."""
+    """What a node holds, for messages: 'a mapping', 'a list', 'nothing', or `int 3`."""
     if isinstance(node, MappingNode):
         return "a mapping"
     if isinstance(node, SequenceNode):
         return "a list"
+    if is_empty(node):
+        return "nothing (an empty value)"
     value = scalar(node)
-    return f"{type(value).__name__} {value!r}"
+    return f"{type(value).__name__} {one_line(repr(value), 80)}"
 
 
 def mapping(ctx: NodeContext, node: Node, key: str) -> list[tuple[Node, Node]]:
     """The (key node, value node) pairs of a mapping; refuses other kinds and duplicate keys."""
     if not isinstance(node, MappingNode):
-        raise ctx.fail(node, key, f"expected a mapping, got {kind(node)}{ctx.mapping_hint}")
+        hint = ctx.mapping_hint or " — give `name: value` pairs under it"
+        raise ctx.fail(node, key, f"expected a mapping, got {kind(node)}{hint}")
     seen: set[str] = set()
     for k, _ in node.value:
         name = str(scalar(k))

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import time
+import tracemalloc
+from dataclasses import replace
+
 import pytest
 
-from harness.matrix import FilterError, expand, parse_axis_flags, parse_filters, parse_where, select
-from harness.spec import load_spec
+from harness.matrix import (
+    FilterError, MatrixSizeError, count, expand, parse_axis_flags, parse_filters, parse_where, select,
+)
+from harness.spec import MAX_CASES, load_spec
 
 
 @pytest.fixture
@@ -54,3 +60,49 @@ def test_bool_axis_values_parse(project_root):
     stage_b = load_spec(root=project_root).stages["B"]
     sel = select(expand(stage_b), parse_filters(stage_b, [("v_is_k", "true")]))
     assert sel and all(c.dict["v_is_k"] is True for c in sel)
+
+
+# ---------------------------------------------------------------------------------------
+# Size limit: refused before anything is built; filters apply per axis first.
+
+def _big(stage_a):
+    """10**6 cases: a Stage built directly (load_spec refuses such a matrix in stages.yaml)."""
+    return replace(stage_a, matrix={f"a{i}": list(range(10)) for i in range(6)})
+
+
+def test_a_matrix_past_the_limit_is_refused_before_it_is_built(stage_a):
+    big = _big(stage_a)
+    assert count(big) == 10**6 > MAX_CASES
+    tracemalloc.start()
+    t0 = time.monotonic()
+    with pytest.raises(MatrixSizeError) as exc:
+        expand(big)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert time.monotonic() - t0 < 0.5 and peak < 1 << 20, peak
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith("stage-A: 1000000 cases (a0 10 × a1 10 × ") and str(MAX_CASES) in msg
+    assert "--where a0=0" in msg and "fewer values" in msg
+
+
+def test_filters_narrow_a_big_matrix_without_building_it(stage_a):
+    big = _big(stage_a)
+    filters = parse_filters(big, [("a0", "1"), ("a1", "2,3")])
+    assert count(big, filters) == 2 * 10**4
+    cases = expand(big, filters)
+    assert len(cases) == 2 * 10**4 and {c.dict["a1"] for c in cases} == {2, 3}
+    assert cases[0].label == "a0=1,a1=2,a2=0,a3=0,a4=0,a5=0"
+    # the same cases as filtering the full product would give
+    small = replace(stage_a, matrix={"a": [1, 2, 3], "b": ["x", "y"]})
+    f = parse_filters(small, [("b", "y")])
+    assert expand(small, f) == select(expand(small), f)
+
+
+def test_filter_values_match_exactly_before_loosely(stage_a):
+    st = replace(stage_a, matrix={"s": ["wide", "WIDE"], "t": [1.0e-5, 2], "b": [True, False]})
+    assert parse_filters(st, [("s", "WIDE")]) == {"s": {"WIDE"}}
+    assert parse_filters(st, [("s", "wide")]) == {"s": {"wide"}}
+    assert parse_filters(st, [("t", "1e-5"), ("t", "2.0")]) == {"t": {1.0e-5, 2}}
+    assert parse_filters(st, [("b", "True")]) == {"b": {True}}
+    with pytest.raises(FilterError, match="s=Wide is not in the matrix"):
+        parse_filters(st, [("s", "Wide")])
