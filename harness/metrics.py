@@ -97,20 +97,41 @@ def compare(out: "torch.Tensor", ref: "torch.Tensor") -> Metrics:
 
 
 def violations(m: dict, tol: Tolerance) -> list[str]:
-    """Why an output's metrics (record form) miss its tolerance; empty when it passes."""
+    """Why an output's metrics (record form) miss its tolerance; empty when it passes.
+    Every bound is checked as `value meets bound`, so a missing or NaN value (or bound)
+    fails: a comparison with NaN never passes."""
     why = []
     if m.get("unwritten"):
         why.append(f"{m['unwritten']} unwritten")
     if m.get("nonfinite"):
         why.append(f"{m['nonfinite']} NaN/Inf")
     cos, rel, mx = m.get("cosine"), m.get("rel_l2"), m.get("max_abs")
-    if tol.cosine_min is not None and (cos is None or cos < tol.cosine_min):
+    if tol.cosine_min is not None and not (_num(cos) and cos >= tol.cosine_min):
         why.append(f"cosine {_f(cos)} < {tol.cosine_min:g}")
-    if tol.rel_l2_max is not None and (rel is None or rel > tol.rel_l2_max):
+    if tol.rel_l2_max is not None and not (_num(rel) and rel <= tol.rel_l2_max):
         why.append(f"rel_l2 {_f(rel)} > {tol.rel_l2_max:g}")
-    if tol.max_abs_max is not None and (mx is None or mx > tol.max_abs_max):
+    if tol.max_abs_max is not None and not (_num(mx) and mx <= tol.max_abs_max):
         why.append(f"max_abs {_f(mx)} > {tol.max_abs_max:g}")
     return why
+
+
+def judge(tolerances: dict[str, Tolerance], metrics: dict[str, dict]) -> tuple[str, str | None]:
+    """A case's verdict: ("pass", None) when every declared output meets its tolerance,
+    else ("fail", why). An output the stage declares but the case did not produce fails;
+    a stage that declares no tolerance proves nothing and fails."""
+    if not tolerances:
+        return "fail", "the stage declares no tolerances: nothing was checked"
+    why = []
+    for out, tol in tolerances.items():
+        if out not in metrics:
+            why.append(f"{out}: not produced")
+            continue
+        why += [f"{out}: {w}" for w in violations(metrics[out], tol)]
+    return ("fail", "; ".join(why)) if why else ("pass", None)
+
+
+def _num(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _f(x: float | None) -> str:

@@ -183,10 +183,15 @@ class RecordWriter:
         self.root = root
         self._files: dict[str, Appender] = {}
 
+    def open(self, stage: str) -> Appender:
+        """The appender of a stage's records file (opened once; raises OSError when the
+        file cannot be written)."""
+        if stage not in self._files:
+            self._files[stage] = Appender(stage_file(self.root, stage))
+        return self._files[stage]
+
     def write(self, rec: Record) -> None:
-        if rec.stage not in self._files:
-            self._files[rec.stage] = Appender(stage_file(self.root, rec.stage))
-        self._files[rec.stage].write(rec.to_json())
+        self.open(rec.stage).write(rec.to_json())
 
     def close(self) -> None:
         for a in self._files.values():

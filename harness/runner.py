@@ -8,9 +8,12 @@ reason ("compiled, not run: no sm_100 device"): never as passed.
 
 from __future__ import annotations
 
+import math
 import queue
+import signal
 import threading
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -19,12 +22,13 @@ from harness.compile import CompileResult, Compiler
 from harness.environment import gpu_capabilities, host_environment
 from harness.identity import code_identity
 from harness.matrix import Case
-from harness.metrics import violations
-from harness.records import Record, RecordWriter, append_event, new_run_id, now_iso, runs_file, status_counts
+from harness.metrics import judge
+from harness.records import (Record, RecordWriter, append_event, new_run_id, now_iso, runs_file, stage_file,
+                             status_counts)
 from harness.spec import Spec, Stage
+from harness.statuses import FAILING
 from harness.worker import Job, WorkerHandle
 
-from harness.statuses import FAILING  # noqa: E402  (re-exported for remote.py)
 
 
 @dataclass
@@ -46,26 +50,52 @@ class RunOptions:
     argv: list[str] = field(default_factory=list)
 
 
+class RunSetupError(Exception):
+    """The run cannot start (a GPU that is not there, results that cannot be written): one line."""
+
+
+# Signals that end a run the way Ctrl-C does, and the exit code each gives (128 + signal).
+STOP_SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
+
+
+class RunInterrupted(BaseException):
+    """Raised in the main thread by the run's signal handler (first signal only)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 @dataclass
 class RunSummary:
     run_id: str
     records: list[Record]
     interrupted: bool = False
     no_device_reason: dict[str, str] = field(default_factory=dict)
+    planned: int = 0
+    errors: list[str] = field(default_factory=list)  # what broke the run itself
+    signum: int | None = None
 
     @property
     def counts(self) -> dict[str, int]:
         return status_counts(self.records)
 
     @property
+    def missing(self) -> int:
+        """Planned cases with no record (never 0 < missing on a clean run)."""
+        return max(0, self.planned - len(self.records))
+
+    @property
     def exit_code(self) -> int:
         if self.interrupted:
-            return 130
+            return STOP_SIGNALS.get(self.signum or signal.SIGINT, 130)
+        if self.errors or self.missing:
+            return 1
         return 1 if any(r.status in FAILING for r in self.records) else 0
 
 
 def not_runnable_reason(arch: str, caps: dict[int, tuple[str, str | None]]) -> str:
-    short = arch.removesuffix("a").replace("sm_", "sm_")
+    short = arch.removesuffix("a")
     if not caps:
         return f"compiled, not run: no GPU on this machine (needs {short})"
     names = sorted({n for n, _ in caps.values()})
@@ -73,12 +103,22 @@ def not_runnable_reason(arch: str, caps: dict[int, tuple[str, str | None]]) -> s
 
 
 class Runner:
-    """One run: owns the compiler pools, the worker processes and the record writer."""
+    """One run: owns the compiler pools, the worker processes and the record writer.
+
+    Every way a run can end is accounted for: each planned case gets a record, or the run
+    says why it has none (interrupted, or an error in the run itself) and exits non-zero.
+    SIGINT, SIGTERM and SIGHUP stop the run the same way: workers and compilers killed,
+    finished records kept, the run marked interrupted in runs.jsonl, exit 128 + signal.
+    """
 
     def __init__(self, spec: Spec, opts: RunOptions, on_record: Callable[[Record], None] | None = None,
                  emit: Callable[[str], None] | None = None, results_root: Path | None = None):
         """`emit`: send each record's JSON line there instead of writing it (remote mode).
         `results_root`: the lab whose results/ receives records (default: the spec's)."""
+        if opts.workers_per_gpu < 1:
+            raise RunSetupError(f"--workers-per-gpu {opts.workers_per_gpu}: must be at least 1")
+        if opts.timeout_s is not None and not (math.isfinite(opts.timeout_s) and opts.timeout_s > 0):
+            raise RunSetupError(f"--timeout {opts.timeout_s:g}: must be a finite number of seconds > 0")
         self.spec = spec
         self.root = spec.root
         self.results_root = results_root or spec.root
@@ -88,9 +128,13 @@ class Runner:
         self.writer = RecordWriter(self.results_root)
         self.emit = emit
         self.records: list[Record] = []
+        self.errors: list[str] = []
+        self.files_written: set[Path] = set()
         self._lock = threading.Lock()
         self._seq = 0
         self._stop = threading.Event()
+        self._cleaning = False
+        self._signum: int | None = None
         self._identity: dict[tuple[str, str], dict] = {}
         self._workers: list[WorkerHandle] = []
         self._threads: list[threading.Thread] = []
@@ -112,33 +156,58 @@ class Runner:
                 self.emit(rec.to_json())
             else:
                 self.writer.write(rec)
+                self.files_written.add(stage_file(self.results_root, rec.stage))
             self.records.append(rec)
         self.on_record(rec)
         return rec
 
-    def _judge(self, task: Task, metrics: dict[str, dict]) -> tuple[str, str | None]:
-        why = []
-        for out, tol in task.stage.tolerances.items():
-            if out not in metrics:
-                why.append(f"{out}: not produced")
-                continue
-            why += [f"{out}: {w}" for w in violations(metrics[out], tol)]
-        return ("fail", "; ".join(why)) if why else ("pass", None)
+    def _fail(self, what: str) -> None:
+        """An error in the run itself (not in a case): stop and say so."""
+        with self._lock:
+            self.errors.append(what)
+        self._stop.set()
 
     # -- the run ---------------------------------------------------------------------------
 
-    def run(self) -> RunSummary:
-        caps = gpu_capabilities()
-        if self.opts.gpus is not None:
-            caps = {i: c for i, c in caps.items() if i in self.opts.gpus}
-        runnable_archs = {"cpu"} | {a for _, a in caps.values() if a}
-        reasons = {t.arch: not_runnable_reason(t.arch, caps) for t in self.opts.tasks if t.arch not in runnable_archs}
-
-        if self.emit is None:
+    def _check_writable(self) -> None:
+        """Fail before compiling anything when the records cannot be written."""
+        if self.emit is not None:
+            return
+        try:
             append_event(runs_file(self.results_root), {
                 "run": self.run_id, "t": now_iso(), "event": "start", "target": self.opts.target,
                 "argv": self.opts.argv, "cases": len(self.opts.tasks), "bench": self.opts.bench,
             })
+            for stage in sorted({t.stage.id for t in self.opts.tasks}):
+                self.writer.open(stage)
+        except OSError as exc:
+            raise RunSetupError(f"cannot write the lab's records: {exc.filename or ''}: "
+                                f"{exc.strerror or exc} — make results/ writable") from None
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._signum is None:
+            self._signum = signum
+        self._stop.set()
+        if not self._cleaning:
+            self._cleaning = True  # a second signal during the clean-up is noted, not raised
+            raise RunInterrupted(signum)
+
+    def run(self) -> RunSummary:
+        caps = gpu_capabilities()
+        if self.opts.gpus is not None:
+            absent = [g for g in self.opts.gpus if g not in caps]
+            if absent and caps:
+                raise RunSetupError(f"--gpus: no GPU {', '.join(map(str, absent))} on this machine "
+                                    f"(it has {', '.join(map(str, sorted(caps)))})")
+            caps = {i: c for i, c in caps.items() if i in self.opts.gpus}
+        runnable_archs = {"cpu"} | {a for _, a in caps.values() if a}
+        reasons = {t.arch: not_runnable_reason(t.arch, caps) for t in self.opts.tasks if t.arch not in runnable_archs}
+        self._check_writable()
+
+        main_thread = threading.current_thread() is threading.main_thread()
+        previous = {}
+        if main_thread:
+            previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
         compiler = Compiler(self.root)
         ready: queue.Queue = queue.Queue()
         interrupted = False
@@ -150,6 +219,8 @@ class Runner:
                 if self._stop.is_set():
                     break
                 res = self._compile_result(fut, task)
+                if res is None:
+                    break
                 if not res.ok:
                     self._record(task, "compile_error", error=res.error, compile=res.summary(), env=host_environment())
                 elif task.arch not in runnable_archs:
@@ -160,27 +231,54 @@ class Runner:
             for _ in self._threads:
                 ready.put(None)
             for th in self._threads:
-                while th.is_alive():
+                while th.is_alive() and not self._stop.is_set():
                     th.join(0.2)
-        except KeyboardInterrupt:
+        except RunInterrupted:
             interrupted = True
-            self._stop.set()
+        except Exception as exc:  # e.g. records that can no longer be written
+            self._fail(f"{type(exc).__name__}: {exc}")
         finally:
-            for w in self._workers:
-                w.kill() if interrupted else w.close()
-            if interrupted:  # idle serving threads wait for work: release them
-                for _ in self._threads:
-                    ready.put(None)
-            for th in self._threads:  # a killed worker's case returns at once and is dropped
-                th.join(5)
-            compiler.close(cancel=interrupted)
-            self.writer.close()
-            if self.emit is None:
+            self._cleaning = True
+            self._stop.set()
+            interrupted = interrupted or self._signum is not None
+            try:
+                self._shut_down(compiler, ready, kill=interrupted or bool(self.errors))
+            finally:
+                # After an interruption the process is on its way out: further stop signals
+                # are ignored (also while the interpreter shuts down) so nothing cuts the
+                # report or the exit short; otherwise the previous handlers come back.
+                if main_thread:
+                    for s, h in previous.items():
+                        signal.signal(s, signal.SIG_IGN if interrupted else h)
+        return RunSummary(self.run_id, self.records, interrupted, reasons, planned=len(self.opts.tasks),
+                          errors=list(self.errors), signum=self._signum)
+
+    def _shut_down(self, compiler: Compiler, ready: queue.Queue, kill: bool) -> None:
+        for w in self._workers:
+            try:
+                w.kill() if kill else w.close()
+            except Exception:  # a worker already gone
+                pass
+        for _ in self._threads:  # idle serving threads wait for work: release them
+            ready.put(None)
+        for th in self._threads:  # a killed worker's case returns at once and is dropped
+            th.join(5)
+        try:
+            compiler.close(cancel=kill)
+        except Exception:
+            pass
+        self.writer.close()
+        if self.emit is None:
+            try:
                 append_event(runs_file(self.results_root), {
-                    "run": self.run_id, "t": now_iso(), "event": "end", "interrupted": interrupted,
-                    "counts": RunSummary(self.run_id, self.records).counts,
+                    "run": self.run_id, "t": now_iso(), "event": "end",
+                    "interrupted": self._signum is not None,
+                    **({"signal": signal.Signals(self._signum).name} if self._signum else {}),
+                    **({"errors": self.errors[:5]} if self.errors else {}),
+                    "planned": len(self.opts.tasks), "counts": status_counts(self.records),
                 })
-        return RunSummary(self.run_id, self.records, interrupted, reasons)
+            except OSError as exc:
+                self.errors.append(f"the run's end could not be written: {exc}")
 
     def _submit(self, compiler: Compiler, task: Task) -> Future:
         if task.arch == "cpu":
@@ -189,12 +287,18 @@ class Runner:
             return fut
         return compiler.submit(task.stage, task.arch, task.case.dict)
 
-    def _compile_result(self, fut: Future, task: Task) -> CompileResult:
-        try:
-            return fut.result()
-        except Exception as exc:  # the compiler process itself died
-            return CompileResult(ok=False, key="", arch=task.arch,
-                                 error=f"compiler process failed: {type(exc).__name__}: {exc}")
+    def _compile_result(self, fut: Future, task: Task) -> CompileResult | None:
+        """The compile's result (None when the run was stopped while waiting)."""
+        while True:
+            if self._stop.is_set():
+                return None
+            try:
+                return fut.result(timeout=0.2)
+            except FutureTimeout:
+                continue
+            except Exception as exc:  # the compiler process itself died
+                return CompileResult(ok=False, key="", arch=task.arch,
+                                     error=f"compiler process failed: {type(exc).__name__}: {exc}")
 
     def _start_workers(self, caps, runnable_archs: set[str], ready: queue.Queue) -> list[threading.Thread]:
         needs_gpu = any(t.arch in runnable_archs and t.arch != "cpu" for t in self.opts.tasks)
@@ -214,36 +318,45 @@ class Runner:
         return threads
 
     def _serve(self, handle: WorkerHandle, ready: queue.Queue) -> None:
-        while not self._stop.is_set():
-            item = ready.get()
-            if item is None:
-                return
-            task, res = item
-            s = task.stage
-            job = Job(
-                stage=s.id, arch=task.arch, case=task.case.dict, kernel_params=s.kernel_params,
-                kernel_module=s.kernels[task.arch].module, kernel_entry=s.kernels[task.arch].entry,
-                tensors=(s.tensors.module, s.tensors.name), inputs=(s.inputs.module, s.inputs.name),
-                oracle=(s.oracle.module, s.oracle.name),
-                flops=(s.flops.module, s.flops.name) if s.flops else None,
-                peer=(s.peer.module, s.peer.name) if s.peer else None,
-                seed=_seed(s.id, task.case.dict, self.opts.seed),
-                object_path=res.object_path, prefix=res.prefix, bench=self._bench_this(task),
-            )
-            timeout = self.opts.timeout_s or s.timeout_s
-            out = handle.run(job, timeout)
-            if self._stop.is_set():  # interrupted: the case did not finish, it is not a crash
-                return
-            env = handle.env or host_environment()
-            common = dict(compile=res.summary() if task.arch != "cpu" else None, env=env,
-                          gpu=handle.gpu)
-            if "metrics" in out:
-                status, why = self._judge(task, out["metrics"])
-                self._record(task, status, metrics=out["metrics"], timing=out.get("timing"), error=why, **common)
-            else:
-                status = out.get("status", "crash")
-                status = "crash" if status == "error" else status
-                self._record(task, status, error=out.get("error"), **common)
+        """Serve cases to one worker until told to stop. Anything that breaks here (not in
+        the case: the case's own failures come back as results) ends the run with an error
+        that says what happened; after a stop it is the interruption's doing and is quiet."""
+        try:
+            while not self._stop.is_set():
+                item = ready.get()
+                if item is None:
+                    return
+                self._serve_one(handle, *item)
+        except BaseException as exc:
+            if not self._stop.is_set():
+                where = f"GPU {handle.gpu}" if handle.gpu is not None else "the CPU worker"
+                self._fail(f"serving {where}: {type(exc).__name__}: {exc}")
+
+    def _serve_one(self, handle: WorkerHandle, task: Task, res: CompileResult) -> None:
+        s = task.stage
+        job = Job(
+            stage=s.id, arch=task.arch, case=task.case.dict, kernel_params=s.kernel_params,
+            kernel_module=s.kernels[task.arch].module, kernel_entry=s.kernels[task.arch].entry,
+            tensors=(s.tensors.module, s.tensors.name), inputs=(s.inputs.module, s.inputs.name),
+            oracle=(s.oracle.module, s.oracle.name),
+            flops=(s.flops.module, s.flops.name) if s.flops else None,
+            peer=(s.peer.module, s.peer.name) if s.peer else None,
+            seed=_seed(s.id, task.case.dict, self.opts.seed),
+            object_path=res.object_path, prefix=res.prefix, bench=self._bench_this(task),
+        )
+        timeout = self.opts.timeout_s if self.opts.timeout_s is not None else s.timeout_s
+        out = handle.run(job, timeout)
+        if self._stop.is_set():  # interrupted: the case did not finish, it is not a crash
+            return
+        env = handle.env or host_environment()
+        common = dict(compile=res.summary() if task.arch != "cpu" else None, env=env, gpu=handle.gpu)
+        if "metrics" in out:
+            status, why = judge(s.tolerances, out["metrics"])
+            self._record(task, status, metrics=out["metrics"], timing=out.get("timing"), error=why, **common)
+        else:
+            status = out.get("status", "crash")
+            status = "crash" if status == "error" else status
+            self._record(task, status, error=out.get("error"), trace=out.get("trace"), **common)
 
     def _bench_this(self, task: Task) -> bool:
         if not self.opts.bench:

@@ -54,3 +54,60 @@ def test_validate_rejects_wrong_version_and_status():
     assert validate({**d, "v": 99})
     assert validate({**d, "status": "great"})
     assert validate([1, 2])
+
+
+def test_an_append_after_a_truncated_last_line_starts_on_a_fresh_line(tmp_path):
+    """A crash can leave the last line cut off; the next record must not be glued to it."""
+    w = RecordWriter(tmp_path)
+    w.write(sample(1))
+    w.close()
+    path = stage_file(tmp_path, "A")
+    with open(path, "a") as fh:
+        fh.write('{"v":1,"id":"cut-off-by-a-crash"')   # no newline
+    w = RecordWriter(tmp_path)
+    w.write(sample(2))
+    w.close()
+    warn: list[str] = []
+    assert [r.id for r in read_records(tmp_path, ["A"], warn)] == ["r1.1", "r1.2"]
+    assert len(warn) == 1 and ":2:" in warn[0]
+
+
+BAD_TYPES = [
+    ("t", 5), ("code", "abc"), ("metrics", [1, 2]), ("timing", {"tflops": 3.0}), ("timing", {"us": -1}),
+    ("timing", {"us": "fast"}), ("case", [1]), ("case", {"hd": [64]}), ("id", 3), ("status", None),
+    ("error", 12), ("gpu", "0"), ("gpu", True), ("env", 7), ("compile", "x"), ("v", True), ("stage", ""),
+]
+
+
+def test_reader_skips_records_of_the_wrong_type_with_file_line_warnings(tmp_path):
+    import pytest  # noqa: F401
+
+    path = stage_file(tmp_path, "A")
+    path.parent.mkdir(parents=True)
+    good = json.loads(sample(1).to_json())
+    lines = [json.dumps({**good, key: value}) for key, value in BAD_TYPES]
+    lines += [json.dumps({**good, "metrics": {"S": {"cosine": "high"}}}),
+              json.dumps({**good, "metrics": {"S": 3}}),
+              json.dumps(good).replace("0.9999999", "NaN"),
+              json.dumps(good).replace("0.9999999", "Infinity"),
+              "[" * 100000,
+              json.dumps(good)]
+    path.write_text("\n".join(lines) + "\n")
+    warn: list[str] = []
+    recs = read_records(tmp_path, ["A"], warn)
+    assert [r.id for r in recs] == ["r1.1"] and len(recs) == 1
+    assert len(warn) == len(lines) - 1, warn
+    assert all(w.startswith(f"{path}:") for w in warn)
+    assert all(isinstance(r, Record) for r in recs)
+
+
+def test_unreadable_records_and_runs_files_warn_instead_of_crashing(tmp_path):
+    from harness.records import read_notes, read_runs, runs_file, notes_file
+
+    stage_file(tmp_path, "A").mkdir(parents=True)        # a folder where a file should be
+    runs_file(tmp_path).mkdir(parents=True)
+    notes_file(tmp_path).write_text(json.dumps({"run": "r1", "t": "x", "text": 5}) + "\n")
+    warn: list[str] = []
+    assert read_records(tmp_path, ["A"], warn) == [] and read_records(tmp_path, None, warn) == []
+    assert read_runs(tmp_path, warn) == {} and read_notes(tmp_path, warn) == {}
+    assert any("cannot be read" in w for w in warn) and any("skipped a note" in w for w in warn)

@@ -1,0 +1,111 @@
+"""A record's identity covers everything that can change its verdict: the stage's sources and
+all they import (relative imports too), the oracle, the lab's own compile/run/compare code,
+and the stage's stages.yaml entry. Comment- and blank-line-only edits keep results fresh."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness import identity
+from harness.identity import source_hash
+from harness.spec import load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def h(lab: Path, stage: str = "OK", arch: str = "cpu") -> str:
+    spec = load_spec(root=lab)
+    return source_hash(lab, spec.stages[stage], arch)
+
+
+@pytest.fixture
+def lab_with_own_harness(fake_lab, tmp_path, monkeypatch):
+    """The fake lab, and a copy of the lab's harness/ that the hash reads as the verdict code."""
+    copy = tmp_path / "labcode" / "harness"
+    shutil.copytree(ROOT / "harness", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(identity, "HARNESS_DIR", copy)
+    return fake_lab, copy
+
+
+@pytest.mark.parametrize("module", ["metrics.py", "worker.py", "compile.py", "spec.py"])
+def test_a_change_to_the_lab_code_that_judges_makes_results_stale(lab_with_own_harness, module):
+    lab, code = lab_with_own_harness
+    before = h(lab)
+    path = code / module
+    path.write_text(path.read_text() + "\nHALVE_OUTPUTS = 0.5\n")
+    assert h(lab) != before
+
+
+def test_a_change_to_lab_code_that_does_not_judge_keeps_results_fresh(lab_with_own_harness):
+    lab, code = lab_with_own_harness
+    before = h(lab)
+    for module in ("dashboard.py", "history.py", "gate.py"):
+        (code / module).write_text((code / module).read_text() + "\nX = 1\n")
+    assert h(lab) == before
+
+
+def test_loosening_a_tolerance_makes_results_stale(fake_lab):
+    before = h(fake_lab)
+    text = (fake_lab / "stages.yaml").read_text()
+    (fake_lab / "stages.yaml").write_text(text.replace("cosine_min: 0.9999, rel_l2_max: 1.0e-6",
+                                                      "cosine_min: 0.9, rel_l2_max: 1.0e-6", 1))
+    assert h(fake_lab) != before
+
+
+def test_the_title_and_comments_in_stages_yaml_keep_results_fresh(fake_lab):
+    before = h(fake_lab)
+    text = (fake_lab / "stages.yaml").read_text()
+    (fake_lab / "stages.yaml").write_text("# a comment\n" + text.replace("out = a + b, correct", "renamed"))
+    assert h(fake_lab) == before
+
+
+def test_a_relative_import_is_followed(fake_lab):
+    kernel = fake_lab / "stages" / "fake" / "cpu.py"
+    (fake_lab / "stages" / "fake" / "helper.py").write_text("SCALE = 1\n")
+    kernel.write_text("from .helper import SCALE  # noqa: F401\n" + kernel.read_text())
+    before = h(fake_lab)
+    (fake_lab / "stages" / "fake" / "helper.py").write_text("SCALE = 2\n")
+    assert h(fake_lab) != before
+    (fake_lab / "stages" / "fake" / "other.py").write_text("Y = 1\n")
+    kernel.write_text("from . import other  # noqa: F401\n" + kernel.read_text())
+    before = h(fake_lab)
+    (fake_lab / "stages" / "fake" / "other.py").write_text("Y = 2\n")
+    assert h(fake_lab) != before
+
+
+def test_an_absolute_import_of_any_lab_module_and_package_inits_are_followed(fake_lab):
+    (fake_lab / "oracles" / "extra.py").write_text("K = 1\n")
+    oracle = fake_lab / "oracles" / "add.py"
+    oracle.write_text("import oracles.extra  # noqa: F401\n" + oracle.read_text())
+    before = h(fake_lab)
+    (fake_lab / "oracles" / "extra.py").write_text("K = 2\n")
+    assert h(fake_lab) != before
+    before = h(fake_lab)
+    init = fake_lab / "stages" / "fake" / "__init__.py"
+    init.write_text(init.read_text() + "\nINIT_SIDE_EFFECT = 1\n")
+    assert h(fake_lab) != before
+
+
+def test_comment_and_blank_line_edits_keep_results_fresh_but_code_edits_do_not(fake_lab):
+    kernel = fake_lab / "stages" / "fake" / "cpu.py"
+    text = kernel.read_text()
+    before = h(fake_lab)
+    kernel.write_text(text.replace("import time\n", "import time  # a note\n\n\n# more notes\n"))
+    assert h(fake_lab) == before
+    kernel.write_text(text.replace("out.copy_(a + b)", "out.copy_(a + b + 0)", 1))
+    assert h(fake_lab) != before
+    kernel.write_text(text.replace('"kernel raised on purpose"', '"kernel raised on purpose!"'))
+    assert h(fake_lab) != before
+
+
+def test_a_module_that_does_not_tokenize_is_hashed_by_its_bytes(fake_lab):
+    kernel = fake_lab / "stages" / "fake" / "cpu.py"
+    helper = fake_lab / "stages" / "fake" / "broken.py"
+    helper.write_text("X = '''unterminated\n")
+    kernel.write_text("from . import broken  # noqa: F401\n" + kernel.read_text())
+    before = h(fake_lab)
+    helper.write_text("X = '''unterminated\n# more\n")
+    assert h(fake_lab) != before
