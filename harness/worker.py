@@ -5,16 +5,27 @@ stage's generator, outputs allocated and poisoned, the cached compiled kernel lo
 launched, CUDA errors checked by a synchronize, the oracle run, metrics returned. A CUDA
 error leaves the context unusable, so after reporting one the worker exits and the parent
 starts a new one. The parent bounds each case by a timeout: a hang is killed and reported.
+
+A failure inside the user's code (input generator, oracle, kernel) comes back as one line
+naming their file and line (harness.userfault), with the full traceback under "trace". What
+the input generator and the oracle return is checked against `tensors(case)` before it is
+used (harness.check): a wrong name, shape or dtype is a one-line error, never a silent pass.
+
+A worker never outlives the process that started it: on Linux the kernel kills it when the
+thread that started it ends (prctl PR_SET_PDEATHSIG — the runner starts each worker from the
+serving thread that owns it, and stops using it when that thread ends), and a watchdog
+thread exits it when its parent process is gone (any OS; a fallback).
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import os
 import signal
 import sys
+import threading
 import time
-import traceback
 from dataclasses import dataclass
 from multiprocessing import get_context
 from multiprocessing.connection import Connection
@@ -22,6 +33,9 @@ from pathlib import Path
 from typing import Any
 
 STARTUP_TIMEOUT_S = 180.0
+TRACE_CHARS = 20000  # the tail of a traceback kept in a reply
+WATCHDOG_S = 0.5  # how often a worker checks that its parent is alive
+PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -52,7 +66,8 @@ def _attr(ref: tuple[str, str]):
 
 
 class _Executor:
-    def __init__(self) -> None:
+    def __init__(self, root: Path) -> None:
+        self.root = root
         self._loaded: dict[str, Any] = {}
 
     def launcher(self, job: Job, args: list):
@@ -81,11 +96,19 @@ class _Executor:
     def run(self, job: Job) -> dict:
         import torch
 
+        from harness.check import ContractError, inputs_problems, outputs_problems, specs_problems
         from harness.metrics import compare, poison_
 
         device = "cpu" if job.arch == "cpu" else "cuda"
-        specs = _attr(job.tensors)(job.case)
-        inputs = _attr(job.inputs)(job.case, job.seed, device)
+        tensors_fn, inputs_fn, oracle_fn = _attr(job.tensors), _attr(job.inputs), _attr(job.oracle)
+        specs = tensors_fn(job.case)
+        bad = specs_problems(specs, tensors_fn, self.root)
+        if bad:
+            raise ContractError(bad[0])
+        inputs = inputs_fn(job.case, job.seed, device)
+        bad = inputs_problems(specs, inputs, inputs_fn, self.root)
+        if bad:  # before the launch: a kernel fed the wrong shapes may fault the device
+            raise ContractError(bad[0])
 
         def fresh_outputs() -> dict:
             return {
@@ -99,7 +122,10 @@ class _Executor:
         launch()
         if device == "cuda":
             torch.cuda.synchronize()  # raises on a launch failure or illegal address
-        ref = _attr(job.oracle)(inputs, job.case)
+        ref = oracle_fn(inputs, job.case)
+        bad = outputs_problems(specs, ref, oracle_fn, self.root)
+        if bad:
+            raise ContractError(bad[0])
         metrics = {name: compare(outputs[name], ref[name]).to_json() for name in outputs}
         result: dict[str, Any] = {"metrics": metrics}
         if job.bench and device == "cuda":
@@ -131,7 +157,53 @@ class _Executor:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in t.items()}
 
 
-def worker_main(conn: Connection, root: str, gpu: int | None) -> None:
+def _die_with_parent(parent_pid: int | None) -> None:
+    """Exit when the parent goes: PR_SET_PDEATHSIG on Linux (the kernel sends SIGKILL when
+    the thread that started this process ends), and a watchdog thread that exits when the
+    parent process is gone (a changed parent pid), as a fallback on any OS."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if parent_pid is None:
+        return
+    if os.getppid() != parent_pid:  # the parent died before the above took effect
+        os._exit(0)
+
+    def watch() -> None:
+        while True:
+            time.sleep(WATCHDOG_S)
+            if os.getppid() != parent_pid:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def _error_reply(exc: BaseException, root: Path, seconds: float) -> dict:
+    """The one-line error (the user's file:line), the full trace, and the status."""
+    from harness.check import ContractError
+    from harness.userfault import describe, full_trace, strip_ansi
+
+    raw = strip_ansi(f"{type(exc).__name__}: {exc}").strip()
+    cuda_error = "CUDA" in raw or "cuda" in (type(exc).__module__ or "") or "CUresult" in raw
+    if isinstance(exc, ContractError):
+        text = str(exc)
+    elif cuda_error:
+        text = raw
+    else:
+        text = describe(exc, root)
+    return {
+        "error": text[:4000],
+        "trace": full_trace(exc)[-TRACE_CHARS:],
+        "status": "crash" if cuda_error else "error",
+        "seconds": seconds,
+    }
+
+
+def worker_main(conn: Connection, root: str, gpu: int | None, parent_pid: int | None = None) -> None:
+    _die_with_parent(parent_pid)
     # Ctrl-C in a terminal reaches the whole process group: only the parent handles it (it
     # kills the workers and keeps what finished), so a worker never dies of it mid-case.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -154,7 +226,7 @@ def worker_main(conn: Connection, root: str, gpu: int | None) -> None:
     except Exception as exc:
         conn.send({"ready": False, "error": f"worker start failed: {type(exc).__name__}: {exc}"})
         return
-    executor = _Executor()
+    executor = _Executor(Path(root))
     while True:
         try:
             job = conn.recv()
@@ -168,15 +240,9 @@ def worker_main(conn: Connection, root: str, gpu: int | None) -> None:
             out["seconds"] = time.perf_counter() - t0
             conn.send(out)
         except Exception as exc:
-            text = f"{type(exc).__name__}: {exc}".strip()
-            cuda_error = "CUDA" in text or "cuda" in type(exc).__module__ or "CUresult" in text
-            conn.send({
-                "error": text[:4000],
-                "trace": traceback.format_exc()[-3000:],
-                "status": "crash" if cuda_error else "error",
-                "seconds": time.perf_counter() - t0,
-            })
-            if cuda_error:  # the CUDA context is unusable after a device fault
+            reply = _error_reply(exc, Path(root), time.perf_counter() - t0)
+            conn.send(reply)
+            if reply["status"] == "crash":  # the CUDA context is unusable after a device fault
                 os._exit(3)
 
 
@@ -198,7 +264,8 @@ class WorkerHandle:
     def _start(self) -> None:
         ctx = get_context("spawn")
         parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=worker_main, args=(child, str(self.root), self.gpu), daemon=True)
+        self.proc = ctx.Process(target=worker_main, args=(child, str(self.root), self.gpu, os.getpid()),
+                                daemon=True)
         self.proc.start()
         child.close()
         self.conn = parent
