@@ -169,12 +169,16 @@ def _text(ctx: _Ctx, node: Node, key: str, what: str) -> str:
 def _number(ctx: _Ctx, node: Node, key: str, what: str, lo: float, hi: float | None,
             lo_open: bool = False) -> float:
     """A finite number in [lo, hi] (or (lo, hi] with lo_open): never NaN or infinite."""
-    value = float(_typed(ctx, node, key, (int, float), what))
+    raw = _typed(ctx, node, key, (int, float), what)
+    try:
+        value = float(raw)
+    except OverflowError:  # an integer of hundreds of digits
+        value = math.inf
     if not math.isfinite(value):
-        raise ctx.fail(node, key, f"{value} is not a finite number — give {what}")
+        raise ctx.fail(node, key, f"{one_line(str(raw), 20)} is not a finite number — give {what}")
     if value < lo or (lo_open and value == lo) or (hi is not None and value > hi):
         span = f"{'more than' if lo_open else 'at least'} {lo:g}" + (f" and at most {hi:g}" if hi is not None else "")
-        raise ctx.fail(node, key, f"{value:g} is out of range — {what} must be {span}")
+        raise ctx.fail(node, key, f"{value:g} is out of range — it must be {span}")
     return value
 
 
@@ -277,7 +281,8 @@ def _resolve(ctx: _Ctx, node: Node, key: str, module: str, name: str,
 def _func_ref(ctx: _Ctx, node: Node, key: str) -> FuncRef:
     text = _text(ctx, node, key, "'package.module:function'")
     if text.count(":") != 1 or not all(text.split(":")):
-        raise ctx.fail(node, key, f"expected 'package.module:function', got {text!r}")
+        raise ctx.fail(node, key, f"expected 'package.module:function', got {one_line(repr(text), 80)} — write it "
+                                  "like oracles.qk:reference")
     module, name = text.split(":")
     return FuncRef(module, name, _resolve(ctx, node, key, module, name))
 

@@ -7,7 +7,8 @@ or raise the context's error as one line, never anything else:
 - YAML amplification is refused while composing: at most MAX_ALIASES aliases, standing for at
   most MAX_ALIAS_NODES nodes in all (a billion-laughs bomb is refused after a few aliases, in
   milliseconds), and no alias inside its own anchor (a cycle);
-- nesting deeper than MAX_DEPTH is refused before Python's recursion limit is reached;
+- nesting deeper than MAX_DEPTH is refused before Python's recursion limit is reached, and a
+  file of more than MAX_NODES values (or MAX_BYTES) before it takes seconds;
 - non-UTF-8 bytes, characters YAML forbids (NUL…), tags other than YAML's plain ones
   (`!!python/…`, `!!binary`, merge keys `<<`), mapping keys that are not plain values, and
   values that cannot be built (a 5000-digit integer, `2024-13-45`, `!!int abc`) are each one
@@ -21,10 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from yaml.composer import ComposerError
+from yaml.composer import Composer, ComposerError
 from yaml.constructor import SafeConstructor
 from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.resolver import Resolver
+
+try:  # libyaml's scanner and parser (about 7x faster); our own composer runs on its events either way
+    from yaml.cyaml import CParser as _CParser
+except ImportError:  # pragma: no cover — PyYAML built without libyaml
+    _CParser = None
 
 
 TOP = "(top level)"  # the key shown for a problem with the document itself
@@ -32,7 +39,8 @@ TOP = "(top level)"  # the key shown for a problem with the document itself
 MAX_ALIASES = 100  # aliases (`*name`) in one file
 MAX_ALIAS_NODES = 10_000  # nodes the aliases stand for, counted as if written out
 MAX_DEPTH = 64  # nested mappings/lists
-MAX_BYTES = 16 * 1024 * 1024  # a config file larger than this is refused unread
+MAX_NODES = 100_000  # values written in one file (composing takes ~15 µs a value)
+MAX_BYTES = 4 * 1024 * 1024  # a config file larger than this is refused unread
 
 _T = "tag:yaml.org,2002:"
 MAP_TAG, SEQ_TAG = _T + "map", _T + "seq"
@@ -78,11 +86,13 @@ class _Refused(Exception):
         self.problem = problem
 
 
-class _BoundedLoader(yaml.SafeLoader):
-    """SafeLoader's composer, counting aliases (and what they stand for) and nesting depth."""
+class _BoundedComposer(Composer):
+    """PyYAML's composer, counting values, aliases (and what they stand for) and nesting depth.
+    Mixed in before a parser, which supplies the events."""
 
-    def __init__(self, text: str):
-        super().__init__(text)
+    def _bound(self, max_nodes: int) -> None:
+        self._max_nodes = max_nodes
+        self._nodes = 0
         self._aliases = 0
         self._alias_nodes = 0
         self._depth = 0
@@ -107,9 +117,13 @@ class _BoundedLoader(yaml.SafeLoader):
                                      f"(*{event.anchor} alone for {size}) — write the values out")
             return super().compose_node(parent, index)
         self._depth += 1
+        self._nodes += 1
         if self._depth > MAX_DEPTH:
             raise _Refused(self.peek_event().start_mark.line + 1,
                            f"nested more than {MAX_DEPTH} levels deep — flatten it")
+        if self._nodes > self._max_nodes:
+            raise _Refused(self.peek_event().start_mark.line + 1,
+                           f"more than {self._max_nodes} values in one file — this is not a config file")
         try:
             node = super().compose_node(parent, index)
         finally:
@@ -124,7 +138,31 @@ class _BoundedLoader(yaml.SafeLoader):
         return node
 
 
-def read_file(path: Path, ctx: NodeContext, max_bytes: int = MAX_BYTES) -> Node | None:
+class _PyLoader(_BoundedComposer, yaml.SafeLoader):
+    def __init__(self, text: str, max_nodes: int):
+        yaml.SafeLoader.__init__(self, text)
+        self._bound(max_nodes)
+
+
+if _CParser is not None:
+    class _CLoader(_BoundedComposer, _CParser, SafeConstructor, Resolver):  # type: ignore[misc, valid-type]
+        def __init__(self, data: bytes, max_nodes: int):
+            _CParser.__init__(self, data)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+            Composer.__init__(self)
+            self._bound(max_nodes)
+
+
+def _loader(text: str, max_nodes: int) -> tuple[_BoundedComposer, str | bytes]:
+    """A bounded loader for `text`, and what its error positions index (bytes for libyaml)."""
+    if _CParser is not None:
+        data = text.encode("utf-8", "surrogatepass")  # a lone surrogate: libyaml's reader refuses it
+        return _CLoader(data, max_nodes), data
+    return _PyLoader(text, max_nodes), text
+
+
+def read_file(path: Path, ctx: NodeContext, max_bytes: int = MAX_BYTES, max_nodes: int = MAX_NODES) -> Node | None:
     """The node tree of a YAML file (None when it holds no document). The caller decides what a
     missing file means; anything else that is not a readable regular file is one line."""
     try:
@@ -137,22 +175,24 @@ def read_file(path: Path, ctx: NodeContext, max_bytes: int = MAX_BYTES) -> Node 
         raise ctx.fail_at(1, None, f"cannot read it ({exc.strerror or exc}) — fix its permissions")
     if len(data) > max_bytes:
         raise ctx.fail_at(1, None, f"larger than {max_bytes // (1024 * 1024)} MiB — this is not a config file")
-    return compose(data, ctx)
+    return compose(data, ctx, max_nodes)
 
 
-def compose(data: str | bytes, ctx: NodeContext) -> Node | None:
+def compose(data: str | bytes, ctx: NodeContext, max_nodes: int = MAX_NODES) -> Node | None:
     """Compose one YAML document, bounded (see the module's text). Raises ctx.error (one line)."""
     if isinstance(data, bytes):
+        data = data[3:] if data.startswith(b"\xef\xbb\xbf") else data  # a UTF-8 byte-order mark
         try:
-            text = data.decode("utf-8-sig")
+            text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             line = data[: exc.start].count(b"\n") + 1
             raise ctx.fail_at(line, None, f"not UTF-8 text (byte 0x{data[exc.start]:02x}) — save the file as UTF-8")
     else:
         text = data
-    loader: _BoundedLoader | None = None
+    loader: _BoundedComposer | None = None
+    indexed: str | bytes = text
     try:
-        loader = _BoundedLoader(text)  # its reader refuses forbidden characters (NUL…) at once
+        loader, indexed = _loader(text, max_nodes)  # a reader may refuse forbidden characters (NUL…) at once
         node = loader.get_single_node()
     except _Refused as exc:
         raise ctx.fail_at(exc.line, None, exc.problem)
@@ -161,7 +201,8 @@ def compose(data: str | bytes, ctx: NodeContext) -> Node | None:
         problem = exc.problem or exc.context or "unreadable"
         raise ctx.fail_at(mark.line + 1 if mark else 1, None, f"not valid YAML: {problem} — fix the syntax")
     except yaml.reader.ReaderError as exc:
-        line = text[: exc.position].count("\n") + 1 if isinstance(exc.position, int) else 1
+        pos = exc.position if isinstance(exc.position, int) else 0
+        line = indexed[:pos].count(b"\n" if isinstance(indexed, bytes) else "\n") + 1
         raise ctx.fail_at(line, None, f"not valid YAML: character #x{exc.character:04x} is not allowed "
                                       "— remove it")
     except yaml.YAMLError as exc:
@@ -171,7 +212,7 @@ def compose(data: str | bytes, ctx: NodeContext) -> Node | None:
         raise ctx.fail_at(1, None, "nested too deeply — flatten it")
     finally:
         if loader is not None:
-            loader.dispose()
+            loader.dispose()  # type: ignore[attr-defined]
     if node is not None:
         _check_tree(node, ctx)
     return node

@@ -14,7 +14,8 @@ import pytest
 
 from harness.spec import SpecError, load_spec
 from harness.targets import TargetError, load_targets_file
-from harness.yamlnodes import MAX_ALIASES, MAX_DEPTH, NodeContext, compose
+from harness import yamlnodes
+from harness.yamlnodes import MAX_ALIASES, MAX_DEPTH, MAX_NODES, NodeContext, compose, read_file
 from tests.conftest import ROOT, run_cli
 
 # Every key of a stage on a line of its own, so each can be deleted, blanked or retyped.
@@ -53,7 +54,7 @@ stages:
 # What a key's value is replaced by. Some of these are valid for some keys (then the spec loads).
 RETYPES = [
     "", "[]", "{}", "[1, 2]", "{a: 1}", ".nan", ".inf", "-.inf", "-1", "0", "true", "~", "'x'",
-    "1" * 5000, "!!binary AAAA", "!!python/name:os.system", "2024-13-45", '"\\0"', "..stages.x",
+    "1" * 5000, "9" * 400, "!!binary AAAA", "!!python/name:os.system", "2024-13-45", '"\\0"', "..stages.x",
     "*nowhere", "[" * 200,
 ]
 
@@ -154,6 +155,8 @@ def test_every_malformed_spec_is_one_line(fake_lab):
     ("timeout_s: 20", "timeout_s: 0", 27, "stages.OK.timeout_s", "more than 0"),
     ("timeout_s: 20", "timeout_s: -1", 27, "stages.OK.timeout_s", "more than 0"),
     ("timeout_s: 20", "timeout_s: 1.0e+300", 27, "stages.OK.timeout_s", "at most 86400"),
+    ("timeout_s: 20", "timeout_s: " + "9" * 400, 27, "stages.OK.timeout_s", "not a finite number"),
+    ("cosine_min: 0.9999", "cosine_min: " + "9" * 400, 24, "stages.OK.tolerances.out.cosine_min", "not a finite"),
     # empty values
     ("    title: add\n", "    title:\n", 4, "stages.OK.title", "nothing"),
     ("    dir: stages/fake\n", "    dir:\n", 5, "stages.OK.dir", "nothing"),
@@ -311,12 +314,41 @@ CTX = NodeContext("f.yaml", _E)
     ("a: &a {b: [*a]}\n", "cycle"),
     ("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1) + "\n", "levels deep"),
 ]))
-def test_compose_refuses_amplification_fast(text, says):
+@pytest.mark.parametrize("libyaml", [True, False], ids=["libyaml", "pure-python"])
+def test_compose_refuses_amplification_fast(text, says, libyaml, monkeypatch):
+    if not libyaml:
+        monkeypatch.setattr(yamlnodes, "_CParser", None)
+    elif yamlnodes._CParser is None:
+        pytest.skip("PyYAML here has no libyaml")
     t0 = time.monotonic()
     with pytest.raises(_E) as exc:
         compose(text, CTX)
     assert time.monotonic() - t0 < 1.0
     assert str(exc.value).startswith("f.yaml:") and says in str(exc.value), str(exc.value)
+
+
+@pytest.mark.parametrize("libyaml", [True, False], ids=["libyaml", "pure-python"])
+@pytest.mark.parametrize("data, line, says", [
+    (b"a: 1\nb: x\x00y\n", 2, "character #x0000 is not allowed"),
+    (b"a: 1\n\nb: \xe2\x82\xac\x07\n", 3, "character #x0007 is not allowed"),
+    (b"a: 1\nb: \xff\n", 2, "not UTF-8"),
+    (b"a: 1\nb: [\n", 3, "not valid YAML"),
+    (b"\xef\xbb\xbfa: 1\nb: *x\n", 2, "undefined alias"),
+])
+def test_compose_bad_text_either_parser(data, line, says, libyaml, monkeypatch):
+    if not libyaml:
+        monkeypatch.setattr(yamlnodes, "_CParser", None)
+    with pytest.raises(_E) as exc:
+        compose(data, CTX)
+    assert str(exc.value).startswith(f"f.yaml:{line}: ") and says in str(exc.value), str(exc.value)
+
+
+def test_compose_refuses_too_many_values():
+    text = "[" + "a, " * 1001 + "]\n"
+    with pytest.raises(_E, match=r"^f\.yaml:1: more than 1000 values in one file"):
+        compose(text, CTX, max_nodes=1000)
+    assert compose(text, CTX, max_nodes=1002) is not None
+    assert MAX_NODES >= 100_000
 
 
 def test_compose_keeps_small_honest_aliases():
@@ -379,12 +411,15 @@ def test_billion_laughs_in_targets_yaml(tmp_path, where):
     assert re.match(r"^targets\.yaml:\d+: YAML aliases stand for more than", msg), msg
 
 
-def test_cli_refuses_a_bomb_in_one_line(fake_lab):
+def test_cli_refuses_a_bomb_in_one_line(fake_lab, tmp_path):
     write_spec(fake_lab, RICH + bomb(as_key=True))
-    r = run_cli(["list"], cwd=fake_lab, timeout=60)
-    assert r.returncode == 2 and "Traceback" not in r.stdout + r.stderr, r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "stages.yaml:" in lines[0] and "aliases" in lines[0], r.stderr
+    (fake_lab / "targets.yaml").write_text("version: 1\n" + bomb())
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    for args, file in ((["list"], "stages.yaml"), (["targets", "list"], "targets.yaml")):
+        r = run_cli(args, cwd=fake_lab, env_extra=env, timeout=60)
+        assert r.returncode == 2 and "Traceback" not in r.stdout + r.stderr, (args, r.stderr)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and f"{file}:" in lines[0] and "aliases" in lines[0], (args, r.stderr)
 
 
 # ---------------------------------------------------------------------------------------
@@ -458,3 +493,10 @@ def test_empty_targets_key_declares_none_and_a_folder_is_refused(tmp_path):
     path.mkdir()
     with pytest.raises(TargetError, match=r"^targets\.yaml:1: is a folder"):
         load_targets_file(path, "targets.yaml")
+
+
+def test_oversized_file_is_refused_unread(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_bytes(b"# " + b"x" * (5 << 20) + b"\n")
+    with pytest.raises(_E, match=r"^big\.yaml:1: larger than 4 MiB"):
+        read_file(path, NodeContext("big.yaml", _E))
