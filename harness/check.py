@@ -29,12 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
 from yaml.nodes import MappingNode, Node
 
+from harness.labels import case_label
 from harness.matrix import expand
 from harness.spec import FuncRef, Spec, Stage, normalize_stage_name
 from harness.userfault import describe, where_defined
+from harness.yamlnodes import NodeContext, read_file
 
 MAX_CASES_SCANNED = 4096  # tensors(case) is evaluated on at most this many cases
 DTYPES = ("bfloat16", "float16", "float32", "int32", "uint8", "float8_e4m3fn")
@@ -43,6 +44,10 @@ OUTPUT_DTYPES = ("bfloat16", "float16", "float32")  # the ones the harness can p
 
 class ContractError(Exception):
     """A contract violation found at run time, already one line."""
+
+
+class _Unreadable(Exception):
+    """stages.yaml could not be read again for line numbers (it loaded a moment ago)."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -55,9 +60,9 @@ class _SpecLines:
     def __init__(self, spec: Spec):
         self.name = spec.path.name
         self._stages: dict[str, Node] = {}
-        try:
-            doc = yaml.compose(spec.path.read_text())
-        except (yaml.YAMLError, OSError, UnicodeDecodeError):
+        try:  # bounded like load_spec's own reading (alias bombs, depth, size)
+            doc = read_file(spec.path, NodeContext(spec.path.name, _Unreadable))
+        except _Unreadable:
             doc = None
         stages = _child(doc, "stages")
         if isinstance(stages, MappingNode):
@@ -266,7 +271,7 @@ class _StageCheck:
             return problems + p
         problems += self._tolerance_problems(specs)
         problems += self._call_problems(kernels, specs, tensors_fn)
-        ctx = f" ({st.name}, case {_label(smallest)})"
+        ctx = f" ({st.name}, case {case_label(smallest)})"
         if fns.get("flops") is not None:
             value, err = self._call(fns["flops"], smallest)
             if err:
@@ -419,10 +424,6 @@ class _StageCheck:
             problems.append(f"{sites[0]}: Kernel.__call__{also}: tensors() ({tsite}) {what} — __call__ takes the "
                             f"tensors in tensors()' order, then stream")
         return problems
-
-
-def _label(case: dict) -> str:
-    return ",".join(f"{k}={v}" for k, v in case.items())
 
 
 def _seed(stage_id: str, case: dict) -> int:

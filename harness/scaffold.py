@@ -361,13 +361,9 @@ def yaml_block(stage_id: str, title: str, folder: str, oracle_mod: str, axes: di
 
 def _stage_indent(spec_path: Path) -> int:
     """The column of the existing stage ids under `stages:` (2 when there are none)."""
-    import yaml
     from yaml.nodes import MappingNode
 
-    try:
-        doc = yaml.compose(spec_path.read_text())
-    except yaml.YAMLError:
-        return 2
+    doc = _read_bounded(spec_path)
     if isinstance(doc, MappingNode):
         for k, v in doc.value:
             if k.value == "stages" and isinstance(v, MappingNode) and v.value and not v.flow_style:
@@ -375,15 +371,21 @@ def _stage_indent(spec_path: Path) -> int:
     return 2
 
 
-def _no_stages_yet(spec_path: Path) -> bool:
-    """stages.yaml declares `stages:` last, with nothing under it yet."""
-    import yaml
-    from yaml.nodes import MappingNode, ScalarNode
+def _read_bounded(spec_path: Path):
+    """stages.yaml's node tree, read with the lab's bounded reader; None when it cannot be."""
+    from harness.yamlnodes import NodeContext, read_file
 
     try:
-        doc = yaml.compose(spec_path.read_text())
-    except (yaml.YAMLError, OSError, UnicodeDecodeError):
-        return False
+        return read_file(spec_path, NodeContext(spec_path.name, ScaffoldError))
+    except ScaffoldError:
+        return None
+
+
+def _no_stages_yet(spec_path: Path) -> bool:
+    """stages.yaml declares `stages:` last, with nothing under it yet."""
+    from yaml.nodes import MappingNode, ScalarNode
+
+    doc = _read_bounded(spec_path)
     if not isinstance(doc, MappingNode) or not doc.value:
         return False
     key, value = doc.value[-1]
