@@ -359,7 +359,12 @@ class _StageCheck:
         problems = []
         for arch, cls in kernels.items():
             init = cls.__init__
-            site = where_defined(init, self.root) if init is not object.__init__ else where_defined(cls, self.root)
+            if init is object.__init__:  # object's own takes no keywords, whatever its signature says
+                if params:
+                    problems.append(f"{where_defined(cls, self.root)}: {cls.__name__} defines no __init__ — it must take "
+                                    f"the kernel parameters as keywords: def __init__(self, *, {', '.join(params)})")
+                continue
+            site = where_defined(init, self.root)
             try:
                 sig = inspect.signature(init)
             except (TypeError, ValueError):
@@ -393,8 +398,12 @@ class _StageCheck:
         mismatched: dict[tuple[str, ...], list[str]] = {}
         problems = []
         for arch, cls in kernels.items():
-            call = getattr(cls, "__call__", None)
-            site = where_defined(call, self.root) if call is not None else where_defined(cls, self.root)
+            call = next((vars(c)["__call__"] for c in cls.__mro__ if c is not object and "__call__" in vars(c)), None)
+            if call is None:
+                problems.append(f"{where_defined(cls, self.root)}: {cls.__name__} defines no __call__ — add "
+                                f"@cute.jit def __call__(self, {', '.join(names)}{', stream' if arch != 'cpu' else ''})")
+                continue
+            site = where_defined(call, self.root)
             try:
                 sig = inspect.signature(call)
             except (TypeError, ValueError):

@@ -134,6 +134,14 @@ def _build_broken(lab: Path) -> dict[str, str]:
     _edit(k100, "import cutlass.cute as cute\n", "import cutlass.cute as cute\nfrom cutlass import no_such_name\n")
     want["KIMPORT"] = _where(k100, "no_such_name", lab)
 
+    _, k90, _ = _stage(lab, "NOINIT")  # a kernel class with no __init__ (object's takes no keywords)
+    _edit(k90, "    def __init__(self, *, hd: int, n: int, m: int):", "    def _unused(self, *, hd: int, n: int, m: int):")
+    want["NOINIT"] = _where(k90, "class Kernel", lab)
+
+    _, _, k100 = _stage(lab, "NOCALL")  # a kernel class with no __call__
+    _edit(k100, "    def __call__(self,", "    def call(self,")
+    want["NOCALL"] = _where(k100, "class Kernel", lab)
+
     o, _, _ = _stage(lab, "FLOPS")  # flops is not a positive number
     _edit(o, '    return 2.0 * case["m"] * case["n"] * case["hd"]', "    return 0")
     want["FLOPS"] = _where(o, "def flops(", lab)
@@ -159,7 +167,8 @@ def test_check_exits_2_without_traceback(broken):
 
 
 @pytest.mark.parametrize("sid", ["TSHAPE", "ISHAPE", "IMISSING", "IDTYPE", "ORAISE", "OSHAPE", "OKEYS", "TOLKEY",
-                                 "AXIS", "INITREQ", "EXTRA", "OIMPORT", "KIMPORT", "FLOPS"])
+                                 "AXIS", "INITREQ", "EXTRA", "OIMPORT", "KIMPORT", "FLOPS",
+                                 "NOINIT", "NOCALL"])
 def test_each_breakage_is_one_line_at_the_right_place(broken, sid):
     lab, want, r, _ = broken
     tag = [f"oracles/{sid.lower()}.py", f"stages/{sid}_new/", f"stages.{sid}.", f"stage-{sid},"]
@@ -184,6 +193,8 @@ def test_problem_lines_say_what_is_wrong(broken):
     assert "at import: ValueError: invalid literal for int()" in err
     assert "at import: ImportError: cannot import name 'no_such_name'" in err
     assert "flops: returned 0, expected a positive number" in err
+    assert "Kernel defines no __init__ — it must take the kernel parameters as keywords" in err
+    assert "Kernel defines no __call__ — add @cute.jit def __call__(self, Q, K, S, stream)" in err
 
 
 @pytest.mark.parametrize("where", ["oracle", "kernel"])
