@@ -148,6 +148,12 @@ def inputs_problems(specs: list, inputs: Any, fn: Callable, root: Path, context:
             problems.append(f"{site}: '{s.name}' has shape {_shape(t)}, tensors() declares {tuple(s.shape)}{context}")
         elif _dtype(t) != s.dtype:
             problems.append(f"{site}: '{s.name}' has dtype {_dtype(t)}, tensors() declares {s.dtype}{context}")
+        elif not t.is_contiguous():  # the kernel was compiled for compact row-major tensors
+            problems.append(f"{site}: '{s.name}' is not contiguous (strides {tuple(t.stride())}) — the kernel reads "
+                            f"row-major tensors: return .contiguous(){context}")
+        elif t.numel() and t.data_ptr() % 16:
+            problems.append(f"{site}: '{s.name}' is not 16-byte aligned (a view into a larger tensor?) — return a "
+                            f"fresh tensor (.clone()){context}")
     return problems
 
 

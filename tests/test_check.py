@@ -98,6 +98,15 @@ def _build_broken(lab: Path) -> dict[str, str]:
     _edit(o, "    return out\n", "    out['Q'] = out['Q'].float()\n    return out\n")
     want["IDTYPE"] = _where(o, "def make_inputs(", lab)
 
+    o, _, _ = _stage(lab, "ICONTIG")  # make_inputs returns a transposed view: same shape, not row-major
+    _edit(o, "    return out\n", "    out['Q'] = out['Q'].T.contiguous().T\n    return out\n")
+    want["ICONTIG"] = _where(o, "def make_inputs(", lab)
+
+    o, _, _ = _stage(lab, "IALIGN")  # make_inputs returns a view 2 bytes into a larger tensor
+    _edit(o, "    return out\n", "    out['K'] = out['K'].reshape(-1).clone().repeat(2)[1:out['K'].numel() + 1].view(out['K'].shape)\n"
+                                 "    return out\n")
+    want["IALIGN"] = _where(o, "def make_inputs(", lab)
+
     o, _, _ = _stage(lab, "ORAISE")  # the oracle raises
     _edit(o, '    return {"S": s}', '    s = s / 0 if False else s\n    boom = 1 // 0\n    return {"S": s}')
     want["ORAISE"] = _where(o, "boom = 1 // 0", lab)
@@ -168,7 +177,7 @@ def test_check_exits_2_without_traceback(broken):
 
 @pytest.mark.parametrize("sid", ["TSHAPE", "ISHAPE", "IMISSING", "IDTYPE", "ORAISE", "OSHAPE", "OKEYS", "TOLKEY",
                                  "AXIS", "INITREQ", "EXTRA", "OIMPORT", "KIMPORT", "FLOPS",
-                                 "NOINIT", "NOCALL"])
+                                 "NOINIT", "NOCALL", "ICONTIG", "IALIGN"])
 def test_each_breakage_is_one_line_at_the_right_place(broken, sid):
     lab, want, r, _ = broken
     tag = [f"oracles/{sid.lower()}.py", f"stages/{sid}_new/", f"stages.{sid}.", f"stage-{sid},"]
@@ -193,6 +202,8 @@ def test_problem_lines_say_what_is_wrong(broken):
     assert "at import: ValueError: invalid literal for int()" in err
     assert "at import: ImportError: cannot import name 'no_such_name'" in err
     assert "flops: returned 0, expected a positive number" in err
+    assert "make_inputs: 'Q' is not contiguous (strides (1, 64))" in err
+    assert "make_inputs: 'K' is not 16-byte aligned" in err
     assert "Kernel defines no __init__ — it must take the kernel parameters as keywords" in err
     assert "Kernel defines no __call__ — add @cute.jit def __call__(self, Q, K, S, stream)" in err
 
