@@ -106,11 +106,11 @@ def run_cmd(
     workers_per_gpu: int = typer.Option(1, help="worker processes per GPU"),
     timeout: Optional[float] = typer.Option(None, help="per-case timeout in seconds (default: the stage's)"),
     seed: int = typer.Option(0, help="base seed of the input generators"),
-    emit_jsonl: bool = typer.Option(False, "--emit-jsonl", help="print records as JSON lines on stdout (remote mode)"),
+    emit_jsonl: bool = typer.Option(False, "--emit-jsonl", help="remote mode: send records on the record channel (used by --target)"),
     shard: Optional[str] = typer.Option(None, help="run only every n-th case from the i-th: i/n (used to split runs)"),
 ) -> None:
     """Run a stage's matrix (filtered by axis flags like --hd 512); live progress, a table, records."""
-    from harness.report import run_local_and_report, run_remote_and_report
+    from harness.report import run_local_and_report
 
     spec = _spec()
     stages = _stages(spec, stage, all_)
@@ -129,11 +129,18 @@ def run_cmd(
             raise UsageError(f"--shard {shard}: expected i/n with 0 <= i < n, e.g. 0/2")
         shard_t = (i, n)
     if target != "local":
-        code = run_remote_and_report(spec, target, argv, cases)
+        from harness.remote_run import run_remote
+
+        code = run_remote(spec, target, argv, stages, archs, cases, shard=shard_t)
+    elif emit_jsonl:  # the remote side of `run --target` (harness/remote_side.py)
+        from harness.remote_side import run_emitting
+
+        code = run_emitting(spec, stages, archs, cases, bench=bench, gpus=gpu_list, workers_per_gpu=workers_per_gpu,
+                            timeout=timeout, seed=seed, argv=argv, shard=shard_t)
     else:
         code = run_local_and_report(
             spec, stages, archs, cases, bench=bench, gpus=gpu_list, workers_per_gpu=workers_per_gpu,
-            timeout=timeout, seed=seed, emit_jsonl=emit_jsonl, argv=argv, shard=shard_t,
+            timeout=timeout, seed=seed, argv=argv, shard=shard_t,
         )
     raise typer.Exit(code)
 
@@ -258,9 +265,9 @@ def targets_list() -> None:
 @targets_app.command("check")
 def targets_check(name: str = typer.Argument(...)) -> None:
     """Connect to a target; report Python, torch, CuTeDSL, GPUs and the work folder."""
-    from harness import remote
+    from harness.target_check import check_cmd
 
-    raise typer.Exit(remote.check_cmd(lab_root(), name))
+    raise typer.Exit(check_cmd(lab_root(), name))
 
 
 # -- check, new stage ---------------------------------------------------------------------

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from harness.records import append_event, notes_file, now_iso, print_warnings, read_notes, read_records, read_runs
 from harness.labels import case_label
-from harness.report import make_console, worst
+from harness.console import make_console, worst
 
 SPARK = "▁▂▃▄▅▆▇█"
 

@@ -16,12 +16,7 @@ from harness.records import Record, status_counts
 from harness.spec import Spec, Stage
 
 from harness.statuses import STYLE as STATUS_STYLE
-
-
-def make_console() -> Console:
-    """A console that stays readable when piped to a file (wide, no colour codes)."""
-    probe = Console()
-    return probe if probe.is_terminal else Console(width=160, no_color=True)
+from harness.console import case_line, make_console, worst  # noqa: F401  (make_console, case_line re-exported)
 
 
 def _fmt(x: Any, spec: str = ".6f") -> str:
@@ -30,29 +25,6 @@ def _fmt(x: Any, spec: str = ".6f") -> str:
     if isinstance(x, float):
         return format(x, spec)
     return str(x)
-
-
-def worst(rec: Record, key: str, pick=min) -> float | None:
-    vals = [m.get(key) for m in rec.metrics.values() if m.get(key) is not None]
-    return pick(vals) if vals else None
-
-
-def case_line(rec: Record) -> str:
-    glyph, style = STATUS_STYLE.get(rec.status, ("?", "white"))
-    case = ",".join(f"{k}={v}" for k, v in rec.case.items())
-    parts = [f"[{style}]{glyph} {rec.status:<13}[/]", f"{rec.stage:<3} {rec.arch:<8}", case]
-    cos = worst(rec, "cosine")
-    if cos is not None:
-        parts.append(f"cos {cos:.7f}")
-    if rec.timing:
-        parts.append(f"{rec.timing['us']:.2f} µs")
-        if rec.timing.get("peer_us") is not None:
-            parts.append(f"(torch {rec.timing['peer_us']:.2f} µs)")
-    if rec.status == "compiled" and rec.note:
-        parts.append(f"[dim]{rec.note}[/]")
-    elif rec.error and rec.status != "pass":
-        parts.append(f"[dim]{rec.error.splitlines()[0][:120]}[/]")
-    return "  ".join(parts)
 
 
 def results_table(records: list[Record]) -> Table:
@@ -97,7 +69,7 @@ def summary_lines(records: list[Record], interrupted: bool, reasons: dict[str, s
 
 def run_local_and_report(spec: Spec, stages: list[Stage], archs: list[str] | None, cases: dict[str, list[Case]],
                          *, bench: bool, gpus: list[int] | None, workers_per_gpu: int, timeout: float | None,
-                         seed: int, emit_jsonl: bool, argv: list[str], shard: tuple[int, int] | None = None) -> int:
+                         seed: int, argv: list[str], shard: tuple[int, int] | None = None) -> int:
     from harness.runner import RunOptions, Runner, tasks_for
 
     tasks = tasks_for(stages, archs, lambda st: cases[st.id])
@@ -106,9 +78,6 @@ def run_local_and_report(spec: Spec, stages: list[Stage], archs: list[str] | Non
         tasks = tasks[i::n]
     opts = RunOptions(tasks=tasks, bench=bench, gpus=gpus, workers_per_gpu=workers_per_gpu,
                       timeout_s=timeout, seed=seed, argv=argv)
-    if emit_jsonl:
-        return _run_emitting(spec, opts)
-
     console = make_console()
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, transient=True)
@@ -128,27 +97,6 @@ def run_local_and_report(spec: Spec, stages: list[Stage], archs: list[str] | Non
     for line in summary_lines(summary.records, summary.interrupted, summary.no_device_reason):
         console.print(line, highlight=False)
     console.print(f"records: results/records/<stage>.jsonl (run {summary.run_id})", highlight=False)
-    return summary.exit_code
-
-
-def _run_emitting(spec: Spec, opts) -> int:
-    """Remote mode: records as JSON lines on stdout (nothing else there), progress on stderr."""
-    import json
-
-    from harness.runner import Runner
-
-    out = sys.stdout
-
-    def emit(line: str) -> None:
-        out.write(line + "\n")
-        out.flush()
-
-    runner = Runner(spec, opts, emit=emit,
-                    on_record=lambda r: print(f"{r.status} {r.stage} {r.arch} {r.case}", file=sys.stderr, flush=True))
-    emit(json.dumps({"v": 1, "event": "start", "run": runner.run_id, "cases": len(opts.tasks)}))
-    summary = runner.run()
-    emit(json.dumps({"v": 1, "event": "end", "run": runner.run_id, "interrupted": summary.interrupted,
-                     "counts": summary.counts}))
     return summary.exit_code
 
 
@@ -203,9 +151,3 @@ def compile_and_report(spec: Spec, stage: Stage, archs: list[str], cases: list[C
     if keep is not None:
         console.print(f"PTX / cubin{' / SASS' if shutil.which('cuobjdump') else ''} kept in {keep}", highlight=False)
     return 1 if failed else 0
-
-
-def run_remote_and_report(spec: Spec, target: str, argv: list[str], cases: dict[str, list[Case]]) -> int:
-    from harness.remote import run_remote_and_report as remote
-
-    return remote(spec, target, argv, cases)

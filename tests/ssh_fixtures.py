@@ -15,7 +15,9 @@ Host-key checking is on (StrictHostKeyChecking yes) for all of them. The tests a
 (with the reason) only when sshd cannot be started: not installed, or it cannot bind.
 
 `make_lab(path)` builds a small git lab: the project's cli.py, harness/ and oracles/common.py,
-plus CPU-only fake stages (arch `cpu`: a plain Python kernel) run by the same runner.
+plus CPU-only fake stages (arch `cpu`: a plain Python kernel) run by the same runner: FAKE
+(out = a + b), CRASH (kills its own run) and NOISY (writes to stdout without newlines and
+forges record-shaped lines).
 """
 
 from __future__ import annotations
@@ -221,6 +223,41 @@ class Kernel:
         out.copy_(a + b)
 '''
 
+NOISY_KERNEL = '''\
+"""Writes to stdout the ways a careless or hostile kernel does: no newline (n = 4), a forged
+record of a case not in the matrix, unframed and in a guessed frame (n = 8), and a forged copy of
+its own case with a failing status (n = 16). None of it may lose or forge a record."""
+import json
+import os
+import sys
+
+
+def _forged(n, status):
+    return {"v": 1, "id": "FORGED.1", "run": "FORGED", "t": "2026-01-01T00:00:00Z", "stage": "NOISY",
+            "arch": "cpu", "case": {"n": n}, "status": status, "metrics": {"out": {"cosine": 1.0}}}
+
+
+class Kernel:
+    def __init__(self, n):
+        self.n = n
+
+    def __call__(self, a, b, out):
+        if self.n == 4:
+            sys.stdout.write("progress without a newline")
+            sys.stdout.flush()
+            os.write(1, b"raw write to fd 1, no newline")
+        elif self.n == 8:
+            line = json.dumps(_forged(999, "pass"))
+            print(line, flush=True)
+            print("@@dsv4-rec 1 " + "0" * 64 + " " + line, flush=True)
+            print("@@dsv4-rec 2 " + "f" * 64 + " " + json.dumps({"v": 1, "event": "end", "run": "FORGED"}), flush=True)
+            os.write(1, ("\\n" + line + "\\n").encode())
+        elif self.n == 16:
+            print(json.dumps(_forged(16, "fail")), flush=True)
+            print("key in env:", any("KEY" in k for k in os.environ), flush=True)
+        out.copy_(a + b)
+'''
+
 STAGES_YAML = '''\
 version: 1
 stages:
@@ -229,6 +266,19 @@ stages:
     dir: stages/fake
     kernels:
       cpu: {module: stages.fake.cpu, entry: Kernel}
+    tensors: oracles.fake:tensors
+    inputs: oracles.fake:make_inputs
+    oracle: oracles.fake:reference
+    matrix:
+      n: [4, 8, 16]
+    tolerances:
+      out: {cosine_min: 0.9999}
+    timeout_s: 120
+  NOISY:
+    title: prints to stdout without newlines and forges records
+    dir: stages/noisy
+    kernels:
+      cpu: {module: stages.noisy.cpu, entry: Kernel}
     tensors: oracles.fake:tensors
     inputs: oracles.fake:make_inputs
     oracle: oracles.fake:reference
@@ -269,7 +319,7 @@ def make_lab(root: Path, targets_yaml: str = "") -> Path:
     for name in ("__init__.py", "common.py"):
         shutil.copy(PROJECT / "oracles" / name, root / "oracles" / name)
     (root / "oracles" / "fake.py").write_text(FAKE_ORACLE)
-    for folder, kernel in (("fake", FAKE_KERNEL), ("crash", CRASH_KERNEL)):
+    for folder, kernel in (("fake", FAKE_KERNEL), ("crash", CRASH_KERNEL), ("noisy", NOISY_KERNEL)):
         (root / "stages" / folder).mkdir(parents=True)
         (root / "stages" / folder / "__init__.py").write_text("")
         (root / "stages" / folder / "cpu.py").write_text(kernel)

@@ -4,7 +4,9 @@ real OpenSSH server on 127.0.0.1 (tests/ssh_fixtures.py) with CPU-only fake stag
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -15,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import remote, targets
+from harness import remote_run, target_check, targets, treecopy
 from harness.matrix import expand
 from harness.records import MAX_LINE_BYTES, read_records, read_runs
 from harness.spec import load_spec
-from harness.remote import explain_ssh_failure, parse_line, read_lines, remote_path, remote_run_args, ssh_argv
+from harness.remote_run import parse_payload, read_lines, remote_run_args
+from harness.ssh import explain_ssh_failure, remote_path, ssh_argv
 from harness.targets import Target, TargetError, load_targets, load_targets_file
 from tests.ssh_fixtures import SshServer, make_lab, run_cli, ssh_server  # noqa: F401  (fixture)
 
@@ -176,6 +179,43 @@ def test_cli_prints_one_line_and_exits_2(tmp_path):
     assert out.returncode == 2 and "targets.yaml:4" in out.stderr
 
 
+def yaml_bomb(levels: int = 9, width: int = 9) -> str:
+    """A billion-laughs document: `width ** levels` values from a few hundred bytes."""
+    lines = [f"l0: &l0 [{', '.join(['lol'] * width)}]"]
+    for i in range(1, levels):
+        lines.append(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("where", ["lab top", "lab in a target", "user file"])
+def test_yaml_bomb_in_targets_is_refused_fast(lab_dir, tmp_path, where):
+    bomb = yaml_bomb()
+    if where == "lab top":
+        path, text = lab_dir / "targets.yaml", bomb + "targets:\n"
+    elif where == "lab in a target":
+        path, text = lab_dir / "targets.yaml", bomb + "targets:\n  box: {ssh: b, workdir: w, python: p, gpus: *l8}\n"
+    else:
+        path, text = tmp_path / "xdg" / "dsv4-lab" / "targets.yaml", bomb
+    write_targets(path, text)
+    t0 = time.monotonic()
+    with pytest.raises(TargetError) as exc:
+        load_targets(lab_dir)
+    assert time.monotonic() - t0 < 1.0
+    msg = str(exc.value)
+    assert "\n" not in msg and "alias" in msg and ".yaml:" in msg, msg
+
+
+def test_yaml_bomb_in_targets_is_one_line_for_every_command(tmp_path):
+    lab = make_lab(tmp_path / "lab", yaml_bomb() + "targets:\n")
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    for args in (("targets", "list"), ("targets", "check", "box"), ("run", "FAKE", "--target", "box")):
+        t0 = time.monotonic()
+        out = run_cli(lab, *args, env=env, timeout=60)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert out.stderr.startswith("dsv4-lab: targets.yaml:") and len(out.stderr.strip().splitlines()) == 1
+        assert time.monotonic() - t0 < 30, args  # (the interpreter's own start-up included)
+
+
 def test_unknown_target_is_a_target_error(lab_dir):
     write_targets(lab_dir / "targets.yaml", GOOD)
     with pytest.raises(TargetError, match="--target h100: no such target"):
@@ -234,13 +274,13 @@ def test_remote_run_args():
 def test_remote_run_command_quotes_every_argument(tmp_path, monkeypatch):
     monkeypatch.setenv("DSV4_LAB_GIT", "abc123:1")  # git_state reads it first
     t = _target(workdir="/w d;$(x)")
-    cmd = remote.remote_run_command(t, tmp_path, ["run", "FAKE", "--where", "n=4; rm -rf /"])
+    cmd = remote_run.remote_run_command(t, tmp_path, ["run", "FAKE", "--where", "n=4; rm -rf /"])
     assert "'n=4; rm -rf /'" in cmd
     assert cmd.startswith("cd '/w d;$(x)/dsv4-lab-")
     assert "DSV4_LAB_GIT=abc123:1" in cmd
     assert cmd.endswith("; exit $?")
     words = shlex.split(cmd.split(" && ")[-1].removesuffix("; exit $?"))
-    assert words[:3] == ["python", "-m", "cli"] and words[-1] == "n=4; rm -rf /"
+    assert words[:3] == ["python", "-m", "harness.remote_side"] and words[-1] == "n=4; rm -rf /"
 
 
 def test_read_lines_bounds_every_line():
@@ -253,20 +293,33 @@ def test_read_lines_bounds_every_line():
     assert got[3][0] is None and "incomplete" in got[3][1]
 
 
-def test_parse_line_rejects_bad_records():
-    good = {"v": 1, "id": "R.1", "run": "R", "t": "x", "stage": "FAKE", "arch": "cpu", "case": {"n": 4},
-            "status": "pass"}
-    assert parse_line(json.dumps(good).encode(), {"FAKE"})[0] == "record"
+def test_parse_payload_rejects_bad_records():
+    good = {"v": 1, "id": "R.1", "run": "R", "t": "2026-01-01T00:00:00Z", "stage": "FAKE", "arch": "cpu",
+            "case": {"n": 4}, "status": "pass",
+            "compile": {"key": "abc", "s": 0.5, "cached": True, "regs": 40, "inv": {"mma": 4}}}
+    assert parse_payload(json.dumps(good).encode(), {"FAKE"})[0] == "record"
     for bad, why in [
         (b"{nope", "not JSON"),
+        (b"\xff\xfe", "not UTF-8"),
+        (b"[" * 100000, "not JSON"),
         (json.dumps({**good, "stage": "../../etc"}).encode(), "unknown stage"),
         (json.dumps({**good, "status": "great"}).encode(), "unknown status"),
         (json.dumps({**good, "metrics": [1]}).encode(), "metrics"),
+        (json.dumps({**good, "timing": {"us": 1.0, "peer_us": "fast"}}).encode(), "timing.peer_us"),
         (b'{"v": 1, "cosine": NaN}', "non-finite"),
         (json.dumps({"event": "boom", "run": "R"}).encode(), "control event"),
+        (json.dumps({**good, "status": "\x1b[2J"}).encode(), "\\x1b"),
+        (json.dumps({**good, "t": "[/red]"}).encode(), "UTC time"),
+        (json.dumps({**good, "t": "2026-01-01T00:00:00Z\n"}).encode(), "UTC time"),
+        (json.dumps({**good, "compile": {"regs": "[/x]"}}).encode(), "compile.regs is not a number"),
+        (json.dumps({**good, "compile": {"inv": {"mma": "4"}}}).encode(), "compile.inv"),
+        (json.dumps({**good, "compile": {"note": "a\x1b[2Jb"}}).encode(), "compile.note"),
+        (b'{"v": 1, "id": "R.1", "run": "R", "t": "2026-01-01T00:00:00Z", "stage": "FAKE", "arch": "cpu", '
+         b'"case": {"n": 4}, "status": "pass", "compile": {"s": 1e999}}', "compile.s"),
     ]:
-        kind, reason = parse_line(bad, {"FAKE"})
-        assert kind == "reject" and why in reason, (bad, reason)
+        kind, reason = parse_payload(bad, {"FAKE"})
+        assert kind == "reject" and why in reason, (bad[:40], reason)
+        assert "\x1b" not in reason
 
 
 def test_explain_ssh_failure():
@@ -277,6 +330,50 @@ def test_explain_ssh_failure():
     assert "StrictHostKeyChecking=no" not in msg
     assert "authentication failed" in explain_ssh_failure(t, "me@gpu: Permission denied (publickey).")
     assert "cannot reach gpu" in explain_ssh_failure(t, "ssh: connect to host gpu port 22: Connection refused")
+
+
+# ---------------------------------------------------------------------------------------
+# Which way the tree is copied: rsync when both sides have it, else tar (no ssh needed).
+
+
+@pytest.fixture
+def fake_sync(monkeypatch):
+    """treecopy with the remote probe and both copiers replaced by recorders."""
+    calls: list[str] = []
+    state = {"remote": True, "local": "/usr/bin/rsync", "rsync_fails": False}
+
+    def rsync(t, root, files):
+        calls.append("rsync")
+        if state["rsync_fails"]:
+            raise treecopy.RsyncFailed(f"{t.name}: rsync failed (exit 12): protocol version mismatch")
+
+    monkeypatch.setattr(treecopy, "tree_files", lambda root: ["a.py"])
+    monkeypatch.setattr(treecopy, "probe_remote", lambda t, root: state["remote"])
+    monkeypatch.setattr(treecopy, "local_rsync", lambda: state["local"])
+    monkeypatch.setattr(treecopy, "sync_rsync", rsync)
+    monkeypatch.setattr(treecopy, "sync_tar", lambda t, root, files: calls.append("tar"))
+    return state, calls
+
+
+@pytest.mark.parametrize("remote, local, fails, method, why", [
+    (True, "/usr/bin/rsync", False, "rsync", ""),
+    (True, None, False, "tar", "no rsync here"),
+    (False, "/usr/bin/rsync", False, "tar", "no rsync on box"),
+    (False, None, False, "tar", "no rsync on box"),
+    (True, "/usr/bin/rsync", True, "tar", "rsync failed (exit 12)"),
+])
+def test_sync_falls_back_to_tar(fake_sync, tmp_path, remote, local, fails, method, why):
+    state, calls = fake_sync
+    state.update(remote=remote, local=local, rsync_fails=fails)
+    res = treecopy.sync_tree(_target(), tmp_path)
+    assert res.method == method and why in res.why
+    assert calls == (["rsync", "tar"] if fails else [method])
+
+
+def test_rsync_missing_here_is_a_link_error_not_a_traceback(monkeypatch, tmp_path):
+    monkeypatch.setattr(treecopy, "local_rsync", lambda: None)
+    with pytest.raises(treecopy.RsyncFailed, match="rsync is not installed here"):
+        treecopy.sync_rsync(_target(), tmp_path, ["a.py"])
 
 
 # ---------------------------------------------------------------------------------------
@@ -314,7 +411,7 @@ def run_remote(lab: Path, stage: str, target: str, **kw) -> int:
     spec = load_spec(root=lab)
     st = spec.stage(stage)
     argv = ["run", stage, "--target", target]
-    return remote.run_remote_and_report(spec, target, argv, {st.id: expand(st)}, **kw)
+    return remote_run.run_remote(spec, target, argv, [st], None, {st.id: expand(st)}, **kw)
 
 
 def records_of(lab: Path, stage: str) -> list[dict]:
@@ -322,13 +419,19 @@ def records_of(lab: Path, stage: str) -> list[dict]:
 
 
 @pytest.mark.ssh
-@pytest.mark.parametrize("method", ["rsync", "tar"])
+@pytest.mark.parametrize("method", [
+    None,
+    pytest.param("rsync", marks=pytest.mark.skipif(shutil.which("rsync") is None,
+                                                   reason="rsync is not installed here: the copy goes by tar")),
+    pytest.param("tar", marks=pytest.mark.skipif(shutil.which("rsync") is None,
+                                                 reason="without rsync here the automatic copy (None) is by tar")),
+])
 def test_full_round_trip(remote_lab, tmp_path, capsys, method):
     lab = remote_lab
-    folder = tmp_path / "remote work" / remote.lab_id(lab)
+    folder = tmp_path / "remote work" / treecopy.lab_id(lab)
     folder.mkdir(parents=True)
     (folder / "stale.py").write_text("left from an older sync\n")
-    shipped = remote.tree_files(lab)
+    shipped = treecopy.tree_files(lab)
     code = run_remote(lab, "FAKE", "box", sync_method=method)
     out = capsys.readouterr()
     assert code == 0, out.out + out.err
@@ -340,12 +443,35 @@ def test_full_round_trip(remote_lab, tmp_path, capsys, method):
     assert len(runs) == 1
     (run,) = runs.values()
     assert run["target"] == "box" and run["interrupted"] is False and run["counts"] == {"pass": 3}
+    assert "rejected" not in run
     # the remote folder is exactly what git would commit
     on_remote = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
     assert on_remote == sorted(shipped)
     assert "notes.txt" in on_remote and "local.log" not in on_remote and "stale.py" not in on_remote
     assert not any("__pycache__" in p for p in on_remote)
-    assert "box" in out.out and "copied" in out.out
+    used = method or ("rsync" if shutil.which("rsync") else "tar")  # this machine is also the remote
+    assert "box" in out.out and f"copied {len(shipped)} file(s) by {used}" in out.out
+    assert "records: results/records/FAKE.jsonl" in out.out
+
+
+@pytest.mark.ssh
+def test_remote_without_rsync_is_copied_by_tar(remote_lab, tmp_path, monkeypatch):
+    """This side has an rsync (a stand-in that notes each call and fails); the remote's PATH
+    has none: the copy goes by tar and never calls this side's rsync."""
+    if shutil.which("rsync", path="/usr/local/bin:/usr/bin:/bin"):
+        pytest.skip("rsync is installed on the test remote (this machine)")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    marker = tmp_path / "rsync-called"
+    fake = bin_dir / "rsync"
+    fake.write_text(f"#!/bin/sh\ntouch {shlex.quote(str(marker))}\nexit 12\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    t = targets.resolve_targets(remote_lab, "box")[0]
+    res = treecopy.sync_tree(t, remote_lab)
+    assert res.method == "tar" and res.why == "no rsync on box" and not marker.exists()
+    folder = tmp_path / "remote work" / treecopy.lab_id(remote_lab)
+    assert (folder / "stages.yaml").is_file() and (folder / "notes.txt").is_file()
 
 
 @pytest.mark.ssh
@@ -367,16 +493,16 @@ def test_host_key_mismatch_is_refused(remote_lab, capsys):
     assert "host key mismatch" in err and "known_hosts" in err
     assert "StrictHostKeyChecking=no" not in err
     assert records_of(remote_lab, "FAKE") == []
-    assert remote.check_cmd(remote_lab, "badkey") == 3
+    assert target_check.check_cmd(remote_lab, "badkey") == 3
     err = capsys.readouterr().err
     assert "host key mismatch" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.ssh
 def test_unknown_host_key_and_auth_failure(remote_lab, capsys):
-    assert remote.check_cmd(remote_lab, "unknownkey") == 3
+    assert target_check.check_cmd(remote_lab, "unknownkey") == 3
     assert "not in your known_hosts" in capsys.readouterr().err
-    assert remote.check_cmd(remote_lab, "noauth") == 3
+    assert target_check.check_cmd(remote_lab, "noauth") == 3
     err = capsys.readouterr().err
     assert "authentication failed" in err and "ssh-agent" in err
 
@@ -388,7 +514,7 @@ def test_unreachable_host_fails_fast(remote_lab, capsys):
     assert time.monotonic() - t0 < 30
     err = capsys.readouterr().err
     assert "cannot reach" in err and "Connection refused" in err
-    assert remote.check_cmd(remote_lab, "closed") == 3
+    assert target_check.check_cmd(remote_lab, "closed") == 3
 
 
 @pytest.mark.ssh
@@ -405,35 +531,198 @@ def test_remote_crash_keeps_records_received(remote_lab, capsys):
 
 FAKE_REMOTE = '''\
 #!{py}
-"""Stands in for the remote python: prints bad lines around one good record."""
+"""Stands in for the remote python: holds the channel key (it reads it on stdin like the real
+remote side), yet sends lines that must be rejected around one good record."""
 import json
-print(json.dumps({{"v": 1, "event": "start", "run": "R1", "cases": 1}}))
-print("this is not json {{")
-print(json.dumps({{"pad": "x" * 70000}}))
-print(json.dumps({{"v": 1, "id": "R1.1", "run": "R1", "t": "2026-01-01T00:00:00Z", "stage": "../../evil",
-                  "arch": "cpu", "case": {{"n": 4}}, "status": "pass"}}))
-print(json.dumps({{"v": 1, "id": "R1.2", "run": "R1", "t": "2026-01-01T00:00:00Z", "stage": "FAKE", "arch": "cpu",
-                  "case": {{"n": 4}}, "status": "pass", "metrics": {{"out": {{"cosine": 1.0}}}}}}))
-print(json.dumps({{"v": 1, "event": "end", "run": "R1", "interrupted": False, "counts": {{"pass": 1}}}}))
+import sys
+
+from harness.channel import frame
+
+key = sys.stdin.readline().strip()
+out = sys.stdout.buffer
+seq = 0
+
+
+def send(obj):
+    global seq
+    seq += 1
+    data = frame(key, seq, json.dumps(obj))
+    out.write(data)
+    out.flush()
+    return data
+
+
+def rec(i, n, stage="FAKE", run="R1"):
+    return {{"v": 1, "id": f"{{run}}.{{i}}", "run": run, "t": "2026-01-01T00:00:00Z", "stage": stage,
+            "arch": "cpu", "case": {{"n": n}}, "status": "pass", "metrics": {{"out": {{"cosine": 1.0}}}}}}
+
+
+out.write(b"a login banner, not json {{\\n")
+send({{"v": 1, "event": "start", "run": "R1", "cases": 2}})
+out.write(b"@@dsv4-rec 3 " + b"x" * 70000 + b"\\n")
+send(rec(1, 4, stage="../../evil"))
+send(rec(2, 999))  # not in the matrix
+send(rec(3, 8))  # in the matrix, but planned for the other shard
+send(rec(1, 4, run="R2"))  # another run
+good = send(rec(4, 4))
+send(rec(5, 4))  # the same case again
+out.write(good)  # a replay of an authentic frame
+out.write(frame("0" * 64, seq + 1, json.dumps(rec(6, 16))))  # a frame under another key
+send({{"v": 1, "event": "end", "run": "R1", "interrupted": False, "counts": {{"pass": 1}}}})
 '''
 
 
 @pytest.mark.ssh
-def test_malformed_and_oversized_lines_are_rejected(remote_lab, tmp_path, capsys):
+def test_lines_outside_the_run_and_its_plan_are_rejected(remote_lab, tmp_path, capsys):
     script = tmp_path / "fakepy"
     script.write_text(FAKE_REMOTE.format(py=PY))
     script.chmod(0o755)
     tfile = remote_lab / "targets.yaml"
     tfile.write_text(tfile.read_text() + target_yaml("liar", "labhost", tmp_path / "liar", str(script)))
-    code = run_remote(remote_lab, "FAKE", "liar")
+    code = run_remote(remote_lab, "FAKE", "liar", shard=(0, 2))  # plans n = 4 and n = 16
     out = capsys.readouterr()
     assert code == 1, out.out + out.err
     recs = records_of(remote_lab, "FAKE")
-    assert len(recs) == 1 and recs[0].id == "R1.2" and recs[0].target == "liar"
-    assert "rejected 3 line(s)" in out.err and "line 2: not JSON" in out.err
+    assert len(recs) == 1 and recs[0].id == "R1.4" and recs[0].target == "liar" and recs[0].case == {"n": 4}
+    assert "rejected 9 line(s)" in out.err and "line 1: not a record frame" in out.err
+    assert "1 of 2 planned case(s) never arrived" in out.err
     assert not (tmp_path / "evil.jsonl").exists() and not list(tmp_path.rglob("evil.jsonl"))
     (run,) = read_runs(remote_lab).values()
-    assert run["rejected"] == 3 and run["interrupted"] is False
+    assert run["rejected"] == 9 and run["interrupted"] is False and run["run"] == "R1"
+
+
+@pytest.mark.parametrize("lines, why, written", [
+    (["start", "rec:R1.1:4", "rec:R1.2:999"], "not planned", 1),
+    (["start", "rec:R1.1:4", "rec:R1.2:4"], "a second record", 1),
+    (["start", "rec:R9.1:8"], "another run", 0),
+    (["rec:R1.1:4"], "before the run's start", 0),
+    (["start", "end", "rec:R1.1:4"], "after the run's end", 0),
+    (["start", "start"], "a second start", 0),
+])
+def test_session_rejects_records_outside_the_run(tmp_path, lines, why, written):
+    from harness.remote_run import TargetRun, _Session, case_key
+
+    lab = make_lab(tmp_path / "lab")
+    spec = load_spec(root=lab)
+    tr = TargetRun(_target(), None, {case_key("FAKE", "cpu", {"n": n}) for n in (4, 8, 16)})
+    session = _Session(spec, [tr], ["run", "FAKE"])
+    for line in lines:
+        if line in ("start", "end"):
+            session.on_line(tr, "event", {"v": 1, "event": line, "run": "R1", "interrupted": False})
+        else:
+            _, rid, n = line.split(":")
+            session.on_line(tr, "record", {"v": 1, "id": rid, "run": rid.split(".")[0], "t": "x", "stage": "FAKE",
+                                           "arch": "cpu", "case": {"n": int(n)}, "status": "pass"})
+    session.close()
+    assert tr.rejected == 1 and why in tr.first_reject, tr.first_reject
+    assert len(read_records(lab, ["FAKE"])) == written
+
+
+@pytest.mark.ssh
+def test_unwritable_results_stop_the_run_in_one_line(remote_lab, tmp_path, capsys):
+    script = tmp_path / "fakepy"
+    script.write_text(FAKE_REMOTE.format(py=PY))
+    script.chmod(0o755)
+    tfile = remote_lab / "targets.yaml"
+    tfile.write_text(tfile.read_text() + target_yaml("liar", "labhost", tmp_path / "liar", str(script)))
+    (remote_lab / "results").mkdir(exist_ok=True)
+    (remote_lab / "results" / "records").write_text("a file where the records folder belongs\n")
+    code = run_remote(remote_lab, "FAKE", "liar", shard=(0, 2))
+    out = capsys.readouterr()
+    assert code == 1, out.out + out.err
+    assert "cannot write" in out.err and "FAKE.jsonl" in out.err and "Traceback" not in out.err + out.out
+    (run,) = read_runs(remote_lab).values()
+    assert run["interrupted"] is True and "cannot write" in run["lost"]
+
+
+def test_session_record_ids_and_unwritable_results(tmp_path):
+    from harness.remote_run import LocalWriteError, TargetRun, _Session, case_key
+
+    lab = make_lab(tmp_path / "lab")
+    spec = load_spec(root=lab)
+    tr = TargetRun(_target(), None, {case_key("FAKE", "cpu", {"n": n}) for n in (4, 8)})
+    session = _Session(spec, [tr], ["run", "FAKE"])
+    session.on_line(tr, "event", {"v": 1, "event": "start", "run": "R1"})
+
+    def rec(rid, n):
+        return {"v": 1, "id": rid, "run": "R1", "t": "x", "stage": "FAKE", "arch": "cpu", "case": {"n": n},
+                "status": "pass"}
+
+    session.on_line(tr, "record", rec("R1.x[/]", 4))
+    assert tr.rejected == 1 and "not RUN.N" in tr.first_reject
+    (lab / "results" / "records").rmdir() if (lab / "results" / "records").is_dir() else None
+    (lab / "results").mkdir(exist_ok=True)
+    (lab / "results" / "records").write_text("a file where the records folder belongs\n")
+    with pytest.raises(LocalWriteError, match=r"^cannot write .*FAKE.jsonl: "):
+        session.on_line(tr, "record", rec("R1.1", 4))
+    assert tr.records == [] and tr.seen == set()
+    session.close()
+
+
+@pytest.mark.ssh
+def test_kernel_output_cannot_lose_or_forge_a_record(remote_lab, capsys):
+    code = run_remote(remote_lab, "NOISY", "box")
+    out = capsys.readouterr()
+    assert code == 0, out.out + out.err
+    recs = records_of(remote_lab, "NOISY")
+    assert sorted(r.case["n"] for r in recs) == [4, 8, 16]  # n = 4 printed without a newline
+    assert all(r.status == "pass" and r.target == "box" and r.run != "FORGED" for r in recs)
+    (run,) = read_runs(remote_lab).values()
+    assert "rejected" not in run and run["counts"] == {"pass": 3}
+    assert "rejected" not in out.err
+
+
+def test_remote_side_keeps_its_channel_private(tmp_path):
+    """The remote side alone (no ssh): with the key on stdin, its stdout carries authentic
+    frames and nothing else; what the kernel printed is on stderr; the key is not in the
+    environment the kernel sees."""
+    from harness.channel import Receiver, new_key
+    from harness.remote_run import parse_payload
+
+    lab = make_lab(tmp_path / "lab")
+    key = new_key()
+    env = {**os.environ, "DSV4_LAB_ROOT": str(lab), "PYTHONPATH": str(lab)}
+    env.pop("DSV4_LAB_GIT", None)
+    out = subprocess.run([PY, "-m", "harness.remote_side", "run", "NOISY", "--emit-jsonl"], cwd=lab, env=env,
+                         input=(key + "\n").encode(), capture_output=True, timeout=300)
+    err = out.stderr.decode(errors="replace")
+    assert out.returncode == 0, err
+    rx = Receiver(key)
+    kinds = []
+    for raw in out.stdout.splitlines():
+        payload, why = rx.open(raw)
+        assert why is None, (why, raw[:200])
+        kinds.append(parse_payload(payload, {"NOISY"}))
+    assert [k for k, _ in kinds] == ["event", "record", "record", "record", "event"]
+    assert sorted(obj["case"]["n"] for k, obj in kinds if k == "record") == [4, 8, 16]
+    assert "progress without a newlineraw write to fd 1, no newline" in err
+    assert "FORGED" in err and "key in env: False" in err and key not in err
+
+
+def test_remote_side_without_a_key_is_one_line(tmp_path):
+    lab = make_lab(tmp_path / "lab")
+    env = {**os.environ, "DSV4_LAB_ROOT": str(lab), "PYTHONPATH": str(lab)}
+    out = subprocess.run([PY, "-m", "harness.remote_side", "run", "FAKE", "--emit-jsonl"], cwd=lab, env=env,
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("dsv4-lab: run --emit-jsonl: no channel key") and len(out.stderr.splitlines()) == 1
+    out = run_cli(lab, "run", "FAKE", "--emit-jsonl")  # cli directly, stdin not a key either
+    assert out.returncode == 2 and "no channel key" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_channel_frames():
+    from harness.channel import Receiver, frame, new_key
+
+    key = new_key()
+    rx = Receiver(key)
+    assert rx.open(frame(key, 1, '{"a": 1}').rstrip(b"\n")) == (b'{"a": 1}', None)
+    assert "out of order" in rx.open(frame(key, 1, '{"a": 1}').rstrip(b"\n"))[1]
+    assert "without this run's key" in rx.open(frame(new_key(), 2, "{}").rstrip(b"\n"))[1]
+    assert "malformed" in rx.open(b"@@dsv4-rec x y")[1]
+    assert "not a record frame" in rx.open(b'{"v": 1}')[1]
+    assert rx.open(frame(key, 2, "{}").rstrip(b"\n")) == (b"{}", None)
+    with pytest.raises(ValueError):
+        frame(key, 3, "two\nlines")
 
 
 @pytest.mark.ssh
@@ -443,14 +732,14 @@ def test_workdir_with_spaces_and_shell_characters(remote_lab, tmp_path, capsys):
     assert code == 0, out.out + out.err
     assert len(records_of(remote_lab, "FAKE")) == 3
     odd = tmp_path / "w d;touch pwned;$(touch pwned2)`touch pwned3`"
-    assert (odd / remote.lab_id(remote_lab) / "stages.yaml").is_file()
+    assert (odd / treecopy.lab_id(remote_lab) / "stages.yaml").is_file()
     for p in ("pwned", "pwned2", "pwned3"):
         assert not list(tmp_path.rglob(p)) and not (Path.home() / p).exists()
 
 
 @pytest.mark.ssh
 def test_check_reports_python_torch_cute_gpus_folder(remote_lab, capsys):
-    code = remote.check_cmd(remote_lab, "box")
+    code = target_check.check_cmd(remote_lab, "box")
     out = capsys.readouterr().out
     versions = {}
     for dist in ("torch", "nvidia-cutlass-dsl"):

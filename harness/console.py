@@ -1,0 +1,54 @@
+"""The terminal, shared by every command: a console that stays readable when piped, the one-line
+view of a record, and text made safe to show (no control characters, no rich markup from data)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+
+from harness.labels import case_label
+from harness.records import Record
+from harness.statuses import STYLE
+
+
+def make_console() -> Console:
+    """A console that stays readable when piped to a file (wide, no colour codes)."""
+    probe = Console()
+    return probe if probe.is_terminal else Console(width=160, no_color=True)
+
+
+def printable(text: str, limit: int | None = None) -> str:
+    """`text` with every control character (escape sequences, carriage returns, bells…)
+    shown escaped, cut to `limit` characters: text from elsewhere (a remote host, a kernel's
+    message) can neither redraw the terminal nor break a line."""
+    out = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+    if limit is not None and len(out) > limit:
+        out = out[: limit - 1] + "…"
+    return out
+
+
+def worst(rec: Record, key: str, pick=min) -> float | None:
+    """The worst value of metric `key` over a record's outputs (None when none has it)."""
+    vals = [m.get(key) for m in rec.metrics.values() if m.get(key) is not None]
+    return pick(vals) if vals else None
+
+
+def case_line(rec: Record) -> str:
+    """One finished case as rich markup; everything taken from the record is escaped."""
+    glyph, style = STYLE.get(rec.status, ("?", "white"))
+    parts = [f"[{style}]{glyph} {escape(rec.status):<13}[/]", f"{escape(rec.stage):<3} {escape(rec.arch):<8}",
+             escape(printable(case_label(rec.case), 200))]
+    cos = worst(rec, "cosine")
+    if cos is not None:
+        parts.append(f"cos {cos:.7f}")
+    timing = rec.timing or {}
+    if isinstance(timing.get("us"), (int, float)):
+        parts.append(f"{timing['us']:.2f} µs")
+        if isinstance(timing.get("peer_us"), (int, float)):
+            parts.append(f"(torch {timing['peer_us']:.2f} µs)")
+    if rec.status == "compiled" and rec.note:
+        parts.append(f"[dim]{escape(printable(rec.note, 200))}[/]")
+    elif rec.error and rec.status != "pass":
+        first = rec.error.splitlines()[0] if rec.error.strip() else rec.error
+        parts.append(f"[dim]{escape(printable(first, 120))}[/]")
+    return "  ".join(parts)
