@@ -200,11 +200,11 @@ def specs_problems(specs: Any, fn: Callable, root: Path, context: str = "") -> l
         if s.name in seen:
             return [f"{site}: '{s.name}' listed twice — tensor names must be unique{context}"]
         seen.add(s.name)
-        if s.role not in ("in", "out"):
-            return [f"{site}: '{s.name}' has role {s.role!r} — use \"in\" or \"out\"{context}"]
+        if s.role not in ("in", "out", "scratch"):
+            return [f"{site}: '{s.name}' has role {s.role!r} — use \"in\", \"out\" or \"scratch\"{context}"]
         if s.dtype not in DTYPES:
             return [f"{site}: '{s.name}' has dtype {s.dtype!r} — use one of {', '.join(DTYPES)}{context}"]
-        if s.role == "out" and s.dtype not in OUTPUT_DTYPES:
+        if s.role in ("out", "scratch") and s.dtype not in OUTPUT_DTYPES:
             return [f"{site}: output '{s.name}' has dtype {s.dtype} — outputs are poisoned with NaN, "
                     f"so use one of {', '.join(OUTPUT_DTYPES)}{context}"]
         shape = s.shape

@@ -111,9 +111,10 @@ class _Executor:
             raise ContractError(bad[0])
 
         def fresh_outputs() -> dict:
+            """Outputs and scratch, poisoned: the kernel must write what it reads back."""
             return {
                 s.name: poison_(torch.empty(s.shape, dtype=getattr(torch, s.dtype), device=device))
-                for s in specs if s.role == "out"
+                for s in specs if s.role in ("out", "scratch")
             }
 
         outputs = fresh_outputs()
@@ -126,7 +127,7 @@ class _Executor:
         bad = outputs_problems(specs, ref, oracle_fn, self.root)
         if bad:
             raise ContractError(bad[0])
-        metrics = {name: compare(outputs[name], ref[name]).to_json() for name in outputs}
+        metrics = {s.name: compare(outputs[s.name], ref[s.name]).to_json() for s in specs if s.role == "out"}
         result: dict[str, Any] = {"metrics": metrics}
         if job.bench and device == "cuda":
             result["timing"] = self._bench(job, specs, inputs, fresh_outputs)

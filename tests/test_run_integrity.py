@@ -139,3 +139,43 @@ def test_repeated_ctrl_c_during_the_clean_up_still_ends_the_run_properly(fake_la
     assert "Traceback" not in out + err and "Bad file descriptor" not in out + err
     (run,) = read_runs(fake_lab).values()
     assert run["event"] == "end" and run["interrupted"] is True
+
+
+def test_scratch_tensors_are_poisoned_workspace_never_compared(fake_lab):
+    """A "scratch" tensor (e.g. split-KV partials) is allocated and poisoned by the harness and
+    passed to the kernel, but never compared: a kernel that relays through it passes, and one
+    that reads it without writing it first gets the poison (NaN) in its output."""
+    (fake_lab / "oracles" / "add.py").write_text((fake_lab / "oracles" / "add.py").read_text() + '''
+
+def scratch_tensors(case):
+    n = case["n"]
+    return [TensorSpec("a", (n,), "float32"), TensorSpec("b", (n,), "float32"),
+            TensorSpec("work", (2, n), "float32", "scratch"), TensorSpec("out", (n,), "float32", "out")]
+''')
+    (fake_lab / "stages" / "fake" / "cpu.py").write_text((fake_lab / "stages" / "fake" / "cpu.py").read_text() + '''
+
+class ViaScratch:
+    def __init__(self, *, n: int, write: bool):
+        self.write = write
+
+    def __call__(self, a, b, work, out):
+        if self.write:
+            work[0].copy_(a)
+        out.copy_(work[0] + b)
+''')
+    (fake_lab / "stages.yaml").write_text((fake_lab / "stages.yaml").read_text() + '''
+  SCR:
+    title: out = a + b through a scratch buffer
+    dir: stages/fake
+    kernels: {cpu: {module: stages.fake.cpu, entry: ViaScratch}}
+    tensors: oracles.add:scratch_tensors
+    inputs: oracles.add:make_inputs
+    oracle: oracles.add:reference
+    matrix: {n: [16], write: [true, false]}
+    tolerances: {out: {cosine_min: 0.9999}}
+''')
+    r = run_cli(["run", "stage-SCR"], cwd=fake_lab)
+    assert r.returncode == 1, r.stdout + r.stderr
+    by = {rec.case["write"]: rec for rec in read_records(fake_lab, ["SCR"])}
+    assert by[True].status == "pass" and set(by[True].metrics) == {"out"}
+    assert by[False].status == "fail" and by[False].metrics["out"]["nonfinite"] + by[False].metrics["out"]["unwritten"] > 0
