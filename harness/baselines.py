@@ -1,20 +1,42 @@
-"""Baselines: per stage, arch and case, the metric values that must hold, their tolerance,
-and the record they came from. Kept in results/baselines.yaml (human-readable, reviewed in
-diffs) and written atomically (temp file + rename).
+"""Baselines: per stage, arch and case, what must keep holding. Kept in results/baselines.yaml
+(human-readable, reviewed in diffs), written atomically (temp file + rename) under a lock
+(results/.baselines.lock, fcntl.flock) so concurrent `accept`/`drop` never lose each other's
+work.
 
-Tolerance semantics, per output metric:
-  cosine   absolute: now >= baseline - tol
-  rel_l2   relative: now <= baseline * (1 + tol) + 1e-12
-  max_abs  relative: now <= baseline * (1 + tol) + 1e-12
+Two kinds of baseline:
+
+* **run** (an arch that ran here or on a target): the metric values of the newest passing,
+  fresh record and their tolerance, per output metric:
+    cosine   absolute: now >= baseline - tol
+    rel_l2   relative: now <= baseline * (1 + tol) + 1e-12
+    max_abs  relative: now <= baseline * (1 + tol) + 1e-12
+* **compile** (compile-only: an arch no device here runs, e.g. sm_100a): what compiling
+  proves, from the newest fresh `compiled` record — status, registers, spill bytes, shared
+  memory, named barriers and the instruction inventory (PTX, and SASS when the CUDA binary
+  tools were installed). The gate refuses a compile error, any new spill, registers over
+  the margin (REGS_MARGIN registers or REGS_MARGIN_REL of the baseline, whichever is larger)
+  and any change in the tensor-core MMA counters; fewer registers or less shared memory is
+  reported as an improvement.
+
+`accept` never replaces a run baseline with a compile-only one: on a machine that cannot run
+an arch, a case with a run baseline keeps it.
+
+A bad baselines file (not a file, not UTF-8, not YAML, YAML aliases, a wrong type or a
+non-finite number anywhere) is one line `results/baselines.yaml:LINE: key: problem — fix`
+(BaselineError, exit 2): the gate never passes on a file it cannot read, and accept/drop
+never overwrite it.
 """
 
 from __future__ import annotations
 
+import fcntl
+import math
 import os
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -23,9 +45,16 @@ from harness.paths import results_dir
 from harness.records import Record
 
 BASELINE_VERSION = 1
+RUN_METRICS = ("cosine", "rel_l2", "max_abs")
 DEFAULT_TOLERANCE = {"cosine": 1e-6, "rel_l2": 0.25, "max_abs": 0.25}
+# Compile-only: registers may grow by this many, or by this fraction, whichever is larger.
+REGS_MARGIN = 8
+REGS_MARGIN_REL = 0.05
+COMPILE_TOLERANCE = {"regs": REGS_MARGIN, "regs_rel": REGS_MARGIN_REL}
+COMPILE_INTS = ("regs", "spill", "stack", "smem", "static_smem", "barriers")
+MAX_BYTES = 64 * 1024 * 1024
 HEADER = (
-    "# dsv4-lab baselines: the metric values each case must keep (see harness/baselines.py).\n"
+    "# dsv4-lab baselines: what each case must keep (see harness/baselines.py).\n"
     "# Written by `dsv4-lab baseline accept|drop`; review changes in diffs.\n"
 )
 
@@ -38,15 +67,25 @@ class BaselineError(Exception):
 class Baseline:
     stage: str
     arch: str
-    case: str  # the case label, e.g. "hd=64,n=128,m=128"
+    case: str  # the case label (harness.labels.case_label)
     record: str
     src: str
-    metrics: dict[str, dict[str, float]]
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     tolerance: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TOLERANCE))
     timing_us: float | None = None
+    compile: dict[str, Any] | None = None  # compile-only: status, regs, spill, smem, barriers, inv, sass
+
+    @property
+    def kind(self) -> str:
+        return "compile" if self.compile is not None else "run"
 
     def to_yaml(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"record": self.record, "src": self.src, "metrics": self.metrics, "tolerance": self.tolerance}
+        d: dict[str, Any] = {"record": self.record, "src": self.src}
+        if self.compile is not None:
+            d = {"kind": "compile", **d, "compile": self.compile}
+        else:
+            d["metrics"] = self.metrics
+        d["tolerance"] = self.tolerance
         if self.timing_us is not None:
             d["us"] = self.timing_us
         return d
@@ -56,53 +95,248 @@ def baselines_file(root: Path) -> Path:
     return results_dir(root) / "baselines.yaml"
 
 
-def load(root: Path, must_exist: bool = False) -> list[Baseline]:
-    path = baselines_file(root)
-    if not path.is_file():
-        if must_exist:
-            raise BaselineError(f"{path}: not found — create baselines with `dsv4-lab baseline accept STAGE`")
-        return []
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+def _display(root: Path, path: Path) -> str:
     try:
-        doc = yaml.load(path.read_text(), Loader=loader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise BaselineError(f"{path}:{mark.line + 1 if mark else 1}: not valid YAML: {getattr(exc, 'problem', exc)}")
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+# ---------------------------------------------------------------------------------------
+# Reading: strict, one line per problem.
+
+
+class _Bad(Exception):
+    def __init__(self, keys: tuple[Any, ...], problem: str):
+        super().__init__(problem)
+        self.keys = keys
+        self.problem = problem
+
+
+def _what(v: Any) -> str:
+    if v is None:
+        return "nothing (an empty value)"
+    if isinstance(v, dict):
+        return "a mapping"
+    if isinstance(v, list):
+        return "a list"
+    text = repr(v)
+    return f"{type(v).__name__} {text[:60]}"
+
+
+def _mapping(v: Any, keys: tuple, what: str = "a mapping") -> dict:
+    if not isinstance(v, dict):
+        raise _Bad(keys, f"expected {what}, got {_what(v)}")
+    for k in v:
+        if not isinstance(k, (str, int)) or isinstance(k, bool):
+            raise _Bad(keys, f"key {k!r} is not a name")
+    return v
+
+
+def _number(v: Any, keys: tuple, minimum: float | None = None, positive: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _Bad(keys, f"expected a number, got {_what(v)}")
+    if not math.isfinite(v):
+        raise _Bad(keys, f"{v} is not a finite number")
+    if positive and v <= 0:
+        raise _Bad(keys, f"{v} must be greater than 0")
+    if minimum is not None and v < minimum:
+        raise _Bad(keys, f"{v} must be at least {minimum}")
+    return v
+
+
+def _count(v: Any, keys: tuple) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise _Bad(keys, f"expected a count (an integer >= 0), got {_what(v)}")
+    return v
+
+
+def _text(v: Any, keys: tuple) -> str:
+    if not isinstance(v, str) or not v:
+        raise _Bad(keys, f"expected a non-empty string, got {_what(v)}")
+    return v
+
+
+def _only(d: dict, allowed: tuple[str, ...], keys: tuple) -> None:
+    for k in d:
+        if k not in allowed:
+            raise _Bad(keys + (k,), f"unknown key — expected one of {', '.join(allowed)}")
+
+
+def _entry(stage: str, arch: str, label: str, e: Any) -> Baseline:
+    keys: tuple = ("baselines", stage, arch, label)
+    e = _mapping(e, keys)
+    _only(e, ("kind", "record", "src", "metrics", "tolerance", "us", "compile"), keys)
+    kind = e.get("kind", "run")
+    if kind not in ("run", "compile"):
+        raise _Bad(keys + ("kind",), f"expected run or compile, got {_what(kind)}")
+    for req in ("record", "src") + (("compile",) if kind == "compile" else ("metrics",)):
+        if req not in e:
+            raise _Bad(keys, f"missing '{req}' — a {kind} baseline needs record, src and "
+                             f"{'compile' if kind == 'compile' else 'metrics'}")
+    record = _text(e["record"], keys + ("record",))
+    src = _text(e["src"], keys + ("src",))
+    tol_in = e.get("tolerance") or {}
+    tol_in = _mapping(tol_in, keys + ("tolerance",))
+    if kind == "run":
+        metrics: dict[str, dict[str, float]] = {}
+        mm = _mapping(e["metrics"], keys + ("metrics",))
+        if not mm:
+            raise _Bad(keys + ("metrics",), "no outputs — a run baseline holds at least one output's metrics")
+        for out, m in mm.items():
+            m = _mapping(m, keys + ("metrics", out))
+            _only(m, RUN_METRICS, keys + ("metrics", out))
+            if not m:
+                raise _Bad(keys + ("metrics", out), "no metric values")
+            metrics[str(out)] = {name: float(_number(v, keys + ("metrics", out, name))) for name, v in m.items()}
+        _only(tol_in, RUN_METRICS, keys + ("tolerance",))
+        tol = {**DEFAULT_TOLERANCE, **{k: float(_number(v, keys + ("tolerance", k), minimum=0))
+                                        for k, v in tol_in.items()}}
+        us = e.get("us")
+        us = None if us is None else float(_number(us, keys + ("us",), positive=True))
+        return Baseline(str(stage), str(arch), str(label), record, src, metrics, tol, us)
+    comp = _mapping(e["compile"], keys + ("compile",))
+    _only(comp, ("status",) + COMPILE_INTS + ("inv", "sass"), keys + ("compile",))
+    if comp.get("status") != "compiled":
+        raise _Bad(keys + ("compile", "status"), f"expected compiled, got {_what(comp.get('status'))}")
+    if "inv" not in comp:
+        raise _Bad(keys + ("compile",), "missing 'inv' — a compile baseline holds the instruction inventory")
+    out_c: dict[str, Any] = {"status": "compiled"}
+    for k in COMPILE_INTS:
+        if k in comp:
+            out_c[k] = _count(comp[k], keys + ("compile", k))
+    for k in ("inv", "sass"):
+        if k in comp:
+            inv = _mapping(comp[k], keys + ("compile", k))
+            out_c[k] = {str(name): _count(v, keys + ("compile", k, name)) for name, v in inv.items()}
+    _only(tol_in, tuple(COMPILE_TOLERANCE), keys + ("tolerance",))
+    tol = {**COMPILE_TOLERANCE, **{k: _number(v, keys + ("tolerance", k), minimum=0) for k, v in tol_in.items()}}
+    return Baseline(str(stage), str(arch), str(label), record, src, {}, tol, None, out_c)
+
+
+def _tree(doc: Any) -> list[Baseline]:
+    from harness.spec import ARCHS
+
     if doc is None:
         return []
-    if not isinstance(doc, dict) or doc.get("version") != BASELINE_VERSION or not isinstance(doc.get("baselines", {}), dict):
-        raise BaselineError(f"{path}:1: expected 'version: {BASELINE_VERSION}' and a 'baselines:' mapping — "
-                            "fix the file or re-create it with `dsv4-lab baseline accept`")
+    doc = _mapping(doc, (), "a mapping with 'version' and 'baselines'")
+    _only(doc, ("version", "baselines"), ())
+    version = doc.get("version")
+    if version != BASELINE_VERSION or isinstance(version, bool):
+        raise _Bad(("version",), f"expected {BASELINE_VERSION}, got {_what(version)}")
+    stages = doc.get("baselines")
+    if stages is None:
+        return []
+    stages = _mapping(stages, ("baselines",))
+    arch_names = tuple(ARCHS.values())
     out: list[Baseline] = []
-    for stage, archs in (doc.get("baselines") or {}).items():
-        for arch, cases in (archs or {}).items():
-            for label, entry in (cases or {}).items():
-                try:
-                    out.append(Baseline(
-                        stage=str(stage), arch=str(arch), case=str(label), record=str(entry["record"]),
-                        src=str(entry["src"]), metrics=dict(entry["metrics"]),
-                        tolerance={**DEFAULT_TOLERANCE, **(entry.get("tolerance") or {})},
-                        timing_us=entry.get("us"),
-                    ))
-                except (KeyError, TypeError) as exc:
-                    line = _line_of(path, str(label))
-                    raise BaselineError(f"{path}:{line}: baselines.{stage}.{arch}.{label}: missing {exc} — "
-                                        "each case needs record, src and metrics")
+    for stage, archs in stages.items():
+        archs = _mapping(archs, ("baselines", stage), "a mapping of arch -> cases")
+        for arch, cases in archs.items():
+            if arch not in arch_names:
+                raise _Bad(("baselines", stage, arch), f"unknown arch — expected one of {', '.join(arch_names)}")
+            cases = _mapping(cases, ("baselines", stage, arch), "a mapping of case -> baseline")
+            for label, entry in cases.items():
+                out.append(_entry(str(stage), str(arch), str(label), entry))
     return out
 
 
-def _line_of(path: Path, needle: str) -> int:
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if needle in line:
-            return i
-    return 1
+class _NoAliasDumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:  # the file never holds anchors or aliases
+        return True
+
+
+def _loader():
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _refuse_aliases(text: str) -> int | None:
+    """The line of the first YAML anchor or alias (the lab never writes one; refusing them
+    rules out amplification bombs), or None."""
+    if "&" not in text and "*" not in text:
+        return None
+    try:
+        for tok in yaml.scan(text, Loader=_loader()):
+            if isinstance(tok, (yaml.AnchorToken, yaml.AliasToken)):
+                return tok.start_mark.line + 1
+    except yaml.YAMLError:
+        return None  # the parse below reports it
+    return None
+
+
+def _line_of(text: str, keys: tuple) -> int:
+    """The line of the value at `keys` (as deep as it exists), for a message."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, RecursionError):
+        return 1
+    line = node.start_mark.line + 1 if node is not None else 1
+    for k in keys:
+        if not isinstance(node, yaml.MappingNode):
+            break
+        for knode, vnode in node.value:
+            if knode.value == str(k):
+                line = knode.start_mark.line + 1
+                node = vnode
+                break
+        else:
+            break
+    return line
+
+
+def load(root: Path, must_exist: bool = False) -> list[Baseline]:
+    """Every baseline in results/baselines.yaml ([] when there is no such file, unless
+    `must_exist`); BaselineError (one line) for anything wrong with it."""
+    path = baselines_file(root)
+    shown = _display(root, path)
+    fix = "fix it, or re-create the entry with `dsv4-lab baseline accept`"
+    if not os.path.lexists(path):
+        if must_exist:
+            raise BaselineError(f"{shown}: not found — create baselines with `dsv4-lab baseline accept STAGE`")
+        return []
+    if not path.is_file():
+        what = "a folder" if path.is_dir() else "not a regular file"
+        raise BaselineError(f"{shown}:1: is {what} — it must be the YAML file `dsv4-lab baseline accept` writes; "
+                            "move it away")
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise BaselineError(f"{shown}:1: cannot be read ({exc.strerror or exc}) — fix its permissions")
+    if len(data) > MAX_BYTES:
+        raise BaselineError(f"{shown}:1: larger than {MAX_BYTES // (1024 * 1024)} MiB — not a baselines file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise BaselineError(f"{shown}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}) — {fix}")
+    alias = _refuse_aliases(text)
+    if alias is not None:
+        raise BaselineError(f"{shown}:{alias}: YAML anchors and aliases are not allowed here — write the values out")
+    try:
+        doc = yaml.load(text, Loader=_loader())
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        raise BaselineError(f"{shown}:{mark.line + 1 if mark else 1}: not valid YAML: "
+                            f"{exc.problem or exc.context or 'unreadable'} — {fix}")
+    except yaml.YAMLError as exc:
+        raise BaselineError(f"{shown}:1: not valid YAML: {(str(exc).splitlines() or ['?'])[0][:200]} — {fix}")
+    except (RecursionError, ValueError, OverflowError) as exc:
+        raise BaselineError(f"{shown}:1: cannot be read ({type(exc).__name__}) — {fix}")
+    try:
+        return _tree(doc)
+    except _Bad as bad:
+        key = ".".join(str(k) for k in bad.keys) or "(top level)"
+        line = _line_of(text, bad.keys)
+        raise BaselineError(f"{shown}:{line}: {key}: {bad.problem} — {fix}")
 
 
 def save(root: Path, items: list[Baseline]) -> None:
     tree: dict[str, Any] = {}
     for b in sorted(items, key=lambda b: (b.stage, b.arch, b.case)):
         tree.setdefault(b.stage, {}).setdefault(b.arch, {})[b.case] = b.to_yaml()
-    text = HEADER + yaml.safe_dump({"version": BASELINE_VERSION, "baselines": tree}, sort_keys=False, width=120)
+    text = HEADER + yaml.dump({"version": BASELINE_VERSION, "baselines": tree}, Dumper=_NoAliasDumper,
+                              sort_keys=False, width=120, allow_unicode=True)
     path = baselines_file(root)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".baselines.", suffix=".tmp")
@@ -117,62 +351,42 @@ def save(root: Path, items: list[Baseline]) -> None:
         raise
 
 
+@contextmanager
+def locked(root: Path) -> Iterator[None]:
+    """Hold the baselines lock (results/.baselines.lock, beside the file) for a
+    read-modify-write: concurrent accepts and drops take turns, none is lost."""
+    lock = results_dir(root) / ".baselines.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def metrics_of(record: Record) -> dict[str, dict[str, float]]:
     """The gated metric values of a record, per output."""
     return {
-        out: {k: m[k] for k in ("cosine", "rel_l2", "max_abs") if m.get(k) is not None}
+        out: {k: m[k] for k in RUN_METRICS if m.get(k) is not None}
         for out, m in record.metrics.items()
     }
 
 
-# ---------------------------------------------------------------------------------------
-# Commands.
-
-
-def accept(spec, stage, archs: list[str] | None, cases) -> int:
-    """Take the newest passing, fresh record of each selected case as its baseline."""
-    from rich.console import Console
-
-    from harness.identity import source_hash
-    from harness.records import read_records
-
-    console = Console()
-    root = spec.root
-    warn: list[str] = []
-    records = read_records(root, [stage.id], warn)
-    current = load(root)
-    index = {(b.stage, b.arch, b.case): b for b in current}
-    taken, missing = [], []
-    for arch in stage.kernels:
-        if archs and arch not in archs:
-            continue
-        src = source_hash(root, stage, arch)
-        for case in cases:
-            label = case_label(case.dict)
-            rec = newest(records, stage.id, arch, case.dict, src, statuses=("pass",))
-            if rec is None:
-                missing.append(f"{arch} {label}")
-                continue
-            index[(stage.id, arch, label)] = Baseline(
-                stage=stage.id, arch=arch, case=label, record=rec.id, src=src, metrics=metrics_of(rec),
-                timing_us=(rec.timing or {}).get("us"),
-            )
-            taken.append((arch, label, rec.id))
-    if not taken:
-        console.print(f"no passing, fresh record for {stage.name} with these filters — run it first: "
-                      f"dsv4-lab run {stage.name}", highlight=False)
-        return 1
-    save(root, list(index.values()))
-    for arch, label, rid in taken:
-        console.print(f"baseline {stage.name} {arch} {label} ← {rid}", highlight=False)
-    by_arch: dict[str, int] = {}
-    for item in missing:
-        arch = item.split(" ", 1)[0]
-        by_arch[arch] = by_arch.get(arch, 0) + 1
-    for arch, n in by_arch.items():
-        console.print(f"{arch}: {n} case(s) have no passing result for the current source — not baselined "
-                      "(an arch that was only compiled is never baselined)", highlight=False)
-    return 0
+def compile_facts(record: Record) -> dict[str, Any] | None:
+    """What a compile-only baseline keeps of a record's compile summary (None when the
+    record does not carry the inventory: written before the lab kept it)."""
+    c = record.compile or {}
+    if record.status == "compile_error" or not isinstance(c.get("inv"), dict):
+        return None
+    out: dict[str, Any] = {"status": "compiled"}
+    for k in COMPILE_INTS:
+        if isinstance(c.get(k), int) and not isinstance(c.get(k), bool):
+            out[k] = c[k]
+    out["inv"] = dict(c["inv"])
+    if isinstance(c.get("sass"), dict) and c["sass"]:
+        out["sass"] = dict(c["sass"])
+    return out
 
 
 def newest(records: list[Record], stage: str, arch: str, case: dict, src: str | None,
@@ -188,42 +402,170 @@ def newest(records: list[Record], stage: str, arch: str, case: dict, src: str | 
     return None
 
 
-def show(root: Path, stage: str | None) -> int:
+def shows_compile(rec: Record) -> bool:
+    """Whether a record says what compiling gave: a compile error, or a build whose summary
+    carries the inventory (whatever ran after it)."""
+    return rec.status == "compile_error" or bool(rec.compile and isinstance(rec.compile.get("inv"), dict))
+
+
+def newest_compiled(records: list[Record], stage: str, arch: str, case: dict, src: str | None) -> Record | None:
+    """The newest fresh record that `shows_compile`."""
+    for rec in reversed(records):
+        if rec.stage != stage or rec.arch != arch or rec.case != case:
+            continue
+        if src is not None and rec.code.get("src") != src:
+            continue
+        if shows_compile(rec):
+            return rec
+    return None
+
+
+def runnable_archs() -> set[str]:
+    from harness.environment import gpu_capabilities
+
+    return {a for _, a in gpu_capabilities().values() if a} | {"cpu"}
+
+
+# ---------------------------------------------------------------------------------------
+# Commands.
+
+
+def accept(spec, stage, archs: list[str] | None, cases, compile_only: bool = False) -> int:
+    """For each selected case: the newest passing, fresh record becomes its (run) baseline.
+    Where there is none and this machine cannot run the arch (or `compile_only`), the newest
+    fresh `compiled` record becomes a compile-only baseline — unless the case already has a
+    run baseline, which is kept."""
     from rich.console import Console
-    from rich.table import Table
 
-    from harness.spec import normalize_stage_name
+    from harness.identity import source_hash
+    from harness.records import print_warnings, read_records
 
-    items = load(root, must_exist=True)
-    if stage:
-        sid = normalize_stage_name(stage)
-        items = [b for b in items if b.stage == sid]
-    console = Console()
-    if not items:
-        console.print("no baselines" + (f" for {stage}" if stage else "") + " — add some with `dsv4-lab baseline accept STAGE`")
-        return 0
-    t = Table(title="baselines")
-    for col in ("stage", "arch", "case", "output", "cosine", "rel L2", "max abs", "µs", "record"):
-        t.add_column(col)
-    for b in items:
-        for out, m in b.metrics.items():
-            t.add_row(b.stage, b.arch, b.case, out, _f(m.get("cosine"), ".9f"), _f(m.get("rel_l2"), ".2e"),
-                      _f(m.get("max_abs"), ".2e"), _f(b.timing_us, ".2f"), b.record)
-    console.print(t)
+    console = Console(highlight=False)
+    root = spec.root
+    runnable = runnable_archs()
+    with locked(root):
+        current = load(root)  # a bad file stops here: nothing is overwritten
+        warn: list[str] = []
+        records = read_records(root, [stage.id], warn)
+        print_warnings(warn)
+        index = {(b.stage, b.arch, b.case): b for b in current}
+        taken: list[tuple[str, str, str, str]] = []
+        why_not: dict[tuple[str, str], int] = {}
+        for arch in stage.kernels:
+            if archs and arch not in archs:
+                continue
+            src = source_hash(root, stage, arch)
+            for case in cases:
+                label = case_label(case.dict)
+                key = (stage.id, arch, label)
+                rec = None if compile_only else newest(records, stage.id, arch, case.dict, src, statuses=("pass",))
+                if rec is not None:
+                    index[key] = Baseline(stage.id, arch, label, rec.id, src, metrics_of(rec),
+                                          timing_us=(rec.timing or {}).get("us"))
+                    taken.append((arch, label, rec.id, "run"))
+                    continue
+                if arch in runnable and not compile_only:
+                    _bump(why_not, arch, f"no passing result for the current source — run it first: "
+                                         f"dsv4-lab run {stage.name} --arch {arch}")
+                    continue
+                old = index.get(key)
+                if old is not None and old.kind == "run" and not compile_only:
+                    _bump(why_not, arch, "keep their run baseline (no passing result for the current source here; "
+                                         "a compile-only baseline never replaces a run baseline)")
+                    continue
+                crec = newest_compiled(records, stage.id, arch, case.dict, src)
+                if crec is None:
+                    _bump(why_not, arch, "have no compiled record for the current source — compile them first: "
+                                         f"dsv4-lab compile {stage.name} --arch {arch}")
+                    continue
+                facts = compile_facts(crec)
+                if facts is None:
+                    _bump(why_not, arch, "do not compile for the current source (compile_error) — fix the build "
+                                         "first; a broken build is never baselined")
+                    continue
+                index[key] = Baseline(stage.id, arch, label, crec.id, src, {}, dict(COMPILE_TOLERANCE), None, facts)
+                taken.append((arch, label, crec.id, "compile-only"))
+        if taken:
+            save(root, list(index.values()))
+    for arch, label, rid, kind in taken:
+        console.print(f"baseline {stage.name} {arch} {label} ← {rid} ({kind})")
+    for (arch, why), n in sorted(why_not.items()):
+        console.print(f"{arch}: {n} case(s) {why}")
+    if not taken:
+        console.print(f"no baseline taken for {stage.name} with these filters")
+        return 1
     return 0
+
+
+def _bump(counts: dict[tuple[str, str], int], arch: str, why: str) -> None:
+    counts[(arch, why)] = counts.get((arch, why), 0) + 1
 
 
 def drop(spec, stage, archs: list[str] | None, cases) -> int:
     from rich.console import Console
 
     labels = {case_label(c.dict) for c in cases}
-    items = load(spec.root, must_exist=True)
-    keep = [b for b in items if not (b.stage == stage.id and (not archs or b.arch in archs) and b.case in labels)]
-    n = len(items) - len(keep)
-    if n:
-        save(spec.root, keep)
-    Console().print(f"dropped {n} baseline(s) of {stage.name}", highlight=False)
+    with locked(spec.root):
+        items = load(spec.root, must_exist=True)
+        keep = [b for b in items if not (b.stage == stage.id and (not archs or b.arch in archs) and b.case in labels)]
+        n = len(items) - len(keep)
+        if n:
+            save(spec.root, keep)
+    Console(highlight=False).print(f"dropped {n} baseline(s) of {stage.name}")
     return 0
+
+
+def select(items: list[Baseline], stage: str | None = None, archs: list[str] | None = None,
+           labels: set[str] | None = None) -> list[Baseline]:
+    return [b for b in items if (stage is None or b.stage == stage) and (not archs or b.arch in archs)
+            and (labels is None or b.case in labels)]
+
+
+def show(root: Path, stage: Any = None, archs: list[str] | None = None, cases: list | None = None) -> int:
+    """The baselines, filtered: `stage` (a Stage or a name), `archs`, and `cases` (the
+    stage's matrix cases that the axis filters selected)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from harness.console import make_console
+    from harness.inventory import mma_counts
+    from harness.spec import normalize_stage_name
+
+    items = load(root, must_exist=True)
+    sid = None if stage is None else (stage.id if hasattr(stage, "id") else normalize_stage_name(str(stage)))
+    labels = None if cases is None else {case_label(c.dict) for c in cases}
+    items = select(items, sid, archs, labels)
+    console = make_console()
+    if not items:
+        console.print("no baselines match" + (f" for stage-{escape(sid)}" if sid else "")
+                      + " — add some with `dsv4-lab baseline accept STAGE`", highlight=False)
+        return 0
+    runs = [b for b in items if b.kind == "run"]
+    comps = [b for b in items if b.kind == "compile"]
+    if runs:
+        t = Table(title="baselines (run)")
+        for col in ("stage", "arch", "case", "output", "cosine", "rel L2", "max abs", "µs", "record"):
+            t.add_column(col)
+        for b in runs:
+            for out, m in b.metrics.items():
+                t.add_row(escape(b.stage), b.arch, escape(b.case), escape(out), _f(m.get("cosine"), ".9f"), _f(m.get("rel_l2"), ".2e"),
+                          _f(m.get("max_abs"), ".2e"), _f(b.timing_us, ".2f"), escape(b.record))
+        console.print(t)
+    if comps:
+        t = Table(title="baselines (compile-only)")
+        for col in ("stage", "arch", "case", "regs", "spill", "smem", "bar", "MMA (PTX)", "MMA (SASS)", "record"):
+            t.add_column(col)
+        for b in comps:
+            c = b.compile or {}
+            t.add_row(escape(b.stage), b.arch, escape(b.case), _f(c.get("regs"), "d"), _f(c.get("spill"), "d"), _f(c.get("smem"), "d"),
+                      _f(c.get("barriers"), "d"), _mma(mma_counts(c.get("inv", {}))),
+                      _mma(mma_counts(c.get("sass", {}))) if c.get("sass") else "—", escape(b.record))
+        console.print(t)
+    return 0
+
+
+def _mma(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "0"
 
 
 def _f(x: Any, fmt: str) -> str:

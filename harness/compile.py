@@ -2,13 +2,18 @@
 
 A case is compiled against fake tensors (static shapes from the oracle's `tensors(case)`),
 so it needs no GPU. The result is exported to an object file and cached under
-.cache/compile/<key>/ with its PTX, cubin and a meta.json holding the instruction
-inventory and the resource report (registers, shared memory, spills). The key covers the
+.cache/compile/<key>/ with its PTX, cubin, SASS (when the CUDA binary tools are installed) and
+a meta.json holding the instruction inventory (harness/inventory.py) and the resource report
+(registers, shared memory, spills, barriers). The key covers the
 stage's source hash, the kernel parameters, the tensor specs, the arch and the CuTeDSL
 version: a re-run of an unchanged matrix compiles nothing.
 
 CuTeDSL reads its target arch from the environment when it is imported, so compiling is
-done in worker processes dedicated to one arch (`compile_many`).
+done in worker processes dedicated to one arch (`Compiler`).
+
+A failure in the user's code while compiling (the kernel's constructor, its tracing, the
+oracle's `tensors`) is a result, never a crash: one line naming the user's file:line
+(harness/userfault.py), with the full traceback kept in `trace`.
 """
 
 from __future__ import annotations
@@ -33,26 +38,12 @@ from typing import Any
 
 from harness.environment import cutedsl_version
 from harness.identity import source_hash
+from harness.inventory import disassemble, find_tool, ptx_inventory, sass_inventory
 from harness.paths import cache_dir
 from harness.spec import Stage
+from harness.userfault import describe, full_trace
 
-# Counted in the PTX of every compile; shown by `dsv4-lab compile`.
-INVENTORY = {
-    "wgmma": r"\bwgmma\.mma_async",
-    "tcgen05.mma": r"\btcgen05\.mma\b",
-    "tcgen05.ld": r"\btcgen05\.ld\b",
-    "tcgen05.st": r"\btcgen05\.st\b",
-    "tcgen05.alloc": r"\btcgen05\.alloc\b",
-    "cp.async.bulk.tensor": r"\bcp\.async\.bulk\.tensor",
-    "mbarrier": r"\bmbarrier\.",
-    "ldmatrix": r"\bldmatrix\b",
-    "stmatrix": r"\bstmatrix\b",
-    "fence.proxy.async": r"\bfence\.proxy\.async",
-    "mma.sync": r"\bmma\.sync\b",
-}
-
-
-CACHE_FORMAT = 2  # bump when what a cache entry holds changes
+CACHE_FORMAT = 3  # bump when what a cache entry holds changes (3: detailed inventory, SASS, barriers, trace)
 
 
 @dataclass
@@ -66,14 +57,23 @@ class CompileResult:
     object_path: str = ""
     ptx_path: str = ""
     cubin_path: str = ""
-    inventory: dict[str, int] = field(default_factory=dict)
+    sass_path: str = ""
+    inventory: dict[str, int] = field(default_factory=dict)  # PTX counters (harness/inventory.py)
+    sass: dict[str, int] = field(default_factory=dict)  # SASS counters; empty without the tools
     resources: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
+    error: str | None = None  # one line
+    trace: str | None = None  # the full traceback of a failure in user code
 
     def summary(self) -> dict[str, Any]:
-        """The compact form kept in a record."""
+        """The compact form kept in a record: resources, and for a build that succeeded its
+        inventory (`inv`, and `sass` when the CUDA binary tools were here): what a compile-only
+        baseline holds and the gate compares."""
         d: dict[str, Any] = {"key": self.key[:12], "s": round(self.seconds, 2), "cached": self.cached}
         d.update(self.resources)
+        if self.ok:
+            d["inv"] = dict(self.inventory)
+            if self.sass:
+                d["sass"] = dict(self.sass)
         return d
 
 
@@ -118,14 +118,10 @@ def cached_result(root: Path, key: str) -> CompileResult | None:
     return res
 
 
-def inventory(ptx: str) -> dict[str, int]:
-    return {name: len(re.findall(rx, ptx)) for name, rx in INVENTORY.items()}
-
-
 def ptxas_resources(ptx_path: Path, arch: str) -> dict[str, Any]:
-    """Registers, spills, stack and static shared memory per the CUDA assembler, when it is
-    installed (`ptxas -v`). Empty when it is not."""
-    ptxas = shutil.which("ptxas")
+    """Registers, spills, stack, static shared memory and named barriers per the CUDA
+    assembler, when it is installed (`ptxas -v`). Empty when it is not."""
+    ptxas = find_tool("ptxas")
     if not ptxas:
         return {}
     try:
@@ -148,6 +144,9 @@ def ptxas_resources(ptx_path: Path, arch: str) -> dict[str, Any]:
         res["stack"] = max(int(x) for x in stack)
     smem = re.findall(r"(\d+) bytes smem", text)
     res["static_smem"] = max((int(x) for x in smem), default=0)
+    barriers = re.findall(r"used (\d+) barriers", text)
+    if barriers:
+        res["barriers"] = max(int(x) for x in barriers)
     return res
 
 
@@ -176,16 +175,19 @@ def _fake_tensor(spec):
     return make_fake_compact_tensor(dtypes[spec.dtype], tuple(spec.shape), stride_order=order, assumed_align=16)
 
 
-def _short_error(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # CuTeDSL colours its messages
-    return text.strip()[:4000]
+def failed(root: Path, arch: str, exc: BaseException, key: str = "", seconds: float = 0.0) -> CompileResult:
+    """A compile that raised: one line naming the user's file:line, the traceback kept."""
+    return CompileResult(ok=False, key=key, arch=arch, seconds=seconds, error=describe(exc, root),
+                         trace=full_trace(exc), resources={})
 
 
 def compile_case(root: Path, stage: Stage, arch: str, case: dict[str, Any], keep: Path | None = None) -> CompileResult:
     """Compile one case for `arch` in this process (whose CUTE_DSL_ARCH must be `arch`),
-    or return the cached result. Never raises for a kernel's own error."""
-    key = cache_key(root, stage, arch, case)
+    or return the cached result. Never raises for an error in the user's code."""
+    try:
+        key = cache_key(root, stage, arch, case)
+    except Exception as exc:  # the oracle's tensors(case) raised, or its module failed to import
+        return failed(root, arch, exc)
     hit = cached_result(root, key)
     if hit is not None and keep is None:
         return hit
@@ -222,17 +224,19 @@ def compile_case(root: Path, stage: Stage, arch: str, case: dict[str, Any], keep
         smem = dynamic_smem_bytes(kernel)
         if smem is not None:
             resources["smem"] = smem + resources.get("static_smem", 0)
+        sass_text = disassemble(out_dir / "kernel.cubin") if cubin else None
+        if sass_text:
+            (out_dir / "kernel.sass").write_text(sass_text)
         res = CompileResult(
             ok=True, key=key, arch=arch, seconds=seconds, prefix=prefix,
             object_path=str(out_dir / "kernel.o"), ptx_path=str(out_dir / "kernel.ptx"),
             cubin_path=str(out_dir / "kernel.cubin") if cubin else "",
-            inventory=inventory(ptx), resources=resources,
+            sass_path=str(out_dir / "kernel.sass") if sass_text else "",
+            inventory=ptx_inventory(ptx), sass=sass_inventory(sass_text) if sass_text else {},
+            resources=resources,
         )
     except Exception as exc:  # the kernel's own compile error is a result, not a crash
-        res = CompileResult(
-            ok=False, key=key, arch=arch, seconds=time.perf_counter() - t0,
-            error=_short_error(exc), resources={},
-        )
+        res = failed(root, arch, exc, key, time.perf_counter() - t0)
         if os.environ.get("DSV4_LAB_DEBUG"):
             traceback.print_exc()
     if res.ok:
@@ -241,7 +245,7 @@ def compile_case(root: Path, stage: Stage, arch: str, case: dict[str, Any], keep
         tmp_meta.replace(out_dir / "meta.json")
     if keep is not None and res.ok:
         keep.mkdir(parents=True, exist_ok=True)
-        for name in ("kernel.ptx", "kernel.cubin"):
+        for name in ("kernel.ptx", "kernel.cubin", "kernel.sass"):
             src = out_dir / name
             if src.is_file():
                 shutil.copy(src, keep / name)
@@ -287,7 +291,12 @@ class Compiler:
 
     def submit(self, stage: Stage, arch: str, case: dict[str, Any]) -> Future:
         """A future CompileResult; an already cached case resolves at once, without a pool."""
-        key = cache_key(self.root, stage, arch, case)
+        try:
+            key = cache_key(self.root, stage, arch, case)
+        except Exception as exc:  # the oracle's tensors(case) raised: a result, not a crash
+            fut = Future()
+            fut.set_result(failed(self.root, arch, exc))
+            return fut
         if key in self._pending:
             return self._pending[key]
         hit = cached_result(self.root, key)

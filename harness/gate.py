@@ -2,35 +2,49 @@
 
 For each baselined case the gate takes the newest record whose source hash matches the
 current tree's. Fresh -> compare with the baseline; worse beyond tolerance -> regression.
-Not fresh (the stage changed since) -> run those cases here when this machine can, or fail
-with one line naming the stale stages and the command to run. The proven small cases
-(the smallest hd, or the first case of a stage without hd) are checked first, and the gate
+
+* A run baseline compares the case's metrics (harness/baselines.py); any status but `pass`
+  is a regression, and so is a non-finite or missing metric (a comparison with NaN never
+  passes).
+* A compile-only baseline (an arch no device here runs, e.g. sm_100a) compares what
+  compiling proves: a compile error, any new spill, registers over the margin, a changed
+  count of tensor-core MMA instructions (PTX, and SASS when both sides have it) are
+  regressions; fewer registers or less shared memory is an improvement; more shared memory
+  or a changed barrier count is reported as a change.
+
+Not fresh (the stage changed since) -> compile-only cases are recompiled here (on the CPU,
+records written as `dsv4-lab compile` writes them); run cases are run here when this
+machine can run their arch, or the gate fails with one line naming the stale stages and the
+command to run. The proven small cases (the smallest hd) are checked first, and the gate
 stops at the first regression among them.
 
 With no stage source changed, the gate decides from records alone: it imports neither
-torch nor CuTeDSL. Exit codes: 0 pass, 1 regression or stale, 2 bad usage or config.
+torch nor CuTeDSL. Exit codes: 0 pass, 1 regression or stale, 2 bad usage or config (a bad
+baselines file is one line, never a pass).
 """
 
 from __future__ import annotations
 
+import math
+import shlex
 import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.baselines import Baseline, load, newest
-from harness.labels import case_label
+from harness.baselines import Baseline, BaselineError, load, runnable_archs, shows_compile
 from harness.identity import source_hash
+from harness.inventory import mma_counts
+from harness.labels import case_label
 from harness.records import Record, print_warnings, read_records
-from harness.spec import Spec, SpecError, load_spec
-
+from harness.spec import Spec, SpecError, Stage, load_spec
 from harness.statuses import RAN as RESULT_STATUSES  # a run's verdict (not "compiled")
 
 
 @dataclass
 class Finding:
-    kind: str  # "regression" | "improvement" | "stale" | "error"
+    kind: str  # "regression" | "improvement" | "change" | "stale" | "error"
     baseline: Baseline
     output: str = ""
     metric: str = ""
@@ -40,8 +54,14 @@ class Finding:
     text: str = ""
 
 
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def compare(b: Baseline, rec: Record) -> list[Finding]:
     """Regressions and improvements of one fresh record against its baseline."""
+    if b.kind == "compile":
+        return compare_compile(b, rec)
     out: list[Finding] = []
     if rec.status != "pass":
         why = rec.error or rec.status
@@ -51,50 +71,123 @@ def compare(b: Baseline, rec: Record) -> list[Finding]:
         for metric, base in base_m.items():
             now = now_m.get(metric)
             tol = b.tolerance.get(metric, 0.0)
+            if not _finite(now) or not _finite(base) or not _finite(tol):
+                out.append(Finding("regression", b, output, metric, base, now, rec.id))  # NaN never passes
+                continue
             if metric == "cosine":
-                worse = now is None or now < base - tol
-                better = now is not None and now > base + tol
+                worse = now < base - tol
+                better = now > base + tol
             else:
-                worse = now is None or now > base * (1 + tol) + 1e-12
-                better = now is not None and now < base / (1 + tol) - 1e-12
+                worse = now > base * (1 + tol) + 1e-12
+                better = now < base / (1 + tol) - 1e-12
             if worse or better:
                 out.append(Finding("regression" if worse else "improvement", b, output, metric, base, now, rec.id))
     return out
 
 
-def small_first(spec: Spec, items: list[Baseline]) -> tuple[list[Baseline], list[Baseline]]:
+def regs_limit(b: Baseline) -> float:
+    """The most registers a compile-only case may use: the baseline plus the margin
+    (harness.baselines.REGS_MARGIN registers or REGS_MARGIN_REL of it, whichever is larger)."""
+    base = (b.compile or {}).get("regs", 0)
+    return base + max(b.tolerance.get("regs", 0), math.ceil(base * b.tolerance.get("regs_rel", 0)))
+
+
+def compare_compile(b: Baseline, rec: Record) -> list[Finding]:
+    """What compiling proves, against a compile-only baseline."""
+    if rec.status == "compile_error":
+        return [Finding("regression", b, metric="status", record=rec.id, text=f"compile_error: {rec.error}"[:300])]
+    base, now = b.compile or {}, rec.compile or {}
+    out: list[Finding] = []
+
+    def add(kind: str, metric: str, was: Any, is_: Any, text: str = "") -> None:
+        out.append(Finding(kind, b, "compile", metric, was, is_, rec.id, text))
+
+    for key in ("regs", "spill", "smem"):
+        if key in base and not _finite(now.get(key)):
+            add("error", key, base[key], None, f"{key}: not reported now (is ptxas installed?) — nothing proven")
+    if _finite(now.get("regs")) and "regs" in base:
+        if now["regs"] > regs_limit(b):
+            add("regression", "regs", base["regs"], now["regs"])
+        elif now["regs"] < base["regs"]:
+            add("improvement", "regs", base["regs"], now["regs"])
+    if _finite(now.get("spill")) and "spill" in base and now["spill"] > base["spill"]:
+        add("regression", "spill", base["spill"], now["spill"])
+    if _finite(now.get("smem")) and "smem" in base and now["smem"] != base["smem"]:
+        add("improvement" if now["smem"] < base["smem"] else "change", "smem", base["smem"], now["smem"])
+    if "barriers" in base and _finite(now.get("barriers")) and now["barriers"] != base["barriers"]:
+        add("change", "barriers", base["barriers"], now["barriers"])
+    pairs = [("inv", "PTX")] + ([("sass", "SASS")] if base.get("sass") and now.get("sass") else [])
+    for field_, what in pairs:
+        was, is_ = mma_counts(base.get(field_) or {}), mma_counts(now.get(field_) or {})
+        for key in sorted(set(was) | set(is_)):
+            if was.get(key, 0) != is_.get(key, 0):
+                add("regression", f"{what} {key}", was.get(key, 0), is_.get(key, 0))
+    return out
+
+
+class _Lookup:
+    """The matrix's cases by label, and the records by (stage, arch, label): built once."""
+
+    def __init__(self, spec: Spec, records: list[Record]):
+        from harness.matrix import expand
+
+        self.cases: dict[str, dict[str, dict[str, Any]]] = {}
+        for sid, st in spec.stages.items():
+            self.cases[sid] = {case_label(c.dict): c.dict for c in expand(st)}
+        self.records: dict[tuple[str, str, str], list[Record]] = {}
+        for r in records:
+            self.records.setdefault((r.stage, r.arch, case_label(r.case)), []).append(r)
+
+    def case(self, b: Baseline) -> dict[str, Any] | None:
+        return self.cases.get(b.stage, {}).get(b.case)
+
+    def newest(self, b: Baseline, src: str) -> Record | None:
+        recs = self.records.get((b.stage, b.arch, b.case), [])
+        for rec in reversed(recs):
+            if b.kind == "compile":
+                if rec.code.get("src") == src and shows_compile(rec):
+                    return rec
+                continue
+            if rec.code.get("src") == src and rec.status in RESULT_STATUSES:
+                return rec
+        return None
+
+
+def small_first(spec: Spec, items: list[Baseline], look: _Lookup) -> tuple[list[Baseline], list[Baseline]]:
     """(the proven small cases, the rest): the smallest hd of each stage's matrix."""
     small, rest = [], []
     for b in items:
         st = spec.stages.get(b.stage)
-        params = dict(p.split("=", 1) for p in b.case.split(",") if "=" in p)
-        if st is not None and "hd" in st.matrix:
-            is_small = params.get("hd") == str(min(st.matrix["hd"]))
-        else:
-            is_small = False
+        case = look.case(b)
+        is_small = (st is not None and case is not None and "hd" in st.matrix
+                    and case.get("hd") == min(st.matrix["hd"]))
         (small if is_small else rest).append(b)
     return small, rest
 
 
 def evaluate(spec: Spec, items: list[Baseline], records: list[Record]) -> tuple[list[Finding], bool]:
     """All findings, and whether the gate stopped early on a small-case regression."""
+    look = _Lookup(spec, records)
     src = {(b.stage, b.arch): _src(spec, b) for b in items}
     findings: list[Finding] = []
-    small, rest = small_first(spec, items)
+    small, rest = small_first(spec, items, look)
     for group, stop_early in ((small, True), (rest, False)):
         for b in group:
             current = src[(b.stage, b.arch)]
             if current is None:
                 findings.append(Finding("error", b, text=f"stage {b.stage} or arch {b.arch} is no longer in stages.yaml"))
                 continue
-            case = _case_dict(spec, b)
-            rec = newest(records, b.stage, b.arch, case, current, RESULT_STATUSES) if case is not None else None
+            if look.case(b) is None:
+                findings.append(Finding("error", b, text=f"case {b.case} is no longer in stage-{b.stage}'s matrix — "
+                                                         f"drop it: dsv4-lab baseline drop stage-{b.stage}"))
+                continue
+            rec = look.newest(b, current)
             if rec is None:
                 findings.append(Finding("stale", b, text="no result for the current source"))
                 continue
             found = compare(b, rec)
             findings += found
-            if stop_early and any(f.kind == "regression" for f in found):
+            if stop_early and any(f.kind in ("regression", "error") for f in found):
                 return findings, True
     return findings, False
 
@@ -106,59 +199,64 @@ def _src(spec: Spec, b: Baseline) -> str | None:
     return source_hash(spec.root, st, b.arch)
 
 
-def _case_dict(spec: Spec, b: Baseline) -> dict[str, Any] | None:
-    from harness.matrix import expand
+def _case_of(spec: Spec, b: Baseline):
+    from harness.matrix import Case, expand
 
-    for case in expand(spec.stages[b.stage]):
+    st: Stage = spec.stages[b.stage]
+    for case in expand(st):
         if case_label(case.dict) == b.case:
-            return case.dict
-    return None
-
-
-def _runnable_archs() -> set[str]:
-    from harness.environment import gpu_capabilities
-
-    return {a for _, a in gpu_capabilities().values() if a} | {"cpu"}
+            return case
+    return Case(st.id, ())
 
 
 def _run_stale(spec: Spec, stale: list[Finding]) -> None:
     """Run the stale cases here (records are written as for any run)."""
-    from harness.matrix import Case
     from harness.runner import RunOptions, Runner, Task
 
-    tasks = []
-    for f in stale:
-        st = spec.stages[f.baseline.stage]
-        case = _case_dict(spec, f.baseline)
-        tasks.append(Task(st, f.baseline.arch, Case(st.id, tuple(case.items()))))
+    tasks = [Task(spec.stages[f.baseline.stage], f.baseline.arch, _case_of(spec, f.baseline)) for f in stale]
     print(f"gate: running {len(tasks)} stale case(s) on this machine …", file=sys.stderr)
     Runner(spec, RunOptions(tasks=tasks, argv=["gate"])).run()
+
+
+def _recompile_stale(spec: Spec, stale: list[Finding]) -> None:
+    """Recompile the stale compile-only cases here, on the CPU (records written)."""
+    from harness.compilerun import CompileJob, compile_recorded
+
+    jobs = [CompileJob(spec.stages[f.baseline.stage], f.baseline.arch, _case_of(spec, f.baseline)) for f in stale]
+    names = sorted({f"stage-{f.baseline.stage} {f.baseline.arch}" for f in stale})
+    print(f"gate: compiling {len(jobs)} stale compile-only case(s) ({', '.join(names)}) …", file=sys.stderr)
+    compile_recorded(spec, jobs, ["gate"])
 
 
 def main(root: Path, allow_run: bool = True, out=None) -> int:
     out = out or sys.stdout
     try:
         spec = load_spec(root=root)
-    except SpecError as exc:
+        items = load(root)
+    except (SpecError, BaselineError) as exc:
         print(f"dsv4-lab: {exc}", file=sys.stderr)
         return 2
-    items = load(root)
     if not items:
         print("gate: no baselines yet — nothing to hold. Add some: dsv4-lab baseline accept STAGE", file=out)
         return 0
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     warn: list[str] = []
-    records = read_records(root, sorted({b.stage for b in items}), warn)
+    stages = sorted({b.stage for b in items})
+    records = read_records(root, stages, warn)
     print_warnings(warn)
     findings, stopped = evaluate(spec, items, records)
     stale = [f for f in findings if f.kind == "stale"]
     if stale and allow_run and not stopped:
-        runnable = _runnable_archs()
-        can = [f for f in stale if f.baseline.arch in runnable]
-        if can:
-            _run_stale(spec, can)
-            records = read_records(root, sorted({b.stage for b in items}), warn)
+        compile_stale = [f for f in stale if f.baseline.kind == "compile"]
+        runnable = runnable_archs() if any(f.baseline.kind == "run" for f in stale) else set()
+        run_stale = [f for f in stale if f.baseline.kind == "run" and f.baseline.arch in runnable]
+        if compile_stale:
+            _recompile_stale(spec, compile_stale)
+        if run_stale:
+            _run_stale(spec, run_stale)
+        if compile_stale or run_stale:
+            records = read_records(root, stages, [])
             findings, stopped = evaluate(spec, items, records)
             stale = [f for f in findings if f.kind == "stale"]
     return report(findings, stale, stopped, len(items), out)
@@ -167,11 +265,14 @@ def main(root: Path, allow_run: bool = True, out=None) -> int:
 def report(findings: list[Finding], stale: list[Finding], stopped: bool, total: int, out) -> int:
     regressions = [f for f in findings if f.kind in ("regression", "error")]
     improvements = [f for f in findings if f.kind == "improvement"]
+    changes = [f for f in findings if f.kind == "change"]
     if regressions:
         _table(out, "REGRESSIONS", regressions)
         if stopped:
             print("gate: stopped at the first regression among the proven small cases (hd = smallest): "
                   "fix that before anything else.", file=out)
+    if changes:
+        _table(out, "changes (not regressions)", changes)
     if improvements:
         _table(out, "improvements", improvements)
         for key in sorted({(f.baseline.stage, f.baseline.arch, f.baseline.case) for f in improvements}):
@@ -179,17 +280,20 @@ def report(findings: list[Finding], stale: list[Finding], stopped: bool, total: 
             flags = " ".join(f"--{p.replace('=', ' ')}" for p in case.split(","))
             print(f"  adopt: dsv4-lab baseline accept stage-{stage} --arch {arch} {flags}", file=out)
     if stale:
-        groups: dict[tuple[str, str], int] = {}
+        groups: dict[tuple[str, str, str], int] = {}
         for f in stale:
-            groups[(f.baseline.stage, f.baseline.arch)] = groups.get((f.baseline.stage, f.baseline.arch), 0) + 1
-        names = ", ".join(f"stage-{s} {a} ({n} case{'s' if n > 1 else ''})" for (s, a), n in sorted(groups.items()))
-        cmds = "; ".join(f"dsv4-lab run stage-{s} --arch {a}" for (s, a) in sorted(groups))
-        print(f"gate: stale — the source changed since the last result of {names}, and no device here can run "
-              f"it: run {cmds}", file=out)
+            k = (f.baseline.stage, f.baseline.arch, f.baseline.kind)
+            groups[k] = groups.get(k, 0) + 1
+        names = ", ".join(f"stage-{s} {a} ({n} case{'s' if n > 1 else ''})" for (s, a, _), n in sorted(groups.items()))
+        cmds = "; ".join(f"dsv4-lab {'compile' if kind == 'compile' else 'run'} stage-{s} --arch {a}"
+                         for (s, a, kind) in sorted(groups))
+        print(f"gate: stale — the source changed since the last result of {names}, and it was not re-proven here: "
+              f"{cmds}", file=out)
     if regressions or stale:
         return 1
-    print(f"gate: pass — {total} baselined case(s) hold" + (f", {len(improvements)} improved" if improvements else ""),
-          file=out)
+    kinds = {f.kind for f in findings}
+    print(f"gate: pass — {total} baselined case(s) hold" + (f", {len(improvements)} improved" if improvements else "")
+          + (" (see changes)" if "change" in kinds else ""), file=out)
     return 0
 
 
@@ -198,10 +302,10 @@ def _table(out, title: str, items: list[Finding]) -> None:
     for f in items:
         b = f.baseline
         case = f"stage-{b.stage} {b.arch} {b.case}"
-        if f.metric in ("", "status"):
+        if f.metric in ("", "status") or f.text:
             rows.append((case, f.metric or "-", "-", f.text, "-", f.record or "-"))
             continue
-        delta = "-" if f.now is None or f.base is None else f"{f.now - f.base:+.3g}"
+        delta = "-" if not (_finite(f.now) and _finite(f.base)) else f"{f.now - f.base:+.3g}"
         rows.append((case, f"{f.output}.{f.metric}", _g(f.base), _g(f.now), delta, f.record))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     print(f"gate: {title}", file=out)
@@ -217,13 +321,19 @@ def _g(x: float | None) -> str:
 # The git hook.
 
 HOOK_MARK = "# dsv4-lab gate hook"
-HOOK = f"""#!/bin/sh
+
+
+def hook_text(python: str | None = None, code_root: Path | None = None) -> str:
+    """The pre-commit hook: the lab run with the absolute interpreter it was installed from
+    (a venv need not be on PATH or activated), its code root on PYTHONPATH."""
+    python = python or sys.executable
+    code_root = code_root or Path(__file__).resolve().parent.parent
+    return f"""#!/bin/sh
 {HOOK_MARK} (installed by `dsv4-lab gate --install-hook`; remove this file to uninstall)
 # Refuses the commit when a baselined case regressed or is stale.
-if command -v dsv4-lab >/dev/null 2>&1; then
-  exec dsv4-lab gate
-fi
-exec python3 -m cli gate
+PYTHONPATH={shlex.quote(str(code_root))}${{PYTHONPATH:+:$PYTHONPATH}}
+export PYTHONPATH
+exec {shlex.quote(str(Path(python).absolute()))} -m cli gate
 """
 
 
@@ -237,9 +347,10 @@ def install_hook(root: Path, force: bool = False) -> int:
         print(f"dsv4-lab: {root} is not a git repository — run `git init` first", file=sys.stderr)
         return 2
     path = (root / hooks / "pre-commit").resolve()
+    hook = hook_text()
     if path.exists():
         text = path.read_text(errors="replace")
-        if HOOK_MARK in text and text == HOOK:
+        if HOOK_MARK in text and text == hook:
             print(f"gate hook already installed: {path}")
             return 0
         if HOOK_MARK not in text and not force:
@@ -247,7 +358,7 @@ def install_hook(root: Path, force: bool = False) -> int:
                   "`dsv4-lab gate --install-hook --force`", file=sys.stderr)
             return 2
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(HOOK)
+    path.write_text(hook)
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     print(f"gate hook installed: {path}")
     return 0

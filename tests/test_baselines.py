@@ -1,0 +1,425 @@
+"""baselines.yaml under bad input and races, and compile-only baselines: a bad file stops the
+gate with one line (exit 2) and is never overwritten; concurrent accepts lose nothing; a
+compile-only baseline holds status, registers, spills, smem and the MMA inventory; the git
+hook runs the lab with the interpreter it was installed from."""
+
+from __future__ import annotations
+
+import io
+import math
+import multiprocessing
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import baselines, gate
+from harness.baselines import Baseline, BaselineError
+from harness.identity import source_hash
+from harness.labels import case_label
+from harness.records import Record, RecordWriter
+from harness.spec import load_spec
+from tests.conftest import ROOT, run_cli
+
+GOOD_RUN = """\
+version: 1
+baselines:
+  OK:
+    cpu:
+      n=16:
+        record: r.1
+        src: abc
+        metrics:
+          out: {cosine: 0.99, rel_l2: 0.001, max_abs: 0.001}
+"""
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")) + "version: 1\n"
+
+BAD = {
+    "stage as a list": GOOD_RUN.replace("  OK:\n    cpu:", "  OK:\n  - cpu:"),
+    "metrics as an int": GOOD_RUN.replace("        metrics:\n          out: {cosine: 0.99, rel_l2: 0.001, max_abs: 0.001}",
+                                          "        metrics: 3"),
+    "metric as a string": GOOD_RUN.replace("cosine: 0.99", "cosine: '0.99'"),
+    "metric NaN": GOOD_RUN.replace("cosine: 0.99", "cosine: .nan"),
+    "metric inf": GOOD_RUN.replace("rel_l2: 0.001", "rel_l2: .inf"),
+    "metric bool": GOOD_RUN.replace("cosine: 0.99", "cosine: true"),
+    "tolerance as a string": GOOD_RUN + "        tolerance: {cosine: 'loose'}\n",
+    "tolerance NaN": GOOD_RUN + "        tolerance: {cosine: .nan}\n",
+    "unknown top-level key": GOOD_RUN.replace("baselines:", "baseline:"),
+    "no version": GOOD_RUN.replace("version: 1\n", ""),
+    "unknown arch": GOOD_RUN.replace("    cpu:", "    sm_80:"),
+    "yaml bomb": BOMB,
+    "not yaml": "version: 1\nbaselines:\n  A: [\n",
+    "huge int": GOOD_RUN.replace("cosine: 0.99", "cosine: " + "9" * 5000),
+    "python tag": GOOD_RUN.replace("cosine: 0.99", "cosine: !!python/object:os.system 1"),
+    "compile regs as a string": """\
+version: 1
+baselines:
+  OK:
+    cpu:
+      n=16:
+        kind: compile
+        record: r.1
+        src: abc
+        compile: {status: compiled, regs: many, spill: 0, inv: {}}
+""",
+}
+
+
+def _write_bad(lab: Path, name: str) -> Path:
+    path = lab / "results" / "baselines.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if name == "a directory":
+        path.mkdir()
+    elif name == "non-UTF-8":
+        path.write_bytes(GOOD_RUN.encode().replace(b"r.1", b"r.\xff\xfe1"))
+    else:
+        path.write_text(BAD[name])
+    return path
+
+
+@pytest.mark.parametrize("name", ["a directory", "non-UTF-8", *BAD])
+def test_a_bad_baselines_file_stops_the_gate_with_one_line(fake_lab, name, capsys):
+    _write_bad(fake_lab, name)
+    with pytest.raises(BaselineError) as exc:
+        baselines.load(fake_lab)
+    text = str(exc.value)
+    assert "\n" not in text and text.startswith("results/baselines.yaml:"), text
+    out = io.StringIO()
+    assert gate.main(fake_lab, allow_run=False, out=out) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "baselines.yaml:" in err and "pass" not in out.getvalue()
+
+
+def test_the_error_names_the_line_and_key(fake_lab):
+    _write_bad(fake_lab, "metric as a string")
+    with pytest.raises(BaselineError, match=r"^results/baselines.yaml:9: baselines\.OK\.cpu\.n=16\.metrics\.out\.cosine: "
+                                            r"expected a number, got str"):
+        baselines.load(fake_lab)
+
+
+def test_the_yaml_bomb_is_refused_quickly(fake_lab):
+    import time
+
+    _write_bad(fake_lab, "yaml bomb")
+    t0 = time.perf_counter()
+    with pytest.raises(BaselineError, match="anchors and aliases are not allowed"):
+        baselines.load(fake_lab)
+    assert time.perf_counter() - t0 < 1.0
+
+
+@pytest.mark.parametrize("name", ["a directory", "metric NaN", "stage as a list"])
+@pytest.mark.parametrize("command", ["accept", "drop"])
+def test_accept_and_drop_on_a_bad_file_are_one_line_and_overwrite_nothing(fake_lab, name, command):
+    spec = load_spec(root=fake_lab)
+    _write_records(fake_lab, [_pass(spec, "OK", {"n": 16})])
+    path = _write_bad(fake_lab, name)
+    before = path.read_bytes() if path.is_file() else None
+    r = run_cli(["baseline", command, "stage-OK", "--n", "16"], cwd=fake_lab)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.count("\n") == 1 and "baselines.yaml:" in r.stderr and "Traceback" not in r.stderr
+    assert (path.read_bytes() if path.is_file() else None) == before and (path.is_dir() or before is not None)
+
+
+def test_saved_files_never_hold_anchors_even_for_shared_values(fake_lab):
+    shared = {"out": {"cosine": 0.9, "rel_l2": 0.1, "max_abs": 0.1}}
+    baselines.save(fake_lab, [Baseline("OK", "cpu", "n=16", "r.1", "s", shared),
+                              Baseline("OK", "cpu", "n=32", "r.2", "s", shared)])
+    text = (fake_lab / "results" / "baselines.yaml").read_text()
+    assert "&" not in text and "*" not in text
+    assert len(baselines.load(fake_lab)) == 2
+
+
+# -- records and helpers ---------------------------------------------------------------
+
+
+def _pass(spec, stage: str, case: dict, arch: str = "cpu", i: int = 1, cos: float = 0.9999) -> Record:
+    return Record(id=f"run{i}.{i}", run=f"run{i}", t="2026-11-22T00:00:00Z", stage=stage, arch=arch, case=case,
+                  status="pass", metrics={"out": {"cosine": cos, "rel_l2": 1e-3, "max_abs": 1e-3}},
+                  code={"commit": "x", "dirty": False, "src": source_hash(spec.root, spec.stages[stage], arch)})
+
+
+INV = {"(all)": 900, "tcgen05.mma.cta_group::1.kind::f16": 12, "tcgen05.ld.32x32b.x32": 6, "st.global.128b": 8}
+
+
+def _compiled(spec, stage: str, case: dict, arch: str = "sm_100a", i: int = 1, status: str = "compiled",
+              src: str | None = None, **summary) -> Record:
+    comp = {"key": "k", "s": 1.0, "cached": False, "regs": 160, "spill": 0, "smem": 80000, "barriers": 3,
+            "inv": dict(INV)}
+    comp.update(summary)
+    comp = {k: v for k, v in comp.items() if v is not None}
+    return Record(id=f"c{i}.{i}", run=f"c{i}", t="2026-11-22T00:00:00Z", stage=stage, arch=arch, case=case,
+                  status=status, compile=comp, error="stages/x.py:3: in f: ValueError: no" if status != "compiled" else None,
+                  code={"commit": "x", "dirty": False,
+                        "src": src or source_hash(spec.root, spec.stages[stage], arch)})
+
+
+def _write_records(lab: Path, records: list[Record]) -> None:
+    w = RecordWriter(lab)
+    for r in records:
+        w.write(r)
+    w.close()
+
+
+def _add_stage(lab: Path, name: str, kernels: str, matrix: str) -> None:
+    text = (lab / "stages.yaml").read_text()
+    text += f"""
+  {name}:
+    title: fake {name}
+    dir: stages/fake
+    kernels: {kernels}
+    tensors: oracles.add:tensors
+    inputs: oracles.add:make_inputs
+    oracle: oracles.add:reference
+    matrix: {matrix}
+    kernel_params: [n]
+    tolerances: {{out: {{cosine_min: 0.99}}}}
+"""
+    (lab / "stages.yaml").write_text(text)
+
+
+# -- concurrent accepts ---------------------------------------------------------------
+
+
+def _accept_many(lab: str, stage: str, n: int, barrier) -> None:
+    sys.path.insert(0, lab)
+    from harness.matrix import expand
+
+    spec = load_spec(root=Path(lab))
+    st = spec.stages[stage]
+    cases = expand(st)
+    barrier.wait()
+    for i in range(n):
+        with open(os.devnull, "w") as devnull:
+            sys.stdout = devnull
+            assert baselines.accept(spec, st, ["cpu"], [cases[i]]) == 0
+            sys.stdout = sys.__stdout__
+
+
+def test_concurrent_accepts_of_two_stages_lose_nothing(fake_lab):
+    """Two processes, ten accepts each (every accept adds one case of its own stage): every
+    one of the twenty baselines is there at the end."""
+    n = 10
+    values = ", ".join(str(16 * (i + 1)) for i in range(n))
+    _add_stage(fake_lab, "P1", "{cpu: {module: stages.fake.cpu, entry: Add}}", f"{{n: [{values}]}}")
+    _add_stage(fake_lab, "P2", "{cpu: {module: stages.fake.cpu, entry: Add}}", f"{{n: [{values}]}}")
+    spec = load_spec(root=fake_lab)
+    recs = [_pass(spec, s, {"n": 16 * (i + 1)}, i=i + 1) for s in ("P1", "P2") for i in range(n)]
+    _write_records(fake_lab, recs)
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_accept_many, args=(str(fake_lab), s, n, barrier)) for s in ("P1", "P2")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    got = {(b.stage, b.case) for b in baselines.load(fake_lab)}
+    assert got == {(s, f"n={16 * (i + 1)}") for s in ("P1", "P2") for i in range(n)}
+
+
+# -- compile-only baselines -----------------------------------------------------------
+
+
+@pytest.fixture
+def blab(fake_lab):
+    """A stage with a run arch (cpu) and a compile-only arch (sm_100a: no device here)."""
+    _add_stage(fake_lab, "HD", "{cpu: {module: stages.fake.cpu, entry: Add}, sm100: {module: stages.fake.cpu, entry: Add}}",
+               "{hd: [64, 512], n: [16]}")
+    return fake_lab
+
+
+C64, C512 = {"hd": 64, "n": 16}, {"hd": 512, "n": 16}
+
+
+def _accept(lab: Path, *args: str) -> subprocess.CompletedProcess:
+    return run_cli(["baseline", "accept", "stage-HD", *args], cwd=lab)
+
+
+def test_accept_takes_a_compile_only_baseline_for_an_arch_that_cannot_run_here(blab):
+    spec = load_spec(root=blab)
+    _write_records(blab, [_compiled(spec, "HD", C64, sass={"(all)": 800, "UTCHMMA": 12}),
+                          _pass(spec, "HD", C64)])
+    r = _accept(blab, "--hd", "64")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "sm_100a hd=64,n=16 ← c1.1 (compile-only)" in r.stdout and "cpu hd=64,n=16 ← run1.1 (run)" in r.stdout
+    by = {(b.arch, b.case): b for b in baselines.load(blab)}
+    comp = by[("sm_100a", "hd=64,n=16")]
+    assert comp.kind == "compile" and comp.compile["regs"] == 160 and comp.compile["inv"] == INV
+    assert comp.compile["sass"]["UTCHMMA"] == 12 and comp.tolerance == baselines.COMPILE_TOLERANCE
+    assert by[("cpu", "hd=64,n=16")].kind == "run"
+    text = (blab / "results" / "baselines.yaml").read_text()
+    assert "kind: compile" in text and "tcgen05.mma.cta_group::1.kind::f16: 12" in text
+
+
+def test_accept_refuses_a_compile_error_and_asks_to_compile_what_has_no_record(blab):
+    spec = load_spec(root=blab)
+    _write_records(blab, [_compiled(spec, "HD", C64, status="compile_error", inv=None)])
+    r = _accept(blab, "--arch", "sm_100a")
+    assert r.returncode == 1
+    assert "compile_error" in r.stdout and "dsv4-lab compile stage-HD --arch sm_100a" in r.stdout
+    assert baselines.load(blab) == []
+
+
+def test_accept_keeps_a_run_baseline_where_the_arch_cannot_run(blab):
+    """sm_100a with a run baseline (from a B200): no fresh pass here, a compiled record exists
+    — the run baseline is kept, never replaced by a compile-only one."""
+    spec = load_spec(root=blab)
+    run_b = Baseline("HD", "sm_100a", "hd=64,n=16", "b200.1", "old", {"out": {"cosine": 0.999}})
+    baselines.save(blab, [run_b])
+    _write_records(blab, [_compiled(spec, "HD", C64)])
+    r = _accept(blab, "--arch", "sm_100a", "--hd", "64")
+    assert r.returncode == 1 and "keep their run baseline" in r.stdout
+    (b,) = baselines.load(blab)
+    assert b.kind == "run" and b.record == "b200.1"
+
+
+def _gate(lab: Path, allow_run: bool = False) -> tuple[int, str]:
+    out = io.StringIO()
+    return gate.main(lab, allow_run=allow_run, out=out), out.getvalue()
+
+
+def _baseline_from(lab: Path, rec: Record) -> None:
+    facts = baselines.compile_facts(rec)
+    baselines.save(lab, [Baseline(rec.stage, rec.arch, case_label(rec.case), rec.id, rec.code["src"], {},
+                                  dict(baselines.COMPILE_TOLERANCE), None, facts)])
+
+
+@pytest.mark.parametrize("change, verdict, words", [
+    ({}, 0, ["1 baselined case(s) hold"]),
+    ({"regs": 168}, 0, ["hold"]),  # +8: within the margin
+    ({"regs": 169}, 1, ["REGRESSIONS", "compile.regs", "160", "169"]),
+    ({"spill": 4}, 1, ["REGRESSIONS", "compile.spill"]),
+    ({"regs": 150, "smem": 70000}, 0, ["improvements", "compile.regs", "compile.smem",
+                                       "adopt: dsv4-lab baseline accept stage-HD --arch sm_100a --hd 64 --n 16"]),
+    ({"smem": 90000}, 0, ["changes (not regressions)", "compile.smem"]),
+    ({"inv": {**INV, "tcgen05.mma.cta_group::1.kind::f16": 8}}, 1,
+     ["REGRESSIONS", "PTX tcgen05.mma.cta_group::1.kind::f16", "12", "8"]),
+    ({"inv": {**{k: v for k, v in INV.items() if "mma" not in k}, "tcgen05.mma.cta_group::2.kind::f16": 12}}, 1,
+     ["tcgen05.mma.cta_group::2.kind::f16", "tcgen05.mma.cta_group::1.kind::f16"]),
+    ({"regs": None}, 1, ["not reported now", "nothing proven"]),
+])
+def test_gate_compares_what_compiling_proves(blab, change, verdict, words):
+    spec = load_spec(root=blab)
+    base = _compiled(spec, "HD", C64)
+    _baseline_from(blab, base)
+    _write_records(blab, [base, _compiled(spec, "HD", C64, i=2, **change)])
+    code, text = _gate(blab)
+    assert code == verdict, text
+    for w in words:
+        assert w in text, text
+
+
+def test_a_compile_error_is_a_regression_named_with_its_file_line(blab):
+    spec = load_spec(root=blab)
+    base = _compiled(spec, "HD", C64)
+    _baseline_from(blab, base)
+    _write_records(blab, [base, _compiled(spec, "HD", C64, i=2, status="compile_error", inv=None)])
+    code, text = _gate(blab)
+    assert code == 1 and "stage-HD sm_100a hd=64,n=16" in text and "compile_error: stages/x.py:3" in text
+
+
+def test_sass_mma_counts_are_compared_when_both_sides_have_sass(blab):
+    spec = load_spec(root=blab)
+    base = _compiled(spec, "HD", C64, sass={"(all)": 800, "UTCHMMA": 12})
+    _baseline_from(blab, base)
+    _write_records(blab, [base, _compiled(spec, "HD", C64, i=2, sass={"(all)": 700, "UTCHMMA": 6})])
+    code, text = _gate(blab)
+    assert code == 1 and "SASS UTCHMMA" in text
+    _write_records(blab, [_compiled(spec, "HD", C64, i=3)])  # no SASS now (tools missing): PTX still holds
+    assert _gate(blab)[0] == 0
+
+
+def test_a_record_without_the_inventory_proves_nothing(blab):
+    """A compiled record written before the lab kept the inventory is not a result for a
+    compile-only baseline: the case is stale, never a pass."""
+    spec = load_spec(root=blab)
+    base = _compiled(spec, "HD", C64)
+    _baseline_from(blab, base)
+    _write_records(blab, [_compiled(spec, "HD", C64, i=2, inv=None)])
+    code, text = _gate(blab)
+    assert code == 1 and "stale" in text and "dsv4-lab compile stage-HD --arch sm_100a" in text
+
+
+def test_stale_compile_only_cases_are_recompiled_by_the_gate(blab):
+    """A stale compile-only case is recompiled here (not 'run it first'): the kernel no longer
+    builds (Add is no CuTe kernel), so the gate names a compile error and writes the record."""
+    spec = load_spec(root=blab)
+    base = _compiled(spec, "HD", C64, src="0ld0ld0ld0ld")
+    _baseline_from(blab, base)
+    _write_records(blab, [base])
+    code, text = _gate(blab, allow_run=True)
+    assert code == 1 and "REGRESSIONS" in text and "stage-HD sm_100a hd=64,n=16" in text and "compile_error" in text
+    recs = [r for r in __import__("harness.records", fromlist=["x"]).read_records(blab, ["HD"])]
+    assert recs[-1].status == "compile_error" and recs[-1].code["src"] == source_hash(blab, spec.stages["HD"], "sm_100a")
+    runs = (blab / "results" / "runs.jsonl").read_text()
+    assert '"event":"start"' in runs and '"event":"end"' in runs
+
+
+def test_run_and_compile_baselines_hold_side_by_side(blab):
+    spec = load_spec(root=blab)
+    comp = _compiled(spec, "HD", C64)
+    run = _pass(spec, "HD", C64)
+    _write_records(blab, [comp, run])
+    assert _accept(blab, "--hd", "64").returncode == 0
+    assert _gate(blab) == (0, "gate: pass — 2 baselined case(s) hold\n")
+    _write_records(blab, [_pass(spec, "HD", C64, i=5, cos=0.5)])
+    code, text = _gate(blab)
+    assert code == 1 and "stage-HD cpu hd=64,n=16" in text and "sm_100a" not in text.split("REGRESSIONS")[1]
+
+
+def test_nan_never_passes_a_comparison():
+    b = Baseline("HD", "cpu", "hd=64,n=16", "r", "s", {"out": {"cosine": 0.99, "rel_l2": 1e-3}})
+    rec = Record(id="r.2", run="r", t="t", stage="HD", arch="cpu", case=C64, status="pass",
+                 metrics={"out": {"cosine": math.nan, "rel_l2": math.inf}})
+    found = gate.compare(b, rec)
+    assert {f.metric for f in found if f.kind == "regression"} == {"cosine", "rel_l2"}
+
+
+def test_show_filters_by_stage_arch_and_case(blab, capsys):
+    spec = load_spec(root=blab)
+    _write_records(blab, [_compiled(spec, "HD", C64), _compiled(spec, "HD", C512, i=2), _pass(spec, "HD", C64)])
+    assert _accept(blab).returncode == 0
+    from harness.matrix import expand
+
+    st = spec.stages["HD"]
+    assert baselines.show(blab, st, ["sm_100a"], [c for c in expand(st) if c.dict["hd"] == 512]) == 0
+    out = capsys.readouterr().out
+    assert "hd=512,n=16" in out and "hd=64,n=16" not in out and "compile-only" in out and "(run)" not in out
+    assert baselines.show(blab, "stage-HD", ["cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "hd=64,n=16" in out and "(run)" in out and "compile-only" not in out
+    assert baselines.show(blab, "OK") == 0 and "no baselines match" in capsys.readouterr().out
+
+
+# -- the git hook ------------------------------------------------------------------------
+
+
+def _commit(lab: Path, env: dict) -> subprocess.CompletedProcess:
+    (lab / "x.txt").write_text(str(os.urandom(4)))
+    subprocess.run(["git", "add", "x.txt"], cwd=lab, check=True)
+    return subprocess.run(["/usr/bin/git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "x"],
+                          cwd=lab, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_hook_runs_with_the_installing_interpreter_when_nothing_is_on_path(blab, monkeypatch):
+    """The hook names the absolute interpreter and the lab's code: with PATH stripped to
+    /usr/bin:/bin and no PYTHONPATH it still runs the gate (passes, then refuses)."""
+    assert gate.install_hook(blab) == 0
+    hook = (blab / ".git" / "hooks" / "pre-commit").read_text()
+    assert str(Path(sys.executable).absolute()) in hook and str(ROOT) in hook and "exec python3 " not in hook
+    spec = load_spec(root=blab)
+    _write_records(blab, [_pass(spec, "HD", C64)])
+    baselines.save(blab, [Baseline("HD", "cpu", "hd=64,n=16", "run1.1", source_hash(blab, spec.stages["HD"], "cpu"),
+                                   {"out": {"cosine": 0.9999}})])
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"),
+           "DSV4_LAB_CACHE": os.environ["DSV4_LAB_CACHE"]}
+    r = _commit(blab, env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    _write_records(blab, [_pass(spec, "HD", C64, i=2, cos=0.5)])
+    r = _commit(blab, env)
+    out = r.stdout + r.stderr  # git passes the hook's stdout on to its stderr
+    assert r.returncode != 0 and "REGRESSIONS" in out and "stage-HD cpu hd=64,n=16" in out
