@@ -7,6 +7,9 @@ Remote side (`Sender`, opened by `open_sender` before any worker or compiler pro
 - fd 1 is duplicated to a private, close-on-exec descriptor that carries the records, and fd 1
   (hence `sys.stdout` and the stdout of every child: workers, compilers, anything a kernel
   starts) is pointed at stderr. A kernel's print, with or without a newline, lands in stderr;
+- stdin stays open while the run lasts (on a private descriptor; children get /dev/null): when it
+  ends, the local side or the link is gone, and the process sends itself SIGHUP, which stops the
+  run the way any interruption does (workers and compilers killed) instead of running on unseen;
 - every line sent is `@@dsv4-rec SEQ MAC PAYLOAD`: SEQ counts lines from 1, MAC is
   HMAC-SHA256(key, "SEQ PAYLOAD") in hex, PAYLOAD one JSON object.
 
@@ -21,6 +24,7 @@ import hmac
 import os
 import re
 import secrets
+import signal
 import sys
 import threading
 
@@ -90,16 +94,29 @@ def _read_key(fd: int) -> str:
     return key
 
 
+def _watch_hangup(fd: int) -> None:
+    """Thread body: wait for the end of stdin (the local side or the link is gone), then stop."""
+    try:
+        while os.read(fd, 4096):
+            pass
+    except OSError:
+        pass
+    os.kill(os.getpid(), signal.SIGHUP)
+
+
 def open_sender() -> Sender:
     """Open the remote end of the channel (once per process; later calls return it): read the
-    key from stdin, move the records to a private descriptor, point stdout at stderr."""
+    key from stdin, watch stdin for a hang-up, move the records to a private descriptor,
+    point stdout at stderr."""
     global _sender
     if _sender is not None:
         return _sender
     key = _read_key(0)
+    watch = os.dup(0)  # close-on-exec: only this process watches the link
     devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)  # nothing more comes on stdin: children get /dev/null
+    os.dup2(devnull, 0)  # children get /dev/null
     os.close(devnull)
+    threading.Thread(target=_watch_hangup, args=(watch,), name="dsv4-hangup", daemon=True).start()
     sys.stdout.flush()
     private = os.dup(1)  # close-on-exec (PEP 446): no child process inherits it
     os.dup2(2, 1)  # fd 1 is now stderr, for this process and every child it starts

@@ -258,9 +258,9 @@ def _drive(tr: TargetRun, root: Path, args: list[str], stages: set[str], out: qu
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         procs.append(proc)
         assert proc.stdin is not None and proc.stdout is not None
-        try:
+        try:  # the key, then stdin stays open: its end tells the remote side to stop (channel.py)
             proc.stdin.write(tr.key.encode() + b"\n")
-            proc.stdin.close()
+            proc.stdin.flush()
         except OSError:  # ssh already gone: its exit code says why
             pass
         tail: deque = deque(maxlen=200)
@@ -276,6 +276,10 @@ def _drive(tr: TargetRun, root: Path, args: list[str], stages: set[str], out: qu
                 payload, why = receiver.open(raw)
                 out.put(("line", t.name, parse_payload(payload, stages) if payload is not None else ("reject", why)))
         rc = proc.wait()
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
         drain.join(10)
         out.put(("done", t.name, (rc, list(tail))))
     except (LinkError, TargetError) as exc:
@@ -473,7 +477,9 @@ def run_remote(spec: Spec, target: str, argv: list[str], stages: list[Stage], ar
     (target i of n gets --shard i/n; one target keeps `shard`, the user's own --shard), stream
     and write the records here. Returns 0 (all passed), 1 (failures, lines rejected, planned
     cases missing, or records that cannot be written here), 3 (a target unreachable, or a run
-    lost or interrupted), 130 (Ctrl-C here). Bad targets or options raise TargetError."""
+    lost or interrupted), 130 / 143 / 129 (Ctrl-C, SIGTERM, SIGHUP here: the remote runs are
+stopped, what arrived is kept, each run is marked interrupted). Bad targets or options raise
+TargetError."""
     root: Path = spec.root
     targets = resolve_targets(root, target)
     n = len(targets)
@@ -500,9 +506,13 @@ def run_remote(spec: Spec, target: str, argv: list[str], stages: list[Stage], ar
         args = remote_run_args(argv, tr.target, tr.shard)
         threading.Thread(target=_drive, args=(tr, root, args, known, events, procs, sync_method),
                          daemon=True).start()
-    pending, interrupted, local_error = n, False, None
+    pending, interrupted, local_error, signum = n, False, None, signal.SIGINT
+    stop: list[int] = []
+    previous = _catch_stop_signals(stop)
     try:
         while pending:
+            if stop:  # checked between lines, so a signal never cuts a record's write short
+                raise _Stopped(stop[0])
             try:
                 kind, name, payload = events.get(timeout=0.5)
             except queue.Empty:
@@ -522,25 +532,53 @@ def run_remote(spec: Spec, target: str, argv: list[str], stages: list[Stage], ar
                 tr.link_error = payload
                 session.finish(tr, True, payload)
                 pending -= 1
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Stopped) as exc:  # KeyboardInterrupt: when not in the main thread
         interrupted = True
+        signum = exc.signum if isinstance(exc, _Stopped) else signal.SIGINT
         _stop(procs)
+        why = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         for tr in runs:
-            _finish_quietly(session, tr, "interrupted here (Ctrl-C)")
+            _finish_quietly(session, tr, f"interrupted here ({why})")
     except LocalWriteError as exc:
         local_error = str(exc)
         _stop(procs)
         for tr in runs:
             _finish_quietly(session, tr, local_error)
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         session.close()
     session.report(interrupted, local_error)
     if interrupted:
-        return 130
+        return 128 + signum
     if local_error:
         return 1
     codes = [tr.exit_code for tr in runs]
     return EXIT_LINK if EXIT_LINK in codes else max(codes)
+
+
+class _Stopped(Exception):
+    """Ctrl-C, SIGTERM or SIGHUP here: stop the remote runs, keep what arrived."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _catch_stop_signals(stop: list[int]) -> dict:
+    """While a remote run lasts, a stop signal is noted in `stop` (the first one; later ones
+    are ignored) for the main loop to act on. Returns the handlers to put back."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def note(signum: int, frame: Any) -> None:
+        if not stop:
+            stop.append(signum)
+
+    return {sig: signal.signal(sig, note) for sig in STOP_SIGNALS}
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:

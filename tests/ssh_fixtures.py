@@ -16,8 +16,8 @@ Host-key checking is on (StrictHostKeyChecking yes) for all of them. The tests a
 
 `make_lab(path)` builds a small git lab: the project's cli.py, harness/ and oracles/common.py,
 plus CPU-only fake stages (arch `cpu`: a plain Python kernel) run by the same runner: FAKE
-(out = a + b), CRASH (kills its own run) and NOISY (writes to stdout without newlines and
-forges record-shaped lines).
+(out = a + b), CRASH (kills its own run), NOISY (writes to stdout without newlines and
+forges record-shaped lines) and SLOW (a minute per case).
 """
 
 from __future__ import annotations
@@ -258,6 +258,20 @@ class Kernel:
         out.copy_(a + b)
 '''
 
+SLOW_KERNEL = '''\
+"""Takes a minute per case: for stopping runs part-way."""
+import time
+
+
+class Kernel:
+    def __init__(self, n):
+        self.n = n
+
+    def __call__(self, a, b, out):
+        time.sleep(60)
+        out.copy_(a + b)
+'''
+
 STAGES_YAML = '''\
 version: 1
 stages:
@@ -287,6 +301,19 @@ stages:
     tolerances:
       out: {cosine_min: 0.9999}
     timeout_s: 120
+  SLOW:
+    title: a minute per case
+    dir: stages/slow
+    kernels:
+      cpu: {module: stages.slow.cpu, entry: Kernel}
+    tensors: oracles.fake:tensors
+    inputs: oracles.fake:make_inputs
+    oracle: oracles.fake:reference
+    matrix:
+      n: [4, 8, 16]
+    tolerances:
+      out: {cosine_min: 0.9999}
+    timeout_s: 300
   CRASH:
     title: kills its own run on the second case
     dir: stages/crash
@@ -319,7 +346,8 @@ def make_lab(root: Path, targets_yaml: str = "") -> Path:
     for name in ("__init__.py", "common.py"):
         shutil.copy(PROJECT / "oracles" / name, root / "oracles" / name)
     (root / "oracles" / "fake.py").write_text(FAKE_ORACLE)
-    for folder, kernel in (("fake", FAKE_KERNEL), ("crash", CRASH_KERNEL), ("noisy", NOISY_KERNEL)):
+    for folder, kernel in (("fake", FAKE_KERNEL), ("crash", CRASH_KERNEL), ("noisy", NOISY_KERNEL),
+                           ("slow", SLOW_KERNEL)):
         (root / "stages" / folder).mkdir(parents=True)
         (root / "stages" / folder / "__init__.py").write_text("")
         (root / "stages" / folder / "cpu.py").write_text(kernel)

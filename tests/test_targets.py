@@ -7,8 +7,10 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from importlib import metadata
@@ -529,6 +531,56 @@ def test_remote_crash_keeps_records_received(remote_lab, capsys):
     assert "marked interrupted" in out.err
 
 
+@pytest.mark.ssh
+def test_stopping_a_remote_run_here_stops_it_there(remote_lab, ssh_server, tmp_path):
+    """SIGTERM here (Ctrl-C and SIGHUP take the same path): the run is marked interrupted,
+    exit 143, and the remote run and its worker stop too (ssh gone, so the remote side's stdin
+    ends)."""
+    sig, code = signal.SIGTERM, 143
+    env = {**os.environ, "DSV4_LAB_ROOT": str(remote_lab), "PYTHONPATH": str(remote_lab),
+           "DSV4_LAB_SSH_CONFIG": str(ssh_server.config), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    env.pop("DSV4_LAB_GIT", None)
+    proc = subprocess.Popen([PY, "-m", "cli", "run", "SLOW", "--target", "box"], cwd=remote_lab, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    remote = []
+    try:
+        deadline = time.monotonic() + 90
+        while not remote and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            remote = [pid for pid in _pids() if b"harness.remote_side\0run\0SLOW" in _cmdline(pid)
+                      and descendants(pid)]  # the remote side, with its worker up
+        assert remote, "the remote run never started"
+        workers = set().union(*(descendants(pid) for pid in remote))
+        os.kill(proc.pid, sig)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == code, out.decode() + err.decode()
+        assert b"Traceback" not in out + err
+        (run,) = read_runs(remote_lab).values()
+        assert run["interrupted"] is True and "interrupted here" in run["lost"]
+        deadline = time.monotonic() + 20
+        while any(alive(p) for p in [*remote, *workers]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in [*remote, *workers] if alive(p)], "the remote run outlived the local one"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in remote:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _pids() -> list[int]:
+    return [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit()]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 FAKE_REMOTE = '''\
 #!{py}
 """Stands in for the remote python: holds the channel key (it reads it on stdin like the real
@@ -672,6 +724,90 @@ def test_kernel_output_cannot_lose_or_forge_a_record(remote_lab, capsys):
     assert "rejected" not in out.err
 
 
+def lab_env(lab: Path) -> dict[str, str]:
+    env = {**os.environ, "DSV4_LAB_ROOT": str(lab), "PYTHONPATH": str(lab)}
+    env.pop("DSV4_LAB_GIT", None)
+    return env
+
+
+def remote_side(lab: Path, stage: str, key: str) -> tuple[subprocess.Popen, bytes, str]:
+    """Run the remote side as ssh would: the key on stdin, which stays open until it exits."""
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([PY, "-m", "harness.remote_side", "run", stage, "--emit-jsonl"], cwd=lab,
+                                env=lab_env(lab), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+        proc.stdin.write((key + "\n").encode())
+        proc.stdin.flush()
+        stdout = proc.stdout.read()
+        proc.wait(300)
+        proc.stdin.close()
+        err.seek(0)
+        return proc, stdout, err.read().decode(errors="replace")
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process under `pid` (from /proc)."""
+    parents: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if fields[0] != "Z":
+                parents[int(d.name)] = int(fields[1])
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        kids = {c for c, pp in parents.items() if pp == p}
+        todo += list(kids - out)
+        out |= kids
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_remote_side_stops_when_its_stdin_ends(tmp_path):
+    """The local side gone (ssh killed, link lost) ends the remote side's stdin: the run stops
+    at once, its worker with it, instead of running on unseen."""
+    from harness.channel import Receiver, new_key
+    from harness.remote_run import parse_payload
+
+    lab = make_lab(tmp_path / "lab")
+    key = new_key()
+    proc = subprocess.Popen([PY, "-m", "harness.remote_side", "run", "SLOW", "--emit-jsonl"], cwd=lab,
+                            env=lab_env(lab), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        proc.stdin.write((key + "\n").encode())
+        proc.stdin.flush()
+        rx = Receiver(key)
+        kind, start = parse_payload(rx.open(proc.stdout.readline().rstrip(b"\n"))[0], {"SLOW"})
+        assert kind == "event" and start["event"] == "start"
+        deadline = time.monotonic() + 60
+        while not descendants(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        kids = descendants(proc.pid)
+        assert kids, "the run started no worker"
+        time.sleep(1)
+        t0 = time.monotonic()
+        proc.stdin.close()
+        assert proc.wait(20) == 129  # SIGHUP (a TimeoutExpired here: the run went on unseen)
+        rest = proc.stdout.read()
+        assert time.monotonic() - t0 < 20
+        time.sleep(0.5)
+        assert not [k for k in kids if alive(k)], "a worker outlived its run"
+        frames = [parse_payload(rx.open(raw)[0], {"SLOW"}) for raw in rest.splitlines()]
+        assert frames[-1][0] == "event" and frames[-1][1]["event"] == "end" and frames[-1][1]["interrupted"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_remote_side_keeps_its_channel_private(tmp_path):
     """The remote side alone (no ssh): with the key on stdin, its stdout carries authentic
     frames and nothing else; what the kernel printed is on stderr; the key is not in the
@@ -681,15 +817,11 @@ def test_remote_side_keeps_its_channel_private(tmp_path):
 
     lab = make_lab(tmp_path / "lab")
     key = new_key()
-    env = {**os.environ, "DSV4_LAB_ROOT": str(lab), "PYTHONPATH": str(lab)}
-    env.pop("DSV4_LAB_GIT", None)
-    out = subprocess.run([PY, "-m", "harness.remote_side", "run", "NOISY", "--emit-jsonl"], cwd=lab, env=env,
-                         input=(key + "\n").encode(), capture_output=True, timeout=300)
-    err = out.stderr.decode(errors="replace")
-    assert out.returncode == 0, err
+    proc, stdout, err = remote_side(lab, "NOISY", key)
+    assert proc.returncode == 0, err
     rx = Receiver(key)
     kinds = []
-    for raw in out.stdout.splitlines():
+    for raw in stdout.splitlines():
         payload, why = rx.open(raw)
         assert why is None, (why, raw[:200])
         kinds.append(parse_payload(payload, {"NOISY"}))
@@ -701,8 +833,7 @@ def test_remote_side_keeps_its_channel_private(tmp_path):
 
 def test_remote_side_without_a_key_is_one_line(tmp_path):
     lab = make_lab(tmp_path / "lab")
-    env = {**os.environ, "DSV4_LAB_ROOT": str(lab), "PYTHONPATH": str(lab)}
-    out = subprocess.run([PY, "-m", "harness.remote_side", "run", "FAKE", "--emit-jsonl"], cwd=lab, env=env,
+    out = subprocess.run([PY, "-m", "harness.remote_side", "run", "FAKE", "--emit-jsonl"], cwd=lab, env=lab_env(lab),
                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.startswith("dsv4-lab: run --emit-jsonl: no channel key") and len(out.stderr.splitlines()) == 1
