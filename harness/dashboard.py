@@ -18,9 +18,10 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.baselines import load as load_baselines
+from harness.bench import is_bench
 from harness.labels import case_label
 from harness.identity import source_hash
-from harness.matrix import expand
+from harness.matrix import count
 from harness.records import Record, print_warnings, read_records
 from harness.spec import Spec, Stage, load_spec
 
@@ -37,6 +38,7 @@ class Cell:
     cosine: str = "—"
     delta: str = "—"
     us: str = "—"
+    roof: str = "—"
     resources: str = "—"
     stale: str = ""
     age: str = "—"
@@ -58,6 +60,9 @@ def _age(iso: str, now: float) -> str:
 def cell(spec: Spec, stage: Stage, arch: str, records: list[Record], baselines: dict, now: float) -> Cell:
     mine = [r for r in records if r.stage == stage.id and r.arch == arch]
     c = Cell()
+    benched = [r for r in mine if is_bench(r)]  # bench shapes: timing and roofline, not the test matrix
+    mine = [r for r in mine if not is_bench(r)]
+    c.roof = roofline_text(benched, source_hash(spec.root, stage, arch) if benched else "")
     if not mine:
         c.compiled = "not yet"
         return c
@@ -92,7 +97,7 @@ def cell(spec: Spec, stage: Stage, arch: str, records: list[Record], baselines: 
     env = run[-1].env
     c.ran = f"{env.get('gpu', '?')} @ {run[-1].target}:{env.get('host', '?')}"
     n_pass = sum(1 for r in run if r.status == "pass")
-    total = len(expand(stage))
+    total = count(stage)
     c.passed = f"{'✓' if n_pass == total else '✗'} {n_pass}/{total}"
     cos = [m.get("cosine") for r in run for m in r.metrics.values()]
     known = [x for x in cos if x is not None]
@@ -120,6 +125,27 @@ def cell(spec: Spec, stage: Stage, arch: str, records: list[Record], baselines: 
     return c
 
 
+def roofline_text(benched: list[Record], src: str) -> str:
+    """The newest timed bench record of each bench shape as a fraction of the roofline:
+    `62%` or `48–71%` over the shapes, `stale` when the source changed since."""
+    newest: dict[str, Record] = {}
+    for r in benched:
+        if r.status == "pass" and r.timing:
+            newest[case_label(r.case)] = r
+    if not newest:
+        return "—"
+    fracs = [t for r in newest.values() if isinstance(t := (r.timing or {}).get("roofline"), (int, float))]
+    if not fracs:
+        return "not calibrated"
+    lo, hi = min(fracs), max(fracs)
+    text = f"{lo:.0%}" if round(lo, 2) == round(hi, 2) else f"{lo:.0%}–{hi:.0%}"
+    if len(fracs) > 1:
+        text += f" ({len(fracs)} shapes)"
+    if any(r.code.get("src") != src for r in newest.values()):
+        text += " stale"
+    return text
+
+
 def _int(x: object) -> int:
     return x if isinstance(x, int) and not isinstance(x, bool) else 0
 
@@ -136,14 +162,14 @@ def render(root: Path) -> Group | Text:
     now = time.time()
     table = Table(title="dsv4-lab dashboard", show_lines=True)
     for col in ("stage", "arch", "compiled", "ran on", "passed", "worst cos", "Δ base", "µs (bench)",
-                "regs/spill/smem", "fresh", "age"):
+                "roofline", "regs/spill/smem", "fresh", "age"):
         table.add_column(col)
     for st in spec.stages.values():
         for i, arch in enumerate(st.kernels):
             c = cell(spec, st, arch, records, baselines, now)
             table.add_row(
                 f"{st.name}" if i == 0 else "", arch, c.compiled, Text(c.ran, style=c.style), c.passed, c.cosine,
-                c.delta, c.us, c.resources, "⚠ stale" if c.stale else "✓ fresh" if c.age != "—" else "—", c.age,
+                c.delta, c.us, c.roof, c.resources, "⚠ stale" if c.stale else "✓ fresh" if c.age != "—" else "—", c.age,
             )
     legend = Text("✓ pass/fresh  ✗ failure  ○ compiled, not run (no device of that arch: never verified)  "
                   "⚠ stale: the source changed since this result — re-run it", style="dim")

@@ -21,6 +21,7 @@ from typing import Any
 from yaml.nodes import Node, ScalarNode, SequenceNode
 
 from harness.labels import value_text
+from harness.peers import PEER_NAMES, PROBLEMS
 from harness.yamlnodes import TOP, NodeContext, kind as _kind, mapping as _mapping, one_line, read_file
 from harness.yamlnodes import scalar as _scalar
 
@@ -46,7 +47,7 @@ TOLERANCE_RANGES: dict[str, tuple[float, float | None]] = {
 # Axis names that would be read as the lab's own options (`--arch`, `--where` …), not as filters.
 RESERVED_AXES = {"all", "arch", "bench", "where", "target", "gpus", "workers_per_gpu", "timeout", "seed",
                  "emit_jsonl", "shard", "keep", "help", "force", "no_run", "watch", "interval", "diff",
-                 "traceback", "json"}
+                 "traceback", "json", "compile_only", "peers", "reps", "gpu", "fp8"}
 _FILTER_CHARS = set(",=|")  # they separate filters (`--where hd=64|128,n=256`) and case labels
 _NONE = object()
 
@@ -82,6 +83,26 @@ class Tolerance:
     max_abs_max: float | None = None
 
 
+MAX_BENCH_CASES = 64  # bench shapes per stage: each is compiled and timed against every peer
+BENCH_KEYS = {"matrix", "peers", "problem", "check_rows", "row_axis", "case", "peak"}
+PEAKS = ("bf16", "fp8")
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """A stage's `bench:` block: the realistic shapes `dsv4-lab bench` times, apart from the test
+    matrix. `matrix` holds every stage axis (an axis the block leaves out takes the test matrix's
+    first value); numbers may lie outside the test matrix, words and booleans may not."""
+
+    matrix: dict[str, list[Any]]
+    peers: tuple[str, ...] = ()
+    problem: str | None = None  # what the tensors mean to a peer (harness.peers.PROBLEMS)
+    check_rows: int = 256  # rows of the output checked against the oracle before timing
+    row_axis: str | None = None  # the axis whose rows are independent (None: check the whole output)
+    peak: str = "bf16"  # which calibrated compute peak the roofline uses
+    line: int = 0
+
+
 @dataclass(frozen=True)
 class Stage:
     id: str
@@ -97,8 +118,9 @@ class Stage:
     kernel_params: tuple[str, ...]
     tolerances: dict[str, Tolerance]
     timeout_s: float
-    bench: dict[str, Any] = field(default_factory=dict)
+    bench: dict[str, Any] = field(default_factory=dict)  # the test case `run --bench` times ({}: every case)
     line: int = 0
+    bench_plan: BenchPlan | None = None  # the bench block's shapes and peers (`dsv4-lab bench`)
 
     @property
     def name(self) -> str:
@@ -333,25 +355,132 @@ def _parse_stage(ctx: _Ctx, sid: str, node: Node, key_node: Node) -> Stage:
         timeout_s = _number(ctx, f["timeout_s"], f"{key}.timeout_s", "seconds", 0.0, MAX_TIMEOUT_S, lo_open=True)
 
     bench: dict[str, Any] = {}
+    bench_plan: BenchPlan | None = None
     if "bench" in f:
-        for anode, vnode in _mapping(ctx, f["bench"], f"{key}.bench"):
-            axis = str(_scalar(anode))
-            bk = f"{key}.bench.{axis}"
-            if axis not in matrix:
-                raise ctx.fail(anode, bk, f"not a matrix axis ({', '.join(matrix)}) — name one of those")
-            value = _typed(ctx, vnode, bk, (int, str, bool, float), "a scalar")
-            same = [v for v in matrix[axis] if type(v) is type(value) and v == value]
-            if not same:
-                shown = ", ".join(value_text(v) for v in matrix[axis])
-                raise ctx.fail(vnode, bk, f"{one_line(repr(value), 60)} is not in the matrix — {axis} takes {shown}")
-            bench[axis] = same[0]
+        bench, bench_plan = _bench(ctx, f["bench"], f"{key}.bench", matrix)
 
     return Stage(
         id=sid, title=title, dir=stage_dir, kernels=kernels,
         tensors=refs["tensors"], inputs=refs["inputs"], oracle=refs["oracle"], flops=refs.get("flops"), peer=refs.get("peer"),
         matrix=matrix, kernel_params=kernel_params, tolerances=tolerances, timeout_s=timeout_s,
-        bench=bench, line=node.start_mark.line + 1,
+        bench=bench, line=node.start_mark.line + 1, bench_plan=bench_plan,
     )
+
+
+def _bench(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]]) -> tuple[dict[str, Any], BenchPlan | None]:
+    """The bench block, or (older form) a mapping axis -> value naming the test case `run --bench` times."""
+    pairs = _mapping(ctx, node, key)
+    if not any(str(_scalar(k)) in BENCH_KEYS for k, _ in pairs):
+        return _bench_case(ctx, pairs, key, matrix), None
+    _check_keys(ctx, pairs, key, BENCH_KEYS, {"matrix"}, node)
+    f = {str(_scalar(k)): v for k, v in pairs}
+    bmatrix = _bench_matrix(ctx, f["matrix"], f"{key}.matrix", matrix)
+    peers: list[str] = []
+    if "peers" in f:
+        pk = f"{key}.peers"
+        if not isinstance(f["peers"], SequenceNode):
+            raise ctx.fail(f["peers"], pk, f"expected a list of peer names, got {_kind(f['peers'])} — e.g. "
+                                           "[torch_sdpa, fa4]")
+        for item in f["peers"].value:
+            name = _typed(ctx, item, pk, (str,), "a peer name")
+            if name not in PEER_NAMES:
+                raise ctx.fail(item, pk, f"unknown peer {one_line(repr(name), 40)} — known: {', '.join(PEER_NAMES)}")
+            if name in peers:
+                raise ctx.fail(item, pk, f"'{name}' is repeated — list each peer once")
+            peers.append(name)
+    problem = None
+    if "problem" in f:
+        problem = _text(ctx, f["problem"], f"{key}.problem", "a problem name")
+        if problem not in PROBLEMS:
+            raise ctx.fail(f["problem"], f"{key}.problem", f"unknown problem {one_line(repr(problem), 40)} — "
+                                                          f"known: {', '.join(PROBLEMS)}")
+    elif peers:
+        raise ctx.fail(f["peers"], f"{key}.problem", f"peers need to know what the tensors mean — add "
+                                                     f"problem: one of {', '.join(PROBLEMS)}")
+    row_axis: str | None = "m" if "m" in matrix else None
+    if "row_axis" in f:
+        row_axis = _text(ctx, f["row_axis"], f"{key}.row_axis", "a matrix axis")
+        if row_axis not in matrix:
+            raise ctx.fail(f["row_axis"], f"{key}.row_axis", f"'{row_axis}' is not a matrix axis "
+                                                             f"({', '.join(matrix)}) — name one of those")
+    check_rows = 256
+    if "check_rows" in f:
+        ck = f"{key}.check_rows"
+        value = _typed(ctx, f["check_rows"], ck, (int,), "a whole number of rows")
+        if isinstance(value, bool) or value < 1 or value > 1 << 20:
+            raise ctx.fail(f["check_rows"], ck, f"{one_line(str(value), 20)} is out of range — give 1 to {1 << 20} rows")
+        if row_axis is None:
+            raise ctx.fail(f["check_rows"], ck, "no axis to sample rows of — add row_axis: AXIS (the axis whose "
+                                                "output rows are independent)")
+        check_rows = value
+    peak = "bf16"
+    if "peak" in f:
+        peak = _text(ctx, f["peak"], f"{key}.peak", "bf16 or fp8")
+        if peak not in PEAKS:
+            raise ctx.fail(f["peak"], f"{key}.peak", f"unknown peak {one_line(repr(peak), 20)} — use bf16 or fp8")
+    if "case" in f:
+        case = _bench_case(ctx, _mapping(ctx, f["case"], f"{key}.case"), f"{key}.case", matrix)
+    else:  # `run --bench` times the test matrix's largest numbers (first word) of each axis
+        case = {a: (max(v) if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v) else v[0])
+                for a, v in matrix.items()}
+    plan = BenchPlan(matrix=bmatrix, peers=tuple(peers), problem=problem, check_rows=check_rows,
+                     row_axis=row_axis, peak=peak, line=node.start_mark.line + 1)
+    return case, plan
+
+
+def _bench_case(ctx: _Ctx, pairs: list[tuple[Node, Node]], key: str, matrix: dict[str, list[Any]]) -> dict[str, Any]:
+    """axis -> value: a test case (its values in the test matrix)."""
+    bench: dict[str, Any] = {}
+    for anode, vnode in pairs:
+        axis = str(_scalar(anode))
+        bk = f"{key}.{axis}"
+        if axis not in matrix:
+            raise ctx.fail(anode, bk, f"not a matrix axis ({', '.join(matrix)}) — name one of those")
+        value = _typed(ctx, vnode, bk, (int, str, bool, float), "a scalar")
+        same = [v for v in matrix[axis] if type(v) is type(value) and v == value]
+        if not same:
+            shown = ", ".join(value_text(v) for v in matrix[axis])
+            raise ctx.fail(vnode, bk, f"{one_line(repr(value), 60)} is not in the matrix — {axis} takes {shown}")
+        bench[axis] = same[0]
+    return bench
+
+
+def _bench_matrix(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """The bench shapes: each axis a stage axis; numbers of the axis's type (outside the test matrix
+    if need be, positive), words and booleans from the test matrix. Axes left out: the first test value."""
+    out: dict[str, list[Any]] = {}
+    pairs = _mapping(ctx, node, key)
+    if not pairs:
+        raise ctx.fail(node, key, "empty — give at least one axis with its bench values")
+    for anode, vnode in pairs:
+        axis = str(_scalar(anode))
+        ak = f"{key}.{axis}"
+        if axis not in matrix:
+            raise ctx.fail(anode, ak, f"not a matrix axis ({', '.join(matrix)}) — bench shapes use the stage's axes")
+        items = vnode.value if isinstance(vnode, SequenceNode) else [vnode]
+        if isinstance(vnode, SequenceNode) and not items:
+            raise ctx.fail(vnode, ak, "empty list — give at least one value")
+        values: list[Any] = []
+        for item in items:
+            value = _axis_value(ctx, item, ak)
+            types = {type(v) for v in matrix[axis]}
+            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if numeric and type(value) in types:
+                if value <= 0:
+                    raise ctx.fail(item, ak, f"{value_text(value)} is not a size — give a positive number")
+            elif not any(type(v) is type(value) and v == value for v in matrix[axis]):
+                shown = ", ".join(value_text(v) for v in matrix[axis])
+                raise ctx.fail(item, ak, f"{one_line(repr(value), 60)} does not fit the axis — {axis} takes {shown}"
+                                         " (or other numbers of the same type)")
+            if any(type(v) is type(value) and v == value for v in values):
+                raise ctx.fail(item, ak, f"repeated value {one_line(repr(value), 40)} — list each value once")
+            values.append(value)
+        out[axis] = values
+    full = {a: out.get(a, [v[0]]) for a, v in matrix.items()}
+    n = math.prod(len(v) for v in full.values())
+    if n > MAX_BENCH_CASES:
+        raise ctx.fail(node, key, f"{n} bench shapes — more than the limit of {MAX_BENCH_CASES}; list fewer values")
+    return full
 
 
 def _stage_dir(ctx: _Ctx, node: Node, key: str) -> Path:

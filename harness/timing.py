@@ -18,10 +18,70 @@ def rotations(bytes_per_set: int, l2_bytes: int = L2_BYTES_GUESS, cap: int = 64)
     return max(2, min(cap, math.ceil(3 * l2_bytes / bytes_per_set)))
 
 
-def bench(launches: list[Callable[[], None]], reps: int = 30, warmup: int = 3) -> dict:
-    """Median µs of one launch. `launches` are closures over distinct (rotated) argument sets;
-    one repetition runs each once."""
+def l2_bytes() -> int:
+    """The current GPU's L2 size (the guess when torch does not say)."""
     import torch
+
+    size = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
+    return int(size) if isinstance(size, int) and size > 0 else L2_BYTES_GUESS
+
+
+def passes(n_sets: int, min_launches: int) -> int:
+    """How many passes over `n_sets` rotated sets one timed repetition makes so that it holds at
+    least `min_launches` launches (many launches per graph: launch gaps and event overhead shrink)."""
+    return max(1, math.ceil(max(1, min_launches) / max(1, n_sets)))
+
+
+def summarize(times_us: list[float]) -> dict:
+    """Median, relative spread ((max - min) / median) and the 10th/90th percentiles of per-launch times."""
+    if not times_us:
+        raise ValueError("no repetitions to summarize")
+    ts = sorted(times_us)
+    med = statistics.median(ts)
+
+    def pct(q: float) -> float:
+        return ts[min(len(ts) - 1, max(0, round(q * (len(ts) - 1))))]
+
+    return {"us": med, "spread": (ts[-1] - ts[0]) / max(med, 1e-9), "p10_us": pct(0.1), "p90_us": pct(0.9)}
+
+
+def gpu_clocks() -> dict:
+    """The current GPU's name and clocks (MHz) right now, via nvidia-smi (what is known; {} when not)."""
+    import subprocess
+
+    import torch
+
+    out: dict = {}
+    try:
+        i = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(i)
+        out["gpu_name"] = props.name
+        bus = getattr(props, "pci_bus_id", None)
+        domain = getattr(props, "pci_domain_id", 0)
+        dev = getattr(props, "pci_device_id", 0)
+        sel = ["-i", f"{domain:08x}:{bus:02x}:{dev:02x}.0"] if isinstance(bus, int) else []
+        res = subprocess.run(["nvidia-smi", *sel, "--query-gpu=clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,"
+                              "power.draw", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20)
+        fields = res.stdout.strip().splitlines()[0].split(",") if res.returncode == 0 and res.stdout.strip() else []
+        for key, text in zip(("sm_mhz", "sm_max_mhz", "mem_mhz", "temp_c", "power_w"), fields):
+            try:
+                v = float(text.strip())
+            except ValueError:
+                continue
+            if math.isfinite(v):
+                out[key] = v
+    except Exception:  # clocks are a note on the number, never a reason to lose it
+        pass
+    return out
+
+
+def bench(launches: list[Callable[[], None]], reps: int = 30, warmup: int = 3, min_launches: int = 1) -> dict:
+    """Median µs of one launch. `launches` are closures over distinct (rotated) argument sets;
+    one repetition runs them all, `passes(len(launches), min_launches)` times over, captured as
+    one CUDA graph where the launches allow it (else timed as plain launches between events)."""
+    import torch
+
+    rounds = passes(len(launches), min_launches)
 
     stream = torch.cuda.current_stream()
     for _ in range(warmup):
@@ -36,9 +96,12 @@ def bench(launches: list[Callable[[], None]], reps: int = 30, warmup: int = 3) -
         side.wait_stream(stream)
         with torch.cuda.stream(side):
             with torch.cuda.graph(graph, stream=side):
-                for f in launches:
-                    f()
+                for _ in range(rounds):
+                    for f in launches:
+                        f()
         stream.wait_stream(side)
+        torch.cuda.synchronize()
+        graph.replay()  # the first replay uploads the graph: keep it out of the numbers
         torch.cuda.synchronize()
         run_once = graph.replay
     except Exception:  # a launch path that cannot be captured: time plain launches
@@ -46,8 +109,9 @@ def bench(launches: list[Callable[[], None]], reps: int = 30, warmup: int = 3) -
         torch.cuda.synchronize()
 
         def run_once() -> None:
-            for f in launches:
-                f()
+            for _ in range(rounds):
+                for f in launches:
+                    f()
 
     times = []
     for _ in range(reps):
@@ -56,6 +120,6 @@ def bench(launches: list[Callable[[], None]], reps: int = 30, warmup: int = 3) -
         run_once()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(launches))
-    return {"us": statistics.median(times), "spread": (max(times) - min(times)) / max(statistics.median(times), 1e-9),
-            "reps": reps, "rot": len(launches), "method": method}
+        times.append(start.elapsed_time(end) * 1e3 / (len(launches) * rounds))
+    return {**summarize(times), "reps": reps, "rot": len(launches), "launches": len(launches) * rounds,
+            "method": method}

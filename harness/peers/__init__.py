@@ -1,0 +1,60 @@
+"""The kernels a stage's kernel is timed against (`dsv4-lab bench --peers`): one small adapter
+module per peer, named here so that stages.yaml can be validated without importing any of them
+(or torch).
+
+A peer computes a *problem* — what the stage's tensors mean, declared by the stage's bench block
+(`problem: attention`) — not a stage: the adapter maps the stage's tensors to its own call and
+says which shapes it supports. A peer whose package is missing is "not installed (pip install …)",
+never a failure.
+
+Problems (tensor names and shapes the adapters rely on; the stage's tensors() must match):
+  attention    dense softmax attention of one head: Q [m, d], K [n, d], V [n, d] (bf16) ->
+               O [m, d] (bf16), LSE [m] (fp32, natural log); scale 1/sqrt(d)
+  mla_decode   DSV4/MLA dense decode, MQA over one latent head: Q [b, s_q, h_q, d_qk],
+               KV [b, n, d_qk] (bf16; V is KV's first d_v columns) -> O [b, s_q, h_q, d_v],
+               LSE [b, h_q, s_q]; scale 1/sqrt(d_qk)
+"""
+
+from __future__ import annotations
+
+# name -> (adapter module, what to install)
+PEERS: dict[str, tuple[str, str]] = {
+    "torch_sdpa": ("harness.peers.torch_sdpa", "pip install torch"),
+    "torch_plain": ("harness.peers.torch_plain", "pip install torch"),
+    "fa4": ("harness.peers.fa4", "pip install flash-attn-4"),
+    "flashmla": ("harness.peers.flashmla", "pip install --no-deps sgl-flash-mla"),
+}
+PEER_NAMES = tuple(PEERS)
+PROBLEMS = ("attention", "mla_decode")
+
+
+def adapter(name: str):
+    """The adapter module of peer `name` (importing it imports no peer package)."""
+    import importlib
+
+    if name not in PEERS:
+        raise KeyError(f"unknown peer '{name}' (known: {', '.join(PEER_NAMES)})")
+    return importlib.import_module(PEERS[name][0])
+
+
+def why_not(name: str, problem: str | None, dims: dict[str, int] | str, cc: tuple[int, int] | None,
+            probe: bool = True) -> str | None:
+    """None when peer `name` can run this shape here; else one phrase: the shape it does not
+    support, or "not installed (pip install …)". `dims` is harness.peers.base.problem_dims's answer
+    (a string: why the stage's tensors do not fit the problem). `probe=False` skips the import
+    check (shape support only)."""
+    mod = adapter(name)
+    if problem is None:
+        return "the stage's bench block names no problem"
+    if problem not in mod.PROBLEMS:
+        return f"unsupported: computes {', '.join(mod.PROBLEMS)}, not {problem}"
+    if isinstance(dims, str):
+        return f"unsupported: {dims}"
+    why = mod.unsupported(problem, dims, cc)
+    if why:
+        return f"unsupported: {why}"
+    if probe:
+        missing = mod.installed()
+        if missing:
+            return f"not installed ({PEERS[name][1]})" + (f": {missing}" if missing != "missing" else "")
+    return None

@@ -1,0 +1,60 @@
+"""What a peer needs to know about a stage's tensors: the problem's sizes, read from the
+stage's tensor specs (harness.peers names the problems and their layouts)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+
+def problem_dims(problem: str, specs: list[Any]) -> dict[str, int] | str:
+    """The problem's sizes from `specs` (oracles.common.TensorSpec list), or one phrase saying
+    why these tensors are not that problem's layout."""
+    by = {s.name: s for s in specs}
+
+    def need(name: str, rank: int, dtype: str, role: str) -> tuple[int, ...] | str:
+        s = by.get(name)
+        if s is None:
+            return f"no tensor {name}"
+        if len(s.shape) != rank or s.dtype != dtype or s.role != role:
+            return f"{name} is {list(s.shape)} {s.dtype} ({s.role}); {problem} wants rank {rank} {dtype} ({role})"
+        return tuple(s.shape)
+
+    if problem == "attention":
+        got = [need("Q", 2, "bfloat16", "in"), need("K", 2, "bfloat16", "in"), need("V", 2, "bfloat16", "in"),
+               need("O", 2, "bfloat16", "out")]
+        for g in got:
+            if isinstance(g, str):
+                return g
+        q, k, v, o = got
+        m, d = q
+        n = k[0]
+        if k != (n, d) or v != (n, d) or o != (m, d):
+            return f"shapes Q {list(q)} K {list(k)} V {list(v)} O {list(o)} are not Q [m, d], K/V [n, d], O [m, d]"
+        lse = by.get("LSE")
+        if lse is not None and tuple(lse.shape) != (m,):
+            return f"LSE {list(lse.shape)} is not [m]"
+        return {"m": m, "n": n, "d": d}
+    if problem == "mla_decode":
+        got = [need("Q", 4, "bfloat16", "in"), need("KV", 3, "bfloat16", "in"), need("O", 4, "bfloat16", "out")]
+        for g in got:
+            if isinstance(g, str):
+                return g
+        q, kv, o = got
+        b, s_q, h_q, d_qk = q
+        if kv[0] != b or kv[2] != d_qk or o[:3] != (b, s_q, h_q) or o[3] > d_qk:
+            return f"shapes Q {list(q)} KV {list(kv)} O {list(o)} are not Q [b, s_q, h_q, d], KV [b, n, d], O [b, s_q, h_q, d_v]"
+        return {"b": b, "s_q": s_q, "h_q": h_q, "d_qk": d_qk, "d_v": o[3], "n": kv[1]}
+    return f"unknown problem {problem}"
+
+
+def importable(module: str) -> str | None:
+    """None when `module` imports; "missing" when it is not there; else why it does not load."""
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        top = module.split(".")[0]
+        return "missing" if exc.name and exc.name.split(".")[0] == top else f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # a package that is there but will not load (ABI, CUDA libraries)
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    return None

@@ -1,0 +1,53 @@
+"""FlashMLA (`sgl-flash-mla` on PyPI, install with --no-deps) for the decode stages: its
+`use_legacy=True` namespace keeps the Hopper kernels — dense bf16 MLA decode (used here) and the
+DSV4 FP8 sparse decode (`kv_format="V4"`, for stage E's adapter).
+
+Dense decode call: q [b, s_q, h_q, d_qk] bf16 (h_q 64 or 128 per head of KV), a paged cache
+[num_blocks, 64, 1, d_qk] bf16, block_table [b, blocks per sequence] int32, cache_seqlens [b]
+int32, head_dim_v; the scheduler metadata is an empty object from get_mla_metadata() that the
+first call fills. Returns (out [b, s_q, h_q, d_v], lse [b, h_q, s_q])."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from harness.peers.base import importable
+
+PROBLEMS = ("mla_decode",)
+PAGE = 64  # tokens per page block of the dense legacy kernel
+
+
+def installed() -> str | None:
+    return importable("flash_mla")
+
+
+def unsupported(problem: str, dims: dict[str, int], cc: tuple[int, int] | None) -> str | None:
+    if cc is not None and cc[0] != 9:
+        return f"compute capability {cc[0]}.{cc[1]}: the legacy dense decode kernels are sm90's"
+    if dims["d_qk"] != 576 or dims["d_v"] != 512:
+        return f"d_qk {dims['d_qk']} / d_v {dims['d_v']}: FlashMLA's dense decode takes 576 / 512"
+    if dims["h_q"] not in (64, 128):
+        return f"h_q {dims['h_q']}: FlashMLA takes 64 or 128 query heads"
+    if dims["n"] % PAGE:
+        return f"n {dims['n']} is not a whole number of {PAGE}-token pages"
+    return None
+
+
+def make(problem: str, dims: dict[str, int], inputs: dict) -> Callable[[], dict]:
+    import torch
+    from flash_mla import flash_mla_with_kvcache, get_mla_metadata
+
+    b, n, d_qk, d_v = dims["b"], dims["n"], dims["d_qk"], dims["d_v"]
+    q = inputs["Q"]
+    blocks = n // PAGE
+    cache = inputs["KV"].view(b * blocks, PAGE, 1, d_qk)  # sequence i owns pages i*blocks ... (i+1)*blocks-1
+    block_table = torch.arange(b * blocks, dtype=torch.int32, device=q.device).view(b, blocks)
+    seqlens = torch.full((b,), n, dtype=torch.int32, device=q.device)
+    meta, _ = get_mla_metadata()
+
+    def run() -> dict:
+        out, lse = flash_mla_with_kvcache(q, cache, block_table, seqlens, d_v, meta, causal=False,
+                                          use_legacy=True)
+        return {"O": out, "LSE": lse}
+
+    return run

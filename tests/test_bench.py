@@ -1,0 +1,278 @@
+"""`dsv4-lab bench`: the bench block of stages.yaml (validation, one line each), the plan, the
+row-sampled check that keeps a fast wrong kernel from posting a number, bench records, and the
+no-GPU answer (nothing timed is never exit 0)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.bench import (BenchError, BenchJob, check_and_time, is_bench, plan_cases, row_tensors, sample_rows,
+                           shape_support)
+from harness.matrix import FilterError
+from harness.records import Record, validate
+from harness.spec import SpecError, load_spec
+from tests.conftest import run_cli
+
+LAB = """\
+version: 1
+stages:
+  OK:
+    title: add
+    dir: stages/fake
+    kernels: {cpu: {module: stages.fake.cpu, entry: Misbehave}}
+    tensors: oracles.add:tensors
+    inputs: oracles.add:make_inputs
+    oracle: oracles.add:reference
+    matrix:
+      n: [16, 32]
+      mode: [ok, wrong, unwritten]
+    kernel_params: [n, mode]
+    tolerances: {out: {cosine_min: 0.9999, rel_l2_max: 1.0e-6}}
+    bench:
+      matrix:
+        n: [4096, 1000]
+      row_axis: n
+      check_rows: 64
+"""
+
+
+def load(lab: Path, text: str = LAB):
+    (lab / "stages.yaml").write_text(text)
+    return load_spec(root=lab)
+
+
+def error(lab: Path, text: str) -> str:
+    (lab / "stages.yaml").write_text(text)
+    with pytest.raises(SpecError) as exc:
+        load_spec(root=lab)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith("stages.yaml:"), msg
+    return msg
+
+
+# ---------------------------------------------------------------------------------------
+# The bench block.
+
+
+def test_bench_block_loads(fake_lab):
+    st = load(fake_lab).stages["OK"]
+    plan = st.bench_plan
+    assert plan is not None
+    # axes left out take the test matrix's first value; numbers may lie outside the test matrix
+    assert plan.matrix == {"n": [4096, 1000], "mode": ["ok"]}
+    assert plan.row_axis == "n" and plan.check_rows == 64 and plan.peers == () and plan.peak == "bf16"
+    # `run --bench` times the largest number / first word of each axis unless `case:` says otherwise
+    assert st.bench == {"n": 32, "mode": "ok"}
+
+
+def test_project_bench_blocks(project_root):
+    spec = load_spec(root=project_root)
+    d1 = spec.stages["D1"].bench_plan
+    assert d1 is not None and d1.matrix == {"hd": [128, 256, 512], "n": [4096], "m": [8192]}
+    assert d1.problem == "attention" and {"torch_sdpa", "torch_plain", "fa4"} <= set(d1.peers)
+    c = spec.stages["C"].bench_plan
+    assert c is not None and c.matrix["n"] == [4096, 16384] and c.matrix["m"] == [128]
+    # run --bench still names one test case
+    assert spec.stages["D1"].bench == {"hd": 512, "n": 1024}
+
+
+def test_old_bench_form_still_names_the_run_case(fake_lab):
+    st = load(fake_lab, LAB.split("    bench:\n")[0] + "    bench: {n: 16}\n").stages["OK"]
+    assert st.bench == {"n": 16} and st.bench_plan is None
+
+
+@pytest.mark.parametrize("old, new, line, key, says", [
+    ("        n: [4096, 1000]\n", "        hd: [64]\n", 17, "stages.OK.bench.matrix.hd", "not a matrix axis"),
+    ("        n: [4096, 1000]\n", "        n: [4096, -8]\n", 17, "stages.OK.bench.matrix.n", "not a size"),
+    ("        n: [4096, 1000]\n", "        n: [4096, 4096]\n", 17, "stages.OK.bench.matrix.n", "repeated"),
+    ("        n: [4096, 1000]\n", "        n: [4096.5]\n", 17, "stages.OK.bench.matrix.n", "does not fit"),
+    ("        n: [4096, 1000]\n", "        n: [4096]\n        mode: [sideways]\n", 18,
+     "stages.OK.bench.matrix.mode", "does not fit"),
+    ("        n: [4096, 1000]\n", "        n: [4096, 1000]\n        mode: [ok, wrong, unwritten]\n"
+     "      case: {n: 16}\n      colour: red\n", 20, "stages.OK.bench.colour", "unknown key"),
+    ("      row_axis: n\n", "      row_axis: q\n", 18, "stages.OK.bench.row_axis", "not a matrix axis"),
+    ("      row_axis: n\n", "", 18, "stages.OK.bench.check_rows", "no axis to sample rows"),
+    ("      check_rows: 64\n", "      check_rows: 0\n", 19, "stages.OK.bench.check_rows", "out of range"),
+    ("      check_rows: 64\n", "      check_rows: many\n", 19, "stages.OK.bench.check_rows", "whole number"),
+    ("      check_rows: 64\n", "      check_rows: 64\n      peers: [torch_sdpa]\n", 20, "stages.OK.bench.problem",
+     "add problem"),
+    ("      check_rows: 64\n", "      check_rows: 64\n      problem: attention\n      peers: [nccl]\n", 21,
+     "stages.OK.bench.peers", "unknown peer"),
+    ("      check_rows: 64\n", "      check_rows: 64\n      problem: attention\n      peers: [fa4, fa4]\n", 21,
+     "stages.OK.bench.peers", "repeated"),
+    ("      check_rows: 64\n", "      check_rows: 64\n      problem: gemm\n", 20, "stages.OK.bench.problem",
+     "unknown problem"),
+    ("      check_rows: 64\n", "      check_rows: 64\n      peak: tf32\n", 20, "stages.OK.bench.peak", "unknown peak"),
+    ("      check_rows: 64\n", "      check_rows: 64\n      case: {n: 4096}\n", 20, "stages.OK.bench.case.n",
+     "not in the matrix"),
+])
+def test_bad_bench_block_is_one_line(fake_lab, old, new, line, key, says):
+    assert LAB.count(old) == 1, old
+    msg = error(fake_lab, LAB.replace(old, new))
+    assert msg.startswith(f"stages.yaml:{line}: {key}:") and says in msg, msg
+
+
+def test_bench_matrix_too_big(fake_lab):
+    text = LAB.replace("        n: [4096, 1000]\n", "        n: [" + ", ".join(str(100 + i) for i in range(30)) + "]\n"
+                       "        mode: [ok, wrong, unwritten]\n      case: {n: 16}\n")
+    msg = error(fake_lab, text)
+    assert "90 bench shapes" in msg and "stages.OK.bench.matrix" in msg
+
+
+# ---------------------------------------------------------------------------------------
+# The plan.
+
+
+def test_plan_and_filters(fake_lab):
+    st = load(fake_lab).stages["OK"]
+    assert plan_cases(st, []) == [{"n": 4096, "mode": "ok"}, {"n": 1000, "mode": "ok"}]
+    assert plan_cases(st, [("n", "1000")]) == [{"n": 1000, "mode": "ok"}]
+    with pytest.raises(FilterError, match="not in the matrix"):
+        plan_cases(st, [("n", "16")])  # a test value, not a bench shape
+
+
+def test_no_bench_block_is_a_usage_error(fake_lab):
+    st = load(fake_lab, LAB.split("    bench:\n")[0]).stages["OK"]
+    with pytest.raises(BenchError, match="no bench block"):
+        plan_cases(st, [])
+
+
+def test_shape_support_on_the_project(project_root):
+    st = load_spec(root=project_root).stages["D1"]
+    sup = shape_support(st, {"hd": 512, "n": 4096, "m": 8192}, (9, 0))
+    assert sup["torch_sdpa"] is None and sup["torch_plain"] is None
+    assert sup["fa4"] and "unsupported" in sup["fa4"] and "512" in sup["fa4"]
+    assert shape_support(st, {"hd": 256, "n": 4096, "m": 8192}, (9, 0))["fa4"] is None
+
+
+# ---------------------------------------------------------------------------------------
+# The row-sampled check.
+
+
+def test_sample_rows():
+    rows = sample_rows(8192, 256, seed=3)
+    assert len(rows) == 256 == len(set(rows)) and rows == sorted(rows)
+    assert rows[0] == 0 and rows[-1] == 8191
+    assert rows == sample_rows(8192, 256, seed=3) and rows != sample_rows(8192, 256, seed=4)
+    assert sample_rows(10, 64, seed=0) == list(range(10))
+    assert sample_rows(10, 1, seed=0) == [0]
+
+
+def test_row_tensors_for_attention():
+    from oracles.attention import softmax_tensors
+
+    case = {"m": 8192, "n": 8192, "hd": 128}  # n == m: the rows are found by what changes, not by size
+    assert row_tensors(softmax_tensors(case), softmax_tensors({**case, "m": 256}), "m", 8192, 256) == {"Q", "O", "LSE"}
+
+
+def test_row_tensors_refuses_what_is_not_rows():
+    from oracles.attention import softmax_tensors
+
+    case = {"m": 128, "n": 4096, "hd": 64}
+    with pytest.raises(ValueError, match="not rows along"):
+        row_tensors(softmax_tensors(case), softmax_tensors({**case, "hd": 32}), "hd", 64, 32)
+
+
+def _job(mode: str, n: int = 4096, rows: int = 64, axis: str | None = "n") -> BenchJob:
+    from harness.spec import Tolerance
+
+    return BenchJob(stage="OK", arch="cpu", case={"n": n, "mode": mode}, kernel_params=("n", "mode"),
+                    kernel_module="stages.fake.cpu", kernel_entry="Misbehave", tensors=("oracles.add", "tensors"),
+                    inputs=("oracles.add", "make_inputs"), oracle=("oracles.add", "reference"), flops=None,
+                    tolerances={"out": Tolerance(cosine_min=0.9999, rel_l2_max=1e-6)}, seed=7, check_rows=rows,
+                    row_axis=axis)
+
+
+@pytest.fixture
+def lab_path(fake_lab, monkeypatch):
+    monkeypatch.syspath_prepend(str(fake_lab))
+    for name in [m for m in sys.modules if m == "oracles" or m.startswith(("oracles.", "stages"))]:
+        monkeypatch.delitem(sys.modules, name)
+    return fake_lab
+
+
+def test_check_passes_a_right_kernel_on_sampled_rows(lab_path):
+    out = check_and_time(_job("ok"), lab_path)
+    assert out["status"] == "pass", out
+    assert out["checked"] == "64 of 4096 rows along n"
+    assert "timing" not in out  # no GPU: checked, never timed
+
+
+def test_check_fails_a_wrong_kernel_before_timing(lab_path):
+    out = check_and_time(_job("wrong"), lab_path)
+    assert out["status"] == "fail" and "out:" in out["error"] and "timing" not in out
+
+
+def test_check_fails_unwritten_rows_outside_the_sample(lab_path):
+    # the kernel writes the first half only; the full output is scanned for poison, not just the sample
+    out = check_and_time(_job("unwritten", rows=2), lab_path)
+    assert out["status"] == "fail" and "never written" in out["error"], out
+
+
+def test_check_every_row_without_a_row_axis(lab_path):
+    out = check_and_time(_job("ok", n=64, axis=None), lab_path)
+    assert out["status"] == "pass" and out["checked"] == "every row"
+
+
+# ---------------------------------------------------------------------------------------
+# Records, the dashboard's column, and the command.
+
+
+def _bench_record(**timing) -> Record:
+    return Record(id="r.1", run="r", t="2026-11-22T05:00:00Z", stage="D1", arch="sm_90a",
+                  case={"hd": 128, "n": 4096, "m": 8192}, status="pass", note="bench",
+                  metrics={"O": {"cosine": 0.99999}}, code={"src": "abc"},
+                  timing={"us": 120.5, "tflops": 228.1, "roofline": 0.31, "bound_by": "compute",
+                          "peer_torch_sdpa_us": 150.0, "peer_torch_sdpa_ratio": 1.245,
+                          "peer_fa4": "not installed (pip install flash-attn-4)", **timing})
+
+
+def test_bench_record_is_a_valid_record():
+    rec = _bench_record()
+    d = json.loads(rec.to_json())
+    assert validate(d) is None and is_bench(Record.from_dict(d))
+    assert not is_bench(Record(id="r.2", run="r", t="t", stage="D1", arch="sm_90a", case={}, status="pass"))
+
+
+def test_dashboard_roofline_text():
+    from harness.dashboard import roofline_text
+
+    a = _bench_record()
+    b = _bench_record(roofline=0.62)
+    b.case = {"hd": 256, "n": 4096, "m": 8192}
+    assert roofline_text([a], "abc") == "31%"
+    assert roofline_text([a, b], "abc") == "31%–62% (2 shapes)"
+    assert roofline_text([a], "changed").endswith("stale")
+    c = _bench_record(roofline="not calibrated (run dsv4-lab calibrate on this GPU)")
+    assert roofline_text([c], "abc") == "not calibrated"
+    failed = _bench_record()
+    failed.status, failed.timing = "fail", None
+    assert roofline_text([failed], "abc") == "—"
+
+
+def _no_gpu() -> bool:
+    try:
+        import torch
+
+        return not torch.cuda.is_available()
+    except Exception:
+        return True
+
+
+@pytest.mark.skipif(not _no_gpu(), reason="this machine has a GPU")
+def test_bench_without_gpu_times_nothing_and_fails(project_root):
+    r = run_cli(["bench", "stage-D1", "--peers", "--hd", "512"], cwd=project_root)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "no GPU here: nothing was timed" in r.stdout
+    assert "fa4: unsupported" in r.stdout and "hd=512,n=4096,m=8192" in r.stdout
+
+
+def test_bench_usage_errors_are_one_line(project_root):
+    r = run_cli(["bench", "stage-B"], cwd=project_root)
+    assert r.returncode == 2 and "no bench block" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = run_cli(["bench", "stage-D1", "--hd", "64"], cwd=project_root)
+    assert r.returncode == 2 and "hd=64 is not in the matrix" in r.stderr, r.stderr

@@ -1,0 +1,138 @@
+"""Peer adapters: the shapes each one supports, how the stage's tensors map to a problem, the
+PyTorch peers computing the same thing as the oracle (on the CPU), and a missing package is
+"not installed (pip install …)", never a failure."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from harness.peers import PEER_NAMES, PEERS, adapter, why_not
+from harness.peers.base import importable, problem_dims
+from oracles.common import TensorSpec
+
+
+def attn(m: int, n: int, d: int) -> dict[str, int]:
+    from oracles.attention import softmax_tensors
+
+    dims = problem_dims("attention", softmax_tensors({"m": m, "n": n, "hd": d}))
+    assert isinstance(dims, dict), dims
+    return dims
+
+
+def mla(b=2, s_q=2, h_q=64, d_qk=576, d_v=512, n=128) -> list[TensorSpec]:
+    return [TensorSpec("Q", (b, s_q, h_q, d_qk), "bfloat16"), TensorSpec("KV", (b, n, d_qk), "bfloat16"),
+            TensorSpec("O", (b, s_q, h_q, d_v), "bfloat16", "out"), TensorSpec("LSE", (b, h_q, s_q), "float32", "out")]
+
+
+def test_every_peer_has_an_adapter_with_its_contract():
+    for name in PEER_NAMES:
+        mod = adapter(name)
+        assert mod.PROBLEMS and callable(mod.installed) and callable(mod.unsupported) and callable(mod.make)
+        assert PEERS[name][1].startswith("pip install")
+
+
+def test_problem_dims_from_the_stage_tensors():
+    assert attn(8192, 4096, 128) == {"m": 8192, "n": 4096, "d": 128}
+    assert problem_dims("mla_decode", mla()) == {"b": 2, "s_q": 2, "h_q": 64, "d_qk": 576, "d_v": 512, "n": 128}
+    # tensors that are not the problem's layout: one phrase, not a crash
+    from oracles.qk import tensors as qk_tensors
+
+    why = problem_dims("attention", qk_tensors({"m": 128, "n": 128, "hd": 64}))
+    assert isinstance(why, str) and why
+    bad = [TensorSpec("Q", (8, 64), "bfloat16"), TensorSpec("K", (16, 32), "bfloat16"),
+           TensorSpec("V", (16, 64), "bfloat16"), TensorSpec("O", (8, 64), "bfloat16", "out")]
+    assert "not Q [m, d]" in problem_dims("attention", bad)
+
+
+@pytest.mark.parametrize("d, cc, ok", [
+    (64, (9, 0), True), (128, (9, 0), True), (256, (9, 0), True), (512, (9, 0), False), (72, (9, 0), True),
+    (60, (9, 0), False), (128, (10, 0), True), (256, (10, 0), True), (192, (10, 0), False), (128, (8, 0), False),
+])
+def test_fa4_shapes(d, cc, ok):
+    why = why_not("fa4", "attention", attn(1024, 1024, d), cc, probe=False)
+    assert (why is None) == ok, why
+    if not ok:
+        assert why.startswith("unsupported:")
+
+
+def test_flashmla_takes_the_dense_mla_decode_shape_only():
+    dims = problem_dims("mla_decode", mla(h_q=128, n=4096))
+    assert why_not("flashmla", "mla_decode", dims, (9, 0), probe=False) is None
+    assert "576 / 512" in why_not("flashmla", "mla_decode", problem_dims("mla_decode", mla(d_qk=512)), (9, 0), probe=False)
+    assert "64 or 128" in why_not("flashmla", "mla_decode", problem_dims("mla_decode", mla(h_q=16)), (9, 0), probe=False)
+    assert "pages" in why_not("flashmla", "mla_decode", problem_dims("mla_decode", mla(n=100)), (9, 0), probe=False)
+    assert "sm90" in why_not("flashmla", "mla_decode", dims, (10, 0), probe=False)
+    # C and D1 are dense attention: FlashMLA is not their peer
+    assert "not attention" in why_not("flashmla", "attention", attn(8192, 4096, 128), (9, 0))
+
+
+def test_missing_package_is_not_installed_not_a_failure(monkeypatch):
+    import harness.peers.fa4 as fa4
+
+    monkeypatch.setattr(fa4, "installed", lambda: "missing")
+    assert why_not("fa4", "attention", attn(1024, 1024, 128), (9, 0)) == "not installed (pip install flash-attn-4)"
+    monkeypatch.setattr(fa4, "installed", lambda: "OSError: libcuda.so.1: cannot open")
+    assert why_not("fa4", "attention", attn(1024, 1024, 128), (9, 0)).startswith(
+        "not installed (pip install flash-attn-4): OSError")
+
+
+def test_importable():
+    assert importable("json") is None
+    assert importable("no_such_package_dsv4") == "missing"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flash_attn") is not None, reason="flash-attn-4 is installed here")
+def test_fa4_not_installed_here():
+    assert why_not("fa4", "attention", attn(1024, 1024, 128), (9, 0)).startswith("not installed (pip install flash-attn-4)")
+    assert why_not("flashmla", "mla_decode", problem_dims("mla_decode", mla()), (9, 0)).startswith(
+        "not installed (pip install --no-deps sgl-flash-mla)")
+
+
+def test_unknown_problem_and_no_problem():
+    assert "not mla_decode" in why_not("fa4", "mla_decode", {}, (9, 0))
+    assert "names no problem" in why_not("torch_sdpa", None, {}, (9, 0))
+    assert why_not("torch_sdpa", "attention", "Q is [8] float32", (9, 0)) == "unsupported: Q is [8] float32"
+
+
+def test_torch_plain_refuses_a_score_matrix_too_big():
+    assert "16 GiB" in why_not("torch_plain", "attention", attn(1 << 20, 1 << 13, 64), (9, 0), probe=False)
+
+
+def _cos(a, b) -> float:
+    import torch
+
+    a, b = a.double().flatten(), b.double().flatten()
+    return float(torch.dot(a, b) / (a.norm() * b.norm()))
+
+
+@pytest.mark.parametrize("peer", ["torch_sdpa", "torch_plain"])
+def test_torch_peers_agree_with_the_oracle(peer):
+    from oracles.attention import softmax_inputs, softmax_reference
+
+    case = {"m": 32, "n": 64, "hd": 16}
+    ins = softmax_inputs(case, seed=1)
+    ref = softmax_reference(ins, case)
+    out = adapter(peer).make("attention", attn(32, 64, 16), ins)()
+    assert tuple(out["O"].shape) == (32, 16) and _cos(out["O"], ref["O"]) > 0.999
+    if "LSE" in out:
+        assert (out["LSE"].double() - ref["LSE"]).abs().max() < 1e-2  # plain PyTorch: a bf16 score matrix
+
+
+def test_torch_peers_agree_on_mla_decode():
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    b, s_q, h_q, d_qk, d_v, n = 2, 2, 4, 24, 16, 32
+    ins = {"Q": torch.randn(b, s_q, h_q, d_qk, generator=g).bfloat16(), "KV": torch.randn(b, n, d_qk, generator=g).bfloat16()}
+    dims = problem_dims("mla_decode", mla(b, s_q, h_q, d_qk, d_v, n))
+    plain = adapter("torch_plain").make("mla_decode", dims, ins)()
+    sdpa = adapter("torch_sdpa").make("mla_decode", dims, ins)()
+    # an independent float64 reference: token t, head h of sequence i over all n keys of sequence i
+    q, kv = ins["Q"].double(), ins["KV"].double()
+    s = torch.einsum("bthd,bnd->bthn", q, kv) / d_qk ** 0.5
+    ref = torch.einsum("bthn,bnd->bthd", torch.softmax(s, -1), kv[..., :d_v])
+    assert plain["O"].shape == sdpa["O"].shape == ref.shape
+    assert _cos(plain["O"], ref) > 0.999 and _cos(sdpa["O"], ref) > 0.999
+    assert torch.allclose(plain["LSE"].double(), torch.logsumexp(s, -1).permute(0, 2, 1), atol=1e-2)

@@ -1,0 +1,86 @@
+"""The roofline arithmetic (bound = max(flops/peak, bytes/bandwidth), fraction = bound/measured),
+the calibration file it reads, and the timing summary it is fed."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from harness.roofline import Peaks, bound, calibration_file, read_peaks, roofline_fields
+from harness.timing import passes, rotations, summarize
+
+
+def test_compute_bound():
+    # D1 at hd 128, m 8192, n 4096: 4*m*n*d = 17.2 GFLOP; 6 MiB of tensors
+    flops, nbytes = 4.0 * 8192 * 4096 * 128, (8192 * 128 * 2) * 2 + (4096 * 128 * 2) * 2 + 8192 * 4
+    b = bound(flops, nbytes, peak_tflops=774.0, peak_gbps=4200.0)
+    assert b.limiter == "compute"
+    assert b.compute_us == pytest.approx(flops / 774e12 * 1e6)
+    assert b.us == b.compute_us
+    assert b.fraction(2 * b.us) == pytest.approx(0.5)
+
+
+def test_memory_bound():
+    b = bound(flops=1e6, nbytes=4.2e9, peak_tflops=774.0, peak_gbps=4200.0)  # 4.2 GB at 4.2 TB/s: 1000 µs
+    assert b.limiter == "memory" and b.us == pytest.approx(1000.0)
+    assert b.fraction(1250.0) == pytest.approx(0.8)
+
+
+def test_fraction_above_one_is_reported_not_clipped():
+    # faster than the calibrated peak (a clock boost, an under-counted byte): the number says so
+    assert bound(1e12, 0, 1000.0, 1000.0).fraction(500.0) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("args", [
+    (float("nan"), 1, 1, 1), (-1, 1, 1, 1), (1, 1, 0, 1), (1, 1, 1, -5), (1, 1, float("inf"), 1),
+])
+def test_bound_refuses_nonsense(args):
+    with pytest.raises(ValueError):
+        bound(*args)
+
+
+@pytest.mark.parametrize("us", [0.0, -1.0, float("nan"), float("inf")])
+def test_fraction_refuses_nonsense_time(us):
+    with pytest.raises(ValueError):
+        bound(1e9, 1e6, 100.0, 100.0).fraction(us)
+
+
+def test_read_peaks_newest_of_this_gpu(tmp_path):
+    path = calibration_file(tmp_path)
+    path.parent.mkdir(parents=True)
+    lines = [
+        {"gpu": "NVIDIA H200", "bf16_tflops": 700.0, "copy_gbps": 4000.0, "fp8_tflops": 1400.0},
+        {"gpu": "NVIDIA H100 80GB HBM3", "bf16_tflops": 650.0, "copy_gbps": 3000.0},
+        "not json",
+        {"gpu": "NVIDIA H200", "bf16_tflops": -3, "copy_gbps": 4000.0},
+        {"gpu": "NVIDIA H200", "bf16_tflops": 774.0, "copy_gbps": 4200.0},
+    ]
+    path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n")
+    warn: list[str] = []
+    p = read_peaks(tmp_path, "NVIDIA H200", warn)
+    # the newest usable line wins; an FP8 peak from an earlier line is kept when the newest has none
+    assert p == Peaks("NVIDIA H200", 774.0, 4200.0, 1400.0)
+    assert len(warn) == 2 and all("calibration.jsonl:" in w for w in warn)
+    assert read_peaks(tmp_path, "NVIDIA B200") is None
+    assert read_peaks(tmp_path / "nowhere", "NVIDIA H200") is None
+
+
+def test_roofline_fields():
+    peaks = Peaks("G", bf16_tflops=1000.0, copy_gbps=1000.0)
+    f = roofline_fields(1e12, 1e6, 2000.0, peaks)  # bound 1000 µs, measured 2000 µs
+    assert f == {"roofline": 0.5, "bound_us": 1000.0, "bound_by": "compute"}
+    assert "not calibrated" in roofline_fields(1e12, 1e6, 2000.0, None)["roofline"]
+    assert "fp8" in roofline_fields(1e12, 1e6, 2000.0, peaks, peak="fp8")["roofline"]
+    assert all(isinstance(v, str) or math.isfinite(v) for v in f.values())
+
+
+def test_timing_summary_and_passes():
+    s = summarize([10.0, 11.0, 12.0, 13.0, 100.0])
+    assert s["us"] == 12.0 and s["spread"] == pytest.approx(90 / 12) and s["p10_us"] == 10.0 and s["p90_us"] == 100.0
+    assert passes(32, 20) == 1 and passes(2, 20) == 10 and passes(1, 1) == 1 and passes(3, 0) == 1
+    with pytest.raises(ValueError):
+        summarize([])
+    # rotations push the working set past 3x L2
+    assert rotations(6 << 20, l2_bytes=60 << 20) == 30 and rotations(1 << 30, l2_bytes=60 << 20) == 2
