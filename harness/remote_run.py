@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator
 
+from rich.markup import escape
+
 from harness.channel import FRAME_OVERHEAD, Receiver, new_key
 from harness.console import case_line, make_console, printable
 from harness.matrix import Case
@@ -409,7 +411,7 @@ class _Session:
         self.written.add(rec.stage)
         tr.seen.add(key)
         tr.records.append(rec)
-        self.console.print(f"[dim]{tr.target.name}[/]  " + case_line(rec), highlight=False)
+        self.console.print(f"[dim]{escape(tr.target.name)}[/]  " + case_line(rec), highlight=False)
 
     def on_done(self, tr: TargetRun, rc: int, tail: list[str]) -> None:
         tr.rc = rc
@@ -495,9 +497,8 @@ TargetError."""
     session = _Session(spec, runs, list(argv))
     total = sum(len(c) for c in cases.values())
     where = ", ".join(t.name + (f" (shard {i}/{n})" if n > 1 else "") for i, t in enumerate(targets))
-    session.console.print(f"[bold]run on {where}[/]: {total} case(s) per arch — "
-                          + ", ".join(f"{st.name} ({len(cases[st.id])})" for st in stages), highlight=False,
-                          markup=False)
+    session.console.print(f"[bold]run on {escape(where)}[/]: {total} case(s) per arch — "
+                          + escape(", ".join(f"{st.name} ({len(cases[st.id])})" for st in stages)), highlight=False)
 
     events: queue.Queue = queue.Queue()
     procs: list[subprocess.Popen] = []
@@ -523,8 +524,8 @@ TargetError."""
             elif kind == "synced":
                 tr.synced = payload
                 how = payload.method + (f" ({payload.why})" if payload.why else "")
-                session.console.print(f"[dim]{name}[/]  copied {payload.files} file(s) by {how} "
-                                      f"to {printable(payload.folder)}", highlight=False)
+                session.console.print(f"[dim]{escape(name)}[/]  copied {payload.files} file(s) by "
+                                      f"{escape(how)} to {escape(printable(payload.folder))}", highlight=False)
             elif kind == "done":
                 session.on_done(tr, *payload)
                 pending -= 1
