@@ -13,8 +13,9 @@ Remote side (`Sender`, opened by `open_sender` before any worker or compiler pro
 - every line sent is `@@dsv4-rec SEQ MAC PAYLOAD`: SEQ counts lines from 1, MAC is
   HMAC-SHA256(key, "SEQ PAYLOAD") in hex, PAYLOAD one JSON object.
 
-Local side (`Receiver`): a line is accepted only with the next SEQ and the right MAC; any other
-line (a login banner, a guessed frame, a replayed one) is rejected with the reason.
+Local side (`Receiver`): a line is accepted only with the right MAC and a SEQ above every one
+accepted before; any other line (a login banner, a guessed frame, a replayed or reordered one) is
+rejected with the reason.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ class Receiver:
         seq, tag, payload = int(parts[0]), parts[1], parts[2]
         if not hmac.compare_digest(tag, mac(self.key, seq, payload).encode()):
             return None, "a record frame without this run's key (forged or from another run)"
-        if seq != self.seq + 1:
-            return None, f"frame {seq} out of order (expected {self.seq + 1}): replayed or reordered"
-        self.seq = seq
+        if seq <= self.seq:
+            return None, f"frame {seq} again or out of order (after {self.seq}): replayed or reordered"
+        self.seq = seq  # a gap is a line rejected before it got here (e.g. too long): already counted
         return payload, None

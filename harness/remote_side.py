@@ -13,7 +13,8 @@ import json
 import runpy
 import sys
 
-from harness.channel import ChannelError, open_sender
+from harness.channel import FRAME_OVERHEAD, ChannelError, open_sender
+from harness.records import MAX_LINE_BYTES
 from harness.matrix import Case
 from harness.spec import Spec, Stage
 
@@ -38,12 +39,31 @@ def run_emitting(spec: Spec, stages: list[Stage], archs: list[str] | None, cases
     def progress(rec) -> None:
         print(f"{rec.status} {rec.stage} {rec.arch} {rec.case}", file=sys.stderr, flush=True)
 
-    runner = Runner(spec, opts, emit=sender.send, on_record=progress)
+    runner = Runner(spec, opts, emit=lambda line: sender.send(fit_line(line)), on_record=progress)
     sender.send(json.dumps({"v": 1, "event": "start", "run": runner.run_id, "cases": len(tasks)}))
     summary = runner.run()
-    sender.send(json.dumps({"v": 1, "event": "end", "run": runner.run_id, "interrupted": summary.interrupted,
-                            "counts": summary.counts}))
+    try:
+        sender.send(json.dumps({"v": 1, "event": "end", "run": runner.run_id, "interrupted": summary.interrupted,
+                                "counts": summary.counts, "errors": summary.errors[:5]}))
+    except OSError:  # the local side is gone (it marks the run interrupted itself)
+        pass
     return summary.exit_code
+
+
+def fit_line(line: str, limit: int = MAX_LINE_BYTES - FRAME_OVERHEAD) -> str:
+    """A record's JSON line cut to fit the channel (the local side refuses longer lines): the
+    free texts (trace, error, note) are shortened, the rest kept."""
+    if len(line.encode("utf-8")) <= limit:
+        return line
+    rec = json.loads(line)
+    for key, keep in (("trace", 8000), ("error", 4000), ("note", 2000), ("trace", 0)):
+        text = rec.get(key)
+        if isinstance(text, str) and len(text) > keep:
+            rec[key] = text[:keep] + f"\n… ({len(text) - keep} characters cut to fit the record channel)"
+        line = json.dumps(rec, separators=(",", ":"), allow_nan=False)
+        if len(line.encode("utf-8")) <= limit:
+            return line
+    return line  # still too long: the local side rejects it, and says so
 
 
 def main() -> None:

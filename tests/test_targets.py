@@ -841,17 +841,34 @@ def test_remote_side_without_a_key_is_one_line(tmp_path):
     assert out.returncode == 2 and "no channel key" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_long_records_are_cut_to_fit_the_channel():
+    from harness.remote_side import fit_line
+
+    rec = {"v": 1, "id": "R.1", "run": "R", "t": "2026-01-01T00:00:00Z", "stage": "FAKE", "arch": "cpu",
+           "case": {"n": 4}, "status": "crash", "error": "E" * 30000, "trace": "T" * 90000}
+    line = fit_line(json.dumps(rec))
+    assert len(line.encode()) <= MAX_LINE_BYTES - 128
+    back = json.loads(line)
+    assert back["status"] == "crash" and back["case"] == {"n": 4}
+    assert back["trace"].startswith("T" * 8000) and "cut to fit" in back["trace"]
+    assert back["error"].startswith("E" * 4000)
+    short = json.dumps({**rec, "error": "e", "trace": "t"})
+    assert fit_line(short) == short
+
+
 def test_channel_frames():
     from harness.channel import Receiver, frame, new_key
 
     key = new_key()
     rx = Receiver(key)
     assert rx.open(frame(key, 1, '{"a": 1}').rstrip(b"\n")) == (b'{"a": 1}', None)
-    assert "out of order" in rx.open(frame(key, 1, '{"a": 1}').rstrip(b"\n"))[1]
+    assert "again or out of order" in rx.open(frame(key, 1, '{"a": 1}').rstrip(b"\n"))[1]
     assert "without this run's key" in rx.open(frame(new_key(), 2, "{}").rstrip(b"\n"))[1]
     assert "malformed" in rx.open(b"@@dsv4-rec x y")[1]
     assert "not a record frame" in rx.open(b'{"v": 1}')[1]
     assert rx.open(frame(key, 2, "{}").rstrip(b"\n")) == (b"{}", None)
+    assert rx.open(frame(key, 4, "{}").rstrip(b"\n")) == (b"{}", None)  # 3 was lost before (too long)
+    assert "out of order" in rx.open(frame(key, 3, "{}").rstrip(b"\n"))[1]
     with pytest.raises(ValueError):
         frame(key, 3, "two\nlines")
 
