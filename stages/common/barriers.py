@@ -1,0 +1,27 @@
+"""Named hardware barriers (`bar.sync` / `bar.arrive` ids) of the attention kernels.
+
+Id 0 is the CTA-wide barrier (`__syncthreads`, cute.arch.sync_threads); ids 1 … 15 are free for
+named barriers that a subset of warps meets at.  A kernel passes `int(NamedBarrier.X)` and the
+number of participating threads; give every meeting its own id so two meetings can never be
+confused.  The producer/consumer handshake around P in shared memory (SMEM-P):
+
+    P_FULL   the softmax warpgroup has stored P (and the row factors) and fenced them for the
+             async proxy; every consumer warpgroup may run its P·V         (all arrive + wait)
+    P_EMPTY  the other consumer warpgroups have finished reading P; the softmax warpgroup may
+             overwrite it                                                   (they arrive, it waits)
+    EPILOGUE the final row factors (1/ℓ) are published for the epilogue     (all arrive + wait)
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class NamedBarrier(enum.IntEnum):
+    SYNC_THREADS = 0  # reserved by the hardware for the CTA-wide barrier
+    P_FULL = 1
+    P_EMPTY = 2
+    EPILOGUE = 3
+
+
+MAX_NAMED_BARRIERS = 16
