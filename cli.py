@@ -6,13 +6,15 @@ one line on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from harness.matrix import FilterError, expand, parse_axis_flags, parse_filters, parse_where, select
+from harness.matrix import FilterError, count, expand, parse_axis_flags, parse_filters, parse_where
 from harness.paths import lab_root
 from harness.spec import ARCHS, ARCH_KEYS, Spec, SpecError, Stage, load_spec
 
@@ -56,7 +58,51 @@ def _archs(arch: str) -> list[str] | None:
 def _cases_of(stage: Stage, extra: list[str], where: str | None):
     pairs = parse_axis_flags(extra) + (parse_where(where) if where else [])
     filters = parse_filters(stage, pairs)
-    return select(expand(stage), filters)
+    return expand(stage, filters)
+
+
+def _gpu_list(gpus: str | None) -> list[int] | None:
+    if gpus is None:
+        return None
+    try:
+        out = [int(g) for g in gpus.split(",") if g.strip()]
+    except ValueError:
+        raise UsageError(f"--gpus {gpus}: expected GPU indices like 0,1") from None
+    if not out or any(g < 0 for g in out) or len(set(out)) != len(out):
+        raise UsageError(f"--gpus {gpus}: expected distinct GPU indices like 0,1")
+    return out
+
+
+def _precheck(spec: Spec, stages: list[Stage]) -> None:
+    """The stage contract (`dsv4-lab check`) before anything compiles or runs: a broken stage
+    is one line per problem and exit 2. A stage whose sources and check code are unchanged
+    since it last passed is not checked again (the mark lives in the compile cache folder)."""
+    import hashlib
+
+    from harness import check
+    from harness.identity import file_digest, source_hash
+    from harness.paths import cache_dir
+
+    marks = cache_dir(spec.root) / "check"
+    todo, keys = [], {}
+    for st in stages:
+        h = hashlib.sha256(file_digest(Path(check.__file__)).encode())
+        for arch in sorted(st.kernels):
+            h.update(f"{arch}:{source_hash(spec.root, st, arch)}".encode())
+        keys[st.id] = h.hexdigest()[:24]
+        if not (marks / keys[st.id]).is_file():
+            todo.append(st)
+    problems = [p for st in todo for p in check.check_stage(spec, st)]
+    if problems:
+        for p in problems:
+            print(f"dsv4-lab: {p}", file=sys.stderr)
+        raise typer.Exit(2)
+    for st in todo:
+        try:
+            marks.mkdir(parents=True, exist_ok=True)
+            (marks / keys[st.id]).write_text(st.name + "\n")
+        except OSError:
+            pass
 
 
 def _stages(spec: Spec, name: str | None, all_: bool) -> list[Stage]:
@@ -73,6 +119,7 @@ def _stages(spec: Spec, name: str | None, all_: bool) -> list[Stage]:
 @app.command("list")
 def list_cmd() -> None:
     """Stages, their archs, matrix sizes, and whether each arch can run here."""
+    from rich.markup import escape
     from rich.table import Table
 
     from harness.environment import gpu_capabilities
@@ -86,10 +133,10 @@ def list_cmd() -> None:
     for col in ("stage", "title", "axes", "cases", "archs"):
         table.add_column(col)
     for st in spec.stages.values():
-        n = len(expand(st))
+        n = count(st)
         axes = " × ".join(f"{k}{{{','.join(map(str, v))}}}" for k, v in st.matrix.items())
         archs = ", ".join(f"{a} ({'runs here' if a in runnable else 'compile only'})" for a in st.kernels)
-        table.add_row(st.name, st.title, axes, str(n), archs)
+        table.add_row(escape(st.name), escape(st.title), escape(axes), str(n), escape(archs))
     make_console().print(table)
 
 
@@ -115,10 +162,17 @@ def run_cmd(
     spec = _spec()
     stages = _stages(spec, stage, all_)
     archs = _archs(arch)
-    gpu_list = [int(g) for g in gpus.split(",")] if gpus else None
+    gpu_list = _gpu_list(gpus)
+    if workers_per_gpu < 1:
+        raise UsageError(f"--workers-per-gpu {workers_per_gpu}: must be at least 1")
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise UsageError(f"--timeout {timeout:g}: must be a finite number of seconds > 0 (or leave it out for the "
+                         "stage's own)")
     cases = {st.id: _cases_of(st, ctx.args, where) for st in stages}
     if sum(len(c) for c in cases.values()) == 0:
         raise UsageError("no case matches these filters")
+    if not emit_jsonl:  # the sending side already checked a remote run's stages
+        _precheck(spec, stages)
     argv = ["run"] + sys.argv[2:]
     shard_t = None
     if shard:
@@ -149,11 +203,12 @@ def run_cmd(
 def compile_cmd(
     ctx: typer.Context,
     stage: str = typer.Argument(..., help="stage name"),
-    arch: str = typer.Option(..., help="sm_90a or sm_100a"),
+    arch: str = typer.Option("all", help="sm_90a, sm_100a or all"),
     where: Optional[str] = typer.Option(None, help="filters, e.g. hd=512"),
-    keep: Optional[Path] = typer.Option(None, help="copy PTX and cubin (and SASS when cuobjdump is here) to this folder"),
+    keep: Optional[Path] = typer.Option(None, help="copy PTX and cubin (and SASS when the CUDA binary tools are here) to this folder"),
+    diff: Optional[str] = typer.Option(None, "--diff", help="show what changed in inventory and resources against a commit (e.g. HEAD~1)"),
 ) -> None:
-    """Compile only (no GPU needed): instruction inventory, registers / shared memory / spills."""
+    """Compile only (no GPU needed): instruction inventory, registers / shared memory / spills; records written."""
     from harness.report import compile_and_report
 
     spec = _spec()
@@ -162,7 +217,15 @@ def compile_cmd(
     for a in archs:
         if a not in st.kernels:
             raise UsageError(f"{st.name} has no {a} kernel (it has {', '.join(st.kernels)})")
-    raise typer.Exit(compile_and_report(spec, st, archs, _cases_of(st, ctx.args, where), keep))
+    cases = _cases_of(st, ctx.args, where)
+    if not cases:
+        raise UsageError("no case matches these filters")
+    _precheck(spec, [st])
+    if diff is not None:
+        from harness.compilediff import diff_main
+
+        raise typer.Exit(diff_main(spec, st, archs, cases, diff))
+    raise typer.Exit(compile_and_report(spec, st, archs, cases, keep, argv=["compile"] + sys.argv[2:]))
 
 
 @app.command("gate")
@@ -186,21 +249,34 @@ def baseline_accept(
     stage: str = typer.Argument(...),
     arch: str = typer.Option("all"),
     where: Optional[str] = typer.Option(None),
+    compile_only: bool = typer.Option(False, "--compile-only",
+                                      help="baseline what compiling proves (status, registers, spills, smem, instruction "
+                                           "inventory) even where a passing result exists"),
 ) -> None:
-    """Make the newest passing, fresh result of each selected case its baseline."""
+    """Make the newest passing, fresh result of each selected case its baseline; for an arch no
+    device here runs (sm_100a), what compiling proves."""
     from harness import baselines
 
     spec = _spec()
     st = spec.stage(stage)
-    raise typer.Exit(baselines.accept(spec, st, _archs(arch), _cases_of(st, ctx.args, where)))
+    raise typer.Exit(baselines.accept(spec, st, _archs(arch), _cases_of(st, ctx.args, where),
+                                      compile_only=compile_only))
 
 
-@baseline_app.command("show")
-def baseline_show(stage: Optional[str] = typer.Argument(None)) -> None:
-    """The baselines, per stage, arch and case."""
+@baseline_app.command("show", context_settings=FILTER_CTX)
+def baseline_show(ctx: typer.Context, stage: Optional[str] = typer.Argument(None), arch: str = typer.Option("all"),
+                  where: Optional[str] = typer.Option(None)) -> None:
+    """The baselines, per stage, arch and case (filters: --arch, axis flags like --hd 64, --where)."""
     from harness import baselines
 
-    raise typer.Exit(baselines.show(lab_root(), stage))
+    if stage is None:
+        if ctx.args or where:
+            raise UsageError("axis filters need a stage, e.g. dsv4-lab baseline show stage-D1 --hd 64")
+        raise typer.Exit(baselines.show(lab_root(), None, _archs(arch)))
+    spec = _spec()
+    st = spec.stage(stage)
+    cases = _cases_of(st, ctx.args, where) if (ctx.args or where) else None
+    raise typer.Exit(baselines.show(spec.root, st, _archs(arch), cases))
 
 
 @baseline_app.command("drop", context_settings=FILTER_CTX)
@@ -302,6 +378,51 @@ def new_stage_cmd(
     raise typer.Exit(scaffold.main(lab_root(), stage_id, axes, inputs, outputs, title, slug))
 
 
+@app.command("bench", context_settings=FILTER_CTX)
+def bench_cmd(
+    ctx: typer.Context,
+    stage: str = typer.Argument(..., help="stage name, e.g. stage-D1 or D1"),
+    peers: bool = typer.Option(False, "--peers", help="also time the bench block's peers on the same inputs"),
+    where: Optional[str] = typer.Option(None, help="filters on the bench shapes, e.g. hd=128,n=4096"),
+    reps: int = typer.Option(30, help="timed repetitions (each a CUDA graph of many launches)"),
+    timeout: float = typer.Option(600.0, help="seconds per bench shape (compile excluded)"),
+    seed: int = typer.Option(0, help="base seed of the input generators"),
+    gpu: int = typer.Option(0, help="the GPU index to time on"),
+) -> None:
+    """Time the kernel at the stage's bench shapes (stages.yaml bench:), beside its peers
+    (--peers), as a fraction of the GPU's roofline (dsv4-lab calibrate). Exit 0 only when every
+    shape passed its check and was timed."""
+    from harness import bench
+
+    spec = _spec()
+    st = spec.stage(stage)
+    if not (1 <= reps <= 10000):
+        raise UsageError(f"--reps {reps}: give 1 to 10000")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise UsageError(f"--timeout {timeout:g}: must be a finite number of seconds > 0")
+    pairs = parse_axis_flags(ctx.args) + (parse_where(where) if where else [])
+    try:
+        bench.plan_cases(st, pairs)  # bad filters or no bench block: one line before anything is imported
+        from harness.environment import gpu_capabilities
+
+        if gpu_capabilities():  # the stage contract, before compiling and timing (no GPU: nothing will run)
+            _precheck(spec, [st])
+        code = bench.main(spec.root, st, pairs, peers=peers, reps=reps, timeout_s=timeout, seed=seed, gpu=gpu,
+                          argv=["bench"] + sys.argv[2:])
+    except bench.BenchError as exc:
+        raise UsageError(str(exc)) from None
+    raise typer.Exit(code)
+
+
+@app.command("calibrate")
+def calibrate_cmd(fp8: bool = typer.Option(False, "--fp8", help="also measure FP8 tensor-core throughput")) -> None:
+    """Measure this GPU's peaks once (bf16 matmul, FP8 with --fp8, device copy bandwidth) and
+    record them in results/calibration.jsonl for the roofline of bench and dashboard."""
+    from harness import calibrate
+
+    raise typer.Exit(calibrate.main(lab_root(), fp8=fp8))
+
+
 def _click_exception_class() -> type[BaseException]:
     """The ClickException class typer raises (typer vendors click in recent releases; never
     import `click` itself: a fresh install may not have it)."""
@@ -338,30 +459,55 @@ def _add_axis_help() -> None:
 
 
 def main() -> None:
-    """Console entry point: usage and config problems are one line and exit code 2."""
+    """Console entry point. Usage and config problems are one line and exit code 2; a
+    failure inside the lab itself is one line and exit 1 (`--traceback` shows the trace).
+    No traceback reaches a user otherwise."""
     from harness.baselines import BaselineError
+    from harness.runner import RunSetupError
     from harness.targets import TargetError
 
+    show_trace = "--traceback" in sys.argv[1:]
+    if show_trace:
+        sys.argv = [a for a in sys.argv if a != "--traceback"]
+        os.environ["DSV4_LAB_TRACEBACK"] = "1"
+    click_exception = _click_exception_class()
     try:
+        _add_axis_help()
         rc = app(standalone_mode=False)  # click returns a command's exit code in this mode
         sys.exit(rc if isinstance(rc, int) else 0)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except (SpecError, FilterError, UsageError, BaselineError, TargetError) as exc:
-        print(f"dsv4-lab: {exc}", file=sys.stderr)
+    except (SpecError, FilterError, UsageError, BaselineError, TargetError, RunSetupError) as exc:
+        print(f"dsv4-lab: {_one_line(exc)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("dsv4-lab: interrupted", file=sys.stderr)
         sys.exit(130)
-    except Exception as exc:  # click's own usage errors
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
+    except BrokenPipeError:  # `dsv4-lab … | head`
+        sys.exit(1)
+    except Exception as exc:
+        if isinstance(exc, click_exception):  # typer's own usage errors
+            command = getattr(getattr(exc, "ctx", None), "command_path", None) or "dsv4-lab"
+            print(f"{command}: {_one_line(exc.format_message())} — see {command} --help", file=sys.stderr)
             sys.exit(2)
-        if isinstance(exc, click.exceptions.Abort):
+        if isinstance(exc, typer.Abort):
+            print("dsv4-lab: aborted", file=sys.stderr)
             sys.exit(130)
-        raise
+        if show_trace:
+            import traceback
+
+            traceback.print_exc()
+        print(f"dsv4-lab: internal error: {_one_line(exc)} — this is a bug in the lab; "
+              "`--traceback` shows where", file=sys.stderr)
+        sys.exit(1)
+
+
+def _one_line(exc: object) -> str:
+    text = str(exc) if not isinstance(exc, BaseException) else (str(exc) or type(exc).__name__)
+    if isinstance(exc, BaseException) and not isinstance(exc, (SpecError, FilterError, UsageError)) \
+            and type(exc).__module__ not in ("harness.baselines", "harness.targets", "harness.runner"):
+        text = f"{type(exc).__name__}: {text}" if type(exc).__name__ not in text else text
+    return " ".join(text.split()) or "error"
 
 
 if __name__ == "__main__":

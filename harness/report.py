@@ -3,14 +3,18 @@ a results table, and a plain statement of what did not run and why."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from harness.labels import case_label
 from harness.matrix import Case
 from harness.records import Record, status_counts
 from harness.spec import Spec, Stage
@@ -41,7 +45,7 @@ def results_table(records: list[Record]) -> Table:
         res = r.compile or {}
         regs = f"{res['regs']}/{res.get('spill', 0)}" if "regs" in res else "—"
         t.add_row(
-            r.stage, r.arch, ",".join(f"{k}={v}" for k, v in r.case.items()),
+            escape(r.stage), escape(r.arch), escape(case_label(r.case)),
             f"[{style}]{glyph} {r.status}[/]",
             _fmt(worst(r, "cosine"), ".7f"), _fmt(worst(r, "rel_l2", max), ".2e"), _fmt(worst(r, "max_abs", max), ".2e"),
             regs, _fmt(r.timing.get("us") if r.timing else None, ".2f"),
@@ -52,7 +56,8 @@ def results_table(records: list[Record]) -> Table:
     return t
 
 
-def summary_lines(records: list[Record], interrupted: bool, reasons: dict[str, str]) -> list[str]:
+def summary_lines(records: list[Record], interrupted: bool, reasons: dict[str, str], *, planned: int | None = None,
+                  errors: list[str] | None = None, signal_name: str | None = None) -> list[str]:
     counts = status_counts(records)
     ran = sum(v for k, v in counts.items() if k not in ("compiled", "compile_error", "skipped"))
     lines = [" · ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no cases"]
@@ -62,8 +67,14 @@ def summary_lines(records: list[Record], interrupted: bool, reasons: dict[str, s
             lines.append(f"{arch}: {n} case(s) {why}. Nothing was run or verified for {arch}.")
     if records and ran == 0:
         lines.append("No case ran on a GPU in this run.")
+    for err in errors or []:
+        lines.append(f"The run itself failed: {err}")
+    if planned is not None and len(records) < planned and not interrupted:
+        lines.append(f"{planned - len(records)} of {planned} planned case(s) have no result: this run proved "
+                     "nothing about them.")
     if interrupted:
-        lines.append("Interrupted: every finished case is recorded; the run is marked interrupted.")
+        how = f" by {signal_name}" if signal_name else ""
+        lines.append(f"Interrupted{how}: every finished case is recorded; the run is marked interrupted.")
     return lines
 
 
@@ -83,71 +94,90 @@ def run_local_and_report(spec: Spec, stages: list[Stage], archs: list[str] | Non
                         TimeElapsedColumn(), console=console, transient=True)
     bar = progress.add_task("compiling + running", total=len(tasks))
 
+    show_trace = bool(os.environ.get("DSV4_LAB_TRACEBACK"))
+
     def on_record(rec: Record) -> None:
         progress.console.print(case_line(rec), highlight=False)
+        if rec.trace and show_trace:  # `--traceback`: the kept traceback, as well as the one line
+            progress.console.print(rec.trace.rstrip(), highlight=False, markup=False)
+        elif rec.trace:
+            progress.console.print(f"    full traceback: dsv4-lab show {rec.id}  (or run with --traceback)",
+                                   highlight=False, markup=False, style="dim")
         progress.advance(bar)
 
     runner = Runner(spec, opts, on_record=on_record)
     console.print(f"[bold]run {runner.run_id}[/]: {len(tasks)} case(s) — "
-                  + ", ".join(f"{st.name} ({len(cases[st.id])})" for st in stages), highlight=False)
+                  + ", ".join(f"{escape(st.name)} ({len(cases[st.id])})" for st in stages), highlight=False)
     with progress:
         summary = runner.run()
     if summary.records:
         console.print(results_table(summary.records))
-    for line in summary_lines(summary.records, summary.interrupted, summary.no_device_reason):
-        console.print(line, highlight=False)
-    console.print(f"records: results/records/<stage>.jsonl (run {summary.run_id})", highlight=False)
+    signal_name = signal.Signals(summary.signum).name if summary.signum else None
+    for line in summary_lines(summary.records, summary.interrupted, summary.no_device_reason,
+                              planned=summary.planned, errors=summary.errors, signal_name=signal_name):
+        console.print(line, highlight=False, markup=False)
+    files = sorted(runner.files_written)
+    if files:
+        shown = ", ".join(_display_path(p, spec.root) for p in files)
+        console.print(f"records: {shown} (run {summary.run_id})", highlight=False, markup=False)
+    else:
+        console.print(f"records: none written (run {summary.run_id})", highlight=False, markup=False)
     return summary.exit_code
 
 
-def compile_and_report(spec: Spec, stage: Stage, archs: list[str], cases: list[Case], keep: Path | None) -> int:
-    """`dsv4-lab compile`: compile each case in this process's pools; print inventory and
-    resources; non-zero exit with the compiler's message on an error."""
-    import shutil
-    import subprocess
+def _display_path(path: Path, root: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)
 
-    from harness.compile import Compiler
+
+def compile_and_report(spec: Spec, stage: Stage, archs: list[str], cases: list[Case], keep: Path | None,
+                       argv: list[str] | None = None) -> int:
+    """`dsv4-lab compile`: compile each case (parallel, cached), write a record per case
+    (`compiled` / `compile_error`, like a run's), print resources and the instruction
+    inventory; exit 1 with the one-line error (file:line in the user's code) on a failure."""
+    import shutil
+
+    from harness.compilerun import CompileJob, compile_recorded
+    from harness.inventory import SASS_MISSING, families, find_tool, mma_counts, sass_tool
+    from harness.records import stage_file
 
     console = make_console()
-    compiler = Compiler(spec.root)
-    failed = 0
     table = Table(title=f"{stage.name} compile")
-    for col in ("arch", "case", "status", "s", "regs", "spill", "smem", "inventory"):
+    for col in ("arch", "case", "status", "s", "regs", "spill", "smem", "bar", "MMA", "inventory"):
         table.add_column(col)
-    try:
-        futs = [(a, c, compiler.submit(stage, a, c.dict)) for a in archs for c in cases]
-        for arch, case, fut in futs:
-            try:
-                res = fut.result()
-            except Exception as exc:
-                res = None
-                err = f"compiler process failed: {exc}"
-            if res is None or not res.ok:
-                failed += 1
-                err = res.error if res else err
-                table.add_row(arch, case.label, "[red]✗ compile_error[/]", "", "", "", "", "")
-                console.print(f"[red]{arch} {case.label}: compile error[/]\n{err}", highlight=False)
-                continue
-            inv = ", ".join(f"{k} {v}" for k, v in res.inventory.items() if v)
-            r = res.resources
-            table.add_row(arch, case.label, "[green]✓ compiled[/]" + (" (cached)" if res.cached else ""),
-                          f"{res.seconds:.1f}", _fmt(r.get("regs")), _fmt(r.get("spill")),
-                          _fmt(r.get("smem", r.get("static_smem"))), inv)
-            if keep is not None:
-                dest = keep / arch / case.label.replace(",", "_").replace("=", "")
-                dest.mkdir(parents=True, exist_ok=True)
-                for src in (res.ptx_path, res.cubin_path):
-                    if src and Path(src).is_file():
-                        shutil.copy(src, dest / Path(src).name)
-                cuobjdump = shutil.which("cuobjdump")
-                if cuobjdump and res.cubin_path:
-                    sass = subprocess.run([cuobjdump, "-sass", res.cubin_path], capture_output=True, text=True)
-                    (dest / "kernel.sass").write_text(sass.stdout)
-    finally:
-        compiler.close()
+    jobs = [CompileJob(stage, a, c) for a in archs for c in cases]
+
+    def show(done) -> None:
+        res, rec = done.result, done.record
+        arch, label = done.job.arch, done.job.case.label
+        if not res.ok:
+            table.add_row(arch, escape(label), "[red]✗ compile_error[/]", f"{res.seconds:.1f}", "", "", "", "", "", "")
+            console.print(f"[red]{arch} {escape(label)}: compile error[/] {escape(res.error or '')}  [dim](full traceback: "
+                          f"dsv4-lab show {rec.id})[/]", highlight=False)
+            return
+        r = res.resources
+        mma = sum(mma_counts(res.inventory).values())
+        inv = ", ".join(f"{k} {v}" for k, v in families(res.inventory).items() if v)
+        table.add_row(arch, escape(label), "[green]✓ compiled[/]" + (" (cached)" if res.cached else ""),
+                      f"{res.seconds:.1f}", _fmt(r.get("regs")), _fmt(r.get("spill")),
+                      _fmt(r.get("smem", r.get("static_smem"))), _fmt(r.get("barriers")), str(mma), inv)
+        if keep is not None:
+            dest = keep / arch / label.replace(",", "_").replace("=", "")
+            dest.mkdir(parents=True, exist_ok=True)
+            for src in (res.ptx_path, res.cubin_path, res.sass_path):
+                if src and Path(src).is_file():
+                    shutil.copy(src, dest / Path(src).name)
+
+    run_id, done = compile_recorded(spec, jobs, argv or ["compile", stage.name], on_done=show)
+    failed = sum(1 for d in done if not d.result.ok)
     console.print(table)
-    if not shutil.which("ptxas"):
+    if not find_tool("ptxas"):
         console.print("registers / spills: ptxas is not installed here, so they are not reported", highlight=False)
+    if sass_tool() is None:
+        console.print(SASS_MISSING, highlight=False)
     if keep is not None:
-        console.print(f"PTX / cubin{' / SASS' if shutil.which('cuobjdump') else ''} kept in {keep}", highlight=False)
+        console.print(f"PTX / cubin{' / SASS' if sass_tool() else ''} kept in {keep}", highlight=False)
+    console.print(f"records: {stage_file(spec.root, stage.id)} (run {run_id})", highlight=False)
     return 1 if failed else 0

@@ -222,7 +222,8 @@ class Runner:
                 if res is None:
                     break
                 if not res.ok:
-                    self._record(task, "compile_error", error=res.error, compile=res.summary(), env=host_environment())
+                    self._record(task, "compile_error", error=res.error, trace=res.trace or None,
+                                 compile=res.summary(), env=host_environment())
                 elif task.arch not in runnable_archs:
                     self._record(task, "compiled", compile=res.summary(),
                                  env=host_environment(), note=reasons[task.arch])

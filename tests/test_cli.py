@@ -42,3 +42,35 @@ def test_unknown_stage_and_bad_arch_are_one_line_exit_2():
     for args, says in ((["run", "stage-Z"], "no stage 'stage-Z'"), (["compile", "A", "--arch", "sm_80"], "unknown")):
         r = run_cli(args, cwd=ROOT)
         assert r.returncode == 2 and says in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_a_failure_in_user_code_is_one_line_with_the_traceback_kept(fake_lab):
+    """The kernel raises: the record's error is one line naming the user's file and line, the
+    full traceback is kept in the record, `show ID` prints it and `--traceback` prints it live."""
+    r = run_cli(["run", "stage-BAD", "--mode", "raise"], cwd=fake_lab)
+    assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+    (rec,) = read_records(fake_lab, ["BAD"])
+    assert rec.status == "crash" and "\n" not in rec.error
+    assert "stages/fake/cpu.py:" in rec.error and "kernel raised on purpose" in rec.error
+    assert rec.trace and "Traceback" in rec.trace and "kernel raised on purpose" in rec.trace
+    shown = run_cli(["show", rec.id], cwd=fake_lab)
+    assert shown.returncode == 0 and "kernel raised on purpose" in shown.stdout and "Traceback" in shown.stdout
+    live = run_cli(["--traceback", "run", "stage-BAD", "--mode", "raise"], cwd=fake_lab)
+    assert live.returncode == 1 and "Traceback" in live.stdout, live.stdout + live.stderr
+
+
+def test_list_prints_titles_literally(fake_lab):
+    text = (fake_lab / "stages.yaml").read_text().replace("out = a + b, correct", "'[m, n] [bold]x[/bold]'")
+    (fake_lab / "stages.yaml").write_text(text)
+    r = run_cli(["list"], cwd=fake_lab)
+    assert r.returncode == 0, r.stderr
+    assert "[m, n] [bold]x[/bold]" in r.stdout, r.stdout
+
+
+def test_run_prints_the_real_records_path_and_help_shows_axis_flags(fake_lab):
+    r = run_cli(["run", "stage-OK"], cwd=fake_lab)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "records: results/records/OK.jsonl" in r.stdout and "<stage>" not in r.stdout
+    for cmd in (["run"], ["compile"], ["history"], ["baseline", "show"]):
+        h = run_cli([*cmd, "--help"], cwd=fake_lab)
+        assert h.returncode == 0 and "stage-BAD: --n {16}  --mode {abort,raise,wrong,unwritten,ok,hang}" in h.stdout, h.stdout

@@ -72,23 +72,42 @@ def test_sparkline():
 
 
 def test_watch_refreshes_while_records_arrive(fake_lab):
+    """Frames are read as they come (no fixed sleeps: a loaded machine starts slowly)."""
     import os
+    import queue
     import subprocess
     import sys
+    import threading
     import time
 
     from tests.conftest import ROOT
 
     proc = subprocess.Popen([sys.executable, "-m", "cli", "dashboard", "--watch", "--interval", "0.5"], cwd=fake_lab,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
-    time.sleep(4)
-    w = RecordWriter(fake_lab)
-    w.write(Record(id="r.1", run="r", t="2026-11-21T00:00:00Z", stage="OK", arch="cpu", case={"n": 16},
-                   status="pass", metrics={"out": {"cosine": 1.0}}, env={"host": "h"}, code={"src": "x"}))
-    w.close()
-    time.sleep(3)
-    proc.terminate()
-    out, _ = proc.communicate(timeout=10)
-    frames = out.split("--- ")
-    assert len(frames) >= 3
-    assert "1/2" not in frames[1] and "1/2" in frames[-1]
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True).start()
+    seen: list[str] = []
+
+    def wait_for(pred, timeout: float = 60) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                seen.append(lines.get(timeout=0.5))
+            except queue.Empty:
+                continue
+            if pred("".join(seen)):
+                return True
+        return False
+
+    try:
+        assert wait_for(lambda text: text.count("--- ") >= 2), "no frames"
+        before = "".join(seen)
+        w = RecordWriter(fake_lab)
+        w.write(Record(id="r.1", run="r", t="2026-11-21T00:00:00Z", stage="OK", arch="cpu", case={"n": 16},
+                       status="pass", metrics={"out": {"cosine": 1.0}}, env={"host": "h"}, code={"src": "x"}))
+        w.close()
+        assert wait_for(lambda text: "1/2" in text[len(before):]), "the new record never showed"
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+    assert "1/2" not in before
