@@ -45,6 +45,7 @@ STDERR_TAIL_LINES = 20
 LINE_LIMIT = MAX_LINE_BYTES + FRAME_OVERHEAD
 _RUN_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z_-]{0,63}$")
 _TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
+_COMMIT = re.compile(r"[0-9a-f]{4,64}")
 _COMPILE_NUMBERS = {"s", "regs", "spill", "stack", "static_smem", "smem", "barriers"}
 
 
@@ -153,7 +154,8 @@ def parse_payload(raw: bytes, stages: set[str]) -> tuple[str, Any]:
     for name, value in (obj.get("timing") or {}).items():
         if value is not None and not _number(value):
             return "reject", f"timing.{printable(str(name), 40)} is not a number"
-    why = _compile_shape(obj.get("compile") or {})
+    why = _compile_shape(obj.get("compile") or {}) or _env_shape(obj.get("env") or {}) or \
+        _code_shape(obj.get("code") or {})
     if why:
         return "reject", why
     if not _TIME.fullmatch(obj["t"]):
@@ -182,6 +184,33 @@ def _compile_shape(c: dict) -> str | None:
                 return f"{where} is not a short line of text"
         elif not (isinstance(value, bool) or _number(value)):
             return f"{where} is not a number, a flag or text"
+    return None
+
+
+def _plain(x: Any) -> bool:
+    """A value shown as is: a flag, a finite number, or a short line of printable text."""
+    if isinstance(x, str):
+        return len(x) <= 300 and x.isprintable()
+    return x is None or isinstance(x, bool) or _number(x)
+
+
+def _env_shape(env: dict) -> str | None:
+    for name, value in env.items():
+        ok = _plain(value) or (isinstance(value, list) and all(_plain(v) for v in value)) or (
+            isinstance(value, dict) and all(isinstance(k, str) and _plain(v) for k, v in value.items()))
+        if not (ok and isinstance(name, str) and _plain(name)):
+            return f"env.{printable(str(name), 40)} is not plain values"
+    return None
+
+
+def _code_shape(code: dict) -> str | None:
+    commit = code.get("commit")
+    if commit is not None and not (isinstance(commit, str) and _COMMIT.fullmatch(commit)):
+        return "code.commit is not a git commit id"
+    if "dirty" in code and not isinstance(code["dirty"], bool):
+        return "code.dirty is not true or false"
+    if code.get("src") is not None and not _plain(code["src"]):
+        return "code.src is not a short line of text"
     return None
 
 

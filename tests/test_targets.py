@@ -298,7 +298,9 @@ def test_read_lines_bounds_every_line():
 def test_parse_payload_rejects_bad_records():
     good = {"v": 1, "id": "R.1", "run": "R", "t": "2026-01-01T00:00:00Z", "stage": "FAKE", "arch": "cpu",
             "case": {"n": 4}, "status": "pass",
-            "compile": {"key": "abc", "s": 0.5, "cached": True, "regs": 40, "inv": {"mma": 4}}}
+            "compile": {"key": "abc", "s": 0.5, "cached": True, "regs": 40, "inv": {"mma": 4}},
+            "env": {"gpu": "NVIDIA H200", "cc": "9.0", "cpus": 16, "host": "b200-1"},
+            "code": {"commit": "0123456789ab", "dirty": False, "src": "f" * 16}}
     assert parse_payload(json.dumps(good).encode(), {"FAKE"})[0] == "record"
     for bad, why in [
         (b"{nope", "not JSON"),
@@ -316,6 +318,10 @@ def test_parse_payload_rejects_bad_records():
         (json.dumps({**good, "compile": {"regs": "[/x]"}}).encode(), "compile.regs is not a number"),
         (json.dumps({**good, "compile": {"inv": {"mma": "4"}}}).encode(), "compile.inv"),
         (json.dumps({**good, "compile": {"note": "a\x1b[2Jb"}}).encode(), "compile.note"),
+        (json.dumps({**good, "code": {"commit": "[/x]"}}).encode(), "code.commit"),
+        (json.dumps({**good, "code": {"commit": "abc123", "dirty": "yes"}}).encode(), "code.dirty"),
+        (json.dumps({**good, "env": {"gpu": "H100\x1b]0;x\x07"}}).encode(), "env.gpu"),
+        (json.dumps({**good, "env": {"gpu": {"deep": {"er": 1}}}}).encode(), "env.gpu"),
         (b'{"v": 1, "id": "R.1", "run": "R", "t": "2026-01-01T00:00:00Z", "stage": "FAKE", "arch": "cpu", '
          b'"case": {"n": 4}, "status": "pass", "compile": {"s": 1e999}}', "compile.s"),
     ]:
