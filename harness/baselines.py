@@ -30,6 +30,8 @@ never overwrite it.
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import json
 import math
 import os
 import tempfile
@@ -41,7 +43,7 @@ from typing import Any, Iterator
 import yaml
 
 from harness.labels import case_label
-from harness.paths import results_dir
+from harness.paths import cache_dir, results_dir
 from harness.records import Record
 
 BASELINE_VERSION = 1
@@ -310,6 +312,12 @@ def load(root: Path, must_exist: bool = False) -> list[Baseline]:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise BaselineError(f"{shown}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}) — {fix}")
+    parsed = _parsed_cache(root, data)
+    if parsed is not None:  # these very bytes were read and found valid before
+        try:
+            return _tree(json.loads(parsed.read_text()))
+        except (OSError, ValueError, _Bad):
+            pass  # a damaged cache entry: read the YAML again
     alias = _refuse_aliases(text)
     if alias is not None:
         raise BaselineError(f"{shown}:{alias}: YAML anchors and aliases are not allowed here — write the values out")
@@ -324,11 +332,34 @@ def load(root: Path, must_exist: bool = False) -> list[Baseline]:
     except (RecursionError, ValueError, OverflowError) as exc:
         raise BaselineError(f"{shown}:1: cannot be read ({type(exc).__name__}) — {fix}")
     try:
-        return _tree(doc)
+        items = _tree(doc)
     except _Bad as bad:
         key = ".".join(str(k) for k in bad.keys) or "(top level)"
         line = _line_of(text, bad.keys)
         raise BaselineError(f"{shown}:{line}: {key}: {bad.problem} — {fix}")
+    if parsed is not None:
+        _remember(parsed, doc)
+    return items
+
+
+def _parsed_cache(root: Path, data: bytes) -> Path | None:
+    """Where the parsed form of these bytes is kept (JSON, keyed by their hash: parsing YAML
+    is most of what reading a large baselines file costs, and the gate reads it every commit)."""
+    try:
+        folder = cache_dir(root) / "baselines"
+    except OSError:
+        return None
+    return folder / f"{hashlib.sha256(data).hexdigest()[:32]}.json"
+
+
+def _remember(path: Path, doc: Any) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc, default=str))
+        tmp.replace(path)
+    except (OSError, TypeError, ValueError):
+        pass  # a cache only
 
 
 def save(root: Path, items: list[Baseline]) -> None:

@@ -126,29 +126,34 @@ def compare_compile(b: Baseline, rec: Record) -> list[Finding]:
 
 
 class _Lookup:
-    """The matrix's cases by label, and the records by (stage, arch, label): built once."""
+    """The matrix's cases by label, and the records by (stage, arch, case): built once. A
+    record's case is keyed by its items in order (records hold the case in axis order, as the
+    matrix builds it), which is cheaper than building 10,000 labels."""
 
-    def __init__(self, spec: Spec, records: list[Record]):
+    def __init__(self, spec: Spec, records: list[Record], stages: set[str]):
         from harness.matrix import expand
 
         self.cases: dict[str, dict[str, dict[str, Any]]] = {}
-        for sid, st in spec.stages.items():
-            self.cases[sid] = {case_label(c.dict): c.dict for c in expand(st)}
-        self.records: dict[tuple[str, str, str], list[Record]] = {}
+        for sid in stages:
+            st = spec.stages.get(sid)
+            if st is not None:
+                self.cases[sid] = {case_label(c.dict): c.dict for c in expand(st)}
+        self.records: dict[tuple, list[Record]] = {}
         for r in records:
-            self.records.setdefault((r.stage, r.arch, case_label(r.case)), []).append(r)
+            self.records.setdefault((r.stage, r.arch, *r.case.items()), []).append(r)
 
     def case(self, b: Baseline) -> dict[str, Any] | None:
         return self.cases.get(b.stage, {}).get(b.case)
 
     def newest(self, b: Baseline, src: str) -> Record | None:
-        recs = self.records.get((b.stage, b.arch, b.case), [])
+        case = self.case(b) or {}
+        recs = self.records.get((b.stage, b.arch, *case.items()), [])
         for rec in reversed(recs):
-            if b.kind == "compile":
-                if rec.code.get("src") == src and shows_compile(rec):
-                    return rec
+            if rec.code.get("src") != src or rec.case != case:
                 continue
-            if rec.code.get("src") == src and rec.status in RESULT_STATUSES:
+            if b.kind == "compile" and shows_compile(rec):
+                return rec
+            if b.kind == "run" and rec.status in RESULT_STATUSES:
                 return rec
         return None
 
@@ -167,8 +172,11 @@ def small_first(spec: Spec, items: list[Baseline], look: _Lookup) -> tuple[list[
 
 def evaluate(spec: Spec, items: list[Baseline], records: list[Record]) -> tuple[list[Finding], bool]:
     """All findings, and whether the gate stopped early on a small-case regression."""
-    look = _Lookup(spec, records)
-    src = {(b.stage, b.arch): _src(spec, b) for b in items}
+    look = _Lookup(spec, records, {b.stage for b in items})
+    src: dict[tuple[str, str], str | None] = {}
+    for b in items:  # one source hash per (stage, arch), not per case
+        if (b.stage, b.arch) not in src:
+            src[(b.stage, b.arch)] = _src(spec, b)
     findings: list[Finding] = []
     small, rest = small_first(spec, items, look)
     for group, stop_early in ((small, True), (rest, False)):

@@ -153,7 +153,7 @@ def test_changed_source_makes_results_stale(lab):
     baselines.save(lab, [base(spec, "HD", "sm_90a", C64, 0.9999)])
     assert decide(lab)[0] == 0
     with open(lab / "stages" / "fake" / "cpu.py", "a") as fh:
-        fh.write("\n# a change\n")
+        fh.write("\nA_CHANGE = 1\n")  # code, not a comment: comments keep results fresh
     code, text = decide(lab)
     assert code == 1 and "stale" in text
 
@@ -219,3 +219,63 @@ def test_hook_refuses_a_commit_that_regresses(lab, tmp_path):
     r = subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-m", "x"], cwd=lab, env=env,
                        capture_output=True, text=True)
     assert r.returncode != 0 and "REGRESSIONS" in r.stdout + r.stderr
+
+
+# -- the real lab: a broken sm_100a build is refused on a machine without a GPU ------------
+
+
+def test_hook_refuses_a_commit_that_breaks_the_sm100_build_of_d1(tmp_path, monkeypatch):
+    """A copy of this lab, D1's sm_100a kernel baselined compile-only for one case (one real
+    compile), the hook installed: a harmless commit passes on records alone; a commit that
+    breaks stages/D1_headdim/sm100.py is refused, naming the case — the gate recompiles the
+    stale compile-only case on the CPU."""
+    monkeypatch.delenv("DSV4_LAB_ROOT", raising=False)
+    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path / "cache"))
+    from tests.conftest import ROOT
+
+    lab = tmp_path / "lab"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    import shutil
+
+    for name in filter(None, files):
+        src = ROOT / name
+        if src.is_file() and not name.startswith(("tests/", "results/")):
+            (lab / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, lab / name)
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q"], cwd=lab, check=True)
+    r = run_cli(["compile", "stage-D1", "--arch", "sm_100a", "--hd", "64", "--n", "128"], cwd=lab)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run_cli(["baseline", "accept", "stage-D1", "--arch", "sm_100a", "--hd", "64", "--n", "128"], cwd=lab)
+    assert r.returncode == 0 and "(compile-only)" in r.stdout, r.stdout + r.stderr
+    subprocess.run(["git", "add", "-A"], cwd=lab, check=True)
+    subprocess.run([*git, "commit", "-qm", "lab"], cwd=lab, check=True)
+    assert run_cli(["gate", "--install-hook"], cwd=lab).returncode == 0
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "DSV4_LAB_CACHE": str(tmp_path / "cache")}
+
+    (lab / "NOTES.txt").write_text("a harmless change\n")
+    subprocess.run(["git", "add", "NOTES.txt"], cwd=lab, check=True)
+    r = subprocess.run([*git, "commit", "-qm", "notes"], cwd=lab, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    kernel = lab / "stages" / "D1_headdim" / "sm100.py"
+    good = kernel.read_text()
+
+    def commit_broken(text: str) -> str:
+        kernel.write_text(text)
+        subprocess.run(["git", "add", str(kernel)], cwd=lab, check=True)
+        r = subprocess.run([*git, "commit", "-qm", "break D1"], cwd=lab, env=env, capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode != 0, r.stdout + r.stderr
+        return r.stdout + r.stderr
+
+    # the kernel module parses but no longer builds: the stale case is recompiled and refused
+    out = commit_broken(good + "\n_planted = name_that_does_not_exist\n")
+    assert "REGRESSIONS" in out and "stage-D1 sm_100a hd=64,n=128,m=128" in out and "compile_error" in out, out
+    assert "stages/D1_headdim/sm100.py:" in out and "NameError" in out, out
+    # a syntax error is refused even before (the spec names the file and line)
+    out = commit_broken(good + "\ndef broken(:\n    pass\n")
+    assert "stages/D1_headdim/sm100.py:" in out and "does not parse" in out, out
+    head = subprocess.run(["git", "log", "--oneline"], cwd=lab, capture_output=True, text=True).stdout
+    assert "break D1" not in head
