@@ -388,7 +388,7 @@ def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], peers: bool = F
     1 when something failed or nothing could be timed (no GPU here); 2 for bad input (raised)."""
     from rich.console import Console
 
-    from harness.environment import arch_of_capability, gpu_capabilities
+    from harness.environment import gpu_capabilities
     from harness.roofline import read_peaks, roofline_fields
 
     console = Console(highlight=False, soft_wrap=True)
@@ -396,13 +396,10 @@ def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], peers: bool = F
     plan = stage.bench_plan
     assert plan is not None
     caps = gpu_capabilities()
-    cc: tuple[int, int] | None = None
-    arch = None
-    if gpu in caps:
-        name, arch = caps[gpu]
+    arch = caps[gpu][1] if gpu in caps else None
     console.print(f"{stage.name} bench: {len(cases)} shape(s); peers: "
                   f"{', '.join(plan.peers) if peers and plan.peers else 'none (add --peers)' if plan.peers else 'none'}")
-    cc = ARCH_CC.get(arch or "")
+    cc = ARCH_CC.get(arch or "")  # None (no GPU here): peers' shape support is told for sm90
     for case in cases:
         sup = shape_support(stage, case, cc) if peers else {}
         notes = "; ".join(f"{p}: {w}" for p, w in sup.items() if w)
