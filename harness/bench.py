@@ -309,7 +309,8 @@ def _time(job: BenchJob, specs, inputs: dict, fresh_outputs, ref: dict, idx, sli
             t[f"{key}_tflops"] = flops / (p["us"] * 1e-6) / 1e12
         t[f"{key}_ratio"] = p["us"] / t["us"]
     t.update(gpu_clocks())
-    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in t.items()}
+    # cosines keep every digit (1 - 1e-6 is not 1.0); times and rates keep four decimals
+    return {k: (round(v, 4) if isinstance(v, float) and not k.endswith("_cos") else v) for k, v in t.items()}
 
 
 def _worker(conn, root: str, job: BenchJob, gpu: int | None) -> None:
