@@ -169,6 +169,16 @@ def test_row_tensors_for_attention():
     assert row_tensors(softmax_tensors(case), softmax_tensors({**case, "m": 256}), "m", 8192, 256) == {"Q", "O", "LSE"}
 
 
+def test_row_tensors_leave_scratch_alone():
+    from oracles.common import TensorSpec
+
+    def specs(m):  # a split-KV partial buffer whose size follows m differently: scratch, never compared
+        return [TensorSpec("Q", (m, 64), "bfloat16"), TensorSpec("O", (m, 64), "bfloat16", "out"),
+                TensorSpec("O_part", (4, m * 2), "float32", "scratch")]
+
+    assert row_tensors(specs(512), specs(32), "m", 512, 32) == {"Q", "O"}
+
+
 def test_row_tensors_refuses_what_is_not_rows():
     from oracles.attention import softmax_tensors
 
