@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
-from harness.records import append_event, notes_file, now_iso, print_warnings, read_notes, read_records, read_runs
-from harness.labels import case_label
 from harness.console import make_console, worst
+from harness.labels import case_label
+from harness.records import append_event, notes_file, now_iso, print_warnings, read_notes, read_records, read_runs
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -62,7 +63,7 @@ def main(spec, stage, archs: list[str] | None, cases) -> int:
                 t.add_column(col)
             for r in rows:
                 commit = str(r.code.get("commit") or "none")[:8] + ("*" if r.code.get("dirty") else "")
-                note = "; ".join(n["text"] for n in notes.get(r.run, []))
+                note = escape("; ".join(n["text"] for n in notes.get(r.run, [])))
                 timing = r.timing or {}
                 t.add_row(r.t.replace("T", " ").rstrip("Z"), commit, r.run, r.status,
                           _f(worst(r, "cosine"), ".9f"), _f(worst(r, "rel_l2", max), ".2e"),
@@ -99,25 +100,25 @@ def show(root: Path, ident: str) -> int:
             console.print("traceback (kept in the record):", highlight=False)
             console.out(rec.trace, highlight=False)
         for n in notes.get(rec.run, []):
-            console.print(f"note ({n.get('t', '?')}): {n['text']}", highlight=False)
+            console.print(f"note ({n.get('t', '?')}): {n['text']}", highlight=False, markup=False)
         return 0
     of_run = [r for r in records if r.run == ident]
     if ident not in runs and not of_run:
-        console.print(f"no record or run '{ident}' — ids look like 20261121-142649-5461 (run) or "
+        console.print(f"no record or run '{escape(ident)}' — ids look like 20261121-142649-5461 (run) or "
                       "20261121-142649-5461.3 (record); see `dsv4-lab history`", highlight=False)
         return 2
     from harness.report import results_table
 
     ev = runs.get(ident, {})
-    console.print(f"run {ident}  target {ev.get('target', '?')}  argv {' '.join(ev.get('argv', []))}  "
-                  f"interrupted {ev.get('interrupted', 'unknown (no end event)')}", highlight=False)
+    console.print(f"run {ident}  target {ev.get('target', '?')}  argv {' '.join(map(str, ev.get('argv', [])))}  "
+                  f"interrupted {ev.get('interrupted', 'unknown (no end event)')}", highlight=False, markup=False)
     if of_run:
         console.print(results_table(of_run))
         for r in of_run:
             if r.error and r.status != "pass":
-                console.print(f"{r.id} {r.status}: {r.error}", highlight=False)
+                console.print(f"{r.id} {r.status}: {r.error}", highlight=False, markup=False)
     for n in notes.get(ident, []):
-        console.print(f"note ({n.get('t', '?')}): {n['text']}", highlight=False)
+        console.print(f"note ({n.get('t', '?')}): {n['text']}", highlight=False, markup=False)
     return 0
 
 
@@ -126,7 +127,7 @@ def note(root: Path, run: str, text: str) -> int:
     runs = read_runs(root)
     known = run in runs or any(r.run == run for r in read_records(root))
     if not known:
-        console.print(f"no run '{run}' — see `dsv4-lab dashboard` or results/runs.jsonl for run ids", highlight=False)
+        console.print(f"no run '{escape(run)}' — see `dsv4-lab dashboard` or results/runs.jsonl for run ids", highlight=False)
         return 2
     if not text.strip():
         console.print("an empty note says nothing — give some text", highlight=False)

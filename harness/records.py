@@ -139,9 +139,39 @@ def validate(d: Any) -> str | None:
         for name, value in timing.items():
             if value is not None and not isinstance(value, str) and not _finite(value):
                 return f"timing.{name} is not a finite number"
+    why = _compile_problem(d.get("compile"))
+    if why:
+        return why
     code = d.get("code") or {}
     if code.get("src") is not None and not isinstance(code["src"], str):
         return "code.src is not a string"
+    for key in ("host", "gpu", "cc", "driver", "cuda", "torch", "cute"):
+        value = (d.get("env") or {}).get(key)
+        if value is not None and not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            return f"env.{key} is not a string"
+    return None
+
+
+_COMPILE_NUMBERS = ("s", "regs", "spill", "stack", "static_smem", "smem", "barriers")
+
+
+def _compile_problem(c: Any) -> str | None:
+    """Why a record's compile summary cannot be trusted by the tables and the gate."""
+    if c is None:
+        return None
+    for key in _COMPILE_NUMBERS:
+        value = c.get(key)
+        if value is not None and not (_finite(value) and value >= 0):
+            return f"compile.{key} is not a number >= 0"
+    if c.get("key") is not None and not isinstance(c["key"], str):
+        return "compile.key is not a string"
+    for table in ("inv", "sass"):
+        counts = c.get(table)
+        if counts is None:
+            continue
+        if not isinstance(counts, dict) or not all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0 for k, v in counts.items()):
+            return f"compile.{table} is not an object of counts"
     return None
 
 

@@ -308,6 +308,7 @@ def resolve_targets(root: Path, spec: str, what: str = "--target") -> list[Targe
 
 def list_cmd(root: Path) -> int:
     """A table of the declared targets and where each is declared."""
+    from rich.markup import escape
     from rich.table import Table
 
     from harness.console import make_console
@@ -324,6 +325,7 @@ def list_cmd(root: Path) -> int:
         table.add_column(col)
     for t in sorted(targets.values(), key=lambda t: t.name):
         declared = t.declared + (f" (overrides {t.overrides})" if t.overrides else "")
-        table.add_row(t.name, t.where, t.workdir, t.python, ",".join(map(str, t.gpus)) or "all", declared)
+        table.add_row(*(escape(str(x)) for x in (t.name, t.where, t.workdir, t.python,
+                                                  ",".join(map(str, t.gpus)) or "all", declared)))
     console.print(table)
     return 0

@@ -76,6 +76,8 @@ BAD_TYPES = [
     ("t", 5), ("code", "abc"), ("metrics", [1, 2]), ("timing", {"tflops": 3.0}), ("timing", {"us": -1}),
     ("timing", {"us": "fast"}), ("case", [1]), ("case", {"hd": [64]}), ("id", 3), ("status", None),
     ("error", 12), ("gpu", "0"), ("gpu", True), ("env", 7), ("compile", "x"), ("v", True), ("stage", ""),
+    ("compile", {"regs": "[/x]"}), ("compile", {"spill": -1}), ("compile", {"inv": {"wgmma": 1.5}}),
+    ("env", {"gpu": [1]}),
 ]
 
 
