@@ -76,9 +76,10 @@ def newest_run_records() -> list[dict]:
             continue
         if r.get("arch") == ARCH and r.get("status") not in ("compiled",):
             recs.append(r)
-    if not recs:
+    runs = {r["run"] for r in recs if r.get("status") in ("pass", "fail", "crash", "timeout", "skipped")}
+    if not runs:  # only compile-only runs so far
         return []
-    newest = max(r["run"] for r in recs)
+    newest = max(runs)
     return [r for r in recs if r["run"] == newest]
 
 
@@ -143,6 +144,9 @@ def diagnose(case: dict) -> int:
     from oracles.common import case_seed
     from stages.D2_decode.sm90 import Kernel
 
+    if not torch.cuda.is_available():
+        print(f"==== diagnose {case_text(case)}: no CUDA device here (run this on the GPU machine)")
+        return 1
     print(f"\n==== diagnose {case_text(case)}  ({torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"cutlass-dsl {getattr(cutlass, '__version__', '?')})", flush=True)
     stage = load_spec(root=ROOT).stage(STAGE)
