@@ -35,9 +35,9 @@ from typing import Any, Callable
 
 from harness.labels import case_label
 from harness.matrix import expand, parse_filters
+from harness.records import BENCH_NOTE
 from harness.spec import Stage, Tolerance
 
-BENCH_NOTE = "bench"
 ARCH_CC = {"sm_90a": (9, 0), "sm_100a": (10, 0)}  # the compute capability a peer is asked about
 DEFAULT_TIMEOUT_S = 600.0
 MIN_LAUNCHES = 20  # launches per timed repetition (one graph)

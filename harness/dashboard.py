@@ -153,7 +153,7 @@ def _int(x: object) -> int:
 def render(root: Path) -> Group | Text:
     spec = load_spec(root=root)
     warn: list[str] = []
-    records = read_records(root, list(spec.stages), warn)
+    records = read_records(root, list(spec.stages), warn, bench=True)
     print_warnings(warn)
     if not records:
         return Text("No records yet. Start with: dsv4-lab run stage-A   (with no GPU it compiles both archs "

@@ -88,7 +88,7 @@ def _f(x, fmt: str) -> str:
 def show(root: Path, ident: str) -> int:
     console = make_console()
     warn: list[str] = []
-    records = read_records(root, None, warn)
+    records = read_records(root, None, warn, bench=True)
     print_warnings(warn)
     runs = read_runs(root, warn)
     notes = read_notes(root, warn)
@@ -125,7 +125,7 @@ def show(root: Path, ident: str) -> int:
 def note(root: Path, run: str, text: str) -> int:
     console = make_console()
     runs = read_runs(root)
-    known = run in runs or any(r.run == run for r in read_records(root))
+    known = run in runs or any(r.run == run for r in read_records(root, bench=True))
     if not known:
         console.print(f"no run '{escape(run)}' — see `dsv4-lab dashboard` or results/runs.jsonl for run ids", highlight=False)
         return 2

@@ -32,6 +32,10 @@ MAX_LINE_BYTES = 64 * 1024
 
 REQUIRED = {"v", "id", "run", "t", "stage", "arch", "case", "status"}
 
+# A record of `dsv4-lab bench` carries this note: its case is a bench shape, not a test case, so
+# the readers that judge the test matrix (gate, baselines, history) leave it out.
+BENCH_NOTE = "bench"
+
 
 class RecordError(ValueError):
     """Why a parsed JSON object is not a record this lab can use (one phrase)."""
@@ -72,6 +76,10 @@ class Record:
             raise RecordError(why)
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+    @property
+    def is_bench(self) -> bool:
+        return self.note == BENCH_NOTE
 
     def metric(self, output: str, name: str) -> float | None:
         return (self.metrics.get(output) or {}).get(name)
@@ -259,8 +267,11 @@ def iter_jsonl(path: Path, warn: list[str] | None = None) -> Iterator[tuple[int,
         yield lineno, obj
 
 
-def read_records(root: Path, stages: list[str] | None = None, warn: list[str] | None = None) -> list[Record]:
-    """All valid records (oldest first within each file) of the given stages, typed."""
+def read_records(root: Path, stages: list[str] | None = None, warn: list[str] | None = None,
+                 bench: bool = False) -> list[Record]:
+    """All valid records (oldest first within each file) of the given stages, typed. Bench
+    records (timings at bench shapes) only with `bench=True`: a test-matrix reader never
+    mistakes one for the newest result of a case."""
     folder = records_dir(root)
     if stages is None:
         try:
@@ -273,10 +284,13 @@ def read_records(root: Path, stages: list[str] | None = None, warn: list[str] | 
     for path in files:
         for lineno, obj in iter_jsonl(path, warn):
             try:
-                out.append(Record.from_dict(obj))
+                rec = Record.from_dict(obj)
             except RecordError as exc:
                 if warn is not None:
                     warn.append(f"{path}:{lineno}: skipped a record ({exc})")
+                continue
+            if bench or not rec.is_bench:
+                out.append(rec)
     return out
 
 

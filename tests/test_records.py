@@ -113,3 +113,17 @@ def test_unreadable_records_and_runs_files_warn_instead_of_crashing(tmp_path):
     assert read_records(tmp_path, ["A"], warn) == [] and read_records(tmp_path, None, warn) == []
     assert read_runs(tmp_path, warn) == {} and read_notes(tmp_path, warn) == {}
     assert any("cannot be read" in w for w in warn) and any("skipped a note" in w for w in warn)
+
+
+def test_bench_records_are_left_out_of_test_matrix_readers(tmp_path):
+    from harness.records import BENCH_NOTE
+
+    w = RecordWriter(tmp_path)
+    w.write(sample(1))
+    bench = sample(2)
+    bench.note = BENCH_NOTE
+    w.write(bench)
+    w.close()
+    assert [r.id for r in read_records(tmp_path, ["A"])] == ["r1.1"]
+    assert [r.id for r in read_records(tmp_path, ["A"], bench=True)] == ["r1.1", "r1.2"]
+    assert read_records(tmp_path, ["A"], bench=True)[1].is_bench
