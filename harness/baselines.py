@@ -471,7 +471,7 @@ def accept(spec, stage, archs: list[str] | None, cases, compile_only: bool = Fal
     from harness.identity import source_hash
     from harness.records import print_warnings, read_records
 
-    console = Console(highlight=False)
+    console = Console(highlight=False, markup=False)
     root = spec.root
     runnable = runnable_archs()
     with locked(root):
@@ -542,7 +542,7 @@ def drop(spec, stage, archs: list[str] | None, cases) -> int:
         n = len(items) - len(keep)
         if n:
             save(spec.root, keep)
-    Console(highlight=False).print(f"dropped {n} baseline(s) of {stage.name}")
+    Console(highlight=False, markup=False).print(f"dropped {n} baseline(s) of {stage.name}")
     return 0
 
 

@@ -423,3 +423,20 @@ def test_hook_runs_with_the_installing_interpreter_when_nothing_is_on_path(blab,
     r = _commit(blab, env)
     out = r.stdout + r.stderr  # git passes the hook's stdout on to its stderr
     assert r.returncode != 0 and "REGRESSIONS" in out and "stage-HD cpu hd=64,n=16" in out
+
+
+def test_the_gate_reads_records_only_when_nothing_changed(blab):
+    """Fresh compile-only and run results: the gate decides without importing torch or CuTeDSL
+    and without compiling anything."""
+    spec = load_spec(root=blab)
+    _write_records(blab, [_compiled(spec, "HD", C64), _pass(spec, "HD", C64)])
+    assert _accept(blab, "--hd", "64").returncode == 0
+    script = ("import sys\nfrom pathlib import Path\nfrom harness import gate\n"
+              "code = gate.main(Path(sys.argv[1]))\n"
+              "print(code, any(m.split('.')[0] in ('torch', 'cutlass') for m in sys.modules))\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", script, str(blab)], cwd=blab, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "0 False" and "2 baselined case(s) hold" in r.stdout
+    assert not (blab / "results" / "runs.jsonl").exists()  # nothing was compiled or run
