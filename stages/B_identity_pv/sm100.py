@@ -94,6 +94,7 @@ from stages.common.sm100_idioms import (
     tmem_free,
     umma_to_threads_pipeline,
 )
+from stages.common.inspection import expose
 from stages.common.tma import prefetch_descriptors, sm100_tma_load, tma_partition_tile
 
 BF16 = cutlass.BFloat16
@@ -240,6 +241,9 @@ class Kernel:
         cS = qk_thr.partition_C(cute.make_identity_tensor(self.qk_tiler[:2]))  # (row, key)
         cP = pv_thr.partition_A(cute.make_identity_tensor((self.TILE_M, self.KV_TILE)))  # (row, key)
         check_same_fragment_coords(s_load, cS, p_store, cP, "TMEM-P (S → P)")  # trace time
+        expose(self, p_path="tmem", qk_mma=(qk_mma, self.qk_tiler), pv_mma=(pv_mma, self.pv_tiler),  # inspect
+               smem={"Q": q_smem, "K": k_smem, "V": v_smem, "P (A layout)": p_layout},
+               tmem=tmem_plan, tmem_pair=(s_load, cS, p_store, cP))
 
         gO = cute.flat_divide(mO, cute.select(self.pv_tiler, mode=[0, 1]))[None, None, 0, 0, 0]  # (128, hd)
         tOgO = pv_thr.partition_C(gO)

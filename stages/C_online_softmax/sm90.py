@@ -49,6 +49,7 @@ from stages.common.sm90_idioms import (
     tma_pipeline,
     wgmma_sync,
 )
+from stages.common.inspection import expose
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile, tma_produce, transpose_view
 
 
@@ -99,6 +100,8 @@ class Kernel:
         q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, qk_tile, dtype, 1)
         k_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, qk_tile, dtype, self.stages)
         v_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.COL_MAJOR, pv_tile, dtype, self.stages)
+        expose(self, p_path="registers", qk_mma=(qk_mma, qk_tile), pv_mma=(pv_mma, pv_tile),
+               smem={"Q": q_smem, "K": k_smem, "V": v_smem})  # dsv4-lab inspect; no code
 
         Vt = transpose_view(V)  # V [n, hd] as Vᵀ (hd, n): the B operand of P·V, N = hd leading
         tma_q, tma_Q, q_bytes = sm90_tma_load(Q, q_smem, (self.BLOCK_M, self.hd))

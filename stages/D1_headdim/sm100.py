@@ -171,6 +171,7 @@ from stages.common.sm100_idioms import (
     tmem_free,
     umma_to_threads_pipeline,
 )
+from stages.common.inspection import expose
 from stages.common.tma import prefetch_descriptors, sm100_tma_load, tma_partition_tile
 
 BF16 = cutlass.BFloat16
@@ -524,6 +525,8 @@ class Kernel:
         else:
             tmem_plan = _SmemPTmemPlan(qk_mma, pv_mma, s_mn, o_mn)
         self._check_tmem_plan(tmem_plan)
+        expose(self, qk_mma=(qk_mma, self.q_tiler), pv_mma=(pv_mma, self.pv_tiler), tmem=tmem_plan,  # inspect
+               smem={"Q": q_smem, "K": k_smem, "V": v_smem, "P (A layout)": p_smem})
         tmem_cols = tmem_plan.alloc_cols
         tmem_ptr = tmem_allocate(tmem_alloc, tmem_cols)  # tcgen05.alloc by the allocator warp (0)
 
@@ -545,6 +548,7 @@ class Kernel:
             s_load = tmem_copy(tcgen05.Ld32x32bOp, tcgen05.Repetition.x32, F32, tStS)
             p_store = tmem_copy(tcgen05.St32x32bOp, tcgen05.Repetition.x16, BF16, tOrP)
             check_same_fragment_coords(s_load, cS, p_store, cA, "TMEM-P (S → P)")  # trace time
+            expose(self, p_path="tmem", tmem_pair=(s_load, cS, p_store, cA))  # dsv4-lab inspect; no code
             tS_src = tStS
             cS_src = cS
         else:
@@ -559,6 +563,8 @@ class Kernel:
             )
             sP_mk = _mk_view(sP[None, None, None, 0])  # (128, kv) in the A-operand layout
             _check_smem_p(s_load, cS_src, p_copy, cA, self.kv_tile)  # trace time
+            expose(self, p_path="smem", p_store=(p_copy, s_load, cS_src, s_mn),  # dsv4-lab inspect; no code
+                   p_write_smem=p_smem, p_read_smem=p_smem, pv_a_tile=s_mn)
 
         # ---- O: load/store in chunks of 32 columns (rescale, epilogue).
         o_load = tmem_copy(tcgen05.Ld32x32bOp, tcgen05.Repetition.x32, F32, tOtO)

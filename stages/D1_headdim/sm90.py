@@ -76,6 +76,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warp, warpgroup
 
 from stages.common.sm90_idioms import acc_rows_cols, online_softmax_row, tma_pipeline, wgmma_sync
+from stages.common.inspection import expose
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile, tma_produce, transpose_view
 
 # Named barriers (id 0 is __syncthreads).
@@ -162,6 +163,9 @@ class Kernel:
         k_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, qk_tile, dtype, self.stages)
         v_smem = _smem_layout_vt(dtype, hd, bn, self.stages, hd // self.NUM_WG)
         p_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, pv_tile, dtype, 1)
+        expose(self, p_path="smem", qk_mma=(qk_mma, qk_tile), pv_mma=(pv_mma, pv_tile),  # dsv4-lab inspect
+               smem={"Q": q_smem, "K": k_smem, "V": v_smem, "P": p_smem},
+               p_write_smem=p_smem, p_read_smem=p_smem, pv_a_tile=(bm, bn))
 
         Vt = transpose_view(V)  # V [n, hd] as Vᵀ (hd, n): the B operand of P·V, N = hd leading
         tma_q, tma_Q, self.q_bytes = sm90_tma_load(Q, q_smem, (bm, hd))
@@ -254,6 +258,7 @@ class Kernel:
         )
         thr_p_store = p_store.get_slice(tid_wg)
         tPsP = thr_p_store.partition_D(sP)
+        expose(self, p_store=(p_store, qk_mma, (bm, bn), (bm, bn)))  # dsv4-lab inspect; no code
 
         # O side: this thread's part of its warpgroup's hd/2 columns.
         thr_pv = pv_mma.get_slice(tidx)
