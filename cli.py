@@ -423,6 +423,31 @@ def calibrate_cmd(fp8: bool = typer.Option(False, "--fp8", help="also measure FP
     raise typer.Exit(calibrate.main(lab_root(), fp8=fp8))
 
 
+@app.command("inspect", context_settings=FILTER_CTX)
+def inspect_cmd(
+    ctx: typer.Context,
+    stage: str = typer.Argument(..., help="stage name, e.g. stage-B or B"),
+    arch: str = typer.Option(..., help="sm_90a or sm_100a"),
+    where: Optional[str] = typer.Option(None, help="filters, e.g. hd=512"),
+) -> None:
+    """Trace-time layouts of the first matching case (no GPU): each MMA's atom, tiler, TV
+    layouts and fragments, shared-memory swizzles, TMEM columns, and the agreement checks
+    (e.g. the Q·Kᵀ accumulator vs the P·V A operand). Exit 1 names a check that fails."""
+    from harness import inspect as inspection
+
+    spec = _spec()
+    st = spec.stage(stage)
+    archs = _archs(arch) or []
+    if len(archs) != 1:
+        raise UsageError(f"--arch {arch}: name one arch, sm_90a or sm_100a")
+    if archs[0] not in st.kernels:
+        raise UsageError(f"{st.name} has no {archs[0]} kernel (it has {', '.join(st.kernels)})")
+    cases = _cases_of(st, ctx.args, where)
+    if not cases:
+        raise UsageError("no case matches these filters")
+    raise typer.Exit(inspection.main(spec.root, st, archs[0], cases))
+
+
 def _click_exception_class() -> type[BaseException]:
     """The ClickException class typer raises (typer vendors click in recent releases; never
     import `click` itself: a fresh install may not have it)."""
