@@ -47,6 +47,7 @@ from stages.common.sm100_idioms import (
     tma_umma_pipeline,
     umma_to_threads_pipeline,
 )
+from stages.common.inspection import expose
 from stages.common.tma import prefetch_descriptors, sm100_tma_load, tma_partition_tile
 
 
@@ -94,6 +95,7 @@ class Kernel:
 
         q_smem = sm100_utils.make_smem_layout_a(tiled_mma, self.mma_tiler, ab_dtype, self.stages)
         k_smem = sm100_utils.make_smem_layout_b(tiled_mma, self.mma_tiler, ab_dtype, self.stages)
+        expose(self, qk_mma=(tiled_mma, self.mma_tiler), smem={"Q": q_smem, "K": k_smem})  # dsv4-lab inspect
         tma_q, tma_Q, q_bytes = sm100_tma_load("A", tiled_mma, Q, q_smem, self.mma_tiler)
         tma_k, tma_K, k_bytes = sm100_tma_load("B", tiled_mma, K, k_smem, self.mma_tiler)
 

@@ -32,6 +32,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
 
 from stages.common.sm90_idioms import tma_pipeline, wgmma_sync
+from stages.common.inspection import expose
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile, tma_produce
 
 
@@ -81,6 +82,7 @@ class Kernel:
         k_smem = sm90_utils.make_smem_layout_b(
             utils.LayoutEnum.ROW_MAJOR, self.cta_tile, ab_dtype, self.stages
         )
+        expose(self, qk_mma=(tiled_mma, self.cta_tile), smem={"Q": q_smem, "K": k_smem})  # dsv4-lab inspect
         tma_q, tma_Q, q_bytes = sm90_tma_load(Q, q_smem, (self.BLOCK_M, self.BLOCK_K))
         tma_k, tma_K, k_bytes = sm90_tma_load(K, k_smem, (self.BLOCK_N, self.BLOCK_K))
 
