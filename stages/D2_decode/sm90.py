@@ -62,6 +62,7 @@ from cutlass.cute.nvgpu import warp, warpgroup
 
 from stages.common.barriers import NamedBarrier
 from stages.common.combine import SplitCombine
+from stages.common.inspection import expose
 from stages.common.scheduler import SM_COUNT, DecodeGrid, DecodeShape, resolve_splits
 from stages.common.sm90_idioms import acc_rows_cols, tma_pipeline, wgmma_sync
 from stages.common.softmax import OnlineSoftmax, final_lse, scale_rows
@@ -194,6 +195,10 @@ class Kernel:
         q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, bn, d), dtype, 1)
         k_smem, vt_smem = _kv_layouts(dtype, d, bn, self.stages, d // self.NUM_MMA_WG)
         p_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, d, bn), dtype, 1)
+
+        expose(self, p_path="smem", qk_mma=(qk_mma, (bm, bn, d)), pv_mma=(pv_mma, (bm, d, bn)),  # dsv4-lab inspect
+               smem={"Q": q_smem, "K": k_smem, "Vt (K's bytes)": vt_smem, "P": p_smem},
+               p_write_smem=p_smem, p_read_smem=p_smem, pv_a_tile=(bm, bn))
 
         tma_q, tma_Q, self.q_bytes = sm90_tma_load(mQ, q_smem, (bm, d))
         tma_kv, tma_KV, self.kv_bytes = sm90_tma_load(mKV, k_smem, (bn, d))
@@ -333,6 +338,7 @@ class Kernel:
         )
         thr_p_store = p_store.get_slice(tid_wg)
         tPsP = thr_p_store.partition_D(sP)
+        expose(self, p_store=(p_store, qk_mma, (bm, bn), (bm, bn)))  # dsv4-lab inspect; no code
 
         # O side: this thread's part of its warpgroup's d/2 columns.
         thr_pv = pv_mma.get_slice(tidx)
