@@ -190,6 +190,22 @@ def test_accept_takes_the_newest_passing_fresh_record(lab):
     assert r.returncode == 0 and baselines.load(lab) == []
 
 
+def test_the_gate_reads_back_only_as_far_as_it_needs(lab, capsys):
+    """Newest first: a stale newer record is passed over for the fresh one behind it, and an
+    old corrupt line before them is never read (no warning), since nothing needed it."""
+    spec = load_spec(root=lab)
+    path = lab / "results" / "records" / "HD.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"v": 1, "id": "broken\n')
+    write(lab, rec(spec, "HD", "sm_90a", C64, 0.9999, i=1), rec(spec, "HD", "sm_90a", C64, 0.2, i=2, src="0ld0ld0ld0ld"))
+    baselines.save(lab, [base(spec, "HD", "sm_90a", C64, 0.9999)])
+    code, text = decide(lab)
+    assert code == 0 and "1 baselined case(s) hold" in text, text
+    assert "skipped" not in capsys.readouterr().err
+    write(lab, rec(spec, "HD", "sm_90a", C64, 0.5, i=3))  # the newest fresh one decides
+    assert decide(lab)[0] == 1
+
+
 # -- the hook -----------------------------------------------------------------------------
 
 
