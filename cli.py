@@ -479,7 +479,7 @@ def _add_axis_help() -> None:
         return
     for info in app.registered_commands + baseline_app.registered_commands:
         name = info.name or (info.callback.__name__ if info.callback else "")
-        if name in ("run", "compile", "history", "accept", "show", "drop"):
+        if name in ("run", "compile", "history", "inspect", "accept", "show", "drop"):
             info.epilog = text
 
 
