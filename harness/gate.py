@@ -396,14 +396,18 @@ def _g(x: float | None) -> str:
 HOOK_MARK = "# dsv4-lab gate hook"
 
 
-def hook_text(python: str | None = None, code_root: Path | None = None) -> str:
+def hook_text(python: str | None = None, code_root: Path | None = None, prefix: str = "") -> str:
     """The pre-commit hook: the lab run with the absolute interpreter it was installed from
-    (a venv need not be on PATH or activated), its code root on PYTHONPATH."""
+    (a venv need not be on PATH or activated), its code root on PYTHONPATH, in this
+    repository's lab folder (`prefix`: the lab root relative to the repository's top)."""
     python = python or sys.executable
     code_root = code_root or Path(__file__).resolve().parent.parent
     return f"""#!/bin/sh
 {HOOK_MARK} (installed by `dsv4-lab gate --install-hook`; remove this file to uninstall)
 # Refuses the commit when a baselined case regressed or is stale.
+top=$(git rev-parse --show-toplevel) || exit 2
+cd "$top"/{shlex.quote(prefix) if prefix else ""} || exit 2
+unset DSV4_LAB_ROOT
 PYTHONPATH={shlex.quote(str(code_root))}${{PYTHONPATH:+:$PYTHONPATH}}
 export PYTHONPATH
 exec {shlex.quote(str(Path(python).absolute()))} -m cli gate
@@ -420,7 +424,9 @@ def install_hook(root: Path, force: bool = False) -> int:
         print(f"dsv4-lab: {root} is not a git repository — run `git init` first", file=sys.stderr)
         return 2
     path = (root / hooks / "pre-commit").resolve()
-    hook = hook_text()
+    prefix = subprocess.run(["git", "rev-parse", "--show-prefix"], cwd=root, capture_output=True,
+                            text=True).stdout.strip()
+    hook = hook_text(prefix=prefix)
     if path.exists():
         text = path.read_text(errors="replace")
         if HOOK_MARK in text and text == hook:

@@ -440,3 +440,30 @@ def test_the_gate_reads_records_only_when_nothing_changed(blab):
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1] == "0 False" and "2 baselined case(s) hold" in r.stdout
     assert not (blab / "results" / "runs.jsonl").exists()  # nothing was compiled or run
+
+
+def test_hook_gates_a_lab_in_a_subfolder_of_the_repository(tmp_path, monkeypatch):
+    """git runs hooks at the repository's top: the hook goes to the lab's folder first, and
+    a DSV4_LAB_ROOT in the committer's environment does not send it elsewhere."""
+    import shutil
+
+    from tests.conftest import FIXTURES
+
+    repo = tmp_path / "repo"
+    lab = repo / "my lab"
+    shutil.copytree(FIXTURES / "lab", lab)
+    shutil.copy(ROOT / "oracles" / "common.py", lab / "oracles" / "common.py")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    monkeypatch.setenv("DSV4_LAB_ROOT", str(lab))
+    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path / "cache"))
+    _add_stage(lab, "HD", "{cpu: {module: stages.fake.cpu, entry: Add}}", "{hd: [64], n: [16]}")
+    spec = load_spec(root=lab)
+    _write_records(lab, [_pass(spec, "HD", C64, cos=0.5)])
+    baselines.save(lab, [Baseline("HD", "cpu", "hd=64,n=16", "run1.1", source_hash(lab, spec.stages["HD"], "cpu"),
+                                  {"out": {"cosine": 0.9999}})])
+    assert gate.install_hook(lab) == 0
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "DSV4_LAB_CACHE": str(tmp_path / "cache"),
+           "DSV4_LAB_ROOT": str(tmp_path / "elsewhere")}
+    r = _commit(repo, env)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "REGRESSIONS" in out and "stage-HD cpu hd=64,n=16" in out, out
