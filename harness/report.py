@@ -143,6 +143,10 @@ def compile_and_report(spec: Spec, stage: Stage, archs: list[str], cases: list[C
     from harness.inventory import SASS_MISSING, families, find_tool, mma_counts, sass_tool
     from harness.records import stage_file
 
+    # the families shown per case (the full inventory is in the record: `dsv4-lab show ID`, `compile --diff`)
+    SHOWN = ("wgmma", "mma.sync", "tcgen05.mma", "tcgen05.ld", "tcgen05.st", "cp.async.bulk.tensor", "stmatrix",
+             "ldmatrix", "mbarrier")
+
     console = make_console()
     table = Table(title=f"{stage.name} compile")
     for col in ("arch", "case", "status", "s", "regs", "spill", "smem", "bar", "MMA", "inventory"):
@@ -159,7 +163,7 @@ def compile_and_report(spec: Spec, stage: Stage, archs: list[str], cases: list[C
             return
         r = res.resources
         mma = sum(mma_counts(res.inventory).values())
-        inv = ", ".join(f"{k} {v}" for k, v in families(res.inventory).items() if v)
+        inv = ", ".join(f"{k} {v}" for k, v in families(res.inventory).items() if v and k in SHOWN)
         table.add_row(arch, escape(label), "[green]✓ compiled[/]" + (" (cached)" if res.cached else ""),
                       f"{res.seconds:.1f}", _fmt(r.get("regs")), _fmt(r.get("spill")),
                       _fmt(r.get("smem", r.get("static_smem"))), _fmt(r.get("barriers")), str(mma), inv)
