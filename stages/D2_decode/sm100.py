@@ -417,8 +417,16 @@ class Kernel:
         tma_k, tma_K, self.k_bytes = sm100_tma_load("B", qk_mma, mK, k_smem, self.k_tiler)
         self.smem_struct = self._smem_struct(q_smem, k_smem, p_smem)
 
+        # The epilogue's views: (128 rows, d_cta columns, half, row block, batch[, split]) with
+        # static strides, so a CTA's slab keeps the tensors' 16-byte alignment (vector stores).
+        rows_blk, d_cta = ROWS, self.d_cta
+        slabs = (rows_blk, d_cta, self.o_split, self.row_blocks, p.b)
+        slab_strides = (d, 1, d_cta, rows_blk * d, rows * d)
+        eO = cute.make_tensor(O.iterator, cute.make_layout(slabs, stride=slab_strides))
+        eOp = cute.make_tensor(O_part.iterator, cute.make_layout((*slabs, cap), stride=(*slab_strides, all_rows * d)))
+
         gx, gy, gz = self.sched.grid
-        self.kernel(qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, mO, mLSE, mOp, mLp,
+        self.kernel(qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, eO, mLSE, eOp, mLp,
                     q_smem, k_smem, v_smem, p_smem).launch(
             grid=(gx * self.o_split, gy, gz),
             block=(self.THREADS, 1, 1),
@@ -599,14 +607,11 @@ class Kernel:
         _check_same_coords(o_load, cO, o_store, cO, "O rescale")
         # This CTA's (128, d_cta) slab of O (one split) or of the split's partial O,
         # partitioned like the O accumulator (built before any role mutates pv_mma).
-        first_row = batch * self.rows + rb * ROWS  # flat row of this block's row 0
-        slab = cute.make_layout((ROWS, self.d_cta), stride=(self.d, 1))
         gO = None
         if cutlass.const_expr(self.splits == 1):
-            gO = cute.make_tensor(mO.iterator + first_row * self.d + half * self.d_cta, slab)
+            gO = mO[None, None, half, rb, batch]
         else:
-            part_row = split * (self.b * self.rows) + first_row
-            gO = cute.make_tensor(mOp.iterator + part_row * self.d + half * self.d_cta, slab)
+            gO = mOp[None, None, half, rb, batch, split]
         tOgO = pv_thr.partition_C(gO)  # rows past s_q·h_q are never stored (epilogue guard)
 
         # ======================= roles =======================
