@@ -295,7 +295,7 @@ def test_bench_times_d1_on_a_gpu(project_root, tmp_path):
 
     r = run_cli(["bench", "stage-D1", "--hd", "128", "--peers", "--reps", "5"], cwd=project_root, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
-    recs = [x for x in read_records(project_root, ["D1"]) if is_bench(x) and x.case.get("hd") == 128]
+    recs = [x for x in read_records(project_root, ["D1"], bench=True) if is_bench(x) and x.case.get("hd") == 128]
     t = recs[-1].timing or {}
     assert recs[-1].status == "pass" and t["us"] > 0 and t["tflops"] > 0
     assert t["peer_torch_sdpa_us"] > 0 and t["peer_torch_sdpa_ratio"] > 0 and "gpu_name" in t
