@@ -20,9 +20,12 @@ import pytest
 from tests.conftest import ROOT
 
 
-def _traced(script: str) -> subprocess.CompletedProcess:
+def _traced(script: str, tmp_path) -> subprocess.CompletedProcess:
+    """Run `script` from a file (CuTeDSL reads a jit function's source) in a fresh process."""
+    path = tmp_path / "probe.py"
+    path.write_text(textwrap.dedent(script))
     env = {**os.environ, "CUTE_DSL_ARCH": "sm_100a", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, str(path)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -75,7 +78,7 @@ def test_ring_never_deadlocks_on_the_next_tiles_qk():
 # -- traced: the checks the kernel runs while it is compiled -----------------------------
 
 
-def test_trace_time_tmem_check_refuses_from_the_fragments():
+def test_trace_time_tmem_check_refuses_from_the_fragments(tmp_path):
     """With the constructor's plan forced to say "fits", the traced kernel still refuses:
     it derives S and O columns from the MMA fragments and re-checks the 512 limit."""
     r = _traced("""
@@ -96,13 +99,13 @@ def test_trace_time_tmem_check_refuses_from_the_fragments():
             print("COMPILED")
         except Exception as exc:
             print("REFUSED", exc)
-    """)
+    """, tmp_path)
     out = r.stdout + r.stderr
     assert "COMPILED" not in out, out[-2000:]
     assert "TMEM budget: S 2×64 + O 512 = 640 columns > 512" in out, out[-2000:]
 
 
-def test_v_view_is_the_same_bytes_as_k_and_a_wrong_view_is_refused():
+def test_v_view_is_the_same_bytes_as_k_and_a_wrong_view_is_refused(tmp_path):
     r = _traced("""
         import cutlass.cute as cute
         import stages.D2_decode.sm100 as m
@@ -121,7 +124,7 @@ def test_v_view_is_the_same_bytes_as_k_and_a_wrong_view_is_refused():
                     print("WRONG-REFUSED", exc)
 
         probe()
-    """)
+    """, tmp_path)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-2000:]
     assert "SAME b1s1h128n256d512 8192" in out  # 64 keys × 128 columns, every element compared
