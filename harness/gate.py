@@ -158,10 +158,6 @@ class _Lookup:
         return None
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-finite number {name}")
-
-
 def newest_records(root: Path, items: list[Baseline], src: dict[tuple[str, str], str | None],
                    warn: list[str]) -> list[Record]:
     """The records the gate needs, oldest first: each stage's file is read from its newest
@@ -169,49 +165,21 @@ def newest_records(root: Path, items: list[Baseline], src: dict[tuple[str, str],
     without one reads the whole file). With nothing changed that is a few hundred lines of
     however many thousand the notebook holds. Lines are checked as `read_records` checks
     them; a bad one met on the way is skipped with a file:line warning."""
-    import json
-
-    from harness.records import MAX_LINE_BYTES, RecordError, stage_file
+    from harness.records import iter_records, stage_file
 
     out: list[Record] = []
     for stage in sorted({b.stage for b in items}):
         todo = {(b.arch, b.case): b for b in items if b.stage == stage and src.get((b.stage, b.arch))}
-        path = stage_file(root, stage)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            warn.append(f"{path}: cannot be read ({exc.strerror or exc}) — skipped")
-            continue
-        lines = data.split(b"\n")
         found: list[Record] = []
-        for lineno in range(len(lines), 0, -1):
-            if not todo:
-                break
-            raw = lines[lineno - 1]
-            if not raw.strip():
-                continue
-            try:
-                if len(raw) > MAX_LINE_BYTES:
-                    raise ValueError(f"line longer than {MAX_LINE_BYTES} bytes")
-                obj = json.loads(raw, parse_constant=_reject_constant)
-            except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-                warn.append(f"{path}:{lineno}: skipped a corrupt line ({(str(exc).splitlines() or [''])[0][:80]})")
-                continue
-            try:
-                rec = Record.from_dict(obj)
-            except RecordError as exc:
-                warn.append(f"{path}:{lineno}: skipped a record ({exc})")
-                continue
-            if rec.is_bench or rec.stage != stage:
-                continue
-            b = todo.get((rec.arch, case_label(rec.case)))
+        for rec in iter_records(stage_file(root, stage), warn, newest_first=True) if todo else ():
+            b = todo.get((rec.arch, case_label(rec.case))) if rec.stage == stage else None
             if b is None or rec.code.get("src") != src[(b.stage, b.arch)]:
                 continue
             found.append(rec)
             if (shows_compile(rec) if b.kind == "compile" else rec.status in RESULT_STATUSES):
                 del todo[(rec.arch, case_label(rec.case))]
+                if not todo:  # stop before the generator reads another line
+                    break
         out += reversed(found)
     return out
 

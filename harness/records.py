@@ -241,30 +241,65 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-finite number {name}")
 
 
-def iter_jsonl(path: Path, warn: list[str] | None = None) -> Iterator[tuple[int, Any]]:
-    """(line number, object) for every line of `path` that parses; a bad line adds one
-    warning to `warn` (file:line: why) and is skipped. A file that is missing yields
-    nothing; one that cannot be read (a folder, no permission) adds one warning."""
+def _read(path: Path, warn: list[str] | None) -> bytes | None:
+    """A file's bytes; None (and one warning when it exists) when it cannot be read."""
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
-        return
+        return None
     except OSError as exc:
         if warn is not None:
             warn.append(f"{path}: cannot be read ({exc.strerror or exc}) — skipped")
+        return None
+
+
+def _parse(raw: bytes) -> Any:
+    """One JSON line; ValueError (or UnicodeDecodeError, RecursionError) when it is not one."""
+    if len(raw) > MAX_LINE_BYTES:
+        raise ValueError(f"line longer than {MAX_LINE_BYTES} bytes")
+    return json.loads(raw, parse_constant=_reject_constant)
+
+
+def _numbered_lines(data: bytes, newest_first: bool) -> Iterator[tuple[int, bytes]]:
+    lines = data.split(b"\n")
+    order = range(len(lines), 0, -1) if newest_first else range(1, len(lines) + 1)
+    for lineno in order:
+        raw = lines[lineno - 1]
+        if raw.strip():
+            yield lineno, raw
+
+
+def iter_jsonl(path: Path, warn: list[str] | None = None, newest_first: bool = False) -> Iterator[tuple[int, Any]]:
+    """(line number, object) for every line of `path` that parses; a bad line adds one
+    warning to `warn` (file:line: why) and is skipped. A file that is missing yields
+    nothing; one that cannot be read (a folder, no permission) adds one warning."""
+    data = _read(path, warn)
+    if data is None:
         return
-    for lineno, raw in enumerate(data.split(b"\n"), 1):
-        if not raw.strip():
-            continue
+    for lineno, raw in _numbered_lines(data, newest_first):
         try:
-            if len(raw) > MAX_LINE_BYTES:
-                raise ValueError(f"line longer than {MAX_LINE_BYTES} bytes")
-            obj = json.loads(raw, parse_constant=_reject_constant)
+            obj = _parse(raw)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             if warn is not None:
                 warn.append(f"{path}:{lineno}: skipped a corrupt line ({(str(exc).splitlines() or [''])[0][:80]})")
             continue
         yield lineno, obj
+
+
+def iter_records(path: Path, warn: list[str] | None = None, newest_first: bool = False,
+                 bench: bool = False) -> Iterator[Record]:
+    """Every valid record of one records file, typed, oldest first (or newest first: a reader
+    that needs only the latest results stops early). Bad lines are skipped with file:line
+    warnings; bench records only with `bench=True`."""
+    for lineno, obj in iter_jsonl(path, warn, newest_first):
+        try:
+            rec = Record.from_dict(obj)
+        except RecordError as exc:
+            if warn is not None:
+                warn.append(f"{path}:{lineno}: skipped a record ({exc})")
+            continue
+        if bench or not rec.is_bench:
+            yield rec
 
 
 def read_records(root: Path, stages: list[str] | None = None, warn: list[str] | None = None,
@@ -280,18 +315,7 @@ def read_records(root: Path, stages: list[str] | None = None, warn: list[str] | 
             files = []
     else:
         files = [stage_file(root, s) for s in stages]
-    out: list[Record] = []
-    for path in files:
-        for lineno, obj in iter_jsonl(path, warn):
-            try:
-                rec = Record.from_dict(obj)
-            except RecordError as exc:
-                if warn is not None:
-                    warn.append(f"{path}:{lineno}: skipped a record ({exc})")
-                continue
-            if bench or not rec.is_bench:
-                out.append(rec)
-    return out
+    return [rec for path in files for rec in iter_records(path, warn, bench=bench)]
 
 
 def runs_file(root: Path) -> Path:
