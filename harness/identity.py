@@ -15,52 +15,44 @@ The source hash of (stage, arch) covers:
     parameters, tolerances, timeout) — loosening a tolerance makes its results stale; the
     title and the bench shapes do not decide a verdict and are left out.
 
-Python files are hashed as their token stream without comments and blank lines, so a change
-to a comment or to blank lines keeps results fresh while any change to code, strings or
-indentation does not. A file that does not tokenize is hashed byte for byte. Nothing here
-imports torch or CuTeDSL.
+Python files are hashed as their code without comments, trailing spaces and blank lines (the
+comments found by the tokenizer, cut from the text itself, so the hash is the same under every
+Python version), so a change to a comment or to blank lines keeps results fresh while any change
+to code, strings or indentation does not. A file that does not tokenize is hashed byte for byte.
+Nothing here imports torch or CuTeDSL.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
-import io
 import json
 import os
 import subprocess
-import tokenize
 from functools import lru_cache
 from pathlib import Path
 
+from harness.codetext import code_text
 from harness.spec import Stage
 
 HASH_LEN = 12
-HASH_SCHEME = 2  # bump when what the hash covers changes
+HASH_SCHEME = 3  # bump when what the hash covers changes
 
 HARNESS_DIR = Path(__file__).resolve().parent
 # The lab modules in which a case is compiled, launched, compared and judged.
 VERDICT_MODULES = ("compile", "worker", "metrics")
 
-_SKIP_TOKENS = {tokenize.COMMENT, tokenize.NL, tokenize.ENCODING}
-
-
 @lru_cache(maxsize=1024)
 def _file_digest(path: Path, mtime_ns: int, size: int) -> str:
-    """A digest of one file: its token stream (Python) or its bytes (anything else)."""
+    """A digest of one file: its code without comments and blank lines (Python), or its bytes
+    (anything else, or Python that does not tokenize)."""
     data = path.read_bytes()
-    h = hashlib.sha256()
     if path.suffix == ".py":
         try:
-            for tok in tokenize.tokenize(io.BytesIO(data).readline):
-                if tok.type in _SKIP_TOKENS:
-                    continue
-                h.update(f"{tok.type}:{tok.string}\x00".encode("utf-8", "surrogatepass"))
-            return "t" + h.hexdigest()
-        except (tokenize.TokenError, SyntaxError, UnicodeDecodeError, ValueError):
-            h = hashlib.sha256()
-    h.update(data)
-    return "b" + h.hexdigest()
+            return "c" + hashlib.sha256(code_text(data)).hexdigest()
+        except ValueError:
+            pass
+    return "b" + hashlib.sha256(data).hexdigest()
 
 
 def file_digest(path: Path) -> str:

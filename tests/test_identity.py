@@ -109,3 +109,54 @@ def test_a_module_that_does_not_tokenize_is_hashed_by_its_bytes(fake_lab):
     before = h(fake_lab)
     helper.write_text("X = '''unterminated\n# more\n")
     assert h(fake_lab) != before
+
+
+def test_the_code_text_of_a_python_file_is_the_same_under_every_python_version():
+    """3.12 splits f-strings into tokens and 3.11 does not: the hash must not see that (records
+    made on a GPU machine's Python must be fresh on the laptop's)."""
+    from harness.identity import code_text
+
+    src = b'x = f"{a!r:>{w}} # not a comment"  # a comment\n\n\n    \ny = "#" + f\'{b}\'\t\n# only a comment\n'
+    assert code_text(src) == b'x = f"{a!r:>{w}} # not a comment"\ny = "#" + f\'{b}\''
+
+
+def _other_pythons() -> list[str]:
+    import shutil
+    import sys
+
+    mine = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return [p for p in (shutil.which(f"python3.{m}") for m in range(9, 15) if f"python3.{m}" != mine) if p]
+
+
+@pytest.mark.skipif(not _other_pythons(), reason="no second Python version on this machine to compare with")
+def test_every_lab_file_hashes_the_same_under_other_python_versions():
+    """The GPU machine runs Python 3.12, this one 3.11: each .py file of the lab must give the
+    same digest under both, or every record made there is stale here."""
+    import hashlib
+    import json
+    import subprocess
+
+    files = sorted(str(p.relative_to(ROOT)) for d in ("harness", "stages", "oracles", "tests") for p in (ROOT / d).rglob("*.py"))
+    script = ("import hashlib, json, sys; sys.path.insert(0, sys.argv[1]); from harness.codetext import code_text\n"
+              "out = {}\n"
+              "for f in json.loads(sys.argv[2]):\n"
+              "    try: out[f] = hashlib.sha256(code_text(open(sys.argv[1] + '/' + f, 'rb').read())).hexdigest()\n"
+              "    except ValueError: out[f] = 'does not tokenize'\n"
+              "print(json.dumps(out))\n")
+    from harness.codetext import code_text
+
+    def here(f: str) -> str:
+        try:
+            return hashlib.sha256(code_text((ROOT / f).read_bytes())).hexdigest()
+        except ValueError:
+            return "does not tokenize"
+
+    mine = {f: here(f) for f in files}
+    for python in _other_pythons():
+        r = subprocess.run([python, "-c", script, str(ROOT), json.dumps(files)], capture_output=True, text=True,
+                           timeout=120)
+        if r.returncode != 0:
+            continue  # a Python too old for the module's syntax
+        theirs = json.loads(r.stdout)
+        differ = [f for f in files if theirs[f] != mine[f]]
+        assert not differ, f"{python}: {differ[:5]}"
