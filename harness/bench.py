@@ -394,7 +394,7 @@ def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], peers: bool = F
     from harness.environment import gpu_capabilities
     from harness.roofline import read_peaks, roofline_fields
 
-    console = Console(highlight=False, soft_wrap=True)
+    console = Console(highlight=False, soft_wrap=True, markup=False)  # names and notes print literally
     cases = plan_cases(stage, pairs)
     plan = stage.bench_plan
     assert plan is not None

@@ -56,7 +56,7 @@ def main(root: Path, fp8: bool = False) -> int:
 
     from harness.records import Appender, now_iso
 
-    console = Console(highlight=False)
+    console = Console(highlight=False, markup=False)
     try:
         import torch
 

@@ -180,7 +180,7 @@ def compile_and_report(spec: Spec, stage: Stage, archs: list[str], cases: list[C
     if not find_tool("ptxas"):
         console.print("registers / spills: ptxas is not installed here, so they are not reported", highlight=False)
     if sass_tool() is None:
-        console.print(SASS_MISSING, highlight=False)
+        console.print(SASS_MISSING, highlight=False, markup=False)
     if keep is not None:
         console.print(f"PTX / cubin{' / SASS' if sass_tool() else ''} kept in {keep}", highlight=False)
     console.print(f"records: {stage_file(spec.root, stage.id)} (run {run_id})", highlight=False)
