@@ -259,8 +259,11 @@ class Kernel:
 '''
 
 SLOW_KERNEL = '''\
-"""Takes a minute per case: for stopping runs part-way."""
+"""Takes a minute per case: for stopping runs part-way. With SLOW_MARK set, each case first
+writes its worker's pid into that folder (the test waits for it, then checks the worker dies)."""
+import os
 import time
+from pathlib import Path
 
 
 class Kernel:
@@ -268,6 +271,9 @@ class Kernel:
         self.n = n
 
     def __call__(self, a, b, out):
+        mark = os.environ.get("SLOW_MARK")
+        if mark:
+            (Path(mark) / f"{os.getpid()}.{self.n}").write_text("")
         time.sleep(60)
         out.copy_(a + b)
 '''

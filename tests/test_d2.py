@@ -286,7 +286,7 @@ def test_named_barriers_are_distinct_hardware_ids():
 # -- K and Vᵀ views of one shared-memory slot (traces layouts, no kernel) ------------------
 
 
-def test_kv_views_address_the_same_bytes_and_a_mismatch_is_caught():
+def test_kv_views_address_the_same_bytes_and_a_mismatch_is_caught(monkeypatch):
     import cutlass
     import cutlass.cute as cute
     import cutlass.utils as utils
@@ -311,9 +311,7 @@ def test_kv_views_address_the_same_bytes_and_a_mismatch_is_caught():
         except ValueError as e:
             outcome["refused"] = str(e)
 
-    import os
-
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     trace()
     assert "not K's bytes" in outcome.get("refused", "")
 

@@ -786,32 +786,42 @@ def test_remote_side_stops_when_its_stdin_ends(tmp_path):
 
     lab = make_lab(tmp_path / "lab")
     key = new_key()
+    mark = tmp_path / "mark"
+    mark.mkdir()
+    err = open(tmp_path / "stderr", "w+b")
     proc = subprocess.Popen([PY, "-m", "harness.remote_side", "run", "SLOW", "--emit-jsonl"], cwd=lab,
-                            env=lab_env(lab), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                            env={**lab_env(lab), "SLOW_MARK": str(mark)}, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=err)
     try:
         proc.stdin.write((key + "\n").encode())
         proc.stdin.flush()
         rx = Receiver(key)
         kind, start = parse_payload(rx.open(proc.stdout.readline().rstrip(b"\n"))[0], {"SLOW"})
         assert kind == "event" and start["event"] == "start"
-        deadline = time.monotonic() + 60
-        while not descendants(proc.pid) and time.monotonic() < deadline:
+        # the kernel itself says when it is running (its worker's pid): no reading of process trees
+        deadline = time.monotonic() + 180
+        while not any(mark.iterdir()) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
-        kids = descendants(proc.pid)
-        assert kids, "the run started no worker"
+        err.seek(0)
+        assert any(mark.iterdir()), (f"no case started (run exit {proc.poll()}): "
+                                     + err.read().decode(errors="replace")[-3000:])
+        kids = {int(p.name.split(".")[0]) for p in mark.iterdir()}
         time.sleep(1)
         t0 = time.monotonic()
         proc.stdin.close()
         assert proc.wait(20) == 129  # SIGHUP (a TimeoutExpired here: the run went on unseen)
         rest = proc.stdout.read()
         assert time.monotonic() - t0 < 20
-        time.sleep(0.5)
+        deadline = time.monotonic() + 10
+        while any(alive(k) for k in kids) and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert not [k for k in kids if alive(k)], "a worker outlived its run"
         frames = [parse_payload(rx.open(raw)[0], {"SLOW"}) for raw in rest.splitlines()]
         assert frames[-1][0] == "event" and frames[-1][1]["event"] == "end" and frames[-1][1]["interrupted"]
     finally:
         if proc.poll() is None:
             proc.kill()
+        err.close()
 
 
 def test_remote_side_keeps_its_channel_private(tmp_path):
