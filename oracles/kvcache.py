@@ -1,0 +1,304 @@
+"""DSV4's FP8 paged KV-cache formats: byte layouts, quantisers and dequantisers.
+
+A cache holds `num_blocks` page blocks of `block_size` tokens; each token is one latent KV row of
+512 values (448 "nope" + 64 "rope" columns).  Every format is stored here as ONE byte tensor
+`uint8 [num_blocks, block_bytes]` (row-major, blocks contiguous); the typed views below are how a
+kernel or a peer reads it.  A token is addressed by `index = block_id · block_size + offset`.
+
+Formats (`kv_format`):
+
+    simple   the first kernel plan: 512 e4m3 values per token and one fp32 scale per token,
+             x ≈ e4m3 · scale,  scale = max(amax(row), 1e-4) / 448.
+             Block bytes: [block_size × 512 e4m3][block_size × fp32 scale], padded to 16 B.
+             Views: `values [num_blocks, block_size, 512] e4m3`, `scale [num_blocks, block_size] fp32`.
+
+    model1   DSV4's production layout (FlashMLA's MODEL1_FP8Sparse, legacy kv_format "V4"):
+             [block_size × 576 B: per token 448 e4m3 (nope) + 64 bf16 (rope, not quantised)]
+             [block_size × 8 B:   per token 7 e8m0 scales (one per 64-column tile of the nope
+                                  part) + 1 pad byte]
+             padded so the block is a multiple of 576 B.  FlashMLA's own view of it is the
+             strided `[num_blocks, block_size, 1, 584]` tensor with strides
+             (block_bytes, 584, 584, 1) (`model1_flashmla_view`): its shape carries the block
+             size, its first stride the block size in bytes; the row at `t · 584` is NOT token t
+             (token t's data start at t · 576, its scales at block_size · 576 + t · 8).
+             Scale of a 64-wide tile: 2^ceil(log2(max(amax/448, 1e-4))), q = e4m3(x / scale).
+
+    v4.1     FlashMLA's current (Blackwell) layout: per token 512 e4m3 (rope quantised too), then
+             16 e8m0 scales, one per 32 consecutive values: 528 B per token, blocks unpadded,
+             i.e. `[num_blocks, block_size, 1, 528]` contiguous.  Same scale rule per 32 values.
+
+e8m0 (float8_e8m0fnu) is a bare exponent: byte e means 2^(e − 127), 0xFF is NaN.  Every power of
+two from 2^−127 to 2^127 is exact; the quantisers produce ≥ 2^−14 (the 1e-4 floor); a cache
+writer may store any exponent, and the dequantisers honour it (2^−20 … 2^15 are tested).
+
+What was checked against FlashMLA (github deepseek-ai/FlashMLA, commit 9241ae3, read, not
+copied): tests/quant.py `quantize_k_cache` / `dequantize_k_cache` for MODEL1_FP8Sparse — the
+(d, d_nope, d_rope, tile, tiles) = (512, 448, 64, 64, 7) meta, bytes per token 448 + 128 + 7 + 1,
+block padding to a multiple of 576, the nope+rope plane before the 8-byte scale plane, the scale
+rule `2^ceil(log2(clamp_min(amax / 448, 1e-4)))` and `q = e4m3(x_fp32 / scale)`, the dequant
+`bf16(q) · bf16(scale)` and the (num_blocks, block_size, 1, −1) view; and the sgl-flash-mla
+1.0.0 wheel's flash_mla_interface.py docstring for V4.1 (512 e4m3 then 16 e8m0 per token, one
+scale per 32 values, format detected from 528 bytes per token).  V4.1's quantiser itself is not
+in either source: its scale rule here is model1's applied to 32-value groups (an assumption;
+the dequantiser is what a kernel is checked against, and it follows the documented bytes).
+
+Everything here is torch on any device, float64 where it computes, no kernel code.
+"""
+
+from __future__ import annotations
+
+import math
+
+FORMATS = ("simple", "model1", "v4.1")
+D = 512
+D_NOPE = 448
+D_ROPE = 64
+MODEL1_TILE = 64
+MODEL1_TILES = D_NOPE // MODEL1_TILE  # 7
+MODEL1_DATA = D_NOPE + 2 * D_ROPE  # 576 bytes per token: e4m3 nope + bf16 rope
+MODEL1_SCALES = 8  # 7 e8m0 + 1 pad byte
+MODEL1_TOKEN = MODEL1_DATA + MODEL1_SCALES  # 584
+MODEL1_ALIGN = 576
+V41_GROUP = 32
+V41_SCALES = D // V41_GROUP  # 16
+V41_TOKEN = D + V41_SCALES  # 528
+E4M3_MAX = 448.0
+SCALE_FLOOR = 1e-4
+E8M0_BIAS = 127
+
+
+def _check(fmt: str, block_size: int) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"kv_format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+
+
+def block_bytes(fmt: str, block_size: int) -> int:
+    """Bytes of one page block of `block_size` tokens in format `fmt`."""
+    _check(fmt, block_size)
+    if fmt == "simple":
+        return (block_size * (D + 4) + 15) // 16 * 16
+    if fmt == "model1":
+        return (block_size * MODEL1_TOKEN + MODEL1_ALIGN - 1) // MODEL1_ALIGN * MODEL1_ALIGN
+    return block_size * V41_TOKEN
+
+
+def block_size_of(fmt: str, nbytes: int) -> int | None:
+    """The block size whose block is `nbytes` bytes in format `fmt` (block_bytes is strictly
+    increasing in the block size, so there is at most one), or None."""
+    lo, hi = 1, max(1, nbytes)
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        got = block_bytes(fmt, mid)
+        if got == nbytes:
+            return mid
+        lo, hi = (mid + 1, hi) if got < nbytes else (lo, mid - 1)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# e8m0 and e4m3 by hand (bit-exact, independent of torch's float8 casts where it matters)
+
+
+def e8m0_decode(b):
+    """float64 2^(b − 127) of uint8 bytes `b` (0xFF → NaN)."""
+    import torch
+
+    e = b.to(torch.int64)
+    out = torch.pow(torch.full(e.shape, 2.0, dtype=torch.float64, device=e.device), (e - E8M0_BIAS).double())
+    return torch.where(e == 255, torch.full_like(out, math.nan), out)
+
+
+def e8m0_encode_exponent(exp):
+    """uint8 bytes of scales 2^exp (integer tensor `exp`, −127 ≤ exp ≤ 127)."""
+    import torch
+
+    exp = exp.to(torch.int64)
+    if bool(((exp < -E8M0_BIAS) | (exp > 127)).any()):
+        raise ValueError("e8m0 holds exponents −127 … 127")
+    return (exp + E8M0_BIAS).to(torch.uint8)
+
+
+def e4m3_decode(b):
+    """float64 values of float8_e4m3fn bytes `b` (sign, 4 exponent bits with bias 7, 3 mantissa
+    bits; exponent 0 is subnormal; 0x7F / 0xFF are NaN; no infinities)."""
+    import torch
+
+    b = b.to(torch.int64)
+    sign = torch.where((b & 0x80) != 0, -1.0, 1.0).double()
+    e = (b >> 3) & 0xF
+    m = (b & 0x7).double()
+    normal = torch.ldexp(1.0 + m / 8.0, (e - 7).to(torch.int32))
+    sub = torch.ldexp(m / 8.0, torch.full_like(e, -6).to(torch.int32))
+    v = sign * torch.where(e == 0, sub, normal)
+    return torch.where((b & 0x7F) == 0x7F, torch.full_like(v, math.nan), v)
+
+
+def _pow2_scale_exponent(amax):
+    """Integer exponent e with 2^e = 2^ceil(log2(max(amax / 448, 1e-4))) (float64 in)."""
+    import torch
+
+    s = torch.clamp_min(amax.double() / E4M3_MAX, SCALE_FLOOR)
+    return torch.ceil(torch.log2(s)).to(torch.int64)
+
+
+def _e4m3_bytes(x):
+    """float8_e4m3fn bytes of `x` (round to nearest even, saturating at ±448: |x| ≤ 448 here)."""
+    import torch
+
+    return x.float().to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed views of a byte cache
+
+
+def simple_views(cache, block_size: int):
+    """(values uint8 [nb, bs, 512] (e4m3 bytes), scale fp32 [nb, bs]) of a simple cache."""
+    import torch
+
+    nb = cache.shape[0]
+    vals = cache[:, : block_size * D].reshape(nb, block_size, D)
+    scale = cache[:, block_size * D : block_size * (D + 4)].contiguous().view(torch.float32).reshape(nb, block_size)
+    return vals, scale
+
+
+def model1_views(cache, block_size: int):
+    """(nope uint8 [nb, bs, 448] (e4m3 bytes), rope bf16 [nb, bs, 64], scales uint8 [nb, bs, 7]
+    (e8m0 bytes)) of a model1 cache."""
+    import torch
+
+    nb = cache.shape[0]
+    data = cache[:, : block_size * MODEL1_DATA].reshape(nb, block_size, MODEL1_DATA)
+    nope = data[:, :, :D_NOPE]
+    rope = data[:, :, D_NOPE:].contiguous().view(torch.bfloat16)
+    sc = cache[:, block_size * MODEL1_DATA : block_size * MODEL1_TOKEN].reshape(nb, block_size, MODEL1_SCALES)
+    return nope, rope, sc[:, :, :MODEL1_TILES]
+
+
+def v41_views(cache, block_size: int):
+    """(values uint8 [nb, bs, 512] (e4m3 bytes), scales uint8 [nb, bs, 16] (e8m0 bytes))."""
+    nb = cache.shape[0]
+    tok = cache[:, : block_size * V41_TOKEN].reshape(nb, block_size, V41_TOKEN)
+    return tok[:, :, :D], tok[:, :, D:]
+
+
+def model1_flashmla_view(cache, block_size: int):
+    """FlashMLA's `[num_blocks, block_size, 1, 584]` strided view of a model1 byte cache."""
+    nb, bb = cache.shape
+    if bb != block_bytes("model1", block_size):
+        raise ValueError(f"a model1 block of {block_size} tokens is {block_bytes('model1', block_size)} bytes, got {bb}")
+    return cache.as_strided((nb, block_size, 1, MODEL1_TOKEN), (bb, MODEL1_TOKEN, MODEL1_TOKEN, 1))
+
+
+def v41_flashmla_view(cache, block_size: int):
+    """FlashMLA's `[num_blocks, block_size, 1, 528]` view of a v4.1 byte cache."""
+    return cache.view(cache.shape[0], block_size, 1, V41_TOKEN)
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantise / dequantise
+
+
+def quantize(kv, fmt: str):
+    """Byte cache `uint8 [num_blocks, block_bytes]` of `kv [num_blocks, block_size, 512]` (any
+    float dtype; rows must be finite) in format `fmt`."""
+    import torch
+
+    if kv.dim() != 3 or kv.shape[-1] != D:
+        raise ValueError(f"kv must be [num_blocks, block_size, {D}], got {list(kv.shape)}")
+    nb, bs, _ = kv.shape
+    _check(fmt, bs)
+    x = kv.double()
+    cache = torch.zeros(nb, block_bytes(fmt, bs), dtype=torch.uint8, device=kv.device)
+    if fmt == "simple":
+        vals, _ = simple_views(cache, bs)
+        scale = (torch.clamp_min(x.abs().amax(dim=-1), SCALE_FLOOR) / E4M3_MAX).float()  # [nb, bs]
+        vals.copy_(_e4m3_bytes(x / scale.double()[..., None]))
+        cache[:, bs * D : bs * (D + 4)] = scale.reshape(nb, bs).contiguous().view(torch.uint8).reshape(nb, bs * 4)
+        return cache
+    if fmt == "model1":
+        nope, _, sc = model1_views(cache, bs)
+        tiles = x[..., :D_NOPE].reshape(nb, bs, MODEL1_TILES, MODEL1_TILE)
+        exp = _pow2_scale_exponent(tiles.abs().amax(dim=-1))  # [nb, bs, 7]
+        q = _e4m3_bytes(tiles / torch.ldexp(torch.ones_like(tiles), exp[..., None].to(torch.int32)))
+        nope.copy_(q.reshape(nb, bs, D_NOPE))
+        sc.copy_(e8m0_encode_exponent(exp))
+        rope = kv[..., D_NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8).reshape(nb, bs, 2 * D_ROPE)
+        data = cache[:, : bs * MODEL1_DATA].reshape(nb, bs, MODEL1_DATA)
+        data[:, :, D_NOPE:] = rope
+        return cache
+    vals, sc = v41_views(cache, bs)
+    groups = x.reshape(nb, bs, V41_SCALES, V41_GROUP)
+    exp = _pow2_scale_exponent(groups.abs().amax(dim=-1))  # [nb, bs, 16]
+    q = _e4m3_bytes(groups / torch.ldexp(torch.ones_like(groups), exp[..., None].to(torch.int32)))
+    vals.copy_(q.reshape(nb, bs, D))
+    sc.copy_(e8m0_encode_exponent(exp))
+    return cache
+
+
+def dequantize(cache, fmt: str, block_size: int):
+    """float64 `[num_blocks, block_size, 512]` of a byte cache (NaN where the bytes say so)."""
+    import torch
+
+    _check(fmt, block_size)
+    nb, bb = cache.shape
+    if bb != block_bytes(fmt, block_size):
+        raise ValueError(f"a {fmt} block of {block_size} tokens is {block_bytes(fmt, block_size)} bytes, got {bb}")
+    if fmt == "simple":
+        vals, scale = simple_views(cache, block_size)
+        return e4m3_decode(vals) * scale.double()[..., None]
+    if fmt == "model1":
+        nope, rope, sc = model1_views(cache, block_size)
+        s = e8m0_decode(sc).repeat_interleave(MODEL1_TILE, dim=-1)  # [nb, bs, 448]
+        return torch.cat([e4m3_decode(nope) * s, rope.double()], dim=-1)
+    vals, sc = v41_views(cache, block_size)
+    return e4m3_decode(vals) * e8m0_decode(sc).repeat_interleave(V41_GROUP, dim=-1)
+
+
+def token_bytes(cache, fmt: str, block_size: int, index: int) -> list[tuple[int, int]]:
+    """(start, length) byte ranges, within the flat cache, that hold token `index` (its values
+    and its scales): what a writer must fill and what poisoning an unindexed token overwrites."""
+    _check(fmt, block_size)
+    bb = cache.shape[1]
+    blk, off = divmod(index, block_size)
+    base = blk * bb
+    if fmt == "simple":
+        return [(base + off * D, D), (base + block_size * D + off * 4, 4)]
+    if fmt == "model1":
+        return [(base + off * MODEL1_DATA, MODEL1_DATA), (base + block_size * MODEL1_DATA + off * MODEL1_SCALES, MODEL1_SCALES)]
+    return [(base + off * V41_TOKEN, V41_TOKEN)]
+
+
+def poison_tokens(cache, fmt: str, block_size: int, mask) -> None:
+    """Fill every byte of the tokens where `mask [num_blocks · block_size]` is True with 0xFF:
+    NaN in every e4m3, bf16, fp32 and e8m0 field of the token (in place)."""
+    import torch
+
+    nb, bb = cache.shape
+    flat = cache.view(-1)
+    idx = torch.nonzero(mask.to(torch.bool).cpu()).flatten().tolist()
+    for i in idx:
+        for start, n in token_bytes(cache, fmt, block_size, i):
+            flat[start : start + n] = 0xFF
+
+
+def set_scale_exponents(cache, fmt: str, block_size: int, index: int, exps: list[int]) -> None:
+    """Overwrite token `index`'s scales with 2^exps (model1: 7 values, v4.1: 16); simple takes
+    one fp32 scale 2^exps[0].  For cases with extreme scales (a writer may store any power of
+    two, beyond what `quantize` produces)."""
+    import torch
+
+    flat = cache.view(-1)
+    ranges = token_bytes(cache, fmt, block_size, index)
+    if fmt == "simple":
+        start, n = ranges[1]
+        flat[start : start + n] = torch.tensor([2.0 ** exps[0]], dtype=torch.float32).view(torch.uint8).to(cache.device)
+        return
+    want = MODEL1_TILES if fmt == "model1" else V41_SCALES
+    if len(exps) != want:
+        raise ValueError(f"{fmt} has {want} scales per token, got {len(exps)}")
+    b = e8m0_encode_exponent(torch.tensor(exps)).to(cache.device)
+    start = ranges[1][0] if fmt == "model1" else ranges[0][0] + D
+    flat[start : start + want] = b
