@@ -198,43 +198,109 @@ def v41_flashmla_view(cache, block_size: int):
 
 
 # ---------------------------------------------------------------------------------------------
-# Quantise / dequantise
+# Tokens: encode, place, read (the cache writer and reader every function below is built on)
+
+
+def _layout(fmt: str) -> tuple[int, int]:
+    """(data bytes, scale bytes) of one token: simple (512, 4 fp32), model1 (576, 8 = 7 + pad),
+    v4.1 (528, 0: its scales are part of the token's 528 contiguous bytes)."""
+    return {"simple": (D, 4), "model1": (MODEL1_DATA, MODEL1_SCALES), "v4.1": (V41_TOKEN, 0)}[fmt]
+
+
+def token_offsets(fmt: str, block_size: int, index):
+    """(data offset, scale offset) int64 tensors: where token `index` (= block · block_size +
+    offset) starts in the flat byte cache, and where its scales start (v4.1: data + 512)."""
+    import torch
+
+    _check(fmt, block_size)
+    index = index.to(torch.int64)
+    blk, off = index // block_size, index % block_size
+    base = blk * block_bytes(fmt, block_size)
+    ld, ls = _layout(fmt)
+    if fmt == "v4.1":
+        data = base + off * V41_TOKEN
+        return data, data + D
+    return base + off * ld, base + block_size * ld + off * ls
+
+
+def encode_tokens(x, fmt: str):
+    """(data uint8 [N, Ld], scales uint8 [N, Ls]) of rows `x [N, 512]` (finite): the bytes a
+    writer stores for each token (see the module doc; the model1 pad byte is 0)."""
+    import torch
+
+    _check(fmt, 1)
+    n = x.shape[0]
+    xf = x.float()  # every division below is by a power of two (exact) or the simple fp32 scale
+    if fmt == "simple":
+        scale = torch.clamp_min(xf.abs().amax(dim=-1), SCALE_FLOOR) / E4M3_MAX  # fp32 [N]
+        return _e4m3_bytes(xf / scale[:, None]), scale.contiguous().view(torch.uint8).reshape(n, 4)
+    if fmt == "model1":
+        tiles = xf[:, :D_NOPE].reshape(n, MODEL1_TILES, MODEL1_TILE)
+        exp = _pow2_scale_exponent(tiles.abs().amax(dim=-1))  # [N, 7]
+        q = _e4m3_bytes(tiles / torch.ldexp(torch.ones_like(tiles), exp[..., None].to(torch.int32)))
+        rope = x[:, D_NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8).reshape(n, 2 * D_ROPE)
+        pad = torch.zeros(n, 1, dtype=torch.uint8, device=x.device)
+        return torch.cat([q.reshape(n, D_NOPE), rope], dim=1), torch.cat([e8m0_encode_exponent(exp), pad], dim=1)
+    groups = xf.reshape(n, V41_SCALES, V41_GROUP)
+    exp = _pow2_scale_exponent(groups.abs().amax(dim=-1))  # [N, 16]
+    q = _e4m3_bytes(groups / torch.ldexp(torch.ones_like(groups), exp[..., None].to(torch.int32)))
+    return torch.cat([q.reshape(n, D), e8m0_encode_exponent(exp)], dim=1), torch.zeros(n, 0, dtype=torch.uint8, device=x.device)
+
+
+def _spans(fmt: str, block_size: int, index):
+    """Flat byte positions [N, Ld] and [N, Ls] of tokens `index`."""
+    import torch
+
+    ld, ls = _layout(fmt)
+    d0, s0 = token_offsets(fmt, block_size, index)
+    return (d0[:, None] + torch.arange(ld, device=d0.device)[None, :],
+            s0[:, None] + torch.arange(ls, device=s0.device)[None, :])
+
+
+def write_tokens(cache, fmt: str, block_size: int, index, x) -> None:
+    """Quantise rows `x [N, 512]` into tokens `index [N]` of the byte cache (in place)."""
+    nb, bb = cache.shape
+    if bb != block_bytes(fmt, block_size):
+        raise ValueError(f"a {fmt} block of {block_size} tokens is {block_bytes(fmt, block_size)} bytes, got {bb}")
+    data, scales = encode_tokens(x, fmt)
+    dpos, spos = _spans(fmt, block_size, index.to(cache.device))
+    flat = cache.view(-1)
+    flat[dpos.reshape(-1)] = data.to(cache.device).reshape(-1)
+    if scales.shape[1]:
+        flat[spos.reshape(-1)] = scales.to(cache.device).reshape(-1)
+
+
+def read_tokens(cache, fmt: str, block_size: int, index):
+    """float64 [N, 512] of tokens `index [N]` of the byte cache (NaN where the bytes say so)."""
+    import torch
+
+    nb, bb = cache.shape
+    if bb != block_bytes(fmt, block_size):
+        raise ValueError(f"a {fmt} block of {block_size} tokens is {block_bytes(fmt, block_size)} bytes, got {bb}")
+    dpos, spos = _spans(fmt, block_size, index.to(cache.device))
+    flat = cache.reshape(-1)
+    data = flat[dpos]
+    if fmt == "simple":
+        scale = flat[spos].contiguous().view(torch.float32).double()  # [N, 1]
+        return e4m3_decode(data) * scale
+    if fmt == "model1":
+        s = e8m0_decode(flat[spos][:, :MODEL1_TILES]).repeat_interleave(MODEL1_TILE, dim=-1)
+        rope = data[:, D_NOPE:].contiguous().view(torch.bfloat16).double()
+        return torch.cat([e4m3_decode(data[:, :D_NOPE]) * s, rope], dim=1)
+    return e4m3_decode(data[:, :D]) * e8m0_decode(data[:, D:]).repeat_interleave(V41_GROUP, dim=-1)
 
 
 def quantize(kv, fmt: str):
     """Byte cache `uint8 [num_blocks, block_bytes]` of `kv [num_blocks, block_size, 512]` (any
-    float dtype; rows must be finite) in format `fmt`."""
+    float dtype; rows must be finite) in format `fmt`; block padding is 0."""
     import torch
 
     if kv.dim() != 3 or kv.shape[-1] != D:
         raise ValueError(f"kv must be [num_blocks, block_size, {D}], got {list(kv.shape)}")
     nb, bs, _ = kv.shape
     _check(fmt, bs)
-    x = kv.double()
     cache = torch.zeros(nb, block_bytes(fmt, bs), dtype=torch.uint8, device=kv.device)
-    if fmt == "simple":
-        vals, _ = simple_views(cache, bs)
-        scale = (torch.clamp_min(x.abs().amax(dim=-1), SCALE_FLOOR) / E4M3_MAX).float()  # [nb, bs]
-        vals.copy_(_e4m3_bytes(x / scale.double()[..., None]))
-        cache[:, bs * D : bs * (D + 4)] = scale.reshape(nb, bs).contiguous().view(torch.uint8).reshape(nb, bs * 4)
-        return cache
-    if fmt == "model1":
-        nope, _, sc = model1_views(cache, bs)
-        tiles = x[..., :D_NOPE].reshape(nb, bs, MODEL1_TILES, MODEL1_TILE)
-        exp = _pow2_scale_exponent(tiles.abs().amax(dim=-1))  # [nb, bs, 7]
-        q = _e4m3_bytes(tiles / torch.ldexp(torch.ones_like(tiles), exp[..., None].to(torch.int32)))
-        nope.copy_(q.reshape(nb, bs, D_NOPE))
-        sc.copy_(e8m0_encode_exponent(exp))
-        rope = kv[..., D_NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8).reshape(nb, bs, 2 * D_ROPE)
-        data = cache[:, : bs * MODEL1_DATA].reshape(nb, bs, MODEL1_DATA)
-        data[:, :, D_NOPE:] = rope
-        return cache
-    vals, sc = v41_views(cache, bs)
-    groups = x.reshape(nb, bs, V41_SCALES, V41_GROUP)
-    exp = _pow2_scale_exponent(groups.abs().amax(dim=-1))  # [nb, bs, 16]
-    q = _e4m3_bytes(groups / torch.ldexp(torch.ones_like(groups), exp[..., None].to(torch.int32)))
-    vals.copy_(q.reshape(nb, bs, D))
-    sc.copy_(e8m0_encode_exponent(exp))
+    write_tokens(cache, fmt, bs, torch.arange(nb * bs, device=kv.device), kv.reshape(nb * bs, D))
     return cache
 
 
@@ -243,45 +309,18 @@ def dequantize(cache, fmt: str, block_size: int):
     import torch
 
     _check(fmt, block_size)
-    nb, bb = cache.shape
-    if bb != block_bytes(fmt, block_size):
-        raise ValueError(f"a {fmt} block of {block_size} tokens is {block_bytes(fmt, block_size)} bytes, got {bb}")
-    if fmt == "simple":
-        vals, scale = simple_views(cache, block_size)
-        return e4m3_decode(vals) * scale.double()[..., None]
-    if fmt == "model1":
-        nope, rope, sc = model1_views(cache, block_size)
-        s = e8m0_decode(sc).repeat_interleave(MODEL1_TILE, dim=-1)  # [nb, bs, 448]
-        return torch.cat([e4m3_decode(nope) * s, rope.double()], dim=-1)
-    vals, sc = v41_views(cache, block_size)
-    return e4m3_decode(vals) * e8m0_decode(sc).repeat_interleave(V41_GROUP, dim=-1)
+    nb = cache.shape[0]
+    return read_tokens(cache, fmt, block_size, torch.arange(nb * block_size, device=cache.device)).reshape(nb, block_size, D)
 
 
-def token_bytes(cache, fmt: str, block_size: int, index: int) -> list[tuple[int, int]]:
-    """(start, length) byte ranges, within the flat cache, that hold token `index` (its values
-    and its scales): what a writer must fill and what poisoning an unindexed token overwrites."""
-    _check(fmt, block_size)
-    bb = cache.shape[1]
-    blk, off = divmod(index, block_size)
-    base = blk * bb
-    if fmt == "simple":
-        return [(base + off * D, D), (base + block_size * D + off * 4, 4)]
-    if fmt == "model1":
-        return [(base + off * MODEL1_DATA, MODEL1_DATA), (base + block_size * MODEL1_DATA + off * MODEL1_SCALES, MODEL1_SCALES)]
-    return [(base + off * V41_TOKEN, V41_TOKEN)]
-
-
-def poison_tokens(cache, fmt: str, block_size: int, mask) -> None:
-    """Fill every byte of the tokens where `mask [num_blocks · block_size]` is True with 0xFF:
-    NaN in every e4m3, bf16, fp32 and e8m0 field of the token (in place)."""
-    import torch
-
-    nb, bb = cache.shape
+def poison_tokens(cache, fmt: str, block_size: int, index) -> None:
+    """Fill every byte of tokens `index` (int tensor) with 0xFF: NaN in every e4m3, bf16, fp32
+    and e8m0 field of those tokens (in place)."""
+    dpos, spos = _spans(fmt, block_size, index.to(cache.device))
     flat = cache.view(-1)
-    idx = torch.nonzero(mask.to(torch.bool).cpu()).flatten().tolist()
-    for i in idx:
-        for start, n in token_bytes(cache, fmt, block_size, i):
-            flat[start : start + n] = 0xFF
+    flat[dpos.reshape(-1)] = 0xFF
+    if spos.shape[1]:
+        flat[spos.reshape(-1)] = 0xFF
 
 
 def set_scale_exponents(cache, fmt: str, block_size: int, index: int, exps: list[int]) -> None:
@@ -291,14 +330,12 @@ def set_scale_exponents(cache, fmt: str, block_size: int, index: int, exps: list
     import torch
 
     flat = cache.view(-1)
-    ranges = token_bytes(cache, fmt, block_size, index)
+    _, s0 = token_offsets(fmt, block_size, torch.tensor([index]))
+    start = int(s0[0])
     if fmt == "simple":
-        start, n = ranges[1]
-        flat[start : start + n] = torch.tensor([2.0 ** exps[0]], dtype=torch.float32).view(torch.uint8).to(cache.device)
+        flat[start : start + 4] = torch.tensor([2.0 ** exps[0]], dtype=torch.float32).view(torch.uint8).to(cache.device)
         return
     want = MODEL1_TILES if fmt == "model1" else V41_SCALES
     if len(exps) != want:
         raise ValueError(f"{fmt} has {want} scales per token, got {len(exps)}")
-    b = e8m0_encode_exponent(torch.tensor(exps)).to(cache.device)
-    start = ranges[1][0] if fmt == "model1" else ranges[0][0] + D
-    flat[start : start + want] = b
+    flat[start : start + want] = e8m0_encode_exponent(torch.tensor(exps)).to(cache.device)

@@ -150,7 +150,7 @@ def test_poison_tokens_makes_exactly_those_tokens_nan():
         cache = kc.quantize(_kv(2, 4, seed=6), fmt)
         mask = torch.zeros(8, dtype=torch.bool)
         mask[[1, 6]] = True
-        kc.poison_tokens(cache, fmt, 4, mask)
+        kc.poison_tokens(cache, fmt, 4, torch.tensor([1, 6]))
         y = kc.dequantize(cache, fmt, 4).view(8, kc.D)
         assert bool(y[mask].isnan().all()) and bool(torch.isfinite(y[~mask]).all()), fmt
 
@@ -160,3 +160,18 @@ def test_wrong_format_or_bytes_refused():
         kc.block_bytes("fp4", 64)
     with pytest.raises(ValueError):
         kc.dequantize(torch.zeros(2, 100, dtype=torch.uint8), "model1", 64)
+
+
+@pytest.mark.parametrize("fmt", kc.FORMATS)
+def test_write_read_tokens_touch_only_their_tokens(fmt):
+    """The sparse writer: tokens written one by one equal the whole-cache quantiser's bytes,
+    and a token's bytes live only where token_offsets says."""
+    bs = 3
+    x = _kv(2, bs, seed=7)
+    whole = kc.quantize(x, fmt)
+    cache = torch.zeros_like(whole)
+    order = torch.tensor([4, 0, 5, 2, 1, 3])
+    kc.write_tokens(cache, fmt, bs, order, x.reshape(6, kc.D)[order])
+    assert torch.equal(cache, whole)
+    assert torch.equal(kc.read_tokens(cache, fmt, bs, torch.tensor([5, 1])),
+                       kc.dequantize(whole, fmt, bs).reshape(6, kc.D)[[5, 1]])
