@@ -71,6 +71,15 @@ def plan_cases(stage: Stage, pairs: list[tuple[str, str]]) -> list[dict[str, Any
     if not cases:
         raise BenchError(f"{stage.name}: no bench shape passes these filters — bench shapes: "
                          + ", ".join(case_label(c.dict) for c in expand(view)))
+    if stage.bench_plan.open_axes:  # words the test matrix lacks: the stage's tensors() must take them
+        tensors_fn = _attr((stage.tensors.module, stage.tensors.name))
+        for case in cases:
+            try:
+                tensors_fn(case)
+            except Exception as exc:
+                raise BenchError(f"stages.yaml:{stage.bench_plan.line}: {stage.name} bench shape {case_label(case)}: "
+                                 f"{stage.tensors.module}:{stage.tensors.name} refuses it ({_one_line(exc)}) — "
+                                 "fix the word in the bench matrix") from None
     return cases
 
 
@@ -307,8 +316,9 @@ def _time(job: BenchJob, specs, inputs: dict, fresh_outputs, ref: dict, idx, sli
             continue
         t[f"{key}_us"] = p["us"]
         t[f"{key}_spread"] = p["spread"]
-        if flops:
-            t[f"{key}_tflops"] = flops / (p["us"] * 1e-6) / 1e12
+        peer_flops = mod.flops(job.problem, dims) if hasattr(mod, "flops") else flops  # its own work, if more
+        if peer_flops:
+            t[f"{key}_tflops"] = peer_flops / (p["us"] * 1e-6) / 1e12
         t[f"{key}_ratio"] = p["us"] / t["us"]
     t.update(gpu_clocks())
     # cosines keep every digit (1 - 1e-6 is not 1.0); times and rates keep four decimals

@@ -84,7 +84,7 @@ class Tolerance:
 
 
 MAX_BENCH_CASES = 64  # bench shapes per stage: each is compiled and timed against every peer
-BENCH_KEYS = {"matrix", "peers", "problem", "check_rows", "row_axis", "case", "peak"}
+BENCH_KEYS = {"matrix", "peers", "problem", "check_rows", "row_axis", "case", "peak", "open_axes"}
 PEAKS = ("bf16", "fp8")
 
 
@@ -92,7 +92,9 @@ PEAKS = ("bf16", "fp8")
 class BenchPlan:
     """A stage's `bench:` block: the realistic shapes `dsv4-lab bench` times, apart from the test
     matrix. `matrix` holds every stage axis (an axis the block leaves out takes the test matrix's
-    first value); numbers may lie outside the test matrix, words and booleans may not."""
+    first value); numbers may lie outside the test matrix, booleans may not, and words only on the
+    axes `open_axes` names (shape names such as D2's b64s2h128n4096d512: the stage's tensors()
+    judge them when bench plans its shapes)."""
 
     matrix: dict[str, list[Any]]
     peers: tuple[str, ...] = ()
@@ -100,6 +102,7 @@ class BenchPlan:
     check_rows: int = 256  # rows of the output checked against the oracle before timing
     row_axis: str | None = None  # the axis whose rows are independent (None: check the whole output)
     peak: str = "bf16"  # which calibrated compute peak the roofline uses
+    open_axes: tuple[str, ...] = ()  # word axes whose bench words need not be test words
     line: int = 0
 
 
@@ -374,7 +377,22 @@ def _bench(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]]) -> tup
         return _bench_case(ctx, pairs, key, matrix), None
     _check_keys(ctx, pairs, key, BENCH_KEYS, {"matrix"}, node)
     f = {str(_scalar(k)): v for k, v in pairs}
-    bmatrix = _bench_matrix(ctx, f["matrix"], f"{key}.matrix", matrix)
+    open_axes: list[str] = []
+    if "open_axes" in f:
+        ok = f"{key}.open_axes"
+        if not isinstance(f["open_axes"], SequenceNode):
+            raise ctx.fail(f["open_axes"], ok, f"expected a list of word axes, got {_kind(f['open_axes'])} — "
+                                               "e.g. [shape]")
+        for item in f["open_axes"].value:
+            axis = _typed(ctx, item, ok, (str,), "a matrix axis")
+            if axis not in matrix or not any(isinstance(v, str) for v in matrix[axis]):
+                words = [a for a, v in matrix.items() if any(isinstance(x, str) for x in v)]
+                raise ctx.fail(item, ok, f"{one_line(repr(axis), 40)} is not a word axis of the matrix — "
+                                         f"word axes: {', '.join(words) or 'none'}")
+            if axis in open_axes:
+                raise ctx.fail(item, ok, f"'{axis}' is repeated — list each axis once")
+            open_axes.append(axis)
+    bmatrix = _bench_matrix(ctx, f["matrix"], f"{key}.matrix", matrix, set(open_axes))
     peers: list[str] = []
     if "peers" in f:
         pk = f"{key}.peers"
@@ -424,7 +442,7 @@ def _bench(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]]) -> tup
         case = {a: (max(v) if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v) else v[0])
                 for a, v in matrix.items()}
     plan = BenchPlan(matrix=bmatrix, peers=tuple(peers), problem=problem, check_rows=check_rows,
-                     row_axis=row_axis, peak=peak, line=node.start_mark.line + 1)
+                     row_axis=row_axis, peak=peak, open_axes=tuple(open_axes), line=node.start_mark.line + 1)
     return case, plan
 
 
@@ -445,9 +463,12 @@ def _bench_case(ctx: _Ctx, pairs: list[tuple[Node, Node]], key: str, matrix: dic
     return bench
 
 
-def _bench_matrix(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]]) -> dict[str, list[Any]]:
+def _bench_matrix(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]],
+                  open_axes: set[str]) -> dict[str, list[Any]]:
     """The bench shapes: each axis a stage axis; numbers of the axis's type (outside the test matrix
-    if need be, positive), words and booleans from the test matrix. Axes left out: the first test value."""
+    if need be, positive), words from the test matrix — or any word on an axis of `open_axes` (a
+    shape name such as D2's b64s2h128n4096d512, judged by the stage's tensors() when bench plans
+    its shapes) — and booleans from the test matrix. Axes left out: the first test value."""
     out: dict[str, list[Any]] = {}
     pairs = _mapping(ctx, node, key)
     if not pairs:
@@ -468,10 +489,13 @@ def _bench_matrix(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]])
             if numeric and type(value) in types:
                 if value <= 0:
                     raise ctx.fail(item, ak, f"{value_text(value)} is not a size — give a positive number")
+            elif isinstance(value, str) and axis in open_axes:
+                pass  # a shape name the test matrix lacks: the stage's tensors() judge it
             elif not any(type(v) is type(value) and v == value for v in matrix[axis]):
                 shown = ", ".join(value_text(v) for v in matrix[axis])
+                hint = "" if not isinstance(value, str) else f"; or list {axis} in open_axes if it names shapes"
                 raise ctx.fail(item, ak, f"{one_line(repr(value), 60)} does not fit the axis — {axis} takes {shown}"
-                                         " (or other numbers of the same type)")
+                                         f" (or other numbers of the same type{hint})")
             if any(type(v) is type(value) and v == value for v in values):
                 raise ctx.fail(item, ak, f"repeated value {one_line(repr(value), 40)} — list each value once")
             values.append(value)

@@ -69,6 +69,34 @@ def test_bench_block_loads(fake_lab):
     assert st.bench == {"n": 32, "mode": "ok"}
 
 
+def test_open_axes_take_new_words_and_tensors_judge_them(lab_path):
+    fake_lab = lab_path
+    """A word axis listed in open_axes takes bench words the test matrix lacks (shape names); the
+    stage's tensors() judge them when bench plans (one line naming the line, the shape and the
+    refusal); an axis not listed still refuses a new word."""
+    text = LAB.replace("        n: [4096, 1000]\n", "        n: [4096]\n        mode: [ok, sideways]\n") \
+              .replace("      row_axis: n\n", "      open_axes: [mode]\n      row_axis: n\n")
+    st = load(fake_lab, text).stages["OK"]
+    assert st.bench_plan.open_axes == ("mode",)
+    oracle = fake_lab / "oracles" / "add.py"
+    oracle.write_text(oracle.read_text().replace("def tensors(case", "def _tensors(case") + """
+
+def tensors(case):
+    if case["mode"] not in ("ok", "wrong", "unwritten"):
+        raise ValueError(f"unknown mode {case['mode']!r}")
+    return _tensors(case)
+""")
+    assert plan_cases(st, [("mode", "ok")]) == [{"n": 4096, "mode": "ok"}]
+    with pytest.raises(BenchError) as exc:
+        plan_cases(st, [])
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith("stages.yaml:16: stage-OK bench shape n=4096,mode=sideways:") and "unknown mode 'sideways'" in msg, msg
+    msg = error(fake_lab, text.replace("      open_axes: [mode]\n", "      open_axes: [n]\n"))
+    assert "stages.OK.bench.open_axes" in msg and "not a word axis" in msg and "word axes: mode" in msg
+    msg = error(fake_lab, text.replace("      open_axes: [mode]\n", ""))
+    assert "stages.OK.bench.matrix.mode" in msg and "does not fit" in msg and "open_axes" in msg
+
+
 def test_project_bench_blocks(project_root):
     spec = load_spec(root=project_root)
     d1 = spec.stages["D1"].bench_plan
@@ -78,6 +106,11 @@ def test_project_bench_blocks(project_root):
     assert c is not None and c.matrix["n"] == [4096, 16384] and c.matrix["m"] == [128]
     # run --bench still names one test case
     assert spec.stages["D1"].bench == {"hd": 512, "n": 1024}
+    # D2: DSV4's decode batch (shape names beyond the test matrix), beside FlashMLA's dense decode
+    d2 = spec.stages["D2"].bench_plan
+    assert d2 is not None and d2.open_axes == ("shape",) and d2.problem == "mla_decode" and "flashmla" in d2.peers
+    assert d2.matrix == {"shape": ["b64s2h128n1152d512", "b64s2h128n4096d512"], "splits": ["auto"]}
+    assert plan_cases(spec.stages["D2"], []) == [{"shape": s, "splits": "auto"} for s in d2.matrix["shape"]]
 
 
 def test_old_bench_form_still_names_the_run_case(fake_lab):

@@ -60,7 +60,9 @@ def test_fa4_shapes(d, cc, ok):
 def test_flashmla_takes_the_dense_mla_decode_shape_only():
     dims = problem_dims("mla_decode", mla(h_q=128, n=4096))
     assert why_not("flashmla", "mla_decode", dims, (9, 0), probe=False) is None
-    assert "576 / 512" in why_not("flashmla", "mla_decode", problem_dims("mla_decode", mla(d_qk=512)), (9, 0), probe=False)
+    # DSV4's 512-wide latent head (K = V) goes in padded to 576 with zero columns
+    assert why_not("flashmla", "mla_decode", problem_dims("mla_decode", mla(d_qk=512)), (9, 0), probe=False) is None
+    assert "576 / 512" in why_not("flashmla", "mla_decode", problem_dims("mla_decode", mla(d_qk=640)), (9, 0), probe=False)
     assert "64 or 128" in why_not("flashmla", "mla_decode", problem_dims("mla_decode", mla(h_q=16)), (9, 0), probe=False)
     assert "pages" in why_not("flashmla", "mla_decode", problem_dims("mla_decode", mla(n=100)), (9, 0), probe=False)
     assert "sm90" in why_not("flashmla", "mla_decode", dims, (10, 0), probe=False)
@@ -136,3 +138,46 @@ def test_torch_peers_agree_on_mla_decode():
     assert plain["O"].shape == sdpa["O"].shape == ref.shape
     assert _cos(plain["O"], ref) > 0.999 and _cos(sdpa["O"], ref) > 0.999
     assert torch.allclose(plain["LSE"].double(), torch.logsumexp(s, -1).permute(0, 2, 1), atol=1e-2)
+
+
+def test_flashmla_counts_its_own_576_wide_work():
+    """Its TFLOP/s is of what it computed: Q·Kᵀ at 576 columns and P·V at 512, whatever the stage's d."""
+    from harness.peers import flashmla
+
+    dims = problem_dims("mla_decode", mla(d_qk=512, h_q=128, n=4096))
+    assert flashmla.flops("mla_decode", dims) == 2.0 * dims["b"] * dims["s_q"] * 128 * 4096 * (576 + 512)
+
+
+def test_flashmla_pads_a_512_head_to_the_same_answer(monkeypatch):
+    """The padded call computes the stage's problem: zero columns change no score, and the softmax
+    scale is the real width's. A stand-in flash_mla (plain float64 math on what it is given) checks
+    the adapter's inputs, not FlashMLA."""
+    import math
+    import sys
+    import types
+
+    import torch
+
+    from harness.peers import flashmla
+
+    seen = {}
+
+    def fake(q, cache, block_table, seqlens, d_v, meta, causal=False, softmax_scale=None, use_legacy=False):
+        seen.update(q=q.shape, cache=cache.shape, scale=softmax_scale, legacy=use_legacy)
+        b, s_q, h_q, d = q.shape
+        kv = cache.reshape(b, -1, d).double()
+        s = torch.einsum("bthd,bnd->bthn", q.double(), kv) * softmax_scale
+        return torch.einsum("bthn,bnd->bthd", s.softmax(-1), kv[..., :d_v]), s.logsumexp(-1).transpose(1, 2)
+
+    monkeypatch.setitem(sys.modules, "flash_mla", types.SimpleNamespace(
+        flash_mla_with_kvcache=fake, get_mla_metadata=lambda: (object(), None)))
+    dims = {"b": 2, "s_q": 2, "h_q": 64, "d_qk": 512, "d_v": 512, "n": 128}
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, 64, 512, generator=g).to(torch.bfloat16)
+    kv = torch.randn(2, 128, 512, generator=g).to(torch.bfloat16)
+    got = flashmla.make("mla_decode", dims, {"Q": q, "KV": kv})()
+    assert seen["q"] == (2, 2, 64, 576) and seen["cache"] == (4, 64, 1, 576) and seen["legacy"]
+    assert seen["scale"] == 1.0 / math.sqrt(512)
+    s = torch.einsum("bthd,bnd->bthn", q.double(), kv.double()) / math.sqrt(512)
+    want = torch.einsum("bthn,bnd->bthd", s.softmax(-1), kv.double())
+    assert torch.allclose(got["O"], want, atol=1e-9) and torch.allclose(got["LSE"], s.logsumexp(-1).transpose(1, 2))

@@ -5,7 +5,8 @@ module per peer, named here so that stages.yaml can be validated without importi
 A peer computes a *problem* — what the stage's tensors mean, declared by the stage's bench block
 (`problem: attention`) — not a stage: the adapter maps the stage's tensors to its own call and
 says which shapes it supports. A peer whose package is missing is "not installed (pip install …)",
-never a failure.
+never a failure. An adapter whose own work differs from the stage's (FlashMLA computes Q·Kᵀ at
+576 columns) says so with `flops(problem, dims)`: its TFLOP/s is then of that work.
 
 Problems (tensor names and shapes the adapters rely on; the stage's tensors() must match):
   attention    dense softmax attention of one head: Q [m, d], K [n, d], V [n, d] (bf16) ->

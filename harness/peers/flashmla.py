@@ -5,7 +5,13 @@ DSV4 FP8 sparse decode (`kv_format="V4"`, for stage E's adapter).
 Dense decode call: q [b, s_q, h_q, d_qk] bf16 (h_q 64 or 128 per head of KV), a paged cache
 [num_blocks, 64, 1, d_qk] bf16, block_table [b, blocks per sequence] int32, cache_seqlens [b]
 int32, head_dim_v; the scheduler metadata is an empty object from get_mla_metadata() that the
-first call fills. Returns (out [b, s_q, h_q, d_v], lse [b, h_q, s_q])."""
+first call fills. Returns (out [b, s_q, h_q, d_v], lse [b, h_q, s_q]).
+
+DSV4's latent head is 512 wide with K = V (stage D2 on): FlashMLA's dense kernel takes d_qk 576
+only (MLA's 512 + 64 rope columns). Such a problem is given to it with 64 zero columns appended
+to Q and KV, and the softmax scale of the real width: the scores, O and LSE are the same as the
+stage's, and FlashMLA does its own 576-wide work — `flops` counts that work, so its TFLOP/s is
+what it really computed (the µs ratio is the like-for-like comparison)."""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ from harness.peers.base import importable
 
 PROBLEMS = ("mla_decode",)
 PAGE = 64  # tokens per page block of the dense legacy kernel
+D_QK = 576  # the only Q/K width of the dense kernel
 
 
 def installed() -> str | None:
@@ -24,8 +31,8 @@ def installed() -> str | None:
 def unsupported(problem: str, dims: dict[str, int], cc: tuple[int, int] | None) -> str | None:
     if cc is not None and cc[0] != 9:
         return f"compute capability {cc[0]}.{cc[1]}: the legacy dense decode kernels are sm90's"
-    if dims["d_qk"] != 576 or dims["d_v"] != 512:
-        return f"d_qk {dims['d_qk']} / d_v {dims['d_v']}: FlashMLA's dense decode takes 576 / 512"
+    if dims["d_qk"] not in (512, D_QK) or dims["d_v"] != 512:
+        return f"d_qk {dims['d_qk']} / d_v {dims['d_v']}: FlashMLA's dense decode takes 576 / 512 (or 512 / 512, padded)"
     if dims["h_q"] not in (64, 128):
         return f"h_q {dims['h_q']}: FlashMLA takes 64 or 128 query heads"
     if dims["n"] % PAGE:
@@ -33,21 +40,31 @@ def unsupported(problem: str, dims: dict[str, int], cc: tuple[int, int] | None) 
     return None
 
 
+def flops(problem: str, dims: dict[str, int]) -> float:
+    """The work FlashMLA does: Q·Kᵀ at its 576 width, P·V at d_v."""
+    return 2.0 * dims["b"] * dims["s_q"] * dims["h_q"] * dims["n"] * (D_QK + dims["d_v"])
+
+
 def make(problem: str, dims: dict[str, int], inputs: dict) -> Callable[[], dict]:
+    import math
+
     import torch
     from flash_mla import flash_mla_with_kvcache, get_mla_metadata
 
     b, n, d_qk, d_v = dims["b"], dims["n"], dims["d_qk"], dims["d_v"]
-    q = inputs["Q"]
+    q, kv = inputs["Q"], inputs["KV"]
+    if d_qk < D_QK:  # zero columns change no score
+        q = torch.nn.functional.pad(q, (0, D_QK - d_qk)).contiguous()
+        kv = torch.nn.functional.pad(kv, (0, D_QK - d_qk)).contiguous()
     blocks = n // PAGE
-    cache = inputs["KV"].view(b * blocks, PAGE, 1, d_qk)  # sequence i owns pages i*blocks ... (i+1)*blocks-1
+    cache = kv.view(b * blocks, PAGE, 1, D_QK)  # sequence i owns pages i*blocks ... (i+1)*blocks-1
     block_table = torch.arange(b * blocks, dtype=torch.int32, device=q.device).view(b, blocks)
     seqlens = torch.full((b,), n, dtype=torch.int32, device=q.device)
     meta, _ = get_mla_metadata()
 
     def run() -> dict:
         out, lse = flash_mla_with_kvcache(q, cache, block_table, seqlens, d_v, meta, causal=False,
-                                          use_legacy=True)
+                                          softmax_scale=1.0 / math.sqrt(d_qk), use_legacy=True)
         return {"O": out, "LSE": lse}
 
     return run
