@@ -1,0 +1,246 @@
+"""Stages I1 and I2 on the CPU: the indexer's quantisers round-trip, the fused paged cache packs
+and unpacks bytewise, both oracles match plain float64 loops written from the spec (DSV4.md),
+−inf sits exactly where a key is out of range, the planted NaN keys never reach a logit, the
+generators keep their promises, and the stage tolerances fail the bugs the issue names
+(ReLU dropped; the key scale applied per head)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from harness.metrics import compare, judge
+from harness.spec import load_spec
+from oracles import indexer as ix
+from oracles.common import case_seed
+
+I1_SMALL = [{"s": 8, "s_kv": 24, "ranges": "causal"}, {"s": 12, "s_kv": 40, "ranges": "cp"}]
+I2_SMALL = [{"b": 3, "next_n": 2, "ctx": 40, "block_kv": 16}, {"b": 1, "next_n": 1, "ctx": 30, "block_kv": 8}]
+
+
+# -- quantisers ----------------------------------------------------------------------------
+
+
+def test_per_token_quantiser_round_trips():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 128, generator=g) * torch.exp(torch.randn(64, 1, generator=g))
+    x[3] = 0.0  # the 1e-4 floor
+    q, scale = ix.quantize_per_token(x)
+    assert q.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32 and scale.shape == (64,)
+    amax = x.abs().amax(dim=1)
+    assert torch.equal(scale, amax.clamp(min=1e-4) / 448.0)
+    back = ix.dequantize(q, scale)
+    # e4m3: 3 mantissa bits (relative error ≤ 2^-4), subnormal step 2^-9 (absolute ≤ 2^-10 · scale)
+    bound = x.double().abs() * 2.0 ** -4 + scale.double()[:, None] * 2.0 ** -10
+    assert bool(((back - x.double()).abs() <= bound).all())
+    rows = [i for i in range(64) if i != 3]
+    assert torch.equal(q.float().abs().amax(dim=1)[rows], torch.full((63,), 448.0))  # amax lands on e4m3's max
+    assert bool((back[3] == 0).all())
+
+
+def test_paged_cache_packs_and_unpacks_bytewise():
+    g = torch.Generator().manual_seed(2)
+    values, scale = ix.quantize_per_token(torch.randn(5 * 16, 128, generator=g))
+    values, scale = values.view(5, 16, 128), scale.view(5, 16)
+    cache = ix.pack_paged_cache(values, scale)
+    assert cache.shape == (5, 16, 1, 132) and cache.dtype == torch.uint8
+    raw = cache.reshape(5, -1)
+    # block 2, token 7: its 128 value bytes at 7·128, its scale at 16·128 + 7·4 (DeepGEMM's layout)
+    assert torch.equal(raw[2, 7 * 128:8 * 128], values[2, 7].view(torch.uint8))
+    assert torch.equal(raw[2, 16 * 128 + 28:16 * 128 + 32], scale[2, 7:8].view(torch.uint8))
+    v2, s2 = ix.unpack_paged_cache(cache)
+    assert torch.equal(v2.view(torch.uint8), values.view(torch.uint8)) and torch.equal(s2, scale)
+
+
+# -- I1 ------------------------------------------------------------------------------------
+
+
+def loops_i1(inputs) -> list[list[float]]:
+    """Plain float64 loops from the spec: relu(q·k·k_scale)·w summed over heads, −inf outside [ks, ke)."""
+    q = inputs["q"].float().double().tolist()
+    k = inputs["kv"].float().double().tolist()
+    sc = inputs["kv_scale"].double().tolist()
+    w = inputs["weights"].double().tolist()
+    ks, ke = inputs["ks"].tolist(), inputs["ke"].tolist()
+    out = []
+    for i in range(len(q)):
+        row = []
+        for j in range(len(k)):
+            if not ks[i] <= j < ke[i]:
+                row.append(-math.inf)
+                continue
+            row.append(math.fsum(max(math.fsum(a * b for a, b in zip(q[i][h], k[j])) * sc[j], 0.0) * w[i][h]
+                                 for h in range(len(q[i]))))
+        out.append(row)
+    return out
+
+
+@pytest.mark.parametrize("case", I1_SMALL, ids=lambda c: c["ranges"])
+def test_i1_oracle_matches_plain_loops(case):
+    inputs = ix.make_inputs(case, seed=case_seed("I1", case))
+    ref = ix.reference(inputs, case)["logits"]
+    want = torch.tensor(loops_i1(inputs), dtype=torch.float64)
+    assert ref.dtype == torch.float64 and ref.shape == (case["s"], case["s_kv"])
+    assert torch.equal(torch.isinf(ref), torch.isinf(want))
+    fin = torch.isfinite(want)
+    assert torch.allclose(ref[fin], want[fin], rtol=1e-12, atol=1e-9)
+
+
+def test_i1_neg_inf_exactly_outside_each_range():
+    case = {"s": 128, "s_kv": 1024, "ranges": "cp"}
+    inputs = ix.make_inputs(case, seed=3)
+    ref = ix.reference(inputs, case)["logits"]
+    j = torch.arange(1024)
+    inside = (j[None, :] >= inputs["ks"][:, None]) & (j[None, :] < inputs["ke"][:, None])
+    assert torch.equal(ref == -math.inf, ~inside)
+    assert not torch.isnan(ref).any() and not (ref == math.inf).any()
+    assert int(inside.sum()) == ix.valid_pairs(case)
+
+
+@pytest.mark.parametrize("kind", ["causal", "cp"])
+def test_i1_ranges_have_empty_rows_and_two_chunks(kind):
+    s, s_kv = 128, 1024
+    ks, ke = ix.ranges_of({"s": s, "s_kv": s_kv, "ranges": kind})
+    empty = [i for i in range(s) if ke[i] <= ks[i]]
+    assert empty and all(i % ix.EMPTY_EVERY == ix.EMPTY_FIRST for i in empty if i != 3)
+    assert all(0 <= ks[i] and ke[i] <= s_kv for i in range(s))
+    if kind == "cp":
+        assert ks[3] > ke[3]  # a reversed range is empty too
+        ends = [ke[i] for i in range(s) if ke[i] > ks[i]]
+        firsts, seconds = ends[: len(ends) // 2], ends[len(ends) // 2:]
+        assert max(firsts) < min(seconds) - s // 2  # two disjoint chunks of positions
+        assert any(ks[i] > 0 for i in range(s) if ke[i] > ks[i])  # a window that does not start at 0
+    else:
+        assert ke[-1] == s_kv and all(k == 0 for i, k in enumerate(ks) if i not in empty)
+
+
+def test_i1_generator_is_seeded_and_not_degenerate():
+    case = {"s": 128, "s_kv": 1024, "ranges": "causal"}
+    a, b, c = ix.make_inputs(case, 7), ix.make_inputs(case, 7), ix.make_inputs(case, 8)
+    for name in ("q", "kv", "kv_scale", "weights"):
+        assert torch.equal(a[name].view(torch.uint8) if a[name].dtype == torch.float8_e4m3fn else a[name],
+                           b[name].view(torch.uint8) if b[name].dtype == torch.float8_e4m3fn else b[name])
+    assert not torch.equal(a["kv"].view(torch.uint8), c["kv"].view(torch.uint8))
+    assert a["kv_scale"].std() / a["kv_scale"].mean() > 0.3  # the scales vary per key
+    assert (a["q"].float() != 0).float().mean() > 0.9 and (a["weights"] < 0).any() and (a["weights"] > 0).any()
+    specs = {s.name: s for s in ix.tensors(case)}
+    assert {k: tuple(v.shape) for k, v in a.items()} == {k: s.shape for k, s in specs.items() if s.role == "in"}
+    assert ix.flops(case) == 2 * 64 * 128 * ix.valid_pairs(case) > 0
+
+
+# -- I2 ------------------------------------------------------------------------------------
+
+
+def loops_i2(inputs) -> list[list[float]]:
+    """Plain float64 loops from the spec, reading the fused cache's bytes directly."""
+    q = inputs["q"].float().double()
+    b, next_n = q.shape[0], q.shape[1]
+    cache, table = inputs["kv_cache"], inputs["block_table"].tolist()
+    bk, d = cache.shape[1], cache.shape[3] - 4
+    w = inputs["weights"].double().tolist()
+    max_len = len(table[0]) * bk
+    out = []
+    for i, n in enumerate(inputs["context_lens"].tolist()):
+        for t in range(next_n):
+            pos = n - next_n + t
+            row = [-math.inf] * max_len
+            for p in range(pos + 1):
+                raw = cache[table[i][p // bk]].reshape(-1)
+                slot = p % bk
+                key = raw[slot * d:(slot + 1) * d].view(torch.float8_e4m3fn).double().tolist()
+                sc = float(raw[bk * d + 4 * slot: bk * d + 4 * slot + 4].view(torch.float32))
+                row[p] = math.fsum(max(math.fsum(x * y for x, y in zip(q[i, t, h].tolist(), key)) * sc, 0.0)
+                                   * w[i * next_n + t][h] for h in range(q.shape[2]))
+            out.append(row)
+    return out
+
+
+@pytest.mark.parametrize("case", I2_SMALL, ids=lambda c: f"b{c['b']}n{c['next_n']}")
+def test_i2_oracle_matches_plain_loops(case):
+    inputs = ix.paged_make_inputs(case, seed=case_seed("I2", case))
+    ref = ix.paged_reference(inputs, case)["logits"]
+    want = torch.tensor(loops_i2(inputs), dtype=torch.float64)
+    geo = ix.paged_geometry(case)
+    assert ref.shape == (case["b"] * case["next_n"], geo["max_len"])
+    assert torch.equal(torch.isinf(ref), torch.isinf(want)) and not torch.isnan(ref).any()
+    fin = torch.isfinite(want)
+    assert torch.allclose(ref[fin], want[fin], rtol=1e-12, atol=1e-9)
+
+
+def test_i2_neg_inf_past_each_causal_limit_and_nan_keys_planted():
+    case = {"b": 8, "next_n": 2, "ctx": 300, "block_kv": 64}
+    inputs = ix.paged_make_inputs(case, seed=5)
+    ref = ix.paged_reference(inputs, case)["logits"]
+    lens = inputs["context_lens"]
+    assert not bool((lens % 64 == 0).any()) and lens.tolist() == ix.context_lens_of(case)
+    pos = lens.repeat_interleave(2) - 2 + torch.arange(16) % 2
+    j = torch.arange(ref.shape[1])
+    assert torch.equal(ref == -math.inf, j[None, :] > pos[:, None])
+    assert not torch.isnan(ref).any()
+    # the keys past each context in its last block hold NaN (a kernel must not let them in)
+    values, scale = ix.unpack_paged_cache(inputs["kv_cache"])
+    table = inputs["block_table"]
+    for i, n in enumerate(lens.tolist()):
+        last = int(table[i, (n - 1) // 64])
+        assert bool(torch.isnan(scale[last, n % 64:]).all()) and not torch.isnan(scale[last, : n % 64]).any()
+        assert bool(torch.isnan(values[last, n % 64:].float()).all())
+    # shuffled: a sequence's blocks are not consecutive
+    firsts = table[:, 0].tolist()
+    assert firsts != sorted(firsts) or table[0, 1] != table[0, 0] + 1
+    assert ix.paged_flops(case) == 2 * 64 * 128 * int((ref > -math.inf).sum())
+
+
+# -- the tolerances catch the bugs the issue names -----------------------------------------
+
+
+def _tolerances(stage: str):
+    return load_spec().stages[stage].tolerances
+
+
+def _relu_dropped(inputs):
+    q = inputs["q"].double()
+    k = ix.dequantize(inputs["kv"], inputs["kv_scale"])
+    logits = torch.einsum("shk,sh->sk", torch.einsum("shd,kd->shk", q, k), inputs["weights"].double())
+    j = torch.arange(k.shape[0])
+    inside = (j[None, :] >= inputs["ks"][:, None]) & (j[None, :] < inputs["ke"][:, None])
+    return logits.masked_fill(~inside, -math.inf)
+
+
+def _scale_per_head(inputs):
+    """The key scale indexed by head instead of key (the bug a head-major epilogue makes)."""
+    q = inputs["q"].double()
+    k = inputs["kv"].double()
+    sc = inputs["kv_scale"].double()[: q.shape[1]]
+    s = torch.einsum("shd,kd->shk", q, k) * sc[None, :, None]
+    logits = torch.einsum("shk,sh->sk", s.clamp(min=0), inputs["weights"].double())
+    j = torch.arange(k.shape[0])
+    inside = (j[None, :] >= inputs["ks"][:, None]) & (j[None, :] < inputs["ke"][:, None])
+    return logits.masked_fill(~inside, -math.inf)
+
+
+@pytest.mark.parametrize("bug", [_relu_dropped, _scale_per_head], ids=["relu_dropped", "scale_per_head"])
+def test_i1_tolerances_fail_the_named_bugs(bug):
+    case = {"s": 128, "s_kv": 1024, "ranges": "causal"}
+    inputs = ix.make_inputs(case, seed=case_seed("I1", case))
+    ref = ix.reference(inputs, case)["logits"]
+    tol = _tolerances("I1")
+    good = ref.float()  # the reference itself, in the output's fp32, passes
+    assert judge(tol, {"logits": compare(good, ref).to_json()})[0] == "pass"
+    status, why = judge(tol, {"logits": compare(bug(inputs).float(), ref).to_json()})
+    assert status == "fail", why
+
+
+def test_i1_tolerances_fail_a_wrong_neg_inf_position():
+    case = {"s": 128, "s_kv": 1024, "ranges": "cp"}
+    inputs = ix.make_inputs(case, seed=1)
+    ref = ix.reference(inputs, case)["logits"]
+    out = ref.float().clone()
+    row = 20
+    out[row, int(inputs["ke"][row])] = 0.5  # one key past the range left finite
+    status, why = judge(_tolerances("I1"), {"logits": compare(out, ref).to_json()})
+    assert status == "fail" and "NaN/Inf" in why
+    out = ref.float().clone()
+    out[row, int(inputs["ke"][row]) - 1] = -math.inf  # one key inside the range dropped
+    assert judge(_tolerances("I1"), {"logits": compare(out, ref).to_json()})[0] == "fail"
