@@ -1,0 +1,45 @@
+"""On a GPU: stage I1's sm90 kernel passes its matrix through the lab's own runner, and the lab
+catches the planted bug the issue names (tests/fixtures/wrong_i1: the ReLU dropped from the head
+sum) — it runs cleanly, writes every element with the right −inf positions, and is reported `fail`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from harness.matrix import expand
+from harness.runner import RunOptions, Runner, Task
+from harness.spec import KernelRef, load_spec
+
+pytestmark = pytest.mark.gpu
+
+
+def _run(spec, stage, arch, tmp_path, where=None):
+    cases = [c for c in expand(stage) if where is None or all(c[k] == v for k, v in where.items())]
+    tasks = [Task(stage, arch, c) for c in cases]
+    return Runner(spec, RunOptions(tasks=tasks, argv=["pytest"]), results_root=tmp_path).run()
+
+
+def test_stage_i1_sm90_passes_its_matrix(project_root, tmp_path):
+    spec = load_spec(root=project_root)
+    summary = _run(spec, spec.stages["I1"], "sm_90a", tmp_path)
+    for rec in summary.records:
+        print("I1", rec.case, rec.status, rec.metrics.get("logits"), rec.error)
+    assert [r.status for r in summary.records] == ["pass"] * 8
+
+
+def test_lab_catches_dropped_relu_in_stage_i1(project_root, tmp_path):
+    spec = load_spec(root=project_root)
+    i1 = spec.stages["I1"]
+    wrong = KernelRef("sm_90a", "tests.fixtures.wrong_i1.sm90", "Kernel",
+                      project_root / "tests" / "fixtures" / "wrong_i1" / "sm90.py")
+    wrong_i1 = dataclasses.replace(i1, kernels={"sm_90a": wrong}, dir=wrong.path.parent)
+    summary = _run(spec, wrong_i1, "sm_90a", tmp_path, where={"s": 128})
+    assert len(summary.records) == 4
+    for rec in summary.records:
+        m = rec.metrics["logits"]
+        print("wrong-I1", rec.case, rec.status, m)
+        assert rec.status == "fail"
+        assert m["unwritten"] == 0 and m["nonfinite"] == 0  # runs cleanly, −inf where it belongs
+        assert m["cosine"] < 0.99  # and the logits are wrong
