@@ -12,7 +12,7 @@ The MMA: keys along M, heads along N
     are K-major (row-major K [keys, d], Q [tokens · heads, d]), as FP8 wgmma requires.  With
     heads along N, the reduction over heads is a reduction over an accumulator row: each thread
     holds 2 rows (keys r, r + 8) × N/4 columns, sums its columns (relu, × w), then two butterfly
-    shuffles over the row's quad finish the sum (`head_sum` below).  Heads along M would need
+    shuffles over the row's quad finish the sum (stages/common/indexer.py).  Heads along M would need
     the sum across 8 lanes and 4 warps instead.
 
 Ranges and the −inf fill
@@ -41,29 +41,13 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
 
+from stages.common.indexer import check_token_columns, fill_neg_inf, head_sum
 from stages.common.inspection import expose
 from stages.common.sm90_idioms import acc_rows_cols, tma_pipeline, wgmma_sync
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile
 
 HEADS = 64
 DIM = 128
-
-
-def check_token_columns(tiled_mma, tile_mn, heads: int) -> None:
-    """Trace-time proof that column j of a thread's (rows, columns) accumulator view
-    (`acc_rows_cols`) belongs to query token j // (2 · heads/8): the epilogue sums each
-    token's heads over a static slice of the columns.  Plain Python over static layouts."""
-    ident = cute.make_identity_tensor(tile_mn)
-    per_token = 2 * heads // 8
-    for t in (0, 1, 2, 3, 5, 31, 64, 127):
-        coords = acc_rows_cols(tiled_mma.get_slice(t).partition_C(ident))
-        for j in range(cute.size(coords, mode=[1])):
-            col = coords[0, j][1]
-            if col // heads != j // per_token:
-                raise ValueError(
-                    f"stage I1 sm90: accumulator column {j} of thread {t} is column {col} (token "
-                    f"{col // heads}), not token {j // per_token}: the head sum would mix tokens"
-                )
 
 
 class Kernel:
@@ -115,7 +99,7 @@ class Kernel:
             (self.NUM_MMA_WG, 1, 1),
             tiler_mn=(64, n),
         )
-        check_token_columns(mma, (bk, n), HEADS)
+        check_token_columns(mma, (bk, n), HEADS, bq)
         tile = (bk, n, DIM)
         k_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, tile, dtype, self.STAGES)
         q_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, tile, dtype, 1)
@@ -214,14 +198,11 @@ class Kernel:
     def fill(self, block, ftid, tile_begin, tile_end, mOut):
         """Fill warps: −inf in the block's rows outside the tile range (the epilogue writes
         every element inside it)."""
-        neg_inf = -cutlass.Float32.inf
         first, last = tile_begin * self.BLOCK_K, tile_end * self.BLOCK_K
         for t in cutlass.range_constexpr(self.BLOCK_Q):
             row = block * self.BLOCK_Q + t
-            for j in cutlass.range(ftid, first, self.FILL_THREADS, unroll=4):
-                mOut[row, j] = neg_inf
-            for j in cutlass.range(last + ftid, self.s_kv, self.FILL_THREADS, unroll=4):
-                mOut[row, j] = neg_inf
+            fill_neg_inf(mOut, row, 0, first, ftid, self.FILL_THREADS)
+            fill_neg_inf(mOut, row, last, self.s_kv, ftid, self.FILL_THREADS)
 
     @cute.jit
     def logits(self, block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK, mScale, mW, mKs, mKe, mOut):
@@ -274,9 +255,6 @@ class Kernel:
     @cute.jit
     def head_sum(self, acc_rc, w, r: cutlass.Constexpr[int], first: cutlass.Constexpr[int],
                  count: cutlass.Constexpr[int]) -> cutlass.Float32:
-        """Σ_h w[h] · relu(S[r, h]) over one token's heads: this thread's `count` columns from
-        `first`, then the butterfly over the row's quad (every lane gets the sum)."""
-        part = cutlass.Float32(0.0)
-        for j in cutlass.range_constexpr(first, first + count):
-            part += cute.arch.fmax(acc_rc[r, j], cutlass.Float32(0.0)) * w[j]
-        return cute.arch.warp_reduction_sum(part, threads_in_group=4)
+        """Σ_h w[h] · relu(S[r, h]) over one token's heads (stages/common/indexer.py); a method so
+        a test fixture can plant a bug here."""
+        return head_sum(acc_rc, w, r, first, count)
