@@ -29,11 +29,11 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import warpgroup
 
-from stages.common.sm90_idioms import tma_pipeline, wgmma_sync
 from stages.common.inspection import expose
-from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile, tma_produce
+from stages.common.sm90_idioms import qk_tiled_mma, wgmma_sync
+from stages.common.sm90_setup import TileLoader, TmaPipe, smem_struct, smem_tensors, tma_pipelines, tma_tiles
+from stages.common.tma import prefetch_descriptors, sm90_tma_load
 
 
 class Kernel:
@@ -65,35 +65,18 @@ class Kernel:
 
     @cute.jit
     def __call__(self, Q: cute.Tensor, K: cute.Tensor, S: cute.Tensor, stream: cuda.CUstream):
-        ab_dtype = Q.element_type
-        # Row-major Q [m, hd] and K [n, hd]: both operands are K-major.
-        tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            ab_dtype,
-            ab_dtype,
-            warpgroup.OperandMajorMode.K,
-            warpgroup.OperandMajorMode.K,
-            cutlass.Float32,
-            (self.num_warpgroups, 1, 1),  # warpgroups stacked along M
-            tiler_mn=(64, self.BLOCK_N),
-        )
-        q_smem = sm90_utils.make_smem_layout_a(
-            utils.LayoutEnum.ROW_MAJOR, self.cta_tile, ab_dtype, self.stages
-        )
-        k_smem = sm90_utils.make_smem_layout_b(
-            utils.LayoutEnum.ROW_MAJOR, self.cta_tile, ab_dtype, self.stages
-        )
+        dtype = Q.element_type
+        # S = Q·Kᵀ: SS wgmma m64n128k16, both operands K-major, two warpgroups along M.
+        tiled_mma = qk_tiled_mma(dtype, (self.num_warpgroups, 1, 1), 64, self.BLOCK_N)
+        q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, self.cta_tile, dtype, self.stages)
+        k_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, self.cta_tile, dtype, self.stages)
         expose(self, qk_mma=(tiled_mma, self.cta_tile), smem={"Q": q_smem, "K": k_smem})  # dsv4-lab inspect
         tma_q, tma_Q, q_bytes = sm90_tma_load(Q, q_smem, (self.BLOCK_M, self.BLOCK_K))
         tma_k, tma_K, k_bytes = sm90_tma_load(K, k_smem, (self.BLOCK_N, self.BLOCK_K))
 
-        @cute.struct
-        class Smem:
-            mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
-            sQ: cute.struct.Align[cute.struct.MemRange[ab_dtype, cute.cosize(q_smem)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[ab_dtype, cute.cosize(k_smem)], 1024]
-
-        self.smem_struct = Smem
-        self.tx_bytes = q_bytes + k_bytes  # what one stage's two TMA loads deposit on its full barrier
+        # One pipeline: a slot holds one K-block of Q and of K; every warp consumes it.
+        self.pipes = (TmaPipe("qk", self.stages, q_bytes + k_bytes, self.threads // 32),)
+        self.smem_struct = smem_struct(self.pipes, {"sQ": (dtype, q_smem), "sK": (dtype, k_smem)})
 
         self.kernel(tiled_mma, tma_q, tma_Q, tma_k, tma_K, S, q_smem, k_smem).launch(
             grid=(self.n // self.BLOCK_N, 1, 1),
@@ -113,60 +96,47 @@ class Kernel:
         q_smem: cute.ComposedLayout,
         k_smem: cute.ComposedLayout,
     ):
+        """Set-up, then every warp multiplies (warp 0 also loads) and stores its S fragment."""
         tidx, _, _ = cute.arch.thread_idx()
         n_blk, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
-
         if warp_idx == 0:
             prefetch_descriptors(tma_q, tma_k)
 
-        smem = cutlass.utils.SmemAllocator()
-        storage = smem.allocate(self.smem_struct)
-        sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)  # (128, 64, stages)
-        sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (128, 64, stages)
+        storage = cutlass.utils.SmemAllocator().allocate(self.smem_struct)
+        sQ, sK = smem_tensors(storage, sQ=q_smem, sK=k_smem)  # (128, 64, stages) each
+        (pipe,) = tma_pipelines(storage, self.pipes)
 
-        # Full barrier: 1 producer arrival + TMA bytes.  Empty barrier: one
-        # arrival per consumer warp (consumer_release signals from lane 0).
-        pipe = tma_pipeline(storage.mbar, self.stages, self.tx_bytes, self.threads // 32, defer_sync=False)
+        # Load role (warp 0): K-block kb of Q's rows and of this CTA's keys into one slot.
+        loader = TileLoader.create(
+            pipe,
+            self.stages,
+            tma_tiles(tma_q, sQ, mQ, (self.BLOCK_M, self.BLOCK_K), (0, None)),
+            tma_tiles(tma_k, sK, mK, (self.BLOCK_N, self.BLOCK_K), (n_blk, None)),
+        )
+        if warp_idx == 0:
+            loader.fill(self.stages)
 
-        # Global tiles: (128, 64, num_k_blocks) for Q and K, (128, 128) for S.
-        gQ = cute.local_tile(mQ, (self.BLOCK_M, self.BLOCK_K), (0, None))
-        gK = cute.local_tile(mK, (self.BLOCK_N, self.BLOCK_K), (n_blk, None))
-        gS = cute.local_tile(mS, (self.BLOCK_M, self.BLOCK_N), (0, n_blk))
+        tCgS = tiled_mma.get_slice(tidx).partition_C(cute.local_tile(mS, (self.BLOCK_M, self.BLOCK_N), (0, n_blk)))
+        acc = self.mma(tidx, warp_idx, tiled_mma, pipe, loader, sQ, sK, tCgS.shape)
+        cute.autovec_copy(acc, tCgS)  # epilogue: each thread stores its own fragment (fp32)
 
-        # TMA partitions: one copy moves a whole (128, 64) block.
-        tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, gQ, 2)
-        tKsK, tKgK = tma_partition_tile(tma_k, sK, gK, 2)
-
-        # MMA operands are per warpgroup (shared-memory descriptors); the
-        # accumulator and its global image are per thread.
-        thr_mma_wg = tiled_mma.get_slice(wg_idx * 128)
+    @cute.jit
+    def mma(self, tidx, warp_idx, tiled_mma, pipe, loader, sQ, sK, acc_shape):
+        """S = Σ over K-blocks of Q_kb · K_kbᵀ (fully unrolled: at most 8 K-blocks): wait for a
+        slot, multiply, release it, and (warp 0) refill it with K-block kb + stages."""
+        # Operands per warpgroup (shared-memory descriptors); the accumulator per thread.
+        thr_mma_wg = tiled_mma.get_slice(cute.arch.make_warp_uniform(tidx // 128) * 128)
         tCrQ = tiled_mma.make_fragment_A(thr_mma_wg.partition_A(sQ))  # (MMA, MMA_M, MMA_K, stages)
         tCrK = tiled_mma.make_fragment_B(thr_mma_wg.partition_B(sK))  # (MMA, MMA_N, MMA_K, stages)
-        tCgS = tiled_mma.get_slice(tidx).partition_C(gS)  # (MMA, MMA_M, MMA_N)
-        acc = cute.make_rmem_tensor(tCgS.shape, cutlass.Float32)
-
-        prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
         cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-
-        # Prologue: fill every slot.
-        if warp_idx == 0:
-            for _ in cutlass.range_constexpr(self.stages):
-                tma_produce(pipe, prod, (tma_q, tQgQ, tQsQ), (tma_k, tKgK, tKsK))
-                prod.advance()
-
-        # Main loop over K-blocks (fully unrolled: at most 8).
         for kb in cutlass.range_constexpr(self.num_k_blocks):
             pipe.consumer_wait(cons)
             wgmma_sync(tiled_mma, acc, tCrQ, tCrK, a_slot=cons.index, b_slot=cons.index, zero_init=kb == 0)
             pipe.consumer_release(cons)
             cons.advance()
-            # Refill the slot just released with K-block kb + stages.
             if kb + self.stages < self.num_k_blocks:
                 if warp_idx == 0:
-                    tma_produce(pipe, prod, (tma_q, tQgQ, tQsQ), (tma_k, tKgK, tKsK))
-                    prod.advance()
-
-        # Epilogue: registers → global, each thread its own fragment.
-        cute.autovec_copy(acc, tCgS)
+                    loader.produce()
+        return acc

@@ -67,6 +67,20 @@ def check_accumulator_is_a_operand(tiled_mma_c, tiled_mma_a, tile_mn):
             )
 
 
+def qk_tiled_mma(dtype, atoms: tuple, block_m: int, block_n: int):
+    """The tiled wgmma of S = Q · Kᵀ, fp32 accumulator: SS (both operands from shared
+    memory), Q [rows, hd] and K [keys, hd] row-major, i.e. both K-major; `atoms` the
+    (M, N, 1) arrangement of m{block_m}n{block_n}k16 atoms over the warpgroups."""
+    return sm90_utils.make_trivial_tiled_mma(
+        dtype, dtype,
+        warpgroup.OperandMajorMode.K,  # Q [m, hd]: hd contiguous
+        warpgroup.OperandMajorMode.K,  # K [n, hd]: hd contiguous
+        cutlass.Float32,
+        atoms,
+        tiler_mn=(block_m, block_n),
+    )
+
+
 def register_p_mmas(dtype, num_warpgroups: int, block_n: int, hd: int):
     """(qk_mma, pv_mma) of attention with P in registers, fp32 accumulators,
     `num_warpgroups` warpgroups stacked along M (64 query rows each):
@@ -78,14 +92,7 @@ def register_p_mmas(dtype, num_warpgroups: int, block_n: int, hd: int):
 
     and the trace-time proof (`check_accumulator_is_a_operand`) that S's
     accumulator over the (64 · num_warpgroups, block_n) tile is P's A fragment."""
-    qk_mma = sm90_utils.make_trivial_tiled_mma(
-        dtype, dtype,
-        warpgroup.OperandMajorMode.K,  # Q [m, hd]: hd contiguous
-        warpgroup.OperandMajorMode.K,  # K [n, hd]: hd contiguous
-        cutlass.Float32,
-        (num_warpgroups, 1, 1),
-        tiler_mn=(64, block_n),
-    )
+    qk_mma = qk_tiled_mma(dtype, (num_warpgroups, 1, 1), 64, block_n)
     pv_mma = sm90_utils.make_trivial_tiled_mma(
         dtype, dtype,
         warpgroup.OperandMajorMode.K,  # P in registers

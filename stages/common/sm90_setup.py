@@ -1,0 +1,141 @@
+"""Hopper (sm_90a) kernel set-up: what every sm90 kernel of the ladder does before its warp
+roles start, and the load role's two steps.
+
+The shape every sm90 stage shares
+    A CTA keeps its operands in shared memory, each a staged buffer (the MMA's operand layout
+    with a trailing "slots" mode, composed with its 128-byte swizzle), fed by TMA through
+    PipelineTmaAsync pipelines: one elected producer thread whose TMA bytes complete a slot's
+    FULL mbarrier, consumer warps that each arrive once on its EMPTY mbarrier.  Per pipeline
+    the shared storage holds 2 × slots mbarriers; the buffers follow, 1024-byte aligned (the
+    swizzle atom repeats every 8 rows of 128 bytes, and a wgmma descriptor needs its atom
+    aligned).
+
+Host side (trace time, the kernel's `__call__`)
+    TmaPipe          one pipeline's name, slots, bytes per slot and consumer warps
+    smem_struct      the shared storage: every pipeline's mbarriers (in order), an optional
+                     fp32 row buffer (SMEM-P's α, then 1/ℓ), then the operand buffers
+Kernel side
+    smem_tensors     the operand buffers as (swizzled) tensors
+    tma_pipelines    every pipeline, then ONE barrier-init fence and CTA barrier for all
+    tma_tiles        (atom, tXgX, tXsX) of one operand: global tiles and the slots one TMA
+                     copy fills, the triple `tma_produce` and `TileLoader` consume
+    load_once        the producer's single load of a one-slot pipeline (Q)
+    wait_once        its consumers' wait
+    TileLoader       the producer of a many-slot pipeline: global tile i into slot i mod
+                     slots, as slots free up (`fill` for the prologue, `produce` for one more)
+
+None of them adds synchronisation of its own: each emits what the stages emitted inline.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+
+from stages.common.sm90_idioms import tma_pipeline
+from stages.common.tma import tma_partition_tile, tma_produce
+
+
+class TmaPipe(NamedTuple):
+    """One TMA pipeline of a kernel: its mbarriers are the storage field `<name>_mbar`."""
+
+    name: str
+    stages: int  # slots
+    tx_bytes: int  # what the loads of one slot deposit on its full barrier
+    consumer_warps: int  # arrivals per slot on its empty barrier
+
+
+def smem_struct(pipes, buffers: dict, row_factor_rows: int = 0):
+    """The kernel's shared storage (a cute.struct), fields in this order:
+
+        <pipe.name>_mbar  Int64 × 2 · pipe.stages        for each pipe, in order
+        row_factor        Float32 × row_factor_rows, 16-byte aligned (only when > 0)
+        <buffer name>     dtype × cosize(layout), 1024-byte aligned, for each
+                          `buffers[name] = (dtype, staged smem layout)`, in order"""
+    fields = {f"{p.name}_mbar": cute.struct.MemRange[cutlass.Int64, 2 * p.stages] for p in pipes}
+    if row_factor_rows:
+        fields["row_factor"] = cute.struct.Align[cute.struct.MemRange[cutlass.Float32, row_factor_rows], 16]
+    for name, (dtype, layout) in buffers.items():
+        fields[name] = cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(layout)], 1024]
+    return cute.struct(type("Smem", (), {"__annotations__": fields}))
+
+
+def smem_tensors(storage, **layouts):
+    """The storage fields named by the keywords, as tensors of their (swizzled, composed)
+    layouts, in keyword order: `sQ, sK = smem_tensors(storage, sQ=q_smem, sK=k_smem)`."""
+    return tuple(getattr(storage, name).get_tensor(lay.outer, swizzle=lay.inner) for name, lay in layouts.items())
+
+
+def tma_pipelines(storage, pipes):
+    """One PipelineTmaAsync per `TmaPipe` over its `<name>_mbar` field, then the fence that
+    makes the mbarrier inits visible and one CTA barrier (no thread touches a pipeline
+    before every one is initialised).  Returns the pipelines in order."""
+    made = tuple(
+        tma_pipeline(getattr(storage, f"{p.name}_mbar"), p.stages, p.tx_bytes, p.consumer_warps) for p in pipes
+    )
+    cute.arch.mbarrier_init_fence()
+    cute.arch.sync_threads()
+    return made
+
+
+class TmaTiles(NamedTuple):
+    """One TMA-loaded operand: the copy atom, the global tiles (tXgX[None, tile…]) and the
+    shared-memory slots (tXsX[None, slot]) one copy moves between."""
+
+    atom: cute.CopyAtom
+    gmem: cute.Tensor
+    smem: cute.Tensor
+
+
+def tma_tiles(atom, smem: cute.Tensor, gmem: cute.Tensor, tile, coord) -> TmaTiles:
+    """`gmem` cut into (rows, cols) `tile`s at `coord` (cute.local_tile; None keeps a mode of
+    tiles), partitioned with the staged `smem` so that one copy moves one whole tile."""
+    s, g = tma_partition_tile(atom, smem, cute.local_tile(gmem, tile, coord), 2)
+    return TmaTiles(atom, g, s)
+
+
+def load_once(pipe, load: TmaTiles, tile) -> None:
+    """Producer of a one-slot pipeline (one thread's warp): global tile `tile` of `load` into
+    its only slot, on the slot's full barrier."""
+    state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+    pipe.producer_acquire(state)
+    cute.copy(load.atom, load.gmem[(None, tile)], load.smem[(None, 0)], tma_bar_ptr=pipe.producer_get_barrier(state))
+
+
+def wait_once(pipe) -> None:
+    """Consumers of a one-slot pipeline: wait until its one load has landed."""
+    pipe.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+
+
+class TileLoader:
+    """The producer of a TMA pipeline with `stages` slots: each `produce` waits for slot
+    `count mod stages` to be empty, loads global tile `count` of every operand into it, and
+    moves on.  `fill(k)` is the prologue (k = slots, or fewer when there are fewer tiles).
+
+    A traced value: its pipeline state (count, index, phase) travels through the kernel's
+    dynamic loops and ifs — call `produce` inside them, guarded by the producing warp's `if`;
+    the pipeline and the tiles are loop-invariant."""
+
+    def __init__(self, pipe, loads: tuple, state):
+        self.pipe, self.loads, self.state = pipe, loads, state
+
+    @staticmethod
+    def create(pipe, stages: int, *loads: TmaTiles) -> "TileLoader":
+        return TileLoader(pipe, loads, pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages))
+
+    def produce(self) -> None:
+        tma_produce(self.pipe, self.state, *self.loads)
+        self.state.advance()
+
+    def fill(self, count: int) -> None:
+        for _ in range(count):  # unrolled at trace time
+            self.produce()
+
+    def __extract_mlir_values__(self):
+        return cutlass.extract_mlir_values(self.state)
+
+    def __new_from_mlir_values__(self, values):
+        return TileLoader(self.pipe, self.loads, cutlass.new_from_mlir_values(self.state, values))
