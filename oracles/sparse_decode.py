@@ -1,0 +1,332 @@
+"""Stage E: DSV4's decode attention over an FP8 paged cache, sparse indices, two branches, sink.
+
+Tensors (in the kernel's argument order):
+    Q            [b, s_q, h_q, 512]        bf16   query heads of each token
+    KV           [nb, block_bytes]         uint8  main cache, format `kv_format` (oracles/kvcache.py)
+    idx          [b, s_q, topk]            int32  block_id · block_size + offset; −1 = invalid
+    topk_length  [b]                       int32  entries of idx at positions ≥ it are ignored,
+                                                  whatever they hold (INT_MAX, −5, …)
+    KV_extra     [nb_x, block_bytes_x]     uint8  the SWA ("extra") cache, same format, own block size
+    idx_extra    [b, s_q, extra_topk]      int32
+    extra_length [b]                       int32
+    sink         [h_q]                     fp32   attention sink logit per head
+    O            [b, s_q, h_q, 512]        bf16   (out)
+    LSE          [b, h_q, s_q]             fp32   (out) natural log, the keys only (no sink)
+    O_part       [cap, b, s_q, h_q, 512]   fp32   (scratch) split-KV partials
+    LSE_part     [cap, b, s_q, h_q]        fp32   (scratch)
+
+Semantics (DSV4.md, issue 13's D5): one softmax over the valid keys of BOTH branches
+(scale = 1/sqrt(512)); a key is valid iff its list position is < the branch's length and its
+index is not −1; a key indexed twice (or in both branches) counts twice; the output is scaled by
+1 / (1 + exp(sink[h] − lse)); a row with no valid key has O = 0 and LSE = +inf.  Optional pieces
+of the production API are always-present tensors here: "no topk_length" is topk_length = topk,
+"no sink" is sink = −inf everywhere (which changes nothing), "no extra branch" (a config word
+without `_x…`) is a 1-block extra cache, idx_extra [b, s_q, 1] = −1 and extra_length = 0 — the
+kernel ignores them, a peer is called without them.
+
+Matrix axes
+    b          batch size (an int, so `bench` may sweep it)
+    config     s{s_q}h{h_q}_m{topk}bs{block}[_x{extra_topk}bs{extra_block}], e.g.
+               s2h128_m128bs256_x1024bs64 (FlashMLA's MODEL1 CONFIG2)
+    kv_format  simple | model1 | v4.1
+    scenario   which inputs (input-only; every scenario poisons the unindexed cache tokens with
+               0xFF bytes = NaN in every field):
+                 plain      every index valid, full lengths, no sink
+                 sink       finite sinks around the rows' LSE (the factor matters)
+                 sink_inf   per head: −inf, +inf or finite sinks
+                 invalid    ~30 % of the indices −1, sink on
+                 topk_len   random lengths in [0, topk] per batch and branch (one batch gets 0 and
+                            the full length), INT_MAX / −7 / huge garbage past them, sink on
+                 lonely     batch 0's last token has every index −1 in both branches (s_q > 1),
+                            batch 1 has both lengths 0; sink_inf's sinks
+                 extreme    extreme scales written into indexed tokens: e8m0 2^−20 … 2^15
+                            (simple: fp32 2^−20 … 2^15), tiny/huge payloads to match
+                 dup        duplicated indices within each branch (a key counted twice)
+    splits     1 | auto | an int (stages/common/scheduler.py's rule over the combined key tiles)
+
+The scratch capacity `cap`: 1 for splits = 1; for auto, 1 when the row blocks fill the GPU, else
+one split per 64-key tile; an int k: k.
+
+The reference is float64 dequantise-and-attend (`reference`): each branch's indexed tokens are
+read from the cache bytes by oracles/kvcache.read_tokens (float64), invalid keys masked, one
+logsumexp over the concatenation; it shares no code with any kernel.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from oracles import kvcache as kc
+from oracles.common import TensorSpec
+from stages.common.scheduler import SM_COUNT
+
+D = kc.D
+TILE = 64  # keys per tile: the unit of split-KV and of the scratch capacity
+INT_MAX = 2**31 - 1
+SCENARIOS = ("plain", "sink", "sink_inf", "invalid", "topk_len", "lonely", "extreme", "dup")
+Q_SCALE = 2.0  # scores of std ≈ 2: rows are far from uniform, so a dropped or misplaced key shows
+KV_SCALE = 1.0
+
+_CONFIG = re.compile(r"s(\d+)h(\d+)_m(\d+)bs(\d+)(?:_x(\d+)bs(\d+))?")
+
+
+@dataclass(frozen=True)
+class SparseConfig:
+    s_q: int
+    h_q: int
+    topk: int
+    block: int
+    extra_topk: int  # 0: no extra branch
+    extra_block: int
+
+    @property
+    def has_extra(self) -> bool:
+        return self.extra_topk > 0
+
+    @staticmethod
+    def parse(word: str) -> "SparseConfig":
+        m = _CONFIG.fullmatch(str(word))
+        if not m:
+            raise ValueError(f"config {word!r} is not s<S>h<H>_m<TOPK>bs<BLOCK>[_x<TOPK>bs<BLOCK>], "
+                             f"e.g. s2h128_m128bs256_x1024bs64")
+        s_q, h_q, topk, block = (int(x) for x in m.groups()[:4])
+        xt, xb = (int(m.group(5)), int(m.group(6))) if m.group(5) else (0, 1)
+        if min(s_q, h_q, topk, block, xb) < 1 or (m.group(5) and xt < 1):
+            raise ValueError(f"config {word!r}: every size must be positive")
+        return SparseConfig(s_q, h_q, topk, block, xt, xb)
+
+    def seq_tokens(self, topk: int, block: int) -> int:
+        """Tokens per sequence in a branch's cache: room for 2 · topk positions, whole blocks."""
+        return -(-max(2 * topk, block) // block) * block
+
+    def num_blocks(self, b: int, extra: bool) -> int:
+        """Blocks of a branch's cache: every sequence's blocks plus one spare (never indexed)."""
+        if extra and not self.has_extra:
+            return 1
+        topk, block = (self.extra_topk, self.extra_block) if extra else (self.topk, self.block)
+        return b * self.seq_tokens(topk, block) // block + 1
+
+    def tiles(self) -> int:
+        """64-key tiles of the combined key list (each branch padded to whole tiles)."""
+        return -(-self.topk // TILE) + (-(-self.extra_topk // TILE) if self.has_extra else 0)
+
+
+def split_capacity(case: dict[str, Any]) -> int:
+    c = SparseConfig.parse(case["config"])
+    splits = case["splits"]
+    if splits == "auto":
+        ctas = case["b"] * c.s_q * -(-c.h_q // 64)
+        return 1 if ctas >= SM_COUNT else max(1, c.tiles())
+    if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
+        raise ValueError(f"splits must be a positive int or 'auto', got {splits!r}")
+    return splits
+
+
+def tensors(case: dict[str, Any]) -> list[TensorSpec]:
+    c = SparseConfig.parse(case["config"])
+    fmt, b = case["kv_format"], case["b"]
+    cap = split_capacity(case)
+    xtopk, xblock = (c.extra_topk, c.extra_block) if c.has_extra else (1, 1)
+    return [
+        TensorSpec("Q", (b, c.s_q, c.h_q, D), "bfloat16"),
+        TensorSpec("KV", (c.num_blocks(b, False), kc.block_bytes(fmt, c.block)), "uint8"),
+        TensorSpec("idx", (b, c.s_q, c.topk), "int32"),
+        TensorSpec("topk_length", (b,), "int32"),
+        TensorSpec("KV_extra", (c.num_blocks(b, True), kc.block_bytes(fmt, xblock)), "uint8"),
+        TensorSpec("idx_extra", (b, c.s_q, xtopk), "int32"),
+        TensorSpec("extra_length", (b,), "int32"),
+        TensorSpec("sink", (c.h_q,), "float32"),
+        TensorSpec("O", (b, c.s_q, c.h_q, D), "bfloat16", "out"),
+        TensorSpec("LSE", (b, c.h_q, c.s_q), "float32", "out"),
+        TensorSpec("O_part", (cap, b, c.s_q, c.h_q, D), "float32", "scratch"),
+        TensorSpec("LSE_part", (cap, b, c.s_q, c.h_q), "float32", "scratch"),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+def _branch(g, b: int, s_q: int, topk: int, block: int, nb: int, scenario: str, fmt: str):
+    """One branch: (cache uint8, idx int32 [b, s_q, topk], length int32 [b]), CPU.
+
+    Sequence i owns `seq` token positions whose blocks are a random permutation of blocks
+    0 … nb − 2 (the last block is a spare nobody indexes); each (i, t) indexes `topk` distinct
+    positions (dup: some repeated); only indexed tokens get values, every other token is 0xFF."""
+    import torch
+
+    seq = max(2 * topk, block)
+    seq = -(-seq // block) * block
+    blocks_per_seq = seq // block
+    table = torch.randperm(nb - 1, generator=g)[: b * blocks_per_seq].view(b, blocks_per_seq)
+    pos = torch.argsort(torch.rand(b, s_q, seq, generator=g), dim=-1)[..., :topk]  # distinct positions
+    if scenario == "dup" and topk > 1:
+        k = max(1, topk // 4)
+        src = torch.randint(0, topk, (b, s_q, k), generator=g)
+        dst = torch.randint(0, topk, (b, s_q, k), generator=g)
+        pos.scatter_(2, dst, torch.gather(pos, 2, src))
+    idx = (torch.gather(table, 1, (pos // block).view(b, -1)).view(b, s_q, topk) * block + pos % block).to(torch.int32)
+    length = torch.full((b,), topk, dtype=torch.int32)
+
+    if scenario in ("invalid", "lonely", "topk_len", "sink", "sink_inf"):
+        drop = torch.rand(b, s_q, topk, generator=g) < (0.3 if scenario == "invalid" else 0.1)
+        idx[drop] = -1
+    if scenario == "lonely":
+        if s_q > 1:
+            idx[0, -1] = -1  # the last token of batch 0 sees nothing (in both branches)
+        if b > 1:
+            length[1] = 0  # batch 1: both lengths 0; the other batches keep their keys
+    if scenario == "topk_len":
+        length = torch.randint(0, topk + 1, (b,), generator=g, dtype=torch.int32)
+        length[0] = topk
+        if b > 1:
+            length[1] = 0
+        garbage = torch.tensor([INT_MAX, -7, 2**30, INT_MAX - 1], dtype=torch.int32)
+        past = torch.arange(topk)[None, None, :] >= length[:, None, None].long()
+        pick = torch.randint(0, len(garbage), (b, s_q, topk), generator=g)
+        idx = torch.where(past, garbage[pick], idx)
+
+    cache = torch.full((nb, kc.block_bytes(fmt, block)), 0xFF, dtype=torch.uint8)
+    live = _live(idx, length)
+    used = torch.unique(idx[live].long()) if bool(live.any()) else torch.zeros(0, dtype=torch.long)
+    x = torch.randn(used.numel(), D, generator=g) * KV_SCALE
+    if used.numel():
+        kc.write_tokens(cache, fmt, block, used, x)
+    if scenario == "extreme" and used.numel():
+        _write_extremes(g, cache, fmt, block, used)
+    return cache, idx, length
+
+
+def _live(idx, length):
+    """Valid keys: list position < length[b] and index ≠ −1."""
+    import torch
+
+    topk = idx.shape[-1]
+    inside = torch.arange(topk, device=idx.device)[None, None, :] < length.to(idx.device)[:, None, None].long()
+    return inside & (idx != -1)
+
+
+_EXTREME_EXPS = (-20, 15, -17, 12, -9, 6, -14, 9, -20, 15, -3, 1, -11, 13, -19, 4)
+VALUE_CAP = 4.0  # |q · 2^e| of an extreme-scale payload stays ≤ this (or is one of 4 tiny subnormal columns)
+
+
+def _write_extremes(g, cache, fmt: str, block: int, used) -> None:
+    """Give every 4th indexed token extreme scales: per scale group an exponent from
+    _EXTREME_EXPS (2^−20 … 2^15) and e4m3 payload bytes whose values q keep |q · 2^e| ≤ 4; where
+    no nonzero e4m3 value is that small (2^15 · 2^−9 = 64), the group is 0 except 4 columns holding
+    the smallest subnormals (so a scale from the wrong group still moves the scores)."""
+    import torch
+
+    flat = cache.view(-1)
+    tokens = used[::4]
+    d0, s0 = kc.token_offsets(fmt, block, tokens)
+    n_groups = {"simple": 1, "model1": kc.MODEL1_TILES, "v4.1": kc.V41_SCALES}[fmt]
+    group = {"simple": D, "model1": kc.MODEL1_TILE, "v4.1": kc.V41_GROUP}[fmt]
+    table = kc.e4m3_decode(torch.arange(0x7F).to(torch.uint8))  # bytes 0 … 0x7E, non-negative
+    for j, (dd, ss) in enumerate(zip(d0.tolist(), s0.tolist())):
+        exps = [_EXTREME_EXPS[(j + k) % len(_EXTREME_EXPS)] for k in range(n_groups)]
+        for k, e in enumerate(exps):
+            allowed = torch.nonzero((table > 0) & (table * 2.0 ** e <= VALUE_CAP)).flatten()
+            if allowed.numel():
+                q = allowed[torch.randint(0, allowed.numel(), (group,), generator=g)].to(torch.uint8)
+            else:
+                q = torch.zeros(group, dtype=torch.uint8)
+                q[torch.randperm(group, generator=g)[:4]] = torch.randint(1, 3, (4,), generator=g).to(torch.uint8)
+            q |= (torch.rand(group, generator=g) < 0.5).to(torch.uint8) << 7  # sign
+            flat[dd + k * group : dd + (k + 1) * group] = q
+        if fmt == "simple":
+            flat[ss : ss + 4] = torch.tensor([2.0 ** exps[0]], dtype=torch.float32).view(torch.uint8)
+        else:
+            flat[ss : ss + n_groups] = kc.e8m0_encode_exponent(torch.tensor(exps))
+
+
+def make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> dict:
+    import torch
+
+    c = SparseConfig.parse(case["config"])
+    fmt, b, scenario = case["kv_format"], case["b"], case["scenario"]
+    if scenario not in SCENARIOS:
+        raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}, got {scenario!r}")
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(b, c.s_q, c.h_q, D, generator=g) * Q_SCALE).to(torch.bfloat16)
+    kv, idx, length = _branch(g, b, c.s_q, c.topk, c.block, c.num_blocks(b, False), scenario, fmt)
+    if c.has_extra:
+        kvx, idxx, lengthx = _branch(g, b, c.s_q, c.extra_topk, c.extra_block, c.num_blocks(b, True), scenario, fmt)
+        if scenario == "lonely":
+            if c.s_q > 1:
+                idxx[0, -1] = -1
+            if b > 1:
+                lengthx[1] = 0
+    else:
+        kvx = torch.full((1, kc.block_bytes(fmt, 1)), 0xFF, dtype=torch.uint8)
+        idxx = torch.full((b, c.s_q, 1), -1, dtype=torch.int32)
+        lengthx = torch.zeros(b, dtype=torch.int32)
+    sink = _sink(g, c.h_q, scenario, c.topk + c.extra_topk)
+    out = {"Q": q, "KV": kv, "idx": idx, "topk_length": length, "KV_extra": kvx, "idx_extra": idxx,
+           "extra_length": lengthx, "sink": sink}
+    return {k: v.to(device) for k, v in out.items()}
+
+
+def _sink(g, h_q: int, scenario: str, keys: int):
+    """Sinks [h_q]: −inf (none) for plain, dup and extreme; N(0, 1) + ln(keys) + 2 (about a row's
+    LSE for these inputs, so 1/(1 + exp(sink − lse)) is far from 0 and 1) for sink, invalid and topk_len;
+    sink_inf and lonely cycle −inf, +inf and such a finite value over the heads."""
+    import torch
+
+    if scenario in ("plain", "dup", "extreme"):
+        return torch.full((h_q,), -math.inf)
+    finite = torch.randn(h_q, generator=g) + math.log(keys) + Q_SCALE**2 / 2
+    if scenario in ("sink_inf", "lonely"):
+        cyc = torch.tensor([-math.inf, math.inf, 0.0])
+        kind = torch.arange(h_q) % 3
+        return torch.where(kind < 2, cyc[kind], finite)
+    return finite
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference
+
+
+def branch_keys(cache, fmt: str, block: int, idx, length):
+    """(kv float64 [b, s_q, k, 512] with invalid keys zeroed, valid bool [b, s_q, k])."""
+    import torch
+
+    valid = _live(idx, length)
+    safe = torch.where(valid, idx, torch.zeros_like(idx)).long()
+    kv = kc.read_tokens(cache, fmt, block, safe.reshape(-1)).view(*idx.shape, D)
+    kv = torch.where(valid[..., None], kv, torch.zeros_like(kv))
+    return kv, valid
+
+
+def reference(inputs: dict, case: dict[str, Any]) -> dict:
+    """float64: O [b, s_q, h_q, 512], LSE [b, h_q, s_q] (see the module doc)."""
+    import torch
+
+    c = SparseConfig.parse(case["config"])
+    fmt = case["kv_format"]
+    kv, valid = branch_keys(inputs["KV"], fmt, c.block, inputs["idx"], inputs["topk_length"])
+    if c.has_extra:
+        kvx, validx = branch_keys(inputs["KV_extra"], fmt, c.extra_block, inputs["idx_extra"], inputs["extra_length"])
+        kv, valid = torch.cat([kv, kvx], dim=2), torch.cat([valid, validx], dim=2)
+    q = inputs["Q"].double()
+    s = torch.einsum("bthd,btkd->bthk", q, kv) / math.sqrt(D)
+    s = s.masked_fill(~valid[:, :, None, :], -math.inf)
+    lse = torch.logsumexp(s, dim=-1)  # [b, s_q, h_q]; −inf for a lonely row
+    lonely = lse == -math.inf
+    p = torch.exp(s - torch.where(lonely, torch.zeros_like(lse), lse)[..., None])  # 0 on a lonely row
+    o = torch.einsum("bthk,btkd->bthd", p, kv)
+    sink = inputs["sink"].double().to(o.device)[None, None, :]
+    factor = 1.0 / (1.0 + torch.exp(sink - lse))  # sink = −inf → 1, +inf → 0
+    o = torch.where(lonely[..., None], torch.zeros_like(o), o * factor[..., None])
+    lse = torch.where(lonely, torch.full_like(lse, math.inf), lse)
+    return {"O": o, "LSE": lse.permute(0, 2, 1).contiguous()}
+
+
+def flops(case: dict[str, Any]) -> float:
+    """2 · h_q · s_q · (d_qk + d_v) · (topk + extra_topk) per sequence (DSV4.md's count)."""
+    c = SparseConfig.parse(case["config"])
+    keys = c.topk + (c.extra_topk if c.has_extra else 0)
+    return 2.0 * case["b"] * c.h_q * c.s_q * (D + D) * keys
