@@ -8,7 +8,7 @@ import importlib.util
 
 import pytest
 
-from harness.peers import PEER_NAMES, PEERS, adapter, why_not
+from harness.peers import PROBLEMS, PEER_NAMES, PEERS, adapter, why_not
 from harness.peers.base import importable, problem_dims
 from oracles.common import TensorSpec
 
@@ -30,7 +30,15 @@ def test_every_peer_has_an_adapter_with_its_contract():
     for name in PEER_NAMES:
         mod = adapter(name)
         assert mod.PROBLEMS and callable(mod.installed) and callable(mod.unsupported) and callable(mod.make)
-        assert PEERS[name][1].startswith("pip install")
+        assert PEERS[name][1].startswith(("pip install", "build DeepGEMM from source: git clone"))
+        assert set(mod.PROBLEMS) <= set(PROBLEMS), name  # every problem it computes is a known one
+
+
+def test_every_problem_has_its_dims_reader():
+    from harness.peers.base import DIMS
+
+    assert set(DIMS) == set(PROBLEMS)
+    assert problem_dims("gemm", mla()) == "unknown problem gemm"
 
 
 def test_problem_dims_from_the_stage_tensors():

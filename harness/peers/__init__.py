@@ -14,6 +14,8 @@ Problems (tensor names and shapes the adapters rely on; the stage's tensors() mu
   mla_decode   DSV4/MLA dense decode, MQA over one latent head: Q [b, s_q, h_q, d_qk],
                KV [b, n, d_qk] (bf16; V is KV's first d_v columns) -> O [b, s_q, h_q, d_v],
                LSE [b, h_q, s_q]; scale 1/sqrt(d_qk)
+  mqa_logits, paged_mqa_logits
+               the indexer's FP8 MQA logits, flat and paged (harness/peers/indexer_problems.py)
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ PEERS: dict[str, tuple[str, str]] = {
     "torch_plain": ("harness.peers.torch_plain", "pip install torch"),
     "fa4": ("harness.peers.fa4", "pip install flash-attn-4"),
     "flashmla": ("harness.peers.flashmla", "pip install --no-deps sgl-flash-mla"),
+    "torch_indexer": ("harness.peers.torch_indexer", "pip install torch"),
+    "deepgemm": ("harness.peers.deepgemm", "build DeepGEMM from source: git clone --recursive "
+                 "https://github.com/deepseek-ai/DeepGEMM && cd DeepGEMM && ./install.sh"),
 }
 PEER_NAMES = tuple(PEERS)
-PROBLEMS = ("attention", "mla_decode")
+PROBLEMS = ("attention", "mla_decode", "mqa_logits", "paged_mqa_logits")  # harness.peers.base.DIMS reads each
 
 
 def adapter(name: str):

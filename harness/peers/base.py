@@ -4,48 +4,81 @@ stage's tensor specs (harness.peers names the problems and their layouts)."""
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Callable
+
+
+def tensor_shape(problem: str, by: dict[str, Any], name: str, rank: int, dtype: str,
+                 role: str = "in") -> tuple[int, ...] | str:
+    """The shape of tensor `name` in `by` (name -> TensorSpec) when it has this rank, dtype and
+    role; else one phrase saying how it differs from what `problem` wants."""
+    s = by.get(name)
+    if s is None:
+        return f"no tensor {name}"
+    if len(s.shape) != rank or s.dtype != dtype or s.role != role:
+        return f"{name} is {list(s.shape)} {s.dtype} ({s.role}); {problem} wants rank {rank} {dtype} ({role})"
+    return tuple(s.shape)
+
+
+def shapes(problem: str, by: dict[str, Any], *wanted: tuple) -> list[tuple[int, ...]] | str:
+    """tensor_shape for each (name, rank, dtype[, role]) in turn: the shapes, or the first phrase."""
+    got = []
+    for w in wanted:
+        g = tensor_shape(problem, by, *w)
+        if isinstance(g, str):
+            return g
+        got.append(g)
+    return got
+
+
+def _attention(problem: str, by: dict[str, Any]) -> dict[str, int] | str:
+    got = shapes(problem, by, ("Q", 2, "bfloat16"), ("K", 2, "bfloat16"), ("V", 2, "bfloat16"),
+                 ("O", 2, "bfloat16", "out"))
+    if isinstance(got, str):
+        return got
+    q, k, v, o = got
+    m, d = q
+    n = k[0]
+    if k != (n, d) or v != (n, d) or o != (m, d):
+        return f"shapes Q {list(q)} K {list(k)} V {list(v)} O {list(o)} are not Q [m, d], K/V [n, d], O [m, d]"
+    lse = by.get("LSE")
+    if lse is not None and tuple(lse.shape) != (m,):
+        return f"LSE {list(lse.shape)} is not [m]"
+    return {"m": m, "n": n, "d": d}
+
+
+def _mla_decode(problem: str, by: dict[str, Any]) -> dict[str, int] | str:
+    got = shapes(problem, by, ("Q", 4, "bfloat16"), ("KV", 3, "bfloat16"), ("O", 4, "bfloat16", "out"))
+    if isinstance(got, str):
+        return got
+    q, kv, o = got
+    b, s_q, h_q, d_qk = q
+    if kv[0] != b or kv[2] != d_qk or o[:3] != (b, s_q, h_q) or o[3] > d_qk:
+        return f"shapes Q {list(q)} KV {list(kv)} O {list(o)} are not Q [b, s_q, h_q, d], KV [b, n, d], O [b, s_q, h_q, d_v]"
+    return {"b": b, "s_q": s_q, "h_q": h_q, "d_qk": d_qk, "d_v": o[3], "n": kv[1]}
+
+
+def _indexer(problem: str, by: dict[str, Any]) -> dict[str, int] | str:
+    from harness.peers.indexer_problems import problem_dims as indexer_dims
+
+    return indexer_dims(problem, by)
+
+
+# problem -> how its sizes are read from a stage's tensors (harness.peers.PROBLEMS names them)
+DIMS: dict[str, Callable[[str, dict[str, Any]], dict[str, int] | str]] = {
+    "attention": _attention,
+    "mla_decode": _mla_decode,
+    "mqa_logits": _indexer,
+    "paged_mqa_logits": _indexer,
+}
 
 
 def problem_dims(problem: str, specs: list[Any]) -> dict[str, int] | str:
     """The problem's sizes from `specs` (oracles.common.TensorSpec list), or one phrase saying
     why these tensors are not that problem's layout."""
-    by = {s.name: s for s in specs}
-
-    def need(name: str, rank: int, dtype: str, role: str) -> tuple[int, ...] | str:
-        s = by.get(name)
-        if s is None:
-            return f"no tensor {name}"
-        if len(s.shape) != rank or s.dtype != dtype or s.role != role:
-            return f"{name} is {list(s.shape)} {s.dtype} ({s.role}); {problem} wants rank {rank} {dtype} ({role})"
-        return tuple(s.shape)
-
-    if problem == "attention":
-        got = [need("Q", 2, "bfloat16", "in"), need("K", 2, "bfloat16", "in"), need("V", 2, "bfloat16", "in"),
-               need("O", 2, "bfloat16", "out")]
-        for g in got:
-            if isinstance(g, str):
-                return g
-        q, k, v, o = got
-        m, d = q
-        n = k[0]
-        if k != (n, d) or v != (n, d) or o != (m, d):
-            return f"shapes Q {list(q)} K {list(k)} V {list(v)} O {list(o)} are not Q [m, d], K/V [n, d], O [m, d]"
-        lse = by.get("LSE")
-        if lse is not None and tuple(lse.shape) != (m,):
-            return f"LSE {list(lse.shape)} is not [m]"
-        return {"m": m, "n": n, "d": d}
-    if problem == "mla_decode":
-        got = [need("Q", 4, "bfloat16", "in"), need("KV", 3, "bfloat16", "in"), need("O", 4, "bfloat16", "out")]
-        for g in got:
-            if isinstance(g, str):
-                return g
-        q, kv, o = got
-        b, s_q, h_q, d_qk = q
-        if kv[0] != b or kv[2] != d_qk or o[:3] != (b, s_q, h_q) or o[3] > d_qk:
-            return f"shapes Q {list(q)} KV {list(kv)} O {list(o)} are not Q [b, s_q, h_q, d], KV [b, n, d], O [b, s_q, h_q, d_v]"
-        return {"b": b, "s_q": s_q, "h_q": h_q, "d_qk": d_qk, "d_v": o[3], "n": kv[1]}
-    return f"unknown problem {problem}"
+    fn = DIMS.get(problem)
+    if fn is None:
+        return f"unknown problem {problem}"
+    return fn(problem, {s.name: s for s in specs})
 
 
 def importable(module: str) -> str | None:

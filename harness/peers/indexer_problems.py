@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.peers.base import tensor_shape
+
 INDEXER_PROBLEMS = ("mqa_logits", "paged_mqa_logits")
 
 
@@ -23,12 +25,7 @@ def problem_dims(problem: str, by: dict[str, Any]) -> dict[str, int] | str:
     saying why they are not the problem's layout."""
 
     def need(name: str, rank: int, dtype: str, role: str = "in") -> tuple[int, ...] | str:
-        s = by.get(name)
-        if s is None:
-            return f"no tensor {name}"
-        if len(s.shape) != rank or s.dtype != dtype or s.role != role:
-            return f"{name} is {list(s.shape)} {s.dtype} ({s.role}); {problem} wants rank {rank} {dtype} ({role})"
-        return tuple(s.shape)
+        return tensor_shape(problem, by, name, rank, dtype, role)
 
     if problem == "mqa_logits":
         got = [need("q", 3, "float8_e4m3fn"), need("kv", 2, "float8_e4m3fn"), need("kv_scale", 1, "float32"),
