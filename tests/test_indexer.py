@@ -244,3 +244,21 @@ def test_i1_tolerances_fail_a_wrong_neg_inf_position():
     out = ref.float().clone()
     out[row, int(inputs["ke"][row]) - 1] = -math.inf  # one key inside the range dropped
     assert judge(_tolerances("I1"), {"logits": compare(out, ref).to_json()})[0] == "fail"
+
+
+# -- the kernels' refusals (no GPU needed) -------------------------------------------------
+
+
+def test_kernels_refuse_what_they_cannot_do():
+    from stages.I1_mqa_logits.sm90 import Kernel as I1
+    from stages.I2_paged_mqa_logits.sm90 import Kernel as I2
+
+    with pytest.raises(ValueError, match="s_kv must be a positive multiple of 128"):
+        I1(s=128, s_kv=1000)
+    with pytest.raises(ValueError, match="s must be a multiple"):
+        I1(s=127, s_kv=1024)
+    with pytest.raises(ValueError, match="block_kv must be 64"):
+        I2(b=1, next_n=1, block_kv=32)
+    with pytest.raises(ValueError, match="next_n must be 1"):
+        I2(b=1, next_n=5, block_kv=64)
+    I1(s=128, s_kv=1024), I2(b=8, next_n=2, block_kv=64)  # the matrix's shapes are taken

@@ -43,3 +43,11 @@ def test_lab_catches_dropped_relu_in_stage_i1(project_root, tmp_path):
         assert rec.status == "fail"
         assert m["unwritten"] == 0 and m["nonfinite"] == 0  # runs cleanly, −inf where it belongs
         assert m["cosine"] < 0.99  # and the logits are wrong
+
+
+def test_stage_i2_sm90_passes_its_matrix(project_root, tmp_path):
+    spec = load_spec(root=project_root)
+    summary = _run(spec, spec.stages["I2"], "sm_90a", tmp_path)
+    for rec in summary.records:
+        print("I2", rec.case, rec.status, rec.metrics.get("logits"), rec.error)
+    assert [r.status for r in summary.records] == ["pass"] * 8
