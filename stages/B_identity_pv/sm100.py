@@ -26,6 +26,10 @@ TMEM (256 columns allocated): S fp32 in columns [0, 128); P bf16 in the upper
 half of S, columns [64, 128) (two bf16 per column); O fp32 in [128, 192).
 All offsets come from `TmemPlan` (stages/common/sm100_idioms.py).
 
+What is new in this rung: the identity softmax (`softmax_role`: P = bf16(S)) and
+its epilogue.  The set-up (operands, TMA, shared memory, pipelines, TMEM, the
+load and MMA warps) is stages/common/sm100_setup.py's, shared with C and D1.
+
 Synchronisation (mbarriers via cutlass.pipeline; arrive counts in THREADS)
     q, k, v   PipelineTmaUmma   load warp (TMA tx bytes) → MMA warp (tcgen05.commit)
     s         PipelineUmmaAsync MMA warp commit → 128 softmax threads
@@ -42,8 +46,8 @@ Synchronisation (mbarriers via cutlass.pipeline; arrive counts in THREADS)
 
 Lessons of DSV4.md ("What the first attempt taught"), as handled here
     1  Every value used by more than one branch (TMEM plan, copies, fragments,
-       pipelines) is built before the warp-role `if`s; nothing defined inside
-       one role branch is read in another.
+       pipelines) is built before the warp-role `if`s (AttentionCta, TmemP);
+       each role is its own @cute.jit function and returns nothing.
     2  Every pipeline side made of threads counts threads: the softmax side is
        CooperativeGroup(Thread, 128); MMA/TMA sides are 1 (elected thread).
     3  After the tcgen05.st of P: tcgen05.wait::st (fence_view_async_tmem_store)
@@ -74,34 +78,28 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.pipeline as pipeline
-import cutlass.utils as utils
-import cutlass.utils.blackwell_helpers as sm100_utils
-from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
-from cutlass.memory import TmemAllocator
+from cutlass.cute.nvgpu import tcgen05
 
-from stages.common.sm100_idioms import (
-    TmemPlan,
-    attention_smem_struct,
-    attention_views,
-    check_same_fragment_coords,
-    tcgen05_fence_after_sync,
-    tcgen05_fence_before_sync,
-    threads_to_umma_pipeline,
-    tma_umma_pipeline,
-    tmem_allocate,
-    tmem_copy,
-    tmem_free,
-    umma_to_threads_pipeline,
-)
 from stages.common.inspection import expose
-from stages.common.tma import prefetch_descriptors, sm100_tma_load, tma_partition_tile
+from stages.common.sm100_idioms import tcgen05_fence_after_sync, tcgen05_fence_before_sync, tmem_copy
+from stages.common.sm100_setup import (
+    AttentionCta,
+    AttentionOperands,
+    TmemP,
+    WarpRoles,
+    attention_views,
+    free_tmem,
+    launch,
+    load_role,
+    mma_role,
+)
+from stages.common.tma import prefetch_descriptors
 
 BF16 = cutlass.BFloat16
 F32 = cutlass.Float32
 
 
-class Kernel:
+class Kernel(WarpRoles):
     """O[m, hd] = bf16(Q·Kᵀ)·V, identity softmax, P in TMEM, on sm_100a tensor cores.
 
     Limits: m = 128, hd = 64, n a positive multiple of 128; row-major,
@@ -111,11 +109,6 @@ class Kernel:
     TILE_M = 128  # query rows = UMMA M
     KV_TILE = 128  # keys per KV tile = N of QK = K of PV
     KV_STAGES = 2  # shared-memory slots for K and for V
-    SOFTMAX_WARPS = (0, 1, 2, 3)
-    MMA_WARP = 4
-    LOAD_WARP = 5
-    THREADS = 32 * 6
-    SOFTMAX_THREADS = 32 * 4
 
     def __init__(self, *, m: int, n: int, hd: int):
         if m != self.TILE_M:
@@ -133,37 +126,13 @@ class Kernel:
     def __call__(self, Q: cute.Tensor, K: cute.Tensor, V: cute.Tensor, O: cute.Tensor, stream: cuda.CUstream):
         # (rows, cols, L = 1) views.  PV's B operand is Vᵀ: (N = hd, K = n), MN-major.
         mQ, mK, mV, mO = attention_views(Q, K, V, O, "stage B sm100")
-
-        cta = tcgen05.CtaGroup.ONE
-        qk_mma = sm100_utils.make_trivial_tiled_mma(
-            BF16, BF16, OperandMajorMode.K, OperandMajorMode.K, F32, cta, self.qk_tiler[:2]
-        )
         # P comes from TMEM, and an A operand in TMEM is K-major.
-        pv_mma = sm100_utils.make_trivial_tiled_mma(
-            BF16, BF16, OperandMajorMode.K, OperandMajorMode.MN, F32, cta, self.pv_tiler[:2],
-            tcgen05.OperandSource.TMEM,
-        )
-
-        q_smem = sm100_utils.make_smem_layout_a(qk_mma, self.qk_tiler, BF16, 1)
-        k_smem = sm100_utils.make_smem_layout_b(qk_mma, self.qk_tiler, BF16, self.KV_STAGES)
-        v_smem = sm100_utils.make_smem_layout_b(pv_mma, self.pv_tiler, BF16, self.KV_STAGES)
-        p_layout = sm100_utils.make_smem_layout_a(pv_mma, self.pv_tiler, BF16, 1)  # P's A-operand layout
-
-        tma_q, tma_Q, self.q_bytes = sm100_tma_load("A", qk_mma, mQ, q_smem, self.qk_tiler)
-        tma_k, tma_K, self.k_bytes = sm100_tma_load("B", qk_mma, mK, k_smem, self.qk_tiler)
-        tma_v, tma_V, self.v_bytes = sm100_tma_load("B", pv_mma, mV, v_smem, self.pv_tiler)
-
-        # Barriers of the six pipelines, the TMEM address, Q, K and V buffers.
-        self.smem_struct = attention_smem_struct(BF16, q_smem, k_smem, v_smem, self.KV_STAGES, self.KV_STAGES)
-
-        self.kernel(
-            qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_V, mO, q_smem, k_smem, v_smem, p_layout
-        ).launch(
-            grid=(1, 1, 1),
-            block=(self.THREADS, 1, 1),
-            stream=stream,
-            min_blocks_per_mp=1,  # .minnctapersm 1: ptxas may use > 168 registers, no spills
-        )
+        ops = AttentionOperands(mQ, mK, mV, q_tiler=self.qk_tiler, k_tiler=self.qk_tiler, pv_tiler=self.pv_tiler,
+                                pv_n=self.hd, k_slots=self.KV_STAGES, v_slots=self.KV_STAGES,
+                                p_source=tcgen05.OperandSource.TMEM)
+        self.plan = ops.plan
+        self.smem_struct = ops.smem_struct(tmem_p=True)  # barriers, TMEM address, Q, K, V
+        launch(self.kernel(*ops.args(), mO), (1, 1, 1), stream)
 
     @cute.kernel
     def kernel(
@@ -176,169 +145,84 @@ class Kernel:
         mK: cute.Tensor,
         tma_v: cute.CopyAtom,
         mV: cute.Tensor,
-        mO: cute.Tensor,
         q_smem: cute.ComposedLayout,
         k_smem: cute.ComposedLayout,
         v_smem: cute.ComposedLayout,
         p_layout: cute.ComposedLayout,
+        mO: cute.Tensor,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-
         if warp_idx == self.LOAD_WARP:
             prefetch_descriptors(tma_q, tma_k, tma_v)
 
-        smem = utils.SmemAllocator()
-        storage = smem.allocate(self.smem_struct)
-        sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)  # (MMA, MMA_M, MMA_K, 1)
-        sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (MMA, MMA_N, MMA_K, stages)
-        sV = storage.sV.get_tensor(v_smem.outer, swizzle=v_smem.inner)  # (MMA, MMA_N, MMA_K, stages)
-
-        # ---- pipelines (arrive counts: elected thread = 1, softmax side = 128 threads)
-        q_prod, q_cons = tma_umma_pipeline(storage.q_mbar, 1, self.q_bytes)
-        k_prod, k_cons = tma_umma_pipeline(storage.k_mbar, self.KV_STAGES, self.k_bytes)
-        v_prod, v_cons = tma_umma_pipeline(storage.v_mbar, self.KV_STAGES, self.v_bytes)
-        s_prod, s_cons = umma_to_threads_pipeline(storage.s_mbar, self.SOFTMAX_THREADS)
-        p_prod, p_cons = threads_to_umma_pipeline(storage.p_mbar, self.SOFTMAX_THREADS)
-        o_prod, o_cons = umma_to_threads_pipeline(storage.o_mbar, self.SOFTMAX_THREADS)
-
-        # TMEM: warp 0 allocates and frees; every warp reads the address after barrier 1.
-        tmem_alloc = TmemAllocator(
-            storage.tmem_addr.ptr,
-            barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=1, num_threads=self.THREADS),
-            allocator_warp_id=self.SOFTMAX_WARPS[0],
-        )
-        softmax_sync = pipeline.NamedBarrier(barrier_id=2, num_threads=self.SOFTMAX_THREADS)
-
-        # ---- MMA operands (shared-memory descriptors)
-        qk_thr = qk_mma.get_slice(0)
-        pv_thr = pv_mma.get_slice(0)
-        tSrQ = qk_mma.make_fragment_A(sQ)  # (MMA, MMA_M, MMA_K, 1)
-        tSrK = qk_mma.make_fragment_B(sK)  # (MMA, MMA_N, MMA_K, stages)
-        tOrV = pv_mma.make_fragment_B(sV)  # (MMA, MMA_N, MMA_K, stages)
-
-        # ---- TMA partitions: Q (TMA, 1), K_j (TMA, n_tiles), V_j (TMA, n_tiles)
-        gQ = cute.flat_divide(mQ, cute.select(self.qk_tiler, mode=[0, 2]))  # (128, hd, 1, 1, 1)
-        gK = cute.flat_divide(mK, cute.select(self.qk_tiler, mode=[1, 2]))  # (128, hd, n_tiles, 1, 1)
-        gV = cute.flat_divide(mV, cute.select(self.pv_tiler, mode=[1, 2]))  # (hd, 128, 1, n_tiles, 1)
-        tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, qk_thr.partition_A(gQ), 3)
-        tKsK, tKgK = tma_partition_tile(tma_k, sK, qk_thr.partition_B(gK), 3)
-        tVsV, tVgV = tma_partition_tile(tma_v, sV, pv_thr.partition_B(gV), 3)
-        tQgQ = tQgQ[None, 0, 0, 0]  # (TMA)
-        tKgK = tKgK[None, None, 0, 0]  # (TMA, n_tiles)
-        tVgV = tVgV[None, 0, None, 0]  # (TMA, n_tiles)
-
-        # ---- TMEM: plan (S, P inside S, O), allocation by warp 0, address to all warps.
-        tmem_plan = TmemPlan(qk_mma, pv_mma, self.qk_tiler, self.pv_tiler, p_layout, F32, BF16)
-        tmem_cols = tmem_plan.alloc_cols
-        tmem_ptr = tmem_allocate(tmem_alloc, tmem_cols)  # tcgen05.alloc by the allocator warp (0)
-        tStS, tOrP, tOtO = tmem_plan.views(tmem_ptr)
-
-        # ---- softmax-warpgroup TMEM copies; thread t ↔ lane t ↔ row t.
-        s_load = tmem_copy(tcgen05.Ld32x32bOp, tcgen05.Repetition.x32, F32, tStS)
-        p_store = tmem_copy(tcgen05.St32x32bOp, tcgen05.Repetition.x16, BF16, tOrP)
-        o_load = tmem_copy(tcgen05.Ld32x32bOp, tcgen05.Repetition.x32, F32, tOtO)
-        cS = qk_thr.partition_C(cute.make_identity_tensor(self.qk_tiler[:2]))  # (row, key)
-        cP = pv_thr.partition_A(cute.make_identity_tensor((self.TILE_M, self.KV_TILE)))  # (row, key)
-        check_same_fragment_coords(s_load, cS, p_store, cP, "TMEM-P (S → P)")  # trace time
+        cta = AttentionCta(self.smem_struct, self.plan, qk_mma, pv_mma, q_smem, k_smem, v_smem)
+        tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = cta.tma_partitions(
+            tma_q, mQ, tma_k, mK, tma_v, mV, self.qk_tiler, self.qk_tiler, self.pv_tiler, 0)
+        tmem = TmemP(cta, qk_mma, pv_mma, self.qk_tiler, self.pv_tiler, p_layout)  # S, P inside S, O
         expose(self, p_path="tmem", qk_mma=(qk_mma, self.qk_tiler), pv_mma=(pv_mma, self.pv_tiler),  # inspect
                smem={"Q": q_smem, "K": k_smem, "V": v_smem, "P (A layout)": p_layout},
-               tmem=tmem_plan, tmem_pair=(s_load, cS, p_store, cP))
-
+               tmem=tmem.plan, tmem_pair=(tmem.s_load, tmem.cS, tmem.p_store, tmem.cP))
+        o_load = tmem_copy(tcgen05.Ld32x32bOp, tcgen05.Repetition.x32, F32, tmem.tOtO)
         gO = cute.flat_divide(mO, cute.select(self.pv_tiler, mode=[0, 1]))[None, None, 0, 0, 0]  # (128, hd)
-        tOgO = pv_thr.partition_C(gO)
+        tOgO = cta.pv_thr.partition_C(gO)
 
-        n_tiles = self.n_tiles
-        num_kb_qk = cute.size(tSrQ, mode=[2])
-        num_kb_pv = cute.size(tOrV, mode=[2])
-
-        # ======================= TMA load warp =======================
         if warp_idx == self.LOAD_WARP:
-            q_slot = q_prod.acquire_and_advance()
-            cute.copy(tma_q, tQgQ, tQsQ[None, 0], tma_bar_ptr=q_slot.barrier)
-            for j in cutlass.range(n_tiles, unroll=1):
-                k_slot = k_prod.acquire_and_advance()
-                cute.copy(tma_k, tKgK[None, j], tKsK[None, k_slot.index], tma_bar_ptr=k_slot.barrier)
-                v_slot = v_prod.acquire_and_advance()
-                cute.copy(tma_v, tVgV[None, j], tVsV[None, v_slot.index], tma_bar_ptr=v_slot.barrier)
-            # Wait for the MMA warp's last releases so no arrive lands after exit.
-            q_prod.tail()
-            k_prod.tail()
-            v_prod.tail()
-
-        # ======================= MMA warp =======================
+            load_role(cta.q_prod, cta.k_prod, cta.v_prod, tma_q, tQgQ, tQsQ, tma_k, tKgK, tKsK, tma_v, tVgV, tVsV,
+                      self.n_tiles, 1)
         if warp_idx == self.MMA_WARP:
-            q_full = q_cons.wait_and_advance()
-            for j in cutlass.range(n_tiles, unroll=1):
-                # S = Q · K_jᵀ; the S buffer (holding P_{j-1}) is free only once PV_{j-1} completed.
-                k_full = k_cons.wait_and_advance()
-                s_free = s_prod.acquire_and_advance()
-                tcgen05_fence_after_sync()
-                for kb in cutlass.range_constexpr(num_kb_qk):
-                    qk_mma.set(tcgen05.Field.ACCUMULATE, kb != 0)
-                    cute.gemm(qk_mma, tStS, tSrQ[None, None, kb, 0], tSrK[None, None, kb, k_full.index], tStS)
-                s_free.commit()  # tcgen05.commit → S_j ready for the softmax warps
-                k_full.release()  # tcgen05.commit → K slot free once read
-                # O += P_j · V_j, P_j read from TMEM.
-                v_full = v_cons.wait_and_advance()
-                p_full = p_cons.wait_and_advance()
-                tcgen05_fence_after_sync()
-                for kb in cutlass.range_constexpr(num_kb_pv):
-                    if cutlass.const_expr(kb == 0):
-                        pv_mma.set(tcgen05.Field.ACCUMULATE, j != 0)
-                    else:
-                        pv_mma.set(tcgen05.Field.ACCUMULATE, True)
-                    cute.gemm(pv_mma, tOtO, tOrP[None, None, kb], tOrV[None, None, kb, v_full.index], tOtO)
-                p_full.release()  # tcgen05.commit → P slot free = PV_j complete
-                v_full.release()
-            o_slot = o_prod.acquire_and_advance()
-            o_slot.commit()  # tcgen05.commit → every MMA done, O final
-            q_full.release()
-
-        # ======================= softmax warpgroup =======================
+            mma_role(cta.q_cons, cta.k_cons, cta.v_cons, cta.s_prod, cta.p_cons, cta.o_prod, qk_mma, pv_mma,
+                     cta.tSrQ, cta.tSrK, cta.tOrV, tmem.tStS, tmem.tOrP, tmem.tOtO, self.n_tiles, 1)
         if warp_idx < self.MMA_WARP:
-            thr_s = s_load.get_slice(tidx)
-            thr_p = p_store.get_slice(tidx)
-            thr_o = o_load.get_slice(tidx)
-            tTR_tS = thr_s.partition_S(tStS)  # this thread's row of S in TMEM
-            tRT_tP = thr_p.partition_D(tOrP)  # this thread's row of P in TMEM
-            tTR_tO = thr_o.partition_S(tOtO)  # this thread's row of O in TMEM
-            tTR_gO = thr_o.partition_D(tOgO)  # this thread's row of O in global memory
-            rS = cute.make_rmem_tensor(thr_s.partition_D(cS).shape, F32)
-            rP = cute.make_rmem_tensor(thr_p.partition_S(cP).shape, BF16)
-            rP_as_s = cute.make_tensor(rP.iterator, rS.layout)  # same registers, S's indexing
-            rO = cute.make_rmem_tensor(tTR_gO.shape, F32)
-            rO_out = cute.make_rmem_tensor(tTR_gO.shape, BF16)
+            self.softmax_role(cta.s_cons, cta.p_prod, tmem.s_load, tmem.p_store, tmem.tStS, tmem.tOrP,
+                              tmem.cS, tmem.cP, tidx)
+            self.epilogue(cta.o_cons, o_load, tmem.tOtO, tOgO, tidx)
+            free_tmem(cta, tmem.ptr, tmem.cols)  # all four warps are done with TMEM: warp 0 frees it
 
-            for j in cutlass.range(n_tiles, unroll=1):
-                s_full = s_cons.wait_and_advance()
-                tcgen05_fence_after_sync()
-                cute.copy(s_load, tTR_tS, rS)
-                cute.arch.fence_view_async_tmem_load()  # tcgen05.wait::ld: rS valid
-                # Identity softmax: P = bf16(S), register i ↔ the same (row, key).
-                rP_as_s.store(rS.load().to(BF16))
-                # P slot free ⇔ PV_{j-1} complete (waited already at the end of step j-1).
-                p_slot = p_prod.acquire_and_advance()
-                tcgen05_fence_after_sync()
-                cute.copy(p_store, rP, tRT_tP)
-                cute.arch.fence_view_async_tmem_store()  # tcgen05.wait::st: P is in TMEM
-                tcgen05_fence_before_sync()
-                p_slot.commit()  # 128 arrivals → the MMA warp may run PV_j
-                # P_j sits in S_j's columns: hand S back for QK_{j+1} only once
-                # PV_j has read P_j (the P slot's "free" is a tcgen05.commit after PV_j).
-                p_prod.acquire()
-                tcgen05_fence_before_sync()
-                s_full.release()
-
-            # Epilogue: O row → bf16 → global.
-            o_full = o_cons.wait_and_advance()
+    @cute.jit
+    def softmax_role(self, s_cons, p_prod, s_load, p_store, tStS, tOrP, cS, cP, tidx):
+        """Warps 0-3, per KV tile: S row → registers → P = bf16(S) → P's TMEM view;
+        S is handed back only once PV_j has read P_j (P lives in S's columns)."""
+        thr_s = s_load.get_slice(tidx)
+        thr_p = p_store.get_slice(tidx)
+        tTR_tS = thr_s.partition_S(tStS)  # this thread's row of S in TMEM
+        tRT_tP = thr_p.partition_D(tOrP)  # this thread's row of P in TMEM
+        rS = cute.make_rmem_tensor(thr_s.partition_D(cS).shape, F32)
+        rP = cute.make_rmem_tensor(thr_p.partition_S(cP).shape, BF16)
+        rP_as_s = cute.make_tensor(rP.iterator, rS.layout)  # same registers, S's indexing
+        for j in cutlass.range(self.n_tiles, unroll=1):
+            s_full = s_cons.wait_and_advance()
             tcgen05_fence_after_sync()
-            cute.copy(o_load, tTR_tO, rO)
-            cute.arch.fence_view_async_tmem_load()
-            rO_out.store(rO.load().to(BF16))
-            cute.autovec_copy(rO_out, tTR_gO)
+            cute.copy(s_load, tTR_tS, rS)
+            cute.arch.fence_view_async_tmem_load()  # tcgen05.wait::ld: rS valid
+            # Identity softmax: P = bf16(S), register i ↔ the same (row, key).
+            rP_as_s.store(rS.load().to(BF16))
+            # P slot free ⇔ PV_{j-1} complete (waited already at the end of step j-1).
+            p_slot = p_prod.acquire_and_advance()
+            tcgen05_fence_after_sync()
+            cute.copy(p_store, rP, tRT_tP)
+            cute.arch.fence_view_async_tmem_store()  # tcgen05.wait::st: P is in TMEM
             tcgen05_fence_before_sync()
-            o_full.release()
+            p_slot.commit()  # 128 arrivals → the MMA warp may run PV_j
+            # P_j sits in S_j's columns: hand S back for QK_{j+1} only once
+            # PV_j has read P_j (the P slot's "free" is a tcgen05.commit after PV_j).
+            p_prod.acquire()
+            tcgen05_fence_before_sync()
+            s_full.release()
 
-            # All four warps are done with TMEM before warp 0 frees it.
-            tmem_free(tmem_alloc, tmem_ptr, tmem_cols, softmax_sync)
+    @cute.jit
+    def epilogue(self, o_cons, o_load, tOtO, tOgO, tidx):
+        """Warps 0-3: O row (TMEM) → bf16 → global memory, once the last PV completed."""
+        thr_o = o_load.get_slice(tidx)
+        tTR_tO = thr_o.partition_S(tOtO)  # this thread's row of O in TMEM
+        tTR_gO = thr_o.partition_D(tOgO)  # this thread's row of O in global memory
+        rO = cute.make_rmem_tensor(tTR_gO.shape, F32)
+        rO_out = cute.make_rmem_tensor(tTR_gO.shape, BF16)
+        o_full = o_cons.wait_and_advance()
+        tcgen05_fence_after_sync()
+        cute.copy(o_load, tTR_tO, rO)
+        cute.arch.fence_view_async_tmem_load()
+        rO_out.store(rO.load().to(BF16))
+        cute.autovec_copy(rO_out, tTR_gO)
+        tcgen05_fence_before_sync()
+        o_full.release()

@@ -80,6 +80,12 @@ P between the two MMAs
     same (row, key) for every checked thread and (2) the (M, K) view of the
     A-operand layout is the identity on (row, key) coordinates.
 
+What is new in this rung (stage C + head dims 64 … 512): the TMEM and SMEM budgets,
+SMEM-P (`check_smem_p`), K in head-dim chunks, O split over CTAs by columns and
+chunked O passes.  The set-up (operands, TMA, shared memory, pipelines, TMEM, the
+load and MMA warps, the O rescale) is stages/common/sm100_setup.py's, shared with B
+and C; this module keeps its plans, the softmax warps and the epilogue.
+
 Units and data flow (one CTA, 192 threads, warp-specialised, as stage C)
     warp 5      TMA producer: Q once; per KV tile j the head-dim chunks of
                 K_j (K ring) and this CTA's Vᵀ slab of V_j (V ring).
@@ -108,7 +114,8 @@ Synchronisation (mbarriers via cutlass.pipeline; arrive counts in THREADS)
 
 Lessons of DSV4.md ("What the first attempt taught"), as handled here
     1  Every value used by more than one branch (plans, copies, fragments,
-       pipelines, partitions) is built before the warp-role `if`s; values the
+       pipelines, partitions) is built before the warp-role `if`s; each role
+       is its own @cute.jit function; values the
        other P path does not use are set to None first; compile-time choices
        use cutlass.const_expr; the loop-carried row max / sum are Float32
        values defined before the KV loop.
@@ -148,31 +155,33 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.pipeline as pipeline
-import cutlass.utils as utils
-import cutlass.utils.blackwell_helpers as sm100_utils
-from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
-from cutlass.memory import TmemAllocator
+from cutlass.cute.nvgpu import tcgen05
 
+from stages.common.inspection import expose
 from stages.common.sm100_idioms import (
     TMEM_COL_BITS,
-    TmemPlan,
-    attention_smem_struct,
-    attention_views,
     check_same_fragment_coords,
+    check_smem_p,
+    mk_view,
     online_softmax_update,
     tcgen05_fence_after_sync,
     tcgen05_fence_before_sync,
-    threads_to_umma_pipeline,
-    tma_umma_pipeline,
     tmem_alloc_cols,
-    tmem_allocate,
     tmem_copy,
-    tmem_free,
-    umma_to_threads_pipeline,
 )
-from stages.common.inspection import expose
-from stages.common.tma import prefetch_descriptors, sm100_tma_load, tma_partition_tile
+from stages.common.sm100_setup import (
+    AttentionCta,
+    AttentionOperands,
+    TmemP,
+    WarpRoles,
+    attention_views,
+    free_tmem,
+    launch,
+    load_role,
+    mma_role,
+    rescale_o,
+)
+from stages.common.tma import prefetch_descriptors
 
 BF16 = cutlass.BFloat16
 F32 = cutlass.Float32
@@ -192,10 +201,6 @@ _DEFAULTS = {
     256: (64, 4, 2),
     512: (64, 3, 1),
 }
-
-# Threads whose SMEM-P copy fragments are compared at trace time.
-_CHECK_THREADS = tuple(range(32)) + (32, 45, 64, 95, 96, 127)
-
 
 def default_hd_per_cta(hd: int) -> int:
     """O columns owned by one CTA: the whole head dim up to 256, else 256."""
@@ -283,41 +288,7 @@ class _SmemPTmemPlan:
         return tStS, tOtO
 
 
-def _mk_view(t: cute.Tensor) -> cute.Tensor:
-    """(M, K) view of an A-operand tensor ((M_atom, K_atom), M_rest, K_rest):
-    m = m_atom + M_atom·m_rest, k = k_atom + K_atom·k_rest (same iterator)."""
-    s, d = t.layout.shape, t.layout.stride
-    layout = cute.make_layout(
-        ((s[0][0], s[1]), (s[0][1], s[2])), stride=((d[0][0], d[1]), (d[0][1], d[2]))
-    )
-    return cute.make_tensor(t.iterator, layout)
-
-
-def _check_smem_p(s_load, cS, p_copy, cA, kv_tile):
-    """Trace-time proof for SMEM-P.
-
-    (1) The (M, K) view of the PV MMA's A-operand partition is the identity
-        on (row, key): it addresses P[m, k] where the MMA reads P[m, k].
-    (2) For each checked thread, register i of its tcgen05.ld fragment of S
-        and register i of its shared-memory copy fragment (retiled from the
-        same registers) hold the same (row, key) as the SMEM element it writes.
-    """
-    cA_mk = _mk_view(cA)
-    for m in range(0, TILE_M, 5):
-        for k in range(0, kv_tile, 3):
-            if cA_mk[(m, k)] != (m, k):
-                raise ValueError(f"SMEM-P: A-operand (M, K) view maps {(m, k)} to {cA_mk[(m, k)]}")
-    c_mk = cute.make_identity_tensor((TILE_M, kv_tile))
-    for t in _CHECK_THREADS:
-        reg_crd = p_copy.get_slice(t).retile(s_load.get_slice(t).partition_D(cS))
-        dst_crd = p_copy.get_slice(t).partition_D(c_mk)
-        a = [reg_crd[i] for i in range(cute.size(reg_crd))]
-        b = [dst_crd[i] for i in range(cute.size(dst_crd))]
-        if a != b:
-            raise ValueError(f"SMEM-P: S-load and P-store fragments disagree for thread {t}")
-
-
-class Kernel:
+class Kernel(WarpRoles):
     """O = softmax(Q·Kᵀ / sqrt(hd))·V and LSE, online softmax, tcgen05 + TMEM, sm_100a.
 
     hd = 64: P in TMEM (stage C's path).  hd ∈ {128, 256, 512}: P through
@@ -332,11 +303,6 @@ class Kernel:
     """
 
     TILE_M = TILE_M
-    SOFTMAX_WARPS = (0, 1, 2, 3)
-    MMA_WARP = 4
-    LOAD_WARP = 5
-    THREADS = 32 * 6
-    SOFTMAX_THREADS = 32 * 4
 
     def __init__(self, *, m: int, n: int, hd: int,
                  kv_tile: int | None = None, hd_per_cta: int | None = None, pv_n: int | None = None):
@@ -396,12 +362,10 @@ class Kernel:
         self.scale_log2 = math.log2(math.e) / math.sqrt(hd)  # softmax scale folded with log2(e)
 
     # ------------------------------------------------------------------ host side
-    def _smem_struct(self, q_smem, k_smem, v_smem, p_smem):
+    def _smem_struct(self, ops: AttentionOperands):
         """The shared-storage struct (stage C's, plus a P buffer on the SMEM-P path),
         checked against the shared-memory limit."""
-        Smem = attention_smem_struct(
-            BF16, q_smem, k_smem, v_smem, self.k_slots, self.v_slots, p_smem=None if self.tmem_p else p_smem
-        )
+        Smem = ops.smem_struct(tmem_p=self.tmem_p)
         size = int(Smem.size_in_bytes())
         if size > SMEM_LIMIT:
             raise ValueError(f"SMEM budget: the shared-storage struct takes {size} bytes > {SMEM_LIMIT}")
@@ -419,36 +383,14 @@ class Kernel:
     ):
         # (rows, cols, L = 1) views.  PV's B operand is Vᵀ: (N = hd, K = n), MN-major.
         mQ, mK, mV, mO = attention_views(Q, K, V, O, "stage D1 sm100")
-
-        cta = tcgen05.CtaGroup.ONE
-        qk_mma = sm100_utils.make_trivial_tiled_mma(
-            BF16, BF16, OperandMajorMode.K, OperandMajorMode.K, F32, cta, self.q_tiler[:2]
-        )
         # P is K-major either way; it is read from TMEM (hd = 64) or from SMEM.
         p_source = tcgen05.OperandSource.TMEM if cutlass.const_expr(self.tmem_p) else tcgen05.OperandSource.SMEM
-        pv_mma = sm100_utils.make_trivial_tiled_mma(
-            BF16, BF16, OperandMajorMode.K, OperandMajorMode.MN, F32, cta, (TILE_M, self.pv_n), p_source
-        )
-
-        q_smem = sm100_utils.make_smem_layout_a(qk_mma, self.q_tiler, BF16, 1)
-        k_smem = sm100_utils.make_smem_layout_b(qk_mma, self.k_tiler, BF16, self.k_slots)
-        v_smem = sm100_utils.make_smem_layout_b(pv_mma, self.pv_tiler, BF16, self.v_slots)
-        p_smem = sm100_utils.make_smem_layout_a(pv_mma, self.pv_tiler, BF16, 1)  # PV A-operand layout
-
-        tma_q, tma_Q, self.q_bytes = sm100_tma_load("A", qk_mma, mQ, q_smem, self.q_tiler)
-        tma_k, tma_K, self.k_bytes = sm100_tma_load("B", qk_mma, mK, k_smem, self.k_tiler)
-        tma_v, tma_V, self.v_bytes = sm100_tma_load("B", pv_mma, mV, v_smem, self.pv_tiler)
-
-        self.smem_struct = self._smem_struct(q_smem, k_smem, v_smem, p_smem)
-
-        self.kernel(
-            qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_V, mO, LSE, q_smem, k_smem, v_smem, p_smem
-        ).launch(
-            grid=(self.ctas, 1, 1),  # CTA b owns O columns [b·hd_per_cta, (b+1)·hd_per_cta)
-            block=(self.THREADS, 1, 1),
-            stream=stream,
-            min_blocks_per_mp=1,
-        )
+        ops = AttentionOperands(mQ, mK, mV, q_tiler=self.q_tiler, k_tiler=self.k_tiler, pv_tiler=self.pv_tiler,
+                                pv_n=self.pv_n, k_slots=self.k_slots, v_slots=self.v_slots, p_source=p_source)
+        self.plan = ops.plan
+        self.smem_struct = self._smem_struct(ops)
+        # CTA b owns O columns [b·hd_per_cta, (b+1)·hd_per_cta)
+        launch(self.kernel(*ops.args(), mO, LSE), (self.ctas, 1, 1), stream)
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
@@ -462,75 +404,31 @@ class Kernel:
         mK: cute.Tensor,
         tma_v: cute.CopyAtom,
         mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor,
         q_smem: cute.ComposedLayout,
         k_smem: cute.ComposedLayout,
         v_smem: cute.ComposedLayout,
         p_smem: cute.ComposedLayout,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         cta_idx, _, _ = cute.arch.block_idx()  # which head-dim slab of O
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-
         if warp_idx == self.LOAD_WARP:
             prefetch_descriptors(tma_q, tma_k, tma_v)
 
-        smem = utils.SmemAllocator()
-        storage = smem.allocate(self.smem_struct)
-        sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)  # (MMA, MMA_M, MMA_K, 1)
-        sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (MMA, MMA_N, MMA_K, slots)
-        sV = storage.sV.get_tensor(v_smem.outer, swizzle=v_smem.inner)  # (MMA, MMA_N, MMA_K, slots)
+        cta = AttentionCta(self.smem_struct, self.plan, qk_mma, pv_mma, q_smem, k_smem, v_smem)
+        # Q (TMA), K (TMA, n_tiles, chunks), Vᵀ (TMA, n_tiles): this CTA's head-dim slab.
+        tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = cta.tma_partitions(
+            tma_q, mQ, tma_k, mK, tma_v, mV, self.q_tiler, self.k_tiler, self.pv_tiler, cta_idx)
 
-        # ---- pipelines (arrive counts: elected thread = 1, softmax side = 128 threads)
-        q_prod, q_cons = tma_umma_pipeline(storage.q_mbar, 1, self.q_bytes)
-        k_prod, k_cons = tma_umma_pipeline(storage.k_mbar, self.k_slots, self.k_bytes)
-        v_prod, v_cons = tma_umma_pipeline(storage.v_mbar, self.v_slots, self.v_bytes)
-        s_prod, s_cons = umma_to_threads_pipeline(storage.s_mbar, self.SOFTMAX_THREADS)
-        p_prod, p_cons = threads_to_umma_pipeline(storage.p_mbar, self.SOFTMAX_THREADS)
-        o_prod, o_cons = umma_to_threads_pipeline(storage.o_mbar, self.SOFTMAX_THREADS)
-
-        # TMEM: warp 0 allocates and frees; every warp reads the address after barrier 1.
-        tmem_alloc = TmemAllocator(
-            storage.tmem_addr.ptr,
-            barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=1, num_threads=self.THREADS),
-            allocator_warp_id=self.SOFTMAX_WARPS[0],
-        )
-        softmax_sync = pipeline.NamedBarrier(barrier_id=2, num_threads=self.SOFTMAX_THREADS)
-
-        # ---- MMA operands (shared-memory descriptors)
-        qk_thr = qk_mma.get_slice(0)
-        pv_thr = pv_mma.get_slice(0)
-        tSrQ = qk_mma.make_fragment_A(sQ)  # (MMA, MMA_M, hd / 16, 1)
-        tSrK = qk_mma.make_fragment_B(sK)  # (MMA, MMA_N, k_chunk / 16, slots)
-        tOrV = pv_mma.make_fragment_B(sV)  # (MMA, PV tiles, kv_tile / 16, slots)
-
-        # ---- TMA partitions: Q (TMA), K (TMA, n_tiles, chunks), Vᵀ (TMA, CTAs, n_tiles)
-        gQ = cute.flat_divide(mQ, cute.select(self.q_tiler, mode=[0, 2]))  # (128, hd, 1, 1, 1)
-        gK = cute.flat_divide(mK, cute.select(self.k_tiler, mode=[1, 2]))  # (kv, 128, n_tiles, chunks, 1)
-        gV = cute.flat_divide(mV, cute.select(self.pv_tiler, mode=[1, 2]))  # (hd_cta, kv, ctas, n_tiles, 1)
-        tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, qk_thr.partition_A(gQ), 3)
-        tKsK, tKgK = tma_partition_tile(tma_k, sK, qk_thr.partition_B(gK), 3)
-        tVsV, tVgV = tma_partition_tile(tma_v, sV, pv_thr.partition_B(gV), 3)
-        tQgQ = tQgQ[None, 0, 0, 0]  # (TMA)
-        tKgK = tKgK[None, None, None, 0]  # (TMA, n_tiles, chunks)
-        tVgV = tVgV[None, cta_idx, None, 0]  # (TMA, n_tiles): this CTA's head-dim slab
-
-        # ---- TMEM plan (from the fragments), checked against tmem_budget().
+        # ---- TMEM plan (from the fragments, checked against tmem_budget()) and the P path:
+        # TMEM view (hd = 64) or SMEM buffer (hd > 64), and the S load that feeds it.
         s_mn = (TILE_M, self.kv_tile)
         o_mn = (TILE_M, self.hd_per_cta)
+        cA = cta.pv_thr.partition_A(cute.make_identity_tensor(s_mn))  # ((128, 16), 1, kv / 16)
         tmem_plan = None
-        if cutlass.const_expr(self.tmem_p):
-            tmem_plan = TmemPlan(qk_mma, pv_mma, self.q_tiler, self.pv_tiler, p_smem, F32, BF16)
-        else:
-            tmem_plan = _SmemPTmemPlan(qk_mma, pv_mma, s_mn, o_mn)
-        self._check_tmem_plan(tmem_plan)
-        expose(self, qk_mma=(qk_mma, self.q_tiler), pv_mma=(pv_mma, self.pv_tiler), tmem=tmem_plan,  # inspect
-               smem={"Q": q_smem, "K": k_smem, "V": v_smem, "P (A layout)": p_smem})
-        tmem_cols = tmem_plan.alloc_cols
-        tmem_ptr = tmem_allocate(tmem_alloc, tmem_cols)  # tcgen05.alloc by the allocator warp (0)
-
-        # ---- P: TMEM view (hd = 64) or SMEM buffer (hd > 64), and the S load that feeds it.
+        tmem_ptr = None
         tStS = None
         tOtO = None
         tOrP = None  # the PV MMA's A operand, (MMA, MMA_M, kv_tile / 16)
@@ -540,191 +438,157 @@ class Kernel:
         p_store = None  # TMEM-P: tcgen05.st of P
         p_copy = None  # SMEM-P: st.shared of P, tiled like s_load
         sP_mk = None  # SMEM-P: (M, K) view of P's A-operand SMEM layout
-        cS = qk_thr.partition_C(cute.make_identity_tensor(s_mn))  # ((128, kv), 1, 1)
-        cA = pv_thr.partition_A(cute.make_identity_tensor(s_mn))  # ((128, 16), 1, kv / 16)
-
         if cutlass.const_expr(self.tmem_p):
-            tStS, tOrP, tOtO = tmem_plan.views(tmem_ptr)
-            s_load = tmem_copy(tcgen05.Ld32x32bOp, tcgen05.Repetition.x32, F32, tStS)
-            p_store = tmem_copy(tcgen05.St32x32bOp, tcgen05.Repetition.x16, BF16, tOrP)
-            check_same_fragment_coords(s_load, cS, p_store, cA, "TMEM-P (S → P)")  # trace time
-            expose(self, p_path="tmem", tmem_pair=(s_load, cS, p_store, cA))  # dsv4-lab inspect; no code
-            tS_src = tStS
-            cS_src = cS
+            tmem = TmemP(cta, qk_mma, pv_mma, self.q_tiler, self.pv_tiler, p_smem)  # stage C's path
+            tmem_plan, tmem_ptr = tmem.plan, tmem.ptr
+            tStS, tOrP, tOtO, s_load, p_store = tmem.tStS, tmem.tOrP, tmem.tOtO, tmem.s_load, tmem.p_store
+            tS_src, cS_src = tStS, tmem.cS
+            expose(self, p_path="tmem", tmem_pair=(s_load, cS_src, p_store, cA))  # dsv4-lab inspect; no code
         else:
+            tmem_plan = _SmemPTmemPlan(qk_mma, pv_mma, s_mn, o_mn)
+            tmem_ptr = cta.allocate_tmem(tmem_plan.alloc_cols)  # tcgen05.alloc by the allocator warp (0)
             tStS, tOtO = tmem_plan.views(tmem_ptr)
-            sP = storage.sP.get_tensor(p_smem.outer, swizzle=p_smem.inner)  # (MMA, MMA_M, MMA_K, 1)
+            sP = cta.storage.sP.get_tensor(p_smem.outer, swizzle=p_smem.inner)  # (MMA, MMA_M, MMA_K, 1)
             tOrP = pv_mma.make_fragment_A(sP)[None, None, None, 0]
             tS_src = tStS[(None, None), 0, 0]  # (128, kv)
-            cS_src = cS[(None, None), 0, 0]
+            cS_src = cta.qk_thr.partition_C(cute.make_identity_tensor(s_mn))[(None, None), 0, 0]
             s_load = tmem_copy(tcgen05.Ld32x32bOp, tcgen05.Repetition.x32, F32, tS_src)
             p_copy = cute.make_tiled_copy_D(
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BF16, num_bits_per_copy=128), s_load
             )
-            sP_mk = _mk_view(sP[None, None, None, 0])  # (128, kv) in the A-operand layout
-            _check_smem_p(s_load, cS_src, p_copy, cA, self.kv_tile)  # trace time
+            sP_mk = mk_view(sP[None, None, None, 0])  # (128, kv) in the A-operand layout
+            check_smem_p(s_load, cS_src, p_copy, cA, TILE_M, self.kv_tile)  # trace time
             expose(self, p_path="smem", p_store=(p_copy, s_load, cS_src, s_mn),  # dsv4-lab inspect; no code
                    p_write_smem=p_smem, p_read_smem=p_smem, pv_a_tile=s_mn)
+        self._check_tmem_plan(tmem_plan)
+        expose(self, qk_mma=(qk_mma, self.q_tiler), pv_mma=(pv_mma, self.pv_tiler), tmem=tmem_plan,  # inspect
+               smem={"Q": q_smem, "K": k_smem, "V": v_smem, "P (A layout)": p_smem})
 
         # ---- O: load/store in chunks of 32 columns (rescale, epilogue).
         o_load = tmem_copy(tcgen05.Ld32x32bOp, tcgen05.Repetition.x32, F32, tOtO)
         o_store = tmem_copy(tcgen05.St32x32bOp, tcgen05.Repetition.x32, F32, tOtO)
-        cO = pv_thr.partition_C(cute.make_identity_tensor(o_mn))  # ((128, pv_n), 1, PV tiles)
+        cO = cta.pv_thr.partition_C(cute.make_identity_tensor(o_mn))  # ((128, pv_n), 1, PV tiles)
         check_same_fragment_coords(o_load, cO, o_store, cO, "O rescale")  # trace time
         gO = cute.flat_divide(mO, cute.select(self.pv_tiler, mode=[0, 1]))[None, None, 0, cta_idx, 0]
-        tOgO = pv_thr.partition_C(gO)  # (128, hd_cta) slab of O, partitioned like tOtO
+        tOgO = cta.pv_thr.partition_C(gO)  # (128, hd_cta) slab of O, partitioned like tOtO
 
-        n_tiles = self.n_tiles
-        kb_per_chunk = cute.size(tSrK, mode=[2])
-        num_kb_pv = cute.size(tOrV, mode=[2])
-
-        # ======================= TMA load warp =======================
         if warp_idx == self.LOAD_WARP:
-            q_slot = q_prod.acquire_and_advance()
-            cute.copy(tma_q, tQgQ, tQsQ[None, 0], tma_bar_ptr=q_slot.barrier)
-            for j in cutlass.range(n_tiles, unroll=1):
-                for c in cutlass.range_constexpr(self.n_chunks):
-                    k_slot = k_prod.acquire_and_advance()
-                    cute.copy(tma_k, tKgK[None, j, c], tKsK[None, k_slot.index], tma_bar_ptr=k_slot.barrier)
-                v_slot = v_prod.acquire_and_advance()
-                cute.copy(tma_v, tVgV[None, j], tVsV[None, v_slot.index], tma_bar_ptr=v_slot.barrier)
-            # Wait for the MMA warp's last releases so no arrive lands after exit.
-            q_prod.tail()
-            k_prod.tail()
-            v_prod.tail()
-
-        # ======================= MMA warp =======================
+            load_role(cta.q_prod, cta.k_prod, cta.v_prod, tma_q, tQgQ, tQsQ, tma_k, tKgK, tKsK, tma_v, tVgV, tVsV,
+                      self.n_tiles, self.n_chunks)
         if warp_idx == self.MMA_WARP:
-            q_full = q_cons.wait_and_advance()
-            for j in cutlass.range(n_tiles, unroll=1):
-                # S = Q · K_jᵀ, hd / 128 chunks (TMEM-P: overwrites P_{j-1}, whose PV
-                # completed before the softmax warps handed S back).
-                s_free = s_prod.acquire_and_advance()
-                for c in cutlass.range_constexpr(self.n_chunks):
-                    k_full = k_cons.wait_and_advance()
-                    tcgen05_fence_after_sync()
-                    for kb in cutlass.range_constexpr(kb_per_chunk):
-                        qk_mma.set(tcgen05.Field.ACCUMULATE, c * kb_per_chunk + kb != 0)
-                        cute.gemm(
-                            qk_mma, tStS, tSrQ[None, None, c * kb_per_chunk + kb, 0],
-                            tSrK[None, None, kb, k_full.index], tStS,
-                        )
-                    k_full.release()  # tcgen05.commit → K slot free once read
-                s_free.commit()  # tcgen05.commit → S_j ready for the softmax warps
-                # O += P_j · V_j: one tcgen05.mma per PV tile and K step of 16 keys.
-                v_full = v_cons.wait_and_advance()
-                p_full = p_cons.wait_and_advance()
-                tcgen05_fence_after_sync()
-                for kb in cutlass.range_constexpr(num_kb_pv):
-                    if cutlass.const_expr(kb == 0):
-                        pv_mma.set(tcgen05.Field.ACCUMULATE, j != 0)
-                    else:
-                        pv_mma.set(tcgen05.Field.ACCUMULATE, True)
-                    cute.gemm(pv_mma, tOtO, tOrP[None, None, kb], tOrV[None, None, kb, v_full.index], tOtO)
-                p_full.release()  # tcgen05.commit → P slot free = PV_j complete
-                v_full.release()
-            o_slot = o_prod.acquire_and_advance()
-            o_slot.commit()  # tcgen05.commit → every MMA done, O final
-            q_full.release()
-
-        # ======================= softmax warpgroup =======================
+            mma_role(cta.q_cons, cta.k_cons, cta.v_cons, cta.s_prod, cta.p_cons, cta.o_prod, qk_mma, pv_mma,
+                     cta.tSrQ, cta.tSrK, cta.tOrV, tStS, tOrP, tOtO, self.n_tiles, self.n_chunks)
         if warp_idx < self.MMA_WARP:
-            thr_s = s_load.get_slice(tidx)
-            thr_o = o_load.get_slice(tidx)
-            thr_o_st = o_store.get_slice(tidx)
-            tTR_tS = thr_s.partition_S(tS_src)  # this thread's row of S in TMEM
-            tTR_tO = thr_o.partition_S(tOtO)  # (V, 32-col chunks, 1, PV tiles) of O in TMEM
-            tRT_tO = thr_o_st.partition_D(tOtO)  # the same, for tcgen05.st
-            tTR_gO = thr_o.partition_D(tOgO)  # this thread's row of the O slab in global memory
-            tTR_cO = thr_o.partition_D(cO)  # its (row, d) coordinates
-            rS = cute.make_rmem_tensor(thr_s.partition_D(cS_src).shape, F32)
-            rP = cute.make_rmem_tensor(rS.shape, BF16)  # P in S's register order
-            o_chunks = cute.size(tTR_cO, mode=[1])  # tcgen05.ld/st of 32 columns each
-            pv_tiles = cute.size(tTR_cO, mode=[3])
-            rO = cute.make_rmem_tensor(tTR_cO[None, 0, None, 0].shape, F32)
-            rO_out = cute.make_rmem_tensor(tTR_cO[None, 0, None, 0].shape, BF16)
-            row = tTR_cO[0][0]  # the query row this thread owns
+            row_max, row_sum = self.softmax_role(cta.s_cons, cta.p_prod, s_load, p_store, p_copy, o_load, o_store,
+                                                 tS_src, cS_src, tOrP, sP_mk, cA, tOtO, cO, tidx)
+            self.epilogue(cta.o_cons, o_load, tOtO, tOgO, cO, mLSE, row_max, row_sum, cta_idx, tidx)
+            free_tmem(cta, tmem_ptr, tmem_plan.alloc_cols)  # all four warps are done with TMEM: warp 0 frees it
 
-            tRT_tP = None  # TMEM-P destination
-            rP_tmem = None
-            tRS_sP = None  # SMEM-P destination
-            rP_smem = None
-            if cutlass.const_expr(self.tmem_p):
-                thr_p = p_store.get_slice(tidx)
-                tRT_tP = thr_p.partition_D(tOrP)
-                # Same registers, indexed like the tcgen05.st fragment (both compact; the
-                # trace-time check proved index i is the same (row, key) in both).
-                rP_tmem = cute.make_tensor(rP.iterator, cute.make_layout(thr_p.partition_S(cA).shape))
-            else:
-                thr_pc = p_copy.get_slice(tidx)
-                tRS_sP = thr_pc.partition_D(sP_mk)
-                rP_smem = thr_pc.retile(rP)
+    @cute.jit
+    def softmax_role(self, s_cons, p_prod, s_load, p_store, p_copy, o_load, o_store, tS_src, cS_src, tOrP, sP_mk,
+                     cA, tOtO, cO, tidx):
+        """Warps 0-3, per KV tile: tcgen05.ld S row → max, exp2, sum → bf16 P; wait until
+        PV_{j-1} has completed; store P (TMEM or SMEM); rescale O if any row of the warp
+        moved its max; tcgen05.wait::st; signal the MMA warp.  Returns the row's final
+        (max, sum)."""
+        thr_s = s_load.get_slice(tidx)
+        thr_o = o_load.get_slice(tidx)
+        tTR_tS = thr_s.partition_S(tS_src)  # this thread's row of S in TMEM
+        tTR_tO = thr_o.partition_S(tOtO)  # (V, 32-col chunks, 1, PV tiles) of O in TMEM
+        tRT_tO = o_store.get_slice(tidx).partition_D(tOtO)  # the same, for tcgen05.st
+        tTR_cO = thr_o.partition_D(cO)  # its (row, d) coordinates
+        rS = cute.make_rmem_tensor(thr_s.partition_D(cS_src).shape, F32)
+        rP = cute.make_rmem_tensor(rS.shape, BF16)  # P in S's register order
+        o_chunks = cute.size(tTR_cO, mode=[1])  # tcgen05.ld/st of 32 columns each
+        pv_tiles = cute.size(tTR_cO, mode=[3])
+        rO = cute.make_rmem_tensor(tTR_cO[None, 0, None, 0].shape, F32)
 
-            c = F32(self.scale_log2)
-            row_max = F32(-math.inf)  # m_{j-1}, raw-score units
-            row_sum = F32(0.0)  # l_{j-1}
-            for j in cutlass.range(n_tiles, unroll=1):
-                s_full = s_cons.wait_and_advance()
-                tcgen05_fence_after_sync()
-                cute.copy(s_load, tTR_tS, rS)
-                cute.arch.fence_view_async_tmem_load()  # tcgen05.wait::ld: rS valid
-                if cutlass.const_expr(not self.tmem_p):
-                    # S is in registers and P goes elsewhere: QK_{j+1} may overwrite S.
-                    tcgen05_fence_before_sync()
-                    s_full.release()
+        tRT_tP = None  # TMEM-P destination
+        rP_tmem = None
+        tRS_sP = None  # SMEM-P destination
+        rP_smem = None
+        if cutlass.const_expr(self.tmem_p):
+            thr_p = p_store.get_slice(tidx)
+            tRT_tP = thr_p.partition_D(tOrP)
+            # Same registers, indexed like the tcgen05.st fragment (both compact; the
+            # trace-time check proved index i is the same (row, key) in both).
+            rP_tmem = cute.make_tensor(rP.iterator, cute.make_layout(thr_p.partition_S(cA).shape))
+        else:
+            thr_pc = p_copy.get_slice(tidx)
+            tRS_sP = thr_pc.partition_D(sP_mk)
+            rP_smem = thr_pc.retile(rP)
 
-                # m_j, α_j = 2^(m_{j-1}·c − m_j·c), P_j = 2^(S_j·c − m_j·c), l_j = α_j·l_{j-1} + Σ P_j.
-                p, new_max, alpha, row_sum = online_softmax_update(rS.load(), row_max, row_sum, c)
-                rP.store(p.to(BF16))
-
-                # P slot free ⇔ PV_{j-1} complete ⇔ O_{j-1} final in TMEM and P's
-                # buffer no longer read; PV_j waits for this slot's commit.
-                p_slot = p_prod.acquire_and_advance()
-                tcgen05_fence_after_sync()
-                if cutlass.const_expr(self.tmem_p):
-                    cute.copy(p_store, rP_tmem, tRT_tP)  # tcgen05.st into S's upper columns
-                else:
-                    cute.copy(p_copy, rP_smem, tRS_sP)  # st.shared into the A-operand layout
-                if j > 0:
-                    # Rescale O_{j-1} by alpha, warp-uniform decision (tcgen05.ld/st are
-                    # warp-collective); rows whose max did not move multiply by 1.
-                    if cute.arch.vote_any_sync(new_max > row_max):
-                        for t in cutlass.range_constexpr(pv_tiles):
-                            for ch in cutlass.range_constexpr(o_chunks):
-                                cute.copy(o_load, tTR_tO[None, ch, None, t], rO)
-                                cute.arch.fence_view_async_tmem_load()
-                                rO.store(rO.load() * alpha)
-                                cute.copy(o_store, rO, tRT_tO[None, ch, None, t])
-                cute.arch.fence_view_async_tmem_store()  # tcgen05.wait::st: P / O in TMEM
-                if cutlass.const_expr(not self.tmem_p):
-                    cute.arch.fence_view_async_shared()  # fence.proxy.async.shared::cta: P for the MMA
-                tcgen05_fence_before_sync()
-                p_slot.commit()  # 128 arrivals → the MMA warp may run PV_j
-                row_max = new_max
-                if cutlass.const_expr(self.tmem_p):
-                    # P_j sits in S_j's columns: hand S back for QK_{j+1} only once
-                    # PV_j has read P_j (the P slot's "free" is a tcgen05.commit after PV_j).
-                    p_prod.acquire()
-                    tcgen05_fence_before_sync()
-                    s_full.release()
-
-            # Epilogue: O row / l → bf16 → global, 32 columns at a time; LSE (natural log).
-            o_full = o_cons.wait_and_advance()
+        c = F32(self.scale_log2)
+        row_max = F32(-math.inf)  # m_{j-1}, raw-score units
+        row_sum = F32(0.0)  # l_{j-1}
+        for j in cutlass.range(self.n_tiles, unroll=1):
+            s_full = s_cons.wait_and_advance()
             tcgen05_fence_after_sync()
-            inv_sum = F32(1.0) / row_sum
-            for t in cutlass.range_constexpr(pv_tiles):
-                for ch in cutlass.range_constexpr(o_chunks):
-                    cute.copy(o_load, tTR_tO[None, ch, None, t], rO)
-                    cute.arch.fence_view_async_tmem_load()
-                    rO_out.store((rO.load() * inv_sum).to(BF16))
-                    cute.autovec_copy(rO_out, tTR_gO[None, ch, None, t])
-            if cta_idx == 0:
-                mLSE[row] = (row_max * c + cute.math.log2(row_sum, fastmath=True)) * F32(math.log(2.0))
-            tcgen05_fence_before_sync()
-            o_full.release()
+            cute.copy(s_load, tTR_tS, rS)
+            cute.arch.fence_view_async_tmem_load()  # tcgen05.wait::ld: rS valid
+            if cutlass.const_expr(not self.tmem_p):
+                # S is in registers and P goes elsewhere: QK_{j+1} may overwrite S.
+                tcgen05_fence_before_sync()
+                s_full.release()
 
-            # All four warps are done with TMEM before warp 0 frees it.
-            tmem_free(tmem_alloc, tmem_ptr, tmem_cols, softmax_sync)
+            # m_j, α_j = 2^(m_{j-1}·c − m_j·c), P_j = 2^(S_j·c − m_j·c), l_j = α_j·l_{j-1} + Σ P_j.
+            p, new_max, alpha, row_sum = online_softmax_update(rS.load(), row_max, row_sum, c)
+            rP.store(p.to(BF16))
+
+            # P slot free ⇔ PV_{j-1} complete ⇔ O_{j-1} final in TMEM and P's
+            # buffer no longer read; PV_j waits for this slot's commit.
+            p_slot = p_prod.acquire_and_advance()
+            tcgen05_fence_after_sync()
+            if cutlass.const_expr(self.tmem_p):
+                cute.copy(p_store, rP_tmem, tRT_tP)  # tcgen05.st into S's upper columns
+            else:
+                cute.copy(p_copy, rP_smem, tRS_sP)  # st.shared into the A-operand layout
+            if j > 0:
+                # Rescale O_{j-1} by alpha, warp-uniform decision (tcgen05.ld/st are
+                # warp-collective); rows whose max did not move multiply by 1.
+                if cute.arch.vote_any_sync(new_max > row_max):
+                    rescale_o(o_load, o_store, tTR_tO, tRT_tO, rO, alpha, pv_tiles, o_chunks)
+            cute.arch.fence_view_async_tmem_store()  # tcgen05.wait::st: P / O in TMEM
+            if cutlass.const_expr(not self.tmem_p):
+                cute.arch.fence_view_async_shared()  # fence.proxy.async.shared::cta: P for the MMA
+            tcgen05_fence_before_sync()
+            p_slot.commit()  # 128 arrivals → the MMA warp may run PV_j
+            row_max = new_max
+            if cutlass.const_expr(self.tmem_p):
+                # P_j sits in S_j's columns: hand S back for QK_{j+1} only once
+                # PV_j has read P_j (the P slot's "free" is a tcgen05.commit after PV_j).
+                p_prod.acquire()
+                tcgen05_fence_before_sync()
+                s_full.release()
+        return row_max, row_sum
+
+    @cute.jit
+    def epilogue(self, o_cons, o_load, tOtO, tOgO, cO, mLSE, row_max, row_sum, cta_idx, tidx):
+        """Warps 0-3, once the last PV completed: O row / l → bf16 → global, 32 columns
+        at a time; LSE (natural log) from CTA 0."""
+        thr_o = o_load.get_slice(tidx)
+        tTR_tO = thr_o.partition_S(tOtO)
+        tTR_gO = thr_o.partition_D(tOgO)  # this thread's row of the O slab in global memory
+        tTR_cO = thr_o.partition_D(cO)
+        o_chunks = cute.size(tTR_cO, mode=[1])
+        pv_tiles = cute.size(tTR_cO, mode=[3])
+        rO = cute.make_rmem_tensor(tTR_cO[None, 0, None, 0].shape, F32)
+        rO_out = cute.make_rmem_tensor(tTR_cO[None, 0, None, 0].shape, BF16)
+        row = tTR_cO[0][0]  # the query row this thread owns
+        c = F32(self.scale_log2)
+        o_full = o_cons.wait_and_advance()
+        tcgen05_fence_after_sync()
+        inv_sum = F32(1.0) / row_sum
+        for t in cutlass.range_constexpr(pv_tiles):
+            for ch in cutlass.range_constexpr(o_chunks):
+                cute.copy(o_load, tTR_tO[None, ch, None, t], rO)
+                cute.arch.fence_view_async_tmem_load()
+                rO_out.store((rO.load() * inv_sum).to(BF16))
+                cute.autovec_copy(rO_out, tTR_gO[None, ch, None, t])
+        if cta_idx == 0:
+            mLSE[row] = (row_max * c + cute.math.log2(row_sum, fastmath=True)) * F32(math.log(2.0))
+        tcgen05_fence_before_sync()
+        o_full.release()
 
     def _check_tmem_plan(self, plan):
         """Trace time: the fragment-derived columns must equal tmem_budget() and fit in 512."""

@@ -30,6 +30,18 @@ TMEM-P: P between two tcgen05 MMAs without leaving the chip
     stops instead of the kernel computing with a permuted P.  (The same
     check serves any TMEM load/store pair, e.g. the O rescale.)
 
+SMEM-P: P through shared memory (stages D1, D2 at hd > 64)
+    `check_smem_p` proves that (1) the (M, K) view `mk_view` of the PV
+    MMA's A-operand partition is the identity on (row, key) and (2) register
+    i of a thread's tcgen05.ld fragment of S and register i of its
+    shared-memory copy fragment hold the (row, key) that copy stores to.
+
+    Every agreement check reads the coordinates of identity-tensor
+    partitions with `fragment_coords`: evaluated in plain Python
+    (inspection.identity_coords), spot-checked against CuTe's own indexing
+    at a few registers, never element by element through the tracer (one
+    traced operation per element made them most of a trace's time).
+
 Cross-thread ordering of tcgen05 operations
     `tcgen05_fence_before_sync` / `tcgen05_fence_after_sync` emit
     tcgen05.fence::before_thread_sync / ::after_thread_sync, the PTX fences
@@ -53,17 +65,17 @@ Online softmax with one thread per row
     max and sum when a thread owns the whole row (TMEM lane t = row t), so
     every row reduction is thread-local.
 
-Two-MMA attention host setup (stages B, C, D1)
-    `attention_views` gives row-major Q, K, O a unit L mode and V its Vᵀ view;
-    `attention_smem_struct` is their shared-storage struct.
+The set-up of the six-warp two-MMA kernels (views, operands, shared-storage
+struct, pipelines, TMEM allocator, roles) is stages/common/sm100_setup.py.
 """
 
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 from cutlass._mlir.dialects import nvvm
-from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
+from cutlass.cute.nvgpu import tcgen05
+
+from stages.common.inspection import NotStatic, identity_coords
 
 TMEM_COL_BITS = 32  # one TMEM column is 32 bits wide in every lane
 
@@ -141,6 +153,28 @@ class TmemPlan:
         return tStS, tOrP, tOtO
 
 
+def fragment_coords(t, spot_check: bool = True) -> list:
+    """[t[i] for i in range(size(t))] of an identity-coordinate partition, evaluated in
+    plain Python (inspection.identity_coords: base coordinate + ScaledBasis strides),
+    with no traced operation per element.  With `spot_check`, the Python values are
+    compared with CuTe's own indexing at the first, a third, the middle and the last
+    register (a handful of traced reads), and a disagreement raises.  A tensor the
+    Python evaluation does not cover (dynamic, nested) is indexed element by element,
+    as before: never a weaker answer."""
+    n = cute.size(t)
+    try:
+        coords = identity_coords(t)
+    except NotStatic:
+        return [t[i] for i in range(n)]
+    if len(coords) != n:
+        raise ValueError(f"identity_coords gives {len(coords)} coordinates for a tensor of {n}")
+    if spot_check:
+        for i in sorted({0, n // 3, n // 2, n - 1}):
+            if t[i] != coords[i]:
+                raise ValueError(f"identity_coords: register {i} evaluates to {coords[i]}, CuTe says {t[i]}")
+    return coords
+
+
 def check_same_fragment_coords(load, load_coords, store, store_coords, what):
     """Trace-time proof that a tiled tcgen05.ld and a tiled tcgen05.st give
     every thread the same (row, column) at the same register index.
@@ -148,16 +182,55 @@ def check_same_fragment_coords(load, load_coords, store, store_coords, what):
     load / store: tiled TMEM copies; load_coords / store_coords: identity
     tensors of the tile partitioned like the TMEM tensor each copy was built
     on (e.g. partition_C of the QK MMA for S, partition_A of the PV MMA for P).
-    """
+    Every register of every checked thread is compared (coordinates evaluated
+    in Python; the first thread's are spot-checked against CuTe's indexing)."""
     for t in _CHECK_THREADS:
-        ld_crd = load.get_slice(t).partition_D(load_coords)
-        st_crd = store.get_slice(t).partition_S(store_coords)
-        ld_list = [ld_crd[i] for i in range(cute.size(ld_crd))]
-        st_list = [st_crd[i] for i in range(cute.size(st_crd))]
+        spot = t == _CHECK_THREADS[0]
+        ld_list = fragment_coords(load.get_slice(t).partition_D(load_coords), spot)
+        st_list = fragment_coords(store.get_slice(t).partition_S(store_coords), spot)
         if ld_list != st_list:
             raise ValueError(
                 f"{what}: TMEM load and store register fragments disagree for thread {t}"
             )
+
+
+def mk_view(t: cute.Tensor) -> cute.Tensor:
+    """(M, K) view of an A-operand tensor ((M_atom, K_atom), M_rest, K_rest):
+    m = m_atom + M_atom·m_rest, k = k_atom + K_atom·k_rest (same iterator)."""
+    s, d = t.layout.shape, t.layout.stride
+    layout = cute.make_layout(
+        ((s[0][0], s[1]), (s[0][1], s[2])), stride=((d[0][0], d[1]), (d[0][1], d[2]))
+    )
+    return cute.make_tensor(t.iterator, layout)
+
+
+def check_smem_p(s_load, cS, p_copy, cA, rows: int, kv_tile: int) -> None:
+    """Trace-time proof for SMEM-P (P written to shared memory by the softmax threads,
+    read by the PV MMA as its A operand).
+
+    (1) The (M, K) view of the PV MMA's A-operand partition `cA` is the identity on
+        (row, key) for every (row, key) of the rows × kv_tile tile: it addresses
+        P[m, k] where the MMA reads P[m, k].
+    (2) For each checked thread, register i of its tcgen05.ld fragment of S
+        (`s_load` over `cS`) and register i of its shared-memory copy fragment
+        (`p_copy`, retiled from the same registers) hold the same (row, key) as
+        the SMEM element it writes.
+    """
+    cA_mk = mk_view(cA)
+    if tuple(cute.size(cA_mk, mode=[i]) for i in range(2)) != (rows, kv_tile):
+        raise ValueError(f"SMEM-P: the A-operand (M, K) view is not {rows} × {kv_tile}")
+    mk = fragment_coords(cA_mk)  # index m + rows·k ↔ (m, k): a 2-mode layout's index order
+    for k in range(kv_tile):
+        for m in range(rows):
+            if mk[m + rows * k] != (m, k):
+                raise ValueError(f"SMEM-P: A-operand (M, K) view maps {(m, k)} to {mk[m + rows * k]}")
+    c_mk = cute.make_identity_tensor((rows, kv_tile))
+    for t in _CHECK_THREADS:
+        spot = t == _CHECK_THREADS[0]
+        reg = fragment_coords(p_copy.get_slice(t).retile(s_load.get_slice(t).partition_D(cS)), spot)
+        dst = fragment_coords(p_copy.get_slice(t).partition_D(c_mk), spot)
+        if reg != dst:
+            raise ValueError(f"SMEM-P: S-load and P-store fragments disagree for thread {t}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -234,55 +307,6 @@ def tmem_copy(op, rep, dtype, tmem_tensor: cute.Tensor):
     tcgen05.Repetition.x32) of `dtype` elements over the TMEM tensor it will
     move: thread t of the warpgroup ↔ TMEM lane t."""
     return tcgen05.make_tmem_copy(cute.make_copy_atom(op(rep), dtype), tmem_tensor)
-
-
-# ---------------------------------------------------------------------------------------
-# Two-MMA attention host setup (S = Q·Kᵀ in TMEM, O = P·V)
-
-
-def attention_views(Q: cute.Tensor, K: cute.Tensor, V: cute.Tensor, O: cute.Tensor, who: str):
-    """(mQ, mK, mV, mO): (rows, cols, L = 1) views of row-major Q [m, hd], K [n, hd]
-    and O [m, hd], and V [n, hd] seen as Vᵀ (hd, n, 1), PV's MN-major B operand
-    (N = hd, K = keys).  Raises ValueError("{who}: Q, K, V must be row-major")
-    when Q or K is not K-major or Vᵀ not MN-major."""
-    unit = cute.make_layout(1)
-    mQ = cute.make_tensor(Q.iterator, cute.append(Q.layout, unit))
-    mK = cute.make_tensor(K.iterator, cute.append(K.layout, unit))
-    mV = cute.make_tensor(V.iterator, cute.append(cute.select(V.layout, mode=[1, 0]), unit))
-    mO = cute.make_tensor(O.iterator, cute.append(O.layout, unit))
-    if (
-        utils.LayoutEnum.from_tensor(mQ).mma_major_mode() != OperandMajorMode.K
-        or utils.LayoutEnum.from_tensor(mK).mma_major_mode() != OperandMajorMode.K
-        or utils.LayoutEnum.from_tensor(mV).mma_major_mode() != OperandMajorMode.MN
-    ):
-        raise ValueError(f"{who}: Q, K, V must be row-major")
-    return mQ, mK, mV, mO
-
-
-def attention_smem_struct(dtype, q_smem, k_smem, v_smem, k_stages: int, v_stages: int, p_smem=None):
-    """The shared-storage struct of the warp-specialised two-MMA attention
-    kernels: mbarrier blocks of the q (1 slot), k, v (`k_stages`, `v_stages`
-    slots), s, p and o pipelines, the TMEM base address, then the Q, K and V
-    operand buffers and, when `p_smem` is given (SMEM-P), the P buffer, each
-    aligned to 1024 bytes (the 128-byte swizzle atom).  Buffers hold `dtype`,
-    sized by the cosize of each layout's outer part."""
-
-    @cute.struct
-    class Smem:
-        q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-        k_mbar: cute.struct.MemRange[cutlass.Int64, 2 * k_stages]
-        v_mbar: cute.struct.MemRange[cutlass.Int64, 2 * v_stages]
-        s_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-        p_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-        o_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-        tmem_addr: cutlass.Int32
-        sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(q_smem.outer)], 1024]
-        sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(k_smem.outer)], 1024]
-        sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(v_smem.outer)], 1024]
-        if p_smem is not None:  # SMEM-P only: the field exists only then
-            sP: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(p_smem.outer)], 1024]
-
-    return Smem
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,364 @@
+"""Blackwell (sm_100a) set-up of the warp-specialised two-MMA attention kernels.
+
+Every sm100 rung from stage B on runs the same CTA: 192 threads in six warps,
+    warps 0-3  softmax warpgroup: thread t ↔ TMEM lane t ↔ query row t (warp w may
+               only touch lanes 32w … 32w + 31); warp 0 allocates and frees TMEM
+    warp 4     MMA issuer: S = Q·Kᵀ (SMEM × SMEM → TMEM), O += P·V (A from TMEM or SMEM)
+    warp 5     TMA producer: Q once, then per KV tile the chunks of K and the Vᵀ slab
+and the same set-up before the roles split.  This module builds that set-up once,
+so a rung's module reads as what is new in it (its softmax, its epilogue, its plan):
+
+Host side (inside the kernel's @cute.jit __call__)
+    `attention_views`      (rows, cols, L = 1) views of Q, K, O and V seen as Vᵀ
+    `AttentionOperands`    the two tiled MMAs, the shared-memory layouts of Q, K, Vᵀ
+                           and P (the PV MMA's A-operand layout), the three TMA loads;
+                           `.args()` is what the kernel receives, `.plan` the Python
+                           ints (bytes per slot, slots) its pipelines need
+    `attention_smem_struct` the shared-storage struct (six mbarrier blocks, the TMEM
+                           address, Q, K, V and, for SMEM-P, P buffers)
+    `launch`               grid × 192 threads, .minnctapersm 1
+
+Device side (inside @cute.kernel)
+    `AttentionCta`         shared-memory tensors, the six pipelines, the TMEM
+                           allocator, the MMA fragments, the TMA partitions
+    `TmemP`                TMEM-P (hd = 64): S, P inside S, O views and the S-load /
+                           P-store pair, proven to agree at trace time
+    `load_role`            warp 5: Q, then K chunks and V per KV tile
+    `mma_role`             warp 4: Q·K_jᵀ chunk by chunk, then P_j·V_j
+    `rescale_o`            the correction pass: O ← α·O in TMEM, 32 columns at a time
+
+Pipelines (mbarriers via cutlass.pipeline; arrive counts in threads)
+    q, k, v   PipelineTmaUmma   load warp (TMA tx bytes) → MMA warp (tcgen05.commit)
+    s         PipelineUmmaAsync MMA warp commit → 128 softmax threads
+    p         PipelineAsyncUmma 128 softmax threads → MMA warp; its release is a
+              tcgen05.commit, so "P slot free" also means "PV_j complete"
+    o         PipelineUmmaAsync MMA warp commit after the last PV → 128 threads
+Named barriers (stages/common/barriers.py's ids): TMEM_ALLOC (every thread reads the
+TMEM base address after the allocator warp published it), TMEM_FREE (the softmax
+warps are done with TMEM before warp 0 deallocates it).
+
+Roles are module functions taking the pipeline participants as arguments: inside a
+staged `if` or loop the tracer carries names the body assigns or calls a method on, so
+each role advances its own local participants (never attributes of a shared object),
+and no method of the (plain Python) set-up objects is called inside a role `if`.
+"""
+
+import enum
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.blackwell_helpers as sm100_utils
+from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
+from cutlass.memory import TmemAllocator
+
+from stages.common.sm100_idioms import (
+    TmemPlan,
+    check_same_fragment_coords,
+    tcgen05_fence_after_sync,
+    threads_to_umma_pipeline,
+    tma_umma_pipeline,
+    tmem_allocate,
+    tmem_copy,
+    tmem_free,
+    umma_to_threads_pipeline,
+)
+from stages.common.tma import sm100_tma_load, tma_partition_tile
+
+BF16 = cutlass.BFloat16
+F32 = cutlass.Float32
+
+
+class Barrier(enum.IntEnum):
+    """Named barrier ids of the sm100 set-up (the same ids as D2's; they move to
+    stages/common/barriers.py's NamedBarrier once it has them)."""
+
+    TMEM_ALLOC = 4  # every warp: the TMEM base address is published (TmemAllocator retrieve)
+    TMEM_FREE = 5  # the TMEM users: all done with TMEM before the allocator warp deallocates
+
+
+class WarpRoles:
+    """The warp roles of the six-warp CTA (a kernel class inherits these names)."""
+
+    SOFTMAX_WARPS = (0, 1, 2, 3)
+    MMA_WARP = 4
+    LOAD_WARP = 5
+    THREADS = 32 * 6
+    SOFTMAX_THREADS = 32 * 4
+
+
+# ---------------------------------------------------------------------------------------
+# Host side
+
+
+def attention_views(Q: cute.Tensor, K: cute.Tensor, V: cute.Tensor, O: cute.Tensor, who: str):
+    """(mQ, mK, mV, mO): (rows, cols, L = 1) views of row-major Q [m, hd], K [n, hd]
+    and O [m, hd], and V [n, hd] seen as Vᵀ (hd, n, 1), PV's MN-major B operand
+    (N = hd, K = keys).  Raises ValueError("{who}: Q, K, V must be row-major")
+    when Q or K is not K-major or Vᵀ not MN-major."""
+    unit = cute.make_layout(1)
+    mQ = cute.make_tensor(Q.iterator, cute.append(Q.layout, unit))
+    mK = cute.make_tensor(K.iterator, cute.append(K.layout, unit))
+    mV = cute.make_tensor(V.iterator, cute.append(cute.select(V.layout, mode=[1, 0]), unit))
+    mO = cute.make_tensor(O.iterator, cute.append(O.layout, unit))
+    if (
+        utils.LayoutEnum.from_tensor(mQ).mma_major_mode() != OperandMajorMode.K
+        or utils.LayoutEnum.from_tensor(mK).mma_major_mode() != OperandMajorMode.K
+        or utils.LayoutEnum.from_tensor(mV).mma_major_mode() != OperandMajorMode.MN
+    ):
+        raise ValueError(f"{who}: Q, K, V must be row-major")
+    return mQ, mK, mV, mO
+
+
+def attention_smem_struct(dtype, q_smem, k_smem, v_smem, k_stages: int, v_stages: int, p_smem=None):
+    """The shared-storage struct of the warp-specialised two-MMA attention
+    kernels: mbarrier blocks of the q (1 slot), k, v (`k_stages`, `v_stages`
+    slots), s, p and o pipelines, the TMEM base address, then the Q, K and V
+    operand buffers and, when `p_smem` is given (SMEM-P), the P buffer, each
+    aligned to 1024 bytes (the 128-byte swizzle atom).  Buffers hold `dtype`,
+    sized by the cosize of each layout's outer part."""
+
+    @cute.struct
+    class Smem:
+        q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+        k_mbar: cute.struct.MemRange[cutlass.Int64, 2 * k_stages]
+        v_mbar: cute.struct.MemRange[cutlass.Int64, 2 * v_stages]
+        s_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+        p_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+        o_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+        tmem_addr: cutlass.Int32
+        sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(q_smem.outer)], 1024]
+        sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(k_smem.outer)], 1024]
+        sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(v_smem.outer)], 1024]
+        if p_smem is not None:  # SMEM-P only: the field exists only then
+            sP: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(p_smem.outer)], 1024]
+
+    return Smem
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """The Python ints the device-side pipelines need: bytes one TMA load of Q, of a
+    K chunk and of a Vᵀ slab deposits on its slot's full barrier, and the ring depths."""
+
+    q_bytes: int
+    k_bytes: int
+    v_bytes: int
+    k_slots: int
+    v_slots: int
+
+
+class AttentionOperands:
+    """Host side of S = Q·Kᵀ → P → O = P·V with tcgen05 (one CTA, cta_group::1).
+
+    q_tiler (M, N, K) = (128, kv_tile, hd): S = Q·Kᵀ over Q's whole head dim;
+    k_tiler the same MMA over one K chunk (= q_tiler when K is loaded whole);
+    pv_tiler (M, N, K) = (128, O columns of the CTA, kv_tile); pv_n the N of one PV
+    MMA tile (≤ 256); p_source TMEM (TMEM-P) or SMEM (SMEM-P).  Q and K are K-major,
+    Vᵀ MN-major; P is the PV MMA's K-major A operand, its layout `p_smem`
+    (make_smem_layout_a of the PV tiler) whether it lives in TMEM or SMEM.
+    """
+
+    def __init__(self, mQ, mK, mV, *, q_tiler, k_tiler, pv_tiler, pv_n: int,
+                 k_slots: int, v_slots: int, p_source):
+        cta = tcgen05.CtaGroup.ONE
+        self.qk_mma = sm100_utils.make_trivial_tiled_mma(
+            BF16, BF16, OperandMajorMode.K, OperandMajorMode.K, F32, cta, q_tiler[:2]
+        )
+        self.pv_mma = sm100_utils.make_trivial_tiled_mma(
+            BF16, BF16, OperandMajorMode.K, OperandMajorMode.MN, F32, cta, (pv_tiler[0], pv_n), p_source
+        )
+        self.q_smem = sm100_utils.make_smem_layout_a(self.qk_mma, q_tiler, BF16, 1)
+        self.k_smem = sm100_utils.make_smem_layout_b(self.qk_mma, k_tiler, BF16, k_slots)
+        self.v_smem = sm100_utils.make_smem_layout_b(self.pv_mma, pv_tiler, BF16, v_slots)
+        self.p_smem = sm100_utils.make_smem_layout_a(self.pv_mma, pv_tiler, BF16, 1)  # P's A-operand layout
+        self.tma_q, self.tma_Q, q_bytes = sm100_tma_load("A", self.qk_mma, mQ, self.q_smem, q_tiler)
+        self.tma_k, self.tma_K, k_bytes = sm100_tma_load("B", self.qk_mma, mK, self.k_smem, k_tiler)
+        self.tma_v, self.tma_V, v_bytes = sm100_tma_load("B", self.pv_mma, mV, self.v_smem, pv_tiler)
+        self.plan = PipelinePlan(q_bytes, k_bytes, v_bytes, k_slots, v_slots)
+
+    def args(self) -> tuple:
+        """What the kernel receives first, in this order: qk_mma, pv_mma, tma_q, mQ, tma_k,
+        mK, tma_v, mV, q_smem, k_smem, v_smem, p_smem."""
+        return (self.qk_mma, self.pv_mma, self.tma_q, self.tma_Q, self.tma_k, self.tma_K,
+                self.tma_v, self.tma_V, self.q_smem, self.k_smem, self.v_smem, self.p_smem)
+
+    def smem_struct(self, tmem_p: bool):
+        """attention_smem_struct of these layouts (a P buffer unless P lives in TMEM)."""
+        return attention_smem_struct(BF16, self.q_smem, self.k_smem, self.v_smem, self.plan.k_slots,
+                                     self.plan.v_slots, p_smem=None if tmem_p else self.p_smem)
+
+
+def launch(kernel_call, grid, stream) -> None:
+    """Launch a six-warp attention kernel: `grid` CTAs of WarpRoles.THREADS threads;
+    .minnctapersm 1, so ptxas may use more than 168 registers rather than spill."""
+    kernel_call.launch(grid=grid, block=(WarpRoles.THREADS, 1, 1), stream=stream, min_blocks_per_mp=1)
+
+
+# ---------------------------------------------------------------------------------------
+# Device side
+
+
+class AttentionCta:
+    """Device side: what every role of the CTA shares, built before the role `if`s.
+
+    Fields: storage; sQ (MMA, MMA_M, MMA_K, 1), sK, sV (…, slots); the producer /
+    consumer participants q_prod, q_cons, k_…, v_…, s_…, p_…, o_…; tmem_alloc (warp 0
+    allocates, every thread reads the address after TMEM_ALLOC) and tmem_done (the
+    softmax warps meet there before warp 0 frees TMEM); the MMA slices qk_thr, pv_thr
+    and the operand descriptors tSrQ, tSrK, tOrV.
+    """
+
+    def __init__(self, smem_struct, plan: PipelinePlan, qk_mma, pv_mma, q_smem, k_smem, v_smem):
+        storage = utils.SmemAllocator().allocate(smem_struct)
+        self.storage = storage
+        self.sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)
+        self.sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)
+        self.sV = storage.sV.get_tensor(v_smem.outer, swizzle=v_smem.inner)
+
+        threads = WarpRoles.SOFTMAX_THREADS
+        self.q_prod, self.q_cons = tma_umma_pipeline(storage.q_mbar, 1, plan.q_bytes)
+        self.k_prod, self.k_cons = tma_umma_pipeline(storage.k_mbar, plan.k_slots, plan.k_bytes)
+        self.v_prod, self.v_cons = tma_umma_pipeline(storage.v_mbar, plan.v_slots, plan.v_bytes)
+        self.s_prod, self.s_cons = umma_to_threads_pipeline(storage.s_mbar, threads)
+        self.p_prod, self.p_cons = threads_to_umma_pipeline(storage.p_mbar, threads)
+        self.o_prod, self.o_cons = umma_to_threads_pipeline(storage.o_mbar, threads)
+
+        self.tmem_alloc = TmemAllocator(
+            storage.tmem_addr.ptr,
+            barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=int(Barrier.TMEM_ALLOC),
+                                                       num_threads=WarpRoles.THREADS),
+            allocator_warp_id=WarpRoles.SOFTMAX_WARPS[0],
+        )
+        self.tmem_done = pipeline.NamedBarrier(barrier_id=int(Barrier.TMEM_FREE), num_threads=threads)
+
+        self.qk_thr = qk_mma.get_slice(0)
+        self.pv_thr = pv_mma.get_slice(0)
+        self.tSrQ = qk_mma.make_fragment_A(self.sQ)  # (MMA, MMA_M, hd / 16, 1)
+        self.tSrK = qk_mma.make_fragment_B(self.sK)  # (MMA, MMA_N, k_chunk / 16, slots)
+        self.tOrV = pv_mma.make_fragment_B(self.sV)  # (MMA, PV tiles, kv_tile / 16, slots)
+
+    def tma_partitions(self, tma_q, mQ, tma_k, mK, tma_v, mV, q_tiler, k_tiler, pv_tiler, v_slab):
+        """(tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV): where one TMA copy moves Q (TMA), the
+        K chunk c of KV tile j (tKgK[None, j, c]) and this CTA's Vᵀ slab `v_slab` of KV
+        tile j (tVgV[None, j]); the shared sides are indexed by slot."""
+        gQ = cute.flat_divide(mQ, cute.select(q_tiler, mode=[0, 2]))  # (128, hd, 1, 1, 1)
+        gK = cute.flat_divide(mK, cute.select(k_tiler, mode=[1, 2]))  # (kv, chunk, n_tiles, chunks, 1)
+        gV = cute.flat_divide(mV, cute.select(pv_tiler, mode=[1, 2]))  # (hd_cta, kv, slabs, n_tiles, 1)
+        tQsQ, tQgQ = tma_partition_tile(tma_q, self.sQ, self.qk_thr.partition_A(gQ), 3)
+        tKsK, tKgK = tma_partition_tile(tma_k, self.sK, self.qk_thr.partition_B(gK), 3)
+        tVsV, tVgV = tma_partition_tile(tma_v, self.sV, self.pv_thr.partition_B(gV), 3)
+        return tQsQ, tQgQ[None, 0, 0, 0], tKsK, tKgK[None, None, None, 0], tVsV, tVgV[None, v_slab, None, 0]
+
+    def allocate_tmem(self, cols: int):
+        """tcgen05.alloc of `cols` columns by warp 0; every thread gets the fp32 base pointer."""
+        return tmem_allocate(self.tmem_alloc, cols)
+
+
+
+def free_tmem(cta: AttentionCta, tmem_ptr, cols: int) -> None:
+    """The softmax warps meet on TMEM_FREE (each fenced before_thread_sync after its
+    last TMEM access), then warp 0 deallocates.  A function, not a method: a method
+    called on `cta` inside a role `if` would make the tracer carry `cta` through it."""
+    tmem_free(cta.tmem_alloc, tmem_ptr, cols, cta.tmem_done)
+
+
+class TmemP:
+    """TMEM-P (P = f(S) in TMEM, inside S's columns; see sm100_idioms.TmemPlan).
+
+    Builds the plan from the two MMAs, allocates it, and gives: tStS, tOrP, tOtO (the
+    TMEM views), s_load (tcgen05.ld 32x32b.x32 of S, fp32), p_store (tcgen05.st
+    32x32b.x16 of P, bf16) and the identity coordinates cS (partition_C of the QK MMA)
+    and cP (partition_A of the PV MMA), after proving at trace time that the two copies'
+    register fragments hold the same (row, key) at the same index."""
+
+    def __init__(self, cta: AttentionCta, qk_mma, pv_mma, qk_tiler, pv_tiler, p_layout):
+        self.plan = TmemPlan(qk_mma, pv_mma, qk_tiler, pv_tiler, p_layout, F32, BF16)
+        self.cols = self.plan.alloc_cols
+        self.ptr = cta.allocate_tmem(self.cols)  # tcgen05.alloc by the allocator warp (0)
+        self.tStS, self.tOrP, self.tOtO = self.plan.views(self.ptr)
+        self.s_load = tmem_copy(tcgen05.Ld32x32bOp, tcgen05.Repetition.x32, F32, self.tStS)
+        self.p_store = tmem_copy(tcgen05.St32x32bOp, tcgen05.Repetition.x16, BF16, self.tOrP)
+        self.cS = cta.qk_thr.partition_C(cute.make_identity_tensor(qk_tiler[:2]))  # (row, key)
+        self.cP = cta.pv_thr.partition_A(cute.make_identity_tensor((pv_tiler[0], pv_tiler[2])))  # (row, key)
+        check_same_fragment_coords(self.s_load, self.cS, self.p_store, self.cP, "TMEM-P (S → P)")  # trace time
+
+
+# ---------------------------------------------------------------------------------------
+# Roles shared unchanged by the rungs
+
+
+@cute.jit
+def load_role(q_prod, k_prod, v_prod, tma_q, tQgQ, tQsQ, tma_k, tKgK, tKsK, tma_v, tVgV, tVsV,
+              n_tiles: cutlass.Constexpr, n_chunks: cutlass.Constexpr):
+    """Warp 5: Q once; per KV tile j its n_chunks K chunks into the K ring, then its Vᵀ
+    slab into the V ring.  Waits at the end for the MMA warp's last releases, so no
+    arrive lands after the warp exits."""
+    q_slot = q_prod.acquire_and_advance()
+    cute.copy(tma_q, tQgQ, tQsQ[None, 0], tma_bar_ptr=q_slot.barrier)
+    for j in cutlass.range(n_tiles, unroll=1):
+        for c in cutlass.range_constexpr(n_chunks):
+            k_slot = k_prod.acquire_and_advance()
+            cute.copy(tma_k, tKgK[None, j, c], tKsK[None, k_slot.index], tma_bar_ptr=k_slot.barrier)
+        v_slot = v_prod.acquire_and_advance()
+        cute.copy(tma_v, tVgV[None, j], tVsV[None, v_slot.index], tma_bar_ptr=v_slot.barrier)
+    q_prod.tail()
+    k_prod.tail()
+    v_prod.tail()
+
+
+@cute.jit
+def mma_role(q_cons, k_cons, v_cons, s_prod, p_cons, o_prod, qk_mma, pv_mma, tSrQ, tSrK, tOrV,
+             tStS, tOrP, tOtO, n_tiles: cutlass.Constexpr, n_chunks: cutlass.Constexpr):
+    """Warp 4, per KV tile j:
+        S_j = Q·K_jᵀ     once the softmax warps handed the S buffer back (TMEM-P: only
+                         after PV_{j-1} completed, P_{j-1} lives in S's columns); chunk
+                         by chunk, each K slot released (tcgen05.commit) once read
+        O  += P_j·V_j    once P_j is ready (and O rescaled); accumulate off for j = 0;
+                         every PV tile of O per K step of 16 keys
+    then commits "O final" after the last PV."""
+    q_full = q_cons.wait_and_advance()
+    kb_per_chunk = cute.size(tSrK, mode=[2])
+    num_kb_pv = cute.size(tOrV, mode=[2])
+    for j in cutlass.range(n_tiles, unroll=1):
+        s_free = s_prod.acquire_and_advance()
+        for c in cutlass.range_constexpr(n_chunks):
+            k_full = k_cons.wait_and_advance()
+            tcgen05_fence_after_sync()
+            for kb in cutlass.range_constexpr(kb_per_chunk):
+                qk_mma.set(tcgen05.Field.ACCUMULATE, c * kb_per_chunk + kb != 0)
+                cute.gemm(qk_mma, tStS, tSrQ[None, None, c * kb_per_chunk + kb, 0],
+                          tSrK[None, None, kb, k_full.index], tStS)
+            k_full.release()  # tcgen05.commit → K slot free once read
+        s_free.commit()  # tcgen05.commit → S_j ready for the softmax warps
+        v_full = v_cons.wait_and_advance()
+        p_full = p_cons.wait_and_advance()
+        tcgen05_fence_after_sync()
+        for kb in cutlass.range_constexpr(num_kb_pv):
+            if cutlass.const_expr(kb == 0):
+                pv_mma.set(tcgen05.Field.ACCUMULATE, j != 0)
+            else:
+                pv_mma.set(tcgen05.Field.ACCUMULATE, True)
+            cute.gemm(pv_mma, tOtO, tOrP[None, None, kb], tOrV[None, None, kb, v_full.index], tOtO)
+        p_full.release()  # tcgen05.commit → P slot free = PV_j complete
+        v_full.release()
+    o_slot = o_prod.acquire_and_advance()
+    o_slot.commit()  # tcgen05.commit → every MMA done, O final
+    q_full.release()
+
+
+@cute.jit
+def rescale_o(o_load, o_store, tTR_tO, tRT_tO, rO, alpha, pv_tiles: cutlass.Constexpr,
+              o_chunks: cutlass.Constexpr):
+    """The correction pass, O_{j-1} ← α_j · O_{j-1} in TMEM: per PV tile and 32-column
+    chunk, tcgen05.ld → tcgen05.wait::ld → × α → tcgen05.st.  tTR_tO / tRT_tO: this
+    thread's row of O, (V, chunks, 1, PV tiles), for the load and the store.  The
+    caller issues tcgen05.wait::st before it signals the MMA warp."""
+    for t in cutlass.range_constexpr(pv_tiles):
+        for ch in cutlass.range_constexpr(o_chunks):
+            cute.copy(o_load, tTR_tO[None, ch, None, t], rO)
+            cute.arch.fence_view_async_tmem_load()
+            rO.store(rO.load() * alpha)
+            cute.copy(o_store, rO, tRT_tO[None, ch, None, t])
