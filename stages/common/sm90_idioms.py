@@ -21,7 +21,9 @@ P in registers between two WGMMAs
 
 A warpgroup GEMM, waited for
     `wgmma_sync` issues the K steps of one tiled wgmma between
-    warpgroup.fence and commit_group / wait_group(0).
+    warpgroup.fence and commit_group / wait_group(0); `qk_tiled_mma` is the
+    SS wgmma of S = Q·Kᵀ every stage builds; `store_accumulator` is the
+    epilogue (fp32 → the output's type → global).
 
 TMA pipelines
     `tma_pipeline` builds the PipelineTmaAsync every stage uses: one elected
@@ -213,6 +215,15 @@ def online_softmax_row(
         tile_sum += p
     row_sum[r] = row_sum[r] * alpha + tile_sum
     return alpha
+
+
+@cute.jit
+def store_accumulator(acc: cute.Tensor, dst: cute.Tensor) -> None:
+    """Epilogue: the fp32 accumulator `acc` converted to `dst`'s element type and stored
+    into `dst` (this thread's partition of the output, partitioned like `acc`)."""
+    out = cute.make_rmem_tensor(dst.shape, dst.element_type)
+    out.store(acc.load().to(dst.element_type))
+    cute.autovec_copy(out, dst)
 
 
 @cute.jit
