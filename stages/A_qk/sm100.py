@@ -26,6 +26,10 @@ Tiling
     thread reads its row in chunks of 32 columns with tcgen05.ld.32x32b.x32
     and stores the 32 fp32 straight to global memory.
 
+kernel() sets up (shared memory, the operand and accumulator pipelines, TMEM on the
+named barriers of stages/common/sm100_setup.py) and hands warp 0 to `mainloop`
+(TMA + MMA) and all four warps to `epilogue`.
+
 Ordering: tcgen05.fence::after_thread_sync after the accumulator wait,
 tcgen05.wait::ld before the loaded registers are stored, and a
 before/after_thread_sync fence pair around the barrier that precedes the
@@ -41,13 +45,15 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass.cute.nvgpu import tcgen05
 from cutlass.memory import TmemAllocator, get_num_tmem_alloc_cols
 
+from stages.common.inspection import expose
 from stages.common.sm100_idioms import (
     tcgen05_fence_after_sync,
     tcgen05_fence_before_sync,
     tma_umma_pipeline,
+    tmem_free,
     umma_to_threads_pipeline,
 )
-from stages.common.inspection import expose
+from stages.common.sm100_setup import Barrier
 from stages.common.tma import prefetch_descriptors, sm100_tma_load, tma_partition_tile
 
 
@@ -149,10 +155,10 @@ class Kernel:
         # Accumulator pipeline: UMMA commit → all 128 epilogue THREADS.
         acc_prod, acc_cons = umma_to_threads_pipeline(storage.acc_mbar, self.THREADS)
 
-        # TMEM: warp 0 allocates, everyone reads the base address after a barrier.
+        # TMEM: warp 0 allocates, everyone reads the base address after TMEM_ALLOC.
         tmem = TmemAllocator(
             storage.tmem_addr.ptr,
-            barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=1, num_threads=self.THREADS),
+            barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=int(Barrier.TMEM_ALLOC), num_threads=self.THREADS),
         )
         tmem.allocate(self.tmem_cols)
 
@@ -178,7 +184,46 @@ class Kernel:
         acc_layout = tiled_mma.make_fragment_C(tiled_mma.partition_shape_C(self.mma_tiler[:2])).layout
         tCtAcc = cute.make_tensor(tmem_ptr, acc_layout)  # (MMA, MMA_M, MMA_N) in TMEM
 
-        # Epilogue partition, built before any branch: chunks of 32 columns.
+        if warp_idx == 0:
+            self.mainloop(ab_prod, ab_cons, acc_prod, tiled_mma, tma_q, tQgQ, tQsQ, tma_k, tKgK, tKsK,
+                          tCrQ, tCrK, tCtAcc)
+        tmem.relinquish_alloc_permit()
+        self.epilogue(acc_cons, tCtAcc, tCgS, tidx)
+
+        # Everyone is done with TMEM: warp 0 frees it.
+        tcgen05_fence_before_sync()
+        tmem_free(tmem, tmem_ptr, self.tmem_cols,
+                  pipeline.NamedBarrier(barrier_id=int(Barrier.TMEM_FREE), num_threads=self.THREADS))
+
+    @cute.jit
+    def mainloop(self, ab_prod, ab_cons, acc_prod, tiled_mma, tma_q, tQgQ, tQsQ, tma_k, tKgK, tKsK, tCrQ, tCrK,
+                 tCtAcc):
+        """Warp 0: TMA loads and MMAs, unrolled over ≤ 8 K-blocks; `stages` slots in flight."""
+        tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
+        mma_k_steps = cute.size(tCrQ, mode=[2])
+        acc_slot = acc_prod.acquire_and_advance()
+        for _ in cutlass.range_constexpr(self.stages):
+            h = ab_prod.acquire_and_advance()
+            cute.copy(tma_q, tQgQ[(None, h.count)], tQsQ[(None, h.index)], tma_bar_ptr=h.barrier)
+            cute.copy(tma_k, tKgK[(None, h.count)], tKsK[(None, h.index)], tma_bar_ptr=h.barrier)
+        for kb in cutlass.range_constexpr(self.num_k_blocks):
+            full = ab_cons.wait_and_advance()
+            for kk in cutlass.range_constexpr(mma_k_steps):
+                crd = (None, None, kk, full.index)
+                cute.gemm(tiled_mma, tCtAcc, tCrQ[crd], tCrK[crd], tCtAcc)
+                tiled_mma.set(tcgen05.Field.ACCUMULATE, True)
+            full.release()  # tcgen05.commit → slot empty once these MMAs have read it
+            if kb + self.stages < self.num_k_blocks:
+                h = ab_prod.acquire_and_advance()
+                cute.copy(tma_q, tQgQ[(None, h.count)], tQsQ[(None, h.index)], tma_bar_ptr=h.barrier)
+                cute.copy(tma_k, tKgK[(None, h.count)], tKsK[(None, h.index)], tma_bar_ptr=h.barrier)
+        acc_slot.commit()  # tcgen05.commit → accumulator complete
+        ab_prod.tail()  # wait until every slot's last empty-arrival has landed
+
+    @cute.jit
+    def epilogue(self, acc_cons, tCtAcc, tCgS, tidx):
+        """All 4 warps: TMEM → registers → global, 32 columns at a time (warp w owns
+        TMEM lanes 32w … 32w + 31 = rows of S)."""
         epi_tiler = ((cute.size(tCtAcc, mode=[0, 0]), self.EPI_COLS),)
         tAcc_epi = cute.zipped_divide(tCtAcc, epi_tiler)  # ((128, 32), n / 32)
         gS_epi = cute.zipped_divide(tCgS, epi_tiler)
@@ -191,32 +236,6 @@ class Kernel:
         tTRgS = thr_t2r.partition_D(gS_epi)  # (T2R, T2R_M, n / 32)
         tTRrAcc = cute.make_rmem_tensor(tTRgS[(None, None, 0)].shape, cutlass.Float32)
 
-        # Main loop (warp 0): TMA loads and MMAs, unrolled over ≤ 8 K-blocks.
-        tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
-        mma_k_steps = cute.size(tCrQ, mode=[2])
-        if warp_idx == 0:
-            acc_slot = acc_prod.acquire_and_advance()
-            for _ in cutlass.range_constexpr(self.stages):
-                h = ab_prod.acquire_and_advance()
-                cute.copy(tma_q, tQgQ[(None, h.count)], tQsQ[(None, h.index)], tma_bar_ptr=h.barrier)
-                cute.copy(tma_k, tKgK[(None, h.count)], tKsK[(None, h.index)], tma_bar_ptr=h.barrier)
-            for kb in cutlass.range_constexpr(self.num_k_blocks):
-                full = ab_cons.wait_and_advance()
-                for kk in cutlass.range_constexpr(mma_k_steps):
-                    crd = (None, None, kk, full.index)
-                    cute.gemm(tiled_mma, tCtAcc, tCrQ[crd], tCrK[crd], tCtAcc)
-                    tiled_mma.set(tcgen05.Field.ACCUMULATE, True)
-                full.release()  # tcgen05.commit → slot empty once these MMAs have read it
-                if kb + self.stages < self.num_k_blocks:
-                    h = ab_prod.acquire_and_advance()
-                    cute.copy(tma_q, tQgQ[(None, h.count)], tQsQ[(None, h.index)], tma_bar_ptr=h.barrier)
-                    cute.copy(tma_k, tKgK[(None, h.count)], tKsK[(None, h.index)], tma_bar_ptr=h.barrier)
-            acc_slot.commit()  # tcgen05.commit → accumulator complete
-            ab_prod.tail()  # wait until every slot's last empty-arrival has landed
-
-        tmem.relinquish_alloc_permit()
-
-        # Epilogue (all 4 warps): TMEM → registers → global, 32 columns at a time.
         acc_full = acc_cons.wait_and_advance()
         tcgen05_fence_after_sync()  # the MMAs' TMEM writes are visible to tcgen05.ld
         for c in cutlass.range_constexpr(cute.size(tTRtAcc, mode=[2])):
@@ -224,9 +243,3 @@ class Kernel:
             cute.arch.fence_view_async_tmem_load()  # tcgen05.wait::ld: registers valid
             cute.autovec_copy(tTRrAcc, tTRgS[(None, None, c)])
         acc_full.release()
-
-        # Everyone is done with TMEM: warp 0 frees it.
-        tcgen05_fence_before_sync()
-        pipeline.sync(barrier_id=1)
-        tcgen05_fence_after_sync()
-        tmem.free(tmem_ptr)
