@@ -24,16 +24,16 @@ axis's largest number / first word) at its test shape, as before.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import random
 import signal
 import sys
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from harness.labels import case_label
+from harness.launch import KernelJob, Launcher, attr
 from harness.matrix import expand, parse_filters
 from harness.records import BENCH_NOTE
 from harness.spec import Stage, Tolerance
@@ -72,7 +72,7 @@ def plan_cases(stage: Stage, pairs: list[tuple[str, str]]) -> list[dict[str, Any
         raise BenchError(f"{stage.name}: no bench shape passes these filters — bench shapes: "
                          + ", ".join(case_label(c.dict) for c in expand(view)))
     if stage.bench_plan.open_axes:  # words the test matrix lacks: the stage's tensors() must take them
-        tensors_fn = _attr((stage.tensors.module, stage.tensors.name))
+        tensors_fn = attr((stage.tensors.module, stage.tensors.name))
         for case in cases:
             try:
                 tensors_fn(case)
@@ -90,7 +90,7 @@ def shape_support(stage: Stage, case: dict[str, Any], cc: tuple[int, int] | None
 
     plan = stage.bench_plan
     assert plan is not None
-    specs = _attr((stage.tensors.module, stage.tensors.name))(case)
+    specs = attr((stage.tensors.module, stage.tensors.name))(case)
     dims = problem_dims(plan.problem, specs) if plan.problem else "no problem named"
     return {p: why_not(p, plan.problem, dims, cc, probe=False) for p in plan.peers}
 
@@ -130,22 +130,12 @@ def row_tensors(specs: list, specs_rows: list, axis: str, total: int, rows: int)
 # One bench shape, in its own process.
 
 
-@dataclass
-class BenchJob:
-    stage: str
-    arch: str
-    case: dict[str, Any]
-    kernel_params: tuple[str, ...]
-    kernel_module: str
-    kernel_entry: str
-    tensors: tuple[str, str]
-    inputs: tuple[str, str]
-    oracle: tuple[str, str]
-    flops: tuple[str, str] | None
+@dataclass(kw_only=True)
+class BenchJob(KernelJob):
+    """A bench shape for a bench process: the kernel's job, the stage's tolerances, the peers and
+    the row check."""
+
     tolerances: dict[str, Tolerance]
-    seed: int
-    object_path: str = ""
-    prefix: str = ""
     peers: tuple[str, ...] = ()
     problem: str | None = None
     check_rows: int = 256
@@ -156,32 +146,7 @@ class BenchJob:
     env: dict[str, Any] = field(default_factory=dict)
 
 
-def _attr(ref: tuple[str, str]):
-    return getattr(importlib.import_module(ref[0]), ref[1])
-
-
-def _launcher(job: BenchJob, args: list) -> Callable[[], None]:
-    """A zero-argument callable that launches the job's kernel on `args`."""
-    if job.arch == "cpu":  # the lab's own tests: a plain-Python kernel
-        kernel = _attr((job.kernel_module, job.kernel_entry))(**{k: job.case[k] for k in job.kernel_params})
-        return lambda: kernel(*args)
-    import cuda.bindings.driver as cuda
-    import cutlass.cute as cute
-    import torch
-    from cutlass.cute.runtime import from_dlpack
-
-    fn = _LOADED.get(job.object_path)
-    if fn is None:
-        fn = _LOADED[job.object_path] = cute.runtime.load_module(job.object_path)[job.prefix]
-    cute_args = [from_dlpack(t, assumed_align=16) for t in args]
-
-    def launch() -> None:
-        fn(*cute_args, cuda.CUstream(torch.cuda.current_stream().cuda_stream))
-
-    return launch
-
-
-_LOADED: dict[str, Any] = {}
+_launcher = Launcher()  # one per bench process
 
 
 def _one_line(exc: BaseException) -> str:
@@ -198,7 +163,7 @@ def check_and_time(job: BenchJob, root: Path) -> dict:
     from harness.metrics import compare, judge, poison_, unwritten_mask
 
     device = "cpu" if job.arch == "cpu" else "cuda"
-    tensors_fn, inputs_fn, oracle_fn = _attr(job.tensors), _attr(job.inputs), _attr(job.oracle)
+    tensors_fn, inputs_fn, oracle_fn = attr(job.tensors), attr(job.inputs), attr(job.oracle)
     specs = tensors_fn(job.case)
     bad = specs_problems(specs, tensors_fn, root)
     if bad:
@@ -271,7 +236,7 @@ def _time(job: BenchJob, specs, inputs: dict, fresh_outputs, ref: dict, idx, sli
         outs = fresh_outputs()
         sets.append((ins, [ins[s.name] if s.role == "in" else outs[s.name] for s in specs]))
     t = bench([_launcher(job, a) for _, a in sets], reps=job.reps, min_launches=job.min_launches)
-    flops = _attr(job.flops)(job.case) if job.flops else None
+    flops = attr(job.flops)(job.case) if job.flops else None
     secs = t["us"] * 1e-6
     if flops:
         t["tflops"] = flops / secs / 1e12

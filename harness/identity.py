@@ -33,7 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from harness.codetext import code_text
-from harness.spec import Stage
+from harness.spec import Stage, module_file
 
 HASH_LEN = 12
 HASH_SCHEME = 3  # bump when what the hash covers changes
@@ -58,14 +58,6 @@ def _file_digest(path: Path, mtime_ns: int, size: int) -> str:
 def file_digest(path: Path) -> str:
     st = path.stat()
     return _file_digest(path, st.st_mtime_ns, st.st_size)
-
-
-def _module_file(base: Path, module: str) -> Path | None:
-    rel = Path(*module.split("."))
-    for cand in (base / rel.with_suffix(".py"), base / rel / "__init__.py"):
-        if cand.is_file():
-            return cand
-    return None
 
 
 def _package_inits(base: Path, path: Path) -> list[Path]:
@@ -132,7 +124,7 @@ def follow_imports(base: Path, files: list[Path]) -> list[Path]:
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         st = path.stat()
         for mod in _imported_names(path, st.st_mtime_ns, st.st_size, package):
-            found = _module_file(base, mod)
+            found = module_file(base, mod)
             if found is not None and found.resolve() not in seen:
                 todo.append(found.resolve())
     return sorted(seen)

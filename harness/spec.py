@@ -233,7 +233,8 @@ def _check_keys(ctx: _Ctx, pairs: list[tuple[Node, Node]], key: str, allowed: se
             raise ctx.fail(node, f"{key}.{name}" if key else name, "missing required key — add it")
 
 
-def _module_file(root: Path, module: str) -> Path | None:
+def module_file(root: Path, module: str) -> Path | None:
+    """The file of dotted `module` under `root` (a module file or a package's __init__.py), or None."""
     rel = Path(*module.split("."))
     for cand in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
         if cand.is_file():
@@ -281,7 +282,7 @@ def _resolve(ctx: _Ctx, node: Node, key: str, module: str, name: str,
     if not _identifier(name):
         node, key = name_at or (node, key)
         raise ctx.fail(node, key, f"{name!r} is not a Python name — give the class or function name")
-    path = _module_file(ctx.root, module)
+    path = module_file(ctx.root, module)
     if path is None:
         raise ctx.fail(node, key, f"module '{module}' not found under {ctx.root} — check the dotted path")
     rel = path.relative_to(ctx.root)

@@ -20,7 +20,6 @@ thread exits it when its parent process is gone (any OS; a fallback).
 from __future__ import annotations
 
 import ctypes
-import importlib
 import os
 import signal
 import sys
@@ -32,28 +31,19 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from harness.launch import KernelJob, Launcher, attr
+
 STARTUP_TIMEOUT_S = 180.0
 TRACE_CHARS = 20000  # the tail of a traceback kept in a reply
 WATCHDOG_S = 0.5  # how often a worker checks that its parent is alive
 PR_SET_PDEATHSIG = 1
 
 
-@dataclass
-class Job:
-    stage: str
-    arch: str
-    case: dict[str, Any]
-    kernel_params: tuple[str, ...]
-    kernel_module: str
-    kernel_entry: str
-    tensors: tuple[str, str]
-    inputs: tuple[str, str]
-    oracle: tuple[str, str]
-    flops: tuple[str, str] | None
-    seed: int
+@dataclass(kw_only=True)
+class Job(KernelJob):
+    """A test case for a worker: the kernel's job, the stage's peer (run --bench), and whether to time."""
+
     peer: tuple[str, str] | None = None
-    object_path: str = ""
-    prefix: str = ""
     bench: bool = False
 
 
@@ -61,37 +51,10 @@ class Job:
 # Worker side.
 
 
-def _attr(ref: tuple[str, str]):
-    return getattr(importlib.import_module(ref[0]), ref[1])
-
-
 class _Executor:
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._loaded: dict[str, Any] = {}
-
-    def launcher(self, job: Job, args: list):
-        """A zero-argument callable that launches the case's kernel on `args`."""
-        import torch
-
-        if job.arch == "cpu":  # the lab's own tests: a plain-Python kernel
-            kernel = _attr((job.kernel_module, job.kernel_entry))(**{k: job.case[k] for k in job.kernel_params})
-            return lambda: kernel(*args)
-
-        import cuda.bindings.driver as cuda
-        import cutlass.cute as cute
-        from cutlass.cute.runtime import from_dlpack
-
-        fn = self._loaded.get(job.object_path)
-        if fn is None:
-            fn = cute.runtime.load_module(job.object_path)[job.prefix]
-            self._loaded[job.object_path] = fn
-        cute_args = [from_dlpack(t, assumed_align=16) for t in args]
-
-        def launch() -> None:
-            fn(*cute_args, cuda.CUstream(torch.cuda.current_stream().cuda_stream))
-
-        return launch
+        self.launcher = Launcher()
 
     def run(self, job: Job) -> dict:
         import torch
@@ -100,7 +63,7 @@ class _Executor:
         from harness.metrics import compare, poison_
 
         device = "cpu" if job.arch == "cpu" else "cuda"
-        tensors_fn, inputs_fn, oracle_fn = _attr(job.tensors), _attr(job.inputs), _attr(job.oracle)
+        tensors_fn, inputs_fn, oracle_fn = attr(job.tensors), attr(job.inputs), attr(job.oracle)
         specs = tensors_fn(job.case)
         bad = specs_problems(specs, tensors_fn, self.root)
         if bad:
@@ -144,12 +107,12 @@ class _Executor:
             sets.append([ins[s.name] if s.role == "in" else outs[s.name] for s in specs])
         t = bench([self.launcher(job, a) for a in sets])
         secs = t["us"] * 1e-6
-        flops = _attr(job.flops)(job.case) if job.flops else None
+        flops = attr(job.flops)(job.case) if job.flops else None
         if flops:
             t["tflops"] = flops / secs / 1e12
         t["gbps"] = total_bytes / secs / 1e9
         if job.peer:  # the same computation written plainly in PyTorch, timed the same way
-            peer = _attr(job.peer)
+            peer = attr(job.peer)
             ins_sets = [{s.name: a[i] for i, s in enumerate(specs) if s.role == "in"} for a in sets]
             p = bench([(lambda ins=ins: peer(ins, job.case)) for ins in ins_sets])
             t["peer_us"] = p["us"]

@@ -69,34 +69,6 @@ def test_bench_block_loads(fake_lab):
     assert st.bench == {"n": 32, "mode": "ok"}
 
 
-def test_open_axes_take_new_words_and_tensors_judge_them(lab_path):
-    fake_lab = lab_path
-    """A word axis listed in open_axes takes bench words the test matrix lacks (shape names); the
-    stage's tensors() judge them when bench plans (one line naming the line, the shape and the
-    refusal); an axis not listed still refuses a new word."""
-    text = LAB.replace("        n: [4096, 1000]\n", "        n: [4096]\n        mode: [ok, sideways]\n") \
-              .replace("      row_axis: n\n", "      open_axes: [mode]\n      row_axis: n\n")
-    st = load(fake_lab, text).stages["OK"]
-    assert st.bench_plan.open_axes == ("mode",)
-    oracle = fake_lab / "oracles" / "add.py"
-    oracle.write_text(oracle.read_text().replace("def tensors(case", "def _tensors(case") + """
-
-def tensors(case):
-    if case["mode"] not in ("ok", "wrong", "unwritten"):
-        raise ValueError(f"unknown mode {case['mode']!r}")
-    return _tensors(case)
-""")
-    assert plan_cases(st, [("mode", "ok")]) == [{"n": 4096, "mode": "ok"}]
-    with pytest.raises(BenchError) as exc:
-        plan_cases(st, [])
-    msg = str(exc.value)
-    assert "\n" not in msg and msg.startswith("stages.yaml:16: stage-OK bench shape n=4096,mode=sideways:") and "unknown mode 'sideways'" in msg, msg
-    msg = error(fake_lab, text.replace("      open_axes: [mode]\n", "      open_axes: [n]\n"))
-    assert "stages.OK.bench.open_axes" in msg and "not a word axis" in msg and "word axes: mode" in msg
-    msg = error(fake_lab, text.replace("      open_axes: [mode]\n", ""))
-    assert "stages.OK.bench.matrix.mode" in msg and "does not fit" in msg and "open_axes" in msg
-
-
 def test_project_bench_blocks(project_root):
     spec = load_spec(root=project_root)
     d1 = spec.stages["D1"].bench_plan
@@ -338,3 +310,31 @@ def test_bench_times_d1_on_a_gpu(project_root, tmp_path):
     t = recs[-1].timing or {}
     assert recs[-1].status == "pass" and t["us"] > 0 and t["tflops"] > 0
     assert t["peer_torch_sdpa_us"] > 0 and t["peer_torch_sdpa_ratio"] > 0 and "gpu_name" in t
+
+
+def test_open_axes_take_new_words_and_tensors_judge_them(lab_path):
+    fake_lab = lab_path
+    """A word axis listed in open_axes takes bench words the test matrix lacks (shape names); the
+    stage's tensors() judge them when bench plans (one line naming the line, the shape and the
+    refusal); an axis not listed still refuses a new word."""
+    text = LAB.replace("        n: [4096, 1000]\n", "        n: [4096]\n        mode: [ok, sideways]\n") \
+              .replace("      row_axis: n\n", "      open_axes: [mode]\n      row_axis: n\n")
+    st = load(fake_lab, text).stages["OK"]
+    assert st.bench_plan.open_axes == ("mode",)
+    oracle = fake_lab / "oracles" / "add.py"
+    oracle.write_text(oracle.read_text().replace("def tensors(case", "def _tensors(case") + """
+
+def tensors(case):
+    if case["mode"] not in ("ok", "wrong", "unwritten"):
+        raise ValueError(f"unknown mode {case['mode']!r}")
+    return _tensors(case)
+""")
+    assert plan_cases(st, [("mode", "ok")]) == [{"n": 4096, "mode": "ok"}]
+    with pytest.raises(BenchError) as exc:
+        plan_cases(st, [])
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith("stages.yaml:16: stage-OK bench shape n=4096,mode=sideways:") and "unknown mode 'sideways'" in msg, msg
+    msg = error(fake_lab, text.replace("      open_axes: [mode]\n", "      open_axes: [n]\n"))
+    assert "stages.OK.bench.open_axes" in msg and "not a word axis" in msg and "word axes: mode" in msg
+    msg = error(fake_lab, text.replace("      open_axes: [mode]\n", ""))
+    assert "stages.OK.bench.matrix.mode" in msg and "does not fit" in msg and "open_axes" in msg
