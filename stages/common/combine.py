@@ -14,6 +14,16 @@ exp(−∞ − lse) is 0, but it is IGNORED outright (skipped, never multiplied)
 holds — not even a NaN — can reach O.  A row where every split is empty has no key at all:
 O = 0 and lse = +∞ (DSV4's lonely-row convention), never NaN.
 
+Attention sink (stage D5).  One logit sink[h] per query head with no value vector joins the
+softmax's denominator only:
+
+    O_sink = O · e^lse / (e^lse + e^sink) = O / (1 + e^(sink − lse)),    lse unchanged
+
+applied ONCE, to the merged row (never to a partial: each split would take its own share of
+the sink).  `sink_factor` is that factor with DSV4's edge cases: sink = −∞ → 1 (nothing
+changes), sink = +∞ → 0 (O = 0, lse still the keys'), lse = −∞ (a lonely row, O already 0)
+→ 0, never NaN.
+
 `combine_reference` is this math in float64 on torch tensors (the CPU tests use it);
 `SplitCombine` is the GPU kernel (one warp per row, fp32, lanes over the columns).
 """
@@ -30,9 +40,18 @@ LOG2_E = math.log2(math.e)
 LN2 = math.log(2.0)
 
 
-def combine_reference(o_parts, lse_parts):
+@cute.jit
+def sink_factor(sink: Float32, lse: Float32) -> Float32:
+    """1 / (1 + e^(sink − lse)), the factor a sink puts on a row's O (see the module doc);
+    `lse` is the row's natural-log LSE over its keys, −∞ for a row with no key (→ 0)."""
+    e = cute.math.exp2((sink - lse) * LOG2_E, fastmath=True)  # sink = +∞ → ∞ → factor 0
+    return Float32(0.0) if lse == -Float32.inf else Float32(1.0) / (Float32(1.0) + e)
+
+
+def combine_reference(o_parts, lse_parts, sink=None):
     """(O [rows, d], lse [rows]) in float64 from o_parts [splits, rows, d] and
-    lse_parts [splits, rows] (torch tensors), ignoring empty splits (lse_i = −∞)."""
+    lse_parts [splits, rows] (torch tensors), ignoring empty splits (lse_i = −∞); with
+    `sink` [rows] (each row's sink logit) O is scaled by 1 / (1 + e^(sink − lse))."""
     import torch
 
     o_parts = o_parts.double()
@@ -46,6 +65,10 @@ def combine_reference(o_parts, lse_parts):
     lse = torch.where(lonely, torch.full_like(m, math.inf), m_safe + torch.log(torch.where(lonely, torch.ones_like(total), total)))
     contrib = torch.where(live[..., None], o_parts, torch.zeros_like(o_parts)) * w[..., None]
     o = contrib.sum(dim=0) / torch.where(lonely, torch.ones_like(total), total)[:, None]
+    if sink is not None:
+        sink = sink.double()
+        factor = torch.where(lonely, torch.zeros_like(lse), 1.0 / (1.0 + torch.exp(sink - torch.where(lonely, torch.zeros_like(lse), lse))))
+        o = o * factor[:, None]
     return o, lse
 
 
@@ -57,24 +80,29 @@ class SplitCombine:
         o_part  (splits · rows, d) fp32     row s · rows + r is split s of row r
         lse_part (splits · rows,) fp32
         o       (rows, d)
-        lse     any layout of `rows` elements (e.g. DSV4's [b, h_q, s_q] seen in row order)"""
+        lse     any layout of `rows` elements (e.g. DSV4's [b, h_q, s_q] seen in row order)
+        sink    optional [h_q] fp32 (`sink_heads` = h_q): row r is head r mod h_q (rows =
+                (batch, token, head) row-major); applied once, after the merge"""
 
     ROWS_PER_CTA = 4
     THREADS = 32 * ROWS_PER_CTA
 
-    def __init__(self, rows: int, splits: int, d: int):
+    def __init__(self, rows: int, splits: int, d: int, sink_heads: int = 0):
         if rows % self.ROWS_PER_CTA or d % 32:
             raise ValueError(f"SplitCombine: rows must be a multiple of {self.ROWS_PER_CTA} and d of 32, got {rows}, {d}")
-        self.rows, self.splits, self.d = rows, splits, d
+        self.rows, self.splits, self.d, self.sink_heads = rows, splits, d, sink_heads
 
-    def launch(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, stream):
-        """Call from a @cute.jit host function (e.g. after the split kernel, same stream)."""
-        self.kernel(o_part, lse_part, o, lse).launch(
+    def launch(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, stream, sink=None):
+        """Call from a @cute.jit host function (e.g. after the split kernel, same stream).
+        `sink`: the [h_q] sink logits when the combine applies a sink (sink_heads > 0)."""
+        if (sink is None) != (self.sink_heads == 0):
+            raise ValueError("SplitCombine: pass a sink tensor exactly when sink_heads > 0")
+        self.kernel(o_part, lse_part, o, lse, sink if sink is not None else lse).launch(
             grid=(self.rows // self.ROWS_PER_CTA, 1, 1), block=(self.THREADS, 1, 1), stream=stream
         )
 
     @cute.kernel
-    def kernel(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor):
+    def kernel(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, sink: cute.Tensor):
         rows, d = self.rows, self.d
         cols = d // 32
         tidx, _, _ = cute.arch.thread_idx()
@@ -99,7 +127,10 @@ class SplitCombine:
 
         lonely = total == 0.0
         inv = 0.0 if lonely else cute.arch.rcp_approx(total)
+        row_lse = -Float32.inf if lonely else m + cute.math.log2(total, fastmath=True) * LN2
+        if cutlass.const_expr(self.sink_heads > 0):
+            inv = inv * sink_factor(sink[row % self.sink_heads], row_lse)
         for k in cutlass.range_constexpr(cols):
             o[row, lane + 32 * k] = (acc[k] * inv).to(o.element_type)
         if lane == 0:
-            lse[row] = Float32.inf if lonely else m + cute.math.log2(total, fastmath=True) * LN2
+            lse[row] = Float32.inf if lonely else row_lse

@@ -30,6 +30,20 @@ Split count.  A launch of `ctas` CTAs (row blocks) on a GPU of `sm_count` SMs:
       write) in tile units, the ½ the combine launch; ties go to fewer splits.
 `resolve_splits` turns the test matrix's axis value (an int, "auto" or "many" = T + 3, i.e.
 three empty splits) into a count.
+
+Masked and two-branch key sets (stages D3–D5).  A CTA's split owns tiles [begin, end) of the
+static tile space, but only the tiles holding a VALID key are visited.  With two branches
+(D5: main keys, then SWA keys) the tile space is the concatenation [0, T₁) ++ [T₁, T₁ + T₂),
+and branch i's valid keys (its fill level, after its causal limit) fill its first v_i tiles:
+
+    first  = [begin, min(end, v₁))                     branch-1 tiles, as they are
+    second = [max(begin, T₁), min(end, T₁ + v₂)) − T₁   branch-2 tiles, branch-local
+
+`visit_tiles` gives that plan (`VisitPlan`); visit i < n_first is branch-1 tile
+first_begin + i, the rest are branch-2 tiles second_begin + (i − n_first).  A split whose
+plan is empty (count 0) is an empty split even if its static range is not: it writes
+partial LSE = −∞ (or, with one split, the lonely row's O = 0, LSE = +∞).  The tile limits
+are `valid_tiles` of each branch's key limit (`key_limit`).
 """
 
 from __future__ import annotations
@@ -68,6 +82,33 @@ class DecodeShape:
         if min(b, s_q, h_q, n, d) < 1:
             raise ValueError(f"shape {word!r}: every size must be positive")
         return DecodeShape(b, s_q, h_q, n, d, n + int(m.group(6) or 0))
+
+
+_BRANCH_WORD = re.compile(r"b(\d+)s(\d+)h(\d+)m(\d+)n(\d+)d(\d+)")
+
+
+@dataclass(frozen=True)
+class BranchShape:
+    """A two-branch decode problem (stage D5): b sequences, s_q tokens, h_q heads of width d, a
+    main key branch of n_main keys and an SWA branch of n_swa keys (each its own KV tensor).
+    Named by a word b{b}s{s_q}h{h_q}m{n_main}n{n_swa}d{d}, e.g. b4s2h128m128n256d512."""
+
+    b: int
+    s_q: int
+    h_q: int
+    n_main: int
+    n_swa: int
+    d: int
+
+    @staticmethod
+    def parse(word: str) -> "BranchShape":
+        m = _BRANCH_WORD.fullmatch(str(word))
+        if not m:
+            raise ValueError(f"shape {word!r} is not b<B>s<S>h<H>m<MAIN>n<SWA>d<D>, e.g. b4s2h128m128n256d512")
+        vals = [int(x) for x in m.groups()]
+        if min(vals) < 1:
+            raise ValueError(f"shape {word!r}: every size must be positive")
+        return BranchShape(*vals)
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -124,6 +165,67 @@ def _min(a, b):
     import cutlass
 
     return cutlass.min(a, b)
+
+
+def _max(a, b):
+    """max on Python ints, or on traced integers inside a kernel (cutlass.max)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b)
+    import cutlass
+
+    return cutlass.max(a, b)
+
+
+def key_limit(capacity: int, fill=None, causal: bool = False, s_q: int = 1, token=0):
+    """How many leading keys of a branch of `capacity` keys one query token may attend:
+    all of them (fill None), or the first `fill` (the fill level, clamped to [0, capacity]);
+    with `causal` (stage D4's rule: token t of s_q sits at key position fill − s_q + t and
+    sees keys j ≤ that) the first max(fill − s_q + t + 1, 0).  Ints or traced Int32."""
+    if fill is None:
+        return capacity
+    lim = _min(_max(fill, 0), capacity)
+    if causal:
+        lim = _max(lim - (s_q - 1) + token, 0)
+    return lim
+
+
+def valid_tiles(limit, block_n: int):
+    """Tiles of `block_n` keys that hold at least one of the first `limit` keys."""
+    return (limit + (block_n - 1)) // block_n
+
+
+class VisitPlan(NamedTuple):
+    """The KV tiles one CTA visits (see the module doc): n_first branch-1 tiles from
+    first_begin, then count − n_first branch-2 tiles from second_begin (branch-local)."""
+
+    count: Any
+    n_first: Any
+    first_begin: Any
+    second_begin: Any
+
+    def tile(self, i):
+        """(is_second, branch-local tile) of visit i (ints, or traced with a select)."""
+        second = i >= self.n_first
+        if isinstance(i, int) and isinstance(self.n_first, int):
+            return second, (self.second_begin + i - self.n_first) if second else (self.first_begin + i)
+        import cutlass
+
+        return second, cutlass.Int32(cutlass.select_(second, self.second_begin + i - self.n_first, self.first_begin + i))
+
+
+def visit_tiles(begin, end, tiles_first: int, valid_first, valid_second=None) -> VisitPlan:
+    """The plan of a CTA owning static tiles [begin, end) of [0, tiles_first) ++ [tiles_first,
+    tiles_first + T₂) whose branches hold valid keys in their first valid_first / valid_second
+    tiles (valid_second None: there is no second branch).  With one unmasked branch
+    (valid_first == tiles_first, ints) the plan is the range itself, with no arithmetic added."""
+    if valid_second is None and isinstance(valid_first, int) and valid_first == tiles_first:
+        return VisitPlan(end - begin, end - begin, begin, 0)
+    if valid_second is None:
+        valid_second = 0
+    n_first = _max(_min(end, valid_first) - begin, 0)
+    second_begin = _max(begin, tiles_first) - tiles_first
+    n_second = _max(_min(end - tiles_first, valid_second) - second_begin, 0)
+    return VisitPlan(n_first + n_second, n_first, begin, second_begin)
 
 
 class DecodeWork(NamedTuple):

@@ -1,0 +1,56 @@
+"""Stage D4 on Hopper (sm_90a): D3's sliding-window decode, causal — the s_q query tokens are the
+newest tokens of the window.
+
+Math:  token t (0 … s_q−1) of batch b sits at key position swa_lens[b] − s_q + t and attends
+the keys j ≤ swa_lens[b] − s_q + t (and j < swa_lens[b]):  O = softmax(Q·Kᵀ · scale) · V over
+them.  When swa_lens[b] < s_q the first tokens see no key: O = 0, LSE = +∞, never NaN.
+Tensors: D3's (oracles/masked_decode.py).
+
+What is new in this rung (the rest is the decode house, stages/common/sm90_decode.py)
+    The window's key branch is causal (`KeyBranch(causal=True)`).  A CTA's 64 rows are the
+    heads of ONE token, so the causal mask is one more key limit per CTA,
+    max(swa_lens[b] − s_q + t + 1, 0) (scheduler.key_limit) — D3's machinery (tiles past the
+    limit skipped, the boundary tile masked and zeroed, a keyless CTA writing the lonely
+    row) does the rest with no per-element causal test.
+"""
+
+import cuda.bindings.driver as cuda
+
+import cutlass.cute as cute
+
+from stages.common.scheduler import SM_COUNT, DecodeShape
+from stages.common.sm90_decode import DecodeSm90, KeyBranch
+
+
+class Kernel(DecodeSm90):
+    """D3's decode kernel with the causal SWA limit."""
+
+    STAGE = "stage D4 sm90"
+
+    def __init__(self, *, shape: str, splits, sm_count: int = SM_COUNT):
+        p = DecodeShape.parse(shape)
+        self.p = p
+        window = KeyBranch("n", p.n, p.n_alloc, fill=True, causal=True)
+        self.setup(b=p.b, s_q=p.s_q, h_q=p.h_q, d=p.d, branches=(window,), splits=splits, sm_count=sm_count)
+
+    @cute.jit
+    def __call__(
+        self,
+        Q: cute.Tensor,
+        KV: cute.Tensor,
+        swa_lens: cute.Tensor,
+        O: cute.Tensor,
+        LSE: cute.Tensor,
+        O_part: cute.Tensor,
+        LSE_part: cute.Tensor,
+        stream: cuda.CUstream,
+    ):
+        p = self.p
+        self.check_shapes({
+            "Q": (Q, (p.b, p.s_q, p.h_q, p.d)),
+            "KV": (KV, (p.b, p.n_alloc, p.d)),
+            "swa_lens": (swa_lens, (p.b,)),
+            "O": (O, (p.b, p.s_q, p.h_q, p.d)),
+            "LSE": (LSE, (p.b, p.h_q, p.s_q)),
+        }, O_part, LSE_part)
+        self.launch(Q, (KV,), (swa_lens,), None, O, LSE, O_part, LSE_part, stream)

@@ -1,0 +1,316 @@
+"""Stages D3, D4, D5 on the CPU: the masked-decode oracles against plain float64 loops, DSV4's
+branch-merge identity, the sink's edge cases, the input generator's promises (NaN past every
+fill level, a lonely batch beside a full one, never zeros), the key limits and tile visits the
+kernels trace (the very functions), the combine with a sink and empty splits, the kernels'
+refusals and scratch capacity over the matrices, and — for each planted-bug fixture — that the
+bug it plants moves the oracle's own numbers past the stage's tolerances on every case its GPU
+test runs (so a `fail` there is the lab's catch, not luck)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from harness.metrics import compare, judge
+from harness.spec import Tolerance
+from oracles import masked_decode as md
+from oracles.common import case_seed
+from stages.common import scheduler as sch
+from stages.common.combine import combine_reference
+
+ROOT = Path(__file__).resolve().parents[1]
+INF = math.inf
+
+
+def matrix(stage: str) -> list[dict]:
+    axes = yaml.safe_load((ROOT / "stages.yaml").read_text())["stages"][stage]["matrix"]
+    return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+
+
+def tolerances(stage: str) -> dict[str, Tolerance]:
+    tol = yaml.safe_load((ROOT / "stages.yaml").read_text())["stages"][stage]["tolerances"]
+    return {k: Tolerance(**v) for k, v in tol.items()}
+
+
+# -- an independent float64 loop ------------------------------------------------------------
+
+
+def loops(q, branches, sink=None):
+    """Plain float64 loops.  q [b][s][h][d] (lists); branches: a list of (kv [b][n][d],
+    valid(b, t, j) -> bool); sink: a list of h logits or None.  -> O [b][s][h][d], LSE [b][h][s]."""
+    b_, s_, h_, d = len(q), len(q[0]), len(q[0][0]), len(q[0][0][0])
+    scale = 1.0 / math.sqrt(d)
+    out = [[[None] * h_ for _ in range(s_)] for _ in range(b_)]
+    lse = [[[None] * s_ for _ in range(h_)] for _ in range(b_)]
+    for b in range(b_):
+        for t in range(s_):
+            keys = [kv[b][j] for kv, ok in branches for j in range(len(kv[b])) if ok(b, t, j)]
+            for h in range(h_):
+                if not keys:
+                    out[b][t][h], lse[b][h][t] = [0.0] * d, INF
+                    continue
+                s = [math.fsum(x * y for x, y in zip(q[b][t][h], k)) * scale for k in keys]
+                mx = max(s)
+                e = [math.exp(x - mx) for x in s]
+                tot = math.fsum(e)
+                l_ = mx + math.log(tot)
+                f = 1.0 if sink is None else 1.0 / (1.0 + math.exp(sink[h] - l_)) if sink[h] != INF else 0.0
+                out[b][t][h] = [f * math.fsum(e[i] * keys[i][c] for i in range(len(keys))) / tot for c in range(d)]
+                lse[b][h][t] = l_
+    return torch.tensor(out, dtype=torch.float64), torch.tensor(lse, dtype=torch.float64)
+
+
+def _close(ref, o, lse):
+    assert torch.equal(torch.isinf(ref["LSE"]), torch.isinf(lse)), "lonely rows differ"
+    fin = torch.isfinite(lse)
+    assert torch.allclose(ref["LSE"][fin], lse[fin], rtol=0, atol=1e-10)
+    assert torch.allclose(ref["O"], o, rtol=0, atol=1e-10)
+    assert (ref["O"][torch.isinf(ref["LSE"]).permute(0, 2, 1)] == 0).all(), "a lonely row's O must be exactly 0"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape,fill", [("b4s3h3n70d8", 63), ("b4s2h2n9d4", "random"), ("b3s3h2n5d8", "at"),
+                                        ("b4s2h2n6d4", "below"), ("b4s1h2n7d4", 0)])
+def test_swa_oracles_match_plain_float64_loops(shape, fill, causal):
+    case = {"shape": shape, "fill": fill, "splits": 1}
+    inputs = md.swa_inputs(case, seed=case_seed("D4" if causal else "D3", case))
+    lens = [int(x) for x in inputs["swa_lens"]]
+    p = md.parse_shape(shape)
+    s_q = p["s_q"]
+
+    def ok(b, t, j):
+        return j < lens[b] and (not causal or j <= lens[b] - s_q + t)
+
+    ref = (md.causal_swa_reference if causal else md.swa_reference)(inputs, case)
+    o, lse = loops(inputs["Q"].double().tolist(), [(inputs["KV"].double().tolist(), ok)])
+    _close(ref, o, lse)
+    assert [tuple(ref[k].shape) for k in ("O", "LSE")] == [s.shape for s in md.swa_tensors(case) if s.role == "out"]
+
+
+@pytest.mark.parametrize("branches", ["0+0", "0+k", "k+0", "k+k", "full+full"])
+@pytest.mark.parametrize("sink", ["none", "-inf", -5, 0, 5, "inf"])
+def test_merge_oracle_matches_plain_float64_loops(branches, sink):
+    case = {"shape": "b4s2h3m8n12d8", "branches": branches, "sink": sink, "splits": 1}
+    inputs = md.merge_inputs(case, seed=case_seed("D5", case))
+    ml, sl = ([int(x) for x in inputs[k]] for k in ("main_lens", "swa_lens"))
+    ref = md.merge_reference(inputs, case)
+    sv = md.sink_value(sink)
+    o, lse = loops(
+        inputs["Q"].double().tolist(),
+        [(inputs["KV_main"].double().tolist(), lambda b, t, j: j < ml[b]),
+         (inputs["KV_swa"].double().tolist(), lambda b, t, j: j < sl[b] and j <= sl[b] - 2 + t)],
+        None if sv is None else [sv] * 3,
+    )
+    _close(ref, o, lse)
+    assert torch.isfinite(ref["O"]).all()
+    if sv == INF:
+        assert (ref["O"] == 0).all() and torch.equal(ref["LSE"], md.merge_reference(inputs, {**case, "sink": "none"})["LSE"])
+    if sv == -INF:
+        assert torch.equal(ref["O"], md.merge_reference(inputs, {**case, "sink": "none"})["O"])
+
+
+def test_merge_identity_two_branches_merged_by_lse_equal_one_softmax_over_the_union():
+    """DSV4.md: the merged result of two separately computed branches equals one softmax over
+    the union — also when a branch (or both) is empty for some rows — and the sink applies to
+    the merged row."""
+    for branches in ("k+k", "0+k", "k+0", "0+0"):
+        case = {"shape": "b4s2h64m128n256d64", "branches": branches, "sink": "none", "splits": 1}
+        inputs = md.merge_inputs(case, seed=11)
+        vm, vs = md.merge_valids(inputs, case)
+        union = md.masked_attention(inputs["Q"], [inputs["KV_main"], inputs["KV_swa"]], [vm, vs])
+        main = md.masked_attention(inputs["Q"], [inputs["KV_main"]], [vm])
+        swa = md.masked_attention(inputs["Q"], [inputs["KV_swa"]], [vs])
+        o, lse = md.merge_branches(main["O"], main["LSE"], swa["O"], swa["LSE"])
+        assert torch.equal(torch.isinf(lse), torch.isinf(union["LSE"]))
+        fin = torch.isfinite(lse)
+        assert torch.allclose(lse[fin], union["LSE"][fin], rtol=0, atol=1e-9)
+        assert torch.allclose(o, union["O"], rtol=0, atol=1e-9)
+        assert torch.equal(union["O"], md.merge_reference(inputs, case)["O"])
+    # a key present in both branches counts twice
+    q = torch.randn(1, 1, 2, 8, dtype=torch.float64)
+    kv = torch.randn(1, 4, 8, dtype=torch.float64)
+    ok = torch.ones(1, 1, 4, dtype=torch.bool)
+    twice = md.masked_attention(q, [kv, kv], [ok, ok])
+    once = md.masked_attention(q, [kv], [ok])
+    assert torch.allclose(twice["LSE"], once["LSE"] + math.log(2.0)) and torch.allclose(twice["O"], once["O"])
+
+
+# -- inputs ----------------------------------------------------------------------------------
+
+
+def test_swa_inputs_nan_past_every_fill_level_lonely_beside_full_never_zeros():
+    for stage in ("D3", "D4"):
+        for case in matrix(stage):
+            p = md.parse_shape(case["shape"])
+            if case["splits"] != 1 or p["d"] != 512 or p["s_q"] > 2:
+                continue
+            inputs = md.swa_inputs(case, case_seed(stage, case))
+            lens = [int(x) for x in inputs["swa_lens"]]
+            n, s_q = p["n"], p["s_q"]
+            want = {"full": n, "below": s_q - 1, "at": s_q}.get(case["fill"], case["fill"])
+            if case["fill"] == "random":
+                assert 1 <= lens[0] < n
+            else:
+                assert lens[0] == want
+            assert lens[1:4] == [0, n, lens[3]] and 1 <= lens[3] < n, lens  # lonely beside full
+            kv = inputs["KV"].float()
+            for b, L in enumerate(lens):
+                assert torch.isnan(kv[b, L:]).all() and torch.isfinite(kv[b, :L]).all()
+                if L:
+                    assert (kv[b, :L] != 0).float().mean() > 0.99
+            assert (inputs["Q"] != 0).float().mean() > 0.99
+            ref = (md.swa_reference if stage == "D3" else md.causal_swa_reference)(inputs, case)
+            assert torch.isfinite(ref["O"]).all()
+            assert torch.isinf(ref["LSE"][1]).all(), "batch 1 is lonely"
+
+
+def test_merge_inputs_spread_lse_so_every_sink_value_matters():
+    case = {"shape": "b4s2h128m128n256d512", "branches": "k+k", "sink": "none", "splits": 1}
+    inputs = md.merge_inputs(case, case_seed("D5", case))
+    lse = md.merge_reference(inputs, case)["LSE"]
+    fin = lse[torch.isfinite(lse)]
+    assert fin.min() < -5 and fin.max() > 5, (float(fin.min()), float(fin.max()))
+    assert torch.isnan(inputs["sink"]).all(), "sink none: NaN, so a kernel reading it fails"
+    for name, n, lens in (("KV_main", 128, inputs["main_lens"]), ("KV_swa", 256, inputs["swa_lens"])):
+        assert [int(x) for x in lens] == [n, [int(x) for x in lens][1], 1, 65]
+        for b, L in enumerate(lens.tolist()):
+            assert torch.isnan(inputs[name][b, L:].float()).all() and torch.isfinite(inputs[name][b, :L].float()).all()
+
+
+# -- key limits, tile visits (the functions the kernels trace) --------------------------------
+
+
+def test_key_limit_matches_the_causal_rule():
+    for n, s_q in ((256, 1), (256, 2), (256, 3), (64, 3)):
+        for fill in range(0, n + 1):
+            for t in range(s_q):
+                want = sum(1 for j in range(n) if j < fill and j <= fill - s_q + t)
+                assert sch.key_limit(n, fill, True, s_q, t) == want
+            assert sch.key_limit(n, fill) == fill
+    assert sch.key_limit(128, None) == 128 and sch.key_limit(128, 500) == 128 and sch.key_limit(128, -3) == 0
+
+
+@pytest.mark.parametrize("t1,t2", [(4, 0), (2, 16), (3, 5)])
+def test_visit_tiles_is_the_valid_tiles_of_the_split_in_order(t1, t2):
+    total = t1 + t2
+    for splits in (1, 2, 3, total, total + 3):
+        chunk = sch.tiles_per_split(total, splits)
+        for v1 in range(t1 + 1):
+            for v2 in range(t2 + 1):
+                covered = []
+                for s in range(splits):
+                    begin, end = s * chunk, min(s * chunk + chunk, total)
+                    plan = sch.visit_tiles(begin, end, t1, v1, v2 if t2 else None)
+                    want = [g for g in range(begin, end) if (g < t1 and g < v1) or (g >= t1 and g - t1 < v2)]
+                    got = [(t if not second else t1 + t) for second, t in (plan.tile(i) for i in range(max(plan.count, 0)))]
+                    assert got == want, (splits, s, v1, v2, plan)
+                    covered += got
+                assert covered == [g for g in range(total) if g < v1 or t1 <= g < t1 + v2]
+    d2 = sch.visit_tiles(3, 5, 8, 8)  # D2: one unmasked branch, the range itself
+    assert d2 == sch.VisitPlan(2, 2, 3, 0)
+
+
+def test_combine_with_sink_and_empty_splits():
+    """Partials of 3 splits (one empty) merged, then the sink once: equals the one-softmax
+    answer with the sink; a row whose splits are all empty stays O = 0, LSE = +inf."""
+    g = torch.Generator().manual_seed(3)
+    s = torch.randn(2, 12, generator=g, dtype=torch.float64) * 2
+    v = torch.randn(12, 8, generator=g, dtype=torch.float64)
+    parts = [range(0, 5), range(5, 5), range(5, 12)]
+    o_p, l_p = [], []
+    for r in parts:
+        idx = list(r)
+        if not idx:
+            o_p.append(torch.full((3, 8), float("nan"), dtype=torch.float64))  # never read
+            l_p.append(torch.full((3,), -INF, dtype=torch.float64))
+            continue
+        ss = s[:, idx]
+        o_p.append(torch.cat([torch.softmax(ss, -1) @ v[idx], torch.zeros(1, 8, dtype=torch.float64)]))
+        l_p.append(torch.cat([torch.logsumexp(ss, -1), torch.tensor([-INF], dtype=torch.float64)]))
+    sink = torch.tensor([0.5, 3.0, 1.0], dtype=torch.float64)
+    o, lse = combine_reference(torch.stack(o_p), torch.stack(l_p), sink)
+    want_lse = torch.logsumexp(s, -1)
+    want_o = (torch.softmax(s, -1) @ v) / (1 + torch.exp(sink[:2] - want_lse))[:, None]
+    assert torch.allclose(lse[:2], want_lse) and torch.allclose(o[:2], want_o)
+    assert lse[2] == INF and (o[2] == 0).all()
+    o_inf, _ = combine_reference(torch.stack(o_p), torch.stack(l_p), torch.full((3,), INF, dtype=torch.float64))
+    assert (o_inf == 0).all()
+
+
+# -- the kernels' view of the matrices ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("stage,module", [("D3", "stages.D3_swa.sm90"), ("D4", "stages.D4_causal_swa.sm90"),
+                                          ("D5", "stages.D5_sink_merge.sm90")])
+def test_kernels_accept_their_matrix_within_the_scratch(stage, module):
+    import importlib
+
+    Kernel = importlib.import_module(module).Kernel
+    tensors = md.swa_tensors if stage != "D5" else md.merge_tensors
+    for case in matrix(stage):
+        params = {k: case[k] for k in ("shape", "splits", "sink") if k in case}
+        k = Kernel(**params)
+        cap = {s.name: s for s in tensors(case)}["O_part"].shape[0]
+        assert k.splits == 1 or k.splits <= cap, case
+        if case["splits"] == "many":
+            assert k.splits > k.sched.num_tiles
+        assert k.masked and (k.has_sink == (case.get("sink", "none") != "none"))
+    with pytest.raises(ValueError, match="sink"):
+        importlib.import_module("stages.D5_sink_merge.sm90").Kernel(shape="b1s1h64m64n64d512", splits=1, sink="lots")
+    with pytest.raises(ValueError, match="n_swa"):
+        importlib.import_module("stages.D5_sink_merge.sm90").Kernel(shape="b1s1h64m64n100d512", splits=1, sink="none")
+
+
+# -- the planted bugs are visible to the lab's own judge --------------------------------------
+
+
+def _judge(stage: str, out: dict, ref: dict) -> str:
+    metrics = {k: compare(out[k].float() if k == "LSE" else out[k].to(torch.bfloat16), ref[k]).to_json() for k in ref}
+    return judge(tolerances(stage), metrics)[0]
+
+
+def test_planted_off_by_one_fill_mask_fails_every_d3_case_of_its_gpu_test():
+    for case in matrix("D3"):
+        if case["shape"] != "b4s1h64n256d512" or case["splits"] != 1:
+            continue
+        inputs = md.swa_inputs(case, case_seed("D3", case))
+        ref = md.swa_reference(inputs, case)
+        wrong = md.swa_reference({**inputs, "swa_lens": (inputs["swa_lens"] - 1).clamp(min=0)}, case)
+        assert _judge("D3", ref, ref) == "pass"
+        assert _judge("D3", wrong, ref) == "fail", case
+
+
+def test_planted_causal_limit_ignoring_t_fails_every_d4_case_with_two_tokens_or_more():
+    for case in matrix("D4"):
+        p = md.parse_shape(case["shape"])
+        if p["s_q"] < 2 or case["splits"] != 1:
+            continue
+        inputs = md.swa_inputs(case, case_seed("D4", case))
+        ref = md.causal_swa_reference(inputs, case)
+        lens = [int(x) for x in inputs["swa_lens"]]
+        outs = {"O": torch.empty_like(ref["O"]), "LSE": torch.empty_like(ref["LSE"])}
+        for t in range(p["s_q"]):
+            ok = md.valid_keys(lens, p["n"], p["s_q"], True)[:, :1]  # WRONG on purpose: token 0's keys for token t
+            r = md.masked_attention(inputs["Q"][:, t:t + 1], [inputs["KV"]], [ok])
+            outs["O"][:, t] = r["O"][:, 0]
+            outs["LSE"][:, :, t] = r["LSE"][:, :, 0]
+        assert _judge("D4", ref, ref) == "pass"
+        assert _judge("D4", outs, ref) == "fail", case
+
+
+def test_planted_sink_in_lse_fails_every_d5_case_of_its_gpu_test():
+    for case in matrix("D5"):
+        if case["splits"] != 1 or case["sink"] in ("none", "-inf") or case["branches"] == "0+0":
+            continue
+        inputs = md.merge_inputs(case, case_seed("D5", case))
+        ref = md.merge_reference(inputs, case)
+        lse = ref["LSE"]
+        sink = inputs["sink"].double()[None, :, None]
+        wrong = {"O": ref["O"], "LSE": torch.where(torch.isinf(lse), lse, torch.logaddexp(lse, sink.expand_as(lse)))}
+        assert _judge("D5", ref, ref) == "pass"
+        assert _judge("D5", wrong, ref) == "fail", case
