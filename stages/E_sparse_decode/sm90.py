@@ -1,0 +1,525 @@
+"""Stage E on Hopper (sm_90a): DSV4 decode attention over an FP8 paged cache — sparse indices,
+two branches under one softmax, attention sink, split-KV.  The correct-and-simple rung.
+
+Math (oracles/sparse_decode.py): per query row (batch, token, head), over the valid keys of the
+main list (idx, topk_length) and the extra/SWA list (idx_extra, extra_length) together,
+    O = softmax(Q·Kᵀ · scale) · V · 1/(1 + exp(sink[h] − lse)),   LSE = ln Σ exp(Q·Kᵀ · scale),
+K = V = the dequantised cache rows, scale = 1/sqrt(512); a row with no valid key: O = 0, LSE = +∞.
+
+What is new in this rung (D2's house otherwise: heads fold into M, 64 heads of one token per
+CTA, split-KV with an LSE combine, K and Vᵀ views of one shared-memory slot)
+    The key list.  A CTA walks 64-key tiles of ONE list: the main list padded to whole tiles,
+        then the extra list (`tile < main_tiles` picks the branch).  Key k of a tile is list
+        position p = 64 · tile' + k; it is valid iff p < topk, p < length[b] and idx[b, t, p] ≠ −1.
+        An invalid key is never loaded (garbage past the length may be INT_MAX): its shared-memory
+        row is written as zeros and its score is set to −∞ (a per-slot mask in shared memory).
+    Gather + dequantise on the CUDA cores (no TMA: Hopper's TMA cannot gather rows).  The producer
+        warpgroup (4 warps) fills a slot: warp w takes keys w, w + 4, …; lane l takes columns
+        16·l … 16·l + 15 of the key — one 16-byte global load of 16 e4m3 values (a warp reads a
+        token's 512 bytes contiguously), e4m3 → f16x2 → f32, × the scale of its group, → bf16,
+        one 32-byte row piece into the swizzled K tile.  Scales: simple — the token's fp32;
+        model1 — e8m0 byte l // 4 of the token's 7 (lanes 28 … 31 carry the 64 bf16 rope values
+        unquantised, 32 bytes each); v4.1 — e8m0 byte l // 2 of 16.  e8m0 → fp32 is the byte
+        shifted into the exponent field (exact for 2^−126 … 2^127).  The writes are made
+        visible to the tensor cores (fence.proxy.async) before the slot's barrier is arrived on
+        (a PipelineAsync: 128 producer threads arrive, 256 MMA threads release).
+    Sink.  One split: folded into the epilogue's 1/ℓ.  Several: SinkCombine applies it after the
+        merge (sink_combine.py).
+
+Warp roles (384 threads)
+    warpgroup 2   producer: warp 8 loads Q once (TMA); all 4 warps gather + dequantise KV tiles
+                  into a 2-slot pipeline (setmaxnreg 80)
+    warpgroup 0   S = Q·K_tileᵀ, mask, online softmax (stages/common/softmax.py), P → shared
+                  memory, α per row; then its half of O += P·V            (setmaxnreg 216)
+    warpgroup 1   its half of O += P·V (O's 512 columns split over the two MMA warpgroups)
+
+Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of oracles/kvcache.py.
+What this rung does not do yet (the known way to be fast, DSV4.md): share dequantised tiles
+between two CTAs of a cluster (h_q = 128 dequantises every tile twice here), deeper prefetch of
+the indices, a persistent scheduler.
+"""
+
+import math
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import warp, warpgroup
+
+from oracles.sparse_decode import SparseConfig
+from stages.common.barriers import NamedBarrier
+from stages.common.inspection import expose
+from stages.common.scheduler import SM_COUNT, DecodeGrid, resolve_splits
+from stages.common.sm90_idioms import acc_rows_cols, tma_pipeline, wgmma_sync
+from stages.common.softmax import OnlineSoftmax, final_lse, scale_rows
+from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile
+from stages.E_sparse_decode.sink_combine import SinkCombine, sink_factor
+
+_SMEM_LIMIT = 227 * 1024
+D = 512
+
+
+def cache_block_bytes(fmt: str, block_size: int) -> int:
+    """Bytes of one page block (the kernel's own statement of the layouts; __call__ checks the
+    cache tensors agree)."""
+    if fmt == "simple":
+        return (block_size * (D + 4) + 15) // 16 * 16
+    if fmt == "model1":
+        return (block_size * 584 + 575) // 576 * 576
+    if fmt == "v4.1":
+        return block_size * 528
+    raise ValueError(f"stage E sm90: kv_format must be simple, model1 or v4.1, got {fmt!r}")
+
+
+def _kv_layouts(dtype, block_n: int, stages: int, slice_n: int):
+    """K (block_n, D, stages) K-major and Vᵀ (D, block_n, stages) MN-major views of the same slot
+    bytes (stage D2's construction: the swizzle atom of one warpgroup's O slice, keys first)."""
+    k_kind = sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, dtype, slice_n)
+    v_kind = sm90_utils.get_smem_layout_atom(utils.LayoutEnum.COL_MAJOR, dtype, slice_n)
+    k_layout = cute.tile_to_shape(warpgroup.make_smem_layout_atom(k_kind, dtype), (block_n, D, stages), order=(0, 1, 2))
+    vt_layout = cute.tile_to_shape(warpgroup.make_smem_layout_atom(v_kind, dtype), (D, block_n, stages), order=(1, 0, 2))
+    for key in (0, 1, 7, 8, block_n - 1):
+        for col in (0, 1, 15, 16, 63, 64, slice_n - 1, slice_n, D - 1):
+            for slot in (0, stages - 1):
+                if k_layout((key, col, slot)) != vt_layout((col, key, slot)):
+                    raise ValueError(f"stage E sm90: the Vᵀ view is not K's bytes at key {key}, col {col}, slot {slot}")
+    return k_layout, vt_layout
+
+
+class Kernel:
+    """FP8 paged sparse decode on Hopper: CUDA-core gather + dequantise into bf16 tiles, two
+    wgmma warpgroups with the online softmax, sink, split-KV (see the module doc)."""
+
+    BLOCK_M = 64
+    BLOCK_N = 64
+    NUM_MMA_WG = 2
+    PRODUCER_WG = 2
+    PRODUCER_THREADS = 128
+    MMA_THREADS = 128 * NUM_MMA_WG
+    THREADS = MMA_THREADS + PRODUCER_THREADS
+    MMA_REGS = 216  # 2 · 128 · 216 + 128 · 80 = 65 536
+    PRODUCER_REGS = 80
+    KV_STAGES = 2
+    LANE_COLS = 16  # columns of a key one lane dequantises (16 e4m3 = one 16-byte load)
+
+    def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int = SM_COUNT):
+        c = SparseConfig.parse(config)
+        if c.h_q % self.BLOCK_M:
+            raise ValueError(f"stage E sm90: h_q must be a multiple of {self.BLOCK_M}, got {c.h_q}")
+        self.fmt = kv_format
+        self.block_bytes = cache_block_bytes(kv_format, c.block)
+        self.extra_block_bytes = cache_block_bytes(kv_format, c.extra_block if c.has_extra else 1)
+        self.b, self.c = b, c
+        self.main_tiles = -(-c.topk // self.BLOCK_N)
+        self.extra_tiles = -(-c.extra_topk // self.BLOCK_N) if c.has_extra else 0
+        num_tiles = self.main_tiles + self.extra_tiles
+        head_blocks = c.h_q // self.BLOCK_M
+        ctas = head_blocks * c.s_q * b
+        self.splits = resolve_splits(splits, ctas=ctas, num_tiles=num_tiles, sm_count=sm_count)
+        self.sched = DecodeGrid(head_blocks, c.s_q, b, self.splits, num_tiles)
+        self.rows = b * c.s_q * c.h_q
+        self.scale_log2 = math.log2(math.e) / math.sqrt(D)
+        smem = 2 * (self.BLOCK_M * D + self.KV_STAGES * self.BLOCK_N * D + self.BLOCK_M * self.BLOCK_N) + 4096
+        if smem > _SMEM_LIMIT:
+            raise ValueError(f"stage E sm90: {smem} bytes of shared memory needed, {_SMEM_LIMIT} available")
+
+    @cute.jit
+    def __call__(
+        self,
+        Q: cute.Tensor,
+        KV: cute.Tensor,
+        idx: cute.Tensor,
+        topk_length: cute.Tensor,
+        KV_extra: cute.Tensor,
+        idx_extra: cute.Tensor,
+        extra_length: cute.Tensor,
+        sink: cute.Tensor,
+        O: cute.Tensor,
+        LSE: cute.Tensor,
+        O_part: cute.Tensor,
+        LSE_part: cute.Tensor,
+        stream: cuda.CUstream,
+    ):
+        c, bm, bn = self.c, self.BLOCK_M, self.BLOCK_N
+        dtype = Q.element_type
+        self._check_tensors(Q, KV, idx, KV_extra, idx_extra, O, LSE, O_part, LSE_part)
+        rows = self.rows
+
+        mQ = cute.make_tensor(Q.iterator, cute.make_layout((rows, D), stride=(D, 1)))
+        mO = cute.make_tensor(O.iterator, cute.make_layout((rows, D), stride=(D, 1)))
+        mLSE = cute.make_tensor(LSE.iterator, cute.make_layout((c.h_q, c.s_q, self.b), stride=(c.s_q, 1, c.h_q * c.s_q)))
+        cap = O_part.shape[0]
+        mOp = cute.make_tensor(O_part.iterator, cute.make_layout((cap * rows, D), stride=(D, 1)))
+        mLp = cute.make_tensor(LSE_part.iterator, cute.make_layout(cap * rows))
+
+        qk_mma = sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, cutlass.Float32,
+            (1, 1, 1), tiler_mn=(bm, bn),
+        )
+        pv_mma = sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, cutlass.Float32,
+            (1, self.NUM_MMA_WG, 1), tiler_mn=(bm, D // self.NUM_MMA_WG),
+        )
+        q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, bn, D), dtype, 1)
+        k_smem, vt_smem = _kv_layouts(dtype, bn, self.KV_STAGES, D // self.NUM_MMA_WG)
+        p_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, D, bn), dtype, 1)
+        expose(self, p_path="smem", qk_mma=(qk_mma, (bm, bn, D)), pv_mma=(pv_mma, (bm, D, bn)),
+               smem={"Q": q_smem, "K (dequantised)": k_smem, "Vt (K's bytes)": vt_smem, "P": p_smem},
+               p_write_smem=p_smem, p_read_smem=p_smem, pv_a_tile=(bm, bn))
+        tma_q, tma_Q, self.q_bytes = sm90_tma_load(mQ, q_smem, (bm, D))
+
+        @cute.struct
+        class Smem:
+            q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+            kv_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.KV_STAGES]
+            row_factor: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm], 16]
+            key_mask: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bn * self.KV_STAGES], 16]
+            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(q_smem)], 1024]
+            sKV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(k_smem)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(p_smem)], 1024]
+
+        self.smem_struct = Smem
+        self.kernel(
+            qk_mma, pv_mma, tma_q, tma_Q, KV, idx, topk_length, KV_extra, idx_extra, extra_length, sink,
+            mO, mLSE, mOp, mLp, q_smem, k_smem, vt_smem, p_smem,
+        ).launch(grid=self.sched.grid, block=(self.THREADS, 1, 1), smem=Smem.size_in_bytes(), stream=stream)
+
+        if cutlass.const_expr(self.splits > 1):
+            SinkCombine(rows, self.splits, D, c.h_q).launch(mOp, mLp, mO, mLSE, sink, stream)
+
+    def _check_tensors(self, Q, KV, idx, KV_extra, idx_extra, O, LSE, O_part, LSE_part) -> None:
+        """Trace time: the tensors have the shapes this kernel's reading of the case implies
+        (the cache block sizes in bytes included), and the scratch holds its splits."""
+        c, b = self.c, self.b
+        want = {
+            "Q": (Q, (b, c.s_q, c.h_q, D)),
+            "idx": (idx, (b, c.s_q, c.topk)),
+            "O": (O, (b, c.s_q, c.h_q, D)),
+            "LSE": (LSE, (b, c.h_q, c.s_q)),
+        }
+        for name, (t, shape) in want.items():
+            if tuple(t.shape) != shape:
+                raise ValueError(f"stage E sm90: {name} has shape {tuple(t.shape)}, the case needs {shape}")
+        if KV.shape[1] != self.block_bytes or (c.has_extra and KV_extra.shape[1] != self.extra_block_bytes):
+            raise ValueError(f"stage E sm90: {self.fmt} blocks of {c.block} / {c.extra_block} tokens are "
+                             f"{self.block_bytes} / {self.extra_block_bytes} bytes; the caches have "
+                             f"{KV.shape[1]} / {KV_extra.shape[1]}")
+        if c.has_extra and tuple(idx_extra.shape) != (b, c.s_q, c.extra_topk):
+            raise ValueError(f"stage E sm90: idx_extra has shape {tuple(idx_extra.shape)}, the case needs {(b, c.s_q, c.extra_topk)}")
+        if self.splits > 1 and (self.splits > O_part.shape[0] or self.splits > LSE_part.shape[0]):
+            raise ValueError(f"stage E sm90: {self.splits} splits need O_part/LSE_part capacity ≥ {self.splits}, "
+                             f"got {O_part.shape[0]}")
+
+    @cute.kernel
+    def kernel(
+        self,
+        qk_mma: cute.TiledMma,
+        pv_mma: cute.TiledMma,
+        tma_q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        KV: cute.Tensor,
+        idx: cute.Tensor,
+        topk_length: cute.Tensor,
+        KV_extra: cute.Tensor,
+        idx_extra: cute.Tensor,
+        extra_length: cute.Tensor,
+        sink: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mOp: cute.Tensor,
+        mLp: cute.Tensor,
+        q_smem: cute.ComposedLayout,
+        k_smem: cute.ComposedLayout,
+        vt_smem: cute.ComposedLayout,
+        p_smem: cute.ComposedLayout,
+    ):
+        bm, bn = self.BLOCK_M, self.BLOCK_N
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, by, bz = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        work = self.sched.work(bx, by, bz)
+        if warp_idx == 4 * self.PRODUCER_WG:
+            prefetch_descriptors(tma_q)
+
+        storage = cutlass.utils.SmemAllocator().allocate(self.smem_struct)
+        sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)
+        sK = storage.sKV.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (bn, D, stages)
+        sVt = storage.sKV.get_tensor(vt_smem.outer, swizzle=vt_smem.inner)  # (D, bn, stages): the same bytes
+        sP = storage.sP.get_tensor(p_smem.outer, swizzle=p_smem.inner)[None, None, 0]
+        s_row = storage.row_factor.get_tensor(cute.make_layout(bm))
+        s_mask = storage.key_mask.get_tensor(cute.make_layout((bn, self.KV_STAGES)))  # 0 or −∞ per key
+
+        q_pipe = tma_pipeline(storage.q_mbar, 1, self.q_bytes, 4)
+        kv_pipe = pipeline.PipelineAsync.create(
+            num_stages=self.KV_STAGES,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.PRODUCER_THREADS),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.MMA_THREADS),
+            barrier_storage=storage.kv_mbar.data_ptr(),
+            defer_sync=True,
+        )
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        has_work = work.tile_begin < work.tile_end
+        if warp_idx // 4 == self.PRODUCER_WG:
+            cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
+            if has_work:
+                self.produce(work, tidx - self.MMA_THREADS, q_pipe, kv_pipe, tma_q, mQ, sQ, sK, s_mask,
+                             KV, idx, topk_length, KV_extra, idx_extra, extra_length)
+        else:
+            cute.arch.setmaxregister_increase(self.MMA_REGS)
+            if has_work:
+                self.attend(work, tidx, q_pipe, kv_pipe, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask,
+                            sink, mO, mLSE, mOp, mLp)
+            else:
+                self.write_empty_split(work, tidx, mOp, mLp)
+
+    # -----------------------------------------------------------------------------------------
+    # Producer: Q by TMA, KV by gather + dequantise
+
+    @cute.jit
+    def produce(self, work, ptid, q_pipe, kv_pipe, tma_q, mQ, sQ, sK, s_mask,
+                KV, idx, topk_length, KV_extra, idx_extra, extra_length):
+        """The producer warpgroup (`ptid` 0 … 127): Q's row block once (warp 0, TMA), then every
+        KV tile of the split into the slots as they free up."""
+        bm, bn = self.BLOCK_M, self.BLOCK_N
+        pwarp = ptid // 32
+        lane = ptid % 32
+        if pwarp == 0:
+            gQ = cute.local_tile(mQ, (bm, D), (None, 0))
+            tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, gQ, 2)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            q_pipe.producer_acquire(q_state)
+            cute.copy(tma_q, tQgQ[(None, self.sched.row_block(work))], tQsQ[(None, 0)],
+                      tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+
+        main_len = cutlass.min(topk_length[work.batch], self.c.topk)
+        extra_len = cutlass.Int32(0)
+        if cutlass.const_expr(self.c.has_extra):
+            extra_len = cutlass.min(extra_length[work.batch], self.c.extra_topk)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.KV_STAGES)
+        for tile in cutlass.range(work.tile_begin, work.tile_end, unroll=1):
+            kv_pipe.producer_acquire(kv_state)
+            slot = kv_state.index
+            sK_slot = sK[None, None, slot]
+            if tile < self.main_tiles:
+                self.gather_tile(KV, idx, work, tile * bn, main_len, self.c.topk, self.c.block, self.block_bytes,
+                                 pwarp, lane, sK_slot, s_mask, slot)
+            else:
+                if cutlass.const_expr(self.c.has_extra):
+                    self.gather_tile(KV_extra, idx_extra, work, (tile - self.main_tiles) * bn, extra_len,
+                                     self.c.extra_topk, self.c.extra_block, self.extra_block_bytes,
+                                     pwarp, lane, sK_slot, s_mask, slot)
+            cute.arch.fence_proxy("async.shared", space="cta")  # generic smem writes → wgmma reads
+            kv_pipe.producer_commit(kv_state)
+            kv_state.advance()
+
+    @cute.jit
+    def gather_tile(self, cache, idx, work, pos0, length, topk: cutlass.Constexpr[int], block_size: cutlass.Constexpr[int],
+                    block_bytes: cutlass.Constexpr[int], pwarp, lane, sK_slot, s_mask, slot):
+        """Keys pos0 … pos0 + 63 of one list into the slot: this warp's keys pwarp, pwarp + 4, …,
+        this lane's 16 columns of each (see the module doc); invalid keys → zeros and −∞."""
+        bn, lc = self.BLOCK_N, self.LANE_COLS
+        base = cache.iterator.toint()
+        for kk in cutlass.range(bn // 4, unroll=1):
+            key = pwarp + 4 * kk
+            pos = pos0 + key
+            index = idx[work.batch, work.token, cutlass.min(pos, topk - 1)]  # in bounds; ignored when pos ≥ topk
+            valid = (pos < length) & (index != -1)
+            vals = cute.make_rmem_tensor(lc, cutlass.BFloat16)
+            vals.fill(0.0)
+            if valid:
+                self.dequant_piece(base, index, block_size, block_bytes, lane, vals)
+            dst = cute.local_tile(sK_slot, (1, lc), (key, lane))[0, None]
+            cute.autovec_copy(vals, dst)
+            if lane == 0:
+                s_mask[key, slot] = cutlass.Float32(0.0) if valid else -cutlass.Float32.inf
+
+    @cute.jit
+    def dequant_piece(self, base, index, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], lane, vals):
+        """Columns 16·lane … 16·lane + 15 of token `index`, dequantised into `vals` (bf16)."""
+        lc = self.LANE_COLS
+        blk = cutlass.Int64(index // block_size)
+        off = cutlass.Int64(index % block_size)
+        block = base + blk * block_bytes
+        if cutlass.const_expr(self.fmt == "simple"):
+            scale = _load_f32(block + block_size * D + off * 4)
+            _dequant16(block + off * D + lane * lc, scale, vals)
+        elif cutlass.const_expr(self.fmt == "model1"):
+            token = block + off * 576
+            if lane < 28:
+                scale = _e8m0_to_f32(_load_u8(block + block_size * 576 + off * 8 + lane // 4))
+                _dequant16(token + lane * lc, scale, vals)
+            else:  # the rope: 64 bf16, 16 per lane, not quantised
+                _load_bf16x16(token + 448 + (lane - 28) * 32, vals)
+        else:
+            token = block + off * 528
+            scale = _e8m0_to_f32(_load_u8(token + D + lane // 2))
+            _dequant16(token + lane * lc, scale, vals)
+
+    # -----------------------------------------------------------------------------------------
+    # MMA warpgroups (stage D2's, plus the key mask and the sink)
+
+    @cute.jit
+    def attend(self, work, tidx, q_pipe, kv_pipe, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask,
+               sink, mO, mLSE, mOp, mLp):
+        bm, bn = self.BLOCK_M, self.BLOCK_N
+        wg = tidx // 128
+        tid_wg = tidx % 128
+        mma_threads = self.MMA_THREADS
+
+        thr_qk = qk_mma.get_slice(tid_wg)
+        tSrQ = qk_mma.make_fragment_A(thr_qk.partition_A(sQ))
+        tSrK = qk_mma.make_fragment_B(thr_qk.partition_B(sK))
+        s_shape = thr_qk.partition_shape_C((bm, bn))
+        tScS_rc = acc_rows_cols(thr_qk.partition_C(cute.make_identity_tensor((bm, bn))))
+        p_store = cute.make_tiled_copy_C(
+            cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), sP.element_type), qk_mma
+        )
+        thr_p_store = p_store.get_slice(tid_wg)
+        tPsP = thr_p_store.partition_D(sP)
+        expose(self, p_store=(p_store, qk_mma, (bm, bn), (bm, bn)))
+
+        thr_pv = pv_mma.get_slice(tidx)
+        tOrP = pv_mma.make_fragment_A(thr_pv.partition_A(sP))
+        tOrV = pv_mma.make_fragment_B(thr_pv.partition_B(sVt))
+        o_shape = thr_pv.partition_shape_C((bm, D))
+        tOcO_rc = acc_rows_cols(thr_pv.partition_C(cute.make_identity_tensor((bm, D))))
+        tOgO = self.o_destination(work, thr_pv, mO, mOp)
+        acc_o = cute.make_rmem_tensor(o_shape, cutlass.Float32)
+        acc_o.fill(0.0)
+        acc_o_rc = acc_rows_cols(acc_o)
+
+        num_rows = cute.size(tScS_rc, mode=[0])
+        num_cols = cute.size(tScS_rc, mode=[1])
+        softmax = OnlineSoftmax.create(num_rows, self.scale_log2)
+
+        kv_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.KV_STAGES)
+        if wg == 0:
+            q_pipe.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+
+        for i in cutlass.range(work.tile_end - work.tile_begin, unroll=1):
+            kv_pipe.consumer_wait(kv_cons)
+            if wg == 0:
+                acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+                wgmma_sync(qk_mma, acc_s, tSrQ, tSrK, a_slot=0, b_slot=kv_cons.index, zero_init=True)
+                s_rc = acc_rows_cols(acc_s)
+                for r in cutlass.range_constexpr(num_rows):
+                    for j in cutlass.range_constexpr(num_cols):
+                        s_rc[r, j] = s_rc[r, j] + s_mask[tScS_rc[r, j][1], kv_cons.index]  # −∞ for an invalid key
+                alpha = softmax.update(s_rc)
+                r_p = cute.make_rmem_tensor(s_shape, sP.element_type)
+                r_p.store(acc_s.load().to(sP.element_type))
+                if i > 0:
+                    cute.arch.barrier(barrier_id=int(NamedBarrier.P_EMPTY), number_of_threads=mma_threads)
+                cute.copy(p_store, thr_p_store.retile(r_p), tPsP)
+                for r in cutlass.range_constexpr(num_rows):
+                    if tScS_rc[r, 0][1] == 0:
+                        s_row[tScS_rc[r, 0][0]] = alpha[r]
+                cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=int(NamedBarrier.P_FULL), number_of_threads=mma_threads)
+            for r in cutlass.range_constexpr(num_rows):
+                scale_rows(acc_o_rc, r, s_row[tOcO_rc[r, 0][0]])
+            wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
+            kv_pipe.consumer_release(kv_cons)
+            kv_cons.advance()
+            if wg == 1:
+                cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.P_EMPTY), number_of_threads=mma_threads)
+
+        if wg == 0:
+            cute.arch.barrier(barrier_id=int(NamedBarrier.P_EMPTY), number_of_threads=mma_threads)
+            inv_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
+            lse = cute.make_rmem_tensor(num_rows, cutlass.Float32)
+            softmax.finalize(inv_sum, lse)
+            for r in cutlass.range_constexpr(num_rows):
+                row = tScS_rc[r, 0][0]
+                if tScS_rc[r, 0][1] == 0:
+                    factor = inv_sum[r]
+                    if cutlass.const_expr(self.splits == 1):  # one split: the sink here
+                        factor = factor * sink_factor(sink[work.head_block * bm + row], lse[r])
+                    s_row[row] = factor
+                    self.store_lse(work, row, lse[r], mLSE, mLp)
+        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=mma_threads)
+        for r in cutlass.range_constexpr(num_rows):
+            scale_rows(acc_o_rc, r, s_row[tOcO_rc[r, 0][0]])
+        self.store_o(acc_o, tOgO)
+
+    @cute.jit
+    def store_lse(self, work, row, lse, mLSE, mLp):
+        if cutlass.const_expr(self.splits == 1):
+            mLSE[self.sched.row_block(work) * self.BLOCK_M + row] = final_lse(lse)
+        else:
+            mLp[self.sched.partial_row_block(work) * self.BLOCK_M + row] = lse
+
+    @cute.jit
+    def o_destination(self, work, thr_pv, mO, mOp):
+        bm = self.BLOCK_M
+        if cutlass.const_expr(self.splits == 1):
+            return thr_pv.partition_C(cute.local_tile(mO, (bm, D), (self.sched.row_block(work), 0)))
+        return thr_pv.partition_C(cute.local_tile(mOp, (bm, D), (self.sched.partial_row_block(work), 0)))
+
+    @cute.jit
+    def store_o(self, acc_o, tOgO):
+        out = cute.make_rmem_tensor(tOgO.shape, tOgO.element_type)
+        out.store(acc_o.load().to(tOgO.element_type))
+        cute.autovec_copy(out, tOgO)
+
+    @cute.jit
+    def write_empty_split(self, work, tidx, mOp, mLp):
+        """A split with no KV tile: partial O = 0 and LSE = −∞ (the combine ignores it)."""
+        if cutlass.const_expr(self.splits > 1):
+            bm = self.BLOCK_M
+            block = cute.local_tile(mOp, (bm, D), (self.sched.partial_row_block(work), 0))
+            for k in cutlass.range_constexpr(bm * D // self.MMA_THREADS):
+                e = k * self.MMA_THREADS + tidx
+                block[e // D, e % D] = cutlass.Float32(0.0)
+            if tidx < bm:
+                mLp[self.sched.partial_row_block(work) * bm + tidx] = -cutlass.Float32.inf
+
+
+# ---------------------------------------------------------------------------------------------
+# Byte-level loads and the dequantisation (device helpers)
+
+
+@cute.jit
+def _load_u8(addr) -> cutlass.Int32:
+    t = cute.make_tensor(cute.make_ptr(cutlass.Uint8, addr, cute.AddressSpace.gmem, assumed_align=1), cute.make_layout(1))
+    return cutlass.Int32(t[0])
+
+
+@cute.jit
+def _load_f32(addr) -> cutlass.Float32:
+    t = cute.make_tensor(cute.make_ptr(cutlass.Float32, addr, cute.AddressSpace.gmem, assumed_align=4), cute.make_layout(1))
+    return t[0]
+
+
+@cute.jit
+def _e8m0_to_f32(byte) -> cutlass.Float32:
+    """2^(byte − 127): the byte moved into an fp32 exponent field (exact for bytes 1 … 254;
+    byte 0 would be 2^−127, a subnormal, read here as 0; 0xFF is NaN in e8m0 and +∞ here —
+    neither is ever produced by a quantiser)."""
+    bits = cute.make_rmem_tensor(1, cutlass.Int32)
+    bits[0] = byte << 23
+    return cute.recast_tensor(bits, cutlass.Float32)[0]
+
+
+@cute.jit
+def _dequant16(addr, scale, vals):
+    """vals (16,) bf16 ← 16 e4m3 at the 16-byte aligned `addr` × scale (fp32 math)."""
+    g = cute.make_tensor(cute.make_ptr(cutlass.Int32, addr, cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(4))
+    raw = cute.make_rmem_tensor(4, cutlass.Int32)
+    cute.autovec_copy(g, raw)
+    q = cute.recast_tensor(raw, cutlass.Float8E4M3FN)  # 16 e4m3
+    x = q.load().to(cutlass.Float32) * scale
+    vals.store(x.to(cutlass.BFloat16))
+
+
+@cute.jit
+def _load_bf16x16(addr, vals):
+    """vals (16,) bf16 ← 16 bf16 at the 16-byte aligned `addr` (the model1 rope)."""
+    g = cute.make_tensor(cute.make_ptr(cutlass.BFloat16, addr, cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(16))
+    cute.autovec_copy(g, vals)
