@@ -1,0 +1,57 @@
+"""On a GPU: stages D3, D4, D5 — the lab catches each planted bug the issue names (tests/fixtures):
+an off-by-one fill mask (D3), a causal limit that ignores the token (D4), the sink applied to the
+LSE (D5).  Each runs cleanly (every element written) and is reported `fail` on every case where
+its bug is observable; tests/test_d3_d5.py proves on the CPU that those cases' oracles differ
+beyond the stage's tolerances, so a pass here would be the lab's blind spot."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from harness.matrix import expand
+from harness.runner import RunOptions, Runner, Task
+from harness.spec import KernelRef, load_spec
+
+pytestmark = pytest.mark.gpu
+
+
+def _run(spec, stage, tmp_path, keep):
+    tasks = [Task(stage, "sm_90a", c) for c in expand(stage) if keep(c.dict)]
+    return Runner(spec, RunOptions(tasks=tasks, argv=["pytest"]), results_root=tmp_path).run()
+
+
+def _planted(project_root, stage_id: str):
+    spec = load_spec(root=project_root)
+    name = f"wrong_{stage_id.lower()}"
+    ref = KernelRef("sm_90a", f"tests.fixtures.{name}.sm90", "Kernel", project_root / "tests" / "fixtures" / name / "sm90.py")
+    return spec, dataclasses.replace(spec.stages[stage_id], kernels={"sm_90a": ref}, dir=ref.path.parent)
+
+
+def _all_fail(summary, count: int, label: str) -> None:
+    assert len(summary.records) == count
+    for rec in summary.records:
+        print(label, rec.case, rec.status, rec.metrics.get("O"), rec.metrics.get("LSE"), rec.error)
+        assert rec.status == "fail", rec.case
+        assert all(m["unwritten"] == 0 for m in rec.metrics.values())  # it ran and wrote everything
+
+
+def test_lab_catches_off_by_one_fill_mask_in_stage_d3(project_root, tmp_path):
+    spec, wrong = _planted(project_root, "D3")
+    summary = _run(spec, wrong, tmp_path, lambda c: c["shape"] == "b4s1h64n256d512" and c["splits"] == 1)
+    _all_fail(summary, 7, "wrong-D3")
+
+
+def test_lab_catches_causal_limit_ignoring_the_token_in_stage_d4(project_root, tmp_path):
+    spec, wrong = _planted(project_root, "D4")
+    summary = _run(spec, wrong, tmp_path, lambda c: c["shape"] != "b4s1h64n256d512" and c["splits"] == 1)
+    _all_fail(summary, 12, "wrong-D4")
+
+
+def test_lab_catches_sink_applied_to_lse_in_stage_d5(project_root, tmp_path):
+    spec, wrong = _planted(project_root, "D5")
+    keep = {"-5", "0", "5", "inf"}
+    summary = _run(spec, wrong, tmp_path, lambda c: c["splits"] == 1 and str(c["sink"]) in keep and c["branches"] != "0+0"
+                   and c["shape"] == "b4s2h128m128n256d512")
+    _all_fail(summary, 12, "wrong-D5")
