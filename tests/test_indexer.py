@@ -262,3 +262,11 @@ def test_kernels_refuse_what_they_cannot_do():
     with pytest.raises(ValueError, match="next_n must be 1"):
         I2(b=1, next_n=5, block_kv=64)
     I1(s=128, s_kv=1024), I2(b=8, next_n=2, block_kv=64)  # the matrix's shapes are taken
+
+
+def test_tmem_budget_refuses_more_than_512_columns():
+    from stages.common.indexer import tmem_budget
+
+    assert tmem_budget(2, 256, "I1") == 512 and tmem_budget(2, 128, "I2") == 256 and tmem_budget(1, 64, "x") == 64
+    with pytest.raises(ValueError, match="3 accumulator buffers × 256 columns = 768 > 512"):
+        tmem_budget(3, 256, "I1 sm100")

@@ -41,7 +41,7 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
 
-from stages.common.indexer import check_token_columns, fill_neg_inf, head_sum
+from stages.common.indexer import check_token_columns, fill_neg_inf, head_sum, key_tile_range
 from stages.common.inspection import expose
 from stages.common.sm90_idioms import acc_rows_cols, tma_pipeline, wgmma_sync
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile
@@ -149,7 +149,7 @@ class Kernel:
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
-        tile_begin, tile_end = self.tile_range(block, mKs, mKe)
+        tile_begin, tile_end = key_tile_range(mKs, mKe, block * self.BLOCK_Q, self.BLOCK_Q, self.s_kv, self.BLOCK_K)
         if warp_idx // 4 == self.LOAD_WG:
             cute.arch.setmaxregister_decrease(self.LOAD_REGS)
             if warp_idx == self.LOAD_WARP:
@@ -159,22 +159,6 @@ class Kernel:
         else:
             cute.arch.setmaxregister_increase(self.MMA_REGS)
             self.logits(block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK, mScale, mW, mKs, mKe, mOut)
-
-    @cute.jit
-    def tile_range(self, block, mKs, mKe):
-        """[tile_begin, tile_end): the 128-key tiles covering the union of the block's non-empty
-        ranges [max(ks, 0), min(ke, s_kv)); an empty union gives an empty range."""
-        lo = cutlass.Int32(self.s_kv)
-        hi = cutlass.Int32(0)
-        for t in cutlass.range_constexpr(self.BLOCK_Q):
-            b = cutlass.max(mKs[block * self.BLOCK_Q + t], cutlass.Int32(0))
-            e = cutlass.min(mKe[block * self.BLOCK_Q + t], cutlass.Int32(self.s_kv))
-            if e > b:
-                lo = cutlass.min(lo, b)
-                hi = cutlass.max(hi, e)
-        tile_begin = lo // self.BLOCK_K
-        tile_end = cutlass.max((hi + self.BLOCK_K - 1) // self.BLOCK_K, tile_begin)
-        return tile_begin, tile_end
 
     @cute.jit
     def load(self, block, tile_begin, tile_end, q_pipe, k_pipe, tma_q, mQ, sQ, tma_k, mK, sK):

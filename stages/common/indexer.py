@@ -59,3 +59,52 @@ def fill_neg_inf(out: cute.Tensor, row, begin, end, tid, threads: cutlass.Conste
     neg_inf = -cutlass.Float32.inf
     for j in cutlass.range(begin + tid, end, threads, unroll=4):
         out[row, j] = neg_inf
+
+
+@cute.jit
+def key_tile_range(mKs: cute.Tensor, mKe: cute.Tensor, first_row, rows: cutlass.Constexpr[int],
+                   s_kv: cutlass.Constexpr[int], tile: cutlass.Constexpr[int]):
+    """(tile_begin, tile_end): the `tile`-key tiles covering the union of the non-empty ranges
+    [max(ks, 0), min(ke, s_kv)) of rows first_row … first_row + rows − 1; an empty union gives
+    tile_begin == tile_end (= s_kv / tile)."""
+    lo = cutlass.Int32(s_kv)
+    hi = cutlass.Int32(0)
+    for t in cutlass.range_constexpr(rows):
+        b = cutlass.max(mKs[first_row + t], cutlass.Int32(0))
+        e = cutlass.min(mKe[first_row + t], cutlass.Int32(s_kv))
+        if e > b:
+            lo = cutlass.min(lo, b)
+            hi = cutlass.max(hi, e)
+    tile_begin = lo // tile
+    tile_end = cutlass.max((hi + tile - 1) // tile, tile_begin)
+    return tile_begin, tile_end
+
+
+def check_row_per_thread(t2r, coords, rows: int, chunk: int) -> None:
+    """Trace-time proof for a Blackwell epilogue that owns whole accumulator rows: for sampled
+    threads t < rows, register j of t's tcgen05.ld fragment of column chunk c (`coords`: the
+    identity partition ((rows, chunk), chunks) the copy acts on) holds (t, c · chunk + j)."""
+    from stages.common.sm100_idioms import fragment_coords
+
+    for t in (0, 1, 31, 32, 77, rows - 1):
+        thr = t2r.get_slice(t)
+        for c in (0, cute.size(coords, mode=[1]) - 1):
+            got = fragment_coords(thr.partition_D(coords[(None, c)]), t == 0)
+            want = [(t, c * chunk + j) for j in range(chunk)]
+            if list(got) != want:
+                raise ValueError(f"indexer sm100: thread {t}'s TMEM load of column chunk {c} holds {got[:4]}…, "
+                                 f"not row {t}, columns {c * chunk}…{c * chunk + chunk - 1}")
+
+
+TMEM_COLUMNS = 512  # 32-bit columns of tensor memory per SM (128 lanes each)
+
+
+def tmem_budget(buffers: int, cols: int, who: str) -> int:
+    """The TMEM columns to allocate for `buffers` accumulators of `cols` fp32 columns each (a
+    power of two ≥ 32); raises at trace time when they do not fit the 512 columns."""
+    from stages.common.sm100_idioms import tmem_alloc_cols
+
+    used = buffers * cols
+    if used > TMEM_COLUMNS:
+        raise ValueError(f"{who}: TMEM budget: {buffers} accumulator buffers × {cols} columns = {used} > {TMEM_COLUMNS}")
+    return tmem_alloc_cols(used)
