@@ -119,34 +119,50 @@ def _names(xs) -> str:
     return ", ".join(xs) if xs else "none"
 
 
-def inputs_problems(specs: list, inputs: Any, fn: Callable, root: Path, context: str = "") -> list[str]:
-    """Problems with what an input generator returned, against the declared inputs."""
+def _returned_problems(specs: list, got: Any, fn: Callable, root: Path, context: str, role: str,
+                       default_name: str) -> tuple[str, list, list[str]]:
+    """(site, the declared specs of `role` present in `got`, problems) for what a stage function
+    returned against the tensors of `role` that tensors() declares: a dict of torch tensors of
+    the declared names and shapes."""
     import torch
 
-    site = _fn_site(fn, root, getattr(fn, "__name__", "make_inputs"))
-    want = [s for s in specs if s.role == "in"]
+    site = _fn_site(fn, root, getattr(fn, "__name__", default_name))
+    what = "inputs" if role == "in" else "outputs"
+    want = [s for s in specs if s.role == role]
     names = [s.name for s in want]
-    if not isinstance(inputs, dict):
-        return [f"{site}: returned {type(inputs).__name__}, expected a dict of the inputs {{{_names(names)}}}{context}"]
+    if not isinstance(got, dict):
+        return site, [], [f"{site}: returned {type(got).__name__}, expected a dict of the {what} {{{_names(names)}}}{context}"]
     problems = []
-    missing = [n for n in names if n not in inputs]
-    extra = [str(k) for k in inputs if k not in names]
+    missing = [n for n in names if n not in got]
+    extra = [str(k) for k in got if k not in names]
     if missing or extra:
         parts = []
         if missing:
             parts.append(f"missing {_names(missing)}")
         if extra:
-            parts.append(f"returned {_names(extra)}, not an input of tensors()")
-        problems.append(f"{site}: {'; '.join(parts)} — the inputs are {_names(names)}{context}")
+            parts.append(f"returned {_names(extra)}, not an {what[:-1]} of tensors()")
+        problems.append(f"{site}: {'; '.join(parts)} — the {what} are {_names(names)}{context}")
+    present = []
     for s in want:
-        if s.name not in inputs:
+        if s.name not in got:
             continue
-        t = inputs[s.name]
+        t = got[s.name]
         if not isinstance(t, torch.Tensor):
             problems.append(f"{site}: '{s.name}' is a {type(t).__name__}, expected a torch tensor{context}")
         elif _shape(t) != tuple(s.shape):
             problems.append(f"{site}: '{s.name}' has shape {_shape(t)}, tensors() declares {tuple(s.shape)}{context}")
-        elif _dtype(t) != s.dtype:
+        else:
+            present.append(s)
+    return site, present, problems
+
+
+def inputs_problems(specs: list, inputs: Any, fn: Callable, root: Path, context: str = "") -> list[str]:
+    """Problems with what an input generator returned, against the declared inputs: names,
+    shapes, dtypes, and compact 16-byte-aligned storage (what the kernel was compiled for)."""
+    site, present, problems = _returned_problems(specs, inputs, fn, root, context, "in", "make_inputs")
+    for s in present:
+        t = inputs[s.name]
+        if _dtype(t) != s.dtype:
             problems.append(f"{site}: '{s.name}' has dtype {_dtype(t)}, tensors() declares {s.dtype}{context}")
         elif not t.is_contiguous():  # the kernel was compiled for compact row-major tensors
             problems.append(f"{site}: '{s.name}' is not contiguous (strides {tuple(t.stride())}) — the kernel reads "
@@ -158,34 +174,9 @@ def inputs_problems(specs: list, inputs: Any, fn: Callable, root: Path, context:
 
 
 def outputs_problems(specs: list, outputs: Any, fn: Callable, root: Path, context: str = "") -> list[str]:
-    """Problems with what an oracle returned, against the declared outputs (shapes only:
-    an oracle may compute in a wider dtype)."""
-    import torch
-
-    site = _fn_site(fn, root, getattr(fn, "__name__", "reference"))
-    want = [s for s in specs if s.role == "out"]
-    names = [s.name for s in want]
-    if not isinstance(outputs, dict):
-        return [f"{site}: returned {type(outputs).__name__}, expected a dict of the outputs {{{_names(names)}}}{context}"]
-    problems = []
-    missing = [n for n in names if n not in outputs]
-    extra = [str(k) for k in outputs if k not in names]
-    if missing or extra:
-        parts = []
-        if missing:
-            parts.append(f"missing {_names(missing)}")
-        if extra:
-            parts.append(f"returned {_names(extra)}, not an output of tensors()")
-        problems.append(f"{site}: {'; '.join(parts)} — the outputs are {_names(names)}{context}")
-    for s in want:
-        if s.name not in outputs:
-            continue
-        t = outputs[s.name]
-        if not isinstance(t, torch.Tensor):
-            problems.append(f"{site}: '{s.name}' is a {type(t).__name__}, expected a torch tensor{context}")
-        elif _shape(t) != tuple(s.shape):
-            problems.append(f"{site}: '{s.name}' has shape {_shape(t)}, tensors() declares {tuple(s.shape)}{context}")
-    return problems
+    """Problems with what an oracle returned, against the declared outputs (names and shapes
+    only: an oracle may compute in a wider dtype)."""
+    return _returned_problems(specs, outputs, fn, root, context, "out", "reference")[2]
 
 
 def specs_problems(specs: Any, fn: Callable, root: Path, context: str = "") -> list[str]:
