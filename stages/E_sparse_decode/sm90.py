@@ -23,8 +23,8 @@ CTA, split-KV with an LSE combine, K and Vᵀ views of one shared-memory slot)
         shifted into the exponent field (exact for 2^−126 … 2^127).  The writes are made
         visible to the tensor cores (fence.proxy.async) before the slot's barrier is arrived on
         (a PipelineAsync: 128 producer threads arrive, 256 MMA threads release).
-    Sink.  One split: folded into the epilogue's 1/ℓ.  Several: SinkCombine applies it after the
-        merge (sink_combine.py).
+    Sink.  One split: folded into the epilogue's 1/ℓ.  Several: stages/common/combine.py's
+        SplitCombine applies it once, after the merge.
 
 Warp roles (384 threads)
     warpgroup 2   producer: warp 8 loads Q once (TMA); all 4 warps gather + dequantise KV tiles
@@ -52,12 +52,12 @@ from cutlass.cute.nvgpu import warp, warpgroup
 
 from oracles.sparse_decode import SparseConfig
 from stages.common.barriers import NamedBarrier
+from stages.common.combine import SplitCombine, sink_factor
 from stages.common.inspection import expose
 from stages.common.scheduler import SM_COUNT, DecodeGrid, resolve_splits
 from stages.common.sm90_idioms import acc_rows_cols, tma_pipeline, wgmma_sync
 from stages.common.softmax import OnlineSoftmax, final_lse, scale_rows
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile
-from stages.E_sparse_decode.sink_combine import SinkCombine, sink_factor
 
 _SMEM_LIMIT = 227 * 1024
 D = 512
@@ -189,7 +189,7 @@ class Kernel:
         ).launch(grid=self.sched.grid, block=(self.THREADS, 1, 1), smem=Smem.size_in_bytes(), stream=stream)
 
         if cutlass.const_expr(self.splits > 1):
-            SinkCombine(rows, self.splits, D, c.h_q).launch(mOp, mLp, mO, mLSE, sink, stream)
+            SplitCombine(rows, self.splits, D, sink_heads=c.h_q).launch(mOp, mLp, mO, mLSE, stream, sink=sink)
 
     def _check_tensors(self, Q, KV, idx, KV_extra, idx_extra, O, LSE, O_part, LSE_part) -> None:
         """Trace time: the tensors have the shapes this kernel's reading of the case implies
