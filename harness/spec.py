@@ -479,28 +479,22 @@ def _bench_matrix(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]],
         ak = f"{key}.{axis}"
         if axis not in matrix:
             raise ctx.fail(anode, ak, f"not a matrix axis ({', '.join(matrix)}) — bench shapes use the stage's axes")
-        items = vnode.value if isinstance(vnode, SequenceNode) else [vnode]
-        if isinstance(vnode, SequenceNode) and not items:
-            raise ctx.fail(vnode, ak, "empty list — give at least one value")
-        values: list[Any] = []
-        for item in items:
-            value = _axis_value(ctx, item, ak)
-            types = {type(v) for v in matrix[axis]}
+        tests = matrix[axis]
+
+        def accept(item: Node, value: Any, axis: str = axis, ak: str = ak, tests: list[Any] = tests) -> None:
             numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if numeric and type(value) in types:
+            if numeric and type(value) in {type(v) for v in tests}:
                 if value <= 0:
                     raise ctx.fail(item, ak, f"{value_text(value)} is not a size — give a positive number")
             elif isinstance(value, str) and axis in open_axes:
                 pass  # a shape name the test matrix lacks: the stage's tensors() judge it
-            elif not any(type(v) is type(value) and v == value for v in matrix[axis]):
-                shown = ", ".join(value_text(v) for v in matrix[axis])
+            elif not any(type(v) is type(value) and v == value for v in tests):
+                shown = ", ".join(value_text(v) for v in tests)
                 hint = "" if not isinstance(value, str) else f"; or list {axis} in open_axes if it names shapes"
                 raise ctx.fail(item, ak, f"{one_line(repr(value), 60)} does not fit the axis — {axis} takes {shown}"
                                          f" (or other numbers of the same type{hint})")
-            if any(type(v) is type(value) and v == value for v in values):
-                raise ctx.fail(item, ak, f"repeated value {one_line(repr(value), 40)} — list each value once")
-            values.append(value)
-        out[axis] = values
+
+        out[axis] = _axis_values(ctx, vnode, ak, accept, scalar_ok=True)
     full = {a: out.get(a, [v[0]]) for a, v in matrix.items()}
     n = math.prod(len(v) for v in full.values())
     if n > MAX_BENCH_CASES:
@@ -555,6 +549,7 @@ def _axis_value(ctx: _Ctx, node: Node, key: str) -> Any:
 
 
 def _matrix(ctx: _Ctx, node: Node, key: str) -> dict[str, list[Any]]:
+    """The test matrix: axis (a Python identifier, not one of the lab's options) -> its values."""
     matrix: dict[str, list[Any]] = {}
     mpairs = _mapping(ctx, node, key)
     if not mpairs:
@@ -567,34 +562,45 @@ def _matrix(ctx: _Ctx, node: Node, key: str) -> dict[str, list[Any]]:
                                       "arguments) — rename it")
         if axis in RESERVED_AXES:
             raise ctx.fail(anode, ak, f"--{axis} is one of the lab's own options — rename the axis")
-        if not isinstance(vnode, SequenceNode):
-            raise ctx.fail(vnode, ak, f"expected a list of values, got {_kind(vnode)} — e.g. [64, 128]")
-        if not vnode.value:
-            raise ctx.fail(vnode, ak, "empty list — give at least one value")
-        if len(vnode.value) > MAX_CASES:
-            raise ctx.fail(vnode, ak, f"{len(vnode.value)} values — more than the limit of {MAX_CASES} cases; "
-                                      "list fewer values")
-        values: list[Any] = []
-        by_text: dict[str, Any] = {}
-        by_value: dict[Any, Any] = {}
-        for item in vnode.value:
-            value = _axis_value(ctx, item, ak)
-            text = value_text(value)
-            # 1 and "1" print the same (one case label for two cases); 1, 1.0 and true compare equal (a filter
-            # value would match both): either way, one value written twice.
-            twin = by_text.get(text, by_value.get(value, _NONE))
-            if twin is not _NONE:
-                raise ctx.fail(item, ak, f"repeated value {one_line(repr(value), 40)} (same as "
-                                         f"{one_line(repr(twin), 40)}) — list each value once")
-            by_text[text] = by_value[value] = value
-            values.append(value)
-        matrix[axis] = values
+        matrix[axis] = _axis_values(ctx, vnode, ak, lambda item, value: None, limit=MAX_CASES)
     n = math.prod(len(v) for v in matrix.values())
     if n > MAX_CASES:
         sizes = " × ".join(f"{a} {len(v)}" for a, v in matrix.items())
         raise ctx.fail(node, key, f"{n} cases ({sizes}) — more than the limit of {MAX_CASES}; list fewer values "
                                   "or split the stage")
     return matrix
+
+
+def _axis_values(ctx: _Ctx, vnode: Node, ak: str, accept, scalar_ok: bool = False,
+                 limit: int | None = None) -> list[Any]:
+    """One axis's values: a list (or, with scalar_ok, one value), not empty, at most `limit`
+    long; each a matrix value (_axis_value) that `accept(item, value)` lets through (it raises
+    the one-line error otherwise), none written twice — 1 and "1" print the same (one case label
+    for two cases) and 1, 1.0 and true compare equal (a filter would match both)."""
+    if not isinstance(vnode, SequenceNode):
+        if not scalar_ok:
+            raise ctx.fail(vnode, ak, f"expected a list of values, got {_kind(vnode)} — e.g. [64, 128]")
+        items = [vnode]
+    else:
+        items = vnode.value
+    if not items:
+        raise ctx.fail(vnode, ak, "empty list — give at least one value")
+    if limit is not None and len(items) > limit:
+        raise ctx.fail(vnode, ak, f"{len(items)} values — more than the limit of {limit} cases; list fewer values")
+    values: list[Any] = []
+    by_text: dict[str, Any] = {}
+    by_value: dict[Any, Any] = {}
+    for item in items:
+        value = _axis_value(ctx, item, ak)
+        accept(item, value)
+        text = value_text(value)
+        twin = by_text.get(text, by_value.get(value, _NONE))
+        if twin is not _NONE:
+            raise ctx.fail(item, ak, f"repeated value {one_line(repr(value), 40)} (same as "
+                                     f"{one_line(repr(twin), 40)}) — list each value once")
+        by_text[text] = by_value[value] = value
+        values.append(value)
+    return values
 
 
 def _tolerances(ctx: _Ctx, node: Node, key: str) -> dict[str, Tolerance]:
