@@ -309,6 +309,14 @@ class Compiler:
         return fut
 
     def close(self, cancel: bool = False) -> None:
+        """Shut the pools down; with `cancel` (a stopped run), queued compiles are dropped and the
+        running ones killed, so the process exits at once instead of waiting for them."""
         for pool in self._pools.values():
+            procs = list((getattr(pool, "_processes", None) or {}).values()) if cancel else []
             pool.shutdown(wait=not cancel, cancel_futures=cancel)
+            for proc in procs:
+                if proc.is_alive():
+                    proc.terminate()
+            for proc in procs:
+                proc.join(5)
         self._pools.clear()

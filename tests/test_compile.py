@@ -336,3 +336,24 @@ def test_counter_changes_are_listed_with_missing_instructions_as_zero():
     assert changed(old, new) == [("ptx tcgen05.mma.cta_group::1.kind::f16", 12, 0),
                                  ("ptx tcgen05.mma.cta_group::2.kind::f16", 0, 12), ("regs", 160, 168)]
     assert changed(old, old) == []
+
+
+def test_a_cancelled_compiler_kills_its_running_compiles(project_root):
+    """Ctrl-C during a long compile: close(cancel=True) returns at once and no compile process
+    outlives it (the interpreter would otherwise wait for each to finish at exit)."""
+    import time
+
+    from harness.compile import Compiler
+
+    c = Compiler(project_root, max_workers=1)
+    fut = c._pool("sm_90a").submit(time.sleep, 120)
+    procs = []
+    deadline = time.monotonic() + 60
+    while not fut.running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    procs = list(c._pools["sm_90a"]._processes.values())
+    assert fut.running() and procs
+    t0 = time.monotonic()
+    c.close(cancel=True)
+    assert time.monotonic() - t0 < 10
+    assert not [p for p in procs if p.is_alive()]
