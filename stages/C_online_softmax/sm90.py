@@ -23,11 +23,16 @@ Row reductions
     the thread's columns; α is the same for the whole quad because m is) and
     reduced across the quad once, at the end.
 
-Tiling, pipeline and P in registers are those of stage B: two warpgroups own
-64 rows each; warp 0 issues TMA loads of Q once and of K and V tiles into two
-shared-memory slots; S (64 fp32 / thread) → softmax in registers → P, the same
-registers re-indexed as the bf16 A operand of the P · V wgmma (RS); O (32 fp32 /
-thread) stays in registers and goes straight to global memory at the end.
+What is new in this rung: the online softmax between the MMAs (`between`, the
+state and its math in stages/common/softmax.py) and its end (`finish`: O / ℓ
+and the LSE, written by one lane of each row's quad).
+
+Tiling, pipeline and P in registers are stage B's, from their house
+(stages/common/sm90_register_p.py): two warpgroups own 64 rows each; warp 0
+issues TMA loads of Q once and of K and V tiles into two shared-memory slots;
+S (64 fp32 / thread) → softmax in registers → P, the same registers re-indexed
+as the bf16 A operand of the P · V wgmma (RS); O (32 fp32 / thread) stays in
+registers and goes straight to global memory at the end.
 """
 
 import math
@@ -36,24 +41,13 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.pipeline as pipeline
-import cutlass.utils as utils
-import cutlass.utils.hopper_helpers as sm90_utils
 
-from stages.common.sm90_idioms import (
-    acc_rows_cols,
-    accumulator_to_a_operand,
-    online_softmax_row,
-    register_p_mmas,
-    register_p_smem_struct,
-    tma_pipeline,
-    wgmma_sync,
-)
-from stages.common.inspection import expose
-from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile, tma_produce, transpose_view
+from stages.common.sm90_idioms import acc_rows_cols, online_softmax_row, store_accumulator
+from stages.common.sm90_register_p import RegisterPAttention
+from stages.common.softmax import OnlineSoftmax, scale_rows
 
 
-class Kernel:
+class Kernel(RegisterPAttention):
     """O = softmax(Q·Kᵀ/sqrt(hd))·V and its natural-log LSE, on Hopper tensor cores.
 
     Online softmax over KV tiles of 128, P kept in registers between the two
@@ -61,22 +55,10 @@ class Kernel:
     256, 1024); row-major, 16-byte aligned, static shapes.  One CTA.
     """
 
-    BLOCK_M = 128  # query rows (two warpgroups × 64)
-    BLOCK_N = 128  # keys per KV tile
-    MAX_STAGES = 2  # KV tiles in flight (32 KiB each: K tile + V tile)
+    RUNG = "stage C"
 
     def __init__(self, *, m: int, n: int, hd: int):
-        if m != self.BLOCK_M:
-            raise ValueError(f"stage C sm90: m must be 128, got {m}")
-        if hd != 64:
-            raise ValueError(f"stage C sm90: hd must be 64, got {hd}")
-        if n < self.BLOCK_N or n % self.BLOCK_N != 0:
-            raise ValueError(f"stage C sm90: n must be a positive multiple of 128, got {n}")
-        self.m, self.n, self.hd = m, n, hd
-        self.num_kv_tiles = n // self.BLOCK_N
-        self.stages = min(self.num_kv_tiles, self.MAX_STAGES)
-        self.num_warpgroups = 2
-        self.threads = 128 * self.num_warpgroups
+        super().__init__(m=m, n=n, hd=hd)
         self.scale_log2 = math.log2(math.e) / math.sqrt(hd)  # c above
 
     @cute.jit
@@ -89,32 +71,8 @@ class Kernel:
         LSE: cute.Tensor,
         stream: cuda.CUstream,
     ):
-        dtype = Q.element_type
-        qk_tile = (self.BLOCK_M, self.BLOCK_N, self.hd)  # (M, N, K) of S = Q·Kᵀ
-        pv_tile = (self.BLOCK_M, self.hd, self.BLOCK_N)  # (M, N, K) of O = P·V
-
-        # S = Q·Kᵀ (SS wgmma m64n128k16) and O = P·V (RS wgmma m64n64k16, P in
-        # registers), two warpgroups along M; the S → P retile checked at trace time.
-        qk_mma, pv_mma = register_p_mmas(dtype, self.num_warpgroups, self.BLOCK_N, self.hd)
-
-        q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, qk_tile, dtype, 1)
-        k_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, qk_tile, dtype, self.stages)
-        v_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.COL_MAJOR, pv_tile, dtype, self.stages)
-        expose(self, p_path="registers", qk_mma=(qk_mma, qk_tile), pv_mma=(pv_mma, pv_tile),
-               smem={"Q": q_smem, "K": k_smem, "V": v_smem})  # dsv4-lab inspect; no code
-
-        Vt = transpose_view(V)  # V [n, hd] as Vᵀ (hd, n): the B operand of P·V, N = hd leading
-        tma_q, tma_Q, q_bytes = sm90_tma_load(Q, q_smem, (self.BLOCK_M, self.hd))
-        tma_k, tma_K, k_bytes = sm90_tma_load(K, k_smem, (self.BLOCK_N, self.hd))
-        tma_v, tma_Vt, v_bytes = sm90_tma_load(Vt, v_smem, (self.hd, self.BLOCK_N))
-
-        self.smem_struct = register_p_smem_struct(dtype, q_smem, k_smem, v_smem, self.stages)
-        self.q_bytes = q_bytes
-        self.kv_bytes = k_bytes + v_bytes
-
-        self.kernel(
-            qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_Vt, O, LSE, q_smem, k_smem, v_smem
-        ).launch(grid=(1, 1, 1), block=(self.threads, 1, 1), stream=stream)
+        ops = self.operands(Q, K, V)
+        self.kernel(*ops, O, LSE).launch(grid=(1, 1, 1), block=(self.THREADS, 1, 1), stream=stream)
 
     @cute.kernel
     def kernel(
@@ -127,108 +85,47 @@ class Kernel:
         mK: cute.Tensor,
         tma_v: cute.CopyAtom,
         mVt: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor,
         q_smem: cute.ComposedLayout,
         k_smem: cute.ComposedLayout,
         v_smem: cute.ComposedLayout,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
     ):
+        """Set-up and loads (warp 0), the MMAs with the softmax between them (all warps),
+        then O / ℓ and the LSE."""
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        if warp_idx == 0:
-            prefetch_descriptors(tma_q, tma_k, tma_v)
-
-        storage = cutlass.utils.SmemAllocator().allocate(self.smem_struct)
-        sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)  # (128, hd, 1)
-        sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (128, hd, stages)
-        sV = storage.sV.get_tensor(v_smem.outer, swizzle=v_smem.inner)  # (hd, 128, stages)
-
-        consumer_warps = self.threads // 32
-        q_pipe = tma_pipeline(storage.q_mbar, 1, self.q_bytes, consumer_warps)
-        kv_pipe = tma_pipeline(storage.kv_mbar, self.stages, self.kv_bytes, consumer_warps)
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
-
-        # Global tiles: Q (128, hd, 1), K (128, hd, tiles), Vᵀ (hd, 128, tiles).
-        gQ = cute.local_tile(mQ, (self.BLOCK_M, self.hd), (None, 0))
-        gK = cute.local_tile(mK, (self.BLOCK_N, self.hd), (None, 0))
-        gVt = cute.local_tile(mVt, (self.hd, self.BLOCK_N), (0, None))
-        tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, gQ, 2)
-        tKsK, tKgK = tma_partition_tile(tma_k, sK, gK, 2)
-        tVsV, tVgV = tma_partition_tile(tma_v, sV, gVt, 2)
-
-        # MMA fragments. SMEM operands are per warpgroup; accumulators per thread.
-        thr_qk = qk_mma.get_slice(tidx)
+        sQ, sK, sV, q_pipe, kv_loader = self.setup_and_load(
+            warp_idx, tma_q, mQ, tma_k, mK, tma_v, mVt, q_smem, k_smem, v_smem
+        )
         thr_pv = pv_mma.get_slice(tidx)
-        tSrQ = qk_mma.make_fragment_A(thr_qk.partition_A(sQ))  # (MMA, 1, hd/16, 1)
-        tSrK = qk_mma.make_fragment_B(thr_qk.partition_B(sK))  # (MMA, 1, hd/16, stages)
-        tOrV = pv_mma.make_fragment_B(thr_pv.partition_B(sV))  # (MMA, 1, 128/16, stages)
-        s_shape = thr_qk.partition_shape_C((self.BLOCK_M, self.BLOCK_N))
         tOgO = thr_pv.partition_C(mO)  # this thread's O elements in global memory
-        tOcO = thr_pv.partition_C(cute.make_identity_tensor((self.BLOCK_M, self.hd)))  # their (row, col)
-        acc_o = cute.make_rmem_tensor(tOgO.shape, cutlass.Float32)
-        acc_o.fill(0.0)
+        tOcO_rc = acc_rows_cols(thr_pv.partition_C(cute.make_identity_tensor((self.BLOCK_M, self.hd))))  # (row, col)
+        softmax = OnlineSoftmax.create(cute.size(tOcO_rc, mode=[0]), self.scale_log2)  # this thread's rows
+        acc_o = self.mma(tidx, warp_idx, qk_mma, pv_mma, sQ, sK, sV, q_pipe, kv_loader, tOgO.shape, softmax)
+        self.finish(softmax, acc_o, tOcO_rc, mLSE)
+        store_accumulator(acc_o, tOgO)
+
+    @cute.jit
+    def between(self, acc_s: cute.Tensor, acc_o: cute.Tensor, softmax: OnlineSoftmax) -> None:
+        """Online softmax, row by row: S ← P = 2^(S·c − m_new·c), ℓ and O rescaled by α.
+        (The row update is sm90_idioms.online_softmax_row on the state's tensors: no row of
+        this rung is keyless, and OnlineSoftmax.update's lonely-row select costs 1–4
+        registers here.)"""
+        acc_s_rc = acc_rows_cols(acc_s)
         acc_o_rc = acc_rows_cols(acc_o)
+        for r in cutlass.range_constexpr(softmax.num_rows):
+            alpha = online_softmax_row(acc_s_rc, r, softmax.row_max, softmax.row_sum, softmax.scale_log2)
+            scale_rows(acc_o_rc, r, alpha)
 
-        # Softmax state per row of this thread: running max (raw score units)
-        # and this thread's partial sum of 2^(S·c − max·c).
-        num_rows = cute.size(acc_o_rc, mode=[0])
-        row_max = cute.make_rmem_tensor(num_rows, cutlass.Float32)
-        row_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
-        row_max.fill(-cutlass.Float32.inf)
-        row_sum.fill(0.0)
-        c = self.scale_log2
-
-        # Producer prologue (warp 0): Q, then the first `stages` KV tiles.
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        if warp_idx == 0:
-            q_pipe.producer_acquire(q_state)
-            cute.copy(tma_q, tQgQ[(None, 0)], tQsQ[(None, 0)], tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
-            for _ in cutlass.range_constexpr(self.stages):
-                tma_produce(kv_pipe, prod, (tma_k, tKgK, tKsK), (tma_v, tVgV, tVsV))
-                prod.advance()
-
-        q_pipe.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
-        cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-
-        for kv_tile in cutlass.range(self.num_kv_tiles, unroll=1):
-            kv_pipe.consumer_wait(cons)
-
-            # S = Q · K_tileᵀ (raw scores, fp32)
-            acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-            wgmma_sync(qk_mma, acc_s, tSrQ, tSrK, a_slot=0, b_slot=cons.index, zero_init=True)
-
-            # Online softmax, row by row: S ← P = 2^(S·c − m_new·c), rescale ℓ and O by α.
-            acc_s_rc = acc_rows_cols(acc_s)
-            for r in cutlass.range_constexpr(num_rows):
-                alpha = online_softmax_row(acc_s_rc, r, row_max, row_sum, c)
-                for j in cutlass.range_constexpr(cute.size(acc_o_rc, mode=[1])):
-                    acc_o_rc[r, j] = acc_o_rc[r, j] * alpha
-
-            # P = bf16(P), same registers re-indexed as the A operand; O += P · V_tile.
-            tOrP = accumulator_to_a_operand(acc_s, thr_pv, (self.BLOCK_M, self.BLOCK_N), mO.element_type)
-            wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=cons.index)
-
-            kv_pipe.consumer_release(cons)
-            cons.advance()
-
-            # Refill the released slot with KV tile kv_tile + stages.
-            if warp_idx == 0 and kv_tile + self.stages < self.num_kv_tiles:
-                tma_produce(kv_pipe, prod, (tma_k, tKgK, tKsK), (tma_v, tVgV, tVsV))
-                prod.advance()
-
-        # Finalize: ℓ over the quad, O /= ℓ, LSE = (m·c + log2 ℓ)·ln 2.
-        tOcO_rc = acc_rows_cols(tOcO)
-        for r in cutlass.range_constexpr(num_rows):
-            total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
-            inv_total = cute.arch.rcp_approx(total)
-            for j in cutlass.range_constexpr(cute.size(acc_o_rc, mode=[1])):
-                acc_o_rc[r, j] = acc_o_rc[r, j] * inv_total
-            lse = (row_max[r] * c + cute.math.log2(total, fastmath=True)) * math.log(2.0)
-            if tOcO_rc[r, 0][1] == 0:  # one lane of the quad writes the row's LSE
-                mLSE[tOcO_rc[r, 0][0]] = lse
-
-        out = cute.make_rmem_tensor(tOgO.shape, mO.element_type)
-        out.store(acc_o.load().to(mO.element_type))
-        cute.autovec_copy(out, tOgO)
+    @cute.jit
+    def finish(self, softmax: OnlineSoftmax, acc_o: cute.Tensor, tOcO_rc: cute.Tensor, mLSE: cute.Tensor) -> None:
+        """ℓ over the quad, O /= ℓ, LSE = (m·c + log2 ℓ)·ln 2 (one lane of the quad writes it)."""
+        inv_sum = cute.make_rmem_tensor(softmax.num_rows, cutlass.Float32)
+        lse = cute.make_rmem_tensor(softmax.num_rows, cutlass.Float32)
+        softmax.finalize(inv_sum, lse)
+        acc_o_rc = acc_rows_cols(acc_o)
+        for r in cutlass.range_constexpr(softmax.num_rows):
+            scale_rows(acc_o_rc, r, inv_sum[r])
+            if tOcO_rc[r, 0][1] == 0:
+                mLSE[tOcO_rc[r, 0][0]] = lse[r]
