@@ -1,0 +1,62 @@
+"""FlashMLA's Hopper FP8 sparse decode for stage E (`sgl-flash-mla` on PyPI, install with
+--no-deps): `flash_mla_with_kvcache(..., is_fp8_kvcache=True, indices=…, use_legacy=True,
+kv_format="V4")` — the legacy (sm90) kernel that reads DSV4's model1 layout.
+
+Call (read from the sgl-flash-mla 1.0.0 wheel's flash_mla/flash_mla_interface.py): q [b, s_q,
+h_q, 512] bf16 (h_q 64 or 128); k_cache [num_blocks, block_size, 1, 584] — the strided view of
+the model1 byte cache (oracles/kvcache.model1_flashmla_view: stride 0 = the block's padded bytes);
+block_table and cache_seqlens None (sparse); head_dim_v 512; the scheduler metadata from
+get_mla_metadata() (filled by the first call; reused only with the same shapes and lengths);
+indices [b, s_q, topk] int32 (exactly −1 is invalid; no bounds check otherwise); attn_sink [h_q]
+fp32 (−inf: no effect); extra_k_cache / extra_indices_in_kvcache / topk_length /
+extra_topk_length as the stage's tensors.  Returns (out [b, s_q, h_q, 512] bf16,
+lse [b, h_q, s_q] fp32).  The problem's tensors: harness/peers/torch_sparse.py."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from harness.peers.base import importable
+
+PROBLEMS = ("sparse_decode",)
+
+
+def installed() -> str | None:
+    return importable("flash_mla")
+
+
+def unsupported(problem: str, dims: dict[str, Any], cc: tuple[int, int] | None) -> str | None:
+    if cc is not None and cc[0] != 9:
+        return f"compute capability {cc[0]}.{cc[1]}: the legacy V4 sparse decode is sm90's"
+    if dims["kv_format"] != "model1":
+        return f"kv_format {dims['kv_format']}: the legacy kernel reads model1 (kv_format \"V4\") only"
+    if dims["h_q"] not in (64, 128):
+        return f"h_q {dims['h_q']}: FlashMLA takes 64 or 128 query heads"
+    if dims["d"] != 512:
+        return f"d {dims['d']}: the V4 layout is 512 wide"
+    return None
+
+
+def make(problem: str, dims: dict[str, Any], inputs: dict) -> Callable[[], dict]:
+    import torch
+    from flash_mla import flash_mla_with_kvcache, get_mla_metadata
+
+    from oracles import kvcache as kc
+
+    cache = kc.model1_flashmla_view(inputs["KV"], dims["block"]).view(torch.float8_e4m3fn)
+    extra = None
+    if dims["extra_topk"]:
+        extra = kc.model1_flashmla_view(inputs["KV_extra"], dims["extra_block"]).view(torch.float8_e4m3fn)
+    meta, _ = get_mla_metadata()
+    kw = dict(
+        is_fp8_kvcache=True, indices=inputs["idx"], attn_sink=inputs["sink"], topk_length=inputs["topk_length"],
+        extra_k_cache=extra, extra_indices_in_kvcache=inputs["idx_extra"] if extra is not None else None,
+        extra_topk_length=inputs["extra_length"] if extra is not None else None,
+        use_legacy=True, kv_format="V4",
+    )
+
+    def run() -> dict:
+        out, lse = flash_mla_with_kvcache(inputs["Q"], cache, None, None, 512, meta, **kw)
+        return {"O": out, "LSE": lse}
+
+    return run

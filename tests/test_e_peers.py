@@ -1,0 +1,59 @@
+"""Stage E's peers on the CPU: the sparse_decode problem's sizes read back from the stage's
+tensors, the PyTorch peer against the float64 oracle, FlashMLA's shape rules and its cache view."""
+
+import math
+
+import pytest
+import torch
+
+from harness.peers import flashmla_sparse, torch_sparse
+from oracles import kvcache as kc
+from oracles import sparse_decode as sd
+
+
+def _case(config, fmt, scenario="plain", b=2):
+    return dict(b=b, config=config, kv_format=fmt, scenario=scenario, splits=1)
+
+
+@pytest.mark.parametrize("config", ["s2h128_m128bs256_x1024bs64", "s1h128_m128bs256_x1024bs2", "s1h64_m96bs64",
+                                    "s2h64_m200bs2_x64bs256"])
+@pytest.mark.parametrize("fmt", kc.FORMATS)
+def test_dims_read_back_format_and_blocks(config, fmt):
+    c = sd.SparseConfig.parse(config)
+    dims = torch_sparse.sparse_dims(sd.tensors(_case(config, fmt, b=3)))
+    assert (dims["kv_format"], dims["block"], dims["topk"], dims["b"], dims["s_q"], dims["h_q"]) == (fmt, c.block, c.topk, 3, c.s_q, c.h_q)
+    assert dims["extra_topk"] == c.extra_topk and (not c.has_extra or dims["extra_block"] == c.extra_block)
+
+
+def test_dims_refuse_other_tensors():
+    specs = sd.tensors(_case("s1h64_m96bs64", "model1"))
+    assert isinstance(torch_sparse.sparse_dims(specs[:3]), str)
+    from oracles.common import TensorSpec
+    bad = [TensorSpec("KV", (3, 1000), "uint8") if s.name == "KV" else s for s in specs]
+    assert "format" in torch_sparse.sparse_dims(bad)
+
+
+@pytest.mark.parametrize("fmt,scenario,config", [("model1", "lonely", "s2h64_m200bs2_x64bs256"),
+                                                 ("v4.1", "topk_len", "s1h64_m96bs64"),
+                                                 ("simple", "sink_inf", "s2h64_m200bs2_x64bs256")])
+def test_torch_peer_matches_the_oracle(fmt, scenario, config):
+    case = _case(config, fmt, scenario)
+    inputs = sd.make_inputs(case, seed=7)
+    ref = sd.reference(inputs, case)
+    out = torch_sparse.make("sparse_decode", torch_sparse.sparse_dims(sd.tensors(case)), inputs)()
+    assert out["O"].dtype == torch.bfloat16 and tuple(out["LSE"].shape) == tuple(ref["LSE"].shape)
+    assert torch.equal(out["LSE"] == math.inf, ref["LSE"] == math.inf) and bool(torch.isfinite(out["O"]).all())
+    cos = torch.nn.functional.cosine_similarity(out["O"].double().flatten(), ref["O"].flatten(), dim=0)
+    assert cos > 0.9999
+
+
+def test_flashmla_shape_rules_and_view():
+    dims = torch_sparse.sparse_dims(sd.tensors(_case("s2h128_m128bs256_x1024bs64", "model1")))
+    assert flashmla_sparse.unsupported("sparse_decode", dims, (9, 0)) is None
+    assert "sm90" in flashmla_sparse.unsupported("sparse_decode", dims, (10, 0))
+    for fmt in ("simple", "v4.1"):
+        d = torch_sparse.sparse_dims(sd.tensors(_case("s2h128_m128bs256_x1024bs64", fmt)))
+        assert "model1" in flashmla_sparse.unsupported("sparse_decode", d, (9, 0))
+    cache = torch.zeros(3, kc.block_bytes("model1", 256), dtype=torch.uint8)
+    v = kc.model1_flashmla_view(cache, 256)
+    assert tuple(v.shape) == (3, 256, 1, 584) and v.stride()[0] == kc.block_bytes("model1", 256)
