@@ -164,9 +164,10 @@ def test_swa_inputs_nan_past_every_fill_level_lonely_beside_full_never_zeros():
                 if L:
                     assert (kv[b, :L] != 0).float().mean() > 0.99
             assert (inputs["Q"] != 0).float().mean() > 0.99
-            ref = (md.swa_reference if stage == "D3" else md.causal_swa_reference)(inputs, case)
-            assert torch.isfinite(ref["O"]).all()
-            assert torch.isinf(ref["LSE"][1]).all(), "batch 1 is lonely"
+            if case["shape"] == "b4s1h64n256d512":
+                ref = (md.swa_reference if stage == "D3" else md.causal_swa_reference)(inputs, case)
+                assert torch.isfinite(ref["O"]).all()
+                assert torch.isinf(ref["LSE"][1]).all(), "batch 1 is lonely"
 
 
 def test_merge_inputs_spread_lse_so_every_sink_value_matters():
@@ -267,11 +268,22 @@ def test_kernels_accept_their_matrix_within_the_scratch(stage, module):
 
 
 # -- the planted bugs are visible to the lab's own judge --------------------------------------
+# Each bug moves the LSE (the cheap half of the oracle) past the stage's LSE tolerance on every
+# case its GPU test runs: enough for the lab's verdict to be `fail` there.
 
 
-def _judge(stage: str, out: dict, ref: dict) -> str:
-    metrics = {k: compare(out[k].float() if k == "LSE" else out[k].to(torch.bfloat16), ref[k]).to_json() for k in ref}
-    return judge(tolerances(stage), metrics)[0]
+def lse_only(q, kv, valid):
+    """float64 LSE [b, h_q, s_q] over the valid keys (+inf when none): the oracle's own
+    masked_attention without the P·V half."""
+    q, kv = q.double(), kv.double()
+    kv = torch.where(valid.any(dim=1)[..., None], kv, torch.zeros_like(kv))
+    s = torch.einsum("bthd,bnd->bthn", q, kv) / math.sqrt(q.shape[-1])
+    lse = torch.logsumexp(s.masked_fill(~valid[:, :, None, :], -INF), dim=-1)
+    return torch.where(torch.isneginf(lse), torch.full_like(lse, INF), lse).permute(0, 2, 1)
+
+
+def _lse_verdict(stage: str, out, ref) -> str:
+    return judge({"LSE": tolerances(stage)["LSE"]}, {"LSE": compare(out.float(), ref).to_json()})[0]
 
 
 def test_planted_off_by_one_fill_mask_fails_every_d3_case_of_its_gpu_test():
@@ -279,10 +291,11 @@ def test_planted_off_by_one_fill_mask_fails_every_d3_case_of_its_gpu_test():
         if case["shape"] != "b4s1h64n256d512" or case["splits"] != 1:
             continue
         inputs = md.swa_inputs(case, case_seed("D3", case))
-        ref = md.swa_reference(inputs, case)
-        wrong = md.swa_reference({**inputs, "swa_lens": (inputs["swa_lens"] - 1).clamp(min=0)}, case)
-        assert _judge("D3", ref, ref) == "pass"
-        assert _judge("D3", wrong, ref) == "fail", case
+        lens = [int(x) for x in inputs["swa_lens"]]
+        ref = lse_only(inputs["Q"], inputs["KV"], md.valid_keys(lens, 256, 1, False))
+        wrong = lse_only(inputs["Q"], inputs["KV"], md.valid_keys([max(L - 1, 0) for L in lens], 256, 1, False))
+        assert _lse_verdict("D3", ref, ref) == "pass"
+        assert _lse_verdict("D3", wrong, ref) == "fail", case
 
 
 def test_planted_causal_limit_ignoring_t_fails_every_d4_case_with_two_tokens_or_more():
@@ -291,26 +304,33 @@ def test_planted_causal_limit_ignoring_t_fails_every_d4_case_with_two_tokens_or_
         if p["s_q"] < 2 or case["splits"] != 1:
             continue
         inputs = md.swa_inputs(case, case_seed("D4", case))
-        ref = md.causal_swa_reference(inputs, case)
         lens = [int(x) for x in inputs["swa_lens"]]
-        outs = {"O": torch.empty_like(ref["O"]), "LSE": torch.empty_like(ref["LSE"])}
-        for t in range(p["s_q"]):
-            ok = md.valid_keys(lens, p["n"], p["s_q"], True)[:, :1]  # WRONG on purpose: token 0's keys for token t
-            r = md.masked_attention(inputs["Q"][:, t:t + 1], [inputs["KV"]], [ok])
-            outs["O"][:, t] = r["O"][:, 0]
-            outs["LSE"][:, :, t] = r["LSE"][:, :, 0]
-        assert _judge("D4", ref, ref) == "pass"
-        assert _judge("D4", outs, ref) == "fail", case
+        valid = md.valid_keys(lens, p["n"], p["s_q"], True)
+        ref = lse_only(inputs["Q"], inputs["KV"], valid)
+        wrong = lse_only(inputs["Q"], inputs["KV"], valid[:, :1].expand_as(valid))  # WRONG: token 0's keys for every t
+        assert _lse_verdict("D4", ref, ref) == "pass"
+        assert _lse_verdict("D4", wrong, ref) == "fail", case
 
 
 def test_planted_sink_in_lse_fails_every_d5_case_of_its_gpu_test():
     for case in matrix("D5"):
-        if case["splits"] != 1 or case["sink"] in ("none", "-inf") or case["branches"] == "0+0":
+        if case["splits"] != 1 or str(case["sink"]) not in ("-5", "0", "5", "inf") or case["branches"] == "0+0" \
+                or case["shape"] != "b4s2h128m128n256d512":
             continue
         inputs = md.merge_inputs(case, case_seed("D5", case))
-        ref = md.merge_reference(inputs, case)
-        lse = ref["LSE"]
-        sink = inputs["sink"].double()[None, :, None]
-        wrong = {"O": ref["O"], "LSE": torch.where(torch.isinf(lse), lse, torch.logaddexp(lse, sink.expand_as(lse)))}
-        assert _judge("D5", ref, ref) == "pass"
-        assert _judge("D5", wrong, ref) == "fail", case
+        vm, vs = md.merge_valids(inputs, case)
+        ref = lse_only(inputs["Q"], torch.cat([inputs["KV_main"], inputs["KV_swa"]], 1), torch.cat([vm, vs], -1))
+        sink = inputs["sink"].double()[None, :, None].expand_as(ref)
+        wrong = torch.where(torch.isinf(ref), ref, torch.logaddexp(ref, sink))
+        assert _lse_verdict("D5", ref, ref) == "pass"
+        assert _lse_verdict("D5", wrong, ref) == "fail", case
+
+
+def test_lse_only_is_the_oracles_lse():
+    case = {"shape": "b4s2h128m128n256d512", "branches": "k+k", "sink": 0, "splits": 1}
+    inputs = md.merge_inputs(case, 3)
+    vm, vs = md.merge_valids(inputs, case)
+    got = lse_only(inputs["Q"], torch.cat([inputs["KV_main"], inputs["KV_swa"]], 1), torch.cat([vm, vs], -1))
+    assert torch.equal(torch.isinf(got), torch.isinf(md.merge_reference(inputs, case)["LSE"]))
+    fin = torch.isfinite(got)
+    assert torch.allclose(got[fin], md.merge_reference(inputs, case)["LSE"][fin], rtol=0, atol=1e-9)
