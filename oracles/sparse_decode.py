@@ -35,8 +35,10 @@ Matrix axes
                  sink       finite sinks around the rows' LSE (the factor matters)
                  sink_inf   per head: −inf, +inf or finite sinks
                  invalid    ~30 % of the indices −1, sink on
-                 topk_len   random lengths in [0, topk] per batch and branch (one batch gets 0 and
-                            the full length), INT_MAX / −7 / huge garbage past them, sink on
+                 topk_len   random lengths in [1, topk) per batch and branch (the last batch 0, the
+                            second, when b > 2, the full length); past the length: stale entries
+                            (real tokens of the list: honouring them is a wrong row, not a crash)
+                            and garbage INT_MAX / −7 / 2^30; sink on
                  lonely     batch 0's last token has every index −1 in both branches (s_q > 1),
                             batch 1 has both lengths 0; sink_inf's sinks
                  extreme    extreme scales written into indexed tokens: e8m0 2^−20 … 2^15
@@ -180,19 +182,30 @@ def _branch(g, b: int, s_q: int, topk: int, block: int, nb: int, scenario: str, 
         if b > 1:
             length[1] = 0  # batch 1: both lengths 0; the other batches keep their keys
     if scenario == "topk_len":
-        length = torch.randint(0, topk + 1, (b,), generator=g, dtype=torch.int32)
-        length[0] = topk
+        length = torch.randint(1, max(2, topk), (b,), generator=g, dtype=torch.int32).clamp(max=topk)
         if b > 1:
-            length[1] = 0
+            length[-1] = 0
+        if b > 2:
+            length[1] = topk
+        past = (torch.arange(topk)[None, None, :] >= length[:, None, None].long()).expand(b, s_q, topk)
+        # past the length: stale entries (real, written tokens of the same batch's live list: a
+        # kernel that honours them computes a wrong row, no crash) or garbage (INT_MAX, −7, 2^30)
         garbage = torch.tensor([INT_MAX, -7, 2**30, INT_MAX - 1], dtype=torch.int32)
-        past = torch.arange(topk)[None, None, :] >= length[:, None, None].long()
-        pick = torch.randint(0, len(garbage), (b, s_q, topk), generator=g)
-        idx = torch.where(past, garbage[pick], idx)
+        junk = garbage[torch.randint(0, len(garbage), (b, s_q, topk), generator=g)]
+        for i in range(b):
+            live = idx[i][~past[i] & (idx[i] != -1)]
+            if live.numel():
+                stale = live[torch.randint(0, live.numel(), (s_q, topk), generator=g)]
+                junk[i] = torch.where(torch.rand(s_q, topk, generator=g) < 0.5, stale, junk[i])
+        idx = torch.where(past, junk, idx)
 
     cache = torch.full((nb, kc.block_bytes(fmt, block)), 0xFF, dtype=torch.uint8)
     live = _live(idx, length)
     used = torch.unique(idx[live].long()) if bool(live.any()) else torch.zeros(0, dtype=torch.long)
-    x = torch.randn(used.numel(), D, generator=g) * KV_SCALE
+    # per token, every 32-column group × 2^k, k ∈ {−2 … 1}: the scale groups differ, so a scale
+    # taken from the wrong group changes the values
+    spread = torch.pow(2.0, torch.randint(-2, 2, (used.numel(), D // 32), generator=g).float()).repeat_interleave(32, dim=1)
+    x = torch.randn(used.numel(), D, generator=g) * KV_SCALE * spread
     if used.numel():
         kc.write_tokens(cache, fmt, block, used, x)
     if scenario == "extreme" and used.numel():

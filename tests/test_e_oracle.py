@@ -111,13 +111,15 @@ def test_garbage_past_topk_length_is_ignored_and_honouring_it_is_caught():
     other = dict(inputs)
     other["idx"] = torch.where(past, torch.full_like(inputs["idx"], -123), inputs["idx"])
     assert torch.equal(sd.reference(other, case)["O"], ref["O"])
-    # the planted bug: entries past topk_length honoured (garbage replaced by a real token so
-    # the bug is finite): the cosine bound catches it
-    past = past.expand_as(inputs["idx"])
-    real = inputs["idx"][(~past) & (inputs["idx"] >= 0)][0]
+    # the planted bug (tests/fixtures/wrong_e_len): the length ignored, out-of-range entries
+    # skipped by a bounds check instead — the stale entries past the length are honoured
+    tokens = inputs["KV"].shape[0] * sd.SparseConfig.parse(case["config"]).block
+    inside = (inputs["idx"] >= 0) & (inputs["idx"] < tokens)
     bug = {**inputs, "topk_length": torch.full_like(length, 70),
-           "idx": torch.where(past, real.expand_as(inputs["idx"]), inputs["idx"])}
+           "idx": torch.where(inside, inputs["idx"], torch.full_like(inputs["idx"], -1))}
+    assert bool((past & inside).any())  # stale entries exist
     o = sd.reference(bug, case)["O"]
+    assert bool(torch.isfinite(o).all())  # they are real tokens: a wrong row, not a NaN
     cos = torch.nn.functional.cosine_similarity(o.flatten(), ref["O"].flatten(), dim=0)
     assert cos < 0.9999
 
