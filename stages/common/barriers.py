@@ -10,6 +10,12 @@ confused.  The producer/consumer handshake around P in shared memory (SMEM-P):
     P_EMPTY  the other consumer warpgroups have finished reading P; the softmax warpgroup may
              overwrite it                                                   (they arrive, it waits)
     EPILOGUE the final row factors (1/ℓ) are published for the epilogue     (all arrive + wait)
+
+On sm100 the tensor-memory allocator's hand-offs (stages/common/sm100_setup.py):
+
+    TMEM_ALLOC the allocating warp has written the TMEM base address to shared memory; the
+               warps that use TMEM may read it                              (all arrive + wait)
+    TMEM_FREE  every TMEM user is done; the allocating warp may free it     (all arrive + wait)
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ class NamedBarrier(enum.IntEnum):
     P_FULL = 1
     P_EMPTY = 2
     EPILOGUE = 3
+    TMEM_ALLOC = 4
+    TMEM_FREE = 5
 
 
 MAX_NAMED_BARRIERS = 16

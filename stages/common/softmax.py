@@ -28,7 +28,11 @@ the 4 lanes of a quad: the max is reduced over the quad at every update (every l
 it), the sum stays a per-lane partial until `finalize` reduces it once.
 
 `OnlineSoftmax` carries the state through the kernel's dynamic loops (it is a traced value:
-its two register tensors are its MLIR values, num_rows and c are compile-time constants).
+its two register tensors are its MLIR values, num_rows, c and lonely_rows are compile-time
+constants).  `lonely_rows=False` drops the lonely-row select (m_safe = m_new) for a kernel whose
+rows always see a key (stages C, D1): one select per row fewer, and a row without a key would
+then be NaN — use it only where that cannot happen.  `update_row` is one row of `update`, for a
+kernel that rescales O row by row right after each row's update.
 """
 
 from __future__ import annotations
@@ -45,20 +49,23 @@ LN2 = math.log(2.0)
 class OnlineSoftmax:
     """Per-thread online-softmax state for `num_rows` rows (see the module doc)."""
 
-    def __init__(self, num_rows: int, scale_log2: float, row_max: cute.Tensor, row_sum: cute.Tensor):
+    def __init__(self, num_rows: int, scale_log2: float, row_max: cute.Tensor, row_sum: cute.Tensor,
+                 lonely_rows: bool = True):
         self.num_rows = num_rows
         self.scale_log2 = scale_log2
         self.row_max = row_max
         self.row_sum = row_sum
+        self.lonely_rows = lonely_rows
 
     @staticmethod
-    def create(num_rows: int, scale_log2: float) -> "OnlineSoftmax":
-        """Fresh state (m = −∞, ℓ = 0) in registers; call inside a kernel."""
+    def create(num_rows: int, scale_log2: float, lonely_rows: bool = True) -> "OnlineSoftmax":
+        """Fresh state (m = −∞, ℓ = 0) in registers; call inside a kernel.  `lonely_rows`:
+        apply the lonely-row rule (see the module doc; False only where every row sees a key)."""
         row_max = cute.make_rmem_tensor(num_rows, Float32)
         row_sum = cute.make_rmem_tensor(num_rows, Float32)
         row_max.fill(-Float32.inf)
         row_sum.fill(0.0)
-        return OnlineSoftmax(num_rows, scale_log2, row_max, row_sum)
+        return OnlineSoftmax(num_rows, scale_log2, row_max, row_sum, lonely_rows)
 
     # A traced value: the register tensors travel through scf.for / scf.if.
     def __extract_mlir_values__(self):
@@ -74,32 +81,41 @@ class OnlineSoftmax:
             self.scale_log2,
             cutlass.new_from_mlir_values(self.row_max, values[:k]),
             cutlass.new_from_mlir_values(self.row_sum, values[k:]),
+            self.lonely_rows,
         )
 
     @cute.jit
     def update(self, s_rc: cute.Tensor) -> cute.Tensor:
         """One KV tile: `s_rc` (rows, columns) of raw scores (`acc_rows_cols` of the S
         accumulator) becomes P in place; returns α per row (a register tensor)."""
-        c = self.scale_log2
         alpha = cute.make_rmem_tensor(self.num_rows, Float32)
         for r in cutlass.range_constexpr(self.num_rows):
-            m_prev = self.row_max[r]
-            m_new = m_prev
-            for j in cutlass.range_constexpr(cute.size(s_rc, mode=[1])):
-                m_new = cute.arch.fmax(m_new, s_rc[r, j])
-            m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)  # the row's quad
-            m_safe = 0.0 if m_new == -Float32.inf else m_new  # lonely-row rule
-            a = cute.math.exp2((m_prev - m_safe) * c, fastmath=True)
-            m_scaled = m_safe * c
-            tile_sum = Float32(0.0)
-            for j in cutlass.range_constexpr(cute.size(s_rc, mode=[1])):
-                p = cute.math.exp2(s_rc[r, j] * c - m_scaled, fastmath=True)
-                s_rc[r, j] = p
-                tile_sum += p
-            self.row_sum[r] = self.row_sum[r] * a + tile_sum
-            self.row_max[r] = m_new
-            alpha[r] = a
+            alpha[r] = self.update_row(s_rc, r)
         return alpha
+
+    @cute.jit
+    def update_row(self, s_rc: cute.Tensor, r: cutlass.Constexpr[int]) -> Float32:
+        """Row `r` of `update`: its scores become P in place, its state moves on; returns
+        its α."""
+        c = self.scale_log2
+        m_prev = self.row_max[r]
+        m_new = m_prev
+        for j in cutlass.range_constexpr(cute.size(s_rc, mode=[1])):
+            m_new = cute.arch.fmax(m_new, s_rc[r, j])
+        m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)  # the row's quad
+        m_safe = m_new
+        if cutlass.const_expr(self.lonely_rows):
+            m_safe = 0.0 if m_new == -Float32.inf else m_new  # lonely-row rule
+        a = cute.math.exp2((m_prev - m_safe) * c, fastmath=True)
+        m_scaled = m_safe * c
+        tile_sum = Float32(0.0)
+        for j in cutlass.range_constexpr(cute.size(s_rc, mode=[1])):
+            p = cute.math.exp2(s_rc[r, j] * c - m_scaled, fastmath=True)
+            s_rc[r, j] = p
+            tile_sum += p
+        self.row_sum[r] = self.row_sum[r] * a + tile_sum
+        self.row_max[r] = m_new
+        return a
 
     @cute.jit
     def finalize(self, inv_sum: cute.Tensor, lse: cute.Tensor) -> None:
