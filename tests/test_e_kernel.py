@@ -1,0 +1,41 @@
+"""Stage E's sm90 kernel on the CPU (no compile): its own statement of the cache layouts agrees
+with oracles/kvcache.py, its split count fits the scratch the oracle declares on every matrix
+and bench case, and it refuses what it cannot do."""
+
+import pytest
+
+from harness.matrix import expand
+from harness.spec import load_spec
+from oracles import kvcache as kc
+from oracles import sparse_decode as sd
+from stages.E_sparse_decode import sm90
+
+
+@pytest.mark.parametrize("fmt", kc.FORMATS)
+def test_kernel_block_bytes_agree_with_the_oracle(fmt):
+    for bs in (1, 2, 3, 61, 64, 72, 73, 256):
+        assert sm90.cache_block_bytes(fmt, bs) == kc.block_bytes(fmt, bs)
+
+
+def test_splits_fit_the_declared_scratch(project_root):
+    stage = load_spec(root=project_root).stages["E"]
+    cases = [c.dict for c in expand(stage)]
+    cases += [dict(b=b, config=cfg, kv_format="model1", scenario="sink", splits="auto")
+              for b in (2, 64, 74, 128, 148, 256) for cfg in ("s2h128_m128bs256_x1024bs64", "s2h64_m128bs256_x1024bs64")]
+    seen = set()
+    for case in cases:
+        key = (case["b"], case["config"], case["splits"])
+        if key in seen:
+            continue
+        seen.add(key)
+        k = sm90.Kernel(b=case["b"], config=case["config"], kv_format=case["kv_format"], splits=case["splits"])
+        assert 1 <= k.splits <= sd.split_capacity(case), case
+        if case["splits"] == 1:
+            assert k.splits == 1
+
+
+def test_refusals():
+    with pytest.raises(ValueError, match="h_q"):
+        sm90.Kernel(b=2, config="s1h32_m64bs64", kv_format="model1", splits=1)
+    with pytest.raises(ValueError, match="kv_format"):
+        sm90.Kernel(b=2, config="s1h64_m64bs64", kv_format="fp4", splits=1)
