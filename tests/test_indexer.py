@@ -253,7 +253,7 @@ def test_kernels_refuse_what_they_cannot_do():
     from stages.I1_mqa_logits.sm90 import Kernel as I1
     from stages.I2_paged_mqa_logits.sm90 import Kernel as I2
 
-    with pytest.raises(ValueError, match="s_kv must be a positive multiple of 128"):
+    with pytest.raises(ValueError, match="s_kv must be a positive multiple of 64"):
         I1(s=128, s_kv=1000)
     with pytest.raises(ValueError, match="s must be a multiple"):
         I1(s=127, s_kv=1024)

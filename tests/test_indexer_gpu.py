@@ -29,6 +29,18 @@ def test_stage_i1_sm90_passes_its_matrix(project_root, tmp_path):
     assert [r.status for r in summary.records] == ["pass"] * 8
 
 
+def test_first_i1_kernel_also_passes(project_root, tmp_path):
+    """The first, simplest sm90 kernel (tests/fixtures/i1_v1) against the same oracle: a cross-check
+    of the stage's faster kernel, and the rung it climbed from."""
+    spec = load_spec(root=project_root)
+    i1 = spec.stages["I1"]
+    v1 = KernelRef("sm_90a", "tests.fixtures.i1_v1.sm90", "Kernel", project_root / "tests" / "fixtures" / "i1_v1" / "sm90.py")
+    summary = _run(spec, dataclasses.replace(i1, kernels={"sm_90a": v1}, dir=v1.path.parent), "sm_90a", tmp_path)
+    for rec in summary.records:
+        print("I1 v1", rec.case, rec.status, rec.metrics.get("logits"), rec.error)
+    assert [r.status for r in summary.records] == ["pass"] * 8
+
+
 def test_lab_catches_dropped_relu_in_stage_i1(project_root, tmp_path):
     spec = load_spec(root=project_root)
     i1 = spec.stages["I1"]

@@ -7,8 +7,8 @@ Math (oracles/indexer.py)
     key after the head sum.)  q [s, 64, 128] e4m3, k [s_kv, 128] e4m3, fp32 accumulation.
 
 The MMA: keys along M, heads along N
-    One FP8 wgmma computes Sᵀ = K_tile · Q_blockᵀ with M = keys (64 per warpgroup), N = the 64
-    heads of each of the CTA's BLOCK_Q query tokens, K = d = 128 (four k32 steps).  Both operands
+    One FP8 wgmma computes Sᵀ = K_tile · Q_blockᵀ with M = 64 keys, N = the 64 heads of each of
+    the CTA's 4 query tokens (256), K = d = 128 (four k32 steps).  Both operands
     are K-major (row-major K [keys, d], Q [tokens · heads, d]), as FP8 wgmma requires.  With
     heads along N, the reduction over heads is a reduction over an accumulator row: each thread
     holds 2 rows (keys r, r + 8) × N/4 columns, sums its columns (relu, × w), then two butterfly
@@ -25,8 +25,15 @@ Warp roles (384 threads)
     warpgroup 2, warp 8     load: Q's token block once, then the range's K tiles into a
                             STAGES-slot TMA pipeline (setmaxnreg 24)
     warpgroup 2, warps 9-11 fill: −inf outside the tile range (setmaxnreg 24)
-    warpgroups 0, 1         MMA (64 keys each of a 128-key tile) and the fused epilogue:
-                            relu, × w, head sum, × k_scale, range select, store (setmaxnreg 240)
+    warpgroups 0, 1         alternate 64-key tiles (warpgroup w: tiles w, w + 2, …): MMA, then
+                            the fused epilogue — relu, × w, head sum, × k_scale, range select,
+                            store — while the other warpgroup's MMA runs (setmaxnreg 240:
+                            128 accumulator + 64 weight registers per thread)
+
+Why this shape (the first version, tests/fixtures/i1_v1, had both warpgroups on halves of one
+128-key tile with 2 tokens): with N = 256 the K tile is read from L2 by half as many CTAs and
+each wgmma does twice the work per issue; with alternate tiles one warpgroup's epilogue (CUDA
+cores) overlaps the other's MMA (tensor cores) instead of both waiting on each other.
 
 Limits: s a multiple of BLOCK_Q, s_kv a multiple of BLOCK_K; h = 64, d = 128; row-major,
 16-byte aligned, static shapes.
@@ -51,12 +58,12 @@ DIM = 128
 
 
 class Kernel:
-    """FP8 MQA logits on Hopper tensor cores: BLOCK_Q query tokens per CTA, 128-key tiles
-    through a TMA pipeline, the relu-weight-head-sum fused after the MMA, −inf written by
-    the kernel."""
+    """FP8 MQA logits on Hopper tensor cores: 4 query tokens per CTA, 64-key tiles through a TMA
+    pipeline taken alternately by two MMA warpgroups, the relu-weight-head-sum fused after the
+    MMA, −inf written by the kernel."""
 
-    BLOCK_Q = 2  # query tokens per CTA: N = 64 · BLOCK_Q
-    BLOCK_K = 128  # keys per tile: 64 per MMA warpgroup
+    BLOCK_Q = 4  # query tokens per CTA: N = 64 · BLOCK_Q = 256
+    BLOCK_K = 64  # keys per tile = M of one warpgroup's MMA; the warpgroups take alternate tiles
     NUM_MMA_WG = 2
     LOAD_WG = 2
     LOAD_WARP = 4 * LOAD_WG
@@ -65,7 +72,7 @@ class Kernel:
     THREADS = MMA_THREADS + 128
     MMA_REGS = 240
     LOAD_REGS = 24
-    STAGES = 4
+    STAGES = 8  # K slots of 8 KiB
 
     def __init__(self, *, s: int, s_kv: int):
         if s % self.BLOCK_Q:
@@ -96,8 +103,8 @@ class Kernel:
             warpgroup.OperandMajorMode.K,  # K tile [keys, d]: d contiguous (A, M = keys)
             warpgroup.OperandMajorMode.K,  # Q block [tokens · heads, d]: d contiguous (B, N = heads)
             cutlass.Float32,
-            (self.NUM_MMA_WG, 1, 1),
-            tiler_mn=(64, n),
+            (1, 1, 1),
+            tiler_mn=(bk, n),
         )
         check_token_columns(mma, (bk, n), HEADS, bq)
         tile = (bk, n, DIM)
@@ -145,7 +152,7 @@ class Kernel:
         sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)  # (n, d, 1)
         sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (bk, d, stages)
         q_pipe = tma_pipeline(storage.q_mbar, 1, self.q_bytes, self.MMA_THREADS // 32)
-        k_pipe = tma_pipeline(storage.k_mbar, self.STAGES, self.k_bytes, self.MMA_THREADS // 32)
+        k_pipe = tma_pipeline(storage.k_mbar, self.STAGES, self.k_bytes, 4)  # a slot is one warpgroup's
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -190,14 +197,14 @@ class Kernel:
 
     @cute.jit
     def logits(self, block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK, mScale, mW, mKs, mKe, mOut):
-        """MMA warpgroups: per K tile, Sᵀ = K · Qᵀ (64 keys × n per warpgroup), then the fused
-        epilogue (see `head_sum`)."""
+        """MMA warpgroups: warpgroup w takes tiles tile_begin + w, + w + 2, …: Sᵀ = K_tile · Qᵀ
+        (64 keys × 4 tokens · 64 heads), then the fused epilogue (see `head_sum`) while the other
+        warpgroup's MMA runs."""
         bq, bk, n = self.BLOCK_Q, self.BLOCK_K, self.n
         wg = tidx // 128
-        thr_wg = mma.get_slice(wg * 128)
-        tCrK = mma.make_fragment_A(thr_wg.partition_A(sK))  # (MMA, 1, d/32, stages)
-        tCrQ = mma.make_fragment_B(thr_wg.partition_B(sQ))  # (MMA, 1, d/32, 1)
-        thr = mma.get_slice(tidx)
+        thr = mma.get_slice(tidx % 128)
+        tCrK = mma.make_fragment_A(thr.partition_A(sK))  # (MMA, 1, d/32, stages)
+        tCrQ = mma.make_fragment_B(thr.partition_B(sQ))  # (MMA, 1, d/32, 1)
         acc_shape = thr.partition_shape_C((bk, n))
         coords = acc_rows_cols(thr.partition_C(cute.make_identity_tensor((bk, n))))  # (key in tile, token·64 + head)
         num_rows = cute.size(coords, mode=[0])
@@ -219,12 +226,15 @@ class Kernel:
         if tile_end > tile_begin:
             q_pipe.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.STAGES)
-        for tile in cutlass.range(tile_begin, tile_end, unroll=1):
+        if wg == 1:
+            k_state.advance()  # warpgroup 1 starts at the second tile
+        for tile in cutlass.range(tile_begin + wg, tile_end, self.NUM_MMA_WG, unroll=1):
             k_pipe.consumer_wait(k_state)
             acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
             wgmma_sync(mma, acc, tCrK, tCrQ, a_slot=k_state.index, b_slot=0, zero_init=True)
             k_pipe.consumer_release(k_state)
             k_state.advance()
+            k_state.advance()  # the other warpgroup's tile
             acc_rc = acc_rows_cols(acc)
             for r in cutlass.range_constexpr(num_rows):
                 key = tile * bk + coords[r, 0][0]
