@@ -334,3 +334,40 @@ def test_lse_only_is_the_oracles_lse():
     assert torch.equal(torch.isinf(got), torch.isinf(md.merge_reference(inputs, case)["LSE"]))
     fin = torch.isfinite(got)
     assert torch.allclose(got[fin], md.merge_reference(inputs, case)["LSE"][fin], rtol=0, atol=1e-9)
+
+
+# -- the D5 kernel, compiled (no GPU): ~60 s ------------------------------------------------------
+
+
+def test_d5_builds_one_launch_over_both_branches_q_once_and_combines_with_the_sink(tmp_path):
+    """Both branches in ONE kernel (plus the combine when split), Q loaded by one TMA box per
+    64 columns and each branch's tiles by their own descriptor; registers rebalanced, no spills."""
+    import os
+    import re
+    import shutil
+
+    from harness.compile import Compiler
+    from harness.inventory import families
+    from harness.spec import load_spec
+
+    old = os.environ.get("DSV4_LAB_CACHE")
+    os.environ["DSV4_LAB_CACHE"] = str(tmp_path)
+    try:
+        spec = load_spec(root=ROOT)
+        compiler = Compiler(spec.root)
+        case = {"shape": "b4s2h128m128n256d512", "branches": "k+k", "sink": 5, "splits": "many"}
+        res = compiler.submit(spec.stages["D5"], "sm_90a", case).result()
+        compiler.close()
+    finally:
+        if old is None:
+            del os.environ["DSV4_LAB_CACHE"]
+        else:
+            os.environ["DSV4_LAB_CACHE"] = old
+    assert res.ok, res.error
+    ptx = Path(res.ptx_path).read_text()
+    assert ptx.count(".entry ") == 2  # the decode kernel and the combine: one launch for both branches
+    fam = families(res.inventory)
+    assert fam.get("cp.async.bulk.tensor") == 512 // 64 * 3, fam  # copy sites: Q (8 boxes of 64 columns), and one KV tile per branch (8 each)
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
+    if shutil.which("ptxas"):
+        assert res.resources["spill"] == 0, res.resources
