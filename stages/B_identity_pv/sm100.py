@@ -80,58 +80,26 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import tcgen05
 
-from stages.common.inspection import expose
 from stages.common.sm100_idioms import tcgen05_fence_after_sync, tcgen05_fence_before_sync, tmem_copy
-from stages.common.sm100_setup import (
-    AttentionCta,
-    AttentionOperands,
-    TmemP,
-    WarpRoles,
-    attention_views,
-    free_tmem,
-    launch,
-    load_role,
-    mma_role,
-)
+from stages.common.sm100_setup import TmemPAttention, free_tmem, launch, producer_warps
 from stages.common.tma import prefetch_descriptors
 
 BF16 = cutlass.BFloat16
 F32 = cutlass.Float32
 
 
-class Kernel(WarpRoles):
+class Kernel(TmemPAttention):
     """O[m, hd] = bf16(Q·Kᵀ)·V, identity softmax, P in TMEM, on sm_100a tensor cores.
 
     Limits: m = 128, hd = 64, n a positive multiple of 128; row-major,
     16-byte aligned, static shapes; one CTA.
     """
 
-    TILE_M = 128  # query rows = UMMA M
-    KV_TILE = 128  # keys per KV tile = N of QK = K of PV
-    KV_STAGES = 2  # shared-memory slots for K and for V
-
-    def __init__(self, *, m: int, n: int, hd: int):
-        if m != self.TILE_M:
-            raise ValueError(f"stage B sm100: m must be {self.TILE_M}, got {m}")
-        if hd != 64:
-            raise ValueError(f"stage B sm100: TMEM-P needs hd = 64, got {hd} (SMEM-P is stage D1)")
-        if n <= 0 or n % self.KV_TILE != 0:
-            raise ValueError(f"stage B sm100: n must be a positive multiple of {self.KV_TILE}, got {n}")
-        self.m, self.n, self.hd = m, n, hd
-        self.n_tiles = n // self.KV_TILE
-        self.qk_tiler = (self.TILE_M, self.KV_TILE, hd)  # (M, N, K) of S = Q·Kᵀ
-        self.pv_tiler = (self.TILE_M, hd, self.KV_TILE)  # (M, N, K) of O = P·V
+    WHO = "stage B sm100"
 
     @cute.jit
     def __call__(self, Q: cute.Tensor, K: cute.Tensor, V: cute.Tensor, O: cute.Tensor, stream: cuda.CUstream):
-        # (rows, cols, L = 1) views.  PV's B operand is Vᵀ: (N = hd, K = n), MN-major.
-        mQ, mK, mV, mO = attention_views(Q, K, V, O, "stage B sm100")
-        # P comes from TMEM, and an A operand in TMEM is K-major.
-        ops = AttentionOperands(mQ, mK, mV, q_tiler=self.qk_tiler, k_tiler=self.qk_tiler, pv_tiler=self.pv_tiler,
-                                pv_n=self.hd, k_slots=self.KV_STAGES, v_slots=self.KV_STAGES,
-                                p_source=tcgen05.OperandSource.TMEM)
-        self.plan = ops.plan
-        self.smem_struct = ops.smem_struct(tmem_p=True)  # barriers, TMEM address, Q, K, V
+        ops, mO = self.operands(Q, K, V, O)
         launch(self.kernel(*ops.args(), mO), (1, 1, 1), stream)
 
     @cute.kernel
@@ -155,24 +123,13 @@ class Kernel(WarpRoles):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == self.LOAD_WARP:
             prefetch_descriptors(tma_q, tma_k, tma_v)
-
-        cta = AttentionCta(self.smem_struct, self.plan, qk_mma, pv_mma, q_smem, k_smem, v_smem)
-        tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = cta.tma_partitions(
-            tma_q, mQ, tma_k, mK, tma_v, mV, self.qk_tiler, self.qk_tiler, self.pv_tiler, 0)
-        tmem = TmemP(cta, qk_mma, pv_mma, self.qk_tiler, self.pv_tiler, p_layout)  # S, P inside S, O
-        expose(self, p_path="tmem", qk_mma=(qk_mma, self.qk_tiler), pv_mma=(pv_mma, self.pv_tiler),  # inspect
-               smem={"Q": q_smem, "K": k_smem, "V": v_smem, "P (A layout)": p_layout},
-               tmem=tmem.plan, tmem_pair=(tmem.s_load, tmem.cS, tmem.p_store, tmem.cP))
+        cta, loads, tmem = self.setup(qk_mma, pv_mma, tma_q, mQ, tma_k, mK, tma_v, mV, q_smem, k_smem, v_smem,
+                                      p_layout)
         o_load = tmem_copy(tcgen05.Ld32x32bOp, tcgen05.Repetition.x32, F32, tmem.tOtO)
         gO = cute.flat_divide(mO, cute.select(self.pv_tiler, mode=[0, 1]))[None, None, 0, 0, 0]  # (128, hd)
         tOgO = cta.pv_thr.partition_C(gO)
 
-        if warp_idx == self.LOAD_WARP:
-            load_role(cta.q_prod, cta.k_prod, cta.v_prod, tma_q, tQgQ, tQsQ, tma_k, tKgK, tKsK, tma_v, tVgV, tVsV,
-                      self.n_tiles, 1)
-        if warp_idx == self.MMA_WARP:
-            mma_role(cta.q_cons, cta.k_cons, cta.v_cons, cta.s_prod, cta.p_cons, cta.o_prod, qk_mma, pv_mma,
-                     cta.tSrQ, cta.tSrK, cta.tOrV, tmem.tStS, tmem.tOrP, tmem.tOtO, self.n_tiles, 1)
+        producer_warps(warp_idx, cta, loads, qk_mma, pv_mma, tmem.tStS, tmem.tOrP, tmem.tOtO, self.n_tiles, 1)
         if warp_idx < self.MMA_WARP:
             self.softmax_role(cta.s_cons, cta.p_prod, tmem.s_load, tmem.p_store, tmem.tStS, tmem.tOrP,
                               tmem.cS, tmem.cP, tidx)

@@ -177,8 +177,7 @@ from stages.common.sm100_setup import (
     attention_views,
     free_tmem,
     launch,
-    load_role,
-    mma_role,
+    producer_warps,
     rescale_o,
 )
 from stages.common.tma import prefetch_descriptors
@@ -419,8 +418,8 @@ class Kernel(WarpRoles):
 
         cta = AttentionCta(self.smem_struct, self.plan, qk_mma, pv_mma, q_smem, k_smem, v_smem)
         # Q (TMA), K (TMA, n_tiles, chunks), Vᵀ (TMA, n_tiles): this CTA's head-dim slab.
-        tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = cta.tma_partitions(
-            tma_q, mQ, tma_k, mK, tma_v, mV, self.q_tiler, self.k_tiler, self.pv_tiler, cta_idx)
+        loads = cta.tma_partitions(tma_q, mQ, tma_k, mK, tma_v, mV, self.q_tiler, self.k_tiler, self.pv_tiler,
+                                   cta_idx)
 
         # ---- TMEM plan (from the fragments, checked against tmem_budget()) and the P path:
         # TMEM view (hd = 64) or SMEM buffer (hd > 64), and the S load that feeds it.
@@ -472,12 +471,7 @@ class Kernel(WarpRoles):
         gO = cute.flat_divide(mO, cute.select(self.pv_tiler, mode=[0, 1]))[None, None, 0, cta_idx, 0]
         tOgO = cta.pv_thr.partition_C(gO)  # (128, hd_cta) slab of O, partitioned like tOtO
 
-        if warp_idx == self.LOAD_WARP:
-            load_role(cta.q_prod, cta.k_prod, cta.v_prod, tma_q, tQgQ, tQsQ, tma_k, tKgK, tKsK, tma_v, tVgV, tVsV,
-                      self.n_tiles, self.n_chunks)
-        if warp_idx == self.MMA_WARP:
-            mma_role(cta.q_cons, cta.k_cons, cta.v_cons, cta.s_prod, cta.p_cons, cta.o_prod, qk_mma, pv_mma,
-                     cta.tSrQ, cta.tSrK, cta.tOrV, tStS, tOrP, tOtO, self.n_tiles, self.n_chunks)
+        producer_warps(warp_idx, cta, loads, qk_mma, pv_mma, tStS, tOrP, tOtO, self.n_tiles, self.n_chunks)
         if warp_idx < self.MMA_WARP:
             row_max, row_sum = self.softmax_role(cta.s_cons, cta.p_prod, s_load, p_store, p_copy, o_load, o_store,
                                                  tS_src, cS_src, tOrP, sP_mk, cA, tOtO, cO, tidx)

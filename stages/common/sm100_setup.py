@@ -23,8 +23,11 @@ Device side (inside @cute.kernel)
                            allocator, the MMA fragments, the TMA partitions
     `TmemP`                TMEM-P (hd = 64): S, P inside S, O views and the S-load /
                            P-store pair, proven to agree at trace time
-    `load_role`            warp 5: Q, then K chunks and V per KV tile
-    `mma_role`             warp 4: Q·K_jᵀ chunk by chunk, then P_j·V_j
+    `TmemPAttention`       base of the hd = 64 TMEM-P rungs (B, C): shape checks,
+                           `operands()` (host) and `setup()` (device)
+    `producer_warps`       hands warp 5 to `load_role` (Q, then K chunks and V per KV
+                           tile) and warp 4 to `mma_role` (Q·K_jᵀ chunk by chunk,
+                           then P_j·V_j)
     `rescale_o`            the correction pass: O ← α·O in TMEM, 32 columns at a time
 
 Pipelines (mbarriers via cutlass.pipeline; arrive counts in threads)
@@ -65,6 +68,7 @@ from stages.common.sm100_idioms import (
     tmem_free,
     umma_to_threads_pipeline,
 )
+from stages.common.inspection import expose
 from stages.common.tma import sm100_tma_load, tma_partition_tile
 
 BF16 = cutlass.BFloat16
@@ -201,6 +205,22 @@ def launch(kernel_call, grid, stream) -> None:
 # Device side
 
 
+@dataclass
+class TmaLoads:
+    """The TMA atoms and their (global, shared) partitions: tQgQ (TMA), tKgK (TMA,
+    n_tiles, chunks), tVgV (TMA, n_tiles); tXsX (TMA, slots)."""
+
+    tma_q: object
+    tQgQ: object
+    tQsQ: object
+    tma_k: object
+    tKgK: object
+    tKsK: object
+    tma_v: object
+    tVgV: object
+    tVsV: object
+
+
 class AttentionCta:
     """Device side: what every role of the CTA shares, built before the role `if`s.
 
@@ -241,16 +261,17 @@ class AttentionCta:
         self.tOrV = pv_mma.make_fragment_B(self.sV)  # (MMA, PV tiles, kv_tile / 16, slots)
 
     def tma_partitions(self, tma_q, mQ, tma_k, mK, tma_v, mV, q_tiler, k_tiler, pv_tiler, v_slab):
-        """(tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV): where one TMA copy moves Q (TMA), the
-        K chunk c of KV tile j (tKgK[None, j, c]) and this CTA's Vᵀ slab `v_slab` of KV
-        tile j (tVgV[None, j]); the shared sides are indexed by slot."""
+        """TmaLoads: where one TMA copy moves Q, the K chunk c of KV tile j
+        (tKgK[None, j, c]) and this CTA's Vᵀ slab `v_slab` of KV tile j (tVgV[None, j]);
+        the shared sides are indexed by slot."""
         gQ = cute.flat_divide(mQ, cute.select(q_tiler, mode=[0, 2]))  # (128, hd, 1, 1, 1)
         gK = cute.flat_divide(mK, cute.select(k_tiler, mode=[1, 2]))  # (kv, chunk, n_tiles, chunks, 1)
         gV = cute.flat_divide(mV, cute.select(pv_tiler, mode=[1, 2]))  # (hd_cta, kv, slabs, n_tiles, 1)
         tQsQ, tQgQ = tma_partition_tile(tma_q, self.sQ, self.qk_thr.partition_A(gQ), 3)
         tKsK, tKgK = tma_partition_tile(tma_k, self.sK, self.qk_thr.partition_B(gK), 3)
         tVsV, tVgV = tma_partition_tile(tma_v, self.sV, self.pv_thr.partition_B(gV), 3)
-        return tQsQ, tQgQ[None, 0, 0, 0], tKsK, tKgK[None, None, None, 0], tVsV, tVgV[None, v_slab, None, 0]
+        return TmaLoads(tma_q, tQgQ[None, 0, 0, 0], tQsQ, tma_k, tKgK[None, None, None, 0], tKsK,
+                        tma_v, tVgV[None, v_slab, None, 0], tVsV)
 
     def allocate_tmem(self, cols: int):
         """tcgen05.alloc of `cols` columns by warp 0; every thread gets the fp32 base pointer."""
@@ -286,24 +307,73 @@ class TmemP:
         check_same_fragment_coords(self.s_load, self.cS, self.p_store, self.cP, "TMEM-P (S → P)")  # trace time
 
 
+class TmemPAttention(WarpRoles):
+    """The hd = 64 rungs with P in TMEM (stages B and C): one CTA of TILE_M = 128 query
+    rows, KV tiles of 128 keys (N of Q·Kᵀ = K of P·V), K and V in 2-slot rings, S, P
+    (inside S) and O in TMEM.  A subclass names itself (WHO) and adds its kernel:
+    `operands()` in its @cute.jit __call__, `setup()` at the top of its @cute.kernel."""
+
+    WHO = "sm100"
+    TILE_M = 128  # query rows = UMMA M
+    KV_TILE = 128  # keys per KV tile = N of QK = K of PV
+    KV_STAGES = 2  # shared-memory slots for K and for V
+
+    def __init__(self, *, m: int, n: int, hd: int):
+        if m != self.TILE_M:
+            raise ValueError(f"{self.WHO}: m must be {self.TILE_M}, got {m}")
+        if hd != 64:
+            raise ValueError(f"{self.WHO}: TMEM-P needs hd = 64, got {hd} (SMEM-P is stage D1)")
+        if n <= 0 or n % self.KV_TILE != 0:
+            raise ValueError(f"{self.WHO}: n must be a positive multiple of {self.KV_TILE}, got {n}")
+        self.m, self.n, self.hd = m, n, hd
+        self.n_tiles = n // self.KV_TILE
+        self.qk_tiler = (self.TILE_M, self.KV_TILE, hd)  # (M, N, K) of S = Q·Kᵀ
+        self.pv_tiler = (self.TILE_M, hd, self.KV_TILE)  # (M, N, K) of O = P·V
+
+    def operands(self, Q, K, V, O):
+        """Host side: (ops, mO) — views (PV's B operand is Vᵀ: (N = hd, K = n), MN-major),
+        the AttentionOperands with P read from TMEM (an A operand in TMEM is K-major),
+        and the plan and shared-storage struct the kernel allocates (barriers, TMEM
+        address, Q, K, V)."""
+        mQ, mK, mV, mO = attention_views(Q, K, V, O, self.WHO)
+        ops = AttentionOperands(mQ, mK, mV, q_tiler=self.qk_tiler, k_tiler=self.qk_tiler, pv_tiler=self.pv_tiler,
+                                pv_n=self.hd, k_slots=self.KV_STAGES, v_slots=self.KV_STAGES,
+                                p_source=tcgen05.OperandSource.TMEM)
+        self.plan = ops.plan
+        self.smem_struct = ops.smem_struct(tmem_p=True)
+        return ops, mO
+
+    def setup(self, qk_mma, pv_mma, tma_q, mQ, tma_k, mK, tma_v, mV, q_smem, k_smem, v_smem, p_layout):
+        """Device side, before the role `if`s: (cta, loads, tmem) — AttentionCta, its
+        TmaLoads and TmemP (S, P inside S, O; the S → P pair proven at trace time),
+        shown to `dsv4-lab inspect`."""
+        cta = AttentionCta(self.smem_struct, self.plan, qk_mma, pv_mma, q_smem, k_smem, v_smem)
+        loads = cta.tma_partitions(tma_q, mQ, tma_k, mK, tma_v, mV, self.qk_tiler, self.qk_tiler, self.pv_tiler, 0)
+        tmem = TmemP(cta, qk_mma, pv_mma, self.qk_tiler, self.pv_tiler, p_layout)
+        expose(self, p_path="tmem", qk_mma=(qk_mma, self.qk_tiler), pv_mma=(pv_mma, self.pv_tiler),
+               smem={"Q": q_smem, "K": k_smem, "V": v_smem, "P (A layout)": p_layout},
+               tmem=tmem.plan, tmem_pair=(tmem.s_load, tmem.cS, tmem.p_store, tmem.cP))
+        return cta, loads, tmem
+
+
 # ---------------------------------------------------------------------------------------
 # Roles shared unchanged by the rungs
 
 
 @cute.jit
-def load_role(q_prod, k_prod, v_prod, tma_q, tQgQ, tQsQ, tma_k, tKgK, tKsK, tma_v, tVgV, tVsV,
-              n_tiles: cutlass.Constexpr, n_chunks: cutlass.Constexpr):
+def load_role(q_prod, k_prod, v_prod, loads: TmaLoads, n_tiles: cutlass.Constexpr, n_chunks: cutlass.Constexpr):
     """Warp 5: Q once; per KV tile j its n_chunks K chunks into the K ring, then its Vᵀ
     slab into the V ring.  Waits at the end for the MMA warp's last releases, so no
     arrive lands after the warp exits."""
     q_slot = q_prod.acquire_and_advance()
-    cute.copy(tma_q, tQgQ, tQsQ[None, 0], tma_bar_ptr=q_slot.barrier)
+    cute.copy(loads.tma_q, loads.tQgQ, loads.tQsQ[None, 0], tma_bar_ptr=q_slot.barrier)
     for j in cutlass.range(n_tiles, unroll=1):
         for c in cutlass.range_constexpr(n_chunks):
             k_slot = k_prod.acquire_and_advance()
-            cute.copy(tma_k, tKgK[None, j, c], tKsK[None, k_slot.index], tma_bar_ptr=k_slot.barrier)
+            cute.copy(loads.tma_k, loads.tKgK[None, j, c], loads.tKsK[None, k_slot.index],
+                      tma_bar_ptr=k_slot.barrier)
         v_slot = v_prod.acquire_and_advance()
-        cute.copy(tma_v, tVgV[None, j], tVsV[None, v_slot.index], tma_bar_ptr=v_slot.barrier)
+        cute.copy(loads.tma_v, loads.tVgV[None, j], loads.tVsV[None, v_slot.index], tma_bar_ptr=v_slot.barrier)
     q_prod.tail()
     k_prod.tail()
     v_prod.tail()
@@ -347,6 +417,18 @@ def mma_role(q_cons, k_cons, v_cons, s_prod, p_cons, o_prod, qk_mma, pv_mma, tSr
     o_slot = o_prod.acquire_and_advance()
     o_slot.commit()  # tcgen05.commit → every MMA done, O final
     q_full.release()
+
+
+@cute.jit
+def producer_warps(warp_idx, cta: AttentionCta, loads: TmaLoads, qk_mma, pv_mma, tStS, tOrP, tOtO,
+                   n_tiles: cutlass.Constexpr, n_chunks: cutlass.Constexpr):
+    """Hands warp 5 to `load_role` and warp 4 to `mma_role` (the softmax warps are the
+    rung's own)."""
+    if warp_idx == WarpRoles.LOAD_WARP:
+        load_role(cta.q_prod, cta.k_prod, cta.v_prod, loads, n_tiles, n_chunks)
+    if warp_idx == WarpRoles.MMA_WARP:
+        mma_role(cta.q_cons, cta.k_cons, cta.v_cons, cta.s_prod, cta.p_cons, cta.o_prod, qk_mma, pv_mma,
+                 cta.tSrQ, cta.tSrK, cta.tOrV, tStS, tOrP, tOtO, n_tiles, n_chunks)
 
 
 @cute.jit
