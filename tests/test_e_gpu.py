@@ -44,3 +44,30 @@ def test_lab_catches_entries_past_topk_length_honoured(project_root, tmp_path):
     _run_all_fail(project_root, tmp_path, "wrong_e_len",
                   lambda c: c["scenario"] == "topk_len" and c["config"] in ("s1h64_m96bs64", "s2h64_m200bs2_x64bs256")
                   and c["kv_format"] in ("simple", "model1") and c["splits"] == 1, 4)
+
+
+@pytest.mark.parametrize("scenario", ["plain", "sink_inf", "invalid", "topk_len", "lonely", "extreme", "dup"])
+def test_flashmla_agrees_with_the_oracle_on_model1_bytes(scenario):
+    """Issue 14 item 6, the contract side: FlashMLA's own V4 sparse decode on the very bytes the
+    stage's inputs hold agrees with the float64 oracle (cosine ≥ 0.9999, +∞ LSE where lonely)."""
+    import math
+
+    import torch
+
+    from harness.peers import flashmla_sparse, torch_sparse
+    from oracles import sparse_decode as sd
+
+    if flashmla_sparse.installed():
+        pytest.skip("sgl-flash-mla is not installed (pip install --no-deps sgl-flash-mla)")
+    for config in ("s2h128_m128bs256_x1024bs64", "s1h64_m96bs64", "s2h64_m200bs2_x64bs256"):
+        case = dict(b=3, config=config, kv_format="model1", scenario=scenario, splits=1)
+        inputs = sd.make_inputs(case, seed=21, device="cuda")
+        ref = sd.reference(inputs, case)
+        out = flashmla_sparse.make("sparse_decode", torch_sparse.sparse_dims(sd.tensors(case)), inputs)()
+        torch.cuda.synchronize()
+        cos = torch.nn.functional.cosine_similarity(out["O"].double().flatten(), ref["O"].flatten(), dim=0).item()
+        lonely_same = torch.equal(out["LSE"] == math.inf, ref["LSE"] == math.inf)
+        fin = torch.isfinite(ref["LSE"])
+        lse_err = (out["LSE"][fin].double() - ref["LSE"][fin]).abs().max().item() if bool(fin.any()) else 0.0
+        print("flashmla", config, scenario, f"cos {cos:.7f}", f"lse err {lse_err:.2e}", "lonely ok", lonely_same)
+        assert cos >= 0.9999 and lonely_same and lse_err < 1e-2, (config, scenario)
