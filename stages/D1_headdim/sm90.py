@@ -27,15 +27,13 @@ The split: O across two warpgroups by head-dim column, P through shared memory
     Warpgroup 0 alone computes S = Q·K_tileᵀ (m64n{BLOCK_N}) and the softmax
     (so S and the row state live only in its registers), stores P as bf16 into
     shared memory in the K-major layout that is the A operand of the
-    shared-memory-sourced ("SS") P·V wgmma — stmatrix through a copy tiled like
-    the S accumulator — and the per-row rescale factor α next to it.  Then
-    `fence.proxy.async.shared::cta` (the wgmma reads shared memory through the
-    async proxy) and a named barrier over both warpgroups ("P full").  Each
-    warpgroup reads α for its rows, rescales its O half and runs its P·V_half.
-    Before overwriting P and α for the next tile, warpgroup 0 waits on a second
-    named barrier ("P empty") that warpgroup 1 arrives at when its P·V has
-    completed.  At the end warpgroup 0 publishes 1/ℓ through the same row
-    buffer and writes LSE; both warpgroups normalise and store their O half.
+    shared-memory-sourced ("SS") P·V wgmma, and the per-row rescale factor α
+    next to it; each warpgroup reads α for its rows, rescales its O half and
+    runs its P·V_half.  The handshake (named barriers P_FULL / P_EMPTY, the
+    async-proxy fence, stmatrix through a copy tiled like the S accumulator)
+    is stages/common/sm90_smem_p.py (`SmemP`); at the end warpgroup 0
+    publishes 1/ℓ through the same row buffer and writes LSE, and both
+    warpgroups normalise and store their O half.
 
     Why this split rather than recomputing S in hd/128 CTAs: it does Q·Kᵀ once
     per row block (recomputation would quadruple that GEMM at hd = 512 and
@@ -73,28 +71,24 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import warp, warpgroup
 
-from stages.common.sm90_idioms import acc_rows_cols, online_softmax_row, tma_pipeline, wgmma_sync
 from stages.common.inspection import expose
-from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile, tma_produce, transpose_view
-
-# Named barriers (id 0 is __syncthreads).
-_BAR_P_FULL = 1  # P and the row factors are in shared memory (both warpgroups)
-_BAR_P_EMPTY = 2  # warpgroup 1 is done reading them (wg 1 arrives, wg 0 waits)
+from stages.common.sm90_idioms import acc_rows_cols, online_softmax_row, store_accumulator, wgmma_sync
+from stages.common.sm90_setup import (
+    TileLoader,
+    TmaPipe,
+    load_once,
+    smem_struct,
+    smem_tensors,
+    tma_pipelines,
+    tma_tiles,
+    wait_once,
+)
+from stages.common.sm90_smem_p import SmemP, smem_p_mmas, vt_slice_layout
+from stages.common.softmax import OnlineSoftmax
+from stages.common.tma import prefetch_descriptors, sm90_tma_load, transpose_view
 
 _SMEM_LIMIT = 227 * 1024  # Hopper: largest dynamic shared memory per CTA
-
-
-def _smem_layout_vt(dtype, hd: int, block_n: int, stages: int, slice_n: int):
-    """Shared-memory layout of Vᵀ tiles (hd, block_n, stages), hd contiguous
-    (MN-major B operand of P·V).  The swizzle atom is chosen from the width of
-    ONE warpgroup's slice (slice_n columns), so that every slice starts on a
-    swizzle-atom boundary and is a valid wgmma descriptor on its own; atoms
-    repeat along the keys first, as in the library's B layouts."""
-    kind = sm90_utils.get_smem_layout_atom(utils.LayoutEnum.COL_MAJOR, dtype, slice_n)
-    atom = warpgroup.make_smem_layout_atom(kind, dtype)
-    return cute.tile_to_shape(atom, (hd, block_n, stages), order=(1, 0, 2))
 
 
 class Kernel:
@@ -139,59 +133,36 @@ class Kernel:
         bm, bn, hd = self.BLOCK_M, self.block_n, self.hd
         qk_tile = (bm, bn, hd)  # (M, N, K) of S = Q·Kᵀ
         pv_tile = (bm, hd, bn)  # (M, N, K) of O = P·V
-
-        # S = Q·Kᵀ: one warpgroup, m64 n{bn}.
-        qk_mma = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype,
-            warpgroup.OperandMajorMode.K,  # Q [m, hd]: hd contiguous
-            warpgroup.OperandMajorMode.K,  # K [n, hd]: hd contiguous
-            cutlass.Float32,
-            (1, 1, 1),
-            tiler_mn=(bm, bn),
-        )
-        # O = P·V: two warpgroups side by side along N (= hd), A = P from shared memory.
-        pv_mma = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype,
-            warpgroup.OperandMajorMode.K,  # P [rows, keys]: keys contiguous
-            warpgroup.OperandMajorMode.MN,  # Vᵀ (hd, keys): hd contiguous
-            cutlass.Float32,
-            (1, self.NUM_WG, 1),
-            tiler_mn=(bm, hd // self.NUM_WG),
-        )
+        qk_mma, pv_mma = smem_p_mmas(dtype, bm, bn, hd, self.NUM_WG)
 
         q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, qk_tile, dtype, 1)
         k_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, qk_tile, dtype, self.stages)
-        v_smem = _smem_layout_vt(dtype, hd, bn, self.stages, hd // self.NUM_WG)
+        v_smem = vt_slice_layout(dtype, hd, bn, self.stages, hd // self.NUM_WG)
         p_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, pv_tile, dtype, 1)
         expose(self, p_path="smem", qk_mma=(qk_mma, qk_tile), pv_mma=(pv_mma, pv_tile),  # dsv4-lab inspect
                smem={"Q": q_smem, "K": k_smem, "V": v_smem, "P": p_smem},
                p_write_smem=p_smem, p_read_smem=p_smem, pv_a_tile=(bm, bn))
 
         Vt = transpose_view(V)  # V [n, hd] as Vᵀ (hd, n): the B operand of P·V, N = hd leading
-        tma_q, tma_Q, self.q_bytes = sm90_tma_load(Q, q_smem, (bm, hd))
-        tma_k, tma_K, self.k_bytes = sm90_tma_load(K, k_smem, (bn, hd))
-        tma_v, tma_Vt, self.v_bytes = sm90_tma_load(Vt, v_smem, (hd, bn))
+        tma_q, tma_Q, q_bytes = sm90_tma_load(Q, q_smem, (bm, hd))
+        tma_k, tma_K, k_bytes = sm90_tma_load(K, k_smem, (bn, hd))
+        tma_v, tma_Vt, v_bytes = sm90_tma_load(Vt, v_smem, (hd, bn))
 
-        @cute.struct
-        class Smem:
-            q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-            k_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
-            v_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
-            row_factor: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm], 16]  # α, then 1/ℓ
-            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(q_smem)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(k_smem)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(v_smem)], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(p_smem)], 1024]
-
-        self.smem_struct = Smem
-
+        # Q and K are consumed by warpgroup 0 (4 warps), V by both (8 warps).
+        self.pipes = (TmaPipe("q", 1, q_bytes, 4), TmaPipe("k", self.stages, k_bytes, 4),
+                      TmaPipe("v", self.stages, v_bytes, self.threads // 32))
+        self.smem_struct = smem_struct(
+            self.pipes,
+            {"sQ": (dtype, q_smem), "sK": (dtype, k_smem), "sV": (dtype, v_smem), "sP": (dtype, p_smem)},
+            row_factor_rows=bm,  # α, then 1/ℓ
+        )
         self.kernel(
             qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_Vt, O, LSE,
             q_smem, k_smem, v_smem, p_smem,
         ).launch(
             grid=(self.m // bm, 1, 1),
             block=(self.threads, 1, 1),
-            smem=Smem.size_in_bytes(),
+            smem=self.smem_struct.size_in_bytes(),
             stream=stream,
         )
 
@@ -213,153 +184,110 @@ class Kernel:
         v_smem: cute.ComposedLayout,
         p_smem: cute.ComposedLayout,
     ):
+        """Set-up and the load prologue (warp 0), then both warpgroups attend (`attend`)."""
         bm, bn, hd = self.BLOCK_M, self.block_n, self.hd
         tidx, _, _ = cute.arch.thread_idx()
         row_block, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        wg = warp_idx // 4  # warpgroup: 0 computes S and the softmax; both own half of O
-        tid_wg = tidx % 128
         if warp_idx == 0:
             prefetch_descriptors(tma_q, tma_k, tma_v)
 
         storage = cutlass.utils.SmemAllocator().allocate(self.smem_struct)
-        sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)  # (64, hd, 1)
-        sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (bn, hd, stages)
-        sV = storage.sV.get_tensor(v_smem.outer, swizzle=v_smem.inner)  # (hd, bn, stages)
-        sP = storage.sP.get_tensor(p_smem.outer, swizzle=p_smem.inner)  # (64, bn, 1)
-        sP = sP[None, None, 0]
+        sQ, sK, sV, sP = smem_tensors(storage, sQ=q_smem, sK=k_smem, sV=v_smem, sP=p_smem)
         s_row = storage.row_factor.get_tensor(cute.make_layout(bm))  # α per row, then 1/ℓ
+        q_pipe, k_pipe, v_pipe = tma_pipelines(storage, self.pipes)
 
-        # TMA pipelines: Q once; K consumed by warpgroup 0 (4 warps), V by both (8 warps).
-        q_pipe = tma_pipeline(storage.q_mbar, 1, self.q_bytes, 4)
-        k_pipe = tma_pipeline(storage.k_mbar, self.stages, self.k_bytes, 4)
-        v_pipe = tma_pipeline(storage.v_mbar, self.stages, self.v_bytes, self.threads // 32)
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        # Load role (warp 0, from `attend`): Q's row block once, K and V tiles into their
+        # slots, each slot refilled as soon as its consumers release it.
+        q_load = tma_tiles(tma_q, sQ, mQ, (bm, hd), (None, 0))
+        k_loader = TileLoader.create(k_pipe, self.stages, tma_tiles(tma_k, sK, mK, (bn, hd), (None, 0)))
+        v_loader = TileLoader.create(v_pipe, self.stages, tma_tiles(tma_v, sV, mVt, (hd, bn), (0, None)))
+        self.attend(tidx, warp_idx, row_block, q_pipe, q_load, k_loader, v_loader, qk_mma, pv_mma,
+                    sQ, sK, sV, sP[None, None, 0], s_row, mO, mLSE)
 
-        # Global tiles: Q (64, hd, m/64), K (bn, hd, tiles), Vᵀ (hd, bn, tiles).
-        gQ = cute.local_tile(mQ, (bm, hd), (None, 0))
-        gK = cute.local_tile(mK, (bn, hd), (None, 0))
-        gVt = cute.local_tile(mVt, (hd, bn), (0, None))
-        tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, gQ, 2)
-        tKsK, tKgK = tma_partition_tile(tma_k, sK, gK, 2)
-        tVsV, tVgV = tma_partition_tile(tma_v, sV, gVt, 2)
+    @cute.jit
+    def attend(self, tidx, warp_idx, row_block, q_pipe, q_load, k_loader, v_loader, qk_mma, pv_mma,
+               sQ, sK, sV, sP, s_row, mO, mLSE):
+        """Both warpgroups, per KV tile: warpgroup 0 computes S, the softmax and publishes P
+        and α; each warpgroup rescales its O half and adds its P·V_half (module doc).  Warp 0
+        also loads: the prologue once the fragments are built (issued any earlier, it costs
+        2–5 registers at hd = 128/256), a refill after each release."""
+        bm, bn, hd = self.BLOCK_M, self.block_n, self.hd
+        wg = warp_idx // 4  # warpgroup: 0 computes S and the softmax; both own half of O
+        tid_wg = tidx % 128
 
-        # S side (used by warpgroup 0 only; defined for every thread so that all
-        # names exist before the warpgroup branches).
+        # S side (warpgroup 0's; built by every thread so all names exist before the branches).
         thr_qk = qk_mma.get_slice(tid_wg)
         tSrQ = qk_mma.make_fragment_A(thr_qk.partition_A(sQ))  # (MMA, 1, hd/16, 1)
         tSrK = qk_mma.make_fragment_B(thr_qk.partition_B(sK))  # (MMA, 1, hd/16, stages)
         s_shape = thr_qk.partition_shape_C((bm, bn))
-        tScS_rc = acc_rows_cols(thr_qk.partition_C(cute.make_identity_tensor((bm, bn))))  # (row, key)
-        # P: registers (accumulator layout) → shared memory (P·V A-operand layout), stmatrix.
-        p_store = cute.make_tiled_copy_C(
-            cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), mO.element_type), qk_mma
-        )
-        thr_p_store = p_store.get_slice(tid_wg)
-        tPsP = thr_p_store.partition_D(sP)
-        expose(self, p_store=(p_store, qk_mma, (bm, bn), (bm, bn)))  # dsv4-lab inspect; no code
+        smem_p = SmemP.create(self, qk_mma, sP, s_row, tid_wg, self.threads)
 
         # O side: this thread's part of its warpgroup's hd/2 columns.
         thr_pv = pv_mma.get_slice(tidx)
         tOrP = pv_mma.make_fragment_A(thr_pv.partition_A(sP))  # (MMA, 1, bn/16)
         tOrV = pv_mma.make_fragment_B(thr_pv.partition_B(sV))  # (MMA, 1, bn/16, stages)
-        gO = cute.local_tile(mO, (bm, hd), (row_block, 0))
-        tOgO = thr_pv.partition_C(gO)
+        tOgO = thr_pv.partition_C(cute.local_tile(mO, (bm, hd), (row_block, 0)))
         tOcO_rc = acc_rows_cols(thr_pv.partition_C(cute.make_identity_tensor((bm, hd))))  # (row, col)
         acc_o = cute.make_rmem_tensor(tOgO.shape, cutlass.Float32)
         acc_o.fill(0.0)
         acc_o_rc = acc_rows_cols(acc_o)
 
-        # Softmax state of warpgroup 0, per row of this thread: running max (raw
-        # score units) and this thread's partial sum of 2^(S·c − max·c).
-        num_rows = cute.size(tScS_rc, mode=[0])
-        row_max = cute.make_rmem_tensor(num_rows, cutlass.Float32)
-        row_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
-        row_max.fill(-cutlass.Float32.inf)
-        row_sum.fill(0.0)
-        c = self.scale_log2
+        if warp_idx == 0:  # the load role's prologue: Q, the first `stages` K and V tiles
+            load_once(q_pipe, q_load, row_block)
+            k_loader.fill(self.stages)
+            v_loader.fill(self.stages)
 
-        # Producer prologue (warp 0): Q, then the first `stages` K and V tiles.
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        k_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        v_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        if warp_idx == 0:
-            q_pipe.producer_acquire(q_state)
-            cute.copy(tma_q, tQgQ[(None, row_block)], tQsQ[(None, 0)], tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
-            for _ in cutlass.range_constexpr(self.stages):
-                tma_produce(k_pipe, k_prod, (tma_k, tKgK, tKsK))
-                k_prod.advance()
-            for _ in cutlass.range_constexpr(self.stages):
-                tma_produce(v_pipe, v_prod, (tma_v, tVgV, tVsV))
-                v_prod.advance()
+        num_rows = cute.size(smem_p.tScS_rc, mode=[0])
+        softmax = OnlineSoftmax.create(num_rows, self.scale_log2)  # warpgroup 0's rows
 
+        k_pipe, v_pipe = k_loader.pipe, v_loader.pipe
         k_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         v_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         if wg == 0:
-            q_pipe.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+            wait_once(q_pipe)
 
         for kv_tile in cutlass.range(self.num_kv_tiles, unroll=1):
             if wg == 0:
-                # S = Q · K_tileᵀ (raw scores, fp32)
+                # S = Q · K_tileᵀ (raw scores, fp32); the K slot is free again right after.
                 k_pipe.consumer_wait(k_cons)
                 acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
                 wgmma_sync(qk_mma, acc_s, tSrQ, tSrK, a_slot=0, b_slot=k_cons.index, zero_init=True)
                 k_pipe.consumer_release(k_cons)
                 if warp_idx == 0 and kv_tile + self.stages < self.num_kv_tiles:
-                    tma_produce(k_pipe, k_prod, (tma_k, tKgK, tKsK))
-                    k_prod.advance()
-
-                # Online softmax, row by row: S ← P, α for the row.
+                    k_loader.produce()
+                # Online softmax, row by row: S ← P, α per row (the update is
+                # online_softmax_row on the state's tensors: no row of D1 is keyless, and
+                # OnlineSoftmax.update's lonely-row select costs registers).
                 acc_s_rc = acc_rows_cols(acc_s)
                 alpha = cute.make_rmem_tensor(num_rows, cutlass.Float32)
                 for r in cutlass.range_constexpr(num_rows):
-                    alpha[r] = online_softmax_row(acc_s_rc, r, row_max, row_sum, c)
-                r_p = cute.make_rmem_tensor(s_shape, mO.element_type)
-                r_p.store(acc_s.load().to(mO.element_type))
-
-                # Publish P and α once warpgroup 1 has finished with the previous ones.
-                if kv_tile > 0:
-                    cute.arch.barrier(barrier_id=_BAR_P_EMPTY, number_of_threads=self.threads)
-                cute.copy(p_store, thr_p_store.retile(r_p), tPsP)
-                for r in cutlass.range_constexpr(num_rows):
-                    if tScS_rc[r, 0][1] == 0:  # one lane of the quad
-                        s_row[tScS_rc[r, 0][0]] = alpha[r]
-                cute.arch.fence_proxy("async.shared", space="cta")  # P: generic writes → wgmma reads
+                    alpha[r] = online_softmax_row(acc_s_rc, r, softmax.row_max, softmax.row_sum, softmax.scale_log2)
+                smem_p.publish(acc_s, alpha, kv_tile > 0)
             k_cons.advance()
 
             # Both warpgroups: rescale the own O half by α, then O_half += P · V_half.
-            cute.arch.barrier(barrier_id=_BAR_P_FULL, number_of_threads=self.threads)
-            for r in cutlass.range_constexpr(num_rows):
-                a = s_row[tOcO_rc[r, 0][0]]
-                for j in cutlass.range_constexpr(cute.size(acc_o_rc, mode=[1])):
-                    acc_o_rc[r, j] = acc_o_rc[r, j] * a
+            smem_p.wait_full()
+            smem_p.rescale(acc_o_rc, tOcO_rc)
             v_pipe.consumer_wait(v_cons)
             wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=v_cons.index)
             v_pipe.consumer_release(v_cons)
             v_cons.advance()
             if wg == 1:
-                cute.arch.barrier_arrive(barrier_id=_BAR_P_EMPTY, number_of_threads=self.threads)
+                smem_p.release()
             if warp_idx == 0 and kv_tile + self.stages < self.num_kv_tiles:
-                tma_produce(v_pipe, v_prod, (tma_v, tVgV, tVsV))
-                v_prod.advance()
+                v_loader.produce()
 
-        # Finalize. Warpgroup 0: ℓ over the quad, LSE = (m·c + log2 ℓ)·ln 2, publish 1/ℓ.
+        # Finalize. Warpgroup 0: LSE = (m·c + log2 ℓ)·ln 2 out, 1/ℓ published; both: O /= ℓ.
         if wg == 0:
-            cute.arch.barrier(barrier_id=_BAR_P_EMPTY, number_of_threads=self.threads)
+            smem_p.wait_empty()
+            inv_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
+            lse = cute.make_rmem_tensor(num_rows, cutlass.Float32)
+            softmax.finalize(inv_sum, lse)
+            smem_p.publish_rows(inv_sum)
             for r in cutlass.range_constexpr(num_rows):
-                total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
-                row = tScS_rc[r, 0][0]
-                if tScS_rc[r, 0][1] == 0:
-                    s_row[row] = cute.arch.rcp_approx(total)
-                    mLSE[row_block * bm + row] = (row_max[r] * c + cute.math.log2(total, fastmath=True)) * math.log(2.0)
-        cute.arch.barrier(barrier_id=_BAR_P_FULL, number_of_threads=self.threads)
-
-        # Both warpgroups: O_half /= ℓ, bf16, straight to global memory.
-        for r in cutlass.range_constexpr(num_rows):
-            inv_total = s_row[tOcO_rc[r, 0][0]]
-            for j in cutlass.range_constexpr(cute.size(acc_o_rc, mode=[1])):
-                acc_o_rc[r, j] = acc_o_rc[r, j] * inv_total
-        out = cute.make_rmem_tensor(tOgO.shape, mO.element_type)
-        out.store(acc_o.load().to(mO.element_type))
-        cute.autovec_copy(out, tOgO)
+                if smem_p.tScS_rc[r, 0][1] == 0:
+                    mLSE[row_block * bm + smem_p.tScS_rc[r, 0][0]] = lse[r]
+        smem_p.wait_epilogue()
+        smem_p.rescale(acc_o_rc, tOcO_rc)
+        store_accumulator(acc_o, tOgO)
