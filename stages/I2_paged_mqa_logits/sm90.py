@@ -11,20 +11,20 @@ What is new beside I1
     The cache seen as two tensors over the same bytes: values (64, 128, num_blocks) e4m3 with
         a block stride of 64 · 132 bytes (a multiple of 16: one TMA box per block), and scales
         (64, num_blocks) fp32 starting 64 · 128 bytes into each block.
-    One cache block per MMA warpgroup: a pipeline slot holds two blocks (two TMA boxes on one
-        barrier); warpgroup w multiplies block 2k + w of the tile k, M = the block's 64 keys,
-        N = next_n · 64 heads.
+    One cache block per pipeline slot (one TMA box) and per MMA: M = the block's 64 keys,
+        N = next_n · 64 heads; the two MMA warpgroups take alternate blocks (warpgroup w: the
+        chunk's blocks w, w + 2, …), so one's epilogue overlaps the other's MMA (as I1).
     block_table lookup in the load warp (and for the scales, in the epilogue).  A table entry
         past the sequence's last block is never followed: the block index is clamped to the
         last one (its keys are then masked), so a garbage or out-of-range entry is harmless.
     Causal limit per token: the epilogue selects −inf past pos (by selection, so the NaN that
         a cache slot past the context may hold never reaches a logit).
-    Split over keys: the grid is (chunks of CHUNK_TILES tiles, b); a CTA computes its chunk's
-        tiles below the context length and the fill warps write −inf over the rest of the
-        chunk (keys ≥ the tiles computed, up to max_len).  No combine: logits are per key.
+    Split over keys: the grid is (chunks of CHUNK_TILES blocks, b); a CTA computes its chunk's
+        blocks below the context length and the fill warps write −inf over the rest of the
+        chunk (keys ≥ the blocks computed, up to max_len).  No combine: logits are per key.
 
-Warp roles (384 threads): as I1 — warp 8 loads (Q block once, then two blocks per slot),
-warps 9-11 fill −inf, warpgroups 0 and 1 run the MMA and the fused epilogue.
+Warp roles (384 threads): as I1 — warp 8 loads (Q block once, then one cache block per slot),
+warps 9-11 fill −inf, warpgroups 0 and 1 run the MMA and the fused epilogue on alternate blocks.
 
 Limits: block_kv = 64, h = 64, d = 128, next_n ∈ {1, 2, 3, 4}; static shapes.
 """
@@ -49,12 +49,12 @@ DIM = 128
 
 class Kernel:
     """Paged FP8 MQA logits on Hopper tensor cores: one sequence's next_n tokens × a chunk of
-    its keys per CTA, one cache block per MMA warpgroup, −inf written by the kernel."""
+    its keys per CTA, one cache block per MMA (warpgroups alternate), −inf written by the kernel."""
 
     BLOCK_KV = 64  # keys per cache block = M of one warpgroup's MMA
     NUM_MMA_WG = 2
-    BLOCK_K = BLOCK_KV * NUM_MMA_WG  # keys per tile (pipeline slot)
-    CHUNK_TILES = 16  # tiles per CTA: 2048 keys
+    BLOCK_K = BLOCK_KV  # keys per tile = one cache block = one pipeline slot
+    CHUNK_TILES = 32  # tiles per CTA: 2048 keys
     LOAD_WG = 2
     LOAD_WARP = 4 * LOAD_WG
     MMA_THREADS = 128 * NUM_MMA_WG
@@ -62,7 +62,7 @@ class Kernel:
     THREADS = MMA_THREADS + 128
     MMA_REGS = 240
     LOAD_REGS = 24
-    STAGES = 4
+    STAGES = 8  # slots of one cache block (8 KiB)
 
     def __init__(self, *, b: int, next_n: int, block_kv: int):
         if block_kv != self.BLOCK_KV:
@@ -71,6 +71,10 @@ class Kernel:
             raise ValueError(f"stage I2 sm90: next_n must be 1 … 4 (N = next_n · 64 ≤ 256), got {next_n}")
         self.b, self.next_n = b, next_n
         self.n = HEADS * next_n
+        # setmaxnreg only where the MMA warpgroups need more than the launch's share: an
+        # increase to 240 blocks unless the CTA was launched with 168 registers per thread, and
+        # ptxas gives a small kernel (next_n = 1: 32 accumulator registers) far fewer.
+        self.rebalance = next_n >= 2
 
     @cute.jit
     def __call__(
@@ -112,13 +116,11 @@ class Kernel:
         )
         check_token_columns(mma, (bkv, n), HEADS, self.next_n)
         tile = (bkv, n, DIM)
-        # Half-slots: slot s of the pipeline is half-slots 2s (warpgroup 0) and 2s + 1.
-        k_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, tile, dtype, 2 * self.STAGES)
+        k_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, tile, dtype, self.STAGES)
         q_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, tile, dtype, 1)
         expose(self, qk_mma=(mma, tile), smem={"K": k_smem, "Q": q_smem})  # dsv4-lab inspect
         tma_q, tma_Q, self.q_bytes = sm90_tma_load(mQ, q_smem, (n, DIM))
-        tma_k, tma_K, block_box = sm90_tma_load(mKV, k_smem, (bkv, DIM))
-        self.k_bytes = self.NUM_MMA_WG * block_box
+        tma_k, tma_K, self.k_bytes = sm90_tma_load(mKV, k_smem, (bkv, DIM))
 
         @cute.struct
         class Smem:
@@ -156,9 +158,9 @@ class Kernel:
 
         storage = cutlass.utils.SmemAllocator().allocate(self.smem_struct)
         sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)  # (n, d, 1)
-        sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (64, d, 2 · stages)
+        sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (64, d, stages)
         q_pipe = tma_pipeline(storage.q_mbar, 1, self.q_bytes, self.MMA_THREADS // 32)
-        k_pipe = tma_pipeline(storage.k_mbar, self.STAGES, self.k_bytes, self.MMA_THREADS // 32)
+        k_pipe = tma_pipeline(storage.k_mbar, self.STAGES, self.k_bytes, 4)  # a slot is one warpgroup's
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -170,7 +172,8 @@ class Kernel:
             cutlass.min(tile_begin + self.CHUNK_TILES, (ctx + self.BLOCK_K - 1) // self.BLOCK_K), tile_begin
         )
         if warp_idx // 4 == self.LOAD_WG:
-            cute.arch.setmaxregister_decrease(self.LOAD_REGS)
+            if cutlass.const_expr(self.rebalance):
+                cute.arch.setmaxregister_decrease(self.LOAD_REGS)
             if warp_idx == self.LOAD_WARP:
                 self.load(seq, last_block, tile_begin, tile_end, q_pipe, k_pipe, tma_q, mQ, sQ, tma_k, mKV, sK, mTable)
             else:
@@ -179,14 +182,15 @@ class Kernel:
                 for t in cutlass.range_constexpr(self.next_n):
                     fill_neg_inf(mOut, seq * self.next_n + t, tile_end * self.BLOCK_K, chunk_end, ftid, self.FILL_THREADS)
         else:
-            cute.arch.setmaxregister_increase(self.MMA_REGS)
+            if cutlass.const_expr(self.rebalance):
+                cute.arch.setmaxregister_increase(self.MMA_REGS)
             self.logits(seq, ctx, last_block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK,
                         mScale, mTable, mW, mOut)
 
     @cute.jit
     def load(self, seq, last_block, tile_begin, tile_end, q_pipe, k_pipe, tma_q, mQ, sQ, tma_k, mKV, sK, mTable):
-        """Load warp: the sequence's Q rows once, then per tile its two cache blocks (through
-        the block table, clamped to the sequence's last block) into one slot."""
+        """Load warp: the sequence's Q rows once, then the chunk's cache blocks (through the
+        block table, clamped to the sequence's last block), one per slot."""
         gQ = cute.local_tile(mQ, (self.n, DIM), (None, 0))  # (n, d, b)
         gKV = cute.local_tile(mKV, (self.BLOCK_KV, DIM), (0, 0, None))  # (64, d, num_blocks)
         tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, gQ, 2)
@@ -198,18 +202,16 @@ class Kernel:
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.STAGES)
         for tile in cutlass.range(tile_begin, tile_end, unroll=1):
             k_pipe.producer_acquire(k_state)
-            bar = k_pipe.producer_get_barrier(k_state)
-            for w in cutlass.range_constexpr(self.NUM_MMA_WG):
-                phys = mTable[seq, cutlass.min(tile * self.NUM_MMA_WG + w, last_block)]
-                cute.copy(tma_k, tKgK[(None, phys)], tKsK[(None, k_state.index * self.NUM_MMA_WG + w)], tma_bar_ptr=bar)
+            phys = mTable[seq, cutlass.min(tile, last_block)]
+            cute.copy(tma_k, tKgK[(None, phys)], tKsK[(None, k_state.index)], tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
             k_state.advance()
 
     @cute.jit
     def logits(self, seq, ctx, last_block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK,
                mScale, mTable, mW, mOut):
-        """MMA warpgroups: warpgroup w takes block 2k + w of tile k (Sᵀ = K_block · Qᵀ, 64 keys ×
-        next_n · 64 heads), then the fused epilogue: relu, × w, head sum, × k_scale, causal
-        select, store."""
+        """MMA warpgroups: warpgroup w takes the chunk's blocks w, w + 2, … (Sᵀ = K_block · Qᵀ, 64
+        keys × next_n · 64 heads), then the fused epilogue: relu, × w, head sum, × k_scale,
+        causal select, store."""
         nn, n, bkv = self.next_n, self.n, self.BLOCK_KV
         wg = tidx // 128
         tid_wg = tidx % 128
@@ -232,13 +234,15 @@ class Kernel:
         if tile_end > tile_begin:
             q_pipe.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.STAGES)
-        for tile in cutlass.range(tile_begin, tile_end, unroll=1):
+        if wg == 1:
+            k_state.advance()  # warpgroup 1 starts at the chunk's second block
+        for block in cutlass.range(tile_begin + wg, tile_end, self.NUM_MMA_WG, unroll=1):
             k_pipe.consumer_wait(k_state)
             acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
-            wgmma_sync(mma, acc, tCrK, tCrQ, a_slot=k_state.index * self.NUM_MMA_WG + wg, b_slot=0, zero_init=True)
+            wgmma_sync(mma, acc, tCrK, tCrQ, a_slot=k_state.index, b_slot=0, zero_init=True)
             k_pipe.consumer_release(k_state)
             k_state.advance()
-            block = tile * self.NUM_MMA_WG + wg
+            k_state.advance()  # the other warpgroup's block
             phys = mTable[seq, cutlass.min(block, last_block)]
             acc_rc = acc_rows_cols(acc)
             for r in cutlass.range_constexpr(num_rows):
