@@ -150,6 +150,7 @@ Lessons of DSV4.md ("What the first attempt taught"), as handled here
 """
 
 import math
+from types import SimpleNamespace
 
 import cuda.bindings.driver as cuda
 
@@ -421,46 +422,12 @@ class Kernel(WarpRoles):
         loads = cta.tma_partitions(tma_q, mQ, tma_k, mK, tma_v, mV, self.q_tiler, self.k_tiler, self.pv_tiler,
                                    cta_idx)
 
-        # ---- TMEM plan (from the fragments, checked against tmem_budget()) and the P path:
-        # TMEM view (hd = 64) or SMEM buffer (hd > 64), and the S load that feeds it.
+        # ---- TMEM plan (from the fragments, checked against tmem_budget()) and the P path.
         s_mn = (TILE_M, self.kv_tile)
         o_mn = (TILE_M, self.hd_per_cta)
-        cA = cta.pv_thr.partition_A(cute.make_identity_tensor(s_mn))  # ((128, 16), 1, kv / 16)
-        tmem_plan = None
-        tmem_ptr = None
-        tStS = None
-        tOtO = None
-        tOrP = None  # the PV MMA's A operand, (MMA, MMA_M, kv_tile / 16)
-        s_load = None  # tcgen05.ld of this thread's S row
-        tS_src = None  # S as s_load sees it
-        cS_src = None  # (row, key) coordinates of S, partitioned like tS_src
-        p_store = None  # TMEM-P: tcgen05.st of P
-        p_copy = None  # SMEM-P: st.shared of P, tiled like s_load
-        sP_mk = None  # SMEM-P: (M, K) view of P's A-operand SMEM layout
-        if cutlass.const_expr(self.tmem_p):
-            tmem = TmemP(cta, qk_mma, pv_mma, self.q_tiler, self.pv_tiler, p_smem)  # stage C's path
-            tmem_plan, tmem_ptr = tmem.plan, tmem.ptr
-            tStS, tOrP, tOtO, s_load, p_store = tmem.tStS, tmem.tOrP, tmem.tOtO, tmem.s_load, tmem.p_store
-            tS_src, cS_src = tStS, tmem.cS
-            expose(self, p_path="tmem", tmem_pair=(s_load, cS_src, p_store, cA))  # dsv4-lab inspect; no code
-        else:
-            tmem_plan = _SmemPTmemPlan(qk_mma, pv_mma, s_mn, o_mn)
-            tmem_ptr = cta.allocate_tmem(tmem_plan.alloc_cols)  # tcgen05.alloc by the allocator warp (0)
-            tStS, tOtO = tmem_plan.views(tmem_ptr)
-            sP = cta.storage.sP.get_tensor(p_smem.outer, swizzle=p_smem.inner)  # (MMA, MMA_M, MMA_K, 1)
-            tOrP = pv_mma.make_fragment_A(sP)[None, None, None, 0]
-            tS_src = tStS[(None, None), 0, 0]  # (128, kv)
-            cS_src = cta.qk_thr.partition_C(cute.make_identity_tensor(s_mn))[(None, None), 0, 0]
-            s_load = tmem_copy(tcgen05.Ld32x32bOp, tcgen05.Repetition.x32, F32, tS_src)
-            p_copy = cute.make_tiled_copy_D(
-                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BF16, num_bits_per_copy=128), s_load
-            )
-            sP_mk = mk_view(sP[None, None, None, 0])  # (128, kv) in the A-operand layout
-            check_smem_p(s_load, cS_src, p_copy, cA, TILE_M, self.kv_tile)  # trace time
-            expose(self, p_path="smem", p_store=(p_copy, s_load, cS_src, s_mn),  # dsv4-lab inspect; no code
-                   p_write_smem=p_smem, p_read_smem=p_smem, pv_a_tile=s_mn)
-        self._check_tmem_plan(tmem_plan)
-        expose(self, qk_mma=(qk_mma, self.q_tiler), pv_mma=(pv_mma, self.pv_tiler), tmem=tmem_plan,  # inspect
+        pp = self.p_path(cta, qk_mma, pv_mma, p_smem, s_mn, o_mn)
+        tStS, tOrP, tOtO = pp.tStS, pp.tOrP, pp.tOtO
+        expose(self, qk_mma=(qk_mma, self.q_tiler), pv_mma=(pv_mma, self.pv_tiler), tmem=pp.plan,  # inspect
                smem={"Q": q_smem, "K": k_smem, "V": v_smem, "P (A layout)": p_smem})
 
         # ---- O: load/store in chunks of 32 columns (rescale, epilogue).
@@ -473,10 +440,51 @@ class Kernel(WarpRoles):
 
         producer_warps(warp_idx, cta, loads, qk_mma, pv_mma, tStS, tOrP, tOtO, self.n_tiles, self.n_chunks)
         if warp_idx < self.MMA_WARP:
-            row_max, row_sum = self.softmax_role(cta.s_cons, cta.p_prod, s_load, p_store, p_copy, o_load, o_store,
-                                                 tS_src, cS_src, tOrP, sP_mk, cA, tOtO, cO, tidx)
+            row_max, row_sum = self.softmax_role(cta.s_cons, cta.p_prod, pp.s_load, pp.p_store, pp.p_copy, o_load,
+                                                 o_store, pp.tS_src, pp.cS_src, tOrP, pp.sP_mk, pp.cA, tOtO, cO, tidx)
             self.epilogue(cta.o_cons, o_load, tOtO, tOgO, cO, mLSE, row_max, row_sum, cta_idx, tidx)
-            free_tmem(cta, tmem_ptr, tmem_plan.alloc_cols)  # all four warps are done with TMEM: warp 0 frees it
+            free_tmem(cta, pp.tmem_ptr, pp.plan.alloc_cols)  # all four warps are done with TMEM: warp 0 frees it
+
+    def p_path(self, cta: AttentionCta, qk_mma, pv_mma, p_smem, s_mn, o_mn) -> SimpleNamespace:
+        """The TMEM plan, its allocation and the path of P between the two MMAs, built
+        before the role `if`s; the fields the other path does not use are None.
+
+        TMEM-P (hd = 64, stage C's path): TmemP — S, P inside S, O, the S-load / P-store
+        pair.  SMEM-P: S and O in TMEM (`_SmemPTmemPlan`), P in the shared-memory buffer
+        sP in the PV MMA's A-operand layout, written through `p_copy` (st.shared, tiled
+        like the tcgen05.ld of S) into its (M, K) view `sP_mk`; `check_smem_p` proves
+        both at trace time.  Either way the plan is checked against tmem_budget()."""
+        pp = SimpleNamespace(plan=None, tmem_ptr=None, tStS=None, tOtO=None,
+                             tOrP=None,  # the PV MMA's A operand, (MMA, MMA_M, kv_tile / 16)
+                             s_load=None,  # tcgen05.ld of this thread's S row
+                             tS_src=None, cS_src=None,  # S as s_load sees it; its (row, key) coordinates
+                             p_store=None,  # TMEM-P: tcgen05.st of P
+                             p_copy=None, sP_mk=None)  # SMEM-P: st.shared of P; P's (M, K) SMEM view
+        pp.cA = cta.pv_thr.partition_A(cute.make_identity_tensor(s_mn))  # ((128, 16), 1, kv / 16)
+        if self.tmem_p:
+            tmem = TmemP(cta, qk_mma, pv_mma, self.q_tiler, self.pv_tiler, p_smem)
+            pp.plan, pp.tmem_ptr = tmem.plan, tmem.ptr
+            pp.tStS, pp.tOrP, pp.tOtO, pp.s_load, pp.p_store = tmem.tStS, tmem.tOrP, tmem.tOtO, tmem.s_load, tmem.p_store
+            pp.tS_src, pp.cS_src = tmem.tStS, tmem.cS
+            expose(self, p_path="tmem", tmem_pair=(pp.s_load, pp.cS_src, pp.p_store, pp.cA))  # inspect; no code
+        else:
+            pp.plan = _SmemPTmemPlan(qk_mma, pv_mma, s_mn, o_mn)
+            pp.tmem_ptr = cta.allocate_tmem(pp.plan.alloc_cols)  # tcgen05.alloc by the allocator warp (0)
+            pp.tStS, pp.tOtO = pp.plan.views(pp.tmem_ptr)
+            sP = cta.storage.sP.get_tensor(p_smem.outer, swizzle=p_smem.inner)  # (MMA, MMA_M, MMA_K, 1)
+            pp.tOrP = pv_mma.make_fragment_A(sP)[None, None, None, 0]
+            pp.tS_src = pp.tStS[(None, None), 0, 0]  # (128, kv)
+            pp.cS_src = cta.qk_thr.partition_C(cute.make_identity_tensor(s_mn))[(None, None), 0, 0]
+            pp.s_load = tmem_copy(tcgen05.Ld32x32bOp, tcgen05.Repetition.x32, F32, pp.tS_src)
+            pp.p_copy = cute.make_tiled_copy_D(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BF16, num_bits_per_copy=128), pp.s_load
+            )
+            pp.sP_mk = mk_view(sP[None, None, None, 0])  # (128, kv) in the A-operand layout
+            check_smem_p(pp.s_load, pp.cS_src, pp.p_copy, pp.cA, TILE_M, self.kv_tile)  # trace time
+            expose(self, p_path="smem", p_store=(pp.p_copy, pp.s_load, pp.cS_src, s_mn),  # inspect; no code
+                   p_write_smem=p_smem, p_read_smem=p_smem, pv_a_tile=s_mn)
+        self._check_tmem_plan(pp.plan)
+        return pp
 
     @cute.jit
     def softmax_role(self, s_cons, p_prod, s_load, p_store, p_copy, o_load, o_store, tS_src, cS_src, tOrP, sP_mk,
