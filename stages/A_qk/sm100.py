@@ -27,7 +27,7 @@ Tiling
     and stores the 32 fp32 straight to global memory.
 
 kernel() sets up (shared memory, the operand and accumulator pipelines, TMEM on the
-named barriers of stages/common/sm100_setup.py) and hands warp 0 to `mainloop`
+named barriers TMEM_ALLOC / TMEM_FREE of stages/common/barriers.py) and hands warp 0 to `mainloop`
 (TMA + MMA) and all four warps to `epilogue`.
 
 Ordering: tcgen05.fence::after_thread_sync after the accumulator wait,
@@ -45,6 +45,7 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass.cute.nvgpu import tcgen05
 from cutlass.memory import TmemAllocator, get_num_tmem_alloc_cols
 
+from stages.common.barriers import NamedBarrier
 from stages.common.inspection import expose
 from stages.common.sm100_idioms import (
     tcgen05_fence_after_sync,
@@ -53,7 +54,6 @@ from stages.common.sm100_idioms import (
     tmem_free,
     umma_to_threads_pipeline,
 )
-from stages.common.sm100_setup import Barrier
 from stages.common.tma import prefetch_descriptors, sm100_tma_load, tma_partition_tile
 
 
@@ -158,7 +158,7 @@ class Kernel:
         # TMEM: warp 0 allocates, everyone reads the base address after TMEM_ALLOC.
         tmem = TmemAllocator(
             storage.tmem_addr.ptr,
-            barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=int(Barrier.TMEM_ALLOC), num_threads=self.THREADS),
+            barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=int(NamedBarrier.TMEM_ALLOC), num_threads=self.THREADS),
         )
         tmem.allocate(self.tmem_cols)
 
@@ -193,7 +193,7 @@ class Kernel:
         # Everyone is done with TMEM: warp 0 frees it.
         tcgen05_fence_before_sync()
         tmem_free(tmem, tmem_ptr, self.tmem_cols,
-                  pipeline.NamedBarrier(barrier_id=int(Barrier.TMEM_FREE), num_threads=self.THREADS))
+                  pipeline.NamedBarrier(barrier_id=int(NamedBarrier.TMEM_FREE), num_threads=self.THREADS))
 
     @cute.jit
     def mainloop(self, ab_prod, ab_cons, acc_prod, tiled_mma, tma_q, tQgQ, tQsQ, tma_k, tKgK, tKsK, tCrQ, tCrK,

@@ -36,7 +36,7 @@ Pipelines (mbarriers via cutlass.pipeline; arrive counts in threads)
     p         PipelineAsyncUmma 128 softmax threads → MMA warp; its release is a
               tcgen05.commit, so "P slot free" also means "PV_j complete"
     o         PipelineUmmaAsync MMA warp commit after the last PV → 128 threads
-Named barriers (stages/common/barriers.py's ids): TMEM_ALLOC (every thread reads the
+Named barriers (stages/common/barriers.py's NamedBarrier): TMEM_ALLOC (every thread reads the
 TMEM base address after the allocator warp published it), TMEM_FREE (the softmax
 warps are done with TMEM before warp 0 deallocates it).
 
@@ -46,7 +46,6 @@ each role advances its own local participants (never attributes of a shared obje
 and no method of the (plain Python) set-up objects is called inside a role `if`.
 """
 
-import enum
 from dataclasses import dataclass
 
 import cutlass
@@ -68,19 +67,12 @@ from stages.common.sm100_idioms import (
     tmem_free,
     umma_to_threads_pipeline,
 )
+from stages.common.barriers import NamedBarrier
 from stages.common.inspection import expose
 from stages.common.tma import sm100_tma_load, tma_partition_tile
 
 BF16 = cutlass.BFloat16
 F32 = cutlass.Float32
-
-
-class Barrier(enum.IntEnum):
-    """Named barrier ids of the sm100 set-up (the same ids as D2's; they move to
-    stages/common/barriers.py's NamedBarrier once it has them)."""
-
-    TMEM_ALLOC = 4  # every warp: the TMEM base address is published (TmemAllocator retrieve)
-    TMEM_FREE = 5  # the TMEM users: all done with TMEM before the allocator warp deallocates
 
 
 class WarpRoles:
@@ -248,11 +240,11 @@ class AttentionCta:
 
         self.tmem_alloc = TmemAllocator(
             storage.tmem_addr.ptr,
-            barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=int(Barrier.TMEM_ALLOC),
+            barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=int(NamedBarrier.TMEM_ALLOC),
                                                        num_threads=WarpRoles.THREADS),
             allocator_warp_id=WarpRoles.SOFTMAX_WARPS[0],
         )
-        self.tmem_done = pipeline.NamedBarrier(barrier_id=int(Barrier.TMEM_FREE), num_threads=threads)
+        self.tmem_done = pipeline.NamedBarrier(barrier_id=int(NamedBarrier.TMEM_FREE), num_threads=threads)
 
         self.qk_thr = qk_mma.get_slice(0)
         self.pv_thr = pv_mma.get_slice(0)
