@@ -389,6 +389,7 @@ def torch_merge(inputs: dict, case: dict[str, Any]):
     prob = torch.exp(s - lse[..., None]).nan_to_num(0.0)
     o = torch.bmm(prob.reshape(b, s_q * h_q, -1).to(kv.dtype), kv).reshape(b, s_q, h_q, d)
     if sink_value(case["sink"]) is not None:
-        o = o * torch.sigmoid(lse - inputs["sink"][None, None, :])[..., None].to(o.dtype)
+        factor = torch.sigmoid(lse - inputs["sink"][None, None, :])  # 1 / (1 + e^(sink − lse))
+        o = o * torch.where(torch.isneginf(lse), torch.zeros_like(factor), factor)[..., None].to(o.dtype)
     lse = torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse)
     return o, lse.permute(0, 2, 1)
