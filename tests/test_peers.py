@@ -189,3 +189,27 @@ def test_flashmla_pads_a_512_head_to_the_same_answer(monkeypatch):
     s = torch.einsum("bthd,bnd->bthn", q.double(), kv.double()) / math.sqrt(512)
     want = torch.einsum("bthn,bnd->bthd", s.softmax(-1), kv.double())
     assert torch.allclose(got["O"], want, atol=1e-9) and torch.allclose(got["LSE"], s.logsumexp(-1).transpose(1, 2))
+
+
+def test_sink_decode_peer_matches_the_d5_oracle():
+    """torch_plain's sink_decode (the D5 bench peer) against the stage's float64 oracle on a case
+    with a lonely batch, a sink and NaN rows past the fill levels."""
+    import torch
+
+    from harness.peers import adapter
+    from harness.peers.base import problem_dims
+    from oracles import masked_decode as md
+
+    case = {"shape": "b4s2h64m128n256d64", "branches": "k+k", "sink": 5, "splits": 1}
+    specs = md.merge_tensors(case)
+    dims = problem_dims("sink_decode", specs)
+    assert dims == {"b": 4, "s_q": 2, "h_q": 64, "d": 64, "n_main": 128, "n_swa": 256}
+    inputs = md.merge_inputs(case, 3)
+    want = md.merge_reference(inputs, case)
+    got = adapter("torch_plain").make("sink_decode", dims, {k: v.float() if v.dtype == torch.bfloat16 else v
+                                                            for k, v in inputs.items()})()
+    assert torch.equal(torch.isinf(got["LSE"]), torch.isinf(want["LSE"]))
+    fin = torch.isfinite(want["LSE"])
+    assert torch.allclose(got["LSE"][fin].double(), want["LSE"][fin], atol=1e-4)
+    assert torch.allclose(got["O"].double(), want["O"], atol=1e-4)
+    assert not torch.isnan(got["O"]).any()

@@ -14,6 +14,10 @@ Problems (tensor names and shapes the adapters rely on; the stage's tensors() mu
   mla_decode   DSV4/MLA dense decode, MQA over one latent head: Q [b, s_q, h_q, d_qk],
                KV [b, n, d_qk] (bf16; V is KV's first d_v columns) -> O [b, s_q, h_q, d_v],
                LSE [b, h_q, s_q]; scale 1/sqrt(d_qk)
+  sink_decode  DSV4 decode over two key branches under one softmax with the attention sink (D5):
+               Q [b, s_q, h_q, d], KV_main [b, n_main, d], KV_swa [b, n_swa, d] (bf16), main_lens,
+               swa_lens [b] int32, sink [h_q] fp32 (NaN: none) -> O [b, s_q, h_q, d], LSE [b, h_q, s_q]
+               (harness/peers/torch_plain.py: sink_decode has the masks' rules)
   mqa_logits, paged_mqa_logits
                the indexer's FP8 MQA logits, flat and paged (harness/peers/indexer_problems.py)
 """
@@ -31,7 +35,7 @@ PEERS: dict[str, tuple[str, str]] = {
                  "https://github.com/deepseek-ai/DeepGEMM && cd DeepGEMM && ./install.sh"),
 }
 PEER_NAMES = tuple(PEERS)
-PROBLEMS = ("attention", "mla_decode", "mqa_logits", "paged_mqa_logits")  # harness.peers.base.DIMS reads each
+PROBLEMS = ("attention", "mla_decode", "sink_decode", "mqa_logits", "paged_mqa_logits")  # harness.peers.base.DIMS reads each
 
 
 def adapter(name: str):

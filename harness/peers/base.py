@@ -57,6 +57,21 @@ def _mla_decode(problem: str, by: dict[str, Any]) -> dict[str, int] | str:
     return {"b": b, "s_q": s_q, "h_q": h_q, "d_qk": d_qk, "d_v": o[3], "n": kv[1]}
 
 
+def _sink_decode(problem: str, by: dict[str, Any]) -> dict[str, int] | str:
+    got = shapes(problem, by, ("Q", 4, "bfloat16"), ("KV_main", 3, "bfloat16"), ("KV_swa", 3, "bfloat16"),
+                 ("main_lens", 1, "int32"), ("swa_lens", 1, "int32"), ("sink", 1, "float32"),
+                 ("O", 4, "bfloat16", "out"), ("LSE", 3, "float32", "out"))
+    if isinstance(got, str):
+        return got
+    q, km, ks, ml, sl, sink, o, lse = got
+    b, s_q, h_q, d = q
+    if km[0] != b or ks[0] != b or km[2] != d or ks[2] != d or ml != (b,) or sl != (b,) or sink != (h_q,) \
+            or o != q or lse != (b, h_q, s_q):
+        return (f"shapes Q {list(q)} KV_main {list(km)} KV_swa {list(ks)} O {list(o)} LSE {list(lse)} are not "
+                "the sink_decode layout")
+    return {"b": b, "s_q": s_q, "h_q": h_q, "d": d, "n_main": km[1], "n_swa": ks[1]}
+
+
 def _indexer(problem: str, by: dict[str, Any]) -> dict[str, int] | str:
     from harness.peers.indexer_problems import problem_dims as indexer_dims
 
@@ -67,6 +82,7 @@ def _indexer(problem: str, by: dict[str, Any]) -> dict[str, int] | str:
 DIMS: dict[str, Callable[[str, dict[str, Any]], dict[str, int] | str]] = {
     "attention": _attention,
     "mla_decode": _mla_decode,
+    "sink_decode": _sink_decode,
     "mqa_logits": _indexer,
     "paged_mqa_logits": _indexer,
 }
