@@ -27,7 +27,7 @@ import cuda.bindings.driver as cuda
 import cutlass.cute as cute
 
 from stages.common.sm90_idioms import store_accumulator
-from stages.common.sm90_register_p import RegisterPAttention
+from stages.common.sm90_register_p import RegisterPAttention, RegisterPOperands
 
 
 class Kernel(RegisterPAttention):
@@ -41,31 +41,14 @@ class Kernel(RegisterPAttention):
 
     @cute.jit
     def __call__(self, Q: cute.Tensor, K: cute.Tensor, V: cute.Tensor, O: cute.Tensor, stream: cuda.CUstream):
-        ops = self.operands(Q, K, V)
-        self.kernel(*ops, O).launch(grid=(1, 1, 1), block=(self.THREADS, 1, 1), stream=stream)
+        self.kernel(self.operands(Q, K, V), O).launch(grid=(1, 1, 1), block=(self.THREADS, 1, 1), stream=stream)
 
     @cute.kernel
-    def kernel(
-        self,
-        qk_mma: cute.TiledMma,
-        pv_mma: cute.TiledMma,
-        tma_q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        tma_k: cute.CopyAtom,
-        mK: cute.Tensor,
-        tma_v: cute.CopyAtom,
-        mVt: cute.Tensor,
-        q_smem: cute.ComposedLayout,
-        k_smem: cute.ComposedLayout,
-        v_smem: cute.ComposedLayout,
-        mO: cute.Tensor,
-    ):
+    def kernel(self, ops: RegisterPOperands, mO: cute.Tensor):
         """Set-up and loads (warp 0), the two MMAs per KV tile (all warps), O out."""
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        sQ, sK, sV, q_pipe, kv_loader = self.setup_and_load(
-            warp_idx, tma_q, mQ, tma_k, mK, tma_v, mVt, q_smem, k_smem, v_smem
-        )
-        tOgO = pv_mma.get_slice(tidx).partition_C(mO)  # this thread's O elements in global memory
-        acc_o = self.mma(tidx, warp_idx, qk_mma, pv_mma, sQ, sK, sV, q_pipe, kv_loader, tOgO.shape, None)
+        sQ, sK, sV, q_pipe, kv_loader = self.setup_and_load(warp_idx, ops)
+        tOgO = ops.pv_mma.get_slice(tidx).partition_C(mO)  # this thread's O elements in global memory
+        acc_o = self.mma(tidx, warp_idx, ops, sQ, sK, sV, q_pipe, kv_loader, tOgO.shape, None)
         store_accumulator(acc_o, tOgO)

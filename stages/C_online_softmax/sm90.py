@@ -43,7 +43,7 @@ import cutlass
 import cutlass.cute as cute
 
 from stages.common.sm90_idioms import acc_rows_cols, online_softmax_row, store_accumulator
-from stages.common.sm90_register_p import RegisterPAttention
+from stages.common.sm90_register_p import RegisterPAttention, RegisterPOperands
 from stages.common.softmax import OnlineSoftmax, scale_rows
 
 
@@ -71,38 +71,20 @@ class Kernel(RegisterPAttention):
         LSE: cute.Tensor,
         stream: cuda.CUstream,
     ):
-        ops = self.operands(Q, K, V)
-        self.kernel(*ops, O, LSE).launch(grid=(1, 1, 1), block=(self.THREADS, 1, 1), stream=stream)
+        self.kernel(self.operands(Q, K, V), O, LSE).launch(grid=(1, 1, 1), block=(self.THREADS, 1, 1), stream=stream)
 
     @cute.kernel
-    def kernel(
-        self,
-        qk_mma: cute.TiledMma,
-        pv_mma: cute.TiledMma,
-        tma_q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        tma_k: cute.CopyAtom,
-        mK: cute.Tensor,
-        tma_v: cute.CopyAtom,
-        mVt: cute.Tensor,
-        q_smem: cute.ComposedLayout,
-        k_smem: cute.ComposedLayout,
-        v_smem: cute.ComposedLayout,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor,
-    ):
+    def kernel(self, ops: RegisterPOperands, mO: cute.Tensor, mLSE: cute.Tensor):
         """Set-up and loads (warp 0), the MMAs with the softmax between them (all warps),
         then O / ℓ and the LSE."""
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        sQ, sK, sV, q_pipe, kv_loader = self.setup_and_load(
-            warp_idx, tma_q, mQ, tma_k, mK, tma_v, mVt, q_smem, k_smem, v_smem
-        )
-        thr_pv = pv_mma.get_slice(tidx)
+        sQ, sK, sV, q_pipe, kv_loader = self.setup_and_load(warp_idx, ops)
+        thr_pv = ops.pv_mma.get_slice(tidx)
         tOgO = thr_pv.partition_C(mO)  # this thread's O elements in global memory
         tOcO_rc = acc_rows_cols(thr_pv.partition_C(cute.make_identity_tensor((self.BLOCK_M, self.hd))))  # (row, col)
         softmax = OnlineSoftmax.create(cute.size(tOcO_rc, mode=[0]), self.scale_log2)  # this thread's rows
-        acc_o = self.mma(tidx, warp_idx, qk_mma, pv_mma, sQ, sK, sV, q_pipe, kv_loader, tOgO.shape, softmax)
+        acc_o = self.mma(tidx, warp_idx, ops, sQ, sK, sV, q_pipe, kv_loader, tOgO.shape, softmax)
         self.finish(softmax, acc_o, tOcO_rc, mLSE)
         store_accumulator(acc_o, tOgO)
 

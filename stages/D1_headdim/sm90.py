@@ -63,6 +63,7 @@ static shapes.
 """
 
 import math
+from typing import NamedTuple
 
 import cuda.bindings.driver as cuda
 
@@ -89,6 +90,23 @@ from stages.common.softmax import OnlineSoftmax
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, transpose_view
 
 _SMEM_LIMIT = 227 * 1024  # Hopper: largest dynamic shared memory per CTA
+
+
+class Operands(NamedTuple):
+    """What `__call__` builds at trace time for the kernel (one argument)."""
+
+    qk_mma: cute.TiledMma
+    pv_mma: cute.TiledMma
+    tma_q: cute.CopyAtom
+    mQ: cute.Tensor
+    tma_k: cute.CopyAtom
+    mK: cute.Tensor
+    tma_v: cute.CopyAtom
+    mVt: cute.Tensor
+    q_smem: cute.ComposedLayout
+    k_smem: cute.ComposedLayout
+    v_smem: cute.ComposedLayout
+    p_smem: cute.ComposedLayout
 
 
 class Kernel:
@@ -156,10 +174,8 @@ class Kernel:
             {"sQ": (dtype, q_smem), "sK": (dtype, k_smem), "sV": (dtype, v_smem), "sP": (dtype, p_smem)},
             row_factor_rows=bm,  # α, then 1/ℓ
         )
-        self.kernel(
-            qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_Vt, O, LSE,
-            q_smem, k_smem, v_smem, p_smem,
-        ).launch(
+        ops = Operands(qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_Vt, q_smem, k_smem, v_smem, p_smem)
+        self.kernel(ops, O, LSE).launch(
             grid=(self.m // bm, 1, 1),
             block=(self.threads, 1, 1),
             smem=self.smem_struct.size_in_bytes(),
@@ -167,25 +183,10 @@ class Kernel:
         )
 
     @cute.kernel
-    def kernel(
-        self,
-        qk_mma: cute.TiledMma,
-        pv_mma: cute.TiledMma,
-        tma_q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        tma_k: cute.CopyAtom,
-        mK: cute.Tensor,
-        tma_v: cute.CopyAtom,
-        mVt: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor,
-        q_smem: cute.ComposedLayout,
-        k_smem: cute.ComposedLayout,
-        v_smem: cute.ComposedLayout,
-        p_smem: cute.ComposedLayout,
-    ):
+    def kernel(self, ops: Operands, mO: cute.Tensor, mLSE: cute.Tensor):
         """Set-up and the load prologue (warp 0), then both warpgroups attend (`attend`)."""
         bm, bn, hd = self.BLOCK_M, self.block_n, self.hd
+        qk_mma, pv_mma, tma_q, mQ, tma_k, mK, tma_v, mVt, q_smem, k_smem, v_smem, p_smem = ops
         tidx, _, _ = cute.arch.thread_idx()
         row_block, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())

@@ -48,7 +48,7 @@ from stages.common.tma import prefetch_descriptors, sm90_tma_load, transpose_vie
 
 
 class RegisterPOperands(NamedTuple):
-    """What `operands` builds at trace time, in the order a rung's kernel() takes it."""
+    """What `operands` builds at trace time; a rung's kernel() takes it as one argument."""
 
     qk_mma: cute.TiledMma
     pv_mma: cute.TiledMma
@@ -114,11 +114,12 @@ class RegisterPAttention:
     # -- in the kernel ----------------------------------------------------------------------
 
     @cute.jit
-    def setup_and_load(self, warp_idx, tma_q, mQ, tma_k, mK, tma_v, mVt, q_smem, k_smem, v_smem):
+    def setup_and_load(self, warp_idx, ops: RegisterPOperands):
         """Shared memory and pipelines, then the load role's prologue (warp 0): Q, and the
         first `stages` KV tiles.  Returns (sQ, sK, sV, q_pipe, kv_loader); the loader's
         refills are issued from `mma` as slots are released."""
         bm, bn, hd = self.BLOCK_M, self.BLOCK_N, self.hd
+        _, _, tma_q, mQ, tma_k, mK, tma_v, mVt, q_smem, k_smem, v_smem = ops
         if warp_idx == 0:
             prefetch_descriptors(tma_q, tma_k, tma_v)
         storage = cutlass.utils.SmemAllocator().allocate(self.smem_struct)
@@ -138,9 +139,10 @@ class RegisterPAttention:
         return sQ, sK, sV, q_pipe, kv_loader
 
     @cute.jit
-    def mma(self, tidx, warp_idx, qk_mma, pv_mma, sQ, sK, sV, q_pipe, kv_loader, o_shape, state):
+    def mma(self, tidx, warp_idx, ops: RegisterPOperands, sQ, sK, sV, q_pipe, kv_loader, o_shape, state):
         """The MMA role (all warps): S, the rung's `between`, P, O += P·V per KV tile; warp 0
         refills each released slot.  Returns the fp32 O accumulator (`o_shape`)."""
+        qk_mma, pv_mma = ops.qk_mma, ops.pv_mma
         thr_qk = qk_mma.get_slice(tidx)
         thr_pv = pv_mma.get_slice(tidx)
         tSrQ = qk_mma.make_fragment_A(thr_qk.partition_A(sQ))  # (MMA, 1, hd/16, 1)
