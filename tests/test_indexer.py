@@ -270,3 +270,44 @@ def test_tmem_budget_refuses_more_than_512_columns():
     assert tmem_budget(2, 256, "I1") == 512 and tmem_budget(2, 128, "I2") == 256 and tmem_budget(1, 64, "x") == 64
     with pytest.raises(ValueError, match="3 accumulator buffers × 256 columns = 768 > 512"):
         tmem_budget(3, 256, "I1 sm100")
+
+
+_SETMAXNREG_PROBE = r"""
+import json, os, sys
+from pathlib import Path
+from harness.spec import load_spec
+from harness.compile import compile_case
+root = Path(sys.argv[1]); out = {}
+spec = load_spec(root=root)
+for stage, case in json.loads(sys.argv[2]):
+    keep = Path(sys.argv[3]) / f"{stage}-{len(out)}"
+    r = compile_case(root, spec.stages[stage], "sm_90a", case, keep=keep)
+    ptx = (keep / "kernel.ptx").read_text() if r.ok else ""
+    out[json.dumps([stage, case])] = [r.ok, r.error, r.resources.get("regs"), "setmaxnreg.inc" in ptx]
+print(json.dumps(out))
+"""
+
+
+def test_sm90_register_increase_only_where_the_launch_grants_it(tmp_path):
+    """setmaxnreg.inc to 240 in a 384-thread CTA needs the launch's full 168 registers per
+    thread: a kernel that ptxas gives fewer (I2 at next_n = 1 needs 66) must not ask for it."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cases = [["I2", {"b": 1, "next_n": 1, "ctx": 200, "block_kv": 64}],
+             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64}]]
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
+           "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
+    (tmp_path / "dump").mkdir()
+    run = subprocess.run([sys.executable, "-c", _SETMAXNREG_PROBE, str(root), json.dumps(cases), str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=600, cwd=root)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    for key, (ok, err, regs, inc) in got.items():
+        assert ok, f"{key}: {err}"
+        assert not inc or regs == 168, f"{key}: setmaxnreg.inc with {regs} registers at launch"
+    assert [v[3] for v in got.values()] == [False, True]  # the probe sees both kinds
