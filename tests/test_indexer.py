@@ -289,8 +289,9 @@ print(json.dumps(out))
 
 
 def test_sm90_register_increase_only_where_the_launch_grants_it(tmp_path):
-    """setmaxnreg.inc to 240 in a 384-thread CTA needs the launch's full 168 registers per
-    thread: a kernel that ptxas gives fewer (I2 at next_n = 1 needs 66) must not ask for it."""
+    """The indexer's rule for setmaxnreg: a 384-thread sm90 kernel increases to 240 registers only
+    when ptxas launches it with the full 168 per thread (I2 at next_n = 1 needs 66 and must not
+    ask for registers beyond its launch allocation; see stages/I2_paged_mqa_logits/sm90.py)."""
     import json
     import os
     import subprocess

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _run(spec, stage, arch, tmp_path, where=None):
-    cases = [c for c in expand(stage) if where is None or all(c[k] == v for k, v in where.items())]
+    cases = [c for c in expand(stage) if where is None or all(c.dict[k] == v for k, v in where.items())]
     tasks = [Task(stage, arch, c) for c in cases]
     return Runner(spec, RunOptions(tasks=tasks, argv=["pytest"]), results_root=tmp_path).run()
 
