@@ -17,7 +17,7 @@ P in registers between two WGMMAs
     computing with a permuted P.  `accumulator_to_a_operand` then does the
     re-indexing and the conversion inside the kernel.  `register_p_mmas`
     builds the usual pair (SS wgmma for Q·Kᵀ, RS wgmma for P·V) and runs the
-    check; `register_p_smem_struct` is the shared storage of such a kernel.
+    check (stages/common/sm90_register_p.py is the house of such kernels).
 
 A warpgroup GEMM, waited for
     `wgmma_sync` issues the K steps of one tiled wgmma between
@@ -106,23 +106,6 @@ def register_p_mmas(dtype, num_warpgroups: int, block_n: int, hd: int):
     )
     check_accumulator_is_a_operand(qk_mma, pv_mma, (64 * num_warpgroups, block_n))
     return qk_mma, pv_mma
-
-
-def register_p_smem_struct(dtype, q_smem, k_smem, v_smem, kv_stages: int):
-    """Shared storage of a register-P attention kernel: the mbarrier pair of the
-    Q pipeline (one slot), 2 × `kv_stages` mbarriers of the K+V pipeline, then
-    the Q, K and V buffers (`dtype`, the cosize of each staged layout), each
-    aligned to 1024 bytes (the 128-byte swizzle atom)."""
-
-    @cute.struct
-    class Smem:
-        q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-        kv_mbar: cute.struct.MemRange[cutlass.Int64, 2 * kv_stages]
-        sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(q_smem)], 1024]
-        sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(k_smem)], 1024]
-        sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(v_smem)], 1024]
-
-    return Smem
 
 
 @cute.jit
