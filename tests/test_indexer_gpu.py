@@ -63,3 +63,29 @@ def test_stage_i2_sm90_passes_its_matrix(project_root, tmp_path):
     for rec in summary.records:
         print("I2", rec.case, rec.status, rec.metrics.get("logits"), rec.error)
     assert [r.status for r in summary.records] == ["pass"] * 8
+
+
+def test_time_i1_candidates(project_root, tmp_path):
+    """Times the stage's I1 kernel beside the first version (tests/fixtures/i1_v1) and a candidate
+    (tests/fixtures/i1_v3: 8 tokens per CTA, both warpgroups on every K tile) at one realistic
+    shape, each checked against the oracle first (run --bench path).  Prints µs and TFLOP/s; the
+    assertion is only that each passes — the numbers decide which kernel the stage keeps."""
+    from harness.matrix import Case
+
+    spec = load_spec(root=project_root)
+    i1 = spec.stages["I1"]
+    shape = {"s": 1024, "s_kv": 32768, "ranges": "causal"}
+    fixtures = project_root / "tests" / "fixtures"
+    kernels = {
+        "stage": i1.kernels["sm_90a"],
+        "v1": KernelRef("sm_90a", "tests.fixtures.i1_v1.sm90", "Kernel", fixtures / "i1_v1" / "sm90.py"),
+        "v3": KernelRef("sm_90a", "tests.fixtures.i1_v3.sm90", "Kernel", fixtures / "i1_v3" / "sm90.py"),
+    }
+    for name, ref in kernels.items():
+        st = dataclasses.replace(i1, kernels={"sm_90a": ref}, dir=ref.path.parent, bench=shape, peer=None)
+        task = Task(st, "sm_90a", Case("I1", tuple(shape.items())))
+        summary = Runner(spec, RunOptions(tasks=[task], bench=True, argv=["pytest"]), results_root=tmp_path / name).run()
+        rec = summary.records[0]
+        t = rec.timing or {}
+        print(f"TIME I1 {name}: {rec.status} µs={t.get('us')} TFLOP/s={t.get('tflops')} cos={rec.metrics.get('logits', {}).get('cosine')} {rec.error or ''}")
+        assert rec.status == "pass"
