@@ -1,0 +1,102 @@
+"""Key masks of the Blackwell (sm_100a) decode rungs D3–D5, for the KV-once ring of stage D2's
+sm100 house.  The rule is stages/common/masks.py's: every mask is a KEY LIMIT (keys j < limit
+are valid; scheduler.key_limit), tiles past it are never visited (scheduler.visit_tiles), and
+only a BOUNDARY tile — rem = limit − first key of the tile < 64 — needs the two steps below.
+What differs on sm100 is who holds what:
+
+    mask_row_scores   softmax threads.  Thread t owns query row t whole (TMEM lane t, a
+                      32x32b tcgen05.ld), so the mask is per thread: S[t, j] ← −∞ for every
+                      key column j ≥ rem of ITS row's limit (with D4's causal rule two tokens
+                      of one 128-row block have different limits).  A select, so a NaN score
+                      of a key past the fill level never survives; before the row max.
+
+    clean_v_rows      MMA warp, on the ring slot of a V chunk of a boundary tile, after its
+                      TMA has landed and before any MMA reads it: key rows ≥ rem (rem = the
+                      FILL level − first key; rows between a causal limit and the fill level
+                      are finite keys and P = 0 there) ← 0 by the warp's 32 lanes (masks.py's
+                      zero_kv_rows), then fence.proxy.async (generic writes → the tensor
+                      cores' async proxy) and a warp barrier before the elected lane issues
+                      the MMA.  0 · NaN = NaN inside P·V, so the bytes must be finite.  A
+                      chunk that is only K for this CTA is not cleaned: its NaN scores are
+                      selected away by mask_row_scores.
+
+The ring's key rows are 128-byte LINES.  A K-major 128-byte-swizzled chunk of 64 keys × c
+columns (bf16) stores key k, columns 64a … 64a + 63 in line 64a + k, the swizzle permuting
+16-byte pieces only inside a line.  `line_view` is a plain (key, column, slot) layout that
+addresses every element inside its true line (not at its true place in the line), which is
+all zeroing whole rows needs; `check_lines` proves at trace time, over every (key, column) of
+a slot and with the swizzle applied, that the true offset lies in the line `line_view` says.
+If the ring's layout ever changes, compilation stops there.
+"""
+
+from __future__ import annotations
+
+import re
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+from stages.common.masks import zero_kv_rows
+from stages.common.sm100_idioms import fragment_coords
+
+LINE = 64  # bf16 elements in a 128-byte line
+
+
+def swizzle_bytes(swizzle):
+    """The byte-address function of a shared-memory swizzle S<B, M, S> (the composed layout's
+    inner part, which CuTeDSL applies to the byte address): x ↦ x ^ ((x & yyy) >> S), where
+    yyy = (2^B − 1) << (M + S).  S<3,4,3> (128-byte swizzle) permutes the 16-byte pieces of
+    each 128-byte line by the line's index mod 8."""
+    m = re.search(r"S<\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*>", str(swizzle))
+    if not m:
+        raise ValueError(f"KV lines: cannot read the swizzle {swizzle}")
+    b, base, shift = (int(x) for x in m.groups())
+    yyy = ((1 << b) - 1) << (base + shift)
+    return lambda x: x ^ ((x & yyy) >> shift)
+
+
+def check_lines(k_smem, k_coords, keys: int, chunk: int, elem_bytes: int = 2) -> int:
+    """Trace-time proof that element (key, col) of one ring slot (`k_smem`: the composed
+    K-major layout, swizzle applied to the byte address; `k_coords`: (key, col) of each index
+    of the slot, partitioned like the B operand) lies in 128-byte line (col // 64) · keys + key.
+    Returns the number of elements checked; raises ValueError naming the first one outside."""
+    one = cute.select(k_smem.outer, mode=[0, 1, 2])
+    swz = swizzle_bytes(k_smem.inner)
+    n = cute.size(k_coords)
+    if n != keys * chunk:
+        raise ValueError(f"KV lines: a slot holds {n} elements, expected {keys} × {chunk}")
+    line_bytes = LINE * elem_bytes
+    coords = fragment_coords(k_coords)
+    for i in range(n):
+        key, col = coords[i]
+        want = (col // LINE) * keys + key
+        at = swz(one(i) * elem_bytes)
+        if at // line_bytes != want:
+            raise ValueError(f"KV lines: key {key}, column {col} is at byte {at}, outside line {want}")
+    return n
+
+
+def line_view(ring: cute.Tensor, keys: int, chunk: int, slots: int, slot_elems: int) -> cute.Tensor:
+    """(key, col, slot) view of the ring's storage (`ring`: its first element, any layout)
+    that puts (key, col) in line (col // 64) · keys + key of its slot (see check_lines)."""
+    blocks = chunk // LINE if chunk >= LINE else 1
+    width = min(chunk, LINE)
+    layout = cute.make_layout((keys, (width, blocks), slots), stride=(LINE, (1, LINE * keys), slot_elems))
+    return cute.make_tensor(ring.iterator, layout)
+
+
+@cute.jit
+def mask_row_scores(rS: cute.Tensor, tScS: cute.Tensor, rem) -> None:
+    """rS[i] ← −∞ where the key column of register i (tScS[i] = (row, key)) is ≥ rem."""
+    for i in cutlass.range_constexpr(cute.size(rS)):
+        rS[i] = -Float32.inf if tScS[i][1] >= rem else rS[i]
+
+
+@cute.jit
+def clean_v_rows(lines: cute.Tensor, slot, rem) -> None:
+    """The calling warp zeroes key rows rem … 63 of ring slot `slot` (`lines`: line_view),
+    fences the writes for the async proxy and meets at a warp barrier."""
+    zero_kv_rows(lines[None, None, slot], rem, cute.arch.lane_idx(), 32)
+    cute.arch.fence_view_async_shared()
+    cute.arch.sync_warp()

@@ -1,0 +1,191 @@
+"""Stages D3, D4, D5 on sm_100a (Blackwell), on the CPU: the kernels are compiled and inspected
+only — they have never run on a B200.  What compiling can prove is checked here: the TMEM plan
+(D2's house: S double-buffered, O over two CTAs at d = 512) and its refusal in each rung's
+constructor and at trace time, which tiles a CTA visits (the masks' visit plan, per row block
+with two tokens), the ring's key rows as whole 128-byte lines (what the NaN-row zeroing relies
+on, refused for a wrong view), and that a representative case of each rung compiles through the
+lab's path with tcgen05 MMAs and no spills.
+
+Traced checks run in a subprocess with CUTE_DSL_ARCH=sm_100a (CuTeDSL's arch is per process)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def _traced(script: str, tmp_path) -> subprocess.CompletedProcess:
+    path = tmp_path / "probe.py"
+    path.write_text(textwrap.dedent(script))
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_100a", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+
+
+# -- plain Python: plans ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module, shape, extra", [
+    ("stages.D3_swa.sm100", "b4s1h64n256d512", {}),
+    ("stages.D4_causal_swa.sm100", "b4s2h128n256d512", {}),
+    ("stages.D5_sink_merge.sm100", "b4s2h128m128n256d512", {"sink": "5"}),
+])
+def test_each_rung_keeps_d2s_tmem_plan_and_refuses_one_that_does_not_fit(module, shape, extra):
+    import importlib
+
+    Kernel = importlib.import_module(module).Kernel
+    k = Kernel(shape=shape, splits=1, **extra)
+    assert k.o_split == 2 and k.budget["total"] == 2 * 64 + 256 <= 512  # S 2×64 + O 256 per CTA
+    with pytest.raises(ValueError, match=r"TMEM budget: S 2×64 \+ O 512 = 640 columns > 512"):
+        Kernel(shape=shape, splits=1, o_split=1, **extra)
+
+
+def test_d5_tile_space_is_both_branches_and_its_sink_switch():
+    from stages.D5_sink_merge.sm100 import Kernel
+
+    k = Kernel(shape="b4s2h128m128n256d512", splits="many", sink="none")
+    assert k.n_tiles == 2 + 4 and k.splits == 6 + 3 and not k.has_sink
+    assert Kernel(shape="b4s2h128m128n256d512", splits=1, sink="-inf").has_sink
+    assert Kernel(shape="b4s2h128m128n256d512", splits=1, sink=0).has_sink  # a YAML number
+    with pytest.raises(ValueError, match="n_main must be a multiple of 64"):
+        Kernel(shape="b4s2h128m100n256d512", splits=1, sink="none")
+
+
+@pytest.mark.parametrize("h_q, s_q, want", [
+    (128, 1, [0]), (128, 2, [0, 1]), (64, 1, [0]), (64, 2, [1]), (64, 3, [1, 2]),
+])
+def test_block_last_token_is_the_last_token_with_a_row_in_the_block(h_q, s_q, want):
+    """A 128-row block visits its LAST token's tiles (the largest causal limit)."""
+    from stages.D4_causal_swa.sm100 import Kernel
+
+    k = Kernel(shape=f"b1s{s_q}h{h_q}n256d512", splits=1)
+    assert [int(k.block_last_token(rb)) for rb in range(k.row_blocks)] == want
+    for rb, t in enumerate(want):  # the rows of the block hold tokens ≤ t, and t itself
+        rows = range(rb * 128, min((rb + 1) * 128, s_q * h_q))
+        assert max(r // h_q for r in rows) == t
+
+
+def _plan(branches, fills, begin, end, t_hi, s_q):
+    from stages.common.sm100_keys import BranchKeys
+
+    k = BranchKeys(branches, [(None, None)] * len(branches), fills, begin, end, t_hi, s_q, 64)
+    return int(k.count), int(k.n_first), int(k.first_begin), int(k.second_begin)
+
+
+def test_visit_plans_of_the_masked_rungs():
+    from stages.common.sm100_keys import Branch
+
+    swa = Branch("swa", 1152, 1152)
+    assert _plan([swa], [0], 0, 18, 0, 1)[0] == 0  # a lonely batch visits nothing
+    assert _plan([swa], [65], 0, 18, 0, 1)[0] == 2  # 65 keys: tiles 0 and 1 (the boundary)
+    assert _plan([swa], [64], 0, 18, 0, 1)[0] == 1  # on a tile edge: no boundary tile
+    assert _plan([swa], [1152], 5, 9, 0, 1)[:3] == (4, 4, 5)  # a split's own range
+    assert _plan([swa], [100], 5, 9, 0, 1)[0] == 0  # a split above the fill level is empty
+    causal = Branch("swa", 256, 256, causal=True)
+    # fill 65, s_q 2: token 0 sees keys ≤ 63 (one tile), token 1 keys ≤ 64 (two tiles)
+    assert _plan([causal], [65], 0, 4, 0, 2)[0] == 1
+    assert _plan([causal], [65], 0, 4, 1, 2)[0] == 2
+    assert _plan([causal], [1], 0, 4, 0, 2)[0] == 0  # fill < s_q: token 0 sees nothing
+    main, swa2 = Branch("main", 128, 128), Branch("swa", 256, 256, causal=True)
+    # both branches: main tiles [0, 2) then SWA tiles [2, 6); a split over the border
+    assert _plan([main, swa2], [128, 256], 1, 4, 0, 1) == (3, 1, 1, 0)
+    assert _plan([main, swa2], [0, 256], 0, 6, 0, 1)[:2] == (4, 0)  # empty main branch
+    assert _plan([main, swa2], [70, 0], 0, 6, 0, 1)[:2] == (2, 2)  # empty SWA branch
+
+
+# -- traced ----------------------------------------------------------------------------------
+
+
+def test_ring_rows_are_whole_lines_and_a_wrong_line_view_is_refused(tmp_path):
+    """Zeroing V rows past the fill level writes whole 128-byte lines; check_lines proves over
+    every element of a slot (swizzle applied) that key k, columns 64a… lie in line 64a + k."""
+    r = _traced("""
+        import cutlass.cute as cute
+        import stages.D3_swa.sm100 as m
+        from stages.common.sm100_masks import check_lines
+
+        @cute.jit
+        def probe():
+            for shape in ("b1s1h128n256d512", "b1s1h128n256d64"):
+                k = m.Kernel(shape=shape, splits=1)
+                qk, pv, q_smem, k_smem, v_smem, p_smem = k.operands()
+                kc, vc = k.kv_coords(qk, pv)
+                print("LINES", shape, check_lines(k_smem, kc, 64, k.chunk))
+                try:  # V's MN-major view read as K-major lines is not line-aligned
+                    check_lines(v_smem, vc, 64, k.chunk)
+                    print("WRONG-ACCEPTED")
+                except ValueError as exc:
+                    print("WRONG-REFUSED", exc)
+
+        probe()
+    """, tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-2000:]
+    assert "LINES b1s1h128n256d512 8192" in out and "LINES b1s1h128n256d64 4096" in out, out[-2000:]
+    assert "WRONG-ACCEPTED" not in out and out.count("WRONG-REFUSED KV lines") == 2, out[-2000:]
+
+
+def test_d5_trace_time_tmem_check_refuses_from_the_fragments(tmp_path):
+    """With the constructor's plan forced to say "fits", D5's traced kernel still refuses: the
+    house derives S and O columns from the MMA fragments and re-checks the 512 limit."""
+    r = _traced("""
+        import cutlass
+        from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+        import cutlass.cute as cute
+        import stages.common.sm100_decode as house
+        import stages.D5_sink_merge.sm100 as m
+        from oracles.masked_decode import merge_tensors
+        real = house.tmem_budget
+        house.tmem_budget = lambda d, kv, o_split, s_stages: real(d, kv, 2, s_stages)  # lie: "fits"
+        case = {"shape": "b1s1h128m128n256d512", "splits": 1, "sink": "5", "branches": "k+k"}
+        k = m.Kernel(shape=case["shape"], splits=1, sink="5", o_split=1)
+        dt = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32, "int32": cutlass.Int32}
+        fakes = [make_fake_compact_tensor(dt[s.dtype], s.shape, stride_order=tuple(reversed(range(len(s.shape)))),
+                                          assumed_align=16) for s in merge_tensors(case)]
+        try:
+            cute.compile(k, *fakes, make_fake_stream())
+            print("COMPILED")
+        except Exception as exc:
+            print("REFUSED", exc)
+    """, tmp_path)
+    out = r.stdout + r.stderr
+    assert "COMPILED" not in out, out[-2000:]
+    assert "TMEM budget: S 2×64 + O 512 = 640 columns > 512" in out, out[-2000:]
+
+
+@pytest.mark.parametrize("stage, case", [
+    ("D4", {"shape": "b4s3h64n256d512", "fill": "at", "splits": "many"}),
+    ("D5", {"shape": "b4s2h128m128n256d512", "branches": "k+k", "sink": 5, "splits": 1}),
+])
+def test_representative_case_compiles_for_sm100a_without_spills(stage, case, tmp_path, monkeypatch):
+    """Through the lab's compile path, as `dsv4-lab compile` does: D4 with three tokens (a
+    block of two tokens with per-row causal limits), empty splits and the combine; D5 with both
+    branches and the sink in the epilogue."""
+    from harness.compile import Compiler
+    from harness.inventory import families
+    from harness.spec import load_spec
+
+    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
+    spec = load_spec(root=ROOT)
+    st = spec.stages[stage]
+    if "sm_100a" not in st.kernels:
+        pytest.fail(f"stages.yaml: {stage} declares no sm100 kernel")
+    compiler = Compiler(spec.root, max_workers=1)
+    try:
+        res = compiler.submit(st, "sm_100a", case).result()
+    finally:
+        compiler.close()
+    assert res.ok, res.error
+    assert res.resources.get("spill", 0) == 0
+    assert res.resources["smem"] <= 227 * 1024
+    inv = res.inventory
+    assert any(k.startswith("tcgen05.mma.cta_group::1.kind::f16") for k in inv), inv
+    fam = families(inv)
+    for instr in ("tcgen05.ld", "tcgen05.st", "tcgen05.commit", "cp.async.bulk.tensor", "fence.proxy.async.shared::cta"):
+        assert fam.get(instr, 0) >= 1, (instr, inv)
+    assert fam.get("wgmma", 0) == 0
