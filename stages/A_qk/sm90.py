@@ -85,17 +85,8 @@ class Kernel:
         )
 
     @cute.kernel
-    def kernel(
-        self,
-        tiled_mma: cute.TiledMma,
-        tma_q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        tma_k: cute.CopyAtom,
-        mK: cute.Tensor,
-        mS: cute.Tensor,
-        q_smem: cute.ComposedLayout,
-        k_smem: cute.ComposedLayout,
-    ):
+    def kernel(self, tiled_mma: cute.TiledMma, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom,
+               mK: cute.Tensor, mS: cute.Tensor, q_smem: cute.ComposedLayout, k_smem: cute.ComposedLayout):
         """Set-up, then every warp multiplies (warp 0 also loads) and stores its S fragment."""
         tidx, _, _ = cute.arch.thread_idx()
         n_blk, _, _ = cute.arch.block_idx()

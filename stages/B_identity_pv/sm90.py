@@ -27,7 +27,7 @@ import cuda.bindings.driver as cuda
 import cutlass.cute as cute
 
 from stages.common.sm90_idioms import store_accumulator
-from stages.common.sm90_register_p import RegisterPAttention, RegisterPOperands
+from stages.common.sm90_register_p import AttentionOperands, RegisterPAttention
 
 
 class Kernel(RegisterPAttention):
@@ -44,7 +44,7 @@ class Kernel(RegisterPAttention):
         self.kernel(self.operands(Q, K, V), O).launch(grid=(1, 1, 1), block=(self.THREADS, 1, 1), stream=stream)
 
     @cute.kernel
-    def kernel(self, ops: RegisterPOperands, mO: cute.Tensor):
+    def kernel(self, ops: AttentionOperands, mO: cute.Tensor):
         """Set-up and loads (warp 0), the two MMAs per KV tile (all warps), O out."""
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())

@@ -43,7 +43,7 @@ import cutlass
 import cutlass.cute as cute
 
 from stages.common.sm90_idioms import acc_rows_cols, online_softmax_row, store_accumulator
-from stages.common.sm90_register_p import RegisterPAttention, RegisterPOperands
+from stages.common.sm90_register_p import AttentionOperands, RegisterPAttention
 from stages.common.softmax import OnlineSoftmax, scale_rows
 
 
@@ -62,19 +62,12 @@ class Kernel(RegisterPAttention):
         self.scale_log2 = math.log2(math.e) / math.sqrt(hd)  # c above
 
     @cute.jit
-    def __call__(
-        self,
-        Q: cute.Tensor,
-        K: cute.Tensor,
-        V: cute.Tensor,
-        O: cute.Tensor,
-        LSE: cute.Tensor,
-        stream: cuda.CUstream,
-    ):
+    def __call__(self, Q: cute.Tensor, K: cute.Tensor, V: cute.Tensor, O: cute.Tensor, LSE: cute.Tensor,
+                 stream: cuda.CUstream):
         self.kernel(self.operands(Q, K, V), O, LSE).launch(grid=(1, 1, 1), block=(self.THREADS, 1, 1), stream=stream)
 
     @cute.kernel
-    def kernel(self, ops: RegisterPOperands, mO: cute.Tensor, mLSE: cute.Tensor):
+    def kernel(self, ops: AttentionOperands, mO: cute.Tensor, mLSE: cute.Tensor):
         """Set-up and loads (warp 0), the MMAs with the softmax between them (all warps),
         then O / ℓ and the LSE."""
         tidx, _, _ = cute.arch.thread_idx()

@@ -6,14 +6,8 @@ Math (as stage C)
     LSE[i] = ln Σ_j exp(s[i, j])            natural log, fp32
     Q [m, hd], K [n, hd], V [n, hd], O [m, hd] bf16 row-major; LSE [m] fp32.
 
-    Online softmax over KV tiles, base 2, with c = scale · log2(e) and raw
-    scores S = Q · K_tileᵀ:
-      m_new = max(m, rowmax(S))                    raw-score units
-      α     = 2^((m − m_new) · c)                  (= 0 on the first tile, m = −∞)
-      P     = 2^(S · c − m_new · c)                ∈ (0, 1]
-      ℓ     = α · ℓ + rowsum(P)
-      O_acc = α · O_acc + bf16(P) · V_tile
-    and at the end O = O_acc / ℓ,  LSE = (m · c + log2 ℓ) · ln 2.
+    The online softmax over KV tiles (base 2, c = scale · log2(e)) is stage
+    C's; its state, update and end, with the math, are stages/common/softmax.py.
 
 The split: O across two warpgroups by head-dim column, P through shared memory
     At hd = 512 one warpgroup would need a 64 × 512 fp32 O tile = 256 registers
@@ -63,7 +57,6 @@ static shapes.
 """
 
 import math
-from typing import NamedTuple
 
 import cuda.bindings.driver as cuda
 
@@ -75,38 +68,13 @@ import cutlass.utils.hopper_helpers as sm90_utils
 
 from stages.common.inspection import expose
 from stages.common.sm90_idioms import acc_rows_cols, online_softmax_row, store_accumulator, wgmma_sync
-from stages.common.sm90_setup import (
-    TileLoader,
-    TmaPipe,
-    load_once,
-    smem_struct,
-    smem_tensors,
-    tma_pipelines,
-    tma_tiles,
-    wait_once,
-)
+from stages.common.sm90_setup import AttentionOperands, TileLoader, TmaPipe, load_once, smem_struct
+from stages.common.sm90_setup import smem_tensors, tma_pipelines, tma_tiles, wait_once
 from stages.common.sm90_smem_p import SmemP, smem_p_mmas, vt_slice_layout
 from stages.common.softmax import OnlineSoftmax
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, transpose_view
 
 _SMEM_LIMIT = 227 * 1024  # Hopper: largest dynamic shared memory per CTA
-
-
-class Operands(NamedTuple):
-    """What `__call__` builds at trace time for the kernel (one argument)."""
-
-    qk_mma: cute.TiledMma
-    pv_mma: cute.TiledMma
-    tma_q: cute.CopyAtom
-    mQ: cute.Tensor
-    tma_k: cute.CopyAtom
-    mK: cute.Tensor
-    tma_v: cute.CopyAtom
-    mVt: cute.Tensor
-    q_smem: cute.ComposedLayout
-    k_smem: cute.ComposedLayout
-    v_smem: cute.ComposedLayout
-    p_smem: cute.ComposedLayout
 
 
 class Kernel:
@@ -138,15 +106,8 @@ class Kernel:
         self.stages = min(stages, self.num_kv_tiles)
 
     @cute.jit
-    def __call__(
-        self,
-        Q: cute.Tensor,
-        K: cute.Tensor,
-        V: cute.Tensor,
-        O: cute.Tensor,
-        LSE: cute.Tensor,
-        stream: cuda.CUstream,
-    ):
+    def __call__(self, Q: cute.Tensor, K: cute.Tensor, V: cute.Tensor, O: cute.Tensor, LSE: cute.Tensor,
+                 stream: cuda.CUstream):
         dtype = Q.element_type
         bm, bn, hd = self.BLOCK_M, self.block_n, self.hd
         qk_tile = (bm, bn, hd)  # (M, N, K) of S = Q·Kᵀ
@@ -174,8 +135,8 @@ class Kernel:
             {"sQ": (dtype, q_smem), "sK": (dtype, k_smem), "sV": (dtype, v_smem), "sP": (dtype, p_smem)},
             row_factor_rows=bm,  # α, then 1/ℓ
         )
-        ops = Operands(qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_Vt, q_smem, k_smem, v_smem, p_smem)
-        self.kernel(ops, O, LSE).launch(
+        ops = AttentionOperands(qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_Vt, q_smem, k_smem, v_smem)
+        self.kernel(ops, p_smem, O, LSE).launch(
             grid=(self.m // bm, 1, 1),
             block=(self.threads, 1, 1),
             smem=self.smem_struct.size_in_bytes(),
@@ -183,10 +144,10 @@ class Kernel:
         )
 
     @cute.kernel
-    def kernel(self, ops: Operands, mO: cute.Tensor, mLSE: cute.Tensor):
+    def kernel(self, ops: AttentionOperands, p_smem: cute.ComposedLayout, mO: cute.Tensor, mLSE: cute.Tensor):
         """Set-up and the load prologue (warp 0), then both warpgroups attend (`attend`)."""
         bm, bn, hd = self.BLOCK_M, self.block_n, self.hd
-        qk_mma, pv_mma, tma_q, mQ, tma_k, mK, tma_v, mVt, q_smem, k_smem, v_smem, p_smem = ops
+        qk_mma, pv_mma, tma_q, mQ, tma_k, mK, tma_v, mVt, q_smem, k_smem, v_smem = ops
         tidx, _, _ = cute.arch.thread_idx()
         row_block, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())

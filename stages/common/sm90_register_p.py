@@ -24,8 +24,6 @@ n a positive multiple of 128; row-major, 16-byte aligned, static shapes.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -34,33 +32,9 @@ import cutlass.utils.hopper_helpers as sm90_utils
 
 from stages.common.inspection import expose
 from stages.common.sm90_idioms import accumulator_to_a_operand, register_p_mmas, wgmma_sync
-from stages.common.sm90_setup import (
-    TileLoader,
-    TmaPipe,
-    load_once,
-    smem_struct,
-    smem_tensors,
-    tma_pipelines,
-    tma_tiles,
-    wait_once,
-)
+from stages.common.sm90_setup import AttentionOperands, TileLoader, TmaPipe, load_once, smem_struct
+from stages.common.sm90_setup import smem_tensors, tma_pipelines, tma_tiles, wait_once
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, transpose_view
-
-
-class RegisterPOperands(NamedTuple):
-    """What `operands` builds at trace time; a rung's kernel() takes it as one argument."""
-
-    qk_mma: cute.TiledMma
-    pv_mma: cute.TiledMma
-    tma_q: cute.CopyAtom
-    mQ: cute.Tensor
-    tma_k: cute.CopyAtom
-    mK: cute.Tensor
-    tma_v: cute.CopyAtom
-    mVt: cute.Tensor
-    q_smem: cute.ComposedLayout
-    k_smem: cute.ComposedLayout
-    v_smem: cute.ComposedLayout
 
 
 class RegisterPAttention:
@@ -86,7 +60,7 @@ class RegisterPAttention:
 
     # -- trace time (host side of __call__) -------------------------------------------------
 
-    def operands(self, Q: cute.Tensor, K: cute.Tensor, V: cute.Tensor) -> RegisterPOperands:
+    def operands(self, Q: cute.Tensor, K: cute.Tensor, V: cute.Tensor) -> AttentionOperands:
         """The two tiled MMAs (S → P retile checked), the staged shared-memory layouts, the
         TMA loads of Q, K and Vᵀ, and the kernel's pipelines and shared storage
         (`self.pipes`, `self.smem_struct`)."""
@@ -109,12 +83,12 @@ class RegisterPAttention:
         warps = self.THREADS // 32  # every warp consumes both pipelines
         self.pipes = (TmaPipe("q", 1, q_bytes, warps), TmaPipe("kv", self.stages, k_bytes + v_bytes, warps))
         self.smem_struct = smem_struct(self.pipes, {"sQ": (dtype, q_smem), "sK": (dtype, k_smem), "sV": (dtype, v_smem)})
-        return RegisterPOperands(qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_Vt, q_smem, k_smem, v_smem)
+        return AttentionOperands(qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_Vt, q_smem, k_smem, v_smem)
 
     # -- in the kernel ----------------------------------------------------------------------
 
     @cute.jit
-    def setup_and_load(self, warp_idx, ops: RegisterPOperands):
+    def setup_and_load(self, warp_idx, ops: AttentionOperands):
         """Shared memory and pipelines, then the load role's prologue (warp 0): Q, and the
         first `stages` KV tiles.  Returns (sQ, sK, sV, q_pipe, kv_loader); the loader's
         refills are issued from `mma` as slots are released."""
@@ -139,7 +113,7 @@ class RegisterPAttention:
         return sQ, sK, sV, q_pipe, kv_loader
 
     @cute.jit
-    def mma(self, tidx, warp_idx, ops: RegisterPOperands, sQ, sK, sV, q_pipe, kv_loader, o_shape, state):
+    def mma(self, tidx, warp_idx, ops: AttentionOperands, sQ, sK, sV, q_pipe, kv_loader, o_shape, state):
         """The MMA role (all warps): S, the rung's `between`, P, O += P·V per KV tile; warp 0
         refills each released slot.  Returns the fp32 O accumulator (`o_shape`)."""
         qk_mma, pv_mma = ops.qk_mma, ops.pv_mma

@@ -14,6 +14,8 @@ Host side (trace time, the kernel's `__call__`)
     TmaPipe          one pipeline's name, slots, bytes per slot and consumer warps
     smem_struct      the shared storage: every pipeline's mbarriers (in order), an optional
                      fp32 row buffer (SMEM-P's α, then 1/ℓ), then the operand buffers
+    AttentionOperands
+                     the MMAs, TMA loads and layouts an attention kernel gets as one argument
 Kernel side
     smem_tensors     the operand buffers as (swizzled) tensors
     tma_pipelines    every pipeline, then ONE barrier-init fence and CTA barrier for all
@@ -79,6 +81,24 @@ def tma_pipelines(storage, pipes):
     cute.arch.mbarrier_init_fence()
     cute.arch.sync_threads()
     return made
+
+
+class AttentionOperands(NamedTuple):
+    """What an attention kernel's `__call__` builds at trace time for its kernel (one
+    argument instead of eleven): the tiled MMAs of S = Q·Kᵀ and O = P·V, the TMA atoms and
+    coordinate tensors of Q, K and Vᵀ, and their staged shared-memory layouts."""
+
+    qk_mma: cute.TiledMma
+    pv_mma: cute.TiledMma
+    tma_q: cute.CopyAtom
+    mQ: cute.Tensor
+    tma_k: cute.CopyAtom
+    mK: cute.Tensor
+    tma_v: cute.CopyAtom
+    mVt: cute.Tensor
+    q_smem: cute.ComposedLayout
+    k_smem: cute.ComposedLayout
+    v_smem: cute.ComposedLayout
 
 
 class TmaTiles(NamedTuple):
