@@ -17,7 +17,8 @@ CTA, split-KV with an LSE combine, K and Vᵀ views of one shared-memory slot)
         warpgroup (4 warps) fills a slot: warp w takes keys w, w + 4, …; lane l takes columns
         16·l … 16·l + 15 of the key — one 16-byte global load of 16 e4m3 values (a warp reads a
         token's 512 bytes contiguously), e4m3 → f16x2 → f32, × the scale of its group, → bf16,
-        one 32-byte row piece into the swizzled K tile.  Scales: simple — the token's fp32;
+        one 32-byte row piece into the swizzled K tile.  Lanes 0 … 15 read the warp's 16 indices
+        once per tile; keys go 4 at a time, their loads all issued before any is converted.  Scales: simple — the token's fp32;
         model1 — e8m0 byte l // 4 of the token's 7 (lanes 28 … 31 carry the 64 bf16 rope values
         unquantised, 32 bytes each); v4.1 — e8m0 byte l // 2 of 16.  e8m0 → fp32 is the byte
         shifted into the exponent field (exact for 2^−126 … 2^127).  The writes are made
@@ -105,6 +106,7 @@ class Kernel:
     PRODUCER_REGS = 80
     KV_STAGES = 2
     LANE_COLS = 16  # columns of a key one lane dequantises (16 e4m3 = one 16-byte load)
+    GROUP = 4  # keys whose loads a lane has in flight at once
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int = SM_COUNT):
         c = SparseConfig.parse(config)
@@ -321,45 +323,84 @@ class Kernel:
     @cute.jit
     def gather_tile(self, cache, idx, work, pos0, length, topk: cutlass.Constexpr[int], block_size: cutlass.Constexpr[int],
                     block_bytes: cutlass.Constexpr[int], pwarp, lane, sK_slot, s_mask, slot):
-        """Keys pos0 … pos0 + 63 of one list into the slot: this warp's keys pwarp, pwarp + 4, …,
-        this lane's 16 columns of each (see the module doc); invalid keys → zeros and −∞."""
-        bn, lc = self.BLOCK_N, self.LANE_COLS
+        """Keys pos0 … pos0 + 63 of one list into the slot: this warp's 16 keys pwarp, pwarp + 4, …,
+        this lane's 16 columns of each (see the module doc); invalid keys → zeros and −∞.
+
+        Lane j < 16 first reads key j's index (one load for the warp's 16 keys, −1 when invalid);
+        then, GROUP keys at a time, every lane issues its loads for all GROUP keys (the index
+        comes by shuffle) before it converts and stores any of them: GROUP loads in flight."""
+        bn, lc, group = self.BLOCK_N, self.LANE_COLS, self.GROUP
+        per_warp = bn // 4
         base = cache.iterator.toint()
-        for kk in cutlass.range(bn // 4, unroll=1):
-            key = pwarp + 4 * kk
-            pos = pos0 + key
-            index = idx[work.batch, work.token, cutlass.min(pos, topk - 1)]  # in bounds; ignored when pos ≥ topk
-            valid = (pos < length) & (index != -1)
-            vals = cute.make_rmem_tensor(lc, cutlass.BFloat16)
-            vals.fill(0.0)
-            if valid:
-                self.dequant_piece(base, index, block_size, block_bytes, lane, vals)
-            dst = cute.local_tile(sK_slot, (1, lc), (key, lane))[0, None]
-            cute.autovec_copy(vals, dst)
-            if lane == 0:
-                s_mask[key, slot] = cutlass.Float32(0.0) if valid else -cutlass.Float32.inf
+        mine = cutlass.Int32(-1)
+        if lane < per_warp:
+            mine = self.key_index(cache, idx, work, pos0 + pwarp + 4 * lane, length, topk, block_size)
+        for kg in cutlass.range(per_warp // group, unroll=1):
+            raw = cute.make_rmem_tensor((8, group), cutlass.Int32)  # per key: 16 B of e4m3 (or 32 B of rope)
+            raw.fill(0)
+            scale = cute.make_rmem_tensor(group, cutlass.Float32)
+            scale.fill(0.0)
+            for g in cutlass.range_constexpr(group):
+                index = cute.arch.shuffle_sync(mine, kg * group + g)
+                if index != -1:  # an invalid key is never loaded: raw stays 0
+                    scale[g] = self.load_piece(base, index, block_size, block_bytes, lane, raw[None, g])
+            for g in cutlass.range_constexpr(group):
+                key = pwarp + 4 * (kg * group + g)
+                vals = cute.make_rmem_tensor(lc, cutlass.BFloat16)
+                self.convert_piece(raw[None, g], scale[g], lane, vals)
+                cute.autovec_copy(vals, cute.local_tile(sK_slot, (1, lc), (key, lane))[0, None])
+                index = cute.arch.shuffle_sync(mine, kg * group + g)
+                if lane == 0:
+                    s_mask[key, slot] = cutlass.Float32(0.0) if index != -1 else -cutlass.Float32.inf
 
     @cute.jit
-    def dequant_piece(self, base, index, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], lane, vals):
-        """Columns 16·lane … 16·lane + 15 of token `index`, dequantised into `vals` (bf16)."""
+    def key_index(self, cache, idx, work, pos, length, topk: cutlass.Constexpr[int], block_size: cutlass.Constexpr[int]):
+        """The cache index of list position `pos` of this CTA's (batch, token), or −1 when the key
+        is invalid: pos ≥ the list's length (min(topk, topk_length[b])) or idx = −1.  The read is
+        clamped into the list, so a padded tail position never reads past it."""
+        got = idx[work.batch, work.token, cutlass.min(pos, topk - 1)]
+        out = cutlass.Int32(-1)
+        if pos < length:
+            out = got
+        return out
+
+    @cute.jit
+    def load_piece(self, base, index, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], lane, raw) -> cutlass.Float32:
+        """Issue this lane's loads of token `index` into `raw` (8 Int32): columns 16·lane …
+        16·lane + 15 as 16 e4m3 bytes (raw[0:4]) — or, for model1's lanes 28 … 31, 16 bf16 rope
+        values (raw[0:8]); returns their scale (1 for the rope)."""
         lc = self.LANE_COLS
         blk = cutlass.Int64(index // block_size)
         off = cutlass.Int64(index % block_size)
         block = base + blk * block_bytes
+        scale = cutlass.Float32(1.0)
         if cutlass.const_expr(self.fmt == "simple"):
             scale = _load_f32(block + block_size * D + off * 4)
-            _dequant16(block + off * D + lane * lc, scale, vals)
+            _load16(block + off * D + lane * lc, raw, 0)
         elif cutlass.const_expr(self.fmt == "model1"):
             token = block + off * 576
             if lane < 28:
                 scale = _e8m0_to_f32(_load_u8(block + block_size * 576 + off * 8 + lane // 4))
-                _dequant16(token + lane * lc, scale, vals)
+                _load16(token + lane * lc, raw, 0)
             else:  # the rope: 64 bf16, 16 per lane, not quantised
-                _load_bf16x16(token + 448 + (lane - 28) * 32, vals)
+                _load16(token + 448 + (lane - 28) * 32, raw, 0)
+                _load16(token + 448 + (lane - 28) * 32 + 16, raw, 4)
         else:
             token = block + off * 528
             scale = _e8m0_to_f32(_load_u8(token + D + lane // 2))
-            _dequant16(token + lane * lc, scale, vals)
+            _load16(token + lane * lc, raw, 0)
+        return scale
+
+    @cute.jit
+    def convert_piece(self, raw, scale, lane, vals):
+        """vals (16 bf16) ← raw: 16 e4m3 × scale (fp32 math), or model1's rope as it is."""
+        if cutlass.const_expr(self.fmt == "model1"):
+            if lane < 28:
+                _convert16(raw, scale, vals)
+            else:
+                vals.store(cute.recast_tensor(raw, cutlass.BFloat16).load())
+        else:
+            _convert16(raw, scale, vals)
 
     # -----------------------------------------------------------------------------------------
     # MMA warpgroups (stage D2's, plus the key mask and the sink)
@@ -508,18 +549,14 @@ def _e8m0_to_f32(byte) -> cutlass.Float32:
 
 
 @cute.jit
-def _dequant16(addr, scale, vals):
-    """vals (16,) bf16 ← 16 e4m3 at the 16-byte aligned `addr` × scale (fp32 math)."""
+def _load16(addr, raw, at: cutlass.Constexpr[int]):
+    """raw[at : at + 4] (Int32) ← the 16 bytes at the 16-byte aligned global `addr` (one 128-bit load)."""
     g = cute.make_tensor(cute.make_ptr(cutlass.Int32, addr, cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(4))
-    raw = cute.make_rmem_tensor(4, cutlass.Int32)
-    cute.autovec_copy(g, raw)
-    q = cute.recast_tensor(raw, cutlass.Float8E4M3FN)  # 16 e4m3
-    x = q.load().to(cutlass.Float32) * scale
-    vals.store(x.to(cutlass.BFloat16))
+    cute.autovec_copy(g, cute.make_tensor(raw.iterator + at, cute.make_layout(4)))
 
 
 @cute.jit
-def _load_bf16x16(addr, vals):
-    """vals (16,) bf16 ← 16 bf16 at the 16-byte aligned `addr` (the model1 rope)."""
-    g = cute.make_tensor(cute.make_ptr(cutlass.BFloat16, addr, cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(16))
-    cute.autovec_copy(g, vals)
+def _convert16(raw, scale, vals):
+    """vals (16 bf16) ← the 16 e4m3 in raw[0:4] (e4m3 → f16x2 → f32) × scale → bf16."""
+    q = cute.recast_tensor(cute.make_tensor(raw.iterator, cute.make_layout(4)), cutlass.Float8E4M3FN)
+    vals.store((q.load().to(cutlass.Float32) * scale).to(cutlass.BFloat16))
