@@ -1,5 +1,5 @@
 """stages/common's sm100 pieces on the CPU: the pure-Python evaluation of identity
-coordinates (stages/common/inspection.identity_coords) that the kernels' trace-time
+coordinates (stages/common/sm100_coords.identity_coords) that the kernels' trace-time
 agreement checks use instead of indexing element by element, and those checks
 (sm100_idioms.check_same_fragment_coords, check_smem_p) still refusing a planted
 mismatch.  The sm100 kernels themselves are compiled, never run, here.
@@ -47,7 +47,7 @@ class _Fake:
 def test_identity_coords_walks_modes_first_fastest_with_broadcasts():
     from cutlass.cute import ScaledBasis as E
 
-    from stages.common.inspection import identity_coords
+    from stages.common.sm100_coords import identity_coords
 
     # ((2, 3), 2) : ((1@1, 0), 16@0) from base (5, 7): row 5 + 16·i2, key 7 + i0; i1 broadcasts.
     t = _Fake((5, 7), ((2, 3), 2), ((E(1, 1), 0), E(16, 0)))
@@ -61,7 +61,7 @@ def test_identity_coords_walks_modes_first_fastest_with_broadcasts():
     (((0, 1), 0), (4,), (0,)),  # a nested base coordinate
 ])
 def test_identity_coords_refuses_what_it_cannot_evaluate(base, shape, stride):
-    from stages.common.inspection import NotStatic, identity_coords
+    from stages.common.sm100_coords import NotStatic, identity_coords
 
     with pytest.raises(NotStatic):
         identity_coords(_Fake(base, shape, stride))
@@ -96,7 +96,7 @@ _SETUP = """
     import cutlass, cutlass.cute as cute
     import cutlass.utils.blackwell_helpers as sm100_utils
     from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
-    from stages.common.inspection import identity_coords
+    from stages.common.sm100_coords import identity_coords
     from stages.common.sm100_idioms import (TmemPlan, tmem_copy, check_same_fragment_coords, check_smem_p,
                                             mk_view)
     BF16, F32 = cutlass.BFloat16, cutlass.Float32

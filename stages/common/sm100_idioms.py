@@ -38,7 +38,7 @@ SMEM-P: P through shared memory (stages D1, D2 at hd > 64)
 
     Every agreement check reads the coordinates of identity-tensor
     partitions with `fragment_coords`: evaluated in plain Python
-    (inspection.identity_coords), spot-checked against CuTe's own indexing
+    (sm100_coords.identity_coords), spot-checked against CuTe's own indexing
     at a few registers, never element by element through the tracer (one
     traced operation per element made them most of a trace's time).
 
@@ -75,7 +75,7 @@ import cutlass.pipeline as pipeline
 from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import tcgen05
 
-from stages.common.inspection import NotStatic, identity_coords
+from stages.common.sm100_coords import NotStatic, identity_coords
 
 TMEM_COL_BITS = 32  # one TMEM column is 32 bits wide in every lane
 
@@ -155,7 +155,7 @@ class TmemPlan:
 
 def fragment_coords(t, spot_check: bool = True) -> list:
     """[t[i] for i in range(size(t))] of an identity-coordinate partition, evaluated in
-    plain Python (inspection.identity_coords: base coordinate + ScaledBasis strides),
+    plain Python (sm100_coords.identity_coords: base coordinate + ScaledBasis strides),
     with no traced operation per element.  With `spot_check`, the Python values are
     compared with CuTe's own indexing at the first, a third, the middle and the last
     register (a handful of traced reads), and a disagreement raises.  A tensor the
