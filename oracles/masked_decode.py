@@ -365,31 +365,11 @@ def merge_flops(case: dict[str, Any]) -> float:
 
 
 def torch_merge(inputs: dict, case: dict[str, Any]):
-    """Peer for timing: D5 as PyTorch users write it, bf16 on the GPU, gather-free: the two
-    branches side by side, two batched matmuls, the masks, logsumexp and the sink."""
-    import torch
+    """Peer for timing (`run --bench`): D5 as PyTorch users write it, bf16 on the GPU,
+    gather-free — the bench peer's own function (harness/peers/torch_plain.py sink_decode: the
+    branches side by side, two batched matmuls, the masks, logsumexp and the sink).  The inputs
+    hold a NaN sink when the case has none, which sink_decode reads as "no sink"."""
+    from harness.peers.torch_plain import sink_decode
 
-    p = parse_branch_shape(case["shape"])
-    b, s_q, h_q, d = p["b"], p["s_q"], p["h_q"], p["d"]
-    kv = torch.cat([inputs["KV_main"], inputs["KV_swa"]], dim=1)  # [b, n_main + n_swa, d]
-    dev = kv.device
-    jm = torch.arange(p["n_main"], device=dev)
-    js = torch.arange(p["n_swa"], device=dev)
-    t = torch.arange(s_q, device=dev)
-    ml = inputs["main_lens"].long()[:, None, None]
-    sl = inputs["swa_lens"].long()[:, None, None]
-    ok_m = (jm[None, None, :] < ml).expand(b, s_q, -1)
-    ok_s = (js[None, None, :] < sl) & (js[None, None, :] <= sl - s_q + t[None, :, None])
-    ok = torch.cat([ok_m, ok_s], dim=-1)  # [b, s_q, n]
-    kv = torch.where(ok.any(dim=1)[..., None], kv, torch.zeros_like(kv))
-    q = inputs["Q"].reshape(b, s_q * h_q, d)
-    s = torch.bmm(q, kv.transpose(1, 2)).float().reshape(b, s_q, h_q, -1) * (1.0 / math.sqrt(d))
-    s = s.masked_fill(~ok[:, :, None, :], -math.inf)
-    lse = torch.logsumexp(s, dim=-1)  # [b, s_q, h_q]
-    prob = torch.exp(s - lse[..., None]).nan_to_num(0.0)
-    o = torch.bmm(prob.reshape(b, s_q * h_q, -1).to(kv.dtype), kv).reshape(b, s_q, h_q, d)
-    if sink_value(case["sink"]) is not None:
-        factor = torch.sigmoid(lse - inputs["sink"][None, None, :])  # 1 / (1 + e^(sink − lse))
-        o = o * torch.where(torch.isneginf(lse), torch.zeros_like(factor), factor)[..., None].to(o.dtype)
-    lse = torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse)
-    return o, lse.permute(0, 2, 1)
+    return sink_decode(inputs["Q"], inputs["KV_main"], inputs["KV_swa"], inputs["main_lens"], inputs["swa_lens"],
+                       inputs["sink"])
