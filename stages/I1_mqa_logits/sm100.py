@@ -182,13 +182,7 @@ class Kernel:
         tile_begin, tile_end = key_tile_range(mKs, mKe, block * bq, bq, self.s_kv, bk)
 
         if warp_idx == self.LOAD_WARP:
-            if tile_end > tile_begin:
-                q_slot = q_prod.acquire_and_advance()
-                cute.copy(tma_q, tQgQ[(None, block)], tQsQ[(None, 0)], tma_bar_ptr=q_slot.barrier)
-            for tile in cutlass.range(tile_begin, tile_end, unroll=1):
-                k_slot = k_prod.acquire_and_advance()
-                cute.copy(tma_k, tKgK[(None, tile)], tKsK[(None, k_slot.index)], tma_bar_ptr=k_slot.barrier)
-            k_prod.tail()
+            self.load_role(block, tile_begin, tile_end, q_prod, k_prod, tma_q, tQgQ, tQsQ, tma_k, tKgK, tKsK)
         if warp_idx == self.MMA_WARP:
             self.mma_role(tile_begin, tile_end, q_cons, k_cons, acc_prod, mma, tCrK, tCrQ, tmem_ptr, acc_layout)
         if warp_idx >= self.FILL_WARPS[0]:
@@ -200,6 +194,17 @@ class Kernel:
             self.epilogue(block, tidx, tile_begin, tile_end, acc_cons, mma, tmem_ptr, acc_layout, sW, mW, mScale, mKs, mKe, mOut, epi_sync)
             tcgen05_fence_before_sync()
             tmem_free(tmem_alloc, tmem_ptr, self.tmem_cols, epi_sync)
+
+    @cute.jit
+    def load_role(self, block, tile_begin, tile_end, q_prod, k_prod, tma_q, tQgQ, tQsQ, tma_k, tKgK, tKsK):
+        """Warp 5: the token block's Q once, then the K tiles of the range, one per slot."""
+        if tile_end > tile_begin:
+            q_slot = q_prod.acquire_and_advance()
+            cute.copy(tma_q, tQgQ[(None, block)], tQsQ[(None, 0)], tma_bar_ptr=q_slot.barrier)
+        for tile in cutlass.range(tile_begin, tile_end, unroll=1):
+            k_slot = k_prod.acquire_and_advance()
+            cute.copy(tma_k, tKgK[(None, tile)], tKsK[(None, k_slot.index)], tma_bar_ptr=k_slot.barrier)
+        k_prod.tail()
 
     @cute.jit
     def mma_role(self, tile_begin, tile_end, q_cons, k_cons, acc_prod, mma, tCrK, tCrQ, tmem_ptr, acc_layout):

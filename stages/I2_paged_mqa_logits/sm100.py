@@ -216,15 +216,8 @@ class Kernel:
         tile_end = cutlass.max(cutlass.min(tile_begin + self.CHUNK_TILES, (ctx + bk - 1) // bk), tile_begin)
 
         if warp_idx == self.LOAD_WARP:
-            if tile_end > tile_begin:
-                q_slot = q_prod.acquire_and_advance()
-                cute.copy(tma_q, tQgQ[(None, seq)], tQsQ[(None, 0)], tma_bar_ptr=q_slot.barrier)
-            for tile in cutlass.range(tile_begin, tile_end, unroll=1):
-                k_slot = k_prod.acquire_and_advance()
-                for w in cutlass.range_constexpr(2):
-                    phys = mTable[seq, cutlass.min(tile * 2 + w, last_block)]
-                    cute.copy(tma_k, tKgK[(None, phys)], tKsK[(None, k_slot.index * 2 + w)], tma_bar_ptr=k_slot.barrier)
-            k_prod.tail()
+            self.load_role(seq, last_block, tile_begin, tile_end, q_prod, k_prod, tma_q, tQgQ, tQsQ, tma_k, tKgK, tKsK,
+                           mTable)
         if warp_idx == self.MMA_WARP:
             self.mma_role(tile_begin, tile_end, q_cons, k_cons, acc_prod, mma, tCrK, tCrQ, tmem_ptr, acc_layout)
         if warp_idx >= self.FILL_WARPS[0]:
@@ -237,6 +230,21 @@ class Kernel:
                           sW, mW, mScale, mTable, mOut, epi_sync)
             tcgen05_fence_before_sync()
             tmem_free(tmem_alloc, tmem_ptr, self.tmem_cols, epi_sync)
+
+    @cute.jit
+    def load_role(self, seq, last_block, tile_begin, tile_end, q_prod, k_prod, tma_q, tQgQ, tQsQ, tma_k, tKgK, tKsK,
+                  mTable):
+        """Warp 5: the sequence's Q once, then per tile its two cache blocks (through the table,
+        clamped to the sequence's last block), one TMA box into each half of the slot."""
+        if tile_end > tile_begin:
+            q_slot = q_prod.acquire_and_advance()
+            cute.copy(tma_q, tQgQ[(None, seq)], tQsQ[(None, 0)], tma_bar_ptr=q_slot.barrier)
+        for tile in cutlass.range(tile_begin, tile_end, unroll=1):
+            k_slot = k_prod.acquire_and_advance()
+            for w in cutlass.range_constexpr(2):
+                phys = mTable[seq, cutlass.min(tile * 2 + w, last_block)]
+                cute.copy(tma_k, tKgK[(None, phys)], tKsK[(None, k_slot.index * 2 + w)], tma_bar_ptr=k_slot.barrier)
+        k_prod.tail()
 
     @cute.jit
     def mma_role(self, tile_begin, tile_end, q_cons, k_cons, acc_prod, mma, tCrK, tCrQ, tmem_ptr, acc_layout):
