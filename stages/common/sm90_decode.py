@@ -73,16 +73,17 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import warp, warpgroup
+from cutlass.cute.nvgpu import warpgroup
 
-from stages.common.barriers import NamedBarrier
 from stages.common.combine import SplitCombine, sink_factor
 from stages.common.inspection import expose
 from stages.common.scheduler import SM_COUNT, DecodeGrid, VisitPlan, key_limit, resolve_splits, valid_tiles, visit_tiles
-from stages.common.sm90_idioms import acc_rows_cols, tma_pipeline, wgmma_sync
-from stages.common.softmax import OnlineSoftmax, final_lse, scale_rows
+from stages.common.sm90_idioms import acc_rows_cols, wgmma_sync
+from stages.common.sm90_setup import TmaPipe, load_once, smem_struct, smem_tensors, tma_pipelines, tma_tiles, wait_once
+from stages.common.sm90_smem_p import SmemP, smem_p_mmas, vt_slice_layout
+from stages.common.softmax import OnlineSoftmax, final_lse
 from stages.common.masks import mask_scores, zero_kv_rows
-from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile
+from stages.common.tma import prefetch_descriptors, sm90_tma_load
 
 _SMEM_LIMIT = 227 * 1024  # Hopper: largest dynamic shared memory per CTA
 
@@ -118,9 +119,8 @@ def _kv_layouts(dtype, d: int, block_n: int, stages: int, slice_n: int):
     slice starts on an atom boundary (a valid wgmma descriptor on its own); both views
     tile keys first, so an atom holds 8 keys × (atom width) columns in either view."""
     k_kind = sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, dtype, slice_n)
-    v_kind = sm90_utils.get_smem_layout_atom(utils.LayoutEnum.COL_MAJOR, dtype, slice_n)
     k_layout = cute.tile_to_shape(warpgroup.make_smem_layout_atom(k_kind, dtype), (block_n, d, stages), order=(0, 1, 2))
-    vt_layout = cute.tile_to_shape(warpgroup.make_smem_layout_atom(v_kind, dtype), (d, block_n, stages), order=(1, 0, 2))
+    vt_layout = vt_slice_layout(dtype, d, block_n, stages, slice_n)
     check_same_bytes(k_layout, vt_layout, block_n, d, slice_n, stages)
     return k_layout, vt_layout
 
@@ -228,22 +228,8 @@ class DecodeSm90:
         mOp = cute.make_tensor(O_part.iterator, cute.make_layout((cap * rows, d), stride=(d, 1)))
         mLp = cute.make_tensor(LSE_part.iterator, cute.make_layout(cap * rows))
 
-        qk_mma = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype,
-            warpgroup.OperandMajorMode.K,  # Q rows: d contiguous
-            warpgroup.OperandMajorMode.K,  # K tile: d contiguous
-            cutlass.Float32,
-            (1, 1, 1),
-            tiler_mn=(bm, bn),
-        )
-        pv_mma = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype,
-            warpgroup.OperandMajorMode.K,  # P [rows, keys]: keys contiguous
-            warpgroup.OperandMajorMode.MN,  # Vᵀ (d, keys): d contiguous (= the K tile)
-            cutlass.Float32,
-            (1, self.NUM_MMA_WG, 1),
-            tiler_mn=(bm, d // self.NUM_MMA_WG),
-        )
+        # S = Q·Kᵀ on warpgroup 0 (m64 n{bn}); O = P·V with O's d columns over the MMA warpgroups.
+        qk_mma, pv_mma = smem_p_mmas(dtype, bm, bn, d, self.NUM_MMA_WG)
 
         q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, bn, d), dtype, 1)
         k_smem, vt_smem = _kv_layouts(dtype, d, bn, self.stages, d // self.NUM_MMA_WG)
@@ -259,21 +245,15 @@ class DecodeSm90:
         if cutlass.const_expr(len(self.branches) == 2):
             tma_kv2, tma_KV2, _ = sm90_tma_load(mKVs[1], k_smem, (bn, d))
 
-        @cute.struct
-        class Smem:
-            q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-            kv_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
-            row_factor: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm], 16]  # α, then 1/ℓ
-            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(q_smem)], 1024]
-            sKV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(k_smem)], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(p_smem)], 1024]
-
-        self.smem_struct = Smem
+        # Q: consumed by warpgroup 0 (4 warps); a KV slot: by both MMA warpgroups (8 warps).
+        self.pipes = (TmaPipe("q", 1, self.q_bytes, 4), TmaPipe("kv", self.stages, self.kv_bytes, self.MMA_THREADS // 32))
+        self.smem_struct = smem_struct(self.pipes, {"sQ": (dtype, q_smem), "sKV": (dtype, k_smem), "sP": (dtype, p_smem)},
+                                       row_factor_rows=bm)  # row_factor: α, then 1/ℓ
 
         self.kernel(
             qk_mma, pv_mma, tma_q, tma_Q, tma_kv, tma_KV, tma_kv2, tma_KV2, lens[0], lens[-1], sink,
             mO, mLSE, mOp, mLp, q_smem, k_smem, vt_smem, p_smem,
-        ).launch(grid=self.sched.grid, block=(self.THREADS, 1, 1), smem=Smem.size_in_bytes(), stream=stream)
+        ).launch(grid=self.sched.grid, block=(self.THREADS, 1, 1), smem=self.smem_struct.size_in_bytes(), stream=stream)
 
         if cutlass.const_expr(splits > 1):
             if cutlass.const_expr(self.has_sink):
@@ -317,17 +297,11 @@ class DecodeSm90:
                 prefetch_descriptors(tma_kv2)
 
         storage = cutlass.utils.SmemAllocator().allocate(self.smem_struct)
-        sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)  # (64, d, 1)
-        sK = storage.sKV.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (bn, d, stages)
-        sVt = storage.sKV.get_tensor(vt_smem.outer, swizzle=vt_smem.inner)  # (d, bn, stages): the same bytes
-        sP = storage.sP.get_tensor(p_smem.outer, swizzle=p_smem.inner)[None, None, 0]  # (64, bn)
+        sQ, sK, sP = smem_tensors(storage, sQ=q_smem, sKV=k_smem, sP=p_smem)  # (64, d, 1), (bn, d, stages), (64, bn, 1)
+        (sVt,) = smem_tensors(storage, sKV=vt_smem)  # (d, bn, stages): the same bytes as sK
+        sP = sP[None, None, 0]
         s_row = storage.row_factor.get_tensor(cute.make_layout(bm))
-
-        # Q: consumed by warpgroup 0 (4 warps); a KV slot: by both MMA warpgroups (8 warps).
-        q_pipe = tma_pipeline(storage.q_mbar, 1, self.q_bytes, 4)
-        kv_pipe = tma_pipeline(storage.kv_mbar, self.stages, self.kv_bytes, self.MMA_THREADS // 32)
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        q_pipe, kv_pipe = tma_pipelines(storage, self.pipes)
 
         has_work = plan.count > 0
         if warp_idx // 4 == self.LOAD_WG:
@@ -370,17 +344,11 @@ class DecodeSm90:
         """Load role (one warp): Q's row block once, then the visited KV tiles of the batch
         (either branch's) into the slots as they free up."""
         bm, bn, d = self.BLOCK_M, self.block_n, self.d
-        gQ = cute.local_tile(mQ, (bm, d), (None, 0))  # (64, d, row blocks)
-        gKV = cute.local_tile(mKV, (bn, d), (None, 0, None))  # (bn, d, tiles, b)
-        tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, gQ, 2)
-        tKsK, tKgK = tma_partition_tile(tma_kv, sK, gKV, 2)
+        load_once(q_pipe, tma_tiles(tma_q, sQ, mQ, (bm, d), (None, 0)), self.sched.row_block(work))
+        _, tKgK, tKsK = tma_tiles(tma_kv, sK, mKV, (bn, d), (None, 0, None))  # tiles (bn, d) of (keys, d, b)
         tKgK2 = tKgK
         if cutlass.const_expr(len(self.branches) == 2):
-            _, tKgK2 = tma_partition_tile(tma_kv2, sK, cute.local_tile(mKV2, (bn, d), (None, 0, None)), 2)
-
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        q_pipe.producer_acquire(q_state)
-        cute.copy(tma_q, tQgQ[(None, self.sched.row_block(work))], tQsQ[(None, 0)], tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+            _, tKgK2, _ = tma_tiles(tma_kv2, sK, mKV2, (bn, d), (None, 0, None))
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         for i in cutlass.range(plan.count, unroll=1):
@@ -415,13 +383,8 @@ class DecodeSm90:
         tSrQ = qk_mma.make_fragment_A(thr_qk.partition_A(sQ))  # (MMA, 1, d/16, 1)
         tSrK = qk_mma.make_fragment_B(thr_qk.partition_B(sK))  # (MMA, 1, d/16, stages)
         s_shape = thr_qk.partition_shape_C((bm, bn))
-        tScS_rc = acc_rows_cols(thr_qk.partition_C(cute.make_identity_tensor((bm, bn))))  # (row, key)
-        p_store = cute.make_tiled_copy_C(
-            cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), sP.element_type), qk_mma
-        )
-        thr_p_store = p_store.get_slice(tid_wg)
-        tPsP = thr_p_store.partition_D(sP)
-        expose(self, p_store=(p_store, qk_mma, (bm, bn), (bm, bn)))  # dsv4-lab inspect; no code
+        smem_p = SmemP.create(self, qk_mma, sP, s_row, tid_wg, mma_threads)  # P and the row factors → the P·V warpgroups
+        tScS_rc = smem_p.tScS_rc  # (row, key)
 
         # O side: this thread's part of its warpgroup's d/2 columns.
         thr_pv = pv_mma.get_slice(tidx)
@@ -439,7 +402,7 @@ class DecodeSm90:
 
         kv_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         if wg == 0:
-            q_pipe.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+            wait_once(q_pipe)
 
         for i in cutlass.range(plan.count, unroll=1):
             kv_pipe.consumer_wait(kv_cons)
@@ -449,28 +412,21 @@ class DecodeSm90:
                 if cutlass.const_expr(self.masked):
                     self.mask_boundary(plan, limits, i, acc_rows_cols(acc_s), tScS_rc, sK[None, None, kv_cons.index], tid_wg)
                 alpha = softmax.update(acc_rows_cols(acc_s))
-                r_p = cute.make_rmem_tensor(s_shape, sP.element_type)
-                r_p.store(acc_s.load().to(sP.element_type))
-                if i > 0:  # warpgroup 1 is done with the previous P and α
-                    cute.arch.barrier(barrier_id=int(NamedBarrier.P_EMPTY), number_of_threads=mma_threads)
-                cute.copy(p_store, thr_p_store.retile(r_p), tPsP)
-                for r in cutlass.range_constexpr(num_rows):
-                    if tScS_rc[r, 0][1] == 0:  # one lane of the row's quad
-                        s_row[tScS_rc[r, 0][0]] = alpha[r]
-                cute.arch.fence_proxy("async.shared", space="cta")  # P (and zeroed KV rows): generic writes → wgmma reads
-            cute.arch.barrier(barrier_id=int(NamedBarrier.P_FULL), number_of_threads=mma_threads)
-            for r in cutlass.range_constexpr(num_rows):
-                scale_rows(acc_o_rc, r, s_row[tOcO_rc[r, 0][0]])
+                # P and α out (after warpgroup 1 is done with the previous ones); its async-proxy
+                # fence also covers the KV rows mask_boundary zeroed.
+                smem_p.publish(acc_s, alpha, i > 0)
+            smem_p.wait_full()
+            smem_p.rescale(acc_o_rc, tOcO_rc)
             wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
             kv_pipe.consumer_release(kv_cons)
             kv_cons.advance()
             if wg == 1:
-                cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.P_EMPTY), number_of_threads=mma_threads)
+                smem_p.release()
 
         # Finalize (warpgroup 0 holds the row state): 1/ℓ (× the sink factor) through the row
         # buffer, LSE out.
         if wg == 0:
-            cute.arch.barrier(barrier_id=int(NamedBarrier.P_EMPTY), number_of_threads=mma_threads)
+            smem_p.wait_empty()
             inv_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
             lse = cute.make_rmem_tensor(num_rows, cutlass.Float32)
             softmax.finalize(inv_sum, lse)
@@ -479,9 +435,8 @@ class DecodeSm90:
                 if tScS_rc[r, 0][1] == 0:
                     s_row[row] = self.row_out_factor(work, row, inv_sum[r], lse[r], mSink)
                     self.store_lse(work, row, lse[r], mLSE, mLp, mSink)
-        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=mma_threads)
-        for r in cutlass.range_constexpr(num_rows):
-            scale_rows(acc_o_rc, r, s_row[tOcO_rc[r, 0][0]])
+        smem_p.wait_epilogue()
+        smem_p.rescale(acc_o_rc, tOcO_rc)
         self.store_o(acc_o, tOgO)
 
     # -- pieces -------------------------------------------------------------------------------
