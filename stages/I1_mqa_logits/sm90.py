@@ -7,8 +7,8 @@ Math (oracles/indexer.py)
     key after the head sum.)  q [s, 64, 128] e4m3, k [s_kv, 128] e4m3, fp32 accumulation.
 
 The MMA: keys along M, heads along N
-    One FP8 wgmma computes Sᵀ = K_tile · Q_blockᵀ with M = 64 keys, N = the 64 heads of each of
-    the CTA's 4 query tokens (256), K = d = 128 (four k32 steps).  Both operands
+    One FP8 wgmma computes Sᵀ = K_tile · Q_wᵀ with M = 64 keys, N = the 64 heads of each of the
+    warpgroup's 4 query tokens (256), K = d = 128 (four k32 steps).  Both operands
     are K-major (row-major K [keys, d], Q [tokens · heads, d]), as FP8 wgmma requires.  With
     heads along N, the reduction over heads is a reduction over an accumulator row: each thread
     holds 2 rows (keys r, r + 8) × N/4 columns, sums its columns (relu, × w), then two butterfly
@@ -25,15 +25,18 @@ Warp roles (384 threads)
     warpgroup 2, warp 8     load: Q's token block once, then the range's K tiles into a
                             STAGES-slot TMA pipeline (setmaxnreg 24)
     warpgroup 2, warps 9-11 fill: −inf outside the tile range (setmaxnreg 24)
-    warpgroups 0, 1         alternate 64-key tiles (warpgroup w: tiles w, w + 2, …): MMA, then
-                            the fused epilogue — relu, × w, head sum, × k_scale, range select,
-                            store — while the other warpgroup's MMA runs (setmaxnreg 240:
-                            128 accumulator + 64 weight registers per thread)
+    warpgroups 0, 1         8 query tokens per CTA, warpgroup w owns tokens 4w … 4w + 3 (its
+                            half of the Q block is its B operand); both read every 64-key K tile
+                            (a slot is free once both have): MMA, then the fused epilogue —
+                            relu, × w, head sum, × k_scale, range select, store (setmaxnreg 240:
+                            128 accumulator + 64 weight registers per thread).  The tensor core
+                            serialises the two MMAs, so one warpgroup's epilogue runs under the
+                            other's MMA without any explicit schedule.
 
-Why this shape (the first version, tests/fixtures/i1_v1, had both warpgroups on halves of one
-128-key tile with 2 tokens): with N = 256 the K tile is read from L2 by half as many CTAs and
-each wgmma does twice the work per issue; with alternate tiles one warpgroup's epilogue (CUDA
-cores) overlaps the other's MMA (tensor cores) instead of both waiting on each other.
+Why this shape.  The first version (tests/fixtures/i1_v1) had both warpgroups on halves of one
+128-key tile with 2 tokens per CTA; the second (tests/fixtures/i1_v2) 4 tokens and alternate
+tiles.  Here each K tile read from L2 serves 8 tokens (half v2's L2 → SMEM traffic of K), each
+wgmma is m64n256k32, and the overlap of epilogue and MMA is kept.
 
 Limits: s a multiple of BLOCK_Q, s_kv a multiple of BLOCK_K; h = 64, d = 128; row-major,
 16-byte aligned, static shapes.
@@ -58,11 +61,12 @@ DIM = 128
 
 
 class Kernel:
-    """FP8 MQA logits on Hopper tensor cores: 4 query tokens per CTA, 64-key tiles through a TMA
-    pipeline taken alternately by two MMA warpgroups, the relu-weight-head-sum fused after the
+    """FP8 MQA logits on Hopper tensor cores: 8 query tokens per CTA (4 per MMA warpgroup), 64-key
+    tiles through a TMA pipeline read by both warpgroups, the relu-weight-head-sum fused after the
     MMA, −inf written by the kernel."""
 
-    BLOCK_Q = 4  # query tokens per CTA: N = 64 · BLOCK_Q = 256
+    BLOCK_Q = 8  # query tokens per CTA: 4 per MMA warpgroup (N = 256 each)
+    WG_Q = 4
     BLOCK_K = 64  # keys per tile = M of one warpgroup's MMA; the warpgroups take alternate tiles
     NUM_MMA_WG = 2
     LOAD_WG = 2
@@ -80,7 +84,7 @@ class Kernel:
         if s_kv % self.BLOCK_K or s_kv <= 0:
             raise ValueError(f"stage I1 sm90: s_kv must be a positive multiple of {self.BLOCK_K}, got {s_kv}")
         self.s, self.s_kv = s, s_kv
-        self.n = HEADS * self.BLOCK_Q
+        self.n = HEADS * self.WG_Q  # N of one warpgroup's MMA
         self.num_tiles = s_kv // self.BLOCK_K
 
     @cute.jit
@@ -106,12 +110,13 @@ class Kernel:
             (1, 1, 1),
             tiler_mn=(bk, n),
         )
-        check_token_columns(mma, (bk, n), HEADS, bq)
+        check_token_columns(mma, (bk, n), HEADS, self.WG_Q)
         tile = (bk, n, DIM)
         k_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, tile, dtype, self.STAGES)
-        q_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, tile, dtype, 1)
+        q_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, tile, dtype, self.NUM_MMA_WG)  # a half per warpgroup
         expose(self, qk_mma=(mma, tile), smem={"K": k_smem, "Q": q_smem})  # dsv4-lab inspect
-        tma_q, tma_Q, self.q_bytes = sm90_tma_load(mQ, q_smem, (n, DIM))
+        tma_q, tma_Q, q_half = sm90_tma_load(mQ, q_smem, (n, DIM))
+        self.q_bytes = self.NUM_MMA_WG * q_half
         tma_k, tma_K, self.k_bytes = sm90_tma_load(kv, k_smem, (bk, DIM))
 
         @cute.struct
@@ -152,7 +157,7 @@ class Kernel:
         sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)  # (n, d, 1)
         sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (bk, d, stages)
         q_pipe = tma_pipeline(storage.q_mbar, 1, self.q_bytes, self.MMA_THREADS // 32)
-        k_pipe = tma_pipeline(storage.k_mbar, self.STAGES, self.k_bytes, 4)  # a slot is one warpgroup's
+        k_pipe = tma_pipeline(storage.k_mbar, self.STAGES, self.k_bytes, self.MMA_THREADS // 32)  # both read each slot
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -177,7 +182,9 @@ class Kernel:
         if tile_end > tile_begin:
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             q_pipe.producer_acquire(q_state)
-            cute.copy(tma_q, tQgQ[(None, block)], tQsQ[(None, 0)], tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+            for w in cutlass.range_constexpr(self.NUM_MMA_WG):
+                cute.copy(tma_q, tQgQ[(None, block * self.NUM_MMA_WG + w)], tQsQ[(None, w)],
+                          tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.STAGES)
         for tile in cutlass.range(tile_begin, tile_end, unroll=1):
             k_pipe.producer_acquire(k_state)
@@ -197,54 +204,50 @@ class Kernel:
 
     @cute.jit
     def logits(self, block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK, mScale, mW, mKs, mKe, mOut):
-        """MMA warpgroups: warpgroup w takes tiles tile_begin + w, + w + 2, …: Sᵀ = K_tile · Qᵀ
-        (64 keys × 4 tokens · 64 heads), then the fused epilogue (see `head_sum`) while the other
-        warpgroup's MMA runs."""
-        bq, bk, n = self.BLOCK_Q, self.BLOCK_K, self.n
+        """MMA warpgroups: warpgroup w, for every K tile: Sᵀ = K_tile · Q_wᵀ (64 keys × its 4 tokens
+        · 64 heads), then the fused epilogue (see `head_sum`)."""
+        wq, bk, n = self.WG_Q, self.BLOCK_K, self.n
         wg = tidx // 128
+        row0 = block * self.BLOCK_Q + wg * wq  # this warpgroup's first token
         thr = mma.get_slice(tidx % 128)
         tCrK = mma.make_fragment_A(thr.partition_A(sK))  # (MMA, 1, d/32, stages)
-        tCrQ = mma.make_fragment_B(thr.partition_B(sQ))  # (MMA, 1, d/32, 1)
+        tCrQ = mma.make_fragment_B(thr.partition_B(sQ))  # (MMA, 1, d/32, 2)
         acc_shape = thr.partition_shape_C((bk, n))
         coords = acc_rows_cols(thr.partition_C(cute.make_identity_tensor((bk, n))))  # (key in tile, token·64 + head)
         num_rows = cute.size(coords, mode=[0])
         num_cols = cute.size(coords, mode=[1])
-        per_token = num_cols // bq
+        per_token = num_cols // wq
 
-        # This thread's weights (one per accumulator column) and the block's ranges.
         w = cute.make_rmem_tensor(num_cols, cutlass.Float32)
         for j in cutlass.range_constexpr(num_cols):
             col = coords[0, j][1]
-            w[j] = mW[block * bq + col // HEADS, col % HEADS]
-        lo = cute.make_rmem_tensor(bq, cutlass.Int32)
-        hi = cute.make_rmem_tensor(bq, cutlass.Int32)
-        for t in cutlass.range_constexpr(bq):
-            lo[t] = mKs[block * bq + t]
-            hi[t] = mKe[block * bq + t]
+            w[j] = mW[row0 + col // HEADS, col % HEADS]
+        lo = cute.make_rmem_tensor(wq, cutlass.Int32)
+        hi = cute.make_rmem_tensor(wq, cutlass.Int32)
+        for t in cutlass.range_constexpr(wq):
+            lo[t] = mKs[row0 + t]
+            hi[t] = mKe[row0 + t]
         lane4 = tidx % 4
 
         if tile_end > tile_begin:
             q_pipe.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.STAGES)
-        if wg == 1:
-            k_state.advance()  # warpgroup 1 starts at the second tile
-        for tile in cutlass.range(tile_begin + wg, tile_end, self.NUM_MMA_WG, unroll=1):
+        for tile in cutlass.range(tile_begin, tile_end, unroll=1):
             k_pipe.consumer_wait(k_state)
             acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
-            wgmma_sync(mma, acc, tCrK, tCrQ, a_slot=k_state.index, b_slot=0, zero_init=True)
+            wgmma_sync(mma, acc, tCrK, tCrQ, a_slot=k_state.index, b_slot=wg, zero_init=True)
             k_pipe.consumer_release(k_state)
             k_state.advance()
-            k_state.advance()  # the other warpgroup's tile
             acc_rc = acc_rows_cols(acc)
             for r in cutlass.range_constexpr(num_rows):
                 key = tile * bk + coords[r, 0][0]
                 scale = mScale[key]
-                for t in cutlass.range_constexpr(bq):
+                for t in cutlass.range_constexpr(wq):
                     total = self.head_sum(acc_rc, w, r, t * per_token, per_token) * scale
                     inside = (key >= lo[t]) & (key < hi[t])
                     value = cutlass.Float32(cutlass.select_(inside, total, -cutlass.Float32.inf))
-                    if (r * bq + t) % 4 == lane4:  # the quad's lanes share the stores
-                        mOut[block * bq + t, key] = value
+                    if (r * wq + t) % 4 == lane4:  # the quad's lanes share the stores
+                        mOut[row0 + t, key] = value
 
     @cute.jit
     def head_sum(self, acc_rc, w, r: cutlass.Constexpr[int], first: cutlass.Constexpr[int],
