@@ -31,6 +31,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _lab_package(name: str) -> bool:
+    return name in ("oracles", "stages") or name.startswith(("oracles.", "stages."))
+
+
+@pytest.fixture(autouse=True)
+def _project_lab_packages_survive():
+    """A test that imports another lab's `oracles`/`stages` packages in-process (a fake lab on
+    sys.path) must not leave them in place of the project's for the tests after it: when the
+    package objects changed, every lab module is dropped and the earlier ones come back."""
+    before = {k: v for k, v in sys.modules.items() if _lab_package(k)}
+    path = list(sys.path)
+    yield
+    if any(sys.modules.get(k) is not before.get(k) for k in ("oracles", "stages") if k in before or k in sys.modules):
+        for k in [k for k in sys.modules if _lab_package(k)]:
+            del sys.modules[k]
+        sys.modules.update(before)
+        sys.path[:] = path
+
+
 @pytest.fixture
 def project_root() -> Path:
     return ROOT
