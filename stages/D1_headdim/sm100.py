@@ -58,9 +58,10 @@ Why hd = 512 takes two CTAs (the TMEM budget)
     (hd_per_cta × kv_tile); P (SMEM-P) is 128 × kv_tile bf16.  The limit is
     227 KiB (232448 bytes) of dynamic shared memory per CTA; the constructor
     checks an estimate and the traced kernel the real struct size (both
-    equal for the defaults).  ptxas -v (sm_100a) when written, n = 128 / 256 /
-    1024: hd 64 165/173/173 registers, hd 128 159/233/233, hd 256 122,
-    hd 512 123/124/124; no spills.
+    equal for the defaults).  ptxas -v (sm_100a) on the sm100_setup house, n = 128 /
+    256 / 1024: hd 64 165/171/171 registers, hd 128 159/231/231, hd 256 121,
+    hd 512 122/124/124; no spills (when written: hd 64 165/173/173, hd 128
+    159/233/233, hd 256 122, hd 512 123/124/124).
 
 P between the two MMAs
     hd = 64 (TMEM-P, stage C's path, unchanged): P (bf16) is written
