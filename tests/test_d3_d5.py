@@ -386,3 +386,64 @@ def test_torch_peer_matches_the_oracle_and_never_nans(sink):
             assert torch.nn.functional.cosine_similarity(o.double().flatten(), ref["O"].flatten(), dim=0) > 0.9999
         else:
             assert (o == 0).all()
+
+
+# -- stages/common/softmax.py: the lonely-row rule is a compile-time switch -------------------------
+
+_SOFTMAX_PROBE = '''
+import os, re
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+from stages.common.softmax import OnlineSoftmax
+
+
+class Probe:
+    def __init__(self, lonely):
+        self.lonely = lonely
+
+    @cute.jit
+    def __call__(self, S: cute.Tensor, A: cute.Tensor, stream):
+        self.kernel(S, A).launch(grid=(1, 1, 1), block=(32, 1, 1), stream=stream)
+
+    @cute.kernel
+    def kernel(self, S: cute.Tensor, A: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        s = cute.make_rmem_tensor(cute.make_layout((2, 4)), cutlass.Float32)
+        for r in cutlass.range_constexpr(2):
+            for j in cutlass.range_constexpr(4):
+                s[r, j] = S[tidx, r * 4 + j]
+        sm = OnlineSoftmax.create(2, 1.4426950408889634, lonely_rows=self.lonely)
+        alpha = sm.update(s)
+        for r in cutlass.range_constexpr(2):
+            A[tidx, r] = alpha[r] + s[r, 0]
+
+
+for lonely in (True, False):
+    S = make_fake_compact_tensor(cutlass.Float32, (32, 8), stride_order=(1, 0), assumed_align=16)
+    A = make_fake_compact_tensor(cutlass.Float32, (32, 2), stride_order=(1, 0), assumed_align=16)
+    c = cute.compile(Probe(lonely), S, A, make_fake_stream())
+    raw = c.__ptx__ or ""
+    ptx = open(raw).read() if raw and "\\n" not in raw and os.path.isfile(raw) else raw
+    body = ptx[ptx.index(".entry"):]
+    print("LONELY" if lonely else "PLAIN", len(re.findall(r"\\bselp\\.(?:f32|b32)", body)))
+'''
+
+
+def test_softmax_lonely_row_select_is_traced_only_when_asked(tmp_path):
+    """OnlineSoftmax(lonely_rows=True) emits one select per row (m_safe = 0 when the row max is
+    −inf); lonely_rows=False (stages whose rows always see a key) emits none."""
+    import os
+    import subprocess
+    import sys
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(_SOFTMAX_PROBE)
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(dump),
+           "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, str(probe)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-2000:]
+    assert "LONELY 2" in out and "PLAIN 0" in out, out[-2000:]
