@@ -44,6 +44,9 @@ Roles are module functions taking the pipeline participants as arguments: inside
 staged `if` or loop the tracer carries names the body assigns or calls a method on, so
 each role advances its own local participants (never attributes of a shared object),
 and no method of the (plain Python) set-up objects is called inside a role `if`.
+
+(No `from __future__ import annotations` in this module: cute.struct reads the field
+annotations of `attention_smem_struct` as objects.)
 """
 
 from dataclasses import dataclass
