@@ -447,3 +447,51 @@ def test_softmax_lonely_row_select_is_traced_only_when_asked(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-2000:]
     assert "LONELY 2" in out and "PLAIN 0" in out, out[-2000:]
+
+
+# -- the house's own planning code, run on ints over every case ---------------------------------
+
+
+@pytest.mark.parametrize("stage,module", [("D3", "stages.D3_swa.sm90"), ("D4", "stages.D4_causal_swa.sm90"),
+                                          ("D5", "stages.D5_sink_merge.sm90")])
+def test_house_visits_exactly_the_valid_keys_once_over_all_splits(stage, module):
+    """The kernel's key_limits + visit_plan (plain Python the kernel traces; here on ints) and the
+    boundary rule of mask_boundary (a visited tile's keys ≥ rem are masked) attend, over all the
+    CTAs of the grid, exactly the oracle's valid keys of every (batch, token), each once."""
+    import importlib
+
+    Kernel = importlib.import_module(module).Kernel
+    for case in matrix(stage):
+        params = {k: case[k] for k in ("shape", "splits", "sink") if k in case}
+        k = Kernel(**params)
+        seed = case_seed(stage, case)
+        if stage == "D5":
+            lens = md.branch_levels(case, seed)
+            p = md.parse_branch_shape(case["shape"])
+            caps, causal = (p["n_main"], p["n_swa"]), (False, True)
+        else:
+            lens = (md.fill_levels(case, seed), None)
+            p = md.parse_shape(case["shape"])
+            caps, causal = (p["n"],), (stage == "D4",)
+        seen = {}
+        gx, gy, gz = k.sched.grid
+        for bx in range(gx):
+            for by in range(gy):
+                for bz in range(gz):
+                    work = k.sched.work(bx, by, bz)
+                    limits = k.key_limits(work, *lens)
+                    plan = k.visit_plan(work, limits)
+                    for i in range(max(plan.count, 0)):
+                        second, tile = plan.tile(i)
+                        br = int(second)
+                        rem = limits[br] - tile * k.block_n
+                        assert rem > 0, (case, work, i)  # a visited tile holds a valid key
+                        for j in range(min(rem, k.block_n)):
+                            key = (work.batch, work.token, work.head_block, br, tile * k.block_n + j)
+                            seen[key] = seen.get(key, 0) + 1
+        assert all(v == 1 for v in seen.values()), case
+        for br, (n, c) in enumerate(zip(caps, causal)):
+            valid = md.valid_keys(lens[br], n, p["s_q"], c)
+            want = {(b, t, h, br, j) for b, t, j in valid.nonzero().tolist() for h in range(p["h_q"] // 64)}
+            got = {key for key in seen if key[3] == br}
+            assert got == want, (case, br, len(got ^ want))
