@@ -250,8 +250,9 @@ class DecodeSm90:
         self.smem_struct = smem_struct(self.pipes, {"sQ": (dtype, q_smem), "sKV": (dtype, k_smem), "sP": (dtype, p_smem)},
                                        row_factor_rows=bm)  # row_factor: α, then 1/ℓ
 
+        len2 = lens[1] if len(lens) == 2 else None
         self.kernel(
-            qk_mma, pv_mma, tma_q, tma_Q, tma_kv, tma_KV, tma_kv2, tma_KV2, lens[0], lens[-1], sink,
+            qk_mma, pv_mma, tma_q, tma_Q, tma_kv, tma_KV, tma_kv2, tma_KV2, lens[0], len2, sink,
             mO, mLSE, mOp, mLp, q_smem, k_smem, vt_smem, p_smem,
         ).launch(grid=self.sched.grid, block=(self.THREADS, 1, 1), smem=self.smem_struct.size_in_bytes(), stream=stream)
 
