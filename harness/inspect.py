@@ -123,48 +123,13 @@ def decode_tmem_address(addr: int) -> tuple[int, int, bool]:
 # Describing what a kernel exposes (runs inside the trace)
 
 
-def _basis(step: Any) -> tuple[int, int] | None:
-    """(value, mode) of a ScaledBasis stride (v@m), None for a plain 0 stride."""
-    if hasattr(step, "value") and hasattr(step, "mode"):
-        mode = step.mode
-        while isinstance(mode, (list, tuple)):
-            mode = mode[0]
-        return int(step.value), int(mode)
-    if int(step) == 0:
-        return None
-    raise ValueError(f"not a coordinate stride: {step}")
-
-
-def _flatten_any(shape: Any, stride: Any) -> list[tuple[int, Any]]:
-    if isinstance(shape, tuple):
-        out: list[tuple[int, Any]] = []
-        for s, d in zip(shape, stride):
-            out += _flatten_any(s, d if isinstance(d, tuple) or not isinstance(s, tuple) else (d,) * len(s))
-        return out
-    return [(int(shape), stride)]
-
-
 def _coords(t) -> list[tuple]:
-    """The coordinates an identity-tensor partition holds, in index order, evaluated in
-    Python from its base coordinate (iterator) and ScaledBasis strides: no traced op per
-    element."""
-    base = t.iterator
-    base = tuple(int(x) for x in base) if isinstance(base, tuple) else (int(base),)
-    coords = [base]
-    for extent, step in _flatten_any(t.layout.shape, t.layout.stride):
-        b = _basis(step)
-        if b is None:
-            coords = [c for _ in range(extent) for c in coords]
-            continue
-        value, mode = b
-        nxt = []
-        for i in range(extent):
-            for c in coords:
-                c2 = list(c)
-                c2[mode] += i * value
-                nxt.append(tuple(c2))
-        coords = nxt
-    return coords
+    """The coordinates an identity-tensor partition holds, in index order, evaluated in Python
+    (stages/common/sm100_coords.py: no traced op per element; the kernels' own trace-time
+    checks use the same evaluation)."""
+    from stages.common.sm100_coords import identity_coords
+
+    return identity_coords(t)
 
 
 def _mma_lines(name: str, mma, tile) -> list[str]:
