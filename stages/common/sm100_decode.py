@@ -178,6 +178,7 @@ from stages.common.sm100_idioms import (
     umma_to_threads_pipeline,
 )
 from stages.common.sm100_keys import Branch, BranchKeys
+from stages.common.sm100_setup import WarpRoles, launch, rescale_o
 from stages.common.sm100_masks import check_lines, line_view
 from stages.common.sm100_softmax import final_row_lse, row_finalize, row_softmax_update
 from stages.common.tma import prefetch_descriptors, sm100_tma_load, tma_partition_tile
@@ -306,7 +307,7 @@ class _TmemPlan:
 # ---------------------------------------------------------------------------------------
 
 
-class DecodeSm100:
+class DecodeSm100(WarpRoles):
     """DSV4 MQA decode attention with split-KV, tcgen05 + TMEM, sm_100a: the house of D2–D5.
 
     Options beyond a stage's axes (setup_plan): o_split (CTAs sharing one row block's O by
@@ -322,11 +323,6 @@ class DecodeSm100:
     """
 
     NAME = "sm100 decode"
-    SOFTMAX_WARPS = (0, 1, 2, 3)
-    MMA_WARP = 4
-    LOAD_WARP = 5
-    THREADS = 32 * 6
-    SOFTMAX_THREADS = 32 * 4
 
     def setup_plan(self, p: DecodeShape, splits, sm_count: int, o_split: int | None, s_stages: int,
                    n_tiles: int | None = None) -> None:
@@ -393,7 +389,7 @@ class DecodeSm100:
 
     def start(self, kernel, stream) -> None:
         """Launch the traced kernel call: grid (row blocks · o_split, splits, b), 192 threads."""
-        kernel.launch(grid=self.launch_grid(), block=(self.THREADS, 1, 1), stream=stream, min_blocks_per_mp=1)
+        launch(kernel, self.launch_grid(), stream)
 
     def block_last_token(self, rb):
         """The last query token with a row in 128-row block rb (rows are token·h_q + head)."""
@@ -820,12 +816,7 @@ class DecodeSm100:
             cute.copy(p_copy, rP_smem, tRS_sP)
             if j > 0:
                 if cute.arch.vote_any_sync(new_max > row_max):
-                    for t in cutlass.range_constexpr(pv_tiles):
-                        for ch in cutlass.range_constexpr(o_chunks):
-                            cute.copy(o_load, tTR_tO[None, ch, None, t], rO)
-                            cute.arch.fence_view_async_tmem_load()
-                            rO.store(rO.load() * alpha)
-                            cute.copy(o_store, rO, tRT_tO[None, ch, None, t])
+                    rescale_o(o_load, o_store, tTR_tO, tRT_tO, rO, alpha, pv_tiles, o_chunks)  # O ← α·O in TMEM
             cute.arch.fence_view_async_tmem_store()  # tcgen05.wait::st
             cute.arch.fence_view_async_shared()  # P visible to the tensor core (async proxy)
             tcgen05_fence_before_sync()
