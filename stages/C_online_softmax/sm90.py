@@ -42,7 +42,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
-from stages.common.sm90_idioms import acc_rows_cols, online_softmax_row, store_accumulator
+from stages.common.sm90_idioms import acc_rows_cols, store_accumulator
 from stages.common.sm90_register_p import AttentionOperands, RegisterPAttention
 from stages.common.softmax import OnlineSoftmax, scale_rows
 
@@ -76,22 +76,19 @@ class Kernel(RegisterPAttention):
         thr_pv = ops.pv_mma.get_slice(tidx)
         tOgO = thr_pv.partition_C(mO)  # this thread's O elements in global memory
         tOcO_rc = acc_rows_cols(thr_pv.partition_C(cute.make_identity_tensor((self.BLOCK_M, self.hd))))  # (row, col)
-        softmax = OnlineSoftmax.create(cute.size(tOcO_rc, mode=[0]), self.scale_log2)  # this thread's rows
+        # This thread's rows; no row of this rung is keyless (lonely_rows=False: no select).
+        softmax = OnlineSoftmax.create(cute.size(tOcO_rc, mode=[0]), self.scale_log2, lonely_rows=False)
         acc_o = self.mma(tidx, warp_idx, ops, sQ, sK, sV, q_pipe, kv_loader, tOgO.shape, softmax)
         self.finish(softmax, acc_o, tOcO_rc, mLSE)
         store_accumulator(acc_o, tOgO)
 
     @cute.jit
     def between(self, acc_s: cute.Tensor, acc_o: cute.Tensor, softmax: OnlineSoftmax) -> None:
-        """Online softmax, row by row: S ← P = 2^(S·c − m_new·c), ℓ and O rescaled by α.
-        (The row update is sm90_idioms.online_softmax_row on the state's tensors: no row of
-        this rung is keyless, and OnlineSoftmax.update's lonely-row select costs 1–4
-        registers here.)"""
+        """Online softmax, row by row: S ← P = 2^(S·c − m_new·c), ℓ and O rescaled by α."""
         acc_s_rc = acc_rows_cols(acc_s)
         acc_o_rc = acc_rows_cols(acc_o)
         for r in cutlass.range_constexpr(softmax.num_rows):
-            alpha = online_softmax_row(acc_s_rc, r, softmax.row_max, softmax.row_sum, softmax.scale_log2)
-            scale_rows(acc_o_rc, r, alpha)
+            scale_rows(acc_o_rc, r, softmax.update_row(acc_s_rc, r))
 
     @cute.jit
     def finish(self, softmax: OnlineSoftmax, acc_o: cute.Tensor, tOcO_rc: cute.Tensor, mLSE: cute.Tensor) -> None:

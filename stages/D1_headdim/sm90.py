@@ -67,7 +67,7 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 
 from stages.common.inspection import expose
-from stages.common.sm90_idioms import acc_rows_cols, online_softmax_row, store_accumulator, wgmma_sync
+from stages.common.sm90_idioms import acc_rows_cols, store_accumulator, wgmma_sync
 from stages.common.sm90_setup import AttentionOperands, TileLoader, TmaPipe, load_once, smem_struct
 from stages.common.sm90_setup import smem_tensors, tma_pipelines, tma_tiles, wait_once
 from stages.common.sm90_smem_p import SmemP, smem_p_mmas, vt_slice_layout
@@ -201,7 +201,7 @@ class Kernel:
             v_loader.fill(self.stages)
 
         num_rows = cute.size(smem_p.tScS_rc, mode=[0])
-        softmax = OnlineSoftmax.create(num_rows, self.scale_log2)  # warpgroup 0's rows
+        softmax = OnlineSoftmax.create(num_rows, self.scale_log2, lonely_rows=False)  # wg 0's rows; none keyless
 
         k_pipe, v_pipe = k_loader.pipe, v_loader.pipe
         k_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -218,13 +218,8 @@ class Kernel:
                 k_pipe.consumer_release(k_cons)
                 if warp_idx == 0 and kv_tile + self.stages < self.num_kv_tiles:
                     k_loader.produce()
-                # Online softmax, row by row: S ← P, α per row (the update is
-                # online_softmax_row on the state's tensors: no row of D1 is keyless, and
-                # OnlineSoftmax.update's lonely-row select costs registers).
-                acc_s_rc = acc_rows_cols(acc_s)
-                alpha = cute.make_rmem_tensor(num_rows, cutlass.Float32)
-                for r in cutlass.range_constexpr(num_rows):
-                    alpha[r] = online_softmax_row(acc_s_rc, r, softmax.row_max, softmax.row_sum, softmax.scale_log2)
+                # Online softmax, row by row: S ← P, α per row; then P and α out.
+                alpha = softmax.update(acc_rows_cols(acc_s))
                 smem_p.publish(acc_s, alpha, kv_tile > 0)
             k_cons.advance()
 

@@ -30,11 +30,10 @@ TMA pipelines
     producer thread whose TMA bytes complete the full barrier, and consumer
     warps that each arrive once on the empty barrier.
 
-Rows of a wgmma accumulator, online softmax
+Rows of a wgmma accumulator
     `acc_rows_cols` views an accumulator fragment as (rows, columns) of the
-    calling thread, the indexing every row-wise softmax step uses;
-    `online_softmax_row` is one row's base-2 online-softmax update on it
-    (stage C's math; the sm90 kernels of C and D1 use it).
+    calling thread, the indexing every row-wise softmax step uses (the online
+    softmax itself is stages/common/softmax.py).
 """
 
 import cutlass
@@ -161,43 +160,6 @@ def acc_rows_cols(t: cute.Tensor) -> cute.Tensor:
             stride=((d[0][1], d[1]), (d[0][0], d[0][2], d[2])),
         ),
     )
-
-
-@cute.jit
-def online_softmax_row(
-    s_rc: cute.Tensor,
-    r: cutlass.Constexpr[int],
-    row_max: cute.Tensor,
-    row_sum: cute.Tensor,
-    c: cutlass.Constexpr[float],
-) -> cutlass.Float32:
-    """One row of the base-2 online softmax over a KV tile, on this thread's part
-    of the row.  `s_rc` is the raw-score accumulator as (rows, columns)
-    (`acc_rows_cols`), `r` the row, `c` = scale · log2(e); `row_max` and
-    `row_sum` are the per-row state (raw-score units; this thread's partial sum).
-
-        m_new      = max(row_max[r], max_j S[r, j])      over the row's quad (shuffles)
-        α          = 2^((row_max[r] − m_new) · c)        (0 when row_max[r] = −∞)
-        S[r, j]   ← P = 2^(S[r, j] · c − m_new · c)       in place, fp32
-        row_max[r] ← m_new
-        row_sum[r] ← α · row_sum[r] + Σ_j P[r, j]         this thread's columns only
-
-    Returns α; rescaling O by it is the caller's.  The row sum stays a
-    per-thread partial: reduce it over the quad (threads_in_group=4) at the end."""
-    m_new = row_max[r]
-    for j in cutlass.range_constexpr(cute.size(s_rc, mode=[1])):
-        m_new = cute.arch.fmax(m_new, s_rc[r, j])
-    m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)  # the row's quad
-    alpha = cute.math.exp2((row_max[r] - m_new) * c, fastmath=True)
-    row_max[r] = m_new
-    m_scaled = m_new * c
-    tile_sum = cutlass.Float32(0.0)
-    for j in cutlass.range_constexpr(cute.size(s_rc, mode=[1])):
-        p = cute.math.exp2(s_rc[r, j] * c - m_scaled, fastmath=True)
-        s_rc[r, j] = p
-        tile_sum += p
-    row_sum[r] = row_sum[r] * alpha + tile_sum
-    return alpha
 
 
 @cute.jit
