@@ -226,10 +226,13 @@ def test_check_passes_on_the_real_lab_fast():
     r = run_cli(["check"], cwd=ROOT, env_extra={"DSV4_LAB_ROOT": str(ROOT)})
     seconds = time.perf_counter() - t0
     assert r.returncode == 0, r.stdout + r.stderr
-    for sid in ("A", "B", "C", "D1"):
-        assert f"check: stage-{sid} ok (sm_90a, sm_100a)" in r.stdout
+    from harness.spec import load_spec
+
+    for sid, st in load_spec(root=ROOT).stages.items():
+        assert f"check: stage-{sid} ok ({', '.join(st.kernels)})" in r.stdout, r.stdout
     assert r.stderr.strip() == "" and "Traceback" not in r.stdout
-    assert seconds < 30, f"check took {seconds:.1f} s"  # ~5 s on an idle 2-core machine
+    # no compiling, no GPU: ~10 s for eleven stages on an idle 2-core machine (imports, shapes)
+    assert seconds < 60, f"check took {seconds:.1f} s"
 
 
 def test_check_one_stage_by_name():
