@@ -1,0 +1,192 @@
+"""Stage E on sm_100a (Blackwell), on the CPU: the kernel is compiled and inspected only — it has
+never run on a B200.  What compiling can prove is checked here: the TMEM plan and its refusal in
+the constructor and at trace time (from the MMA fragments), the dequantisers' (key, column,
+slot) view of the ring proven to be the MMA's operand bytes (a wrong view is refused), the
+LSE re-indexing of one-token CTAs, and that representative cases of each cache format compile
+with tcgen05 MMAs, the gather's 16-byte global loads and no spills.
+
+Traced checks run in a subprocess with CUTE_DSL_ARCH=sm_100a (CuTeDSL's arch is per process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def _traced(script: str, tmp_path) -> subprocess.CompletedProcess:
+    path = tmp_path / "probe.py"
+    path.write_text(textwrap.dedent(script))
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_100a", "PYTHONPATH": str(ROOT),
+           "CUTE_DSL_KEEP": "ptx", "CUTE_DSL_DUMP_DIR": str(tmp_path)}
+    return subprocess.run([sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+
+
+_COMPILE = """
+    import json, sys
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream
+    from harness.compile import _fake_tensor
+    from oracles.sparse_decode import tensors
+    import stages.E_sparse_decode.sm100 as m
+    case = {case!r}
+    k = {kernel}(b=case["b"], config=case["config"], kv_format=case["kv_format"], splits=case["splits"])
+    fakes = [_fake_tensor(s) for s in tensors(case)]
+    try:
+        c = cute.compile(k, *fakes, make_fake_stream())
+    except Exception as exc:
+        print("REFUSED", exc)
+        sys.exit(0)
+    ptx = c.__ptx__
+    if ptx and "\\n" not in ptx:
+        ptx = open(ptx).read()
+    open("kernel.ptx", "w").write(ptx)
+    print("COMPILED", json.dumps({{"splits": k.splits, "smem": int(k.smem_struct.size_in_bytes())}}))
+"""
+
+
+def _compile(case: dict, tmp_path, kernel: str = "m.Kernel", prelude: str = ""):
+    script = textwrap.dedent(prelude) + textwrap.dedent(_COMPILE).format(case=case, kernel=kernel)
+    r = subprocess.run([sys.executable, "-c", script], cwd=tmp_path,
+                       env={**os.environ, "CUTE_DSL_ARCH": "sm_100a", "PYTHONPATH": str(ROOT),
+                            "CUTE_DSL_KEEP": "ptx", "CUTE_DSL_DUMP_DIR": str(tmp_path)},
+                       capture_output=True, text=True, timeout=900)
+    return r.stdout + r.stderr
+
+
+# -- plain Python: the plan ------------------------------------------------------------------
+
+
+def test_tmem_plan_fits_and_an_over_budget_plan_is_refused_by_the_constructor():
+    from stages.E_sparse_decode.sm100 import Kernel
+
+    k = Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits=1)
+    assert k.o_split == 2 and k.budget["total"] == 2 * 64 + 256 <= 512  # S 2×64 + O 256 per CTA
+    assert k.n_tiles == 2 + 16 and k.b == 2 * 2 and k.rows == 128  # one token per CTA
+    with pytest.raises(ValueError, match=r"TMEM budget: S 2×64 \+ O 512 = 640 columns > 512"):
+        Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits=1, o_split=1)
+    with pytest.raises(ValueError, match="h_q ≤ 128"):
+        Kernel(b=2, config="s1h256_m128bs256", kv_format="simple", splits=1)
+
+
+def test_one_branch_config_has_only_main_tiles():
+    from stages.E_sparse_decode.sm100 import Kernel
+
+    k = Kernel(b=2, config="s1h64_m96bs64", kv_format="v4.1", splits="auto")
+    assert (k.main_tiles, k.extra_tiles, k.n_tiles) == (2, 0, 2)
+
+
+# -- traced: refusals ------------------------------------------------------------------------
+
+
+def test_trace_time_tmem_check_refuses_a_planted_over_budget_plan(tmp_path):
+    """With the constructor's plan forced to say "fits" (o_split = 1 at d = 512), the traced
+    kernel still refuses: S and O columns come from the MMA fragments and are re-checked."""
+    prelude = """
+        import stages.common.sm100_decode as house
+        real = house.tmem_budget
+        house.tmem_budget = lambda d, kv, o_split, s_stages: real(d, kv, 2, s_stages)  # lie: "fits"
+        import stages.E_sparse_decode.sm100 as m
+        class Planted(m.Kernel):
+            def __init__(self, **kw):
+                super().__init__(o_split=1, **kw)
+    """
+    out = _compile({"b": 2, "config": "s1h128_m128bs256", "kv_format": "simple", "splits": 1}, tmp_path,
+                   kernel="Planted", prelude=prelude)
+    assert "COMPILED" not in out, out[-2000:]
+    assert "TMEM budget: S 2×64 + O 512 = 640 columns > 512" in out, out[-2000:]
+
+
+def test_a_dequant_view_that_is_not_the_mma_bytes_is_refused(tmp_path):
+    """The dequantisers write through a (key, col, slot) view; tiled columns-first it puts
+    elements where the MMA does not read them, and tracing stops."""
+    prelude = """
+        import cutlass.cute as cute
+        from cutlass.cute.nvgpu import tcgen05
+        import stages.E_sparse_decode.sm100 as m
+        class Planted(m.Kernel):
+            def key_col_layout(self, qk_mma, pv_mma, k_smem):
+                atom = tcgen05.make_smem_layout_atom(tcgen05.SmemLayoutAtomKind.K_SW128, m.BF16)
+                kw = cute.tile_to_shape(atom, (m.KV_TILE, self.chunk, self.slots), order=(1, 0, 2))
+                k_coords, _ = self.kv_coords(qk_mma, pv_mma)
+                m.check_key_col_view(kw, k_smem, k_coords)
+                return kw
+    """
+    out = _compile({"b": 2, "config": "s1h128_m128bs256", "kv_format": "simple", "splits": 1}, tmp_path,
+                   kernel="Planted", prelude=prelude)
+    assert "COMPILED" not in out, out[-2000:]
+    assert "REFUSED K write view" in out, out[-2000:]
+
+
+def test_lse_view_puts_one_token_rows_at_lse_b_h_t(tmp_path):
+    """Flat row (b·s_q + t)·h_q + h of the one-token CTAs must land at LSE[b, h, t]
+    (offset b·h_q·s_q + h·s_q + t); the house's own view (s_q = 1 per sequence) would not."""
+    r = _traced("""
+        import cutlass, cutlass.cute as cute
+        b, s_q, h_q = 3, 2, 4
+
+        @cute.jit
+        def probe():
+            ours = cute.make_layout((h_q, s_q, b), stride=(s_q, 1, h_q * s_q))
+            house = cute.make_layout((h_q, 1, b * s_q), stride=(1, 1, h_q))
+            bad_ours = bad_house = 0
+            for bb in cutlass.range_constexpr(b):
+                for t in cutlass.range_constexpr(s_q):
+                    for h in cutlass.range_constexpr(h_q):
+                        flat = (bb * s_q + t) * h_q + h
+                        want = bb * h_q * s_q + h * s_q + t
+                        bad_ours += ours(flat) != want
+                        bad_house += house(flat) != want
+            print("OURS", bad_ours, "HOUSE", bad_house)
+
+        probe()
+    """, tmp_path)
+    out = r.stdout + r.stderr
+    assert "OURS 0 HOUSE" in out and "HOUSE 0" not in out, out[-2000:]
+
+
+# -- traced: compiles --------------------------------------------------------------------------
+
+
+def _inventory(ptx: str) -> dict:
+    from harness.inventory import ptx_inventory
+
+    return ptx_inventory(ptx)
+
+
+@pytest.mark.parametrize("case", [
+    {"b": 2, "config": "s2h128_m128bs256_x1024bs64", "kv_format": "simple", "splits": 1},
+    {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "model1", "splits": "auto"},
+    {"b": 2, "config": "s1h128_m128bs256_x1024bs2", "kv_format": "v4.1", "splits": 1},
+])
+def test_representative_cases_compile_for_sm100a_without_spills(case, tmp_path):
+    """Both lists and the sink in the epilogue (simple, v4.1 with SWA block size 2), split-KV
+    with the combine (model1, h_q = 64): tcgen05 MMAs from TMEM, the gather's 16-byte global
+    loads, the dequantised tiles fenced for the async proxy, no KV TMA, no spills."""
+    from harness.compile import ptxas_resources
+    from harness.inventory import families
+
+    out = _compile(case, tmp_path)
+    assert "COMPILED" in out, out[-3000:]
+    info = json.loads(out.split("COMPILED", 1)[1].strip().splitlines()[0])
+    assert info["smem"] <= 227 * 1024
+    ptx_path = tmp_path / "kernel.ptx"
+    res = ptxas_resources(ptx_path, "sm_100a")
+    assert res.get("spill", 0) == 0, res
+    inv = _inventory(ptx_path.read_text())
+    assert any(k.startswith("tcgen05.mma.cta_group::1.kind::f16") for k in inv), inv
+    fam = families(inv)
+    for instr in ("tcgen05.ld", "tcgen05.st", "tcgen05.commit", "tcgen05.alloc", "fence.proxy.async.shared::cta"):
+        assert fam.get(instr, 0) >= 1, (instr, inv)
+    assert inv.get("ld.global.128b", 0) >= 8, inv  # the gather: 16-byte loads of 4 keys × 2 lists
+    tma = sum(n for k, n in inv.items() if k.startswith("cp.async.bulk.tensor"))
+    assert 0 < tma <= 8, inv  # Q's boxes only: KV never goes through a TMA
+    assert fam.get("wgmma", 0) == 0
+    entries = ptx_path.read_text().count(".entry ")
+    assert entries == (2 if info["splits"] > 1 else 1), entries  # the split kernel (+ SplitCombine)
