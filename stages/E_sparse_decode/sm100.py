@@ -52,6 +52,16 @@ out-of-range rows (zero-filled) first, the raw e4m3 rows land in shared memory a
 warps dequantise from there.  That, and sharing the dequantised tiles of the o_split CTA pair
 (each dequantises all 512 columns of every tile here, only to use half as V), are what is left.
 
+FlashMLA's sm100 sparse FP8 decode (github deepseek-ai/FlashMLA csrc/sm100/decode/sparse_fp8,
+read, not copied) is the production shape of the same plan: a 2-CTA cluster of 64-head CTAs; the
+raw e4m3 rows arrive by TMA gather4 from a 2-D tensor map over ALL cache tokens (uniform row
+stride: its layout keeps each token's scales inline), 4 register indices per instruction, −1
+replaced by a dummy row and a group of 4 invalid rows skipped; each CTA's producer warpgroup
+dequantises HALF the columns and writes them into its own and the peer's shared memory
+(st.async, completing a transaction count on the peer's barrier); a warp publishes the tile's
+validity bits through a ready / free barrier pair (the key-mask ring here).  This kernel keeps
+the house's one-CTA 128-row tiles and 16-byte loads instead.
+
 Warp roles (288 threads)
     warps 0-3   softmax: house (S from TMEM, key mask, P → SMEM, O rescale, epilogue)
     warp 4      MMA: house (Q·Kᵀ chunk by chunk, P·V of this CTA's half)
