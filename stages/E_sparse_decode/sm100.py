@@ -49,7 +49,14 @@ stride, ≤ 256 elements per box row), its row coordinates read from a global in
 to 16 / 576 bytes), so a token's row is not `index · stride` of any 2-D view; v4.1 is (528-byte
 rows, a multiple of 16) and is where gather4 fits — with −1 / past-length entries turned into
 out-of-range rows (zero-filled) first, the raw e4m3 rows land in shared memory and these same
-warps dequantise from there.  That, and sharing the dequantised tiles of the o_split CTA pair
+warps dequantise from there.  Probed on this CPU (not in this kernel): make_tiled_tma_atom with
+CopyBulkTensor2DGather4G2SOp over a (512, rows) view of a v4.1 cache with idx as the coordinate
+tensor builds and emits `cp.async.bulk.tensor.2d.shared::cta.global.tile::gather4`, but
+tma_partition of a plain (128 B × 64 rows) staging tile gave every instruction ONE index four
+times (coordinate-tensor mode (512, 1) with strides (0, 0)); issuing the instruction with four
+register row ids (as FlashMLA does) needs the descriptor address from CuTeDSL internals.  Also,
+the shared memory is full: Q 128 KiB + 5 ring slots + P = 225 KiB of 227, so a raw staging tile
+(64 × 528 B) costs two ring slots.  That, and sharing the dequantised tiles of the o_split CTA pair
 (each dequantises all 512 columns of every tile here, only to use half as V), are what is left.
 
 FlashMLA's sm100 sparse FP8 decode (github deepseek-ai/FlashMLA csrc/sm100/decode/sparse_fp8,
