@@ -25,9 +25,11 @@ TMEM plan — S double-buffered, O over 2 CTAs at d = 512 —, KV ring, pipeline
 
 Trace-time checks beyond D2's: the ring's key rows are whole 128-byte lines under the swizzle
 (sm100_masks.check_lines, every element of a slot), so zeroing rows rem … 63 touches exactly
-those keys.  Cost: one runtime compare per tile in the MMA warp and per row in the softmax
-threads; the boundary tile adds ≤ 256 two-byte shared stores per lane of the MMA warp for each
-of this CTA's V chunks, and a 64-register select pass per softmax thread.
+those keys; register i of every softmax thread's S fragment holds the same key column
+(row_key_columns, all 128 threads), so the mask compares with constants.  Cost: one runtime compare per tile in the MMA warp and, in each softmax thread,
+64 compares of its key limit with constants + selects on every visited tile (unconditional:
+branching on the boundary tile cost 42 registers); the boundary tile adds the zeroing of this
+CTA's V rows past the fill level (16-byte shared stores by the 32 lanes of the MMA warp).
 """
 
 from stages.common.sm100_decode import WindowSm100

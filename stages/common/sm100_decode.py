@@ -179,7 +179,7 @@ from stages.common.sm100_idioms import (
 )
 from stages.common.sm100_keys import Branch, BranchKeys
 from stages.common.sm100_setup import WarpRoles, launch, rescale_o
-from stages.common.sm100_masks import check_lines, line_view
+from stages.common.sm100_masks import check_lines, line_view, row_key_columns
 from stages.common.sm100_softmax import final_row_lse, row_finalize, row_softmax_update
 from stages.common.tma import prefetch_descriptors, sm100_tma_load, tma_partition_tile
 
@@ -682,9 +682,9 @@ class DecodeSm100(WarpRoles):
         keys.load(j, cid, slot, bar)
 
     @cute.jit
-    def mask_scores(self, keys, j, rS, tScS, token):
+    def mask_scores(self, keys, j, rS, key_cols: cutlass.Constexpr, token):
         """The rung's score mask on tile j for a row of query token `token` (keys.mask)."""
-        keys.mask(j, rS, tScS, token)
+        keys.mask(j, rS, key_cols, token)
 
     @cute.jit
     def qk_chunks(self, kv_pipe, qk_mma, tSrQ, tSrK, tStS, j, p_lo: cutlass.Constexpr, p_hi: cutlass.Constexpr,
@@ -784,8 +784,10 @@ class DecodeSm100(WarpRoles):
         tTR_cO = thr_o.partition_D(cO)
         tTR_gO = thr_o.partition_D(tOgO)
         tRS_sP = thr_pc.partition_D(sP_mk)
-        tScS = thr_s.partition_D(cS)  # (row, key) of each S register
-        rS = cute.make_rmem_tensor(tScS.shape, F32)
+        rS = cute.make_rmem_tensor(thr_s.partition_D(cS).shape, F32)
+        key_cols = None  # a masked rung: register i of S ↔ key column key_cols[i] (trace-time constant)
+        if cutlass.const_expr(keys.masked):
+            key_cols = row_key_columns(s_load, cS)
         rP = cute.make_rmem_tensor(rS.shape, BF16)
         rP_smem = thr_pc.retile(rP)
         o_chunks = cute.size(tTR_cO, mode=[1])
@@ -806,7 +808,7 @@ class DecodeSm100(WarpRoles):
             tcgen05_fence_before_sync()
             s_full.release()  # S is in registers: the buffer may take QK_{j+2}
             if cutlass.const_expr(keys.masked):
-                self.mask_scores(keys, j, rS, tScS, token)
+                self.mask_scores(keys, j, rS, key_cols, token)
 
             p, new_max, alpha, row_sum = row_softmax_update(rS.load(), row_max, row_sum, c)
             rP.store(p.to(BF16))

@@ -8,6 +8,7 @@ The house asks a keys object, built in the rung's kernel() from traced block ind
     masked               compile-time: False for D2 — then nothing below is emitted
     clean_v(j, …)        MMA warp: zero V rows past the fill level of a boundary tile
     mask(j, …)           softmax threads: scores of invalid keys of the thread's row → −∞
+                         (a select on every visited tile: cheaper in registers than a branch)
 
 `DenseKeys` (D2): the split's static tiles [begin, end) of one KV tensor, all keys valid.
 
@@ -147,10 +148,12 @@ class BranchKeys:
             clean_v_rows(lines, slot, rem)
 
     @cute.jit
-    def mask(self, j, rS, tScS, token):
+    def mask(self, j, rS, key_cols: cutlass.Constexpr, token):
         """Softmax thread of query token `token`: −∞ on the keys of tile j its row may not see."""
         second, t = self.tile(j)
         limits = [self.limit(i, token) for i in range(len(self.branches))]
         rem = self.branch_value(second, limits) - t * self.kv_tile
-        if rem < self.kv_tile:
-            mask_row_scores(rS, tScS, rem)
+        # On every visited tile, not only when rem < kv_tile: behind a runtime `if` ptxas kept
+        # two copies of the 64 scores (168 registers instead of 126); on a full tile the 64
+        # compares against constants select nothing.
+        mask_row_scores(rS, key_cols, rem)

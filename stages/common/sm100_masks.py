@@ -8,7 +8,12 @@ What differs on sm100 is who holds what:
                       32x32b tcgen05.ld), so the mask is per thread: S[t, j] ← −∞ for every
                       key column j ≥ rem of ITS row's limit (with D4's causal rule two tokens
                       of one 128-row block have different limits).  A select, so a NaN score
-                      of a key past the fill level never survives; before the row max.
+                      of a key past the fill level never survives; before the row max.  The
+                      register → key column map is a trace-time constant (row_key_columns,
+                      proven for all 128 threads), as FlashAttention-4's sm100 mask assumes.
+                      It runs on every visited tile (on a full one it selects nothing): behind
+                      a runtime `if rem < 64` ptxas kept both versions of the 64 scores live
+                      (168 registers per thread instead of 126).
 
     clean_v_rows      MMA warp, on the ring slot of a V chunk of a boundary tile, after its
                       TMA has landed and before any MMA reads it: key rows ≥ rem (rem = the
@@ -86,11 +91,30 @@ def line_view(ring: cute.Tensor, keys: int, chunk: int, slots: int, slot_elems: 
     return cute.make_tensor(ring.iterator, layout)
 
 
+def row_key_columns(s_load, cS, threads: int = 128) -> tuple:
+    """The key column of each register of a thread's tcgen05.ld fragment of S, as Python
+    ints: (col of register 0, col of register 1, …).  With the 32x32b atom thread t holds
+    row t and the same columns in the same registers for every t; this is proven here, at
+    trace time, over all `threads` threads (coordinates evaluated in Python), so the mask
+    compares `rem` with constants instead of carrying 64 coordinates in registers."""
+    cols = None
+    for t in range(threads):
+        coords = fragment_coords(s_load.get_slice(t).partition_D(cS), t == 0)
+        if any(r != t for r, _ in coords):
+            raise ValueError(f"S load: thread {t} holds a register of another row")
+        mine = tuple(c for _, c in coords)
+        if cols is None:
+            cols = mine
+        elif mine != cols:
+            raise ValueError(f"S load: thread {t}'s registers hold other key columns than thread 0's")
+    return cols
+
+
 @cute.jit
-def mask_row_scores(rS: cute.Tensor, tScS: cute.Tensor, rem) -> None:
-    """rS[i] ← −∞ where the key column of register i (tScS[i] = (row, key)) is ≥ rem."""
+def mask_row_scores(rS: cute.Tensor, cols: cutlass.Constexpr, rem) -> None:
+    """rS[i] ← −∞ where register i's key column cols[i] (row_key_columns) is ≥ rem."""
     for i in cutlass.range_constexpr(cute.size(rS)):
-        rS[i] = -Float32.inf if tScS[i][1] >= rem else rS[i]
+        rS[i] = -Float32.inf if cols[i] >= rem else rS[i]
 
 
 @cute.jit
