@@ -86,7 +86,7 @@ def plan_cases(stage: Stage, pairs: list[tuple[str, str]]) -> list[dict[str, Any
 def shape_support(stage: Stage, case: dict[str, Any], cc: tuple[int, int] | None) -> dict[str, str | None]:
     """peer -> None (it can run this shape) or why not (shape support only: no import)."""
     from harness.peers import why_not
-    from harness.peers.base import problem_dims
+    from harness.peers.problems import problem_dims
 
     plan = stage.bench_plan
     assert plan is not None
@@ -226,7 +226,7 @@ def _time(job: BenchJob, specs, inputs: dict, fresh_outputs, ref: dict, idx, sli
 
     from harness.metrics import compare, judge
     from harness.peers import adapter, why_not
-    from harness.peers.base import problem_dims
+    from harness.peers.problems import problem_dims
     from harness.timing import bench, gpu_clocks, l2_bytes, rotations
 
     total_bytes = sum(s.nbytes for s in specs if s.role != "scratch")  # the fewest bytes: inputs once, outputs once

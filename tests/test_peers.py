@@ -9,7 +9,8 @@ import importlib.util
 import pytest
 
 from harness.peers import PROBLEMS, PEER_NAMES, PEERS, adapter, why_not
-from harness.peers.base import importable, problem_dims
+from harness.peers.base import importable
+from harness.peers.problems import problem_dims
 from oracles.common import TensorSpec
 
 
@@ -35,7 +36,7 @@ def test_every_peer_has_an_adapter_with_its_contract():
 
 
 def test_every_problem_has_its_dims_reader():
-    from harness.peers.base import DIMS
+    from harness.peers.problems import DIMS
 
     assert set(DIMS) == set(PROBLEMS)
     assert problem_dims("gemm", mla()) == "unknown problem gemm"
@@ -197,7 +198,7 @@ def test_sink_decode_peer_matches_the_d5_oracle():
     import torch
 
     from harness.peers import adapter
-    from harness.peers.base import problem_dims
+    from harness.peers.problems import problem_dims
     from oracles import masked_decode as md
 
     case = {"shape": "b4s2h64m128n256d64", "branches": "k+k", "sink": 5, "splits": 1}

@@ -35,7 +35,7 @@ PEERS: dict[str, tuple[str, str]] = {
                  "https://github.com/deepseek-ai/DeepGEMM && cd DeepGEMM && ./install.sh"),
 }
 PEER_NAMES = tuple(PEERS)
-PROBLEMS = ("attention", "mla_decode", "sink_decode", "mqa_logits", "paged_mqa_logits")  # harness.peers.base.DIMS reads each
+PROBLEMS = ("attention", "mla_decode", "sink_decode", "mqa_logits", "paged_mqa_logits")  # harness.peers.problems.DIMS reads each
 
 
 def adapter(name: str):
@@ -50,7 +50,7 @@ def adapter(name: str):
 def why_not(name: str, problem: str | None, dims: dict[str, int] | str, cc: tuple[int, int] | None,
             probe: bool = True) -> str | None:
     """None when peer `name` can run this shape here; else one phrase: the shape it does not
-    support, or "not installed (pip install …)". `dims` is harness.peers.base.problem_dims's answer
+    support, or "not installed (pip install …)". `dims` is harness.peers.problems.problem_dims's answer
     (a string: why the stage's tensors do not fit the problem). `probe=False` skips the import
     check (shape support only)."""
     mod = adapter(name)

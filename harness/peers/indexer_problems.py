@@ -9,7 +9,7 @@
                     logits [b·next_n, max_blocks·block_kv] fp32; token t of sequence i sees the
                     positions ≤ context_lens[i] − next_n + t, −inf elsewhere
 
-`problem_dims` is what harness.peers.base.problem_dims answers for these two problems."""
+`problem_dims` is what harness.peers.problems.problem_dims answers for these two problems."""
 
 from __future__ import annotations
 
