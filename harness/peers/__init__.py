@@ -18,6 +18,9 @@ Problems (tensor names and shapes the adapters rely on; the stage's tensors() mu
                Q [b, s_q, h_q, d], KV_main [b, n_main, d], KV_swa [b, n_swa, d] (bf16), main_lens,
                swa_lens [b] int32, sink [h_q] fp32 (NaN: none) -> O [b, s_q, h_q, d], LSE [b, h_q, s_q]
                (harness/peers/torch_plain.py: sink_decode has the masks' rules)
+  sparse_decode
+               stage E: Q, the FP8 paged byte caches KV / KV_extra with int32 indices and lengths, sink
+               -> O, LSE (harness/peers/torch_sparse.py; FlashMLA's V4 kernel: flashmla_sparse.py)
   mqa_logits, paged_mqa_logits
                the indexer's FP8 MQA logits, flat and paged (harness/peers/indexer_problems.py)
 """
@@ -30,12 +33,14 @@ PEERS: dict[str, tuple[str, str]] = {
     "torch_plain": ("harness.peers.torch_plain", "pip install torch"),
     "fa4": ("harness.peers.fa4", "pip install flash-attn-4"),
     "flashmla": ("harness.peers.flashmla", "pip install --no-deps sgl-flash-mla"),
+    "flashmla_sparse": ("harness.peers.flashmla_sparse", "pip install --no-deps sgl-flash-mla"),
+    "torch_sparse": ("harness.peers.torch_sparse", "pip install torch"),
     "torch_indexer": ("harness.peers.torch_indexer", "pip install torch"),
     "deepgemm": ("harness.peers.deepgemm", "build DeepGEMM from source: git clone --recursive "
                  "https://github.com/deepseek-ai/DeepGEMM && cd DeepGEMM && ./install.sh"),
 }
 PEER_NAMES = tuple(PEERS)
-PROBLEMS = ("attention", "mla_decode", "sink_decode", "mqa_logits", "paged_mqa_logits")  # harness.peers.problems.DIMS reads each
+PROBLEMS = ("attention", "mla_decode", "sink_decode", "sparse_decode", "mqa_logits", "paged_mqa_logits")  # harness.peers.problems.DIMS reads each
 
 
 def adapter(name: str):

@@ -51,11 +51,18 @@ def _sink_decode(problem: str, by: dict[str, Any]) -> dict[str, int] | str:
     return {"b": b, "s_q": s_q, "h_q": h_q, "d": d, "n_main": km[1], "n_swa": ks[1]}
 
 
+def _sparse_decode(problem: str, by: dict[str, Any]) -> dict[str, Any] | str:
+    from harness.peers.torch_sparse import sparse_dims
+
+    return sparse_dims(list(by.values()))
+
+
 # problem -> how its sizes are read from a stage's tensors (harness.peers.PROBLEMS names them)
 DIMS: dict[str, Callable[[str, dict[str, Any]], dict[str, int] | str]] = {
     "attention": _attention,
     "mla_decode": _mla_decode,
     "sink_decode": _sink_decode,
+    "sparse_decode": _sparse_decode,
     "mqa_logits": _indexer_dims,
     "paged_mqa_logits": _indexer_dims,
 }
