@@ -3,7 +3,8 @@ only — they have never run on a B200.  What compiling can prove is checked her
 (D2's house: S double-buffered, O over two CTAs at d = 512) and its refusal in each rung's
 constructor and at trace time, which tiles a CTA visits (the masks' visit plan, per row block
 with two tokens), the ring's key rows as whole 128-byte lines (what the NaN-row zeroing relies
-on, refused for a wrong view), and that a representative case of each rung compiles through the
+on, refused for a wrong view), the S registers' key columns as trace-time constants (what the
+row mask compares with, refused for shifted rows), and that a representative case of each rung compiles through the
 lab's path with tcgen05 MMAs and no spills.
 
 Traced checks run in a subprocess with CUTE_DSL_ARCH=sm_100a (CuTeDSL's arch is per process)."""
@@ -128,6 +129,43 @@ def test_ring_rows_are_whole_lines_and_a_wrong_line_view_is_refused(tmp_path):
     assert r.returncode == 0, out[-2000:]
     assert "LINES b1s1h128n256d512 8192" in out and "LINES b1s1h128n256d64 4096" in out, out[-2000:]
     assert "WRONG-ACCEPTED" not in out and out.count("WRONG-REFUSED KV lines") == 2, out[-2000:]
+
+
+def test_mask_columns_are_trace_time_constants_and_a_row_shift_is_refused(tmp_path):
+    """The row mask compares each thread's key limit with constant key columns: register i of
+    every softmax thread's 32x32b S fragment holds row t, key column i (row_key_columns proves
+    it for all 128 threads); coordinates shifted by one row are refused."""
+    r = _traced("""
+        import cutlass
+        import cutlass.cute as cute
+        from cutlass.cute.nvgpu import tcgen05
+        import stages.D3_swa.sm100 as m
+        from stages.common.sm100_idioms import tmem_copy
+        from stages.common.sm100_masks import row_key_columns
+
+        @cute.jit
+        def probe():
+            k = m.Kernel(shape="b1s1h128n256d512", splits=1)
+            qk, pv, q_smem, k_smem, v_smem, p_smem = k.operands()
+            s_frag = qk.make_fragment_C(qk.partition_shape_C((128, 64)))
+            tS = cute.make_tensor(cute.make_ptr(cutlass.Float32, 0, cute.AddressSpace.tmem), s_frag.layout)
+            thr = qk.get_slice(0)
+            cS = thr.partition_C(cute.make_identity_tensor((128, 64)))[(None, None), 0, 0]
+            s_load = tmem_copy(tcgen05.Ld32x32bOp, tcgen05.Repetition.x32, cutlass.Float32, tS[(None, None), 0, 0])
+            print("COLS", row_key_columns(s_load, cS) == tuple(range(64)))
+            shifted = thr.partition_C(cute.domain_offset((1, 0), cute.make_identity_tensor((128, 64))))
+            try:
+                row_key_columns(s_load, shifted[(None, None), 0, 0])
+                print("WRONG-ACCEPTED")
+            except ValueError as exc:
+                print("WRONG-REFUSED", exc)
+
+        probe()
+    """, tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-2000:]
+    assert "COLS True" in out, out[-2000:]
+    assert "WRONG-ACCEPTED" not in out and "WRONG-REFUSED S load: thread 0 holds a register of another row" in out, out[-2000:]
 
 
 def test_d5_trace_time_tmem_check_refuses_from_the_fragments(tmp_path):
