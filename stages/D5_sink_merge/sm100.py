@@ -91,9 +91,11 @@ class Kernel(DecodeSm100):
         self.attend(keys, work.token, split, batch, qk_mma, pv_mma, tma_q, mQ, mO, mLSE, mOp, mLSEp,
                     q_smem, k_smem, v_smem, p_smem, sink)
 
+    def has_row_scale(self) -> bool:
+        """The sink is applied here with one split; with split-KV the combine applies it
+        once, after the merge."""
+        return self.has_sink and self.splits == 1
+
     def row_scale(self, lse, row, batch, sink):
-        """The sink's factor on a final row (one split only: with split-KV the combine applies
-        it after the merge)."""
-        if not self.has_sink or self.splits > 1:
-            return None
+        """The sink's factor on a final row: 1 / (1 + exp(sink[h] − LSE)), 0 for a row with no key."""
         return sink_factor(sink[row % self.h_q], lse)

@@ -36,7 +36,7 @@ Math (query row i of a row block, KV tiles j of the split, c = scale · log2 e, 
     Lonely rows: stages/common/sm100_softmax.py (softmax.py's rule for a thread that owns a
     whole row): a row whose max is still −inf exponentiates against 0, never
     exp2(−inf − (−inf)); at the end ℓ = 0 gives 1/ℓ := 0 and LSE −inf (a partial), +inf
-    in a final output (final_lse).  D2 has no mask, so only an empty split meets it here;
+    in a final output (final_row_lse).  D2 has no mask, so only an empty split meets it here;
     the masked rungs (D3–D5) build on this house.
 
 Head packing: 128 rows per CTA (tcgen05 M = 128), and why
@@ -180,7 +180,7 @@ from stages.common.sm100_idioms import (
 from stages.common.sm100_keys import Branch, BranchKeys
 from stages.common.sm100_setup import WarpRoles, launch, rescale_o
 from stages.common.sm100_masks import check_lines, line_view, row_key_columns
-from stages.common.sm100_softmax import final_row_lse, row_finalize, row_softmax_update
+from stages.common.sm100_softmax import final_row_lse, row_inv_sum, row_lse, row_softmax_update
 from stages.common.tma import prefetch_descriptors, sm100_tma_load, tma_partition_tile
 
 BF16 = cutlass.BFloat16
@@ -526,10 +526,14 @@ class DecodeSm100(WarpRoles):
             )
 
     # ------------------------------------------------------------------ device side
+    def has_row_scale(self) -> bool:
+        """Whether the epilogue multiplies a row's O by `row_scale` (D2: no)."""
+        return False
+
     def row_scale(self, lse, row, batch, extra):
-        """A per-row factor on the final O (D2: none).  lse: the row's natural-log LSE before
-        `final_lse` (−∞: no key); row: the row in its sequence (token·h_q + head)."""
-        return None
+        """A per-row factor on the final O (when has_row_scale).  lse: the row's natural-log
+        LSE before final_row_lse (−∞: no key); row: the row in its sequence (token·h_q + head)."""
+        raise NotImplementedError
 
     @cute.jit
     def attend(self, keys, rb, split, batch, qk_mma, pv_mma, tma_q, mQ, mO, mLSE, mOp, mLSEp,
@@ -842,11 +846,10 @@ class DecodeSm100(WarpRoles):
         row = rb * ROWS + tTR_cO[0][0]
         one_split = cutlass.const_expr(self.splits == 1)
         rOut = cute.make_rmem_tensor(rO.shape, BF16 if one_split else F32)
-        inv_sum, lse = row_finalize(row_max, row_sum, c)
+        inv_sum = row_inv_sum(row_sum)
         o_scale = inv_sum
-        row_factor = self.row_scale(lse, row, batch, extra)
-        if cutlass.const_expr(row_factor is not None):
-            o_scale = inv_sum * row_factor
+        if cutlass.const_expr(self.has_row_scale()):
+            o_scale = inv_sum * self.row_scale(row_lse(row_max, row_sum, c), row, batch, extra)
         for t in cutlass.range_constexpr(pv_tiles):
             for ch in cutlass.range_constexpr(o_chunks):
                 if n_local > 0:
@@ -860,6 +863,7 @@ class DecodeSm100(WarpRoles):
         if row < self.rows:
             if half == 0:
                 flat = batch * self.rows + row  # (batch·s_q + token)·h_q + head
+                lse = row_lse(row_max, row_sum, c)
                 if cutlass.const_expr(one_split):
                     mLSE[flat] = final_row_lse(lse)  # no key at all: +∞ (DSV4)
                 else:

@@ -14,7 +14,7 @@ Per KV tile (s = the row's raw scores, masked keys already −∞):
     p_k    = 2^(s_k·c − m_safe·c)                s_k = −∞ gives 0
     ℓ      = α·ℓ + Σ_k p_k
 
-At the end (`row_finalize`):
+At the end (`row_inv_sum`, `row_lse`):
 
     ℓ > 0:  1/ℓ,  LSE = (m·c + log2 ℓ) · ln 2
     ℓ = 0:  1/ℓ := 0 (O = 0 · 0 = 0, never 0 · ∞),  LSE = −∞   (a partial: the combine skips it)
@@ -33,7 +33,7 @@ from cutlass import Float32
 
 from stages.common.softmax import LN2
 
-__all__ = ["row_softmax_update", "row_finalize", "final_row_lse", "LN2"]
+__all__ = ["row_softmax_update", "row_inv_sum", "row_lse", "final_row_lse", "LN2"]
 
 
 @cute.jit
@@ -54,14 +54,23 @@ def row_softmax_update(s, row_max, row_sum, c):
 
 
 @cute.jit
-def row_finalize(row_max, row_sum, c):
-    """(1/ℓ, LSE) of a row at the end of its keys: (0, −∞) when ℓ = 0 (no valid key)."""
+def row_inv_sum(row_sum):
+    """1/ℓ of a row at the end of its keys, 0 when ℓ = 0 (no valid key: O = 0 · 0)."""
     inv_sum = Float32(0.0)
-    lse = Float32(-Float32.inf)
     if row_sum > Float32(0.0):
         inv_sum = Float32(1.0) / row_sum
+    return inv_sum
+
+
+@cute.jit
+def row_lse(row_max, row_sum, c):
+    """The row's natural-log LSE = (m·c + log2 ℓ) · ln 2, −∞ when ℓ = 0 (a partial's value:
+    the combine skips it; final_row_lse turns it into +∞ for a final row).  Separate from
+    row_inv_sum so a caller can form it where it stores it (shorter live ranges)."""
+    lse = Float32(-Float32.inf)
+    if row_sum > Float32(0.0):
         lse = (row_max * c + cute.math.log2(row_sum, fastmath=True)) * Float32(LN2)
-    return inv_sum, lse
+    return lse
 
 
 @cute.jit
