@@ -75,6 +75,18 @@ def test_tmem_plan_fits_and_an_over_budget_plan_is_refused_by_the_constructor():
         Kernel(b=2, config="s1h256_m128bs256", kv_format="simple", splits=1)
 
 
+def test_the_sink_is_applied_once_in_the_epilogue_or_in_the_combine():
+    """One split: the house's epilogue multiplies O by the sink factor (has_row_scale); with
+    split-KV the partials carry none and SplitCombine applies it after the merge.  (The house's
+    default hook is "no row scale": without E's override the sink would silently vanish.)"""
+    from stages.E_sparse_decode.sm100 import Kernel
+
+    one = Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits=1)
+    many = Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits=4)
+    assert one.splits == 1 and one.has_row_scale()
+    assert many.splits == 4 and not many.has_row_scale()
+
+
 def test_one_branch_config_has_only_main_tiles():
     from stages.E_sparse_decode.sm100 import Kernel
 

@@ -287,11 +287,12 @@ class Kernel(DecodeSm100):
             raise ValueError(f"SMEM budget: the shared-storage struct takes {size} bytes > {SMEM_LIMIT}")
         return Smem
 
+    def has_row_scale(self) -> bool:
+        """The sink in the epilogue with one split; with split-KV the combine applies it."""
+        return self.splits == 1
+
     def row_scale(self, lse, row, batch, sink):
-        """The sink's factor on a final row (one split; with split-KV the combine applies it).
-        Row = head: one token per CTA."""
-        if self.splits > 1:
-            return None
+        """The sink's factor on a final row.  Row = head: one token per CTA."""
         return sink_factor(sink[row % self.c.h_q], lse)
 
     # ------------------------------------------------------------------ device side
