@@ -5,6 +5,7 @@ sum) — it runs cleanly, writes every element with the right −inf positions, 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
@@ -65,6 +66,8 @@ def test_stage_i2_sm90_passes_its_matrix(project_root, tmp_path):
     assert [r.status for r in summary.records] == ["pass"] * 8
 
 
+@pytest.mark.skipif(not os.environ.get("DSV4_LAB_TIME_I1"), reason="opt-in (DSV4_LAB_TIME_I1=1): three compiles and "
+                    "three checked, timed runs — minutes of GPU time the lab's proof does not need")
 def test_time_i1_candidates(project_root, tmp_path):
     """Times the stage's I1 kernel (8 tokens per CTA, both warpgroups on every K tile) beside the
     first version (tests/fixtures/i1_v1) and the second (tests/fixtures/i1_v2: 4 tokens, alternate

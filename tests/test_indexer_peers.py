@@ -69,3 +69,9 @@ def test_deepgemm_shape_rules_and_absence():
         import deep_gemm  # noqa: F401
     except Exception:
         assert deepgemm.installed() is not None  # not here: the peer says so instead of failing
+
+
+def test_torch_peer_declines_the_longest_shapes():
+    assert torch_indexer.unsupported("mqa_logits", {"s": 4096, "s_kv": 32768, "h": 64, "d": 128}, (9, 0)) is None
+    why = torch_indexer.unsupported("mqa_logits", {"s": 4096, "s_kv": 131072, "h": 64, "d": 128}, (9, 0))
+    assert why and "too slow" in why

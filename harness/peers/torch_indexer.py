@@ -17,7 +17,14 @@ def installed() -> str | None:
     return importable("torch")
 
 
+SCORES_LIMIT = 64 << 30  # bytes of fp32 scores over the whole call (the chunks together)
+
+
 def unsupported(problem: str, dims: dict[str, int], cc: tuple[int, int] | None) -> str | None:
+    rows = dims["s"] * dims["h"] if problem == "mqa_logits" else dims["b"] * dims["next_n"] * dims["h"]
+    keys = dims["s_kv"] if problem == "mqa_logits" else dims["max_len"]
+    if rows * keys * 4 > SCORES_LIMIT:  # chunked it would run, at ~0.2 s a call: too slow to time
+        return f"the fp32 scores ({rows} x {keys}) exceed {SCORES_LIMIT >> 30} GiB: too slow to time here"
     return None
 
 
