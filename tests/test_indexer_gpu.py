@@ -1,6 +1,8 @@
-"""On a GPU: stage I1's sm90 kernel passes its matrix through the lab's own runner, and the lab
-catches the planted bug the issue names (tests/fixtures/wrong_i1: the ReLU dropped from the head
-sum) — it runs cleanly, writes every element with the right −inf positions, and is reported `fail`."""
+"""On a GPU: the lab catches the planted bug the issue names (tests/fixtures/wrong_i1: the ReLU
+dropped from the head sum) — it runs cleanly, writes every element with the right −inf positions,
+and is reported `fail`.  Opt-in (DSV4_LAB_TIME_I1=1): the first I1 kernel (tests/fixtures/i1_v1)
+passes the matrix too, and the three I1 kernels timed side by side.  The stages' matrices
+themselves are proven by `dsv4-lab run` (records), not here."""
 
 from __future__ import annotations
 
@@ -22,14 +24,8 @@ def _run(spec, stage, arch, tmp_path, where=None):
     return Runner(spec, RunOptions(tasks=tasks, argv=["pytest"]), results_root=tmp_path).run()
 
 
-def test_stage_i1_sm90_passes_its_matrix(project_root, tmp_path):
-    spec = load_spec(root=project_root)
-    summary = _run(spec, spec.stages["I1"], "sm_90a", tmp_path)
-    for rec in summary.records:
-        print("I1", rec.case, rec.status, rec.metrics.get("logits"), rec.error)
-    assert [r.status for r in summary.records] == ["pass"] * 8
-
-
+@pytest.mark.skipif(not os.environ.get("DSV4_LAB_TIME_I1"), reason="opt-in (DSV4_LAB_TIME_I1=1): a cross-check "
+                    "the stage's own records do not need")
 def test_first_i1_kernel_also_passes(project_root, tmp_path):
     """The first, simplest sm90 kernel (tests/fixtures/i1_v1) against the same oracle: a cross-check
     of the stage's faster kernel, and the rung it climbed from."""
@@ -56,14 +52,6 @@ def test_lab_catches_dropped_relu_in_stage_i1(project_root, tmp_path):
         assert rec.status == "fail"
         assert m["unwritten"] == 0 and m["nonfinite"] == 0  # runs cleanly, −inf where it belongs
         assert m["cosine"] < 0.99  # and the logits are wrong
-
-
-def test_stage_i2_sm90_passes_its_matrix(project_root, tmp_path):
-    spec = load_spec(root=project_root)
-    summary = _run(spec, spec.stages["I2"], "sm_90a", tmp_path)
-    for rec in summary.records:
-        print("I2", rec.case, rec.status, rec.metrics.get("logits"), rec.error)
-    assert [r.status for r in summary.records] == ["pass"] * 8
 
 
 @pytest.mark.skipif(not os.environ.get("DSV4_LAB_TIME_I1"), reason="opt-in (DSV4_LAB_TIME_I1=1): three compiles and "
