@@ -39,3 +39,12 @@ def test_refusals():
         sm90.Kernel(b=2, config="s1h32_m64bs64", kv_format="model1", splits=1)
     with pytest.raises(ValueError, match="kv_format"):
         sm90.Kernel(b=2, config="s1h64_m64bs64", kv_format="fp4", splits=1)
+
+
+def test_register_plan_fits_the_launch_allocation():
+    """setmaxnreg only moves registers inside the CTA's launch allocation (384 × 168 = 64 512):
+    the first rung asked 2·128·216 + 128·80 = 65 536 and hung on the GPU (batch 2)."""
+    assert sm90.register_plan(384, {256: 216, 128: 80}) is not None  # the plan that hung
+    assert sm90.register_plan(384, {256: 240, 128: 24}) is None  # D2's: exactly 64 512
+    k = sm90.Kernel
+    assert sm90.register_plan(k.THREADS, {k.MMA_THREADS: k.MMA_REGS, k.PRODUCER_THREADS: k.PRODUCER_REGS}) is None

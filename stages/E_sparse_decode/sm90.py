@@ -29,9 +29,9 @@ CTA, split-KV with an LSE combine, K and Vᵀ views of one shared-memory slot)
 
 Warp roles (384 threads)
     warpgroup 2   producer: warp 8 loads Q once (TMA); all 4 warps gather + dequantise KV tiles
-                  into a 2-slot pipeline (setmaxnreg 80)
+                  into a 2-slot pipeline (setmaxnreg 80; `register_plan` checks the budget)
     warpgroup 0   S = Q·K_tileᵀ, mask, online softmax (stages/common/softmax.py), P → shared
-                  memory, α per row; then its half of O += P·V            (setmaxnreg 216)
+                  memory, α per row; then its half of O += P·V            (setmaxnreg 208)
     warpgroup 1   its half of O += P·V (O's 512 columns split over the two MMA warpgroups)
 
 Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of oracles/kvcache.py.
@@ -76,6 +76,19 @@ def cache_block_bytes(fmt: str, block_size: int) -> int:
     raise ValueError(f"stage E sm90: kv_format must be simple, model1 or v4.1, got {fmt!r}")
 
 
+def register_plan(threads: int, plan: dict[int, int]) -> str | None:
+    """None when the setmaxnreg plan {thread count: registers per thread} fits the CTA's
+    allocation at launch (threads × (65 536 / threads rounded down to a multiple of 8)); else
+    why not.  A plan that does not fit hangs: setmaxnreg.inc waits for registers nobody frees."""
+    at_launch = threads * (65536 // threads // 8 * 8)
+    want = sum(n * r for n, r in plan.items())
+    if sum(plan) != threads or any(r % 8 or not 24 <= r <= 256 for r in plan.values()):
+        return f"setmaxnreg plan {plan} must cover the {threads} threads with multiples of 8 in 24 … 256"
+    if want > at_launch:
+        return f"setmaxnreg plan {plan} needs {want} registers, the CTA holds {at_launch} (a hang)"
+    return None
+
+
 def _kv_layouts(dtype, block_n: int, stages: int, slice_n: int):
     """K (block_n, D, stages) K-major and Vᵀ (D, block_n, stages) MN-major views of the same slot
     bytes (stage D2's construction: the swizzle atom of one warpgroup's O slice, keys first)."""
@@ -102,8 +115,12 @@ class Kernel:
     PRODUCER_THREADS = 128
     MMA_THREADS = 128 * NUM_MMA_WG
     THREADS = MMA_THREADS + PRODUCER_THREADS
-    MMA_REGS = 216  # 2 · 128 · 216 + 128 · 80 = 65 536
-    PRODUCER_REGS = 80
+    # setmaxnreg moves registers between the warps of the CTA's own allocation, fixed at launch:
+    # 384 threads × 168 (ptxas's cap, 65 536 / 384 rounded down to 8) = 64 512.  The MMA
+    # warpgroups' increase spins until the producer's decrease has freed enough, so the sum must
+    # fit: 2 · 128 · 208 + 128 · 80 = 63 488 ≤ 64 512 (216 / 80, 65 536, never fits: a hang).
+    MMA_REGS = 208  # the MMA path uses R0 … R189 (SASS)
+    PRODUCER_REGS = 80  # the producer path uses R0 … R77 (SASS)
     KV_STAGES = 2
     LANE_COLS = 16  # columns of a key one lane dequantises (16 e4m3 = one 16-byte load)
     GROUP = 4  # keys whose loads a lane has in flight at once
@@ -125,6 +142,8 @@ class Kernel:
         self.sched = DecodeGrid(head_blocks, c.s_q, b, self.splits, num_tiles)
         self.rows = b * c.s_q * c.h_q
         self.scale_log2 = math.log2(math.e) / math.sqrt(D)
+        if register_plan(self.THREADS, {self.MMA_THREADS: self.MMA_REGS, self.PRODUCER_THREADS: self.PRODUCER_REGS}) is not None:
+            raise ValueError(f"stage E sm90: {register_plan(self.THREADS, {self.MMA_THREADS: self.MMA_REGS, self.PRODUCER_THREADS: self.PRODUCER_REGS})}")
         smem = 2 * (self.BLOCK_M * D + self.KV_STAGES * self.BLOCK_N * D + self.BLOCK_M * self.BLOCK_N) + 4096
         if smem > _SMEM_LIMIT:
             raise ValueError(f"stage E sm90: {smem} bytes of shared memory needed, {_SMEM_LIMIT} available")
