@@ -563,7 +563,7 @@ def _e8m0_to_f32(byte) -> cutlass.Float32:
     byte 0 would be 2^−127, a subnormal, read here as 0; 0xFF is NaN in e8m0 and +∞ here —
     neither is ever produced by a quantiser)."""
     bits = cute.make_rmem_tensor(1, cutlass.Int32)
-    bits[0] = byte << 23
+    bits[0] = (byte & 0xFF) << 23  # the mask matters: CuTeDSL loads a Uint8 with ld.global.s8 (sign-extended)
     return cute.recast_tensor(bits, cutlass.Float32)[0]
 
 
