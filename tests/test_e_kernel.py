@@ -48,3 +48,21 @@ def test_register_plan_fits_the_launch_allocation():
     assert sm90.register_plan(384, {256: 240, 128: 24}) is None  # D2's: exactly 64 512
     k = sm90.Kernel
     assert sm90.register_plan(k.THREADS, {k.MMA_THREADS: k.MMA_REGS, k.PRODUCER_THREADS: k.PRODUCER_REGS}) is None
+
+
+def test_e8m0_bytes_are_loaded_unsigned(project_root, tmp_path, monkeypatch):
+    """Compiled for sm_90a (no GPU, no records): the e8m0 scale bytes are loaded zero-extended.
+    CuTeDSL loaded a Uint8 with ld.global.s8, and `byte << 23` then negated every scale ≥ 2."""
+    from pathlib import Path
+
+    from harness.compile import Compiler
+
+    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
+    spec = load_spec(root=project_root)
+    compiler = Compiler(spec.root)
+    case = dict(b=2, config="s1h64_m96bs64", kv_format="model1", scenario="plain", splits=1)
+    res = compiler.submit(spec.stages["E"], "sm_90a", case).result()
+    compiler.close()
+    assert res.ok, res.error
+    ptx = Path(res.ptx_path).read_text()
+    assert "ld.global.s8" not in ptx and ("ld.global.b8" in ptx or "ld.global.u8" in ptx)
