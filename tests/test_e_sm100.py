@@ -200,5 +200,9 @@ def test_representative_cases_compile_for_sm100a_without_spills(case, tmp_path):
     tma = sum(n for k, n in inv.items() if k.startswith("cp.async.bulk.tensor"))
     assert 0 < tma <= 8, inv  # Q's boxes only: KV never goes through a TMA
     assert fam.get("wgmma", 0) == 0
+    # e8m0 bytes are read zero-extended (a sign-extended byte ≥ 128 negates a scale ≥ 2; H6's c2547ff)
+    assert "ld.global.s8" not in ptx_path.read_text()
+    if case["kv_format"] != "simple":
+        assert "ld.global.b8" in ptx_path.read_text()
     entries = ptx_path.read_text().count(".entry ")
     assert entries == (2 if info["splits"] > 1 else 1), entries  # the split kernel (+ SplitCombine)
