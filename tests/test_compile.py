@@ -356,4 +356,7 @@ def test_a_cancelled_compiler_kills_its_running_compiles(project_root):
     t0 = time.monotonic()
     c.close(cancel=True)
     assert time.monotonic() - t0 < 10
-    assert not [p for p in procs if p.is_alive()]
+    deadline = time.monotonic() + 30  # a loaded machine may take a moment to reap the terminated process
+    while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in procs if p.is_alive()]  # without the terminate it sleeps on for two minutes
