@@ -33,10 +33,10 @@ Warp roles (384 threads)
                             serialises the two MMAs, so one warpgroup's epilogue runs under the
                             other's MMA without any explicit schedule.
 
-Why this shape.  The first version (tests/fixtures/i1_v1) had both warpgroups on halves of one
-128-key tile with 2 tokens per CTA; the second (tests/fixtures/i1_v2) 4 tokens and alternate
-tiles.  Here each K tile read from L2 serves 8 tokens (half v2's L2 → SMEM traffic of K), each
-wgmma is m64n256k32, and the overlap of epilogue and MMA is kept.
+Why this shape.  The first version (in git history) had both warpgroups on halves of one
+128-key tile with 2 tokens per CTA; the second 4 tokens and alternate tiles.  Here each K tile
+read from L2 serves 8 tokens (half the second's L2 → SMEM traffic of K), each wgmma is
+m64n256k32, and the overlap of epilogue and MMA is kept.
 
 Limits: s a multiple of BLOCK_Q, s_kv a multiple of BLOCK_K; h = 64, d = 128; row-major,
 16-byte aligned, static shapes.
