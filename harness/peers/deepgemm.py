@@ -1,21 +1,25 @@
 """DeepGEMM's indexer kernels (stages I1, I2): `deep_gemm.fp8_mqa_logits` and
-`deep_gemm.fp8_paged_mqa_logits` (DeepGEMM PR #200 and later; their kernels are compiled at run
-time).  Built from source on the GPU machine: the PyPI wheel `sgl-deep-gemm` 0.2.5 does not load
-with torch 2.11 (OSError on its _C.so).
+`deep_gemm.fp8_paged_mqa_logits`, as DeepGEMM 54e2261 (2.6.1) defines them in
+csrc/apis/attention.hpp (the "legacy" FP8 wrappers of fp8_fp4_*; kernels compiled at run time).
+Built from source on the GPU machine by scripts/build_deepgemm.sh: the PyPI wheel
+`sgl-deep-gemm` 0.2.5 does not load with torch 2.11 (OSError on its _C.so).
 
 Flat:  fp8_mqa_logits(q [s, h, d] e4m3, (kv [s_kv, d] e4m3, kv_scale [s_kv] fp32), weights [s, h]
-       fp32, ks [s], ke [s] int32, clean_logits=True) -> logits [s, s_kv] fp32 (a view of a
-       row-padded buffer), −inf outside [ks, ke) written by DeepGEMM's clean kernel (timed: the
-       fill is part of the job).
-Paged: get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms) (outside the timing,
-       as a serving loop builds it once per step), then fp8_paged_mqa_logits(q [b, next_n, h, d],
-       fused cache [num_blocks, block_kv, 1, d + 4] uint8, weights [b·next_n, h], context_lens,
-       block_table, schedule_meta, max_context_len).  Recent DeepGEMM takes context_lens per
-       token ([b, next_n]: token t sees context_lens[i, t] = len − next_n + t + 1 keys) and
-       has no clean pass for that form; the older form takes [b] with clean_logits=True.  With
-       the per-token form the adapter writes −inf past each row's limit itself (a masked_fill,
-       timed with the call: DeepGEMM leaves those elements unwritten).
-On sm90 DeepGEMM takes h ∈ {32, 64}, d ∈ {32, 64, 128} and (paged) block_kv = 64."""
+       fp32, cu_seq_len_k_start [s], cu_seq_len_k_end [s] int32, clean_logits=True) -> logits
+       [s, s_kv] fp32, a view of a buffer whose rows are padded to 1 KiB; −inf outside [ks, ke)
+       written by DeepGEMM's clean kernel (timed: the fill is part of the job).
+Paged: get_paged_mqa_logits_metadata(context_lens [b, next_n] int32, block_kv, num_sms) outside
+       the timing (a serving loop builds it once per step), then fp8_paged_mqa_logits(q [b, next_n,
+       h, d] e4m3, fused cache [num_blocks, block_kv, 1, d + 4] uint8, weights [b·next_n, h] fp32,
+       context_lens, block_table [b, max_blocks] int32, schedule_meta [num_sms + 1, 2],
+       max_context_len) -> logits [b·next_n, max_context_len] fp32.  This DeepGEMM takes only
+       per-token context lengths (2-D; token t of sequence i sees the keys j < context_lens[i, t],
+       here len − next_n + t + 1) and asserts clean_logits=False for them: it leaves the
+       positions past each row's limit unwritten, so the adapter writes −inf there itself (a
+       masked_fill, timed with the call).  num_sms is DeepGEMM's own count (the kernel checks the
+       metadata has num_sms + 1 rows).
+Shape rules (its host asserts): h ∈ {32, 64} on sm90, {8, 16, 32, 64} on sm100; d ∈ {32, 64, 128};
+paged block_kv = 64 on sm90 (32 or 64 on sm100) and next_n ∈ {1, 2} on sm90."""
 
 from __future__ import annotations
 
@@ -36,11 +40,25 @@ def unsupported(problem: str, dims: dict[str, int], cc: tuple[int, int] | None) 
         return f"compute capability {major}.x: DeepGEMM's indexer runs on sm90 and sm100"
     if major == 9 and dims["h"] not in (32, 64):
         return f"h {dims['h']}: DeepGEMM on sm90 takes 32 or 64 heads"
+    if major == 10 and dims["h"] not in (8, 16, 32, 64):
+        return f"h {dims['h']}: DeepGEMM on sm100 takes 8, 16, 32 or 64 heads"
     if dims["d"] not in (32, 64, 128):
         return f"d {dims['d']}: DeepGEMM takes 32, 64 or 128"
-    if problem == "paged_mqa_logits" and dims["block_kv"] != 64 and (major == 9 or dims["block_kv"] != 32):
-        return f"block_kv {dims['block_kv']}: DeepGEMM takes 64 (or 32 on sm100)"
+    if problem == "paged_mqa_logits":
+        if dims["block_kv"] != 64 and (major == 9 or dims["block_kv"] != 32):
+            return f"block_kv {dims['block_kv']}: DeepGEMM takes 64 (or 32 on sm100)"
+        if major == 9 and dims["next_n"] not in (1, 2):
+            return f"next_n {dims['next_n']}: DeepGEMM on sm90 takes 1 or 2"
     return None
+
+
+def per_token_context_lens(context_lens, next_n: int):
+    """[b] sequence lengths -> DeepGEMM's [b, next_n] int32: token t of sequence i sees the keys
+    j < len_i − next_n + t + 1, i.e. j ≤ its own position len_i − next_n + t."""
+    import torch
+
+    t = torch.arange(next_n, device=context_lens.device, dtype=torch.int32)
+    return (context_lens.to(torch.int32)[:, None] - next_n + 1 + t[None, :]).contiguous()
 
 
 def make(problem: str, dims: dict[str, int], inputs: dict) -> Callable[[], dict]:
@@ -56,24 +74,16 @@ def make(problem: str, dims: dict[str, int], inputs: dict) -> Callable[[], dict]
 
         return run
 
-    b, next_n, max_len = dims["b"], dims["next_n"], dims["max_len"]
+    next_n, max_len = dims["next_n"], dims["max_len"]
     q, cache, w = inputs["q"], inputs["kv_cache"], inputs["weights"]
-    table, lens = inputs["block_table"], inputs["context_lens"]
-    num_sms = deep_gemm.get_num_sms()
-    per_token = (lens[:, None] - next_n + 1 + torch.arange(next_n, device=q.device)[None, :]).to(torch.int32).contiguous()
-    try:  # recent DeepGEMM: per-token context lengths [b, next_n], no clean pass
-        meta = deep_gemm.get_paged_mqa_logits_metadata(per_token, dims["block_kv"], num_sms)
-        lens_arg, clean = per_token, False
-    except RuntimeError:  # older DeepGEMM: [b] context lengths and its own clean pass
-        meta = deep_gemm.get_paged_mqa_logits_metadata(lens, dims["block_kv"], num_sms)
-        lens_arg, clean = lens, True
+    table = inputs["block_table"]
+    lens = per_token_context_lens(inputs["context_lens"], next_n)  # [b, next_n]
+    meta = deep_gemm.get_paged_mqa_logits_metadata(lens, dims["block_kv"], deep_gemm.get_num_sms())
     j = torch.arange(max_len, device=q.device)
-    invalid = (j[None, :] >= per_token.view(-1, 1))  # [b·next_n, max_len]
+    invalid = j[None, :] >= lens.view(-1, 1)  # [b·next_n, max_len]: rows i·next_n + t
 
     def run_paged() -> dict:
-        out = deep_gemm.fp8_paged_mqa_logits(q, cache, w, lens_arg, table, meta, max_len, clean_logits=clean)
-        if not clean:
-            out = out.masked_fill_(invalid, float("-inf"))
-        return {"logits": out}
+        out = deep_gemm.fp8_paged_mqa_logits(q, cache, w, lens, table, meta, max_len, clean_logits=False)
+        return {"logits": out.masked_fill_(invalid, float("-inf"))}
 
     return run_paged
