@@ -228,8 +228,9 @@ def tmem_budget_error(d: int, kv_tile: int, o_split: int, s_stages: int, s: int,
     )
 
 
-def ring_plan(d: int, o_split: int, kv_tile: int = KV_TILE) -> dict:
-    """Chunking of a KV tile and the ring depth that fits shared memory."""
+def ring_plan(d: int, o_split: int, kv_tile: int = KV_TILE, reserved: int = 0) -> dict:
+    """Chunking of a KV tile and the ring depth that fits shared memory (less `reserved`
+    bytes a rung keeps for buffers of its own)."""
     chunk = min(d, CHUNK_MAX)
     n_chunks = d // chunk
     n_v = n_chunks // o_split  # chunks that are V for this CTA
@@ -237,11 +238,11 @@ def ring_plan(d: int, o_split: int, kv_tile: int = KV_TILE) -> dict:
     c = kv_tile * chunk * 2
     p = ROWS * kv_tile * 2
     barriers = 1024
-    fit = (SMEM_LIMIT - barriers - q - p) // c
+    fit = (SMEM_LIMIT - barriers - reserved - q - p) // c
     slots = min(fit, 2 * n_chunks + 1)
     return {"chunk": chunk, "n_chunks": n_chunks, "n_v": n_v, "n_nonv": n_chunks - n_v,
             "slots": slots, "qk_early": max(0, min(n_chunks, slots - n_v)),
-            "smem": barriers + q + p + slots * c, "Q": q, "chunk_bytes": c, "P": p}
+            "smem": barriers + reserved + q + p + slots * c, "Q": q, "chunk_bytes": c, "P": p}
 
 
 # ---------------------------------------------------------------------------------------
@@ -325,9 +326,10 @@ class DecodeSm100(WarpRoles):
     NAME = "sm100 decode"
 
     def setup_plan(self, p: DecodeShape, splits, sm_count: int, o_split: int | None, s_stages: int,
-                   n_tiles: int | None = None) -> None:
+                   n_tiles: int | None = None, smem_reserved: int = 0) -> None:
         """Every compile-time choice from the shape: TMEM plan (refused over 512 columns),
-        KV ring, split count.  `n_tiles` (default n / 64): KV tiles the splits divide."""
+        KV ring, split count.  `n_tiles` (default n / 64): KV tiles the splits divide;
+        `smem_reserved`: bytes of the rung's own buffers (`smem_fields`), not the ring's."""
         b, s_q, h_q, n, d = p.b, p.s_q, p.h_q, p.n, p.d
         if d not in HEAD_DIMS:
             raise ValueError(f"{self.NAME}: d must be one of {HEAD_DIMS}, got {d}")
@@ -341,7 +343,7 @@ class DecodeSm100(WarpRoles):
         budget = tmem_budget(d, KV_TILE, o_split, s_stages)
         if budget["total"] > TMEM_COLUMNS:
             raise tmem_budget_error(d, KV_TILE, o_split, s_stages, budget["S"], budget["O"])
-        ring = ring_plan(d, o_split)
+        ring = ring_plan(d, o_split, KV_TILE, smem_reserved)
         if ring["slots"] < ring["n_v"] + 1 or ring["smem"] > SMEM_LIMIT:
             raise ValueError(f"SMEM budget: {ring['smem']} bytes with {ring['slots']} chunk slots (d={d})")
 
@@ -388,8 +390,8 @@ class DecodeSm100(WarpRoles):
         return v, ops, tma_q, tma_Q
 
     def start(self, kernel, stream) -> None:
-        """Launch the traced kernel call: grid (row blocks · o_split, splits, b), 192 threads."""
-        launch(kernel, self.launch_grid(), stream)
+        """Launch the traced kernel call: grid (row blocks · o_split, splits, b), THREADS threads."""
+        launch(kernel, self.launch_grid(), stream, self.THREADS)
 
     def block_last_token(self, rb):
         """The last query token with a row in 128-row block rb (rows are token·h_q + head)."""
@@ -486,6 +488,11 @@ class DecodeSm100(WarpRoles):
         if tuple(O_part.shape[1:]) != (p.b, p.s_q, p.h_q, p.d) or tuple(LSE_part.shape) != (cap, p.b, p.s_q, p.h_q):
             raise ValueError(f"{self.NAME}: O_part {tuple(O_part.shape)} / LSE_part {tuple(LSE_part.shape)} "
                              f"do not match the case")
+        self._cap_splits(cap)
+
+    def _cap_splits(self, cap: int) -> None:
+        """Trace time: "auto" splits capped to the scratch's `cap` partials; a forced count
+        that does not fit is refused."""
         if self.splits > cap:
             if self.splits_axis != "auto":
                 raise ValueError(f"{self.NAME}: {self.splits} splits need a scratch of ≥ {self.splits} partials, "
@@ -493,22 +500,28 @@ class DecodeSm100(WarpRoles):
             self.splits = cap
             self._set_grid()
 
+    def smem_fields(self) -> tuple[dict, dict]:
+        """A rung's own shared-memory fields: (mbarrier blocks, buffers), each a dict of
+        cute.struct annotations, placed after the house's barriers and before Q; their bytes
+        are the rung's `smem_reserved`.  The house has none."""
+        return {}, {}
+
     def _smem_struct(self, q_smem, k_smem, p_smem):
-        slots = self.slots
-        s_stages = self.s_stages
-
-        @cute.struct
-        class Smem:
-            q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-            kv_mbar: cute.struct.MemRange[cutlass.Int64, 2 * slots]
-            s_mbar: cute.struct.MemRange[cutlass.Int64, 2 * s_stages]
-            p_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-            o_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-            tmem_addr: cutlass.Int32
-            sQ: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(q_smem.outer)], 1024]
-            sKV: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(k_smem.outer)], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(p_smem.outer)], 1024]
-
+        barriers, buffers = self.smem_fields()
+        fields = {
+            "q_mbar": cute.struct.MemRange[cutlass.Int64, 2],
+            "kv_mbar": cute.struct.MemRange[cutlass.Int64, 2 * self.slots],
+            "s_mbar": cute.struct.MemRange[cutlass.Int64, 2 * self.s_stages],
+            "p_mbar": cute.struct.MemRange[cutlass.Int64, 2],
+            "o_mbar": cute.struct.MemRange[cutlass.Int64, 2],
+            **barriers,
+            "tmem_addr": cutlass.Int32,
+            **buffers,
+            "sQ": cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(q_smem.outer)], 1024],
+            "sKV": cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(k_smem.outer)], 1024],
+            "sP": cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(p_smem.outer)], 1024],
+        }
+        Smem = cute.struct(type("Smem", (), {"__annotations__": fields}))
         size = int(Smem.size_in_bytes())
         if size > SMEM_LIMIT:
             raise ValueError(f"SMEM budget: the shared-storage struct takes {size} bytes > {SMEM_LIMIT}")
@@ -560,11 +573,7 @@ class DecodeSm100(WarpRoles):
 
         # ---- pipelines (elected thread = 1, softmax side = 128 threads)
         q_prod, q_cons = tma_umma_pipeline(storage.q_mbar, 1, self.q_bytes)
-        one = pipeline.CooperativeGroup(pipeline.Agent.Thread)
-        kv_pipe = pipeline.PipelineTmaUmma.create(
-            num_stages=self.slots, producer_group=one, consumer_group=one,
-            tx_count=self.k_bytes, barrier_storage=storage.kv_mbar.data_ptr(),
-        )
+        kv_pipe = self.kv_pipeline(storage)
         s_prod, s_cons = umma_to_threads_pipeline(storage.s_mbar, self.SOFTMAX_THREADS, self.s_stages)
         p_prod, p_cons = threads_to_umma_pipeline(storage.p_mbar, self.SOFTMAX_THREADS)
         o_prod, o_cons = umma_to_threads_pipeline(storage.o_mbar, self.SOFTMAX_THREADS)
@@ -576,6 +585,7 @@ class DecodeSm100(WarpRoles):
             allocator_warp_id=self.SOFTMAX_WARPS[0],
         )
         softmax_sync = pipeline.NamedBarrier(barrier_id=int(NamedBarrier.TMEM_FREE), num_threads=self.SOFTMAX_THREADS)
+        self.bind_keys(keys, storage)  # a rung's own pipelines and buffers (none here)
 
         # ---- MMA operands
         qk_thr = qk_mma.get_slice(0)
@@ -629,7 +639,7 @@ class DecodeSm100(WarpRoles):
         tOgO = pv_thr.partition_C(gO)  # rows past s_q·h_q are never stored (epilogue guard)
 
         # ======================= roles =======================
-        if warp_idx == self.LOAD_WARP:
+        if self.is_producer(warp_idx):
             self.load_role(q_prod, kv_pipe, tma_q, tQgQ, tQsQ, keys, shift)
         if warp_idx == self.MMA_WARP:
             self.mma_role(q_cons, kv_pipe, s_prod, p_cons, o_prod, qk_mma, pv_mma, tSrQ, tSrK, tOrV, tOrP,
@@ -640,6 +650,23 @@ class DecodeSm100(WarpRoles):
                               tidx, rb, half, split, batch, keys, extra)
             tcgen05_fence_before_sync()
             tmem_free(tmem_alloc, tmem_ptr, plan.alloc_cols, softmax_sync)
+
+    # ---- the producer side, replaceable by a rung (stage E: gather + dequantisation warps)
+    def kv_pipeline(self, storage):
+        """The KV ring's pipeline: TMA bytes → the MMA warp (PipelineTmaUmma, one box a chunk)."""
+        one = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+        return pipeline.PipelineTmaUmma.create(
+            num_stages=self.slots, producer_group=one, consumer_group=one,
+            tx_count=self.k_bytes, barrier_storage=storage.kv_mbar.data_ptr(),
+        )
+
+    def bind_keys(self, keys, storage) -> None:
+        """Give the keys object what it needs of shared memory (before the roles; every
+        thread).  The house's keys need nothing."""
+
+    def is_producer(self, warp_idx):
+        """Whether warp `warp_idx` runs load_role: the TMA warp (warp 5)."""
+        return warp_idx == self.LOAD_WARP
 
     def ring_lines(self, storage, qk_mma, pv_mma, k_smem):
         """The (key, col, slot) line view of the KV ring for zeroing key rows, proven at

@@ -190,10 +190,11 @@ class AttentionOperands:
                                      self.plan.v_slots, p_smem=None if tmem_p else self.p_smem)
 
 
-def launch(kernel_call, grid, stream) -> None:
-    """Launch a six-warp attention kernel: `grid` CTAs of WarpRoles.THREADS threads;
-    .minnctapersm 1, so ptxas may use more than 168 registers rather than spill."""
-    kernel_call.launch(grid=grid, block=(WarpRoles.THREADS, 1, 1), stream=stream, min_blocks_per_mp=1)
+def launch(kernel_call, grid, stream, threads: int = WarpRoles.THREADS) -> None:
+    """Launch a warp-specialised attention kernel: `grid` CTAs of `threads` threads (the six
+    warps of WarpRoles unless a kernel has more); .minnctapersm 1, so ptxas may use more than
+    168 registers rather than spill."""
+    kernel_call.launch(grid=grid, block=(threads, 1, 1), stream=stream, min_blocks_per_mp=1)
 
 
 # ---------------------------------------------------------------------------------------
