@@ -12,7 +12,7 @@ The MMA: keys along M, heads along N
     are K-major (row-major K [keys, d], Q [tokens · heads, d]), as FP8 wgmma requires.  With
     heads along N, the reduction over heads is a reduction over an accumulator row: each thread
     holds 2 rows (keys r, r + 8) × N/4 columns, sums its columns (relu, × w), then two butterfly
-    shuffles over the row's quad finish the sum (stages/common/indexer.py).  Heads along M would need
+    shuffles over the row's quad finish the sum.  Heads along M would need
     the sum across 8 lanes and 4 warps instead.
 
 Ranges and the −inf fill
@@ -38,6 +38,9 @@ Why this shape.  The first version (in git history) had both warpgroups on halve
 read from L2 serves 8 tokens (half the second's L2 → SMEM traffic of K), each wgmma is
 m64n256k32, and the overlap of epilogue and MMA is kept.
 
+The MMA, the loads, the head sum and the epilogue's store are stages/common/indexer.py's; new
+here are the 8-token block with both warpgroups on every K tile, and the per-token key ranges.
+
 Limits: s a multiple of BLOCK_Q, s_kv a multiple of BLOCK_K; h = 64, d = 128; row-major,
 16-byte aligned, static shapes.
 """
@@ -47,17 +50,30 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
-import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import warpgroup
 
-from stages.common.indexer import check_token_columns, fill_neg_inf, head_sum, key_tile_range
+from stages.common.indexer import (
+    DIM,
+    HEADS,
+    LogitsOperands,
+    check_flat_shape,
+    fill_rows,
+    head_sum,
+    head_weights,
+    key_tile_range,
+    launch,
+    load_key_tile,
+    load_q_once,
+    q_rows,
+    sm90_fragments,
+    sm90_logits_mma,
+    sm90_store_logits,
+    start_cta,
+    token_ranges,
+)
 from stages.common.inspection import expose
-from stages.common.sm90_idioms import acc_rows_cols, tma_pipeline, wgmma_sync
-from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile
-
-HEADS = 64
-DIM = 128
+from stages.common.sm90_idioms import wgmma_sync
+from stages.common.sm90_setup import TmaPipe, smem_struct, smem_tensors, tma_pipelines, tma_tiles, wait_once
+from stages.common.tma import sm90_tma_load
 
 
 class Kernel:
@@ -67,7 +83,7 @@ class Kernel:
 
     BLOCK_Q = 8  # query tokens per CTA: 4 per MMA warpgroup (N = 256 each)
     WG_Q = 4
-    BLOCK_K = 64  # keys per tile = M of one warpgroup's MMA; the warpgroups take alternate tiles
+    BLOCK_K = 64  # keys per tile = M of one warpgroup's MMA; both warpgroups read every tile
     NUM_MMA_WG = 2
     LOAD_WG = 2
     LOAD_WARP = 4 * LOAD_WG
@@ -79,13 +95,9 @@ class Kernel:
     STAGES = 8  # K slots of 8 KiB
 
     def __init__(self, *, s: int, s_kv: int):
-        if s % self.BLOCK_Q:
-            raise ValueError(f"stage I1 sm90: s must be a multiple of {self.BLOCK_Q}, got {s}")
-        if s_kv % self.BLOCK_K or s_kv <= 0:
-            raise ValueError(f"stage I1 sm90: s_kv must be a positive multiple of {self.BLOCK_K}, got {s_kv}")
+        check_flat_shape("stage I1 sm90", s, s_kv, self.BLOCK_Q, self.BLOCK_K)
         self.s, self.s_kv = s, s_kv
         self.n = HEADS * self.WG_Q  # N of one warpgroup's MMA
-        self.num_tiles = s_kv // self.BLOCK_K
 
     @cute.jit
     def __call__(
@@ -99,138 +111,69 @@ class Kernel:
         logits: cute.Tensor,
         stream: cuda.CUstream,
     ):
-        s, bq, bk, n = self.s, self.BLOCK_Q, self.BLOCK_K, self.n
+        s, bk, n = self.s, self.BLOCK_K, self.n
         dtype = q.element_type
-        mQ = cute.make_tensor(q.iterator, cute.make_layout((s * HEADS, DIM), stride=(DIM, 1)))
-        mma = sm90_utils.make_trivial_tiled_mma(
-            dtype, kv.element_type,
-            warpgroup.OperandMajorMode.K,  # K tile [keys, d]: d contiguous (A, M = keys)
-            warpgroup.OperandMajorMode.K,  # Q block [tokens · heads, d]: d contiguous (B, N = heads)
-            cutlass.Float32,
-            (1, 1, 1),
-            tiler_mn=(bk, n),
-        )
-        check_token_columns(mma, (bk, n), HEADS, self.WG_Q)
-        tile = (bk, n, DIM)
-        k_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, tile, dtype, self.STAGES)
-        q_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, tile, dtype, self.NUM_MMA_WG)  # a half per warpgroup
+        mQ = q_rows(q, s * HEADS)
+        # Q slots: a half of the token block per warpgroup (its B operand).
+        mma, tile, k_smem, q_smem = sm90_logits_mma(dtype, bk, self.WG_Q, self.STAGES, self.NUM_MMA_WG)
         expose(self, qk_mma=(mma, tile), smem={"K": k_smem, "Q": q_smem})  # dsv4-lab inspect
         tma_q, tma_Q, q_half = sm90_tma_load(mQ, q_smem, (n, DIM))
-        self.q_bytes = self.NUM_MMA_WG * q_half
-        tma_k, tma_K, self.k_bytes = sm90_tma_load(kv, k_smem, (bk, DIM))
-
-        @cute.struct
-        class Smem:
-            q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-            k_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.STAGES]
-            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(q_smem)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(k_smem)], 1024]
-
-        self.smem_struct = Smem
-        self.kernel(mma, tma_q, tma_Q, tma_k, tma_K, kv_scale, weights, ks, ke, logits, q_smem, k_smem).launch(
-            grid=(s // bq, 1, 1), block=(self.THREADS, 1, 1), smem=Smem.size_in_bytes(), stream=stream
-        )
+        tma_k, tma_K, k_bytes = sm90_tma_load(kv, k_smem, (bk, DIM))
+        warps = self.MMA_THREADS // 32  # both warpgroups read Q and every K slot
+        self.pipes = (TmaPipe("q", 1, self.NUM_MMA_WG * q_half, warps), TmaPipe("k", self.STAGES, k_bytes, warps))
+        self.smem_struct = smem_struct(self.pipes, {"sQ": (dtype, q_smem), "sK": (dtype, k_smem)})
+        ops = LogitsOperands(mma, tma_q, tma_Q, tma_k, tma_K, q_smem, k_smem)
+        launch(self.kernel(ops, kv_scale, weights, ks, ke, logits), (s // self.BLOCK_Q, 1, 1), self.THREADS,
+               self.smem_struct, stream)
 
     @cute.kernel
-    def kernel(
-        self,
-        mma: cute.TiledMma,
-        tma_q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        tma_k: cute.CopyAtom,
-        mK: cute.Tensor,
-        mScale: cute.Tensor,
-        mW: cute.Tensor,
-        mKs: cute.Tensor,
-        mKe: cute.Tensor,
-        mOut: cute.Tensor,
-        q_smem: cute.ComposedLayout,
-        k_smem: cute.ComposedLayout,
-    ):
-        tidx, _, _ = cute.arch.thread_idx()
+    def kernel(self, ops: LogitsOperands, mScale: cute.Tensor, mW: cute.Tensor, mKs: cute.Tensor, mKe: cute.Tensor,
+               mOut: cute.Tensor):
+        bq, bk = self.BLOCK_Q, self.BLOCK_K
+        tidx, warp_idx, storage = start_cta(ops, self.LOAD_WARP, self.smem_struct)
         block, _, _ = cute.arch.block_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        if warp_idx == self.LOAD_WARP:
-            prefetch_descriptors(tma_q, tma_k)
+        sQ, sK = smem_tensors(storage, sQ=ops.q_smem, sK=ops.k_smem)  # (n, d, 2), (bk, d, stages)
+        q_pipe, k_pipe = tma_pipelines(storage, self.pipes)
 
-        storage = cutlass.utils.SmemAllocator().allocate(self.smem_struct)
-        sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)  # (n, d, 1)
-        sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (bk, d, stages)
-        q_pipe = tma_pipeline(storage.q_mbar, 1, self.q_bytes, self.MMA_THREADS // 32)
-        k_pipe = tma_pipeline(storage.k_mbar, self.STAGES, self.k_bytes, self.MMA_THREADS // 32)  # both read each slot
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
-
-        tile_begin, tile_end = key_tile_range(mKs, mKe, block * self.BLOCK_Q, self.BLOCK_Q, self.s_kv, self.BLOCK_K)
+        tile_begin, tile_end = key_tile_range(mKs, mKe, block * bq, bq, self.s_kv, bk)
         if warp_idx // 4 == self.LOAD_WG:
             cute.arch.setmaxregister_decrease(self.LOAD_REGS)
             if warp_idx == self.LOAD_WARP:
-                self.load(block, tile_begin, tile_end, q_pipe, k_pipe, tma_q, mQ, sQ, tma_k, mK, sK)
-            else:
-                self.fill(block, tidx - self.MMA_THREADS - 32, tile_begin, tile_end, mOut)
+                self.load(block, tile_begin, tile_end, q_pipe, k_pipe, ops, sQ, sK)
+            else:  # fill warps: −inf in the block's rows outside the tile range
+                ftid = tidx - self.MMA_THREADS - 32
+                fill_rows(mOut, block * bq, bq, 0, tile_begin * bk, ftid, self.FILL_THREADS)
+                fill_rows(mOut, block * bq, bq, tile_end * bk, self.s_kv, ftid, self.FILL_THREADS)
         else:
             cute.arch.setmaxregister_increase(self.MMA_REGS)
-            self.logits(block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK, mScale, mW, mKs, mKe, mOut)
+            self.logits(block, tidx, tile_begin, tile_end, q_pipe, k_pipe, ops.mma, sQ, sK, mScale, mW, mKs, mKe, mOut)
 
     @cute.jit
-    def load(self, block, tile_begin, tile_end, q_pipe, k_pipe, tma_q, mQ, sQ, tma_k, mK, sK):
-        """Load warp: the token block's Q rows (BLOCK_Q · 64 × 128) once, then the K tiles."""
-        gQ = cute.local_tile(mQ, (self.n, DIM), (None, 0))  # (n, d, token blocks)
-        gK = cute.local_tile(mK, (self.BLOCK_K, DIM), (None, 0))  # (bk, d, tiles)
-        tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, gQ, 2)
-        tKsK, tKgK = tma_partition_tile(tma_k, sK, gK, 2)
-        if tile_end > tile_begin:
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-            q_pipe.producer_acquire(q_state)
-            for w in cutlass.range_constexpr(self.NUM_MMA_WG):
-                cute.copy(tma_q, tQgQ[(None, block * self.NUM_MMA_WG + w)], tQsQ[(None, w)],
-                          tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+    def load(self, block, tile_begin, tile_end, q_pipe, k_pipe, ops, sQ, sK):
+        """Load warp: the token block's Q rows (two boxes of 4 tokens · 64 heads × 128) once, then
+        the K tiles of the range."""
+        q_load = tma_tiles(ops.tma_q, sQ, ops.mQ, (self.n, DIM), (None, 0))
+        k_load = tma_tiles(ops.tma_k, sK, ops.mK, (self.BLOCK_K, DIM), (None, 0))
+        load_q_once(q_pipe, q_load, block * self.NUM_MMA_WG, self.NUM_MMA_WG, tile_end > tile_begin)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.STAGES)
         for tile in cutlass.range(tile_begin, tile_end, unroll=1):
-            k_pipe.producer_acquire(k_state)
-            cute.copy(tma_k, tKgK[(None, tile)], tKsK[(None, k_state.index)],
-                      tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
+            load_key_tile(k_pipe, k_state, k_load, tile)
             k_state.advance()
-
-    @cute.jit
-    def fill(self, block, ftid, tile_begin, tile_end, mOut):
-        """Fill warps: −inf in the block's rows outside the tile range (the epilogue writes
-        every element inside it)."""
-        first, last = tile_begin * self.BLOCK_K, tile_end * self.BLOCK_K
-        for t in cutlass.range_constexpr(self.BLOCK_Q):
-            row = block * self.BLOCK_Q + t
-            fill_neg_inf(mOut, row, 0, first, ftid, self.FILL_THREADS)
-            fill_neg_inf(mOut, row, last, self.s_kv, ftid, self.FILL_THREADS)
 
     @cute.jit
     def logits(self, block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK, mScale, mW, mKs, mKe, mOut):
         """MMA warpgroups: warpgroup w, for every K tile: Sᵀ = K_tile · Q_wᵀ (64 keys × its 4 tokens
-        · 64 heads), then the fused epilogue (see `head_sum`)."""
-        wq, bk, n = self.WG_Q, self.BLOCK_K, self.n
+        · 64 heads), then the fused epilogue (`sm90_store_logits` with `head_sum`), −inf outside
+        each token's [ks, ke)."""
+        wq, bk = self.WG_Q, self.BLOCK_K
         wg = tidx // 128
         row0 = block * self.BLOCK_Q + wg * wq  # this warpgroup's first token
-        thr = mma.get_slice(tidx % 128)
-        tCrK = mma.make_fragment_A(thr.partition_A(sK))  # (MMA, 1, d/32, stages)
-        tCrQ = mma.make_fragment_B(thr.partition_B(sQ))  # (MMA, 1, d/32, 2)
-        acc_shape = thr.partition_shape_C((bk, n))
-        coords = acc_rows_cols(thr.partition_C(cute.make_identity_tensor((bk, n))))  # (key in tile, token·64 + head)
-        num_rows = cute.size(coords, mode=[0])
-        num_cols = cute.size(coords, mode=[1])
-        per_token = num_cols // wq
-
-        w = cute.make_rmem_tensor(num_cols, cutlass.Float32)
-        for j in cutlass.range_constexpr(num_cols):
-            col = coords[0, j][1]
-            w[j] = mW[row0 + col // HEADS, col % HEADS]
-        lo = cute.make_rmem_tensor(wq, cutlass.Int32)
-        hi = cute.make_rmem_tensor(wq, cutlass.Int32)
-        for t in cutlass.range_constexpr(wq):
-            lo[t] = mKs[row0 + t]
-            hi[t] = mKe[row0 + t]
-        lane4 = tidx % 4
+        tCrK, tCrQ, acc_shape, coords = sm90_fragments(mma, tidx % 128, sK, sQ, bk, self.n)
+        w = head_weights(mW, coords, row0)
+        lo, hi = token_ranges(mKs, mKe, row0, wq)
 
         if tile_end > tile_begin:
-            q_pipe.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+            wait_once(q_pipe)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.STAGES)
         for tile in cutlass.range(tile_begin, tile_end, unroll=1):
             k_pipe.consumer_wait(k_state)
@@ -238,16 +181,8 @@ class Kernel:
             wgmma_sync(mma, acc, tCrK, tCrQ, a_slot=k_state.index, b_slot=wg, zero_init=True)
             k_pipe.consumer_release(k_state)
             k_state.advance()
-            acc_rc = acc_rows_cols(acc)
-            for r in cutlass.range_constexpr(num_rows):
-                key = tile * bk + coords[r, 0][0]
-                scale = mScale[key]
-                for t in cutlass.range_constexpr(wq):
-                    total = self.head_sum(acc_rc, w, r, t * per_token, per_token) * scale
-                    inside = (key >= lo[t]) & (key < hi[t])
-                    value = cutlass.Float32(cutlass.select_(inside, total, -cutlass.Float32.inf))
-                    if (r * wq + t) % 4 == lane4:  # the quad's lanes share the stores
-                        mOut[row0 + t, key] = value
+            sm90_store_logits(mOut, row0, acc, coords, w, tile * bk, cute.local_tile(mScale, (bk,), (tile,)),
+                              lo, hi, tidx, self.head_sum, wq)
 
     @cute.jit
     def head_sum(self, acc_rc, w, r: cutlass.Constexpr[int], first: cutlass.Constexpr[int],

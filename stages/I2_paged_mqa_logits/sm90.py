@@ -23,6 +23,9 @@ What is new beside I1
         blocks below the context length and the fill warps write −inf over the rest of the
         chunk (keys ≥ the blocks computed, up to max_len).  No combine: logits are per key.
 
+The fused cache views, the chunk's tiles, the MMA, the loads, the head sum and the epilogue's
+store are stages/common/indexer.py's, shared with I1 and the sm100 kernel.
+
 Warp roles (384 threads): as I1 — warp 8 loads (Q block once, then one cache block per slot),
 warps 9-11 fill −inf, warpgroups 0 and 1 run the MMA and the fused epilogue on alternate blocks.
 
@@ -34,17 +37,31 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
-import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import warpgroup
 
-from stages.common.indexer import check_token_columns, fill_neg_inf, head_sum
+from stages.common.indexer import (
+    DIM,
+    HEADS,
+    LogitsOperands,
+    causal_limits,
+    check_paged_shape,
+    fill_rows,
+    head_sum,
+    head_weights,
+    launch,
+    load_key_tile,
+    load_q_once,
+    paged_tiles,
+    paged_views,
+    q_rows,
+    sm90_fragments,
+    sm90_logits_mma,
+    sm90_store_logits,
+    start_cta,
+)
 from stages.common.inspection import expose
-from stages.common.sm90_idioms import acc_rows_cols, tma_pipeline, wgmma_sync
-from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile
-
-HEADS = 64
-DIM = 128
+from stages.common.sm90_idioms import wgmma_sync
+from stages.common.sm90_setup import TmaPipe, smem_struct, smem_tensors, tma_pipelines, tma_tiles, wait_once
+from stages.common.tma import sm90_tma_load
 
 
 class Kernel:
@@ -65,10 +82,7 @@ class Kernel:
     STAGES = 8  # slots of one cache block (8 KiB)
 
     def __init__(self, *, b: int, next_n: int, block_kv: int):
-        if block_kv != self.BLOCK_KV:
-            raise ValueError(f"stage I2 sm90: block_kv must be {self.BLOCK_KV}, got {block_kv}")
-        if next_n not in (1, 2, 3, 4):
-            raise ValueError(f"stage I2 sm90: next_n must be 1 … 4 (N = next_n · 64 ≤ 256), got {next_n}")
+        check_paged_shape("stage I2 sm90", block_kv, next_n, self.BLOCK_KV)
         self.b, self.next_n = b, next_n
         self.n = HEADS * next_n
         # setmaxnreg only where the MMA warpgroups need more than the launch's share.  At
@@ -91,150 +105,73 @@ class Kernel:
     ):
         b, n, bkv = self.b, self.n, self.BLOCK_KV
         dtype = q.element_type
-        num_blocks = kv_cache.shape[0]
-        block_bytes = bkv * (DIM + 4)
-        self.max_blocks = block_table.shape[1]
-        self.max_len = logits.shape[1]
-        chunk_keys = self.CHUNK_TILES * self.BLOCK_K
-        self.num_chunks = (self.max_len + chunk_keys - 1) // chunk_keys
+        self.max_len = logits.shape[1]  # keys per output row: the grid's chunks cover them
+        self.num_chunks = (self.max_len + self.CHUNK_TILES * self.BLOCK_K - 1) // (self.CHUNK_TILES * self.BLOCK_K)
 
-        mQ = cute.make_tensor(q.iterator, cute.make_layout((b * n, DIM), stride=(DIM, 1)))
-        # The fused cache's bytes as values (slot, col, block) e4m3 and scales (slot, block) fp32.
-        mKV = cute.make_tensor(
-            cute.recast_ptr(kv_cache.iterator, dtype=dtype),
-            cute.make_layout((bkv, DIM, num_blocks), stride=(DIM, 1, block_bytes)),
-        )
-        mScale = cute.make_tensor(
-            cute.recast_ptr(kv_cache.iterator + bkv * DIM, dtype=cutlass.Float32),
-            cute.make_layout((bkv, num_blocks), stride=(1, block_bytes // 4)),
-        )
-        mma = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype,
-            warpgroup.OperandMajorMode.K,  # a cache block [64 keys, d]: d contiguous (A, M = keys)
-            warpgroup.OperandMajorMode.K,  # Q [next_n · heads, d]: d contiguous (B, N = heads)
-            cutlass.Float32,
-            (1, 1, 1),
-            tiler_mn=(bkv, n),
-        )
-        check_token_columns(mma, (bkv, n), HEADS, self.next_n)
-        tile = (bkv, n, DIM)
-        k_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, tile, dtype, self.STAGES)
-        q_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, tile, dtype, 1)
+        mQ = q_rows(q, b * n)
+        mKV, mScale = paged_views(kv_cache, dtype, bkv)  # (slot, col, block) e4m3, (slot, block) fp32
+        mma, tile, k_smem, q_smem = sm90_logits_mma(dtype, bkv, self.next_n, self.STAGES, 1)
         expose(self, qk_mma=(mma, tile), smem={"K": k_smem, "Q": q_smem})  # dsv4-lab inspect
-        tma_q, tma_Q, self.q_bytes = sm90_tma_load(mQ, q_smem, (n, DIM))
-        tma_k, tma_K, self.k_bytes = sm90_tma_load(mKV, k_smem, (bkv, DIM))
-
-        @cute.struct
-        class Smem:
-            q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-            k_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.STAGES]
-            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(q_smem)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(k_smem)], 1024]
-
-        self.smem_struct = Smem
-        self.kernel(
-            mma, tma_q, tma_Q, tma_k, tma_K, mScale, context_lens, block_table, weights, logits, q_smem, k_smem
-        ).launch(grid=(self.num_chunks, b, 1), block=(self.THREADS, 1, 1), smem=Smem.size_in_bytes(), stream=stream)
+        tma_q, tma_Q, q_bytes = sm90_tma_load(mQ, q_smem, (n, DIM))
+        tma_k, tma_K, k_bytes = sm90_tma_load(mKV, k_smem, (bkv, DIM))
+        # Both warpgroups read Q; a K slot is one warpgroup's (they take alternate blocks).
+        self.pipes = (TmaPipe("q", 1, q_bytes, self.MMA_THREADS // 32), TmaPipe("k", self.STAGES, k_bytes, 4))
+        self.smem_struct = smem_struct(self.pipes, {"sQ": (dtype, q_smem), "sK": (dtype, k_smem)})
+        ops = LogitsOperands(mma, tma_q, tma_Q, tma_k, tma_K, q_smem, k_smem)
+        launch(self.kernel(ops, mScale, context_lens, block_table, weights, logits), (self.num_chunks, b, 1),
+               self.THREADS, self.smem_struct, stream)
 
     @cute.kernel
-    def kernel(
-        self,
-        mma: cute.TiledMma,
-        tma_q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        tma_k: cute.CopyAtom,
-        mKV: cute.Tensor,
-        mScale: cute.Tensor,
-        mLens: cute.Tensor,
-        mTable: cute.Tensor,
-        mW: cute.Tensor,
-        mOut: cute.Tensor,
-        q_smem: cute.ComposedLayout,
-        k_smem: cute.ComposedLayout,
-    ):
-        tidx, _, _ = cute.arch.thread_idx()
+    def kernel(self, ops: LogitsOperands, mScale: cute.Tensor, mLens: cute.Tensor, mTable: cute.Tensor, mW: cute.Tensor,
+               mOut: cute.Tensor):
+        nn = self.next_n
+        tidx, warp_idx, storage = start_cta(ops, self.LOAD_WARP, self.smem_struct)
         chunk, seq, _ = cute.arch.block_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        if warp_idx == self.LOAD_WARP:
-            prefetch_descriptors(tma_q, tma_k)
+        sQ, sK = smem_tensors(storage, sQ=ops.q_smem, sK=ops.k_smem)  # (n, d, 1), (64, d, stages)
+        q_pipe, k_pipe = tma_pipelines(storage, self.pipes)
 
-        storage = cutlass.utils.SmemAllocator().allocate(self.smem_struct)
-        sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)  # (n, d, 1)
-        sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (64, d, stages)
-        q_pipe = tma_pipeline(storage.q_mbar, 1, self.q_bytes, self.MMA_THREADS // 32)
-        k_pipe = tma_pipeline(storage.k_mbar, self.STAGES, self.k_bytes, 4)  # a slot is one warpgroup's
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
-
-        # The sequence's context (clamped to the output's width) and this chunk's tiles below it.
-        ctx = cutlass.min(cutlass.max(mLens[seq], cutlass.Int32(0)), cutlass.Int32(self.max_len))
-        last_block = cutlass.max((ctx + self.BLOCK_KV - 1) // self.BLOCK_KV - 1, cutlass.Int32(0))
-        tile_begin = chunk * self.CHUNK_TILES
-        tile_end = cutlass.max(
-            cutlass.min(tile_begin + self.CHUNK_TILES, (ctx + self.BLOCK_K - 1) // self.BLOCK_K), tile_begin
-        )
+        ctx, last_block, tile_begin, tile_end, chunk_end = paged_tiles(
+            mLens, seq, chunk, self.max_len, self.BLOCK_KV, self.BLOCK_K, self.CHUNK_TILES)
         if warp_idx // 4 == self.LOAD_WG:
             if cutlass.const_expr(self.rebalance):
                 cute.arch.setmaxregister_decrease(self.LOAD_REGS)
             if warp_idx == self.LOAD_WARP:
-                self.load(seq, last_block, tile_begin, tile_end, q_pipe, k_pipe, tma_q, mQ, sQ, tma_k, mKV, sK, mTable)
-            else:
-                chunk_end = cutlass.min((chunk + 1) * self.CHUNK_TILES * self.BLOCK_K, cutlass.Int32(self.max_len))
+                self.load(seq, last_block, tile_begin, tile_end, q_pipe, k_pipe, ops, sQ, sK, mTable)
+            else:  # fill warps: −inf over the chunk's keys past the computed blocks
                 ftid = tidx - self.MMA_THREADS - 32
-                for t in cutlass.range_constexpr(self.next_n):
-                    fill_neg_inf(mOut, seq * self.next_n + t, tile_end * self.BLOCK_K, chunk_end, ftid, self.FILL_THREADS)
+                fill_rows(mOut, seq * nn, nn, tile_end * self.BLOCK_K, chunk_end, ftid, self.FILL_THREADS)
         else:
             if cutlass.const_expr(self.rebalance):
                 cute.arch.setmaxregister_increase(self.MMA_REGS)
-            self.logits(seq, ctx, last_block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK,
+            self.logits(seq, ctx, last_block, tidx, tile_begin, tile_end, q_pipe, k_pipe, ops.mma, sQ, sK,
                         mScale, mTable, mW, mOut)
 
     @cute.jit
-    def load(self, seq, last_block, tile_begin, tile_end, q_pipe, k_pipe, tma_q, mQ, sQ, tma_k, mKV, sK, mTable):
+    def load(self, seq, last_block, tile_begin, tile_end, q_pipe, k_pipe, ops, sQ, sK, mTable):
         """Load warp: the sequence's Q rows once, then the chunk's cache blocks (through the
         block table, clamped to the sequence's last block), one per slot."""
-        gQ = cute.local_tile(mQ, (self.n, DIM), (None, 0))  # (n, d, b)
-        gKV = cute.local_tile(mKV, (self.BLOCK_KV, DIM), (0, 0, None))  # (64, d, num_blocks)
-        tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, gQ, 2)
-        tKsK, tKgK = tma_partition_tile(tma_k, sK, gKV, 2)
-        if tile_end > tile_begin:
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-            q_pipe.producer_acquire(q_state)
-            cute.copy(tma_q, tQgQ[(None, seq)], tQsQ[(None, 0)], tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+        q_load = tma_tiles(ops.tma_q, sQ, ops.mQ, (self.n, DIM), (None, 0))  # Q tile i: sequence i's tokens
+        kv_load = tma_tiles(ops.tma_k, sK, ops.mK, (self.BLOCK_KV, DIM), (0, 0, None))  # tile i: cache block i
+        load_q_once(q_pipe, q_load, seq, 1, tile_end > tile_begin)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.STAGES)
         for tile in cutlass.range(tile_begin, tile_end, unroll=1):
-            k_pipe.producer_acquire(k_state)
-            phys = mTable[seq, cutlass.min(tile, last_block)]
-            cute.copy(tma_k, tKgK[(None, phys)], tKsK[(None, k_state.index)], tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
+            load_key_tile(k_pipe, k_state, kv_load, mTable[seq, cutlass.min(tile, last_block)])
             k_state.advance()
 
     @cute.jit
     def logits(self, seq, ctx, last_block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK,
                mScale, mTable, mW, mOut):
         """MMA warpgroups: warpgroup w takes the chunk's blocks w, w + 2, … (Sᵀ = K_block · Qᵀ, 64
-        keys × next_n · 64 heads), then the fused epilogue: relu, × w, head sum, × k_scale,
-        causal select, store."""
-        nn, n, bkv = self.next_n, self.n, self.BLOCK_KV
+        keys × next_n · 64 heads), then the fused epilogue (`sm90_store_logits` with `head_sum`,
+        the block's scales found through the table), −inf past each token's causal limit."""
+        nn, bkv = self.next_n, self.BLOCK_KV
         wg = tidx // 128
-        tid_wg = tidx % 128
-        thr = mma.get_slice(tid_wg)
-        tCrK = mma.make_fragment_A(thr.partition_A(sK))  # (MMA, 1, d/32, 2 · stages)
-        tCrQ = mma.make_fragment_B(thr.partition_B(sQ))  # (MMA, 1, d/32, 1)
-        acc_shape = thr.partition_shape_C((bkv, n))
-        coords = acc_rows_cols(thr.partition_C(cute.make_identity_tensor((bkv, n))))  # (slot, token·64 + head)
-        num_rows = cute.size(coords, mode=[0])
-        num_cols = cute.size(coords, mode=[1])
-        per_token = num_cols // nn
-
-        w = cute.make_rmem_tensor(num_cols, cutlass.Float32)
-        for j in cutlass.range_constexpr(num_cols):
-            col = coords[0, j][1]
-            w[j] = mW[seq * nn + col // HEADS, col % HEADS]
-        lane4 = tidx % 4
-        first_pos = ctx - nn  # token t sees keys ≤ first_pos + t
+        tCrK, tCrQ, acc_shape, coords = sm90_fragments(mma, tidx % 128, sK, sQ, bkv, self.n)
+        w = head_weights(mW, coords, seq * nn)
+        hi = causal_limits(ctx - nn, nn)  # token t sees keys ≤ ctx − next_n + t
 
         if tile_end > tile_begin:
-            q_pipe.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+            wait_once(q_pipe)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.STAGES)
         if wg == 1:
             k_state.advance()  # warpgroup 1 starts at the chunk's second block
@@ -246,17 +183,8 @@ class Kernel:
             k_state.advance()
             k_state.advance()  # the other warpgroup's block
             phys = mTable[seq, cutlass.min(block, last_block)]
-            acc_rc = acc_rows_cols(acc)
-            for r in cutlass.range_constexpr(num_rows):
-                slot = coords[r, 0][0]
-                key = block * bkv + slot
-                scale = mScale[slot, phys]
-                for t in cutlass.range_constexpr(nn):
-                    total = self.head_sum(acc_rc, w, r, t * per_token, per_token) * scale
-                    value = cutlass.Float32(cutlass.select_(key <= first_pos + t, total, -cutlass.Float32.inf))
-                    if (r * nn + t) % 4 == lane4:  # the quad's lanes share the stores
-                        if key < self.max_len:
-                            mOut[seq * nn + t, key] = value
+            sm90_store_logits(mOut, seq * nn, acc, coords, w, block * bkv, mScale[None, phys], None, hi, tidx,
+                              self.head_sum, nn, width=self.max_len)
 
     @cute.jit
     def head_sum(self, acc_rc, w, r: cutlass.Constexpr[int], first: cutlass.Constexpr[int],

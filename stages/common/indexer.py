@@ -1,25 +1,242 @@
-"""The lightning indexer's epilogue pieces (stages I1, I2), shared by their kernels.
+"""The lightning indexer's shared pieces (stages I1, I2): what their four kernels (flat and
+paged, Hopper and Blackwell) have in common, so each stage module reads as what is new in it.
 
 The indexer's MMA puts keys along M and the query heads along N (`Sᵀ = K · Qᵀ`, N = tokens ·
-heads): a wgmma accumulator row is one key, its columns the heads of the CTA's tokens.  Per key
-j and token t the logit is
+heads, K = d = 128).  Per key j and token t the logit is
 
-    logit[t, j] = k_scale[j] · Σ_h w[t, h] · relu(S[j, t·H + h])
+    logit[t, j] = k_scale[j] · Σ_h w[t, h] · relu(S[j, t·H + h])     inside token t's key range
+                = −inf                                               outside it
 
 (relu(x · s) = s · relu(x) for a positive scale, so the scale is applied once, after the sum).
+A token's key range is [lo[t], hi[t]): I1's [ks, ke), I2's causal [0, context − next_n + t + 1).
 
-    check_token_columns  trace-time proof that a thread's accumulator column j (in the
-                         `acc_rows_cols` view) belongs to token j // (columns per token), so a
-                         token's heads are a static slice of the thread's columns
+Both archs
+    HEADS, DIM           64 heads of 128 e4m3 values: the indexer's fixed shape
+    check_flat_shape, check_paged_shape   the kernels' refusals (I1, I2)
+    LogitsOperands       the MMA, TMA loads and layouts a kernel gets as one argument
+    launch               grid × threads with the shared storage's bytes
+    start_cta            thread and warp index, descriptor prefetch, shared storage
+    q_rows               Q as the (tokens · heads, DIM) matrix
+    key_tile_range       I1: the key tiles covering the union of a CTA's token ranges
+    paged_views          I2: the fused cache's bytes as values (64, 128, blocks) e4m3 and
+                         scales (64, blocks) fp32
+    paged_tiles          I2: a sequence's context and a CTA's chunk of key tiles below it
+    token_ranges, causal_limits   lo / hi per token in registers
+    masked_logit         the value a (key, token) gets: the logit inside the range, else −inf
+    fill_rows            −inf over a column range of consecutive output rows (fill warps)
+
+Hopper (wgmma, accumulator in registers; a row is one key, its columns spread over a quad)
+    sm90_logits_mma      the tiled FP8 wgmma K_tile · Q_blockᵀ, proved token-aligned
+                         (`check_token_columns`), and its operand layouts in shared memory
+    load_q_once          the load warp's single Q load (one or more TMA boxes, one barrier)
+    load_key_tile        one key tile (a global tile index or a cache block) into a slot
+    sm90_fragments       a warpgroup's MMA fragments and its accumulator's (key, column) coords
+    head_weights         w in registers, indexed like the thread's accumulator columns
     head_sum             Σ_h w · relu(S) over one token's columns of one row: the thread's own
                          columns, then a butterfly over the row's quad (every lane gets the sum)
-    fill_neg_inf         −inf over a column range of one output row, by a group of threads
+    sm90_store_logits    the fused epilogue of one tile: head sums × k_scale, range select,
+                         one store per (key, token) by one lane of the quad
+
+Blackwell (tcgen05, accumulator in TMEM; TMEM lane t = key t, thread t owns its whole row)
+    Sm100LogitsCta       the 256-thread CTA both kernels run (warp roles, MMA, TMEM budget,
+                         shared storage, pipelines, TMEM allocation, Q's TMA partition)
+    mma_key_tiles        the MMA warp: per key tile, four MMAs into an empty TMEM buffer
+    weights_to_smem      the CTA's tokens' weights into shared memory (read as broadcasts)
+    tmem_row_reader      the tcgen05.ld of a thread's row, 32 columns at a time, proved
+                         row-per-thread (`check_row_per_thread`)
+    tmem_head_sums       Σ_h w · relu(S) per token from one TMEM buffer, thread-local
 """
+
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import tcgen05, warpgroup
+from cutlass.utils.tmem_allocator import TmemAllocator
 
+from stages.common.sm100_idioms import (
+    tcgen05_fence_after_sync,
+    tcgen05_fence_before_sync,
+    tma_umma_pipeline,
+    tmem_allocate,
+    tmem_copy,
+    umma_to_threads_pipeline,
+)
 from stages.common.sm90_idioms import acc_rows_cols
+from stages.common.tma import prefetch_descriptors, tma_partition_tile
+
+HEADS = 64
+DIM = 128
+F32 = cutlass.Float32
+
+# ---------------------------------------------------------------------------------------
+# Both archs: the kernel's operands and start, key ranges, the paged cache, the −inf fill
+
+
+class LogitsOperands(NamedTuple):
+    """What a kernel's `__call__` builds at trace time for its kernel, as one argument: the tiled
+    MMA of Sᵀ = K_tile · Q_blockᵀ, the TMA atoms and coordinate tensors of Q and of the keys, and
+    the staged shared-memory layouts of Q and K."""
+
+    mma: cute.TiledMma
+    tma_q: cute.CopyAtom
+    mQ: cute.Tensor
+    tma_k: cute.CopyAtom
+    mK: cute.Tensor
+    q_smem: cute.ComposedLayout
+    k_smem: cute.ComposedLayout
+
+
+@cute.jit
+def start_cta(ops: LogitsOperands, load_warp: cutlass.Constexpr[int], smem_struct):
+    """(tidx, warp_idx, storage): the thread's index, its warp's (uniform), the load warp
+    prefetches the two TMA descriptors, and the shared storage `smem_struct` allocated."""
+    tidx, _, _ = cute.arch.thread_idx()
+    warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    if warp_idx == load_warp:
+        prefetch_descriptors(ops.tma_q, ops.tma_k)
+    return tidx, warp_idx, utils.SmemAllocator().allocate(smem_struct)
+
+
+def check_flat_shape(who: str, s: int, s_kv: int, block_q: int, block_k: int) -> None:
+    """I1's refusals: s a multiple of the CTA's tokens, s_kv a positive multiple of its tile."""
+    if s % block_q:
+        raise ValueError(f"{who}: s must be a multiple of {block_q}, got {s}")
+    if s_kv % block_k or s_kv <= 0:
+        raise ValueError(f"{who}: s_kv must be a positive multiple of {block_k}, got {s_kv}")
+
+
+def check_paged_shape(who: str, block_kv: int, next_n: int, want_block_kv: int) -> None:
+    """I2's refusals: the cache block the kernel is built for, and next_n ≤ 4 (N = next_n · 64 ≤ 256)."""
+    if block_kv != want_block_kv:
+        raise ValueError(f"{who}: block_kv must be {want_block_kv}, got {block_kv}")
+    if next_n not in (1, 2, 3, 4):
+        raise ValueError(f"{who}: next_n must be 1 … 4 (N = next_n · 64 ≤ 256), got {next_n}")
+
+
+def launch(kernel_call, grid, threads: int, smem_struct, stream) -> None:
+    """Launch `kernel_call` (the kernel's traced call): `grid` CTAs of `threads` threads with the
+    dynamic shared memory of `smem_struct`."""
+    kernel_call.launch(grid=grid, block=(threads, 1, 1), smem=smem_struct.size_in_bytes(), stream=stream)
+
+
+def q_rows(q: cute.Tensor, rows: int) -> cute.Tensor:
+    """Q [tokens, 64, 128] (I1) or [b, next_n, 64, 128] (I2), contiguous, as the (rows, DIM)
+    row-major matrix the MMA's B operand is cut from: row = token · 64 + head."""
+    return cute.make_tensor(q.iterator, cute.make_layout((rows, DIM), stride=(DIM, 1)))
+
+
+@cute.jit
+def key_tile_range(mKs: cute.Tensor, mKe: cute.Tensor, first_row, rows: cutlass.Constexpr[int],
+                   s_kv: cutlass.Constexpr[int], tile: cutlass.Constexpr[int]):
+    """(tile_begin, tile_end): the `tile`-key tiles covering the union of the non-empty ranges
+    [max(ks, 0), min(ke, s_kv)) of rows first_row … first_row + rows − 1; an empty union gives
+    tile_begin == tile_end (= s_kv / tile)."""
+    lo = cutlass.Int32(s_kv)
+    hi = cutlass.Int32(0)
+    for t in cutlass.range_constexpr(rows):
+        b = cutlass.max(mKs[first_row + t], cutlass.Int32(0))
+        e = cutlass.min(mKe[first_row + t], cutlass.Int32(s_kv))
+        if e > b:
+            lo = cutlass.min(lo, b)
+            hi = cutlass.max(hi, e)
+    tile_begin = lo // tile
+    tile_end = cutlass.max((hi + tile - 1) // tile, tile_begin)
+    return tile_begin, tile_end
+
+
+def paged_views(kv_cache: cute.Tensor, dtype, block_kv: int):
+    """(values, scales): the fused cache [num_blocks, block_kv, 1, DIM + 4] bytes (per block
+    block_kv · DIM e4m3 values token-major, then block_kv fp32 scales) as two tensors over the
+    same bytes: values (block_kv, DIM, num_blocks) of `dtype`, scales (block_kv, num_blocks)
+    fp32.  The block stride, block_kv · (DIM + 4) bytes, is a multiple of 16: one TMA box per
+    block."""
+    num_blocks = kv_cache.shape[0]
+    block_bytes = block_kv * (DIM + 4)
+    values = cute.make_tensor(
+        cute.recast_ptr(kv_cache.iterator, dtype=dtype),
+        cute.make_layout((block_kv, DIM, num_blocks), stride=(DIM, 1, block_bytes)),
+    )
+    scales = cute.make_tensor(
+        cute.recast_ptr(kv_cache.iterator + block_kv * DIM, dtype=F32),
+        cute.make_layout((block_kv, num_blocks), stride=(1, block_bytes // 4)),
+    )
+    return values, scales
+
+
+@cute.jit
+def paged_tiles(mLens: cute.Tensor, seq, chunk, max_len: cutlass.Constexpr[int], block_kv: cutlass.Constexpr[int],
+                tile_keys: cutlass.Constexpr[int], chunk_tiles: cutlass.Constexpr[int]):
+    """(ctx, last_block, tile_begin, tile_end, chunk_end) of sequence `seq` and key chunk `chunk`
+    (chunk_tiles tiles of tile_keys keys):
+        ctx         context_lens[seq] clamped to [0, max_len] (the output's width)
+        last_block  the sequence's last cache block, (ctx − 1) // block_kv (0 when ctx = 0): a
+                    table entry past it is never followed
+        tiles       [tile_begin, tile_end): the chunk's tiles that hold a key below ctx (empty
+                    when none does)
+        chunk_end   min(the chunk's last key + 1, max_len): the fill writes −inf over
+                    [tile_end · tile_keys, chunk_end)"""
+    ctx = cutlass.min(cutlass.max(mLens[seq], cutlass.Int32(0)), cutlass.Int32(max_len))
+    last_block = cutlass.max((ctx + block_kv - 1) // block_kv - 1, cutlass.Int32(0))
+    tile_begin = chunk * chunk_tiles
+    tile_end = cutlass.max(cutlass.min(tile_begin + chunk_tiles, (ctx + tile_keys - 1) // tile_keys), tile_begin)
+    chunk_end = cutlass.min((chunk + 1) * chunk_tiles * tile_keys, cutlass.Int32(max_len))
+    return ctx, last_block, tile_begin, tile_end, chunk_end
+
+
+@cute.jit
+def token_ranges(mKs: cute.Tensor, mKe: cute.Tensor, first_row, tokens: cutlass.Constexpr[int]):
+    """(lo, hi) in registers: lo[t] = ks[first_row + t], hi[t] = ke[first_row + t] (I1)."""
+    lo = cute.make_rmem_tensor(tokens, cutlass.Int32)
+    hi = cute.make_rmem_tensor(tokens, cutlass.Int32)
+    for t in cutlass.range_constexpr(tokens):
+        lo[t] = mKs[first_row + t]
+        hi[t] = mKe[first_row + t]
+    return lo, hi
+
+
+@cute.jit
+def causal_limits(first_pos, tokens: cutlass.Constexpr[int]):
+    """hi in registers: token t sees keys ≤ first_pos + t, i.e. hi[t] = first_pos + t + 1 (I2;
+    first_pos = context − next_n, and no lower bound)."""
+    hi = cute.make_rmem_tensor(tokens, cutlass.Int32)
+    for t in cutlass.range_constexpr(tokens):
+        hi[t] = first_pos + t + 1
+    return hi
+
+
+@cute.jit
+def masked_logit(total, key, lo, hi, t: cutlass.Constexpr[int]) -> cutlass.Float32:
+    """`total` where lo[t] ≤ key < hi[t] (no lower bound when lo is None), else −inf — by
+    selection, so a NaN from a cache slot outside the range never reaches the logit."""
+    if cutlass.const_expr(lo is None):
+        inside = key < hi[t]
+    else:
+        inside = (key >= lo[t]) & (key < hi[t])
+    return F32(cutlass.select_(inside, total, -F32.inf))
+
+
+@cute.jit
+def fill_neg_inf(out: cute.Tensor, row, begin, end, tid, threads: cutlass.Constexpr[int]):
+    """out[row, j] = −inf for begin ≤ j < end, by `threads` threads (this one is `tid`)."""
+    neg_inf = -cutlass.Float32.inf
+    for j in cutlass.range(begin + tid, end, threads, unroll=4):
+        out[row, j] = neg_inf
+
+
+@cute.jit
+def fill_rows(out: cute.Tensor, first_row, rows: cutlass.Constexpr[int], begin, end, tid,
+              threads: cutlass.Constexpr[int]):
+    """out[first_row + t, j] = −inf for t < rows, begin ≤ j < end (`fill_neg_inf` per row)."""
+    for t in cutlass.range_constexpr(rows):
+        fill_neg_inf(out, first_row + t, begin, end, tid, threads)
+
+
+# ---------------------------------------------------------------------------------------
+# Hopper
 
 _CHECK_THREADS = (0, 1, 2, 3, 5, 31, 64, 127)
 
@@ -41,6 +258,75 @@ def check_token_columns(tiled_mma, tile_mn, heads: int, tokens: int) -> None:
                 )
 
 
+def sm90_logits_mma(dtype, keys: int, tokens: int, k_slots: int, q_slots: int):
+    """(mma, tile, k_smem, q_smem) of Sᵀ = K_tile · Q_blockᵀ on one warpgroup: FP8 wgmma with
+    M = `keys`, N = tokens · HEADS, K = DIM, fp32 accumulator; both operands K-major (K tile
+    [keys, d] and Q block [tokens · heads, d] row-major, as FP8 wgmma requires), each staged in
+    shared memory with the 128-byte swizzle: K in `k_slots` slots, Q in `q_slots`.  Raises at
+    trace time unless each token's heads are a static slice of a thread's columns."""
+    n = HEADS * tokens
+    mma = sm90_utils.make_trivial_tiled_mma(
+        dtype, dtype,
+        warpgroup.OperandMajorMode.K,  # K tile [keys, d]: d contiguous (A, M = keys)
+        warpgroup.OperandMajorMode.K,  # Q block [tokens · heads, d]: d contiguous (B, N = heads)
+        cutlass.Float32,
+        (1, 1, 1),
+        tiler_mn=(keys, n),
+    )
+    check_token_columns(mma, (keys, n), HEADS, tokens)
+    tile = (keys, n, DIM)
+    k_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, tile, dtype, k_slots)
+    q_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, tile, dtype, q_slots)
+    return mma, tile, k_smem, q_smem
+
+
+@cute.jit
+def load_q_once(pipe, load, first_tile, boxes: cutlass.Constexpr[int], needed):
+    """Load warp, when `needed`: Q tiles first_tile … first_tile + boxes − 1 of `load` (a
+    sm90_setup.TmaTiles) into Q slots 0 … boxes − 1, all on the one slot's full barrier (its
+    bytes are the boxes' sum)."""
+    if needed:
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        pipe.producer_acquire(state)
+        for w in cutlass.range_constexpr(boxes):
+            cute.copy(load.atom, load.gmem[(None, first_tile + w)], load.smem[(None, w)],
+                      tma_bar_ptr=pipe.producer_get_barrier(state))
+
+
+@cute.jit
+def load_key_tile(pipe, state, load, tile):
+    """Load warp: wait until slot `state.index` is empty, then global tile `tile` of `load` (a key
+    tile, or a cache block found through the table) into it.  The caller advances `state`."""
+    pipe.producer_acquire(state)
+    cute.copy(load.atom, load.gmem[(None, tile)], load.smem[(None, state.index)],
+              tma_bar_ptr=pipe.producer_get_barrier(state))
+
+
+def sm90_fragments(mma, tid_wg, sK, sQ, keys: int, n: int):
+    """(tCrK, tCrQ, acc_shape, coords) of warpgroup thread `tid_wg`: its MMA operand fragments
+    over the staged K and Q buffers, its accumulator's shape over the (keys, n) tile, and the
+    (key in tile, token · 64 + head) coordinates of its accumulator in the (rows, columns) view."""
+    thr = mma.get_slice(tid_wg)
+    tCrK = mma.make_fragment_A(thr.partition_A(sK))
+    tCrQ = mma.make_fragment_B(thr.partition_B(sQ))
+    acc_shape = thr.partition_shape_C((keys, n))
+    coords = acc_rows_cols(thr.partition_C(cute.make_identity_tensor((keys, n))))
+    return tCrK, tCrQ, acc_shape, coords
+
+
+@cute.jit
+def head_weights(mW: cute.Tensor, coords: cute.Tensor, first_row):
+    """w in registers, indexed like the thread's accumulator columns: column j is global column
+    c = coords[0, j][1], token c // HEADS, head c % HEADS, so w[j] = weights[first_row + c //
+    HEADS, c % HEADS] (the same for every row the thread holds)."""
+    cols = cute.size(coords, mode=[1])
+    w = cute.make_rmem_tensor(cols, cutlass.Float32)
+    for j in cutlass.range_constexpr(cols):
+        col = coords[0, j][1]
+        w[j] = mW[first_row + col // HEADS, col % HEADS]
+    return w
+
+
 @cute.jit
 def head_sum(acc_rc: cute.Tensor, w: cute.Tensor, r: cutlass.Constexpr[int], first: cutlass.Constexpr[int],
              count: cutlass.Constexpr[int]) -> cutlass.Float32:
@@ -54,30 +340,37 @@ def head_sum(acc_rc: cute.Tensor, w: cute.Tensor, r: cutlass.Constexpr[int], fir
 
 
 @cute.jit
-def fill_neg_inf(out: cute.Tensor, row, begin, end, tid, threads: cutlass.Constexpr[int]):
-    """out[row, j] = −inf for begin ≤ j < end, by `threads` threads (this one is `tid`)."""
-    neg_inf = -cutlass.Float32.inf
-    for j in cutlass.range(begin + tid, end, threads, unroll=4):
-        out[row, j] = neg_inf
+def sm90_store_logits(out: cute.Tensor, first_row, acc: cute.Tensor, coords: cute.Tensor, w: cute.Tensor, key0,
+                      scales: cute.Tensor, lo, hi, tid, sum_heads, tokens: cutlass.Constexpr[int],
+                      width: cutlass.Constexpr = None):
+    """The fused epilogue of one key tile: for each accumulator row r of this thread (key =
+    key0 + slot, slot = coords[r, 0][0]) and each token t < tokens,
+
+        out[first_row + t, key] = masked_logit(scales[slot] · sum_heads(row r, token t), key, lo, hi, t)
+
+    `sum_heads` is `head_sum` or the kernel's method wrapping it (a test fixture plants a bug
+    there); it leaves the sum in every lane of the row's quad, and lane (r · tokens + t) mod 4
+    stores it, so the quad's 4 lanes share the stores.  `width`: no store at key ≥ width (None:
+    every key of the tile is inside the output)."""
+    acc_rc = acc_rows_cols(acc)
+    per_token = cute.size(coords, mode=[1]) // tokens
+    lane4 = tid % 4
+    for r in cutlass.range_constexpr(cute.size(coords, mode=[0])):
+        slot = coords[r, 0][0]
+        key = key0 + slot
+        scale = scales[slot]
+        for t in cutlass.range_constexpr(tokens):
+            value = masked_logit(sum_heads(acc_rc, w, r, t * per_token, per_token) * scale, key, lo, hi, t)
+            if (r * tokens + t) % 4 == lane4:
+                if cutlass.const_expr(width is None):
+                    out[first_row + t, key] = value
+                else:
+                    if key < width:
+                        out[first_row + t, key] = value
 
 
-@cute.jit
-def key_tile_range(mKs: cute.Tensor, mKe: cute.Tensor, first_row, rows: cutlass.Constexpr[int],
-                   s_kv: cutlass.Constexpr[int], tile: cutlass.Constexpr[int]):
-    """(tile_begin, tile_end): the `tile`-key tiles covering the union of the non-empty ranges
-    [max(ks, 0), min(ke, s_kv)) of rows first_row … first_row + rows − 1; an empty union gives
-    tile_begin == tile_end (= s_kv / tile)."""
-    lo = cutlass.Int32(s_kv)
-    hi = cutlass.Int32(0)
-    for t in cutlass.range_constexpr(rows):
-        b = cutlass.max(mKs[first_row + t], cutlass.Int32(0))
-        e = cutlass.min(mKe[first_row + t], cutlass.Int32(s_kv))
-        if e > b:
-            lo = cutlass.min(lo, b)
-            hi = cutlass.max(hi, e)
-    tile_begin = lo // tile
-    tile_end = cutlass.max((hi + tile - 1) // tile, tile_begin)
-    return tile_begin, tile_end
+# ---------------------------------------------------------------------------------------
+# Blackwell
 
 
 def check_row_per_thread(t2r, coords, rows: int, chunk: int) -> None:
@@ -106,5 +399,200 @@ def tmem_budget(buffers: int, cols: int, who: str) -> int:
 
     used = buffers * cols
     if used > TMEM_COLUMNS:
-        raise ValueError(f"{who}: TMEM budget: {buffers} accumulator buffers × {cols} columns = {used} > {TMEM_COLUMNS}")
+        raise ValueError(
+            f"{who}: TMEM budget: {buffers} accumulator buffers × {cols} columns = {used} > {TMEM_COLUMNS}"
+        )
     return tmem_alloc_cols(used)
+
+
+class Sm100Setup(NamedTuple):
+    """What every thread of the sm100 CTA holds once `Sm100LogitsCta.setup` ran."""
+
+    sK: cute.Tensor  # the MMA's view of the K slots
+    sQ: cute.Tensor
+    sW: cute.Tensor  # the tokens' weights (n fp32)
+    k_prod: object
+    k_cons: object
+    q_prod: object
+    q_cons: object
+    acc_prod: object
+    acc_cons: object
+    tmem_alloc: TmemAllocator
+    epi_sync: pipeline.NamedBarrier
+    tCrK: cute.Tensor
+    tCrQ: cute.Tensor
+    tQsQ: cute.Tensor
+    tQgQ: cute.Tensor
+    tmem_ptr: object
+    acc_layout: object  # one accumulator buffer's TMEM layout
+
+
+class Sm100LogitsCta:
+    """The CTA both Blackwell indexer kernels run (256 threads), a kernel class inherits it:
+
+        warps 0-3   epilogue: thread t ↔ TMEM lane t ↔ key t of the tile; warp 0 allocates
+                    and frees TMEM
+        warp 4      MMA: per key tile, one accumulator buffer, four tcgen05.mma, commit
+        warp 5      load: Q once, then the key tiles (TMA, STAGES slots)
+        warps 6-7   fill: −inf outside the computed tiles
+
+    The MMA is Sᵀ = K_tile · Q_blockᵀ, tcgen05 kind::f8f6f4, M = BLOCK_K keys, N = n = tokens ·
+    64 heads, K = DIM in four k32 steps, both operands K-major from shared memory; ACC_STAGES
+    fp32 accumulators of n columns in TMEM, so the MMAs of tile k + 1 overlap the epilogue of
+    tile k.  A kernel sets `mma_tiler` = (BLOCK_K, n, DIM) and `STAGES` in its __init__."""
+
+    MMA_K = 32  # K of one kind::f8f6f4 MMA
+    EPI_COLS = 32  # accumulator columns per tcgen05.ld (32x32b.x32)
+    ACC_STAGES = 2
+    EPI_WARPS = (0, 1, 2, 3)
+    EPI_THREADS = 128
+    MMA_WARP = 4
+    LOAD_WARP = 5
+    FILL_WARPS = (6, 7)
+    FILL_THREADS = 64
+    THREADS = 256
+    _TMEM_ALLOC_BAR = 1
+    _EPI_BAR = 2
+
+    def logits_mma(self, dtype) -> cute.TiledMma:
+        """The tiled tcgen05 MMA over `mma_tiler`, fp32 accumulator, one CTA."""
+        return cute.make_tiled_mma(tcgen05.MmaF8F6F4Op(
+            dtype, dtype, F32, (self.mma_tiler[0], self.mma_tiler[1], self.MMA_K), tcgen05.CtaGroup.ONE,
+            tcgen05.OperandSource.SMEM,
+            tcgen05.OperandMajorMode.K,  # K tile [keys, d]: d contiguous (A, M = keys)
+            tcgen05.OperandMajorMode.K,  # Q block [tokens · heads, d]: d contiguous (B, N = heads)
+        ))
+
+    def plan(self, mma: cute.TiledMma, dtype, k_smem, q_smem, who: str) -> None:
+        """Trace time: the TMEM budget from the accumulator's own layout (`acc_cols` per buffer,
+        `tmem_cols` allocated; raises when ACC_STAGES buffers do not fit) and the shared storage
+        `smem_struct`: the k, q and acc pipelines' mbarriers, the TMEM address, the weights
+        (n fp32), then the K and Q buffers (1024-byte aligned, the swizzle atom)."""
+        acc = mma.make_fragment_C(mma.partition_shape_C(self.mma_tiler[:2]))
+        self.acc_cols = tcgen05.find_tmem_tensor_col_offset(acc)
+        self.tmem_cols = tmem_budget(self.ACC_STAGES, self.acc_cols, who)
+        n = self.mma_tiler[1]
+
+        @cute.struct
+        class Smem:
+            k_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.STAGES]
+            q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+            acc_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.ACC_STAGES]
+            tmem_addr: cutlass.Int32
+            w: cute.struct.Align[cute.struct.MemRange[F32, n], 16]
+            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(k_smem.outer)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(q_smem.outer)], 1024]
+
+        self.smem_struct = Smem
+
+    def setup(self, storage, ops: LogitsOperands) -> Sm100Setup:
+        """Device side, every thread, before the roles split: the shared-memory tensors, the
+        k (TMA → MMA), q (TMA → MMA) and acc (MMA commit → epilogue threads) pipelines, the TMEM
+        allocator and the epilogue's named barrier, the MMA fragments, Q's TMA partition (query
+        tile i = Q rows i · n … (i + 1) · n − 1), then the TMEM allocation."""
+        mma, k_smem, q_smem = ops.mma, ops.k_smem, ops.q_smem
+        sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (MMA, 1, d/32, stages)
+        sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)  # (MMA, 1, d/32, 1)
+        sW = storage.w.get_tensor(cute.make_layout(self.mma_tiler[1]))
+        k_prod, k_cons = tma_umma_pipeline(storage.k_mbar, self.STAGES, self.k_bytes)
+        q_prod, q_cons = tma_umma_pipeline(storage.q_mbar, 1, self.q_bytes)
+        acc_prod, acc_cons = umma_to_threads_pipeline(storage.acc_mbar, self.EPI_THREADS, self.ACC_STAGES)
+        tmem_alloc = TmemAllocator(
+            storage.tmem_addr.ptr,
+            barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=self._TMEM_ALLOC_BAR, num_threads=self.THREADS),
+            allocator_warp_id=self.EPI_WARPS[0],
+        )
+        epi_sync = pipeline.NamedBarrier(barrier_id=self._EPI_BAR, num_threads=self.EPI_THREADS)
+        tCrK = mma.make_fragment_A(sK)
+        tCrQ = mma.make_fragment_B(sQ)
+        gQ = cute.local_tile(ops.mQ, self.mma_tiler, (0, None, 0), proj=(None, 1, 1))  # (n, d, query tiles)
+        tQsQ, tQgQ = tma_partition_tile(ops.tma_q, sQ, mma.get_slice(0).partition_B(gQ), 3)
+        tmem_ptr = tmem_allocate(tmem_alloc, self.tmem_cols)
+        acc_layout = mma.make_fragment_C(mma.partition_shape_C(self.mma_tiler[:2])).layout
+        return Sm100Setup(sK, sQ, sW, k_prod, k_cons, q_prod, q_cons, acc_prod, acc_cons, tmem_alloc, epi_sync,
+                          tCrK, tCrQ, tQsQ, tQgQ, tmem_ptr, acc_layout)
+
+
+@cute.jit
+def mma_key_tiles(tile_begin, tile_end, q_cons, k_cons, acc_prod, mma, tCrK, tCrQ, tmem_ptr, acc_layout,
+                  acc_cols: cutlass.Constexpr[int]):
+    """The MMA warp: once Q has landed, per key tile an empty accumulator buffer (acc_cols TMEM
+    columns each), the tile's K slot, acc = K_tile · Q_blockᵀ in four MMAs (K = 32 each), then
+    release the K slot (tcgen05.commit: free once these MMAs have read it) and commit the buffer
+    (full once they complete)."""
+    if tile_end > tile_begin:
+        q_cons.wait_and_advance()
+    for tile in cutlass.range(tile_begin, tile_end, unroll=1):
+        slot = acc_prod.acquire_and_advance()
+        acc = cute.make_tensor(tmem_ptr + slot.index * acc_cols, acc_layout)
+        full = k_cons.wait_and_advance()
+        tcgen05_fence_after_sync()
+        for kk in cutlass.range_constexpr(cute.size(tCrK, mode=[2])):
+            mma.set(tcgen05.Field.ACCUMULATE, kk != 0)
+            cute.gemm(mma, acc, tCrK[None, None, kk, full.index], tCrQ[None, None, kk, 0], acc)
+        full.release()
+        slot.commit()
+
+
+@cute.jit
+def weights_to_smem(sW: cute.Tensor, mW: cute.Tensor, first_row, n: cutlass.Constexpr[int], tid,
+                    threads: cutlass.Constexpr[int]):
+    """sW[c] = weights[first_row + c // HEADS, c % HEADS] for the n = tokens · HEADS columns of
+    the MMA's N, by `threads` threads (this one is `tid`)."""
+    for c in cutlass.range_constexpr((n + threads - 1) // threads):
+        col = c * threads + tid
+        if cutlass.const_expr(n % threads == 0):
+            sW[col] = mW[first_row + col // HEADS, col % HEADS]
+        else:
+            if col < n:
+                sW[col] = mW[first_row + col // HEADS, col % HEADS]
+
+
+class TmemRows(NamedTuple):
+    """An epilogue thread's reader of its accumulator row (see `tmem_row_reader`)."""
+
+    t2r: object  # the tiled tcgen05.ld
+    thr: object  # this thread's slice of it
+    r: cute.Tensor  # its register fragment (one chunk of columns)
+    tmem_ptr: object  # buffer 0; buffer i starts `cols` columns further per i
+    acc_layout: object
+    buffer_cols: int
+
+
+def tmem_row_reader(mma: cute.TiledMma, tmem_ptr, acc_layout, buffer_cols: int, keys: int, n: int, cols: int,
+                    tid) -> TmemRows:
+    """The tcgen05.ld 32x32b.x`cols` copy of an accumulator buffer seen in `cols`-column chunks,
+    thread `tid`'s slice of it and its register fragment.  Thread t's fragment of chunk c is
+    row t (key t), columns c · cols … c · cols + cols − 1 (proved at trace time)."""
+    tiler = ((keys, cols),)
+    acc0 = cute.zipped_divide(cute.make_tensor(tmem_ptr, acc_layout), tiler)  # ((keys, cols), n / cols)
+    t2r = tmem_copy(tcgen05.Ld32x32bOp, tcgen05.Repetition.x32, F32, acc0[(None, 0)])
+    ident = cute.zipped_divide(mma.get_slice(0).partition_C(cute.make_identity_tensor((keys, n))), tiler)
+    check_row_per_thread(t2r, ident, keys, cols)
+    thr = t2r.get_slice(tid)
+    r = cute.make_rmem_tensor(thr.partition_D(ident[(None, 0)]).shape, F32)
+    return TmemRows(t2r, thr, r, tmem_ptr, acc_layout, buffer_cols)
+
+
+@cute.jit
+def tmem_head_sums(sums: cute.Tensor, rows: TmemRows, buffer, sW: cute.Tensor, keys: cutlass.Constexpr[int],
+                   cols: cutlass.Constexpr[int]):
+    """sums[t] = Σ_h sW[t · HEADS + h] · relu(acc[key, t · HEADS + h]) for this thread's key
+    (its TMEM lane) and each token t < size(sums), acc = accumulator buffer `buffer`: read `cols`
+    columns at a time (tcgen05.ld, then tcgen05.wait::ld), thread-local, no shuffles.  Fenced
+    for the pipeline: tcgen05.fence::after_thread_sync before the first load (the buffer's full
+    barrier was just waited on), ::before_thread_sync after the last (its release follows)."""
+    tcgen05_fence_after_sync()
+    acc = cute.make_tensor(rows.tmem_ptr + buffer * rows.buffer_cols, rows.acc_layout)
+    acc_epi = cute.zipped_divide(acc, ((keys, cols),))
+    chunks = cute.size(acc_epi, mode=[1])
+    per_token = chunks // cute.size(sums)
+    sums.fill(0.0)
+    for c in cutlass.range_constexpr(chunks):
+        cute.copy(rows.t2r, rows.thr.partition_S(acc_epi[(None, c)]), rows.r)
+        cute.arch.fence_view_async_tmem_load()  # tcgen05.wait::ld
+        part = F32(0.0)
+        for j in cutlass.range_constexpr(cols):
+            part += cute.arch.fmax(rows.r[j], F32(0.0)) * sW[c * cols + j]
+        sums[c // per_token] = sums[c // per_token] + part
+    tcgen05_fence_before_sync()
