@@ -312,3 +312,48 @@ def test_sm90_register_increase_only_where_the_launch_grants_it(tmp_path):
         assert ok, f"{key}: {err}"
         assert not inc or regs == 168, f"{key}: setmaxnreg.inc with {regs} registers at launch"
     assert [v[3] for v in got.values()] == [False, True]  # the probe sees both kinds
+
+
+_PLANTED_BUG_PROBE = r"""
+import dataclasses, json, sys
+from pathlib import Path
+from harness.spec import KernelRef, load_spec
+from harness.compile import compile_case
+root, out = Path(sys.argv[1]), {}
+i1 = load_spec(root=root).stages["I1"]
+wrong = KernelRef("sm_90a", "tests.fixtures.wrong_i1.sm90", "Kernel", root / "tests" / "fixtures" / "wrong_i1" / "sm90.py")
+case = {"s": 128, "s_kv": 1024, "ranges": "causal"}
+for name, stage in (("stage", i1), ("wrong", dataclasses.replace(i1, kernels={"sm_90a": wrong}, dir=wrong.path.parent))):
+    keep = Path(sys.argv[2]) / name
+    r = compile_case(root, stage, "sm_90a", case, keep=keep)
+    ptx = (keep / "kernel.ptx").read_text() if r.ok else ""
+    out[name] = [r.ok, r.error, ptx.count("max.f32"), ptx.count("wgmma.mma_async")]
+print(json.dumps(out))
+"""
+
+
+def test_planted_relu_bug_reaches_the_compiled_i1_kernel(tmp_path):
+    """tests/fixtures/wrong_i1 plants its bug by overriding the sm90 kernel's `head_sum` method;
+    the shared epilogue (stages/common/indexer.py: sm90_store_logits) must call that method, not
+    the common piece directly, or the GPU test of the planted bug would run the correct kernel.
+    Compiled for sm_90a: the stage's kernel has a relu (max.f32) per accumulator element, the
+    fixture none, and both the same MMAs."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
+           "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
+    (tmp_path / "dump").mkdir()
+    run = subprocess.run([sys.executable, "-c", _PLANTED_BUG_PROBE, str(root), str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=600, cwd=root)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    for name, (ok, err, _, _) in got.items():
+        assert ok, f"{name}: {err}"
+    (_, _, stage_max, stage_mma), (_, _, wrong_max, wrong_mma) = got["stage"], got["wrong"]
+    assert stage_max - wrong_max >= 128  # a thread's 2 rows × 64 columns of relu per tile, gone
+    assert stage_mma == wrong_mma > 0
