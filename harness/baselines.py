@@ -12,8 +12,9 @@ Two kinds of baseline:
     max_abs  relative: now <= baseline * (1 + tol) + 1e-12
 * **compile** (compile-only: an arch no device here runs, e.g. sm_100a): what compiling
   proves, from the newest fresh `compiled` record — status, registers, spill bytes, shared
-  memory, named barriers and the instruction inventory (PTX, and SASS when the CUDA binary
-  tools were installed). The gate refuses a compile error, any new spill, registers over
+  memory, named barriers and, of the instruction inventory (PTX, and SASS when the CUDA binary
+  tools were installed), the total and the tensor-core MMA counters (the whole inventory stays
+  in the record the baseline names). The gate refuses a compile error, any new spill, registers over
   the margin (REGS_MARGIN registers or REGS_MARGIN_REL of the baseline, whichever is larger)
   and any change in the tensor-core MMA counters; fewer registers or less shared memory is
   reported as an improvement.
@@ -248,6 +249,17 @@ class _NoAliasDumper(yaml.SafeDumper):
         return True
 
 
+def _represent_mapping(dumper: yaml.SafeDumper, data: dict) -> yaml.MappingNode:
+    """A mapping of plain values (a metric's numbers, an inventory's counters, a tolerance)
+    on one line, `{cosine: 0.99999, rel_l2: 0.0012}`; mappings that hold mappings in blocks.
+    One case's baseline stays a handful of lines, readable in a diff."""
+    flat = all(not isinstance(v, (dict, list)) for v in data.values())
+    return dumper.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=flat)
+
+
+_NoAliasDumper.add_representer(dict, _represent_mapping)
+
+
 def _loader():
     return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -414,10 +426,19 @@ def compile_facts(record: Record) -> dict[str, Any] | None:
     for k in COMPILE_INTS:
         if isinstance(c.get(k), int) and not isinstance(c.get(k), bool):
             out[k] = c[k]
-    out["inv"] = dict(c["inv"])
+    out["inv"] = gated_counts(c["inv"])
     if isinstance(c.get("sass"), dict) and c["sass"]:
-        out["sass"] = dict(c["sass"])
+        out["sass"] = gated_counts(c["sass"])
     return out
+
+
+def gated_counts(inv: dict[str, int]) -> dict[str, int]:
+    """What a compile baseline keeps of an inventory: the instruction total and the
+    tensor-core MMA counters the gate compares (the whole inventory stays in the record the
+    baseline names, results/inventories.jsonl)."""
+    from harness.inventory import ALL, mma_counts
+
+    return {**({ALL: inv[ALL]} if ALL in inv else {}), **mma_counts(inv)}
 
 
 def newest(records: list[Record], stage: str, arch: str, case: dict, src: str | None,

@@ -2,6 +2,10 @@
 
 Files (all under results/, committed):
   records/<stage>.jsonl   one line per case result (run, compile-only, or skipped)
+  inventories.jsonl       each distinct instruction inventory once; a record names it by id
+                          (harness/inventories.py: written before the record, read back in place)
+  archive/<stage>.jsonl.xz  the stage's stale lines, compressed (harness/archive.py); readers
+                          read it as the older part of records/<stage>.jsonl
   runs.jsonl              one line when a run starts and one when it ends (or is interrupted)
   notes.jsonl             annotations of runs (`dsv4-lab note RUN "text"`)
 
@@ -24,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from harness.inventories import InventoryStore
 from harness.paths import records_dir, results_dir
 from harness.statuses import STATUSES
 
@@ -62,10 +67,12 @@ class Record:
     trace: str | None = None  # the full traceback of a failure in user code (`dsv4-lab show ID`)
     v: int = RECORD_VERSION
 
-    def to_json(self) -> str:
+    def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if v not in (None, {}, [])}
-        d = {"v": d.pop("v"), **d}
-        return json.dumps(d, separators=(",", ":"), sort_keys=False, allow_nan=False)
+        return {"v": d.pop("v"), **d}
+
+    def to_json(self) -> str:
+        return _line(self.to_dict())
 
     @classmethod
     def from_dict(cls, d: Any) -> "Record":
@@ -83,6 +90,10 @@ class Record:
 
     def metric(self, output: str, name: str) -> float | None:
         return (self.metrics.get(output) or {}).get(name)
+
+
+def _line(d: dict[str, Any]) -> str:
+    return json.dumps(d, separators=(",", ":"), sort_keys=False, allow_nan=False)
 
 
 def status_counts(records: list[Record]) -> dict[str, int]:
@@ -215,11 +226,14 @@ class Appender:
 
 
 class RecordWriter:
-    """Writes records to results/records/<stage>.jsonl, one appender per stage."""
+    """Writes records to results/records/<stage>.jsonl, one appender per stage; their
+    instruction inventories go to results/inventories.jsonl first (harness/inventories.py)."""
 
     def __init__(self, root: Path):
         self.root = root
         self._files: dict[str, Appender] = {}
+        self._store = InventoryStore(results_dir(root))
+        self._store_file: Appender | None = None
 
     def open(self, stage: str) -> Appender:
         """The appender of a stage's records file (opened once; raises OSError when the
@@ -228,13 +242,22 @@ class RecordWriter:
             self._files[stage] = Appender(stage_file(self.root, stage))
         return self._files[stage]
 
+    def _store_append(self, line: str) -> None:
+        if self._store_file is None:
+            self._store_file = Appender(self._store.path)
+        self._store_file.write(line)
+
     def write(self, rec: Record) -> None:
-        self.open(rec.stage).write(rec.to_json())
+        appender = self.open(rec.stage)
+        appender.write(_line(self._store.compact(rec.to_dict(), self._store_append)))
 
     def close(self) -> None:
         for a in self._files.values():
             a.close()
         self._files.clear()
+        if self._store_file is not None:
+            self._store_file.close()
+            self._store_file = None
 
 
 def _reject_constant(name: str) -> Any:
@@ -269,11 +292,14 @@ def _numbered_lines(data: bytes, newest_first: bool) -> Iterator[tuple[int, byte
             yield lineno, raw
 
 
-def iter_jsonl(path: Path, warn: list[str] | None = None, newest_first: bool = False) -> Iterator[tuple[int, Any]]:
-    """(line number, object) for every line of `path` that parses; a bad line adds one
-    warning to `warn` (file:line: why) and is skipped. A file that is missing yields
-    nothing; one that cannot be read (a folder, no permission) adds one warning."""
-    data = _read(path, warn)
+def iter_jsonl(path: Path, warn: list[str] | None = None, newest_first: bool = False,
+               data: bytes | None = None) -> Iterator[tuple[int, Any]]:
+    """(line number, object) for every line of `path` (or of `data`, read from it already)
+    that parses; a bad line adds one warning to `warn` (file:line: why) and is skipped. A file
+    that is missing yields nothing; one that cannot be read (a folder, no permission) adds
+    one warning."""
+    if data is None:
+        data = _read(path, warn)
     if data is None:
         return
     for lineno, raw in _numbered_lines(data, newest_first):
@@ -286,12 +312,53 @@ def iter_jsonl(path: Path, warn: list[str] | None = None, newest_first: bool = F
         yield lineno, obj
 
 
+def archive_file(path: Path) -> Path:
+    """Where the stale lines of records file `path` are kept, compressed:
+    results/archive/<stage>.jsonl.xz (harness/archive.py moves them)."""
+    return path.parent.parent / "archive" / (path.name + ".xz")
+
+
+def _read_archive(path: Path, warn: list[str] | None) -> bytes | None:
+    import lzma
+
+    data = _read(path, warn)
+    if data is None:
+        return None
+    try:
+        return lzma.decompress(data)
+    except (lzma.LZMAError, EOFError) as exc:
+        if warn is not None:
+            warn.append(f"{path}: not an xz archive ({exc}) — skipped")
+        return None
+
+
 def iter_records(path: Path, warn: list[str] | None = None, newest_first: bool = False,
                  bench: bool = False) -> Iterator[Record]:
-    """Every valid record of one records file, typed, oldest first (or newest first: a reader
-    that needs only the latest results stops early). Bad lines are skipped with file:line
-    warnings; bench records only with `bench=True`."""
-    for lineno, obj in iter_jsonl(path, warn, newest_first):
+    """Every valid record of one records file and of its archive (read first: it holds the
+    older lines), typed, oldest first (or newest first: a reader that needs only the latest
+    results stops early). Bad lines are skipped with file:line warnings; bench records only
+    with `bench=True`."""
+    archive = archive_file(path)
+    for src in ((path, archive) if newest_first else (archive, path)):
+        data = _read_archive(src, warn) if src == archive else None
+        if src == archive and data is None:
+            continue
+        yield from _records(src, warn, newest_first, bench, data)
+
+
+def _records(path: Path, warn: list[str] | None, newest_first: bool, bench: bool,
+             data: bytes | None) -> Iterator[Record]:
+    """The records of one file (or of the archive's `data`). Inventory ids are read back from
+    the results folder's inventory store (harness/inventories.py)."""
+    store = InventoryStore(path.parent.parent)
+    store_warned = False
+    for lineno, obj in iter_jsonl(path, warn, newest_first, data):
+        expanded = store.expand(obj, warn, f"{path}:{lineno}")
+        if expanded is not obj and not store_warned:
+            store_warned = True
+            if warn is not None:
+                warn.extend(store.warnings())
+        obj = expanded
         try:
             rec = Record.from_dict(obj)
         except RecordError as exc:
