@@ -184,10 +184,4 @@ class Kernel:
             k_state.advance()  # the other warpgroup's block
             phys = mTable[seq, cutlass.min(block, last_block)]
             sm90_store_logits(mOut, seq * nn, acc, coords, w, block * bkv, mScale[None, phys], None, hi, tidx,
-                              self.head_sum, nn, width=self.max_len)
-
-    @cute.jit
-    def head_sum(self, acc_rc, w, r: cutlass.Constexpr[int], first: cutlass.Constexpr[int],
-                 count: cutlass.Constexpr[int]) -> cutlass.Float32:
-        """Σ_h w[h] · relu(S[r, h]) over one token's heads (stages/common/indexer.py)."""
-        return head_sum(acc_rc, w, r, first, count)
+                              head_sum, nn, width=self.max_len)
