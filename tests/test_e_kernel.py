@@ -65,4 +65,7 @@ def test_e8m0_bytes_are_loaded_unsigned(project_root, tmp_path, monkeypatch):
     compiler.close()
     assert res.ok, res.error
     ptx = Path(res.ptx_path).read_text()
-    assert "ld.global.s8" not in ptx and ("ld.global.b8" in ptx or "ld.global.u8" in ptx)
+    # The scale bytes are staged by cp.async and read from shared memory, never sign-extended.
+    assert "ld.global.s8" not in ptx and "ld.shared.s8" not in ptx
+    assert "ld.shared.b8" in ptx or "ld.shared.u8" in ptx
+    assert "cp.async.cg.shared.global" in ptx and "cp.async.wait_group" in ptx  # the gather is asynchronous

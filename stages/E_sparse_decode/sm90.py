@@ -54,6 +54,9 @@ from cutlass.cute.nvgpu import warp, warpgroup
 from oracles.sparse_decode import SparseConfig
 from stages.common.barriers import NamedBarrier
 from stages.common.combine import SplitCombine, sink_factor
+from stages.common.fp8_cache import D, cache_block_bytes, convert16, cp_async, e8m0_to_f32, lds16, lds_f32, lds_u8
+from stages.common.fp8_cache import convert16 as _convert16, e8m0_to_f32 as _e8m0_to_f32  # noqa: F401 (sm100 imports these)
+from stages.common.fp8_cache import ldg16 as _load16, ldg_f32 as _load_f32, ldg_u8 as _load_u8  # noqa: F401 (sm100 imports these)
 from stages.common.inspection import expose
 from stages.common.scheduler import SM_COUNT, DecodeGrid, resolve_splits
 from stages.common.sm90_idioms import acc_rows_cols, tma_pipeline, wgmma_sync
@@ -61,19 +64,6 @@ from stages.common.softmax import OnlineSoftmax, final_lse, scale_rows
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile
 
 _SMEM_LIMIT = 227 * 1024
-D = 512
-
-
-def cache_block_bytes(fmt: str, block_size: int) -> int:
-    """Bytes of one page block (the kernel's own statement of the layouts; __call__ checks the
-    cache tensors agree)."""
-    if fmt == "simple":
-        return (block_size * (D + 4) + 15) // 16 * 16
-    if fmt == "model1":
-        return (block_size * 584 + 575) // 576 * 576
-    if fmt == "v4.1":
-        return block_size * 528
-    raise ValueError(f"stage E sm90: kv_format must be simple, model1 or v4.1, got {fmt!r}")
 
 
 def register_plan(threads: int, plan: dict[int, int]) -> str | None:
@@ -121,9 +111,12 @@ class Kernel:
     # fit: 2 · 128 · 208 + 128 · 80 = 63 488 ≤ 64 512 (216 / 80, 65 536, never fits: a hang).
     MMA_REGS = 208  # the MMA path uses R0 … R189 (SASS)
     PRODUCER_REGS = 80  # the producer path uses R0 … R77 (SASS)
-    KV_STAGES = 2
+    KV_STAGES = 1  # one bf16 tile: the shared memory goes to the raw staging ring instead
+    RAW_STAGES = 2  # raw tiles in flight (cp.async), the latency hider
+    RAW_KEY_BYTES = 592  # one key in the ring: its data (model1 576, simple / v4.1 512) …
+    RAW_SCALES = 576  # … then its scales (simple 4 bytes, model1 8, v4.1 16)
     LANE_COLS = 16  # columns of a key one lane dequantises (16 e4m3 = one 16-byte load)
-    GROUP = 4  # keys whose loads a lane has in flight at once
+    GROUP = 2  # keys whose staged bytes a lane reads before converting any
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int = SM_COUNT):
         c = SparseConfig.parse(config)
@@ -144,7 +137,8 @@ class Kernel:
         self.scale_log2 = math.log2(math.e) / math.sqrt(D)
         if register_plan(self.THREADS, {self.MMA_THREADS: self.MMA_REGS, self.PRODUCER_THREADS: self.PRODUCER_REGS}) is not None:
             raise ValueError(f"stage E sm90: {register_plan(self.THREADS, {self.MMA_THREADS: self.MMA_REGS, self.PRODUCER_THREADS: self.PRODUCER_REGS})}")
-        smem = 2 * (self.BLOCK_M * D + self.KV_STAGES * self.BLOCK_N * D + self.BLOCK_M * self.BLOCK_N) + 4096
+        smem = (2 * (self.BLOCK_M * D + self.KV_STAGES * self.BLOCK_N * D + self.BLOCK_M * self.BLOCK_N)
+                + self.RAW_STAGES * self.BLOCK_N * self.RAW_KEY_BYTES + 4096)
         if smem > _SMEM_LIMIT:
             raise ValueError(f"stage E sm90: {smem} bytes of shared memory needed, {_SMEM_LIMIT} available")
 
@@ -202,6 +196,7 @@ class Kernel:
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(q_smem)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(k_smem)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(p_smem)], 1024]
+            raw: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, self.RAW_STAGES * bn * self.RAW_KEY_BYTES // 4], 128]
 
         self.smem_struct = Smem
         self.kernel(
@@ -273,6 +268,7 @@ class Kernel:
         sP = storage.sP.get_tensor(p_smem.outer, swizzle=p_smem.inner)[None, None, 0]
         s_row = storage.row_factor.get_tensor(cute.make_layout(bm))
         s_mask = storage.key_mask.get_tensor(cute.make_layout((bn, self.KV_STAGES)))  # 0 or −∞ per key
+        s_raw = storage.raw.get_tensor(cute.make_layout(self.RAW_STAGES * bn * self.RAW_KEY_BYTES // 4))
 
         q_pipe = tma_pipeline(storage.q_mbar, 1, self.q_bytes, 4)
         kv_pipe = pipeline.PipelineAsync.create(
@@ -289,7 +285,7 @@ class Kernel:
         if warp_idx // 4 == self.PRODUCER_WG:
             cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
             if has_work:
-                self.produce(work, tidx - self.MMA_THREADS, q_pipe, kv_pipe, tma_q, mQ, sQ, sK, s_mask,
+                self.produce(work, tidx - self.MMA_THREADS, q_pipe, kv_pipe, tma_q, mQ, sQ, sK, s_mask, s_raw,
                              KV, idx, topk_length, KV_extra, idx_extra, extra_length)
         else:
             cute.arch.setmaxregister_increase(self.MMA_REGS)
@@ -303,11 +299,12 @@ class Kernel:
     # Producer: Q by TMA, KV by gather + dequantise
 
     @cute.jit
-    def produce(self, work, ptid, q_pipe, kv_pipe, tma_q, mQ, sQ, sK, s_mask,
+    def produce(self, work, ptid, q_pipe, kv_pipe, tma_q, mQ, sQ, sK, s_mask, s_raw,
                 KV, idx, topk_length, KV_extra, idx_extra, extra_length):
         """The producer warpgroup (`ptid` 0 … 127): Q's row block once (warp 0, TMA), then every
-        KV tile of the split into the slots as they free up."""
-        bm, bn = self.BLOCK_M, self.BLOCK_N
+        KV tile of the split: its raw bytes gathered RAW_STAGES − 1 tiles ahead (cp.async into the
+        staging ring), dequantised into the bf16 slot as it frees up."""
+        bm = self.BLOCK_M
         pwarp = ptid // 32
         lane = ptid % 32
         if pwarp == 0:
@@ -318,51 +315,121 @@ class Kernel:
             cute.copy(tma_q, tQgQ[(None, self.sched.row_block(work))], tQsQ[(None, 0)],
                       tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
 
-        main_len = cutlass.min(topk_length[work.batch], self.c.topk)
-        extra_len = cutlass.Int32(0)
+        lengths = (cutlass.min(topk_length[work.batch], self.c.topk), cutlass.Int32(0))
         if cutlass.const_expr(self.c.has_extra):
-            extra_len = cutlass.min(extra_length[work.batch], self.c.extra_topk)
+            lengths = (lengths[0], cutlass.min(extra_length[work.batch], self.c.extra_topk))
+        lists = (KV, idx, KV_extra, idx_extra)
+        # The indices of tiles t (being dequantised), t + 1 (in flight) and t + 2 (next to issue).
+        mine0 = self.tile_indices(lists, lengths, work, work.tile_begin, pwarp, lane)
+        mine1 = self.tile_indices(lists, lengths, work, work.tile_begin + 1, pwarp, lane)
+        self.issue_tile(lists, work.tile_begin, mine0, s_raw, 0, pwarp, lane)
+        cute.arch.cp_async_commit_group()
+        self.issue_tile(lists, work.tile_begin + 1, mine1, s_raw, 1, pwarp, lane)
+        cute.arch.cp_async_commit_group()
+        mine2 = self.tile_indices(lists, lengths, work, work.tile_begin + 2, pwarp, lane)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.KV_STAGES)
         for tile in cutlass.range(work.tile_begin, work.tile_end, unroll=1):
+            rslot = (tile - work.tile_begin) % self.RAW_STAGES
+            cute.arch.cp_async_wait_group(self.RAW_STAGES - 1)  # this thread's copies of `tile` landed
+            cute.arch.sync_warp()  # … and every lane's (the scales are read across lanes)
             kv_pipe.producer_acquire(kv_state)
-            slot = kv_state.index
-            sK_slot = sK[None, None, slot]
-            if tile < self.main_tiles:
-                self.gather_tile(KV, idx, work, tile * bn, main_len, self.c.topk, self.c.block, self.block_bytes,
-                                 pwarp, lane, sK_slot, s_mask, slot)
-            else:
-                if cutlass.const_expr(self.c.has_extra):
-                    self.gather_tile(KV_extra, idx_extra, work, (tile - self.main_tiles) * bn, extra_len,
-                                     self.c.extra_topk, self.c.extra_block, self.extra_block_bytes,
-                                     pwarp, lane, sK_slot, s_mask, slot)
+            self.dequant_tile(mine0, s_raw, rslot, sK[None, None, kv_state.index], s_mask, kv_state.index, pwarp, lane)
             cute.arch.fence_proxy("async.shared", space="cta")  # generic smem writes → wgmma reads
             kv_pipe.producer_commit(kv_state)
             kv_state.advance()
+            cute.arch.sync_warp()  # the warp is done reading the staging slot before it refills
+            self.issue_tile(lists, tile + self.RAW_STAGES, mine2, s_raw, rslot, pwarp, lane)
+            cute.arch.cp_async_commit_group()
+            mine0 = mine1
+            mine1 = mine2
+            mine2 = self.tile_indices(lists, lengths, work, tile + 3, pwarp, lane)
+        cute.arch.cp_async_wait_group(0)
 
     @cute.jit
-    def gather_tile(self, cache, idx, work, pos0, length, topk: cutlass.Constexpr[int], block_size: cutlass.Constexpr[int],
-                    block_bytes: cutlass.Constexpr[int], pwarp, lane, sK_slot, s_mask, slot):
-        """Keys pos0 … pos0 + 63 of one list into the slot: this warp's 16 keys pwarp, pwarp + 4, …,
-        this lane's 16 columns of each (see the module doc); invalid keys → zeros and −∞.
-
-        Lane j < 16 first reads key j's index (one load for the warp's 16 keys, −1 when invalid);
-        then, GROUP keys at a time, every lane issues its loads for all GROUP keys (the index
-        comes by shuffle) before it converts and stores any of them: GROUP loads in flight."""
-        bn, lc, group = self.BLOCK_N, self.LANE_COLS, self.GROUP
-        per_warp = bn // 4
-        base = cache.iterator.toint()
+    def tile_indices(self, lists, lengths, work, tile, pwarp, lane) -> cutlass.Int32:
+        """Lane j < 16: the cache index of this warp's key j of `tile` (key pwarp + 4j), −1 when
+        the key is invalid or the tile is past the split's end (read now, used a tile later)."""
+        bn = self.BLOCK_N
         mine = cutlass.Int32(-1)
-        if lane < per_warp:
-            mine = self.key_index(cache, idx, work, pos0 + pwarp + 4 * lane, length, topk, block_size)
-        for kg in cutlass.range(per_warp // group, unroll=1):
+        if lane < bn // 4 and tile < self.main_tiles + self.extra_tiles:
+            if tile < self.main_tiles:
+                mine = self.key_index(lists[0], lists[1], work, tile * bn + pwarp + 4 * lane, lengths[0],
+                                      self.c.topk, self.c.block)
+            else:
+                if cutlass.const_expr(self.c.has_extra):
+                    mine = self.key_index(lists[2], lists[3], work, (tile - self.main_tiles) * bn + pwarp + 4 * lane,
+                                          lengths[1], self.c.extra_topk, self.c.extra_block)
+        return mine
+
+    @cute.jit
+    def issue_tile(self, lists, tile, mine, s_raw, rslot, pwarp, lane):
+        """cp.async this warp's valid keys of `tile` into staging slot `rslot` (nothing for a tile
+        past the end: its indices are all −1)."""
+        if tile < self.main_tiles:
+            self.issue_keys(lists[0], self.c.block, self.block_bytes, mine, s_raw, rslot, pwarp, lane)
+        else:
+            if cutlass.const_expr(self.c.has_extra):
+                self.issue_keys(lists[2], self.c.extra_block, self.extra_block_bytes, mine, s_raw, rslot, pwarp, lane)
+
+    @cute.jit
+    def issue_keys(self, cache, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int],
+                   mine, s_raw, rslot, pwarp, lane):
+        """Key j of this warp (index by shuffle from lane j): lane l copies its 16 bytes of the
+        token (model1's rope lanes 28 … 31: 32 bytes), lane 0 the token's scales."""
+        base = cache.iterator.toint()
+        for j in cutlass.range_constexpr(self.BLOCK_N // 4):
+            index = cute.arch.shuffle_sync(mine, j)
+            if index != -1:
+                dst = self.raw_key(s_raw, rslot, pwarp + 4 * j)
+                self.issue_piece(base, index, block_size, block_bytes, lane, dst)
+
+    @cute.jit
+    def raw_key(self, s_raw, rslot, key):
+        """The byte address of `key`'s bytes in staging slot `rslot` (RAW_KEY_BYTES each)."""
+        return s_raw.iterator.toint() + (rslot * self.BLOCK_N + key) * self.RAW_KEY_BYTES
+
+    @cute.jit
+    def issue_piece(self, base, index, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], lane, dst):
+        """cp.async token `index`'s bytes this lane stages: data columns 16·lane … 16·lane + 15 as
+        16 e4m3 (model1's lanes 28 … 31: 16 bf16 rope values, 32 bytes) at their own offset, and
+        (lane 0) the token's scales at RAW_SCALES: simple 4 bytes, model1 8, v4.1 16."""
+        blk = cutlass.Int64(index // block_size)
+        off = cutlass.Int64(index % block_size)
+        block = base + blk * block_bytes
+        if cutlass.const_expr(self.fmt == "simple"):
+            cp_async(dst + lane * 16, block + off * D + lane * 16, 16)
+            if lane == 0:
+                cp_async(dst + self.RAW_SCALES, block + block_size * D + off * 4, 4)
+        elif cutlass.const_expr(self.fmt == "model1"):
+            token = block + off * 576
+            if lane < 28:
+                cp_async(dst + lane * 16, token + lane * 16, 16)
+            else:
+                cp_async(dst + 448 + (lane - 28) * 32, token + 448 + (lane - 28) * 32, 16)
+                cp_async(dst + 464 + (lane - 28) * 32, token + 464 + (lane - 28) * 32, 16)
+            if lane == 0:
+                cp_async(dst + self.RAW_SCALES, block + block_size * 576 + off * 8, 8)
+        else:
+            token = block + off * 528
+            cp_async(dst + lane * 16, token + lane * 16, 16)
+            if lane == 0:
+                cp_async(dst + self.RAW_SCALES, token + D, 16)
+
+    @cute.jit
+    def dequant_tile(self, mine, s_raw, rslot, sK_slot, s_mask, slot, pwarp, lane):
+        """This warp's 16 keys of the staged tile → bf16 rows of the slot (an invalid key: zeros,
+        never read from the ring) and their mask entries (0 or −∞), GROUP keys at a time."""
+        lc, group = self.LANE_COLS, self.GROUP
+        for kg in cutlass.range_constexpr(self.BLOCK_N // 4 // group):
             raw = cute.make_rmem_tensor((8, group), cutlass.Int32)  # per key: 16 B of e4m3 (or 32 B of rope)
             raw.fill(0)
             scale = cute.make_rmem_tensor(group, cutlass.Float32)
             scale.fill(0.0)
             for g in cutlass.range_constexpr(group):
                 index = cute.arch.shuffle_sync(mine, kg * group + g)
-                if index != -1:  # an invalid key is never loaded: raw stays 0
-                    scale[g] = self.load_piece(base, index, block_size, block_bytes, lane, raw[None, g])
+                if index != -1:
+                    src = self.raw_key(s_raw, rslot, pwarp + 4 * (kg * group + g))
+                    scale[g] = self.read_piece(src, lane, raw[None, g])
             for g in cutlass.range_constexpr(group):
                 key = pwarp + 4 * (kg * group + g)
                 vals = cute.make_rmem_tensor(lc, cutlass.BFloat16)
@@ -384,30 +451,35 @@ class Kernel:
         return out
 
     @cute.jit
-    def load_piece(self, base, index, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], lane, raw) -> cutlass.Float32:
-        """Issue this lane's loads of token `index` into `raw` (8 Int32): columns 16·lane …
-        16·lane + 15 as 16 e4m3 bytes (raw[0:4]) — or, for model1's lanes 28 … 31, 16 bf16 rope
-        values (raw[0:8]); returns their scale (1 for the rope)."""
-        lc = self.LANE_COLS
-        blk = cutlass.Int64(index // block_size)
-        off = cutlass.Int64(index % block_size)
-        block = base + blk * block_bytes
+    def read_piece(self, src, lane, raw) -> cutlass.Float32:
+        """raw (8 Int32) ← this lane's staged bytes of one key (16, or model1's rope lanes 32);
+        returns their scale (1 for the rope)."""
+        scale = cutlass.Float32(1.0)
+        if cutlass.const_expr(self.fmt == "model1"):
+            if lane < 28:
+                lds16(src + lane * 16, raw, 0)
+                scale = self.staged_scale(src, lane)
+            else:
+                lds16(src + 448 + (lane - 28) * 32, raw, 0)
+                lds16(src + 464 + (lane - 28) * 32, raw, 4)
+        else:
+            lds16(src + lane * 16, raw, 0)
+            scale = self.staged_scale(src, lane)
+        return scale
+
+    @cute.jit
+    def staged_scale(self, src, lane) -> cutlass.Float32:
+        """The scale of this lane's 16 columns, from the key's staged scale bytes: simple — the
+        token's fp32; model1 — e8m0 byte lane // 4 (one per 64 columns); v4.1 — byte lane // 2
+        (one per 32)."""
+        at = src + self.RAW_SCALES
         scale = cutlass.Float32(1.0)
         if cutlass.const_expr(self.fmt == "simple"):
-            scale = _load_f32(block + block_size * D + off * 4)
-            _load16(block + off * D + lane * lc, raw, 0)
+            scale = lds_f32(at)
         elif cutlass.const_expr(self.fmt == "model1"):
-            token = block + off * 576
-            if lane < 28:
-                scale = _e8m0_to_f32(_load_u8(block + block_size * 576 + off * 8 + lane // 4))
-                _load16(token + lane * lc, raw, 0)
-            else:  # the rope: 64 bf16, 16 per lane, not quantised
-                _load16(token + 448 + (lane - 28) * 32, raw, 0)
-                _load16(token + 448 + (lane - 28) * 32 + 16, raw, 4)
+            scale = e8m0_to_f32(lds_u8(at + lane // 4))
         else:
-            token = block + off * 528
-            scale = _e8m0_to_f32(_load_u8(token + D + lane // 2))
-            _load16(token + lane * lc, raw, 0)
+            scale = e8m0_to_f32(lds_u8(at + lane // 2))
         return scale
 
     @cute.jit
@@ -415,11 +487,11 @@ class Kernel:
         """vals (16 bf16) ← raw: 16 e4m3 × scale (fp32 math), or model1's rope as it is."""
         if cutlass.const_expr(self.fmt == "model1"):
             if lane < 28:
-                _convert16(raw, scale, vals)
+                convert16(raw, scale, vals)
             else:
                 vals.store(cute.recast_tensor(raw, cutlass.BFloat16).load())
         else:
-            _convert16(raw, scale, vals)
+            convert16(raw, scale, vals)
 
     # -----------------------------------------------------------------------------------------
     # MMA warpgroups (stage D2's, plus the key mask and the sink)
@@ -539,43 +611,3 @@ class Kernel:
                 block[e // D, e % D] = cutlass.Float32(0.0)
             if tidx < bm:
                 mLp[self.sched.partial_row_block(work) * bm + tidx] = -cutlass.Float32.inf
-
-
-# ---------------------------------------------------------------------------------------------
-# Byte-level loads and the dequantisation (device helpers)
-
-
-@cute.jit
-def _load_u8(addr) -> cutlass.Int32:
-    t = cute.make_tensor(cute.make_ptr(cutlass.Uint8, addr, cute.AddressSpace.gmem, assumed_align=1), cute.make_layout(1))
-    return cutlass.Int32(t[0])
-
-
-@cute.jit
-def _load_f32(addr) -> cutlass.Float32:
-    t = cute.make_tensor(cute.make_ptr(cutlass.Float32, addr, cute.AddressSpace.gmem, assumed_align=4), cute.make_layout(1))
-    return t[0]
-
-
-@cute.jit
-def _e8m0_to_f32(byte) -> cutlass.Float32:
-    """2^(byte − 127): the byte moved into an fp32 exponent field (exact for bytes 1 … 254;
-    byte 0 would be 2^−127, a subnormal, read here as 0; 0xFF is NaN in e8m0 and +∞ here —
-    neither is ever produced by a quantiser)."""
-    bits = cute.make_rmem_tensor(1, cutlass.Int32)
-    bits[0] = (byte & 0xFF) << 23  # the mask matters: CuTeDSL loads a Uint8 with ld.global.s8 (sign-extended)
-    return cute.recast_tensor(bits, cutlass.Float32)[0]
-
-
-@cute.jit
-def _load16(addr, raw, at: cutlass.Constexpr[int]):
-    """raw[at : at + 4] (Int32) ← the 16 bytes at the 16-byte aligned global `addr` (one 128-bit load)."""
-    g = cute.make_tensor(cute.make_ptr(cutlass.Int32, addr, cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(4))
-    cute.autovec_copy(g, cute.make_tensor(raw.iterator + at, cute.make_layout(4)))
-
-
-@cute.jit
-def _convert16(raw, scale, vals):
-    """vals (16 bf16) ← the 16 e4m3 in raw[0:4] (e4m3 → f16x2 → f32) × scale → bf16."""
-    q = cute.recast_tensor(cute.make_tensor(raw.iterator, cute.make_layout(4)), cutlass.Float8E4M3FN)
-    vals.store((q.load().to(cutlass.Float32) * scale).to(cutlass.BFloat16))

@@ -1,0 +1,98 @@
+"""The FP8 KV cache on the CUDA cores: block sizes of the three layouts, byte-level global and
+shared-memory loads, cp.async of raw bytes, and the dequantisation (stage E's kernels).
+
+Layouts (oracles/kvcache.py is the reference; DSV4.md the spec), bytes per page block:
+    simple   block_size · 512 e4m3, then block_size fp32 scales (one per token), padded to 16
+    model1   per token 448 e4m3 + 64 bf16 rope (576), then 8 bytes per token (7 e8m0 + pad),
+             the block padded to a multiple of 576
+    v4.1     per token 512 e4m3 then 16 e8m0 (one per 32 values): 528
+
+Dequantising: x = e4m3 · scale, e4m3 → f16x2 (exact) → f32, × scale in f32, → bf16 (round to
+nearest even); e8m0 byte e is the power of two 2^(e − 127), made by moving e into an fp32's
+exponent field.
+"""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import LoadCacheMode, cpasync
+
+D = 512
+
+
+def cache_block_bytes(fmt: str, block_size: int) -> int:
+    """Bytes of one page block (the kernels' own statement of the layouts; their __call__ checks
+    the cache tensors agree)."""
+    if fmt == "simple":
+        return (block_size * (D + 4) + 15) // 16 * 16
+    if fmt == "model1":
+        return (block_size * 584 + 575) // 576 * 576
+    if fmt == "v4.1":
+        return block_size * 528
+    raise ValueError(f"stage E: kv_format must be simple, model1 or v4.1, got {fmt!r}")
+
+@cute.jit
+def cp_async(dst, src, nbytes: cutlass.Constexpr[int]):
+    """cp.async `nbytes` (4, 8 or 16; both addresses aligned to it) from global `src` to the
+    shared-memory byte address `dst` (16 bytes bypass L1: .cg)."""
+    words = nbytes // 4
+    g = cute.make_tensor(cute.make_ptr(cutlass.Int32, src, cute.AddressSpace.gmem, assumed_align=nbytes), cute.make_layout(words))
+    s = cute.make_tensor(cute.make_ptr(cutlass.Int32, dst, cute.AddressSpace.smem, assumed_align=nbytes), cute.make_layout(words))
+    mode = LoadCacheMode.GLOBAL if nbytes == 16 else LoadCacheMode.ALWAYS
+    cute.copy(cute.make_copy_atom(cpasync.CopyG2SOp(mode), cutlass.Int32, num_bits_per_copy=nbytes * 8), g, s)
+
+
+@cute.jit
+def ldg_u8(addr) -> cutlass.Int32:
+    """The byte at global `addr` (CuTeDSL loads a Uint8 sign-extended: mask it, as e8m0_to_f32 does)."""
+    t = cute.make_tensor(cute.make_ptr(cutlass.Uint8, addr, cute.AddressSpace.gmem, assumed_align=1), cute.make_layout(1))
+    return cutlass.Int32(t[0])
+
+
+@cute.jit
+def ldg_f32(addr) -> cutlass.Float32:
+    t = cute.make_tensor(cute.make_ptr(cutlass.Float32, addr, cute.AddressSpace.gmem, assumed_align=4), cute.make_layout(1))
+    return t[0]
+
+
+@cute.jit
+def ldg16(addr, raw, at: cutlass.Constexpr[int]):
+    """raw[at : at + 4] (Int32) ← the 16 bytes at the 16-byte aligned global `addr` (one 128-bit load)."""
+    g = cute.make_tensor(cute.make_ptr(cutlass.Int32, addr, cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(4))
+    cute.autovec_copy(g, cute.make_tensor(raw.iterator + at, cute.make_layout(4)))
+
+
+@cute.jit
+def lds_u8(addr) -> cutlass.Int32:
+    """The byte at shared-memory `addr` (sign-extended, as ldg_u8)."""
+    t = cute.make_tensor(cute.make_ptr(cutlass.Uint8, addr, cute.AddressSpace.smem, assumed_align=1), cute.make_layout(1))
+    return cutlass.Int32(t[0])
+
+
+@cute.jit
+def lds_f32(addr) -> cutlass.Float32:
+    t = cute.make_tensor(cute.make_ptr(cutlass.Float32, addr, cute.AddressSpace.smem, assumed_align=4), cute.make_layout(1))
+    return t[0]
+
+
+@cute.jit
+def e8m0_to_f32(byte) -> cutlass.Float32:
+    """2^(byte − 127): the byte moved into an fp32 exponent field (exact for bytes 1 … 254;
+    byte 0 would be 2^−127, a subnormal, read here as 0; 0xFF is NaN in e8m0 and +∞ here —
+    neither is ever produced by a quantiser)."""
+    bits = cute.make_rmem_tensor(1, cutlass.Int32)
+    bits[0] = (byte & 0xFF) << 23  # the mask matters: CuTeDSL loads a Uint8 with ld.global.s8 (sign-extended)
+    return cute.recast_tensor(bits, cutlass.Float32)[0]
+
+
+@cute.jit
+def lds16(addr, raw, at: cutlass.Constexpr[int]):
+    """raw[at : at + 4] (Int32) ← the 16 bytes at the 16-byte aligned shared-memory `addr`."""
+    t = cute.make_tensor(cute.make_ptr(cutlass.Int32, addr, cute.AddressSpace.smem, assumed_align=16), cute.make_layout(4))
+    cute.autovec_copy(t, cute.make_tensor(raw.iterator + at, cute.make_layout(4)))
+
+
+@cute.jit
+def convert16(raw, scale, vals):
+    """vals (16 bf16) ← the 16 e4m3 in raw[0:4] (e4m3 → f16x2 → f32) × scale → bf16."""
+    q = cute.recast_tensor(cute.make_tensor(raw.iterator, cute.make_layout(4)), cutlass.Float8E4M3FN)
+    vals.store((q.load().to(cutlass.Float32) * scale).to(cutlass.BFloat16))
