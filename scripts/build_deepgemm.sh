@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # DeepGEMM (the indexer stages' peer) from source, on the GPU machine, once per warm machine.
-# From the repository root, in a device call that carries .peers (holding deepgemm-src.tgz):
-#     bash scripts/build_deepgemm.sh        # ~3-6 min the first time; a later call finds it and returns
+# From the repository root, in a device call that carries .peers (deepgemm-prebuilt.tgz, deepgemm-src.tgz):
+#     bash scripts/build_deepgemm.sh        # 1-2 min with the prebuilt package, 4-7 from source; then a no-op
 #     source /tmp/deepgemm/env.sh           # then, in the shell that runs the lab (.peers/prelude.sh does it)
 # The source (DG_SRC_TGZ, default .peers/deepgemm-src.tgz): DeepGEMM 54e2261 with its submodules'
 # parts it compiles against, cutlass f3fde58 include/ and fmt 553ec11.  No network needed.
 # Steps, each leaving a marker in /tmp/deepgemm so a call cut short resumes where it stopped:
-#   toolkit  find CUDA_HOME (nvcc, cuda_runtime.h, nvrtc) — the JIT needs the same toolkit at run time
-#   unpack   the tarball into /tmp/deepgemm/src
+#   toolkit  find CUDA_HOME (nvcc, cuda_runtime.h) — the JIT needs it at run time
+#   prebuilt .peers/deepgemm-prebuilt.tgz when there and it imports (no build), else:
+#   unpack   the tarball into /tmp/deepgemm/src (after checking the headers and libraries the build needs)
 #   build    `setup.py build`: the _C extension (torch's cpp_extension, offline) and the headers
 #            (deep_gemm, cute, cutlass) its JIT compiles against -> /tmp/deepgemm/site
 #   import   `import deep_gemm` with env.sh
@@ -53,31 +54,48 @@ done
 [ -n "$CH" ] || fail toolkit "no CUDA toolkit (bin/nvcc + include/cuda_runtime.h) in: ${cands[*]}"
 export CUDA_HOME=$CH
 NVCC_V=$("$CH/bin/nvcc" --version | grep -o 'release [0-9.]*')
-# Headers and libraries beyond nvcc's own: ATen/cuda includes cuBLAS, cuSPARSE and cuSOLVER headers,
-# DeepGEMM nvrtc.h and links -lnvrtc -lcudart.  The toolkit's first (-I, -L); what it lacks from
-# PyTorch's pip nvidia packages (CPATH and LIBRARY_PATH come after -I and -L).
-PYNV=$(python3 -c 'import nvidia, os; print(" ".join(nvidia.__path__))' 2>/dev/null)
-PYINC=$(find $PYNV -maxdepth 3 -type d -name include 2>/dev/null | tr '\n' ':')
-export CPATH="${PYINC%:}${CPATH:+:$CPATH}"
-for h in nvrtc.h cublas_v2.h cublasLt.h cusparse.h cusolverDn.h; do
-  [ -f "$CH/include/$h" ] || [ -n "$(find $PYNV -maxdepth 4 -name "$h" 2>/dev/null | head -n 1)" ] \
-    || fail toolkit "$h is neither in $CH/include nor in PyTorch's nvidia packages ($PYNV)"
-done
-mkdir -p "$DG/lib"
-EXTRA_LD=" -Wl,-rpath,$CH/lib64"  # _C finds the toolkit's nvrtc at run time without LD_LIBRARY_PATH
-for lib in nvrtc cudart; do
-  if ! ls "$CH"/lib64/lib$lib.so >/dev/null 2>&1; then
-    real=$(find "$CH"/lib64/ "$CH"/targets/*/lib/ $PYNV -name "lib$lib.so*" 2>/dev/null | sort | head -n 1)
-    [ -n "$real" ] || fail toolkit "no lib$lib.so* in $CH/lib64 nor in PyTorch's nvidia packages ($PYNV)"
-    ln -sf "$real" "$DG/lib/lib$lib.so"
-    EXTRA_LD="$EXTRA_LD -Wl,-rpath,$(dirname "$real")"
-  fi
-done
-export LIBRARY_PATH="$DG/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
 say "toolkit $CH ($NVCC_V), torch $(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>&1)"
+
+
+# --- prebuilt: .peers/deepgemm-prebuilt.tgz, the package built on the CPU machine against the same
+# torch 2.11.0+cu130 headers and libraries, CUDA 13.0 and Python 3.12 by scripts/prebuild_deepgemm.sh.
+# Used when it imports here; otherwise (another torch, say) the source build below.
+PRE=${DG_PREBUILT_TGZ:-.peers/deepgemm-prebuilt.tgz}
+if [ ! -f "$DG/.built" ] && [ -f "$PRE" ] && [ "${DG_NO_PREBUILT:-0}" != 1 ]; then
+  rm -rf "$DG/site" && mkdir -p "$DG/site" && tar -xzf "$PRE" -C "$DG/site" \
+    && (cd /tmp && PYTHONPATH="$DG/site" python3 -c 'import deep_gemm') >"$DG/prebuilt.log" 2>&1
+  if [ $? = 0 ]; then
+    echo "prebuilt $(date -u +%H:%M:%S)" >"$DG/.built"
+    say "prebuilt package imports: no build ($PRE)"
+  else
+    say "prebuilt package does not import ($(grep -E 'Error|error' "$DG/prebuilt.log" | tail -n 1)); building from source"
+    rm -rf "$DG/site"
+  fi
+fi
 
 # --- unpack
 if [ ! -f "$DG/.built" ]; then
+  # Headers and libraries beyond nvcc's own: ATen/cuda includes cuBLAS, cuSPARSE and cuSOLVER headers,
+  # DeepGEMM nvrtc.h and links -lnvrtc -lcudart.  The toolkit's first (-I, -L); what it lacks from
+  # PyTorch's pip nvidia packages (CPATH and LIBRARY_PATH come after -I and -L).
+  PYNV=$(python3 -c 'import nvidia, os; print(" ".join(nvidia.__path__))' 2>/dev/null)
+  PYINC=$(find $PYNV -maxdepth 3 -type d -name include 2>/dev/null | tr '\n' ':')
+  export CPATH="${PYINC%:}${CPATH:+:$CPATH}"
+  for h in nvrtc.h cublas_v2.h cublasLt.h cusparse.h cusolverDn.h; do
+    [ -f "$CH/include/$h" ] || [ -n "$(find $PYNV -maxdepth 4 -name "$h" 2>/dev/null | head -n 1)" ] \
+      || fail toolkit "$h is neither in $CH/include nor in PyTorch's nvidia packages ($PYNV)"
+  done
+  mkdir -p "$DG/lib"
+  EXTRA_LD=" -Wl,-rpath,$CH/lib64"  # _C finds the toolkit's nvrtc at run time without LD_LIBRARY_PATH
+  for lib in nvrtc cudart; do
+    if ! ls "$CH"/lib64/lib$lib.so >/dev/null 2>&1; then
+      real=$(find "$CH"/lib64/ "$CH"/targets/*/lib/ $PYNV -name "lib$lib.so*" 2>/dev/null | sort | head -n 1)
+      [ -n "$real" ] || fail toolkit "no lib$lib.so* in $CH/lib64 nor in PyTorch's nvidia packages ($PYNV)"
+      ln -sf "$real" "$DG/lib/lib$lib.so"
+      EXTRA_LD="$EXTRA_LD -Wl,-rpath,$(dirname "$real")"
+    fi
+  done
+  export LIBRARY_PATH="$DG/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
   [ -f "$TGZ" ] || [ -f "$DG/.unpacked" ] || fail unpack "$TGZ is missing (carry .peers; it is put there from /tmp/coord/deepgemm-src.tgz)"
   if [ ! -f "$DG/.unpacked" ]; then  # kept on a rerun: torch's ninja then reuses a finished object
     rm -rf "$DG/src" && mkdir -p "$DG/src" && tar -xzf "$TGZ" -C "$DG/src" 2>"$DG/unpack.log" \
