@@ -2,8 +2,10 @@
 never run on a B200.  What compiling can prove is checked here: the TMEM plan and its refusal in
 the constructor and at trace time (from the MMA fragments), the dequantisers' (key, column,
 slot) view of the ring proven to be the MMA's operand bytes (a wrong view is refused), the
-LSE re-indexing of one-token CTAs, and that representative cases of each cache format compile
-with tcgen05 MMAs, the gather's 16-byte global loads and no spills.
+LSE re-indexing of one-token CTAs, the gather4 row arithmetic against the oracle's byte layout,
+the shared-memory plan with the raw staging ring, and that representative cases of each cache
+format compile with tcgen05 MMAs, TMA gather4 of four distinct rows per instruction (model1,
+v4.1) or 16-byte global loads (simple), and no spills.
 
 Traced checks run in a subprocess with CUTE_DSL_ARCH=sm_100a (CuTeDSL's arch is per process)."""
 
@@ -94,6 +96,49 @@ def test_one_branch_config_has_only_main_tiles():
     assert (k.main_tiles, k.extra_tiles, k.n_tiles) == (2, 0, 2)
 
 
+@pytest.mark.parametrize("fmt", ["model1", "v4.1"])
+@pytest.mark.parametrize("block_size", [2, 64, 256])
+def test_gather_rows_start_at_the_tokens_bytes(fmt, block_size):
+    """Row gather_row(i) of the uniform row view starts where the oracle's layout puts token
+    i's data (oracles.kvcache.token_offsets), for tokens in several blocks."""
+    import torch
+
+    from oracles.kvcache import block_bytes, token_offsets
+    from stages.E_sparse_decode.sm100 import GATHER_ROWS, gather_row
+
+    row_bytes = GATHER_ROWS[fmt][0]
+    bb = block_bytes(fmt, block_size)
+    index = torch.arange(0, 5 * block_size, dtype=torch.int64)
+    data, _ = token_offsets(fmt, block_size, index)
+    rows = torch.tensor([gather_row(int(i), block_size, bb, row_bytes) for i in index])
+    assert torch.equal(rows * row_bytes, data)
+
+
+def test_the_simple_format_is_no_uniform_row_array_and_is_refused_a_tensor_map():
+    """simple's blocks (512-byte rows, then fp32 scales, padded to 16 bytes) are not whole
+    rows of 512 bytes: rows_view refuses them (the kernel loads them from global memory)."""
+    from oracles.kvcache import block_bytes
+    from stages.common.sm100_gather import rows_view
+    from stages.E_sparse_decode.sm100 import Kernel
+
+    with pytest.raises(ValueError, match="not rows of 512 bytes"):
+        rows_view(None, block_bytes("simple", 64), 512, 512)
+    assert not Kernel(b=2, config="s1h64_m96bs64", kv_format="simple", splits=1).gather
+
+
+def test_the_staging_ring_takes_its_bytes_from_the_chunk_ring():
+    """2 raw slots of 64 keys × 192 B (model1) / 128 B (v4.1) are reserved before the bf16 ring
+    is sized: 3 / 4 chunk slots instead of the house's 5 (simple: 5), never fewer than the
+    n_v + 1 = 3 the MMA order needs; the plan stays under 227 KiB."""
+    from stages.common.sm100_decode import SMEM_LIMIT
+    from stages.E_sparse_decode.sm100 import Kernel
+
+    slots = {f: Kernel(b=2, config="s2h64_m128bs256_x1024bs64", kv_format=f, splits=1) for f in ("model1", "v4.1", "simple")}
+    assert {f: k.slots for f, k in slots.items()} == {"model1": 3, "v4.1": 4, "simple": 5}
+    assert all(k.ring["smem"] <= SMEM_LIMIT and k.slots >= k.n_v + 1 for k in slots.values())
+    assert slots["model1"].raw_slot_bytes == 64 * 192 and slots["v4.1"].raw_slot_bytes == 64 * 128
+
+
 # -- traced: refusals ------------------------------------------------------------------------
 
 
@@ -179,8 +224,13 @@ def _inventory(ptx: str) -> dict:
 ])
 def test_representative_cases_compile_for_sm100a_without_spills(case, tmp_path):
     """Both lists and the sink in the epilogue (simple, v4.1 with SWA block size 2), split-KV
-    with the combine (model1, h_q = 64): tcgen05 MMAs from TMEM, the gather's 16-byte global
-    loads, the dequantised tiles fenced for the async proxy, no KV TMA, no spills."""
+    with the combine (model1, h_q = 64): tcgen05 MMAs from TMEM, the dequantised tiles fenced
+    for the async proxy, no spills; model1 / v4.1 gather raw rows by TMA gather4 — four
+    DISTINCT row registers per instruction (one row four times was CuTeDSL's result for a
+    wrongly shaped index tensor) — and read them from shared memory; simple keeps 16-byte
+    global loads and has no gather."""
+    import re
+
     from harness.compile import ptxas_resources
     from harness.inventory import families
 
@@ -189,20 +239,32 @@ def test_representative_cases_compile_for_sm100a_without_spills(case, tmp_path):
     info = json.loads(out.split("COMPILED", 1)[1].strip().splitlines()[0])
     assert info["smem"] <= 227 * 1024
     ptx_path = tmp_path / "kernel.ptx"
+    ptx = ptx_path.read_text()
     res = ptxas_resources(ptx_path, "sm_100a")
     assert res.get("spill", 0) == 0, res
-    inv = _inventory(ptx_path.read_text())
-    assert any(k.startswith("tcgen05.mma.cta_group::1.kind::f16") for k in inv), inv
+    inv = _inventory(ptx)
+    assert inv.get("tcgen05.mma.cta_group::1.kind::f16", 0) == 80, inv  # as the compile-only baselines
     fam = families(inv)
     for instr in ("tcgen05.ld", "tcgen05.st", "tcgen05.commit", "tcgen05.alloc", "fence.proxy.async.shared::cta"):
         assert fam.get(instr, 0) >= 1, (instr, inv)
-    assert inv.get("ld.global.128b", 0) >= 8, inv  # the gather: 16-byte loads of 4 keys × 2 lists
-    tma = sum(n for k, n in inv.items() if k.startswith("cp.async.bulk.tensor"))
-    assert 0 < tma <= 8, inv  # Q's boxes only: KV never goes through a TMA
-    assert fam.get("wgmma", 0) == 0
+    gathers = re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile::gather4\S*\s+"
+                         r"\[[^]]+\], \[%rd\d+, \{([^}]+)\}\]", ptx)
+    tiles = sum(n for k, n in inv.items() if k.startswith("cp.async.bulk.tensor.3d"))
+    assert 0 < tiles <= 8, inv  # Q's boxes: KV never goes through a tiled TMA
+    if case["kv_format"] == "simple":
+        assert not gathers and inv.get("ld.global.128b", 0) >= 8, inv  # 16-byte loads of 4 keys × 2 lists
+    else:
+        assert len(gathers) >= 2 * 4 * 2 * 16, len(gathers)  # 2 lists × 4 chunks × 2 boxes × 16 instructions
+        for operands in gathers:
+            col, *rows = [o.strip() for o in operands.split(",")]
+            assert len(rows) == 4 and len(set(rows)) == 4, operands
+        assert inv.get("ld.global.128b", 0) == 0, inv  # the rows come from the staging ring
+        assert inv.get("ld.shared.128b", 0) >= 4 * 4 * 2, inv
+    fam_wgmma = fam.get("wgmma", 0)
+    assert fam_wgmma == 0
     # e8m0 bytes are read zero-extended (a sign-extended byte ≥ 128 negates a scale ≥ 2; H6's c2547ff)
-    assert "ld.global.s8" not in ptx_path.read_text()
+    assert "ld.global.s8" not in ptx
     if case["kv_format"] != "simple":
-        assert "ld.global.b8" in ptx_path.read_text()
-    entries = ptx_path.read_text().count(".entry ")
+        assert "ld.global.b8" in ptx
+    entries = ptx.count(".entry ")
     assert entries == (2 if info["splits"] > 1 else 1), entries  # the split kernel (+ SplitCombine)

@@ -12,6 +12,11 @@ keys a CTA visits — a keys object from stages/common/sm100_keys.py (`DenseKeys
 `BranchKeys` with fill levels / causal limits / two branches for D3–D5) — and hands over to
 `attend`: the set-up every warp shares, then each warp's role (load_role, mma_role,
 softmax_role → epilogue).  `row_scale` is the rung's per-row factor on the final O (D5's sink).
+A rung whose keys do not arrive by a tiled TMA (stage E: gather + dequantisation warps)
+replaces only the producer side, through hooks: `kv_pipeline` (who fills the chunk ring),
+`smem_fields` + setup_plan's `smem_reserved` (its own barriers and buffers), `bind_keys` (its
+pipelines and views, before the roles), `is_producer` + `load_role` (its producer warps),
+THREADS (the launch follows it).
 The rest of this docstring is the house's design (written for D2, unchanged by D3–D5 except
 where the masks section says so).
 
