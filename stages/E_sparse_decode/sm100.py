@@ -87,11 +87,10 @@ from stages.common.sm100_decode import B200_SMS, KV_TILE, ROWS, DecodeSm100
 from stages.common.sm100_gather import gather4_atom, gather4_partition, gather4_tile, rows_view
 from stages.common.sm100_idioms import fragment_coords
 from stages.common.sm90_idioms import tma_pipeline
-from stages.E_sparse_decode.sm90 import _convert16, _e8m0_to_f32, _load16, _load_f32, _load_u8, cache_block_bytes
+from stages.common.fp8_cache import D, cache_block_bytes, convert16, e8m0_to_f32, ldg16, ldg_f32, ldg_u8, lds16
 
 BF16 = cutlass.BFloat16
 F32 = cutlass.Float32
-D = 512
 PIECE = 16  # columns one thread dequantises per key (16 e4m3 = one 16-byte load)
 MASK_SLOTS = 2
 RAW_SLOTS = 2
@@ -522,18 +521,18 @@ class Kernel(DecodeSm100):
         block = base + blk * block_bytes
         scale = F32(1.0)
         if cutlass.const_expr(self.fmt == "simple"):
-            scale = _load_f32(block + block_size * D + off * 4)
-            _load16(block + off * D + col0, raw, 0)
+            scale = ldg_f32(block + block_size * D + off * 4)
+            ldg16(block + off * D + col0, raw, 0)
         elif cutlass.const_expr(self.fmt == "model1"):
             if col0 < 448:
-                scale = _e8m0_to_f32(_load_u8(block + block_size * 576 + off * 8 + col0 // 64))
+                scale = e8m0_to_f32(ldg_u8(block + block_size * 576 + off * 8 + col0 // 64))
                 self.load_staged(s_raw, slot, key, col0 - cid * self.chunk, raw, 0)
             else:  # the rope: bf16 as stored, 2 bytes a column
                 at = 448 + (col0 - 448) * 2 - cid * self.chunk
                 self.load_staged(s_raw, slot, key, at, raw, 0)
                 self.load_staged(s_raw, slot, key, at + 16, raw, 4)
         else:
-            scale = _e8m0_to_f32(_load_u8(block + off * 528 + D + col0 // 32))
+            scale = e8m0_to_f32(ldg_u8(block + off * 528 + D + col0 // 32))
             self.load_staged(s_raw, slot, key, col0 - cid * self.chunk, raw, 0)
         return scale
 
@@ -541,18 +540,15 @@ class Kernel(DecodeSm100):
     def load_staged(self, s_raw, slot, key, at, raw, word: cutlass.Constexpr[int]):
         """raw[word : word + 4] ← the 16 staged bytes at row byte `at` (of its chunk) of key
         `key`: region at // 64 of the slot, offset at mod 64 (one 16-byte shared load)."""
-        addr = s_raw.iterator.toint() + s_raw.layout((key, at % BOX, at // BOX, slot))
-        src = cute.make_tensor(cute.make_ptr(cutlass.Int32, addr, cute.AddressSpace.smem, assumed_align=16),
-                               cute.make_layout(4))
-        cute.autovec_copy(src, cute.make_tensor(raw.iterator + word, cute.make_layout(4)))
+        lds16(s_raw.iterator.toint() + s_raw.layout((key, at % BOX, at // BOX, slot)), raw, word)
 
     @cute.jit
     def convert_piece(self, raw, scale, col0, vals):
         """vals (16 bf16) ← raw: 16 e4m3 × scale (fp32 math), or model1's rope as it is."""
         if cutlass.const_expr(self.fmt == "model1"):
             if col0 < 448:
-                _convert16(raw, scale, vals)
+                convert16(raw, scale, vals)
             else:
                 vals.store(cute.recast_tensor(raw, BF16).load())
         else:
-            _convert16(raw, scale, vals)
+            convert16(raw, scale, vals)
