@@ -99,7 +99,7 @@ class Kernel:
     wgmma warpgroups with the online softmax, sink, split-KV (see the module doc)."""
 
     BLOCK_M = 64
-    BLOCK_N = 64
+    BLOCK_N = 32  # keys per tile: two bf16 slots (the dequantisation of one overlaps the MMAs of the other)
     NUM_MMA_WG = 2
     PRODUCER_WG = 2
     PRODUCER_THREADS = 128
@@ -111,8 +111,8 @@ class Kernel:
     # fit: 2 · 128 · 208 + 128 · 80 = 63 488 ≤ 64 512 (216 / 80, 65 536, never fits: a hang).
     MMA_REGS = 208  # the MMA path uses R0 … R189 (SASS)
     PRODUCER_REGS = 80  # the producer path uses R0 … R77 (SASS)
-    KV_STAGES = 1  # one bf16 tile: the shared memory goes to the raw staging ring instead
-    RAW_STAGES = 2  # raw tiles in flight (cp.async), the latency hider
+    KV_STAGES = 2
+    RAW_STAGES = 4  # raw tiles in flight (cp.async): 4 × 32 keys × 592 B, the latency hider
     RAW_KEY_BYTES = 592  # one key in the ring: its data (model1 576, simple / v4.1 512) …
     RAW_SCALES = 576  # … then its scales (simple 4 bytes, model1 8, v4.1 16)
     LANE_COLS = 16  # columns of a key one lane dequantises (16 e4m3 = one 16-byte load)
@@ -131,7 +131,9 @@ class Kernel:
         num_tiles = self.main_tiles + self.extra_tiles
         head_blocks = c.h_q // self.BLOCK_M
         ctas = head_blocks * c.s_q * b
-        self.splits = resolve_splits(splits, ctas=ctas, num_tiles=num_tiles, sm_count=sm_count)
+        # Splits are chosen over the case's 64-key tiles (the scratch the oracle declares holds one
+        # split per 64 keys at most); each split then walks its share of 32-key tiles.
+        self.splits = resolve_splits(splits, ctas=ctas, num_tiles=c.tiles(), sm_count=sm_count)
         self.sched = DecodeGrid(head_blocks, c.s_q, b, self.splits, num_tiles)
         self.rows = b * c.s_q * c.h_q
         self.scale_log2 = math.log2(math.e) / math.sqrt(D)
@@ -193,6 +195,8 @@ class Kernel:
             kv_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.KV_STAGES]
             row_factor: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm], 16]
             key_mask: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bn * self.KV_STAGES], 16]
+            key_scale: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bn * self.KV_STAGES], 16]
+            raw_index: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, bn * self.RAW_STAGES], 16]
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(q_smem)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(k_smem)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(p_smem)], 1024]
@@ -269,6 +273,8 @@ class Kernel:
         s_row = storage.row_factor.get_tensor(cute.make_layout(bm))
         s_mask = storage.key_mask.get_tensor(cute.make_layout((bn, self.KV_STAGES)))  # 0 or −∞ per key
         s_raw = storage.raw.get_tensor(cute.make_layout(self.RAW_STAGES * bn * self.RAW_KEY_BYTES // 4))
+        s_kscale = storage.key_scale.get_tensor(cute.make_layout((bn, self.KV_STAGES)))  # simple: the token's scale
+        s_ridx = storage.raw_index.get_tensor(cute.make_layout((bn, self.RAW_STAGES)))  # the staged keys' indices
 
         q_pipe = tma_pipeline(storage.q_mbar, 1, self.q_bytes, 4)
         kv_pipe = pipeline.PipelineAsync.create(
@@ -285,12 +291,13 @@ class Kernel:
         if warp_idx // 4 == self.PRODUCER_WG:
             cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
             if has_work:
-                self.produce(work, tidx - self.MMA_THREADS, q_pipe, kv_pipe, tma_q, mQ, sQ, sK, s_mask, s_raw,
+                self.produce(work, tidx - self.MMA_THREADS, q_pipe, kv_pipe, tma_q, mQ, sQ, sK, s_mask, s_kscale,
+                             s_raw, s_ridx,
                              KV, idx, topk_length, KV_extra, idx_extra, extra_length)
         else:
             cute.arch.setmaxregister_increase(self.MMA_REGS)
             if has_work:
-                self.attend(work, tidx, q_pipe, kv_pipe, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask,
+                self.attend(work, tidx, q_pipe, kv_pipe, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask, s_kscale,
                             sink, mO, mLSE, mOp, mLp)
             else:
                 self.write_empty_split(work, tidx, mOp, mLp)
@@ -299,11 +306,13 @@ class Kernel:
     # Producer: Q by TMA, KV by gather + dequantise
 
     @cute.jit
-    def produce(self, work, ptid, q_pipe, kv_pipe, tma_q, mQ, sQ, sK, s_mask, s_raw,
+    def produce(self, work, ptid, q_pipe, kv_pipe, tma_q, mQ, sQ, sK, s_mask, s_kscale, s_raw, s_ridx,
                 KV, idx, topk_length, KV_extra, idx_extra, extra_length):
         """The producer warpgroup (`ptid` 0 … 127): Q's row block once (warp 0, TMA), then every
-        KV tile of the split: its raw bytes gathered RAW_STAGES − 1 tiles ahead (cp.async into the
-        staging ring), dequantised into the bf16 slot as it frees up."""
+        KV tile of the split: its raw bytes gathered RAW_STAGES tiles ahead (cp.async into the
+        staging ring, one commit group per tile), dequantised into a bf16 slot as one frees up.
+        Each warp stages and dequantises only its own keys (pwarp, pwarp + 4, …), so a warp's
+        own sync orders the ring; a key's index rides along in `s_ridx`."""
         bm = self.BLOCK_M
         pwarp = ptid // 32
         lane = ptid % 32
@@ -319,31 +328,38 @@ class Kernel:
         if cutlass.const_expr(self.c.has_extra):
             lengths = (lengths[0], cutlass.min(extra_length[work.batch], self.c.extra_topk))
         lists = (KV, idx, KV_extra, idx_extra)
-        # The indices of tiles t (being dequantised), t + 1 (in flight) and t + 2 (next to issue).
-        mine0 = self.tile_indices(lists, lengths, work, work.tile_begin, pwarp, lane)
-        mine1 = self.tile_indices(lists, lengths, work, work.tile_begin + 1, pwarp, lane)
-        self.issue_tile(lists, work.tile_begin, mine0, s_raw, 0, pwarp, lane)
-        cute.arch.cp_async_commit_group()
-        self.issue_tile(lists, work.tile_begin + 1, mine1, s_raw, 1, pwarp, lane)
-        cute.arch.cp_async_commit_group()
-        mine2 = self.tile_indices(lists, lengths, work, work.tile_begin + 2, pwarp, lane)
+        for r in cutlass.range_constexpr(self.RAW_STAGES):
+            self.stage_tile(lists, work.tile_begin + r, self.tile_indices(lists, lengths, work, work.tile_begin + r, pwarp, lane),
+                            s_raw, s_ridx, r, pwarp, lane)
+        ahead = self.tile_indices(lists, lengths, work, work.tile_begin + self.RAW_STAGES, pwarp, lane)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.KV_STAGES)
         for tile in cutlass.range(work.tile_begin, work.tile_end, unroll=1):
             rslot = (tile - work.tile_begin) % self.RAW_STAGES
             cute.arch.cp_async_wait_group(self.RAW_STAGES - 1)  # this thread's copies of `tile` landed
             cute.arch.sync_warp()  # … and every lane's (the scales are read across lanes)
+            mine = cutlass.Int32(-1)
+            if lane < self.BLOCK_N // 4:
+                mine = s_ridx[pwarp + 4 * lane, rslot]
             kv_pipe.producer_acquire(kv_state)
-            self.dequant_tile(mine0, s_raw, rslot, sK[None, None, kv_state.index], s_mask, kv_state.index, pwarp, lane)
+            self.dequant_tile(mine, s_raw, rslot, sK[None, None, kv_state.index], s_mask, s_kscale, kv_state.index,
+                              pwarp, lane)
             cute.arch.fence_proxy("async.shared", space="cta")  # generic smem writes → wgmma reads
             kv_pipe.producer_commit(kv_state)
             kv_state.advance()
             cute.arch.sync_warp()  # the warp is done reading the staging slot before it refills
-            self.issue_tile(lists, tile + self.RAW_STAGES, mine2, s_raw, rslot, pwarp, lane)
-            cute.arch.cp_async_commit_group()
-            mine0 = mine1
-            mine1 = mine2
-            mine2 = self.tile_indices(lists, lengths, work, tile + 3, pwarp, lane)
+            self.stage_tile(lists, tile + self.RAW_STAGES, ahead, s_raw, s_ridx, rslot, pwarp, lane)
+            ahead = self.tile_indices(lists, lengths, work, tile + self.RAW_STAGES + 1, pwarp, lane)
         cute.arch.cp_async_wait_group(0)
+
+    @cute.jit
+    def stage_tile(self, lists, tile, mine, s_raw, s_ridx, rslot, pwarp, lane):
+        """Record the warp's indices of `tile` in `s_ridx`, issue its cp.async copies into staging
+        slot `rslot` and close them as one commit group (an empty group past the split's end, so
+        every tile is the RAW_STAGES-th group back)."""
+        if lane < self.BLOCK_N // 4:
+            s_ridx[pwarp + 4 * lane, rslot] = mine
+        self.issue_tile(lists, tile, mine, s_raw, rslot, pwarp, lane)
+        cute.arch.cp_async_commit_group()
 
     @cute.jit
     def tile_indices(self, lists, lengths, work, tile, pwarp, lane) -> cutlass.Int32:
@@ -416,9 +432,11 @@ class Kernel:
                 cp_async(dst + self.RAW_SCALES, token + D, 16)
 
     @cute.jit
-    def dequant_tile(self, mine, s_raw, rslot, sK_slot, s_mask, slot, pwarp, lane):
-        """This warp's 16 keys of the staged tile → bf16 rows of the slot (an invalid key: zeros,
-        never read from the ring) and their mask entries (0 or −∞), GROUP keys at a time."""
+    def dequant_tile(self, mine, s_raw, rslot, sK_slot, s_mask, s_kscale, slot, pwarp, lane):
+        """This warp's keys of the staged tile → bf16 rows of the slot (an invalid key: zeros,
+        never read from the ring) and their mask entries (0 or −∞), GROUP keys at a time.
+        simple: the rows are the e4m3 values themselves (exact in bf16) and the token's scale goes
+        to `s_kscale` — the MMA warpgroups apply it to S's and P's columns in fp32."""
         lc, group = self.LANE_COLS, self.GROUP
         for kg in cutlass.range_constexpr(self.BLOCK_N // 4 // group):
             raw = cute.make_rmem_tensor((8, group), cutlass.Int32)  # per key: 16 B of e4m3 (or 32 B of rope)
@@ -438,6 +456,8 @@ class Kernel:
                 index = cute.arch.shuffle_sync(mine, kg * group + g)
                 if lane == 0:
                     s_mask[key, slot] = cutlass.Float32(0.0) if index != -1 else -cutlass.Float32.inf
+                    if cutlass.const_expr(self.fmt == "simple"):
+                        s_kscale[key, slot] = scale[g]
 
     @cute.jit
     def key_index(self, cache, idx, work, pos, length, topk: cutlass.Constexpr[int], block_size: cutlass.Constexpr[int]):
@@ -484,8 +504,11 @@ class Kernel:
 
     @cute.jit
     def convert_piece(self, raw, scale, lane, vals):
-        """vals (16 bf16) ← raw: 16 e4m3 × scale (fp32 math), or model1's rope as it is."""
-        if cutlass.const_expr(self.fmt == "model1"):
+        """vals (16 bf16) ← raw: 16 e4m3 × scale (fp32 math), or model1's rope as it is; simple's
+        e4m3 unscaled (its scale is a column factor of S and P, see dequant_tile)."""
+        if cutlass.const_expr(self.fmt == "simple"):
+            convert16(raw, cutlass.Float32(1.0), vals)
+        elif cutlass.const_expr(self.fmt == "model1"):
             if lane < 28:
                 convert16(raw, scale, vals)
             else:
@@ -497,7 +520,7 @@ class Kernel:
     # MMA warpgroups (stage D2's, plus the key mask and the sink)
 
     @cute.jit
-    def attend(self, work, tidx, q_pipe, kv_pipe, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask,
+    def attend(self, work, tidx, q_pipe, kv_pipe, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask, s_kscale,
                sink, mO, mLSE, mOp, mLp):
         bm, bn = self.BLOCK_M, self.BLOCK_N
         wg = tidx // 128
@@ -542,8 +565,15 @@ class Kernel:
                 s_rc = acc_rows_cols(acc_s)
                 for r in cutlass.range_constexpr(num_rows):
                     for j in cutlass.range_constexpr(num_cols):
-                        s_rc[r, j] = s_rc[r, j] + s_mask[tScS_rc[r, j][1], kv_cons.index]  # −∞ for an invalid key
+                        key = tScS_rc[r, j][1]
+                        if cutlass.const_expr(self.fmt == "simple"):  # S = (Q·K_e4m3ᵀ) · the key's scale
+                            s_rc[r, j] = s_rc[r, j] * s_kscale[key, kv_cons.index]
+                        s_rc[r, j] = s_rc[r, j] + s_mask[key, kv_cons.index]  # −∞ for an invalid key
                 alpha = softmax.update(s_rc)
+                if cutlass.const_expr(self.fmt == "simple"):  # P·V = (P · the key's scale)·V_e4m3; ℓ keeps P
+                    for r in cutlass.range_constexpr(num_rows):
+                        for j in cutlass.range_constexpr(num_cols):
+                            s_rc[r, j] = s_rc[r, j] * s_kscale[tScS_rc[r, j][1], kv_cons.index]
                 r_p = cute.make_rmem_tensor(s_shape, sP.element_type)
                 r_p.store(acc_s.load().to(sP.element_type))
                 if i > 0:
