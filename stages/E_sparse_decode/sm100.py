@@ -45,16 +45,18 @@ epilogue, split-KV + SplitCombine).  What is new in this rung, through the house
         the rows from global memory with 16-byte loads.
     The dequantisation warps (warps 6 … 9, 128 threads).  Per chunk: wait for the raw slot,
         read the 4 indices of their keys from the sidecar (thread p: keys p // 8 + 16 r, r =
-        0 … 3; columns 16 (p mod 8) … + 15), load the 16 raw bytes of each valid key from the
-        staging slot (`simple`: from global memory) and its scale from global memory, release
-        the raw slot (one arrive a warp), take a slot of the house's bf16 chunk ring
-        (PipelineAsyncUmma, 128 threads → the MMA warp), convert (e4m3 × scale → bf16; model1's
-        rope as stored; an invalid key → zeros, so P·V never meets a NaN) and write the K-major
-        128-byte-swizzled tile through a (key, column, slot) view of the ring proven at trace
-        time to address exactly the MMA's operand bytes (`check_key_col_view`); then
-        fence.proxy.async and arrive.  Scales per format (oracles/kvcache.py): simple — the
-        token's fp32; model1 — e8m0 byte col // 64 of the token's 7 in the block's scale
-        plane; v4.1 — e8m0 byte col // 32 of the 16 after the token's data.
+        0 … 3; columns 16 (p mod 8) … + 15) and issue the scale loads of the valid ones (global
+        memory; `simple`: also the 16 raw bytes of each key, all 4 keys' loads before any use),
+        take a slot of the house's bf16 chunk ring (PipelineAsyncUmma, 128 threads → the MMA
+        warp), then key by key read the staged bytes (16, or 32 for model1's rope; one key at a
+        time keeps 8 registers, not 32), convert (e4m3 × scale → bf16; the rope as stored; an
+        invalid key → zeros, so P·V never meets a NaN) and write the K-major 128-byte-swizzled
+        tile through a (key, column, slot) view of the ring proven at trace time to address
+        exactly the MMA's operand bytes (`check_key_col_view`); release the raw slot (one arrive
+        a warp, after a warp sync), fence.proxy.async and arrive.  Scales per format
+        (oracles/kvcache.py): simple — the token's fp32; model1 — e8m0 byte col // 64 of the
+        token's 7 in the block's scale plane; v4.1 — e8m0 byte col // 32 of the 16 after the
+        token's data.
     Shared memory: the staging ring takes 2 × 8 KiB (v4.1) or 2 × 12 KiB (model1) from the
         house's bf16 ring (smem_reserved): 4 or 3 chunk slots instead of 5 (simple keeps 5).
     Sink: the house's row_scale hook with one split; SplitCombine applies it after the merge.
@@ -82,12 +84,12 @@ from cutlass.cute.nvgpu import tcgen05
 
 from oracles.sparse_decode import SparseConfig
 from stages.common.combine import SplitCombine, sink_factor
+from stages.common.fp8_cache import D, cache_block_bytes, convert16, e8m0_to_f32, ldg16, ldg_f32, ldg_u8, lds16
 from stages.common.scheduler import DecodeShape, valid_tiles, visit_tiles
 from stages.common.sm100_decode import B200_SMS, KV_TILE, ROWS, DecodeSm100
 from stages.common.sm100_gather import gather4_atom, gather4_partition, gather4_tile, rows_view
 from stages.common.sm100_idioms import fragment_coords
 from stages.common.sm90_idioms import tma_pipeline
-from stages.common.fp8_cache import D, cache_block_bytes, convert16, e8m0_to_f32, ldg16, ldg_f32, ldg_u8, lds16
 
 BF16 = cutlass.BFloat16
 F32 = cutlass.Float32
@@ -419,14 +421,20 @@ class Kernel(DecodeSm100):
 
     @cute.jit
     def gather_chunk(self, atom, parts, slot, cid, wide, bar):
-        """Bytes 128·cid … of the slot's 64 rows: box columns 2·cid, 2·cid + 1 (and 2·cid + 2
-        for model1's rope chunk) into regions 0, 1 (2) of the staging slot."""
-        for r in cutlass.range_constexpr(RAW_WIDTH[self.fmt] // BOX):
-            if cutlass.const_expr(r < 2):
-                gather4_tile(atom, parts, slot, 2 * cid + r, r, bar)
-            else:
-                if wide:
+        """Bytes 128·cid … of the slot's 64 rows: box columns 2·cid, 2·cid + 1 — and 2·cid + 2
+        on model1's rope chunk (`wide`) — into regions 0, 1 (2) of the staging slot.  (An
+        if / else of whole chunks: a lone `if wide` around the third box made ptxas keep ~40 more
+        registers live and spill at the 168-register ceiling of 320 threads.)"""
+        if cutlass.const_expr(self.fmt == "model1"):
+            if wide:
+                for r in cutlass.range_constexpr(3):
                     gather4_tile(atom, parts, slot, 2 * cid + r, r, bar)
+            else:
+                for r in cutlass.range_constexpr(2):
+                    gather4_tile(atom, parts, slot, 2 * cid + r, r, bar)
+        else:
+            for r in cutlass.range_constexpr(2):
+                gather4_tile(atom, parts, slot, 2 * cid + r, r, bar)
 
     @cute.jit
     def key_indices(self, idx, batch, token, tile, length, topk: cutlass.Constexpr[int], first, step: cutlass.Constexpr[int],
@@ -484,15 +492,23 @@ class Kernel(DecodeSm100):
                                        col0, cid, raw, scale)
                 else:
                     self.load_keys(KV, c.block, self.block_bytes, s_raw, rst.index, index, row, col0, cid, raw, scale)
-                cute.arch.sync_warp()  # every lane's reads of the slot done before the warp's release
-                raw_pipe.consumer_release(rst)
+                if cutlass.const_expr(not self.gather):
+                    cute.arch.sync_warp()  # every lane's reads of the slot done before the warp's release
+                    raw_pipe.consumer_release(rst)
                 st = self._ring_state(g, True)
                 kv_pipe.producer_acquire(st)
                 dst = sKw[None, None, st.index]
                 for r in cutlass.range_constexpr(4):
+                    if cutlass.const_expr(self.gather):  # staged bytes a key at a time: 8 registers, not 32
+                        raw[None, r].fill(0)
+                        if index[r] != -1:
+                            self.load_staged_piece(s_raw, rst.index, row + 16 * r, col0, cid, raw[None, r])
                     vals = cute.make_rmem_tensor(PIECE, BF16)
                     self.convert_piece(raw[None, r], scale[r], col0, vals)
                     cute.autovec_copy(vals, cute.local_tile(dst, (1, PIECE), (row + 16 * r, piece))[0, None])
+                if cutlass.const_expr(self.gather):
+                    cute.arch.sync_warp()  # every lane's reads of the slot done before the warp's release
+                    raw_pipe.consumer_release(rst)
                 cute.arch.fence_view_async_shared()  # generic smem writes → the MMA's async proxy
                 kv_pipe.producer_commit(st)
         g_end = n_local * self.n_chunks  # wait for the MMA warp's last releases before exit
@@ -502,20 +518,20 @@ class Kernel(DecodeSm100):
     @cute.jit
     def load_keys(self, cache, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], s_raw, slot,
                   index, row, col0, cid, raw, scale):
-        """The raw bytes of columns col0 … col0 + 15 of this thread's 4 keys (staging slot
-        `slot`, or global memory for `simple`) into raw[:, r] and their scales into scale[r];
-        an invalid key (index −1) is not read: zeros, scale 0."""
+        """The scales of columns col0 … col0 + 15 of this thread's 4 keys into scale[r] and, for
+        `simple`, their raw bytes (global memory) into raw[:, r] — every load issued before any
+        is used; an invalid key (index −1) is not read: zeros, scale 0.  (A gathered format's
+        bytes are read from the staging slot later, a key at a time: load_staged_piece.)"""
         base = cache.iterator.toint()
         for r in cutlass.range_constexpr(4):
             if index[r] != -1:
-                scale[r] = self.load_piece(base, index[r], block_size, block_bytes, s_raw, slot, row + 16 * r, col0,
-                                           cid, raw[None, r])
+                scale[r] = self.load_piece(base, index[r], block_size, block_bytes, col0, raw[None, r])
 
     @cute.jit
-    def load_piece(self, base, index, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], s_raw,
-                   slot, key, col0, cid, raw) -> cutlass.Float32:
-        """Token `index`, columns col0 … col0 + 15, into raw (8 Int32): 16 e4m3 bytes
-        (raw[0:4]) — or model1's rope, 16 bf16 (raw[0:8]) — and their scale (global)."""
+    def load_piece(self, base, index, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], col0,
+                   raw) -> cutlass.Float32:
+        """The scale of token `index`, columns col0 … col0 + 15 (global memory); `simple` also
+        its 16 e4m3 bytes into raw[0:4]."""
         blk = cutlass.Int64(index // block_size)
         off = cutlass.Int64(index % block_size)
         block = base + blk * block_bytes
@@ -524,17 +540,25 @@ class Kernel(DecodeSm100):
             scale = ldg_f32(block + block_size * D + off * 4)
             ldg16(block + off * D + col0, raw, 0)
         elif cutlass.const_expr(self.fmt == "model1"):
-            if col0 < 448:
+            if col0 < 448:  # the rope (columns 448 …) is bf16 as stored: scale 1
                 scale = e8m0_to_f32(ldg_u8(block + block_size * 576 + off * 8 + col0 // 64))
+        else:
+            scale = e8m0_to_f32(ldg_u8(block + off * 528 + D + col0 // 32))
+        return scale
+
+    @cute.jit
+    def load_staged_piece(self, s_raw, slot, key, col0, cid, raw):
+        """Columns col0 … col0 + 15 of key `key` from staging slot `slot` into raw (8 Int32):
+        16 e4m3 bytes (raw[0:4]), or model1's rope, 16 bf16 (raw[0:8])."""
+        if cutlass.const_expr(self.fmt == "model1"):
+            if col0 < 448:
                 self.load_staged(s_raw, slot, key, col0 - cid * self.chunk, raw, 0)
-            else:  # the rope: bf16 as stored, 2 bytes a column
+            else:  # the rope: 2 bytes a column
                 at = 448 + (col0 - 448) * 2 - cid * self.chunk
                 self.load_staged(s_raw, slot, key, at, raw, 0)
                 self.load_staged(s_raw, slot, key, at + 16, raw, 4)
         else:
-            scale = e8m0_to_f32(ldg_u8(block + off * 528 + D + col0 // 32))
             self.load_staged(s_raw, slot, key, col0 - cid * self.chunk, raw, 0)
-        return scale
 
     @cute.jit
     def load_staged(self, s_raw, slot, key, at, raw, word: cutlass.Constexpr[int]):
