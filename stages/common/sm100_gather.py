@@ -5,8 +5,8 @@ cpasync.CopyBulkTensor2DGather4G2SOp, sm_100a).
 One instruction copies the same `box` bytes (columns c … c + box − 1) of four rows r0 … r3 of a
 2-D tensor map into shared memory, densely: row r_i lands at i · box.  The rows are
 coordinates of the map's outer dimension, so the cache must be seen as ONE uniform array of
-rows (a row stride that is a multiple of 16 bytes; an out-of-range row is zero-filled by the
-TMA unit).  A paged cache whose blocks hold `rows_per_block` rows of `row_bytes` each
+rows (a row stride that is a multiple of 16 bytes; stage E never issues a row out of range:
+an invalid key's row id is a row in range whose bytes are not used).  A paged cache whose blocks hold `rows_per_block` rows of `row_bytes` each
 (block_bytes = rows_per_block · row_bytes, the tail of a block — scales, padding — being rows
 that are never indexed) is such an array: token (block, offset) is row
 block · rows_per_block + offset.
