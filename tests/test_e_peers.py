@@ -54,6 +54,9 @@ def test_flashmla_shape_rules_and_view():
     for fmt in ("simple", "v4.1"):
         d = torch_sparse.sparse_dims(sd.tensors(_case("s2h128_m128bs256_x1024bs64", fmt)))
         assert "model1" in flashmla_sparse.unsupported("sparse_decode", d, (9, 0))
+    for config, word in (("s2h64_m200bs2_x64bs256", "topk 200"), ("s1h64_m96bs64", "topk 96")):
+        d = torch_sparse.sparse_dims(sd.tensors(_case(config, "model1")))
+        assert word in flashmla_sparse.unsupported("sparse_decode", d, (9, 0))  # its kernel would assert instead
     cache = torch.zeros(3, kc.block_bytes("model1", 256), dtype=torch.uint8)
     v = kc.model1_flashmla_view(cache, 256)
     assert tuple(v.shape) == (3, 256, 1, 584) and v.stride()[0] == kc.block_bytes("model1", 256)

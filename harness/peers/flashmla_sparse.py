@@ -19,6 +19,7 @@ from typing import Any, Callable
 from harness.peers.base import importable
 
 PROBLEMS = ("sparse_decode",)
+TOPK_BLOCK = 64  # the legacy kernel asserts topk % 64 == 0 (splitkv_mla.cuh), for both lists
 
 
 def installed() -> str | None:
@@ -34,6 +35,9 @@ def unsupported(problem: str, dims: dict[str, Any], cc: tuple[int, int] | None) 
         return f"h_q {dims['h_q']}: FlashMLA takes 64 or 128 query heads"
     if dims["d"] != 512:
         return f"d {dims['d']}: the V4 layout is 512 wide"
+    for name in ("topk", "extra_topk"):
+        if dims.get(name) and dims[name] % TOPK_BLOCK:
+            return f"{name} {dims[name]}: FlashMLA's legacy sparse decode takes multiples of {TOPK_BLOCK} (its TOPK_BLOCK_SIZE)"
     return None
 
 
