@@ -55,8 +55,6 @@ from oracles.sparse_decode import SparseConfig
 from stages.common.barriers import NamedBarrier
 from stages.common.combine import SplitCombine, sink_factor
 from stages.common.fp8_cache import D, cache_block_bytes, convert16, cp_async, e8m0_to_f32, lds16, lds_f32, lds_u8
-from stages.common.fp8_cache import convert16 as _convert16, e8m0_to_f32 as _e8m0_to_f32  # noqa: F401 (sm100 imports these)
-from stages.common.fp8_cache import ldg16 as _load16, ldg_f32 as _load_f32, ldg_u8 as _load_u8  # noqa: F401 (sm100 imports these)
 from stages.common.inspection import expose
 from stages.common.scheduler import SM_COUNT, DecodeGrid, resolve_splits
 from stages.common.sm90_idioms import acc_rows_cols, tma_pipeline, wgmma_sync
@@ -113,6 +111,7 @@ class Kernel:
     PRODUCER_REGS = 80  # the producer path uses R0 … R77 (SASS)
     KV_STAGES = 2
     RAW_STAGES = 4  # raw tiles in flight (cp.async): 4 × 32 keys × 592 B, the latency hider
+    INDEX_SLOTS = 2 * RAW_STAGES  # idx entries are staged RAW_STAGES tiles before their keys' bytes
     RAW_KEY_BYTES = 592  # one key in the ring: its data (model1 576, simple / v4.1 512) …
     RAW_SCALES = 576  # … then its scales (simple 4 bytes, model1 8, v4.1 16)
     LANE_COLS = 16  # columns of a key one lane dequantises (16 e4m3 = one 16-byte load)
@@ -196,7 +195,7 @@ class Kernel:
             row_factor: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm], 16]
             key_mask: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bn * self.KV_STAGES], 16]
             key_scale: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bn * self.KV_STAGES], 16]
-            raw_index: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, bn * self.RAW_STAGES], 16]
+            raw_index: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, bn * self.INDEX_SLOTS], 16]
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(q_smem)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(k_smem)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(p_smem)], 1024]
@@ -274,7 +273,7 @@ class Kernel:
         s_mask = storage.key_mask.get_tensor(cute.make_layout((bn, self.KV_STAGES)))  # 0 or −∞ per key
         s_raw = storage.raw.get_tensor(cute.make_layout(self.RAW_STAGES * bn * self.RAW_KEY_BYTES // 4))
         s_kscale = storage.key_scale.get_tensor(cute.make_layout((bn, self.KV_STAGES)))  # simple: the token's scale
-        s_ridx = storage.raw_index.get_tensor(cute.make_layout((bn, self.RAW_STAGES)))  # the staged keys' indices
+        s_ridx = storage.raw_index.get_tensor(cute.make_layout((bn, self.INDEX_SLOTS)))  # idx entries, staged
 
         q_pipe = tma_pipeline(storage.q_mbar, 1, self.q_bytes, 4)
         kv_pipe = pipeline.PipelineAsync.create(
@@ -328,53 +327,88 @@ class Kernel:
         if cutlass.const_expr(self.c.has_extra):
             lengths = (lengths[0], cutlass.min(extra_length[work.batch], self.c.extra_topk))
         lists = (KV, idx, KV_extra, idx_extra)
+        # The first RAW_STAGES tiles' indices by plain loads (issued together, waited on once); every
+        # later tile's idx entries come by cp.async with the bytes of the tile RAW_STAGES before it.
+        first = [self.tile_indices(lists, lengths, work, work.tile_begin + r, pwarp, lane) for r in range(self.RAW_STAGES)]
         for r in cutlass.range_constexpr(self.RAW_STAGES):
-            self.stage_tile(lists, work.tile_begin + r, self.tile_indices(lists, lengths, work, work.tile_begin + r, pwarp, lane),
-                            s_raw, s_ridx, r, pwarp, lane)
-        ahead = self.tile_indices(lists, lengths, work, work.tile_begin + self.RAW_STAGES, pwarp, lane)
+            self.stage_tile(lists, work, work.tile_begin + r, first[r], s_raw, s_ridx, r, pwarp, lane)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.KV_STAGES)
         for tile in cutlass.range(work.tile_begin, work.tile_end, unroll=1):
             rslot = (tile - work.tile_begin) % self.RAW_STAGES
-            cute.arch.cp_async_wait_group(self.RAW_STAGES - 1)  # this thread's copies of `tile` landed
-            cute.arch.sync_warp()  # … and every lane's (the scales are read across lanes)
-            mine = cutlass.Int32(-1)
-            if lane < self.BLOCK_N // 4:
-                mine = s_ridx[pwarp + 4 * lane, rslot]
+            cute.arch.cp_async_wait_group(self.RAW_STAGES - 1)  # this thread's copies of `tile`'s group landed
+            cute.arch.sync_warp()  # … and every lane's (scales and idx entries are read across lanes)
+            mine = self.staged_indices(lists, lengths, work, tile, s_ridx, pwarp, lane)
             kv_pipe.producer_acquire(kv_state)
             self.dequant_tile(mine, s_raw, rslot, sK[None, None, kv_state.index], s_mask, s_kscale, kv_state.index,
                               pwarp, lane)
             cute.arch.fence_proxy("async.shared", space="cta")  # generic smem writes → wgmma reads
             kv_pipe.producer_commit(kv_state)
             kv_state.advance()
-            cute.arch.sync_warp()  # the warp is done reading the staging slot before it refills
-            self.stage_tile(lists, tile + self.RAW_STAGES, ahead, s_raw, s_ridx, rslot, pwarp, lane)
-            ahead = self.tile_indices(lists, lengths, work, tile + self.RAW_STAGES + 1, pwarp, lane)
+            ahead = self.staged_indices(lists, lengths, work, tile + self.RAW_STAGES, s_ridx, pwarp, lane)
+            cute.arch.sync_warp()  # the warp is done reading the staging slots before they refill
+            self.stage_tile(lists, work, tile + self.RAW_STAGES, ahead, s_raw, s_ridx, rslot, pwarp, lane)
         cute.arch.cp_async_wait_group(0)
 
     @cute.jit
-    def stage_tile(self, lists, tile, mine, s_raw, s_ridx, rslot, pwarp, lane):
-        """Record the warp's indices of `tile` in `s_ridx`, issue its cp.async copies into staging
-        slot `rslot` and close them as one commit group (an empty group past the split's end, so
-        every tile is the RAW_STAGES-th group back)."""
-        if lane < self.BLOCK_N // 4:
-            s_ridx[pwarp + 4 * lane, rslot] = mine
+    def stage_tile(self, lists, work, tile, mine, s_raw, s_ridx, rslot, pwarp, lane):
+        """One commit group: `tile`'s keys (indices `mine`) into staging slot `rslot`, and the idx
+        entries of tile + RAW_STAGES into their index slot (an empty group past the split's end,
+        so the group of every tile is the RAW_STAGES-th one back)."""
         self.issue_tile(lists, tile, mine, s_raw, rslot, pwarp, lane)
+        self.copy_index_entries(lists, work, tile + self.RAW_STAGES, s_ridx, pwarp, lane)
         cute.arch.cp_async_commit_group()
 
     @cute.jit
-    def tile_indices(self, lists, lengths, work, tile, pwarp, lane) -> cutlass.Int32:
-        """Lane j < 16: the cache index of this warp's key j of `tile` (key pwarp + 4j), −1 when
-        the key is invalid or the tile is past the split's end (read now, used a tile later)."""
-        bn = self.BLOCK_N
-        mine = cutlass.Int32(-1)
-        if lane < bn // 4 and tile < self.main_tiles + self.extra_tiles:
-            if tile < self.main_tiles:
-                mine = self.key_index(lists[0], lists[1], work, tile * bn + pwarp + 4 * lane, lengths[0],
-                                      self.c.topk, self.c.block)
+    def list_position(self, tile, pwarp, lane):
+        """(branch, position in its list) of this warp's key `lane` of `tile`: key pwarp + 4·lane."""
+        pos = tile * self.BLOCK_N + pwarp + 4 * lane
+        branch = cutlass.Int32(0)
+        if tile >= self.main_tiles:
+            branch = cutlass.Int32(1)
+            pos = pos - self.main_tiles * self.BLOCK_N
+        return branch, pos
+
+    @cute.jit
+    def copy_index_entries(self, lists, work, tile, s_ridx, pwarp, lane):
+        """Lane j < BLOCK_N / 4: cp.async the idx entry of this warp's key j of `tile` (its list
+        position clamped into the list) into the tile's index slot; nothing past the split."""
+        if lane < self.BLOCK_N // 4 and tile < work.tile_end:
+            branch, pos = self.list_position(tile, pwarp, lane)
+            dst = s_ridx.iterator.toint() + ((tile - work.tile_begin) % self.INDEX_SLOTS * self.BLOCK_N + pwarp + 4 * lane) * 4
+            if branch == 0:
+                cp_async(dst, lists[1].iterator.toint() + _idx_offset(lists[1], work, cutlass.min(pos, self.c.topk - 1)), 4)
             else:
                 if cutlass.const_expr(self.c.has_extra):
-                    mine = self.key_index(lists[2], lists[3], work, (tile - self.main_tiles) * bn + pwarp + 4 * lane,
-                                          lengths[1], self.c.extra_topk, self.c.extra_block)
+                    cp_async(dst, lists[3].iterator.toint() + _idx_offset(lists[3], work, cutlass.min(pos, self.c.extra_topk - 1)), 4)
+
+    @cute.jit
+    def staged_indices(self, lists, lengths, work, tile, s_ridx, pwarp, lane) -> cutlass.Int32:
+        """Lane j < BLOCK_N / 4: the cache index of this warp's key j of `tile` from its staged idx
+        entry (key_index judges it), −1 for an invalid key or a tile past the split."""
+        mine = cutlass.Int32(-1)
+        if lane < self.BLOCK_N // 4 and tile < work.tile_end:
+            branch, pos = self.list_position(tile, pwarp, lane)
+            got = s_ridx[pwarp + 4 * lane, (tile - work.tile_begin) % self.INDEX_SLOTS]
+            if branch == 0:
+                mine = self.key_index(lists[0], got, pos, lengths[0], self.c.topk, self.c.block)
+            else:
+                if cutlass.const_expr(self.c.has_extra):
+                    mine = self.key_index(lists[2], got, pos, lengths[1], self.c.extra_topk, self.c.extra_block)
+        return mine
+
+    @cute.jit
+    def tile_indices(self, lists, lengths, work, tile, pwarp, lane) -> cutlass.Int32:
+        """As staged_indices, with the idx entry read from global memory (the first tiles)."""
+        mine = cutlass.Int32(-1)
+        if lane < self.BLOCK_N // 4 and tile < work.tile_end:
+            branch, pos = self.list_position(tile, pwarp, lane)
+            if branch == 0:
+                got = lists[1][work.batch, work.token, cutlass.min(pos, self.c.topk - 1)]
+                mine = self.key_index(lists[0], got, pos, lengths[0], self.c.topk, self.c.block)
+            else:
+                if cutlass.const_expr(self.c.has_extra):
+                    got = lists[3][work.batch, work.token, cutlass.min(pos, self.c.extra_topk - 1)]
+                    mine = self.key_index(lists[2], got, pos, lengths[1], self.c.extra_topk, self.c.extra_block)
         return mine
 
     @cute.jit
@@ -460,11 +494,10 @@ class Kernel:
                         s_kscale[key, slot] = scale[g]
 
     @cute.jit
-    def key_index(self, cache, idx, work, pos, length, topk: cutlass.Constexpr[int], block_size: cutlass.Constexpr[int]):
-        """The cache index of list position `pos` of this CTA's (batch, token), or −1 when the key
-        is invalid: pos ≥ the list's length (min(topk, topk_length[b])) or idx = −1.  The read is
-        clamped into the list, so a padded tail position never reads past it."""
-        got = idx[work.batch, work.token, cutlass.min(pos, topk - 1)]
+    def key_index(self, cache, got, pos, length, topk: cutlass.Constexpr[int], block_size: cutlass.Constexpr[int]):
+        """The cache index of list position `pos` (its idx entry `got`, read clamped into the list,
+        so a padded tail position never reads past it), or −1 when the key is invalid: pos ≥ the
+        list's length (min(topk, topk_length[b])) or the entry is −1."""
         out = cutlass.Int32(-1)
         if pos < length:
             out = got
@@ -641,3 +674,9 @@ class Kernel:
                 block[e // D, e % D] = cutlass.Float32(0.0)
             if tidx < bm:
                 mLp[self.sched.partial_row_block(work) * bm + tidx] = -cutlass.Float32.inf
+
+
+@cute.jit
+def _idx_offset(idx, work, pos):
+    """The byte offset of idx[batch, token, pos] (int32 entries, the tensor's own strides)."""
+    return (work.batch * idx.stride[0] + work.token * idx.stride[1] + pos * idx.stride[2]) * 4
