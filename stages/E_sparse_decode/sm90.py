@@ -331,6 +331,8 @@ class Kernel:
         # later tile's idx entries come by cp.async with the bytes of the tile RAW_STAGES before it.
         first = [self.tile_indices(lists, lengths, work, work.tile_begin + r, pwarp, lane) for r in range(self.RAW_STAGES)]
         for r in cutlass.range_constexpr(self.RAW_STAGES):
+            if lane < self.BLOCK_N // 4:  # their index slots, as staged_indices reads them (−1 stays −1)
+                s_ridx[pwarp + 4 * lane, r] = first[r]
             self.stage_tile(lists, work, work.tile_begin + r, first[r], s_raw, s_ridx, r, pwarp, lane)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.KV_STAGES)
         for tile in cutlass.range(work.tile_begin, work.tile_end, unroll=1):
