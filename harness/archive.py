@@ -3,10 +3,16 @@
 A record is stale once the code that decides its verdict changed (harness/identity.py): no
 gate, baseline or fresh table reads it again, but the history does. `archive_stale` moves every
 stale line of results/records/<stage>.jsonl — a record whose `code.src` is not the stage's
-source hash now for its arch — to the end of results/archive/<stage>.jsonl.xz, byte for byte.
-Readers (harness/records.py) read the archive as the older part of the records file, so
-`history`, `show` and the dashboard see every record they saw before; fresh records, lines that
-do not parse and lines of stages or archs the spec no longer has stay where they are.
+source hash now for its arch — to the end of results/archive/<stage>.jsonl.xz. A line moves byte
+for byte, except that the inventory ids it names (harness/inventories.py) are replaced by the
+counts the store holds for them: the archive is compressed, so the repeated tables cost it
+little, and the store then only has to serve the live records. Lines already in the archive
+that still name ids (archives written before) are inlined the same way whenever the archive is
+rewritten (`inline_archive` does it on its own); an id the store does not hold stays as it is.
+Readers (harness/records.py) read the archive as the older part of the records file, tables
+inline or named by id alike, so `history`, `show` and the dashboard see every record they saw
+before; fresh records, lines that do not parse and lines of stages or archs the spec no longer
+has stay where they are.
 
 The archive is written first (a temp file, then a rename), then the records file, the same way:
 a crash between the two leaves a line in both places (read twice), never in neither.
@@ -19,6 +25,7 @@ import lzma
 import os
 from pathlib import Path
 
+from harness.inventories import InventoryStore
 from harness.records import _read_archive, archive_file, stage_file
 
 
@@ -30,6 +37,53 @@ def _replace(path: Path, data: bytes) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def _inlined(lines: list[bytes], store: InventoryStore) -> tuple[list[bytes], int]:
+    """`lines` with the inventory ids they name replaced by the store's counts (a line that
+    names none, or does not parse, stays byte for byte), and how many lines changed."""
+    out: list[bytes] = []
+    changed = 0
+    for raw in lines:
+        try:
+            obj = json.loads(raw) if b'"#' in raw else None
+        except ValueError:
+            obj = None
+        new = store.inline(obj) if isinstance(obj, dict) else obj
+        if new is obj:
+            out.append(raw)
+            continue
+        try:
+            out.append(json.dumps(new, separators=(",", ":"), allow_nan=False).encode())
+            changed += 1
+        except ValueError:
+            out.append(raw)
+    return out, changed
+
+
+def _old_lines(archive: Path) -> list[bytes]:
+    """The lines of an archive (none when it does not exist); OSError when it is no xz."""
+    old = _read_archive(archive, None) if archive.exists() else b""
+    if old is None:
+        raise OSError(f"{archive} is not an xz archive — left as it is; move it away and run again")
+    return [raw for raw in old.split(b"\n") if raw.strip()]
+
+
+def _write_archive(archive: Path, lines: list[bytes]) -> None:
+    _replace(archive, lzma.compress(b"\n".join(lines) + b"\n", preset=9 | lzma.PRESET_EXTREME))
+
+
+def inline_archive(root: Path, stage_id: str) -> int:
+    """Rewrite one stage's archive with the inventory ids its lines name replaced by the
+    counts (nothing else changes; no rewrite when no line names an id the store holds).
+    Returns the number of lines inlined."""
+    archive = archive_file(stage_file(root, stage_id))
+    if not archive.exists():
+        return 0
+    lines, changed = _inlined(_old_lines(archive), InventoryStore(archive.parent.parent))
+    if changed:
+        _write_archive(archive, lines)
+    return changed
 
 
 def archive_stale(root: Path, stage_id: str, current_src: dict[str, str]) -> tuple[int, int]:
@@ -58,11 +112,8 @@ def archive_stale(root: Path, stage_id: str, current_src: dict[str, str]) -> tup
     if not move:
         return 0, 0
     archive = archive_file(path)
-    old = _read_archive(archive, None) if archive.exists() else b""
-    if old is None:
-        raise OSError(f"{archive} is not an xz archive — left as it is; move it away and run again")
-    body = old + (b"" if not old or old.endswith(b"\n") else b"\n") + b"\n".join(move) + b"\n"
-    _replace(archive, lzma.compress(body, preset=9 | lzma.PRESET_EXTREME))
+    lines, _ = _inlined(_old_lines(archive) + move, InventoryStore(archive.parent.parent))
+    _write_archive(archive, lines)
     text = b"\n".join(keep) + (b"\n" if keep else b"")
     _replace(path, text)
     return len(move), len(data) - len(text)

@@ -2,9 +2,12 @@
 
 Files (all under results/, committed):
   records/<stage>.jsonl   one line per case result (run, compile-only, or skipped)
-  inventories.jsonl       each distinct instruction inventory once; a record names it by id
-                          (harness/inventories.py: written before the record, read back in place)
-  archive/<stage>.jsonl.xz  the stage's stale lines, compressed (harness/archive.py); readers
+  inventories.jsonl.xz    each distinct instruction inventory once, xz-compressed (one stream
+                          per appended line); a record names it by id (harness/inventories.py:
+                          written before the record, read back in place; an older notebook's
+                          plain inventories.jsonl is read beside it until compacted)
+  archive/<stage>.jsonl.xz  the stage's stale lines, compressed, their inventories inline
+                          (harness/archive.py; older lines may name ids in the store); readers
                           read it as the older part of records/<stage>.jsonl
   runs.jsonl              one line when a run starts and one when it ends (or is interrupted)
   notes.jsonl             annotations of runs (`dsv4-lab note RUN "text"`)
@@ -28,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from harness.inventories import InventoryStore
+from harness.inventories import InventoryStore, StoreAppender
 from harness.paths import records_dir, results_dir
 from harness.statuses import STATUSES
 
@@ -227,13 +230,13 @@ class Appender:
 
 class RecordWriter:
     """Writes records to results/records/<stage>.jsonl, one appender per stage; their
-    instruction inventories go to results/inventories.jsonl first (harness/inventories.py)."""
+    instruction inventories go to results/inventories.jsonl.xz first (harness/inventories.py)."""
 
     def __init__(self, root: Path):
         self.root = root
         self._files: dict[str, Appender] = {}
         self._store = InventoryStore(results_dir(root))
-        self._store_file: Appender | None = None
+        self._store_file: StoreAppender | None = None
 
     def open(self, stage: str) -> Appender:
         """The appender of a stage's records file (opened once; raises OSError when the
@@ -244,7 +247,7 @@ class RecordWriter:
 
     def _store_append(self, line: str) -> None:
         if self._store_file is None:
-            self._store_file = Appender(self._store.path)
+            self._store_file = StoreAppender(self._store.path)
         self._store_file.write(line)
 
     def write(self, rec: Record) -> None:

@@ -1,10 +1,16 @@
 """Upkeep of the notebook's size (the tracked tree must stay small enough to carry to a GPU
-machine): move the records' inline instruction inventories into results/inventories.jsonl,
-move stale records into results/archive/<stage>.jsonl.xz, and trim compile baselines to what
-the gate compares (harness/inventories.py, harness/archive.py, harness/baselines.py). Nothing
-is lost: every reader sees the same records afterwards. Idempotent; prints what it saved.
+machine): move the records' inline instruction inventories into the store, move stale records
+into results/archive/<stage>.jsonl.xz (their inventories inline), rewrite the store
+results/inventories.jsonl.xz as one xz stream holding only the inventories a line still names
+(an older notebook's plain results/inventories.jsonl is folded in and removed), and trim compile
+baselines to what the gate compares (harness/inventories.py, harness/archive.py,
+harness/baselines.py). Nothing is lost: every reader sees the same records afterwards.
+Idempotent; prints what it saved. Run it while nothing else writes to results/.
 
-    python3 scripts/compact_results.py [LAB_ROOT]
+    python3 scripts/compact_results.py [LAB_ROOT] [--force]
+
+A store with parts that cannot be read (a stream cut off by a crash, a corrupt line) is left as
+it is, with the warnings printed; --force rewrites it from what can be read.
 """
 
 from __future__ import annotations
@@ -15,17 +21,41 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness import baselines  # noqa: E402
-from harness.archive import archive_stale  # noqa: E402
+from harness.archive import archive_stale, inline_archive  # noqa: E402
 from harness.identity import source_hash  # noqa: E402
-from harness.spec import load_spec  # noqa: E402
-from harness.inventories import InventoryStore, compact_file  # noqa: E402
+from harness.inventories import InventoryStore, StoreAppender, compact_file, refs, rewrite_store  # noqa: E402
 from harness.paths import records_dir, results_dir  # noqa: E402
-from harness.records import Appender  # noqa: E402
+from harness.records import _read_archive, iter_jsonl  # noqa: E402
+from harness.spec import load_spec  # noqa: E402
+
+ARCHIVE_SUFFIX = ".jsonl.xz"
 
 
-def main(root: Path) -> int:
+def _size(*paths: Path) -> int:
+    return sum(p.stat().st_size for p in paths if p.is_file())
+
+
+def named_ids(root: Path) -> set[str] | None:
+    """Every inventory id a line of the live records or of the archives names; None when an
+    archive cannot be read (what it names is not known, so nothing may be dropped)."""
+    ids: set[str] = set()
+    for path in sorted(records_dir(root).glob("*.jsonl")):
+        for _, obj in iter_jsonl(path):
+            ids |= refs(obj)
+    for path in sorted((results_dir(root) / "archive").glob("*" + ARCHIVE_SUFFIX)):
+        data = _read_archive(path, None)
+        if data is None:
+            return None
+        for _, obj in iter_jsonl(path, data=data):
+            ids |= refs(obj)
+    return ids
+
+
+def main(root: Path, force: bool = False) -> int:
+    problems = 0
     store = InventoryStore(results_dir(root))
-    out = Appender(store.path)
+    store_before = _size(store.path, store.plain)
+    out = StoreAppender(store.path)
     try:
         for path in sorted(records_dir(root).glob("*.jsonl")):
             lines, saved = compact_file(path, store, out.write)
@@ -35,9 +65,38 @@ def main(root: Path) -> int:
     spec = load_spec(root / "stages.yaml")
     for stage in spec.stages.values():
         current = {arch: source_hash(spec.root, stage, arch) for arch in stage.kernels}
-        moved, saved = archive_stale(root, stage.id, current)
+        try:
+            moved, saved = archive_stale(root, stage.id, current)
+        except OSError as exc:
+            print(f"warning: {exc}", file=sys.stderr)
+            problems += 1
+            continue
         if moved:
             print(f"results/records/{stage.id}.jsonl: {moved} stale lines archived, {saved} bytes saved")
+    for path in sorted((results_dir(root) / "archive").glob("*" + ARCHIVE_SUFFIX)):
+        before = path.stat().st_size
+        try:
+            inlined = inline_archive(root, path.name[:-len(ARCHIVE_SUFFIX)])
+        except OSError as exc:
+            print(f"warning: {exc}", file=sys.stderr)
+            problems += 1
+            continue
+        if inlined:
+            print(f"{path.relative_to(root)}: {inlined} lines given their inventories inline "
+                  f"({path.stat().st_size - before:+d} bytes)")
+    unreadable = store.warnings()
+    for w in unreadable:
+        print(f"warning: {w}", file=sys.stderr)
+    if unreadable and not force:
+        print(f"{store.path.relative_to(root)}: left as it is (parts of it cannot be read, above); "
+              f"run again with --force to rewrite it from what can be read", file=sys.stderr)
+        problems += 1
+    else:
+        named = named_ids(root)
+        kept, dropped = rewrite_store(store, named)
+        why = "that no line names" if named is not None else "(none: an archive cannot be read, so all are kept)"
+        print(f"{store.path.relative_to(root)}: {kept} inventories kept, {dropped} dropped {why}; "
+              f"{store_before} -> {_size(store.path, store.plain)} bytes (with the plain store)")
     with baselines.locked(root):
         items = baselines.load(root)
         for b in items:
@@ -48,8 +107,9 @@ def main(root: Path) -> int:
         before = baselines.baselines_file(root).stat().st_size
         baselines.save(root, items)
         print(f"results/baselines.yaml: {before - baselines.baselines_file(root).stat().st_size} bytes saved")
-    return 0
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else Path.cwd()))
+    args = [a for a in sys.argv[1:] if a != "--force"]
+    sys.exit(main(Path(args[0]).resolve() if args else Path.cwd(), force="--force" in sys.argv[1:]))

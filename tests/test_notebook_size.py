@@ -1,18 +1,21 @@
-"""The notebook stays small without losing anything: inventories kept once
-(harness/inventories.py), stale lines archived (harness/archive.py), compile baselines trimmed to
-what the gate compares and written compactly (harness/baselines.py)."""
+"""The notebook stays small without losing anything: inventories kept once, xz-compressed
+(harness/inventories.py), stale lines archived with their inventories inline (harness/archive.py),
+compile baselines trimmed to what the gate compares and written compactly (harness/baselines.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import lzma
 from dataclasses import replace
+from pathlib import Path
 
 from harness import baselines
-from harness.archive import archive_stale
-from harness.inventories import InventoryStore, compact_file, inventory_id, store_file
+from harness.archive import archive_stale, inline_archive
+from harness.inventories import (InventoryStore, StoreAppender, compact_file, inventory_id, plain_store_file,
+                                 rewrite_store, store_file)
 from harness.paths import results_dir
-from harness.records import Appender, Record, RecordWriter, archive_file, iter_records, read_records, stage_file
+from harness.records import Record, RecordWriter, _read_archive, archive_file, iter_records, read_records, stage_file
 
 INV = {"(all)": 120, "wgmma.mma_async.m64n64k16.f32.bf16.bf16": 32, "ld.global.128b": 12}
 SASS = {"(all)": 200, "HGMMA.64x64x16.F32.BF16": 32, "LDG.E.128": 12}
@@ -33,7 +36,7 @@ def test_each_inventory_is_stored_once_and_read_back_in_place(tmp_path):
         w.write(rec(i))
     w.write(rec(3, inv={**INV, "ld.global.128b": 13}))
     w.close()
-    store = [json.loads(x) for x in store_file(results_dir(tmp_path)).read_text().splitlines()]
+    store = [json.loads(x) for x in lzma.decompress(store_file(results_dir(tmp_path)).read_bytes()).splitlines()]
     assert len(store) == 3  # INV, SASS and the changed INV; not 8
     lines = stage_file(tmp_path, "A").read_text().splitlines()
     assert all('"#' in x and "wgmma" not in x for x in lines)
@@ -49,10 +52,10 @@ def test_a_tampered_store_line_or_an_unknown_id_costs_that_table_only(tmp_path):
     w.write(rec(0))
     w.close()
     path = store_file(results_dir(tmp_path))
-    entries = [json.loads(x) for x in path.read_text().splitlines()]
+    entries = [json.loads(x) for x in lzma.decompress(path.read_bytes()).splitlines()]
     inv_entry = next(e for e in entries if e["counts"] == INV)
     inv_entry["counts"]["wgmma.mma_async.m64n64k16.f32.bf16.bf16"] = 31  # no longer hashes to its id
-    path.write_text("\n".join(json.dumps(e) for e in entries) + "\n")
+    path.write_bytes(lzma.compress(("\n".join(json.dumps(e) for e in entries) + "\n").encode()))
     line = json.loads(stage_file(tmp_path, "A").read_text())
     line["id"] = "r1.9"
     line["compile"]["sass"] = "#" + "0" * 16  # an id nobody stored
@@ -73,7 +76,7 @@ def test_compacting_an_old_notebook_keeps_every_record_and_every_bad_line(tmp_pa
     path.write_text(rec(0).to_json() + "\n{broken line\n" + rec(1).to_json() + "\n")
     before = read_records(tmp_path, ["A"], [])
     store = InventoryStore(results_dir(tmp_path))
-    out = Appender(store.path)
+    out = StoreAppender(store.path)
     lines, saved = compact_file(path, store, out.write)
     lines2, saved2 = compact_file(path, store, out.write)
     out.close()
@@ -141,3 +144,146 @@ def test_a_compile_baseline_keeps_the_total_and_the_mma_counters(tmp_path):
     text = baselines.baselines_file(tmp_path).read_text()
     assert "inv: {" in text and "tolerance: {" in text  # plain mappings on one line
     assert baselines.load(tmp_path) == [b]
+
+
+# --- the store, xz-compressed: appended stream by stream, read robustly, compacted -------------
+
+def _variant(i: int) -> dict[str, int]:
+    return {**INV, "ld.global.128b": 100 + i}
+
+
+def _write(root, ids, src: str = "0123456789ab") -> None:
+    w = RecordWriter(root)
+    for i in ids:
+        w.write(rec(i, src, inv=_variant(i)))
+    w.close()
+
+
+def _streams(path) -> int:
+    return path.read_bytes().count(b"\xfd7zXZ\x00")
+
+
+def test_inventories_are_appended_as_xz_streams_and_read_back_across_them(tmp_path):
+    _write(tmp_path, range(2))
+    _write(tmp_path, range(2, 4))  # a second writer appends to the same store
+    path = store_file(results_dir(tmp_path))
+    assert path.name == "inventories.jsonl.xz" and not plain_store_file(results_dir(tmp_path)).exists()
+    assert _streams(path) == 5  # SASS once, then each changed INV: one xz stream per line
+    lines = lzma.decompress(path.read_bytes()).splitlines()  # concatenated streams: one valid xz file
+    assert sorted(json.loads(x)["id"] for x in lines) == sorted(
+        {inventory_id(SASS)} | {inventory_id(_variant(i)) for i in range(4)})
+    warn: list[str] = []
+    got = read_records(tmp_path, ["A"], warn)
+    assert not warn and [r.compile["inv"] for r in got] == [_variant(i) for i in range(4)]
+    assert all(r.compile["sass"] == SASS for r in got)
+
+
+def test_a_cut_off_last_stream_costs_one_warning_and_keeps_every_stream_before(tmp_path):
+    _write(tmp_path, range(3))
+    path = store_file(results_dir(tmp_path))
+    whole = path.read_bytes()
+    last = whole.rindex(b"\xfd7zXZ\x00")
+    path.write_bytes(whole[:-7])  # a crash in the middle of the last append
+    warn: list[str] = []
+    got = read_records(tmp_path, ["A"], warn)
+    assert [r.id for r in got] == ["r1.0", "r1.1", "r1.2"]
+    assert [r.compile.get("inv") for r in got] == [_variant(0), _variant(1), None]  # only the cut-off table is lost
+    cut = [x for x in warn if "xz stream" in x]
+    assert len(cut) == 1 and f"byte {last}:" in cut[0] and str(path) in cut[0] and "cut off" in cut[0]
+    # A writer after the crash appends behind the fragment; its inventory reads back, the fragment still costs one warning.
+    _write(tmp_path, [3])
+    warn = []
+    got = read_records(tmp_path, ["A"], warn)
+    assert got[-1].compile["inv"] == _variant(3) and got[0].compile["inv"] == _variant(0)
+    assert len([x for x in warn if "xz stream" in x]) == 1
+
+
+def test_a_store_that_is_no_xz_at_all_is_one_warning_and_costs_only_the_tables(tmp_path):
+    _write(tmp_path, range(2))
+    path = store_file(results_dir(tmp_path))
+    path.write_bytes(b'{"id": "not compressed"}\n' * 3)
+    warn: list[str] = []
+    got = read_records(tmp_path, ["A"], warn)
+    assert [r.id for r in got] == ["r1.0", "r1.1"] and all(r.compile["regs"] == 90 for r in got)
+    assert all("inv" not in r.compile and "sass" not in r.compile for r in got)
+    assert len([x for x in warn if "xz stream" in x]) == 1 and any("not an xz store" in x for x in warn)
+
+
+def _compact_script():
+    script = Path(__file__).resolve().parent.parent / "scripts" / "compact_results.py"
+    spec = importlib.util.spec_from_file_location("compact_results", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_compacting_keeps_what_a_line_names_and_a_dropped_inventory_costs_one_table(tmp_path):
+    _write(tmp_path, range(3))
+    lines = stage_file(tmp_path, "A").read_text().splitlines()
+    stage_file(tmp_path, "A").write_text("\n".join(lines[1:]) + "\n")  # r1.0's line is gone: its INV is named by none
+    store = InventoryStore(results_dir(tmp_path))
+    named = _compact_script().named_ids(tmp_path)
+    assert named == {inventory_id(SASS), inventory_id(_variant(1)), inventory_id(_variant(2))}
+    assert rewrite_store(store, named) == (3, 1)
+    path = store_file(results_dir(tmp_path))
+    assert _streams(path) == 1 and len(lzma.decompress(path.read_bytes()).splitlines()) == 3
+    assert [r.compile["inv"] for r in read_records(tmp_path, ["A"], [])] == [_variant(1), _variant(2)]
+    # A record whose inventory was dropped anyway (a line the script could not see) keeps the rest.
+    with open(stage_file(tmp_path, "A"), "a") as fh:
+        fh.write(lines[0] + "\n")
+    warn: list[str] = []
+    got = read_records(tmp_path, ["A"], warn)
+    assert got[-1].id == "r1.0" and "inv" not in got[-1].compile and got[-1].compile["sass"] == SASS
+    assert len(warn) == 1 and "does not hold" in warn[0] and "compile.inv" in warn[0]
+
+
+def test_a_plain_store_of_an_older_notebook_is_read_beside_the_xz_one_and_folded_in(tmp_path):
+    results = results_dir(tmp_path)
+    results.mkdir(parents=True)
+    old = [{"id": inventory_id(c), "counts": c} for c in (_variant(0), SASS)]
+    plain_store_file(results).write_text("".join(json.dumps(e) + "\n" for e in old))
+    path = stage_file(tmp_path, "A")
+    path.parent.mkdir(parents=True)
+    compacted = [{**rec(0, inv=_variant(0)).to_dict()}]
+    compacted[0]["compile"] = {**compacted[0]["compile"], "inv": "#" + old[0]["id"], "sass": "#" + old[1]["id"]}
+    path.write_text(json.dumps(compacted[0]) + "\n")  # a record written before the store was compressed
+    _write(tmp_path, [1])  # a new writer: its new INV goes to the xz store, SASS is known already
+    assert _streams(store_file(results)) == 1
+    warn: list[str] = []
+    before = read_records(tmp_path, ["A"], warn)
+    assert not warn and [r.compile["inv"] for r in before] == [_variant(0), _variant(1)]
+    assert all(r.compile["sass"] == SASS for r in before)
+    assert rewrite_store(InventoryStore(results), None) == (3, 0)
+    assert not plain_store_file(results).exists() and _streams(store_file(results)) == 1
+    assert read_records(tmp_path, ["A"], warn) == before and not warn
+
+
+def test_archived_lines_carry_their_inventories_inline(tmp_path):
+    _write(tmp_path, range(2), src="old")
+    _write(tmp_path, [2], src="new")
+    before = read_records(tmp_path, ["A"], [])
+    assert archive_stale(tmp_path, "A", {"sm_90a": "new"})[0] == 2
+    archived = [json.loads(x) for x in _read_archive(archive_file(stage_file(tmp_path, "A")), None).splitlines()]
+    assert [a["compile"]["inv"] for a in archived] == [_variant(0), _variant(1)]
+    assert all(a["compile"]["sass"] == SASS for a in archived)
+    # The store now serves only the live record: compacting keeps just its two tables, and nothing is lost.
+    assert _compact_script().named_ids(tmp_path) == {inventory_id(SASS), inventory_id(_variant(2))}
+    rewrite_store(InventoryStore(results_dir(tmp_path)), _compact_script().named_ids(tmp_path))
+    warn: list[str] = []
+    assert read_records(tmp_path, ["A"], warn) == before and not warn
+
+
+def test_an_old_archive_that_names_ids_is_read_and_inlined(tmp_path):
+    _write(tmp_path, range(2), src="old")
+    path = stage_file(tmp_path, "A")
+    archive = archive_file(path)
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(lzma.compress(path.read_bytes()))  # archived the old way: lines with ids
+    path.write_text("")
+    assert _compact_script().named_ids(tmp_path) == {inventory_id(SASS), inventory_id(_variant(0)), inventory_id(_variant(1))}
+    warn: list[str] = []
+    before = read_records(tmp_path, ["A"], warn)
+    assert not warn and [r.compile["inv"] for r in before] == [_variant(0), _variant(1)]
+    assert inline_archive(tmp_path, "A") == 2 and inline_archive(tmp_path, "A") == 0
+    assert b'"#' not in _read_archive(archive, None)
+    assert read_records(tmp_path, ["A"], warn) == before and not warn
