@@ -100,23 +100,22 @@ class Kernel:
     BLOCK_N = 32  # keys per tile: two bf16 slots (the dequantisation of one overlaps the MMAs of the other)
     NUM_MMA_WG = 2
     PRODUCER_WG = 2
-    PRODUCER_WARPS = 4
-    PRODUCER_THREADS = 32 * PRODUCER_WARPS
+    PRODUCER_THREADS = 128
     MMA_THREADS = 128 * NUM_MMA_WG
     THREADS = MMA_THREADS + PRODUCER_THREADS
     # setmaxnreg moves registers between the warps of the CTA's own allocation, fixed at launch:
     # 384 threads × 168 (ptxas's cap, 65 536 / 384 rounded down to 8) = 64 512.  The MMA
     # warpgroups' increase spins until the producer's decrease has freed enough, so the sum must
     # fit: 2 · 128 · 208 + 128 · 80 = 63 488 ≤ 64 512 (216 / 80, 65 536, never fits: a hang).
-    MMA_REGS = 200  # the MMA path uses R0 … R189 (SASS)
-    PRODUCER_REGS = 104  # 384 threads × 168 at launch ≥ 256 · 200 + 128 · 104
+    MMA_REGS = 208  # the MMA path uses R0 … R189 (SASS)
+    PRODUCER_REGS = 80  # the producer path uses R0 … R77 (SASS)
     KV_STAGES = 2
     RAW_STAGES = 4  # raw tiles in flight (cp.async): 4 × 32 keys × 592 B, the latency hider
     INDEX_SLOTS = 2 * RAW_STAGES  # idx entries are staged RAW_STAGES tiles before their keys' bytes
     RAW_KEY_BYTES = 592  # one key in the ring: its data (model1 576, simple / v4.1 512) …
     RAW_SCALES = 576  # … then its scales (simple 4 bytes, model1 8, v4.1 16)
     LANE_COLS = 16  # columns of a key one lane dequantises (16 e4m3 = one 16-byte load)
-    GROUP = 4  # keys whose staged bytes a lane reads before converting any
+    GROUP = 2  # keys whose staged bytes a lane reads before converting any
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int = SM_COUNT):
         c = SparseConfig.parse(config)
@@ -312,7 +311,7 @@ class Kernel:
         """The producer warpgroup (`ptid` 0 … 127): Q's row block once (warp 0, TMA), then every
         KV tile of the split: its raw bytes gathered RAW_STAGES tiles ahead (cp.async into the
         staging ring, one commit group per tile), dequantised into a bf16 slot as one frees up.
-        Each warp stages and dequantises only its own keys (pwarp, pwarp + PRODUCER_WARPS, …), so a warp's
+        Each warp stages and dequantises only its own keys (pwarp, pwarp + 4, …), so a warp's
         own sync orders the ring; a key's index rides along in `s_ridx`."""
         bm = self.BLOCK_M
         pwarp = ptid // 32
@@ -333,8 +332,8 @@ class Kernel:
         # later tile's idx entries come by cp.async with the bytes of the tile RAW_STAGES before it.
         first = [self.tile_indices(lists, lengths, work, work.tile_begin + r, pwarp, lane) for r in range(self.RAW_STAGES)]
         for r in cutlass.range_constexpr(self.RAW_STAGES):
-            if lane < self.BLOCK_N // self.PRODUCER_WARPS:  # their index slots, as staged_indices reads them (−1 stays −1)
-                s_ridx[pwarp + self.PRODUCER_WARPS * lane, r] = first[r]
+            if lane < self.BLOCK_N // 4:  # their index slots, as staged_indices reads them (−1 stays −1)
+                s_ridx[pwarp + 4 * lane, r] = first[r]
             self.stage_tile(lists, work, work.tile_begin + r, first[r], s_raw, s_ridx, r, pwarp, lane)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.KV_STAGES)
         for tile in cutlass.range(work.tile_begin, work.tile_end, unroll=1):
@@ -364,8 +363,8 @@ class Kernel:
 
     @cute.jit
     def list_position(self, tile, pwarp, lane):
-        """(branch, position in its list) of this warp's key `lane` of `tile`: key pwarp + PRODUCER_WARPS·lane."""
-        pos = tile * self.BLOCK_N + pwarp + self.PRODUCER_WARPS * lane
+        """(branch, position in its list) of this warp's key `lane` of `tile`: key pwarp + 4·lane."""
+        pos = tile * self.BLOCK_N + pwarp + 4 * lane
         branch = cutlass.Int32(0)
         if tile >= self.main_tiles:
             branch = cutlass.Int32(1)
@@ -376,9 +375,9 @@ class Kernel:
     def copy_index_entries(self, lists, work, tile, s_ridx, pwarp, lane):
         """Lane j < BLOCK_N / 4: cp.async the idx entry of this warp's key j of `tile` (its list
         position clamped into the list) into the tile's index slot; nothing past the split."""
-        if lane < self.BLOCK_N // self.PRODUCER_WARPS and tile < work.tile_end:
+        if lane < self.BLOCK_N // 4 and tile < work.tile_end:
             branch, pos = self.list_position(tile, pwarp, lane)
-            dst = s_ridx.iterator.toint() + ((tile - work.tile_begin) % self.INDEX_SLOTS * self.BLOCK_N + pwarp + self.PRODUCER_WARPS * lane) * 4
+            dst = s_ridx.iterator.toint() + ((tile - work.tile_begin) % self.INDEX_SLOTS * self.BLOCK_N + pwarp + 4 * lane) * 4
             if branch == 0:
                 cp_async(dst, lists[1].iterator.toint() + _idx_offset(lists[1], work, cutlass.min(pos, self.c.topk - 1)), 4)
             else:
@@ -390,9 +389,9 @@ class Kernel:
         """Lane j < BLOCK_N / 4: the cache index of this warp's key j of `tile` from its staged idx
         entry (key_index judges it), −1 for an invalid key or a tile past the split."""
         mine = cutlass.Int32(-1)
-        if lane < self.BLOCK_N // self.PRODUCER_WARPS and tile < work.tile_end:
+        if lane < self.BLOCK_N // 4 and tile < work.tile_end:
             branch, pos = self.list_position(tile, pwarp, lane)
-            got = s_ridx[pwarp + self.PRODUCER_WARPS * lane, (tile - work.tile_begin) % self.INDEX_SLOTS]
+            got = s_ridx[pwarp + 4 * lane, (tile - work.tile_begin) % self.INDEX_SLOTS]
             if branch == 0:
                 mine = self.key_index(lists[0], got, pos, lengths[0], self.c.topk, self.c.block)
             else:
@@ -404,7 +403,7 @@ class Kernel:
     def tile_indices(self, lists, lengths, work, tile, pwarp, lane) -> cutlass.Int32:
         """As staged_indices, with the idx entry read from global memory (the first tiles)."""
         mine = cutlass.Int32(-1)
-        if lane < self.BLOCK_N // self.PRODUCER_WARPS and tile < work.tile_end:
+        if lane < self.BLOCK_N // 4 and tile < work.tile_end:
             branch, pos = self.list_position(tile, pwarp, lane)
             if branch == 0:
                 got = lists[1][work.batch, work.token, cutlass.min(pos, self.c.topk - 1)]
@@ -431,10 +430,10 @@ class Kernel:
         """Key j of this warp (index by shuffle from lane j): lane l copies its 16 bytes of the
         token (model1's rope lanes 28 … 31: 32 bytes), lane 0 the token's scales."""
         base = cache.iterator.toint()
-        for j in cutlass.range_constexpr(self.BLOCK_N // self.PRODUCER_WARPS):
-            index = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(mine, j))  # one key per warp: a uniform branch
+        for j in cutlass.range_constexpr(self.BLOCK_N // 4):
+            index = cute.arch.shuffle_sync(mine, j)
             if index != -1:
-                dst = self.raw_key(s_raw, rslot, pwarp + self.PRODUCER_WARPS * j)
+                dst = self.raw_key(s_raw, rslot, pwarp + 4 * j)
                 self.issue_piece(base, index, block_size, block_bytes, lane, dst)
 
     @cute.jit
@@ -476,22 +475,22 @@ class Kernel:
         simple: the rows are the e4m3 values themselves (exact in bf16) and the token's scale goes
         to `s_kscale` — the MMA warpgroups apply it to S's and P's columns in fp32."""
         lc, group = self.LANE_COLS, self.GROUP
-        for kg in cutlass.range_constexpr(self.BLOCK_N // self.PRODUCER_WARPS // group):
+        for kg in cutlass.range_constexpr(self.BLOCK_N // 4 // group):
             raw = cute.make_rmem_tensor((8, group), cutlass.Int32)  # per key: 16 B of e4m3 (or 32 B of rope)
             raw.fill(0)
             scale = cute.make_rmem_tensor(group, cutlass.Float32)
             scale.fill(0.0)
             for g in cutlass.range_constexpr(group):
-                index = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(mine, kg * group + g))
+                index = cute.arch.shuffle_sync(mine, kg * group + g)
                 if index != -1:
-                    src = self.raw_key(s_raw, rslot, pwarp + self.PRODUCER_WARPS * (kg * group + g))
+                    src = self.raw_key(s_raw, rslot, pwarp + 4 * (kg * group + g))
                     scale[g] = self.read_piece(src, lane, raw[None, g])
             for g in cutlass.range_constexpr(group):
-                key = pwarp + self.PRODUCER_WARPS * (kg * group + g)
+                key = pwarp + 4 * (kg * group + g)
                 vals = cute.make_rmem_tensor(lc, cutlass.BFloat16)
                 self.convert_piece(raw[None, g], scale[g], lane, vals)
                 cute.autovec_copy(vals, cute.local_tile(sK_slot, (1, lc), (key, lane))[0, None])
-                index = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(mine, kg * group + g))
+                index = cute.arch.shuffle_sync(mine, kg * group + g)
                 if lane == 0:
                     s_mask[key, slot] = cutlass.Float32(0.0) if index != -1 else -cutlass.Float32.inf
                     if cutlass.const_expr(self.fmt == "simple"):
