@@ -44,12 +44,10 @@ def test_refusals():
 def test_register_plan_fits_the_launch_allocation():
     """setmaxnreg only moves registers inside the CTA's launch allocation (384 × 168 = 64 512):
     the first rung asked 2·128·216 + 128·80 = 65 536 and hung on the GPU (batch 2)."""
-    assert sm90.register_plan(384, [(256, 216), (128, 80)]) is not None  # the plan that hung
-    assert sm90.register_plan(384, [(256, 240), (128, 24)]) is None  # D2's: exactly 64 512
-    assert sm90.register_plan(512, [(256, 208), (256, 48)]) is None  # equal thread counts are two entries
-    assert sm90.register_plan(512, [(256, 208), (256, 56)]) is not None
+    assert sm90.register_plan(384, {256: 216, 128: 80}) is not None  # the plan that hung
+    assert sm90.register_plan(384, {256: 240, 128: 24}) is None  # D2's: exactly 64 512
     k = sm90.Kernel
-    assert sm90.register_plan(k.THREADS, [(k.MMA_THREADS, k.MMA_REGS), (k.PRODUCER_THREADS, k.PRODUCER_REGS)]) is None
+    assert sm90.register_plan(k.THREADS, {k.MMA_THREADS: k.MMA_REGS, k.PRODUCER_THREADS: k.PRODUCER_REGS}) is None
 
 
 def test_e8m0_bytes_are_loaded_unsigned(project_root, tmp_path, monkeypatch):

@@ -64,13 +64,13 @@ from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition
 _SMEM_LIMIT = 227 * 1024
 
 
-def register_plan(threads: int, plan: list[tuple[int, int]]) -> str | None:
-    """None when the setmaxnreg plan [(thread count, registers per thread), …] fits the CTA's
+def register_plan(threads: int, plan: dict[int, int]) -> str | None:
+    """None when the setmaxnreg plan {thread count: registers per thread} fits the CTA's
     allocation at launch (threads × (65 536 / threads rounded down to a multiple of 8)); else
     why not.  A plan that does not fit hangs: setmaxnreg.inc waits for registers nobody frees."""
     at_launch = threads * (65536 // threads // 8 * 8)
-    want = sum(n * r for n, r in plan)
-    if sum(n for n, _ in plan) != threads or any(r % 8 or not 24 <= r <= 256 for _, r in plan):
+    want = sum(n * r for n, r in plan.items())
+    if sum(plan) != threads or any(r % 8 or not 24 <= r <= 256 for r in plan.values()):
         return f"setmaxnreg plan {plan} must cover the {threads} threads with multiples of 8 in 24 … 256"
     if want > at_launch:
         return f"setmaxnreg plan {plan} needs {want} registers, the CTA holds {at_launch} (a hang)"
@@ -136,9 +136,8 @@ class Kernel:
         self.sched = DecodeGrid(head_blocks, c.s_q, b, self.splits, num_tiles)
         self.rows = b * c.s_q * c.h_q
         self.scale_log2 = math.log2(math.e) / math.sqrt(D)
-        why = register_plan(self.THREADS, [(self.MMA_THREADS, self.MMA_REGS), (self.PRODUCER_THREADS, self.PRODUCER_REGS)])
-        if why is not None:
-            raise ValueError(f"stage E sm90: {why}")
+        if register_plan(self.THREADS, {self.MMA_THREADS: self.MMA_REGS, self.PRODUCER_THREADS: self.PRODUCER_REGS}) is not None:
+            raise ValueError(f"stage E sm90: {register_plan(self.THREADS, {self.MMA_THREADS: self.MMA_REGS, self.PRODUCER_THREADS: self.PRODUCER_REGS})}")
         smem = (2 * (self.BLOCK_M * D + self.KV_STAGES * self.BLOCK_N * D + self.BLOCK_M * self.BLOCK_N)
                 + self.RAW_STAGES * self.BLOCK_N * self.RAW_KEY_BYTES + 4096)
         if smem > _SMEM_LIMIT:
