@@ -435,7 +435,7 @@ def compile_facts(record: Record) -> dict[str, Any] | None:
 def gated_counts(inv: dict[str, int]) -> dict[str, int]:
     """What a compile baseline keeps of an inventory: the instruction total and the
     tensor-core MMA counters the gate compares (the whole inventory stays in the record the
-    baseline names, results/inventories.jsonl)."""
+    baseline names, results/inventories.jsonl.xz)."""
     from harness.inventory import ALL, mma_counts
 
     return {**({ALL: inv[ALL]} if ALL in inv else {}), **mma_counts(inv)}
