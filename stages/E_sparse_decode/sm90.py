@@ -115,7 +115,7 @@ class Kernel:
     RAW_KEY_BYTES = 592  # one key in the ring: its data (model1 576, simple / v4.1 512) …
     RAW_SCALES = 576  # … then its scales (simple 4 bytes, model1 8, v4.1 16)
     LANE_COLS = 16  # columns of a key one lane dequantises (16 e4m3 = one 16-byte load)
-    GROUP = 4  # keys whose staged bytes a lane reads before converting any
+    GROUP = 2  # keys whose staged bytes a lane reads before converting any
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int = SM_COUNT):
         c = SparseConfig.parse(config)
