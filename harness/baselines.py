@@ -88,7 +88,9 @@ class Baseline:
             d = {"kind": "compile", **d, "compile": self.compile}
         else:
             d["metrics"] = self.metrics
-        d["tolerance"] = self.tolerance
+        default = COMPILE_TOLERANCE if self.compile is not None else DEFAULT_TOLERANCE
+        if self.tolerance != default:  # the defaults are filled in on reading; only a changed one is written
+            d["tolerance"] = self.tolerance
         if self.timing_us is not None:
             d["us"] = self.timing_us
         return d
