@@ -8,36 +8,45 @@ K = V = the dequantised cache rows, scale = 1/sqrt(512); a row with no valid key
 
 What is new in this rung (D2's house otherwise: heads fold into M, 64 heads of one token per
 CTA, split-KV with an LSE combine, K and Vᵀ views of one shared-memory slot)
-    The key list.  A CTA walks 64-key tiles of ONE list: the main list padded to whole tiles,
+    The key list.  A CTA walks 32-key tiles of ONE list: the main list padded to whole tiles,
         then the extra list (`tile < main_tiles` picks the branch).  Key k of a tile is list
-        position p = 64 · tile' + k; it is valid iff p < topk, p < length[b] and idx[b, t, p] ≠ −1.
+        position p = 32 · tile' + k; it is valid iff p < topk, p < length[b] and idx[b, t, p] ≠ −1.
         An invalid key is never loaded (garbage past the length may be INT_MAX): its shared-memory
         row is written as zeros and its score is set to −∞ (a per-slot mask in shared memory).
-    Gather + dequantise on the CUDA cores (no TMA: Hopper's TMA cannot gather rows).  The producer
-        warpgroup (4 warps) fills a slot: warp w takes keys w, w + 4, …; lane l takes columns
-        16·l … 16·l + 15 of the key — one 16-byte global load of 16 e4m3 values (a warp reads a
-        token's 512 bytes contiguously), e4m3 → f16x2 → f32, × the scale of its group, → bf16,
-        one 32-byte row piece into the swizzled K tile.  Lanes 0 … 15 read the warp's 16 indices
-        once per tile; keys go 4 at a time, their loads all issued before any is converted.  Scales: simple — the token's fp32;
-        model1 — e8m0 byte l // 4 of the token's 7 (lanes 28 … 31 carry the 64 bf16 rope values
-        unquantised, 32 bytes each); v4.1 — e8m0 byte l // 2 of 16.  e8m0 → fp32 is the byte
-        shifted into the exponent field (exact for 2^−126 … 2^127).  The writes are made
-        visible to the tensor cores (fence.proxy.async) before the slot's barrier is arrived on
-        (a PipelineAsync: 128 producer threads arrive, 256 MMA threads release).
+        Splits are chosen over 64-key units (the scratch the oracle declares), each split walking
+        its share of 32-key tiles.
+    Gather, asynchronous (Hopper's TMA cannot gather rows).  The producer warpgroup (4 warps;
+        warp w owns keys w, w + 4, … of every tile) stages the raw bytes RAW_STAGES tiles ahead:
+        lane l cp.asyncs its 16 bytes of each valid key (model1's rope lanes 28 … 31: 32 bytes)
+        and lane 0 the key's scales into a ring of RAW_KEY_BYTES-byte rows, one commit group per
+        tile.  The idx entries of a tile come by cp.async as well, in the group of the tile
+        RAW_STAGES before it, into `s_ridx` (the first tiles' are loaded directly), so no global
+        load waits in the loop; `key_index` judges an entry when it is used.
+    Dequantise on the CUDA cores, into one of two 32-key bf16 slots while the MMA warpgroups work
+        on the other: e4m3 → f16x2 → f32, × the scale of the lane's group, → bf16, one 32-byte
+        row piece into the swizzled K tile.  Scales: model1 — e8m0 byte l // 4 of the token's 7
+        (the rope lanes copy bf16 as it is); v4.1 — e8m0 byte l // 2 of 16; e8m0 → fp32 is the
+        byte shifted into the exponent field (exact for 2^−126 … 2^127).  simple — the e4m3 values
+        go to bf16 unscaled (exact) and the token's fp32 scale to `s_kscale`: the MMA warpgroups
+        apply it to S's column (S = Q·K_e4m3ᵀ · scale) and to P's (P·V = (P · scale)·V_e4m3) in
+        fp32, after ℓ has summed P, so simple's LSE carries no bf16 rounding of the scaled value.
+        The writes are made visible to the tensor cores (fence.proxy.async) before the slot's
+        barrier is arrived on (a PipelineAsync: 128 producer threads arrive, 256 MMA threads
+        release).
     Sink.  One split: folded into the epilogue's 1/ℓ.  Several: stages/common/combine.py's
         SplitCombine applies it once, after the merge.
 
 Warp roles (384 threads)
-    warpgroup 2   producer: warp 8 loads Q once (TMA); all 4 warps gather + dequantise KV tiles
-                  into a 2-slot pipeline (setmaxnreg 80; `register_plan` checks the budget)
+    warpgroup 2   producer: warp 8 loads Q once (TMA); all 4 warps stage and dequantise KV tiles
+                  (setmaxnreg 80; `register_plan` checks the budget)
     warpgroup 0   S = Q·K_tileᵀ, mask, online softmax (stages/common/softmax.py), P → shared
                   memory, α per row; then its half of O += P·V            (setmaxnreg 208)
     warpgroup 1   its half of O += P·V (O's 512 columns split over the two MMA warpgroups)
 
 Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of oracles/kvcache.py.
-What this rung does not do yet (the known way to be fast, DSV4.md): share dequantised tiles
-between two CTAs of a cluster (h_q = 128 dequantises every tile twice here), deeper prefetch of
-the indices, a persistent scheduler.
+What bounds it (docs/STAGE_E.md): the producer's instruction issue, ~1 050 per warp per tile.  Not
+done yet (the known way to be fast, DSV4.md): share dequantised tiles between two CTAs of a cluster
+(h_q = 128 dequantises every tile twice here), a persistent scheduler.
 """
 
 import math
