@@ -47,6 +47,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from harness.jsonl import iter_jsonl, read_bytes
+
 TABLES = ("inv", "sass")
 REF = "#"
 ID_LEN = 16
@@ -127,7 +129,6 @@ _CACHE: dict[Path, tuple[tuple[int, int], dict[str, dict[str, int]], list[str]]]
 def _load_file(path: Path, compressed: bool) -> tuple[dict[str, dict[str, int]], list[str]]:
     """id -> counts of one store file, and the warnings for what was skipped (parsed once per
     file state; a missing file holds nothing)."""
-    from harness.records import _read, iter_jsonl
 
     try:
         st = path.stat()
@@ -139,7 +140,7 @@ def _load_file(path: Path, compressed: bool) -> tuple[dict[str, dict[str, int]],
         return hit[1], hit[2]
     known: dict[str, dict[str, int]] = {}
     warn: list[str] = []
-    data = _read(path, warn)
+    data = read_bytes(path, warn)
     if data is not None:
         if compressed:
             data = decode_store(path, data, warn)

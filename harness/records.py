@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from harness.inventories import InventoryStore, StoreAppender
+from harness.jsonl import MAX_LINE_BYTES, iter_jsonl, read_bytes  # noqa: F401 (MAX_LINE_BYTES: the remote channel's limit too)
 from harness.paths import records_dir, results_dir
 from harness.statuses import STATUSES
 
 RECORD_VERSION = 1
-MAX_LINE_BYTES = 64 * 1024
 
 REQUIRED = {"v", "id", "run", "t", "stage", "arch", "case", "status"}
 
@@ -263,58 +263,6 @@ class RecordWriter:
             self._store_file = None
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-finite number {name}")
-
-
-def _read(path: Path, warn: list[str] | None) -> bytes | None:
-    """A file's bytes; None (and one warning when it exists) when it cannot be read."""
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if warn is not None:
-            warn.append(f"{path}: cannot be read ({exc.strerror or exc}) — skipped")
-        return None
-
-
-def _parse(raw: bytes) -> Any:
-    """One JSON line; ValueError (or UnicodeDecodeError, RecursionError) when it is not one."""
-    if len(raw) > MAX_LINE_BYTES:
-        raise ValueError(f"line longer than {MAX_LINE_BYTES} bytes")
-    return json.loads(raw, parse_constant=_reject_constant)
-
-
-def _numbered_lines(data: bytes, newest_first: bool) -> Iterator[tuple[int, bytes]]:
-    lines = data.split(b"\n")
-    order = range(len(lines), 0, -1) if newest_first else range(1, len(lines) + 1)
-    for lineno in order:
-        raw = lines[lineno - 1]
-        if raw.strip():
-            yield lineno, raw
-
-
-def iter_jsonl(path: Path, warn: list[str] | None = None, newest_first: bool = False,
-               data: bytes | None = None) -> Iterator[tuple[int, Any]]:
-    """(line number, object) for every line of `path` (or of `data`, read from it already)
-    that parses; a bad line adds one warning to `warn` (file:line: why) and is skipped. A file
-    that is missing yields nothing; one that cannot be read (a folder, no permission) adds
-    one warning."""
-    if data is None:
-        data = _read(path, warn)
-    if data is None:
-        return
-    for lineno, raw in _numbered_lines(data, newest_first):
-        try:
-            obj = _parse(raw)
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-            if warn is not None:
-                warn.append(f"{path}:{lineno}: skipped a corrupt line ({(str(exc).splitlines() or [''])[0][:80]})")
-            continue
-        yield lineno, obj
-
-
 def archive_file(path: Path) -> Path:
     """Where the stale lines of records file `path` are kept, compressed:
     results/archive/<stage>.jsonl.xz (harness/archive.py moves them)."""
@@ -324,7 +272,7 @@ def archive_file(path: Path) -> Path:
 def _read_archive(path: Path, warn: list[str] | None) -> bytes | None:
     import lzma
 
-    data = _read(path, warn)
+    data = read_bytes(path, warn)
     if data is None:
         return None
     try:
