@@ -191,6 +191,7 @@ class InventoryStore:
     def __init__(self, results: Path):
         self.path = store_file(results)
         self.plain = plain_store_file(results)
+        self._read: tuple[dict[str, dict[str, int]], list[str]] | None = None
 
     def _load(self) -> tuple[dict[str, dict[str, int]], list[str]]:
         """id -> counts (both files), and the warnings for what was skipped."""
@@ -204,41 +205,48 @@ class InventoryStore:
         return dict(self._load()[0])
 
     def warnings(self) -> list[str]:
-        return list(self._load()[1])
+        """What reading the store skipped (from the same loaded state the reads use)."""
+        self._snapshot()
+        return list(self._read[1])
 
-    def expand(self, obj: Any, warn: list[str] | None, where: str) -> Any:
-        """`obj` (a parsed record line) with its inventory ids replaced by the counts."""
+    def _snapshot(self) -> dict[str, dict[str, int]]:
+        """id -> counts for reading, loaded once per store object: a reader resolves thousands
+        of records against one state of the store, not one file check per record."""
+        if self._read is None:
+            self._read = self._load()
+        return self._read[0]
+
+    def _resolve(self, obj: Any, drop_unknown: bool, warn: list[str] | None, where: str) -> Any:
+        """`obj` (a parsed record line) with the inventory ids the store holds replaced by the
+        counts; an id it does not hold is left out (`drop_unknown`, one warning) or kept as it
+        is. `obj` itself when it names no id."""
         comp = obj.get("compile") if isinstance(obj, dict) else None
         if not isinstance(comp, dict) or not any(isinstance(comp.get(t), str) for t in TABLES):
             return obj
-        known, _ = self._load()
-        comp = dict(comp)
+        known = self._snapshot()
+        new = dict(comp)
         for table in TABLES:
             ref = comp.get(table)
             if not isinstance(ref, str):
                 continue
             counts = known.get(ref[len(REF):]) if ref.startswith(REF) else None
-            if counts is None:
-                del comp[table]
+            if counts is not None:
+                new[table] = dict(counts)
+            elif drop_unknown:
+                del new[table]
                 if warn is not None:
                     warn.append(f"{where}: compile.{table} names inventory {ref[:40]!r}, which {self.path.name} does not hold — left out")
-            else:
-                comp[table] = dict(counts)
-        return {**obj, "compile": comp}
+        return obj if new == comp else {**obj, "compile": new}
+
+    def expand(self, obj: Any, warn: list[str] | None, where: str) -> Any:
+        """`obj` (a parsed record line) with its inventory ids replaced by the counts; an id the
+        store does not hold costs that table and one warning."""
+        return self._resolve(obj, True, warn, where)
 
     def inline(self, obj: Any) -> Any:
         """`obj` with every inventory id the store holds replaced by the counts; an id it does
         not hold stays as it is (nothing is lost). `obj` itself when nothing changes."""
-        comp = obj.get("compile") if isinstance(obj, dict) else None
-        if not isinstance(comp, dict) or not any(isinstance(comp.get(t), str) for t in TABLES):
-            return obj
-        known, _ = self._load()
-        new = dict(comp)
-        for table in TABLES:
-            ref = comp.get(table)
-            if isinstance(ref, str) and ref.startswith(REF) and ref[len(REF):] in known:
-                new[table] = dict(known[ref[len(REF):]])
-        return obj if new == comp else {**obj, "compile": new}
+        return self._resolve(obj, False, None, "")
 
     def compact(self, obj: dict[str, Any], append) -> dict[str, Any]:
         """`obj` (a record as a dict) with its inventories stored and named by id; `append(line)`

@@ -290,3 +290,17 @@ def test_an_old_archive_that_names_ids_is_read_and_inlined(tmp_path):
     assert inline_archive(tmp_path, "A") == 2 and inline_archive(tmp_path, "A") == 0
     assert b'"#' not in _read_archive(archive, None)
     assert read_records(tmp_path, ["A"], warn) == before and not warn
+
+
+def test_a_reader_loads_the_store_once_per_file_not_once_per_record(tmp_path, monkeypatch):
+    from harness import inventories
+
+    w = RecordWriter(tmp_path)
+    for i in range(5):
+        w.write(rec(i))
+    w.close()
+    calls = []
+    real = inventories.InventoryStore._load
+    monkeypatch.setattr(inventories.InventoryStore, "_load", lambda self: calls.append(1) or real(self))
+    got = read_records(tmp_path, ["A"], [])
+    assert [r.compile["inv"] for r in got] == [INV] * 5 and len(calls) == 1
