@@ -47,7 +47,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from harness.jsonl import iter_jsonl, read_bytes
+from harness.jsonl import Appender, iter_jsonl, read_bytes
 
 TABLES = ("inv", "sass")
 REF = "#"
@@ -159,15 +159,10 @@ def store_line(ident: str, counts: dict[str, int]) -> str:
     return json.dumps({"id": ident, "counts": counts}, separators=(",", ":"))
 
 
-class StoreAppender:
+class StoreAppender(Appender):
     """Appends inventory lines to an xz store, each as an xz stream of its own: one `write`
     on an O_APPEND file (never interleaved with another writer's), then fsync, so a crash
     keeps every finished line and costs at most the stream it cut off."""
-
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(self, line: str) -> None:
         if "\n" in line or "\r" in line:
@@ -177,11 +172,6 @@ class StoreAppender:
         while done < len(data):  # a short write (disk full…): finish the stream, or fail
             done += os.write(self._fd, data[done:])
         os.fsync(self._fd)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
 
 
 class InventoryStore:

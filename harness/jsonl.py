@@ -1,4 +1,4 @@
-"""Reading JSON Lines files the lab's way (records, runs, notes, the inventory store): one
+"""Reading and appending JSON Lines files the lab's way (records, runs, notes, the inventory store): one
 object per line, a line that does not parse is skipped with one `file:line` warning, non-finite
 numbers and over-long lines are refused. Its own module so that the records and the inventory
 store can both read without importing each other."""
@@ -6,6 +6,7 @@ store can both read without importing each other."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -64,3 +65,28 @@ def iter_jsonl(path: Path, warn: list[str] | None = None, newest_first: bool = F
         yield lineno, obj
 
 
+class Appender:
+    """Appends JSON lines to one file, flushing each, so a crash keeps every finished line."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, line: str) -> None:
+        """Append `line` as one whole line. If the file does not end in a newline (a line
+        cut off by a crash, or a hand edit), a newline goes first, so the fragment stays a
+        lone corrupt line that readers skip and this record stays intact."""
+        if "\n" in line or "\r" in line:
+            raise ValueError("a record must be one line")
+        data = (line + "\n").encode("utf-8")
+        size = os.fstat(self._fd).st_size
+        if size and os.pread(self._fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
+        os.write(self._fd, data)  # O_APPEND: one write, never interleaved with another appender's
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

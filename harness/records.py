@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from harness.inventories import InventoryStore, StoreAppender
-from harness.jsonl import MAX_LINE_BYTES, iter_jsonl, read_bytes  # noqa: F401 (MAX_LINE_BYTES: the remote channel's limit too)
+from harness.jsonl import MAX_LINE_BYTES, Appender, iter_jsonl, read_bytes  # noqa: F401 (MAX_LINE_BYTES: the remote channel's limit too)
 from harness.paths import records_dir, results_dir
 from harness.statuses import STATUSES
 
@@ -199,33 +199,6 @@ def _compile_problem(c: Any) -> str | None:
 
 def stage_file(root: Path, stage: str) -> Path:
     return records_dir(root) / f"{stage}.jsonl"
-
-
-class Appender:
-    """Appends JSON lines to one file, flushing each, so a crash keeps every finished line."""
-
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-
-    def write(self, line: str) -> None:
-        """Append `line` as one whole line. If the file does not end in a newline (a line
-        cut off by a crash, or a hand edit), a newline goes first, so the fragment stays a
-        lone corrupt line that readers skip and this record stays intact."""
-        if "\n" in line or "\r" in line:
-            raise ValueError("a record must be one line")
-        data = (line + "\n").encode("utf-8")
-        size = os.fstat(self._fd).st_size
-        if size and os.pread(self._fd, 1, size - 1) != b"\n":
-            data = b"\n" + data
-        os.write(self._fd, data)  # O_APPEND: one write, never interleaved with another appender's
-        os.fsync(self._fd)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
 
 
 class RecordWriter:
