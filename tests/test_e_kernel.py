@@ -69,3 +69,41 @@ def test_e8m0_bytes_are_loaded_unsigned(project_root, tmp_path, monkeypatch):
     assert "ld.global.s8" not in ptx and "ld.shared.s8" not in ptx
     assert "ld.shared.b8" in ptx or "ld.shared.u8" in ptx
     assert "cp.async.cg.shared.global" in ptx and "cp.async.wait_group" in ptx  # the gather is asynchronous
+
+
+def test_two_head_blocks_share_their_tiles_in_a_cluster():
+    """h_q = 128: the two head blocks of a token form a (2, 1, 1) cluster and each dequantises
+    half of every tile (4 keys of a producer warp's 8); the peer's half is 16 KiB of bf16 a slot.
+    h_q = 64 (one head block) runs alone and dequantises all 8."""
+    k = sm90.Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits=1)
+    assert k.pair and k.keys_per_warp == 4 and k.peer_bytes == 4 * 4 * 512 * 2
+    assert k.sched.grid[0] % 2 == 0  # the cluster pairs CTAs (2j, 2j + 1): head blocks 0 and 1 of one token
+    assert all(k.sched.work(2 * j, 0, 0).token == k.sched.work(2 * j + 1, 0, 0).token for j in range(2))
+    alone = sm90.Kernel(b=2, config="s2h64_m128bs256_x1024bs64", kv_format="model1", splits=1)
+    assert not alone.pair and alone.keys_per_warp == 8
+
+
+def test_the_pair_exchanges_tiles_by_st_async(project_root, tmp_path, monkeypatch):
+    """Compiled for sm_90a: at h_q = 128 the dequantised pieces go to the peer by st.async (one
+    per local 16-byte store), behind a cluster barrier at start and end; h_q = 64 has none of it."""
+    from pathlib import Path
+
+    from harness.compile import Compiler
+
+    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
+    spec = load_spec(root=project_root)
+    compiler = Compiler(spec.root)
+    ptx = {}
+    for cfg in ("s2h128_m128bs256_x1024bs64", "s2h64_m128bs256_x1024bs64"):
+        case = dict(b=2, config=cfg, kv_format="v4.1", scenario="plain", splits=1)
+        res = compiler.submit(spec.stages["E"], "sm_90a", case).result()
+        assert res.ok, res.error
+        assert res.resources.get("spill", 0) == 0, res.resources
+        ptx[cfg] = Path(res.ptx_path).read_text()
+    compiler.close()
+    pair, alone = ptx["s2h128_m128bs256_x1024bs64"], ptx["s2h64_m128bs256_x1024bs64"]
+    assert pair.count("st.async") >= 8 and "mbarrier::complete_tx::bytes" in pair
+    assert "barrier.cluster.arrive.relaxed" in pair and "barrier.cluster.wait" in pair
+    assert "mapa" in pair
+    for word in ("st.async", "barrier.cluster", "mapa"):
+        assert word not in alone

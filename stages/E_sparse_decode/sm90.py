@@ -62,6 +62,7 @@ from cutlass.cute.nvgpu import warp, warpgroup
 
 from oracles.sparse_decode import SparseConfig
 from stages.common.barriers import NamedBarrier
+from stages.common.cluster_pair import TilePair
 from stages.common.combine import SplitCombine, sink_factor
 from stages.common.fp8_cache import D, cache_block_bytes, convert16, cp_async, e8m0_to_f32, lds16, lds_f32, lds_u8
 from stages.common.inspection import expose
@@ -139,6 +140,11 @@ class Kernel:
         num_tiles = self.main_tiles + self.extra_tiles
         head_blocks = c.h_q // self.BLOCK_M
         ctas = head_blocks * c.s_q * b
+        # Two head blocks of one token walk the same keys: a (2, 1, 1) cluster of them shares
+        # every dequantised tile (stages/common/cluster_pair.py); each CTA dequantises half.
+        self.pair = head_blocks % 2 == 0
+        self.keys_per_warp = self.BLOCK_N // 4 // (2 if self.pair else 1)  # keys a producer warp dequantises
+        self.peer_bytes = self.keys_per_warp * 4 * D * 2  # the bf16 bytes the peer writes into a slot
         # Splits are chosen over the case's 64-key tiles (the scratch the oracle declares holds one
         # split per 64 keys at most); each split then walks its share of 32-key tiles.
         self.splits = resolve_splits(splits, ctas=ctas, num_tiles=c.tiles(), sm_count=sm_count)
@@ -201,6 +207,8 @@ class Kernel:
         class Smem:
             q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
             kv_mbar: cute.struct.MemRange[cutlass.Int64, 2 * self.KV_STAGES]
+            remote_full: cute.struct.MemRange[cutlass.Int64, self.KV_STAGES]
+            remote_empty: cute.struct.MemRange[cutlass.Int64, self.KV_STAGES]
             row_factor: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm], 16]
             key_mask: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bn * self.KV_STAGES], 16]
             key_scale: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bn * self.KV_STAGES], 16]
@@ -211,10 +219,11 @@ class Kernel:
             raw: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, self.RAW_STAGES * bn * self.RAW_KEY_BYTES // 4], 128]
 
         self.smem_struct = Smem
+        cluster = {"cluster": (2, 1, 1)} if self.pair else {}
         self.kernel(
             qk_mma, pv_mma, tma_q, tma_Q, KV, idx, topk_length, KV_extra, idx_extra, extra_length, sink,
             mO, mLSE, mOp, mLp, q_smem, k_smem, vt_smem, p_smem,
-        ).launch(grid=self.sched.grid, block=(self.THREADS, 1, 1), smem=Smem.size_in_bytes(), stream=stream)
+        ).launch(grid=self.sched.grid, block=(self.THREADS, 1, 1), smem=Smem.size_in_bytes(), stream=stream, **cluster)
 
         if cutlass.const_expr(self.splits > 1):
             SplitCombine(rows, self.splits, D, sink_heads=c.h_q).launch(mOp, mLp, mO, mLSE, stream, sink=sink)
@@ -283,6 +292,10 @@ class Kernel:
         s_raw = storage.raw.get_tensor(cute.make_layout(self.RAW_STAGES * bn * self.RAW_KEY_BYTES // 4))
         s_kscale = storage.key_scale.get_tensor(cute.make_layout((bn, self.KV_STAGES)))  # simple: the token's scale
         s_ridx = storage.raw_index.get_tensor(cute.make_layout((bn, self.INDEX_SLOTS)))  # idx entries, staged
+        k_base = storage.sKV.data_ptr().toint()  # the dequantisers address the slots through k_smem
+        pair = TilePair(self.pair, storage.remote_full.data_ptr(), storage.remote_empty.data_ptr(),
+                        self.peer_bytes, self.MMA_THREADS // 32)
+        pair.init(self.KV_STAGES, tidx)
 
         q_pipe = tma_pipeline(storage.q_mbar, 1, self.q_bytes, 4)
         kv_pipe = pipeline.PipelineAsync.create(
@@ -293,37 +306,40 @@ class Kernel:
             defer_sync=True,
         )
         cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        pair.start()
 
         has_work = work.tile_begin < work.tile_end
         if warp_idx // 4 == self.PRODUCER_WG:
             cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
             if has_work:
-                self.produce(work, tidx - self.MMA_THREADS, q_pipe, kv_pipe, tma_q, mQ, sQ, sK, s_mask, s_kscale,
-                             s_raw, s_ridx,
+                self.produce(work, tidx - self.MMA_THREADS, q_pipe, kv_pipe, pair, tma_q, mQ, sQ, k_base, k_smem,
+                             s_mask, s_kscale, s_raw, s_ridx,
                              KV, idx, topk_length, KV_extra, idx_extra, extra_length)
         else:
             cute.arch.setmaxregister_increase(self.MMA_REGS)
             if has_work:
-                self.attend(work, tidx, q_pipe, kv_pipe, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask, s_kscale,
-                            sink, mO, mLSE, mOp, mLp)
+                self.attend(work, tidx, q_pipe, kv_pipe, pair, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask,
+                            s_kscale, sink, mO, mLSE, mOp, mLp)
             else:
                 self.write_empty_split(work, tidx, mOp, mLp)
+        pair.finish()
 
     # -----------------------------------------------------------------------------------------
     # Producer: Q by TMA, KV by gather + dequantise
 
     @cute.jit
-    def produce(self, work, ptid, q_pipe, kv_pipe, tma_q, mQ, sQ, sK, s_mask, s_kscale, s_raw, s_ridx,
-                KV, idx, topk_length, KV_extra, idx_extra, extra_length):
+    def produce(self, work, ptid, q_pipe, kv_pipe, pair, tma_q, mQ, sQ, k_base, k_smem, s_mask, s_kscale, s_raw,
+                s_ridx, KV, idx, topk_length, KV_extra, idx_extra, extra_length):
         """The producer warpgroup (`ptid` 0 … 127): Q's row block once (warp 0, TMA), then every
         KV tile of the split: its raw bytes gathered RAW_STAGES tiles ahead (cp.async into the
         staging ring, one commit group per tile), dequantised into a bf16 slot as one frees up.
-        Each warp stages and dequantises only its own keys (pwarp, pwarp + 4, …), so a warp's
-        own sync orders the ring; a key's index rides along in `s_ridx`."""
+        Each warp stages and dequantises only its own keys (pwarp, pwarp + 4, …; in a pair, the
+        half of them that is this CTA's), so a warp's own sync orders the ring; a key's index
+        rides along in `s_ridx`."""
         bm = self.BLOCK_M
         pwarp = ptid // 32
         lane = ptid % 32
+        rank = pair.rank()
         if pwarp == 0:
             gQ = cute.local_tile(mQ, (bm, D), (None, 0))
             tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, gQ, 2)
@@ -342,7 +358,7 @@ class Kernel:
         for r in cutlass.range_constexpr(self.RAW_STAGES):
             if lane < self.BLOCK_N // 4:  # their index slots, as staged_indices reads them (−1 stays −1)
                 s_ridx[pwarp + 4 * lane, r] = first[r]
-            self.stage_tile(lists, work, work.tile_begin + r, first[r], s_raw, s_ridx, r, pwarp, lane)
+            self.stage_tile(lists, work, work.tile_begin + r, first[r], s_raw, s_ridx, r, rank, pwarp, lane)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.KV_STAGES)
         for tile in cutlass.range(work.tile_begin, work.tile_end, unroll=1):
             rslot = (tile - work.tile_begin) % self.RAW_STAGES
@@ -350,22 +366,22 @@ class Kernel:
             cute.arch.sync_warp()  # … and every lane's (scales and idx entries are read across lanes)
             mine = self.staged_indices(lists, lengths, work, tile, s_ridx, pwarp, lane)
             kv_pipe.producer_acquire(kv_state)
-            self.dequant_tile(mine, s_raw, rslot, sK[None, None, kv_state.index], s_mask, s_kscale, kv_state.index,
-                              pwarp, lane)
+            pair.producer_acquire(kv_state, ptid)
+            self.dequant_tile(mine, s_raw, rslot, k_base, k_smem, s_mask, s_kscale, kv_state, pair, rank, pwarp, lane)
             cute.arch.fence_proxy("async.shared", space="cta")  # generic smem writes → wgmma reads
             kv_pipe.producer_commit(kv_state)
             kv_state.advance()
             ahead = self.staged_indices(lists, lengths, work, tile + self.RAW_STAGES, s_ridx, pwarp, lane)
             cute.arch.sync_warp()  # the warp is done reading the staging slots before they refill
-            self.stage_tile(lists, work, tile + self.RAW_STAGES, ahead, s_raw, s_ridx, rslot, pwarp, lane)
+            self.stage_tile(lists, work, tile + self.RAW_STAGES, ahead, s_raw, s_ridx, rslot, rank, pwarp, lane)
         cute.arch.cp_async_wait_group(0)
 
     @cute.jit
-    def stage_tile(self, lists, work, tile, mine, s_raw, s_ridx, rslot, pwarp, lane):
+    def stage_tile(self, lists, work, tile, mine, s_raw, s_ridx, rslot, rank, pwarp, lane):
         """One commit group: `tile`'s keys (indices `mine`) into staging slot `rslot`, and the idx
         entries of tile + RAW_STAGES into their index slot (an empty group past the split's end,
         so the group of every tile is the RAW_STAGES-th one back)."""
-        self.issue_tile(lists, tile, mine, s_raw, rslot, pwarp, lane)
+        self.issue_tile(lists, tile, mine, s_raw, rslot, rank, pwarp, lane)
         self.copy_index_entries(lists, work, tile + self.RAW_STAGES, s_ridx, pwarp, lane)
         cute.arch.cp_async_commit_group()
 
@@ -423,26 +439,35 @@ class Kernel:
         return mine
 
     @cute.jit
-    def issue_tile(self, lists, tile, mine, s_raw, rslot, pwarp, lane):
+    def issue_tile(self, lists, tile, mine, s_raw, rslot, rank, pwarp, lane):
         """cp.async this warp's valid keys of `tile` into staging slot `rslot` (nothing for a tile
         past the end: its indices are all −1)."""
         if tile < self.main_tiles:
-            self.issue_keys(lists[0], self.c.block, self.block_bytes, mine, s_raw, rslot, pwarp, lane)
+            self.issue_keys(lists[0], self.c.block, self.block_bytes, mine, s_raw, rslot, rank, pwarp, lane)
         else:
             if cutlass.const_expr(self.c.has_extra):
-                self.issue_keys(lists[2], self.c.extra_block, self.extra_block_bytes, mine, s_raw, rslot, pwarp, lane)
+                self.issue_keys(lists[2], self.c.extra_block, self.extra_block_bytes, mine, s_raw, rslot, rank, pwarp,
+                                lane)
 
     @cute.jit
     def issue_keys(self, cache, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int],
-                   mine, s_raw, rslot, pwarp, lane):
-        """Key j of this warp (index by shuffle from lane j): lane l copies its 16 bytes of the
-        token (model1's rope lanes 28 … 31: 32 bytes), lane 0 the token's scales."""
+                   mine, s_raw, rslot, rank, pwarp, lane):
+        """Key j of this warp (index by shuffle from lane j), for the keys this CTA dequantises:
+        lane l copies its 16 bytes of the token (model1's rope lanes 28 … 31: 32 bytes), lane 0
+        the token's scales.  simple: lane j copies key j's fp32 scale, for every key of the warp
+        (a pair's MMA warpgroups apply the scales of both halves)."""
         base = cache.iterator.toint()
-        for j in cutlass.range_constexpr(self.BLOCK_N // 4):
+        for jj in cutlass.range_constexpr(self.keys_per_warp):
+            j = rank * self.keys_per_warp + jj
             index = cute.arch.shuffle_sync(mine, j)
             if index != -1:
                 dst = self.raw_key(s_raw, rslot, pwarp + 4 * j)
                 self.issue_piece(base, index, block_size, block_bytes, lane, dst)
+        if cutlass.const_expr(self.fmt == "simple"):
+            if lane < self.BLOCK_N // 4 and mine != -1:
+                block = base + cutlass.Int64(mine // block_size) * block_bytes
+                cp_async(self.raw_key(s_raw, rslot, pwarp + 4 * lane) + self.RAW_SCALES,
+                         block + block_size * D + cutlass.Int64(mine % block_size) * 4, 4)
 
     @cute.jit
     def raw_key(self, s_raw, rslot, key):
@@ -453,14 +478,12 @@ class Kernel:
     def issue_piece(self, base, index, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], lane, dst):
         """cp.async token `index`'s bytes this lane stages: data columns 16·lane … 16·lane + 15 as
         16 e4m3 (model1's lanes 28 … 31: 16 bf16 rope values, 32 bytes) at their own offset, and
-        (lane 0) the token's scales at RAW_SCALES: simple 4 bytes, model1 8, v4.1 16."""
+        (lane 0) the token's scales at RAW_SCALES: model1 8 bytes, v4.1 16 (simple's 4: issue_keys)."""
         blk = cutlass.Int64(index // block_size)
         off = cutlass.Int64(index % block_size)
         block = base + blk * block_bytes
         if cutlass.const_expr(self.fmt == "simple"):
-            cp_async(dst + lane * 16, block + off * D + lane * 16, 16)
-            if lane == 0:
-                cp_async(dst + self.RAW_SCALES, block + block_size * D + off * 4, 4)
+            cp_async(dst + lane * 16, block + off * D + lane * 16, 16)  # its scale: issue_keys
         elif cutlass.const_expr(self.fmt == "model1"):
             token = block + off * 576
             if lane < 28:
@@ -477,32 +500,40 @@ class Kernel:
                 cp_async(dst + self.RAW_SCALES, token + D, 16)
 
     @cute.jit
-    def dequant_tile(self, mine, s_raw, rslot, sK_slot, s_mask, s_kscale, slot, pwarp, lane):
-        """This warp's keys of the staged tile → bf16 rows of the slot (an invalid key: zeros,
-        never read from the ring) and their mask entries (0 or −∞), GROUP keys at a time.
-        simple: the rows are the e4m3 values themselves (exact in bf16) and the token's scale goes
-        to `s_kscale` — the MMA warpgroups apply it to S's and P's columns in fp32."""
-        lc, group = self.LANE_COLS, self.GROUP
-        for kg in cutlass.range_constexpr(self.BLOCK_N // 4 // group):
+    def dequant_tile(self, mine, s_raw, rslot, k_base, k_smem, s_mask, s_kscale, state, pair, rank, pwarp, lane):
+        """This CTA's keys of the warp in the staged tile → bf16 rows of slot state.index, GROUP keys
+        at a time (an invalid key: zeros, never read from the ring), each 16-byte piece stored by
+        `pair` (here, and in a pair into the peer's slot too); then the mask entries (0 or −∞) of
+        all the warp's keys, lane j for key j.  simple: the rows are the e4m3 values themselves
+        (exact in bf16) and the token's scale goes to `s_kscale` — the MMA warpgroups apply it to
+        S's and P's columns in fp32."""
+        lc, group, kpw = self.LANE_COLS, self.GROUP, self.keys_per_warp
+        for kg in cutlass.range_constexpr(kpw // group):
             raw = cute.make_rmem_tensor((8, group), cutlass.Int32)  # per key: 16 B of e4m3 (or 32 B of rope)
             raw.fill(0)
             scale = cute.make_rmem_tensor(group, cutlass.Float32)
             scale.fill(0.0)
             for g in cutlass.range_constexpr(group):
-                index = cute.arch.shuffle_sync(mine, kg * group + g)
+                j = rank * kpw + kg * group + g
+                index = cute.arch.shuffle_sync(mine, j)
                 if index != -1:
-                    src = self.raw_key(s_raw, rslot, pwarp + 4 * (kg * group + g))
-                    scale[g] = self.read_piece(src, lane, raw[None, g])
+                    scale[g] = self.read_piece(self.raw_key(s_raw, rslot, pwarp + 4 * j), lane, raw[None, g])
             for g in cutlass.range_constexpr(group):
-                key = pwarp + 4 * (kg * group + g)
+                key = pwarp + 4 * (rank * kpw + kg * group + g)
                 vals = cute.make_rmem_tensor(lc, cutlass.BFloat16)
                 self.convert_piece(raw[None, g], scale[g], lane, vals)
-                cute.autovec_copy(vals, cute.local_tile(sK_slot, (1, lc), (key, lane))[0, None])
-                index = cute.arch.shuffle_sync(mine, kg * group + g)
-                if lane == 0:
-                    s_mask[key, slot] = cutlass.Float32(0.0) if index != -1 else -cutlass.Float32.inf
-                    if cutlass.const_expr(self.fmt == "simple"):
-                        s_kscale[key, slot] = scale[g]
+                words = cute.recast_tensor(vals, cutlass.Int32)
+                for h in cutlass.range_constexpr(lc // 8):  # 8 bf16 = one 16-byte piece of a swizzled row
+                    at = k_base + 2 * k_smem((key, lc * lane + 8 * h, state.index))
+                    pair.store16(at, cute.make_tensor(words.iterator + 4 * h, cute.make_layout(4)), state)
+        if lane < self.BLOCK_N // 4:
+            key = pwarp + 4 * lane
+            s_mask[key, state.index] = cutlass.Float32(0.0) if mine != -1 else -cutlass.Float32.inf
+            if cutlass.const_expr(self.fmt == "simple"):
+                kscale = cutlass.Float32(0.0)
+                if mine != -1:
+                    kscale = lds_f32(self.raw_key(s_raw, rslot, key) + self.RAW_SCALES)
+                s_kscale[key, state.index] = kscale
 
     @cute.jit
     def key_index(self, cache, got, pos, length, topk: cutlass.Constexpr[int], block_size: cutlass.Constexpr[int]):
@@ -533,16 +564,14 @@ class Kernel:
 
     @cute.jit
     def staged_scale(self, src, lane) -> cutlass.Float32:
-        """The scale of this lane's 16 columns, from the key's staged scale bytes: simple — the
-        token's fp32; model1 — e8m0 byte lane // 4 (one per 64 columns); v4.1 — byte lane // 2
-        (one per 32)."""
+        """The scale of this lane's 16 columns, from the key's staged scale bytes: model1 — e8m0
+        byte lane // 4 (one per 64 columns); v4.1 — byte lane // 2 (one per 32); simple — 1 (its
+        fp32 scale is the MMA warpgroups' column factor, see dequant_tile)."""
         at = src + self.RAW_SCALES
         scale = cutlass.Float32(1.0)
-        if cutlass.const_expr(self.fmt == "simple"):
-            scale = lds_f32(at)
-        elif cutlass.const_expr(self.fmt == "model1"):
+        if cutlass.const_expr(self.fmt == "model1"):
             scale = e8m0_to_f32(lds_u8(at + lane // 4))
-        else:
+        elif cutlass.const_expr(self.fmt == "v4.1"):
             scale = e8m0_to_f32(lds_u8(at + lane // 2))
         return scale
 
@@ -564,7 +593,7 @@ class Kernel:
     # MMA warpgroups (stage D2's, plus the key mask and the sink)
 
     @cute.jit
-    def attend(self, work, tidx, q_pipe, kv_pipe, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask, s_kscale,
+    def attend(self, work, tidx, q_pipe, kv_pipe, pair, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask, s_kscale,
                sink, mO, mLSE, mOp, mLp):
         bm, bn = self.BLOCK_M, self.BLOCK_N
         wg = tidx // 128
@@ -603,6 +632,7 @@ class Kernel:
 
         for i in cutlass.range(work.tile_end - work.tile_begin, unroll=1):
             kv_pipe.consumer_wait(kv_cons)
+            pair.consumer_wait(kv_cons)
             if wg == 0:
                 acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
                 wgmma_sync(qk_mma, acc_s, tSrQ, tSrK, a_slot=0, b_slot=kv_cons.index, zero_init=True)
@@ -632,6 +662,7 @@ class Kernel:
                 scale_rows(acc_o_rc, r, s_row[tOcO_rc[r, 0][0]])
             wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
             kv_pipe.consumer_release(kv_cons)
+            pair.consumer_release(kv_cons, tidx % 32)
             kv_cons.advance()
             if wg == 1:
                 cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.P_EMPTY), number_of_threads=mma_threads)
