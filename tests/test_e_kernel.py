@@ -107,3 +107,15 @@ def test_the_pair_exchanges_tiles_by_st_async(project_root, tmp_path, monkeypatc
     assert "mapa" in pair
     for word in ("st.async", "barrier.cluster", "mapa"):
         assert word not in alone
+
+
+def test_slot_offsets_swizzle_bytes_not_elements():
+    """The dequantisers address K's slots by hand (slot_offset): SW128 permutes the eight 16-byte
+    pieces of a 128-byte row by the row's index mod 8, on BYTE offsets.  Applied to bf16 element
+    offsets (a ComposedLayout called as a function) it moves 32-byte groups by a 256-byte period —
+    the first pair run failed 96/96 that way (cosine 0.39–0.63)."""
+    for row in range(16):
+        for piece in range(8):
+            for byte in (0, 5, 15):
+                off = row * 128 + piece * 16 + byte
+                assert sm90.swizzle_bytes(off, 3, 4, 3) == row * 128 + (piece ^ (row % 8)) * 16 + byte

@@ -94,6 +94,8 @@ def _kv_layouts(dtype, block_n: int, stages: int, slice_n: int):
     v_kind = sm90_utils.get_smem_layout_atom(utils.LayoutEnum.COL_MAJOR, dtype, slice_n)
     k_layout = cute.tile_to_shape(warpgroup.make_smem_layout_atom(k_kind, dtype), (block_n, D, stages), order=(0, 1, 2))
     vt_layout = cute.tile_to_shape(warpgroup.make_smem_layout_atom(v_kind, dtype), (D, block_n, stages), order=(1, 0, 2))
+    if k_layout.inner.num_base < 4:  # the dequantisers store whole 16-byte pieces (slot_offset)
+        raise ValueError(f"stage E sm90: the K swizzle {k_layout.inner} splits 16-byte pieces")
     for key in (0, 1, 7, 8, block_n - 1):
         for col in (0, 1, 15, 16, 63, 64, slice_n - 1, slice_n, D - 1):
             for slot in (0, stages - 1):
@@ -524,7 +526,7 @@ class Kernel:
                 self.convert_piece(raw[None, g], scale[g], lane, vals)
                 words = cute.recast_tensor(vals, cutlass.Int32)
                 for h in cutlass.range_constexpr(lc // 8):  # 8 bf16 = one 16-byte piece of a swizzled row
-                    at = k_base + 2 * k_smem((key, lc * lane + 8 * h, state.index))
+                    at = k_base + slot_offset(k_smem, key, lc * lane + 8 * h, state.index)
                     pair.store16(at, cute.make_tensor(words.iterator + 4 * h, cute.make_layout(4)), state)
         if lane < self.BLOCK_N // 4:
             key = pwarp + 4 * lane
@@ -716,6 +718,23 @@ class Kernel:
                 block[e // D, e % D] = cutlass.Float32(0.0)
             if tidx < bm:
                 mLp[self.sched.partial_row_block(work) * bm + tidx] = -cutlass.Float32.inf
+
+
+def swizzle_bytes(off, bits: int, base: int, shift: int):
+    """A shared-memory swizzle S<bits, base, shift> applied to a BYTE offset (as the swizzle of
+    a swizzled pointer acts): the `bits` bits above base + shift are XORed into the ones above
+    base.  SW128 is S<3,4,3>: the 16-byte piece (bits 4 … 6) of a 128-byte row is permuted by
+    the row's index mod 8 (bits 7 … 9).  Plain ints or traced Int32s."""
+    return off ^ ((off & (((1 << bits) - 1) << (base + shift))) >> shift)
+
+
+@cute.jit
+def slot_offset(k_smem, key, col, slot):
+    """The byte offset of K[key, col] of `slot` from the slots' base: the K-major layout's
+    offset in bf16 elements, × 2, swizzled.  A ComposedLayout evaluated as a function would apply
+    its swizzle to the ELEMENT offset — wrong for a swizzle that lives in the pointer (bytes)."""
+    sw = k_smem.inner
+    return swizzle_bytes(k_smem.outer((key, col, slot)) * 2, sw.num_bits, sw.num_base, sw.num_shift)
 
 
 @cute.jit
