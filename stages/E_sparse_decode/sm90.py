@@ -64,7 +64,8 @@ from oracles.sparse_decode import SparseConfig
 from stages.common.barriers import NamedBarrier
 from stages.common.cluster_pair import TilePair
 from stages.common.combine import SplitCombine, sink_factor
-from stages.common.fp8_cache import D, cache_block_bytes, convert16, cp_async, e8m0_to_f32, lds16, lds_f32, lds_u8
+from stages.common.e4m3_bits import e4m3x16_to_bf16
+from stages.common.fp8_cache import D, cache_block_bytes, cp_async, lds16, lds_f32, lds_u8
 from stages.common.inspection import expose
 from stages.common.scheduler import SM_COUNT, DecodeGrid, resolve_splits
 from stages.common.sm90_idioms import acc_rows_cols, tma_pipeline, wgmma_sync
@@ -513,17 +514,17 @@ class Kernel:
         for kg in cutlass.range_constexpr(kpw // group):
             raw = cute.make_rmem_tensor((8, group), cutlass.Int32)  # per key: 16 B of e4m3 (or 32 B of rope)
             raw.fill(0)
-            scale = cute.make_rmem_tensor(group, cutlass.Float32)
-            scale.fill(0.0)
+            expo = cute.make_rmem_tensor(group, cutlass.Int32)  # the e8m0 byte of each key's piece
+            expo.fill(127)
             for g in cutlass.range_constexpr(group):
                 j = rank * kpw + kg * group + g
                 index = cute.arch.shuffle_sync(mine, j)
                 if index != -1:
-                    scale[g] = self.read_piece(self.raw_key(s_raw, rslot, pwarp + 4 * j), lane, raw[None, g])
+                    expo[g] = self.read_piece(self.raw_key(s_raw, rslot, pwarp + 4 * j), lane, raw[None, g])
             for g in cutlass.range_constexpr(group):
                 key = pwarp + 4 * (rank * kpw + kg * group + g)
                 vals = cute.make_rmem_tensor(lc, cutlass.BFloat16)
-                self.convert_piece(raw[None, g], scale[g], lane, vals)
+                self.convert_piece(raw[None, g], expo[g], lane, vals)
                 words = cute.recast_tensor(vals, cutlass.Int32)
                 for h in cutlass.range_constexpr(lc // 8):  # 8 bf16 = one 16-byte piece of a swizzled row
                     at = k_base + slot_offset(k_smem, key, lc * lane + 8 * h, state.index)
@@ -548,10 +549,10 @@ class Kernel:
         return out
 
     @cute.jit
-    def read_piece(self, src, lane, raw) -> cutlass.Float32:
+    def read_piece(self, src, lane, raw) -> cutlass.Int32:
         """raw (8 Int32) ← this lane's staged bytes of one key (16, or model1's rope lanes 32);
-        returns their scale (1 for the rope)."""
-        scale = cutlass.Float32(1.0)
+        returns their scale's e8m0 byte (127, a scale of 1, for the rope and for simple)."""
+        scale = cutlass.Int32(127)
         if cutlass.const_expr(self.fmt == "model1"):
             if lane < 28:
                 lds16(src + lane * 16, raw, 0)
@@ -565,31 +566,31 @@ class Kernel:
         return scale
 
     @cute.jit
-    def staged_scale(self, src, lane) -> cutlass.Float32:
-        """The scale of this lane's 16 columns, from the key's staged scale bytes: model1 — e8m0
-        byte lane // 4 (one per 64 columns); v4.1 — byte lane // 2 (one per 32); simple — 1 (its
-        fp32 scale is the MMA warpgroups' column factor, see dequant_tile)."""
+    def staged_scale(self, src, lane) -> cutlass.Int32:
+        """The e8m0 scale byte of this lane's 16 columns, from the key's staged scale bytes:
+        model1 — byte lane // 4 (one per 64 columns); v4.1 — byte lane // 2 (one per 32); simple
+        — 127, a scale of 1 (its fp32 scale is the MMA warpgroups' column factor, see
+        dequant_tile).  Masked: a Uint8 loads sign-extended."""
         at = src + self.RAW_SCALES
-        scale = cutlass.Float32(1.0)
+        e = cutlass.Int32(127)
         if cutlass.const_expr(self.fmt == "model1"):
-            scale = e8m0_to_f32(lds_u8(at + lane // 4))
+            e = lds_u8(at + lane // 4) & 0xFF
         elif cutlass.const_expr(self.fmt == "v4.1"):
-            scale = e8m0_to_f32(lds_u8(at + lane // 2))
-        return scale
+            e = lds_u8(at + lane // 2) & 0xFF
+        return e
 
     @cute.jit
-    def convert_piece(self, raw, scale, lane, vals):
-        """vals (16 bf16) ← raw: 16 e4m3 × scale (fp32 math), or model1's rope as it is; simple's
-        e4m3 unscaled (its scale is a column factor of S and P, see dequant_tile)."""
-        if cutlass.const_expr(self.fmt == "simple"):
-            convert16(raw, cutlass.Float32(1.0), vals)
-        elif cutlass.const_expr(self.fmt == "model1"):
+    def convert_piece(self, raw, e, lane, vals):
+        """vals (16 bf16) ← raw: 16 e4m3 × 2^(e − 127) by bit moves and two exact bf16x2
+        multiplies (stages/common/e4m3_bits.py), or model1's rope as it is; simple's e4m3
+        unscaled (e = 127; its scale is a column factor of S and P, see dequant_tile)."""
+        if cutlass.const_expr(self.fmt == "model1"):
             if lane < 28:
-                convert16(raw, scale, vals)
+                e4m3x16_to_bf16(raw, e, vals)
             else:
                 vals.store(cute.recast_tensor(raw, cutlass.BFloat16).load())
         else:
-            convert16(raw, scale, vals)
+            e4m3x16_to_bf16(raw, e, vals)
 
     # -----------------------------------------------------------------------------------------
     # MMA warpgroups (stage D2's, plus the key mask and the sink)
