@@ -67,6 +67,7 @@ from stages.common.combine import SplitCombine, sink_factor
 from stages.common.e4m3_bits import e4m3x16_to_bf16
 from stages.common.fp8_cache import D, cache_block_bytes, cp_async, lds16, lds_f32, lds_u8
 from stages.common.inspection import expose
+from stages.common.sm90_gather import cp_async_or_zero
 from stages.common.scheduler import SM_COUNT, DecodeGrid, resolve_splits
 from stages.common.sm90_idioms import acc_rows_cols, tma_pipeline, wgmma_sync
 from stages.common.softmax import OnlineSoftmax, final_lse, scale_rows
@@ -457,15 +458,16 @@ class Kernel:
                    mine, s_raw, rslot, rank, pwarp, lane):
         """Key j of this warp (index by shuffle from lane j), for the keys this CTA dequantises:
         lane l copies its 16 bytes of the token (model1's rope lanes 28 … 31: 32 bytes), lane 0
-        the token's scales.  simple: lane j copies key j's fp32 scale, for every key of the warp
-        (a pair's MMA warpgroups apply the scales of both halves)."""
+        the token's scales — an invalid key's as zeros, without a branch (stages/common/
+        sm90_gather.py: its address clamped to token 0, nothing read).  simple: lane j copies key
+        j's fp32 scale, for every key of the warp (a pair's MMA warpgroups apply the scales of
+        both halves)."""
         base = cache.iterator.toint()
         for jj in cutlass.range_constexpr(self.keys_per_warp):
             j = rank * self.keys_per_warp + jj
             index = cute.arch.shuffle_sync(mine, j)
-            if index != -1:
-                dst = self.raw_key(s_raw, rslot, pwarp + 4 * j)
-                self.issue_piece(base, index, block_size, block_bytes, lane, dst)
+            dst = self.raw_key(s_raw, rslot, pwarp + 4 * j)
+            self.issue_piece(base, cutlass.max(index, 0), index != -1, block_size, block_bytes, lane, dst)
         if cutlass.const_expr(self.fmt == "simple"):
             if lane < self.BLOCK_N // 4 and mine != -1:
                 block = base + cutlass.Int64(mine // block_size) * block_bytes
@@ -478,34 +480,36 @@ class Kernel:
         return s_raw.iterator.toint() + (rslot * self.BLOCK_N + key) * self.RAW_KEY_BYTES
 
     @cute.jit
-    def issue_piece(self, base, index, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], lane, dst):
+    def issue_piece(self, base, index, valid, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int],
+                    lane, dst):
         """cp.async token `index`'s bytes this lane stages: data columns 16·lane … 16·lane + 15 as
         16 e4m3 (model1's lanes 28 … 31: 16 bf16 rope values, 32 bytes) at their own offset, and
-        (lane 0) the token's scales at RAW_SCALES: model1 8 bytes, v4.1 16 (simple's 4: issue_keys)."""
+        (lane 0) the token's scales at RAW_SCALES: model1 8 bytes, v4.1 16 (simple's 4: issue_keys);
+        zeros when not `valid`."""
         blk = cutlass.Int64(index // block_size)
         off = cutlass.Int64(index % block_size)
         block = base + blk * block_bytes
         if cutlass.const_expr(self.fmt == "simple"):
-            cp_async(dst + lane * 16, block + off * D + lane * 16, 16)  # its scale: issue_keys
+            cp_async_or_zero(dst + lane * 16, block + off * D + lane * 16, 16, valid)  # its scale: issue_keys
         elif cutlass.const_expr(self.fmt == "model1"):
             token = block + off * 576
             if lane < 28:
-                cp_async(dst + lane * 16, token + lane * 16, 16)
+                cp_async_or_zero(dst + lane * 16, token + lane * 16, 16, valid)
             else:
-                cp_async(dst + 448 + (lane - 28) * 32, token + 448 + (lane - 28) * 32, 16)
-                cp_async(dst + 464 + (lane - 28) * 32, token + 464 + (lane - 28) * 32, 16)
+                cp_async_or_zero(dst + 448 + (lane - 28) * 32, token + 448 + (lane - 28) * 32, 16, valid)
+                cp_async_or_zero(dst + 464 + (lane - 28) * 32, token + 464 + (lane - 28) * 32, 16, valid)
             if lane == 0:
-                cp_async(dst + self.RAW_SCALES, block + block_size * 576 + off * 8, 8)
+                cp_async_or_zero(dst + self.RAW_SCALES, block + block_size * 576 + off * 8, 8, valid)
         else:
             token = block + off * 528
-            cp_async(dst + lane * 16, token + lane * 16, 16)
+            cp_async_or_zero(dst + lane * 16, token + lane * 16, 16, valid)
             if lane == 0:
-                cp_async(dst + self.RAW_SCALES, token + D, 16)
+                cp_async_or_zero(dst + self.RAW_SCALES, token + D, 16, valid)
 
     @cute.jit
     def dequant_tile(self, mine, s_raw, rslot, k_base, k_smem, s_mask, s_kscale, state, pair, rank, pwarp, lane):
         """This CTA's keys of the warp in the staged tile → bf16 rows of slot state.index, GROUP keys
-        at a time (an invalid key: zeros, never read from the ring), each 16-byte piece stored by
+        at a time (an invalid key: its staged bytes are zeros, so its row is), each 16-byte piece stored by
         `pair` (here, and in a pair into the peer's slot too); then the mask entries (0 or −∞) of
         all the warp's keys, lane j for key j.  simple: the rows are the e4m3 values themselves
         (exact in bf16) and the token's scale goes to `s_kscale` — the MMA warpgroups apply it to
@@ -513,14 +517,10 @@ class Kernel:
         lc, group, kpw = self.LANE_COLS, self.GROUP, self.keys_per_warp
         for kg in cutlass.range_constexpr(kpw // group):
             raw = cute.make_rmem_tensor((8, group), cutlass.Int32)  # per key: 16 B of e4m3 (or 32 B of rope)
-            raw.fill(0)
             expo = cute.make_rmem_tensor(group, cutlass.Int32)  # the e8m0 byte of each key's piece
-            expo.fill(127)
-            for g in cutlass.range_constexpr(group):
+            for g in cutlass.range_constexpr(group):  # an invalid key's staged bytes are zeros: no branch
                 j = rank * kpw + kg * group + g
-                index = cute.arch.shuffle_sync(mine, j)
-                if index != -1:
-                    expo[g] = self.read_piece(self.raw_key(s_raw, rslot, pwarp + 4 * j), lane, raw[None, g])
+                expo[g] = self.read_piece(self.raw_key(s_raw, rslot, pwarp + 4 * j), lane, raw[None, g])
             for g in cutlass.range_constexpr(group):
                 key = pwarp + 4 * (rank * kpw + kg * group + g)
                 vals = cute.make_rmem_tensor(lc, cutlass.BFloat16)
