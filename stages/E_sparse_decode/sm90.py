@@ -91,7 +91,8 @@ def register_plan(threads: int, plan: dict[int, int]) -> str | None:
 
 def _kv_layouts(dtype, block_n: int, stages: int, slice_n: int):
     """K (block_n, D, stages) K-major and Vᵀ (D, block_n, stages) MN-major views of the same slot
-    bytes (stage D2's construction: the swizzle atom of one warpgroup's O slice, keys first)."""
+    bytes (stage D2's construction: the swizzle atom of one warpgroup's O slice, keys first), and
+    the byte stride of 8 keys (the swizzle atom's height) the dequantisers step by."""
     k_kind = sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, dtype, slice_n)
     v_kind = sm90_utils.get_smem_layout_atom(utils.LayoutEnum.COL_MAJOR, dtype, slice_n)
     k_layout = cute.tile_to_shape(warpgroup.make_smem_layout_atom(k_kind, dtype), (block_n, D, stages), order=(0, 1, 2))
@@ -103,7 +104,18 @@ def _kv_layouts(dtype, block_n: int, stages: int, slice_n: int):
             for slot in (0, stages - 1):
                 if k_layout((key, col, slot)) != vt_layout((col, key, slot)):
                     raise ValueError(f"stage E sm90: the Vᵀ view is not K's bytes at key {key}, col {col}, slot {slot}")
-    return k_layout, vt_layout
+    # The dequantisers address a piece as row_offset(key mod 8, col) + (key // 8)·key8 +
+    # slot·block_n·D·2 (Kernel.piece_rows): the layout must be additive in those two strides.
+    sw = k_layout.inner
+    at = lambda key, col, slot: swizzle_bytes(k_layout.outer((key, col, slot)) * 2, sw.num_bits, sw.num_base, sw.num_shift)
+    key8 = at(8, 0, 0) - at(0, 0, 0)
+    for key in range(8):
+        for col in (0, 8, 16, 120, 264, D - 8):
+            for slot in range(stages):
+                for k8 in range(block_n // 8):
+                    if at(key + 8 * k8, col, slot) != at(key, col, 0) + k8 * key8 + slot * block_n * D * 2:
+                        raise ValueError(f"stage E sm90: K slot offsets are not additive at key {key + 8 * k8}, col {col}")
+    return k_layout, vt_layout, key8
 
 
 class Kernel:
@@ -200,7 +212,7 @@ class Kernel:
             (1, self.NUM_MMA_WG, 1), tiler_mn=(bm, D // self.NUM_MMA_WG),
         )
         q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, bn, D), dtype, 1)
-        k_smem, vt_smem = _kv_layouts(dtype, bn, self.KV_STAGES, D // self.NUM_MMA_WG)
+        k_smem, vt_smem, self.key8_bytes = _kv_layouts(dtype, bn, self.KV_STAGES, D // self.NUM_MMA_WG)
         p_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, D, bn), dtype, 1)
         expose(self, p_path="smem", qk_mma=(qk_mma, (bm, bn, D)), pv_mma=(pv_mma, (bm, D, bn)),
                smem={"Q": q_smem, "K (dequantised)": k_smem, "Vt (K's bytes)": vt_smem, "P": p_smem},
@@ -344,6 +356,7 @@ class Kernel:
         pwarp = ptid // 32
         lane = ptid % 32
         rank = pair.rank()
+        k_rows = self.piece_rows(k_base, k_smem, pwarp, lane)
         if pwarp == 0:
             gQ = cute.local_tile(mQ, (bm, D), (None, 0))
             tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, gQ, 2)
@@ -371,7 +384,7 @@ class Kernel:
             mine = self.staged_indices(lists, lengths, work, tile, s_ridx, pwarp, lane)
             kv_pipe.producer_acquire(kv_state)
             pair.producer_acquire(kv_state, ptid)
-            self.dequant_tile(mine, s_raw, rslot, k_base, k_smem, s_mask, s_kscale, kv_state, pair, rank, pwarp, lane)
+            self.dequant_tile(mine, s_raw, rslot, k_rows, s_mask, s_kscale, kv_state, pair, rank, pwarp, lane)
             cute.arch.fence_proxy("async.shared", space="cta")  # generic smem writes → wgmma reads
             kv_pipe.producer_commit(kv_state)
             kv_state.advance()
@@ -507,7 +520,19 @@ class Kernel:
                 cp_async_or_zero(dst + self.RAW_SCALES, token + D, 16, valid)
 
     @cute.jit
-    def dequant_tile(self, mine, s_raw, rslot, k_base, k_smem, s_mask, s_kscale, state, pair, rank, pwarp, lane):
+    def piece_rows(self, k_base, k_smem, pwarp, lane):
+        """The byte addresses, in slot 0, of this lane's two 16-byte pieces of the warp's keys
+        pwarp and pwarp + 4 — row r = 2·(key mod 8 ≥ 4) + piece.  Key pwarp + 4j is row j mod 2
+        plus (j // 2)·key8_bytes, slot s adds s·BLOCK_N·D·2 (_kv_layouts checks the layout is
+        additive that way), so a piece's address is one add a tile."""
+        rows = cute.make_rmem_tensor(4, cutlass.Int32)
+        for par in cutlass.range_constexpr(2):
+            for h in cutlass.range_constexpr(self.LANE_COLS // 8):
+                rows[2 * par + h] = k_base + slot_offset(k_smem, pwarp + 4 * par, self.LANE_COLS * lane + 8 * h, 0)
+        return rows
+
+    @cute.jit
+    def dequant_tile(self, mine, s_raw, rslot, k_rows, s_mask, s_kscale, state, pair, rank, pwarp, lane):
         """This CTA's keys of the warp in the staged tile → bf16 rows of slot state.index, GROUP keys
         at a time (an invalid key: its staged bytes are zeros, so its row is), each 16-byte piece stored by
         `pair` (here, and in a pair into the peer's slot too); then the mask entries (0 or −∞) of
@@ -522,12 +547,13 @@ class Kernel:
                 j = rank * kpw + kg * group + g
                 expo[g] = self.read_piece(self.raw_key(s_raw, rslot, pwarp + 4 * j), lane, raw[None, g])
             for g in cutlass.range_constexpr(group):
-                key = pwarp + 4 * (rank * kpw + kg * group + g)
+                jj = kg * group + g
                 vals = cute.make_rmem_tensor(lc, cutlass.BFloat16)
                 self.convert_piece(raw[None, g], expo[g], lane, vals)
                 words = cute.recast_tensor(vals, cutlass.Int32)
+                rows_at = (rank * kpw // 2 + jj // 2) * self.key8_bytes + state.index * (self.BLOCK_N * D * 2)
                 for h in cutlass.range_constexpr(lc // 8):  # 8 bf16 = one 16-byte piece of a swizzled row
-                    at = k_base + slot_offset(k_smem, key, lc * lane + 8 * h, state.index)
+                    at = k_rows[2 * (jj % 2) + h] + rows_at
                     pair.store16(at, cute.make_tensor(words.iterator + 4 * h, cute.make_layout(4)), state)
         if lane < self.BLOCK_N // 4:
             key = pwarp + 4 * lane

@@ -73,9 +73,8 @@ def _bits_to_bf16x2(word, select: int, m1, m2, *, loc=None, ip=None) -> Int32:
 @cute.jit
 def factors(e):
     """(m1, m2) of the e8m0 byte `e` (an Int32 0 … 255) as bf16x2 words (both halves equal)."""
-    b1 = (cutlass.min(e, SPLIT_E) + 120) << 7
-    b2 = (cutlass.max(e, SPLIT_E) - 7) << 7
-    return b1 | (b1 << 16), b2 | (b2 << 16)
+    both = (1 << 7) | (1 << 23)  # the exponent field of both halves: one IMAD each
+    return (cutlass.min(e, SPLIT_E) + 120) * both, (cutlass.max(e, SPLIT_E) - 7) * both
 
 
 @cute.jit
