@@ -1,5 +1,6 @@
 """On a GPU: stage E — the lab catches the planted bugs issue 14 names (tests/fixtures): a scale
-from the wrong tile (wrong_e_scale) and index entries past topk_length honoured (wrong_e_len).
+from the wrong tile (wrong_e_scale) and index entries past topk_length honoured (wrong_e_len); and
+one of the h_q = 128 cluster pair: a half sent into the peer's other slot (wrong_e_pair).
 Each runs cleanly (every element written) and is reported `fail`; tests/test_e_oracle.py proves
 on the CPU that both bugs move O past the stage's bound, so a pass here would be the lab's
 blind spot."""
@@ -44,6 +45,14 @@ def test_lab_catches_entries_past_topk_length_honoured(project_root, tmp_path):
     _run_all_fail(project_root, tmp_path, "wrong_e_len",
                   lambda c: c["scenario"] == "topk_len" and c["config"] in ("s1h64_m96bs64", "s2h64_m200bs2_x64bs256")
                   and c["kv_format"] in ("simple", "model1") and c["splits"] == 1, 4)
+
+
+def test_lab_catches_a_pair_that_fills_the_wrong_slot(project_root, tmp_path):
+    """h_q = 128: the two CTAs of a cluster exchange dequantised halves; a half sent into the
+    peer's other slot must fail (tests/fixtures/wrong_e_pair)."""
+    _run_all_fail(project_root, tmp_path, "wrong_e_pair",
+                  lambda c: c["config"] in ("s2h128_m128bs256_x1024bs64", "s1h128_m128bs256_x1024bs2")
+                  and c["kv_format"] in ("model1", "v4.1") and c["scenario"] == "plain" and c["splits"] == 1, 4)
 
 
 @pytest.mark.parametrize("scenario", ["sink_inf", "topk_len", "lonely", "extreme", "dup"])

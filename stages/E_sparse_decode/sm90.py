@@ -1,5 +1,5 @@
 """Stage E on Hopper (sm_90a): DSV4 decode attention over an FP8 paged cache — sparse indices,
-two branches under one softmax, attention sink, split-KV.  The correct-and-simple rung.
+two branches under one softmax, attention sink, split-KV.
 
 Math (oracles/sparse_decode.py): per query row (batch, token, head), over the valid keys of the
 main list (idx, topk_length) and the extra/SWA list (idx_extra, extra_length) together,
@@ -17,22 +17,29 @@ CTA, split-KV with an LSE combine, K and Vᵀ views of one shared-memory slot)
         its share of 32-key tiles.
     Gather, asynchronous (Hopper's TMA cannot gather rows).  The producer warpgroup (4 warps;
         warp w owns keys w, w + 4, … of every tile) stages the raw bytes RAW_STAGES tiles ahead:
-        lane l cp.asyncs its 16 bytes of each valid key (model1's rope lanes 28 … 31: 32 bytes)
-        and lane 0 the key's scales into a ring of RAW_KEY_BYTES-byte rows, one commit group per
-        tile.  The idx entries of a tile come by cp.async as well, in the group of the tile
-        RAW_STAGES before it, into `s_ridx` (the first tiles' are loaded directly), so no global
-        load waits in the loop; `key_index` judges an entry when it is used.
+        lane l cp.asyncs its 16 bytes of each key (model1's rope lanes 28 … 31: 32 bytes) and lane
+        0 the key's scales into a ring of RAW_KEY_BYTES-byte rows, one commit group per tile.  An
+        invalid key is copied too, as zeros (src-size 0, stages/common/sm90_gather.py): no branch
+        per key, so ptxas interleaves a warp's keys.  The idx entries of a tile come by cp.async as
+        well, in the group of the tile RAW_STAGES before it, into `s_ridx` (the first tiles' are
+        loaded directly), so no global load waits in the loop; `key_index` judges an entry when it
+        is used.
     Dequantise on the CUDA cores, into one of two 32-key bf16 slots while the MMA warpgroups work
-        on the other: e4m3 → f16x2 → f32, × the scale of the lane's group, → bf16, one 32-byte
-        row piece into the swizzled K tile.  Scales: model1 — e8m0 byte l // 4 of the token's 7
-        (the rope lanes copy bf16 as it is); v4.1 — e8m0 byte l // 2 of 16; e8m0 → fp32 is the
-        byte shifted into the exponent field (exact for 2^−126 … 2^127).  simple — the e4m3 values
-        go to bf16 unscaled (exact) and the token's fp32 scale to `s_kscale`: the MMA warpgroups
-        apply it to S's column (S = Q·K_e4m3ᵀ · scale) and to P's (P·V = (P · scale)·V_e4m3) in
-        fp32, after ℓ has summed P, so simple's LSE carries no bf16 rounding of the scaled value.
-        The writes are made visible to the tensor cores (fence.proxy.async) before the slot's
-        barrier is arrived on (a PipelineAsync: 128 producer threads arrive, 256 MMA threads
-        release).
+        on the other: e4m3 → bf16 by bit moves and two exact bf16x2 multiplies by the power-of-two
+        scale of the lane's group (stages/common/e4m3_bits.py), one 32-byte row piece into the
+        swizzled K tile at an address precomputed per thread (piece_rows).  Scales: model1 — e8m0
+        byte l // 4 of the token's 7 (the rope lanes copy bf16 as it is); v4.1 — e8m0 byte l // 2
+        of 16.  simple — the e4m3 values go to bf16 unscaled (exact) and the token's fp32 scale to
+        `s_kscale`: the MMA warpgroups apply it to S's column (S = Q·K_e4m3ᵀ · scale) and to P's
+        (P·V = (P · scale)·V_e4m3) in fp32, after ℓ has summed P, so simple's LSE carries no bf16
+        rounding of the scaled value.  The writes are made visible to the tensor cores
+        (fence.proxy.async) before the slot's barrier is arrived on (a PipelineAsync: 128 producer
+        threads arrive, 256 MMA threads release).
+    Two CTAs share every tile (h_q a multiple of 128).  The two head blocks of one token walk the
+        same keys, so they run as a (2, 1, 1) cluster and each dequantises half of every tile (a
+        producer warp 4 of its 8 keys) and st.asyncs each piece into the peer's slot as well
+        (stages/common/cluster_pair.py: the peer's bytes complete a transaction count on the
+        slot's remote_full barrier; a slot is refilled once both CTAs' MMA warps released it).
     Sink.  One split: folded into the epilogue's 1/ℓ.  Several: stages/common/combine.py's
         SplitCombine applies it once, after the merge.
 
@@ -44,9 +51,10 @@ Warp roles (384 threads)
     warpgroup 1   its half of O += P·V (O's 512 columns split over the two MMA warpgroups)
 
 Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of oracles/kvcache.py.
-What bounds it (docs/STAGE_E.md): the producer's instruction issue, ~1 050 per warp per tile.  Not
-done yet (the known way to be fast, DSV4.md): share dequantised tiles between two CTAs of a cluster
-(h_q = 128 dequantises every tile twice here), a persistent scheduler.
+What bounds it (docs/STAGE_E.md): at h_q = 64 the producer (~1 000 instructions a warp a tile, at an
+IPC of ~0.2); at h_q = 128 the MMA warpgroups' chain per 32-key tile (S = Q·Kᵀ at n = 32 reads Q from
+shared memory every tile; softmax; P·V) — the producer alone would allow more.  Not done yet:
+64-key tiles (they need the raw staging ring gone: gather into registers), a persistent scheduler.
 """
 
 import math
@@ -309,8 +317,7 @@ class Kernel:
         s_kscale = storage.key_scale.get_tensor(cute.make_layout((bn, self.KV_STAGES)))  # simple: the token's scale
         s_ridx = storage.raw_index.get_tensor(cute.make_layout((bn, self.INDEX_SLOTS)))  # idx entries, staged
         k_base = storage.sKV.data_ptr().toint()  # the dequantisers address the slots through k_smem
-        pair = TilePair(self.pair, storage.remote_full.data_ptr(), storage.remote_empty.data_ptr(),
-                        self.peer_bytes, self.MMA_THREADS // 32)
+        pair = self.tile_pair(storage)
         pair.init(self.KV_STAGES, tidx)
 
         q_pipe = tma_pipeline(storage.q_mbar, 1, self.q_bytes, 4)
@@ -339,6 +346,11 @@ class Kernel:
             else:
                 self.write_empty_split(work, tidx, mOp, mLp)
         pair.finish()
+
+    def tile_pair(self, storage) -> TilePair:
+        """The exchange of dequantised halves with the peer CTA (a no-op alone)."""
+        return TilePair(self.pair, storage.remote_full.data_ptr(), storage.remote_empty.data_ptr(),
+                        self.peer_bytes, self.MMA_THREADS // 32)
 
     # -----------------------------------------------------------------------------------------
     # Producer: Q by TMA, KV by gather + dequantise
@@ -371,7 +383,7 @@ class Kernel:
         lists = (KV, idx, KV_extra, idx_extra)
         # The first RAW_STAGES tiles' indices by plain loads (issued together, waited on once); every
         # later tile's idx entries come by cp.async with the bytes of the tile RAW_STAGES before it.
-        first = [self.tile_indices(lists, lengths, work, work.tile_begin + r, pwarp, lane) for r in range(self.RAW_STAGES)]
+        first = [self.staged_indices(lists, lengths, work, work.tile_begin + r, None, pwarp, lane) for r in range(self.RAW_STAGES)]
         for r in cutlass.range_constexpr(self.RAW_STAGES):
             if lane < self.BLOCK_N // 4:  # their index slots, as staged_indices reads them (−1 stays −1)
                 s_ridx[pwarp + 4 * lane, r] = first[r]
@@ -427,33 +439,28 @@ class Kernel:
 
     @cute.jit
     def staged_indices(self, lists, lengths, work, tile, s_ridx, pwarp, lane) -> cutlass.Int32:
-        """Lane j < BLOCK_N / 4: the cache index of this warp's key j of `tile` from its staged idx
-        entry (key_index judges it), −1 for an invalid key or a tile past the split."""
+        """Lane j < BLOCK_N / 4: the cache index of this warp's key j of `tile`, judged by key_index
+        from its idx entry — staged in `s_ridx`, or (s_ridx None: the first tiles) read from global
+        memory, its position clamped into the list; −1 for an invalid key or a tile past the split."""
         mine = cutlass.Int32(-1)
         if lane < self.BLOCK_N // 4 and tile < work.tile_end:
             branch, pos = self.list_position(tile, pwarp, lane)
-            got = s_ridx[pwarp + 4 * lane, (tile - work.tile_begin) % self.INDEX_SLOTS]
             if branch == 0:
+                got = self.idx_entry(lists[1], work, tile, pos, self.c.topk, s_ridx, pwarp, lane)
                 mine = self.key_index(lists[0], got, pos, lengths[0], self.c.topk, self.c.block)
             else:
                 if cutlass.const_expr(self.c.has_extra):
+                    got = self.idx_entry(lists[3], work, tile, pos, self.c.extra_topk, s_ridx, pwarp, lane)
                     mine = self.key_index(lists[2], got, pos, lengths[1], self.c.extra_topk, self.c.extra_block)
         return mine
 
     @cute.jit
-    def tile_indices(self, lists, lengths, work, tile, pwarp, lane) -> cutlass.Int32:
-        """As staged_indices, with the idx entry read from global memory (the first tiles)."""
-        mine = cutlass.Int32(-1)
-        if lane < self.BLOCK_N // 4 and tile < work.tile_end:
-            branch, pos = self.list_position(tile, pwarp, lane)
-            if branch == 0:
-                got = lists[1][work.batch, work.token, cutlass.min(pos, self.c.topk - 1)]
-                mine = self.key_index(lists[0], got, pos, lengths[0], self.c.topk, self.c.block)
-            else:
-                if cutlass.const_expr(self.c.has_extra):
-                    got = lists[3][work.batch, work.token, cutlass.min(pos, self.c.extra_topk - 1)]
-                    mine = self.key_index(lists[2], got, pos, lengths[1], self.c.extra_topk, self.c.extra_block)
-        return mine
+    def idx_entry(self, idx, work, tile, pos, topk: cutlass.Constexpr[int], s_ridx, pwarp, lane) -> cutlass.Int32:
+        """This lane's idx entry of `tile`: from its staged slot, or from global memory when
+        `s_ridx` is None (the position clamped into the list)."""
+        if cutlass.const_expr(s_ridx is None):
+            return idx[work.batch, work.token, cutlass.min(pos, topk - 1)]
+        return s_ridx[pwarp + 4 * lane, (tile - work.tile_begin) % self.INDEX_SLOTS]
 
     @cute.jit
     def issue_tile(self, lists, tile, mine, s_raw, rslot, rank, pwarp, lane):
