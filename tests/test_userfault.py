@@ -190,7 +190,8 @@ def test_worker_reports_user_faults_as_one_line_with_the_trace(tmp_path):
 
 
 PARENT = r'''
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a run started under nohup inherits SIGHUP ignored: this parent must die of it
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
 from harness.worker import Job, WorkerHandle
