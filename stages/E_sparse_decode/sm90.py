@@ -141,8 +141,8 @@ class Kernel:
     # 384 threads × 168 (ptxas's cap, 65 536 / 384 rounded down to 8) = 64 512.  The MMA
     # warpgroups' increase spins until the producer's decrease has freed enough, so the sum must
     # fit: 2 · 128 · 208 + 128 · 80 = 63 488 ≤ 64 512 (216 / 80, 65 536, never fits: a hang).
-    MMA_REGS = 208  # the MMA path uses R0 … R189 (SASS)
-    PRODUCER_REGS = 80  # the producer path uses R0 … R77 (SASS)
+    MMA_REGS = 208  # the MMA path uses R0 … R172 (SASS, h_q 128 model1, da3b2ebeedea)
+    PRODUCER_REGS = 80  # the producer path uses R0 … R77 (SASS, the same build)
     KV_STAGES = 2
     RAW_STAGES = 4  # raw tiles in flight (cp.async): 4 × 32 keys × 592 B, the latency hider
     INDEX_SLOTS = 2 * RAW_STAGES  # idx entries are staged RAW_STAGES tiles before their keys' bytes
