@@ -37,7 +37,7 @@ def _exact_bf16_product(x: float, m: float) -> float:
 
 def _recipe(byte: int, e: int) -> float:
     word = byte * 0x01010101  # the byte in all four places
-    m1, m2 = eb.scale_factors(e)
+    m1, m2 = (m & 0xFFFF for m in eb.factors(e))
     t = (_prmt_sign(word, eb.SELECT_LO) << 4) & eb.HALF_MASK & 0xFFFFFFFF
     x = _bf16(t & 0xFFFF)
     assert _bf16(t >> 16) == x
@@ -72,7 +72,9 @@ def test_reference_decoder_agrees_with_torch():
 
 def test_factors_are_normal_bf16_powers_of_two():
     for e in range(1, 255):
-        m1, m2 = eb.scale_factors(e)
+        words = eb.factors(e)
+        assert all(w >> 16 == w & 0xFFFF for w in words)  # both halves of each bf16x2 word alike
+        m1, m2 = (w & 0xFFFF for w in words)
         for m in (m1, m2):
             assert 0 < (m >> 7) < 255 and m & 0x7F == 0  # a normal bf16, mantissa 0
         assert _bf16(m1) * _bf16(m2) == 2.0 ** (e - 7)

@@ -114,8 +114,7 @@ def _kv_layouts(dtype, block_n: int, stages: int, slice_n: int):
                     raise ValueError(f"stage E sm90: the Vᵀ view is not K's bytes at key {key}, col {col}, slot {slot}")
     # The dequantisers address a piece as row_offset(key mod 8, col) + (key // 8)·key8 +
     # slot·block_n·D·2 (Kernel.piece_rows): the layout must be additive in those two strides.
-    sw = k_layout.inner
-    at = lambda key, col, slot: swizzle_bytes(k_layout.outer((key, col, slot)) * 2, sw.num_bits, sw.num_base, sw.num_shift)
+    at = lambda key, col, slot: slot_offset(k_layout, key, col, slot)  # noqa: E731
     key8 = at(8, 0, 0) - at(0, 0, 0)
     for key in range(8):
         for col in (0, 8, 16, 120, 264, D - 8):
@@ -490,9 +489,8 @@ class Kernel:
             self.issue_piece(base, cutlass.max(index, 0), index != -1, block_size, block_bytes, lane, dst)
         if cutlass.const_expr(self.fmt == "simple"):
             if lane < self.BLOCK_N // 4 and mine != -1:
-                block = base + cutlass.Int64(mine // block_size) * block_bytes
-                cp_async(self.raw_key(s_raw, rslot, pwarp + 4 * lane) + self.RAW_SCALES,
-                         block + block_size * D + cutlass.Int64(mine % block_size) * 4, 4)
+                block, off = _token_block(base, mine, block_size, block_bytes)
+                cp_async(self.raw_key(s_raw, rslot, pwarp + 4 * lane) + self.RAW_SCALES, block + block_size * D + off * 4, 4)
 
     @cute.jit
     def raw_key(self, s_raw, rslot, key):
@@ -506,9 +504,7 @@ class Kernel:
         16 e4m3 (model1's lanes 28 … 31: 16 bf16 rope values, 32 bytes) at their own offset, and
         (lane 0) the token's scales at RAW_SCALES: model1 8 bytes, v4.1 16 (simple's 4: issue_keys);
         zeros when not `valid`."""
-        blk = cutlass.Int64(index // block_size)
-        off = cutlass.Int64(index % block_size)
-        block = base + blk * block_bytes
+        block, off = _token_block(base, index, block_size, block_bytes)
         if cutlass.const_expr(self.fmt == "simple"):
             cp_async_or_zero(dst + lane * 16, block + off * D + lane * 16, 16, valid)  # its scale: issue_keys
         elif cutlass.const_expr(self.fmt == "model1"):
@@ -585,18 +581,18 @@ class Kernel:
     def read_piece(self, src, lane, raw) -> cutlass.Int32:
         """raw (8 Int32) ← this lane's staged bytes of one key (16, or model1's rope lanes 32);
         returns their scale's e8m0 byte (127, a scale of 1, for the rope and for simple)."""
-        scale = cutlass.Int32(127)
+        e = cutlass.Int32(127)
         if cutlass.const_expr(self.fmt == "model1"):
             if lane < 28:
                 lds16(src + lane * 16, raw, 0)
-                scale = self.staged_scale(src, lane)
+                e = self.staged_scale(src, lane)
             else:
                 lds16(src + 448 + (lane - 28) * 32, raw, 0)
                 lds16(src + 464 + (lane - 28) * 32, raw, 4)
         else:
             lds16(src + lane * 16, raw, 0)
-            scale = self.staged_scale(src, lane)
-        return scale
+            e = self.staged_scale(src, lane)
+        return e
 
     @cute.jit
     def staged_scale(self, src, lane) -> cutlass.Int32:
@@ -762,13 +758,17 @@ def swizzle_bytes(off, bits: int, base: int, shift: int):
     return off ^ ((off & (((1 << bits) - 1) << (base + shift))) >> shift)
 
 
-@cute.jit
 def slot_offset(k_smem, key, col, slot):
     """The byte offset of K[key, col] of `slot` from the slots' base: the K-major layout's
-    offset in bf16 elements, × 2, swizzled.  A ComposedLayout evaluated as a function would apply
+    offset in bf16 elements, × 2, swizzled (ints at trace time, traced Int32s in the kernel).  A ComposedLayout evaluated as a function would apply
     its swizzle to the ELEMENT offset — wrong for a swizzle that lives in the pointer (bytes)."""
     sw = k_smem.inner
     return swizzle_bytes(k_smem.outer((key, col, slot)) * 2, sw.num_bits, sw.num_base, sw.num_shift)
+
+
+def _token_block(base, index, block_size: int, block_bytes: int):
+    """(byte address of token `index`'s page block, its offset in the block) — 64-bit."""
+    return base + cutlass.Int64(index // block_size) * block_bytes, cutlass.Int64(index % block_size)
 
 
 @cute.jit

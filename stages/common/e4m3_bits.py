@@ -42,12 +42,6 @@ HALF_MASK = 0x87F087F0  # per half: the sign (bit 15) and eeee mmm (bits 4 … 1
 SPLIT_E = 134  # the largest e8m0 byte whose 2^(e − 7) is a bf16
 
 
-def scale_factors(e: int) -> tuple[int, int]:
-    """The bf16 bit patterns (one half) of m1 = 2^(min(e, 134) − 7) and m2 = 2^(max(e, 134) − 134)
-    for the e8m0 byte e (plain ints: the CPU tests and the documentation of `factors`)."""
-    return (min(e, SPLIT_E) + 120) << 7, (max(e, SPLIT_E) - 7) << 7
-
-
 @dsl_user_op
 def _bits_to_bf16x2(word, select: int, m1, m2, *, loc=None, ip=None) -> Int32:
     """Two of the word's e4m3 bytes (by `select`) → one bf16x2 word, × m1 × m2 (bf16x2)."""
@@ -70,11 +64,18 @@ def _bits_to_bf16x2(word, select: int, m1, m2, *, loc=None, ip=None) -> Int32:
     ))
 
 
-@cute.jit
+BOTH_HALVES = (1 << 7) | (1 << 23)  # × this puts a bf16 exponent field into both halves: one IMAD
+
+
 def factors(e):
-    """(m1, m2) of the e8m0 byte `e` (an Int32 0 … 255) as bf16x2 words (both halves equal)."""
-    both = (1 << 7) | (1 << 23)  # the exponent field of both halves: one IMAD each
-    return (cutlass.min(e, SPLIT_E) + 120) * both, (cutlass.max(e, SPLIT_E) - 7) * both
+    """(m1, m2) = 2^(min(e, 134) − 7) and 2^(max(e, 134) − 134) of the e8m0 byte `e` as bf16x2
+    words (both halves equal).  A plain int (the CPU tests read the kernel's own formula) or a
+    traced Int32 (the kernel)."""
+    if isinstance(e, int):
+        lo, hi = min(e, SPLIT_E), max(e, SPLIT_E)
+    else:
+        lo, hi = cutlass.min(e, SPLIT_E), cutlass.max(e, SPLIT_E)
+    return (lo + 120) * BOTH_HALVES, (hi - 7) * BOTH_HALVES
 
 
 @cute.jit
