@@ -22,21 +22,11 @@ from __future__ import annotations
 
 import json
 import lzma
-import os
 from pathlib import Path
 
 from harness.inventories import InventoryStore
+from harness.jsonl import replace_file
 from harness.records import _read_archive, archive_file, stage_file
-
-
-def _replace(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def _inlined(lines: list[bytes], store: InventoryStore) -> tuple[list[bytes], int]:
@@ -70,7 +60,7 @@ def _old_lines(archive: Path) -> list[bytes]:
 
 
 def _write_archive(archive: Path, lines: list[bytes]) -> None:
-    _replace(archive, lzma.compress(b"\n".join(lines) + b"\n", preset=9 | lzma.PRESET_EXTREME))
+    replace_file(archive, lzma.compress(b"\n".join(lines) + b"\n", preset=9 | lzma.PRESET_EXTREME))
 
 
 def inline_archive(root: Path, stage_id: str) -> int:
@@ -115,5 +105,5 @@ def archive_stale(root: Path, stage_id: str, current_src: dict[str, str]) -> tup
     lines, _ = _inlined(_old_lines(archive) + move, InventoryStore(archive.parent.parent))
     _write_archive(archive, lines)
     text = b"\n".join(keep) + (b"\n" if keep else b"")
-    _replace(path, text)
+    replace_file(path, text)
     return len(move), len(data) - len(text)

@@ -47,7 +47,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from harness.jsonl import Appender, iter_jsonl, read_bytes
+from harness.jsonl import Appender, iter_jsonl, read_bytes, replace_file
 
 TABLES = ("inv", "sass")
 REF = "#"
@@ -275,12 +275,7 @@ def rewrite_store(store: InventoryStore, keep: Iterable[str] | None = None) -> t
     wanted = set(known) if keep is None else set(keep)
     kept = {i: c for i, c in known.items() if i in wanted}
     body = "".join(store_line(i, kept[i]) + "\n" for i in sorted(kept)).encode()
-    tmp = store.path.with_name(store.path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(lzma.compress(body, preset=9 | lzma.PRESET_EXTREME))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, store.path)
+    replace_file(store.path, lzma.compress(body, preset=9 | lzma.PRESET_EXTREME))
     if store.plain.exists():
         store.plain.unlink()
     return len(kept), len(known) - len(kept)
@@ -303,7 +298,5 @@ def compact_file(path: Path, store: InventoryStore, append) -> tuple[int, int]:
         else:
             out.append(raw)
     text = b"\n".join(out)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(text)
-    os.replace(tmp, path)
+    replace_file(path, text)
     return len(out), len(data) - len(text)

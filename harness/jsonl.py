@@ -65,6 +65,18 @@ def iter_jsonl(path: Path, warn: list[str] | None = None, newest_first: bool = F
         yield lineno, obj
 
 
+def replace_file(path: Path, data: bytes) -> None:
+    """Write `path` whole and atomically: a temp file beside it, fsynced, then renamed over it
+    (a crash leaves the old file or the new one, never half of one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
 class Appender:
     """Appends JSON lines to one file, flushing each, so a crash keeps every finished line."""
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from harness.inventories import InventoryStore, StoreAppender
-from harness.jsonl import MAX_LINE_BYTES, Appender, iter_jsonl, read_bytes  # noqa: F401 (MAX_LINE_BYTES: the remote channel's limit too)
+from harness.jsonl import Appender, iter_jsonl, read_bytes
 from harness.paths import records_dir, results_dir
 from harness.statuses import STATUSES
 

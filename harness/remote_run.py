@@ -31,7 +31,8 @@ from rich.markup import escape
 from harness.channel import FRAME_OVERHEAD, Receiver, new_key
 from harness.console import case_line, make_console, printable
 from harness.matrix import Case
-from harness.records import (MAX_LINE_BYTES, Record, RecordWriter, append_event, now_iso, runs_file, stage_file,
+from harness.jsonl import MAX_LINE_BYTES
+from harness.records import (Record, RecordWriter, append_event, now_iso, runs_file, stage_file,
                              status_counts, validate)
 from harness.report import results_table, summary_lines
 from harness.spec import Spec, Stage

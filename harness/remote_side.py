@@ -14,7 +14,7 @@ import runpy
 import sys
 
 from harness.channel import FRAME_OVERHEAD, ChannelError, open_sender
-from harness.records import MAX_LINE_BYTES
+from harness.jsonl import MAX_LINE_BYTES
 from harness.matrix import Case
 from harness.spec import Spec, Stage
 

@@ -21,7 +21,8 @@ import pytest
 
 from harness import remote_run, target_check, targets, treecopy
 from harness.matrix import expand
-from harness.records import MAX_LINE_BYTES, read_records, read_runs
+from harness.jsonl import MAX_LINE_BYTES
+from harness.records import read_records, read_runs
 from harness.spec import load_spec
 from harness.remote_run import parse_payload, read_lines, remote_run_args
 from harness.ssh import explain_ssh_failure, remote_path, ssh_argv
