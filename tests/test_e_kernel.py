@@ -44,10 +44,10 @@ def test_refusals():
 def test_register_plan_fits_the_launch_allocation():
     """setmaxnreg only moves registers inside the CTA's launch allocation (384 × 168 = 64 512):
     the first rung asked 2·128·216 + 128·80 = 65 536 and hung on the GPU (batch 2)."""
-    assert sm90.register_plan(384, {256: 216, 128: 80}) is not None  # the plan that hung
-    assert sm90.register_plan(384, {256: 240, 128: 24}) is None  # D2's: exactly 64 512
+    assert sm90.register_plan(384, [(256, 216), (128, 80)]) is not None  # the plan that hung
+    assert sm90.register_plan(384, [(256, 240), (128, 24)]) is None  # D2's: exactly 64 512
     k = sm90.Kernel
-    assert sm90.register_plan(k.THREADS, {k.MMA_THREADS: k.MMA_REGS, k.PRODUCER_THREADS: k.PRODUCER_REGS}) is None
+    assert sm90.register_plan(k.THREADS, [(k.MMA_THREADS, k.MMA_REGS), (k.PRODUCER_THREADS, k.PRODUCER_REGS)]) is None
 
 
 def test_e8m0_bytes_are_loaded_unsigned(project_root, tmp_path, monkeypatch):
@@ -73,14 +73,14 @@ def test_e8m0_bytes_are_loaded_unsigned(project_root, tmp_path, monkeypatch):
 
 def test_two_head_blocks_share_their_tiles_in_a_cluster():
     """h_q = 128: the two head blocks of a token form a (2, 1, 1) cluster and each dequantises
-    half of every tile (4 keys of a producer warp's 8); the peer's half is 16 KiB of bf16 a slot.
-    h_q = 64 (one head block) runs alone and dequantises all 8."""
+    half of every tile (2 keys of a producer warp's 4: 8 producer warps × 4 keys = 32); the peer's
+    half is 16 KiB of bf16 a slot.  h_q = 64 (one head block) runs alone and dequantises all 4."""
     k = sm90.Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits=1)
-    assert k.pair and k.keys_per_warp == 4 and k.peer_bytes == 4 * 4 * 512 * 2
+    assert k.pair and k.keys_per_warp == 2 and k.peer_bytes == 16 * 1024
     assert k.sched.grid[0] % 2 == 0  # the cluster pairs CTAs (2j, 2j + 1): head blocks 0 and 1 of one token
     assert all(k.sched.work(2 * j, 0, 0).token == k.sched.work(2 * j + 1, 0, 0).token for j in range(2))
     alone = sm90.Kernel(b=2, config="s2h64_m128bs256_x1024bs64", kv_format="model1", splits=1)
-    assert not alone.pair and alone.keys_per_warp == 8
+    assert not alone.pair and alone.keys_per_warp == 4
 
 
 def test_the_pair_exchanges_tiles_by_st_async(project_root, tmp_path, monkeypatch):
@@ -102,7 +102,9 @@ def test_the_pair_exchanges_tiles_by_st_async(project_root, tmp_path, monkeypatc
         ptx[cfg] = Path(res.ptx_path).read_text()
     compiler.close()
     pair, alone = ptx["s2h128_m128bs256_x1024bs64"], ptx["s2h64_m128bs256_x1024bs64"]
-    assert pair.count("st.async") >= 8 and "mbarrier::complete_tx::bytes" in pair
+    k = sm90.Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="v4.1", splits=1)
+    pieces = k.keys_per_warp * k.LANE_COLS // 8  # the 16-byte pieces a lane stores a tile
+    assert pair.count("st.async") == pieces and "mbarrier::complete_tx::bytes" in pair
     assert "barrier.cluster.arrive.relaxed" in pair and "barrier.cluster.wait" in pair
     assert "mapa" in pair
     for word in ("st.async", "barrier.cluster", "mapa"):

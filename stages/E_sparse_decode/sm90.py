@@ -84,13 +84,14 @@ from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition
 _SMEM_LIMIT = 227 * 1024
 
 
-def register_plan(threads: int, plan: dict[int, int]) -> str | None:
-    """None when the setmaxnreg plan {thread count: registers per thread} fits the CTA's
-    allocation at launch (threads × (65 536 / threads rounded down to a multiple of 8)); else
-    why not.  A plan that does not fit hangs: setmaxnreg.inc waits for registers nobody frees."""
+def register_plan(threads: int, plan: list[tuple[int, int]]) -> str | None:
+    """None when the setmaxnreg plan [(thread count, registers per thread), …] — one entry per
+    group of warps — fits the CTA's allocation at launch (threads × (65 536 / threads rounded
+    down to a multiple of 8)); else why not.  A plan that does not fit hangs: setmaxnreg.inc
+    waits for registers nobody frees."""
     at_launch = threads * (65536 // threads // 8 * 8)
-    want = sum(n * r for n, r in plan.items())
-    if sum(plan) != threads or any(r % 8 or not 24 <= r <= 256 for r in plan.values()):
+    want = sum(n * r for n, r in plan)
+    if sum(n for n, _ in plan) != threads or any(r % 8 or not 24 <= r <= 256 for _, r in plan):
         return f"setmaxnreg plan {plan} must cover the {threads} threads with multiples of 8 in 24 … 256"
     if want > at_launch:
         return f"setmaxnreg plan {plan} needs {want} registers, the CTA holds {at_launch} (a hang)"
@@ -132,16 +133,18 @@ class Kernel:
     BLOCK_M = 64
     BLOCK_N = 32  # keys per tile: two bf16 slots (the dequantisation of one overlaps the MMAs of the other)
     NUM_MMA_WG = 2
-    PRODUCER_WG = 2
-    PRODUCER_THREADS = 128
+    PV_N = 128  # O columns of one P·V wgmma (m64 n128): at 512 threads ptxas checks an instruction against 128 registers
+    PRODUCER_WG = 2  # the first producer warpgroup (after the MMA warpgroups)
+    PRODUCER_WARPS = 8  # warp w of them owns keys w, w + 8, … of every tile
+    PRODUCER_THREADS = 32 * PRODUCER_WARPS
     MMA_THREADS = 128 * NUM_MMA_WG
     THREADS = MMA_THREADS + PRODUCER_THREADS
     # setmaxnreg moves registers between the warps of the CTA's own allocation, fixed at launch:
-    # 384 threads × 168 (ptxas's cap, 65 536 / 384 rounded down to 8) = 64 512.  The MMA
-    # warpgroups' increase spins until the producer's decrease has freed enough, so the sum must
-    # fit: 2 · 128 · 208 + 128 · 80 = 63 488 ≤ 64 512 (216 / 80, 65 536, never fits: a hang).
-    MMA_REGS = 208  # the MMA path uses R0 … R172 (SASS, h_q 128 model1, da3b2ebeedea)
-    PRODUCER_REGS = 80  # the producer path uses R0 … R77 (SASS, the same build)
+    # 512 threads × 128 (65 536 / 512) = 65 536.  The MMA warpgroups' increase spins until the
+    # producers' decrease has freed enough, so the sum must fit (`register_plan`; a plan that does
+    # not is a hang): 2 · 128 · 176 + 2 · 128 · 80 = 65 536.
+    MMA_REGS = 176
+    PRODUCER_REGS = 80
     KV_STAGES = 2
     RAW_STAGES = 4  # raw tiles in flight (cp.async): 4 × 32 keys × 592 B, the latency hider
     INDEX_SLOTS = 2 * RAW_STAGES  # idx entries are staged RAW_STAGES tiles before their keys' bytes
@@ -166,16 +169,20 @@ class Kernel:
         # Two head blocks of one token walk the same keys: a (2, 1, 1) cluster of them shares
         # every dequantised tile (stages/common/cluster_pair.py); each CTA dequantises half.
         self.pair = head_blocks % 2 == 0
-        self.keys_per_warp = self.BLOCK_N // 4 // (2 if self.pair else 1)  # keys a producer warp dequantises
-        self.peer_bytes = self.keys_per_warp * 4 * D * 2  # the bf16 bytes the peer writes into a slot
+        pw = self.PRODUCER_WARPS
+        if 8 % pw or self.BLOCK_N % (2 * pw):
+            raise ValueError(f"stage E sm90: {pw} producer warps must divide the 8 keys of a swizzle atom and half a tile")
+        self.keys_per_warp = self.BLOCK_N // pw // (2 if self.pair else 1)  # keys a producer warp dequantises
+        self.peer_bytes = self.keys_per_warp * pw * D * 2  # the bf16 bytes the peer writes into a slot
         # Splits are chosen over the case's 64-key tiles (the scratch the oracle declares holds one
         # split per 64 keys at most); each split then walks its share of 32-key tiles.
         self.splits = resolve_splits(splits, ctas=ctas, num_tiles=c.tiles(), sm_count=sm_count)
         self.sched = DecodeGrid(head_blocks, c.s_q, b, self.splits, num_tiles)
         self.rows = b * c.s_q * c.h_q
         self.scale_log2 = math.log2(math.e) / math.sqrt(D)
-        if register_plan(self.THREADS, {self.MMA_THREADS: self.MMA_REGS, self.PRODUCER_THREADS: self.PRODUCER_REGS}) is not None:
-            raise ValueError(f"stage E sm90: {register_plan(self.THREADS, {self.MMA_THREADS: self.MMA_REGS, self.PRODUCER_THREADS: self.PRODUCER_REGS})}")
+        why = register_plan(self.THREADS, [(self.MMA_THREADS, self.MMA_REGS), (self.PRODUCER_THREADS, self.PRODUCER_REGS)])
+        if why is not None:
+            raise ValueError(f"stage E sm90: {why}")
         smem = (2 * (self.BLOCK_M * D + self.KV_STAGES * self.BLOCK_N * D + self.BLOCK_M * self.BLOCK_N)
                 + self.RAW_STAGES * self.BLOCK_N * self.RAW_KEY_BYTES + 4096)
         if smem > _SMEM_LIMIT:
@@ -216,7 +223,7 @@ class Kernel:
         )
         pv_mma = sm90_utils.make_trivial_tiled_mma(
             dtype, dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, cutlass.Float32,
-            (1, self.NUM_MMA_WG, 1), tiler_mn=(bm, D // self.NUM_MMA_WG),
+            (1, self.NUM_MMA_WG, 1), tiler_mn=(bm, self.PV_N),
         )
         q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, bn, D), dtype, 1)
         k_smem, vt_smem, self.key8_bytes = _kv_layouts(dtype, bn, self.KV_STAGES, D // self.NUM_MMA_WG)
@@ -331,7 +338,7 @@ class Kernel:
         pair.start()
 
         has_work = work.tile_begin < work.tile_end
-        if warp_idx // 4 == self.PRODUCER_WG:
+        if warp_idx // 4 >= self.PRODUCER_WG:
             cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
             if has_work:
                 self.produce(work, tidx - self.MMA_THREADS, q_pipe, kv_pipe, pair, tma_q, mQ, sQ, k_base, k_smem,
@@ -384,8 +391,8 @@ class Kernel:
         # later tile's idx entries come by cp.async with the bytes of the tile RAW_STAGES before it.
         first = [self.staged_indices(lists, lengths, work, work.tile_begin + r, None, pwarp, lane) for r in range(self.RAW_STAGES)]
         for r in cutlass.range_constexpr(self.RAW_STAGES):
-            if lane < self.BLOCK_N // 4:  # their index slots, as staged_indices reads them (−1 stays −1)
-                s_ridx[pwarp + 4 * lane, r] = first[r]
+            if lane < self.BLOCK_N // self.PRODUCER_WARPS:  # their index slots, as staged_indices reads them
+                s_ridx[pwarp + self.PRODUCER_WARPS * lane, r] = first[r]
             self.stage_tile(lists, work, work.tile_begin + r, first[r], s_raw, s_ridx, r, rank, pwarp, lane)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.KV_STAGES)
         for tile in cutlass.range(work.tile_begin, work.tile_end, unroll=1):
@@ -415,8 +422,8 @@ class Kernel:
 
     @cute.jit
     def list_position(self, tile, pwarp, lane):
-        """(branch, position in its list) of this warp's key `lane` of `tile`: key pwarp + 4·lane."""
-        pos = tile * self.BLOCK_N + pwarp + 4 * lane
+        """(branch, position in its list) of this warp's key `lane` of `tile`: key pwarp + PRODUCER_WARPS·lane."""
+        pos = tile * self.BLOCK_N + pwarp + self.PRODUCER_WARPS * lane
         branch = cutlass.Int32(0)
         if tile >= self.main_tiles:
             branch = cutlass.Int32(1)
@@ -427,9 +434,9 @@ class Kernel:
     def copy_index_entries(self, lists, work, tile, s_ridx, pwarp, lane):
         """Lane j < BLOCK_N / 4: cp.async the idx entry of this warp's key j of `tile` (its list
         position clamped into the list) into the tile's index slot; nothing past the split."""
-        if lane < self.BLOCK_N // 4 and tile < work.tile_end:
+        if lane < self.BLOCK_N // self.PRODUCER_WARPS and tile < work.tile_end:
             branch, pos = self.list_position(tile, pwarp, lane)
-            dst = s_ridx.iterator.toint() + ((tile - work.tile_begin) % self.INDEX_SLOTS * self.BLOCK_N + pwarp + 4 * lane) * 4
+            dst = s_ridx.iterator.toint() + ((tile - work.tile_begin) % self.INDEX_SLOTS * self.BLOCK_N + pwarp + self.PRODUCER_WARPS * lane) * 4
             if branch == 0:
                 cp_async(dst, lists[1].iterator.toint() + _idx_offset(lists[1], work, cutlass.min(pos, self.c.topk - 1)), 4)
             else:
@@ -442,7 +449,7 @@ class Kernel:
         from its idx entry — staged in `s_ridx`, or (s_ridx None: the first tiles) read from global
         memory, its position clamped into the list; −1 for an invalid key or a tile past the split."""
         mine = cutlass.Int32(-1)
-        if lane < self.BLOCK_N // 4 and tile < work.tile_end:
+        if lane < self.BLOCK_N // self.PRODUCER_WARPS and tile < work.tile_end:
             branch, pos = self.list_position(tile, pwarp, lane)
             if branch == 0:
                 got = self.idx_entry(lists[1], work, tile, pos, self.c.topk, s_ridx, pwarp, lane)
@@ -459,7 +466,7 @@ class Kernel:
         `s_ridx` is None (the position clamped into the list)."""
         if cutlass.const_expr(s_ridx is None):
             return idx[work.batch, work.token, cutlass.min(pos, topk - 1)]
-        return s_ridx[pwarp + 4 * lane, (tile - work.tile_begin) % self.INDEX_SLOTS]
+        return s_ridx[pwarp + self.PRODUCER_WARPS * lane, (tile - work.tile_begin) % self.INDEX_SLOTS]
 
     @cute.jit
     def issue_tile(self, lists, tile, mine, s_raw, rslot, rank, pwarp, lane):
@@ -485,12 +492,12 @@ class Kernel:
         for jj in cutlass.range_constexpr(self.keys_per_warp):
             j = rank * self.keys_per_warp + jj
             index = cute.arch.shuffle_sync(mine, j)
-            dst = self.raw_key(s_raw, rslot, pwarp + 4 * j)
+            dst = self.raw_key(s_raw, rslot, pwarp + self.PRODUCER_WARPS * j)
             self.issue_piece(base, cutlass.max(index, 0), index != -1, block_size, block_bytes, lane, dst)
         if cutlass.const_expr(self.fmt == "simple"):
-            if lane < self.BLOCK_N // 4 and mine != -1:
+            if lane < self.BLOCK_N // self.PRODUCER_WARPS and mine != -1:
                 block, off = _token_block(base, mine, block_size, block_bytes)
-                cp_async(self.raw_key(s_raw, rslot, pwarp + 4 * lane) + self.RAW_SCALES, block + block_size * D + off * 4, 4)
+                cp_async(self.raw_key(s_raw, rslot, pwarp + self.PRODUCER_WARPS * lane) + self.RAW_SCALES, block + block_size * D + off * 4, 4)
 
     @cute.jit
     def raw_key(self, s_raw, rslot, key):
@@ -524,14 +531,15 @@ class Kernel:
 
     @cute.jit
     def piece_rows(self, k_base, k_smem, pwarp, lane):
-        """The byte addresses, in slot 0, of this lane's two 16-byte pieces of the warp's keys
-        pwarp and pwarp + 4 — row r = 2·(key mod 8 ≥ 4) + piece.  Key pwarp + 4j is row j mod 2
-        plus (j // 2)·key8_bytes, slot s adds s·BLOCK_N·D·2 (_kv_layouts checks the layout is
+        """The byte addresses, in slot 0, of this lane's two 16-byte pieces of the warp's keys in
+        the first 8-key row group of the swizzle atom: keys pwarp + P·par (P = PRODUCER_WARPS,
+        par < 8 / P), entry 2·par + piece.  Key pwarp + P·j is entry j mod (8 / P) plus
+        (j // (8 / P))·key8_bytes, slot s adds s·BLOCK_N·D·2 (_kv_layouts checks the layout is
         additive that way), so a piece's address is one add a tile."""
-        rows = cute.make_rmem_tensor(4, cutlass.Int32)
-        for par in cutlass.range_constexpr(2):
+        rows = cute.make_rmem_tensor(2 * (8 // self.PRODUCER_WARPS), cutlass.Int32)
+        for par in cutlass.range_constexpr(8 // self.PRODUCER_WARPS):
             for h in cutlass.range_constexpr(self.LANE_COLS // 8):
-                rows[2 * par + h] = k_base + slot_offset(k_smem, pwarp + 4 * par, self.LANE_COLS * lane + 8 * h, 0)
+                rows[2 * par + h] = k_base + slot_offset(k_smem, pwarp + self.PRODUCER_WARPS * par, self.LANE_COLS * lane + 8 * h, 0)
         return rows
 
     @cute.jit
@@ -543,23 +551,25 @@ class Kernel:
         (exact in bf16) and the token's scale goes to `s_kscale` — the MMA warpgroups apply it to
         S's and P's columns in fp32."""
         lc, group, kpw = self.LANE_COLS, self.GROUP, self.keys_per_warp
+        per8 = 8 // self.PRODUCER_WARPS  # keys of a warp in one 8-key row group of the swizzle atom
         for kg in cutlass.range_constexpr(kpw // group):
             raw = cute.make_rmem_tensor((8, group), cutlass.Int32)  # per key: 16 B of e4m3 (or 32 B of rope)
             expo = cute.make_rmem_tensor(group, cutlass.Int32)  # the e8m0 byte of each key's piece
             for g in cutlass.range_constexpr(group):  # an invalid key's staged bytes are zeros: no branch
                 j = rank * kpw + kg * group + g
-                expo[g] = self.read_piece(self.raw_key(s_raw, rslot, pwarp + 4 * j), lane, raw[None, g])
+                expo[g] = self.read_piece(self.raw_key(s_raw, rslot, pwarp + self.PRODUCER_WARPS * j), lane, raw[None, g])
             for g in cutlass.range_constexpr(group):
                 jj = kg * group + g
                 vals = cute.make_rmem_tensor(lc, cutlass.BFloat16)
                 self.convert_piece(raw[None, g], expo[g], lane, vals)
                 words = cute.recast_tensor(vals, cutlass.Int32)
-                rows_at = (rank * kpw // 2 + jj // 2) * self.key8_bytes + state.index * (self.BLOCK_N * D * 2)
+                j = rank * kpw + jj  # key pwarp + PRODUCER_WARPS·j: row group j // per8, row j mod per8 of piece_rows
+                rows_at = (j // per8) * self.key8_bytes + state.index * (self.BLOCK_N * D * 2)
                 for h in cutlass.range_constexpr(lc // 8):  # 8 bf16 = one 16-byte piece of a swizzled row
-                    at = k_rows[2 * (jj % 2) + h] + rows_at
+                    at = k_rows[2 * (j % per8) + h] + rows_at
                     pair.store16(at, cute.make_tensor(words.iterator + 4 * h, cute.make_layout(4)), state)
-        if lane < self.BLOCK_N // 4:
-            key = pwarp + 4 * lane
+        if lane < self.BLOCK_N // self.PRODUCER_WARPS:
+            key = pwarp + self.PRODUCER_WARPS * lane
             s_mask[key, state.index] = cutlass.Float32(0.0) if mine != -1 else -cutlass.Float32.inf
             if cutlass.const_expr(self.fmt == "simple"):
                 kscale = cutlass.Float32(0.0)
