@@ -47,7 +47,9 @@ def test_register_plan_fits_the_launch_allocation():
     assert sm90.register_plan(384, [(256, 216), (128, 80)]) is not None  # the plan that hung
     assert sm90.register_plan(384, [(256, 240), (128, 24)]) is None  # D2's: exactly 64 512
     k = sm90.Kernel
-    assert sm90.register_plan(k.THREADS, [(k.MMA_THREADS, k.MMA_REGS), (k.PRODUCER_THREADS, k.PRODUCER_REGS)]) is None
+    for plan in k.PLANS.values():
+        assert sm90.register_plan(plan.threads, [(k.MMA_THREADS, plan.mma_regs), (plan.producer_threads, plan.producer_regs)]) is None
+    assert sm90.register_plan(512, [(256, 184), (256, 80)]) is not None  # 512 threads hold 128 each
 
 
 def test_e8m0_bytes_are_loaded_unsigned(project_root, tmp_path, monkeypatch):
@@ -73,14 +75,14 @@ def test_e8m0_bytes_are_loaded_unsigned(project_root, tmp_path, monkeypatch):
 
 def test_two_head_blocks_share_their_tiles_in_a_cluster():
     """h_q = 128: the two head blocks of a token form a (2, 1, 1) cluster and each dequantises
-    half of every tile (2 keys of a producer warp's 4: 8 producer warps × 4 keys = 32); the peer's
-    half is 16 KiB of bf16 a slot.  h_q = 64 (one head block) runs alone and dequantises all 4."""
+    half of every tile (4 producer warps: 4 keys of a warp's 8); the peer's half is 16 KiB of bf16
+    a slot.  h_q = 64 (one head block) runs alone with 8 producer warps, 4 keys each."""
     k = sm90.Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits=1)
-    assert k.pair and k.keys_per_warp == 2 and k.peer_bytes == 16 * 1024
+    assert k.pair and k.plan.producer_warps == 4 and k.keys_per_warp == 4 and k.peer_bytes == 16 * 1024
     assert k.sched.grid[0] % 2 == 0  # the cluster pairs CTAs (2j, 2j + 1): head blocks 0 and 1 of one token
     assert all(k.sched.work(2 * j, 0, 0).token == k.sched.work(2 * j + 1, 0, 0).token for j in range(2))
     alone = sm90.Kernel(b=2, config="s2h64_m128bs256_x1024bs64", kv_format="model1", splits=1)
-    assert not alone.pair and alone.keys_per_warp == 4
+    assert not alone.pair and alone.plan.producer_warps == 8 and alone.keys_per_warp == 4
 
 
 def test_the_pair_exchanges_tiles_by_st_async(project_root, tmp_path, monkeypatch):

@@ -58,6 +58,7 @@ shared memory every tile; softmax; P·V) — the producer alone would allow more
 """
 
 import math
+from dataclasses import dataclass
 
 import cuda.bindings.driver as cuda
 
@@ -72,7 +73,7 @@ from oracles.sparse_decode import SparseConfig
 from stages.common.barriers import NamedBarrier
 from stages.common.cluster_pair import TilePair
 from stages.common.combine import SplitCombine, sink_factor
-from stages.common.e4m3_bits import e4m3x16_to_bf16
+from stages.common.e4m3_bits import e4m3x16_to_bf16, one_multiply_fits
 from stages.common.fp8_cache import D, cache_block_bytes, cp_async, lds16, lds_f32, lds_u8
 from stages.common.inspection import expose
 from stages.common.sm90_gather import cp_async_or_zero
@@ -126,6 +127,28 @@ def _kv_layouts(dtype, block_n: int, stages: int, slice_n: int):
     return k_layout, vt_layout, key8
 
 
+@dataclass(frozen=True)
+class WarpPlan:
+    """The warps of a CTA: `producer_warps` gathering and dequantising after the two MMA
+    warpgroups, the setmaxnreg registers of each side, and the O columns of one P·V wgmma
+    (`pv_n`: ptxas checks each instruction against the launch cap, 65 536 / threads, and an
+    m64n256 accumulator is 128 registers).  Key k of a tile belongs to producer warp
+    k mod producer_warps."""
+
+    producer_warps: int
+    mma_regs: int
+    producer_regs: int
+    pv_n: int
+
+    @property
+    def producer_threads(self) -> int:
+        return 32 * self.producer_warps
+
+    @property
+    def threads(self) -> int:
+        return 128 * Kernel.NUM_MMA_WG + self.producer_threads
+
+
 class Kernel:
     """FP8 paged sparse decode on Hopper: CUDA-core gather + dequantise into bf16 tiles, two
     wgmma warpgroups with the online softmax, sink, split-KV (see the module doc)."""
@@ -133,18 +156,15 @@ class Kernel:
     BLOCK_M = 64
     BLOCK_N = 32  # keys per tile: two bf16 slots (the dequantisation of one overlaps the MMAs of the other)
     NUM_MMA_WG = 2
-    PV_N = 128  # O columns of one P·V wgmma (m64 n128): at 512 threads ptxas checks an instruction against 128 registers
-    PRODUCER_WG = 2  # the first producer warpgroup (after the MMA warpgroups)
-    PRODUCER_WARPS = 8  # warp w of them owns keys w, w + 8, … of every tile
-    PRODUCER_THREADS = 32 * PRODUCER_WARPS
     MMA_THREADS = 128 * NUM_MMA_WG
-    THREADS = MMA_THREADS + PRODUCER_THREADS
-    # setmaxnreg moves registers between the warps of the CTA's own allocation, fixed at launch:
-    # 512 threads × 128 (65 536 / 512) = 65 536.  The MMA warpgroups' increase spins until the
-    # producers' decrease has freed enough, so the sum must fit (`register_plan`; a plan that does
-    # not is a hang): 2 · 128 · 176 + 2 · 128 · 80 = 65 536.
-    MMA_REGS = 176
-    PRODUCER_REGS = 80
+    PRODUCER_WG = 2  # the first producer warpgroup (after the MMA warpgroups)
+    # Warp plans, by whether the CTA is half of a cluster pair (measured on an H100 at b = 64,
+    # docs/STAGE_E.md).  Alone (h_q = 64) the producer bounds the kernel: 8 producer warps (512
+    # threads) are 12 % faster than 4.  In a pair (h_q = 128) each CTA dequantises half of every
+    # tile and the MMA warpgroups bound it: 4 producer warps (384 threads) keep them at 208
+    # registers and m64n256 P·V wgmmas (8 warps measured 19 % slower).
+    PLANS = {False: WarpPlan(producer_warps=8, mma_regs=176, producer_regs=80, pv_n=128),
+             True: WarpPlan(producer_warps=4, mma_regs=208, producer_regs=80, pv_n=256)}
     KV_STAGES = 2
     RAW_STAGES = 4  # raw tiles in flight (cp.async): 4 × 32 keys × 592 B, the latency hider
     INDEX_SLOTS = 2 * RAW_STAGES  # idx entries are staged RAW_STAGES tiles before their keys' bytes
@@ -169,18 +189,22 @@ class Kernel:
         # Two head blocks of one token walk the same keys: a (2, 1, 1) cluster of them shares
         # every dequantised tile (stages/common/cluster_pair.py); each CTA dequantises half.
         self.pair = head_blocks % 2 == 0
-        pw = self.PRODUCER_WARPS
+        self.plan = self.PLANS[self.pair]
+        pw = self.plan.producer_warps
         if 8 % pw or self.BLOCK_N % (2 * pw):
             raise ValueError(f"stage E sm90: {pw} producer warps must divide the 8 keys of a swizzle atom and half a tile")
         self.keys_per_warp = self.BLOCK_N // pw // (2 if self.pair else 1)  # keys a producer warp dequantises
         self.peer_bytes = self.keys_per_warp * pw * D * 2  # the bf16 bytes the peer writes into a slot
+        if self.keys_per_warp % (8 // pw) or self.keys_per_warp % self.GROUP:
+            raise ValueError(f"stage E sm90: {self.keys_per_warp} keys a producer warp must be whole groups of "
+                             f"{8 // pw} (a swizzle row group) and of GROUP {self.GROUP}")
         # Splits are chosen over the case's 64-key tiles (the scratch the oracle declares holds one
         # split per 64 keys at most); each split then walks its share of 32-key tiles.
         self.splits = resolve_splits(splits, ctas=ctas, num_tiles=c.tiles(), sm_count=sm_count)
         self.sched = DecodeGrid(head_blocks, c.s_q, b, self.splits, num_tiles)
         self.rows = b * c.s_q * c.h_q
         self.scale_log2 = math.log2(math.e) / math.sqrt(D)
-        why = register_plan(self.THREADS, [(self.MMA_THREADS, self.MMA_REGS), (self.PRODUCER_THREADS, self.PRODUCER_REGS)])
+        why = register_plan(self.plan.threads, [(self.MMA_THREADS, self.plan.mma_regs), (self.plan.producer_threads, self.plan.producer_regs)])
         if why is not None:
             raise ValueError(f"stage E sm90: {why}")
         smem = (2 * (self.BLOCK_M * D + self.KV_STAGES * self.BLOCK_N * D + self.BLOCK_M * self.BLOCK_N)
@@ -223,7 +247,7 @@ class Kernel:
         )
         pv_mma = sm90_utils.make_trivial_tiled_mma(
             dtype, dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, cutlass.Float32,
-            (1, self.NUM_MMA_WG, 1), tiler_mn=(bm, self.PV_N),
+            (1, self.NUM_MMA_WG, 1), tiler_mn=(bm, self.plan.pv_n),
         )
         q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, bn, D), dtype, 1)
         k_smem, vt_smem, self.key8_bytes = _kv_layouts(dtype, bn, self.KV_STAGES, D // self.NUM_MMA_WG)
@@ -253,7 +277,7 @@ class Kernel:
         self.kernel(
             qk_mma, pv_mma, tma_q, tma_Q, KV, idx, topk_length, KV_extra, idx_extra, extra_length, sink,
             mO, mLSE, mOp, mLp, q_smem, k_smem, vt_smem, p_smem,
-        ).launch(grid=self.sched.grid, block=(self.THREADS, 1, 1), smem=Smem.size_in_bytes(), stream=stream, **cluster)
+        ).launch(grid=self.sched.grid, block=(self.plan.threads, 1, 1), smem=Smem.size_in_bytes(), stream=stream, **cluster)
 
         if cutlass.const_expr(self.splits > 1):
             SplitCombine(rows, self.splits, D, sink_heads=c.h_q).launch(mOp, mLp, mO, mLSE, stream, sink=sink)
@@ -329,7 +353,7 @@ class Kernel:
         q_pipe = tma_pipeline(storage.q_mbar, 1, self.q_bytes, 4)
         kv_pipe = pipeline.PipelineAsync.create(
             num_stages=self.KV_STAGES,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.PRODUCER_THREADS),
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.plan.producer_threads),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.MMA_THREADS),
             barrier_storage=storage.kv_mbar.data_ptr(),
             defer_sync=True,
@@ -339,13 +363,13 @@ class Kernel:
 
         has_work = work.tile_begin < work.tile_end
         if warp_idx // 4 >= self.PRODUCER_WG:
-            cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
+            cute.arch.setmaxregister_decrease(self.plan.producer_regs)
             if has_work:
                 self.produce(work, tidx - self.MMA_THREADS, q_pipe, kv_pipe, pair, tma_q, mQ, sQ, k_base, k_smem,
                              s_mask, s_kscale, s_raw, s_ridx,
                              KV, idx, topk_length, KV_extra, idx_extra, extra_length)
         else:
-            cute.arch.setmaxregister_increase(self.MMA_REGS)
+            cute.arch.setmaxregister_increase(self.plan.mma_regs)
             if has_work:
                 self.attend(work, tidx, q_pipe, kv_pipe, pair, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask,
                             s_kscale, sink, mO, mLSE, mOp, mLp)
@@ -391,8 +415,8 @@ class Kernel:
         # later tile's idx entries come by cp.async with the bytes of the tile RAW_STAGES before it.
         first = [self.staged_indices(lists, lengths, work, work.tile_begin + r, None, pwarp, lane) for r in range(self.RAW_STAGES)]
         for r in cutlass.range_constexpr(self.RAW_STAGES):
-            if lane < self.BLOCK_N // self.PRODUCER_WARPS:  # their index slots, as staged_indices reads them
-                s_ridx[pwarp + self.PRODUCER_WARPS * lane, r] = first[r]
+            if lane < self.BLOCK_N // self.plan.producer_warps:  # their index slots, as staged_indices reads them
+                s_ridx[pwarp + self.plan.producer_warps * lane, r] = first[r]
             self.stage_tile(lists, work, work.tile_begin + r, first[r], s_raw, s_ridx, r, rank, pwarp, lane)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.KV_STAGES)
         for tile in cutlass.range(work.tile_begin, work.tile_end, unroll=1):
@@ -422,8 +446,8 @@ class Kernel:
 
     @cute.jit
     def list_position(self, tile, pwarp, lane):
-        """(branch, position in its list) of this warp's key `lane` of `tile`: key pwarp + PRODUCER_WARPS·lane."""
-        pos = tile * self.BLOCK_N + pwarp + self.PRODUCER_WARPS * lane
+        """(branch, position in its list) of this warp's key `lane` of `tile`: key pwarp + producer_warps·lane."""
+        pos = tile * self.BLOCK_N + pwarp + self.plan.producer_warps * lane
         branch = cutlass.Int32(0)
         if tile >= self.main_tiles:
             branch = cutlass.Int32(1)
@@ -434,9 +458,9 @@ class Kernel:
     def copy_index_entries(self, lists, work, tile, s_ridx, pwarp, lane):
         """Lane j < BLOCK_N / 4: cp.async the idx entry of this warp's key j of `tile` (its list
         position clamped into the list) into the tile's index slot; nothing past the split."""
-        if lane < self.BLOCK_N // self.PRODUCER_WARPS and tile < work.tile_end:
+        if lane < self.BLOCK_N // self.plan.producer_warps and tile < work.tile_end:
             branch, pos = self.list_position(tile, pwarp, lane)
-            dst = s_ridx.iterator.toint() + ((tile - work.tile_begin) % self.INDEX_SLOTS * self.BLOCK_N + pwarp + self.PRODUCER_WARPS * lane) * 4
+            dst = s_ridx.iterator.toint() + ((tile - work.tile_begin) % self.INDEX_SLOTS * self.BLOCK_N + pwarp + self.plan.producer_warps * lane) * 4
             if branch == 0:
                 cp_async(dst, lists[1].iterator.toint() + _idx_offset(lists[1], work, cutlass.min(pos, self.c.topk - 1)), 4)
             else:
@@ -449,7 +473,7 @@ class Kernel:
         from its idx entry — staged in `s_ridx`, or (s_ridx None: the first tiles) read from global
         memory, its position clamped into the list; −1 for an invalid key or a tile past the split."""
         mine = cutlass.Int32(-1)
-        if lane < self.BLOCK_N // self.PRODUCER_WARPS and tile < work.tile_end:
+        if lane < self.BLOCK_N // self.plan.producer_warps and tile < work.tile_end:
             branch, pos = self.list_position(tile, pwarp, lane)
             if branch == 0:
                 got = self.idx_entry(lists[1], work, tile, pos, self.c.topk, s_ridx, pwarp, lane)
@@ -466,7 +490,7 @@ class Kernel:
         `s_ridx` is None (the position clamped into the list)."""
         if cutlass.const_expr(s_ridx is None):
             return idx[work.batch, work.token, cutlass.min(pos, topk - 1)]
-        return s_ridx[pwarp + self.PRODUCER_WARPS * lane, (tile - work.tile_begin) % self.INDEX_SLOTS]
+        return s_ridx[pwarp + self.plan.producer_warps * lane, (tile - work.tile_begin) % self.INDEX_SLOTS]
 
     @cute.jit
     def issue_tile(self, lists, tile, mine, s_raw, rslot, rank, pwarp, lane):
@@ -492,12 +516,12 @@ class Kernel:
         for jj in cutlass.range_constexpr(self.keys_per_warp):
             j = rank * self.keys_per_warp + jj
             index = cute.arch.shuffle_sync(mine, j)
-            dst = self.raw_key(s_raw, rslot, pwarp + self.PRODUCER_WARPS * j)
+            dst = self.raw_key(s_raw, rslot, pwarp + self.plan.producer_warps * j)
             self.issue_piece(base, cutlass.max(index, 0), index != -1, block_size, block_bytes, lane, dst)
         if cutlass.const_expr(self.fmt == "simple"):
-            if lane < self.BLOCK_N // self.PRODUCER_WARPS and mine != -1:
+            if lane < self.BLOCK_N // self.plan.producer_warps and mine != -1:
                 block, off = _token_block(base, mine, block_size, block_bytes)
-                cp_async(self.raw_key(s_raw, rslot, pwarp + self.PRODUCER_WARPS * lane) + self.RAW_SCALES, block + block_size * D + off * 4, 4)
+                cp_async(self.raw_key(s_raw, rslot, pwarp + self.plan.producer_warps * lane) + self.RAW_SCALES, block + block_size * D + off * 4, 4)
 
     @cute.jit
     def raw_key(self, s_raw, rslot, key):
@@ -532,14 +556,14 @@ class Kernel:
     @cute.jit
     def piece_rows(self, k_base, k_smem, pwarp, lane):
         """The byte addresses, in slot 0, of this lane's two 16-byte pieces of the warp's keys in
-        the first 8-key row group of the swizzle atom: keys pwarp + P·par (P = PRODUCER_WARPS,
+        the first 8-key row group of the swizzle atom: keys pwarp + P·par (P = the plan's producer_warps,
         par < 8 / P), entry 2·par + piece.  Key pwarp + P·j is entry j mod (8 / P) plus
         (j // (8 / P))·key8_bytes, slot s adds s·BLOCK_N·D·2 (_kv_layouts checks the layout is
         additive that way), so a piece's address is one add a tile."""
-        rows = cute.make_rmem_tensor(2 * (8 // self.PRODUCER_WARPS), cutlass.Int32)
-        for par in cutlass.range_constexpr(8 // self.PRODUCER_WARPS):
+        rows = cute.make_rmem_tensor(2 * (8 // self.plan.producer_warps), cutlass.Int32)
+        for par in cutlass.range_constexpr(8 // self.plan.producer_warps):
             for h in cutlass.range_constexpr(self.LANE_COLS // 8):
-                rows[2 * par + h] = k_base + slot_offset(k_smem, pwarp + self.PRODUCER_WARPS * par, self.LANE_COLS * lane + 8 * h, 0)
+                rows[2 * par + h] = k_base + slot_offset(k_smem, pwarp + self.plan.producer_warps * par, self.LANE_COLS * lane + 8 * h, 0)
         return rows
 
     @cute.jit
@@ -551,25 +575,30 @@ class Kernel:
         (exact in bf16) and the token's scale goes to `s_kscale` — the MMA warpgroups apply it to
         S's and P's columns in fp32."""
         lc, group, kpw = self.LANE_COLS, self.GROUP, self.keys_per_warp
-        per8 = 8 // self.PRODUCER_WARPS  # keys of a warp in one 8-key row group of the swizzle atom
+        per8 = 8 // self.plan.producer_warps  # keys of a warp in one 8-key row group of the swizzle atom
         for kg in cutlass.range_constexpr(kpw // group):
             raw = cute.make_rmem_tensor((8, group), cutlass.Int32)  # per key: 16 B of e4m3 (or 32 B of rope)
             expo = cute.make_rmem_tensor(group, cutlass.Int32)  # the e8m0 byte of each key's piece
             for g in cutlass.range_constexpr(group):  # an invalid key's staged bytes are zeros: no branch
                 j = rank * kpw + kg * group + g
-                expo[g] = self.read_piece(self.raw_key(s_raw, rslot, pwarp + self.PRODUCER_WARPS * j), lane, raw[None, g])
+                expo[g] = self.read_piece(self.raw_key(s_raw, rslot, pwarp + self.plan.producer_warps * j), lane, raw[None, g])
+            fits = one_multiply_fits(expo[0])
+            for g in cutlass.range_constexpr(1, group):
+                fits = fits & one_multiply_fits(expo[g])
+            one_multiply = cute.arch.vote_all_sync(fits)  # every lane, before any lane-dependent branch
             for g in cutlass.range_constexpr(group):
                 jj = kg * group + g
                 vals = cute.make_rmem_tensor(lc, cutlass.BFloat16)
-                self.convert_piece(raw[None, g], expo[g], lane, vals)
+                self.convert_piece(raw[None, g], expo[g], lane, vals, one_multiply)
                 words = cute.recast_tensor(vals, cutlass.Int32)
-                j = rank * kpw + jj  # key pwarp + PRODUCER_WARPS·j: row group j // per8, row j mod per8 of piece_rows
-                rows_at = (j // per8) * self.key8_bytes + state.index * (self.BLOCK_N * D * 2)
+                # key pwarp + producer_warps·j, j = rank·kpw + jj: row group j // per8, entry j mod per8
+                # of piece_rows — kpw is a multiple of per8 (__init__), so the entry is static
+                rows_at = (rank * (kpw // per8) + jj // per8) * self.key8_bytes + state.index * (self.BLOCK_N * D * 2)
                 for h in cutlass.range_constexpr(lc // 8):  # 8 bf16 = one 16-byte piece of a swizzled row
-                    at = k_rows[2 * (j % per8) + h] + rows_at
+                    at = k_rows[2 * (jj % per8) + h] + rows_at
                     pair.store16(at, cute.make_tensor(words.iterator + 4 * h, cute.make_layout(4)), state)
-        if lane < self.BLOCK_N // self.PRODUCER_WARPS:
-            key = pwarp + self.PRODUCER_WARPS * lane
+        if lane < self.BLOCK_N // self.plan.producer_warps:
+            key = pwarp + self.plan.producer_warps * lane
             s_mask[key, state.index] = cutlass.Float32(0.0) if mine != -1 else -cutlass.Float32.inf
             if cutlass.const_expr(self.fmt == "simple"):
                 kscale = cutlass.Float32(0.0)
@@ -619,17 +648,20 @@ class Kernel:
         return e
 
     @cute.jit
-    def convert_piece(self, raw, e, lane, vals):
+    def convert_piece(self, raw, e, lane, vals, one_multiply):
         """vals (16 bf16) ← raw: 16 e4m3 × 2^(e − 127) by bit moves and two exact bf16x2
-        multiplies (stages/common/e4m3_bits.py), or model1's rope as it is; simple's e4m3
-        unscaled (e = 127; its scale is a column factor of S and P, see dequant_tile)."""
+        multiplies (stages/common/e4m3_bits.py; one when the warp's vote `one_multiply` says every
+        lane's scale allows it), or model1's rope as it is; simple's e4m3 unscaled (e = 127; its
+        scale is a column factor of S and P, see dequant_tile)."""
         if cutlass.const_expr(self.fmt == "model1"):
             if lane < 28:
-                e4m3x16_to_bf16(raw, e, vals)
+                e4m3x16_to_bf16(raw, e, vals, one_multiply)
             else:
                 vals.store(cute.recast_tensor(raw, cutlass.BFloat16).load())
+        elif cutlass.const_expr(self.fmt == "simple"):
+            e4m3x16_to_bf16(raw, e, vals, True)  # e = 127
         else:
-            e4m3x16_to_bf16(raw, e, vals)
+            e4m3x16_to_bf16(raw, e, vals, one_multiply)
 
     # -----------------------------------------------------------------------------------------
     # MMA warpgroups (stage D2's, plus the key mask and the sink)
