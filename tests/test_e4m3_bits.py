@@ -78,3 +78,12 @@ def test_factors_are_normal_bf16_powers_of_two():
         for m in (m1, m2):
             assert 0 < (m >> 7) < 255 and m & 0x7F == 0  # a normal bf16, mantissa 0
         assert _bf16(m1) * _bf16(m2) == 2.0 ** (e - 7)
+
+
+def test_one_multiply_drops_only_a_factor_of_one():
+    """The one-multiply path (a warp whose scales all pass `one_multiply_fits`) skips × m2: exact
+    only because m2 is bf16 1.0 for exactly those scale bytes — and a scale past it needs m2."""
+    for e in range(1, 255):
+        m2 = eb.factors(e)[1] & 0xFFFF
+        assert (m2 == 0x3F80) == bool(eb.one_multiply_fits(e)), e
+    assert eb.one_multiply_fits(127) and eb.one_multiply_fits(134) and not eb.one_multiply_fits(135)

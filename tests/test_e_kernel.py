@@ -111,6 +111,11 @@ def test_the_pair_exchanges_tiles_by_st_async(project_root, tmp_path, monkeypatc
     assert "mapa" in pair
     for word in ("st.async", "barrier.cluster", "mapa"):
         assert word not in alone
+    # the warp plans: alone 8 producer warps (512 threads), m64n128 P·V; paired 4 (384), m64n256
+    assert ".reqntid 512" in alone and "m64n128k16" in alone and "m64n256k16" not in alone
+    assert ".reqntid 384" in pair and "m64n256k16" in pair
+    # the one-multiply conversion is chosen by a warp vote (v4.1's scales vary per lane)
+    assert "vote.sync.all" in alone and "vote.sync.all" in pair
 
 
 def test_slot_offsets_swizzle_bytes_not_elements():

@@ -15,8 +15,9 @@ CTA, split-KV with an LSE combine, K and Vᵀ views of one shared-memory slot)
         row is written as zeros and its score is set to −∞ (a per-slot mask in shared memory).
         Splits are chosen over 64-key units (the scratch the oracle declares), each split walking
         its share of 32-key tiles.
-    Gather, asynchronous (Hopper's TMA cannot gather rows).  The producer warpgroup (4 warps;
-        warp w owns keys w, w + 4, … of every tile) stages the raw bytes RAW_STAGES tiles ahead:
+    Gather, asynchronous (Hopper's TMA cannot gather rows).  The producer warps (P = 8 alone, 4 in
+        a pair: the WarpPlan; warp w owns keys w, w + P, … of every tile) stage the raw bytes
+        RAW_STAGES tiles ahead:
         lane l cp.asyncs its 16 bytes of each key (model1's rope lanes 28 … 31: 32 bytes) and lane
         0 the key's scales into a ring of RAW_KEY_BYTES-byte rows, one commit group per tile.  An
         invalid key is copied too, as zeros (src-size 0, stages/common/sm90_gather.py): no branch
@@ -26,15 +27,16 @@ CTA, split-KV with an LSE combine, K and Vᵀ views of one shared-memory slot)
         is used.
     Dequantise on the CUDA cores, into one of two 32-key bf16 slots while the MMA warpgroups work
         on the other: e4m3 → bf16 by bit moves and two exact bf16x2 multiplies by the power-of-two
-        scale of the lane's group (stages/common/e4m3_bits.py), one 32-byte row piece into the
+        scale of the lane's group (stages/common/e4m3_bits.py; one multiply when a warp's vote finds
+        every lane's scale ≤ 2^7, the same bits), one 32-byte row piece into the
         swizzled K tile at an address precomputed per thread (piece_rows).  Scales: model1 — e8m0
         byte l // 4 of the token's 7 (the rope lanes copy bf16 as it is); v4.1 — e8m0 byte l // 2
         of 16.  simple — the e4m3 values go to bf16 unscaled (exact) and the token's fp32 scale to
         `s_kscale`: the MMA warpgroups apply it to S's column (S = Q·K_e4m3ᵀ · scale) and to P's
         (P·V = (P · scale)·V_e4m3) in fp32, after ℓ has summed P, so simple's LSE carries no bf16
         rounding of the scaled value.  The writes are made visible to the tensor cores
-        (fence.proxy.async) before the slot's barrier is arrived on (a PipelineAsync: 128 producer
-        threads arrive, 256 MMA threads release).
+        (fence.proxy.async) before the slot's barrier is arrived on (a PipelineAsync: every producer
+        thread arrives, 256 MMA threads release).
     Two CTAs share every tile (h_q a multiple of 128).  The two head blocks of one token walk the
         same keys, so they run as a (2, 1, 1) cluster and each dequantises half of every tile (a
         producer warp 4 of its 8 keys) and st.asyncs each piece into the peer's slot as well
@@ -43,17 +45,20 @@ CTA, split-KV with an LSE combine, K and Vᵀ views of one shared-memory slot)
     Sink.  One split: folded into the epilogue's 1/ℓ.  Several: stages/common/combine.py's
         SplitCombine applies it once, after the merge.
 
-Warp roles (384 threads)
-    warpgroup 2   producer: warp 8 loads Q once (TMA); all 4 warps stage and dequantise KV tiles
-                  (setmaxnreg 80; `register_plan` checks the budget)
+Warp roles (the WarpPlan: 512 threads alone, 384 in a pair)
+    warpgroups 2, 3  producer: warp 8 loads Q once (TMA); every producer warp stages and
+    (alone; 2 in     dequantises its keys of each KV tile (setmaxnreg 80; `register_plan`
+    a pair)          checks the budget)
     warpgroup 0   S = Q·K_tileᵀ, mask, online softmax (stages/common/softmax.py), P → shared
-                  memory, α per row; then its half of O += P·V            (setmaxnreg 208)
-    warpgroup 1   its half of O += P·V (O's 512 columns split over the two MMA warpgroups)
+                  memory, α per row; then its half of O += P·V   (setmaxnreg 176 alone, 208 paired)
+    warpgroup 1   its half of O += P·V (O's 512 columns split over the two MMA warpgroups, in
+                  m64n128 wgmmas alone — ptxas checks an instruction against the 128-register
+                  launch cap of 512 threads — m64n256 in a pair)
 
 Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of oracles/kvcache.py.
-What bounds it (docs/STAGE_E.md): at h_q = 64 the producer (~1 000 instructions a warp a tile, at an
-IPC of ~0.2); at h_q = 128 the MMA warpgroups' chain per 32-key tile (S = Q·Kᵀ at n = 32 reads Q from
-shared memory every tile; softmax; P·V) — the producer alone would allow more.  Not done yet:
+What bounds it (docs/STAGE_E.md): at h_q = 64 the producer — a warp's chain of loads, conversions and
+stores runs at an IPC of ~0.2, hence 8 producer warps; at h_q = 128 the MMA warpgroups' chain per
+32-key tile (S = Q·Kᵀ at n = 32 reads Q from shared memory every tile; softmax; P·V).  Not done yet:
 64-key tiles (they need the raw staging ring gone: gather into registers), a persistent scheduler.
 """
 
