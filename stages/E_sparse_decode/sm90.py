@@ -27,8 +27,8 @@ CTA, split-KV with an LSE combine, K and Vᵀ views of one shared-memory slot)
         is used.
     Dequantise on the CUDA cores, into one of two 32-key bf16 slots while the MMA warpgroups work
         on the other: e4m3 → bf16 by bit moves and two exact bf16x2 multiplies by the power-of-two
-        scale of the lane's group (stages/common/e4m3_bits.py; one multiply when a warp's vote finds
-        every lane's scale ≤ 2^7, the same bits), one 32-byte row piece into the
+        scale of the lane's group (stages/common/e4m3_bits.py; one multiply, the same bits, when a
+        warp's vote finds every lane's scale ≤ 2^7), one 32-byte row piece into the
         swizzled K tile at an address precomputed per thread (piece_rows).  Scales: model1 — e8m0
         byte l // 4 of the token's 7 (the rope lanes copy bf16 as it is); v4.1 — e8m0 byte l // 2
         of 16.  simple — the e4m3 values go to bf16 unscaled (exact) and the token's fp32 scale to
@@ -461,7 +461,7 @@ class Kernel:
 
     @cute.jit
     def copy_index_entries(self, lists, work, tile, s_ridx, pwarp, lane):
-        """Lane j < BLOCK_N / 4: cp.async the idx entry of this warp's key j of `tile` (its list
+        """Lane j < BLOCK_N / producer_warps: cp.async the idx entry of this warp's key j of `tile` (its list
         position clamped into the list) into the tile's index slot; nothing past the split."""
         if lane < self.BLOCK_N // self.plan.producer_warps and tile < work.tile_end:
             branch, pos = self.list_position(tile, pwarp, lane)
@@ -474,7 +474,7 @@ class Kernel:
 
     @cute.jit
     def staged_indices(self, lists, lengths, work, tile, s_ridx, pwarp, lane) -> cutlass.Int32:
-        """Lane j < BLOCK_N / 4: the cache index of this warp's key j of `tile`, judged by key_index
+        """Lane j < BLOCK_N / producer_warps: the cache index of this warp's key j of `tile`, judged by key_index
         from its idx entry — staged in `s_ridx`, or (s_ridx None: the first tiles) read from global
         memory, its position clamped into the list; −1 for an invalid key or a tile past the split."""
         mine = cutlass.Int32(-1)

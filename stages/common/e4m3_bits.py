@@ -19,9 +19,10 @@ Every step is exact: an e4m3 value has 4 significant bits, a bf16 8, and the fac
 of two, so each product is the e4m3 value × 2^k with no rounding as long as it stays within bf16's
 range — true for the scales a quantiser writes (oracles/kvcache.py: up to 2^15 and down to 2^−20;
 the intermediate after m1 is at most 448 · 2^7).  So the result is bit for bit round(e4m3 ·
-scale) to bf16, as the fp32 path gives.  For e ≤ 134 (every scale up to 2^7, i.e. all the scales
-of values within e4m3's range) m2 = 1: a warp whose lanes all have such scales skips the second
-multiply (`one_multiply`, decided by a vote, so the branch never diverges).  Per 16 values: 8 PRMT + 8 SHF + 8 LOP3 + 16 HFMA2 = 40
+scale) to bf16, as the fp32 path gives.  For e ≤ 134 (a scale up to 2^7: a group whose largest
+magnitude is at most 448 · 2^7) m2 = 1, so a warp whose lanes all have such scales skips the second
+multiply (`one_multiply`, decided by a vote: the branch never diverges; the `extreme` scenario's
+scales up to 2^15 take the other path).  Per 16 values: 8 PRMT + 8 SHF + 8 LOP3 + 16 HFMA2 = 40
 instructions against 48 (8 F2FP.F16.E4M3 + 16 HADD2.F32 + 16 FMUL + 8 F2FP.BF16).  An e4m3 NaN
 (s 1111 111) comes out as a finite number, never as NaN: the quantisers never write one, and the
 kernels never read the rows nobody indexes.
@@ -89,8 +90,8 @@ def factors(e):
 
 
 def one_multiply_fits(e):
-    """Whether m2 of the e8m0 byte `e` is 1 (e ≤ SPLIT_E: scales up to 2^7, every scale a
-    quantiser writes for values within e4m3's range), so × m1 alone is the same result."""
+    """Whether m2 of the e8m0 byte `e` is 1 (e ≤ SPLIT_E: a scale up to 2^7), so × m1 alone gives
+    the same bits."""
     return e <= SPLIT_E
 
 
