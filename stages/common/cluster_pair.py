@@ -56,7 +56,7 @@ class TilePair:
 
     def __new_from_mlir_values__(self, values):
         k = self._split
-        return TilePair(self.enabled, cutlass.new_from_mlir_values(self.remote_full, values[:k]),
+        return type(self)(self.enabled, cutlass.new_from_mlir_values(self.remote_full, values[:k]),
                         cutlass.new_from_mlir_values(self.remote_empty, values[k:]),
                         self.peer_bytes, self.consumer_warps)
 
@@ -126,9 +126,15 @@ class TilePair:
     def store16(self, addr, words, state):
         """The 16 bytes `words` (4 Int32 in registers) to the shared-memory byte address `addr`
         of this CTA and, for a pair, to the same address in the peer (st.async, counted on the
-        peer's remote_full of slot state.index)."""
+        peer's remote_full of slot state.index, at `peer_address`)."""
         dst = cute.make_ptr(cutlass.Int32, addr, cute.AddressSpace.smem, assumed_align=16)
         cute.autovec_copy(words, cute.make_tensor(dst, cute.make_layout(4)))
         if cutlass.const_expr(self.enabled):
-            cute.arch.store_async_dsmem(dst, (words[0], words[1], words[2], words[3]),
+            peer = cute.make_ptr(cutlass.Int32, self.peer_address(addr, state), cute.AddressSpace.smem, assumed_align=16)
+            cute.arch.store_async_dsmem(peer, (words[0], words[1], words[2], words[3]),
                                         self.remote_full + state.index, self.rank() ^ 1)
+
+    def peer_address(self, addr, state):
+        """Where in the peer a piece stored at `addr` here goes: the same offset (the planted
+        bug tests/fixtures/wrong_e_pair moves it)."""
+        return addr

@@ -103,15 +103,15 @@ def e4m3x16_to_bf16(raw, e, vals, one_multiply=False):
     m1, m2 = factors(e)
     out = cute.recast_tensor(vals, Int32)
     if cutlass.const_expr(isinstance(one_multiply, bool)):
-        for i in cutlass.range_constexpr(4):
-            out[2 * i] = _bits_to_bf16x2(raw[i], SELECT_LO, m1, None if one_multiply else m2)
-            out[2 * i + 1] = _bits_to_bf16x2(raw[i], SELECT_HI, m1, None if one_multiply else m2)
+        _words(raw, out, m1, None if one_multiply else m2)
+    elif one_multiply:
+        _words(raw, out, m1, None)
     else:
-        if one_multiply:
-            for i in cutlass.range_constexpr(4):
-                out[2 * i] = _bits_to_bf16x2(raw[i], SELECT_LO, m1)
-                out[2 * i + 1] = _bits_to_bf16x2(raw[i], SELECT_HI, m1)
-        else:
-            for i in cutlass.range_constexpr(4):
-                out[2 * i] = _bits_to_bf16x2(raw[i], SELECT_LO, m1, m2)
-                out[2 * i + 1] = _bits_to_bf16x2(raw[i], SELECT_HI, m1, m2)
+        _words(raw, out, m1, m2)
+
+
+def _words(raw, out, m1, m2) -> None:
+    """out[0:8] (bf16x2 words) ← the 16 e4m3 of raw[0:4], × m1 (× m2 unless None)."""
+    for i in range(4):
+        out[2 * i] = _bits_to_bf16x2(raw[i], SELECT_LO, m1, m2)
+        out[2 * i + 1] = _bits_to_bf16x2(raw[i], SELECT_HI, m1, m2)
