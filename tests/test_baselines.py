@@ -468,3 +468,16 @@ def test_hook_gates_a_lab_in_a_subfolder_of_the_repository(tmp_path, monkeypatch
     r = _commit(repo, env)
     out = r.stdout + r.stderr
     assert r.returncode != 0 and "REGRESSIONS" in out and "stage-HD cpu hd=64,n=16" in out, out
+
+
+def test_a_compile_baseline_is_written_in_flow_style_and_reads_back(tmp_path):
+    """A compile baseline (plain facts plus two counter tables) is one flow mapping, a few lines
+    a case; the file reads back to the same baselines."""
+    inv = {"(all)": 294, "tcgen05.mma.cta_group::1.kind::f16": 8}
+    b = Baseline("A", "sm_100a", "hd=128", "r.3", "abc",
+                 tolerance=dict(baselines.COMPILE_TOLERANCE),
+                 compile={"status": "compiled", "regs": 54, "spill": 0, "smem": 66560, "inv": inv, "sass": {"(all)": 424}})
+    baselines.save(tmp_path, [b])
+    text = (tmp_path / "results" / "baselines.yaml").read_text()
+    assert "        compile: {status: compiled, regs: 54" in text and "\n          regs:" not in text
+    assert baselines.load(tmp_path, must_exist=True) == [b]
