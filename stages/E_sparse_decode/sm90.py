@@ -79,9 +79,9 @@ from stages.common.barriers import NamedBarrier
 from stages.common.cluster_pair import TilePair
 from stages.common.combine import SplitCombine, sink_factor
 from stages.common.e4m3_bits import e4m3x16_to_bf16, one_multiply_fits
-from stages.common.fp8_cache import D, cache_block_bytes, cp_async, lds16, lds_f32, lds_u8
+from stages.common.fp8_cache import D, cache_block_bytes
 from stages.common.inspection import expose
-from stages.common.sm90_gather import cp_async_or_zero
+from stages.common.sm90_gather import ldg_or
 from stages.common.scheduler import SM_COUNT, DecodeGrid, resolve_splits
 from stages.common.sm90_idioms import acc_rows_cols, tma_pipeline, wgmma_sync
 from stages.common.softmax import OnlineSoftmax, final_lse, scale_rows
@@ -107,7 +107,8 @@ def register_plan(threads: int, plan: list[tuple[int, int]]) -> str | None:
 def _kv_layouts(dtype, block_n: int, stages: int, slice_n: int):
     """K (block_n, D, stages) K-major and Vᵀ (D, block_n, stages) MN-major views of the same slot
     bytes (stage D2's construction: the swizzle atom of one warpgroup's O slice, keys first), and
-    the byte stride of 8 keys (the swizzle atom's height) the dequantisers step by."""
+    the byte strides of 8 keys (the swizzle atom's height) and of 64 columns (its width) the
+    dequantisers step by."""
     k_kind = sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, dtype, slice_n)
     v_kind = sm90_utils.get_smem_layout_atom(utils.LayoutEnum.COL_MAJOR, dtype, slice_n)
     k_layout = cute.tile_to_shape(warpgroup.make_smem_layout_atom(k_kind, dtype), (block_n, D, stages), order=(0, 1, 2))
@@ -119,29 +120,33 @@ def _kv_layouts(dtype, block_n: int, stages: int, slice_n: int):
             for slot in (0, stages - 1):
                 if k_layout((key, col, slot)) != vt_layout((col, key, slot)):
                     raise ValueError(f"stage E sm90: the Vᵀ view is not K's bytes at key {key}, col {col}, slot {slot}")
-    # The dequantisers address a piece as row_offset(key mod 8, col) + (key // 8)·key8 +
-    # slot·block_n·D·2 (Kernel.piece_rows): the layout must be additive in those two strides.
+    # The dequantisers address a piece as row_offset(key mod 8, col mod 64) + (key // 8)·key8 +
+    # (col // 64)·col64 + slot·block_n·D·2 (Kernel.piece_addresses): the layout must be additive
+    # in those three strides.
     at = lambda key, col, slot: slot_offset(k_layout, key, col, slot)  # noqa: E731
     key8 = at(8, 0, 0) - at(0, 0, 0)
+    col64 = at(0, 64, 0) - at(0, 0, 0)
     for key in range(8):
-        for col in (0, 8, 16, 120, 264, D - 8):
+        for col in (0, 8, 16, 24, 32, 40, 48, 56):
             for slot in range(stages):
                 for k8 in range(block_n // 8):
-                    if at(key + 8 * k8, col, slot) != at(key, col, 0) + k8 * key8 + slot * block_n * D * 2:
-                        raise ValueError(f"stage E sm90: K slot offsets are not additive at key {key + 8 * k8}, col {col}")
-    return k_layout, vt_layout, key8
+                    for c64 in range(D // 64):
+                        if at(key + 8 * k8, col + 64 * c64, slot) != at(key, col, 0) + k8 * key8 + c64 * col64 + slot * block_n * D * 2:
+                            raise ValueError(f"stage E sm90: K slot offsets are not additive at key {key + 8 * k8}, "
+                                             f"col {col + 64 * c64}")
+    return k_layout, vt_layout, key8, col64
 
 
 @dataclass(frozen=True)
 class WarpPlan:
     """The warps of a CTA: `producer_warps` gathering and dequantising after the two MMA
-    warpgroups, the setmaxnreg registers of each side, and the O columns of one P·V wgmma
-    (`pv_n`: ptxas checks each instruction against the launch cap, 65 536 / threads, and an
-    m64n256 accumulator is 128 registers).  Key k of a tile belongs to producer warp
-    k mod producer_warps."""
+    warpgroups, the setmaxnreg registers of warpgroup 0 (S, softmax, P and half of O), of
+    warpgroup 1 (half of O) and of the producer, and the O columns of one P·V wgmma (`pv_n`:
+    ptxas checks each instruction against the launch cap, 65 536 / threads, and an m64n256
+    accumulator is 128 registers)."""
 
     producer_warps: int
-    mma_regs: int
+    mma_regs: tuple[int, int]
     producer_regs: int
     pv_n: int
 
@@ -153,30 +158,28 @@ class WarpPlan:
     def threads(self) -> int:
         return 128 * Kernel.NUM_MMA_WG + self.producer_threads
 
+    @property
+    def registers(self) -> list[tuple[int, int]]:
+        """The setmaxnreg plan, as register_plan reads it."""
+        return [(128, self.mma_regs[0]), (128, self.mma_regs[1]), (self.producer_threads, self.producer_regs)]
+
 
 class Kernel:
     """FP8 paged sparse decode on Hopper: CUDA-core gather + dequantise into bf16 tiles, two
     wgmma warpgroups with the online softmax, sink, split-KV (see the module doc)."""
 
     BLOCK_M = 64
-    BLOCK_N = 32  # keys per tile: two bf16 slots (the dequantisation of one overlaps the MMAs of the other)
+    BLOCK_N = 64  # keys per tile: two bf16 slots (the dequantisation of one overlaps the MMAs of the other)
     NUM_MMA_WG = 2
     MMA_THREADS = 128 * NUM_MMA_WG
     PRODUCER_WG = 2  # the first producer warpgroup (after the MMA warpgroups)
-    # Warp plans, by whether the CTA is half of a cluster pair (measured on an H100 at b = 64,
-    # docs/STAGE_E.md).  Alone (h_q = 64) the producer bounds the kernel: 8 producer warps (512
-    # threads) are 12 % faster than 4.  In a pair (h_q = 128) each CTA dequantises half of every
-    # tile and the MMA warpgroups bound it: 4 producer warps (384 threads) keep them at 208
-    # registers and m64n256 P·V wgmmas (8 warps measured 19 % slower).
-    PLANS = {False: WarpPlan(producer_warps=8, mma_regs=176, producer_regs=80, pv_n=128),
-             True: WarpPlan(producer_warps=4, mma_regs=208, producer_regs=80, pv_n=256)}
+    # Warp plans, by whether the CTA is half of a cluster pair (docs/STAGE_E.md).  A producer
+    # thread loads 4 · PIECES 16-byte pieces a key into registers: a pair's CTA dequantises 32
+    # keys a tile (one round of 4 warps), a CTA alone 64 (two rounds).
+    PLANS = {False: WarpPlan(producer_warps=4, mma_regs=(216, 168), producer_regs=120, pv_n=256),
+             True: WarpPlan(producer_warps=4, mma_regs=(216, 168), producer_regs=120, pv_n=256)}
     KV_STAGES = 2
-    RAW_STAGES = 4  # raw tiles in flight (cp.async): 4 × 32 keys × 592 B, the latency hider
-    INDEX_SLOTS = 2 * RAW_STAGES  # idx entries are staged RAW_STAGES tiles before their keys' bytes
-    RAW_KEY_BYTES = 592  # one key in the ring: its data (model1 576, simple / v4.1 512) …
-    RAW_SCALES = 576  # … then its scales (simple 4 bytes, model1 8, v4.1 16)
-    LANE_COLS = 16  # columns of a key one lane dequantises (16 e4m3 = one 16-byte load)
-    GROUP = 2  # keys whose staged bytes a lane reads before converting any
+    PIECES = {"model1": 9, "v4.1": 8, "simple": 8}  # 16-byte pieces of a key a producer thread loads
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int = SM_COUNT):
         c = SparseConfig.parse(config)
@@ -195,25 +198,22 @@ class Kernel:
         # every dequantised tile (stages/common/cluster_pair.py); each CTA dequantises half.
         self.pair = head_blocks % 2 == 0
         self.plan = self.PLANS[self.pair]
-        pw = self.plan.producer_warps
-        if 8 % pw or self.BLOCK_N % (2 * pw):
-            raise ValueError(f"stage E sm90: {pw} producer warps must divide the 8 keys of a swizzle atom and half a tile")
-        self.keys_per_warp = self.BLOCK_N // pw // (2 if self.pair else 1)  # keys a producer warp dequantises
-        self.peer_bytes = self.keys_per_warp * pw * D * 2  # the bf16 bytes the peer writes into a slot
-        if self.keys_per_warp % (8 // pw) or self.keys_per_warp % self.GROUP:
-            raise ValueError(f"stage E sm90: {self.keys_per_warp} keys a producer warp must be whole groups of "
-                             f"{8 // pw} (a swizzle row group) and of GROUP {self.GROUP}")
-        # Splits are chosen over the case's 64-key tiles (the scratch the oracle declares holds one
-        # split per 64 keys at most); each split then walks its share of 32-key tiles.
+        self.own_keys = self.BLOCK_N // 2 if self.pair else self.BLOCK_N  # keys a CTA dequantises a tile
+        self.sides = 2 if self.pair else 1  # whose keys' masks a CTA writes: its own, the peer's
+        self.keys_per_round = self.plan.producer_threads // 4  # 4 threads a key, 8 keys a warp
+        if self.own_keys % self.keys_per_round:
+            raise ValueError(f"stage E sm90: {self.plan.producer_warps} producer warps take {self.keys_per_round} "
+                             f"keys a round, which must divide the {self.own_keys} a CTA dequantises")
+        self.rounds = self.own_keys // self.keys_per_round
+        self.peer_bytes = self.own_keys * D * 2  # the bf16 bytes the peer writes into a slot
         self.splits = resolve_splits(splits, ctas=ctas, num_tiles=c.tiles(), sm_count=sm_count)
         self.sched = DecodeGrid(head_blocks, c.s_q, b, self.splits, num_tiles)
         self.rows = b * c.s_q * c.h_q
         self.scale_log2 = math.log2(math.e) / math.sqrt(D)
-        why = register_plan(self.plan.threads, [(self.MMA_THREADS, self.plan.mma_regs), (self.plan.producer_threads, self.plan.producer_regs)])
+        why = register_plan(self.plan.threads, self.plan.registers)
         if why is not None:
             raise ValueError(f"stage E sm90: {why}")
-        smem = (2 * (self.BLOCK_M * D + self.KV_STAGES * self.BLOCK_N * D + self.BLOCK_M * self.BLOCK_N)
-                + self.RAW_STAGES * self.BLOCK_N * self.RAW_KEY_BYTES + 4096)
+        smem = 2 * (self.BLOCK_M * D + self.KV_STAGES * self.BLOCK_N * D + self.BLOCK_M * self.BLOCK_N) + 4096
         if smem > _SMEM_LIMIT:
             raise ValueError(f"stage E sm90: {smem} bytes of shared memory needed, {_SMEM_LIMIT} available")
 
@@ -246,16 +246,9 @@ class Kernel:
         mOp = cute.make_tensor(O_part.iterator, cute.make_layout((cap * rows, D), stride=(D, 1)))
         mLp = cute.make_tensor(LSE_part.iterator, cute.make_layout(cap * rows))
 
-        qk_mma = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, cutlass.Float32,
-            (1, 1, 1), tiler_mn=(bm, bn),
-        )
-        pv_mma = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, cutlass.Float32,
-            (1, self.NUM_MMA_WG, 1), tiler_mn=(bm, self.plan.pv_n),
-        )
+        qk_mma, pv_mma = self.tiled_mmas(dtype)
         q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, bn, D), dtype, 1)
-        k_smem, vt_smem, self.key8_bytes = _kv_layouts(dtype, bn, self.KV_STAGES, D // self.NUM_MMA_WG)
+        k_smem, vt_smem, self.key8_bytes, self.col64_bytes = _kv_layouts(dtype, bn, self.KV_STAGES, D // self.NUM_MMA_WG)
         p_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, D, bn), dtype, 1)
         expose(self, p_path="smem", qk_mma=(qk_mma, (bm, bn, D)), pv_mma=(pv_mma, (bm, D, bn)),
                smem={"Q": q_smem, "K (dequantised)": k_smem, "Vt (K's bytes)": vt_smem, "P": p_smem},
@@ -271,11 +264,9 @@ class Kernel:
             row_factor: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm], 16]
             key_mask: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bn * self.KV_STAGES], 16]
             key_scale: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bn * self.KV_STAGES], 16]
-            raw_index: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, bn * self.INDEX_SLOTS], 16]
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(q_smem)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(k_smem)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(p_smem)], 1024]
-            raw: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, self.RAW_STAGES * bn * self.RAW_KEY_BYTES // 4], 128]
 
         self.smem_struct = Smem
         cluster = {"cluster": (2, 1, 1)} if self.pair else {}
@@ -286,6 +277,20 @@ class Kernel:
 
         if cutlass.const_expr(self.splits > 1):
             SplitCombine(rows, self.splits, D, sink_heads=c.h_q).launch(mOp, mLp, mO, mLSE, stream, sink=sink)
+
+    def tiled_mmas(self, dtype):
+        """S = Q·Kᵀ (m64 × BLOCK_N, one warpgroup) and O += P·V (O's columns over the two MMA
+        warpgroups, pv_n a wgmma).  Made afresh where they are used: each MMA warpgroup traces
+        its own copy of `attend`, and a tiled MMA caches values of the first trace."""
+        qk_mma = sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, cutlass.Float32,
+            (1, 1, 1), tiler_mn=(self.BLOCK_M, self.BLOCK_N),
+        )
+        pv_mma = sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, cutlass.Float32,
+            (1, self.NUM_MMA_WG, 1), tiler_mn=(self.BLOCK_M, self.plan.pv_n),
+        )
+        return qk_mma, pv_mma
 
     def _check_tensors(self, Q, KV, idx, KV_extra, idx_extra, O, LSE, O_part, LSE_part) -> None:
         """Trace time: the tensors have the shapes this kernel's reading of the case implies
@@ -348,9 +353,7 @@ class Kernel:
         sP = storage.sP.get_tensor(p_smem.outer, swizzle=p_smem.inner)[None, None, 0]
         s_row = storage.row_factor.get_tensor(cute.make_layout(bm))
         s_mask = storage.key_mask.get_tensor(cute.make_layout((bn, self.KV_STAGES)))  # 0 or −∞ per key
-        s_raw = storage.raw.get_tensor(cute.make_layout(self.RAW_STAGES * bn * self.RAW_KEY_BYTES // 4))
         s_kscale = storage.key_scale.get_tensor(cute.make_layout((bn, self.KV_STAGES)))  # simple: the token's scale
-        s_ridx = storage.raw_index.get_tensor(cute.make_layout((bn, self.INDEX_SLOTS)))  # idx entries, staged
         k_base = storage.sKV.data_ptr().toint()  # the dequantisers address the slots through k_smem
         pair = self.tile_pair(storage)
         pair.init(self.KV_STAGES, tidx)
@@ -371,14 +374,21 @@ class Kernel:
             cute.arch.setmaxregister_decrease(self.plan.producer_regs)
             if has_work:
                 self.produce(work, tidx - self.MMA_THREADS, q_pipe, kv_pipe, pair, tma_q, mQ, sQ, k_base, k_smem,
-                             s_mask, s_kscale, s_raw, s_ridx,
+                             s_mask, s_kscale,
                              KV, idx, topk_length, KV_extra, idx_extra, extra_length)
         else:
-            cute.arch.setmaxregister_increase(self.plan.mma_regs)
-            if has_work:
-                self.attend(work, tidx, q_pipe, kv_pipe, pair, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask,
-                            s_kscale, sink, mO, mLSE, mOp, mLp)
+            # each MMA warpgroup its own copy of attend, compiled for its own register count
+            if warp_idx // 4 == 0:
+                cute.arch.setmaxregister_increase(self.plan.mma_regs[0])
+                if has_work:
+                    self.attend(0, work, tidx, q_pipe, kv_pipe, pair, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask,
+                                s_kscale, sink, mO, mLSE, mOp, mLp)
             else:
+                cute.arch.setmaxregister_increase(self.plan.mma_regs[1])
+                if has_work:
+                    self.attend(1, work, tidx, q_pipe, kv_pipe, pair, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask,
+                                s_kscale, sink, mO, mLSE, mOp, mLp)
+            if not has_work:
                 self.write_empty_split(work, tidx, mOp, mLp)
         pair.finish()
 
@@ -388,22 +398,20 @@ class Kernel:
                         self.peer_bytes, self.MMA_THREADS // 32)
 
     # -----------------------------------------------------------------------------------------
-    # Producer: Q by TMA, KV by gather + dequantise
+    # Producer: Q by TMA, KV by a gather into registers and the dequantisation
 
     @cute.jit
-    def produce(self, work, ptid, q_pipe, kv_pipe, pair, tma_q, mQ, sQ, k_base, k_smem, s_mask, s_kscale, s_raw,
-                s_ridx, KV, idx, topk_length, KV_extra, idx_extra, extra_length):
-        """The producer warpgroup (`ptid` 0 … 127): Q's row block once (warp 0, TMA), then every
-        KV tile of the split: its raw bytes gathered RAW_STAGES tiles ahead (cp.async into the
-        staging ring, one commit group per tile), dequantised into a bf16 slot as one frees up.
-        Each warp stages and dequantises only its own keys (pwarp, pwarp + 4, …; in a pair, the
-        half of them that is this CTA's), so a warp's own sync orders the ring; a key's index
-        rides along in `s_ridx`."""
+    def produce(self, work, ptid, q_pipe, kv_pipe, pair, tma_q, mQ, sQ, k_base, k_smem, s_mask, s_kscale,
+                KV, idx, topk_length, KV_extra, idx_extra, extra_length):
+        """The producer threads (`ptid` 0 … producer_threads − 1): Q's row block once (warp 0,
+        TMA), then every KV tile of the split — its keys' bytes loaded into registers (the
+        loads are in flight while the thread waits for a free slot), dequantised into the slot
+        (and the peer's), the key mask written, the slot committed.  A tile's idx entries are
+        loaded one tile ahead (`key_indices`), so no load of an entry waits in the loop."""
         bm = self.BLOCK_M
         pwarp = ptid // 32
         lane = ptid % 32
         rank = pair.rank()
-        k_rows = self.piece_rows(k_base, k_smem, pwarp, lane)
         if pwarp == 0:
             gQ = cute.local_tile(mQ, (bm, D), (None, 0))
             tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, gQ, 2)
@@ -416,268 +424,197 @@ class Kernel:
         if cutlass.const_expr(self.c.has_extra):
             lengths = (lengths[0], cutlass.min(extra_length[work.batch], self.c.extra_topk))
         lists = (KV, idx, KV_extra, idx_extra)
-        # The first RAW_STAGES tiles' indices by plain loads (issued together, waited on once); every
-        # later tile's idx entries come by cp.async with the bytes of the tile RAW_STAGES before it.
-        first = [self.staged_indices(lists, lengths, work, work.tile_begin + r, None, pwarp, lane) for r in range(self.RAW_STAGES)]
-        for r in cutlass.range_constexpr(self.RAW_STAGES):
-            if lane < self.BLOCK_N // self.plan.producer_warps:  # their index slots, as staged_indices reads them
-                s_ridx[pwarp + self.plan.producer_warps * lane, r] = first[r]
-            self.stage_tile(lists, work, work.tile_begin + r, first[r], s_raw, s_ridx, r, rank, pwarp, lane)
+        pieces = self.piece_addresses(k_base, k_smem, self.key_of(rank, 0, 0, pwarp, lane), lane)
+        cur = cute.make_rmem_tensor((self.rounds, self.sides), cutlass.Int32)
+        self.key_indices(lists, lengths, work, work.tile_begin, rank, pwarp, lane, cur)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.KV_STAGES)
         for tile in cutlass.range(work.tile_begin, work.tile_end, unroll=1):
-            rslot = (tile - work.tile_begin) % self.RAW_STAGES
-            cute.arch.cp_async_wait_group(self.RAW_STAGES - 1)  # this thread's copies of `tile`'s group landed
-            cute.arch.sync_warp()  # … and every lane's (scales and idx entries are read across lanes)
-            mine = self.staged_indices(lists, lengths, work, tile, s_ridx, pwarp, lane)
+            raw = cute.make_rmem_tensor((4, self.PIECES[self.fmt], self.rounds), cutlass.Int32)
+            scales = cute.make_rmem_tensor((4, self.rounds, self.sides), cutlass.Int32)
+            self.gather(lists, tile, cur, lane, raw, scales)
+            nxt = cute.make_rmem_tensor((self.rounds, self.sides), cutlass.Int32)
+            self.key_indices(lists, lengths, work, tile + 1, rank, pwarp, lane, nxt)
             kv_pipe.producer_acquire(kv_state)
             pair.producer_acquire(kv_state, ptid)
-            self.dequant_tile(mine, s_raw, rslot, k_rows, s_mask, s_kscale, kv_state, pair, rank, pwarp, lane)
+            self.dequant_tile(raw, scales, lane, pieces, kv_state, pair)
+            self.write_masks(cur, scales, rank, pwarp, lane, s_mask, s_kscale, kv_state)
             cute.arch.fence_proxy("async.shared", space="cta")  # generic smem writes → wgmma reads
             kv_pipe.producer_commit(kv_state)
             kv_state.advance()
-            ahead = self.staged_indices(lists, lengths, work, tile + self.RAW_STAGES, s_ridx, pwarp, lane)
-            cute.arch.sync_warp()  # the warp is done reading the staging slots before they refill
-            self.stage_tile(lists, work, tile + self.RAW_STAGES, ahead, s_raw, s_ridx, rslot, rank, pwarp, lane)
-        cute.arch.cp_async_wait_group(0)
+            cur.store(nxt.load())
 
     @cute.jit
-    def stage_tile(self, lists, work, tile, mine, s_raw, s_ridx, rslot, rank, pwarp, lane):
-        """One commit group: `tile`'s keys (indices `mine`) into staging slot `rslot`, and the idx
-        entries of tile + RAW_STAGES into their index slot (an empty group past the split's end,
-        so the group of every tile is the RAW_STAGES-th one back)."""
-        self.issue_tile(lists, tile, mine, s_raw, rslot, rank, pwarp, lane)
-        self.copy_index_entries(lists, work, tile + self.RAW_STAGES, s_ridx, pwarp, lane)
-        cute.arch.cp_async_commit_group()
+    def key_of(self, rank, side, rnd: cutlass.Constexpr[int], pwarp, lane):
+        """The key of a tile (0 … BLOCK_N − 1) this thread loads in round `rnd`: side 0 its own
+        CTA's half (the whole tile alone), side 1 (a pair) the peer's half, whose mask it writes.
+        A warp takes 8 keys a round, 4 threads each (lane mod 8 the key, lane // 8 the piece)."""
+        return (rank ^ side) * self.own_keys + rnd * self.keys_per_round + 8 * pwarp + lane % 8
 
     @cute.jit
-    def list_position(self, tile, pwarp, lane):
-        """(branch, position in its list) of this warp's key `lane` of `tile`: key pwarp + producer_warps·lane."""
-        pos = tile * self.BLOCK_N + pwarp + self.plan.producer_warps * lane
-        branch = cutlass.Int32(0)
-        if tile >= self.main_tiles:
-            branch = cutlass.Int32(1)
-            pos = pos - self.main_tiles * self.BLOCK_N
-        return branch, pos
+    def key_indices(self, lists, lengths, work, tile, rank, pwarp, lane, out):
+        """out[round, side] ← the cache index of this thread's keys of `tile` (key_index judges
+        each idx entry; an entry is read only inside its list), −1 past the split's lists."""
+        for r in cutlass.range_constexpr(self.rounds):
+            for s in cutlass.range_constexpr(self.sides):
+                key = self.key_of(rank, s, r, pwarp, lane)
+                out[r, s] = cutlass.Int32(-1)
+                if tile < self.main_tiles:
+                    pos = tile * self.BLOCK_N + key
+                    got = self.idx_entry(lists[1], work, pos, self.c.topk)
+                    out[r, s] = self.key_index(lists[0], got, pos, lengths[0], self.c.topk, self.c.block)
+                else:
+                    if cutlass.const_expr(self.c.has_extra):
+                        pos = (tile - self.main_tiles) * self.BLOCK_N + key
+                        got = self.idx_entry(lists[3], work, pos, self.c.extra_topk)
+                        out[r, s] = self.key_index(lists[2], got, pos, lengths[1], self.c.extra_topk, self.c.extra_block)
 
     @cute.jit
-    def copy_index_entries(self, lists, work, tile, s_ridx, pwarp, lane):
-        """Lane j < BLOCK_N / producer_warps: cp.async the idx entry of this warp's key j of `tile` (its list
-        position clamped into the list) into the tile's index slot; nothing past the split."""
-        if lane < self.BLOCK_N // self.plan.producer_warps and tile < work.tile_end:
-            branch, pos = self.list_position(tile, pwarp, lane)
-            dst = s_ridx.iterator.toint() + ((tile - work.tile_begin) % self.INDEX_SLOTS * self.BLOCK_N + pwarp + self.plan.producer_warps * lane) * 4
-            if branch == 0:
-                cp_async(dst, lists[1].iterator.toint() + _idx_offset(lists[1], work, cutlass.min(pos, self.c.topk - 1)), 4)
-            else:
-                if cutlass.const_expr(self.c.has_extra):
-                    cp_async(dst, lists[3].iterator.toint() + _idx_offset(lists[3], work, cutlass.min(pos, self.c.extra_topk - 1)), 4)
-
-    @cute.jit
-    def staged_indices(self, lists, lengths, work, tile, s_ridx, pwarp, lane) -> cutlass.Int32:
-        """Lane j < BLOCK_N / producer_warps: the cache index of this warp's key j of `tile`, judged by key_index
-        from its idx entry — staged in `s_ridx`, or (s_ridx None: the first tiles) read from global
-        memory, its position clamped into the list; −1 for an invalid key or a tile past the split."""
-        mine = cutlass.Int32(-1)
-        if lane < self.BLOCK_N // self.plan.producer_warps and tile < work.tile_end:
-            branch, pos = self.list_position(tile, pwarp, lane)
-            if branch == 0:
-                got = self.idx_entry(lists[1], work, tile, pos, self.c.topk, s_ridx, pwarp, lane)
-                mine = self.key_index(lists[0], got, pos, lengths[0], self.c.topk, self.c.block)
-            else:
-                if cutlass.const_expr(self.c.has_extra):
-                    got = self.idx_entry(lists[3], work, tile, pos, self.c.extra_topk, s_ridx, pwarp, lane)
-                    mine = self.key_index(lists[2], got, pos, lengths[1], self.c.extra_topk, self.c.extra_block)
-        return mine
-
-    @cute.jit
-    def idx_entry(self, idx, work, tile, pos, topk: cutlass.Constexpr[int], s_ridx, pwarp, lane) -> cutlass.Int32:
-        """This lane's idx entry of `tile`: from its staged slot, or from global memory when
-        `s_ridx` is None (the position clamped into the list)."""
-        if cutlass.const_expr(s_ridx is None):
-            return idx[work.batch, work.token, cutlass.min(pos, topk - 1)]
-        return s_ridx[pwarp + self.plan.producer_warps * lane, (tile - work.tile_begin) % self.INDEX_SLOTS]
-
-    @cute.jit
-    def issue_tile(self, lists, tile, mine, s_raw, rslot, rank, pwarp, lane):
-        """cp.async this warp's valid keys of `tile` into staging slot `rslot` (nothing for a tile
-        past the end: its indices are all −1)."""
-        if tile < self.main_tiles:
-            self.issue_keys(lists[0], self.c.block, self.block_bytes, mine, s_raw, rslot, rank, pwarp, lane)
-        else:
-            if cutlass.const_expr(self.c.has_extra):
-                self.issue_keys(lists[2], self.c.extra_block, self.extra_block_bytes, mine, s_raw, rslot, rank, pwarp,
-                                lane)
-
-    @cute.jit
-    def issue_keys(self, cache, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int],
-                   mine, s_raw, rslot, rank, pwarp, lane):
-        """Key j of this warp (index by shuffle from lane j), for the keys this CTA dequantises:
-        lane l copies its 16 bytes of the token (model1's rope lanes 28 … 31: 32 bytes), lane 0
-        the token's scales — an invalid key's as zeros, without a branch (stages/common/
-        sm90_gather.py: its address clamped to token 0, nothing read).  simple: lane j copies key
-        j's fp32 scale, for every key of the warp (a pair's MMA warpgroups apply the scales of
-        both halves)."""
-        base = cache.iterator.toint()
-        for jj in cutlass.range_constexpr(self.keys_per_warp):
-            j = rank * self.keys_per_warp + jj
-            index = cute.arch.shuffle_sync(mine, j)
-            dst = self.raw_key(s_raw, rslot, pwarp + self.plan.producer_warps * j)
-            self.issue_piece(base, cutlass.max(index, 0), index != -1, block_size, block_bytes, lane, dst)
-        if cutlass.const_expr(self.fmt == "simple"):
-            if lane < self.BLOCK_N // self.plan.producer_warps and mine != -1:
-                block, off = _token_block(base, mine, block_size, block_bytes)
-                cp_async(self.raw_key(s_raw, rslot, pwarp + self.plan.producer_warps * lane) + self.RAW_SCALES, block + block_size * D + off * 4, 4)
-
-    @cute.jit
-    def raw_key(self, s_raw, rslot, key):
-        """The byte address of `key`'s bytes in staging slot `rslot` (RAW_KEY_BYTES each)."""
-        return s_raw.iterator.toint() + (rslot * self.BLOCK_N + key) * self.RAW_KEY_BYTES
-
-    @cute.jit
-    def issue_piece(self, base, index, valid, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int],
-                    lane, dst):
-        """cp.async token `index`'s bytes this lane stages: data columns 16·lane … 16·lane + 15 as
-        16 e4m3 (model1's lanes 28 … 31: 16 bf16 rope values, 32 bytes) at their own offset, and
-        (lane 0) the token's scales at RAW_SCALES: model1 8 bytes, v4.1 16 (simple's 4: issue_keys);
-        zeros when not `valid`."""
-        block, off = _token_block(base, index, block_size, block_bytes)
-        if cutlass.const_expr(self.fmt == "simple"):
-            cp_async_or_zero(dst + lane * 16, block + off * D + lane * 16, 16, valid)  # its scale: issue_keys
-        elif cutlass.const_expr(self.fmt == "model1"):
-            token = block + off * 576
-            if lane < 28:
-                cp_async_or_zero(dst + lane * 16, token + lane * 16, 16, valid)
-            else:
-                cp_async_or_zero(dst + 448 + (lane - 28) * 32, token + 448 + (lane - 28) * 32, 16, valid)
-                cp_async_or_zero(dst + 464 + (lane - 28) * 32, token + 464 + (lane - 28) * 32, 16, valid)
-            if lane == 0:
-                cp_async_or_zero(dst + self.RAW_SCALES, block + block_size * 576 + off * 8, 8, valid)
-        else:
-            token = block + off * 528
-            cp_async_or_zero(dst + lane * 16, token + lane * 16, 16, valid)
-            if lane == 0:
-                cp_async_or_zero(dst + self.RAW_SCALES, token + D, 16, valid)
-
-    @cute.jit
-    def piece_rows(self, k_base, k_smem, pwarp, lane):
-        """The byte addresses, in slot 0, of this lane's two 16-byte pieces of the warp's keys in
-        the first 8-key row group of the swizzle atom: keys pwarp + P·par (P = the plan's producer_warps,
-        par < 8 / P), entry 2·par + piece.  Key pwarp + P·j is entry j mod (8 / P) plus
-        (j // (8 / P))·key8_bytes, slot s adds s·BLOCK_N·D·2 (_kv_layouts checks the layout is
-        additive that way), so a piece's address is one add a tile."""
-        rows = cute.make_rmem_tensor(2 * (8 // self.plan.producer_warps), cutlass.Int32)
-        for par in cutlass.range_constexpr(8 // self.plan.producer_warps):
-            for h in cutlass.range_constexpr(self.LANE_COLS // 8):
-                rows[2 * par + h] = k_base + slot_offset(k_smem, pwarp + self.plan.producer_warps * par, self.LANE_COLS * lane + 8 * h, 0)
-        return rows
-
-    @cute.jit
-    def dequant_tile(self, mine, s_raw, rslot, k_rows, s_mask, s_kscale, state, pair, rank, pwarp, lane):
-        """This CTA's keys of the warp in the staged tile → bf16 rows of slot state.index, GROUP keys
-        at a time (an invalid key: its staged bytes are zeros, so its row is), each 16-byte piece stored by
-        `pair` (here, and in a pair into the peer's slot too); then the mask entries (0 or −∞) of
-        all the warp's keys, lane j for key j.  simple: the rows are the e4m3 values themselves
-        (exact in bf16) and the token's scale goes to `s_kscale` — the MMA warpgroups apply it to
-        S's and P's columns in fp32."""
-        lc, group, kpw = self.LANE_COLS, self.GROUP, self.keys_per_warp
-        per8 = 8 // self.plan.producer_warps  # keys of a warp in one 8-key row group of the swizzle atom
-        for kg in cutlass.range_constexpr(kpw // group):
-            raw = cute.make_rmem_tensor((8, group), cutlass.Int32)  # per key: 16 B of e4m3 (or 32 B of rope)
-            expo = cute.make_rmem_tensor(group, cutlass.Int32)  # the e8m0 byte of each key's piece
-            for g in cutlass.range_constexpr(group):  # an invalid key's staged bytes are zeros: no branch
-                j = rank * kpw + kg * group + g
-                expo[g] = self.read_piece(self.raw_key(s_raw, rslot, pwarp + self.plan.producer_warps * j), lane, raw[None, g])
-            fits = one_multiply_fits(expo[0])
-            for g in cutlass.range_constexpr(1, group):
-                fits = fits & one_multiply_fits(expo[g])
-            one_multiply = cute.arch.vote_all_sync(fits)  # every lane, before any lane-dependent branch
-            for g in cutlass.range_constexpr(group):
-                jj = kg * group + g
-                vals = cute.make_rmem_tensor(lc, cutlass.BFloat16)
-                self.convert_piece(raw[None, g], expo[g], lane, vals, one_multiply)
-                words = cute.recast_tensor(vals, cutlass.Int32)
-                # key pwarp + producer_warps·j, j = rank·kpw + jj: row group j // per8, entry j mod per8
-                # of piece_rows — kpw is a multiple of per8 (__init__), so the entry is static
-                rows_at = (rank * (kpw // per8) + jj // per8) * self.key8_bytes + state.index * (self.BLOCK_N * D * 2)
-                for h in cutlass.range_constexpr(lc // 8):  # 8 bf16 = one 16-byte piece of a swizzled row
-                    at = k_rows[2 * (jj % per8) + h] + rows_at
-                    pair.store16(at, cute.make_tensor(words.iterator + 4 * h, cute.make_layout(4)), state)
-        if lane < self.BLOCK_N // self.plan.producer_warps:
-            key = pwarp + self.plan.producer_warps * lane
-            s_mask[key, state.index] = cutlass.Float32(0.0) if mine != -1 else -cutlass.Float32.inf
-            if cutlass.const_expr(self.fmt == "simple"):
-                kscale = cutlass.Float32(0.0)
-                if mine != -1:
-                    kscale = lds_f32(self.raw_key(s_raw, rslot, key) + self.RAW_SCALES)
-                s_kscale[key, state.index] = kscale
+    def idx_entry(self, idx, work, pos, topk: cutlass.Constexpr[int]) -> cutlass.Int32:
+        """idx[batch, token, pos], or −1 (nothing read) for a position past the list."""
+        return ldg_or(idx.iterator.toint() + _idx_offset(idx, work, pos), pos < topk, 1, -1)[0]
 
     @cute.jit
     def key_index(self, cache, got, pos, length, topk: cutlass.Constexpr[int], block_size: cutlass.Constexpr[int]):
-        """The cache index of list position `pos` (its idx entry `got`, read clamped into the list,
-        so a padded tail position never reads past it), or −1 when the key is invalid: pos ≥ the
-        list's length (min(topk, topk_length[b])) or the entry is −1."""
+        """The cache index of list position `pos` (its idx entry `got`, −1 past the list), or
+        −1 when the key is invalid: pos ≥ the list's length (min(topk, topk_length[b])) or the
+        entry is −1."""
         out = cutlass.Int32(-1)
         if pos < length:
             out = got
         return out
 
     @cute.jit
-    def read_piece(self, src, lane, raw) -> cutlass.Int32:
-        """raw (8 Int32) ← this lane's staged bytes of one key (16, or model1's rope lanes 32);
-        returns their scale's e8m0 byte (127, a scale of 1, for the rope and for simple)."""
-        e = cutlass.Int32(127)
-        if cutlass.const_expr(self.fmt == "model1"):
-            if lane < 28:
-                lds16(src + lane * 16, raw, 0)
-                e = self.staged_scale(src, lane)
-            else:
-                lds16(src + 448 + (lane - 28) * 32, raw, 0)
-                lds16(src + 464 + (lane - 28) * 32, raw, 4)
+    def gather(self, lists, tile, cur, lane, raw, scales):
+        """raw, scales ← the bytes of this thread's keys of `tile` from the tile's cache."""
+        if tile < self.main_tiles:
+            self.gather_keys(lists[0], self.c.block, self.block_bytes, cur, lane, raw, scales)
         else:
-            lds16(src + lane * 16, raw, 0)
-            e = self.staged_scale(src, lane)
-        return e
+            if cutlass.const_expr(self.c.has_extra):
+                self.gather_keys(lists[2], self.c.extra_block, self.extra_block_bytes, cur, lane, raw, scales)
 
     @cute.jit
-    def staged_scale(self, src, lane) -> cutlass.Int32:
-        """The e8m0 scale byte of this lane's 16 columns, from the key's staged scale bytes:
-        model1 — byte lane // 4 (one per 64 columns); v4.1 — byte lane // 2 (one per 32); simple
-        — 127, a scale of 1 (its fp32 scale is the MMA warpgroups' column factor, see
-        dequant_tile).  Masked: a Uint8 loads sign-extended."""
-        at = src + self.RAW_SCALES
+    def gather_keys(self, cache, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], cur, lane,
+                    raw, scales):
+        """For each round's own key (index cur[round, 0]; an invalid key's loads are not made and
+        yield zeros): raw[:, p, round] ← its 16-byte piece p — the data columns 64·p + 16·q … + 15
+        (q = lane // 8; e4m3), then model1's rope bytes 448 + 16·q + 64·h (bf16) as pieces 7 + h
+        — and scales[:, round, 0] ← its scale bytes (model1 8, v4.1 16).  simple: scales[0,
+        round, side] ← the fp32 scale of each side's key (the MMA warpgroups apply it)."""
+        base = cache.iterator.toint()
+        q = lane // 8
+        for r in cutlass.range_constexpr(self.rounds):
+            index = cur[r, 0]
+            valid = index != -1
+            block, off = _token_block(base, index, block_size, block_bytes)
+            if cutlass.const_expr(self.fmt == "model1"):
+                token = block + off * 576
+                for p in cutlass.range_constexpr(7):
+                    self.load16(raw, p, r, token + 64 * p + 16 * q, valid)
+                for h in cutlass.range_constexpr(2):
+                    self.load16(raw, 7 + h, r, token + 448 + 16 * q + 64 * h, valid)
+                w = ldg_or(block + block_size * 576 + off * 8, valid, 2)
+                scales[0, r, 0], scales[1, r, 0] = w[0], w[1]
+            elif cutlass.const_expr(self.fmt == "v4.1"):
+                token = block + off * 528
+                for p in cutlass.range_constexpr(8):
+                    self.load16(raw, p, r, token + 64 * p + 16 * q, valid)
+                w = ldg_or(token + D, valid, 4)
+                for i in cutlass.range_constexpr(4):
+                    scales[i, r, 0] = w[i]
+            else:
+                for p in cutlass.range_constexpr(8):
+                    self.load16(raw, p, r, block + off * D + 64 * p + 16 * q, valid)
+                for s in cutlass.range_constexpr(self.sides):
+                    i = cur[r, s]
+                    b_s, o_s = _token_block(base, i, block_size, block_bytes)
+                    scales[0, r, s] = ldg_or(b_s + block_size * D + o_s * 4, i != -1, 1)[0]
+
+    @cute.jit
+    def load16(self, raw, p, r, addr, valid):
+        w = ldg_or(addr, valid, 4)
+        for i in cutlass.range_constexpr(4):
+            raw[i, p, r] = w[i]
+
+    @cute.jit
+    def piece_addresses(self, k_base, k_smem, key, lane):
+        """The shared-memory byte addresses, in slot 0, of this thread's pieces of round 0's own
+        key: the data columns 16·q and 16·q + 8 of the first 64 (q = lane // 8; piece p adds
+        p·col64_bytes), model1's rope columns 448 + 8·q and 480 + 8·q.  Round r adds
+        r·(keys_per_round / 8)·key8_bytes, slot s s·BLOCK_N·D·2 (_kv_layouts checks the layout
+        is additive in all three)."""
+        q = lane // 8
+        at = cute.make_rmem_tensor(4, cutlass.Int32)
+        for i, col in enumerate((16 * q, 16 * q + 8, 448 + 8 * q, 480 + 8 * q)):
+            at[i] = k_base + slot_offset(k_smem, key, col, 0)
+        return at
+
+    @cute.jit
+    def dequant_tile(self, raw, scales, lane, pieces, state, pair):
+        """This thread's pieces of its own keys → bf16 in slot state.index, each 16 bytes stored
+        by `pair` (here, and in a pair into the peer's slot too): 16 e4m3 → 16 bf16 × the
+        piece's power-of-two scale (stages/common/e4m3_bits.py; one multiply when the warp's
+        vote finds every scale ≤ 2^7), model1's rope as it is.  An invalid key's zeros stay
+        zeros.  simple: the e4m3 values unscaled (exact in bf16); its scale is a column factor
+        of S and P (attend)."""
+        q = lane // 8
+        dims = self.PIECES[self.fmt] - (2 if self.fmt == "model1" else 0)  # the e4m3 pieces
+        expo = cute.make_rmem_tensor((dims, self.rounds), cutlass.Int32)
+        fits = cutlass.Boolean(True)
+        for r in cutlass.range_constexpr(self.rounds):
+            for p in cutlass.range_constexpr(dims):
+                expo[p, r] = self.scale_byte(scales, r, p, q)
+                fits = fits & one_multiply_fits(expo[p, r])
+        one_multiply = cute.arch.vote_all_sync(fits)  # every lane, before any lane-dependent branch
+        if cutlass.const_expr(self.fmt == "simple"):
+            one_multiply = True
+        for r in cutlass.range_constexpr(self.rounds):
+            rows = r * (self.keys_per_round // 8) * self.key8_bytes + state.index * (self.BLOCK_N * D * 2)
+            for p in cutlass.range_constexpr(dims):
+                vals = cute.make_rmem_tensor(16, cutlass.BFloat16)
+                e4m3x16_to_bf16(raw[None, p, r], expo[p, r], vals, one_multiply)
+                words = cute.recast_tensor(vals, cutlass.Int32)
+                for h in cutlass.range_constexpr(2):
+                    pair.store16(pieces[h] + p * self.col64_bytes + rows,
+                                 cute.make_tensor(words.iterator + 4 * h, cute.make_layout(4)), state)
+            if cutlass.const_expr(self.fmt == "model1"):
+                for h in cutlass.range_constexpr(2):
+                    pair.store16(pieces[2 + h] + rows, raw[None, 7 + h, r], state)
+
+    @cute.jit
+    def scale_byte(self, scales, r, p, q) -> cutlass.Int32:
+        """The e8m0 byte of data piece p (columns 64·p + 16·q … + 15) of round r's key: model1
+        byte p (one per 64 columns), v4.1 byte 2·p + q // 2 (one per 32); simple 127, a scale of
+        1.  Masked: the words are shifted arithmetically."""
         e = cutlass.Int32(127)
         if cutlass.const_expr(self.fmt == "model1"):
-            e = lds_u8(at + lane // 4) & 0xFF
+            e = (scales[p // 4, r, 0] >> (8 * (p % 4))) & 0xFF
         elif cutlass.const_expr(self.fmt == "v4.1"):
-            e = lds_u8(at + lane // 2) & 0xFF
+            e = (scales[p // 2, r, 0] >> (8 * (2 * p % 4) + 8 * (q // 2))) & 0xFF
         return e
 
     @cute.jit
-    def convert_piece(self, raw, e, lane, vals, one_multiply):
-        """vals (16 bf16) ← raw: 16 e4m3 × 2^(e − 127) by bit moves and two exact bf16x2
-        multiplies (stages/common/e4m3_bits.py; one when the warp's vote `one_multiply` says every
-        lane's scale allows it), or model1's rope as it is; simple's e4m3 unscaled (e = 127; its
-        scale is a column factor of S and P, see dequant_tile)."""
-        if cutlass.const_expr(self.fmt == "model1"):
-            if lane < 28:
-                e4m3x16_to_bf16(raw, e, vals, one_multiply)
-            else:
-                vals.store(cute.recast_tensor(raw, cutlass.BFloat16).load())
-        elif cutlass.const_expr(self.fmt == "simple"):
-            e4m3x16_to_bf16(raw, e, vals, True)  # e = 127
-        else:
-            e4m3x16_to_bf16(raw, e, vals, one_multiply)
+    def write_masks(self, cur, scales, rank, pwarp, lane, s_mask, s_kscale, state):
+        """The mask entries (0 or −∞) of slot state.index: the threads of piece q = side write
+        those of their side's keys (a pair's CTA masks the peer's half too); simple: also the
+        key's fp32 scale."""
+        for r in cutlass.range_constexpr(self.rounds):
+            for s in cutlass.range_constexpr(self.sides):
+                if lane // 8 == s:
+                    key = self.key_of(rank, s, r, pwarp, lane)
+                    s_mask[key, state.index] = cutlass.Float32(0.0) if cur[r, s] != -1 else -cutlass.Float32.inf
+                    if cutlass.const_expr(self.fmt == "simple"):
+                        s_kscale[key, state.index] = cute.recast_tensor(scales[None, r, s], cutlass.Float32)[0]
 
     # -----------------------------------------------------------------------------------------
     # MMA warpgroups (stage D2's, plus the key mask and the sink)
 
     @cute.jit
-    def attend(self, work, tidx, q_pipe, kv_pipe, pair, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask, s_kscale,
+    def attend(self, wg: cutlass.Constexpr[int], work, tidx, q_pipe, kv_pipe, pair, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask, s_kscale,
                sink, mO, mLSE, mOp, mLp):
         bm, bn = self.BLOCK_M, self.BLOCK_N
-        wg = tidx // 128
         tid_wg = tidx % 128
         mma_threads = self.MMA_THREADS
+        qk_mma, pv_mma = self.tiled_mmas(sQ.element_type)
 
         thr_qk = qk_mma.get_slice(tid_wg)
         tSrQ = qk_mma.make_fragment_A(thr_qk.partition_A(sQ))
@@ -706,13 +643,13 @@ class Kernel:
         softmax = OnlineSoftmax.create(num_rows, self.scale_log2)
 
         kv_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.KV_STAGES)
-        if wg == 0:
+        if cutlass.const_expr(wg == 0):
             q_pipe.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
 
         for i in cutlass.range(work.tile_end - work.tile_begin, unroll=1):
             kv_pipe.consumer_wait(kv_cons)
             pair.consumer_wait(kv_cons)
-            if wg == 0:
+            if cutlass.const_expr(wg == 0):
                 acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
                 wgmma_sync(qk_mma, acc_s, tSrQ, tSrK, a_slot=0, b_slot=kv_cons.index, zero_init=True)
                 s_rc = acc_rows_cols(acc_s)
@@ -743,10 +680,10 @@ class Kernel:
             kv_pipe.consumer_release(kv_cons)
             pair.consumer_release(kv_cons, tidx % 32)
             kv_cons.advance()
-            if wg == 1:
+            if cutlass.const_expr(wg == 1):
                 cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.P_EMPTY), number_of_threads=mma_threads)
 
-        if wg == 0:
+        if cutlass.const_expr(wg == 0):
             cute.arch.barrier(barrier_id=int(NamedBarrier.P_EMPTY), number_of_threads=mma_threads)
             inv_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
             lse = cute.make_rmem_tensor(num_rows, cutlass.Float32)

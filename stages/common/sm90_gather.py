@@ -1,12 +1,15 @@
-"""The Hopper gather's copies: cp.async that zero-fills what it does not load (stage E sm90).
+"""The Hopper gather's loads: read-only global loads into registers that yield a fill value
+when they are not to be made (stage E sm90).
 
-`cp.async … [dst], [src], cp_size, src_size` reads src_size bytes and writes cp_size, the rest
-zeros.  With src_size = 0 for an invalid key (index −1, or past the list's length) the key's row
-in the staging ring becomes zeros without a branch: the copy is issued for every key, the address
-of an invalid key is clamped to a real one (never read), and the dequantisers convert every row
-unconditionally — a zero e4m3 byte with a zero scale byte is 0 (stages/common/e4m3_bits.py keeps
-zeros exact), model1's zero rope bf16 are 0.  Branch-free code lets ptxas interleave the keys of
-a warp (a branch per key kept them one after another, each waiting on its shuffle and loads).
+Hopper's TMA cannot gather rows by index, so stage E's producer threads load each key's bytes
+themselves.  An invalid key (index −1, or past the list's length, where the entry may be INT_MAX
+garbage) is never read: the load is predicated off and its registers hold the fill (zeros for
+cache bytes, −1 for an idx entry).  No branch per key, so ptxas interleaves the loads of a
+thread's keys; a zero e4m3 byte converts to 0 under any scale (stages/common/e4m3_bits.py) and
+model1's zero rope bf16 are 0, so an invalid key's row is zeros and its score is masked to −∞.
+
+`ld.global.nc` (read-only path) with an L2 prefetch of 256 bytes: the 4 threads of a key read 64
+consecutive bytes of it per instruction and the rest of its 576 bytes follows.
 """
 
 from __future__ import annotations
@@ -14,24 +17,34 @@ from __future__ import annotations
 import cutlass
 from cutlass import Int32, Int64
 from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+_VEC = {1: "", 2: ".v2", 4: ".v4"}
 
 
 @dsl_user_op
-def cp_async_or_zero(dst, src, nbytes: int, valid, *, loc=None, ip=None) -> None:
-    """cp.async `nbytes` (4, 8 or 16; both addresses aligned to it) from global byte address
-    `src` to shared-memory byte address `dst` when `valid`, else `nbytes` zeros to `dst` (nothing
-    read).  16 bytes bypass L1 (.cg), as stages/common/fp8_cache.cp_async."""
-    mode = "cg" if nbytes == 16 else "ca"
-    size = cutlass.select_(valid, Int32(nbytes), Int32(0))
-    llvm.inline_asm(
-        res=None,
-        operands_=[Int32(dst).ir_value(loc=loc, ip=ip), Int64(src).ir_value(loc=loc, ip=ip), Int32(size).ir_value(loc=loc, ip=ip)],
-        asm_string=f"cp.async.{mode}.shared.global [$0], [$1], {nbytes}, $2;",
-        constraints="r,l,r",
-        has_side_effects=True,
+def ldg_or(addr, valid, words: int, fill: int = 0, *, loc=None, ip=None) -> tuple[Int32, ...]:
+    """`words` (1, 2 or 4) 32-bit words from the global byte address `addr` (aligned to 4 ·
+    words) when `valid`, else `fill` in each, nothing read."""
+    outs = ", ".join(f"${i}" for i in range(words))
+    body = "".join(f"mov.b32 ${i}, {fill};\n" for i in range(words))
+    operand = outs if words == 1 else "{" + outs + "}"
+    asm = ("{\n.reg .pred p;\n"
+           f"setp.ne.b32 p, ${words + 1}, 0;\n"
+           + body +
+           f"@p ld.global.nc.L2::256B{_VEC[words]}.b32 {operand}, [${words}];\n}}")
+    res_type = T.i32() if words == 1 else llvm.StructType.get_literal([T.i32()] * words)
+    res = llvm.inline_asm(
+        res_type,
+        [Int64(addr).ir_value(loc=loc, ip=ip), Int32(cutlass.select_(valid, Int32(1), Int32(0))).ir_value(loc=loc, ip=ip)],
+        asm,
+        ",".join(["=r"] * words + ["l", "r"]),
+        has_side_effects=False,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
         loc=loc,
         ip=ip,
     )
+    if words == 1:
+        return (Int32(res),)
+    return tuple(Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(words))
