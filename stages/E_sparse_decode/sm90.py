@@ -176,8 +176,8 @@ class Kernel:
     # Warp plans, by whether the CTA is half of a cluster pair (docs/STAGE_E.md).  A producer
     # thread loads 4 · PIECES 16-byte pieces a key into registers: a pair's CTA dequantises 32
     # keys a tile (one round of 4 warps), a CTA alone 64 (two rounds).
-    PLANS = {False: WarpPlan(producer_warps=4, mma_regs=(216, 168), producer_regs=120, pv_n=256),
-             True: WarpPlan(producer_warps=4, mma_regs=(216, 168), producer_regs=120, pv_n=256)}
+    PLANS = {False: WarpPlan(producer_warps=4, mma_regs=(208, 160), producer_regs=136, pv_n=256),
+             True: WarpPlan(producer_warps=4, mma_regs=(208, 160), producer_regs=136, pv_n=256)}
     KV_STAGES = 2
     PIECES = {"model1": 9, "v4.1": 8, "simple": 8}  # 16-byte pieces of a key a producer thread loads
 
@@ -425,23 +425,24 @@ class Kernel:
             lengths = (lengths[0], cutlass.min(extra_length[work.batch], self.c.extra_topk))
         lists = (KV, idx, KV_extra, idx_extra)
         pieces = self.piece_addresses(k_base, k_smem, self.key_of(rank, 0, 0, pwarp, lane), lane)
-        cur = cute.make_rmem_tensor((self.rounds, self.sides), cutlass.Int32)
-        self.key_indices(lists, lengths, work, work.tile_begin, rank, pwarp, lane, cur)
+        entries = cute.make_rmem_tensor((self.rounds, self.sides), cutlass.Int32)
+        self.idx_entries(lists, work, work.tile_begin, rank, pwarp, lane, entries)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.KV_STAGES)
         for tile in cutlass.range(work.tile_begin, work.tile_end, unroll=1):
+            cur = cute.make_rmem_tensor((self.rounds, self.sides), cutlass.Int32)
+            self.key_indices(lists, lengths, tile, entries, rank, pwarp, lane, cur)
             raw = cute.make_rmem_tensor((4, self.PIECES[self.fmt], self.rounds), cutlass.Int32)
             scales = cute.make_rmem_tensor((4, self.rounds, self.sides), cutlass.Int32)
             self.gather(lists, tile, cur, lane, raw, scales)
-            nxt = cute.make_rmem_tensor((self.rounds, self.sides), cutlass.Int32)
-            self.key_indices(lists, lengths, work, tile + 1, rank, pwarp, lane, nxt)
             kv_pipe.producer_acquire(kv_state)
             pair.producer_acquire(kv_state, ptid)
-            self.dequant_tile(raw, scales, lane, pieces, kv_state, pair)
             self.write_masks(cur, scales, rank, pwarp, lane, s_mask, s_kscale, kv_state)
+            # the next tile's entries: loaded now, judged (a use of the loaded value) a tile later
+            self.idx_entries(lists, work, tile + 1, rank, pwarp, lane, entries)
+            self.dequant_tile(raw, scales, lane, pieces, kv_state, pair)
             cute.arch.fence_proxy("async.shared", space="cta")  # generic smem writes → wgmma reads
             kv_pipe.producer_commit(kv_state)
             kv_state.advance()
-            cur.store(nxt.load())
 
     @cute.jit
     def key_of(self, rank, side, rnd: cutlass.Constexpr[int], pwarp, lane):
@@ -451,27 +452,49 @@ class Kernel:
         return (rank ^ side) * self.own_keys + rnd * self.keys_per_round + 8 * pwarp + lane % 8
 
     @cute.jit
-    def key_indices(self, lists, lengths, work, tile, rank, pwarp, lane, out):
-        """out[round, side] ← the cache index of this thread's keys of `tile` (key_index judges
-        each idx entry; an entry is read only inside its list), −1 past the split's lists."""
-        for r in cutlass.range_constexpr(self.rounds):
-            for s in cutlass.range_constexpr(self.sides):
-                key = self.key_of(rank, s, r, pwarp, lane)
-                out[r, s] = cutlass.Int32(-1)
-                if tile < self.main_tiles:
-                    pos = tile * self.BLOCK_N + key
-                    got = self.idx_entry(lists[1], work, pos, self.c.topk)
-                    out[r, s] = self.key_index(lists[0], got, pos, lengths[0], self.c.topk, self.c.block)
-                else:
-                    if cutlass.const_expr(self.c.has_extra):
-                        pos = (tile - self.main_tiles) * self.BLOCK_N + key
-                        got = self.idx_entry(lists[3], work, pos, self.c.extra_topk)
-                        out[r, s] = self.key_index(lists[2], got, pos, lengths[1], self.c.extra_topk, self.c.extra_block)
+    def list_position(self, tile, key):
+        """(branch, position in its list) of key `key` of `tile`: the main list's tiles first."""
+        branch = cutlass.Int32(0)
+        pos = tile * self.BLOCK_N + key
+        if tile >= self.main_tiles:
+            branch = cutlass.Int32(1)
+            pos = pos - self.main_tiles * self.BLOCK_N
+        return branch, pos
 
     @cute.jit
-    def idx_entry(self, idx, work, pos, topk: cutlass.Constexpr[int]) -> cutlass.Int32:
-        """idx[batch, token, pos], or −1 (nothing read) for a position past the list."""
-        return ldg_or(idx.iterator.toint() + _idx_offset(idx, work, pos), pos < topk, 1, -1)[0]
+    def idx_entries(self, lists, work, tile, rank, pwarp, lane, out):
+        """out[round, side] ← the idx entry of this thread's keys of `tile`, −1 (nothing read) for
+        a position past its list or past the lists."""
+        for r in cutlass.range_constexpr(self.rounds):
+            for s in cutlass.range_constexpr(self.sides):
+                branch, pos = self.list_position(tile, self.key_of(rank, s, r, pwarp, lane))
+                if cutlass.const_expr(self.c.has_extra):
+                    out[r, s] = cutlass.select_(
+                        branch == 0, self.idx_entry(lists[1], work, pos, self.c.topk, branch == 0),
+                        self.idx_entry(lists[3], work, pos, self.c.extra_topk, branch == 1))
+                else:
+                    out[r, s] = self.idx_entry(lists[1], work, pos, self.c.topk, branch == 0)
+
+    @cute.jit
+    def idx_entry(self, idx, work, pos, topk: cutlass.Constexpr[int], here) -> cutlass.Int32:
+        """idx[batch, token, pos] when `here` (the key is in this list), or −1 (nothing read)
+        for a position past the list."""
+        return ldg_or(idx.iterator.toint() + _idx_offset(idx, work, pos), here & (pos < topk), 1, -1)[0]
+
+    @cute.jit
+    def key_indices(self, lists, lengths, tile, entries, rank, pwarp, lane, out):
+        """out[round, side] ← the cache index of this thread's keys of `tile`: key_index judges
+        each idx entry (loaded a tile before, `idx_entries`)."""
+        for r in cutlass.range_constexpr(self.rounds):
+            for s in cutlass.range_constexpr(self.sides):
+                branch, pos = self.list_position(tile, self.key_of(rank, s, r, pwarp, lane))
+                out[r, s] = cutlass.Int32(-1)
+                if branch == 0:
+                    out[r, s] = self.key_index(lists[0], entries[r, s], pos, lengths[0], self.c.topk, self.c.block)
+                else:
+                    if cutlass.const_expr(self.c.has_extra):
+                        out[r, s] = self.key_index(lists[2], entries[r, s], pos, lengths[1], self.c.extra_topk,
+                                                   self.c.extra_block)
 
     @cute.jit
     def key_index(self, cache, got, pos, length, topk: cutlass.Constexpr[int], block_size: cutlass.Constexpr[int]):
