@@ -95,13 +95,27 @@ def register_plan(threads: int, plan: list[tuple[int, int]]) -> str | None:
     group of warps — fits the CTA's allocation at launch (threads × (65 536 / threads rounded
     down to a multiple of 8)); else why not.  A plan that does not fit hangs: setmaxnreg.inc
     waits for registers nobody frees."""
-    at_launch = threads * (65536 // threads // 8 * 8)
+    at_launch = threads * launch_registers(threads)
     want = sum(n * r for n, r in plan)
     if sum(n for n, _ in plan) != threads or any(r % 8 or not 24 <= r <= 256 for _, r in plan):
         return f"setmaxnreg plan {plan} must cover the {threads} threads with multiples of 8 in 24 … 256"
     if want > at_launch:
         return f"setmaxnreg plan {plan} needs {want} registers, the CTA holds {at_launch} (a hang)"
     return None
+
+
+def launch_registers(threads: int) -> int:
+    """Registers a thread holds at launch: 65 536 / threads, rounded down to a multiple of 8."""
+    return 65536 // threads // 8 * 8
+
+
+def set_registers(regs: int, threads: int) -> None:
+    """setmaxnreg to `regs` for the calling warpgroup: .inc above the launch allocation, .dec
+    below it (an .inc to fewer registers than a warp holds is an illegal instruction)."""
+    if regs > launch_registers(threads):
+        cute.arch.setmaxregister_increase(regs)
+    elif regs < launch_registers(threads):
+        cute.arch.setmaxregister_decrease(regs)
 
 
 def _kv_layouts(dtype, block_n: int, stages: int, slice_n: int):
@@ -371,7 +385,7 @@ class Kernel:
 
         has_work = work.tile_begin < work.tile_end
         if warp_idx // 4 >= self.PRODUCER_WG:
-            cute.arch.setmaxregister_decrease(self.plan.producer_regs)
+            set_registers(self.plan.producer_regs, self.plan.threads)
             if has_work:
                 self.produce(work, tidx - self.MMA_THREADS, q_pipe, kv_pipe, pair, tma_q, mQ, sQ, k_base, k_smem,
                              s_mask, s_kscale,
@@ -379,12 +393,12 @@ class Kernel:
         else:
             # each MMA warpgroup its own copy of attend, compiled for its own register count
             if warp_idx // 4 == 0:
-                cute.arch.setmaxregister_increase(self.plan.mma_regs[0])
+                set_registers(self.plan.mma_regs[0], self.plan.threads)
                 if has_work:
                     self.attend(0, work, tidx, q_pipe, kv_pipe, pair, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask,
                                 s_kscale, sink, mO, mLSE, mOp, mLp)
             else:
-                cute.arch.setmaxregister_increase(self.plan.mma_regs[1])
+                set_registers(self.plan.mma_regs[1], self.plan.threads)
                 if has_work:
                     self.attend(1, work, tidx, q_pipe, kv_pipe, pair, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask,
                                 s_kscale, sink, mO, mLSE, mOp, mLp)
