@@ -190,8 +190,8 @@ class Kernel:
     # Warp plans, by whether the CTA is half of a cluster pair (docs/STAGE_E.md).  A producer
     # thread loads 4 · PIECES 16-byte pieces a key into registers: a pair's CTA dequantises 32
     # keys a tile (one round of 4 warps), a CTA alone 64 (two rounds).
-    PLANS = {False: WarpPlan(producer_warps=4, mma_regs=(208, 160), producer_regs=136, pv_n=256),
-             True: WarpPlan(producer_warps=4, mma_regs=(208, 160), producer_regs=136, pv_n=256)}
+    PLANS = {False: WarpPlan(producer_warps=4, mma_regs=(192, 160), producer_regs=152, pv_n=256),
+             True: WarpPlan(producer_warps=4, mma_regs=(192, 160), producer_regs=152, pv_n=256)}
     KV_STAGES = 2
     PIECES = {"model1": 9, "v4.1": 8, "simple": 8}  # 16-byte pieces of a key a producer thread loads
 
@@ -439,24 +439,55 @@ class Kernel:
             lengths = (lengths[0], cutlass.min(extra_length[work.batch], self.c.extra_topk))
         lists = (KV, idx, KV_extra, idx_extra)
         pieces = self.piece_addresses(k_base, k_smem, self.key_of(rank, 0, 0, pwarp, lane), lane)
-        entries = cute.make_rmem_tensor((self.rounds, self.sides), cutlass.Int32)
+        # Two register buffers of one unit (a round of a tile) each: the loads of the next unit
+        # are in flight while this one is dequantised.  An iteration takes two units — two
+        # tiles of one round in a pair, the two rounds of one tile alone — so the buffers and
+        # the two tiles' key indices (even, odd tile of the iteration) are static.
+        R = self.rounds
+        per = 2 // R  # tiles an iteration
+        raws = (cute.make_rmem_tensor((4, self.PIECES[self.fmt]), cutlass.Int32),
+                cute.make_rmem_tensor((4, self.PIECES[self.fmt]), cutlass.Int32))
+        scs = (cute.make_rmem_tensor((4, self.sides), cutlass.Int32), cute.make_rmem_tensor((4, self.sides), cutlass.Int32))
+        keys = (cute.make_rmem_tensor((R, self.sides), cutlass.Int32), cute.make_rmem_tensor((R, self.sides), cutlass.Int32))
+        entries = cute.make_rmem_tensor((R, self.sides), cutlass.Int32)
         self.idx_entries(lists, work, work.tile_begin, rank, pwarp, lane, entries)
+        self.key_indices(lists, lengths, work, work.tile_begin, entries, rank, pwarp, lane, keys[0])
+        self.idx_entries(lists, work, work.tile_begin + 1, rank, pwarp, lane, entries)
+        self.gather(lists, work.tile_begin, keys[0], 0, lane, raws[0], scs[0])
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.KV_STAGES)
-        for tile in cutlass.range(work.tile_begin, work.tile_end, unroll=1):
-            cur = cute.make_rmem_tensor((self.rounds, self.sides), cutlass.Int32)
-            self.key_indices(lists, lengths, tile, entries, rank, pwarp, lane, cur)
-            raw = cute.make_rmem_tensor((4, self.PIECES[self.fmt], self.rounds), cutlass.Int32)
-            scales = cute.make_rmem_tensor((4, self.rounds, self.sides), cutlass.Int32)
-            self.gather(lists, tile, cur, lane, raw, scales)
+        for it in cutlass.range(work.tile_begin, work.tile_end, per, unroll=1):
+            for u in cutlass.range_constexpr(2):
+                j, r = divmod(u, R)  # this unit: tile it + j, round r
+                nj, nr = divmod(u + 1, R)  # the next unit
+                if cutlass.const_expr(nr == 0):  # the next unit starts a tile: judge its entries
+                    self.key_indices(lists, lengths, work, it + nj, entries, rank, pwarp, lane, keys[nj % 2])
+                    self.idx_entries(lists, work, it + nj + 1, rank, pwarp, lane, entries)
+                self.gather(lists, it + nj, keys[nj % 2], nr, lane, raws[(u + 1) % 2], scs[(u + 1) % 2])
+                if cutlass.const_expr(j == 0):
+                    self.produce_unit(kv_pipe, kv_state, pair, ptid, keys[0], r, raws[u], scs[u], rank, pwarp, lane,
+                                      pieces, s_mask, s_kscale)
+                else:
+                    if it + j < work.tile_end:
+                        self.produce_unit(kv_pipe, kv_state, pair, ptid, keys[1], r, raws[u], scs[u], rank, pwarp,
+                                          lane, pieces, s_mask, s_kscale)
+                if cutlass.const_expr(r == R - 1):
+                    kv_state.advance()
+            if cutlass.const_expr(per == 1):
+                keys[0].store(keys[1].load())
+
+    @cute.jit
+    def produce_unit(self, kv_pipe, kv_state, pair, ptid, keys, r: cutlass.Constexpr[int], raw, sc, rank, pwarp, lane,
+                     pieces, s_mask, s_kscale):
+        """Round r of a tile into slot kv_state.index: take the slot (round 0), write the
+        round's mask entries, dequantise its pieces, commit the slot (the last round)."""
+        if cutlass.const_expr(r == 0):
             kv_pipe.producer_acquire(kv_state)
             pair.producer_acquire(kv_state, ptid)
-            self.write_masks(cur, scales, rank, pwarp, lane, s_mask, s_kscale, kv_state)
-            # the next tile's entries: loaded now, judged (a use of the loaded value) a tile later
-            self.idx_entries(lists, work, tile + 1, rank, pwarp, lane, entries)
-            self.dequant_tile(raw, scales, lane, pieces, kv_state, pair)
+        self.write_masks(keys, sc, r, rank, pwarp, lane, s_mask, s_kscale, kv_state)
+        self.dequant_unit(raw, sc, r, lane, pieces, kv_state, pair)
+        if cutlass.const_expr(r == self.rounds - 1):
             cute.arch.fence_proxy("async.shared", space="cta")  # generic smem writes → wgmma reads
             kv_pipe.producer_commit(kv_state)
-            kv_state.advance()
 
     @cute.jit
     def key_of(self, rank, side, rnd: cutlass.Constexpr[int], pwarp, lane):
@@ -496,9 +527,9 @@ class Kernel:
         return ldg_or(idx.iterator.toint() + _idx_offset(idx, work, pos), here & (pos < topk), 1, -1)[0]
 
     @cute.jit
-    def key_indices(self, lists, lengths, tile, entries, rank, pwarp, lane, out):
+    def key_indices(self, lists, lengths, work, tile, entries, rank, pwarp, lane, out):
         """out[round, side] ← the cache index of this thread's keys of `tile`: key_index judges
-        each idx entry (loaded a tile before, `idx_entries`)."""
+        each idx entry (loaded a unit before, `idx_entries`); −1 past the split."""
         for r in cutlass.range_constexpr(self.rounds):
             for s in cutlass.range_constexpr(self.sides):
                 branch, pos = self.list_position(tile, self.key_of(rank, s, r, pwarp, lane))
@@ -509,6 +540,8 @@ class Kernel:
                     if cutlass.const_expr(self.c.has_extra):
                         out[r, s] = self.key_index(lists[2], entries[r, s], pos, lengths[1], self.c.extra_topk,
                                                    self.c.extra_block)
+                if tile >= work.tile_end:
+                    out[r, s] = cutlass.Int32(-1)
 
     @cute.jit
     def key_index(self, cache, got, pos, length, topk: cutlass.Constexpr[int], block_size: cutlass.Constexpr[int]):
@@ -521,56 +554,55 @@ class Kernel:
         return out
 
     @cute.jit
-    def gather(self, lists, tile, cur, lane, raw, scales):
-        """raw, scales ← the bytes of this thread's keys of `tile` from the tile's cache."""
+    def gather(self, lists, tile, keys, r: cutlass.Constexpr[int], lane, raw, sc):
+        """raw, sc ← the bytes of this thread's round-r key of `tile` from the tile's cache."""
         if tile < self.main_tiles:
-            self.gather_keys(lists[0], self.c.block, self.block_bytes, cur, lane, raw, scales)
+            self.gather_key(lists[0], self.c.block, self.block_bytes, keys, r, lane, raw, sc)
         else:
             if cutlass.const_expr(self.c.has_extra):
-                self.gather_keys(lists[2], self.c.extra_block, self.extra_block_bytes, cur, lane, raw, scales)
+                self.gather_key(lists[2], self.c.extra_block, self.extra_block_bytes, keys, r, lane, raw, sc)
 
     @cute.jit
-    def gather_keys(self, cache, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], cur, lane,
-                    raw, scales):
-        """For each round's own key (index cur[round, 0]; an invalid key's loads are not made and
-        yield zeros): raw[:, p, round] ← its 16-byte piece p — the data columns 64·p + 16·q … + 15
-        (q = lane // 8; e4m3), then model1's rope bytes 448 + 16·q + 64·h (bf16) as pieces 7 + h
-        — and scales[:, round, 0] ← its scale bytes (model1 8, v4.1 16).  simple: scales[0,
-        round, side] ← the fp32 scale of each side's key (the MMA warpgroups apply it)."""
+    def gather_key(self, cache, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], keys,
+                   r: cutlass.Constexpr[int], lane, raw, sc):
+        """For round r's own key (index keys[r, 0]; an invalid key's loads are not made and yield
+        zeros): raw[:, p] ← its 16-byte piece p — the data columns 64·p + 16·q … + 15 (q =
+        lane // 8; e4m3), then model1's rope bytes 448 + 16·q + 64·h (bf16) as pieces 7 + h — and
+        sc[:, 0] ← its scale bytes (model1 8, v4.1 16).  simple: sc[0, side] ← the fp32 scale of
+        each side's round-r key (the MMA warpgroups apply it)."""
         base = cache.iterator.toint()
         q = lane // 8
-        for r in cutlass.range_constexpr(self.rounds):
-            index = cur[r, 0]
-            valid = index != -1
-            block, off = _token_block(base, index, block_size, block_bytes)
-            if cutlass.const_expr(self.fmt == "model1"):
-                token = block + off * 576
-                for p in cutlass.range_constexpr(7):
-                    self.load16(raw, p, r, token + 64 * p + 16 * q, valid)
-                for h in cutlass.range_constexpr(2):
-                    self.load16(raw, 7 + h, r, token + 448 + 16 * q + 64 * h, valid)
-                w = ldg_or(block + block_size * 576 + off * 8, valid, 2)
-                scales[0, r, 0], scales[1, r, 0] = w[0], w[1]
-            elif cutlass.const_expr(self.fmt == "v4.1"):
-                token = block + off * 528
-                for p in cutlass.range_constexpr(8):
-                    self.load16(raw, p, r, token + 64 * p + 16 * q, valid)
-                w = ldg_or(token + D, valid, 4)
-                for i in cutlass.range_constexpr(4):
-                    scales[i, r, 0] = w[i]
-            else:
-                for p in cutlass.range_constexpr(8):
-                    self.load16(raw, p, r, block + off * D + 64 * p + 16 * q, valid)
-                for s in cutlass.range_constexpr(self.sides):
-                    i = cur[r, s]
-                    b_s, o_s = _token_block(base, i, block_size, block_bytes)
-                    scales[0, r, s] = ldg_or(b_s + block_size * D + o_s * 4, i != -1, 1)[0]
+        index = keys[r, 0]
+        valid = index != -1
+        block, off = _token_block(base, index, block_size, block_bytes)
+        if cutlass.const_expr(self.fmt == "model1"):
+            token = block + off * 576
+            for p in cutlass.range_constexpr(7):
+                self.load16(raw, p, token + 64 * p + 16 * q, valid)
+            for h in cutlass.range_constexpr(2):
+                self.load16(raw, 7 + h, token + 448 + 16 * q + 64 * h, valid)
+            w = ldg_or(block + block_size * 576 + off * 8, valid, 2)
+            sc[0, 0], sc[1, 0] = w[0], w[1]
+        elif cutlass.const_expr(self.fmt == "v4.1"):
+            token = block + off * 528
+            for p in cutlass.range_constexpr(8):
+                self.load16(raw, p, token + 64 * p + 16 * q, valid)
+            w = ldg_or(token + D, valid, 4)
+            for i in cutlass.range_constexpr(4):
+                sc[i, 0] = w[i]
+        else:
+            for p in cutlass.range_constexpr(8):
+                self.load16(raw, p, block + off * D + 64 * p + 16 * q, valid)
+            for s in cutlass.range_constexpr(self.sides):
+                i = keys[r, s]
+                b_s, o_s = _token_block(base, i, block_size, block_bytes)
+                sc[0, s] = ldg_or(b_s + block_size * D + o_s * 4, i != -1, 1)[0]
 
     @cute.jit
-    def load16(self, raw, p, r, addr, valid):
+    def load16(self, raw, p, addr, valid):
         w = ldg_or(addr, valid, 4)
         for i in cutlass.range_constexpr(4):
-            raw[i, p, r] = w[i]
+            raw[i, p] = w[i]
 
     @cute.jit
     def piece_addresses(self, k_base, k_smem, key, lane):
@@ -586,61 +618,58 @@ class Kernel:
         return at
 
     @cute.jit
-    def dequant_tile(self, raw, scales, lane, pieces, state, pair):
-        """This thread's pieces of its own keys → bf16 in slot state.index, each 16 bytes stored
-        by `pair` (here, and in a pair into the peer's slot too): 16 e4m3 → 16 bf16 × the
+    def dequant_unit(self, raw, sc, r: cutlass.Constexpr[int], lane, pieces, state, pair):
+        """This thread's pieces of its round-r key → bf16 in slot state.index, each 16 bytes
+        stored by `pair` (here, and in a pair into the peer's slot too): 16 e4m3 → 16 bf16 × the
         piece's power-of-two scale (stages/common/e4m3_bits.py; one multiply when the warp's
         vote finds every scale ≤ 2^7), model1's rope as it is.  An invalid key's zeros stay
         zeros.  simple: the e4m3 values unscaled (exact in bf16); its scale is a column factor
         of S and P (attend)."""
         q = lane // 8
         dims = self.PIECES[self.fmt] - (2 if self.fmt == "model1" else 0)  # the e4m3 pieces
-        expo = cute.make_rmem_tensor((dims, self.rounds), cutlass.Int32)
+        expo = cute.make_rmem_tensor(dims, cutlass.Int32)
         fits = cutlass.Boolean(True)
-        for r in cutlass.range_constexpr(self.rounds):
-            for p in cutlass.range_constexpr(dims):
-                expo[p, r] = self.scale_byte(scales, r, p, q)
-                fits = fits & one_multiply_fits(expo[p, r])
+        for p in cutlass.range_constexpr(dims):
+            expo[p] = self.scale_byte(sc, p, q)
+            fits = fits & one_multiply_fits(expo[p])
         one_multiply = cute.arch.vote_all_sync(fits)  # every lane, before any lane-dependent branch
         if cutlass.const_expr(self.fmt == "simple"):
             one_multiply = True
-        for r in cutlass.range_constexpr(self.rounds):
-            rows = r * (self.keys_per_round // 8) * self.key8_bytes + state.index * (self.BLOCK_N * D * 2)
-            for p in cutlass.range_constexpr(dims):
-                vals = cute.make_rmem_tensor(16, cutlass.BFloat16)
-                e4m3x16_to_bf16(raw[None, p, r], expo[p, r], vals, one_multiply)
-                words = cute.recast_tensor(vals, cutlass.Int32)
-                for h in cutlass.range_constexpr(2):
-                    pair.store16(pieces[h] + p * self.col64_bytes + rows,
-                                 cute.make_tensor(words.iterator + 4 * h, cute.make_layout(4)), state)
-            if cutlass.const_expr(self.fmt == "model1"):
-                for h in cutlass.range_constexpr(2):
-                    pair.store16(pieces[2 + h] + rows, raw[None, 7 + h, r], state)
+        rows = r * (self.keys_per_round // 8) * self.key8_bytes + state.index * (self.BLOCK_N * D * 2)
+        for p in cutlass.range_constexpr(dims):
+            vals = cute.make_rmem_tensor(16, cutlass.BFloat16)
+            e4m3x16_to_bf16(raw[None, p], expo[p], vals, one_multiply)
+            words = cute.recast_tensor(vals, cutlass.Int32)
+            for h in cutlass.range_constexpr(2):
+                pair.store16(pieces[h] + p * self.col64_bytes + rows,
+                             cute.make_tensor(words.iterator + 4 * h, cute.make_layout(4)), state)
+        if cutlass.const_expr(self.fmt == "model1"):
+            for h in cutlass.range_constexpr(2):
+                pair.store16(pieces[2 + h] + rows, raw[None, 7 + h], state)
 
     @cute.jit
-    def scale_byte(self, scales, r, p, q) -> cutlass.Int32:
-        """The e8m0 byte of data piece p (columns 64·p + 16·q … + 15) of round r's key: model1
-        byte p (one per 64 columns), v4.1 byte 2·p + q // 2 (one per 32); simple 127, a scale of
-        1.  Masked: the words are shifted arithmetically."""
+    def scale_byte(self, sc, p, q) -> cutlass.Int32:
+        """The e8m0 byte of data piece p (columns 64·p + 16·q … + 15) of a key: model1 byte p
+        (one per 64 columns), v4.1 byte 2·p + q // 2 (one per 32); simple 127, a scale of 1.
+        Masked: the words shift arithmetically."""
         e = cutlass.Int32(127)
         if cutlass.const_expr(self.fmt == "model1"):
-            e = (scales[p // 4, r, 0] >> (8 * (p % 4))) & 0xFF
+            e = (sc[p // 4, 0] >> (8 * (p % 4))) & 0xFF
         elif cutlass.const_expr(self.fmt == "v4.1"):
-            e = (scales[p // 2, r, 0] >> (8 * (2 * p % 4) + 8 * (q // 2))) & 0xFF
+            e = (sc[p // 2, 0] >> (8 * (2 * p % 4) + 8 * (q // 2))) & 0xFF
         return e
 
     @cute.jit
-    def write_masks(self, cur, scales, rank, pwarp, lane, s_mask, s_kscale, state):
-        """The mask entries (0 or −∞) of slot state.index: the threads of piece q = side write
-        those of their side's keys (a pair's CTA masks the peer's half too); simple: also the
+    def write_masks(self, keys, sc, r: cutlass.Constexpr[int], rank, pwarp, lane, s_mask, s_kscale, state):
+        """The mask entries (0 or −∞) of round r's keys in slot state.index: the threads of piece
+        q = side write their side's (a pair's CTA masks the peer's half too); simple: also the
         key's fp32 scale."""
-        for r in cutlass.range_constexpr(self.rounds):
-            for s in cutlass.range_constexpr(self.sides):
-                if lane // 8 == s:
-                    key = self.key_of(rank, s, r, pwarp, lane)
-                    s_mask[key, state.index] = cutlass.Float32(0.0) if cur[r, s] != -1 else -cutlass.Float32.inf
-                    if cutlass.const_expr(self.fmt == "simple"):
-                        s_kscale[key, state.index] = cute.recast_tensor(scales[None, r, s], cutlass.Float32)[0]
+        for s in cutlass.range_constexpr(self.sides):
+            if lane // 8 == s:
+                key = self.key_of(rank, s, r, pwarp, lane)
+                s_mask[key, state.index] = cutlass.Float32(0.0) if keys[r, s] != -1 else -cutlass.Float32.inf
+                if cutlass.const_expr(self.fmt == "simple"):
+                    s_kscale[key, state.index] = cute.recast_tensor(sc[None, s], cutlass.Float32)[0]
 
     # -----------------------------------------------------------------------------------------
     # MMA warpgroups (stage D2's, plus the key mask and the sink)
