@@ -81,7 +81,7 @@ from stages.common.combine import SplitCombine, sink_factor
 from stages.common.e4m3_bits import e4m3x16_to_bf16, one_multiply_fits
 from stages.common.fp8_cache import D, cache_block_bytes
 from stages.common.inspection import expose
-from stages.common.sm90_gather import ldg_or
+from stages.common.sm90_gather import ldg_or, prefetch_l2
 from stages.common.scheduler import SM_COUNT, DecodeGrid, resolve_splits
 from stages.common.sm90_idioms import acc_rows_cols, tma_pipeline, wgmma_sync
 from stages.common.softmax import OnlineSoftmax, final_lse, scale_rows
@@ -193,6 +193,7 @@ class Kernel:
     PLANS = {False: WarpPlan(producer_warps=4, mma_regs=(192, 160), producer_regs=152, pv_n=256),
              True: WarpPlan(producer_warps=4, mma_regs=(192, 160), producer_regs=152, pv_n=256)}
     KV_STAGES = 2
+    PREFETCH = 3  # tiles ahead whose keys the producer brings into L2
     PIECES = {"model1": 9, "v4.1": 8, "simple": 8}  # 16-byte pieces of a key a producer thread loads
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int = SM_COUNT):
@@ -227,7 +228,8 @@ class Kernel:
         why = register_plan(self.plan.threads, self.plan.registers)
         if why is not None:
             raise ValueError(f"stage E sm90: {why}")
-        smem = 2 * (self.BLOCK_M * D + self.KV_STAGES * self.BLOCK_N * D + self.BLOCK_M * self.BLOCK_N) + 4096
+        smem = (2 * (self.BLOCK_M * D + self.KV_STAGES * self.BLOCK_N * D + self.BLOCK_M * self.BLOCK_N)
+                + 4 * self.sched.chunk * self.BLOCK_N + 4096)
         if smem > _SMEM_LIMIT:
             raise ValueError(f"stage E sm90: {smem} bytes of shared memory needed, {_SMEM_LIMIT} available")
 
@@ -278,6 +280,7 @@ class Kernel:
             row_factor: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm], 16]
             key_mask: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bn * self.KV_STAGES], 16]
             key_scale: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bn * self.KV_STAGES], 16]
+            idx_stage: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, self.sched.chunk * bn], 16]
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(q_smem)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(k_smem)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(p_smem)], 1024]
@@ -368,6 +371,7 @@ class Kernel:
         s_row = storage.row_factor.get_tensor(cute.make_layout(bm))
         s_mask = storage.key_mask.get_tensor(cute.make_layout((bn, self.KV_STAGES)))  # 0 or −∞ per key
         s_kscale = storage.key_scale.get_tensor(cute.make_layout((bn, self.KV_STAGES)))  # simple: the token's scale
+        s_idx = storage.idx_stage.get_tensor(cute.make_layout(self.sched.chunk * bn))  # the split's idx entries
         k_base = storage.sKV.data_ptr().toint()  # the dequantisers address the slots through k_smem
         pair = self.tile_pair(storage)
         pair.init(self.KV_STAGES, tidx)
@@ -388,7 +392,7 @@ class Kernel:
             set_registers(self.plan.producer_regs, self.plan.threads)
             if has_work:
                 self.produce(work, tidx - self.MMA_THREADS, q_pipe, kv_pipe, pair, tma_q, mQ, sQ, k_base, k_smem,
-                             s_mask, s_kscale,
+                             s_mask, s_kscale, s_idx,
                              KV, idx, topk_length, KV_extra, idx_extra, extra_length)
         else:
             # each MMA warpgroup its own copy of attend, compiled for its own register count
@@ -415,7 +419,7 @@ class Kernel:
     # Producer: Q by TMA, KV by a gather into registers and the dequantisation
 
     @cute.jit
-    def produce(self, work, ptid, q_pipe, kv_pipe, pair, tma_q, mQ, sQ, k_base, k_smem, s_mask, s_kscale,
+    def produce(self, work, ptid, q_pipe, kv_pipe, pair, tma_q, mQ, sQ, k_base, k_smem, s_mask, s_kscale, s_idx,
                 KV, idx, topk_length, KV_extra, idx_extra, extra_length):
         """The producer threads (`ptid` 0 … producer_threads − 1): Q's row block once (warp 0,
         TMA), then every KV tile of the split — its keys' bytes loaded into registers (the
@@ -449,20 +453,22 @@ class Kernel:
                 cute.make_rmem_tensor((4, self.PIECES[self.fmt]), cutlass.Int32))
         scs = (cute.make_rmem_tensor((4, self.sides), cutlass.Int32), cute.make_rmem_tensor((4, self.sides), cutlass.Int32))
         keys = (cute.make_rmem_tensor((R, self.sides), cutlass.Int32), cute.make_rmem_tensor((R, self.sides), cutlass.Int32))
-        entries = cute.make_rmem_tensor((R, self.sides), cutlass.Int32)
-        self.idx_entries(lists, work, work.tile_begin, rank, pwarp, lane, entries)
-        self.key_indices(lists, lengths, work, work.tile_begin, entries, rank, pwarp, lane, keys[0])
-        self.idx_entries(lists, work, work.tile_begin + 1, rank, pwarp, lane, entries)
+        self.stage_entries(lists, work, s_idx, ptid)
+        self.key_indices(lists, lengths, work, work.tile_begin, s_idx, rank, pwarp, lane, keys[0])
         self.gather(lists, work.tile_begin, keys[0], 0, lane, raws[0], scs[0])
+        for d in cutlass.range_constexpr(1, self.PREFETCH + 1):
+            self.prefetch_tile(lists, lengths, work, work.tile_begin + d, s_idx, rank, pwarp, lane)
+        # alone (two rounds a tile) the next unit's loads are issued before this unit is
+        # dequantised; in a pair (one round) after, which keeps one buffer's registers
+        early = R > 1
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.KV_STAGES)
         for it in cutlass.range(work.tile_begin, work.tile_end, per, unroll=1):
             for u in cutlass.range_constexpr(2):
                 j, r = divmod(u, R)  # this unit: tile it + j, round r
                 nj, nr = divmod(u + 1, R)  # the next unit
-                if cutlass.const_expr(nr == 0):  # the next unit starts a tile: judge its entries
-                    self.key_indices(lists, lengths, work, it + nj, entries, rank, pwarp, lane, keys[nj % 2])
-                    self.idx_entries(lists, work, it + nj + 1, rank, pwarp, lane, entries)
-                self.gather(lists, it + nj, keys[nj % 2], nr, lane, raws[(u + 1) % 2], scs[(u + 1) % 2])
+                if cutlass.const_expr(early):
+                    self.next_unit(lists, lengths, work, it + nj, nr, s_idx, rank, pwarp, lane, keys[nj % 2],
+                                   raws[(u + 1) % 2], scs[(u + 1) % 2])
                 if cutlass.const_expr(j == 0):
                     self.produce_unit(kv_pipe, kv_state, pair, ptid, keys[0], r, raws[u], scs[u], rank, pwarp, lane,
                                       pieces, s_mask, s_kscale)
@@ -470,10 +476,74 @@ class Kernel:
                     if it + j < work.tile_end:
                         self.produce_unit(kv_pipe, kv_state, pair, ptid, keys[1], r, raws[u], scs[u], rank, pwarp,
                                           lane, pieces, s_mask, s_kscale)
+                if cutlass.const_expr(not early):
+                    self.next_unit(lists, lengths, work, it + nj, nr, s_idx, rank, pwarp, lane, keys[nj % 2],
+                                   raws[(u + 1) % 2], scs[(u + 1) % 2])
                 if cutlass.const_expr(r == R - 1):
                     kv_state.advance()
             if cutlass.const_expr(per == 1):
                 keys[0].store(keys[1].load())
+
+    @cute.jit
+    def next_unit(self, lists, lengths, work, tile, r: cutlass.Constexpr[int], s_idx, rank, pwarp, lane, keys, raw, sc):
+        """Issue the loads of round r of `tile` (its keys judged first when r is 0, and the tile
+        PREFETCH ahead of it brought into L2)."""
+        if cutlass.const_expr(r == 0):
+            self.key_indices(lists, lengths, work, tile, s_idx, rank, pwarp, lane, keys)
+            self.prefetch_tile(lists, lengths, work, tile + self.PREFETCH, s_idx, rank, pwarp, lane)
+        self.gather(lists, tile, keys, r, lane, raw, sc)
+
+    @cute.jit
+    def stage_entries(self, lists, work, s_idx, ptid):
+        """s_idx[(tile − tile_begin)·BLOCK_N + key] ← the idx entry of every key of the split's
+        tiles (−1 past a list), loaded by all producer threads at once; then the producer
+        threads meet (STAGED).  A tile's keys are judged from there without a global load."""
+        n = self.sched.chunk * self.BLOCK_N
+        per_thread = -(-n // self.plan.producer_threads)
+        got = cute.make_rmem_tensor(per_thread, cutlass.Int32)
+        for e in cutlass.range_constexpr(per_thread):
+            i = e * self.plan.producer_threads + ptid
+            tile = work.tile_begin + i // self.BLOCK_N
+            branch, pos = self.list_position(tile, i % self.BLOCK_N)
+            here = (i < n) & (tile < work.tile_end)
+            got[e] = self.idx_entry(lists[1], work, pos, self.c.topk, here & (branch == 0))
+            if cutlass.const_expr(self.c.has_extra):
+                got[e] = cutlass.select_(branch == 0, got[e], self.idx_entry(lists[3], work, pos, self.c.extra_topk,
+                                                                            here & (branch == 1)))
+        for e in cutlass.range_constexpr(per_thread):
+            i = e * self.plan.producer_threads + ptid
+            if i < n:
+                s_idx[i] = got[e]
+        cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
+
+    @cute.jit
+    def prefetch_tile(self, lists, lengths, work, tile, s_idx, rank, pwarp, lane):
+        """Bring this thread's lines of its own keys of `tile` into L2 (nothing past the split):
+        the loads that gather them a few tiles later then wait on L2, not on memory.  Thread q
+        (lane // 8) of a key: the key's line 128·q, and q 0 its last line, q 1 its scales'."""
+        keys = cute.make_rmem_tensor((self.rounds, self.sides), cutlass.Int32)
+        self.key_indices(lists, lengths, work, tile, s_idx, rank, pwarp, lane, keys)
+        if tile < self.main_tiles:
+            self.prefetch_keys(lists[0], self.c.block, self.block_bytes, keys, lane)
+        else:
+            if cutlass.const_expr(self.c.has_extra):
+                self.prefetch_keys(lists[2], self.c.extra_block, self.extra_block_bytes, keys, lane)
+
+    @cute.jit
+    def prefetch_keys(self, cache, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], keys, lane):
+        q = lane // 8
+        token_bytes = {"model1": 576, "v4.1": 528, "simple": D}[self.fmt]
+        scale_at = {"model1": (576, 8), "simple": (D, 4)}.get(self.fmt)
+        for r in cutlass.range_constexpr(self.rounds):
+            index = keys[r, 0]
+            block, off = _token_block(cache.iterator.toint(), index, block_size, block_bytes)
+            token = block + off * token_bytes
+            valid = index != -1
+            prefetch_l2(token + 128 * q, valid)
+            last = token + (token_bytes - 1)
+            if cutlass.const_expr(scale_at is not None):
+                last = cutlass.select_(q == 1, block + block_size * scale_at[0] + off * scale_at[1], last)
+            prefetch_l2(last, valid & (q < 2))
 
     @cute.jit
     def produce_unit(self, kv_pipe, kv_state, pair, ptid, keys, r: cutlass.Constexpr[int], raw, sc, rank, pwarp, lane,
@@ -507,41 +577,28 @@ class Kernel:
         return branch, pos
 
     @cute.jit
-    def idx_entries(self, lists, work, tile, rank, pwarp, lane, out):
-        """out[round, side] ← the idx entry of this thread's keys of `tile`, −1 (nothing read) for
-        a position past its list or past the lists."""
-        for r in cutlass.range_constexpr(self.rounds):
-            for s in cutlass.range_constexpr(self.sides):
-                branch, pos = self.list_position(tile, self.key_of(rank, s, r, pwarp, lane))
-                if cutlass.const_expr(self.c.has_extra):
-                    out[r, s] = cutlass.select_(
-                        branch == 0, self.idx_entry(lists[1], work, pos, self.c.topk, branch == 0),
-                        self.idx_entry(lists[3], work, pos, self.c.extra_topk, branch == 1))
-                else:
-                    out[r, s] = self.idx_entry(lists[1], work, pos, self.c.topk, branch == 0)
-
-    @cute.jit
     def idx_entry(self, idx, work, pos, topk: cutlass.Constexpr[int], here) -> cutlass.Int32:
         """idx[batch, token, pos] when `here` (the key is in this list), or −1 (nothing read)
         for a position past the list."""
         return ldg_or(idx.iterator.toint() + _idx_offset(idx, work, pos), here & (pos < topk), 1, -1)[0]
 
     @cute.jit
-    def key_indices(self, lists, lengths, work, tile, entries, rank, pwarp, lane, out):
+    def key_indices(self, lists, lengths, work, tile, s_idx, rank, pwarp, lane, out):
         """out[round, side] ← the cache index of this thread's keys of `tile`: key_index judges
-        each idx entry (loaded a unit before, `idx_entries`); −1 past the split."""
+        each idx entry (staged in s_idx, stage_entries); −1 past the split."""
         for r in cutlass.range_constexpr(self.rounds):
             for s in cutlass.range_constexpr(self.sides):
-                branch, pos = self.list_position(tile, self.key_of(rank, s, r, pwarp, lane))
+                key = self.key_of(rank, s, r, pwarp, lane)
+                branch, pos = self.list_position(tile, key)
                 out[r, s] = cutlass.Int32(-1)
-                if branch == 0:
-                    out[r, s] = self.key_index(lists[0], entries[r, s], pos, lengths[0], self.c.topk, self.c.block)
-                else:
-                    if cutlass.const_expr(self.c.has_extra):
-                        out[r, s] = self.key_index(lists[2], entries[r, s], pos, lengths[1], self.c.extra_topk,
-                                                   self.c.extra_block)
-                if tile >= work.tile_end:
-                    out[r, s] = cutlass.Int32(-1)
+                if tile < work.tile_end:
+                    got = s_idx[(tile - work.tile_begin) * self.BLOCK_N + key]
+                    if branch == 0:
+                        out[r, s] = self.key_index(lists[0], got, pos, lengths[0], self.c.topk, self.c.block)
+                    else:
+                        if cutlass.const_expr(self.c.has_extra):
+                            out[r, s] = self.key_index(lists[2], got, pos, lengths[1], self.c.extra_topk,
+                                                       self.c.extra_block)
 
     @cute.jit
     def key_index(self, cache, got, pos, length, topk: cutlass.Constexpr[int], block_size: cutlass.Constexpr[int]):
