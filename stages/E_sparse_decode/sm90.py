@@ -193,7 +193,7 @@ class Kernel:
     PLANS = {False: WarpPlan(producer_warps=4, mma_regs=(192, 160), producer_regs=152, pv_n=256),
              True: WarpPlan(producer_warps=4, mma_regs=(192, 160), producer_regs=152, pv_n=256)}
     KV_STAGES = 2
-    PREFETCH = 3  # tiles ahead whose keys the producer brings into L2
+    PREFETCH = 6  # tiles ahead whose keys the producer brings into L2
     PIECES = {"model1": 9, "v4.1": 8, "simple": 8}  # 16-byte pieces of a key a producer thread loads
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int = SM_COUNT):
