@@ -193,7 +193,7 @@ class Kernel:
     PLANS = {False: WarpPlan(producer_warps=4, mma_regs=(192, 160), producer_regs=152, pv_n=256),
              True: WarpPlan(producer_warps=4, mma_regs=(192, 160), producer_regs=152, pv_n=256)}
     KV_STAGES = 2
-    PREFETCH = 6  # tiles ahead whose keys the producer brings into L2
+    PREFETCH = 0  # tiles ahead whose keys the producer brings into L2
     PIECES = {"model1": 9, "v4.1": 8, "simple": 8}  # 16-byte pieces of a key a producer thread loads
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int = SM_COUNT):
@@ -456,7 +456,7 @@ class Kernel:
         self.stage_entries(lists, work, s_idx, ptid)
         self.key_indices(lists, lengths, work, work.tile_begin, s_idx, rank, pwarp, lane, keys[0])
         self.gather(lists, work.tile_begin, keys[0], 0, lane, raws[0], scs[0])
-        for d in cutlass.range_constexpr(1, self.PREFETCH + 1):
+        for d in cutlass.range_constexpr(1, self.PREFETCH + 1):  # none when PREFETCH is 0
             self.prefetch_tile(lists, lengths, work, work.tile_begin + d, s_idx, rank, pwarp, lane)
         # alone (two rounds a tile) the next unit's loads are issued before this unit is
         # dequantised; in a pair (one round) after, which keeps one buffer's registers
@@ -490,7 +490,8 @@ class Kernel:
         PREFETCH ahead of it brought into L2)."""
         if cutlass.const_expr(r == 0):
             self.key_indices(lists, lengths, work, tile, s_idx, rank, pwarp, lane, keys)
-            self.prefetch_tile(lists, lengths, work, tile + self.PREFETCH, s_idx, rank, pwarp, lane)
+            if cutlass.const_expr(self.PREFETCH > 0):
+                self.prefetch_tile(lists, lengths, work, tile + self.PREFETCH, s_idx, rank, pwarp, lane)
         self.gather(lists, tile, keys, r, lane, raw, sc)
 
     @cute.jit
