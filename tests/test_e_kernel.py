@@ -2,6 +2,8 @@
 with oracles/kvcache.py, its split count fits the scratch the oracle declares on every matrix
 and bench case, and it refuses what it cannot do."""
 
+import re
+
 import pytest
 
 from harness.matrix import expand
@@ -46,15 +48,15 @@ def test_register_plan_fits_the_launch_allocation():
     the first rung asked 2·128·216 + 128·80 = 65 536 and hung on the GPU (batch 2)."""
     assert sm90.register_plan(384, [(256, 216), (128, 80)]) is not None  # the plan that hung
     assert sm90.register_plan(384, [(256, 240), (128, 24)]) is None  # D2's: exactly 64 512
-    k = sm90.Kernel
-    for plan in k.PLANS.values():
-        assert sm90.register_plan(plan.threads, [(k.MMA_THREADS, plan.mma_regs), (plan.producer_threads, plan.producer_regs)]) is None
+    for plan in sm90.Kernel.PLANS.values():
+        assert sm90.register_plan(plan.threads, plan.registers) is None
     assert sm90.register_plan(512, [(256, 184), (256, 80)]) is not None  # 512 threads hold 128 each
+    assert sm90.register_plan(384, [(128, 216), (128, 176), (128, 120)]) is not None  # 65 536 > 64 512
+    assert sm90.launch_registers(384) == 168 and sm90.launch_registers(512) == 128
 
 
-def test_e8m0_bytes_are_loaded_unsigned(project_root, tmp_path, monkeypatch):
-    """Compiled for sm_90a (no GPU, no records): the e8m0 scale bytes are loaded zero-extended.
-    CuTeDSL loaded a Uint8 with ld.global.s8, and `byte << 23` then negated every scale ≥ 2."""
+def _ptx(project_root, tmp_path, monkeypatch, cfgs, fmt):
+    """The PTX of stage E's sm90 kernel for each config (compiled for sm_90a, no GPU, no records)."""
     from pathlib import Path
 
     from harness.compile import Compiler
@@ -62,60 +64,78 @@ def test_e8m0_bytes_are_loaded_unsigned(project_root, tmp_path, monkeypatch):
     monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
     spec = load_spec(root=project_root)
     compiler = Compiler(spec.root)
-    case = dict(b=2, config="s1h64_m96bs64", kv_format="model1", scenario="plain", splits=1)
-    res = compiler.submit(spec.stages["E"], "sm_90a", case).result()
-    compiler.close()
-    assert res.ok, res.error
-    ptx = Path(res.ptx_path).read_text()
-    # The scale bytes are staged by cp.async and read from shared memory, never sign-extended.
+    out = {}
+    try:
+        for cfg in cfgs:
+            case = dict(b=2, config=cfg, kv_format=fmt, scenario="plain", splits=1)
+            res = compiler.submit(spec.stages["E"], "sm_90a", case).result()
+            assert res.ok, res.error
+            out[cfg] = (Path(res.ptx_path).read_text(), res)
+    finally:
+        compiler.close()
+    return out
+
+
+def test_the_gather_loads_into_registers(project_root, tmp_path, monkeypatch):
+    """Compiled for sm_90a: the keys' bytes come by predicated read-only 128-bit loads into
+    registers (an invalid key is never read), the scales as whole words (their bytes are shifted
+    and masked — CuTeDSL once loaded a Uint8 with ld.global.s8, and `byte << 23` negated every
+    scale ≥ 2), nothing by cp.async (no staging ring)."""
+    ptx, _ = _ptx(project_root, tmp_path, monkeypatch, ["s1h64_m96bs64"], "model1")["s1h64_m96bs64"]
+    assert "@p ld.global.nc.L2::256B.v4.b32" in ptx and "@p ld.global.nc.L2::256B.v2.b32" in ptx
     assert "ld.global.s8" not in ptx and "ld.shared.s8" not in ptx
-    assert "ld.shared.b8" in ptx or "ld.shared.u8" in ptx
-    assert "cp.async.cg.shared.global" in ptx and "cp.async.wait_group" in ptx  # the gather is asynchronous
+    assert "cp.async.cg" not in ptx and "cp.async.ca" not in ptx and "cp.async.wait" not in ptx
 
 
 def test_two_head_blocks_share_their_tiles_in_a_cluster():
     """h_q = 128: the two head blocks of a token form a (2, 1, 1) cluster and each dequantises
-    half of every tile (4 producer warps: 4 keys of a warp's 8); the peer's half is 16 KiB of bf16
-    a slot.  h_q = 64 (one head block) runs alone with 8 producer warps, 4 keys each."""
+    half of every 64-key tile (32 keys: one round of 4 producer warps, 8 keys a warp, 4 threads a
+    key); the peer's half is 32 KiB of bf16 a slot.  h_q = 64 (one head block) runs alone and
+    dequantises all 64 keys in two rounds."""
     k = sm90.Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits=1)
-    assert k.pair and k.plan.producer_warps == 4 and k.keys_per_warp == 4 and k.peer_bytes == 16 * 1024
+    assert k.pair and k.plan.producer_warps == 4 and k.own_keys == 32 and k.rounds == 1 and k.sides == 2
+    assert k.peer_bytes == 32 * 1024
     assert k.sched.grid[0] % 2 == 0  # the cluster pairs CTAs (2j, 2j + 1): head blocks 0 and 1 of one token
     assert all(k.sched.work(2 * j, 0, 0).token == k.sched.work(2 * j + 1, 0, 0).token for j in range(2))
     alone = sm90.Kernel(b=2, config="s2h64_m128bs256_x1024bs64", kv_format="model1", splits=1)
-    assert not alone.pair and alone.plan.producer_warps == 8 and alone.keys_per_warp == 4
+    assert not alone.pair and alone.own_keys == 64 and alone.rounds == 2 and alone.sides == 1
+    # every key of a tile is dequantised by exactly one CTA's threads of one round (key_of's rule:
+    # lane mod 8 the key in the warp's 8, lane // 8 the piece) and masked by both CTAs of a pair
+    for kk in (k, alone):
+        ranks = (0, 1) if kk.pair else (0,)
+        own = sorted(rank * kk.own_keys + r * kk.keys_per_round + 8 * w + k8
+                     for rank in ranks for r in range(kk.rounds) for w in range(kk.plan.producer_warps) for k8 in range(8))
+        assert own == list(range(kk.BLOCK_N)), own
+        for rank in ranks:
+            masked = sorted((rank ^ s) * kk.own_keys + r * kk.keys_per_round + 8 * w + k8
+                            for s in range(kk.sides) for r in range(kk.rounds) for w in range(kk.plan.producer_warps)
+                            for k8 in range(8))
+            assert masked == list(range(kk.BLOCK_N)), masked
 
 
 def test_the_pair_exchanges_tiles_by_st_async(project_root, tmp_path, monkeypatch):
     """Compiled for sm_90a: at h_q = 128 the dequantised pieces go to the peer by st.async (one
-    per local 16-byte store), behind a cluster barrier at start and end; h_q = 64 has none of it."""
-    from pathlib import Path
-
-    from harness.compile import Compiler
-
-    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
-    spec = load_spec(root=project_root)
-    compiler = Compiler(spec.root)
-    ptx = {}
-    for cfg in ("s2h128_m128bs256_x1024bs64", "s2h64_m128bs256_x1024bs64"):
-        case = dict(b=2, config=cfg, kv_format="v4.1", scenario="plain", splits=1)
-        res = compiler.submit(spec.stages["E"], "sm_90a", case).result()
-        assert res.ok, res.error
-        assert res.resources.get("spill", 0) == 0, res.resources
-        ptx[cfg] = Path(res.ptx_path).read_text()
-    compiler.close()
-    pair, alone = ptx["s2h128_m128bs256_x1024bs64"], ptx["s2h64_m128bs256_x1024bs64"]
-    k = sm90.Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="v4.1", splits=1)
-    pieces = k.keys_per_warp * k.LANE_COLS // 8  # the 16-byte pieces a lane stores a tile
-    assert pair.count("st.async") == pieces and "mbarrier::complete_tx::bytes" in pair
+    per local 16-byte store), behind a cluster barrier at start and end; h_q = 64 has none of it.
+    The register plan: warpgroup 0 grows (setmaxnreg.inc), warpgroup 1 and the producer shrink
+    below the 168 a thread holds at launch (.dec: an .inc to fewer registers is an illegal
+    instruction, the first build of this plan crashed so)."""
+    got = _ptx(project_root, tmp_path, monkeypatch, ["s2h128_m128bs256_x1024bs64", "s2h64_m128bs256_x1024bs64"], "v4.1")
+    (pair, pres), (alone, ares) = got["s2h128_m128bs256_x1024bs64"], got["s2h64_m128bs256_x1024bs64"]
+    assert pres.resources.get("spill", 0) == 0 and ares.resources.get("spill", 0) == 0, (pres.resources, ares.resources)
+    # v4.1: 8 data pieces a key, two 16-byte stores each; an iteration of the pair's loop holds two tiles
+    assert pair.count("st.async") == 2 * 8 * 2 and "mbarrier::complete_tx::bytes" in pair
     assert "barrier.cluster.arrive.relaxed" in pair and "barrier.cluster.wait" in pair
     assert "mapa" in pair
     for word in ("st.async", "barrier.cluster", "mapa"):
         assert word not in alone
-    # the warp plans: alone 8 producer warps (512 threads), m64n128 P·V; paired 4 (384), m64n256
-    assert ".reqntid 512" in alone and "m64n128k16" in alone and "m64n256k16" not in alone
-    assert ".reqntid 384" in pair and "m64n256k16" in pair
-    # the one-multiply conversion is chosen by a warp vote (v4.1's scales vary per lane)
-    assert "vote.sync.all" in alone and "vote.sync.all" in pair
+    plan = sm90.Kernel.PLANS[True]
+    for ptx in (pair, alone):
+        assert ".reqntid 384" in ptx and "m64n256k16" in ptx and "m64n64k16" in ptx
+        moves = sorted(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))
+        assert moves == sorted([("inc", str(plan.mma_regs[0])), ("dec", str(plan.mma_regs[1])),
+                                ("dec", str(plan.producer_regs))]), moves
+        # the one-multiply conversion is chosen by a warp vote (v4.1's scales vary per lane)
+        assert "vote.sync.all" in ptx
 
 
 def test_slot_offsets_swizzle_bytes_not_elements():

@@ -8,58 +8,58 @@ K = V = the dequantised cache rows, scale = 1/sqrt(512); a row with no valid key
 
 What is new in this rung (D2's house otherwise: heads fold into M, 64 heads of one token per
 CTA, split-KV with an LSE combine, K and Vᵀ views of one shared-memory slot)
-    The key list.  A CTA walks 32-key tiles of ONE list: the main list padded to whole tiles,
+    The key list.  A CTA walks 64-key tiles of ONE list: the main list padded to whole tiles,
         then the extra list (`tile < main_tiles` picks the branch).  Key k of a tile is list
-        position p = 32 · tile' + k; it is valid iff p < topk, p < length[b] and idx[b, t, p] ≠ −1.
+        position p = 64 · tile' + k; it is valid iff p < topk, p < length[b] and idx[b, t, p] ≠ −1.
         An invalid key is never loaded (garbage past the length may be INT_MAX): its shared-memory
         row is written as zeros and its score is set to −∞ (a per-slot mask in shared memory).
-        Splits are chosen over 64-key units (the scratch the oracle declares), each split walking
-        its share of 32-key tiles.
-    Gather, asynchronous (Hopper's TMA cannot gather rows).  The producer warps (P = 8 alone, 4 in
-        a pair: the WarpPlan; warp w owns keys w, w + P, … of every tile) stage the raw bytes
-        RAW_STAGES tiles ahead:
-        lane l cp.asyncs its 16 bytes of each key (model1's rope lanes 28 … 31: 32 bytes) and lane
-        0 the key's scales into a ring of RAW_KEY_BYTES-byte rows, one commit group per tile.  An
-        invalid key is copied too, as zeros (src-size 0, stages/common/sm90_gather.py): no branch
-        per key, so ptxas interleaves a warp's keys.  The idx entries of a tile come by cp.async as
-        well, in the group of the tile RAW_STAGES before it, into `s_ridx` (the first tiles' are
-        loaded directly), so no global load waits in the loop; `key_index` judges an entry when it
-        is used.
-    Dequantise on the CUDA cores, into one of two 32-key bf16 slots while the MMA warpgroups work
-        on the other: e4m3 → bf16 by bit moves and two exact bf16x2 multiplies by the power-of-two
-        scale of the lane's group (stages/common/e4m3_bits.py; one multiply, the same bits, when a
-        warp's vote finds every lane's scale ≤ 2^7), one 32-byte row piece into the
-        swizzled K tile at an address precomputed per thread (piece_rows).  Scales: model1 — e8m0
-        byte l // 4 of the token's 7 (the rope lanes copy bf16 as it is); v4.1 — e8m0 byte l // 2
-        of 16.  simple — the e4m3 values go to bf16 unscaled (exact) and the token's fp32 scale to
-        `s_kscale`: the MMA warpgroups apply it to S's column (S = Q·K_e4m3ᵀ · scale) and to P's
-        (P·V = (P · scale)·V_e4m3) in fp32, after ℓ has summed P, so simple's LSE carries no bf16
-        rounding of the scaled value.  The writes are made visible to the tensor cores
-        (fence.proxy.async) before the slot's barrier is arrived on (a PipelineAsync: every producer
-        thread arrives, 256 MMA threads release).
+        The split's idx entries are staged in shared memory once, at the start (stage_entries),
+        and `key_index` judges an entry when its tile comes.
+    Gather into registers (Hopper's TMA cannot gather rows).  A key belongs to 4 producer threads
+        of one warp (lane mod 8 the key of the warp's 8, q = lane // 8 the piece): thread q loads
+        the 16 bytes 64·p + 16·q of each data piece p (model1: 7 pieces of e4m3 and 2 of the bf16
+        rope, bytes 448 + 16·q + 64·h; v4.1, simple: 8) and the key's scale words, by predicated
+        read-only loads (stages/common/sm90_gather.py: an invalid key's loads are not made and
+        yield zeros — no branch per key).  The loads of the next unit (a round of keys: a tile
+        in a pair, half a tile alone) are in flight while this one is dequantised: two register
+        buffers, the next unit's loads issued before the dequantisation alone, after it in a pair
+        (one buffer's registers: the two did not fit the producer's 152 without spilling).
+    Dequantise on the CUDA cores, into one of two 64-key bf16 slots while the MMA warpgroups work
+        on the other: e4m3 → bf16 by bit moves and exact bf16x2 multiplies by the piece's power-
+        of-two scale (stages/common/e4m3_bits.py; one multiply, the same bits, when a warp's vote
+        finds every scale ≤ 2^7), two 16-byte stores a piece into the swizzled K tile at
+        addresses precomputed per thread (piece_addresses).  Scales: model1 — e8m0 byte p of the
+        token's 7 (the rope is copied as it is); v4.1 — e8m0 byte 2·p + q // 2 of 16.  simple —
+        the e4m3 values go to bf16 unscaled (exact) and the token's fp32 scale to `s_kscale`: the
+        MMA warpgroups apply it to S's column (S = Q·K_e4m3ᵀ · scale) and to P's (P·V = (P ·
+        scale)·V_e4m3) in fp32, after ℓ has summed P, so simple's LSE carries no bf16 rounding of
+        the scaled value.  The writes are made visible to the tensor cores (fence.proxy.async)
+        before the slot's barrier is arrived on (a PipelineAsync: every producer thread arrives,
+        256 MMA threads release).
     Two CTAs share every tile (h_q a multiple of 128).  The two head blocks of one token walk the
-        same keys, so they run as a (2, 1, 1) cluster and each dequantises half of every tile (a
-        producer warp 4 of its 8 keys) and st.asyncs each piece into the peer's slot as well
-        (stages/common/cluster_pair.py: the peer's bytes complete a transaction count on the
-        slot's remote_full barrier; a slot is refilled once both CTAs' MMA warps released it).
+        same keys, so they run as a (2, 1, 1) cluster and each dequantises half of every tile (32
+        keys) and st.asyncs each piece into the peer's slot as well (stages/common/
+        cluster_pair.py: the peer's bytes complete a transaction count on the slot's remote_full
+        barrier; a slot is refilled once both CTAs' MMA warps released it).  Each CTA writes the
+        mask entries of both halves (the threads of piece 1 judge the peer's keys).
     Sink.  One split: folded into the epilogue's 1/ℓ.  Several: stages/common/combine.py's
         SplitCombine applies it once, after the merge.
 
-Warp roles (the WarpPlan: 512 threads alone, 384 in a pair)
-    warpgroups 2, 3  producer: warp 8 loads Q once (TMA); every producer warp stages and
-    (alone; 2 in     dequantises its keys of each KV tile (setmaxnreg 80; `register_plan`
-    a pair)          checks the budget)
-    warpgroup 0   S = Q·K_tileᵀ, mask, online softmax (stages/common/softmax.py), P → shared
-                  memory, α per row; then its half of O += P·V   (setmaxnreg 176 alone, 208 paired)
-    warpgroup 1   its half of O += P·V (O's 512 columns split over the two MMA warpgroups, in
-                  m64n128 wgmmas alone — ptxas checks an instruction against the 128-register
-                  launch cap of 512 threads — m64n256 in a pair)
+Warp roles (384 threads; the WarpPlan's registers, checked by `register_plan`)
+    warpgroup 2   producer: warp 8 loads Q once (TMA); every producer thread gathers and
+                  dequantises its keys of each KV tile            (setmaxnreg.dec 152)
+    warpgroup 0   S = Q·K_tileᵀ (m64n64), mask, online softmax (stages/common/softmax.py), P →
+                  shared memory, α per row; then its half of O += P·V   (setmaxnreg.inc 192)
+    warpgroup 1   its half of O += P·V (O's 512 columns split over the two MMA warpgroups, m64n256
+                  wgmmas)                                               (setmaxnreg.dec 160)
+    Each MMA warpgroup traces its own copy of `attend`, so ptxas allocates each its own count.
 
-Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of oracles/kvcache.py.
-What bounds it (docs/STAGE_E.md): at h_q = 64 the producer — a warp's chain of loads, conversions and
-stores runs at an IPC of ~0.2, hence 8 producer warps; at h_q = 128 the MMA warpgroups' chain per
-32-key tile (S = Q·Kᵀ at n = 32 reads Q from shared memory every tile; softmax; P·V).  Not done yet:
-64-key tiles (they need the raw staging ring gone: gather into registers), a persistent scheduler.
+Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of oracles/kvcache.py;
+the split's idx entries fit the shared memory left (4 bytes a key).
+What bounds it (docs/STAGE_E.md): the producer — its loads' latency and the dequantisation of a
+tile, one round behind the other; at h_q = 128 also the MMA chain of a tile (S, softmax, P·V in
+turn).  Not done yet: a persistent scheduler (b 74, 148: two waves), P from registers for
+warpgroup 0's P·V.
 """
 
 import math
@@ -81,7 +81,7 @@ from stages.common.combine import SplitCombine, sink_factor
 from stages.common.e4m3_bits import e4m3x16_to_bf16, one_multiply_fits
 from stages.common.fp8_cache import D, cache_block_bytes
 from stages.common.inspection import expose
-from stages.common.sm90_gather import ldg_or, prefetch_l2
+from stages.common.sm90_gather import ldg_or
 from stages.common.scheduler import SM_COUNT, DecodeGrid, resolve_splits
 from stages.common.sm90_idioms import acc_rows_cols, tma_pipeline, wgmma_sync
 from stages.common.softmax import OnlineSoftmax, final_lse, scale_rows
@@ -193,7 +193,6 @@ class Kernel:
     PLANS = {False: WarpPlan(producer_warps=4, mma_regs=(192, 160), producer_regs=152, pv_n=256),
              True: WarpPlan(producer_warps=4, mma_regs=(192, 160), producer_regs=152, pv_n=256)}
     KV_STAGES = 2
-    PREFETCH = 0  # tiles ahead whose keys the producer brings into L2
     PIECES = {"model1": 9, "v4.1": 8, "simple": 8}  # 16-byte pieces of a key a producer thread loads
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int = SM_COUNT):
@@ -422,10 +421,10 @@ class Kernel:
     def produce(self, work, ptid, q_pipe, kv_pipe, pair, tma_q, mQ, sQ, k_base, k_smem, s_mask, s_kscale, s_idx,
                 KV, idx, topk_length, KV_extra, idx_extra, extra_length):
         """The producer threads (`ptid` 0 … producer_threads − 1): Q's row block once (warp 0,
-        TMA), then every KV tile of the split — its keys' bytes loaded into registers (the
-        loads are in flight while the thread waits for a free slot), dequantised into the slot
-        (and the peer's), the key mask written, the slot committed.  A tile's idx entries are
-        loaded one tile ahead (`key_indices`), so no load of an entry waits in the loop."""
+        TMA), the split's idx entries into shared memory, then every KV tile of the split, a
+        unit (a round of keys) at a time — its keys' bytes loaded into registers a unit ahead,
+        the slot taken, the mask entries written, the pieces dequantised into the slot (and the
+        peer's), the slot committed."""
         bm = self.BLOCK_M
         pwarp = ptid // 32
         lane = ptid % 32
@@ -456,8 +455,6 @@ class Kernel:
         self.stage_entries(lists, work, s_idx, ptid)
         self.key_indices(lists, lengths, work, work.tile_begin, s_idx, rank, pwarp, lane, keys[0])
         self.gather(lists, work.tile_begin, keys[0], 0, lane, raws[0], scs[0])
-        for d in cutlass.range_constexpr(1, self.PREFETCH + 1):  # none when PREFETCH is 0
-            self.prefetch_tile(lists, lengths, work, work.tile_begin + d, s_idx, rank, pwarp, lane)
         # alone (two rounds a tile) the next unit's loads are issued before this unit is
         # dequantised; in a pair (one round) after, which keeps one buffer's registers
         early = R > 1
@@ -486,12 +483,9 @@ class Kernel:
 
     @cute.jit
     def next_unit(self, lists, lengths, work, tile, r: cutlass.Constexpr[int], s_idx, rank, pwarp, lane, keys, raw, sc):
-        """Issue the loads of round r of `tile` (its keys judged first when r is 0, and the tile
-        PREFETCH ahead of it brought into L2)."""
+        """Issue the loads of round r of `tile` (its keys judged first when r is 0)."""
         if cutlass.const_expr(r == 0):
             self.key_indices(lists, lengths, work, tile, s_idx, rank, pwarp, lane, keys)
-            if cutlass.const_expr(self.PREFETCH > 0):
-                self.prefetch_tile(lists, lengths, work, tile + self.PREFETCH, s_idx, rank, pwarp, lane)
         self.gather(lists, tile, keys, r, lane, raw, sc)
 
     @cute.jit
@@ -516,35 +510,6 @@ class Kernel:
             if i < n:
                 s_idx[i] = got[e]
         cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
-
-    @cute.jit
-    def prefetch_tile(self, lists, lengths, work, tile, s_idx, rank, pwarp, lane):
-        """Bring this thread's lines of its own keys of `tile` into L2 (nothing past the split):
-        the loads that gather them a few tiles later then wait on L2, not on memory.  Thread q
-        (lane // 8) of a key: the key's line 128·q, and q 0 its last line, q 1 its scales'."""
-        keys = cute.make_rmem_tensor((self.rounds, self.sides), cutlass.Int32)
-        self.key_indices(lists, lengths, work, tile, s_idx, rank, pwarp, lane, keys)
-        if tile < self.main_tiles:
-            self.prefetch_keys(lists[0], self.c.block, self.block_bytes, keys, lane)
-        else:
-            if cutlass.const_expr(self.c.has_extra):
-                self.prefetch_keys(lists[2], self.c.extra_block, self.extra_block_bytes, keys, lane)
-
-    @cute.jit
-    def prefetch_keys(self, cache, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], keys, lane):
-        q = lane // 8
-        token_bytes = {"model1": 576, "v4.1": 528, "simple": D}[self.fmt]
-        scale_at = {"model1": (576, 8), "simple": (D, 4)}.get(self.fmt)
-        for r in cutlass.range_constexpr(self.rounds):
-            index = keys[r, 0]
-            block, off = _token_block(cache.iterator.toint(), index, block_size, block_bytes)
-            token = block + off * token_bytes
-            valid = index != -1
-            prefetch_l2(token + 128 * q, valid)
-            last = token + (token_bytes - 1)
-            if cutlass.const_expr(scale_at is not None):
-                last = cutlass.select_(q == 1, block + block_size * scale_at[0] + off * scale_at[1], last)
-            prefetch_l2(last, valid & (q < 2))
 
     @cute.jit
     def produce_unit(self, kv_pipe, kv_state, pair, ptid, keys, r: cutlass.Constexpr[int], raw, sc, rank, pwarp, lane,

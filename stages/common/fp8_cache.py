@@ -1,5 +1,5 @@
 """The FP8 KV cache on the CUDA cores: block sizes of the three layouts, byte-level global and
-shared-memory loads, cp.async of raw bytes, and the dequantisation (stage E's kernels).
+shared-memory loads, and the dequantisation (stage E's kernels).
 
 Layouts (oracles/kvcache.py is the reference; DSV4.md the spec), bytes per page block:
     simple   block_size · 512 e4m3, then block_size fp32 scales (one per token), padded to 16
@@ -14,7 +14,6 @@ exponent field.
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.nvgpu import LoadCacheMode, cpasync
 
 D = 512
 
@@ -29,16 +28,6 @@ def cache_block_bytes(fmt: str, block_size: int) -> int:
     if fmt == "v4.1":
         return block_size * 528
     raise ValueError(f"stage E: kv_format must be simple, model1 or v4.1, got {fmt!r}")
-
-@cute.jit
-def cp_async(dst, src, nbytes: cutlass.Constexpr[int]):
-    """cp.async `nbytes` (4, 8 or 16; both addresses aligned to it) from global `src` to the
-    shared-memory byte address `dst` (16 bytes bypass L1: .cg)."""
-    words = nbytes // 4
-    g = cute.make_tensor(cute.make_ptr(cutlass.Int32, src, cute.AddressSpace.gmem, assumed_align=nbytes), cute.make_layout(words))
-    s = cute.make_tensor(cute.make_ptr(cutlass.Int32, dst, cute.AddressSpace.smem, assumed_align=nbytes), cute.make_layout(words))
-    mode = LoadCacheMode.GLOBAL if nbytes == 16 else LoadCacheMode.ALWAYS
-    cute.copy(cute.make_copy_atom(cpasync.CopyG2SOp(mode), cutlass.Int32, num_bits_per_copy=nbytes * 8), g, s)
 
 
 @cute.jit
@@ -61,17 +50,8 @@ def ldg16(addr, raw, at: cutlass.Constexpr[int]):
     cute.autovec_copy(g, cute.make_tensor(raw.iterator + at, cute.make_layout(4)))
 
 
-@cute.jit
-def lds_u8(addr) -> cutlass.Int32:
-    """The byte at shared-memory `addr` (sign-extended, as ldg_u8)."""
-    t = cute.make_tensor(cute.make_ptr(cutlass.Uint8, addr, cute.AddressSpace.smem, assumed_align=1), cute.make_layout(1))
-    return cutlass.Int32(t[0])
 
 
-@cute.jit
-def lds_f32(addr) -> cutlass.Float32:
-    t = cute.make_tensor(cute.make_ptr(cutlass.Float32, addr, cute.AddressSpace.smem, assumed_align=4), cute.make_layout(1))
-    return t[0]
 
 
 @cute.jit

@@ -49,18 +49,3 @@ def ldg_or(addr, valid, words: int, fill: int = 0, *, loc=None, ip=None) -> tupl
         return (Int32(res),)
     return tuple(Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(words))
 
-
-@dsl_user_op
-def prefetch_l2(addr, valid, *, loc=None, ip=None) -> None:
-    """Bring the line of the global byte address `addr` into L2 when `valid` (nothing else)."""
-    llvm.inline_asm(
-        None,
-        [Int64(addr).ir_value(loc=loc, ip=ip), Int32(cutlass.select_(valid, Int32(1), Int32(0))).ir_value(loc=loc, ip=ip)],
-        "{\n.reg .pred p;\nsetp.ne.b32 p, $1, 0;\n@p prefetch.global.L2::evict_last [$0];\n}",
-        "l,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
-    )
