@@ -136,6 +136,12 @@ def test_the_pair_exchanges_tiles_by_st_async(project_root, tmp_path, monkeypatc
                                 ("dec", str(plan.producer_regs))]), moves
         # the one-multiply conversion is chosen by a warp vote (v4.1's scales vary per lane)
         assert "vote.sync.all" in ptx
+        # the MMA warpgroups meet from their own copies of attend: unaligned named barriers
+        # (an aligned bar.sync met from two instructions is what synccheck calls divergent)
+        for bar in ("barrier.cta.sync 1, 256", "barrier.cta.sync 2, 256", "barrier.cta.arrive 2, 256",
+                    "barrier.cta.sync 3, 256"):
+            assert bar in ptx, bar
+        assert not re.search(r"\bbar\.(sync|arrive)\s+[123],", ptx)
 
 
 def test_slot_offsets_swizzle_bytes_not_elements():

@@ -83,7 +83,7 @@ from stages.common.fp8_cache import D, cache_block_bytes
 from stages.common.inspection import expose
 from stages.common.sm90_gather import ldg_or
 from stages.common.scheduler import SM_COUNT, DecodeGrid, resolve_splits
-from stages.common.sm90_idioms import acc_rows_cols, tma_pipeline, wgmma_sync
+from stages.common.sm90_idioms import acc_rows_cols, named_arrive, named_sync, tma_pipeline, wgmma_sync
 from stages.common.softmax import OnlineSoftmax, final_lse, scale_rows
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile
 
@@ -756,13 +756,13 @@ class Kernel:
                 r_p = cute.make_rmem_tensor(s_shape, sP.element_type)
                 r_p.store(acc_s.load().to(sP.element_type))
                 if i > 0:
-                    cute.arch.barrier(barrier_id=int(NamedBarrier.P_EMPTY), number_of_threads=mma_threads)
+                    named_sync(NamedBarrier.P_EMPTY, mma_threads)
                 cute.copy(p_store, thr_p_store.retile(r_p), tPsP)
                 for r in cutlass.range_constexpr(num_rows):
                     if tScS_rc[r, 0][1] == 0:
                         s_row[tScS_rc[r, 0][0]] = alpha[r]
                 cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=int(NamedBarrier.P_FULL), number_of_threads=mma_threads)
+            named_sync(NamedBarrier.P_FULL, mma_threads)
             for r in cutlass.range_constexpr(num_rows):
                 scale_rows(acc_o_rc, r, s_row[tOcO_rc[r, 0][0]])
             wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
@@ -770,10 +770,10 @@ class Kernel:
             pair.consumer_release(kv_cons, tidx % 32)
             kv_cons.advance()
             if cutlass.const_expr(wg == 1):
-                cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.P_EMPTY), number_of_threads=mma_threads)
+                named_arrive(NamedBarrier.P_EMPTY, mma_threads)
 
         if cutlass.const_expr(wg == 0):
-            cute.arch.barrier(barrier_id=int(NamedBarrier.P_EMPTY), number_of_threads=mma_threads)
+            named_sync(NamedBarrier.P_EMPTY, mma_threads)
             inv_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
             lse = cute.make_rmem_tensor(num_rows, cutlass.Float32)
             softmax.finalize(inv_sum, lse)
@@ -785,7 +785,7 @@ class Kernel:
                         factor = factor * sink_factor(sink[work.head_block * bm + row], lse[r])
                     s_row[row] = factor
                     self.store_lse(work, row, lse[r], mLSE, mLp)
-        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=mma_threads)
+        named_sync(NamedBarrier.EPILOGUE, mma_threads)
         for r in cutlass.range_constexpr(num_rows):
             scale_rows(acc_o_rc, r, s_row[tOcO_rc[r, 0][0]])
         self.store_o(acc_o, tOgO)
