@@ -83,7 +83,8 @@ from stages.common.fp8_cache import D, cache_block_bytes
 from stages.common.inspection import expose
 from stages.common.sm90_gather import ldg_or
 from stages.common.scheduler import SM_COUNT, DecodeGrid, resolve_splits
-from stages.common.sm90_idioms import acc_rows_cols, named_arrive, named_sync, tma_pipeline, wgmma_sync
+from stages.common.sm90_idioms import acc_rows_cols, tma_pipeline, wgmma_sync
+from stages.common.unaligned_barriers import STAGED, named_arrive, named_sync
 from stages.common.softmax import OnlineSoftmax, final_lse, scale_rows
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile
 
@@ -509,7 +510,7 @@ class Kernel:
             i = e * self.plan.producer_threads + ptid
             if i < n:
                 s_idx[i] = got[e]
-        cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
+        cute.arch.barrier(barrier_id=STAGED, number_of_threads=self.plan.producer_threads)
 
     @cute.jit
     def produce_unit(self, kv_pipe, kv_state, pair, ptid, keys, r: cutlass.Constexpr[int], raw, sc, rank, pwarp, lane,

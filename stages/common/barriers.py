@@ -11,11 +11,6 @@ confused.  The producer/consumer handshake around P in shared memory (SMEM-P):
              overwrite it                                                   (they arrive, it waits)
     EPILOGUE the final row factors (1/ℓ) are published for the epilogue     (all arrive + wait)
 
-Stage E's producer threads among themselves:
-
-    STAGED   the split's idx entries are in shared memory; every producer thread may read them
-             (all arrive + wait)
-
 On sm100 the tensor-memory allocator's hand-offs (stages/common/sm100_setup.py):
 
     TMEM_ALLOC the allocating warp has written the TMEM base address to shared memory; the
@@ -35,7 +30,6 @@ class NamedBarrier(enum.IntEnum):
     EPILOGUE = 3
     TMEM_ALLOC = 4
     TMEM_FREE = 5
-    STAGED = 6
 
 
 MAX_NAMED_BARRIERS = 16

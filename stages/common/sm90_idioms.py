@@ -40,9 +40,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warpgroup
-from cutlass.cutlass_dsl import dsl_user_op
 
 # Lanes whose fragment coordinates are compared at trace time: one full warp
 # (every lane pattern) in the first warpgroup, and one lane of the second.
@@ -204,23 +202,3 @@ def wgmma_sync(
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
     warpgroup.commit_group()
     warpgroup.wait_group(0)
-
-
-@dsl_user_op
-def named_sync(barrier: int, threads: int, *, loc=None, ip=None) -> None:
-    """Wait at named barrier `barrier` (stages/common/barriers.py) until `threads` threads have
-    arrived — `barrier.cta.sync` without `.aligned`.  The aligned form (`bar.sync`, what
-    cute.arch.barrier emits) promises that every participant executes the same instruction;
-    warpgroups that meet from different code (their own copies of a loop, a sync on one side
-    and an arrive on the other) break that promise, and compute-sanitizer's synccheck reports
-    the barrier as divergent."""
-    llvm.inline_asm(None, [], f"barrier.cta.sync {int(barrier)}, {int(threads)};", "",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def named_arrive(barrier: int, threads: int, *, loc=None, ip=None) -> None:
-    """Arrive at named barrier `barrier` without waiting — `barrier.cta.arrive`, unaligned (see
-    named_sync)."""
-    llvm.inline_asm(None, [], f"barrier.cta.arrive {int(barrier)}, {int(threads)};", "",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
