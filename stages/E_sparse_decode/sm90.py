@@ -288,7 +288,7 @@ class Kernel:
         self.smem_struct = Smem
         cluster = {"cluster": (2, 1, 1)} if self.pair else {}
         self.kernel(
-            qk_mma, pv_mma, tma_q, tma_Q, KV, idx, topk_length, KV_extra, idx_extra, extra_length, sink,
+            tma_q, tma_Q, KV, idx, topk_length, KV_extra, idx_extra, extra_length, sink,
             mO, mLSE, mOp, mLp, q_smem, k_smem, vt_smem, p_smem,
         ).launch(grid=self.sched.grid, block=(self.plan.threads, 1, 1), smem=Smem.size_in_bytes(), stream=stream, **cluster)
 
@@ -335,8 +335,6 @@ class Kernel:
     @cute.kernel
     def kernel(
         self,
-        qk_mma: cute.TiledMma,
-        pv_mma: cute.TiledMma,
         tma_q: cute.CopyAtom,
         mQ: cute.Tensor,
         KV: cute.Tensor,
@@ -399,12 +397,12 @@ class Kernel:
             if warp_idx // 4 == 0:
                 set_registers(self.plan.mma_regs[0], self.plan.threads)
                 if has_work:
-                    self.attend(0, work, tidx, q_pipe, kv_pipe, pair, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask,
+                    self.attend(0, work, tidx, q_pipe, kv_pipe, pair, sQ, sK, sVt, sP, s_row, s_mask,
                                 s_kscale, sink, mO, mLSE, mOp, mLp)
             else:
                 set_registers(self.plan.mma_regs[1], self.plan.threads)
                 if has_work:
-                    self.attend(1, work, tidx, q_pipe, kv_pipe, pair, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask,
+                    self.attend(1, work, tidx, q_pipe, kv_pipe, pair, sQ, sK, sVt, sP, s_row, s_mask,
                                 s_kscale, sink, mO, mLSE, mOp, mLp)
             if not has_work:
                 self.write_empty_split(work, tidx, mOp, mLp)
@@ -699,7 +697,7 @@ class Kernel:
     # MMA warpgroups (stage D2's, plus the key mask and the sink)
 
     @cute.jit
-    def attend(self, wg: cutlass.Constexpr[int], work, tidx, q_pipe, kv_pipe, pair, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row, s_mask, s_kscale,
+    def attend(self, wg: cutlass.Constexpr[int], work, tidx, q_pipe, kv_pipe, pair, sQ, sK, sVt, sP, s_row, s_mask, s_kscale,
                sink, mO, mLSE, mOp, mLp):
         bm, bn = self.BLOCK_M, self.BLOCK_N
         tid_wg = tidx % 128
@@ -841,7 +839,10 @@ def slot_offset(k_smem, key, col, slot):
 
 
 def _token_block(base, index, block_size: int, block_bytes: int):
-    """(byte address of token `index`'s page block, its offset in the block) — 64-bit."""
+    """(byte address of token `index`'s page block, its offset in the block) — 64-bit; a
+    negative index (an invalid key's −1, whose loads are not made) as token 0, so no address
+    is ever below the cache."""
+    index = cutlass.max(index, 0)
     return base + cutlass.Int64(index // block_size) * block_bytes, cutlass.Int64(index % block_size)
 
 
