@@ -48,8 +48,8 @@ def test_register_plan_fits_the_launch_allocation():
     the first rung asked 2·128·216 + 128·80 = 65 536 and hung on the GPU (batch 2)."""
     assert sm90.register_plan(384, [(256, 216), (128, 80)]) is not None  # the plan that hung
     assert sm90.register_plan(384, [(256, 240), (128, 24)]) is None  # D2's: exactly 64 512
-    for plan in sm90.Kernel.PLANS.values():
-        assert sm90.register_plan(plan.threads, plan.registers) is None
+    plan = sm90.Kernel.PLAN
+    assert sm90.register_plan(plan.threads, plan.registers) is None
     assert sm90.register_plan(512, [(256, 184), (256, 80)]) is not None  # 512 threads hold 128 each
     assert sm90.register_plan(384, [(128, 216), (128, 176), (128, 120)]) is not None  # 65 536 > 64 512
     assert sm90.launch_registers(384) == 168 and sm90.launch_registers(512) == 128
@@ -99,17 +99,22 @@ def test_two_head_blocks_share_their_tiles_in_a_cluster():
     assert all(k.sched.work(2 * j, 0, 0).token == k.sched.work(2 * j + 1, 0, 0).token for j in range(2))
     alone = sm90.Kernel(b=2, config="s2h64_m128bs256_x1024bs64", kv_format="model1", splits=1)
     assert not alone.pair and alone.own_keys == 64 and alone.rounds == 2 and alone.sides == 1
-    # every key of a tile is dequantised by exactly one CTA's threads of one round (key_of's rule:
-    # lane mod 8 the key in the warp's 8, lane // 8 the piece) and masked by both CTAs of a pair
+    # every key of a tile is dequantised by exactly one CTA's threads of one round, the 4 threads
+    # of a key (lane // 8) agree on it, and both CTAs of a pair mask every key — by the kernel's
+    # own key_of
     for kk in (k, alone):
         ranks = (0, 1) if kk.pair else (0,)
-        own = sorted(rank * kk.own_keys + r * kk.keys_per_round + 8 * w + k8
-                     for rank in ranks for r in range(kk.rounds) for w in range(kk.plan.producer_warps) for k8 in range(8))
+        threads = [(w, lane) for w in range(kk.plan.producer_warps) for lane in range(32)]
+        for r in range(kk.rounds):
+            for w in range(kk.plan.producer_warps):
+                for lane in range(8):
+                    assert len({kk.key_of(0, 0, r, w, lane + 8 * q) for q in range(4)}) == 1
+        own = sorted(kk.key_of(rank, 0, r, w, lane) for rank in ranks for r in range(kk.rounds)
+                     for w, lane in threads if lane < 8)
         assert own == list(range(kk.BLOCK_N)), own
         for rank in ranks:
-            masked = sorted((rank ^ s) * kk.own_keys + r * kk.keys_per_round + 8 * w + k8
-                            for s in range(kk.sides) for r in range(kk.rounds) for w in range(kk.plan.producer_warps)
-                            for k8 in range(8))
+            masked = sorted(kk.key_of(rank, s, r, w, lane) for s in range(kk.sides) for r in range(kk.rounds)
+                            for w, lane in threads if lane // 8 == s)
             assert masked == list(range(kk.BLOCK_N)), masked
 
 
@@ -128,7 +133,7 @@ def test_the_pair_exchanges_tiles_by_st_async(project_root, tmp_path, monkeypatc
     assert "mapa" in pair
     for word in ("st.async", "barrier.cluster", "mapa"):
         assert word not in alone
-    plan = sm90.Kernel.PLANS[True]
+    plan = sm90.Kernel.PLAN
     for ptx in (pair, alone):
         assert ".reqntid 384" in ptx and "m64n256k16" in ptx and "m64n64k16" in ptx
         moves = sorted(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))

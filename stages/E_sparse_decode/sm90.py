@@ -188,13 +188,14 @@ class Kernel:
     NUM_MMA_WG = 2
     MMA_THREADS = 128 * NUM_MMA_WG
     PRODUCER_WG = 2  # the first producer warpgroup (after the MMA warpgroups)
-    # Warp plans, by whether the CTA is half of a cluster pair (docs/STAGE_E.md).  A producer
-    # thread loads 4 · PIECES 16-byte pieces a key into registers: a pair's CTA dequantises 32
-    # keys a tile (one round of 4 warps), a CTA alone 64 (two rounds).
-    PLANS = {False: WarpPlan(producer_warps=4, mma_regs=(192, 160), producer_regs=152, pv_n=256),
-             True: WarpPlan(producer_warps=4, mma_regs=(192, 160), producer_regs=152, pv_n=256)}
+    # The warp plan (docs/STAGE_E.md), alone or in a cluster pair: a producer thread loads
+    # PIECES 16-byte pieces a key into registers; a pair's CTA dequantises 32 keys a tile (one
+    # round of 4 warps), a CTA alone 64 (two rounds).
+    PLAN = WarpPlan(producer_warps=4, mma_regs=(192, 160), producer_regs=152, pv_n=256)
     KV_STAGES = 2
     PIECES = {"model1": 9, "v4.1": 8, "simple": 8}  # 16-byte pieces of a key a producer thread loads
+    DATA_PIECES = {"model1": 7, "v4.1": 8, "simple": 8}  # … of them e4m3 (model1's last two: the bf16 rope)
+    ROW_BYTES = {"model1": 576, "v4.1": 528, "simple": D}  # a token's row in its block (model1's scales apart)
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int = SM_COUNT):
         c = SparseConfig.parse(config)
@@ -212,7 +213,7 @@ class Kernel:
         # Two head blocks of one token walk the same keys: a (2, 1, 1) cluster of them shares
         # every dequantised tile (stages/common/cluster_pair.py); each CTA dequantises half.
         self.pair = head_blocks % 2 == 0
-        self.plan = self.PLANS[self.pair]
+        self.plan = self.PLAN
         self.own_keys = self.BLOCK_N // 2 if self.pair else self.BLOCK_N  # keys a CTA dequantises a tile
         self.sides = 2 if self.pair else 1  # whose keys' masks a CTA writes: its own, the peer's
         self.keys_per_round = self.plan.producer_threads // 4  # 4 threads a key, 8 keys a warp
@@ -524,11 +525,11 @@ class Kernel:
             cute.arch.fence_proxy("async.shared", space="cta")  # generic smem writes → wgmma reads
             kv_pipe.producer_commit(kv_state)
 
-    @cute.jit
-    def key_of(self, rank, side, rnd: cutlass.Constexpr[int], pwarp, lane):
+    def key_of(self, rank, side: int, rnd: int, pwarp, lane):
         """The key of a tile (0 … BLOCK_N − 1) this thread loads in round `rnd`: side 0 its own
         CTA's half (the whole tile alone), side 1 (a pair) the peer's half, whose mask it writes.
-        A warp takes 8 keys a round, 4 threads each (lane mod 8 the key, lane // 8 the piece)."""
+        A warp takes 8 keys a round, 4 threads each (lane mod 8 the key, lane // 8 the piece).
+        Plain ints (the CPU test of the coverage) or traced Int32s (the kernel)."""
         return (rank ^ side) * self.own_keys + rnd * self.keys_per_round + 8 * pwarp + lane % 8
 
     @cute.jit
@@ -597,28 +598,24 @@ class Kernel:
         index = keys[r, 0]
         valid = index != -1
         block, off = _token_block(base, index, block_size, block_bytes)
+        token = block + off * self.ROW_BYTES[self.fmt]
+        for p in cutlass.range_constexpr(self.DATA_PIECES[self.fmt]):
+            self.load16(raw, p, token + 64 * p + 16 * q, valid)
         if cutlass.const_expr(self.fmt == "model1"):
-            token = block + off * 576
-            for p in cutlass.range_constexpr(7):
-                self.load16(raw, p, token + 64 * p + 16 * q, valid)
             for h in cutlass.range_constexpr(2):
                 self.load16(raw, 7 + h, token + 448 + 16 * q + 64 * h, valid)
             w = ldg_or(block + block_size * 576 + off * 8, valid, 2)
             sc[0, 0], sc[1, 0] = w[0], w[1]
         elif cutlass.const_expr(self.fmt == "v4.1"):
-            token = block + off * 528
-            for p in cutlass.range_constexpr(8):
-                self.load16(raw, p, token + 64 * p + 16 * q, valid)
             w = ldg_or(token + D, valid, 4)
             for i in cutlass.range_constexpr(4):
                 sc[i, 0] = w[i]
         else:
-            for p in cutlass.range_constexpr(8):
-                self.load16(raw, p, block + off * D + 64 * p + 16 * q, valid)
             for s in cutlass.range_constexpr(self.sides):
-                i = keys[r, s]
-                b_s, o_s = _token_block(base, i, block_size, block_bytes)
-                sc[0, s] = ldg_or(b_s + block_size * D + o_s * 4, i != -1, 1)[0]
+                b_s, o_s = block, off
+                if cutlass.const_expr(s > 0):
+                    b_s, o_s = _token_block(base, keys[r, s], block_size, block_bytes)
+                sc[0, s] = ldg_or(b_s + block_size * D + o_s * 4, keys[r, s] != -1, 1)[0]
 
     @cute.jit
     def load16(self, raw, p, addr, valid):
@@ -648,7 +645,7 @@ class Kernel:
         zeros.  simple: the e4m3 values unscaled (exact in bf16); its scale is a column factor
         of S and P (attend)."""
         q = lane // 8
-        dims = self.PIECES[self.fmt] - (2 if self.fmt == "model1" else 0)  # the e4m3 pieces
+        dims = self.DATA_PIECES[self.fmt]
         expo = cute.make_rmem_tensor(dims, cutlass.Int32)
         fits = cutlass.Boolean(True)
         for p in cutlass.range_constexpr(dims):
