@@ -44,10 +44,13 @@ Matrix axes
                  extreme    extreme scales written into indexed tokens: e8m0 2^−20 … 2^15
                             (simple: fp32 2^−20 … 2^15), tiny/huge payloads to match
                  dup        duplicated indices within each branch (a key counted twice)
-    splits     1 | auto | an int (stages/common/scheduler.py's rule over the combined key tiles)
+    splits     1 | auto | an int: the sm90 kernel's persistent parts (stages/common/
+               part_scheduler.py: 1 a whole sequence a segment, n about n parts a sequence,
+               auto its chooser); sm100's split-KV (stages/common/scheduler.py's rule)
 
-The scratch capacity `cap`: 1 for splits = 1; for auto, 1 when the row blocks fill the GPU, else
-one split per 64-key tile; an int k: k.
+The scratch capacity `cap`: the larger of the two kernels' needs — sm100: 1 for splits = 1,
+for auto 1 when the row blocks fill the GPU, else one split per 64-key tile, an int k: k;
+sm90: the most partials its parts cut a sequence into (PartGrid.capacity).
 
 The reference is float64 dequantise-and-attend (`reference`): each branch's indexed tokens are
 read from the cache bytes by oracles/kvcache.read_tokens (float64), invalid keys masked, one
@@ -63,6 +66,7 @@ from typing import Any
 
 from oracles import kvcache as kc
 from oracles.common import TensorSpec
+from stages.common.part_scheduler import PartGrid, resolve_part_tiles
 from stages.common.scheduler import SM_COUNT
 
 D = kc.D
@@ -119,12 +123,17 @@ class SparseConfig:
 def split_capacity(case: dict[str, Any]) -> int:
     c = SparseConfig.parse(case["config"])
     splits = case["splits"]
+    head_blocks = -(-c.h_q // 64)
     if splits == "auto":
-        ctas = case["b"] * c.s_q * -(-c.h_q // 64)
-        return 1 if ctas >= SM_COUNT else max(1, c.tiles())
-    if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
+        ctas = case["b"] * c.s_q * head_blocks
+        cap = 1 if ctas >= SM_COUNT else max(1, c.tiles())
+    elif isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
         raise ValueError(f"splits must be a positive int or 'auto', got {splits!r}")
-    return splits
+    else:
+        cap = splits
+    # the sm90 kernel's persistent parts may cut a sequence into more pieces
+    part_tiles = resolve_part_tiles(splits, head_blocks=head_blocks, tokens=c.s_q, batches=case["b"], num_tiles=c.tiles())
+    return max(cap, PartGrid(head_blocks, c.s_q, case["b"], c.tiles(), part_tiles).capacity)
 
 
 def tensors(case: dict[str, Any]) -> list[TensorSpec]:

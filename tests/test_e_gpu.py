@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-from harness.matrix import expand
+from harness.matrix import Case, expand
 from harness.runner import RunOptions, Runner, Task
 from harness.spec import KernelRef, load_spec
 
@@ -53,6 +53,32 @@ def test_lab_catches_a_pair_that_fills_the_wrong_slot(project_root, tmp_path):
     _run_all_fail(project_root, tmp_path, "wrong_e_pair",
                   lambda c: c["config"] in ("s2h128_m128bs256_x1024bs64", "s1h128_m128bs256_x1024bs2")
                   and c["kv_format"] in ("model1", "v4.1") and c["scenario"] == "plain" and c["splits"] == 1, 4)
+
+
+def test_parts_that_cut_sequences_agree_with_the_oracle(project_root, tmp_path):
+    """The persistent parts (stages/common/part_scheduler.py) across sequence boundaries: with
+    splits = 4 a part is 5 of a sequence's 18 tiles, so parts begin and end inside sequences, a
+    part holds the tail of one and the head of the next, and the combine merges up to 5
+    partials; s2h64_m200bs2_x64bs256 (5 tiles, splits = 2: parts of 3) likewise.  b = 3, the
+    edge scenarios included; every case must pass."""
+    from stages.E_sparse_decode import sm90
+
+    spec = load_spec(root=project_root)
+    stage = spec.stages["E"]
+    cases = []
+    for config, splits in (("s2h128_m128bs256_x1024bs64", 4), ("s2h64_m128bs256_x1024bs64", 4), ("s2h64_m200bs2_x64bs256", 2)):
+        k = sm90.Kernel(b=3, config=config, kv_format="model1", splits=splits)
+        assert k.partials and any(k.sched.segments(p) > 1 for p in range(k.sched.parts)), config  # it does cross
+        for fmt in ("model1", "simple"):
+            for scenario in ("sink", "lonely", "topk_len", "extreme"):
+                params = dict(b=3, config=config, kv_format=fmt, scenario=scenario, splits=splits)
+                cases.append(Case("E", tuple((axis, params[axis]) for axis in stage.matrix)))
+    summary = Runner(spec, RunOptions(tasks=[Task(stage, "sm_90a", c) for c in cases], argv=["pytest"]),
+                     results_root=tmp_path).run()
+    assert len(summary.records) == len(cases)
+    for rec in summary.records:
+        print("parts", rec.case, rec.status, rec.metrics.get("O"), rec.error)
+        assert rec.status == "pass", rec.case
 
 
 @pytest.mark.parametrize("scenario", ["sink_inf", "topk_len", "lonely", "extreme", "dup"])

@@ -1,6 +1,6 @@
 """Stage E's sm90 kernel on the CPU (no compile): its own statement of the cache layouts agrees
-with oracles/kvcache.py, its split count fits the scratch the oracle declares on every matrix
-and bench case, and it refuses what it cannot do."""
+with oracles/kvcache.py, the partials its parts leave fit the scratch the oracle declares on every
+matrix and bench case, and it refuses what it cannot do."""
 
 import re
 
@@ -31,9 +31,14 @@ def test_splits_fit_the_declared_scratch(project_root):
             continue
         seen.add(key)
         k = sm90.Kernel(b=case["b"], config=case["config"], kv_format=case["kv_format"], splits=case["splits"])
-        assert 1 <= k.splits <= sd.split_capacity(case), case
+        assert 1 <= k.splits <= sd.split_capacity(case), case  # k.splits: the partial slots a sequence fills
+        assert k.partials == (k.sched.cut > 0)
         if case["splits"] == 1:
-            assert k.splits == 1
+            assert k.splits == 1 and not k.partials
+    # parts that cut sequences across their boundaries (splits = 4: 18 tiles in parts of 5) fit too
+    case = dict(b=3, config="s2h128_m128bs256_x1024bs64", kv_format="model1", scenario="sink", splits=4)
+    k = sm90.Kernel(b=3, config=case["config"], kv_format="model1", splits=4)
+    assert k.sched.part_tiles == 5 and k.splits == 5 <= sd.split_capacity(case)
 
 
 def test_refusals():
@@ -95,8 +100,11 @@ def test_two_head_blocks_share_their_tiles_in_a_cluster():
     k = sm90.Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits=1)
     assert k.pair and k.plan.producer_warps == 4 and k.own_keys == 32 and k.rounds == 1 and k.sides == 2
     assert k.peer_bytes == 32 * 1024
-    assert k.sched.grid[0] % 2 == 0  # the cluster pairs CTAs (2j, 2j + 1): head blocks 0 and 1 of one token
-    assert all(k.sched.work(2 * j, 0, 0).token == k.sched.work(2 * j + 1, 0, 0).token for j in range(2))
+    assert k.sched.grid[0] == 2  # the cluster pairs CTAs (0, p), (1, p): head blocks 0 and 1 of one part
+    for p in range(k.sched.parts):  # … which walk the same segments
+        for s in range(k.sched.segments(p)):
+            w0, w1 = k.sched.segment(0, p, s)[0], k.sched.segment(1, p, s)[0]
+            assert w0._replace(head_block=1) == w1 and w0.head_block == 0
     alone = sm90.Kernel(b=2, config="s2h64_m128bs256_x1024bs64", kv_format="model1", splits=1)
     assert not alone.pair and alone.own_keys == 64 and alone.rounds == 2 and alone.sides == 1
     # every key of a tile is dequantised by exactly one CTA's threads of one round, the 4 threads

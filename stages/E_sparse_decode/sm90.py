@@ -77,13 +77,15 @@ from cutlass.cute.nvgpu import warp, warpgroup
 from oracles.sparse_decode import SparseConfig
 from stages.common.barriers import NamedBarrier
 from stages.common.cluster_pair import TilePair
-from stages.common.combine import SplitCombine, sink_factor
+from stages.common.combine import sink_factor
 from stages.common.e4m3_bits import e4m3x16_to_bf16, one_multiply_fits
 from stages.common.fp8_cache import D, cache_block_bytes
 from stages.common.inspection import expose
+from stages.common.part_combine import PartCombine
+from stages.common.part_scheduler import PartGrid, resolve_part_tiles
+from stages.common.scheduler import SM_COUNT
 from stages.common.sm90_gather import ldg_or
-from stages.common.scheduler import SM_COUNT, DecodeGrid, resolve_splits
-from stages.common.sm90_idioms import acc_rows_cols, tma_pipeline, wgmma_sync
+from stages.common.sm90_idioms import acc_rows_cols, wgmma_sync
 from stages.common.unaligned_barriers import STAGED, named_arrive, named_sync
 from stages.common.softmax import OnlineSoftmax, final_lse, scale_rows
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile
@@ -209,7 +211,6 @@ class Kernel:
         self.extra_tiles = -(-c.extra_topk // self.BLOCK_N) if c.has_extra else 0
         num_tiles = self.main_tiles + self.extra_tiles
         head_blocks = c.h_q // self.BLOCK_M
-        ctas = head_blocks * c.s_q * b
         # Two head blocks of one token walk the same keys: a (2, 1, 1) cluster of them shares
         # every dequantised tile (stages/common/cluster_pair.py); each CTA dequantises half.
         self.pair = head_blocks % 2 == 0
@@ -222,15 +223,20 @@ class Kernel:
                              f"keys a round, which must divide the {self.own_keys} a CTA dequantises")
         self.rounds = self.own_keys // self.keys_per_round
         self.peer_bytes = self.own_keys * D * 2  # the bf16 bytes the peer writes into a slot
-        self.splits = resolve_splits(splits, ctas=ctas, num_tiles=c.tiles(), sm_count=sm_count)
-        self.sched = DecodeGrid(head_blocks, c.s_q, b, self.splits, num_tiles)
+        # persistent parts (stages/common/part_scheduler.py): a CTA walks L tiles of the
+        # flattened (sequence, tile) work; a sequence a part boundary cuts leaves partials
+        part_tiles = resolve_part_tiles(splits, head_blocks=head_blocks, tokens=c.s_q, batches=b,
+                                        num_tiles=num_tiles, sm_count=sm_count)
+        self.sched = PartGrid(head_blocks, c.s_q, b, num_tiles, part_tiles)
+        self.splits = self.sched.capacity  # partial slots a sequence may fill (1: nothing is combined)
+        self.partials = self.splits > 1
         self.rows = b * c.s_q * c.h_q
         self.scale_log2 = math.log2(math.e) / math.sqrt(D)
         why = register_plan(self.plan.threads, self.plan.registers)
         if why is not None:
             raise ValueError(f"stage E sm90: {why}")
         smem = (2 * (self.BLOCK_M * D + self.KV_STAGES * self.BLOCK_N * D + self.BLOCK_M * self.BLOCK_N)
-                + 4 * self.sched.chunk * self.BLOCK_N + 4096)
+                + 4 * self.sched.chunk * self.BLOCK_N + 4 * self.BLOCK_M + 4096)
         if smem > _SMEM_LIMIT:
             raise ValueError(f"stage E sm90: {smem} bytes of shared memory needed, {_SMEM_LIMIT} available")
 
@@ -279,6 +285,7 @@ class Kernel:
             remote_full: cute.struct.MemRange[cutlass.Int64, self.KV_STAGES]
             remote_empty: cute.struct.MemRange[cutlass.Int64, self.KV_STAGES]
             row_factor: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm], 16]
+            final_factor: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm], 16]
             key_mask: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bn * self.KV_STAGES], 16]
             key_scale: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bn * self.KV_STAGES], 16]
             idx_stage: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, self.sched.chunk * bn], 16]
@@ -293,8 +300,9 @@ class Kernel:
             mO, mLSE, mOp, mLp, q_smem, k_smem, vt_smem, p_smem,
         ).launch(grid=self.sched.grid, block=(self.plan.threads, 1, 1), smem=Smem.size_in_bytes(), stream=stream, **cluster)
 
-        if cutlass.const_expr(self.splits > 1):
-            SplitCombine(rows, self.splits, D, sink_heads=c.h_q).launch(mOp, mLp, mO, mLSE, stream, sink=sink)
+        if cutlass.const_expr(self.partials):
+            PartCombine(rows, c.h_q, self.sched.num_tiles, self.sched.part_tiles, D, sink=True).launch(
+                mOp, mLp, mO, mLSE, stream, sink=sink)
 
     def tiled_mmas(self, dtype):
         """S = Q·Kᵀ (m64 × BLOCK_N, one warpgroup) and O += P·V (O's columns over the two MMA
@@ -312,7 +320,7 @@ class Kernel:
 
     def _check_tensors(self, Q, KV, idx, KV_extra, idx_extra, O, LSE, O_part, LSE_part) -> None:
         """Trace time: the tensors have the shapes this kernel's reading of the case implies
-        (the cache block sizes in bytes included), and the scratch holds its splits."""
+        (the cache block sizes in bytes included), and the scratch holds its partial slots."""
         c, b = self.c, self.b
         want = {
             "Q": (Q, (b, c.s_q, c.h_q, D)),
@@ -329,8 +337,8 @@ class Kernel:
                              f"{KV.shape[1]} / {KV_extra.shape[1]}")
         if c.has_extra and tuple(idx_extra.shape) != (b, c.s_q, c.extra_topk):
             raise ValueError(f"stage E sm90: idx_extra has shape {tuple(idx_extra.shape)}, the case needs {(b, c.s_q, c.extra_topk)}")
-        if self.splits > 1 and (self.splits > O_part.shape[0] or self.splits > LSE_part.shape[0]):
-            raise ValueError(f"stage E sm90: {self.splits} splits need O_part/LSE_part capacity ≥ {self.splits}, "
+        if self.partials and (self.splits > O_part.shape[0] or self.splits > LSE_part.shape[0]):
+            raise ValueError(f"stage E sm90: parts of {self.sched.part_tiles} tiles need O_part/LSE_part capacity ≥ {self.splits}, "
                              f"got {O_part.shape[0]}")
 
     @cute.kernel
@@ -356,10 +364,9 @@ class Kernel:
     ):
         bm, bn = self.BLOCK_M, self.BLOCK_N
         tidx, _, _ = cute.arch.thread_idx()
-        bx, by, bz = cute.arch.block_idx()
+        head_block, part, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        work = self.sched.work(bx, by, bz)
-        if warp_idx == 4 * self.PRODUCER_WG:
+        if warp_idx == 0:  # warpgroup 0 loads Q
             prefetch_descriptors(tma_q)
 
         storage = cutlass.utils.SmemAllocator().allocate(self.smem_struct)
@@ -367,15 +374,18 @@ class Kernel:
         sK = storage.sKV.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (bn, D, stages)
         sVt = storage.sKV.get_tensor(vt_smem.outer, swizzle=vt_smem.inner)  # (D, bn, stages): the same bytes
         sP = storage.sP.get_tensor(p_smem.outer, swizzle=p_smem.inner)[None, None, 0]
-        s_row = storage.row_factor.get_tensor(cute.make_layout(bm))
+        s_row = storage.row_factor.get_tensor(cute.make_layout(bm))  # α of a tile
+        s_fin = storage.final_factor.get_tensor(cute.make_layout(bm))  # a segment's 1/ℓ (· the sink's factor)
         s_mask = storage.key_mask.get_tensor(cute.make_layout((bn, self.KV_STAGES)))  # 0 or −∞ per key
         s_kscale = storage.key_scale.get_tensor(cute.make_layout((bn, self.KV_STAGES)))  # simple: the token's scale
-        s_idx = storage.idx_stage.get_tensor(cute.make_layout(self.sched.chunk * bn))  # the split's idx entries
+        s_idx = storage.idx_stage.get_tensor(cute.make_layout(self.sched.chunk * bn))  # a segment's idx entries
+        q_bar = storage.q_mbar.data_ptr()
         k_base = storage.sKV.data_ptr().toint()  # the dequantisers address the slots through k_smem
         pair = self.tile_pair(storage)
         pair.init(self.KV_STAGES, tidx)
 
-        q_pipe = tma_pipeline(storage.q_mbar, 1, self.q_bytes, 4)
+        if tidx == 0:
+            cute.arch.mbarrier_init(q_bar, 1)  # Q's TMA, one arrival and its bytes a segment
         kv_pipe = pipeline.PipelineAsync.create(
             num_stages=self.KV_STAGES,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.plan.producer_threads),
@@ -386,27 +396,21 @@ class Kernel:
         cute.arch.mbarrier_init_fence()
         pair.start()
 
-        has_work = work.tile_begin < work.tile_end
+        # every part holds at least one tile: no CTA is idle
         if warp_idx // 4 >= self.PRODUCER_WG:
             set_registers(self.plan.producer_regs, self.plan.threads)
-            if has_work:
-                self.produce(work, tidx - self.MMA_THREADS, q_pipe, kv_pipe, pair, tma_q, mQ, sQ, k_base, k_smem,
-                             s_mask, s_kscale, s_idx,
-                             KV, idx, topk_length, KV_extra, idx_extra, extra_length)
+            self.produce(part, head_block, tidx - self.MMA_THREADS, kv_pipe, pair, k_base, k_smem,
+                         s_mask, s_kscale, s_idx, KV, idx, topk_length, KV_extra, idx_extra, extra_length)
         else:
             # each MMA warpgroup its own copy of attend, compiled for its own register count
             if warp_idx // 4 == 0:
                 set_registers(self.plan.mma_regs[0], self.plan.threads)
-                if has_work:
-                    self.attend(0, work, tidx, q_pipe, kv_pipe, pair, sQ, sK, sVt, sP, s_row, s_mask,
-                                s_kscale, sink, mO, mLSE, mOp, mLp)
+                self.attend(0, part, head_block, tidx, q_bar, tma_q, mQ, kv_pipe, pair, sQ, sK, sVt, sP, s_row,
+                            s_fin, s_mask, s_kscale, sink, mO, mLSE, mOp, mLp)
             else:
                 set_registers(self.plan.mma_regs[1], self.plan.threads)
-                if has_work:
-                    self.attend(1, work, tidx, q_pipe, kv_pipe, pair, sQ, sK, sVt, sP, s_row, s_mask,
-                                s_kscale, sink, mO, mLSE, mOp, mLp)
-            if not has_work:
-                self.write_empty_split(work, tidx, mOp, mLp)
+                self.attend(1, part, head_block, tidx, q_bar, tma_q, mQ, kv_pipe, pair, sQ, sK, sVt, sP, s_row,
+                            s_fin, s_mask, s_kscale, sink, mO, mLSE, mOp, mLp)
         pair.finish()
 
     def tile_pair(self, storage) -> TilePair:
@@ -418,30 +422,31 @@ class Kernel:
     # Producer: Q by TMA, KV by a gather into registers and the dequantisation
 
     @cute.jit
-    def produce(self, work, ptid, q_pipe, kv_pipe, pair, tma_q, mQ, sQ, k_base, k_smem, s_mask, s_kscale, s_idx,
+    def produce(self, part, head_block, ptid, kv_pipe, pair, k_base, k_smem, s_mask, s_kscale, s_idx,
                 KV, idx, topk_length, KV_extra, idx_extra, extra_length):
-        """The producer threads (`ptid` 0 … producer_threads − 1): Q's row block once (warp 0,
-        TMA), the split's idx entries into shared memory, then every KV tile of the split, a
-        unit (a round of keys) at a time — its keys' bytes loaded into registers a unit ahead,
-        the slot taken, the mask entries written, the pieces dequantised into the slot (and the
-        peer's), the slot committed."""
-        bm = self.BLOCK_M
+        """The producer threads (`ptid` 0 … producer_threads − 1), segment after segment of the
+        part: the segment's idx entries into shared memory, then every KV tile of it, a unit (a
+        round of keys) at a time — its keys' bytes loaded into registers a unit ahead, the slot
+        taken, the mask entries written, the pieces dequantised into the slot (and the peer's),
+        the slot committed.  The slot ring runs on across segments (its state is rebuilt from
+        the tiles of the part before the segment)."""
         pwarp = ptid // 32
         lane = ptid % 32
         rank = pair.rank()
-        if pwarp == 0:
-            gQ = cute.local_tile(mQ, (bm, D), (None, 0))
-            tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, gQ, 2)
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-            q_pipe.producer_acquire(q_state)
-            cute.copy(tma_q, tQgQ[(None, self.sched.row_block(work))], tQsQ[(None, 0)],
-                      tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+        lists = (KV, idx, KV_extra, idx_extra)
+        pieces = self.piece_addresses(k_base, k_smem, self.key_of(rank, 0, 0, pwarp, lane), lane)
+        for k in cutlass.range(self.sched.segments(part), unroll=1):
+            work, before = self.sched.segment(head_block, part, k)
+            self.produce_segment(work, before, ptid, pwarp, lane, rank, kv_pipe, pair, pieces, s_mask, s_kscale,
+                                 s_idx, lists, topk_length, extra_length)
 
+    @cute.jit
+    def produce_segment(self, work, before, ptid, pwarp, lane, rank, kv_pipe, pair, pieces, s_mask, s_kscale, s_idx,
+                        lists, topk_length, extra_length):
+        """One segment's tiles (see produce)."""
         lengths = (cutlass.min(topk_length[work.batch], self.c.topk), cutlass.Int32(0))
         if cutlass.const_expr(self.c.has_extra):
             lengths = (lengths[0], cutlass.min(extra_length[work.batch], self.c.extra_topk))
-        lists = (KV, idx, KV_extra, idx_extra)
-        pieces = self.piece_addresses(k_base, k_smem, self.key_of(rank, 0, 0, pwarp, lane), lane)
         # Two register buffers of one unit (a round of a tile) each: the loads of the next unit
         # are in flight while this one is dequantised.  An iteration takes two units — two
         # tiles of one round in a pair, the two rounds of one tile alone — so the buffers and
@@ -458,7 +463,9 @@ class Kernel:
         # alone (two rounds a tile) the next unit's loads are issued before this unit is
         # dequantised; in a pair (one round) after, which keeps one buffer's registers
         early = R > 1
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.KV_STAGES)
+        # the ring's state after the part's `before` earlier tiles (a producer starts at phase 1)
+        kv_state = pipeline.PipelineState(self.KV_STAGES, before, before % self.KV_STAGES,
+                                          ((before // self.KV_STAGES) % 2) ^ 1)
         for it in cutlass.range(work.tile_begin, work.tile_end, per, unroll=1):
             for u in cutlass.range_constexpr(2):
                 j, r = divmod(u, R)  # this unit: tile it + j, round r
@@ -490,9 +497,10 @@ class Kernel:
 
     @cute.jit
     def stage_entries(self, lists, work, s_idx, ptid):
-        """s_idx[(tile − tile_begin)·BLOCK_N + key] ← the idx entry of every key of the split's
-        tiles (−1 past a list), loaded by all producer threads at once; then the producer
-        threads meet (STAGED).  A tile's keys are judged from there without a global load."""
+        """s_idx[(tile − tile_begin)·BLOCK_N + key] ← the idx entry of every key of the segment's
+        tiles (−1 past a list), loaded by all producer threads at once; the producer threads
+        meet (STAGED) before the stores — every thread is done with the last segment's entries —
+        and after them.  A tile's keys are judged from there without a global load."""
         n = self.sched.chunk * self.BLOCK_N
         per_thread = -(-n // self.plan.producer_threads)
         got = cute.make_rmem_tensor(per_thread, cutlass.Int32)
@@ -505,6 +513,7 @@ class Kernel:
             if cutlass.const_expr(self.c.has_extra):
                 got[e] = cutlass.select_(branch == 0, got[e], self.idx_entry(lists[3], work, pos, self.c.extra_topk,
                                                                             here & (branch == 1)))
+        cute.arch.barrier(barrier_id=STAGED, number_of_threads=self.plan.producer_threads)
         for e in cutlass.range_constexpr(per_thread):
             i = e * self.plan.producer_threads + ptid
             if i < n:
@@ -694,8 +703,13 @@ class Kernel:
     # MMA warpgroups (stage D2's, plus the key mask and the sink)
 
     @cute.jit
-    def attend(self, wg: cutlass.Constexpr[int], work, tidx, q_pipe, kv_pipe, pair, sQ, sK, sVt, sP, s_row, s_mask, s_kscale,
-               sink, mO, mLSE, mOp, mLp):
+    def attend(self, wg: cutlass.Constexpr[int], part, head_block, tidx, q_bar, tma_q, mQ, kv_pipe, pair, sQ, sK,
+               sVt, sP, s_row, s_fin, s_mask, s_kscale, sink, mO, mLSE, mOp, mLp):
+        """An MMA warpgroup, segment after segment of the part: O and the softmax state start
+        afresh, the tiles run as D2's (warpgroup 0 S, softmax, P; both their half of P·V), the
+        epilogue writes O and LSE (a whole sequence, sink included) or a partial.  Warpgroup 0
+        loads Q: the first segment's at the start, the next one's once its last S is done (the
+        KV ring's consumer state is rebuilt from the tiles of the part before a segment)."""
         bm, bn = self.BLOCK_M, self.BLOCK_N
         tid_wg = tidx % 128
         mma_threads = self.MMA_THREADS
@@ -718,105 +732,121 @@ class Kernel:
         tOrV = pv_mma.make_fragment_B(thr_pv.partition_B(sVt))
         o_shape = thr_pv.partition_shape_C((bm, D))
         tOcO_rc = acc_rows_cols(thr_pv.partition_C(cute.make_identity_tensor((bm, D))))
-        tOgO = self.o_destination(work, thr_pv, mO, mOp)
         acc_o = cute.make_rmem_tensor(o_shape, cutlass.Float32)
-        acc_o.fill(0.0)
         acc_o_rc = acc_rows_cols(acc_o)
-
         num_rows = cute.size(tScS_rc, mode=[0])
         num_cols = cute.size(tScS_rc, mode=[1])
-        softmax = OnlineSoftmax.create(num_rows, self.scale_log2)
 
-        kv_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.KV_STAGES)
+        segments = self.sched.segments(part)
         if cutlass.const_expr(wg == 0):
-            q_pipe.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
-
-        for i in cutlass.range(work.tile_end - work.tile_begin, unroll=1):
-            kv_pipe.consumer_wait(kv_cons)
-            pair.consumer_wait(kv_cons)
+            self.load_q(self.sched.segment(head_block, part, 0)[0], tid_wg, q_bar, tma_q, mQ, sQ)
+        for k in cutlass.range(segments, unroll=1):
+            work, before = self.sched.segment(head_block, part, k)
+            complete = self.sched.complete(work)
+            acc_o.fill(0.0)
+            softmax = OnlineSoftmax.create(num_rows, self.scale_log2)
+            kv_cons = pipeline.PipelineState(self.KV_STAGES, before, before % self.KV_STAGES,
+                                             (before // self.KV_STAGES) % 2)
             if cutlass.const_expr(wg == 0):
-                acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-                wgmma_sync(qk_mma, acc_s, tSrQ, tSrK, a_slot=0, b_slot=kv_cons.index, zero_init=True)
-                s_rc = acc_rows_cols(acc_s)
-                for r in cutlass.range_constexpr(num_rows):
-                    for j in cutlass.range_constexpr(num_cols):
-                        key = tScS_rc[r, j][1]
-                        if cutlass.const_expr(self.fmt == "simple"):  # S = (Q·K_e4m3ᵀ) · the key's scale
-                            s_rc[r, j] = s_rc[r, j] * s_kscale[key, kv_cons.index]
-                        s_rc[r, j] = s_rc[r, j] + s_mask[key, kv_cons.index]  # −∞ for an invalid key
-                alpha = softmax.update(s_rc)
-                if cutlass.const_expr(self.fmt == "simple"):  # P·V = (P · the key's scale)·V_e4m3; ℓ keeps P
+                cute.arch.mbarrier_wait(q_bar, k % 2)
+
+            for i in cutlass.range(work.tile_end - work.tile_begin, unroll=1):
+                kv_pipe.consumer_wait(kv_cons)
+                pair.consumer_wait(kv_cons)
+                if cutlass.const_expr(wg == 0):
+                    acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+                    wgmma_sync(qk_mma, acc_s, tSrQ, tSrK, a_slot=0, b_slot=kv_cons.index, zero_init=True)
+                    s_rc = acc_rows_cols(acc_s)
                     for r in cutlass.range_constexpr(num_rows):
                         for j in cutlass.range_constexpr(num_cols):
-                            s_rc[r, j] = s_rc[r, j] * s_kscale[tScS_rc[r, j][1], kv_cons.index]
-                r_p = cute.make_rmem_tensor(s_shape, sP.element_type)
-                r_p.store(acc_s.load().to(sP.element_type))
-                if i > 0:
-                    named_sync(NamedBarrier.P_EMPTY, mma_threads)
-                cute.copy(p_store, thr_p_store.retile(r_p), tPsP)
+                            key = tScS_rc[r, j][1]
+                            if cutlass.const_expr(self.fmt == "simple"):  # S = (Q·K_e4m3ᵀ) · the key's scale
+                                s_rc[r, j] = s_rc[r, j] * s_kscale[key, kv_cons.index]
+                            s_rc[r, j] = s_rc[r, j] + s_mask[key, kv_cons.index]  # −∞ for an invalid key
+                    alpha = softmax.update(s_rc)
+                    if cutlass.const_expr(self.fmt == "simple"):  # P·V = (P · the key's scale)·V_e4m3; ℓ keeps P
+                        for r in cutlass.range_constexpr(num_rows):
+                            for j in cutlass.range_constexpr(num_cols):
+                                s_rc[r, j] = s_rc[r, j] * s_kscale[tScS_rc[r, j][1], kv_cons.index]
+                    r_p = cute.make_rmem_tensor(s_shape, sP.element_type)
+                    r_p.store(acc_s.load().to(sP.element_type))
+                    if i > 0:
+                        named_sync(NamedBarrier.P_EMPTY, mma_threads)
+                    cute.copy(p_store, thr_p_store.retile(r_p), tPsP)
+                    for r in cutlass.range_constexpr(num_rows):
+                        if tScS_rc[r, 0][1] == 0:
+                            s_row[tScS_rc[r, 0][0]] = alpha[r]
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                named_sync(NamedBarrier.P_FULL, mma_threads)
                 for r in cutlass.range_constexpr(num_rows):
-                    if tScS_rc[r, 0][1] == 0:
-                        s_row[tScS_rc[r, 0][0]] = alpha[r]
-                cute.arch.fence_proxy("async.shared", space="cta")
-            named_sync(NamedBarrier.P_FULL, mma_threads)
-            for r in cutlass.range_constexpr(num_rows):
-                scale_rows(acc_o_rc, r, s_row[tOcO_rc[r, 0][0]])
-            wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
-            kv_pipe.consumer_release(kv_cons)
-            pair.consumer_release(kv_cons, tidx % 32)
-            kv_cons.advance()
-            if cutlass.const_expr(wg == 1):
-                named_arrive(NamedBarrier.P_EMPTY, mma_threads)
+                    scale_rows(acc_o_rc, r, s_row[tOcO_rc[r, 0][0]])
+                wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
+                kv_pipe.consumer_release(kv_cons)
+                pair.consumer_release(kv_cons, tidx % 32)
+                kv_cons.advance()
+                if cutlass.const_expr(wg == 1):
+                    named_arrive(NamedBarrier.P_EMPTY, mma_threads)
 
-        if cutlass.const_expr(wg == 0):
-            named_sync(NamedBarrier.P_EMPTY, mma_threads)
-            inv_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
-            lse = cute.make_rmem_tensor(num_rows, cutlass.Float32)
-            softmax.finalize(inv_sum, lse)
+            if cutlass.const_expr(wg == 0):
+                # warpgroup 1's last P·V is done: P, the row factors and (every S being done) Q are free
+                named_sync(NamedBarrier.P_EMPTY, mma_threads)
+                if k + 1 < segments:
+                    self.load_q(self.sched.segment(head_block, part, k + 1)[0], tid_wg, q_bar, tma_q, mQ, sQ)
+                inv_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
+                lse = cute.make_rmem_tensor(num_rows, cutlass.Float32)
+                softmax.finalize(inv_sum, lse)
+                for r in cutlass.range_constexpr(num_rows):
+                    row = tScS_rc[r, 0][0]
+                    if tScS_rc[r, 0][1] == 0:
+                        # a whole sequence takes the sink here; a partial's is the combine's
+                        with_sink = inv_sum[r] * sink_factor(sink[work.head_block * bm + row], lse[r])
+                        s_fin[row] = cutlass.select_(complete, with_sink, inv_sum[r])
+                        self.store_lse(work, complete, row, lse[r], mLSE, mLp)
+            named_sync(NamedBarrier.EPILOGUE, mma_threads)
             for r in cutlass.range_constexpr(num_rows):
-                row = tScS_rc[r, 0][0]
-                if tScS_rc[r, 0][1] == 0:
-                    factor = inv_sum[r]
-                    if cutlass.const_expr(self.splits == 1):  # one split: the sink here
-                        factor = factor * sink_factor(sink[work.head_block * bm + row], lse[r])
-                    s_row[row] = factor
-                    self.store_lse(work, row, lse[r], mLSE, mLp)
-        named_sync(NamedBarrier.EPILOGUE, mma_threads)
-        for r in cutlass.range_constexpr(num_rows):
-            scale_rows(acc_o_rc, r, s_row[tOcO_rc[r, 0][0]])
-        self.store_o(acc_o, tOgO)
+                scale_rows(acc_o_rc, r, s_fin[tOcO_rc[r, 0][0]])
+            if cutlass.const_expr(self.partials):
+                if complete:
+                    self.store_o(acc_o, self.o_destination(tidx, mO, self.sched.row_block(work)))
+                else:
+                    self.store_o(acc_o, self.o_destination(tidx, mOp, self.sched.partial_row_block(work)))
+            else:
+                self.store_o(acc_o, self.o_destination(tidx, mO, self.sched.row_block(work)))
 
     @cute.jit
-    def store_lse(self, work, row, lse, mLSE, mLp):
-        if cutlass.const_expr(self.splits == 1):
+    def load_q(self, work, tid_wg, q_bar, tma_q, mQ, sQ):
+        """Warpgroup 0's first warp: Q's row block of segment `work` by TMA, its bytes counted on
+        q_bar (armed by one thread)."""
+        if tid_wg < 32:
+            gQ = cute.local_tile(mQ, (self.BLOCK_M, D), (None, 0))
+            tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, gQ, 2)
+            if tid_wg == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.q_bytes)
+            cute.copy(tma_q, tQgQ[(None, self.sched.row_block(work))], tQsQ[(None, 0)], tma_bar_ptr=q_bar)
+
+    @cute.jit
+    def store_lse(self, work, complete, row, lse, mLSE, mLp):
+        """A whole sequence's LSE (+∞ for a row with no key) or a partial's (−∞ then)."""
+        if cutlass.const_expr(not self.partials):
             mLSE[self.sched.row_block(work) * self.BLOCK_M + row] = final_lse(lse)
         else:
-            mLp[self.sched.partial_row_block(work) * self.BLOCK_M + row] = lse
+            if complete:
+                mLSE[self.sched.row_block(work) * self.BLOCK_M + row] = final_lse(lse)
+            else:
+                mLp[self.sched.partial_row_block(work) * self.BLOCK_M + row] = lse
 
     @cute.jit
-    def o_destination(self, work, thr_pv, mO, mOp):
-        bm = self.BLOCK_M
-        if cutlass.const_expr(self.splits == 1):
-            return thr_pv.partition_C(cute.local_tile(mO, (bm, D), (self.sched.row_block(work), 0)))
-        return thr_pv.partition_C(cute.local_tile(mOp, (bm, D), (self.sched.partial_row_block(work), 0)))
+    def o_destination(self, tidx, mOut, row_block):
+        """This thread's part of O's 64-row block `row_block` of mOut (O or the partials), as the
+        P·V accumulator holds it (a fresh tiled MMA: the loop's is mutated in its own region)."""
+        _, pv_mma = self.tiled_mmas(cutlass.BFloat16)
+        return pv_mma.get_slice(tidx).partition_C(cute.local_tile(mOut, (self.BLOCK_M, D), (row_block, 0)))
 
     @cute.jit
     def store_o(self, acc_o, tOgO):
         out = cute.make_rmem_tensor(tOgO.shape, tOgO.element_type)
         out.store(acc_o.load().to(tOgO.element_type))
         cute.autovec_copy(out, tOgO)
-
-    @cute.jit
-    def write_empty_split(self, work, tidx, mOp, mLp):
-        """A split with no KV tile: partial O = 0 and LSE = −∞ (the combine ignores it)."""
-        if cutlass.const_expr(self.splits > 1):
-            bm = self.BLOCK_M
-            block = cute.local_tile(mOp, (bm, D), (self.sched.partial_row_block(work), 0))
-            for k in cutlass.range_constexpr(bm * D // self.MMA_THREADS):
-                e = k * self.MMA_THREADS + tidx
-                block[e // D, e % D] = cutlass.Float32(0.0)
-            if tidx < bm:
-                mLp[self.sched.partial_row_block(work) * bm + tidx] = -cutlass.Float32.inf
 
 
 def swizzle_bytes(off, bits: int, base: int, shift: int):

@@ -1,0 +1,75 @@
+"""The combine of a persistent decode launch (stages/common/part_scheduler.py): merge the
+partials of every sequence a part boundary cut, and leave every other row alone.
+
+Row r (rows = (batch, token, head) row-major, `heads` = h_q a sequence) belongs to sequence
+s = r // heads, cut into n(s) = ⌊((s + 1)·T − 1) / L⌋ − ⌊s·T / L⌋ + 1 partials in slots 0 … n − 1
+of the scratch.  n = 1: the kernel wrote the row's O and LSE itself; the combine does not touch
+them.  n > 1: SplitCombine's math (stages/common/combine.py) over those n slots only — the
+LSE-weighted sum, an empty partial (LSE −∞) skipped and never read, a row with no key O = 0 and
+LSE = +∞, the sink applied once to the merged row.  One warp a row, 4 rows a CTA, lane l the
+columns l, l + 32, …
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+from stages.common.combine import LN2, LOG2_E, sink_factor
+
+
+class PartCombine:
+    """GPU combine for a part schedule of `num_tiles` (T) tiles a sequence cut into parts of
+    `part_tiles` (L): o_part (capacity · rows, d) fp32 slot-major, lse_part (capacity · rows,),
+    o (rows, d), lse (rows,) in row order, sink [heads] fp32 (optional)."""
+
+    ROWS_PER_CTA = 4
+    THREADS = 32 * ROWS_PER_CTA
+
+    def __init__(self, rows: int, heads: int, num_tiles: int, part_tiles: int, d: int, sink: bool):
+        if rows % self.ROWS_PER_CTA or d % 32 or rows % heads:
+            raise ValueError(f"PartCombine: rows ({rows}) must be a multiple of {self.ROWS_PER_CTA} and of heads "
+                             f"({heads}), d ({d}) of 32")
+        self.rows, self.heads, self.T, self.L, self.d, self.sink = rows, heads, num_tiles, part_tiles, d, sink
+
+    def launch(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, stream, sink=None):
+        """Call from a @cute.jit host function, after the attention kernel on the same stream."""
+        if (sink is None) == self.sink:
+            raise ValueError("PartCombine: pass a sink tensor exactly when built with sink=True")
+        self.kernel(o_part, lse_part, o, lse, sink if sink is not None else lse).launch(
+            grid=(self.rows // self.ROWS_PER_CTA, 1, 1), block=(self.THREADS, 1, 1), stream=stream
+        )
+
+    @cute.kernel
+    def kernel(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, sink: cute.Tensor):
+        rows, cols = self.rows, self.d // 32
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        lane = tidx % 32
+        row = bidx * self.ROWS_PER_CTA + tidx // 32
+        s = row // self.heads
+        n = ((s + 1) * self.T - 1) // self.L - (s * self.T) // self.L + 1
+        if n > 1:
+            m = -Float32.inf
+            for j in cutlass.range(n, unroll=1):
+                m = cute.arch.fmax(m, lse_part[j * rows + row])
+            acc = cute.make_rmem_tensor(cols, Float32)
+            acc.fill(0.0)
+            total = Float32(0.0)
+            for j in cutlass.range(n, unroll=1):
+                l_j = lse_part[j * rows + row]
+                if l_j != -Float32.inf:  # an empty partial is skipped, never read
+                    w = cute.math.exp2((l_j - m) * LOG2_E, fastmath=True)
+                    total = total + w
+                    for k in cutlass.range_constexpr(cols):
+                        acc[k] = acc[k] + w * o_part[j * rows + row, lane + 32 * k]
+            lonely = total == 0.0
+            inv = 0.0 if lonely else cute.arch.rcp_approx(total)
+            row_lse = -Float32.inf if lonely else m + cute.math.log2(total, fastmath=True) * LN2
+            if cutlass.const_expr(self.sink):
+                inv = inv * sink_factor(sink[row % self.heads], row_lse)
+            for k in cutlass.range_constexpr(cols):
+                o[row, lane + 32 * k] = (acc[k] * inv).to(o.element_type)
+            if lane == 0:
+                lse[row] = Float32.inf if lonely else row_lse

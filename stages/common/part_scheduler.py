@@ -1,0 +1,179 @@
+"""Persistent decode schedule: a few long-lived CTAs ("parts"), each walking a contiguous run
+of the flattened (sequence, KV tile) work — FlashMLA's way of scheduling a decode.
+
+The work of a decode launch: S = s_q · b sequences (one query token of one batch entry; its
+`head_blocks` row blocks of 64 heads walk the same keys), each T KV tiles.  Flatten it
+sequence-major, f = s · T + t (0 ≤ f < S · T), and cut it into parts of L tiles:
+
+    part p owns f ∈ [p · L, min((p + 1) · L, S · T)),   P = ceil(S · T / L) parts
+
+One CTA per (head block, part): grid (head_blocks, P, 1), x fastest, so the two head blocks of
+a part are neighbours (a (2, 1, 1) cluster pairs them; they walk the same keys).  A part cuts
+the sequences it touches into SEGMENTS: segment k of part p is sequence s = ⌊p·L / T⌋ + k, its
+tiles [t₀, t₁) with
+
+    t₀ = max(p · L, s · T) − s · T,     t₁ = min(T, end − s · T),     end = min((p + 1) · L, S · T)
+
+A CTA runs its segments one after the other without ending: its key pipeline goes on from one
+sequence to the next, and nothing is launched twice.  A segment that is a whole sequence
+(t₀ = 0, t₁ = T) writes O and LSE itself (sink included).  Otherwise it writes a PARTIAL, slot
+
+    j = p − ⌊s · T / L⌋            (the sequence's first part writes slot 0)
+
+of the scratch [capacity, rows, d], and `PartCombine` (stages/common/part_combine.py) merges the
+n(s) = ⌊((s + 1) · T − 1) / L⌋ − ⌊s · T / L⌋ + 1 partials of every sequence with n(s) > 1.
+capacity = max_s n(s) ≤ T.  With L a multiple of T no sequence is cut and nothing is combined.
+
+`segment` is the mapping the kernel runs (ints or traced Int32s: only //, %, *, +, min, max),
+so the CPU tests check the kernel's own code.
+
+Part length.  `choose_part_tiles` minimises an estimate in tile units,
+    waves · (L + SEGMENT_COST · most segments of a part)
+        + (COMBINE_COST + SPLIT_COST · cut sequences · head_blocks   if any sequence is cut)
+    waves = ceil(P · head_blocks / sm_count)
+(a segment's fixed cost — its Q load, idx entries and epilogue — about a tile; a cut sequence
+costs its fp32 partials' round trip and the combine's read).  Ties go to the longer part.
+`resolve_part_tiles` maps the test matrix's `splits` axis: an int n cuts every sequence into
+about n parts (L = ceil(T / n): 1 is one sequence a segment, never a partial); "auto" is the
+chooser; "many" is L = 1 (a part per tile: every sequence cut into T partials).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from stages.common.scheduler import MAX_SPLITS, MANY_EXTRA, SM_COUNT, DecodeWork, _max, _min, ceil_div
+
+SEGMENT_COST = 1.0
+SPLIT_COST = 0.04
+COMBINE_COST = 0.5
+
+
+@dataclass(frozen=True)
+class PartGrid:
+    """The persistent launch of a decode kernel (all compile-time ints; see the module doc)."""
+
+    head_blocks: int
+    tokens: int  # s_q
+    batches: int  # b
+    num_tiles: int  # T, KV tiles of one sequence
+    part_tiles: int  # L
+
+    def __post_init__(self) -> None:
+        for name in ("head_blocks", "tokens", "batches", "num_tiles", "part_tiles"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"PartGrid.{name} must be a positive int, got {v!r}")
+
+    @property
+    def sequences(self) -> int:
+        return self.tokens * self.batches
+
+    @property
+    def total(self) -> int:
+        """Tiles of all sequences (S · T)."""
+        return self.sequences * self.num_tiles
+
+    @property
+    def parts(self) -> int:
+        return ceil_div(self.total, self.part_tiles)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.head_blocks, self.parts, 1)
+
+    @property
+    def row_blocks(self) -> int:
+        """Row blocks of the output: head_blocks · S."""
+        return self.head_blocks * self.sequences
+
+    @property
+    def chunk(self) -> int:
+        """The most tiles one segment holds."""
+        return min(self.part_tiles, self.num_tiles)
+
+    def pieces(self, s: int) -> int:
+        """n(s): how many parts sequence s is cut into (1: it is never a partial)."""
+        T, L = self.num_tiles, self.part_tiles
+        return ((s + 1) * T - 1) // L - (s * T) // L + 1
+
+    @property
+    def capacity(self) -> int:
+        """Partial slots a sequence may need (the scratch's first extent)."""
+        return max(self.pieces(s) for s in range(self.sequences))
+
+    @property
+    def cut(self) -> int:
+        """Sequences cut into partials."""
+        return sum(self.pieces(s) > 1 for s in range(self.sequences))
+
+    def segments(self, p):
+        """Segments of part p: the sequences its tiles touch.  Ints or traced."""
+        begin = p * self.part_tiles
+        end = _min(begin + self.part_tiles, self.total)
+        return (end - 1) // self.num_tiles - begin // self.num_tiles + 1
+
+    def segment(self, head_block, p, k):
+        """(work, tiles of the part before it) of segment k of part p for head block
+        `head_block`; work.split is the partial slot j.  Ints or traced."""
+        T = self.num_tiles
+        begin = p * self.part_tiles
+        end = _min(begin + self.part_tiles, self.total)
+        s = begin // T + k
+        start = _max(begin, s * T)
+        t1 = _min(end - s * T, T)
+        work = DecodeWork(head_block, s % self.tokens, s // self.tokens, p - (s * T) // self.part_tiles, start - s * T, t1)
+        return work, start - begin
+
+    def complete(self, w: DecodeWork):
+        """Whether segment w is its whole sequence (it writes O and LSE itself).  Ints or traced."""
+        if isinstance(w.tile_begin, int) and isinstance(w.tile_end, int):
+            return w.tile_begin == 0 and w.tile_end == self.num_tiles
+        return (w.tile_begin == 0) & (w.tile_end == self.num_tiles)
+
+    def row_block(self, w: DecodeWork):
+        """Index of w's 64-row block in O and Q viewed as [b · s_q · h_q / 64] row blocks."""
+        return (w.batch * self.tokens + w.token) * self.head_blocks + w.head_block
+
+    def partial_row_block(self, w: DecodeWork):
+        """Index of w's row block in the partials, [capacity · b · s_q · h_q / 64] (slot-major)."""
+        return w.split * self.row_blocks + self.row_block(w)
+
+
+def part_cost(grid: PartGrid, sm_count: int = SM_COUNT) -> float:
+    """The chooser's estimate of a launch's time, in KV-tile units (see the module doc)."""
+    waves = ceil_div(grid.parts * grid.head_blocks, sm_count)
+    most = max(grid.segments(p) for p in range(grid.parts))
+    cut = grid.cut
+    extra = COMBINE_COST + SPLIT_COST * cut * grid.head_blocks if cut else 0.0
+    return waves * (grid.part_tiles + SEGMENT_COST * most) + extra
+
+
+@lru_cache(maxsize=256)
+def choose_part_tiles(head_blocks: int, tokens: int, batches: int, num_tiles: int, sm_count: int = SM_COUNT) -> int:
+    """The part length L for the launch (the module doc's estimate, over L = 1 … the length at
+    which every part is whole sequences filling the GPU once)."""
+    if min(head_blocks, tokens, batches, num_tiles, sm_count) < 1:
+        raise ValueError("choose_part_tiles: every argument must be positive")
+    seqs = tokens * batches
+    longest = num_tiles * ceil_div(seqs * head_blocks, sm_count)
+    best, best_cost = longest, part_cost(PartGrid(head_blocks, tokens, batches, num_tiles, longest), sm_count)
+    for L in range(longest - 1, 0, -1):
+        cost = part_cost(PartGrid(head_blocks, tokens, batches, num_tiles, L), sm_count)
+        if cost < best_cost:
+            best, best_cost = L, cost
+    return best
+
+
+def resolve_part_tiles(value: Any, *, head_blocks: int, tokens: int, batches: int, num_tiles: int,
+                       sm_count: int = SM_COUNT) -> int:
+    """The part length for the matrix's `splits` value (see the module doc)."""
+    if value == "auto":
+        return choose_part_tiles(head_blocks, tokens, batches, num_tiles, sm_count)
+    if value == "many":
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value > MAX_SPLITS + MANY_EXTRA:
+        raise ValueError(f"splits must be a positive int ≤ {MAX_SPLITS + MANY_EXTRA}, 'auto' or 'many', got {value!r}")
+    return ceil_div(num_tiles, min(value, num_tiles))
