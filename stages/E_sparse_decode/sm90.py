@@ -707,9 +707,11 @@ class Kernel:
                sVt, sP, s_row, s_fin, s_mask, s_kscale, sink, mO, mLSE, mOp, mLp):
         """An MMA warpgroup, segment after segment of the part: O and the softmax state start
         afresh, the tiles run as D2's (warpgroup 0 S, softmax, P; both their half of P·V), the
-        epilogue writes O and LSE (a whole sequence, sink included) or a partial.  Warpgroup 0
-        loads Q: the first segment's at the start, the next one's once its last S is done (the
-        KV ring's consumer state is rebuilt from the tiles of the part before a segment)."""
+        epilogue writes O and LSE (a whole sequence, sink included) or a partial.  Warpgroup 0's
+        first warp loads the next segment's Q once the last S of this one is done (P_FULL of its
+        last tile: every warp of warpgroup 0 is past its S), so the load overlaps that tile's
+        P·V and the epilogue (the first segment's at the start).  The KV ring's
+        consumer state is rebuilt from the tiles of the part before a segment."""
         bm, bn = self.BLOCK_M, self.BLOCK_N
         tid_wg = tidx % 128
         mma_threads = self.MMA_THREADS
@@ -778,6 +780,9 @@ class Kernel:
                             s_row[tScS_rc[r, 0][0]] = alpha[r]
                     cute.arch.fence_proxy("async.shared", space="cta")
                 named_sync(NamedBarrier.P_FULL, mma_threads)
+                if cutlass.const_expr(wg == 0):
+                    if (i == work.tile_end - work.tile_begin - 1) & (k + 1 < segments):
+                        self.load_q(self.sched.segment(head_block, part, k + 1)[0], tid_wg, q_bar, tma_q, mQ, sQ)
                 for r in cutlass.range_constexpr(num_rows):
                     scale_rows(acc_o_rc, r, s_row[tOcO_rc[r, 0][0]])
                 wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
@@ -788,10 +793,7 @@ class Kernel:
                     named_arrive(NamedBarrier.P_EMPTY, mma_threads)
 
             if cutlass.const_expr(wg == 0):
-                # warpgroup 1's last P·V is done: P, the row factors and (every S being done) Q are free
-                named_sync(NamedBarrier.P_EMPTY, mma_threads)
-                if k + 1 < segments:
-                    self.load_q(self.sched.segment(head_block, part, k + 1)[0], tid_wg, q_bar, tma_q, mQ, sQ)
+                named_sync(NamedBarrier.P_EMPTY, mma_threads)  # warpgroup 1's last P·V is done
                 inv_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
                 lse = cute.make_rmem_tensor(num_rows, cutlass.Float32)
                 softmax.finalize(inv_sum, lse)
@@ -815,7 +817,7 @@ class Kernel:
 
     @cute.jit
     def load_q(self, work, tid_wg, q_bar, tma_q, mQ, sQ):
-        """Warpgroup 0's first warp: Q's row block of segment `work` by TMA, its bytes counted on
+        """Warp 0 (tid_wg < 32): Q's row block of segment `work` by TMA, its bytes counted on
         q_bar (armed by one thread)."""
         if tid_wg < 32:
             gQ = cute.local_tile(mQ, (self.BLOCK_M, D), (None, 0))
