@@ -1,5 +1,5 @@
 """Stage E on Hopper (sm_90a): DSV4 decode attention over an FP8 paged cache — sparse indices,
-two branches under one softmax, attention sink, split-KV.
+two branches under one softmax, attention sink, persistent parts.
 
 Math (oracles/sparse_decode.py): per query row (batch, token, head), over the valid keys of the
 main list (idx, topk_length) and the extra/SWA list (idx_extra, extra_length) together,
@@ -7,13 +7,20 @@ main list (idx, topk_length) and the extra/SWA list (idx_extra, extra_length) to
 K = V = the dequantised cache rows, scale = 1/sqrt(512); a row with no valid key: O = 0, LSE = +∞.
 
 What is new in this rung (D2's house otherwise: heads fold into M, 64 heads of one token per
-CTA, split-KV with an LSE combine, K and Vᵀ views of one shared-memory slot)
+CTA, an LSE combine, K and Vᵀ views of one shared-memory slot)
+    Persistent parts (stages/common/part_scheduler.py).  A CTA (a cluster pair at h_q 128) owns
+        L consecutive tiles of the flattened (sequence, tile) work and runs them segment after
+        segment — a segment is one sequence's tiles in the part — without ending: the KV ring
+        goes on, warpgroup 0 loads the next segment's Q during the last tile's P·V.  A whole
+        sequence writes O and LSE; one a part boundary cut writes a partial that
+        stages/common/part_combine.py merges.  L fills the SMs in one wave (b 74, 148 no
+        longer run two).
     The key list.  A CTA walks 64-key tiles of ONE list: the main list padded to whole tiles,
         then the extra list (`tile < main_tiles` picks the branch).  Key k of a tile is list
         position p = 64 · tile' + k; it is valid iff p < topk, p < length[b] and idx[b, t, p] ≠ −1.
         An invalid key is never loaded (garbage past the length may be INT_MAX): its shared-memory
         row is written as zeros and its score is set to −∞ (a per-slot mask in shared memory).
-        The split's idx entries are staged in shared memory once, at the start (stage_entries),
+        A segment's idx entries are staged in shared memory at its start (stage_entries),
         and `key_index` judges an entry when its tile comes.
     Gather into registers (Hopper's TMA cannot gather rows).  A key belongs to 4 producer threads
         of one warp (lane mod 8 the key of the warp's 8, q = lane // 8 the piece): thread q loads
@@ -42,24 +49,25 @@ CTA, split-KV with an LSE combine, K and Vᵀ views of one shared-memory slot)
         cluster_pair.py: the peer's bytes complete a transaction count on the slot's remote_full
         barrier; a slot is refilled once both CTAs' MMA warps released it).  Each CTA writes the
         mask entries of both halves (the threads of piece 1 judge the peer's keys).
-    Sink.  One split: folded into the epilogue's 1/ℓ.  Several: stages/common/combine.py's
-        SplitCombine applies it once, after the merge.
+    Sink.  A whole sequence: folded into the epilogue's 1/ℓ.  A cut one: PartCombine applies it
+        once, after the merge.
 
 Warp roles (384 threads; the WarpPlan's registers, checked by `register_plan`)
-    warpgroup 2   producer: warp 8 loads Q once (TMA); every producer thread gathers and
-                  dequantises its keys of each KV tile            (setmaxnreg.dec 152)
+    warpgroup 2   producer: every producer thread gathers and dequantises its keys of each
+                  KV tile                                               (setmaxnreg.dec 152)
     warpgroup 0   S = Q·K_tileᵀ (m64n64), mask, online softmax (stages/common/softmax.py), P →
-                  shared memory, α per row; then its half of O += P·V   (setmaxnreg.inc 192)
+                  shared memory, α per row; then its half of O += P·V; its warp 0 loads
+                  each segment's Q (TMA)                                (setmaxnreg.inc 192)
     warpgroup 1   its half of O += P·V (O's 512 columns split over the two MMA warpgroups, m64n256
                   wgmmas)                                               (setmaxnreg.dec 160)
     Each MMA warpgroup traces its own copy of `attend`, so ptxas allocates each its own count.
 
 Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of oracles/kvcache.py;
-the split's idx entries fit the shared memory left (4 bytes a key).
+a segment's idx entries fit the shared memory left (4 bytes a key).
 What bounds it (docs/STAGE_E.md): the producer — its loads' latency and the dequantisation of a
 tile, one round behind the other; at h_q = 128 also the MMA chain of a tile (S, softmax, P·V in
-turn).  Not done yet: a persistent scheduler (b 74, 148: two waves), P from registers for
-warpgroup 0's P·V.
+turn; warpgroup 1 waits for warpgroup 0's softmax).  Not done yet: P from registers for
+warpgroup 0's P·V; the next tile's loads in flight in a pair (two buffers spill at 152 registers).
 """
 
 import math
