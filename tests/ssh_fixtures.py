@@ -278,62 +278,21 @@ class Kernel:
         out.copy_(a + b)
 '''
 
-STAGES_YAML = '''\
-version: 1
-stages:
-  FAKE:
-    title: fake add on the CPU
-    dir: stages/fake
-    kernels:
-      cpu: {module: stages.fake.cpu, entry: Kernel}
-    tensors: oracles.fake:tensors
-    inputs: oracles.fake:make_inputs
-    oracle: oracles.fake:reference
-    matrix:
-      n: [4, 8, 16]
-    tolerances:
-      out: {cosine_min: 0.9999}
-    timeout_s: 120
-  NOISY:
-    title: prints to stdout without newlines and forges records
-    dir: stages/noisy
-    kernels:
-      cpu: {module: stages.noisy.cpu, entry: Kernel}
-    tensors: oracles.fake:tensors
-    inputs: oracles.fake:make_inputs
-    oracle: oracles.fake:reference
-    matrix:
-      n: [4, 8, 16]
-    tolerances:
-      out: {cosine_min: 0.9999}
-    timeout_s: 120
-  SLOW:
-    title: a minute per case
-    dir: stages/slow
-    kernels:
-      cpu: {module: stages.slow.cpu, entry: Kernel}
-    tensors: oracles.fake:tensors
-    inputs: oracles.fake:make_inputs
-    oracle: oracles.fake:reference
-    matrix:
-      n: [4, 8, 16]
-    tolerances:
-      out: {cosine_min: 0.9999}
-    timeout_s: 300
-  CRASH:
-    title: kills its own run on the second case
-    dir: stages/crash
-    kernels:
-      cpu: {module: stages.crash.cpu, entry: Kernel}
-    tensors: oracles.fake:tensors
-    inputs: oracles.fake:make_inputs
-    oracle: oracles.fake:reference
-    matrix:
-      n: [4, 8, 16]
-    tolerances:
-      out: {cosine_min: 0.9999}
-    timeout_s: 120
-'''
+def _cpu_stage(name: str, title: str, timeout_s: int) -> str:
+    """A stages.yaml entry of a CPU stage on the fake add oracle."""
+    d = name.lower()
+    return (f"  {name}:\n    title: {title}\n    dir: stages/{d}\n    kernels:\n"
+            f"      cpu: {{module: stages.{d}.cpu, entry: Kernel}}\n    tensors: oracles.fake:tensors\n"
+            f"    inputs: oracles.fake:make_inputs\n    oracle: oracles.fake:reference\n    matrix:\n"
+            f"      n: [4, 8, 16]\n    tolerances:\n      out: {{cosine_min: 0.9999}}\n    timeout_s: {timeout_s}\n")
+
+
+STAGES_YAML = "version: 1\nstages:\n" + "".join(_cpu_stage(*s) for s in (
+    ("FAKE", "fake add on the CPU", 120),
+    ("NOISY", "prints to stdout without newlines and forges records", 120),
+    ("SLOW", "a minute per case", 300),
+    ("CRASH", "kills its own run on the second case", 120),
+))
 
 
 def git(root: Path, *args: str) -> str:

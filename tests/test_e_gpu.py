@@ -56,11 +56,8 @@ def test_lab_catches_a_pair_that_fills_the_wrong_slot(project_root, tmp_path):
 
 
 def test_parts_that_cut_sequences_agree_with_the_oracle(project_root, tmp_path):
-    """The persistent parts (stages/common/part_scheduler.py) across sequence boundaries: with
-    splits = 4 a part is 5 of a sequence's 18 tiles, so parts begin and end inside sequences, a
-    part holds the tail of one and the head of the next, and the combine merges up to 5
-    partials; s2h64_m200bs2_x64bs256 (5 tiles, splits = 2: parts of 3) likewise.  b = 3, the
-    edge scenarios included; every case must pass."""
+    """Persistent parts across sequence boundaries (splits 4: parts of 5 of 18 tiles, up to 5
+    partials a sequence; 5 tiles in parts of 3), edge scenarios included: every case passes."""
     from stages.E_sparse_decode import sm90
 
     spec = load_spec(root=project_root)

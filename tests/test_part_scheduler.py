@@ -12,8 +12,8 @@ from stages.common.part_scheduler import PartGrid, choose_part_tiles, part_cost,
 
 
 def _walk(g: PartGrid, head_block: int = 0):
-    """{(sequence, tile): (part, slot, complete)} from the kernel's segment(), checking each
-    part's segments are contiguous and in order."""
+    """{(sequence, tile): (part, slot, complete)} by the kernel's segment(); each part's
+    segments contiguous and in order."""
     seen = {}
     for p in range(g.parts):
         done = 0
@@ -74,9 +74,8 @@ def test_resolve_maps_the_matrix_values():
 
 @pytest.mark.parametrize("hb", [1, 2])
 def test_the_chooser_fills_the_gpu_and_cuts_only_where_it_pays(hb):
-    """The bench's launches (s_q 2, 18 tiles a sequence): where whole sequences fill the SMs
-    evenly (b 64, 128, 256) nothing is cut; b 74 and 148 (two uneven waves of whole sequences)
-    are cut into parts that fit one wave; the part count never exceeds what runs at once."""
+    """The bench's launches (s_q 2, 18 tiles): whole sequences where they fill the SMs evenly
+    (b 64, 128, 256); cut ones at b 74, 148; never more CTAs than SMs; the estimate's minimum."""
     for b in (2, 64, 74, 128, 148, 256):
         L = choose_part_tiles(hb, 2, b, 18)
         g = PartGrid(hb, 2, b, 18, L)

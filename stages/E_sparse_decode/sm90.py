@@ -427,7 +427,7 @@ class Kernel:
                         self.peer_bytes, self.MMA_THREADS // 32)
 
     # -----------------------------------------------------------------------------------------
-    # Producer: Q by TMA, KV by a gather into registers and the dequantisation
+    # Producer: KV by a gather into registers and the dequantisation
 
     @cute.jit
     def produce(self, part, head_block, ptid, kv_pipe, pair, k_base, k_smem, s_mask, s_kscale, s_idx,
