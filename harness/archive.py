@@ -14,6 +14,9 @@ inline or named by id alike, so `history`, `show` and the dashboard see every re
 before; fresh records, lines that do not parse and lines of stages or archs the spec no longer
 has stay where they are.
 
+`archive_runs` does the same for results/runs.jsonl: the start/end events of runs that no live
+record line names move to results/archive/runs.jsonl.xz, which `read_runs` reads first.
+
 The archive is written first (a temp file, then a rename), then the records file, the same way:
 a crash between the two leaves a line in both places (read twice), never in neither.
 """
@@ -26,7 +29,7 @@ from pathlib import Path
 
 from harness.inventories import InventoryStore
 from harness.jsonl import replace_file
-from harness.records import _read_archive, archive_file, stage_file
+from harness.records import _read_archive, archive_file, runs_archive_file, runs_file, stage_file
 
 
 def _inlined(lines: list[bytes], store: InventoryStore) -> tuple[list[bytes], int]:
@@ -104,6 +107,36 @@ def archive_stale(root: Path, stage_id: str, current_src: dict[str, str]) -> tup
     archive = archive_file(path)
     lines, _ = _inlined(_old_lines(archive) + move, InventoryStore(archive.parent.parent))
     _write_archive(archive, lines)
+    text = b"\n".join(keep) + (b"\n" if keep else b"")
+    replace_file(path, text)
+    return len(move), len(data) - len(text)
+
+
+def archive_runs(root: Path, live: set[str]) -> tuple[int, int]:
+    """Move the events of results/runs.jsonl whose run id is not in `live` (the runs the live
+    records name) to the end of results/archive/runs.jsonl.xz; a line that does not parse or
+    names no run stays. Returns (lines moved, bytes runs.jsonl lost)."""
+    path = runs_file(root)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return 0, 0
+    keep: list[bytes] = []
+    move: list[bytes] = []
+    for raw in data.split(b"\n"):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            obj = None
+        run = obj.get("run") if isinstance(obj, dict) else None
+        (move if isinstance(run, str) and run not in live else keep).append(raw)
+    if not move:
+        return 0, 0
+    archive = runs_archive_file(root)
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    _write_archive(archive, _old_lines(archive) + move)
     text = b"\n".join(keep) + (b"\n" if keep else b"")
     replace_file(path, text)
     return len(move), len(data) - len(text)

@@ -10,6 +10,7 @@ Files (all under results/, committed):
                           (harness/archive.py; older lines may name ids in the store); readers
                           read it as the older part of records/<stage>.jsonl
   runs.jsonl              one line when a run starts and one when it ends (or is interrupted)
+  archive/runs.jsonl.xz   the events of runs no live record names, compressed
   notes.jsonl             annotations of runs (`dsv4-lab note RUN "text"`)
 
 Reading is forgiving but strict about shape: a truncated, corrupt or wrongly typed line is
@@ -324,12 +325,25 @@ def append_event(path: Path, obj: dict) -> None:
         a.close()
 
 
+def runs_archive_file(root: Path) -> Path:
+    """Where the events of runs no live record names are kept, compressed (harness/archive.py)."""
+    return results_dir(root) / "archive" / "runs.jsonl.xz"
+
+
 def read_runs(root: Path, warn: list[str] | None = None) -> dict[str, dict]:
-    """run id -> merged start/end events."""
+    """run id -> merged start/end events; the archive's (older) lines first, then runs.jsonl."""
     runs: dict[str, dict] = {}
-    for _, ev in iter_jsonl(runs_file(root), warn):
-        if isinstance(ev, dict) and isinstance(ev.get("run"), str):
-            runs.setdefault(ev["run"], {}).update(ev)
+    archive = runs_archive_file(root)
+    sources: list[tuple[Path, bytes | None]] = []
+    if archive.exists():
+        data = _read_archive(archive, warn)
+        if data is not None:
+            sources.append((archive, data))
+    sources.append((runs_file(root), None))
+    for path, data in sources:
+        for _, ev in iter_jsonl(path, warn, False, data):
+            if isinstance(ev, dict) and isinstance(ev.get("run"), str):
+                runs.setdefault(ev["run"], {}).update(ev)
     return runs
 
 

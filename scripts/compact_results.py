@@ -1,6 +1,7 @@
 """Upkeep of the notebook's size (the tracked tree must stay small enough to carry to a GPU
 machine): move the records' inline instruction inventories into the store, move stale records
-into results/archive/<stage>.jsonl.xz (their inventories inline), rewrite the store
+into results/archive/<stage>.jsonl.xz (their inventories inline) and the events of runs no live
+line names into results/archive/runs.jsonl.xz, rewrite the store
 results/inventories.jsonl.xz as one xz stream holding only the inventories a line still names
 (an older notebook's plain results/inventories.jsonl is folded in and removed), and trim compile
 baselines to what the gate compares (harness/inventories.py, harness/archive.py,
@@ -21,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness import baselines  # noqa: E402
-from harness.archive import archive_stale, inline_archive  # noqa: E402
+from harness.archive import archive_runs, archive_stale, inline_archive  # noqa: E402
 from harness.identity import source_hash  # noqa: E402
 from harness.inventories import InventoryStore, StoreAppender, compact_file, refs, rewrite_store  # noqa: E402
 from harness.paths import records_dir, results_dir  # noqa: E402
@@ -73,7 +74,19 @@ def main(root: Path, force: bool = False) -> int:
             continue
         if moved:
             print(f"results/records/{stage.id}.jsonl: {moved} stale lines archived, {saved} bytes saved")
+    live_runs = {obj["run"] for path in sorted(records_dir(root).glob("*.jsonl"))
+                 for _, obj in iter_jsonl(path) if isinstance(obj, dict) and isinstance(obj.get("run"), str)}
+    try:
+        moved, saved = archive_runs(root, live_runs)
+    except OSError as exc:
+        print(f"warning: {exc}", file=sys.stderr)
+        problems += 1
+    else:
+        if moved:
+            print(f"results/runs.jsonl: {moved} events of runs no live record names archived, {saved} bytes saved")
     for path in sorted((results_dir(root) / "archive").glob("*" + ARCHIVE_SUFFIX)):
+        if path.name == "runs" + ARCHIVE_SUFFIX:
+            continue
         before = path.stat().st_size
         try:
             inlined = inline_archive(root, path.name[:-len(ARCHIVE_SUFFIX)])

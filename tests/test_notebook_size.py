@@ -304,3 +304,29 @@ def test_a_reader_loads_the_store_once_per_file_not_once_per_record(tmp_path, mo
     monkeypatch.setattr(inventories.InventoryStore, "_load", lambda self: calls.append(1) or real(self))
     got = read_records(tmp_path, ["A"], [])
     assert [r.compile["inv"] for r in got] == [INV] * 5 and len(calls) == 1
+
+
+def test_runs_no_live_record_names_move_to_the_archive_and_read_back(tmp_path):
+    from harness.archive import archive_runs
+    from harness.records import append_event, read_runs, runs_archive_file, runs_file
+
+    path = runs_file(tmp_path)
+    path.parent.mkdir(parents=True)
+    for run in ("old1", "live", "old2"):
+        append_event(path, {"run": run, "t": "t0", "event": "start", "cases": 3})
+        append_event(path, {"run": run, "t": "t1", "event": "end", "counts": {"pass": 3}})
+    with path.open("a") as fh:
+        fh.write("not json\n")
+    before = read_runs(tmp_path)
+    assert archive_runs(tmp_path, {"live"})[0] == 4
+    assert read_runs(tmp_path) == before  # nothing lost, start and end still merged
+    kept = path.read_text().splitlines()
+    assert kept[-1] == "not json" and all('"live"' in x for x in kept[:-1]) and len(kept) == 3
+    assert archive_runs(tmp_path, {"live"}) == (0, 0)  # idempotent
+    append_event(path, {"run": "old1", "event": "note"})  # a later line of an archived run wins
+    assert archive_runs(tmp_path, set())[0] == 3
+    assert read_runs(tmp_path)["old1"]["event"] == "note" and read_runs(tmp_path)["live"] == before["live"]
+    runs_archive_file(tmp_path).write_bytes(b"garbage")
+    warn: list[str] = []
+    read_runs(tmp_path, warn)
+    assert any("not an xz archive" in w for w in warn)  # a bad archive costs a warning, not a crash
