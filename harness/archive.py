@@ -79,10 +79,10 @@ def inline_archive(root: Path, stage_id: str) -> int:
     return changed
 
 
-def archive_stale(root: Path, stage_id: str, current_src: dict[str, str]) -> tuple[int, int]:
-    """Move the stale lines of one stage's records file into its archive. `current_src` maps
-    arch -> the stage's source hash now. Returns (lines moved, bytes the records file lost)."""
-    path = stage_file(root, stage_id)
+def _move_lines(path: Path, archive: Path, moves, store: InventoryStore | None = None) -> tuple[int, int]:
+    """Move the lines of `path` for which `moves(obj)` holds (obj: the parsed line, None when it
+    does not parse) to the end of `archive` — with their inventory ids inlined from `store` when
+    given — archive first, then the file. Returns (lines moved, bytes the file lost)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -96,47 +96,40 @@ def archive_stale(root: Path, stage_id: str, current_src: dict[str, str]) -> tup
             obj = json.loads(raw)
         except ValueError:
             obj = None
-        arch = obj.get("arch") if isinstance(obj, dict) else None
-        src = (obj.get("code") or {}).get("src") if isinstance(obj, dict) and isinstance(obj.get("code"), dict) else None
-        if isinstance(arch, str) and arch in current_src and isinstance(src, str) and src != current_src[arch]:
-            move.append(raw)
-        else:
-            keep.append(raw)
+        (move if moves(obj) else keep).append(raw)
     if not move:
         return 0, 0
-    archive = archive_file(path)
-    lines, _ = _inlined(_old_lines(archive) + move, InventoryStore(archive.parent.parent))
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    lines = _old_lines(archive) + move
+    if store is not None:
+        lines, _ = _inlined(lines, store)
     _write_archive(archive, lines)
     text = b"\n".join(keep) + (b"\n" if keep else b"")
     replace_file(path, text)
     return len(move), len(data) - len(text)
 
 
+def archive_stale(root: Path, stage_id: str, current_src: dict[str, str]) -> tuple[int, int]:
+    """Move the stale lines of one stage's records file into its archive. `current_src` maps
+    arch -> the stage's source hash now. Returns (lines moved, bytes the records file lost)."""
+
+    def stale(obj) -> bool:
+        arch = obj.get("arch") if isinstance(obj, dict) else None
+        code = obj.get("code") if isinstance(obj, dict) else None
+        src = code.get("src") if isinstance(code, dict) else None
+        return isinstance(arch, str) and arch in current_src and isinstance(src, str) and src != current_src[arch]
+
+    path = stage_file(root, stage_id)
+    archive = archive_file(path)
+    return _move_lines(path, archive, stale, InventoryStore(archive.parent.parent))
+
 def archive_runs(root: Path, live: set[str]) -> tuple[int, int]:
     """Move the events of results/runs.jsonl whose run id is not in `live` (the runs the live
     records name) to the end of results/archive/runs.jsonl.xz; a line that does not parse or
     names no run stays. Returns (lines moved, bytes runs.jsonl lost)."""
-    path = runs_file(root)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return 0, 0
-    keep: list[bytes] = []
-    move: list[bytes] = []
-    for raw in data.split(b"\n"):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            obj = None
+
+    def dead(obj) -> bool:
         run = obj.get("run") if isinstance(obj, dict) else None
-        (move if isinstance(run, str) and run not in live else keep).append(raw)
-    if not move:
-        return 0, 0
-    archive = runs_archive_file(root)
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    _write_archive(archive, _old_lines(archive) + move)
-    text = b"\n".join(keep) + (b"\n" if keep else b"")
-    replace_file(path, text)
-    return len(move), len(data) - len(text)
+        return isinstance(run, str) and run not in live
+
+    return _move_lines(runs_file(root), runs_archive_file(root), dead)
