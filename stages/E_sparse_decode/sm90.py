@@ -309,8 +309,8 @@ class Kernel:
         ).launch(grid=self.sched.grid, block=(self.plan.threads, 1, 1), smem=Smem.size_in_bytes(), stream=stream, **cluster)
 
         if cutlass.const_expr(self.partials):
-            PartCombine(rows, c.h_q, self.sched.num_tiles, self.sched.part_tiles, D, sink=True).launch(
-                mOp, mLp, mO, mLSE, stream, sink=sink)
+            PartCombine(rows, c.h_q, self.sched.num_tiles, self.sched.part_tiles, D).launch(
+                mOp, mLp, mO, mLSE, sink, stream)
 
     def tiled_mmas(self, dtype):
         """S = Q·Kᵀ (m64 × BLOCK_N, one warpgroup) and O += P·V (O's columns over the two MMA
@@ -471,9 +471,7 @@ class Kernel:
         # alone (two rounds a tile) the next unit's loads are issued before this unit is
         # dequantised; in a pair (one round) after, which keeps one buffer's registers
         early = R > 1
-        # the ring's state after the part's `before` earlier tiles (a producer starts at phase 1)
-        kv_state = pipeline.PipelineState(self.KV_STAGES, before, before % self.KV_STAGES,
-                                          ((before // self.KV_STAGES) % 2) ^ 1)
+        kv_state = _ring_state(self.KV_STAGES, before, producer=True)
         for it in cutlass.range(work.tile_begin, work.tile_end, per, unroll=1):
             for u in cutlass.range_constexpr(2):
                 j, r = divmod(u, R)  # this unit: tile it + j, round r
@@ -755,8 +753,7 @@ class Kernel:
             complete = self.sched.complete(work)
             acc_o.fill(0.0)
             softmax = OnlineSoftmax.create(num_rows, self.scale_log2)
-            kv_cons = pipeline.PipelineState(self.KV_STAGES, before, before % self.KV_STAGES,
-                                             (before // self.KV_STAGES) % 2)
+            kv_cons = _ring_state(self.KV_STAGES, before, producer=False)
             if cutlass.const_expr(wg == 0):
                 cute.arch.mbarrier_wait(q_bar, k % 2)
 
@@ -815,13 +812,7 @@ class Kernel:
             named_sync(NamedBarrier.EPILOGUE, mma_threads)
             for r in cutlass.range_constexpr(num_rows):
                 scale_rows(acc_o_rc, r, s_fin[tOcO_rc[r, 0][0]])
-            if cutlass.const_expr(self.partials):
-                if complete:
-                    self.store_o(acc_o, self.o_destination(tidx, mO, self.sched.row_block(work)))
-                else:
-                    self.store_o(acc_o, self.o_destination(tidx, mOp, self.sched.partial_row_block(work)))
-            else:
-                self.store_o(acc_o, self.o_destination(tidx, mO, self.sched.row_block(work)))
+            self.store_o(acc_o, tidx, work, complete, mO, mOp)
 
     @cute.jit
     def load_q(self, work, tid_wg, q_bar, tma_q, mQ, sQ):
@@ -837,27 +828,39 @@ class Kernel:
     @cute.jit
     def store_lse(self, work, complete, row, lse, mLSE, mLp):
         """A whole sequence's LSE (+∞ for a row with no key) or a partial's (−∞ then)."""
-        if cutlass.const_expr(not self.partials):
-            mLSE[self.sched.row_block(work) * self.BLOCK_M + row] = final_lse(lse)
-        else:
+        if cutlass.const_expr(self.partials):
             if complete:
                 mLSE[self.sched.row_block(work) * self.BLOCK_M + row] = final_lse(lse)
             else:
                 mLp[self.sched.partial_row_block(work) * self.BLOCK_M + row] = lse
+        else:  # every segment is a whole sequence
+            mLSE[self.sched.row_block(work) * self.BLOCK_M + row] = final_lse(lse)
 
     @cute.jit
-    def o_destination(self, tidx, mOut, row_block):
-        """This thread's part of O's 64-row block `row_block` of mOut (O or the partials), as the
-        P·V accumulator holds it (a fresh tiled MMA: the loop's is mutated in its own region)."""
+    def store_o(self, acc_o, tidx, work, complete, mO, mOp):
+        """A whole sequence's O (bf16) or a partial's (fp32), from the scaled accumulator."""
+        if cutlass.const_expr(self.partials):
+            if complete:
+                self.store_block(acc_o, tidx, mO, self.sched.row_block(work))
+            else:
+                self.store_block(acc_o, tidx, mOp, self.sched.partial_row_block(work))
+        else:  # every segment is a whole sequence
+            self.store_block(acc_o, tidx, mO, self.sched.row_block(work))
+
+    @cute.jit
+    def store_block(self, acc_o, tidx, mOut, row_block):
+        """acc_o, converted, into 64-row block `row_block` of mOut (O or the partials), partitioned
+        as the P·V accumulator holds it (a fresh tiled MMA: the loop's is mutated in its own region)."""
         _, pv_mma = self.tiled_mmas(cutlass.BFloat16)
-        return pv_mma.get_slice(tidx).partition_C(cute.local_tile(mOut, (self.BLOCK_M, D), (row_block, 0)))
+        dst = pv_mma.get_slice(tidx).partition_C(cute.local_tile(mOut, (self.BLOCK_M, D), (row_block, 0)))
+        out = cute.make_rmem_tensor(dst.shape, dst.element_type)
+        out.store(acc_o.load().to(dst.element_type))
+        cute.autovec_copy(out, dst)
 
-    @cute.jit
-    def store_o(self, acc_o, tOgO):
-        out = cute.make_rmem_tensor(tOgO.shape, tOgO.element_type)
-        out.store(acc_o.load().to(tOgO.element_type))
-        cute.autovec_copy(out, tOgO)
-
+def _ring_state(stages: int, count, producer: bool):
+    """The KV ring's pipeline state after `count` tiles (traced): slot count mod stages, phase
+    the parity of count // stages — flipped for the producer, whose first wait passes."""
+    return pipeline.PipelineState(stages, count, count % stages, ((count // stages) % 2) ^ (1 if producer else 0))
 
 def swizzle_bytes(off, bits: int, base: int, shift: int):
     """A shared-memory swizzle S<bits, base, shift> applied to a BYTE offset (as the swizzle of

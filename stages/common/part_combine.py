@@ -22,22 +22,21 @@ from stages.common.combine import LN2, LOG2_E, sink_factor
 class PartCombine:
     """GPU combine for a part schedule of `num_tiles` (T) tiles a sequence cut into parts of
     `part_tiles` (L): o_part (capacity · rows, d) fp32 slot-major, lse_part (capacity · rows,),
-    o (rows, d), lse (rows,) in row order, sink [heads] fp32 (optional)."""
+    o (rows, d), lse (rows,) in row order, sink [heads] fp32 (−∞: no sink)."""
 
     ROWS_PER_CTA = 4
     THREADS = 32 * ROWS_PER_CTA
 
-    def __init__(self, rows: int, heads: int, num_tiles: int, part_tiles: int, d: int, sink: bool):
+    def __init__(self, rows: int, heads: int, num_tiles: int, part_tiles: int, d: int):
         if rows % self.ROWS_PER_CTA or d % 32 or rows % heads:
             raise ValueError(f"PartCombine: rows ({rows}) must be a multiple of {self.ROWS_PER_CTA} and of heads "
                              f"({heads}), d ({d}) of 32")
-        self.rows, self.heads, self.T, self.L, self.d, self.sink = rows, heads, num_tiles, part_tiles, d, sink
+        self.rows, self.heads, self.T, self.L, self.d = rows, heads, num_tiles, part_tiles, d
 
-    def launch(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, stream, sink=None):
+    def launch(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, sink: cute.Tensor,
+               stream):
         """Call from a @cute.jit host function, after the attention kernel on the same stream."""
-        if (sink is None) == self.sink:
-            raise ValueError("PartCombine: pass a sink tensor exactly when built with sink=True")
-        self.kernel(o_part, lse_part, o, lse, sink if sink is not None else lse).launch(
+        self.kernel(o_part, lse_part, o, lse, sink).launch(
             grid=(self.rows // self.ROWS_PER_CTA, 1, 1), block=(self.THREADS, 1, 1), stream=stream
         )
 
@@ -67,8 +66,7 @@ class PartCombine:
             lonely = total == 0.0
             inv = 0.0 if lonely else cute.arch.rcp_approx(total)
             row_lse = -Float32.inf if lonely else m + cute.math.log2(total, fastmath=True) * LN2
-            if cutlass.const_expr(self.sink):
-                inv = inv * sink_factor(sink[row % self.heads], row_lse)
+            inv = inv * sink_factor(sink[row % self.heads], row_lse)
             for k in cutlass.range_constexpr(cols):
                 o[row, lane + 32 * k] = (acc[k] * inv).to(o.element_type)
             if lane == 0:
