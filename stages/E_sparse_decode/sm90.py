@@ -134,8 +134,8 @@ def _kv_layouts(dtype, block_n: int, stages: int, slice_n: int):
     bytes (stage D2's construction: the swizzle atom of one warpgroup's O slice, keys first), and
     the byte strides of 8 keys (the swizzle atom's height) and of 64 columns (its width) the
     dequantisers step by."""
-    k_kind = sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, dtype, slice_n)
-    v_kind = sm90_utils.get_smem_layout_atom(utils.LayoutEnum.COL_MAJOR, dtype, slice_n)
+    k_kind = warpgroup.SmemLayoutAtomKind.K_INTER
+    v_kind = warpgroup.SmemLayoutAtomKind.MN_INTER
     k_layout = cute.tile_to_shape(warpgroup.make_smem_layout_atom(k_kind, dtype), (block_n, D, stages), order=(0, 1, 2))
     vt_layout = cute.tile_to_shape(warpgroup.make_smem_layout_atom(v_kind, dtype), (D, block_n, stages), order=(1, 0, 2))
     if k_layout.inner.num_base < 4:  # the dequantisers store whole 16-byte pieces (slot_offset)
