@@ -34,15 +34,16 @@ CTA, an LSE combine, K and Vᵀ views of one shared-memory slot)
     Dequantise on the CUDA cores, into one of two 64-key bf16 slots while the MMA warpgroups work
         on the other: e4m3 → bf16 by bit moves and exact bf16x2 multiplies by the piece's power-
         of-two scale (stages/common/e4m3_bits.py; one multiply, the same bits, when a warp's vote
-        finds every scale ≤ 2^7), two 16-byte stores a piece into the swizzled K tile at
-        addresses precomputed per thread (piece_addresses).  Scales: model1 — e8m0 byte p of the
+        finds every scale ≤ 2^7), two 16-byte stores a piece into the K tile at addresses
+        precomputed per thread (piece_addresses; the tile is in no-swizzle 8 × 8 atoms, so the
+        8 keys of one store instruction fill 128 contiguous bytes, here and in the peer).  Scales: model1 — e8m0 byte p of the
         token's 7 (the rope is copied as it is); v4.1 — e8m0 byte 2·p + q // 2 of 16.  simple —
         the e4m3 values go to bf16 unscaled (exact) and the token's fp32 scale to `s_kscale`: the
         MMA warpgroups apply it to S's column (S = Q·K_e4m3ᵀ · scale) and to P's (P·V = (P ·
         scale)·V_e4m3) in fp32, after ℓ has summed P, so simple's LSE carries no bf16 rounding of
         the scaled value.  The writes are made visible to the tensor cores (fence.proxy.async)
         before the slot's barrier is arrived on (a PipelineAsync: every producer thread arrives,
-        256 MMA threads release).
+        one lane of each MMA warp releases).
     Two CTAs share every tile (h_q a multiple of 128).  The two head blocks of one token walk the
         same keys, so they run as a (2, 1, 1) cluster and each dequantises half of every tile (32
         keys) and st.asyncs each piece into the peer's slot as well (stages/common/
@@ -66,8 +67,9 @@ Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of
 a segment's idx entries fit the shared memory left (4 bytes a key).
 What bounds it (docs/STAGE_E.md): the producer — its loads' latency and the dequantisation of a
 tile, one round behind the other; at h_q = 128 also the MMA chain of a tile (S, softmax, P·V in
-turn; warpgroup 1 waits for warpgroup 0's softmax).  Not done yet: P from registers for
-warpgroup 0's P·V; the next tile's loads in flight in a pair (two buffers spill at 152 registers).
+turn; warpgroup 1 waits for warpgroup 0's softmax).  Tried and lost (docs/STAGE_E.md): P from
+registers for warpgroup 0's P·V; the next tile's loads in flight in a pair (two buffers spill at
+152 registers).
 """
 
 import math
@@ -131,9 +133,11 @@ def set_registers(regs: int, threads: int) -> None:
 
 def _kv_layouts(dtype, block_n: int, stages: int, slice_n: int):
     """K (block_n, D, stages) K-major and Vᵀ (D, block_n, stages) MN-major views of the same slot
-    bytes (stage D2's construction: the swizzle atom of one warpgroup's O slice, keys first), and
-    the byte strides of 8 keys (the swizzle atom's height) and of 64 columns (its width) the
-    dequantisers step by."""
+    bytes, tiled keys first from no-swizzle (INTER) 8 × 8 atoms: a key's 8 columns are 16 bytes
+    and 8 consecutive keys' 16 bytes of the same columns are 128 contiguous ones — what one
+    store instruction of the producer writes, locally and by st.async into the peer (with D2's
+    128-byte swizzle the peer's pieces scatter over 8 rows: 127 vs 115 µs at b 64, h_q 128).
+    Also the byte strides of 8 keys and of 64 columns the dequantisers step by."""
     k_kind = warpgroup.SmemLayoutAtomKind.K_INTER
     v_kind = warpgroup.SmemLayoutAtomKind.MN_INTER
     k_layout = cute.tile_to_shape(warpgroup.make_smem_layout_atom(k_kind, dtype), (block_n, D, stages), order=(0, 1, 2))
@@ -397,7 +401,7 @@ class Kernel:
         kv_pipe = pipeline.PipelineAsync.create(
             num_stages=self.KV_STAGES,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.plan.producer_threads),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.MMA_THREADS),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.MMA_THREADS // 32),  # a lane a warp
             barrier_storage=storage.kv_mbar.data_ptr(),
             defer_sync=True,
         )
@@ -791,8 +795,10 @@ class Kernel:
                 for r in cutlass.range_constexpr(num_rows):
                     scale_rows(acc_o_rc, r, s_row[tOcO_rc[r, 0][0]])
                 wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
-                kv_pipe.consumer_release(kv_cons)
-                pair.consumer_release(kv_cons, tidx % 32)
+                cute.arch.sync_warp()  # every lane's wgmma reads of the slot are done
+                if tidx % 32 == 0:  # the slot's empty barriers count warps
+                    kv_pipe.consumer_release(kv_cons)
+                    pair.consumer_release(kv_cons)
                 kv_cons.advance()
                 if cutlass.const_expr(wg == 1):
                     named_arrive(NamedBarrier.P_EMPTY, mma_threads)

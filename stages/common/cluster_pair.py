@@ -110,17 +110,16 @@ class TilePair:
             cute.arch.mbarrier_wait(self.remote_full + state.index, state.phase)
 
     @cute.jit
-    def consumer_release(self, state, lane):
-        """After the pipeline's consumer_release, once per consumer warp: tell the peer's
-        producer this CTA is done with slot state.index."""
+    def consumer_release(self, state):
+        """Beside the pipeline's consumer_release, by one lane of each consumer warp once the
+        warp's reads of slot state.index are done (the caller syncs the warp): tell the peer's
+        producer this CTA is done with the slot."""
         if cutlass.const_expr(self.enabled):
-            cute.arch.sync_warp()
-            if lane == 0:
-                # relaxed: the warp's reads of the slot (wgmma) are complete and nothing it wrote
-                # is published; a release at cluster scope costs a MEMBAR.ALL.GPU per tile (ncu:
-                # 15 % of the MMA warps' stall samples)
-                cute.arch.mbarrier_arrive(self.remote_empty + state.index, peer_cta_rank_in_cluster=self.rank() ^ 1,
-                                          relaxed=True, scope=nvvm.MemScopeKind.CLUSTER)
+            # relaxed: the warp's reads of the slot (wgmma) are complete and nothing it wrote
+            # is published; a release at cluster scope costs a MEMBAR.ALL.GPU per tile (ncu:
+            # 15 % of the MMA warps' stall samples)
+            cute.arch.mbarrier_arrive(self.remote_empty + state.index, peer_cta_rank_in_cluster=self.rank() ^ 1,
+                                      relaxed=True, scope=nvvm.MemScopeKind.CLUSTER)
 
     @cute.jit
     def store16(self, addr, words, state):
