@@ -83,11 +83,13 @@ def _ptx(project_root, tmp_path, monkeypatch, cfgs, fmt):
 
 def test_the_gather_loads_into_registers(project_root, tmp_path, monkeypatch):
     """Compiled for sm_90a: the keys' bytes come by predicated read-only 128-bit loads into
-    registers (an invalid key is never read), the scales as whole words (their bytes are shifted
-    and masked — CuTeDSL once loaded a Uint8 with ld.global.s8, and `byte << 23` negated every
-    scale ≥ 2), nothing by cp.async (no staging ring)."""
+    registers with the 256-byte L2 prefetch (an invalid key is never read), the scales as whole
+    words without it (their bytes lie apart from the row; they are shifted and masked — CuTeDSL
+    once loaded a Uint8 with ld.global.s8, and `byte << 23` negated every scale ≥ 2), nothing by
+    cp.async (no staging ring)."""
     ptx, _ = _ptx(project_root, tmp_path, monkeypatch, ["s1h64_m96bs64"], "model1")["s1h64_m96bs64"]
-    assert "@p ld.global.nc.L2::256B.v4.b32" in ptx and "@p ld.global.nc.L2::256B.v2.b32" in ptx
+    assert "@p ld.global.nc.L2::256B.v4.b32" in ptx and "@p ld.global.nc.v2.b32" in ptx
+    assert "ld.global.nc.L2::256B.v2.b32" not in ptx
     assert "ld.global.s8" not in ptx and "ld.shared.s8" not in ptx
     assert "cp.async.cg" not in ptx and "cp.async.ca" not in ptx and "cp.async.wait" not in ptx
 

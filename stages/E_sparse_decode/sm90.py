@@ -623,7 +623,7 @@ class Kernel:
         if cutlass.const_expr(self.fmt == "model1"):
             for h in cutlass.range_constexpr(2):
                 self.load16(raw, 7 + h, token + 448 + 16 * q + 64 * h, valid)
-            w = ldg_or(block + block_size * 576 + off * 8, valid, 2)
+            w = ldg_or(block + block_size * 576 + off * 8, valid, 2, prefetch=False)
             sc[0, 0], sc[1, 0] = w[0], w[1]
         elif cutlass.const_expr(self.fmt == "v4.1"):
             w = ldg_or(token + D, valid, 4)
@@ -634,7 +634,7 @@ class Kernel:
                 b_s, o_s = block, off
                 if cutlass.const_expr(s > 0):
                     b_s, o_s = _token_block(base, keys[r, s], block_size, block_bytes)
-                sc[0, s] = ldg_or(b_s + block_size * D + o_s * 4, keys[r, s] != -1, 1)[0]
+                sc[0, s] = ldg_or(b_s + block_size * D + o_s * 4, keys[r, s] != -1, 1, prefetch=False)[0]
 
     @cute.jit
     def load16(self, raw, p, addr, valid):

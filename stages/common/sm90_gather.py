@@ -8,8 +8,10 @@ cache bytes, −1 for an idx entry).  No branch per key, so ptxas interleaves th
 thread's keys; a zero e4m3 byte converts to 0 under any scale (stages/common/e4m3_bits.py) and
 model1's zero rope bf16 are 0, so an invalid key's row is zeros and its score is masked to −∞.
 
-`ld.global.nc` (read-only path) with an L2 prefetch of 256 bytes: the 4 threads of a key read 64
-consecutive bytes of it per instruction and the rest of its 576 bytes follows.
+`ld.global.nc` (read-only path), by default with an L2 prefetch of 256 bytes: the 4 threads of
+a key read 64 consecutive bytes of it per instruction and the rest of its 576 bytes follows.  A
+key's scale bytes, apart from its row (model1, simple), are loaded without it: for a token
+picked at random the 256 bytes around its 8 are other tokens' scales.
 """
 
 from __future__ import annotations
@@ -23,16 +25,17 @@ _VEC = {1: "", 2: ".v2", 4: ".v4"}
 
 
 @dsl_user_op
-def ldg_or(addr, valid, words: int, fill: int = 0, *, loc=None, ip=None) -> tuple[Int32, ...]:
+def ldg_or(addr, valid, words: int, fill: int = 0, prefetch: bool = True, *, loc=None, ip=None) -> tuple[Int32, ...]:
     """`words` (1, 2 or 4) 32-bit words from the global byte address `addr` (aligned to 4 ·
-    words) when `valid`, else `fill` in each, nothing read."""
+    words) when `valid`, else `fill` in each, nothing read; `prefetch`: with the L2 prefetch
+    of the 256 bytes around them."""
     outs = ", ".join(f"${i}" for i in range(words))
     body = "".join(f"mov.b32 ${i}, {fill};\n" for i in range(words))
     operand = outs if words == 1 else "{" + outs + "}"
     asm = ("{\n.reg .pred p;\n"
            f"setp.ne.b32 p, ${words + 1}, 0;\n"
            + body +
-           f"@p ld.global.nc.L2::256B{_VEC[words]}.b32 {operand}, [${words}];\n}}")
+           f"@p ld.global.nc{'.L2::256B' if prefetch else ''}{_VEC[words]}.b32 {operand}, [${words}];\n}}")
     res_type = T.i32() if words == 1 else llvm.StructType.get_literal([T.i32()] * words)
     res = llvm.inline_asm(
         res_type,
