@@ -94,6 +94,16 @@ def test_the_gather_loads_into_registers(project_root, tmp_path, monkeypatch):
     assert "cp.async.cg" not in ptx and "cp.async.ca" not in ptx and "cp.async.wait" not in ptx
 
 
+def test_more_parts_than_the_grid_holds_are_refused():
+    """A part per tile ("many") runs along grid.y, at most 65 535: a launch past it is refused at
+    construction with the reason, not left to fail at launch."""
+    T = 18  # s2h64_m128bs256_x1024bs64: 2 + 16 tiles a sequence
+    fits = 65535 // (2 * T)
+    sm90.Kernel(b=fits, config="s2h64_m128bs256_x1024bs64", kv_format="model1", splits="many")
+    with pytest.raises(ValueError, match="65535 rows"):
+        sm90.Kernel(b=fits + 1, config="s2h64_m128bs256_x1024bs64", kv_format="model1", splits="many")
+
+
 def test_two_head_blocks_share_their_tiles_in_a_cluster():
     """h_q = 128: the two head blocks of a token form a (2, 1, 1) cluster and each dequantises
     half of every 64-key tile (32 keys: one round of 4 producer warps, 8 keys a warp, 4 threads a

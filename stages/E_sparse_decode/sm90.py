@@ -65,11 +65,13 @@ Warp roles (384 threads; the WarpPlan's registers, checked by `register_plan`)
 
 Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of oracles/kvcache.py;
 a segment's idx entries fit the shared memory left (4 bytes a key).
-What bounds it (docs/STAGE_E.md): the producer — its loads' latency and the dequantisation of a
-tile, one round behind the other; at h_q = 128 also the MMA chain of a tile (S, softmax, P·V in
-turn; warpgroup 1 waits for warpgroup 0's softmax).  Tried and lost (docs/STAGE_E.md): P from
-registers for warpgroup 0's P·V; the next tile's loads in flight in a pair (two buffers spill at
-152 registers).
+What bounds it (docs/STAGE_E.md, ablations at b 64): at h_q = 128 the MMA chain of a tile — S
+(m64n64, both operands from shared memory), softmax, P, P·V in turn, warpgroup 1 waiting for
+warpgroup 0's softmax — about 98 of its 113 µs alone, the producer's loads and the peer's
+st.async beside it the rest; at h_q = 64 the producer's loads (71 µs, 54 without them).  Tried
+and lost (docs/STAGE_E.md): P from registers for warpgroup 0's P·V; two tile buffers in a pair
+(spills at 152 registers) or each piece refilled as it is stored; S(i) issued before
+P(i−1)·V(i−1); L2 prefetch of later tiles; the producer held back until S is done.
 """
 
 import math
@@ -101,6 +103,7 @@ from stages.common.softmax import OnlineSoftmax, final_lse, scale_rows
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile
 
 _SMEM_LIMIT = 227 * 1024
+_GRID_Y = 65535  # a launch grid's y extent at most (the parts run along it)
 
 
 def register_plan(threads: int, plan: list[tuple[int, int]]) -> str | None:
@@ -240,6 +243,9 @@ class Kernel:
         part_tiles = resolve_part_tiles(splits, head_blocks=head_blocks, tokens=c.s_q, batches=b,
                                         num_tiles=num_tiles, sm_count=sm_count)
         self.sched = PartGrid(head_blocks, c.s_q, b, num_tiles, part_tiles)
+        if self.sched.parts > _GRID_Y:
+            raise ValueError(f"stage E sm90: {self.sched.parts} parts of {part_tiles} tiles exceed the launch grid's "
+                             f"{_GRID_Y} rows (grid.y); use fewer splits (auto, or an int)")
         self.splits = self.sched.capacity  # partial slots a sequence may fill (1: nothing is combined)
         self.partials = self.splits > 1
         self.rows = b * c.s_q * c.h_q
