@@ -169,6 +169,34 @@ def test_the_pair_exchanges_tiles_by_st_async(project_root, tmp_path, monkeypatc
         assert not re.search(r"\bbar\.(sync|arrive)\s+[123],", ptx)
 
 
+def test_a_producer_store_fills_128_contiguous_bytes(monkeypatch):
+    """The KV slots are in no-swizzle 8 × 8 atoms: the 8 keys one store instruction covers (lane
+    mod 8, the same 8 columns) land in 128 contiguous bytes, so the pair's st.async to the peer
+    moves whole 128-byte runs (with D2's 128-byte swizzle they scattered over 8 rows: 127 vs
+    115 µs at b 64, h_q 128); each key's 8 columns are one 16-byte piece."""
+    import cutlass
+    import cutlass.cute as cute
+
+    got = {}
+
+    @cute.jit
+    def trace():
+        k, _, key8, col64 = sm90._kv_layouts(cutlass.BFloat16, 64, 2, 256)
+        got["key8"], got["col64"] = key8, col64
+        got["at"] = {(key, col): sm90.slot_offset(k, key, col, 0)
+                     for key in range(16) for col in (0, 7, 8, 16, 64, 448)}
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    trace()
+    at = got["at"]
+    for col in (0, 8, 16, 64, 448):
+        for key in range(16):
+            assert at[(key, col)] == at[(key - key % 8, col)] + 16 * (key % 8), (key, col)
+        assert at[(key, col)] % 16 == 0
+    assert all(at[(key, 7)] == at[(key, 0)] + 14 for key in range(16))  # a key's 8 columns: one piece
+    assert got["key8"] == 128
+
+
 def test_slot_offsets_swizzle_bytes_not_elements():
     """The dequantisers address K's slots by hand (slot_offset): SW128 permutes the eight 16-byte
     pieces of a 128-byte row by the row's index mod 8, on BYTE offsets.  Applied to bf16 element
