@@ -123,6 +123,7 @@ def archive_stale(root: Path, stage_id: str, current_src: dict[str, str]) -> tup
     archive = archive_file(path)
     return _move_lines(path, archive, stale, InventoryStore(archive.parent.parent))
 
+
 def archive_runs(root: Path, live: set[str]) -> tuple[int, int]:
     """Move the events of results/runs.jsonl whose run id is not in `live` (the runs the live
     records name) to the end of results/archive/runs.jsonl.xz; a line that does not parse or

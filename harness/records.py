@@ -330,6 +330,13 @@ def runs_archive_file(root: Path) -> Path:
     return results_dir(root) / "archive" / "runs.jsonl.xz"
 
 
+def record_archives(root: Path) -> list[Path]:
+    """The archives of stale record lines, results/archive/<stage>.jsonl.xz (not the runs' events
+    archive beside them), sorted."""
+    runs = runs_archive_file(root)
+    return [p for p in sorted((results_dir(root) / "archive").glob("*.jsonl.xz")) if p != runs]
+
+
 def read_runs(root: Path, warn: list[str] | None = None) -> dict[str, dict]:
     """run id -> merged start/end events; the archive's (older) lines first, then runs.jsonl."""
     runs: dict[str, dict] = {}

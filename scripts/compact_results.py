@@ -26,7 +26,7 @@ from harness.archive import archive_runs, archive_stale, inline_archive  # noqa:
 from harness.identity import source_hash  # noqa: E402
 from harness.inventories import InventoryStore, StoreAppender, compact_file, refs, rewrite_store  # noqa: E402
 from harness.paths import records_dir, results_dir  # noqa: E402
-from harness.records import _read_archive, iter_jsonl  # noqa: E402
+from harness.records import _read_archive, iter_jsonl, record_archives  # noqa: E402
 from harness.spec import load_spec  # noqa: E402
 
 ARCHIVE_SUFFIX = ".jsonl.xz"
@@ -43,7 +43,7 @@ def named_ids(root: Path) -> set[str] | None:
     for path in sorted(records_dir(root).glob("*.jsonl")):
         for _, obj in iter_jsonl(path):
             ids |= refs(obj)
-    for path in sorted((results_dir(root) / "archive").glob("*" + ARCHIVE_SUFFIX)):
+    for path in record_archives(root):
         data = _read_archive(path, None)
         if data is None:
             return None
@@ -84,9 +84,7 @@ def main(root: Path, force: bool = False) -> int:
     else:
         if moved:
             print(f"results/runs.jsonl: {moved} events of runs no live record names archived, {saved} bytes saved")
-    for path in sorted((results_dir(root) / "archive").glob("*" + ARCHIVE_SUFFIX)):
-        if path.name == "runs" + ARCHIVE_SUFFIX:
-            continue
+    for path in record_archives(root):
         before = path.stat().st_size
         try:
             inlined = inline_archive(root, path.name[:-len(ARCHIVE_SUFFIX)])

@@ -323,6 +323,10 @@ def test_runs_no_live_record_names_move_to_the_archive_and_read_back(tmp_path):
     kept = path.read_text().splitlines()
     assert kept[-1] == "not json" and all('"live"' in x for x in kept[:-1]) and len(kept) == 3
     assert archive_runs(tmp_path, {"live"}) == (0, 0)  # idempotent
+    from harness.records import archive_file, record_archives, stage_file
+    stage_archive = archive_file(stage_file(tmp_path, "A"))
+    stage_archive.write_bytes(b"")
+    assert record_archives(tmp_path) == [stage_archive]  # the runs' archive is not a stage's
     append_event(path, {"run": "old1", "event": "note"})  # a later line of an archived run wins
     assert archive_runs(tmp_path, set())[0] == 3
     assert read_runs(tmp_path)["old1"]["event"] == "note" and read_runs(tmp_path)["live"] == before["live"]
