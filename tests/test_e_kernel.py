@@ -181,8 +181,8 @@ def test_a_producer_store_fills_128_contiguous_bytes(monkeypatch):
 
     @cute.jit
     def trace():
-        k, _, key8, col64 = sm90._kv_layouts(cutlass.BFloat16, 64, 2, 256)
-        got["key8"], got["col64"] = key8, col64
+        k, _, key8, _ = sm90._kv_layouts(cutlass.BFloat16, 64, 2, 256)
+        got["key8"] = key8
         got["at"] = {(key, col): sm90.slot_offset(k, key, col, 0)
                      for key in range(16) for col in (0, 7, 8, 16, 64, 448)}
 
@@ -192,13 +192,14 @@ def test_a_producer_store_fills_128_contiguous_bytes(monkeypatch):
     for col in (0, 8, 16, 64, 448):
         for key in range(16):
             assert at[(key, col)] == at[(key - key % 8, col)] + 16 * (key % 8), (key, col)
-        assert at[(key, col)] % 16 == 0
+            assert at[(key, col)] % 16 == 0, (key, col)
     assert all(at[(key, 7)] == at[(key, 0)] + 14 for key in range(16))  # a key's 8 columns: one piece
     assert got["key8"] == 128
 
 
 def test_slot_offsets_swizzle_bytes_not_elements():
-    """The dequantisers address K's slots by hand (slot_offset): SW128 permutes the eight 16-byte
+    """The dequantisers address K's slots by hand (slot_offset, which applies the layout's swizzle —
+    none for today's no-swizzle atoms, D2's SW128 before): SW128 permutes the eight 16-byte
     pieces of a 128-byte row by the row's index mod 8, on BYTE offsets.  Applied to bf16 element
     offsets (a ComposedLayout called as a function) it moves 32-byte groups by a 256-byte period —
     the first pair run failed 96/96 that way (cosine 0.39–0.63)."""

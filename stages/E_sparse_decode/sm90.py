@@ -869,10 +869,12 @@ class Kernel:
         out.store(acc_o.load().to(dst.element_type))
         cute.autovec_copy(out, dst)
 
+
 def _ring_state(stages: int, count, producer: bool):
     """The KV ring's pipeline state after `count` tiles (traced): slot count mod stages, phase
     the parity of count // stages — flipped for the producer, whose first wait passes."""
     return pipeline.PipelineState(stages, count, count % stages, ((count // stages) % 2) ^ (1 if producer else 0))
+
 
 def swizzle_bytes(off, bits: int, base: int, shift: int):
     """A shared-memory swizzle S<bits, base, shift> applied to a BYTE offset (as the swizzle of
