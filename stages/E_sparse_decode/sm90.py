@@ -95,6 +95,7 @@ from stages.common.fp8_cache import D, cache_block_bytes
 from stages.common.inspection import expose
 from stages.common.part_combine import PartCombine
 from stages.common.part_scheduler import PartGrid, resolve_part_tiles
+from stages.common.quad_store import check_accumulator_layout, store_accumulator_wide
 from stages.common.scheduler import SM_COUNT
 from stages.common.sm90_gather import ldg_or
 from stages.common.sm90_idioms import acc_rows_cols, wgmma_sync
@@ -288,6 +289,10 @@ class Kernel:
         mLp = cute.make_tensor(LSE_part.iterator, cute.make_layout(cap * rows))
 
         qk_mma, pv_mma = self.tiled_mmas(dtype)
+        # O's wide stores (store_whole) rely on the accumulator's layout: one warp of each
+        # warpgroup and a lane of every other warp
+        check_accumulator_layout(pv_mma, (bm, D), list(range(32)) + [45, 77, 109] + list(range(128, 160)) + [205, 237],
+                                 D // self.NUM_MMA_WG)
         q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, bn, D), dtype, 1)
         k_smem, vt_smem, self.key8_bytes, self.col64_bytes = _kv_layouts(dtype, bn, self.KV_STAGES, D // self.NUM_MMA_WG)
         p_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, D, bn), dtype, 1)
@@ -853,11 +858,19 @@ class Kernel:
         """A whole sequence's O (bf16) or a partial's (fp32), from the scaled accumulator."""
         if cutlass.const_expr(self.partials):
             if complete:
-                self.store_block(acc_o, tidx, mO, self.sched.row_block(work))
+                self.store_whole(acc_o, tidx, mO, self.sched.row_block(work))
             else:
                 self.store_block(acc_o, tidx, mOp, self.sched.partial_row_block(work))
         else:  # every segment is a whole sequence
-            self.store_block(acc_o, tidx, mO, self.sched.row_block(work))
+            self.store_whole(acc_o, tidx, mO, self.sched.row_block(work))
+
+    @cute.jit
+    def store_whole(self, acc_o, tidx, mO, row_block):
+        """acc_o as bf16 into 64-row block `row_block` of O by 16-byte stores, each thread's
+        words transposed across its quad (stages/common/quad_store.py; a quarter of the store
+        instructions of store_block, which bounded the epilogue)."""
+        base = mO.iterator.toint() + cutlass.Int64(row_block) * (self.BLOCK_M * D * 2)
+        store_accumulator_wide(acc_o, tidx, base, D * 2, (tidx // 128) * (D // self.NUM_MMA_WG))
 
     @cute.jit
     def store_block(self, acc_o, tidx, mOut, row_block):

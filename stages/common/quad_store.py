@@ -1,0 +1,100 @@
+"""Wide global stores of a wgmma accumulator (an epilogue's O, bf16).
+
+The m64nNk16 accumulator gives thread t of a warpgroup (warp w = t // 32, lane l = t % 32,
+q = l % 4 its place in the row's quad) the values
+
+    rows  16·w + l // 4  and  + 8          (h = 0, 1)
+    cols  8·g + 2·q + e                     (g = 0 … N/8 − 1 the 8-column group, e = 0, 1)
+
+in register order i = e + 2·h + 4·g (`check_accumulator_layout` proves it at trace time).  As
+bf16 a thread's two columns of one row and one group are one 32-bit word, w(h, g) = word 2·g + h,
+and the four threads of a quad hold the four words — 16 contiguous bytes — of each (row, group).
+Stored as they are, one warp instruction writes 4 bytes a thread into 8 rows (64 store
+instructions a thread for a 64 × 256 half of O; ncu: the epilogue's stores bound it).
+
+Transposed across the quad, 4 groups at a time, thread q holds all four words of group
+4·b + q, i.e. 16 contiguous bytes, and a warp instruction writes 64 contiguous bytes into each of
+8 rows: a quarter of the instructions.  `quad_transpose` is that 4 × 4 transpose over the quad
+(word i of thread s ↦ word s of thread i) in two butterfly steps: step `bit` swaps 2 × 2 blocks —
+of threads s, s ⊕ bit and words i, i ⊕ bit — so that after it word i of thread s is word
+(i & ~bit) | (s & bit) of thread (s & ~bit) | (i & bit); after bits 1 and 2 it is word s of
+thread i.  Each step is one shuffle (xor bit) and two selects per pair of words.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import cutlass
+import cutlass.cute as cute
+
+
+def quad_transpose(words: Sequence[Any], q: Any, shfl: Callable[[Any, int], Any],
+                   sel: Callable[[Any, Any, Any], Any]) -> list:
+    """Word i of quad thread s → word s of thread i (see the module doc).  `q`: this thread's
+    place in its quad (0 … 3); `shfl(v, bit)`: v of the thread whose place is q ⊕ bit;
+    `sel(c, a, b)`: a where c, else b.  Plain values (the CPU test runs the four threads as
+    numpy lanes) or traced ones (the kernel: a butterfly shuffle and select_)."""
+    a = list(words)
+    if len(a) != 4:
+        raise ValueError(f"quad_transpose takes 4 words, got {len(a)}")
+    for bit in (1, 2):
+        low = (q & bit) == 0
+        for i in (0, 1, 2, 3):
+            if i & bit:
+                continue
+            send = sel(low, a[i + bit], a[i])
+            got = shfl(send, bit)
+            a[i], a[i + bit] = sel(low, a[i], got), sel(low, got, a[i + bit])
+    return a
+
+
+def accumulator_coordinate(t: int, i: int, col0: int = 0) -> tuple[int, int]:
+    """(row, column) of register i of warpgroup thread t in an m64nN accumulator (the module
+    doc's formula); `col0` the first column of the tiled MMA's slice the thread's warpgroup owns."""
+    w, lane = (t % 128) // 32, t % 32
+    e, h, g = i % 2, (i // 2) % 2, i // 4
+    return 16 * w + lane // 4 + 8 * h, col0 + 8 * g + 2 * (lane % 4) + e
+
+
+def check_accumulator_layout(tiled_mma, tile_mn: tuple[int, int], threads: Sequence[int], cols_per_warpgroup: int) -> None:
+    """Trace time: every register of each of `threads` in `tiled_mma`'s C fragment over `tile_mn`
+    sits at `accumulator_coordinate` (warpgroup k's columns start at k · cols_per_warpgroup), or
+    ValueError."""
+    ident = cute.make_identity_tensor(tile_mn)
+    for t in threads:
+        coords = tiled_mma.get_slice(t).partition_C(ident)
+        for i in range(cute.size(coords)):
+            want = accumulator_coordinate(t, i, (t // 128) * cols_per_warpgroup)
+            if tuple(coords[i]) != want:
+                raise ValueError(f"accumulator register {i} of thread {t} is at {tuple(coords[i])}, "
+                                 f"the wide store assumes {want}")
+
+
+def _shfl(v, bit: int):
+    return cute.arch.shuffle_sync_bfly(v, offset=bit)
+
+
+@cute.jit
+def store_accumulator_wide(acc: cute.Tensor, tidx, row_base_addr, row_bytes: cutlass.Constexpr[int],
+                           col0) -> None:
+    """Store this thread's accumulator (fp32, the module doc's layout) as bf16 rows: row r of the
+    block at byte address row_base_addr + r · row_bytes, its warpgroup's columns from `col0`;
+    16-byte stores after `quad_transpose` (every lane of the warp takes part)."""
+    lane = tidx % 32
+    q = lane % 4
+    row0 = (tidx % 128) // 32 * 16 + lane // 4
+    vals = cute.make_rmem_tensor(acc.shape, cutlass.BFloat16)
+    vals.store(acc.load().to(cutlass.BFloat16))
+    words = cute.recast_tensor(vals, cutlass.Int32)  # word 2·g + h: row h, group g
+    groups = cute.size(words) // 2
+    out = cute.make_rmem_tensor(4, cutlass.Int32)
+    for h in cutlass.range_constexpr(2):
+        for blk in cutlass.range_constexpr(groups // 4):
+            got = quad_transpose([words[2 * (4 * blk + i) + h] for i in range(4)], q, _shfl, cutlass.select_)
+            for i in cutlass.range_constexpr(4):
+                out[i] = got[i]
+            addr = row_base_addr + cutlass.Int64((row0 + 8 * h) * row_bytes + (col0 + 8 * (4 * blk + q)) * 2)
+            dst = cute.make_tensor(cute.make_ptr(cutlass.Int32, addr, cute.AddressSpace.gmem, assumed_align=16),
+                                   cute.make_layout(4))
+            cute.autovec_copy(out, dst)
