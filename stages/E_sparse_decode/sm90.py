@@ -36,8 +36,9 @@ CTA, an LSE combine, K and Vᵀ views of one shared-memory slot)
         of-two scale (stages/common/e4m3_bits.py; one multiply, the same bits, when a warp's vote
         finds every scale ≤ 2^7), two 16-byte stores a piece into the K tile at addresses
         precomputed per thread (piece_addresses; the tile is in no-swizzle 8 × 8 atoms, so the
-        8 keys of one store instruction fill 128 contiguous bytes, here and in the peer).  Scales: model1 — e8m0 byte p of the
-        token's 7 (the rope is copied as it is); v4.1 — e8m0 byte 2·p + q // 2 of 16.  simple —
+        8 keys of one store instruction fill 128 contiguous bytes, here and in the peer).
+        Scales: model1 — e8m0 byte p of the token's 7 (the rope is copied as it is); v4.1 —
+        e8m0 byte 2·p + q // 2 of 16.  simple —
         the e4m3 values go to bf16 unscaled (exact) and the token's fp32 scale to `s_kscale`: the
         MMA warpgroups apply it to S's column (S = Q·K_e4m3ᵀ · scale) and to P's (P·V = (P ·
         scale)·V_e4m3) in fp32, after ℓ has summed P, so simple's LSE carries no bf16 rounding of
@@ -57,21 +58,26 @@ Warp roles (384 threads; the WarpPlan's registers, checked by `register_plan`)
     warpgroup 2   producer: every producer thread gathers and dequantises its keys of each
                   KV tile                                               (setmaxnreg.dec 152)
     warpgroup 0   S = Q·K_tileᵀ (m64n64), mask, online softmax (stages/common/softmax.py), P →
-                  shared memory, α per row; then its half of O += P·V; its warp 0 loads
-                  each segment's Q (TMA)                                (setmaxnreg.inc 192)
-    warpgroup 1   its half of O += P·V (O's 512 columns split over the two MMA warpgroups, m64n256
-                  wgmmas)                                               (setmaxnreg.dec 160)
+                  shared memory, α per row; then its half of O += P·V with P from its own
+                  registers (S's accumulator converted: an RS wgmma, _check_p_in_registers);
+                  its warp 0 loads each segment's Q (TMA)               (setmaxnreg.inc 192)
+    warpgroup 1   its half of O += P·V, P from shared memory (O's 512 columns split over the two
+                  MMA warpgroups, m64n256 wgmmas)                       (setmaxnreg.dec 160)
     Each MMA warpgroup traces its own copy of `attend`, so ptxas allocates each its own count.
+    The epilogue: a whole sequence's O leaves by 16-byte stores, each thread's bf16 words
+    transposed across its quad (stages/common/quad_store.py); 4-byte stores straight from the
+    accumulator took ~14k cycles a segment, a sixth of the time at b 64.
 
 Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of oracles/kvcache.py;
 a segment's idx entries fit the shared memory left (4 bytes a key).
-What bounds it (docs/STAGE_E.md, ablations at b 64): at h_q = 128 the MMA chain of a tile — S
-(m64n64, both operands from shared memory), softmax, P, P·V in turn, warpgroup 1 waiting for
-warpgroup 0's softmax — about 98 of its 113 µs alone, the producer's loads and the peer's
-st.async beside it the rest; at h_q = 64 the producer's loads (71 µs, 54 without them).  Tried
-and lost (docs/STAGE_E.md): P from registers for warpgroup 0's P·V; two tile buffers in a pair
-(spills at 152 registers) or each piece refilled as it is stored; S(i) issued before
-P(i−1)·V(i−1); L2 prefetch of later tiles; the producer held back until S is done.
+What bounds it (docs/STAGE_E.md: ablations and a cycle timeline at b 64): at h_q = 128 the MMA
+chain of a tile — S (m64n64, both operands from shared memory: shared-memory bound, ~1.3k
+cycles), softmax and the O rescale (~1.4k), P, P·V (~1.1k) in turn, warpgroup 1 waiting for
+warpgroup 0's softmax — the producer's loads and the peer's st.async beside it; at h_q = 64 the
+producer's loads.  Tried and lost (docs/STAGE_E.md): two tile buffers in a pair (spills at 152
+registers) or each piece refilled as it is stored; S(i) issued before P(i−1)·V(i−1); warpgroup
+1's P·V held until the next S is issued or done; S as 2 or 4 narrower wgmmas; L2 prefetch of
+later tiles; the producer held back until S is done.
 """
 
 import math
@@ -99,7 +105,7 @@ from stages.common.quad_store import check_accumulator_layout, store_accumulator
 from stages.common.scheduler import SM_COUNT
 from stages.common.sm90_gather import ldg_or
 from stages.common.sm90_idioms import acc_rows_cols, wgmma_sync
-from stages.common.unaligned_barriers import STAGED, named_arrive, named_sync
+from stages.common.unaligned_barriers import Q_FREE, STAGED, named_arrive, named_sync
 from stages.common.softmax import OnlineSoftmax, final_lse, scale_rows
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile
 
@@ -289,10 +295,11 @@ class Kernel:
         mLp = cute.make_tensor(LSE_part.iterator, cute.make_layout(cap * rows))
 
         qk_mma, pv_mma = self.tiled_mmas(dtype)
-        # O's wide stores (store_whole) rely on the accumulator's layout: one warp of each
+        # O's wide stores (store_block) rely on the accumulator's layout: one warp of each
         # warpgroup and a lane of every other warp
         check_accumulator_layout(pv_mma, (bm, D), list(range(32)) + [45, 77, 109] + list(range(128, 160)) + [205, 237],
                                  D // self.NUM_MMA_WG)
+        _check_p_in_registers(*self.tiled_mmas(dtype, p_in_registers=True), (bm, bn))
         q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, bn, D), dtype, 1)
         k_smem, vt_smem, self.key8_bytes, self.col64_bytes = _kv_layouts(dtype, bn, self.KV_STAGES, D // self.NUM_MMA_WG)
         p_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, D, bn), dtype, 1)
@@ -327,10 +334,11 @@ class Kernel:
             PartCombine(rows, c.h_q, self.sched.num_tiles, self.sched.part_tiles, D).launch(
                 mOp, mLp, mO, mLSE, sink, stream)
 
-    def tiled_mmas(self, dtype):
+    def tiled_mmas(self, dtype, p_in_registers: bool = False):
         """S = Q·Kᵀ (m64 × BLOCK_N, one warpgroup) and O += P·V (O's columns over the two MMA
-        warpgroups, pv_n a wgmma).  Made afresh where they are used: each MMA warpgroup traces
-        its own copy of `attend`, and a tiled MMA caches values of the first trace."""
+        warpgroups, pv_n a wgmma; P from registers — warpgroup 0's, which made it — or from
+        shared memory).  Made afresh where they are used: each MMA warpgroup traces its own
+        copy of `attend`, and a tiled MMA caches values of the first trace."""
         qk_mma = sm90_utils.make_trivial_tiled_mma(
             dtype, dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, cutlass.Float32,
             (1, 1, 1), tiler_mn=(self.BLOCK_M, self.BLOCK_N),
@@ -338,6 +346,7 @@ class Kernel:
         pv_mma = sm90_utils.make_trivial_tiled_mma(
             dtype, dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, cutlass.Float32,
             (1, self.NUM_MMA_WG, 1), tiler_mn=(self.BLOCK_M, self.plan.pv_n),
+            a_source=warpgroup.OperandSource.RMEM if p_in_registers else warpgroup.OperandSource.SMEM,
         )
         return qk_mma, pv_mma
 
@@ -727,16 +736,17 @@ class Kernel:
     def attend(self, wg: cutlass.Constexpr[int], part, head_block, tidx, q_bar, tma_q, mQ, kv_pipe, pair, sQ, sK,
                sVt, sP, s_row, s_fin, s_mask, s_kscale, sink, mO, mLSE, mOp, mLp):
         """An MMA warpgroup, segment after segment of the part: O and the softmax state start
-        afresh, the tiles run as D2's (warpgroup 0 S, softmax, P; both their half of P·V), the
-        epilogue writes O and LSE (a whole sequence, sink included) or a partial.  Warpgroup 0's
-        first warp loads the next segment's Q once the last S of this one is done (P_FULL of its
-        last tile: every warp of warpgroup 0 is past its S), so the load overlaps that tile's
-        P·V and the epilogue (the first segment's at the start).  The KV ring's
+        afresh, the tiles run as D2's (warpgroup 0 S, softmax, P — stored for warpgroup 1, kept
+        in registers for its own P·V; both their half of P·V), the epilogue writes O and LSE (a
+        whole sequence, sink included) or a partial.  Warpgroup 0 arrives at P_FULL without
+        waiting; its first warp loads the next segment's Q once every warp of warpgroup 0 is
+        past the last S of this one (Q_FREE), so the load overlaps that tile's P·V and the
+        epilogue (the first segment's at the start).  The KV ring's
         consumer state is rebuilt from the tiles of the part before a segment."""
         bm, bn = self.BLOCK_M, self.BLOCK_N
         tid_wg = tidx % 128
         mma_threads = self.MMA_THREADS
-        qk_mma, pv_mma = self.tiled_mmas(sQ.element_type)
+        qk_mma, pv_mma = self.tiled_mmas(sQ.element_type, p_in_registers=wg == 0)
 
         thr_qk = qk_mma.get_slice(tid_wg)
         tSrQ = qk_mma.make_fragment_A(thr_qk.partition_A(sQ))
@@ -751,7 +761,8 @@ class Kernel:
         expose(self, p_store=(p_store, qk_mma, (bm, bn), (bm, bn)))
 
         thr_pv = pv_mma.get_slice(tidx)
-        tOrP = pv_mma.make_fragment_A(thr_pv.partition_A(sP))
+        if cutlass.const_expr(wg == 1):
+            tOrP = pv_mma.make_fragment_A(thr_pv.partition_A(sP))
         tOrV = pv_mma.make_fragment_B(thr_pv.partition_B(sVt))
         o_shape = thr_pv.partition_shape_C((bm, D))
         tOcO_rc = acc_rows_cols(thr_pv.partition_C(cute.make_identity_tensor((bm, D))))
@@ -790,22 +801,30 @@ class Kernel:
                         for r in cutlass.range_constexpr(num_rows):
                             for j in cutlass.range_constexpr(num_cols):
                                 s_rc[r, j] = s_rc[r, j] * s_kscale[tScS_rc[r, j][1], kv_cons.index]
-                    r_p = cute.make_rmem_tensor(s_shape, sP.element_type)
-                    r_p.store(acc_s.load().to(sP.element_type))
+                    # P: S's registers as bf16 — warpgroup 0's A operand (_check_p_in_registers)
+                    # and, stored, warpgroup 1's
+                    r_p = thr_pv.make_fragment_A(thr_pv.partition_shape_A((bm, bn)))
+                    r_p_acc = cute.make_tensor(r_p.iterator, acc_s.layout)
+                    r_p_acc.store(acc_s.load().to(sP.element_type))
                     if i > 0:
                         named_sync(NamedBarrier.P_EMPTY, mma_threads)
-                    cute.copy(p_store, thr_p_store.retile(r_p), tPsP)
+                    cute.copy(p_store, thr_p_store.retile(r_p_acc), tPsP)
                     for r in cutlass.range_constexpr(num_rows):
                         if tScS_rc[r, 0][1] == 0:
                             s_row[tScS_rc[r, 0][0]] = alpha[r]
                     cute.arch.fence_proxy("async.shared", space="cta")
-                named_sync(NamedBarrier.P_FULL, mma_threads)
-                if cutlass.const_expr(wg == 0):
+                    named_arrive(NamedBarrier.P_FULL, mma_threads)
                     if (i == work.tile_end - work.tile_begin - 1) & (k + 1 < segments):
+                        named_sync(Q_FREE, 128)  # every warp of warpgroup 0 is past its last S
                         self.load_q(self.sched.segment(head_block, part, k + 1)[0], tid_wg, q_bar, tma_q, mQ, sQ)
-                for r in cutlass.range_constexpr(num_rows):
-                    scale_rows(acc_o_rc, r, s_row[tOcO_rc[r, 0][0]])
-                wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
+                    for r in cutlass.range_constexpr(num_rows):
+                        scale_rows(acc_o_rc, r, alpha[r])
+                    wgmma_sync(pv_mma, acc_o, r_p, tOrV, b_slot=kv_cons.index)
+                else:
+                    named_sync(NamedBarrier.P_FULL, mma_threads)
+                    for r in cutlass.range_constexpr(num_rows):
+                        scale_rows(acc_o_rc, r, s_row[tOcO_rc[r, 0][0]])
+                    wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
                 cute.arch.sync_warp()  # every lane's wgmma reads of the slot are done
                 if tidx % 32 == 0:  # the slot's empty barriers count warps
                     kv_pipe.consumer_release(kv_cons)
@@ -858,35 +877,45 @@ class Kernel:
         """A whole sequence's O (bf16) or a partial's (fp32), from the scaled accumulator."""
         if cutlass.const_expr(self.partials):
             if complete:
-                self.store_whole(acc_o, tidx, mO, self.sched.row_block(work))
+                self.store_block(acc_o, tidx, mO, self.sched.row_block(work))
             else:
                 self.store_block(acc_o, tidx, mOp, self.sched.partial_row_block(work))
         else:  # every segment is a whole sequence
-            self.store_whole(acc_o, tidx, mO, self.sched.row_block(work))
-
-    @cute.jit
-    def store_whole(self, acc_o, tidx, mO, row_block):
-        """acc_o as bf16 into 64-row block `row_block` of O by 16-byte stores, each thread's
-        words transposed across its quad (stages/common/quad_store.py; a quarter of the store
-        instructions of store_block, which bounded the epilogue)."""
-        base = mO.iterator.toint() + cutlass.Int64(row_block) * (self.BLOCK_M * D * 2)
-        store_accumulator_wide(acc_o, tidx, base, D * 2, (tidx // 128) * (D // self.NUM_MMA_WG))
+            self.store_block(acc_o, tidx, mO, self.sched.row_block(work))
 
     @cute.jit
     def store_block(self, acc_o, tidx, mOut, row_block):
-        """acc_o, converted, into 64-row block `row_block` of mOut (O or the partials), partitioned
-        as the P·V accumulator holds it (a fresh tiled MMA: the loop's is mutated in its own region)."""
-        _, pv_mma = self.tiled_mmas(cutlass.BFloat16)
-        dst = pv_mma.get_slice(tidx).partition_C(cute.local_tile(mOut, (self.BLOCK_M, D), (row_block, 0)))
-        out = cute.make_rmem_tensor(dst.shape, dst.element_type)
-        out.store(acc_o.load().to(dst.element_type))
-        cute.autovec_copy(out, dst)
+        """acc_o, converted to mOut's type (O bf16, the partials fp32), into 64-row block
+        `row_block` of mOut by 16-byte stores, each thread's words transposed across its quad
+        (stages/common/quad_store.py: a quarter of the store instructions of storing the
+        accumulator as it lies, which bounded the epilogue)."""
+        size = mOut.element_type.width // 8
+        base = mOut.iterator.toint() + cutlass.Int64(row_block) * (self.BLOCK_M * D * size)
+        store_accumulator_wide(acc_o, tidx, base, D * size, (tidx // 128) * (D // self.NUM_MMA_WG), mOut.element_type)
 
 
 def _ring_state(stages: int, count, producer: bool):
     """The KV ring's pipeline state after `count` tiles (traced): slot count mod stages, phase
     the parity of count // stages — flipped for the producer, whose first wait passes."""
     return pipeline.PipelineState(stages, count, count % stages, ((count // stages) % 2) ^ (1 if producer else 0))
+
+
+def _check_p_in_registers(qk_mma, pv_mma, tile_mn) -> None:
+    """Trace time, for every thread of warpgroup 0: S's accumulator and the register-P P·V's A
+    fragment map each register index to the same (row, column) — P is S's registers, converted —
+    and S's accumulator rows are O's (α scales O's rows in registers)."""
+    ident_s = cute.make_identity_tensor(tile_mn)
+    ident_o = cute.make_identity_tensor((tile_mn[0], D))
+    for t in range(128):
+        thr_s, thr_o = qk_mma.get_slice(t), pv_mma.get_slice(t)
+        coord_c, coord_a = thr_s.partition_C(ident_s), thr_o.partition_A(ident_s)
+        regs_c = thr_s.make_fragment_C(thr_s.partition_shape_C(tile_mn)).layout
+        regs_a = thr_o.make_fragment_A(thr_o.partition_shape_A(tile_mn)).layout
+        if {regs_c(i): coord_c[i] for i in range(cute.size(coord_c))} != {regs_a(i): coord_a[i] for i in range(cute.size(coord_a))}:
+            raise ValueError(f"stage E sm90: S's accumulator is not P's A fragment for thread {t}")
+        rows_s, rows_o = acc_rows_cols(coord_c), acc_rows_cols(thr_o.partition_C(ident_o))
+        if [rows_s[r, 0][0] for r in range(cute.size(rows_s, mode=[0]))] != [rows_o[r, 0][0] for r in range(cute.size(rows_o, mode=[0]))]:
+            raise ValueError(f"stage E sm90: S's and O's accumulator rows differ for thread {t}")
 
 
 def swizzle_bytes(off, bits: int, base: int, shift: int):

@@ -1,4 +1,4 @@
-"""Wide global stores of a wgmma accumulator (an epilogue's O, bf16).
+"""Wide global stores of a wgmma accumulator (an epilogue's O in bf16, or a partial in fp32).
 
 The m64nNk16 accumulator gives thread t of a warpgroup (warp w = t // 32, lane l = t % 32,
 q = l % 4 its place in the row's quad) the values
@@ -14,7 +14,8 @@ instructions a thread for a 64 × 256 half of O; ncu: the epilogue's stores boun
 
 Transposed across the quad, 4 groups at a time, thread q holds all four words of group
 4·b + q, i.e. 16 contiguous bytes, and a warp instruction writes 64 contiguous bytes into each of
-8 rows: a quarter of the instructions.  `quad_transpose` is that 4 × 4 transpose over the quad
+8 rows: a quarter of the instructions.  fp32 (a partial): a thread's two columns of a (row,
+group) are two words, each transposed on its own; a thread then holds 32 contiguous bytes.  `quad_transpose` is that 4 × 4 transpose over the quad
 (word i of thread s ↦ word s of thread i) in two butterfly steps: step `bit` swaps 2 × 2 blocks —
 of threads s, s ⊕ bit and words i, i ⊕ bit — so that after it word i of thread s is word
 (i & ~bit) | (s & bit) of thread (s & ~bit) | (i & bit); after bits 1 and 2 it is word s of
@@ -76,25 +77,33 @@ def _shfl(v, bit: int):
 
 
 @cute.jit
-def store_accumulator_wide(acc: cute.Tensor, tidx, row_base_addr, row_bytes: cutlass.Constexpr[int],
-                           col0) -> None:
-    """Store this thread's accumulator (fp32, the module doc's layout) as bf16 rows: row r of the
-    block at byte address row_base_addr + r · row_bytes, its warpgroup's columns from `col0`;
-    16-byte stores after `quad_transpose` (every lane of the warp takes part)."""
+def store_accumulator_wide(acc: cute.Tensor, tidx, row_base_addr, row_bytes: cutlass.Constexpr[int], col0,
+                           dtype: cutlass.Constexpr[type]) -> None:
+    """Store this thread's accumulator (fp32, the module doc's layout) as `dtype` rows — bf16 (O)
+    or fp32 (a partial) — row r of the block at byte address row_base_addr + r · row_bytes, its
+    warpgroup's columns from `col0`; 16-byte stores after `quad_transpose` (every lane of the
+    warp takes part).  fp32: the two columns e = 0, 1 of a (row, group) are two words, each
+    transposed on its own, and a thread stores its group's 8 values as two 16-byte pieces."""
     lane = tidx % 32
     q = lane % 4
     row0 = (tidx % 128) // 32 * 16 + lane // 4
-    vals = cute.make_rmem_tensor(acc.shape, cutlass.BFloat16)
-    vals.store(acc.load().to(cutlass.BFloat16))
-    words = cute.recast_tensor(vals, cutlass.Int32)  # word 2·g + h: row h, group g
-    groups = cute.size(words) // 2
-    out = cute.make_rmem_tensor(4, cutlass.Int32)
+    size = 2 if cutlass.const_expr(dtype == cutlass.BFloat16) else 4  # bytes a value
+    vals = cute.make_rmem_tensor(acc.shape, dtype)
+    vals.store(acc.load().to(dtype))
+    words = cute.recast_tensor(vals, cutlass.Int32)
+    groups = cute.size(acc) // 4
+    per = 1 if cutlass.const_expr(size == 2) else 2  # bf16: one word (2 values); fp32: one word a column e
+    out = cute.make_rmem_tensor(4 * per, cutlass.Int32)
     for h in cutlass.range_constexpr(2):
         for blk in cutlass.range_constexpr(groups // 4):
-            got = quad_transpose([words[2 * (4 * blk + i) + h] for i in range(4)], q, _shfl, cutlass.select_)
-            for i in cutlass.range_constexpr(4):
-                out[i] = got[i]
-            addr = row_base_addr + cutlass.Int64((row0 + 8 * h) * row_bytes + (col0 + 8 * (4 * blk + q)) * 2)
-            dst = cute.make_tensor(cute.make_ptr(cutlass.Int32, addr, cute.AddressSpace.gmem, assumed_align=16),
-                                   cute.make_layout(4))
-            cute.autovec_copy(out, dst)
+            for e in cutlass.range_constexpr(per):
+                # word of (row h, group g, column e): bf16 2·g + h; fp32 4·g + 2·h + e
+                got = quad_transpose([words[per * (2 * (4 * blk + i) + h) + e] for i in range(4)], q, _shfl,
+                                     cutlass.select_)
+                for s in cutlass.range_constexpr(4):
+                    out[per * s + e] = got[s]  # thread s's columns of group 4·blk + q
+            addr = row_base_addr + cutlass.Int64((row0 + 8 * h) * row_bytes + (col0 + 8 * (4 * blk + q)) * size)
+            for piece in cutlass.range_constexpr(per):
+                dst = cute.make_tensor(cute.make_ptr(cutlass.Int32, addr + 16 * piece, cute.AddressSpace.gmem,
+                                                     assumed_align=16), cute.make_layout(4))
+                cute.autovec_copy(cute.make_tensor(out.iterator + 4 * piece, cute.make_layout(4)), dst)

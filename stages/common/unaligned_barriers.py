@@ -10,6 +10,8 @@ next free one, kept here so the registry the proven stages compile against is un
 
     STAGED   stage E's producer threads have staged the split's idx entries in shared memory;
              every producer thread may read them                  (all arrive + wait)
+    Q_FREE   stage E's warpgroup 0 is past the last S of a segment: Q's shared memory may be
+             loaded again                                         (warpgroup 0 arrives + waits)
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from cutlass.cutlass_dsl import dsl_user_op
 from stages.common.barriers import MAX_NAMED_BARRIERS, NamedBarrier
 
 STAGED = 6
-assert STAGED not in {int(b) for b in NamedBarrier} and STAGED < MAX_NAMED_BARRIERS
+Q_FREE = 7
+assert not {STAGED, Q_FREE} & {int(b) for b in NamedBarrier} and max(STAGED, Q_FREE) < MAX_NAMED_BARRIERS
 
 
 @dsl_user_op
