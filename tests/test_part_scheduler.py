@@ -55,6 +55,18 @@ def test_segments_cover_every_tile_once_with_their_slots(T, L):
         assert all(g.segments(p) <= -(-(L - 1) // T) + 1 for p in range(g.parts))
 
 
+@pytest.mark.parametrize("T,L", [(18, 1), (18, 2), (18, 5), (18, 17), (18, 18), (18, 36), (18, 41), (18, 42),
+                                 (5, 3), (2, 7), (10, 4), (1, 1)])
+def test_cut_at_names_every_cut_sequence_once(T, L):
+    """The combine's grid (one CTA row a part boundary, PartGrid.cut_at): exactly the cut
+    sequences, each by one boundary — none twice, none missed, no whole sequence touched."""
+    for tokens, batches in ((1, 1), (2, 3), (1, 7), (2, 74)):
+        g = PartGrid(2, tokens, batches, T, L)
+        named = [g.cut_at(b)[0] for b in range(1, g.parts) if g.cut_at(b)[1]]
+        assert len(named) == len(set(named)), (T, L, tokens, batches)
+        assert set(named) == {s for s in range(g.sequences) if g.pieces(s) > 1}, (T, L, tokens, batches)
+
+
 def test_bad_grids_are_refused():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="PartGrid"):

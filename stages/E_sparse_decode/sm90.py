@@ -331,7 +331,7 @@ class Kernel:
         ).launch(grid=self.sched.grid, block=(self.plan.threads, 1, 1), smem=Smem.size_in_bytes(), stream=stream, **cluster)
 
         if cutlass.const_expr(self.partials):
-            PartCombine(rows, c.h_q, self.sched.num_tiles, self.sched.part_tiles, D).launch(
+            PartCombine(self.sched, c.h_q, D).launch(
                 mOp, mLp, mO, mLSE, sink, stream)
 
     def tiled_mmas(self, dtype, p_in_registers: bool = False):

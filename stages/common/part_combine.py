@@ -8,6 +8,13 @@ them.  n > 1: SplitCombine's math (stages/common/combine.py) over those n slots 
 LSE-weighted sum, an empty partial (LSE −∞) skipped and never read, a row with no key O = 0 and
 LSE = +∞, the sink applied once to the merged row.  One warp a row, 4 rows a CTA, lane l the
 columns l, l + 32, …
+
+Only the cut sequences get CTAs: CTA (b, c) of the grid ((P − 1) · heads / 4) takes part boundary
+b + 1 and rows 4c … 4c + 3 of the sequence it cuts (PartGrid.cut_at: each cut sequence is named by
+one boundary; a boundary at a sequence's start, or a later one inside an already named sequence,
+leaves its CTAs idle).  It is launched with programmatic dependent launch: its CTAs wait
+(griddepcontrol.wait) for the attention grid to complete and its memory to be visible, so its
+launch overlaps the attention kernel's tail instead of following it.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from stages.common.combine import LN2, LOG2_E, sink_factor
+from stages.common.part_scheduler import PartGrid
 
 
 class PartCombine:
@@ -27,17 +35,20 @@ class PartCombine:
     ROWS_PER_CTA = 4
     THREADS = 32 * ROWS_PER_CTA
 
-    def __init__(self, rows: int, heads: int, num_tiles: int, part_tiles: int, d: int):
-        if rows % self.ROWS_PER_CTA or d % 32 or rows % heads:
-            raise ValueError(f"PartCombine: rows ({rows}) must be a multiple of {self.ROWS_PER_CTA} and of heads "
-                             f"({heads}), d ({d}) of 32")
-        self.rows, self.heads, self.T, self.L, self.d = rows, heads, num_tiles, part_tiles, d
+    def __init__(self, grid: PartGrid, heads: int, d: int):
+        rows = grid.sequences * heads
+        if heads % self.ROWS_PER_CTA or d % 32:
+            raise ValueError(f"PartCombine: heads ({heads}) must be a multiple of {self.ROWS_PER_CTA}, d ({d}) of 32")
+        self.grid = grid
+        self.rows, self.heads, self.T, self.L, self.d = rows, heads, grid.num_tiles, grid.part_tiles, d
+        self.chunks = heads // self.ROWS_PER_CTA  # CTAs a sequence
 
     def launch(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, sink: cute.Tensor,
                stream):
         """Call from a @cute.jit host function, after the attention kernel on the same stream."""
         self.kernel(o_part, lse_part, o, lse, sink).launch(
-            grid=(self.rows // self.ROWS_PER_CTA, 1, 1), block=(self.THREADS, 1, 1), stream=stream
+            grid=(max(self.grid.parts - 1, 1) * self.chunks, 1, 1), block=(self.THREADS, 1, 1), stream=stream,
+            use_pdl=True,
         )
 
     @cute.kernel
@@ -46,10 +57,11 @@ class PartCombine:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         lane = tidx % 32
-        row = bidx * self.ROWS_PER_CTA + tidx // 32
-        s = row // self.heads
+        s, mine = self.grid.cut_at(bidx // self.chunks + 1)
+        row = s * self.heads + (bidx % self.chunks) * self.ROWS_PER_CTA + tidx // 32
         n = ((s + 1) * self.T - 1) // self.L - (s * self.T) // self.L + 1
-        if n > 1:
+        cute.arch.griddepcontrol_wait()  # the attention grid is complete, its partials visible
+        if mine & (n > 1):
             m = -Float32.inf
             for j in cutlass.range(n, unroll=1):
                 m = cute.arch.fmax(m, lse_part[j * rows + row])
