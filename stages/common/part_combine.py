@@ -7,7 +7,8 @@ of the scratch.  n = 1: the kernel wrote the row's O and LSE itself; the combine
 them.  n > 1: SplitCombine's math (stages/common/combine.py) over those n slots only — the
 LSE-weighted sum, an empty partial (LSE −∞) skipped and never read, a row with no key O = 0 and
 LSE = +∞, the sink applied once to the merged row.  One warp a row, 4 rows a CTA, lane l the
-columns l, l + 32, …
+d/32 contiguous columns from l·d/32 (16-byte loads and stores); every slot's LSE is loaded at
+once, then the slots' rows (the loop unrolled over the capacity).
 
 Only the cut sequences get CTAs: CTA (b, c) of the grid ((P − 1) · heads / 4) takes part boundary
 b + 1 and rows 4c … 4c + 3 of the sequence it cuts (PartGrid.cut_at: each cut sequence is named by
@@ -53,7 +54,7 @@ class PartCombine:
 
     @cute.kernel
     def kernel(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, sink: cute.Tensor):
-        rows, cols = self.rows, self.d // 32
+        rows, cols, cap = self.rows, self.d // 32, self.grid.capacity
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         lane = tidx % 32
@@ -62,24 +63,37 @@ class PartCombine:
         n = ((s + 1) * self.T - 1) // self.L - (s * self.T) // self.L + 1
         cute.arch.griddepcontrol_wait()  # the attention grid is complete, its partials visible
         if mine & (n > 1):
+            # every slot's LSE at once (n ≤ capacity; slots past n are never read)
+            lses = cute.make_rmem_tensor(cap, Float32)
             m = -Float32.inf
-            for j in cutlass.range(n, unroll=1):
-                m = cute.arch.fmax(m, lse_part[j * rows + row])
+            for j in cutlass.range_constexpr(cap):
+                lses[j] = -Float32.inf
+                if j < n:
+                    lses[j] = lse_part[j * rows + row]
+                m = cute.arch.fmax(m, lses[j])
             acc = cute.make_rmem_tensor(cols, Float32)
             acc.fill(0.0)
             total = Float32(0.0)
-            for j in cutlass.range(n, unroll=1):
-                l_j = lse_part[j * rows + row]
-                if l_j != -Float32.inf:  # an empty partial is skipped, never read
-                    w = cute.math.exp2((l_j - m) * LOG2_E, fastmath=True)
+            for j in cutlass.range_constexpr(cap):
+                if lses[j] != -Float32.inf:  # an empty partial (or a slot past n) is skipped, never read
+                    w = cute.math.exp2((lses[j] - m) * LOG2_E, fastmath=True)
                     total = total + w
+                    vals = cute.make_rmem_tensor(cols, Float32)
+                    at = o_part.iterator.toint() + cutlass.Int64(j * rows + row) * (self.d * 4) + lane * (cols * 4)
+                    cute.autovec_copy(cute.make_tensor(cute.make_ptr(Float32, at, cute.AddressSpace.gmem, assumed_align=16),
+                                                       cute.make_layout(cols)), vals)
                     for k in cutlass.range_constexpr(cols):
-                        acc[k] = acc[k] + w * o_part[j * rows + row, lane + 32 * k]
+                        acc[k] = acc[k] + w * vals[k]
             lonely = total == 0.0
             inv = 0.0 if lonely else cute.arch.rcp_approx(total)
             row_lse = -Float32.inf if lonely else m + cute.math.log2(total, fastmath=True) * LN2
             inv = inv * sink_factor(sink[row % self.heads], row_lse)
+            out = cute.make_rmem_tensor(cols, o.element_type)
             for k in cutlass.range_constexpr(cols):
-                o[row, lane + 32 * k] = (acc[k] * inv).to(o.element_type)
+                out[k] = (acc[k] * inv).to(o.element_type)
+            size = o.element_type.width // 8
+            at = o.iterator.toint() + cutlass.Int64(row) * (self.d * size) + lane * (cols * size)
+            cute.autovec_copy(out, cute.make_tensor(cute.make_ptr(o.element_type, at, cute.AddressSpace.gmem,
+                                                                  assumed_align=16), cute.make_layout(cols)))
             if lane == 0:
                 lse[row] = Float32.inf if lonely else row_lse
