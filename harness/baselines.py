@@ -417,12 +417,30 @@ def locked(root: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def metrics_of(record: Record) -> dict[str, dict[str, float]]:
-    """The gated metric values of a record, per output."""
-    return {
+def metrics_of(record: Record, tolerance: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
+    """The gated metric values of a record, per output (gated_metrics: rounded where the
+    tolerance allows)."""
+    return gated_metrics({
         out: {k: m[k] for k in RUN_METRICS if m.get(k) is not None}
         for out, m in record.metrics.items()
-    }
+    }, DEFAULT_TOLERANCE if tolerance is None else tolerance)
+
+
+SIG_DIGITS = 10  # a run baseline's metric values; the record it names keeps them in full
+ROUND_BELOW_TOL = 1e-8  # rounding moves a value by ≤ 5e-10 of itself: far inside any tolerance above this
+
+
+def gated_metrics(metrics: dict[str, dict[str, float]], tolerance: dict[str, float]) -> dict[str, dict[str, float]]:
+    """A run baseline's metric values as the file keeps them: to SIG_DIGITS significant digits
+    where the metric's tolerance is at least ROUND_BELOW_TOL (the gate's comparison moves by at
+    most 5e-10 of the value — for the cosine, ≤ 1, 5e-11 against a tolerance of 1e-6 by
+    default), exact where it is smaller (a zero tolerance compares exactly).  Nothing is lost:
+    the baseline names its record, which keeps every digit."""
+    def rounded(name: str, v: float) -> float:
+        if not isinstance(v, float) or not math.isfinite(v) or tolerance.get(name, 0.0) < ROUND_BELOW_TOL:
+            return v
+        return float(f"{v:.{SIG_DIGITS}g}")
+    return {out: {name: rounded(name, v) for name, v in m.items()} for out, m in metrics.items()}
 
 
 def compile_facts(record: Record) -> dict[str, Any] | None:
@@ -521,7 +539,7 @@ def accept(spec, stage, archs: list[str] | None, cases, compile_only: bool = Fal
                 key = (stage.id, arch, label)
                 rec = None if compile_only else newest(records, stage.id, arch, case.dict, src, statuses=("pass",))
                 if rec is not None:
-                    index[key] = Baseline(stage.id, arch, label, rec.id, src, metrics_of(rec),
+                    index[key] = Baseline(stage.id, arch, label, rec.id, src, metrics_of(rec, DEFAULT_TOLERANCE),
                                           timing_us=(rec.timing or {}).get("us"))
                     taken.append((arch, label, rec.id, "run"))
                     continue

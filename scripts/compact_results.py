@@ -4,8 +4,8 @@ into results/archive/<stage>.jsonl.xz (their inventories inline) and the events 
 line names into results/archive/runs.jsonl.xz, rewrite the store
 results/inventories.jsonl.xz as one xz stream holding only the inventories a line still names
 (an older notebook's plain results/inventories.jsonl is folded in and removed), and trim compile
-baselines to what the gate compares (harness/inventories.py, harness/archive.py,
-harness/baselines.py). Nothing is lost: every reader sees the same records afterwards.
+baselines to what the gate compares and run baselines' metric values to the digits it needs
+(harness/inventories.py, harness/archive.py, harness/baselines.py). Nothing is lost: every reader sees the same records afterwards.
 Idempotent; prints what it saved. Run it while nothing else writes to results/.
 
     python3 scripts/compact_results.py [LAB_ROOT] [--force]
@@ -115,6 +115,8 @@ def main(root: Path, force: bool = False) -> int:
                 for table in ("inv", "sass"):
                     if isinstance(b.compile.get(table), dict):
                         b.compile[table] = baselines.gated_counts(b.compile[table])
+            else:  # the metric values to the digits the gate needs (the record keeps them all)
+                b.metrics = baselines.gated_metrics(b.metrics, b.tolerance)
         before = baselines.baselines_file(root).stat().st_size
         baselines.save(root, items)
         print(f"results/baselines.yaml: {before - baselines.baselines_file(root).stat().st_size} bytes saved")

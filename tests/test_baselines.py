@@ -481,3 +481,45 @@ def test_a_compile_baseline_is_written_in_flow_style_and_reads_back(tmp_path):
     text = (tmp_path / "results" / "baselines.yaml").read_text()
     assert "        compile: {status: compiled, regs: 54" in text and "\n          regs:" not in text
     assert baselines.load(tmp_path, must_exist=True) == [b]
+
+
+# -- run baselines keep their metric values to the digits the gate needs ------------------------
+
+
+def _rec_with(metrics: dict) -> Record:
+    return Record(id="r9.1", run="r9", t="2026-11-23T00:00:00Z", stage="A", arch="sm_90a", case={"n": 1},
+                  status="pass", metrics=metrics)
+
+
+EXACT = {"O": {"cosine": 0.9999984673741793, "rel_l2": 0.001750872232223604, "max_abs": 0.015586805746980126},
+         "LSE": {"cosine": 0.9999999999999984, "rel_l2": 1.5550111985537762e-07, "max_abs": 1234.5678901234567}}
+
+
+def test_run_baseline_metrics_are_rounded_and_their_own_record_still_holds():
+    rounded = baselines.gated_metrics(EXACT, baselines.DEFAULT_TOLERANCE)
+    for out, m in EXACT.items():
+        for name, v in m.items():
+            r = rounded[out][name]
+            assert len(repr(r).replace("e-", "").replace(".", "").lstrip("0")) <= baselines.SIG_DIGITS + 2
+            assert abs(r - v) <= 5e-10 * abs(v) + 1e-300
+    assert rounded["O"]["cosine"] != EXACT["O"]["cosine"]  # it did round
+    b = Baseline("A", "sm_90a", "n=1", "r9.1", "x", rounded)
+    assert gate.compare(b, _rec_with(EXACT)) == []  # the record the baseline was taken from passes it
+    # and the gate still sees a real change: the cosine down by 2e-6, max_abs up by 30 %
+    worse = {"O": {**EXACT["O"], "cosine": EXACT["O"]["cosine"] - 2e-6}, "LSE": {**EXACT["LSE"], "max_abs": 1605.0}}
+    assert {(f.output, f.metric) for f in gate.compare(b, _rec_with(worse))} == {("O", "cosine"), ("LSE", "max_abs")}
+
+
+def test_a_zero_tolerance_keeps_the_exact_value():
+    tol = {**baselines.DEFAULT_TOLERANCE, "cosine": 0.0}
+    got = baselines.gated_metrics(EXACT, tol)
+    assert got["O"]["cosine"] == EXACT["O"]["cosine"] and got["LSE"]["cosine"] == EXACT["LSE"]["cosine"]
+    assert got["O"]["rel_l2"] != EXACT["O"]["rel_l2"]
+    b = Baseline("A", "sm_90a", "n=1", "r9.1", "x", got, tol)
+    assert gate.compare(b, _rec_with(EXACT)) == []
+
+
+def test_accept_takes_rounded_metrics_from_the_record():
+    # accept builds a run baseline from metrics_of(record); the saved file holds those values
+    got = baselines.metrics_of(_rec_with({out: {**m, "nonfinite": 0} for out, m in EXACT.items()}))
+    assert got == baselines.gated_metrics(EXACT, baselines.DEFAULT_TOLERANCE) != EXACT
