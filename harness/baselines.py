@@ -417,13 +417,13 @@ def locked(root: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def metrics_of(record: Record, tolerance: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
-    """The gated metric values of a record, per output (gated_metrics: rounded where the
-    tolerance allows)."""
+def metrics_of(record: Record) -> dict[str, dict[str, float]]:
+    """The gated metric values of a record, per output, as a baseline with the default
+    tolerances keeps them (gated_metrics)."""
     return gated_metrics({
         out: {k: m[k] for k in RUN_METRICS if m.get(k) is not None}
         for out, m in record.metrics.items()
-    }, DEFAULT_TOLERANCE if tolerance is None else tolerance)
+    }, DEFAULT_TOLERANCE)
 
 
 SIG_DIGITS = 10  # a run baseline's metric values; the record it names keeps them in full
@@ -539,7 +539,7 @@ def accept(spec, stage, archs: list[str] | None, cases, compile_only: bool = Fal
                 key = (stage.id, arch, label)
                 rec = None if compile_only else newest(records, stage.id, arch, case.dict, src, statuses=("pass",))
                 if rec is not None:
-                    index[key] = Baseline(stage.id, arch, label, rec.id, src, metrics_of(rec, DEFAULT_TOLERANCE),
+                    index[key] = Baseline(stage.id, arch, label, rec.id, src, metrics_of(rec),
                                           timing_us=(rec.timing or {}).get("us"))
                     taken.append((arch, label, rec.id, "run"))
                     continue

@@ -5,7 +5,8 @@ line names into results/archive/runs.jsonl.xz, rewrite the store
 results/inventories.jsonl.xz as one xz stream holding only the inventories a line still names
 (an older notebook's plain results/inventories.jsonl is folded in and removed), and trim compile
 baselines to what the gate compares and run baselines' metric values to the digits it needs
-(harness/inventories.py, harness/archive.py, harness/baselines.py). Nothing is lost: every reader sees the same records afterwards.
+(harness/inventories.py, harness/archive.py, harness/baselines.py). Nothing is lost: every
+reader sees the same records afterwards.
 Idempotent; prints what it saved. Run it while nothing else writes to results/.
 
     python3 scripts/compact_results.py [LAB_ROOT] [--force]
