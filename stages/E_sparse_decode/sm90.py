@@ -66,7 +66,7 @@ Warp roles (384 threads; the WarpPlan's registers, checked by `register_plan`)
     Each MMA warpgroup traces its own copy of `attend`, so ptxas allocates each its own count.
     The epilogue: a whole sequence's O leaves by 16-byte stores, each thread's bf16 words
     transposed across its quad (stages/common/quad_store.py); 4-byte stores straight from the
-    accumulator took ~14k cycles a segment, a sixth of the time at b 64.
+    accumulator took ~14k cycles a segment, about 13 % of the time at b 64.
 
 Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of oracles/kvcache.py;
 a segment's idx entries fit the shared memory left (4 bytes a key).
@@ -74,10 +74,7 @@ What bounds it (docs/STAGE_E.md: ablations and a cycle timeline at b 64): at h_q
 chain of a tile — S (m64n64, both operands from shared memory: shared-memory bound, ~1.3k
 cycles), softmax and the O rescale (~1.4k), P, P·V (~1.1k) in turn, warpgroup 1 waiting for
 warpgroup 0's softmax — the producer's loads and the peer's st.async beside it; at h_q = 64 the
-producer's loads.  Tried and lost (docs/STAGE_E.md): two tile buffers in a pair (spills at 152
-registers) or each piece refilled as it is stored; S(i) issued before P(i−1)·V(i−1); warpgroup
-1's P·V held until the next S is issued or done; S as 2 or 4 narrower wgmmas; L2 prefetch of
-later tiles; the producer held back until S is done.
+producer's loads.  What was tried and lost: docs/STAGE_E.md.
 """
 
 import math
@@ -104,7 +101,8 @@ from stages.common.part_scheduler import PartGrid, resolve_part_tiles
 from stages.common.quad_store import check_accumulator_layout, store_accumulator_wide
 from stages.common.scheduler import SM_COUNT
 from stages.common.sm90_gather import ldg_or
-from stages.common.sm90_idioms import acc_rows_cols, wgmma_sync
+from stages.common.sm90_idioms import (acc_rows_cols, accumulator_to_a_operand, check_accumulator_is_a_operand,
+                                       wgmma_sync)
 from stages.common.unaligned_barriers import Q_FREE, STAGED, named_arrive, named_sync
 from stages.common.softmax import OnlineSoftmax, final_lse, scale_rows
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile
@@ -299,7 +297,9 @@ class Kernel:
         # warpgroup and a lane of every other warp
         check_accumulator_layout(pv_mma, (bm, D), list(range(32)) + [45, 77, 109] + list(range(128, 160)) + [205, 237],
                                  D // self.NUM_MMA_WG)
-        _check_p_in_registers(*self.tiled_mmas(dtype, p_in_registers=True), (bm, bn))
+        # warpgroup 0's P is S's registers converted (an RS wgmma) and α scales O's rows in registers
+        check_accumulator_is_a_operand(*self.tiled_mmas(dtype, p_in_registers=True), (bm, bn))
+        _check_rows_shared(*self.tiled_mmas(dtype, p_in_registers=True), (bm, bn))
         q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, bn, D), dtype, 1)
         k_smem, vt_smem, self.key8_bytes, self.col64_bytes = _kv_layouts(dtype, bn, self.KV_STAGES, D // self.NUM_MMA_WG)
         p_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, D, bn), dtype, 1)
@@ -801,11 +801,10 @@ class Kernel:
                         for r in cutlass.range_constexpr(num_rows):
                             for j in cutlass.range_constexpr(num_cols):
                                 s_rc[r, j] = s_rc[r, j] * s_kscale[tScS_rc[r, j][1], kv_cons.index]
-                    # P: S's registers as bf16 — warpgroup 0's A operand (_check_p_in_registers)
-                    # and, stored, warpgroup 1's
-                    r_p = thr_pv.make_fragment_A(thr_pv.partition_shape_A((bm, bn)))
+                    # P: S's registers as bf16 — warpgroup 0's A operand and, stored (indexed
+                    # like S), warpgroup 1's
+                    r_p = accumulator_to_a_operand(acc_s, thr_pv, (bm, bn), sP.element_type)
                     r_p_acc = cute.make_tensor(r_p.iterator, acc_s.layout)
-                    r_p_acc.store(acc_s.load().to(sP.element_type))
                     if i > 0:
                         named_sync(NamedBarrier.P_EMPTY, mma_threads)
                     cute.copy(p_store, thr_p_store.retile(r_p_acc), tPsP)
@@ -900,20 +899,15 @@ def _ring_state(stages: int, count, producer: bool):
     return pipeline.PipelineState(stages, count, count % stages, ((count // stages) % 2) ^ (1 if producer else 0))
 
 
-def _check_p_in_registers(qk_mma, pv_mma, tile_mn) -> None:
-    """Trace time, for every thread of warpgroup 0: S's accumulator and the register-P P·V's A
-    fragment map each register index to the same (row, column) — P is S's registers, converted —
-    and S's accumulator rows are O's (α scales O's rows in registers)."""
+def _check_rows_shared(qk_mma, pv_mma, tile_mn) -> None:
+    """Trace time, for every thread of warpgroup 0: S's accumulator rows are O's (α, a row's
+    factor, scales O in registers; that P is S's registers is sm90_idioms'
+    check_accumulator_is_a_operand)."""
     ident_s = cute.make_identity_tensor(tile_mn)
     ident_o = cute.make_identity_tensor((tile_mn[0], D))
     for t in range(128):
         thr_s, thr_o = qk_mma.get_slice(t), pv_mma.get_slice(t)
-        coord_c, coord_a = thr_s.partition_C(ident_s), thr_o.partition_A(ident_s)
-        regs_c = thr_s.make_fragment_C(thr_s.partition_shape_C(tile_mn)).layout
-        regs_a = thr_o.make_fragment_A(thr_o.partition_shape_A(tile_mn)).layout
-        if {regs_c(i): coord_c[i] for i in range(cute.size(coord_c))} != {regs_a(i): coord_a[i] for i in range(cute.size(coord_a))}:
-            raise ValueError(f"stage E sm90: S's accumulator is not P's A fragment for thread {t}")
-        rows_s, rows_o = acc_rows_cols(coord_c), acc_rows_cols(thr_o.partition_C(ident_o))
+        rows_s, rows_o = acc_rows_cols(thr_s.partition_C(ident_s)), acc_rows_cols(thr_o.partition_C(ident_o))
         if [rows_s[r, 0][0] for r in range(cute.size(rows_s, mode=[0]))] != [rows_o[r, 0][0] for r in range(cute.size(rows_o, mode=[0]))]:
             raise ValueError(f"stage E sm90: S's and O's accumulator rows differ for thread {t}")
 

@@ -41,7 +41,7 @@ class PartCombine:
         if heads % self.ROWS_PER_CTA or d % 32:
             raise ValueError(f"PartCombine: heads ({heads}) must be a multiple of {self.ROWS_PER_CTA}, d ({d}) of 32")
         self.grid = grid
-        self.rows, self.heads, self.T, self.L, self.d = rows, heads, grid.num_tiles, grid.part_tiles, d
+        self.rows, self.heads, self.d = rows, heads, d
         self.chunks = heads // self.ROWS_PER_CTA  # CTAs a sequence
 
     def launch(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, sink: cute.Tensor,
@@ -60,9 +60,9 @@ class PartCombine:
         lane = tidx % 32
         s, mine = self.grid.cut_at(bidx // self.chunks + 1)
         row = s * self.heads + (bidx % self.chunks) * self.ROWS_PER_CTA + tidx // 32
-        n = ((s + 1) * self.T - 1) // self.L - (s * self.T) // self.L + 1
+        n = self.grid.pieces(s)  # > 1 where `mine`: the boundary cuts s
         cute.arch.griddepcontrol_wait()  # the attention grid is complete, its partials visible
-        if mine & (n > 1):
+        if mine:
             # every slot's LSE at once (n ≤ capacity; slots past n are never read)
             lses = cute.make_rmem_tensor(cap, Float32)
             m = -Float32.inf
