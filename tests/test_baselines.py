@@ -501,7 +501,7 @@ def test_run_baseline_metrics_are_rounded_and_their_own_record_still_holds():
         for name, v in m.items():
             r = rounded[out][name]
             assert r == float(f"{r:.{baselines.SIG_DIGITS}g}")  # at most SIG_DIGITS significant digits
-            assert abs(r - v) <= 5e-10 * abs(v) + 1e-300
+            assert abs(r - v) <= 0.5 * 10.0 ** (1 - baselines.SIG_DIGITS) * abs(v)
     assert rounded["O"]["cosine"] != EXACT["O"]["cosine"]  # it did round
     b = Baseline("A", "sm_90a", "n=1", "r9.1", "x", rounded)
     assert gate.compare(b, _rec_with(EXACT)) == []  # the record the baseline was taken from passes it
