@@ -4,15 +4,15 @@ A record is stale once the code that decides its verdict changed (harness/identi
 gate, baseline or fresh table reads it again, but the history does. `archive_stale` moves every
 stale line of results/records/<stage>.jsonl — a record whose `code.src` is not the stage's
 source hash now for its arch — to the end of results/archive/<stage>.jsonl.xz. A line moves byte
-for byte, except that the inventory ids it names (harness/inventories.py) are replaced by the
-counts the store holds for them: the archive is compressed, so the repeated tables cost it
-little, and the store then only has to serve the live records. Lines already in the archive
-that still name ids (archives written before) are inlined the same way whenever the archive is
-rewritten (`inline_archive` does it on its own); an id the store does not hold stays as it is.
-Readers (harness/records.py) read the archive as the older part of the records file, tables
-inline or named by id alike, so `history`, `show` and the dashboard see every record they saw
-before; fresh records, lines that do not parse and lines of stages or archs the spec no longer
-has stay where they are.
+for byte, except that the ids it names (harness/inventories.py: instruction inventories and the
+env block) are replaced by the values the stores hold for them: the archive is compressed, so
+the repeated values cost it little, and the stores then only have to serve the live records.
+Lines already in the archive that still name ids (archives written before) are inlined the same
+way whenever the archive is rewritten (`inline_archive` does it on its own); an id a store does
+not hold stays as it is. Readers (harness/records.py) read the archive as the older part of the
+records file, values inline or named by id alike, so `history`, `show` and the dashboard see
+every record they saw before; fresh records, lines that do not parse and lines of stages or
+archs the spec no longer has stay where they are.
 
 `archive_runs` does the same for results/runs.jsonl: the start/end events of runs that no live
 record line names move to results/archive/runs.jsonl.xz, which `read_runs` reads first.
@@ -27,14 +27,14 @@ import json
 import lzma
 from pathlib import Path
 
-from harness.inventories import InventoryStore
+from harness.inventories import Stores
 from harness.jsonl import replace_file
 from harness.records import _read_archive, archive_file, runs_archive_file, runs_file, stage_file
 
 
-def _inlined(lines: list[bytes], store: InventoryStore) -> tuple[list[bytes], int]:
-    """`lines` with the inventory ids they name replaced by the store's counts (a line that
-    names none, or does not parse, stays byte for byte), and how many lines changed."""
+def _inlined(lines: list[bytes], store: Stores) -> tuple[list[bytes], int]:
+    """`lines` with the ids they name replaced by the stores' values (a line that names none,
+    or does not parse, stays byte for byte), and how many lines changed."""
     out: list[bytes] = []
     changed = 0
     for raw in lines:
@@ -67,22 +67,22 @@ def _write_archive(archive: Path, lines: list[bytes]) -> None:
 
 
 def inline_archive(root: Path, stage_id: str) -> int:
-    """Rewrite one stage's archive with the inventory ids its lines name replaced by the
-    counts (nothing else changes; no rewrite when no line names an id the store holds).
+    """Rewrite one stage's archive with the ids its lines name replaced by the stores' values
+    (nothing else changes; no rewrite when no line names an id a store holds).
     Returns the number of lines inlined."""
     archive = archive_file(stage_file(root, stage_id))
     if not archive.exists():
         return 0
-    lines, changed = _inlined(_old_lines(archive), InventoryStore(archive.parent.parent))
+    lines, changed = _inlined(_old_lines(archive), Stores(archive.parent.parent))
     if changed:
         _write_archive(archive, lines)
     return changed
 
 
-def _move_lines(path: Path, archive: Path, moves, store: InventoryStore | None = None) -> tuple[int, int]:
+def _move_lines(path: Path, archive: Path, moves, store: Stores | None = None) -> tuple[int, int]:
     """Move the lines of `path` for which `moves(obj)` holds (obj: the parsed line, None when it
-    does not parse) to the end of `archive` — with their inventory ids inlined from `store` when
-    given — archive first, then the file. Returns (lines moved, bytes the file lost)."""
+    does not parse) to the end of `archive` — with their ids inlined from `store` when given —
+    archive first, then the file. Returns (lines moved, bytes the file lost)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -121,7 +121,7 @@ def archive_stale(root: Path, stage_id: str, current_src: dict[str, str]) -> tup
 
     path = stage_file(root, stage_id)
     archive = archive_file(path)
-    return _move_lines(path, archive, stale, InventoryStore(archive.parent.parent))
+    return _move_lines(path, archive, stale, Stores(archive.parent.parent))
 
 
 def archive_runs(root: Path, live: set[str]) -> tuple[int, int]:

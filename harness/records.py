@@ -6,9 +6,11 @@ Files (all under results/, committed):
                           per appended line); a record names it by id (harness/inventories.py:
                           written before the record, read back in place; an older notebook's
                           plain inventories.jsonl is read beside it until compacted)
-  archive/<stage>.jsonl.xz  the stage's stale lines, compressed, their inventories inline
-                          (harness/archive.py; older lines may name ids in the store); readers
-                          read it as the older part of records/<stage>.jsonl
+  envs.jsonl.xz           each distinct env block once, the same way: a record's `env` is
+                          "#<id>" on disk (records written before the store keep it inline)
+  archive/<stage>.jsonl.xz  the stage's stale lines, compressed, their inventories and env
+                          inline (harness/archive.py; older lines may name ids in the stores);
+                          readers read it as the older part of records/<stage>.jsonl
   runs.jsonl              one line when a run starts and one when it ends (or is interrupted)
   archive/runs.jsonl.xz   the events of runs no live record names, compressed
   notes.jsonl             annotations of runs (`dsv4-lab note RUN "text"`)
@@ -31,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from harness.inventories import InventoryStore, StoreAppender
+from harness.inventories import ContentStore, StoreAppender, Stores
 from harness.jsonl import Appender, iter_jsonl, read_bytes
 from harness.paths import records_dir, results_dir
 from harness.statuses import STATUSES
@@ -203,13 +205,14 @@ def stage_file(root: Path, stage: str) -> Path:
 
 class RecordWriter:
     """Writes records to results/records/<stage>.jsonl, one appender per stage; their
-    instruction inventories go to results/inventories.jsonl.xz first (harness/inventories.py)."""
+    instruction inventories and env block go to results/inventories.jsonl.xz and
+    results/envs.jsonl.xz first (harness/inventories.py)."""
 
     def __init__(self, root: Path):
         self.root = root
         self._files: dict[str, Appender] = {}
-        self._store = InventoryStore(results_dir(root))
-        self._store_file: StoreAppender | None = None
+        self._stores = Stores(results_dir(root))
+        self._store_files: dict[Path, StoreAppender] = {}
 
     def open(self, stage: str) -> Appender:
         """The appender of a stage's records file (opened once; raises OSError when the
@@ -218,22 +221,20 @@ class RecordWriter:
             self._files[stage] = Appender(stage_file(self.root, stage))
         return self._files[stage]
 
-    def _store_append(self, line: str) -> None:
-        if self._store_file is None:
-            self._store_file = StoreAppender(self._store.path)
-        self._store_file.write(line)
+    def _store_append(self, store: ContentStore, line: str) -> None:
+        if store.path not in self._store_files:
+            self._store_files[store.path] = StoreAppender(store.path)
+        self._store_files[store.path].write(line)
 
     def write(self, rec: Record) -> None:
         appender = self.open(rec.stage)
-        appender.write(_line(self._store.compact(rec.to_dict(), self._store_append)))
+        appender.write(_line(self._stores.compact(rec.to_dict(), self._store_append)))
 
     def close(self) -> None:
-        for a in self._files.values():
+        for a in [*self._files.values(), *self._store_files.values()]:
             a.close()
         self._files.clear()
-        if self._store_file is not None:
-            self._store_file.close()
-            self._store_file = None
+        self._store_files.clear()
 
 
 def archive_file(path: Path) -> Path:
@@ -272,9 +273,9 @@ def iter_records(path: Path, warn: list[str] | None = None, newest_first: bool =
 
 def _records(path: Path, warn: list[str] | None, newest_first: bool, bench: bool,
              data: bytes | None) -> Iterator[Record]:
-    """The records of one file (or of the archive's `data`). Inventory ids are read back from
-    the results folder's inventory store (harness/inventories.py)."""
-    store = InventoryStore(path.parent.parent)
+    """The records of one file (or of the archive's `data`). Inventory and env ids are read
+    back from the results folder's stores (harness/inventories.py)."""
+    store = Stores(path.parent.parent)
     store_warned = False
     for lineno, obj in iter_jsonl(path, warn, newest_first, data):
         expanded = store.expand(obj, warn, f"{path}:{lineno}")

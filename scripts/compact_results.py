@@ -1,12 +1,12 @@
 """Upkeep of the notebook's size (the tracked tree must stay small enough to carry to a GPU
-machine): move the records' inline instruction inventories into the store, move stale records
-into results/archive/<stage>.jsonl.xz (their inventories inline) and the events of runs no live
-line names into results/archive/runs.jsonl.xz, rewrite the store
-results/inventories.jsonl.xz as one xz stream holding only the inventories a line still names
-(an older notebook's plain results/inventories.jsonl is folded in and removed), and trim compile
-baselines to what the gate compares and run baselines' metric values to the digits it needs
-(harness/inventories.py, harness/archive.py, harness/baselines.py). Nothing is lost: every
-reader sees the same records afterwards.
+machine): move the records' inline instruction inventories and env blocks into their stores,
+move stale records into results/archive/<stage>.jsonl.xz (their inventories and env inline) and
+the events of runs no live line names into results/archive/runs.jsonl.xz, rewrite each store
+(results/inventories.jsonl.xz, results/envs.jsonl.xz) as one xz stream holding only the values a
+line still names (an older notebook's plain results/inventories.jsonl is folded in and removed),
+and trim compile baselines to what the gate compares and run baselines' metric values to the
+digits it needs (harness/inventories.py, harness/archive.py, harness/baselines.py). Nothing is
+lost: every reader sees the same records afterwards.
 Idempotent; prints what it saved. Run it while nothing else writes to results/.
 
     python3 scripts/compact_results.py [LAB_ROOT] [--force]
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness import baselines  # noqa: E402
 from harness.archive import archive_runs, archive_stale, inline_archive  # noqa: E402
 from harness.identity import source_hash  # noqa: E402
-from harness.inventories import InventoryStore, StoreAppender, compact_file, refs, rewrite_store  # noqa: E402
+from harness.inventories import ContentStore, StoreAppender, Stores, compact_file, rewrite_store  # noqa: E402
 from harness.paths import records_dir, results_dir  # noqa: E402
 from harness.records import _read_archive, iter_jsonl, record_archives  # noqa: E402
 from harness.spec import load_spec  # noqa: E402
@@ -33,37 +33,39 @@ from harness.spec import load_spec  # noqa: E402
 ARCHIVE_SUFFIX = ".jsonl.xz"
 
 
-def _size(*paths: Path) -> int:
-    return sum(p.stat().st_size for p in paths if p.is_file())
+def _size(*paths: Path | None) -> int:
+    return sum(p.stat().st_size for p in paths if p is not None and p.is_file())
 
 
-def named_ids(root: Path) -> set[str] | None:
-    """Every inventory id a line of the live records or of the archives names; None when an
-    archive cannot be read (what it names is not known, so nothing may be dropped)."""
+def named_ids(root: Path, store: ContentStore) -> set[str] | None:
+    """Every id of `store` that a line of the live records or of the archives names; None when
+    an archive cannot be read (what it names is not known, so nothing may be dropped)."""
     ids: set[str] = set()
     for path in sorted(records_dir(root).glob("*.jsonl")):
         for _, obj in iter_jsonl(path):
-            ids |= refs(obj)
+            ids |= store.refs(obj)
     for path in record_archives(root):
         data = _read_archive(path, None)
         if data is None:
             return None
         for _, obj in iter_jsonl(path, data=data):
-            ids |= refs(obj)
+            ids |= store.refs(obj)
     return ids
 
 
 def main(root: Path, force: bool = False) -> int:
     problems = 0
-    store = InventoryStore(results_dir(root))
-    store_before = _size(store.path, store.plain)
-    out = StoreAppender(store.path)
-    try:
-        for path in sorted(records_dir(root).glob("*.jsonl")):
-            lines, saved = compact_file(path, store, out.write)
-            print(f"{path.relative_to(root)}: {lines} lines, {saved} bytes saved")
-    finally:
-        out.close()
+    stores = Stores(results_dir(root)).each
+    store_before = {store.path: _size(store.path, store.plain) for store in stores}
+    for store in stores:
+        out = StoreAppender(store.path)
+        try:
+            for path in sorted(records_dir(root).glob("*.jsonl")):
+                lines, saved = compact_file(path, store, out.write)
+                print(f"{path.relative_to(root)}: {lines} lines, {saved} bytes saved ({store.kind.plural} "
+                      f"into {store.path.name})")
+        finally:
+            out.close()
     spec = load_spec(root / "stages.yaml")
     for stage in spec.stages.values():
         current = {arch: source_hash(spec.root, stage, arch) for arch in stage.kernels}
@@ -94,21 +96,25 @@ def main(root: Path, force: bool = False) -> int:
             problems += 1
             continue
         if inlined:
-            print(f"{path.relative_to(root)}: {inlined} lines given their inventories inline "
+            print(f"{path.relative_to(root)}: {inlined} lines given their inventories and env inline "
                   f"({path.stat().st_size - before:+d} bytes)")
-    unreadable = store.warnings()
-    for w in unreadable:
-        print(f"warning: {w}", file=sys.stderr)
-    if unreadable and not force:
-        print(f"{store.path.relative_to(root)}: left as it is (parts of it cannot be read, above); "
-              f"run again with --force to rewrite it from what can be read", file=sys.stderr)
-        problems += 1
-    else:
-        named = named_ids(root)
+    for store in stores:
+        unreadable = store.warnings()
+        for w in unreadable:
+            print(f"warning: {w}", file=sys.stderr)
+        if unreadable and not force:
+            print(f"{store.path.relative_to(root)}: left as it is (parts of it cannot be read, above); "
+                  f"run again with --force to rewrite it from what can be read", file=sys.stderr)
+            problems += 1
+            continue
+        named = named_ids(root, store)
         kept, dropped = rewrite_store(store, named)
         why = "that no line names" if named is not None else "(none: an archive cannot be read, so all are kept)"
-        print(f"{store.path.relative_to(root)}: {kept} inventories kept, {dropped} dropped {why}; "
-              f"{store_before} -> {_size(store.path, store.plain)} bytes (with the plain store)")
+        plain = " (with the plain store)" if store.plain is not None else ""
+        print(f"{store.path.relative_to(root)}: {kept} {store.kind.plural} kept, {dropped} dropped {why}; "
+              f"{store_before[store.path]} -> {_size(store.path, store.plain)} bytes{plain}")
+    if not baselines.baselines_file(root).is_file():
+        return 1 if problems else 0
     with baselines.locked(root):
         items = baselines.load(root)
         for b in items:

@@ -1,5 +1,5 @@
-"""The notebook stays small without losing anything: inventories kept once, xz-compressed
-(harness/inventories.py), stale lines archived with their inventories inline (harness/archive.py),
+"""The notebook stays small without losing anything: inventories and env blocks kept once,
+xz-compressed (harness/inventories.py), stale lines archived with them inline (harness/archive.py),
 compile baselines trimmed to what the gate compares and written compactly (harness/baselines.py)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from harness import baselines
 from harness.archive import archive_stale, inline_archive
-from harness.inventories import (InventoryStore, StoreAppender, compact_file, inventory_id, plain_store_file,
+from harness.inventories import (EnvStore, InventoryStore, StoreAppender, compact_file, content_id, plain_store_file,
                                  rewrite_store, store_file)
 from harness.paths import results_dir
 from harness.records import Record, RecordWriter, _read_archive, archive_file, iter_records, read_records, stage_file
@@ -83,7 +83,7 @@ def test_compacting_an_old_notebook_keeps_every_record_and_every_bad_line(tmp_pa
     assert saved > 0 and saved2 == 0 and lines == lines2
     assert "{broken line" in path.read_text().splitlines()
     assert read_records(tmp_path, ["A"], []) == before
-    assert inventory_id(INV) == inventory_id(dict(reversed(list(INV.items()))))  # key order never matters
+    assert content_id(INV) == content_id(dict(reversed(list(INV.items()))))  # key order never matters
 
 
 def test_stale_lines_move_to_the_archive_and_read_back_first(tmp_path):
@@ -174,7 +174,7 @@ def test_inventories_are_appended_as_xz_streams_and_read_back_across_them(tmp_pa
     assert _streams(path) == 5  # SASS once, then each changed INV: one xz stream per line
     lines = lzma.decompress(path.read_bytes()).splitlines()  # concatenated streams: one valid xz file
     assert sorted(json.loads(x)["id"] for x in lines) == sorted(
-        {inventory_id(SASS)} | {inventory_id(_variant(i)) for i in range(4)})
+        {content_id(SASS)} | {content_id(_variant(i)) for i in range(4)})
     warn: list[str] = []
     got = read_records(tmp_path, ["A"], warn)
     assert not warn and [r.compile["inv"] for r in got] == [_variant(i) for i in range(4)]
@@ -225,8 +225,8 @@ def test_compacting_keeps_what_a_line_names_and_a_dropped_inventory_costs_one_ta
     lines = stage_file(tmp_path, "A").read_text().splitlines()
     stage_file(tmp_path, "A").write_text("\n".join(lines[1:]) + "\n")  # r1.0's line is gone: its INV is named by none
     store = InventoryStore(results_dir(tmp_path))
-    named = _compact_script().named_ids(tmp_path)
-    assert named == {inventory_id(SASS), inventory_id(_variant(1)), inventory_id(_variant(2))}
+    named = _compact_script().named_ids(tmp_path, InventoryStore(results_dir(tmp_path)))
+    assert named == {content_id(SASS), content_id(_variant(1)), content_id(_variant(2))}
     assert rewrite_store(store, named) == (3, 1)
     path = store_file(results_dir(tmp_path))
     assert _streams(path) == 1 and len(lzma.decompress(path.read_bytes()).splitlines()) == 3
@@ -243,7 +243,7 @@ def test_compacting_keeps_what_a_line_names_and_a_dropped_inventory_costs_one_ta
 def test_a_plain_store_of_an_older_notebook_is_read_beside_the_xz_one_and_folded_in(tmp_path):
     results = results_dir(tmp_path)
     results.mkdir(parents=True)
-    old = [{"id": inventory_id(c), "counts": c} for c in (_variant(0), SASS)]
+    old = [{"id": content_id(c), "counts": c} for c in (_variant(0), SASS)]
     plain_store_file(results).write_text("".join(json.dumps(e) + "\n" for e in old))
     path = stage_file(tmp_path, "A")
     path.parent.mkdir(parents=True)
@@ -270,8 +270,8 @@ def test_archived_lines_carry_their_inventories_inline(tmp_path):
     assert [a["compile"]["inv"] for a in archived] == [_variant(0), _variant(1)]
     assert all(a["compile"]["sass"] == SASS for a in archived)
     # The store now serves only the live record: compacting keeps just its two tables, and nothing is lost.
-    assert _compact_script().named_ids(tmp_path) == {inventory_id(SASS), inventory_id(_variant(2))}
-    rewrite_store(InventoryStore(results_dir(tmp_path)), _compact_script().named_ids(tmp_path))
+    assert _compact_script().named_ids(tmp_path, InventoryStore(results_dir(tmp_path))) == {content_id(SASS), content_id(_variant(2))}
+    rewrite_store(InventoryStore(results_dir(tmp_path)), _compact_script().named_ids(tmp_path, InventoryStore(results_dir(tmp_path))))
     warn: list[str] = []
     assert read_records(tmp_path, ["A"], warn) == before and not warn
 
@@ -283,7 +283,7 @@ def test_an_old_archive_that_names_ids_is_read_and_inlined(tmp_path):
     archive.parent.mkdir(parents=True)
     archive.write_bytes(lzma.compress(path.read_bytes()))  # archived the old way: lines with ids
     path.write_text("")
-    assert _compact_script().named_ids(tmp_path) == {inventory_id(SASS), inventory_id(_variant(0)), inventory_id(_variant(1))}
+    assert _compact_script().named_ids(tmp_path, InventoryStore(results_dir(tmp_path))) == {content_id(SASS), content_id(_variant(0)), content_id(_variant(1))}
     warn: list[str] = []
     before = read_records(tmp_path, ["A"], warn)
     assert not warn and [r.compile["inv"] for r in before] == [_variant(0), _variant(1)]
@@ -334,3 +334,185 @@ def test_runs_no_live_record_names_move_to_the_archive_and_read_back(tmp_path):
     warn: list[str] = []
     read_runs(tmp_path, warn)
     assert any("not an xz archive" in w for w in warn)  # a bad archive costs a warning, not a crash
+
+
+# --- env blocks: kept once in results/envs.jsonl.xz, a record names its env by id -------------
+
+ENV_GPU = {"host": "vm", "torch": "2.11.0+cu130", "cute": "4.8.1", "gpu": "NVIDIA H100 80GB HBM3", "cc": "9.0",
+           "cuda": "13.0", "driver": "580.159.04"}
+ENV_CPU = {"host": "vm", "cute": "4.8.1", "cpus": 2}
+
+
+def env_rec(i: int, env: dict, src: str = "0123456789ab", stage: str = "A", arch: str = "sm_90a") -> Record:
+    return replace(rec(i, src, arch=arch), stage=stage, env=dict(env))
+
+
+def _write_all(root, records: list[Record]) -> None:
+    w = RecordWriter(root)
+    for r in records:
+        w.write(r)
+    w.close()
+
+
+def _env_lines(root) -> list[dict]:
+    return [json.loads(x) for x in lzma.decompress(EnvStore(results_dir(root)).path.read_bytes()).splitlines()]
+
+
+def test_each_env_block_is_stored_once_and_every_reader_gets_the_record_as_written(tmp_path):
+    written = [env_rec(i, ENV_GPU if i % 2 else ENV_CPU) for i in range(5)]
+    _write_all(tmp_path, written)
+    store = _env_lines(tmp_path)
+    assert EnvStore(results_dir(tmp_path)).path.name == "envs.jsonl.xz"
+    assert sorted(e["id"] for e in store) == sorted([content_id(ENV_GPU), content_id(ENV_CPU)])  # 2 lines, not 5
+    lines = [json.loads(x) for x in stage_file(tmp_path, "A").read_text().splitlines()]
+    assert [x["env"] for x in lines] == ["#" + content_id(ENV_GPU if i % 2 else ENV_CPU) for i in range(5)]
+    warn: list[str] = []
+    got = read_records(tmp_path, ["A"], warn)
+    assert not warn and got == written
+    assert [r.to_json() for r in got] == [r.to_json() for r in written]  # key order too
+    newest = list(iter_records(stage_file(tmp_path, "A"), warn, newest_first=True))
+    assert newest == list(reversed(written)) and not warn
+
+
+def test_the_env_store_is_written_and_fsynced_before_the_record(tmp_path, monkeypatch):
+    from harness import inventories
+
+    seen: list[tuple[str, int]] = []
+    real = inventories.StoreAppender.write
+
+    def write(self, line: str) -> None:
+        real(self, line)
+        path = stage_file(tmp_path, "A")
+        seen.append((self.path.name, len(path.read_text().splitlines()) if path.exists() else 0))
+
+    monkeypatch.setattr(inventories.StoreAppender, "write", write)
+    _write_all(tmp_path, [env_rec(0, ENV_GPU), env_rec(1, ENV_GPU), env_rec(2, ENV_CPU)])
+    assert [s for s in seen if s[0] == "envs.jsonl.xz"] == [("envs.jsonl.xz", 0), ("envs.jsonl.xz", 2)]
+
+
+def test_an_env_id_the_store_lacks_costs_the_env_and_one_warning_only(tmp_path):
+    _write_all(tmp_path, [env_rec(0, ENV_GPU)])
+    line = json.loads(stage_file(tmp_path, "A").read_text())
+    line["id"] = "r1.1"
+    line["env"] = "#" + "0" * 16  # an id nobody stored
+    with open(stage_file(tmp_path, "A"), "a") as fh:
+        fh.write(json.dumps(line) + "\n")
+    warn: list[str] = []
+    got = read_records(tmp_path, ["A"], warn)
+    assert [r.id for r in got] == ["r1.0", "r1.1"]
+    assert got[0].env == ENV_GPU and got[1].env == {}
+    assert got[1].compile["inv"] == INV and got[1].metrics == got[0].metrics and got[1].code == got[0].code
+    assert len(warn) == 1 and f"{stage_file(tmp_path, 'A')}:2: env names env block" in warn[0]
+    assert "envs.jsonl.xz does not hold" in warn[0] and "restore" in warn[0]
+
+
+def test_a_record_with_its_env_inline_reads_as_before(tmp_path):
+    old = [env_rec(0, ENV_GPU), env_rec(1, ENV_CPU)]
+    path = stage_file(tmp_path, "A")
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(r.to_json() + "\n" for r in old))  # written before the env store: env inline
+    warn: list[str] = []
+    assert read_records(tmp_path, ["A"], warn) == old and not warn
+    assert not EnvStore(results_dir(tmp_path)).path.exists()  # reading never writes a store
+
+
+def test_archived_lines_carry_their_env_inline_and_the_store_serves_the_live_ones(tmp_path):
+    _write_all(tmp_path, [env_rec(0, ENV_CPU, src="old"), env_rec(1, ENV_GPU, src="new")])
+    before = read_records(tmp_path, ["A"], [])
+    assert archive_stale(tmp_path, "A", {"sm_90a": "new"})[0] == 1
+    archived = [json.loads(x) for x in _read_archive(archive_file(stage_file(tmp_path, "A")), None).splitlines()]
+    assert [a["env"] for a in archived] == [ENV_CPU] and archived[0]["compile"]["inv"] == INV
+    assert json.loads(stage_file(tmp_path, "A").read_text())["env"] == "#" + content_id(ENV_GPU)
+    store = EnvStore(results_dir(tmp_path))
+    assert _compact_script().named_ids(tmp_path, store) == {content_id(ENV_GPU)}
+    assert rewrite_store(store, _compact_script().named_ids(tmp_path, store)) == (1, 1)
+    warn: list[str] = []
+    assert read_records(tmp_path, ["A"], warn) == before and not warn
+
+
+def test_an_old_archive_that_names_an_env_id_is_read_and_inlined(tmp_path):
+    _write_all(tmp_path, [env_rec(0, ENV_CPU, src="old")])
+    path = stage_file(tmp_path, "A")
+    archive = archive_file(path)
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(lzma.compress(path.read_bytes()))  # archived with ids, as before this change
+    path.write_text("")
+    before = read_records(tmp_path, ["A"], [])
+    assert before[0].env == ENV_CPU
+    assert inline_archive(tmp_path, "A") == 1
+    assert json.loads(_read_archive(archive, None))["env"] == ENV_CPU
+    assert read_records(tmp_path, ["A"], []) == before
+
+
+def test_compacting_folds_inline_envs_into_the_store_and_drops_unused_ones(fake_lab):
+    from harness.identity import source_hash
+    from harness.spec import load_spec
+
+    spec = load_spec(root=fake_lab)
+    fresh = source_hash(spec.root, spec.stages["OK"], "cpu")
+    unused = {**ENV_CPU, "cpus": 64}
+    _write_all(fake_lab, [env_rec(9, unused, fresh, "OK", "cpu")])  # the store now holds an env...
+    path = stage_file(fake_lab, "OK")
+    path.write_text("")  # ...that no line names any more
+    old = [env_rec(0, ENV_GPU, fresh, "OK", "cpu"), env_rec(1, ENV_GPU, fresh, "OK", "cpu"),
+           env_rec(2, ENV_CPU, "0ld0ld0ld0ld", "OK", "cpu")]
+    path.write_text("".join(r.to_json() + "\n" for r in old) + "{broken line\n")  # an old notebook: env inline
+    warn: list[str] = []
+    before = read_records(fake_lab, ["OK"], warn)
+    assert before == old and len(warn) == 1
+    assert _compact_script().main(fake_lab) == 0
+    assert sorted(e["id"] for e in _env_lines(fake_lab)) == [content_id(ENV_GPU)]  # unused and archived: dropped
+    assert _streams(EnvStore(results_dir(fake_lab)).path) == 1
+    lines = path.read_text().splitlines()
+    assert [json.loads(x)["env"] for x in lines[:2]] == ["#" + content_id(ENV_GPU)] * 2 and lines[2] == "{broken line"
+    assert [json.loads(x)["id"] for x in lines[:2]] == ["r1.0", "r1.1"]  # ids and every other field unchanged
+    assert {k: v for k, v in json.loads(lines[0]).items() if k not in ("env", "compile")} == {
+        k: v for k, v in json.loads(old[0].to_json()).items() if k not in ("env", "compile")}
+    archived = _read_archive(archive_file(path), None)
+    assert json.loads(archived)["env"] == ENV_CPU
+    warn = []
+    after = read_records(fake_lab, ["OK"], warn)
+    assert sorted(after, key=lambda r: r.id) == before and len(warn) == 1  # the broken line, as before
+    size = path.stat().st_size
+    assert _compact_script().main(fake_lab) == 0 and path.stat().st_size == size  # idempotent
+
+
+def test_a_corrupt_env_store_line_or_stream_costs_one_warning_each_and_nothing_else(tmp_path):
+    _write_all(tmp_path, [env_rec(0, ENV_GPU), env_rec(1, ENV_CPU)])
+    path = EnvStore(results_dir(tmp_path)).path
+    entries = _env_lines(tmp_path)
+    assert entries[0]["env"] == ENV_GPU
+    entries[0]["env"] = {**ENV_GPU, "host": "elsewhere"}  # no longer hashes to its id
+    body = "".join(json.dumps(e) + "\n" for e in entries) + "{not json\n"
+    cut = lzma.compress(b'{"id": "0123456789abcdef", "env": {}}\n')[:-7]  # a crash in the middle of an append
+    path.write_bytes(lzma.compress(body.encode()) + cut)
+    warn: list[str] = []
+    got = read_records(tmp_path, ["A"], warn)
+    assert [r.id for r in got] == ["r1.0", "r1.1"] and all(r.compile["inv"] == INV for r in got)
+    assert got[0].env == {} and got[1].env == ENV_CPU and got[0].metrics == got[1].metrics
+    assert len([w for w in warn if f"{path}:1: skipped an env block" in w and "must hash to the id" in w]) == 1
+    assert len([w for w in warn if f"{path}:3: skipped a corrupt line" in w]) == 1
+    assert len([w for w in warn if f"{path}: byte " in w and "cut off" in w]) == 1
+    assert len([w for w in warn if "does not hold" in w]) == 1 and len(warn) == 4
+
+
+def test_show_and_the_dashboard_read_an_env_by_id_and_a_missing_one_is_one_line(fake_lab):
+    from harness.identity import source_hash
+    from harness.spec import load_spec
+    from tests.conftest import run_cli
+
+    spec = load_spec(root=fake_lab)
+    fresh = source_hash(spec.root, spec.stages["OK"], "cpu")
+    r = replace(env_rec(0, ENV_GPU, fresh, "OK", "cpu"), compile=None, case={"n": 16},
+                metrics={"out": {"cosine": 1.0, "rel_l2": 0.0}})
+    _write_all(fake_lab, [r])
+    assert '"env":"#' in stage_file(fake_lab, "OK").read_text()
+    out = run_cli(["show", "r1.0"], cwd=fake_lab)
+    assert out.returncode == 0 and '"NVIDIA H100 80GB HBM3"' in out.stdout and "580.159.04" in out.stdout, out.stderr
+    dash = run_cli(["dashboard"], cwd=fake_lab)
+    assert dash.returncode == 0 and "NVIDIA H100 80GB HBM3 @ local:vm" in dash.stdout, dash.stdout + dash.stderr
+    EnvStore(results_dir(fake_lab)).path.unlink()
+    out = run_cli(["show", "r1.0"], cwd=fake_lab)
+    assert out.returncode == 0 and '"r1.0"' in out.stdout and "NVIDIA" not in out.stdout
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert "OK.jsonl:1: env names env block" in out.stderr and "does not hold" in out.stderr
