@@ -1,6 +1,7 @@
 """On a GPU: stage E — the lab catches the planted bugs issue 14 names (tests/fixtures): a scale
 from the wrong tile (wrong_e_scale) and index entries past topk_length honoured (wrong_e_len); and
-one of the h_q = 128 cluster pair: a half sent into the peer's other slot (wrong_e_pair).
+one of the h_q = 128 cluster pair: a half sent into the peer's other slot (wrong_e_pair); and
+one of the in-kernel merge of a sequence cut in two: piece 1 forgotten (wrong_e_merge).
 Each runs cleanly (every element written) and is reported `fail`; tests/test_e_oracle.py proves
 on the CPU that both bugs move O past the stage's bound, so a pass here would be the lab's
 blind spot."""
@@ -76,6 +77,53 @@ def test_parts_that_cut_sequences_agree_with_the_oracle(project_root, tmp_path):
     for rec in summary.records:
         print("parts", rec.case, rec.status, rec.metrics.get("O"), rec.error)
         assert rec.status == "pass", rec.case
+
+
+def _merge_cases(stage, sm90):
+    """Parts that cut sequences in two (splits 2 at b 3: every sequence two pieces, merged by the
+    attention kernel; s2h64_m200bs2_x64bs256: pieces of 2 and 3, the kernel merges the first,
+    PartCombine the others), edge scenarios included."""
+    cases = []
+    for config in ("s2h128_m128bs256_x1024bs64", "s2h64_m128bs256_x1024bs64", "s2h64_m200bs2_x64bs256"):
+        k = sm90.Kernel(b=3, config=config, kv_format="model1", splits=2)
+        assert k.merges, config  # the kernel merges its two-piece sequences itself …
+        assert k.combines == (config == "s2h64_m200bs2_x64bs256"), config  # … and launches PartCombine only for more
+        for fmt in ("model1", "simple"):
+            for scenario in ("sink", "sink_inf", "lonely", "topk_len", "extreme"):
+                params = dict(b=3, config=config, kv_format=fmt, scenario=scenario, splits=2)
+                cases.append(Case("E", tuple((axis, params[axis]) for axis in stage.matrix)))
+    return cases
+
+
+def test_sequences_cut_in_two_are_merged_by_the_kernel(project_root, tmp_path):
+    """Piece 0 of a two-piece sequence waits for piece 1's flag and merges its partial
+    (stages/common/part_merge.py): every case passes."""
+    from stages.E_sparse_decode import sm90
+
+    spec = load_spec(root=project_root)
+    stage = spec.stages["E"]
+    cases = _merge_cases(stage, sm90)
+    summary = Runner(spec, RunOptions(tasks=[Task(stage, "sm_90a", c) for c in cases], argv=["pytest"]),
+                     results_root=tmp_path).run()
+    assert len(summary.records) == len(cases)
+    for rec in summary.records:
+        print("merge", rec.case, rec.status, rec.metrics.get("O"), rec.error)
+        assert rec.status == "pass", rec.case
+
+
+def test_lab_catches_a_merge_that_forgets_piece_1(project_root, tmp_path):
+    """The same cases with piece 1 dropped from the merge (tests/fixtures/wrong_e_merge) fail."""
+    from stages.E_sparse_decode import sm90
+
+    spec, wrong = _planted(project_root, "wrong_e_merge")
+    cases = _merge_cases(wrong, sm90)
+    summary = Runner(spec, RunOptions(tasks=[Task(wrong, "sm_90a", c) for c in cases], argv=["pytest"]),
+                     results_root=tmp_path).run()
+    assert len(summary.records) == len(cases)
+    for rec in summary.records:
+        print("wrong_e_merge", rec.case, rec.status, rec.metrics.get("O"), rec.error)
+        assert rec.status == "fail", rec.case
+        assert all(m["unwritten"] == 0 for m in rec.metrics.values())
 
 
 @pytest.mark.parametrize("scenario", ["sink_inf", "topk_len", "lonely", "extreme", "dup"])

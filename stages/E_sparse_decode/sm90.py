@@ -12,9 +12,12 @@ CTA, an LSE combine, K and Vᵀ views of one shared-memory slot)
         L consecutive tiles of the flattened (sequence, tile) work and runs them segment after
         segment — a segment is one sequence's tiles in the part — without ending: the KV ring
         goes on, warpgroup 0 loads the next segment's Q during the last tile's P·V.  A whole
-        sequence writes O and LSE; one a part boundary cut writes a partial that
-        stages/common/part_combine.py merges.  L fills the SMs in one wave (b 74, 148 no
-        longer run two).
+        sequence writes O and LSE.  A sequence one part boundary cuts in two is merged here
+        (stages/common/part_merge.py): piece 1, the first segment of the next part, leaves a
+        partial and raises a flag; piece 0, the last segment of its part and long after, stages
+        that partial in the idle KV slots and writes the merged O and LSE — no combine launch
+        (b 74 and 148 at h_q 128: ~10 µs).  Sequences of more pieces leave partials that
+        stages/common/part_combine.py merges.  L fills the SMs in one wave.
     The key list.  A CTA walks 64-key tiles of ONE list: the main list padded to whole tiles,
         then the extra list (`tile < main_tiles` picks the branch).  Key k of a tile is list
         position p = 64 · tile' + k; it is valid iff p < topk, p < length[b] and idx[b, t, p] ≠ −1.
@@ -51,8 +54,8 @@ CTA, an LSE combine, K and Vᵀ views of one shared-memory slot)
         cluster_pair.py: the peer's bytes complete a transaction count on the slot's remote_full
         barrier; a slot is refilled once both CTAs' MMA warps released it).  Each CTA writes the
         mask entries of both halves (the threads of piece 1 judge the peer's keys).
-    Sink.  A whole sequence: folded into the epilogue's 1/ℓ.  A cut one: PartCombine applies it
-        once, after the merge.
+    Sink.  A whole sequence: folded into the epilogue's 1/ℓ.  A cut one: the merge (piece 0,
+        or PartCombine) applies it once, to the merged row.
 
 Warp roles (384 threads; the WarpPlan's registers, checked by `register_plan`)
     warpgroup 2   producer: every producer thread gathers and dequantises its keys of each
@@ -97,6 +100,8 @@ from stages.common.e4m3_bits import e4m3x16_to_bf16, one_multiply_fits
 from stages.common.fp8_cache import D, cache_block_bytes
 from stages.common.inspection import expose
 from stages.common.part_combine import PartCombine
+from stages.common.part_merge import (ZeroFlags, add_staged_rows, flag_address, load_l2, merge_factors,
+                                      merges_in_kernel, raise_flag, stage_partial, wait_flag)
 from stages.common.part_scheduler import PartGrid, resolve_part_tiles
 from stages.common.quad_store import check_accumulator_layout, store_accumulator_wide
 from stages.common.scheduler import SM_COUNT
@@ -253,6 +258,12 @@ class Kernel:
                              f"{_GRID_Y} rows (grid.y); use fewer splits (auto, or an int)")
         self.splits = self.sched.capacity  # partial slots a sequence may fill (1: nothing is combined)
         self.partials = self.splits > 1
+        # a sequence cut in two is merged by its piece 0 (stages/common/part_merge.py); PartCombine
+        # is launched only for sequences of more pieces
+        self.merges = merges_in_kernel(self.sched, sm_count)
+        self.combines = self.partials and (self.splits > 2 or not self.merges)
+        if self.merges and 2 * self.KV_STAGES * self.BLOCK_N * D < self.BLOCK_M * D * 4:
+            raise ValueError("stage E sm90: a merge stages piece 1's fp32 partial block in the KV slots, which are smaller")
         self.rows = b * c.s_q * c.h_q
         self.scale_log2 = math.log2(math.e) / math.sqrt(D)
         why = register_plan(self.plan.threads, self.plan.registers)
@@ -316,6 +327,7 @@ class Kernel:
             remote_empty: cute.struct.MemRange[cutlass.Int64, self.KV_STAGES]
             row_factor: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm], 16]
             final_factor: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm], 16]
+            merge_factor: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm], 16]
             key_mask: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bn * self.KV_STAGES], 16]
             key_scale: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bn * self.KV_STAGES], 16]
             idx_stage: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, self.sched.chunk * bn], 16]
@@ -325,13 +337,16 @@ class Kernel:
 
         self.smem_struct = Smem
         cluster = {"cluster": (2, 1, 1)} if self.pair else {}
+        if cutlass.const_expr(self.merges):
+            ZeroFlags(self.sched, bm).launch(mLp, stream)  # the attention kernel waits for it at its flags
         self.kernel(
             tma_q, tma_Q, KV, idx, topk_length, KV_extra, idx_extra, extra_length, sink,
             mO, mLSE, mOp, mLp, q_smem, k_smem, vt_smem, p_smem,
-        ).launch(grid=self.sched.grid, block=(self.plan.threads, 1, 1), smem=Smem.size_in_bytes(), stream=stream, **cluster)
+        ).launch(grid=self.sched.grid, block=(self.plan.threads, 1, 1), smem=Smem.size_in_bytes(), stream=stream,
+                 use_pdl=self.merges, **cluster)
 
-        if cutlass.const_expr(self.partials):
-            PartCombine(self.sched, c.h_q, D).launch(
+        if cutlass.const_expr(self.combines):
+            PartCombine(self.sched, c.h_q, D, skip_two=self.merges).launch(
                 mOp, mLp, mO, mLSE, sink, stream)
 
     def tiled_mmas(self, dtype, p_in_registers: bool = False):
@@ -408,6 +423,7 @@ class Kernel:
         sP = storage.sP.get_tensor(p_smem.outer, swizzle=p_smem.inner)[None, None, 0]
         s_row = storage.row_factor.get_tensor(cute.make_layout(bm))  # α of a tile
         s_fin = storage.final_factor.get_tensor(cute.make_layout(bm))  # a segment's 1/ℓ (· the sink's factor)
+        s_mrg = storage.merge_factor.get_tensor(cute.make_layout(bm))  # a merge's factor on the partial it reads
         s_mask = storage.key_mask.get_tensor(cute.make_layout((bn, self.KV_STAGES)))  # 0 or −∞ per key
         s_kscale = storage.key_scale.get_tensor(cute.make_layout((bn, self.KV_STAGES)))  # simple: the token's scale
         s_idx = storage.idx_stage.get_tensor(cute.make_layout(self.sched.chunk * bn))  # a segment's idx entries
@@ -437,12 +453,12 @@ class Kernel:
             # each MMA warpgroup its own copy of attend, compiled for its own register count
             if warp_idx // 4 == 0:
                 set_registers(self.plan.mma_regs[0], self.plan.threads)
-                self.attend(0, part, head_block, tidx, q_bar, tma_q, mQ, kv_pipe, pair, sQ, sK, sVt, sP, s_row,
-                            s_fin, s_mask, s_kscale, sink, mO, mLSE, mOp, mLp)
+                self.attend(0, part, head_block, tidx, q_bar, tma_q, mQ, kv_pipe, pair, k_base, sQ, sK, sVt, sP, s_row,
+                            s_fin, s_mrg, s_mask, s_kscale, sink, mO, mLSE, mOp, mLp)
             else:
                 set_registers(self.plan.mma_regs[1], self.plan.threads)
-                self.attend(1, part, head_block, tidx, q_bar, tma_q, mQ, kv_pipe, pair, sQ, sK, sVt, sP, s_row,
-                            s_fin, s_mask, s_kscale, sink, mO, mLSE, mOp, mLp)
+                self.attend(1, part, head_block, tidx, q_bar, tma_q, mQ, kv_pipe, pair, k_base, sQ, sK, sVt, sP, s_row,
+                            s_fin, s_mrg, s_mask, s_kscale, sink, mO, mLSE, mOp, mLp)
         pair.finish()
 
     def tile_pair(self, storage) -> TilePair:
@@ -733,8 +749,8 @@ class Kernel:
     # MMA warpgroups (stage D2's, plus the key mask and the sink)
 
     @cute.jit
-    def attend(self, wg: cutlass.Constexpr[int], part, head_block, tidx, q_bar, tma_q, mQ, kv_pipe, pair, sQ, sK,
-               sVt, sP, s_row, s_fin, s_mask, s_kscale, sink, mO, mLSE, mOp, mLp):
+    def attend(self, wg: cutlass.Constexpr[int], part, head_block, tidx, q_bar, tma_q, mQ, kv_pipe, pair, k_base, sQ, sK,
+               sVt, sP, s_row, s_fin, s_mrg, s_mask, s_kscale, sink, mO, mLSE, mOp, mLp):
         """An MMA warpgroup, segment after segment of the part: O and the softmax state start
         afresh, the tiles run as D2's (warpgroup 0 S, softmax, P — stored for warpgroup 1, kept
         in registers for its own P·V; both their half of P·V), the epilogue writes O and LSE (a
@@ -832,22 +848,76 @@ class Kernel:
                 if cutlass.const_expr(wg == 1):
                     named_arrive(NamedBarrier.P_EMPTY, mma_threads)
 
+            merge, hand_over = self.merge_roles(work)
             if cutlass.const_expr(wg == 0):
                 named_sync(NamedBarrier.P_EMPTY, mma_threads)  # warpgroup 1's last P·V is done
                 inv_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
                 lse = cute.make_rmem_tensor(num_rows, cutlass.Float32)
                 softmax.finalize(inv_sum, lse)
+                if cutlass.const_expr(self.merges):
+                    if merge:
+                        if tid_wg == 0:  # piece 1's partial is written (ZeroFlags ran before the flag is read)
+                            cute.arch.griddepcontrol_wait()
+                            wait_flag(flag_address(mLp.iterator.toint(), self.sched.row_block(work), bm))
+                        named_sync(Q_FREE, 128)  # warpgroup 0 reads piece 1's LSEs after the flag
                 for r in cutlass.range_constexpr(num_rows):
                     row = tScS_rc[r, 0][0]
                     if tScS_rc[r, 0][1] == 0:
-                        # a whole sequence takes the sink here; a partial's is the combine's
-                        with_sink = inv_sum[r] * sink_factor(sink[work.head_block * bm + row], lse[r])
-                        s_fin[row] = cutlass.select_(complete, with_sink, inv_sum[r])
-                        self.store_lse(work, complete, row, lse[r], mLSE, mLp)
+                        h = sink[work.head_block * bm + row]
+                        if cutlass.const_expr(self.merges):
+                            if merge:
+                                self.merge_row(work, row, inv_sum[r], lse[r], h, s_fin, s_mrg, mLSE, mLp)
+                            else:
+                                self.finish_row(work, complete, row, inv_sum[r], lse[r], h, s_fin, mLSE, mLp)
+                        else:
+                            self.finish_row(work, complete, row, inv_sum[r], lse[r], h, s_fin, mLSE, mLp)
             named_sync(NamedBarrier.EPILOGUE, mma_threads)
             for r in cutlass.range_constexpr(num_rows):
                 scale_rows(acc_o_rc, r, s_fin[tOcO_rc[r, 0][0]])
-            self.store_o(acc_o, tidx, work, complete, mO, mOp)
+            if cutlass.const_expr(self.merges):
+                if merge:  # O += piece 1's partial · its factor, staged in the idle KV slots
+                    piece1 = mOp.iterator.toint() + cutlass.Int64(self.partner_row_block(work)) * (bm * D * 4)
+                    stage_partial(tidx, mma_threads, piece1, k_base, bm, D * 4)
+                    named_sync(NamedBarrier.EPILOGUE, mma_threads)  # every thread's copies have landed
+                    add_staged_rows(acc_o, tidx, k_base, D * 4, wg * (D // self.NUM_MMA_WG),
+                                    s_mrg[tOcO_rc[0, 0][0]], s_mrg[tOcO_rc[1, 0][0]])
+                self.store_o(acc_o, tidx, work, complete | merge, mO, mOp)
+                if hand_over:  # piece 1: every MMA thread's partial stores are issued; raise the flag
+                    named_sync(NamedBarrier.EPILOGUE, mma_threads)
+                    if tidx == 0:
+                        cute.arch.griddepcontrol_wait()  # after ZeroFlags lowered it
+                        raise_flag(flag_address(mLp.iterator.toint(), self.sched.row_block(work), bm))
+            else:
+                self.store_o(acc_o, tidx, work, complete, mO, mOp)
+
+    def merge_roles(self, work):
+        """(piece 0 of a two-piece sequence: it merges; piece 1: it hands its partial over) — both
+        False without in-kernel merges (stages/common/part_merge.py)."""
+        if not self.merges:
+            return False, False
+        two = self.sched.pieces(work.batch * self.c.s_q + work.token) == 2
+        return two & (work.split == 0), two & (work.split == 1)
+
+    def partner_row_block(self, work):
+        """The row block of piece 1's partial (slot 1) of `work`'s sequence."""
+        return self.sched.row_blocks + self.sched.row_block(work)
+
+    @cute.jit
+    def finish_row(self, work, complete, row, inv_sum, lse, sink_h, s_fin, mLSE, mLp):
+        """Warpgroup 0, a row's quad leader: the row's final factor (a whole sequence takes the
+        sink here; a partial's is the combine's) and its LSE."""
+        s_fin[row] = cutlass.select_(complete, inv_sum * sink_factor(sink_h, lse), inv_sum)
+        self.store_lse(work, complete, row, lse, mLSE, mLp)
+
+    @cute.jit
+    def merge_row(self, work, row, inv_sum, lse, sink_h, s_fin, s_mrg, mLSE, mLp):
+        """Warpgroup 0, a row's quad leader, piece 0 of a two-piece sequence: the factors on its
+        own O and on piece 1's partial, and the merged row's LSE (stages/common/part_merge.py)."""
+        lse1 = load_l2(mLp.iterator.toint() + cutlass.Int64(self.partner_row_block(work) * self.BLOCK_M + row) * 4)
+        f0, f1, merged = merge_factors(inv_sum, lse, lse1, sink_h)
+        s_fin[row] = f0
+        s_mrg[row] = f1
+        mLSE[self.sched.row_block(work) * self.BLOCK_M + row] = final_lse(merged)
 
     @cute.jit
     def load_q(self, work, tid_wg, q_bar, tma_q, mQ, sQ):

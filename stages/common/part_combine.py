@@ -10,7 +10,8 @@ LSE = +∞, the sink applied once to the merged row.  One warp a row, 4 rows a C
 d/32 contiguous columns from l·d/32 (16-byte loads and stores); every slot's LSE is loaded at
 once, then the slots' rows (the loop unrolled over the capacity).
 
-Only the cut sequences get CTAs: CTA (b, c) of the grid ((P − 1) · heads / 4) takes part boundary
+A launch whose attention kernel merged its two-piece sequences itself (stages/common/
+part_merge.py; `skip_two`) leaves those alone too.  Only the cut sequences get CTAs: CTA (b, c) of the grid ((P − 1) · heads / 4) takes part boundary
 b + 1 and rows 4c … 4c + 3 of the sequence it cuts (PartGrid.cut_at: each cut sequence is named by
 one boundary; a boundary at a sequence's start, or a later one inside an already named sequence,
 leaves its CTAs idle).  It is launched with programmatic dependent launch: its CTAs wait
@@ -36,13 +37,14 @@ class PartCombine:
     ROWS_PER_CTA = 4
     THREADS = 32 * ROWS_PER_CTA
 
-    def __init__(self, grid: PartGrid, heads: int, d: int):
+    def __init__(self, grid: PartGrid, heads: int, d: int, skip_two: bool = False):
         rows = grid.sequences * heads
         if heads % self.ROWS_PER_CTA or d % 32:
             raise ValueError(f"PartCombine: heads ({heads}) must be a multiple of {self.ROWS_PER_CTA}, d ({d}) of 32")
         self.grid = grid
         self.rows, self.heads, self.d = rows, heads, d
         self.chunks = heads // self.ROWS_PER_CTA  # CTAs a sequence
+        self.skip_two = skip_two  # the attention kernel merged every two-piece sequence itself
 
     def launch(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, sink: cute.Tensor,
                stream):
@@ -61,6 +63,8 @@ class PartCombine:
         s, mine = self.grid.cut_at(bidx // self.chunks + 1)
         row = s * self.heads + (bidx % self.chunks) * self.ROWS_PER_CTA + tidx // 32
         n = self.grid.pieces(s)  # > 1 where `mine`: the boundary cuts s
+        if cutlass.const_expr(self.skip_two):
+            mine = mine & (n > 2)
         cute.arch.griddepcontrol_wait()  # the attention grid is complete, its partials visible
         if mine:
             # every slot's LSE at once (n ≤ capacity; slots past n are never read)

@@ -1,0 +1,204 @@
+"""A sequence cut into two pieces, merged inside the attention kernel (persistent parts,
+stages/common/part_scheduler.py) instead of by a combine launch.
+
+Who merges.  A sequence s that one part boundary cuts (n(s) = 2) is piece 0 at the END of part p
+(its last segment, slot 0) and piece 1 at the START of part p + 1 (its first segment, slot 1).
+Part p + 1 finishes piece 1 after a few tiles; part p reaches piece 0 last.  So piece 1 leaves a
+partial (O₁ normalised, fp32, and lse₁ in slot 1 of the scratch) and raises the sequence's
+flag; piece 0 — still in registers as acc₀ = Σ e^(s − m₀)·v with row sum ℓ₀ and lse₀ — waits
+for the flag (in practice long raised), reads the partial and writes O and LSE itself:
+
+    M = max(lse₀, lse₁),   eₖ = e^(lseₖ − M) (0 where lseₖ = −∞),   E = e₀ + e₁
+    O = acc₀ · e₀ / (E · ℓ₀) + O₁ · e₁ / E,   LSE = M + ln E
+    · the sink's factor 1 / (1 + e^(sink − LSE)) on both terms; E = 0 (no key in either piece):
+      O = 0, LSE = +∞
+
+— SplitCombine's math over two slots (stages/common/combine.py).  Sequences of three or more
+pieces are left to PartCombine.
+
+The flag.  One 32-bit word a row block: the first LSE of the row block's slot 0, which no one
+else writes for a two-piece sequence (piece 0 writes the final LSE).  The scratch holds anything
+on entry (the lab poisons it), so `ZeroFlags`, a launch of its own just before the attention
+kernel, clears the flags of the two-piece sequences; the attention kernel is launched with
+programmatic dependent launch and a thread waits for that launch (griddepcontrol.wait) before it
+touches a flag — nothing else of the attention kernel waits for it.  The hand-over is the
+release/acquire pattern of a split-K semaphore: piece 1's MMA threads store the partial, meet at
+a named barrier, and one thread `st.release.gpu`s the flag; piece 0's one thread spins with
+`ld.acquire.gpu` until it is nonzero, then a named barrier lets the others read the partial —
+through L2 (`ld.global.cg`, `cp.async.cg`; never the incoherent read-only path).  The merging
+CTA stages the 128 KB partial block in the KV slots' shared memory (idle: a part's last segment,
+every tile consumed) by cp.asyncs — no registers held while the loads fly; the accumulator
+leaves none — and adds it from there.
+
+Deadlock: a flag is raised after a part's first segment, which waits on no flag, and a CTA
+waits only for a later part's first segment; the merge is used only when every CTA of the
+grid is resident at once (parts · head blocks ≤ the SM count), so that segment always runs.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from stages.common.combine import LOG2_E, LN2, sink_factor
+from stages.common.part_scheduler import PartGrid
+
+
+def merges_in_kernel(grid: PartGrid, sm_count: int) -> bool:
+    """Whether a launch merges its two-piece sequences itself: some sequence has two pieces and
+    the whole grid is resident at once (see the module doc)."""
+    return grid.parts * grid.head_blocks <= sm_count and any(grid.pieces(s) == 2 for s in range(grid.sequences))
+
+
+def _asm(res_type, args, text: str, constraints: str, side_effects: bool, loc=None, ip=None):
+    return llvm.inline_asm(res_type, args, text, constraints, has_side_effects=side_effects, is_align_stack=False,
+                           asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def raise_flag(addr, *, loc=None, ip=None) -> None:
+    """flag = 1 at global byte address `addr`, a release at GPU scope (every write this thread
+    saw — through a barrier, the other threads' — is visible to whoever acquires the flag)."""
+    _asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)], "st.release.gpu.global.b32 [$0], 1;", "l", True, loc, ip)
+
+
+@dsl_user_op
+def wait_flag(addr, *, loc=None, ip=None) -> None:
+    """Spin until the flag at global byte address `addr` is nonzero (an acquire at GPU scope)."""
+    _asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)],
+         "{\n.reg .pred p;\n.reg .b32 v;\nWAIT_FLAG:\nld.acquire.gpu.global.b32 v, [$0];\n"
+         "setp.eq.b32 p, v, 0;\n@p bra WAIT_FLAG;\n}", "l", True, loc, ip)
+
+
+@dsl_user_op
+def load_l2(addr, *, loc=None, ip=None) -> Float32:
+    """One fp32 at global byte address `addr`, from L2 (ld.global.cg)."""
+    return Float32(_asm(T.f32(), [Int64(addr).ir_value(loc=loc, ip=ip)], "ld.global.cg.f32 $0, [$1];", "=f,l", True,
+                        loc, ip))
+
+
+@dsl_user_op
+def copy16_async(smem_addr, gmem_addr, *, loc=None, ip=None) -> None:
+    """cp.async.cg: 16 bytes from global `gmem_addr` (through L2) to shared `smem_addr`."""
+    _asm(None, [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip)],
+         "cp.async.cg.shared.global [$0], [$1], 16;", "r,l", True, loc, ip)
+
+
+@dsl_user_op
+def copies_done(*, loc=None, ip=None) -> None:
+    """This thread's cp.asyncs have landed (cp.async.wait_all)."""
+    _asm(None, [], "cp.async.wait_all;", "", True, loc, ip)
+
+
+@dsl_user_op
+def load_smem_pair(smem_addr, offset: int = 0, *, loc=None, ip=None) -> tuple[Float32, Float32]:
+    """Two fp32 at the 8-byte aligned shared address `smem_addr` + `offset` (a constant, in the
+    instruction)."""
+    res = _asm(llvm.StructType.get_literal([T.f32(), T.f32()]), [Int32(smem_addr).ir_value(loc=loc, ip=ip)],
+               f"ld.shared.v2.f32 {{$0, $1}}, [$2+{int(offset)}];", "=f,=f,r", True, loc, ip)
+    return (Float32(llvm.extractvalue(T.f32(), res, [0], loc=loc, ip=ip)),
+            Float32(llvm.extractvalue(T.f32(), res, [1], loc=loc, ip=ip)))
+
+
+@cute.jit
+def merge_factors(inv_sum0: Float32, lse0: Float32, lse1: Float32, sink: Float32):
+    """(factor on acc₀, factor on O₁, the row's natural-log LSE — −∞ for no key) of the module
+    doc, the sink's factor included; `inv_sum0` = 1/ℓ₀ (0 where ℓ₀ = 0)."""
+    m = cute.arch.fmax(lse0, lse1)
+    e0 = Float32(0.0)
+    e1 = Float32(0.0)
+    if lse0 != -Float32.inf:
+        e0 = cute.math.exp2((lse0 - m) * LOG2_E, fastmath=True)
+    if lse1 != -Float32.inf:
+        e1 = cute.math.exp2((lse1 - m) * LOG2_E, fastmath=True)
+    total = e0 + e1
+    lonely = total == 0.0
+    inv = Float32(0.0) if lonely else cute.arch.rcp_approx(total)
+    lse = -Float32.inf if lonely else m + cute.math.log2(total, fastmath=True) * LN2
+    inv = inv * sink_factor(sink, lse)
+    return e0 * inv * inv_sum0, e1 * inv, lse
+
+
+UNIT = 32  # bytes: the swizzle's unit in a staged partial row (8 fp32, one accumulator column group)
+
+
+def staged_offset(row: int, byte: int, row_bytes: int) -> int:
+    """Where byte `byte` of row `row` of a partial block lies in shared memory: rows of
+    `row_bytes`, the 32-byte units of a row permuted by XOR with row mod 8, so that the 8 rows
+    one accumulator load instruction reads (8 rows × 4 threads × 8 bytes) fall on distinct banks
+    (two wavefronts, the least for 256 bytes).  Ints (the CPU test) or traced Int32s."""
+    return row * row_bytes + (((byte // UNIT) ^ (row % 8)) * UNIT) + byte % UNIT
+
+
+@cute.jit
+def stage_partial(tidx, threads: cutlass.Constexpr[int], src_addr, smem_base, rows: cutlass.Constexpr[int],
+                  row_bytes: cutlass.Constexpr[int]) -> None:
+    """Copy the fp32 partial block at global `src_addr` (`rows` rows of `row_bytes`) into shared
+    memory at `smem_base` (staged_offset's layout) by 16-byte cp.asyncs through L2, `threads`
+    threads sharing them, and wait for this thread's own (a barrier must follow before another
+    thread's bytes are read)."""
+    per_row = row_bytes // 16
+    for k in cutlass.range_constexpr(rows * per_row // threads):
+        c = tidx + k * threads
+        row, byte = c // per_row, (c % per_row) * 16
+        copy16_async(smem_base + staged_offset(row, byte, row_bytes), src_addr + Int64(c * 16))
+    copies_done()
+
+
+@cute.jit
+def add_staged_rows(acc: cute.Tensor, tidx, smem_base, row_bytes: cutlass.Constexpr[int], col0: cutlass.Constexpr[int],
+                    f_lo: Float32, f_hi: Float32) -> None:
+    """acc += f · the staged partial (stage_partial) at the accumulator's own coordinates
+    (stages/common/quad_store.py's layout: register i = e + 2·h + 4·g is row 16·w + l//4 + 8·h,
+    column col0 + 8·g + 2·(l%4) + e); f_lo for the rows of h = 0, f_hi for h = 1.  A thread's
+    two columns of a (row, group) are one 8-byte load; group g is unit col0/8 + g of its row,
+    whose XOR with the row (l//4 mod 8, the same for h = 0, 1) only touches g's low 3 bits
+    (col0/8 is a multiple of 8): 8 base addresses a thread, the rest is the load's constant."""
+    lane = tidx % 32
+    r8 = lane // 4
+    row0 = (tidx % 128) // 32 * 16 + r8
+    base = smem_base + row0 * row_bytes + (col0 // 8) * UNIT + 8 * (lane % 4)
+    bases = [base + ((k ^ r8) * UNIT) for k in range(8)]
+    for h in cutlass.range_constexpr(2):
+        f = f_lo if cutlass.const_expr(h == 0) else f_hi
+        for g in cutlass.range_constexpr(cute.size(acc) // 4):
+            a, b = load_smem_pair(bases[g % 8], 8 * h * row_bytes + (g - g % 8) * UNIT)
+            acc[4 * g + 2 * h] = acc[4 * g + 2 * h] + f * a
+            acc[4 * g + 2 * h + 1] = acc[4 * g + 2 * h + 1] + f * b
+
+
+class ZeroFlags:
+    """Clears the flag of every row block of a two-piece sequence (one 32-bit word a row block,
+    the first LSE of slot 0 of lse_part [capacity · rows]); launched just before the attention
+    kernel, which waits for it (griddepcontrol.wait) only where it touches a flag."""
+
+    THREADS = 128
+
+    def __init__(self, grid: PartGrid, rows_per_block: int):
+        self.grid, self.rows_per_block = grid, rows_per_block
+
+    def launch(self, lse_part: cute.Tensor, stream):
+        """Call from a @cute.jit host function, before the attention kernel on the same stream;
+        `lse_part` the scratch's LSEs as one mode (capacity · rows)."""
+        blocks = self.grid.row_blocks
+        self.kernel(lse_part).launch(grid=((blocks + self.THREADS - 1) // self.THREADS, 1, 1),
+                                     block=(self.THREADS, 1, 1), stream=stream)
+
+    @cute.kernel
+    def kernel(self, lse_part: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        rb = bidx * self.THREADS + tidx
+        if rb < self.grid.row_blocks:
+            if self.grid.pieces(rb // self.grid.head_blocks) == 2:
+                lse_part[rb * self.rows_per_block] = Float32(0.0)  # bits 0: the flag down
+
+
+def flag_address(lse_part_base, row_block, rows_per_block: int):
+    """The global byte address of row block `row_block`'s flag (`lse_part_base`: the byte address
+    of the scratch's LSEs, slot 0 first)."""
+    return lse_part_base + Int64(row_block * rows_per_block) * 4
+
