@@ -72,7 +72,8 @@ Warp roles (384 threads; the WarpPlan's registers, checked by `register_plan`)
     accumulator took ~14k cycles a segment, about 13 % of the time at b 64.
 
 Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of oracles/kvcache.py;
-a segment's idx entries fit the shared memory left (4 bytes a key).
+a segment's idx entries fit the shared memory left (4 bytes a key); the in-kernel merge assumes the
+grid is resident at once when it has at most `sm_count` (132: H100/H200 SXM) CTAs.
 What bounds it (docs/STAGE_E.md: ablations and a cycle timeline at b 64): at h_q = 128 the MMA
 chain of a tile — S (m64n64, both operands from shared memory: shared-memory bound, ~1.3k
 cycles), softmax and the O rescale (~1.4k), P, P·V (~1.1k) in turn, warpgroup 1 waiting for
@@ -758,7 +759,10 @@ class Kernel:
         waiting; its first warp loads the next segment's Q once every warp of warpgroup 0 is
         past the last S of this one (Q_FREE), so the load overlaps that tile's P·V and the
         epilogue (the first segment's at the start).  The KV ring's
-        consumer state is rebuilt from the tiles of the part before a segment."""
+        consumer state is rebuilt from the tiles of the part before a segment.  A two-piece
+        sequence (stages/common/part_merge.py): piece 1 raises its flag once every MMA thread
+        has stored its partial; piece 0 — warpgroup 0's first thread waits for the flag — merges
+        the LSEs, stages piece 1's partial in the KV slots and adds it before O is stored."""
         bm, bn = self.BLOCK_M, self.BLOCK_N
         tid_wg = tidx % 128
         mma_threads = self.MMA_THREADS
