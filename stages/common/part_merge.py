@@ -133,19 +133,44 @@ def staged_offset(row: int, byte: int, row_bytes: int) -> int:
     return row * row_bytes + (((byte // UNIT) ^ (row % 8)) * UNIT) + byte % UNIT
 
 
+def staged_copies(tidx, threads: int, rows: int, row_bytes: int) -> list:
+    """(source byte offset, shared-memory offset) of each 16-byte copy thread `tidx` of `threads`
+    makes of a `rows` × `row_bytes` block: copy c = tidx + k · threads, row-major in the source,
+    staged_offset's layout in shared memory.  Ints (the CPU test) or traced Int32s."""
+    per_row = row_bytes // 16
+    out = []
+    for k in range(rows * per_row // threads):
+        c = tidx + k * threads
+        out.append((c * 16, staged_offset(c // per_row, (c % per_row) * 16, row_bytes)))
+    return out
+
+
 @cute.jit
 def stage_partial(tidx, threads: cutlass.Constexpr[int], src_addr, smem_base, rows: cutlass.Constexpr[int],
                   row_bytes: cutlass.Constexpr[int]) -> None:
     """Copy the fp32 partial block at global `src_addr` (`rows` rows of `row_bytes`) into shared
-    memory at `smem_base` (staged_offset's layout) by 16-byte cp.asyncs through L2, `threads`
-    threads sharing them, and wait for this thread's own (a barrier must follow before another
-    thread's bytes are read)."""
-    per_row = row_bytes // 16
-    for k in cutlass.range_constexpr(rows * per_row // threads):
-        c = tidx + k * threads
-        row, byte = c // per_row, (c % per_row) * 16
-        copy16_async(smem_base + staged_offset(row, byte, row_bytes), src_addr + Int64(c * 16))
+    memory at `smem_base` (staged_offset's layout) by 16-byte cp.asyncs through L2 (staged_copies),
+    `threads` threads sharing them, and wait for this thread's own (a barrier must follow before
+    another thread's bytes are read)."""
+    for src, dst in staged_copies(tidx, threads, rows, row_bytes):
+        copy16_async(smem_base + dst, src_addr + Int64(src))
     copies_done()
+
+
+def staged_read_bases(tidx, row_bytes: int, col0: int) -> list:
+    """The 8 shared-memory offsets (from the staged block's base) of add_staged_rows' thread
+    `tidx`: entry k serves the groups g with g mod 8 = k, whose units col0/8 + g XOR the row's
+    r8 = l//4 only touch in their low 3 bits (col0/8 is a multiple of 8).  Ints (the CPU test) or
+    traced Int32s."""
+    lane = tidx % 32
+    r8 = lane // 4
+    base = ((tidx % 128) // 32 * 16 + r8) * row_bytes + (col0 // 8) * UNIT + 8 * (lane % 4)
+    return [base + (k ^ r8) * UNIT for k in range(8)]
+
+
+def staged_read_offset(h: int, g: int, row_bytes: int) -> int:
+    """The constant part of the offset of (row half h, group g): added to staged_read_bases()[g % 8]."""
+    return 8 * h * row_bytes + (g - g % 8) * UNIT
 
 
 @cute.jit
@@ -154,18 +179,13 @@ def add_staged_rows(acc: cute.Tensor, tidx, smem_base, row_bytes: cutlass.Conste
     """acc += f · the staged partial (stage_partial) at the accumulator's own coordinates
     (stages/common/quad_store.py's layout: register i = e + 2·h + 4·g is row 16·w + l//4 + 8·h,
     column col0 + 8·g + 2·(l%4) + e); f_lo for the rows of h = 0, f_hi for h = 1.  A thread's
-    two columns of a (row, group) are one 8-byte load; group g is unit col0/8 + g of its row,
-    whose XOR with the row (l//4 mod 8, the same for h = 0, 1) only touches g's low 3 bits
-    (col0/8 is a multiple of 8): 8 base addresses a thread, the rest is the load's constant."""
-    lane = tidx % 32
-    r8 = lane // 4
-    row0 = (tidx % 128) // 32 * 16 + r8
-    base = smem_base + row0 * row_bytes + (col0 // 8) * UNIT + 8 * (lane % 4)
-    bases = [base + ((k ^ r8) * UNIT) for k in range(8)]
+    two columns of a (row, group) are one 8-byte load at staged_read_bases()[g % 8] +
+    staged_read_offset(h, g): 8 base addresses a thread, the rest is the load's constant."""
+    bases = [smem_base + off for off in staged_read_bases(tidx, row_bytes, col0)]
     for h in cutlass.range_constexpr(2):
         f = f_lo if cutlass.const_expr(h == 0) else f_hi
         for g in cutlass.range_constexpr(cute.size(acc) // 4):
-            a, b = load_smem_pair(bases[g % 8], 8 * h * row_bytes + (g - g % 8) * UNIT)
+            a, b = load_smem_pair(bases[g % 8], staged_read_offset(h, g, row_bytes))
             acc[4 * g + 2 * h] = acc[4 * g + 2 * h] + f * a
             acc[4 * g + 2 * h + 1] = acc[4 * g + 2 * h + 1] + f * b
 

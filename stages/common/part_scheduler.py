@@ -20,9 +20,12 @@ sequence to the next, and nothing is launched twice.  A segment that is a whole 
 
     j = p − ⌊s · T / L⌋            (the sequence's first part writes slot 0)
 
-of the scratch [capacity, rows, d], and `PartCombine` (stages/common/part_combine.py) merges the
-n(s) = ⌊((s + 1) · T − 1) / L⌋ − ⌊s · T / L⌋ + 1 partials of every sequence with n(s) > 1.
-capacity = max_s n(s) ≤ T.  With L a multiple of T no sequence is cut and nothing is combined.
+of the scratch [capacity, rows, d]; a sequence is cut into
+n(s) = ⌊((s + 1) · T − 1) / L⌋ − ⌊s · T / L⌋ + 1 pieces, capacity = max_s n(s) ≤ T.  With n(s) = 2
+(one boundary inside it) and the grid resident at once, the attention kernel merges the two
+itself (stages/common/part_merge.py: piece 0 is its part's last segment, piece 1 the next
+part's first); `PartCombine` (stages/common/part_combine.py) merges the partials of every other
+sequence with n(s) > 1.  With L a multiple of T no sequence is cut and nothing is combined.
 
 `segment` is the mapping the kernel runs (ints or traced Int32s: only //, %, *, +, min, max),
 so the CPU tests check the kernel's own code.
