@@ -1,7 +1,8 @@
 """On a GPU: stage E — the lab catches the planted bugs issue 14 names (tests/fixtures): a scale
 from the wrong tile (wrong_e_scale) and index entries past topk_length honoured (wrong_e_len); and
 one of the h_q = 128 cluster pair: a half sent into the peer's other slot (wrong_e_pair); and
-one of the in-kernel merge of a sequence cut in two: piece 1 forgotten (wrong_e_merge).
+one of the in-kernel merge of a sequence cut in two: piece 1 forgotten (wrong_e_merge); and O
+never rescaled where a row's max grows (wrong_e_rescale).
 Each runs cleanly (every element written) and is reported `fail`; tests/test_e_oracle.py proves
 on the CPU that both bugs move O past the stage's bound, so a pass here would be the lab's
 blind spot."""
@@ -77,6 +78,15 @@ def test_parts_that_cut_sequences_agree_with_the_oracle(project_root, tmp_path):
     for rec in summary.records:
         print("parts", rec.case, rec.status, rec.metrics.get("O"), rec.error)
         assert rec.status == "pass", rec.case
+
+
+def test_lab_catches_a_rescale_skipped(project_root, tmp_path):
+    """O never rescaled when a row's max grows (tests/fixtures/wrong_e_rescale): the `extreme`
+    scenario's scales (2^−20 … 2^15) move the maxima by far more than 2^8, and every such case
+    fails."""
+    _run_all_fail(project_root, tmp_path, "wrong_e_rescale",
+                  lambda c: c["scenario"] == "extreme" and c["splits"] == 1
+                  and c["config"] in ("s2h128_m128bs256_x1024bs64", "s2h64_m200bs2_x64bs256"), 6)
 
 
 def _merge_cases(stage, sm90):

@@ -60,8 +60,11 @@ CTA, an LSE combine, K and Vᵀ views of one shared-memory slot)
 Warp roles (384 threads; the WarpPlan's registers, checked by `register_plan`)
     warpgroup 2   producer: every producer thread gathers and dequantises its keys of each
                   KV tile                                               (setmaxnreg.dec 152)
-    warpgroup 0   S = Q·K_tileᵀ (m64n64), mask, online softmax (stages/common/softmax.py), P →
-                  shared memory, α per row; then its half of O += P·V with P from its own
+    warpgroup 0   S = Q·K_tileᵀ (m64n64), mask, online softmax with the conditional rescale
+                  (stages/common/lazy_softmax.py: a row keeps its max until it has grown by
+                  2^8, so most tiles' α is 1 and both warpgroups skip the O rescale, a
+                  warp-uniform branch), P → shared memory, α per row; then its half of
+                  O += P·V with P from its own
                   registers (S's accumulator converted: an RS wgmma, _check_p_in_registers);
                   its warp 0 loads each segment's Q (TMA)               (setmaxnreg.inc 192)
     warpgroup 1   its half of O += P·V, P from shared memory (O's 512 columns split over the two
@@ -76,9 +79,9 @@ a segment's idx entries fit the shared memory left (4 bytes a key); the in-kerne
 grid is resident at once when it has at most `sm_count` (132: H100/H200 SXM) CTAs.
 What bounds it (docs/STAGE_E.md: ablations and a cycle timeline at b 64): at h_q = 128 the MMA
 chain of a tile — S (m64n64, both operands from shared memory: shared-memory bound, ~1.3k
-cycles), softmax and the O rescale (~1.4k), P, P·V (~1.1k) in turn, warpgroup 1 waiting for
-warpgroup 0's softmax — the producer's loads and the peer's st.async beside it; at h_q = 64 the
-producer's loads.  What was tried and lost: docs/STAGE_E.md.
+cycles), softmax (~0.9k; the O rescale, ~0.6k, now skipped on most tiles), P, P·V (~1.1k) in
+turn, warpgroup 1 waiting for warpgroup 0's softmax — the producer's loads and the peer's
+st.async beside it; at h_q = 64 the producer's loads.  What was tried and lost: docs/STAGE_E.md.
 """
 
 import math
@@ -110,7 +113,8 @@ from stages.common.sm90_gather import ldg_or
 from stages.common.sm90_idioms import (acc_rows_cols, accumulator_to_a_operand, check_accumulator_is_a_operand,
                                        wgmma_sync)
 from stages.common.unaligned_barriers import Q_FREE, STAGED, named_arrive, named_sync
-from stages.common.softmax import OnlineSoftmax, final_lse, scale_rows
+from stages.common.lazy_softmax import LazyOnlineSoftmax, needs_rescale
+from stages.common.softmax import final_lse, scale_rows
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile
 
 _SMEM_LIMIT = 227 * 1024
@@ -798,7 +802,7 @@ class Kernel:
             work, before = self.sched.segment(head_block, part, k)
             complete = self.sched.complete(work)
             acc_o.fill(0.0)
-            softmax = OnlineSoftmax.create(num_rows, self.scale_log2)
+            softmax = LazyOnlineSoftmax.create(num_rows, self.scale_log2)
             kv_cons = _ring_state(self.KV_STAGES, before, producer=False)
             if cutlass.const_expr(wg == 0):
                 cute.arch.mbarrier_wait(q_bar, k % 2)
@@ -836,13 +840,18 @@ class Kernel:
                     if (i == work.tile_end - work.tile_begin - 1) & (k + 1 < segments):
                         named_sync(Q_FREE, 128)  # every warp of warpgroup 0 is past its last S
                         self.load_q(self.sched.segment(head_block, part, k + 1)[0], tid_wg, q_bar, tma_q, mQ, sQ)
-                    for r in cutlass.range_constexpr(num_rows):
-                        scale_rows(acc_o_rc, r, alpha[r])
+                    if self.rescales(alpha, num_rows):  # most tiles keep every row's max: α = 1
+                        for r in cutlass.range_constexpr(num_rows):
+                            scale_rows(acc_o_rc, r, alpha[r])
                     wgmma_sync(pv_mma, acc_o, r_p, tOrV, b_slot=kv_cons.index)
                 else:
                     named_sync(NamedBarrier.P_FULL, mma_threads)
+                    alpha = cute.make_rmem_tensor(num_rows, cutlass.Float32)
                     for r in cutlass.range_constexpr(num_rows):
-                        scale_rows(acc_o_rc, r, s_row[tOcO_rc[r, 0][0]])
+                        alpha[r] = s_row[tOcO_rc[r, 0][0]]
+                    if self.rescales(alpha, num_rows):  # the warp's rows are warpgroup 0's warp's
+                        for r in cutlass.range_constexpr(num_rows):
+                            scale_rows(acc_o_rc, r, alpha[r])
                     wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
                 cute.arch.sync_warp()  # every lane's wgmma reads of the slot are done
                 if tidx % 32 == 0:  # the slot's empty barriers count warps
@@ -893,6 +902,12 @@ class Kernel:
                         raise_flag(flag_address(mLp.iterator.toint(), self.sched.row_block(work), bm))
             else:
                 self.store_o(acc_o, tidx, work, complete, mO, mOp)
+
+    @cute.jit
+    def rescales(self, alpha, num_rows: cutlass.Constexpr[int]):
+        """Whether this warp rescales O this tile (stages/common/lazy_softmax.py: some row's α ≠ 1;
+        a warp vote, the same in every lane)."""
+        return needs_rescale(alpha, num_rows)
 
     def merge_roles(self, work):
         """(piece 0 of a two-piece sequence: it merges; piece 1: it hands its partial over) — both
