@@ -26,15 +26,24 @@ def _planted(project_root, name: str):
     return spec, dataclasses.replace(spec.stages["E"], kernels={"sm_90a": ref}, dir=ref.path.parent)
 
 
+def _run_cases(spec, stage, cases, tmp_path, label: str, want: str) -> None:
+    """Run `cases` of `stage` on the GPU; every record must be `want` (a planted bug's `fail`
+    with every element written: it ran cleanly and the check caught it)."""
+    summary = Runner(spec, RunOptions(tasks=[Task(stage, "sm_90a", c) for c in cases], argv=["pytest"]),
+                     results_root=tmp_path).run()
+    assert len(summary.records) == len(cases)
+    for rec in summary.records:
+        print(label, rec.case, rec.status, rec.metrics.get("O"), rec.error)
+        assert rec.status == want, rec.case
+        if want == "fail":
+            assert all(m["unwritten"] == 0 for m in rec.metrics.values())
+
+
 def _run_all_fail(project_root, tmp_path, name, keep, count):
     spec, wrong = _planted(project_root, name)
-    tasks = [Task(wrong, "sm_90a", c) for c in expand(wrong) if keep(c.dict)]
-    summary = Runner(spec, RunOptions(tasks=tasks, argv=["pytest"]), results_root=tmp_path).run()
-    assert len(summary.records) == count
-    for rec in summary.records:
-        print(name, rec.case, rec.status, rec.metrics.get("O"), rec.error)
-        assert rec.status == "fail", rec.case
-        assert all(m["unwritten"] == 0 for m in rec.metrics.values())
+    cases = [c for c in expand(wrong) if keep(c.dict)]
+    assert len(cases) == count
+    _run_cases(spec, wrong, cases, tmp_path, name, "fail")
 
 
 def test_lab_catches_a_scale_from_the_wrong_tile(project_root, tmp_path):
@@ -72,12 +81,7 @@ def test_parts_that_cut_sequences_agree_with_the_oracle(project_root, tmp_path):
             for scenario in ("sink", "lonely", "topk_len", "extreme"):
                 params = dict(b=3, config=config, kv_format=fmt, scenario=scenario, splits=splits)
                 cases.append(Case("E", tuple((axis, params[axis]) for axis in stage.matrix)))
-    summary = Runner(spec, RunOptions(tasks=[Task(stage, "sm_90a", c) for c in cases], argv=["pytest"]),
-                     results_root=tmp_path).run()
-    assert len(summary.records) == len(cases)
-    for rec in summary.records:
-        print("parts", rec.case, rec.status, rec.metrics.get("O"), rec.error)
-        assert rec.status == "pass", rec.case
+    _run_cases(spec, stage, cases, tmp_path, "parts", "pass")
 
 
 def test_lab_catches_a_rescale_skipped(project_root, tmp_path):
@@ -112,13 +116,7 @@ def test_sequences_cut_in_two_are_merged_by_the_kernel(project_root, tmp_path):
 
     spec = load_spec(root=project_root)
     stage = spec.stages["E"]
-    cases = _merge_cases(stage, sm90)
-    summary = Runner(spec, RunOptions(tasks=[Task(stage, "sm_90a", c) for c in cases], argv=["pytest"]),
-                     results_root=tmp_path).run()
-    assert len(summary.records) == len(cases)
-    for rec in summary.records:
-        print("merge", rec.case, rec.status, rec.metrics.get("O"), rec.error)
-        assert rec.status == "pass", rec.case
+    _run_cases(spec, stage, _merge_cases(stage, sm90), tmp_path, "merge", "pass")
 
 
 def test_lab_catches_a_merge_that_forgets_piece_1(project_root, tmp_path):
@@ -126,14 +124,7 @@ def test_lab_catches_a_merge_that_forgets_piece_1(project_root, tmp_path):
     from stages.E_sparse_decode import sm90
 
     spec, wrong = _planted(project_root, "wrong_e_merge")
-    cases = _merge_cases(wrong, sm90)
-    summary = Runner(spec, RunOptions(tasks=[Task(wrong, "sm_90a", c) for c in cases], argv=["pytest"]),
-                     results_root=tmp_path).run()
-    assert len(summary.records) == len(cases)
-    for rec in summary.records:
-        print("wrong_e_merge", rec.case, rec.status, rec.metrics.get("O"), rec.error)
-        assert rec.status == "fail", rec.case
-        assert all(m["unwritten"] == 0 for m in rec.metrics.values())
+    _run_cases(spec, wrong, _merge_cases(wrong, sm90), tmp_path, "wrong_e_merge", "fail")
 
 
 @pytest.mark.parametrize("scenario", ["sink_inf", "topk_len", "lonely", "extreme", "dup"])
