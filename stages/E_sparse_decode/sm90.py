@@ -112,7 +112,7 @@ from stages.common.scheduler import SM_COUNT
 from stages.common.sm90_gather import ldg_or
 from stages.common.sm90_idioms import (acc_rows_cols, accumulator_to_a_operand, check_accumulator_is_a_operand,
                                        wgmma_sync)
-from stages.common.unaligned_barriers import Q_FREE, STAGED, named_arrive, named_sync
+from stages.common.unaligned_barriers import FLAG_SEEN, Q_FREE, STAGED, named_arrive, named_sync
 from stages.common.lazy_softmax import LazyOnlineSoftmax, needs_rescale
 from stages.common.softmax import final_lse, scale_rows
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile
@@ -314,8 +314,9 @@ class Kernel:
         check_accumulator_layout(pv_mma, (bm, D), list(range(32)) + [45, 77, 109] + list(range(128, 160)) + [205, 237],
                                  D // self.NUM_MMA_WG)
         # warpgroup 0's P is S's registers converted (an RS wgmma) and α scales O's rows in registers
-        check_accumulator_is_a_operand(*self.tiled_mmas(dtype, p_in_registers=True), (bm, bn))
-        _check_rows_shared(*self.tiled_mmas(dtype, p_in_registers=True), (bm, bn))
+        reg_p_mmas = self.tiled_mmas(dtype, p_in_registers=True)
+        check_accumulator_is_a_operand(*reg_p_mmas, (bm, bn))
+        _check_rows_shared(*reg_p_mmas, (bm, bn))
         q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, bn, D), dtype, 1)
         k_smem, vt_smem, self.key8_bytes, self.col64_bytes = _kv_layouts(dtype, bn, self.KV_STAGES, D // self.NUM_MMA_WG)
         p_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, D, bn), dtype, 1)
@@ -861,47 +862,32 @@ class Kernel:
                 if cutlass.const_expr(wg == 1):
                     named_arrive(NamedBarrier.P_EMPTY, mma_threads)
 
+            # a two-piece sequence's pieces (stages/common/part_merge.py); Python False without merges,
+            # so none of the branches below is traced then
             merge, hand_over = self.merge_roles(work)
             if cutlass.const_expr(wg == 0):
                 named_sync(NamedBarrier.P_EMPTY, mma_threads)  # warpgroup 1's last P·V is done
                 inv_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
                 lse = cute.make_rmem_tensor(num_rows, cutlass.Float32)
                 softmax.finalize(inv_sum, lse)
-                if cutlass.const_expr(self.merges):
-                    if merge:
-                        if tid_wg == 0:  # piece 1's partial is written (ZeroFlags ran before the flag is read)
-                            cute.arch.griddepcontrol_wait()
-                            wait_flag(flag_address(mLp.iterator.toint(), self.sched.row_block(work), bm))
-                        named_sync(Q_FREE, 128)  # warpgroup 0 reads piece 1's LSEs after the flag
+                if merge:
+                    self.await_piece_1(work, tid_wg, mLp)
                 for r in cutlass.range_constexpr(num_rows):
                     row = tScS_rc[r, 0][0]
                     if tScS_rc[r, 0][1] == 0:
                         h = sink[work.head_block * bm + row]
-                        if cutlass.const_expr(self.merges):
-                            if merge:
-                                self.merge_row(work, row, inv_sum[r], lse[r], h, s_fin, s_mrg, mLSE, mLp)
-                            else:
-                                self.finish_row(work, complete, row, inv_sum[r], lse[r], h, s_fin, mLSE, mLp)
+                        if merge:
+                            self.merge_row(work, row, inv_sum[r], lse[r], h, s_fin, s_mrg, mLSE, mLp)
                         else:
                             self.finish_row(work, complete, row, inv_sum[r], lse[r], h, s_fin, mLSE, mLp)
             named_sync(NamedBarrier.EPILOGUE, mma_threads)
             for r in cutlass.range_constexpr(num_rows):
                 scale_rows(acc_o_rc, r, s_fin[tOcO_rc[r, 0][0]])
-            if cutlass.const_expr(self.merges):
-                if merge:  # O += piece 1's partial · its factor, staged in the idle KV slots
-                    piece1 = mOp.iterator.toint() + cutlass.Int64(self.partner_row_block(work)) * (bm * D * 4)
-                    stage_partial(tidx, mma_threads, piece1, k_base, bm, D * 4)
-                    named_sync(NamedBarrier.EPILOGUE, mma_threads)  # every thread's copies have landed
-                    add_staged_rows(acc_o, tidx, k_base, D * 4, wg * (D // self.NUM_MMA_WG),
-                                    s_mrg[tOcO_rc[0, 0][0]], s_mrg[tOcO_rc[1, 0][0]])
-                self.store_o(acc_o, tidx, work, complete | merge, mO, mOp)
-                if hand_over:  # piece 1: every MMA thread's partial stores are issued; raise the flag
-                    named_sync(NamedBarrier.EPILOGUE, mma_threads)
-                    if tidx == 0:
-                        cute.arch.griddepcontrol_wait()  # after ZeroFlags lowered it
-                        raise_flag(flag_address(mLp.iterator.toint(), self.sched.row_block(work), bm))
-            else:
-                self.store_o(acc_o, tidx, work, complete, mO, mOp)
+            if merge:
+                self.add_piece_1(acc_o, tidx, wg, work, k_base, s_mrg[tOcO_rc[0, 0][0]], s_mrg[tOcO_rc[1, 0][0]], mOp)
+            self.store_o(acc_o, tidx, work, complete | merge, mO, mOp)
+            if hand_over:
+                self.raise_piece_1(work, tidx, mLp)
 
     @cute.jit
     def rescales(self, alpha, num_rows: cutlass.Constexpr[int]):
@@ -910,16 +896,41 @@ class Kernel:
         return needs_rescale(alpha, num_rows)
 
     def merge_roles(self, work):
-        """(piece 0 of a two-piece sequence: it merges; piece 1: it hands its partial over) — both
-        False without in-kernel merges (stages/common/part_merge.py)."""
+        """(piece 0 of a two-piece sequence: it merges; piece 1: it hands its partial over) —
+        traced Booleans, or Python False for both without in-kernel merges (the epilogue's
+        branches on them are then not traced at all)."""
         if not self.merges:
             return False, False
         two = self.sched.pieces(work.batch * self.c.s_q + work.token) == 2
         return two & (work.split == 0), two & (work.split == 1)
 
-    def partner_row_block(self, work):
-        """The row block of piece 1's partial (slot 1) of `work`'s sequence."""
-        return self.sched.row_blocks + self.sched.row_block(work)
+    @cute.jit
+    def await_piece_1(self, work, tid_wg, mLp):
+        """Warpgroup 0, piece 0: its first thread waits for piece 1's flag (after ZeroFlags, the
+        launch before, has lowered it); then every thread of warpgroup 0 may read piece 1's LSEs."""
+        if tid_wg == 0:
+            cute.arch.griddepcontrol_wait()
+            wait_flag(flag_address(mLp.iterator.toint(), self.sched.row_block(work), self.BLOCK_M))
+        named_sync(FLAG_SEEN, 128)
+
+    @cute.jit
+    def add_piece_1(self, acc_o, tidx, wg: cutlass.Constexpr[int], work, k_base, f_lo, f_hi, mOp):
+        """Both MMA warpgroups, piece 0: O += piece 1's partial · its factor (f_lo, f_hi: the
+        factors of this thread's two rows), staged in the idle KV slots."""
+        piece1 = self.sched.partial_row_block(work._replace(split=1))
+        src = mOp.iterator.toint() + cutlass.Int64(piece1) * (self.BLOCK_M * D * 4)
+        stage_partial(tidx, self.MMA_THREADS, src, k_base, self.BLOCK_M, D * 4)
+        named_sync(NamedBarrier.EPILOGUE, self.MMA_THREADS)  # every thread's copies have landed
+        add_staged_rows(acc_o, tidx, k_base, D * 4, wg * (D // self.NUM_MMA_WG), f_lo, f_hi)
+
+    @cute.jit
+    def raise_piece_1(self, work, tidx, mLp):
+        """Both MMA warpgroups, piece 1: once every MMA thread has issued its partial's stores,
+        one thread raises the flag (after ZeroFlags has lowered it)."""
+        named_sync(NamedBarrier.EPILOGUE, self.MMA_THREADS)
+        if tidx == 0:
+            cute.arch.griddepcontrol_wait()
+            raise_flag(flag_address(mLp.iterator.toint(), self.sched.row_block(work), self.BLOCK_M))
 
     @cute.jit
     def finish_row(self, work, complete, row, inv_sum, lse, sink_h, s_fin, mLSE, mLp):
@@ -932,7 +943,8 @@ class Kernel:
     def merge_row(self, work, row, inv_sum, lse, sink_h, s_fin, s_mrg, mLSE, mLp):
         """Warpgroup 0, a row's quad leader, piece 0 of a two-piece sequence: the factors on its
         own O and on piece 1's partial, and the merged row's LSE (stages/common/part_merge.py)."""
-        lse1 = load_l2(mLp.iterator.toint() + cutlass.Int64(self.partner_row_block(work) * self.BLOCK_M + row) * 4)
+        piece1 = self.sched.partial_row_block(work._replace(split=1))
+        lse1 = load_l2(mLp.iterator.toint() + cutlass.Int64(piece1 * self.BLOCK_M + row) * 4)
         f0, f1, merged = merge_factors(inv_sum, lse, lse1, sink_h)
         s_fin[row] = f0
         s_mrg[row] = f1

@@ -12,6 +12,8 @@ next free one, kept here so the registry the proven stages compile against is un
              every producer thread may read them                  (all arrive + wait)
     Q_FREE   stage E's warpgroup 0 is past the last S of a segment: Q's shared memory may be
              loaded again                                         (warpgroup 0 arrives + waits)
+    FLAG_SEEN  stage E's warpgroup 0, piece 0 of a two-piece sequence: its first thread has
+             seen piece 1's flag; piece 1's LSEs may be read      (warpgroup 0 arrives + waits)
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from stages.common.barriers import MAX_NAMED_BARRIERS, NamedBarrier
 
 STAGED = 6
 Q_FREE = 7
-assert not {STAGED, Q_FREE} & {int(b) for b in NamedBarrier} and max(STAGED, Q_FREE) < MAX_NAMED_BARRIERS
+FLAG_SEEN = 8
+_OURS = {STAGED, Q_FREE, FLAG_SEEN}
+assert len(_OURS) == 3 and not _OURS & {int(b) for b in NamedBarrier} and max(_OURS) < MAX_NAMED_BARRIERS
 
 
 @dsl_user_op
