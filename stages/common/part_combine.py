@@ -11,8 +11,9 @@ d/32 contiguous columns from l·d/32 (16-byte loads and stores); every slot's LS
 once, then the slots' rows (the loop unrolled over the capacity).
 
 A launch whose attention kernel merged its two-piece sequences itself (stages/common/
-part_merge.py; `skip_two`) leaves those alone too.  Only the cut sequences get CTAs: CTA (b, c) of the grid ((P − 1) · heads / 4) takes part boundary
-b + 1 and rows 4c … 4c + 3 of the sequence it cuts (PartGrid.cut_at: each cut sequence is named by
+part_merge.py; `skip_two`) leaves those alone too.  Only the cut sequences get CTAs: CTA (b, c)
+of the grid ((P − 1) · heads / 4) takes part boundary b + 1 and rows 4c … 4c + 3 of the sequence
+it cuts (PartGrid.cut_at: each cut sequence is named by
 one boundary; a boundary at a sequence's start, or a later one inside an already named sequence,
 leaves its CTAs idle).  It is launched with programmatic dependent launch: its CTAs wait
 (griddepcontrol.wait) for the attention grid to complete and its memory to be visible, so its

@@ -214,11 +214,16 @@ class ZeroFlags:
         rb = bidx * self.THREADS + tidx
         if rb < self.grid.row_blocks:
             if self.grid.pieces(rb // self.grid.head_blocks) == 2:
-                lse_part[rb * self.rows_per_block] = Float32(0.0)  # bits 0: the flag down
+                lse_part[flag_index(rb, self.rows_per_block)] = Float32(0.0)  # bits 0: the flag down
+
+
+def flag_index(row_block, rows_per_block: int):
+    """Row block `row_block`'s flag: the index of its first LSE in slot 0 of the scratch's LSEs."""
+    return row_block * rows_per_block
 
 
 def flag_address(lse_part_base, row_block, rows_per_block: int):
     """The global byte address of row block `row_block`'s flag (`lse_part_base`: the byte address
     of the scratch's LSEs, slot 0 first)."""
-    return lse_part_base + Int64(row_block * rows_per_block) * 4
+    return lse_part_base + Int64(flag_index(row_block, rows_per_block)) * 4
 
