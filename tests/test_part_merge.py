@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 
-from stages.common.part_merge import (UNIT, merges_in_kernel, staged_copies, staged_offset, staged_read_bases,
+from stages.common.part_merge import (merges_in_kernel, staged_copies, staged_offset, staged_read_bases,
                                       staged_read_offset)
 from stages.common.part_scheduler import PartGrid
 
@@ -37,7 +37,7 @@ def test_piece_0_is_a_parts_last_segment_and_piece_1_the_next_parts_first(g):
     two = [s for s in range(g.sequences) if g.pieces(s) == 2]
     assert sorted(roles) == two
     for s, r in roles.items():
-        (p0, k0, n0), (p1, k1, n1) = r[0], r[1]
+        (p0, k0, n0), (p1, k1, _) = r[0], r[1]
         assert p1 == p0 + 1, (s, r)
         assert k0 == n0 - 1, (s, r)  # piece 0: its part's last segment
         assert k1 == 0, (s, r)  # piece 1: its part's first segment
@@ -69,6 +69,16 @@ def test_staging_copies_every_byte_of_the_block_once():
         assert d == staged_offset(s // ROW_BYTES, s % ROW_BYTES, ROW_BYTES)
 
 
+def _wavefronts(byte_addresses) -> int:
+    """Shared-memory wavefronts of one warp instruction's 8-byte loads: the most distinct 4-byte
+    words any bank is asked for."""
+    words_by_bank: dict[int, set[int]] = {}
+    for at in byte_addresses:
+        for word in (at // 4, at // 4 + 1):
+            words_by_bank.setdefault(word % 32, set()).add(word)
+    return max(len(w) for w in words_by_bank.values())
+
+
 @pytest.mark.parametrize("col0", [0, 256])
 def test_staged_reads_find_the_accumulators_values_on_two_wavefronts(col0):
     """add_staged_rows' address of (thread, h, g) is the staged place of the accumulator value
@@ -77,24 +87,18 @@ def test_staged_reads_find_the_accumulators_values_on_two_wavefronts(col0):
     for warp in range(4):
         for h in range(2):
             for g in range(256 // 8):
-                words_by_bank: dict[int, set[int]] = {}
+                got = []
                 for lane in range(32):
                     t = warp * 32 + lane
-                    got = staged_read_bases(t, ROW_BYTES, col0)[g % 8] + staged_read_offset(h, g, ROW_BYTES)
+                    got.append(staged_read_bases(t, ROW_BYTES, col0)[g % 8] + staged_read_offset(h, g, ROW_BYTES))
                     row, col = 16 * warp + lane // 4 + 8 * h, col0 + 8 * g + 2 * (lane % 4)
-                    assert got == staged_offset(row, col * 4, ROW_BYTES), (warp, lane, h, g)
-                    for word in (got // 4, got // 4 + 1):
-                        words_by_bank.setdefault(word % 32, set()).add(word)
-                assert max(len(w) for w in words_by_bank.values()) <= 2, (warp, h, g)
+                    assert got[-1] == staged_offset(row, col * 4, ROW_BYTES), (warp, lane, h, g)
+                assert _wavefronts(got) <= 2, (warp, h, g)
 
 
 def test_without_the_swizzle_the_reads_would_conflict():
-    """The bank test can fail: the unswizzled row-major layout puts a load's 8 rows on the same
-    banks (8 wavefronts)."""
-    words_by_bank: dict[int, set[int]] = {}
-    for lane in range(32):
-        at = (lane // 4) * ROW_BYTES + 8 * (lane % 4)
-        for word in (at // 4, at // 4 + 1):
-            words_by_bank.setdefault(word % 32, set()).add(word)
-    assert max(len(w) for w in words_by_bank.values()) == 8
-    assert UNIT == 32
+    """The bank count can fail: the same reads in the unswizzled row-major layout (8 rows of one
+    load on the same banks) take 8 wavefronts."""
+    for g in range(256 // 8):
+        plain = [(lane // 4) * ROW_BYTES + (8 * g + 2 * (lane % 4)) * 4 for lane in range(32)]
+        assert _wavefronts(plain) == 8, g
