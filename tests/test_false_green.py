@@ -136,3 +136,113 @@ def test_the_committed_stages_and_baselines_keep_to_the_bounds(project_root):
     spec = load_spec(root=project_root)
     assert spec.stages
     assert baselines.load(project_root, must_exist=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Item 3: a kernel that writes its inputs fails, in both execution paths; the oracle sees the
+# inputs as generated.
+
+import json  # noqa: E402
+import sys  # noqa: E402
+
+INPUT_WRITERS = """\
+  IN:
+    title: kernels that write their inputs
+    dir: stages/fake
+    kernels: {cpu: {module: stages.fake.cpu, entry: Misbehave}}
+    tensors: oracles.add:tensors
+    inputs: oracles.add:make_inputs
+    oracle: oracles.add:reference
+    matrix:
+      n: [16]
+      mode: [zero_inputs, copy_input, touch_input, ok]
+    kernel_params: [n, mode]
+    tolerances: {out: {cosine_min: 0.9999, rel_l2_max: 1.0e-6}}
+    timeout_s: 20
+"""
+
+
+def test_a_run_fails_a_kernel_that_writes_its_inputs(fake_lab):
+    path = fake_lab / "stages.yaml"
+    path.write_text(path.read_text() + INPUT_WRITERS)
+    r = run_cli(["run", "stage-IN"], cwd=fake_lab)
+    assert r.returncode == 1, r.stdout + r.stderr
+    recs = {}
+    for line in (fake_lab / "results" / "records" / "IN.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        recs[rec["case"]["mode"]] = rec
+    zero, copy, touch, ok = recs["zero_inputs"], recs["copy_input"], recs["touch_input"], recs["ok"]
+    assert zero["status"] == "fail", zero
+    assert zero["error"].startswith("kernel wrote its input a (16 elements changed); kernel wrote its input b "
+                                    "(16 elements changed)"), zero["error"]
+    assert copy["status"] == "fail" and copy["error"].startswith("kernel wrote its input b ("), copy
+    assert "kernel wrote its input a" not in copy["error"]
+    # the oracle ran on the inputs as generated: the right answer before the write passes the metrics
+    assert touch["status"] == "fail" and touch["error"] == "kernel wrote its input a (1 element changed)", touch
+    assert touch["metrics"]["out"]["cosine"] > 0.9999
+    assert ok["status"] == "pass" and not ok.get("error")
+
+
+def _bench_job(mode: str):
+    from harness.bench import BenchJob
+    from harness.spec import Tolerance
+
+    return BenchJob(stage="IN", arch="cpu", case={"n": 4096, "mode": mode}, kernel_params=("n", "mode"),
+                    kernel_module="stages.fake.cpu", kernel_entry="Misbehave", tensors=("oracles.add", "tensors"),
+                    inputs=("oracles.add", "make_inputs"), oracle=("oracles.add", "reference"), flops=None,
+                    tolerances={"out": Tolerance(cosine_min=0.9999, rel_l2_max=1e-6)}, seed=7, check_rows=64,
+                    row_axis="n")
+
+
+@pytest.fixture
+def lab_path(fake_lab, monkeypatch):
+    monkeypatch.syspath_prepend(str(fake_lab))
+    for name in [m for m in sys.modules if m == "oracles" or m.startswith(("oracles.", "stages"))]:
+        monkeypatch.delitem(sys.modules, name)
+    return fake_lab
+
+
+def test_bench_check_fails_a_kernel_that_writes_its_inputs(lab_path):
+    from harness.bench import check_and_time
+
+    zero = check_and_time(_bench_job("zero_inputs"), lab_path)
+    assert zero["status"] == "fail" and "kernel wrote its input a (4096 elements changed)" in zero["error"], zero
+    copy = check_and_time(_bench_job("copy_input"), lab_path)
+    assert copy["status"] == "fail" and copy["error"].startswith("kernel wrote its input b ("), copy
+    touch = check_and_time(_bench_job("touch_input"), lab_path)
+    assert touch["status"] == "fail" and touch["error"] == "kernel wrote its input a (1 element changed)", touch
+    assert check_and_time(_bench_job("ok"), lab_path)["status"] == "pass"
+
+
+def test_the_worker_names_the_inputs_written(lab_path):
+    from harness.worker import Job, _Executor
+
+    job = Job(stage="IN", arch="cpu", case={"n": 16, "mode": "copy_input"}, kernel_params=("n", "mode"),
+              kernel_module="stages.fake.cpu", kernel_entry="Misbehave", tensors=("oracles.add", "tensors"),
+              inputs=("oracles.add", "make_inputs"), oracle=("oracles.add", "reference"), flops=None, seed=3)
+    out = _Executor(lab_path).run(job)
+    assert out["wrote_inputs"] == {"b": 16}
+    # the oracle saw b as generated: out = 2a is far from a + b
+    assert out["metrics"]["out"]["cosine"] < 0.99
+
+
+def test_inputs_are_compared_bit_for_bit():
+    import torch
+
+    from harness.pristine import changed, keep, restore, written
+
+    a = torch.tensor([1.0, -0.0, float("nan"), 2.0])
+    b = torch.arange(6, dtype=torch.int64).reshape(2, 3)
+    inputs = {"a": a, "b": b}
+    kept = keep(inputs)
+    assert written(inputs, kept) == {}  # a NaN that stayed is no change (a value comparison says it is)
+    a[1] = 0.0  # -0.0 -> +0.0: equal as values, not as bits
+    a.view(torch.int32)[2] = 0x7FC00001  # another NaN payload
+    assert changed(a, kept["a"]) == 2
+    b.t()[0, 1] = 99  # through a transposed view
+    assert written(inputs, kept) == {"a": 2, "b": 1}
+    restore(inputs, kept, ["a", "b"])
+    assert written(inputs, kept) == {}
+    assert changed(torch.zeros(3), torch.zeros(4)) == 4  # a changed shape: every element
+    h = torch.tensor([1.0], dtype=torch.bfloat16)
+    assert changed(h, h.clone()) == 0 and changed(torch.tensor(3.0), torch.tensor(3.0)) == 0
