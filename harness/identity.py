@@ -7,10 +7,15 @@ The source hash of (stage, arch) covers:
     found under the lab root) or relative (`from .helper import X`, `from . import helper`) —
     followed transitively, and the `__init__.py` of every package on the way (importing a
     module runs them);
-  * the lab's own verdict code: the modules that build, launch and judge a case
-    (`VERDICT_MODULES`: compile, worker, metrics) and the lab modules they import,
-    transitively — so a change to how outputs are compared or tolerances are read makes
-    every result stale;
+  * the lab's own verdict code: every module that builds, launches or judges a case or gives a
+    record its status (`VERDICT_MODULES`: compile, worker, metrics, pristine, runner, compilerun,
+    bench, statuses, records, and a remote run's channel and sending side) and the lab modules
+    they import, transitively — so a change to how outputs are compared, how a verdict is
+    applied or what counts as failing makes every result stale. Left out, because nothing they
+    decide is stored in a record (tests/test_false_green.py holds this list to the code): the
+    gate and baselines (they compare records with baselines afresh at every call) and the
+    receiving side of a remote run (its exit code; the lines it writes are checked by the
+    channel and records.validate, both hashed);
   * the stage's stages.yaml entry as parsed (kernels, oracle references, matrix, kernel
     parameters, tolerances, timeout) — loosening a tolerance makes its results stale; the
     title and the bench shapes do not decide a verdict and are left out.
@@ -36,11 +41,13 @@ from harness.codetext import code_text
 from harness.spec import Stage, module_file
 
 HASH_LEN = 12
-HASH_SCHEME = 3  # bump when what the hash covers changes
+HASH_SCHEME = 4  # bump when what the hash covers changes
 
 HARNESS_DIR = Path(__file__).resolve().parent
-# The lab modules in which a case is compiled, launched, compared and judged.
-VERDICT_MODULES = ("compile", "worker", "metrics")
+# The lab modules in which a case is compiled, launched, compared and judged, and a record's
+# status is given (what they import is followed: verdict_files).
+VERDICT_MODULES = ("compile", "worker", "metrics", "pristine", "runner", "compilerun", "bench", "statuses",
+                   "records", "channel", "remote_side")
 
 @lru_cache(maxsize=1024)
 def _file_digest(path: Path, mtime_ns: int, size: int) -> str:

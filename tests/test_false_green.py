@@ -246,3 +246,92 @@ def test_inputs_are_compared_bit_for_bit():
     assert changed(torch.zeros(3), torch.zeros(4)) == 4  # a changed shape: every element
     h = torch.tensor([1.0], dtype=torch.bfloat16)
     assert changed(h, h.clone()) == 0 and changed(torch.tensor(3.0), torch.tensor(3.0)) == 0
+
+
+# ---------------------------------------------------------------------------------------
+# Item 5: every module that decides a verdict is in the staleness hash.
+
+import ast  # noqa: E402
+import shutil  # noqa: E402
+
+from harness import identity  # noqa: E402
+from harness.statuses import STATUSES  # noqa: E402
+
+# Calls that compare outputs, judge them, or fail a case for what it did to its inputs.
+VERDICT_CALLS = {"judge", "violations", "compare", "describe_input_writes"}
+# statuses' names that decide what fails or what a status may be (STYLE and RAN only show or read).
+DECIDING_NAMES = {"FAILING", "STATUSES"}
+# Modules that match but decide nothing stored in a record, and why (identity.py says the same).
+NOT_HASHED = {
+    "gate.py": "compares records with baselines afresh at every gate call",
+    "baselines.py": "a compile baseline's {status: compiled} is read by the gate afresh",
+    "remote_run.py": "FAILING for its exit code only; the lines it writes are checked by channel and records.validate",
+}
+
+
+def _decides_a_verdict(path: Path) -> list[str]:
+    """What in `path` decides a case's verdict or a record's status (empty: nothing)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name in VERDICT_CALLS:
+                found.add(f"calls {name}()")
+            if name == "Record" and any(k.arg == "status" for k in node.keywords):
+                found.add("builds a Record with a status")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").endswith("statuses"):
+            found |= {f"imports {a.name}" for a in node.names if a.name in DECIDING_NAMES}
+        elif isinstance(node, ast.Dict):
+            for k, v in zip(node.keys, node.values):
+                if (isinstance(k, ast.Constant) and k.value == "status" and isinstance(v, ast.Constant)
+                        and v.value in STATUSES + ("error",)):
+                    found.add(f"a reply with status {v.value!r}")
+        elif isinstance(node, ast.Assign):
+            if any(isinstance(t, ast.Attribute) and t.attr == "status" for t in node.targets):
+                found.add("sets .status")
+    return sorted(found)
+
+
+def test_every_module_that_decides_a_verdict_is_hashed():
+    hashed = {p.relative_to(identity.HARNESS_DIR).as_posix() for p in identity.verdict_files()}
+    deciding = {}
+    for path in sorted(identity.HARNESS_DIR.rglob("*.py")):
+        why = _decides_a_verdict(path)
+        if why:
+            deciding[path.relative_to(identity.HARNESS_DIR).as_posix()] = why
+    # the scan finds what it must (a scan that finds nothing would pass anything)
+    assert {"runner.py", "worker.py", "bench.py", "compilerun.py", "metrics.py", "records.py"} <= set(deciding)
+    missing = {m: w for m, w in deciding.items() if m not in hashed and m not in NOT_HASHED}
+    assert not missing, f"verdict code outside the staleness hash: {missing}"
+    assert {"statuses.py", "pristine.py", "channel.py"} <= hashed
+    assert set(NOT_HASHED) <= set(deciding), "an exemption for a module that decides nothing: drop it"
+
+
+def _project_copy(tmp_path: Path, monkeypatch) -> Path:
+    """A copy of the lab's harness that identity hashes instead of the real one."""
+    from tests.conftest import ROOT
+
+    dest = tmp_path / "proj"
+    shutil.copytree(ROOT / "harness", dest / "harness", ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(identity, "HARNESS_DIR", dest / "harness")
+    return dest / "harness"
+
+
+@pytest.mark.parametrize("module, old, new", [
+    ("runner.py", 'status, why = judge(s.tolerances, out["metrics"])', 'status, why = "pass", None'),
+    ("statuses.py", 'FAILING: tuple[str, ...] = ("fail", "compile_error", "crash", "timeout")',
+     'FAILING: tuple[str, ...] = ("crash",)'),
+    ("compilerun.py", 'status="compiled" if res.ok else "compile_error"', 'status="compiled"'),
+    ("bench.py", "status, why = judge(job.tolerances, metrics)", 'status, why = "pass", None'),
+    ("records.py", "from harness.statuses import STATUSES", "STATUSES = ('pass',)"),
+])
+def test_editing_verdict_code_makes_results_stale(fake_lab, tmp_path, monkeypatch, module, old, new):
+    harness = _project_copy(tmp_path, monkeypatch)
+    spec = load_spec(root=fake_lab)
+    before = identity.source_hash(fake_lab, spec.stages["OK"], "cpu")
+    path = harness / module
+    text = path.read_text()
+    assert old in text, f"{module} no longer has {old!r}: update this test"
+    path.write_text(text.replace(old, new))
+    assert identity.source_hash(fake_lab, spec.stages["OK"], "cpu") != before
