@@ -93,6 +93,9 @@ def _precheck(spec: Spec, stages: list[Stage]) -> None:
         if not (marks / keys[st.id]).is_file():
             todo.append(st)
     problems = [p for st in todo for p in check.check_stage(spec, st)]
+    for st in todo:  # code the staleness hash cannot follow: said once, while the stage is unchecked
+        for w in check.dynamic_warnings(spec, st):
+            print(f"dsv4-lab: {w}", file=sys.stderr)
     if problems:
         for p in problems:
             print(f"dsv4-lab: {p}", file=sys.stderr)

@@ -335,3 +335,109 @@ def test_editing_verdict_code_makes_results_stale(fake_lab, tmp_path, monkeypatc
     assert old in text, f"{module} no longer has {old!r}: update this test"
     path.write_text(text.replace(old, new))
     assert identity.source_hash(fake_lab, spec.stages["OK"], "cpu") != before
+
+
+# ---------------------------------------------------------------------------------------
+# Item 6: code or data loaded dynamically is hashed (the stage's folder, stages/common, the
+# oracle's folder), and `check` says so in one line per call.
+
+DYN_STAGE = """\
+  DYN:
+    title: a kernel that loads code or data dynamically
+    dir: stages/fake
+    kernels: {cpu: {module: stages.fake.dyn, entry: Dyn}}
+    tensors: oracles.add:tensors
+    inputs: oracles.add:make_inputs
+    oracle: ORACLE
+    matrix: {n: [16]}
+    tolerances: {out: {cosine_min: 0.9999}}
+"""
+
+HEAD = "from pathlib import Path\nimport importlib, runpy, sys\nHERE = Path(__file__).parent\n\n"
+KERNEL = HEAD + "class Dyn:\n    def __init__(self, *, n):\n        self.n = n\n\n    def __call__(self, a, b, out):\n{body}"
+
+# form -> (the kernel's __call__ body, the file it loads, that file's text)
+DYNAMIC_FORMS = {
+    "import_module": ("        importlib.import_module('stages.fake.helper').add(a, b, out)\n",
+                      "stages/fake/helper.py", "def add(a, b, out):\n    out.copy_(a + b)\n"),
+    "import_module f-string": ("        k = 'helper'\n        importlib.import_module(f'stages.fake.{k}').add(a, b, out)\n",
+                               "stages/fake/helper.py", "def add(a, b, out):\n    out.copy_(a + b)\n"),
+    "from importlib import import_module": (
+        "        from importlib import import_module\n        import_module('stages.common.helper').add(a, b, out)\n",
+        "stages/common/helper.py", "def add(a, b, out):\n    out.copy_(a + b)\n"),
+    "__import__": ("        __import__('stages.fake.helper', fromlist=['add']).add(a, b, out)\n",
+                   "stages/fake/helper.py", "def add(a, b, out):\n    out.copy_(a + b)\n"),
+    "exec": ("        exec((HERE / 'code.txt').read_text(), {'a': a, 'b': b, 'out': out})\n",
+             "stages/fake/code.txt", "out.copy_(a + b)\n"),
+    "eval": ("        out.copy_(eval('a + b'))\n", "stages/fake/notes.txt", "nothing\n"),
+    "runpy": ("        runpy.run_path(str(HERE / 'helper.py'))['add'](a, b, out)\n",
+              "stages/fake/helper.py", "def add(a, b, out):\n    out.copy_(a + b)\n"),
+    "sys.path": ("        sys.path.insert(0, str(HERE / 'lib'))\n        import helperlib\n        helperlib.add(a, b, out)\n",
+                 "stages/fake/lib/helperlib.py", "def add(a, b, out):\n    out.copy_(a + b)\n"),
+    "sys.path assigned": ("        sys.path = [str(HERE / 'lib')] + sys.path\n        import helperlib\n        helperlib.add(a, b, out)\n",
+                          "stages/fake/lib/helperlib.py", "def add(a, b, out):\n    out.copy_(a + b)\n"),
+    "data file opened": ("        scale = float(open(HERE / 'scale.txt').read())\n        out.copy_((a + b) * scale)\n",
+                         "stages/fake/scale.txt", "1.0\n"),
+    "data file read_text": ("        scale = float((HERE / 'scale.txt').read_text())\n        out.copy_((a + b) * scale)\n",
+                            "stages/fake/scale.txt", "1.0\n"),
+    "torch.load": ("        import torch\n        out.copy_((a + b) * torch.load(HERE / 'scale.pt'))\n",
+                   "stages/fake/scale.pt", "binary\n"),
+}
+
+
+def _dyn_lab(lab: Path, body: str, loaded: str, text: str, oracle: str = "oracles.add:reference") -> None:
+    (lab / "stages" / "fake" / "dyn.py").write_text(KERNEL.format(body=body))
+    target = lab / loaded
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    (lab / "stages.yaml").write_text((lab / "stages.yaml").read_text() + DYN_STAGE.replace("ORACLE", oracle))
+
+
+@pytest.mark.parametrize("form", list(DYNAMIC_FORMS))
+def test_editing_what_is_loaded_dynamically_makes_results_stale(fake_lab, form):
+    body, loaded, text = DYNAMIC_FORMS[form]
+    _dyn_lab(fake_lab, body, loaded, text)
+    spec = load_spec(root=fake_lab)
+    before = identity.source_hash(fake_lab, spec.stages["DYN"], "cpu")
+    (fake_lab / loaded).write_text(text + "# and more\n" if loaded.endswith(".py") else text + "2\n")
+    if loaded.endswith(".py"):  # a comment alone keeps results fresh: change code
+        (fake_lab / loaded).write_text(text.replace("a + b", "a - b"))
+    assert identity.source_hash(fake_lab, spec.stages["DYN"], "cpu") != before, form
+    uses = identity.dynamic_uses(fake_lab, spec.stages["DYN"], "cpu")
+    assert uses and all(u.path.name == "dyn.py" for u in uses), uses
+
+
+def test_an_oracle_that_reads_a_data_file_hashes_the_oracles_folder(fake_lab):
+    (fake_lab / "oracles" / "dynoracle.py").write_text(
+        "from pathlib import Path\n\n\ndef reference(inputs, case):\n"
+        "    scale = float((Path(__file__).parent / 'tables' / 'scale.txt').read_text())\n"
+        "    return {'out': (inputs['a'].double() + inputs['b'].double()) * scale}\n")
+    _dyn_lab(fake_lab, "        out.copy_(a + b)\n", "oracles/tables/scale.txt", "1.0\n", oracle="oracles.dynoracle:reference")
+    spec = load_spec(root=fake_lab)
+    before = identity.source_hash(fake_lab, spec.stages["DYN"], "cpu")
+    (fake_lab / "oracles" / "tables" / "scale.txt").write_text("2.0\n")
+    assert identity.source_hash(fake_lab, spec.stages["DYN"], "cpu") != before
+
+
+def test_a_stage_with_no_dynamic_code_is_hashed_by_its_imports_only(fake_lab):
+    spec = load_spec(root=fake_lab)
+    before = identity.source_hash(fake_lab, spec.stages["OK"], "cpu")
+    assert identity.dynamic_uses(fake_lab, spec.stages["OK"], "cpu") == []
+    (fake_lab / "stages" / "fake" / "unrelated.txt").write_text("x\n")
+    assert identity.source_hash(fake_lab, spec.stages["OK"], "cpu") == before
+
+
+def test_check_warns_of_dynamic_loads_in_one_line_each(fake_lab):
+    body, loaded, text = DYNAMIC_FORMS["sys.path"]
+    _dyn_lab(fake_lab, body, loaded, text)
+    r = run_cli(["check", "stage-DYN"], cwd=fake_lab)
+    assert r.returncode == 0, r.stdout + r.stderr
+    warnings = [line for line in r.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1, r.stderr
+    assert warnings[0].startswith("stages/fake/dyn.py:10: warning: sys.path.insert() loads code or data the "
+                                  "staleness hash cannot follow — stage-DYN's results are hashed over every file of "
+                                  "stages/fake/ instead"), warnings[0]
+    assert "stage-DYN ok" in r.stdout
+    r = run_cli(["run", "stage-DYN"], cwd=fake_lab)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "dyn.py:10: warning: sys.path.insert()" in r.stderr
