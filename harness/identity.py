@@ -60,12 +60,17 @@ VERDICT_MODULES = ("compile", "worker", "metrics", "pristine", "runner", "compil
 def _file_digest(path: Path, mtime_ns: int, size: int) -> str:
     """A digest of one file: its code without comments and blank lines (Python), or its bytes
     (anything else, or Python that does not tokenize)."""
+    if path.suffix != ".py":  # a data file (a dynamic load's fallback folder) may be large: read in pieces
+        h = hashlib.sha256()
+        with path.open("rb") as fh:
+            for piece in iter(lambda: fh.read(1 << 20), b""):
+                h.update(piece)
+        return "b" + h.hexdigest()
     data = path.read_bytes()
-    if path.suffix == ".py":
-        try:
-            return "c" + hashlib.sha256(code_text(data)).hexdigest()
-        except ValueError:
-            pass
+    try:
+        return "c" + hashlib.sha256(code_text(data)).hexdigest()
+    except ValueError:
+        pass
     return "b" + hashlib.sha256(data).hexdigest()
 
 
@@ -233,7 +238,10 @@ def fallback_folders(root: Path, stage: Stage, uses: list[DynamicUse]) -> list[P
     root = root.resolve()
     folders = {stage.dir.resolve(), root / "stages" / "common"}
     for use in uses:
-        rel = use.path.resolve().relative_to(root)
+        try:
+            rel = use.path.resolve().relative_to(root)
+        except ValueError:  # outside the lab: nothing of the lab's to add
+            continue
         if len(rel.parts) > 1 and rel.parts[0] != "stages":
             folders.add(root / rel.parts[0])
         elif len(rel.parts) > 2:  # stages/<other>/…: that stage folder too
