@@ -93,6 +93,9 @@ def _precheck(spec: Spec, stages: list[Stage]) -> None:
         if not (marks / keys[st.id]).is_file():
             todo.append(st)
     problems = [p for st in todo for p in check.check_stage(spec, st)]
+    for st in todo:  # code the staleness hash cannot follow: said once, while the stage is unchecked
+        for w in check.dynamic_warnings(spec, st):
+            print(f"dsv4-lab: {w}", file=sys.stderr)
     if problems:
         for p in problems:
             print(f"dsv4-lab: {p}", file=sys.stderr)
@@ -182,6 +185,8 @@ def run_cmd(
         except (ValueError, AssertionError):
             raise UsageError(f"--shard {shard}: expected i/n with 0 <= i < n, e.g. 0/2")
         shard_t = (i, n)
+    if not emit_jsonl:  # a run that selects no case proves nothing: never exit 0 (one line, exit 1)
+        _refuse_empty_run(stages, archs, cases, shard_t, shard)
     if target != "local":
         from harness.remote_run import run_remote
 
@@ -197,6 +202,25 @@ def run_cmd(
             timeout=timeout, seed=seed, argv=argv, shard=shard_t,
         )
     raise typer.Exit(code)
+
+
+def _refuse_empty_run(stages: list, archs: list[str] | None, cases: dict, shard_t: tuple[int, int] | None,
+                      shard: str | None) -> None:
+    """Exit 1 with one line when the run would select no case (a shard past the end, an arch no
+    chosen stage has): nothing would be proved, so it is never a green exit."""
+    from harness.runner import tasks_for
+
+    tasks = tasks_for(stages, archs, lambda st: cases[st.id])
+    selected = tasks[shard_t[0]::shard_t[1]] if shard_t is not None else tasks
+    if selected:
+        return
+    if tasks:
+        print(f"dsv4-lab: --shard {shard} selects none of the {len(tasks)} case(s): nothing would be proved — "
+              f"give i/n with i < {len(tasks)}", file=sys.stderr)
+    else:
+        print(f"dsv4-lab: no case to run: {', '.join(st.name for st in stages)} has no kernel for "
+              f"{', '.join(archs or [])} — nothing would be proved", file=sys.stderr)
+    raise typer.Exit(1)
 
 
 @app.command("compile", context_settings=FILTER_CTX)

@@ -54,6 +54,10 @@ DEFAULT_TOLERANCE = {"cosine": 1e-6, "rel_l2": 0.25, "max_abs": 0.25}
 REGS_MARGIN = 8
 REGS_MARGIN_REL = 0.05
 COMPILE_TOLERANCE = {"regs": REGS_MARGIN, "regs_rel": REGS_MARGIN_REL}
+# The loosest tolerance a baseline may carry: beyond it the baseline holds nothing (a cosine that
+# may drop by 2, a relative error that may grow 1e300-fold). cosine: the drop allowed; rel_l2 and
+# max_abs: the growth allowed, as a fraction (1: may double); regs: registers; regs_rel: a fraction.
+MAX_TOLERANCE = {"cosine": 1e-2, "rel_l2": 1.0, "max_abs": 1.0, "regs": 64, "regs_rel": 0.5}
 COMPILE_INTS = ("regs", "spill", "stack", "smem", "static_smem", "barriers")
 MAX_BYTES = 64 * 1024 * 1024
 HEADER = (
@@ -138,7 +142,8 @@ def _mapping(v: Any, keys: tuple, what: str = "a mapping") -> dict:
     return v
 
 
-def _number(v: Any, keys: tuple, minimum: float | None = None, positive: bool = False) -> float:
+def _number(v: Any, keys: tuple, minimum: float | None = None, positive: bool = False,
+            maximum: float | None = None) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise _Bad(keys, f"expected a number, got {_what(v)}")
     if not math.isfinite(v):
@@ -147,7 +152,14 @@ def _number(v: Any, keys: tuple, minimum: float | None = None, positive: bool = 
         raise _Bad(keys, f"{v} must be greater than 0")
     if minimum is not None and v < minimum:
         raise _Bad(keys, f"{v} must be at least {minimum}")
+    if maximum is not None and v > maximum:
+        raise _Bad(keys, f"{v:g} holds nothing — give at most {maximum:g} (or drop the key for the default)")
     return v
+
+
+def _tolerance_value(k: str, v: Any, keys: tuple) -> float:
+    """A baseline tolerance: finite, from 0 to MAX_TOLERANCE[k]."""
+    return _number(v, keys + ("tolerance", k), minimum=0, maximum=MAX_TOLERANCE[k])
 
 
 def _count(v: Any, keys: tuple) -> int:
@@ -195,8 +207,7 @@ def _entry(stage: str, arch: str, label: str, e: Any) -> Baseline:
                 raise _Bad(keys + ("metrics", out), "no metric values")
             metrics[str(out)] = {name: float(_number(v, keys + ("metrics", out, name))) for name, v in m.items()}
         _only(tol_in, RUN_METRICS, keys + ("tolerance",))
-        tol = {**DEFAULT_TOLERANCE, **{k: float(_number(v, keys + ("tolerance", k), minimum=0))
-                                        for k, v in tol_in.items()}}
+        tol = {**DEFAULT_TOLERANCE, **{k: float(_tolerance_value(k, v, keys)) for k, v in tol_in.items()}}
         us = e.get("us")
         us = None if us is None else float(_number(us, keys + ("us",), positive=True))
         return Baseline(str(stage), str(arch), str(label), record, src, metrics, tol, us)
@@ -215,7 +226,7 @@ def _entry(stage: str, arch: str, label: str, e: Any) -> Baseline:
             inv = _mapping(comp[k], keys + ("compile", k))
             out_c[k] = {str(name): _count(v, keys + ("compile", k, name)) for name, v in inv.items()}
     _only(tol_in, tuple(COMPILE_TOLERANCE), keys + ("tolerance",))
-    tol = {**COMPILE_TOLERANCE, **{k: _number(v, keys + ("tolerance", k), minimum=0) for k, v in tol_in.items()}}
+    tol = {**COMPILE_TOLERANCE, **{k: _tolerance_value(k, v, keys) for k, v in tol_in.items()}}
     return Baseline(str(stage), str(arch), str(label), record, src, {}, tol, None, out_c)
 
 

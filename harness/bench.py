@@ -3,7 +3,8 @@ its `bench:` block (stages.yaml), beside its peers, as a fraction of the GPU's r
 
 For each bench shape, in a process of its own (a kernel that faults takes down that shape only):
   1. inputs from the stage's generator, outputs poisoned, the cached compiled kernel launched once;
-  2. the check: the oracle on a sample of `check_rows` rows along `row_axis` (each output row of a
+  2. the check: every input compared bit for bit with its copy from before the launch (a kernel
+     that wrote one fails: harness.pristine), then the oracle on a sample of `check_rows` rows along `row_axis` (each output row of a
      row-separable stage depends on its own input rows only; the stage's tensors() tell which
      tensors are sliced), judged by the stage's tolerances, and every element of every output
      written. A kernel that fails posts no time: status fail, no timing;
@@ -161,6 +162,7 @@ def check_and_time(job: BenchJob, root: Path) -> dict:
 
     from harness.check import ContractError, inputs_problems, outputs_problems, specs_problems
     from harness.metrics import compare, judge, poison_, unwritten_mask
+    from harness.pristine import describe, keep, restore, written
 
     device = "cpu" if job.arch == "cpu" else "cuda"
     tensors_fn, inputs_fn, oracle_fn = attr(job.tensors), attr(job.inputs), attr(job.oracle)
@@ -181,9 +183,14 @@ def check_and_time(job: BenchJob, root: Path) -> dict:
     buffers = fresh_outputs()
     args = [inputs[s.name] if s.role == "in" else buffers[s.name] for s in specs]
     outputs = {s.name: buffers[s.name] for s in specs if s.role == "out"}
-    _launcher(job, args)()
+    launch = _launcher(job, args)
+    kept = keep(inputs)  # the inputs as generated: the kernel must not write them
+    launch()
     if device == "cuda":
         torch.cuda.synchronize()
+    wrote = written(inputs, kept)  # bit for bit
+    restore(inputs, kept, wrote)  # the oracle (and the timing) see the inputs as generated
+    del kept
 
     # The check: rows sampled along row_axis (or everything), against the oracle.
     axis = job.row_axis
@@ -207,6 +214,8 @@ def check_and_time(job: BenchJob, root: Path) -> dict:
         raise ContractError(bad[0])
     metrics = {name: compare(check_outputs[name], ref[name]).to_json() for name in check_outputs}
     status, why = judge(job.tolerances, metrics)
+    if wrote:  # a kernel that writes its inputs fails, whatever its outputs
+        status, why = "fail", "; ".join(filter(None, [describe(wrote), why]))
     unwritten = {name: int(unwritten_mask(t).sum()) for name, t in outputs.items()}
     if any(unwritten.values()):
         status = "fail"

@@ -446,11 +446,40 @@ def check_stage(spec: Spec, stage: Stage) -> list[str]:
     return _StageCheck(spec, stage, _SpecLines(spec)).run()
 
 
+def dynamic_warnings(spec: Spec, stage: Stage) -> list[str]:
+    """One line per call in the stage's sources that loads code or data the staleness hash cannot
+    follow by imports (harness.identity.dynamic_uses), and what is hashed in its place."""
+    from harness.identity import dynamic_uses, fallback_folders
+
+    seen: dict[tuple[Path, int, str], None] = {}
+    for arch in sorted(stage.kernels):
+        for use in dynamic_uses(spec.root, stage, arch):
+            seen.setdefault((use.path, use.line, use.call), None)
+    if not seen:
+        return []
+    from harness.identity import DynamicUse
+
+    uses = [DynamicUse(p, line, call) for p, line, call in seen]
+    folders = ", ".join(_rel(spec.root, f) + "/" for f in fallback_folders(spec.root, stage, uses))
+    return [f"{_rel(spec.root, u.path)}:{u.line}: warning: {u.call} loads code or data the staleness hash cannot "
+            f"follow — {stage.name}'s results are hashed over every file of {folders} instead" for u in uses]
+
+
+def _rel(root: Path, path: Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def main(spec: Spec, stages: list[Stage]) -> int:
-    """Check `stages`; print `ok` lines on stdout and problems on stderr. 0, or 2 on problems."""
+    """Check `stages`; print `ok` lines on stdout and problems on stderr. 0, or 2 on problems.
+    Warnings (code the staleness hash cannot follow) go to stderr and change nothing."""
     lines = _SpecLines(spec)
     total = 0
     for st in stages:
+        for w in dynamic_warnings(spec, st):
+            print(w, file=sys.stderr)
         problems = _StageCheck(spec, st, lines).run()
         if problems:
             for p in problems:

@@ -7,10 +7,20 @@ The source hash of (stage, arch) covers:
     found under the lab root) or relative (`from .helper import X`, `from . import helper`) —
     followed transitively, and the `__init__.py` of every package on the way (importing a
     module runs them);
-  * the lab's own verdict code: the modules that build, launch and judge a case
-    (`VERDICT_MODULES`: compile, worker, metrics) and the lab modules they import,
-    transitively — so a change to how outputs are compared or tolerances are read makes
-    every result stale;
+  * the lab's own verdict code: every module that builds, launches or judges a case or gives a
+    record its status (`VERDICT_MODULES`: compile, worker, metrics, pristine, runner, compilerun,
+    bench, statuses, records, and a remote run's channel and sending side) and the lab modules
+    they import, transitively — so a change to how outputs are compared, how a verdict is
+    applied or what counts as failing makes every result stale. Left out, because nothing they
+    decide is stored in a record (tests/test_false_green.py holds this list to the code): the
+    gate and baselines (they compare records with baselines afresh at every call) and the
+    receiving side of a remote run (its exit code; the lines it writes are checked by the
+    channel and records.validate, both hashed);
+  * where the stage's sources load code or data in a way imports do not show (importlib,
+    `__import__`, exec / eval / compile, runpy, a change to sys.path, a file opened or read:
+    dynamic_uses), every file of the stage's folder, stages/common and, for such a load outside
+    stages/, the lab folder that holds it (oracles/, …) — data files too; `check` warns of each
+    such call in one line;
   * the stage's stages.yaml entry as parsed (kernels, oracle references, matrix, kernel
     parameters, tolerances, timeout) — loosening a tolerance makes its results stale; the
     title and the bench shapes do not decide a verdict and are left out.
@@ -28,7 +38,9 @@ import ast
 import hashlib
 import json
 import os
+import stat
 import subprocess
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -36,22 +48,29 @@ from harness.codetext import code_text
 from harness.spec import Stage, module_file
 
 HASH_LEN = 12
-HASH_SCHEME = 3  # bump when what the hash covers changes
+HASH_SCHEME = 5  # bump when what the hash covers changes
 
 HARNESS_DIR = Path(__file__).resolve().parent
-# The lab modules in which a case is compiled, launched, compared and judged.
-VERDICT_MODULES = ("compile", "worker", "metrics")
+# The lab modules in which a case is compiled, launched, compared and judged, and a record's
+# status is given (what they import is followed: verdict_files).
+VERDICT_MODULES = ("compile", "worker", "metrics", "pristine", "runner", "compilerun", "bench", "statuses",
+                   "records", "channel", "remote_side")
 
 @lru_cache(maxsize=1024)
 def _file_digest(path: Path, mtime_ns: int, size: int) -> str:
     """A digest of one file: its code without comments and blank lines (Python), or its bytes
     (anything else, or Python that does not tokenize)."""
+    if path.suffix != ".py":  # a data file (a dynamic load's fallback folder) may be large: read in pieces
+        h = hashlib.sha256()
+        with path.open("rb") as fh:
+            for piece in iter(lambda: fh.read(1 << 20), b""):
+                h.update(piece)
+        return "b" + h.hexdigest()
     data = path.read_bytes()
-    if path.suffix == ".py":
-        try:
-            return "c" + hashlib.sha256(code_text(data)).hexdigest()
-        except ValueError:
-            pass
+    try:
+        return "c" + hashlib.sha256(code_text(data)).hexdigest()
+    except ValueError:
+        pass
     return "b" + hashlib.sha256(data).hexdigest()
 
 
@@ -81,12 +100,20 @@ def _module_name(base: Path, path: Path) -> str:
 
 
 @lru_cache(maxsize=1024)
+def _parsed(path: Path, mtime_ns: int, size: int) -> ast.Module | None:
+    """`path` parsed (None: not Python that parses)."""
+    try:
+        return ast.parse(path.read_bytes(), filename=str(path))
+    except (SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+
+
+@lru_cache(maxsize=1024)
 def _imported_names(path: Path, mtime_ns: int, size: int, package: str) -> tuple[str, ...]:
     """Absolute names of every module `path` may import (relative ones resolved against
     `package`), including `pkg.name` for `from pkg import name` (name may be a module)."""
-    try:
-        tree = ast.parse(path.read_bytes(), filename=str(path))
-    except (SyntaxError, ValueError, UnicodeDecodeError):
+    tree = _parsed(path, mtime_ns, size)
+    if tree is None:
         return ()
     names: list[str] = []
     for node in ast.walk(tree):
@@ -130,17 +157,154 @@ def follow_imports(base: Path, files: list[Path]) -> list[Path]:
     return sorted(seen)
 
 
-def source_files(root: Path, stage: Stage, arch: str) -> list[Path]:
-    """The stage's own files for `arch`: kernel module, oracles, and what they import."""
+# Calls whose code or data cannot be followed by reading imports: a module named at run time,
+# code run from text or a path, a changed module search path, a file read.
+DYNAMIC_NAMES = {"__import__", "exec", "eval", "compile", "open", "import_module", "run_path", "run_module",
+                 "execfile", "spec_from_file_location", "SourceFileLoader"}
+DYNAMIC_ATTRS = {"import_module", "run_path", "run_module", "spec_from_file_location", "spec_from_loader",
+                 "exec_module", "load_module", "module_from_spec", "SourceFileLoader", "reload", "read_text",
+                 "read_bytes", "open", "fromfile", "loadtxt", "genfromtxt", "memmap", "load_file"}
+LOADERS = {"torch", "np", "numpy", "pickle", "json", "yaml", "marshal", "dill", "joblib", "safetensors"}
+MAX_FOLDER_FILES = 10_000  # a fallback folder with more is hashed this far (sorted), and says so
+
+
+@dataclass(frozen=True)
+class DynamicUse:
+    """A call in a stage's or oracle's source whose code or data the hash cannot follow."""
+
+    path: Path
+    line: int
+    call: str
+
+
+def _dotted_name(node: ast.AST) -> str:
+    try:
+        return ast.unparse(node)
+    except Exception:  # an AST unparse cannot print: still a dynamic use
+        return "?"
+
+
+def _is_sys_path(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr in ("path", "meta_path", "path_hooks")
+            and isinstance(node.value, ast.Name) and node.value.id == "sys")
+
+
+@lru_cache(maxsize=1024)
+def _dynamic_calls(path: Path, mtime_ns: int, size: int) -> tuple[tuple[int, str], ...]:
+    """(line, call) of every dynamic load in `path`: importlib / __import__ / exec / eval /
+    compile / runpy, a change to sys.path, a file opened or read."""
+    tree = _parsed(path, mtime_ns, size)
+    if tree is None:
+        return ()
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            hit = ((isinstance(f, ast.Name) and f.id in DYNAMIC_NAMES)
+                   or (isinstance(f, ast.Attribute) and (f.attr in DYNAMIC_ATTRS or _is_sys_path(f.value)
+                                                         or (f.attr in ("load", "loads") and isinstance(f.value, ast.Name)
+                                                             and f.value.id in LOADERS))))
+            if hit:
+                found.append((node.lineno, _dotted_name(f) + "()"))
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                base = t.value if isinstance(t, ast.Subscript) else t
+                if _is_sys_path(base):
+                    found.append((node.lineno, f"{_dotted_name(base)} changed"))
+    return tuple(sorted(set(found)))
+
+
+def dynamic_uses(root: Path, stage: Stage, arch: str) -> list[DynamicUse]:
+    """Every dynamic load in the stage's followed sources for `arch` (kernel, oracles and what
+    they import): code or data the import graph does not reach."""
+    return _dynamic_in(_followed(root.resolve(), stage, arch))
+
+
+def _dynamic_in(files: list[Path]) -> list[DynamicUse]:
+    out = []
+    for path in files:
+        if HARNESS_DIR in path.parents:  # the lab's own code (its peers load adapters by name): not the stage's
+            continue
+        if path.suffix == ".py" and path.is_file():
+            st = path.stat()
+            out += [DynamicUse(path, line, call) for line, call in _dynamic_calls(path, st.st_mtime_ns, st.st_size)]
+    return out
+
+
+def fallback_folders(root: Path, stage: Stage, uses: list[DynamicUse]) -> list[Path]:
+    """Where code loaded dynamically may live: the stage's folder and stages/common, and for a
+    dynamic load outside stages/ the top folder of the lab that holds it (oracles/, …)."""
     root = root.resolve()
+    folders = {stage.dir.resolve(), root / "stages" / "common"}
+    for use in uses:
+        try:
+            rel = use.path.resolve().relative_to(root)
+        except ValueError:  # outside the lab: nothing of the lab's to add
+            continue
+        if len(rel.parts) > 1 and rel.parts[0] != "stages":
+            folders.add(root / rel.parts[0])
+        elif len(rel.parts) > 2:  # stages/<other>/…: that stage folder too
+            folders.add(root / rel.parts[0] / rel.parts[1])
+    return sorted(f for f in folders if f.is_dir() and root in f.parents)
+
+
+def folder_files(folder: Path) -> list[Path]:
+    """Every regular file under `folder` (data files too), caches and symlinks left out, sorted."""
+    out: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
+        for name in sorted(filenames):
+            p = Path(dirpath) / name
+            if name.endswith((".pyc", ".pyo")) or name.startswith("."):
+                continue
+            try:
+                if stat.S_ISREG(p.lstat().st_mode):  # a FIFO or device would hang the read; a link may leave the lab
+                    out.append(p)
+            except OSError:
+                continue
+        if len(out) >= MAX_FOLDER_FILES:
+            break
+    return sorted(out)[:MAX_FOLDER_FILES]
+
+
+def _followed(root: Path, stage: Stage, arch: str) -> list[Path]:
     return follow_imports(root, [stage.kernels[arch].path, *stage.oracle_files()])
 
 
+def source_files(root: Path, stage: Stage, arch: str) -> list[Path]:
+    """The stage's own files for `arch`: kernel module, oracles, and what they import — and,
+    where any of them loads code or data dynamically (dynamic_uses), every file of the
+    folders that code may come from (fallback_folders)."""
+    root = root.resolve()
+    files = _followed(root, stage, arch)
+    uses = _dynamic_in(files)
+    if not uses:
+        return files
+    extra = [p.resolve() for folder in fallback_folders(root, stage, uses) for p in folder_files(folder)]
+    return sorted(set(files) | set(extra))
+
+
+_verdict_memo: dict[tuple, list[Path]] = {}
+
+
 def verdict_files() -> list[Path]:
-    """The lab's own code that compiles, runs and judges a case (and what it imports)."""
+    """The lab's own code that compiles, runs and judges a case (and what it imports).
+    Remembered while no file of the harness changed (size and mtime)."""
     base = HARNESS_DIR.parent
+    try:
+        key = (HARNESS_DIR, tuple(sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size)
+                                         for p in HARNESS_DIR.rglob("*.py"))))
+    except OSError:  # a file went while listing: no memo
+        key = None
+    if key is not None and key in _verdict_memo:
+        return list(_verdict_memo[key])
     start = [HARNESS_DIR / f"{m}.py" for m in VERDICT_MODULES if (HARNESS_DIR / f"{m}.py").is_file()]
-    return [p for p in follow_imports(base, start) if HARNESS_DIR in p.parents]
+    files = [p for p in follow_imports(base, start) if HARNESS_DIR in p.parents]
+    if key is not None:
+        _verdict_memo.clear()
+        _verdict_memo[key] = files
+    return list(files)
 
 
 def stage_entry(stage: Stage, arch: str) -> dict:

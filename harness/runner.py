@@ -23,6 +23,7 @@ from harness.environment import gpu_capabilities, host_environment
 from harness.identity import code_identity
 from harness.matrix import Case
 from harness.metrics import judge
+from harness.pristine import describe as describe_input_writes
 from harness.records import (Record, RecordWriter, append_event, new_run_id, now_iso, runs_file, stage_file,
                              status_counts)
 from harness.spec import Spec, Stage
@@ -353,6 +354,8 @@ class Runner:
         common = dict(compile=res.summary() if task.arch != "cpu" else None, env=env, gpu=handle.gpu)
         if "metrics" in out:
             status, why = judge(s.tolerances, out["metrics"])
+            if out.get("wrote_inputs"):  # a kernel that writes its inputs fails, whatever its outputs
+                status, why = "fail", "; ".join(filter(None, [describe_input_writes(out["wrote_inputs"]), why]))
             self._record(task, status, metrics=out["metrics"], timing=out.get("timing"), error=why, **common)
         else:
             status = out.get("status", "crash")

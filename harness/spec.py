@@ -39,10 +39,15 @@ ARCHS: dict[str, str] = {"sm90": "sm_90a", "sm100": "sm_100a", "cpu": "cpu"}
 ARCH_KEYS: dict[str, str] = {v: k for k, v in ARCHS.items()}
 
 TOLERANCE_KEYS = {"cosine_min", "rel_l2_max", "max_abs_max"}
-# Each tolerance's range: (lowest, highest) allowed, both inclusive; None is unbounded (but finite).
-TOLERANCE_RANGES: dict[str, tuple[float, float | None]] = {
-    "cosine_min": (-1.0, 1.0), "rel_l2_max": (0.0, None), "max_abs_max": (0.0, None),
+# Each tolerance's range: (lowest, highest, lowest excluded); None is unbounded (but finite).
+# A cosine of 0 or below, or a relative error above 1 (as wrong as an output of zeros), holds nothing.
+TOLERANCE_RANGES: dict[str, tuple[float, float | None, bool]] = {
+    "cosine_min": (0.0, 1.0, True), "rel_l2_max": (0.0, 1.0, False), "max_abs_max": (0.0, None, False),
 }
+# An output's bounds must constrain: cosine_min at least this, or rel_l2_max at most this (max_abs_max
+# alone does not count: its scale is the output's). `a - b` for `a + b` (cosine ~0, rel_l2 ~1) fails both.
+COSINE_MIN_FLOOR = 0.9
+REL_L2_MAX_CEILING = 0.5
 
 # Axis names that would be read as the lab's own options (`--arch`, `--where` …), not as filters.
 RESERVED_AXES = {"all", "arch", "bench", "where", "target", "gpus", "workers_per_gpu", "timeout", "seed",
@@ -620,8 +625,12 @@ def _tolerances(ctx: _Ctx, node: Node, key: str) -> dict[str, Tolerance]:
         vals: dict[str, float] = {}
         for a, b in vpairs:
             metric = str(_scalar(a))
-            lo, hi = TOLERANCE_RANGES[metric]
-            vals[metric] = _number(ctx, b, f"{ok}.{metric}", "a number", lo, hi)
+            lo, hi, lo_open = TOLERANCE_RANGES[metric]
+            vals[metric] = _number(ctx, b, f"{ok}.{metric}", "a number", lo, hi, lo_open=lo_open)
+        if not (vals.get("cosine_min", -math.inf) >= COSINE_MIN_FLOOR
+                or vals.get("rel_l2_max", math.inf) <= REL_L2_MAX_CEILING):
+            raise ctx.fail(vnode, ok, f"bounds that hold nothing — give cosine_min >= {COSINE_MIN_FLOOR:g} or "
+                                      f"rel_l2_max <= {REL_L2_MAX_CEILING:g} (see docs/STAGES.md)")
         tolerances[out] = Tolerance(**vals)
     return tolerances
 

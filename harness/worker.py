@@ -2,7 +2,9 @@
 
 The worker imports torch and CuTeDSL once, then serves cases over a pipe: inputs from the
 stage's generator, outputs allocated and poisoned, the cached compiled kernel loaded and
-launched, CUDA errors checked by a synchronize, the oracle run, metrics returned. A CUDA
+launched, CUDA errors checked by a synchronize, the inputs compared bit for bit with a copy
+kept before the launch (harness.pristine: a kernel that wrote one is named in the reply, and
+the oracle runs on the inputs as generated), the oracle run, metrics returned. A CUDA
 error leaves the context unusable, so after reporting one the worker exits and the parent
 starts a new one. The parent bounds each case by a timeout: a hang is killed and reported.
 
@@ -61,6 +63,7 @@ class _Executor:
 
         from harness.check import ContractError, inputs_problems, outputs_problems, specs_problems
         from harness.metrics import compare, poison_
+        from harness.pristine import keep, restore, written
 
         device = "cpu" if job.arch == "cpu" else "cuda"
         tensors_fn, inputs_fn, oracle_fn = attr(job.tensors), attr(job.inputs), attr(job.oracle)
@@ -83,15 +86,21 @@ class _Executor:
         outputs = fresh_outputs()
         args = [inputs[s.name] if s.role == "in" else outputs[s.name] for s in specs]
         launch = self.launcher(job, args)
+        kept = keep(inputs)  # the inputs as generated: the kernel must not write them
         launch()
         if device == "cuda":
             torch.cuda.synchronize()  # raises on a launch failure or illegal address
+        wrote = written(inputs, kept)  # bit for bit; the runner fails the case when any changed
+        restore(inputs, kept, wrote)  # the oracle sees the inputs as generated
+        del kept
         ref = oracle_fn(inputs, job.case)
         bad = outputs_problems(specs, ref, oracle_fn, self.root)
         if bad:
             raise ContractError(bad[0])
         metrics = {s.name: compare(outputs[s.name], ref[s.name]).to_json() for s in specs if s.role == "out"}
         result: dict[str, Any] = {"metrics": metrics}
+        if wrote:
+            result["wrote_inputs"] = wrote
         if job.bench and device == "cuda":
             result["timing"] = self._bench(job, specs, inputs, fresh_outputs)
         return result

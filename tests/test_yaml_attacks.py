@@ -143,7 +143,7 @@ def test_every_malformed_spec_is_one_line(fake_lab):
     ("cosine_min: 0.9999", "cosine_min: .inf", 24, "stages.OK.tolerances.out.cosine_min", "not a finite number"),
     ("cosine_min: 0.9999", "cosine_min: -.inf", 24, "stages.OK.tolerances.out.cosine_min", "not a finite number"),
     ("cosine_min: 0.9999", "cosine_min: 1.5", 24, "stages.OK.tolerances.out.cosine_min", "at most 1"),
-    ("cosine_min: 0.9999", "cosine_min: -2", 24, "stages.OK.tolerances.out.cosine_min", "at least -1"),
+    ("cosine_min: 0.9999", "cosine_min: -2", 24, "stages.OK.tolerances.out.cosine_min", "more than 0"),
     ("rel_l2_max: 1.0e-6", "rel_l2_max: .NaN", 25, "stages.OK.tolerances.out.rel_l2_max", "not a finite number"),
     ("rel_l2_max: 1.0e-6", "rel_l2_max: -1.0e-6", 25, "stages.OK.tolerances.out.rel_l2_max", "at least 0"),
     ("max_abs_max: 0.5", "max_abs_max: .inf", 26, "stages.OK.tolerances.out.max_abs_max", "not a finite number"),
