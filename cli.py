@@ -207,8 +207,11 @@ def compile_cmd(
     where: Optional[str] = typer.Option(None, help="filters, e.g. hd=512"),
     keep: Optional[Path] = typer.Option(None, help="copy PTX and cubin (and SASS when the CUDA binary tools are here) to this folder"),
     diff: Optional[str] = typer.Option(None, "--diff", help="show what changed in inventory and resources against a commit (e.g. HEAD~1)"),
+    record: bool = typer.Option(False, "--record", help="write a record for every case, also where it says what the "
+                                                        "case's newest record for this source already says"),
 ) -> None:
-    """Compile only (no GPU needed): instruction inventory, registers / shared memory / spills; records written."""
+    """Compile only (no GPU needed): instruction inventory, registers / shared memory / spills; a record per case
+    whose result is new (nothing is written for a case compiled to what its newest record says, unless --record)."""
     from harness.report import compile_and_report
 
     spec = _spec()
@@ -225,7 +228,7 @@ def compile_cmd(
         from harness.compilediff import diff_main
 
         raise typer.Exit(diff_main(spec, st, archs, cases, diff))
-    raise typer.Exit(compile_and_report(spec, st, archs, cases, keep, argv=["compile"] + sys.argv[2:]))
+    raise typer.Exit(compile_and_report(spec, st, archs, cases, keep, argv=["compile"] + sys.argv[2:], record=record))
 
 
 @app.command("gate")
