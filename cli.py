@@ -155,6 +155,8 @@ def run_cmd(
     seed: int = typer.Option(0, help="base seed of the input generators"),
     emit_jsonl: bool = typer.Option(False, "--emit-jsonl", help="remote mode: send records on the record channel (used by --target)"),
     shard: Optional[str] = typer.Option(None, help="run only every n-th case from the i-th: i/n (used to split runs)"),
+    record: bool = typer.Option(False, "--record", help="also record a case compiled, not run, where it says what "
+                                                        "its newest record for this source already says"),
 ) -> None:
     """Run a stage's matrix (filtered by axis flags like --hd 512); live progress, a table, records."""
     from harness.report import run_local_and_report
@@ -194,7 +196,7 @@ def run_cmd(
     else:
         code = run_local_and_report(
             spec, stages, archs, cases, bench=bench, gpus=gpu_list, workers_per_gpu=workers_per_gpu,
-            timeout=timeout, seed=seed, argv=argv, shard=shard_t,
+            timeout=timeout, seed=seed, argv=argv, shard=shard_t, record=record,
         )
     raise typer.Exit(code)
 

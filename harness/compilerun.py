@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from harness.compile import CompileResult, Compiler
 from harness.environment import host_environment
@@ -61,8 +61,9 @@ def same_facts(old: Record, new: Record) -> bool:
     return strip(old.compile) == strip(new.compile)
 
 
-def newest_builds(root: Path, jobs: list[CompileJob], src: dict[tuple[str, str], str]) -> dict[tuple, Record]:
-    """(stage, arch, case label) -> the newest record of that case with the current source hash
+def newest_builds(root: Path, jobs: Sequence[CompileJob], src: dict[tuple[str, str], str]) -> dict[tuple, Record]:
+    """For jobs (anything with a stage, an arch and a case: a CompileJob, a runner's Task):
+    (stage, arch, case label) -> the newest record of that case with the current source hash
     (`src`, per stage and arch) that says what compiling gave (a compile summary with the
     inventory, or a compile error): what a new compile record is compared with. Each stage's
     records file is read from its newest line back, only until every job's case is found; a bad

@@ -81,7 +81,10 @@ def summary_lines(records: list[Record], interrupted: bool, reasons: dict[str, s
 
 def run_local_and_report(spec: Spec, stages: list[Stage], archs: list[str] | None, cases: dict[str, list[Case]],
                          *, bench: bool, gpus: list[int] | None, workers_per_gpu: int, timeout: float | None,
-                         seed: int, argv: list[str], shard: tuple[int, int] | None = None) -> int:
+                         seed: int, argv: list[str], shard: tuple[int, int] | None = None, record: bool = False) -> int:
+    """`dsv4-lab run` here: progress, a line per case, the table and the summary. A case this machine
+    cannot run whose compile says what its newest fresh record says is not recorded again, unless
+    `record` (`--record`)."""
     from harness.runner import RunOptions, Runner, tasks_for
 
     tasks = tasks_for(stages, archs, lambda st: cases[st.id])
@@ -89,7 +92,7 @@ def run_local_and_report(spec: Spec, stages: list[Stage], archs: list[str] | Non
         i, n = shard
         tasks = tasks[i::n]
     opts = RunOptions(tasks=tasks, bench=bench, gpus=gpus, workers_per_gpu=workers_per_gpu,
-                      timeout_s=timeout, seed=seed, argv=argv)
+                      timeout_s=timeout, seed=seed, argv=argv, only_new=not record)
     console = make_console()
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, transient=True)
@@ -98,7 +101,10 @@ def run_local_and_report(spec: Spec, stages: list[Stage], archs: list[str] | Non
     show_trace = bool(os.environ.get("DSV4_LAB_TRACEBACK"))
 
     def on_record(rec: Record) -> None:
-        progress.console.print(case_line(rec), highlight=False)
+        line = case_line(rec)
+        if rec.id in runner.unchanged:
+            line += f"  [dim]unchanged: as recorded in {escape(rec.id)}[/]"
+        progress.console.print(line, highlight=False)
         if rec.trace and show_trace:  # `--traceback`: the kept traceback, as well as the one line
             progress.console.print(rec.trace.rstrip(), highlight=False, markup=False)
         elif rec.trace:
@@ -121,6 +127,9 @@ def run_local_and_report(spec: Spec, stages: list[Stage], archs: list[str] | Non
     if files:
         shown = ", ".join(_display_path(p, spec.root) for p in files)
         console.print(f"records: {shown} (run {summary.run_id})", highlight=False, markup=False)
+    elif runner.unchanged:
+        console.print(f"records: none written — every case compiled to what its newest record already says "
+                      f"(to record them anyway: --record)", highlight=False, markup=False)
     else:
         console.print(f"records: none written (run {summary.run_id})", highlight=False, markup=False)
     return summary.exit_code

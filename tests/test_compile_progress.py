@@ -25,14 +25,19 @@ LABEL = "hd=64,n=128,m=128"
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """A copy of the lab with an empty notebook, its own compile cache and its own TMPDIR."""
-    base = tmp_path_factory.mktemp("compile_progress")
-    lab = base / "lab"
+def cache(tmp_path_factory) -> Path:
+    """One compile cache for this file's labs (the same source compiles once)."""
+    return tmp_path_factory.mktemp("compile_cache")
+
+
+@pytest.fixture
+def lab(tmp_path, cache):
+    """A copy of the lab with an empty notebook, the shared compile cache and its own TMPDIR."""
+    lab = tmp_path / "lab"
     shutil.copytree(ROOT, lab, ignore=IGNORE)
-    tmp = base / "tmp"
+    tmp = tmp_path / "tmp"
     tmp.mkdir()
-    env = {"DSV4_LAB_ROOT": str(lab), "DSV4_LAB_CACHE": str(base / "cache"), "TMPDIR": str(tmp)}
+    env = {"DSV4_LAB_ROOT": str(lab), "DSV4_LAB_CACHE": str(cache), "TMPDIR": str(tmp)}
     return lab, env, tmp
 
 
@@ -114,6 +119,39 @@ def test_looking_again_writes_nothing_and_record_writes_all_the_same(lab):
     records.write_text("".join(json.dumps(d) + "\n" for d in old))
     _compile(lab, env)
     assert len(records.read_text().splitlines()) == 3
+    assert _leftover_temp(tmp) == []
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(_has_gpu(), reason="the path of a machine with no GPU (every case compiled, not run)")
+def test_running_again_where_nothing_runs_writes_nothing(lab):
+    """The README's first command on a laptop: `run` compiles both archs and runs neither. Run
+    again with nothing changed, it records nothing (results/ byte for byte as it was) and still
+    exits 0 and says what it found; `--record` records all the same."""
+    lab, env, tmp = lab
+    args = ["run", "stage-A", "--hd", "64", "--n", "128"]
+    r = run_cli(args, cwd=lab, env_extra=env, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    records = lab / "results" / "records" / "A.jsonl"
+    assert len(records.read_text().splitlines()) == 2
+    before = _results(lab)
+    r = run_cli(args, cwd=lab, env_extra=env, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("unchanged") == 2 and "records: none written" in r.stdout
+    assert "compiled, not run: no GPU on this machine" in r.stdout
+    assert _results(lab) == before
+    r = run_cli(args + ["--record"], cwd=lab, env_extra=env, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(records.read_text().splitlines()) == 4
+    assert len((lab / "results" / "runs.jsonl").read_text().splitlines()) == 4
     assert _leftover_temp(tmp) == []
 
 
