@@ -167,16 +167,12 @@ def compile_line(done) -> str:
     return "  ".join(parts)
 
 
-def compile_table(title: str, rows: list[tuple[str, ...]], label_width: int) -> Table:
-    """The compile summary table. The case column is as wide as the longest label and never cut
-    (two cases never read alike): printed whole (`print_whole`), or folded on a narrow terminal;
-    the inventory column wraps."""
+def compile_table(title: str, rows: list[tuple[str, ...]]) -> Table:
+    """The compile summary table. A case label is never cut (two cases never read alike): printed
+    whole (`print_whole`), or folded onto a second line on a narrow terminal; the inventory wraps."""
     table = Table(title=title)
     for col in ("arch", "case", "status", "s", "regs", "spill", "smem", "bar", "MMA", "inventory"):
-        if col == "case":
-            table.add_column(col, no_wrap=True, min_width=label_width, overflow="fold")
-        else:
-            table.add_column(col, no_wrap=col != "inventory")
+        table.add_column(col, no_wrap=col not in ("case", "inventory"), overflow="fold" if col == "case" else "ellipsis")
     for row in rows:
         table.add_row(*row)
     return table
@@ -185,7 +181,7 @@ def compile_table(title: str, rows: list[tuple[str, ...]], label_width: int) -> 
 def print_whole(console: Console, table: Table) -> None:
     """Print `table` without cutting a cell: where the output is no terminal (a file, a pipe) at
     the width the table needs (wider than the console's 160 columns if need be); on a terminal at
-    the terminal's width (the compile table's case column folds there rather than cut a label)."""
+    the terminal's width (where the compile table folds a label rather than cut it)."""
     if console.is_terminal:
         console.print(table)
         return
@@ -249,8 +245,7 @@ def compile_and_report(spec: Spec, stage: Stage, archs: list[str], cases: list[C
         run_id, done = compile_recorded(spec, jobs, argv or ["compile", stage.name], on_done=show,
                                         only_new=not record)
     failed = sum(1 for d in done if not d.result.ok)
-    width = max((len(printable(j.case.label)) for j in jobs), default=4)
-    print_whole(console, compile_table(f"{stage.name} compile", rows, width))
+    print_whole(console, compile_table(f"{stage.name} compile", rows))
     if not find_tool("ptxas"):
         console.print("registers / spills: ptxas is not installed here, so they are not reported", highlight=False)
     if sass_tool() is None:

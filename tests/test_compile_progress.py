@@ -187,7 +187,7 @@ def test_every_label_of_stage_E_reads_whole_in_the_lines_and_the_table():
         assert label in line
 
     console = Console(width=160, no_color=True, file=io.StringIO())  # what make_console gives a pipe
-    print_whole(console, compile_table("stage-E compile", rows, max(map(len, labels))))
+    print_whole(console, compile_table("stage-E compile", rows))
     text = console.file.getvalue()
     table_rows = [x for x in text.splitlines() if "sm_90a" in x]
     assert len(table_rows) == len(labels)
