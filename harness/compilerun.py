@@ -51,14 +51,15 @@ _INCIDENTAL = ("s", "cached")
 
 def same_facts(old: Record, new: Record) -> bool:
     """Whether record `new` (a build that succeeded) says nothing that `old`, the case's newest
-    fresh record showing a build, does not already say: the same source hash, and the same compile
-    summary (resources, key, PTX and SASS inventories) but for the time taken and the cache flag."""
+    fresh record showing a build, does not already say: the same source hash, and every fact of
+    its compile summary (resources, key, PTX and SASS inventories; not the time taken nor the cache
+    flag) the same in `old`. A fact this machine cannot tell (no `ptxas` here: no registers; no
+    CUDA binary tools: no SASS) leaves `old`'s standing; one `old` lacks is news."""
     if new.status != "compiled" or not new.compile or not old.compile:
         return False
     if old.status == "compile_error" or old.code.get("src") != new.code.get("src"):
         return False
-    strip = lambda c: {k: v for k, v in c.items() if k not in _INCIDENTAL}  # noqa: E731
-    return strip(old.compile) == strip(new.compile)
+    return all(k in old.compile and old.compile[k] == v for k, v in new.compile.items() if k not in _INCIDENTAL)
 
 
 def newest_builds(root: Path, jobs: Sequence[CompileJob], src: dict[tuple[str, str], str]) -> dict[tuple, Record]:
