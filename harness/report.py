@@ -172,7 +172,8 @@ def compile_table(title: str, rows: list[tuple[str, ...]]) -> Table:
     whole (`print_whole`), or folded onto a second line on a narrow terminal; the inventory wraps."""
     table = Table(title=title)
     for col in ("arch", "case", "status", "s", "regs", "spill", "smem", "bar", "MMA", "inventory"):
-        table.add_column(col, no_wrap=col not in ("case", "inventory"), overflow="fold" if col == "case" else "ellipsis")
+        table.add_column(col, no_wrap=col not in ("case", "inventory"),
+                         overflow="fold" if col == "case" else "ellipsis")
     for row in rows:
         table.add_row(*row)
     return table
