@@ -158,6 +158,8 @@ def run_cmd(
     seed: int = typer.Option(0, help="base seed of the input generators"),
     emit_jsonl: bool = typer.Option(False, "--emit-jsonl", help="remote mode: send records on the record channel (used by --target)"),
     shard: Optional[str] = typer.Option(None, help="run only every n-th case from the i-th: i/n (used to split runs)"),
+    record: bool = typer.Option(False, "--record", help="also record a case compiled, not run, where it says what "
+                                                        "its newest record for this source already says"),
 ) -> None:
     """Run a stage's matrix (filtered by axis flags like --hd 512); live progress, a table, records."""
     from harness.report import run_local_and_report
@@ -199,7 +201,7 @@ def run_cmd(
     else:
         code = run_local_and_report(
             spec, stages, archs, cases, bench=bench, gpus=gpu_list, workers_per_gpu=workers_per_gpu,
-            timeout=timeout, seed=seed, argv=argv, shard=shard_t,
+            timeout=timeout, seed=seed, argv=argv, shard=shard_t, record=record,
         )
     raise typer.Exit(code)
 
@@ -231,8 +233,11 @@ def compile_cmd(
     where: Optional[str] = typer.Option(None, help="filters, e.g. hd=512"),
     keep: Optional[Path] = typer.Option(None, help="copy PTX and cubin (and SASS when the CUDA binary tools are here) to this folder"),
     diff: Optional[str] = typer.Option(None, "--diff", help="show what changed in inventory and resources against a commit (e.g. HEAD~1)"),
+    record: bool = typer.Option(False, "--record", help="write a record for every case, also where it says what the "
+                                                        "case's newest record for this source already says"),
 ) -> None:
-    """Compile only (no GPU needed): instruction inventory, registers / shared memory / spills; records written."""
+    """Compile only (no GPU needed): instruction inventory, registers / shared memory / spills; a record per case
+    whose result is new (nothing is written for a case compiled to what its newest record says, unless --record)."""
     from harness.report import compile_and_report
 
     spec = _spec()
@@ -249,7 +254,7 @@ def compile_cmd(
         from harness.compilediff import diff_main
 
         raise typer.Exit(diff_main(spec, st, archs, cases, diff))
-    raise typer.Exit(compile_and_report(spec, st, archs, cases, keep, argv=["compile"] + sys.argv[2:]))
+    raise typer.Exit(compile_and_report(spec, st, archs, cases, keep, argv=["compile"] + sys.argv[2:], record=record))
 
 
 @app.command("gate")

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 import traceback
+import weakref
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
@@ -258,11 +259,13 @@ def compile_case(root: Path, stage: Stage, arch: str, case: dict[str, Any], keep
 _WORKER_STATE: dict[str, Any] = {}
 
 
-def _init_worker(root: str, arch: str) -> None:
+def _init_worker(root: str, arch: str, scratch: str) -> None:
+    """Set up a compile worker for `arch`; CuTeDSL dumps its files into a folder of the worker's
+    own inside `scratch`, the pool owner's temp folder (removed with it: `Compiler.close`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     os.environ["CUTE_DSL_ARCH"] = arch
     os.environ["CUTE_DSL_KEEP"] = "ptx,cubin"
-    os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="dsv4-compile-")
+    os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="worker-", dir=scratch)
     if root not in sys.path:
         sys.path.insert(0, root)
     _WORKER_STATE["root"] = Path(root)
@@ -273,19 +276,29 @@ def _compile_job(stage: Stage, arch: str, case: dict[str, Any]) -> CompileResult
 
 
 class Compiler:
-    """Compiles cases in parallel, a pool per arch, sized to the machine's cores."""
+    """Compiles cases in parallel, a pool per arch, sized to the machine's cores. The workers'
+    scratch files live in one temp folder (`dsv4-compile-*`), made with the first pool and
+    removed by `close` (or, for a compiler never closed, when the process exits)."""
 
     def __init__(self, root: Path, max_workers: int | None = None):
         self.root = root
         self.max_workers = max_workers or max(1, os.cpu_count() or 1)
         self._pools: dict[str, ProcessPoolExecutor] = {}
         self._pending: dict[str, Future] = {}  # key -> future: one compile per key per run
+        self._scratch: str | None = None
+        self._remove_scratch: weakref.finalize | None = None
+
+    def _scratch_dir(self) -> str:
+        if self._scratch is None:
+            self._scratch = tempfile.mkdtemp(prefix="dsv4-compile-")
+            self._remove_scratch = weakref.finalize(self, shutil.rmtree, self._scratch, True)
+        return self._scratch
 
     def _pool(self, arch: str) -> ProcessPoolExecutor:
         if arch not in self._pools:
             self._pools[arch] = ProcessPoolExecutor(
                 max_workers=self.max_workers, mp_context=get_context("spawn"),
-                initializer=_init_worker, initargs=(str(self.root), arch),
+                initializer=_init_worker, initargs=(str(self.root), arch, self._scratch_dir()),
             )
         return self._pools[arch]
 
@@ -311,12 +324,17 @@ class Compiler:
     def close(self, cancel: bool = False) -> None:
         """Shut the pools down; with `cancel` (a stopped run), queued compiles are dropped and the
         running ones killed, so the process exits at once instead of waiting for them."""
-        for pool in self._pools.values():
-            procs = list((getattr(pool, "_processes", None) or {}).values()) if cancel else []
-            pool.shutdown(wait=not cancel, cancel_futures=cancel)
-            for proc in procs:
-                if proc.is_alive():
-                    proc.terminate()
-            for proc in procs:
-                proc.join(5)
-        self._pools.clear()
+        try:
+            for pool in self._pools.values():
+                procs = list((getattr(pool, "_processes", None) or {}).values()) if cancel else []
+                pool.shutdown(wait=not cancel, cancel_futures=cancel)
+                for proc in procs:
+                    if proc.is_alive():
+                        proc.terminate()
+                for proc in procs:
+                    proc.join(5)
+            self._pools.clear()
+        finally:
+            if self._remove_scratch is not None:  # the workers are gone: their scratch files go too
+                self._remove_scratch()
+                self._scratch = self._remove_scratch = None

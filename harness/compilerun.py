@@ -3,18 +3,28 @@ recompiles a stale compile-only case) compile cases in the parallel, cached comp
 one record per case — status `compiled` or `compile_error`, the compile summary (resources and
 instruction inventory), code identity and environment — plus the run's start and end events
 in results/runs.jsonl. Nothing here imports torch; CuTeDSL only inside the compiler's workers.
+
+Looking leaves no trace: with `only_new` (`dsv4-lab compile` without `--record`), a case whose
+record would say what its newest fresh record already says — the same source hash and the same
+compile summary, its time and cache flag aside — is not written again, and a session that writes
+no record writes no run events either, so results/ stays byte for byte as it was. A case whose
+source changed has no fresh record, so it is always recorded (the gate relies on it; it records
+every case it recompiles).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Sequence
 
 from harness.compile import CompileResult, Compiler
 from harness.environment import host_environment
 from harness.identity import code_identity
 from harness.matrix import Case
-from harness.records import Record, RecordWriter, append_event, new_run_id, now_iso, runs_file, status_counts
+from harness.labels import case_label
+from harness.records import (Record, RecordWriter, append_event, iter_records, new_run_id, now_iso, runs_file,
+                             stage_file, status_counts)
 from harness.spec import Spec, Stage
 
 NOTE = "compiled only (dsv4-lab compile): nothing was run"
@@ -31,45 +41,107 @@ class CompileJob:
 class Compiled:
     job: CompileJob
     result: CompileResult
-    record: Record
+    record: Record  # as written; when not written (`same_as`), as it would have been, with same_as's id
+    same_as: str | None = None  # not written: the id of the newest fresh record that says the same
+
+
+# What a compile summary holds that differs between two builds of the same thing.
+_INCIDENTAL = ("s", "cached")
+
+
+def same_facts(old: Record, new: Record) -> bool:
+    """Whether record `new` (a build that succeeded) says nothing that `old`, the case's newest
+    fresh record showing a build, does not already say: the same source hash, and every fact of
+    its compile summary (resources, key, PTX and SASS inventories; not the time taken nor the cache
+    flag) the same in `old`. A fact this machine cannot tell (no `ptxas` here: no registers; no
+    CUDA binary tools: no SASS) leaves `old`'s standing; one `old` lacks is news."""
+    if new.status != "compiled" or not new.compile or not old.compile:
+        return False
+    if old.status == "compile_error" or old.code.get("src") != new.code.get("src"):
+        return False
+    return all(k in old.compile and old.compile[k] == v for k, v in new.compile.items() if k not in _INCIDENTAL)
+
+
+def newest_builds(root: Path, jobs: Sequence[CompileJob], src: dict[tuple[str, str], str]) -> dict[tuple, Record]:
+    """For jobs (anything with a stage, an arch and a case: a CompileJob, a runner's Task):
+    (stage, arch, case label) -> the newest record of that case with the current source hash
+    (`src`, per stage and arch) that says what compiling gave (a compile summary with the
+    inventory, or a compile error): what a new compile record is compared with. Each stage's
+    records file is read from its newest line back, only until every job's case is found; a bad
+    line is skipped (at worst a case is recorded again)."""
+    out: dict[tuple, Record] = {}
+    for stage in sorted({j.stage.id for j in jobs}):
+        todo = {(j.stage.id, j.arch, case_label(j.case.dict)) for j in jobs if j.stage.id == stage}
+        for rec in iter_records(stage_file(root, stage), [], newest_first=True):
+            key = (rec.stage, rec.arch, case_label(rec.case))
+            if key not in todo or rec.code.get("src") != src.get((rec.stage, rec.arch)):
+                continue
+            if rec.status == "compile_error" or (rec.compile and isinstance(rec.compile.get("inv"), dict)):
+                out[key] = rec
+                todo.discard(key)
+                if not todo:
+                    break
+    return out
 
 
 def compile_recorded(spec: Spec, jobs: list[CompileJob], argv: list[str],
                      on_done: Callable[[Compiled], None] | None = None,
-                     write: bool = True) -> tuple[str, list[Compiled]]:
+                     write: bool = True, only_new: bool = False) -> tuple[str, list[Compiled]]:
     """Compile every job (in parallel, cached), write a record per case as it finishes (in
     job order), and return the run id with what each gave. `write=False`: records are built
-    but neither records nor run events are written (a comparison that must leave no trace)."""
+    but neither records nor run events are written (a comparison that must leave no trace).
+    `only_new`: a case whose record would repeat its newest fresh record (`same_facts`) is not
+    written (its `Compiled.same_as` names that record), and the run's events are written only
+    with its first record, so a session that found nothing new leaves results/ untouched."""
     root = spec.root
     run_id = new_run_id()
     writer = RecordWriter(root) if write else None
-    if write:
-        append_event(runs_file(root), {"run": run_id, "t": now_iso(), "event": "start", "target": "local",
-                                       "argv": argv, "cases": len(jobs), "compile_only": True})
+    start = {"run": run_id, "t": now_iso(), "event": "start", "target": "local",
+             "argv": argv, "cases": len(jobs), "compile_only": True}
+    started = False
+
+    def begin() -> None:
+        nonlocal started
+        if write and not started:
+            append_event(runs_file(root), start)
+            started = True
+
+    if not only_new:
+        begin()
     identity: dict[tuple[str, str], dict] = {}
+    for job in jobs:
+        key = (job.stage.id, job.arch)
+        if key not in identity:
+            identity[key] = code_identity(root, job.stage, job.arch)
+    newest = newest_builds(root, jobs, {k: v["src"] for k, v in identity.items()}) if write and only_new else {}
     out: list[Compiled] = []
+    seq = 0  # records numbered as they are written (a case not written takes no number)
     compiler = Compiler(root)
     interrupted = False
     try:
         futures = [(job, compiler.submit(job.stage, job.arch, job.case.dict)) for job in jobs]
-        for seq, (job, fut) in enumerate(futures, 1):
+        for job, fut in futures:
             try:
                 res = fut.result()
             except Exception as exc:  # the compiler process itself died
                 res = CompileResult(ok=False, key="", arch=job.arch,
                                     error=f"compiler process failed: {type(exc).__name__}: {exc}")
-            key = (job.stage.id, job.arch)
-            if key not in identity:
-                identity[key] = code_identity(root, job.stage, job.arch)
             rec = Record(
-                id=f"{run_id}.{seq}", run=run_id, t=now_iso(), stage=job.stage.id, arch=job.arch,
+                id=f"{run_id}.{seq + 1}", run=run_id, t=now_iso(), stage=job.stage.id, arch=job.arch,
                 case=job.case.dict, status="compiled" if res.ok else "compile_error", compile=res.summary(),
-                env=host_environment(), code=identity[key], error=res.error, trace=res.trace,
+                env=host_environment(), code=identity[(job.stage.id, job.arch)], error=res.error, trace=res.trace,
                 note=NOTE if res.ok else None,
             )
-            if writer is not None:
-                writer.write(rec)
-            done = Compiled(job, res, rec)
+            old = newest.get((job.stage.id, job.arch, case_label(job.case.dict)))
+            same_as = old.id if old is not None and same_facts(old, rec) else None
+            if same_as is not None:
+                rec.id = same_as  # the record that says it: `dsv4-lab show` finds that one
+            else:
+                seq += 1
+                if writer is not None:
+                    begin()
+                    writer.write(rec)
+            done = Compiled(job, res, rec, same_as)
             out.append(done)
             if on_done is not None:
                 on_done(done)
@@ -80,6 +152,8 @@ def compile_recorded(spec: Spec, jobs: list[CompileJob], argv: list[str],
         compiler.close(cancel=interrupted)
         if writer is not None:
             writer.close()
-            append_event(runs_file(root), {"run": run_id, "t": now_iso(), "event": "end", "interrupted": interrupted,
-                                           "counts": status_counts([c.record for c in out])})
+            if started:
+                append_event(runs_file(root), {"run": run_id, "t": now_iso(), "event": "end",
+                                               "interrupted": interrupted,
+                                               "counts": status_counts([c.record for c in out])})
     return run_id, out

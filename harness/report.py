@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -80,7 +81,10 @@ def summary_lines(records: list[Record], interrupted: bool, reasons: dict[str, s
 
 def run_local_and_report(spec: Spec, stages: list[Stage], archs: list[str] | None, cases: dict[str, list[Case]],
                          *, bench: bool, gpus: list[int] | None, workers_per_gpu: int, timeout: float | None,
-                         seed: int, argv: list[str], shard: tuple[int, int] | None = None) -> int:
+                         seed: int, argv: list[str], shard: tuple[int, int] | None = None, record: bool = False) -> int:
+    """`dsv4-lab run` here: progress, a line per case, the table and the summary. A case this machine
+    cannot run whose compile says what its newest fresh record says is not recorded again, unless
+    `record` (`--record`)."""
     from harness.runner import RunOptions, Runner, tasks_for
 
     tasks = tasks_for(stages, archs, lambda st: cases[st.id])
@@ -88,7 +92,7 @@ def run_local_and_report(spec: Spec, stages: list[Stage], archs: list[str] | Non
         i, n = shard
         tasks = tasks[i::n]
     opts = RunOptions(tasks=tasks, bench=bench, gpus=gpus, workers_per_gpu=workers_per_gpu,
-                      timeout_s=timeout, seed=seed, argv=argv)
+                      timeout_s=timeout, seed=seed, argv=argv, only_new=not record)
     console = make_console()
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, transient=True)
@@ -97,7 +101,10 @@ def run_local_and_report(spec: Spec, stages: list[Stage], archs: list[str] | Non
     show_trace = bool(os.environ.get("DSV4_LAB_TRACEBACK"))
 
     def on_record(rec: Record) -> None:
-        progress.console.print(case_line(rec), highlight=False)
+        line = case_line(rec)
+        if rec.id in runner.unchanged:
+            line += f"  [dim]unchanged: as recorded in {escape(rec.id)}[/]"
+        progress.console.print(line, highlight=False)
         if rec.trace and show_trace:  # `--traceback`: the kept traceback, as well as the one line
             progress.console.print(rec.trace.rstrip(), highlight=False, markup=False)
         elif rec.trace:
@@ -120,6 +127,9 @@ def run_local_and_report(spec: Spec, stages: list[Stage], archs: list[str] | Non
     if files:
         shown = ", ".join(_display_path(p, spec.root) for p in files)
         console.print(f"records: {shown} (run {summary.run_id})", highlight=False, markup=False)
+    elif runner.unchanged:
+        console.print(f"records: none written — every case compiled to what its newest record already says "
+                      f"(to record them anyway: --record)", highlight=False, markup=False)
     else:
         console.print(f"records: none written (run {summary.run_id})", highlight=False, markup=False)
     return summary.exit_code
@@ -132,14 +142,68 @@ def _display_path(path: Path, root: Path) -> str:
         return str(path)
 
 
+def compile_line(done) -> str:
+    """One finished compile (a `harness.compilerun.Compiled`) as rich markup: status, arch, the
+    whole case label, time, resources, and whether a record was written."""
+    from harness.console import printable
+    from harness.inventory import mma_counts
+
+    res, rec = done.result, done.record
+    glyph, style = STATUS_STYLE.get(rec.status, ("?", "white"))
+    parts = [f"[{style}]{glyph} {escape(rec.status):<13}[/]", f"{escape(rec.stage):<3} {escape(rec.arch):<8}",
+             escape(printable(done.job.case.label)), f"{res.seconds:.1f} s" + (" (cached)" if res.cached else "")]
+    if not res.ok:
+        first = (res.error or "").splitlines()[0] if (res.error or "").strip() else (res.error or "")
+        parts.append(f"[dim]{escape(printable(first))}[/]")
+        return "  ".join(parts)
+    r = res.resources
+    if "regs" in r:
+        parts.append(f"regs {r['regs']}/{r.get('spill', 0)}")
+    if r.get("smem", r.get("static_smem")) is not None:
+        parts.append(f"smem {r.get('smem', r.get('static_smem'))}")
+    parts.append(f"MMA {sum(mma_counts(res.inventory).values())}")
+    if done.same_as is not None:
+        parts.append(f"[dim]unchanged: as recorded in {escape(done.same_as)}[/]")
+    return "  ".join(parts)
+
+
+def compile_table(title: str, rows: list[tuple[str, ...]]) -> Table:
+    """The compile summary table. A case label is never cut (two cases never read alike): printed
+    whole (`print_whole`), or folded onto a second line on a narrow terminal; the inventory wraps."""
+    table = Table(title=title)
+    for col in ("arch", "case", "status", "s", "regs", "spill", "smem", "bar", "MMA", "inventory"):
+        table.add_column(col, no_wrap=col not in ("case", "inventory"),
+                         overflow="fold" if col == "case" else "ellipsis")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def print_whole(console: Console, table: Table) -> None:
+    """Print `table` without cutting a cell: where the output is no terminal (a file, a pipe) at
+    the width the table needs (wider than the console's 160 columns if need be); on a terminal at
+    the terminal's width (where the compile table folds a label rather than cut it)."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    need = Measurement.get(console, console.options.update_width(100_000), table).maximum
+    if need <= console.width:
+        console.print(table)
+        return
+    Console(width=need, no_color=True, file=console.file, highlight=False).print(table)
+
+
 def compile_and_report(spec: Spec, stage: Stage, archs: list[str], cases: list[Case], keep: Path | None,
-                       argv: list[str] | None = None) -> int:
-    """`dsv4-lab compile`: compile each case (parallel, cached), write a record per case
-    (`compiled` / `compile_error`, like a run's), print resources and the instruction
-    inventory; exit 1 with the one-line error (file:line in the user's code) on a failure."""
+                       argv: list[str] | None = None, record: bool = False) -> int:
+    """`dsv4-lab compile`: compile each case (parallel, cached) with a progress bar and a line per
+    finished case, write a record per case (`compiled` / `compile_error`, like a run's) — unless it
+    says what the case's newest fresh record already says (`record` writes it all the same) —,
+    print resources and the instruction inventory; exit 1 with the one-line error (file:line in
+    the user's code) on a failure."""
     import shutil
 
     from harness.compilerun import CompileJob, compile_recorded
+    from harness.console import printable
     from harness.inventory import SASS_MISSING, families, find_tool, mma_counts, sass_tool
     from harness.records import stage_file
 
@@ -148,40 +212,56 @@ def compile_and_report(spec: Spec, stage: Stage, archs: list[str], cases: list[C
              "ldmatrix", "mbarrier")
 
     console = make_console()
-    table = Table(title=f"{stage.name} compile")
-    for col in ("arch", "case", "status", "s", "regs", "spill", "smem", "bar", "MMA", "inventory"):
-        table.add_column(col)
+    rows: list[tuple[str, ...]] = []
     jobs = [CompileJob(stage, a, c) for a in archs for c in cases]
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console, transient=True)
+    bar = progress.add_task("compiling", total=len(jobs))
 
     def show(done) -> None:
         res, rec = done.result, done.record
-        arch, label = done.job.arch, done.job.case.label
+        arch, label = done.job.arch, escape(printable(done.job.case.label))
+        progress.console.print(compile_line(done), highlight=False)
+        progress.advance(bar)
         if not res.ok:
-            table.add_row(arch, escape(label), "[red]✗ compile_error[/]", f"{res.seconds:.1f}", "", "", "", "", "", "")
-            console.print(f"[red]{arch} {escape(label)}: compile error[/] {escape(res.error or '')}  [dim](full traceback: "
-                          f"dsv4-lab show {rec.id})[/]", highlight=False)
+            rows.append((arch, label, "[red]✗ compile_error[/]", f"{res.seconds:.1f}", "", "", "", "", "", ""))
+            progress.console.print(f"    full traceback: dsv4-lab show {rec.id}", highlight=False, markup=False,
+                                   style="dim")
             return
         r = res.resources
         mma = sum(mma_counts(res.inventory).values())
         inv = ", ".join(f"{k} {v}" for k, v in families(res.inventory).items() if v and k in SHOWN)
-        table.add_row(arch, escape(label), "[green]✓ compiled[/]" + (" (cached)" if res.cached else ""),
-                      f"{res.seconds:.1f}", _fmt(r.get("regs")), _fmt(r.get("spill")),
-                      _fmt(r.get("smem", r.get("static_smem"))), _fmt(r.get("barriers")), str(mma), inv)
+        rows.append((arch, label, "[green]✓ compiled[/]" + (" (cached)" if res.cached else ""),
+                     f"{res.seconds:.1f}", _fmt(r.get("regs")), _fmt(r.get("spill")),
+                     _fmt(r.get("smem", r.get("static_smem"))), _fmt(r.get("barriers")), str(mma), inv))
         if keep is not None:
-            dest = keep / arch / label.replace(",", "_").replace("=", "")
+            dest = keep / arch / done.job.case.label.replace(",", "_").replace("=", "")
             dest.mkdir(parents=True, exist_ok=True)
             for src in (res.ptx_path, res.cubin_path, res.sass_path):
                 if src and Path(src).is_file():
                     shutil.copy(src, dest / Path(src).name)
 
-    run_id, done = compile_recorded(spec, jobs, argv or ["compile", stage.name], on_done=show)
+    console.print(f"[bold]compile {escape(stage.name)}[/]: {len(jobs)} case(s) — {', '.join(archs)}", highlight=False)
+    with progress:
+        run_id, done = compile_recorded(spec, jobs, argv or ["compile", stage.name], on_done=show,
+                                        only_new=not record)
     failed = sum(1 for d in done if not d.result.ok)
-    console.print(table)
+    print_whole(console, compile_table(f"{stage.name} compile", rows))
     if not find_tool("ptxas"):
         console.print("registers / spills: ptxas is not installed here, so they are not reported", highlight=False)
     if sass_tool() is None:
         console.print(SASS_MISSING, highlight=False, markup=False)
     if keep is not None:
         console.print(f"PTX / cubin{' / SASS' if sass_tool() else ''} kept in {keep}", highlight=False)
-    console.print(f"records: {stage_file(spec.root, stage.id)} (run {run_id})", highlight=False)
+    same = sum(1 for d in done if d.same_as is not None)
+    written = len(done) - same
+    where = stage_file(spec.root, stage.id)
+    if not written:
+        console.print(f"records: none written — every case compiled to what its newest record already says "
+                      f"(to record them anyway: --record)", highlight=False, markup=False)
+    elif same:
+        console.print(f"records: {written} written to {where} (run {run_id}); {same} case(s) unchanged, not "
+                      f"recorded again (--record records them)", highlight=False, markup=False)
+    else:
+        console.print(f"records: {where} (run {run_id})", highlight=False, markup=False)
     return 1 if failed else 0

@@ -3,12 +3,16 @@ with a timeout, judge it against the stage's tolerances, and write its record th
 it ends.
 
 Cases whose arch this machine cannot run are compiled and recorded as `compiled` with the
-reason ("compiled, not run: no sm_100 device"): never as passed.
+reason ("compiled, not run: no sm_100 device"): never as passed. With `only_new` (`dsv4-lab run`
+without `--record`) such a case is not recorded again when its record would say what its newest
+fresh record already says (harness/compilerun.py's `same_facts`), and a run with nothing to run
+here writes its events only with its first record: looking again leaves results/ as it was.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import queue
 import signal
 import threading
@@ -19,8 +23,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from harness.compile import CompileResult, Compiler
+from harness.compilerun import newest_builds, same_facts
 from harness.environment import gpu_capabilities, host_environment
 from harness.identity import code_identity
+from harness.labels import case_label
 from harness.matrix import Case
 from harness.metrics import judge
 from harness.pristine import describe as describe_input_writes
@@ -49,6 +55,7 @@ class RunOptions:
     seed: int = 0
     timeout_s: float | None = None  # overrides the stages' own
     argv: list[str] = field(default_factory=list)
+    only_new: bool = False  # a compiled-not-run case that repeats its newest fresh record is not written
 
 
 class RunSetupError(Exception):
@@ -139,23 +146,35 @@ class Runner:
         self._identity: dict[tuple[str, str], dict] = {}
         self._workers: list[WorkerHandle] = []
         self._threads: list[threading.Thread] = []
+        self._newest: dict[tuple, Record] = {}  # only_new: the newest fresh build record of each idle case
+        self._lazy_start = False  # only_new with nothing to run here: the start event waits for a record
+        self._started = False
+        self._start_event: dict[str, Any] = {}
+        self.unchanged: set[str] = set()  # ids of the records that said it all already (not written again)
 
     # -- records ---------------------------------------------------------------------------
 
     def _record(self, task: Task, status: str, **kw: Any) -> Record:
         with self._lock:
-            self._seq += 1
             key = (task.stage.id, task.arch)
             if key not in self._identity:
                 self._identity[key] = code_identity(self.root, task.stage, task.arch)
             rec = Record(
-                id=f"{self.run_id}.{self._seq}", run=self.run_id, t=now_iso(), stage=task.stage.id,
+                id=f"{self.run_id}.{self._seq + 1}", run=self.run_id, t=now_iso(), stage=task.stage.id,
                 arch=task.arch, case=task.case.dict, status=status, code=self._identity[key],
                 target=self.opts.target, **kw,
             )
-            if self.emit is not None:
+            old = self._newest.get((task.stage.id, task.arch, case_label(task.case.dict)))
+            if old is not None and same_facts(old, rec):  # nothing new: the record that says it stands
+                rec.id = old.id
+                self.unchanged.add(rec.id)
+            elif self.emit is not None:
+                self._seq += 1
                 self.emit(rec.to_json())
             else:
+                self._seq += 1
+                if not self._started:
+                    self._write_start()
                 self.writer.write(rec)
                 self.files_written.add(stage_file(self.results_root, rec.stage))
             self.records.append(rec)
@@ -170,15 +189,30 @@ class Runner:
 
     # -- the run ---------------------------------------------------------------------------
 
+    def _write_start(self) -> None:
+        append_event(runs_file(self.results_root), self._start_event)
+        self._started = True
+
     def _check_writable(self) -> None:
-        """Fail before compiling anything when the records cannot be written."""
+        """Fail before compiling anything when the records cannot be written. A run whose start
+        event waits for its first record (`_lazy_start`) checks without writing anything."""
         if self.emit is not None:
             return
+        self._start_event = {
+            "run": self.run_id, "t": now_iso(), "event": "start", "target": self.opts.target,
+            "argv": self.opts.argv, "cases": len(self.opts.tasks), "bench": self.opts.bench,
+        }
+        if self._lazy_start:
+            paths = [runs_file(self.results_root)] + [stage_file(self.results_root, s)
+                                                       for s in sorted({t.stage.id for t in self.opts.tasks})]
+            for path in paths:
+                there = path if path.exists() else next((p for p in path.parents if p.exists()), path.parent)
+                if not os.access(there, os.W_OK):
+                    raise RunSetupError(f"cannot write the lab's records: {there}: not writable — make results/ "
+                                        "writable")
+            return
         try:
-            append_event(runs_file(self.results_root), {
-                "run": self.run_id, "t": now_iso(), "event": "start", "target": self.opts.target,
-                "argv": self.opts.argv, "cases": len(self.opts.tasks), "bench": self.opts.bench,
-            })
+            self._write_start()
             for stage in sorted({t.stage.id for t in self.opts.tasks}):
                 self.writer.open(stage)
         except OSError as exc:
@@ -203,6 +237,14 @@ class Runner:
             caps = {i: c for i, c in caps.items() if i in self.opts.gpus}
         runnable_archs = {"cpu"} | {a for _, a in caps.values() if a}
         reasons = {t.arch: not_runnable_reason(t.arch, caps) for t in self.opts.tasks if t.arch not in runnable_archs}
+        idle = [t for t in self.opts.tasks if t.arch not in runnable_archs]
+        if self.opts.only_new and self.emit is None and idle:
+            for t in idle:
+                if (t.stage.id, t.arch) not in self._identity:
+                    self._identity[(t.stage.id, t.arch)] = code_identity(self.root, t.stage, t.arch)
+            self._newest = newest_builds(self.results_root, idle,
+                                         {k: v["src"] for k, v in self._identity.items()})
+            self._lazy_start = len(idle) == len(self.opts.tasks)
         self._check_writable()
 
         main_thread = threading.current_thread() is threading.main_thread()
@@ -270,7 +312,7 @@ class Runner:
         except Exception:
             pass
         self.writer.close()
-        if self.emit is None:
+        if self.emit is None and self._started:
             try:
                 append_event(runs_file(self.results_root), {
                     "run": self.run_id, "t": now_iso(), "event": "end",
