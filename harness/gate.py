@@ -347,8 +347,9 @@ def _judge(root: Path, baselines_root: Path, allow_run: bool, out, target: str |
             records = newest_records(root, items, src, [])
             findings, stopped = evaluate(spec, items, records, src)
             stale = [f for f in findings if f.kind == "stale"]
-    hint = _stale_hint(lab, spec, stale, records, src, proof, remote_rc, runnable, allow_run) if stale else ""
-    code = report(findings, stale, stopped, len(items), out, hint)
+    lead, tail = _stale_hint(lab, spec, stale, records, src, proof, remote_rc, runnable, allow_run) if stale \
+        else ("", "")
+    code = report(findings, stale, stopped, len(items), out, tail, lead)
     if code == 0 and proof is not None and snap is not None:
         print(f"gate: proven on {proof} — commit its records too (git add results/)", file=out)
     return 3 if code and remote_rc == EXIT_LINK else code
@@ -391,12 +392,12 @@ def _prove_on_target(spec: Spec, target: str, stale: list[Finding], snap) -> int
 
 
 def _stale_hint(lab: Path, spec: Spec, stale: list[Finding], records: list[Record], src, proof: str | None,
-                remote_rc: int, runnable: set[str] | None, allow_run: bool) -> str:
-    """What the stale line adds: what the proof target said, or how to prove here what this
-    machine cannot run (one line either way)."""
+                remote_rc: int, runnable: set[str] | None, allow_run: bool) -> tuple[str, str]:
+    """What the stale line says before and after its commands: how to prove what this machine
+    cannot run (on a target), or what the proof target said (one line either way)."""
     runs = [f for f in stale if f.baseline.kind == "run"]
     if not runs:
-        return ""
+        return "", ""
     if proof is not None:
         look = _Lookup(spec, records, {f.baseline.stage for f in runs})
         whys: list[str] = []
@@ -409,13 +410,13 @@ def _stale_hint(lab: Path, spec: Spec, stale: list[Finding], records: list[Recor
                 why = f"{r.status}" + (f" ({r.note or r.error})" if (r.note or r.error) else "")
                 whys.append(" ".join(f"stage-{f.baseline.stage} {f.baseline.arch} on {r.target}: {why}".split())[:200])
         if whys:
-            return "; not proven there — " + "; ".join(sorted(set(whys)))
-        return f"; the proof on {proof} brought back no result (exit {remote_rc}: see above)"
+            return "", "; not proven there — " + "; ".join(sorted(set(whys)))
+        return "", f"; the proof on {proof} brought back no result (exit {remote_rc}: see above)"
     if runnable is None:
         runnable = runnable_archs()
     far = sorted({f.baseline.arch for f in runs if f.baseline.arch not in runnable})
     if not far:
-        return "" if allow_run else "; --no-run was given"
+        return "", "" if allow_run else " (--no-run was given)"
     from harness.targets import TARGETS_NAME, TargetError, _display, load_targets, user_targets_file
 
     try:
@@ -423,12 +424,14 @@ def _stale_hint(lab: Path, spec: Spec, stale: list[Finding], records: list[Recor
     except TargetError:
         declared = []
     name = declared[0] if len(declared) == 1 else "NAME"
-    known = f" (declared: {', '.join(declared)})" if declared else f" (declare one in {TARGETS_NAME})"
-    return (f"; this machine cannot run {', '.join(far)} — re-prove on a target: dsv4-lab gate --target {name}"
-            f"{known}; `proof_target: {name}` in {_display(user_targets_file(), lab)} makes the hook use it")
+    known = f" (declared: {', '.join(declared)}" if declared else f" (declare one in {TARGETS_NAME}"
+    return (f"this machine cannot run {', '.join(far)} — prove it on a target: dsv4-lab gate --target {name}"
+            f"{known}; `proof_target: {name}` in {_display(user_targets_file(), lab)} makes the hook use it), "
+            f"or on a machine that can: ", "")
 
 
-def report(findings: list[Finding], stale: list[Finding], stopped: bool, total: int, out, hint: str = "") -> int:
+def report(findings: list[Finding], stale: list[Finding], stopped: bool, total: int, out, hint: str = "",
+           lead: str = "") -> int:
     regressions = [f for f in findings if f.kind in ("regression", "error")]
     improvements = [f for f in findings if f.kind == "improvement"]
     changes = [f for f in findings if f.kind == "change"]
@@ -454,7 +457,7 @@ def report(findings: list[Finding], stale: list[Finding], stopped: bool, total: 
         cmds = "; ".join(f"dsv4-lab {'compile' if kind == 'compile' else 'run'} stage-{s} --arch {a}"
                          for (s, a, kind) in sorted(groups))
         print(f"gate: stale — the source changed since the last result of {names}, and it was not re-proven here: "
-              f"{cmds}{hint}", file=out)
+              f"{lead}{cmds}{hint}", file=out)
     if regressions or stale:
         return 1
     kinds = {f.kind for f in findings}
