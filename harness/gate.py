@@ -290,7 +290,11 @@ def main(root: Path, allow_run: bool = True, out=None, target: str | None = None
 
     try:
         with index_snapshot(root) as snap:  # only its setup raises StagedError
-            return _judge(snap.folder, snap.baselines_root, allow_run, out, target, snap)
+            try:
+                return _judge(snap.folder, snap.baselines_root, allow_run, out, target, snap)
+            finally:
+                if str(snap.folder) in sys.path:  # the folder goes away with the snapshot
+                    sys.path.remove(str(snap.folder))
     except StagedError as exc:
         print(f"dsv4-lab: {exc}", file=sys.stderr)
         return 2

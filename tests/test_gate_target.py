@@ -245,3 +245,32 @@ def test_gate_target_proves_stale_cases_there_and_local_proves_here(proof_lab):
     assert r.returncode == 0, r.stdout + r.stderr
     newer = read_records(lab, ["FAKE"])[before + 3:]
     assert len(newer) == 3 and all(x.target in (None, "local") for x in newer), newer
+
+
+def test_staged_gate_of_a_lab_in_a_subfolder_of_its_repository(fake_lab, tmp_path):
+    """The lab below the repository's top (the hook cds there): the index's lab is found under
+    the export's prefix, and the staged baselines are the lab's."""
+    import shutil
+
+    from harness import gate
+
+    add_hd_stage(fake_lab)
+    spec = load_spec(root=fake_lab)
+    write(fake_lab, rec(spec, "HD", "sm_90a", C64, 0.9999))
+    baselines.save(fake_lab, [base(spec, "HD", "sm_90a", C64, 0.9999)])
+    repo = tmp_path / "repo"
+    lab = repo / "labs" / "dsv4"
+    shutil.copytree(fake_lab, lab, ignore=shutil.ignore_patterns(".git"))
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run([*GIT, "commit", "-qm", "lab"], cwd=repo, check=True)
+    edit_kernel(lab)  # unstaged
+    import io
+
+    out = io.StringIO()
+    assert gate.main(lab, allow_run=False, out=out, staged=True) == 0, out.getvalue()
+    assert "1 baselined case(s) hold" in out.getvalue()
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    out = io.StringIO()
+    assert gate.main(lab, allow_run=False, out=out, staged=True) == 1 and "stale" in out.getvalue()
+    assert (lab / "results" / "baselines.yaml").is_file() and not (lab / "results").is_symlink()
