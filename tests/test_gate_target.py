@@ -274,3 +274,26 @@ def test_staged_gate_of_a_lab_in_a_subfolder_of_its_repository(fake_lab, tmp_pat
     out = io.StringIO()
     assert gate.main(lab, allow_run=False, out=out, staged=True) == 1 and "stale" in out.getvalue()
     assert (lab / "results" / "baselines.yaml").is_file() and not (lab / "results").is_symlink()
+
+
+def test_a_staged_run_here_runs_the_staged_kernel_and_writes_records_to_the_lab(fake_lab):
+    """No target: a stale case this machine can run is run from the index's snapshot (the
+    staged kernel, not a broken one left unstaged), and its records land in the lab's results/."""
+    import io
+
+    from harness import gate
+
+    lab = fake_lab
+    add_hd_stage(lab)
+    spec = load_spec(root=lab)
+    write(lab, rec(spec, "HD", "cpu", C64, 0.9999999, src="0ld0ld0ld0ld"))
+    baselines.save(lab, [base(spec, "HD", "cpu", C64, 0.9999999)])
+    kernel = edit_kernel(lab, "STAGED = 1")
+    subprocess.run(["git", "add", "-A"], cwd=lab, check=True)
+    staged_src = source_hash(lab, spec.stages["HD"], "cpu")
+    kernel.write_text(kernel.read_text().replace("out.copy_(a + b)", "out.copy_(a - b)", 1))  # unstaged, wrong
+    out = io.StringIO()
+    assert gate.main(lab, allow_run=True, out=out, staged=True) == 0, out.getvalue()
+    recs = read_records(lab, ["HD"])
+    assert recs[-1].status == "pass" and recs[-1].code["src"] == staged_src and recs[-1].code["dirty"] is True
+    assert (lab / "results" / "runs.jsonl").is_file()
