@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from harness.paths import cache_dir, results_dir
+from harness.paths import SPEC_NAME, cache_dir, results_dir
 
 
 class StagedError(Exception):
@@ -73,6 +73,9 @@ def index_snapshot(root: Path) -> Iterator[Snapshot]:
     root = root.resolve()
     prefix = _git(root, "rev-parse", "--show-prefix").decode().strip()
     names = [n for n in _git(root, "ls-files", "-z", "--cached").decode("utf-8", "surrogateescape").split("\0") if n]
+    if SPEC_NAME not in names:
+        raise StagedError(f"{root / SPEC_NAME}: not in the git index — `gate --staged` judges what the commit holds: "
+                          f"git add {SPEC_NAME}")
     tree = [n for n in names if not n.startswith("results/")]
     tmp = Path(tempfile.mkdtemp(prefix="dsv4-lab-staged-"))
     saved = {k: os.environ.get(k) for k in ("DSV4_LAB_CACHE", "DSV4_LAB_GIT")}

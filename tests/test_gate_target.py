@@ -297,3 +297,13 @@ def test_a_staged_run_here_runs_the_staged_kernel_and_writes_records_to_the_lab(
     recs = read_records(lab, ["HD"])
     assert recs[-1].status == "pass" and recs[-1].code["src"] == staged_src and recs[-1].code["dirty"] is True
     assert (lab / "results" / "runs.jsonl").is_file()
+
+
+def test_staged_without_stages_yaml_in_the_index_is_one_line(tmp_path):
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    (lab / "stages.yaml").write_text("version: 1\nstages: {}\n")
+    subprocess.run(["git", "init", "-q"], cwd=lab, check=True)  # nothing staged yet
+    r = run_cli(["gate", "--staged"], cwd=lab, env_extra={"DSV4_LAB_ROOT": str(lab)})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "stages.yaml: not in the git index" in r.stderr and "git add stages.yaml" in r.stderr, r.stderr
