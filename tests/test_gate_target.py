@@ -185,7 +185,7 @@ def proof_lab(tmp_path, monkeypatch, ssh_server: SshServer):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("DSV4_LAB_GIT", raising=False)
     body = (f"version: 1\ntargets:\n  box:\n    ssh: labhost\n    workdir: {str(tmp_path / 'remote work')!r}\n"
-            f"    python: {PY!r}\n")
+            f"    python: {PY!r}\n  closed:\n    ssh: labhost-closed\n    workdir: /w\n    python: python3\n")
     lab = make_lab(tmp_path / "lab", body)
     env = {"DSV4_LAB_SSH_CONFIG": str(ssh_server.config), "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
            "DSV4_LAB_CACHE": str(tmp_path / "cache")}
@@ -307,3 +307,17 @@ def test_staged_without_stages_yaml_in_the_index_is_one_line(tmp_path):
     r = run_cli(["gate", "--staged"], cwd=lab, env_extra={"DSV4_LAB_ROOT": str(lab)})
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "stages.yaml: not in the git index" in r.stderr and "git add stages.yaml" in r.stderr, r.stderr
+
+
+@pytest.mark.ssh
+def test_an_unreachable_proof_target_leaves_the_case_stale_exit_3(proof_lab):
+    lab, env = proof_lab
+    kernel = lab / "stages" / "fake" / "cpu.py"
+    kernel.write_text(kernel.read_text() + "\nA_CHANGE = 4\n")
+    before = len(read_records(lab, ["FAKE"]))
+    r = lab_cli(lab, "gate", "--target", "closed", env=env)
+    assert r.returncode == 3, r.stdout + r.stderr
+    stale = [ln for ln in r.stdout.splitlines() if "stale" in ln]
+    assert len(stale) == 1 and "the proof on closed brought back no result (exit 3" in stale[0], r.stdout + r.stderr
+    assert "cannot reach" in r.stderr or "closed" in r.stderr, r.stderr
+    assert len(read_records(lab, ["FAKE"])) == before  # nothing proven, nothing recorded
