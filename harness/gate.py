@@ -421,7 +421,7 @@ def _stale_hint(lab: Path, spec: Spec, stale: list[Finding], records: list[Recor
     far = sorted({f.baseline.arch for f in runs if f.baseline.arch not in runnable})
     if not far:
         return "", "" if allow_run else " (--no-run was given)"
-    from harness.targets import TARGETS_NAME, TargetError, _display, load_targets, user_targets_file
+    from harness.targets import TARGETS_NAME, TargetError, load_targets, user_targets_shown
 
     try:
         declared = sorted(load_targets(lab))
@@ -430,7 +430,7 @@ def _stale_hint(lab: Path, spec: Spec, stale: list[Finding], records: list[Recor
     name = declared[0] if len(declared) == 1 else "NAME"
     known = f" (declared: {', '.join(declared)}" if declared else f" (declare one in {TARGETS_NAME}"
     return (f"this machine cannot run {', '.join(far)} — prove it on a target: dsv4-lab gate --target {name}"
-            f"{known}; `proof_target: {name}` in {_display(user_targets_file(), lab)} makes the hook use it), "
+            f"{known}; `proof_target: {name}` in {user_targets_shown(lab)} makes the hook use it), "
             f"or on a machine that can: ", "")
 
 

@@ -118,6 +118,11 @@ def _display(path: Path, root: Path | None) -> str:
     return "~" + text[len(home):] if home != "/" and text.startswith(home + os.sep) else text
 
 
+def user_targets_shown(root: Path | None = None) -> str:
+    """The user's targets file as messages name it (~/.config/dsv4-lab/targets.yaml)."""
+    return _display(user_targets_file(), root)
+
+
 def _string(ctx: NodeContext, node: Node, key: str, what: str) -> str:
     value = _scalar(node) if isinstance(node, ScalarNode) else None
     if not isinstance(value, str) or not value.strip():
