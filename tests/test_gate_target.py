@@ -18,7 +18,7 @@ from harness.identity import source_hash
 from harness.records import read_records
 from harness.spec import load_spec
 from harness.targets import TargetError, load_targets, proof_target
-from tests.conftest import ROOT, run_cli
+from tests.conftest import run_cli
 from tests.ssh_fixtures import SshServer, make_lab, ssh_server  # noqa: F401  (fixture)
 from tests.ssh_fixtures import run_cli as lab_cli
 from tests.test_gate import C64, add_hd_stage, base, rec, write
