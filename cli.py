@@ -262,6 +262,10 @@ def gate_cmd(
     install_hook: bool = typer.Option(False, "--install-hook", help="install the git pre-commit hook"),
     force: bool = typer.Option(False, "--force", help="with --install-hook: replace a hook the lab did not write"),
     no_run: bool = typer.Option(False, "--no-run", help="never run stale cases; report them"),
+    target: Optional[str] = typer.Option(None, help="prove stale run cases on this target (default: proof_target "
+                                                    "in ~/.config/dsv4-lab/targets.yaml; local: here only)"),
+    staged: bool = typer.Option(False, "--staged", help="judge what the git index holds, not the working tree "
+                                                        "(what the pre-commit hook runs)"),
 ) -> None:
     """Regression gate: every baselined case must still hold on the current tree."""
     from harness import gate
@@ -269,7 +273,7 @@ def gate_cmd(
     root = lab_root()
     if install_hook:
         raise typer.Exit(gate.install_hook(root, force=force))
-    raise typer.Exit(gate.main(root, allow_run=not no_run))
+    raise typer.Exit(gate.main(root, allow_run=not no_run, target=target, staged=staged))
 
 
 @baseline_app.command("accept", context_settings=FILTER_CTX)

@@ -18,6 +18,15 @@ machine can run their arch, or the gate fails with one line naming the stale sta
 command to run. The proven small cases (the smallest hd) are checked first, and the gate
 stops at the first regression among them.
 
+With a proof target (`gate --target NAME`, or `proof_target: NAME` in the user's targets
+file), the stale run cases are proven there instead, through the remote run path (records
+stream back signed and are written here), and the gate judges again; `--target local` proves
+here only. Without one, a stale case this machine cannot run names that way in its line.
+
+`--staged` (what the pre-commit hook runs) judges what the git index holds, not the working
+tree (harness/staged.py): sources, stages.yaml and baselines.yaml as staged; records from the
+lab's results/, where a re-proof also writes them.
+
 With no stage source changed, the gate decides from records alone: it imports neither
 torch nor CuTeDSL. Exit codes: 0 pass, 1 regression or stale, 2 bad usage or config (a bad
 baselines file is one line, never a pass).
@@ -39,6 +48,7 @@ from harness.inventory import mma_counts
 from harness.labels import case_label
 from harness.records import Record, print_warnings
 from harness.spec import Spec, SpecError, Stage, load_spec
+from harness.ssh import EXIT_LINK
 from harness.statuses import RAN as RESULT_STATUSES  # a run's verdict (not "compiled")
 
 
@@ -269,12 +279,38 @@ def _recompile_stale(spec: Spec, stale: list[Finding]) -> None:
     compile_recorded(spec, jobs, ["gate"])
 
 
-def main(root: Path, allow_run: bool = True, out=None) -> int:
+def main(root: Path, allow_run: bool = True, out=None, target: str | None = None, staged: bool = False) -> int:
+    """The gate. `target`: where stale run cases are proven — a target name (`a,b` splits),
+    `local` for this machine only, None for the user's `proof_target` if one is set.
+    `staged`: judge what the git index holds, not the working tree (harness/staged.py)."""
     out = out or sys.stdout
+    if not staged:
+        return _judge(root, root, allow_run, out, target)
+    from harness.staged import StagedError, index_snapshot
+
+    try:
+        with index_snapshot(root) as snap:  # only its setup raises StagedError
+            try:
+                return _judge(snap.folder, snap.baselines_root, allow_run, out, target, snap)
+            finally:
+                if str(snap.folder) in sys.path:  # the folder goes away with the snapshot
+                    sys.path.remove(str(snap.folder))
+    except StagedError as exc:
+        print(f"dsv4-lab: {exc}", file=sys.stderr)
+        return 2
+
+
+def _judge(root: Path, baselines_root: Path, allow_run: bool, out, target: str | None, snap=None) -> int:
+    """The gate on the lab at `root` (the working tree, or the index's snapshot `snap`)."""
+    from harness.targets import TargetError, resolve_targets
+
+    lab = snap.lab if snap is not None else root  # the real lab: its targets, its remote folder
     try:
         spec = load_spec(root=root)
-        items = load(root)
-    except (SpecError, BaselineError) as exc:
+        items = load(baselines_root)
+        if target not in (None, "local"):
+            resolve_targets(lab, target)  # a bad name is one line before anything runs
+    except (SpecError, BaselineError, TargetError) as exc:
         print(f"dsv4-lab: {exc}", file=sys.stderr)
         return 2
     if not items:
@@ -288,22 +324,118 @@ def main(root: Path, allow_run: bool = True, out=None) -> int:
     print_warnings(warn)
     findings, stopped = evaluate(spec, items, records, src)
     stale = [f for f in findings if f.kind == "stale"]
+    proof: str | None = None
+    remote_rc = 0
+    runnable: set[str] | None = None
     if stale and allow_run and not stopped:
         compile_stale = [f for f in stale if f.baseline.kind == "compile"]
-        runnable = runnable_archs() if any(f.baseline.kind == "run" for f in stale) else set()
-        run_stale = [f for f in stale if f.baseline.kind == "run" and f.baseline.arch in runnable]
+        run_all = [f for f in stale if f.baseline.kind == "run"]
+        try:
+            proof = _proof(lab, target) if run_all else None
+        except TargetError as exc:
+            print(f"dsv4-lab: {exc}", file=sys.stderr)
+            return 2
+        runnable = runnable_archs() if run_all and proof is None else None
+        run_stale = [f for f in run_all if runnable is not None and f.baseline.arch in runnable]
         if compile_stale:
             _recompile_stale(spec, compile_stale)
         if run_stale:
             _run_stale(spec, run_stale)
-        if compile_stale or run_stale:
+        if proof is not None:
+            try:
+                remote_rc = _prove_on_target(spec, proof, run_all, snap)
+            except TargetError as exc:
+                print(f"dsv4-lab: {exc}", file=sys.stderr)
+                return 2
+        if compile_stale or run_stale or proof is not None:
             records = newest_records(root, items, src, [])
             findings, stopped = evaluate(spec, items, records, src)
             stale = [f for f in findings if f.kind == "stale"]
-    return report(findings, stale, stopped, len(items), out)
+    lead, tail = _stale_hint(lab, spec, stale, records, src, proof, remote_rc, runnable, allow_run) if stale \
+        else ("", "")
+    code = report(findings, stale, stopped, len(items), out, tail, lead)
+    if code == 0 and proof is not None and snap is not None:
+        print(f"gate: proven on {proof} — commit its records too (git add results/)", file=out)
+    return 3 if code and remote_rc == EXIT_LINK else code
 
 
-def report(findings: list[Finding], stale: list[Finding], stopped: bool, total: int, out) -> int:
+def _proof(lab: Path, target: str | None) -> str | None:
+    """Where stale run cases are proven: the named target(s), None for `local`, else the
+    user's proof_target (None when unset)."""
+    if target == "local":
+        return None
+    if target is not None:
+        return target
+    from harness.targets import proof_target
+
+    return proof_target(lab)
+
+
+def _prove_on_target(spec: Spec, target: str, stale: list[Finding], snap) -> int:
+    """Run the stale cases on `target` through the remote run path (`run --target`: records
+    stream back signed and are written here as they arrive), one run per stage and arch, each
+    selecting its stale cases with --where. Returns the worst exit code."""
+    from harness.matrix import expand, parse_filters, parse_where
+    from harness.remote_run import run_remote
+
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for f in stale:
+        groups.setdefault((f.baseline.stage, f.baseline.arch), []).append(_case_of(spec, f.baseline).dict)
+    print(f"gate: proving {len(stale)} stale case(s) on {target} ("
+          + ", ".join(f"stage-{s} {a}" for s, a in sorted(groups)) + ") …", file=sys.stderr)
+    worst = 0
+    for (sid, arch), cases in sorted(groups.items()):
+        st = spec.stages[sid]
+        where = ",".join(f"{axis}=" + "|".join(str(v) for v in sorted({c[axis] for c in cases if axis in c}, key=str))
+                         for axis in st.matrix if any(axis in c for c in cases))
+        chosen = expand(st, parse_filters(st, parse_where(where)))
+        argv = ["run", f"stage-{sid}", "--arch", arch] + (["--where", where] if where else [])
+        rc = run_remote(spec, target, argv, [st], [arch], {st.id: chosen}, snapshot=snap)
+        worst = rc if rc == EXIT_LINK or worst == EXIT_LINK else max(worst, rc)
+    return worst
+
+
+def _stale_hint(lab: Path, spec: Spec, stale: list[Finding], records: list[Record], src, proof: str | None,
+                remote_rc: int, runnable: set[str] | None, allow_run: bool) -> tuple[str, str]:
+    """What the stale line says before and after its commands: how to prove what this machine
+    cannot run (on a target), or what the proof target said (one line either way)."""
+    runs = [f for f in stale if f.baseline.kind == "run"]
+    if not runs:
+        return "", ""
+    if proof is not None:
+        look = _Lookup(spec, records, {f.baseline.stage for f in runs})
+        whys: list[str] = []
+        for f in runs:
+            case = look.case(f.baseline) or {}
+            tried = [r for r in look.records.get((f.baseline.stage, f.baseline.arch, *case.items()), [])
+                     if r.target and r.code.get("src") == src.get((f.baseline.stage, f.baseline.arch))]
+            if tried:
+                r = tried[-1]
+                why = f"{r.status}" + (f" ({r.note or r.error})" if (r.note or r.error) else "")
+                whys.append(" ".join(f"stage-{f.baseline.stage} {f.baseline.arch} on {r.target}: {why}".split())[:200])
+        if whys:
+            return "", "; not proven there — " + "; ".join(sorted(set(whys)))
+        return "", f"; the proof on {proof} brought back no result (exit {remote_rc}: see above)"
+    if runnable is None:
+        runnable = runnable_archs()
+    far = sorted({f.baseline.arch for f in runs if f.baseline.arch not in runnable})
+    if not far:
+        return "", "" if allow_run else " (--no-run was given)"
+    from harness.targets import TARGETS_NAME, TargetError, load_targets, user_targets_shown
+
+    try:
+        declared = sorted(load_targets(lab))
+    except TargetError:
+        declared = []
+    name = declared[0] if len(declared) == 1 else "NAME"
+    known = f" (declared: {', '.join(declared)}" if declared else f" (declare one in {TARGETS_NAME}"
+    return (f"this machine cannot run {', '.join(far)} — prove it on a target: dsv4-lab gate --target {name}"
+            f"{known}; `proof_target: {name}` in {user_targets_shown(lab)} makes the hook use it), "
+            f"or on a machine that can: ", "")
+
+
+def report(findings: list[Finding], stale: list[Finding], stopped: bool, total: int, out, hint: str = "",
+           lead: str = "") -> int:
     regressions = [f for f in findings if f.kind in ("regression", "error")]
     improvements = [f for f in findings if f.kind == "improvement"]
     changes = [f for f in findings if f.kind == "change"]
@@ -329,7 +461,7 @@ def report(findings: list[Finding], stale: list[Finding], stopped: bool, total: 
         cmds = "; ".join(f"dsv4-lab {'compile' if kind == 'compile' else 'run'} stage-{s} --arch {a}"
                          for (s, a, kind) in sorted(groups))
         print(f"gate: stale — the source changed since the last result of {names}, and it was not re-proven here: "
-              f"{cmds}", file=out)
+              f"{lead}{cmds}{hint}", file=out)
     if regressions or stale:
         return 1
     kinds = {f.kind for f in findings}
@@ -372,13 +504,13 @@ def hook_text(python: str | None = None, code_root: Path | None = None, prefix: 
     code_root = code_root or Path(__file__).resolve().parent.parent
     return f"""#!/bin/sh
 {HOOK_MARK} (installed by `dsv4-lab gate --install-hook`; remove this file to uninstall)
-# Refuses the commit when a baselined case regressed or is stale.
+# Refuses the commit when a baselined case regressed or is stale in what the commit holds (the index).
 top=$(git rev-parse --show-toplevel) || exit 2
 cd "$top"/{shlex.quote(prefix) if prefix else ""} || exit 2
 unset DSV4_LAB_ROOT
 PYTHONPATH={shlex.quote(str(code_root))}${{PYTHONPATH:+:$PYTHONPATH}}
 export PYTHONPATH
-exec {shlex.quote(str(Path(python).absolute()))} -m cli gate
+exec {shlex.quote(str(Path(python).absolute()))} -m cli gate --staged
 """
 
 

@@ -36,6 +36,7 @@ from harness.records import (Record, RecordWriter, append_event, now_iso, runs_f
                              status_counts, validate)
 from harness.report import results_table, summary_lines
 from harness.spec import Spec, Stage
+from harness.staged import Snapshot
 from harness.ssh import EXIT_LINK, LinkError, explain_ssh_failure, remote_path, ssh_argv, ssh_binary, \
     ssh_config_args, ssh_own_lines
 from harness.statuses import FAILING
@@ -280,11 +281,12 @@ def _drain(stream: IO[bytes], tail: deque) -> None:
 
 
 def _drive(tr: TargetRun, root: Path, args: list[str], stages: set[str], out: queue.Queue,
-           procs: list, sync_method: str | None) -> None:
+           procs: list, sync_method: str | None, snapshot: Snapshot | None = None) -> None:
     """One target: sync, run, and put what arrives on `out` (thread body)."""
     t = tr.target
     try:
-        synced = sync_tree(t, root, sync_method)
+        tree = (snapshot.folder, list(snapshot.files)) if snapshot is not None else None
+        synced = sync_tree(t, root, sync_method, tree)
         out.put(("synced", t.name, synced))
         proc = subprocess.Popen(ssh_argv(t, remote_run_command(t, root, args)), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -504,22 +506,24 @@ class _Session:
 
 def run_remote(spec: Spec, target: str, argv: list[str], stages: list[Stage], archs: list[str] | None,
                cases: dict[str, list[Case]], *, shard: tuple[int, int] | None = None,
-               sync_method: str | None = None) -> int:
+               sync_method: str | None = None, snapshot: Snapshot | None = None) -> int:
     """`dsv4-lab run ... --target NAME[,NAME...]`: copy the tree to each target, run there
     (target i of n gets --shard i/n; one target keeps `shard`, the user's own --shard), stream
     and write the records here. Returns 0 (all passed), 1 (failures, lines rejected, planned
     cases missing, or records that cannot be written here), 3 (a target unreachable, or a run
     lost or interrupted), 130 / 143 / 129 (Ctrl-C, SIGTERM, SIGHUP here: the remote runs are
 stopped, what arrived is kept, each run is marked interrupted). Bad targets or options raise
-TargetError."""
-    root: Path = spec.root
+TargetError. `snapshot` (the gate's export of the git index, whose lab `spec` is): its files
+travel instead of the working tree; the targets and the remote folder are the real lab's."""
+    root: Path = snapshot.lab if snapshot is not None else spec.root
     targets = resolve_targets(root, target)
     n = len(targets)
     if n > 1 and (shard is not None or _has_option(argv, "--shard")):
         raise TargetError("--shard cannot be combined with --target a,b — the lab shards split runs itself")
     ssh_binary()
     ssh_config_args()
-    tree_files(root)  # not a git tree: say so before connecting anywhere
+    if snapshot is None:
+        tree_files(root)  # not a git tree: say so before connecting anywhere
     runs = []
     for i, t in enumerate(targets):
         own = (i, n) if n > 1 else None
@@ -535,7 +539,7 @@ TargetError."""
     known = set(spec.stages)
     for tr in runs:
         args = remote_run_args(argv, tr.target, tr.shard)
-        threading.Thread(target=_drive, args=(tr, root, args, known, events, procs, sync_method),
+        threading.Thread(target=_drive, args=(tr, root, args, known, events, procs, sync_method, snapshot),
                          daemon=True).start()
     pending, interrupted, local_error, signum = n, False, None, signal.SIGINT
     stop: list[int] = []

@@ -4,6 +4,8 @@ Targets are declared in `targets.yaml` at the lab root and, per user, in
 `$XDG_CONFIG_HOME/dsv4-lab/targets.yaml` (default `~/.config/dsv4-lab/targets.yaml`); a user
 entry replaces the lab entry of the same name. Both files are validated like stages.yaml:
 every problem is one `TargetError` line, `targets.yaml:LINE: targets.NAME.key: problem — fix`.
+The user's file may also name a default proof target, `proof_target: NAME`: where
+`dsv4-lab gate` (and the pre-commit hook) proves stale cases when no --target is given.
 They hold no secrets: a key or value that looks like one is refused. Running on a target is
 harness/remote.py.
 """
@@ -29,6 +31,7 @@ TARGETS_NAME = "targets.yaml"
 SCHEMA_VERSION = 1
 
 
+PROOF_KEY = "proof_target"  # user file only: the target `dsv4-lab gate` proves stale cases on
 TARGET_KEYS = {"ssh", "port", "workdir", "python", "gpus", "ssh_options"}
 TARGET_REQUIRED = {"ssh", "workdir", "python"}
 
@@ -113,6 +116,11 @@ def _display(path: Path, root: Path | None) -> str:
     home = str(Path.home())
     text = str(path)
     return "~" + text[len(home):] if home != "/" and text.startswith(home + os.sep) else text
+
+
+def user_targets_shown(root: Path | None = None) -> str:
+    """The user's targets file as messages name it (~/.config/dsv4-lab/targets.yaml)."""
+    return _display(user_targets_file(), root)
 
 
 def _string(ctx: NodeContext, node: Node, key: str, what: str) -> str:
@@ -241,18 +249,35 @@ def _parse_target(ctx: NodeContext, name: str, node: Node) -> Target:
 
 def load_targets_file(path: Path, display: str | None = None) -> dict[str, Target]:
     """Targets declared in one file ({} when the file is missing or declares none)."""
+    return _load_file(path, display, user=False)[0]
+
+
+def _load_file(path: Path, display: str | None, user: bool) -> tuple[dict[str, Target], tuple[str, str] | None]:
+    """(targets, (proof_target, where declared) or None) of one file. `proof_target` is a
+    personal setting: only the user's file may hold it."""
     ctx = NodeContext(display or str(path), TargetError, " — see the example in targets.yaml")
     if not path.exists():
-        return {}
+        return {}, None
     doc = read_file(path, ctx)  # bounded: aliases, depth, encoding, tags (harness/yamlnodes.py)
     if doc is None:
-        return {}
+        return {}, None
     _refuse_secrets(ctx, doc, "")
     top = _mapping(ctx, doc, TOP)
     fields = {str(_scalar(k)): (k, v) for k, v in top}
     for fname, (knode, _) in fields.items():
-        if fname not in ("version", "targets"):
-            raise ctx.fail(knode, fname, "unknown key — the file has 'version' and 'targets'")
+        if fname == PROOF_KEY and not user:
+            raise ctx.fail(knode, fname, f"a personal setting — put it in {_display(user_targets_file(), None)} "
+                                         "(each author picks the machine that proves their commits)")
+        if fname not in ("version", "targets", PROOF_KEY):
+            raise ctx.fail(knode, fname, "unknown key — the file has 'version' and 'targets'"
+                           + (f" (and '{PROOF_KEY}')" if user else ""))
+    proof = None
+    if PROOF_KEY in fields:
+        pnode = fields[PROOF_KEY][1]
+        name = _string(ctx, pnode, PROOF_KEY, "a target name")
+        if not _NAME_RE.fullmatch(name) or name == "local":
+            raise ctx.fail(pnode, PROOF_KEY, f"{name!r} is not a target name — name one declared under targets")
+        proof = (name, ctx.line(pnode))
     if "version" in fields:
         vnode = fields["version"][1]
         version = _scalar(vnode) if isinstance(vnode, ScalarNode) else None
@@ -260,7 +285,7 @@ def load_targets_file(path: Path, display: str | None = None) -> dict[str, Targe
             raise ctx.fail(vnode, "version", f"unsupported version {version!r} — this lab reads {SCHEMA_VERSION}")
     tnode = fields.get("targets", (None, None))[1]
     if is_empty(tnode):  # `targets:` with every entry commented out, as the shipped example is
-        return {}
+        return {}, proof
     targets: dict[str, Target] = {}
     for knode, vnode in _mapping(ctx, tnode, "targets"):
         name = str(_scalar(knode))
@@ -270,16 +295,34 @@ def load_targets_file(path: Path, display: str | None = None) -> dict[str, Targe
             raise ctx.fail(knode, "targets.local", "'local' is this machine and cannot be redefined — pick another name")
         t = _parse_target(ctx, name, vnode)
         targets[name] = replace(t, declared=ctx.line(knode))
-    return targets
+    return targets, proof
 
 
 def load_targets(root: Path) -> dict[str, Target]:
     """The lab's targets, with the user's entries replacing the lab's of the same name."""
     lab_path, user_path = lab_targets_file(root), user_targets_file()
     merged = dict(load_targets_file(lab_path, _display(lab_path, root)))
-    for name, t in load_targets_file(user_path, _display(user_path, root)).items():
+    for name, t in _load_file(user_path, _display(user_path, root), user=True)[0].items():
         merged[name] = replace(t, overrides=merged[name].declared if name in merged else None)
     return merged
+
+
+def proof_target(root: Path) -> str | None:
+    """The user's default proof target (`proof_target: NAME` in the user's targets file), which
+    `dsv4-lab gate` (and so the pre-commit hook) uses when --target is not given; None when
+    unset. A name no file declares is one TargetError line naming file, line and key."""
+    user_path = user_targets_file()
+    shown = _display(user_path, root)
+    _, proof = _load_file(user_path, shown, user=True)
+    if proof is None:
+        return None
+    name, where = proof
+    declared = load_targets(root)
+    if name not in declared:
+        known = ", ".join(sorted(declared)) or "none yet"
+        raise TargetError(f"{where}: {PROOF_KEY}: no target {name!r} is declared (declared: {known}) — "
+                          f"declare it under targets: in {shown} or {TARGETS_NAME}, or fix the name")
+    return name
 
 
 def resolve_targets(root: Path, spec: str, what: str = "--target") -> list[Target]:

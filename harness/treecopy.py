@@ -107,17 +107,17 @@ def _stage_tree(root: Path, files: list[str], dest: Path) -> None:
             shutil.copy2(src, dst)
 
 
-def sync_rsync(t: Target, root: Path, files: list[str]) -> None:
-    """Stage `files` in a temporary folder and mirror it with `rsync --delete` over ssh; the
-    remote side cds into the (quoted) work folder first, so no path goes through rsync's own
-    argument splitting."""
+def sync_rsync(t: Target, root: Path, files: list[str], source: Path | None = None) -> None:
+    """Stage `files` (read from `source`, default `root`) in a temporary folder and mirror it
+    with `rsync --delete` over ssh; the remote side cds into the (quoted) work folder first, so
+    no path goes through rsync's own argument splitting."""
     rsync = local_rsync()
     if rsync is None:
         raise RsyncFailed(f"{t.name}: rsync is not installed here")
     with tempfile.TemporaryDirectory(prefix="dsv4-lab-sync-") as tmp:
         stage = Path(tmp) / "tree"
         stage.mkdir()
-        _stage_tree(root, files, stage)
+        _stage_tree(source or root, files, stage)
         shell = " ".join(shlex.quote(a) for a in ssh_base_argv(t))
         argv = [rsync, "-rlpt", "--delete", "-e", shell,
                 "--rsync-path", f"cd {remote_path(remote_folder(t, root))} && rsync",
@@ -136,8 +136,9 @@ def sync_rsync(t: Target, root: Path, files: list[str]) -> None:
         raise RsyncFailed(f"{t.name}: rsync failed (exit {out.returncode}): {lines[0][:300] if lines else 'no message'}")
 
 
-def sync_tar(t: Target, root: Path, files: list[str]) -> None:
-    """Stream a tar of `files` into a fresh folder, then swap it in place of the old one."""
+def sync_tar(t: Target, root: Path, files: list[str], source: Path | None = None) -> None:
+    """Stream a tar of `files` (read from `source`, default `root`) into a fresh folder, then
+    swap it in place of the old one."""
     folder = remote_folder(t, root)
     new, cur = remote_path(folder + ".incoming"), remote_path(folder)
     cmd = f"rm -rf {new} && mkdir -p {new} && tar -xf - -C {new} && rm -rf {cur} && mv {new} {cur}"
@@ -157,7 +158,7 @@ def sync_tar(t: Target, root: Path, files: list[str]) -> None:
             with tarfile.open(fileobj=proc.stdin, mode="w|", format=tarfile.PAX_FORMAT) as tf:
                 for rel in files:
                     try:
-                        tf.add(root / rel, arcname=rel, recursive=False, filter=anonymous)
+                        tf.add((source or root) / rel, arcname=rel, recursive=False, filter=anonymous)
                     except FileNotFoundError:
                         continue  # deleted since git listed it: it would not be committed either
         except (BrokenPipeError, ConnectionResetError):
@@ -186,20 +187,23 @@ def sync_tar(t: Target, root: Path, files: list[str]) -> None:
         raise LinkError(f"{t.name}: copying with tar failed (exit {rc}): {lines[-1][:300] if lines else 'no message'}")
 
 
-def sync_tree(t: Target, root: Path, method: str | None = None) -> SyncResult:
+def sync_tree(t: Target, root: Path, method: str | None = None,
+              snapshot: tuple[Path, list[str]] | None = None) -> SyncResult:
     """Mirror the working tree into `<workdir>/<lab-id>/` on `t` (stale files there removed):
     rsync over ssh when both sides have it, else tar over ssh. `method` forces one ("rsync"
-    needs rsync on both sides). Raises LinkError."""
-    files = tree_files(root)
+    needs rsync on both sides). `snapshot` (folder, files): copy those files from that folder
+    instead (the gate's export of the git index); the remote folder is still named after
+    `root`. Raises LinkError."""
+    source, files = snapshot if snapshot is not None else (None, tree_files(root))
     remote_has_rsync = probe_remote(t, root)
     folder = remote_folder(t, root)
     if method == "tar":
-        sync_tar(t, root, files)
+        sync_tar(t, root, files, source)
         return SyncResult("tar", len(files), folder, "asked for")
     if method == "rsync":
         if not remote_has_rsync:
             raise LinkError(f"{t.name}: rsync is not installed on {t.where}")
-        sync_rsync(t, root, files)
+        sync_rsync(t, root, files, source)
         return SyncResult("rsync", len(files), folder)
     if method is not None:
         raise ValueError(f"unknown sync method {method!r}")
@@ -209,9 +213,9 @@ def sync_tree(t: Target, root: Path, method: str | None = None) -> SyncResult:
         why = "no rsync here"
     else:
         try:
-            sync_rsync(t, root, files)
+            sync_rsync(t, root, files, source)
             return SyncResult("rsync", len(files), folder)
         except RsyncFailed as exc:  # e.g. a login shell that prints to stdout breaks rsync's protocol
             why = str(exc).removeprefix(f"{t.name}: ")
-    sync_tar(t, root, files)
+    sync_tar(t, root, files, source)
     return SyncResult("tar", len(files), folder, why)

@@ -465,6 +465,7 @@ def test_hook_gates_a_lab_in_a_subfolder_of_the_repository(tmp_path, monkeypatch
     assert gate.install_hook(lab) == 0
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "DSV4_LAB_CACHE": str(tmp_path / "cache"),
            "DSV4_LAB_ROOT": str(tmp_path / "elsewhere")}
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)  # the hook judges what is staged
     r = _commit(repo, env)
     out = r.stdout + r.stderr
     assert r.returncode != 0 and "REGRESSIONS" in out and "stage-HD cpu hd=64,n=16" in out, out

@@ -231,7 +231,7 @@ def test_hook_refuses_a_commit_that_regresses(lab, tmp_path):
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{Path(os.sys.executable).parent}:{os.environ['PATH']}"}
     (lab / "x.txt").write_text("x")
-    subprocess.run(["git", "add", "x.txt"], cwd=lab, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=lab, check=True)  # the hook judges what is staged: stage, baselines
     r = subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-m", "x"], cwd=lab, env=env,
                        capture_output=True, text=True)
     assert r.returncode != 0 and "REGRESSIONS" in r.stdout + r.stderr

@@ -351,7 +351,7 @@ def fake_sync(monkeypatch):
     calls: list[str] = []
     state = {"remote": True, "local": "/usr/bin/rsync", "rsync_fails": False}
 
-    def rsync(t, root, files):
+    def rsync(t, root, files, source=None):
         calls.append("rsync")
         if state["rsync_fails"]:
             raise treecopy.RsyncFailed(f"{t.name}: rsync failed (exit 12): protocol version mismatch")
@@ -360,7 +360,7 @@ def fake_sync(monkeypatch):
     monkeypatch.setattr(treecopy, "probe_remote", lambda t, root: state["remote"])
     monkeypatch.setattr(treecopy, "local_rsync", lambda: state["local"])
     monkeypatch.setattr(treecopy, "sync_rsync", rsync)
-    monkeypatch.setattr(treecopy, "sync_tar", lambda t, root, files: calls.append("tar"))
+    monkeypatch.setattr(treecopy, "sync_tar", lambda t, root, files, source=None: calls.append("tar"))
     return state, calls
 
 
