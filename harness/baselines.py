@@ -614,7 +614,7 @@ def show(root: Path, stage: Any = None, archs: list[str] | None = None, cases: l
     items = load(root, must_exist=True)
     sid = None if stage is None else (stage.id if hasattr(stage, "id") else normalize_stage_name(str(stage)))
     labels = None if cases is None else {case_label(c.dict) for c in cases}
-    items = select(items, sid, archs, labels)
+    items = sorted(select(items, sid, archs, labels), key=matrix_order(root))
     console = make_console()
     if not items:
         console.print("no baselines match" + (f" for stage-{escape(sid)}" if sid else "")
@@ -642,6 +642,45 @@ def show(root: Path, stage: Any = None, archs: list[str] | None = None, cases: l
                       _mma(mma_counts(c.get("sass", {}))) if c.get("sass") else "—", escape(b.record))
         console.print(t)
     return 0
+
+
+def matrix_order(root: Path):
+    """A sort key for baselines in the lab's own order: stages as stages.yaml lists them, archs
+    as the stage lists its kernels, cases in matrix order (hd=64 before hd=128). A baseline the
+    spec no longer knows comes after, in natural order (numbers by value)."""
+    import re
+
+    from harness.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(root=root)
+    except (SpecError, OSError):
+        spec = None
+    stages = list(spec.stages.values()) if spec else []
+    stage_pos = {st.id: i for i, st in enumerate(stages)}
+    arch_pos = {(st.id, a): i for st in stages for i, a in enumerate(st.kernels)}
+    value_pos = {(st.id, axis, case_label({axis: v})): i
+                 for st in stages for axis, vals in st.matrix.items() for i, v in enumerate(vals)}
+
+    def natural(text: str) -> tuple:
+        return tuple((0, float(t), "") if re.fullmatch(r"-?\d+(\.\d+)?", t) else (1, 0.0, t)
+                     for t in re.split(r"(-?\d+(?:\.\d+)?)", text) if t)
+
+    def case_key(b: Baseline) -> tuple:
+        parts = b.case.split(",")
+        pos = []
+        for part in parts:
+            axis = part.split("=", 1)[0]
+            if (b.stage, axis, part) not in value_pos:
+                return (1, natural(b.case))
+            pos.append(value_pos[(b.stage, axis, part)])
+        return (0, tuple(pos))
+
+    def key(b: Baseline) -> tuple:
+        return (stage_pos.get(b.stage, len(stage_pos)), natural(b.stage), arch_pos.get((b.stage, b.arch), 99),
+                b.arch, case_key(b))
+
+    return key
 
 
 def _mma(counts: dict[str, int]) -> str:
