@@ -35,6 +35,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ import yaml
 from harness.labels import case_label
 from harness.paths import cache_dir, results_dir
 from harness.records import Record
+from harness.spec import ARCH_KEYS
 
 BASELINE_VERSION = 1
 RUN_METRICS = ("cosine", "rel_l2", "max_abs")
@@ -531,6 +533,7 @@ def accept(spec, stage, archs: list[str] | None, cases, compile_only: bool = Fal
         index = {(b.stage, b.arch, b.case): b for b in current}
         taken: list[tuple[str, str, str, str]] = []
         why_not: dict[tuple[str, str], int] = {}
+        hopper: dict[tuple[str, str], int] = {}  # cases of an arch the lab's GPUs run, with no pass to take
         for arch in stage.kernels:
             if archs and arch not in archs:
                 continue
@@ -547,6 +550,9 @@ def accept(spec, stage, archs: list[str] | None, cases, compile_only: bool = Fal
                 if arch in runnable and not compile_only:
                     _bump(why_not, arch, f"no passing result for the current source — run it first: "
                                          f"dsv4-lab run {stage.name} --arch {arch}")
+                    continue
+                if arch in LAB_RUN_ARCHS:  # what compiling proves is not the proof a lab GPU gives
+                    _bump(hopper, arch, "")
                     continue
                 old = index.get(key)
                 if old is not None and old.kind == "run" and not compile_only:
@@ -571,10 +577,25 @@ def accept(spec, stage, archs: list[str] | None, cases, compile_only: bool = Fal
         console.print(f"baseline {stage.name} {arch} {label} ← {rid} ({kind})")
     for (arch, why), n in sorted(why_not.items()):
         console.print(f"{arch}: {n} case(s) {why}")
+    for (arch, _), n in sorted(hopper.items()):
+        line = (f"{arch} runs on {LAB_RUN_ARCHS[arch]}: {n} case(s) of {stage.name} have no passing result for the "
+                f"current source, and compile-only baselines are only for archs no lab machine runs "
+                f"({', '.join(a for a in ARCH_KEYS if a not in LAB_RUN_ARCHS and a != 'cpu')}) — run them on a "
+                f"{LAB_RUN_ARCHS[arch]} GPU (dsv4-lab run {stage.name} --arch {arch}, here or with --target NAME), "
+                "then accept")
+        if not taken:  # nothing else was asked for: bad usage, one line
+            print(f"dsv4-lab: {line}", file=sys.stderr)
+            return 2
+        console.print(line)
     if not taken:
         console.print(f"no baseline taken for {stage.name} with these filters")
         return 1
     return 0
+
+
+# The archs the lab's own GPUs run (Hopper: H100/H200), each with the GPU that runs it: a case of
+# one is baselined from a passing run, never from compiling alone.
+LAB_RUN_ARCHS: dict[str, str] = {"sm_90a": "Hopper"}
 
 
 def _bump(counts: dict[tuple[str, str], int], arch: str, why: str) -> None:

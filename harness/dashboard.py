@@ -45,6 +45,7 @@ class Cell:
     age: str = "—"
     style: str = "dim"
     not_run: str = ""  # why no case of it ran ("no GPU on this machine (needs sm_100)")
+    gpu: str = ""  # the GPU of the newest run ("H100 80GB HBM3"): `ran` without where, for a narrow terminal
 
 
 NOT_RUN = "compiled, not run:"
@@ -125,8 +126,8 @@ def cell(spec: Spec, stage: Stage, arch: str, records: list[Record], baselines: 
     run = sorted(latest.values(), key=lambda r: r.t)
     env = run[-1].env
     host = str(env.get("host", "?")).split(".")[0]
-    c.ran = f"{str(env.get('gpu', '?')).removeprefix('NVIDIA ')} @ " + (
-        host if run[-1].target == "local" else f"{run[-1].target}:{host}")
+    c.gpu = str(env.get("gpu", "?")).removeprefix("NVIDIA ")
+    c.ran = f"{c.gpu} @ " + (host if run[-1].target == "local" else f"{run[-1].target}:{host}")
     n_pass = sum(1 for r in run if r.status == "pass")
     total = count(stage)
     c.passed = f"{'✓' if n_pass == total else '✗'} {n_pass}/{total}"
@@ -184,21 +185,28 @@ def _int(x: object) -> int:
 
 COLUMNS = ("stage", "arch", "ran on", "passed", "worst cos", "Δ base", "µs (bench)", "roofline",
            "regs/spill/smem", "fresh")
-# Dropped first when the terminal is too narrow for every column (never stage, arch, ran on,
-# passed, worst cos: a row without them says nothing).
-DROP_ORDER = ("roofline", "Δ base", "regs/spill/smem", "µs (bench)", "fresh")
+# What goes first when the terminal is too narrow for everything: a column (never stage, arch,
+# ran on, passed, worst cos: a row without them says nothing), or the host (`ran on: host`) and
+# then all but the GPU's model (`ran on: gpu`) of the ran-on column. Nothing is ever cut.
+SQUEEZE = ("roofline", "Δ base", "ran on: host", "regs/spill/smem", "µs (bench)", "fresh", "ran on: gpu")
 
 
-def _row(stage: Stage, arch: str, c: Cell, first: bool) -> dict[str, Text]:
+def _ran_on(c: Cell, squeezed: set[str]) -> str:
+    if not c.gpu or "ran on: host" not in squeezed:
+        return c.ran
+    return c.gpu.split()[0] if "ran on: gpu" in squeezed else c.gpu
+
+
+def _row(stage: Stage, arch: str, c: Cell, first: bool, squeezed: set[str] = frozenset()) -> dict[str, Text]:
     fresh = "—" if c.age == "—" else f"{STALE_MARK if c.stale else '✓'} {c.age}"
-    texts = {"stage": stage.name if first else "", "arch": arch, "ran on": c.ran, "passed": c.passed,
+    texts = {"stage": stage.name if first else "", "arch": arch, "ran on": _ran_on(c, squeezed), "passed": c.passed,
              "worst cos": c.cosine, "Δ base": c.delta, "µs (bench)": c.us, "roofline": c.roof,
              "regs/spill/smem": c.resources, "fresh": fresh}
     return {k: Text(v, style=c.style if k == "ran on" else "") for k, v in texts.items()}
 
 
 def _table(rows: list[dict[str, Text]], columns: list[str]) -> Table:
-    table = Table(title="dsv4-lab dashboard", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1),
+    table = Table(title="dsv4-lab dashboard", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True,
                   title_justify="left")
     for col in columns:
         table.add_column(col, no_wrap=True, overflow="fold")
@@ -227,23 +235,27 @@ def render(root: Path, width: int = 160) -> Group | Text:
                     "and records that nothing ran)")
     baselines = {(b.stage, b.arch, b.case): b for b in load_baselines(root)}
     now = time.time()
-    rows: list[dict[str, Text]] = []
+    cells: list[tuple[Stage, str, Cell, bool]] = []
     not_run: dict[str, list[str]] = {}
     for st in spec.stages.values():
         for i, arch in enumerate(st.kernels):
             c = cell(spec, st, arch, records, baselines, now)
-            rows.append(_row(st, arch, c, i == 0))
+            cells.append((st, arch, c, i == 0))
             if c.not_run:
                 not_run.setdefault(c.not_run, [])
                 if arch not in not_run[c.not_run]:
                     not_run[c.not_run].append(arch)
     columns = list(COLUMNS)
-    left_out = []
-    for col in DROP_ORDER:
+    squeezed: set[str] = set()
+    rows = [_row(st, arch, c, first) for st, arch, c, first in cells]
+    for step in SQUEEZE:
         if _natural_width(rows, columns) <= width:
             break
-        columns.remove(col)
-        left_out.append(col)
+        squeezed.add(step)
+        if step in columns:
+            columns.remove(step)
+        rows = [_row(st, arch, c, first, squeezed) for st, arch, c, first in cells]
+    left_out = [step for step in SQUEEZE if step in squeezed]
     notes = [Text(f"○ {', '.join(archs)}: compiled, not run: {why}", style="yellow") for why, archs in not_run.items()]
     legend = Text("✓ pass/fresh  ✗ failure  ○ compiled, not run (never verified)  "
                   f"{STALE_MARK} stale: the source changed since this result — re-run it", style="dim")
