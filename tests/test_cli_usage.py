@@ -76,6 +76,11 @@ def test_an_unknown_option_is_named_with_the_closest_one_not_read_as_an_axis(fak
     _one_line_usage_error(run_cli(["compile", "stage-OK", "--kep", "x"], cwd=fake_lab), "did you mean --keep?")
     _one_line_usage_error(run_cli(["history", "stage-BAD", "--mod", "ok"], cwd=fake_lab),
                           "no such option '--mod'", "did you mean --mode?")
+    # with --all, the first filter word is not taken for the stage's name
+    _one_line_usage_error(run_cli(["run", "--all", "--dry-run"], cwd=fake_lab), "no such option '--dry-run'")
+    _one_line_usage_error(run_cli(["run", "--all", "--n", "16", "--arhc", "cpu"], cwd=fake_lab),
+                          "no such option '--arhc'", "did you mean --arch?")
+    _one_line_usage_error(run_cli(["run", "--n", "16"], cwd=fake_lab), "--n is an axis filter — name a stage first")
     # an axis of another stage is still the filter error it was
     _one_line_usage_error(run_cli(["run", "stage-OK", "--mode", "ok"], cwd=fake_lab), "stage-OK: no axis 'mode'")
     assert not (fake_lab / "results" / "records").exists() or not any((fake_lab / "results" / "records").iterdir())
