@@ -1,10 +1,11 @@
 """`dsv4-lab dashboard`: where every stage stands, stages × arch, on one screen.
 
-Per stage and arch: compiled (and when), ran (where: host and GPU), cases whose newest
-result passed / cases in the matrix, worst cosine, delta to baseline, median µs of the benched case,
-registers / spills / shared memory, a stale marker, and the age of the newest result.
-Built from records alone (no torch, no CuTeDSL). Readable without colour: every state has a
-glyph and a word.
+One line per stage and arch: where it ran (GPU and host; or compiled, not run, or a compile
+error), cases whose newest result passed / cases in the matrix, worst cosine, delta to baseline,
+median µs of the benched case, the roofline, registers / spills / shared memory, and a stale
+marker with the age of the newest result. Columns that do not fit the terminal are left out (and
+named), never cut. Built from records alone (no torch, no CuTeDSL). Readable without colour:
+every state has a glyph and a word.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from harness.statuses import RAN
 class Cell:
     """The state of one (stage, arch)."""
 
-    compiled: str = "—"
     ran: str = "—"
     passed: str = "—"
     cosine: str = "—"
@@ -91,16 +91,12 @@ def cell(spec: Spec, stage: Stage, arch: str, records: list[Record], baselines: 
     mine = [r for r in mine if not is_bench(r)]
     c.roof = roofline_text(benched, source_hash(spec.root, stage, arch) if benched else "", compact=True)
     if not mine:
-        c.compiled = "not yet"
+        c.ran = "not compiled yet"
         return c
     src = source_hash(spec.root, stage, arch)
     compiled = [r for r in mine if r.compile and r.status != "compile_error"]
     errors = [r for r in mine if r.status == "compile_error"]
     newest = mine[-1]
-    if errors and errors[-1] is newest:
-        c.compiled = f"✗ error {_age(newest.t, now)} ago"
-    elif compiled:
-        c.compiled = f"✓ {_age(compiled[-1].t, now)} ago"
     compile_error = bool(errors and errors[-1] is newest)
     res = [r.compile for r in compiled if r.code.get("src") == src] or [r.compile for r in compiled]
     if res:
@@ -154,6 +150,8 @@ def cell(spec: Spec, stage: Stage, arch: str, records: list[Record], baselines: 
     c.stale = "stale" if any(r.code.get("src") != src for r in run) else ""
     c.age = _age(run[-1].t, now)
     c.style = "green" if n_pass == total and not c.stale else ("red" if n_pass < len(run) else "yellow")
+    if compile_error:  # the newest build failed: what ran before is not what the source builds now
+        c.ran, c.style = "✗ compile error", "red"
     return c
 
 
