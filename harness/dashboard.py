@@ -253,7 +253,8 @@ def render(root: Path, width: int = 160) -> Group | Text:
         if step in columns:
             columns.remove(step)
         rows = [_row(st, arch, c, first, squeezed) for st, arch, c, first in cells]
-    left_out = [step for step in SQUEEZE if step in squeezed]
+    shown_as = {"ran on: host": "the host in ran on", "ran on: gpu": "all but the GPU's model in ran on"}
+    left_out = [shown_as.get(step, step) for step in SQUEEZE if step in squeezed]
     notes = [Text(f"○ {', '.join(archs)}: compiled, not run: {why}", style="yellow") for why, archs in not_run.items()]
     legend = Text("✓ pass/fresh  ✗ failure  ○ compiled, not run (never verified)  "
                   f"{STALE_MARK} stale: the source changed since this result — re-run it", style="dim")
