@@ -30,14 +30,53 @@ targets_app = typer.Typer(no_args_is_help=True, help="Remote targets (SSH).")
 app.add_typer(baseline_app, name="baseline")
 app.add_typer(targets_app, name="targets")
 
+
+def version_text() -> str:
+    """`dsv4-lab --version`: the lab's version and the versions that change a verdict (package
+    metadata only: nothing is imported)."""
+    from importlib import metadata
+
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "missing"
+
+    lab = version("dsv4-lab")
+    if lab == "missing":  # a checkout run as `python3 -m cli` without installing it
+        import re
+
+        m = re.search(r'^version\s*=\s*"([^"]+)"', (Path(__file__).with_name("pyproject.toml")).read_text()
+                      if Path(__file__).with_name("pyproject.toml").is_file() else "", re.M)
+        lab = m.group(1) if m else "unknown"
+    return (f"dsv4-lab {lab} (nvidia-cutlass-dsl {version('nvidia-cutlass-dsl')}, torch {version('torch')}, "
+            f"python {sys.version.split()[0]})")
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        print(version_text())
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main_options(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version_callback,
+                                               help="print the lab's version (and CuTeDSL's, torch's) and exit")) -> None:
+    """Staged kernel lab for DeepSeek-V4 attention: run, gate, dashboard."""
+
 FILTER_CTX = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+_loaded_specs: list[Spec] = []  # the spec this command loaded (for the names of every stage's axes)
 
 
 def _spec() -> Spec:
     root = lab_root()
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
-    return load_spec(root=root)
+    spec = load_spec(root=root)
+    _loaded_specs[:] = [spec]
+    return spec
 
 
 def _archs(arch: str) -> list[str] | None:
@@ -56,9 +95,63 @@ def _archs(arch: str) -> list[str] | None:
 
 
 def _cases_of(stage: Stage, extra: list[str], where: str | None):
-    pairs = parse_axis_flags(extra) + (parse_where(where) if where else [])
-    filters = parse_filters(stage, pairs)
+    _check_option_names(extra, [stage])
+    filters = parse_filters(stage, _filter_pairs(extra, where))
     return expand(stage, filters)
+
+
+def _filter_pairs(extra: list[str], where: str | None) -> list[tuple[str, str]]:
+    """The axis flags and --where as (axis, values) pairs. An axis given both ways (`--hd 64
+    --where hd=128`) is refused: neither the union nor either one is what both words say."""
+    flags = parse_axis_flags(extra)
+    wheres = parse_where(where) if where else []
+    both = sorted({a for a, _ in flags} & {a for a, _ in wheres})
+    if both:
+        a = both[0]
+        flag = ",".join(v for x, v in flags if x == a)
+        wh = ",".join(v for x, v in wheres if x == a)
+        raise UsageError(f"--{a.replace('_', '-')} {flag} and --where {a}={wh.replace(',', '|')} both filter {a} — "
+                         f"give {a} once (e.g. --{a.replace('_', '-')} {flag},{wh})")
+    return flags + wheres
+
+
+def _current_context():
+    """The running command's click context (typer vendors click in recent releases: never
+    import `click` itself when typer has its own)."""
+    import importlib
+
+    for name in ("typer._click.globals", "click.globals"):
+        try:
+            return importlib.import_module(name).get_current_context(silent=True)
+        except ImportError:
+            continue
+    return None
+
+
+def _check_option_names(extra: list[str], stages: list[Stage]) -> None:
+    """Every `--word` the command itself does not take must be an axis of a selected stage:
+    a misspelt option (`--arhc`) or one the lab does not have (`--dry-run`) is named as such,
+    with the closest option or axis, before any value is read as a filter."""
+    import difflib
+
+    axes = {a for st in stages for a in st.matrix}
+    any_axis = {a for spec in _loaded_specs for st in spec.stages.values() for a in st.matrix}
+    for word in extra:
+        if not word.startswith("--") or word == "--":
+            continue
+        name = word[2:].split("=", 1)[0]
+        if name.replace("-", "_") in axes | any_axis:  # another stage's axis: the filter names the stage's own
+            continue
+        ctx = _current_context()
+        options = sorted({o for p in (ctx.command.params if ctx else []) for o in getattr(p, "opts", [])
+                          if o.startswith("--")} | {"--help"})
+        axis_flags = sorted(f"--{a.replace('_', '-')}" for a in axes)
+        close = difflib.get_close_matches(f"--{name}", options + axis_flags, n=1, cutoff=0.6)
+        command = ctx.command_path if ctx else "dsv4-lab"
+        hint = (f"did you mean {close[0]}?" if close else
+                f"{command} takes {', '.join(o for o in options if o != '--help')}"
+                + (f"; axis filters here: {', '.join(axis_flags)}" if axis_flags else ""))
+        raise UsageError(f"no such option '--{name}' — {hint} (see {command} --help)")
 
 
 def _gpu_list(gpus: str | None) -> list[int] | None:
@@ -71,6 +164,19 @@ def _gpu_list(gpus: str | None) -> list[int] | None:
     if not out or any(g < 0 for g in out) or len(set(out)) != len(out):
         raise UsageError(f"--gpus {gpus}: expected distinct GPU indices like 0,1")
     return out
+
+
+def _check_local_gpus(gpus: list[int]) -> None:
+    """`--gpus` naming a GPU this machine does not have is bad usage, also on a machine with none
+    (a silent run on the rest, or on nothing, would not be what was asked)."""
+    from harness.environment import gpu_capabilities
+
+    caps = gpu_capabilities()
+    absent = [g for g in gpus if g not in caps]
+    if absent:
+        has = f"it has {', '.join(map(str, sorted(caps)))}" if caps else "it has no GPU: leave --gpus out"
+        raise UsageError(f"--gpus {','.join(map(str, gpus))}: no GPU {', '.join(map(str, absent))} on this machine "
+                         f"({has})")
 
 
 def _precheck(spec: Spec, stages: list[Stage]) -> None:
@@ -109,6 +215,10 @@ def _precheck(spec: Spec, stages: list[Stage]) -> None:
 
 
 def _stages(spec: Spec, name: str | None, all_: bool) -> list[Stage]:
+    if name is not None and name.startswith("--"):  # `run --dry-run`: an option where the stage goes
+        _check_option_names([name], list(spec.stages.values()) if all_ else [])
+        raise UsageError(f"{name} is an axis filter — name a stage first (e.g. dsv4-lab run stage-A {name} …) "
+                         "or pass --all")
     if all_ or name is None:
         if not all_ and name is None:
             raise UsageError("name a stage (e.g. dsv4-lab run stage-A) or pass --all")
@@ -165,9 +275,14 @@ def run_cmd(
     from harness.report import run_local_and_report
 
     spec = _spec()
+    if all_ and stage is not None and stage.startswith("--"):  # `run --all --hd 64`: the filter was read as the stage
+        ctx.args[:0] = [stage]
+        stage = None
     stages = _stages(spec, stage, all_)
     archs = _archs(arch)
     gpu_list = _gpu_list(gpus)
+    if gpu_list is not None and target == "local" and not emit_jsonl:
+        _check_local_gpus(gpu_list)
     if workers_per_gpu < 1:
         raise UsageError(f"--workers-per-gpu {workers_per_gpu}: must be at least 1")
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
@@ -333,6 +448,8 @@ def dashboard_cmd(watch: bool = typer.Option(False, "--watch", help="refresh whi
     """Where every stage stands: stages × arch."""
     from harness import dashboard
 
+    if not (math.isfinite(interval) and interval > 0):
+        raise UsageError(f"--interval {interval:g}: must be a finite number of seconds > 0 (e.g. --interval 2)")
     raise typer.Exit(dashboard.main(lab_root(), watch=watch, interval=interval))
 
 
@@ -433,7 +550,7 @@ def bench_cmd(
         raise UsageError(f"--reps {reps}: give 1 to 10000")
     if not (math.isfinite(timeout) and timeout > 0):
         raise UsageError(f"--timeout {timeout:g}: must be a finite number of seconds > 0")
-    pairs = parse_axis_flags(ctx.args) + (parse_where(where) if where else [])
+    pairs = _filter_pairs(ctx.args, where)
     try:
         bench.plan_cases(st, pairs)  # bad filters or no bench block: one line before anything is imported
         from harness.environment import gpu_capabilities
@@ -531,7 +648,7 @@ def main() -> None:
     click_exception = _click_exception_class()
     try:
         _add_axis_help()
-        rc = app(standalone_mode=False)  # click returns a command's exit code in this mode
+        rc = app(standalone_mode=False, prog_name="dsv4-lab")  # click returns a command's exit code in this mode
         sys.exit(rc if isinstance(rc, int) else 0)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
@@ -544,6 +661,12 @@ def main() -> None:
     except BrokenPipeError:  # `dsv4-lab … | head`
         sys.exit(1)
     except Exception as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `dsv4-lab` or a bare group: nothing was asked
+            try:
+                print(exc.ctx.get_help(), flush=True)
+            except BrokenPipeError:  # `dsv4-lab | head`
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(0)
         if isinstance(exc, click_exception):  # typer's own usage errors
             command = getattr(getattr(exc, "ctx", None), "command_path", None) or "dsv4-lab"
             print(f"{command}: {_one_line(exc.format_message())} — see {command} --help", file=sys.stderr)

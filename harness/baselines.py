@@ -35,6 +35,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ import yaml
 from harness.labels import case_label
 from harness.paths import cache_dir, results_dir
 from harness.records import Record
+from harness.spec import ARCH_KEYS
 
 BASELINE_VERSION = 1
 RUN_METRICS = ("cosine", "rel_l2", "max_abs")
@@ -542,6 +544,7 @@ def accept(spec, stage, archs: list[str] | None, cases, compile_only: bool = Fal
         index = {(b.stage, b.arch, b.case): b for b in current}
         taken: list[tuple[str, str, str, str]] = []
         why_not: dict[tuple[str, str], int] = {}
+        hopper: dict[tuple[str, str], int] = {}  # cases of an arch the lab's GPUs run, with no pass to take
         for arch in stage.kernels:
             if archs and arch not in archs:
                 continue
@@ -558,6 +561,9 @@ def accept(spec, stage, archs: list[str] | None, cases, compile_only: bool = Fal
                 if arch in runnable and not compile_only:
                     _bump(why_not, arch, f"no passing result for the current source — run it first: "
                                          f"dsv4-lab run {stage.name} --arch {arch}")
+                    continue
+                if arch in LAB_RUN_ARCHS:  # what compiling proves is not the proof a lab GPU gives
+                    _bump(hopper, arch, "")
                     continue
                 old = index.get(key)
                 if old is not None and old.kind == "run" and not compile_only:
@@ -582,10 +588,25 @@ def accept(spec, stage, archs: list[str] | None, cases, compile_only: bool = Fal
         console.print(f"baseline {stage.name} {arch} {label} ← {rid} ({kind})")
     for (arch, why), n in sorted(why_not.items()):
         console.print(f"{arch}: {n} case(s) {why}")
+    for (arch, _), n in sorted(hopper.items()):
+        line = (f"{arch} runs on {LAB_RUN_ARCHS[arch]}: {n} case(s) of {stage.name} have no passing result for the "
+                f"current source, and compile-only baselines are only for archs no lab machine runs "
+                f"({', '.join(a for a in ARCH_KEYS if a not in LAB_RUN_ARCHS and a != 'cpu')}) — run them on a "
+                f"{LAB_RUN_ARCHS[arch]} GPU (dsv4-lab run {stage.name} --arch {arch}, here or with --target NAME), "
+                "then accept")
+        if not taken:  # nothing else was asked for: bad usage, one line
+            print(f"dsv4-lab: {line}", file=sys.stderr)
+            return 2
+        console.print(line)
     if not taken:
         console.print(f"no baseline taken for {stage.name} with these filters")
         return 1
     return 0
+
+
+# The archs the lab's own GPUs run (Hopper: H100/H200), each with the GPU that runs it: a case of
+# one is baselined from a passing run, never from compiling alone.
+LAB_RUN_ARCHS: dict[str, str] = {"sm_90a": "Hopper"}
 
 
 def _bump(counts: dict[tuple[str, str], int], arch: str, why: str) -> None:
@@ -625,7 +646,7 @@ def show(root: Path, stage: Any = None, archs: list[str] | None = None, cases: l
     items = load(root, must_exist=True)
     sid = None if stage is None else (stage.id if hasattr(stage, "id") else normalize_stage_name(str(stage)))
     labels = None if cases is None else {case_label(c.dict) for c in cases}
-    items = select(items, sid, archs, labels)
+    items = sorted(select(items, sid, archs, labels), key=matrix_order(root))
     console = make_console()
     if not items:
         console.print("no baselines match" + (f" for stage-{escape(sid)}" if sid else "")
@@ -653,6 +674,45 @@ def show(root: Path, stage: Any = None, archs: list[str] | None = None, cases: l
                       _mma(mma_counts(c.get("sass", {}))) if c.get("sass") else "—", escape(b.record))
         console.print(t)
     return 0
+
+
+def matrix_order(root: Path):
+    """A sort key for baselines in the lab's own order: stages as stages.yaml lists them, archs
+    as the stage lists its kernels, cases in matrix order (hd=64 before hd=128). A baseline the
+    spec no longer knows comes after, in natural order (numbers by value)."""
+    import re
+
+    from harness.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(root=root)
+    except (SpecError, OSError):
+        spec = None
+    stages = list(spec.stages.values()) if spec else []
+    stage_pos = {st.id: i for i, st in enumerate(stages)}
+    arch_pos = {(st.id, a): i for st in stages for i, a in enumerate(st.kernels)}
+    value_pos = {(st.id, axis, case_label({axis: v})): i
+                 for st in stages for axis, vals in st.matrix.items() for i, v in enumerate(vals)}
+
+    def natural(text: str) -> tuple:
+        return tuple((0, float(t), "") if re.fullmatch(r"-?\d+(\.\d+)?", t) else (1, 0.0, t)
+                     for t in re.split(r"(-?\d+(?:\.\d+)?)", text) if t)
+
+    def case_key(b: Baseline) -> tuple:
+        parts = b.case.split(",")
+        pos = []
+        for part in parts:
+            axis = part.split("=", 1)[0]
+            if (b.stage, axis, part) not in value_pos:
+                return (1, natural(b.case))
+            pos.append(value_pos[(b.stage, axis, part)])
+        return (0, tuple(pos))
+
+    def key(b: Baseline) -> tuple:
+        return (stage_pos.get(b.stage, len(stage_pos)), natural(b.stage), arch_pos.get((b.stage, b.arch), 99),
+                b.arch, case_key(b))
+
+    return key
 
 
 def _mma(counts: dict[str, int]) -> str:

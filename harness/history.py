@@ -85,6 +85,15 @@ def _f(x, fmt: str) -> str:
     return "—" if x is None else format(x, fmt)
 
 
+def _usage_error(text: str) -> None:
+    """A name that names nothing: one line on stderr, as every usage error (the caller exits 2)."""
+    import sys
+
+    from harness.console import printable
+
+    print(f"dsv4-lab: {printable(text)}", file=sys.stderr)
+
+
 def show(root: Path, ident: str) -> int:
     console = make_console()
     warn: list[str] = []
@@ -104,8 +113,8 @@ def show(root: Path, ident: str) -> int:
         return 0
     of_run = [r for r in records if r.run == ident]
     if ident not in runs and not of_run:
-        console.print(f"no record or run '{escape(ident)}' — ids look like 20261121-142649-5461 (run) or "
-                      "20261121-142649-5461.3 (record); see `dsv4-lab history`", highlight=False)
+        _usage_error(f"no record or run '{ident}' — ids look like 20261121-142649-5461 (run) or "
+                     "20261121-142649-5461.3 (record); see `dsv4-lab history`")
         return 2
     from harness.report import results_table
 
@@ -127,10 +136,10 @@ def note(root: Path, run: str, text: str) -> int:
     runs = read_runs(root)
     known = run in runs or any(r.run == run for r in read_records(root, bench=True))
     if not known:
-        console.print(f"no run '{escape(run)}' — see `dsv4-lab dashboard` or results/runs.jsonl for run ids", highlight=False)
+        _usage_error(f"no run '{run}' — see `dsv4-lab dashboard` or results/runs.jsonl for run ids")
         return 2
     if not text.strip():
-        console.print("an empty note says nothing — give some text", highlight=False)
+        _usage_error("an empty note says nothing — give some text")
         return 2
     append_event(notes_file(root), {"run": run, "t": now_iso(), "text": text.strip()})
     console.print(f"noted on run {run}", highlight=False)

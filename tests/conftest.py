@@ -73,6 +73,32 @@ def fake_lab(tmp_path, monkeypatch) -> Path:
     return lab
 
 
+# A name no stage can have (stage ids are [A-Z0-9][A-Z0-9_]*, harness/spec.py): the tests' example
+# of a stage that does not exist stays one however many stages are scaffolded.
+NO_SUCH_STAGE = "stage-no-such"
+
+COPY_IGNORE = (".git", ".cache", ".device", ".peers", "scratch", "__pycache__", ".run", ".pytest_cache")
+
+
+def copy_lab(dest: Path, results: bool = True) -> Path:
+    """A copy of this lab in `dest` (no git, no caches; `results`: its notebook too), for tests
+    that run the command the way a user does without writing into the real tree."""
+    ignore = COPY_IGNORE + (() if results else ("results",))
+    shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(*ignore))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def lab_copy(tmp_path_factory) -> Path:
+    """A copy of this lab (results included) shared by a module's tests; the commands run in
+    it with DSV4_LAB_ROOT pointing at it (see `lab_env`)."""
+    return copy_lab(tmp_path_factory.mktemp("labcopy") / "lab")
+
+
+def lab_env(lab: Path, cache: Path) -> dict[str, str]:
+    return {"DSV4_LAB_ROOT": str(lab), "DSV4_LAB_CACHE": str(cache)}
+
+
 def run_cli(args: list[str], cwd: Path, env_extra: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """`dsv4-lab ARGS` as a user types it, in a fresh process."""
     import os

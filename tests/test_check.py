@@ -241,5 +241,7 @@ def test_check_one_stage_by_name():
 
 
 def test_check_unknown_stage_is_one_line():
-    r = run_cli(["check", "ZZ"], cwd=ROOT, env_extra={"DSV4_LAB_ROOT": str(ROOT)})
-    assert r.returncode == 2 and "no stage 'ZZ'" in r.stderr and "Traceback" not in r.stderr
+    from tests.conftest import NO_SUCH_STAGE  # a name no stage id can be (ZZ could be scaffolded)
+
+    r = run_cli(["check", NO_SUCH_STAGE], cwd=ROOT, env_extra={"DSV4_LAB_ROOT": str(ROOT)})
+    assert r.returncode == 2 and f"no stage '{NO_SUCH_STAGE}'" in r.stderr and "Traceback" not in r.stderr

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness.records import read_records
-from tests.conftest import ROOT, run_cli
+from tests.conftest import NO_SUCH_STAGE, ROOT, lab_env, run_cli
 
 
 def _has_gpu() -> bool:
@@ -32,15 +32,18 @@ def test_main_job_without_gpu_compiles_and_says_nothing_ran(tmp_path):
     assert all(x.compile["key"] for x in recs)
 
 
-def test_list_shows_archs_and_whether_they_run_here():
-    r = run_cli(["list"], cwd=ROOT)
+def test_list_shows_archs_and_whether_they_run_here(lab_copy, tmp_path):
+    r = run_cli(["list"], cwd=lab_copy, env_extra=lab_env(lab_copy, tmp_path / "cache"))
     assert r.returncode == 0 and "stage-A" in r.stdout and "sm_100a" in r.stdout
     assert ("compile only" in r.stdout) != _has_gpu() or "runs here" in r.stdout
 
 
-def test_unknown_stage_and_bad_arch_are_one_line_exit_2():
-    for args, says in ((["run", "stage-Z"], "no stage 'stage-Z'"), (["compile", "A", "--arch", "sm_80"], "unknown")):
-        r = run_cli(args, cwd=ROOT)
+def test_unknown_stage_and_bad_arch_are_one_line_exit_2(lab_copy, tmp_path):
+    """On a copy of the lab, and with a name no stage id can be: were a stage of that name
+    scaffolded, `run` would write records into the real tree."""
+    for args, says in (([ "run", NO_SUCH_STAGE], f"no stage '{NO_SUCH_STAGE}'"),
+                       (["compile", "A", "--arch", "sm_80"], "unknown")):
+        r = run_cli(args, cwd=lab_copy, env_extra=lab_env(lab_copy, tmp_path / "cache"))
         assert r.returncode == 2 and says in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 

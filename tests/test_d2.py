@@ -289,7 +289,7 @@ def test_named_barriers_are_distinct_hardware_ids():
 def test_kv_views_address_the_same_bytes_and_a_mismatch_is_caught(monkeypatch):
     import cutlass
     import cutlass.cute as cute
-    import cutlass.utils as utils
+    from cutlass.tensor_utils import LayoutEnum
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass.cute.nvgpu import warpgroup
 
@@ -302,8 +302,8 @@ def test_kv_views_address_the_same_bytes_and_a_mismatch_is_caught(monkeypatch):
         for d, bn in ((64, 128), (128, 128), (256, 128), (512, 64)):
             _kv_layouts(cutlass.BFloat16, d, bn, 2, d // 2)  # raises if the views disagree
         # Vᵀ tiled hd-first (the library's default order) is NOT K's bytes: must be refused.
-        kind = sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, cutlass.BFloat16, 256)
-        vkind = sm90_utils.get_smem_layout_atom(utils.LayoutEnum.COL_MAJOR, cutlass.BFloat16, 256)
+        kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, cutlass.BFloat16, 256)
+        vkind = sm90_utils.get_smem_layout_atom(LayoutEnum.COL_MAJOR, cutlass.BFloat16, 256)
         k = cute.tile_to_shape(warpgroup.make_smem_layout_atom(kind, cutlass.BFloat16), (64, 512, 2), order=(0, 1, 2))
         v = cute.tile_to_shape(warpgroup.make_smem_layout_atom(vkind, cutlass.BFloat16), (512, 64, 2), order=(0, 1, 2))
         try:

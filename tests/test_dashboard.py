@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from harness.baselines import save
 from harness.history import sparkline
 from harness.records import Record, RecordWriter
@@ -35,10 +37,10 @@ def test_dashboard_rows_glyphs_and_states(fake_lab):
     save(fake_lab, [base(spec, "HD", "sm_90a", C64, 0.9999)])
     out = run_cli(["dashboard"], cwd=fake_lab).stdout
     assert "stage-HD" in out and "stage-OK" in out
-    assert "NVIDIA H200 @ local:gpubox" in out and "✗ 1/2" in out
+    assert "H200 @ gpubox" in out and "✗ 1/2" in out
     assert "+9.0e-05" in out                       # delta of the hd=64 case to its baseline
-    assert "12.50 (3 TF/s)" in out and "90r/0s/64K" in out
-    assert "○ compiled, not run" in out and "⚠ stale" in out and "⚠spill" in out
+    assert "12.50" in out and "90r/0s/64K" in out
+    assert "○ compiled, not run" in out and re.search(r"⚠ \d+[dhms]\b", out) and "⚠spill" in out  # ⚠ age: stale
     assert "\x1b[" not in out                      # no colour codes when piped
 
 

@@ -1,5 +1,7 @@
 """No traceback reaches a user: the installed console script, for a list of bad invocations,
-answers with one short message and exit 2, never a Python traceback. Run twice: with the
+answers with one short message and exit 2, never a Python traceback; where nothing was asked
+(bare `dsv4-lab`, a bare group) it prints the help and exits 0, and `--version` answers. Every
+invocation runs on a copy of the lab, so none can write records into the tree. Run twice: with the
 `dsv4-lab` script of this environment with `click` made unimportable (a fresh install has no
 separate click: typer vendors it), and with the script of a fresh venv built the README's way
 when .ci/run made one (DSV4_FRESH_VENV)."""
@@ -13,20 +15,27 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, ROOT
+from tests.conftest import FIXTURES, NO_SUCH_STAGE, ROOT, copy_lab
 
 BAD_INVOCATIONS = [
-    [], ["frob"], ["run"], ["run", "stage-Z"], ["run", "stage-A", "--hd", "7"], ["run", "stage-A", "--bogus", "1"],
+    ["frob"], ["run"], ["run", NO_SUCH_STAGE], ["run", "stage-A", "--hd", "7"], ["run", "stage-A", "--bogus", "1"],
     ["run", "stage-A", "--timeout", "x"], ["run", "stage-A", "--timeout", "inf"], ["run", "stage-A", "--timeout", "-1"],
     ["run", "stage-A", "--workers-per-gpu", "0"], ["run", "stage-A", "--gpus", "a,b"], ["run", "stage-A", "--where", "hd"],
     ["run", "stage-A", "--arch", "sm_80"], ["run", "stage-A", "--shard", "3/2"], ["run", "stage-A", "stray"],
+    ["run", "--dry-run"], ["run", "stage-A", "--dry-run"], ["run", "stage-A", "--arhc", "sm_90a"],
+    ["run", "stage-A", "--hd", "64", "--where", "hd=128"], ["run", "stage-A", "--gpus", "99"],
     ["compile"], ["compile", "stage-A", "--arch", "sm_80"], ["compile", "stage-Q"], ["compile", "stage-A", "--n", "3"],
-    ["history"], ["history", "stage-A", "--n", "x"], ["show"], ["note"], ["note", "no-such-run", "text"],
-    ["gate", "--nope"], ["baseline"], ["baseline", "accept"], ["baseline", "show", "stage-A", "--hd", "x"],
+    ["history"], ["history", "stage-A", "--n", "x"], ["show"], ["show", "nosuchid"], ["note"],
+    ["note", "no-such-run", "text"],
+    ["gate", "--nope"], ["baseline", "accept"], ["baseline", "show", "stage-A", "--hd", "x"],
     ["baseline", "drop", "stage-A", "--hd", "x"], ["baseline", "frob"], ["targets", "check"],
-    ["targets", "check", "no-such-target"], ["dashboard", "--interval", "x"], ["check", "stage-Z"],
-    ["new"], ["new", "stage"], ["new", "stage", "Z9", "--axes", "n"], ["list", "extra"], ["--no-such-flag"],
+    ["targets", "check", "no-such-target"], ["dashboard", "--interval", "x"], ["dashboard", "--watch", "--interval", "-1"],
+    ["check", NO_SUCH_STAGE], ["new", "stage"], ["new", "stage", "Z9", "--axes", "n"], ["list", "extra"],
+    ["--no-such-flag"],
 ]
+
+# Nothing asked: the help, exit 0 (the first thing people type).
+HELP_INVOCATIONS = [[], ["baseline"], ["new"], ["targets"], ["--help"], ["run", "--help"]]
 
 
 def _typer_vendors_click() -> bool:
@@ -38,12 +47,23 @@ def _typer_vendors_click() -> bool:
 
 
 def _check(script: str, env: dict[str, str], tmp_path: Path) -> None:
+    """Every invocation on a copy of the lab (DSV4_LAB_ROOT): none of them may write into the real tree."""
+    lab = copy_lab(tmp_path / "lab")
+    env = {**env, "DSV4_LAB_ROOT": str(lab)}
     failures = []
     for args in BAD_INVOCATIONS:
-        r = subprocess.run([script, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        r = subprocess.run([script, *args], cwd=lab, env=env, capture_output=True, text=True, timeout=120)
         text = r.stdout + r.stderr
         if r.returncode != 2 or "Traceback" in text or "Error:" in text.split("\n", 1)[0][:6] or not text.strip():
             failures.append(f"dsv4-lab {' '.join(args)} → exit {r.returncode}: {text[-400:]}")
+    for args in HELP_INVOCATIONS:
+        r = subprocess.run([script, *args], cwd=lab, env=env, capture_output=True, text=True, timeout=120)
+        if r.returncode != 0 or "Traceback" in r.stdout + r.stderr or "Usage: dsv4-lab" not in r.stdout \
+                or "Commands:" not in r.stdout and args[:1] != ["run"] or r.stderr.strip():
+            failures.append(f"dsv4-lab {' '.join(args)} → exit {r.returncode}: {(r.stdout + r.stderr)[-400:]}")
+    version = subprocess.run([script, "--version"], cwd=lab, env=env, capture_output=True, text=True, timeout=120)
+    if version.returncode != 0 or not version.stdout.startswith("dsv4-lab ") or "nvidia-cutlass-dsl" not in version.stdout:
+        failures.append(f"dsv4-lab --version → exit {version.returncode}: {version.stdout + version.stderr}")
     assert not failures, "\n".join(failures)
 
 
@@ -56,7 +76,8 @@ def _env(**extra: str) -> dict[str, str]:
 @pytest.mark.skipif(not shutil.which("dsv4-lab"), reason="the console script is not installed in this environment")
 @pytest.mark.skipif(not _typer_vendors_click(), reason="this typer needs click itself, so click cannot be blocked")
 def test_bad_invocations_of_the_installed_script_without_click(tmp_path):
-    env = _env(PYTHONPATH=str(FIXTURES / "noclick"), DSV4_LAB_CACHE=str(tmp_path / "cache"))
+    # This tree's code under the installed script (its editable install may point at another checkout).
+    env = _env(PYTHONPATH=os.pathsep.join([str(FIXTURES / "noclick"), str(ROOT)]), DSV4_LAB_CACHE=str(tmp_path / "cache"))
     probe = subprocess.run([shutil.which("python3") or "python3", "-c", "import click"], env=env, capture_output=True)
     assert probe.returncode != 0, "click should be blocked"
     _check(shutil.which("dsv4-lab"), env, tmp_path)

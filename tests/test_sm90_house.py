@@ -34,7 +34,7 @@ def test_smem_struct_matches_the_hand_written_structs(tmp_path):
     r = _traced("""
         import cutlass
         import cutlass.cute as cute
-        import cutlass.utils as utils
+        from cutlass.tensor_utils import LayoutEnum
         import cutlass.utils.hopper_helpers as sm90_utils
         from stages.common.sm90_setup import TmaPipe, smem_struct
 
@@ -42,10 +42,10 @@ def test_smem_struct_matches_the_hand_written_structs(tmp_path):
         def probe():
             bf16 = cutlass.BFloat16
             bm, bn, hd, st = 64, 64, 512, 1
-            q = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, bn, hd), bf16, 1)
-            k = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, (bm, bn, hd), bf16, st)
-            v = sm90_utils.make_smem_layout_b(utils.LayoutEnum.COL_MAJOR, (bm, hd, bn), bf16, st)
-            p = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, hd, bn), bf16, 1)
+            q = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bm, bn, hd), bf16, 1)
+            k = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (bm, bn, hd), bf16, st)
+            v = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (bm, hd, bn), bf16, st)
+            p = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bm, hd, bn), bf16, 1)
 
             @cute.struct
             class HandD1:

@@ -27,7 +27,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
+from cutlass.tensor_utils import LayoutEnum
 import cutlass.utils.hopper_helpers as sm90_utils
 
 from stages.common.inspection import expose
@@ -68,8 +68,8 @@ class Kernel:
         dtype = Q.element_type
         # S = Q·Kᵀ: SS wgmma m64n128k16, both operands K-major, two warpgroups along M.
         tiled_mma = qk_tiled_mma(dtype, (self.num_warpgroups, 1, 1), 64, self.BLOCK_N)
-        q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, self.cta_tile, dtype, self.stages)
-        k_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, self.cta_tile, dtype, self.stages)
+        q_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, self.cta_tile, dtype, self.stages)
+        k_smem = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, self.cta_tile, dtype, self.stages)
         expose(self, qk_mma=(tiled_mma, self.cta_tile), smem={"Q": q_smem, "K": k_smem})  # dsv4-lab inspect
         tma_q, tma_Q, q_bytes = sm90_tma_load(Q, q_smem, (self.BLOCK_M, self.BLOCK_K))
         tma_k, tma_K, k_bytes = sm90_tma_load(K, k_smem, (self.BLOCK_N, self.BLOCK_K))

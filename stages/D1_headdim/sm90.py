@@ -63,7 +63,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
+from cutlass.tensor_utils import LayoutEnum
 import cutlass.utils.hopper_helpers as sm90_utils
 
 from stages.common.inspection import expose
@@ -114,10 +114,10 @@ class Kernel:
         pv_tile = (bm, hd, bn)  # (M, N, K) of O = P·V
         qk_mma, pv_mma = smem_p_mmas(dtype, bm, bn, hd, self.NUM_WG)
 
-        q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, qk_tile, dtype, 1)
-        k_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, qk_tile, dtype, self.stages)
+        q_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tile, dtype, 1)
+        k_smem = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tile, dtype, self.stages)
         v_smem = vt_slice_layout(dtype, hd, bn, self.stages, hd // self.NUM_WG)
-        p_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, pv_tile, dtype, 1)
+        p_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, pv_tile, dtype, 1)
         expose(self, p_path="smem", qk_mma=(qk_mma, qk_tile), pv_mma=(pv_mma, pv_tile),  # dsv4-lab inspect
                smem={"Q": q_smem, "K": k_smem, "V": v_smem, "P": p_smem},
                p_write_smem=p_smem, p_read_smem=p_smem, pv_a_tile=(bm, bn))

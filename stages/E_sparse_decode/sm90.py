@@ -92,7 +92,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
+from cutlass.tensor_utils import LayoutEnum
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warp, warpgroup
 
@@ -317,9 +317,9 @@ class Kernel:
         reg_p_mmas = self.tiled_mmas(dtype, p_in_registers=True)
         check_accumulator_is_a_operand(*reg_p_mmas, (bm, bn))
         _check_rows_shared(*reg_p_mmas, (bm, bn))
-        q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, bn, D), dtype, 1)
+        q_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bm, bn, D), dtype, 1)
         k_smem, vt_smem, self.key8_bytes, self.col64_bytes = _kv_layouts(dtype, bn, self.KV_STAGES, D // self.NUM_MMA_WG)
-        p_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, D, bn), dtype, 1)
+        p_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bm, D, bn), dtype, 1)
         expose(self, p_path="smem", qk_mma=(qk_mma, (bm, bn, D)), pv_mma=(pv_mma, (bm, D, bn)),
                smem={"Q": q_smem, "K (dequantised)": k_smem, "Vt (K's bytes)": vt_smem, "P": p_smem},
                p_write_smem=p_smem, p_read_smem=p_smem, pv_a_tile=(bm, bn))

@@ -26,7 +26,7 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils as utils
+from cutlass.tensor_utils import LayoutEnum
 import cutlass.utils.blackwell_helpers as sm100_utils
 import cutlass.utils.hopper_helpers as sm90_utils
 
@@ -107,7 +107,7 @@ class Kernel(Sm100LogitsCta):
         mKV, mScale = paged_views(kv_cache, dtype, bkv)  # (slot, col, block) e4m3, (slot, block) fp32
         mma = self.logits_mma(dtype)
         k_smem = sm100_utils.make_smem_layout_a(mma, self.mma_tiler, dtype, self.STAGES)
-        half_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bkv, n, DIM), dtype, 2 * self.STAGES)
+        half_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bkv, n, DIM), dtype, 2 * self.STAGES)
         check_half_slots(k_smem, half_smem, self.BLOCK_K, bkv, self.STAGES)
         q_smem = sm100_utils.make_smem_layout_b(mma, self.mma_tiler, dtype, 1)
         expose(self, qk_mma=(mma, self.mma_tiler), smem={"K": k_smem, "K half-slots": half_smem, "Q": q_smem})

@@ -53,6 +53,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
+from cutlass.tensor_utils import LayoutEnum
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import tcgen05, warpgroup
 from cutlass.utils.tmem_allocator import TmemAllocator
@@ -275,8 +276,8 @@ def sm90_logits_mma(dtype, keys: int, tokens: int, k_slots: int, q_slots: int):
     )
     check_token_columns(mma, (keys, n), HEADS, tokens)
     tile = (keys, n, DIM)
-    k_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, tile, dtype, k_slots)
-    q_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, tile, dtype, q_slots)
+    k_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, dtype, k_slots)
+    q_smem = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, dtype, q_slots)
     return mma, tile, k_smem, q_smem
 
 

@@ -55,6 +55,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
+from cutlass.tensor_utils import LayoutEnum
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
 from cutlass.memory import TmemAllocator
@@ -103,9 +104,9 @@ def attention_views(Q: cute.Tensor, K: cute.Tensor, V: cute.Tensor, O: cute.Tens
     mV = cute.make_tensor(V.iterator, cute.append(cute.select(V.layout, mode=[1, 0]), unit))
     mO = cute.make_tensor(O.iterator, cute.append(O.layout, unit))
     if (
-        utils.LayoutEnum.from_tensor(mQ).mma_major_mode() != OperandMajorMode.K
-        or utils.LayoutEnum.from_tensor(mK).mma_major_mode() != OperandMajorMode.K
-        or utils.LayoutEnum.from_tensor(mV).mma_major_mode() != OperandMajorMode.MN
+        LayoutEnum.from_tensor(mQ).mma_major_mode() != OperandMajorMode.K
+        or LayoutEnum.from_tensor(mK).mma_major_mode() != OperandMajorMode.K
+        or LayoutEnum.from_tensor(mV).mma_major_mode() != OperandMajorMode.MN
     ):
         raise ValueError(f"{who}: Q, K, V must be row-major")
     return mQ, mK, mV, mO

@@ -71,7 +71,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
+from cutlass.tensor_utils import LayoutEnum
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
 
@@ -118,7 +118,7 @@ def _kv_layouts(dtype, d: int, block_n: int, stages: int, slice_n: int):
     The swizzle atom is chosen from ONE warpgroup's O slice (slice_n columns) so each
     slice starts on an atom boundary (a valid wgmma descriptor on its own); both views
     tile keys first, so an atom holds 8 keys × (atom width) columns in either view."""
-    k_kind = sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, dtype, slice_n)
+    k_kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, slice_n)
     k_layout = cute.tile_to_shape(warpgroup.make_smem_layout_atom(k_kind, dtype), (block_n, d, stages), order=(0, 1, 2))
     vt_layout = vt_slice_layout(dtype, d, block_n, stages, slice_n)
     check_same_bytes(k_layout, vt_layout, block_n, d, slice_n, stages)
@@ -231,9 +231,9 @@ class DecodeSm90:
         # S = Q·Kᵀ on warpgroup 0 (m64 n{bn}); O = P·V with O's d columns over the MMA warpgroups.
         qk_mma, pv_mma = smem_p_mmas(dtype, bm, bn, d, self.NUM_MMA_WG)
 
-        q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, bn, d), dtype, 1)
+        q_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bm, bn, d), dtype, 1)
         k_smem, vt_smem = _kv_layouts(dtype, d, bn, self.stages, d // self.NUM_MMA_WG)
-        p_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (bm, d, bn), dtype, 1)
+        p_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bm, d, bn), dtype, 1)
 
         expose(self, p_path="smem", qk_mma=(qk_mma, (bm, bn, d)), pv_mma=(pv_mma, (bm, d, bn)),  # dsv4-lab inspect
                smem={"Q": q_smem, "K": k_smem, "Vt (K's bytes)": vt_smem, "P": p_smem},

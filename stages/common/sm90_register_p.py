@@ -27,7 +27,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
+from cutlass.tensor_utils import LayoutEnum
 import cutlass.utils.hopper_helpers as sm90_utils
 
 from stages.common.inspection import expose
@@ -69,9 +69,9 @@ class RegisterPAttention:
         pv_tile = (self.BLOCK_M, self.hd, self.BLOCK_N)  # (M, N, K) of O = P·V
         qk_mma, pv_mma = register_p_mmas(dtype, self.NUM_WARPGROUPS, self.BLOCK_N, self.hd)
 
-        q_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, qk_tile, dtype, 1)
-        k_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, qk_tile, dtype, self.stages)
-        v_smem = sm90_utils.make_smem_layout_b(utils.LayoutEnum.COL_MAJOR, pv_tile, dtype, self.stages)
+        q_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tile, dtype, 1)
+        k_smem = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tile, dtype, self.stages)
+        v_smem = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tile, dtype, self.stages)
         expose(self, p_path="registers", qk_mma=(qk_mma, qk_tile), pv_mma=(pv_mma, pv_tile),
                smem={"Q": q_smem, "K": k_smem, "V": v_smem})  # dsv4-lab inspect; no code
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils as utils
+from cutlass.tensor_utils import LayoutEnum
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warp, warpgroup
 
@@ -66,7 +66,7 @@ def vt_slice_layout(dtype, hd: int, block_n: int, stages: int, slice_n: int):
     (slice_n columns), so that every slice starts on a swizzle-atom boundary and is a valid
     wgmma descriptor on its own; atoms repeat along the keys first, as in the library's B
     layouts."""
-    kind = sm90_utils.get_smem_layout_atom(utils.LayoutEnum.COL_MAJOR, dtype, slice_n)
+    kind = sm90_utils.get_smem_layout_atom(LayoutEnum.COL_MAJOR, dtype, slice_n)
     atom = warpgroup.make_smem_layout_atom(kind, dtype)
     return cute.tile_to_shape(atom, (hd, block_n, stages), order=(1, 0, 2))
 
