@@ -80,6 +80,9 @@ SKIPPED: dict[str, str] = {
     "dsv4-lab gate": "judges the whole notebook: stale cases are run or recompiled (minutes); tests/test_gate.py",
     "dsv4-lab gate --install-hook": "needs a git repository; tests/test_gate.py::test_hook_install_is_idempotent_and_"
                                     "refuses_a_foreign_hook",
+    "dsv4-lab gate --staged": "judges the git index of the lab's own repository (a copy has none); "
+                              "tests/test_gate_target.py runs it in throwaway repositories",
+    "dsv4-lab gate --target NAME": "needs an SSH target; tests/test_gate_target.py (a throwaway sshd)",
     "dsv4-lab targets check NAME": "needs an SSH target; tests/test_targets.py (a throwaway sshd)",
     "dsv4-lab run stage-D1 --target b200": "needs the SSH target b200; tests/test_targets.py",
 }
