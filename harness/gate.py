@@ -37,6 +37,7 @@ from harness.baselines import Baseline, BaselineError, load, runnable_archs, sho
 from harness.identity import source_hash
 from harness.inventory import mma_counts
 from harness.labels import case_label
+from harness.paths import records_dir, results_dir
 from harness.records import Record, print_warnings
 from harness.spec import Spec, SpecError, Stage, load_spec
 from harness.statuses import RAN as RESULT_STATUSES  # a run's verdict (not "compiled")
@@ -278,8 +279,17 @@ def main(root: Path, allow_run: bool = True, out=None) -> int:
         print(f"dsv4-lab: {exc}", file=sys.stderr)
         return 2
     if not items:
+        if notebook_has_records(root):  # baselines were kept here once: their loss is no pass
+            print("gate: no baselines, but the notebook has records — results/baselines.yaml is missing or "
+                  "empty: restore it (git checkout results/baselines.yaml) or accept baselines "
+                  "(dsv4-lab baseline accept STAGE)", file=out)
+            return 1
         print("gate: no baselines yet — nothing to hold. Add some: dsv4-lab baseline accept STAGE", file=out)
         return 0
+    if not records_dir(root).is_dir():
+        print(f"gate: results/records/ is missing — the notebook's records are gone, so none of the {len(items)} "
+              "baselined case(s) can be checked: restore them (git checkout results/records)", file=out)
+        return 1
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     warn: list[str] = []
@@ -301,6 +311,17 @@ def main(root: Path, allow_run: bool = True, out=None) -> int:
             findings, stopped = evaluate(spec, items, records, src)
             stale = [f for f in findings if f.kind == "stale"]
     return report(findings, stale, stopped, len(items), out)
+
+
+def notebook_has_records(root: Path) -> bool:
+    """Whether results/ holds any record line (a records file or an archive that is not empty)."""
+    for folder, pattern in ((records_dir(root), "*.jsonl"), (results_dir(root) / "archive", "*.jsonl.xz")):
+        try:
+            if any(p.name != "runs.jsonl.xz" and p.stat().st_size > 0 for p in folder.glob(pattern)):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def report(findings: list[Finding], stale: list[Finding], stopped: bool, total: int, out) -> int:

@@ -117,7 +117,7 @@ def xz_streams(data: bytes, cap: int | None = None):
     header after it, so one bad stream never costs the others. Stream padding (NUL bytes
     between streams) is skipped. All streams together decode to at most `cap` bytes
     (max_xz_bytes() when None): past it, one (offset, None, why) and nothing more."""
-    budget = max_xz_bytes() if cap is None else cap
+    total = budget = max_xz_bytes() if cap is None else cap
     pos, end = 0, len(data)
     while pos < end:
         if data[pos] == 0:
@@ -141,9 +141,9 @@ def xz_streams(data: bytes, cap: int | None = None):
                 piece = dec.decompress(chunk, max_length=budget - size + 1)
                 size += len(piece)
                 if size > budget:
-                    yield start, None, (f"decompresses to more than {budget // (1024 * 1024) or budget} "
-                                        f"{'MiB' if budget >= 1024 * 1024 else 'bytes'} — not the lab's "
-                                        f"(a decompression bomb?)")
+                    limit = f"{total / (1024 * 1024):g} MiB" if total >= 1024 * 1024 else f"{total} bytes"
+                    yield start, None, (f"decompresses to more than {limit} — not the lab's (a decompression "
+                                        f"bomb?); the cap is ${MAX_XZ_MIB_ENV} MiB")
                     return
                 out.append(piece)
         except lzma.LZMAError as exc:

@@ -139,7 +139,7 @@ def _compact(root: Path, force: bool) -> int:
             else:  # the metric values to the digits the gate needs (the record keeps them all)
                 b.metrics = baselines.gated_metrics(b.metrics, b.tolerance)
         before = baselines.baselines_file(root).stat().st_size
-        baselines.save(root, items)
+        baselines.save(root, items, read=items)
         print(f"results/baselines.yaml: {before - baselines.baselines_file(root).stat().st_size} bytes saved")
     return 1 if problems else 0
 
