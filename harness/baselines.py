@@ -22,10 +22,14 @@ Two kinds of baseline:
 `accept` never replaces a run baseline with a compile-only one: on a machine that cannot run
 an arch, a case with a run baseline keeps it.
 
-A bad baselines file (not a file, not UTF-8, not YAML, YAML aliases, a wrong type or a
-non-finite number anywhere) is one line `results/baselines.yaml:LINE: key: problem — fix`
-(BaselineError, exit 2): the gate never passes on a file it cannot read, and accept/drop
-never overwrite it.
+A bad baselines file (not a regular file, not UTF-8, not YAML, YAML aliases, a key written
+twice at any level, a wrong type or a non-finite number anywhere) is one line
+`results/baselines.yaml:LINE: key: problem — fix` (BaselineError, exit 2): the gate never passes
+on a file it cannot read, and accept/drop never overwrite it. `save` never writes a file that
+lost a baseline it read (the new text is read back before it replaces the old). The parsed copy
+kept in .cache/baselines/ (the gate reads the file every commit) is used only when it names the
+full content hash of these very bytes and has the right shape and count; anything else is parsed
+again.
 """
 
 from __future__ import annotations
@@ -375,6 +379,7 @@ def load(root: Path, must_exist: bool = False) -> list[Baseline]:
 
 MAX_NODES = 5_000_000  # values in baselines.yaml (about 30 per case; composing takes ~15 µs a value)
 CACHE_VERSION = 2  # of a parsed copy in .cache/baselines/
+_STR_TAG = "tag:yaml.org,2002:str"
 
 
 def _refuse_duplicates(root_node: Node, shown: str) -> None:
@@ -390,7 +395,7 @@ def _refuse_duplicates(root_node: Node, shown: str) -> None:
             continue
         seen: dict[str, int] = {}
         for knode, vnode in node.value:
-            name = str(yamlnodes.scalar(knode))
+            name = knode.value if knode.tag == _STR_TAG else str(yamlnodes.scalar(knode))
             key = f"{where}.{name}" if where else name
             line = knode.start_mark.line + 1
             if name in seen:
