@@ -638,7 +638,9 @@ def main() -> None:
     failure inside the lab itself is one line and exit 1 (`--traceback` shows the trace).
     No traceback reaches a user otherwise."""
     from harness.baselines import BaselineError
+    from harness.notebooklock import LockError
     from harness.runner import RunSetupError
+    from harness.safeio import Unsafe
     from harness.targets import TargetError
 
     show_trace = "--traceback" in sys.argv[1:]
@@ -652,7 +654,7 @@ def main() -> None:
         sys.exit(rc if isinstance(rc, int) else 0)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except (SpecError, FilterError, UsageError, BaselineError, TargetError, RunSetupError) as exc:
+    except (SpecError, FilterError, UsageError, BaselineError, TargetError, RunSetupError, LockError, Unsafe) as exc:
         print(f"dsv4-lab: {_one_line(exc)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
@@ -686,7 +688,8 @@ def main() -> None:
 def _one_line(exc: object) -> str:
     text = str(exc) if not isinstance(exc, BaseException) else (str(exc) or type(exc).__name__)
     if isinstance(exc, BaseException) and not isinstance(exc, (SpecError, FilterError, UsageError)) \
-            and type(exc).__module__ not in ("harness.baselines", "harness.targets", "harness.runner"):
+            and type(exc).__module__ not in ("harness.baselines", "harness.targets", "harness.runner",
+                                             "harness.notebooklock", "harness.safeio"):
         text = f"{type(exc).__name__}: {text}" if type(exc).__name__ not in text else text
     return " ".join(text.split()) or "error"
 

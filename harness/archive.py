@@ -29,6 +29,7 @@ from pathlib import Path
 
 from harness.inventories import Stores
 from harness.jsonl import replace_file
+from harness.safeio import read_regular
 from harness.records import _read_archive, archive_file, runs_archive_file, runs_file, stage_file
 
 
@@ -84,7 +85,7 @@ def _move_lines(path: Path, archive: Path, moves, store: Stores | None = None) -
     does not parse) to the end of `archive` — with their ids inlined from `store` when given —
     archive first, then the file. Returns (lines moved, bytes the file lost)."""
     try:
-        data = path.read_bytes()
+        data = read_regular(path)
     except FileNotFoundError:
         return 0, 0
     keep: list[bytes] = []

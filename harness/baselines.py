@@ -22,10 +22,14 @@ Two kinds of baseline:
 `accept` never replaces a run baseline with a compile-only one: on a machine that cannot run
 an arch, a case with a run baseline keeps it.
 
-A bad baselines file (not a file, not UTF-8, not YAML, YAML aliases, a wrong type or a
-non-finite number anywhere) is one line `results/baselines.yaml:LINE: key: problem — fix`
-(BaselineError, exit 2): the gate never passes on a file it cannot read, and accept/drop
-never overwrite it.
+A bad baselines file (not a regular file, not UTF-8, not YAML, YAML aliases, a key written
+twice at any level, a wrong type or a non-finite number anywhere) is one line
+`results/baselines.yaml:LINE: key: problem — fix` (BaselineError, exit 2): the gate never passes
+on a file it cannot read, and accept/drop never overwrite it. `save` never writes a file that
+lost a baseline it read (the new text is read back before it replaces the old). The parsed copy
+kept in .cache/baselines/ (the gate reads the file every commit) is used only when it names the
+full content hash of these very bytes and has the right shape and count; anything else is parsed
+again.
 """
 
 from __future__ import annotations
@@ -43,10 +47,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import yaml
+from yaml.nodes import MappingNode, Node, SequenceNode
 
+from harness import yamlnodes
 from harness.labels import case_label
 from harness.paths import cache_dir, results_dir
+from harness.notebooklock import LockError, open_lock
 from harness.records import Record
+from harness.safeio import Unsafe, open_regular
 from harness.spec import ARCH_KEYS
 
 BASELINE_VERSION = 1
@@ -300,15 +308,11 @@ def _refuse_aliases(text: str) -> int | None:
     return None
 
 
-def _line_of(text: str, keys: tuple) -> int:
+def _line_of(node: Node | None, keys: tuple) -> int:
     """The line of the value at `keys` (as deep as it exists), for a message."""
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except (yaml.YAMLError, RecursionError):
-        return 1
     line = node.start_mark.line + 1 if node is not None else 1
     for k in keys:
-        if not isinstance(node, yaml.MappingNode):
+        if not isinstance(node, MappingNode):
             break
         for knode, vnode in node.value:
             if knode.value == str(k):
@@ -320,9 +324,20 @@ def _line_of(text: str, keys: tuple) -> int:
     return line
 
 
+def _results_folder(root: Path) -> None:
+    """BaselineError (one line) when results/ is there but is no folder (the notebook is gone)."""
+    folder = results_dir(root)
+    if os.path.lexists(folder) and not folder.is_dir():
+        raise BaselineError(f"{_display(root, folder)}: is not a folder — it is the lab's notebook (records and "
+                            "baselines): move the file away and restore it: git checkout results")
+
+
 def load(root: Path, must_exist: bool = False) -> list[Baseline]:
     """Every baseline in results/baselines.yaml ([] when there is no such file, unless
-    `must_exist`); BaselineError (one line) for anything wrong with it."""
+    `must_exist`); BaselineError (one line) for anything wrong with it — a duplicate key at
+    any level among them (a merge conflict resolved badly: YAML would let the last one win
+    and the first be lost at the next accept)."""
+    _results_folder(root)
     path = baselines_file(root)
     shown = _display(root, path)
     fix = "fix it, or re-create the entry with `dsv4-lab baseline accept`"
@@ -330,12 +345,15 @@ def load(root: Path, must_exist: bool = False) -> list[Baseline]:
         if must_exist:
             raise BaselineError(f"{shown}: not found — create baselines with `dsv4-lab baseline accept STAGE`")
         return []
-    if not path.is_file():
-        what = "a folder" if path.is_dir() else "not a regular file"
-        raise BaselineError(f"{shown}:1: is {what} — it must be the YAML file `dsv4-lab baseline accept` writes; "
-                            "move it away")
     try:
-        with path.open("rb") as fh:
+        fd = open_regular(path)
+    except Unsafe as exc:
+        raise BaselineError(f"{shown}:1: {exc.strerror} — it must be the YAML file `dsv4-lab baseline accept` "
+                            "writes") from None
+    except OSError as exc:
+        raise BaselineError(f"{shown}:1: cannot be read ({exc.strerror or exc}) — fix its permissions") from None
+    try:
+        with os.fdopen(fd, "rb") as fh:
             data = fh.read(MAX_BYTES + 1)
     except OSError as exc:
         raise BaselineError(f"{shown}:1: cannot be read ({exc.strerror or exc}) — fix its permissions")
@@ -346,63 +364,136 @@ def load(root: Path, must_exist: bool = False) -> list[Baseline]:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise BaselineError(f"{shown}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}) — {fix}")
-    parsed = _parsed_cache(root, data)
-    if parsed is not None:  # these very bytes were read and found valid before
-        try:
-            return _tree(json.loads(parsed.read_text()))
-        except (OSError, ValueError, _Bad):
-            pass  # a damaged cache entry: read the YAML again
+    digest = hashlib.sha256(data).hexdigest()
+    parsed = _parsed_cache(root, digest)
+    cached = _cached(parsed, digest)
+    if cached is not None:  # these very bytes were read and found valid before
+        return cached
     alias = _refuse_aliases(text)
     if alias is not None:
         raise BaselineError(f"{shown}:{alias}: YAML anchors and aliases are not allowed here — write the values out")
+    node = yamlnodes.compose(text, yamlnodes.NodeContext(shown, BaselineError), max_nodes=MAX_NODES)
+    if node is not None:
+        _refuse_duplicates(node, shown)
     try:
-        doc = yaml.load(text, Loader=_loader())
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        raise BaselineError(f"{shown}:{mark.line + 1 if mark else 1}: not valid YAML: "
-                            f"{exc.problem or exc.context or 'unreadable'} — {fix}")
-    except yaml.YAMLError as exc:
-        raise BaselineError(f"{shown}:1: not valid YAML: {(str(exc).splitlines() or ['?'])[0][:200]} — {fix}")
-    except (RecursionError, ValueError, OverflowError) as exc:
+        doc = yamlnodes.scalar(node)
+    except (yaml.YAMLError, RecursionError, ValueError, OverflowError) as exc:
         raise BaselineError(f"{shown}:1: cannot be read ({type(exc).__name__}) — {fix}")
     try:
         items = _tree(doc)
     except _Bad as bad:
         key = ".".join(str(k) for k in bad.keys) or "(top level)"
-        line = _line_of(text, bad.keys)
+        line = _line_of(node, bad.keys)
         raise BaselineError(f"{shown}:{line}: {key}: {bad.problem} — {fix}")
-    if parsed is not None:
-        _remember(parsed, doc)
+    if parsed is not None and isinstance(doc, dict):
+        _remember(parsed, digest, doc, len(items))
     return items
 
 
-def _parsed_cache(root: Path, data: bytes) -> Path | None:
-    """Where the parsed form of these bytes is kept (JSON, keyed by their hash: parsing YAML
-    is most of what reading a large baselines file costs, and the gate reads it every commit)."""
+MAX_NODES = 5_000_000  # values in baselines.yaml (about 30 per case; composing takes ~15 µs a value)
+CACHE_VERSION = 2  # of a parsed copy in .cache/baselines/
+_STR_TAG = "tag:yaml.org,2002:str"
+
+
+def _refuse_duplicates(root_node: Node, shown: str) -> None:
+    """BaselineError (file:line: key: the fix) for the first mapping that holds a key twice —
+    at any level; keys are compared as the baselines read them (as text: `1` and "1" are one)."""
+    stack: list[tuple[Node, str]] = [(root_node, "")]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, SequenceNode):
+            stack.extend((item, where) for item in node.value)
+            continue
+        if not isinstance(node, MappingNode):
+            continue
+        seen: dict[str, int] = {}
+        for knode, vnode in node.value:
+            name = knode.value if knode.tag == _STR_TAG else str(yamlnodes.scalar(knode))
+            key = f"{where}.{name}" if where else name
+            line = knode.start_mark.line + 1
+            if name in seen:
+                raise BaselineError(f"{shown}:{line}: {yamlnodes.one_line(key, 200)}: duplicate key (also at line "
+                                    f"{seen[name]}) — keep one of the two (a merge resolved badly?): YAML would "
+                                    "keep the last and silently lose the first")
+            seen[name] = line
+            stack.append((vnode, key))
+
+
+def _cached(path: Path | None, digest: str) -> list[Baseline] | None:
+    """The baselines of a parsed copy, when it is one this lab wrote for these very bytes (its
+    version, the full content hash of the file it came from, a document of the right shape and
+    the number of baselines it held); None (parse the YAML again) for anything else."""
+    if path is None:
+        return None
+    try:
+        fd = open_regular(path)
+        with os.fdopen(fd, "rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
+        entry = json.loads(raw)
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not (isinstance(entry, dict) and entry.get("v") == CACHE_VERSION and entry.get("sha256") == digest
+            and isinstance(entry.get("doc"), dict) and isinstance(entry.get("n"), int)):
+        return None
+    try:
+        items = _tree(entry["doc"])
+    except (_Bad, RecursionError, TypeError, ValueError):
+        return None
+    if len(items) != entry["n"] or len({(b.stage, b.arch, b.case) for b in items}) != len(items):
+        return None
+    return items
+
+
+def _parsed_cache(root: Path, digest: str) -> Path | None:
+    """Where the parsed form of a baselines file is kept (JSON, keyed by the hash of its bytes:
+    parsing YAML is most of what reading a large baselines file costs, and the gate reads it
+    every commit). What is read back is checked (`_cached`), never trusted."""
     try:
         folder = cache_dir(root) / "baselines"
     except OSError:
         return None
-    return folder / f"{hashlib.sha256(data).hexdigest()[:32]}.json"
+    return folder / f"{digest[:32]}.json"
 
 
-def _remember(path: Path, doc: Any) -> None:
+def _remember(path: Path, digest: str, doc: Any, n: int) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(doc, default=str))
+        tmp.write_text(json.dumps({"v": CACHE_VERSION, "sha256": digest, "n": n, "doc": doc}, default=str))
         tmp.replace(path)
     except (OSError, TypeError, ValueError):
         pass  # a cache only
 
 
-def save(root: Path, items: list[Baseline]) -> None:
+def save(root: Path, items: list[Baseline], read: list[Baseline] | None = None) -> None:
+    """Write results/baselines.yaml holding exactly `items` (atomically: a temp file, then a
+    rename). With `read` (what the file held when it was read, under the lock), every case
+    read must still be among `items`, replaced or not. Before the rename the new text is parsed
+    back and must hold exactly `items`: a file that would lose a baseline is never written
+    (BaselineError, one line; the old file stays)."""
+    shown = _display(root, baselines_file(root))
+    keys = [(b.stage, b.arch, b.case) for b in items]
+    if len(set(keys)) != len(keys):
+        raise BaselineError(f"{shown}: not written — two baselines for one case (a bug in the lab); the file is "
+                            "unchanged")
+    if read is not None:
+        lost = {(b.stage, b.arch, b.case) for b in read} - set(keys)
+        if lost:
+            stage, arch, case = sorted(lost)[0]
+            raise BaselineError(f"{shown}: not written — it would lose {len(lost)} of the {len(read)} baselines it "
+                                f"holds (stage-{stage} {arch} {case} …); the file is unchanged")
     tree: dict[str, Any] = {}
     for b in sorted(items, key=lambda b: (b.stage, b.arch, b.case)):
         tree.setdefault(b.stage, {}).setdefault(b.arch, {})[b.case] = b.to_yaml()
-    text = HEADER + yaml.dump({"version": BASELINE_VERSION, "baselines": tree}, Dumper=_NoAliasDumper,
-                              sort_keys=False, width=120, allow_unicode=True)
+    doc = {"version": BASELINE_VERSION, "baselines": tree}
+    text = HEADER + yaml.dump(doc, Dumper=_NoAliasDumper, sort_keys=False, width=120, allow_unicode=True)
+    loaded = yaml.load(text, Loader=_loader())
+    back = _tree(loaded)
+    if sorted((b.stage, b.arch, b.case) for b in back) != sorted(keys):
+        raise BaselineError(f"{shown}: not written — the new text reads back as {len(back)} baselines, not "
+                            f"{len(items)} (a bug in the lab); the file is unchanged")
     path = baselines_file(root)
+    _results_folder(root)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".baselines.", suffix=".tmp")
     try:
@@ -414,15 +505,23 @@ def save(root: Path, items: list[Baseline]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    data = text.encode("utf-8")
+    digest = hashlib.sha256(data).hexdigest()
+    parsed = _parsed_cache(root, digest)
+    if parsed is not None:  # the next read (the gate, every commit) skips the YAML
+        _remember(parsed, digest, loaded, len(items))
 
 
 @contextmanager
 def locked(root: Path) -> Iterator[None]:
     """Hold the baselines lock (results/.baselines.lock, beside the file) for a
     read-modify-write: concurrent accepts and drops take turns, none is lost."""
+    _results_folder(root)
     lock = results_dir(root) / ".baselines.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = open_lock(lock)
+    except LockError as exc:
+        raise BaselineError(str(exc)) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -583,7 +682,7 @@ def accept(spec, stage, archs: list[str] | None, cases, compile_only: bool = Fal
                 index[key] = Baseline(stage.id, arch, label, crec.id, src, {}, dict(COMPILE_TOLERANCE), None, facts)
                 taken.append((arch, label, crec.id, "compile-only"))
         if taken:
-            save(root, list(index.values()))
+            save(root, list(index.values()), read=current)
     for arch, label, rid, kind in taken:
         console.print(f"baseline {stage.name} {arch} {label} ← {rid} ({kind})")
     for (arch, why), n in sorted(why_not.items()):
@@ -622,7 +721,7 @@ def drop(spec, stage, archs: list[str] | None, cases) -> int:
         keep = [b for b in items if not (b.stage == stage.id and (not archs or b.arch in archs) and b.case in labels)]
         n = len(items) - len(keep)
         if n:
-            save(spec.root, keep)
+            save(spec.root, keep, read=keep)
     Console(highlight=False, markup=False).print(f"dropped {n} baseline(s) of {stage.name}")
     return 0
 

@@ -54,6 +54,7 @@ def main(root: Path, fp8: bool = False) -> int:
     """Measure and record; 1 with one line when there is no GPU here (nothing was measured)."""
     from rich.console import Console
 
+    from harness.notebooklock import lock_path
     from harness.records import Appender, now_iso
 
     console = Console(highlight=False, markup=False)
@@ -69,7 +70,7 @@ def main(root: Path, fp8: bool = False) -> int:
     rec = {"t": now_iso(), **measure(fp8=fp8)}
     rec = {k: v for k, v in rec.items() if v is not None}
     path = calibration_file(root)
-    a = Appender(path)
+    a = Appender(path, lock_path(path.parent))
     try:
         a.write(json.dumps(rec, separators=(",", ":"), allow_nan=False))
     finally:

@@ -46,6 +46,7 @@ from harness.baselines import Baseline, BaselineError, load, runnable_archs, sho
 from harness.identity import source_hash
 from harness.inventory import mma_counts
 from harness.labels import case_label
+from harness.paths import records_dir, results_dir
 from harness.records import Record, print_warnings
 from harness.spec import Spec, SpecError, Stage, load_spec
 from harness.ssh import EXIT_LINK
@@ -314,8 +315,17 @@ def _judge(root: Path, baselines_root: Path, allow_run: bool, out, target: str |
         print(f"dsv4-lab: {exc}", file=sys.stderr)
         return 2
     if not items:
+        if notebook_has_records(root):  # baselines were kept here once: their loss is no pass
+            print("gate: no baselines, but the notebook has records — results/baselines.yaml is missing or "
+                  "empty: restore it (git checkout results/baselines.yaml) or accept baselines "
+                  "(dsv4-lab baseline accept STAGE)", file=out)
+            return 1
         print("gate: no baselines yet — nothing to hold. Add some: dsv4-lab baseline accept STAGE", file=out)
         return 0
+    if not records_dir(root).is_dir():
+        print(f"gate: results/records/ is missing — the notebook's records are gone, so none of the {len(items)} "
+              "baselined case(s) can be checked: restore them (git checkout results/records)", file=out)
+        return 1
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     warn: list[str] = []
@@ -432,6 +442,17 @@ def _stale_hint(lab: Path, spec: Spec, stale: list[Finding], records: list[Recor
     return (f"this machine cannot run {', '.join(far)} — prove it on a target: dsv4-lab gate --target {name}"
             f"{known}; `proof_target: {name}` in {user_targets_shown(lab)} makes the hook use it), "
             f"or on a machine that can: ", "")
+
+
+def notebook_has_records(root: Path) -> bool:
+    """Whether results/ holds any record line (a records file or an archive that is not empty)."""
+    for folder, pattern in ((records_dir(root), "*.jsonl"), (results_dir(root) / "archive", "*.jsonl.xz")):
+        try:
+            if any(p.name != "runs.jsonl.xz" and p.stat().st_size > 0 for p in folder.glob(pattern)):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def report(findings: list[Finding], stale: list[Finding], stopped: bool, total: int, out, hint: str = "",

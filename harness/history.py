@@ -98,9 +98,9 @@ def show(root: Path, ident: str) -> int:
     console = make_console()
     warn: list[str] = []
     records = read_records(root, None, warn, bench=True)
-    print_warnings(warn)
     runs = read_runs(root, warn)
     notes = read_notes(root, warn)
+    print_warnings(warn)
     rec = next((r for r in records if r.id == ident), None)
     if rec is not None:
         shown = {k: v for k, v in json.loads(rec.to_json()).items() if k != "trace"}

@@ -56,11 +56,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from harness.jsonl import Appender, iter_jsonl, read_bytes, replace_file
+from harness.safeio import XZ_MAGIC, read_regular, xz_streams as _xz_streams
 
 REF = "#"
 ID_LEN = 16
-XZ_MAGIC = b"\xfd7zXZ\x00"
-_CHUNK = 1 << 14  # bytes fed to a decompressor at a time (unused_data copies at most this much)
 
 Slot = tuple[str, ...]  # where a record names a stored value: keys from the record down
 
@@ -110,36 +109,9 @@ def plain_store_file(results: Path) -> Path:
 
 
 def xz_streams(data: bytes) -> Iterator[tuple[int, bytes | None, str]]:
-    """(byte offset, decoded bytes, "") for every whole xz stream of `data`, in order, and
-    (offset, None, why) for a stream that cannot be decoded: reading goes on at the next xz
-    header after it, so one bad stream never costs the others. Stream padding (NUL bytes
-    between streams) is skipped."""
-    pos, end = 0, len(data)
-    while pos < end:
-        if data[pos] == 0:
-            pos += 1
-            continue
-        start = pos
-        dec = lzma.LZMADecompressor(lzma.FORMAT_XZ)
-        out: list[bytes] = []
-        why = ""
-        try:
-            while not dec.eof:
-                if pos >= end:
-                    why = "cut off (a write that did not finish?)"
-                    break
-                chunk = data[pos:pos + _CHUNK]
-                pos += len(chunk)
-                out.append(dec.decompress(chunk))
-        except lzma.LZMAError as exc:
-            why = f"corrupt ({exc})"
-        if not why:
-            pos -= len(dec.unused_data)
-            yield start, b"".join(out), ""
-            continue
-        yield start, None, why
-        nxt = data.find(XZ_MAGIC, start + 1)
-        pos = end if nxt < 0 else nxt
+    """(byte offset, decoded bytes, "") for every whole xz stream of `data`, and (offset, None,
+    why) for one that cannot be decoded (harness/safeio.py: bounded, at most max_xz_bytes() in all)."""
+    return _xz_streams(data)
 
 
 def decode_store(path: Path, data: bytes, warn: list[str]) -> bytes:
@@ -220,16 +192,15 @@ def _with(obj: dict[str, Any], slot: Slot, value: Any) -> dict[str, Any]:
 class StoreAppender(Appender):
     """Appends store lines to an xz store, each as an xz stream of its own: one `write` on an
     O_APPEND file (never interleaved with another writer's), then fsync, so a crash keeps
-    every finished line and costs at most the stream it cut off."""
+    every finished line and costs at most the stream it cut off. With `lock`, under the
+    notebook's lock as every Appender (harness/notebooklock.py)."""
 
     def write(self, line: str) -> None:
         if "\n" in line or "\r" in line:
             raise ValueError("a store line must be one line")
         data = lzma.compress((line + "\n").encode("utf-8"))
-        done = os.write(self._fd, data)
-        while done < len(data):  # a short write (disk full…): finish the stream, or fail
-            done += os.write(self._fd, data[done:])
-        os.fsync(self._fd)
+        with self._locked():
+            self._append(data, fresh_line=False)
 
 
 class ContentStore:
@@ -359,7 +330,8 @@ class Stores:
 def rewrite_store(store: ContentStore, keep: Iterable[str] | None = None) -> tuple[int, int]:
     """Write the store (the xz one and the plain one together) as ONE xz stream holding the
     values whose ids are in `keep` (all of them when None), atomically (a temp file, then a
-    rename), and remove the plain store. Returns (values kept, dropped). Run it while nothing
+    rename), and remove the plain store. Returns (values kept, dropped). Run it holding the
+    notebook's lock exclusive (harness/notebooklock.py; compaction does) while nothing
     else writes to results/ (a value appended meanwhile would be lost)."""
     known = store.known()
     wanted = set(known) if keep is None else set(keep)
@@ -375,7 +347,7 @@ def compact_file(path: Path, store: ContentStore, append: Callable[[str], None])
     """Rewrite one records file with its inline values of `store`'s kind moved into the store
     (atomically: a temp file, then a rename). Lines that do not parse are kept byte for byte.
     Returns (lines, bytes saved)."""
-    data = path.read_bytes()
+    data = read_regular(path)
     out: list[bytes] = []
     for raw in data.split(b"\n"):
         try:

@@ -8,7 +8,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from contextlib import contextmanager
 from typing import Any, Iterator
+
+from harness.notebooklock import open_lock, shared
+from harness.safeio import Unsafe, open_regular, read_regular
 
 MAX_LINE_BYTES = 64 * 1024
 
@@ -18,10 +22,16 @@ def _reject_constant(name: str) -> Any:
 
 
 def read_bytes(path: Path, warn: list[str] | None) -> bytes | None:
-    """A file's bytes; None (and one warning when it exists) when it cannot be read."""
+    """A file's bytes; None (and one warning when it exists) when it cannot be read — or is no
+    regular file: a symbolic link, a FIFO or a device is never followed or waited on
+    (harness/safeio.py)."""
     try:
-        return path.read_bytes()
+        return read_regular(path)
     except FileNotFoundError:
+        return None
+    except Unsafe as exc:
+        if warn is not None:
+            warn.append(f"{exc.filename}: cannot be read ({exc.strerror}) — skipped")
         return None
     except OSError as exc:
         if warn is not None:
@@ -78,12 +88,37 @@ def replace_file(path: Path, data: bytes) -> None:
 
 
 class Appender:
-    """Appends JSON lines to one file, flushing each, so a crash keeps every finished line."""
+    """Appends JSON lines to one file, flushing each, so a crash keeps every finished line.
 
-    def __init__(self, path: Path):
+    With `lock` (results/.lock, harness/notebooklock.py) each write holds it shared and first
+    checks that the open file is still the one `path` names — compaction (holding it exclusive)
+    may have replaced it, and a write into the old file would be lost — reopening it if not.
+    Only a regular file is written (harness/safeio.py: a symbolic link or a FIFO is refused)."""
+
+    def __init__(self, path: Path, lock: Path | None = None):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        self._lock_fd = open_lock(lock) if lock is not None else -1
+        try:
+            self._fd = self._open()
+        except BaseException:
+            self._close_lock()
+            raise
+
+    def _open(self) -> int:
+        return open_regular(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+
+    def _follow(self) -> None:
+        """Reopen the file when `path` names another one now (replaced by compaction, or removed)."""
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        own = os.fstat(self._fd)
+        if st is None or (st.st_dev, st.st_ino) != (own.st_dev, own.st_ino):
+            fd = self._open()
+            os.close(self._fd)
+            self._fd = fd
 
     def write(self, line: str) -> None:
         """Append `line` as one whole line. If the file does not end in a newline (a line
@@ -91,14 +126,37 @@ class Appender:
         lone corrupt line that readers skip and this record stays intact."""
         if "\n" in line or "\r" in line:
             raise ValueError("a record must be one line")
-        data = (line + "\n").encode("utf-8")
-        size = os.fstat(self._fd).st_size
-        if size and os.pread(self._fd, 1, size - 1) != b"\n":
-            data = b"\n" + data
-        os.write(self._fd, data)  # O_APPEND: one write, never interleaved with another appender's
+        with self._locked():
+            self._append((line + "\n").encode("utf-8"), fresh_line=True)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The lock held shared (when there is one), and the file the path names open."""
+        if self._lock_fd < 0:
+            self._follow()
+            yield
+            return
+        with shared(self._lock_fd):
+            self._follow()
+            yield
+
+    def _append(self, data: bytes, fresh_line: bool) -> None:
+        if fresh_line:
+            size = os.fstat(self._fd).st_size
+            if size and os.pread(self._fd, 1, size - 1) != b"\n":
+                data = b"\n" + data
+        done = os.write(self._fd, data)  # O_APPEND: one write, never interleaved with another appender's
+        while done < len(data):  # a short write (disk full…): finish it, or fail
+            done += os.write(self._fd, data[done:])
         os.fsync(self._fd)
 
+    def _close_lock(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
     def close(self) -> None:
-        if self._fd >= 0:
+        if getattr(self, "_fd", -1) >= 0:
             os.close(self._fd)
             self._fd = -1
+        self._close_lock()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import secrets
 import sys
 import time
@@ -35,7 +36,9 @@ from typing import Any, Iterator
 
 from harness.inventories import ContentStore, StoreAppender, Stores
 from harness.jsonl import Appender, iter_jsonl, read_bytes
+from harness.notebooklock import lock_path, open_lock, shared
 from harness.paths import records_dir, results_dir
+from harness.safeio import xz_decompress
 from harness.statuses import STATUSES
 
 RECORD_VERSION = 1
@@ -206,17 +209,27 @@ def stage_file(root: Path, stage: str) -> Path:
 class RecordWriter:
     """Writes records to results/records/<stage>.jsonl, one appender per stage; their
     instruction inventories and env block go to results/inventories.jsonl.xz and
-    results/envs.jsonl.xz first (harness/inventories.py)."""
+    results/envs.jsonl.xz first (harness/inventories.py). Each record is written holding the
+    notebook's lock shared (harness/notebooklock.py), from looking up which values the stores
+    already hold to the record line itself: compaction, which drops the values no line names,
+    cannot run in between and leave the record naming a value it dropped."""
 
     def __init__(self, root: Path):
         self.root = root
         self._files: dict[str, Appender] = {}
         self._stores = Stores(results_dir(root))
         self._store_files: dict[Path, StoreAppender] = {}
+        self._lock_fd = -1
+
+    def _lock(self) -> int:
+        if self._lock_fd < 0:
+            self._lock_fd = open_lock(lock_path(results_dir(self.root)))
+        return self._lock_fd
 
     def open(self, stage: str) -> Appender:
         """The appender of a stage's records file (opened once; raises OSError when the
         file cannot be written)."""
+        self._lock()
         if stage not in self._files:
             self._files[stage] = Appender(stage_file(self.root, stage))
         return self._files[stage]
@@ -228,13 +241,17 @@ class RecordWriter:
 
     def write(self, rec: Record) -> None:
         appender = self.open(rec.stage)
-        appender.write(_line(self._stores.compact(rec.to_dict(), self._store_append)))
+        with shared(self._lock()):
+            appender.write(_line(self._stores.compact(rec.to_dict(), self._store_append)))
 
     def close(self) -> None:
         for a in [*self._files.values(), *self._store_files.values()]:
             a.close()
         self._files.clear()
         self._store_files.clear()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
 
 def archive_file(path: Path) -> Path:
@@ -244,14 +261,14 @@ def archive_file(path: Path) -> Path:
 
 
 def _read_archive(path: Path, warn: list[str] | None) -> bytes | None:
-    import lzma
-
+    """An archive's text (None, and one warning, when it is no regular file, no xz, or would
+    decompress past the cap: harness/safeio.py)."""
     data = read_bytes(path, warn)
     if data is None:
         return None
     try:
-        return lzma.decompress(data)
-    except (lzma.LZMAError, EOFError) as exc:
+        return xz_decompress(data)
+    except ValueError as exc:
         if warn is not None:
             warn.append(f"{path}: not an xz archive ({exc}) — skipped")
         return None
@@ -319,7 +336,9 @@ def notes_file(root: Path) -> Path:
 
 
 def append_event(path: Path, obj: dict) -> None:
-    a = Appender(path)
+    """Append one event to a JSON Lines file of results/ (runs.jsonl, notes.jsonl), under the
+    notebook's lock (harness/notebooklock.py)."""
+    a = Appender(path, lock_path(path.parent))
     try:
         a.write(json.dumps(obj, separators=(",", ":")))
     finally:

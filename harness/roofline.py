@@ -75,11 +75,14 @@ def _positive(x: Any) -> bool:
 def read_peaks(root: Path, gpu: str, warn: list[str] | None = None) -> Peaks | None:
     """The newest calibration of a GPU named `gpu` (None when it was never calibrated). A line
     that is not a usable calibration is skipped (with a warning in `warn`)."""
+    from harness.jsonl import read_bytes  # a regular file only (harness/safeio.py)
+
     path = calibration_file(root)
-    if not path.is_file():
+    data = read_bytes(path, warn)
+    if data is None:
         return None
     found: Peaks | None = None
-    for i, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+    for i, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -7,7 +7,8 @@ line still names (an older notebook's plain results/inventories.jsonl is folded 
 and trim compile baselines to what the gate compares and run baselines' metric values to the
 digits it needs (harness/inventories.py, harness/archive.py, harness/baselines.py). Nothing is
 lost: every reader sees the same records afterwards.
-Idempotent; prints what it saved. Run it while nothing else writes to results/.
+Idempotent; prints what it saved. It holds the notebook's lock (results/.lock) throughout: runs appending meanwhile wait,
+and nothing they write is lost.
 
     python3 scripts/compact_results.py [LAB_ROOT] [--force]
 
@@ -26,7 +27,9 @@ from harness import baselines  # noqa: E402
 from harness.archive import archive_runs, archive_stale, inline_archive  # noqa: E402
 from harness.identity import source_hash  # noqa: E402
 from harness.inventories import ContentStore, StoreAppender, Stores, compact_file, rewrite_store  # noqa: E402
+from harness.notebooklock import LockError, exclusive  # noqa: E402
 from harness.paths import records_dir, results_dir  # noqa: E402
+from harness.safeio import Unsafe  # noqa: E402
 from harness.records import _read_archive, iter_jsonl, record_archives  # noqa: E402
 from harness.spec import load_spec  # noqa: E402
 
@@ -54,6 +57,17 @@ def named_ids(root: Path, store: ContentStore) -> set[str] | None:
 
 
 def main(root: Path, force: bool = False) -> int:
+    """Compact the notebook, holding its lock exclusive throughout (harness/notebooklock.py): a
+    run appending meanwhile waits at its next record and then appends to the rewritten file."""
+    try:
+        with exclusive(results_dir(root)):
+            return _compact(root, force)
+    except (LockError, Unsafe) as exc:
+        print(f"compact_results: {exc}", file=sys.stderr)
+        return 2
+
+
+def _compact(root: Path, force: bool) -> int:
     problems = 0
     stores = Stores(results_dir(root)).each
     store_before = {store.path: _size(store.path, store.plain) for store in stores}
@@ -125,7 +139,7 @@ def main(root: Path, force: bool = False) -> int:
             else:  # the metric values to the digits the gate needs (the record keeps them all)
                 b.metrics = baselines.gated_metrics(b.metrics, b.tolerance)
         before = baselines.baselines_file(root).stat().st_size
-        baselines.save(root, items)
+        baselines.save(root, items, read=items)
         print(f"results/baselines.yaml: {before - baselines.baselines_file(root).stat().st_size} bytes saved")
     return 1 if problems else 0
 
