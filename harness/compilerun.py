@@ -3,16 +3,21 @@ recompiles a stale compile-only case) compile cases in the parallel, cached comp
 one record per case — status `compiled` or `compile_error`, the compile summary (resources and
 instruction inventory), code identity and environment — plus the run's start and end events
 in results/runs.jsonl. Nothing here imports torch; CuTeDSL only inside the compiler's workers.
+SIGINT, SIGTERM and SIGHUP stop a session the way they stop a run: the compilers killed, the
+finished records kept, the end event marked interrupted (with the signal), and
+`harness.interrupts.Interrupted` raised for the caller (the command line exits 128 + signal).
 """
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from typing import Callable
 
 from harness.compile import CompileResult, Compiler
 from harness.environment import host_environment
 from harness.identity import code_identity
+from harness.interrupts import Interrupted, StopGuard
 from harness.matrix import Case
 from harness.records import Record, RecordWriter, append_event, new_run_id, now_iso, runs_file, status_counts
 from harness.spec import Spec, Stage
@@ -50,6 +55,7 @@ def compile_recorded(spec: Spec, jobs: list[CompileJob], argv: list[str],
     out: list[Compiled] = []
     compiler = Compiler(root)
     interrupted = False
+    guard = StopGuard().__enter__()  # SIGINT / SIGTERM / SIGHUP: Interrupted, then the clean-up below
     try:
         futures = [(job, compiler.submit(job.stage, job.arch, job.case.dict)) for job in jobs]
         for seq, (job, fut) in enumerate(futures, 1):
@@ -77,9 +83,18 @@ def compile_recorded(spec: Spec, jobs: list[CompileJob], argv: list[str],
         interrupted = True
         raise
     finally:
-        compiler.close(cancel=interrupted)
-        if writer is not None:
-            writer.close()
-            append_event(runs_file(root), {"run": run_id, "t": now_iso(), "event": "end", "interrupted": interrupted,
-                                           "counts": status_counts([c.record for c in out])})
+        guard.quiet()  # a signal now is noted, never raised: the clean-up and the end event are not cut short
+        try:
+            compiler.close(cancel=interrupted or guard.signum is not None)
+            if writer is not None:
+                writer.close()
+                signum = guard.signum
+                append_event(runs_file(root), {
+                    "run": run_id, "t": now_iso(), "event": "end", "interrupted": interrupted or signum is not None,
+                    **({"signal": signal.Signals(signum).name} if signum is not None else {}),
+                    "counts": status_counts([c.record for c in out])})
+        finally:
+            guard.release()
+    if guard.signum is not None:  # a stop signal during the clean-up: the exit code still says so
+        raise Interrupted(guard.signum)
     return run_id, out
