@@ -71,8 +71,8 @@ def _run_size(stages: list[Stage], archs: list[str] | None, extra: list[str], wh
     """The whole command's case count, counted before anything is built: over MAX_RUN_CASES is
     one line and exit 2 (harness.matrix.check_run_size)."""
     pairs = parse_axis_flags(extra) + (parse_where(where) if where else [])
-    check_run_size([(st.name, count(st, parse_filters(st, pairs)) * sum(1 for a in st.kernels if not archs or a in archs))
-                    for st in stages])
+    check_run_size([(st.name, count(st, parse_filters(st, pairs))
+                     * sum(1 for a in st.kernels if not archs or a in archs)) for st in stages])
 
 
 def _gpu_list(gpus: str | None) -> list[int] | None:
@@ -529,9 +529,7 @@ def main() -> None:
         sys.exit(2)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (harness.interrupts.Interrupted)
         interrupts.ignore_all()  # on the way out: a second signal cuts nothing short
-        signum = interrupts.signal_of(exc)
-        how = "" if signum == interrupts.signal.SIGINT else f" by {interrupts.signal.Signals(signum).name}"
-        print(f"dsv4-lab: interrupted{how}", file=sys.stderr)
+        print(f"dsv4-lab: {interrupts.describe(exc)}", file=sys.stderr)
         sys.exit(interrupts.exit_code_of(exc))
     except BrokenPipeError:  # `dsv4-lab … | head`
         sys.exit(1)

@@ -60,6 +60,12 @@ def signal_of(exc: BaseException) -> int:
     return exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
 
 
+def describe(exc: BaseException) -> str:
+    """"interrupted" (Ctrl-C), or "interrupted by SIGTERM" / "by SIGHUP"."""
+    signum = signal_of(exc)
+    return "interrupted" if signum == signal.SIGINT else f"interrupted by {signal.Signals(signum).name}"
+
+
 def ignored(sig: int) -> bool:
     """Whether `sig` is ignored in this process (inherited from whoever started it, e.g. nohup)."""
     return signal.getsignal(sig) is signal.SIG_IGN

@@ -72,10 +72,12 @@ def test_ctrl_c_before_the_remote_run_starts_does_not_blame_python(remote_lab, s
         "slowstart", "labhost", tmp_path / "remote work", python=f"sleep 60; {PY}"))
     proc = _start_remote_run(remote_lab, ssh_server, tmp_path, "FAKE", "--target", "slowstart")
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and b"copied" not in (proc.stdout.peek() if proc.stdout else b""):
-            time.sleep(0.2)
-        time.sleep(1.0)  # ssh is up, the remote `sleep 60` is running
+        deadline, shell = time.monotonic() + 60, []
+        while not shell and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)  # the remote shell of this run: ssh is up, its `sleep 60` is running
+            shell = [pid for pid in _pids() if b"harness.remote_side" in _cmdline(pid)
+                     and str(tmp_path).encode() in _cmdline(pid) and descendants(pid)]
+        assert shell, "the remote command never started"
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=60)
         text = out.decode() + err.decode()
