@@ -268,6 +268,43 @@ def test_a_stop_signal_ends_a_compile_interrupted_with_nothing_left(fake_lab, tm
         _kill_marked(token)
 
 
+def test_sigterm_during_the_gates_recompile_is_143_interrupted_with_nothing_left(fake_lab, tmp_path):
+    """The gate recompiles a stale compile-only case (its baseline's source hash is not the
+    tree's): SIGTERM meanwhile ends the gate with 143 — never a verdict — the compile session's
+    end event marked interrupted, and no compile worker left."""
+    _add_stage(fake_lab, SLOW_COMPILE_STAGE, "slowcompile", SLOW_COMPILE_KERNEL)
+    (fake_lab / "results").mkdir(exist_ok=True)
+    (fake_lab / "results" / "baselines.yaml").write_text(textwrap.dedent('''\
+        version: 1
+        baselines:
+          SLOWC:
+            sm_90a:
+              n=16:
+                kind: compile
+                record: 20260101-000000-0000.1
+                src: stale0000000
+                compile: {status: compiled, regs: 32, spill: 0, smem: 0, inv: {(all): 10}}
+        '''))
+    token, marker = uuid.uuid4().hex, tmp_path / "compiling"
+    proc = _start(fake_lab, ["gate"], token, DSV4_SLOW_COMPILE_MARK=str(marker))
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not marker.exists() and proc.poll() is None:
+            time.sleep(0.2)
+        assert marker.exists(), "the recompile never started: " + "".join(proc.communicate(timeout=5))
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 143, out + err
+        assert "Traceback" not in out + err and "REGRESSIONS" not in out and "pass" not in out, out + err
+        (run,) = read_runs(fake_lab).values()
+        assert run["event"] == "end" and run["interrupted"] is True and run["signal"] == "SIGTERM"
+        assert _wait_gone(token, 10) == [], "a compile worker (or what it started) outlived the gate"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_marked(token)
+
+
 # ---------------------------------------------------------------------------------------
 # Item 10: a Ctrl-C while the command line is still loading.
 
