@@ -71,8 +71,9 @@ def test_ctrl_c_before_the_remote_run_starts_does_not_blame_python(remote_lab, s
     (remote_lab / "targets.yaml").write_text("version: 1\ntargets:\n" + target_yaml(
         "slowstart", "labhost", tmp_path / "remote work", python=f"sleep 60; {PY}"))
     proc = _start_remote_run(remote_lab, ssh_server, tmp_path, "FAKE", "--target", "slowstart")
+    shell: list[int] = []
     try:
-        deadline, shell = time.monotonic() + 60, []
+        deadline = time.monotonic() + 60
         while not shell and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)  # the remote shell of this run: ssh is up, its `sleep 60` is running
             shell = [pid for pid in _pids() if b"harness.remote_side" in _cmdline(pid)
@@ -88,6 +89,9 @@ def test_ctrl_c_before_the_remote_run_starts_does_not_blame_python(remote_lab, s
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+        for pid in [*shell, *(p for pid in shell for p in descendants(pid))]:  # the remote `sleep 60`, here
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_relative_workdir_is_in_the_remote_home(tmp_path, monkeypatch):
