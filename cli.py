@@ -12,11 +12,17 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import typer
+from harness.interrupts import exit_on_stop_signals
 
-from harness.matrix import FilterError, count, expand, parse_axis_flags, parse_filters, parse_where
-from harness.paths import lab_root
-from harness.spec import ARCHS, ARCH_KEYS, Spec, SpecError, Stage, load_spec
+if Path(sys.argv[0]).name in ("dsv4-lab", "cli.py"):  # the command itself, not an import by a test
+    exit_on_stop_signals()  # a Ctrl-C while the command line loads: one line, exit 130
+
+import typer  # noqa: E402
+
+from harness.matrix import (FilterError, check_run_size, count, expand, parse_axis_flags, parse_filters,  # noqa: E402
+                            parse_where)
+from harness.paths import lab_root  # noqa: E402
+from harness.spec import ARCHS, ARCH_KEYS, Spec, SpecError, Stage, load_spec  # noqa: E402
 
 
 class UsageError(Exception):
@@ -154,6 +160,14 @@ def _check_option_names(extra: list[str], stages: list[Stage]) -> None:
         raise UsageError(f"no such option '--{name}' — {hint} (see {command} --help)")
 
 
+def _run_size(stages: list[Stage], archs: list[str] | None, extra: list[str], where: str | None) -> None:
+    """The whole command's case count, counted before anything is built: over MAX_RUN_CASES is
+    one line and exit 2 (harness.matrix.check_run_size)."""
+    pairs = parse_axis_flags(extra) + (parse_where(where) if where else [])
+    check_run_size([(st.name, count(st, parse_filters(st, pairs))
+                     * sum(1 for a in st.kernels if not archs or a in archs)) for st in stages])
+
+
 def _gpu_list(gpus: str | None) -> list[int] | None:
     if gpus is None:
         return None
@@ -288,6 +302,7 @@ def run_cmd(
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         raise UsageError(f"--timeout {timeout:g}: must be a finite number of seconds > 0 (or leave it out for the "
                          "stage's own)")
+    _run_size(stages, archs, ctx.args, where)
     cases = {st.id: _cases_of(st, ctx.args, where) for st in stages}
     if sum(len(c) for c in cases.values()) == 0:
         raise UsageError("no case matches these filters")
@@ -636,7 +651,12 @@ def _add_axis_help() -> None:
 def main() -> None:
     """Console entry point. Usage and config problems are one line and exit code 2; a
     failure inside the lab itself is one line and exit 1 (`--traceback` shows the trace).
-    No traceback reaches a user otherwise."""
+    No traceback reaches a user otherwise. SIGINT, SIGTERM and SIGHUP end any command with one
+    line and 128 + signal (one the lab was started with ignored, e.g. under nohup, stays
+    ignored; harness/interrupts.py)."""
+    from harness import interrupts
+
+    interrupts.raise_on_stop_signals()
     from harness.baselines import BaselineError
     from harness.notebooklock import LockError
     from harness.runner import RunSetupError
@@ -651,15 +671,18 @@ def main() -> None:
     try:
         _add_axis_help()
         rc = app(standalone_mode=False, prog_name="dsv4-lab")  # click returns a command's exit code in this mode
+        if rc == 130 and interrupts.first_signal() is not None:  # typer's bare 130 for any KeyboardInterrupt
+            raise interrupts.Interrupted(interrupts.first_signal())
         sys.exit(rc if isinstance(rc, int) else 0)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (SpecError, FilterError, UsageError, BaselineError, TargetError, RunSetupError, LockError, Unsafe) as exc:
         print(f"dsv4-lab: {_one_line(exc)}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print("dsv4-lab: interrupted", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (harness.interrupts.Interrupted)
+        interrupts.ignore_all()  # on the way out: a second signal cuts nothing short
+        print(f"dsv4-lab: {interrupts.describe(exc)}", file=sys.stderr)
+        sys.exit(interrupts.exit_code_of(exc))
     except BrokenPipeError:  # `dsv4-lab … | head`
         sys.exit(1)
     except Exception as exc:

@@ -39,6 +39,7 @@ from typing import Any
 
 from harness.environment import cutedsl_version
 from harness.identity import source_hash
+from harness.interrupts import start_resource_tracker
 from harness.inventory import disassemble, find_tool, ptx_inventory, sass_inventory
 from harness.paths import cache_dir
 from harness.spec import Stage
@@ -262,7 +263,10 @@ _WORKER_STATE: dict[str, Any] = {}
 def _init_worker(root: str, arch: str, scratch: str) -> None:
     """Set up a compile worker for `arch`; CuTeDSL dumps its files into a folder of the worker's
     own inside `scratch`, the pool owner's temp folder (removed with it: `Compiler.close`)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # Its own process group: a signal to the terminal's group (Ctrl-C, a hang-up) is the parent's
+    # to handle, and the parent's stop kills the group, so a tool the compile started goes too.
+    os.setpgrp()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["CUTE_DSL_ARCH"] = arch
     os.environ["CUTE_DSL_KEEP"] = "ptx,cubin"
     os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="worker-", dir=scratch)
@@ -296,6 +300,7 @@ class Compiler:
 
     def _pool(self, arch: str) -> ProcessPoolExecutor:
         if arch not in self._pools:
+            start_resource_tracker()  # deaf to a hang-up of the group, so the pool stops cleanly on one
             self._pools[arch] = ProcessPoolExecutor(
                 max_workers=self.max_workers, mp_context=get_context("spawn"),
                 initializer=_init_worker, initargs=(str(self.root), arch, self._scratch_dir()),
@@ -323,14 +328,16 @@ class Compiler:
 
     def close(self, cancel: bool = False) -> None:
         """Shut the pools down; with `cancel` (a stopped run), queued compiles are dropped and the
-        running ones killed, so the process exits at once instead of waiting for them."""
+        running ones killed with their process groups (a tool a compile started goes too), so the
+        process exits at once instead of waiting for them."""
         try:
             for pool in self._pools.values():
                 procs = list((getattr(pool, "_processes", None) or {}).values()) if cancel else []
                 pool.shutdown(wait=not cancel, cancel_futures=cancel)
                 for proc in procs:
+                    _kill_group(proc.pid)
                     if proc.is_alive():
-                        proc.terminate()
+                        proc.kill()
                 for proc in procs:
                     proc.join(5)
             self._pools.clear()
@@ -338,3 +345,14 @@ class Compiler:
             if self._remove_scratch is not None:  # the workers are gone: their scratch files go too
                 self._remove_scratch()
                 self._scratch = self._remove_scratch = None
+
+
+def _kill_group(pid: int | None) -> None:
+    """SIGKILL the process group a compile worker leads (nothing when it has none yet)."""
+    if pid is None:
+        return
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -10,10 +10,15 @@ compile summary, its time and cache flag aside — is not written again, and a s
 no record writes no run events either, so results/ stays byte for byte as it was. A case whose
 source changed has no fresh record, so it is always recorded (the gate relies on it; it records
 every case it recompiles).
+
+SIGINT, SIGTERM and SIGHUP stop a session the way they stop a run: the compilers killed, the
+finished records kept, the end event marked interrupted (with the signal), and
+`harness.interrupts.Interrupted` raised for the caller (the command line exits 128 + signal).
 """
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -21,6 +26,7 @@ from typing import Callable, Sequence
 from harness.compile import CompileResult, Compiler
 from harness.environment import host_environment
 from harness.identity import code_identity
+from harness.interrupts import Interrupted, StopGuard
 from harness.matrix import Case
 from harness.labels import case_label
 from harness.records import (Record, RecordWriter, append_event, iter_records, new_run_id, now_iso, runs_file,
@@ -118,6 +124,7 @@ def compile_recorded(spec: Spec, jobs: list[CompileJob], argv: list[str],
     seq = 0  # records numbered as they are written (a case not written takes no number)
     compiler = Compiler(root)
     interrupted = False
+    guard = StopGuard().__enter__()  # SIGINT / SIGTERM / SIGHUP: Interrupted, then the clean-up below
     try:
         futures = [(job, compiler.submit(job.stage, job.arch, job.case.dict)) for job in jobs]
         for job, fut in futures:
@@ -149,11 +156,21 @@ def compile_recorded(spec: Spec, jobs: list[CompileJob], argv: list[str],
         interrupted = True
         raise
     finally:
-        compiler.close(cancel=interrupted)
-        if writer is not None:
-            writer.close()
-            if started:
-                append_event(runs_file(root), {"run": run_id, "t": now_iso(), "event": "end",
-                                               "interrupted": interrupted,
-                                               "counts": status_counts([c.record for c in out])})
+        guard.quiet()  # a signal now is noted, never raised: the clean-up and the end event are not cut short
+        try:
+            compiler.close(cancel=interrupted or guard.signum is not None)
+            if writer is not None:
+                writer.close()
+                signum = guard.signum
+                if interrupted or signum is not None:
+                    begin()  # a stopped session is recorded as such, even one that wrote no record yet
+                if started:
+                    append_event(runs_file(root), {
+                        "run": run_id, "t": now_iso(), "event": "end", "interrupted": interrupted or signum is not None,
+                        **({"signal": signal.Signals(signum).name} if signum is not None else {}),
+                        "counts": status_counts([c.record for c in out])})
+        finally:
+            guard.release()
+    if guard.signum is not None:  # a stop signal during the clean-up: the exit code still says so
+        raise Interrupted(guard.signum)
     return run_id, out

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import shlex
+import signal
 import stat
 import sys
 from dataclasses import dataclass
@@ -267,7 +268,11 @@ def _run_stale(spec: Spec, stale: list[Finding]) -> None:
 
     tasks = [Task(spec.stages[f.baseline.stage], f.baseline.arch, _case_of(spec, f.baseline)) for f in stale]
     print(f"gate: running {len(tasks)} stale case(s) on this machine …", file=sys.stderr)
-    Runner(spec, RunOptions(tasks=tasks, argv=["gate"])).run()
+    summary = Runner(spec, RunOptions(tasks=tasks, argv=["gate"])).run()
+    if summary.interrupted:  # stopped by a signal: the gate stops too, 128 + signal (never a verdict)
+        from harness.interrupts import Interrupted
+
+        raise Interrupted(summary.signum or signal.SIGINT)
 
 
 def _recompile_stale(spec: Spec, stale: list[Finding]) -> None:

@@ -20,6 +20,22 @@ class MatrixSizeError(FilterError):
     """More cases than MAX_CASES at once (one line saying how many and how to narrow)."""
 
 
+MAX_RUN_CASES = 50_000  # the most cases one command plans across its stages and archs (e.g. `run --all`)
+
+
+def check_run_size(sizes: list[tuple[str, int]]) -> None:
+    """Refuse, in one line, a command whose (stage name, cases) add up to more than
+    MAX_RUN_CASES: counted with `count`, before a case is built."""
+    total = sum(n for _, n in sizes)
+    if total <= MAX_RUN_CASES:
+        return
+    big = sorted((s for s in sizes if s[1]), key=lambda s: -s[1])
+    shown = ", ".join(f"{name} {n}" for name, n in big[:6]) + (", …" if len(big) > 6 else "")
+    raise MatrixSizeError(
+        f"{total} cases in one command ({shown}) — more than {MAX_RUN_CASES} at once; run fewer stages or narrow "
+        "them with --arch and axis filters (e.g. dsv4-lab run STAGE --hd 64, or --where hd=64)")
+
+
 @dataclass(frozen=True)
 class Case:
     """One point of a stage's matrix, with its parameters in axis order."""

@@ -288,8 +288,10 @@ def _drive(tr: TargetRun, root: Path, args: list[str], stages: set[str], out: qu
         tree = (snapshot.folder, list(snapshot.files)) if snapshot is not None else None
         synced = sync_tree(t, root, sync_method, tree)
         out.put(("synced", t.name, synced))
+        # Its own session: a Ctrl-C in the terminal reaches the lab, not ssh (which would drop the link
+        # and exit 255); the lab stops the remote run itself by ending ssh (_stop).
         proc = subprocess.Popen(ssh_argv(t, remote_run_command(t, root, args)), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         procs.append(proc)
         assert proc.stdin is not None and proc.stdout is not None
         try:  # the key, then stdin stays open: its end tells the remote side to stop (channel.py)
@@ -474,6 +476,8 @@ class _Session:
                      f"(first: {tr.first_reject})")
             if tr.link_error:
                 _say(tr.link_error)
+            elif tr.end is None and tr.run_id is None and interrupted:  # stopped here: not python's fault
+                _say(f"{name}: interrupted here before the run started — nothing was recorded")
             elif tr.end is None and tr.run_id is None:
                 _say(f"{tr.lost or name + ': interrupted here'} before the run started — nothing was recorded; "
                      f"check `python` at {tr.target.declared} (dsv4-lab targets check {name} tells more)")
@@ -552,6 +556,8 @@ travel instead of the working tree; the targets and the remote folder are the re
                 kind, name, payload = events.get(timeout=0.5)
             except queue.Empty:
                 continue
+            if stop and kind in ("done", "failed"):  # a link that ended after the stop signal: the signal's doing
+                raise _Stopped(stop[0])
             tr = session.runs[name]
             if kind == "line":
                 session.on_line(tr, *payload)
@@ -567,6 +573,8 @@ travel instead of the working tree; the targets and the remote folder are the re
                 tr.link_error = payload
                 session.finish(tr, True, payload)
                 pending -= 1
+        if stop:  # a signal after the last event: the run was still interrupted
+            raise _Stopped(stop[0])
     except (KeyboardInterrupt, _Stopped) as exc:  # KeyboardInterrupt: when not in the main thread
         interrupted = True
         signum = exc.signum if isinstance(exc, _Stopped) else signal.SIGINT
@@ -613,7 +621,8 @@ def _catch_stop_signals(stop: list[int]) -> dict:
         if not stop:
             stop.append(signum)
 
-    return {sig: signal.signal(sig, note) for sig in STOP_SIGNALS}
+    # a signal the lab was started with ignored (nohup: SIGHUP) stays ignored
+    return {sig: signal.signal(sig, note) for sig in STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:

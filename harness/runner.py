@@ -143,6 +143,7 @@ class Runner:
         self._stop = threading.Event()
         self._cleaning = False
         self._signum: int | None = None
+        self._end_interrupted = False
         self._identity: dict[tuple[str, str], dict] = {}
         self._workers: list[WorkerHandle] = []
         self._threads: list[threading.Thread] = []
@@ -250,7 +251,9 @@ class Runner:
         main_thread = threading.current_thread() is threading.main_thread()
         previous = {}
         if main_thread:
-            previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+            # a signal the lab was started with ignored (nohup: SIGHUP) stays ignored
+            previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS
+                        if signal.getsignal(s) is not signal.SIG_IGN}
         compiler = Compiler(self.root)
         ready: queue.Queue = queue.Queue()
         interrupted = False
@@ -291,6 +294,8 @@ class Runner:
                 # After an interruption the process is on its way out: further stop signals
                 # are ignored (also while the interpreter shuts down) so nothing cuts the
                 # report or the exit short; otherwise the previous handlers come back.
+                # a signal during the shut-down, before the end event says so, counts too
+                interrupted = interrupted or self._end_interrupted
                 if main_thread:
                     for s, h in previous.items():
                         signal.signal(s, signal.SIG_IGN if interrupted else h)
@@ -312,12 +317,19 @@ class Runner:
         except Exception:
             pass
         self.writer.close()
+        signum = self._signum
+        self._end_interrupted = signum is not None  # what the end event says: the exit code agrees
+        if self.emit is None and not self._started and self._end_interrupted:
+            try:  # a stopped run is recorded as such, even one that wrote no record yet
+                self._write_start()
+            except OSError:
+                pass
         if self.emit is None and self._started:
             try:
                 append_event(runs_file(self.results_root), {
                     "run": self.run_id, "t": now_iso(), "event": "end",
-                    "interrupted": self._signum is not None,
-                    **({"signal": signal.Signals(self._signum).name} if self._signum else {}),
+                    "interrupted": self._end_interrupted,
+                    **({"signal": signal.Signals(signum).name} if signum else {}),
                     **({"errors": self.errors[:5]} if self.errors else {}),
                     "planned": len(self.opts.tasks), "counts": status_counts(self.records),
                 })

@@ -83,7 +83,7 @@ class Target:
 
     name: str
     ssh: str  # an alias from the ssh config, or user@host
-    workdir: str  # remote work folder: absolute, ~/..., or relative to the remote home
+    workdir: str  # remote work folder: absolute or ~/... (a relative one is read as ~/...: the remote home's)
     python: str  # a python path, or a command such as `source ~/venv/bin/activate && python`
     port: int | None = None
     gpus: tuple[int, ...] = ()
@@ -179,6 +179,10 @@ def _parse_workdir(ctx: NodeContext, node: Node, key: str) -> str:
         raise ctx.fail(node, key, "starts with '-' — write it as ./" + text)
     if ".." in text.split("/"):
         raise ctx.fail(node, key, "contains '..' — name the folder itself")
+    if not text.startswith(("/", "~")):  # relative: to the remote home, the folder ssh starts in
+        while text.startswith("./"):
+            text = text[2:].lstrip("/")
+        text = "~" if text in ("", ".") else "~/" + text
     return text.rstrip("/") or "/"
 
 

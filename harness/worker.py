@@ -16,7 +16,9 @@ used (harness.check): a wrong name, shape or dtype is a one-line error, never a 
 A worker never outlives the process that started it: on Linux the kernel kills it when the
 thread that started it ends (prctl PR_SET_PDEATHSIG — the runner starts each worker from the
 serving thread that owns it, and stops using it when that thread ends), and a watchdog
-thread exits it when its parent process is gone (any OS; a fallback).
+thread exits it when its parent process is gone (any OS; a fallback). Each worker leads its
+own process group; killing a worker (timeout, crash, a stopped run) or closing it kills the
+group, so a process the case started never outlives the case.
 """
 
 from __future__ import annotations
@@ -176,6 +178,11 @@ def _error_reply(exc: BaseException, root: Path, seconds: float) -> dict:
 
 
 def worker_main(conn: Connection, root: str, gpu: int | None, parent_pid: int | None = None) -> None:
+    # Its own process group, first of all: whatever the case starts (a kernel or an oracle that
+    # spawns a child) is in it, and the parent kills the whole group on a timeout or at the end,
+    # so nothing outlives the case holding the run's stdout. The terminal's signals are the
+    # parent's to handle.
+    os.setpgrp()
     _die_with_parent(parent_pid)
     # Ctrl-C in a terminal reaches the whole process group: only the parent handles it (it
     # kills the workers and keeps what finished), so a worker never dies of it mid-case.
@@ -286,9 +293,15 @@ class WorkerHandle:
         return out
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5)
+        """Kill the worker and its process group: a child the case started goes too (also one
+        left behind by a worker that already exited)."""
+        if self.proc is not None:
+            pid = self.proc.pid
+            _kill_group(pid)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join(5)
+            _kill_group(pid)  # a child forked in the moment before the first kill
         if self.conn is not None:
             self.conn.close()
         self.proc, self.conn = None, None
@@ -301,6 +314,18 @@ class WorkerHandle:
             except (OSError, BrokenPipeError):
                 pass
         self.kill()
+
+
+def _kill_group(pid: int | None) -> None:
+    """SIGKILL the process group `pid` leads (the worker's own, from os.setpgrp). A group
+    outlives its leader while a member lives, and its id is not reused meanwhile, so this is
+    safe after the worker was reaped; a worker killed before its setpgrp leads no group."""
+    if pid is None:
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _signal_name(code: int | None) -> str:

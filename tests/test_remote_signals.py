@@ -1,0 +1,116 @@
+"""Ctrl-C on a remote run (issue 27 item 13) and a relative workdir (item 15), against the real
+sshd of tests/ssh_fixtures.py.
+
+A Ctrl-C in a terminal reaches the whole foreground process group. The ssh client the lab
+starts must not be in it (it would drop the link, exit 255, and the run would be reported as a
+lost link, exit 3): the lab stops the remote run itself and exits 130, the run marked
+interrupted; before the remote run starts, the message does not blame the target's `python`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import remote_run, treecopy
+from harness.records import read_records, read_runs
+from harness.targets import load_targets
+from tests.ssh_fixtures import make_lab, ssh_server  # noqa: F401  (fixture)
+from tests.test_targets import PY, _cmdline, _pids, alive, descendants, remote_lab, target_yaml  # noqa: F401
+
+
+def _start_remote_run(lab: Path, ssh_server, tmp_path: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "DSV4_LAB_ROOT": str(lab), "PYTHONPATH": str(lab),
+           "DSV4_LAB_SSH_CONFIG": str(ssh_server.config), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    env.pop("DSV4_LAB_GIT", None)
+    return subprocess.Popen([PY, "-m", "cli", "run", *args], cwd=lab, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+@pytest.mark.ssh
+def test_ctrl_c_on_a_remote_run_is_130_and_interrupted_not_a_lost_link(remote_lab, ssh_server, tmp_path):
+    proc = _start_remote_run(remote_lab, ssh_server, tmp_path, "SLOW", "--target", "box")
+    remote: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not remote and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            remote = [pid for pid in _pids() if b"harness.remote_side\0run\0SLOW" in _cmdline(pid)
+                      and descendants(pid)]  # the remote side, with its worker up
+        assert remote, "the remote run never started"
+        workers = set().union(*(descendants(pid) for pid in remote))
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
+        out, err = proc.communicate(timeout=60)
+        text = out.decode() + err.decode()
+        assert proc.returncode == 130, text
+        assert "link dropped" not in text and "ssh exit 255" not in text and "Traceback" not in text
+        (run,) = read_runs(remote_lab).values()
+        assert run["event"] == "end" and run["interrupted"] is True and "interrupted here (Ctrl-C)" in run["lost"]
+        deadline = time.monotonic() + 20
+        while any(alive(p) for p in [*remote, *workers]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in [*remote, *workers] if alive(p)], "the remote run outlived the local one"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in remote:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.ssh
+def test_ctrl_c_before_the_remote_run_starts_does_not_blame_python(remote_lab, ssh_server, tmp_path):
+    """The target's `python` takes its time to start (a slow activation): Ctrl-C meanwhile is an
+    interruption (130), said as such, not "check `python` at targets.yaml"."""
+    (remote_lab / "targets.yaml").write_text("version: 1\ntargets:\n" + target_yaml(
+        "slowstart", "labhost", tmp_path / "remote work", python=f"sleep 60; {PY}"))
+    proc = _start_remote_run(remote_lab, ssh_server, tmp_path, "FAKE", "--target", "slowstart")
+    shell: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not shell and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)  # the remote shell of this run: ssh is up, its `sleep 60` is running
+            shell = [pid for pid in _pids() if b"harness.remote_side" in _cmdline(pid)
+                     and str(tmp_path).encode() in _cmdline(pid) and descendants(pid)]
+        assert shell, "the remote command never started"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        text = out.decode() + err.decode()
+        assert proc.returncode == 130, text
+        assert "check `python`" not in text and "link dropped" not in text, text
+        assert "interrupted here before the run started" in text
+        assert read_records(remote_lab, ["FAKE"]) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in [*shell, *(p for pid in shell for p in descendants(pid))]:  # the remote `sleep 60`, here
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_relative_workdir_is_in_the_remote_home(tmp_path, monkeypatch):
+    """`workdir: work` means ~/work: the run's remote command changes into the copied tree and
+    names the same folder as the lab's root (not `work/<id>` again, relative to itself). The
+    command is run here by sh as ssh would run it there, in a home of its own; the target's
+    `python` prints where it is and what it was told."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    lab = make_lab(tmp_path / "lab", "version: 1\ntargets:\n" + target_yaml("rel", "labhost", "work"))
+    t = load_targets(lab)["rel"]
+    assert t.workdir == "~/work"
+    home = tmp_path / "home"
+    folder = home / "work" / treecopy.lab_id(lab)
+    folder.mkdir(parents=True)
+    t = dataclasses.replace(t, python="sh -c 'echo \"$PWD|$DSV4_LAB_ROOT\"' where")
+    cmd = remote_run.remote_run_command(t, lab, ["run", "FAKE", "--emit-jsonl"])
+    r = subprocess.run(["sh", "-c", cmd], cwd=home, env={"HOME": str(home), "PATH": os.environ["PATH"]},
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    pwd, root = r.stdout.strip().split("|")
+    assert Path(pwd).resolve() == folder.resolve()
+    assert os.path.isabs(root) and Path(root).resolve() == folder.resolve(), root
