@@ -268,7 +268,7 @@ def _run_stale(spec: Spec, stale: list[Finding]) -> None:
 
     tasks = [Task(spec.stages[f.baseline.stage], f.baseline.arch, _case_of(spec, f.baseline)) for f in stale]
     print(f"gate: running {len(tasks)} stale case(s) on this machine …", file=sys.stderr)
-    summary = Runner(spec, RunOptions(tasks=tasks, argv=["gate"])).run()
+    summary = Runner(spec, RunOptions(tasks=tasks, argv=["gate"]), on_record=_progress(len(tasks), _run_line)).run()
     if summary.interrupted:  # stopped by a signal: the gate stops too, 128 + signal (never a verdict)
         from harness.interrupts import Interrupted
 
@@ -282,7 +282,35 @@ def _recompile_stale(spec: Spec, stale: list[Finding]) -> None:
     jobs = [CompileJob(spec.stages[f.baseline.stage], f.baseline.arch, _case_of(spec, f.baseline)) for f in stale]
     names = sorted({f"stage-{f.baseline.stage} {f.baseline.arch}" for f in stale})
     print(f"gate: compiling {len(jobs)} stale compile-only case(s) ({', '.join(names)}) …", file=sys.stderr)
-    compile_recorded(spec, jobs, ["gate"])
+    compile_recorded(spec, jobs, ["gate"], on_done=_progress(len(jobs), _compile_line))
+
+
+def _run_line(rec) -> str:
+    from harness.console import case_line
+
+    return case_line(rec)
+
+
+def _compile_line(done) -> str:
+    from harness.report import compile_line
+
+    return compile_line(done)
+
+
+def _progress(total: int, line_of):
+    """A line per finished case on stderr, numbered against the total: a gate that re-proves
+    or recompiles hundreds of stale cases shows where it is (its verdict stays on stdout)."""
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    done = 0
+
+    def show(item) -> None:
+        nonlocal done
+        done += 1
+        console.print(f"[dim]gate {done}/{total}[/]  {line_of(item)}")
+
+    return show
 
 
 def main(root: Path, allow_run: bool = True, out=None, target: str | None = None, staged: bool = False) -> int:

@@ -290,6 +290,7 @@ def test_hook_refuses_a_commit_that_breaks_the_sm100_build_of_d1(tmp_path, monke
     out = commit_broken(good + "\n_planted = name_that_does_not_exist\n")
     assert "REGRESSIONS" in out and "stage-D1 sm_100a hd=64,n=128,m=128" in out and "compile_error" in out, out
     assert "stages/D1_headdim/sm100.py:" in out and "NameError" in out, out
+    assert "gate 1/1" in out and "hd=64,n=128,m=128" in out.split("gate 1/1", 1)[1], out  # a line per recompiled case
     # a syntax error is refused even before (the spec names the file and line)
     out = commit_broken(good + "\ndef broken(:\n    pass\n")
     assert "stages/D1_headdim/sm100.py:" in out and "does not parse" in out, out
