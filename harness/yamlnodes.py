@@ -154,9 +154,10 @@ if _CParser is not None:
             self._bound(max_nodes)
 
 
-def _loader(text: str, max_nodes: int) -> tuple[_BoundedComposer, str | bytes]:
-    """A bounded loader for `text`, and what its error positions index (bytes for libyaml)."""
-    if _CParser is not None:
+def _loader(text: str, max_nodes: int, pure: bool = False) -> tuple[_BoundedComposer, str | bytes]:
+    """A bounded loader for `text`, and what its error positions index (bytes for libyaml);
+    `pure`: PyYAML's own Python parser even where libyaml is there."""
+    if _CParser is not None and not pure:
         data = text.encode("utf-8", "surrogatepass")  # a lone surrogate: libyaml's reader refuses it
         return _CLoader(data, max_nodes), data
     return _PyLoader(text, max_nodes), text
@@ -197,6 +198,7 @@ def compose(data: str | bytes, ctx: NodeContext, max_nodes: int = MAX_NODES) -> 
     except _Refused as exc:
         raise ctx.fail_at(exc.line, None, exc.problem)
     except yaml.MarkedYAMLError as exc:
+        _refuse_in_our_words(text, max_nodes, ctx, loader)
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "unreadable"
         raise ctx.fail_at(mark.line + 1 if mark else 1, None, f"not valid YAML: {problem} — fix the syntax")
@@ -206,6 +208,7 @@ def compose(data: str | bytes, ctx: NodeContext, max_nodes: int = MAX_NODES) -> 
         raise ctx.fail_at(line, None, f"not valid YAML: character #x{exc.character:04x} is not allowed "
                                       "— remove it")
     except yaml.YAMLError as exc:
+        _refuse_in_our_words(text, max_nodes, ctx, loader)
         raise ctx.fail_at(1, None, f"not valid YAML: {str(exc).splitlines()[0] if str(exc) else 'unreadable'} "
                                    "— fix the syntax")
     except RecursionError:
@@ -216,6 +219,28 @@ def compose(data: str | bytes, ctx: NodeContext, max_nodes: int = MAX_NODES) -> 
     if node is not None:
         _check_tree(node, ctx)
     return node
+
+
+def _refuse_in_our_words(text: str, max_nodes: int, ctx: NodeContext, failed: _BoundedComposer | None) -> None:
+    """libyaml refused `text`: raise the lab's own refusal if it has one (too deep, too many values,
+    aliases). libyaml's scanner reads ahead of the composer (up to 1024 characters on a line, for a
+    possible key), so a line of 10000 `[` meets the nesting limit of the libyaml that PyYAML 6.0.4
+    bundles ("exceeded maximum nesting depth") before the composer counts level 65; PyYAML's own
+    Python parser has no such limit, so reading the text again with it reaches the lab's bounds
+    first, whichever PyYAML is installed. Nothing is raised when the Python parser finds no bound
+    broken either: the caller reports libyaml's problem. Only on this error path, so the cost of
+    the slower parser is paid only for a file that is refused anyway."""
+    if failed is None or isinstance(failed, _PyLoader):
+        return
+    loader, _ = _loader(text, max_nodes, pure=True)
+    try:
+        loader.get_single_node()
+    except _Refused as exc:
+        raise ctx.fail_at(exc.line, None, exc.problem) from None
+    except (yaml.YAMLError, RecursionError):
+        pass
+    finally:
+        loader.dispose()  # type: ignore[attr-defined]
 
 
 def _check_tree(root: Node, ctx: NodeContext) -> None:

@@ -422,6 +422,34 @@ def test_cli_refuses_a_bomb_in_one_line(fake_lab, tmp_path):
         assert len(lines) == 1 and f"{file}:" in lines[0] and "aliases" in lines[0], (args, r.stderr)
 
 
+def test_cli_refuses_deep_nesting_in_the_labs_words(fake_lab, tmp_path):
+    """A line of 10000 `[`: PyYAML 6.0.4's libyaml refuses it itself ("exceeded maximum nesting
+    depth") before the lab's composer counts level 65; the lab still answers in its own words,
+    whichever PyYAML is installed (CI runs the suite with the pinned and the newest allowed)."""
+    write_spec(fake_lab, RICH + "deep: " + "[" * 10000 + "\n")
+    (fake_lab / "targets.yaml").write_text("version: 1\ntargets:\n" + "x: " + "{a: " * 10000 + "\n")
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    for args, where in ((["list"], "stages.yaml:30: "), (["targets", "list"], "targets.yaml:3: ")):
+        r = run_cli(args, cwd=fake_lab, env_extra=env, timeout=60)
+        assert r.returncode == 2 and "Traceback" not in r.stdout + r.stderr, (args, r.stderr)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith(f"dsv4-lab: {where}"), (args, r.stderr)
+        assert f"more than {MAX_DEPTH} levels" in lines[0], (args, r.stderr)
+
+
+@pytest.mark.parametrize("line", ["[" * 10000, "{a: " * 10000, "[" * 2000 + "]" * 2000],
+                         ids=["open-brackets", "open-braces", "closed-brackets"])
+@pytest.mark.parametrize("libyaml", [True, False], ids=["libyaml", "pure-python"])
+def test_compose_refuses_a_deep_line_in_the_labs_words_either_parser(line, libyaml, monkeypatch):
+    if not libyaml:
+        monkeypatch.setattr(yamlnodes, "_CParser", None)
+    elif yamlnodes._CParser is None:
+        pytest.skip("PyYAML here has no libyaml")
+    with pytest.raises(_E) as exc:
+        compose("a: 1\nb: " + line + "\n", CTX)
+    assert re.match(rf"^f\.yaml:2: nested more than {MAX_DEPTH} levels deep", str(exc.value)), str(exc.value)
+
+
 # ---------------------------------------------------------------------------------------
 # targets.yaml
 
