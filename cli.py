@@ -163,7 +163,8 @@ def _check_option_names(extra: list[str], stages: list[Stage]) -> None:
 def _run_size(stages: list[Stage], archs: list[str] | None, extra: list[str], where: str | None) -> None:
     """The whole command's case count, counted before anything is built: over MAX_RUN_CASES is
     one line and exit 2 (harness.matrix.check_run_size)."""
-    pairs = parse_axis_flags(extra) + (parse_where(where) if where else [])
+    _check_option_names(extra, stages)  # a misspelt option is named as such before any value is read
+    pairs = _filter_pairs(extra, where)
     check_run_size([(st.name, count(st, parse_filters(st, pairs))
                      * sum(1 for a in st.kernels if not archs or a in archs)) for st in stages])
 

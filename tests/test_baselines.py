@@ -401,7 +401,7 @@ def test_show_filters_by_stage_arch_and_case(blab, capsys):
 
 def _commit(lab: Path, env: dict) -> subprocess.CompletedProcess:
     (lab / "x.txt").write_text(str(os.urandom(4)))
-    subprocess.run(["git", "add", "x.txt"], cwd=lab, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=lab, check=True)  # the hook judges what is staged: the stage, its baselines
     return subprocess.run(["/usr/bin/git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "x"],
                           cwd=lab, env=env, capture_output=True, text=True, timeout=300)
 

@@ -104,7 +104,9 @@ def test_the_staged_gate_judges_staged_baselines_and_names_declared_targets(hook
     r = run_cli(["gate", "--staged", "--no-run"], cwd=lab, env_extra=env)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "dsv4-lab gate --target box (declared: box;" in r.stdout, r.stdout
-    assert run_cli(["gate", "--no-run"], cwd=lab, env_extra=env).returncode == 0  # the working tree: nothing to hold
+    # the working tree: no baselines left beside records — a loss, never a pass (issue 27 item 4)
+    r = run_cli(["gate", "--no-run"], cwd=lab, env_extra=env)
+    assert r.returncode == 1 and "no baselines, but the notebook has records" in r.stdout, r.stdout + r.stderr
 
 
 def test_staged_outside_git_is_one_line(tmp_path):

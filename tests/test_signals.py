@@ -273,7 +273,7 @@ def test_sigterm_during_the_gates_recompile_is_143_interrupted_with_nothing_left
     tree's): SIGTERM meanwhile ends the gate with 143 — never a verdict — the compile session's
     end event marked interrupted, and no compile worker left."""
     _add_stage(fake_lab, SLOW_COMPILE_STAGE, "slowcompile", SLOW_COMPILE_KERNEL)
-    (fake_lab / "results").mkdir(exist_ok=True)
+    (fake_lab / "results" / "records").mkdir(parents=True, exist_ok=True)
     (fake_lab / "results" / "baselines.yaml").write_text(textwrap.dedent('''\
         version: 1
         baselines:
