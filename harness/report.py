@@ -39,8 +39,9 @@ def results_table(records: list[Record]) -> Table:
     cols = ["stage", "arch", "case", "status", "cosine", "rel L2", "max abs", "regs/spill", "µs", "TFLOP/s"]
     cols += ["torch µs"] if peers else []
     cols += ["gpu"] if several_gpus else []
-    for col in cols:
-        t.add_column(col, justify="left" if col in ("stage", "arch", "case", "status", "regs/spill") else "right")
+    for col in cols:  # a case label is never cut (two cases never read alike): folded, or printed whole
+        t.add_column(col, justify="left" if col in ("stage", "arch", "case", "status", "regs/spill") else "right",
+                     no_wrap=col != "case", overflow="fold" if col == "case" else "ellipsis")
     for r in records:
         glyph, style = STATUS_STYLE.get(r.status, ("?", "white"))
         res = r.compile or {}
@@ -118,7 +119,7 @@ def run_local_and_report(spec: Spec, stages: list[Stage], archs: list[str] | Non
     with progress:
         summary = runner.run()
     if summary.records:
-        console.print(results_table(summary.records))
+        print_whole(console, results_table(summary.records))
     signal_name = signal.Signals(summary.signum).name if summary.signum else None
     for line in summary_lines(summary.records, summary.interrupted, summary.no_device_reason,
                               planned=summary.planned, errors=summary.errors, signal_name=signal_name):

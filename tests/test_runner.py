@@ -70,3 +70,28 @@ def test_ctrl_c_keeps_finished_records_and_marks_run_interrupted(fake_lab):
     assert run["interrupted"] is True
     for line in (fake_lab / "results" / "records" / "BAD.jsonl").read_text().splitlines():
         json.loads(line)  # nothing half-written
+
+
+def test_the_results_table_cuts_no_case_label(fake_lab):
+    """Cases whose labels differ only at their end (as stage E's do) read whole in the results
+    table of a piped run: no label is cut, so no two rows read alike (issue 26 item 3)."""
+    tail = "x" * 90
+    text = (fake_lab / "stages.yaml").read_text()
+    text += f"""
+  LONG:
+    title: long case labels
+    dir: stages/fake
+    kernels: {{cpu: {{module: stages.fake.cpu, entry: Add}}}}
+    tensors: oracles.add:tensors
+    inputs: oracles.add:make_inputs
+    oracle: oracles.add:reference
+    matrix: {{n: [16], variant: [{tail}_first, {tail}_second]}}
+    kernel_params: [n]
+    tolerances: {{out: {{cosine_min: 0.9999}}}}
+"""
+    (fake_lab / "stages.yaml").write_text(text)
+    r = run_cli(["run", "stage-LONG"], cwd=fake_lab, env_extra={"COLUMNS": "100"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = r.stdout[r.stdout.index("results"):]
+    assert "…" not in table, table
+    assert f"variant={tail}_first" in table and f"variant={tail}_second" in table, table
