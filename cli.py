@@ -111,6 +111,9 @@ def _filter_pairs(extra: list[str], where: str | None) -> list[tuple[str, str]]:
     --where hd=128`) is refused: neither the union nor either one is what both words say."""
     flags = parse_axis_flags(extra)
     wheres = parse_where(where) if where else []
+    empty = next((a for a, v in wheres if not v.strip(", ")), None)
+    if empty is not None:  # `--where hd=`: a filter with no value (not "no case matches")
+        raise UsageError(f"--where {empty}=: no value — e.g. --where {empty or 'hd'}=512")
     both = sorted({a for a, _ in flags} & {a for a, _ in wheres})
     if both:
         a = both[0]
@@ -234,6 +237,8 @@ def _stages(spec: Spec, name: str | None, all_: bool) -> list[Stage]:
         _check_option_names([name], list(spec.stages.values()) if all_ else [])
         raise UsageError(f"{name} is an axis filter — name a stage first (e.g. dsv4-lab run stage-A {name} …) "
                          "or pass --all")
+    if all_ and name is not None:  # `run stage-A --all`: neither is what both words say
+        raise UsageError(f"{name} and --all: give a stage or --all, not both")
     if all_ or name is None:
         if not all_ and name is None:
             raise UsageError("name a stage (e.g. dsv4-lab run stage-A) or pass --all")
@@ -649,6 +654,17 @@ def _add_axis_help() -> None:
             info.epilog = text
 
 
+def _check_where_once(argv: list[str]) -> None:
+    """`--where hd=64 --where n=128`: click keeps the last one and silently drops the first, so
+    the command would run cases nobody asked for; refused in one line with the combined form."""
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    values = [w.split("=", 1)[1] if w.startswith("--where=") else (words[i + 1] if i + 1 < len(words) else "")
+              for i, w in enumerate(words) if w == "--where" or w.startswith("--where=")]
+    if len(values) > 1:
+        raise UsageError(f"--where given {len(values)} times — give it once, the filters joined by commas "
+                         f"(e.g. --where {','.join(v for v in values if v) or 'hd=512,n=256'})")
+
+
 def main() -> None:
     """Console entry point. Usage and config problems are one line and exit code 2; a
     failure inside the lab itself is one line and exit 1 (`--traceback` shows the trace).
@@ -671,6 +687,7 @@ def main() -> None:
     click_exception = _click_exception_class()
     try:
         _add_axis_help()
+        _check_where_once(sys.argv[1:])
         rc = app(standalone_mode=False, prog_name="dsv4-lab")  # click returns a command's exit code in this mode
         if rc == 130 and interrupts.first_signal() is not None:  # typer's bare 130 for any KeyboardInterrupt
             raise interrupts.Interrupted(interrupts.first_signal())

@@ -1,0 +1,46 @@
+"""The adversarial pass after issues 26/27, as regression tests: a newcomer's mistakes that ran
+something nobody asked for (a stage with --all, --where given twice, a --where axis with no
+value), and concurrency/signals on the fake CPU lab."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, run_cli
+
+
+def _usage(lab: Path, args: list[str]):
+    r = run_cli(args, cwd=ROOT, env_extra={"DSV4_LAB_ROOT": str(lab), "DSV4_LAB_CACHE": str(lab.parent / "cache")},
+                timeout=120)
+    return r
+
+
+@pytest.mark.parametrize("args", [["run", "stage-OK", "--all"], ["run", "--all", "stage-OK"]])
+def test_a_stage_and_all_is_a_usage_error_not_every_stage(fake_lab, args):
+    """`run stage-A --all` ran all 1070 cases of the lab (the stage name was dropped)."""
+    r = _usage(fake_lab, args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == "dsv4-lab: stage-OK and --all: give a stage or --all, not both"
+    assert not (fake_lab / "results" / "runs.jsonl").exists()  # nothing ran
+
+
+@pytest.mark.parametrize("cmd", [["run", "stage-OK"], ["baseline", "show", "stage-OK"], ["history", "stage-OK"]])
+def test_where_given_twice_is_refused_not_the_first_dropped(fake_lab, cmd):
+    """`--where n=16 --where n=32`: click kept the last and ran n=32 only, silently."""
+    r = _usage(fake_lab, [*cmd, "--where", "n=16", "--where=n=32"])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == ("dsv4-lab: --where given 2 times — give it once, the filters joined by commas "
+                                "(e.g. --where n=16,n=32)")
+    assert "Traceback" not in r.stdout + r.stderr
+    assert not (fake_lab / "results" / "runs.jsonl").exists()
+
+
+@pytest.mark.parametrize("where", ["n=", "n=,", "n=16,mode="])
+def test_a_where_axis_with_no_value_says_so(fake_lab, where):
+    """`--where hd=` said "no case matches these filters" — it has no value."""
+    axis = where.split(",")[-1].split("=")[0] if where.endswith("=") else "n"
+    r = _usage(fake_lab, ["run", "stage-BAD" if "mode" in where else "stage-OK", "--where", where])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == f"dsv4-lab: --where {axis}=: no value — e.g. --where {axis}=512"
