@@ -44,3 +44,19 @@ def test_a_where_axis_with_no_value_says_so(fake_lab, where):
     r = _usage(fake_lab, ["run", "stage-BAD" if "mode" in where else "stage-OK", "--where", where])
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.strip() == f"dsv4-lab: --where {axis}=: no value — e.g. --where {axis}=512"
+
+
+def test_dropping_a_baseline_that_is_not_there_says_so_and_exits_1(fake_lab):
+    """`baseline drop` of nothing (a typo'd arch or case) printed "dropped 0 baseline(s)", exit 0."""
+    from tests.test_notebook_safety import _records
+
+    _records(fake_lab)
+    assert _usage(fake_lab, ["baseline", "accept", "stage-OK", "--n", "16"]).returncode == 0
+    before = (fake_lab / "results" / "baselines.yaml").read_bytes()
+    r = _usage(fake_lab, ["baseline", "drop", "stage-OK", "--n", "32"])
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stderr.strip() == ("dsv4-lab: no baseline of stage-OK matches these filters — nothing dropped "
+                                "(see dsv4-lab baseline show stage-OK)")
+    assert (fake_lab / "results" / "baselines.yaml").read_bytes() == before
+    r = _usage(fake_lab, ["baseline", "drop", "stage-OK", "--n", "16"])
+    assert r.returncode == 0 and "dropped 1 baseline(s) of stage-OK" in r.stdout, r.stdout + r.stderr
