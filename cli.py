@@ -673,7 +673,8 @@ def main() -> None:
     ignored; harness/interrupts.py)."""
     from harness import interrupts
 
-    interrupts.raise_on_stop_signals()
+    # the imports below still run under the loading handler (one line, exit 128 + signal): a
+    # signal there raised Interrupted outside the try below, a traceback and exit 1
     from harness.baselines import BaselineError
     from harness.notebooklock import LockError
     from harness.runner import RunSetupError
@@ -686,6 +687,7 @@ def main() -> None:
         os.environ["DSV4_LAB_TRACEBACK"] = "1"
     click_exception = _click_exception_class()
     try:
+        interrupts.raise_on_stop_signals()
         _add_axis_help()
         _check_where_once(sys.argv[1:])
         rc = app(standalone_mode=False, prog_name="dsv4-lab")  # click returns a command's exit code in this mode

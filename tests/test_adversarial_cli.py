@@ -60,3 +60,41 @@ def test_dropping_a_baseline_that_is_not_there_says_so_and_exits_1(fake_lab):
     assert (fake_lab / "results" / "baselines.yaml").read_bytes() == before
     r = _usage(fake_lab, ["baseline", "drop", "stage-OK", "--n", "16"])
     assert r.returncode == 0 and "dropped 1 baseline(s) of stage-OK" in r.stdout, r.stdout + r.stderr
+
+
+LATE_SIGNAL = '''\
+import builtins, os, signal, sys, time
+sys.argv = ["dsv4-lab", "list"]
+real_import = builtins.__import__
+
+
+def signal_while_main_imports(name, *args, **kwargs):
+    if name == "harness.runner":  # imported by main() itself, before its try
+        builtins.__import__ = real_import
+        os.kill(os.getpid(), signal.SIG{sig})
+        time.sleep(2)
+    return real_import(name, *args, **kwargs)
+
+
+import cli
+builtins.__import__ = signal_while_main_imports
+cli.main()
+'''
+
+
+@pytest.mark.parametrize("sig,code", [("HUP", 129), ("TERM", 143), ("INT", 130)])
+def test_a_stop_signal_while_main_imports_is_one_line_never_a_traceback(fake_lab, sig, code):
+    """A hang-up ~0.25 s into `baseline accept` (main() importing its error classes after the
+    raising handler was installed) printed an `Interrupted: SIGHUP` traceback, exit 1."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", LATE_SIGNAL.replace("{sig}", sig)], cwd=fake_lab, env=env,
+                       capture_output=True, text=True, timeout=60,
+                       preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGHUP)])
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == code, r.stdout + r.stderr
+    assert r.stderr.strip() == "dsv4-lab: interrupted"
