@@ -98,3 +98,35 @@ def test_a_stop_signal_while_main_imports_is_one_line_never_a_traceback(fake_lab
     assert "Traceback" not in r.stderr, r.stderr
     assert r.returncode == code, r.stdout + r.stderr
     assert r.stderr.strip() == "dsv4-lab: interrupted"
+
+
+@pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
+def test_an_interrupted_run_says_so_in_one_line_on_stderr(fake_lab, sig, code):
+    """`run … > log` then a stop signal: the run exited 143 with its only word about it on
+    stdout (the file), nothing on the terminal; compile and the gate already said it on stderr."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DSV4_LAB_ROOT": str(fake_lab),
+           "DSV4_LAB_CACHE": str(fake_lab.parent / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "run", "stage-BAD", "--mode", "hang"], cwd=fake_lab, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        runs = fake_lab / "results" / "runs.jsonl"
+        while not (runs.is_file() and '"start"' in runs.read_text()):  # the run has begun (its case hangs)
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        time.sleep(0.5)
+        proc.send_signal(getattr(signal, sig))
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == code, out + err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"dsv4-lab: interrupted by {sig} — 0 of 1 case(s) finished (run "), err
+    assert "Traceback" not in out + err
