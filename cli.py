@@ -29,7 +29,8 @@ class UsageError(Exception):
     """Bad command-line usage, phrased as one line."""
 
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+HELP_CTX = {"help_option_names": ["-h", "--help"]}  # `-h`, what people type first, is --help too
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, context_settings=HELP_CTX,
                   help="Staged kernel lab for DeepSeek-V4 attention: run, gate, dashboard.")
 baseline_app = typer.Typer(no_args_is_help=True, help="Baselines: the metric values a case must keep.")
 targets_app = typer.Typer(no_args_is_help=True, help="Remote targets (SSH).")
@@ -70,7 +71,7 @@ def _main_options(version: bool = typer.Option(False, "--version", is_eager=True
                                                help="print the lab's version (and CuTeDSL's, torch's) and exit")) -> None:
     """Staged kernel lab for DeepSeek-V4 attention: run, gate, dashboard."""
 
-FILTER_CTX = {"allow_extra_args": True, "ignore_unknown_options": True}
+FILTER_CTX = {"allow_extra_args": True, "ignore_unknown_options": True, **HELP_CTX}
 
 
 _loaded_specs: list[Spec] = []  # the spec this command loaded (for the names of every stage's axes)

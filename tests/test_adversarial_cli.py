@@ -130,3 +130,11 @@ def test_an_interrupted_run_says_so_in_one_line_on_stderr(fake_lab, sig, code):
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"dsv4-lab: interrupted by {sig} — 0 of 1 case(s) finished (run "), err
     assert "Traceback" not in out + err
+
+
+@pytest.mark.parametrize("cmd", [[], ["run"], ["run", "stage-OK"], ["baseline", "accept"], ["new", "stage"]])
+def test_dash_h_is_help_like_dash_dash_help(fake_lab, cmd):
+    """`dsv4-lab -h` (what people type first) was "No such option: -h", exit 2."""
+    short, long_ = _usage(fake_lab, [*cmd, "-h"]), _usage(fake_lab, [*cmd, "--help"])
+    assert short.returncode == 0 and not short.stderr.strip(), short.stdout + short.stderr
+    assert short.stdout == long_.stdout and "Usage: dsv4-lab" in short.stdout
