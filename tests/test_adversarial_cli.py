@@ -138,3 +138,20 @@ def test_dash_h_is_help_like_dash_dash_help(fake_lab, cmd):
     short, long_ = _usage(fake_lab, [*cmd, "-h"]), _usage(fake_lab, [*cmd, "--help"])
     assert short.returncode == 0 and not short.stderr.strip(), short.stdout + short.stderr
     assert short.stdout == long_.stdout and "Usage: dsv4-lab" in short.stdout
+
+
+@pytest.mark.parametrize("axis,line", [
+    ("m=99999999999999999999999", "dsv4-lab: --in Q: dimension 'm' is 99999999999999999999999 on case "
+                                  "m=99999999999999999999999 — a dimension is at most 2147483647 (a 32-bit index)"),
+    ("m=abc", "dsv4-lab: --in Q:m:bfloat16: dimension 'm' names axis 'm' (not an int axis) — its values are abc; "
+              "a dimension needs an int axis, e.g. --axes m=128"),
+])
+def test_new_stage_refuses_an_absurd_or_word_dimension_and_writes_nothing(fake_lab, axis, line):
+    """`--axes m=99999999999999999999999` scaffolded a stage whose oracle raised a TypeError at
+    `run`; `--axes m=abc` was told to "declare it with --axes m=..." — which it had."""
+    import subprocess
+
+    r = _usage(fake_lab, ["new", "stage", "ZZ", "--axes", axis, "--in", "Q:m:bfloat16", "--out", "S:m:float32"])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == line
+    assert subprocess.run(["git", "status", "--porcelain"], cwd=fake_lab, capture_output=True, text=True).stdout == ""
