@@ -29,7 +29,8 @@ class UsageError(Exception):
     """Bad command-line usage, phrased as one line."""
 
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+HELP_CTX = {"help_option_names": ["-h", "--help"]}  # `-h`, what people type first, is --help too
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, context_settings=HELP_CTX,
                   help="Staged kernel lab for DeepSeek-V4 attention: run, gate, dashboard.")
 baseline_app = typer.Typer(no_args_is_help=True, help="Baselines: the metric values a case must keep.")
 targets_app = typer.Typer(no_args_is_help=True, help="Remote targets (SSH).")
@@ -70,7 +71,7 @@ def _main_options(version: bool = typer.Option(False, "--version", is_eager=True
                                                help="print the lab's version (and CuTeDSL's, torch's) and exit")) -> None:
     """Staged kernel lab for DeepSeek-V4 attention: run, gate, dashboard."""
 
-FILTER_CTX = {"allow_extra_args": True, "ignore_unknown_options": True}
+FILTER_CTX = {"allow_extra_args": True, "ignore_unknown_options": True, **HELP_CTX}
 
 
 _loaded_specs: list[Spec] = []  # the spec this command loaded (for the names of every stage's axes)
@@ -111,6 +112,9 @@ def _filter_pairs(extra: list[str], where: str | None) -> list[tuple[str, str]]:
     --where hd=128`) is refused: neither the union nor either one is what both words say."""
     flags = parse_axis_flags(extra)
     wheres = parse_where(where) if where else []
+    empty = next((a for a, v in wheres if not v.strip(", ")), None)
+    if empty is not None:  # `--where hd=`: a filter with no value (not "no case matches")
+        raise UsageError(f"--where {empty}=: no value — e.g. --where {empty or 'hd'}=512")
     both = sorted({a for a, _ in flags} & {a for a, _ in wheres})
     if both:
         a = both[0]
@@ -234,6 +238,8 @@ def _stages(spec: Spec, name: str | None, all_: bool) -> list[Stage]:
         _check_option_names([name], list(spec.stages.values()) if all_ else [])
         raise UsageError(f"{name} is an axis filter — name a stage first (e.g. dsv4-lab run stage-A {name} …) "
                          "or pass --all")
+    if all_ and name is not None:  # `run stage-A --all`: neither is what both words say
+        raise UsageError(f"{name} and --all: give a stage or --all, not both")
     if all_ or name is None:
         if not all_ and name is None:
             raise UsageError("name a stage (e.g. dsv4-lab run stage-A) or pass --all")
@@ -649,6 +655,17 @@ def _add_axis_help() -> None:
             info.epilog = text
 
 
+def _check_where_once(argv: list[str]) -> None:
+    """`--where hd=64 --where n=128`: click keeps the last one and silently drops the first, so
+    the command would run cases nobody asked for; refused in one line with the combined form."""
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    values = [w.split("=", 1)[1] if w.startswith("--where=") else (words[i + 1] if i + 1 < len(words) else "")
+              for i, w in enumerate(words) if w == "--where" or w.startswith("--where=")]
+    if len(values) > 1:
+        raise UsageError(f"--where given {len(values)} times — give it once, the filters joined by commas "
+                         f"(e.g. --where {','.join(v for v in values if v) or 'hd=512,n=256'})")
+
+
 def main() -> None:
     """Console entry point. Usage and config problems are one line and exit code 2; a
     failure inside the lab itself is one line and exit 1 (`--traceback` shows the trace).
@@ -657,7 +674,8 @@ def main() -> None:
     ignored; harness/interrupts.py)."""
     from harness import interrupts
 
-    interrupts.raise_on_stop_signals()
+    # the imports below still run under the loading handler (one line, exit 128 + signal): a
+    # signal there raised Interrupted outside the try below, a traceback and exit 1
     from harness.baselines import BaselineError
     from harness.notebooklock import LockError
     from harness.runner import RunSetupError
@@ -670,7 +688,9 @@ def main() -> None:
         os.environ["DSV4_LAB_TRACEBACK"] = "1"
     click_exception = _click_exception_class()
     try:
+        interrupts.raise_on_stop_signals()
         _add_axis_help()
+        _check_where_once(sys.argv[1:])
         rc = app(standalone_mode=False, prog_name="dsv4-lab")  # click returns a command's exit code in this mode
         if rc == 130 and interrupts.first_signal() is not None:  # typer's bare 130 for any KeyboardInterrupt
             raise interrupts.Interrupted(interrupts.first_signal())

@@ -722,6 +722,13 @@ def drop(spec, stage, archs: list[str] | None, cases) -> int:
         n = len(items) - len(keep)
         if n:
             save(spec.root, keep, read=keep)
+    if not n:  # a typo'd arch or filter must not read as done: say so, exit 1
+        import sys
+
+        where = f" for {', '.join(archs)}" if archs else ""
+        print(f"dsv4-lab: no baseline of {stage.name}{where} matches these filters — nothing dropped "
+              f"(see dsv4-lab baseline show {stage.name})", file=sys.stderr)
+        return 1
     Console(highlight=False, markup=False).print(f"dropped {n} baseline(s) of {stage.name}")
     return 0
 

@@ -133,6 +133,10 @@ def run_local_and_report(spec: Spec, stages: list[Stage], archs: list[str] | Non
                       f"(to record them anyway: --record)", highlight=False, markup=False)
     else:
         console.print(f"records: none written (run {summary.run_id})", highlight=False, markup=False)
+    if summary.interrupted:  # the one line a user sees on the terminal when stdout goes to a file or a pipe
+        of = f" of {summary.planned}" if summary.planned is not None else ""
+        print(f"dsv4-lab: interrupted{f' by {signal_name}' if signal_name else ''} — {len(summary.records)}{of} "
+              f"case(s) finished (run {summary.run_id})", file=sys.stderr, flush=True)
     return summary.exit_code
 
 

@@ -110,6 +110,10 @@ def _check_dim(expr: str, int_axes: set[str], flag: str, axes: dict[str, list[An
         raise ScaffoldError(f"{flag}: dimension '{expr}' is not an expression like n, 64, hd*2 or hd//2")
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
+            if node.id in axes and node.id not in int_axes:  # `--axes m=abc --in Q:m`: it was declared
+                raise ScaffoldError(f"{flag}: dimension '{expr}' names axis '{node.id}' (not an int axis) — its "
+                                    f"values are {','.join(map(str, axes[node.id]))}; a dimension needs an int "
+                                    f"axis, e.g. --axes {node.id}=128")
             if node.id not in int_axes:
                 known = ", ".join(sorted(int_axes)) or "none"
                 extra = " (not an int axis)" if node.id in axes else ""
@@ -150,6 +154,9 @@ def _eval_dim(expr: str, case: dict[str, Any]) -> int:
     return int(eval(compile(expr, "<dim>", "eval"), {"__builtins__": {}}, dict(case)))  # validated above
 
 
+MAX_DIM = 2**31 - 1  # a tensor dimension past a 32-bit index is a typo (`--axes m=99999999999999999999999`)
+
+
 def _check_shapes(axes: dict[str, list[Any]], tensors: list[TensorDecl]) -> None:
     """Every dimension is a positive integer on every case of the matrix."""
     import itertools
@@ -160,10 +167,11 @@ def _check_shapes(axes: dict[str, list[Any]], tensors: list[TensorDecl]) -> None
         for t in tensors:
             for d in t.dims:
                 v = _eval_dim(d, case)
-                if v <= 0:
+                if v <= 0 or v > MAX_DIM:
                     label = ",".join(f"{k}={x}" for k, x in case.items())
                     raise ScaffoldError(f"--{t.role} {t.name}: dimension '{d}' is {v} on case {label} — "
-                                        "every dimension must be positive")
+                                        + ("every dimension must be positive" if v <= 0 else
+                                           f"a dimension is at most {MAX_DIM} (a 32-bit index)"))
 
 
 # ---------------------------------------------------------------------------------------
