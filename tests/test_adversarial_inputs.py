@@ -1,0 +1,31 @@
+"""Adversarial inputs found by a sweep over a lab of fake CPU stages (issue 27's classes, again):
+each test is a case the sweep found printing a traceback or exiting 0 on something that proved
+nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import run_cli
+
+_CALL = "    def __call__(self, a, b, out):\n        out.copy_(a + b)\n"
+
+
+def _kernel(lab, body: str) -> None:
+    p = lab / "stages" / "fake" / "cpu.py"
+    text = p.read_text()
+    assert _CALL in text
+    p.write_text(text.replace(_CALL, "    def __call__(self, a, b, out):\n" + body, 1))
+
+
+@pytest.mark.parametrize("raised", ["KeyboardInterrupt", "SystemExit(0)"])
+def test_a_kernel_raising_a_base_exception_is_one_line_error_not_a_traceback(fake_lab, raised):
+    """A kernel raising KeyboardInterrupt (the worker ignores SIGINT, so only the kernel's own code
+    can) printed the worker's multiprocessing traceback and recorded a bare `crash`; it is the
+    case's error, at the kernel's file:line, like any exception."""
+    _kernel(fake_lab, f"        raise {raised}\n")
+    r = run_cli(["run", "stage-OK", "--n", "16"], cwd=fake_lab)
+    text = r.stdout + r.stderr
+    assert r.returncode != 0, text
+    assert "Traceback" not in text, text
+    assert f"stages/fake/cpu.py:12: in __call__: {raised.split('(')[0]}" in text, text
