@@ -29,3 +29,17 @@ def test_a_kernel_raising_a_base_exception_is_one_line_error_not_a_traceback(fak
     assert r.returncode != 0, text
     assert "Traceback" not in text, text
     assert f"stages/fake/cpu.py:12: in __call__: {raised.split('(')[0]}" in text, text
+
+
+def test_an_oracle_that_fails_before_any_user_line_still_names_a_file_and_line(fake_lab):
+    """`oracle: oracles.add:TensorSpec` (a class, so callable) failed in check with a bare
+    `TypeError: TensorSpec.__init__() missing …`, naming no file; it names where the called
+    object is defined."""
+    y = fake_lab / "stages.yaml"
+    y.write_text(y.read_text().replace("oracle: oracles.add:reference", "oracle: oracles.add:TensorSpec", 1))
+    r = run_cli(["check", "stage-OK"], cwd=fake_lab)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+    line = [ln for ln in r.stderr.splitlines() if "TypeError" in ln]
+    assert line and line[0].startswith("oracles/common.py:"), r.stderr
+    assert "in TensorSpec: TypeError" in line[0], r.stderr
