@@ -34,7 +34,7 @@ from yaml.nodes import MappingNode, Node
 from harness.labels import case_label
 from harness.matrix import expand
 from harness.spec import FuncRef, Spec, Stage, normalize_stage_name
-from harness.userfault import describe, where_defined
+from harness.userfault import describe, user_frame, where_defined
 from harness.yamlnodes import NodeContext, read_file
 
 MAX_CASES_SCANNED = 4096  # tensors(case) is evaluated on at most this many cases
@@ -248,6 +248,9 @@ class _StageCheck:
         try:
             return fn(*args), None
         except (Exception, SystemExit) as exc:
+            if user_frame(exc, self.root) is None:  # raised before any line of the user's (e.g. a
+                # class named as the oracle, called with the wrong arguments): name what was called
+                return None, f"{where_defined(fn, self.root)}: in {getattr(fn, '__name__', fn)}: {describe(exc, self.root)}"
             return None, describe(exc, self.root)
 
     def run(self) -> list[str]:

@@ -219,7 +219,8 @@ def worker_main(conn: Connection, root: str, gpu: int | None, parent_pid: int | 
             out = executor.run(job)
             out["seconds"] = time.perf_counter() - t0
             conn.send(out)
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001  SIGINT is ignored here: a KeyboardInterrupt or
+            # SystemExit is the case's own code raising it — one line at its file:line, no traceback
             reply = _error_reply(exc, Path(root), time.perf_counter() - t0)
             conn.send(reply)
             if reply["status"] == "crash":  # the CUDA context is unusable after a device fault
