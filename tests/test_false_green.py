@@ -88,17 +88,7 @@ def test_a_run_with_such_a_tolerance_is_refused_exit_2(fake_lab):
     assert not (fake_lab / "results" / "records" / "BAD.jsonl").exists()
 
 
-BASE = """\
-version: 1
-baselines:
-  OK:
-    cpu:
-      n=16:
-        record: r.1
-        src: abc
-        metrics:
-          out: {cosine: 0.99, rel_l2: 0.001, max_abs: 0.001}
-"""
+from tests.test_baselines import GOOD_RUN as BASE  # noqa: E402  (one run baseline of stage OK)
 
 
 @pytest.mark.parametrize("tol, key", [
@@ -183,35 +173,19 @@ def test_a_run_fails_a_kernel_that_writes_its_inputs(fake_lab):
     assert ok["status"] == "pass" and not ok.get("error")
 
 
-def _bench_job(mode: str):
-    from harness.bench import BenchJob
-    from harness.spec import Tolerance
-
-    return BenchJob(stage="IN", arch="cpu", case={"n": 4096, "mode": mode}, kernel_params=("n", "mode"),
-                    kernel_module="stages.fake.cpu", kernel_entry="Misbehave", tensors=("oracles.add", "tensors"),
-                    inputs=("oracles.add", "make_inputs"), oracle=("oracles.add", "reference"), flops=None,
-                    tolerances={"out": Tolerance(cosine_min=0.9999, rel_l2_max=1e-6)}, seed=7, check_rows=64,
-                    row_axis="n")
-
-
-@pytest.fixture
-def lab_path(fake_lab, monkeypatch):
-    monkeypatch.syspath_prepend(str(fake_lab))
-    for name in [m for m in sys.modules if m == "oracles" or m.startswith(("oracles.", "stages"))]:
-        monkeypatch.delitem(sys.modules, name)
-    return fake_lab
+from tests.test_bench import _job, lab_path  # noqa: E402,F401  (the bench tests' job and lab on sys.path)
 
 
 def test_bench_check_fails_a_kernel_that_writes_its_inputs(lab_path):
     from harness.bench import check_and_time
 
-    zero = check_and_time(_bench_job("zero_inputs"), lab_path)
+    zero = check_and_time(_job("zero_inputs"), lab_path)
     assert zero["status"] == "fail" and "kernel wrote its input a (4096 elements changed)" in zero["error"], zero
-    copy = check_and_time(_bench_job("copy_input"), lab_path)
+    copy = check_and_time(_job("copy_input"), lab_path)
     assert copy["status"] == "fail" and copy["error"].startswith("kernel wrote its input b ("), copy
-    touch = check_and_time(_bench_job("touch_input"), lab_path)
+    touch = check_and_time(_job("touch_input"), lab_path)
     assert touch["status"] == "fail" and touch["error"] == "kernel wrote its input a (1 element changed)", touch
-    assert check_and_time(_bench_job("ok"), lab_path)["status"] == "pass"
+    assert check_and_time(_job("ok"), lab_path)["status"] == "pass"
 
 
 def test_the_worker_names_the_inputs_written(lab_path):
