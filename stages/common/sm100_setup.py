@@ -236,12 +236,12 @@ class AttentionCta:
         self.sV = storage.sV.get_tensor(v_smem.outer, swizzle=v_smem.inner)
 
         threads = WarpRoles.SOFTMAX_THREADS
-        self.q_prod, self.q_cons = tma_umma_pipeline(storage.q_mbar, 1, plan.q_bytes)
-        self.k_prod, self.k_cons = tma_umma_pipeline(storage.k_mbar, plan.k_slots, plan.k_bytes)
-        self.v_prod, self.v_cons = tma_umma_pipeline(storage.v_mbar, plan.v_slots, plan.v_bytes)
-        self.s_prod, self.s_cons = umma_to_threads_pipeline(storage.s_mbar, threads)
-        self.p_prod, self.p_cons = threads_to_umma_pipeline(storage.p_mbar, threads)
-        self.o_prod, self.o_cons = umma_to_threads_pipeline(storage.o_mbar, threads)
+        self.q_prod, self.q_cons = tma_umma_pipeline(storage.q_mbar, 1, plan.q_bytes, name="q")
+        self.k_prod, self.k_cons = tma_umma_pipeline(storage.k_mbar, plan.k_slots, plan.k_bytes, name="k")
+        self.v_prod, self.v_cons = tma_umma_pipeline(storage.v_mbar, plan.v_slots, plan.v_bytes, name="v")
+        self.s_prod, self.s_cons = umma_to_threads_pipeline(storage.s_mbar, threads, name="s")
+        self.p_prod, self.p_cons = threads_to_umma_pipeline(storage.p_mbar, threads, name="p")
+        self.o_prod, self.o_cons = umma_to_threads_pipeline(storage.o_mbar, threads, name="o")
 
         self.tmem_alloc = TmemAllocator(
             storage.tmem_addr.ptr,
