@@ -1,0 +1,221 @@
+"""The mbarrier protocols of the sm100 kernel families, for the CPU simulator
+(stages/common/pipesim.py; issue 34 item 3).
+
+Each builder reads the plan a kernel object computes in its constructor (plain Python: ring
+slots, chunks, thread counts, bytes) and writes every role's barrier operations in the order
+the kernel's role methods issue them, for one CTA that visits `n_local` KV tiles.  The
+description is checked against the compiled PTX (`pipesim.cross_check`: the barrier-init
+counts and the expect_tx byte counts must be the kernel's), so it cannot drift from the
+kernel unnoticed; the loops below must be kept in step with the role methods they mirror
+(named in each docstring).
+
+Families covered:
+    decode_sm100   stages/common/sm100_decode.py's DecodeSm100 (D2, D3, D4, D5): load warp
+                   (Q, the KV chunk ring), MMA warp, 128 softmax threads; pipelines q, kv, s, p, o
+    sparse_sm100   stage E on sm100 (stages/E_sparse_decode/sm100.py): the house's MMA and
+                   softmax roles, the index warp (Q, the mask ring, the raw staging ring) and
+                   4 dequantisation warps (raw ring → the chunk ring); pipelines q, kv, s, p,
+                   o, mask, raw
+    indexer_sm100  stages/common/indexer.py's Sm100 indexer (I1, I2): load warp, MMA warp,
+                   128 epilogue threads; pipelines q, k, acc
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from stages.common.pipesim import Arrive, Barrier, Bytes, Op, Protocol, consumer_wait, producer_wait, ring
+
+
+# ---------------------------------------------------------------------------------------
+# sm100 decode house (D2–D5) and stage E on it
+
+
+def _house(k, n_local: int, shift: int, roles: dict, barriers: dict, tx: dict, name: str,
+           kv_release_n: int = 1) -> Protocol:
+    """The MMA warp and the softmax warps of DecodeSm100 (mma_role / qk_chunks / pv_tile /
+    release_v, softmax_role), plus the barriers they share."""
+    R, C, S, T = k.slots, k.n_chunks, k.s_stages, k.SOFTMAX_THREADS
+    masked_by_ring = "mask" in barriers
+
+    def qk(j: int, lo: int, hi: int) -> Iterator[Op]:
+        for p in range(lo, hi):
+            g = j * C + p
+            yield consumer_wait("kv.full", g, R)
+            if p < k.n_nonv:  # a chunk that is only K: released right after its MMAs
+                yield Arrive("kv.empty", ring(g, R)[0], kv_release_n)
+
+    def release_v(j: int) -> Iterator[Op]:
+        for t in range(k.n_v):
+            yield Arrive("kv.empty", ring(j * C + k.n_nonv + t, R)[0], kv_release_n)
+
+    def mma() -> Iterator[Op]:
+        yield consumer_wait("q.full", 0, 1)
+        sg = 0
+        if n_local > 0:
+            yield producer_wait("s.empty", sg, S)
+            yield from qk(0, 0, C)
+            yield Arrive("s.full", ring(sg, S)[0])
+            sg += 1
+        for j in range(n_local - 1):
+            yield producer_wait("s.empty", sg, S)
+            yield from qk(j + 1, 0, k.qk_early)
+            yield consumer_wait("p.full", j, 1)
+            yield Arrive("p.empty", 0)  # tcgen05.commit: PV_j complete
+            yield from release_v(j)
+            yield from qk(j + 1, k.qk_early, C)
+            yield Arrive("s.full", ring(sg, S)[0])
+            sg += 1
+        if n_local > 0:
+            yield consumer_wait("p.full", n_local - 1, 1)
+            yield Arrive("p.empty", 0)
+            yield from release_v(n_local - 1)
+        yield producer_wait("o.empty", 0, 1)
+        yield Arrive("o.full", 0)
+        yield Arrive("q.empty", 0)  # q_full.release
+
+    def softmax() -> Iterator[Op]:
+        for j in range(n_local):
+            yield consumer_wait("s.full", j, S)
+            yield Arrive("s.empty", ring(j, S)[0], T)
+            if masked_by_ring:  # stage E: SparseKeys.mask
+                ms = barriers["mask"][0].slots
+                yield consumer_wait("mask.full", j, ms)
+                yield Arrive("mask.empty", ring(j, ms)[0], T)
+            yield producer_wait("p.empty", j, 1)
+            yield Arrive("p.full", 0, T)
+        yield consumer_wait("o.full", 0, 1)
+        yield Arrive("o.empty", 0, T)
+
+    bars = {
+        "q.full": Barrier(1, 1), "q.empty": Barrier(1, 1),
+        "s.full": Barrier(S, 1), "s.empty": Barrier(S, T),
+        "p.full": Barrier(1, T), "p.empty": Barrier(1, 1),
+        "o.full": Barrier(1, 1), "o.empty": Barrier(1, T),
+    }
+    bars.update({f"{b}.{side}": v for b, (full, empty) in barriers.items() for side, v in (("full", full), ("empty", empty))})
+    return Protocol(name, bars, {**roles, "mma": mma, "softmax": softmax}, {"q": {k.ring["Q"]}, **tx})
+
+
+def _load_q(q_bytes: int) -> Iterator[Op]:
+    yield producer_wait("q.empty", 0, 1)
+    yield Arrive("q.full", 0, 1, q_bytes)
+    yield Bytes("q.full", 0, q_bytes)
+
+
+def decode_sm100(k, n_local: int, half: int = 0) -> Protocol:
+    """DecodeSm100 (D2–D5) for one CTA visiting `n_local` KV tiles; `half` its O half
+    (the load order's shift).  load_role: Q, the chunks of every tile, the ring tail, q tail."""
+    R, C = k.slots, k.n_chunks
+    K = k.ring["chunk_bytes"]
+
+    def load() -> Iterator[Op]:
+        yield from _load_q(k.ring["Q"])
+        for g in range(n_local * C):
+            yield producer_wait("kv.empty", g, R)
+            yield Arrive("kv.full", ring(g, R)[0], 1, K)
+            yield Bytes("kv.full", ring(g, R)[0], K)
+        for i in range(R):
+            yield producer_wait("kv.empty", n_local * C + i, R)
+        yield producer_wait("q.empty", 1, 1)  # q_prod.tail()
+
+    return _house(k, n_local, 0, {"load": load}, {"kv": (Barrier(R, 1), Barrier(R, 1))}, {"kv": {K}},
+                  f"{type(k).__module__} n_local={n_local} half={half}")
+
+
+def sparse_sm100(k, n_local: int, half: int = 0, mask_slots: int = 2, raw_slots: int = 2,
+                 dequant_warps: int = 4) -> Protocol:
+    """Stage E on sm100 for one CTA visiting `n_local` tiles: index_role (Q; per tile the mask
+    slot, then per chunk a raw slot: sidecar + arrive.expect_tx of the gathered bytes; the raw
+    tail; q tail) and dequant_role (per chunk: the raw slot, the chunk-ring slot, release the
+    raw slot, commit the ring slot; the ring tail)."""
+    R, C = k.slots, k.n_chunks
+    shift = ((half + 1) * k.n_v) % C
+    dq = k.DEQUANT_THREADS
+
+    def chunk_bytes(p: int) -> int:
+        if not k.gather:
+            return 0  # `simple`: the sidecar only
+        cid = (p + shift) % C
+        return 64 * (192 if k.fmt == "model1" and cid == C - 1 else 128)
+
+    def index() -> Iterator[Op]:
+        yield from _load_q(k.ring["Q"])
+        for j in range(n_local):
+            yield producer_wait("mask.empty", j, mask_slots)
+            yield Arrive("mask.full", ring(j, mask_slots)[0], 32)
+            for p in range(C):
+                g = j * C + p
+                yield producer_wait("raw.empty", g, raw_slots)
+                nbytes = chunk_bytes(p)
+                yield Arrive("raw.full", ring(g, raw_slots)[0], 1, nbytes)
+                if nbytes:
+                    yield Bytes("raw.full", ring(g, raw_slots)[0], nbytes)
+        for i in range(raw_slots):
+            yield producer_wait("raw.empty", n_local * C + i, raw_slots)
+        yield producer_wait("q.empty", 1, 1)
+
+    def dequant() -> Iterator[Op]:
+        for g in range(n_local * C):
+            yield consumer_wait("raw.full", g, raw_slots)
+            if not k.gather:
+                yield Arrive("raw.empty", ring(g, raw_slots)[0], dequant_warps)
+            yield producer_wait("kv.empty", g, R)
+            if k.gather:
+                yield Arrive("raw.empty", ring(g, raw_slots)[0], dequant_warps)
+            yield Arrive("kv.full", ring(g, R)[0], dq)
+        for i in range(R):
+            yield producer_wait("kv.empty", n_local * C + i, R)
+
+    tx = {"raw": {chunk_bytes(p) for p in range(C)} if k.gather else {0}}
+    return _house(k, n_local, shift, {"index": index, "dequant": dequant},
+                  {"kv": (Barrier(R, dq), Barrier(R, 1)),
+                   "mask": (Barrier(mask_slots, 32), Barrier(mask_slots, k.SOFTMAX_THREADS)),
+                   "raw": (Barrier(raw_slots, 1), Barrier(raw_slots, dequant_warps))},
+                  tx, f"{type(k).__module__} {k.fmt} n_local={n_local} half={half}")
+
+
+# ---------------------------------------------------------------------------------------
+# sm100 indexer (I1, I2)
+
+
+def indexer_sm100(k, tiles: int, boxes: int = 1) -> Protocol:
+    """The Sm100 indexer for one CTA with `tiles` key tiles: load_role (Q once if any tile,
+    then a K slot per tile — `boxes` TMA boxes into it — then k_prod.tail), mma_key_tiles
+    (Q, then per tile an acc buffer and the K slot; K released and acc committed by
+    tcgen05.commit) and the epilogue (per tile the acc buffer, released by 128 threads)."""
+    S, A, T = k.STAGES, k.ACC_STAGES, k.EPI_THREADS
+    block_k, n, dim = k.mma_tiler
+    k_bytes, q_bytes = block_k * dim, n * dim  # e4m3: one byte an element
+
+    def load() -> Iterator[Op]:
+        if tiles > 0:
+            yield producer_wait("q.empty", 0, 1)
+            yield Arrive("q.full", 0, 1, q_bytes)
+            yield Bytes("q.full", 0, q_bytes)
+        for t in range(tiles):
+            yield producer_wait("k.empty", t, S)
+            yield Arrive("k.full", ring(t, S)[0], 1, k_bytes)
+            for _ in range(boxes):
+                yield Bytes("k.full", ring(t, S)[0], k_bytes // boxes)
+        for i in range(S):  # k_prod.tail()
+            yield producer_wait("k.empty", tiles + i, S)
+
+    def mma() -> Iterator[Op]:
+        if tiles > 0:
+            yield consumer_wait("q.full", 0, 1)
+        for t in range(tiles):
+            yield producer_wait("acc.empty", t, A)
+            yield consumer_wait("k.full", t, S)
+            yield Arrive("k.empty", ring(t, S)[0])
+            yield Arrive("acc.full", ring(t, A)[0])
+
+    def epilogue() -> Iterator[Op]:
+        for t in range(tiles):
+            yield consumer_wait("acc.full", t, A)
+            yield Arrive("acc.empty", ring(t, A)[0], T)
+
+    bars = {"q.full": Barrier(1, 1), "q.empty": Barrier(1, 1), "k.full": Barrier(S, 1), "k.empty": Barrier(S, 1),
+            "acc.full": Barrier(A, 1), "acc.empty": Barrier(A, T)}
+    return Protocol(f"{type(k).__module__} tiles={tiles}", bars, {"load": load, "mma": mma, "epilogue": epilogue},
+                    {"q": {q_bytes}, "k": {k_bytes}})

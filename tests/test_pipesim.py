@@ -1,0 +1,247 @@
+"""The pipeline protocols of the sm100 kernels, checked on the CPU (issue 34 item 3).
+
+stages/common/pipesim.py simulates every role's mbarrier waits and arrivals; the families'
+protocols are stages/common/protocols.py.  Here:
+
+  * every sm100 case of D2, D3, D4, D5, E, I1 and I2 — each kernel of the matrix, every number
+    of visited tiles a CTA of it can get (0: an empty split or a CTA whose rows are all lonely;
+    1; 2; many, past the ring's laps), both O halves (their load orders differ; model1's wide
+    rope chunk moves with them) — runs to its end without deadlock, lapped ring or stray arrival;
+  * the protocol's barrier-init counts and expect_tx bytes equal those of the compiled PTX of one
+    case per family (compiled through the lab's cache: fast after the first run, recompiled when
+    a kernel's source changes);
+  * a planted arrive count off by one deadlocks and the report names the barrier; a planted count
+    or byte drift fails the PTX cross-check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from functools import lru_cache
+
+import pytest
+
+from harness.matrix import expand
+from harness.spec import load_spec
+from stages.common import protocols as P
+from stages.common.pipesim import (Arrive, Barrier, Bytes, Protocol, Wait, consumer_wait, cross_check, ptx_facts,
+                                   producer_wait, simulate)
+from tests.conftest import ROOT
+
+DECODE = ("D2", "D3", "D4", "D5")
+
+
+@lru_cache(maxsize=None)
+def _spec():
+    return load_spec(root=ROOT)
+
+
+def _kernel(stage_id: str, case: dict):
+    import importlib
+
+    st = _spec().stages[stage_id]
+    ref = st.kernels["sm_100a"]
+    cls = getattr(importlib.import_module(ref.module), ref.entry)
+    return cls(**{k: case[k] for k in st.kernel_params})
+
+
+def _kernel_cases(stage_id: str) -> list[dict]:
+    """One case per distinct kernel of the stage's sm100 matrix."""
+    st = _spec().stages[stage_id]
+    seen, out = set(), []
+    for c in expand(st):
+        key = tuple((k, str(c.dict[k])) for k in st.kernel_params)
+        if key not in seen:
+            seen.add(key)
+            out.append(c.dict)
+    return out
+
+
+def _max_tiles(k) -> int:
+    """The most KV tiles a CTA of this decode kernel visits: its longest split."""
+    g = k.sched
+    return max(g.work(0, s, 0).tile_end - g.work(0, s, 0).tile_begin for s in range(g.splits))
+
+
+def _protocols(stage_id: str, case: dict):
+    """(tiles, laps of the KV ring those tiles make, protocol) for every CTA the kernel can have."""
+    k = _kernel(stage_id, case)
+    if stage_id in DECODE or stage_id == "E":
+        build = P.decode_sm100 if stage_id in DECODE else P.sparse_sm100
+        for n in range(_max_tiles(k) + 1):
+            for half in range(k.o_split):
+                yield n, n * k.n_chunks / k.slots, build(k, n, half)
+    else:
+        most = k.s_kv // k.BLOCK_K if stage_id == "I1" else k.CHUNK_TILES
+        for n in range(most + 1):
+            yield n, n / k.STAGES, P.indexer_sm100(k, n, boxes=1 if stage_id == "I1" else 2)
+
+
+@pytest.mark.parametrize("stage_id", DECODE + ("E", "I1", "I2"))
+def test_every_sm100_case_of_the_matrix_completes(stage_id):
+    counts, laps, runs = set(), 0.0, 0
+    for case in _kernel_cases(stage_id):
+        for n, lapped, proto in _protocols(stage_id, case):
+            got = simulate(proto)
+            assert got is None, (case, got)
+            counts.add(n)
+            laps = max(laps, lapped)
+            runs += 1
+    assert {0, 1, 2} <= counts  # empty split / all rows lonely, one tile, two tiles
+    assert laps > 2  # and many: the KV ring goes round more than twice
+    print(stage_id, runs, "CTA protocols, tiles", sorted(counts)[-1], "laps", laps)
+
+
+def test_model1_wide_chunk_and_both_load_orders_are_in_the_protocol():
+    k = _kernel("E", {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "model1", "splits": 1})
+    raw = [[op.tx for op in P.sparse_sm100(k, 1, half).roles["index"]() if isinstance(op, Arrive) and op.bar == "raw.full"]
+           for half in (0, 1)]
+    assert sorted(raw[0]) == sorted(raw[1]) == [8192, 8192, 8192, 12288]
+    assert raw[0] != raw[1]  # the wide chunk comes at another position of each half's load order
+
+
+# -- planted protocol bugs -----------------------------------------------------------------------
+
+
+def _planted(proto: Protocol, role: str, bar: str, delta: int) -> Protocol:
+    """`proto` whose role `role` arrives `delta` more (or fewer) times on its first arrival at `bar`."""
+    make = proto.roles[role]
+
+    def wrong():
+        first = True
+        for op in make():
+            if first and isinstance(op, Arrive) and op.bar == bar:
+                first = False
+                op = op._replace(n=op.n + delta)
+            yield op
+
+    return Protocol(proto.name, proto.barriers, {**proto.roles, role: wrong}, proto.tx)
+
+
+def test_an_arrive_count_off_by_one_deadlocks_and_names_the_barrier():
+    k = _kernel("D2", {"shape": "b4s2h128n256d64", "splits": 1})
+    good = P.decode_sm100(k, 3)
+    assert simulate(good) is None
+    short = simulate(_planted(good, "softmax", "p.full", -1))  # 127 of the 128 softmax threads arrive
+    assert short and "deadlock" in short and "role mma waits on p.full[0]" in short and "127 of 128" in short, short
+    e = _kernel("E", {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "model1", "splits": 1})
+    missing = simulate(_planted(P.sparse_sm100(e, 2), "dequant", "raw.empty", -1))  # one dequant warp never releases
+    assert missing and "deadlock" in missing and "raw.empty[0]" in missing, missing
+    extra = simulate(_planted(good, "mma", "kv.empty", +1))
+    assert extra and "kv.empty" in extra and ("arrivals in phase" in extra or "lapped" in extra), extra
+
+
+def test_the_simulator_reports_a_lapped_ring_and_a_stray_arrival():
+    bars = {"x.full": Barrier(1, 1), "x.empty": Barrier(1, 1)}
+
+    def producer():  # never waits for the slot to be empty: fills it twice
+        for g in range(2):
+            yield Arrive("x.full", 0)
+
+    def consumer():
+        for g in range(2):
+            yield consumer_wait("x.full", g, 1)
+            yield Arrive("x.empty", 0)
+
+    got = simulate(Protocol("lap", bars, {"p": producer, "c": consumer}))
+    assert got and "lapped" in got, got
+
+    def lone():
+        yield producer_wait("x.empty", 0, 1)
+        yield Arrive("x.full", 0, 1, 64)
+        yield Bytes("x.full", 0, 32)  # half the announced bytes land
+
+    got = simulate(Protocol("bytes", bars, {"p": lone}))
+    assert got and "x.full[0] left mid-phase" in got and "32 bytes" in got, got
+    assert simulate(Protocol("w", bars, {"w": lambda: iter([Wait("x.full", 0, 0, 1)])})).endswith(
+        "role w waits on x.full[0] phase 0 (parity 0; 0 of 1 arrivals, 0 bytes outstanding)")
+
+
+# -- the PTX cross-check --------------------------------------------------------------------------
+
+PTX_CASES = {  # one compiled case per family (and E's three formats: different protocols)
+    "D2": {"shape": "b4s2h128n256d64", "splits": 1},
+    "D5": {"shape": "b4s2h128m128n256d512", "splits": "many", "sink": 0},
+    "E/model1": {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "model1", "splits": 1},
+    "E/simple": {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "simple", "splits": 1},
+    "E/v4.1": {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "v4.1", "splits": 1},
+    "I1": {"s": 128, "s_kv": 1024},
+    "I2": {"b": 8, "next_n": 2, "block_kv": 64},
+}
+
+_COMPILE = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from harness.compile import compile_case
+from harness.matrix import expand
+from harness.spec import load_spec
+root = Path({root!r})
+spec = load_spec(root=root)
+out = {{}}
+for label, want in {cases!r}.items():
+    st = spec.stages[label.split("/")[0]]
+    case = next(c.dict for c in expand(st) if all(str(c.dict[k]) == str(v) for k, v in want.items()))
+    r = compile_case(root, st, "sm_100a", case)
+    out[label] = {{"ok": r.ok, "error": r.error, "ptx": r.ptx_path, "case": case}}
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict:
+    """The PTX of PTX_CASES for sm_100a, through the lab's compile cache (.cache/compile, or
+    DSV4_LAB_CACHE): compiled once, then read back while the kernels' sources are unchanged."""
+    tmp = tmp_path_factory.mktemp("pipesim")
+    script = tmp / "compile.py"
+    script.write_text(textwrap.dedent(_COMPILE.format(root=str(ROOT), cases=PTX_CASES)))
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_100a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp),
+           "PYTHONPATH": str(ROOT)}
+    env.pop("DSV4_DEBUG_HANGS", None)
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
+    assert line, proc.stdout[-3000:] + proc.stderr[-5000:]
+    out = json.loads(line[len("RESULT"):])
+    for label, r in out.items():
+        assert r["ok"], (label, r["error"])
+        with open(r["ptx"]) as f:
+            r["facts"] = ptx_facts(f.read())
+    return out
+
+
+def _protocol_for(label: str, case: dict) -> Protocol:
+    stage_id = label.split("/")[0]
+    k = _kernel(stage_id, case)
+    if stage_id in DECODE:
+        return P.decode_sm100(k, 2)
+    if stage_id == "E":
+        return P.sparse_sm100(k, 2)
+    return P.indexer_sm100(k, 2, boxes=1 if stage_id == "I1" else 2)
+
+
+@pytest.mark.parametrize("label", list(PTX_CASES))
+def test_protocol_counts_and_bytes_are_the_compiled_kernels(compiled, label):
+    r = compiled[label]
+    assert cross_check(_protocol_for(label, r["case"]), r["facts"]) == []
+
+
+def test_a_drifted_count_or_byte_total_fails_the_cross_check(compiled):
+    r = compiled["D5"]
+    proto = _protocol_for("D5", r["case"])
+    assert cross_check(proto, r["facts"]) == []
+    drift = Protocol(proto.name, {**proto.barriers, "s.empty": Barrier(proto.barriers["s.empty"].slots, 127)},
+                     proto.roles, proto.tx)
+    (why,) = cross_check(drift, r["facts"])
+    assert "barrier init counts" in why and "127" in why
+    tx = Protocol(proto.name, proto.barriers, proto.roles, {**proto.tx, "kv": {16384 + 1}})
+    (why,) = cross_check(tx, r["facts"])
+    assert "expect_tx bytes" in why and "16385" in why
+    e = compiled["E/model1"]
+    narrow = _protocol_for("E/model1", e["case"])
+    narrow = Protocol(narrow.name, narrow.barriers, narrow.roles, {**narrow.tx, "raw": {8192}})  # no wide chunk
+    assert any("expect_tx" in w for w in cross_check(narrow, e["facts"]))
