@@ -18,6 +18,12 @@ Families covered:
                    o, mask, raw
     indexer_sm100  stages/common/indexer.py's Sm100 indexer (I1, I2): load warp, MMA warp,
                    128 epilogue threads; pipelines q, k, acc
+    decode_sm90    stages/common/sm90_decode.py's DecodeSm90 (D2–D5 on Hopper): load warp, the two
+                   MMA warpgroups; pipelines q, kv (named barriers P_FULL / P_EMPTY not modelled)
+    indexer_sm90   I1 / I2 on Hopper: load warp, the MMA warpgroups (I2's take alternate tiles)
+
+Not covered: stage E on Hopper (persistent parts, 2-CTA cluster pairs, producer warps), stages
+A, B, C, D1 (either arch).
 """
 
 from __future__ import annotations
@@ -219,3 +225,64 @@ def indexer_sm100(k, tiles: int, boxes: int = 1) -> Protocol:
             "acc.full": Barrier(A, 1), "acc.empty": Barrier(A, T)}
     return Protocol(f"{type(k).__module__} tiles={tiles}", bars, {"load": load, "mma": mma, "epilogue": epilogue},
                     {"q": {q_bytes}, "k": {k_bytes}})
+
+
+# ---------------------------------------------------------------------------------------
+# sm90: one load warp, a Q slot and a TMA ring of key tiles (PipelineTmaAsync)
+
+
+def tma_ring_sm90(name: str, tiles: int, slots: int, q_bytes: int, q_consumer_warps: int, k_bytes: int,
+                  k_consumer_warps: int, consumers: tuple) -> Protocol:
+    """The Hopper kernels built on stages/common/sm90_setup.py's TMA pipelines: the load warp
+    loads Q once (when the CTA has a tile: load_once / load_q_once) and then tile t into ring
+    slot t mod `slots` (producer_acquire = wait for the slot's empty barrier, arrive.expect_tx of
+    `k_bytes`); no producer tail (each consumer's releases complete every phase it starts).
+    `consumers`: (role, first tile, step, arrivals a release) — one role per group of warps that
+    walks the tiles alike (both warpgroups of a decode CTA: 8 warps, one arrival each; stage
+    I2's two warpgroups take alternate tiles: 4 each).  Every consumer waits for Q first."""
+
+    def load() -> Iterator[Op]:
+        if tiles > 0:
+            yield producer_wait("q.empty", 0, 1)
+            yield Arrive("q.full", 0, 1, q_bytes)
+            yield Bytes("q.full", 0, q_bytes)
+        for t in range(tiles):
+            yield producer_wait("k.empty", t, slots)
+            yield Arrive("k.full", ring(t, slots)[0], 1, k_bytes)
+            yield Bytes("k.full", ring(t, slots)[0], k_bytes)
+
+    def consumer(first: int, step: int, n: int):
+        def run() -> Iterator[Op]:
+            if tiles > 0:
+                yield consumer_wait("q.full", 0, 1)
+            for t in range(first, tiles, step):
+                yield consumer_wait("k.full", t, slots)
+                yield Arrive("k.empty", ring(t, slots)[0], n)
+        return run
+
+    roles = {"load": load, **{role: consumer(first, step, n) for role, first, step, n in consumers}}
+    bars = {"q.full": Barrier(1, 1), "q.empty": Barrier(1, q_consumer_warps),
+            "k.full": Barrier(slots, 1), "k.empty": Barrier(slots, k_consumer_warps)}
+    return Protocol(f"{name} tiles={tiles}", bars, roles, {"q": {q_bytes}, "k": {k_bytes}})
+
+
+def decode_sm90(k, tiles: int) -> Protocol:
+    """stages/common/sm90_decode.py's DecodeSm90 (D2–D5 on Hopper): `load` (Q, then the visited
+    KV tiles of either branch) and `attend` (warpgroup 0 waits for Q; both warpgroups wait for
+    and release each KV slot, one arrival a warp)."""
+    warps = k.MMA_THREADS // 32
+    return tma_ring_sm90(type(k).__module__, tiles, k.stages, k.BLOCK_M * k.d * 2, 4, k.block_n * k.d * 2, warps,
+                         (("mma", 0, 1, warps),))
+
+
+def indexer_sm90(k, tiles: int, paged: bool) -> Protocol:
+    """Stages I1 / I2 on Hopper: `load` and `logits`.  I1: both warpgroups read every K tile (8
+    arrivals a slot), Q is one box a warpgroup; I2: warpgroup w takes tiles w, w + 2, … (4
+    arrivals a slot), Q is one box."""
+    dim = 128
+    warps = k.MMA_THREADS // 32
+    if paged:
+        return tma_ring_sm90(type(k).__module__, tiles, k.STAGES, k.n * dim, warps, k.BLOCK_KV * dim, 4,
+                             (("mma_wg0", 0, 2, 4), ("mma_wg1", 1, 2, 4)))
+    return tma_ring_sm90(type(k).__module__, tiles, k.STAGES, k.NUM_MMA_WG * k.n * dim, warps, k.BLOCK_K * dim, warps,
+                         (("mma", 0, 1, warps),))
