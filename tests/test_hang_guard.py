@@ -112,6 +112,7 @@ def test_flag_on_bounds_every_wait_and_names_it(builds):
                  "role=load pipeline=q.empty"):
         assert want in lines, lines
     assert "DSV4-HANG" in lines and "slot=%d phase=%d cta=(%d,%d,%d)" in lines
+    assert "pipeline=unnamed" not in lines and "role=?" not in lines, lines
 
 
 def test_planted_deadlock_fixture_builds_with_the_bound(builds):
@@ -189,3 +190,26 @@ def test_run_flag_reaches_the_run_and_its_records(fake_lab):
     starts = [json.loads(ln) for ln in runs_file(fake_lab).read_text().splitlines()
               if json.loads(ln).get("event") == "start"]
     assert [s.get("debug") for s in starts[-2:]] == ["hangs", None]
+
+
+def test_every_pipeline_and_bare_wait_in_the_kernels_goes_through_the_guard():
+    """Source check over stages/: a cutlass pipeline made without `name=` would be reported as
+    `pipeline=unnamed`, and a bare cute.arch.mbarrier_wait would stay unbounded in a debug build."""
+    import re
+
+    bad = []
+    for path in sorted((ROOT / "stages").rglob("*.py")):
+        if path.name == "hang_guard.py":
+            continue
+        text = path.read_text()
+        rel = path.relative_to(ROOT)
+        for m in re.finditer(r"pipeline\.Pipeline\w+\.create\(", text):
+            depth, i = 1, m.end()
+            while depth:
+                depth += {"(": 1, ")": -1}.get(text[i], 0)
+                i += 1
+            if "name=" not in text[m.end():i]:
+                bad.append(f"{rel}:{text.count(chr(10), 0, m.start()) + 1}: pipeline without name=")
+        for m in re.finditer(r"cute\.arch\.mbarrier_wait\(", text):
+            bad.append(f"{rel}:{text.count(chr(10), 0, m.start()) + 1}: bare cute.arch.mbarrier_wait")
+    assert bad == []

@@ -200,6 +200,7 @@ class Kernel:
     def mainloop(self, ab_prod, ab_cons, acc_prod, tiled_mma, tma_q, tQgQ, tQsQ, tma_k, tKgK, tKsK, tCrQ, tCrK,
                  tCtAcc):
         """Warp 0: TMA loads and MMAs, unrolled over ≤ 8 K-blocks; `stages` slots in flight."""
+        hang_guard.role("load+mma")  # names this role's waits in a --debug-hangs build
         tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
         mma_k_steps = cute.size(tCrQ, mode=[2])
         acc_slot = acc_prod.acquire_and_advance()

@@ -64,7 +64,9 @@ def enabled() -> bool:
 
 def name(pipeline: str) -> str:
     """The `name=` of a pipeline's create: `pipeline` in a debug build, "" otherwise (so a
-    normal build is exactly what it was)."""
+    normal build is exactly what it was).  Pipelines are made before the roles run, so this
+    also forgets the role of the kernel traced before (until a role method says its own)."""
+    _role[0] = "?"
     return pipeline if enabled() else ""
 
 
@@ -75,7 +77,7 @@ def role(what: str) -> None:
 
 
 def _label(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-:" else "_" for c in text) or "?"
+    return "".join(c if c.isalnum() or c in "._-:+?" else "_" for c in text) or "?"
 
 
 @dsl_user_op
