@@ -278,3 +278,17 @@ def test_a_drifted_count_or_byte_total_fails_the_cross_check(compiled):
     narrow = _protocol_for("E/model1", e["case"])
     narrow = Protocol(narrow.name, narrow.barriers, narrow.roles, {**narrow.tx, "raw": {8192}})  # no wide chunk
     assert any("expect_tx" in w for w in cross_check(narrow, e["facts"]))
+
+
+def test_an_eager_qk_order_that_outruns_the_ring_deadlocks():
+    """The house issues the first qk_early = R − n_v chunks of Q·K_{j+1}ᵀ before P·V_j: one more
+    and the MMA warp waits for a slot only P·V_j (which it has not issued) would free."""
+    import copy
+
+    k = _kernel("D2", {"shape": "b1s2h128n1152d512", "splits": 1})
+    assert (k.slots, k.n_chunks, k.n_v, k.qk_early) == (5, 4, 2, 3)
+    assert simulate(P.decode_sm100(k, 3)) is None
+    eager = copy.copy(k)
+    eager.qk_early = k.qk_early + 1
+    got = simulate(P.decode_sm100(eager, 3))
+    assert got and "deadlock" in got and "role mma waits on kv.full" in got and "role load waits on kv.empty" in got, got
