@@ -3,7 +3,7 @@
 stages/common/pipesim.py simulates every role's mbarrier waits and arrivals; the families'
 protocols are stages/common/protocols.py.  Here:
 
-  * every sm100 case of D2, D3, D4, D5, E, I1 and I2 (and every sm90 case of D2–D5, I1, I2) —
+  * every sm100 case of D2, D3, D4, D5, E, I1 and I2 (and every sm90 case of D2–D5, E, I1, I2) —
     each kernel of the matrix, every number
     of visited tiles a CTA of it can get (0: an empty split or a CTA whose rows are all lonely;
     1; 2; many, past the ring's laps), both O halves (their load orders differ; model1's wide
@@ -71,6 +71,13 @@ def _max_tiles(k) -> int:
 def _protocols(stage_id: str, case: dict, arch: str = "sm_100a"):
     """(tiles, laps of the KV ring those tiles make, protocol) for every CTA the kernel can have."""
     k = _kernel(stage_id, case, arch)
+    if arch == "sm_90a" and stage_id == "E":  # every part of the grid (both CTAs of a pair together)
+        for part in range(k.sched.parts):
+            proto = P.sparse_sm90(k, part)
+            n = sum(w.tile_end - w.tile_begin for w, _ in (k.sched.segment(0, part, s)
+                                                            for s in range(k.sched.segments(part))))
+            yield n, n / k.KV_STAGES, proto
+        return
     if arch == "sm_90a":
         most = _max_tiles(k) if stage_id in DECODE else k.s_kv // k.BLOCK_K if stage_id == "I1" else k.CHUNK_TILES
         slots = k.stages if stage_id in DECODE else k.STAGES
@@ -89,7 +96,7 @@ def _protocols(stage_id: str, case: dict, arch: str = "sm_100a"):
             yield n, n / k.STAGES, P.indexer_sm100(k, n, boxes=1 if stage_id == "I1" else 2)
 
 
-COVERED = [("sm_100a", s) for s in DECODE + ("E", "I1", "I2")] + [("sm_90a", s) for s in DECODE + ("I1", "I2")]
+COVERED = [("sm_100a", s) for s in DECODE + ("E", "I1", "I2")] + [("sm_90a", s) for s in DECODE + ("E", "I1", "I2")]
 
 
 @pytest.mark.parametrize("arch,stage_id", COVERED)
@@ -102,7 +109,8 @@ def test_every_case_of_the_matrix_completes(arch, stage_id):
             counts.add(n)
             laps = max(laps, lapped)
             runs += 1
-    assert {0, 1, 2} <= counts  # empty split / all rows lonely, one tile, two tiles
+    # empty split / all rows lonely (none on E sm90: its parts hold a tile each), one tile, two tiles
+    assert ({1, 2} if (arch, stage_id) == ("sm_90a", "E") else {0, 1, 2}) <= counts
     assert laps >= 2  # and many: the KV ring goes round at least twice (the phase parity wraps)
     print(arch, stage_id, runs, "CTA protocols, tiles", sorted(counts)[-1], "laps", laps)
 
@@ -183,8 +191,10 @@ PTX_CASES = {  # sm_100a: one compiled case per family (and E's three formats: d
     "I1": {"s": 128, "s_kv": 1024},
     "I2": {"b": 8, "next_n": 2, "block_kv": 64},
 }
-PTX_CASES_SM90 = {  # sm_90a: the decode house (one and two branches) and both indexers
+PTX_CASES_SM90 = {  # sm_90a: the decode house (one and two branches), stage E (a pair, alone), the indexers
     "D2": {"shape": "b4s2h128n256d64", "splits": 1},
+    "E/pair": {"b": 2, "config": "s2h128_m128bs256_x1024bs64", "kv_format": "model1", "splits": 1},
+    "E/alone": {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "simple", "splits": "auto"},
     "D5": {"shape": "b4s2h128m128n256d512", "splits": "many", "sink": 0},
     "I1": {"s": 128, "s_kv": 1024},
     "I2": {"b": 8, "next_n": 2, "block_kv": 64},
@@ -258,8 +268,11 @@ def test_protocol_counts_and_bytes_are_the_compiled_kernels(compiled, label):
 @pytest.mark.parametrize("label", list(PTX_CASES_SM90))
 def test_sm90_protocol_counts_and_bytes_are_the_compiled_kernels(compiled_sm90, label):
     r = compiled_sm90[label]
-    k = _kernel(label, r["case"], "sm_90a")
-    proto = P.decode_sm90(k, 2) if label in DECODE else P.indexer_sm90(k, 2, paged=label == "I2")
+    k = _kernel(label.split("/")[0], r["case"], "sm_90a")
+    if label.startswith("E/"):
+        proto = P.one_cta(P.sparse_sm90(k, 0))
+    else:
+        proto = P.decode_sm90(k, 2) if label in DECODE else P.indexer_sm90(k, 2, paged=label == "I2")
     assert cross_check(proto, r["facts"]) == []
 
 
@@ -292,3 +305,20 @@ def test_an_eager_qk_order_that_outruns_the_ring_deadlocks():
     eager.qk_early = k.qk_early + 1
     got = simulate(P.decode_sm100(eager, 3))
     assert got and "deadlock" in got and "role mma waits on kv.full" in got and "role load waits on kv.empty" in got, got
+
+
+def test_a_pair_whose_consumers_never_release_the_peer_deadlocks_naming_remote_empty():
+    """Stage E on Hopper at h_q 128: each CTA's MMA warps release a slot locally and on the peer's
+    remote_empty; without the remote release the peer's producer waits there forever."""
+    k = _kernel("E", {"b": 2, "config": "s2h128_m128bs256_x1024bs64", "kv_format": "model1", "splits": 1}, "sm_90a")
+    good = P.sparse_sm90(k, 0)
+    assert simulate(good) is None
+    make = good.roles["attend@0"]
+
+    def no_remote_release():
+        for op in make():
+            if not (isinstance(op, Arrive) and op.bar == "remote_empty@1"):
+                yield op
+
+    got = simulate(Protocol(good.name, good.barriers, {**good.roles, "attend@0": no_remote_release}, good.tx))
+    assert got and "deadlock" in got and "role producer@1 waits on remote_empty@1" in got, got

@@ -22,15 +22,19 @@ Families covered:
                    MMA warpgroups; pipelines q, kv (named barriers P_FULL / P_EMPTY not modelled)
     indexer_sm90   I1 / I2 on Hopper: load warp, the MMA warpgroups (I2's take alternate tiles)
 
-Not covered: stage E on Hopper (persistent parts, 2-CTA cluster pairs, producer warps), stages
-A, B, C, D1 (either arch).
+    sparse_sm90    stage E on Hopper: persistent parts (segment after segment, the ring running on),
+                   producer warps, both MMA warpgroups, Q a segment, and at h_q 128 the 2-CTA
+                   cluster pair (remote_full / remote_empty, st.async bytes into the peer)
+
+Not covered: stages A, B, C, D1 (either arch); named barriers (bar.sync) and stage E sm90's
+global-memory merge flag are not modelled anywhere.
 """
 
 from __future__ import annotations
 
 from typing import Iterator
 
-from stages.common.pipesim import Arrive, Barrier, Bytes, Op, Protocol, consumer_wait, producer_wait, ring
+from stages.common.pipesim import Arrive, Barrier, Bytes, Op, Protocol, Wait, consumer_wait, producer_wait, ring
 
 
 # ---------------------------------------------------------------------------------------
@@ -286,3 +290,81 @@ def indexer_sm90(k, tiles: int, paged: bool) -> Protocol:
                              (("mma_wg0", 0, 2, 4), ("mma_wg1", 1, 2, 4)))
     return tma_ring_sm90(type(k).__module__, tiles, k.STAGES, k.NUM_MMA_WG * k.n * dim, warps, k.BLOCK_K * dim, warps,
                          (("mma", 0, 1, warps),))
+
+
+# ---------------------------------------------------------------------------------------
+# Stage E on sm90: persistent parts, and a 2-CTA cluster pair at h_q = 128
+
+
+def sparse_sm90(k, part: int, head_block: int = 0) -> Protocol:
+    """Stage E on Hopper (stages/E_sparse_decode/sm90.py) for part `part`: per CTA of the
+    cluster (one alone, two in a pair — their barriers are `<name>@<rank>`), `produce` (segment
+    after segment, per tile: the slot's empty barrier, in a pair the peer's release of it
+    (remote_empty) and the arming of remote_full with the peer's bytes; the dequantised halves
+    land here and, by st.async, in the peer's slot; commit = every producer thread arrives) and
+    `attend` (both warpgroups: Q of segment 0, then per segment its Q (q_bar, parity k mod 2),
+    per tile the slot's full barrier and remote_full, the next segment's Q issued during the
+    segment's last tile, the release — a lane a warp, locally and on the peer's remote_empty).
+    Not modelled: the named barriers (P_FULL/P_EMPTY, Q_FREE, STAGED) and the two-piece merge's
+    global-memory flag."""
+    g = k.sched
+    R, warps, prod = k.KV_STAGES, k.MMA_THREADS // 32, k.plan.producer_threads
+    q_bytes = k.BLOCK_M * 512 * 2
+    ranks = (0, 1) if k.pair else (0,)
+    segs = [g.segment(head_block, part, s) for s in range(g.segments(part))]
+
+    def b(name: str, rank: int) -> str:
+        return f"{name}@{rank}"
+
+    def producer(c: int):
+        def run() -> Iterator[Op]:
+            for work, before in segs:
+                for i in range(work.tile_end - work.tile_begin):
+                    t = before + i
+                    slot = ring(t, R)[0]
+                    w = producer_wait(b("kv.empty", c), t, R)
+                    yield w
+                    if k.pair:
+                        yield producer_wait(b("remote_empty", c), t, R)
+                        yield Arrive(b("remote_full", c), slot, 1, k.peer_bytes)
+                        yield Bytes(b("remote_full", c ^ 1), slot, k.peer_bytes)  # st.async into the peer
+                    yield Arrive(b("kv.full", c), slot, prod)
+        return run
+
+    def attend(c: int):
+        def run() -> Iterator[Op]:
+            yield Arrive(b("q", c), 0, 1, q_bytes)
+            yield Bytes(b("q", c), 0, q_bytes)
+            for s, (work, before) in enumerate(segs):
+                yield Wait(b("q", c), 0, s % 2, s + 1)
+                n = work.tile_end - work.tile_begin
+                for i in range(n):
+                    t = before + i
+                    slot = ring(t, R)[0]
+                    yield consumer_wait(b("kv.full", c), t, R)
+                    if k.pair:
+                        yield consumer_wait(b("remote_full", c), t, R)
+                    if i == n - 1 and s + 1 < len(segs):  # the next segment's Q
+                        yield Arrive(b("q", c), 0, 1, q_bytes)
+                        yield Bytes(b("q", c), 0, q_bytes)
+                    yield Arrive(b("kv.empty", c), slot, warps)
+                    if k.pair:
+                        yield Arrive(b("remote_empty", c ^ 1), slot, warps)
+        return run
+
+    bars: dict[str, Barrier] = {}
+    roles = {}
+    for c in ranks:
+        bars.update({b("q", c): Barrier(1, 1), b("kv.full", c): Barrier(R, prod), b("kv.empty", c): Barrier(R, warps)})
+        if k.pair:
+            bars.update({b("remote_full", c): Barrier(R, 1), b("remote_empty", c): Barrier(R, warps)})
+        roles[f"producer@{c}"] = producer(c)
+        roles[f"attend@{c}"] = attend(c)
+    tx = {"q": {q_bytes}, **({"remote_full": {k.peer_bytes}} if k.pair else {})}
+    return Protocol(f"{type(k).__module__} {k.fmt} part={part}", bars, roles, tx)
+
+
+def one_cta(proto: Protocol) -> Protocol:
+    """The barriers of rank 0 only: what one CTA's PTX initialises (for the cross-check)."""
+    bars = {n: b for n, b in proto.barriers.items() if "@" not in n or n.endswith("@0")}
+    return Protocol(proto.name, bars, proto.roles, proto.tx)
