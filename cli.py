@@ -291,6 +291,9 @@ def run_cmd(
     shard: Optional[str] = typer.Option(None, help="run only every n-th case from the i-th: i/n (used to split runs)"),
     record: bool = typer.Option(False, "--record", help="also record a case compiled, not run, where it says what "
                                                         "its newest record for this source already says"),
+    debug_hangs: bool = typer.Option(False, "--debug-hangs", help="build with every mbarrier wait bounded (4 s): a "
+                                                                  "hang is recorded as `hang` naming role, pipeline, "
+                                                                  "slot, phase and CTA"),
 ) -> None:
     """Run a stage's matrix (filtered by axis flags like --hd 512); live progress, a table, records."""
     from harness.report import run_local_and_report
@@ -334,11 +337,11 @@ def run_cmd(
         from harness.remote_side import run_emitting
 
         code = run_emitting(spec, stages, archs, cases, bench=bench, gpus=gpu_list, workers_per_gpu=workers_per_gpu,
-                            timeout=timeout, seed=seed, argv=argv, shard=shard_t)
+                            timeout=timeout, seed=seed, argv=argv, shard=shard_t, debug_hangs=debug_hangs)
     else:
         code = run_local_and_report(
             spec, stages, archs, cases, bench=bench, gpus=gpu_list, workers_per_gpu=workers_per_gpu,
-            timeout=timeout, seed=seed, argv=argv, shard=shard_t, record=record,
+            timeout=timeout, seed=seed, argv=argv, shard=shard_t, record=record, debug_hangs=debug_hangs,
         )
     raise typer.Exit(code)
 

@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.environment import cutedsl_version
+from harness.hangs import DEBUG_LABEL
+from harness.hangs import ENV as DEBUG_HANGS_ENV
 from harness.identity import source_hash
 from harness.interrupts import start_resource_tracker
 from harness.inventory import disassemble, find_tool, ptx_inventory, sass_inventory
@@ -65,12 +67,15 @@ class CompileResult:
     resources: dict[str, Any] = field(default_factory=dict)
     error: str | None = None  # one line
     trace: str | None = None  # the full traceback of a failure in user code
+    debug: str = ""  # "hangs": a --debug-hangs build (bounded mbarrier waits, stages/common/hang_guard.py)
 
     def summary(self) -> dict[str, Any]:
         """The compact form kept in a record: resources, and for a build that succeeded its
         inventory (`inv`, and `sass` when the CUDA binary tools were here): what a compile-only
         baseline holds and the gate compares."""
         d: dict[str, Any] = {"key": self.key[:12], "s": round(self.seconds, 2), "cached": self.cached}
+        if self.debug:
+            d["debug"] = self.debug
         d.update(self.resources)
         if self.ok:
             d["inv"] = dict(self.inventory)
@@ -87,7 +92,7 @@ def _load_attr(module: str, name: str):
     return getattr(importlib.import_module(module), name)
 
 
-def cache_key(root: Path, stage: Stage, arch: str, case: dict[str, Any]) -> str:
+def cache_key(root: Path, stage: Stage, arch: str, case: dict[str, Any], debug_hangs: bool = False) -> str:
     specs = tensor_specs(stage, case)
     payload = {
         "lab": CACHE_FORMAT,
@@ -98,6 +103,8 @@ def cache_key(root: Path, stage: Stage, arch: str, case: dict[str, Any]) -> str:
         "cute": cutedsl_version(),
         "entry": stage.kernels[arch].entry,
     }
+    if debug_hangs:  # a different build: its own entry (a normal build's key is unchanged)
+        payload["debug"] = DEBUG_LABEL
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -183,11 +190,13 @@ def failed(root: Path, arch: str, exc: BaseException, key: str = "", seconds: fl
                          trace=full_trace(exc), resources={})
 
 
-def compile_case(root: Path, stage: Stage, arch: str, case: dict[str, Any], keep: Path | None = None) -> CompileResult:
+def compile_case(root: Path, stage: Stage, arch: str, case: dict[str, Any], keep: Path | None = None,
+                 debug_hangs: bool = False) -> CompileResult:
     """Compile one case for `arch` in this process (whose CUTE_DSL_ARCH must be `arch`),
-    or return the cached result. Never raises for an error in the user's code."""
+    or return the cached result. Never raises for an error in the user's code.
+    `debug_hangs`: trace with DSV4_DEBUG_HANGS=1 (bounded mbarrier waits; harness/hangs.py)."""
     try:
-        key = cache_key(root, stage, arch, case)
+        key = cache_key(root, stage, arch, case, debug_hangs)
     except Exception as exc:  # the oracle's tensors(case) raised, or its module failed to import
         return failed(root, arch, exc)
     hit = cached_result(root, key)
@@ -198,6 +207,9 @@ def compile_case(root: Path, stage: Stage, arch: str, case: dict[str, Any], keep
     out_dir = entry_dir(root, key)
     t0 = time.perf_counter()
     prefix = "dsv4_" + key[:16]
+    was = os.environ.pop(DEBUG_HANGS_ENV, None)
+    if debug_hangs:
+        os.environ[DEBUG_HANGS_ENV] = "1"
     try:
         import cutlass.cute as cute
         from cutlass.cute.runtime import make_fake_stream
@@ -235,12 +247,16 @@ def compile_case(root: Path, stage: Stage, arch: str, case: dict[str, Any], keep
             cubin_path=str(out_dir / "kernel.cubin") if cubin else "",
             sass_path=str(out_dir / "kernel.sass") if sass_text else "",
             inventory=ptx_inventory(ptx), sass=sass_inventory(sass_text) if sass_text else {},
-            resources=resources,
+            resources=resources, debug=DEBUG_LABEL if debug_hangs else "",
         )
     except Exception as exc:  # the kernel's own compile error is a result, not a crash
         res = failed(root, arch, exc, key, time.perf_counter() - t0)
         if os.environ.get("DSV4_LAB_DEBUG"):
             traceback.print_exc()
+    finally:
+        os.environ.pop(DEBUG_HANGS_ENV, None)
+        if was is not None:
+            os.environ[DEBUG_HANGS_ENV] = was
     if res.ok:
         tmp_meta = out_dir / "meta.json.tmp"
         tmp_meta.write_text(json.dumps(asdict(res)))
@@ -275,8 +291,8 @@ def _init_worker(root: str, arch: str, scratch: str) -> None:
     _WORKER_STATE["root"] = Path(root)
 
 
-def _compile_job(stage: Stage, arch: str, case: dict[str, Any]) -> CompileResult:
-    return compile_case(_WORKER_STATE["root"], stage, arch, case)
+def _compile_job(stage: Stage, arch: str, case: dict[str, Any], debug_hangs: bool = False) -> CompileResult:
+    return compile_case(_WORKER_STATE["root"], stage, arch, case, debug_hangs=debug_hangs)
 
 
 class Compiler:
@@ -284,8 +300,9 @@ class Compiler:
     scratch files live in one temp folder (`dsv4-compile-*`), made with the first pool and
     removed by `close` (or, for a compiler never closed, when the process exits)."""
 
-    def __init__(self, root: Path, max_workers: int | None = None):
+    def __init__(self, root: Path, max_workers: int | None = None, debug_hangs: bool = False):
         self.root = root
+        self.debug_hangs = debug_hangs  # every case built with bounded mbarrier waits (harness/hangs.py)
         self.max_workers = max_workers or max(1, os.cpu_count() or 1)
         self._pools: dict[str, ProcessPoolExecutor] = {}
         self._pending: dict[str, Future] = {}  # key -> future: one compile per key per run
@@ -310,7 +327,7 @@ class Compiler:
     def submit(self, stage: Stage, arch: str, case: dict[str, Any]) -> Future:
         """A future CompileResult; an already cached case resolves at once, without a pool."""
         try:
-            key = cache_key(self.root, stage, arch, case)
+            key = cache_key(self.root, stage, arch, case, self.debug_hangs)
         except Exception as exc:  # the oracle's tensors(case) raised: a result, not a crash
             fut = Future()
             fut.set_result(failed(self.root, arch, exc))
@@ -322,7 +339,7 @@ class Compiler:
             fut: Future = Future()
             fut.set_result(hit)
         else:
-            fut = self._pool(arch).submit(_compile_job, stage, arch, case)
+            fut = self._pool(arch).submit(_compile_job, stage, arch, case, self.debug_hangs)
         self._pending[key] = fut
         return fut
 

@@ -82,7 +82,8 @@ def summary_lines(records: list[Record], interrupted: bool, reasons: dict[str, s
 
 def run_local_and_report(spec: Spec, stages: list[Stage], archs: list[str] | None, cases: dict[str, list[Case]],
                          *, bench: bool, gpus: list[int] | None, workers_per_gpu: int, timeout: float | None,
-                         seed: int, argv: list[str], shard: tuple[int, int] | None = None, record: bool = False) -> int:
+                         seed: int, argv: list[str], shard: tuple[int, int] | None = None, record: bool = False,
+                         debug_hangs: bool = False) -> int:
     """`dsv4-lab run` here: progress, a line per case, the table and the summary. A case this machine
     cannot run whose compile says what its newest fresh record says is not recorded again, unless
     `record` (`--record`)."""
@@ -93,7 +94,7 @@ def run_local_and_report(spec: Spec, stages: list[Stage], archs: list[str] | Non
         i, n = shard
         tasks = tasks[i::n]
     opts = RunOptions(tasks=tasks, bench=bench, gpus=gpus, workers_per_gpu=workers_per_gpu,
-                      timeout_s=timeout, seed=seed, argv=argv, only_new=not record)
+                      timeout_s=timeout, seed=seed, argv=argv, only_new=not record, debug_hangs=debug_hangs)
     console = make_console()
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, transient=True)

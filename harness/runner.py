@@ -56,6 +56,7 @@ class RunOptions:
     timeout_s: float | None = None  # overrides the stages' own
     argv: list[str] = field(default_factory=list)
     only_new: bool = False  # a compiled-not-run case that repeats its newest fresh record is not written
+    debug_hangs: bool = False  # build with bounded mbarrier waits; an expired one is a `hang` (harness/hangs.py)
 
 
 class RunSetupError(Exception):
@@ -202,6 +203,7 @@ class Runner:
         self._start_event = {
             "run": self.run_id, "t": now_iso(), "event": "start", "target": self.opts.target,
             "argv": self.opts.argv, "cases": len(self.opts.tasks), "bench": self.opts.bench,
+            **({"debug": "hangs"} if self.opts.debug_hangs else {}),
         }
         if self._lazy_start:
             paths = [runs_file(self.results_root)] + [stage_file(self.results_root, s)
@@ -254,7 +256,7 @@ class Runner:
             # a signal the lab was started with ignored (nohup: SIGHUP) stays ignored
             previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS
                         if signal.getsignal(s) is not signal.SIG_IGN}
-        compiler = Compiler(self.root)
+        compiler = Compiler(self.root, debug_hangs=self.opts.debug_hangs)
         ready: queue.Queue = queue.Queue()
         interrupted = False
         try:
@@ -399,6 +401,7 @@ class Runner:
             peer=(s.peer.module, s.peer.name) if s.peer else None,
             seed=_seed(s.id, task.case.dict, self.opts.seed),
             object_path=res.object_path, prefix=res.prefix, bench=self._bench_this(task),
+            debug_hangs=self.opts.debug_hangs,
         )
         timeout = self.opts.timeout_s if self.opts.timeout_s is not None else s.timeout_s
         out = handle.run(job, timeout)

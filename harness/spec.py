@@ -52,7 +52,7 @@ REL_L2_MAX_CEILING = 0.5
 # Axis names that would be read as the lab's own options (`--arch`, `--where` …), not as filters.
 RESERVED_AXES = {"all", "arch", "bench", "where", "target", "gpus", "workers_per_gpu", "timeout", "seed",
                  "emit_jsonl", "shard", "keep", "help", "force", "no_run", "watch", "interval", "diff",
-                 "traceback", "json", "compile_only", "peers", "reps", "gpu", "fp8"}
+                 "traceback", "json", "compile_only", "peers", "reps", "gpu", "fp8", "debug_hangs"}
 _FILTER_CHARS = set(",=|")  # they separate filters (`--where hd=64|128,n=256`) and case labels
 _NONE = object()
 

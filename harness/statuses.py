@@ -5,19 +5,21 @@
   compile_error  the kernel did not compile
   crash          the worker died, raised, or the device faulted
   timeout        no result within the case's time limit; the worker was killed
+  hang           a --debug-hangs build: a bounded mbarrier wait expired and trapped; the error
+                 line names the role, pipeline, slot, phase and CTA (stages/common/hang_guard.py)
   skipped        not attempted
   compiled       built for an arch this machine cannot run: says so, never counts as verified
 """
 
 from __future__ import annotations
 
-STATUSES: tuple[str, ...] = ("pass", "fail", "compile_error", "crash", "timeout", "skipped", "compiled")
+STATUSES: tuple[str, ...] = ("pass", "fail", "compile_error", "crash", "timeout", "skipped", "compiled", "hang")
 
 # A run with any of these exits non-zero.
-FAILING: tuple[str, ...] = ("fail", "compile_error", "crash", "timeout")
+FAILING: tuple[str, ...] = ("fail", "compile_error", "crash", "timeout", "hang")
 
 # A run's verdict on a device: the case was launched (what the gate and the dashboard judge).
-RAN: tuple[str, ...] = ("pass", "fail", "crash", "timeout")
+RAN: tuple[str, ...] = ("pass", "fail", "crash", "timeout", "hang")
 
 # What compiling alone can prove (compile-only baselines of archs no device here runs).
 COMPILED: tuple[str, ...] = ("compiled", "compile_error")
@@ -26,4 +28,5 @@ COMPILED: tuple[str, ...] = ("compiled", "compile_error")
 STYLE: dict[str, tuple[str, str]] = {
     "pass": ("✓", "green"), "fail": ("✗", "red"), "compile_error": ("✗", "red"), "crash": ("✗", "red"),
     "timeout": ("⏱", "red"), "skipped": ("-", "dim"), "compiled": ("○", "yellow"),
+    "hang": ("⏱", "red"),
 }

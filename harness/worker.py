@@ -49,6 +49,7 @@ class Job(KernelJob):
 
     peer: tuple[str, str] | None = None
     bench: bool = False
+    debug_hangs: bool = False  # a --debug-hangs build: the launch's printed output is read (harness/hangs.py)
 
 
 # ---------------------------------------------------------------------------------------
@@ -89,9 +90,12 @@ class _Executor:
         args = [inputs[s.name] if s.role == "in" else outputs[s.name] for s in specs]
         launch = self.launcher(job, args)
         kept = keep(inputs)  # the inputs as generated: the kernel must not write them
-        launch()
-        if device == "cuda":
-            torch.cuda.synchronize()  # raises on a launch failure or illegal address
+        if job.debug_hangs and device == "cuda":
+            _launch_watching_hangs(launch, torch)
+        else:
+            launch()
+            if device == "cuda":
+                torch.cuda.synchronize()  # raises on a launch failure or illegal address
         wrote = written(inputs, kept)  # bit for bit; the runner fails the case when any changed
         restore(inputs, kept, wrote)  # the oracle sees the inputs as generated
         del kept
@@ -132,6 +136,27 @@ class _Executor:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in t.items()}
 
 
+def _launch_watching_hangs(launch, torch) -> None:
+    """Launch and synchronize with the process's stdout captured: a bounded wait that expired
+    printed its hang line there before it trapped (harness/hangs.py); that line makes the
+    CUDA error a KernelHang."""
+    from harness.hangs import DeviceOutput, KernelHang, describe, hang_lines
+
+    failure: BaseException | None = None
+    out = DeviceOutput()
+    with out:
+        try:
+            launch()
+            torch.cuda.synchronize()
+        except Exception as exc:  # the trap's CUDA error (or any other: re-raised below)
+            failure = exc
+    lines = hang_lines(out.text)
+    if lines:
+        raise KernelHang(describe(lines[0], len(lines) - 1, failure)) from failure
+    if failure is not None:
+        raise failure
+
+
 def _die_with_parent(parent_pid: int | None) -> None:
     """Exit when the parent goes: PR_SET_PDEATHSIG on Linux (the kernel sends SIGKILL when
     the thread that started this process ends), and a watchdog thread that exits when the
@@ -159,8 +184,11 @@ def _die_with_parent(parent_pid: int | None) -> None:
 def _error_reply(exc: BaseException, root: Path, seconds: float) -> dict:
     """The one-line error (the user's file:line), the full trace, and the status."""
     from harness.check import ContractError
+    from harness.hangs import KernelHang
     from harness.userfault import describe, full_trace, strip_ansi
 
+    if isinstance(exc, KernelHang):  # the CUDA context is lost after the trap: the worker exits
+        return {"error": str(exc)[:4000], "trace": full_trace(exc)[-TRACE_CHARS:], "status": "hang", "seconds": seconds}
     raw = strip_ansi(f"{type(exc).__name__}: {exc}").strip()
     cuda_error = "CUDA" in raw or "cuda" in (type(exc).__module__ or "") or "CUresult" in raw
     if isinstance(exc, ContractError):
@@ -223,7 +251,7 @@ def worker_main(conn: Connection, root: str, gpu: int | None, parent_pid: int | 
             # SystemExit is the case's own code raising it — one line at its file:line, no traceback
             reply = _error_reply(exc, Path(root), time.perf_counter() - t0)
             conn.send(reply)
-            if reply["status"] == "crash":  # the CUDA context is unusable after a device fault
+            if reply["status"] in ("crash", "hang"):  # the CUDA context is unusable after a device fault
                 os._exit(3)
 
 
@@ -288,7 +316,7 @@ class WorkerHandle:
             code = self.proc.exitcode
             self.kill()
             return {"status": "crash", "error": f"worker died (exit code {code}{_signal_name(code)})"}
-        if out.get("status") == "crash":
+        if out.get("status") in ("crash", "hang"):
             self.proc.join(5)
             self.kill()
         return out

@@ -45,6 +45,7 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass.cute.nvgpu import tcgen05
 from cutlass.memory import TmemAllocator, get_num_tmem_alloc_cols
 
+from stages.common import hang_guard
 from stages.common.barriers import NamedBarrier
 from stages.common.inspection import expose
 from stages.common.sm100_idioms import (
@@ -151,9 +152,9 @@ class Kernel:
 
         # Operand pipeline: TMA (one elected thread + tx bytes) → UMMA (one
         # tcgen05.commit per release).
-        ab_prod, ab_cons = tma_umma_pipeline(storage.ab_mbar, self.stages, self.tx_bytes)
+        ab_prod, ab_cons = tma_umma_pipeline(storage.ab_mbar, self.stages, self.tx_bytes, name="ab")
         # Accumulator pipeline: UMMA commit → all 128 epilogue THREADS.
-        acc_prod, acc_cons = umma_to_threads_pipeline(storage.acc_mbar, self.THREADS)
+        acc_prod, acc_cons = umma_to_threads_pipeline(storage.acc_mbar, self.THREADS, name="acc")
 
         # TMEM: warp 0 allocates, everyone reads the base address after TMEM_ALLOC.
         tmem = TmemAllocator(
@@ -199,6 +200,7 @@ class Kernel:
     def mainloop(self, ab_prod, ab_cons, acc_prod, tiled_mma, tma_q, tQgQ, tQsQ, tma_k, tKgK, tKsK, tCrQ, tCrK,
                  tCtAcc):
         """Warp 0: TMA loads and MMAs, unrolled over ≤ 8 K-blocks; `stages` slots in flight."""
+        hang_guard.role("load+mma")  # names this role's waits in a --debug-hangs build
         tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
         mma_k_steps = cute.size(tCrQ, mode=[2])
         acc_slot = acc_prod.acquire_and_advance()
@@ -224,6 +226,7 @@ class Kernel:
     def epilogue(self, acc_cons, tCtAcc, tCgS, tidx):
         """All 4 warps: TMEM → registers → global, 32 columns at a time (warp w owns
         TMEM lanes 32w … 32w + 31 = rows of S)."""
+        hang_guard.role("epilogue")  # names this role's waits in a --debug-hangs build
         epi_tiler = ((cute.size(tCtAcc, mode=[0, 0]), self.EPI_COLS),)
         tAcc_epi = cute.zipped_divide(tCtAcc, epi_tiler)  # ((128, 32), n / 32)
         gS_epi = cute.zipped_divide(tCgS, epi_tiler)

@@ -30,6 +30,7 @@ import cutlass.pipeline as pipeline
 from cutlass.tensor_utils import LayoutEnum
 import cutlass.utils.hopper_helpers as sm90_utils
 
+from stages.common import hang_guard
 from stages.common.inspection import expose
 from stages.common.sm90_idioms import qk_tiled_mma, wgmma_sync
 from stages.common.sm90_setup import TileLoader, TmaPipe, smem_struct, smem_tensors, tma_pipelines, tma_tiles
@@ -116,6 +117,7 @@ class Kernel:
     def mma(self, tidx, warp_idx, tiled_mma, pipe, loader, sQ, sK, acc_shape):
         """S = Σ over K-blocks of Q_kb · K_kbᵀ (fully unrolled: at most 8 K-blocks): wait for a
         slot, multiply, release it, and (warp 0) refill it with K-block kb + stages."""
+        hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         # Operands per warpgroup (shared-memory descriptors); the accumulator per thread.
         thr_mma_wg = tiled_mma.get_slice(cute.arch.make_warp_uniform(tidx // 128) * 128)
         tCrQ = tiled_mma.make_fragment_A(thr_mma_wg.partition_A(sQ))  # (MMA, MMA_M, MMA_K, stages)

@@ -80,6 +80,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import tcgen05
 
+from stages.common import hang_guard
 from stages.common.sm100_idioms import tcgen05_fence_after_sync, tcgen05_fence_before_sync, tmem_copy
 from stages.common.sm100_setup import TmemPAttention, free_tmem, launch, producer_warps
 from stages.common.tma import prefetch_descriptors
@@ -140,6 +141,7 @@ class Kernel(TmemPAttention):
     def softmax_role(self, s_cons, p_prod, s_load, p_store, tStS, tOrP, cS, cP, tidx):
         """Warps 0-3, per KV tile: S row → registers → P = bf16(S) → P's TMEM view;
         S is handed back only once PV_j has read P_j (P lives in S's columns)."""
+        hang_guard.role("softmax")  # names this role's waits in a --debug-hangs build
         thr_s = s_load.get_slice(tidx)
         thr_p = p_store.get_slice(tidx)
         tTR_tS = thr_s.partition_S(tStS)  # this thread's row of S in TMEM
@@ -170,6 +172,7 @@ class Kernel(TmemPAttention):
     @cute.jit
     def epilogue(self, o_cons, o_load, tOtO, tOgO, tidx):
         """Warps 0-3: O row (TMEM) → bf16 → global memory, once the last PV completed."""
+        hang_guard.role("epilogue")  # names this role's waits in a --debug-hangs build
         thr_o = o_load.get_slice(tidx)
         tTR_tO = thr_o.partition_S(tOtO)  # this thread's row of O in TMEM
         tTR_gO = thr_o.partition_D(tOgO)  # this thread's row of O in global memory

@@ -102,6 +102,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import tcgen05
 
+from stages.common import hang_guard
 from stages.common.sm100_idioms import (
     check_same_fragment_coords,
     online_softmax_update,
@@ -186,6 +187,7 @@ class Kernel(TmemPAttention):
         """Warps 0-3, per KV tile: S row → running max / sum → P = exp2 → P's TMEM view;
         between PV_{j-1} (complete) and PV_j (not yet issued) the O rescale by α.
         Returns the row's final (max, sum)."""
+        hang_guard.role("softmax")  # names this role's waits in a --debug-hangs build
         thr_s = s_load.get_slice(tidx)
         thr_p = p_store.get_slice(tidx)
         thr_o = o_load.get_slice(tidx)
@@ -239,6 +241,7 @@ class Kernel(TmemPAttention):
     def epilogue(self, o_cons, o_load, tOtO, tOgO, cO, mLSE, row_max, row_sum, tidx):
         """Warps 0-3, once the last PV completed: O row / l → bf16 → global; LSE
         (natural log) = (m·c + log2 l) · ln 2."""
+        hang_guard.role("epilogue")  # names this role's waits in a --debug-hangs build
         thr_o = o_load.get_slice(tidx)
         tTR_tO = thr_o.partition_S(tOtO)
         tTR_gO = thr_o.partition_D(tOgO)  # this thread's row of O in global memory

@@ -159,6 +159,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import tcgen05
 
+from stages.common import hang_guard
 from stages.common.inspection import expose
 from stages.common.sm100_idioms import (
     TMEM_COL_BITS,
@@ -494,6 +495,7 @@ class Kernel(WarpRoles):
         PV_{j-1} has completed; store P (TMEM or SMEM); rescale O if any row of the warp
         moved its max; tcgen05.wait::st; signal the MMA warp.  Returns the row's final
         (max, sum)."""
+        hang_guard.role("softmax")  # names this role's waits in a --debug-hangs build
         thr_s = s_load.get_slice(tidx)
         thr_o = o_load.get_slice(tidx)
         tTR_tS = thr_s.partition_S(tS_src)  # this thread's row of S in TMEM
@@ -569,6 +571,7 @@ class Kernel(WarpRoles):
     def epilogue(self, o_cons, o_load, tOtO, tOgO, cO, mLSE, row_max, row_sum, cta_idx, tidx):
         """Warps 0-3, once the last PV completed: O row / l → bf16 → global, 32 columns
         at a time; LSE (natural log) from CTA 0."""
+        hang_guard.role("epilogue")  # names this role's waits in a --debug-hangs build
         thr_o = o_load.get_slice(tidx)
         tTR_tO = thr_o.partition_S(tOtO)
         tTR_gO = thr_o.partition_D(tOgO)  # this thread's row of the O slab in global memory

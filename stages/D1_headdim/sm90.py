@@ -66,6 +66,7 @@ import cutlass.pipeline as pipeline
 from cutlass.tensor_utils import LayoutEnum
 import cutlass.utils.hopper_helpers as sm90_utils
 
+from stages.common import hang_guard
 from stages.common.inspection import expose
 from stages.common.sm90_idioms import acc_rows_cols, store_accumulator, wgmma_sync
 from stages.common.sm90_setup import AttentionOperands, TileLoader, TmaPipe, load_once, smem_struct
@@ -174,6 +175,7 @@ class Kernel:
         and α; each warpgroup rescales its O half and adds its P·V_half (module doc).  Warp 0
         also loads: the prologue once the fragments are built (issued any earlier, it costs
         2–5 registers at hd = 128/256), a refill after each release."""
+        hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         bm, bn, hd = self.BLOCK_M, self.block_n, self.hd
         wg = warp_idx // 4  # warpgroup: 0 computes S and the softmax; both own half of O
         tid_wg = tidx % 128

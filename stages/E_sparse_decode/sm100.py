@@ -83,6 +83,7 @@ import cutlass.pipeline as pipeline
 from cutlass.cute.nvgpu import tcgen05
 
 from oracles.sparse_decode import SparseConfig
+from stages.common import hang_guard
 from stages.common.combine import SplitCombine, sink_factor
 from stages.common.fp8_cache import D, cache_block_bytes, convert16, e8m0_to_f32, ldg16, ldg_f32, ldg_u8, lds16
 from stages.common.scheduler import DecodeShape, valid_tiles, visit_tiles
@@ -275,7 +276,7 @@ class Kernel(DecodeSm100):
             num_stages=self.slots,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.DEQUANT_THREADS),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            barrier_storage=storage.kv_mbar.data_ptr(),
+            barrier_storage=storage.kv_mbar.data_ptr(), name=hang_guard.name("kv"),
         )
 
     def bind_keys(self, keys, storage) -> None:
@@ -286,10 +287,10 @@ class Kernel(DecodeSm100):
             num_stages=MASK_SLOTS,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.SOFTMAX_THREADS),
-            barrier_storage=storage.mask_mbar.data_ptr(),
+            barrier_storage=storage.mask_mbar.data_ptr(), name=hang_guard.name("mask"),
         )
         keys.raw_pipe = tma_pipeline(storage.raw_mbar, RAW_SLOTS, self.raw_slot_bytes, len(self.DEQUANT_WARPS),
-                                     defer_sync=False)  # one arrive a dequantisation warp
+                                     defer_sync=False, name="raw")  # one arrive a dequantisation warp
         keys.s_mask = storage.key_mask.get_tensor(cute.make_layout((KV_TILE, MASK_SLOTS)))
         keys.s_idx = storage.raw_idx.get_tensor(cute.make_layout((KV_TILE, RAW_SLOTS)))
         s_rows = storage.raw_rows.get_tensor(cute.make_layout(KV_TILE * RAW_SLOTS))
@@ -367,6 +368,7 @@ class Kernel(DecodeSm100):
         """Warp 5: Q once (TMA); per visited tile the 64 keys' indices (lane l: positions l and
         l + 32), the mask flags, then per chunk a raw slot: sidecar, arrive (with the bytes the
         gather deposits), TMA gather4 of the chunk's bytes of the 64 rows."""
+        hang_guard.role("index")  # names this role's waits in a --debug-hangs build
         c = self.c
         q_slot = q_prod.acquire_and_advance()
         cute.copy(tma_q, tQgQ, tQsQ[None, 0], tma_bar_ptr=q_slot.barrier)
@@ -466,6 +468,7 @@ class Kernel(DecodeSm100):
         """Warps 6-9 (`ptid` 0 … 127): per chunk of every visited tile, in the house's load
         order: the raw slot's indices and bytes (+ scales) into registers, the raw slot
         released, then the converted piece into the next chunk-ring slot (module doc)."""
+        hang_guard.role("dequant")  # names this role's waits in a --debug-hangs build
         c = self.c
         n_local, n_first, first_begin, second_begin = plan
         KV, idx, main_len, KV_extra, idx_extra, extra_len = lists

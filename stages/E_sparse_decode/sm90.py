@@ -97,6 +97,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warp, warpgroup
 
 from oracles.sparse_decode import SparseConfig
+from stages.common import hang_guard
 from stages.common.barriers import NamedBarrier
 from stages.common.cluster_pair import TilePair
 from stages.common.combine import sink_factor
@@ -444,7 +445,7 @@ class Kernel:
             num_stages=self.KV_STAGES,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.plan.producer_threads),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.MMA_THREADS // 32),  # a lane a warp
-            barrier_storage=storage.kv_mbar.data_ptr(),
+            barrier_storage=storage.kv_mbar.data_ptr(), name=hang_guard.name("kv"),
             defer_sync=True,
         )
         cute.arch.mbarrier_init_fence()
@@ -484,6 +485,7 @@ class Kernel:
         taken, the mask entries written, the pieces dequantised into the slot (and the peer's),
         the slot committed.  The slot ring runs on across segments (its state is rebuilt from
         the tiles of the part before the segment)."""
+        hang_guard.role("producer")  # names this role's waits in a --debug-hangs build
         pwarp = ptid // 32
         lane = ptid % 32
         rank = pair.rank()
@@ -768,6 +770,7 @@ class Kernel:
         sequence (stages/common/part_merge.py): piece 1 raises its flag once every MMA thread
         has stored its partial; piece 0 — warpgroup 0's first thread waits for the flag — merges
         the LSEs, stages piece 1's partial in the KV slots and adds it before O is stored."""
+        hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         bm, bn = self.BLOCK_M, self.BLOCK_N
         tid_wg = tidx % 128
         mma_threads = self.MMA_THREADS
@@ -806,7 +809,7 @@ class Kernel:
             softmax = LazyOnlineSoftmax.create(num_rows, self.scale_log2)
             kv_cons = _ring_state(self.KV_STAGES, before, producer=False)
             if cutlass.const_expr(wg == 0):
-                cute.arch.mbarrier_wait(q_bar, k % 2)
+                hang_guard.mbarrier_wait(q_bar, k % 2, "q")
 
             for i in cutlass.range(work.tile_end - work.tile_begin, unroll=1):
                 kv_pipe.consumer_wait(kv_cons)

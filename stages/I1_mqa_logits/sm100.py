@@ -36,6 +36,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils.blackwell_helpers as sm100_utils
 
+from stages.common import hang_guard
 from stages.common.indexer import (
     DIM,
     F32,
@@ -130,6 +131,7 @@ class Kernel(Sm100LogitsCta):
     @cute.jit
     def load_role(self, block, tile_begin, tile_end, q_prod, k_prod, tma_q, tQgQ, tQsQ, tma_k, tKgK, tKsK):
         """Warp 5: the token block's Q once, then the K tiles of the range, one per slot."""
+        hang_guard.role("load")  # names this role's waits in a --debug-hangs build
         if tile_end > tile_begin:
             q_slot = q_prod.acquire_and_advance()
             cute.copy(tma_q, tQgQ[(None, block)], tQsQ[(None, 0)], tma_bar_ptr=q_slot.barrier)
@@ -144,6 +146,7 @@ class Kernel(Sm100LogitsCta):
         """Warps 0-3: thread t owns key t of each tile: its accumulator row (all heads of the 4
         tokens) → relu · w summed per token → × k_scale → −inf outside the token's range →
         logits[token, key]."""
+        hang_guard.role("epilogue")  # names this role's waits in a --debug-hangs build
         bq, bk = self.BLOCK_Q, self.BLOCK_K
         weights_to_smem(sW, mW, block * bq, self.n, tidx, self.EPI_THREADS)
         lo, hi = token_ranges(mKs, mKe, block * bq, bq)

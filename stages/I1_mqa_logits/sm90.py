@@ -51,6 +51,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 
+from stages.common import hang_guard
 from stages.common.indexer import (
     DIM,
     HEADS,
@@ -152,6 +153,7 @@ class Kernel:
     def load(self, block, tile_begin, tile_end, q_pipe, k_pipe, ops, sQ, sK):
         """Load warp: the token block's Q rows (two boxes of 4 tokens · 64 heads × 128) once, then
         the K tiles of the range."""
+        hang_guard.role("load")  # names this role's waits in a --debug-hangs build
         q_load = tma_tiles(ops.tma_q, sQ, ops.mQ, (self.n, DIM), (None, 0))
         k_load = tma_tiles(ops.tma_k, sK, ops.mK, (self.BLOCK_K, DIM), (None, 0))
         load_q_once(q_pipe, q_load, block * self.NUM_MMA_WG, self.NUM_MMA_WG, tile_end > tile_begin)
@@ -165,6 +167,7 @@ class Kernel:
         """MMA warpgroups: warpgroup w, for every K tile: Sᵀ = K_tile · Q_wᵀ (64 keys × its 4 tokens
         · 64 heads), then the fused epilogue (`sm90_store_logits` with `head_sum`), −inf outside
         each token's [ks, ke)."""
+        hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         wq, bk = self.WG_Q, self.BLOCK_K
         wg = tidx // 128
         row0 = block * self.BLOCK_Q + wg * wq  # this warpgroup's first token

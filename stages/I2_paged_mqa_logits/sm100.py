@@ -30,6 +30,7 @@ from cutlass.tensor_utils import LayoutEnum
 import cutlass.utils.blackwell_helpers as sm100_utils
 import cutlass.utils.hopper_helpers as sm90_utils
 
+from stages.common import hang_guard
 from stages.common.indexer import (
     DIM,
     F32,
@@ -151,6 +152,7 @@ class Kernel(Sm100LogitsCta):
                   mTable):
         """Warp 5: the sequence's Q once, then per tile its two cache blocks (through the table,
         clamped to the sequence's last block), one TMA box into each half of the slot."""
+        hang_guard.role("load")  # names this role's waits in a --debug-hangs build
         if tile_end > tile_begin:
             q_slot = q_prod.acquire_and_advance()
             cute.copy(tma_q, tQgQ[(None, seq)], tQsQ[(None, 0)], tma_bar_ptr=q_slot.barrier)
@@ -167,6 +169,7 @@ class Kernel(Sm100LogitsCta):
         """Warps 0-3: thread t owns key t of each tile (block 2k + t // 64, slot t % 64): relu · w
         summed per token, × the key's scale (found through the table), −inf past each token's
         causal limit, stored."""
+        hang_guard.role("epilogue")  # names this role's waits in a --debug-hangs build
         nn, bk, bkv = self.next_n, self.BLOCK_K, self.BLOCK_KV
         weights_to_smem(sW, mW, seq * nn, self.n, tidx, self.EPI_THREADS)
         epi_sync.arrive_and_wait()  # the weights are in shared memory

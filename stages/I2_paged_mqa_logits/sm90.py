@@ -38,6 +38,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 
+from stages.common import hang_guard
 from stages.common.indexer import (
     DIM,
     HEADS,
@@ -150,6 +151,7 @@ class Kernel:
     def load(self, seq, last_block, tile_begin, tile_end, q_pipe, k_pipe, ops, sQ, sK, mTable):
         """Load warp: the sequence's Q rows once, then the chunk's cache blocks (through the
         block table, clamped to the sequence's last block), one per slot."""
+        hang_guard.role("load")  # names this role's waits in a --debug-hangs build
         q_load = tma_tiles(ops.tma_q, sQ, ops.mQ, (self.n, DIM), (None, 0))  # Q tile i: sequence i's tokens
         kv_load = tma_tiles(ops.tma_k, sK, ops.mK, (self.BLOCK_KV, DIM), (0, 0, None))  # tile i: cache block i
         load_q_once(q_pipe, q_load, seq, 1, tile_end > tile_begin)
@@ -164,6 +166,7 @@ class Kernel:
         """MMA warpgroups: warpgroup w takes the chunk's blocks w, w + 2, … (Sᵀ = K_block · Qᵀ, 64
         keys × next_n · 64 heads), then the fused epilogue (`sm90_store_logits` with `head_sum`,
         the block's scales found through the table), −inf past each token's causal limit."""
+        hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         nn, bkv = self.next_n, self.BLOCK_KV
         wg = tidx // 128
         tCrK, tCrQ, acc_shape, coords = sm90_fragments(mma, tidx % 128, sK, sQ, bkv, self.n)

@@ -35,6 +35,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass._mlir.dialects import nvvm
 
+from stages.common import hang_guard
+
 
 class TilePair:
     """The remote half of a KV slot ring shared by the two CTAs of a cluster (see the module
@@ -99,7 +101,7 @@ class TilePair:
         """After the pipeline's producer_acquire: wait until the peer's consumers released slot
         state.index, then (thread 0) arm this CTA's remote_full for the peer's bytes."""
         if cutlass.const_expr(self.enabled):
-            cute.arch.mbarrier_wait(self.remote_empty + state.index, state.phase)
+            hang_guard.mbarrier_wait(self.remote_empty + state.index, state.phase, "pair.remote_empty", state.index)
             if ptid == 0:
                 cute.arch.mbarrier_arrive_and_expect_tx(self.remote_full + state.index, self.peer_bytes)
 
@@ -107,7 +109,7 @@ class TilePair:
     def consumer_wait(self, state):
         """After the pipeline's consumer_wait: the peer's half of the slot has landed."""
         if cutlass.const_expr(self.enabled):
-            cute.arch.mbarrier_wait(self.remote_full + state.index, state.phase)
+            hang_guard.mbarrier_wait(self.remote_full + state.index, state.phase, "pair.remote_full", state.index)
 
     @cute.jit
     def consumer_release(self, state):

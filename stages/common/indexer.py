@@ -58,6 +58,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import tcgen05, warpgroup
 from cutlass.utils.tmem_allocator import TmemAllocator
 
+from stages.common import hang_guard
 from stages.common.sm100_idioms import (
     tcgen05_fence_after_sync,
     tcgen05_fence_before_sync,
@@ -495,9 +496,9 @@ class Sm100LogitsCta:
         sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (MMA, 1, d/32, stages)
         sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)  # (MMA, 1, d/32, 1)
         sW = storage.w.get_tensor(cute.make_layout(self.mma_tiler[1]))
-        k_prod, k_cons = tma_umma_pipeline(storage.k_mbar, self.STAGES, self.k_bytes)
-        q_prod, q_cons = tma_umma_pipeline(storage.q_mbar, 1, self.q_bytes)
-        acc_prod, acc_cons = umma_to_threads_pipeline(storage.acc_mbar, self.EPI_THREADS, self.ACC_STAGES)
+        k_prod, k_cons = tma_umma_pipeline(storage.k_mbar, self.STAGES, self.k_bytes, name="k")
+        q_prod, q_cons = tma_umma_pipeline(storage.q_mbar, 1, self.q_bytes, name="q")
+        acc_prod, acc_cons = umma_to_threads_pipeline(storage.acc_mbar, self.EPI_THREADS, self.ACC_STAGES, name="acc")
         tmem_alloc = TmemAllocator(
             storage.tmem_addr.ptr,
             barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=self._TMEM_ALLOC_BAR, num_threads=self.THREADS),
@@ -521,6 +522,7 @@ def mma_key_tiles(tile_begin, tile_end, q_cons, k_cons, acc_prod, mma, tCrK, tCr
     columns each), the tile's K slot, acc = K_tile · Q_blockᵀ in four MMAs (K = 32 each), then
     release the K slot (tcgen05.commit: free once these MMAs have read it) and commit the buffer
     (full once they complete)."""
+    hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
     if tile_end > tile_begin:
         q_cons.wait_and_advance()
     for tile in cutlass.range(tile_begin, tile_end, unroll=1):

@@ -163,6 +163,7 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
 from cutlass.memory import TmemAllocator
 
+from stages.common import hang_guard
 from stages.common.barriers import NamedBarrier
 from stages.common.combine import SplitCombine
 from stages.common.scheduler import DecodeGrid, DecodeShape, resolve_splits
@@ -577,11 +578,11 @@ class DecodeSm100(WarpRoles):
         sP = storage.sP.get_tensor(p_smem.outer, swizzle=p_smem.inner)
 
         # ---- pipelines (elected thread = 1, softmax side = 128 threads)
-        q_prod, q_cons = tma_umma_pipeline(storage.q_mbar, 1, self.q_bytes)
+        q_prod, q_cons = tma_umma_pipeline(storage.q_mbar, 1, self.q_bytes, name="q")
         kv_pipe = self.kv_pipeline(storage)
-        s_prod, s_cons = umma_to_threads_pipeline(storage.s_mbar, self.SOFTMAX_THREADS, self.s_stages)
-        p_prod, p_cons = threads_to_umma_pipeline(storage.p_mbar, self.SOFTMAX_THREADS)
-        o_prod, o_cons = umma_to_threads_pipeline(storage.o_mbar, self.SOFTMAX_THREADS)
+        s_prod, s_cons = umma_to_threads_pipeline(storage.s_mbar, self.SOFTMAX_THREADS, self.s_stages, name="s")
+        p_prod, p_cons = threads_to_umma_pipeline(storage.p_mbar, self.SOFTMAX_THREADS, name="p")
+        o_prod, o_cons = umma_to_threads_pipeline(storage.o_mbar, self.SOFTMAX_THREADS, name="o")
 
         tmem_alloc = TmemAllocator(
             storage.tmem_addr.ptr,
@@ -662,7 +663,7 @@ class DecodeSm100(WarpRoles):
         one = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         return pipeline.PipelineTmaUmma.create(
             num_stages=self.slots, producer_group=one, consumer_group=one,
-            tx_count=self.k_bytes, barrier_storage=storage.kv_mbar.data_ptr(),
+            tx_count=self.k_bytes, barrier_storage=storage.kv_mbar.data_ptr(), name=hang_guard.name("kv"),
         )
 
     def bind_keys(self, keys, storage) -> None:
@@ -698,6 +699,7 @@ class DecodeSm100(WarpRoles):
     def load_role(self, q_prod, kv_pipe, tma_q, tQgQ, tQsQ, keys, shift):
         """Warp 5: Q once, then the chunks of every KV tile the CTA visits (this CTA's V
         chunks last), each into the next ring slot."""
+        hang_guard.role("load")  # names this role's waits in a --debug-hangs build
         q_slot = q_prod.acquire_and_advance()
         cute.copy(tma_q, tQgQ, tQsQ[None, 0], tma_bar_ptr=q_slot.barrier)
         n_local = keys.n_local
@@ -768,6 +770,7 @@ class DecodeSm100(WarpRoles):
         """Warp 4: QK_0; then per tile j with a successor: the early chunks of QK_{j+1},
         PV_j, the rest of QK_{j+1} (the S buffers alternate), so the next Q·Kᵀ overlaps
         the softmax of tile j; PV of the last tile."""
+        hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         n_local = keys.n_local
         q_full = q_cons.wait_and_advance()
         # The tiled MMAs carry their ACCUMULATE field as traced state: each staged body
@@ -811,6 +814,7 @@ class DecodeSm100(WarpRoles):
                      tidx, rb, half, split, batch, keys, extra):
         """Warps 0-3: the online softmax (thread t owns row t: stages/common/sm100_softmax.py),
         the rung's score mask, P to SMEM, the O rescale, then the epilogue."""
+        hang_guard.role("softmax")  # names this role's waits in a --debug-hangs build
         thr_s = s_load.get_slice(tidx)
         thr_o = o_load.get_slice(tidx)
         thr_o_st = o_store.get_slice(tidx)

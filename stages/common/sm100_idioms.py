@@ -75,6 +75,7 @@ import cutlass.pipeline as pipeline
 from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import tcgen05
 
+from stages.common import hang_guard
 from stages.common.sm100_coords import NotStatic, identity_coords
 
 TMEM_COL_BITS = 32  # one TMEM column is 32 bits wide in every lane
@@ -237,7 +238,7 @@ def check_smem_p(s_load, cS, p_copy, cA, rows: int, kv_tile: int) -> None:
 # Pipelines (arrive counts in threads; an elected thread or a tcgen05.commit counts 1)
 
 
-def tma_umma_pipeline(mbar, stages: int, tx_bytes: int):
+def tma_umma_pipeline(mbar, stages: int, tx_bytes: int, name: str = ""):
     """PipelineTmaUmma over the mbarrier block `mbar` (MemRange of 2 × `stages`
     Int64): an elected producer thread whose TMA loads of `tx_bytes` per slot
     complete the full barrier → the MMA warp, whose release of a slot is a
@@ -246,11 +247,11 @@ def tma_umma_pipeline(mbar, stages: int, tx_bytes: int):
     one = pipeline.CooperativeGroup(pipeline.Agent.Thread)
     return pipeline.PipelineTmaUmma.create(
         num_stages=stages, producer_group=one, consumer_group=one,
-        tx_count=tx_bytes, barrier_storage=mbar.data_ptr(),
+        tx_count=tx_bytes, barrier_storage=mbar.data_ptr(), name=hang_guard.name(name),
     ).make_participants()
 
 
-def umma_to_threads_pipeline(mbar, threads: int, stages: int = 1):
+def umma_to_threads_pipeline(mbar, threads: int, stages: int = 1, name: str = ""):
     """PipelineUmmaAsync: the MMA warp commits (tcgen05.commit: full once the
     MMAs issued before it completed) → `threads` consumer threads, each of
     which arrives on release.  Returns (producer, consumer) participants."""
@@ -258,11 +259,11 @@ def umma_to_threads_pipeline(mbar, threads: int, stages: int = 1):
         num_stages=stages,
         producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
         consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, threads),
-        barrier_storage=mbar.data_ptr(),
+        barrier_storage=mbar.data_ptr(), name=hang_guard.name(name),
     ).make_participants()
 
 
-def threads_to_umma_pipeline(mbar, threads: int, stages: int = 1):
+def threads_to_umma_pipeline(mbar, threads: int, stages: int = 1, name: str = ""):
     """PipelineAsyncUmma: `threads` producer threads each arrive (commit) → the
     MMA warp, whose release is a tcgen05.commit, so "slot free" means the MMAs
     that read the slot have completed.  Returns (producer, consumer)
@@ -271,7 +272,7 @@ def threads_to_umma_pipeline(mbar, threads: int, stages: int = 1):
         num_stages=stages,
         producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, threads),
         consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-        barrier_storage=mbar.data_ptr(),
+        barrier_storage=mbar.data_ptr(), name=hang_guard.name(name),
     ).make_participants()
 
 

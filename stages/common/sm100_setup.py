@@ -60,6 +60,7 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
 from cutlass.memory import TmemAllocator
 
+from stages.common import hang_guard
 from stages.common.sm100_idioms import (
     TmemPlan,
     check_same_fragment_coords,
@@ -236,12 +237,12 @@ class AttentionCta:
         self.sV = storage.sV.get_tensor(v_smem.outer, swizzle=v_smem.inner)
 
         threads = WarpRoles.SOFTMAX_THREADS
-        self.q_prod, self.q_cons = tma_umma_pipeline(storage.q_mbar, 1, plan.q_bytes)
-        self.k_prod, self.k_cons = tma_umma_pipeline(storage.k_mbar, plan.k_slots, plan.k_bytes)
-        self.v_prod, self.v_cons = tma_umma_pipeline(storage.v_mbar, plan.v_slots, plan.v_bytes)
-        self.s_prod, self.s_cons = umma_to_threads_pipeline(storage.s_mbar, threads)
-        self.p_prod, self.p_cons = threads_to_umma_pipeline(storage.p_mbar, threads)
-        self.o_prod, self.o_cons = umma_to_threads_pipeline(storage.o_mbar, threads)
+        self.q_prod, self.q_cons = tma_umma_pipeline(storage.q_mbar, 1, plan.q_bytes, name="q")
+        self.k_prod, self.k_cons = tma_umma_pipeline(storage.k_mbar, plan.k_slots, plan.k_bytes, name="k")
+        self.v_prod, self.v_cons = tma_umma_pipeline(storage.v_mbar, plan.v_slots, plan.v_bytes, name="v")
+        self.s_prod, self.s_cons = umma_to_threads_pipeline(storage.s_mbar, threads, name="s")
+        self.p_prod, self.p_cons = threads_to_umma_pipeline(storage.p_mbar, threads, name="p")
+        self.o_prod, self.o_cons = umma_to_threads_pipeline(storage.o_mbar, threads, name="o")
 
         self.tmem_alloc = TmemAllocator(
             storage.tmem_addr.ptr,
@@ -362,6 +363,7 @@ def load_role(q_prod, k_prod, v_prod, loads: TmaLoads, n_tiles: cutlass.Constexp
     """Warp 5: Q once; per KV tile j its n_chunks K chunks into the K ring, then its Vᵀ
     slab into the V ring.  Waits at the end for the MMA warp's last releases, so no
     arrive lands after the warp exits."""
+    hang_guard.role("load")  # names this role's waits in a --debug-hangs build
     q_slot = q_prod.acquire_and_advance()
     cute.copy(loads.tma_q, loads.tQgQ, loads.tQsQ[None, 0], tma_bar_ptr=q_slot.barrier)
     for j in cutlass.range(n_tiles, unroll=1):
@@ -386,6 +388,7 @@ def mma_role(q_cons, k_cons, v_cons, s_prod, p_cons, o_prod, qk_mma, pv_mma, tSr
         O  += P_j·V_j    once P_j is ready (and O rescaled); accumulate off for j = 0;
                          every PV tile of O per K step of 16 keys
     then commits "O final" after the last PV."""
+    hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
     q_full = q_cons.wait_and_advance()
     kb_per_chunk = cute.size(tSrK, mode=[2])
     num_kb_pv = cute.size(tOrV, mode=[2])

@@ -75,6 +75,7 @@ from cutlass.tensor_utils import LayoutEnum
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
 
+from stages.common import hang_guard
 from stages.common.combine import SplitCombine, sink_factor
 from stages.common.inspection import expose
 from stages.common.scheduler import SM_COUNT, DecodeGrid, VisitPlan, key_limit, resolve_splits, valid_tiles, visit_tiles
@@ -344,6 +345,7 @@ class DecodeSm90:
     def load(self, work, plan, q_pipe, kv_pipe, tma_q, mQ, sQ, tma_kv, mKV, tma_kv2, mKV2, sK):
         """Load role (one warp): Q's row block once, then the visited KV tiles of the batch
         (either branch's) into the slots as they free up."""
+        hang_guard.role("load")  # names this role's waits in a --debug-hangs build
         bm, bn, d = self.BLOCK_M, self.block_n, self.d
         load_once(q_pipe, tma_tiles(tma_q, sQ, mQ, (bm, d), (None, 0)), self.sched.row_block(work))
         _, tKgK, tKsK = tma_tiles(tma_kv, sK, mKV, (bn, d), (None, 0, None))  # tiles (bn, d) of (keys, d, b)
@@ -374,6 +376,7 @@ class DecodeSm90:
                mSink, mO, mLSE, mOp, mLp):
         """The two MMA warpgroups: S, the boundary mask and the softmax in warpgroup 0, P·V
         split by column over both, then the epilogue (see the module doc)."""
+        hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         bm, bn, d = self.BLOCK_M, self.block_n, self.d
         wg = tidx // 128
         tid_wg = tidx % 128

@@ -42,6 +42,8 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
 
+from stages.common import hang_guard
+
 # Lanes whose fragment coordinates are compared at trace time: one full warp
 # (every lane pattern) in the first warpgroup, and one lane of the second.
 _CHECK_THREADS = tuple(range(32)) + (128 + 37,)
@@ -125,7 +127,7 @@ def accumulator_to_a_operand(
     return frag_a
 
 
-def tma_pipeline(mbar, stages: int, tx_bytes: int, consumer_warps: int, defer_sync: bool = True):
+def tma_pipeline(mbar, stages: int, tx_bytes: int, consumer_warps: int, defer_sync: bool = True, name: str = ""):
     """PipelineTmaAsync over the mbarrier block `mbar` (a smem MemRange of 2 ×
     `stages` Int64): the producer is one thread (its TMA loads of `tx_bytes`
     bytes per slot complete the full barrier), the consumer side counts
@@ -141,6 +143,7 @@ def tma_pipeline(mbar, stages: int, tx_bytes: int, consumer_warps: int, defer_sy
         tx_count=tx_bytes,
         barrier_storage=mbar.data_ptr(),
         defer_sync=defer_sync,
+        name=hang_guard.name(name),  # "" unless a --debug-hangs build (stages/common/hang_guard.py)
     )
 
 

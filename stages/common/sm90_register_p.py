@@ -30,6 +30,7 @@ import cutlass.pipeline as pipeline
 from cutlass.tensor_utils import LayoutEnum
 import cutlass.utils.hopper_helpers as sm90_utils
 
+from stages.common import hang_guard
 from stages.common.inspection import expose
 from stages.common.sm90_idioms import accumulator_to_a_operand, register_p_mmas, wgmma_sync
 from stages.common.sm90_setup import AttentionOperands, TileLoader, TmaPipe, load_once, smem_struct
@@ -116,6 +117,7 @@ class RegisterPAttention:
     def mma(self, tidx, warp_idx, ops: AttentionOperands, sQ, sK, sV, q_pipe, kv_loader, o_shape, state):
         """The MMA role (all warps): S, the rung's `between`, P, O += P·V per KV tile; warp 0
         refills each released slot.  Returns the fp32 O accumulator (`o_shape`)."""
+        hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         qk_mma, pv_mma = ops.qk_mma, ops.pv_mma
         thr_qk = qk_mma.get_slice(tidx)
         thr_pv = pv_mma.get_slice(tidx)

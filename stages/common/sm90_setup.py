@@ -76,7 +76,7 @@ def tma_pipelines(storage, pipes):
     makes the mbarrier inits visible and one CTA barrier (no thread touches a pipeline
     before every one is initialised).  Returns the pipelines in order."""
     made = tuple(
-        tma_pipeline(getattr(storage, f"{p.name}_mbar"), p.stages, p.tx_bytes, p.consumer_warps) for p in pipes
+        tma_pipeline(getattr(storage, f"{p.name}_mbar"), p.stages, p.tx_bytes, p.consumer_warps, name=p.name) for p in pipes
     )
     cute.arch.mbarrier_init_fence()
     cute.arch.sync_threads()
