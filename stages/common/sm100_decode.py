@@ -684,6 +684,12 @@ class DecodeSm100(WarpRoles):
         ring = cute.make_tensor(storage.sKV.data_ptr(), cute.make_layout(1))
         return line_view(ring, KV_TILE, self.chunk, self.slots, slot_elems)
 
+    def probs_for_pv(self, keys, j, p, rS, key_cols):
+        """A masked rung's factor on tile j's P (fp32 TensorSSA) after ℓ has summed it and
+        before the bf16 cast for P·V (rS: the row's register tensor, free to reuse).  The
+        house's: none.  (Stage E simple: the keys' fp32 scales.)"""
+        return p
+
     # ---- ring states: chunk g of this CTA's sequence → (slot, phase)
     def _ring_state(self, g, producer: bool):
         """PipelineState of chunk number g: slot g mod R, phase ⌊g / R⌋ mod 2 (the
@@ -847,6 +853,8 @@ class DecodeSm100(WarpRoles):
                 self.mask_scores(keys, j, rS, key_cols, token)
 
             p, new_max, alpha, row_sum = row_softmax_update(rS.load(), row_max, row_sum, c)
+            if cutlass.const_expr(keys.masked):
+                p = self.probs_for_pv(keys, j, p, rS, key_cols)  # ℓ has summed P: a rung's factor on P·V only
             rP.store(p.to(BF16))
 
             p_slot = p_prod.acquire_and_advance()  # PV_{j-1} complete: O final, P buffer free
