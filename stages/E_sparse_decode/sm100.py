@@ -350,6 +350,7 @@ class Kernel(DecodeSm100):
                 (KV_TILE, BOX, regions, RAW_SLOTS), stride=(BOX, 1, KV_TILE * BOX, self.raw_slot_bytes)))
             keys.parts = tuple(None if g is None else gather4_partition(g[0], g[1], keys.s_raw, s_rows, KV_TILE, BOX)
                                for g in keys.gathers)
+            self.gather_tx = self.gather_bytes(next(p for p in keys.parts if p is not None)[0])
         keys.sKw = storage.sKV.get_tensor(keys.kw_smem.outer, swizzle=keys.kw_smem.inner)  # the ring's bytes
 
     def probs_for_pv(self, keys, j, p, rS, key_cols):
@@ -357,6 +358,23 @@ class Kernel(DecodeSm100):
         if self.scores_scaled:
             return keys.scale_probs(j, p, rS, key_cols)
         return p
+
+    def gather_bytes(self, tAsA) -> tuple[int, int]:
+        """(bytes a 128-byte chunk deposits, bytes model1's wide rope chunk deposits) on the raw
+        slot's mbarrier — from the copy atom's shared-memory partition (one gather4_tile's
+        tile), not hand constants (issue 34 item 4): a chunk is 2 tiles (3 for the wide one).
+        Trace time: a tile is KV_TILE rows × BOX bytes, the wide chunk fits its staging slot,
+        and a tile's chunks add up to the bytes gathered a row; else ValueError."""
+        tile = int(cute.size_in_bytes(cutlass.Uint8, tAsA[None, 0, 0].layout))
+        narrow = 2 * tile
+        wide = 3 * tile if self.fmt == "model1" else narrow
+        per_row = GATHER_ROWS[self.fmt][1]
+        total = (self.n_chunks - 1) * narrow + wide
+        if tile != KV_TILE * BOX or wide > self.raw_slot_bytes or total != KV_TILE * per_row:
+            raise ValueError(f"{self.NAME}: a gather4 tile deposits {tile} bytes (want {KV_TILE} rows × {BOX}); "
+                             f"chunks of {narrow} / {wide} bytes (slot {self.raw_slot_bytes}) add up to {total}, "
+                             f"a tile's {KV_TILE} rows hold {KV_TILE * per_row} gathered bytes")
+        return narrow, wide
 
     def is_producer(self, warp_idx):
         """The index warp and the dequantisation warps (5 … 9)."""
@@ -467,9 +485,10 @@ class Kernel(DecodeSm100):
                 cid = (p + shift) % self.n_chunks
                 if cutlass.const_expr(self.gather):
                     wide = cid == self.n_chunks - 1  # model1's rope chunk: 192 bytes a row
-                    nbytes = KV_TILE * 128
+                    narrow_tx, wide_tx = self.gather_tx  # from the copy atom (gather_bytes)
+                    nbytes = narrow_tx
                     if cutlass.const_expr(self.fmt == "model1"):
-                        nbytes = cutlass.Int32(cutlass.select_(wide, KV_TILE * 192, KV_TILE * 128))
+                        nbytes = cutlass.Int32(cutlass.select_(wide, wide_tx, narrow_tx))
                     raw_pipe.sync_object_full.arrive_and_expect_tx(st.index, nbytes)
                     bar = raw_pipe.producer_get_barrier(st)
                     if second:
