@@ -196,6 +196,9 @@ class SparseKeys:
         for the P·V MMA over the unscaled e4m3 values; then tile j's mask slot is released."""
         st = pipeline.PipelineState(MASK_SLOTS, j, j % MASK_SLOTS, (j // MASK_SLOTS) % 2)
         rS.store(p)
+        # A fence the compiler cannot move the scale loads above: hoisted over the exp2s they
+        # kept 64 more registers live and spilled at the 168-register ceiling (s2h128 simple).
+        cute.arch.fence_acq_rel_cta()
         for i in cutlass.range_constexpr(cute.size(rS)):
             rS[i] = rS[i] * self.s_kscale[key_cols[i], st.index]
         self.mask_pipe.consumer_release(st)
