@@ -7,11 +7,14 @@
   timeout        no result within the case's time limit; the worker was killed
   skipped        not attempted
   compiled       built for an arch this machine cannot run: says so, never counts as verified
+  prepared       built for an arch this machine cannot run, and its host path run up to (not
+                 including) the launch on a GPU of another arch (`run --prepare`, harness/prepare.py):
+                 evidence, never a run — not in RAN, never a run baseline, never passes the gate
 """
 
 from __future__ import annotations
 
-STATUSES: tuple[str, ...] = ("pass", "fail", "compile_error", "crash", "timeout", "skipped", "compiled")
+STATUSES: tuple[str, ...] = ("pass", "fail", "compile_error", "crash", "timeout", "skipped", "compiled", "prepared")
 
 # A run with any of these exits non-zero.
 FAILING: tuple[str, ...] = ("fail", "compile_error", "crash", "timeout")
@@ -22,8 +25,12 @@ RAN: tuple[str, ...] = ("pass", "fail", "crash", "timeout")
 # What compiling alone can prove (compile-only baselines of archs no device here runs).
 COMPILED: tuple[str, ...] = ("compiled", "compile_error")
 
+# Built, and its host path run up to the launch on a GPU of another arch: not a run.
+PREPARED: tuple[str, ...] = ("prepared",)
+
 # How each status is shown: glyph and rich style.
 STYLE: dict[str, tuple[str, str]] = {
     "pass": ("✓", "green"), "fail": ("✗", "red"), "compile_error": ("✗", "red"), "crash": ("✗", "red"),
     "timeout": ("⏱", "red"), "skipped": ("-", "dim"), "compiled": ("○", "yellow"),
+    "prepared": ("◐", "cyan"),
 }
