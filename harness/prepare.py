@@ -65,7 +65,9 @@ static int tolerate(int rc) { if (mode == 1 && rc != 0) { refused++; last_refusa
 
 int _cudaLaunchKernelEx(cfg_t *cfg, void *fn, void **args) {
   if (mode == 0) { int (*f)(cfg_t *, void *, void **) = real("_cudaLaunchKernelEx"); return f ? f(cfg, fn, args) : 35; }
-  launches++; memcpy(grid, cfg->grid, 12); memcpy(block, cfg->block, 12); smem = cfg->smem;
+  /* the first launch's grid and block (the kernel; a second is a split combine), the most shared memory */
+  if (launches++ == 0) { memcpy(grid, cfg->grid, 12); memcpy(block, cfg->block, 12); smem = 0; }
+  if (cfg->smem > smem) smem = cfg->smem;
   return 0;
 }
 int _cudaLibraryLoadData(void **lib, const void *code, void *a, void *b, unsigned n, void *c, void *d, unsigned m) {
@@ -162,7 +164,8 @@ def run_host_path(launch, mode: str = "prepare") -> dict[str, Any]:
     """Call `launch()` (a case's compiled host function on its real arguments) with the
     interposer active: what it got to — {"launches": n, "grid", "block", "smem", "refused": n,
     "refusal": the last refused attribute call's error code}.  Raises PrepareError when the
-    interposer is not loaded, RuntimeError when the host path itself failed."""
+    interposer is not loaded.  grid / block are the first launch's (the kernel; a second one
+    is a split combine), smem the most any launch asked for."""
     shim = _SHIM or load_shim()
     if shim is None:
         raise PrepareError("--prepare: the launch interposer is not loaded in this process")
