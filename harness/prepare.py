@@ -14,8 +14,9 @@ inferred dynamic shared memory).  Those calls go through libcute_dsl_runtime.so'
 A small interposer (SHIM_SOURCE, built with the machine's C compiler and loaded RTLD_GLOBAL
 before CuTeDSL, so the JIT-linked host code resolves the wrappers to it) forwards every call to
 the real runtime, except while a prepare is active: then the launch is recorded and NOT made,
-and — the kernel being built for another arch — an attribute call the driver refuses for want
-of an image for this device is recorded and passed over.  Everything else runs for real: the
+and — the kernel being built for another arch — a library, kernel or attribute call the driver
+refuses for want of an image for this device is recorded (which calls, the error) and passed
+over; the record's note says what the driver did and what it refused.  Everything else runs for real: the
 descriptors are encoded from the real tensors on the device, the cubin is loaded into a
 library, the kernel is found by name, and the recorded launch is checked against the device's
 limits (threads per block, grid, opt-in shared memory: 232,448 bytes on both H100 and B200).
@@ -45,23 +46,28 @@ SHIM_SOURCE = r"""
 
 typedef struct { uint32_t grid[3]; uint32_t block[3]; uint64_t smem; void *stream; void *attrs; uint32_t nattrs; } cfg_t;
 static int mode = 0;            /* 0 off: forward all; 1 prepare; 2 fake (no GPU: answer everything) */
-static int launches = 0, refused = 0, last_refusal = 0;
+static int launches = 0, refused = 0, last_refusal = 0, refused_calls = 0;
 static uint32_t grid[3], block[3];
 static uint64_t smem;
 static void *rt = 0;
 
 static void *real(const char *name) { return rt ? dlsym(rt, name) : 0; }
 int dsv4_prepare_runtime(const char *path) { rt = dlopen(path, RTLD_NOW | RTLD_LOCAL); return rt != 0; }
-void dsv4_prepare_begin(int m) { mode = m; launches = refused = last_refusal = 0; }
+void dsv4_prepare_begin(int m) { mode = m; launches = refused = last_refusal = refused_calls = 0; }
 void dsv4_prepare_end(void) { mode = 0; }
 int dsv4_prepare_launches(void) { return launches; }
 int dsv4_prepare_refused(void) { return refused; }
 int dsv4_prepare_last_refusal(void) { return last_refusal; }
+int dsv4_prepare_refused_calls(void) { return refused_calls; }
 void dsv4_prepare_config(uint32_t *out) { memcpy(out, grid, 12); memcpy(out + 3, block, 12); }
 uint64_t dsv4_prepare_smem(void) { return smem; }
 
-/* an attribute call the driver refuses in prepare mode (no image of a foreign-arch kernel): noted, passed over */
-static int tolerate(int rc) { if (mode == 1 && rc != 0) { refused++; last_refusal = rc; return 0; } return rc; }
+/* a call the driver refuses in prepare mode (no image of a foreign-arch kernel for this device): noted by
+   which call (bit: 1 library load, 2 kernel lookup, 4 kernel attribute read, 8 attribute set), passed over */
+static int tolerate(int rc, int call) {
+  if (mode == 1 && rc != 0) { refused++; last_refusal = rc; refused_calls |= call; return 0; }
+  return rc;
+}
 
 int _cudaLaunchKernelEx(cfg_t *cfg, void *fn, void **args) {
   if (mode == 0) { int (*f)(cfg_t *, void *, void **) = real("_cudaLaunchKernelEx"); return f ? f(cfg, fn, args) : 35; }
@@ -73,19 +79,23 @@ int _cudaLaunchKernelEx(cfg_t *cfg, void *fn, void **args) {
 int _cudaLibraryLoadData(void **lib, const void *code, void *a, void *b, unsigned n, void *c, void *d, unsigned m) {
   if (mode == 2) { *lib = (void *)0x1; return 0; }
   int (*f)(void **, const void *, void *, void *, unsigned, void *, void *, unsigned) = real("_cudaLibraryLoadData");
-  return f ? f(lib, code, a, b, n, c, d, m) : 35;
+  int rc = f ? f(lib, code, a, b, n, c, d, m) : 35;
+  if (rc && mode == 1) *lib = (void *)0x1;
+  return tolerate(rc, 1);
 }
 int _cudaLibraryGetKernel(void **k, void *lib, const char *name) {
   if (mode == 2) { *k = (void *)0x2; return 0; }
   int (*f)(void **, void *, const char *) = real("_cudaLibraryGetKernel");
-  return f ? f(k, lib, name) : 35;
+  int rc = f ? f(k, lib, name) : 35;
+  if (rc && mode == 1) *k = (void *)0x2;
+  return tolerate(rc, 2);
 }
 int _cuKernelGetAttribute(int *v, int attr, void *k, int dev) {
   if (mode == 2) { *v = 0; return 0; }
   int (*f)(int *, int, void *, int) = real("_cuKernelGetAttribute");
   int rc = f ? f(v, attr, k, dev) : 35;
   if (rc && mode == 1) *v = 0;
-  return tolerate(rc);
+  return tolerate(rc, 4);
 }
 int _cudaDeviceGetAttribute(int *v, int attr, int dev) {
   if (mode == 2) { *v = attr == 97 ? 232448 : 0; return 0; }
@@ -100,12 +110,12 @@ int _cudaGetDevice(int *d) {
 int _cudaFuncSetAttribute(void *k, int attr, int v) {
   if (mode == 2) return 0;
   int (*f)(void *, int, int) = real("_cudaFuncSetAttribute");
-  return tolerate(f ? f(k, attr, v) : 35);
+  return tolerate(f ? f(k, attr, v) : 35, 8);
 }
 int _cudaKernelSetAttributeForDevice(void *k, int attr, int v, int dev) {
   if (mode == 2) return 0;
   int (*f)(void *, int, int, int) = real("_cudaKernelSetAttributeForDevice");
-  return tolerate(f ? f(k, attr, v, dev) : 35);
+  return tolerate(f ? f(k, attr, v, dev) : 35, 8);
 }
 """
 
@@ -180,7 +190,7 @@ def run_host_path(launch, mode: str = "prepare") -> dict[str, Any]:
     shim.dsv4_prepare_config(cfg)
     return {"launches": int(shim.dsv4_prepare_launches()), "grid": list(cfg[:3]), "block": list(cfg[3:]),
             "smem": int(shim.dsv4_prepare_smem()), "refused": int(shim.dsv4_prepare_refused()),
-            "refusal": int(shim.dsv4_prepare_last_refusal())}
+            "refusal": int(shim.dsv4_prepare_last_refusal()), "refused_calls": int(shim.dsv4_prepare_refused_calls())}
 
 
 def check_launch(got: dict[str, Any], limits: dict[str, int]) -> list[str]:
@@ -215,11 +225,19 @@ def device_limits() -> dict[str, int]:
             "smem_optin": attr(A.cudaDevAttrMaxSharedMemoryPerBlockOptin)}
 
 
+_CALLS = ((1, "cubin loaded as a library"), (2, "kernel found by name"), (4, "kernel attributes read"),
+          (8, "shared-memory attributes set"))
+
+
 def describe(got: dict[str, Any], device: str, arch: str) -> str:
-    """The note of a `prepared` record."""
+    """The note of a `prepared` record: what the driver did, what it refused (for want of an
+    image of the kernel's arch for this device) and the launch that was reached, not made."""
     g, b = tuple(got["grid"]), got["block"][0]
-    refused = (f"; {got['refused']} attribute call(s) the driver refused for want of an {arch} image "
-               f"(error {got['refusal']}) passed over") if got["refused"] else ""
-    return (f"prepared, not run: host path up to the launch on {device} — {arch} cubin loaded as a library, "
-            f"kernel found, TMA descriptors encoded from the real tensors, launch grid {g} × {b} threads, "
-            f"{got['smem']} B dynamic shared memory{refused}; not launched, nothing verified")
+    bits = got.get("refused_calls", 0)
+    done = [what for bit, what in _CALLS if not bits & bit]
+    refused = [what for bit, what in _CALLS if bits & bit]
+    refused_text = (f"; refused by the driver for this device (error {got['refusal']}), passed over: "
+                    f"{', '.join(refused)}") if refused else ""
+    return (f"prepared, not run: host path up to the launch on {device} — TMA descriptors encoded from the "
+            f"real tensors, {', '.join(done) or 'no driver call accepted'}{refused_text}; launch grid {g} × {b} "
+            f"threads, {got['smem']} B dynamic shared memory, {arch}; not launched, nothing verified")

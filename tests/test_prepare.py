@@ -139,6 +139,11 @@ _HOST_PATH = """
     ins = make_inputs(case, 1)
     args = [from_dlpack(ins[s.name] if s.role == "in" else torch.zeros(s.shape, dtype=getattr(torch, s.dtype)),
                         assumed_align=16) for s in specs]
+    try:  # the real runtime on a machine without a driver: a refusal that is not about the arch stops it
+        run_host_path(lambda: fn(*args, cuda.CUstream(0)), mode="prepare")
+        print("PREPARE_RETURNED")
+    except Exception as exc:
+        print("PREPARE_RAISED", type(exc).__name__)
     got = run_host_path(lambda: fn(*args, cuda.CUstream(0)), mode="fake")
     print("GOT", json.dumps({**got, "launch_smem": launch_smem_bytes(str(c.ir_module)),
                              "grid": got["grid"], "want_grid": list(k.launch_grid()), "threads": k.THREADS}))
@@ -148,7 +153,8 @@ _HOST_PATH = """
 def test_the_host_path_of_e_sm100_runs_up_to_the_launch_under_the_interposer(tmp_path):
     """CuTeDSL's compiled host code of E sm100 (simple), on its real arguments, with the launch
     interposer in fake mode: one launch reached, not made, with the kernel's grid and threads and
-    the dynamic shared memory the compile inferred."""
+    the dynamic shared memory the compile inferred.  In prepare mode against the real runtime
+    (no driver here) a failing call that is not a foreign-arch refusal raises: no `prepared`."""
     path = tmp_path / "probe.py"
     path.write_text(textwrap.dedent(_HOST_PATH))
     env = {**os.environ, "CUTE_DSL_ARCH": "sm_100a", "PYTHONPATH": str(ROOT)}
@@ -156,6 +162,7 @@ def test_the_host_path_of_e_sm100_runs_up_to_the_launch_under_the_interposer(tmp
                        text=True, timeout=900)
     out = r.stdout + r.stderr
     assert "GOT" in out, out[-3000:]
+    assert "PREPARE_RAISED" in out and "PREPARE_RETURNED" not in out, out[-3000:]  # never a false `prepared`
     got = json.loads(out.split("GOT", 1)[1].strip().splitlines()[0])
     assert got["launches"] == 1 and got["refused"] == 0, got
     assert got["grid"] == got["want_grid"] and got["block"] == [got["threads"], 1, 1], got

@@ -2,8 +2,9 @@
 up to, not including, the launch (`run --prepare`, harness/prepare.py) — CuTeDSL's TMA
 descriptors (gather4 included) encoded from real tensors on the device, the sm_100a cubin loaded
 as a CUDA library through the real driver, the kernel found, the launch's grid, block and dynamic
-shared memory checked against this device's limits — and each case is recorded `prepared`, never
-`pass`.  Issue 34 item 5.  The lead runs:
+shared memory checked against this device's limits (a driver call refused for want of an sm_90
+image of the kernel is passed over and named in the note) — and each case is recorded
+`prepared`, never `pass`.  Issue 34 item 5.  The lead runs:
 
     python3 -m pytest -q -m gpu tests/test_prepare_gpu.py
     dsv4-lab run E --arch sm_100a --prepare --where config=s2h64_m128bs256_x512bs64,scenario=invalid,splits=1
