@@ -68,12 +68,34 @@ def test_dashboard_shows_prepared_apart_from_compiled_and_from_a_run(project_roo
     assert c.ran == "○ compiled, not run"
 
 
-def test_baselines_never_take_a_prepared_record_as_a_run_result(fake_lab):
-    """accept's run baseline is the newest `pass`: a `prepared` record (the newest, fresh) is not one."""
-    from harness.baselines import newest
+def test_baselines_never_take_a_prepared_record_as_a_run_result(tmp_path, monkeypatch):
+    """`baseline accept` on a lab whose only record of a case is a fresh `prepared` one: even with
+    the arch counted as runnable here, no run baseline comes of it (there is no pass); where the
+    arch cannot run, what it gives is a compile-only baseline (its build facts), never a run one."""
+    from harness import baselines
+    from harness.identity import source_hash
+    from harness.matrix import expand
+    from harness.records import RecordWriter
+    from harness.spec import load_spec
+    from tests.conftest import copy_lab
 
-    recs = [_rec("prepared", code={"src": "abc"})]
-    assert newest(recs, "D2", "sm_100a", recs[0].case, "abc", statuses=("pass",)) is None
+    lab = copy_lab(tmp_path / "lab", results=False)
+    spec = load_spec(root=lab)
+    stage = spec.stages["D2"]
+    case = expand(stage)[0]
+    src = source_hash(lab, stage, "sm_100a")
+    rec = dataclasses.replace(_rec("prepared", note="prepared, not run: …", code={"src": src},
+                                   compile={"key": "k", "regs": 160, "spill": 0, "inv": {"all": 1}}),
+                              case=case.dict)
+    writer = RecordWriter(lab)
+    writer.write(rec)
+    writer.close()
+    monkeypatch.setattr(baselines, "runnable_archs", lambda: {"cpu", "sm_90a", "sm_100a"})
+    baselines.accept(spec, stage, ["sm_100a"], [case])
+    assert baselines.load(lab) == []  # no pass: nothing to take as a run result
+    monkeypatch.setattr(baselines, "runnable_archs", lambda: {"cpu"})
+    baselines.accept(spec, stage, ["sm_100a"], [case])
+    assert [b.kind for b in baselines.load(lab)] == ["compile"]
 
 
 def test_run_prepare_without_a_gpu_says_so_and_records_compiled(fake_lab, monkeypatch):
