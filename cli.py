@@ -294,11 +294,19 @@ def run_cmd(
     debug_hangs: bool = typer.Option(False, "--debug-hangs", help="build with every mbarrier wait bounded (4 s): a "
                                                                   "hang is recorded as `hang` naming role, pipeline, "
                                                                   "slot, phase and CTA"),
+    prepare: bool = typer.Option(False, "--prepare", help="a case of an arch no GPU here runs (sm_100a on an H100): "
+                                                          "run its host path up to, not including, the launch on "
+                                                          "the GPU that is here — status `prepared`, never a pass"),
+    first_light: bool = typer.Option(False, "--first-light", help="the first Blackwell session's plan: its cases "
+                                                                  "in order, stopping at the first failure "
+                                                                  "(docs/BLACKWELL.md); with --target NAME"),
 ) -> None:
     """Run a stage's matrix (filtered by axis flags like --hd 512); live progress, a table, records."""
     from harness.report import run_local_and_report
 
     spec = _spec()
+    if first_light:
+        _first_light(spec, ctx, stage, all_, where, arch, target)
     if all_ and stage is not None and stage.startswith("--"):  # `run --all --hd 64`: the filter was read as the stage
         ctx.args[:0] = [stage]
         stage = None
@@ -337,12 +345,34 @@ def run_cmd(
         from harness.remote_side import run_emitting
 
         code = run_emitting(spec, stages, archs, cases, bench=bench, gpus=gpu_list, workers_per_gpu=workers_per_gpu,
-                            timeout=timeout, seed=seed, argv=argv, shard=shard_t, debug_hangs=debug_hangs)
+                            timeout=timeout, seed=seed, argv=argv, shard=shard_t, debug_hangs=debug_hangs,
+                            prepare=prepare)
     else:
         code = run_local_and_report(
             spec, stages, archs, cases, bench=bench, gpus=gpu_list, workers_per_gpu=workers_per_gpu,
             timeout=timeout, seed=seed, argv=argv, shard=shard_t, record=record, debug_hangs=debug_hangs,
+            prepare=prepare,
         )
+    raise typer.Exit(code)
+
+
+def _first_light(spec: Spec, ctx: typer.Context, stage: Optional[str], all_: bool, where: Optional[str], arch: str,
+                 target: str) -> None:
+    """`run --first-light [--target NAME]`: the plan of harness/first_light.py; exits with its code."""
+    import inspect
+
+    from harness.first_light import first_light
+    from harness.report import run_local_and_report
+
+    if stage is not None or all_ or where or ctx.args or arch != "all":
+        raise UsageError("--first-light runs its own plan of cases (docs/BLACKWELL.md): give no stage, filters or "
+                         "--arch, only --target NAME")
+    supported = "debug_hangs" in inspect.signature(run_local_and_report).parameters  # issue 34 item 2
+    try:
+        code = first_light(spec, None if target == "local" else target, debug_hangs_supported=supported)
+    except ValueError as exc:
+        print(f"dsv4-lab: {exc}", file=sys.stderr)
+        code = 2
     raise typer.Exit(code)
 
 

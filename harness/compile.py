@@ -172,6 +172,32 @@ def dynamic_smem_bytes(kernel) -> int | None:
         return None
 
 
+_LAUNCH_CONFIG = "!llvm.struct<(array<3 x i32>, array<3 x i32>, i64, ptr, ptr, i32)>"  # grid, block, smem, …
+_CONST = re.compile(r"(%[\w.]+) = llvm\.mlir\.constant\((\d+) : i64\) : i64")
+_SMEM_FIELD = re.compile(r"(%[\w.]+) = llvm\.getelementptr %[\w.]+\[0, 2\] : \(!llvm\.ptr\) -> !llvm\.ptr, (.+)$")
+_STORE = re.compile(r"llvm\.store (%[\w.]+), (%[\w.]+) : i64, !llvm\.ptr")
+
+
+def launch_smem_bytes(ir_text: str) -> list[int]:
+    """The dynamic shared memory of each kernel launch in a compiled module's host code (the
+    lowered IR: `str(compiled.ir_module)`), in order: the constant CuTeDSL inferred
+    (InferKernelSmemUsagePass) and stored into the launch config's smem field — the bytes the
+    driver is asked for.  Empty when the IR holds no such store (a launch with a run-time size)."""
+    found: list[int] = []
+    for func in ir_text.split("llvm.func ")[1:]:  # SSA names are per function
+        consts: dict[str, int] = {}
+        fields: set[str] = set()
+        for line in func.splitlines():
+            line = line.strip()
+            if m := _CONST.match(line):
+                consts[m.group(1)] = int(m.group(2))
+            elif (m := _SMEM_FIELD.match(line)) and m.group(2).strip() == _LAUNCH_CONFIG:
+                fields.add(m.group(1))
+            elif (m := _STORE.match(line)) and m.group(2) in fields and m.group(1) in consts:
+                found.append(consts[m.group(1)])
+    return found
+
+
 def _fake_tensor(spec):
     import cutlass
     from cutlass.cute.runtime import make_fake_compact_tensor

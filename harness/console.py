@@ -46,7 +46,7 @@ def case_line(rec: Record) -> str:
         parts.append(f"{timing['us']:.2f} µs")
         if isinstance(timing.get("peer_us"), (int, float)):
             parts.append(f"(torch {timing['peer_us']:.2f} µs)")
-    if rec.status == "compiled" and rec.note:
+    if rec.status in ("compiled", "prepared") and rec.note:
         parts.append(f"[dim]{escape(printable(rec.note, 200))}[/]")
     elif rec.error and rec.status != "pass":
         first = rec.error.splitlines()[0] if rec.error.strip() else rec.error

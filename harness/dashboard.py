@@ -112,6 +112,12 @@ def cell(spec: Spec, stage: Stage, arch: str, records: list[Record], baselines: 
         c.not_run = note[len(NOT_RUN):].strip() if note else (why_not_here(arch) or "not run yet")
         c.ran = "✗ compile error" if compile_error else "○ compiled, not run"
         c.style = "red" if compile_error else "yellow"
+        prepared = [r for r in mine if r.status == "prepared" and r.code.get("src") == src]
+        if prepared and not compile_error:  # its own thing: the host path went up to the launch, nothing ran
+            n = len({case_label(r.case) for r in prepared})
+            gpu = str(prepared[-1].env.get("gpu", "?")).removeprefix("NVIDIA ")
+            c.ran = f"◐ prepared on {gpu}, not run ({n}/{count(stage)})"
+            c.style = "cyan"
         c.stale = "stale" if newest.code.get("src") != src else ""
         c.age = _age(newest.t, now)
         return c

@@ -21,7 +21,8 @@ from harness.spec import Spec, Stage
 
 def run_emitting(spec: Spec, stages: list[Stage], archs: list[str] | None, cases: dict[str, list[Case]], *,
                  bench: bool, gpus: list[int] | None, workers_per_gpu: int, timeout: float | None, seed: int,
-                 argv: list[str], shard: tuple[int, int] | None = None, debug_hangs: bool = False) -> int:
+                 argv: list[str], shard: tuple[int, int] | None = None, debug_hangs: bool = False,
+                 prepare: bool = False) -> int:
     """Run the planned cases here, sending records on the channel (progress on stderr)."""
     try:
         sender = open_sender()  # before the runner starts any process
@@ -34,7 +35,7 @@ def run_emitting(spec: Spec, stages: list[Stage], archs: list[str] | None, cases
     if shard is not None:
         tasks = tasks[shard[0]::shard[1]]
     opts = RunOptions(tasks=tasks, bench=bench, gpus=gpus, workers_per_gpu=workers_per_gpu,
-                      timeout_s=timeout, seed=seed, argv=argv, debug_hangs=debug_hangs)
+                      timeout_s=timeout, seed=seed, argv=argv, debug_hangs=debug_hangs, prepare=prepare)
 
     def progress(rec) -> None:
         print(f"{rec.status} {rec.stage} {rec.arch} {rec.case}", file=sys.stderr, flush=True)

@@ -61,12 +61,16 @@ def results_table(records: list[Record]) -> Table:
 def summary_lines(records: list[Record], interrupted: bool, reasons: dict[str, str], *, planned: int | None = None,
                   errors: list[str] | None = None, signal_name: str | None = None) -> list[str]:
     counts = status_counts(records)
-    ran = sum(v for k, v in counts.items() if k not in ("compiled", "compile_error", "skipped"))
+    ran = sum(v for k, v in counts.items() if k not in ("compiled", "compile_error", "skipped", "prepared"))
     lines = [" · ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no cases"]
     for arch, why in sorted(reasons.items()):
         n = sum(1 for r in records if r.arch == arch and r.status == "compiled")
         if n:
             lines.append(f"{arch}: {n} case(s) {why}. Nothing was run or verified for {arch}.")
+    for arch in sorted({r.arch for r in records if r.status == "prepared"}):
+        n = sum(1 for r in records if r.arch == arch and r.status == "prepared")
+        lines.append(f"{arch}: {n} case(s) prepared: the host path ran up to the launch on a GPU of another arch "
+                     f"(--prepare). Nothing was launched or verified for {arch}.")
     if records and ran == 0:
         lines.append("No case ran on a GPU in this run.")
     for err in errors or []:
@@ -83,7 +87,7 @@ def summary_lines(records: list[Record], interrupted: bool, reasons: dict[str, s
 def run_local_and_report(spec: Spec, stages: list[Stage], archs: list[str] | None, cases: dict[str, list[Case]],
                          *, bench: bool, gpus: list[int] | None, workers_per_gpu: int, timeout: float | None,
                          seed: int, argv: list[str], shard: tuple[int, int] | None = None, record: bool = False,
-                         debug_hangs: bool = False) -> int:
+                         debug_hangs: bool = False, prepare: bool = False) -> int:
     """`dsv4-lab run` here: progress, a line per case, the table and the summary. A case this machine
     cannot run whose compile says what its newest fresh record says is not recorded again, unless
     `record` (`--record`)."""
@@ -94,7 +98,8 @@ def run_local_and_report(spec: Spec, stages: list[Stage], archs: list[str] | Non
         i, n = shard
         tasks = tasks[i::n]
     opts = RunOptions(tasks=tasks, bench=bench, gpus=gpus, workers_per_gpu=workers_per_gpu,
-                      timeout_s=timeout, seed=seed, argv=argv, only_new=not record, debug_hangs=debug_hangs)
+                      timeout_s=timeout, seed=seed, argv=argv, only_new=not record, debug_hangs=debug_hangs,
+                      prepare=prepare)
     console = make_console()
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, transient=True)

@@ -57,6 +57,7 @@ class RunOptions:
     argv: list[str] = field(default_factory=list)
     only_new: bool = False  # a compiled-not-run case that repeats its newest fresh record is not written
     debug_hangs: bool = False  # build with bounded mbarrier waits; an expired one is a `hang` (harness/hangs.py)
+    prepare: bool = False  # a case of an arch no GPU here runs: its host path up to the launch on one that is here
 
 
 class RunSetupError(Exception):
@@ -149,6 +150,7 @@ class Runner:
         self._workers: list[WorkerHandle] = []
         self._threads: list[threading.Thread] = []
         self._newest: dict[tuple, Record] = {}  # only_new: the newest fresh build record of each idle case
+        self._prepare_archs: set[str] = set()  # `--prepare`: archs whose cases go up to the launch here
         self._lazy_start = False  # only_new with nothing to run here: the start event waits for a record
         self._started = False
         self._start_event: dict[str, Any] = {}
@@ -241,6 +243,8 @@ class Runner:
         runnable_archs = {"cpu"} | {a for _, a in caps.values() if a}
         reasons = {t.arch: not_runnable_reason(t.arch, caps) for t in self.opts.tasks if t.arch not in runnable_archs}
         idle = [t for t in self.opts.tasks if t.arch not in runnable_archs]
+        self._prepare_archs = self._set_up_prepare(caps, idle, reasons)
+        idle = [t for t in idle if t.arch not in self._prepare_archs]  # prepared cases are worked, not idle
         if self.opts.only_new and self.emit is None and idle:
             for t in idle:
                 if (t.stage.id, t.arch) not in self._identity:
@@ -272,6 +276,8 @@ class Runner:
                 if not res.ok:
                     self._record(task, "compile_error", error=res.error, trace=res.trace or None,
                                  compile=res.summary(), env=host_environment())
+                elif task.arch in self._prepare_archs:  # `--prepare`: up to the launch on a GPU of another arch
+                    ready.put((task, res))
                 elif task.arch not in runnable_archs:
                     self._record(task, "compiled", compile=res.summary(),
                                  env=host_environment(), note=reasons[task.arch])
@@ -303,6 +309,25 @@ class Runner:
                         signal.signal(s, signal.SIG_IGN if interrupted else h)
         return RunSummary(self.run_id, self.records, interrupted, reasons, planned=len(self.opts.tasks),
                           errors=list(self.errors), signum=self._signum)
+
+    def _set_up_prepare(self, caps, idle: list[Task], reasons: dict[str, str]) -> set[str]:
+        """`--prepare`: the archs whose cases go to a GPU of another arch for their host path up
+        to the launch (harness/prepare.py; its interposer built and named for the workers).
+        Without a GPU here the cases stay `compiled`, and their reason says so."""
+        if not self.opts.prepare or not idle:
+            return set()
+        if not caps:
+            for arch in {t.arch for t in idle}:
+                reasons[arch] += " — --prepare needs a GPU here (of any arch) to prepare on"
+            return set()
+        from harness.paths import cache_dir
+        from harness.prepare import ENV, PrepareError, build_shim
+
+        try:
+            os.environ[ENV] = str(build_shim(cache_dir(self.root) / "prepare"))  # the workers load it at start
+        except PrepareError as exc:
+            raise RunSetupError(str(exc)) from None
+        return {t.arch for t in idle}
 
     def _shut_down(self, compiler: Compiler, ready: queue.Queue, kill: bool) -> None:
         for w in self._workers:
@@ -359,7 +384,8 @@ class Runner:
                                      error=f"compiler process failed: {type(exc).__name__}: {exc}")
 
     def _start_workers(self, caps, runnable_archs: set[str], ready: queue.Queue) -> list[threading.Thread]:
-        needs_gpu = any(t.arch in runnable_archs and t.arch != "cpu" for t in self.opts.tasks)
+        needs_gpu = any((t.arch in runnable_archs and t.arch != "cpu") or t.arch in self._prepare_archs
+                        for t in self.opts.tasks)
         slots: list[int | None] = []
         if needs_gpu:
             for gpu in sorted(caps):
@@ -402,6 +428,7 @@ class Runner:
             seed=_seed(s.id, task.case.dict, self.opts.seed),
             object_path=res.object_path, prefix=res.prefix, bench=self._bench_this(task),
             debug_hangs=self.opts.debug_hangs,
+            prepare=task.arch in self._prepare_archs,
         )
         timeout = self.opts.timeout_s if self.opts.timeout_s is not None else s.timeout_s
         out = handle.run(job, timeout)
@@ -409,7 +436,9 @@ class Runner:
             return
         env = handle.env or host_environment()
         common = dict(compile=res.summary() if task.arch != "cpu" else None, env=env, gpu=handle.gpu)
-        if "metrics" in out:
+        if "prepared" in out:  # up to the launch on a GPU of another arch: evidence, not a run
+            self._record(task, "prepared", note=out.get("note"), **common)
+        elif "metrics" in out:
             status, why = judge(s.tolerances, out["metrics"])
             if out.get("wrote_inputs"):  # a kernel that writes its inputs fails, whatever its outputs
                 status, why = "fail", "; ".join(filter(None, [describe_input_writes(out["wrote_inputs"]), why]))

@@ -9,11 +9,15 @@
                  line names the role, pipeline, slot, phase and CTA (stages/common/hang_guard.py)
   skipped        not attempted
   compiled       built for an arch this machine cannot run: says so, never counts as verified
+  prepared       built for an arch this machine cannot run, and its host path run up to (not
+                 including) the launch on a GPU of another arch (`run --prepare`, harness/prepare.py):
+                 evidence, never a run — not in RAN, never a run baseline, never passes the gate
 """
 
 from __future__ import annotations
 
-STATUSES: tuple[str, ...] = ("pass", "fail", "compile_error", "crash", "timeout", "skipped", "compiled", "hang")
+STATUSES: tuple[str, ...] = ("pass", "fail", "compile_error", "crash", "timeout", "skipped", "compiled", "hang",
+                           "prepared")
 
 # A run with any of these exits non-zero.
 FAILING: tuple[str, ...] = ("fail", "compile_error", "crash", "timeout", "hang")
@@ -24,9 +28,13 @@ RAN: tuple[str, ...] = ("pass", "fail", "crash", "timeout", "hang")
 # What compiling alone can prove (compile-only baselines of archs no device here runs).
 COMPILED: tuple[str, ...] = ("compiled", "compile_error")
 
+# Built, and its host path run up to the launch on a GPU of another arch: not a run.
+PREPARED: tuple[str, ...] = ("prepared",)
+
 # How each status is shown: glyph and rich style.
 STYLE: dict[str, tuple[str, str]] = {
     "pass": ("✓", "green"), "fail": ("✗", "red"), "compile_error": ("✗", "red"), "crash": ("✗", "red"),
     "timeout": ("⏱", "red"), "skipped": ("-", "dim"), "compiled": ("○", "yellow"),
     "hang": ("⏱", "red"),
+    "prepared": ("◐", "cyan"),
 }

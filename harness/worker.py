@@ -50,6 +50,7 @@ class Job(KernelJob):
     peer: tuple[str, str] | None = None
     bench: bool = False
     debug_hangs: bool = False  # a --debug-hangs build: the launch's printed output is read (harness/hangs.py)
+    prepare: bool = False  # a kernel of another arch: its host path up to the launch only (harness/prepare.py)
 
 
 # ---------------------------------------------------------------------------------------
@@ -68,6 +69,8 @@ class _Executor:
         from harness.metrics import compare, poison_
         from harness.pristine import keep, restore, written
 
+        if job.prepare:
+            return self.prepare(job)
         device = "cpu" if job.arch == "cpu" else "cuda"
         tensors_fn, inputs_fn, oracle_fn = attr(job.tensors), attr(job.inputs), attr(job.oracle)
         specs = tensors_fn(job.case)
@@ -110,6 +113,36 @@ class _Executor:
         if job.bench and device == "cuda":
             result["timing"] = self._bench(job, specs, inputs, fresh_outputs)
         return result
+
+    def prepare(self, job: Job) -> dict:
+        """A kernel built for another arch: its inputs on this GPU, its outputs allocated, its
+        compiled host path run up to (not including) the launch (harness/prepare.py), the
+        recorded launch checked against this device's limits.  {"prepared": what it got to,
+        "note": …}; raises when the host path failed or the launch could not start."""
+        import torch
+
+        from harness.check import ContractError, inputs_problems, specs_problems
+        from harness.metrics import poison_
+        from harness.prepare import check_launch, describe, device_limits, run_host_path
+
+        tensors_fn, inputs_fn = attr(job.tensors), attr(job.inputs)
+        specs = tensors_fn(job.case)
+        bad = specs_problems(specs, tensors_fn, self.root)
+        if bad:
+            raise ContractError(bad[0])
+        inputs = inputs_fn(job.case, job.seed, "cuda")
+        bad = inputs_problems(specs, inputs, inputs_fn, self.root)
+        if bad:
+            raise ContractError(bad[0])
+        outputs = {s.name: poison_(torch.empty(s.shape, dtype=getattr(torch, s.dtype), device="cuda"))
+                   for s in specs if s.role in ("out", "scratch")}
+        args = [inputs[s.name] if s.role == "in" else outputs[s.name] for s in specs]
+        got = run_host_path(self.launcher(job, args))
+        torch.cuda.synchronize()  # nothing was launched: a sticky error would be the host path's
+        why = check_launch(got, device_limits())
+        if why:
+            raise RuntimeError(f"prepare: the launch would not start: {'; '.join(why)}")
+        return {"prepared": got, "note": describe(got, torch.cuda.get_device_name(), job.arch.removesuffix("a"))}
 
     def _bench(self, job: Job, specs, inputs: dict, fresh_outputs) -> dict:
         from harness.timing import bench, rotations
@@ -220,11 +253,19 @@ def worker_main(conn: Connection, root: str, gpu: int | None, parent_pid: int | 
     if root not in sys.path:
         sys.path.insert(0, root)
     try:
+        from harness.prepare import load_shim
+
+        shim = load_shim()  # `run --prepare`: the launch interposer, before CuTeDSL binds its runtime
         import torch
 
         env: dict[str, Any] = {}
         if torch.cuda.is_available():
             import cutlass  # noqa: F401  (import cost paid before the first case)
+
+            if shim is not None:
+                from harness.prepare import point_at_runtime
+
+                point_at_runtime(shim)  # the interposer forwards every call unless a prepare is on
 
             from harness.environment import gpu_environment
 

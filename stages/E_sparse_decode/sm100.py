@@ -46,7 +46,7 @@ epilogue, split-KV + SplitCombine).  What is new in this rung, through the house
     The dequantisation warps (warps 6 … 9, 128 threads).  Per chunk: wait for the raw slot,
         read the 4 indices of their keys from the sidecar (thread p: keys p // 8 + 16 r, r =
         0 … 3; columns 16 (p mod 8) … + 15) and issue the scale loads of the valid ones (global
-        memory; `simple`: also the 16 raw bytes of each key, all 4 keys' loads before any use),
+        memory; `simple`: the 16 raw bytes of each key instead, all 4 keys' loads before any use),
         take a slot of the house's bf16 chunk ring (PipelineAsyncUmma, 128 threads → the MMA
         warp), then key by key read the staged bytes (16, or 32 for model1's rope; one key at a
         time keeps 8 registers, not 32), convert (e4m3 × scale → bf16; the rope as stored; an
@@ -54,9 +54,18 @@ epilogue, split-KV + SplitCombine).  What is new in this rung, through the house
         tile through a (key, column, slot) view of the ring proven at trace time to address
         exactly the MMA's operand bytes (`check_key_col_view`); release the raw slot (one arrive
         a warp, after a warp sync), fence.proxy.async and arrive.  Scales per format
-        (oracles/kvcache.py): simple — the token's fp32; model1 — e8m0 byte col // 64 of the
-        token's 7 in the block's scale plane; v4.1 — e8m0 byte col // 32 of the 16 after the
-        token's data.
+        (oracles/kvcache.py): model1 — e8m0 byte col // 64 of the token's 7 in the block's
+        scale plane; v4.1 — e8m0 byte col // 32 of the 16 after the token's data (powers of
+        two: bf16(e4m3 × scale) is exact); simple — none here: its e4m3 values go to bf16
+        unscaled (exact), as on sm90.
+    simple's fp32 key scale (KEY_SCALE "scores", as sm90.py): the index warp loads each valid
+        key's scale and publishes it beside the mask flag (a `key_scale` ring of the mask
+        ring's slots, in the bytes the row ids take for a gathered format; −1 for an invalid
+        key, so the scale is the mask); each softmax thread takes S ← S·scale (−∞ where the
+        scale is −1) before the row max and, after ℓ has summed P, P ←
+        P·scale in fp32 before the bf16 cast (the house's probs_for_pv hook), then releases
+        the mask slot.  So O = Σ bf16(P·scale)·e4m3 / ℓ and LSE carries no bf16 rounding of
+        a scaled key.
     Shared memory: the staging ring takes 2 × 8 KiB (v4.1) or 2 × 12 KiB (model1) from the
         house's bf16 ring (smem_reserved): 4 or 3 chunk slots instead of 5 (simple keeps 5).
     Sink: the house's row_scale hook with one split; SplitCombine applies it after the merge.
@@ -100,6 +109,15 @@ RAW_SLOTS = 2
 BOX = 64  # bytes of a row per gather4 box column
 GATHER_ROWS = {"model1": (576, 576), "v4.1": (528, 512)}  # (row bytes, bytes gathered) of a gathered format
 RAW_WIDTH = {"model1": 192, "v4.1": 128}  # staging bytes a key: the widest chunk (model1: 64 e4m3 + 128 rope)
+# Where a format's per-key scale is applied (issue 34 item 1; the same plan as sm90.py):
+#   "keys"   — in the dequantisation, bf16(e4m3 × scale): exact for model1 / v4.1, whose scales are
+#              powers of two (e8m0);
+#   "scores" — after the MMA, in fp32: the ring holds the exact e4m3 values (bf16, unscaled), the
+#              index warp publishes each key's fp32 scale beside the mask ring, the softmax threads
+#              take S·scale before the row max and P·scale before the bf16 cast (ℓ sums the
+#              unscaled P).  simple's scale is any fp32: bf16(e4m3 × scale) would round every key
+#              (LSE rel L2 2–4e-4 against the stage's 1e-5; tests/test_sm100_rounding.py).
+KEY_SCALE = {"simple": "scores", "model1": "keys", "v4.1": "keys"}
 
 
 def gather_row(index, block_size: int, block_bytes: int, row_bytes: int):
@@ -157,12 +175,35 @@ class SparseKeys:
     @cute.jit
     def mask(self, j, rS, key_cols: cutlass.Constexpr, token):
         """Softmax thread: wait for tile j's flags, add them to its row's scores (register i
-        holds key column key_cols[i], the house's trace-time map), release the mask slot."""
+        holds key column key_cols[i], the house's trace-time map), release the mask slot.
+        With scores_scaled (simple) the key-scale ring is the mask: S ← S · scale, or −∞ where
+        the index warp published −1 (an invalid key; a real scale is ≥ 0) — one shared load a
+        score (reading the flags as well spilled at the 168-register ceiling); the slot is
+        released by scale_probs, which reads the scales again."""
         st = pipeline.PipelineState(MASK_SLOTS, j, j % MASK_SLOTS, (j // MASK_SLOTS) % 2)
         self.mask_pipe.consumer_wait(st)
+        if cutlass.const_expr(self.scores_scaled):
+            for i in cutlass.range_constexpr(cute.size(rS)):
+                ks = self.s_kscale[key_cols[i], st.index]
+                rS[i] = F32(-F32.inf) if ks < F32(0.0) else rS[i] * ks
+        else:
+            for i in cutlass.range_constexpr(cute.size(rS)):
+                rS[i] = rS[i] + self.s_mask[key_cols[i], st.index]
+            self.mask_pipe.consumer_release(st)
+
+    @cute.jit
+    def scale_probs(self, j, p, rS, key_cols: cutlass.Constexpr):
+        """Softmax thread, scores_scaled only: P · key scale in fp32 (rS holds it: S is dead)
+        for the P·V MMA over the unscaled e4m3 values; then tile j's mask slot is released."""
+        st = pipeline.PipelineState(MASK_SLOTS, j, j % MASK_SLOTS, (j // MASK_SLOTS) % 2)
+        rS.store(p)
+        # A fence the compiler cannot move the scale loads above: hoisted over the exp2s they
+        # kept 64 more registers live and spilled at the 168-register ceiling (s2h128 simple).
+        cute.arch.fence_acq_rel_cta()
         for i in cutlass.range_constexpr(cute.size(rS)):
-            rS[i] = rS[i] + self.s_mask[key_cols[i], st.index]
+            rS[i] = rS[i] * self.s_kscale[key_cols[i], st.index]
         self.mask_pipe.consumer_release(st)
+        return rS.load()
 
 
 class Kernel(DecodeSm100):
@@ -186,6 +227,7 @@ class Kernel(DecodeSm100):
         self.block_bytes = cache_block_bytes(kv_format, c.block)
         self.extra_block_bytes = cache_block_bytes(kv_format, c.extra_block if c.has_extra else 1)
         self.gather = kv_format in GATHER_ROWS
+        self.scores_scaled = KEY_SCALE[kv_format] == "scores"
         self.raw_slot_bytes = KV_TILE * RAW_WIDTH[kv_format] if self.gather else 0
         self.main_tiles = -(-c.topk // KV_TILE)
         self.extra_tiles = -(-c.extra_topk // KV_TILE) if c.has_extra else 0
@@ -260,13 +302,17 @@ class Kernel(DecodeSm100):
     # ---- the house's hooks: shared memory, the ring's producer side
     def smem_fields(self):
         """Barriers of the mask and raw rings; the mask ring (64 fp32 flags a slot), the raw
-        ring's sidecars (64 indices, 64 row ids a slot) and, for a gathered format, its bytes."""
+        ring's sidecars (64 indices a slot, and 64 row ids for a gathered format) and its bytes;
+        with scores_scaled (simple, no gather) the keys' fp32 scales beside the mask ring (64 a
+        slot) in the row ids' place — the same bytes."""
         barriers = {"mask_mbar": cute.struct.MemRange[cutlass.Int64, 2 * MASK_SLOTS],
                     "raw_mbar": cute.struct.MemRange[cutlass.Int64, 2 * RAW_SLOTS]}
         buffers = {"key_mask": cute.struct.Align[cute.struct.MemRange[F32, KV_TILE * MASK_SLOTS], 16],
-                   "raw_idx": cute.struct.Align[cute.struct.MemRange[cutlass.Int32, KV_TILE * RAW_SLOTS], 16],
-                   "raw_rows": cute.struct.Align[cute.struct.MemRange[cutlass.Int32, KV_TILE * RAW_SLOTS], 16]}
+                   "raw_idx": cute.struct.Align[cute.struct.MemRange[cutlass.Int32, KV_TILE * RAW_SLOTS], 16]}
+        if self.scores_scaled:
+            buffers["key_scale"] = cute.struct.Align[cute.struct.MemRange[F32, KV_TILE * MASK_SLOTS], 16]
         if self.gather:
+            buffers["raw_rows"] = cute.struct.Align[cute.struct.MemRange[cutlass.Int32, KV_TILE * RAW_SLOTS], 16]
             buffers["raw"] = cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, RAW_SLOTS * self.raw_slot_bytes], 1024]
         return barriers, buffers
 
@@ -293,17 +339,46 @@ class Kernel(DecodeSm100):
                                      defer_sync=False, name="raw")  # one arrive a dequantisation warp
         keys.s_mask = storage.key_mask.get_tensor(cute.make_layout((KV_TILE, MASK_SLOTS)))
         keys.s_idx = storage.raw_idx.get_tensor(cute.make_layout((KV_TILE, RAW_SLOTS)))
-        s_rows = storage.raw_rows.get_tensor(cute.make_layout(KV_TILE * RAW_SLOTS))
-        keys.s_rows = cute.make_tensor(s_rows.iterator, cute.make_layout((KV_TILE, RAW_SLOTS)))
+        keys.scores_scaled = self.scores_scaled
+        keys.s_kscale = None
+        if self.scores_scaled:
+            keys.s_kscale = storage.key_scale.get_tensor(cute.make_layout((KV_TILE, MASK_SLOTS)))
+        keys.s_rows = None
         keys.s_raw = None
         keys.parts = (None, None)
         if self.gather:
+            s_rows = storage.raw_rows.get_tensor(cute.make_layout(KV_TILE * RAW_SLOTS))
+            keys.s_rows = cute.make_tensor(s_rows.iterator, cute.make_layout((KV_TILE, RAW_SLOTS)))
             regions = RAW_WIDTH[self.fmt] // BOX
             keys.s_raw = storage.raw.get_tensor(cute.make_layout(
                 (KV_TILE, BOX, regions, RAW_SLOTS), stride=(BOX, 1, KV_TILE * BOX, self.raw_slot_bytes)))
             keys.parts = tuple(None if g is None else gather4_partition(g[0], g[1], keys.s_raw, s_rows, KV_TILE, BOX)
                                for g in keys.gathers)
+            self.gather_tx = self.gather_bytes(next(p for p in keys.parts if p is not None)[0])
         keys.sKw = storage.sKV.get_tensor(keys.kw_smem.outer, swizzle=keys.kw_smem.inner)  # the ring's bytes
+
+    def probs_for_pv(self, keys, j, p, rS, key_cols):
+        """The house's hook on P before its bf16 cast: simple's P · key scale (KEY_SCALE)."""
+        if self.scores_scaled:
+            return keys.scale_probs(j, p, rS, key_cols)
+        return p
+
+    def gather_bytes(self, tAsA) -> tuple[int, int]:
+        """(bytes a 128-byte chunk deposits, bytes model1's wide rope chunk deposits) on the raw
+        slot's mbarrier — from the copy atom's shared-memory partition (one gather4_tile's
+        tile), not hand constants (issue 34 item 4): a chunk is 2 tiles (3 for the wide one).
+        Trace time: a tile is KV_TILE rows × BOX bytes, the wide chunk fits its staging slot,
+        and a tile's chunks add up to the bytes gathered a row; else ValueError."""
+        tile = int(cute.size_in_bytes(cutlass.Uint8, tAsA[None, 0, 0].layout))
+        narrow = 2 * tile
+        wide = 3 * tile if self.fmt == "model1" else narrow
+        per_row = GATHER_ROWS[self.fmt][1]
+        total = (self.n_chunks - 1) * narrow + wide
+        if tile != KV_TILE * BOX or wide > self.raw_slot_bytes or total != KV_TILE * per_row:
+            raise ValueError(f"{self.NAME}: a gather4 tile deposits {tile} bytes (want {KV_TILE} rows × {BOX}); "
+                             f"chunks of {narrow} / {wide} bytes (slot {self.raw_slot_bytes}) add up to {total}, "
+                             f"a tile's {KV_TILE} rows hold {KV_TILE * per_row} gathered bytes")
+        return narrow, wide
 
     def is_producer(self, warp_idx):
         """The index warp and the dequantisation warps (5 … 9)."""
@@ -348,7 +423,7 @@ class Kernel(DecodeSm100):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == self.LOAD_WARP:
             self.index_role(q_prod, tma_q, tQgQ, tQsQ, keys.plan, keys.lists, keys.seq, keys.mask_pipe, keys.s_mask,
-                            keys.raw_pipe, keys.s_idx, keys.s_rows, keys.gathers, keys.parts, shift,
+                            keys.s_kscale, keys.raw_pipe, keys.s_idx, keys.s_rows, keys.gathers, keys.parts, shift,
                             tidx % 32)
         else:
             self.dequant_role(kv_pipe, keys.raw_pipe, keys.s_idx, keys.s_raw, keys.sKw, keys.plan, keys.lists, shift,
@@ -363,11 +438,12 @@ class Kernel(DecodeSm100):
 
     # ---- the index warp
     @cute.jit
-    def index_role(self, q_prod, tma_q, tQgQ, tQsQ, plan, lists, seq, mask_pipe, s_mask, raw_pipe, s_idx, s_rows,
-                   gathers, parts, shift, lane):
+    def index_role(self, q_prod, tma_q, tQgQ, tQsQ, plan, lists, seq, mask_pipe, s_mask, s_kscale, raw_pipe, s_idx,
+                   s_rows, gathers, parts, shift, lane):
         """Warp 5: Q once (TMA); per visited tile the 64 keys' indices (lane l: positions l and
-        l + 32), the mask flags, then per chunk a raw slot: sidecar, arrive (with the bytes the
-        gather deposits), TMA gather4 of the chunk's bytes of the 64 rows."""
+        l + 32), the mask flags (and simple's fp32 key scales, −1 for an invalid key), then per
+        chunk a raw slot: sidecar, arrive (with the bytes the gather deposits), TMA gather4 of
+        the chunk's bytes of the 64 rows."""
         hang_guard.role("index")  # names this role's waits in a --debug-hangs build
         c = self.c
         q_slot = q_prod.acquire_and_advance()
@@ -388,24 +464,36 @@ class Kernel(DecodeSm100):
             else:
                 self.key_indices(idx, batch, token, tile, main_len, c.topk, lane, 32, index)
                 self.row_ids(index, c.block, self.block_bytes, rows)
+            kscale = cute.make_rmem_tensor(2, F32)
+            kscale.fill(0.0)
+            if cutlass.const_expr(self.scores_scaled):  # the loads before the slot wait
+                if second:
+                    if cutlass.const_expr(c.has_extra):
+                        self.key_scales(KV_extra, c.extra_block, self.extra_block_bytes, index, kscale)
+                else:
+                    self.key_scales(KV, c.block, self.block_bytes, index, kscale)
             m_state = pipeline.PipelineState(MASK_SLOTS, j, j % MASK_SLOTS, ((j // MASK_SLOTS) % 2) ^ 1)
             mask_pipe.producer_acquire(m_state)
             for r in cutlass.range_constexpr(2):
                 s_mask[lane + 32 * r, m_state.index] = F32(0.0) if index[r] != -1 else -F32.inf
+                if cutlass.const_expr(self.scores_scaled):
+                    s_kscale[lane + 32 * r, m_state.index] = kscale[r] if index[r] != -1 else F32(-1.0)
             mask_pipe.producer_commit(m_state)
             for p in cutlass.range_constexpr(self.n_chunks):
                 st = self._raw_state(j * self.n_chunks + p, True)
                 raw_pipe.sync_object_empty.wait(st.index, st.phase)
                 for r in cutlass.range_constexpr(2):
                     s_idx[lane + 32 * r, st.index] = index[r]
-                    s_rows[lane + 32 * r, st.index] = rows[r]
+                    if cutlass.const_expr(self.gather):
+                        s_rows[lane + 32 * r, st.index] = rows[r]
                 cute.arch.sync_warp()  # the sidecar before the arrive that publishes it
                 cid = (p + shift) % self.n_chunks
                 if cutlass.const_expr(self.gather):
                     wide = cid == self.n_chunks - 1  # model1's rope chunk: 192 bytes a row
-                    nbytes = KV_TILE * 128
+                    narrow_tx, wide_tx = self.gather_tx  # from the copy atom (gather_bytes)
+                    nbytes = narrow_tx
                     if cutlass.const_expr(self.fmt == "model1"):
-                        nbytes = cutlass.Int32(cutlass.select_(wide, KV_TILE * 192, KV_TILE * 128))
+                        nbytes = cutlass.Int32(cutlass.select_(wide, wide_tx, narrow_tx))
                     raw_pipe.sync_object_full.arrive_and_expect_tx(st.index, nbytes)
                     bar = raw_pipe.producer_get_barrier(st)
                     if second:
@@ -451,6 +539,18 @@ class Kernel(DecodeSm100):
             index[r] = cutlass.Int32(-1)
             if pos < length:
                 index[r] = got
+
+    @cute.jit
+    def key_scales(self, cache, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], index,
+                   kscale):
+        """kscale[r] ← simple's fp32 scale of cache index index[r] (its block's scale plane);
+        an invalid key (−1) is not read: 0."""
+        base = cache.iterator.toint()
+        for r in cutlass.range_constexpr(cute.size(index)):
+            if index[r] != -1:
+                blk = cutlass.Int64(index[r] // block_size)
+                off = cutlass.Int64(index[r] % block_size)
+                kscale[r] = ldg_f32(base + blk * block_bytes + block_size * D + off * 4)
 
     @cute.jit
     def row_ids(self, index, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], rows):
@@ -534,13 +634,15 @@ class Kernel(DecodeSm100):
     def load_piece(self, base, index, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], col0,
                    raw) -> cutlass.Float32:
         """The scale of token `index`, columns col0 … col0 + 15 (global memory); `simple` also
-        its 16 e4m3 bytes into raw[0:4]."""
+        its 16 e4m3 bytes into raw[0:4] — and scale 1: its fp32 scale is applied to S and P
+        (KEY_SCALE), the ring holds the e4m3 values exactly."""
         blk = cutlass.Int64(index // block_size)
         off = cutlass.Int64(index % block_size)
         block = base + blk * block_bytes
         scale = F32(1.0)
         if cutlass.const_expr(self.fmt == "simple"):
-            scale = ldg_f32(block + block_size * D + off * 4)
+            if cutlass.const_expr(not self.scores_scaled):  # KEY_SCALE "keys": bf16(e4m3 × scale)
+                scale = ldg_f32(block + block_size * D + off * 4)
             ldg16(block + off * D + col0, raw, 0)
         elif cutlass.const_expr(self.fmt == "model1"):
             if col0 < 448:  # the rope (columns 448 …) is bf16 as stored: scale 1

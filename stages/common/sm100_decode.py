@@ -309,6 +309,13 @@ class _TmemPlan:
         if self.o_sub_cols * (o_mn[1] // o_sub_mn[1]) != self.o_cols:
             raise ValueError(f"TMEM plan: {o_mn[1] // o_sub_mn[1]} PV tiles of {self.o_sub_cols} columns "
                              f"do not tile O's {self.o_cols} columns")
+        # The accumulator tiles the MMAs write are the TMEM tiles the plan places (issue 34
+        # item 4): an O tile narrower than the PV MMA's N would let two tiles' MMAs overlap.
+        for name, cols, mma in (("an O tile", self.o_sub_cols, pv_mma), ("an S buffer", self.s_cols, qk_mma)):
+            n = mma.get_tile_size(1)
+            if cols != n * F32.width // TMEM_COL_BITS:
+                raise ValueError(f"TMEM plan: {name} takes {cols} columns, its MMA's tile is N = {n} fp32 "
+                                 f"({n * F32.width // TMEM_COL_BITS} columns)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -529,8 +536,13 @@ class DecodeSm100(WarpRoles):
         }
         Smem = cute.struct(type("Smem", (), {"__annotations__": fields}))
         size = int(Smem.size_in_bytes())
+        # What CuTeDSL infers as the launch's dynamic shared memory is this struct (the
+        # kernel's only allocation; tests/test_blackwell_asserts.py reads it back from the
+        # compiled launch): it must fit the sm_100 limit, and its margin is stated.
+        self.smem_margin = SMEM_LIMIT - size
         if size > SMEM_LIMIT:
-            raise ValueError(f"SMEM budget: the shared-storage struct takes {size} bytes > {SMEM_LIMIT}")
+            raise ValueError(f"SMEM budget: the shared-storage struct takes {size} bytes > {SMEM_LIMIT} "
+                             f"(the sm_100 limit), {-self.smem_margin} over")
         return Smem
 
     def _check_tmem_plan(self, plan: _TmemPlan) -> None:
@@ -684,6 +696,12 @@ class DecodeSm100(WarpRoles):
             raise ValueError(f"KV lines: ring slots are {slot_elems} elements apart, expected {KV_TILE * self.chunk}")
         ring = cute.make_tensor(storage.sKV.data_ptr(), cute.make_layout(1))
         return line_view(ring, KV_TILE, self.chunk, self.slots, slot_elems)
+
+    def probs_for_pv(self, keys, j, p, rS, key_cols):
+        """A masked rung's factor on tile j's P (fp32 TensorSSA) after ℓ has summed it and
+        before the bf16 cast for P·V (rS: the row's register tensor, free to reuse).  The
+        house's: none.  (Stage E simple: the keys' fp32 scales.)"""
+        return p
 
     # ---- ring states: chunk g of this CTA's sequence → (slot, phase)
     def _ring_state(self, g, producer: bool):
@@ -851,6 +869,8 @@ class DecodeSm100(WarpRoles):
                 self.mask_scores(keys, j, rS, key_cols, token)
 
             p, new_max, alpha, row_sum = row_softmax_update(rS.load(), row_max, row_sum, c)
+            if cutlass.const_expr(keys.masked):
+                p = self.probs_for_pv(keys, j, p, rS, key_cols)  # ℓ has summed P: a rung's factor on P·V only
             rP.store(p.to(BF16))
 
             p_slot = p_prod.acquire_and_advance()  # PV_{j-1} complete: O final, P buffer free

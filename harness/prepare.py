@@ -1,0 +1,243 @@
+"""`prepared`: a compiled kernel's host path run up to (not including) its launch, on a GPU of
+another arch (issue 34 item 5: sm_100a kernels on an H100).
+
+What CuTeDSL 4.8.1's compiled host code does (read from the lowered IR of stage E's sm100
+kernels, `str(compiled.ir_module)`): it encodes every TMA descriptor itself — the tiled maps
+and the gather4 maps alike, 128 bytes built inline from the tensors' addresses, shapes and
+strides (no cuTensorMapEncode* call: the driver never sees them before the launch) — then, on
+its first call, loads the cubin as a CUDA library (_cudaLibraryLoadData), finds the kernel
+(_cudaLibraryGetKernel), reads its static shared memory (_cuKernelGetAttribute), sets the
+dynamic shared-memory limit and the non-portable-cluster attribute (_cudaFuncSetAttribute /
+_cudaKernelSetAttributeForDevice), and launches (_cudaLaunchKernelEx with grid, block and the
+inferred dynamic shared memory).  Those calls go through libcute_dsl_runtime.so's wrappers.
+
+A small interposer (SHIM_SOURCE, built with the machine's C compiler and loaded RTLD_GLOBAL
+before CuTeDSL, so the JIT-linked host code resolves the wrappers to it) forwards every call to
+the real runtime, except while a prepare is active: then the launch is recorded and NOT made,
+and — the kernel being built for another arch — a library, kernel or attribute call the driver
+refuses for want of an image for this device is recorded (which calls, the error) and passed
+over; the record's note says what the driver did and what it refused.  Everything else runs for real: the
+descriptors are encoded from the real tensors on the device, the cubin is loaded into a
+library, the kernel is found by name, and the recorded launch is checked against the device's
+limits (threads per block, grid, opt-in shared memory: 232,448 bytes on both H100 and B200).
+
+Mode "fake" (CPU tests only) answers every runtime call itself: the host path runs on a machine
+with no GPU at all, which proves the mechanism, not the hardware.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+ENV = "DSV4_PREPARE_SHIM"  # the built interposer's path: a worker loads it before CuTeDSL
+MODES = {"off": 0, "prepare": 1, "fake": 2}
+
+SHIM_SOURCE = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct { uint32_t grid[3]; uint32_t block[3]; uint64_t smem; void *stream; void *attrs; uint32_t nattrs; } cfg_t;
+static int mode = 0;            /* 0 off: forward all; 1 prepare; 2 fake (no GPU: answer everything) */
+static int launches = 0, refused = 0, last_refusal = 0, refused_calls = 0;
+static uint32_t grid[3], block[3];
+static uint64_t smem;
+static void *rt = 0;
+
+static void *real(const char *name) { return rt ? dlsym(rt, name) : 0; }
+int dsv4_prepare_runtime(const char *path) { rt = dlopen(path, RTLD_NOW | RTLD_LOCAL); return rt != 0; }
+void dsv4_prepare_begin(int m) { mode = m; launches = refused = last_refusal = refused_calls = 0; }
+void dsv4_prepare_end(void) { mode = 0; }
+int dsv4_prepare_launches(void) { return launches; }
+int dsv4_prepare_refused(void) { return refused; }
+int dsv4_prepare_last_refusal(void) { return last_refusal; }
+int dsv4_prepare_refused_calls(void) { return refused_calls; }
+void dsv4_prepare_config(uint32_t *out) { memcpy(out, grid, 12); memcpy(out + 3, block, 12); }
+uint64_t dsv4_prepare_smem(void) { return smem; }
+
+/* a call the driver refuses in prepare mode (no image of a foreign-arch kernel for this device): noted by
+   which call (bit: 1 library load, 2 kernel lookup, 4 kernel attribute read, 8 attribute set), passed over */
+static int tolerate(int rc, int call) {
+  if (mode == 1 && rc != 0) { refused++; last_refusal = rc; refused_calls |= call; return 0; }
+  return rc;
+}
+
+int _cudaLaunchKernelEx(cfg_t *cfg, void *fn, void **args) {
+  if (mode == 0) { int (*f)(cfg_t *, void *, void **) = real("_cudaLaunchKernelEx"); return f ? f(cfg, fn, args) : 35; }
+  /* the first launch's grid and block (the kernel; a second is a split combine), the most shared memory */
+  if (launches++ == 0) { memcpy(grid, cfg->grid, 12); memcpy(block, cfg->block, 12); smem = 0; }
+  if (cfg->smem > smem) smem = cfg->smem;
+  return 0;
+}
+int _cudaLibraryLoadData(void **lib, const void *code, void *a, void *b, unsigned n, void *c, void *d, unsigned m) {
+  if (mode == 2) { *lib = (void *)0x1; return 0; }
+  int (*f)(void **, const void *, void *, void *, unsigned, void *, void *, unsigned) = real("_cudaLibraryLoadData");
+  int rc = f ? f(lib, code, a, b, n, c, d, m) : 35;
+  if (rc && mode == 1) *lib = (void *)0x1;
+  return tolerate(rc, 1);
+}
+int _cudaLibraryGetKernel(void **k, void *lib, const char *name) {
+  if (mode == 2) { *k = (void *)0x2; return 0; }
+  int (*f)(void **, void *, const char *) = real("_cudaLibraryGetKernel");
+  int rc = f ? f(k, lib, name) : 35;
+  if (rc && mode == 1) *k = (void *)0x2;
+  return tolerate(rc, 2);
+}
+int _cuKernelGetAttribute(int *v, int attr, void *k, int dev) {
+  if (mode == 2) { *v = 0; return 0; }
+  int (*f)(int *, int, void *, int) = real("_cuKernelGetAttribute");
+  int rc = f ? f(v, attr, k, dev) : 35;
+  if (rc && mode == 1) *v = 0;
+  return tolerate(rc, 4);
+}
+int _cudaDeviceGetAttribute(int *v, int attr, int dev) {
+  if (mode == 2) { *v = attr == 97 ? 232448 : 0; return 0; }
+  int (*f)(int *, int, int) = real("_cudaDeviceGetAttribute");
+  return f ? f(v, attr, dev) : 35;
+}
+int _cudaGetDevice(int *d) {
+  if (mode == 2) { *d = 0; return 0; }
+  int (*f)(int *) = real("_cudaGetDevice");
+  return f ? f(d) : 35;
+}
+int _cudaFuncSetAttribute(void *k, int attr, int v) {
+  if (mode == 2) return 0;
+  int (*f)(void *, int, int) = real("_cudaFuncSetAttribute");
+  return tolerate(f ? f(k, attr, v) : 35, 8);
+}
+int _cudaKernelSetAttributeForDevice(void *k, int attr, int v, int dev) {
+  if (mode == 2) return 0;
+  int (*f)(void *, int, int, int) = real("_cudaKernelSetAttributeForDevice");
+  return tolerate(f ? f(k, attr, v, dev) : 35, 8);
+}
+"""
+
+
+class PrepareError(Exception):
+    """The prepare mode cannot be set up here (one line)."""
+
+
+def build_shim(cache: Path) -> Path:
+    """The interposer as a shared library under `cache` (built once per source text)."""
+    tag = hashlib.sha256(SHIM_SOURCE.encode()).hexdigest()[:12]
+    lib = cache / f"libdsv4_prepare_{tag}.so"
+    if lib.is_file():
+        return lib
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        raise PrepareError("--prepare needs a C compiler (cc) to build its launch interposer; none is installed")
+    cache.mkdir(parents=True, exist_ok=True)
+    src = cache / f"dsv4_prepare_{tag}.c"
+    src.write_text(SHIM_SOURCE)
+    tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+    r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(tmp), str(src), "-ldl"],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise PrepareError(f"--prepare: building the launch interposer failed: {(r.stderr or r.stdout).strip()[:300]}")
+    tmp.replace(lib)
+    return lib
+
+
+_SHIM: ctypes.CDLL | None = None
+
+
+def load_shim(path: str | None = None) -> ctypes.CDLL | None:
+    """Load the interposer (RTLD_GLOBAL) — call before CuTeDSL loads any compiled module, or its
+    host code binds the real runtime — and point it at the real libcute_dsl_runtime.so.  None
+    when no interposer is configured (`path` or $DSV4_PREPARE_SHIM)."""
+    global _SHIM
+    path = path or os.environ.get(ENV)
+    if _SHIM is not None or not path:
+        return _SHIM
+    _SHIM = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    _SHIM.dsv4_prepare_smem.restype = ctypes.c_uint64
+    return _SHIM
+
+
+def point_at_runtime(shim: ctypes.CDLL) -> None:
+    """Give the interposer the real libcute_dsl_runtime.so to forward to (idempotent)."""
+    from cutlass.runtime import find_runtime_libraries
+
+    libs = [p for p in find_runtime_libraries(enable_tvm_ffi=False) if p.endswith("libcute_dsl_runtime.so")]
+    if not libs or not shim.dsv4_prepare_runtime(libs[0].encode()):
+        raise PrepareError("--prepare: libcute_dsl_runtime.so (CuTeDSL's runtime) was not found")
+
+
+def run_host_path(launch, mode: str = "prepare") -> dict[str, Any]:
+    """Call `launch()` (a case's compiled host function on its real arguments) with the
+    interposer active: what it got to — {"launches": n, "grid", "block", "smem", "refused": n,
+    "refusal": the last refused attribute call's error code}.  Raises PrepareError when the
+    interposer is not loaded.  grid / block are the first launch's (the kernel; a second one
+    is a split combine), smem the most any launch asked for."""
+    shim = _SHIM or load_shim()
+    if shim is None:
+        raise PrepareError("--prepare: the launch interposer is not loaded in this process")
+    if mode != "fake":
+        point_at_runtime(shim)
+    shim.dsv4_prepare_begin(MODES[mode])
+    try:
+        launch()
+    finally:
+        shim.dsv4_prepare_end()
+    cfg = (ctypes.c_uint32 * 6)()
+    shim.dsv4_prepare_config(cfg)
+    return {"launches": int(shim.dsv4_prepare_launches()), "grid": list(cfg[:3]), "block": list(cfg[3:]),
+            "smem": int(shim.dsv4_prepare_smem()), "refused": int(shim.dsv4_prepare_refused()),
+            "refusal": int(shim.dsv4_prepare_last_refusal()), "refused_calls": int(shim.dsv4_prepare_refused_calls())}
+
+
+def check_launch(got: dict[str, Any], limits: dict[str, int]) -> list[str]:
+    """Why the recorded launch would not start on a device with `limits` (max_threads,
+    max_grid_y, max_grid_z, smem_optin); empty when it would.  No launch recorded is a problem
+    too: the host path never got there."""
+    why = []
+    if got["launches"] < 1:
+        why.append("the host path made no launch")
+        return why
+    threads = got["block"][0] * got["block"][1] * got["block"][2]
+    if threads > limits["max_threads"]:
+        why.append(f"{threads} threads a block > {limits['max_threads']}")
+    if got["grid"][1] > limits["max_grid_y"] or got["grid"][2] > limits["max_grid_z"]:
+        why.append(f"grid {tuple(got['grid'])} past the device's y/z limits")
+    if got["smem"] > limits["smem_optin"]:
+        why.append(f"{got['smem']} bytes of dynamic shared memory > {limits['smem_optin']} (the opt-in limit)")
+    return why
+
+
+def device_limits() -> dict[str, int]:
+    """This process's current CUDA device's launch limits."""
+    from cuda.bindings import runtime as rt
+
+    def attr(a) -> int:
+        err, v = rt.cudaDeviceGetAttribute(a, 0)
+        return int(v)
+
+    A = rt.cudaDeviceAttr
+    return {"max_threads": attr(A.cudaDevAttrMaxThreadsPerBlock), "max_grid_y": attr(A.cudaDevAttrMaxGridDimY),
+            "max_grid_z": attr(A.cudaDevAttrMaxGridDimZ),
+            "smem_optin": attr(A.cudaDevAttrMaxSharedMemoryPerBlockOptin)}
+
+
+_CALLS = ((1, "cubin loaded as a library"), (2, "kernel found by name"), (4, "kernel attributes read"),
+          (8, "shared-memory attributes set"))
+
+
+def describe(got: dict[str, Any], device: str, arch: str) -> str:
+    """The note of a `prepared` record: what the driver did, what it refused (for want of an
+    image of the kernel's arch for this device) and the launch that was reached, not made."""
+    g, b = tuple(got["grid"]), got["block"][0]
+    bits = got.get("refused_calls", 0)
+    done = [what for bit, what in _CALLS if not bits & bit]
+    refused = [what for bit, what in _CALLS if bits & bit]
+    refused_text = (f"; refused by the driver for this device (error {got['refusal']}), passed over: "
+                    f"{', '.join(refused)}") if refused else ""
+    return (f"prepared, not run: host path up to the launch on {device} — TMA descriptors encoded from the "
+            f"real tensors, {', '.join(done) or 'no driver call accepted'}{refused_text}; launch grid {g} × {b} "
+            f"threads, {got['smem']} B dynamic shared memory, {arch}; not launched, nothing verified")

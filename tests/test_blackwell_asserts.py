@@ -1,0 +1,127 @@
+"""Trace-time asserts of the sm100 decode kernels' assumptions (issue 34 item 4), on the CPU:
+
+- the TMEM tiles the plan places are the tiles the MMAs write (O's tile columns = the PV MMA's
+  N, S's = the QK MMA's N): a plan with narrower O tiles is refused while tracing;
+- stage E's gather byte counts (the raw slot's expect-tx) come from the gather4 copy atom's
+  shared-memory partition and must add up to the bytes a row gathers: an inconsistent row
+  plan is refused;
+- the dynamic shared memory the driver is asked for — CuTeDSL's inferred size, read back from
+  the compiled launch (harness.compile.launch_smem_bytes) — is the kernel's shared-storage
+  struct, within the sm_100 limit, and its margin is stated (E simple and v4.1: 231,424 of
+  232,448 bytes, 1,024 to spare).
+
+Traced probes run in a subprocess with CUTE_DSL_ARCH=sm_100a (CuTeDSL's arch is per process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import ROOT
+
+_PRELUDE = """
+    import json, sys
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream
+    from harness.compile import _fake_tensor, launch_smem_bytes
+
+    def compile_case(kernel, specs):
+        try:
+            c = cute.compile(kernel, *[_fake_tensor(s) for s in specs], make_fake_stream())
+        except Exception as exc:
+            print("REFUSED", exc)
+            sys.exit(0)
+        print("COMPILED", json.dumps({"launch_smem": launch_smem_bytes(str(c.ir_module)),
+                                      "struct": int(kernel.smem_struct.size_in_bytes()),
+                                      "margin": kernel.smem_margin}))
+"""
+
+
+def _traced(script: str, tmp_path) -> str:
+    path = tmp_path / "probe.py"
+    path.write_text(textwrap.dedent(_PRELUDE) + textwrap.dedent(script))
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_100a", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    return r.stdout + r.stderr
+
+
+def test_o_tmem_tiles_other_than_the_pv_mma_tile_are_refused(tmp_path):
+    """One O tile of 256 columns tiles a CTA's 256-column slab as well as two of 128 do — the
+    older check (tiles × columns = O's columns) passes it — but the PV MMA writes N = 128
+    columns a tile and the MMA warp places n_v = 2 tiles 256 columns apart: the second would
+    land past O, outside the allocation."""
+    out = _traced("""
+        import stages.common.sm100_decode as house
+        import stages.D2_decode.sm100 as m
+        from oracles.decode import tensors
+
+        class Wide(house._TmemPlan):
+            def __init__(self, qk, pv, s_mn, o_mn, o_sub_mn, s_stages):
+                super().__init__(qk, pv, s_mn, o_mn, (o_sub_mn[0], o_sub_mn[1] * 2), s_stages)
+
+        house._TmemPlan = Wide
+        case = {"shape": "b1s1h128n256d512", "splits": 1}
+        compile_case(m.Kernel(**case), tensors(case))
+    """, tmp_path)
+    assert "COMPILED" not in out, out[-3000:]
+    assert "TMEM plan: an O tile takes 256 columns, its MMA's tile is N = 128 fp32 (128 columns)" in out, out[-3000:]
+
+
+def test_e_gather_bytes_come_from_the_copy_atom_and_must_add_up(tmp_path):
+    """model1 with a row plan that gathers 512 of its 576 bytes: the chunks' expect-tx (from
+    the atom: 3 × 8 KiB + 12 KiB) no longer adds up to the tile's gathered bytes — refused at
+    trace time instead of a transaction count that never completes on the GPU."""
+    out = _traced("""
+        import stages.E_sparse_decode.sm100 as m
+        from oracles.sparse_decode import tensors
+        m.GATHER_ROWS["model1"] = (576, 512)
+        case = {"b": 2, "config": "s1h64_m96bs64", "kv_format": "model1", "splits": 1}
+        compile_case(m.Kernel(b=2, config=case["config"], kv_format="model1", splits=1), tensors(case))
+    """, tmp_path)
+    assert "COMPILED" not in out, out[-3000:]
+    assert "a gather4 tile deposits 4096 bytes" in out and "add up to 36864" in out and "hold 32768" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("fmt", ["simple", "v4.1"])
+def test_e_launch_smem_is_the_struct_within_the_limit_with_its_margin(fmt, tmp_path):
+    """The bytes the launch asks for (CuTeDSL's inferred size, from the compiled host code) are
+    the shared-storage struct the trace-time check measured: 231,424 of 232,448 — 1,024 to
+    spare (simple's key scales take the row ids' bytes, so simple stays there)."""
+    out = _traced(f"""
+        import stages.E_sparse_decode.sm100 as m
+        from oracles.sparse_decode import tensors
+        case = {{"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "{fmt}", "splits": 1}}
+        compile_case(m.Kernel(b=2, config=case["config"], kv_format="{fmt}", splits=1), tensors(case))
+    """, tmp_path)
+    assert "COMPILED" in out, out[-3000:]
+    info = json.loads(out.split("COMPILED", 1)[1].strip().splitlines()[0])
+    assert info["launch_smem"] == [info["struct"]] == [231424], info
+    assert info["margin"] == 232448 - 231424 == 1024, info
+
+
+def test_launch_smem_bytes_reads_each_launch_and_nothing_else():
+    from harness.compile import launch_smem_bytes
+
+    cfg = "!llvm.struct<(array<3 x i32>, array<3 x i32>, i64, ptr, ptr, i32)>"
+    ir = textwrap.dedent(f"""
+        llvm.func @host() {{
+          %1 = llvm.mlir.constant(231424 : i64) : i64
+          %2 = llvm.mlir.constant(7 : i64) : i64
+          %3 = llvm.getelementptr %0[0, 2] : (!llvm.ptr) -> !llvm.ptr, {cfg}
+          %4 = llvm.getelementptr %0[0, 2] : (!llvm.ptr) -> !llvm.ptr, !llvm.struct<(i64, i64, i64)>
+          llvm.store %2, %4 : i64, !llvm.ptr
+          llvm.store %1, %3 : i64, !llvm.ptr
+        }}
+        llvm.func @combine() {{
+          %1 = llvm.mlir.constant(0 : i64) : i64
+          %3 = llvm.getelementptr %9[0, 2] : (!llvm.ptr) -> !llvm.ptr, {cfg}
+          llvm.store %1, %3 : i64, !llvm.ptr
+        }}
+    """)
+    assert launch_smem_bytes(ir) == [231424, 0]
