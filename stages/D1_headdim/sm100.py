@@ -183,13 +183,13 @@ from stages.common.sm100_setup import (
     rescale_o,
 )
 from stages.common.tma import prefetch_descriptors
+from stages.common.device import SMEM_LIMIT  # the largest dynamic shared memory of a CTA
 
 BF16 = cutlass.BFloat16
 F32 = cutlass.Float32
 
 TILE_M = 128  # query rows per CTA = UMMA M = TMEM lanes
 TMEM_COLUMNS = 512  # TMEM columns per SM (32 bit each)
-SMEM_LIMIT = 227 * 1024  # max dynamic shared memory per CTA on sm_100 (232448 bytes)
 MMA_N_MAX = 256  # tcgen05 kind::f16 with M = 128: N ∈ {16, 32, …, 256}
 K_CHUNK = 128  # head-dim columns of K per shared slot (one Q·Kᵀ chunk)
 HEAD_DIMS = (64, 128, 256, 512)

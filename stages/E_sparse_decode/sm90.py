@@ -96,92 +96,31 @@ from cutlass.tensor_utils import LayoutEnum
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warp, warpgroup
 
-from oracles.sparse_decode import SparseConfig
 from stages.common.barriers import NamedBarrier
 from stages.common.cluster_pair import TilePair
 from stages.common.combine import sink_factor
 from stages.common.e4m3_bits import e4m3x16_to_bf16, one_multiply_fits
-from stages.common.fp8_cache import D, cache_block_bytes
+from stages.common.fp8_cache import D, D_NOPE, D_ROPE, MODEL1_ROW_BYTES, MODEL1_SCALE_BYTES, V41_ROW_BYTES, cache_block_bytes
 from stages.common.inspection import expose
 from stages.common.part_combine import PartCombine
 from stages.common.part_merge import (ZeroFlags, add_staged_rows, flag_address, load_l2, merge_factors,
                                       merges_in_kernel, raise_flag, stage_partial, wait_flag)
 from stages.common.part_scheduler import PartGrid, resolve_part_tiles
 from stages.common.quad_store import check_accumulator_layout, store_accumulator_wide
+from stages.common.sparse_config import SparseConfig
 from stages.common.scheduler import SM_COUNT
 from stages.common.sm90_gather import ldg_or
+from stages.common.sm90_kv_slots import kv_layouts, piece_strides, ring_state, slot_offset
+from stages.common.sm90_registers import register_plan, set_registers
 from stages.common.sm90_idioms import (acc_rows_cols, accumulator_to_a_operand, check_accumulator_is_a_operand,
                                        wgmma_sync)
-from stages.common.unaligned_barriers import FLAG_SEEN, Q_FREE, STAGED, named_arrive, named_sync
+from stages.common.unaligned_barriers import named_arrive, named_sync
 from stages.common.lazy_softmax import LazyOnlineSoftmax, needs_rescale
 from stages.common.softmax import final_lse, scale_rows
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile
+from stages.common.device import SMEM_LIMIT  # the largest dynamic shared memory of a CTA
 
-_SMEM_LIMIT = 227 * 1024
 _GRID_Y = 65535  # a launch grid's y extent at most (the parts run along it)
-
-
-def register_plan(threads: int, plan: list[tuple[int, int]]) -> str | None:
-    """None when the setmaxnreg plan [(thread count, registers per thread), …] — one entry per
-    group of warps — fits the CTA's allocation at launch (threads × (65 536 / threads rounded
-    down to a multiple of 8)); else why not.  A plan that does not fit hangs: setmaxnreg.inc
-    waits for registers nobody frees."""
-    at_launch = threads * launch_registers(threads)
-    want = sum(n * r for n, r in plan)
-    if sum(n for n, _ in plan) != threads or any(r % 8 or not 24 <= r <= 256 for _, r in plan):
-        return f"setmaxnreg plan {plan} must cover the {threads} threads with multiples of 8 in 24 … 256"
-    if want > at_launch:
-        return f"setmaxnreg plan {plan} needs {want} registers, the CTA holds {at_launch} (a hang)"
-    return None
-
-
-def launch_registers(threads: int) -> int:
-    """Registers a thread holds at launch: 65 536 / threads, rounded down to a multiple of 8."""
-    return 65536 // threads // 8 * 8
-
-
-def set_registers(regs: int, threads: int) -> None:
-    """setmaxnreg to `regs` for the calling warpgroup: .inc above the launch allocation, .dec
-    below it (an .inc to fewer registers than a warp holds is an illegal instruction)."""
-    if regs > launch_registers(threads):
-        cute.arch.setmaxregister_increase(regs)
-    elif regs < launch_registers(threads):
-        cute.arch.setmaxregister_decrease(regs)
-
-
-def _kv_layouts(dtype, block_n: int, stages: int, slice_n: int):
-    """K (block_n, D, stages) K-major and Vᵀ (D, block_n, stages) MN-major views of the same slot
-    bytes, tiled keys first from no-swizzle (INTER) 8 × 8 atoms: a key's 8 columns are 16 bytes
-    and 8 consecutive keys' 16 bytes of the same columns are 128 contiguous ones — what one
-    store instruction of the producer writes, locally and by st.async into the peer (with D2's
-    128-byte swizzle the peer's pieces scatter over 8 rows: 127 vs 115 µs at b 64, h_q 128).
-    Also the byte strides of 8 keys and of 64 columns the dequantisers step by."""
-    k_kind = warpgroup.SmemLayoutAtomKind.K_INTER
-    v_kind = warpgroup.SmemLayoutAtomKind.MN_INTER
-    k_layout = cute.tile_to_shape(warpgroup.make_smem_layout_atom(k_kind, dtype), (block_n, D, stages), order=(0, 1, 2))
-    vt_layout = cute.tile_to_shape(warpgroup.make_smem_layout_atom(v_kind, dtype), (D, block_n, stages), order=(1, 0, 2))
-    if k_layout.inner.num_base < 4:  # the dequantisers store whole 16-byte pieces (slot_offset)
-        raise ValueError(f"stage E sm90: the K swizzle {k_layout.inner} splits 16-byte pieces")
-    for key in (0, 1, 7, 8, block_n - 1):
-        for col in (0, 1, 15, 16, 63, 64, slice_n - 1, slice_n, D - 1):
-            for slot in (0, stages - 1):
-                if k_layout((key, col, slot)) != vt_layout((col, key, slot)):
-                    raise ValueError(f"stage E sm90: the Vᵀ view is not K's bytes at key {key}, col {col}, slot {slot}")
-    # The dequantisers address a piece as row_offset(key mod 8, col mod 64) + (key // 8)·key8 +
-    # (col // 64)·col64 + slot·block_n·D·2 (Kernel.piece_addresses): the layout must be additive
-    # in those three strides.
-    at = lambda key, col, slot: slot_offset(k_layout, key, col, slot)  # noqa: E731
-    key8 = at(8, 0, 0) - at(0, 0, 0)
-    col64 = at(0, 64, 0) - at(0, 0, 0)
-    for key in range(8):
-        for col in (0, 8, 16, 24, 32, 40, 48, 56):
-            for slot in range(stages):
-                for k8 in range(block_n // 8):
-                    for c64 in range(D // 64):
-                        if at(key + 8 * k8, col + 64 * c64, slot) != at(key, col, 0) + k8 * key8 + c64 * col64 + slot * block_n * D * 2:
-                            raise ValueError(f"stage E sm90: K slot offsets are not additive at key {key + 8 * k8}, "
-                                             f"col {col + 64 * c64}")
-    return k_layout, vt_layout, key8, col64
 
 
 @dataclass(frozen=True)
@@ -225,9 +164,12 @@ class Kernel:
     # round of 4 warps), a CTA alone 64 (two rounds).
     PLAN = WarpPlan(producer_warps=4, mma_regs=(192, 160), producer_regs=152, pv_n=256)
     KV_STAGES = 2
-    PIECES = {"model1": 9, "v4.1": 8, "simple": 8}  # 16-byte pieces of a key a producer thread loads
-    DATA_PIECES = {"model1": 7, "v4.1": 8, "simple": 8}  # … of them e4m3 (model1's last two: the bf16 rope)
-    ROW_BYTES = {"model1": 576, "v4.1": 528, "simple": D}  # a token's row in its block (model1's scales apart)
+    # 16-byte pieces of a key a producer thread (one of 4 a key) loads: the e4m3 data pieces, 64
+    # columns each, and model1's bf16 rope (128 bytes: 2 a thread) after them
+    DATA_PIECES = {"model1": D_NOPE // 64, "v4.1": D // 64, "simple": D // 64}
+    ROPE_PIECES = {"model1": 2 * D_ROPE // 64, "v4.1": 0, "simple": 0}
+    PIECES = {"model1": D_NOPE // 64 + 2 * D_ROPE // 64, "v4.1": D // 64, "simple": D // 64}  # 9, 8, 8
+    ROW_BYTES = {"model1": MODEL1_ROW_BYTES, "v4.1": V41_ROW_BYTES, "simple": D}  # a token's row in its block (model1's scales apart)
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int = SM_COUNT):
         c = SparseConfig.parse(config)
@@ -276,8 +218,8 @@ class Kernel:
             raise ValueError(f"stage E sm90: {why}")
         smem = (2 * (self.BLOCK_M * D + self.KV_STAGES * self.BLOCK_N * D + self.BLOCK_M * self.BLOCK_N)
                 + 4 * self.sched.chunk * self.BLOCK_N + 4 * self.BLOCK_M + 4096)
-        if smem > _SMEM_LIMIT:
-            raise ValueError(f"stage E sm90: {smem} bytes of shared memory needed, {_SMEM_LIMIT} available")
+        if smem > SMEM_LIMIT:
+            raise ValueError(f"stage E sm90: {smem} bytes of shared memory needed, {SMEM_LIMIT} available")
 
     @cute.jit
     def __call__(
@@ -318,7 +260,11 @@ class Kernel:
         check_accumulator_is_a_operand(*reg_p_mmas, (bm, bn))
         _check_rows_shared(*reg_p_mmas, (bm, bn))
         q_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bm, bn, D), dtype, 1)
-        k_smem, vt_smem, self.key8_bytes, self.col64_bytes = _kv_layouts(dtype, bn, self.KV_STAGES, D // self.NUM_MMA_WG)
+        # no-swizzle slots: one store instruction of 8 keys fills 128 contiguous bytes, here and in
+        # the peer (with D2's 128-byte swizzle the peer's pieces scatter over 8 rows: 127 vs 115 µs
+        # at b 64, h_q 128); the dequantisers step by 8 keys and 64 columns (piece_strides)
+        k_smem, vt_smem = kv_layouts(dtype, D, bn, self.KV_STAGES, D // self.NUM_MMA_WG, swizzled=False)
+        self.key8_bytes, self.col64_bytes = piece_strides(k_smem, bn, D, self.KV_STAGES)
         p_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bm, D, bn), dtype, 1)
         expose(self, p_path="smem", qk_mma=(qk_mma, (bm, bn, D)), pv_mma=(pv_mma, (bm, D, bn)),
                smem={"Q": q_smem, "K (dequantised)": k_smem, "Vt (K's bytes)": vt_smem, "P": p_smem},
@@ -517,7 +463,7 @@ class Kernel:
         # alone (two rounds a tile) the next unit's loads are issued before this unit is
         # dequantised; in a pair (one round) after, which keeps one buffer's registers
         early = R > 1
-        kv_state = _ring_state(self.KV_STAGES, before, producer=True)
+        kv_state = ring_state(self.KV_STAGES, before, producer=True)
         for it in cutlass.range(work.tile_begin, work.tile_end, per, unroll=1):
             for u in cutlass.range_constexpr(2):
                 j, r = divmod(u, R)  # this unit: tile it + j, round r
@@ -565,12 +511,12 @@ class Kernel:
             if cutlass.const_expr(self.c.has_extra):
                 got[e] = cutlass.select_(branch == 0, got[e], self.idx_entry(lists[3], work, pos, self.c.extra_topk,
                                                                             here & (branch == 1)))
-        cute.arch.barrier(barrier_id=STAGED, number_of_threads=self.plan.producer_threads)
+        cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
         for e in cutlass.range_constexpr(per_thread):
             i = e * self.plan.producer_threads + ptid
             if i < n:
                 s_idx[i] = got[e]
-        cute.arch.barrier(barrier_id=STAGED, number_of_threads=self.plan.producer_threads)
+        cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
 
     @cute.jit
     def produce_unit(self, kv_pipe, kv_state, pair, ptid, keys, r: cutlass.Constexpr[int], raw, sc, rank, pwarp, lane,
@@ -663,9 +609,9 @@ class Kernel:
         for p in cutlass.range_constexpr(self.DATA_PIECES[self.fmt]):
             self.load16(raw, p, token + 64 * p + 16 * q, valid)
         if cutlass.const_expr(self.fmt == "model1"):
-            for h in cutlass.range_constexpr(2):
-                self.load16(raw, 7 + h, token + 448 + 16 * q + 64 * h, valid)
-            w = ldg_or(block + block_size * 576 + off * 8, valid, 2, prefetch=False)
+            for h in cutlass.range_constexpr(self.ROPE_PIECES[self.fmt]):
+                self.load16(raw, self.DATA_PIECES[self.fmt] + h, token + D_NOPE + 16 * q + 64 * h, valid)
+            w = ldg_or(block + block_size * MODEL1_ROW_BYTES + off * MODEL1_SCALE_BYTES, valid, 2, prefetch=False)
             sc[0, 0], sc[1, 0] = w[0], w[1]
         elif cutlass.const_expr(self.fmt == "v4.1"):
             w = ldg_or(token + D, valid, 4)
@@ -689,11 +635,11 @@ class Kernel:
         """The shared-memory byte addresses, in slot 0, of this thread's pieces of round 0's own
         key: the data columns 16·q and 16·q + 8 of the first 64 (q = lane // 8; piece p adds
         p·col64_bytes), model1's rope columns 448 + 8·q and 480 + 8·q.  Round r adds
-        r·(keys_per_round / 8)·key8_bytes, slot s s·BLOCK_N·D·2 (_kv_layouts checks the layout
+        r·(keys_per_round / 8)·key8_bytes, slot s s·BLOCK_N·D·2 (piece_strides checks the layout
         is additive in all three)."""
         q = lane // 8
         at = cute.make_rmem_tensor(4, cutlass.Int32)
-        for i, col in enumerate((16 * q, 16 * q + 8, 448 + 8 * q, 480 + 8 * q)):
+        for i, col in enumerate((16 * q, 16 * q + 8, D_NOPE + 8 * q, D_NOPE + D_ROPE // 2 + 8 * q)):
             at[i] = k_base + slot_offset(k_smem, key, col, 0)
         return at
 
@@ -725,7 +671,7 @@ class Kernel:
                              cute.make_tensor(words.iterator + 4 * h, cute.make_layout(4)), state)
         if cutlass.const_expr(self.fmt == "model1"):
             for h in cutlass.range_constexpr(2):
-                pair.store16(pieces[2 + h] + rows, raw[None, 7 + h], state)
+                pair.store16(pieces[2 + h] + rows, raw[None, dims + h], state)
 
     @cute.jit
     def scale_byte(self, sc, p, q) -> cutlass.Int32:
@@ -804,7 +750,7 @@ class Kernel:
             complete = self.sched.complete(work)
             acc_o.fill(0.0)
             softmax = LazyOnlineSoftmax.create(num_rows, self.scale_log2)
-            kv_cons = _ring_state(self.KV_STAGES, before, producer=False)
+            kv_cons = ring_state(self.KV_STAGES, before, producer=False)
             if cutlass.const_expr(wg == 0):
                 cute.arch.mbarrier_wait(q_bar, k % 2)
 
@@ -839,7 +785,7 @@ class Kernel:
                     cute.arch.fence_proxy("async.shared", space="cta")
                     named_arrive(NamedBarrier.P_FULL, mma_threads)
                     if (i == work.tile_end - work.tile_begin - 1) & (k + 1 < segments):
-                        named_sync(Q_FREE, 128)  # every warp of warpgroup 0 is past its last S
+                        named_sync(NamedBarrier.Q_FREE, 128)  # every warp of warpgroup 0 is past its last S
                         self.load_q(self.sched.segment(head_block, part, k + 1)[0], tid_wg, q_bar, tma_q, mQ, sQ)
                     if self.rescales(alpha, num_rows):  # most tiles keep every row's max: α = 1
                         for r in cutlass.range_constexpr(num_rows):
@@ -911,7 +857,7 @@ class Kernel:
         if tid_wg == 0:
             cute.arch.griddepcontrol_wait()
             wait_flag(flag_address(mLp.iterator.toint(), self.sched.row_block(work), self.BLOCK_M))
-        named_sync(FLAG_SEEN, 128)
+        named_sync(NamedBarrier.FLAG_SEEN, 128)
 
     @cute.jit
     def add_piece_1(self, acc_o, tidx, wg: cutlass.Constexpr[int], work, k_base, f_lo, f_hi, mOp):
@@ -994,12 +940,6 @@ class Kernel:
         store_accumulator_wide(acc_o, tidx, base, D * size, (tidx // 128) * (D // self.NUM_MMA_WG), mOut.element_type)
 
 
-def _ring_state(stages: int, count, producer: bool):
-    """The KV ring's pipeline state after `count` tiles (traced): slot count mod stages, phase
-    the parity of count // stages — flipped for the producer, whose first wait passes."""
-    return pipeline.PipelineState(stages, count, count % stages, ((count // stages) % 2) ^ (1 if producer else 0))
-
-
 def _check_rows_shared(qk_mma, pv_mma, tile_mn) -> None:
     """Trace time, for every thread of warpgroup 0: S's accumulator rows are O's (α, a row's
     factor, scales O in registers; that P is S's registers is sm90_idioms'
@@ -1011,22 +951,6 @@ def _check_rows_shared(qk_mma, pv_mma, tile_mn) -> None:
         rows_s, rows_o = acc_rows_cols(thr_s.partition_C(ident_s)), acc_rows_cols(thr_o.partition_C(ident_o))
         if [rows_s[r, 0][0] for r in range(cute.size(rows_s, mode=[0]))] != [rows_o[r, 0][0] for r in range(cute.size(rows_o, mode=[0]))]:
             raise ValueError(f"stage E sm90: S's and O's accumulator rows differ for thread {t}")
-
-
-def swizzle_bytes(off, bits: int, base: int, shift: int):
-    """A shared-memory swizzle S<bits, base, shift> applied to a BYTE offset (as the swizzle of
-    a swizzled pointer acts): the `bits` bits above base + shift are XORed into the ones above
-    base.  SW128 is S<3,4,3>: the 16-byte piece (bits 4 … 6) of a 128-byte row is permuted by
-    the row's index mod 8 (bits 7 … 9).  Plain ints or traced Int32s."""
-    return off ^ ((off & (((1 << bits) - 1) << (base + shift))) >> shift)
-
-
-def slot_offset(k_smem, key, col, slot):
-    """The byte offset of K[key, col] of `slot` from the slots' base: the K-major layout's
-    offset in bf16 elements, × 2, swizzled (ints at trace time, traced Int32s in the kernel).  A ComposedLayout evaluated as a function would apply
-    its swizzle to the ELEMENT offset — wrong for a swizzle that lives in the pointer (bytes)."""
-    sw = k_smem.inner
-    return swizzle_bytes(k_smem.outer((key, col, slot)) * 2, sw.num_bits, sw.num_base, sw.num_shift)
 
 
 def _token_block(base, index, block_size: int, block_bytes: int):
