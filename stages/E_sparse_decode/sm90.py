@@ -86,6 +86,7 @@ st.async beside it; at h_q = 64 the producer's loads.  What was tried and lost: 
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cuda.bindings.driver as cuda
 
@@ -94,7 +95,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass.tensor_utils import LayoutEnum
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import warp, warpgroup
+from cutlass.cute.nvgpu import warpgroup
 
 from stages.common.barriers import NamedBarrier
 from stages.common.cluster_pair import TilePair
@@ -110,6 +111,7 @@ from stages.common.quad_store import check_accumulator_layout, store_accumulator
 from stages.common.sparse_config import SparseConfig
 from stages.common.scheduler import SM_COUNT
 from stages.common.sm90_gather import ldg_or
+from stages.common.sm90_smem_p import SmemP
 from stages.common.sm90_kv_slots import kv_layouts, piece_strides, ring_state, slot_offset
 from stages.common.sm90_registers import register_plan, set_registers
 from stages.common.sm90_idioms import (acc_rows_cols, accumulator_to_a_operand, check_accumulator_is_a_operand,
@@ -121,6 +123,55 @@ from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition
 from stages.common.device import SMEM_LIMIT  # the largest dynamic shared memory of a CTA
 
 _GRID_Y = 65535  # a launch grid's y extent at most (the parts run along it)
+
+
+class AttendSmem(NamedTuple):
+    """The shared-memory views the MMA warpgroups read and write."""
+
+    sQ: cute.Tensor  # (64, D, 1) Q of the segment
+    sK: cute.Tensor  # (BLOCK_N, D, slots) the dequantised keys
+    sVt: cute.Tensor  # (D, BLOCK_N, slots): K's bytes as Vᵀ
+    sP: cute.Tensor  # (64, BLOCK_N) P for warpgroup 1
+    s_row: cute.Tensor  # α of a tile (SmemP's row factors)
+    s_fin: cute.Tensor  # a segment's 1/ℓ (· the sink's factor), or piece 0's factor on its own O
+    s_mrg: cute.Tensor  # a merge's factor on the partial it reads
+    s_mask: cute.Tensor  # (BLOCK_N, slots) 0 or −∞ per key
+    s_kscale: cute.Tensor  # (BLOCK_N, slots) simple: the token's scale
+
+
+class AttendIO(NamedTuple):
+    """What an MMA warpgroup's `attend` works with: Q's barrier, TMA atom and view; the KV
+    ring's pipeline and the cluster pair's barriers; the slots' base address (a merge stages
+    piece 1's partial there); the shared-memory views; the sink and the outputs."""
+
+    q_bar: object
+    tma_q: cute.CopyAtom
+    mQ: cute.Tensor
+    kv_pipe: object
+    pair: TilePair
+    k_base: object
+    smem: AttendSmem
+    sink: cute.Tensor
+    mO: cute.Tensor
+    mLSE: cute.Tensor
+    mOp: cute.Tensor
+    mLp: cute.Tensor
+
+
+class MmaTiles(NamedTuple):
+    """An MMA warpgroup's tiled MMAs and its partitions of the operands (Kernel.mma_tiles)."""
+
+    qk_mma: cute.TiledMma
+    pv_mma: cute.TiledMma
+    thr_pv: object  # the P·V MMA's slice of this thread
+    tSrQ: cute.Tensor
+    tSrK: cute.Tensor
+    s_shape: object
+    tScS_rc: cute.Tensor  # (row, key) of S's accumulator, as (rows, columns)
+    tOrP: object  # warpgroup 1: the shared P as the A operand; None for warpgroup 0
+    tOrV: cute.Tensor
+    o_shape: object
+    tOcO_rc: cute.Tensor  # (row, col) of O's accumulator, as (rows, columns)
 
 
 @dataclass(frozen=True)
@@ -403,14 +454,16 @@ class Kernel:
                          s_mask, s_kscale, s_idx, KV, idx, topk_length, KV_extra, idx_extra, extra_length)
         else:
             # each MMA warpgroup its own copy of attend, compiled for its own register count
+            smem = AttendSmem(sQ=sQ, sK=sK, sVt=sVt, sP=sP, s_row=s_row, s_fin=s_fin, s_mrg=s_mrg, s_mask=s_mask,
+                              s_kscale=s_kscale)
+            io = AttendIO(q_bar=q_bar, tma_q=tma_q, mQ=mQ, kv_pipe=kv_pipe, pair=pair, k_base=k_base, smem=smem,
+                          sink=sink, mO=mO, mLSE=mLSE, mOp=mOp, mLp=mLp)
             if warp_idx // 4 == 0:
                 set_registers(self.plan.mma_regs[0], self.plan.threads)
-                self.attend(0, part, head_block, tidx, q_bar, tma_q, mQ, kv_pipe, pair, k_base, sQ, sK, sVt, sP, s_row,
-                            s_fin, s_mrg, s_mask, s_kscale, sink, mO, mLSE, mOp, mLp)
+                self.attend(0, part, head_block, tidx, io)
             else:
                 set_registers(self.plan.mma_regs[1], self.plan.threads)
-                self.attend(1, part, head_block, tidx, q_bar, tma_q, mQ, kv_pipe, pair, k_base, sQ, sK, sVt, sP, s_row,
-                            s_fin, s_mrg, s_mask, s_kscale, sink, mO, mLSE, mOp, mLp)
+                self.attend(1, part, head_block, tidx, io)
         pair.finish()
 
     def tile_pair(self, storage) -> TilePair:
@@ -701,139 +754,160 @@ class Kernel:
     # MMA warpgroups (stage D2's, plus the key mask and the sink)
 
     @cute.jit
-    def attend(self, wg: cutlass.Constexpr[int], part, head_block, tidx, q_bar, tma_q, mQ, kv_pipe, pair, k_base, sQ, sK,
-               sVt, sP, s_row, s_fin, s_mrg, s_mask, s_kscale, sink, mO, mLSE, mOp, mLp):
+    def attend(self, wg: cutlass.Constexpr[int], part, head_block, tidx, io):
         """An MMA warpgroup, segment after segment of the part: O and the softmax state start
-        afresh, the tiles run as D2's (warpgroup 0 S, softmax, P — stored for warpgroup 1, kept
-        in registers for its own P·V; both their half of P·V), the epilogue writes O and LSE (a
-        whole sequence, sink included) or a partial.  Warpgroup 0 arrives at P_FULL without
-        waiting; its first warp loads the next segment's Q once every warp of warpgroup 0 is
-        past the last S of this one (Q_FREE), so the load overlaps that tile's P·V and the
-        epilogue (the first segment's at the start).  The KV ring's
-        consumer state is rebuilt from the tiles of the part before a segment.  A two-piece
-        sequence (stages/common/part_merge.py): piece 1 raises its flag once every MMA thread
-        has stored its partial; piece 0 — warpgroup 0's first thread waits for the flag — merges
-        the LSEs, stages piece 1's partial in the KV slots and adds it before O is stored."""
-        bm, bn = self.BLOCK_M, self.BLOCK_N
+        afresh, the tiles run as D2's (`tile_s_p`: warpgroup 0 S, softmax, P — published for
+        warpgroup 1 through SmemP, kept in registers for its own P·V; `tile_pv`: both their half
+        of P·V), the epilogue (`finish_segment`) writes O and LSE (a whole sequence, sink
+        included) or a partial.  Warpgroup 0 arrives at P_FULL without waiting; its first warp
+        loads the next segment's Q once every warp of warpgroup 0 is past the last S of this one
+        (Q_FREE), so the load overlaps that tile's P·V and the epilogue (the first segment's at
+        the start).  The KV ring's consumer state is rebuilt from the tiles of the part before a
+        segment.  `io`: the kernel's AttendIO."""
         tid_wg = tidx % 128
-        mma_threads = self.MMA_THREADS
-        qk_mma, pv_mma = self.tiled_mmas(sQ.element_type, p_in_registers=wg == 0)
-
-        thr_qk = qk_mma.get_slice(tid_wg)
-        tSrQ = qk_mma.make_fragment_A(thr_qk.partition_A(sQ))
-        tSrK = qk_mma.make_fragment_B(thr_qk.partition_B(sK))
-        s_shape = thr_qk.partition_shape_C((bm, bn))
-        tScS_rc = acc_rows_cols(thr_qk.partition_C(cute.make_identity_tensor((bm, bn))))
-        p_store = cute.make_tiled_copy_C(
-            cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), sP.element_type), qk_mma
-        )
-        thr_p_store = p_store.get_slice(tid_wg)
-        tPsP = thr_p_store.partition_D(sP)
-        expose(self, p_store=(p_store, qk_mma, (bm, bn), (bm, bn)))
-
-        thr_pv = pv_mma.get_slice(tidx)
-        if cutlass.const_expr(wg == 1):
-            tOrP = pv_mma.make_fragment_A(thr_pv.partition_A(sP))
-        tOrV = pv_mma.make_fragment_B(thr_pv.partition_B(sVt))
-        o_shape = thr_pv.partition_shape_C((bm, D))
-        tOcO_rc = acc_rows_cols(thr_pv.partition_C(cute.make_identity_tensor((bm, D))))
-        acc_o = cute.make_rmem_tensor(o_shape, cutlass.Float32)
-        acc_o_rc = acc_rows_cols(acc_o)
-        num_rows = cute.size(tScS_rc, mode=[0])
-        num_cols = cute.size(tScS_rc, mode=[1])
+        mma = self.mma_tiles(wg, tidx, io.smem)
+        # P and the row factors (α, a tile's) → warpgroup 1; the two warpgroups meet unaligned
+        smem_p = SmemP.create(self, mma.qk_mma, io.smem.sP, io.smem.s_row, tid_wg, self.MMA_THREADS,
+                              sync=named_sync, arrive=named_arrive)
+        acc_o = cute.make_rmem_tensor(mma.o_shape, cutlass.Float32)
+        kv_pipe, pair = io.kv_pipe, io.pair
 
         segments = self.sched.segments(part)
         if cutlass.const_expr(wg == 0):
-            self.load_q(self.sched.segment(head_block, part, 0)[0], tid_wg, q_bar, tma_q, mQ, sQ)
+            self.load_q(self.sched.segment(head_block, part, 0)[0], tid_wg, io)
         for k in cutlass.range(segments, unroll=1):
             work, before = self.sched.segment(head_block, part, k)
-            complete = self.sched.complete(work)
             acc_o.fill(0.0)
-            softmax = LazyOnlineSoftmax.create(num_rows, self.scale_log2)
+            softmax = LazyOnlineSoftmax.create(cute.size(mma.tScS_rc, mode=[0]), self.scale_log2)
             kv_cons = ring_state(self.KV_STAGES, before, producer=False)
             if cutlass.const_expr(wg == 0):
-                cute.arch.mbarrier_wait(q_bar, k % 2)
-
+                cute.arch.mbarrier_wait(io.q_bar, k % 2)
             for i in cutlass.range(work.tile_end - work.tile_begin, unroll=1):
                 kv_pipe.consumer_wait(kv_cons)
                 pair.consumer_wait(kv_cons)
                 if cutlass.const_expr(wg == 0):
-                    acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-                    wgmma_sync(qk_mma, acc_s, tSrQ, tSrK, a_slot=0, b_slot=kv_cons.index, zero_init=True)
-                    s_rc = acc_rows_cols(acc_s)
-                    for r in cutlass.range_constexpr(num_rows):
-                        for j in cutlass.range_constexpr(num_cols):
-                            key = tScS_rc[r, j][1]
-                            if cutlass.const_expr(self.fmt == "simple"):  # S = (Q·K_e4m3ᵀ) · the key's scale
-                                s_rc[r, j] = s_rc[r, j] * s_kscale[key, kv_cons.index]
-                            s_rc[r, j] = s_rc[r, j] + s_mask[key, kv_cons.index]  # −∞ for an invalid key
-                    alpha = softmax.update(s_rc)
-                    if cutlass.const_expr(self.fmt == "simple"):  # P·V = (P · the key's scale)·V_e4m3; ℓ keeps P
-                        for r in cutlass.range_constexpr(num_rows):
-                            for j in cutlass.range_constexpr(num_cols):
-                                s_rc[r, j] = s_rc[r, j] * s_kscale[tScS_rc[r, j][1], kv_cons.index]
-                    # P: S's registers as bf16 — warpgroup 0's A operand and, stored (indexed
-                    # like S), warpgroup 1's
-                    r_p = accumulator_to_a_operand(acc_s, thr_pv, (bm, bn), sP.element_type)
-                    r_p_acc = cute.make_tensor(r_p.iterator, acc_s.layout)
-                    if i > 0:
-                        named_sync(NamedBarrier.P_EMPTY, mma_threads)
-                    cute.copy(p_store, thr_p_store.retile(r_p_acc), tPsP)
-                    for r in cutlass.range_constexpr(num_rows):
-                        if tScS_rc[r, 0][1] == 0:
-                            s_row[tScS_rc[r, 0][0]] = alpha[r]
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    named_arrive(NamedBarrier.P_FULL, mma_threads)
+                    r_p, alpha = self.tile_s_p(mma, smem_p, softmax, kv_cons.index, i, io.smem)
                     if (i == work.tile_end - work.tile_begin - 1) & (k + 1 < segments):
                         named_sync(NamedBarrier.Q_FREE, 128)  # every warp of warpgroup 0 is past its last S
-                        self.load_q(self.sched.segment(head_block, part, k + 1)[0], tid_wg, q_bar, tma_q, mQ, sQ)
-                    if self.rescales(alpha, num_rows):  # most tiles keep every row's max: α = 1
-                        for r in cutlass.range_constexpr(num_rows):
-                            scale_rows(acc_o_rc, r, alpha[r])
-                    wgmma_sync(pv_mma, acc_o, r_p, tOrV, b_slot=kv_cons.index)
+                        self.load_q(self.sched.segment(head_block, part, k + 1)[0], tid_wg, io)
+                    self.tile_pv(mma, acc_o, alpha, r_p, kv_cons.index)
                 else:
-                    named_sync(NamedBarrier.P_FULL, mma_threads)
-                    alpha = cute.make_rmem_tensor(num_rows, cutlass.Float32)
-                    for r in cutlass.range_constexpr(num_rows):
-                        alpha[r] = s_row[tOcO_rc[r, 0][0]]
-                    if self.rescales(alpha, num_rows):  # the warp's rows are warpgroup 0's warp's
-                        for r in cutlass.range_constexpr(num_rows):
-                            scale_rows(acc_o_rc, r, alpha[r])
-                    wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
+                    smem_p.wait_full()
+                    self.tile_pv(mma, acc_o, smem_p.row_factors(mma.tOcO_rc), mma.tOrP, kv_cons.index)
                 cute.arch.sync_warp()  # every lane's wgmma reads of the slot are done
                 if tidx % 32 == 0:  # the slot's empty barriers count warps
                     kv_pipe.consumer_release(kv_cons)
                     pair.consumer_release(kv_cons)
                 kv_cons.advance()
                 if cutlass.const_expr(wg == 1):
-                    named_arrive(NamedBarrier.P_EMPTY, mma_threads)
+                    smem_p.release()
+            self.finish_segment(wg, tidx, work, mma, smem_p, softmax, acc_o, io)
 
-            # a two-piece sequence's pieces (stages/common/part_merge.py); Python False without merges,
-            # so none of the branches below is traced then
-            merge, hand_over = self.merge_roles(work)
-            if cutlass.const_expr(wg == 0):
-                named_sync(NamedBarrier.P_EMPTY, mma_threads)  # warpgroup 1's last P·V is done
-                inv_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
-                lse = cute.make_rmem_tensor(num_rows, cutlass.Float32)
-                softmax.finalize(inv_sum, lse)
-                if merge:
-                    self.await_piece_1(work, tid_wg, mLp)
-                for r in cutlass.range_constexpr(num_rows):
-                    row = tScS_rc[r, 0][0]
-                    if tScS_rc[r, 0][1] == 0:
-                        h = sink[work.head_block * bm + row]
-                        if merge:
-                            self.merge_row(work, row, inv_sum[r], lse[r], h, s_fin, s_mrg, mLSE, mLp)
-                        else:
-                            self.finish_row(work, complete, row, inv_sum[r], lse[r], h, s_fin, mLSE, mLp)
-            named_sync(NamedBarrier.EPILOGUE, mma_threads)
+    def mma_tiles(self, wg: int, tidx, smem) -> "MmaTiles":
+        """Warpgroup wg's MMAs (warpgroup 0's P·V takes P from registers) and its partitions of
+        the shared operands (trace time: no code but the fragments' descriptors)."""
+        bm, bn = self.BLOCK_M, self.BLOCK_N
+        qk_mma, pv_mma = self.tiled_mmas(smem.sQ.element_type, p_in_registers=wg == 0)
+        thr_qk = qk_mma.get_slice(tidx % 128)
+        thr_pv = pv_mma.get_slice(tidx)
+        return MmaTiles(
+            qk_mma=qk_mma, pv_mma=pv_mma, thr_pv=thr_pv,
+            tSrQ=qk_mma.make_fragment_A(thr_qk.partition_A(smem.sQ)),
+            tSrK=qk_mma.make_fragment_B(thr_qk.partition_B(smem.sK)),
+            s_shape=thr_qk.partition_shape_C((bm, bn)),
+            tScS_rc=acc_rows_cols(thr_qk.partition_C(cute.make_identity_tensor((bm, bn)))),
+            tOrP=pv_mma.make_fragment_A(thr_pv.partition_A(smem.sP)) if wg == 1 else None,
+            tOrV=pv_mma.make_fragment_B(thr_pv.partition_B(smem.sVt)),
+            o_shape=thr_pv.partition_shape_C((bm, D)),
+            tOcO_rc=acc_rows_cols(thr_pv.partition_C(cute.make_identity_tensor((bm, D)))),
+        )
+
+    @cute.jit
+    def tile_s_p(self, mma, smem_p, softmax, slot, i, smem):
+        """Warpgroup 0, one tile in `slot`: S = Q·Kᵀ, each key's mask (simple: × its scale),
+        the online softmax, P = bf16(S) — the A operand of its own P·V — published with α to
+        warpgroup 1 (SmemP; P_EMPTY waited from the second tile).  Returns (P, α)."""
+        acc_s = cute.make_rmem_tensor(mma.s_shape, cutlass.Float32)
+        wgmma_sync(mma.qk_mma, acc_s, mma.tSrQ, mma.tSrK, a_slot=0, b_slot=slot, zero_init=True)
+        s_rc = acc_rows_cols(acc_s)
+        tScS_rc = mma.tScS_rc
+        for r in cutlass.range_constexpr(cute.size(tScS_rc, mode=[0])):
+            for j in cutlass.range_constexpr(cute.size(tScS_rc, mode=[1])):
+                key = tScS_rc[r, j][1]
+                if cutlass.const_expr(self.fmt == "simple"):  # S = (Q·K_e4m3ᵀ) · the key's scale
+                    s_rc[r, j] = s_rc[r, j] * smem.s_kscale[key, slot]
+                s_rc[r, j] = s_rc[r, j] + smem.s_mask[key, slot]  # −∞ for an invalid key
+        alpha = softmax.update(s_rc)
+        if cutlass.const_expr(self.fmt == "simple"):  # P·V = (P · the key's scale)·V_e4m3; ℓ keeps P
+            for r in cutlass.range_constexpr(cute.size(tScS_rc, mode=[0])):
+                for j in cutlass.range_constexpr(cute.size(tScS_rc, mode=[1])):
+                    s_rc[r, j] = s_rc[r, j] * smem.s_kscale[tScS_rc[r, j][1], slot]
+        # P: S's registers as bf16 — warpgroup 0's A operand and, stored (indexed like S), warpgroup 1's
+        r_p = accumulator_to_a_operand(acc_s, mma.thr_pv, (self.BLOCK_M, self.BLOCK_N), smem.sP.element_type)
+        smem_p.publish_p(cute.make_tensor(r_p.iterator, acc_s.layout), alpha, i > 0)
+        smem_p.arrive_full()
+        return r_p, alpha
+
+    @cute.jit
+    def tile_pv(self, mma, acc_o, alpha, p, slot):
+        """O *= α where some row of the warp moved its max, then O += P·V over this warpgroup's
+        half of O's columns (P: warpgroup 0's registers, or the shared P for warpgroup 1, whose
+        α came through shared memory)."""
+        self.rescale_o(acc_o, alpha, mma.tOcO_rc)
+        wgmma_sync(mma.pv_mma, acc_o, p, mma.tOrV, b_slot=slot)
+
+    @cute.jit
+    def rescale_o(self, acc_o, alpha, tOcO_rc):
+        """O[row, :] *= α[row] for this thread's rows — skipped by the whole warp when every α
+        is 1 (`rescales`, a warp vote)."""
+        num_rows = cute.size(tOcO_rc, mode=[0])
+        if self.rescales(alpha, num_rows):  # most tiles keep every row's max: α = 1
+            acc_o_rc = acc_rows_cols(acc_o)
             for r in cutlass.range_constexpr(num_rows):
-                scale_rows(acc_o_rc, r, s_fin[tOcO_rc[r, 0][0]])
-            if merge:
-                self.add_piece_1(acc_o, tidx, wg, work, k_base, s_mrg[tOcO_rc[0, 0][0]], s_mrg[tOcO_rc[1, 0][0]], mOp)
-            self.store_o(acc_o, tidx, work, complete | merge, mO, mOp)
-            if hand_over:
-                self.raise_piece_1(work, tidx, mLp)
+                scale_rows(acc_o_rc, r, alpha[r])
+
+    @cute.jit
+    def finish_segment(self, wg: cutlass.Constexpr[int], tidx, work, mma, smem_p, softmax, acc_o, io):
+        """A segment's epilogue: warpgroup 0 (once warpgroup 1's last P·V is done) finalises the
+        rows — each row's factor on O (1/ℓ, a whole sequence's times the sink's) and its LSE, or
+        piece 0's merge factors (stages/common/part_merge.py: its first thread waits for piece 1's
+        flag); then both warpgroups scale O, piece 0 adds piece 1's partial (staged in the KV
+        slots), O or the partial is stored, and piece 1 raises its flag."""
+        complete = self.sched.complete(work)
+        # a two-piece sequence's pieces; Python False without merges, so none of the branches
+        # below is traced then
+        merge, hand_over = self.merge_roles(work)
+        if cutlass.const_expr(wg == 0):
+            smem_p.wait_empty()  # warpgroup 1's last P·V is done
+            self.finish_rows(work, complete, merge, softmax, mma.tScS_rc, tidx % 128, io)
+        smem_p.wait_epilogue()
+        smem_p.rescale(acc_rows_cols(acc_o), mma.tOcO_rc, io.smem.s_fin)
+        tOcO_rc = mma.tOcO_rc
+        if merge:
+            self.add_piece_1(acc_o, tidx, wg, work, io.k_base, io.smem.s_mrg[tOcO_rc[0, 0][0]],
+                             io.smem.s_mrg[tOcO_rc[1, 0][0]], io.mOp)
+        self.store_o(acc_o, tidx, work, complete | merge, io.mO, io.mOp)
+        if hand_over:
+            self.raise_piece_1(work, tidx, io.mLp)
+
+    @cute.jit
+    def finish_rows(self, work, complete, merge, softmax, tScS_rc, tid_wg, io):
+        """Warpgroup 0: 1/ℓ and the LSE of its rows; each row's quad leader writes the row's
+        final factor (finish_row) or, piece 0 of a two-piece sequence, the merge's (merge_row)."""
+        num_rows = cute.size(tScS_rc, mode=[0])
+        inv_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
+        lse = cute.make_rmem_tensor(num_rows, cutlass.Float32)
+        softmax.finalize(inv_sum, lse)
+        if merge:
+            self.await_piece_1(work, tid_wg, io.mLp)
+        for r in cutlass.range_constexpr(num_rows):
+            row = tScS_rc[r, 0][0]
+            if tScS_rc[r, 0][1] == 0:
+                h = io.sink[work.head_block * self.BLOCK_M + row]
+                if merge:
+                    self.merge_row(work, row, inv_sum[r], lse[r], h, io.smem.s_fin, io.smem.s_mrg, io.mLSE, io.mLp)
+                else:
+                    self.finish_row(work, complete, row, inv_sum[r], lse[r], h, io.smem.s_fin, io.mLSE, io.mLp)
 
     @cute.jit
     def rescales(self, alpha, num_rows: cutlass.Constexpr[int]):
@@ -897,15 +971,15 @@ class Kernel:
         mLSE[self.sched.row_block(work) * self.BLOCK_M + row] = final_lse(merged)
 
     @cute.jit
-    def load_q(self, work, tid_wg, q_bar, tma_q, mQ, sQ):
+    def load_q(self, work, tid_wg, io):
         """Warp 0 (tid_wg < 32): Q's row block of segment `work` by TMA, its bytes counted on
-        q_bar (armed by one thread)."""
+        io.q_bar (armed by one thread)."""
         if tid_wg < 32:
-            gQ = cute.local_tile(mQ, (self.BLOCK_M, D), (None, 0))
-            tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, gQ, 2)
+            gQ = cute.local_tile(io.mQ, (self.BLOCK_M, D), (None, 0))
+            tQsQ, tQgQ = tma_partition_tile(io.tma_q, io.smem.sQ, gQ, 2)
             if tid_wg == 0:
-                cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.q_bytes)
-            cute.copy(tma_q, tQgQ[(None, self.sched.row_block(work))], tQsQ[(None, 0)], tma_bar_ptr=q_bar)
+                cute.arch.mbarrier_arrive_and_expect_tx(io.q_bar, self.q_bytes)
+            cute.copy(io.tma_q, tQgQ[(None, self.sched.row_block(work))], tQsQ[(None, 0)], tma_bar_ptr=io.q_bar)
 
     @cute.jit
     def store_lse(self, work, complete, row, lse, mLSE, mLp):
