@@ -66,6 +66,7 @@ from oracles import kvcache as kc
 from oracles.common import TensorSpec
 from stages.common.part_scheduler import PartGrid, resolve_part_tiles
 from stages.common.sparse_config import TILE, SparseConfig  # noqa: F401 (TILE: the oracle's API)
+from stages.common.device import sm_count
 from stages.common.scheduler import SM_COUNT
 
 D = kc.D
@@ -87,7 +88,8 @@ def split_capacity(case: dict[str, Any]) -> int:
     else:
         cap = splits
     # the sm90 kernel's persistent parts may cut a sequence into more pieces
-    part_tiles = resolve_part_tiles(splits, head_blocks=head_blocks, tokens=c.s_q, batches=case["b"], num_tiles=c.tiles())
+    part_tiles = resolve_part_tiles(splits, head_blocks=head_blocks, tokens=c.s_q, batches=case["b"], num_tiles=c.tiles(),
+                                    sm_count=sm_count("sm_90a"))  # the SMs the kernel's parts fill (this GPU's)
     return max(cap, PartGrid(head_blocks, c.s_q, case["b"], c.tiles(), part_tiles).capacity)
 
 

@@ -76,7 +76,9 @@ Warp roles (384 threads; the WarpPlan's registers, checked by `register_plan`)
 
 Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of oracles/kvcache.py;
 a segment's idx entries fit the shared memory left (4 bytes a key); the in-kernel merge assumes the
-grid is resident at once when it has at most `sm_count` (132: H100/H200 SXM) CTAs.
+grid is resident at once when it has at most `sm_count` CTAs (one a SM: the shared memory holds one) —
+the SM count of the GPU the case runs on (stages/common/device.py: 132 on an H100 SXM or H200, 114
+on an H100 PCIe, 78 on an H20); a larger grid is not merged in the kernel (PartCombine merges it).
 What bounds it (docs/STAGE_E.md: ablations and a cycle timeline at b 64): at h_q = 128 the MMA
 chain of a tile — S (m64n64, both operands from shared memory: shared-memory bound, ~1.3k
 cycles), softmax (~0.9k; the O rescale, ~0.6k, now skipped on most tiles), P, P·V (~1.1k) in
@@ -109,7 +111,6 @@ from stages.common.part_merge import (ZeroFlags, add_staged_rows, flag_address, 
 from stages.common.part_scheduler import PartGrid, resolve_part_tiles
 from stages.common.quad_store import check_accumulator_layout, store_accumulator_wide
 from stages.common.sparse_config import SparseConfig
-from stages.common.scheduler import SM_COUNT
 from stages.common.sm90_gather import ldg_or
 from stages.common.sm90_smem_p import SmemP
 from stages.common.sm90_kv_slots import kv_layouts, piece_strides, ring_state, slot_offset
@@ -120,7 +121,7 @@ from stages.common.unaligned_barriers import named_arrive, named_sync
 from stages.common.lazy_softmax import LazyOnlineSoftmax, needs_rescale
 from stages.common.softmax import final_lse, scale_rows
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile
-from stages.common.device import SMEM_LIMIT  # the largest dynamic shared memory of a CTA
+from stages.common.device import SMEM_LIMIT, sm_count as device_sm_count
 
 _GRID_Y = 65535  # a launch grid's y extent at most (the parts run along it)
 
@@ -222,7 +223,14 @@ class Kernel:
     PIECES = {"model1": D_NOPE // 64 + 2 * D_ROPE // 64, "v4.1": D // 64, "simple": D // 64}  # 9, 8, 8
     ROW_BYTES = {"model1": MODEL1_ROW_BYTES, "v4.1": V41_ROW_BYTES, "simple": D}  # a token's row in its block (model1's scales apart)
 
-    def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int = SM_COUNT):
+    def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int | None = None):
+        # the SMs the parts fill and the merge's residency is judged against: the GPU's here
+        # (stages/common/device.py; compile-only on a CPU: sm_90a's 132); a kernel built for one
+        # count is keyed by it in the compile cache
+        self.sm_count = device_sm_count("sm_90a") if sm_count is None else sm_count
+        if self.sm_count < 1:
+            raise ValueError(f"stage E sm90: sm_count must be positive, got {self.sm_count}")
+        sm_count = self.sm_count
         c = SparseConfig.parse(config)
         if c.h_q % self.BLOCK_M:
             raise ValueError(f"stage E sm90: h_q must be a multiple of {self.BLOCK_M}, got {c.h_q}")

@@ -12,20 +12,38 @@ sm_count      the SMs of the GPU the case runs on — what the split and part ch
               default, DEFAULT_SM_COUNT.  A kernel compiled for one count is built for that
               count (its grid, its parts, whether it merges): harness/compile.py keys the
               compile cache by `visible_sm_count()`.
+DSV4_SM_COUNT an environment variable that stands for the GPU's count (a positive int): the
+              kernels, the oracles' scratch sizes and the compile key then take it — to build and
+              run a case as it would be on a GPU of fewer SMs (tests/test_e_gpu.py: a grid larger
+              than the SMs it is told of is not merged in the kernel, and stays correct).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 SMEM_LIMIT = 227 * 1024
 DEFAULT_SM_COUNT = {"sm_90a": 132, "sm_100a": 148}  # H100 SXM / H200; B200
 
 
-@functools.cache
+ENV = "DSV4_SM_COUNT"
+
+
 def visible_sm_count() -> int | None:
-    """The SM count of CUDA device 0 of this process, or None where there is no GPU (no driver,
-    no device, or an error from either)."""
+    """The SM count of CUDA device 0 of this process ($DSV4_SM_COUNT where set), or None where
+    there is no GPU (no driver, no device, or an error from either)."""
+    forced = os.environ.get(ENV, "").strip()
+    if forced:
+        if not forced.isdigit() or int(forced) < 1:
+            raise ValueError(f"{ENV}={forced!r}: must be a positive int (the SM count to build for), or unset")
+        return int(forced)
+    return _driver_sm_count()
+
+
+@functools.cache
+def _driver_sm_count() -> int | None:
+    """The driver's answer for device 0 (asked once a process)."""
     try:
         import cuda.bindings.driver as cu
     except ImportError:
