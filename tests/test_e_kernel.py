@@ -22,8 +22,9 @@ def test_kernel_block_bytes_agree_with_the_oracle(fmt):
 def test_splits_fit_the_declared_scratch(project_root):
     stage = load_spec(root=project_root).stages["E"]
     cases = [c.dict for c in expand(stage)]
-    cases += [dict(b=b, config=cfg, kv_format="model1", scenario="sink", splits="auto")
-              for b in (2, 64, 74, 128, 148, 256) for cfg in ("s2h128_m128bs256_x1024bs64", "s2h64_m128bs256_x1024bs64")]
+    from harness.bench import plan_cases
+
+    cases += plan_cases(stage, [])  # every bench shape (b 1 … 256, s_q 1 and 2, every format)
     seen = set()
     for case in cases:
         key = (case["b"], case["config"], case["splits"])
