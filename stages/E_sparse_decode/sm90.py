@@ -6,8 +6,15 @@ main list (idx, topk_length) and the extra/SWA list (idx_extra, extra_length) to
     O = softmax(Q·Kᵀ · scale) · V · 1/(1 + exp(sink[h] − lse)),   LSE = ln Σ exp(Q·Kᵀ · scale),
 K = V = the dequantised cache rows, scale = 1/sqrt(512); a row with no valid key: O = 0, LSE = +∞.
 
-What is new in this rung (D2's house otherwise: heads fold into M, 64 heads of one token per
-CTA, an LSE combine, K and Vᵀ views of one shared-memory slot)
+The house it shares with D2–D5 (stages/common): heads fold into M, 64 heads of one token per
+CTA; K and Vᵀ views of one shared-memory slot (sm90_kv_slots.kv_layouts, here with no-swizzle
+atoms); P handed to warpgroup 1 through shared memory (sm90_smem_p.SmemP, its barriers met
+unaligned: unaligned_barriers); setmaxnreg plans (sm90_registers); the sink and LSE combine
+(combine, part_combine); barrier ids from barriers.NamedBarrier; the cache sizes of fp8_cache.
+Its kernel class is its own (the persistent parts and the producer warpgroup differ from
+DecodeSm90's one-CTA-per-split TMA loads).
+
+What is new in this rung
     Persistent parts (stages/common/part_scheduler.py).  A CTA (a cluster pair at h_q 128) owns
         L consecutive tiles of the flattened (sequence, tile) work and runs them segment after
         segment — a segment is one sequence's tiles in the part — without ending: the KV ring
@@ -65,11 +72,12 @@ Warp roles (384 threads; the WarpPlan's registers, checked by `register_plan`)
                   2^8, so most tiles' α is 1 and both warpgroups skip the O rescale, a
                   warp-uniform branch), P → shared memory, α per row; then its half of
                   O += P·V with P from its own
-                  registers (S's accumulator converted: an RS wgmma, _check_p_in_registers);
+                  registers (S's accumulator converted: an RS wgmma, check_accumulator_is_a_operand);
                   its warp 0 loads each segment's Q (TMA)               (setmaxnreg.inc 192)
     warpgroup 1   its half of O += P·V, P from shared memory (O's 512 columns split over the two
                   MMA warpgroups, m64n256 wgmmas)                       (setmaxnreg.dec 160)
-    Each MMA warpgroup traces its own copy of `attend`, so ptxas allocates each its own count.
+    Each MMA warpgroup traces its own copy of `attend`, so ptxas allocates each its own count;
+    a tile is `tile_s_p` (warpgroup 0) and `tile_pv` (both), a segment's end `finish_segment`.
     The epilogue: a whole sequence's O leaves by 16-byte stores, each thread's bf16 words
     transposed across its quad (stages/common/quad_store.py); 4-byte stores straight from the
     accumulator took ~14k cycles a segment, about 13 % of the time at b 64.
