@@ -793,6 +793,9 @@ class Kernel:
             self.load_q(self.sched.segment(head_block, part, 0)[0], tid_wg, io)
         for k in cutlass.range(segments, unroll=1):
             work, before = self.sched.segment(head_block, part, k)
+            # a whole sequence? (taken here, before the tiles, as before the split into named pieces:
+            # taken in finish_segment, ptxas spilled 28–48 bytes more in simple and parted model1)
+            complete = self.sched.complete(work)
             acc_o.fill(0.0)
             softmax = LazyOnlineSoftmax.create(cute.size(mma.tScS_rc, mode=[0]), self.scale_log2)
             kv_cons = ring_state(self.KV_STAGES, before, producer=False)
@@ -817,7 +820,7 @@ class Kernel:
                 kv_cons.advance()
                 if cutlass.const_expr(wg == 1):
                     smem_p.release()
-            self.finish_segment(wg, tidx, work, mma, smem_p, softmax, acc_o, io)
+            self.finish_segment(wg, tidx, work, complete, mma, smem_p, softmax, acc_o, io)
 
     def mma_tiles(self, wg: int, tidx, smem) -> "MmaTiles":
         """Warpgroup wg's MMAs (warpgroup 0's P·V takes P from registers) and its partitions of
@@ -883,13 +886,12 @@ class Kernel:
                 scale_rows(acc_o_rc, r, alpha[r])
 
     @cute.jit
-    def finish_segment(self, wg: cutlass.Constexpr[int], tidx, work, mma, smem_p, softmax, acc_o, io):
+    def finish_segment(self, wg: cutlass.Constexpr[int], tidx, work, complete, mma, smem_p, softmax, acc_o, io):
         """A segment's epilogue: warpgroup 0 (once warpgroup 1's last P·V is done) finalises the
         rows — each row's factor on O (1/ℓ, a whole sequence's times the sink's) and its LSE, or
         piece 0's merge factors (stages/common/part_merge.py: its first thread waits for piece 1's
         flag); then both warpgroups scale O, piece 0 adds piece 1's partial (staged in the KV
         slots), O or the partial is stored, and piece 1 raises its flag."""
-        complete = self.sched.complete(work)
         # a two-piece sequence's pieces; Python False without merges, so none of the branches
         # below is traced then
         merge, hand_over = self.merge_roles(work)
