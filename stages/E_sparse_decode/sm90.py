@@ -123,7 +123,7 @@ from stages.common.sm90_gather import ldg_or
 from stages.common.sm90_smem_p import SmemP
 from stages.common.sm90_kv_slots import kv_layouts, piece_strides, ring_state, slot_offset
 from stages.common.sm90_registers import register_plan, set_registers
-from stages.common.sm90_idioms import (acc_rows_cols, accumulator_to_a_operand, check_accumulator_is_a_operand,
+from stages.common.sm90_idioms import (acc_rows_cols, accumulator_to_a_operand, check_accumulator_is_a_operand, check_rows_shared,
                                        wgmma_sync)
 from stages.common.unaligned_barriers import named_arrive, named_sync
 from stages.common.lazy_softmax import LazyOnlineSoftmax, needs_rescale
@@ -325,7 +325,7 @@ class Kernel:
         # warpgroup 0's P is S's registers converted (an RS wgmma) and α scales O's rows in registers
         reg_p_mmas = self.tiled_mmas(dtype, p_in_registers=True)
         check_accumulator_is_a_operand(*reg_p_mmas, (bm, bn))
-        _check_rows_shared(*reg_p_mmas, (bm, bn))
+        check_rows_shared(*reg_p_mmas, (bm, bn), D)
         q_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bm, bn, D), dtype, 1)
         # no-swizzle slots: one store instruction of 8 keys fills 128 contiguous bytes, here and in
         # the peer (with D2's 128-byte swizzle the peer's pieces scatter over 8 rows: 127 vs 115 µs
@@ -1030,19 +1030,6 @@ class Kernel:
         size = mOut.element_type.width // 8
         base = mOut.iterator.toint() + cutlass.Int64(row_block) * (self.BLOCK_M * D * size)
         store_accumulator_wide(acc_o, tidx, base, D * size, (tidx // 128) * (D // self.NUM_MMA_WG), mOut.element_type)
-
-
-def _check_rows_shared(qk_mma, pv_mma, tile_mn) -> None:
-    """Trace time, for every thread of warpgroup 0: S's accumulator rows are O's (α, a row's
-    factor, scales O in registers; that P is S's registers is sm90_idioms'
-    check_accumulator_is_a_operand)."""
-    ident_s = cute.make_identity_tensor(tile_mn)
-    ident_o = cute.make_identity_tensor((tile_mn[0], D))
-    for t in range(128):
-        thr_s, thr_o = qk_mma.get_slice(t), pv_mma.get_slice(t)
-        rows_s, rows_o = acc_rows_cols(thr_s.partition_C(ident_s)), acc_rows_cols(thr_o.partition_C(ident_o))
-        if [rows_s[r, 0][0] for r in range(cute.size(rows_s, mode=[0]))] != [rows_o[r, 0][0] for r in range(cute.size(rows_o, mode=[0]))]:
-            raise ValueError(f"stage E sm90: S's and O's accumulator rows differ for thread {t}")
 
 
 def _token_block(base, index, block_size: int, block_bytes: int):
