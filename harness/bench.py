@@ -58,17 +58,32 @@ class BenchError(Exception):
 
 
 def bench_view(stage: Stage) -> Stage:
-    """The stage with its bench shapes as its matrix (for filters and expansion)."""
+    """The stage with its bench shapes as its matrix (for filters; each axis's values over the
+    block's matrix and its `more` matrices)."""
     if stage.bench_plan is None:
         raise BenchError(f"{stage.name} has no bench block in stages.yaml — add one: bench: {{matrix: {{AXIS: "
                          f"[VALUES]}}, problem: attention, peers: [torch_sdpa]}} (see docs/STAGES.md)")
-    return dataclasses.replace(stage, matrix=stage.bench_plan.matrix)
+    union = {a: list(v) for a, v in stage.bench_plan.matrix.items()}
+    for m in stage.bench_plan.more:
+        for a, values in m.items():
+            union[a] += [v for v in values if not any(type(u) is type(v) and u == v for u in union[a])]
+    return dataclasses.replace(stage, matrix=union)
 
 
 def plan_cases(stage: Stage, pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """The bench shapes that pass the filters (`[("hd", "128")]`), in bench-matrix order."""
+    """The bench shapes that pass the filters (`[("hd", "128")]`), in bench-matrix order (the
+    block's matrix, then its `more` matrices); with `beside`, the shapes that have its value come
+    first, and one is added for every shape that lacks its twin (it is shown beside it)."""
     view = bench_view(stage)
-    cases = [c.dict for c in expand(view, parse_filters(view, pairs))]
+    filters = parse_filters(view, pairs)
+    cases: list[dict[str, Any]] = []
+    for m in (stage.bench_plan.matrix, *stage.bench_plan.more):
+        cases += [c.dict for c in expand(dataclasses.replace(stage, matrix=m), filters) if c.dict not in cases]
+    if stage.bench_plan.beside and cases:
+        axis, value = stage.bench_plan.beside
+        twins = [{**c, axis: value} for c in cases]
+        firsts = [c for i, c in enumerate(twins) if c not in twins[:i]]
+        cases = firsts + [c for c in cases if c not in firsts]
     if not cases:
         raise BenchError(f"{stage.name}: no bench shape passes these filters — bench shapes: "
                          + ", ".join(case_label(c.dict) for c in expand(view)))
@@ -412,6 +427,7 @@ def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], peers: bool = F
     compiler = Compiler(root)
     futures = [compiler.submit(stage, arch, case) for case in cases]
     counts: dict[str, int] = {}
+    beside_us: dict[tuple, float] = {}
     timed = 0
     warn: list[str] = []
     try:
@@ -439,6 +455,7 @@ def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], peers: bool = F
                 rec = Record(**common, status=status if status != "error" else "crash", metrics=out.get("metrics") or {},
                              timing=timing, error=out.get("error"), trace=out.get("trace"), env=out.get("env") or {},
                              compile=res.summary())
+            _beside(plan.beside, case, rec.timing if rec.status == "pass" else None, beside_us)
             rec.t = now_iso()
             writer.write(rec)
             counts[rec.status] = counts.get(rec.status, 0) + 1
@@ -459,6 +476,21 @@ def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], peers: bool = F
     return 0
 
 
+def _beside(beside: tuple[str, Any] | None, case: dict[str, Any], timing: dict | None, seen: dict[tuple, float]) -> None:
+    """With the block's `beside` (axis, value): keep a timed shape's µs that has the value; give a
+    shape that has another the twin's as `beside_<value>_us` and its own time over it as
+    `beside_<value>_cost` (1.12: 12 % slower) — both timed in this run (plan_cases puts twins first)."""
+    if beside is None or not timing:
+        return
+    axis, value = beside
+    key = tuple(sorted((a, str(v)) for a, v in case.items() if a != axis))
+    if case.get(axis) == value:
+        seen[key] = timing["us"]
+    elif key in seen:
+        timing[f"beside_{value}_us"] = seen[key]
+        timing[f"beside_{value}_cost"] = round(timing["us"] / seen[key], 4)
+
+
 def _print_row(console, rec) -> None:
     t = rec.timing or {}
     head = f"  {case_label(rec.case)}: {rec.status}"
@@ -472,6 +504,10 @@ def _print_row(console, rec) -> None:
     for key, value in t.items():
         if key.startswith("peer_") and isinstance(value, str):  # why a peer did not run
             console.print(f"      {key[5:]}: {value}")
+    for key in [k for k in t if k.startswith("beside_") and k.endswith("_cost")]:  # _beside
+        twin = key[len("beside_"):-len("_cost")]
+        console.print(f"      {twin} (this run): {_fmt_us(t.get(f'beside_{twin}_us'))} µs — this shape takes "
+                      f"{t[key]:.2f}x its time")
     for key in [k for k in t if k.endswith("_ratio")]:
         name = key[5:-6]
         console.print(f"      {name}: {_fmt_us(t.get(f'peer_{name}_us'))} µs — kernel is {t[key]:.2f}x "

@@ -5,8 +5,8 @@ so it needs no GPU. The result is exported to an object file and cached under
 .cache/compile/<key>/ with its PTX, cubin, SASS (when the CUDA binary tools are installed) and
 a meta.json holding the instruction inventory (harness/inventory.py) and the resource report
 (registers, shared memory, spills, barriers). The key covers the
-stage's source hash, the kernel parameters, the tensor specs, the arch and the CuTeDSL
-version: a re-run of an unchanged matrix compiles nothing.
+stage's source hash, the kernel parameters, the tensor specs, the arch, the CuTeDSL
+version and, where a GPU is visible, its SM count: a re-run of an unchanged matrix compiles nothing.
 
 CuTeDSL reads its target arch from the environment when it is imported, so compiling is
 done in worker processes dedicated to one arch (`Compiler`).
@@ -48,6 +48,17 @@ from harness.spec import Stage
 from harness.userfault import describe, full_trace
 
 CACHE_FORMAT = 3  # bump when what a cache entry holds changes (3: detailed inventory, SASS, barriers, trace)
+
+
+def visible_sm_count() -> int | None:
+    """The SM count of this process's CUDA device 0 by the kernels' own rule (the lab's
+    stages/common/device.py), None without a GPU or without that rule: a kernel compiled here is
+    built for that count, so it is part of the cache key."""
+    try:
+        from stages.common.device import visible_sm_count as sms
+    except ImportError:
+        return None
+    return sms()
 
 
 @dataclass
@@ -105,6 +116,9 @@ def cache_key(root: Path, stage: Stage, arch: str, case: dict[str, Any], debug_h
     }
     if debug_hangs:  # a different build: its own entry (a normal build's key is unchanged)
         payload["debug"] = DEBUG_LABEL
+    sms = visible_sm_count()
+    if sms is not None:  # kernels size their launch by the GPU's SM count (stages/common/device.py)
+        payload["sm_count"] = sms
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 

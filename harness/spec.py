@@ -89,7 +89,7 @@ class Tolerance:
 
 
 MAX_BENCH_CASES = 64  # bench shapes per stage: each is compiled and timed against every peer
-BENCH_KEYS = {"matrix", "peers", "problem", "check_rows", "row_axis", "case", "peak", "open_axes"}
+BENCH_KEYS = {"matrix", "more", "beside", "peers", "problem", "check_rows", "row_axis", "case", "peak", "open_axes"}
 PEAKS = ("bf16", "fp8")
 
 
@@ -99,7 +99,10 @@ class BenchPlan:
     matrix. `matrix` holds every stage axis (an axis the block leaves out takes the test matrix's
     first value); numbers may lie outside the test matrix, booleans may not, and words only on the
     axes `open_axes` names (shape names such as D2's b64s2h128n4096d512: the stage's tensors()
-    judge them when bench plans its shapes)."""
+    judge them when bench plans its shapes).  `more`: further matrices of the same kind whose
+    shapes are timed too (a union of products, e.g. other formats at fewer batches).  `beside`:
+    (axis, value) — each shape whose axis has another value is shown beside the shape that has
+    this value, timed in the same run (e.g. kv_format model1, the format the peers read)."""
 
     matrix: dict[str, list[Any]]
     peers: tuple[str, ...] = ()
@@ -109,6 +112,8 @@ class BenchPlan:
     peak: str = "bf16"  # which calibrated compute peak the roofline uses
     open_axes: tuple[str, ...] = ()  # word axes whose bench words need not be test words
     line: int = 0
+    more: tuple[dict[str, list[Any]], ...] = ()  # further bench matrices (their shapes appended)
+    beside: tuple[str, Any] | None = None  # (axis, value): the shape every other value is shown beside
 
 
 @dataclass(frozen=True)
@@ -399,6 +404,31 @@ def _bench(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]]) -> tup
                 raise ctx.fail(item, ok, f"'{axis}' is repeated — list each axis once")
             open_axes.append(axis)
     bmatrix = _bench_matrix(ctx, f["matrix"], f"{key}.matrix", matrix, set(open_axes))
+    more: list[dict[str, list[Any]]] = []
+    if "more" in f:
+        mk = f"{key}.more"
+        if not isinstance(f["more"], SequenceNode) or not f["more"].value:
+            raise ctx.fail(f["more"], mk, f"expected a list of matrices, got {_kind(f['more'])} — e.g. "
+                                          "[{kv_format: [v4.1], b: [2, 64]}]")
+        more = [_bench_matrix(ctx, item, f"{mk}[{i}]", matrix, set(open_axes)) for i, item in enumerate(f["more"].value)]
+        total = sum(math.prod(len(v) for v in m.values()) for m in [bmatrix, *more])
+        if total > MAX_BENCH_CASES:
+            raise ctx.fail(f["more"], mk, f"{total} bench shapes in all — more than the limit of {MAX_BENCH_CASES}; "
+                                          "list fewer values")
+    beside = None
+    if "beside" in f:
+        bk = f"{key}.beside"
+        bpairs = _mapping(ctx, f["beside"], bk)
+        if len(bpairs) != 1:
+            raise ctx.fail(f["beside"], bk, "name one axis and its value — e.g. {kv_format: model1}")
+        anode, vnode = bpairs[0]
+        axis = str(_scalar(anode))
+        value = _typed(ctx, vnode, f"{bk}.{axis}", (int, str, bool, float), "a scalar")
+        shown = [v for m in [bmatrix, *more] for v in m.get(axis, [])]
+        if axis not in matrix or not any(type(v) is type(value) and v == value for v in shown):
+            raise ctx.fail(vnode, f"{bk}.{axis}", f"{one_line(repr(value), 40)} is not a bench value of "
+                                                  f"{one_line(repr(axis), 40)} — name an axis value the bench times")
+        beside = (axis, value)
     peers: list[str] = []
     if "peers" in f:
         pk = f"{key}.peers"
@@ -448,7 +478,8 @@ def _bench(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]]) -> tup
         case = {a: (max(v) if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v) else v[0])
                 for a, v in matrix.items()}
     plan = BenchPlan(matrix=bmatrix, peers=tuple(peers), problem=problem, check_rows=check_rows,
-                     row_axis=row_axis, peak=peak, open_axes=tuple(open_axes), line=node.start_mark.line + 1)
+                     row_axis=row_axis, peak=peak, open_axes=tuple(open_axes), line=node.start_mark.line + 1,
+                     more=tuple(more), beside=beside)
     return case, plan
 
 

@@ -60,64 +60,20 @@ logsumexp over the concatenation; it shares no code with any kernel.
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass
 from typing import Any
 
 from oracles import kvcache as kc
 from oracles.common import TensorSpec
 from stages.common.part_scheduler import PartGrid, resolve_part_tiles
+from stages.common.sparse_config import TILE, SparseConfig  # noqa: F401 (TILE: the oracle's API)
+from stages.common.device import sm_count
 from stages.common.scheduler import SM_COUNT
 
 D = kc.D
-TILE = 64  # keys per tile: the unit of split-KV and of the scratch capacity
 INT_MAX = 2**31 - 1
 SCENARIOS = ("plain", "sink", "sink_inf", "invalid", "topk_len", "lonely", "extreme", "dup")
 Q_SCALE = 2.0  # scores of std ≈ 2: rows are far from uniform, so a dropped or misplaced key shows
 KV_SCALE = 1.0
-
-_CONFIG = re.compile(r"s(\d+)h(\d+)_m(\d+)bs(\d+)(?:_x(\d+)bs(\d+))?")
-
-
-@dataclass(frozen=True)
-class SparseConfig:
-    s_q: int
-    h_q: int
-    topk: int
-    block: int
-    extra_topk: int  # 0: no extra branch
-    extra_block: int
-
-    @property
-    def has_extra(self) -> bool:
-        return self.extra_topk > 0
-
-    @staticmethod
-    def parse(word: str) -> "SparseConfig":
-        m = _CONFIG.fullmatch(str(word))
-        if not m:
-            raise ValueError(f"config {word!r} is not s<S>h<H>_m<TOPK>bs<BLOCK>[_x<TOPK>bs<BLOCK>], "
-                             f"e.g. s2h128_m128bs256_x1024bs64")
-        s_q, h_q, topk, block = (int(x) for x in m.groups()[:4])
-        xt, xb = (int(m.group(5)), int(m.group(6))) if m.group(5) else (0, 1)
-        if min(s_q, h_q, topk, block, xb) < 1 or (m.group(5) and xt < 1):
-            raise ValueError(f"config {word!r}: every size must be positive")
-        return SparseConfig(s_q, h_q, topk, block, xt, xb)
-
-    def seq_tokens(self, topk: int, block: int) -> int:
-        """Tokens per sequence in a branch's cache: room for 2 · topk positions, whole blocks."""
-        return -(-max(2 * topk, block) // block) * block
-
-    def num_blocks(self, b: int, extra: bool) -> int:
-        """Blocks of a branch's cache: every sequence's blocks plus one spare (never indexed)."""
-        if extra and not self.has_extra:
-            return 1
-        topk, block = (self.extra_topk, self.extra_block) if extra else (self.topk, self.block)
-        return b * self.seq_tokens(topk, block) // block + 1
-
-    def tiles(self) -> int:
-        """64-key tiles of the combined key list (each branch padded to whole tiles)."""
-        return -(-self.topk // TILE) + (-(-self.extra_topk // TILE) if self.has_extra else 0)
 
 
 def split_capacity(case: dict[str, Any]) -> int:
@@ -132,7 +88,8 @@ def split_capacity(case: dict[str, Any]) -> int:
     else:
         cap = splits
     # the sm90 kernel's persistent parts may cut a sequence into more pieces
-    part_tiles = resolve_part_tiles(splits, head_blocks=head_blocks, tokens=c.s_q, batches=case["b"], num_tiles=c.tiles())
+    part_tiles = resolve_part_tiles(splits, head_blocks=head_blocks, tokens=c.s_q, batches=case["b"], num_tiles=c.tiles(),
+                                    sm_count=sm_count("sm_90a"))  # the SMs the kernel's parts fill (this GPU's)
     return max(cap, PartGrid(head_blocks, c.s_q, case["b"], c.tiles(), part_tiles).capacity)
 
 

@@ -140,6 +140,65 @@ def test_plan_and_filters(fake_lab):
         plan_cases(st, [("n", "16")])  # a test value, not a bench shape
 
 
+MORE = LAB.replace("      row_axis: n\n", "      more: [{n: [512], mode: [wrong]}]\n      beside: {mode: ok}\n      row_axis: n\n")
+
+
+def test_more_matrices_and_beside(fake_lab):
+    """`more` appends the shapes of further matrices; `beside` puts the shapes with its value
+    first and adds the twin of any shape that lacks one, so each is timed in the same run."""
+    st = load(fake_lab, MORE).stages["OK"]
+    assert st.bench_plan.more == ({"n": [512], "mode": ["wrong"]},) and st.bench_plan.beside == ("mode", "ok")
+    assert plan_cases(st, []) == [{"n": 4096, "mode": "ok"}, {"n": 1000, "mode": "ok"}, {"n": 512, "mode": "ok"},
+                                  {"n": 512, "mode": "wrong"}]
+    assert plan_cases(st, [("mode", "wrong")]) == [{"n": 512, "mode": "ok"}, {"n": 512, "mode": "wrong"}]
+    assert plan_cases(st, [("n", "1000")]) == [{"n": 1000, "mode": "ok"}]
+
+
+@pytest.mark.parametrize("old, new, key, says", [
+    ("      beside: {mode: ok}\n", "      beside: {mode: sideways}\n", "stages.OK.bench.beside.mode", "not a bench value"),
+    ("      beside: {mode: ok}\n", "      beside: {mode: ok, n: 512}\n", "stages.OK.bench.beside", "name one axis"),
+    ("      more: [{n: [512], mode: [wrong]}]\n", "      more: {n: [512]}\n", "stages.OK.bench.more", "a list of matrices"),
+    ("      more: [{n: [512], mode: [wrong]}]\n", "      more: [{n: [-5]}]\n", "stages.OK.bench.more[0].n", "not a size"),
+    ("      more: [{n: [512], mode: [wrong]}]\n", "      more: [{n: [" + ", ".join(str(100 + i) for i in range(63)) + "]}]\n",
+     "stages.OK.bench.more", "65 bench shapes in all"),
+])
+def test_bad_more_or_beside_is_one_line(fake_lab, old, new, key, says):
+    assert MORE.count(old) == 1, old
+    msg = error(fake_lab, MORE.replace(old, new))
+    assert f" {key}:" in msg and says in msg, msg
+
+
+def test_beside_gives_each_other_shape_its_twins_time():
+    from harness.bench import _beside
+
+    seen: dict = {}
+    model1, other = {"us": 100.0}, {"us": 112.0}
+    _beside(("kv_format", "model1"), {"b": 2, "kv_format": "model1"}, model1, seen)
+    _beside(("kv_format", "model1"), {"b": 2, "kv_format": "v4.1"}, other, seen)
+    assert other == {"us": 112.0, "beside_model1_us": 100.0, "beside_model1_cost": 1.12} and model1 == {"us": 100.0}
+    lone = {"us": 50.0}
+    _beside(("kv_format", "model1"), {"b": 64, "kv_format": "v4.1"}, lone, seen)  # no twin timed: nothing added
+    assert lone == {"us": 50.0}
+
+
+def test_project_e_bench_covers_latency_and_every_format(project_root):
+    """Issue 30 item 1: model1 at b 1 … 256 (s_q 1 and 2, h_q 64 and 128); v4.1 and simple at b 2,
+    64, 256, each after its model1 twin (same run) and with no FlashMLA peer (it reads model1 only)."""
+    spec = load_spec(root=project_root)
+    stage = spec.stages["E"]
+    cases = plan_cases(stage, [])
+    model1 = [c for c in cases if c["kv_format"] == "model1"]
+    assert {c["b"] for c in model1} == {1, 2, 4, 8, 16, 32, 64, 74, 128, 148, 256}
+    assert {c["config"][:5] for c in model1} == {"s1h64", "s1h12", "s2h64", "s2h12"}
+    others = [c for c in cases if c["kv_format"] != "model1"]
+    assert {c["b"] for c in others} == {2, 64, 256} and {c["kv_format"] for c in others} == {"v4.1", "simple"}
+    for c in others:
+        assert cases.index({**c, "kv_format": "model1"}) < cases.index(c)
+        assert "reads model1" in shape_support(stage, c, (9, 0))["flashmla_sparse"]
+    assert stage.bench_plan.beside == ("kv_format", "model1")
+    assert shape_support(stage, model1[0], (9, 0))["flashmla_sparse"] is None
+
+
 def test_no_bench_block_is_a_usage_error(fake_lab):
     st = load(fake_lab, LAB.split("    bench:\n")[0]).stages["OK"]
     with pytest.raises(BenchError, match="no bench block"):

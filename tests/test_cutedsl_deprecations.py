@@ -54,13 +54,13 @@ def test_the_shared_sm90_layouts_trace_without_a_deprecation_warning_from_the_la
         warnings.filterwarnings("error", category=DeprecationWarning, module=r"(stages|harness|oracles)(\\.|$)")
         import cutlass
         import cutlass.cute as cute
-        from stages.common.sm90_decode import _kv_layouts
+        from stages.common.sm90_kv_slots import kv_layouts
         from stages.common.sm90_smem_p import vt_slice_layout
 
         @cute.jit
         def probe():
             vt_slice_layout(cutlass.BFloat16, 512, 64, 2, 256)
-            _kv_layouts(cutlass.BFloat16, 512, 64, 2, 256)
+            kv_layouts(cutlass.BFloat16, 512, 64, 2, 256)
 
         probe()
         print("TRACED")

@@ -293,14 +293,14 @@ def test_kv_views_address_the_same_bytes_and_a_mismatch_is_caught(monkeypatch):
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass.cute.nvgpu import warpgroup
 
-    from stages.D2_decode.sm90 import _kv_layouts, check_same_bytes
+    from stages.D2_decode.sm90 import check_same_bytes, kv_layouts
 
     outcome = {}
 
     @cute.jit
     def trace():
         for d, bn in ((64, 128), (128, 128), (256, 128), (512, 64)):
-            _kv_layouts(cutlass.BFloat16, d, bn, 2, d // 2)  # raises if the views disagree
+            kv_layouts(cutlass.BFloat16, d, bn, 2, d // 2)  # raises if the views disagree
         # Vᵀ tiled hd-first (the library's default order) is NOT K's bytes: must be refused.
         kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, cutlass.BFloat16, 256)
         vkind = sm90_utils.get_smem_layout_atom(LayoutEnum.COL_MAJOR, cutlass.BFloat16, 256)

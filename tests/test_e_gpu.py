@@ -2,7 +2,8 @@
 from the wrong tile (wrong_e_scale) and index entries past topk_length honoured (wrong_e_len); and
 one of the h_q = 128 cluster pair: a half sent into the peer's other slot (wrong_e_pair); and
 one of the in-kernel merge of a sequence cut in two: piece 1 forgotten (wrong_e_merge); and O
-never rescaled where a row's max grows (wrong_e_rescale).
+never rescaled where a row's max grows (wrong_e_rescale).  And a grid larger than the SMs the
+kernel is built for is not merged in the kernel, and passes (issue 30 item 5).
 Each runs cleanly (every element written) and is reported `fail`; tests/test_e_oracle.py proves
 on the CPU that both bugs move O past the stage's bound, so a pass here would be the lab's
 blind spot."""
@@ -125,6 +126,40 @@ def test_lab_catches_a_merge_that_forgets_piece_1(project_root, tmp_path):
 
     spec, wrong = _planted(project_root, "wrong_e_merge")
     _run_cases(spec, wrong, _merge_cases(wrong, sm90), tmp_path, "wrong_e_merge", "fail")
+
+
+def _cases(stage, b, configs, scenarios, splits):
+    return [Case("E", tuple((axis, dict(b=b, config=config, kv_format=fmt, scenario=scenario, splits=splits)[axis])
+                            for axis in stage.matrix))
+            for config in configs for fmt in ("model1", "simple") for scenario in scenarios]
+
+
+def test_a_grid_larger_than_the_resident_set_is_not_merged_and_passes(project_root, tmp_path, monkeypatch):
+    """Issue 30 item 5: the in-kernel merge (piece 0 waits for piece 1's flag) is safe only when the
+    whole grid is resident, judged against the SM count of the GPU the case runs on
+    (stages/common/device.py).  (a) This GPU's own count: b 74, splits 2 cuts 148 sequences in two
+    over 592 CTAs, more than any GPU holds at once — the kernel leaves the merge to PartCombine
+    and every case passes (no hang: the case timeout would report one).  (b) Told of 8 SMs
+    ($DSV4_SM_COUNT: kernel, scratch and compile key alike), the b 3 cases the kernel merges on a
+    whole GPU (test_sequences_cut_in_two_are_merged_by_the_kernel) are not merged and pass."""
+    from stages.common.device import ENV
+    from stages.E_sparse_decode import sm90
+
+    spec = load_spec(root=project_root)
+    stage = spec.stages["E"]
+    configs = ("s2h128_m128bs256_x1024bs64", "s2h64_m128bs256_x1024bs64")
+    for config in configs:
+        k = sm90.Kernel(b=74, config=config, kv_format="model1", splits=2)
+        assert k.sched.parts * k.sched.head_blocks > k.sm_count and not k.merges and k.combines, config
+    _run_cases(spec, stage, _cases(stage, 74, configs, ("sink", "lonely"), 2), tmp_path / "gpu", "not resident", "pass")
+
+    monkeypatch.setenv(ENV, "8")
+    for config in configs:
+        whole = sm90.Kernel(b=3, config=config, kv_format="model1", splits=2, sm_count=132)
+        k = sm90.Kernel(b=3, config=config, kv_format="model1", splits=2)
+        assert whole.merges and k.sm_count == 8 and not k.merges and k.combines, config
+    _run_cases(spec, stage, _cases(stage, 3, configs, ("sink", "sink_inf", "lonely", "topk_len"), 2), tmp_path / "small",
+               "told of 8 SMs", "pass")
 
 
 @pytest.mark.parametrize("scenario", ["sink_inf", "topk_len", "lonely", "extreme", "dup"])

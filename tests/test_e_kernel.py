@@ -22,8 +22,9 @@ def test_kernel_block_bytes_agree_with_the_oracle(fmt):
 def test_splits_fit_the_declared_scratch(project_root):
     stage = load_spec(root=project_root).stages["E"]
     cases = [c.dict for c in expand(stage)]
-    cases += [dict(b=b, config=cfg, kv_format="model1", scenario="sink", splits="auto")
-              for b in (2, 64, 74, 128, 148, 256) for cfg in ("s2h128_m128bs256_x1024bs64", "s2h64_m128bs256_x1024bs64")]
+    from harness.bench import plan_cases
+
+    cases += plan_cases(stage, [])  # every bench shape (b 1 … 256, s_q 1 and 2, every format)
     seen = set()
     for case in cases:
         key = (case["b"], case["config"], case["splits"])
@@ -57,7 +58,9 @@ def test_register_plan_fits_the_launch_allocation():
     assert sm90.register_plan(plan.threads, plan.registers) is None
     assert sm90.register_plan(512, [(256, 184), (256, 80)]) is not None  # 512 threads hold 128 each
     assert sm90.register_plan(384, [(128, 216), (128, 176), (128, 120)]) is not None  # 65 536 > 64 512
-    assert sm90.launch_registers(384) == 168 and sm90.launch_registers(512) == 128
+    from stages.common.sm90_registers import launch_registers
+
+    assert launch_registers(384) == 168 and launch_registers(512) == 128
 
 
 def _ptx(project_root, tmp_path, monkeypatch, cfgs, fmt):
@@ -177,11 +180,14 @@ def test_a_producer_store_fills_128_contiguous_bytes(monkeypatch):
     import cutlass
     import cutlass.cute as cute
 
+    from stages.common.sm90_kv_slots import kv_layouts, piece_strides
+
     got = {}
 
     @cute.jit
     def trace():
-        k, _, key8, _ = sm90._kv_layouts(cutlass.BFloat16, 64, 2, 256)
+        k, _ = kv_layouts(cutlass.BFloat16, 512, 64, 2, 256, swizzled=False)
+        key8, _ = piece_strides(k, 64, 512, 2)
         got["key8"] = key8
         got["at"] = {(key, col): sm90.slot_offset(k, key, col, 0)
                      for key in range(16) for col in (0, 7, 8, 16, 64, 448)}
@@ -203,8 +209,10 @@ def test_slot_offsets_swizzle_bytes_not_elements():
     pieces of a 128-byte row by the row's index mod 8, on BYTE offsets.  Applied to bf16 element
     offsets (a ComposedLayout called as a function) it moves 32-byte groups by a 256-byte period —
     the first pair run failed 96/96 that way (cosine 0.39–0.63)."""
+    from stages.common.sm90_kv_slots import swizzle_bytes
+
     for row in range(16):
         for piece in range(8):
             for byte in (0, 5, 15):
                 off = row * 128 + piece * 16 + byte
-                assert sm90.swizzle_bytes(off, 3, 4, 3) == row * 128 + (piece ^ (row % 8)) * 16 + byte
+                assert swizzle_bytes(off, 3, 4, 3) == row * 128 + (piece ^ (row % 8)) * 16 + byte

@@ -215,3 +215,16 @@ def test_agreement_checks_still_refuse_a_planted_mismatch(tmp_path):
     assert "REFUSED o shifted | O rescale: TMEM load and store register fragments disagree for thread 0" in out
     assert "REFUSED smem-p regs shifted | SMEM-P: S-load and P-store fragments disagree for thread 0" in out
     assert "REFUSED smem-p A view shifted | SMEM-P: A-operand (M, K) view maps (0, 0) to (0, 16)" in out
+
+
+def test_rungs_take_their_operands_as_one_tuple(project_root):
+    """Issue 28 item 5: the sm100 rungs B, C, D1 receive AttentionOperands.args() as ONE
+    KernelOperands argument (as sm90's rungs receive AttentionOperands), not a flattened list of
+    twelve re-declared in each kernel signature."""
+    from stages.common.sm100_setup import KernelOperands
+
+    assert len(KernelOperands._fields) == 12
+    for rung in ("B_identity_pv", "C_online_softmax", "D1_headdim"):
+        text = (project_root / "stages" / rung / "sm100.py").read_text()
+        assert "ops: KernelOperands," in text and "self.kernel(ops.args()," in text, rung
+        assert "*ops.args()" not in text and "tma_k: cute.CopyAtom" not in text, rung

@@ -110,7 +110,7 @@ from stages.common.sm100_idioms import (
     tcgen05_fence_before_sync,
     tmem_copy,
 )
-from stages.common.sm100_setup import TmemPAttention, free_tmem, launch, producer_warps, rescale_o
+from stages.common.sm100_setup import KernelOperands, TmemPAttention, free_tmem, launch, producer_warps, rescale_o
 from stages.common.tma import prefetch_descriptors
 
 BF16 = cutlass.BFloat16
@@ -141,26 +141,16 @@ class Kernel(TmemPAttention):
         stream: cuda.CUstream,
     ):
         ops, mO = self.operands(Q, K, V, O)
-        launch(self.kernel(*ops.args(), mO, LSE), (1, 1, 1), stream)
+        launch(self.kernel(ops.args(), mO, LSE), (1, 1, 1), stream)
 
     @cute.kernel
     def kernel(
         self,
-        qk_mma: cute.TiledMma,
-        pv_mma: cute.TiledMma,
-        tma_q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        tma_k: cute.CopyAtom,
-        mK: cute.Tensor,
-        tma_v: cute.CopyAtom,
-        mV: cute.Tensor,
-        q_smem: cute.ComposedLayout,
-        k_smem: cute.ComposedLayout,
-        v_smem: cute.ComposedLayout,
-        p_layout: cute.ComposedLayout,
+        ops: KernelOperands,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
     ):
+        qk_mma, pv_mma, tma_q, mQ, tma_k, mK, tma_v, mV, q_smem, k_smem, v_smem, p_layout = ops
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == self.LOAD_WARP:

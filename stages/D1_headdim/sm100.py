@@ -173,6 +173,7 @@ from stages.common.sm100_idioms import (
     tmem_copy,
 )
 from stages.common.sm100_setup import (
+    KernelOperands,
     AttentionCta,
     AttentionOperands,
     TmemP,
@@ -184,13 +185,13 @@ from stages.common.sm100_setup import (
     rescale_o,
 )
 from stages.common.tma import prefetch_descriptors
+from stages.common.device import SMEM_LIMIT  # the largest dynamic shared memory of a CTA
 
 BF16 = cutlass.BFloat16
 F32 = cutlass.Float32
 
 TILE_M = 128  # query rows per CTA = UMMA M = TMEM lanes
 TMEM_COLUMNS = 512  # TMEM columns per SM (32 bit each)
-SMEM_LIMIT = 227 * 1024  # max dynamic shared memory per CTA on sm_100 (232448 bytes)
 MMA_N_MAX = 256  # tcgen05 kind::f16 with M = 128: N ∈ {16, 32, …, 256}
 K_CHUNK = 128  # head-dim columns of K per shared slot (one Q·Kᵀ chunk)
 HEAD_DIMS = (64, 128, 256, 512)
@@ -392,27 +393,17 @@ class Kernel(WarpRoles):
         self.plan = ops.plan
         self.smem_struct = self._smem_struct(ops)
         # CTA b owns O columns [b·hd_per_cta, (b+1)·hd_per_cta)
-        launch(self.kernel(*ops.args(), mO, LSE), (self.ctas, 1, 1), stream)
+        launch(self.kernel(ops.args(), mO, LSE), (self.ctas, 1, 1), stream)
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
     def kernel(
         self,
-        qk_mma: cute.TiledMma,
-        pv_mma: cute.TiledMma,
-        tma_q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        tma_k: cute.CopyAtom,
-        mK: cute.Tensor,
-        tma_v: cute.CopyAtom,
-        mV: cute.Tensor,
-        q_smem: cute.ComposedLayout,
-        k_smem: cute.ComposedLayout,
-        v_smem: cute.ComposedLayout,
-        p_smem: cute.ComposedLayout,
+        ops: KernelOperands,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
     ):
+        qk_mma, pv_mma, tma_q, mQ, tma_k, mK, tma_v, mV, q_smem, k_smem, v_smem, p_smem = ops
         tidx, _, _ = cute.arch.thread_idx()
         cta_idx, _, _ = cute.arch.block_idx()  # which head-dim slab of O
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())

@@ -74,8 +74,8 @@ from stages.common.sm90_setup import smem_tensors, tma_pipelines, tma_tiles, wai
 from stages.common.sm90_smem_p import SmemP, smem_p_mmas, vt_slice_layout
 from stages.common.softmax import OnlineSoftmax
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, transpose_view
+from stages.common.device import SMEM_LIMIT  # the largest dynamic shared memory of a CTA
 
-_SMEM_LIMIT = 227 * 1024  # Hopper: largest dynamic shared memory per CTA
 
 
 class Kernel:
@@ -103,7 +103,7 @@ class Kernel:
         # Two K and two V slots where they fit, else one of each (hd = 512).
         tile_bytes = 2 * self.block_n * hd  # one bf16 K (or V) tile
         fixed = 2 * self.BLOCK_M * hd + 2 * self.BLOCK_M * self.block_n + 4096  # Q, P, barriers/rows/alignment
-        stages = 2 if fixed + 2 * 2 * tile_bytes <= _SMEM_LIMIT else 1
+        stages = 2 if fixed + 2 * 2 * tile_bytes <= SMEM_LIMIT else 1
         self.stages = min(stages, self.num_kv_tiles)
 
     @cute.jit

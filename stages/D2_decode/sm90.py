@@ -17,7 +17,7 @@ and the sink.  What is new in this rung, and lives there:
         scratch tensors, and a second launch (stages/common/combine.py) merges them by LSE.
         An empty split writes LSE = −∞ and O = 0, and the combine ignores it.
     K = V, read once.  One TMA load per KV tile into one shared-memory slot; P·V reads THE
-        SAME BYTES as Vᵀ (`_kv_layouts`, proven at trace time by `check_same_bytes`).
+        SAME BYTES as Vᵀ (`kv_layouts`, proven at trace time by `check_same_bytes`).
     A load warpgroup (setmaxnreg 24 / 240) and two MMA warpgroups, O split by column.
     NaN beyond n.  The TMA tensor of KV has extent n (not n_alloc) along the keys, and the
         scheduler never asks for a tile past n: a row ≥ n is never loaded.
@@ -31,7 +31,8 @@ import cuda.bindings.driver as cuda
 import cutlass.cute as cute
 
 from stages.common.scheduler import SM_COUNT, DecodeShape
-from stages.common.sm90_decode import DecodeSm90, KeyBranch, _kv_layouts, check_same_bytes  # noqa: F401 (tests)
+from stages.common.sm90_decode import DecodeSm90, KeyBranch
+from stages.common.sm90_kv_slots import check_same_bytes, kv_layouts  # noqa: F401 (tests)
 
 
 class Kernel(DecodeSm90):

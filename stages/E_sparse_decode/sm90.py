@@ -6,8 +6,15 @@ main list (idx, topk_length) and the extra/SWA list (idx_extra, extra_length) to
     O = softmax(Q·Kᵀ · scale) · V · 1/(1 + exp(sink[h] − lse)),   LSE = ln Σ exp(Q·Kᵀ · scale),
 K = V = the dequantised cache rows, scale = 1/sqrt(512); a row with no valid key: O = 0, LSE = +∞.
 
-What is new in this rung (D2's house otherwise: heads fold into M, 64 heads of one token per
-CTA, an LSE combine, K and Vᵀ views of one shared-memory slot)
+The house it shares with D2–D5 (stages/common): heads fold into M, 64 heads of one token per
+CTA; K and Vᵀ views of one shared-memory slot (sm90_kv_slots.kv_layouts, here with no-swizzle
+atoms); P handed to warpgroup 1 through shared memory (sm90_smem_p.SmemP, its barriers met
+unaligned: unaligned_barriers); setmaxnreg plans (sm90_registers); the sink and LSE combine
+(combine, part_combine); barrier ids from barriers.NamedBarrier; the cache sizes of fp8_cache.
+Its kernel class is its own (the persistent parts and the producer warpgroup differ from
+DecodeSm90's one-CTA-per-split TMA loads).
+
+What is new in this rung
     Persistent parts (stages/common/part_scheduler.py).  A CTA (a cluster pair at h_q 128) owns
         L consecutive tiles of the flattened (sequence, tile) work and runs them segment after
         segment — a segment is one sequence's tiles in the part — without ending: the KV ring
@@ -65,18 +72,21 @@ Warp roles (384 threads; the WarpPlan's registers, checked by `register_plan`)
                   2^8, so most tiles' α is 1 and both warpgroups skip the O rescale, a
                   warp-uniform branch), P → shared memory, α per row; then its half of
                   O += P·V with P from its own
-                  registers (S's accumulator converted: an RS wgmma, _check_p_in_registers);
+                  registers (S's accumulator converted: an RS wgmma, check_accumulator_is_a_operand);
                   its warp 0 loads each segment's Q (TMA)               (setmaxnreg.inc 192)
     warpgroup 1   its half of O += P·V, P from shared memory (O's 512 columns split over the two
                   MMA warpgroups, m64n256 wgmmas)                       (setmaxnreg.dec 160)
-    Each MMA warpgroup traces its own copy of `attend`, so ptxas allocates each its own count.
+    Each MMA warpgroup traces its own copy of `attend`, so ptxas allocates each its own count;
+    a tile is `tile_s_p` (warpgroup 0) and `tile_pv` (both), a segment's end `finish_segment`.
     The epilogue: a whole sequence's O leaves by 16-byte stores, each thread's bf16 words
     transposed across its quad (stages/common/quad_store.py); 4-byte stores straight from the
     accumulator took ~14k cycles a segment, about 13 % of the time at b 64.
 
 Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of oracles/kvcache.py;
 a segment's idx entries fit the shared memory left (4 bytes a key); the in-kernel merge assumes the
-grid is resident at once when it has at most `sm_count` (132: H100/H200 SXM) CTAs.
+grid is resident at once when it has at most `sm_count` CTAs (one a SM: the shared memory holds one) —
+the SM count of the GPU the case runs on (stages/common/device.py: 132 on an H100 SXM or H200, 114
+on an H100 PCIe, 78 on an H20); a larger grid is not merged in the kernel (PartCombine merges it).
 What bounds it (docs/STAGE_E.md: ablations and a cycle timeline at b 64): at h_q = 128 the MMA
 chain of a tile — S (m64n64, both operands from shared memory: shared-memory bound, ~1.3k
 cycles), softmax (~0.9k; the O rescale, ~0.6k, now skipped on most tiles), P, P·V (~1.1k) in
@@ -86,6 +96,7 @@ st.async beside it; at h_q = 64 the producer's loads.  What was tried and lost: 
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cuda.bindings.driver as cuda
 
@@ -94,95 +105,83 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass.tensor_utils import LayoutEnum
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import warp, warpgroup
+from cutlass.cute.nvgpu import warpgroup
 
-from oracles.sparse_decode import SparseConfig
 from stages.common import hang_guard
 from stages.common.barriers import NamedBarrier
 from stages.common.cluster_pair import TilePair
 from stages.common.combine import sink_factor
 from stages.common.e4m3_bits import e4m3x16_to_bf16, one_multiply_fits
-from stages.common.fp8_cache import D, cache_block_bytes
+from stages.common.fp8_cache import D, D_NOPE, D_ROPE, MODEL1_ROW_BYTES, MODEL1_SCALE_BYTES, V41_ROW_BYTES, cache_block_bytes
 from stages.common.inspection import expose
 from stages.common.part_combine import PartCombine
 from stages.common.part_merge import (ZeroFlags, add_staged_rows, flag_address, load_l2, merge_factors,
                                       merges_in_kernel, raise_flag, stage_partial, wait_flag)
 from stages.common.part_scheduler import PartGrid, resolve_part_tiles
 from stages.common.quad_store import check_accumulator_layout, store_accumulator_wide
-from stages.common.scheduler import SM_COUNT
+from stages.common.sparse_config import SparseConfig
 from stages.common.sm90_gather import ldg_or
-from stages.common.sm90_idioms import (acc_rows_cols, accumulator_to_a_operand, check_accumulator_is_a_operand,
+from stages.common.sm90_smem_p import SmemP
+from stages.common.sm90_kv_slots import kv_layouts, piece_strides, ring_state, slot_offset
+from stages.common.sm90_registers import register_plan, set_registers
+from stages.common.sm90_idioms import (acc_rows_cols, accumulator_to_a_operand, check_accumulator_is_a_operand, check_rows_shared,
                                        wgmma_sync)
-from stages.common.unaligned_barriers import FLAG_SEEN, Q_FREE, STAGED, named_arrive, named_sync
+from stages.common.unaligned_barriers import named_arrive, named_sync
 from stages.common.lazy_softmax import LazyOnlineSoftmax, needs_rescale
 from stages.common.softmax import final_lse, scale_rows
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile
+from stages.common.device import SMEM_LIMIT, sm_count as device_sm_count
 
-_SMEM_LIMIT = 227 * 1024
 _GRID_Y = 65535  # a launch grid's y extent at most (the parts run along it)
 
 
-def register_plan(threads: int, plan: list[tuple[int, int]]) -> str | None:
-    """None when the setmaxnreg plan [(thread count, registers per thread), …] — one entry per
-    group of warps — fits the CTA's allocation at launch (threads × (65 536 / threads rounded
-    down to a multiple of 8)); else why not.  A plan that does not fit hangs: setmaxnreg.inc
-    waits for registers nobody frees."""
-    at_launch = threads * launch_registers(threads)
-    want = sum(n * r for n, r in plan)
-    if sum(n for n, _ in plan) != threads or any(r % 8 or not 24 <= r <= 256 for _, r in plan):
-        return f"setmaxnreg plan {plan} must cover the {threads} threads with multiples of 8 in 24 … 256"
-    if want > at_launch:
-        return f"setmaxnreg plan {plan} needs {want} registers, the CTA holds {at_launch} (a hang)"
-    return None
+class AttendSmem(NamedTuple):
+    """The shared-memory views the MMA warpgroups read and write."""
+
+    sQ: cute.Tensor  # (64, D, 1) Q of the segment
+    sK: cute.Tensor  # (BLOCK_N, D, slots) the dequantised keys
+    sVt: cute.Tensor  # (D, BLOCK_N, slots): K's bytes as Vᵀ
+    sP: cute.Tensor  # (64, BLOCK_N) P for warpgroup 1
+    s_row: cute.Tensor  # α of a tile (SmemP's row factors)
+    s_fin: cute.Tensor  # a segment's 1/ℓ (· the sink's factor), or piece 0's factor on its own O
+    s_mrg: cute.Tensor  # a merge's factor on the partial it reads
+    s_mask: cute.Tensor  # (BLOCK_N, slots) 0 or −∞ per key
+    s_kscale: cute.Tensor  # (BLOCK_N, slots) simple: the token's scale
 
 
-def launch_registers(threads: int) -> int:
-    """Registers a thread holds at launch: 65 536 / threads, rounded down to a multiple of 8."""
-    return 65536 // threads // 8 * 8
+class AttendIO(NamedTuple):
+    """What an MMA warpgroup's `attend` works with: Q's barrier, TMA atom and view; the KV
+    ring's pipeline and the cluster pair's barriers; the slots' base address (a merge stages
+    piece 1's partial there); the shared-memory views; the sink and the outputs."""
+
+    q_bar: object
+    tma_q: cute.CopyAtom
+    mQ: cute.Tensor
+    kv_pipe: object
+    pair: TilePair
+    k_base: object
+    smem: AttendSmem
+    sink: cute.Tensor
+    mO: cute.Tensor
+    mLSE: cute.Tensor
+    mOp: cute.Tensor
+    mLp: cute.Tensor
 
 
-def set_registers(regs: int, threads: int) -> None:
-    """setmaxnreg to `regs` for the calling warpgroup: .inc above the launch allocation, .dec
-    below it (an .inc to fewer registers than a warp holds is an illegal instruction)."""
-    if regs > launch_registers(threads):
-        cute.arch.setmaxregister_increase(regs)
-    elif regs < launch_registers(threads):
-        cute.arch.setmaxregister_decrease(regs)
+class MmaTiles(NamedTuple):
+    """An MMA warpgroup's tiled MMAs and its partitions of the operands (Kernel.mma_tiles)."""
 
-
-def _kv_layouts(dtype, block_n: int, stages: int, slice_n: int):
-    """K (block_n, D, stages) K-major and Vᵀ (D, block_n, stages) MN-major views of the same slot
-    bytes, tiled keys first from no-swizzle (INTER) 8 × 8 atoms: a key's 8 columns are 16 bytes
-    and 8 consecutive keys' 16 bytes of the same columns are 128 contiguous ones — what one
-    store instruction of the producer writes, locally and by st.async into the peer (with D2's
-    128-byte swizzle the peer's pieces scatter over 8 rows: 127 vs 115 µs at b 64, h_q 128).
-    Also the byte strides of 8 keys and of 64 columns the dequantisers step by."""
-    k_kind = warpgroup.SmemLayoutAtomKind.K_INTER
-    v_kind = warpgroup.SmemLayoutAtomKind.MN_INTER
-    k_layout = cute.tile_to_shape(warpgroup.make_smem_layout_atom(k_kind, dtype), (block_n, D, stages), order=(0, 1, 2))
-    vt_layout = cute.tile_to_shape(warpgroup.make_smem_layout_atom(v_kind, dtype), (D, block_n, stages), order=(1, 0, 2))
-    if k_layout.inner.num_base < 4:  # the dequantisers store whole 16-byte pieces (slot_offset)
-        raise ValueError(f"stage E sm90: the K swizzle {k_layout.inner} splits 16-byte pieces")
-    for key in (0, 1, 7, 8, block_n - 1):
-        for col in (0, 1, 15, 16, 63, 64, slice_n - 1, slice_n, D - 1):
-            for slot in (0, stages - 1):
-                if k_layout((key, col, slot)) != vt_layout((col, key, slot)):
-                    raise ValueError(f"stage E sm90: the Vᵀ view is not K's bytes at key {key}, col {col}, slot {slot}")
-    # The dequantisers address a piece as row_offset(key mod 8, col mod 64) + (key // 8)·key8 +
-    # (col // 64)·col64 + slot·block_n·D·2 (Kernel.piece_addresses): the layout must be additive
-    # in those three strides.
-    at = lambda key, col, slot: slot_offset(k_layout, key, col, slot)  # noqa: E731
-    key8 = at(8, 0, 0) - at(0, 0, 0)
-    col64 = at(0, 64, 0) - at(0, 0, 0)
-    for key in range(8):
-        for col in (0, 8, 16, 24, 32, 40, 48, 56):
-            for slot in range(stages):
-                for k8 in range(block_n // 8):
-                    for c64 in range(D // 64):
-                        if at(key + 8 * k8, col + 64 * c64, slot) != at(key, col, 0) + k8 * key8 + c64 * col64 + slot * block_n * D * 2:
-                            raise ValueError(f"stage E sm90: K slot offsets are not additive at key {key + 8 * k8}, "
-                                             f"col {col + 64 * c64}")
-    return k_layout, vt_layout, key8, col64
+    qk_mma: cute.TiledMma
+    pv_mma: cute.TiledMma
+    thr_pv: object  # the P·V MMA's slice of this thread
+    tSrQ: cute.Tensor
+    tSrK: cute.Tensor
+    s_shape: object
+    tScS_rc: cute.Tensor  # (row, key) of S's accumulator, as (rows, columns)
+    tOrP: object  # warpgroup 1: the shared P as the A operand; None for warpgroup 0
+    tOrV: cute.Tensor
+    o_shape: object
+    tOcO_rc: cute.Tensor  # (row, col) of O's accumulator, as (rows, columns)
 
 
 @dataclass(frozen=True)
@@ -226,11 +225,21 @@ class Kernel:
     # round of 4 warps), a CTA alone 64 (two rounds).
     PLAN = WarpPlan(producer_warps=4, mma_regs=(192, 160), producer_regs=152, pv_n=256)
     KV_STAGES = 2
-    PIECES = {"model1": 9, "v4.1": 8, "simple": 8}  # 16-byte pieces of a key a producer thread loads
-    DATA_PIECES = {"model1": 7, "v4.1": 8, "simple": 8}  # … of them e4m3 (model1's last two: the bf16 rope)
-    ROW_BYTES = {"model1": 576, "v4.1": 528, "simple": D}  # a token's row in its block (model1's scales apart)
+    # 16-byte pieces of a key a producer thread (one of 4 a key) loads: the e4m3 data pieces, 64
+    # columns each, and model1's bf16 rope (128 bytes: 2 a thread) after them
+    DATA_PIECES = {"model1": D_NOPE // 64, "v4.1": D // 64, "simple": D // 64}
+    ROPE_PIECES = {"model1": 2 * D_ROPE // 64, "v4.1": 0, "simple": 0}
+    PIECES = {"model1": D_NOPE // 64 + 2 * D_ROPE // 64, "v4.1": D // 64, "simple": D // 64}  # 9, 8, 8
+    ROW_BYTES = {"model1": MODEL1_ROW_BYTES, "v4.1": V41_ROW_BYTES, "simple": D}  # a token's row in its block (model1's scales apart)
 
-    def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int = SM_COUNT):
+    def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int | None = None):
+        # the SMs the parts fill and the merge's residency is judged against: the GPU's here
+        # (stages/common/device.py; compile-only on a CPU: sm_90a's 132); a kernel built for one
+        # count is keyed by it in the compile cache
+        self.sm_count = device_sm_count("sm_90a") if sm_count is None else sm_count
+        if self.sm_count < 1:
+            raise ValueError(f"stage E sm90: sm_count must be positive, got {self.sm_count}")
+        sm_count = self.sm_count
         c = SparseConfig.parse(config)
         if c.h_q % self.BLOCK_M:
             raise ValueError(f"stage E sm90: h_q must be a multiple of {self.BLOCK_M}, got {c.h_q}")
@@ -277,8 +286,8 @@ class Kernel:
             raise ValueError(f"stage E sm90: {why}")
         smem = (2 * (self.BLOCK_M * D + self.KV_STAGES * self.BLOCK_N * D + self.BLOCK_M * self.BLOCK_N)
                 + 4 * self.sched.chunk * self.BLOCK_N + 4 * self.BLOCK_M + 4096)
-        if smem > _SMEM_LIMIT:
-            raise ValueError(f"stage E sm90: {smem} bytes of shared memory needed, {_SMEM_LIMIT} available")
+        if smem > SMEM_LIMIT:
+            raise ValueError(f"stage E sm90: {smem} bytes of shared memory needed, {SMEM_LIMIT} available")
 
     @cute.jit
     def __call__(
@@ -317,9 +326,13 @@ class Kernel:
         # warpgroup 0's P is S's registers converted (an RS wgmma) and α scales O's rows in registers
         reg_p_mmas = self.tiled_mmas(dtype, p_in_registers=True)
         check_accumulator_is_a_operand(*reg_p_mmas, (bm, bn))
-        _check_rows_shared(*reg_p_mmas, (bm, bn))
+        check_rows_shared(*reg_p_mmas, (bm, bn), D)
         q_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bm, bn, D), dtype, 1)
-        k_smem, vt_smem, self.key8_bytes, self.col64_bytes = _kv_layouts(dtype, bn, self.KV_STAGES, D // self.NUM_MMA_WG)
+        # no-swizzle slots: one store instruction of 8 keys fills 128 contiguous bytes, here and in
+        # the peer (with D2's 128-byte swizzle the peer's pieces scatter over 8 rows: 127 vs 115 µs
+        # at b 64, h_q 128); the dequantisers step by 8 keys and 64 columns (piece_strides)
+        k_smem, vt_smem = kv_layouts(dtype, D, bn, self.KV_STAGES, D // self.NUM_MMA_WG, swizzled=False)
+        self.key8_bytes, self.col64_bytes = piece_strides(k_smem, bn, D, self.KV_STAGES)
         p_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bm, D, bn), dtype, 1)
         expose(self, p_path="smem", qk_mma=(qk_mma, (bm, bn, D)), pv_mma=(pv_mma, (bm, D, bn)),
                smem={"Q": q_smem, "K (dequantised)": k_smem, "Vt (K's bytes)": vt_smem, "P": p_smem},
@@ -458,14 +471,16 @@ class Kernel:
                          s_mask, s_kscale, s_idx, KV, idx, topk_length, KV_extra, idx_extra, extra_length)
         else:
             # each MMA warpgroup its own copy of attend, compiled for its own register count
+            smem = AttendSmem(sQ=sQ, sK=sK, sVt=sVt, sP=sP, s_row=s_row, s_fin=s_fin, s_mrg=s_mrg, s_mask=s_mask,
+                              s_kscale=s_kscale)
+            io = AttendIO(q_bar=q_bar, tma_q=tma_q, mQ=mQ, kv_pipe=kv_pipe, pair=pair, k_base=k_base, smem=smem,
+                          sink=sink, mO=mO, mLSE=mLSE, mOp=mOp, mLp=mLp)
             if warp_idx // 4 == 0:
                 set_registers(self.plan.mma_regs[0], self.plan.threads)
-                self.attend(0, part, head_block, tidx, q_bar, tma_q, mQ, kv_pipe, pair, k_base, sQ, sK, sVt, sP, s_row,
-                            s_fin, s_mrg, s_mask, s_kscale, sink, mO, mLSE, mOp, mLp)
+                self.attend(0, part, head_block, tidx, io)
             else:
                 set_registers(self.plan.mma_regs[1], self.plan.threads)
-                self.attend(1, part, head_block, tidx, q_bar, tma_q, mQ, kv_pipe, pair, k_base, sQ, sK, sVt, sP, s_row,
-                            s_fin, s_mrg, s_mask, s_kscale, sink, mO, mLSE, mOp, mLp)
+                self.attend(1, part, head_block, tidx, io)
         pair.finish()
 
     def tile_pair(self, storage) -> TilePair:
@@ -519,7 +534,7 @@ class Kernel:
         # alone (two rounds a tile) the next unit's loads are issued before this unit is
         # dequantised; in a pair (one round) after, which keeps one buffer's registers
         early = R > 1
-        kv_state = _ring_state(self.KV_STAGES, before, producer=True)
+        kv_state = ring_state(self.KV_STAGES, before, producer=True)
         for it in cutlass.range(work.tile_begin, work.tile_end, per, unroll=1):
             for u in cutlass.range_constexpr(2):
                 j, r = divmod(u, R)  # this unit: tile it + j, round r
@@ -567,12 +582,12 @@ class Kernel:
             if cutlass.const_expr(self.c.has_extra):
                 got[e] = cutlass.select_(branch == 0, got[e], self.idx_entry(lists[3], work, pos, self.c.extra_topk,
                                                                             here & (branch == 1)))
-        cute.arch.barrier(barrier_id=STAGED, number_of_threads=self.plan.producer_threads)
+        cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
         for e in cutlass.range_constexpr(per_thread):
             i = e * self.plan.producer_threads + ptid
             if i < n:
                 s_idx[i] = got[e]
-        cute.arch.barrier(barrier_id=STAGED, number_of_threads=self.plan.producer_threads)
+        cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
 
     @cute.jit
     def produce_unit(self, kv_pipe, kv_state, pair, ptid, keys, r: cutlass.Constexpr[int], raw, sc, rank, pwarp, lane,
@@ -665,9 +680,9 @@ class Kernel:
         for p in cutlass.range_constexpr(self.DATA_PIECES[self.fmt]):
             self.load16(raw, p, token + 64 * p + 16 * q, valid)
         if cutlass.const_expr(self.fmt == "model1"):
-            for h in cutlass.range_constexpr(2):
-                self.load16(raw, 7 + h, token + 448 + 16 * q + 64 * h, valid)
-            w = ldg_or(block + block_size * 576 + off * 8, valid, 2, prefetch=False)
+            for h in cutlass.range_constexpr(self.ROPE_PIECES[self.fmt]):
+                self.load16(raw, self.DATA_PIECES[self.fmt] + h, token + D_NOPE + 16 * q + 64 * h, valid)
+            w = ldg_or(block + block_size * MODEL1_ROW_BYTES + off * MODEL1_SCALE_BYTES, valid, 2, prefetch=False)
             sc[0, 0], sc[1, 0] = w[0], w[1]
         elif cutlass.const_expr(self.fmt == "v4.1"):
             w = ldg_or(token + D, valid, 4)
@@ -691,11 +706,11 @@ class Kernel:
         """The shared-memory byte addresses, in slot 0, of this thread's pieces of round 0's own
         key: the data columns 16·q and 16·q + 8 of the first 64 (q = lane // 8; piece p adds
         p·col64_bytes), model1's rope columns 448 + 8·q and 480 + 8·q.  Round r adds
-        r·(keys_per_round / 8)·key8_bytes, slot s s·BLOCK_N·D·2 (_kv_layouts checks the layout
+        r·(keys_per_round / 8)·key8_bytes, slot s s·BLOCK_N·D·2 (piece_strides checks the layout
         is additive in all three)."""
         q = lane // 8
         at = cute.make_rmem_tensor(4, cutlass.Int32)
-        for i, col in enumerate((16 * q, 16 * q + 8, 448 + 8 * q, 480 + 8 * q)):
+        for i, col in enumerate((16 * q, 16 * q + 8, D_NOPE + 8 * q, D_NOPE + D_ROPE // 2 + 8 * q)):
             at[i] = k_base + slot_offset(k_smem, key, col, 0)
         return at
 
@@ -727,7 +742,7 @@ class Kernel:
                              cute.make_tensor(words.iterator + 4 * h, cute.make_layout(4)), state)
         if cutlass.const_expr(self.fmt == "model1"):
             for h in cutlass.range_constexpr(2):
-                pair.store16(pieces[2 + h] + rows, raw[None, 7 + h], state)
+                pair.store16(pieces[2 + h] + rows, raw[None, dims + h], state)
 
     @cute.jit
     def scale_byte(self, sc, p, q) -> cutlass.Int32:
@@ -757,140 +772,163 @@ class Kernel:
     # MMA warpgroups (stage D2's, plus the key mask and the sink)
 
     @cute.jit
-    def attend(self, wg: cutlass.Constexpr[int], part, head_block, tidx, q_bar, tma_q, mQ, kv_pipe, pair, k_base, sQ, sK,
-               sVt, sP, s_row, s_fin, s_mrg, s_mask, s_kscale, sink, mO, mLSE, mOp, mLp):
+    def attend(self, wg: cutlass.Constexpr[int], part, head_block, tidx, io):
         """An MMA warpgroup, segment after segment of the part: O and the softmax state start
-        afresh, the tiles run as D2's (warpgroup 0 S, softmax, P — stored for warpgroup 1, kept
-        in registers for its own P·V; both their half of P·V), the epilogue writes O and LSE (a
-        whole sequence, sink included) or a partial.  Warpgroup 0 arrives at P_FULL without
-        waiting; its first warp loads the next segment's Q once every warp of warpgroup 0 is
-        past the last S of this one (Q_FREE), so the load overlaps that tile's P·V and the
-        epilogue (the first segment's at the start).  The KV ring's
-        consumer state is rebuilt from the tiles of the part before a segment.  A two-piece
-        sequence (stages/common/part_merge.py): piece 1 raises its flag once every MMA thread
-        has stored its partial; piece 0 — warpgroup 0's first thread waits for the flag — merges
-        the LSEs, stages piece 1's partial in the KV slots and adds it before O is stored."""
+        afresh, the tiles run as D2's (`tile_s_p`: warpgroup 0 S, softmax, P — published for
+        warpgroup 1 through SmemP, kept in registers for its own P·V; `tile_pv`: both their half
+        of P·V), the epilogue (`finish_segment`) writes O and LSE (a whole sequence, sink
+        included) or a partial.  Warpgroup 0 arrives at P_FULL without waiting; its first warp
+        loads the next segment's Q once every warp of warpgroup 0 is past the last S of this one
+        (Q_FREE), so the load overlaps that tile's P·V and the epilogue (the first segment's at
+        the start).  The KV ring's consumer state is rebuilt from the tiles of the part before a
+        segment.  `io`: the kernel's AttendIO."""
         hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
-        bm, bn = self.BLOCK_M, self.BLOCK_N
         tid_wg = tidx % 128
-        mma_threads = self.MMA_THREADS
-        qk_mma, pv_mma = self.tiled_mmas(sQ.element_type, p_in_registers=wg == 0)
-
-        thr_qk = qk_mma.get_slice(tid_wg)
-        tSrQ = qk_mma.make_fragment_A(thr_qk.partition_A(sQ))
-        tSrK = qk_mma.make_fragment_B(thr_qk.partition_B(sK))
-        s_shape = thr_qk.partition_shape_C((bm, bn))
-        tScS_rc = acc_rows_cols(thr_qk.partition_C(cute.make_identity_tensor((bm, bn))))
-        p_store = cute.make_tiled_copy_C(
-            cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), sP.element_type), qk_mma
-        )
-        thr_p_store = p_store.get_slice(tid_wg)
-        tPsP = thr_p_store.partition_D(sP)
-        expose(self, p_store=(p_store, qk_mma, (bm, bn), (bm, bn)))
-
-        thr_pv = pv_mma.get_slice(tidx)
-        if cutlass.const_expr(wg == 1):
-            tOrP = pv_mma.make_fragment_A(thr_pv.partition_A(sP))
-        tOrV = pv_mma.make_fragment_B(thr_pv.partition_B(sVt))
-        o_shape = thr_pv.partition_shape_C((bm, D))
-        tOcO_rc = acc_rows_cols(thr_pv.partition_C(cute.make_identity_tensor((bm, D))))
-        acc_o = cute.make_rmem_tensor(o_shape, cutlass.Float32)
-        acc_o_rc = acc_rows_cols(acc_o)
-        num_rows = cute.size(tScS_rc, mode=[0])
-        num_cols = cute.size(tScS_rc, mode=[1])
+        mma = self.mma_tiles(wg, tidx, io.smem)
+        # P and the row factors (α, a tile's) → warpgroup 1; the two warpgroups meet unaligned
+        smem_p = SmemP.create(self, mma.qk_mma, io.smem.sP, io.smem.s_row, tid_wg, self.MMA_THREADS,
+                              sync=named_sync, arrive=named_arrive)
+        acc_o = cute.make_rmem_tensor(mma.o_shape, cutlass.Float32)
+        kv_pipe, pair = io.kv_pipe, io.pair
 
         segments = self.sched.segments(part)
         if cutlass.const_expr(wg == 0):
-            self.load_q(self.sched.segment(head_block, part, 0)[0], tid_wg, q_bar, tma_q, mQ, sQ)
+            self.load_q(self.sched.segment(head_block, part, 0)[0], tid_wg, io)
         for k in cutlass.range(segments, unroll=1):
             work, before = self.sched.segment(head_block, part, k)
+            # a whole sequence? (taken here, before the tiles, as before the split into named pieces:
+            # taken in finish_segment, ptxas spilled 28–48 bytes more in simple and parted model1)
             complete = self.sched.complete(work)
             acc_o.fill(0.0)
-            softmax = LazyOnlineSoftmax.create(num_rows, self.scale_log2)
-            kv_cons = _ring_state(self.KV_STAGES, before, producer=False)
+            softmax = LazyOnlineSoftmax.create(cute.size(mma.tScS_rc, mode=[0]), self.scale_log2)
+            kv_cons = ring_state(self.KV_STAGES, before, producer=False)
             if cutlass.const_expr(wg == 0):
-                hang_guard.mbarrier_wait(q_bar, k % 2, "q")
-
+                hang_guard.mbarrier_wait(io.q_bar, k % 2, "q")
             for i in cutlass.range(work.tile_end - work.tile_begin, unroll=1):
                 kv_pipe.consumer_wait(kv_cons)
                 pair.consumer_wait(kv_cons)
                 if cutlass.const_expr(wg == 0):
-                    acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-                    wgmma_sync(qk_mma, acc_s, tSrQ, tSrK, a_slot=0, b_slot=kv_cons.index, zero_init=True)
-                    s_rc = acc_rows_cols(acc_s)
-                    for r in cutlass.range_constexpr(num_rows):
-                        for j in cutlass.range_constexpr(num_cols):
-                            key = tScS_rc[r, j][1]
-                            if cutlass.const_expr(self.fmt == "simple"):  # S = (Q·K_e4m3ᵀ) · the key's scale
-                                s_rc[r, j] = s_rc[r, j] * s_kscale[key, kv_cons.index]
-                            s_rc[r, j] = s_rc[r, j] + s_mask[key, kv_cons.index]  # −∞ for an invalid key
-                    alpha = softmax.update(s_rc)
-                    if cutlass.const_expr(self.fmt == "simple"):  # P·V = (P · the key's scale)·V_e4m3; ℓ keeps P
-                        for r in cutlass.range_constexpr(num_rows):
-                            for j in cutlass.range_constexpr(num_cols):
-                                s_rc[r, j] = s_rc[r, j] * s_kscale[tScS_rc[r, j][1], kv_cons.index]
-                    # P: S's registers as bf16 — warpgroup 0's A operand and, stored (indexed
-                    # like S), warpgroup 1's
-                    r_p = accumulator_to_a_operand(acc_s, thr_pv, (bm, bn), sP.element_type)
-                    r_p_acc = cute.make_tensor(r_p.iterator, acc_s.layout)
-                    if i > 0:
-                        named_sync(NamedBarrier.P_EMPTY, mma_threads)
-                    cute.copy(p_store, thr_p_store.retile(r_p_acc), tPsP)
-                    for r in cutlass.range_constexpr(num_rows):
-                        if tScS_rc[r, 0][1] == 0:
-                            s_row[tScS_rc[r, 0][0]] = alpha[r]
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    named_arrive(NamedBarrier.P_FULL, mma_threads)
+                    r_p, alpha = self.tile_s_p(mma, smem_p, softmax, kv_cons.index, i, io.smem)
                     if (i == work.tile_end - work.tile_begin - 1) & (k + 1 < segments):
-                        named_sync(Q_FREE, 128)  # every warp of warpgroup 0 is past its last S
-                        self.load_q(self.sched.segment(head_block, part, k + 1)[0], tid_wg, q_bar, tma_q, mQ, sQ)
-                    if self.rescales(alpha, num_rows):  # most tiles keep every row's max: α = 1
-                        for r in cutlass.range_constexpr(num_rows):
-                            scale_rows(acc_o_rc, r, alpha[r])
-                    wgmma_sync(pv_mma, acc_o, r_p, tOrV, b_slot=kv_cons.index)
+                        named_sync(NamedBarrier.Q_FREE, 128)  # every warp of warpgroup 0 is past its last S
+                        self.load_q(self.sched.segment(head_block, part, k + 1)[0], tid_wg, io)
+                    self.tile_pv(mma, acc_o, alpha, r_p, kv_cons.index)
                 else:
-                    named_sync(NamedBarrier.P_FULL, mma_threads)
-                    alpha = cute.make_rmem_tensor(num_rows, cutlass.Float32)
-                    for r in cutlass.range_constexpr(num_rows):
-                        alpha[r] = s_row[tOcO_rc[r, 0][0]]
-                    if self.rescales(alpha, num_rows):  # the warp's rows are warpgroup 0's warp's
-                        for r in cutlass.range_constexpr(num_rows):
-                            scale_rows(acc_o_rc, r, alpha[r])
-                    wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
+                    smem_p.wait_full()
+                    self.tile_pv(mma, acc_o, smem_p.row_factors(mma.tOcO_rc), mma.tOrP, kv_cons.index)
                 cute.arch.sync_warp()  # every lane's wgmma reads of the slot are done
                 if tidx % 32 == 0:  # the slot's empty barriers count warps
                     kv_pipe.consumer_release(kv_cons)
                     pair.consumer_release(kv_cons)
                 kv_cons.advance()
                 if cutlass.const_expr(wg == 1):
-                    named_arrive(NamedBarrier.P_EMPTY, mma_threads)
+                    smem_p.release()
+            self.finish_segment(wg, tidx, work, complete, mma, smem_p, softmax, acc_o, io)
 
-            # a two-piece sequence's pieces (stages/common/part_merge.py); Python False without merges,
-            # so none of the branches below is traced then
-            merge, hand_over = self.merge_roles(work)
-            if cutlass.const_expr(wg == 0):
-                named_sync(NamedBarrier.P_EMPTY, mma_threads)  # warpgroup 1's last P·V is done
-                inv_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
-                lse = cute.make_rmem_tensor(num_rows, cutlass.Float32)
-                softmax.finalize(inv_sum, lse)
-                if merge:
-                    self.await_piece_1(work, tid_wg, mLp)
-                for r in cutlass.range_constexpr(num_rows):
-                    row = tScS_rc[r, 0][0]
-                    if tScS_rc[r, 0][1] == 0:
-                        h = sink[work.head_block * bm + row]
-                        if merge:
-                            self.merge_row(work, row, inv_sum[r], lse[r], h, s_fin, s_mrg, mLSE, mLp)
-                        else:
-                            self.finish_row(work, complete, row, inv_sum[r], lse[r], h, s_fin, mLSE, mLp)
-            named_sync(NamedBarrier.EPILOGUE, mma_threads)
+    def mma_tiles(self, wg: int, tidx, smem) -> "MmaTiles":
+        """Warpgroup wg's MMAs (warpgroup 0's P·V takes P from registers) and its partitions of
+        the shared operands (trace time: no code but the fragments' descriptors)."""
+        bm, bn = self.BLOCK_M, self.BLOCK_N
+        qk_mma, pv_mma = self.tiled_mmas(smem.sQ.element_type, p_in_registers=wg == 0)
+        thr_qk = qk_mma.get_slice(tidx % 128)
+        thr_pv = pv_mma.get_slice(tidx)
+        return MmaTiles(
+            qk_mma=qk_mma, pv_mma=pv_mma, thr_pv=thr_pv,
+            tSrQ=qk_mma.make_fragment_A(thr_qk.partition_A(smem.sQ)),
+            tSrK=qk_mma.make_fragment_B(thr_qk.partition_B(smem.sK)),
+            s_shape=thr_qk.partition_shape_C((bm, bn)),
+            tScS_rc=acc_rows_cols(thr_qk.partition_C(cute.make_identity_tensor((bm, bn)))),
+            tOrP=pv_mma.make_fragment_A(thr_pv.partition_A(smem.sP)) if wg == 1 else None,
+            tOrV=pv_mma.make_fragment_B(thr_pv.partition_B(smem.sVt)),
+            o_shape=thr_pv.partition_shape_C((bm, D)),
+            tOcO_rc=acc_rows_cols(thr_pv.partition_C(cute.make_identity_tensor((bm, D)))),
+        )
+
+    @cute.jit
+    def tile_s_p(self, mma, smem_p, softmax, slot, i, smem):
+        """Warpgroup 0, one tile in `slot`: S = Q·Kᵀ, each key's mask (simple: × its scale),
+        the online softmax, P = bf16(S) — the A operand of its own P·V — published with α to
+        warpgroup 1 (SmemP; P_EMPTY waited from the second tile).  Returns (P, α)."""
+        acc_s = cute.make_rmem_tensor(mma.s_shape, cutlass.Float32)
+        wgmma_sync(mma.qk_mma, acc_s, mma.tSrQ, mma.tSrK, a_slot=0, b_slot=slot, zero_init=True)
+        s_rc = acc_rows_cols(acc_s)
+        tScS_rc = mma.tScS_rc
+        for r in cutlass.range_constexpr(cute.size(tScS_rc, mode=[0])):
+            for j in cutlass.range_constexpr(cute.size(tScS_rc, mode=[1])):
+                key = tScS_rc[r, j][1]
+                if cutlass.const_expr(self.fmt == "simple"):  # S = (Q·K_e4m3ᵀ) · the key's scale
+                    s_rc[r, j] = s_rc[r, j] * smem.s_kscale[key, slot]
+                s_rc[r, j] = s_rc[r, j] + smem.s_mask[key, slot]  # −∞ for an invalid key
+        alpha = softmax.update(s_rc)
+        if cutlass.const_expr(self.fmt == "simple"):  # P·V = (P · the key's scale)·V_e4m3; ℓ keeps P
+            for r in cutlass.range_constexpr(cute.size(tScS_rc, mode=[0])):
+                for j in cutlass.range_constexpr(cute.size(tScS_rc, mode=[1])):
+                    s_rc[r, j] = s_rc[r, j] * smem.s_kscale[tScS_rc[r, j][1], slot]
+        # P: S's registers as bf16 — warpgroup 0's A operand and, stored (indexed like S), warpgroup 1's
+        r_p = accumulator_to_a_operand(acc_s, mma.thr_pv, (self.BLOCK_M, self.BLOCK_N), smem.sP.element_type)
+        smem_p.publish_p(cute.make_tensor(r_p.iterator, acc_s.layout), alpha, i > 0)
+        smem_p.arrive_full()
+        return r_p, alpha
+
+    @cute.jit
+    def tile_pv(self, mma, acc_o, alpha, p, slot):
+        """O *= α where some row of the warp moved its max, then O += P·V over this warpgroup's
+        half of O's columns (P: warpgroup 0's registers, or the shared P for warpgroup 1, whose
+        α came through shared memory)."""
+        self.rescale_o(acc_o, alpha, mma.tOcO_rc)
+        wgmma_sync(mma.pv_mma, acc_o, p, mma.tOrV, b_slot=slot)
+
+    @cute.jit
+    def rescale_o(self, acc_o, alpha, tOcO_rc):
+        """O[row, :] *= α[row] for this thread's rows — skipped by the whole warp when every α
+        is 1 (`rescales`, a warp vote)."""
+        num_rows = cute.size(tOcO_rc, mode=[0])
+        if self.rescales(alpha, num_rows):  # most tiles keep every row's max: α = 1
+            acc_o_rc = acc_rows_cols(acc_o)
             for r in cutlass.range_constexpr(num_rows):
-                scale_rows(acc_o_rc, r, s_fin[tOcO_rc[r, 0][0]])
-            if merge:
-                self.add_piece_1(acc_o, tidx, wg, work, k_base, s_mrg[tOcO_rc[0, 0][0]], s_mrg[tOcO_rc[1, 0][0]], mOp)
-            self.store_o(acc_o, tidx, work, complete | merge, mO, mOp)
-            if hand_over:
-                self.raise_piece_1(work, tidx, mLp)
+                scale_rows(acc_o_rc, r, alpha[r])
+
+    @cute.jit
+    def finish_segment(self, wg: cutlass.Constexpr[int], tidx, work, complete, mma, smem_p, softmax, acc_o, io):
+        """A segment's epilogue: warpgroup 0 (once warpgroup 1's last P·V is done) finalises the
+        rows — each row's factor on O (1/ℓ, a whole sequence's times the sink's) and its LSE, or
+        piece 0's merge factors (stages/common/part_merge.py: its first thread waits for piece 1's
+        flag); then both warpgroups scale O, piece 0 adds piece 1's partial (staged in the KV
+        slots), O or the partial is stored, and piece 1 raises its flag."""
+        # a two-piece sequence's pieces; Python False without merges, so none of the branches
+        # below is traced then
+        merge, hand_over = self.merge_roles(work)
+        if cutlass.const_expr(wg == 0):
+            smem_p.wait_empty()  # warpgroup 1's last P·V is done
+            self.finish_rows(work, complete, merge, softmax, mma.tScS_rc, tidx % 128, io)
+        smem_p.wait_epilogue()
+        smem_p.rescale(acc_rows_cols(acc_o), mma.tOcO_rc, io.smem.s_fin)
+        tOcO_rc = mma.tOcO_rc
+        if merge:
+            self.add_piece_1(acc_o, tidx, wg, work, io.k_base, io.smem.s_mrg[tOcO_rc[0, 0][0]],
+                             io.smem.s_mrg[tOcO_rc[1, 0][0]], io.mOp)
+        self.store_o(acc_o, tidx, work, complete | merge, io.mO, io.mOp)
+        if hand_over:
+            self.raise_piece_1(work, tidx, io.mLp)
+
+    @cute.jit
+    def finish_rows(self, work, complete, merge, softmax, tScS_rc, tid_wg, io):
+        """Warpgroup 0: 1/ℓ and the LSE of its rows; each row's quad leader writes the row's
+        final factor (finish_row) or, piece 0 of a two-piece sequence, the merge's (merge_row)."""
+        num_rows = cute.size(tScS_rc, mode=[0])
+        inv_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
+        lse = cute.make_rmem_tensor(num_rows, cutlass.Float32)
+        softmax.finalize(inv_sum, lse)
+        if merge:
+            self.await_piece_1(work, tid_wg, io.mLp)
+        for r in cutlass.range_constexpr(num_rows):
+            row = tScS_rc[r, 0][0]
+            if tScS_rc[r, 0][1] == 0:
+                h = io.sink[work.head_block * self.BLOCK_M + row]
+                if merge:
+                    self.merge_row(work, row, inv_sum[r], lse[r], h, io.smem.s_fin, io.smem.s_mrg, io.mLSE, io.mLp)
+                else:
+                    self.finish_row(work, complete, row, inv_sum[r], lse[r], h, io.smem.s_fin, io.mLSE, io.mLp)
 
     @cute.jit
     def rescales(self, alpha, num_rows: cutlass.Constexpr[int]):
@@ -914,7 +952,7 @@ class Kernel:
         if tid_wg == 0:
             cute.arch.griddepcontrol_wait()
             wait_flag(flag_address(mLp.iterator.toint(), self.sched.row_block(work), self.BLOCK_M))
-        named_sync(FLAG_SEEN, 128)
+        named_sync(NamedBarrier.FLAG_SEEN, 128)
 
     @cute.jit
     def add_piece_1(self, acc_o, tidx, wg: cutlass.Constexpr[int], work, k_base, f_lo, f_hi, mOp):
@@ -954,15 +992,15 @@ class Kernel:
         mLSE[self.sched.row_block(work) * self.BLOCK_M + row] = final_lse(merged)
 
     @cute.jit
-    def load_q(self, work, tid_wg, q_bar, tma_q, mQ, sQ):
+    def load_q(self, work, tid_wg, io):
         """Warp 0 (tid_wg < 32): Q's row block of segment `work` by TMA, its bytes counted on
-        q_bar (armed by one thread)."""
+        io.q_bar (armed by one thread)."""
         if tid_wg < 32:
-            gQ = cute.local_tile(mQ, (self.BLOCK_M, D), (None, 0))
-            tQsQ, tQgQ = tma_partition_tile(tma_q, sQ, gQ, 2)
+            gQ = cute.local_tile(io.mQ, (self.BLOCK_M, D), (None, 0))
+            tQsQ, tQgQ = tma_partition_tile(io.tma_q, io.smem.sQ, gQ, 2)
             if tid_wg == 0:
-                cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.q_bytes)
-            cute.copy(tma_q, tQgQ[(None, self.sched.row_block(work))], tQsQ[(None, 0)], tma_bar_ptr=q_bar)
+                cute.arch.mbarrier_arrive_and_expect_tx(io.q_bar, self.q_bytes)
+            cute.copy(io.tma_q, tQgQ[(None, self.sched.row_block(work))], tQsQ[(None, 0)], tma_bar_ptr=io.q_bar)
 
     @cute.jit
     def store_lse(self, work, complete, row, lse, mLSE, mLp):
@@ -995,41 +1033,6 @@ class Kernel:
         size = mOut.element_type.width // 8
         base = mOut.iterator.toint() + cutlass.Int64(row_block) * (self.BLOCK_M * D * size)
         store_accumulator_wide(acc_o, tidx, base, D * size, (tidx // 128) * (D // self.NUM_MMA_WG), mOut.element_type)
-
-
-def _ring_state(stages: int, count, producer: bool):
-    """The KV ring's pipeline state after `count` tiles (traced): slot count mod stages, phase
-    the parity of count // stages — flipped for the producer, whose first wait passes."""
-    return pipeline.PipelineState(stages, count, count % stages, ((count // stages) % 2) ^ (1 if producer else 0))
-
-
-def _check_rows_shared(qk_mma, pv_mma, tile_mn) -> None:
-    """Trace time, for every thread of warpgroup 0: S's accumulator rows are O's (α, a row's
-    factor, scales O in registers; that P is S's registers is sm90_idioms'
-    check_accumulator_is_a_operand)."""
-    ident_s = cute.make_identity_tensor(tile_mn)
-    ident_o = cute.make_identity_tensor((tile_mn[0], D))
-    for t in range(128):
-        thr_s, thr_o = qk_mma.get_slice(t), pv_mma.get_slice(t)
-        rows_s, rows_o = acc_rows_cols(thr_s.partition_C(ident_s)), acc_rows_cols(thr_o.partition_C(ident_o))
-        if [rows_s[r, 0][0] for r in range(cute.size(rows_s, mode=[0]))] != [rows_o[r, 0][0] for r in range(cute.size(rows_o, mode=[0]))]:
-            raise ValueError(f"stage E sm90: S's and O's accumulator rows differ for thread {t}")
-
-
-def swizzle_bytes(off, bits: int, base: int, shift: int):
-    """A shared-memory swizzle S<bits, base, shift> applied to a BYTE offset (as the swizzle of
-    a swizzled pointer acts): the `bits` bits above base + shift are XORed into the ones above
-    base.  SW128 is S<3,4,3>: the 16-byte piece (bits 4 … 6) of a 128-byte row is permuted by
-    the row's index mod 8 (bits 7 … 9).  Plain ints or traced Int32s."""
-    return off ^ ((off & (((1 << bits) - 1) << (base + shift))) >> shift)
-
-
-def slot_offset(k_smem, key, col, slot):
-    """The byte offset of K[key, col] of `slot` from the slots' base: the K-major layout's
-    offset in bf16 elements, × 2, swizzled (ints at trace time, traced Int32s in the kernel).  A ComposedLayout evaluated as a function would apply
-    its swizzle to the ELEMENT offset — wrong for a swizzle that lives in the pointer (bytes)."""
-    sw = k_smem.inner
-    return swizzle_bytes(k_smem.outer((key, col, slot)) * 2, sw.num_bits, sw.num_base, sw.num_shift)
 
 
 def _token_block(base, index, block_size: int, block_bytes: int):

@@ -16,6 +16,18 @@ On sm100 the tensor-memory allocator's hand-offs (stages/common/sm100_setup.py):
     TMEM_ALLOC the allocating warp has written the TMEM base address to shared memory; the
                warps that use TMEM may read it                              (all arrive + wait)
     TMEM_FREE  every TMEM user is done; the allocating warp may free it     (all arrive + wait)
+
+Stage E on sm90 (met unaligned: stages/common/unaligned_barriers.py):
+
+    STAGED     the producer threads have staged a segment's idx entries in shared memory;
+               every producer thread may read them                          (all arrive + wait)
+    Q_FREE     warpgroup 0 is past the last S of a segment: Q's shared memory may be loaded
+               again                                          (warpgroup 0 arrives + waits)
+    FLAG_SEEN  warpgroup 0, piece 0 of a two-piece sequence: its first thread has seen piece
+               1's flag; piece 1's LSEs may be read            (warpgroup 0 arrives + waits)
+
+This enum is the one registry of the ids: a kernel family takes its ids from here, never a bare
+int, so no two meetings share an id.
 """
 
 from __future__ import annotations
@@ -30,6 +42,10 @@ class NamedBarrier(enum.IntEnum):
     EPILOGUE = 3
     TMEM_ALLOC = 4
     TMEM_FREE = 5
+    STAGED = 6
+    Q_FREE = 7
+    FLAG_SEEN = 8
 
 
 MAX_NAMED_BARRIERS = 16
+assert max(NamedBarrier) < MAX_NAMED_BARRIERS

@@ -16,6 +16,13 @@ import cutlass
 import cutlass.cute as cute
 
 D = 512
+# The layouts' byte sizes, by name (oracles/kvcache.py states the same; tests/test_e_cpu.py checks
+# they agree):
+D_NOPE = 448  # model1: the e4m3 ("nope") columns of a token, 7 tiles of 64, one e8m0 scale each
+D_ROPE = 64  # model1: the bf16 rope columns after them, not quantised
+MODEL1_ROW_BYTES = D_NOPE + 2 * D_ROPE  # 576: a model1 token's data in its block
+MODEL1_SCALE_BYTES = 8  # a model1 token's scales: 7 e8m0 + 1 pad, after the block's rows
+V41_ROW_BYTES = D + D // 32  # 528: 512 e4m3 then 16 e8m0 (one per 32 values)
 
 
 def cache_block_bytes(fmt: str, block_size: int) -> int:
@@ -24,9 +31,10 @@ def cache_block_bytes(fmt: str, block_size: int) -> int:
     if fmt == "simple":
         return (block_size * (D + 4) + 15) // 16 * 16
     if fmt == "model1":
-        return (block_size * 584 + 575) // 576 * 576
+        row = MODEL1_ROW_BYTES
+        return (block_size * (row + MODEL1_SCALE_BYTES) + row - 1) // row * row
     if fmt == "v4.1":
-        return block_size * 528
+        return block_size * V41_ROW_BYTES
     raise ValueError(f"stage E: kv_format must be simple, model1 or v4.1, got {fmt!r}")
 
 

@@ -52,7 +52,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-SM_COUNT = 132  # H100 SXM and H200 (sm_90a); a kernel parameter where it matters
+from stages.common.device import DEFAULT_SM_COUNT
+
+# sm_90a's stated SM count (H100 SXM, H200): the default of the split chooser's `sm_count`; the
+# kernels that size a launch by it take the GPU's own count (stages/common/device.py)
+SM_COUNT = DEFAULT_SM_COUNT["sm_90a"]
 MAX_SPLITS = 128
 MANY_EXTRA = 3  # "many" = T + MANY_EXTRA splits: the last MANY_EXTRA are empty
 

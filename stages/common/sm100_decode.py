@@ -188,17 +188,17 @@ from stages.common.sm100_setup import WarpRoles, launch, rescale_o
 from stages.common.sm100_masks import check_lines, line_view, row_key_columns
 from stages.common.sm100_softmax import final_row_lse, row_inv_sum, row_lse, row_softmax_update
 from stages.common.tma import prefetch_descriptors, sm100_tma_load, tma_partition_tile
+from stages.common.device import DEFAULT_SM_COUNT, SMEM_LIMIT
 
 BF16 = cutlass.BFloat16
 F32 = cutlass.Float32
 
 ROWS = 128  # query rows per CTA = tcgen05 M = TMEM lanes
 TMEM_COLUMNS = 512  # TMEM columns per SM (32 bit each)
-SMEM_LIMIT = 227 * 1024  # dynamic shared memory per CTA on sm_100 (232448 bytes)
 HEAD_DIMS = (64, 128, 256, 512)
 CHUNK_MAX = 128  # head-dim columns of one KV ring chunk
 KV_TILE = 64
-B200_SMS = 148  # the SM count the "auto" split chooser assumes for sm_100a (B200)
+B200_SMS = DEFAULT_SM_COUNT["sm_100a"]  # the SM count the "auto" split chooser assumes for sm_100a (B200)
 
 
 # ---------------------------------------------------------------------------------------

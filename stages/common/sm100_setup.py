@@ -50,6 +50,7 @@ annotations of `attention_smem_struct` as objects.)
 """
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -151,6 +152,24 @@ class PipelinePlan:
     v_slots: int
 
 
+class KernelOperands(NamedTuple):
+    """The MMAs, TMA atoms and coordinate tensors of Q, K and Vᵀ, and the staged shared-memory
+    layouts an sm100 attention kernel receives as one argument (AttentionOperands.args)."""
+
+    qk_mma: cute.TiledMma
+    pv_mma: cute.TiledMma
+    tma_q: cute.CopyAtom
+    mQ: cute.Tensor
+    tma_k: cute.CopyAtom
+    mK: cute.Tensor
+    tma_v: cute.CopyAtom
+    mV: cute.Tensor
+    q_smem: cute.ComposedLayout
+    k_smem: cute.ComposedLayout
+    v_smem: cute.ComposedLayout
+    p_smem: cute.ComposedLayout
+
+
 class AttentionOperands:
     """Host side of S = Q·Kᵀ → P → O = P·V with tcgen05 (one CTA, cta_group::1).
 
@@ -180,11 +199,12 @@ class AttentionOperands:
         self.tma_v, self.tma_V, v_bytes = sm100_tma_load("B", self.pv_mma, mV, self.v_smem, pv_tiler)
         self.plan = PipelinePlan(q_bytes, k_bytes, v_bytes, k_slots, v_slots)
 
-    def args(self) -> tuple:
-        """What the kernel receives first, in this order: qk_mma, pv_mma, tma_q, mQ, tma_k,
-        mK, tma_v, mV, q_smem, k_smem, v_smem, p_smem."""
-        return (self.qk_mma, self.pv_mma, self.tma_q, self.tma_Q, self.tma_k, self.tma_K,
-                self.tma_v, self.tma_V, self.q_smem, self.k_smem, self.v_smem, self.p_smem)
+    def args(self) -> "KernelOperands":
+        """What the kernel receives first, as ONE argument (a NamedTuple, as sm90's
+        AttentionOperands): qk_mma, pv_mma, tma_q, mQ, tma_k, mK, tma_v, mV, q_smem, k_smem,
+        v_smem, p_smem."""
+        return KernelOperands(self.qk_mma, self.pv_mma, self.tma_q, self.tma_Q, self.tma_k, self.tma_K,
+                              self.tma_v, self.tma_V, self.q_smem, self.k_smem, self.v_smem, self.p_smem)
 
     def smem_struct(self, tmem_p: bool):
         """attention_smem_struct of these layouts (a P buffer unless P lives in TMEM)."""

@@ -29,7 +29,7 @@ Grid and split-KV.  stages/common/scheduler.py: grid (h_q/64 · s_q, splits, b),
 K = V, read once.  One TMA load per KV tile into one shared-memory slot.  Q·Kᵀ reads it as
     the K-major B operand (keys × d); P·V reads THE SAME BYTES as Vᵀ (d × keys), the
     MN-major B operand.  Both layouts use the swizzle atom of one warpgroup's O slice
-    (d/2 columns) and tile keys first; `_kv_layouts` builds both and proves at trace time
+    (d/2 columns) and tile keys first; `kv_layouts` (stages/common/sm90_kv_slots.py) builds both and proves at trace time
     that they address the same element at every swizzle row and mode boundary.
 NaN beyond the attended keys.  The TMA tensor of a branch has extent n (not n_alloc) along
     the keys: a row ≥ n is never loaded.  Rows ≥ the fill level inside the boundary tile ARE
@@ -81,49 +81,13 @@ from stages.common.inspection import expose
 from stages.common.scheduler import SM_COUNT, DecodeGrid, VisitPlan, key_limit, resolve_splits, valid_tiles, visit_tiles
 from stages.common.sm90_idioms import acc_rows_cols, wgmma_sync
 from stages.common.sm90_setup import TmaPipe, load_once, smem_struct, smem_tensors, tma_pipelines, tma_tiles, wait_once
-from stages.common.sm90_smem_p import SmemP, smem_p_mmas, vt_slice_layout
+from stages.common.sm90_kv_slots import check_same_bytes, kv_layouts  # noqa: F401 (check_same_bytes: D2's tests)
+from stages.common.sm90_smem_p import SmemP, smem_p_mmas
 from stages.common.softmax import OnlineSoftmax, final_lse
 from stages.common.masks import mask_scores, zero_kv_rows
 from stages.common.tma import prefetch_descriptors, sm90_tma_load
+from stages.common.device import SMEM_LIMIT  # the largest dynamic shared memory of a CTA
 
-_SMEM_LIMIT = 227 * 1024  # Hopper: largest dynamic shared memory per CTA
-
-
-def _same_bytes_samples(block_n: int, d: int, slice_n: int, stages: int):
-    """(key, col, slot) points where the K and Vᵀ views are compared: every row of the 8-row
-    swizzle pattern and the key mode's boundaries, times the column boundaries of the
-    swizzle atom, of a warpgroup slice and of the tile, in the first and last slot."""
-    keys = sorted({*range(8), 8, 9, block_n // 2, block_n - 1})
-    cols = sorted({c for c in (0, 1, 7, 8, 15, 16, 31, 32, 63, 64, slice_n - 1, slice_n, slice_n + 1, d - 1) if c < d})
-    slots = sorted({0, stages - 1})
-    return [(k, c, s) for s in slots for k in keys for c in cols]
-
-
-def check_same_bytes(k_layout, vt_layout, block_n: int, d: int, slice_n: int, stages: int) -> None:
-    """Trace-time proof that Vᵀ(col, key, slot) and K(key, col, slot) are the same element
-    of the KV slot buffer (sampled; see `_same_bytes_samples`).  Plain Python: the
-    layouts are static, so each evaluation is an int."""
-    for key, col, slot in _same_bytes_samples(block_n, d, slice_n, stages):
-        a, b = k_layout((key, col, slot)), vt_layout((col, key, slot))
-        if a != b:
-            raise ValueError(
-                f"sm90 decode: the V view of the KV tile is not K's bytes: K(key={key}, col={col}, slot={slot}) "
-                f"= {a}, Vᵀ(col, key, slot) = {b}"
-            )
-
-
-def _kv_layouts(dtype, d: int, block_n: int, stages: int, slice_n: int):
-    """Shared-memory layouts of the KV slots, seen two ways (same bytes):
-        K   (block_n, d, stages)  K-major B operand of S = Q·Kᵀ
-        Vᵀ  (d, block_n, stages)  MN-major B operand of O = P·V
-    The swizzle atom is chosen from ONE warpgroup's O slice (slice_n columns) so each
-    slice starts on an atom boundary (a valid wgmma descriptor on its own); both views
-    tile keys first, so an atom holds 8 keys × (atom width) columns in either view."""
-    k_kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, slice_n)
-    k_layout = cute.tile_to_shape(warpgroup.make_smem_layout_atom(k_kind, dtype), (block_n, d, stages), order=(0, 1, 2))
-    vt_layout = vt_slice_layout(dtype, d, block_n, stages, slice_n)
-    check_same_bytes(k_layout, vt_layout, block_n, d, slice_n, stages)
-    return k_layout, vt_layout
 
 
 @dataclass(frozen=True)
@@ -188,8 +152,8 @@ class DecodeSm90:
         self.scale_log2 = math.log2(math.e) / math.sqrt(d)
         self.stages = self.KV_STAGES
         smem = 2 * (self.BLOCK_M * d + self.stages * self.block_n * d + self.BLOCK_M * self.block_n) + 4096
-        if smem > _SMEM_LIMIT:
-            raise ValueError(f"{self.STAGE}: {smem} bytes of shared memory needed, {_SMEM_LIMIT} available")
+        if smem > SMEM_LIMIT:
+            raise ValueError(f"{self.STAGE}: {smem} bytes of shared memory needed, {SMEM_LIMIT} available")
 
     def check_shapes(self, want: dict, O_part, LSE_part) -> None:
         """Trace time: each tensor of `want` ({name: (tensor, shape)}) has the shape the case
@@ -233,7 +197,7 @@ class DecodeSm90:
         qk_mma, pv_mma = smem_p_mmas(dtype, bm, bn, d, self.NUM_MMA_WG)
 
         q_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bm, bn, d), dtype, 1)
-        k_smem, vt_smem = _kv_layouts(dtype, d, bn, self.stages, d // self.NUM_MMA_WG)
+        k_smem, vt_smem = kv_layouts(dtype, d, bn, self.stages, d // self.NUM_MMA_WG)
         p_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bm, d, bn), dtype, 1)
 
         expose(self, p_path="smem", qk_mma=(qk_mma, (bm, bn, d)), pv_mma=(pv_mma, (bm, d, bn)),  # dsv4-lab inspect

@@ -70,6 +70,19 @@ def check_accumulator_is_a_operand(tiled_mma_c, tiled_mma_a, tile_mn):
             )
 
 
+def check_rows_shared(qk_mma, pv_mma, tile_mn, hd: int) -> None:
+    """Trace time, for every thread of warpgroup 0: the rows of S's accumulator (tile_mn) are
+    the rows of O's (tile_mn[0] × hd), in the same order — so α, a row's factor computed beside
+    S, scales O in registers (that P is S's registers is check_accumulator_is_a_operand)."""
+    ident_s = cute.make_identity_tensor(tile_mn)
+    ident_o = cute.make_identity_tensor((tile_mn[0], hd))
+    for t in range(128):
+        thr_s, thr_o = qk_mma.get_slice(t), pv_mma.get_slice(t)
+        rows_s, rows_o = acc_rows_cols(thr_s.partition_C(ident_s)), acc_rows_cols(thr_o.partition_C(ident_o))
+        if [rows_s[r, 0][0] for r in range(cute.size(rows_s, mode=[0]))] != [rows_o[r, 0][0] for r in range(cute.size(rows_o, mode=[0]))]:
+            raise ValueError(f"sm90: S's and O's accumulator rows differ for thread {t}")
+
+
 def qk_tiled_mma(dtype, atoms: tuple, block_m: int, block_n: int):
     """The tiled wgmma of S = Q · Kᵀ, fp32 accumulator: SS (both operands from shared
     memory), Q [rows, hd] and K [keys, hd] row-major, i.e. both K-major; `atoms` the

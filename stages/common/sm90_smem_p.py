@@ -16,16 +16,26 @@ Why
 
 The handshake (named barriers, stages/common/barriers.py; `threads` = every warpgroup that
 meets there)
-    publish     warpgroup 0: bf16(S) → registers; [wait P_EMPTY: the others are done with
+    publish     warpgroup 0: bf16(S) → registers, then publish_p
+    publish_p   warpgroup 0, P already bf16 in S's accumulator layout (stage E: the registers
+                its own register-sourced P·V reads): [wait P_EMPTY: the others are done with
                 the previous P]; stmatrix P into shared memory (a copy tiled like the S
                 accumulator); one lane of each row's quad writes the row factor;
                 fence.proxy.async.shared::cta (the wgmma reads P through the async proxy)
-    wait_full   everyone: P_FULL (all arrive + wait), then P and the row factors are readable
-    rescale     O[row, :] *= row factor, for this thread's rows of its O part
+    arrive_full warpgroup 0, when it does not wait for the others: arrive on P_FULL
+    wait_full   everyone (or the readers only, after arrive_full): P_FULL, then P and the row
+                factors are readable
+    row_factors this thread's rows' factors, into registers (a reader that votes on them)
+    rescale     O[row, :] *= row factor (or another per-row buffer's), for this thread's rows
+                of its O part
     release     a warpgroup other than 0, once its P·V has completed: arrive on P_EMPTY
     wait_empty  warpgroup 0: wait on P_EMPTY (before overwriting P or the factors)
     publish_rows / wait_epilogue
                 the end: warpgroup 0 writes 1/ℓ as the row factor, then EPILOGUE (all)
+
+The barriers are met aligned (`bar.sync` / `bar.arrive`: every participant runs the same
+instruction) unless the kernel passes other `sync` / `arrive` functions: stage E's MMA warpgroups
+each trace their own copy of the loop and meet unaligned (stages/common/unaligned_barriers.py).
 """
 
 from __future__ import annotations
@@ -40,6 +50,16 @@ from stages.common.barriers import NamedBarrier
 from stages.common.inspection import expose
 from stages.common.sm90_idioms import acc_rows_cols, qk_tiled_mma
 from stages.common.softmax import scale_rows
+
+
+def aligned_sync(barrier: int, threads: int) -> None:
+    """bar.sync: wait at named barrier `barrier` until `threads` threads have arrived."""
+    cute.arch.barrier(barrier_id=int(barrier), number_of_threads=threads)
+
+
+def aligned_arrive(barrier: int, threads: int) -> None:
+    """bar.arrive: arrive at named barrier `barrier` without waiting."""
+    cute.arch.barrier_arrive(barrier_id=int(barrier), number_of_threads=threads)
 
 
 def smem_p_mmas(dtype, block_m: int, block_n: int, hd: int, num_wg: int):
@@ -76,16 +96,21 @@ class SmemP:
     handshake between warpgroup 0 (the writer) and the P·V warpgroups (see the module doc).
     Build it in every thread (`create`); the writer's pieces are meaningful in warpgroup 0."""
 
-    def __init__(self, p_store, thr_p_store, tPsP, tScS_rc, s_row, threads: int):
+    def __init__(self, p_store, thr_p_store, tPsP, tScS_rc, s_row, threads: int, sync=aligned_sync,
+                 arrive=aligned_arrive):
         self.p_store, self.thr_p_store, self.tPsP = p_store, thr_p_store, tPsP
         self.tScS_rc = tScS_rc  # (row, key) of this thread's S accumulator, as (rows, columns)
         self.s_row = s_row
         self.threads = threads
+        self.sync, self.arrive = sync, arrive  # how the named barriers are met (see the module doc)
 
     @staticmethod
-    def create(kernel, qk_mma, sP: cute.Tensor, s_row: cute.Tensor, tid_wg, threads: int) -> "SmemP":
+    def create(kernel, qk_mma, sP: cute.Tensor, s_row: cute.Tensor, tid_wg, threads: int, sync=aligned_sync,
+               arrive=aligned_arrive) -> "SmemP":
         """`sP` (block_m, block_n) of P; `tid_wg` the thread's index in its warpgroup; `kernel`
-        is shown the P store for `dsv4-lab inspect` (no code)."""
+        is shown the P store for `dsv4-lab inspect` (no code); `sync` / `arrive` meet a named
+        barrier (aligned by default; stages/common/unaligned_barriers.py's named_sync /
+        named_arrive for warpgroups that meet from different code)."""
         tile = cute.size(sP, mode=[0]), cute.size(sP, mode=[1])
         p_store = cute.make_tiled_copy_C(
             cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), sP.element_type), qk_mma
@@ -93,7 +118,7 @@ class SmemP:
         thr_p_store = p_store.get_slice(tid_wg)
         expose(kernel, p_store=(p_store, qk_mma, tile, tile))  # dsv4-lab inspect; no code
         tScS_rc = acc_rows_cols(qk_mma.get_slice(tid_wg).partition_C(cute.make_identity_tensor(tile)))
-        return SmemP(p_store, thr_p_store, thr_p_store.partition_D(sP), tScS_rc, s_row, threads)
+        return SmemP(p_store, thr_p_store, thr_p_store.partition_D(sP), tScS_rc, s_row, threads, sync, arrive)
 
     @cute.jit
     def publish(self, acc_s: cute.Tensor, row_factor: cute.Tensor, wait_empty) -> None:
@@ -101,6 +126,12 @@ class SmemP:
         shared memory, after waiting for P_EMPTY when `wait_empty` (not on the first tile)."""
         r_p = cute.make_rmem_tensor(acc_s.shape, self.tPsP.element_type)
         r_p.store(acc_s.load().to(self.tPsP.element_type))
+        self.publish_p(r_p, row_factor, wait_empty)
+
+    @cute.jit
+    def publish_p(self, r_p: cute.Tensor, row_factor: cute.Tensor, wait_empty) -> None:
+        """Warpgroup 0: P (`r_p`, already bf16, laid out as S's accumulator) and `row_factor`
+        into shared memory, after waiting for P_EMPTY when `wait_empty`; fenced for the wgmma."""
         if wait_empty:  # the other warpgroups are done with the previous P and factors
             self.wait_empty()
         cute.copy(self.p_store, self.thr_p_store.retile(r_p), self.tPsP)
@@ -115,11 +146,21 @@ class SmemP:
                 self.s_row[self.tScS_rc[r, 0][0]] = values[r]
 
     @cute.jit
-    def rescale(self, acc_o_rc: cute.Tensor, tOcO_rc: cute.Tensor) -> None:
-        """O[row, :] *= the row factor, over this thread's rows of its O part (`acc_o_rc` and
-        its (row, col) coordinates `tOcO_rc`, both as (rows, columns))."""
+    def rescale(self, acc_o_rc: cute.Tensor, tOcO_rc: cute.Tensor, factors=None) -> None:
+        """O[row, :] *= the row factor (or `factors[row]`, another per-row buffer of shared
+        memory), over this thread's rows of its O part (`acc_o_rc` and its (row, col)
+        coordinates `tOcO_rc`, both as (rows, columns))."""
+        rows = self.s_row if factors is None else factors
         for r in cutlass.range_constexpr(cute.size(acc_o_rc, mode=[0])):
-            scale_rows(acc_o_rc, r, self.s_row[tOcO_rc[r, 0][0]])
+            scale_rows(acc_o_rc, r, rows[tOcO_rc[r, 0][0]])
+
+    @cute.jit
+    def row_factors(self, tOcO_rc: cute.Tensor) -> cute.Tensor:
+        """The row factors of this thread's rows of its O part, in registers (fp32)."""
+        out = cute.make_rmem_tensor(cute.size(tOcO_rc, mode=[0]), cutlass.Float32)
+        for r in cutlass.range_constexpr(cute.size(tOcO_rc, mode=[0])):
+            out[r] = self.s_row[tOcO_rc[r, 0][0]]
+        return out
 
     # Loop-invariant: nothing of it changes in the kernel's loops, so it carries no values
     # through them (the tracer still asks, because its methods are called there).
@@ -129,14 +170,17 @@ class SmemP:
     def __new_from_mlir_values__(self, values):
         return self
 
+    def arrive_full(self) -> None:
+        self.arrive(NamedBarrier.P_FULL, self.threads)
+
     def wait_full(self) -> None:
-        cute.arch.barrier(barrier_id=int(NamedBarrier.P_FULL), number_of_threads=self.threads)
+        self.sync(NamedBarrier.P_FULL, self.threads)
 
     def wait_empty(self) -> None:
-        cute.arch.barrier(barrier_id=int(NamedBarrier.P_EMPTY), number_of_threads=self.threads)
+        self.sync(NamedBarrier.P_EMPTY, self.threads)
 
     def release(self) -> None:
-        cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.P_EMPTY), number_of_threads=self.threads)
+        self.arrive(NamedBarrier.P_EMPTY, self.threads)
 
     def wait_epilogue(self) -> None:
-        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=self.threads)
+        self.sync(NamedBarrier.EPILOGUE, self.threads)

@@ -1,0 +1,71 @@
+"""What the kernels size themselves by that belongs to the GPU: the shared memory a CTA may have
+and the number of SMs a launch spreads over.
+
+SMEM_LIMIT    the largest dynamic shared memory of one CTA: 227 KiB (232 448 bytes) on sm_90a
+              and on sm_100a alike (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+sm_count      the SMs of the GPU the case runs on — what the split and part choosers fill and
+              what the in-kernel merge's "whole grid resident" condition is judged against
+              (an H100 SXM or an H200 has 132, an H100 PCIe 114, an H20 78, a B200 148).  The
+              count of CUDA device 0 of this process (as torch.cuda.get_device_properties(0)
+              .multi_processor_count reads it; the driver is asked, so no torch and no CUDA
+              context are needed); with no GPU (compile-only on a CPU) the arch's stated
+              default, DEFAULT_SM_COUNT.  A kernel compiled for one count is built for that
+              count (its grid, its parts, whether it merges): harness/compile.py keys the
+              compile cache by `visible_sm_count()`.
+DSV4_SM_COUNT an environment variable that stands for the GPU's count (a positive int): the
+              kernels, the oracles' scratch sizes and the compile key then take it — to build and
+              run a case as it would be on a GPU of fewer SMs (tests/test_e_gpu.py: a grid larger
+              than the SMs it is told of is not merged in the kernel, and stays correct).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+SMEM_LIMIT = 227 * 1024
+DEFAULT_SM_COUNT = {"sm_90a": 132, "sm_100a": 148}  # H100 SXM / H200; B200
+
+
+ENV = "DSV4_SM_COUNT"
+
+
+def visible_sm_count() -> int | None:
+    """The SM count of CUDA device 0 of this process ($DSV4_SM_COUNT where set), or None where
+    there is no GPU (no driver, no device, or an error from either)."""
+    forced = os.environ.get(ENV, "").strip()
+    if forced:
+        if not forced.isdigit() or int(forced) < 1:
+            raise ValueError(f"{ENV}={forced!r}: must be a positive int (the SM count to build for), or unset")
+        return int(forced)
+    return _driver_sm_count()
+
+
+@functools.cache
+def _driver_sm_count() -> int | None:
+    """The driver's answer for device 0 (asked once a process)."""
+    try:
+        import cuda.bindings.driver as cu
+    except ImportError:
+        return None
+    try:
+        (err,) = cu.cuInit(0)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            return None
+        err, count = cu.cuDeviceGetCount()
+        if err != cu.CUresult.CUDA_SUCCESS or count < 1:
+            return None
+        err, dev = cu.cuDeviceGet(0)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            return None
+        err, sms = cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)
+        return int(sms) if err == cu.CUresult.CUDA_SUCCESS and sms > 0 else None
+    except Exception:  # a driver that cannot answer is no GPU here
+        return None
+
+
+def sm_count(arch: str) -> int:
+    """The SM count a kernel for `arch` is built for: the GPU's here, else the arch's default."""
+    if arch not in DEFAULT_SM_COUNT:
+        raise ValueError(f"sm_count: arch must be one of {sorted(DEFAULT_SM_COUNT)}, got {arch!r}")
+    return visible_sm_count() or DEFAULT_SM_COUNT[arch]
