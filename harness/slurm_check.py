@@ -75,7 +75,7 @@ def check_slurm(root: Path, name: str) -> int:
         say("partition", f"{t.partition}: NOT FOUND ({'; '.join(info.errors or []) or 'sinfo lists nothing'})")
         return 1
     for row in info.rows:
-        say("partition", f"{row['partition']} {row['avail']}: {row['nodes']} node(s) {row['state']}, "
+        say("partition", f"{row['partition'].rstrip('*')} {row['avail']}: {row['nodes']} node(s) {row['state']}, "
                          f"{row['cpus']} CPUs, GPUs {gpus_of(row['gres'])}, time limit {row['timelimit']}")
         ready &= row["avail"] == "up"
     limits = ", ".join(f"{k}={v}" for k, v in sorted((info.limits or {}).items()))
@@ -83,8 +83,8 @@ def check_slurm(root: Path, name: str) -> int:
     acct = (info.config or {}).get("AccountingStorageType", "?")
     say("accounting", f"{acct} — " + ("sacct answers for ended tasks" if acct not in ("accounting_storage/none", "?")
                                       else "none: ended tasks are read from squeue (MinJobAge "
-                                           f"{(info.config or {}).get('MinJobAge', '?')} s) and exit files"))
-    say("job", f"{t.gpus_per_task} GPU(s) per task, time {t.time}, default {t.tasks} task(s)"
+                                           f"{(info.config or {}).get('MinJobAge', '?')}) and exit files"))
+    say("job", f"{t.gpus_per_task} GPU(s) per task, time limit {t.time}, default {t.tasks} task(s)"
                + (f", {' '.join(f'--{k}={v}' for k, v in t.sbatch_options)}" if t.sbatch_options else ""))
     # the shared work folder: written here, read by a probe job on a compute node, and its output read back here
     workdir = f"{t.workdir.rstrip('/')}/{lab_id(root)}.runs"
