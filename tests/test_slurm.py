@@ -236,20 +236,22 @@ def test_array_with_failing_timed_out_and_forging_tasks(slurm_cluster: SlurmClus
 
 
 def test_sigint_cancels_the_array(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
-    lab = make_lab(tmp_path / "lab", _targets(tmp_path / "shared"))
+    """3 tasks of 4 CPUs on an 8-CPU node: two run, one waits (PENDING, Resources); Ctrl-C cancels all."""
+    lab = make_lab(tmp_path / "lab", _targets(tmp_path / "shared", "    sbatch_options: {cpus-per-task: 4}\n"))
     env = {**os.environ, **slurm_cluster.env, **POLL, "DSV4_LAB_ROOT": str(lab), "PYTHONPATH": str(lab)}
     proc = subprocess.Popen([sys.executable, "-m", "cli", "run", "SLOW", "--target", "cl"], cwd=lab, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = ""
     deadline = time.monotonic() + 120
     assert proc.stdout is not None
-    while "RUNNING" not in seen and time.monotonic() < deadline:
+    while not ("RUNNING" in seen and "PENDING (Resources)" in seen) and time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
             break
         seen += line
     assert "RUNNING" in seen, seen
-    assert slurm_cluster.squeue()  # the array is there
+    assert "PENDING (Resources)" in seen, seen
+    assert len(slurm_cluster.squeue()) == 3  # the array is there
     proc.send_signal(signal.SIGINT)
     rest, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, (seen + rest, err)
@@ -268,4 +270,64 @@ def test_targets_check(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:  # 
     assert "MaxTime=01:00:00" in out.stdout
     assert "shared with the compute nodes" in out.stdout, out.stdout
     assert out.returncode == 0, (out.stdout, out.stderr)
+    assert slurm_cluster.squeue() == []
+
+
+NODEFAIL_KERNEL = '''\
+"""The first attempt marks NF_MARK and sleeps (the test takes the node down under it); the next passes."""
+import os
+import time
+from pathlib import Path
+
+
+class Kernel:
+    def __init__(self, n):
+        self.n = n
+
+    def __call__(self, a, b, out):
+        mark = Path(os.environ["NF_MARK"])
+        if not mark.exists():
+            mark.write_text(str(os.getpid()))
+            time.sleep(300)
+        out.copy_(a + b)
+'''
+
+
+def test_node_fail_is_requeued_once(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
+    """NODE_FAIL (the node taken down under a running task): the lab resubmits that task once,
+    with a fresh key; its case then passes and the run exits 0."""
+    lab = make_lab(tmp_path / "lab", _targets(tmp_path / "shared", tasks=1))
+    (lab / "stages" / "nf").mkdir()
+    (lab / "stages" / "nf" / "__init__.py").write_text("")
+    (lab / "stages" / "nf" / "cpu.py").write_text(NODEFAIL_KERNEL)
+    text = (lab / "stages.yaml").read_text().replace("  SLOW:", "  NF:\n    title: node fail\n    dir: stages/nf\n"
+        "    kernels:\n      cpu: {module: stages.nf.cpu, entry: Kernel}\n    tensors: oracles.fake:tensors\n"
+        "    inputs: oracles.fake:make_inputs\n    oracle: oracles.fake:reference\n    matrix:\n      n: [4]\n"
+        "    tolerances:\n      out: {cosine_min: 0.9999}\n    timeout_s: 600\n  SLOW:")
+    (lab / "stages.yaml").write_text(text)
+    git(lab, "add", "-A")
+    git(lab, "commit", "-q", "-m", "nf")
+    mark = tmp_path / "nf.mark"
+    env = {**os.environ, **slurm_cluster.env, **POLL, "DSV4_LAB_ROOT": str(lab), "PYTHONPATH": str(lab),
+           "NF_MARK": str(mark)}
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "run", "NF", "--target", "cl"], cwd=lab, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not mark.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert mark.exists(), proc.communicate(timeout=30)
+        down = slurm_cluster.cmd("scontrol", "update", "nodename=dsv4node", "state=down", "reason=dsv4-test")
+        assert down.returncode == 0, down.stderr
+        time.sleep(3)
+        slurm_cluster.cmd("scontrol", "update", "nodename=dsv4node", "state=resume")
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        slurm_cluster.cmd("scontrol", "update", "nodename=dsv4node", "state=resume")
+    assert proc.returncode == 0, (out, err)
+    assert "NODE_FAIL" in out and "requeued once as job" in out, out
+    recs = _records(lab, "NF")
+    assert [r["status"] for r in recs] == ["pass"], recs
     assert slurm_cluster.squeue() == []
