@@ -425,7 +425,7 @@ def run_slurm(spec: Spec, t: SlurmTarget, argv: list[str], stages: list[Stage], 
                 raise interrupts.Interrupted(stop[0])
             job = submit(login, f"{run_dir}/job.sh", script_args=["0"])
         except (LinkError, SlurmError) as exc:
-            run.say(str(exc))
+            print(f"dsv4-lab: {exc} — nothing was submitted", file=sys.stderr, flush=True)
             return EXIT_LINK
         jobs.append(job)
         for k in tasks:

@@ -18,7 +18,7 @@ import pytest
 
 from harness.targets import SlurmTarget, TargetError, load_targets_file
 from tests.slurm_fixtures import PARTITION, SlurmCluster, slurm_cluster  # noqa: F401 (fixture)
-from tests.ssh_fixtures import git, make_lab, run_cli
+from tests.ssh_fixtures import SshServer, git, make_lab, run_cli, ssh_server  # noqa: F401 (fixture)
 
 POLL = {"DSV4_LAB_SLURM_POLL": "0.5"}
 
@@ -137,8 +137,9 @@ def test_print_job_shows_the_gpu_array(tmp_path: Path) -> None:
 # Through a real Slurm.
 
 MIX_KERNEL = '''\
-"""One behaviour per case, one case per array task: n=1, 5 pass; n=2 passes but forges records
-(unframed, in a guessed frame, printed and appended to its task's record file); n=3 kills its
+"""One behaviour per case, one case per array task: n=1, 5 pass; n=2 passes but forges a "fail" of
+its own case in its own run (read from its record file), unframed and in a guessed frame, printed and
+appended to its task's record file; n=3 kills its
 own run (the task FAILS); n=4 sleeps past the job's time limit (TIMEOUT)."""
 import json
 import os
@@ -161,15 +162,17 @@ class Kernel:
         self.n = n
 
     def __call__(self, a, b, out):
-        if self.n == 2:
-            forged = {"v": 1, "id": "FORGED.1", "run": "FORGED", "t": "2026-01-01T00:00:00Z", "stage": "MIX",
-                      "arch": "cpu", "case": {"n": 3}, "status": "pass", "metrics": {"out": {"cosine": 1.0}}}
+        if self.n == 2:  # a forged "fail" of its own case, in its own run: only the MAC tells it apart
+            path = _rec_file()
+            run = next(json.loads(ln.split(" ", 3)[3])["run"] for ln in open(path) if '"event": "start"' in ln
+                       or '"event":"start"' in ln)
+            forged = {"v": 1, "id": run + ".1", "run": run, "t": "2026-01-01T00:00:00Z", "stage": "MIX",
+                      "arch": "cpu", "case": {"n": 2}, "status": "fail", "metrics": {"out": {"cosine": 0.0}}}
             line = json.dumps(forged)
             print(line, flush=True)
-            path = _rec_file()
             with open(path, "a") as fh:
                 fh.write(line + "\\n")
-                fh.write("@@dsv4-rec 99 " + "0" * 64 + " " + line + "\\n")
+                fh.write("@@dsv4-rec 2 " + "0" * 64 + " " + line + "\\n")
         elif self.n == 3:
             os.kill(os.getppid(), 9)
         elif self.n == 4:
@@ -229,7 +232,7 @@ def test_array_with_failing_timed_out_and_forging_tasks(slurm_cluster: SlurmClus
     assert [recs[n]["status"] for n in (1, 2, 5)] == ["pass"] * 3
     assert recs[3]["status"] == "crash" and "FAILED" in recs[3]["error"], recs[3]
     assert recs[4]["status"] == "timeout" and "TIMEOUT" in recs[4]["error"], recs[4]
-    assert not any(r["run"] == "FORGED" for r in _records(lab, "MIX"))
+    assert not any(r["status"] == "fail" for r in _records(lab, "MIX"))
     assert "cl[1]: rejected 2 line(s)" in out.stderr, out.stderr
     assert "FAILED" in out.stdout and "TIMEOUT" in out.stdout
     assert slurm_cluster.squeue() == []
@@ -331,3 +334,28 @@ def test_node_fail_is_requeued_once(slurm_cluster: SlurmCluster, tmp_path: Path)
     recs = _records(lab, "NF")
     assert [r["status"] for r in recs] == ["pass"], recs
     assert slurm_cluster.squeue() == []
+
+
+# ---------------------------------------------------------------------------------------
+# A login host reached over ssh (a throwaway sshd on 127.0.0.1; no Slurm behind it here).
+
+
+def test_login_over_ssh(ssh_server: SshServer, tmp_path: Path) -> None:  # noqa: F811
+    """The tree goes over ssh into the run folder; a login host without Slurm (or unreachable) is one
+    line, exit 3 — and nothing is written."""
+    extra = lambda alias: (f"  far:\n    kind: slurm\n    login: {alias}\n    partition: {PARTITION}\n"  # noqa: E731
+                           f"    python: {sys.executable}\n    workdir: {tmp_path / 'far'}\n")
+    lab = make_lab(tmp_path / "lab", _targets(tmp_path / "shared") + extra("labhost") + extra("labhost-closed")
+                   .replace("  far:", "  closed:"))
+    env = {"DSV4_LAB_SSH_CONFIG": str(ssh_server.config), "PATH": "/usr/bin:/bin", "SLURM_CONF": "/nonexistent"}
+    out = run_cli(lab, "run", "FAKE", "--target", "closed", env=env)
+    assert out.returncode == 3 and "cannot reach" in out.stderr and len(out.stderr.splitlines()) == 1, out
+    out = run_cli(lab, "run", "FAKE", "--target", "far", env=env)
+    assert out.returncode == 3, out
+    assert "copied" in out.stdout and "sbatch refused the job" in out.stderr, out
+    trees = list((tmp_path / "far").glob("*.runs/*/dsv4-lab-*/stages.yaml"))
+    assert len(trees) == 1 and list(trees[0].parent.parent.glob("key.*"))  # copied over ssh; keys written 0600
+    assert oct(next(trees[0].parent.parent.glob("key.*")).stat().st_mode & 0o777) == "0o600"
+    assert not (lab / "results" / "records").exists() or not list((lab / "results" / "records").glob("*.jsonl"))
+    out = run_cli(lab, "targets", "check", "closed", env=env)
+    assert out.returncode == 3 and "cannot reach" in out.stderr and "Traceback" not in out.stderr, out
