@@ -208,6 +208,7 @@ class _Run:
         self.written: set[str] = set()
         self.known = set(spec.stages)
         self.case_of: dict[tuple[str, str, str], tuple[str, str, dict]] = {}
+        self.started = False  # the lab's own start event is written (at submission)
 
     def say(self, text: str) -> None:
         self.console.print(text, highlight=False, markup=False)
@@ -432,6 +433,7 @@ def run_slurm(spec: Spec, t: SlurmTarget, argv: list[str], stages: list[Stage], 
             k.job = job
         run.event({"run": run.run_id, "t": now_iso(), "event": "start", "target": t.name, "argv": list(argv),
                    "cases": total, "slurm": {"job": job, "tasks": n, "folder": run_dir}})
+        run.started = True
         run.say(f"{t.name}  submitted job array {job} ({n} task(s), partition {t.partition}); "
                 f"cancel with Ctrl-C here or `scancel {job}`")
         code = _follow(run, login, run_dir, jobs, stop)
@@ -579,9 +581,10 @@ def _interrupted(run: _Run, login: Login, jobs: list[str], signum: int, run_dir:
 
 def _finish(run: _Run, code: int | None, lost: str | None) -> int:
     records = [r for k in run.tasks for r in k.records]
-    run.event({"run": run.run_id, "t": now_iso(), "event": "end", "target": run.t.name, "interrupted": lost is not None,
-               "planned": sum(len(k.plan) for k in run.tasks), "counts": status_counts(records),
-               **({"lost": lost} if lost else {})})
+    if run.started:
+        run.event({"run": run.run_id, "t": now_iso(), "event": "end", "target": run.t.name, "interrupted": lost is not None,
+                   "planned": sum(len(k.plan) for k in run.tasks), "counts": status_counts(records),
+                   **({"lost": lost} if lost else {})})
     if records:
         run.console.print(results_table(records))
         for line in summary_lines(records, lost is not None, {}):

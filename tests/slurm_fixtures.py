@@ -3,8 +3,8 @@ Debian's slurm-wlm and munge, all in a temporary folder.
 
 `slurm_cluster` (session scope) generates a munge key, starts `munged --socket ... --key-file ...`
 there, writes a slurm.conf (SlurmctldHost=localhost on free ports, no accounting, one node
-`dsv4node` of 8 CPUs with config_overrides, a CPU partition `cpu` and MinJobAge 600 so ended tasks
-stay visible to squeue), starts slurmctld and slurmd in the foreground, and waits until sinfo shows
+`dsv4node` of 8 CPUs with config_overrides, a CPU partition `cpu`, a partition `urgent` whose jobs
+preempt (cancel) those of `cpu`, and MinJobAge 600 so ended tasks stay visible to squeue), starts slurmctld and slurmd in the foreground, and waits until sinfo shows
 the node idle. The tests reach it through SLURM_CONF. Skipped, with the reason, where it cannot
 start: not root (slurmd runs jobs as their user), binaries missing, or a daemon that dies.
 """
@@ -30,6 +30,7 @@ SLURMCTLD = "/usr/sbin/slurmctld"
 SLURMD = "/usr/sbin/slurmd"
 NODE = "dsv4node"
 PARTITION = "cpu"
+URGENT = "urgent"  # a partition whose jobs preempt (cancel) those of PARTITION
 
 
 @dataclass
@@ -89,7 +90,10 @@ def _slurm_conf(d: Path, ctld_port: int, slurmd_port: int) -> str:
         SlurmdTimeout=30
         MessageTimeout=10
         NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={socket.gethostname()} CPUs=8 RealMemory=2000 State=UNKNOWN
-        PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=60 State=UP
+        PreemptType=preempt/partition_prio
+        PreemptMode=CANCEL
+        PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=60 State=UP PriorityTier=1
+        PartitionName={URGENT} Nodes={NODE} MaxTime=60 State=UP PriorityTier=10
         """)
 
 
@@ -151,7 +155,7 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
             for p, name in ((ctld, "slurmctld"), (slurmd, "slurmd")):
                 if p.poll() is not None:
                     pytest.skip(f"{name} could not start (exit {p.returncode}): {cluster.logs()[-400:]}")
-            out = cluster.cmd("sinfo", "--noheader", "--format=%t", timeout=10)
+            out = cluster.cmd("sinfo", "--noheader", f"--partition={PARTITION}", "--format=%t", timeout=10)
             if out.returncode == 0 and out.stdout.strip() in ("idle", "mix", "alloc"):
                 break
             if time.monotonic() > deadline:

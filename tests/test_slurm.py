@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.targets import SlurmTarget, TargetError, load_targets_file
-from tests.slurm_fixtures import PARTITION, SlurmCluster, slurm_cluster  # noqa: F401 (fixture)
+from tests.slurm_fixtures import PARTITION, URGENT, SlurmCluster, slurm_cluster  # noqa: F401 (fixture)
 from tests.ssh_fixtures import SshServer, git, make_lab, run_cli, ssh_server  # noqa: F401 (fixture)
 
 POLL = {"DSV4_LAB_SLURM_POLL": "0.5"}
@@ -333,6 +333,39 @@ def test_node_fail_is_requeued_once(slurm_cluster: SlurmCluster, tmp_path: Path)
     assert "NODE_FAIL" in out and "requeued once as job" in out, out
     recs = _records(lab, "NF")
     assert [r["status"] for r in recs] == ["pass"], recs
+    assert slurm_cluster.squeue() == []
+
+
+def test_preempted_task_marks_its_cases_skipped(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
+    """A job of a higher-tier partition preempts the lab's task (PreemptMode=CANCEL): its cases are
+    marked skipped, saying PREEMPTED, and the run exits 1 (nothing was proven about them)."""
+    lab = make_lab(tmp_path / "lab", _targets(tmp_path / "shared", "    sbatch_options: {cpus-per-task: 8}\n", tasks=1))
+    env = {**os.environ, **slurm_cluster.env, **POLL, "DSV4_LAB_ROOT": str(lab), "PYTHONPATH": str(lab)}
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "run", "SLOW", "--target", "cl"], cwd=lab, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = ""
+        deadline = time.monotonic() + 120
+        assert proc.stdout is not None
+        while "RUNNING" not in seen and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen += line
+        assert "RUNNING" in seen, seen
+        urgent = slurm_cluster.cmd("sbatch", f"--partition={URGENT}", "--cpus-per-task=8", "--output=/dev/null",
+                                   "--wrap=sleep 1")
+        assert urgent.returncode == 0, urgent.stderr
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = seen + rest
+    assert proc.returncode == 1, (out, err)
+    assert "PREEMPTED" in out, out
+    recs = _records(lab, "SLOW")
+    assert len(recs) == 3 and {r["status"] for r in recs} == {"skipped"}, recs
+    assert all("PREEMPTED" in r["error"] for r in recs)
     assert slurm_cluster.squeue() == []
 
 
