@@ -531,12 +531,27 @@ def _task_ended(run: _Run, login: Login, run_dir: str, jobs: list[str], k: Task)
         jobs.append(k.job)
         run.say(f"{run.t.name}{k.name}  {k.history[-1]}: requeued once as job {k.slurm_id}")
         return
+    _log_tail(run, login, run_dir, k)
     limit = f" (time limit {run.t.time})" if state in ("TIMEOUT", "DEADLINE") else ""
     tail = f", exit code {k.exit_code}" if k.exit_code not in (None, 0) else ""
     earlier = f"; before: {', '.join(k.history)}" if k.history else ""
     run.mark_missing(k, state, f"slurm task {k.slurm_id} ended {state}{limit}{tail} before this case finished"
                                f"{earlier} — its log: {run_dir}/log.{k.index}.{k.attempt}")
     k.done = True
+
+
+def _log_tail(run: _Run, login: Login, run_dir: str, k: Task, lines: int = 8) -> None:
+    """The last lines of a task's Slurm log (what its job printed), on stderr, when it did not complete."""
+    try:
+        out = login.sh(f"tail -n {lines} {q(run_dir)}/log.{k.index}.{k.attempt} 2>/dev/null", timeout=60)
+    except LinkError:
+        return
+    tail = [printable(ln, 300) for ln in out.stdout.decode("utf-8", "replace").splitlines() if ln.strip()]
+    if tail:
+        print(f"dsv4-lab: {run.t.name}{k.name}: job {k.slurm_id} ended {k.state.state}; the end of its log:",
+              file=sys.stderr, flush=True)
+        for ln in tail:
+            print(f"  {ln}", file=sys.stderr, flush=True)
 
 
 def _interrupted(run: _Run, login: Login, jobs: list[str], signum: int, run_dir: str | None) -> int:

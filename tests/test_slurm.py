@@ -231,6 +231,7 @@ def test_array_with_failing_timed_out_and_forging_tasks(slurm_cluster: SlurmClus
     assert sorted(recs) == [1, 2, 3, 4, 5], out.stdout
     assert [recs[n]["status"] for n in (1, 2, 5)] == ["pass"] * 3
     assert recs[3]["status"] == "crash" and "FAILED" in recs[3]["error"], recs[3]
+    assert "cl[3]: job" in out.stderr and "ended FAILED; the end of its log:" in out.stderr, out.stderr
     assert recs[4]["status"] == "timeout" and "TIMEOUT" in recs[4]["error"], recs[4]
     assert not any(r["status"] == "fail" for r in _records(lab, "MIX"))
     assert "cl[1]: rejected 2 line(s)" in out.stderr, out.stderr
@@ -238,8 +239,10 @@ def test_array_with_failing_timed_out_and_forging_tasks(slurm_cluster: SlurmClus
     assert slurm_cluster.squeue() == []
 
 
-def test_sigint_cancels_the_array(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
-    """3 tasks of 4 CPUs on an 8-CPU node: two run, one waits (PENDING, Resources); Ctrl-C cancels all."""
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_stop_signal_cancels_the_array(slurm_cluster: SlurmCluster, tmp_path: Path, sig: int, code: int
+                                       ) -> None:  # noqa: F811
+    """3 tasks of 4 CPUs on an 8-CPU node: two run, one waits (PENDING, Resources); Ctrl-C (SIGTERM) cancels all."""
     lab = make_lab(tmp_path / "lab", _targets(tmp_path / "shared", "    sbatch_options: {cpus-per-task: 4}\n"))
     env = {**os.environ, **slurm_cluster.env, **POLL, "DSV4_LAB_ROOT": str(lab), "PYTHONPATH": str(lab)}
     proc = subprocess.Popen([sys.executable, "-m", "cli", "run", "SLOW", "--target", "cl"], cwd=lab, env=env,
@@ -255,9 +258,9 @@ def test_sigint_cancels_the_array(slurm_cluster: SlurmCluster, tmp_path: Path) -
     assert "RUNNING" in seen, seen
     assert "PENDING (Resources)" in seen, seen
     assert len(slurm_cluster.squeue()) == 3  # the array is there
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     rest, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, (seen + rest, err)
+    assert proc.returncode == code, (seen + rest, err)
     assert "nothing of this run is left queued" in rest, rest
     assert slurm_cluster.squeue() == []
     ends = [e for e in _events(lab) if e["event"] == "end"]
