@@ -300,6 +300,8 @@ def run_cmd(
     first_light: bool = typer.Option(False, "--first-light", help="the first Blackwell session's plan: its cases "
                                                                   "in order, stopping at the first failure "
                                                                   "(docs/BLACKWELL.md); with --target NAME"),
+    print_job: bool = typer.Option(False, "--print-job", help="slurm targets: print the sbatch script the run would "
+                                                              "submit, and submit nothing"),
 ) -> None:
     """Run a stage's matrix (filtered by axis flags like --hd 512); live progress, a table, records."""
     from harness.report import run_local_and_report
@@ -337,6 +339,12 @@ def run_cmd(
         shard_t = (i, n)
     if not emit_jsonl:  # a run that selects no case proves nothing: never exit 0 (one line, exit 1)
         _refuse_empty_run(stages, archs, cases, shard_t, shard)
+    slurm = _slurm_target(spec.root, target, emit_jsonl, print_job)
+    if slurm is not None:  # through the cluster's scheduler (harness/slurm_run.py)
+        from harness.slurm_run import run_slurm
+
+        raise typer.Exit(run_slurm(spec, slurm, argv, stages, archs, cases, gpus=gpus, shard=shard_t,
+                                   print_job=print_job))
     if target != "local":
         from harness.remote_run import run_remote
 
@@ -374,6 +382,17 @@ def _first_light(spec: Spec, ctx: typer.Context, stage: Optional[str], all_: boo
         print(f"dsv4-lab: {exc}", file=sys.stderr)
         code = 2
     raise typer.Exit(code)
+
+
+def _slurm_target(root: Path, target: str, emit_jsonl: bool, print_job: bool):
+    """The slurm target `--target` names (None for local and SSH targets); --print-job needs one."""
+    from harness.targets import slurm_target
+
+    found = None if emit_jsonl or target == "local" else slurm_target(root, target)
+    if print_job and found is None:
+        raise UsageError(f"--print-job: --target {target} is not a slurm target — it prints the sbatch script of a "
+                         "run on a `kind: slurm` target")
+    return found
 
 
 def _refuse_empty_run(stages: list, archs: list[str] | None, cases: dict, shard_t: tuple[int, int] | None,
@@ -547,7 +566,12 @@ def targets_list() -> None:
 def targets_check(name: str = typer.Argument(...)) -> None:
     """Connect to a target; report Python, torch, CuTeDSL, GPUs and the work folder."""
     from harness.target_check import check_cmd
+    from harness.targets import slurm_target
 
+    if slurm_target(lab_root(), name) is not None:  # the partition, its GPUs and limits (sinfo), the shared folder
+        from harness.slurm_check import check_slurm
+
+        raise typer.Exit(check_slurm(lab_root(), name))
     raise typer.Exit(check_cmd(lab_root(), name))
 
 

@@ -125,6 +125,19 @@ def open_sender() -> Sender:
     return _sender
 
 
+def install_sender(key: str, fd: int) -> Sender:
+    """Make the channel's remote end write to `fd` (a Slurm task's record file,
+    harness/slurm_side.py) instead of reading its key from stdin: later `open_sender` calls
+    return it. Points stdout at stderr, as `open_sender` does."""
+    global _sender
+    if not KEY_RE.fullmatch(key):
+        raise ChannelError("not a channel key (64 hex digits)")
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    _sender = Sender(key, fd)
+    return _sender
+
+
 class Receiver:
     """The local end: checks each line's sequence number and MAC."""
 

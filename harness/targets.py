@@ -32,8 +32,19 @@ SCHEMA_VERSION = 1
 
 
 PROOF_KEY = "proof_target"  # user file only: the target `dsv4-lab gate` proves stale cases on
-TARGET_KEYS = {"ssh", "port", "workdir", "python", "gpus", "ssh_options"}
+TARGET_KEYS = {"kind", "ssh", "port", "workdir", "python", "gpus", "ssh_options"}
 TARGET_REQUIRED = {"ssh", "workdir", "python"}
+# `kind: slurm`: a cluster reached through its scheduler (harness/slurm_run.py).
+SLURM_KEYS = {"kind", "login", "port", "ssh_options", "partition", "account", "gpus_per_task", "time", "tasks",
+              "python", "workdir", "sbatch_options"}
+SLURM_REQUIRED = {"login", "partition", "python", "workdir"}
+# sbatch options a slurm target may add (each becomes one `#SBATCH --NAME=VALUE` line); the ones the
+# lab sets itself (array, partition, account, gres, time, output, job-name, requeue) are not here.
+SBATCH_OPTIONS = ("qos", "constraint", "reservation", "mem", "mem-per-gpu", "mem-per-cpu", "cpus-per-task",
+                  "cpus-per-gpu", "exclude", "nodelist", "gres-flags", "comment", "licenses", "nice", "exclusive")
+_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:=@%+/\[\]|&!-]{1,200}$")
+_SLURM_TIME = re.compile(r"^(\d{1,5}|\d{1,5}:\d\d|\d{1,4}:\d\d:\d\d|\d{1,3}-\d{1,2}(:\d\d){0,2})$")
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 # ssh -o options a target may set; anything else belongs in ~/.ssh/config.
 SSH_OPTIONS = {name.lower(): name for name in (
@@ -95,6 +106,44 @@ class Target:
     def where(self) -> str:
         """The ssh destination as messages show it: `host` or `host port 2222`."""
         return self.ssh + (f" port {self.port}" if self.port else "")
+
+
+@dataclass(frozen=True)
+class SlurmTarget:
+    """One Slurm target (`kind: slurm`), as declared (validated): runs go through its scheduler."""
+
+    name: str
+    login: str  # "local" (the lab runs on a login node) or an ssh alias / user@host
+    partition: str
+    workdir: str  # a folder the login and the compute nodes share: the tree and the run folders go there
+    python: str  # the python (or activation command) on the compute nodes
+    account: str | None = None
+    gpus_per_task: int = 1
+    time: str = "1:00:00"  # sbatch --time of each array task
+    tasks: int = 1  # array size when `run` gives no --gpus
+    sbatch_options: tuple[tuple[str, str], ...] = ()
+    port: int | None = None
+    ssh_options: tuple[tuple[str, str], ...] = ()
+    declared: str = ""
+    overrides: str | None = None
+
+    @property
+    def local(self) -> bool:
+        return self.login == "local"
+
+    @property
+    def where(self) -> str:
+        part = f"partition {self.partition}" + (f", account {self.account}" if self.account else "")
+        return f"slurm {part} via " + ("this machine" if self.local else self.login + (
+            f" port {self.port}" if self.port else ""))
+
+    def login_target(self) -> Target:
+        """The login host as an SSH target (only when `login` is not `local`)."""
+        return Target(name=self.name, ssh=self.login, workdir=self.workdir, python=self.python, port=self.port,
+                      ssh_options=self.ssh_options, declared=self.declared, overrides=self.overrides)
+
+
+AnyTarget = Target | SlurmTarget
 
 
 def lab_targets_file(root: Path) -> Path:
@@ -230,10 +279,85 @@ def _parse_ssh_options(ctx: NodeContext, node: Node, key: str) -> tuple[tuple[st
     return tuple(out)
 
 
-def _parse_target(ctx: NodeContext, name: str, node: Node) -> Target:
+def _parse_kind(ctx: NodeContext, fields: dict, key: str) -> str:
+    if "kind" not in fields:
+        return "ssh"
+    value = _string(ctx, fields["kind"][1], f"{key}.kind", "ssh or slurm")
+    if value not in ("ssh", "slurm"):
+        raise ctx.fail(fields["kind"][1], f"{key}.kind", f"{value!r} is not a target kind — write ssh or slurm")
+    return value
+
+
+def _parse_slurm_word(ctx: NodeContext, node: Node, key: str, what: str) -> str:
+    text = _string(ctx, node, key, what)
+    if not _SLURM_NAME.fullmatch(text):
+        raise ctx.fail(node, key, f"{text!r} is not {what} — letters, digits, - _ . only")
+    return text
+
+
+def _parse_sbatch_options(ctx: NodeContext, node: Node, key: str) -> tuple[tuple[str, str], ...]:
+    out = []
+    for knode, vnode in _mapping(ctx, node, key):
+        name = str(_scalar(knode)).strip().lstrip("-").replace("_", "-").lower()
+        ok = f"{key}.{_scalar(knode)}"
+        if name not in SBATCH_OPTIONS:
+            raise ctx.fail(knode, ok, f"not an allowed sbatch option — allowed: {', '.join(SBATCH_OPTIONS)} "
+                                      "(the lab sets array, partition, account, gres, time and output itself)")
+        raw = _scalar(vnode) if isinstance(vnode, ScalarNode) else None
+        if isinstance(raw, bool) or not isinstance(raw, (int, str)) or not str(raw).strip():
+            raise ctx.fail(vnode, ok, f"expected one value, got {_kind(vnode)} — fix the value")
+        value = str(raw).strip()
+        if not _SBATCH_VALUE.fullmatch(value) or value.startswith("-"):
+            raise ctx.fail(vnode, ok, "not a plain sbatch value (spaces, quotes, $, ;, backquotes, a newline or a "
+                                      "leading '-' are refused: no shell fragments) — write the value alone")
+        out.append((name, value))
+    return tuple(out)
+
+
+def _parse_slurm(ctx: NodeContext, name: str, node: Node, fields: dict) -> SlurmTarget:
+    key = f"targets.{name}"
+    for fname, (knode, _) in fields.items():
+        if fname not in SLURM_KEYS:
+            raise ctx.fail(knode, f"{key}.{fname}", f"unknown key of a slurm target — allowed: {', '.join(sorted(SLURM_KEYS))}")
+    for fname in sorted(SLURM_REQUIRED - fields.keys()):
+        raise ctx.fail(node, f"{key}.{fname}", "missing required key of a slurm target — add it (see the example "
+                                               "in targets.yaml)")
+    f = {k: v for k, (_, v) in fields.items()}
+    login_node = f["login"]
+    login = "local" if isinstance(login_node, ScalarNode) and _scalar(login_node) == "local" else \
+        _parse_ssh(ctx, login_node, f"{key}.login")
+    if login == "local" and ("port" in f or "ssh_options" in f):
+        bad = "port" if "port" in f else "ssh_options"
+        raise ctx.fail(f[bad], f"{key}.{bad}", "only for a login host reached over ssh — remove it, or set login "
+                                               "to the ssh alias of the login node")
+    workdir = _parse_workdir(ctx, f["workdir"], f"{key}.workdir")
+    time = _string(ctx, f["time"], f"{key}.time", "a Slurm time limit") if "time" in f else "1:00:00"
+    if not _SLURM_TIME.fullmatch(str(time)):
+        raise ctx.fail(f["time"], f"{key}.time", f"{time!r} is not a Slurm time limit — write minutes, "
+                                                 "HH:MM:SS or D-HH:MM:SS, e.g. \"2:00:00\"")
+    return SlurmTarget(
+        name=name, login=login,
+        partition=_parse_slurm_word(ctx, f["partition"], f"{key}.partition", "a partition name"),
+        account=_parse_slurm_word(ctx, f["account"], f"{key}.account", "an account name") if "account" in f else None,
+        workdir=workdir,
+        python=_string(ctx, f["python"], f"{key}.python", "a python path or command"),
+        gpus_per_task=_parse_int(ctx, f["gpus_per_task"], f"{key}.gpus_per_task", 0, 64, "GPUs per array task")
+        if "gpus_per_task" in f else 1,
+        time=str(time),
+        tasks=_parse_int(ctx, f["tasks"], f"{key}.tasks", 1, 1000, "array tasks") if "tasks" in f else 1,
+        sbatch_options=_parse_sbatch_options(ctx, f["sbatch_options"], f"{key}.sbatch_options")
+        if "sbatch_options" in f else (),
+        port=_parse_int(ctx, f["port"], f"{key}.port", 1, 65535, "a port") if "port" in f else None,
+        ssh_options=_parse_ssh_options(ctx, f["ssh_options"], f"{key}.ssh_options") if "ssh_options" in f else (),
+    )
+
+
+def _parse_target(ctx: NodeContext, name: str, node: Node) -> AnyTarget:
     key = f"targets.{name}"
     pairs = _mapping(ctx, node, key)
     fields = {str(_scalar(k)): (k, v) for k, v in pairs}
+    if _parse_kind(ctx, fields, key) == "slurm":
+        return _parse_slurm(ctx, name, node, fields)
     for fname, (knode, _) in fields.items():
         if fname not in TARGET_KEYS:
             raise ctx.fail(knode, f"{key}.{fname}", f"unknown key — allowed: {', '.join(sorted(TARGET_KEYS))}")
@@ -251,12 +375,12 @@ def _parse_target(ctx: NodeContext, name: str, node: Node) -> Target:
     )
 
 
-def load_targets_file(path: Path, display: str | None = None) -> dict[str, Target]:
+def load_targets_file(path: Path, display: str | None = None) -> dict[str, AnyTarget]:
     """Targets declared in one file ({} when the file is missing or declares none)."""
     return _load_file(path, display, user=False)[0]
 
 
-def _load_file(path: Path, display: str | None, user: bool) -> tuple[dict[str, Target], tuple[str, str] | None]:
+def _load_file(path: Path, display: str | None, user: bool) -> tuple[dict[str, AnyTarget], tuple[str, str] | None]:
     """(targets, (proof_target, where declared) or None) of one file. `proof_target` is a
     personal setting: only the user's file may hold it."""
     ctx = NodeContext(display or str(path), TargetError, " — see the example in targets.yaml")
@@ -290,7 +414,7 @@ def _load_file(path: Path, display: str | None, user: bool) -> tuple[dict[str, T
     tnode = fields.get("targets", (None, None))[1]
     if is_empty(tnode):  # `targets:` with every entry commented out, as the shipped example is
         return {}, proof
-    targets: dict[str, Target] = {}
+    targets: dict[str, AnyTarget] = {}
     for knode, vnode in _mapping(ctx, tnode, "targets"):
         name = str(_scalar(knode))
         if not _NAME_RE.fullmatch(name):
@@ -302,7 +426,7 @@ def _load_file(path: Path, display: str | None, user: bool) -> tuple[dict[str, T
     return targets, proof
 
 
-def load_targets(root: Path) -> dict[str, Target]:
+def load_targets(root: Path) -> dict[str, AnyTarget]:
     """The lab's targets, with the user's entries replacing the lab's of the same name."""
     lab_path, user_path = lab_targets_file(root), user_targets_file()
     merged = dict(load_targets_file(lab_path, _display(lab_path, root)))
@@ -345,8 +469,20 @@ def resolve_targets(root: Path, spec: str, what: str = "--target") -> list[Targe
             known = ", ".join(sorted(declared)) or "none yet"
             raise TargetError(f"{what} {n}: no such target (declared: {known}) — add it to {TARGETS_NAME} "
                               f"or {_display(user_targets_file(), root)}")
-        out.append(declared[n])
+        t = declared[n]
+        if isinstance(t, SlurmTarget):
+            raise TargetError(f"{what} {spec}: {n} is a slurm target ({t.declared}) — it runs alone, through its "
+                              f"scheduler: `dsv4-lab run STAGE --target {n}`")
+        out.append(t)
     return out
+
+
+def slurm_target(root: Path, spec: str) -> SlurmTarget | None:
+    """The slurm target `spec` names, or None when it names SSH targets (or `local`)."""
+    if "," in spec or spec == "local":
+        return None
+    t = load_targets(root).get(spec.strip())
+    return t if isinstance(t, SlurmTarget) else None
 
 
 # ---------------------------------------------------------------------------------------
@@ -372,7 +508,7 @@ def list_cmd(root: Path) -> int:
         table.add_column(col)
     for t in sorted(targets.values(), key=lambda t: t.name):
         declared = t.declared + (f" (overrides {t.overrides})" if t.overrides else "")
-        table.add_row(*(escape(str(x)) for x in (t.name, t.where, t.workdir, t.python,
-                                                  ",".join(map(str, t.gpus)) or "all", declared)))
+        gpus = f"{t.gpus_per_task} per task" if isinstance(t, SlurmTarget) else ",".join(map(str, t.gpus)) or "all"
+        table.add_row(*(escape(str(x)) for x in (t.name, t.where, t.workdir, t.python, gpus, declared)))
     console.print(table)
     return 0

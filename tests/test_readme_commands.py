@@ -85,6 +85,10 @@ SKIPPED: dict[str, str] = {
     "dsv4-lab gate --target NAME": "needs an SSH target; tests/test_gate_target.py (a throwaway sshd)",
     "dsv4-lab targets check NAME": "needs an SSH target; tests/test_targets.py (a throwaway sshd)",
     "dsv4-lab run stage-D1 --target b200": "needs the SSH target b200; tests/test_targets.py",
+    "dsv4-lab run stage-D1 --target cluster": "needs a Slurm cluster; tests/test_slurm.py (a throwaway slurmctld)",
+    "dsv4-lab run stage-D1 --target cluster --gpus 8 --print-job": "needs the slurm target cluster; "
+                                                                    "tests/test_slurm.py::test_print_job_shows_the_gpu_array",
+    "dsv4-lab targets check cluster": "needs a Slurm cluster; tests/test_slurm.py::test_targets_check",
 }
 
 # Exit codes the README documents where 0 is not the answer on this machine.
