@@ -605,7 +605,7 @@ def inspect_cmd(
     """Trace-time layouts of the first matching case (no GPU): each MMA's atom, tiler, TV
     layouts and fragments, shared-memory swizzles, TMEM columns, and the agreement checks
     (e.g. the Q·Kᵀ accumulator vs the P·V A operand). Exit 1 names a check that fails."""
-    from harness import inspect as inspection
+    from harness import kernelinspect as inspection
 
     spec = _spec()
     st = spec.stage(stage)
