@@ -60,6 +60,7 @@ def _main_options(version: bool = typer.Option(False, "--version", is_eager=True
                                                help="print the lab's version (and CuTeDSL's, torch's) and exit")) -> None:
     """Staged kernel lab for DeepSeek-V4 attention: run, gate, dashboard."""
 
+
 def build_app(commands: list[Command], axis_help_text: bool = False) -> typer.Typer:
     """The typer app of the registry's commands (harness/commands/), in its order; with
     `axis_help_text`, each command that takes axis filters lists them in its --help."""
