@@ -212,7 +212,8 @@ def launch_smem_bytes(ir_text: str) -> list[int]:
     return found
 
 
-def _fake_tensor(spec):
+def fake_tensor(spec):
+    """A CuTeDSL fake (compact, shape-only) tensor for a TensorSpec: what `compile` and `inspect` trace with."""
     import cutlass
     from cutlass.cute.runtime import make_fake_compact_tensor
 
@@ -222,6 +223,9 @@ def _fake_tensor(spec):
     }
     order = tuple(range(len(spec.shape) - 1, -1, -1))  # row-major: last mode fastest
     return make_fake_compact_tensor(dtypes[spec.dtype], tuple(spec.shape), stride_order=order, assumed_align=16)
+
+
+_fake_tensor = fake_tensor  # the name before it was public (tests/test_e_sm100.py reads it)
 
 
 def failed(root: Path, arch: str, exc: BaseException, key: str = "", seconds: float = 0.0) -> CompileResult:
@@ -257,7 +261,7 @@ def compile_case(root: Path, stage: Stage, arch: str, case: dict[str, Any], keep
         kref = stage.kernels[arch]
         kernel_cls = _load_attr(kref.module, kref.entry)
         kernel = kernel_cls(**{k: case[k] for k in stage.kernel_params})
-        fakes = [_fake_tensor(s) for s in tensor_specs(stage, case)]
+        fakes = [fake_tensor(s) for s in tensor_specs(stage, case)]
         compiled = cute.compile(kernel, *fakes, make_fake_stream())
         # CUTE_DSL_KEEP=ptx,cubin (set per process) dumps both into CUTE_DSL_DUMP_DIR.
         # __ptx__ holds the PTX text, or the path of the dumped file, depending on the build.

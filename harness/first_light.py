@@ -168,7 +168,7 @@ def run_plan(spec: Spec, run_step: Callable[[Stage, Case, list[str]], int], *, s
     return 0
 
 
-def first_light(spec: Spec, target: str | None, *, debug_hangs_supported: bool) -> int:
+def first_light(spec: Spec, target: str | None) -> int:
     """The command: on `target` (a targets.yaml name, or local), run the plan.  Local without an
     sm_100 device (this machine): say so and exit 1 — nothing is run, nothing proved."""
     if not target or target == "local":
@@ -182,21 +182,15 @@ def first_light(spec: Spec, target: str | None, *, debug_hangs_supported: bool) 
 
         resolve_targets(spec.root, target)  # an unknown target: one line (TargetError) before any step
     plan_cases(spec)  # a label the matrix lost: one line before anything runs
-    if not debug_hangs_supported:
-        print("dsv4-lab: --first-light runs every step with --debug-hangs, which this lab's `run` does not have yet "
-              "(issue 34 item 2) — the steps run without it", file=sys.stderr)
 
     def run_step(stage: Stage, case: Case, argv: list[str]) -> int:
-        if not debug_hangs_supported:
-            argv = [a for a in argv if a != "--debug-hangs"]
         if target and target != "local":
             from harness.remote_run import run_remote
 
             return run_remote(spec, target, argv, [stage], [ARCH], {stage.id: [case]})
         from harness.report import run_local_and_report
 
-        kw = {"debug_hangs": True} if debug_hangs_supported else {}
         return run_local_and_report(spec, [stage], [ARCH], {stage.id: [case]}, bench=False, gpus=None,
-                                    workers_per_gpu=1, timeout=None, seed=0, argv=argv, record=True, **kw)
+                                    workers_per_gpu=1, timeout=None, seed=0, argv=argv, record=True, debug_hangs=True)
 
     return run_plan(spec, run_step)

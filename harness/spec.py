@@ -21,6 +21,7 @@ from typing import Any
 from yaml.nodes import Node, ScalarNode, SequenceNode
 
 from harness.labels import value_text
+from harness.optionnames import RESERVED_AXES  # axis names the command line takes for its own options
 from harness.peers import PEER_NAMES, PROBLEMS
 from harness.yamlnodes import TOP, NodeContext, kind as _kind, mapping as _mapping, one_line, read_file
 from harness.yamlnodes import scalar as _scalar
@@ -49,10 +50,6 @@ TOLERANCE_RANGES: dict[str, tuple[float, float | None, bool]] = {
 COSINE_MIN_FLOOR = 0.9
 REL_L2_MAX_CEILING = 0.5
 
-# Axis names that would be read as the lab's own options (`--arch`, `--where` …), not as filters.
-RESERVED_AXES = {"all", "arch", "bench", "where", "target", "gpus", "workers_per_gpu", "timeout", "seed",
-                 "emit_jsonl", "shard", "keep", "help", "force", "no_run", "watch", "interval", "diff",
-                 "traceback", "json", "compile_only", "peers", "reps", "gpu", "fp8", "debug_hangs"}
 _FILTER_CHARS = set(",=|")  # they separate filters (`--where hd=64|128,n=256`) and case labels
 _NONE = object()
 

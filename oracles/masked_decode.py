@@ -366,10 +366,40 @@ def merge_flops(case: dict[str, Any]) -> float:
 
 def torch_merge(inputs: dict, case: dict[str, Any]):
     """Peer for timing (`run --bench`): D5 as PyTorch users write it, bf16 on the GPU,
-    gather-free — the bench peer's own function (harness/peers/torch_plain.py sink_decode: the
-    branches side by side, two batched matmuls, the masks, logsumexp and the sink).  The inputs
-    hold a NaN sink when the case has none, which sink_decode reads as "no sink"."""
-    from harness.peers.torch_plain import sink_decode
-
+    gather-free — `sink_decode` below, which the bench peer torch_plain reuses
+    (harness/peers/torch_plain.py).  The inputs hold a NaN sink when the case has none, which
+    sink_decode reads as "no sink"."""
     return sink_decode(inputs["Q"], inputs["KV_main"], inputs["KV_swa"], inputs["main_lens"], inputs["swa_lens"],
                        inputs["sink"])
+
+
+def sink_decode(q, kv_main, kv_swa, main_lens, swa_lens, sink):
+    """DSV4 decode over two key branches under one softmax, with the attention sink, in bf16
+    PyTorch (two batched matmuls, masks, logsumexp). q [b, s_q, h_q, d]; kv_main [b, n_main, d]
+    (key j valid iff j < main_lens[b]); kv_swa [b, n_swa, d] (valid iff j < swa_lens[b] and
+    j ≤ swa_lens[b] − s_q + t for query token t); sink [h_q] (NaN: no sink). Returns O
+    [b, s_q, h_q, d] and LSE [b, h_q, s_q] (+inf for a row with no valid key, whose O is 0)."""
+    import torch
+
+    b, s_q, h_q, d = q.shape
+    n_main, n_swa = kv_main.shape[1], kv_swa.shape[1]
+    kv = torch.cat([kv_main, kv_swa], dim=1)  # [b, n_main + n_swa, d]
+    dev = kv.device
+    t = torch.arange(s_q, device=dev)
+    js = torch.arange(n_swa, device=dev)
+    ml = main_lens.long()[:, None, None]
+    sl = swa_lens.long()[:, None, None]
+    ok_m = (torch.arange(n_main, device=dev)[None, None, :] < ml).expand(b, s_q, -1)
+    ok_s = (js[None, None, :] < sl) & (js[None, None, :] <= sl - s_q + t[None, :, None])
+    ok = torch.cat([ok_m, ok_s], dim=-1)  # [b, s_q, n]
+    kv = torch.where(ok.any(dim=1)[..., None], kv, torch.zeros_like(kv))  # rows nobody sees may hold NaN
+    s = torch.bmm(q.reshape(b, s_q * h_q, d), kv.transpose(1, 2)).float().reshape(b, s_q, h_q, -1) * (1.0 / math.sqrt(d))
+    s = s.masked_fill(~ok[:, :, None, :], -math.inf)
+    lse = torch.logsumexp(s, dim=-1)  # [b, s_q, h_q]
+    prob = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    o = torch.bmm(prob.reshape(b, s_q * h_q, -1).to(kv.dtype), kv).reshape(b, s_q, h_q, d)
+    factor = torch.sigmoid(lse - sink[None, None, :])  # 1 / (1 + e^(sink − lse))
+    factor = torch.where(torch.isnan(sink)[None, None, :], torch.ones_like(factor), factor)
+    o = o * torch.where(torch.isneginf(lse), torch.zeros_like(factor), factor)[..., None].to(o.dtype)
+    lse = torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse)
+    return o, lse.permute(0, 2, 1)

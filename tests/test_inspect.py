@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import inspect as insp
+from harness import kernelinspect as insp
 from harness.compile import tensor_specs
 from harness.matrix import expand
 from harness.spec import KernelRef, load_spec

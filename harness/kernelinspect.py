@@ -420,10 +420,10 @@ def trace_case(root: str, module: str, entry: str, params: dict[str, Any], specs
         import cutlass.cute as cute
         from cutlass.cute.runtime import make_fake_stream
 
-        from harness.compile import _fake_tensor
+        from harness.compile import fake_tensor
 
         kernel = getattr(importlib.import_module(module), entry)(**params)
-        cute.compile(kernel, *[_fake_tensor(s) for s in specs], make_fake_stream())
+        cute.compile(kernel, *[fake_tensor(s) for s in specs], make_fake_stream())
     except Exception as exc:  # the kernel's own error (or its own trace-time check) is the report
         rec.report.error = describe(exc, Path(root))
         if os.environ.get("DSV4_LAB_DEBUG"):

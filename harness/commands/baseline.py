@@ -1,0 +1,65 @@
+"""`dsv4-lab baseline accept|show|drop`: the metric values a case must keep (results/baselines.yaml)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from harness.baselines import BaselineError
+from harness.commands.base import Command, Group, UsageError, archs_of, cases_of, option, spec_here
+from harness.paths import lab_root
+
+BASELINE = Group("baseline", "Baselines: the metric values a case must keep.")
+
+
+def accept(
+    ctx: typer.Context,
+    stage: str = typer.Argument(...),
+    arch: str = option("arch", "all"),
+    where: Optional[str] = option("where", None),
+    compile_only: bool = option("compile_only", False,
+                                help="baseline what compiling proves (status, registers, spills, smem, instruction "
+                                     "inventory) even where a passing result exists"),
+) -> None:
+    """Make the newest passing, fresh result of each selected case its baseline; for an arch no
+    device here runs (sm_100a), what compiling proves."""
+    from harness import baselines
+
+    spec = spec_here()
+    st = spec.stage(stage)
+    raise typer.Exit(baselines.accept(spec, st, archs_of(arch), cases_of(st, ctx.args, where),
+                                      compile_only=compile_only))
+
+
+def show(ctx: typer.Context, stage: Optional[str] = typer.Argument(None), arch: str = option("arch", "all"),
+         where: Optional[str] = option("where", None)) -> None:
+    """The baselines, per stage, arch and case (filters: --arch, axis flags like --hd 64, --where)."""
+    from harness import baselines
+
+    if stage is None:
+        if ctx.args or where:
+            raise UsageError("axis filters need a stage, e.g. dsv4-lab baseline show stage-D1 --hd 64")
+        raise typer.Exit(baselines.show(lab_root(), None, archs_of(arch)))
+    spec = spec_here()
+    st = spec.stage(stage)
+    cases = cases_of(st, ctx.args, where) if (ctx.args or where) else None
+    raise typer.Exit(baselines.show(spec.root, st, archs_of(arch), cases))
+
+
+def drop(
+    ctx: typer.Context,
+    stage: str = typer.Argument(...),
+    arch: str = option("arch", "all"),
+    where: Optional[str] = option("where", None),
+) -> None:
+    """Remove the baselines of the selected cases."""
+    from harness import baselines
+
+    spec = spec_here()
+    st = spec.stage(stage)
+    raise typer.Exit(baselines.drop(spec, st, archs_of(arch), cases_of(st, ctx.args, where)))
+
+
+COMMANDS = [Command(name, fn, group=BASELINE, axes="matrix", errors=(BaselineError,))
+            for name, fn in (("accept", accept), ("show", show), ("drop", drop))]

@@ -1,0 +1,46 @@
+"""`dsv4-lab bench STAGE [filters] [--peers]`: time the kernel at the stage's bench shapes."""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Optional
+
+import typer
+
+from harness.bench import BenchError
+from harness.commands.base import Command, UsageError, filter_pairs, option, precheck, spec_here
+
+
+def bench_cmd(
+    ctx: typer.Context,
+    stage: str = typer.Argument(..., help="stage name, e.g. stage-D1 or D1"),
+    peers: bool = option("peers", False, help="also time the bench block's peers on the same inputs"),
+    where: Optional[str] = option("where", None, help="filters on the bench shapes, e.g. hd=128,n=4096"),
+    reps: int = option("reps", 30, help="timed repetitions (each a CUDA graph of many launches)"),
+    timeout: float = option("timeout", 600.0, help="seconds per bench shape (compile excluded)"),
+    seed: int = option("seed", 0, help="base seed of the input generators"),
+    gpu: int = option("gpu", 0, help="the GPU index to time on"),
+) -> None:
+    """Time the kernel at the stage's bench shapes (stages.yaml bench:), beside its peers
+    (--peers), as a fraction of the GPU's roofline (dsv4-lab calibrate). Exit 0 only when every
+    shape passed its check and was timed."""
+    from harness import bench
+
+    spec = spec_here()
+    st = spec.stage(stage)
+    if not (1 <= reps <= 10000):
+        raise UsageError(f"--reps {reps}: give 1 to 10000")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise UsageError(f"--timeout {timeout:g}: must be a finite number of seconds > 0")
+    pairs = filter_pairs(ctx.args, where)
+    bench.plan_cases(st, pairs)  # bad filters or no bench block: one line before anything is imported
+    from harness.environment import gpu_capabilities
+
+    if gpu_capabilities():  # the stage contract, before compiling and timing (no GPU: nothing will run)
+        precheck(spec, [st])
+    raise typer.Exit(bench.main(spec.root, st, pairs, peers=peers, reps=reps, timeout_s=timeout, seed=seed, gpu=gpu,
+                                argv=["bench"] + sys.argv[2:]))
+
+
+COMMANDS = [Command("bench", bench_cmd, axes="bench", errors=(BenchError,))]
