@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from harness.labels import case_label
-from harness.records import Record
+from harness.records import Record, run_peer_us
 from harness.statuses import STYLE
 
 
@@ -44,8 +44,9 @@ def case_line(rec: Record) -> str:
     timing = rec.timing or {}
     if isinstance(timing.get("us"), (int, float)):
         parts.append(f"{timing['us']:.2f} µs")
-        if isinstance(timing.get("peer_us"), (int, float)):
-            parts.append(f"(torch {timing['peer_us']:.2f} µs)")
+        peer = run_peer_us(rec)
+        if peer is not None:
+            parts.append(f"(torch {peer:.2f} µs)")
     if rec.status == "compiled" and rec.note:
         parts.append(f"[dim]{escape(printable(rec.note, 200))}[/]")
     elif rec.error and rec.status != "pass":

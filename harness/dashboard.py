@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.baselines import load as load_baselines
-from harness.bench import is_bench
+from harness.records import is_bench
 from harness.labels import case_label
 from harness.identity import source_hash
 from harness.matrix import count

@@ -94,10 +94,33 @@ class Record:
 
     @property
     def is_bench(self) -> bool:
-        return self.note == BENCH_NOTE
+        return is_bench(self)
 
     def metric(self, output: str, name: str) -> float | None:
         return (self.metrics.get(output) or {}).get(name)
+
+
+def is_bench(record: Any) -> bool:
+    """Whether a record is a bench result (its case is a bench shape, not a test case)."""
+    return getattr(record, "note", None) == BENCH_NOTE
+
+
+def peer_times(timing: dict[str, Any] | None) -> dict[str, float]:
+    """{peer name: µs} of a record's timing: its flat `peer_<name>_us` keys, and the `peer_us` of a
+    `run --bench` record written before those keys (the stage's PyTorch peer), as "torch"."""
+    out: dict[str, float] = {}
+    for key, value in (timing or {}).items():
+        if key.startswith("peer_") and key.endswith("_us") and _finite(value):
+            out[key[5:-3] or "torch"] = value
+    return out
+
+
+def run_peer_us(record: Any) -> float | None:
+    """The µs of a `run --bench` record's peer (the stage's PyTorch peer: one), whichever format;
+    None for a bench record (its peers are `peer_times`) or a record without one."""
+    if is_bench(record):
+        return None
+    return next(iter(peer_times(getattr(record, "timing", None)).values()), None)
 
 
 def _line(d: dict[str, Any]) -> str:

@@ -34,7 +34,8 @@ from harness.records import (Record, RecordWriter, append_event, new_run_id, now
                              status_counts)
 from harness.spec import Spec, Stage
 from harness.statuses import FAILING
-from harness.worker import Job, WorkerHandle
+from harness.executor import Job, job_for
+from harness.worker import WorkerHandle
 
 
 
@@ -390,16 +391,9 @@ class Runner:
 
     def _serve_one(self, handle: WorkerHandle, task: Task, res: CompileResult) -> None:
         s = task.stage
-        job = Job(
-            stage=s.id, arch=task.arch, case=task.case.dict, kernel_params=s.kernel_params,
-            kernel_module=s.kernels[task.arch].module, kernel_entry=s.kernels[task.arch].entry,
-            tensors=(s.tensors.module, s.tensors.name), inputs=(s.inputs.module, s.inputs.name),
-            oracle=(s.oracle.module, s.oracle.name),
-            flops=(s.flops.module, s.flops.name) if s.flops else None,
-            peer=(s.peer.module, s.peer.name) if s.peer else None,
-            seed=_seed(s.id, task.case.dict, self.opts.seed),
-            object_path=res.object_path, prefix=res.prefix, bench=self._bench_this(task),
-        )
+        job = job_for(s, task.arch, task.case.dict, self.opts.seed, Job,
+                      peer=(s.peer.module, s.peer.name) if s.peer else None,
+                      object_path=res.object_path, prefix=res.prefix, bench=self._bench_this(task))
         timeout = self.opts.timeout_s if self.opts.timeout_s is not None else s.timeout_s
         out = handle.run(job, timeout)
         if self._stop.is_set():  # interrupted: the case did not finish, it is not a crash
@@ -421,12 +415,6 @@ class Runner:
             return False
         want = task.stage.bench
         return all(task.case.dict.get(k) == v for k, v in want.items())
-
-
-def _seed(stage: str, case: dict, base: int) -> int:
-    from oracles.common import case_seed
-
-    return case_seed(stage, case, base)
 
 
 def tasks_for(stages: Iterable[Stage], archs: list[str] | None,
