@@ -162,17 +162,18 @@ def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], peers: bool = F
 
     from harness.compile import Compiler
     from harness.identity import code_identity
-    from harness.records import Record, RecordWriter, append_event, new_run_id, now_iso, runs_file
+    from harness.records import Record, RunLog, now_iso
 
-    run_id = new_run_id()
-    writer = RecordWriter(root)
+    log = RunLog(root)
+    run_id = log.run_id
     code = code_identity(root, stage, arch)
-    append_event(runs_file(root), {"run": run_id, "t": now_iso(), "event": "start", "target": "local",
-                                   "argv": argv or [], "cases": len(cases), "bench": True})
+    log.plan(target="local", argv=argv or [], cases=len(cases), bench=True)
+    log.start()
     compiler = Compiler(root)
     futures = [compiler.submit(stage, arch, case) for case in cases]
     counts: dict[str, int] = {}
     timed = 0
+    interrupted = False
     warn: list[str] = []
     try:
         for i, (case, fut) in enumerate(zip(cases, futures), 1):
@@ -200,17 +201,17 @@ def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], peers: bool = F
                              timing=timing, error=out.get("error"), trace=out.get("trace"), env=out.get("env") or {},
                              compile=res.summary())
             rec.t = now_iso()
-            writer.write(rec)
+            log.write(rec)
             counts[rec.status] = counts.get(rec.status, 0) + 1
             _print_row(console, rec)
     except KeyboardInterrupt:
+        interrupted = True
         console.print("interrupted: the finished shapes are recorded")
         return 130
     finally:
         compiler.close(cancel=True)
-        writer.close()
-        append_event(runs_file(root), {"run": run_id, "t": now_iso(), "event": "end", "planned": len(cases),
-                                       "counts": counts})
+        log.close()
+        log.end(interrupted, planned=len(cases), counts=counts)
     for w in warn[:3]:
         console.print(f"warning: {w}")
     console.print(f"records: results/records/{stage.id}.jsonl (run {run_id})")
