@@ -106,3 +106,25 @@ def test_bench_shape_runs_in_the_supervised_worker(lab_path):
     raised = run_job(lab_path, _bench_job("raise"), 120)
     assert raised["status"] == "error" and "kernel raised on purpose" in raised["error"]
     assert "cpu.py" in raised["error"]  # the user's file:line, as for a test case
+
+
+@pytest.mark.gpu
+def test_run_bench_on_a_gpu_records_the_flat_peer_keys(project_root, tmp_path):
+    """On a GPU: `run --bench` times its bench case and the stage's PyTorch peer, recorded as
+    `peer_torch_attention_us` / `_ratio` (as `bench` names its peers), never `peer_us`."""
+    import shutil
+
+    from harness.records import read_records
+    from tests.conftest import run_cli
+
+    lab = tmp_path / "lab"  # a copy: the test's records never land in the lab's own notebook
+    shutil.copytree(project_root, lab, ignore=shutil.ignore_patterns(".git", ".cache", ".device", ".peers", "results",
+                                                                     "__pycache__"))
+    r = run_cli(["run", "stage-D1", "--hd", "512", "--n", "1024", "--arch", "sm_90a", "--bench"], cwd=lab,
+                timeout=900, env_extra={"DSV4_LAB_ROOT": str(lab)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    timed = [x for x in read_records(lab, ["D1"]) if x.timing]
+    assert timed, r.stdout
+    t = timed[-1].timing
+    assert "peer_us" not in t and t["peer_torch_attention_us"] > 0 and t["peer_torch_attention_ratio"] > 0
+    assert run_peer_us(timed[-1]) == t["peer_torch_attention_us"]
