@@ -30,7 +30,7 @@ from pathlib import Path
 from harness.inventories import Stores
 from harness.jsonl import replace_file
 from harness.safeio import read_regular
-from harness.records import _read_archive, archive_file, runs_archive_file, runs_file, stage_file
+from harness.records import _read_archive, archive_file, code_src, is_fresh, runs_archive_file, runs_file, stage_file
 
 
 def _inlined(lines: list[bytes], store: Stores) -> tuple[list[bytes], int]:
@@ -116,9 +116,8 @@ def archive_stale(root: Path, stage_id: str, current_src: dict[str, str]) -> tup
 
     def stale(obj) -> bool:
         arch = obj.get("arch") if isinstance(obj, dict) else None
-        code = obj.get("code") if isinstance(obj, dict) else None
-        src = code.get("src") if isinstance(code, dict) else None
-        return isinstance(arch, str) and arch in current_src and isinstance(src, str) and src != current_src[arch]
+        return (isinstance(arch, str) and arch in current_src and code_src(obj) is not None
+                and not is_fresh(obj, current_src[arch]))
 
     path = stage_file(root, stage_id)
     archive = archive_file(path)

@@ -47,13 +47,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import yaml
-from yaml.nodes import MappingNode, Node, SequenceNode
+from yaml.nodes import Node
 
 from harness import yamlnodes
 from harness.labels import case_label
 from harness.paths import cache_dir, results_dir
 from harness.notebooklock import LockError, open_lock
-from harness.records import Record
+from harness.records import Record, newest, shows_compile  # noqa: F401  (shows_compile: named here too)
 from harness.safeio import Unsafe, open_regular
 from harness.spec import ARCH_KEYS
 
@@ -290,40 +290,6 @@ def _represent_mapping(dumper: yaml.SafeDumper, data: dict) -> yaml.MappingNode:
 _NoAliasDumper.add_representer(dict, _represent_mapping)
 
 
-def _loader():
-    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-def _refuse_aliases(text: str) -> int | None:
-    """The line of the first YAML anchor or alias (the lab never writes one; refusing them
-    rules out amplification bombs), or None."""
-    if "&" not in text and "*" not in text:
-        return None
-    try:
-        for tok in yaml.scan(text, Loader=_loader()):
-            if isinstance(tok, (yaml.AnchorToken, yaml.AliasToken)):
-                return tok.start_mark.line + 1
-    except yaml.YAMLError:
-        return None  # the parse below reports it
-    return None
-
-
-def _line_of(node: Node | None, keys: tuple) -> int:
-    """The line of the value at `keys` (as deep as it exists), for a message."""
-    line = node.start_mark.line + 1 if node is not None else 1
-    for k in keys:
-        if not isinstance(node, MappingNode):
-            break
-        for knode, vnode in node.value:
-            if knode.value == str(k):
-                line = knode.start_mark.line + 1
-                node = vnode
-                break
-        else:
-            break
-    return line
-
-
 def _results_folder(root: Path) -> None:
     """BaselineError (one line) when results/ is there but is no folder (the notebook is gone)."""
     folder = results_dir(root)
@@ -369,7 +335,7 @@ def load(root: Path, must_exist: bool = False) -> list[Baseline]:
     cached = _cached(parsed, digest)
     if cached is not None:  # these very bytes were read and found valid before
         return cached
-    alias = _refuse_aliases(text)
+    alias = yamlnodes.anchor_line(text)
     if alias is not None:
         raise BaselineError(f"{shown}:{alias}: YAML anchors and aliases are not allowed here — write the values out")
     node = yamlnodes.compose(text, yamlnodes.NodeContext(shown, BaselineError), max_nodes=MAX_NODES)
@@ -383,7 +349,7 @@ def load(root: Path, must_exist: bool = False) -> list[Baseline]:
         items = _tree(doc)
     except _Bad as bad:
         key = ".".join(str(k) for k in bad.keys) or "(top level)"
-        line = _line_of(node, bad.keys)
+        line = yamlnodes.line_of(node, bad.keys)
         raise BaselineError(f"{shown}:{line}: {key}: {bad.problem} — {fix}")
     if parsed is not None and isinstance(doc, dict):
         _remember(parsed, digest, doc, len(items))
@@ -392,31 +358,17 @@ def load(root: Path, must_exist: bool = False) -> list[Baseline]:
 
 MAX_NODES = 5_000_000  # values in baselines.yaml (about 30 per case; composing takes ~15 µs a value)
 CACHE_VERSION = 2  # of a parsed copy in .cache/baselines/
-_STR_TAG = "tag:yaml.org,2002:str"
 
 
 def _refuse_duplicates(root_node: Node, shown: str) -> None:
     """BaselineError (file:line: key: the fix) for the first mapping that holds a key twice —
     at any level; keys are compared as the baselines read them (as text: `1` and "1" are one)."""
-    stack: list[tuple[Node, str]] = [(root_node, "")]
-    while stack:
-        node, where = stack.pop()
-        if isinstance(node, SequenceNode):
-            stack.extend((item, where) for item in node.value)
-            continue
-        if not isinstance(node, MappingNode):
-            continue
-        seen: dict[str, int] = {}
-        for knode, vnode in node.value:
-            name = knode.value if knode.tag == _STR_TAG else str(yamlnodes.scalar(knode))
-            key = f"{where}.{name}" if where else name
-            line = knode.start_mark.line + 1
-            if name in seen:
-                raise BaselineError(f"{shown}:{line}: {yamlnodes.one_line(key, 200)}: duplicate key (also at line "
-                                    f"{seen[name]}) — keep one of the two (a merge resolved badly?): YAML would "
-                                    "keep the last and silently lose the first")
-            seen[name] = line
-            stack.append((vnode, key))
+    dup = yamlnodes.duplicate_key(root_node)
+    if dup is not None:
+        line, key, first = dup
+        raise BaselineError(f"{shown}:{line}: {yamlnodes.one_line(key, 200)}: duplicate key (also at line "
+                            f"{first}) — keep one of the two (a merge resolved badly?): YAML would "
+                            "keep the last and silently lose the first")
 
 
 def _cached(path: Path | None, digest: str) -> list[Baseline] | None:
@@ -487,7 +439,7 @@ def save(root: Path, items: list[Baseline], read: list[Baseline] | None = None) 
         tree.setdefault(b.stage, {}).setdefault(b.arch, {})[b.case] = b.to_yaml()
     doc = {"version": BASELINE_VERSION, "baselines": tree}
     text = HEADER + yaml.dump(doc, Dumper=_NoAliasDumper, sort_keys=False, width=120, allow_unicode=True)
-    loaded = yaml.load(text, Loader=_loader())
+    loaded = yaml.load(text, Loader=yamlnodes.fast_loader())
     back = _tree(loaded)
     if sorted((b.stage, b.arch, b.case) for b in back) != sorted(keys):
         raise BaselineError(f"{shown}: not written — the new text reads back as {len(back)} baselines, not "
@@ -581,35 +533,8 @@ def gated_counts(inv: dict[str, int]) -> dict[str, int]:
     return {**({ALL: inv[ALL]} if ALL in inv else {}), **mma_counts(inv)}
 
 
-def newest(records: list[Record], stage: str, arch: str, case: dict, src: str | None,
-           statuses: tuple[str, ...] | None = None) -> Record | None:
-    for rec in reversed(records):
-        if rec.stage != stage or rec.arch != arch or rec.case != case:
-            continue
-        if src is not None and rec.code.get("src") != src:
-            continue
-        if statuses is not None and rec.status not in statuses:
-            continue
-        return rec
-    return None
-
-
-def shows_compile(rec: Record) -> bool:
-    """Whether a record says what compiling gave: a compile error, or a build whose summary
-    carries the inventory (whatever ran after it)."""
-    return rec.status == "compile_error" or bool(rec.compile and isinstance(rec.compile.get("inv"), dict))
-
-
-def newest_compiled(records: list[Record], stage: str, arch: str, case: dict, src: str | None) -> Record | None:
-    """The newest fresh record that `shows_compile`."""
-    for rec in reversed(records):
-        if rec.stage != stage or rec.arch != arch or rec.case != case:
-            continue
-        if src is not None and rec.code.get("src") != src:
-            continue
-        if shows_compile(rec):
-            return rec
-    return None
+def _passed(rec: Record) -> bool:
+    return rec.status == "pass"
 
 
 def runnable_archs() -> set[str]:
@@ -651,7 +576,7 @@ def accept(spec, stage, archs: list[str] | None, cases, compile_only: bool = Fal
             for case in cases:
                 label = case_label(case.dict)
                 key = (stage.id, arch, label)
-                rec = None if compile_only else newest(records, stage.id, arch, case.dict, src, statuses=("pass",))
+                rec = None if compile_only else newest(records, stage.id, arch, case.dict, src, _passed)
                 if rec is not None:
                     index[key] = Baseline(stage.id, arch, label, rec.id, src, metrics_of(rec),
                                           timing_us=(rec.timing or {}).get("us"))
@@ -669,7 +594,7 @@ def accept(spec, stage, archs: list[str] | None, cases, compile_only: bool = Fal
                     _bump(why_not, arch, "keep their run baseline (no passing result for the current source here; "
                                          "a compile-only baseline never replaces a run baseline)")
                     continue
-                crec = newest_compiled(records, stage.id, arch, case.dict, src)
+                crec = newest(records, stage.id, arch, case.dict, src, shows_compile)
                 if crec is None:
                     _bump(why_not, arch, "have no compiled record for the current source — compile them first: "
                                          f"dsv4-lab compile {stage.name} --arch {arch}")

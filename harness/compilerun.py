@@ -18,7 +18,6 @@ finished records kept, the end event marked interrupted (with the signal), and
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -29,7 +28,7 @@ from harness.identity import code_identity
 from harness.interrupts import Interrupted, StopGuard
 from harness.matrix import Case
 from harness.labels import case_label
-from harness.records import (Record, RecordWriter, append_event, iter_records, new_run_id, now_iso, runs_file,
+from harness.records import (Record, RunLog, code_src, new_run_id, newest_fresh_in_file, now_iso, shows_compile,
                              stage_file, status_counts)
 from harness.spec import Spec, Stage
 
@@ -63,7 +62,7 @@ def same_facts(old: Record, new: Record) -> bool:
     CUDA binary tools: no SASS) leaves `old`'s standing; one `old` lacks is news."""
     if new.status != "compiled" or not new.compile or not old.compile:
         return False
-    if old.status == "compile_error" or old.code.get("src") != new.code.get("src"):
+    if old.status == "compile_error" or code_src(old) != code_src(new):
         return False
     return all(k in old.compile and old.compile[k] == v for k, v in new.compile.items() if k not in _INCIDENTAL)
 
@@ -77,16 +76,11 @@ def newest_builds(root: Path, jobs: Sequence[CompileJob], src: dict[tuple[str, s
     line is skipped (at worst a case is recorded again)."""
     out: dict[tuple, Record] = {}
     for stage in sorted({j.stage.id for j in jobs}):
-        todo = {(j.stage.id, j.arch, case_label(j.case.dict)) for j in jobs if j.stage.id == stage}
-        for rec in iter_records(stage_file(root, stage), [], newest_first=True):
-            key = (rec.stage, rec.arch, case_label(rec.case))
-            if key not in todo or rec.code.get("src") != src.get((rec.stage, rec.arch)):
-                continue
-            if rec.status == "compile_error" or (rec.compile and isinstance(rec.compile.get("inv"), dict)):
-                out[key] = rec
-                todo.discard(key)
-                if not todo:
-                    break
+        wanted = {(j.stage.id, j.arch, case_label(j.case.dict)): (src.get((j.stage.id, j.arch)), shows_compile)
+                  for j in jobs if j.stage.id == stage}
+        found, _ = newest_fresh_in_file(stage_file(root, stage), wanted,
+                                        lambda rec: (rec.stage, rec.arch, case_label(rec.case)), [])
+        out.update(found)
     return out
 
 
@@ -100,20 +94,12 @@ def compile_recorded(spec: Spec, jobs: list[CompileJob], argv: list[str],
     written (its `Compiled.same_as` names that record), and the run's events are written only
     with its first record, so a session that found nothing new leaves results/ untouched."""
     root = spec.root
-    run_id = new_run_id()
-    writer = RecordWriter(root) if write else None
-    start = {"run": run_id, "t": now_iso(), "event": "start", "target": "local",
-             "argv": argv, "cases": len(jobs), "compile_only": True}
-    started = False
-
-    def begin() -> None:
-        nonlocal started
-        if write and not started:
-            append_event(runs_file(root), start)
-            started = True
-
-    if not only_new:
-        begin()
+    log = RunLog(root) if write else None  # write=False: a run id, and nothing written
+    run_id = log.run_id if log is not None else new_run_id()
+    if log is not None:
+        log.plan(target="local", argv=argv, cases=len(jobs), compile_only=True)
+        if not only_new:
+            log.start()
     identity: dict[tuple[str, str], dict] = {}
     for job in jobs:
         key = (job.stage.id, job.arch)
@@ -145,9 +131,8 @@ def compile_recorded(spec: Spec, jobs: list[CompileJob], argv: list[str],
                 rec.id = same_as  # the record that says it: `dsv4-lab show` finds that one
             else:
                 seq += 1
-                if writer is not None:
-                    begin()
-                    writer.write(rec)
+                if log is not None:
+                    log.write(rec)
             done = Compiled(job, res, rec, same_as)
             out.append(done)
             if on_done is not None:
@@ -159,16 +144,13 @@ def compile_recorded(spec: Spec, jobs: list[CompileJob], argv: list[str],
         guard.quiet()  # a signal now is noted, never raised: the clean-up and the end event are not cut short
         try:
             compiler.close(cancel=interrupted or guard.signum is not None)
-            if writer is not None:
-                writer.close()
+            if log is not None:
+                log.close()
                 signum = guard.signum
                 if interrupted or signum is not None:
-                    begin()  # a stopped session is recorded as such, even one that wrote no record yet
-                if started:
-                    append_event(runs_file(root), {
-                        "run": run_id, "t": now_iso(), "event": "end", "interrupted": interrupted or signum is not None,
-                        **({"signal": signal.Signals(signum).name} if signum is not None else {}),
-                        "counts": status_counts([c.record for c in out])})
+                    log.start()  # a stopped session is recorded as such, even one that wrote no record yet
+                if log.started:
+                    log.end(interrupted or signum is not None, signum, counts=status_counts([c.record for c in out]))
         finally:
             guard.release()
     if guard.signum is not None:  # a stop signal during the clean-up: the exit code still says so

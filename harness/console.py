@@ -6,8 +6,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.markup import escape
 
-from harness.labels import case_label
-from harness.records import Record
+from harness.labels import case_label, printable  # noqa: F401  (printable: named here too)
+from harness.records import Record, run_peer_us
 from harness.statuses import STYLE
 
 
@@ -15,16 +15,6 @@ def make_console() -> Console:
     """A console that stays readable when piped to a file (wide, no colour codes)."""
     probe = Console()
     return probe if probe.is_terminal else Console(width=160, no_color=True)
-
-
-def printable(text: str, limit: int | None = None) -> str:
-    """`text` with every control character (escape sequences, carriage returns, bells…)
-    shown escaped, cut to `limit` characters: text from elsewhere (a remote host, a kernel's
-    message) can neither redraw the terminal nor break a line."""
-    out = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
-    if limit is not None and len(out) > limit:
-        out = out[: limit - 1] + "…"
-    return out
 
 
 def worst(rec: Record, key: str, pick=min) -> float | None:
@@ -44,8 +34,9 @@ def case_line(rec: Record) -> str:
     timing = rec.timing or {}
     if isinstance(timing.get("us"), (int, float)):
         parts.append(f"{timing['us']:.2f} µs")
-        if isinstance(timing.get("peer_us"), (int, float)):
-            parts.append(f"(torch {timing['peer_us']:.2f} µs)")
+        peer = run_peer_us(rec)
+        if peer is not None:
+            parts.append(f"(torch {peer:.2f} µs)")
     if rec.status in ("compiled", "prepared") and rec.note:
         parts.append(f"[dim]{escape(printable(rec.note, 200))}[/]")
     elif rec.error and rec.status != "pass":

@@ -20,11 +20,10 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.baselines import load as load_baselines
-from harness.bench import is_bench
 from harness.labels import case_label
 from harness.identity import source_hash
 from harness.matrix import count
-from harness.records import Record, print_warnings, read_records
+from harness.records import Record, is_bench, is_fresh, newest_by_case, print_warnings, read_records
 from harness.spec import Spec, Stage, load_spec
 
 from harness.statuses import RAN
@@ -98,7 +97,7 @@ def cell(spec: Spec, stage: Stage, arch: str, records: list[Record], baselines: 
     errors = [r for r in mine if r.status == "compile_error"]
     newest = mine[-1]
     compile_error = bool(errors and errors[-1] is newest)
-    res = [r.compile for r in compiled if r.code.get("src") == src] or [r.compile for r in compiled]
+    res = [r.compile for r in compiled if is_fresh(r, src)] or [r.compile for r in compiled]
     if res:
         regs = max((_int(x.get("regs")) for x in res), default=0)
         spill = max((_int(x.get("spill")) for x in res), default=0)
@@ -112,20 +111,17 @@ def cell(spec: Spec, stage: Stage, arch: str, records: list[Record], baselines: 
         c.not_run = note[len(NOT_RUN):].strip() if note else (why_not_here(arch) or "not run yet")
         c.ran = "✗ compile error" if compile_error else "○ compiled, not run"
         c.style = "red" if compile_error else "yellow"
-        prepared = [r for r in mine if r.status == "prepared" and r.code.get("src") == src]
+        prepared = [r for r in mine if r.status == "prepared" and is_fresh(r, src)]
         if prepared and not compile_error:  # its own thing: the host path went up to the launch, nothing ran
             n = len({case_label(r.case) for r in prepared})
             gpu = str(prepared[-1].env.get("gpu", "?")).removeprefix("NVIDIA ")
             c.ran = f"◐ prepared on {gpu}, not run ({n}/{count(stage)})"
             c.style = "cyan"
-        c.stale = "stale" if newest.code.get("src") != src else ""
+        c.stale = "stale" if not is_fresh(newest, src) else ""
         c.age = _age(newest.t, now)
         return c
     # The newest result of each case of the matrix (a run may cover only some cases).
-    latest: dict[str, Record] = {}
-    for r in ran:
-        latest[case_label(r.case)] = r
-    run = sorted(latest.values(), key=lambda r: r.t)
+    run = sorted(newest_by_case(ran).values(), key=lambda r: r.t)
     env = run[-1].env
     host = str(env.get("host", "?")).split(".")[0]
     c.gpu = str(env.get("gpu", "?")).removeprefix("NVIDIA ")
@@ -151,9 +147,9 @@ def cell(spec: Spec, stage: Stage, arch: str, records: list[Record], baselines: 
     if timed:
         t = timed[-1].timing or {}
         c.us = f"{t['us']:.2f}"
-        if timed[-1].code.get("src") != src:
+        if not is_fresh(timed[-1], src):
             c.us += STALE_MARK
-    c.stale = "stale" if any(r.code.get("src") != src for r in run) else ""
+    c.stale = "stale" if any(not is_fresh(r, src) for r in run) else ""
     c.age = _age(run[-1].t, now)
     c.style = "green" if n_pass == total and not c.stale else ("red" if n_pass < len(run) else "yellow")
     if compile_error:  # the newest build failed: what ran before is not what the source builds now
@@ -165,10 +161,7 @@ def roofline_text(benched: list[Record], src: str, compact: bool = False) -> str
     """The newest timed bench record of each bench shape as a fraction of the roofline:
     `62%` or `48–71%` over the shapes, `stale` when the source changed since (`compact`: no
     count of shapes, `⚠` for stale)."""
-    newest: dict[str, Record] = {}
-    for r in benched:
-        if r.status == "pass" and r.timing:
-            newest[case_label(r.case)] = r
+    newest = newest_by_case(benched, lambda r: r.status == "pass" and bool(r.timing))
     if not newest:
         return "—"
     fracs = [t for r in newest.values() if isinstance(t := (r.timing or {}).get("roofline"), (int, float))]
@@ -178,7 +171,7 @@ def roofline_text(benched: list[Record], src: str, compact: bool = False) -> str
     text = f"{lo:.0%}" if round(lo, 2) == round(hi, 2) else f"{lo:.0%}–{hi:.0%}"
     if len(fracs) > 1 and not compact:
         text += f" ({len(fracs)} shapes)"
-    if any(r.code.get("src") != src for r in newest.values()):
+    if any(not is_fresh(r, src) for r in newest.values()):
         text += STALE_MARK if compact else " stale"
     return text
 

@@ -43,12 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.baselines import Baseline, BaselineError, load, runnable_archs, shows_compile
+from harness.baselines import Baseline, BaselineError, load, runnable_archs
 from harness.identity import source_hash
 from harness.inventory import mma_counts
 from harness.labels import case_label
 from harness.paths import records_dir, results_dir
-from harness.records import Record, print_warnings
+from harness.records import Record, is_fresh, newest, print_warnings, shows_compile
 from harness.spec import Spec, SpecError, Stage, load_spec
 from harness.ssh import EXIT_LINK
 from harness.statuses import RAN as RESULT_STATUSES  # a run's verdict (not "compiled")
@@ -160,14 +160,7 @@ class _Lookup:
     def newest(self, b: Baseline, src: str) -> Record | None:
         case = self.case(b) or {}
         recs = self.records.get((b.stage, b.arch, *case.items()), [])
-        for rec in reversed(recs):
-            if rec.code.get("src") != src or rec.case != case:
-                continue
-            if b.kind == "compile" and shows_compile(rec):
-                return rec
-            if b.kind == "run" and rec.status in RESULT_STATUSES:
-                return rec
-        return None
+        return newest(recs, b.stage, b.arch, case, src, _proves(b))
 
 
 def newest_records(root: Path, items: list[Baseline], src: dict[tuple[str, str], str | None],
@@ -177,23 +170,23 @@ def newest_records(root: Path, items: list[Baseline], src: dict[tuple[str, str],
     without one reads the whole file). With nothing changed that is a few hundred lines of
     however many thousand the notebook holds. Lines are checked as `read_records` checks
     them; a bad one met on the way is skipped with a file:line warning."""
-    from harness.records import iter_records, stage_file
+    from harness.records import newest_fresh_in_file, stage_file
 
     out: list[Record] = []
     for stage in sorted({b.stage for b in items}):
-        todo = {(b.arch, b.case): b for b in items if b.stage == stage and src.get((b.stage, b.arch))}
-        found: list[Record] = []
-        for rec in iter_records(stage_file(root, stage), warn, newest_first=True) if todo else ():
-            b = todo.get((rec.arch, case_label(rec.case))) if rec.stage == stage else None
-            if b is None or rec.code.get("src") != src[(b.stage, b.arch)]:
-                continue
-            found.append(rec)
-            if (shows_compile(rec) if b.kind == "compile" else rec.status in RESULT_STATUSES):
-                del todo[(rec.arch, case_label(rec.case))]
-                if not todo:  # stop before the generator reads another line
-                    break
-        out += reversed(found)
+        wanted = {(b.arch, b.case): (src[(b.stage, b.arch)], _proves(b)) for b in items
+                  if b.stage == stage and src.get((b.stage, b.arch))}
+        _, met = newest_fresh_in_file(stage_file(root, stage), wanted,
+                                      lambda rec, stage=stage: (rec.arch, case_label(rec.case)) if rec.stage == stage
+                                      else None, warn)
+        out += met
     return out
+
+
+def _proves(b: Baseline):
+    """What a fresh record must show to stand for baseline `b`: a build (compile baseline) or a
+    run's verdict (run baseline)."""
+    return shows_compile if b.kind == "compile" else (lambda rec: rec.status in RESULT_STATUSES)
 
 
 def small_first(spec: Spec, items: list[Baseline], look: _Lookup) -> tuple[list[Baseline], list[Baseline]]:
@@ -451,7 +444,7 @@ def _stale_hint(lab: Path, spec: Spec, stale: list[Finding], records: list[Recor
         for f in runs:
             case = look.case(f.baseline) or {}
             tried = [r for r in look.records.get((f.baseline.stage, f.baseline.arch, *case.items()), [])
-                     if r.target and r.code.get("src") == src.get((f.baseline.stage, f.baseline.arch))]
+                     if r.target and is_fresh(r, src.get((f.baseline.stage, f.baseline.arch)))]
             if tried:
                 r = tried[-1]
                 why = f"{r.status}" + (f" ({r.note or r.error})" if (r.note or r.error) else "")

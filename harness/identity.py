@@ -8,7 +8,7 @@ The source hash of (stage, arch) covers:
     followed transitively, and the `__init__.py` of every package on the way (importing a
     module runs them);
   * the lab's own verdict code: every module that builds, launches or judges a case or gives a
-    record its status (`VERDICT_MODULES`: compile, worker, metrics, pristine, runner, compilerun,
+    record its status (`VERDICT_MODULES`: compile, executor, worker, metrics, pristine, runner, compilerun,
     bench, statuses, records, and a remote run's channel and sending side) and the lab modules
     they import, transitively — so a change to how outputs are compared, how a verdict is
     applied or what counts as failing makes every result stale. Left out, because nothing they
@@ -53,8 +53,8 @@ HASH_SCHEME = 5  # bump when what the hash covers changes
 HARNESS_DIR = Path(__file__).resolve().parent
 # The lab modules in which a case is compiled, launched, compared and judged, and a record's
 # status is given (what they import is followed: verdict_files).
-VERDICT_MODULES = ("compile", "worker", "metrics", "pristine", "runner", "compilerun", "bench", "statuses",
-                   "records", "channel", "remote_side")
+VERDICT_MODULES = ("compile", "executor", "worker", "metrics", "pristine", "runner", "compilerun", "bench",
+                   "statuses", "records", "channel", "remote_side")
 
 @lru_cache(maxsize=1024)
 def _file_digest(path: Path, mtime_ns: int, size: int) -> str:

@@ -27,15 +27,17 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import secrets
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from harness.inventories import ContentStore, StoreAppender, Stores
 from harness.jsonl import Appender, iter_jsonl, read_bytes
+from harness.labels import case_label, printable
 from harness.notebooklock import lock_path, open_lock, shared
 from harness.paths import records_dir, results_dir
 from harness.safeio import xz_decompress
@@ -94,10 +96,33 @@ class Record:
 
     @property
     def is_bench(self) -> bool:
-        return self.note == BENCH_NOTE
+        return is_bench(self)
 
     def metric(self, output: str, name: str) -> float | None:
         return (self.metrics.get(output) or {}).get(name)
+
+
+def is_bench(record: Any) -> bool:
+    """Whether a record is a bench result (its case is a bench shape, not a test case)."""
+    return getattr(record, "note", None) == BENCH_NOTE
+
+
+def peer_times(timing: dict[str, Any] | None) -> dict[str, float]:
+    """{peer name: µs} of a record's timing: its flat `peer_<name>_us` keys, and the `peer_us` of a
+    `run --bench` record written before those keys (the stage's PyTorch peer), as "torch"."""
+    out: dict[str, float] = {}
+    for key, value in (timing or {}).items():
+        if key.startswith("peer_") and key.endswith("_us") and _finite(value):
+            out[key[5:-3] or "torch"] = value
+    return out
+
+
+def run_peer_us(record: Any) -> float | None:
+    """The µs of a `run --bench` record's peer (the stage's PyTorch peer: one), whichever format;
+    None for a bench record (its peers are `peer_times`) or a record without one."""
+    if is_bench(record):
+        return None
+    return next(iter(peer_times(getattr(record, "timing", None)).values()), None)
 
 
 def _line(d: dict[str, Any]) -> str:
@@ -131,9 +156,18 @@ def _finite(x: Any) -> bool:
     return isinstance(x, _NUM) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def validate(d: Any) -> str | None:
+def validate(d: Any, strict: bool = False) -> str | None:
     """Why a parsed line is not a record we can use; None when it is. Checks every key's
-    type, so a reader can trust what it gets (no NaN or infinite metric, timing in µs > 0)."""
+    type, so a reader can trust what it gets (no NaN or infinite metric, timing in µs > 0).
+    `strict` (a line from another machine: harness/remote_run.py): also only numbers in the
+    timing, a compile summary, env and code of the shapes this lab writes, and `t` a UTC time."""
+    why = _validate(d)
+    if why is None and strict:
+        why = _strict_problem(d)
+    return why
+
+
+def _validate(d: Any) -> str | None:
     if not isinstance(d, dict):
         return "not a JSON object"
     missing = REQUIRED - d.keys()
@@ -180,6 +214,67 @@ def validate(d: Any) -> str | None:
 
 
 _COMPILE_NUMBERS = ("s", "regs", "spill", "stack", "static_smem", "smem", "barriers")
+_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
+_COMMIT = re.compile(r"[0-9a-f]{4,64}")
+
+
+def _strict_problem(d: dict) -> str | None:
+    """Why a valid record is still not one this lab writes (a remote line's extra checks)."""
+    for name, value in (d.get("timing") or {}).items():
+        if value is not None and not _finite(value):
+            return f"timing.{printable(str(name), 40)} is not a number"
+    why = _compile_shape(d.get("compile") or {}) or _env_shape(d.get("env") or {}) or \
+        _code_shape(d.get("code") or {})
+    if why:
+        return why
+    if not _TIME.fullmatch(d["t"]):
+        return f"t is not a UTC time like 2026-01-01T00:00:00Z ({printable(d['t'], 40)!r})"
+    return None
+
+
+def _compile_shape(c: dict) -> str | None:
+    """Why a record's compile summary is not one this lab writes (numbers where the gate and the
+    tables do arithmetic, short plain text elsewhere); None when it is."""
+    for name, value in c.items():
+        where = f"compile.{printable(str(name), 40)}"
+        if name in _COMPILE_NUMBERS and not _finite(value):
+            return f"{where} is not a number"
+        if isinstance(value, dict):
+            if not all(isinstance(k, str) and _finite(v) for k, v in value.items()):
+                return f"{where} is not an object of numbers"
+        elif isinstance(value, str):
+            if len(value) > 200 or not value.isprintable():
+                return f"{where} is not a short line of text"
+        elif not (isinstance(value, bool) or _finite(value)):
+            return f"{where} is not a number, a flag or text"
+    return None
+
+
+def _plain(x: Any) -> bool:
+    """A value shown as is: a flag, a finite number, or a short line of printable text."""
+    if isinstance(x, str):
+        return len(x) <= 300 and x.isprintable()
+    return x is None or isinstance(x, bool) or _finite(x)
+
+
+def _env_shape(env: dict) -> str | None:
+    for name, value in env.items():
+        ok = _plain(value) or (isinstance(value, list) and all(_plain(v) for v in value)) or (
+            isinstance(value, dict) and all(isinstance(k, str) and _plain(v) for k, v in value.items()))
+        if not (ok and isinstance(name, str) and _plain(name)):
+            return f"env.{printable(str(name), 40)} is not plain values"
+    return None
+
+
+def _code_shape(code: dict) -> str | None:
+    commit = code.get("commit")
+    if commit is not None and not (isinstance(commit, str) and _COMMIT.fullmatch(commit)):
+        return "code.commit is not a git commit id"
+    if "dirty" in code and not isinstance(code["dirty"], bool):
+        return "code.dirty is not true or false"
+    if code.get("src") is not None and not _plain(code["src"]):
+        return "code.src is not a short line of text"
+    return None
 
 
 def _compile_problem(c: Any) -> str | None:
@@ -200,6 +295,80 @@ def _compile_problem(c: Any) -> str | None:
                 isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0 for k, v in counts.items()):
             return f"compile.{table} is not an object of counts"
     return None
+
+
+# ---------------------------------------------------------------------------------------
+# The queries every reader needs: freshness, the newest record of a case, bench or not.
+
+
+def code_src(rec: Any) -> str | None:
+    """The source hash (harness/identity.py) a record — or a raw record line, a dict — was made
+    with: its `code.src`; None when it names none."""
+    code = rec.get("code") if isinstance(rec, dict) else getattr(rec, "code", None)
+    src = code.get("src") if isinstance(code, dict) else None
+    return src if isinstance(src, str) else None
+
+
+def is_fresh(rec: Any, src: str | None) -> bool:
+    """Whether a record was made by the code whose source hash is `src` now; a record of any
+    other code is stale (what it says may no longer hold)."""
+    return code_src(rec) == src
+
+
+def shows_compile(rec: Record) -> bool:
+    """Whether a record says what compiling gave: a compile error, or a build whose summary
+    carries the inventory (whatever ran after it)."""
+    return rec.status == "compile_error" or bool(rec.compile and isinstance(rec.compile.get("inv"), dict))
+
+
+def newest(records: list[Record], stage: str, arch: str, case: dict, src: str | None = None,
+           accept: Callable[[Record], bool] | None = None) -> Record | None:
+    """The newest record of a case among `records` (oldest first); with `src`, the newest fresh
+    one; with `accept`, the newest that it accepts (a status, a build shown)."""
+    for rec in reversed(records):
+        if rec.stage != stage or rec.arch != arch or rec.case != case:
+            continue
+        if src is not None and not is_fresh(rec, src):
+            continue
+        if accept is not None and not accept(rec):
+            continue
+        return rec
+    return None
+
+
+def newest_by_case(records: list[Record], accept: Callable[[Record], bool] | None = None) -> dict[str, Record]:
+    """Case label -> the newest record of that case among `records` (oldest first; one stage and
+    arch) that `accept` accepts, in the order the cases were first met."""
+    out: dict[str, Record] = {}
+    for rec in records:
+        if accept is None or accept(rec):
+            out[case_label(rec.case)] = rec
+    return out
+
+
+def newest_fresh_in_file(path: Path, wanted: dict[Any, tuple[str | None, Callable[[Record], bool]]],
+                         key: Callable[[Record], Any], warn: list[str] | None = None
+                         ) -> tuple[dict[Any, Record], list[Record]]:
+    """Read one records file from its newest line back, only until each wanted case (`key` of a
+    record -> (its current source hash, what its record must show)) has its newest fresh record
+    that shows it. Returns (case -> that record, every fresh record of a case still wanted met on
+    the way, oldest first). A bad line is skipped (with a file:line warning into `warn`)."""
+    todo = dict(wanted)
+    found: dict[Any, Record] = {}
+    met: list[Record] = []
+    for rec in iter_records(path, warn, newest_first=True) if todo else ():
+        k = key(rec)
+        want = todo.get(k)
+        if want is None or not is_fresh(rec, want[0]):
+            continue
+        met.append(rec)
+        if want[1](rec):
+            found[k] = rec
+            del todo[k]
+            if not todo:  # stop before the generator reads another line
+                break
+    met.reverse()
+    return found, met
 
 
 def stage_file(root: Path, stage: str) -> Path:
@@ -343,6 +512,55 @@ def append_event(path: Path, obj: dict) -> None:
         a.write(json.dumps(obj, separators=(",", ":")))
     finally:
         a.close()
+
+
+class RunLog:
+    """One writing command's session in the notebook: its run id, its record writer, and its
+    events in results/runs.jsonl — `start` (written once: at once, or with the first record when
+    the session may find nothing new to write), and `end` (interrupted or not, and with which
+    signal). `run`, `run --target`, `compile`, the gate's recompiles and `bench` each keep one.
+
+    `run_id`: a run id given elsewhere (a remote run announces its own); `writer`: a writer
+    shared with other sessions (a split remote run writes all its targets through one)."""
+
+    def __init__(self, root: Path, run_id: str | None = None, writer: RecordWriter | None = None):
+        self.root = root
+        self.run_id = run_id or new_run_id()
+        self.writer = writer if writer is not None else RecordWriter(root)
+        self.started = False
+        self.ended = False
+        self._start: dict[str, Any] = {"run": self.run_id, "t": now_iso(), "event": "start"}
+
+    def plan(self, **fields: Any) -> None:
+        """What the start event will say (the time it says is now's), without writing it yet."""
+        self._start = {"run": self.run_id, "t": now_iso(), "event": "start", **fields}
+
+    def start(self) -> None:
+        """Write the start event, once (OSError when runs.jsonl cannot be written)."""
+        if not self.started:
+            append_event(runs_file(self.root), self._start)
+            self.started = True
+
+    def write(self, rec: Record) -> None:
+        """Write a record of this session (its start event first, when not written yet)."""
+        self.start()
+        self.writer.write(rec)
+
+    def end(self, interrupted: bool | None = None, signum: int | None = None, **fields: Any) -> None:
+        """Write the end event: whether the session was interrupted (and by which signal), then
+        `fields` (planned, counts, …). Once; OSError when runs.jsonl cannot be written."""
+        import signal
+
+        ev: dict[str, Any] = {"run": self.run_id, "t": now_iso(), "event": "end"}
+        if interrupted is not None:
+            ev["interrupted"] = interrupted
+        if signum is not None:
+            ev["signal"] = signal.Signals(signum).name
+        self.ended = True
+        append_event(runs_file(self.root), {**ev, **fields})
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 def runs_archive_file(root: Path) -> Path:

@@ -13,7 +13,6 @@ target's name) through the same RecordWriter as a local run, the moment they arr
 from __future__ import annotations
 
 import json
-import math
 import queue
 import re
 import shlex
@@ -24,7 +23,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Callable, Iterator
 
 from rich.markup import escape
 
@@ -32,8 +31,7 @@ from harness.channel import FRAME_OVERHEAD, Receiver, new_key
 from harness.console import case_line, make_console, printable
 from harness.matrix import Case
 from harness.jsonl import MAX_LINE_BYTES
-from harness.records import (Record, RecordWriter, append_event, now_iso, runs_file, stage_file,
-                             status_counts, validate)
+from harness.records import Record, RecordWriter, RunLog, runs_file, stage_file, status_counts, validate
 from harness.report import results_table, summary_lines
 from harness.spec import Spec, Stage
 from harness.staged import Snapshot
@@ -46,9 +44,6 @@ from harness.treecopy import SyncResult, remote_cache, remote_folder, sync_tree,
 STDERR_TAIL_LINES = 20
 LINE_LIMIT = MAX_LINE_BYTES + FRAME_OVERHEAD
 _RUN_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z_-]{0,63}$")
-_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
-_COMMIT = re.compile(r"[0-9a-f]{4,64}")
-_COMPILE_NUMBERS = {"s", "regs", "spill", "stack", "static_smem", "smem", "barriers"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -150,70 +145,12 @@ def parse_payload(raw: bytes, stages: set[str]) -> tuple[str, Any]:
         if obj.get("event") in ("start", "end") and isinstance(obj.get("run"), str):
             return "event", obj
         return "reject", f"unknown control event {printable(str(obj.get('event')), 40)!r}"
-    why = validate(obj)
+    why = validate(obj, strict=True)  # the remote channel's strictness: records.validate
     if why:
         return "reject", printable(why, 120)
-    for name, value in (obj.get("timing") or {}).items():
-        if value is not None and not _number(value):
-            return "reject", f"timing.{printable(str(name), 40)} is not a number"
-    why = _compile_shape(obj.get("compile") or {}) or _env_shape(obj.get("env") or {}) or \
-        _code_shape(obj.get("code") or {})
-    if why:
-        return "reject", why
-    if not _TIME.fullmatch(obj["t"]):
-        return "reject", f"t is not a UTC time like 2026-01-01T00:00:00Z ({printable(obj['t'], 40)!r})"
     if obj["stage"] not in stages:
         return "reject", f"unknown stage {printable(obj['stage'], 40)!r}"
     return "record", obj
-
-
-def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _compile_shape(c: dict) -> str | None:
-    """Why a record's compile summary is not one this lab writes (numbers where the gate and the
-    tables do arithmetic, short plain text elsewhere); None when it is."""
-    for name, value in c.items():
-        where = f"compile.{printable(str(name), 40)}"
-        if name in _COMPILE_NUMBERS and not _number(value):
-            return f"{where} is not a number"
-        if isinstance(value, dict):
-            if not all(isinstance(k, str) and _number(v) for k, v in value.items()):
-                return f"{where} is not an object of numbers"
-        elif isinstance(value, str):
-            if len(value) > 200 or not value.isprintable():
-                return f"{where} is not a short line of text"
-        elif not (isinstance(value, bool) or _number(value)):
-            return f"{where} is not a number, a flag or text"
-    return None
-
-
-def _plain(x: Any) -> bool:
-    """A value shown as is: a flag, a finite number, or a short line of printable text."""
-    if isinstance(x, str):
-        return len(x) <= 300 and x.isprintable()
-    return x is None or isinstance(x, bool) or _number(x)
-
-
-def _env_shape(env: dict) -> str | None:
-    for name, value in env.items():
-        ok = _plain(value) or (isinstance(value, list) and all(_plain(v) for v in value)) or (
-            isinstance(value, dict) and all(isinstance(k, str) and _plain(v) for k, v in value.items()))
-        if not (ok and isinstance(name, str) and _plain(name)):
-            return f"env.{printable(str(name), 40)} is not plain values"
-    return None
-
-
-def _code_shape(code: dict) -> str | None:
-    commit = code.get("commit")
-    if commit is not None and not (isinstance(commit, str) and _COMMIT.fullmatch(commit)):
-        return "code.commit is not a git commit id"
-    if "dirty" in code and not isinstance(code["dirty"], bool):
-        return "code.dirty is not true or false"
-    if code.get("src") is not None and not _plain(code["src"]):
-        return "code.src is not a short line of text"
-    return None
 
 
 def case_key(stage: str, arch: str, case: dict[str, Any]) -> tuple[str, str, str]:
@@ -350,36 +287,33 @@ class _Session:
         self.root: Path = spec.root
         self.runs = {r.target.name: r for r in runs}
         self.argv = argv
-        self.writer = RecordWriter(self.root)
+        self.writer = RecordWriter(self.root)  # one for every target's run (RunLog: each run's events)
+        self.logs: dict[str, RunLog] = {}
         self.console = make_console()
         self.written: set[str] = set()
 
-    def _event(self, obj: dict) -> None:
+    def _event(self, write: Callable[[], None]) -> None:
         try:
-            append_event(runs_file(self.root), obj)
+            write()
         except OSError as exc:
             raise LocalWriteError(f"cannot write {runs_file(self.root)}: {exc.strerror or exc}") from None
 
     def _start(self, tr: TargetRun, run_id: str, cases: Any) -> None:
         tr.run_id = run_id
         tr.cases = cases if isinstance(cases, int) and not isinstance(cases, bool) else None
-        ev = {"run": run_id, "t": now_iso(), "event": "start", "target": tr.target.name, "argv": self.argv,
-              "cases": len(tr.plan)}
-        if tr.shard:
-            ev["shard"] = f"{tr.shard[0]}/{tr.shard[1]}"
-        self._event(ev)
+        log = self.logs[tr.target.name] = RunLog(self.root, run_id, self.writer)  # the remote's run id, here
+        log.plan(target=tr.target.name, argv=self.argv, cases=len(tr.plan),
+                 **({"shard": f"{tr.shard[0]}/{tr.shard[1]}"} if tr.shard else {}))
+        self._event(log.start)
 
     def finish(self, tr: TargetRun, interrupted: bool, lost: str | None = None) -> None:
-        if tr.run_id is None or tr.end_written:
+        log = self.logs.get(tr.target.name)
+        if tr.run_id is None or tr.end_written or log is None:
             return
         tr.end_written = True
-        ev = {"run": tr.run_id, "t": now_iso(), "event": "end", "target": tr.target.name,
-              "interrupted": interrupted, "planned": len(tr.plan), "counts": tr.counts()}
-        if tr.rejected:
-            ev["rejected"] = tr.rejected
-        if lost:
-            ev["lost"] = lost
-        self._event(ev)
+        self._event(lambda: log.end(interrupted, target=tr.target.name, planned=len(tr.plan), counts=tr.counts(),
+                                    **({"rejected": tr.rejected} if tr.rejected else {}),
+                                    **({"lost": lost} if lost else {})))
 
     def reject(self, tr: TargetRun, why: str) -> None:
         tr.rejected += 1

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from harness.labels import case_label
 from harness.matrix import Case
-from harness.records import Record, status_counts
+from harness.records import Record, run_peer_us, status_counts
 from harness.spec import Spec, Stage
 
 from harness.statuses import STYLE as STATUS_STYLE
@@ -34,7 +34,7 @@ def _fmt(x: Any, spec: str = ".6f") -> str:
 
 def results_table(records: list[Record]) -> Table:
     t = Table(title="results", show_lines=False)
-    peers = any(r.timing and r.timing.get("peer_us") is not None for r in records)
+    peers = any(run_peer_us(r) is not None for r in records)
     several_gpus = len({r.gpu for r in records if r.gpu is not None}) > 1  # a run spread over GPUs
     cols = ["stage", "arch", "case", "status", "cosine", "rel L2", "max abs", "regs/spill", "µs", "TFLOP/s"]
     cols += ["torch µs"] if peers else []
@@ -52,7 +52,7 @@ def results_table(records: list[Record]) -> Table:
             _fmt(worst(r, "cosine"), ".7f"), _fmt(worst(r, "rel_l2", max), ".2e"), _fmt(worst(r, "max_abs", max), ".2e"),
             regs, _fmt(r.timing.get("us") if r.timing else None, ".2f"),
             _fmt(r.timing.get("tflops") if r.timing else None, ".1f"),
-            *([_fmt(r.timing.get("peer_us") if r.timing else None, ".2f")] if peers else []),
+            *([_fmt(run_peer_us(r), ".2f")] if peers else []),
             *([_fmt(r.gpu)] if several_gpus else []),
         )
     return t

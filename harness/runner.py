@@ -30,11 +30,11 @@ from harness.labels import case_label
 from harness.matrix import Case
 from harness.metrics import judge
 from harness.pristine import describe as describe_input_writes
-from harness.records import (Record, RecordWriter, append_event, new_run_id, now_iso, runs_file, stage_file,
-                             status_counts)
+from harness.records import Record, RunLog, now_iso, runs_file, stage_file, status_counts
 from harness.spec import Spec, Stage
 from harness.statuses import FAILING
-from harness.worker import Job, WorkerHandle
+from harness.executor import Job, job_for
+from harness.worker import WorkerHandle
 
 
 
@@ -133,9 +133,10 @@ class Runner:
         self.root = spec.root
         self.results_root = results_root or spec.root
         self.opts = opts
-        self.run_id = new_run_id()
+        self.log = RunLog(self.results_root)  # the run id, the record writer, the run's events
+        self.run_id = self.log.run_id
         self.on_record = on_record or (lambda r: None)
-        self.writer = RecordWriter(self.results_root)
+        self.writer = self.log.writer
         self.emit = emit
         self.records: list[Record] = []
         self.errors: list[str] = []
@@ -152,8 +153,6 @@ class Runner:
         self._newest: dict[tuple, Record] = {}  # only_new: the newest fresh build record of each idle case
         self._prepare_archs: set[str] = set()  # `--prepare`: archs whose cases go up to the launch here
         self._lazy_start = False  # only_new with nothing to run here: the start event waits for a record
-        self._started = False
-        self._start_event: dict[str, Any] = {}
         self.unchanged: set[str] = set()  # ids of the records that said it all already (not written again)
 
     # -- records ---------------------------------------------------------------------------
@@ -177,9 +176,7 @@ class Runner:
                 self.emit(rec.to_json())
             else:
                 self._seq += 1
-                if not self._started:
-                    self._write_start()
-                self.writer.write(rec)
+                self.log.write(rec)
                 self.files_written.add(stage_file(self.results_root, rec.stage))
             self.records.append(rec)
         self.on_record(rec)
@@ -193,20 +190,13 @@ class Runner:
 
     # -- the run ---------------------------------------------------------------------------
 
-    def _write_start(self) -> None:
-        append_event(runs_file(self.results_root), self._start_event)
-        self._started = True
-
     def _check_writable(self) -> None:
         """Fail before compiling anything when the records cannot be written. A run whose start
         event waits for its first record (`_lazy_start`) checks without writing anything."""
         if self.emit is not None:
             return
-        self._start_event = {
-            "run": self.run_id, "t": now_iso(), "event": "start", "target": self.opts.target,
-            "argv": self.opts.argv, "cases": len(self.opts.tasks), "bench": self.opts.bench,
-            **({"debug": "hangs"} if self.opts.debug_hangs else {}),
-        }
+        self.log.plan(target=self.opts.target, argv=self.opts.argv, cases=len(self.opts.tasks), bench=self.opts.bench,
+                      **({"debug": "hangs"} if self.opts.debug_hangs else {}))
         if self._lazy_start:
             paths = [runs_file(self.results_root)] + [stage_file(self.results_root, s)
                                                        for s in sorted({t.stage.id for t in self.opts.tasks})]
@@ -217,7 +207,7 @@ class Runner:
                                         "writable")
             return
         try:
-            self._write_start()
+            self.log.start()
             for stage in sorted({t.stage.id for t in self.opts.tasks}):
                 self.writer.open(stage)
         except OSError as exc:
@@ -346,20 +336,16 @@ class Runner:
         self.writer.close()
         signum = self._signum
         self._end_interrupted = signum is not None  # what the end event says: the exit code agrees
-        if self.emit is None and not self._started and self._end_interrupted:
+        if self.emit is None and not self.log.started and self._end_interrupted:
             try:  # a stopped run is recorded as such, even one that wrote no record yet
-                self._write_start()
+                self.log.start()
             except OSError:
                 pass
-        if self.emit is None and self._started:
+        if self.emit is None and self.log.started:
             try:
-                append_event(runs_file(self.results_root), {
-                    "run": self.run_id, "t": now_iso(), "event": "end",
-                    "interrupted": self._end_interrupted,
-                    **({"signal": signal.Signals(signum).name} if signum else {}),
-                    **({"errors": self.errors[:5]} if self.errors else {}),
-                    "planned": len(self.opts.tasks), "counts": status_counts(self.records),
-                })
+                self.log.end(self._end_interrupted, signum or None,
+                             **({"errors": self.errors[:5]} if self.errors else {}),
+                             planned=len(self.opts.tasks), counts=status_counts(self.records))
             except OSError as exc:
                 self.errors.append(f"the run's end could not be written: {exc}")
 
@@ -418,18 +404,10 @@ class Runner:
 
     def _serve_one(self, handle: WorkerHandle, task: Task, res: CompileResult) -> None:
         s = task.stage
-        job = Job(
-            stage=s.id, arch=task.arch, case=task.case.dict, kernel_params=s.kernel_params,
-            kernel_module=s.kernels[task.arch].module, kernel_entry=s.kernels[task.arch].entry,
-            tensors=(s.tensors.module, s.tensors.name), inputs=(s.inputs.module, s.inputs.name),
-            oracle=(s.oracle.module, s.oracle.name),
-            flops=(s.flops.module, s.flops.name) if s.flops else None,
-            peer=(s.peer.module, s.peer.name) if s.peer else None,
-            seed=_seed(s.id, task.case.dict, self.opts.seed),
-            object_path=res.object_path, prefix=res.prefix, bench=self._bench_this(task),
-            debug_hangs=self.opts.debug_hangs,
-            prepare=task.arch in self._prepare_archs,
-        )
+        job = job_for(s, task.arch, task.case.dict, self.opts.seed, Job,
+                      peer=(s.peer.module, s.peer.name) if s.peer else None,
+                      object_path=res.object_path, prefix=res.prefix, bench=self._bench_this(task),
+                      debug_hangs=self.opts.debug_hangs, prepare=task.arch in self._prepare_archs)
         timeout = self.opts.timeout_s if self.opts.timeout_s is not None else s.timeout_s
         out = handle.run(job, timeout)
         if self._stop.is_set():  # interrupted: the case did not finish, it is not a crash
@@ -453,12 +431,6 @@ class Runner:
             return False
         want = task.stage.bench
         return all(task.case.dict.get(k) == v for k, v in want.items())
-
-
-def _seed(stage: str, case: dict, base: int) -> int:
-    from oracles.common import case_seed
-
-    return case_seed(stage, case, base)
 
 
 def tasks_for(stages: Iterable[Stage], archs: list[str] | None,

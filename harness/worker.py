@@ -1,12 +1,11 @@
-"""Case execution in a worker process, and the parent's handle on that process.
+"""The worker process that executes cases, and the parent's handle on it: the one process
+supervisor of `run`, `run --bench`, `bench` and the remote side.
 
-The worker imports torch and CuTeDSL once, then serves cases over a pipe: inputs from the
-stage's generator, outputs allocated and poisoned, the cached compiled kernel loaded and
-launched, CUDA errors checked by a synchronize, the inputs compared bit for bit with a copy
-kept before the launch (harness.pristine: a kernel that wrote one is named in the reply, and
-the oracle runs on the inputs as generated), the oracle run, metrics returned. A CUDA
-error leaves the context unusable, so after reporting one the worker exits and the parent
-starts a new one. The parent bounds each case by a timeout: a hang is killed and reported.
+The worker imports torch and CuTeDSL once, then serves jobs over a pipe through the case
+executor (harness/executor.py: contract, inputs, poisoned outputs, launch, sync, pristine
+inputs, oracle, metrics, optional timing). A CUDA error leaves the context unusable, so after
+reporting one (`error_reply`, the one crash classifier) the worker exits and the parent starts
+a new one. The parent bounds each job by a timeout: a hang is killed and reported.
 
 A failure inside the user's code (input generator, oracle, kernel) comes back as one line
 naming their file and line (harness.userfault), with the full traceback under "trace". What
@@ -29,13 +28,12 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from multiprocessing import get_context
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from harness.launch import KernelJob, Launcher, attr
+from harness.executor import CaseExecutor, Job  # noqa: F401  (Job: the runner's job, named here too)
 
 STARTUP_TIMEOUT_S = 180.0
 TRACE_CHARS = 20000  # the tail of a traceback kept in a reply
@@ -43,151 +41,10 @@ WATCHDOG_S = 0.5  # how often a worker checks that its parent is alive
 PR_SET_PDEATHSIG = 1
 
 
-@dataclass(kw_only=True)
-class Job(KernelJob):
-    """A test case for a worker: the kernel's job, the stage's peer (run --bench), and whether to time."""
-
-    peer: tuple[str, str] | None = None
-    bench: bool = False
-    debug_hangs: bool = False  # a --debug-hangs build: the launch's printed output is read (harness/hangs.py)
-    prepare: bool = False  # a kernel of another arch: its host path up to the launch only (harness/prepare.py)
-
-
 # ---------------------------------------------------------------------------------------
-# Worker side.
+# Worker side: the case executor (harness/executor.py) serving jobs over the pipe.
 
-
-class _Executor:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.launcher = Launcher()
-
-    def run(self, job: Job) -> dict:
-        import torch
-
-        from harness.check import ContractError, inputs_problems, outputs_problems, specs_problems
-        from harness.metrics import compare, poison_
-        from harness.pristine import keep, restore, written
-
-        if job.prepare:
-            return self.prepare(job)
-        device = "cpu" if job.arch == "cpu" else "cuda"
-        tensors_fn, inputs_fn, oracle_fn = attr(job.tensors), attr(job.inputs), attr(job.oracle)
-        specs = tensors_fn(job.case)
-        bad = specs_problems(specs, tensors_fn, self.root)
-        if bad:
-            raise ContractError(bad[0])
-        inputs = inputs_fn(job.case, job.seed, device)
-        bad = inputs_problems(specs, inputs, inputs_fn, self.root)
-        if bad:  # before the launch: a kernel fed the wrong shapes may fault the device
-            raise ContractError(bad[0])
-
-        def fresh_outputs() -> dict:
-            """Outputs and scratch, poisoned: the kernel must write what it reads back."""
-            return {
-                s.name: poison_(torch.empty(s.shape, dtype=getattr(torch, s.dtype), device=device))
-                for s in specs if s.role in ("out", "scratch")
-            }
-
-        outputs = fresh_outputs()
-        args = [inputs[s.name] if s.role == "in" else outputs[s.name] for s in specs]
-        launch = self.launcher(job, args)
-        kept = keep(inputs)  # the inputs as generated: the kernel must not write them
-        if job.debug_hangs and device == "cuda":
-            _launch_watching_hangs(launch, torch)
-        else:
-            launch()
-            if device == "cuda":
-                torch.cuda.synchronize()  # raises on a launch failure or illegal address
-        wrote = written(inputs, kept)  # bit for bit; the runner fails the case when any changed
-        restore(inputs, kept, wrote)  # the oracle sees the inputs as generated
-        del kept
-        ref = oracle_fn(inputs, job.case)
-        bad = outputs_problems(specs, ref, oracle_fn, self.root)
-        if bad:
-            raise ContractError(bad[0])
-        metrics = {s.name: compare(outputs[s.name], ref[s.name]).to_json() for s in specs if s.role == "out"}
-        result: dict[str, Any] = {"metrics": metrics}
-        if wrote:
-            result["wrote_inputs"] = wrote
-        if job.bench and device == "cuda":
-            result["timing"] = self._bench(job, specs, inputs, fresh_outputs)
-        return result
-
-    def prepare(self, job: Job) -> dict:
-        """A kernel built for another arch: its inputs on this GPU, its outputs allocated, its
-        compiled host path run up to (not including) the launch (harness/prepare.py), the
-        recorded launch checked against this device's limits.  {"prepared": what it got to,
-        "note": …}; raises when the host path failed or the launch could not start."""
-        import torch
-
-        from harness.check import ContractError, inputs_problems, specs_problems
-        from harness.metrics import poison_
-        from harness.prepare import check_launch, describe, device_limits, run_host_path
-
-        tensors_fn, inputs_fn = attr(job.tensors), attr(job.inputs)
-        specs = tensors_fn(job.case)
-        bad = specs_problems(specs, tensors_fn, self.root)
-        if bad:
-            raise ContractError(bad[0])
-        inputs = inputs_fn(job.case, job.seed, "cuda")
-        bad = inputs_problems(specs, inputs, inputs_fn, self.root)
-        if bad:
-            raise ContractError(bad[0])
-        outputs = {s.name: poison_(torch.empty(s.shape, dtype=getattr(torch, s.dtype), device="cuda"))
-                   for s in specs if s.role in ("out", "scratch")}
-        args = [inputs[s.name] if s.role == "in" else outputs[s.name] for s in specs]
-        got = run_host_path(self.launcher(job, args))
-        torch.cuda.synchronize()  # nothing was launched: a sticky error would be the host path's
-        why = check_launch(got, device_limits())
-        if why:
-            raise RuntimeError(f"prepare: the launch would not start: {'; '.join(why)}")
-        return {"prepared": got, "note": describe(got, torch.cuda.get_device_name(), job.arch.removesuffix("a"))}
-
-    def _bench(self, job: Job, specs, inputs: dict, fresh_outputs) -> dict:
-        from harness.timing import bench, rotations
-
-        total_bytes = sum(s.nbytes for s in specs)
-        sets = []
-        for i in range(rotations(total_bytes)):
-            ins = inputs if i == 0 else {k: v.clone() for k, v in inputs.items()}
-            outs = fresh_outputs()
-            sets.append([ins[s.name] if s.role == "in" else outs[s.name] for s in specs])
-        t = bench([self.launcher(job, a) for a in sets])
-        secs = t["us"] * 1e-6
-        flops = attr(job.flops)(job.case) if job.flops else None
-        if flops:
-            t["tflops"] = flops / secs / 1e12
-        t["gbps"] = total_bytes / secs / 1e9
-        if job.peer:  # the same computation written plainly in PyTorch, timed the same way
-            peer = attr(job.peer)
-            ins_sets = [{s.name: a[i] for i, s in enumerate(specs) if s.role == "in"} for a in sets]
-            p = bench([(lambda ins=ins: peer(ins, job.case)) for ins in ins_sets])
-            t["peer_us"] = p["us"]
-            if flops:
-                t["peer_tflops"] = flops / (p["us"] * 1e-6) / 1e12
-        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in t.items()}
-
-
-def _launch_watching_hangs(launch, torch) -> None:
-    """Launch and synchronize with the process's stdout captured: a bounded wait that expired
-    printed its hang line there before it trapped (harness/hangs.py); that line makes the
-    CUDA error a KernelHang."""
-    from harness.hangs import DeviceOutput, KernelHang, describe, hang_lines
-
-    failure: BaseException | None = None
-    out = DeviceOutput()
-    with out:
-        try:
-            launch()
-            torch.cuda.synchronize()
-        except Exception as exc:  # the trap's CUDA error (or any other: re-raised below)
-            failure = exc
-    lines = hang_lines(out.text)
-    if lines:
-        raise KernelHang(describe(lines[0], len(lines) - 1, failure)) from failure
-    if failure is not None:
-        raise failure
+_Executor = CaseExecutor  # the name the tests and older callers know
 
 
 def _die_with_parent(parent_pid: int | None) -> None:
@@ -214,8 +71,9 @@ def _die_with_parent(parent_pid: int | None) -> None:
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
-def _error_reply(exc: BaseException, root: Path, seconds: float) -> dict:
-    """The one-line error (the user's file:line), the full trace, and the status."""
+def error_reply(exc: BaseException, root: Path, seconds: float) -> dict:
+    """The one-line error (the user's file:line), the full trace, and the status: "crash" for a
+    CUDA error (the worker must exit), "error" for anything else (the records say crash for both)."""
     from harness.check import ContractError
     from harness.hangs import KernelHang
     from harness.userfault import describe, full_trace, strip_ansi
@@ -275,7 +133,7 @@ def worker_main(conn: Connection, root: str, gpu: int | None, parent_pid: int | 
     except Exception as exc:
         conn.send({"ready": False, "error": f"worker start failed: {type(exc).__name__}: {exc}"})
         return
-    executor = _Executor(Path(root))
+    executor = CaseExecutor(Path(root))
     while True:
         try:
             job = conn.recv()
@@ -290,7 +148,7 @@ def worker_main(conn: Connection, root: str, gpu: int | None, parent_pid: int | 
             conn.send(out)
         except BaseException as exc:  # noqa: BLE001  SIGINT is ignored here: a KeyboardInterrupt or
             # SystemExit is the case's own code raising it — one line at its file:line, no traceback
-            reply = _error_reply(exc, Path(root), time.perf_counter() - t0)
+            reply = error_reply(exc, Path(root), time.perf_counter() - t0)
             conn.send(reply)
             if reply["status"] in ("crash", "hang"):  # the CUDA context is unusable after a device fault
                 os._exit(3)
@@ -303,9 +161,10 @@ def worker_main(conn: Connection, root: str, gpu: int | None, parent_pid: int | 
 class WorkerHandle:
     """One worker process, (re)started on demand, pinned to one GPU (or none)."""
 
-    def __init__(self, root: Path, gpu: int | None):
+    def __init__(self, root: Path, gpu: int | None, what: str = "worker"):
         self.root = root
         self.gpu = gpu
+        self.what = what  # how its messages name it ("bench process")
         self.proc = None
         self.conn: Connection | None = None
         self.env: dict[str, Any] = {}
@@ -322,16 +181,16 @@ class WorkerHandle:
         self.starts += 1
         if not parent.poll(STARTUP_TIMEOUT_S):
             self.kill()
-            raise RuntimeError(f"worker did not start within {STARTUP_TIMEOUT_S:.0f} s")
+            raise RuntimeError(f"{self.what} did not start within {STARTUP_TIMEOUT_S:.0f} s")
         try:
             hello = parent.recv()
         except EOFError:
             code = self.proc.exitcode
             self.kill()
-            raise RuntimeError(f"worker died while starting (exit code {code})")
+            raise RuntimeError(f"{self.what} died while starting (exit code {code})")
         if not hello.get("ready"):
             self.kill()
-            raise RuntimeError(hello.get("error", "worker failed to start"))
+            raise RuntimeError(hello.get("error", f"{self.what} failed to start"))
         self.env = hello.get("env", {})
 
     def alive(self) -> bool:
@@ -349,14 +208,14 @@ class WorkerHandle:
         self.conn.send(job)
         if not self.conn.poll(timeout_s):
             self.kill()
-            return {"status": "timeout", "error": f"no result within {timeout_s:g} s; worker killed"}
+            return {"status": "timeout", "error": f"no result within {timeout_s:g} s; {self.what} killed"}
         try:
             out = self.conn.recv()
         except EOFError:
             self.proc.join(5)
             code = self.proc.exitcode
             self.kill()
-            return {"status": "crash", "error": f"worker died (exit code {code}{_signal_name(code)})"}
+            return {"status": "crash", "error": f"{self.what} died (exit code {code}{_signal_name(code)})"}
         if out.get("status") in ("crash", "hang"):
             self.proc.join(5)
             self.kill()

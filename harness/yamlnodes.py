@@ -321,6 +321,65 @@ def kind(node: Node) -> str:
     return f"{type(value).__name__} {one_line(repr(value), 80)}"
 
 
+def line_of(node: Node | None, keys: tuple) -> int:
+    """The line of the value at `keys` (as deep as it exists), for a message."""
+    line = node.start_mark.line + 1 if node is not None else 1
+    for k in keys:
+        if not isinstance(node, MappingNode):
+            break
+        for knode, vnode in node.value:
+            if knode.value == str(k):
+                line = knode.start_mark.line + 1
+                node = vnode
+                break
+        else:
+            break
+    return line
+
+
+def duplicate_key(root: Node) -> tuple[int, str, int] | None:
+    """The first key held twice by one mapping, at any level of the tree: (its line, the dotted
+    key, the line of the first one); keys compared as text (`1` and "1" are one). None when
+    there is none (`mapping` refuses them one mapping at a time, as it reads)."""
+    stack: list[tuple[Node, str]] = [(root, "")]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, SequenceNode):
+            stack.extend((item, where) for item in node.value)
+            continue
+        if not isinstance(node, MappingNode):
+            continue
+        seen: dict[str, int] = {}
+        for knode, vnode in node.value:
+            name = knode.value if knode.tag == _T + "str" else str(scalar(knode))
+            key = f"{where}.{name}" if where else name
+            line = knode.start_mark.line + 1
+            if name in seen:
+                return line, key, seen[name]
+            seen[name] = line
+            stack.append((vnode, key))
+    return None
+
+
+def fast_loader() -> type:
+    """PyYAML's safe loader, libyaml's when built with it (for a file the lab wrote itself)."""
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def anchor_line(text: str) -> int | None:
+    """The line of the first YAML anchor or alias in `text`, or None (a file the lab writes never
+    holds one; refusing them outright rules out amplification bombs)."""
+    if "&" not in text and "*" not in text:
+        return None
+    try:
+        for tok in yaml.scan(text, Loader=fast_loader()):
+            if isinstance(tok, (yaml.AnchorToken, yaml.AliasToken)):
+                return tok.start_mark.line + 1
+    except yaml.YAMLError:
+        return None  # the parse reports it
+    return None
+
+
 def mapping(ctx: NodeContext, node: Node, key: str) -> list[tuple[Node, Node]]:
     """The (key node, value node) pairs of a mapping; refuses other kinds and duplicate keys."""
     if not isinstance(node, MappingNode):

@@ -297,7 +297,7 @@ def _project_copy(tmp_path: Path, monkeypatch) -> Path:
     ("statuses.py", 'FAILING: tuple[str, ...] = ("fail", "compile_error", "crash", "timeout")',
      'FAILING: tuple[str, ...] = ("crash",)'),
     ("compilerun.py", 'status="compiled" if res.ok else "compile_error"', 'status="compiled"'),
-    ("bench.py", "status, why = judge(job.tolerances, metrics)", 'status, why = "pass", None'),
+    ("executor.py", "status, why = judge(job.tolerances, chk.metrics)", 'status, why = "pass", None'),
     ("records.py", "from harness.statuses import STATUSES", "STATUSES = ('pass',)"),
 ])
 def test_editing_verdict_code_makes_results_stale(fake_lab, tmp_path, monkeypatch, module, old, new):

@@ -139,7 +139,8 @@ class _FakeTorch:
 
 def test_a_hang_line_on_stdout_makes_the_case_a_hang():
     from harness.hangs import KernelHang
-    from harness.worker import _error_reply, _launch_watching_hangs
+    from harness.executor import launch_watching_hangs as _launch_watching_hangs
+    from harness.worker import error_reply as _error_reply
 
     line = ("DSV4-HANG role=mma pipeline=kv.full slot=1 phase=0 cta=(0,0,2) tile=(0,0,2) warp=0 thread=0 "
             "waited_ns=4000000123")
@@ -157,7 +158,8 @@ def test_a_hang_line_on_stdout_makes_the_case_a_hang():
 
 
 def test_a_crash_without_a_hang_line_stays_a_crash():
-    from harness.worker import _error_reply, _launch_watching_hangs
+    from harness.executor import launch_watching_hangs as _launch_watching_hangs
+    from harness.worker import error_reply as _error_reply
 
     with pytest.raises(RuntimeError) as got:
         _launch_watching_hangs(lambda: os.write(1, b"some kernel printf\n"), _FakeTorch)
