@@ -9,7 +9,8 @@ The source hash of (stage, arch) covers:
     module runs them);
   * the lab's own verdict code: every module that builds, launches or judges a case or gives a
     record its status (`VERDICT_MODULES`: compile, executor, worker, metrics, pristine, runner, compilerun,
-    bench, statuses, records, and a remote run's channel and sending side) and the lab modules
+    bench, statuses, records, a remote run's channel and sending side, and a Slurm run's receiving
+    side, which records the cases a failed task left as crash/timeout/skipped) and the lab modules
     they import, transitively — so a change to how outputs are compared, how a verdict is
     applied or what counts as failing makes every result stale. Left out, because nothing they
     decide is stored in a record (tests/test_false_green.py holds this list to the code): the
@@ -54,7 +55,7 @@ HARNESS_DIR = Path(__file__).resolve().parent
 # The lab modules in which a case is compiled, launched, compared and judged, and a record's
 # status is given (what they import is followed: verdict_files).
 VERDICT_MODULES = ("compile", "executor", "worker", "metrics", "pristine", "runner", "compilerun", "bench",
-                   "statuses", "records", "channel", "remote_side")
+                   "statuses", "records", "channel", "remote_side", "slurm_run")
 
 @lru_cache(maxsize=1024)
 def _file_digest(path: Path, mtime_ns: int, size: int) -> str:

@@ -47,7 +47,7 @@ from harness import interrupts
 from harness.channel import Receiver, new_key
 from harness.console import case_line, make_console, printable
 from harness.matrix import Case
-from harness.records import (Record, RecordWriter, append_event, new_run_id, now_iso, runs_file, stage_file,
+from harness.records import (Record, RunLog, now_iso, stage_file,
                              status_counts)
 from harness.remote_run import LINE_LIMIT, case_key, git_token, parse_payload, planned_keys
 from harness.report import results_table, summary_lines
@@ -201,9 +201,11 @@ class _Run:
     def __init__(self, spec: Spec, t: SlurmTarget, tasks: list[Task], argv: list[str]):
         self.spec, self.t, self.tasks, self.argv = spec, t, tasks, argv
         self.root = spec.root
-        self.run_id = new_run_id()  # the lab's own run: its start/end events, and the records it writes itself
+        self.log = RunLog(self.root)  # the lab's own run: its start/end events, and the records it writes itself
+        self.run_id = self.log.run_id
         self.lab_seq = 0
-        self.writer = RecordWriter(self.root)
+        self.writer = self.log.writer
+        self.task_logs: dict[str, RunLog] = {}  # a task's run (the id its start event announced): its session
         self.console = make_console()
         self.written: set[str] = set()
         self.known = set(spec.stages)
@@ -212,9 +214,6 @@ class _Run:
 
     def say(self, text: str) -> None:
         self.console.print(text, highlight=False, markup=False)
-
-    def event(self, obj: dict) -> None:
-        append_event(runs_file(self.root), obj)
 
     def write(self, rec: Record) -> None:
         self.writer.write(rec)
@@ -262,9 +261,10 @@ class _Run:
             if not re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z_-]{0,63}", ev["run"]):
                 return self.reject(task, "start event with a malformed run id")
             task.run_id, task.end = ev["run"], None
-            self.event({"run": task.run_id, "t": now_iso(), "event": "start", "target": self.t.name,
-                        "argv": self.argv, "cases": len(task.plan), "shard": f"{task.index}/{task.n}",
-                        "slurm": {"job": task.slurm_id, "attempt": task.attempt, "run": self.run_id}})
+            log = self.task_logs[task.run_id] = RunLog(self.root, run_id=task.run_id, writer=self.writer)
+            log.plan(target=self.t.name, argv=self.argv, cases=len(task.plan), shard=f"{task.index}/{task.n}",
+                     slurm={"job": task.slurm_id, "attempt": task.attempt, "run": self.run_id})
+            log.start()
         elif task.run_id is None or ev["run"] != task.run_id:
             self.reject(task, "end event of another run")
         elif task.end is not None:
@@ -276,13 +276,10 @@ class _Run:
             self.end_task_run(task, task.end["interrupted"])
 
     def end_task_run(self, task: Task, interrupted: bool, lost: str | None = None) -> None:
-        ev = {"run": task.run_id, "t": now_iso(), "event": "end", "target": self.t.name, "interrupted": interrupted,
-              "planned": len(task.plan), "counts": status_counts(task.records)}
-        if task.rejected:
-            ev["rejected"] = task.rejected
-        if lost:
-            ev["lost"] = lost
-        self.event(ev)
+        assert task.run_id is not None
+        log = self.task_logs.get(task.run_id) or RunLog(self.root, run_id=task.run_id, writer=self.writer)
+        log.end(interrupted, target=self.t.name, planned=len(task.plan), counts=status_counts(task.records),
+                **({"rejected": task.rejected} if task.rejected else {}), **({"lost": lost} if lost else {}))
 
     def on_record(self, task: Task, obj: dict) -> None:
         rec = Record.from_dict(obj)
@@ -431,8 +428,8 @@ def run_slurm(spec: Spec, t: SlurmTarget, argv: list[str], stages: list[Stage], 
         jobs.append(job)
         for k in tasks:
             k.job = job
-        run.event({"run": run.run_id, "t": now_iso(), "event": "start", "target": t.name, "argv": list(argv),
-                   "cases": total, "slurm": {"job": job, "tasks": n, "folder": run_dir}})
+        run.log.plan(target=t.name, argv=list(argv), cases=total, slurm={"job": job, "tasks": n, "folder": run_dir})
+        run.log.start()
         run.started = True
         run.say(f"{t.name}  submitted job array {job} ({n} task(s), partition {t.partition}); "
                 f"cancel with Ctrl-C here or `scancel {job}`")
@@ -597,9 +594,8 @@ def _interrupted(run: _Run, login: Login, jobs: list[str], signum: int, run_dir:
 def _finish(run: _Run, code: int | None, lost: str | None) -> int:
     records = [r for k in run.tasks for r in k.records]
     if run.started:
-        run.event({"run": run.run_id, "t": now_iso(), "event": "end", "target": run.t.name, "interrupted": lost is not None,
-                   "planned": sum(len(k.plan) for k in run.tasks), "counts": status_counts(records),
-                   **({"lost": lost} if lost else {})})
+        run.log.end(lost is not None, target=run.t.name, planned=sum(len(k.plan) for k in run.tasks),
+                    counts=status_counts(records), **({"lost": lost} if lost else {}))
     if records:
         run.console.print(results_table(records))
         for line in summary_lines(records, lost is not None, {}):

@@ -294,7 +294,7 @@ def _project_copy(tmp_path: Path, monkeypatch) -> Path:
 
 @pytest.mark.parametrize("module, old, new", [
     ("runner.py", 'status, why = judge(s.tolerances, out["metrics"])', 'status, why = "pass", None'),
-    ("statuses.py", 'FAILING: tuple[str, ...] = ("fail", "compile_error", "crash", "timeout")',
+    ("statuses.py", 'FAILING: tuple[str, ...] = ("fail", "compile_error", "crash", "timeout", "hang")',
      'FAILING: tuple[str, ...] = ("crash",)'),
     ("compilerun.py", 'status="compiled" if res.ok else "compile_error"', 'status="compiled"'),
     ("executor.py", "status, why = judge(job.tolerances, chk.metrics)", 'status, why = "pass", None'),
