@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from harness.interrupts import exit_on_stop_signals
+from harness.core.interrupts import exit_on_stop_signals
 
 if Path(sys.argv[0]).name in ("dsv4-lab", "cli.py"):  # the command itself, not an import by a test
     exit_on_stop_signals()  # a Ctrl-C while the command line loads: one line, exit 130
@@ -105,8 +105,8 @@ def main() -> None:
     failure inside the lab itself is one line and exit 1 (`--traceback` shows the trace).
     No traceback reaches a user otherwise. SIGINT, SIGTERM and SIGHUP end any command with one
     line and 128 + signal (one the lab was started with ignored, e.g. under nohup, stays
-    ignored; harness/interrupts.py)."""
-    from harness import interrupts
+    ignored; harness/core/interrupts.py)."""
+    from harness.core import interrupts
 
     # the registry imports every command module, and with them the error classes they declare,
     # still under the loading handler (one line, exit 128 + signal): a signal there raised
@@ -134,7 +134,7 @@ def main() -> None:
     except phrased as exc:  # the errors the commands declare (harness/commands/): already one line
         print(f"dsv4-lab: {_one_line(exc, phrased)}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (harness.interrupts.Interrupted)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (harness.core.interrupts.Interrupted)
         interrupts.ignore_all()  # on the way out: a second signal cuts nothing short
         print(f"dsv4-lab: {interrupts.describe(exc)}", file=sys.stderr)
         sys.exit(interrupts.exit_code_of(exc))

@@ -24,11 +24,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.baselines import COMPILE_TOLERANCE, Baseline, save  # noqa: E402
-from harness.labels import case_label  # noqa: E402
-from harness.identity import source_hash  # noqa: E402
-from harness.records import Record, RecordWriter  # noqa: E402
-from harness.spec import load_spec  # noqa: E402
+from harness.notebook.baselines import COMPILE_TOLERANCE, Baseline, save  # noqa: E402
+from harness.core.labels import case_label  # noqa: E402
+from harness.spec.identity import source_hash  # noqa: E402
+from harness.notebook.records import Record, RecordWriter  # noqa: E402
+from harness.spec.spec import load_spec  # noqa: E402
 
 STAGE = """\
 version: 1
@@ -62,7 +62,7 @@ def build(lab: Path, compile_only: bool = False) -> None:
     st = spec.stages["BIG"]
     arch = "sm_100a" if compile_only else "sm_90a"
     src = source_hash(lab, st, arch)
-    from harness.matrix import expand
+    from harness.spec.matrix import expand
 
     cases = [c.dict for c in expand(st)]
     assert len(cases) == 200

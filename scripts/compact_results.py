@@ -5,7 +5,7 @@ the events of runs no live line names into results/archive/runs.jsonl.xz, rewrit
 (results/inventories.jsonl.xz, results/envs.jsonl.xz) as one xz stream holding only the values a
 line still names (an older notebook's plain results/inventories.jsonl is folded in and removed),
 and trim compile baselines to what the gate compares and run baselines' metric values to the
-digits it needs (harness/inventories.py, harness/archive.py, harness/baselines.py). Nothing is
+digits it needs (harness/notebook/inventories.py, harness/notebook/archive.py, harness/notebook/baselines.py). Nothing is
 lost: every reader sees the same records afterwards.
 Idempotent; prints what it saved. It holds the notebook's lock (results/.lock) throughout: runs appending meanwhile wait,
 and nothing they write is lost.
@@ -23,15 +23,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness import baselines  # noqa: E402
-from harness.archive import archive_runs, archive_stale, inline_archive  # noqa: E402
-from harness.identity import source_hash  # noqa: E402
-from harness.inventories import ContentStore, StoreAppender, Stores, compact_file, rewrite_store  # noqa: E402
-from harness.notebooklock import LockError, exclusive  # noqa: E402
-from harness.paths import records_dir, results_dir  # noqa: E402
-from harness.safeio import Unsafe  # noqa: E402
-from harness.records import _read_archive, iter_jsonl, record_archives  # noqa: E402
-from harness.spec import load_spec  # noqa: E402
+from harness.notebook import baselines  # noqa: E402
+from harness.notebook.archive import archive_runs, archive_stale, inline_archive  # noqa: E402
+from harness.spec.identity import source_hash  # noqa: E402
+from harness.notebook.inventories import ContentStore, StoreAppender, Stores, compact_file, rewrite_store  # noqa: E402
+from harness.core.notebooklock import LockError, exclusive  # noqa: E402
+from harness.core.paths import records_dir, results_dir  # noqa: E402
+from harness.core.safeio import Unsafe  # noqa: E402
+from harness.notebook.records import _read_archive, iter_jsonl, record_archives  # noqa: E402
+from harness.spec.spec import load_spec  # noqa: E402
 
 ARCHIVE_SUFFIX = ".jsonl.xz"
 
@@ -57,7 +57,7 @@ def named_ids(root: Path, store: ContentStore) -> set[str] | None:
 
 
 def main(root: Path, force: bool = False) -> int:
-    """Compact the notebook, holding its lock exclusive throughout (harness/notebooklock.py): a
+    """Compact the notebook, holding its lock exclusive throughout (harness/core/notebooklock.py): a
     run appending meanwhile waits at its next record and then appends to the rewritten file."""
     try:
         with exclusive(results_dir(root)):

@@ -25,7 +25,7 @@ def main(argv: list[str]) -> int:
     import torch
 
     import deep_gemm
-    from harness.metrics import compare
+    from harness.execution.metrics import compare
     from harness.peers import deepgemm
     from harness.peers.indexer_problems import problem_dims
     from oracles import indexer as ix

@@ -12,7 +12,7 @@ export DSV4_LAB_CACHE=${DSV4_LAB_CACHE:-$(mktemp -d /tmp/dsv4-lab-cache.XXXXXX)}
 stages=("$@")
 if [ ${#stages[@]} -eq 0 ]; then
   mapfile -t stages < <(python3 - <<'PY'
-from harness.spec import load_spec
+from harness.spec.spec import load_spec
 print("\n".join(s.id for s in load_spec().stages.values() if s.bench_plan is not None))
 PY
 )

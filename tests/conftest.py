@@ -73,7 +73,7 @@ def fake_lab(tmp_path, monkeypatch) -> Path:
     return lab
 
 
-# A name no stage can have (stage ids are [A-Z0-9][A-Z0-9_]*, harness/spec.py): the tests' example
+# A name no stage can have (stage ids are [A-Z0-9][A-Z0-9_]*, harness/spec/spec.py): the tests' example
 # of a stage that does not exist stays one however many stages are scaffolded.
 NO_SUCH_STAGE = "stage-no-such"
 

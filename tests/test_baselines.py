@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from harness import baselines, gate
-from harness.baselines import Baseline, BaselineError
-from harness.identity import source_hash
-from harness.labels import case_label
-from harness.records import Record, RecordWriter
-from harness.spec import load_spec
+from harness.notebook import baselines
+
+from harness.workflows import gate
+from harness.notebook.baselines import Baseline, BaselineError
+from harness.spec.identity import source_hash
+from harness.core.labels import case_label
+from harness.notebook.records import Record, RecordWriter
+from harness.spec.spec import load_spec
 from tests.conftest import ROOT, run_cli
 
 GOOD_RUN = """\
@@ -186,7 +188,7 @@ def _add_stage(lab: Path, name: str, kernels: str, matrix: str) -> None:
 
 def _accept_many(lab: str, stage: str, n: int, barrier) -> None:
     sys.path.insert(0, lab)
-    from harness.matrix import expand
+    from harness.spec.matrix import expand
 
     spec = load_spec(root=Path(lab))
     st = spec.stages[stage]
@@ -354,7 +356,7 @@ def test_stale_compile_only_cases_are_recompiled_by_the_gate(blab):
     _write_records(blab, [base])
     code, text = _gate(blab, allow_run=True)
     assert code == 1 and "REGRESSIONS" in text and "stage-HD sm_100a hd=64,n=16" in text and "compile_error" in text
-    recs = [r for r in __import__("harness.records", fromlist=["x"]).read_records(blab, ["HD"])]
+    recs = [r for r in __import__("harness.notebook.records", fromlist=["x"]).read_records(blab, ["HD"])]
     assert recs[-1].status == "compile_error" and recs[-1].code["src"] == source_hash(blab, spec.stages["HD"], "sm_100a")
     runs = (blab / "results" / "runs.jsonl").read_text()
     assert '"event":"start"' in runs and '"event":"end"' in runs
@@ -384,7 +386,7 @@ def test_show_filters_by_stage_arch_and_case(blab, capsys):
     spec = load_spec(root=blab)
     _write_records(blab, [_compiled(spec, "HD", C64), _compiled(spec, "HD", C512, i=2), _pass(spec, "HD", C64)])
     assert _accept(blab).returncode == 0
-    from harness.matrix import expand
+    from harness.spec.matrix import expand
 
     st = spec.stages["HD"]
     assert baselines.show(blab, st, ["sm_100a"], [c for c in expand(st) if c.dict["hd"] == 512]) == 0

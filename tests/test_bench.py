@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.bench import (BenchError, BenchJob, check_and_time, is_bench, plan_cases, row_tensors, sample_rows,
+from harness.execution.bench import (BenchError, BenchJob, check_and_time, is_bench, plan_cases, row_tensors, sample_rows,
                            shape_support)
-from harness.matrix import FilterError
-from harness.records import Record, validate
-from harness.spec import SpecError, load_spec
+from harness.spec.matrix import FilterError
+from harness.notebook.records import Record, validate
+from harness.spec.spec import SpecError, load_spec
 from tests.conftest import run_cli
 
 LAB = """\
@@ -169,7 +169,7 @@ def test_bad_more_or_beside_is_one_line(fake_lab, old, new, key, says):
 
 
 def test_beside_gives_each_other_shape_its_twins_time():
-    from harness.bench import _beside
+    from harness.execution.bench import _beside
 
     seen: dict = {}
     model1, other = {"us": 100.0}, {"us": 112.0}
@@ -252,7 +252,7 @@ def test_row_tensors_refuses_what_is_not_rows():
 
 
 def _job(mode: str, n: int = 4096, rows: int = 64, axis: str | None = "n") -> BenchJob:
-    from harness.spec import Tolerance
+    from harness.spec.spec import Tolerance
 
     return BenchJob(stage="OK", arch="cpu", case={"n": n, "mode": mode}, kernel_params=("n", "mode"),
                     kernel_module="stages.fake.cpu", kernel_entry="Misbehave", tensors=("oracles.add", "tensors"),
@@ -313,7 +313,7 @@ def test_bench_record_is_a_valid_record():
 
 
 def test_dashboard_roofline_text():
-    from harness.dashboard import roofline_text
+    from harness.workflows.dashboard import roofline_text
 
     a = _bench_record()
     b = _bench_record(roofline=0.62)
@@ -357,7 +357,7 @@ def test_bench_times_d1_on_a_gpu(project_root, tmp_path):
     """On a GPU: one D1 bench shape checked, timed and recorded with PyTorch peers beside it."""
     import shutil
 
-    from harness.records import read_records
+    from harness.notebook.records import read_records
 
     lab = tmp_path / "lab"  # a copy: the test's records never land in the lab's own notebook
     shutil.copytree(project_root, lab, ignore=shutil.ignore_patterns(".git", ".cache", ".device", ".peers", "results",

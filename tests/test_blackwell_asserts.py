@@ -6,7 +6,7 @@
   shared-memory partition and must add up to the bytes a row gathers: an inconsistent row
   plan is refused;
 - the dynamic shared memory the driver is asked for — CuTeDSL's inferred size, read back from
-  the compiled launch (harness.compile.launch_smem_bytes) — is the kernel's shared-storage
+  the compiled launch (harness.execution.compile.launch_smem_bytes) — is the kernel's shared-storage
   struct, within the sm_100 limit, and its margin is stated (E simple and v4.1: 231,424 of
   232,448 bytes, 1,024 to spare).
 
@@ -29,7 +29,7 @@ _PRELUDE = """
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream
-    from harness.compile import _fake_tensor, launch_smem_bytes
+    from harness.execution.compile import _fake_tensor, launch_smem_bytes
 
     def compile_case(kernel, specs):
         try:
@@ -106,7 +106,7 @@ def test_e_launch_smem_is_the_struct_within_the_limit_with_its_margin(fmt, tmp_p
 
 
 def test_launch_smem_bytes_reads_each_launch_and_nothing_else():
-    from harness.compile import launch_smem_bytes
+    from harness.execution.compile import launch_smem_bytes
 
     cfg = "!llvm.struct<(array<3 x i32>, array<3 x i32>, i64, ptr, ptr, i32)>"
     ir = textwrap.dedent(f"""

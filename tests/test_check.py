@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.scaffold import scaffold_stage
+from harness.spec.scaffold import scaffold_stage
 from tests.conftest import FIXTURES, ROOT, run_cli
 
 BASE_ORACLE = (FIXTURES / "broken" / "qk_oracle.py").read_text()
@@ -226,7 +226,7 @@ def test_check_passes_on_the_real_lab_fast():
     r = run_cli(["check"], cwd=ROOT, env_extra={"DSV4_LAB_ROOT": str(ROOT)})
     seconds = time.perf_counter() - t0
     assert r.returncode == 0, r.stdout + r.stderr
-    from harness.spec import load_spec
+    from harness.spec.spec import load_spec
 
     for sid, st in load_spec(root=ROOT).stages.items():
         assert f"check: stage-{sid} ok ({', '.join(st.kernels)})" in r.stdout, r.stdout

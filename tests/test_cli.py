@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.records import read_records
+from harness.notebook.records import read_records
 from tests.conftest import NO_SUCH_STAGE, ROOT, lab_env, run_cli
 
 

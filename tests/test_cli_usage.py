@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import baselines
-from harness.baselines import Baseline
-from harness.records import Record, RecordWriter
-from harness.spec import load_spec
+from harness.notebook import baselines
+from harness.notebook.baselines import Baseline
+from harness.notebook.records import Record, RecordWriter
+from harness.spec.spec import load_spec
 from tests.conftest import ROOT, lab_env, run_cli
 from tests.test_gate import C64, C512, add_hd_stage, rec
 
@@ -149,7 +149,7 @@ def test_accept_refuses_a_compile_only_baseline_for_an_arch_the_lab_gpus_run(fak
 
 
 def _dashboard_records(lab: Path) -> None:
-    from harness.compilerun import NOTE
+    from harness.execution.compilerun import NOTE
 
     add_hd_stage(lab)
     text = (lab / "stages.yaml").read_text().replace(
@@ -165,7 +165,7 @@ def _dashboard_records(lab: Path) -> None:
         r.timing = {"us": 1234.56, "tflops": 612.0}
         w.write(r)
         src = load_spec(root=lab)
-        from harness.identity import source_hash
+        from harness.spec.identity import source_hash
 
         w.write(Record(id=f"c.{i}", run="c", t="2026-11-21T00:00:00Z", stage="HD", arch="sm_100a", case=case,
                        status="compiled", compile={"regs": 231, "spill": 0, "smem": 230400}, note=NOTE,

@@ -1,6 +1,6 @@
 """The command registry (harness/commands/, issue 28 item 3): one module per command, and what
 is derived from it — the typer app, the axis filters in `--help`, the one-line errors, and the
-axis names stages.yaml may not use (harness/optionnames.py). Adding a command is one file."""
+axis names stages.yaml may not use (harness/core/optionnames.py). Adding a command is one file."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.optionnames import COMMAND_OPTIONS, GLOBAL_OPTIONS, RESERVED_AXES
-from harness.spec import SpecError, load_spec
+from harness.core.optionnames import COMMAND_OPTIONS, GLOBAL_OPTIONS, RESERVED_AXES
+from harness.spec.spec import SpecError, load_spec
 from tests.conftest import ROOT, run_cli
 
 
@@ -50,7 +50,7 @@ def test_every_flag_of_every_command_is_a_name_stages_yaml_may_not_use_for_an_ax
     assert {"run", "compile", "baseline accept", "targets check", "new stage", "inspect"} <= {p for p, _ in commands}
     missing = {f"{path}: --{name.replace('_', '-')}" for path, cmd in commands for name in _option_names(cmd)
                if name not in RESERVED_AXES}
-    assert not missing, f"flags harness/optionnames.py does not list (stages.yaml would accept them as axes): {missing}"
+    assert not missing, f"flags harness/core/optionnames.py does not list (stages.yaml would accept them as axes): {missing}"
     used = {name for _, cmd in commands for name in _option_names(cmd)}
     assert COMMAND_OPTIONS - used == set(), f"option names no command takes: {COMMAND_OPTIONS - used}"
     assert GLOBAL_OPTIONS <= RESERVED_AXES
@@ -162,13 +162,13 @@ def test_a_flag_name_the_option_list_lacks_is_named_with_the_fix(fake_lab, tmp_p
                                                                           'option("shout", False)'))
     r = _dsv4(code, fake_lab, "list")
     assert r.returncode != 0
-    assert "--shout: not an option name of the lab — add 'shout' to COMMAND_OPTIONS in harness/optionnames.py" in r.stderr
+    assert "--shout: not an option name of the lab — add 'shout' to COMMAND_OPTIONS in harness/core/optionnames.py" in r.stderr
 
 
 def test_the_registry_has_one_module_per_command_and_no_hand_kept_lists_in_cli():
     """cli.py names no command and no error class: the registry is the only list."""
     text = (ROOT / "cli.py").read_text()
-    for word in ("@app.command", "AXIS_HELP_COMMANDS", "RunSetupError", "BaselineError", "\"harness.baselines\""):
+    for word in ("@app.command", "AXIS_HELP_COMMANDS", "RunSetupError", "BaselineError", "\"harness.notebook.baselines\""):
         assert word not in text, word
     from harness.commands.registry import registry
 

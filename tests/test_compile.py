@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.compile import Compiler
-from harness.inventory import families, mma_counts, ptx_inventory, ptx_key, sass_inventory
-from harness.spec import load_spec
+from harness.execution.compile import Compiler
+from harness.notebook.inventory import families, mma_counts, ptx_inventory, ptx_key, sass_inventory
+from harness.spec.spec import load_spec
 from tests.conftest import ROOT, run_cli
 
 EXPECTED = {
@@ -76,7 +76,7 @@ def test_resources_are_reported_and_hd512_does_not_spill(compiled):
 
 
 def test_sass_is_kept_and_counted_when_the_tools_are_installed(compiled):
-    from harness.inventory import sass_tool
+    from harness.notebook.inventory import sass_tool
 
     if sass_tool() is None:
         pytest.skip("cuobjdump / nvdisasm not installed (pip install '.[sass]')")
@@ -212,7 +212,7 @@ def test_sass_inventory_counts_the_mix_with_widths():
 
 def test_the_cuda_tools_are_found_inside_the_nvidia_wheels(tmp_path, monkeypatch):
     """cuobjdump / nvdisasm from the `sass` extra live in site-packages/nvidia/<pkg>/bin, not on PATH."""
-    import harness.inventory as inventory
+    import harness.notebook.inventory as inventory
 
     fake = tmp_path / "site" / "nvidia" / "cu13" / "bin"
     fake.mkdir(parents=True)
@@ -251,7 +251,7 @@ def _broken_sm90(lab, body: str) -> None:
 def test_compile_writes_records_and_run_events_with_a_one_line_error(fake_lab):
     import json
 
-    from harness.records import read_records
+    from harness.notebook.records import read_records
 
     _broken_sm90(fake_lab, "class Kernel:\n    def __init__(self, *, n):\n        raise ValueError('n must be a multiple of 64')\n\n"
         "    def __call__(self, a, b, out, stream):\n        pass\n")
@@ -278,7 +278,7 @@ def test_an_oracle_that_raises_in_tensors_is_a_compile_error_not_a_crash(fake_la
     add.write_text(add.read_text().replace("def tensors(case):", "def tensors(case):\n    raise KeyError('hd')\n", 1))
     _broken_sm90(fake_lab, "class Kernel:\n    def __init__(self, *, n):\n        pass\n" + CALL)
     script = (
-        "import sys\nfrom pathlib import Path\nfrom harness.compile import Compiler\nfrom harness.spec import load_spec\n"
+        "import sys\nfrom pathlib import Path\nfrom harness.execution.compile import Compiler\nfrom harness.spec.spec import load_spec\n"
         "def main():\n"
         "    root = Path(sys.argv[1]); spec = load_spec(root=root); c = Compiler(root)\n"
         "    res = c.submit(spec.stages['OK'], 'sm_90a', {'n': 16}).result(); c.close()\n"
@@ -307,8 +307,8 @@ def test_compile_diff_shows_what_changed_since_a_commit(fake_lab):
     import sys
 
     script = (
-        "import sys\nfrom pathlib import Path\nfrom harness.compilediff import diff_main\n"
-        "from harness.matrix import expand\nfrom harness.spec import load_spec\n"
+        "import sys\nfrom pathlib import Path\nfrom harness.execution.compilediff import diff_main\n"
+        "from harness.spec.matrix import expand\nfrom harness.spec.spec import load_spec\n"
         "def main():\n"
         "    spec = load_spec(root=Path(sys.argv[1])); st = spec.stages['OK']\n"
         "    sys.exit(diff_main(spec, st, ['sm_90a'], expand(st)[:1], sys.argv[2]))\n"
@@ -329,7 +329,7 @@ def test_compile_diff_shows_what_changed_since_a_commit(fake_lab):
 
 
 def test_counter_changes_are_listed_with_missing_instructions_as_zero():
-    from harness.compilediff import changed, counters
+    from harness.execution.compilediff import changed, counters
 
     old = counters(True, {"regs": 160, "spill": 0}, {"tcgen05.mma.cta_group::1.kind::f16": 12, "(all)": 900}, {})
     new = counters(True, {"regs": 168, "spill": 0}, {"tcgen05.mma.cta_group::2.kind::f16": 12, "(all)": 900}, {})
@@ -343,7 +343,7 @@ def test_a_cancelled_compiler_kills_its_running_compiles(project_root):
     outlives it (the interpreter would otherwise wait for each to finish at exit)."""
     import time
 
-    from harness.compile import Compiler
+    from harness.execution.compile import Compiler
 
     c = Compiler(project_root, max_workers=1)
     fut = c._pool("sm_90a").submit(time.sleep, 120)

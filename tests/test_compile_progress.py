@@ -160,12 +160,12 @@ def test_every_label_of_stage_E_reads_whole_in_the_lines_and_the_table():
     case's line and table row carries its whole label, so no two rows read alike."""
     from rich.console import Console
 
-    from harness.compile import CompileResult
-    from harness.compilerun import CompileJob, Compiled
-    from harness.matrix import expand
-    from harness.records import Record
-    from harness.report import compile_line, compile_table, print_whole
-    from harness.spec import load_spec
+    from harness.execution.compile import CompileResult
+    from harness.execution.compilerun import CompileJob, Compiled
+    from harness.spec.matrix import expand
+    from harness.notebook.records import Record
+    from harness.execution.report import compile_line, compile_table, print_whole
+    from harness.spec.spec import load_spec
 
     spec = load_spec(root=ROOT)
     st = spec.stages["E"]
@@ -196,8 +196,8 @@ def test_every_label_of_stage_E_reads_whole_in_the_lines_and_the_table():
 
 
 def test_same_facts_ignores_only_the_time_and_the_cache_flag():
-    from harness.compilerun import same_facts
-    from harness.records import Record
+    from harness.execution.compilerun import same_facts
+    from harness.notebook.records import Record
 
     def rec(status="compiled", src="abc", **compile):
         c = {"key": "k1", "s": 3.0, "cached": False, "regs": 54, "inv": {"wgmma": 4}, **compile}
@@ -224,7 +224,7 @@ def test_the_compile_workers_temp_folder_goes_with_them(tmp_path, monkeypatch, c
     closes: after a normal end, and when it is cancelled (Ctrl-C) with a compile running."""
     import tempfile
 
-    from harness.compile import Compiler
+    from harness.execution.compile import Compiler
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this process's temp folder
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the workers'

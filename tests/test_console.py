@@ -1,12 +1,13 @@
-"""harness/console.py: text from records (a remote host, a kernel's message) is shown as text:
+"""harness/core/console.py: text from records (a remote host, a kernel's message) is shown as text:
 never as rich markup, never as terminal control sequences."""
 
 from __future__ import annotations
 
 from rich.console import Console
 
-from harness.console import case_line, printable
-from harness.records import Record
+from harness.core.console import printable
+from harness.notebook.recordview import case_line
+from harness.notebook.records import Record
 
 
 def render(markup: str) -> str:

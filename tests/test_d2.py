@@ -323,8 +323,8 @@ def test_kv_views_address_the_same_bytes_and_a_mismatch_is_caught(monkeypatch):
 def d2_builds(tmp_path_factory):
     import os
 
-    from harness.compile import Compiler
-    from harness.spec import load_spec
+    from harness.execution.compile import Compiler
+    from harness.spec.spec import load_spec
 
     os.environ["DSV4_LAB_CACHE"] = str(tmp_path_factory.mktemp("cache"))
     spec = load_spec(root=ROOT)
@@ -340,7 +340,7 @@ def d2_builds(tmp_path_factory):
 def test_kernel_builds_reads_kv_once_rebalances_registers_and_combines_only_when_split(d2_builds):
     import shutil
 
-    from harness.inventory import families
+    from harness.notebook.inventory import families
 
     for case, res in d2_builds:
         assert res.ok, f"{case}: {res.error}"

@@ -16,8 +16,8 @@ import pytest
 import torch
 import yaml
 
-from harness.metrics import compare, judge
-from harness.spec import Tolerance
+from harness.execution.metrics import compare, judge
+from harness.spec.spec import Tolerance
 from oracles import masked_decode as md
 from oracles.common import case_seed
 from stages.common import scheduler as sch
@@ -346,9 +346,9 @@ def test_d5_builds_one_launch_over_both_branches_q_once_and_combines_with_the_si
     import re
     import shutil
 
-    from harness.compile import Compiler
-    from harness.inventory import families
-    from harness.spec import load_spec
+    from harness.execution.compile import Compiler
+    from harness.notebook.inventory import families
+    from harness.spec.spec import load_spec
 
     old = os.environ.get("DSV4_LAB_CACHE")
     os.environ["DSV4_LAB_CACHE"] = str(tmp_path)

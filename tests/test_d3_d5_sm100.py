@@ -204,9 +204,9 @@ def test_representative_case_compiles_for_sm100a_without_spills(stage, case, tmp
     """Through the lab's compile path, as `dsv4-lab compile` does: D4 with three tokens (a
     block of two tokens with per-row causal limits), empty splits and the combine; D5 with both
     branches and the sink in the epilogue."""
-    from harness.compile import Compiler
-    from harness.inventory import families
-    from harness.spec import load_spec
+    from harness.execution.compile import Compiler
+    from harness.notebook.inventory import families
+    from harness.spec.spec import load_spec
 
     monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
     spec = load_spec(root=ROOT)

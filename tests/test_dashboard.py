@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 
-from harness.baselines import save
-from harness.history import sparkline
-from harness.records import Record, RecordWriter
+from harness.notebook.baselines import save
+from harness.workflows.history import sparkline
+from harness.notebook.records import Record, RecordWriter
 from tests.conftest import run_cli
 from tests.test_gate import C64, C512, add_hd_stage, base, rec
-from harness.spec import load_spec
+from harness.spec.spec import load_spec
 
 
 def test_empty_lab_says_what_to_run_first(fake_lab):

@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from harness.metrics import compare
+from harness.execution.metrics import compare
 from harness.peers import deepgemm
 from harness.peers.indexer_problems import problem_dims
 from oracles import indexer as ix

@@ -14,9 +14,9 @@ import dataclasses
 
 import pytest
 
-from harness.matrix import Case, expand
-from harness.runner import RunOptions, Runner, Task
-from harness.spec import KernelRef, load_spec
+from harness.spec.matrix import Case, expand
+from harness.execution.runner import RunOptions, Runner, Task
+from harness.spec.spec import KernelRef, load_spec
 
 pytestmark = pytest.mark.gpu
 

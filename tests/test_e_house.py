@@ -82,8 +82,8 @@ def test_a_bad_sm_count_override_is_one_line(monkeypatch):
 
 def test_the_compile_key_holds_the_sm_count(project_root, monkeypatch):
     """A kernel built for 114 SMs is not the one built for 78: the compile cache keys them apart."""
-    from harness.compile import cache_key
-    from harness.spec import load_spec
+    from harness.execution.compile import cache_key
+    from harness.spec.spec import load_spec
 
     stage = load_spec(root=project_root).stages["E"]
     case = dict(b=64, config=H128, kv_format="model1", scenario="sink", splits="auto")

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from harness.matrix import expand
-from harness.spec import load_spec
+from harness.spec.matrix import expand
+from harness.spec.spec import load_spec
 from oracles import kvcache as kc
 from oracles import sparse_decode as sd
 from stages.E_sparse_decode import sm90
@@ -22,7 +22,7 @@ def test_kernel_block_bytes_agree_with_the_oracle(fmt):
 def test_splits_fit_the_declared_scratch(project_root):
     stage = load_spec(root=project_root).stages["E"]
     cases = [c.dict for c in expand(stage)]
-    from harness.bench import plan_cases
+    from harness.execution.bench import plan_cases
 
     cases += plan_cases(stage, [])  # every bench shape (b 1 … 256, s_q 1 and 2, every format)
     seen = set()
@@ -67,7 +67,7 @@ def _ptx(project_root, tmp_path, monkeypatch, cfgs, fmt):
     """The PTX of stage E's sm90 kernel for each config (compiled for sm_90a, no GPU, no records)."""
     from pathlib import Path
 
-    from harness.compile import Compiler
+    from harness.execution.compile import Compiler
 
     monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
     spec = load_spec(root=project_root)

@@ -34,7 +34,7 @@ _COMPILE = """
     import json, sys
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream
-    from harness.compile import _fake_tensor
+    from harness.execution.compile import _fake_tensor
     from oracles.sparse_decode import tensors
     import stages.E_sparse_decode.sm100 as m
     case = {case!r}
@@ -212,7 +212,7 @@ def test_lse_view_puts_one_token_rows_at_lse_b_h_t(tmp_path):
 
 
 def _inventory(ptx: str) -> dict:
-    from harness.inventory import ptx_inventory
+    from harness.notebook.inventory import ptx_inventory
 
     return ptx_inventory(ptx)
 
@@ -232,8 +232,8 @@ def test_representative_cases_compile_for_sm100a_without_spills(case, tmp_path):
     global loads and has no gather."""
     import re
 
-    from harness.compile import ptxas_resources
-    from harness.inventory import families
+    from harness.execution.compile import ptxas_resources
+    from harness.notebook.inventory import families
 
     out = _compile(case, tmp_path)
     assert "COMPILED" in out, out[-3000:]

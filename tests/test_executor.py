@@ -1,4 +1,4 @@
-"""The one case executor (harness/executor.py) and the one process supervisor (harness/worker.py)
+"""The one case executor (harness/execution/executor.py) and the one process supervisor (harness/execution/worker.py)
 behind `run`, `run --bench` and `bench`: one timing format (`peer_<name>_*`, old `peer_us` still
 read), one stage → job mapping, and bench shapes run in the same supervised worker as test cases
 (a hang is killed, a crash is classified the same way)."""
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from harness import executor as ex
-from harness.records import Record, peer_times, run_peer_us
+from harness.execution import executor as ex
+from harness.notebook.records import Record, peer_times, run_peer_us
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def _run_job(mode: str = "ok", **kw) -> ex.Job:
 
 
 def _bench_job(mode: str = "ok") -> ex.BenchJob:
-    from harness.spec import Tolerance
+    from harness.spec.spec import Tolerance
 
     return ex.BenchJob(stage="OK", arch="cpu", case={"n": 64, "mode": mode}, kernel_params=("n", "mode"),
                        kernel_module="stages.fake.cpu", kernel_entry="Misbehave", tensors=("oracles.add", "tensors"),
@@ -38,7 +38,7 @@ def _bench_job(mode: str = "ok") -> ex.BenchJob:
 
 
 def _fake_bench(calls: list):
-    """harness.timing.bench without a GPU: runs each launch once, reports a fixed time (the
+    """harness.execution.timing.bench without a GPU: runs each launch once, reports a fixed time (the
     kernel's first, then its peer's)."""
     def bench(launches, reps=30, warmup=3, min_launches=1):
         for f in launches:
@@ -52,10 +52,10 @@ def _fake_bench(calls: list):
 
 def test_run_bench_times_its_peer_in_the_flat_peer_keys(lab_path, monkeypatch):
     # `run --bench` used to write `peer_us`; it now writes what `bench` writes: peer_<name>_us, _spread, _ratio
-    import harness.timing
+    import harness.execution.timing
 
     calls: list = []
-    monkeypatch.setattr(harness.timing, "bench", _fake_bench(calls))
+    monkeypatch.setattr(harness.execution.timing, "bench", _fake_bench(calls))
     job = _run_job(peer=("oracles.add", "reference"), bench=True)
     executor = ex.CaseExecutor(lab_path)
     t = executor._time_case(job, executor.launch(job))
@@ -74,15 +74,15 @@ def test_old_and_new_peer_keys_read_alike():
                    timing={"us": 2.0, "peer_torch_sdpa_us": 3.0, "peer_fa4": "not installed"})
     assert run_peer_us(old) == run_peer_us(new) == 3.0
     assert run_peer_us(bench) is None and peer_times(bench.timing) == {"torch_sdpa": 3.0}
-    from harness.console import case_line
+    from harness.notebook.recordview import case_line
 
     assert "(torch 3.00 µs)" in case_line(old) and "(torch 3.00 µs)" in case_line(new)
     assert "torch 3.00" not in case_line(bench)
 
 
 def test_one_stage_to_job_mapping(project_root):
-    from harness.bench import _job
-    from harness.spec import load_spec
+    from harness.execution.bench import _job
+    from harness.spec.spec import load_spec
 
     spec = load_spec(root=project_root)
     st = next(s for s in spec.stages.values() if s.bench_plan is not None and "sm_90a" in s.kernels)
@@ -95,7 +95,7 @@ def test_one_stage_to_job_mapping(project_root):
 
 
 def test_bench_shape_runs_in_the_supervised_worker(lab_path):
-    from harness.bench import run_job
+    from harness.execution.bench import run_job
 
     out = run_job(lab_path, _bench_job("ok"), 120)
     assert out["status"] == "pass" and out["checked"] == "every row", out
@@ -114,7 +114,7 @@ def test_run_bench_on_a_gpu_records_the_flat_peer_keys(project_root, tmp_path):
     `peer_torch_attention_us` / `_ratio` (as `bench` names its peers), never `peer_us`."""
     import shutil
 
-    from harness.records import read_records
+    from harness.notebook.records import read_records
     from tests.conftest import run_cli
 
     lab = tmp_path / "lab"  # a copy: the test's records never land in the lab's own notebook

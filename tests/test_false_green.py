@@ -37,9 +37,11 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from harness import baselines, gate  # noqa: E402
-from harness.baselines import BaselineError  # noqa: E402
-from harness.spec import SpecError, load_spec  # noqa: E402
+from harness.notebook import baselines  # noqa: E402
+
+from harness.workflows import gate
+from harness.notebook.baselines import BaselineError  # noqa: E402
+from harness.spec.spec import SpecError, load_spec  # noqa: E402
 
 OK_TOL = "tolerances: {out: {cosine_min: 0.9999, rel_l2_max: 1.0e-6}}"
 
@@ -177,7 +179,7 @@ from tests.test_bench import _job, lab_path  # noqa: E402,F401  (the bench tests
 
 
 def test_bench_check_fails_a_kernel_that_writes_its_inputs(lab_path):
-    from harness.bench import check_and_time
+    from harness.execution.bench import check_and_time
 
     zero = check_and_time(_job("zero_inputs"), lab_path)
     assert zero["status"] == "fail" and "kernel wrote its input a (4096 elements changed)" in zero["error"], zero
@@ -189,7 +191,7 @@ def test_bench_check_fails_a_kernel_that_writes_its_inputs(lab_path):
 
 
 def test_the_worker_names_the_inputs_written(lab_path):
-    from harness.worker import Job, _Executor
+    from harness.execution.worker import Job, _Executor
 
     job = Job(stage="IN", arch="cpu", case={"n": 16, "mode": "copy_input"}, kernel_params=("n", "mode"),
               kernel_module="stages.fake.cpu", kernel_entry="Misbehave", tensors=("oracles.add", "tensors"),
@@ -203,7 +205,7 @@ def test_the_worker_names_the_inputs_written(lab_path):
 def test_inputs_are_compared_bit_for_bit():
     import torch
 
-    from harness.pristine import changed, keep, restore, written
+    from harness.execution.pristine import changed, keep, restore, written
 
     a = torch.tensor([1.0, -0.0, float("nan"), 2.0])
     b = torch.arange(6, dtype=torch.int64).reshape(2, 3)
@@ -228,8 +230,8 @@ def test_inputs_are_compared_bit_for_bit():
 import ast  # noqa: E402
 import shutil  # noqa: E402
 
-from harness import identity  # noqa: E402
-from harness.statuses import STATUSES  # noqa: E402
+from harness.spec import identity  # noqa: E402
+from harness.core.statuses import STATUSES  # noqa: E402
 
 # Calls that compare outputs, judge them, or fail a case for what it did to its inputs.
 VERDICT_CALLS = {"judge", "violations", "compare", "describe_input_writes"}
@@ -298,7 +300,7 @@ def _project_copy(tmp_path: Path, monkeypatch) -> Path:
      'FAILING: tuple[str, ...] = ("crash",)'),
     ("compilerun.py", 'status="compiled" if res.ok else "compile_error"', 'status="compiled"'),
     ("executor.py", "status, why = judge(job.tolerances, chk.metrics)", 'status, why = "pass", None'),
-    ("records.py", "from harness.statuses import STATUSES", "STATUSES = ('pass',)"),
+    ("records.py", "from harness.core.statuses import STATUSES", "STATUSES = ('pass',)"),
 ])
 def test_editing_verdict_code_makes_results_stale(fake_lab, tmp_path, monkeypatch, module, old, new):
     harness = _project_copy(tmp_path, monkeypatch)

@@ -10,8 +10,8 @@ import dataclasses
 
 import pytest
 
-from harness import first_light as fl
-from harness.spec import load_spec
+from harness.workflows import first_light as fl
+from harness.spec.spec import load_spec
 from tests.conftest import ROOT, run_cli
 
 ISSUE_ORDER = [

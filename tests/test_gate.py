@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import baselines, gate
-from harness.baselines import Baseline, case_label
-from harness.identity import source_hash
-from harness.records import Record, RecordWriter
-from harness.spec import load_spec
+from harness.notebook import baselines
+
+from harness.workflows import gate
+from harness.notebook.baselines import Baseline, case_label
+from harness.spec.identity import source_hash
+from harness.notebook.records import Record, RecordWriter
+from harness.spec.spec import load_spec
 from tests.conftest import run_cli
 
 

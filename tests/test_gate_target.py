@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import baselines
-from harness.identity import source_hash
-from harness.records import read_records
-from harness.spec import load_spec
-from harness.targets import TargetError, load_targets, proof_target
+from harness.notebook import baselines
+from harness.spec.identity import source_hash
+from harness.notebook.records import read_records
+from harness.spec.spec import load_spec
+from harness.remote.targets import TargetError, load_targets, proof_target
 from tests.conftest import run_cli
 from tests.ssh_fixtures import SshServer, make_lab, ssh_server  # noqa: F401  (fixture)
 from tests.ssh_fixtures import run_cli as lab_cli
@@ -254,7 +254,7 @@ def test_staged_gate_of_a_lab_in_a_subfolder_of_its_repository(fake_lab, tmp_pat
     the export's prefix, and the staged baselines are the lab's."""
     import shutil
 
-    from harness import gate
+    from harness.workflows import gate
 
     add_hd_stage(fake_lab)
     spec = load_spec(root=fake_lab)
@@ -283,7 +283,7 @@ def test_a_staged_run_here_runs_the_staged_kernel_and_writes_records_to_the_lab(
     staged kernel, not a broken one left unstaged), and its records land in the lab's results/."""
     import io
 
-    from harness import gate
+    from harness.workflows import gate
 
     lab = fake_lab
     add_hd_stage(lab)

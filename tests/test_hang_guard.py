@@ -41,8 +41,8 @@ if {stub!r}:  # the tree as if the guard did not exist: no patch, no names
     sys.modules["stages.common.hang_guard"] = stub
     stages.common.hang_guard = stub
 import dataclasses
-from harness.compile import compile_case
-from harness.spec import KernelRef, load_spec
+from harness.execution.compile import compile_case
+from harness.spec.spec import KernelRef, load_spec
 root = Path({root!r})
 spec = load_spec(root=root)
 d2 = spec.stages["D2"]
@@ -138,9 +138,9 @@ class _FakeTorch:
 
 
 def test_a_hang_line_on_stdout_makes_the_case_a_hang():
-    from harness.hangs import KernelHang
-    from harness.executor import launch_watching_hangs as _launch_watching_hangs
-    from harness.worker import error_reply as _error_reply
+    from harness.execution.hangs import KernelHang
+    from harness.execution.executor import launch_watching_hangs as _launch_watching_hangs
+    from harness.execution.worker import error_reply as _error_reply
 
     line = ("DSV4-HANG role=mma pipeline=kv.full slot=1 phase=0 cta=(0,0,2) tile=(0,0,2) warp=0 thread=0 "
             "waited_ns=4000000123")
@@ -158,8 +158,8 @@ def test_a_hang_line_on_stdout_makes_the_case_a_hang():
 
 
 def test_a_crash_without_a_hang_line_stays_a_crash():
-    from harness.executor import launch_watching_hangs as _launch_watching_hangs
-    from harness.worker import error_reply as _error_reply
+    from harness.execution.executor import launch_watching_hangs as _launch_watching_hangs
+    from harness.execution.worker import error_reply as _error_reply
 
     with pytest.raises(RuntimeError) as got:
         _launch_watching_hangs(lambda: os.write(1, b"some kernel printf\n"), _FakeTorch)
@@ -167,13 +167,13 @@ def test_a_crash_without_a_hang_line_stays_a_crash():
 
 
 def test_hang_is_a_failing_status_that_ran():
-    from harness.statuses import FAILING, RAN, STATUSES, STYLE
+    from harness.core.statuses import FAILING, RAN, STATUSES, STYLE
 
     assert "hang" in STATUSES and "hang" in FAILING and "hang" in RAN and "hang" in STYLE
 
 
 def test_the_lab_and_the_kernels_agree_on_the_switch():
-    from harness import hangs
+    from harness.execution import hangs
 
     src = (ROOT / "stages" / "common" / "hang_guard.py").read_text()
     assert f'ENV = "{hangs.ENV}"' in src and f'TAG = "{hangs.TAG}"' in src
@@ -182,7 +182,7 @@ def test_the_lab_and_the_kernels_agree_on_the_switch():
 def test_run_flag_reaches_the_run_and_its_records(fake_lab):
     """`dsv4-lab run … --debug-hangs` (a real CLI process on the fake CPU lab): the run's start
     event says it was a debug-hangs build; without the flag it says nothing of the kind."""
-    from harness.records import runs_file
+    from harness.notebook.records import runs_file
     from tests.conftest import run_cli
 
     r = run_cli(["run", "stage-OK", "--debug-hangs"], cwd=fake_lab)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import identity
-from harness.identity import source_hash
-from harness.spec import load_spec
+from harness.spec import identity
+from harness.spec.identity import source_hash
+from harness.spec.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -114,7 +114,7 @@ def test_a_module_that_does_not_tokenize_is_hashed_by_its_bytes(fake_lab):
 def test_the_code_text_of_a_python_file_is_the_same_under_every_python_version():
     """3.12 splits f-strings into tokens and 3.11 does not: the hash must not see that (records
     made on a GPU machine's Python must be fresh on the laptop's)."""
-    from harness.identity import code_text
+    from harness.spec.identity import code_text
 
     src = b'x = f"{a!r:>{w}} # not a comment"  # a comment\n\n\n    \ny = "#" + f\'{b}\'\t\n# only a comment\n'
     assert code_text(src) == b'x = f"{a!r:>{w}} # not a comment"\ny = "#" + f\'{b}\''
@@ -137,13 +137,13 @@ def test_every_lab_file_hashes_the_same_under_other_python_versions():
     import subprocess
 
     files = sorted(str(p.relative_to(ROOT)) for d in ("harness", "stages", "oracles", "tests") for p in (ROOT / d).rglob("*.py"))
-    script = ("import hashlib, json, sys; sys.path.insert(0, sys.argv[1]); from harness.codetext import code_text\n"
+    script = ("import hashlib, json, sys; sys.path.insert(0, sys.argv[1]); from harness.spec.codetext import code_text\n"
               "out = {}\n"
               "for f in json.loads(sys.argv[2]):\n"
               "    try: out[f] = hashlib.sha256(code_text(open(sys.argv[1] + '/' + f, 'rb').read())).hexdigest()\n"
               "    except ValueError: out[f] = 'does not tokenize'\n"
               "print(json.dumps(out))\n")
-    from harness.codetext import code_text
+    from harness.spec.codetext import code_text
 
     def here(f: str) -> str:
         try:

@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from harness.metrics import compare, judge
-from harness.spec import load_spec
+from harness.execution.metrics import compare, judge
+from harness.spec.spec import load_spec
 from oracles import indexer as ix
 from oracles.common import case_seed
 
@@ -275,8 +275,8 @@ def test_tmem_budget_refuses_more_than_512_columns():
 _SETMAXNREG_PROBE = r"""
 import json, os, sys
 from pathlib import Path
-from harness.spec import load_spec
-from harness.compile import compile_case
+from harness.spec.spec import load_spec
+from harness.execution.compile import compile_case
 root = Path(sys.argv[1]); out = {}
 spec = load_spec(root=root)
 for stage, case in json.loads(sys.argv[2]):
@@ -317,8 +317,8 @@ def test_sm90_register_increase_only_where_the_launch_grants_it(tmp_path):
 _PLANTED_BUG_PROBE = r"""
 import dataclasses, json, sys
 from pathlib import Path
-from harness.spec import KernelRef, load_spec
-from harness.compile import compile_case
+from harness.spec.spec import KernelRef, load_spec
+from harness.execution.compile import compile_case
 root, out = Path(sys.argv[1]), {}
 i1 = load_spec(root=root).stages["I1"]
 wrong = KernelRef("sm_90a", "tests.fixtures.wrong_i1.sm90", "Kernel", root / "tests" / "fixtures" / "wrong_i1" / "sm90.py")

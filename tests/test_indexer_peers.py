@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from harness.metrics import compare
+from harness.execution.metrics import compare
 from harness.peers import deepgemm, torch_indexer
 from harness.peers.indexer_problems import problem_dims
 from oracles import indexer as ix

@@ -15,10 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import kernelinspect as insp
-from harness.compile import tensor_specs
-from harness.matrix import expand
-from harness.spec import KernelRef, load_spec
+from harness.execution import kernelinspect as insp
+from harness.execution.compile import tensor_specs
+from harness.spec.matrix import expand
+from harness.spec.spec import KernelRef, load_spec
 from stages.common import inspection
 from tests.conftest import ROOT
 

@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from harness.matrix import (
+from harness.spec.matrix import (
     FilterError, MatrixSizeError, count, expand, parse_axis_flags, parse_filters, parse_where, select,
 )
-from harness.spec import MAX_CASES, load_spec
+from harness.spec.spec import MAX_CASES, load_spec
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from harness.metrics import compare, poison_, unwritten_mask, violations
-from harness.spec import Tolerance
+from harness.execution.metrics import compare, poison_, unwritten_mask, violations
+from harness.spec.spec import Tolerance
 
 
 def test_hand_computed_values():

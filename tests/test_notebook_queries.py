@@ -1,4 +1,4 @@
-"""The notebook's queries (harness/records.py: freshness, the newest record of a case, the newest
+"""The notebook's queries (harness/notebook/records.py: freshness, the newest record of a case, the newest
 fresh one, bench or not) give the answers the readers computed each on their own before they
 were gathered there: checked on the committed notebook of the real tree (read only), against the
 old code kept here verbatim, and on a small notebook of old-format lines."""
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import records as R
-from harness.labels import case_label
-from harness.statuses import RAN
+from harness.notebook import records as R
+from harness.core.labels import case_label
+from harness.core.statuses import RAN
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -208,7 +208,7 @@ def test_schema_queries_and_sessions_are_written_once():
     assert [n for n, t in src.items() if "def is_bench" in t] == ["records.py"]
     assert [n for n, t in src.items() if "append_event(runs_file" in t] == ["records.py"]  # RunLog
     assert [n for n, t in src.items() if "\ndef newest(" in t] == ["records.py"]
-    assert "harness.bench" not in src["dashboard.py"]  # bench-or-not comes from the notebook
+    assert "harness.execution.bench" not in src["dashboard.py"]  # bench-or-not comes from the notebook
     assert [n for n, t in src.items() if "yaml.scan(" in t] == ["yamlnodes.py"]  # one line-aware YAML reader
 
 
@@ -248,7 +248,7 @@ def test_run_log_writes_its_events_once(tmp_path):
 
 
 def test_yaml_line_helpers():
-    from harness import yamlnodes
+    from harness.core import yamlnodes
 
     text = "a:\n  b: 1\n  c:\n    d: 2\n    d: 3\n"
     node = yamlnodes.compose(text, yamlnodes.NodeContext("x.yaml", ValueError))

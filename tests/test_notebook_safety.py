@@ -12,14 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-from harness.records import read_records, read_runs
+from harness.notebook.records import read_records, read_runs
 from tests.conftest import ROOT
 
 CHILD = r"""
 import sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[3])
-from harness.records import Record, RecordWriter, append_event, runs_file
+from harness.notebook.records import Record, RecordWriter, append_event, runs_file
 root, n = Path(sys.argv[1]), int(sys.argv[2])
 w = RecordWriter(root)
 append_event(runs_file(root), {"run": "child", "t": "2026-01-01T00:00:00Z", "event": "start"})
@@ -45,8 +45,8 @@ def _compact_script():
 def test_compacting_while_a_run_appends_loses_no_record(fake_lab, capsys):
     """A real process appends 30 records (and their env blocks, and its run events) while
     compaction runs again and again: every record survives, in the records file or the archive."""
-    from harness.identity import source_hash
-    from harness.spec import load_spec
+    from harness.spec.identity import source_hash
+    from harness.spec.spec import load_spec
 
     spec = load_spec(root=fake_lab)
     fresh = source_hash(spec.root, spec.stages["OK"], "cpu")
@@ -80,14 +80,14 @@ import resource  # noqa: E402
 
 import pytest  # noqa: E402
 
-from harness import baselines  # noqa: E402
-from harness.records import Record, RecordWriter  # noqa: E402
+from harness.notebook import baselines  # noqa: E402
+from harness.notebook.records import Record, RecordWriter  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
 
 
 def _records(lab: Path, cases=(16, 32)) -> None:
-    from harness.identity import source_hash
-    from harness.spec import load_spec
+    from harness.spec.identity import source_hash
+    from harness.spec.spec import load_spec
 
     spec = load_spec(root=lab)
     src = source_hash(spec.root, spec.stages["OK"], "cpu")

@@ -1,6 +1,6 @@
 """The notebook stays small without losing anything: inventories and env blocks kept once,
-xz-compressed (harness/inventories.py), stale lines archived with them inline (harness/archive.py),
-compile baselines trimmed to what the gate compares and written compactly (harness/baselines.py)."""
+xz-compressed (harness/notebook/inventories.py), stale lines archived with them inline (harness/notebook/archive.py),
+compile baselines trimmed to what the gate compares and written compactly (harness/notebook/baselines.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import lzma
 from dataclasses import replace
 from pathlib import Path
 
-from harness import baselines
-from harness.archive import archive_stale, inline_archive
-from harness.inventories import (EnvStore, InventoryStore, StoreAppender, compact_file, content_id, plain_store_file,
+from harness.notebook import baselines
+from harness.notebook.archive import archive_stale, inline_archive
+from harness.notebook.inventories import (EnvStore, InventoryStore, StoreAppender, compact_file, content_id, plain_store_file,
                                  rewrite_store, store_file)
-from harness.paths import results_dir
-from harness.records import Record, RecordWriter, _read_archive, archive_file, iter_records, read_records, stage_file
+from harness.core.paths import results_dir
+from harness.notebook.records import Record, RecordWriter, _read_archive, archive_file, iter_records, read_records, stage_file
 
 INV = {"(all)": 120, "wgmma.mma_async.m64n64k16.f32.bf16.bf16": 32, "ld.global.128b": 12}
 SASS = {"(all)": 200, "HGMMA.64x64x16.F32.BF16": 32, "LDG.E.128": 12}
@@ -293,7 +293,7 @@ def test_an_old_archive_that_names_ids_is_read_and_inlined(tmp_path):
 
 
 def test_a_reader_loads_the_store_once_per_file_not_once_per_record(tmp_path, monkeypatch):
-    from harness import inventories
+    from harness.notebook import inventories
 
     w = RecordWriter(tmp_path)
     for i in range(5):
@@ -307,8 +307,8 @@ def test_a_reader_loads_the_store_once_per_file_not_once_per_record(tmp_path, mo
 
 
 def test_runs_no_live_record_names_move_to_the_archive_and_read_back(tmp_path):
-    from harness.archive import archive_runs
-    from harness.records import append_event, read_runs, runs_archive_file, runs_file
+    from harness.notebook.archive import archive_runs
+    from harness.notebook.records import append_event, read_runs, runs_archive_file, runs_file
 
     path = runs_file(tmp_path)
     path.parent.mkdir(parents=True)
@@ -323,7 +323,7 @@ def test_runs_no_live_record_names_move_to_the_archive_and_read_back(tmp_path):
     kept = path.read_text().splitlines()
     assert kept[-1] == "not json" and all('"live"' in x for x in kept[:-1]) and len(kept) == 3
     assert archive_runs(tmp_path, {"live"}) == (0, 0)  # idempotent
-    from harness.records import archive_file, record_archives, stage_file
+    from harness.notebook.records import archive_file, record_archives, stage_file
     stage_archive = archive_file(stage_file(tmp_path, "A"))
     stage_archive.write_bytes(b"")
     assert record_archives(tmp_path) == [stage_archive]  # the runs' archive is not a stage's
@@ -375,7 +375,7 @@ def test_each_env_block_is_stored_once_and_every_reader_gets_the_record_as_writt
 
 
 def test_the_env_store_is_written_and_fsynced_before_the_record(tmp_path, monkeypatch):
-    from harness import inventories
+    from harness.notebook import inventories
 
     seen: list[tuple[str, int]] = []
     real = inventories.StoreAppender.write
@@ -445,8 +445,8 @@ def test_an_old_archive_that_names_an_env_id_is_read_and_inlined(tmp_path):
 
 
 def test_compacting_folds_inline_envs_into_the_store_and_drops_unused_ones(fake_lab):
-    from harness.identity import source_hash
-    from harness.spec import load_spec
+    from harness.spec.identity import source_hash
+    from harness.spec.spec import load_spec
 
     spec = load_spec(root=fake_lab)
     fresh = source_hash(spec.root, spec.stages["OK"], "cpu")
@@ -497,8 +497,8 @@ def test_a_corrupt_env_store_line_or_stream_costs_one_warning_each_and_nothing_e
 
 
 def test_show_and_the_dashboard_read_an_env_by_id_and_a_missing_one_is_one_line(fake_lab):
-    from harness.identity import source_hash
-    from harness.spec import load_spec
+    from harness.spec.identity import source_hash
+    from harness.spec.spec import load_spec
     from tests.conftest import run_cli
 
     spec = load_spec(root=fake_lab)

@@ -26,8 +26,8 @@ from functools import lru_cache
 
 import pytest
 
-from harness.matrix import expand
-from harness.spec import load_spec
+from harness.spec.matrix import expand
+from harness.spec.spec import load_spec
 from stages.common import protocols as P
 from stages.common.pipesim import (Arrive, Barrier, Bytes, Protocol, Wait, consumer_wait, cross_check, ptx_facts,
                                    producer_wait, simulate)
@@ -204,9 +204,9 @@ _COMPILE = """
 import json, sys
 from pathlib import Path
 sys.path.insert(0, {root!r})
-from harness.compile import compile_case
-from harness.matrix import expand
-from harness.spec import load_spec
+from harness.execution.compile import compile_case
+from harness.spec.matrix import expand
+from harness.spec.spec import load_spec
 root = Path({root!r})
 spec = load_spec(root=root)
 out = {{}}

@@ -1,7 +1,7 @@
 """`prepared` (issue 34 item 5), on the CPU: the status is its own thing — never a run, never a
 pass, never a run baseline, never the gate's result, shown apart in the summary and the
 dashboard — and `run --prepare` without a GPU says so and records `compiled`.  The mechanism
-itself (harness/prepare.py's launch interposer under CuTeDSL's real compiled host code) is run
+itself (harness/execution/prepare.py's launch interposer under CuTeDSL's real compiled host code) is run
 here in its "fake" mode, which answers the CUDA runtime calls itself: stage E's sm100 host path
 goes through descriptor encoding, library load, kernel lookup, attributes and stops at the
 launch, whose grid, block and dynamic shared memory are those the compile inferred.  On an H100
@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from harness.records import Record
-from harness.statuses import COMPILED, FAILING, PREPARED, RAN, STATUSES, STYLE
+from harness.notebook.records import Record
+from harness.core.statuses import COMPILED, FAILING, PREPARED, RAN, STATUSES, STYLE
 from tests.conftest import ROOT
 
 
@@ -32,16 +32,16 @@ def _rec(status: str, **kw) -> Record:
 def test_prepared_is_a_status_of_its_own_and_never_a_run():
     assert "prepared" in STATUSES and PREPARED == ("prepared",) and "prepared" in STYLE
     assert "prepared" not in RAN and "prepared" not in FAILING and "prepared" not in COMPILED
-    from harness.gate import RESULT_STATUSES
+    from harness.workflows.gate import RESULT_STATUSES
 
     assert "prepared" not in RESULT_STATUSES  # the gate never takes it as a run's verdict
-    from harness.records import validate
+    from harness.notebook.records import validate
 
     assert validate(_rec("prepared").to_dict()) is None
 
 
 def test_summary_says_nothing_ran_when_cases_were_only_prepared():
-    from harness.report import summary_lines
+    from harness.execution.report import summary_lines
 
     lines = summary_lines([_rec("prepared", note="prepared, not run: …")], False, {})
     text = "\n".join(lines)
@@ -51,9 +51,9 @@ def test_summary_says_nothing_ran_when_cases_were_only_prepared():
 
 
 def test_dashboard_shows_prepared_apart_from_compiled_and_from_a_run(project_root):
-    from harness.dashboard import cell
-    from harness.identity import source_hash
-    from harness.spec import load_spec
+    from harness.workflows.dashboard import cell
+    from harness.spec.identity import source_hash
+    from harness.spec.spec import load_spec
 
     spec = load_spec(root=project_root)
     stage = spec.stages["D2"]
@@ -72,11 +72,11 @@ def test_baselines_never_take_a_prepared_record_as_a_run_result(tmp_path, monkey
     """`baseline accept` on a lab whose only record of a case is a fresh `prepared` one: even with
     the arch counted as runnable here, no run baseline comes of it (there is no pass); where the
     arch cannot run, what it gives is a compile-only baseline (its build facts), never a run one."""
-    from harness import baselines
-    from harness.identity import source_hash
-    from harness.matrix import expand
-    from harness.records import RecordWriter
-    from harness.spec import load_spec
+    from harness.notebook import baselines
+    from harness.spec.identity import source_hash
+    from harness.spec.matrix import expand
+    from harness.notebook.records import RecordWriter
+    from harness.spec.spec import load_spec
     from tests.conftest import copy_lab
 
     lab = copy_lab(tmp_path / "lab", results=False)
@@ -100,15 +100,15 @@ def test_baselines_never_take_a_prepared_record_as_a_run_result(tmp_path, monkey
 
 def test_run_prepare_without_a_gpu_says_so_and_records_compiled(fake_lab, monkeypatch):
     """No GPU here: nothing to prepare on — the cases stay `compiled` and the reason says why."""
-    from harness.matrix import expand
-    from harness.runner import RunOptions, Runner, Task
-    from harness.spec import load_spec
+    from harness.spec.matrix import expand
+    from harness.execution.runner import RunOptions, Runner, Task
+    from harness.spec.spec import load_spec
 
-    monkeypatch.setattr("harness.runner.gpu_capabilities", lambda: {})
+    monkeypatch.setattr("harness.execution.runner.gpu_capabilities", lambda: {})
     spec = load_spec(root=fake_lab)
     stage = next(iter(spec.stages.values()))
     stage = dataclasses.replace(stage, kernels={"sm_100a": stage.kernels["cpu"]})
-    monkeypatch.setattr("harness.runner.Runner._submit", lambda self, compiler, task: _done())
+    monkeypatch.setattr("harness.execution.runner.Runner._submit", lambda self, compiler, task: _done())
     tasks = [Task(stage, "sm_100a", c) for c in expand(stage)[:1]]
     summary = Runner(spec, RunOptions(tasks=tasks, argv=["pytest"], prepare=True)).run()
     assert [r.status for r in summary.records] == ["compiled"]
@@ -119,7 +119,7 @@ def test_run_prepare_without_a_gpu_says_so_and_records_compiled(fake_lab, monkey
 def _done():
     from concurrent.futures import Future
 
-    from harness.compile import CompileResult
+    from harness.execution.compile import CompileResult
 
     f = Future()
     f.set_result(CompileResult(ok=True, key="k", arch="sm_100a", cached=True))
@@ -127,7 +127,7 @@ def _done():
 
 
 def test_check_launch_refuses_what_a_device_would_not_start():
-    from harness.prepare import check_launch
+    from harness.execution.prepare import check_launch
 
     limits = {"max_threads": 1024, "max_grid_y": 65535, "max_grid_z": 65535, "smem_optin": 232448}
     ok = {"launches": 1, "grid": [2, 1, 4], "block": [320, 1, 1], "smem": 231424}
@@ -139,7 +139,7 @@ def test_check_launch_refuses_what_a_device_would_not_start():
 
 _HOST_PATH = """
     import json, os, sys
-    from harness.prepare import build_shim, load_shim, run_host_path
+    from harness.execution.prepare import build_shim, load_shim, run_host_path
     from pathlib import Path
     load_shim(str(build_shim(Path(sys.argv[1]))))  # before CuTeDSL binds its runtime
     import torch
@@ -147,7 +147,7 @@ _HOST_PATH = """
     from cutlass.cute.runtime import from_dlpack, make_fake_stream
     from cutlass.cutlass_dsl.cuda_jit_executor import CudaDialectJitCompiledFunction
     import cuda.bindings.driver as cuda
-    from harness.compile import _fake_tensor, launch_smem_bytes
+    from harness.execution.compile import _fake_tensor, launch_smem_bytes
     from oracles.sparse_decode import make_inputs, tensors
     import stages.E_sparse_decode.sm100 as m
 

@@ -1,5 +1,5 @@
 """On a GPU that is not an sm_100 (the lab's H100 / H200): every sm100 kernel's host path runs
-up to, not including, the launch (`run --prepare`, harness/prepare.py) — CuTeDSL's TMA
+up to, not including, the launch (`run --prepare`, harness/execution/prepare.py) — CuTeDSL's TMA
 descriptors (gather4 included) encoded from real tensors on the device, the sm_100a cubin loaded
 as a CUDA library through the real driver, the kernel found, the launch's grid, block and dynamic
 shared memory checked against this device's limits (a driver call refused for want of an sm_90
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.environment import gpu_capabilities
-from harness.matrix import expand
-from harness.runner import RunOptions, Runner, Task
-from harness.spec import load_spec
+from harness.core.environment import gpu_capabilities
+from harness.spec.matrix import expand
+from harness.execution.runner import RunOptions, Runner, Task
+from harness.spec.spec import load_spec
 
 pytestmark = pytest.mark.gpu
 

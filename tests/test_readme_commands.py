@@ -119,7 +119,7 @@ def test_the_readme_commands_are_found_and_every_list_entry_is_still_in_the_read
 
 @pytest.fixture(scope="module")
 def ids(lab_copy) -> dict[str, str]:
-    from harness.records import read_records
+    from harness.notebook.records import read_records
 
     rec = read_records(lab_copy, ["A"])[-1]
     return {"record": rec.id, "run": rec.run}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from harness.records import Record, RecordWriter, read_records, stage_file, validate
+from harness.notebook.records import Record, RecordWriter, read_records, stage_file, validate
 
 
 def sample(i: int = 1, status: str = "pass") -> Record:
@@ -104,7 +104,7 @@ def test_reader_skips_records_of_the_wrong_type_with_file_line_warnings(tmp_path
 
 
 def test_unreadable_records_and_runs_files_warn_instead_of_crashing(tmp_path):
-    from harness.records import read_notes, read_runs, runs_file, notes_file
+    from harness.notebook.records import read_notes, read_runs, runs_file, notes_file
 
     stage_file(tmp_path, "A").mkdir(parents=True)        # a folder where a file should be
     runs_file(tmp_path).mkdir(parents=True)
@@ -116,7 +116,7 @@ def test_unreadable_records_and_runs_files_warn_instead_of_crashing(tmp_path):
 
 
 def test_bench_records_are_left_out_of_test_matrix_readers(tmp_path):
-    from harness.records import BENCH_NOTE
+    from harness.notebook.records import BENCH_NOTE
 
     w = RecordWriter(tmp_path)
     w.write(sample(1))

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import remote_run, treecopy
-from harness.records import read_records, read_runs
-from harness.targets import load_targets
+from harness.remote import remote_run, treecopy
+from harness.notebook.records import read_records, read_runs
+from harness.remote.targets import load_targets
 from tests.ssh_fixtures import make_lab, ssh_server  # noqa: F401  (fixture)
 from tests.test_targets import PY, _cmdline, _pids, alive, descendants, remote_lab, target_yaml  # noqa: F401
 
@@ -41,7 +41,7 @@ def test_ctrl_c_on_a_remote_run_is_130_and_interrupted_not_a_lost_link(remote_la
         deadline = time.monotonic() + 120
         while not remote and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.5)
-            remote = [pid for pid in _pids() if b"harness.remote_side\0run\0SLOW" in _cmdline(pid)
+            remote = [pid for pid in _pids() if b"harness.remote.remote_side\0run\0SLOW" in _cmdline(pid)
                       and descendants(pid)]  # the remote side, with its worker up
         assert remote, "the remote run never started"
         workers = set().union(*(descendants(pid) for pid in remote))
@@ -76,7 +76,7 @@ def test_ctrl_c_before_the_remote_run_starts_does_not_blame_python(remote_lab, s
         deadline = time.monotonic() + 60
         while not shell and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)  # the remote shell of this run: ssh is up, its `sleep 60` is running
-            shell = [pid for pid in _pids() if b"harness.remote_side" in _cmdline(pid)
+            shell = [pid for pid in _pids() if b"harness.remote.remote_side" in _cmdline(pid)
                      and str(tmp_path).encode() in _cmdline(pid) and descendants(pid)]
         assert shell, "the remote command never started"
         os.killpg(proc.pid, signal.SIGINT)

@@ -6,8 +6,8 @@ import io
 
 from rich.console import Console
 
-from harness.records import Record
-from harness.report import results_table
+from harness.notebook.records import Record
+from harness.execution.report import results_table
 
 
 def _rec(i: int, gpu: int | None) -> Record:

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from harness.roofline import Peaks, bound, calibration_file, read_peaks, roofline_fields
-from harness.timing import passes, rotations, summarize
+from harness.execution.roofline import Peaks, bound, calibration_file, read_peaks, roofline_fields
+from harness.execution.timing import passes, rotations, summarize
 
 
 def test_compute_bound():

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.matrix import expand
-from harness.records import read_records, read_runs
-from harness.runner import RunOptions, Runner, RunSetupError, tasks_for
-from harness.spec import load_spec
+from harness.spec.matrix import expand
+from harness.notebook.records import read_records, read_runs
+from harness.execution.runner import RunOptions, Runner, RunSetupError, tasks_for
+from harness.spec.spec import load_spec
 from tests.conftest import ROOT, run_cli
 
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from harness.records import read_records, read_runs
+from harness.notebook.records import read_records, read_runs
 from tests.conftest import ROOT, run_cli
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.scaffold import ScaffoldError, scaffold_stage
+from harness.spec.scaffold import ScaffoldError, scaffold_stage
 from tests.conftest import ROOT, run_cli
 
 IGNORE = shutil.ignore_patterns(".git", ".cache", ".device", "scratch", "results", "__pycache__", ".run", "*.egg-info")

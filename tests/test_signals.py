@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.matrix import MAX_RUN_CASES
-from harness.records import read_records, read_runs
+from harness.spec.matrix import MAX_RUN_CASES
+from harness.notebook.records import read_records, read_runs
 from tests.conftest import ROOT, run_cli
 
 MARK = "DSV4_SIGNALS_TEST_MARK"
@@ -178,9 +178,9 @@ def test_a_run_started_with_sighup_ignored_keeps_going_on_a_hang_up(fake_lab):
 def test_a_stop_signal_during_the_shut_down_gives_the_exit_code_of_the_end_event(fake_lab, monkeypatch):
     """SIGTERM lands after the last case, while the run shuts down (here: as its compilers
     close): the end event says interrupted, and so must the exit code (143, not 0)."""
-    from harness import runner as runner_mod
-    from harness.matrix import expand
-    from harness.spec import load_spec
+    from harness.execution import runner as runner_mod
+    from harness.spec.matrix import expand
+    from harness.spec.spec import load_spec
 
     class SignalledCompiler(runner_mod.Compiler):
         def close(self, cancel: bool = False) -> None:

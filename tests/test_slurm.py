@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.targets import SlurmTarget, TargetError, load_targets_file
+from harness.remote.targets import SlurmTarget, TargetError, load_targets_file
 from tests.slurm_fixtures import PARTITION, URGENT, SlurmCluster, slurm_cluster  # noqa: F401 (fixture)
 from tests.ssh_fixtures import SshServer, git, make_lab, run_cli, ssh_server  # noqa: F401 (fixture)
 
@@ -122,9 +122,9 @@ def test_print_job_shows_the_gpu_array(tmp_path: Path) -> None:
                  "#SBATCH --array=0-1", "#SBATCH --time=2:00:00", "#SBATCH --qos=high", "#SBATCH --constraint=b200",
                  "#SBATCH --mem-per-gpu=64G", "#SBATCH --no-requeue"):
         assert line + "\n" in script, (line, script)
-    assert "-m harness.slurm_side" in script and '--shard "$i/2" --emit-jsonl' in script
-    assert "--target" not in script.split("harness.slurm_side", 1)[1].split("\n")[0]
-    assert "source /shared/venv/bin/activate && python -m harness.slurm_side" in script
+    assert "-m harness.remote.slurm_side" in script and '--shard "$i/2" --emit-jsonl' in script
+    assert "--target" not in script.split("harness.remote.slurm_side", 1)[1].split("\n")[0]
+    assert "source /shared/venv/bin/activate && python -m harness.remote.slurm_side" in script
     assert not (tmp_path / "shared").exists()  # nothing copied, nothing submitted
     # without --gpus: the target's `tasks`, never more than the cases (FAKE has 3)
     out = run_cli(lab, "run", "FAKE", "--target", "b200", "--print-job")

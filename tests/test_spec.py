@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.spec import SpecError, load_spec, normalize_stage_name
+from harness.spec.spec import SpecError, load_spec, normalize_stage_name
 from tests.conftest import run_cli
 
 GOOD = """\

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from harness import remote_run, target_check, targets, treecopy
-from harness.matrix import expand
-from harness.jsonl import MAX_LINE_BYTES
-from harness.records import read_records, read_runs
-from harness.spec import load_spec
-from harness.remote_run import parse_payload, read_lines, remote_run_args
-from harness.ssh import explain_ssh_failure, remote_path, ssh_argv
-from harness.targets import Target, TargetError, load_targets, load_targets_file
+from harness.remote import remote_run, target_check, targets, treecopy
+from harness.spec.matrix import expand
+from harness.core.jsonl import MAX_LINE_BYTES
+from harness.notebook.records import read_records, read_runs
+from harness.spec.spec import load_spec
+from harness.remote.remote_run import parse_payload, read_lines, remote_run_args
+from harness.remote.ssh import explain_ssh_failure, remote_path, ssh_argv
+from harness.remote.targets import Target, TargetError, load_targets, load_targets_file
 from tests.ssh_fixtures import SshServer, make_lab, run_cli, ssh_server  # noqa: F401  (fixture)
 
 PY = sys.executable
@@ -283,7 +283,7 @@ def test_remote_run_command_quotes_every_argument(tmp_path, monkeypatch):
     assert "DSV4_LAB_GIT=abc123:1" in cmd
     assert cmd.endswith("; exit $?")
     words = shlex.split(cmd.split(" && ")[-1].removesuffix("; exit $?"))
-    assert words[:3] == ["python", "-m", "harness.remote_side"] and words[-1] == "n=4; rm -rf /"
+    assert words[:3] == ["python", "-m", "harness.remote.remote_side"] and words[-1] == "n=4; rm -rf /"
 
 
 def test_read_lines_bounds_every_line():
@@ -555,7 +555,7 @@ def test_stopping_a_remote_run_here_stops_it_there(remote_lab, ssh_server, tmp_p
         deadline = time.monotonic() + 90
         while not remote and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.5)
-            remote = [pid for pid in _pids() if b"harness.remote_side\0run\0SLOW" in _cmdline(pid)
+            remote = [pid for pid in _pids() if b"harness.remote.remote_side\0run\0SLOW" in _cmdline(pid)
                       and descendants(pid)]  # the remote side, with its worker up
         assert remote, "the remote run never started"
         workers = set().union(*(descendants(pid) for pid in remote))
@@ -595,7 +595,7 @@ remote side), yet sends lines that must be rejected around one good record."""
 import json
 import sys
 
-from harness.channel import frame
+from harness.remote.channel import frame
 
 key = sys.stdin.readline().strip()
 out = sys.stdout.buffer
@@ -659,7 +659,7 @@ def test_lines_outside_the_run_and_its_plan_are_rejected(remote_lab, tmp_path, c
     (["start", "start"], "a second start", 0),
 ])
 def test_session_rejects_records_outside_the_run(tmp_path, lines, why, written):
-    from harness.remote_run import TargetRun, _Session, case_key
+    from harness.remote.remote_run import TargetRun, _Session, case_key
 
     lab = make_lab(tmp_path / "lab")
     spec = load_spec(root=lab)
@@ -695,7 +695,7 @@ def test_unwritable_results_stop_the_run_in_one_line(remote_lab, tmp_path, capsy
 
 
 def test_session_record_ids_and_unwritable_results(tmp_path):
-    from harness.remote_run import LocalWriteError, TargetRun, _Session, case_key
+    from harness.remote.remote_run import LocalWriteError, TargetRun, _Session, case_key
 
     lab = make_lab(tmp_path / "lab")
     spec = load_spec(root=lab)
@@ -740,7 +740,7 @@ def lab_env(lab: Path) -> dict[str, str]:
 def remote_side(lab: Path, stage: str, key: str) -> tuple[subprocess.Popen, bytes, str]:
     """Run the remote side as ssh would: the key on stdin, which stays open until it exits."""
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([PY, "-m", "harness.remote_side", "run", stage, "--emit-jsonl"], cwd=lab,
+        proc = subprocess.Popen([PY, "-m", "harness.remote.remote_side", "run", stage, "--emit-jsonl"], cwd=lab,
                                 env=lab_env(lab), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
         proc.stdin.write((key + "\n").encode())
         proc.stdin.flush()
@@ -782,15 +782,15 @@ def alive(pid: int) -> bool:
 def test_remote_side_stops_when_its_stdin_ends(tmp_path):
     """The local side gone (ssh killed, link lost) ends the remote side's stdin: the run stops
     at once, its worker with it, instead of running on unseen."""
-    from harness.channel import Receiver, new_key
-    from harness.remote_run import parse_payload
+    from harness.remote.channel import Receiver, new_key
+    from harness.remote.remote_run import parse_payload
 
     lab = make_lab(tmp_path / "lab")
     key = new_key()
     mark = tmp_path / "mark"
     mark.mkdir()
     err = open(tmp_path / "stderr", "w+b")
-    proc = subprocess.Popen([PY, "-m", "harness.remote_side", "run", "SLOW", "--emit-jsonl"], cwd=lab,
+    proc = subprocess.Popen([PY, "-m", "harness.remote.remote_side", "run", "SLOW", "--emit-jsonl"], cwd=lab,
                             env={**lab_env(lab), "SLOW_MARK": str(mark)}, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=err)
     try:
@@ -829,8 +829,8 @@ def test_remote_side_keeps_its_channel_private(tmp_path):
     """The remote side alone (no ssh): with the key on stdin, its stdout carries authentic
     frames and nothing else; what the kernel printed is on stderr; the key is not in the
     environment the kernel sees."""
-    from harness.channel import Receiver, new_key
-    from harness.remote_run import parse_payload
+    from harness.remote.channel import Receiver, new_key
+    from harness.remote.remote_run import parse_payload
 
     lab = make_lab(tmp_path / "lab")
     key = new_key()
@@ -850,7 +850,7 @@ def test_remote_side_keeps_its_channel_private(tmp_path):
 
 def test_remote_side_without_a_key_is_one_line(tmp_path):
     lab = make_lab(tmp_path / "lab")
-    out = subprocess.run([PY, "-m", "harness.remote_side", "run", "FAKE", "--emit-jsonl"], cwd=lab, env=lab_env(lab),
+    out = subprocess.run([PY, "-m", "harness.remote.remote_side", "run", "FAKE", "--emit-jsonl"], cwd=lab, env=lab_env(lab),
                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.startswith("dsv4-lab: run --emit-jsonl: no channel key") and len(out.stderr.splitlines()) == 1
@@ -859,7 +859,7 @@ def test_remote_side_without_a_key_is_one_line(tmp_path):
 
 
 def test_long_records_are_cut_to_fit_the_channel():
-    from harness.remote_side import fit_line
+    from harness.remote.remote_side import fit_line
 
     rec = {"v": 1, "id": "R.1", "run": "R", "t": "2026-01-01T00:00:00Z", "stage": "FAKE", "arch": "cpu",
            "case": {"n": 4}, "status": "crash", "error": "E" * 30000, "trace": "T" * 90000}
@@ -874,7 +874,7 @@ def test_long_records_are_cut_to_fit_the_channel():
 
 
 def test_channel_frames():
-    from harness.channel import Receiver, frame, new_key
+    from harness.remote.channel import Receiver, frame, new_key
 
     key = new_key()
     rx = Receiver(key)

@@ -1,4 +1,4 @@
-"""A failure in the user's code is one line naming their file:line (harness.userfault); the
+"""A failure in the user's code is one line naming their file:line (harness.core.userfault); the
 worker reports it so, keeps the full trace, checks what make_inputs and the oracle return,
 and never outlives its parent."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.userfault import describe, full_trace, user_frame, where_defined
+from harness.core.userfault import describe, full_trace, user_frame, where_defined
 from tests.conftest import ROOT, make_fake_lab
 
 
@@ -110,7 +110,7 @@ def test_where_defined_names_the_def_line_past_decorators(tmp_path):
 
 
 def _job(lab: Path, **over):
-    from harness.worker import Job
+    from harness.execution.worker import Job
 
     base = dict(stage="OK", arch="cpu", case={"n": 16}, kernel_params=("n",), kernel_module="stages.fake.cpu",
                 kernel_entry="Add", tensors=("oracles.add", "tensors"), inputs=("oracles.add", "make_inputs"),
@@ -151,7 +151,7 @@ def named_wrong(inputs, case):
 
 
 def test_worker_reports_user_faults_as_one_line_with_the_trace(tmp_path):
-    from harness.worker import WorkerHandle
+    from harness.execution.worker import WorkerHandle
 
     lab = make_fake_lab(tmp_path / "lab")
     bad = lab / "oracles" / "bad.py"
@@ -194,7 +194,7 @@ import signal, sys, time
 signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a run started under nohup inherits SIGHUP ignored: this parent must die of it
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
-from harness.worker import Job, WorkerHandle
+from harness.execution.worker import Job, WorkerHandle
 h = WorkerHandle(Path(sys.argv[1]), None)
 h._start()
 h.conn.send(Job(stage="BAD", arch="cpu", case={"n": 16, "mode": "hang"}, kernel_params=("n", "mode"),

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.spec import SpecError, load_spec
-from harness.targets import TargetError, load_targets_file
-from harness import yamlnodes
-from harness.yamlnodes import MAX_ALIASES, MAX_DEPTH, MAX_NODES, NodeContext, compose, read_file
+from harness.spec.spec import SpecError, load_spec
+from harness.remote.targets import TargetError, load_targets_file
+from harness.core import yamlnodes
+from harness.core.yamlnodes import MAX_ALIASES, MAX_DEPTH, MAX_NODES, NodeContext, compose, read_file
 from tests.conftest import ROOT, run_cli
 
 # Every key of a stage on a line of its own, so each can be deleted, blanked or retyped.
@@ -367,10 +367,10 @@ kind, path = sys.argv[2], Path(sys.argv[3])
 t0 = time.monotonic()
 try:
     if kind == "spec":
-        from harness.spec import load_spec
+        from harness.spec.spec import load_spec
         load_spec(root=path.parent)
     else:
-        from harness.targets import load_targets_file
+        from harness.remote.targets import load_targets_file
         load_targets_file(path, "targets.yaml")
     print("LOADED")
 except Exception as exc:

@@ -8,7 +8,7 @@ turns into one-line messages). Everything else is derived from the modules found
   cli.py                  builds the typer app from `registry.registry()` (groups, context
                           settings, the axis-filter epilog of `--help`) and catches
                           `registry.one_line_errors()`
-  harness/optionnames.py  lists the flag names `base.option()` accepts; the stages.yaml loader
+  harness/core/optionnames.py  lists the flag names `base.option()` accepts; the stages.yaml loader
                           refuses them as axis names (tests/test_commands.py checks both ways)
 
 Adding a command is one file here: `harness/commands/NAME.py` with its function and

@@ -4,7 +4,7 @@
 A command is a typer-annotated function (its docstring is its help, its parameters its
 arguments and flags) and a `Command` naming it: the group it sits in, whether it takes
 stage-axis filters (`--hd 64`: `axes`), and the errors it turns into one-line messages.
-Flags are declared with `option()`, by the names of harness/optionnames.py only — the same
+Flags are declared with `option()`, by the names of harness/core/optionnames.py only — the same
 list the stages.yaml loader refuses as axis names.
 
 Imports: core modules (paths, optionnames), spec and matrix for the shared arguments, and the
@@ -21,12 +21,12 @@ from typing import Any, Callable, Literal
 
 import typer
 
-from harness.matrix import FilterError, check_run_size, count, expand, parse_axis_flags, parse_filters, parse_where
-from harness.notebooklock import LockError
-from harness.optionnames import COMMAND_OPTIONS, flag
-from harness.paths import lab_root
-from harness.safeio import Unsafe
-from harness.spec import ARCHS, ARCH_KEYS, Spec, SpecError, Stage, load_spec
+from harness.spec.matrix import FilterError, check_run_size, count, expand, parse_axis_flags, parse_filters, parse_where
+from harness.core.notebooklock import LockError
+from harness.core.optionnames import COMMAND_OPTIONS, flag
+from harness.core.paths import lab_root
+from harness.core.safeio import Unsafe
+from harness.spec.spec import ARCHS, ARCH_KEYS, Spec, SpecError, Stage, load_spec
 
 
 class UsageError(Exception):
@@ -79,11 +79,11 @@ class Command:
 
 
 def option(name: str, default: Any = None, *, help: str | None = None) -> Any:
-    """A command's flag `--name` (harness/optionnames.py must list the name: the stages.yaml
+    """A command's flag `--name` (harness/core/optionnames.py must list the name: the stages.yaml
     loader refuses it as an axis, so a filter can never be taken for it)."""
     if name not in COMMAND_OPTIONS:
         raise LookupError(f"{flag(name)}: not an option name of the lab — add '{name}' to COMMAND_OPTIONS in "
-                          "harness/optionnames.py (stages.yaml may then no longer name an axis so)")
+                          "harness/core/optionnames.py (stages.yaml may then no longer name an axis so)")
     return typer.Option(default, flag(name), help=help)
 
 
@@ -185,7 +185,7 @@ def check_option_names(extra: list[str], stages: list[Stage]) -> None:
 
 def check_run_size_of(stages: list[Stage], archs: list[str] | None, extra: list[str], where: str | None) -> None:
     """The whole command's case count, counted before anything is built: over MAX_RUN_CASES is
-    one line and exit 2 (harness.matrix.check_run_size)."""
+    one line and exit 2 (harness.spec.matrix.check_run_size)."""
     check_option_names(extra, stages)  # a misspelt option is named as such before any value is read
     pairs = filter_pairs(extra, where)
     check_run_size([(st.name, count(st, parse_filters(st, pairs))
@@ -213,9 +213,9 @@ def precheck(spec: Spec, stages: list[Stage]) -> None:
     since it last passed is not checked again (the mark lives in the compile cache folder)."""
     import hashlib
 
-    from harness import check
-    from harness.identity import file_digest, source_hash
-    from harness.paths import cache_dir
+    from harness.spec import check
+    from harness.spec.identity import file_digest, source_hash
+    from harness.core.paths import cache_dir
 
     marks = cache_dir(spec.root) / "check"
     todo, keys = [], {}

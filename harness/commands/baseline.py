@@ -6,9 +6,9 @@ from typing import Optional
 
 import typer
 
-from harness.baselines import BaselineError
+from harness.notebook.baselines import BaselineError
 from harness.commands.base import Command, Group, UsageError, archs_of, cases_of, option, spec_here
-from harness.paths import lab_root
+from harness.core.paths import lab_root
 
 BASELINE = Group("baseline", "Baselines: the metric values a case must keep.")
 
@@ -24,7 +24,7 @@ def accept(
 ) -> None:
     """Make the newest passing, fresh result of each selected case its baseline; for an arch no
     device here runs (sm_100a), what compiling proves."""
-    from harness import baselines
+    from harness.notebook import baselines
 
     spec = spec_here()
     st = spec.stage(stage)
@@ -35,7 +35,7 @@ def accept(
 def show(ctx: typer.Context, stage: Optional[str] = typer.Argument(None), arch: str = option("arch", "all"),
          where: Optional[str] = option("where", None)) -> None:
     """The baselines, per stage, arch and case (filters: --arch, axis flags like --hd 64, --where)."""
-    from harness import baselines
+    from harness.notebook import baselines
 
     if stage is None:
         if ctx.args or where:
@@ -54,7 +54,7 @@ def drop(
     where: Optional[str] = option("where", None),
 ) -> None:
     """Remove the baselines of the selected cases."""
-    from harness import baselines
+    from harness.notebook import baselines
 
     spec = spec_here()
     st = spec.stage(stage)

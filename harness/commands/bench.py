@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from harness.bench import BenchError
+from harness.execution.bench import BenchError
 from harness.commands.base import Command, UsageError, filter_pairs, option, precheck, spec_here
 
 
@@ -25,7 +25,7 @@ def bench_cmd(
     """Time the kernel at the stage's bench shapes (stages.yaml bench:), beside its peers
     (--peers), as a fraction of the GPU's roofline (dsv4-lab calibrate). Exit 0 only when every
     shape passed its check and was timed."""
-    from harness import bench
+    from harness.execution import bench
 
     spec = spec_here()
     st = spec.stage(stage)
@@ -35,7 +35,7 @@ def bench_cmd(
         raise UsageError(f"--timeout {timeout:g}: must be a finite number of seconds > 0")
     pairs = filter_pairs(ctx.args, where)
     bench.plan_cases(st, pairs)  # bad filters or no bench block: one line before anything is imported
-    from harness.environment import gpu_capabilities
+    from harness.core.environment import gpu_capabilities
 
     if gpu_capabilities():  # the stage contract, before compiling and timing (no GPU: nothing will run)
         precheck(spec, [st])

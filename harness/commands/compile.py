@@ -23,7 +23,7 @@ def compile_stage(
 ) -> None:
     """Compile only (no GPU needed): instruction inventory, registers / shared memory / spills; a record per case
     whose result is new (nothing is written for a case compiled to what its newest record says, unless --record)."""
-    from harness.report import compile_and_report
+    from harness.execution.report import compile_and_report
 
     spec = spec_here()
     st = spec.stage(stage)
@@ -36,7 +36,7 @@ def compile_stage(
         raise UsageError("no case matches these filters")
     precheck(spec, [st])
     if diff is not None:
-        from harness.compilediff import diff_main
+        from harness.execution.compilediff import diff_main
 
         raise typer.Exit(diff_main(spec, st, archs, cases, diff))
     raise typer.Exit(compile_and_report(spec, st, archs, cases, keep, argv=["compile"] + sys.argv[2:], record=record))

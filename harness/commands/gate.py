@@ -6,10 +6,10 @@ from typing import Optional
 
 import typer
 
-from harness.baselines import BaselineError
+from harness.notebook.baselines import BaselineError
 from harness.commands.base import Command, option
-from harness.paths import lab_root
-from harness.targets import TargetError
+from harness.core.paths import lab_root
+from harness.remote.targets import TargetError
 
 
 def gate_cmd(
@@ -22,7 +22,7 @@ def gate_cmd(
                                                 "(what the pre-commit hook runs)"),
 ) -> None:
     """Regression gate: every baselined case must still hold on the current tree."""
-    from harness import gate
+    from harness.workflows import gate
 
     root = lab_root()
     if install_hook:

@@ -12,7 +12,7 @@ from harness.commands.base import Command, archs_of, cases_of, option, spec_here
 def history_cmd(ctx: typer.Context, stage: str = typer.Argument(...), arch: str = option("arch", "all"),
                 where: Optional[str] = option("where", None)) -> None:
     """One case's metrics across commits, oldest first, with a trend line."""
-    from harness import history
+    from harness.workflows import history
 
     spec = spec_here()
     st = spec.stage(stage)

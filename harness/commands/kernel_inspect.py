@@ -1,5 +1,5 @@
 """`dsv4-lab inspect STAGE --arch A [filters]`: trace-time layouts of a kernel and their
-agreement checks (harness/kernelinspect.py). Not named inspect.py: that is the standard
+agreement checks (harness/execution/kernelinspect.py). Not named inspect.py: that is the standard
 library's."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def inspect_cmd(
     """Trace-time layouts of the first matching case (no GPU): each MMA's atom, tiler, TV
     layouts and fragments, shared-memory swizzles, TMEM columns, and the agreement checks
     (e.g. the Q·Kᵀ accumulator vs the P·V A operand). Exit 1 names a check that fails."""
-    from harness import kernelinspect
+    from harness.execution import kernelinspect
 
     spec = spec_here()
     st = spec.stage(stage)

@@ -10,9 +10,9 @@ def list_stages() -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from harness.environment import gpu_capabilities
-    from harness.matrix import count
-    from harness.report import make_console
+    from harness.core.environment import gpu_capabilities
+    from harness.spec.matrix import count
+    from harness.execution.report import make_console
 
     spec = spec_here()
     caps = gpu_capabilities()

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from harness.commands.base import Command, Group, option
-from harness.paths import lab_root
+from harness.core.paths import lab_root
 
 NEW = Group("new", "Scaffold a new piece of the lab (a stage).")
 
@@ -21,7 +21,7 @@ def new_stage(
     slug: Optional[str] = option("slug", None, help="folder suffix: stages/<ID>_<slug> (default from the title)"),
 ) -> None:
     """Scaffold a stage: kernels for sm90 and sm100, an oracle module, its stages.yaml block."""
-    from harness import scaffold
+    from harness.spec import scaffold
 
     raise typer.Exit(scaffold.main(lab_root(), stage_id, axes, inputs, outputs, title, slug))
 

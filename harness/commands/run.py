@@ -11,8 +11,8 @@ import typer
 
 from harness.commands.base import (Command, UsageError, archs_of, cases_of, check_run_size_of, option, precheck,
                                    spec_here, stages_of)
-from harness.runner import RunSetupError
-from harness.targets import TargetError
+from harness.execution.runner import RunSetupError
+from harness.remote.targets import TargetError
 
 
 def gpu_list(gpus: str | None) -> list[int] | None:
@@ -31,7 +31,7 @@ def gpu_list(gpus: str | None) -> list[int] | None:
 def check_local_gpus(gpus: list[int]) -> None:
     """`--gpus` naming a GPU this machine does not have is bad usage, also on a machine with none
     (a silent run on the rest, or on nothing, would not be what was asked)."""
-    from harness.environment import gpu_capabilities
+    from harness.core.environment import gpu_capabilities
 
     caps = gpu_capabilities()
     absent = [g for g in gpus if g not in caps]
@@ -69,7 +69,7 @@ def run(
                                                       "and submit nothing"),
 ) -> None:
     """Run a stage's matrix (filtered by axis flags like --hd 512); live progress, a table, records."""
-    from harness.report import run_local_and_report
+    from harness.execution.report import run_local_and_report
 
     spec = spec_here()
     if first_light:
@@ -105,17 +105,17 @@ def run(
     if not emit_jsonl:  # a run that selects no case proves nothing: never exit 0 (one line, exit 1)
         refuse_empty_run(stages, archs, cases, shard_t, shard)
     slurm = slurm_target_of(spec.root, target, emit_jsonl, print_job)
-    if slurm is not None:  # through the cluster's scheduler (harness/slurm_run.py)
-        from harness.slurm_run import run_slurm
+    if slurm is not None:  # through the cluster's scheduler (harness/remote/slurm_run.py)
+        from harness.remote.slurm_run import run_slurm
 
         raise typer.Exit(run_slurm(spec, slurm, argv, stages, archs, cases, gpus=gpus, shard=shard_t,
                                    print_job=print_job))
     if target != "local":
-        from harness.remote_run import run_remote
+        from harness.remote.remote_run import run_remote
 
         code = run_remote(spec, target, argv, stages, archs, cases, shard=shard_t)
-    elif emit_jsonl:  # the remote side of `run --target` (harness/remote_side.py)
-        from harness.remote_side import run_emitting
+    elif emit_jsonl:  # the remote side of `run --target` (harness/remote/remote_side.py)
+        from harness.remote.remote_side import run_emitting
 
         code = run_emitting(spec, stages, archs, cases, bench=bench, gpus=gpus_given, workers_per_gpu=workers_per_gpu,
                             timeout=timeout, seed=seed, argv=argv, shard=shard_t, debug_hangs=debug_hangs,
@@ -131,8 +131,8 @@ def run(
 
 def run_first_light(spec, ctx: typer.Context, stage: Optional[str], all_: bool, where: Optional[str], arch: str,
                     target: str) -> None:
-    """`run --first-light [--target NAME]`: the plan of harness/first_light.py; exits with its code."""
-    from harness.first_light import first_light
+    """`run --first-light [--target NAME]`: the plan of harness/workflows/first_light.py; exits with its code."""
+    from harness.workflows.first_light import first_light
 
     if stage is not None or all_ or where or ctx.args or arch != "all":
         raise UsageError("--first-light runs its own plan of cases (docs/BLACKWELL.md): give no stage, filters or "
@@ -147,7 +147,7 @@ def run_first_light(spec, ctx: typer.Context, stage: Optional[str], all_: bool, 
 
 def slurm_target_of(root, target: str, emit_jsonl: bool, print_job: bool):
     """The slurm target `--target` names (None for local and SSH targets); --print-job needs one."""
-    from harness.targets import slurm_target
+    from harness.remote.targets import slurm_target
 
     found = None if emit_jsonl or target == "local" else slurm_target(root, target)
     if print_job and found is None:
@@ -160,7 +160,7 @@ def refuse_empty_run(stages: list, archs: list[str] | None, cases: dict, shard_t
                      shard: str | None) -> None:
     """Exit 1 with one line when the run would select no case (a shard past the end, an arch no
     chosen stage has): nothing would be proved, so it is never a green exit."""
-    from harness.runner import tasks_for
+    from harness.execution.runner import tasks_for
 
     tasks = tasks_for(stages, archs, lambda st: cases[st.id])
     selected = tasks[shard_t[0]::shard_t[1]] if shard_t is not None else tasks

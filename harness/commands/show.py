@@ -5,12 +5,12 @@ from __future__ import annotations
 import typer
 
 from harness.commands.base import Command
-from harness.paths import lab_root
+from harness.core.paths import lab_root
 
 
 def show_cmd(record_or_run: str = typer.Argument(..., help="a record id (RUN.N) or a run id")) -> None:
     """A record or a run in full, error text and notes included."""
-    from harness import history
+    from harness.workflows import history
 
     raise typer.Exit(history.show(lab_root(), record_or_run))
 

@@ -10,7 +10,7 @@ sm_count      the SMs of the GPU the case runs on — what the split and part ch
               .multi_processor_count reads it; the driver is asked, so no torch and no CUDA
               context are needed); with no GPU (compile-only on a CPU) the arch's stated
               default, DEFAULT_SM_COUNT.  A kernel compiled for one count is built for that
-              count (its grid, its parts, whether it merges): harness/compile.py keys the
+              count (its grid, its parts, whether it merges): harness/execution/compile.py keys the
               compile cache by `visible_sm_count()`.
 DSV4_SM_COUNT an environment variable that stands for the GPU's count (a positive int): the
               kernels, the oracles' scratch sizes and the compile key then take it — to build and

@@ -1,0 +1,44 @@
+"""The words of the lab's command line: the name of every option a `dsv4-lab` command takes.
+
+Core layer: imports nothing of the lab. Two readers share this one list, so they cannot drift
+apart:
+
+  harness/spec/spec.py            refuses a stages.yaml matrix axis of one of these names (`--arch`
+                             is the lab's own option, never an axis filter: `RESERVED_AXES`)
+  harness/commands/base.py   `option()` declares a command's flags by these names only (a name
+                             not listed here fails as soon as the command line loads, and
+                             tests/test_commands.py checks every flag of every command)
+
+A new option of a new command: add its name to COMMAND_OPTIONS (underscores, the way a matrix
+axis would be spelled; the flag is `--name-with-dashes`).
+"""
+
+from __future__ import annotations
+
+# The options the commands declare (harness/commands/*.py), in underscore form.
+COMMAND_OPTIONS: frozenset[str] = frozenset({
+    "all", "arch", "bench", "where", "target", "gpus", "workers_per_gpu", "timeout", "seed", "emit_jsonl",
+    "shard", "record", "debug_hangs", "prepare", "first_light", "print_job",  # run
+    "keep", "diff",  # compile (and arch, where, record)
+    "install_hook", "force", "no_run", "staged",  # gate (and target)
+    "compile_only",  # baseline accept
+    "watch", "interval",  # dashboard
+    "peers", "reps", "gpu",  # bench (and where, timeout, seed)
+    "fp8",  # calibrate
+    "axes", "in", "out", "title", "slug",  # new stage
+})
+
+# Options of every command: --help, and --traceback (read by cli.main before any command).
+GLOBAL_OPTIONS: frozenset[str] = frozenset({"help", "traceback"})
+
+# No command takes these (yet); they stay reserved so that no stages.yaml names an axis a
+# later option would take from it.
+KEPT_RESERVED: frozenset[str] = frozenset({"json"})
+
+# Axis names that would be read as the lab's own options (`--arch`, `--where` …), not as filters.
+RESERVED_AXES: frozenset[str] = COMMAND_OPTIONS | GLOBAL_OPTIONS | KEPT_RESERVED
+
+
+def flag(name: str) -> str:
+    """The flag of an option or axis name: `workers_per_gpu` -> `--workers-per-gpu`."""
+    return "--" + name.replace("_", "-")

@@ -1,0 +1,136 @@
+"""Keeping the notebook small: a stage's stale lines move into a compressed archive.
+
+A record is stale once the code that decides its verdict changed (harness/spec/identity.py): no
+gate, baseline or fresh table reads it again, but the history does. `archive_stale` moves every
+stale line of results/records/<stage>.jsonl — a record whose `code.src` is not the stage's
+source hash now for its arch — to the end of results/archive/<stage>.jsonl.xz. A line moves byte
+for byte, except that the ids it names (harness/notebook/inventories.py: instruction inventories and the
+env block) are replaced by the values the stores hold for them: the archive is compressed, so
+the repeated values cost it little, and the stores then only have to serve the live records.
+Lines already in the archive that still name ids (archives written before) are inlined the same
+way whenever the archive is rewritten (`inline_archive` does it on its own); an id a store does
+not hold stays as it is. Readers (harness/notebook/records.py) read the archive as the older part of the
+records file, values inline or named by id alike, so `history`, `show` and the dashboard see
+every record they saw before; fresh records, lines that do not parse and lines of stages or
+archs the spec no longer has stay where they are.
+
+`archive_runs` does the same for results/runs.jsonl: the start/end events of runs that no live
+record line names move to results/archive/runs.jsonl.xz, which `read_runs` reads first.
+
+The archive is written first (a temp file, then a rename), then the records file, the same way:
+a crash between the two leaves a line in both places (read twice), never in neither.
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+from pathlib import Path
+
+from harness.notebook.inventories import Stores
+from harness.core.jsonl import replace_file
+from harness.core.safeio import read_regular
+from harness.notebook.records import _read_archive, archive_file, code_src, is_fresh, runs_archive_file, runs_file, stage_file
+
+
+def _inlined(lines: list[bytes], store: Stores) -> tuple[list[bytes], int]:
+    """`lines` with the ids they name replaced by the stores' values (a line that names none,
+    or does not parse, stays byte for byte), and how many lines changed."""
+    out: list[bytes] = []
+    changed = 0
+    for raw in lines:
+        try:
+            obj = json.loads(raw) if b'"#' in raw else None
+        except ValueError:
+            obj = None
+        new = store.inline(obj) if isinstance(obj, dict) else obj
+        if new is obj:
+            out.append(raw)
+            continue
+        try:
+            out.append(json.dumps(new, separators=(",", ":"), allow_nan=False).encode())
+            changed += 1
+        except ValueError:
+            out.append(raw)
+    return out, changed
+
+
+def _old_lines(archive: Path) -> list[bytes]:
+    """The lines of an archive (none when it does not exist); OSError when it is no xz."""
+    old = _read_archive(archive, None) if archive.exists() else b""
+    if old is None:
+        raise OSError(f"{archive} is not an xz archive — left as it is; move it away and run again")
+    return [raw for raw in old.split(b"\n") if raw.strip()]
+
+
+def _write_archive(archive: Path, lines: list[bytes]) -> None:
+    replace_file(archive, lzma.compress(b"\n".join(lines) + b"\n", preset=9 | lzma.PRESET_EXTREME))
+
+
+def inline_archive(root: Path, stage_id: str) -> int:
+    """Rewrite one stage's archive with the ids its lines name replaced by the stores' values
+    (nothing else changes; no rewrite when no line names an id a store holds).
+    Returns the number of lines inlined."""
+    archive = archive_file(stage_file(root, stage_id))
+    if not archive.exists():
+        return 0
+    lines, changed = _inlined(_old_lines(archive), Stores(archive.parent.parent))
+    if changed:
+        _write_archive(archive, lines)
+    return changed
+
+
+def _move_lines(path: Path, archive: Path, moves, store: Stores | None = None) -> tuple[int, int]:
+    """Move the lines of `path` for which `moves(obj)` holds (obj: the parsed line, None when it
+    does not parse) to the end of `archive` — with their ids inlined from `store` when given —
+    archive first, then the file. Returns (lines moved, bytes the file lost)."""
+    try:
+        data = read_regular(path)
+    except FileNotFoundError:
+        return 0, 0
+    keep: list[bytes] = []
+    move: list[bytes] = []
+    for raw in data.split(b"\n"):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            obj = None
+        (move if moves(obj) else keep).append(raw)
+    if not move:
+        return 0, 0
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    lines = _old_lines(archive) + move
+    if store is not None:
+        lines, _ = _inlined(lines, store)
+    _write_archive(archive, lines)
+    text = b"\n".join(keep) + (b"\n" if keep else b"")
+    replace_file(path, text)
+    return len(move), len(data) - len(text)
+
+
+def archive_stale(root: Path, stage_id: str, current_src: dict[str, str]) -> tuple[int, int]:
+    """Move the stale lines of one stage's records file into its archive. `current_src` maps
+    arch -> the stage's source hash now. Returns (lines moved, bytes the records file lost)."""
+
+    def stale(obj) -> bool:
+        arch = obj.get("arch") if isinstance(obj, dict) else None
+        return (isinstance(arch, str) and arch in current_src and code_src(obj) is not None
+                and not is_fresh(obj, current_src[arch]))
+
+    path = stage_file(root, stage_id)
+    archive = archive_file(path)
+    return _move_lines(path, archive, stale, Stores(archive.parent.parent))
+
+
+def archive_runs(root: Path, live: set[str]) -> tuple[int, int]:
+    """Move the events of results/runs.jsonl whose run id is not in `live` (the runs the live
+    records name) to the end of results/archive/runs.jsonl.xz; a line that does not parse or
+    names no run stays. Returns (lines moved, bytes runs.jsonl lost)."""
+
+    def dead(obj) -> bool:
+        run = obj.get("run") if isinstance(obj, dict) else None
+        return isinstance(run, str) and run not in live
+
+    return _move_lines(runs_file(root), runs_archive_file(root), dead)
