@@ -127,3 +127,21 @@ def test_bench_records_are_left_out_of_test_matrix_readers(tmp_path):
     assert [r.id for r in read_records(tmp_path, ["A"])] == ["r1.1"]
     assert [r.id for r in read_records(tmp_path, ["A"], bench=True)] == ["r1.1", "r1.2"]
     assert read_records(tmp_path, ["A"], bench=True)[1].is_bench
+
+
+def test_a_remote_bench_record_passes_the_strict_check_and_text_in_a_number_does_not():
+    """`run --bench --target X`: the timing the lab itself writes (how it timed, the GPU, the rows a
+    bench shape checked, the roofline's reason or limiter, a peer's reason for not running) passes
+    the remote channel's strict check; text where the lab writes a number, or text that is not
+    one printable line, does not."""
+    good = {"v": 1, "id": "R.1", "run": "R", "t": "2026-11-27T00:00:00Z", "stage": "E", "arch": "sm_90a",
+            "case": {"b": 2}, "status": "pass", "code": {"commit": "abc1234", "dirty": False, "src": "s"},
+            "timing": {"us": 20.5, "spread": 0.02, "method": "graph", "gpu_name": "NVIDIA H100 80GB HBM3",
+                       "checked": "every row", "roofline": "not calibrated (run dsv4-lab calibrate on this GPU)",
+                       "bound_by": "memory", "peer_flashmla_sparse": "unsupported: kv_format simple",
+                       "peer_torch_sparse_us": 800.0, "peer_torch_sparse_ratio": 39.0}}
+    assert validate(good, strict=True) is None
+    for key, value in (("peer_torch_sparse_us", "fast"), ("tflops", "many"), ("peer_us", "fast"),
+                       ("method", "graph\x1b[2J"), ("checked", "x" * 400), ("peer_x_ratio", "2")):
+        bad = {**good, "timing": {**good["timing"], key: value}}
+        assert validate(bad, strict=True) == f"timing.{key} is not a number", key

@@ -221,7 +221,8 @@ _COMMIT = re.compile(r"[0-9a-f]{4,64}")
 def _strict_problem(d: dict) -> str | None:
     """Why a valid record is still not one this lab writes (a remote line's extra checks)."""
     for name, value in (d.get("timing") or {}).items():
-        if value is not None and not _finite(value):
+        if value is not None and not _finite(value) and not (_timing_text(name) and isinstance(value, str)
+                                                              and _plain(value)):
             return f"timing.{printable(str(name), 40)} is not a number"
     why = _compile_shape(d.get("compile") or {}) or _env_shape(d.get("env") or {}) or \
         _code_shape(d.get("code") or {})
@@ -230,6 +231,18 @@ def _strict_problem(d: dict) -> str | None:
     if not _TIME.fullmatch(d["t"]):
         return f"t is not a UTC time like 2026-01-01T00:00:00Z ({printable(d['t'], 40)!r})"
     return None
+
+
+# The timing keys this lab writes as text: how it timed (graph or events), the GPU, the rows a
+# bench shape checked, why there is no roofline fraction and what bounds it, and a peer's one-line
+# reason for not running (`peer_<name>`; its numbers are `peer_<name>_us`, `_ratio`, … and stay numbers).
+_TIMING_TEXT = {"method", "gpu_name", "checked", "roofline", "bound_by"}
+_PEER_NUMBER = re.compile(r"^peer_.+_(us|spread|tflops|ratio|cos)$")
+
+
+def _timing_text(name: Any) -> bool:
+    return isinstance(name, str) and (name in _TIMING_TEXT or (name.startswith("peer_") and not
+                                                               _PEER_NUMBER.match(name) and name != "peer_us"))
 
 
 def _compile_shape(c: dict) -> str | None:
