@@ -434,7 +434,7 @@ def test_the_gate_reads_records_only_when_nothing_changed(blab):
     spec = load_spec(root=blab)
     _write_records(blab, [_compiled(spec, "HD", C64), _pass(spec, "HD", C64)])
     assert _accept(blab, "--hd", "64").returncode == 0
-    script = ("import sys\nfrom pathlib import Path\nfrom harness import gate\n"
+    script = ("import sys\nfrom pathlib import Path\nfrom harness.workflows import gate\n"
               "code = gate.main(Path(sys.argv[1]))\n"
               "print(code, any(m.split('.')[0] in ('torch', 'cutlass') for m in sys.modules))\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -239,9 +239,9 @@ VERDICT_CALLS = {"judge", "violations", "compare", "describe_input_writes"}
 DECIDING_NAMES = {"FAILING", "STATUSES"}
 # Modules that match but decide nothing stored in a record, and why (identity.py says the same).
 NOT_HASHED = {
-    "gate.py": "compares records with baselines afresh at every gate call",
-    "baselines.py": "a compile baseline's {status: compiled} is read by the gate afresh",
-    "remote_run.py": "FAILING for its exit code only; the lines it writes are checked by channel and records.validate",
+    "workflows/gate.py": "compares records with baselines afresh at every gate call",
+    "notebook/baselines.py": "a compile baseline's {status: compiled} is read by the gate afresh",
+    "remote/remote_run.py": "FAILING for its exit code only; the lines it writes are checked by channel and records.validate",
 }
 
 
@@ -277,10 +277,11 @@ def test_every_module_that_decides_a_verdict_is_hashed():
         if why:
             deciding[path.relative_to(identity.HARNESS_DIR).as_posix()] = why
     # the scan finds what it must (a scan that finds nothing would pass anything)
-    assert {"runner.py", "worker.py", "bench.py", "compilerun.py", "metrics.py", "records.py"} <= set(deciding)
+    assert {"execution/runner.py", "execution/worker.py", "execution/bench.py", "execution/compilerun.py",
+            "execution/metrics.py", "notebook/records.py"} <= set(deciding)
     missing = {m: w for m, w in deciding.items() if m not in hashed and m not in NOT_HASHED}
     assert not missing, f"verdict code outside the staleness hash: {missing}"
-    assert {"statuses.py", "pristine.py", "channel.py"} <= hashed
+    assert {"core/statuses.py", "execution/pristine.py", "remote/channel.py"} <= hashed
     assert set(NOT_HASHED) <= set(deciding), "an exemption for a module that decides nothing: drop it"
 
 
@@ -295,12 +296,12 @@ def _project_copy(tmp_path: Path, monkeypatch) -> Path:
 
 
 @pytest.mark.parametrize("module, old, new", [
-    ("runner.py", 'status, why = judge(s.tolerances, out["metrics"])', 'status, why = "pass", None'),
-    ("statuses.py", 'FAILING: tuple[str, ...] = ("fail", "compile_error", "crash", "timeout", "hang")',
+    ("execution/runner.py", 'status, why = judge(s.tolerances, out["metrics"])', 'status, why = "pass", None'),
+    ("core/statuses.py", 'FAILING: tuple[str, ...] = ("fail", "compile_error", "crash", "timeout", "hang")',
      'FAILING: tuple[str, ...] = ("crash",)'),
-    ("compilerun.py", 'status="compiled" if res.ok else "compile_error"', 'status="compiled"'),
-    ("executor.py", "status, why = judge(job.tolerances, chk.metrics)", 'status, why = "pass", None'),
-    ("records.py", "from harness.core.statuses import STATUSES", "STATUSES = ('pass',)"),
+    ("execution/compilerun.py", 'status="compiled" if res.ok else "compile_error"', 'status="compiled"'),
+    ("execution/executor.py", "status, why = judge(job.tolerances, chk.metrics)", 'status, why = "pass", None'),
+    ("notebook/records.py", "from harness.core.statuses import STATUSES", "STATUSES = ('pass',)"),
 ])
 def test_editing_verdict_code_makes_results_stale(fake_lab, tmp_path, monkeypatch, module, old, new):
     harness = _project_copy(tmp_path, monkeypatch)

@@ -30,7 +30,8 @@ def lab_with_own_harness(fake_lab, tmp_path, monkeypatch):
     return fake_lab, copy
 
 
-@pytest.mark.parametrize("module", ["metrics.py", "worker.py", "compile.py", "spec.py"])
+@pytest.mark.parametrize("module", ["execution/metrics.py", "execution/worker.py", "execution/compile.py",
+                                    "spec/spec.py"])
 def test_a_change_to_the_lab_code_that_judges_makes_results_stale(lab_with_own_harness, module):
     lab, code = lab_with_own_harness
     before = h(lab)
@@ -42,8 +43,9 @@ def test_a_change_to_the_lab_code_that_judges_makes_results_stale(lab_with_own_h
 def test_a_change_to_lab_code_that_does_not_judge_keeps_results_fresh(lab_with_own_harness):
     lab, code = lab_with_own_harness
     before = h(lab)
-    for module in ("dashboard.py", "history.py", "gate.py"):
-        (code / module).write_text((code / module).read_text() + "\nX = 1\n")
+    for module in ("workflows/dashboard.py", "workflows/history.py", "workflows/gate.py", "commands/compile.py"):
+        path = code / module
+        path.write_text(path.read_text() + "\nX = 1\n")
     assert h(lab) == before
 
 

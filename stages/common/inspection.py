@@ -7,11 +7,11 @@ identity-coordinate partitions they act on.  Outside an inspection (every compil
 and every run) `expose` returns at once: it emits no operation, so the generated
 code is the same with or without the hook.
 
-During `dsv4-lab inspect` (harness/inspect.py) a recorder is installed for the
+During `dsv4-lab inspect` (harness/execution/kernelinspect.py) a recorder is installed for the
 one traced kernel; it describes the objects on the spot (CuTe objects live only
 as long as the trace) and keeps plain-Python data for the report and its checks.
 
-Names the inspector understands (see harness/inspect.py for the checks):
+Names the inspector understands (see harness/execution/kernelinspect.py for the checks):
     qk_mma, pv_mma    (tiled_mma, (M, N, K) tile) of S = Q·Kᵀ and O = P·V
     p_path            "registers" (P is the PV MMA's register A fragment),
                       "smem" or "tmem"
@@ -43,6 +43,6 @@ def expose(kernel: Any, **named: Any) -> None:
 
 
 def set_recorder(recorder: Callable[[Any, dict[str, Any]], None] | None) -> None:
-    """Install (or, with None, remove) the inspection's recorder; harness/inspect.py only."""
+    """Install (or, with None, remove) the inspection's recorder; harness/execution/kernelinspect.py only."""
     global _recorder
     _recorder = recorder

@@ -7,7 +7,7 @@ tiled MMA), computed from its base coordinate and its ScaledBasis strides.  Inde
 trace-time agreement checks (stages/common/sm100_idioms.py: check_same_fragment_coords,
 check_smem_p) compare thousands of such coordinates per compile and were most of a
 trace's time.  They use this evaluation, spot-checked against CuTe's own indexing.
-harness/inspect.py evaluates the same partitions the same way.
+harness/execution/kernelinspect.py evaluates the same partitions the same way.
 
 Arch-neutral, but kept apart from stages/common/inspection.py (which every sm90 kernel
 imports) so that adding it changed no sm90 kernel's source hash.
