@@ -198,7 +198,12 @@ HARNESS = ROOT / "harness"
 
 
 def _sources() -> dict[str, str]:
-    return {p.name: p.read_text() for p in sorted(HARNESS.glob("*.py"))}
+    """Every harness module's text by its file name, the command modules (harness/commands/, named
+    like the modules whose work they call) apart."""
+    files = [p for p in sorted(HARNESS.rglob("*.py")) if p.name != "__init__.py" and p.parent.name != "commands"]
+    src = {p.name: p.read_text() for p in files}
+    assert len(src) == len(files) > 40, "harness modules not found, or two of one name"
+    return src
 
 
 def test_schema_queries_and_sessions_are_written_once():
