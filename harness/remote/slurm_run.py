@@ -34,7 +34,6 @@ import base64
 import os
 import re
 import shlex
-import shutil
 import signal
 import sys
 import time
@@ -58,7 +57,7 @@ from harness.spec.spec import Spec, Stage
 from harness.remote.ssh import EXIT_LINK, LinkError
 from harness.core.statuses import FAILING
 from harness.remote.targets import SlurmTarget, Target, TargetError
-from harness.remote.treecopy import lab_id, sync_tree, tree_files
+from harness.remote.treecopy import lab_id, place_files, sync_tree, tree_files
 
 POLL_ENV = "DSV4_LAB_SLURM_POLL"  # seconds between polls (default 3 here, 10 over ssh)
 CANCEL_WAIT_S = 60  # after scancel: how long to wait for squeue to show nothing left
@@ -340,20 +339,6 @@ def _write_files(login: Login, run_dir: str, files: dict[str, bytes]) -> None:
     login.check(script, "writing the job script and keys into the run folder", stdin=payload)
 
 
-def _copy_local(root: Path, files: list[str], dest: Path) -> None:
-    """A copy (not links: a later edit here must not reach a queued job) of `files` into `dest`."""
-    for rel in files:
-        src, dst = root / rel, dest / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_symlink():
-            os.symlink(os.readlink(src), dst)
-        else:
-            try:
-                shutil.copy2(src, dst)
-            except FileNotFoundError:
-                continue
-
-
 def _prepare(login: Login, t: SlurmTarget, root: Path, run_id: str) -> tuple[str, str]:
     """Create the run folder on the shared work folder; (its absolute path, the cache's)."""
     base = f"{t.workdir.rstrip('/')}/{lab_id(root)}"
@@ -410,7 +395,7 @@ def run_slurm(spec: Spec, t: SlurmTarget, argv: list[str], stages: list[Stage], 
             run_dir, cache = _prepare(login, t, root, run.run_id)
             tree = f"{run_dir}/{lab_id(root)}"
             if t.local:
-                _copy_local(root, files, Path(tree))
+                place_files(root, files, Path(tree), link=False)  # a copy: a later edit must not reach a queued job
                 how = "copy"
             else:
                 synced = sync_tree(Target(name=t.name, ssh=t.login, workdir=run_dir, python=t.python, port=t.port,

@@ -93,18 +93,26 @@ class RsyncFailed(LinkError):
     """rsync itself failed (not the ssh link): worth trying tar instead."""
 
 
-def _stage_tree(root: Path, files: list[str], dest: Path) -> None:
-    """Hard-link (or copy) `files` into `dest`, so rsync --delete can mirror that folder."""
+def place_files(root: Path, files: list[str], dest: Path, link: bool = True) -> None:
+    """Put `files` (paths under `root`) into `dest`, symbolic links as links: hard-linked where
+    `link` (or copied where the file system refuses a link), so rsync --delete can mirror that
+    folder; else copied, a file gone since it was listed skipped (a Slurm run's tree: a later edit
+    here must not reach a queued job)."""
     for rel in files:
         src, dst = root / rel, dest / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         if src.is_symlink():
             os.symlink(os.readlink(src), dst)
-            continue
-        try:
-            os.link(src, dst)
-        except OSError:
-            shutil.copy2(src, dst)
+        elif link:
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copy2(src, dst)
+        else:
+            try:
+                shutil.copy2(src, dst)
+            except FileNotFoundError:
+                continue
 
 
 def sync_rsync(t: Target, root: Path, files: list[str], source: Path | None = None) -> None:
@@ -117,7 +125,7 @@ def sync_rsync(t: Target, root: Path, files: list[str], source: Path | None = No
     with tempfile.TemporaryDirectory(prefix="dsv4-lab-sync-") as tmp:
         stage = Path(tmp) / "tree"
         stage.mkdir()
-        _stage_tree(source or root, files, stage)
+        place_files(source or root, files, stage)
         shell = " ".join(shlex.quote(a) for a in ssh_base_argv(t))
         argv = [rsync, "-rlpt", "--delete", "-e", shell,
                 "--rsync-path", f"cd {remote_path(remote_folder(t, root))} && rsync",
