@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 DEFAULT_THRESHOLD = 0.03
 DEFAULT_LEVEL = 0.95
@@ -106,3 +106,14 @@ def interleave(n_rounds: int, kernels: Sequence[str] = ("A", "B")) -> list[str]:
     for i in range(n_rounds):
         order += list(kernels) if i % 2 == 0 else list(reversed(kernels))
     return order
+
+
+def interleaved(timers: "dict[str, Callable[[], float]]", rounds: int) -> dict[str, list[float]]:
+    """Time each kernel `rounds` times in the `interleave` order (AB BA AB …): `timers[name]()`
+    is one round of that kernel, its median µs. Returns each kernel's per-round medians, in
+    round order (round i of A and of B were timed back to back: paired)."""
+    names = list(timers)
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for name in interleave(rounds, names):
+        out[name].append(float(timers[name]()))
+    return out
