@@ -107,15 +107,17 @@ def _emit(root: str, stage_id: str, arch: str, cases: list[dict[str, Any]], out:
 
 
 def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], rev: str, rounds: int = abtest.DEFAULT_ROUNDS,
-         reps: int = 5, timeout_s: float = 600.0, seed: int = 0, gpu: int = 0, argv: list[str] | None = None) -> int:
+         reps: int = 5, timeout_s: float = 600.0, seed: int = 0, gpu: int = 0, argv: list[str] | None = None,
+         cases: list[dict[str, Any]] | None = None, done: list | None = None) -> int:
     """Plan, take REV's tree, then (with a GPU) compile, check and time both interleaved, record.
-    0 only when every shape was compared; 1 when something failed or nothing was timed."""
+    0 only when every shape was compared; 1 when something failed or nothing was timed. `cases`:
+    these bench shapes instead of the filters' (the speed gate); `done`: gets the records."""
     from rich.console import Console
 
     from harness.core.environment import gpu_capabilities
 
     console = Console(highlight=False, soft_wrap=True, markup=False)
-    cases = plan_cases(stage, pairs)
+    cases = cases if cases is not None else plan_cases(stage, pairs)
     sha = rev_commit(root, rev)
     threshold = stage.bench_plan.speed_tolerance if stage.bench_plan is not None else abtest.DEFAULT_THRESHOLD
     console.print(f"{stage.name} bench --compare {rev} ({sha[:12]}): {len(cases)} shape(s), {rounds} interleaved "
@@ -136,12 +138,12 @@ def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], rev: str, round
             console.print(f"{stage.name} has no kernel for {arch} (GPU {gpu}: {caps[gpu][0]}): nothing was timed")
             return 1
         return _compare(console, root, stage, arch, cases, rev, sha, old_root, rounds, reps, threshold, timeout_s,
-                        seed, gpu, argv)
+                        seed, gpu, argv, done if done is not None else [])
 
 
 def _compare(console, root: Path, stage: Stage, arch: str, cases: list[dict[str, Any]], rev: str, sha: str,
              old_root: Path, rounds: int, reps: int, threshold: float, timeout_s: float, seed: int, gpu: int,
-             argv: list[str] | None) -> int:
+             argv: list[str] | None, done: list) -> int:
     from harness.execution.bench import _job, run_job
     from harness.execution.compile import Compiler
     from harness.execution.executor import ABJob
@@ -190,6 +192,7 @@ def _compare(console, root: Path, stage: Stage, arch: str, cases: list[dict[str,
                              trace=out.get("trace"), env=out.get("env") or {}, compile=res.summary(), compare=block)
             rec.t = now_iso()
             log.write(rec)
+            done.append(rec)
             counts[rec.status] = counts.get(rec.status, 0) + 1
             console.print(compare_line(rec))
     except KeyboardInterrupt:
