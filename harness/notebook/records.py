@@ -76,7 +76,7 @@ class Record:
     note: str | None = None
     trace: str | None = None  # the full traceback of a failure in user code (`dsv4-lab show ID`)
     compare: dict[str, Any] | None = None  # `bench --compare REV`: rev, commit, both medians, ratio, interval, verdict
-    profile: dict[str, Any] | None = None  # `profile`: Nsight Compute's metrics of one launch (harness/execution/profile.py)
+    profile: dict[str, Any] | None = None  # `profile`: Nsight Compute's metrics of one launch (harness/execution/ncuprofile.py)
     v: int = RECORD_VERSION
 
     def to_dict(self) -> dict[str, Any]:

@@ -106,6 +106,15 @@ def show(root: Path, ident: str) -> int:
     if rec is not None:
         shown = {k: v for k, v in json.loads(rec.to_json()).items() if k != "trace"}
         console.print_json(json.dumps(shown))
+        if rec.profile:
+            from harness.execution.ncuprofile import lines
+
+            for line in lines(rec.profile):
+                console.print(line, highlight=False, markup=False)
+        if rec.compare and "ratio" in rec.compare:
+            from harness.execution.abbench import compare_line
+
+            console.print("compared:" + compare_line(rec), highlight=False, markup=False)
         if rec.trace:
             console.print("traceback (kept in the record):", highlight=False)
             console.out(rec.trace, highlight=False)
