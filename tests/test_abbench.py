@@ -68,7 +68,10 @@ def test_the_compare_block_is_recorded_and_read_back(fake_lab):
     a = list(100 * (1 + rng.normal(0, 0.01, 40)))
     b = list(105 * (1 + rng.normal(0, 0.01, 40)))
     c = abtest.compare(a, b)
-    block = compare_block("HEAD~1", "0123456789abcdef0123", c)
+    block = compare_block("HEAD~1", "0123456789abcdef0123", c, {"A": a, "B": b})
+    assert len(block["a_rounds"]) == len(block["b_rounds"]) == 40
+    again = abtest.compare(block["a_rounds"], block["b_rounds"])  # the verdict can be re-derived from the record
+    assert again.verdict == c.verdict and again.ratio == pytest.approx(c.ratio, rel=1e-4)
     assert block["commit"] == "0123456789ab" and block["verdict"] == "slower" and block["rev"] == "HEAD~1"
     assert set(block) >= {"a_us", "b_us", "ratio", "lo", "hi", "threshold", "level", "rounds", "method"}
     rec = Record(id="r.1", run="r", t="2026-11-27T05:00:00Z", stage="OK", arch="sm_90a", case={"n": 4096},

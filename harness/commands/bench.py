@@ -25,7 +25,8 @@ def bench_cmd(
                                     help="REV: time the kernel at this commit against the working tree's, interleaved "
                                          "in one process on the same inputs; per shape both medians, the ratio with "
                                          "its 95 % interval and the verdict (docs/BENCH.md)"),
-    rounds: int = option("rounds", 40, help="--compare: interleaved rounds per kernel (each --reps repetitions)"),
+    rounds: int = option("rounds", 40, help="--compare: interleaved rounds per kernel (each --reps repetitions; "
+                                            "--reps defaults to 5 there)"),
 ) -> None:
     """Time the kernel at the stage's bench shapes (stages.yaml bench:), beside its peers
     (--peers), as a fraction of the GPU's roofline (dsv4-lab calibrate). Exit 0 only when every
@@ -46,9 +47,9 @@ def bench_cmd(
             raise UsageError("--compare times the kernel at two commits; --peers times peers — give one")
         if not (5 <= rounds <= 1000):
             raise UsageError(f"--rounds {rounds}: give 5 to 1000")
-        explicit = {p.split("=")[0] for p in sys.argv[2:] if p.startswith("--")}
+        given = getattr(ctx.get_parameter_source("reps"), "name", "DEFAULT") != "DEFAULT"
         raise typer.Exit(abbench.main(spec.root, st, pairs, compare, rounds=rounds,
-                                      reps=reps if "--reps" in explicit else 5, timeout_s=timeout, seed=seed,
+                                      reps=reps if given else 5, timeout_s=timeout, seed=seed,
                                       gpu=gpu, argv=["bench"] + sys.argv[2:]))
     bench.plan_cases(st, pairs)  # bad filters or no bench block: one line before anything is imported
     from harness.core.environment import gpu_capabilities

@@ -58,10 +58,16 @@ def take_tree(root: Path, rev: str, sha: str, dest: Path) -> Path:
         raise BenchError(f"--compare {rev}: cannot take its tree ({exc})") from None
 
 
-def compare_block(rev: str, sha: str, c: abtest.Comparison) -> dict[str, Any]:
-    """A bench record's `compare` block (A: REV, B: the tree)."""
-    return {"rev": rev, "commit": sha[:12], **{k: (round(v, 5) if isinstance(v, float) else v)
-                                               for k, v in c.to_dict().items()}}
+def compare_block(rev: str, sha: str, c: abtest.Comparison, rounds: dict[str, list[float]] | None = None
+                  ) -> dict[str, Any]:
+    """A bench record's `compare` block (A: REV, B: the tree); with `rounds`, the per-round
+    medians too (`a_rounds`, `b_rounds`, µs, paired by index): the verdict can be re-derived."""
+    block = {"rev": rev, "commit": sha[:12], **{k: (round(v, 5) if isinstance(v, float) else v)
+                                                for k, v in c.to_dict().items()}}
+    for side, key in (("A", "a_rounds"), ("B", "b_rounds")):
+        if rounds and side in rounds:
+            block[key] = [round(float(x), 4) for x in rounds[side]]
+    return block
 
 
 def compile_rev(old_root: Path, stage_id: str, arch: str, cases: list[dict[str, Any]], cache: Path,
@@ -183,7 +189,7 @@ def _compare(console, root: Path, stage: Stage, arch: str, cases: list[dict[str,
                 status, timing = out.get("status", "crash"), out.get("timing")
                 if timing and out.get("rounds"):
                     c = abtest.compare(out["rounds"]["A"], out["rounds"]["B"], threshold=threshold, seed=seed)
-                    block = compare_block(rev, sha, c)
+                    block = compare_block(rev, sha, c, out["rounds"])
                     compared += 1
                 elif status == "pass":
                     status, out["error"] = "skipped", "checked, not timed"
