@@ -153,6 +153,7 @@ def _compare(console, root: Path, stage: Stage, arch: str, cases: list[dict[str,
     from harness.execution.bench import _job, run_job
     from harness.execution.compile import Compiler
     from harness.execution.executor import ABJob
+    from harness.execution.roofline import read_peaks, roofline_fields
     from harness.notebook.records import BENCH_NOTE, Record, RunLog, now_iso
     from harness.spec.identity import code_identity
 
@@ -167,6 +168,7 @@ def _compare(console, root: Path, stage: Stage, arch: str, cases: list[dict[str,
     log.start()
     compiler = Compiler(root)
     counts: dict[str, int] = {}
+    warn: list[str] = []
     compared = 0
     interrupted = False
     try:
@@ -187,6 +189,10 @@ def _compare(console, root: Path, stage: Stage, arch: str, cases: list[dict[str,
                 a.object_path, a.prefix = a_res["object_path"], a_res["prefix"]
                 out = run_job(root, ABJob(a=a, b=b, rounds=rounds, reps=reps, threshold=threshold), timeout_s, gpu)
                 status, timing = out.get("status", "crash"), out.get("timing")
+                if timing:  # the tree's time as a fraction of the roofline, as bench records it
+                    peaks = read_peaks(root, timing.get("gpu_name", ""), warn)
+                    timing.update(roofline_fields(timing.get("flops"), timing.get("bytes", 0), timing["us"], peaks,
+                                                  stage.bench_plan.peak))
                 if timing and out.get("rounds"):
                     c = abtest.compare(out["rounds"]["A"], out["rounds"]["B"], threshold=threshold, seed=seed)
                     block = compare_block(rev, sha, c, out["rounds"])

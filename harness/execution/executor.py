@@ -376,6 +376,11 @@ class CaseExecutor:
         result["rounds"] = rounds
         t = {**summarize(rounds["B"]), "reps": job.reps * job.rounds, "rot": len(sets),
              "launches": timers["B"].launches, "method": timers["B"].method + " ab"}
+        total_bytes = sum(s.nbytes for s in done.specs if s.role != "scratch")
+        flops = attr(b.flops)(b.case) if b.flops else None
+        _rates(t, flops, total_bytes)
+        t["flops"] = float(flops or 0.0)
+        t["bytes"] = total_bytes
         t.update(gpu_clocks())
         result["timing"] = _rounded(t)
         return result
