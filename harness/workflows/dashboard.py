@@ -197,6 +197,8 @@ def roofline_text(benched: list[Record], src: str, compact: bool = False) -> str
     text = f"{lo:.0%}" if round(lo, 2) == round(hi, 2) else f"{lo:.0%}–{hi:.0%}"
     if len(fracs) > 1 and not compact:
         text += f" ({len(fracs)} shapes)"
+    if hi > 1.0:  # faster than the calibrated peak: a measurement error, never a result (roofline.py)
+        text += "✗" if compact else " ✗ >100%: a measurement error"
     if any(not is_fresh(r, src) for r in newest.values()):
         text += STALE_MARK if compact else " stale"
     return text
