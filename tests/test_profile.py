@@ -80,3 +80,31 @@ def test_with_ncu_but_no_gpu_nothing_is_profiled(fake_lab, tmp_path):
     (fake / "ncu").chmod(0o755)
     r = run_cli(["profile", "stage-OK"], cwd=fake_lab, env_extra={"PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"})
     assert r.returncode == 1 and "no GPU here: nothing was profiled" in r.stderr and "the first of 2" in r.stdout
+
+
+def test_profile_compare_side_by_side_and_shown(fake_lab):
+    a = profile.parse_csv(RAW)
+    b = {**a, "duration_us": 433.37, "regs": 176, "stalls": {"barrier": 2.5}}
+    text = "\n".join(profile.side_by_side(a, b, "HEAD~1"))
+    assert "HEAD~1" in text.splitlines()[0] and "+5.0%" in text and "stalls tree: barrier 2.50" in text
+    assert "stalls HEAD~1: long_scoreboard 3.91" in text
+    w = RecordWriter(fake_lab)
+    w.write(Record(id="r8.1", run="r8", t="2026-11-27T05:00:00Z", stage="OK", arch="sm_90a", case={"n": 4096},
+                   status="pass", note="bench", code={"src": "abc"}, profile=b,
+                   compare={"rev": "HEAD~1", "commit": "0123456789ab", "status": "pass", "profile": a}))
+    w.close()
+    r = run_cli(["show", "r8.1"], cwd=fake_lab)
+    assert r.returncode == 0 and "+5.0%" in r.stdout and "stalls HEAD~1" in r.stdout, r.stdout
+
+
+def test_profile_compare_without_ncu_takes_rev_then_says_so(fake_lab):
+    import subprocess
+
+    (fake_lab / "stages.yaml").write_text(LAB)
+    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qam", "bench"], cwd=fake_lab,
+                   check=True)
+    path = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep) if not (Path(d) / "ncu").exists())
+    r = run_cli(["profile", "stage-OK", "--compare", "HEAD~1"], cwd=fake_lab, env_extra={"PATH": path})
+    assert r.returncode == 1 and "taken into a temporary tree" in r.stdout and "ncu (Nsight Compute)" in r.stderr
+    r = run_cli(["profile", "stage-OK", "--compare", "nope"], cwd=fake_lab, env_extra={"PATH": path})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--compare nope: not a commit" in r.stderr

@@ -19,6 +19,7 @@ def profile_cmd(
     timeout: float = option("timeout", 600.0, help="seconds for ncu (compile excluded)"),
     seed: int = option("seed", 0, help="base seed of the input generators"),
     gpu: int = option("gpu", 0, help="the GPU index to profile on"),
+    compare: Optional[str] = option("compare", None, help="REV: profile the kernel at this commit too, side by side"),
 ) -> None:
     """Profile one bench shape with Nsight Compute (ncu): duration, SM and memory throughput, achieved
     occupancy, registers, L2 hit rate, DRAM bytes and the top warp-stall reasons, kept with the
@@ -30,7 +31,7 @@ def profile_cmd(
     if not (math.isfinite(timeout) and timeout > 0):
         raise UsageError(f"--timeout {timeout:g}: must be a finite number of seconds > 0")
     raise typer.Exit(profile.main(spec.root, st, filter_pairs(ctx.args, where), timeout_s=timeout, seed=seed, gpu=gpu,
-                                  argv=["profile"] + sys.argv[2:]))
+                                  argv=["profile"] + sys.argv[2:], compare=compare))
 
 
 COMMANDS = [Command("profile", profile_cmd, axes="bench", errors=(BenchError,))]

@@ -20,6 +20,10 @@ an NVTX range `dsv4`; `ncu` runs that child and profiles only the kernel launche
     stalls            the top STALL_TOP warp-stall reasons, cycles per issued instruction
                       (smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio)
 
+`profile --compare REV` profiles REV's kernel too (its tree taken as `bench --compare` takes it,
+harness/execution/abbench.py) and prints both side by side; REV's profile goes into the record's
+`compare` block (rev, commit, status, profile).
+
 The record is a bench record (`note: bench`) without a timing: the dashboard and the speed
 baselines read timed records only. Without ncu, without a GPU, or without permission to read the
 GPU's performance counters (ERR_NVGPUCTRPERM): one line, exit 1.
@@ -139,87 +143,142 @@ def lines(p: dict[str, Any]) -> list[str]:
             f"  top stalls (cycles per issue): {stalls or '—'}"]
 
 
-def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], timeout_s: float = 600.0, seed: int = 0,
-         gpu: int = 0, argv: list[str] | None = None) -> int:
-    """Plan one shape, then (ncu and a GPU here) compile, check, profile and record it."""
+def side_by_side(a: dict[str, Any], b: dict[str, Any], rev: str) -> list[str]:
+    """`profile --compare REV`: REV's profile and the tree's, one metric a line, with the change."""
+    out = [f"{'metric':<16}{rev:>14}{'tree':>14}{'Δ':>10}"]
+    for key, fmt in (("duration_us", ".2f"), ("sm_pct", ".1f"), ("mem_pct", ".1f"), ("occupancy_pct", ".1f"),
+                     ("regs", "d"), ("l2_hit_pct", ".1f"), ("dram_bytes", "d")):
+        x, y = a.get(key), b.get(key)
+        if not isinstance(x, (int, float)) or not isinstance(y, (int, float)):
+            continue
+        delta = f"{y / x - 1:+.1%}" if key in ("duration_us", "dram_bytes", "regs") and x else f"{y - x:+.1f}"
+        out.append(f"{key:<16}{format(x, fmt):>14}{format(y, fmt):>14}{delta:>10}")
+    for name, st in ((rev, a), ("tree", b)):
+        stalls = ", ".join(f"{r} {v:.2f}" for r, v in (st.get("stalls") or {}).items())
+        out.append(f"stalls {name}: {stalls or '—'}")
+    return out
+
+
+def _run_ncu(root: Path, job: Any, ncu: str, gpu: int, timeout_s: float) -> dict[str, Any]:
+    """One ncu run of `job`'s checked launch: {"status", "metrics"?, "error"?, "profile"?}; raises
+    ProfileError when ncu gave no usable profile of a passing kernel (permission, no kernel)."""
     import os
 
+    with tempfile.TemporaryDirectory(prefix="dsv4-profile-") as tmp:
+        job_file, out_file = Path(tmp) / "job.pkl", Path(tmp) / "out.json"
+        job_file.write_bytes(pickle.dumps((str(root), job)))
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+        try:
+            proc = subprocess.run(ncu_command(ncu, job_file, out_file), cwd=root, env=env, capture_output=True,
+                                  text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"status": "timeout", "error": f"ncu: no result within {timeout_s:g} s"}
+        got = json.loads(out_file.read_text()) if out_file.is_file() else {}
+    if not got:
+        return {"status": "crash", "error": (proc.stderr.strip().splitlines() or ["ncu gave no result"])[-1][:300]}
+    if got.get("status") == "pass":
+        got["profile"] = parse_csv(proc.stdout + "\n" + proc.stderr)
+    return got
+
+
+def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], timeout_s: float = 600.0, seed: int = 0,
+         gpu: int = 0, argv: list[str] | None = None, compare: str | None = None) -> int:
+    """Plan one shape, then (ncu and a GPU here) compile, check, profile and record it; with
+    `compare` (a commit), REV's kernel is profiled too and shown beside the tree's (the record:
+    the tree's profile, and REV's in its `compare` block)."""
     from harness.core.environment import gpu_capabilities
     from harness.execution.bench import _job, plan_cases
 
     cases = plan_cases(stage, pairs)
     case = cases[0]
     print(f"{stage.name} profile: {case_label(case)}" + (f" (the first of {len(cases)} shapes)" if len(cases) > 1 else ""))
-    ncu = shutil.which("ncu")
-    if ncu is None:
-        print("profile: ncu (Nsight Compute) is not on PATH here — install it or run on the GPU machine", file=sys.stderr)
-        return 1
-    caps = gpu_capabilities()
-    if gpu not in caps:
-        print("profile: no GPU here: nothing was profiled", file=sys.stderr)
-        return 1
-    arch = caps[gpu][1]
-    if arch not in stage.kernels:
-        print(f"profile: {stage.name} has no kernel for {arch} (GPU {gpu}): nothing was profiled", file=sys.stderr)
-        return 1
-    from harness.execution.compile import Compiler
-    from harness.notebook.records import BENCH_NOTE, Record, RunLog, now_iso
-    from harness.spec.identity import code_identity
+    with tempfile.TemporaryDirectory(prefix="dsv4-profile-rev-") as tmp:
+        sha = old_root = None
+        if compare is not None:
+            from harness.execution.abbench import rev_commit, take_tree
 
-    compiler = Compiler(root)
-    try:
-        res = compiler.submit(stage, arch, case).result()
-    finally:
-        compiler.close()
-    log = RunLog(root)
-    log.plan(target="local", argv=argv or [], cases=1, bench=True)
-    log.start()
-    common: dict[str, Any] = dict(id=f"{log.run_id}.1", run=log.run_id, t="", stage=stage.id, arch=arch, case=case,
-                                  code=code_identity(root, stage, arch), gpu=gpu, note=BENCH_NOTE)
-    status = "crash"
-    try:
-        if not res.ok:
-            rec = Record(**common, status="compile_error", error=res.error, compile=res.summary())
-        else:
-            job = _job(stage, arch, case, False, 1, seed)
-            job.object_path, job.prefix = res.object_path, res.prefix
-            job.time_it = False
-            with tempfile.TemporaryDirectory(prefix="dsv4-profile-") as tmp:
-                job_file, out_file = Path(tmp) / "job.pkl", Path(tmp) / "out.json"
-                job_file.write_bytes(pickle.dumps((str(root), job)))
-                env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
-                try:
-                    proc = subprocess.run(ncu_command(ncu, job_file, out_file), cwd=root, env=env,
-                                          capture_output=True, text=True, timeout=timeout_s)
-                except subprocess.TimeoutExpired:
-                    proc = None
-                got = json.loads(out_file.read_text()) if out_file.is_file() else {}
-            if proc is None:
-                rec = Record(**common, status="timeout", error=f"ncu: no result within {timeout_s:g} s",
-                             compile=res.summary())
+            sha = rev_commit(root, compare)
+            old_root = take_tree(root, compare, sha, Path(tmp) / "tree")
+            print(f"{compare} ({sha[:12]}): its stages.yaml, stages/ and oracles/ taken into a temporary tree")
+        ncu = shutil.which("ncu")
+        if ncu is None:
+            print("profile: ncu (Nsight Compute) is not on PATH here — install it or run on the GPU machine",
+                  file=sys.stderr)
+            return 1
+        caps = gpu_capabilities()
+        if gpu not in caps:
+            print("profile: no GPU here: nothing was profiled", file=sys.stderr)
+            return 1
+        arch = caps[gpu][1]
+        if arch not in stage.kernels:
+            print(f"profile: {stage.name} has no kernel for {arch} (GPU {gpu}): nothing was profiled", file=sys.stderr)
+            return 1
+        from harness.core.paths import cache_dir
+        from harness.execution.compile import Compiler
+        from harness.notebook.records import BENCH_NOTE, Record, RunLog, now_iso
+        from harness.spec.identity import code_identity
+
+        compiler = Compiler(root)
+        try:
+            res = compiler.submit(stage, arch, case).result()
+        finally:
+            compiler.close()
+        old: dict[str, Any] = {}
+        if old_root is not None:
+            from harness.execution.abbench import compile_rev
+
+            old = compile_rev(old_root, stage.id, arch, [case], cache_dir(root)).get(case_label(case)) or \
+                {"ok": False, "error": f"{stage.name} {case_label(case)} does not exist at {compare}"}
+        log = RunLog(root)
+        log.plan(target="local", argv=argv or [], cases=1, bench=True)
+        log.start()
+        common: dict[str, Any] = dict(id=f"{log.run_id}.1", run=log.run_id, t="", stage=stage.id, arch=arch,
+                                      case=case, code=code_identity(root, stage, arch), gpu=gpu, note=BENCH_NOTE)
+        status = "crash"
+        block: dict[str, Any] | None = None if sha is None else {"rev": compare, "commit": sha[:12]}
+        try:
+            if not res.ok or (old and not old["ok"]):
+                why = res.error if not res.ok else f"at {compare}: {old.get('error')}"
+                rec = Record(**common, status="compile_error", error=why, compile=res.summary(), compare=block)
             else:
-                status = got.get("status", "crash")
+                job = _job(stage, arch, case, False, 1, seed)
+                job.object_path, job.prefix = res.object_path, res.prefix
+                job.time_it = False
                 try:
-                    prof = parse_csv(proc.stdout + "\n" + proc.stderr) if status == "pass" else None
+                    got = _run_ncu(root, job, ncu, gpu, timeout_s)
+                    if old and got.get("status") == "pass":
+                        rev_job = _job(stage, arch, case, False, 1, seed)
+                        rev_job.object_path, rev_job.prefix = old["object_path"], old["prefix"]
+                        rev_job.time_it = False
+                        got_a = _run_ncu(root, rev_job, ncu, gpu, timeout_s)
+                        assert block is not None
+                        block["status"] = got_a.get("status", "crash")
+                        if got_a.get("profile"):
+                            block["profile"] = got_a["profile"]
+                        elif got_a.get("error"):
+                            block["error"] = got_a["error"]
                 except ProfileError as exc:
                     print(f"profile: {exc}", file=sys.stderr)
                     return 1
-                rec = Record(**common, status=status, metrics=got.get("metrics") or {},
-                             error=got.get("error") or (None if got else (proc.stderr.strip().splitlines() or
-                                                                         ["ncu gave no result"])[-1][:300]),
-                             compile=res.summary(), profile=prof)
-        rec.t = now_iso()
-        log.write(rec)
-        status = rec.status
-    finally:
-        log.close()
-        log.end(False, planned=1, counts={status: 1})
-    if rec.profile:
+                rec = Record(**common, status=got.get("status", "crash"), metrics=got.get("metrics") or {},
+                             error=got.get("error"), compile=res.summary(), profile=got.get("profile"), compare=block)
+            rec.t = now_iso()
+            log.write(rec)
+            status = rec.status
+        finally:
+            log.close()
+            log.end(False, planned=1, counts={status: 1})
+    if rec.profile and block and block.get("profile"):
+        print("\n".join(side_by_side(block["profile"], rec.profile, str(compare))))
+    elif rec.profile:
         print("\n".join(lines(rec.profile)))
-    else:
+    if not rec.profile:
         print(f"profile: {rec.status}: {rec.error or 'not profiled'}", file=sys.stderr)
+    elif block is not None and not block.get("profile"):
+        print(f"profile: {compare}'s kernel: {block.get('status')}: {block.get('error') or 'not profiled'}",
+              file=sys.stderr)
     print(f"record: {rec.id} (dsv4-lab show {rec.id})")
-    return 0 if rec.profile else 1
+    return 0 if rec.profile and (block is None or block.get("profile")) else 1
 
 
 def _child(job_file: str, out_file: str) -> int:

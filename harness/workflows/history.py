@@ -160,6 +160,11 @@ def show(root: Path, ident: str) -> int:
 
             for line in lines(rec.profile):
                 console.print(line, highlight=False, markup=False)
+        if rec.profile and rec.compare and isinstance(rec.compare.get("profile"), dict):
+            from harness.execution.ncuprofile import side_by_side
+
+            for line in side_by_side(rec.compare["profile"], rec.profile, str(rec.compare.get("rev", "REV"))):
+                console.print(line, highlight=False, markup=False)
         if rec.compare and "ratio" in rec.compare:
             from harness.execution.abbench import compare_line
 
