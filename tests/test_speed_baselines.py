@@ -21,12 +21,12 @@ N4096 = case_label({"n": 4096, "mode": "ok"})
 
 
 def _bench(lab: Path, rid: str, n: int, us: float, src: str | None = None, status: str = "pass",
-           gpu: str = "NVIDIA H100 80GB HBM3") -> None:
+           gpu: str = "NVIDIA H100 80GB HBM3", dirty: bool = False) -> None:
     spec = load_spec(root=lab)
     w = RecordWriter(lab)
     w.write(Record(id=rid, run=rid.split(".")[0], t="2026-11-27T05:00:00Z", stage="OK", arch="cpu",
                    case={"n": n, "mode": "ok"}, status=status, note="bench", metrics={"out": {"cosine": 1.0}},
-                   code={"commit": "abc123", "dirty": False,
+                   code={"commit": "abc123", "dirty": dirty,
                          "src": src or source_hash(lab, spec.stages["OK"], "cpu")},
                    timing={"us": us, "spread": 0.021, "p10_us": us * 0.99, "p90_us": us * 1.01, "reps": 30,
                            "gpu_name": gpu, "sm_mhz": 1980.0, "mem_mhz": 2619.0, "power_w": 412.5,
@@ -104,3 +104,11 @@ def test_compared_only_on_the_same_gpu_model():
     assert speedbaselines.same_gpu(b, "NVIDIA H100 80GB HBM3")
     assert not speedbaselines.same_gpu(b, "NVIDIA H200") and not speedbaselines.same_gpu(b, None)
     assert speedbaselines.delta(b, 105.0) == pytest.approx(0.05)
+
+
+def test_a_baseline_from_a_dirty_tree_says_so(slab):
+    _bench(slab, "r1.1", 4096, 50.0, dirty=True)
+    r = run_cli(["baseline", "accept", "stage-OK", "--speed"], cwd=slab)
+    assert r.returncode == 0 and "uncommitted changes" in r.stdout, r.stdout + r.stderr
+    (b,) = speedbaselines.load(slab)
+    assert b.dirty and "dirty: true" in (slab / "results" / "speed_baselines.yaml").read_text()

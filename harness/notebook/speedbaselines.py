@@ -64,6 +64,7 @@ class SpeedBaseline:
     reps: int | None = None
     peers: dict[str, float] = field(default_factory=dict)
     gpu: dict[str, Any] = field(default_factory=dict)  # name, sm_mhz, mem_mhz, power_w … (what the record had)
+    dirty: bool = False  # the record came from a tree with uncommitted changes: `commit` is not what was timed
 
     @property
     def gpu_name(self) -> str | None:
@@ -78,6 +79,8 @@ class SpeedBaseline:
         if self.peers:
             d["peers"] = dict(self.peers)
         d["gpu"] = dict(self.gpu)
+        if self.dirty:
+            d["dirty"] = True
         return d
 
 
@@ -119,7 +122,8 @@ def from_record(rec: Record, src: str) -> SpeedBaseline | None:
     reps = t.get("reps")
     return SpeedBaseline(rec.stage, rec.arch, case_label(rec.case), rec.id, src, (rec.code or {}).get("commit"),
                          float(us), num("spread"), num("p10_us"), num("p90_us"),
-                         reps if isinstance(reps, int) and not isinstance(reps, bool) else None, peers, gpu)
+                         reps if isinstance(reps, int) and not isinstance(reps, bool) else None, peers, gpu,
+                         (rec.code or {}).get("dirty") is True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -136,7 +140,7 @@ def _entry(stage: str, arch: str, label: str, e: Any) -> SpeedBaseline:
     keys = ("speed", stage, arch, label)
     if not isinstance(e, dict):
         raise _Bad(keys, "expected a mapping (record, src, commit, us, …)")
-    allowed = ("record", "src", "commit", "us", "spread", "p10_us", "p90_us", "reps", "peers", "gpu")
+    allowed = ("record", "src", "commit", "us", "spread", "p10_us", "p90_us", "reps", "peers", "gpu", "dirty")
     extra = [k for k in e if k not in allowed]
     if extra:
         raise _Bad((*keys, extra[0]), f"unknown key — expected one of {', '.join(allowed)}")
@@ -168,9 +172,11 @@ def _entry(stage: str, arch: str, label: str, e: Any) -> SpeedBaseline:
     if not isinstance(gpu, dict) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool)
                                             for v in gpu.values()):
         raise _Bad((*keys, "gpu"), "expected a mapping (name, sm_mhz, mem_mhz, power_w …)")
+    if not isinstance(e.get("dirty", False), bool):
+        raise _Bad((*keys, "dirty"), "expected true or false")
     return SpeedBaseline(stage, arch, label, e["record"], e["src"], e.get("commit"), us, number("spread"),
                          number("p10_us"), number("p90_us"), reps, {str(k): float(v) for k, v in peers.items()},
-                         {str(k): v for k, v in gpu.items()})
+                         {str(k): v for k, v in gpu.items()}, e.get("dirty", False))
 
 
 def _tree(doc: Any) -> list[SpeedBaseline]:
@@ -316,7 +322,9 @@ def accept(root: Path, stage, archs: list[str] | None, cases: list[dict[str, Any
             save(root, list(index.values()), current)
     for b in taken:
         console.print(f"speed baseline {stage.name} {b.arch} {b.case} ← {b.record}: {b.us:.2f} µs "
-                      f"(spread {100 * (b.spread or 0):.1f} %) on {b.gpu_name or 'an unnamed GPU'}")
+                      f"(spread {100 * (b.spread or 0):.1f} %) on {b.gpu_name or 'an unnamed GPU'}"
+                      + (" — from a tree with uncommitted changes: gate --speed cannot re-time its commit; "
+                         "commit, bench and accept again" if b.dirty else ""))
     for arch, n in sorted(missing.items()):
         console.print(f"{arch}: {n} bench shape(s) have no passing bench record for the current source — "
                       f"time them first: dsv4-lab bench {stage.name}")

@@ -97,8 +97,10 @@ def main(root: Path, gpu: int = 0, out=None) -> int:
                 for b in p.changed if b not in runnable]
     groups: dict[tuple[str, str], list[SpeedBaseline]] = {}
     for b in runnable:
-        if not b.commit:
-            unproven.append(f"stage-{b.stage} {b.arch} {b.case}: its baseline names no commit to compare with")
+        if not b.commit or b.dirty:
+            unproven.append(f"stage-{b.stage} {b.arch} {b.case}: its baseline " +
+                            ("was timed on a tree with uncommitted changes: its commit is not that kernel — "
+                             "re-accept it from a committed tree" if b.commit else "names no commit to compare with"))
             continue
         groups.setdefault((b.stage, b.commit), []).append(b)
     for (stage_id, commit), bs in groups.items():
