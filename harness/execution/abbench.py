@@ -179,9 +179,11 @@ def _compare(console, root: Path, stage: Stage, arch: str, cases: list[dict[str,
             common: dict[str, Any] = dict(id=f"{log.run_id}.{i}", run=log.run_id, t="", stage=stage.id, arch=arch,
                                           case=case, code=code, gpu=gpu, note=BENCH_NOTE)
             block: dict[str, Any] = {"rev": rev, "commit": sha[:12]}
-            if not res.ok or not a_res["ok"]:
-                why = res.error if not res.ok else f"at {rev}: {a_res.get('error')}"
-                rec = Record(**common, status="compile_error", error=why, compile=res.summary(), compare=block)
+            if not res.ok:
+                rec = Record(**common, status="compile_error", error=res.error, compile=res.summary(), compare=block)
+            elif not a_res["ok"]:  # the tree's kernel built: nothing to compare it with (not its failure)
+                rec = Record(**common, status="skipped", error=f"not compared: at {rev}: {a_res.get('error')}",
+                             compile=res.summary(), compare=block)
             else:
                 b = _job(stage, arch, case, False, reps, seed)
                 b.object_path, b.prefix = res.object_path, res.prefix
