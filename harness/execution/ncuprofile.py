@@ -237,9 +237,11 @@ def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], timeout_s: floa
         status = "crash"
         block: dict[str, Any] | None = None if sha is None else {"rev": compare, "commit": sha[:12]}
         try:
-            if not res.ok or (old and not old["ok"]):
-                why = res.error if not res.ok else f"at {compare}: {old.get('error')}"
-                rec = Record(**common, status="compile_error", error=why, compile=res.summary(), compare=block)
+            if not res.ok:
+                rec = Record(**common, status="compile_error", error=res.error, compile=res.summary(), compare=block)
+            elif old and not old["ok"]:  # the tree's kernel built: nothing to compare it with
+                rec = Record(**common, status="skipped", error=f"not profiled: at {compare}: {old.get('error')}",
+                             compile=res.summary(), compare=block)
             else:
                 job = _job(stage, arch, case, False, 1, seed)
                 job.object_path, job.prefix = res.object_path, res.prefix
