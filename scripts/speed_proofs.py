@@ -86,9 +86,16 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=None, help="bench --compare runs (aa: 5, planted: 1)")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    ap.add_argument("--resume", metavar="JSON", help="add to the results of an earlier call (its speed_proofs_*.json): "
+                                                     "the 20 A/A comparisons may be split over calls of 600 s")
     args = ap.parse_args()
     runs = args.runs or (5 if args.proof == "aa" else 1)
     got: list[dict] = []
+    if args.resume:
+        earlier = json.loads(Path(args.resume).read_text())
+        if earlier.get("proof") != args.proof:
+            raise SystemExit(f"--resume {args.resume}: a {earlier.get('proof')} proof, not {args.proof}")
+        got += earlier["results"]
     with tempfile.TemporaryDirectory(prefix=f"dsv4-speed-{args.proof}-") as tmp:
         lab = scratch_lab(Path(tmp) / "lab", planted=args.proof == "planted")
         for _ in range(runs):
