@@ -84,3 +84,36 @@ def test_timing_summary_and_passes():
         summarize([])
     # rotations push the working set past 3x L2
     assert rotations(6 << 20, l2_bytes=60 << 20) == 30 and rotations(1 << 30, l2_bytes=60 << 20) == 2
+
+
+def test_the_read_peak_is_used_when_higher_and_named():
+    both = Peaks("G", bf16_tflops=1000.0, copy_gbps=3000.0, read_gbps=3300.0)
+    f = roofline_fields(0.0, 3.3e9, 1100.0, both)  # 3.3 GB at 3.3 TB/s: 1000 µs
+    assert f["bound_us"] == 1000.0 and f["peak_gbps"] == 3300.0 and f["peak_by"] == "read" and f["roofline"] < 1
+    assert "roofline_error" not in f
+    low = Peaks("G", bf16_tflops=1000.0, copy_gbps=3000.0, read_gbps=2000.0)
+    assert roofline_fields(0.0, 3e9, 2000.0, low)["peak_by"] == "copy"
+
+
+def test_a_fraction_above_one_is_flagged_as_a_measurement_error():
+    f = roofline_fields(0.0, 3.27e9, 1000.0, Peaks("G", bf16_tflops=1000.0, copy_gbps=3000.0))  # I2's 109 %
+    assert f["roofline"] == pytest.approx(1.09) and "measurement error" in f["roofline_error"]
+    assert f["roofline_error"].startswith("109% of the roofline")
+
+
+def test_read_peaks_keeps_the_read_bandwidth(tmp_path):
+    path = calibration_file(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"gpu": "G", "bf16_tflops": 700.0, "copy_gbps": 3000.0, "read_gbps": 3350.0}) + "\n")
+    p = read_peaks(tmp_path, "G")
+    assert p.read_gbps == 3350.0 and p.memory == (3350.0, "read")
+
+
+def test_the_dashboard_flags_a_roofline_above_100_percent():
+    from harness.workflows.dashboard import roofline_text
+    from tests.test_bench import _bench_record
+
+    over = _bench_record(roofline=1.04)
+    assert roofline_text([over], "abc") == "104% ✗ >100%: a measurement error"
+    assert roofline_text([over], "abc", compact=True) == "104%✗"
+    assert roofline_text([_bench_record()], "abc", compact=True) == "31%"

@@ -6,8 +6,9 @@ from typing import Optional
 
 import typer
 
+from harness.execution.bench import BenchError
 from harness.notebook.baselines import BaselineError
-from harness.commands.base import Command, Group, UsageError, archs_of, cases_of, option, spec_here
+from harness.commands.base import Command, Group, UsageError, archs_of, cases_of, filter_pairs, option, spec_here
 from harness.core.paths import lab_root
 
 BASELINE = Group("baseline", "Baselines: the metric values a case must keep.")
@@ -21,21 +22,42 @@ def accept(
     compile_only: bool = option("compile_only", False,
                                 help="baseline what compiling proves (status, registers, spills, smem, instruction "
                                      "inventory) even where a passing result exists"),
+    speed: bool = option("speed", False,
+                         help="keep the kernel's speed at the bench shapes instead (median µs, spread, peers' "
+                              "ratios, GPU) from the newest fresh bench records: results/speed_baselines.yaml; "
+                              "axis filters then filter the bench shapes"),
 ) -> None:
     """Make the newest passing, fresh result of each selected case its baseline; for an arch no
-    device here runs (sm_100a), what compiling proves."""
+    device here runs (sm_100a), what compiling proves. With --speed: each bench shape's speed."""
     from harness.notebook import baselines
 
     spec = spec_here()
     st = spec.stage(stage)
+    if speed:
+        from harness.execution.bench import plan_cases
+        from harness.notebook import speedbaselines
+
+        if compile_only:
+            raise UsageError("--speed and --compile-only: give one (a speed baseline comes from a bench record)")
+        shapes = plan_cases(st, filter_pairs(ctx.args, where))
+        raise typer.Exit(speedbaselines.accept(spec.root, st, archs_of(arch), shapes))
     raise typer.Exit(baselines.accept(spec, st, archs_of(arch), cases_of(st, ctx.args, where),
                                       compile_only=compile_only))
 
 
 def show(ctx: typer.Context, stage: Optional[str] = typer.Argument(None), arch: str = option("arch", "all"),
-         where: Optional[str] = option("where", None)) -> None:
+         where: Optional[str] = option("where", None),
+         speed: bool = option("speed", False, help="the speed baselines (results/speed_baselines.yaml)")) -> None:
     """The baselines, per stage, arch and case (filters: --arch, axis flags like --hd 64, --where)."""
     from harness.notebook import baselines
+
+    if speed:
+        from harness.notebook import speedbaselines
+
+        if ctx.args or where:
+            raise UsageError("baseline show --speed takes a stage and --arch, no axis filters")
+        raise typer.Exit(speedbaselines.show(lab_root() if stage is None else spec_here().root,
+                                             None if stage is None else spec_here().stage(stage), archs_of(arch)))
 
     if stage is None:
         if ctx.args or where:
@@ -61,5 +83,5 @@ def drop(
     raise typer.Exit(baselines.drop(spec, st, archs_of(arch), cases_of(st, ctx.args, where)))
 
 
-COMMANDS = [Command(name, fn, group=BASELINE, axes="matrix", errors=(BaselineError,))
+COMMANDS = [Command(name, fn, group=BASELINE, axes="matrix", errors=(BaselineError, BenchError))
             for name, fn in (("accept", accept), ("show", show), ("drop", drop))]

@@ -21,6 +21,12 @@ def bench_cmd(
     timeout: float = option("timeout", 600.0, help="seconds per bench shape (compile excluded)"),
     seed: int = option("seed", 0, help="base seed of the input generators"),
     gpu: int = option("gpu", 0, help="the GPU index to time on"),
+    compare: Optional[str] = option("compare", None,
+                                    help="REV: time the kernel at this commit against the working tree's, interleaved "
+                                         "in one process on the same inputs; per shape both medians, the ratio with "
+                                         "its 95 % interval and the verdict (docs/BENCH.md)"),
+    rounds: int = option("rounds", 40, help="--compare: interleaved rounds per kernel (each --reps repetitions; "
+                                            "--reps defaults to 5 there)"),
 ) -> None:
     """Time the kernel at the stage's bench shapes (stages.yaml bench:), beside its peers
     (--peers), as a fraction of the GPU's roofline (dsv4-lab calibrate). Exit 0 only when every
@@ -34,6 +40,17 @@ def bench_cmd(
     if not (math.isfinite(timeout) and timeout > 0):
         raise UsageError(f"--timeout {timeout:g}: must be a finite number of seconds > 0")
     pairs = filter_pairs(ctx.args, where)
+    if compare is not None:
+        from harness.execution import abbench
+
+        if peers:
+            raise UsageError("--compare times the kernel at two commits; --peers times peers — give one")
+        if not (5 <= rounds <= 1000):
+            raise UsageError(f"--rounds {rounds}: give 5 to 1000")
+        given = getattr(ctx.get_parameter_source("reps"), "name", "DEFAULT") != "DEFAULT"
+        raise typer.Exit(abbench.main(spec.root, st, pairs, compare, rounds=rounds,
+                                      reps=reps if given else 5, timeout_s=timeout, seed=seed,
+                                      gpu=gpu, argv=["bench"] + sys.argv[2:]))
     bench.plan_cases(st, pairs)  # bad filters or no bench block: one line before anything is imported
     from harness.core.environment import gpu_capabilities
 

@@ -11,7 +11,7 @@ from harness.commands.base import COMMON_ERRORS, Command
 # The order `dsv4-lab --help` lists commands in (asv's command_order: the workflow's order);
 # groups after the plain commands. A command not named here comes last, by name.
 ORDER = ("list", "run", "compile", "gate", "dashboard", "history", "show", "note", "check", "bench", "calibrate",
-         "inspect", "baseline", "targets", "new")
+         "profile", "inspect", "baseline", "targets", "new")
 
 
 def _place(command: Command) -> tuple[int, int, str]:

@@ -22,6 +22,8 @@ COMMAND_OPTIONS: frozenset[str] = frozenset({
     "keep", "diff",  # compile (and arch, where, record)
     "install_hook", "force", "no_run", "staged",  # gate (and target)
     "compile_only",  # baseline accept
+    "speed",  # baseline accept/show, gate, history (issue 29)
+    "compare", "rounds",  # bench --compare REV (issue 29)
     "watch", "interval",  # dashboard
     "peers", "reps", "gpu",  # bench (and where, timeout, seed)
     "fp8",  # calibrate

@@ -1,6 +1,7 @@
 """`dsv4-lab calibrate`: this GPU's own ceilings, measured once and recorded — dense bf16
 tensor-core throughput (a large matmul), FP8 when asked (torch._scaled_mm), and device memory
-bandwidth (a large device-to-device copy, bytes read plus bytes written). One line per
+bandwidth, two ways: a large device-to-device copy (bytes read plus bytes written) and a read-only
+stream (a sum over a large tensor: bytes read). The roofline uses the higher. One line per
 calibration in results/calibration.jsonl with the GPU's name, clocks and driver; the roofline
 (harness.execution.roofline) reads the newest line for the GPU it runs on."""
 
@@ -43,6 +44,13 @@ def measure(fp8: bool = False, reps: int = 20) -> dict:
     cp = bench([lambda: dst.copy_(src)], reps=reps, warmup=3, min_launches=5)
     out.update(copy_gbps=round(2 * COPY_BYTES / (cp["us"] * 1e-6) / 1e9, 1), copy_spread=round(cp["spread"], 4),
                copy=f"{COPY_BYTES >> 20} MiB device copy, read + write counted")
+    del src, dst
+    ro = torch.ones(COPY_BYTES // 4, dtype=torch.float32, device=dev)
+    total = torch.empty((), dtype=torch.float32, device=dev)
+    rd = bench([lambda: torch.sum(ro, out=total)], reps=reps, warmup=3, min_launches=5)
+    out.update(read_gbps=round(COPY_BYTES / (rd["us"] * 1e-6) / 1e9, 1), read_spread=round(rd["spread"], 4),
+               read=f"{COPY_BYTES >> 20} MiB read-only stream (torch.sum of fp32), bytes read counted")
+    del ro
     env = gpu_environment()
     clocks = gpu_clocks()
     return {"gpu": env.get("gpu", clocks.get("gpu_name", "?")), "cc": env.get("cc"), "driver": env.get("driver"),
@@ -76,7 +84,8 @@ def main(root: Path, fp8: bool = False) -> int:
     finally:
         a.close()
     fp8_text = f", fp8 {rec['fp8_tflops']} TFLOP/s" if "fp8_tflops" in rec else ""
-    console.print(f"{rec['gpu']}: bf16 {rec['bf16_tflops']} TFLOP/s{fp8_text}, copy {rec['copy_gbps']} GB/s "
+    console.print(f"{rec['gpu']}: bf16 {rec['bf16_tflops']} TFLOP/s{fp8_text}, copy {rec['copy_gbps']} GB/s, "
+                  f"read {rec.get('read_gbps', '?')} GB/s "
                   f"(SM clock {rec.get('sm_mhz', '?')} of {rec.get('sm_max_mhz', '?')} MHz) — recorded in "
                   f"{path.relative_to(root) if path.is_relative_to(root) else path}")
     return 0

@@ -116,6 +116,20 @@ def row_tensors(specs: list, specs_rows: list, axis: str, total: int, rows: int)
     return sliced
 
 
+@dataclass(kw_only=True)
+class ABJob:
+    """`bench --compare REV`: one bench shape, two compiled kernels — `a` (REV's) and `b` (the
+    tree's), the same jobs but for their compiled module (object_path, prefix) — each checked
+    against the oracle, then timed interleaved (harness/execution/abtest.py) on the same rotated
+    inputs: `rounds` rounds each, `reps` repetitions a round."""
+
+    a: BenchJob
+    b: BenchJob
+    rounds: int = 40
+    reps: int = 5
+    threshold: float = 0.03
+
+
 # ---------------------------------------------------------------------------------------
 # The steps.
 
@@ -166,6 +180,8 @@ class CaseExecutor:
 
     def run(self, job: KernelJob) -> dict:
         """A worker's reply for `job` (exceptions propagate: the worker turns them into one line)."""
+        if isinstance(job, ABJob):
+            return self.compare(job)
         if isinstance(job, BenchJob):
             return self.check_and_time(job)
         assert isinstance(job, Job)
@@ -328,6 +344,45 @@ class CaseExecutor:
         if status != "pass" or done.device != "cuda" or not job.time_it:
             return result
         result["timing"] = self._time_shape(job, done, chk)
+        return result
+
+    def compare(self, job: ABJob) -> dict:
+        """Both kernels checked (each must pass), then timed interleaved on B's rotated inputs.
+        {"status", "metrics" (B's), "checked", "a": A's check, "rounds": {"A": [...], "B": [...]},
+        "timing"?: B's summary, "error"?}."""
+        a = job.a
+        a.time_it = False
+        got_a = self.check_and_time(a)
+        b = job.b
+        b.time_it = False
+        done = self.launch(b)
+        got_b = self.check_and_time(b)
+        result: dict[str, Any] = {**got_b, "a": {k: got_a[k] for k in ("status", "error") if k in got_a}}
+        if got_a["status"] != "pass" or got_b["status"] != "pass":
+            result["status"] = "fail"
+            result["error"] = "; ".join(f"{side}: {g.get('error') or g['status']}" for side, g in
+                                        (("REV", got_a), ("tree", got_b)) if g["status"] != "pass")
+            return result
+        if done.device != "cuda":
+            return result
+        from harness.execution import abtest
+        from harness.execution.timing import Timer, gpu_clocks, l2_bytes, rotations, summarize
+
+        sets = done.arg_sets(rotations(sum(s.nbytes for s in done.specs), l2_bytes()))
+        timers = {side: Timer([self.launcher(j, args) for _, args in sets], min_launches=j.min_launches)
+                  for side, j in (("A", a), ("B", b))}
+        rounds = abtest.interleaved({side: (lambda t=t: summarize(t.sample(job.reps))["us"])
+                                     for side, t in timers.items()}, job.rounds)
+        result["rounds"] = rounds
+        t = {**summarize(rounds["B"]), "reps": job.reps * job.rounds, "rot": len(sets),
+             "launches": timers["B"].launches, "method": timers["B"].method + " ab"}
+        total_bytes = sum(s.nbytes for s in done.specs if s.role != "scratch")
+        flops = attr(b.flops)(b.case) if b.flops else None
+        _rates(t, flops, total_bytes)
+        t["flops"] = float(flops or 0.0)
+        t["bytes"] = total_bytes
+        t.update(gpu_clocks())
+        result["timing"] = _rounded(t)
         return result
 
     def _time_shape(self, job: BenchJob, done: Launched, chk: Checked) -> dict:

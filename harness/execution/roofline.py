@@ -2,9 +2,15 @@
 GPU's measured peaks (`dsv4-lab calibrate`, results/calibration.jsonl).
 
     compute time  = flops / peak_flops
-    memory time   = bytes / peak_bandwidth      (each input read once, each output written once)
+    memory time   = bytes / peak_bandwidth      (each input read once, each output written once;
+                                                 the peak: the higher of the read-only streaming
+                                                 and the copy bandwidth calibrated — `peak_by`)
     bound         = max(compute time, memory time)
     fraction      = bound / measured time        (1.0: at the roofline; 0.25: 4x slower than it)
+
+A kernel cannot move bytes faster than the GPU's peak, so a fraction above 1 is a measurement
+error (a peak measured low, bytes over-counted, a clock that moved): the record says so in
+`roofline_error` instead of passing the number off as a result.
 
 Pure arithmetic and file reading: no torch, no GPU.
 """
@@ -28,9 +34,18 @@ class Peaks:
     bf16_tflops: float
     copy_gbps: float
     fp8_tflops: float | None = None
+    read_gbps: float | None = None  # read-only streaming (calibrations before issue 29 have none)
 
     def tflops(self, peak: str) -> float | None:
         return self.fp8_tflops if peak == "fp8" else self.bf16_tflops
+
+    @property
+    def memory(self) -> tuple[float, str]:
+        """The memory peak the roofline uses and which measurement it is: the higher of the
+        read-only streaming bandwidth and the copy's (read + write)."""
+        if self.read_gbps is not None and self.read_gbps > self.copy_gbps:
+            return self.read_gbps, "read"
+        return self.copy_gbps, "copy"
 
 
 @dataclass(frozen=True)
@@ -98,8 +113,10 @@ def read_peaks(root: Path, gpu: str, warn: list[str] | None = None) -> Peaks | N
                 warn.append(f"{path.name}:{i}: bf16_tflops / copy_gbps missing or not positive — line skipped")
             continue
         fp8 = d.get("fp8_tflops")
+        read = d.get("read_gbps")
         found = Peaks(gpu=gpu, bf16_tflops=float(d["bf16_tflops"]), copy_gbps=float(d["copy_gbps"]),
-                      fp8_tflops=float(fp8) if _positive(fp8) else (found.fp8_tflops if found else None))
+                      fp8_tflops=float(fp8) if _positive(fp8) else (found.fp8_tflops if found else None),
+                      read_gbps=float(read) if _positive(read) else None)
     return found
 
 
@@ -111,5 +128,13 @@ def roofline_fields(flops: float | None, nbytes: float, us: float, peaks: Peaks 
     tf = peaks.tflops(peak)
     if tf is None:
         return {"roofline": f"no {peak} peak calibrated (run dsv4-lab calibrate --fp8)"}
-    b = bound(flops or 0.0, nbytes, tf, peaks.copy_gbps)
-    return {"roofline": round(b.fraction(us), 4), "bound_us": round(b.us, 3), "bound_by": b.limiter}
+    gbps, by = peaks.memory
+    b = bound(flops or 0.0, nbytes, tf, gbps)
+    out: dict[str, Any] = {"roofline": round(b.fraction(us), 4), "bound_us": round(b.us, 3), "bound_by": b.limiter}
+    if peaks.read_gbps is not None:  # a calibration that measured both: say which one the bound used
+        out.update(peak_gbps=gbps, peak_by=by)
+    if out["roofline"] > 1.0:
+        out["roofline_error"] = (f"{out['roofline']:.0%} of the roofline: faster than the calibrated peak "
+                                 f"({b.limiter}) — a measurement error (recalibrate: dsv4-lab calibrate; or the "
+                                 "stage counts bytes or flops it does not move)")
+    return out

@@ -79,47 +79,63 @@ def bench(launches: list[Callable[[], None]], reps: int = 30, warmup: int = 3, m
     """Median µs of one launch. `launches` are closures over distinct (rotated) argument sets;
     one repetition runs them all, `passes(len(launches), min_launches)` times over, captured as
     one CUDA graph where the launches allow it (else timed as plain launches between events)."""
-    import torch
+    timer = Timer(launches, warmup, min_launches)
+    return {**summarize(timer.sample(reps)), "reps": reps, "rot": len(launches), "launches": timer.launches,
+            "method": timer.method}
 
-    rounds = passes(len(launches), min_launches)
 
-    stream = torch.cuda.current_stream()
-    for _ in range(warmup):
-        for f in launches:
-            f()
-    torch.cuda.synchronize()
+class Timer:
+    """One kernel made ready to time (warmed up, its repetition captured as a CUDA graph where
+    the launches allow it): `sample(reps)` gives per-launch µs of `reps` repetitions. `bench`
+    times one kernel with it; an A/B comparison (harness/execution/abtest.py) holds two and asks
+    each for a round in turn (ABBA…), so both are timed under the same clocks."""
 
-    method = "graph"
-    graph = torch.cuda.CUDAGraph()
-    try:
-        side = torch.cuda.Stream()
-        side.wait_stream(stream)
-        with torch.cuda.stream(side):
-            with torch.cuda.graph(graph, stream=side):
+    def __init__(self, launches: list[Callable[[], None]], warmup: int = 3, min_launches: int = 1) -> None:
+        import torch
+
+        self._torch = torch
+        rounds = passes(len(launches), min_launches)
+        self.launches = len(launches) * rounds
+        stream = torch.cuda.current_stream()
+        for _ in range(warmup):
+            for f in launches:
+                f()
+        torch.cuda.synchronize()
+
+        self.method = "graph"
+        graph = torch.cuda.CUDAGraph()
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(stream)
+            with torch.cuda.stream(side):
+                with torch.cuda.graph(graph, stream=side):
+                    for _ in range(rounds):
+                        for f in launches:
+                            f()
+            stream.wait_stream(side)
+            torch.cuda.synchronize()
+            graph.replay()  # the first replay uploads the graph: keep it out of the numbers
+            torch.cuda.synchronize()
+            self._graph = graph
+            self.run_once: Callable[[], None] = graph.replay
+        except Exception:  # a launch path that cannot be captured: time plain launches
+            self.method = "events"
+            torch.cuda.synchronize()
+
+            def run_once() -> None:
                 for _ in range(rounds):
                     for f in launches:
                         f()
-        stream.wait_stream(side)
-        torch.cuda.synchronize()
-        graph.replay()  # the first replay uploads the graph: keep it out of the numbers
-        torch.cuda.synchronize()
-        run_once = graph.replay
-    except Exception:  # a launch path that cannot be captured: time plain launches
-        method = "events"
-        torch.cuda.synchronize()
+            self.run_once = run_once
 
-        def run_once() -> None:
-            for _ in range(rounds):
-                for f in launches:
-                    f()
-
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run_once()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / (len(launches) * rounds))
-    return {**summarize(times), "reps": reps, "rot": len(launches), "launches": len(launches) * rounds,
-            "method": method}
+    def sample(self, reps: int) -> list[float]:
+        torch = self._torch
+        times = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self.run_once()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / self.launches)
+        return times

@@ -75,6 +75,8 @@ class Record:
     error: str | None = None
     note: str | None = None
     trace: str | None = None  # the full traceback of a failure in user code (`dsv4-lab show ID`)
+    compare: dict[str, Any] | None = None  # `bench --compare REV`: rev, commit, both medians, ratio, interval, verdict
+    profile: dict[str, Any] | None = None  # `profile`: Nsight Compute's metrics of one launch (harness/execution/ncuprofile.py)
     v: int = RECORD_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -149,6 +151,7 @@ _NUM = (int, float)
 _OPTIONAL_TYPES: dict[str, tuple[type, ...]] = {
     "metrics": (dict,), "timing": (dict,), "compile": (dict,), "env": (dict,), "code": (dict,),
     "target": (str,), "gpu": (int,), "error": (str,), "note": (str,), "trace": (str,),
+    "compare": (dict,), "profile": (dict,),
 }
 
 

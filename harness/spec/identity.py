@@ -56,7 +56,8 @@ HARNESS_DIR = Path(__file__).resolve().parents[1]  # harness/ (this file: harnes
 # status is given (what they import is followed: verdict_files).
 VERDICT_MODULES = ("execution.compile", "execution.executor", "execution.worker", "execution.metrics",
                    "execution.pristine", "execution.runner", "execution.compilerun", "execution.bench",
-                   "core.statuses", "notebook.records", "remote.channel", "remote.remote_side", "remote.slurm_run")
+                   "core.statuses", "notebook.records", "remote.channel", "remote.remote_side", "remote.slurm_run",
+                   "execution.abbench", "execution.ncuprofile")  # bench --compare and profile record statuses too
 
 
 def verdict_module_file(module: str) -> Path:

@@ -86,7 +86,8 @@ class Tolerance:
 
 
 MAX_BENCH_CASES = 64  # bench shapes per stage: each is compiled and timed against every peer
-BENCH_KEYS = {"matrix", "more", "beside", "peers", "problem", "check_rows", "row_axis", "case", "peak", "open_axes"}
+BENCH_KEYS = {"matrix", "more", "beside", "peers", "problem", "check_rows", "row_axis", "case", "peak", "open_axes",
+              "speed_tolerance"}
 PEAKS = ("bf16", "fp8")
 
 
@@ -111,6 +112,9 @@ class BenchPlan:
     line: int = 0
     more: tuple[dict[str, list[Any]], ...] = ()  # further bench matrices (their shapes appended)
     beside: tuple[str, Any] | None = None  # (axis, value): the shape every other value is shown beside
+    # `bench --compare` and `gate --speed`: a slowdown beyond this fraction (with its interval
+    # excluding no change) is a regression (harness/execution/abtest.py; docs/BENCH.md)
+    speed_tolerance: float = 0.03
 
 
 @dataclass(frozen=True)
@@ -469,6 +473,14 @@ def _bench(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]]) -> tup
         peak = _text(ctx, f["peak"], f"{key}.peak", "bf16 or fp8")
         if peak not in PEAKS:
             raise ctx.fail(f["peak"], f"{key}.peak", f"unknown peak {one_line(repr(peak), 20)} — use bf16 or fp8")
+    speed_tolerance = 0.03
+    if "speed_tolerance" in f:
+        sk = f"{key}.speed_tolerance"
+        value = _typed(ctx, f["speed_tolerance"], sk, (int, float), "a fraction, e.g. 0.03 for 3 %")
+        if isinstance(value, bool) or not (0.005 <= value <= 0.5):
+            raise ctx.fail(f["speed_tolerance"], sk, f"{one_line(str(value), 20)} is out of range — give 0.005 to 0.5 "
+                                                     "(a fraction: 0.03 is 3 %)")
+        speed_tolerance = float(value)
     if "case" in f:
         case = _bench_case(ctx, _mapping(ctx, f["case"], f"{key}.case"), f"{key}.case", matrix)
     else:  # `run --bench` times the test matrix's largest numbers (first word) of each axis
@@ -476,7 +488,7 @@ def _bench(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]]) -> tup
                 for a, v in matrix.items()}
     plan = BenchPlan(matrix=bmatrix, peers=tuple(peers), problem=problem, check_rows=check_rows,
                      row_axis=row_axis, peak=peak, open_axes=tuple(open_axes), line=node.start_mark.line + 1,
-                     more=tuple(more), beside=beside)
+                     more=tuple(more), beside=beside, speed_tolerance=speed_tolerance)
     return case, plan
 
 

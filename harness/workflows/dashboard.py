@@ -45,6 +45,7 @@ class Cell:
     style: str = "dim"
     not_run: str = ""  # why no case of it ran ("no GPU on this machine (needs sm_100)")
     gpu: str = ""  # the GPU of the newest run ("H100 80GB HBM3"): `ran` without where, for a narrow terminal
+    speed: str = "—"  # the bench shapes' µs against their speed baselines (Δ %), when there are any
 
 
 NOT_RUN = "compiled, not run:"
@@ -83,12 +84,16 @@ def _age(iso: str, now: float) -> str:
     return f"{int(s)}s"
 
 
-def cell(spec: Spec, stage: Stage, arch: str, records: list[Record], baselines: dict, now: float) -> Cell:
+def cell(spec: Spec, stage: Stage, arch: str, records: list[Record], baselines: dict, now: float,
+         speed: dict | None = None) -> Cell:
     mine = [r for r in records if r.stage == stage.id and r.arch == arch]
     c = Cell()
     benched = [r for r in mine if is_bench(r)]  # bench shapes: timing and roofline, not the test matrix
     mine = [r for r in mine if not is_bench(r)]
     c.roof = roofline_text(benched, source_hash(spec.root, stage, arch) if benched else "", compact=True)
+    mine_speed = [b for (st, a, _), b in (speed or {}).items() if st == stage.id and a == arch]
+    if mine_speed:
+        c.speed = speed_text(benched, mine_speed, source_hash(spec.root, stage, arch))
     if not mine:
         c.ran = "not compiled yet"
         return c
@@ -157,6 +162,27 @@ def cell(spec: Spec, stage: Stage, arch: str, records: list[Record], baselines: 
     return c
 
 
+def speed_text(benched: list[Record], speed: list, src: str) -> str:
+    """The newest timed bench record of each speed-baselined shape against its speed baseline,
+    as Δ % (`+2.1%`, or `-3.0…+1.2%` over the shapes; + is slower), compared only on the
+    baseline's GPU model; `⚠` when the source changed since the baseline or the record (the Δ no
+    longer describes the tree's kernel: `gate --speed` re-times it). A Δ between two runs is not
+    a verdict: only an interleaved A/B is (harness/execution/abtest.py)."""
+    newest = newest_by_case(benched, lambda r: r.status == "pass" and bool(r.timing))
+    deltas, stale = [], False
+    for b in speed:
+        rec = newest.get(b.case)
+        if rec is None or (rec.timing or {}).get("gpu_name") != b.gpu_name:
+            continue
+        deltas.append(rec.timing["us"] / b.us - 1)
+        stale = stale or not is_fresh(rec, src) or b.src != src
+    if not deltas:
+        return "no run on its GPU" if speed else "—"
+    lo, hi = min(deltas), max(deltas)
+    text = f"{lo:+.1%}" if round(lo, 3) == round(hi, 3) else f"{lo:+.1%}…{hi:+.1%}"
+    return text + (STALE_MARK if stale else "")
+
+
 def roofline_text(benched: list[Record], src: str, compact: bool = False) -> str:
     """The newest timed bench record of each bench shape as a fraction of the roofline:
     `62%` or `48–71%` over the shapes, `stale` when the source changed since (`compact`: no
@@ -171,6 +197,8 @@ def roofline_text(benched: list[Record], src: str, compact: bool = False) -> str
     text = f"{lo:.0%}" if round(lo, 2) == round(hi, 2) else f"{lo:.0%}–{hi:.0%}"
     if len(fracs) > 1 and not compact:
         text += f" ({len(fracs)} shapes)"
+    if hi > 1.0:  # faster than the calibrated peak: a measurement error, never a result (roofline.py)
+        text += "✗" if compact else " ✗ >100%: a measurement error"
     if any(not is_fresh(r, src) for r in newest.values()):
         text += STALE_MARK if compact else " stale"
     return text
@@ -180,12 +208,12 @@ def _int(x: object) -> int:
     return x if isinstance(x, int) and not isinstance(x, bool) else 0
 
 
-COLUMNS = ("stage", "arch", "ran on", "passed", "worst cos", "Δ base", "µs (bench)", "roofline",
+COLUMNS = ("stage", "arch", "ran on", "passed", "worst cos", "Δ base", "µs (bench)", "roofline", "Δ speed",
            "regs/spill/smem", "fresh")
 # What goes first when the terminal is too narrow for everything: a column (never stage, arch,
 # ran on, passed, worst cos: a row without them says nothing), or the host (`ran on: host`) and
 # then all but the GPU's model (`ran on: gpu`) of the ran-on column. Nothing is ever cut.
-SQUEEZE = ("roofline", "Δ base", "ran on: host", "regs/spill/smem", "µs (bench)", "fresh", "ran on: gpu")
+SQUEEZE = ("Δ speed", "roofline", "Δ base", "ran on: host", "regs/spill/smem", "µs (bench)", "fresh", "ran on: gpu")
 
 
 def _ran_on(c: Cell, squeezed: set[str]) -> str:
@@ -198,7 +226,7 @@ def _row(stage: Stage, arch: str, c: Cell, first: bool, squeezed: set[str] = fro
     fresh = "—" if c.age == "—" else f"{STALE_MARK if c.stale else '✓'} {c.age}"
     texts = {"stage": stage.name if first else "", "arch": arch, "ran on": _ran_on(c, squeezed), "passed": c.passed,
              "worst cos": c.cosine, "Δ base": c.delta, "µs (bench)": c.us, "roofline": c.roof,
-             "regs/spill/smem": c.resources, "fresh": fresh}
+             "regs/spill/smem": c.resources, "fresh": fresh, "Δ speed": c.speed}
     return {k: Text(v, style=c.style if k == "ran on" else "") for k, v in texts.items()}
 
 
@@ -231,18 +259,21 @@ def render(root: Path, width: int = 160) -> Group | Text:
         return Text("No records yet. Start with: dsv4-lab run stage-A   (with no GPU it compiles both archs "
                     "and records that nothing ran)")
     baselines = {(b.stage, b.arch, b.case): b for b in load_baselines(root)}
+    from harness.notebook.speedbaselines import load as load_speed
+
+    speed = {(b.stage, b.arch, b.case): b for b in load_speed(root)}
     now = time.time()
     cells: list[tuple[Stage, str, Cell, bool]] = []
     not_run: dict[str, list[str]] = {}
     for st in spec.stages.values():
         for i, arch in enumerate(st.kernels):
-            c = cell(spec, st, arch, records, baselines, now)
+            c = cell(spec, st, arch, records, baselines, now, speed)
             cells.append((st, arch, c, i == 0))
             if c.not_run:
                 not_run.setdefault(c.not_run, [])
                 if arch not in not_run[c.not_run]:
                     not_run[c.not_run].append(arch)
-    columns = list(COLUMNS)
+    columns = [col for col in COLUMNS if speed or col != "Δ speed"]  # the column only where speed is baselined
     squeezed: set[str] = set()
     rows = [_row(st, arch, c, first) for st, arch, c, first in cells]
     for step in SQUEEZE:
@@ -253,7 +284,7 @@ def render(root: Path, width: int = 160) -> Group | Text:
             columns.remove(step)
         rows = [_row(st, arch, c, first, squeezed) for st, arch, c, first in cells]
     shown_as = {"ran on: host": "the host in ran on", "ran on: gpu": "all but the GPU's model in ran on"}
-    left_out = [shown_as.get(step, step) for step in SQUEEZE if step in squeezed]
+    left_out = [shown_as.get(step, step) for step in SQUEEZE if step in squeezed and (speed or step != "Δ speed")]
     notes = [Text(f"○ {', '.join(archs)}: compiled, not run: {why}", style="yellow") for why, archs in not_run.items()]
     legend = Text("✓ pass/fresh  ✗ failure  ○ compiled, not run (never verified)  "
                   f"{STALE_MARK} stale: the source changed since this result — re-run it", style="dim")

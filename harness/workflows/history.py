@@ -82,6 +82,55 @@ def main(spec, stage, archs: list[str] | None, cases) -> int:
     return 0
 
 
+def speed(spec, stage, archs: list[str] | None, cases: list[dict]) -> int:
+    """`history STAGE --speed`: each bench shape's timed records across commits, oldest first — µs,
+    spread, the GPU, Δ against the speed baseline (on its GPU model only) and an A/B verdict where
+    the record is a `bench --compare` — with a trend line of the µs."""
+    from harness.notebook.speedbaselines import find, load
+
+    console = make_console()
+    warn: list[str] = []
+    records = [r for r in read_records(spec.root, [stage.id], warn, bench=True)
+               if r.is_bench and r.status == "pass" and r.timing]
+    print_warnings(warn)
+    base = load(spec.root)
+    shown = 0
+    for arch in stage.kernels:
+        if archs and arch not in archs:
+            continue
+        for case in cases:
+            rows = [r for r in records if r.arch == arch and r.case == case]
+            if not rows:
+                continue
+            shown += 1
+            label = case_label(case)
+            b = find(base, stage.id, arch, label)
+            t = Table(title=f"{stage.name} {arch} {label} — speed" +
+                      (f" (baseline {b.us:.2f} µs on {b.gpu_name or '?'}, {b.record})" if b else ""))
+            for col in ("time", "commit", "run", "µs", "spread", "GPU", "Δ base", "A/B"):
+                t.add_column(col)
+            for r in rows:
+                tm = r.timing or {}
+                commit = str(r.code.get("commit") or "none")[:8] + ("*" if r.code.get("dirty") else "")
+                gpu = str(tm.get("gpu_name") or r.env.get("gpu") or "?").removeprefix("NVIDIA ")
+                same = b is not None and tm.get("gpu_name") == b.gpu_name
+                c = r.compare or {}
+                ab = f"{c['verdict']} ×{c['ratio']:.3f} vs {c['commit'][:8]}" if "verdict" in c else ""
+                t.add_row(r.t.replace("T", " ").rstrip("Z"), commit, r.run, _f(tm.get("us"), ".2f"),
+                          _f(tm.get("spread"), ".1%"), escape(gpu), f"{tm['us'] / b.us - 1:+.1%}" if same else "—",
+                          escape(ab))
+            console.print(t)
+            console.print(f"  µs (lower is better)  {sparkline([(r.timing or {}).get('us') for r in rows])}",
+                          highlight=False)
+    if not shown:
+        console.print(f"no timed bench records for {stage.name} with these filters — run: dsv4-lab bench {stage.name}",
+                      highlight=False)
+        return 1
+    console.print("  commit* = recorded from a tree with uncommitted changes; Δ base only on the baseline's GPU "
+                  "model; a Δ between runs is not a verdict (bench --compare is)", style="dim", highlight=False)
+    return 0
+
+
 def _f(x, fmt: str) -> str:
     return "—" if x is None else format(x, fmt)
 
@@ -106,6 +155,20 @@ def show(root: Path, ident: str) -> int:
     if rec is not None:
         shown = {k: v for k, v in json.loads(rec.to_json()).items() if k != "trace"}
         console.print_json(json.dumps(shown))
+        if rec.profile:
+            from harness.execution.ncuprofile import lines
+
+            for line in lines(rec.profile):
+                console.print(line, highlight=False, markup=False)
+        if rec.profile and rec.compare and isinstance(rec.compare.get("profile"), dict):
+            from harness.execution.ncuprofile import side_by_side
+
+            for line in side_by_side(rec.compare["profile"], rec.profile, str(rec.compare.get("rev", "REV"))):
+                console.print(line, highlight=False, markup=False)
+        if rec.compare and "ratio" in rec.compare:
+            from harness.execution.abbench import compare_line
+
+            console.print("compared:" + compare_line(rec), highlight=False, markup=False)
         if rec.trace:
             console.print("traceback (kept in the record):", highlight=False)
             console.out(rec.trace, highlight=False)

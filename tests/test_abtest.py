@@ -1,0 +1,78 @@
+"""harness/execution/abtest.py: the A/B verdict's error rates on synthetic interleaved samples.
+
+Noise model (what a shared H100/H200 shows round to round): each round r has a drift shared by A
+and B (clock steps: 3 % sd) and each kernel's round median its own noise (1–2 % sd, a per-round
+spread of about 2–4 %)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.execution import abtest
+
+
+def _samples(rng: np.random.Generator, slowdown: float, own_sd: float, rounds: int = abtest.DEFAULT_ROUNDS,
+             drift_sd: float = 0.03, us: float = 100.0) -> tuple[list[float], list[float]]:
+    drift = 1 + rng.normal(0, drift_sd, rounds)
+    a = us * drift * (1 + rng.normal(0, own_sd, rounds))
+    b = us * (1 + slowdown) * drift * (1 + rng.normal(0, own_sd, rounds))
+    return list(a), list(b)
+
+
+@pytest.mark.parametrize("own_sd", [0.01, 0.02])
+def test_a_a_says_no_change_in_95_percent(own_sd):
+    rng = np.random.default_rng(1)
+    verdicts = [abtest.compare(*_samples(rng, 0.0, own_sd), resamples=500, seed=i).verdict for i in range(200)]
+    assert verdicts.count(abtest.NO_CHANGE) >= 190, {v: verdicts.count(v) for v in set(verdicts)}
+
+
+@pytest.mark.parametrize("own_sd", [0.01, 0.02])
+def test_planted_5_percent_slowdown_is_slower_in_95_percent(own_sd):
+    rng = np.random.default_rng(2)
+    verdicts = [abtest.compare(*_samples(rng, 0.05, own_sd), resamples=500, seed=i).verdict for i in range(200)]
+    assert verdicts.count(abtest.SLOWER) >= 190, {v: verdicts.count(v) for v in set(verdicts)}
+
+
+def test_planted_5_percent_speedup_is_faster():
+    rng = np.random.default_rng(3)
+    verdicts = [abtest.compare(*_samples(rng, -0.05, 0.01), resamples=500, seed=i).verdict for i in range(50)]
+    assert verdicts.count(abtest.FASTER) >= 48
+
+
+def test_never_slower_or_faster_when_the_interval_holds_one():
+    rng = np.random.default_rng(4)
+    for i in range(300):  # wild noise, few rounds, every size of change: the rule holds every time
+        a, b = _samples(rng, float(rng.uniform(-0.1, 0.1)), float(rng.uniform(0.005, 0.2)),
+                        rounds=int(rng.integers(5, 30)), drift_sd=float(rng.uniform(0, 0.1)))
+        c = abtest.compare(a, b, resamples=200, seed=i)
+        assert c.lo <= c.hi
+        if c.lo <= 1 <= c.hi:
+            assert c.verdict == abtest.NO_CHANGE, c
+        if c.verdict == abtest.SLOWER:
+            assert c.lo > 1 and c.ratio > 1 + c.threshold
+    assert abtest.verdict(1.2, 0.99, 1.4) == abtest.NO_CHANGE
+    assert abtest.verdict(1.02, 1.01, 1.03) == abtest.NO_CHANGE  # real but under the threshold
+    assert abtest.verdict(1.05, 1.01, 1.09) == abtest.SLOWER
+
+
+def test_seeded_and_reported():
+    rng = np.random.default_rng(5)
+    a, b = _samples(rng, 0.05, 0.01)
+    c1, c2 = abtest.compare(a, b, seed=7), abtest.compare(a, b, seed=7)
+    assert c1 == c2
+    assert c1.a_us == pytest.approx(float(np.median(a))) and c1.ratio == pytest.approx(c1.b_us / c1.a_us)
+    d = c1.to_dict()
+    assert set(d) >= {"a_us", "b_us", "ratio", "lo", "hi", "verdict", "threshold", "level", "rounds", "method"}
+    assert "slower" in c1.line() and "[" in c1.line()
+
+
+@pytest.mark.parametrize("a,b", [([1.0] * 10, [1.0] * 9), ([1.0] * 3, [1.0] * 3), ([1.0] * 9 + [float("nan")], [1.0] * 10),
+                                 ([1.0] * 9 + [0.0], [1.0] * 10)])
+def test_refuses_samples_it_cannot_compare(a, b):
+    with pytest.raises(ValueError):
+        abtest.compare(a, b)
+
+
+def test_interleave_alternates_who_goes_first():
+    assert abtest.interleave(3) == ["A", "B", "B", "A", "A", "B"]

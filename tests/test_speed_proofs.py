@@ -1,0 +1,32 @@
+"""scripts/speed_proofs.py (the GPU proofs of docs/BENCH.md), what can be proved on the CPU: the
+scratch lab is a git repository whose HEAD is the tree (A/A), or whose tree differs from HEAD by
+E's kernel alone, replaced by the planted slow fixture (the planted slowdown)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+
+from tests.conftest import ROOT
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("speed_proofs", ROOT / "scripts" / "speed_proofs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_scratch_labs_for_both_proofs(tmp_path):
+    sp = _script()
+    aa = sp.scratch_lab(tmp_path / "aa", planted=False)
+    assert subprocess.run(["git", "status", "--porcelain"], cwd=aa, capture_output=True, text=True).stdout == ""
+    assert not (aa / "results").exists()  # its own notebook: nothing of results/ is copied or written
+    planted = sp.scratch_lab(tmp_path / "planted", planted=True)
+    diff = subprocess.run(["git", "diff", "--stat"], cwd=planted, capture_output=True, text=True).stdout
+    assert "stages.yaml | 2 +-" in diff and "1 file changed" in diff, diff
+    from harness.spec.spec import load_spec
+
+    st = load_spec(root=planted).stages["E"]
+    assert st.kernels["sm_90a"].module == "tests.fixtures.slow_e.sm90"
+    assert (planted / "tests" / "fixtures" / "slow_e" / "sm90.py").is_file()
