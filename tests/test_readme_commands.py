@@ -89,6 +89,9 @@ SKIPPED: dict[str, str] = {
     "dsv4-lab run stage-D1 --target cluster --gpus 8 --print-job": "needs the slurm target cluster; "
                                                                     "tests/test_slurm.py::test_print_job_shows_the_gpu_array",
     "dsv4-lab targets check cluster": "needs a Slurm cluster; tests/test_slurm.py::test_targets_check",
+    "dsv4-lab bench stage-E --compare REV": "needs a git repository (a copy of the lab has none) and a GPU; "
+                                            "tests/test_abbench.py",
+    "dsv4-lab profile stage-E [filters] [--compare REV]": "needs a GPU and ncu; tests/test_profile.py",
 }
 
 # Exit codes the README documents where 0 is not the answer on this machine.
