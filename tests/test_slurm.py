@@ -131,6 +131,8 @@ def test_print_job_shows_the_gpu_array(tmp_path: Path) -> None:
     assert "#SBATCH --array=0-2\n" in out.stdout, out.stdout
     out = run_cli(lab, "run", "FAKE", "--print-job")
     assert out.returncode == 2 and "not a slurm target" in out.stderr, out
+    out = run_cli(lab, "run", "FAKE", "--target", "b2000", "--print-job")  # a typo: said as such, not "not slurm"
+    assert out.returncode == 2 and "no target b2000 is declared (declared: b200)" in out.stderr, out
 
 
 # ---------------------------------------------------------------------------------------

@@ -151,8 +151,13 @@ def slurm_target_of(root, target: str, emit_jsonl: bool, print_job: bool):
 
     found = None if emit_jsonl or target == "local" else slurm_target(root, target)
     if print_job and found is None:
-        raise UsageError(f"--print-job: --target {target} is not a slurm target — it prints the sbatch script of a "
-                         "run on a `kind: slurm` target")
+        from harness.remote.targets import load_targets
+
+        known = load_targets(root)
+        what = (f"no target {target} is declared (declared: {', '.join(sorted(known)) or 'none yet'})"
+                if target != "local" and "," not in target and target.strip() not in known
+                else f"--target {target} is not a slurm target")
+        raise UsageError(f"--print-job: {what} — it prints the sbatch script of a run on a `kind: slurm` target")
     return found
 
 
