@@ -40,7 +40,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +49,7 @@ import yaml
 from yaml.nodes import Node
 
 from harness.core import yamlnodes
+from harness.core.jsonl import replace_file
 from harness.core.labels import case_label
 from harness.core.paths import cache_dir, results_dir
 from harness.core.notebooklock import LockError, open_lock
@@ -446,18 +446,8 @@ def save(root: Path, items: list[Baseline], read: list[Baseline] | None = None) 
                             f"{len(items)} (a bug in the lab); the file is unchanged")
     path = baselines_file(root)
     _results_folder(root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".baselines.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     data = text.encode("utf-8")
+    replace_file(path, data)  # under the baselines lock (`locked`): one writer at a time
     digest = hashlib.sha256(data).hexdigest()
     parsed = _parsed_cache(root, digest)
     if parsed is not None:  # the next read (the gate, every commit) skips the YAML

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from typing import Any
 import yaml
 
 from harness.core import yamlnodes
+from harness.core.jsonl import replace_file
 from harness.core.labels import case_label
 from harness.core.paths import results_dir
 from harness.core.safeio import Unsafe, open_regular
@@ -267,17 +267,7 @@ def save(root: Path, items: list[SpeedBaseline], read: list[SpeedBaseline]) -> N
     back = _tree(yaml.load(text, Loader=yamlnodes.fast_loader()))
     if {(b.stage, b.arch, b.case) for b in back} != keys:
         raise BaselineError(f"{shown}: not written — the new text does not read back (a bug in the lab)")
-    path = speed_file(root)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".speed_baselines.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_file(speed_file(root), text.encode("utf-8"))  # under the baselines lock (`locked`)
 
 
 def find(items: list[SpeedBaseline], stage: str, arch: str, label: str) -> SpeedBaseline | None:
