@@ -199,15 +199,7 @@ def indexer_sm100(k, tiles: int, boxes: int = 1) -> Protocol:
     k_bytes, q_bytes = block_k * dim, n * dim  # e4m3: one byte an element
 
     def load() -> Iterator[Op]:
-        if tiles > 0:
-            yield producer_wait("q.empty", 0, 1)
-            yield Arrive("q.full", 0, 1, q_bytes)
-            yield Bytes("q.full", 0, q_bytes)
-        for t in range(tiles):
-            yield producer_wait("k.empty", t, S)
-            yield Arrive("k.full", ring(t, S)[0], 1, k_bytes)
-            for _ in range(boxes):
-                yield Bytes("k.full", ring(t, S)[0], k_bytes // boxes)
+        yield from q_then_key_ring(tiles, q_bytes, S, k_bytes, boxes)
         for i in range(S):  # k_prod.tail()
             yield producer_wait("k.empty", tiles + i, S)
 
@@ -231,6 +223,21 @@ def indexer_sm100(k, tiles: int, boxes: int = 1) -> Protocol:
                     {"q": {q_bytes}, "k": {k_bytes}})
 
 
+def q_then_key_ring(tiles: int, q_bytes: int, slots: int, k_bytes: int, boxes: int = 1) -> Iterator[Op]:
+    """A load warp's TMA protocol, both archs: Q once into its slot (when the CTA has a tile), then
+    tile t into ring slot t mod `slots` — wait for the slot's empty barrier, arrive.expect_tx of
+    `k_bytes`, the bytes landing in `boxes` TMA boxes."""
+    if tiles > 0:
+        yield producer_wait("q.empty", 0, 1)
+        yield Arrive("q.full", 0, 1, q_bytes)
+        yield Bytes("q.full", 0, q_bytes)
+    for t in range(tiles):
+        yield producer_wait("k.empty", t, slots)
+        yield Arrive("k.full", ring(t, slots)[0], 1, k_bytes)
+        for _ in range(boxes):
+            yield Bytes("k.full", ring(t, slots)[0], k_bytes // boxes)
+
+
 # ---------------------------------------------------------------------------------------
 # sm90: one load warp, a Q slot and a TMA ring of key tiles (PipelineTmaAsync)
 
@@ -246,14 +253,7 @@ def tma_ring_sm90(name: str, tiles: int, slots: int, q_bytes: int, q_consumer_wa
     I2's two warpgroups take alternate tiles: 4 each).  Every consumer waits for Q first."""
 
     def load() -> Iterator[Op]:
-        if tiles > 0:
-            yield producer_wait("q.empty", 0, 1)
-            yield Arrive("q.full", 0, 1, q_bytes)
-            yield Bytes("q.full", 0, q_bytes)
-        for t in range(tiles):
-            yield producer_wait("k.empty", t, slots)
-            yield Arrive("k.full", ring(t, slots)[0], 1, k_bytes)
-            yield Bytes("k.full", ring(t, slots)[0], k_bytes)
+        yield from q_then_key_ring(tiles, q_bytes, slots, k_bytes)
 
     def consumer(first: int, step: int, n: int):
         def run() -> Iterator[Op]:
