@@ -137,6 +137,22 @@ def test_check_launch_refuses_what_a_device_would_not_start():
     assert check_launch({**ok, "block": [1056, 1, 1]}, limits) == ["1056 threads a block > 1024"]
 
 
+_COMPILE = """
+    import json, sys
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream
+    from harness.execution.compile import _fake_tensor, launch_smem_bytes
+    from oracles.sparse_decode import tensors
+    import stages.E_sparse_decode.sm100 as m
+
+    case = {"b": 2, "config": "s1h64_m96bs64", "kv_format": "simple", "scenario": "plain", "splits": 1}
+    k = m.Kernel(b=2, config=case["config"], kv_format="simple", splits=1)
+    c = cute.compile(k, *[_fake_tensor(s) for s in tensors(case)], make_fake_stream())
+    c.export_to_c(sys.argv[1], "kernel", function_prefix="pfx")
+    print("META", json.dumps({"launch_smem": launch_smem_bytes(str(c.ir_module)), "want_grid": list(k.launch_grid()),
+                              "threads": k.THREADS, "case": case}))
+"""
+
 _HOST_PATH = """
     import json, os, sys
     from harness.execution.prepare import build_shim, load_shim, run_host_path
@@ -144,48 +160,115 @@ _HOST_PATH = """
     load_shim(str(build_shim(Path(sys.argv[1]))))  # before CuTeDSL binds its runtime
     import torch
     import cutlass.cute as cute
-    from cutlass.cute.runtime import from_dlpack, make_fake_stream
+    from cutlass.cute.runtime import from_dlpack
     from cutlass.cutlass_dsl.cuda_jit_executor import CudaDialectJitCompiledFunction
     import cuda.bindings.driver as cuda
-    from harness.execution.compile import _fake_tensor, launch_smem_bytes
     from oracles.sparse_decode import make_inputs, tensors
-    import stages.E_sparse_decode.sm100 as m
 
-    case = {"b": 2, "config": "s1h64_m96bs64", "kv_format": "simple", "scenario": "plain", "splits": 1}
-    k = m.Kernel(b=2, config=case["config"], kv_format="simple", splits=1)
-    specs = tensors(case)
-    c = cute.compile(k, *[_fake_tensor(s) for s in specs], make_fake_stream())
-    c.export_to_c(sys.argv[1], "kernel", function_prefix="pfx")
+    mode, runtime, case = sys.argv[2], sys.argv[3] or None, json.loads(sys.argv[4])
     fn = cute.runtime.load_module(os.path.join(sys.argv[1], "kernel.o"))["pfx"]
-    CudaDialectJitCompiledFunction.num_devices = 1  # no GPU here: the fake runtime has one
+    CudaDialectJitCompiledFunction.num_devices = 1  # no GPU here
+    specs = tensors(case)
     ins = make_inputs(case, 1)
     args = [from_dlpack(ins[s.name] if s.role == "in" else torch.zeros(s.shape, dtype=getattr(torch, s.dtype)),
                         assumed_align=16) for s in specs]
-    try:  # the real runtime on a machine without a driver: a refusal that is not about the arch stops it
-        run_host_path(lambda: fn(*args, cuda.CUstream(0)), mode="prepare")
-        print("PREPARE_RETURNED")
+    try:
+        got = run_host_path(lambda: fn(*args, cuda.CUstream(0)), mode=mode, runtime=runtime)
+        print("GOT", json.dumps(got))
     except Exception as exc:
-        print("PREPARE_RAISED", type(exc).__name__)
-    got = run_host_path(lambda: fn(*args, cuda.CUstream(0)), mode="fake")
-    print("GOT", json.dumps({**got, "launch_smem": launch_smem_bytes(str(c.ir_module)),
-                             "grid": got["grid"], "want_grid": list(k.launch_grid()), "threads": k.THREADS}))
+        print("RAISED", type(exc).__name__, str(exc)[:200])
+"""
+
+# A stand-in for the CUDA runtime of a GPU whose arch the kernel was not built for: it refuses the
+# library (or, with lazy loading, the kernel) with error 209, no image for this device, and aborts
+# when given a handle it never made — where the real driver's behaviour is undefined (the first
+# H200 run of --prepare died of SIGSEGV there).  DRIVER_REFUSES: load | lookup | other (error 2).
+_DRIVER = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+static char lib_obj, kernel_obj;
+static const char *how(void) { const char *w = getenv("DRIVER_REFUSES"); return w ? w : "load"; }
+static void mine(void *h, void *want) { if (h != want) abort(); }
+int _cudaGetDevice(int *d) { *d = 0; return 0; }
+int _cudaDeviceGetAttribute(int *v, int a, int d) { *v = a == 97 ? 232448 : 0; return 0; }
+int _cudaLibraryLoadData(void **lib, const void *c, void *a, void *b, unsigned n, void *e, void *f, unsigned m) {
+  if (!strcmp(how(), "load")) return 209;
+  if (!strcmp(how(), "other")) return 2;
+  *lib = &lib_obj; return 0;
+}
+int _cudaLibraryGetKernel(void **k, void *lib, const char *name) { mine(lib, &lib_obj); return 209; }
+int _cuKernelGetAttribute(int *v, int attr, void *k, int dev) { mine(k, &kernel_obj); return 0; }
+int _cudaFuncSetAttribute(void *k, int attr, int v) { mine(k, &kernel_obj); return 0; }
+int _cudaKernelSetAttributeForDevice(void *k, int attr, int v, int dev) { mine(k, &kernel_obj); return 0; }
+int _cudaLaunchKernelEx(void *cfg, void *fn, void **args) { abort(); }
+int _cudaLaunchKernel(void *fn, uint32_t a, uint32_t b, uint32_t c, uint32_t d, uint32_t e, uint32_t f, void **g,
+                      uint64_t s, void *st) { abort(); }
 """
 
 
-def test_the_host_path_of_e_sm100_runs_up_to_the_launch_under_the_interposer(tmp_path):
+@pytest.fixture(scope="module")
+def e_sm100_object(tmp_path_factory):
+    """Stage E's sm100 kernel (simple) compiled for sm_100a and exported as an object file, with
+    what the compile inferred (launch shared memory, grid, threads)."""
+    d = tmp_path_factory.mktemp("e_sm100")
+    (d / "compile.py").write_text(textwrap.dedent(_COMPILE))
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_100a", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, str(d / "compile.py"), str(d)], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert "META" in r.stdout, (r.stdout + r.stderr)[-3000:]
+    (d / "host.py").write_text(textwrap.dedent(_HOST_PATH))
+    return d, json.loads(r.stdout.split("META", 1)[1].strip().splitlines()[0])
+
+
+def _host_path(obj, mode: str, runtime: str = "", **env_extra) -> tuple[str, dict | None, int]:
+    d, meta = obj
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_100a", "PYTHONPATH": str(ROOT), **env_extra}
+    r = subprocess.run([sys.executable, str(d / "host.py"), str(d), mode, runtime, json.dumps(meta["case"])],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = r.stdout + r.stderr
+    got = json.loads(out.split("GOT", 1)[1].strip().splitlines()[0]) if "GOT" in r.stdout else None
+    return out, got, r.returncode
+
+
+def test_the_host_path_of_e_sm100_runs_up_to_the_launch_under_the_interposer(e_sm100_object):
     """CuTeDSL's compiled host code of E sm100 (simple), on its real arguments, with the launch
     interposer in fake mode: one launch reached, not made, with the kernel's grid and threads and
     the dynamic shared memory the compile inferred.  In prepare mode against the real runtime
     (no driver here) a failing call that is not a foreign-arch refusal raises: no `prepared`."""
-    path = tmp_path / "probe.py"
-    path.write_text(textwrap.dedent(_HOST_PATH))
-    env = {**os.environ, "CUTE_DSL_ARCH": "sm_100a", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, str(path), str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=900)
-    out = r.stdout + r.stderr
-    assert "GOT" in out, out[-3000:]
-    assert "PREPARE_RAISED" in out and "PREPARE_RETURNED" not in out, out[-3000:]  # never a false `prepared`
-    got = json.loads(out.split("GOT", 1)[1].strip().splitlines()[0])
+    out, got, _ = _host_path(e_sm100_object, "prepare")
+    assert "RAISED" in out and got is None, out[-3000:]  # never a false `prepared`
+    out, got, _ = _host_path(e_sm100_object, "fake")
+    meta = e_sm100_object[1]
+    assert got is not None, out[-3000:]
     assert got["launches"] == 1 and got["refused"] == 0, got
-    assert got["grid"] == got["want_grid"] and got["block"] == [got["threads"], 1, 1], got
-    assert [got["smem"]] == got["launch_smem"], got
+    assert got["grid"] == meta["want_grid"] and got["block"] == [meta["threads"], 1, 1], got
+    assert [got["smem"]] == meta["launch_smem"], got
+
+
+@pytest.mark.parametrize("refuses, calls", [("load", 1 | 2 | 4 | 8), ("lookup", 2 | 4 | 8)])
+def test_a_refused_library_or_kernel_is_never_handed_to_the_driver(e_sm100_object, tmp_path, refuses, calls):
+    """Against a stand-in driver that refuses the sm_100a image (at load, or at the kernel lookup
+    as lazy loading does) and aborts on any handle it did not make: the host path still reaches
+    the launch — every later call on the refused handle passed over and named, none forwarded —
+    with the compile's grid and shared memory.  Before the fix the interposer forwarded its
+    made-up handle and the worker died (SIGSEGV on the H200)."""
+    lib = tmp_path / "libdriver.so"
+    (tmp_path / "driver.c").write_text(_DRIVER)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "driver.c")], check=True)
+    out, got, rc = _host_path(e_sm100_object, "prepare", str(lib), DRIVER_REFUSES=refuses, DSV4_PREPARE_TRACE="1")
+    assert rc == 0 and got is not None, out[-3000:]
+    meta = e_sm100_object[1]
+    assert got["launches"] == 1 and got["refused_calls"] == calls and got["refusal"] == 209, got
+    assert got["grid"] == meta["want_grid"] and [got["smem"]] == meta["launch_smem"], got
+    assert "not forwarded" in out, out[-2000:]
+
+
+def test_an_error_that_is_no_arch_refusal_fails_the_host_path(e_sm100_object, tmp_path):
+    """A driver error that is not about the arch (here 2, out of memory, at the library load) is
+    the host path failing: it raises, nothing is `prepared`."""
+    lib = tmp_path / "libdriver.so"
+    (tmp_path / "driver.c").write_text(_DRIVER)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "driver.c")], check=True)
+    out, got, rc = _host_path(e_sm100_object, "prepare", str(lib), DRIVER_REFUSES="other")
+    assert got is None and "RAISED" in out, out[-3000:]

@@ -16,7 +16,10 @@ before CuTeDSL, so the JIT-linked host code resolves the wrappers to it) forward
 the real runtime, except while a prepare is active: then the launch is recorded and NOT made,
 and — the kernel being built for another arch — a library, kernel or attribute call the driver
 refuses for want of an image for this device is recorded (which calls, the error) and passed
-over; the record's note says what the driver did and what it refused.  Everything else runs for real: the
+over; the record's note says what the driver did and what it refused.  A library or kernel the
+driver refused gets a handle of the interposer's own, which is never passed on to the runtime (a
+made-up handle given to the driver is a crash: what the first H200 run of this mode met), and any
+error that is not such a refusal fails the host path as it would.  Everything else runs for real: the
 descriptors are encoded from the real tensors on the device, the cubin is loaded into a
 library, the kernel is found by name, and the recorded launch is checked against the device's
 limits (threads per block, grid, opt-in shared memory: 232,448 bytes on both H100 and B200).
@@ -42,16 +45,27 @@ SHIM_SOURCE = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct { uint32_t grid[3]; uint32_t block[3]; uint64_t smem; void *stream; void *attrs; uint32_t nattrs; } cfg_t;
 static int mode = 0;            /* 0 off: forward all; 1 prepare; 2 fake (no GPU: answer everything) */
-static int launches = 0, refused = 0, last_refusal = 0, refused_calls = 0;
+static int launches = 0, refused = 0, last_refusal = 0, refused_calls = 0, trace = -1;
 static uint32_t grid[3], block[3];
 static uint64_t smem;
 static void *rt = 0;
+/* the handles given out for a library / kernel the driver refused: never passed to the runtime */
+static char fake_lib_obj, fake_kernel_obj;
+#define FAKE_LIB ((void *)&fake_lib_obj)
+#define FAKE_KERNEL ((void *)&fake_kernel_obj)
+#define NOT_MADE 98 /* cudaErrorInvalidDeviceFunction: what a refused kernel answers outside a prepare */
 
 static void *real(const char *name) { return rt ? dlsym(rt, name) : 0; }
+static void note(const char *call, int rc) {
+  if (trace < 0) trace = getenv("DSV4_PREPARE_TRACE") != 0;
+  if (trace) fprintf(stderr, "dsv4-prepare: mode %d %s -> %d\n", mode, call, rc);
+}
 int dsv4_prepare_runtime(const char *path) { rt = dlopen(path, RTLD_NOW | RTLD_LOCAL); return rt != 0; }
 void dsv4_prepare_begin(int m) { mode = m; launches = refused = last_refusal = refused_calls = 0; }
 void dsv4_prepare_end(void) { mode = 0; }
@@ -62,39 +76,72 @@ int dsv4_prepare_refused_calls(void) { return refused_calls; }
 void dsv4_prepare_config(uint32_t *out) { memcpy(out, grid, 12); memcpy(out + 3, block, 12); }
 uint64_t dsv4_prepare_smem(void) { return smem; }
 
-/* a call the driver refuses in prepare mode (no image of a foreign-arch kernel for this device): noted by
-   which call (bit: 1 library load, 2 kernel lookup, 4 kernel attribute read, 8 attribute set), passed over */
+/* Whether `rc` is the driver refusing a kernel image for want of one for this device's arch
+   (no kernel image / invalid image / PTX too new or invalid / no such function on this device). */
+static int arch_refusal(int rc) { return rc == 98 || rc == 200 || rc == 209 || rc == 218 || rc == 222; }
+
+/* a call the driver refuses in prepare mode for want of an image for this device's arch: noted by which call
+   (bit: 1 library load, 2 kernel lookup, 4 kernel attribute read, 8 attribute set), passed over; any other
+   error is returned (the host path fails as it would) */
 static int tolerate(int rc, int call) {
-  if (mode == 1 && rc != 0) { refused++; last_refusal = rc; refused_calls |= call; return 0; }
+  if (mode == 1 && arch_refusal(rc)) { refused++; last_refusal = rc; refused_calls |= call; return 0; }
   return rc;
 }
+/* a call on a handle the driver never made (its library or kernel was refused): not forwarded */
+static int passed_over(int call) {
+  if (mode == 1) { refused++; refused_calls |= call; return 0; }
+  return mode == 2 ? 0 : NOT_MADE;
+}
 
-int _cudaLaunchKernelEx(cfg_t *cfg, void *fn, void **args) {
-  if (mode == 0) { int (*f)(cfg_t *, void *, void **) = real("_cudaLaunchKernelEx"); return f ? f(cfg, fn, args) : 35; }
+static void record_launch(const uint32_t *g, const uint32_t *b, uint64_t dyn) {
   /* the first launch's grid and block (the kernel; a second is a split combine), the most shared memory */
-  if (launches++ == 0) { memcpy(grid, cfg->grid, 12); memcpy(block, cfg->block, 12); smem = 0; }
-  if (cfg->smem > smem) smem = cfg->smem;
+  if (launches++ == 0) { memcpy(grid, g, 12); memcpy(block, b, 12); smem = 0; }
+  if (dyn > smem) smem = dyn;
+}
+int _cudaLaunchKernelEx(cfg_t *cfg, void *fn, void **args) {
+  if (mode == 0) {
+    if (fn == FAKE_KERNEL) return NOT_MADE;
+    int (*f)(cfg_t *, void *, void **) = real("_cudaLaunchKernelEx"); return f ? f(cfg, fn, args) : 35;
+  }
+  record_launch(cfg->grid, cfg->block, cfg->smem); note("_cudaLaunchKernelEx (not made)", 0);
+  return 0;
+}
+int _cudaLaunchKernel(void *fn, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t bx, uint32_t by, uint32_t bz,
+                      void **args, uint64_t dyn, void *stream) {
+  if (mode == 0) {
+    if (fn == FAKE_KERNEL) return NOT_MADE;
+    int (*f)(void *, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, void **, uint64_t, void *) =
+        real("_cudaLaunchKernel");
+    return f ? f(fn, gx, gy, gz, bx, by, bz, args, dyn, stream) : 35;
+  }
+  uint32_t g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};
+  record_launch(g, b, dyn); note("_cudaLaunchKernel (not made)", 0);
   return 0;
 }
 int _cudaLibraryLoadData(void **lib, const void *code, void *a, void *b, unsigned n, void *c, void *d, unsigned m) {
-  if (mode == 2) { *lib = (void *)0x1; return 0; }
+  if (mode == 2) { *lib = FAKE_LIB; return 0; }
   int (*f)(void **, const void *, void *, void *, unsigned, void *, void *, unsigned) = real("_cudaLibraryLoadData");
   int rc = f ? f(lib, code, a, b, n, c, d, m) : 35;
-  if (rc && mode == 1) *lib = (void *)0x1;
+  note("_cudaLibraryLoadData", rc);
+  if (rc && mode == 1 && arch_refusal(rc)) *lib = FAKE_LIB;
   return tolerate(rc, 1);
 }
 int _cudaLibraryGetKernel(void **k, void *lib, const char *name) {
-  if (mode == 2) { *k = (void *)0x2; return 0; }
+  if (mode == 2) { *k = FAKE_KERNEL; return 0; }
+  if (lib == FAKE_LIB) { *k = FAKE_KERNEL; note("_cudaLibraryGetKernel (refused library: not forwarded)", 0); return passed_over(2); }
   int (*f)(void **, void *, const char *) = real("_cudaLibraryGetKernel");
   int rc = f ? f(k, lib, name) : 35;
-  if (rc && mode == 1) *k = (void *)0x2;
+  note("_cudaLibraryGetKernel", rc);
+  if (rc && mode == 1 && arch_refusal(rc)) *k = FAKE_KERNEL;
   return tolerate(rc, 2);
 }
 int _cuKernelGetAttribute(int *v, int attr, void *k, int dev) {
   if (mode == 2) { *v = 0; return 0; }
+  if (k == FAKE_KERNEL) { *v = 0; note("_cuKernelGetAttribute (refused kernel: not forwarded)", 0); return passed_over(4); }
   int (*f)(int *, int, void *, int) = real("_cuKernelGetAttribute");
   int rc = f ? f(v, attr, k, dev) : 35;
-  if (rc && mode == 1) *v = 0;
+  note("_cuKernelGetAttribute", rc);
+  if (rc && mode == 1 && arch_refusal(rc)) *v = 0;
   return tolerate(rc, 4);
 }
 int _cudaDeviceGetAttribute(int *v, int attr, int dev) {
@@ -109,13 +156,19 @@ int _cudaGetDevice(int *d) {
 }
 int _cudaFuncSetAttribute(void *k, int attr, int v) {
   if (mode == 2) return 0;
+  if (k == FAKE_KERNEL) { note("_cudaFuncSetAttribute (refused kernel: not forwarded)", 0); return passed_over(8); }
   int (*f)(void *, int, int) = real("_cudaFuncSetAttribute");
-  return tolerate(f ? f(k, attr, v) : 35, 8);
+  int rc = f ? f(k, attr, v) : 35;
+  note("_cudaFuncSetAttribute", rc);
+  return tolerate(rc, 8);
 }
 int _cudaKernelSetAttributeForDevice(void *k, int attr, int v, int dev) {
   if (mode == 2) return 0;
+  if (k == FAKE_KERNEL) { note("_cudaKernelSetAttributeForDevice (refused kernel: not forwarded)", 0); return passed_over(8); }
   int (*f)(void *, int, int, int) = real("_cudaKernelSetAttributeForDevice");
-  return tolerate(f ? f(k, attr, v, dev) : 35, 8);
+  int rc = f ? f(k, attr, v, dev) : 35;
+  note("_cudaKernelSetAttributeForDevice", rc);
+  return tolerate(rc, 8);
 }
 """
 
@@ -161,16 +214,19 @@ def load_shim(path: str | None = None) -> ctypes.CDLL | None:
     return _SHIM
 
 
-def point_at_runtime(shim: ctypes.CDLL) -> None:
-    """Give the interposer the real libcute_dsl_runtime.so to forward to (idempotent)."""
-    from cutlass.runtime import find_runtime_libraries
+def point_at_runtime(shim: ctypes.CDLL, runtime: str | None = None) -> None:
+    """Give the interposer the runtime library to forward to: CuTeDSL's real
+    libcute_dsl_runtime.so, or `runtime` (the CPU tests' stand-in for a driver); idempotent."""
+    if runtime is None:
+        from cutlass.runtime import find_runtime_libraries
 
-    libs = [p for p in find_runtime_libraries(enable_tvm_ffi=False) if p.endswith("libcute_dsl_runtime.so")]
-    if not libs or not shim.dsv4_prepare_runtime(libs[0].encode()):
+        libs = [p for p in find_runtime_libraries(enable_tvm_ffi=False) if p.endswith("libcute_dsl_runtime.so")]
+        runtime = libs[0] if libs else None
+    if not runtime or not shim.dsv4_prepare_runtime(runtime.encode()):
         raise PrepareError("--prepare: libcute_dsl_runtime.so (CuTeDSL's runtime) was not found")
 
 
-def run_host_path(launch, mode: str = "prepare") -> dict[str, Any]:
+def run_host_path(launch, mode: str = "prepare", runtime: str | None = None) -> dict[str, Any]:
     """Call `launch()` (a case's compiled host function on its real arguments) with the
     interposer active: what it got to — {"launches": n, "grid", "block", "smem", "refused": n,
     "refusal": the last refused attribute call's error code}.  Raises PrepareError when the
@@ -180,7 +236,7 @@ def run_host_path(launch, mode: str = "prepare") -> dict[str, Any]:
     if shim is None:
         raise PrepareError("--prepare: the launch interposer is not loaded in this process")
     if mode != "fake":
-        point_at_runtime(shim)
+        point_at_runtime(shim, runtime)
     shim.dsv4_prepare_begin(MODES[mode])
     try:
         launch()
