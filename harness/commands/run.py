@@ -61,7 +61,7 @@ def run(
                                                           "recorded as `hang` naming role, pipeline, slot, phase and CTA"),
     prepare: bool = option("prepare", False, help="a case of an arch no GPU here runs (sm_100a on an H100): run its "
                                                   "host path up to, not including, the launch on the GPU that is here "
-                                                  "— status `prepared`, never a pass (not working yet: docs/BLACKWELL.md)"),
+                                                  "— status `prepared`, never a pass (docs/BLACKWELL.md)"),
     first_light: bool = option("first_light", False, help="the first Blackwell session's plan: its cases in order, "
                                                           "stopping at the first failure (docs/BLACKWELL.md); with "
                                                           "--target NAME"),
