@@ -8,6 +8,7 @@ records prove it); usage errors are one line."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from harness.notebook.records import read_records, read_runs
 from harness.remote import remote_speedgate, treecopy
 from harness.spec.identity import source_hash
 from harness.spec.spec import load_spec
+from tests.test_abbench import _no_gpu
 from tests.ssh_fixtures import SshServer, git, make_lab, run_cli, ssh_server  # noqa: F401  (fixture)
 from tests.test_targets import target_yaml
 
@@ -194,7 +196,7 @@ def test_only_authentic_planned_records_count(speed_lab, tmp_path, verdict, extr
 @pytest.mark.parametrize("args, words", [
     (["--target", "box,closed"], "gate --speed times on one target"),
     (["--target", "box", "--gpu", "1"], "give no --gpu"),
-    (["--target", "box", "--staged"], "takes none of"),
+    (["--target", "box", "--staged"], "or on --target NAME): it takes none of"),
     (["--rev-tree", "abc"], "--rev-tree goes with --emit-jsonl"),
     (["--emit-jsonl", "--rev-tree", "../../etc"], "not a full commit sha"),
 ])
@@ -217,3 +219,25 @@ def test_the_far_side_without_a_channel_key_is_one_line(tmp_path):
                        input="", env={"PATH": "/usr/bin:/bin", "DSV4_LAB_ROOT": str(lab), "PYTHONPATH": str(lab)},
                        timeout=120)
     assert r.returncode == 2 and "no channel key on stdin" in r.stderr and r.stdout == "", r.stdout + r.stderr
+
+
+@pytest.mark.skipif(not _no_gpu(), reason="the no-GPU answer")
+def test_compare_takes_a_shipped_tree_where_there_is_no_git(fake_lab, tmp_path, capsys):
+    """The far side has no .git: `bench --compare` takes the tree sent with the copy and its sha as
+    given, and a tree that was not sent is one line."""
+    from harness.execution import abbench
+    from harness.execution.bench import BenchError
+    from tests.test_bench import LAB
+
+    (fake_lab / "stages.yaml").write_text(LAB)
+    rev = tmp_path / "rev"
+    shutil.copytree(fake_lab, rev, ignore=shutil.ignore_patterns(".git"))
+    shutil.rmtree(fake_lab / ".git")
+    st = load_spec(root=fake_lab).stages["OK"]
+    sha = "ab" * 20
+    assert abbench.main(fake_lab, st, [], sha[:12], rev_tree=(sha, rev)) == 1
+    out = capsys.readouterr().out
+    assert f"{sha[:12]} ({sha[:12]}): its stages.yaml, stages/ and oracles/ as sent, in {rev}" in out
+    assert "no GPU here: nothing was timed" in out
+    with pytest.raises(BenchError, match="its tree was not sent"):
+        abbench.main(fake_lab, st, [], sha[:12], rev_tree=(sha, tmp_path / "nothing"))
