@@ -88,8 +88,8 @@ def gate_on_target(spec: Spec, t: Target, planned: list[tuple[str, str, dict[str
     ssh_config_args()
     tr = TargetRun(t, None, {case_key(s, a, c) for s, a, c in planned})
     session = _Session(spec, [tr], list(argv))
-    session.console.print(f"[bold]gate --speed on {escape(t.name)}[/]: {len(planned)} bench shape(s) to re-time against "
-                          f"{len(revs)} commit(s)", highlight=False)
+    session.console.print(f"[bold]gate --speed on {escape(t.name)}[/]: {len(planned)} bench shape(s) to re-time "
+                          f"against {len(revs)} commit(s)", highlight=False)
     with tempfile.TemporaryDirectory(prefix="dsv4-speedgate-") as tmp:
         snapshot = _tree(root, revs, Path(tmp) / "tree")
         interrupted, signum, local_error = stream_runs(session, {t.name: remote_args(t, revs)}, sync_method, snapshot)

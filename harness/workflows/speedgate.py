@@ -76,8 +76,10 @@ def verdicts(records: list[Any], wanted: list[SpeedBaseline]) -> tuple[list[str]
     return slower, unproven
 
 
-def retimable(spec, bs: list[SpeedBaseline]) -> tuple[dict[tuple[str, str], tuple[Any, list[dict], list[SpeedBaseline]]],
-                                                     list[str]]:
+Group = tuple[Any, list[dict], list[SpeedBaseline]]  # a stage, its bench shapes to re-time, their baselines
+
+
+def retimable(spec, bs: list[SpeedBaseline]) -> tuple[dict[tuple[str, str], Group], list[str]]:
     """The baselines of `bs` that can be re-timed, by (stage, commit): (the stage, the bench
     shapes, their baselines, in the same order); and an UNPROVEN line for each that cannot (no
     commit, a commit that is not that kernel, a shape no longer in the bench block)."""
@@ -92,7 +94,7 @@ def retimable(spec, bs: list[SpeedBaseline]) -> tuple[dict[tuple[str, str], tupl
                              "re-accept it from a committed tree" if b.commit else "names no commit to compare with"))
             continue
         by_commit.setdefault((b.stage, b.commit), []).append(b)
-    groups: dict[tuple[str, str], tuple[Any, list[dict], list[SpeedBaseline]]] = {}
+    groups: dict[tuple[str, str], Group] = {}
     for (stage_id, commit), gbs in by_commit.items():
         st = spec.stages.get(stage_id)
         shapes = {case_label(c): c for c in plan_cases(st, [])} if st is not None and st.bench_plan else {}
@@ -152,8 +154,9 @@ def main(root: Path, gpu: int = 0, out=None, revs: dict[str, Path] | None = None
         done: list = shared if log is not None else []
         first = len(done)
         try:
-            abbench.main(root, st, [], commit, gpu=gpu, cases=cases, done=done, argv=["gate", "--speed"],
-                         rev_tree=rev_tree, log=log)
+            if abbench.main(root, st, [], commit, gpu=gpu, cases=cases, done=done, argv=["gate", "--speed"],
+                            rev_tree=rev_tree, log=log) == 130:  # stopped (Ctrl-C; on a target: the link gone)
+                raise KeyboardInterrupt
         except BenchError as exc:
             unproven += [f"stage-{b.stage} {b.arch} {b.case}: {exc}" for b in bs]
             continue
