@@ -131,7 +131,8 @@ def main(root: Path, gpu: int = 0, out=None, revs: dict[str, Path] | None = None
     runnable = [b for b in p.changed if here is not None and here[1] == b.arch and b.gpu_name == here[0]]
     if not runnable:
         on = "here" if revs is None else "on this target"  # revs: the far side of --target
-        where = f"GPU {gpu} {on} is {here[0]} ({here[1]})" if here else f"no GPU {on}"
+        where = f"GPU {gpu} {on} is {here[0]} ({here[1]})" if here else f"no GPU {on}" if not caps else \
+            f"no GPU {gpu} {on} (GPUs {', '.join(map(str, sorted(caps)))})"
         fix = "run dsv4-lab gate --speed on that machine" if revs is None else "name a target that has one"
         print(f"gate --speed: {len(p.changed)} speed-baselined shape(s) changed source and must be re-timed on "
               f"{', '.join(models)}; {where} — {fix}", file=out)
