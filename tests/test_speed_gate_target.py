@@ -183,6 +183,8 @@ def test_only_authentic_planned_records_count(speed_lab, tmp_path, verdict, extr
     assert "1 of 1 speed baseline(s) hold" in r.stdout  # the remote's lines are printed
     (rec,) = read_records(speed_lab, ["FAKE"], bench=True)  # the planned one only, tagged with the target
     assert rec.case == {"n": 4096} and rec.target == "liar" and rec.compare["verdict"] == verdict
+    (run,) = read_runs(speed_lab).values()  # the run, here, counts what it rejected
+    assert run["target"] == "liar" and run["run"] == "G1" and run.get("rejected", 0) == rejected
     if rejected:
         assert f"liar: rejected {rejected} line(s) from the remote, none written" in r.stderr, r.stderr
         assert "not a record frame" in r.stderr
