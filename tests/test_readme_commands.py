@@ -83,6 +83,7 @@ SKIPPED: dict[str, str] = {
     "dsv4-lab gate --staged": "judges the git index of the lab's own repository (a copy has none); "
                               "tests/test_gate_target.py runs it in throwaway repositories",
     "dsv4-lab gate --target NAME": "needs an SSH target; tests/test_gate_target.py (a throwaway sshd)",
+    "dsv4-lab gate --speed --target NAME": "needs an SSH target; tests/test_speed_gate_target.py (a throwaway sshd)",
     "dsv4-lab targets check NAME": "needs an SSH target; tests/test_targets.py (a throwaway sshd)",
     "dsv4-lab run stage-D1 --target b200": "needs the SSH target b200; tests/test_targets.py",
     "dsv4-lab run stage-D1 --target cluster": "needs a Slurm cluster; tests/test_slurm.py (a throwaway slurmctld)",

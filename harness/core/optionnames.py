@@ -23,6 +23,7 @@ COMMAND_OPTIONS: frozenset[str] = frozenset({
     "install_hook", "force", "no_run", "staged",  # gate (and target)
     "compile_only",  # baseline accept
     "speed",  # baseline accept/show, gate, history (issue 29)
+    "rev_tree",  # gate --speed --emit-jsonl: the far side of gate --speed --target (issue 29)
     "compare", "rounds",  # bench --compare REV (issue 29)
     "watch", "interval",  # dashboard
     "peers", "reps", "gpu",  # bench (and where, timeout, seed)

@@ -18,6 +18,11 @@ tree's, at each bench shape, in one process, on the same inputs, timed interleav
 Each shape is one bench record (the tree's timing, `note: bench`) with a `compare` block: rev,
 commit, a_us (REV), b_us (tree), ratio, lo, hi, verdict, threshold, level, rounds, method.
 Without a GPU: the plan and REV's tree are made, then "no GPU here: nothing was timed", exit 1.
+
+The speed gate on a target (`gate --speed --target NAME`) runs this where there is no .git: REV's
+tree is taken on the sending side and shipped beside the working tree (`rev_tree`: its sha and
+folder), and the records go into the gate's one session (`log`: the record channel), not a run
+of their own.
 """
 
 from __future__ import annotations
@@ -114,25 +119,35 @@ def _emit(root: str, stage_id: str, arch: str, cases: list[dict[str, Any]], out:
 
 def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], rev: str, rounds: int = abtest.DEFAULT_ROUNDS,
          reps: int = 5, timeout_s: float = 600.0, seed: int = 0, gpu: int = 0, argv: list[str] | None = None,
-         cases: list[dict[str, Any]] | None = None, done: list | None = None) -> int:
+         cases: list[dict[str, Any]] | None = None, done: list | None = None,
+         rev_tree: tuple[str, Path] | None = None, log: Any = None) -> int:
     """Plan, take REV's tree, then (with a GPU) compile, check and time both interleaved, record.
     0 only when every shape was compared; 1 when something failed or nothing was timed. `cases`:
-    these bench shapes instead of the filters' (the speed gate); `done`: gets the records."""
+    these bench shapes instead of the filters' (the speed gate); `done`: gets the records (their
+    ids go on from its length); `rev_tree`: (REV's full sha, REV's tree already taken) instead of
+    asking git; `log`: an open session (run_id, write) the records go to instead of a run of
+    their own (the caller starts and ends it)."""
     from rich.console import Console
 
     from harness.core.environment import gpu_capabilities
 
     console = Console(highlight=False, soft_wrap=True, markup=False)
     cases = cases if cases is not None else plan_cases(stage, pairs)
-    sha = rev_commit(root, rev)
+    sha = rev_tree[0] if rev_tree is not None else rev_commit(root, rev)
     threshold = stage.bench_plan.speed_tolerance if stage.bench_plan is not None else abtest.DEFAULT_THRESHOLD
     console.print(f"{stage.name} bench --compare {rev} ({sha[:12]}): {len(cases)} shape(s), {rounds} interleaved "
                   f"rounds each, threshold {threshold * 100:g} %")
     for case in cases:
         console.print(f"  {case_label(case)}")
     with tempfile.TemporaryDirectory(prefix="dsv4-compare-") as tmp:
-        old_root = take_tree(root, rev, sha, Path(tmp) / "tree")
-        console.print(f"{rev} ({sha[:12]}): its stages.yaml, stages/ and oracles/ taken into a temporary tree")
+        if rev_tree is None:
+            old_root = take_tree(root, rev, sha, Path(tmp) / "tree")
+            console.print(f"{rev} ({sha[:12]}): its stages.yaml, stages/ and oracles/ taken into a temporary tree")
+        elif (rev_tree[1] / "stages.yaml").is_file():
+            old_root = rev_tree[1]
+            console.print(f"{rev} ({sha[:12]}): its stages.yaml, stages/ and oracles/ as sent, in {old_root}")
+        else:
+            raise BenchError(f"--compare {rev}: its tree was not sent ({rev_tree[1]} has no stages.yaml)")
         caps = gpu_capabilities()
         if not caps:
             console.print("no GPU here: nothing was timed (run dsv4-lab bench --compare on the GPU machine)")
@@ -144,12 +159,12 @@ def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], rev: str, round
             console.print(f"{stage.name} has no kernel for {arch} (GPU {gpu}: {caps[gpu][0]}): nothing was timed")
             return 1
         return _compare(console, root, stage, arch, cases, rev, sha, old_root, rounds, reps, threshold, timeout_s,
-                        seed, gpu, argv, done if done is not None else [])
+                        seed, gpu, argv, done if done is not None else [], log)
 
 
 def _compare(console, root: Path, stage: Stage, arch: str, cases: list[dict[str, Any]], rev: str, sha: str,
              old_root: Path, rounds: int, reps: int, threshold: float, timeout_s: float, seed: int, gpu: int,
-             argv: list[str] | None, done: list) -> int:
+             argv: list[str] | None, done: list, log: Any = None) -> int:
     from harness.execution.bench import _job, run_job
     from harness.execution.compile import Compiler
     from harness.execution.executor import ABJob
@@ -162,10 +177,12 @@ def _compare(console, root: Path, stage: Stage, arch: str, cases: list[dict[str,
     if not old:
         console.print(f"{stage.name} ({arch}) does not exist at {rev}: nothing to compare with")
         return 1
-    log = RunLog(root)
+    own = log is None  # else the caller's session: it starts and ends it
+    if own:
+        log = RunLog(root)
+        log.plan(target="local", argv=argv or [], cases=len(cases), bench=True)
+        log.start()
     code = code_identity(root, stage, arch)
-    log.plan(target="local", argv=argv or [], cases=len(cases), bench=True)
-    log.start()
     compiler = Compiler(root)
     counts: dict[str, int] = {}
     warn: list[str] = []
@@ -173,11 +190,11 @@ def _compare(console, root: Path, stage: Stage, arch: str, cases: list[dict[str,
     interrupted = False
     try:
         futures = [compiler.submit(stage, arch, case) for case in cases]
-        for i, (case, fut) in enumerate(zip(cases, futures), 1):
+        for case, fut in zip(cases, futures):
             res, label = fut.result(), case_label(case)
             a_res = old.get(label) or {"ok": False, "error": f"no such bench shape at {rev}"}
-            common: dict[str, Any] = dict(id=f"{log.run_id}.{i}", run=log.run_id, t="", stage=stage.id, arch=arch,
-                                          case=case, code=code, gpu=gpu, note=BENCH_NOTE)
+            common: dict[str, Any] = dict(id=f"{log.run_id}.{len(done) + 1}", run=log.run_id, t="", stage=stage.id,
+                                          arch=arch, case=case, code=code, gpu=gpu, note=BENCH_NOTE)
             block: dict[str, Any] = {"rev": rev, "commit": sha[:12]}
             if not res.ok:
                 rec = Record(**common, status="compile_error", error=res.error, compile=res.summary(), compare=block)
@@ -215,9 +232,11 @@ def _compare(console, root: Path, stage: Stage, arch: str, cases: list[dict[str,
         return 130
     finally:
         compiler.close(cancel=True)
-        log.close()
-        log.end(interrupted, planned=len(cases), counts=counts)
-    console.print(f"records: results/records/{stage.id}.jsonl (run {log.run_id})")
+        if own:
+            log.close()
+            log.end(interrupted, planned=len(cases), counts=counts)
+    if own:
+        console.print(f"records: results/records/{stage.id}.jsonl (run {log.run_id})")
     return 0 if compared == len(cases) else 1
 
 

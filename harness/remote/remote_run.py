@@ -347,7 +347,10 @@ class _Session:
         else:
             tr.end = {"interrupted": ev.get("interrupted") is True,
                       "errors": [printable(str(e), 300) for e in ev.get("errors") or [] if isinstance(e, str)][:5]
-                      if isinstance(ev.get("errors"), list) else []}
+                      if isinstance(ev.get("errors"), list) else [],
+                      # what the remote command said last (the speed gate's verdict lines), each line cut
+                      "lines": [printable(str(e), 500) for e in ev.get("lines") or [] if isinstance(e, str)][:200]
+                      if isinstance(ev.get("lines"), list) else []}
             self.finish(tr, tr.end["interrupted"])
 
     def _on_record(self, tr: TargetRun, obj: dict) -> None:
@@ -473,14 +476,32 @@ travel instead of the working tree; the targets and the remote folder are the re
     session.console.print(f"[bold]run on {escape(where)}[/]: {total} case(s) per arch — "
                           + escape(", ".join(f"{st.name} ({len(cases[st.id])})" for st in stages)), highlight=False)
 
+    interrupted, signum, local_error = stream_runs(
+        session, {tr.target.name: remote_run_args(argv, tr.target, tr.shard) for tr in runs}, sync_method, snapshot)
+    session.report(interrupted, local_error)
+    if interrupted:
+        return 128 + signum
+    if local_error:
+        return 1
+    codes = [tr.exit_code for tr in runs]
+    return EXIT_LINK if EXIT_LINK in codes else max(codes)
+
+
+def stream_runs(session: _Session, args: dict[str, list[str]], sync_method: str | None = None,
+                snapshot: Snapshot | None = None) -> tuple[bool, int, str | None]:
+    """Copy the tree to each of the session's targets, start `remote_side ARGS[name]` there, and
+    write what arrives through the session until every run ended; a stop signal here stops the
+    remote runs (each marked interrupted). Returns (interrupted, the stop signal, a local write
+    error or None); the session is closed, not yet reported."""
+    runs = list(session.runs.values())
+    root = snapshot.lab if snapshot is not None else session.root
     events: queue.Queue = queue.Queue()
     procs: list[subprocess.Popen] = []
-    known = set(spec.stages)
+    known = set(session.spec.stages)
     for tr in runs:
-        args = remote_run_args(argv, tr.target, tr.shard)
-        threading.Thread(target=_drive, args=(tr, root, args, known, events, procs, sync_method, snapshot),
-                         daemon=True).start()
-    pending, interrupted, local_error, signum = n, False, None, signal.SIGINT
+        threading.Thread(target=_drive, args=(tr, root, args[tr.target.name], known, events, procs, sync_method,
+                                              snapshot), daemon=True).start()
+    pending, interrupted, local_error, signum = len(runs), False, None, signal.SIGINT
     stop: list[int] = []
     previous = _catch_stop_signals(stop)
     try:
@@ -526,13 +547,7 @@ travel instead of the working tree; the targets and the remote folder are the re
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         session.close()
-    session.report(interrupted, local_error)
-    if interrupted:
-        return 128 + signum
-    if local_error:
-        return 1
-    codes = [tr.exit_code for tr in runs]
-    return EXIT_LINK if EXIT_LINK in codes else max(codes)
+    return interrupted, signum, local_error
 
 
 class _Stopped(Exception):

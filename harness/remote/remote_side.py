@@ -5,6 +5,8 @@
 stderr), then runs the lab's command line as usual; nothing the command line or a kernel
 prints can reach the channel. `run --emit-jsonl` then comes to `run_emitting`, which sends a
 start event, every record the moment its case ends, and an end event, all framed.
+`gate --speed --emit-jsonl` (the far side of `gate --speed --target NAME`) comes the same way and
+sends its compare records through a `ChannelLog`; its end event carries the gate's verdict lines.
 """
 
 from __future__ import annotations
@@ -49,6 +51,22 @@ def run_emitting(spec: Spec, stages: list[Stage], archs: list[str] | None, cases
     except OSError:  # the local side is gone (it marks the run interrupted itself)
         pass
     return summary.exit_code
+
+
+class ChannelLog:
+    """A session whose records go on the channel, never into this copy's notebook: what
+    `gate --speed --emit-jsonl` (the far side of `gate --speed --target NAME`) hands
+    `bench --compare` in place of a RunLog. Its start and end events are the caller's."""
+
+    def __init__(self, sender, run_id: str):
+        self.sender = sender
+        self.run_id = run_id
+
+    def event(self, kind: str, **fields) -> None:
+        self.sender.send(json.dumps({"v": 1, "event": kind, "run": self.run_id, **fields}))
+
+    def write(self, rec) -> None:
+        self.sender.send(fit_line(rec.to_json()))
 
 
 def fit_line(line: str, limit: int = MAX_LINE_BYTES - FRAME_OVERHEAD) -> str:
