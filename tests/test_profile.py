@@ -108,3 +108,16 @@ def test_profile_compare_without_ncu_takes_rev_then_says_so(fake_lab):
     assert r.returncode == 1 and "taken into a temporary tree" in r.stdout and "ncu (Nsight Compute)" in r.stderr
     r = run_cli(["profile", "stage-OK", "--compare", "nope"], cwd=fake_lab, env_extra={"PATH": path})
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--compare nope: not a commit" in r.stderr
+
+
+def test_a_duration_in_a_unit_the_lab_does_not_know_is_an_error_not_a_factor_of_one():
+    """The first H200 profiles printed 106,208 "µs" for a ~100 µs kernel: a duration unit the
+    parser did not know was taken as µs. Short and long spellings both convert; an unknown one
+    (or none) is a ProfileError naming it."""
+    text = (FIXTURES / "ncu" / "raw_page.csv").read_text()
+    want = profile.parse_csv(text)["duration_us"]
+    assert abs(want - 412.736) < 1e-6
+    short = text.replace('"nsecond"', '"ns"').replace('"byte","byte"', '"B","B"')
+    assert profile.parse_csv(short)["duration_us"] == want
+    with pytest.raises(profile.ProfileError, match="fortnight"):
+        profile.parse_csv(text.replace('"nsecond"', '"fortnight"'))

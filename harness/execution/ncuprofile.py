@@ -63,9 +63,17 @@ STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 STALL_TOP = 5
 NVTX_RANGE = "dsv4"
 PERMISSION = "ERR_NVGPUCTRPERM"
+RAW_ENV = "DSV4_NCU_RAW"  # a path: ncu's raw output is written there too
 # Units ncu may print (with --print-units base it prints the base ones), as factors to the base.
-_SCALE = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,  # to µs
-          "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+# Both spellings: the long ones of ncu's CSV (nsecond, Kbyte) and the short ones (ns, KB). A
+# duration or byte count in a unit not listed here is an error, never a silent factor 1 (the
+# first H200 profiles printed 106,208 "µs" for a ~100 µs kernel: nanoseconds taken as µs).
+_TIME = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,  # to µs
+         "ns": 1e-3, "us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
+_BYTES = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
+          "B": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+_SCALE = {**_TIME, **_BYTES}
+_DIMENSION = {"duration_us": _TIME, "dram_read": _BYTES, "dram_write": _BYTES}  # what each must be in
 
 
 class ProfileError(Exception):
@@ -113,17 +121,23 @@ def parse_csv(text: str) -> dict[str, Any]:
     row = dict(zip(header, data[0]))
     unit = dict(zip(header, units))
 
-    def value(metric: str) -> float:
+    def value(metric: str, units: dict[str, float] | None = None) -> float:
         if metric not in row:
             raise ProfileError(f"ncu's CSV has no column {metric}")
         v = _number(row[metric])
         if v is None:
             raise ProfileError(f"ncu's CSV: {metric} is {row[metric]!r}, not a number")
-        return v * _SCALE.get(unit.get(metric, "").strip(), 1.0)
+        u = unit.get(metric, "").strip()
+        if units is not None:
+            if u not in units:
+                raise ProfileError(f"ncu's CSV gives {metric} in {u or 'no unit'!r}, not a unit the lab knows "
+                                   f"({', '.join(sorted(units))}): add it to harness/execution/ncuprofile.py")
+            return v * units[u]
+        return v * _SCALE.get(u, 1.0)
 
     out: dict[str, Any] = {"kernel": row.get("Kernel Name", "?")}
     for key, metric in METRICS.items():
-        out[key] = value(metric)
+        out[key] = value(metric, _DIMENSION.get(key))
     out["duration_us"] = round(out["duration_us"], 3)
     out["regs"] = int(out["regs"])
     out["dram_bytes"] = int(out.pop("dram_read") + out.pop("dram_write"))
@@ -176,8 +190,11 @@ def _run_ncu(root: Path, job: Any, ncu: str, gpu: int, timeout_s: float) -> dict
         got = json.loads(out_file.read_text()) if out_file.is_file() else {}
     if not got:
         return {"status": "crash", "error": (proc.stderr.strip().splitlines() or ["ncu gave no result"])[-1][:300]}
+    raw = proc.stdout + "\n" + proc.stderr
+    if os.environ.get(RAW_ENV):  # ncu's own text, for a unit or column the parser does not know
+        Path(os.environ[RAW_ENV]).write_text(raw)
     if got.get("status") == "pass":
-        got["profile"] = parse_csv(proc.stdout + "\n" + proc.stderr)
+        got["profile"] = parse_csv(raw)
     return got
 
 
