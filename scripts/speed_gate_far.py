@@ -64,7 +64,7 @@ def main() -> int:
             f"commit: {sha[:12]}, us: 1.0, gpu: {{name: {json.dumps(gpu_name)}}}}}\n")
         take_tree(lab, "HEAD", sha, lab / REV_DIR / sha)
         shutil.move(str(lab / ".git"), str(Path(tmp) / "git-away"))  # the target's copy has no .git
-        env = {**os.environ, "DSV4_LAB_ROOT": str(lab), "PYTHONPATH": str(lab), "DSV4_LAB_GIT": f"{sha[:12]}:1",
+        env = {**os.environ, "DSV4_LAB_ROOT": str(lab), "PYTHONPATH": os.pathsep.join([str(lab), *filter(None, [os.environ.get("PYTHONPATH")])]), "DSV4_LAB_GIT": f"{sha[:12]}:1",
                "DSV4_LAB_CACHE": os.environ.get("DSV4_LAB_CACHE", str(ROOT / ".cache")), "PYTHONUNBUFFERED": "1"}
         key = new_key()
         proc = subprocess.Popen([sys.executable, "-m", "harness.remote.remote_side", "gate", "--speed", "--emit-jsonl",
