@@ -93,3 +93,41 @@ def matrix_of(cases: list[dict[str, Any]]) -> dict[str, list[Any]]:
                 seen[k].add((type(v), v))
                 matrix[k].append(v)
     return matrix
+
+
+# ---------------------------------------------------------------------------------------
+# `dsv4-lab suite NAME --list`: what a ported suite holds and what the stages take of it.
+
+
+class UnknownSuite(Exception):
+    """A suite name oracles/suites/ does not declare: one line naming the known ones."""
+
+
+def suite_modules(root: Path, name: str) -> list[Any]:
+    """The modules of suite `name` (oracles/suites/__init__.py's SUITES), imported."""
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    suites = importlib.import_module("oracles.suites").SUITES
+    if name not in suites:
+        raise UnknownSuite(f"no suite '{name}' — known: {', '.join(sorted(suites))} (oracles/suites/__init__.py)")
+    return [importlib.import_module(m) for m in suites[name]]
+
+
+def summary(module: Any, kernel_params: tuple[str, ...] = ()) -> dict[str, Any]:
+    """{'upstream', 'stage', 'total', 'supported', 'shapes', 'reasons': {reason: cases}} of one
+    suite module: every upstream case, the ones the stage takes, the distinct kernels they need
+    (their values of `kernel_params`, when given) and, per reason, the cases it keeps out (a case
+    may have several reasons)."""
+    cases = module.upstream()
+    reasons: dict[str, int] = {}
+    supported = 0
+    for u in cases:
+        why = module.reasons(u)
+        supported += not why
+        for w in why:
+            reasons[w] = reasons.get(w, 0) + 1
+    listed = module.cases()
+    shapes = len({tuple(c[k] for k in kernel_params) for c in listed}) if kernel_params else len(listed)
+    return {"upstream": module.UPSTREAM, "stage": module.STAGE, "total": len(cases), "supported": supported,
+            "listed": len(listed), "shapes": shapes,
+            "reasons": dict(sorted(reasons.items(), key=lambda kv: -kv[1]))}
