@@ -44,7 +44,7 @@ def _value_problem(value: Any) -> str | None:
         return None if math.isfinite(value) else f"{value} is not finite"
     if isinstance(value, str):
         if not value or value != value.strip() or not value.isprintable() or BAD_WORD_CHARS & set(value):
-            return f"{value!r} cannot be a case value (a word without spaces or , = |)"
+            return f"{value!r} cannot be a case value (a word without outer spaces, control characters or , = |)"
         return None
     return f"{type(value).__name__} {value!r:.40} is not a number, true/false or a word"
 
