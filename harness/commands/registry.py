@@ -10,7 +10,7 @@ from harness.commands.base import COMMON_ERRORS, Command
 
 # The order `dsv4-lab --help` lists commands in (asv's command_order: the workflow's order);
 # groups after the plain commands. A command not named here comes last, by name.
-ORDER = ("list", "run", "suite", "compile", "gate", "dashboard", "history", "show", "note", "check", "bench", "calibrate",
+ORDER = ("list", "run", "compile", "gate", "dashboard", "history", "show", "note", "check", "bench", "calibrate",
          "profile", "inspect", "baseline", "targets", "new")
 
 
