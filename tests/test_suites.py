@@ -359,3 +359,14 @@ def test_a_bad_suite_is_one_line(fake_lab, body, extra, says):
     assert err.startswith("dsv4-lab: stages.yaml:") and says in err, err
     if "failed" in says:
         assert "bad_suite.py:" in err and "KeyError" in err and err.endswith("— fix the suite module")
+
+
+def test_all_means_the_ladder_not_the_suites(suite_lab):
+    """`run --all` runs the ladder's stages; a suite stage runs when named (or by `suite NAME`)."""
+    from harness.commands.base import stages_of
+    from harness.spec.spec import load_spec
+
+    spec = load_spec(root=suite_lab)
+    assert [st.id for st in stages_of(spec, None, True)] == ["OK", "BAD"]
+    assert [st.id for st in stages_of(spec, "stage-SUITE", False)] == ["SUITE"]
+    assert spec.stages["SUITE"].suite is not None and spec.stages["SUITE"].matrix == {"n": [16, 32], "id": [0, 1]}
