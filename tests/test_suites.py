@@ -370,3 +370,40 @@ def test_all_means_the_ladder_not_the_suites(suite_lab):
     assert [st.id for st in stages_of(spec, None, True)] == ["OK", "BAD"]
     assert [st.id for st in stages_of(spec, "stage-SUITE", False)] == ["SUITE"]
     assert spec.stages["SUITE"].suite is not None and spec.stages["SUITE"].matrix == {"n": [16, 32], "id": [0, 1]}
+
+
+FAKE_SUITES = '''
+SUITES = {"fake": ("oracles.suite_add",)}
+'''
+
+FAKE_UPSTREAM = '''
+
+UPSTREAM = ("nobody/fake@0000000 tests/test_add.py",)
+STAGE = "OK"
+
+
+def upstream():
+    return (16, 32, 48)
+
+
+def reasons(u):
+    return ["n 48: too long for the fake kernel"] if u == 48 else []
+'''
+
+
+def test_suite_command_runs_and_lists_a_suite(suite_lab):
+    (suite_lab / "oracles" / "suites").mkdir()
+    (suite_lab / "oracles" / "suites" / "__init__.py").write_text(FAKE_SUITES)
+    with open(suite_lab / "oracles" / "suite_add.py", "a") as fh:
+        fh.write(FAKE_UPSTREAM)
+    r = run_cli(["suite", "fake", "--list"], cwd=suite_lab)
+    assert r.returncode == 0, r.stderr
+    assert "stage-SUITE (on stage-OK): 3 cases, 2 supported over 2 kernels, 1 unsupported" in r.stdout
+    assert "        1  unsupported: n 48: too long for the fake kernel" in r.stdout
+    assert not (suite_lab / "results" / "records").exists() or not list((suite_lab / "results" / "records").iterdir())
+    r = run_cli(["suite", "fake", "--arch", "all", "--n", "32"], cwd=suite_lab)  # every stage of the suite's modules
+    assert r.returncode == 1, r.stdout + r.stderr  # NUDGE misses the rule, SILENT gives no verdict
+    assert [(x["case"], x["status"]) for x in _records(suite_lab, "SUITE")] == [({"n": 32, "id": 1}, "pass")]
+    assert [x["status"] for x in _records(suite_lab, "NUDGE")] == ["fail"]
+    r = run_cli(["suite", "fake", "--arch", "all", "--n", "64"], cwd=suite_lab)
+    assert r.returncode == 2 and "n=64 is not in the matrix" in r.stderr
