@@ -86,7 +86,7 @@ def test_suite_list_counts_total_supported_and_reasons():
     assert "   12  unsupported: per-token context lengths" in r.stdout
     r = run_cli(["suite", "flashmla", "--list"], cwd=__import__("tests.conftest", fromlist=["ROOT"]).ROOT)
     assert r.returncode == 0, r.stderr
-    assert "4748 cases, 4500 supported over 924 kernels" in r.stdout
+    assert "4748 cases, 4500 supported over 924 compiled kernels" in r.stdout
     assert "  246  unsupported: DeepSeek-V3.2 layout" in r.stdout
     r = run_cli(["suite", "nosuch", "--list"], cwd=__import__("tests.conftest", fromlist=["ROOT"]).ROOT)
     assert r.returncode == 2 and "Traceback" not in r.stderr
@@ -398,7 +398,7 @@ def test_suite_command_runs_and_lists_a_suite(suite_lab):
         fh.write(FAKE_UPSTREAM)
     r = run_cli(["suite", "fake", "--list"], cwd=suite_lab)
     assert r.returncode == 0, r.stderr
-    assert "stage-SUITE (on stage-OK): 3 cases, 2 supported over 2 kernels, 1 unsupported" in r.stdout
+    assert "stage-SUITE (on stage-OK): 3 cases, 2 supported over 2 compiled kernels, 1 unsupported" in r.stdout
     assert "        1  unsupported: n 48: too long for the fake kernel" in r.stdout
     assert not (suite_lab / "results" / "records").exists() or not list((suite_lab / "results" / "records").iterdir())
     r = run_cli(["suite", "fake", "--arch", "all", "--n", "32"], cwd=suite_lab)  # every stage of the suite's modules

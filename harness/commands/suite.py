@@ -49,7 +49,7 @@ def suite(
             stage = next((st.name for st in stages if st.suite.cases.module == m.__name__), "no suite stage")
             print(f"{m.__name__}  ({'; '.join(s['upstream'][:2])})")
             print(f"  {stage} (on stage-{s['stage']}): {s['total']} cases, {s['supported']} supported over "
-                  f"{s['shapes']} kernels, {s['total'] - s['supported']} unsupported")
+                  f"{s['shapes']} compiled kernels, {s['total'] - s['supported']} unsupported")
             for why, n in s["reasons"].items():
                 print(f"    {n:5d}  unsupported: {why}")
         raise typer.Exit(0)

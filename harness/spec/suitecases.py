@@ -115,9 +115,9 @@ def suite_modules(root: Path, name: str) -> list[Any]:
 
 def summary(module: Any, kernel_params: tuple[str, ...] = ()) -> dict[str, Any]:
     """{'upstream', 'stage', 'total', 'supported', 'shapes', 'reasons': {reason: cases}} of one
-    suite module: every upstream case, the ones the stage takes, the distinct kernels they need
-    (their values of `kernel_params`, when given) and, per reason, the cases it keeps out (a case
-    may have several reasons)."""
+    suite module: every upstream case, the ones the stage takes, the kernels they compile (distinct
+    `kernel_params` values and tensor shapes) and, per reason, the cases it keeps out (a case may
+    have several reasons)."""
     cases = module.upstream()
     reasons: dict[str, int] = {}
     supported = 0
@@ -127,7 +127,9 @@ def summary(module: Any, kernel_params: tuple[str, ...] = ()) -> dict[str, Any]:
         for w in why:
             reasons[w] = reasons.get(w, 0) + 1
     listed = module.cases()
-    shapes = len({tuple(c[k] for k in kernel_params) for c in listed}) if kernel_params else len(listed)
+    # one compile per kernel parameters and tensor shapes (the compile cache's key, less the source)
+    shapes = len({(tuple(c.get(k) for k in kernel_params), tuple((t.name, tuple(t.shape)) for t in module.tensors(c)))
+                  for c in listed})
     return {"upstream": module.UPSTREAM, "stage": module.STAGE, "total": len(cases), "supported": supported,
             "listed": len(listed), "shapes": shapes,
             "reasons": dict(sorted(reasons.items(), key=lambda kv: -kv[1]))}
