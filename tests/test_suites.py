@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 
 
 def _find(module, **want):
@@ -79,16 +79,16 @@ def test_a_table_edit_makes_cases_supported(monkeypatch):
 
 
 def test_suite_list_counts_total_supported_and_reasons():
-    r = run_cli(["suite", "deepgemm", "--list"], cwd=__import__("tests.conftest", fromlist=["ROOT"]).ROOT)
+    r = run_cli(["suite", "deepgemm", "--list"], cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert "suite deepgemm: 246 cases, 41 supported" in r.stdout
     assert "216 cases, 32 supported" in r.stdout and "30 cases, 9 supported" in r.stdout
     assert "   12  unsupported: per-token context lengths" in r.stdout
-    r = run_cli(["suite", "flashmla", "--list"], cwd=__import__("tests.conftest", fromlist=["ROOT"]).ROOT)
+    r = run_cli(["suite", "flashmla", "--list"], cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert "4748 cases, 4500 supported over 924 compiled kernels" in r.stdout
     assert "  246  unsupported: DeepSeek-V3.2 layout" in r.stdout
-    r = run_cli(["suite", "nosuch", "--list"], cwd=__import__("tests.conftest", fromlist=["ROOT"]).ROOT)
+    r = run_cli(["suite", "nosuch", "--list"], cwd=ROOT)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip() == "dsv4-lab: no suite 'nosuch' — known: deepgemm, flashmla (oracles/suites/__init__.py)"
 
