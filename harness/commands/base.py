@@ -203,7 +203,9 @@ def stages_of(spec: Spec, name: str | None, all_: bool) -> list[Stage]:
     if all_ or name is None:
         if not all_ and name is None:
             raise UsageError("name a stage (e.g. dsv4-lab run stage-A) or pass --all")
-        return list(spec.stages.values())
+        # the ladder's stages: a suite stage (a peer's case list, docs/SUITES.md) runs when named
+        # or by `dsv4-lab suite NAME`, never as part of --all
+        return [st for st in spec.stages.values() if st.suite is None]
     return [spec.stage(name)]
 
 

@@ -29,6 +29,7 @@ COMMAND_OPTIONS: frozenset[str] = frozenset({
     "peers", "reps", "gpu",  # bench (and where, timeout, seed)
     "fp8",  # calibrate
     "axes", "in", "out", "title", "slug",  # new stage
+    "list",  # suite (and arch, where, gpus, timeout, shard)
 })
 
 # Options of every command: --help, and --traceback (read by cli.main before any command).

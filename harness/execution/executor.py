@@ -9,6 +9,7 @@
      launch (harness.execution.pristine: the oracle runs on the inputs as generated);
   4. the oracle, on every row or on `check_rows` rows sampled along `row_axis` (bench shapes),
      its answer checked against the contract, and each output compared (harness.execution.metrics);
+     a suite stage's case also by the peer's own pass rule (its `criterion`: oracles/suites/);
   5. optionally the kernel timed on rotated inputs (harness.execution.timing), and beside it its peers: the
      stage's own PyTorch peer (`run --bench`) or the bench block's named peers (`bench`), in one
      flat format — `peer_<name>_us`, `_spread`, `_tflops`, `_ratio` (peer µs / kernel µs), `_cos`,
@@ -72,7 +73,8 @@ def job_for(stage: "Stage", arch: str, case: dict[str, Any], base_seed: int, cls
         kernel_entry=k.entry, tensors=(stage.tensors.module, stage.tensors.name),
         inputs=(stage.inputs.module, stage.inputs.name), oracle=(stage.oracle.module, stage.oracle.name),
         flops=(stage.flops.module, stage.flops.name) if stage.flops else None,
-        seed=case_seed(stage.id, case, base_seed), **extra,
+        seed=case_seed(stage.id, case, base_seed),
+        criterion=(stage.suite.criterion.module, stage.suite.criterion.name) if stage.suite else None, **extra,
     )
 
 
@@ -169,6 +171,7 @@ class Checked:
     idx: list[int] | None = None
     sliced: set[str] = field(default_factory=set)
     checked: str = "every row"
+    suite_why: dict[str, str] = field(default_factory=dict)  # a suite stage: why its rule failed, per output
 
 
 class CaseExecutor:
@@ -258,6 +261,20 @@ class CaseExecutor:
         if bad:
             raise ContractError(bad[0])
         metrics = {name: compare(outputs[name], ref[name]).to_json() for name in outputs}
+        if job.criterion:  # a suite stage: the upstream pass rule's verdict joins each output's metrics
+            verdicts = attr(job.criterion)(outputs, ref, rcase)
+            if not isinstance(verdicts, dict):
+                raise ContractError(f"{job.criterion[0]}:{job.criterion[1]} returned {type(verdicts).__name__}, "
+                                    "expected {output: {suite_ok, suite_why, …}}")
+            suite_why = {}
+            for name, verdict in verdicts.items():
+                if name in metrics and isinstance(verdict, dict):
+                    # the record keeps numbers only: suite_ok 1/0 and the rule's values; its words go apart
+                    metrics[name].update({k: v for k, v in verdict.items() if k not in ("suite_ok", "suite_why")})
+                    metrics[name]["suite_ok"] = 1 if verdict.get("suite_ok") is True else 0
+                    if verdict.get("suite_why"):
+                        suite_why[name] = str(verdict["suite_why"])[:300]
+            return Checked(metrics, ref, idx, sliced, checked, suite_why)
         return Checked(metrics, ref, idx, sliced, checked)
 
     # -- `run` and `run --bench` -----------------------------------------------------------
@@ -268,7 +285,10 @@ class CaseExecutor:
         if job.prepare:
             return self.prepare(job)
         done = self.launch(job)
-        result: dict[str, Any] = {"metrics": self.check(job, done).metrics}
+        chk = self.check(job, done)
+        result: dict[str, Any] = {"metrics": chk.metrics}
+        if chk.suite_why:
+            result["suite_why"] = chk.suite_why
         if done.wrote:
             result["wrote_inputs"] = done.wrote
         if job.bench and done.device == "cuda":

@@ -26,6 +26,7 @@ class KernelJob:
     seed: int
     object_path: str = ""  # the compiled kernel (harness/execution/compile.py), for a GPU arch
     prefix: str = ""
+    criterion: tuple[str, str] | None = None  # a suite stage's upstream pass rule (oracles/suites/)
 
 
 def attr(ref: tuple[str, str]) -> Any:

@@ -112,6 +112,8 @@ def violations(m: dict, tol: Tolerance) -> list[str]:
         why.append(f"rel_l2 {_f(rel)} > {tol.rel_l2_max:g}")
     if tol.max_abs_max is not None and not (_num(mx) and mx <= tol.max_abs_max):
         why.append(f"max_abs {_f(mx)} > {tol.max_abs_max:g}")
+    if tol.suite and m.get("suite_ok") != 1:  # a suite stage: the upstream rule must have said ok
+        why.append("fails the suite's pass rule" if m.get("suite_ok") == 0 else "the suite's pass rule gave no verdict")
     return why
 
 

@@ -418,6 +418,8 @@ class Runner:
             self._record(task, "prepared", note=out.get("note"), **common)
         elif "metrics" in out:
             status, why = judge(s.tolerances, out["metrics"])
+            if status != "pass" and out.get("suite_why"):  # the suite's rule says what it saw
+                why = "; ".join(filter(None, [why, *(f"{k}: {v}" for k, v in out["suite_why"].items())]))
             if out.get("wrote_inputs"):  # a kernel that writes its inputs fails, whatever its outputs
                 status, why = "fail", "; ".join(filter(None, [describe_input_writes(out["wrote_inputs"]), why]))
             self._record(task, status, metrics=out["metrics"], timing=out.get("timing"), error=why, **common)

@@ -68,14 +68,27 @@ def _axis_values(stage: Stage, filters: Mapping[str, set[Any]] | None) -> dict[s
     return {a: [v for v in vals if a not in filters or v in filters[a]] for a, vals in stage.matrix.items()}
 
 
+def _listed(stage: Stage, filters: Mapping[str, set[Any]] | None) -> list[Case]:
+    """A suite stage's listed cases that pass the filters (stage.cases, not a product)."""
+    values = _axis_values(stage, filters)
+    assert stage.cases is not None
+    return [Case(stage.id, params) for params in stage.cases
+            if all(any(v == w and type(v) is type(w) for w in values[a]) for a, v in params)]
+
+
 def count(stage: Stage, filters: Mapping[str, set[Any]] | None = None) -> int:
     """How many cases `expand(stage, filters)` gives, without building them."""
+    if stage.cases is not None:
+        return len(_listed(stage, filters))
     return math.prod(len(v) for v in _axis_values(stage, filters).values())
 
 
 def expand(stage: Stage, filters: Mapping[str, set[Any]] | None = None) -> list[Case]:
     """The cases of the matrix (those passing `filters`, applied per axis before the product), in
-    axis order. More than MAX_CASES is refused before any case is built."""
+    axis order. More than MAX_CASES is refused before any case is built. A suite stage gives its
+    listed cases (harness/spec/suitecases.py) that pass the filters."""
+    if stage.cases is not None:
+        return _listed(stage, filters)
     values = _axis_values(stage, filters)
     n = math.prod(len(v) for v in values.values())
     if n > MAX_CASES:

@@ -14,7 +14,7 @@ import keyword
 import math
 import re
 import tokenize
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,16 @@ class Tolerance:
     cosine_min: float | None = None
     rel_l2_max: float | None = None
     max_abs_max: float | None = None
+    suite: bool = False  # a suite stage's output: its criterion's verdict must be there and say ok
+
+
+@dataclass(frozen=True)
+class SuiteRef:
+    """A suite stage's `suite:` block: the function listing its cases and the upstream pass rule
+    (oracles/suites/, docs/SUITES.md)."""
+
+    cases: FuncRef
+    criterion: FuncRef
 
 
 MAX_BENCH_CASES = 64  # bench shapes per stage: each is compiled and timed against every peer
@@ -135,6 +145,8 @@ class Stage:
     bench: dict[str, Any] = field(default_factory=dict)  # the test case `run --bench` times ({}: every case)
     line: int = 0
     bench_plan: BenchPlan | None = None  # the bench block's shapes and peers (`dsv4-lab bench`)
+    suite: SuiteRef | None = None  # a suite stage: a peer's own case list and pass rule (docs/SUITES.md)
+    cases: tuple[tuple[tuple[str, Any], ...], ...] | None = None  # a suite stage's cases (its matrix: their values)
 
     @property
     def name(self) -> str:
@@ -142,6 +154,8 @@ class Stage:
 
     def oracle_files(self) -> list[Path]:
         refs = [self.tensors, self.inputs, self.oracle] + [r for r in (self.flops, self.peer) if r]
+        if self.suite:
+            refs += [self.suite.cases, self.suite.criterion]
         return sorted({r.path for r in refs})
 
 
@@ -328,9 +342,10 @@ def _func_ref(ctx: _Ctx, node: Node, key: str) -> FuncRef:
 
 STAGE_KEYS = {
     "title", "dir", "kernels", "tensors", "inputs", "oracle", "flops", "peer", "matrix",
-    "kernel_params", "tolerances", "timeout_s", "bench",
+    "kernel_params", "tolerances", "timeout_s", "bench", "suite",
 }
-STAGE_REQUIRED = {"title", "dir", "kernels", "tensors", "inputs", "oracle", "matrix", "tolerances"}
+STAGE_REQUIRED = {"title", "dir", "kernels", "tensors", "inputs", "oracle", "tolerances"}  # and matrix or suite
+SUITE_KEYS = {"cases", "criterion"}
 
 
 def _parse_stage(ctx: _Ctx, sid: str, node: Node, key_node: Node) -> Stage:
@@ -346,7 +361,20 @@ def _parse_stage(ctx: _Ctx, sid: str, node: Node, key_node: Node) -> Stage:
         name: _func_ref(ctx, f[name], f"{key}.{name}")
         for name in ("tensors", "inputs", "oracle", "flops", "peer") if name in f
     }
-    matrix = _matrix(ctx, f["matrix"], f"{key}.matrix")
+    suite: SuiteRef | None = None
+    cases: tuple | None = None
+    if "suite" in f:
+        if "matrix" in f:
+            mnode = next(k for k, _ in pairs if str(_scalar(k)) == "matrix")
+            raise ctx.fail(mnode, f"{key}.matrix", "a suite stage's cases come from suite.cases — remove matrix")
+        if "bench" in f:
+            bnode = next(k for k, _ in pairs if str(_scalar(k)) == "bench")
+            raise ctx.fail(bnode, f"{key}.bench", "a suite stage is not benched — bench the stage it runs on")
+        suite, matrix, cases = _suite(ctx, f["suite"], f"{key}.suite")
+    elif "matrix" in f:
+        matrix = _matrix(ctx, f["matrix"], f"{key}.matrix")
+    else:
+        raise ctx.fail(node, f"{key}.matrix", "missing required key — add it (or a suite: block)")
 
     kernel_params: tuple[str, ...] = tuple(matrix)
     if "kernel_params" in f:
@@ -364,6 +392,8 @@ def _parse_stage(ctx: _Ctx, sid: str, node: Node, key_node: Node) -> Stage:
         kernel_params = tuple(names)
 
     tolerances = _tolerances(ctx, f["tolerances"], f"{key}.tolerances")
+    if suite is not None:  # every output is judged by the suite's criterion too
+        tolerances = {k: replace(v, suite=True) for k, v in tolerances.items()}
 
     timeout_s = 120.0
     if "timeout_s" in f:
@@ -378,8 +408,28 @@ def _parse_stage(ctx: _Ctx, sid: str, node: Node, key_node: Node) -> Stage:
         id=sid, title=title, dir=stage_dir, kernels=kernels,
         tensors=refs["tensors"], inputs=refs["inputs"], oracle=refs["oracle"], flops=refs.get("flops"), peer=refs.get("peer"),
         matrix=matrix, kernel_params=kernel_params, tolerances=tolerances, timeout_s=timeout_s,
-        bench=bench, line=node.start_mark.line + 1, bench_plan=bench_plan,
+        bench=bench, line=node.start_mark.line + 1, bench_plan=bench_plan, suite=suite, cases=cases,
     )
+
+
+def _suite(ctx: _Ctx, node: Node, key: str) -> tuple[SuiteRef, dict[str, list[Any]], tuple]:
+    """A suite stage's `suite:` block: (its refs, the matrix its cases span, the cases)."""
+    from harness.spec.suitecases import SuiteCasesError, load_cases, matrix_of
+
+    pairs = _mapping(ctx, node, key)
+    _check_keys(ctx, pairs, key, SUITE_KEYS, SUITE_KEYS, node)
+    f = {str(_scalar(k)): v for k, v in pairs}
+    ref = SuiteRef(_func_ref(ctx, f["cases"], f"{key}.cases"), _func_ref(ctx, f["criterion"], f"{key}.criterion"))
+    try:
+        cases = load_cases(ctx.root, ref.cases.module, ref.cases.name)
+        if len(cases) > MAX_CASES:
+            raise SuiteCasesError(f"{len(cases)} cases — more than the limit of {MAX_CASES}; return fewer")
+        bad = sorted(set(cases[0]) & set(RESERVED_AXES))
+        if bad:
+            raise SuiteCasesError(f"case key '{bad[0]}' is one of the lab's own options — rename it")
+    except SuiteCasesError as exc:
+        raise ctx.fail(f["cases"], f"{key}.cases", str(exc))
+    return ref, matrix_of(cases), tuple(tuple(c.items()) for c in cases)
 
 
 def _bench(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]]) -> tuple[dict[str, Any], BenchPlan | None]:
