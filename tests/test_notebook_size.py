@@ -40,7 +40,7 @@ def _tracked_sizes(root: Path) -> dict[str, int]:
     if out.returncode != 0 or not out.stdout:
         pytest.skip("not a git checkout: no tracked tree to measure")
     sizes = {}
-    for name in out.stdout.decode("utf-8", "surrogateescape").split("\0"):
+    for name in filter(None, out.stdout.decode("utf-8", "surrogateescape").split("\0")):
         try:
             sizes[name] = os.lstat(root / name).st_size  # as `du -b` counts it; a file deleted here counts nothing
         except OSError:
