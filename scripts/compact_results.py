@@ -11,7 +11,8 @@ and trim compile baselines to what the gate compares and run baselines' metric v
 digits it needs (harness/notebook/inventories.py, harness/notebook/archive.py, harness/notebook/baselines.py). Nothing is
 lost: every reader sees the same records afterwards.
 Idempotent; prints what it saved. It holds the notebook's lock (results/.lock) throughout: runs appending meanwhile wait,
-and nothing they write is lost.
+and nothing they write is lost. It reads every record before and after (`every_record`): one that
+does not read back the same is one line, and the exit code is 1.
 
     python3 scripts/compact_results.py [LAB_ROOT] [--force]
 
@@ -22,6 +23,7 @@ it is, with the warnings printed; --force rewrites it from what can be read.
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -33,7 +35,8 @@ from harness.notebook.inventories import ContentStore, StoreAppender, Stores, co
 from harness.core.notebooklock import LockError, exclusive  # noqa: E402
 from harness.core.paths import records_dir, results_dir  # noqa: E402
 from harness.core.safeio import Unsafe  # noqa: E402
-from harness.notebook.records import _read_archive, iter_jsonl, record_archives, record_segments  # noqa: E402
+from harness.notebook.records import (_read_archive, iter_jsonl, read_records, record_archives,  # noqa: E402
+                                      record_segments)
 from harness.spec.spec import load_spec  # noqa: E402
 
 ARCHIVE_SUFFIX = ".jsonl.xz"
@@ -73,12 +76,32 @@ def live_runs(root: Path) -> set[str] | None:
     return runs
 
 
+def every_record(root: Path) -> Counter[str]:
+    """Every record the notebook reads — archives, segments and plain files of every stage on
+    disk, bench records too — as its full JSON, counted: what compaction must leave as it found
+    it (in another order: stale lines move to the archive)."""
+    stages = {p.name[:-len(".jsonl")] for p in records_dir(root).glob("*.jsonl")}
+    stages |= {p.name[:-len(ARCHIVE_SUFFIX)] for p in [*record_segments(root), *record_archives(root)]}
+    return Counter(r.to_json() for r in read_records(root, sorted(stages), [], bench=True))
+
+
 def main(root: Path, force: bool = False) -> int:
     """Compact the notebook, holding its lock exclusive throughout (harness/core/notebooklock.py): a
-    run appending meanwhile waits at its next record and then appends to the rewritten file."""
+    run appending meanwhile waits at its next record and then appends to the rewritten file.
+    Every record must read back the same afterwards (`every_record`)."""
     try:
         with exclusive(results_dir(root)):
-            return _compact(root, force)
+            before = every_record(root)
+            code = _compact(root, force)
+            after = every_record(root)
+            if after != before:
+                lost, new = before - after, after - before
+                gone = next(iter(lost or new))
+                print(f"compact_results: {sum(lost.values())} record(s) read before do not read back the same, "
+                      f"{sum(new.values())} read now were not read before (e.g. {gone[:120]}…) — a bug in the lab: "
+                      f"restore results/ from git (git checkout results) before committing", file=sys.stderr)
+                return 1
+            return code
     except (LockError, Unsafe) as exc:
         print(f"compact_results: {exc}", file=sys.stderr)
         return 2

@@ -722,3 +722,21 @@ def test_a_stale_line_sealed_earlier_moves_from_the_segment_to_the_archive(tmp_p
     assert sorted(read_records(tmp_path, ["A"]), key=lambda r: r.id) == before
     assert archive_stale(tmp_path, "A", {"sm_90a": "newer"})[0] == 2  # the last sealed line goes: no empty segment
     assert not segment_file(path).exists() and sorted(r.id for r in read_records(tmp_path, ["A"])) == [r.id for r in before]
+
+
+def test_compaction_that_would_lose_a_record_says_so_in_one_line(fake_lab, monkeypatch, capsys):
+    from harness.core.jsonl import replace_file
+
+    _write_all(fake_lab, [_fresh_ok(fake_lab, 0), _fresh_ok(fake_lab, 1)])
+    script = _compact_script()
+    assert sum(script.every_record(fake_lab).values()) == 2
+
+    def lossy_seal(root, stage_id):  # a seal with a bug: empties the plain file, seals nothing
+        replace_file(stage_file(root, stage_id), b"")
+        return 2, 0
+
+    monkeypatch.setattr(script, "seal", lossy_seal)
+    assert script.main(fake_lab) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "2 record(s) read before do not read back the same" in err, err
+    assert '"id":"r1.' in err and "git checkout results" in err
