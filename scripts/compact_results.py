@@ -1,14 +1,18 @@
 """Upkeep of the notebook's size (the tracked tree must stay small enough to carry to a GPU
 machine): move the records' inline instruction inventories and env blocks into their stores,
 move stale records into results/archive/<stage>.jsonl.xz (their inventories and env inline) and
-the events of runs no live line names into results/archive/runs.jsonl.xz, rewrite each store
+the events of runs no live line names into results/archive/runs.jsonl.xz, seal the live lines
+of each results/records/<stage>.jsonl into its segment results/records/<stage>.jsonl.xz (one xz
+stream; the plain file is left empty — a stage with a line readers skip is left as it is, with
+one line naming it, and the exit code is 1), rewrite each store
 (results/inventories.jsonl.xz, results/envs.jsonl.xz) as one xz stream holding only the values a
 line still names (an older notebook's plain results/inventories.jsonl is folded in and removed),
 and trim compile baselines to what the gate compares and run baselines' metric values to the
 digits it needs (harness/notebook/inventories.py, harness/notebook/archive.py, harness/notebook/baselines.py). Nothing is
 lost: every reader sees the same records afterwards.
 Idempotent; prints what it saved. It holds the notebook's lock (results/.lock) throughout: runs appending meanwhile wait,
-and nothing they write is lost.
+and nothing they write is lost. It reads every record before and after (`every_record`): one that
+does not read back the same is one line, and the exit code is 1.
 
     python3 scripts/compact_results.py [LAB_ROOT] [--force]
 
@@ -19,18 +23,20 @@ it is, with the warnings printed; --force rewrites it from what can be read.
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.notebook import baselines  # noqa: E402
-from harness.notebook.archive import archive_runs, archive_stale, inline_archive  # noqa: E402
+from harness.notebook.archive import SealRefused, archive_runs, archive_stale, inline_archive, seal  # noqa: E402
 from harness.spec.identity import source_hash  # noqa: E402
 from harness.notebook.inventories import ContentStore, StoreAppender, Stores, compact_file, rewrite_store  # noqa: E402
 from harness.core.notebooklock import LockError, exclusive  # noqa: E402
 from harness.core.paths import records_dir, results_dir  # noqa: E402
 from harness.core.safeio import Unsafe  # noqa: E402
-from harness.notebook.records import _read_archive, iter_jsonl, record_archives  # noqa: E402
+from harness.notebook.records import (_read_archive, iter_jsonl, read_records, record_archives,  # noqa: E402
+                                      record_segments)
 from harness.spec.spec import load_spec  # noqa: E402
 
 ARCHIVE_SUFFIX = ".jsonl.xz"
@@ -41,13 +47,14 @@ def _size(*paths: Path | None) -> int:
 
 
 def named_ids(root: Path, store: ContentStore) -> set[str] | None:
-    """Every id of `store` that a line of the live records or of the archives names; None when
-    an archive cannot be read (what it names is not known, so nothing may be dropped)."""
+    """Every id of `store` that a line of the live records (plain files and segments) or of the
+    archives names; None when a segment or an archive cannot be read (what it names is not
+    known, so nothing may be dropped)."""
     ids: set[str] = set()
     for path in sorted(records_dir(root).glob("*.jsonl")):
         for _, obj in iter_jsonl(path):
             ids |= store.refs(obj)
-    for path in record_archives(root):
+    for path in record_segments(root) + record_archives(root):
         data = _read_archive(path, None)
         if data is None:
             return None
@@ -56,12 +63,45 @@ def named_ids(root: Path, store: ContentStore) -> set[str] | None:
     return ids
 
 
+def live_runs(root: Path) -> set[str] | None:
+    """The run ids the live records (plain files and segments) name; None when a segment cannot
+    be read (which runs are live is not known, so no run's events may move)."""
+    runs: set[str] = set()
+    for path in sorted(records_dir(root).glob("*.jsonl")) + record_segments(root):
+        data = _read_archive(path, None) if path.suffix == ".xz" else None
+        if path.suffix == ".xz" and data is None:
+            return None
+        runs |= {obj["run"] for _, obj in iter_jsonl(path, data=data)
+                 if isinstance(obj, dict) and isinstance(obj.get("run"), str)}
+    return runs
+
+
+def every_record(root: Path) -> Counter[str]:
+    """Every record the notebook reads — archives, segments and plain files of every stage on
+    disk, bench records too — as its full JSON, counted: what compaction must leave as it found
+    it (in another order: stale lines move to the archive)."""
+    stages = {p.name[:-len(".jsonl")] for p in records_dir(root).glob("*.jsonl")}
+    stages |= {p.name[:-len(ARCHIVE_SUFFIX)] for p in [*record_segments(root), *record_archives(root)]}
+    return Counter(r.to_json() for r in read_records(root, sorted(stages), [], bench=True))
+
+
 def main(root: Path, force: bool = False) -> int:
     """Compact the notebook, holding its lock exclusive throughout (harness/core/notebooklock.py): a
-    run appending meanwhile waits at its next record and then appends to the rewritten file."""
+    run appending meanwhile waits at its next record and then appends to the rewritten file.
+    Every record must read back the same afterwards (`every_record`)."""
     try:
         with exclusive(results_dir(root)):
-            return _compact(root, force)
+            before = every_record(root)
+            code = _compact(root, force)
+            after = every_record(root)
+            if after != before:
+                lost, new = before - after, after - before
+                gone = next(iter(lost or new))
+                print(f"compact_results: {sum(lost.values())} record(s) read before do not read back the same, "
+                      f"{sum(new.values())} read now were not read before (e.g. {gone[:120]}…) — a bug in the lab: "
+                      f"restore results/ from git (git checkout results) before committing", file=sys.stderr)
+                return 1
+            return code
     except (LockError, Unsafe) as exc:
         print(f"compact_results: {exc}", file=sys.stderr)
         return 2
@@ -80,8 +120,16 @@ def _compact(root: Path, force: bool) -> int:
                       f"into {store.path.name})")
         finally:
             out.close()
+    unreadable = {path.name[:-len(ARCHIVE_SUFFIX)] for path in record_segments(root) if _read_archive(path, None) is None}
+    for stage_id in sorted(unreadable):  # one line each; its stage, and the runs' events, are left as they are
+        print(f"{records_dir(root) / stage_id}.jsonl.xz: not an xz segment — left as it is, and stage {stage_id}'s "
+              f"records neither archived nor sealed, no run's events archived; restore it (git checkout "
+              f"results/records/{stage_id}.jsonl.xz) and run again", file=sys.stderr)
+        problems += 1
     spec = load_spec(root / "stages.yaml")
     for stage in spec.stages.values():
+        if stage.id in unreadable:
+            continue
         current = {arch: source_hash(spec.root, stage, arch) for arch in stage.kernels}
         try:
             moved, saved = archive_stale(root, stage.id, current)
@@ -91,10 +139,20 @@ def _compact(root: Path, force: bool) -> int:
             continue
         if moved:
             print(f"results/records/{stage.id}.jsonl: {moved} stale lines archived, {saved} bytes saved")
-    live_runs = {obj["run"] for path in sorted(records_dir(root).glob("*.jsonl"))
-                 for _, obj in iter_jsonl(path) if isinstance(obj, dict) and isinstance(obj.get("run"), str)}
+    for path in sorted(records_dir(root).glob("*.jsonl")):
+        if path.stem in unreadable:
+            continue
+        try:
+            moved, saved = seal(root, path.stem)
+        except OSError as exc:  # SealRefused, or the plain file cannot be read: one line, nothing written
+            print(f"{'' if isinstance(exc, SealRefused) else 'warning: '}{exc}", file=sys.stderr)
+            problems += 1
+            continue
+        if moved:
+            print(f"{path.relative_to(root)}: {moved} lines sealed into {path.name}.xz, {saved} bytes saved")
+    live = live_runs(root)  # None when a segment cannot be read (said above): no run's events move
     try:
-        moved, saved = archive_runs(root, live_runs)
+        moved, saved = archive_runs(root, live) if live is not None else (0, 0)
     except OSError as exc:
         print(f"warning: {exc}", file=sys.stderr)
         problems += 1

@@ -1,6 +1,8 @@
 """The notebook stays small without losing anything: inventories and env blocks kept once,
 xz-compressed (harness/notebook/inventories.py), stale lines archived with them inline (harness/notebook/archive.py),
-compile baselines trimmed to what the gate compares and written compactly (harness/notebook/baselines.py)."""
+live lines sealed into one xz segment per stage (harness/notebook/archive.py `seal`), compile baselines
+trimmed to what the gate compares and written compactly (harness/notebook/baselines.py); and the
+tracked tree, which travels to the GPU machine with the CuTeDSL pack, stays within its budget."""
 
 from __future__ import annotations
 
@@ -15,7 +17,54 @@ from harness.notebook.archive import archive_stale, inline_archive
 from harness.notebook.inventories import (EnvStore, InventoryStore, StoreAppender, compact_file, content_id, plain_store_file,
                                  rewrite_store, store_file)
 from harness.core.paths import results_dir
-from harness.notebook.records import Record, RecordWriter, _read_archive, archive_file, iter_records, read_records, stage_file
+from harness.notebook.records import (Record, RecordWriter, _read_archive, archive_file, iter_records, read_records,
+                                      segment_file, stage_file)
+
+# The GPU machine receives the checkout's tracked files and the CuTeDSL pack (.device) in one carry of
+# at most 64 MiB; the pack takes about 59.9 MiB, so the project keeps the tracked tree under 3 MiB.
+TRACKED_BUDGET = 3 * 1024 * 1024
+CARRY_CAP = 64 * 1024 * 1024
+PACK_SIZE_KNOWN = "59.9 MiB"
+
+
+def _tracked_sizes(root: Path) -> dict[str, int]:
+    import os
+    import subprocess
+
+    import pytest
+
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"git ls-files cannot run here ({exc})")
+    if out.returncode != 0 or not out.stdout:
+        pytest.skip("not a git checkout: no tracked tree to measure")
+    sizes = {}
+    for name in filter(None, out.stdout.decode("utf-8", "surrogateescape").split("\0")):
+        try:
+            sizes[name] = os.lstat(root / name).st_size  # as `du -b` counts it; a file deleted here counts nothing
+        except OSError:
+            continue
+    return sizes
+
+
+def test_the_tracked_tree_fits_the_device_carry(project_root):
+    sizes = _tracked_sizes(project_root)
+    total = sum(sizes.values())
+    pack = project_root / ".device"
+    pack_bytes = sum(p.stat().st_size for p in pack.rglob("*") if p.is_file()) if pack.is_dir() else None
+    pack_said = f"{pack_bytes / 2**20:.1f} MiB here" if pack_bytes else f"{PACK_SIZE_KNOWN}, not here"
+    largest = ", ".join(f"{n} {b:,}" for n, b in sorted(sizes.items(), key=lambda x: -x[1])[:5])
+    assert total <= TRACKED_BUDGET, (
+        f"the tracked tree is {total:,} bytes, {total - TRACKED_BUDGET:,} over its budget of 3 MiB "
+        f"({TRACKED_BUDGET:,}): the GPU machine receives it with the CuTeDSL pack (.device, {pack_said}) in one "
+        f"carry of at most 64 MiB. Largest tracked files: {largest}. Compact the notebook "
+        f"(python3 scripts/compact_results.py, then commit results/) or shrink what grew.")
+    if pack_bytes:
+        assert total + pack_bytes <= CARRY_CAP, (
+            f"the tracked tree ({total:,} bytes) and the CuTeDSL pack (.device, {pack_said}) together are "
+            f"{total + pack_bytes:,} bytes, past the carry's 64 MiB ({CARRY_CAP:,})")
+
 
 INV = {"(all)": 120, "wgmma.mma_async.m64n64k16.f32.bf16.bf16": 32, "ld.global.128b": 12}
 SASS = {"(all)": 200, "HGMMA.64x64x16.F32.BF16": 32, "LDG.E.128": 12}
@@ -460,7 +509,7 @@ def test_compacting_folds_inline_envs_into_the_store_and_drops_unused_ones(fake_
     warn: list[str] = []
     before = read_records(fake_lab, ["OK"], warn)
     assert before == old and len(warn) == 1
-    assert _compact_script().main(fake_lab) == 0
+    assert _compact_script().main(fake_lab) == 1  # the broken line: OK.jsonl is not sealed, the rest is done
     assert sorted(e["id"] for e in _env_lines(fake_lab)) == [content_id(ENV_GPU)]  # unused and archived: dropped
     assert _streams(EnvStore(results_dir(fake_lab)).path) == 1
     lines = path.read_text().splitlines()
@@ -474,7 +523,12 @@ def test_compacting_folds_inline_envs_into_the_store_and_drops_unused_ones(fake_
     after = read_records(fake_lab, ["OK"], warn)
     assert sorted(after, key=lambda r: r.id) == before and len(warn) == 1  # the broken line, as before
     size = path.stat().st_size
-    assert _compact_script().main(fake_lab) == 0 and path.stat().st_size == size  # idempotent
+    assert _compact_script().main(fake_lab) == 1 and path.stat().st_size == size  # idempotent
+    path.write_text("\n".join(lines[:2]) + "\n")  # the broken line mended away: the live lines are sealed
+    assert _compact_script().main(fake_lab) == 0 and path.read_bytes() == b""
+    assert _read_archive(segment_file(path), None) == ("\n".join(lines[:2]) + "\n").encode()
+    assert sorted(read_records(fake_lab, ["OK"], warn), key=lambda r: r.id) == before
+    assert _compact_script().main(fake_lab) == 0 and path.read_bytes() == b""  # idempotent
 
 
 def test_a_corrupt_env_store_line_or_stream_costs_one_warning_each_and_nothing_else(tmp_path):
@@ -516,3 +570,173 @@ def test_show_and_the_dashboard_read_an_env_by_id_and_a_missing_one_is_one_line(
     assert out.returncode == 0 and '"r1.0"' in out.stdout and "NVIDIA" not in out.stdout
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert "OK.jsonl:1: env names env block" in out.stderr and "does not hold" in out.stderr
+
+
+# --- the live records sealed: results/records/<stage>.jsonl.xz, read between archive and plain file ---
+
+def _seal(root, stage: str = "A"):
+    from harness.notebook.archive import seal
+
+    return seal(root, stage)
+
+
+def test_records_read_archive_then_segment_then_plain_in_order(tmp_path):
+    _write_all(tmp_path, [rec(i, "old" if i < 2 else "new") for i in range(6)])
+    assert archive_stale(tmp_path, "A", {"sm_90a": "new"})[0] == 2  # r1.0, r1.1: the archive
+    path = stage_file(tmp_path, "A")
+    moved, saved = _seal(tmp_path)  # r1.2 .. r1.5: the segment
+    assert moved == 4 and saved > 0 and path.read_bytes() == b""
+    segment = segment_file(path)
+    assert segment.name == "A.jsonl.xz" and segment.parent == path.parent and _streams(segment) == 1
+    _write_all(tmp_path, [rec(6, "new"), rec(7, "new")])  # appended to the plain file, as ever
+    assert [json.loads(x)["id"] for x in path.read_text().splitlines()] == ["r1.6", "r1.7"]
+    warn: list[str] = []
+    ids = [f"r1.{i}" for i in range(8)]
+    assert [r.id for r in read_records(tmp_path, ["A"], warn)] == ids and not warn
+    assert [r.id for r in read_records(tmp_path, None, warn)] == ids and not warn
+    assert [r.id for r in iter_records(path, warn, newest_first=True)] == ids[::-1]
+    assert read_records(tmp_path, ["A"], warn)[3] == rec(3, "new")  # ids in the segment read back as values
+    path.unlink()  # a stage whose live lines are all in its segment is still a stage with records
+    assert [r.id for r in read_records(tmp_path, None, warn)] == ids[:6] and not warn
+    # A bad line of the segment is skipped and named like any other: file, line (of its text).
+    lines = lzma.decompress(segment.read_bytes()).splitlines()
+    segment.write_bytes(lzma.compress(b"\n".join([lines[0], b'{"v": 1, "id": "cut', *lines[1:]]) + b"\n"))
+    assert [r.id for r in read_records(tmp_path, ["A"], warn)] == ids[:6]
+    assert len(warn) == 1 and warn[0].startswith(f"{segment}:2: skipped a corrupt line"), warn
+
+
+def test_a_record_only_in_the_segment_is_found_by_newest_newest_by_case_and_the_gate(fake_lab):
+    from harness.notebook.records import newest, newest_by_case
+    from harness.spec.spec import load_spec
+    from harness.workflows import gate
+    from tests.test_gate import C64, add_hd_stage, base, decide, rec as gate_rec, write
+
+    add_hd_stage(fake_lab)
+    spec = load_spec(root=fake_lab)
+    write(fake_lab, gate_rec(spec, "HD", "sm_90a", C64, 0.9999))
+    baselines.save(fake_lab, [base(spec, "HD", "sm_90a", C64, 0.9999)])
+    assert _seal(fake_lab, "HD")[0] == 1 and stage_file(fake_lab, "HD").read_bytes() == b""
+    records = read_records(fake_lab, ["HD"])
+    assert newest(records, "HD", "sm_90a", C64).id == "run1.1"
+    assert list(newest_by_case(records)) == ["hd=64,n=16"]
+    code, text = decide(fake_lab)
+    assert code == 0 and "1 baselined case(s) hold" in text, text
+    write(fake_lab, gate_rec(spec, "HD", "sm_90a", C64, 0.5, i=2))  # a newer plain line still decides
+    assert decide(fake_lab)[0] == 1
+    assert _seal(fake_lab, "HD")[0] == 1 and decide(fake_lab)[0] == 1  # and still does once sealed
+    baselines.baselines_file(fake_lab).unlink()  # records only in a segment are records: their baselines' loss is no pass
+    assert gate.notebook_has_records(fake_lab)
+    code, text = decide(fake_lab)
+    assert code == 1 and "restore it" in text, text
+
+
+def _fresh_ok(lab, i: int) -> Record:
+    from harness.spec.identity import source_hash
+    from harness.spec.spec import load_spec
+
+    spec = load_spec(root=lab)
+    return env_rec(i, ENV_GPU, source_hash(spec.root, spec.stages["OK"], "cpu"), "OK", "cpu")
+
+
+def _compact_cli(lab):
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "compact_results.py"
+    return subprocess.run([sys.executable, str(script), str(lab)], capture_output=True, text=True, timeout=300)
+
+
+def test_compaction_refuses_a_stage_with_a_line_readers_skip_in_one_line(fake_lab):
+    path = stage_file(fake_lab, "OK")
+    _write_all(fake_lab, [_fresh_ok(fake_lab, 0)])
+    with open(path, "a") as fh:
+        fh.write('{"v": 1, "id": "cut off\n')  # a crash mid-line
+    _write_all(fake_lab, [_fresh_ok(fake_lab, 1)])
+    out = _compact_cli(fake_lab)
+    data = path.read_bytes()
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1 and f"{path}:2: a corrupt line" in out.stderr, out.stderr
+    assert "not sealed" in out.stderr and "mend or delete that line" in out.stderr
+    assert not segment_file(path).exists() and len(data.splitlines()) == 3  # nothing moved, nothing lost
+    lines = data.splitlines()
+    path.write_bytes(b"\n".join([lines[0], b'{"v": 1, "id": "r9"}', lines[2]]) + b"\n")  # JSON, but no record
+    out = _compact_cli(fake_lab)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1 and f"{path}:2: not a record this lab reads (missing" \
+        in out.stderr, out.stderr
+    path.write_bytes(b"\n".join([lines[0], lines[2]]) + b"\n")  # mended: sealed
+    out = _compact_cli(fake_lab)
+    assert out.returncode == 0 and not out.stderr and path.read_bytes() == b"", out.stderr
+    assert [r.id for r in read_records(fake_lab, ["OK"])] == ["r1.0", "r1.1"]
+    # A segment that is no xz: the stage is not sealed (one line), neither file changes.
+    _write_all(fake_lab, [_fresh_ok(fake_lab, 2)])
+    segment_file(path).write_bytes(b"not xz")
+    before = path.read_bytes()
+    out = _compact_cli(fake_lab)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+    assert str(segment_file(path)) in out.stderr and "not an xz" in out.stderr
+    assert path.read_bytes() == before and segment_file(path).read_bytes() == b"not xz"
+
+
+def test_a_duplicate_id_across_segment_and_plain_reads_as_it_does_across_archive_and_plain(tmp_path):
+    first, second = rec(0), replace(rec(0), status="fail")  # one id, two lines (a hand edit, a merge)
+    path = stage_file(tmp_path, "A")
+    notebooks = {}
+    for where in ("archive", "segment"):
+        root = tmp_path / where
+        _write_all(root, [first, rec(1)])
+        if where == "archive":
+            archive_stale(root, "A", {"sm_90a": "moved"})
+        else:
+            _seal(root)
+        _write_all(root, [second])
+        notebooks[where] = read_records(root, ["A"])
+    assert [(r.id, r.status) for r in notebooks["segment"]] == [("r1.0", "pass"), ("r1.1", "pass"), ("r1.0", "fail")]
+    assert notebooks["segment"] == notebooks["archive"]  # both read, in their places: the newest is the later
+    from harness.notebook.records import newest
+    assert newest(notebooks["segment"], "A", "sm_90a", {"n": 0}).status == "fail"
+    # Sealing again keeps both lines; a line the segment holds already, byte for byte (a crash
+    # between writing the segment and emptying the plain file), is read twice but not sealed twice.
+    root = tmp_path / "segment"
+    path = stage_file(root, "A")
+    leftover = lzma.decompress(segment_file(path).read_bytes()).splitlines()[1]
+    with open(path, "ab") as fh:
+        fh.write(leftover + b"\n")
+    assert [r.id for r in read_records(root, ["A"])] == ["r1.0", "r1.1", "r1.0", "r1.1"]
+    assert _seal(root)[0] == 1  # `second`; the leftover is not added again
+    assert [(r.id, r.status) for r in read_records(root, ["A"])] == [("r1.0", "pass"), ("r1.1", "pass"),
+                                                                     ("r1.0", "fail")]
+    assert path.read_bytes() == b""
+
+
+def test_a_stale_line_sealed_earlier_moves_from_the_segment_to_the_archive(tmp_path):
+    _write_all(tmp_path, [rec(0, "old"), rec(1, "new")])
+    _seal(tmp_path)
+    _write_all(tmp_path, [rec(2, "old"), rec(3, "new")])
+    before = read_records(tmp_path, ["A"])
+    assert archive_stale(tmp_path, "A", {"sm_90a": "new"})[0] == 2
+    path = stage_file(tmp_path, "A")
+    archived = [json.loads(x) for x in _read_archive(archive_file(path), None).splitlines()]
+    assert [a["id"] for a in archived] == ["r1.0", "r1.2"] and archived[0]["compile"]["inv"] == INV  # inline
+    assert [json.loads(x)["id"] for x in _read_archive(segment_file(path), None).splitlines()] == ["r1.1"]
+    assert [json.loads(x)["id"] for x in path.read_text().splitlines()] == ["r1.3"]
+    assert sorted(read_records(tmp_path, ["A"]), key=lambda r: r.id) == before
+    assert archive_stale(tmp_path, "A", {"sm_90a": "newer"})[0] == 2  # the last sealed line goes: no empty segment
+    assert not segment_file(path).exists() and sorted(r.id for r in read_records(tmp_path, ["A"])) == [r.id for r in before]
+
+
+def test_compaction_that_would_lose_a_record_says_so_in_one_line(fake_lab, monkeypatch, capsys):
+    from harness.core.jsonl import replace_file
+
+    _write_all(fake_lab, [_fresh_ok(fake_lab, 0), _fresh_ok(fake_lab, 1)])
+    script = _compact_script()
+    assert sum(script.every_record(fake_lab).values()) == 2
+
+    def lossy_seal(root, stage_id):  # a seal with a bug: empties the plain file, seals nothing
+        replace_file(stage_file(root, stage_id), b"")
+        return 2, 0
+
+    monkeypatch.setattr(script, "seal", lossy_seal)
+    assert script.main(fake_lab) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "2 record(s) read before do not read back the same" in err, err
+    assert '"id":"r1.' in err and "git checkout results" in err

@@ -17,8 +17,20 @@ archs the spec no longer has stay where they are.
 `archive_runs` does the same for results/runs.jsonl: the start/end events of runs that no live
 record line names move to results/archive/runs.jsonl.xz, which `read_runs` reads first.
 
-The archive is written first (a temp file, then a rename), then the records file, the same way:
-a crash between the two leaves a line in both places (read twice), never in neither.
+`seal` keeps the live records small: every line of results/records/<stage>.jsonl moves, byte for
+byte, to the end of the stage's segment results/records/<stage>.jsonl.xz (rewritten whole as one
+xz stream, preset 9|extreme), and the plain file is left empty for the next run to append to.
+Readers read the segment between the archive and the plain file, so every record reads back as
+before, in the same order. A seal refuses (SealRefused, one line naming file:line and the fix,
+nothing written) while a line of the plain file or of the segment is one readers skip (it would
+change its file:line, or hide under a compressed one), and when the segment is no xz. A line the
+segment already holds byte for byte (a crash between the two writes below) is not added twice;
+two different lines with one id both stay, as readers have always read them.
+`archive_stale` moves the stale lines of the segment and of the plain file alike.
+
+The archive is written first (a temp file, then a rename), then the segment, then the records
+file, the same way: a crash between two of them leaves a line in both places (read twice),
+never in neither.
 """
 
 from __future__ import annotations
@@ -28,9 +40,14 @@ import lzma
 from pathlib import Path
 
 from harness.notebook.inventories import Stores
-from harness.core.jsonl import replace_file
+from harness.core.jsonl import iter_jsonl, replace_file
 from harness.core.safeio import read_regular
-from harness.notebook.records import _read_archive, archive_file, code_src, is_fresh, runs_archive_file, runs_file, stage_file
+from harness.notebook.records import (_read_archive, archive_file, code_src, is_fresh, runs_archive_file, runs_file,
+                                      segment_file, stage_file, validate)
+
+
+class SealRefused(OSError):
+    """Why a stage's records were not sealed, as one line (file:line: why — the fix)."""
 
 
 def _inlined(lines: list[bytes], store: Stores) -> tuple[list[bytes], int]:
@@ -56,11 +73,20 @@ def _inlined(lines: list[bytes], store: Stores) -> tuple[list[bytes], int]:
 
 
 def _old_lines(archive: Path) -> list[bytes]:
-    """The lines of an archive (none when it does not exist); OSError when it is no xz."""
+    """The lines of an archive or a segment (none when it does not exist); OSError when it is no xz."""
     old = _read_archive(archive, None) if archive.exists() else b""
     if old is None:
         raise OSError(f"{archive} is not an xz archive — left as it is; move it away and run again")
     return [raw for raw in old.split(b"\n") if raw.strip()]
+
+
+def _plain_lines(path: Path) -> tuple[bytes, list[bytes]]:
+    """A plain records file's bytes and its lines (none when it does not exist)."""
+    try:
+        data = read_regular(path)
+    except FileNotFoundError:
+        return b"", []
+    return data, [raw for raw in data.split(b"\n") if raw.strip()]
 
 
 def _write_archive(archive: Path, lines: list[bytes]) -> None:
@@ -110,9 +136,17 @@ def _move_lines(path: Path, archive: Path, moves, store: Stores | None = None) -
     return len(move), len(data) - len(text)
 
 
+def _parsed(raw: bytes):
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
 def archive_stale(root: Path, stage_id: str, current_src: dict[str, str]) -> tuple[int, int]:
-    """Move the stale lines of one stage's records file into its archive. `current_src` maps
-    arch -> the stage's source hash now. Returns (lines moved, bytes the records file lost)."""
+    """Move the stale lines of one stage's segment and records file into its archive (the
+    segment's first: they are older). `current_src` maps arch -> the stage's source hash now.
+    Returns (lines moved, bytes the segment and the records file lost)."""
 
     def stale(obj) -> bool:
         arch = obj.get("arch") if isinstance(obj, dict) else None
@@ -120,8 +154,73 @@ def archive_stale(root: Path, stage_id: str, current_src: dict[str, str]) -> tup
                 and not is_fresh(obj, current_src[arch]))
 
     path = stage_file(root, stage_id)
-    archive = archive_file(path)
-    return _move_lines(path, archive, stale, Stores(archive.parent.parent))
+    archive, segment = archive_file(path), segment_file(path)
+    sealed = _old_lines(segment)  # OSError when it is no xz: nothing moves
+    seg_move = [raw for raw in sealed if stale(_parsed(raw))]
+    if not seg_move:
+        return _move_lines(path, archive, stale, Stores(archive.parent.parent))
+    before = segment.stat().st_size
+    data, plain = _plain_lines(path)
+    plain_move = [raw for raw in plain if stale(_parsed(raw))]
+    lines, _ = _inlined(_old_lines(archive) + seg_move + plain_move, Stores(archive.parent.parent))
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    _write_archive(archive, lines)
+    keep = [raw for raw in sealed if not stale(_parsed(raw))]
+    if keep:
+        _write_archive(segment, keep)
+    else:
+        segment.unlink()
+    saved = before - (segment.stat().st_size if keep else 0)
+    if plain_move:
+        text = b"".join(raw + b"\n" for raw in plain if not stale(_parsed(raw)))
+        replace_file(path, text)
+        saved += len(data) - len(text)
+    return len(seg_move) + len(plain_move), saved
+
+
+def _first_problem(source: Path, text: bytes, store: Stores) -> str | None:
+    """`file:line: why` of the first line of `text` (the text of `source`) that readers skip
+    (harness/notebook/records.py: it does not parse, or is no record); None when every line reads."""
+    warn: list[str] = []
+    for lineno, obj in iter_jsonl(source, warn, data=text):
+        if warn:
+            break
+        why = validate(store.expand(obj, None, ""))
+        if why:
+            return f"{source}:{lineno}: not a record this lab reads ({why})"
+    if warn:  # "file:line: skipped a corrupt line (why)"
+        where, _, why = warn[0].partition(": skipped ")
+        return f"{where}: {why}"
+    return None
+
+
+def seal(root: Path, stage_id: str) -> tuple[int, int]:
+    """Move every line of one stage's records file to the end of its segment (module doc),
+    segment first, then the records file emptied. Returns (lines moved, bytes saved: the plain
+    file's and the old segment's size less the new segment's). SealRefused (one line, nothing
+    written) while a line of either is one readers skip, or the segment is no xz."""
+    path = stage_file(root, stage_id)
+    segment = segment_file(path)
+    data, plain = _plain_lines(path)
+    if not plain:
+        return 0, 0
+    text = _read_archive(segment, None) if segment.exists() else b""
+    if text is None:
+        raise SealRefused(f"{segment}: not an xz segment — {path.name} not sealed; restore the segment "
+                          f"(git checkout results/records/{segment.name}) and run again")
+    store = Stores(path.parent.parent)
+    for source, lines, fix in ((segment, text, f"restore it (git checkout results/records/{segment.name})"),
+                               (path, data, "mend or delete that line")):
+        why = _first_problem(source, lines, store)
+        if why:
+            raise SealRefused(f"{why} — {path.name} not sealed; {fix} and run again")
+    sealed = [raw for raw in text.split(b"\n") if raw.strip()]
+    held = set(sealed)
+    new = [raw for raw in plain if raw not in held]
+    before = len(data) + (segment.stat().st_size if segment.exists() else 0)
+    _write_archive(segment, sealed + new)
+    replace_file(path, b"")
+    return len(new), before - segment.stat().st_size
 
 
 def archive_runs(root: Path, live: set[str]) -> tuple[int, int]:

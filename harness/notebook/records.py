@@ -1,7 +1,11 @@
 """The lab notebook's records: one JSON object per case, JSON Lines, schema-versioned.
 
 Files (all under results/, committed):
-  records/<stage>.jsonl   one line per case result (run, compile-only, or skipped)
+  records/<stage>.jsonl   one line per case result (run, compile-only, or skipped), appended the
+                          moment it arrives
+  records/<stage>.jsonl.xz  the stage's segment: the lines compaction moved out of records/<stage>.jsonl,
+                          byte for byte, as one xz stream (harness/notebook/archive.py `seal`); readers
+                          read it as the part of the live records before the plain file
   inventories.jsonl.xz    each distinct instruction inventory once, xz-compressed (one stream
                           per appended line); a record names it by id (harness/notebook/inventories.py:
                           written before the record, read back in place; an older notebook's
@@ -10,7 +14,7 @@ Files (all under results/, committed):
                           "#<id>" on disk (records written before the store keep it inline)
   archive/<stage>.jsonl.xz  the stage's stale lines, compressed, their inventories and env
                           inline (harness/notebook/archive.py; older lines may name ids in the stores);
-                          readers read it as the older part of records/<stage>.jsonl
+                          readers read it as the oldest part: archive, segment, then records/<stage>.jsonl
   runs.jsonl              one line when a run starts and one when it ends (or is interrupted)
   archive/runs.jsonl.xz   the events of runs no live record names, compressed
   notes.jsonl             annotations of runs (`dsv4-lab note RUN "text"`)
@@ -445,6 +449,18 @@ def archive_file(path: Path) -> Path:
     return path.parent.parent / "archive" / (path.name + ".xz")
 
 
+def segment_file(path: Path) -> Path:
+    """Where the live lines compaction moved out of records file `path` are kept, compressed:
+    results/records/<stage>.jsonl.xz (harness/notebook/archive.py `seal` moves them)."""
+    return path.with_name(path.name + ".xz")
+
+
+def record_sources(path: Path) -> tuple[Path, Path, Path]:
+    """The files that hold the lines of records file `path`, oldest first: its archive (stale
+    lines), its segment (sealed live lines), the plain file itself (lines appended since)."""
+    return archive_file(path), segment_file(path), path
+
+
 def _read_archive(path: Path, warn: list[str] | None) -> bytes | None:
     """An archive's text (None, and one warning, when it is no regular file, no xz, or would
     decompress past the cap: harness/core/safeio.py)."""
@@ -461,14 +477,15 @@ def _read_archive(path: Path, warn: list[str] | None) -> bytes | None:
 
 def iter_records(path: Path, warn: list[str] | None = None, newest_first: bool = False,
                  bench: bool = False) -> Iterator[Record]:
-    """Every valid record of one records file and of its archive (read first: it holds the
-    older lines), typed, oldest first (or newest first: a reader that needs only the latest
-    results stops early). Bad lines are skipped with file:line warnings; bench records only
-    with `bench=True`."""
-    archive = archive_file(path)
-    for src in ((path, archive) if newest_first else (archive, path)):
-        data = _read_archive(src, warn) if src == archive else None
-        if src == archive and data is None:
+    """Every valid record of one records file, of its segment and of its archive (read in the
+    order `record_sources` gives: archive, segment, then the plain file), typed, oldest first
+    (or newest first: a reader that needs only the latest results stops early). Bad lines are
+    skipped with file:line warnings (the line of a compressed file's text); bench records only
+    with `bench=True`. A record whose id a later line repeats is read twice, in its place."""
+    sources = record_sources(path)
+    for src in (reversed(sources) if newest_first else sources):
+        data = _read_archive(src, warn) if src != path else None
+        if src != path and data is None:
             continue
         yield from _records(src, warn, newest_first, bench, data)
 
@@ -503,8 +520,9 @@ def read_records(root: Path, stages: list[str] | None = None, warn: list[str] | 
     mistakes one for the newest result of a case."""
     folder = records_dir(root)
     if stages is None:
-        try:
-            files = sorted(p for p in folder.glob("*.jsonl")) if folder.is_dir() else []
+        try:  # a stage whose lines are all in its segment has no plain file, or an empty one
+            files = sorted({*folder.glob("*.jsonl"), *(p.with_name(p.name[:-3]) for p in folder.glob("*.jsonl.xz"))}
+                           ) if folder.is_dir() else []
         except OSError:
             files = []
     else:
@@ -589,6 +607,25 @@ def record_archives(root: Path) -> list[Path]:
     archive beside them), sorted."""
     runs = runs_archive_file(root)
     return [p for p in sorted((results_dir(root) / "archive").glob("*.jsonl.xz")) if p != runs]
+
+
+def record_segments(root: Path) -> list[Path]:
+    """The segments of sealed live lines, results/records/<stage>.jsonl.xz, sorted."""
+    return sorted(records_dir(root).glob("*.jsonl.xz"))
+
+
+def has_record_lines(root: Path) -> bool:
+    """Whether results/ holds any record line: a records file, a segment or an archive of a
+    stage that is not empty (the runs' events archive is no records file)."""
+    runs = runs_archive_file(root)
+    for folder, pattern in ((records_dir(root), "*.jsonl"), (records_dir(root), "*.jsonl.xz"),
+                            (results_dir(root) / "archive", "*.jsonl.xz")):
+        try:
+            if any(p != runs and p.stat().st_size > 0 for p in folder.glob(pattern)):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def read_runs(root: Path, warn: list[str] | None = None) -> dict[str, dict]:

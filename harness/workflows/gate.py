@@ -47,7 +47,7 @@ from harness.notebook.baselines import Baseline, BaselineError, load, runnable_a
 from harness.spec.identity import source_hash
 from harness.notebook.inventory import mma_counts
 from harness.core.labels import case_label
-from harness.core.paths import records_dir, results_dir
+from harness.core.paths import records_dir
 from harness.notebook.records import Record, is_fresh, newest, print_warnings, shows_compile
 from harness.spec.spec import Spec, SpecError, Stage, load_spec
 from harness.remote.ssh import EXIT_LINK
@@ -471,14 +471,11 @@ def _stale_hint(lab: Path, spec: Spec, stale: list[Finding], records: list[Recor
 
 
 def notebook_has_records(root: Path) -> bool:
-    """Whether results/ holds any record line (a records file or an archive that is not empty)."""
-    for folder, pattern in ((records_dir(root), "*.jsonl"), (results_dir(root) / "archive", "*.jsonl.xz")):
-        try:
-            if any(p.name != "runs.jsonl.xz" and p.stat().st_size > 0 for p in folder.glob(pattern)):
-                return True
-        except OSError:
-            continue
-    return False
+    """Whether results/ holds any record line (a records file, a segment or an archive that is
+    not empty: harness/notebook/records.py)."""
+    from harness.notebook.records import has_record_lines
+
+    return has_record_lines(root)
 
 
 def report(findings: list[Finding], stale: list[Finding], stopped: bool, total: int, out, hint: str = "",
