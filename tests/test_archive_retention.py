@@ -105,13 +105,13 @@ def test_a_second_compaction_is_a_no_op(fake_lab):
 def test_recent_lines_and_lines_no_commit_holds_are_not_retired(fake_lab):
     import time
 
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 7200))  # two hours ago
     runs = [f"2020010{k}-000000-000{k}" for k in range(1, 5)]
     _write(fake_lab, [_rec(run, 0, 16, now) for run in runs])  # four of one case, all of today
     assert _compact_script().main(fake_lab) == 0
     _commit(fake_lab, "results")
-    assert _compact_script().main(fake_lab) == 0 and len(_archived_ids(fake_lab)) == 4  # the last day's stay
-    assert _compact_script().main(fake_lab, days=0) == 0 and len(_archived_ids(fake_lab)) == 2
+    assert _compact_script().main(fake_lab, days=1) == 0 and len(_archived_ids(fake_lab)) == 4  # the last day's stay
+    assert _compact_script().main(fake_lab) == 0 and len(_archived_ids(fake_lab)) == 2  # by default, only the newest 2
     # lines archived since the last commit are in no commit's archive: they stay until committed, even
     # the oldest of three new ones, third of its case; the two held at HEAD, now older, go
     new = [f"2020020{k}-000000-000{k}.0" for k in range(1, 4)]
