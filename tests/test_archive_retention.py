@@ -11,7 +11,7 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 
-from harness.notebook import baselines
+from harness.notebook import baselines, speedbaselines
 from harness.notebook.records import (Record, RecordWriter, _read_archive, append_event, archive_file, notes_file,
                                       stage_file)
 from harness.notebook.retired import encode_ids, read_retired, retired_file, where
@@ -45,13 +45,16 @@ def _archived_ids(root: Path) -> list[str]:
 
 
 def _lab_with_history(lab: Path) -> tuple[list[str], str]:
-    """Five stale runs of two cases archived and committed; run r1 noted, record r2.0 a baseline.
+    """Five stale runs of two cases archived and committed; run r1 noted, record r2.0 a baseline,
+    r3.1 a speed baseline.
     Returns (the archive's ids, oldest first; the commit that holds them)."""
     runs = [f"2020010{k}-000000-000{k}" for k in range(1, 6)]
     _write(lab, [_rec(run, i, n, f"2020-01-0{k + 1}T00:00:00Z") for k, run in enumerate(runs)
                  for i, n in enumerate((16, 32))])
     baselines.save(lab, [baselines.Baseline("OK", "cpu", "n=16", f"{runs[1]}.0", STALE,
                                             metrics={"out": {"cosine": 1.0}})])
+    speedbaselines.save(lab, [speedbaselines.SpeedBaseline("OK", "cpu", "n=32", f"{runs[2]}.1", STALE, "abc", 10.0,
+                                                           gpu={"name": "GPU"})], [])
     append_event(notes_file(lab), {"run": runs[0], "t": "2020-01-09T00:00:00Z", "text": "the first light"})
     compact = _compact_script()
     assert compact.main(lab) == 0  # stale: all archived; the archive at HEAD holds none yet, so none retires
@@ -65,10 +68,11 @@ def test_retention_keeps_the_newest_n_per_case_and_what_a_baseline_or_a_note_nam
     assert _compact_script().main(fake_lab) == 0
     r = [i.split(".")[0] for i in ids[::2]]  # the five runs, oldest first
     kept = set(_archived_ids(fake_lab))
-    # newest 2 per case (runs 4 and 5), run 1 (a note is on it), record r2.0 (a baseline names it)
-    assert kept == {f"{r[3]}.0", f"{r[3]}.1", f"{r[4]}.0", f"{r[4]}.1", f"{r[0]}.0", f"{r[0]}.1", f"{r[1]}.0"}
+    # newest 2 per case (runs 4 and 5), run 1 (a note is on it), r2.0 (a baseline names it), r3.1 (a speed baseline)
+    assert kept == {f"{r[3]}.0", f"{r[3]}.1", f"{r[4]}.0", f"{r[4]}.1", f"{r[0]}.0", f"{r[0]}.1", f"{r[1]}.0",
+                    f"{r[2]}.1"}
     gone = set(ids) - kept
-    assert gone == {f"{r[1]}.1", f"{r[2]}.0", f"{r[2]}.1"}
+    assert gone == {f"{r[1]}.1", f"{r[2]}.0"}
     # keep 1: one more per case goes, the named ones still stay
     _commit(fake_lab, "retired")
     assert _compact_script().main(fake_lab, keep=1) == 0
@@ -82,7 +86,7 @@ def test_each_retiring_is_one_line_naming_every_id_and_a_commit_that_holds_it(fa
     entries = read_retired(fake_lab)
     assert len(entries) == 1
     e = entries[0]
-    assert e["stage"] == "OK" and e["lines"] == 3 and e["from"] == sha
+    assert e["stage"] == "OK" and e["lines"] == 2 and e["from"] == sha
     assert e["how"] == f"git show {sha}:results/archive/OK.jsonl.xz"
     assert e["oldest_t"] == "2020-01-02T00:00:00Z" and e["newest_t"] == "2020-01-03T00:00:00Z" and e["bytes"] > 0
     held = subprocess.run(e["how"].split(), cwd=fake_lab, capture_output=True, check=True).stdout
@@ -134,7 +138,7 @@ def test_show_and_history_of_a_retired_record_say_where_it_is(fake_lab):
     hist = run_cli(["history", "OK"], cwd=fake_lab)
     said = [x for x in hist.stdout.splitlines() if "retired" in x]
     assert hist.returncode == 0 and len(said) == 1, hist.stdout + hist.stderr
-    assert "3 older record(s) of stage OK" in said[0] and f"git show {sha}:results/archive/OK.jsonl.xz" in said[0]
+    assert "2 older record(s) of stage OK" in said[0] and f"git show {sha}:results/archive/OK.jsonl.xz" in said[0]
 
 
 def test_ids_are_kept_as_ranges_per_run():
@@ -153,3 +157,21 @@ def test_nothing_retires_outside_a_git_checkout(tmp_path):
     _write(lab, [replace(_rec(f"2020010{k}-000000-000{k}", 0, 16)) for k in range(1, 6)])
     assert _compact_script().main(lab, days=0) == 0
     assert len(_archived_ids(lab)) == 5 and not retired_file(lab).exists()
+
+
+def test_a_baselines_file_that_cannot_be_read_retires_nothing_in_one_line(fake_lab, capsys):
+    ids, _ = _lab_with_history(fake_lab)
+    baselines.baselines_file(fake_lab).write_text("OK: [unclosed\n")
+    capsys.readouterr()
+    assert _compact_script().main(fake_lab) == 1  # and no traceback: the baselines' trim says it in one line too
+    said = capsys.readouterr().err
+    assert "Traceback" not in said and "baselines not trimmed" in said
+    err = [x for x in said.splitlines() if "retired" in x]
+    assert len(err) == 1 and "nothing retired" in err[0] and "baselines.yaml" in err[0]
+    assert _archived_ids(fake_lab) == ids and not retired_file(fake_lab).exists()
+
+
+def test_bad_options_are_one_line():
+    script = Path(__file__).resolve().parent.parent / "scripts" / "compact_results.py"
+    out = subprocess.run(["python3", str(script), "--keep", "two"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "--keep needs a number" in out.stderr
