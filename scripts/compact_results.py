@@ -7,14 +7,19 @@ stream; the plain file is left empty — a stage with a line readers skip is lef
 one line naming it, and the exit code is 1), rewrite each store
 (results/inventories.jsonl.xz, results/envs.jsonl.xz) as one xz stream holding only the values a
 line still names (an older notebook's plain results/inventories.jsonl is folded in and removed),
-and trim compile baselines to what the gate compares and run baselines' metric values to the
+retire the archive's oldest stale lines (harness/notebook/archive.py `retire`: per (arch, case) the
+newest --keep lines, default 2, and every line of the last --days days, default 0, stay; a line a
+baseline, a speed baseline or a note names, or of a run a note or the live records name, stays; a
+retired line is named in results/archive/retired.jsonl with the commit — HEAD, which holds it —
+and the `git show` that shows it; only a line the archive at HEAD holds is retired, none outside
+a git checkout), and trim compile baselines to what the gate compares and run baselines' metric values to the
 digits it needs (harness/notebook/inventories.py, harness/notebook/archive.py, harness/notebook/baselines.py). Nothing is
 lost: every reader sees the same records afterwards.
 Idempotent; prints what it saved. It holds the notebook's lock (results/.lock) throughout: runs appending meanwhile wait,
 and nothing they write is lost. It reads every record before and after (`every_record`): one that
 does not read back the same is one line, and the exit code is 1.
 
-    python3 scripts/compact_results.py [LAB_ROOT] [--force]
+    python3 scripts/compact_results.py [LAB_ROOT] [--force] [--keep N] [--days M]
 
 A store with parts that cannot be read (a stream cut off by a crash, a corrupt line) is left as
 it is, with the warnings printed; --force rewrites it from what can be read.
@@ -22,6 +27,10 @@ it is, with the warnings printed; --force rewrites it from what can be read.
 
 from __future__ import annotations
 
+import json
+import lzma
+import re
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -29,14 +38,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.notebook import baselines  # noqa: E402
-from harness.notebook.archive import SealRefused, archive_runs, archive_stale, inline_archive, seal  # noqa: E402
+from harness.notebook import speedbaselines  # noqa: E402
+from harness.notebook.archive import (KEEP_DAYS, KEEP_NEWEST, Held, SealRefused, archive_runs,  # noqa: E402
+                                      archive_stale, inline_archive, retire, seal)
 from harness.spec.identity import source_hash  # noqa: E402
 from harness.notebook.inventories import ContentStore, StoreAppender, Stores, compact_file, rewrite_store  # noqa: E402
 from harness.core.notebooklock import LockError, exclusive  # noqa: E402
 from harness.core.paths import records_dir, results_dir  # noqa: E402
 from harness.core.safeio import Unsafe  # noqa: E402
-from harness.notebook.records import (_read_archive, iter_jsonl, read_records, record_archives,  # noqa: E402
-                                      record_segments)
+from harness.notebook.records import (_read_archive, iter_jsonl, notes_file, read_notes, read_records,  # noqa: E402
+                                      record_archives, record_segments)
 from harness.spec.spec import load_spec  # noqa: E402
 
 ARCHIVE_SUFFIX = ".jsonl.xz"
@@ -76,6 +87,57 @@ def live_runs(root: Path) -> set[str] | None:
     return runs
 
 
+_MENTIONED = re.compile(rb"\d{8}-\d{6}-[0-9a-f]{4,}(?:\.\d+)?")
+
+
+def named_by_notebook(root: Path) -> tuple[set[str], set[str]]:
+    """(record ids, run ids) that must never be retired: the records the baselines and the speed
+    baselines name, the runs notes are on, any id a note's text mentions, and the runs the live
+    records name. BaselineError / OSError (one line) when one of them cannot be read."""
+    ids = {b.record for b in baselines.load(root)} | {b.record for b in speedbaselines.load(root)}
+    runs = set(read_notes(root))
+    try:
+        text = notes_file(root).read_bytes()
+    except FileNotFoundError:
+        text = b""
+    for m in _MENTIONED.findall(text):
+        ids.add(m.decode())
+        runs.add(m.decode().split(".")[0])
+    live = live_runs(root)
+    if live is None:
+        raise OSError("a segment cannot be read (above), so which runs are live is not known")
+    return ids, runs | live
+
+
+def _git(top: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(top), *args], capture_output=True, timeout=120)
+
+
+def held_at_head(root: Path, archive: Path) -> Held:
+    """The ids of the lines the archive at HEAD holds (none when it is not committed there);
+    OSError (one phrase) when root is no git checkout with a commit."""
+    try:
+        top = _git(root, "rev-parse", "--show-toplevel")
+        head = _git(root, "rev-parse", "--verify", "HEAD")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise OSError(f"git cannot run ({exc})") from None
+    if top.returncode or head.returncode:
+        raise OSError("not a git checkout with a commit, so no commit would hold a retired line")
+    sha = head.stdout.decode().strip()
+    path = archive.resolve().relative_to(Path(top.stdout.decode().strip()).resolve()).as_posix()
+    shown = _git(root, "show", f"{sha}:{path}")
+    ids: set[str] = set()
+    if shown.returncode == 0:
+        try:
+            text = lzma.decompress(shown.stdout)
+        except lzma.LZMAError:
+            text = b""
+        for _, obj in iter_jsonl(archive, None, data=text):
+            if isinstance(obj, dict) and isinstance(obj.get("id"), str):
+                ids.add(obj["id"])
+    return Held(sha, path, frozenset(ids))
+
+
 def every_record(root: Path) -> Counter[str]:
     """Every record the notebook reads — archives, segments and plain files of every stage on
     disk, bench records too — as its full JSON, counted: what compaction must leave as it found
@@ -85,17 +147,18 @@ def every_record(root: Path) -> Counter[str]:
     return Counter(r.to_json() for r in read_records(root, sorted(stages), [], bench=True))
 
 
-def main(root: Path, force: bool = False) -> int:
+def main(root: Path, force: bool = False, keep: int = KEEP_NEWEST, days: float = KEEP_DAYS) -> int:
     """Compact the notebook, holding its lock exclusive throughout (harness/core/notebooklock.py): a
     run appending meanwhile waits at its next record and then appends to the rewritten file.
-    Every record must read back the same afterwards (`every_record`)."""
+    Every record must read back the same afterwards (`every_record`), but the retired ones."""
     try:
         with exclusive(results_dir(root)):
             before = every_record(root)
-            code = _compact(root, force)
+            retired: set[str] = set()
+            code = _compact(root, force, keep, days, retired)
             after = every_record(root)
-            if after != before:
-                lost, new = before - after, after - before
+            lost, new = before - after, after - before
+            if new or any(json.loads(line)["id"] not in retired for line in lost):
                 gone = next(iter(lost or new))
                 print(f"compact_results: {sum(lost.values())} record(s) read before do not read back the same, "
                       f"{sum(new.values())} read now were not read before (e.g. {gone[:120]}…) — a bug in the lab: "
@@ -107,7 +170,8 @@ def main(root: Path, force: bool = False) -> int:
         return 2
 
 
-def _compact(root: Path, force: bool) -> int:
+def _compact(root: Path, force: bool, keep: int = KEEP_NEWEST, days: float = KEEP_DAYS,
+             retired: set[str] | None = None) -> int:
     problems = 0
     stores = Stores(results_dir(root)).each
     store_before = {store.path: _size(store.path, store.plain) for store in stores}
@@ -159,6 +223,7 @@ def _compact(root: Path, force: bool) -> int:
     else:
         if moved:
             print(f"results/runs.jsonl: {moved} events of runs no live record names archived, {saved} bytes saved")
+    problems += _retire(root, keep, days, retired if retired is not None else set())
     for path in record_archives(root):
         before = path.stat().st_size
         try:
@@ -187,6 +252,17 @@ def _compact(root: Path, force: bool) -> int:
               f"{store_before[store.path]} -> {_size(store.path, store.plain)} bytes{plain}")
     if not baselines.baselines_file(root).is_file():
         return 1 if problems else 0
+    try:
+        _trim_baselines(root)
+    except baselines.BaselineError as exc:  # one line, the file left as it is
+        print(f"compact_results: {exc} — baselines not trimmed", file=sys.stderr)
+        problems += 1
+    return 1 if problems else 0
+
+
+def _trim_baselines(root: Path) -> None:
+    """Compile baselines to what the gate compares, run baselines' metric values to the digits it
+    needs (BaselineError, one line, when the file cannot be read or written)."""
     with baselines.locked(root):
         items = baselines.load(root)
         for b in items:
@@ -199,9 +275,70 @@ def _compact(root: Path, force: bool) -> int:
         before = baselines.baselines_file(root).stat().st_size
         baselines.save(root, items, read=items)
         print(f"results/baselines.yaml: {before - baselines.baselines_file(root).stat().st_size} bytes saved")
-    return 1 if problems else 0
+
+
+def _retire(root: Path, keep: int, days: float, retired: set[str]) -> int:
+    """Retire each stage archive's oldest stale lines (module doc); the ids retired go into
+    `retired`. Returns the number of problems said (one line each)."""
+    archives = record_archives(root)
+    if not archives:
+        return 0
+    try:
+        ids, runs = named_by_notebook(root)
+    except (baselines.BaselineError, OSError) as exc:
+        print(f"results/archive: nothing retired — what the notebook names is not known: {exc}", file=sys.stderr)
+        return 1
+    problems = 0
+    for path in archives:
+        stage_id = path.name[:-len(ARCHIVE_SUFFIX)]
+        try:
+            held = held_at_head(root, path)
+        except OSError as exc:
+            print(f"results/archive: nothing retired — {exc}")
+            return 0
+        try:
+            lines = {o["id"] for _, o in iter_jsonl(path, None, data=_read_archive(path, None) or b"")
+                     if isinstance(o, dict) and isinstance(o.get("id"), str)}
+            moved, saved = retire(root, stage_id, held, ids, runs, keep, days)
+        except OSError as exc:
+            print(f"warning: {exc}", file=sys.stderr)
+            problems += 1
+            continue
+        if moved:
+            left = {o["id"] for _, o in iter_jsonl(path, None, data=_read_archive(path, None) or b"")
+                    if isinstance(o, dict) and isinstance(o.get("id"), str)} if path.exists() else set()
+            retired |= lines - left
+            print(f"{path.relative_to(root)}: {moved} lines retired, {saved} bytes saved (named in "
+                  f"results/archive/retired.jsonl; git show {held.sha[:12]}:{held.path} holds them)")
+    return problems
+
+
+def _args(argv: list[str]) -> tuple[Path, bool, int, float] | str:
+    """(root, force, keep, days) from the command line, or why not (one line)."""
+    rest, keep, days = [], KEEP_NEWEST, KEEP_DAYS
+    it = iter(argv)
+    for a in it:
+        if a in ("--keep", "--days"):
+            value = next(it, "")
+            try:
+                number = int(value) if a == "--keep" else float(value)
+            except ValueError:
+                number = -1
+            if number < 0 or number != number:
+                return f"{a} needs a number >= 0 (got {value!r})"
+            keep, days = (int(number), days) if a == "--keep" else (keep, float(number))
+        elif a != "--force":
+            rest.append(a)
+    if len(rest) > 1:
+        return f"one LAB_ROOT at most (got {' '.join(rest)})"
+    return Path(rest[0]).resolve() if rest else Path.cwd(), "--force" in argv, keep, days
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--force"]
-    sys.exit(main(Path(args[0]).resolve() if args else Path.cwd(), force="--force" in sys.argv[1:]))
+    parsed = _args(sys.argv[1:])
+    if isinstance(parsed, str):
+        print(f"compact_results: {parsed} — usage: python3 scripts/compact_results.py [LAB_ROOT] [--force] "
+              f"[--keep N] [--days M]", file=sys.stderr)
+        sys.exit(2)
+    root_, force_, keep_, days_ = parsed
+    sys.exit(main(root_, force=force_, keep=keep_, days=days_))

@@ -31,15 +31,33 @@ two different lines with one id both stay, as readers have always read them.
 The archive is written first (a temp file, then a rename), then the segment, then the records
 file, the same way: a crash between two of them leaves a line in both places (read twice),
 never in neither.
+
+`retire` keeps the archive bounded (the tracked tree travels to the GPU machine: it must stay
+small for good). Per (arch, case) — bench shapes apart from test cases — the archive keeps its
+newest `keep` lines (latest in the archive's order, the order readers read; default 2) and every
+line of the last `days` days (default 0: the newest two already keep the last two re-proofs of
+every case, and a line archived since the last commit stays anyway, below; a day of several
+re-proofs kept whole would carry the tree past its budget); an older line is retired: dropped
+from the tree. Never
+retired: a line that does not parse or names no id, arch or case; a record a baseline, a speed
+baseline or a note names, or of a run a note or the live records name (the caller gathers these);
+and a record the archive at HEAD does not hold (its `held` ids: only a line that a commit holds
+can be shown again with `git show`). Each retiring first appends one line to
+results/archive/retired.jsonl (harness/notebook/retired.py: how many, of which time, the commit
+that holds them and the `git show` that shows them, every id), then rewrites the archive; a crash
+in between leaves the line named there and still in the archive, never in neither.
 """
 
 from __future__ import annotations
 
 import json
 import lzma
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.notebook.inventories import Stores
+from harness.notebook.retired import encode_ids, entry_json, retired_file
 from harness.core.jsonl import iter_jsonl, replace_file
 from harness.core.safeio import read_regular
 from harness.notebook.records import (_read_archive, archive_file, code_src, is_fresh, runs_archive_file, runs_file,
@@ -233,3 +251,73 @@ def archive_runs(root: Path, live: set[str]) -> tuple[int, int]:
         return isinstance(run, str) and run not in live
 
     return _move_lines(runs_file(root), runs_archive_file(root), dead)
+
+
+KEEP_NEWEST = 2  # stale lines kept per (arch, case), newest first
+KEEP_DAYS = 0.0  # and every stale line of the last KEEP_DAYS days: none beyond those by default (module doc)
+
+
+@dataclass(frozen=True)
+class Held:
+    """What the archive at HEAD holds: the commit, the archive's path in it, the ids of its lines."""
+    sha: str
+    path: str
+    ids: frozenset[str]
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def retirable(lines: list[bytes], keep: int, cutoff: str, named_ids: set[str], named_runs: set[str],
+              held: frozenset[str]) -> list[bool]:
+    """For each archive line (oldest first), whether the rule retires it (module doc; `cutoff`: the
+    oldest time, as `t` writes it, that is kept whatever its rank)."""
+    seen: dict[tuple, int] = {}
+    out = [False] * len(lines)
+    for i in range(len(lines) - 1, -1, -1):
+        obj = _parsed(lines[i])
+        if not isinstance(obj, dict):
+            continue
+        ident, run, arch, case, t = (obj.get(k) for k in ("id", "run", "arch", "case", "t"))
+        if not (isinstance(ident, str) and isinstance(arch, str) and isinstance(case, dict) and isinstance(t, str)):
+            continue
+        key = (arch, json.dumps(case, sort_keys=True), obj.get("note") == "bench")
+        rank = seen[key] = seen.get(key, 0) + 1
+        out[i] = (rank > keep and len(t) == len(cutoff) and t < cutoff and ident not in named_ids
+                  and run not in named_runs and ident in held)
+    return out
+
+
+def retire(root: Path, stage_id: str, held: Held, named_ids: set[str], named_runs: set[str],
+           keep: int = KEEP_NEWEST, days: float = KEEP_DAYS, now: float | None = None) -> tuple[int, int]:
+    """Retire the lines of one stage's archive that the rule retires (module doc): one line to
+    results/archive/retired.jsonl first, then the archive rewritten without them (removed when
+    none is left). Returns (lines retired, bytes the archive lost); OSError when it is no xz."""
+    archive = archive_file(stage_file(root, stage_id))
+    if not archive.exists():
+        return 0, 0
+    lines = _old_lines(archive)
+    now = time.time() if now is None else now
+    gone = retirable(lines, keep, _iso(now - days * 86400), named_ids, named_runs, held.ids)
+    retired = [raw for raw, g in zip(lines, gone) if g]
+    if not retired:
+        return 0, 0
+    objs = [_parsed(raw) for raw in retired]
+    times = sorted(o["t"] for o in objs)
+    entry = {"stage": stage_id, "lines": len(retired), "bytes": sum(len(raw) + 1 for raw in retired),
+             "oldest_t": times[0], "newest_t": times[-1], "t": _iso(now), "from": held.sha,
+             "how": f"git show {held.sha}:{held.path}", "ids": encode_ids([o["id"] for o in objs])}
+    log = retired_file(root)
+    try:
+        old = read_regular(log)
+    except FileNotFoundError:
+        old = b""
+    replace_file(log, old + (b"\n" if old and not old.endswith(b"\n") else b"") + entry_json(entry) + b"\n")
+    before = archive.stat().st_size
+    kept = [raw for raw, g in zip(lines, gone) if not g]
+    if kept:
+        _write_archive(archive, kept)
+    else:
+        archive.unlink()
+    return len(retired), before - (archive.stat().st_size if kept else 0)

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.core.console import make_console
+from harness.notebook import retired
 from harness.notebook.recordview import worst
 from harness.core.labels import case_label
 from harness.notebook.records import append_event, notes_file, now_iso, print_warnings, read_notes, read_records, read_runs
@@ -78,8 +79,9 @@ def main(spec, stage, archs: list[str] | None, cases) -> int:
             console.print("  commit* = recorded from a tree with uncommitted changes", style="dim", highlight=False)
     if not shown:
         console.print(f"no records for {stage.name} with these filters — run: dsv4-lab run {stage.name}", highlight=False)
-        return 1
-    return 0
+    for entry in retired.of_stage(spec.root, stage.id):  # older records left the tree; git holds them
+        console.print(retired.line(entry), highlight=False, markup=False, soft_wrap=True)
+    return 0 if shown else 1
 
 
 def speed(spec, stage, archs: list[str] | None, cases: list[dict]) -> int:
@@ -176,6 +178,10 @@ def show(root: Path, ident: str) -> int:
             console.print(f"note ({n.get('t', '?')}): {n['text']}", highlight=False, markup=False)
         return 0
     of_run = [r for r in records if r.run == ident]
+    gone = retired.where(root, ident) if not of_run else None
+    if gone is not None and (gone[0] == "record" or ident not in runs):
+        console.print(retired.say(gone[0], ident, gone[1]), highlight=False, markup=False, soft_wrap=True)
+        return 1
     if ident not in runs and not of_run:
         _usage_error(f"no record or run '{ident}' — ids look like 20261121-142649-5461 (run) or "
                      "20261121-142649-5461.3 (record); see `dsv4-lab history`")
@@ -190,6 +196,8 @@ def show(root: Path, ident: str) -> int:
         for r in of_run:
             if r.error and r.status != "pass":
                 console.print(f"{r.id} {r.status}: {r.error}", highlight=False, markup=False)
+    elif gone is not None:
+        console.print(retired.say(gone[0], ident, gone[1]), highlight=False, markup=False, soft_wrap=True)
     for n in notes.get(ident, []):
         console.print(f"note ({n.get('t', '?')}): {n['text']}", highlight=False, markup=False)
     return 0

@@ -1,0 +1,177 @@
+"""The archive is bounded: compaction retires its oldest stale lines (harness/notebook/archive.py
+`retire`), names each retiring in results/archive/retired.jsonl with the commit that holds them,
+and never retires what a baseline or a note names; `show` and `history` say where a retired
+record is. Real git, real compaction, the real CLI, on a throwaway lab (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+from harness.notebook import baselines, speedbaselines
+from harness.notebook.records import (Record, RecordWriter, _read_archive, append_event, archive_file, notes_file,
+                                      stage_file)
+from harness.notebook.retired import encode_ids, read_retired, retired_file, where
+from tests.conftest import run_cli
+from tests.test_notebook_size import _compact_script
+
+STALE = "0ld0ld0ld0ld"
+
+
+def _rec(run: str, i: int, n: int, t: str = "2020-01-01T00:00:00Z") -> Record:
+    return Record(id=f"{run}.{i}", run=run, t=t, stage="OK", arch="cpu", case={"n": n}, status="pass",
+                  metrics={"out": {"cosine": 1.0, "rel_l2": 0.0}}, code={"commit": "abc", "dirty": False, "src": STALE})
+
+
+def _write(root: Path, records: list[Record]) -> None:
+    w = RecordWriter(root)
+    for r in records:
+        w.write(r)
+    w.close()
+
+
+def _commit(root: Path, msg: str) -> str:
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", msg], cwd=root, check=True)
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _archived_ids(root: Path) -> list[str]:
+    data = _read_archive(archive_file(stage_file(root, "OK")), None) or b""
+    return [json.loads(x)["id"] for x in data.splitlines() if x.strip()]
+
+
+def _lab_with_history(lab: Path) -> tuple[list[str], str]:
+    """Five stale runs of two cases archived and committed; run r1 noted, record r2.0 a baseline,
+    r3.1 a speed baseline.
+    Returns (the archive's ids, oldest first; the commit that holds them)."""
+    runs = [f"2020010{k}-000000-000{k}" for k in range(1, 6)]
+    _write(lab, [_rec(run, i, n, f"2020-01-0{k + 1}T00:00:00Z") for k, run in enumerate(runs)
+                 for i, n in enumerate((16, 32))])
+    baselines.save(lab, [baselines.Baseline("OK", "cpu", "n=16", f"{runs[1]}.0", STALE,
+                                            metrics={"out": {"cosine": 1.0}})])
+    speedbaselines.save(lab, [speedbaselines.SpeedBaseline("OK", "cpu", "n=32", f"{runs[2]}.1", STALE, "abc", 10.0,
+                                                           gpu={"name": "GPU"})], [])
+    append_event(notes_file(lab), {"run": runs[0], "t": "2020-01-09T00:00:00Z", "text": "the first light"})
+    compact = _compact_script()
+    assert compact.main(lab) == 0  # stale: all archived; the archive at HEAD holds none yet, so none retires
+    ids = _archived_ids(lab)
+    assert len(ids) == 10 and not retired_file(lab).exists()
+    return ids, _commit(lab, "results")
+
+
+def test_retention_keeps_the_newest_n_per_case_and_what_a_baseline_or_a_note_names(fake_lab):
+    ids, sha = _lab_with_history(fake_lab)
+    assert _compact_script().main(fake_lab) == 0
+    r = [i.split(".")[0] for i in ids[::2]]  # the five runs, oldest first
+    kept = set(_archived_ids(fake_lab))
+    # newest 2 per case (runs 4 and 5), run 1 (a note is on it), r2.0 (a baseline names it), r3.1 (a speed baseline)
+    assert kept == {f"{r[3]}.0", f"{r[3]}.1", f"{r[4]}.0", f"{r[4]}.1", f"{r[0]}.0", f"{r[0]}.1", f"{r[1]}.0",
+                    f"{r[2]}.1"}
+    gone = set(ids) - kept
+    assert gone == {f"{r[1]}.1", f"{r[2]}.0"}
+    # keep 1: one more per case goes, the named ones still stay
+    _commit(fake_lab, "retired")
+    assert _compact_script().main(fake_lab, keep=1) == 0
+    assert set(_archived_ids(fake_lab)) == kept - {f"{r[3]}.0", f"{r[3]}.1"}
+
+
+def test_each_retiring_is_one_line_naming_every_id_and_a_commit_that_holds_it(fake_lab):
+    ids, sha = _lab_with_history(fake_lab)
+    assert _compact_script().main(fake_lab) == 0
+    gone = set(ids) - set(_archived_ids(fake_lab))
+    entries = read_retired(fake_lab)
+    assert len(entries) == 1
+    e = entries[0]
+    assert e["stage"] == "OK" and e["lines"] == 2 and e["from"] == sha
+    assert e["how"] == f"git show {sha}:results/archive/OK.jsonl.xz"
+    assert e["oldest_t"] == "2020-01-02T00:00:00Z" and e["newest_t"] == "2020-01-03T00:00:00Z" and e["bytes"] > 0
+    held = subprocess.run(e["how"].split(), cwd=fake_lab, capture_output=True, check=True).stdout
+    held_ids = {json.loads(x)["id"] for x in lzma.decompress(held).splitlines() if x.strip()}
+    assert gone <= held_ids
+    assert all(where(fake_lab, i) == ("record", e) for i in gone)
+    assert all(where(fake_lab, i) is None for i in _archived_ids(fake_lab))
+
+
+def test_a_second_compaction_is_a_no_op(fake_lab):
+    _lab_with_history(fake_lab)
+    assert _compact_script().main(fake_lab) == 0
+    archive = archive_file(stage_file(fake_lab, "OK"))
+    state = (archive.read_bytes(), retired_file(fake_lab).read_bytes())
+    _commit(fake_lab, "retired")
+    assert _compact_script().main(fake_lab) == 0
+    assert (archive.read_bytes(), retired_file(fake_lab).read_bytes()) == state
+
+
+def test_recent_lines_and_lines_no_commit_holds_are_not_retired(fake_lab):
+    import time
+
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 7200))  # two hours ago
+    runs = [f"2020010{k}-000000-000{k}" for k in range(1, 5)]
+    _write(fake_lab, [_rec(run, 0, 16, now) for run in runs])  # four of one case, all of today
+    assert _compact_script().main(fake_lab) == 0
+    _commit(fake_lab, "results")
+    assert _compact_script().main(fake_lab, days=1) == 0 and len(_archived_ids(fake_lab)) == 4  # the last day's stay
+    assert _compact_script().main(fake_lab) == 0 and len(_archived_ids(fake_lab)) == 2  # by default, only the newest 2
+    # lines archived since the last commit are in no commit's archive: they stay until committed, even
+    # the oldest of three new ones, third of its case; the two held at HEAD, now older, go
+    new = [f"2020020{k}-000000-000{k}.0" for k in range(1, 4)]
+    _write(fake_lab, [_rec(i.split(".")[0], 0, 16) for i in new])
+    assert _compact_script().main(fake_lab, days=0) == 0
+    assert _archived_ids(fake_lab) == new and len(read_retired(fake_lab)) == 2
+
+
+def test_show_and_history_of_a_retired_record_say_where_it_is(fake_lab):
+    ids, sha = _lab_with_history(fake_lab)
+    assert _compact_script().main(fake_lab) == 0
+    gone = sorted(set(ids) - set(_archived_ids(fake_lab)))[0]
+    out = run_cli(["show", gone], cwd=fake_lab)
+    lines = out.stdout.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1 and "Traceback" not in out.stderr, out.stdout + out.stderr
+    assert f"record {gone} was retired" in lines[0]
+    assert f"git show {sha}:results/archive/OK.jsonl.xz | xz -d | grep '\"id\":\"{gone}\"'" in lines[0]
+    out = run_cli(["show", "2020010999-nope"], cwd=fake_lab)
+    assert out.returncode == 2 and "no record or run" in out.stderr  # an id nothing names, as before
+    hist = run_cli(["history", "OK"], cwd=fake_lab)
+    said = [x for x in hist.stdout.splitlines() if "retired" in x]
+    assert hist.returncode == 0 and len(said) == 1, hist.stdout + hist.stderr
+    assert "2 older record(s) of stage OK" in said[0] and f"git show {sha}:results/archive/OK.jsonl.xz" in said[0]
+
+
+def test_ids_are_kept_as_ranges_per_run():
+    ids = ["r1.1", "r1.2", "r1.3", "r1.7", "r2.10", "odd", "r1.03"]
+    enc = encode_ids(ids)
+    assert enc == {"r1": "1-3,7", "r2": "10", "": ["odd", "r1.03"]}
+
+
+def test_nothing_retires_outside_a_git_checkout(tmp_path):
+    import shutil
+
+    from tests.conftest import make_fake_lab
+
+    lab = make_fake_lab(tmp_path / "lab")
+    shutil.rmtree(lab / ".git")
+    _write(lab, [replace(_rec(f"2020010{k}-000000-000{k}", 0, 16)) for k in range(1, 6)])
+    assert _compact_script().main(lab, days=0) == 0
+    assert len(_archived_ids(lab)) == 5 and not retired_file(lab).exists()
+
+
+def test_a_baselines_file_that_cannot_be_read_retires_nothing_in_one_line(fake_lab, capsys):
+    ids, _ = _lab_with_history(fake_lab)
+    baselines.baselines_file(fake_lab).write_text("OK: [unclosed\n")
+    capsys.readouterr()
+    assert _compact_script().main(fake_lab) == 1  # and no traceback: the baselines' trim says it in one line too
+    said = capsys.readouterr().err
+    assert "Traceback" not in said and "baselines not trimmed" in said
+    err = [x for x in said.splitlines() if "retired" in x]
+    assert len(err) == 1 and "nothing retired" in err[0] and "baselines.yaml" in err[0]
+    assert _archived_ids(fake_lab) == ids and not retired_file(fake_lab).exists()
+
+
+def test_bad_options_are_one_line():
+    script = Path(__file__).resolve().parent.parent / "scripts" / "compact_results.py"
+    out = subprocess.run(["python3", str(script), "--keep", "two"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "--keep needs a number" in out.stderr
