@@ -65,7 +65,7 @@ def _lab_with_history(lab: Path) -> tuple[list[str], str]:
 
 def test_retention_keeps_the_newest_n_per_case_and_what_a_baseline_or_a_note_names(fake_lab):
     ids, sha = _lab_with_history(fake_lab)
-    assert _compact_script().main(fake_lab) == 0
+    assert _compact_script().main(fake_lab, keep=2) == 0
     r = [i.split(".")[0] for i in ids[::2]]  # the five runs, oldest first
     kept = set(_archived_ids(fake_lab))
     # newest 2 per case (runs 4 and 5), run 1 (a note is on it), r2.0 (a baseline names it), r3.1 (a speed baseline)
@@ -81,7 +81,7 @@ def test_retention_keeps_the_newest_n_per_case_and_what_a_baseline_or_a_note_nam
 
 def test_each_retiring_is_one_line_naming_every_id_and_a_commit_that_holds_it(fake_lab):
     ids, sha = _lab_with_history(fake_lab)
-    assert _compact_script().main(fake_lab) == 0
+    assert _compact_script().main(fake_lab, keep=2) == 0
     gone = set(ids) - set(_archived_ids(fake_lab))
     entries = read_retired(fake_lab)
     assert len(entries) == 1
@@ -98,11 +98,11 @@ def test_each_retiring_is_one_line_naming_every_id_and_a_commit_that_holds_it(fa
 
 def test_a_second_compaction_is_a_no_op(fake_lab):
     _lab_with_history(fake_lab)
-    assert _compact_script().main(fake_lab) == 0
+    assert _compact_script().main(fake_lab, keep=2) == 0
     archive = archive_file(stage_file(fake_lab, "OK"))
     state = (archive.read_bytes(), retired_file(fake_lab).read_bytes())
     _commit(fake_lab, "retired")
-    assert _compact_script().main(fake_lab) == 0
+    assert _compact_script().main(fake_lab, keep=2) == 0
     assert (archive.read_bytes(), retired_file(fake_lab).read_bytes()) == state
 
 
@@ -112,21 +112,21 @@ def test_recent_lines_and_lines_no_commit_holds_are_not_retired(fake_lab):
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 7200))  # two hours ago
     runs = [f"2020010{k}-000000-000{k}" for k in range(1, 5)]
     _write(fake_lab, [_rec(run, 0, 16, now) for run in runs])  # four of one case, all of today
-    assert _compact_script().main(fake_lab) == 0
+    assert _compact_script().main(fake_lab, keep=2) == 0
     _commit(fake_lab, "results")
-    assert _compact_script().main(fake_lab, days=1) == 0 and len(_archived_ids(fake_lab)) == 4  # the last day's stay
-    assert _compact_script().main(fake_lab) == 0 and len(_archived_ids(fake_lab)) == 2  # by default, only the newest 2
+    assert _compact_script().main(fake_lab, keep=2, days=1) == 0 and len(_archived_ids(fake_lab)) == 4  # the last day's stay
+    assert _compact_script().main(fake_lab, keep=2) == 0 and len(_archived_ids(fake_lab)) == 2  # keep 2: only the newest 2
     # lines archived since the last commit are in no commit's archive: they stay until committed, even
     # the oldest of three new ones, third of its case; the two held at HEAD, now older, go
     new = [f"2020020{k}-000000-000{k}.0" for k in range(1, 4)]
     _write(fake_lab, [_rec(i.split(".")[0], 0, 16) for i in new])
-    assert _compact_script().main(fake_lab, days=0) == 0
+    assert _compact_script().main(fake_lab, keep=2, days=0) == 0
     assert _archived_ids(fake_lab) == new and len(read_retired(fake_lab)) == 2
 
 
 def test_show_and_history_of_a_retired_record_say_where_it_is(fake_lab):
     ids, sha = _lab_with_history(fake_lab)
-    assert _compact_script().main(fake_lab) == 0
+    assert _compact_script().main(fake_lab, keep=2) == 0
     gone = sorted(set(ids) - set(_archived_ids(fake_lab)))[0]
     out = run_cli(["show", gone], cwd=fake_lab)
     lines = out.stdout.strip().splitlines()
@@ -155,7 +155,7 @@ def test_nothing_retires_outside_a_git_checkout(tmp_path):
     lab = make_fake_lab(tmp_path / "lab")
     shutil.rmtree(lab / ".git")
     _write(lab, [replace(_rec(f"2020010{k}-000000-000{k}", 0, 16)) for k in range(1, 6)])
-    assert _compact_script().main(lab, days=0) == 0
+    assert _compact_script().main(lab, keep=2, days=0) == 0
     assert len(_archived_ids(lab)) == 5 and not retired_file(lab).exists()
 
 
@@ -175,3 +175,9 @@ def test_bad_options_are_one_line():
     script = Path(__file__).resolve().parent.parent / "scripts" / "compact_results.py"
     out = subprocess.run(["python3", str(script), "--keep", "two"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "--keep needs a number" in out.stderr
+
+
+def test_the_default_keeps_the_one_proof_before_the_live_one():
+    """The tree budget: by default the archive keeps one stale line per case (the proof before
+    the live one); two kept the tracked tree within 1 % of its 3 MiB."""
+    assert _compact_script().KEEP_NEWEST == 1

@@ -474,16 +474,25 @@ def test_hook_gates_a_lab_in_a_subfolder_of_the_repository(tmp_path, monkeypatch
 
 
 def test_a_compile_baseline_is_written_in_flow_style_and_reads_back(tmp_path):
-    """A compile baseline (plain facts plus two counter tables) is one flow mapping, a few lines
-    a case; the file reads back to the same baselines."""
+    """A compile baseline (plain facts plus two counter tables) and a run baseline are each one
+    flow mapping on one line, however shallow (a run baseline without metrics too: never an
+    arch's cases folded into one line); the file reads back to the same baselines."""
     inv = {"(all)": 294, "tcgen05.mma.cta_group::1.kind::f16": 8}
     b = Baseline("A", "sm_100a", "hd=128", "r.3", "abc",
                  tolerance=dict(baselines.COMPILE_TOLERANCE),
                  compile={"status": "compiled", "regs": 54, "spill": 0, "smem": 66560, "inv": inv, "sass": {"(all)": 424}})
-    baselines.save(tmp_path, [b])
+    shallow = Baseline("A", "sm_90a", "hd=64", "r.4", "abd", tolerance=dict(baselines.COMPILE_TOLERANCE),
+                       compile={"status": "compiled", "regs": 40, "inv": {}, "sass": {}})  # empty tables: shallow
+    other = Baseline("A", "sm_90a", "hd=128", "r.5", "abd", tolerance=dict(baselines.COMPILE_TOLERANCE),
+                     compile={"status": "compiled", "regs": 41, "inv": {}, "sass": {}})
+    baselines.save(tmp_path, [b, shallow, other])
     text = (tmp_path / "results" / "baselines.yaml").read_text()
-    assert "        compile: {status: compiled, regs: 54" in text and "\n          regs:" not in text
-    assert baselines.load(tmp_path, must_exist=True) == [b]
+    lines = text.splitlines()
+    assert any(ln.startswith("      hd=128: {") and "compile: {status: compiled, regs: 54" in ln and
+               "sass: {(all): 424}" in ln for ln in lines), text
+    assert "    sm_90a:" in lines and any(ln.startswith("      hd=64: {kind: compile, record: r.4") for ln in lines), text
+    assert sorted(baselines.load(tmp_path, must_exist=True), key=lambda x: (x.arch, x.case)) == \
+        sorted([b, shallow, other], key=lambda x: (x.arch, x.case))
 
 
 # -- run baselines keep their metric values to the digits the gate needs ------------------------

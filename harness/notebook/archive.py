@@ -34,9 +34,9 @@ never in neither.
 
 `retire` keeps the archive bounded (the tracked tree travels to the GPU machine: it must stay
 small for good). Per (arch, case) — bench shapes apart from test cases — the archive keeps its
-newest `keep` lines (latest in the archive's order, the order readers read; default 2) and every
-line of the last `days` days (default 0: the newest two already keep the last two re-proofs of
-every case, and a line archived since the last commit stays anyway, below; a day of several
+newest `keep` lines (latest in the archive's order, the order readers read; default 1: the
+proof before the live one — two kept the tree within 1 % of its 3 MiB budget) and every line of
+the last `days` days (default 0: a line archived since the last commit stays anyway, below; a day of several
 re-proofs kept whole would carry the tree past its budget); an older line is retired: dropped
 from the tree. Never
 retired: a line that does not parse or names no id, arch or case; a record a baseline, a speed
@@ -253,7 +253,7 @@ def archive_runs(root: Path, live: set[str]) -> tuple[int, int]:
     return _move_lines(runs_file(root), runs_archive_file(root), dead)
 
 
-KEEP_NEWEST = 2  # stale lines kept per (arch, case), newest first
+KEEP_NEWEST = 1  # stale lines kept per (arch, case), newest first: the previous proof (tree budget)
 KEEP_DAYS = 0.0  # and every stale line of the last KEEP_DAYS days: none beyond those by default (module doc)
 
 
