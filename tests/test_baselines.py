@@ -6,6 +6,7 @@ hook runs the lab with the interpreter it was installed from."""
 from __future__ import annotations
 
 import io
+import lzma
 import math
 import multiprocessing
 import os
@@ -254,8 +255,9 @@ def test_accept_takes_a_compile_only_baseline_for_an_arch_that_cannot_run_here(b
     assert comp.compile["inv"]["tcgen05.mma.cta_group::1.kind::f16"] == 12 and "st.global.128b" not in comp.compile["inv"]
     assert comp.compile["sass"]["UTCHMMA"] == 12 and comp.tolerance == baselines.COMPILE_TOLERANCE
     assert by[("cpu", "hd=64,n=16")].kind == "run"
-    text = (blab / "results" / "baselines.yaml").read_text()
+    text = lzma.decompress(baselines.compile_baselines_file(blab).read_bytes()).decode()
     assert "kind: compile" in text and "tcgen05.mma.cta_group::1.kind::f16': 12" in text
+    assert "kind: compile" not in (blab / "results" / "baselines.yaml").read_text()
 
 
 def test_accept_refuses_a_compile_error_and_asks_to_compile_what_has_no_record(blab):
@@ -486,7 +488,7 @@ def test_a_compile_baseline_is_written_in_flow_style_and_reads_back(tmp_path):
     other = Baseline("A", "sm_90a", "hd=128", "r.5", "abd", tolerance=dict(baselines.COMPILE_TOLERANCE),
                      compile={"status": "compiled", "regs": 41, "inv": {}, "sass": {}})
     baselines.save(tmp_path, [b, shallow, other])
-    text = (tmp_path / "results" / "baselines.yaml").read_text()
+    text = lzma.decompress(baselines.compile_baselines_file(tmp_path).read_bytes()).decode()  # the same layout
     lines = text.splitlines()
     assert any(ln.startswith("      hd=128: {") and "compile: {status: compiled, regs: 54" in ln and
                "sass: {(all): 424}" in ln for ln in lines), text
@@ -535,3 +537,118 @@ def test_accept_takes_rounded_metrics_from_the_record():
     # accept builds a run baseline from metrics_of(record); the saved file holds those values
     got = baselines.metrics_of(_rec_with({out: {**m, "nonfinite": 0} for out, m in EXACT.items()}))
     assert got == baselines.gated_metrics(EXACT, baselines.DEFAULT_TOLERANCE) != EXACT
+
+
+# -- compile baselines in their own xz file (results/compile_baselines.yaml.xz) ---------------
+
+
+COMP = {"status": "compiled", "regs": 160, "spill": 0, "smem": 80000, "inv": {"(all)": 900,
+        "tcgen05.mma.cta_group::1.kind::f16": 12}}
+RUN_B = Baseline("OK", "cpu", "n=16", "r.1", "s", {"out": {"cosine": 0.99, "rel_l2": 0.001, "max_abs": 0.001}})
+COMP_B = Baseline("OK", "sm_100a", "n=16", "c.1", "s", {}, dict(baselines.COMPILE_TOLERANCE), None, dict(COMP))
+COMP_YAML = """\
+version: 1
+baselines:
+  OK:
+    sm_100a:
+      n=16:
+        kind: compile
+        record: c.1
+        src: s
+        compile: {status: compiled, regs: 160, spill: 0, inv: {(all): 900}}
+"""
+
+
+def _yaml(lab: Path, text: str) -> None:
+    (lab / "results").mkdir(exist_ok=True)
+    (lab / "results" / "baselines.yaml").write_text(text)
+
+
+def _xz(lab: Path, text: str | bytes) -> Path:
+    path = baselines.compile_baselines_file(lab)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(lzma.compress(text.encode() if isinstance(text, str) else text, format=lzma.FORMAT_XZ))
+    return path
+
+
+def test_save_keeps_run_baselines_in_yaml_and_compile_ones_in_xz_and_reads_both_back(fake_lab):
+    other = Baseline("A", "sm_100a", "n=1", "c.2", "s", {}, dict(baselines.COMPILE_TOLERANCE), None, dict(COMP))
+    baselines.save(fake_lab, [COMP_B, RUN_B, other])
+    plain = (fake_lab / "results" / "baselines.yaml").read_text()
+    packed = baselines.compile_baselines_file(fake_lab).read_bytes()
+    assert packed.startswith(b"\xfd7zXZ\x00") and "kind: compile" not in plain and "r.1" in plain
+    text = lzma.decompress(packed).decode()
+    assert "kind: compile" in text and "c.1" in text and "c.2" in text and "r.1" not in text
+    assert text.startswith(baselines.HEADER) and "\nversion: 1\nbaselines:\n" in text
+    assert baselines.load(fake_lab) == [other, RUN_B, COMP_B]  # the order save writes: stage, arch, case
+    baselines.save(fake_lab, [RUN_B])  # the last compile baseline dropped: the xz file is emptied, not left
+    assert baselines.load(fake_lab) == [RUN_B]
+
+
+def test_a_compile_baseline_of_an_old_yaml_is_read_and_moves_to_the_xz_file(fake_lab):
+    _yaml(fake_lab, COMP_YAML)
+    (old,) = baselines.load(fake_lab, must_exist=True)
+    assert old.kind == "compile" and old.compile["regs"] == 160
+    baselines.save(fake_lab, [old, RUN_B], read=[old])
+    assert "kind: compile" not in (fake_lab / "results" / "baselines.yaml").read_text()
+    assert "c.1" in lzma.decompress(baselines.compile_baselines_file(fake_lab).read_bytes()).decode()
+    assert baselines.load(fake_lab) == [RUN_B, old]
+
+
+def test_a_case_in_both_files_is_one_line_naming_both(fake_lab):
+    _yaml(fake_lab, COMP_YAML)
+    _xz(fake_lab, COMP_YAML.replace("regs: 160", "regs: 170"))
+    with pytest.raises(BaselineError) as exc:
+        baselines.load(fake_lab)
+    text = str(exc.value)
+    assert "\n" not in text and "results/compile_baselines.yaml.xz" in text and "results/baselines.yaml" in text
+    assert "baselines.OK.sm_100a.n=16" in text
+    assert gate.main(fake_lab, allow_run=False, out=io.StringIO()) == 2
+
+
+def test_a_bad_line_inside_the_xz_file_names_file_line_and_key(fake_lab):
+    _xz(fake_lab, COMP_YAML.replace("regs: 160", "regs: many"))
+    with pytest.raises(BaselineError, match=r"^results/compile_baselines\.yaml\.xz:9: "
+                                            r"baselines\.OK\.sm_100a\.n=16\.compile\.regs: expected a count"):
+        baselines.load(fake_lab)
+
+
+@pytest.mark.parametrize("bad", ["corrupt", "cut off", "not xz", "bomb"])
+def test_a_corrupt_xz_file_is_one_line_and_accept_overwrites_nothing(fake_lab, bad, monkeypatch, capsys):
+    path = _xz(fake_lab, COMP_YAML)
+    data = path.read_bytes()
+    if bad == "corrupt":
+        data = data[:40] + bytes(b ^ 0x55 for b in data[40:60]) + data[60:]
+    elif bad == "cut off":
+        data = data[: len(data) // 2]
+    elif bad == "not xz":
+        data = COMP_YAML.encode()
+    else:  # decompresses past the cap on the text
+        monkeypatch.setattr(baselines, "MAX_BYTES", 4096)
+        data = lzma.compress(COMP_YAML.encode() + b"#" * 8192 + b"\n", format=lzma.FORMAT_XZ)
+    path.write_bytes(data)
+    with pytest.raises(BaselineError) as exc:
+        baselines.load(fake_lab)
+    text = str(exc.value)
+    assert "\n" not in text and text.startswith("results/compile_baselines.yaml.xz:1: "), text
+    if bad != "bomb":
+        r = run_cli(["baseline", "accept", "stage-OK", "--n", "16"], cwd=fake_lab)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "compile_baselines.yaml.xz:1:" in r.stderr, r.stderr
+        assert path.read_bytes() == data
+
+
+def test_the_staged_gate_reads_compile_baselines_from_the_index(blab):
+    """An accepted compile-only baseline, staged, holds the commit even when the working tree's
+    xz file is gone: `gate --staged` judges the index's copy."""
+    spec = load_spec(root=blab)
+    rec = _compiled(spec, "HD", C64)
+    _write_records(blab, [rec])
+    r = _accept(blab, "--arch", "sm_100a", "--hd", "64")
+    assert r.returncode == 0 and "(compile-only)" in r.stdout, r.stdout + r.stderr
+    subprocess.run(["git", "add", "stages.yaml", "results/baselines.yaml", "results/compile_baselines.yaml.xz"],
+                   cwd=blab, check=True)
+    baselines.compile_baselines_file(blab).unlink()  # unstaged: the commit still holds the baseline
+    r = run_cli(["gate", "--staged", "--no-run"], cwd=blab)
+    assert r.returncode == 0 and "1 baselined case(s) hold" in r.stdout, r.stdout + r.stderr
+    r = run_cli(["gate", "--no-run"], cwd=blab)  # the working tree lost it: never a pass
+    assert r.returncode == 1 and "no baselines, but the notebook has records" in r.stdout, r.stdout + r.stderr

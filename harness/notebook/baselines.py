@@ -1,7 +1,12 @@
-"""Baselines: per stage, arch and case, what must keep holding. Kept in results/baselines.yaml
-(human-readable, reviewed in diffs), written atomically (temp file + rename) under a lock
-(results/.baselines.lock, fcntl.flock) so concurrent `accept`/`drop` never lose each other's
-work.
+"""Baselines: per stage, arch and case, what must keep holding. Run baselines are kept in
+results/baselines.yaml (human-readable, reviewed in diffs, one line a case), compile baselines
+(machine-generated counters) in results/compile_baselines.yaml.xz — the same YAML layout,
+xz-compressed (the tracked tree travels to the GPU machine beside CuTeDSL, under 3 MiB;
+`git config diff.xz.textconv "xz -dc"` shows the text in diffs). Both are written atomically
+(temp file + rename) under one lock (results/.baselines.lock, fcntl.flock) so concurrent
+`accept`/`drop` never lose each other's work. A compile baseline still found in baselines.yaml
+(a file from before the split) is read too, and moves to the xz file at the next write; one
+case in both files is one line naming both.
 
 Two kinds of baseline:
 
@@ -24,7 +29,8 @@ an arch, a case with a run baseline keeps it.
 
 A bad baselines file (not a regular file, not UTF-8, not YAML, YAML aliases, a key written
 twice at any level, a wrong type or a non-finite number anywhere) is one line
-`results/baselines.yaml:LINE: key: problem — fix` (BaselineError, exit 2): the gate never passes
+`results/baselines.yaml:LINE: key: problem — fix` (BaselineError, exit 2; for the xz file, the line of
+its decompressed text; a corrupt or oversized xz file is one line too): the gate never passes
 on a file it cannot read, and accept/drop never overwrite it. `save` never writes a file that
 lost a baseline it read (the new text is read back before it replaces the old). The parsed copy
 kept in .cache/baselines/ (the gate reads the file every commit) is used only when it names the
@@ -37,6 +43,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import lzma
 import math
 import os
 import sys
@@ -54,7 +61,7 @@ from harness.core.labels import case_label
 from harness.core.paths import cache_dir, results_dir
 from harness.core.notebooklock import LockError, open_lock
 from harness.notebook.records import Record, newest, shows_compile  # noqa: F401  (shows_compile: named here too)
-from harness.core.safeio import Unsafe, open_regular
+from harness.core.safeio import Unsafe, open_regular, xz_decompress
 from harness.spec.spec import ARCH_KEYS
 
 BASELINE_VERSION = 1
@@ -112,6 +119,15 @@ class Baseline:
 
 def baselines_file(root: Path) -> Path:
     return results_dir(root) / "baselines.yaml"
+
+
+def compile_baselines_file(root: Path) -> Path:
+    """The compile baselines: machine-written counters, xz-compressed (one stream, preset
+    9|extreme) — `git config diff.xz.textconv "xz -dc"` shows their text in diffs."""
+    return results_dir(root) / COMPILE_FILE
+
+
+COMPILE_FILE = "compile_baselines.yaml.xz"
 
 
 def _display(root: Path, path: Path) -> str:
@@ -305,23 +321,43 @@ def _results_folder(root: Path) -> None:
 
 
 def load(root: Path, must_exist: bool = False) -> list[Baseline]:
-    """Every baseline in results/baselines.yaml ([] when there is no such file, unless
-    `must_exist`); BaselineError (one line) for anything wrong with it — a duplicate key at
-    any level among them (a merge conflict resolved badly: YAML would let the last one win
-    and the first be lost at the next accept)."""
+    """Every baseline in results/baselines.yaml and results/compile_baselines.yaml.xz ([] when
+    there is neither, unless `must_exist`); BaselineError (one line) for anything wrong with
+    either — a duplicate key at any level among them (a merge conflict resolved badly: YAML would
+    let the last one win and the first be lost at the next accept), or one case in both files.
+    A compile baseline still in baselines.yaml (written before the split) is read too."""
     _results_folder(root)
-    path = baselines_file(root)
+    plain = _read_file(root, baselines_file(root), xz=False)
+    packed = _read_file(root, compile_baselines_file(root), xz=True)
+    if plain is None and packed is None:
+        if must_exist:
+            raise BaselineError(f"{_display(root, baselines_file(root))}: not found — create baselines with "
+                                "`dsv4-lab baseline accept STAGE`")
+        return []
+    if not packed:
+        return plain or []
+    seen = {(b.stage, b.arch, b.case) for b in plain or []}
+    for b in packed:
+        if (b.stage, b.arch, b.case) in seen:
+            raise BaselineError(
+                f"{_display(root, compile_baselines_file(root))}: baselines.{b.stage}.{b.arch}.{b.case}: also in "
+                f"{_display(root, baselines_file(root))} — one case has one baseline: remove it from one of the two "
+                "files (a merge resolved badly?), or `dsv4-lab baseline accept` it again")
+    return sorted((plain or []) + packed, key=lambda b: (b.stage, b.arch, b.case))  # stable: save's order
+
+
+def _read_file(root: Path, path: Path, xz: bool) -> list[Baseline] | None:
+    """The baselines of one file (None when it does not exist); BaselineError (one line,
+    `FILE:LINE: key: problem — fix`, the line of the decompressed text for the xz file)."""
     shown = _display(root, path)
     fix = "fix it, or re-create the entry with `dsv4-lab baseline accept`"
     if not os.path.lexists(path):
-        if must_exist:
-            raise BaselineError(f"{shown}: not found — create baselines with `dsv4-lab baseline accept STAGE`")
-        return []
+        return None
     try:
         fd = open_regular(path)
     except Unsafe as exc:
-        raise BaselineError(f"{shown}:1: {exc.strerror} — it must be the YAML file `dsv4-lab baseline accept` "
-                            "writes") from None
+        raise BaselineError(f"{shown}:1: {exc.strerror} — it must be the "
+                            f"{'xz-compressed YAML' if xz else 'YAML'} file `dsv4-lab baseline accept` writes") from None
     except OSError as exc:
         raise BaselineError(f"{shown}:1: cannot be read ({exc.strerror or exc}) — fix its permissions") from None
     try:
@@ -331,12 +367,17 @@ def load(root: Path, must_exist: bool = False) -> list[Baseline]:
         raise BaselineError(f"{shown}:1: cannot be read ({exc.strerror or exc}) — fix its permissions")
     if len(data) > MAX_BYTES:
         raise BaselineError(f"{shown}:1: larger than {MAX_BYTES // (1024 * 1024)} MiB — not a baselines file")
+    if xz:
+        try:
+            data = xz_decompress(data, cap=MAX_BYTES)
+        except ValueError as exc:
+            raise BaselineError(f"{shown}:1: not a readable xz file ({exc}) — restore it: git checkout {shown}") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise BaselineError(f"{shown}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}) — {fix}")
-    digest = hashlib.sha256(data).hexdigest()
+    digest = hashlib.sha256(data).hexdigest()  # of the text: the xz file's parsed copy is found by it too
     parsed = _parsed_cache(root, digest)
     cached = _cached(parsed, digest)
     if cached is not None:  # these very bytes were read and found valid before
@@ -424,11 +465,14 @@ def _remember(path: Path, digest: str, doc: Any, n: int) -> None:
 
 
 def save(root: Path, items: list[Baseline], read: list[Baseline] | None = None) -> None:
-    """Write results/baselines.yaml holding exactly `items` (atomically: a temp file, then a
-    rename). With `read` (what the file held when it was read, under the lock), every case
-    read must still be among `items`, replaced or not. Before the rename the new text is parsed
-    back and must hold exactly `items`: a file that would lose a baseline is never written
-    (BaselineError, one line; the old file stays)."""
+    """Write exactly `items`: run baselines to results/baselines.yaml, compile baselines to
+    results/compile_baselines.yaml.xz (written when there are any, or it exists), each
+    atomically (a temp file, then a rename). With `read` (what the files held when they were
+    read, under the lock), every case read must still be among `items`, replaced or not.
+    Before a rename the new text is parsed back and must hold exactly its baselines: a file
+    that would lose a baseline is never written (BaselineError, one line; the old file stays).
+    A case that changes kind moves between the files without ever being in neither: a crash
+    between the writes leaves it in both (one line at the next read), never lost."""
     shown = _display(root, baselines_file(root))
     keys = [(b.stage, b.arch, b.case) for b in items]
     if len(set(keys)) != len(keys):
@@ -440,6 +484,31 @@ def save(root: Path, items: list[Baseline], read: list[Baseline] | None = None) 
             stage, arch, case = sorted(lost)[0]
             raise BaselineError(f"{shown}: not written — it would lose {len(lost)} of the {len(read)} baselines it "
                                 f"holds (stage-{stage} {arch} {case} …); the file is unchanged")
+    runs = [b for b in items if b.kind == "run"]
+    comps = [b for b in items if b.kind == "compile"]
+    # What baselines.yaml holds of the cases the xz file will hold (a run baseline turned compile-only,
+    # a compile baseline written before the split) stays there until the xz file holds them.
+    try:
+        now = _read_file(root, baselines_file(root), xz=False) or []
+    except BaselineError:
+        now = []  # callers read (and refused) a bad file before: nothing of it is kept
+    to_xz = {(b.stage, b.arch, b.case) for b in comps}
+    leaving = [b for b in now if (b.stage, b.arch, b.case) in to_xz]
+    plain = _encode(root, baselines_file(root), runs + leaving, xz=False)
+    packed = None
+    if comps or os.path.lexists(compile_baselines_file(root)):
+        packed = _encode(root, compile_baselines_file(root), comps, xz=True)
+    _results_folder(root)
+    _write(root, baselines_file(root), *plain)
+    if packed is not None:
+        _write(root, compile_baselines_file(root), *packed)
+    if leaving:
+        _write(root, baselines_file(root), *_encode(root, baselines_file(root), runs, xz=False))
+
+
+def _encode(root: Path, path: Path, items: list[Baseline], xz: bool) -> tuple[bytes, bytes, Any, int]:
+    """(the bytes to write, the text they hold, its parsed document, the count) for `items` in
+    `path`'s layout; BaselineError when the text does not read back as exactly `items`."""
     tree: dict[str, Any] = {}
     for b in sorted(items, key=lambda b: (b.stage, b.arch, b.case)):
         tree.setdefault(b.stage, {}).setdefault(b.arch, {})[b.case] = _Case(b.to_yaml())
@@ -447,17 +516,23 @@ def save(root: Path, items: list[Baseline], read: list[Baseline] | None = None) 
     text = HEADER + yaml.dump(doc, Dumper=_NoAliasDumper, sort_keys=False, width=1 << 20, allow_unicode=True)
     loaded = yaml.load(text, Loader=yamlnodes.fast_loader())
     back = _tree(loaded)
-    if sorted((b.stage, b.arch, b.case) for b in back) != sorted(keys):
-        raise BaselineError(f"{shown}: not written — the new text reads back as {len(back)} baselines, not "
-                            f"{len(items)} (a bug in the lab); the file is unchanged")
-    path = baselines_file(root)
-    _results_folder(root)
-    data = text.encode("utf-8")
+    if sorted((b.stage, b.arch, b.case) for b in back) != sorted((b.stage, b.arch, b.case) for b in items):
+        raise BaselineError(f"{_display(root, path)}: not written — the new text reads back as {len(back)} "
+                            f"baselines, not {len(items)} (a bug in the lab); the file is unchanged")
+    raw = text.encode("utf-8")
+    data = lzma.compress(raw, format=lzma.FORMAT_XZ, preset=9 | lzma.PRESET_EXTREME) if xz else raw
+    if xz and xz_decompress(data, cap=MAX_BYTES) != raw:
+        raise BaselineError(f"{_display(root, path)}: not written — the compressed text does not read back (a bug "
+                            "in the lab); the file is unchanged")
+    return data, raw, loaded, len(items)
+
+
+def _write(root: Path, path: Path, data: bytes, raw: bytes, loaded: Any, n: int) -> None:
     replace_file(path, data)  # under the baselines lock (`locked`): one writer at a time
-    digest = hashlib.sha256(data).hexdigest()
+    digest = hashlib.sha256(raw).hexdigest()
     parsed = _parsed_cache(root, digest)
     if parsed is not None:  # the next read (the gate, every commit) skips the YAML
-        _remember(parsed, digest, loaded, len(items))
+        _remember(parsed, digest, loaded, n)
 
 
 @contextmanager

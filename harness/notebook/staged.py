@@ -7,8 +7,8 @@ index's files (`git checkout-index`, which honours GIT_INDEX_FILE, as `git commi
 
 * `results/` is the real lab's (a symlink): records are evidence about a source hash, read
   where they are, and records a re-proof writes land in the real notebook, to be committed.
-* `results/baselines.yaml` — what must hold — is the index's, kept beside the snapshot
-  (`Snapshot.baselines_root`).
+* `results/baselines.yaml` and `results/compile_baselines.yaml.xz` — what must hold — are the
+  index's, kept beside the snapshot (`Snapshot.baselines_root`).
 
 While a snapshot is in use the compile cache stays the real lab's (DSV4_LAB_CACHE), and records
 written from it carry the code identity `HEAD` + "dirty" when the index differs from HEAD
@@ -29,6 +29,10 @@ from typing import Iterator
 from harness.core.paths import SPEC_NAME, cache_dir, results_dir
 
 
+# What must hold, as the index has it (harness/notebook/baselines.py: run and compile baselines).
+BASELINE_FILES = ("results/baselines.yaml", "results/compile_baselines.yaml.xz")
+
+
 class StagedError(Exception):
     """The index cannot be exported (not a git repository, git failed), as one line."""
 
@@ -40,7 +44,7 @@ class Snapshot:
 
     lab: Path
     folder: Path
-    baselines_root: Path  # a folder whose results/baselines.yaml is the index's
+    baselines_root: Path  # a folder whose results/ baselines files are the index's
     files: tuple[str, ...]
 
 
@@ -86,8 +90,9 @@ def index_snapshot(root: Path) -> Iterator[Snapshot]:
         folder = out / prefix if prefix else out
         folder.mkdir(parents=True, exist_ok=True)
         base = tmp / "baselines"
-        if "results/baselines.yaml" in names:
-            _git(root, "checkout-index", f"--prefix={base}/", "--", "results/baselines.yaml")
+        staged = [f for f in BASELINE_FILES if f in names]
+        if staged:
+            _git(root, "checkout-index", f"--prefix={base}/", "--", *staged)
             if prefix:  # checkout-index writes the path from the repository's top
                 (base / "results").parent.mkdir(parents=True, exist_ok=True)
                 (base / prefix / "results").rename(base / "results")
