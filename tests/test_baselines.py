@@ -652,3 +652,30 @@ def test_the_staged_gate_reads_compile_baselines_from_the_index(blab):
     assert r.returncode == 0 and "1 baselined case(s) hold" in r.stdout, r.stdout + r.stderr
     r = run_cli(["gate", "--no-run"], cwd=blab)  # the working tree lost it: never a pass
     assert r.returncode == 1 and "no baselines, but the notebook has records" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("crash_at", [2, 3])
+def test_a_case_changing_kind_is_never_lost_when_a_write_is_cut_short(fake_lab, monkeypatch, crash_at):
+    """A run baseline replaced by a compile-only one (accept --compile-only) moves from
+    baselines.yaml to the xz file: the lab dying between the writes leaves it in one file or in
+    both (one line), never in neither."""
+    run_k = Baseline("OK", "sm_100a", "n=16", "b200.1", "s", {"out": {"cosine": 0.999}})
+    baselines.save(fake_lab, [run_k, RUN_B])
+    writes = []
+    real = baselines.replace_file
+
+    def dying(path, data):
+        writes.append(path.name)
+        if len(writes) == crash_at:
+            raise KeyboardInterrupt  # the process dies here
+        real(path, data)
+
+    monkeypatch.setattr(baselines, "replace_file", dying)
+    with pytest.raises(KeyboardInterrupt):
+        baselines.save(fake_lab, [COMP_B, RUN_B], read=[run_k, RUN_B])
+    monkeypatch.setattr(baselines, "replace_file", real)
+    if crash_at == 2:  # the xz file never written: the run baseline is still there
+        assert baselines.load(fake_lab) == [RUN_B, run_k]
+    else:  # both written, baselines.yaml not yet trimmed: in both, one line
+        with pytest.raises(BaselineError, match="also in results/baselines.yaml"):
+            baselines.load(fake_lab)
