@@ -40,6 +40,8 @@ class Kernel(DecodeSm90):
     KV read once per tile (K and V views of one slot), split-KV with an LSE combine."""
 
     STAGE = "stage D2 sm90"
+    LAZY_RESCALE = True  # most tiles skip the O rescale (the house's doc)
+    WIDE_STORE = True  # O leaves by 16-byte stores
 
     def __init__(self, *, shape: str, splits, sm_count: int = SM_COUNT):
         p = DecodeShape.parse(shape)

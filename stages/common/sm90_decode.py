@@ -83,7 +83,9 @@ from stages.common.sm90_idioms import acc_rows_cols, wgmma_sync
 from stages.common.sm90_setup import TmaPipe, load_once, smem_struct, smem_tensors, tma_pipelines, tma_tiles, wait_once
 from stages.common.sm90_kv_slots import check_same_bytes, kv_layouts  # noqa: F401 (check_same_bytes: D2's tests)
 from stages.common.sm90_smem_p import SmemP, smem_p_mmas
-from stages.common.softmax import OnlineSoftmax, final_lse
+from stages.common.softmax import OnlineSoftmax, final_lse, scale_rows
+from stages.common.lazy_softmax import LazyOnlineSoftmax, needs_rescale
+from stages.common.quad_store import check_accumulator_layout, store_accumulator_wide
 from stages.common.masks import mask_scores, zero_kv_rows
 from stages.common.tma import prefetch_descriptors, sm90_tma_load
 from stages.common.device import SMEM_LIMIT  # the largest dynamic shared memory of a CTA
@@ -123,6 +125,15 @@ class DecodeSm90:
     LOAD_REGS = 24
     HEAD_DIMS = (64, 128, 256, 512)
     KV_STAGES = 2
+    # What a rung opts into (D2 does; D3–D5 keep the plain house until re-proven with them):
+    #   LAZY_RESCALE  the conditional O rescale (stages/common/lazy_softmax.py): a row keeps its
+    #                 max until it has grown by 2^8, so most tiles' α is 1 and each warp skips
+    #                 the O rescale (a warp vote on its rows' α)
+    #   WIDE_STORE    O (or the fp32 partial) leaves by 16-byte stores, each thread's words
+    #                 transposed across its quad (stages/common/quad_store.py) — a quarter of the
+    #                 store instructions of the accumulator as it lies
+    LAZY_RESCALE = False
+    WIDE_STORE = False
 
     def setup(self, *, b: int, s_q: int, h_q: int, d: int, branches, splits, sm_count: int = SM_COUNT,
               sink: bool = False) -> None:
@@ -195,6 +206,9 @@ class DecodeSm90:
 
         # S = Q·Kᵀ on warpgroup 0 (m64 n{bn}); O = P·V with O's d columns over the MMA warpgroups.
         qk_mma, pv_mma = smem_p_mmas(dtype, bm, bn, d, self.NUM_MMA_WG)
+        if cutlass.const_expr(self.WIDE_STORE):  # the wide stores rely on the accumulator's layout
+            check_accumulator_layout(pv_mma, (bm, d), list(range(32)) + [45, 77, 109] + list(range(128, 160)) + [205, 237],
+                                     d // self.NUM_MMA_WG)
 
         q_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bm, bn, d), dtype, 1)
         k_smem, vt_smem = kv_layouts(dtype, d, bn, self.stages, d // self.NUM_MMA_WG)
@@ -360,13 +374,18 @@ class DecodeSm90:
         tOrV = pv_mma.make_fragment_B(thr_pv.partition_B(sVt))  # (MMA, 1, bn/16, stages)
         o_shape = thr_pv.partition_shape_C((bm, d))
         tOcO_rc = acc_rows_cols(thr_pv.partition_C(cute.make_identity_tensor((bm, d))))  # (row, col)
-        tOgO = self.o_destination(work, thr_pv, mO, mOp)  # before the loop: wgmma_sync re-sets pv_mma inside it
+        tOgO = None
+        if cutlass.const_expr(not self.WIDE_STORE):
+            tOgO = self.o_destination(work, thr_pv, mO, mOp)  # before the loop: wgmma_sync re-sets pv_mma inside it
         acc_o = cute.make_rmem_tensor(o_shape, cutlass.Float32)
         acc_o.fill(0.0)
         acc_o_rc = acc_rows_cols(acc_o)
 
         num_rows = cute.size(tScS_rc, mode=[0])
-        softmax = OnlineSoftmax.create(num_rows, self.scale_log2)
+        if cutlass.const_expr(self.LAZY_RESCALE):
+            softmax = LazyOnlineSoftmax.create(num_rows, self.scale_log2)
+        else:
+            softmax = OnlineSoftmax.create(num_rows, self.scale_log2)
 
         kv_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         if wg == 0:
@@ -384,7 +403,7 @@ class DecodeSm90:
                 # fence also covers the KV rows mask_boundary zeroed.
                 smem_p.publish(acc_s, alpha, i > 0)
             smem_p.wait_full()
-            smem_p.rescale(acc_o_rc, tOcO_rc)
+            self.rescale_o(smem_p, acc_o_rc, tOcO_rc)
             wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
             kv_pipe.consumer_release(kv_cons)
             kv_cons.advance()
@@ -405,7 +424,10 @@ class DecodeSm90:
                     self.store_lse(work, row, lse[r], mLSE, mLp, mSink)
         smem_p.wait_epilogue()
         smem_p.rescale(acc_o_rc, tOcO_rc)
-        self.store_o(acc_o, tOgO)
+        if cutlass.const_expr(self.WIDE_STORE):
+            self.store_o_wide(work, tidx, acc_o, mO, mOp)
+        else:
+            self.store_o(acc_o, tOgO)
 
     # -- pieces -------------------------------------------------------------------------------
 
@@ -452,6 +474,34 @@ class DecodeSm90:
         if cutlass.const_expr(self.splits == 1):
             return thr_pv.partition_C(cute.local_tile(mO, (bm, d), (self.sched.row_block(work), 0)))
         return thr_pv.partition_C(cute.local_tile(mOp, (bm, d), (self.sched.partial_row_block(work), 0)))
+
+    @cute.jit
+    def rescale_o(self, smem_p, acc_o_rc, tOcO_rc):
+        """O[row, :] *= α[row] (the row factor SmemP carries) for this thread's rows; with
+        LAZY_RESCALE skipped by the whole warp when every α of its rows is 1 (a warp vote)."""
+        if cutlass.const_expr(self.LAZY_RESCALE):
+            alpha = smem_p.row_factors(tOcO_rc)
+            num_rows = cute.size(tOcO_rc, mode=[0])
+            if needs_rescale(alpha, num_rows):  # most tiles keep every row's max: α = 1
+                for r in cutlass.range_constexpr(num_rows):
+                    scale_rows(acc_o_rc, r, alpha[r])
+        else:
+            smem_p.rescale(acc_o_rc, tOcO_rc)
+
+    @cute.jit
+    def store_o_wide(self, work, tidx, acc_o, mO, mOp):
+        """WIDE_STORE: the accumulator into the CTA's output block — bf16 O (one split) or this
+        split's fp32 partial — by 16-byte stores (stages/common/quad_store.py)."""
+        bm, d = self.BLOCK_M, self.d
+        col0 = (tidx // 128) * (d // self.NUM_MMA_WG)
+        if cutlass.const_expr(self.splits == 1):
+            size = mO.element_type.width // 8
+            base = mO.iterator.toint() + cutlass.Int64(self.sched.row_block(work)) * (bm * d * size)
+            store_accumulator_wide(acc_o, tidx, base, d * size, col0, mO.element_type)
+        else:
+            size = mOp.element_type.width // 8
+            base = mOp.iterator.toint() + cutlass.Int64(self.sched.partial_row_block(work)) * (bm * d * size)
+            store_accumulator_wide(acc_o, tidx, base, d * size, col0, mOp.element_type)
 
     @cute.jit
     def store_o(self, acc_o, tOgO):
