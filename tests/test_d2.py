@@ -357,3 +357,18 @@ def test_kernel_builds_reads_kv_once_rebalances_registers_and_combines_only_when
         assert entries == (1 if case["splits"] == 1 else 2), (case, entries)  # + the combine kernel
         if shutil.which("ptxas"):
             assert res.resources["spill"] == 0, (case, res.resources)
+
+
+def test_kernel_stores_o_by_16_bytes_and_votes_on_the_o_rescale(d2_builds):
+    """D2 opts into the house's WIDE_STORE and LAZY_RESCALE (stages/common/sm90_decode.py): the
+    epilogue's O (bf16) or partial (fp32) leaves by 16-byte stores (stages/common/quad_store.py:
+    per thread 2 row halves × (d/2)/32 quad blocks, twice for fp32), and each warp votes whether
+    any of its rows' α moved before rescaling O (stages/common/lazy_softmax.py)."""
+    for case, res in d2_builds:
+        assert res.ok, f"{case}: {res.error}"
+        ptx = Path(res.ptx_path).read_text()
+        attention = next(e for e in ptx.split(".entry ")[1:] if "wgmma" in e)
+        d = decode.parse_shape(case["shape"])["d"]
+        per_thread = 2 * (d // 2) // 32 * (1 if case["splits"] == 1 else 2)
+        assert len(re.findall(r"st\.global\.v4\.", attention)) == per_thread, case
+        assert re.search(r"vote\.sync\.any\.pred", attention), case
