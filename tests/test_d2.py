@@ -219,6 +219,33 @@ def test_scheduler_covers_every_row_block_and_tile_once(grid):
     assert partial_blocks == set(range(grid.splits * grid.row_blocks))
 
 
+@pytest.mark.parametrize("grid", [sch.DecodeGrid(2, 2, 64, 1, 18), sch.DecodeGrid(1, 2, 1, 7, 18), sch.DecodeGrid(2, 3, 2, 21, 18)])
+@pytest.mark.parametrize("ctas", [1, 7, 132])
+def test_persistent_ctas_walk_every_item_once_in_the_grids_order(grid, ctas):
+    """A persistent CTA c walks items c, c + ctas, … (the kernel's loop); item i is the work of
+    the CTA the plain grid numbers i, x fastest — so together the CTAs do every CTA's work once,
+    and the items running at one time are neighbours (they read the same KV tiles)."""
+    gx, gy, gz = grid.grid
+    assert grid.items == gx * gy * gz
+    assert [grid.item(i) for i in range(grid.items)] == [
+        grid.work(bx, by, bz) for bz, by, bx in itertools.product(range(gz), range(gy), range(gx))]
+    walked = [i for c in range(min(ctas, grid.items)) for i in range(c, grid.items, min(ctas, grid.items))]
+    assert sorted(walked) == list(range(grid.items))
+
+
+def test_d2_runs_persistent_ctas_and_the_masked_rungs_do_not():
+    """D2's launch is min(work items, SMs) CTAs (PERSISTENT); D3 keeps one CTA an item."""
+    from stages.D2_decode.sm90 import Kernel
+    from stages.D3_swa.sm90 import Kernel as D3Kernel
+
+    k = Kernel(shape="b64s2h128n1152d512", splits="auto", sm_count=132)
+    assert k.PERSISTENT and k.sched.items == 256 and k.launch_grid() == (132, 1, 1)
+    assert Kernel(shape="b1s2h64n4096d512", splits=1, sm_count=132).launch_grid() == (2, 1, 1)
+    assert Kernel(shape="b64s2h128n1152d512", splits="auto", sm_count=114).launch_grid() == (114, 1, 1)
+    d3 = D3Kernel(shape="b4s2h128n1152d512", splits=1)
+    assert not d3.PERSISTENT and d3.launch_grid() == d3.sched.grid
+
+
 def test_empty_splits_also_below_the_tile_count():
     g = sch.DecodeGrid(1, 1, 1, 7, 18)  # chunk 3: splits 0..5 hold tiles, split 6 is empty
     assert g.chunk == 3 and sch.nonempty_splits(18, 7) == 6

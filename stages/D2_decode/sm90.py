@@ -30,7 +30,8 @@ import cuda.bindings.driver as cuda
 
 import cutlass.cute as cute
 
-from stages.common.scheduler import SM_COUNT, DecodeShape
+from stages.common.device import sm_count as device_sm_count
+from stages.common.scheduler import DecodeShape
 from stages.common.sm90_decode import DecodeSm90, KeyBranch
 from stages.common.sm90_kv_slots import check_same_bytes, kv_layouts  # noqa: F401 (tests)
 
@@ -42,8 +43,12 @@ class Kernel(DecodeSm90):
     STAGE = "stage D2 sm90"
     LAZY_RESCALE = True  # most tiles skip the O rescale (the house's doc)
     WIDE_STORE = True  # O leaves by 16-byte stores
+    PERSISTENT = True  # min(CTAs, SMs) CTAs walk the row blocks: the next one's loads overlap this one's end
 
-    def __init__(self, *, shape: str, splits, sm_count: int = SM_COUNT):
+    def __init__(self, *, shape: str, splits, sm_count: int | None = None):
+        # the SMs the splits and the persistent grid fill: the GPU's here (stages/common/device.py;
+        # compile-only on a CPU: sm_90a's 132), keyed in the compile cache
+        sm_count = device_sm_count("sm_90a") if sm_count is None else sm_count
         p = DecodeShape.parse(shape)
         self.p = p
         self.setup(b=p.b, s_q=p.s_q, h_q=p.h_q, d=p.d, branches=(KeyBranch("n", p.n, p.n_alloc),),

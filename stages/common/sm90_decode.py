@@ -81,7 +81,7 @@ from stages.common.inspection import expose
 from stages.common.scheduler import SM_COUNT, DecodeGrid, VisitPlan, key_limit, resolve_splits, valid_tiles, visit_tiles
 from stages.common.sm90_idioms import acc_rows_cols, wgmma_sync
 from stages.common.sm90_setup import TmaPipe, load_once, smem_struct, smem_tensors, tma_pipelines, tma_tiles, wait_once
-from stages.common.sm90_kv_slots import check_same_bytes, kv_layouts  # noqa: F401 (check_same_bytes: D2's tests)
+from stages.common.sm90_kv_slots import check_same_bytes, kv_layouts, ring_state  # noqa: F401 (check_same_bytes: D2's tests)
 from stages.common.sm90_smem_p import SmemP, smem_p_mmas
 from stages.common.softmax import OnlineSoftmax, final_lse, scale_rows
 from stages.common.lazy_softmax import LazyOnlineSoftmax, needs_rescale
@@ -132,8 +132,14 @@ class DecodeSm90:
     #   WIDE_STORE    O (or the fp32 partial) leaves by 16-byte stores, each thread's words
     #                 transposed across its quad (stages/common/quad_store.py) — a quarter of the
     #                 store instructions of the accumulator as it lies
+    #   PERSISTENT    a grid of min(CTAs, SMs) CTAs, each walking the launch's work items (row
+    #                 block × split, `DecodeGrid.item`) item + k · grid in turn: the load warp
+    #                 fetches the next item's Q (once warpgroup 0's last S of this one is done)
+    #                 and KV tiles while the MMA warpgroups finish this one (softmax, P·V,
+    #                 epilogue); the pipelines' states run on across items
     LAZY_RESCALE = False
     WIDE_STORE = False
+    PERSISTENT = False
 
     def setup(self, *, b: int, s_q: int, h_q: int, d: int, branches, splits, sm_count: int = SM_COUNT,
               sink: bool = False) -> None:
@@ -159,12 +165,19 @@ class DecodeSm90:
         ctas = head_blocks * s_q * b
         self.splits = resolve_splits(splits, ctas=ctas, num_tiles=num_tiles, sm_count=sm_count)
         self.sched = DecodeGrid(head_blocks, s_q, b, self.splits, num_tiles)
+        # PERSISTENT: one CTA a SM at most (the shared memory holds one), each walking items
+        self.grid_ctas = min(self.sched.items, sm_count)
         self.rows = b * s_q * h_q
         self.scale_log2 = math.log2(math.e) / math.sqrt(d)
         self.stages = self.KV_STAGES
         smem = 2 * (self.BLOCK_M * d + self.stages * self.block_n * d + self.BLOCK_M * self.block_n) + 4096
         if smem > SMEM_LIMIT:
             raise ValueError(f"{self.STAGE}: {smem} bytes of shared memory needed, {SMEM_LIMIT} available")
+
+    def launch_grid(self) -> tuple[int, int, int]:
+        """The attention launch's grid: one CTA an item (`sched.grid`), or PERSISTENT's
+        min(items, SMs) CTAs along x."""
+        return (self.grid_ctas, 1, 1) if self.PERSISTENT else self.sched.grid
 
     def check_shapes(self, want: dict, O_part, LSE_part) -> None:
         """Trace time: each tensor of `want` ({name: (tensor, shape)}) has the shape the case
@@ -233,7 +246,7 @@ class DecodeSm90:
         self.kernel(
             qk_mma, pv_mma, tma_q, tma_Q, tma_kv, tma_KV, tma_kv2, tma_KV2, lens[0], len2, sink,
             mO, mLSE, mOp, mLp, q_smem, k_smem, vt_smem, p_smem,
-        ).launch(grid=self.sched.grid, block=(self.THREADS, 1, 1), smem=self.smem_struct.size_in_bytes(), stream=stream)
+        ).launch(grid=self.launch_grid(), block=(self.THREADS, 1, 1), smem=self.smem_struct.size_in_bytes(), stream=stream)
 
         if cutlass.const_expr(splits > 1):
             if cutlass.const_expr(self.has_sink):
@@ -268,9 +281,10 @@ class DecodeSm90:
         tidx, _, _ = cute.arch.thread_idx()
         bx, by, bz = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        work = self.sched.work(bx, by, bz)
-        limits = self.key_limits(work, mLen, mLen2)
-        plan = self.visit_plan(work, limits)
+        if cutlass.const_expr(not self.PERSISTENT):  # one item, the CTA's own
+            work = self.sched.work(bx, by, bz)
+            limits = self.key_limits(work, mLen, mLen2)
+            plan = self.visit_plan(work, limits)
         if warp_idx == self.LOAD_WARP:
             prefetch_descriptors(tma_q, tma_kv)
             if cutlass.const_expr(len(self.branches) == 2):
@@ -283,19 +297,48 @@ class DecodeSm90:
         s_row = storage.row_factor.get_tensor(cute.make_layout(bm))
         q_pipe, kv_pipe = tma_pipelines(storage, self.pipes)
 
-        has_work = plan.count > 0
-        if warp_idx // 4 == self.LOAD_WG:
-            cute.arch.setmaxregister_decrease(self.LOAD_REGS)
-            if warp_idx == self.LOAD_WARP:
-                if has_work:
-                    self.load(work, plan, q_pipe, kv_pipe, tma_q, mQ, sQ, tma_kv, mKV, tma_kv2, mKV2, sK)
-        else:
-            cute.arch.setmaxregister_increase(self.MMA_REGS)
-            if has_work:
-                self.attend(work, plan, limits, tidx, q_pipe, kv_pipe, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row,
-                            mSink, mO, mLSE, mOp, mLp)
+        if cutlass.const_expr(self.PERSISTENT):
+            # items bx, bx + grid, …; before each, the KV tiles and Q loads of this CTA's earlier
+            # items (tiles, qs) place the pipelines' states (every role computes the same plans)
+            tiles = cutlass.Int32(0)
+            qs = cutlass.Int32(0)
+            if warp_idx // 4 == self.LOAD_WG:
+                cute.arch.setmaxregister_decrease(self.LOAD_REGS)
+                if warp_idx == self.LOAD_WARP:
+                    for item in cutlass.range(bx, self.sched.items, self.grid_ctas, unroll=1):
+                        work = self.sched.item(item)
+                        plan = self.visit_plan(work, self.key_limits(work, mLen, mLen2))
+                        if plan.count > 0:
+                            self.load(work, plan, q_pipe, kv_pipe, tma_q, mQ, sQ, tma_kv, mKV, tma_kv2, mKV2, sK, tiles, qs)
+                            tiles += plan.count
+                            qs += 1
             else:
-                self.write_empty(work, tidx, mO, mLSE, mOp, mLp)
+                cute.arch.setmaxregister_increase(self.MMA_REGS)
+                for item in cutlass.range(bx, self.sched.items, self.grid_ctas, unroll=1):
+                    work = self.sched.item(item)
+                    limits = self.key_limits(work, mLen, mLen2)
+                    plan = self.visit_plan(work, limits)
+                    if plan.count > 0:
+                        self.attend(work, plan, limits, tidx, q_pipe, kv_pipe, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row,
+                                    mSink, mO, mLSE, mOp, mLp, tiles, qs)
+                        tiles += plan.count
+                        qs += 1
+                    else:
+                        self.write_empty(work, tidx, mO, mLSE, mOp, mLp)
+        else:
+            has_work = plan.count > 0
+            if warp_idx // 4 == self.LOAD_WG:
+                cute.arch.setmaxregister_decrease(self.LOAD_REGS)
+                if warp_idx == self.LOAD_WARP:
+                    if has_work:
+                        self.load(work, plan, q_pipe, kv_pipe, tma_q, mQ, sQ, tma_kv, mKV, tma_kv2, mKV2, sK, 0, 0)
+            else:
+                cute.arch.setmaxregister_increase(self.MMA_REGS)
+                if has_work:
+                    self.attend(work, plan, limits, tidx, q_pipe, kv_pipe, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row,
+                                mSink, mO, mLSE, mOp, mLp, 0, 0)
+                else:
+                    self.write_empty(work, tidx, mO, mLSE, mOp, mLp)
 
     # -- which keys ---------------------------------------------------------------------------
 
@@ -320,18 +363,29 @@ class DecodeSm90:
     # -- roles --------------------------------------------------------------------------------
 
     @cute.jit
-    def load(self, work, plan, q_pipe, kv_pipe, tma_q, mQ, sQ, tma_kv, mKV, tma_kv2, mKV2, sK):
+    def load(self, work, plan, q_pipe, kv_pipe, tma_q, mQ, sQ, tma_kv, mKV, tma_kv2, mKV2, sK, tiles_before, qs_before):
         """Load role (one warp): Q's row block once, then the visited KV tiles of the batch
-        (either branch's) into the slots as they free up."""
+        (either branch's) into the slots as they free up.  `tiles_before` / `qs_before`: the KV
+        tiles and Q blocks this CTA loaded for its earlier items (PERSISTENT; else 0): where
+        the pipelines' states stand."""
         hang_guard.role("load")  # names this role's waits in a --debug-hangs build
         bm, bn, d = self.BLOCK_M, self.block_n, self.d
-        load_once(q_pipe, tma_tiles(tma_q, sQ, mQ, (bm, d), (None, 0)), self.sched.row_block(work))
+        q_load = tma_tiles(tma_q, sQ, mQ, (bm, d), (None, 0))
+        if cutlass.const_expr(self.PERSISTENT):  # the slot is free once warpgroup 0's last S of the item before is done
+            q_state = ring_state(1, qs_before, producer=True)
+            q_pipe.producer_acquire(q_state)
+            cute.copy(q_load.atom, q_load.gmem[(None, self.sched.row_block(work))], q_load.smem[(None, 0)],
+                      tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+        else:
+            load_once(q_pipe, q_load, self.sched.row_block(work))
         _, tKgK, tKsK = tma_tiles(tma_kv, sK, mKV, (bn, d), (None, 0, None))  # tiles (bn, d) of (keys, d, b)
         tKgK2 = tKgK
         if cutlass.const_expr(len(self.branches) == 2):
             _, tKgK2, _ = tma_tiles(tma_kv2, sK, mKV2, (bn, d), (None, 0, None))
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        if cutlass.const_expr(self.PERSISTENT):
+            kv_state = ring_state(self.stages, tiles_before, producer=True)
         for i in cutlass.range(plan.count, unroll=1):
             kv_pipe.producer_acquire(kv_state)
             if cutlass.const_expr(len(self.branches) == 1):
@@ -351,9 +405,11 @@ class DecodeSm90:
 
     @cute.jit
     def attend(self, work, plan, limits, tidx, q_pipe, kv_pipe, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row,
-               mSink, mO, mLSE, mOp, mLp):
+               mSink, mO, mLSE, mOp, mLp, tiles_before, qs_before):
         """The two MMA warpgroups: S, the boundary mask and the softmax in warpgroup 0, P·V
-        split by column over both, then the epilogue (see the module doc)."""
+        split by column over both, then the epilogue (see the module doc).  `tiles_before` /
+        `qs_before` as in `load`.  PERSISTENT: warpgroup 0 frees Q after its last S; both meet
+        once more after reading the row factors (1/ℓ), before the next item's P overwrites them."""
         hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         bm, bn, d = self.BLOCK_M, self.block_n, self.d
         wg = tidx // 128
@@ -388,14 +444,24 @@ class DecodeSm90:
             softmax = OnlineSoftmax.create(num_rows, self.scale_log2)
 
         kv_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        q_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        if cutlass.const_expr(self.PERSISTENT):
+            kv_cons = ring_state(self.stages, tiles_before, producer=False)
+            q_cons = ring_state(1, qs_before, producer=False)
         if wg == 0:
-            wait_once(q_pipe)
+            if cutlass.const_expr(self.PERSISTENT):
+                q_pipe.consumer_wait(q_cons)
+            else:
+                wait_once(q_pipe)
 
         for i in cutlass.range(plan.count, unroll=1):
             kv_pipe.consumer_wait(kv_cons)
             if wg == 0:
                 acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
                 wgmma_sync(qk_mma, acc_s, tSrQ, tSrK, a_slot=0, b_slot=kv_cons.index, zero_init=True)
+                if cutlass.const_expr(self.PERSISTENT):
+                    if i == plan.count - 1:  # the item's last S has read Q: the next item's may load
+                        q_pipe.consumer_release(q_cons)
                 if cutlass.const_expr(self.masked):
                     self.mask_boundary(plan, limits, i, acc_rows_cols(acc_s), tScS_rc, sK[None, None, kv_cons.index], tid_wg)
                 alpha = softmax.update(acc_rows_cols(acc_s))
@@ -424,6 +490,8 @@ class DecodeSm90:
                     self.store_lse(work, row, lse[r], mLSE, mLp, mSink)
         smem_p.wait_epilogue()
         smem_p.rescale(acc_o_rc, tOcO_rc)
+        if cutlass.const_expr(self.PERSISTENT):
+            smem_p.wait_epilogue()  # both have read 1/ℓ: the next item's first α may overwrite it
         if cutlass.const_expr(self.WIDE_STORE):
             self.store_o_wide(work, tidx, acc_o, mO, mOp)
         else:
