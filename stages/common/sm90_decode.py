@@ -306,25 +306,25 @@ class DecodeSm90:
                 cute.arch.setmaxregister_decrease(self.LOAD_REGS)
                 if warp_idx == self.LOAD_WARP:
                     for item in cutlass.range(bx, self.sched.items, self.grid_ctas, unroll=1):
-                        work = self.sched.item(item)
-                        plan = self.visit_plan(work, self.key_limits(work, mLen, mLen2))
-                        if plan.count > 0:
-                            self.load(work, plan, q_pipe, kv_pipe, tma_q, mQ, sQ, tma_kv, mKV, tma_kv2, mKV2, sK, tiles, qs)
-                            tiles += plan.count
+                        item_work = self.sched.item(item)
+                        item_plan = self.visit_plan(item_work, self.key_limits(item_work, mLen, mLen2))
+                        if item_plan.count > 0:
+                            self.load(item_work, item_plan, q_pipe, kv_pipe, tma_q, mQ, sQ, tma_kv, mKV, tma_kv2, mKV2, sK, tiles, qs)
+                            tiles += item_plan.count
                             qs += 1
             else:
                 cute.arch.setmaxregister_increase(self.MMA_REGS)
                 for item in cutlass.range(bx, self.sched.items, self.grid_ctas, unroll=1):
-                    work = self.sched.item(item)
-                    limits = self.key_limits(work, mLen, mLen2)
-                    plan = self.visit_plan(work, limits)
-                    if plan.count > 0:
-                        self.attend(work, plan, limits, tidx, q_pipe, kv_pipe, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row,
+                    item_work = self.sched.item(item)
+                    item_limits = self.key_limits(item_work, mLen, mLen2)
+                    item_plan = self.visit_plan(item_work, item_limits)
+                    if item_plan.count > 0:
+                        self.attend(item_work, item_plan, item_limits, tidx, q_pipe, kv_pipe, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row,
                                     mSink, mO, mLSE, mOp, mLp, tiles, qs)
-                        tiles += plan.count
+                        tiles += item_plan.count
                         qs += 1
                     else:
-                        self.write_empty(work, tidx, mO, mLSE, mOp, mLp)
+                        self.write_empty(item_work, tidx, mO, mLSE, mOp, mLp)
         else:
             has_work = plan.count > 0
             if warp_idx // 4 == self.LOAD_WG:
