@@ -49,6 +49,28 @@ Warp roles (384 threads)
                       fp32 O_part, and LSE.
     A KV slot is released when both warpgroups' P·V on it has completed (8 consumer warps).
 
+What a rung opts into (class flags; D2 sets all four, D3–D5 none — their PTX is what it was)
+    WIDE_STORE    the epilogue's O / partial leaves by 16-byte stores, each thread's words
+                  transposed across its quad (stages/common/quad_store.py): stage E measured the
+                  accumulator's 4-byte stores at ~14k cycles a 64 × 512 block
+    LAZY_RESCALE  the online softmax keeps a row's max until it grew by 2^8
+                  (stages/common/lazy_softmax.py): most tiles' α is 1 and each warp skips the
+                  O rescale (a vote on its rows' α; both warpgroups read α from the row buffer)
+    PERSISTENT    grid = min(items, SMs) CTAs, CTA c walking items c, c + grid, … (an item is a
+                  CTA of the plain grid: `DecodeGrid.item`).  Each role recomputes an item's plan;
+                  the KV ring's and the Q slot's pipeline states are placed by the tiles and Q
+                  loads of the CTA's earlier items (`ring_state`).  Warpgroup 0 frees Q (the q
+                  pipeline's empty barrier, 4 warps) once the item's last S is done, so the load
+                  warp fetches the next item's Q and first tiles during this item's last P·V and
+                  epilogue; the MMA warpgroups meet once more at EPILOGUE after reading 1/ℓ, before
+                  the next item's first α overwrites the row buffer
+    OVERLAP       warpgroup 0 software-pipelines its tiles (`s_tiles_overlapped`): it issues
+                  S_{i+1} and then its P·V_i as two wgmma groups, waits for S_{i+1} alone
+                  (wait_group 1) and runs that softmax while P·V_i is on the tensor cores;
+                  warpgroup 1 walks the tiles in `pv_tiles`; the two meet SmemP's barriers from
+                  their own loops, so unaligned (stages/common/unaligned_barriers.py).  Unmasked
+                  key sets only (D3–D5's boundary tile is not in that loop)
+
 Tiles and shared memory
       d     block_n   slots   Q + 2 KV slots + P                         ≈ dynamic smem
       64      128       2     8 + 2·16 + 16 KiB                            57 KiB
