@@ -399,18 +399,3 @@ def test_kernel_stores_o_by_16_bytes_and_votes_on_the_o_rescale(d2_builds):
         per_thread = 2 * (d // 2) // 32 * (1 if case["splits"] == 1 else 2)
         assert len(re.findall(r"st\.global\.v4\.", attention)) == per_thread, case
         assert re.search(r"vote\.sync\.any\.pred", attention), case
-
-
-def test_kernel_runs_the_softmax_of_the_next_tile_beside_p_v(d2_builds):
-    """D2 opts into OVERLAP: warpgroup 0 waits for S of tile i+1 alone (wgmma.wait_group 1) while
-    P·V of tile i is still on the tensor cores, and the warpgroups, meeting SmemP's barriers from
-    their own loops, meet them unaligned (barrier.cta.sync, stages/common/unaligned_barriers.py)."""
-    assert any(case["splits"] == 1 for case, _ in d2_builds)  # b4s2h128n256d64: 2 tiles of 128 keys
-    for case, res in d2_builds:
-        assert res.ok, f"{case}: {res.error}"
-        attention = next(e for e in Path(res.ptx_path).read_text().split(".entry ")[1:] if "wgmma" in e)
-        from stages.D2_decode.sm90 import Kernel
-
-        if Kernel(**case).sched.chunk >= 2:  # (a split of one tile has no next tile: the compiler drops the loop)
-            assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", attention), case
-        assert re.search(r"barrier\.cta\.sync\s", attention) and not re.search(r"\bbar\.(sync|arrive)\s+[1-9]", attention), case

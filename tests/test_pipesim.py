@@ -169,7 +169,7 @@ def test_d2_persistent_walk_completes_and_a_q_never_freed_deadlocks_at_the_next_
     k = _kernel("D2", {"shape": "b64s2h128n1152d512", "splits": "auto"}, "sm_90a")
     good = P.decode_sm90_persistent(k, [18, 18])
     assert simulate(good) is None
-    stuck = simulate(_planted(good, "wg0" if k.OVERLAP else "mma", "q.empty", -4))  # warpgroup 0's 4 warps never arrive
+    stuck = simulate(_planted(good, "mma", "q.empty", -4))  # warpgroup 0's 4 warps never arrive
     assert stuck and "deadlock" in stuck and "role load waits on q.empty[0]" in stuck, stuck
 
 

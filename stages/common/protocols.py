@@ -285,9 +285,7 @@ def decode_sm90_persistent(k, item_tiles: list[int]) -> Protocol:
     visiting item_tiles[j] KV tiles (0: an empty split, no load at all).  Per item with tiles
     the load warp waits for the Q slot (the item before freed it), loads Q, then the tiles into
     the ring, which runs on across items; warpgroup 0 waits for that Q and frees it after the
-    item's last S (4 warps, one arrival each); both warpgroups wait for and release each slot.
-    With OVERLAP the warpgroups are two roles: warpgroup 0 waits for slot i+1 (its S) before it
-    frees slot i (after P·V_i), warpgroup 1 walks the slots one by one."""
+    item's last S (4 warps, one arrival each); both warpgroups wait for and release each slot."""
     warps = k.MMA_THREADS // 32
     q_bytes, k_bytes, slots = k.BLOCK_M * k.d * 2, k.block_n * k.d * 2, k.stages
 
@@ -320,32 +318,9 @@ def decode_sm90_persistent(k, item_tiles: list[int]) -> Protocol:
                 t += 1
             q += 1
 
-    def wg0_overlapped() -> Iterator[Op]:  # s_tiles_overlapped: S of tile i+1 before slot i is freed
-        t = q = 0
-        for n in item_tiles:
-            if n == 0:
-                continue
-            yield consumer_wait("q.full", q, 1)
-            yield consumer_wait("k.full", t, slots)
-            for i in range(n - 1):
-                yield consumer_wait("k.full", t + i + 1, slots)
-                yield Arrive("k.empty", ring(t + i, slots)[0], 4)
-            yield Arrive("q.empty", 0, 4)  # every S of the item is done
-            yield Arrive("k.empty", ring(t + n - 1, slots)[0], 4)
-            t += n
-            q += 1
-
-    def wg1() -> Iterator[Op]:  # pv_tiles
-        t = 0
-        for n in item_tiles:
-            for _ in range(n):
-                yield consumer_wait("k.full", t, slots)
-                yield Arrive("k.empty", ring(t, slots)[0], 4)
-                t += 1
-
-    roles = {"load": load, "wg0": wg0_overlapped, "wg1": wg1} if k.OVERLAP else {"load": load, "mma": mma}
     bars = {"q.full": Barrier(1, 1), "q.empty": Barrier(1, 4), "k.full": Barrier(slots, 1), "k.empty": Barrier(slots, warps)}
-    return Protocol(f"{type(k).__module__} items={item_tiles}", bars, roles, {"q": {q_bytes}, "k": {k_bytes}})
+    return Protocol(f"{type(k).__module__} items={item_tiles}", bars, {"load": load, "mma": mma},
+                    {"q": {q_bytes}, "k": {k_bytes}})
 
 
 def indexer_sm90(k, tiles: int, paged: bool) -> Protocol:

@@ -111,24 +111,7 @@ from stages.common.quad_store import check_accumulator_layout, store_accumulator
 from stages.common.masks import mask_scores, zero_kv_rows
 from stages.common.tma import prefetch_descriptors, sm90_tma_load
 from stages.common.device import SMEM_LIMIT  # the largest dynamic shared memory of a CTA
-from stages.common.unaligned_barriers import named_arrive, named_sync
 
-
-
-@cute.jit
-def wgmma_issue(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Tensor, a_slot=None, b_slot=None,
-                zero_init: cutlass.Constexpr[bool] = False):
-    """acc = A · B (zero_init) or acc += A · B issued as one wgmma group (fence, the K steps,
-    commit_group) and NOT waited for: the caller's warpgroup.wait_group(k) does (stages/common/
-    sm90_idioms.py's wgmma_sync is this and wait_group(0))."""
-    warpgroup.fence()
-    tiled_mma.set(warpgroup.Field.ACCUMULATE, not zero_init)
-    for k in cutlass.range_constexpr(cute.size(a, mode=[2])):
-        a_k = a[None, None, k] if cutlass.const_expr(a_slot is None) else a[None, None, k, a_slot]
-        b_k = b[None, None, k] if cutlass.const_expr(b_slot is None) else b[None, None, k, b_slot]
-        cute.gemm(tiled_mma, acc, a_k, b_k, acc)
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-    warpgroup.commit_group()
 
 
 @dataclass(frozen=True)
@@ -176,14 +159,9 @@ class DecodeSm90:
     #                 fetches the next item's Q (once warpgroup 0's last S of this one is done)
     #                 and KV tiles while the MMA warpgroups finish this one (softmax, P·V,
     #                 epilogue); the pipelines' states run on across items
-    #   OVERLAP       warpgroup 0 issues S of tile i+1 before its P·V of tile i and runs the
-    #                 softmax of i+1 while both warpgroups' P·V of i are on the tensor cores
-    #                 (`s_tiles_overlapped`; the warpgroups meet SmemP's barriers unaligned);
-    #                 unmasked key sets only
     LAZY_RESCALE = False
     WIDE_STORE = False
     PERSISTENT = False
-    OVERLAP = False
 
     def setup(self, *, b: int, s_q: int, h_q: int, d: int, branches, splits, sm_count: int = SM_COUNT,
               sink: bool = False) -> None:
@@ -203,8 +181,6 @@ class DecodeSm90:
         self.branches = tuple(branches)
         self.tiles = tuple(br.n // self.block_n for br in branches)
         self.masked = any(br.fill for br in branches)
-        if self.OVERLAP and self.masked:
-            raise ValueError(f"{self.STAGE}: OVERLAP takes unmasked keys only (the boundary tile's mask is not in its loop)")
         self.has_sink = bool(sink)
         num_tiles = sum(self.tiles)
         head_blocks = h_q // self.BLOCK_M
@@ -467,10 +443,7 @@ class DecodeSm90:
         tSrQ = qk_mma.make_fragment_A(thr_qk.partition_A(sQ))  # (MMA, 1, d/16, 1)
         tSrK = qk_mma.make_fragment_B(thr_qk.partition_B(sK))  # (MMA, 1, d/16, stages)
         s_shape = thr_qk.partition_shape_C((bm, bn))
-        if cutlass.const_expr(self.OVERLAP):  # the warpgroups meet from their own loops: unaligned barriers
-            smem_p = SmemP.create(self, qk_mma, sP, s_row, tid_wg, mma_threads, sync=named_sync, arrive=named_arrive)
-        else:
-            smem_p = SmemP.create(self, qk_mma, sP, s_row, tid_wg, mma_threads)  # P and the row factors → the P·V warpgroups
+        smem_p = SmemP.create(self, qk_mma, sP, s_row, tid_wg, mma_threads)  # P and the row factors → the P·V warpgroups
         tScS_rc = smem_p.tScS_rc  # (row, key)
 
         # O side: this thread's part of its warpgroup's d/2 columns.
@@ -503,34 +476,27 @@ class DecodeSm90:
             else:
                 wait_once(q_pipe)
 
-        if cutlass.const_expr(self.OVERLAP):
+        for i in cutlass.range(plan.count, unroll=1):
+            kv_pipe.consumer_wait(kv_cons)
             if wg == 0:
-                self.s_tiles_overlapped(plan, tiles_before, q_pipe, q_cons, kv_pipe, qk_mma, pv_mma, tSrQ, tSrK, s_shape,
-                                        tOrP, tOrV, smem_p, softmax, acc_o, acc_o_rc, tOcO_rc)
-            else:
-                self.pv_tiles(plan, tiles_before, kv_pipe, pv_mma, tOrP, tOrV, smem_p, acc_o, acc_o_rc, tOcO_rc)
-        else:
-            for i in cutlass.range(plan.count, unroll=1):
-                kv_pipe.consumer_wait(kv_cons)
-                if wg == 0:
-                    acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-                    wgmma_sync(qk_mma, acc_s, tSrQ, tSrK, a_slot=0, b_slot=kv_cons.index, zero_init=True)
-                    if cutlass.const_expr(self.PERSISTENT):
-                        if i == plan.count - 1:  # the item's last S has read Q: the next item's may load
-                            q_pipe.consumer_release(q_cons)
-                    if cutlass.const_expr(self.masked):
-                        self.mask_boundary(plan, limits, i, acc_rows_cols(acc_s), tScS_rc, sK[None, None, kv_cons.index], tid_wg)
-                    alpha = softmax.update(acc_rows_cols(acc_s))
-                    # P and α out (after warpgroup 1 is done with the previous ones); its async-proxy
-                    # fence also covers the KV rows mask_boundary zeroed.
-                    smem_p.publish(acc_s, alpha, i > 0)
-                smem_p.wait_full()
-                self.rescale_o(smem_p, acc_o_rc, tOcO_rc)
-                wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
-                kv_pipe.consumer_release(kv_cons)
-                kv_cons.advance()
-                if wg == 1:
-                    smem_p.release()
+                acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+                wgmma_sync(qk_mma, acc_s, tSrQ, tSrK, a_slot=0, b_slot=kv_cons.index, zero_init=True)
+                if cutlass.const_expr(self.PERSISTENT):
+                    if i == plan.count - 1:  # the item's last S has read Q: the next item's may load
+                        q_pipe.consumer_release(q_cons)
+                if cutlass.const_expr(self.masked):
+                    self.mask_boundary(plan, limits, i, acc_rows_cols(acc_s), tScS_rc, sK[None, None, kv_cons.index], tid_wg)
+                alpha = softmax.update(acc_rows_cols(acc_s))
+                # P and α out (after warpgroup 1 is done with the previous ones); its async-proxy
+                # fence also covers the KV rows mask_boundary zeroed.
+                smem_p.publish(acc_s, alpha, i > 0)
+            smem_p.wait_full()
+            self.rescale_o(smem_p, acc_o_rc, tOcO_rc)
+            wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
+            kv_pipe.consumer_release(kv_cons)
+            kv_cons.advance()
+            if wg == 1:
+                smem_p.release()
 
         # Finalize (warpgroup 0 holds the row state): 1/ℓ (× the sink factor) through the row
         # buffer, LSE out.
@@ -598,57 +564,6 @@ class DecodeSm90:
         if cutlass.const_expr(self.splits == 1):
             return thr_pv.partition_C(cute.local_tile(mO, (bm, d), (self.sched.row_block(work), 0)))
         return thr_pv.partition_C(cute.local_tile(mOp, (bm, d), (self.sched.partial_row_block(work), 0)))
-
-    @cute.jit
-    def s_tiles_overlapped(self, plan, tiles_before, q_pipe, q_cons, kv_pipe, qk_mma, pv_mma, tSrQ, tSrK, s_shape,
-                           tOrP, tOrV, smem_p, softmax, acc_o, acc_o_rc, tOcO_rc):
-        """Warpgroup 0 with OVERLAP, the item's tiles 0 … T−1 (slots from `tiles_before`):
-            S_0, softmax, P_0 published;
-            tile i < T−1:  [P_FULL] O *= α_i;  issue S_{i+1} = Q·K_{i+1}ᵀ, then O += P_i·V_i;
-                           wait for S_{i+1} only (wgmma groups complete in order) and run its
-                           softmax while P·V_i (both warpgroups') is on the tensor cores; wait for
-                           P·V_i, free slot i, publish P_{i+1} (after P_EMPTY: warpgroup 1's P·V_i)
-            tile T−1:      [P_FULL] O *= α;  O += P·V;  free the slot.
-        The last S is done before the last tile: PERSISTENT frees Q there."""
-        acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-        first = ring_state(self.stages, tiles_before, producer=False)
-        kv_pipe.consumer_wait(first)
-        wgmma_sync(qk_mma, acc_s, tSrQ, tSrK, a_slot=0, b_slot=first.index, zero_init=True)
-        smem_p.publish(acc_s, softmax.update(acc_rows_cols(acc_s)), False)
-        for i in cutlass.range(plan.count - 1, unroll=1):
-            cur = ring_state(self.stages, tiles_before + i, producer=False)
-            nxt = ring_state(self.stages, tiles_before + i + 1, producer=False)
-            smem_p.wait_full()
-            self.rescale_o(smem_p, acc_o_rc, tOcO_rc)
-            kv_pipe.consumer_wait(nxt)
-            wgmma_issue(qk_mma, acc_s, tSrQ, tSrK, a_slot=0, b_slot=nxt.index, zero_init=True)
-            wgmma_issue(pv_mma, acc_o, tOrP, tOrV, b_slot=cur.index)
-            pv_mma = pv_mma  # carried by the loop: the last tile's P·V uses the MMA (its accumulate field) after it
-            warpgroup.wait_group(1)  # S_{i+1}; P·V_i still running
-            alpha = softmax.update(acc_rows_cols(acc_s))
-            warpgroup.wait_group(0)  # P·V_i: slot i and P are read
-            kv_pipe.consumer_release(cur)
-            smem_p.publish(acc_s, alpha, True)
-        if cutlass.const_expr(self.PERSISTENT):  # every S of the item has read Q: the next item's may load
-            q_pipe.consumer_release(q_cons)
-        last = ring_state(self.stages, tiles_before + plan.count - 1, producer=False)
-        smem_p.wait_full()
-        self.rescale_o(smem_p, acc_o_rc, tOcO_rc)
-        wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=last.index)
-        kv_pipe.consumer_release(last)
-
-    @cute.jit
-    def pv_tiles(self, plan, tiles_before, kv_pipe, pv_mma, tOrP, tOrV, smem_p, acc_o, acc_o_rc, tOcO_rc):
-        """Warpgroup 1 with OVERLAP: per tile, once P is published (P_FULL), O *= α and its half
-        of O += P·V; then it frees the slot and P (P_EMPTY)."""
-        for i in cutlass.range(plan.count, unroll=1):
-            cur = ring_state(self.stages, tiles_before + i, producer=False)
-            kv_pipe.consumer_wait(cur)
-            smem_p.wait_full()
-            self.rescale_o(smem_p, acc_o_rc, tOcO_rc)
-            wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=cur.index)
-            kv_pipe.consumer_release(cur)
-            smem_p.release()
 
     @cute.jit
     def rescale_o(self, smem_p, acc_o_rc, tOcO_rc):
