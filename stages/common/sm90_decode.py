@@ -49,7 +49,7 @@ Warp roles (384 threads)
                       fp32 O_part, and LSE.
     A KV slot is released when both warpgroups' P·V on it has completed (8 consumer warps).
 
-What a rung opts into (class flags; D2 sets all four, D3–D5 none — their PTX is what it was)
+What a rung opts into (class flags; D2 sets all three, D3–D5 none — their PTX is what it was)
     WIDE_STORE    the epilogue's O / partial leaves by 16-byte stores, each thread's words
                   transposed across its quad (stages/common/quad_store.py): stage E measured the
                   accumulator's 4-byte stores at ~14k cycles a 64 × 512 block
@@ -64,12 +64,10 @@ What a rung opts into (class flags; D2 sets all four, D3–D5 none — their PTX
                   warp fetches the next item's Q and first tiles during this item's last P·V and
                   epilogue; the MMA warpgroups meet once more at EPILOGUE after reading 1/ℓ, before
                   the next item's first α overwrites the row buffer
-    OVERLAP       warpgroup 0 software-pipelines its tiles (`s_tiles_overlapped`): it issues
-                  S_{i+1} and then its P·V_i as two wgmma groups, waits for S_{i+1} alone
-                  (wait_group 1) and runs that softmax while P·V_i is on the tensor cores;
-                  warpgroup 1 walks the tiles in `pv_tiles`; the two meet SmemP's barriers from
-                  their own loops, so unaligned (stages/common/unaligned_barriers.py).  Unmasked
-                  key sets only (D3–D5's boundary tile is not in that loop)
+    Tried and lost (H200, D2 b64s2h128n1152d512): warpgroup 0 issuing S_{i+1} before its P·V_i and
+    running that softmax beside P·V_i — 87.9 µs against 75.4: with two KV slots, slot i+1 is
+    refilled only when P·V_{i−1} is done, so S_{i+1} waits for a whole tile's load instead of the
+    softmax (docs/MASKED_DECODE.md).
 
 Tiles and shared memory
       d     block_n   slots   Q + 2 KV slots + P                         ≈ dynamic smem
