@@ -399,3 +399,17 @@ def test_kernel_stores_o_by_16_bytes_and_votes_on_the_o_rescale(d2_builds):
         per_thread = 2 * (d // 2) // 32 * (1 if case["splits"] == 1 else 2)
         assert len(re.findall(r"st\.global\.v4\.", attention)) == per_thread, case
         assert re.search(r"vote\.sync\.any\.pred", attention), case
+
+
+def test_warpgroup_0_takes_p_from_registers_and_only_arrives_at_p_full(d2_builds):
+    """D2 opts into REGISTER_P: of the P·V wgmmas (m64n{d/2}), those of warpgroup 0 read A = P from
+    registers (`{%r…}`), warpgroup 1's from shared memory (a descriptor) — as many of each; and the
+    named barriers are met unaligned (warpgroup 0 arrives at P_FULL where warpgroup 1 waits)."""
+    for case, res in d2_builds:
+        assert res.ok, f"{case}: {res.error}"
+        attention = next(e for e in Path(res.ptx_path).read_text().split(".entry ")[1:] if "wgmma" in e)
+        d = decode.parse_shape(case["shape"])["d"]
+        a_ops = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{d // 2}k16\.f32\.bf16\.bf16\s+\{{[^}}]*\}},\s*(\S)", attention)
+        regs, descs = a_ops.count("{"), len(a_ops) - a_ops.count("{")
+        assert regs > 0 and regs == descs, (case, regs, descs)
+        assert re.search(r"barrier\.cta\.arrive\s", attention) and not re.search(r"\bbar\.(sync|arrive)\s+[1-9]", attention), case

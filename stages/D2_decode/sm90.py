@@ -44,6 +44,7 @@ class Kernel(DecodeSm90):
     LAZY_RESCALE = True  # most tiles skip the O rescale (the house's doc)
     WIDE_STORE = True  # O leaves by 16-byte stores
     PERSISTENT = True  # min(CTAs, SMs) CTAs walk the row blocks: the next one's loads overlap this one's end
+    REGISTER_P = True  # warpgroup 0: P·V from its registers, issued before P is published for warpgroup 1
 
     def __init__(self, *, shape: str, splits, sm_count: int | None = None):
         # the SMs the splits and the persistent grid fill: the GPU's here (stages/common/device.py;

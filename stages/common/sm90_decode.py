@@ -49,7 +49,7 @@ Warp roles (384 threads)
                       fp32 O_part, and LSE.
     A KV slot is released when both warpgroups' P·V on it has completed (8 consumer warps).
 
-What a rung opts into (class flags; D2 sets all three, D3–D5 none — their PTX is what it was)
+What a rung opts into (class flags; D2 sets all four, D3–D5 none — their PTX is what it was)
     WIDE_STORE    the epilogue's O / partial leaves by 16-byte stores, each thread's words
                   transposed across its quad (stages/common/quad_store.py): stage E measured the
                   accumulator's 4-byte stores at ~14k cycles a 64 × 512 block
@@ -64,6 +64,12 @@ What a rung opts into (class flags; D2 sets all three, D3–D5 none — their PT
                   warp fetches the next item's Q and first tiles during this item's last P·V and
                   epilogue; the MMA warpgroups meet once more at EPILOGUE after reading 1/ℓ, before
                   the next item's first α overwrites the row buffer
+    REGISTER_P    warpgroup 0's P·V is an RS wgmma on P = bf16(S) in its registers
+                  (`register_p_tile`, `pv_rs_mma`; proven at trace time to be S's accumulator and
+                  S's rows to be O's), issued before P is stored for warpgroup 1, so the stmatrix,
+                  the async-proxy fence and the P_FULL arrive run beside it; warpgroup 0 scales its
+                  O by α in registers and arrives at P_FULL without waiting (SmemP's barriers met
+                  unaligned, stages/common/unaligned_barriers.py)
     Tried and lost (H200, D2 b64s2h128n1152d512): warpgroup 0 issuing S_{i+1} before its P·V_i and
     running that softmax beside P·V_i — 87.9 µs against 75.4: with two KV slots, slot i+1 is
     refilled only when P·V_{i−1} is done, so S_{i+1} waits for a whole tile's load instead of the
@@ -99,7 +105,8 @@ from stages.common import hang_guard
 from stages.common.combine import SplitCombine, sink_factor
 from stages.common.inspection import expose
 from stages.common.scheduler import SM_COUNT, DecodeGrid, VisitPlan, key_limit, resolve_splits, valid_tiles, visit_tiles
-from stages.common.sm90_idioms import acc_rows_cols, wgmma_sync
+from stages.common.sm90_idioms import (acc_rows_cols, accumulator_to_a_operand, check_accumulator_is_a_operand,
+                                       check_rows_shared, wgmma_sync)
 from stages.common.sm90_setup import TmaPipe, load_once, smem_struct, smem_tensors, tma_pipelines, tma_tiles, wait_once
 from stages.common.sm90_kv_slots import check_same_bytes, kv_layouts, ring_state  # noqa: F401 (check_same_bytes: D2's tests)
 from stages.common.sm90_smem_p import SmemP, smem_p_mmas
@@ -109,7 +116,24 @@ from stages.common.quad_store import check_accumulator_layout, store_accumulator
 from stages.common.masks import mask_scores, zero_kv_rows
 from stages.common.tma import prefetch_descriptors, sm90_tma_load
 from stages.common.device import SMEM_LIMIT  # the largest dynamic shared memory of a CTA
+from stages.common.unaligned_barriers import named_arrive, named_sync
 
+
+
+@cute.jit
+def wgmma_issue(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Tensor, a_slot=None, b_slot=None,
+                zero_init: cutlass.Constexpr[bool] = False):
+    """acc = A · B (zero_init) or acc += A · B issued as one wgmma group (fence, the K steps,
+    commit_group) and NOT waited for: the caller's warpgroup.wait_group(k) does (stages/common/
+    sm90_idioms.py's wgmma_sync is this and wait_group(0))."""
+    warpgroup.fence()
+    tiled_mma.set(warpgroup.Field.ACCUMULATE, not zero_init)
+    for k in cutlass.range_constexpr(cute.size(a, mode=[2])):
+        a_k = a[None, None, k] if cutlass.const_expr(a_slot is None) else a[None, None, k, a_slot]
+        b_k = b[None, None, k] if cutlass.const_expr(b_slot is None) else b[None, None, k, b_slot]
+        cute.gemm(tiled_mma, acc, a_k, b_k, acc)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
 
 
 @dataclass(frozen=True)
@@ -157,9 +181,14 @@ class DecodeSm90:
     #                 fetches the next item's Q (once warpgroup 0's last S of this one is done)
     #                 and KV tiles while the MMA warpgroups finish this one (softmax, P·V,
     #                 epilogue); the pipelines' states run on across items
+    #   REGISTER_P    warpgroup 0's P·V takes P from its own registers (S's accumulator converted:
+    #                 an RS wgmma, `pv_rs_mma`) and is issued before P is published: the stmatrix,
+    #                 fence and P_FULL arrive for warpgroup 1 run beside it, and warpgroup 0 never
+    #                 waits at P_FULL (arrive only; the warpgroups meet SmemP unaligned)
     LAZY_RESCALE = False
     WIDE_STORE = False
     PERSISTENT = False
+    REGISTER_P = False
 
     def setup(self, *, b: int, s_q: int, h_q: int, d: int, branches, splits, sm_count: int = SM_COUNT,
               sink: bool = False) -> None:
@@ -193,6 +222,15 @@ class DecodeSm90:
         smem = 2 * (self.BLOCK_M * d + self.stages * self.block_n * d + self.BLOCK_M * self.block_n) + 4096
         if smem > SMEM_LIMIT:
             raise ValueError(f"{self.STAGE}: {smem} bytes of shared memory needed, {SMEM_LIMIT} available")
+
+    def pv_rs_mma(self, dtype):
+        """REGISTER_P: O += P·V as `smem_p_mmas`' pv_mma but A = P from registers (an RS wgmma).
+        Made where it is used (a tiled MMA caches values of a trace)."""
+        return sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, cutlass.Float32,
+            (1, self.NUM_MMA_WG, 1), tiler_mn=(self.BLOCK_M, self.d // self.NUM_MMA_WG),
+            a_source=warpgroup.OperandSource.RMEM,
+        )
 
     def launch_grid(self) -> tuple[int, int, int]:
         """The attention launch's grid: one CTA an item (`sched.grid`), or PERSISTENT's
@@ -239,6 +277,9 @@ class DecodeSm90:
 
         # S = Q·Kᵀ on warpgroup 0 (m64 n{bn}); O = P·V with O's d columns over the MMA warpgroups.
         qk_mma, pv_mma = smem_p_mmas(dtype, bm, bn, d, self.NUM_MMA_WG)
+        if cutlass.const_expr(self.REGISTER_P):  # S's accumulator is P's A fragment; S's rows are O's
+            check_accumulator_is_a_operand(qk_mma, self.pv_rs_mma(dtype), (bm, bn))
+            check_rows_shared(qk_mma, self.pv_rs_mma(dtype), (bm, bn), d)
         if cutlass.const_expr(self.WIDE_STORE):  # the wide stores rely on the accumulator's layout
             check_accumulator_layout(pv_mma, (bm, d), list(range(32)) + [45, 77, 109] + list(range(128, 160)) + [205, 237],
                                      d // self.NUM_MMA_WG)
@@ -441,13 +482,20 @@ class DecodeSm90:
         tSrQ = qk_mma.make_fragment_A(thr_qk.partition_A(sQ))  # (MMA, 1, d/16, 1)
         tSrK = qk_mma.make_fragment_B(thr_qk.partition_B(sK))  # (MMA, 1, d/16, stages)
         s_shape = thr_qk.partition_shape_C((bm, bn))
-        smem_p = SmemP.create(self, qk_mma, sP, s_row, tid_wg, mma_threads)  # P and the row factors → the P·V warpgroups
+        if cutlass.const_expr(self.REGISTER_P):  # warpgroup 0 arrives at P_FULL, 1 waits: met unaligned
+            smem_p = SmemP.create(self, qk_mma, sP, s_row, tid_wg, mma_threads, sync=named_sync, arrive=named_arrive)
+        else:
+            smem_p = SmemP.create(self, qk_mma, sP, s_row, tid_wg, mma_threads)  # P and the row factors → the P·V warpgroups
         tScS_rc = smem_p.tScS_rc  # (row, key)
 
         # O side: this thread's part of its warpgroup's d/2 columns.
         thr_pv = pv_mma.get_slice(tidx)
         tOrP = pv_mma.make_fragment_A(thr_pv.partition_A(sP))  # (MMA, 1, bn/16)
         tOrV = pv_mma.make_fragment_B(thr_pv.partition_B(sVt))  # (MMA, 1, bn/16, stages)
+        tOrV_rs = None
+        if cutlass.const_expr(self.REGISTER_P):  # warpgroup 0's P·V: the same Vᵀ as an RS wgmma's B
+            pv_rs = self.pv_rs_mma(sVt.element_type)
+            tOrV_rs = pv_rs.make_fragment_B(pv_rs.get_slice(tidx).partition_B(sVt))
         o_shape = thr_pv.partition_shape_C((bm, d))
         tOcO_rc = acc_rows_cols(thr_pv.partition_C(cute.make_identity_tensor((bm, d))))  # (row, col)
         tOgO = None
@@ -485,12 +533,21 @@ class DecodeSm90:
                 if cutlass.const_expr(self.masked):
                     self.mask_boundary(plan, limits, i, acc_rows_cols(acc_s), tScS_rc, sK[None, None, kv_cons.index], tid_wg)
                 alpha = softmax.update(acc_rows_cols(acc_s))
-                # P and α out (after warpgroup 1 is done with the previous ones); its async-proxy
-                # fence also covers the KV rows mask_boundary zeroed.
-                smem_p.publish(acc_s, alpha, i > 0)
-            smem_p.wait_full()
-            self.rescale_o(smem_p, acc_o_rc, tOcO_rc)
-            wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
+                if cutlass.const_expr(self.REGISTER_P):
+                    self.register_p_tile(acc_s, alpha, i, smem_p, acc_o, acc_o_rc, num_rows, tOrV_rs, kv_cons.index, tid_wg)
+                else:
+                    # P and α out (after warpgroup 1 is done with the previous ones); its async-proxy
+                    # fence also covers the KV rows mask_boundary zeroed.
+                    smem_p.publish(acc_s, alpha, i > 0)
+            if cutlass.const_expr(self.REGISTER_P):
+                if wg == 1:
+                    smem_p.wait_full()
+                    self.rescale_o(smem_p, acc_o_rc, tOcO_rc)
+                    wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
+            else:
+                smem_p.wait_full()
+                self.rescale_o(smem_p, acc_o_rc, tOcO_rc)
+                wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
             kv_pipe.consumer_release(kv_cons)
             kv_cons.advance()
             if wg == 1:
@@ -562,6 +619,28 @@ class DecodeSm90:
         if cutlass.const_expr(self.splits == 1):
             return thr_pv.partition_C(cute.local_tile(mO, (bm, d), (self.sched.row_block(work), 0)))
         return thr_pv.partition_C(cute.local_tile(mOp, (bm, d), (self.sched.partial_row_block(work), 0)))
+
+    @cute.jit
+    def register_p_tile(self, acc_s, alpha, i, smem_p, acc_o, acc_o_rc, num_rows: cutlass.Constexpr[int], tOrV_rs,
+                        slot, tid_wg):
+        """REGISTER_P, warpgroup 0 after its softmax of tile i: O *= α where a row of the warp
+        moved its max (S's rows are O's: check_rows_shared), issue O += P·V with P = bf16(S) in
+        registers (an RS wgmma), then — while it runs — publish P and α for warpgroup 1 (after
+        P_EMPTY from the second tile) and arrive at P_FULL; wait for the P·V."""
+        dtype = smem_p.tPsP.element_type
+        pv_rs = self.pv_rs_mma(dtype)
+        r_p = accumulator_to_a_operand(acc_s, pv_rs.get_slice(tid_wg), (self.BLOCK_M, self.block_n), dtype)
+        if cutlass.const_expr(self.LAZY_RESCALE):
+            if needs_rescale(alpha, num_rows):
+                for r in cutlass.range_constexpr(num_rows):
+                    scale_rows(acc_o_rc, r, alpha[r])
+        else:
+            for r in cutlass.range_constexpr(num_rows):
+                scale_rows(acc_o_rc, r, alpha[r])
+        wgmma_issue(pv_rs, acc_o, r_p, tOrV_rs, b_slot=slot)
+        smem_p.publish(acc_s, alpha, i > 0)
+        smem_p.arrive_full()
+        warpgroup.wait_group(0)
 
     @cute.jit
     def rescale_o(self, smem_p, acc_o_rc, tOcO_rc):
