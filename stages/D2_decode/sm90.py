@@ -22,6 +22,12 @@ and the sink.  What is new in this rung, and lives there:
     NaN beyond n.  The TMA tensor of KV has extent n (not n_alloc) along the keys, and the
         scheduler never asks for a tile past n: a row ≥ n is never loaded.
 
+Speed (issue 30 item 4; docs/MASKED_DECODE.md): D2 turns on four of the house's flags —
+    WIDE_STORE (16-byte O stores), LAZY_RESCALE (most tiles skip the O rescale), PERSISTENT
+    (min(row blocks · splits, SMs) CTAs walk the work: the next block's Q and tiles load during
+    this one's last P·V and epilogue) and REGISTER_P (warpgroup 0's P·V from its registers,
+    issued before P is stored for warpgroup 1).  The SM count is the GPU's (stages/common/device.py).
+
 Limits: h_q a multiple of 64; d ∈ {64, 128, 256, 512}; n a multiple of block_n (64 at d = 512,
 else 128); splits ≤ the scratch capacity (oracles/decode.py).
 """
