@@ -219,6 +219,33 @@ def test_scheduler_covers_every_row_block_and_tile_once(grid):
     assert partial_blocks == set(range(grid.splits * grid.row_blocks))
 
 
+@pytest.mark.parametrize("grid", [sch.DecodeGrid(2, 2, 64, 1, 18), sch.DecodeGrid(1, 2, 1, 7, 18), sch.DecodeGrid(2, 3, 2, 21, 18)])
+@pytest.mark.parametrize("ctas", [1, 7, 132])
+def test_persistent_ctas_walk_every_item_once_in_the_grids_order(grid, ctas):
+    """A persistent CTA c walks items c, c + ctas, … (the kernel's loop); item i is the work of
+    the CTA the plain grid numbers i, x fastest — so together the CTAs do every CTA's work once,
+    and the items running at one time are neighbours (they read the same KV tiles)."""
+    gx, gy, gz = grid.grid
+    assert grid.items == gx * gy * gz
+    assert [grid.item(i) for i in range(grid.items)] == [
+        grid.work(bx, by, bz) for bz, by, bx in itertools.product(range(gz), range(gy), range(gx))]
+    walked = [i for c in range(min(ctas, grid.items)) for i in range(c, grid.items, min(ctas, grid.items))]
+    assert sorted(walked) == list(range(grid.items))
+
+
+def test_d2_runs_persistent_ctas_and_the_masked_rungs_do_not():
+    """D2's launch is min(work items, SMs) CTAs (PERSISTENT); D3 keeps one CTA an item."""
+    from stages.D2_decode.sm90 import Kernel
+    from stages.D3_swa.sm90 import Kernel as D3Kernel
+
+    k = Kernel(shape="b64s2h128n1152d512", splits="auto", sm_count=132)
+    assert k.PERSISTENT and k.sched.items == 256 and k.launch_grid() == (132, 1, 1)
+    assert Kernel(shape="b1s2h64n4096d512", splits=1, sm_count=132).launch_grid() == (2, 1, 1)
+    assert Kernel(shape="b64s2h128n1152d512", splits="auto", sm_count=114).launch_grid() == (114, 1, 1)
+    d3 = D3Kernel(shape="b4s2h128n1152d512", splits=1)
+    assert not d3.PERSISTENT and d3.launch_grid() == d3.sched.grid
+
+
 def test_empty_splits_also_below_the_tile_count():
     g = sch.DecodeGrid(1, 1, 1, 7, 18)  # chunk 3: splits 0..5 hold tiles, split 6 is empty
     assert g.chunk == 3 and sch.nonempty_splits(18, 7) == 6
@@ -357,3 +384,32 @@ def test_kernel_builds_reads_kv_once_rebalances_registers_and_combines_only_when
         assert entries == (1 if case["splits"] == 1 else 2), (case, entries)  # + the combine kernel
         if shutil.which("ptxas"):
             assert res.resources["spill"] == 0, (case, res.resources)
+
+
+def test_kernel_stores_o_by_16_bytes_and_votes_on_the_o_rescale(d2_builds):
+    """D2 opts into the house's WIDE_STORE and LAZY_RESCALE (stages/common/sm90_decode.py): the
+    epilogue's O (bf16) or partial (fp32) leaves by 16-byte stores (stages/common/quad_store.py:
+    per thread 2 row halves × (d/2)/32 quad blocks, twice for fp32), and each warp votes whether
+    any of its rows' α moved before rescaling O (stages/common/lazy_softmax.py)."""
+    for case, res in d2_builds:
+        assert res.ok, f"{case}: {res.error}"
+        ptx = Path(res.ptx_path).read_text()
+        attention = next(e for e in ptx.split(".entry ")[1:] if "wgmma" in e)
+        d = decode.parse_shape(case["shape"])["d"]
+        per_thread = 2 * (d // 2) // 32 * (1 if case["splits"] == 1 else 2)
+        assert len(re.findall(r"st\.global\.v4\.", attention)) == per_thread, case
+        assert re.search(r"vote\.sync\.any\.pred", attention), case
+
+
+def test_warpgroup_0_takes_p_from_registers_and_only_arrives_at_p_full(d2_builds):
+    """D2 opts into REGISTER_P: of the P·V wgmmas (m64n{d/2}), those of warpgroup 0 read A = P from
+    registers (`{%r…}`), warpgroup 1's from shared memory (a descriptor) — as many of each; and the
+    named barriers are met unaligned (warpgroup 0 arrives at P_FULL where warpgroup 1 waits)."""
+    for case, res in d2_builds:
+        assert res.ok, f"{case}: {res.error}"
+        attention = next(e for e in Path(res.ptx_path).read_text().split(".entry ")[1:] if "wgmma" in e)
+        d = decode.parse_shape(case["shape"])["d"]
+        a_ops = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{d // 2}k16\.f32\.bf16\.bf16\s+\{{[^}}]*\}},\s*(\S)", attention)
+        regs, descs = a_ops.count("{"), len(a_ops) - a_ops.count("{")
+        assert regs > 0 and regs == descs, (case, regs, descs)
+        assert re.search(r"barrier\.cta\.arrive\s", attention) and not re.search(r"\bbar\.(sync|arrive)\s+[1-9]", attention), case

@@ -78,6 +78,15 @@ def _protocols(stage_id: str, case: dict, arch: str = "sm_100a"):
                                                             for s in range(k.sched.segments(part))))
             yield n, n / k.KV_STAGES, proto
         return
+    if arch == "sm_90a" and stage_id in DECODE and k.PERSISTENT:  # every CTA's walk over its items
+        g = k.sched
+        for c in range(k.grid_ctas):
+            tiles = [max(g.item(i).tile_end - g.item(i).tile_begin, 0) for i in range(c, g.items, k.grid_ctas)]
+            yield sum(tiles), sum(tiles) / k.stages, P.decode_sm90_persistent(k, tiles)
+        # and walks with an empty item (an empty split) between, before and after ones with tiles
+        for tiles in ([0, 2, 0, 3], [3, 0, 1], [1, 1, 1, 1, 1]):
+            yield sum(tiles), sum(tiles) / k.stages, P.decode_sm90_persistent(k, tiles)
+        return
     if arch == "sm_90a":
         most = _max_tiles(k) if stage_id in DECODE else k.s_kv // k.BLOCK_K if stage_id == "I1" else k.CHUNK_TILES
         slots = k.stages if stage_id in DECODE else k.STAGES
@@ -152,6 +161,16 @@ def test_an_arrive_count_off_by_one_deadlocks_and_names_the_barrier():
     assert missing and "deadlock" in missing and "raw.empty[0]" in missing, missing
     extra = simulate(_planted(good, "mma", "kv.empty", +1))
     assert extra and "kv.empty" in extra and ("arrivals in phase" in extra or "lapped" in extra), extra
+
+
+def test_d2_persistent_walk_completes_and_a_q_never_freed_deadlocks_at_the_next_item():
+    """D2's persistent CTAs (sm90): Q is loaded once an item; warpgroup 0 frees it after the
+    item's last S.  Without that release the load warp waits for the Q slot of item 2 forever."""
+    k = _kernel("D2", {"shape": "b64s2h128n1152d512", "splits": "auto"}, "sm_90a")
+    good = P.decode_sm90_persistent(k, [18, 18])
+    assert simulate(good) is None
+    stuck = simulate(_planted(good, "mma", "q.empty", -4))  # warpgroup 0's 4 warps never arrive
+    assert stuck and "deadlock" in stuck and "role load waits on q.empty[0]" in stuck, stuck
 
 
 def test_the_simulator_reports_a_lapped_ring_and_a_stray_arrival():
@@ -273,6 +292,8 @@ def test_sm90_protocol_counts_and_bytes_are_the_compiled_kernels(compiled_sm90, 
         proto = P.one_cta(P.sparse_sm90(k, 0))
     else:
         proto = P.decode_sm90(k, 2) if label in DECODE else P.indexer_sm90(k, 2, paged=label == "I2")
+        if label in DECODE and k.PERSISTENT:
+            proto = P.decode_sm90_persistent(k, [2, 1])
     assert cross_check(proto, r["facts"]) == []
 
 

@@ -22,6 +22,12 @@ and the sink.  What is new in this rung, and lives there:
     NaN beyond n.  The TMA tensor of KV has extent n (not n_alloc) along the keys, and the
         scheduler never asks for a tile past n: a row ≥ n is never loaded.
 
+Speed (issue 30 item 4; docs/MASKED_DECODE.md): D2 turns on four of the house's flags —
+    WIDE_STORE (16-byte O stores), LAZY_RESCALE (most tiles skip the O rescale), PERSISTENT
+    (min(row blocks · splits, SMs) CTAs walk the work: the next block's Q and tiles load during
+    this one's last P·V and epilogue) and REGISTER_P (warpgroup 0's P·V from its registers,
+    issued before P is stored for warpgroup 1).  The SM count is the GPU's (stages/common/device.py).
+
 Limits: h_q a multiple of 64; d ∈ {64, 128, 256, 512}; n a multiple of block_n (64 at d = 512,
 else 128); splits ≤ the scratch capacity (oracles/decode.py).
 """
@@ -30,7 +36,8 @@ import cuda.bindings.driver as cuda
 
 import cutlass.cute as cute
 
-from stages.common.scheduler import SM_COUNT, DecodeShape
+from stages.common.device import sm_count as device_sm_count
+from stages.common.scheduler import DecodeShape
 from stages.common.sm90_decode import DecodeSm90, KeyBranch
 from stages.common.sm90_kv_slots import check_same_bytes, kv_layouts  # noqa: F401 (tests)
 
@@ -40,8 +47,15 @@ class Kernel(DecodeSm90):
     KV read once per tile (K and V views of one slot), split-KV with an LSE combine."""
 
     STAGE = "stage D2 sm90"
+    LAZY_RESCALE = True  # most tiles skip the O rescale (the house's doc)
+    WIDE_STORE = True  # O leaves by 16-byte stores
+    PERSISTENT = True  # min(CTAs, SMs) CTAs walk the row blocks: the next one's loads overlap this one's end
+    REGISTER_P = True  # warpgroup 0: P·V from its registers, issued before P is published for warpgroup 1
 
-    def __init__(self, *, shape: str, splits, sm_count: int = SM_COUNT):
+    def __init__(self, *, shape: str, splits, sm_count: int | None = None):
+        # the SMs the splits and the persistent grid fill: the GPU's here (stages/common/device.py;
+        # compile-only on a CPU: sm_90a's 132), keyed in the compile cache
+        sm_count = device_sm_count("sm_90a") if sm_count is None else sm_count
         p = DecodeShape.parse(shape)
         self.p = p
         self.setup(b=p.b, s_q=p.s_q, h_q=p.h_q, d=p.d, branches=(KeyBranch("n", p.n, p.n_alloc),),

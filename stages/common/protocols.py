@@ -19,7 +19,8 @@ Families covered:
     indexer_sm100  stages/common/indexer.py's Sm100 indexer (I1, I2): load warp, MMA warp,
                    128 epilogue threads; pipelines q, k, acc
     decode_sm90    stages/common/sm90_decode.py's DecodeSm90 (D2–D5 on Hopper): load warp, the two
-                   MMA warpgroups; pipelines q, kv (named barriers P_FULL / P_EMPTY not modelled)
+                   MMA warpgroups; pipelines q, kv (named barriers P_FULL / P_EMPTY not modelled);
+                   decode_sm90_persistent: D2's persistent CTAs, item after item (Q a item)
     indexer_sm90   I1 / I2 on Hopper: load warp, the MMA warpgroups (I2's take alternate tiles)
 
     sparse_sm90    stage E on Hopper: persistent parts (segment after segment, the ring running on),
@@ -277,6 +278,49 @@ def decode_sm90(k, tiles: int) -> Protocol:
     warps = k.MMA_THREADS // 32
     return tma_ring_sm90(type(k).__module__, tiles, k.stages, k.BLOCK_M * k.d * 2, 4, k.block_n * k.d * 2, warps,
                          (("mma", 0, 1, warps),))
+
+
+def decode_sm90_persistent(k, item_tiles: list[int]) -> Protocol:
+    """DecodeSm90 with PERSISTENT (stage D2 on Hopper): one CTA walking its items, item j
+    visiting item_tiles[j] KV tiles (0: an empty split, no load at all).  Per item with tiles
+    the load warp waits for the Q slot (the item before freed it), loads Q, then the tiles into
+    the ring, which runs on across items; warpgroup 0 waits for that Q and frees it after the
+    item's last S (4 warps, one arrival each); both warpgroups wait for and release each slot."""
+    warps = k.MMA_THREADS // 32
+    q_bytes, k_bytes, slots = k.BLOCK_M * k.d * 2, k.block_n * k.d * 2, k.stages
+
+    def load() -> Iterator[Op]:
+        t = q = 0
+        for n in item_tiles:
+            if n == 0:
+                continue
+            yield producer_wait("q.empty", q, 1)
+            yield Arrive("q.full", 0, 1, q_bytes)
+            yield Bytes("q.full", 0, q_bytes)
+            for _ in range(n):
+                yield producer_wait("k.empty", t, slots)
+                yield Arrive("k.full", ring(t, slots)[0], 1, k_bytes)
+                yield Bytes("k.full", ring(t, slots)[0], k_bytes)
+                t += 1
+            q += 1
+
+    def mma() -> Iterator[Op]:
+        t = q = 0
+        for n in item_tiles:
+            if n == 0:
+                continue
+            yield consumer_wait("q.full", q, 1)
+            for i in range(n):
+                yield consumer_wait("k.full", t, slots)
+                if i == n - 1:
+                    yield Arrive("q.empty", 0, 4)  # warpgroup 0, after the item's last S
+                yield Arrive("k.empty", ring(t, slots)[0], warps)
+                t += 1
+            q += 1
+
+    bars = {"q.full": Barrier(1, 1), "q.empty": Barrier(1, 4), "k.full": Barrier(slots, 1), "k.empty": Barrier(slots, warps)}
+    return Protocol(f"{type(k).__module__} items={item_tiles}", bars, {"load": load, "mma": mma},
+                    {"q": {q_bytes}, "k": {k_bytes}})
 
 
 def indexer_sm90(k, tiles: int, paged: bool) -> Protocol:

@@ -281,6 +281,18 @@ class DecodeGrid:
         end = _min(begin + self.chunk, self.num_tiles)
         return DecodeWork(head_block, token, bz, by, begin, end)
 
+    @property
+    def items(self) -> int:
+        """Work items of the launch: one per CTA of `grid` (a persistent kernel walks them)."""
+        gx, gy, gz = self.grid
+        return gx * gy * gz
+
+    def item(self, i) -> DecodeWork:
+        """The work of item i (0 … items − 1): that of the CTA `grid` would number i, x fastest
+        (so the items that run together read the same KV tiles, as the grid's CTAs do)."""
+        gx, gy, _ = self.grid
+        return self.work(i % gx, (i // gx) % gy, i // (gx * gy))
+
     def row_block(self, w: DecodeWork):
         """Index of w's 64-row block in O and Q viewed as [b · s_q · h_q / block_m] blocks of
         rows (rows = (batch, token, head) row-major)."""

@@ -49,6 +49,32 @@ Warp roles (384 threads)
                       fp32 O_part, and LSE.
     A KV slot is released when both warpgroups' P·V on it has completed (8 consumer warps).
 
+What a rung opts into (class flags; D2 sets all four, D3–D5 none — their PTX is what it was)
+    WIDE_STORE    the epilogue's O / partial leaves by 16-byte stores, each thread's words
+                  transposed across its quad (stages/common/quad_store.py): stage E measured the
+                  accumulator's 4-byte stores at ~14k cycles a 64 × 512 block
+    LAZY_RESCALE  the online softmax keeps a row's max until it grew by 2^8
+                  (stages/common/lazy_softmax.py): most tiles' α is 1 and each warp skips the
+                  O rescale (a vote on its rows' α; both warpgroups read α from the row buffer)
+    PERSISTENT    grid = min(items, SMs) CTAs, CTA c walking items c, c + grid, … (an item is a
+                  CTA of the plain grid: `DecodeGrid.item`).  Each role recomputes an item's plan;
+                  the KV ring's and the Q slot's pipeline states are placed by the tiles and Q
+                  loads of the CTA's earlier items (`ring_state`).  Warpgroup 0 frees Q (the q
+                  pipeline's empty barrier, 4 warps) once the item's last S is done, so the load
+                  warp fetches the next item's Q and first tiles during this item's last P·V and
+                  epilogue; the MMA warpgroups meet once more at EPILOGUE after reading 1/ℓ, before
+                  the next item's first α overwrites the row buffer
+    REGISTER_P    warpgroup 0's P·V is an RS wgmma on P = bf16(S) in its registers
+                  (`register_p_tile`, `pv_rs_mma`; proven at trace time to be S's accumulator and
+                  S's rows to be O's), issued before P is stored for warpgroup 1, so the stmatrix,
+                  the async-proxy fence and the P_FULL arrive run beside it; warpgroup 0 scales its
+                  O by α in registers and arrives at P_FULL without waiting (SmemP's barriers met
+                  unaligned, stages/common/unaligned_barriers.py)
+    Tried and lost (H200, D2 b64s2h128n1152d512): warpgroup 0 issuing S_{i+1} before its P·V_i and
+    running that softmax beside P·V_i — 87.9 µs against 75.4: with two KV slots, slot i+1 is
+    refilled only when P·V_{i−1} is done, so S_{i+1} waits for a whole tile's load instead of the
+    softmax (docs/MASKED_DECODE.md).
+
 Tiles and shared memory
       d     block_n   slots   Q + 2 KV slots + P                         ≈ dynamic smem
       64      128       2     8 + 2·16 + 16 KiB                            57 KiB
@@ -79,15 +105,35 @@ from stages.common import hang_guard
 from stages.common.combine import SplitCombine, sink_factor
 from stages.common.inspection import expose
 from stages.common.scheduler import SM_COUNT, DecodeGrid, VisitPlan, key_limit, resolve_splits, valid_tiles, visit_tiles
-from stages.common.sm90_idioms import acc_rows_cols, wgmma_sync
+from stages.common.sm90_idioms import (acc_rows_cols, accumulator_to_a_operand, check_accumulator_is_a_operand,
+                                       check_rows_shared, wgmma_sync)
 from stages.common.sm90_setup import TmaPipe, load_once, smem_struct, smem_tensors, tma_pipelines, tma_tiles, wait_once
-from stages.common.sm90_kv_slots import check_same_bytes, kv_layouts  # noqa: F401 (check_same_bytes: D2's tests)
+from stages.common.sm90_kv_slots import check_same_bytes, kv_layouts, ring_state  # noqa: F401 (check_same_bytes: D2's tests)
 from stages.common.sm90_smem_p import SmemP, smem_p_mmas
-from stages.common.softmax import OnlineSoftmax, final_lse
+from stages.common.softmax import OnlineSoftmax, final_lse, scale_rows
+from stages.common.lazy_softmax import LazyOnlineSoftmax, needs_rescale
+from stages.common.quad_store import check_accumulator_layout, store_accumulator_wide
 from stages.common.masks import mask_scores, zero_kv_rows
 from stages.common.tma import prefetch_descriptors, sm90_tma_load
 from stages.common.device import SMEM_LIMIT  # the largest dynamic shared memory of a CTA
+from stages.common.unaligned_barriers import named_arrive, named_sync
 
+
+
+@cute.jit
+def wgmma_issue(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Tensor, a_slot=None, b_slot=None,
+                zero_init: cutlass.Constexpr[bool] = False):
+    """acc = A · B (zero_init) or acc += A · B issued as one wgmma group (fence, the K steps,
+    commit_group) and NOT waited for: the caller's warpgroup.wait_group(k) does (stages/common/
+    sm90_idioms.py's wgmma_sync is this and wait_group(0))."""
+    warpgroup.fence()
+    tiled_mma.set(warpgroup.Field.ACCUMULATE, not zero_init)
+    for k in cutlass.range_constexpr(cute.size(a, mode=[2])):
+        a_k = a[None, None, k] if cutlass.const_expr(a_slot is None) else a[None, None, k, a_slot]
+        b_k = b[None, None, k] if cutlass.const_expr(b_slot is None) else b[None, None, k, b_slot]
+        cute.gemm(tiled_mma, acc, a_k, b_k, acc)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
 
 
 @dataclass(frozen=True)
@@ -123,6 +169,26 @@ class DecodeSm90:
     LOAD_REGS = 24
     HEAD_DIMS = (64, 128, 256, 512)
     KV_STAGES = 2
+    # What a rung opts into (D2 does; D3–D5 keep the plain house until re-proven with them):
+    #   LAZY_RESCALE  the conditional O rescale (stages/common/lazy_softmax.py): a row keeps its
+    #                 max until it has grown by 2^8, so most tiles' α is 1 and each warp skips
+    #                 the O rescale (a warp vote on its rows' α)
+    #   WIDE_STORE    O (or the fp32 partial) leaves by 16-byte stores, each thread's words
+    #                 transposed across its quad (stages/common/quad_store.py) — a quarter of the
+    #                 store instructions of the accumulator as it lies
+    #   PERSISTENT    a grid of min(CTAs, SMs) CTAs, each walking the launch's work items (row
+    #                 block × split, `DecodeGrid.item`) item + k · grid in turn: the load warp
+    #                 fetches the next item's Q (once warpgroup 0's last S of this one is done)
+    #                 and KV tiles while the MMA warpgroups finish this one (softmax, P·V,
+    #                 epilogue); the pipelines' states run on across items
+    #   REGISTER_P    warpgroup 0's P·V takes P from its own registers (S's accumulator converted:
+    #                 an RS wgmma, `pv_rs_mma`) and is issued before P is published: the stmatrix,
+    #                 fence and P_FULL arrive for warpgroup 1 run beside it, and warpgroup 0 never
+    #                 waits at P_FULL (arrive only; the warpgroups meet SmemP unaligned)
+    LAZY_RESCALE = False
+    WIDE_STORE = False
+    PERSISTENT = False
+    REGISTER_P = False
 
     def setup(self, *, b: int, s_q: int, h_q: int, d: int, branches, splits, sm_count: int = SM_COUNT,
               sink: bool = False) -> None:
@@ -148,12 +214,28 @@ class DecodeSm90:
         ctas = head_blocks * s_q * b
         self.splits = resolve_splits(splits, ctas=ctas, num_tiles=num_tiles, sm_count=sm_count)
         self.sched = DecodeGrid(head_blocks, s_q, b, self.splits, num_tiles)
+        # PERSISTENT: one CTA a SM at most (the shared memory holds one), each walking items
+        self.grid_ctas = min(self.sched.items, sm_count)
         self.rows = b * s_q * h_q
         self.scale_log2 = math.log2(math.e) / math.sqrt(d)
         self.stages = self.KV_STAGES
         smem = 2 * (self.BLOCK_M * d + self.stages * self.block_n * d + self.BLOCK_M * self.block_n) + 4096
         if smem > SMEM_LIMIT:
             raise ValueError(f"{self.STAGE}: {smem} bytes of shared memory needed, {SMEM_LIMIT} available")
+
+    def pv_rs_mma(self, dtype):
+        """REGISTER_P: O += P·V as `smem_p_mmas`' pv_mma but A = P from registers (an RS wgmma).
+        Made where it is used (a tiled MMA caches values of a trace)."""
+        return sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, cutlass.Float32,
+            (1, self.NUM_MMA_WG, 1), tiler_mn=(self.BLOCK_M, self.d // self.NUM_MMA_WG),
+            a_source=warpgroup.OperandSource.RMEM,
+        )
+
+    def launch_grid(self) -> tuple[int, int, int]:
+        """The attention launch's grid: one CTA an item (`sched.grid`), or PERSISTENT's
+        min(items, SMs) CTAs along x."""
+        return (self.grid_ctas, 1, 1) if self.PERSISTENT else self.sched.grid
 
     def check_shapes(self, want: dict, O_part, LSE_part) -> None:
         """Trace time: each tensor of `want` ({name: (tensor, shape)}) has the shape the case
@@ -195,6 +277,12 @@ class DecodeSm90:
 
         # S = Q·Kᵀ on warpgroup 0 (m64 n{bn}); O = P·V with O's d columns over the MMA warpgroups.
         qk_mma, pv_mma = smem_p_mmas(dtype, bm, bn, d, self.NUM_MMA_WG)
+        if cutlass.const_expr(self.REGISTER_P):  # S's accumulator is P's A fragment; S's rows are O's
+            check_accumulator_is_a_operand(qk_mma, self.pv_rs_mma(dtype), (bm, bn))
+            check_rows_shared(qk_mma, self.pv_rs_mma(dtype), (bm, bn), d)
+        if cutlass.const_expr(self.WIDE_STORE):  # the wide stores rely on the accumulator's layout
+            check_accumulator_layout(pv_mma, (bm, d), list(range(32)) + [45, 77, 109] + list(range(128, 160)) + [205, 237],
+                                     d // self.NUM_MMA_WG)
 
         q_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bm, bn, d), dtype, 1)
         k_smem, vt_smem = kv_layouts(dtype, d, bn, self.stages, d // self.NUM_MMA_WG)
@@ -219,7 +307,7 @@ class DecodeSm90:
         self.kernel(
             qk_mma, pv_mma, tma_q, tma_Q, tma_kv, tma_KV, tma_kv2, tma_KV2, lens[0], len2, sink,
             mO, mLSE, mOp, mLp, q_smem, k_smem, vt_smem, p_smem,
-        ).launch(grid=self.sched.grid, block=(self.THREADS, 1, 1), smem=self.smem_struct.size_in_bytes(), stream=stream)
+        ).launch(grid=self.launch_grid(), block=(self.THREADS, 1, 1), smem=self.smem_struct.size_in_bytes(), stream=stream)
 
         if cutlass.const_expr(splits > 1):
             if cutlass.const_expr(self.has_sink):
@@ -254,9 +342,10 @@ class DecodeSm90:
         tidx, _, _ = cute.arch.thread_idx()
         bx, by, bz = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        work = self.sched.work(bx, by, bz)
-        limits = self.key_limits(work, mLen, mLen2)
-        plan = self.visit_plan(work, limits)
+        if cutlass.const_expr(not self.PERSISTENT):  # one item, the CTA's own
+            work = self.sched.work(bx, by, bz)
+            limits = self.key_limits(work, mLen, mLen2)
+            plan = self.visit_plan(work, limits)
         if warp_idx == self.LOAD_WARP:
             prefetch_descriptors(tma_q, tma_kv)
             if cutlass.const_expr(len(self.branches) == 2):
@@ -269,19 +358,48 @@ class DecodeSm90:
         s_row = storage.row_factor.get_tensor(cute.make_layout(bm))
         q_pipe, kv_pipe = tma_pipelines(storage, self.pipes)
 
-        has_work = plan.count > 0
-        if warp_idx // 4 == self.LOAD_WG:
-            cute.arch.setmaxregister_decrease(self.LOAD_REGS)
-            if warp_idx == self.LOAD_WARP:
-                if has_work:
-                    self.load(work, plan, q_pipe, kv_pipe, tma_q, mQ, sQ, tma_kv, mKV, tma_kv2, mKV2, sK)
-        else:
-            cute.arch.setmaxregister_increase(self.MMA_REGS)
-            if has_work:
-                self.attend(work, plan, limits, tidx, q_pipe, kv_pipe, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row,
-                            mSink, mO, mLSE, mOp, mLp)
+        if cutlass.const_expr(self.PERSISTENT):
+            # items bx, bx + grid, …; before each, the KV tiles and Q loads of this CTA's earlier
+            # items (tiles, qs) place the pipelines' states (every role computes the same plans)
+            tiles = cutlass.Int32(0)
+            qs = cutlass.Int32(0)
+            if warp_idx // 4 == self.LOAD_WG:
+                cute.arch.setmaxregister_decrease(self.LOAD_REGS)
+                if warp_idx == self.LOAD_WARP:
+                    for item in cutlass.range(bx, self.sched.items, self.grid_ctas, unroll=1):
+                        item_work = self.sched.item(item)
+                        item_plan = self.visit_plan(item_work, self.key_limits(item_work, mLen, mLen2))
+                        if item_plan.count > 0:
+                            self.load(item_work, item_plan, q_pipe, kv_pipe, tma_q, mQ, sQ, tma_kv, mKV, tma_kv2, mKV2, sK, tiles, qs)
+                            tiles += item_plan.count
+                            qs += 1
             else:
-                self.write_empty(work, tidx, mO, mLSE, mOp, mLp)
+                cute.arch.setmaxregister_increase(self.MMA_REGS)
+                for item in cutlass.range(bx, self.sched.items, self.grid_ctas, unroll=1):
+                    item_work = self.sched.item(item)
+                    item_limits = self.key_limits(item_work, mLen, mLen2)
+                    item_plan = self.visit_plan(item_work, item_limits)
+                    if item_plan.count > 0:
+                        self.attend(item_work, item_plan, item_limits, tidx, q_pipe, kv_pipe, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row,
+                                    mSink, mO, mLSE, mOp, mLp, tiles, qs)
+                        tiles += item_plan.count
+                        qs += 1
+                    else:
+                        self.write_empty(item_work, tidx, mO, mLSE, mOp, mLp)
+        else:
+            has_work = plan.count > 0
+            if warp_idx // 4 == self.LOAD_WG:
+                cute.arch.setmaxregister_decrease(self.LOAD_REGS)
+                if warp_idx == self.LOAD_WARP:
+                    if has_work:
+                        self.load(work, plan, q_pipe, kv_pipe, tma_q, mQ, sQ, tma_kv, mKV, tma_kv2, mKV2, sK, 0, 0)
+            else:
+                cute.arch.setmaxregister_increase(self.MMA_REGS)
+                if has_work:
+                    self.attend(work, plan, limits, tidx, q_pipe, kv_pipe, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row,
+                                mSink, mO, mLSE, mOp, mLp, 0, 0)
+                else:
+                    self.write_empty(work, tidx, mO, mLSE, mOp, mLp)
 
     # -- which keys ---------------------------------------------------------------------------
 
@@ -306,18 +424,29 @@ class DecodeSm90:
     # -- roles --------------------------------------------------------------------------------
 
     @cute.jit
-    def load(self, work, plan, q_pipe, kv_pipe, tma_q, mQ, sQ, tma_kv, mKV, tma_kv2, mKV2, sK):
+    def load(self, work, plan, q_pipe, kv_pipe, tma_q, mQ, sQ, tma_kv, mKV, tma_kv2, mKV2, sK, tiles_before, qs_before):
         """Load role (one warp): Q's row block once, then the visited KV tiles of the batch
-        (either branch's) into the slots as they free up."""
+        (either branch's) into the slots as they free up.  `tiles_before` / `qs_before`: the KV
+        tiles and Q blocks this CTA loaded for its earlier items (PERSISTENT; else 0): where
+        the pipelines' states stand."""
         hang_guard.role("load")  # names this role's waits in a --debug-hangs build
         bm, bn, d = self.BLOCK_M, self.block_n, self.d
-        load_once(q_pipe, tma_tiles(tma_q, sQ, mQ, (bm, d), (None, 0)), self.sched.row_block(work))
+        q_load = tma_tiles(tma_q, sQ, mQ, (bm, d), (None, 0))
+        if cutlass.const_expr(self.PERSISTENT):  # the slot is free once warpgroup 0's last S of the item before is done
+            q_state = ring_state(1, qs_before, producer=True)
+            q_pipe.producer_acquire(q_state)
+            cute.copy(q_load.atom, q_load.gmem[(None, self.sched.row_block(work))], q_load.smem[(None, 0)],
+                      tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+        else:
+            load_once(q_pipe, q_load, self.sched.row_block(work))
         _, tKgK, tKsK = tma_tiles(tma_kv, sK, mKV, (bn, d), (None, 0, None))  # tiles (bn, d) of (keys, d, b)
         tKgK2 = tKgK
         if cutlass.const_expr(len(self.branches) == 2):
             _, tKgK2, _ = tma_tiles(tma_kv2, sK, mKV2, (bn, d), (None, 0, None))
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        if cutlass.const_expr(self.PERSISTENT):
+            kv_state = ring_state(self.stages, tiles_before, producer=True)
         for i in cutlass.range(plan.count, unroll=1):
             kv_pipe.producer_acquire(kv_state)
             if cutlass.const_expr(len(self.branches) == 1):
@@ -337,9 +466,11 @@ class DecodeSm90:
 
     @cute.jit
     def attend(self, work, plan, limits, tidx, q_pipe, kv_pipe, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row,
-               mSink, mO, mLSE, mOp, mLp):
+               mSink, mO, mLSE, mOp, mLp, tiles_before, qs_before):
         """The two MMA warpgroups: S, the boundary mask and the softmax in warpgroup 0, P·V
-        split by column over both, then the epilogue (see the module doc)."""
+        split by column over both, then the epilogue (see the module doc).  `tiles_before` /
+        `qs_before` as in `load`.  PERSISTENT: warpgroup 0 frees Q after its last S; both meet
+        once more after reading the row factors (1/ℓ), before the next item's P overwrites them."""
         hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         bm, bn, d = self.BLOCK_M, self.block_n, self.d
         wg = tidx // 128
@@ -351,41 +482,72 @@ class DecodeSm90:
         tSrQ = qk_mma.make_fragment_A(thr_qk.partition_A(sQ))  # (MMA, 1, d/16, 1)
         tSrK = qk_mma.make_fragment_B(thr_qk.partition_B(sK))  # (MMA, 1, d/16, stages)
         s_shape = thr_qk.partition_shape_C((bm, bn))
-        smem_p = SmemP.create(self, qk_mma, sP, s_row, tid_wg, mma_threads)  # P and the row factors → the P·V warpgroups
+        if cutlass.const_expr(self.REGISTER_P):  # warpgroup 0 arrives at P_FULL, 1 waits: met unaligned
+            smem_p = SmemP.create(self, qk_mma, sP, s_row, tid_wg, mma_threads, sync=named_sync, arrive=named_arrive)
+        else:
+            smem_p = SmemP.create(self, qk_mma, sP, s_row, tid_wg, mma_threads)  # P and the row factors → the P·V warpgroups
         tScS_rc = smem_p.tScS_rc  # (row, key)
 
         # O side: this thread's part of its warpgroup's d/2 columns.
         thr_pv = pv_mma.get_slice(tidx)
         tOrP = pv_mma.make_fragment_A(thr_pv.partition_A(sP))  # (MMA, 1, bn/16)
         tOrV = pv_mma.make_fragment_B(thr_pv.partition_B(sVt))  # (MMA, 1, bn/16, stages)
+        tOrV_rs = None
+        if cutlass.const_expr(self.REGISTER_P):  # warpgroup 0's P·V: the same Vᵀ as an RS wgmma's B
+            pv_rs = self.pv_rs_mma(sVt.element_type)
+            tOrV_rs = pv_rs.make_fragment_B(pv_rs.get_slice(tidx).partition_B(sVt))
         o_shape = thr_pv.partition_shape_C((bm, d))
         tOcO_rc = acc_rows_cols(thr_pv.partition_C(cute.make_identity_tensor((bm, d))))  # (row, col)
-        tOgO = self.o_destination(work, thr_pv, mO, mOp)  # before the loop: wgmma_sync re-sets pv_mma inside it
+        tOgO = None
+        if cutlass.const_expr(not self.WIDE_STORE):
+            tOgO = self.o_destination(work, thr_pv, mO, mOp)  # before the loop: wgmma_sync re-sets pv_mma inside it
         acc_o = cute.make_rmem_tensor(o_shape, cutlass.Float32)
         acc_o.fill(0.0)
         acc_o_rc = acc_rows_cols(acc_o)
 
         num_rows = cute.size(tScS_rc, mode=[0])
-        softmax = OnlineSoftmax.create(num_rows, self.scale_log2)
+        if cutlass.const_expr(self.LAZY_RESCALE):
+            softmax = LazyOnlineSoftmax.create(num_rows, self.scale_log2)
+        else:
+            softmax = OnlineSoftmax.create(num_rows, self.scale_log2)
 
         kv_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        q_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        if cutlass.const_expr(self.PERSISTENT):
+            kv_cons = ring_state(self.stages, tiles_before, producer=False)
+            q_cons = ring_state(1, qs_before, producer=False)
         if wg == 0:
-            wait_once(q_pipe)
+            if cutlass.const_expr(self.PERSISTENT):
+                q_pipe.consumer_wait(q_cons)
+            else:
+                wait_once(q_pipe)
 
         for i in cutlass.range(plan.count, unroll=1):
             kv_pipe.consumer_wait(kv_cons)
             if wg == 0:
                 acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
                 wgmma_sync(qk_mma, acc_s, tSrQ, tSrK, a_slot=0, b_slot=kv_cons.index, zero_init=True)
+                if cutlass.const_expr(self.PERSISTENT):
+                    if i == plan.count - 1:  # the item's last S has read Q: the next item's may load
+                        q_pipe.consumer_release(q_cons)
                 if cutlass.const_expr(self.masked):
                     self.mask_boundary(plan, limits, i, acc_rows_cols(acc_s), tScS_rc, sK[None, None, kv_cons.index], tid_wg)
                 alpha = softmax.update(acc_rows_cols(acc_s))
-                # P and α out (after warpgroup 1 is done with the previous ones); its async-proxy
-                # fence also covers the KV rows mask_boundary zeroed.
-                smem_p.publish(acc_s, alpha, i > 0)
-            smem_p.wait_full()
-            smem_p.rescale(acc_o_rc, tOcO_rc)
-            wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
+                if cutlass.const_expr(self.REGISTER_P):
+                    self.register_p_tile(acc_s, alpha, i, smem_p, acc_o, acc_o_rc, num_rows, tOrV_rs, kv_cons.index, tid_wg)
+                else:
+                    # P and α out (after warpgroup 1 is done with the previous ones); its async-proxy
+                    # fence also covers the KV rows mask_boundary zeroed.
+                    smem_p.publish(acc_s, alpha, i > 0)
+            if cutlass.const_expr(self.REGISTER_P):
+                if wg == 1:
+                    smem_p.wait_full()
+                    self.rescale_o(smem_p, acc_o_rc, tOcO_rc)
+                    wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
+            else:
+                smem_p.wait_full()
+                self.rescale_o(smem_p, acc_o_rc, tOcO_rc)
+                wgmma_sync(pv_mma, acc_o, tOrP, tOrV, b_slot=kv_cons.index)
             kv_pipe.consumer_release(kv_cons)
             kv_cons.advance()
             if wg == 1:
@@ -405,7 +567,12 @@ class DecodeSm90:
                     self.store_lse(work, row, lse[r], mLSE, mLp, mSink)
         smem_p.wait_epilogue()
         smem_p.rescale(acc_o_rc, tOcO_rc)
-        self.store_o(acc_o, tOgO)
+        if cutlass.const_expr(self.PERSISTENT):
+            smem_p.wait_epilogue()  # both have read 1/ℓ: the next item's first α may overwrite it
+        if cutlass.const_expr(self.WIDE_STORE):
+            self.store_o_wide(work, tidx, acc_o, mO, mOp)
+        else:
+            self.store_o(acc_o, tOgO)
 
     # -- pieces -------------------------------------------------------------------------------
 
@@ -452,6 +619,56 @@ class DecodeSm90:
         if cutlass.const_expr(self.splits == 1):
             return thr_pv.partition_C(cute.local_tile(mO, (bm, d), (self.sched.row_block(work), 0)))
         return thr_pv.partition_C(cute.local_tile(mOp, (bm, d), (self.sched.partial_row_block(work), 0)))
+
+    @cute.jit
+    def register_p_tile(self, acc_s, alpha, i, smem_p, acc_o, acc_o_rc, num_rows: cutlass.Constexpr[int], tOrV_rs,
+                        slot, tid_wg):
+        """REGISTER_P, warpgroup 0 after its softmax of tile i: O *= α where a row of the warp
+        moved its max (S's rows are O's: check_rows_shared), issue O += P·V with P = bf16(S) in
+        registers (an RS wgmma), then — while it runs — publish P and α for warpgroup 1 (after
+        P_EMPTY from the second tile) and arrive at P_FULL; wait for the P·V."""
+        dtype = smem_p.tPsP.element_type
+        pv_rs = self.pv_rs_mma(dtype)
+        r_p = accumulator_to_a_operand(acc_s, pv_rs.get_slice(tid_wg), (self.BLOCK_M, self.block_n), dtype)
+        if cutlass.const_expr(self.LAZY_RESCALE):
+            if needs_rescale(alpha, num_rows):
+                for r in cutlass.range_constexpr(num_rows):
+                    scale_rows(acc_o_rc, r, alpha[r])
+        else:
+            for r in cutlass.range_constexpr(num_rows):
+                scale_rows(acc_o_rc, r, alpha[r])
+        wgmma_issue(pv_rs, acc_o, r_p, tOrV_rs, b_slot=slot)
+        smem_p.publish(acc_s, alpha, i > 0)
+        smem_p.arrive_full()
+        warpgroup.wait_group(0)
+
+    @cute.jit
+    def rescale_o(self, smem_p, acc_o_rc, tOcO_rc):
+        """O[row, :] *= α[row] (the row factor SmemP carries) for this thread's rows; with
+        LAZY_RESCALE skipped by the whole warp when every α of its rows is 1 (a warp vote)."""
+        if cutlass.const_expr(self.LAZY_RESCALE):
+            alpha = smem_p.row_factors(tOcO_rc)
+            num_rows = cute.size(tOcO_rc, mode=[0])
+            if needs_rescale(alpha, num_rows):  # most tiles keep every row's max: α = 1
+                for r in cutlass.range_constexpr(num_rows):
+                    scale_rows(acc_o_rc, r, alpha[r])
+        else:
+            smem_p.rescale(acc_o_rc, tOcO_rc)
+
+    @cute.jit
+    def store_o_wide(self, work, tidx, acc_o, mO, mOp):
+        """WIDE_STORE: the accumulator into the CTA's output block — bf16 O (one split) or this
+        split's fp32 partial — by 16-byte stores (stages/common/quad_store.py)."""
+        bm, d = self.BLOCK_M, self.d
+        col0 = (tidx // 128) * (d // self.NUM_MMA_WG)
+        if cutlass.const_expr(self.splits == 1):
+            size = mO.element_type.width // 8
+            base = mO.iterator.toint() + cutlass.Int64(self.sched.row_block(work)) * (bm * d * size)
+            store_accumulator_wide(acc_o, tidx, base, d * size, col0, mO.element_type)
+        else:
+            size = mOp.element_type.width // 8
+            base = mOp.iterator.toint() + cutlass.Int64(self.sched.partial_row_block(work)) * (bm * d * size)
+            store_accumulator_wide(acc_o, tidx, base, d * size, col0, mOp.element_type)
 
     @cute.jit
     def store_o(self, acc_o, tOgO):
