@@ -216,3 +216,32 @@ def test_slot_offsets_swizzle_bytes_not_elements():
             for byte in (0, 5, 15):
                 off = row * 128 + piece * 16 + byte
                 assert swizzle_bytes(off, 3, 4, 3) == row * 128 + (piece ^ (row % 8)) * 16 + byte
+
+
+def test_a_combining_launch_lets_partcombine_launch_at_its_start(project_root, tmp_path, monkeypatch):
+    """b 2, s_q 2, h_q 64, auto parts (a part a tile: every sequence in 18 pieces, PartCombine
+    merges them): the attention kernel lets its dependents launch at its start
+    (griddepcontrol.launch_dependents, before any wait of its own), so PartCombine's CTAs are
+    launched onto the idle SMs and wait there (griddepcontrol.wait) instead of being launched
+    after the attention grid's last CTA — its launch and prologue off the critical path (issue 30)."""
+    from pathlib import Path
+
+    from harness.execution.compile import Compiler
+
+    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
+    spec = load_spec(root=project_root)
+    case = dict(b=2, config="s2h64_m128bs256_x1024bs64", kv_format="model1", scenario="plain", splits="auto")
+    k = sm90.Kernel(b=2, config=case["config"], kv_format="model1", splits="auto")
+    assert k.combines and not k.merges
+    compiler = Compiler(spec.root)
+    try:
+        res = compiler.submit(spec.stages["E"], "sm_90a", case).result()
+    finally:
+        compiler.close()
+    assert res.ok, res.error
+    ptx = Path(res.ptx_path).read_text()
+    entries = {m.group(1): m.start() for m in re.finditer(r"\.entry\s+(\S+)\(", ptx)}
+    main = next(at for name, at in entries.items() if "E_sparse_decode" in name)
+    body = ptx[main:min([at for at in entries.values() if at > main] + [len(ptx)])]
+    assert body.count("griddepcontrol.launch_dependents") == 1
+    assert body.index("griddepcontrol.launch_dependents") < body.index("mbarrier.try_wait")

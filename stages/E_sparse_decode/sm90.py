@@ -114,7 +114,7 @@ from stages.common.combine import sink_factor
 from stages.common.e4m3_bits import e4m3x16_to_bf16, one_multiply_fits
 from stages.common.fp8_cache import D, D_NOPE, D_ROPE, MODEL1_ROW_BYTES, MODEL1_SCALE_BYTES, V41_ROW_BYTES, cache_block_bytes
 from stages.common.inspection import expose
-from stages.common.part_combine import PartCombine
+from stages.common.part_combine import GROUP as COMBINE_GROUP, PartCombine
 from stages.common.part_merge import (ZeroFlags, add_staged_rows, flag_address, load_l2, merge_factors,
                                       merges_in_kernel, raise_flag, stage_partial, wait_flag)
 from stages.common.part_scheduler import PartGrid, resolve_part_tiles
@@ -232,7 +232,14 @@ class Kernel:
     PIECES = {"model1": D_NOPE // 64 + 2 * D_ROPE // 64, "v4.1": D // 64, "simple": D // 64}  # 9, 8, 8
     ROW_BYTES = {"model1": MODEL1_ROW_BYTES, "v4.1": V41_ROW_BYTES, "simple": D}  # a token's row in its block (model1's scales apart)
 
-    def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int | None = None):
+    def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int | None = None,
+                 early_combine: bool = True, combine_group: int = COMBINE_GROUP):
+        # early_combine: the attention grid lets its dependents (PartCombine) launch at its start
+        # (griddepcontrol.launch_dependents), so their CTAs wait on the idle SMs instead of being
+        # launched after the last CTA ends; combine_group: PartCombine's slots a load group.  Both
+        # are for experiments (scripts/e_small_timeline.py times them apart); the lab builds the
+        # defaults.
+        self.early_combine, self.combine_group = early_combine, combine_group
         # the SMs the parts fill and the merge's residency is judged against: the GPU's here
         # (stages/common/device.py; compile-only on a CPU: sm_90a's 132); a kernel built for one
         # count is keyed by it in the compile cache
@@ -366,7 +373,7 @@ class Kernel:
                  use_pdl=self.merges, **cluster)
 
         if cutlass.const_expr(self.combines):
-            PartCombine(self.sched, c.h_q, D, skip_two=self.merges).launch(
+            PartCombine(self.sched, c.h_q, D, skip_two=self.merges, group=self.combine_group).launch(
                 mOp, mLp, mO, mLSE, sink, stream)
 
     def tiled_mmas(self, dtype, p_in_registers: bool = False):
@@ -433,6 +440,12 @@ class Kernel:
         tidx, _, _ = cute.arch.thread_idx()
         head_block, part, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if cutlass.const_expr(self.combines and self.early_combine):
+            # PartCombine may launch now: its CTAs wait (griddepcontrol.wait) for this whole grid
+            # and its memory, on SMs this grid leaves idle (one of its CTAs holds every register
+            # of an SM, so none shares one with it) — its launch and prologue off the critical path
+            if tidx == 0:
+                cute.arch.griddepcontrol_launch_dependents()
         if warp_idx == 0:  # warpgroup 0 loads Q
             prefetch_descriptors(tma_q)
 
