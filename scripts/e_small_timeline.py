@@ -142,11 +142,62 @@ def _profile(launch, iters: int = 30) -> str:
     return "\n".join(lines)
 
 
+SLOT_NAMES = {0: "entry", 1: "barriers set, pair met", 2: "producer: idx staged", 3: "wg0: Q arrived",
+              4: "wg0: tile 0 ready", 5: "wg0: tile 0 S+softmax", 11: "wg0: tile 1 ready", 6: "wg0: tiles done",
+              7: "wg0: epilogue done", 8: "wg1: epilogue done", 10: "producer done", 9: "exit"}
+
+
+def _stamps(case: dict, sets: list, fn, launches: int = 5) -> str:
+    """A stamps build (stages/common/stamps.py) launched on `launches` input sets one at a time:
+    per slot, over the CTAs, the median (min … max) ns after the earliest CTA's entry and the
+    median cycles after the CTA's own entry; the medians over the launches."""
+    import cuda.bindings.driver as cuda
+    import torch
+    from cutlass.cute.runtime import from_dlpack
+
+    from oracles.sparse_decode import tensors
+    from stages.common.stamps import RECORD_BYTES, SLOTS
+
+    per_launch = []
+    for k in range(launches):
+        args = _args_for(case, sets[(k + 1) % len(sets)])
+        o = args[[spec.name for spec in tensors(case)].index("O")]
+        o.zero_()
+        torch.cuda.synchronize()
+        fn(*[from_dlpack(t, assumed_align=16) for t in args], cuda.CUstream(torch.cuda.current_stream().cuda_stream))
+        torch.cuda.synchronize()
+        words = o.view(torch.int64).flatten().cpu()
+        ctas = []
+        for c in range(words.numel() * 8 // RECORD_BYTES):
+            rec = words[c * RECORD_BYTES // 8:(c + 1) * RECORD_BYTES // 8].view(SLOTS, 2)
+            if rec[0, 0] == 0:
+                break
+            ctas.append(rec)
+        t0 = min(int(r[0, 0]) for r in ctas)
+        stats = {}
+        for slot in SLOT_NAMES:
+            ns = [int(r[slot, 0]) - t0 for r in ctas if r[slot, 0] != 0]
+            cyc = [int(r[slot, 1]) - int(r[0, 1]) for r in ctas if r[slot, 0] != 0]
+            if ns:
+                stats[slot] = (statistics.median(ns), min(ns), max(ns), statistics.median(cyc), len(ns))
+        per_launch.append((len(ctas), stats))
+    lines = [f"      {per_launch[0][0]} CTAs; ns after the first CTA's entry: median (min … max); cycles after "
+             f"the CTA's entry: median — medians over {launches} launches"]
+    for slot, label in sorted(SLOT_NAMES.items(), key=lambda kv: per_launch[-1][1].get(kv[0], (1e18,))[0]):
+        got = [st[slot] for _, st in per_launch if slot in st]
+        if not got:
+            continue
+        med = [statistics.median(g[i] for g in got) for i in range(5)]
+        lines.append(f"      {slot:2d} {label:26s} {med[0]:8.0f} ns ({med[1]:.0f} … {med[2]:.0f})  {med[3]:8.0f} cyc  n={med[4]:.0f}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", action="append", required=True, help="b<B>:<config>, e.g. b2:s2h128_m128bs256_x1024bs64")
-    ap.add_argument("--variant", action="append", required=True, help="name[:knob=v,…] (Kernel keyword arguments)")
-    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--variant", action="append", required=True,
+                    help="name[:knob=v,…][@b1+b2] (Kernel keyword arguments; @: only at those batches)")
+    ap.add_argument("--profile", default="", help="b1+b2: torch.profiler timelines at those batches")
     ap.add_argument("--flashmla", action="store_true")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--jobs", type=int, default=16)
@@ -158,12 +209,15 @@ def main() -> int:
         shapes.append((int(b.lstrip("b")), config))
     variants = []
     for v in a.variant:
+        v, _, only = v.partition("@")
         name, _, knobs = v.partition(":")
-        variants.append((name, _parse_knobs(knobs)))
+        variants.append((name, _parse_knobs(knobs), {int(x.lstrip("b")) for x in only.split("+") if x}))
+    profile_b = {int(x.lstrip("b")) for x in a.profile.split("+") if x}
 
     work = Path(tempfile.mkdtemp(prefix="esmall-"))
     jobs = [(f"b{b}:{config}:{name}", b, config, knobs, str(work / f"{i}"))
-            for i, ((b, config), (name, knobs)) in enumerate((s, v) for s in shapes for v in variants)]
+            for i, ((b, config), (name, knobs, only)) in enumerate((s, v) for s in shapes for v in variants)
+            if not only or b in only]
     t0 = time.perf_counter()
     import multiprocessing as mp
 
@@ -184,15 +238,22 @@ def main() -> int:
         case = _case(b, config)
         first = make_inputs(case, 0, device="cuda")
         set_bytes = sum(t.numel() * t.element_size() for t in first.values())
-        n_sets = rotations(set_bytes, l2_bytes(), cap=16)
-        sets = [first] + [make_inputs(case, seed, device="cuda") for seed in range(1, n_sets)]
+        n_sets = rotations(set_bytes, l2_bytes())
+        # the same values at other addresses: the rotation keeps L2 cold as bench's does
+        sets = [first] + [{k: v.clone() for k, v in first.items()} for _ in range(1, n_sets)]
         print(f"== b {b} {config}: {n_sets} input sets", flush=True)
-        for name, knobs in variants:
+        for name, knobs, only in variants:
+            if only and b not in only:
+                continue
             key, obj, prefix, secs, err, info = built[f"b{b}:{config}:{name}"]
             if err:
                 print(f"  {name:10s} compile FAILED ({secs:.0f} s): {err}", flush=True)
                 continue
             fn = cute.runtime.load_module(obj)[prefix]
+            if knobs.get("stamps"):
+                print(f"  {name:10s} stamps ({info}):", flush=True)
+                print(_stamps(case, sets, fn), flush=True)
+                continue
             launches = []
             check = ""
             for k, inputs in enumerate(sets):
@@ -210,10 +271,10 @@ def main() -> int:
             t = bench(launches, reps=a.reps, min_launches=20)
             print(f"  {name:10s} {t['us']:7.2f} µs (p10 {t['p10_us']:.2f} p90 {t['p90_us']:.2f}, {t['method']}) "
                   f"{check}; {info}; compile {secs:.0f} s", flush=True)
-            if a.profile:
+            if b in profile_b:
                 print(_profile(launches[0]), flush=True)
         if a.flashmla:
-            _flashmla(case, sets, a.reps, a.profile)
+            _flashmla(case, sets, a.reps, b in profile_b)
     return 0
 
 

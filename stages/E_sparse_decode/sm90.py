@@ -120,6 +120,7 @@ from stages.common.part_merge import (ZeroFlags, add_staged_rows, flag_address, 
 from stages.common.part_scheduler import PartGrid, resolve_part_tiles
 from stages.common.quad_store import check_accumulator_layout, store_accumulator_wide
 from stages.common.sparse_config import SparseConfig
+from stages.common.stamps import RECORD_BYTES, stamp
 from stages.common.sm90_gather import ldg_or
 from stages.common.sm90_smem_p import SmemP
 from stages.common.sm90_kv_slots import kv_layouts, piece_strides, ring_state, slot_offset
@@ -166,6 +167,7 @@ class AttendIO(NamedTuple):
     mLSE: cute.Tensor
     mOp: cute.Tensor
     mLp: cute.Tensor
+    marks: object = None  # a diagnostic build's stamp record (Kernel.mark); None otherwise
 
 
 class MmaTiles(NamedTuple):
@@ -233,13 +235,14 @@ class Kernel:
     ROW_BYTES = {"model1": MODEL1_ROW_BYTES, "v4.1": V41_ROW_BYTES, "simple": D}  # a token's row in its block (model1's scales apart)
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int | None = None,
-                 early_combine: bool = True, combine_group: int = COMBINE_GROUP):
+                 early_combine: bool = True, combine_group: int = COMBINE_GROUP, stamps: bool = False):
         # early_combine: the attention grid lets its dependents (PartCombine) launch at its start
         # (griddepcontrol.launch_dependents), so their CTAs wait on the idle SMs instead of being
         # launched after the last CTA ends; combine_group: PartCombine's slots a load group.  Both
         # are for experiments (scripts/e_small_timeline.py times them apart); the lab builds the
-        # defaults.
-        self.early_combine, self.combine_group = early_combine, combine_group
+        # defaults.  stamps: a diagnostic build (stages/common/stamps.py) — each CTA writes the
+        # times its roles pass named points (`mark`) over O, and PartCombine is not launched
+        self.early_combine, self.combine_group, self.stamps = early_combine, combine_group, stamps
         # the SMs the parts fill and the merge's residency is judged against: the GPU's here
         # (stages/common/device.py; compile-only on a CPU: sm_90a's 132); a kernel built for one
         # count is keyed by it in the compile cache
@@ -372,7 +375,7 @@ class Kernel:
         ).launch(grid=self.sched.grid, block=(self.plan.threads, 1, 1), smem=Smem.size_in_bytes(), stream=stream,
                  use_pdl=self.merges, **cluster)
 
-        if cutlass.const_expr(self.combines):
+        if cutlass.const_expr(self.combines and not self.stamps):
             PartCombine(self.sched, c.h_q, D, skip_two=self.merges, group=self.combine_group).launch(
                 mOp, mLp, mO, mLSE, sink, stream)
 
@@ -440,12 +443,16 @@ class Kernel:
         tidx, _, _ = cute.arch.thread_idx()
         head_block, part, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        if cutlass.const_expr(self.combines and self.early_combine):
+        if cutlass.const_expr(self.combines and self.early_combine and not self.stamps):
             # PartCombine may launch now: its CTAs wait (griddepcontrol.wait) for this whole grid
             # and its memory, on SMs this grid leaves idle (one of its CTAs holds every register
             # of an SM, so none shares one with it) — its launch and prologue off the critical path
             if tidx == 0:
                 cute.arch.griddepcontrol_launch_dependents()
+        marks = None
+        if cutlass.const_expr(self.stamps):  # this CTA's record of stamps, over O (a diagnostic build)
+            marks = mO.iterator.toint() + cutlass.Int64(part * self.sched.head_blocks + head_block) * RECORD_BYTES
+        self.mark(marks, 0, tidx == 0)
         if warp_idx == 0:  # warpgroup 0 loads Q
             prefetch_descriptors(tma_q)
 
@@ -476,18 +483,19 @@ class Kernel:
         )
         cute.arch.mbarrier_init_fence()
         pair.start()
+        self.mark(marks, 1, tidx == 0)
 
         # every part holds at least one tile: no CTA is idle
         if warp_idx // 4 >= self.PRODUCER_WG:
             set_registers(self.plan.producer_regs, self.plan.threads)
             self.produce(part, head_block, tidx - self.MMA_THREADS, kv_pipe, pair, k_base, k_smem,
-                         s_mask, s_kscale, s_idx, KV, idx, topk_length, KV_extra, idx_extra, extra_length)
+                         s_mask, s_kscale, s_idx, KV, idx, topk_length, KV_extra, idx_extra, extra_length, marks)
         else:
             # each MMA warpgroup its own copy of attend, compiled for its own register count
             smem = AttendSmem(sQ=sQ, sK=sK, sVt=sVt, sP=sP, s_row=s_row, s_fin=s_fin, s_mrg=s_mrg, s_mask=s_mask,
                               s_kscale=s_kscale)
             io = AttendIO(q_bar=q_bar, tma_q=tma_q, mQ=mQ, kv_pipe=kv_pipe, pair=pair, k_base=k_base, smem=smem,
-                          sink=sink, mO=mO, mLSE=mLSE, mOp=mOp, mLp=mLp)
+                          sink=sink, mO=mO, mLSE=mLSE, mOp=mOp, mLp=mLp, marks=marks)
             if warp_idx // 4 == 0:
                 set_registers(self.plan.mma_regs[0], self.plan.threads)
                 self.attend(0, part, head_block, tidx, io)
@@ -495,6 +503,17 @@ class Kernel:
                 set_registers(self.plan.mma_regs[1], self.plan.threads)
                 self.attend(1, part, head_block, tidx, io)
         pair.finish()
+        self.mark(marks, 9, tidx == 0)
+
+    def mark(self, marks, slot: int, here):
+        """A diagnostic build (`stamps`): the thread where `here` writes the time into stamp
+        `slot` of its CTA's record (stages/common/stamps.py); otherwise nothing is traced.
+        Slots: 0 entry, 1 barriers set up (the pair met), 2 the producer's idx entries staged,
+        3 Q arrived, 4 / 11 tile 0 / 1 ready (warpgroup 0), 5 tile 0's S and softmax done,
+        6 the tiles done, 7 / 8 warpgroup 0 / 1 past the epilogue, 9 exit, 10 the producer done
+        (2, 3, 4, 5, 6, 7, 8, 11: the part's last segment)."""
+        if self.stamps:
+            _stamp_if(marks + slot * 16, here)
 
     def tile_pair(self, storage) -> TilePair:
         """The exchange of dequantised halves with the peer CTA (a no-op alone)."""
@@ -506,7 +525,7 @@ class Kernel:
 
     @cute.jit
     def produce(self, part, head_block, ptid, kv_pipe, pair, k_base, k_smem, s_mask, s_kscale, s_idx,
-                KV, idx, topk_length, KV_extra, idx_extra, extra_length):
+                KV, idx, topk_length, KV_extra, idx_extra, extra_length, marks=None):
         """The producer threads (`ptid` 0 … producer_threads − 1), segment after segment of the
         part: the segment's idx entries into shared memory, then every KV tile of it, a unit (a
         round of keys) at a time — its keys' bytes loaded into registers a unit ahead, the slot
@@ -522,11 +541,12 @@ class Kernel:
         for k in cutlass.range(self.sched.segments(part), unroll=1):
             work, before = self.sched.segment(head_block, part, k)
             self.produce_segment(work, before, ptid, pwarp, lane, rank, kv_pipe, pair, pieces, s_mask, s_kscale,
-                                 s_idx, lists, topk_length, extra_length)
+                                 s_idx, lists, topk_length, extra_length, marks)
+        self.mark(marks, 10, ptid == 0)
 
     @cute.jit
     def produce_segment(self, work, before, ptid, pwarp, lane, rank, kv_pipe, pair, pieces, s_mask, s_kscale, s_idx,
-                        lists, topk_length, extra_length):
+                        lists, topk_length, extra_length, marks=None):
         """One segment's tiles (see produce)."""
         lengths = (cutlass.min(topk_length[work.batch], self.c.topk), cutlass.Int32(0))
         if cutlass.const_expr(self.c.has_extra):
@@ -542,6 +562,7 @@ class Kernel:
         scs = (cute.make_rmem_tensor((4, self.sides), cutlass.Int32), cute.make_rmem_tensor((4, self.sides), cutlass.Int32))
         keys = (cute.make_rmem_tensor((R, self.sides), cutlass.Int32), cute.make_rmem_tensor((R, self.sides), cutlass.Int32))
         self.stage_entries(lists, work, s_idx, ptid)
+        self.mark(marks, 2, ptid == 0)
         self.key_indices(lists, lengths, work, work.tile_begin, s_idx, rank, pwarp, lane, keys[0])
         self.gather(lists, work.tile_begin, keys[0], 0, lane, raws[0], scs[0])
         # alone (two rounds a tile) the next unit's loads are issued before this unit is
@@ -817,11 +838,15 @@ class Kernel:
             kv_cons = ring_state(self.KV_STAGES, before, producer=False)
             if cutlass.const_expr(wg == 0):
                 hang_guard.mbarrier_wait(io.q_bar, k % 2, "q")
+                self.mark(io.marks, 3, tidx == 0)
             for i in cutlass.range(work.tile_end - work.tile_begin, unroll=1):
                 kv_pipe.consumer_wait(kv_cons)
                 pair.consumer_wait(kv_cons)
                 if cutlass.const_expr(wg == 0):
+                    self.mark(io.marks, 4, (tidx == 0) & (i == 0))
+                    self.mark(io.marks, 11, (tidx == 0) & (i == 1))
                     r_p, alpha = self.tile_s_p(mma, smem_p, softmax, kv_cons.index, i, io.smem)
+                    self.mark(io.marks, 5, (tidx == 0) & (i == 0))
                     if (i == work.tile_end - work.tile_begin - 1) & (k + 1 < segments):
                         named_sync(NamedBarrier.Q_FREE, 128)  # every warp of warpgroup 0 is past its last S
                         self.load_q(self.sched.segment(head_block, part, k + 1)[0], tid_wg, io)
@@ -836,7 +861,9 @@ class Kernel:
                 kv_cons.advance()
                 if cutlass.const_expr(wg == 1):
                     smem_p.release()
+            self.mark(io.marks, 6, tidx == 0)
             self.finish_segment(wg, tidx, work, complete, mma, smem_p, softmax, acc_o, io)
+            self.mark(io.marks, 7 + wg, tidx % 128 == 0)
 
     def mma_tiles(self, wg: int, tidx, smem) -> "MmaTiles":
         """Warpgroup wg's MMAs (warpgroup 0's P·V takes P from registers) and its partitions of
@@ -1046,6 +1073,12 @@ class Kernel:
         size = mOut.element_type.width // 8
         base = mOut.iterator.toint() + cutlass.Int64(row_block) * (self.BLOCK_M * D * size)
         store_accumulator_wide(acc_o, tidx, base, D * size, (tidx // 128) * (D // self.NUM_MMA_WG), mOut.element_type)
+
+
+@cute.jit
+def _stamp_if(addr, here):
+    if here:
+        stamp(addr)
 
 
 def _token_block(base, index, block_size: int, block_bytes: int):
