@@ -33,15 +33,15 @@ FMT = "model1"
 SCENARIO = "sink"
 
 
-def _case(b: int, config: str) -> dict:
-    return dict(b=b, config=config, kv_format=FMT, scenario=SCENARIO, splits="auto")
+def _case(b: int, config: str, splits="auto") -> dict:
+    return dict(b=b, config=config, kv_format=FMT, scenario=SCENARIO, splits=splits)
 
 
 def _parse_knobs(text: str) -> dict:
     knobs = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
-        knobs[key] = bool(int(value)) if key == "early_combine" else int(value)
+        knobs[key] = bool(int(value)) if key in ("early_combine", "stamps") else int(value)
     return knobs
 
 
@@ -58,8 +58,10 @@ def _compile(job: tuple) -> tuple:
         from oracles.sparse_decode import tensors
         from stages.E_sparse_decode.sm90 import Kernel
 
-        case = _case(b, config)
-        kernel = Kernel(b=b, config=config, kv_format=FMT, splits="auto", **knobs)
+        knobs = dict(knobs)
+        splits = knobs.pop("splits", "auto")  # the matrix's axis: an int n cuts a sequence into ~n parts
+        case = _case(b, config, splits)
+        kernel = Kernel(b=b, config=config, kv_format=FMT, splits=splits, **knobs)
         compiled = cute.compile(kernel, *[fake_tensor(s) for s in tensors(case)], make_fake_stream())
         prefix = "esmall_" + key.replace(":", "_").replace("=", "").replace(",", "_")
         Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -250,14 +252,15 @@ def main() -> int:
                 print(f"  {name:10s} compile FAILED ({secs:.0f} s): {err}", flush=True)
                 continue
             fn = cute.runtime.load_module(obj)[prefix]
+            vcase = _case(b, config, knobs.get("splits", "auto"))
             if knobs.get("stamps"):
                 print(f"  {name:10s} stamps ({info}):", flush=True)
-                print(_stamps(case, sets, fn), flush=True)
+                print(_stamps(vcase, sets, fn), flush=True)
                 continue
             launches = []
             check = ""
             for k, inputs in enumerate(sets):
-                args = _args_for(case, inputs)
+                args = _args_for(vcase, inputs)
                 cargs = [from_dlpack(t, assumed_align=16) for t in args]
 
                 def launch(cargs=cargs) -> None:
@@ -266,7 +269,7 @@ def main() -> int:
                 if k == 0:
                     launch()
                     torch.cuda.synchronize()
-                    check = _check(case, inputs, args)
+                    check = _check(vcase, inputs, args)
                 launches.append(launch)
             t = bench(launches, reps=a.reps, min_launches=20)
             print(f"  {name:10s} {t['us']:7.2f} µs (p10 {t['p10_us']:.2f} p90 {t['p90_us']:.2f}, {t['method']}) "
