@@ -251,31 +251,34 @@ def main() -> int:
             if err:
                 print(f"  {name:10s} compile FAILED ({secs:.0f} s): {err}", flush=True)
                 continue
-            fn = cute.runtime.load_module(obj)[prefix]
-            vcase = _case(b, config, knobs.get("splits", "auto"))
-            if knobs.get("stamps"):
-                print(f"  {name:10s} stamps ({info}):", flush=True)
-                print(_stamps(vcase, sets, fn), flush=True)
-                continue
-            launches = []
-            check = ""
-            for k, inputs in enumerate(sets):
-                args = _args_for(vcase, inputs)
-                cargs = [from_dlpack(t, assumed_align=16) for t in args]
+            try:
+                fn = cute.runtime.load_module(obj)[prefix]
+                vcase = _case(b, config, knobs.get("splits", "auto"))
+                if knobs.get("stamps"):
+                    print(f"  {name:10s} stamps ({info}):", flush=True)
+                    print(_stamps(vcase, sets, fn), flush=True)
+                    continue
+                launches = []
+                check = ""
+                for k, inputs in enumerate(sets):
+                    args = _args_for(vcase, inputs)
+                    cargs = [from_dlpack(t, assumed_align=16) for t in args]
 
-                def launch(cargs=cargs) -> None:
-                    fn(*cargs, cuda.CUstream(torch.cuda.current_stream().cuda_stream))
+                    def launch(cargs=cargs) -> None:
+                        fn(*cargs, cuda.CUstream(torch.cuda.current_stream().cuda_stream))
 
-                if k == 0:
-                    launch()
-                    torch.cuda.synchronize()
-                    check = _check(vcase, inputs, args)
-                launches.append(launch)
-            t = bench(launches, reps=a.reps, min_launches=20)
-            print(f"  {name:10s} {t['us']:7.2f} µs (p10 {t['p10_us']:.2f} p90 {t['p90_us']:.2f}, {t['method']}) "
-                  f"{check}; {info}; compile {secs:.0f} s", flush=True)
-            if b in profile_b:
-                print(_profile(launches[0]), flush=True)
+                    if k == 0:
+                        launch()
+                        torch.cuda.synchronize()
+                        check = _check(vcase, inputs, args)
+                    launches.append(launch)
+                t = bench(launches, reps=a.reps, min_launches=20)
+                print(f"  {name:10s} {t['us']:7.2f} µs (p10 {t['p10_us']:.2f} p90 {t['p90_us']:.2f}, {t['method']}) "
+                      f"{check}; {info}; compile {secs:.0f} s", flush=True)
+                if b in profile_b:
+                    print(_profile(launches[0]), flush=True)
+            except Exception as exc:  # a failed variant is reported; the rest go on
+                print(f"  {name:10s} FAILED: {type(exc).__name__}: {exc}", flush=True)
         if a.flashmla:
             _flashmla(case, sets, a.reps, b in profile_b)
     return 0
