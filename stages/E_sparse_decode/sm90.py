@@ -235,8 +235,7 @@ class Kernel:
     ROW_BYTES = {"model1": MODEL1_ROW_BYTES, "v4.1": V41_ROW_BYTES, "simple": D}  # a token's row in its block (model1's scales apart)
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int | None = None,
-                 early_combine: bool = True, combine_group: int = COMBINE_GROUP, stamps: bool = False,
-                 early_idx: bool = False):
+                 early_combine: bool = True, combine_group: int = COMBINE_GROUP, stamps: bool = False):
         # early_combine: the attention grid lets its dependents (PartCombine) launch at its start
         # (griddepcontrol.launch_dependents), so their CTAs wait on the idle SMs instead of being
         # launched after the last CTA ends; combine_group: PartCombine's slots a load group.  Both
@@ -244,7 +243,6 @@ class Kernel:
         # defaults.  stamps: a diagnostic build (stages/common/stamps.py) — each CTA writes the
         # times its roles pass named points (`mark`) over O, and PartCombine is not launched
         self.early_combine, self.combine_group, self.stamps = early_combine, combine_group, stamps
-        self.early_idx = early_idx  # the first segment's idx loads issued before the barriers are set up
         # the SMs the parts fill and the merge's residency is judged against: the GPU's here
         # (stages/common/device.py; compile-only on a CPU: sm_90a's 132); a kernel built for one
         # count is keyed by it in the compile cache
@@ -484,14 +482,6 @@ class Kernel:
             defer_sync=True,
         )
         cute.arch.mbarrier_init_fence()
-        first = None
-        if cutlass.const_expr(self.early_idx):
-            # the producer issues its first segment's idx loads before the CTA (the pair) meets:
-            # they fly while the barriers are set up (the chain idx → keys → S starts at once)
-            first = cute.make_rmem_tensor(self.entries_per_thread, cutlass.Int32)
-            if warp_idx // 4 >= self.PRODUCER_WG:
-                self.load_entries((KV, idx, KV_extra, idx_extra), self.sched.segment(head_block, part, 0)[0],
-                                  tidx - self.MMA_THREADS, first)
         pair.start()
         self.mark(marks, 1, tidx == 0)
 
@@ -499,7 +489,7 @@ class Kernel:
         if warp_idx // 4 >= self.PRODUCER_WG:
             set_registers(self.plan.producer_regs, self.plan.threads)
             self.produce(part, head_block, tidx - self.MMA_THREADS, kv_pipe, pair, k_base, k_smem,
-                         s_mask, s_kscale, s_idx, KV, idx, topk_length, KV_extra, idx_extra, extra_length, marks, first)
+                         s_mask, s_kscale, s_idx, KV, idx, topk_length, KV_extra, idx_extra, extra_length, marks)
         else:
             # each MMA warpgroup its own copy of attend, compiled for its own register count
             smem = AttendSmem(sQ=sQ, sK=sK, sVt=sVt, sP=sP, s_row=s_row, s_fin=s_fin, s_mrg=s_mrg, s_mask=s_mask,
@@ -535,7 +525,7 @@ class Kernel:
 
     @cute.jit
     def produce(self, part, head_block, ptid, kv_pipe, pair, k_base, k_smem, s_mask, s_kscale, s_idx,
-                KV, idx, topk_length, KV_extra, idx_extra, extra_length, marks=None, first=None):
+                KV, idx, topk_length, KV_extra, idx_extra, extra_length, marks=None):
         """The producer threads (`ptid` 0 … producer_threads − 1), segment after segment of the
         part: the segment's idx entries into shared memory, then every KV tile of it, a unit (a
         round of keys) at a time — its keys' bytes loaded into registers a unit ahead, the slot
@@ -551,12 +541,12 @@ class Kernel:
         for k in cutlass.range(self.sched.segments(part), unroll=1):
             work, before = self.sched.segment(head_block, part, k)
             self.produce_segment(work, before, ptid, pwarp, lane, rank, kv_pipe, pair, pieces, s_mask, s_kscale,
-                                 s_idx, lists, topk_length, extra_length, marks, k, first)
+                                 s_idx, lists, topk_length, extra_length, marks)
         self.mark(marks, 10, ptid == 0)
 
     @cute.jit
     def produce_segment(self, work, before, ptid, pwarp, lane, rank, kv_pipe, pair, pieces, s_mask, s_kscale, s_idx,
-                        lists, topk_length, extra_length, marks=None, k=0, first=None):
+                        lists, topk_length, extra_length, marks=None):
         """One segment's tiles (see produce)."""
         lengths = (cutlass.min(topk_length[work.batch], self.c.topk), cutlass.Int32(0))
         if cutlass.const_expr(self.c.has_extra):
@@ -571,15 +561,7 @@ class Kernel:
                 cute.make_rmem_tensor((4, self.PIECES[self.fmt]), cutlass.Int32))
         scs = (cute.make_rmem_tensor((4, self.sides), cutlass.Int32), cute.make_rmem_tensor((4, self.sides), cutlass.Int32))
         keys = (cute.make_rmem_tensor((R, self.sides), cutlass.Int32), cute.make_rmem_tensor((R, self.sides), cutlass.Int32))
-        if cutlass.const_expr(first is None):
-            self.stage_entries(lists, work, s_idx, ptid)
-        else:  # the part's first segment's entries were loaded before the barriers were set up
-            got = cute.make_rmem_tensor(self.entries_per_thread, cutlass.Int32)
-            if k == 0:
-                got.store(first.load())
-            else:
-                self.load_entries(lists, work, ptid, got)
-            self.stage_entries(lists, work, s_idx, ptid, got)
+        self.stage_entries(lists, work, s_idx, ptid)
         self.mark(marks, 2, ptid == 0)
         self.key_indices(lists, lengths, work, work.tile_begin, s_idx, rank, pwarp, lane, keys[0])
         self.gather(lists, work.tile_begin, keys[0], 0, lane, raws[0], scs[0])
@@ -616,35 +598,16 @@ class Kernel:
             self.key_indices(lists, lengths, work, tile, s_idx, rank, pwarp, lane, keys)
         self.gather(lists, tile, keys, r, lane, raw, sc)
 
-    @property
-    def entries_per_thread(self) -> int:
-        """The idx entries of a segment (chunk · BLOCK_N) a producer thread stages."""
-        return -(-self.sched.chunk * self.BLOCK_N // self.plan.producer_threads)
-
     @cute.jit
-    def stage_entries(self, lists, work, s_idx, ptid, got=None):
+    def stage_entries(self, lists, work, s_idx, ptid):
         """s_idx[(tile − tile_begin)·BLOCK_N + key] ← the idx entry of every key of the segment's
-        tiles (−1 past a list), loaded by all producer threads at once (load_entries; `got`: those
-        loads already issued); the producer threads meet (STAGED) before the stores — every thread
-        is done with the last segment's entries — and after them.  A tile's keys are judged from
-        there without a global load."""
+        tiles (−1 past a list), loaded by all producer threads at once; the producer threads
+        meet (STAGED) before the stores — every thread is done with the last segment's entries —
+        and after them.  A tile's keys are judged from there without a global load."""
         n = self.sched.chunk * self.BLOCK_N
-        if cutlass.const_expr(got is None):
-            got = cute.make_rmem_tensor(self.entries_per_thread, cutlass.Int32)
-            self.load_entries(lists, work, ptid, got)
-        cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
-        for e in cutlass.range_constexpr(self.entries_per_thread):
-            i = e * self.plan.producer_threads + ptid
-            if i < n:
-                s_idx[i] = got[e]
-        cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
-
-    @cute.jit
-    def load_entries(self, lists, work, ptid, got):
-        """got[e] ← the idx entry of key i = e · producer_threads + ptid of the segment (−1 past
-        its tiles or a list): predicated loads, issued at once."""
-        n = self.sched.chunk * self.BLOCK_N
-        for e in cutlass.range_constexpr(self.entries_per_thread):
+        per_thread = -(-n // self.plan.producer_threads)
+        got = cute.make_rmem_tensor(per_thread, cutlass.Int32)
+        for e in cutlass.range_constexpr(per_thread):
             i = e * self.plan.producer_threads + ptid
             tile = work.tile_begin + i // self.BLOCK_N
             branch, pos = self.list_position(tile, i % self.BLOCK_N)
@@ -653,6 +616,12 @@ class Kernel:
             if cutlass.const_expr(self.c.has_extra):
                 got[e] = cutlass.select_(branch == 0, got[e], self.idx_entry(lists[3], work, pos, self.c.extra_topk,
                                                                             here & (branch == 1)))
+        cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
+        for e in cutlass.range_constexpr(per_thread):
+            i = e * self.plan.producer_threads + ptid
+            if i < n:
+                s_idx[i] = got[e]
+        cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
 
     @cute.jit
     def produce_unit(self, kv_pipe, kv_state, pair, ptid, keys, r: cutlass.Constexpr[int], raw, sc, rank, pwarp, lane,
