@@ -41,7 +41,7 @@ def _parse_knobs(text: str) -> dict:
     knobs = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
-        knobs[key] = bool(int(value)) if key in ("early_combine", "stamps") else int(value)
+        knobs[key] = bool(int(value)) if key in ("early_combine", "stamps", "early_main", "prefetch_keys") else int(value)
     return knobs
 
 

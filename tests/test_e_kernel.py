@@ -156,6 +156,8 @@ def test_the_pair_exchanges_tiles_by_st_async(project_root, tmp_path, monkeypatc
     assert "mapa" in pair
     for word in ("st.async", "barrier.cluster", "mapa"):
         assert word not in alone
+    for ptx in (pair, alone):  # whole sequences a part (splits 1): nothing prefetched
+        assert "cp.async.bulk.prefetch" not in ptx and "prefetch.global.L2" not in ptx
     plan = sm90.Kernel.PLAN
     for ptx in (pair, alone):
         assert ".reqntid 384" in ptx and "m64n256k16" in ptx and "m64n64k16" in ptx
@@ -218,12 +220,14 @@ def test_slot_offsets_swizzle_bytes_not_elements():
                 assert swizzle_bytes(off, 3, 4, 3) == row * 128 + (piece ^ (row % 8)) * 16 + byte
 
 
-def test_a_combining_launch_lets_partcombine_launch_at_its_start(project_root, tmp_path, monkeypatch):
-    """b 2, s_q 2, h_q 64, auto parts (a part a tile: every sequence in 18 pieces, PartCombine
-    merges them): the attention kernel lets its dependents launch at its start
-    (griddepcontrol.launch_dependents, before any wait of its own), so PartCombine's CTAs are
-    launched onto the idle SMs and wait there (griddepcontrol.wait) instead of being launched
-    after the attention grid's last CTA — its launch and prologue off the critical path (issue 30)."""
+def test_a_small_batch_launch_prefetches_its_keys_and_loads_the_sink_first(project_root, tmp_path, monkeypatch):
+    """b 2, s_q 2, h_q 64, auto parts (a part a tile: every sequence in 18 pieces) — the latency
+    regime (issue 30; docs/STAGE_E.md, the stamps at b 2): the producer asks L2 for the keys of a
+    segment's later tiles as soon as their idx entries are staged (cp.async.bulk.prefetch of
+    each row, prefetch.global.L2 of model1's scale bytes), and warpgroup 0 loads its rows' sinks
+    before its first S (a load in the epilogue waited ~1 µs there).  The attention kernel does
+    not let PartCombine launch at its start (griddepcontrol.launch_dependents: slower when
+    timed).  Parts of whole sequences (splits 1) prefetch nothing: test_the_pair_exchanges_…"""
     from pathlib import Path
 
     from harness.execution.compile import Compiler
@@ -232,7 +236,7 @@ def test_a_combining_launch_lets_partcombine_launch_at_its_start(project_root, t
     spec = load_spec(root=project_root)
     case = dict(b=2, config="s2h64_m128bs256_x1024bs64", kv_format="model1", scenario="plain", splits="auto")
     k = sm90.Kernel(b=2, config=case["config"], kv_format="model1", splits="auto")
-    assert k.combines and not k.merges
+    assert k.combines and not k.merges and k.prefetch_keys
     compiler = Compiler(spec.root)
     try:
         res = compiler.submit(spec.stages["E"], "sm_90a", case).result()
@@ -243,5 +247,7 @@ def test_a_combining_launch_lets_partcombine_launch_at_its_start(project_root, t
     entries = {m.group(1): m.start() for m in re.finditer(r"\.entry\s+(\S+)\(", ptx)}
     main = next(at for name, at in entries.items() if "E_sparse_decode" in name)
     body = ptx[main:min([at for at in entries.values() if at > main] + [len(ptx)])]
-    assert body.count("griddepcontrol.launch_dependents") == 1
-    assert body.index("griddepcontrol.launch_dependents") < body.index("mbarrier.try_wait")
+    assert "cp.async.bulk.prefetch.L2.global" in body and "prefetch.global.L2 " in body
+    assert "griddepcontrol.launch_dependents" not in body
+    wg0 = body[body.index("setmaxnreg.inc.sync.aligned.u32"):]
+    assert wg0.index("ld.global.b32") < wg0.index("wgmma.mma_async"), "the sink is loaded after the first S"

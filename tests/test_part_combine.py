@@ -101,3 +101,28 @@ def test_the_combine_issues_a_groups_loads_before_it_uses_them(tmp_path):
     assert combine[:first_fma].count("ld.global.cg.v4.f32") == 5 * 4
     assert combine.index("griddepcontrol.wait") < combine.index("ld.global.cg")
     assert "griddepcontrol.launch_dependents" in zero
+
+
+@pytest.mark.parametrize("hb,tokens,b,T,L", [(2, 2, 2, 18, 2), (1, 2, 2, 18, 1), (2, 2, 1, 18, 1), (1, 1, 16, 18, 3),
+                                             (2, 2, 8, 18, 6), (1, 2, 3, 5, 3), (2, 1, 74, 18, 21), (1, 1, 74, 18, 11)])
+def test_the_combine_launches_a_cta_for_every_cut_row_block_and_no_idle_ones(hb, tokens, b, T, L):
+    """Every 4 rows of every cut sequence are combined by exactly one CTA (the kernel's own
+    cta_sequence, on ints); where the parts are shorter than a sequence (every sequence cut)
+    there is no idle CTA at all — by part boundary, b 2 h 128 launched 1 120 CTAs for 128
+    busy ones, and their launch was most of the combine's time (issue 30)."""
+    from stages.common.part_combine import PartCombine
+    from stages.common.part_scheduler import PartGrid
+
+    g = PartGrid(hb, tokens, b, T, L)
+    pc = PartCombine(g, 64 * hb, 512)
+    seen = []
+    for bidx in range(pc.ctas):
+        s, mine = pc.cta_sequence(bidx)
+        if mine:
+            seen.append((s, bidx % pc.chunks))
+    cut = [s for s in range(g.sequences) if g.pieces(s) > 1]
+    assert sorted(seen) == [(s, c) for s in cut for c in range(pc.chunks)]
+    if L < T:
+        assert pc.ctas == len(seen) == g.sequences * pc.chunks
+    if (hb, tokens, b, T, L) == (2, 2, 2, 18, 2):
+        assert pc.ctas == 128

@@ -121,7 +121,7 @@ from stages.common.part_scheduler import PartGrid, resolve_part_tiles
 from stages.common.quad_store import check_accumulator_layout, store_accumulator_wide
 from stages.common.sparse_config import SparseConfig
 from stages.common.stamps import RECORD_BYTES, stamp
-from stages.common.sm90_gather import ldg_or
+from stages.common.sm90_gather import ldg_or, prefetch_bulk_l2, prefetch_line_l2
 from stages.common.sm90_smem_p import SmemP
 from stages.common.sm90_kv_slots import kv_layouts, piece_strides, ring_state, slot_offset
 from stages.common.sm90_registers import register_plan, set_registers
@@ -235,14 +235,18 @@ class Kernel:
     ROW_BYTES = {"model1": MODEL1_ROW_BYTES, "v4.1": V41_ROW_BYTES, "simple": D}  # a token's row in its block (model1's scales apart)
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int | None = None,
-                 early_combine: bool = True, combine_group: int = COMBINE_GROUP, stamps: bool = False):
+                 early_combine: bool = False, combine_group: int = COMBINE_GROUP, stamps: bool = False,
+                 early_main: bool = True, prefetch_keys: bool | None = None):
         # early_combine: the attention grid lets its dependents (PartCombine) launch at its start
         # (griddepcontrol.launch_dependents), so their CTAs wait on the idle SMs instead of being
-        # launched after the last CTA ends; combine_group: PartCombine's slots a load group.  Both
-        # are for experiments (scripts/e_small_timeline.py times them apart); the lab builds the
-        # defaults.  stamps: a diagnostic build (stages/common/stamps.py) — each CTA writes the
+        # launched after the last CTA ends (slower at b 2 when timed: off); combine_group:
+        # PartCombine's slots a load group.  Both are for experiments (scripts/e_small_timeline.py
+        # times them apart); the lab builds the defaults.  stamps: a diagnostic build (stages/common/stamps.py) — each CTA writes the
         # times its roles pass named points (`mark`) over O, and PartCombine is not launched
         self.early_combine, self.combine_group, self.stamps = early_combine, combine_group, stamps
+        # early_main: ZeroFlags lets this kernel launch at its start (it waits only at a flag)
+        self.early_main = early_main
+        self.prefetch_knob = prefetch_keys  # None: prefetch where parts are shorter than a sequence
         # the SMs the parts fill and the merge's residency is judged against: the GPU's here
         # (stages/common/device.py; compile-only on a CPU: sm_90a's 132); a kernel built for one
         # count is keyed by it in the compile cache
@@ -282,6 +286,10 @@ class Kernel:
             raise ValueError(f"stage E sm90: {self.sched.parts} parts of {part_tiles} tiles exceed the launch grid's "
                              f"{_GRID_Y} rows (grid.y); use fewer splits (auto, or an int)")
         self.splits = self.sched.capacity  # partial slots a sequence may fill (1: nothing is combined)
+        # the latency regime (parts shorter than a sequence: the small batches, idle SMs): the
+        # producer asks L2 for every key of a segment but its first tile as soon as the idx
+        # entries are staged (prefetch_segment), so a later tile's loads find L2, not DRAM
+        self.prefetch_keys = (self.sched.part_tiles < num_tiles) if self.prefetch_knob is None else self.prefetch_knob
         self.partials = self.splits > 1
         # a sequence cut in two is merged by its piece 0 (stages/common/part_merge.py); PartCombine
         # is launched only for sequences of more pieces
@@ -368,7 +376,7 @@ class Kernel:
         self.smem_struct = Smem
         cluster = {"cluster": (2, 1, 1)} if self.pair else {}
         if cutlass.const_expr(self.merges):
-            ZeroFlags(self.sched, bm).launch(mLp, stream)  # the attention kernel waits for it at its flags
+            ZeroFlags(self.sched, bm, early=self.early_main).launch(mLp, stream)  # the attention kernel waits for it at its flags
         self.kernel(
             tma_q, tma_Q, KV, idx, topk_length, KV_extra, idx_extra, extra_length, sink,
             mO, mLSE, mOp, mLp, q_smem, k_smem, vt_smem, p_smem,
@@ -446,7 +454,7 @@ class Kernel:
         if cutlass.const_expr(self.combines and self.early_combine and not self.stamps):
             # PartCombine may launch now: its CTAs wait (griddepcontrol.wait) for this whole grid
             # and its memory, on SMs this grid leaves idle (one of its CTAs holds every register
-            # of an SM, so none shares one with it) — its launch and prologue off the critical path
+            # of an SM, so none shares one with it)
             if tidx == 0:
                 cute.arch.griddepcontrol_launch_dependents()
         marks = None
@@ -562,6 +570,8 @@ class Kernel:
         scs = (cute.make_rmem_tensor((4, self.sides), cutlass.Int32), cute.make_rmem_tensor((4, self.sides), cutlass.Int32))
         keys = (cute.make_rmem_tensor((R, self.sides), cutlass.Int32), cute.make_rmem_tensor((R, self.sides), cutlass.Int32))
         self.stage_entries(lists, work, s_idx, ptid)
+        if cutlass.const_expr(self.prefetch_keys):
+            self.prefetch_segment(lists, lengths, work, s_idx, ptid, rank)
         self.mark(marks, 2, ptid == 0)
         self.key_indices(lists, lengths, work, work.tile_begin, s_idx, rank, pwarp, lane, keys[0])
         self.gather(lists, work.tile_begin, keys[0], 0, lane, raws[0], scs[0])
@@ -622,6 +632,50 @@ class Kernel:
             if i < n:
                 s_idx[i] = got[e]
         cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
+
+    @cute.jit
+    def prefetch_segment(self, lists, lengths, work, s_idx, ptid, rank):
+        """Every valid key this CTA dequantises in the segment's tiles after its first: its row
+        (and model1's / simple's scale bytes) into L2 (cp.async.bulk.prefetch, prefetch.global.L2:
+        no registers, no wait), from the staged idx entries (stage_entries) — at small batches a
+        tile's loads otherwise waited for DRAM one tile after another (a pair issues a tile's
+        loads only after the tile before is dequantised)."""
+        n = self.sched.chunk * self.BLOCK_N
+        for e in cutlass.range_constexpr(self.entries_per_thread):
+            i = e * self.plan.producer_threads + ptid
+            tile = work.tile_begin + i // self.BLOCK_N
+            key = i % self.BLOCK_N
+            mine = (i < n) & (tile > work.tile_begin) & (tile < work.tile_end)
+            if cutlass.const_expr(self.pair):
+                mine = mine & (key // self.own_keys == rank)
+            if mine:
+                branch, pos = self.list_position(tile, key)
+                got = s_idx[i]
+                if branch == 0:
+                    self.prefetch_key(lists[0], self.key_index(lists[0], got, pos, lengths[0], self.c.topk, self.c.block),
+                                      self.c.block, self.block_bytes)
+                else:
+                    if cutlass.const_expr(self.c.has_extra):
+                        self.prefetch_key(lists[2], self.key_index(lists[2], got, pos, lengths[1], self.c.extra_topk,
+                                                                   self.c.extra_block),
+                                          self.c.extra_block, self.extra_block_bytes)
+
+    @cute.jit
+    def prefetch_key(self, cache, index, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int]):
+        """Key `index`'s row — and its scale bytes where they lie apart (model1, simple) — into
+        L2; nothing for an invalid key (−1)."""
+        if index != -1:
+            block, off = _token_block(cache.iterator.toint(), index, block_size, block_bytes)
+            prefetch_bulk_l2(block + off * self.ROW_BYTES[self.fmt], self.ROW_BYTES[self.fmt])
+            if cutlass.const_expr(self.fmt == "model1"):
+                prefetch_line_l2(block + block_size * MODEL1_ROW_BYTES + off * MODEL1_SCALE_BYTES)
+            elif cutlass.const_expr(self.fmt == "simple"):
+                prefetch_line_l2(block + block_size * D + off * 4)
+
+    @property
+    def entries_per_thread(self) -> int:
+        """The idx entries of a segment (chunk · BLOCK_N) a producer thread stages."""
+        return -(-self.sched.chunk * self.BLOCK_N // self.plan.producer_threads)
 
     @cute.jit
     def produce_unit(self, kv_pipe, kv_state, pair, ptid, keys, r: cutlass.Constexpr[int], raw, sc, rank, pwarp, lane,
@@ -826,8 +880,10 @@ class Kernel:
         kv_pipe, pair = io.kv_pipe, io.pair
 
         segments = self.sched.segments(part)
+        sink_rows = None
         if cutlass.const_expr(wg == 0):
             self.load_q(self.sched.segment(head_block, part, 0)[0], tid_wg, io)
+            sink_rows = self.load_sink_rows(head_block, mma.tScS_rc, io.sink)
         for k in cutlass.range(segments, unroll=1):
             work, before = self.sched.segment(head_block, part, k)
             # a whole sequence? (taken here, before the tiles, as before the split into named pieces:
@@ -862,7 +918,7 @@ class Kernel:
                 if cutlass.const_expr(wg == 1):
                     smem_p.release()
             self.mark(io.marks, 6, tidx == 0)
-            self.finish_segment(wg, tidx, work, complete, mma, smem_p, softmax, acc_o, io)
+            self.finish_segment(wg, tidx, work, complete, mma, smem_p, softmax, acc_o, io, sink_rows)
             self.mark(io.marks, 7 + wg, tidx % 128 == 0)
 
     def mma_tiles(self, wg: int, tidx, smem) -> "MmaTiles":
@@ -929,7 +985,8 @@ class Kernel:
                 scale_rows(acc_o_rc, r, alpha[r])
 
     @cute.jit
-    def finish_segment(self, wg: cutlass.Constexpr[int], tidx, work, complete, mma, smem_p, softmax, acc_o, io):
+    def finish_segment(self, wg: cutlass.Constexpr[int], tidx, work, complete, mma, smem_p, softmax, acc_o, io,
+                       sink_rows=None):
         """A segment's epilogue: warpgroup 0 (once warpgroup 1's last P·V is done) finalises the
         rows — each row's factor on O (1/ℓ, a whole sequence's times the sink's) and its LSE, or
         piece 0's merge factors (stages/common/part_merge.py: its first thread waits for piece 1's
@@ -940,7 +997,7 @@ class Kernel:
         merge, hand_over = self.merge_roles(work)
         if cutlass.const_expr(wg == 0):
             smem_p.wait_empty()  # warpgroup 1's last P·V is done
-            self.finish_rows(work, complete, merge, softmax, mma.tScS_rc, tidx % 128, io)
+            self.finish_rows(work, complete, merge, softmax, mma.tScS_rc, tidx % 128, io, sink_rows)
         smem_p.wait_epilogue()
         smem_p.rescale(acc_rows_cols(acc_o), mma.tOcO_rc, io.smem.s_fin)
         tOcO_rc = mma.tOcO_rc
@@ -952,9 +1009,10 @@ class Kernel:
             self.raise_piece_1(work, tidx, io.mLp)
 
     @cute.jit
-    def finish_rows(self, work, complete, merge, softmax, tScS_rc, tid_wg, io):
+    def finish_rows(self, work, complete, merge, softmax, tScS_rc, tid_wg, io, sink_rows):
         """Warpgroup 0: 1/ℓ and the LSE of its rows; each row's quad leader writes the row's
-        final factor (finish_row) or, piece 0 of a two-piece sequence, the merge's (merge_row)."""
+        final factor (finish_row) or, piece 0 of a two-piece sequence, the merge's (merge_row);
+        `sink_rows`: its rows' sinks (load_sink_rows)."""
         num_rows = cute.size(tScS_rc, mode=[0])
         inv_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
         lse = cute.make_rmem_tensor(num_rows, cutlass.Float32)
@@ -964,11 +1022,22 @@ class Kernel:
         for r in cutlass.range_constexpr(num_rows):
             row = tScS_rc[r, 0][0]
             if tScS_rc[r, 0][1] == 0:
-                h = io.sink[work.head_block * self.BLOCK_M + row]
+                h = sink_rows[r]
                 if merge:
                     self.merge_row(work, row, inv_sum[r], lse[r], h, io.smem.s_fin, io.smem.s_mrg, io.mLSE, io.mLp)
                 else:
                     self.finish_row(work, complete, row, inv_sum[r], lse[r], h, io.smem.s_fin, io.mLSE, io.mLp)
+
+    @cute.jit
+    def load_sink_rows(self, head_block, tScS_rc, sink):
+        """Warpgroup 0, once a CTA (the head block is the CTA's): the sink of each of its rows,
+        loaded at the start so that no epilogue waits for it (a cold load there was ~1 µs of
+        every segment's epilogue: docs/STAGE_E.md, the stamps at b 2)."""
+        num_rows = cute.size(tScS_rc, mode=[0])
+        out = cute.make_rmem_tensor(num_rows, cutlass.Float32)
+        for r in cutlass.range_constexpr(num_rows):
+            out[r] = sink[head_block * self.BLOCK_M + tScS_rc[r, 0][0]]
+        return out
 
     @cute.jit
     def rescales(self, alpha, num_rows: cutlass.Constexpr[int]):

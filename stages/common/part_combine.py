@@ -15,14 +15,18 @@ inside a branch on its slot's LSE waited for the one before: ~0.5 µs each, 9 sl
 most of the combine's 6.5 µs).
 
 A launch whose attention kernel merged its two-piece sequences itself (stages/common/
-part_merge.py; `skip_two`) leaves those alone too.  Only the cut sequences get CTAs: CTA (b, c)
-of the grid ((P − 1) · heads / 4) takes part boundary b + 1 and rows 4c … 4c + 3 of the sequence
-it cuts (PartGrid.cut_at: each cut sequence is named by
-one boundary; a boundary at a sequence's start, or a later one inside an already named sequence,
-leaves its CTAs idle).  It is launched with programmatic dependent launch: its CTAs wait
-(griddepcontrol.wait) for the attention grid to complete and its memory to be visible, and the
-attention grid lets it launch at its start (griddepcontrol.launch_dependents), so its launch and
-prologue run on the SMs the attention grid leaves idle instead of following its last CTA.
+part_merge.py; `skip_two`) leaves those alone too.  Only the cut sequences get CTAs.  Parts
+shorter than a sequence (L < T, the small batches) cut every sequence: CTA (s, c) of the grid
+(S · heads / 4) takes rows 4c … 4c + 3 of sequence s.  Otherwise CTA (b, c) of the grid
+((P − 1) · heads / 4) takes part boundary b + 1 and rows 4c … 4c + 3 of the sequence it cuts
+(PartGrid.cut_at: each cut sequence is named by one boundary; a boundary at a sequence's start,
+or a later one inside an already named sequence, leaves its CTAs idle) — by boundary at b 2,
+h 128, 1 120 CTAs of which 992 only exited, and launching them was most of the combine's time.
+It is launched with programmatic dependent launch: its CTAs wait (griddepcontrol.wait) for the
+attention grid to complete and its memory to be visible, so its launch overlaps the attention
+kernel's tail instead of following it.  (Letting it launch at the attention grid's start —
+griddepcontrol.launch_dependents there, the attention kernel's `early_combine` — made the pair
+slower at b 2: 25.9 against 21.0 µs, H200.)
 """
 
 from __future__ import annotations
@@ -98,13 +102,28 @@ class PartCombine:
         if (d // 32) % 4:
             raise ValueError(f"PartCombine: a lane's d/32 columns ({d // 32}) must be whole 16-byte loads")
         self.groups = [tuple(g) for g in load_groups(grid.capacity, group)]
+        # parts shorter than a sequence cut every sequence: a CTA per (sequence, 4 rows), none idle
+        # (by boundary, (P − 1) · heads / 4 CTAs: at b 2, h 128 1 120 of which 992 only exit — their
+        # launch was most of the combine's time)
+        self.every_cut = grid.part_tiles < grid.num_tiles
+
+    @property
+    def ctas(self) -> int:
+        """The launch's CTAs: every sequence's chunks where every sequence is cut, else every
+        part boundary's (each names at most one cut sequence)."""
+        return (self.grid.sequences if self.every_cut else max(self.grid.parts - 1, 1)) * self.chunks
+
+    def cta_sequence(self, bidx):
+        """(sequence, whether CTA `bidx` combines rows of it).  Ints or traced."""
+        if self.every_cut:
+            return bidx // self.chunks, bidx >= 0  # True (an int or a traced Boolean)
+        return self.grid.cut_at(bidx // self.chunks + 1)
 
     def launch(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, sink: cute.Tensor,
                stream):
         """Call from a @cute.jit host function, after the attention kernel on the same stream."""
         self.kernel(o_part, lse_part, o, lse, sink).launch(
-            grid=(max(self.grid.parts - 1, 1) * self.chunks, 1, 1), block=(self.THREADS, 1, 1), stream=stream,
-            use_pdl=True,
+            grid=(self.ctas, 1, 1), block=(self.THREADS, 1, 1), stream=stream, use_pdl=True,
         )
 
     @cute.kernel
@@ -113,7 +132,7 @@ class PartCombine:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         lane = tidx % 32
-        s, mine = self.grid.cut_at(bidx // self.chunks + 1)
+        s, mine = self.cta_sequence(bidx)
         row = s * self.heads + (bidx % self.chunks) * self.ROWS_PER_CTA + tidx // 32
         n = self.grid.pieces(s)  # > 1 where `mine`: the boundary cuts s
         if cutlass.const_expr(self.skip_two):

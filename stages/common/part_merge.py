@@ -200,8 +200,9 @@ class ZeroFlags:
 
     THREADS = 128
 
-    def __init__(self, grid: PartGrid, rows_per_block: int):
+    def __init__(self, grid: PartGrid, rows_per_block: int, early: bool = True):
         self.grid, self.rows_per_block = grid, rows_per_block
+        self.early = early  # let the attention kernel launch at this grid's start
 
     def launch(self, lse_part: cute.Tensor, stream):
         """Call from a @cute.jit host function, before the attention kernel on the same stream;
@@ -214,8 +215,9 @@ class ZeroFlags:
     def kernel(self, lse_part: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        if tidx == 0:  # the attention kernel may launch now: it waits for this grid only at a flag
-            cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(self.early):
+            if tidx == 0:  # the attention kernel may launch now: it waits for this grid only at a flag
+                cute.arch.griddepcontrol_launch_dependents()
         rb = bidx * self.THREADS + tidx
         if rb < self.grid.row_blocks:
             if self.grid.pieces(rb // self.grid.head_blocks) == 2:
