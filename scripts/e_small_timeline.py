@@ -41,7 +41,7 @@ def _parse_knobs(text: str) -> dict:
     knobs = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
-        knobs[key] = bool(int(value)) if key in ("early_combine", "stamps", "early_main", "prefetch_keys") else int(value)
+        knobs[key] = bool(int(value)) if key in ("early_combine", "stamps", "early_main", "prefetch_keys", "pair_stores") else int(value)
     return knobs
 
 
@@ -146,6 +146,7 @@ def _profile(launch, iters: int = 30) -> str:
 
 SLOT_NAMES = {0: "entry", 1: "barriers set, pair met", 2: "producer: idx staged", 3: "wg0: Q arrived",
               4: "wg0: tile 0 ready", 5: "wg0: tile 0 S+softmax", 11: "wg0: tile 1 ready", 6: "wg0: tiles done",
+              12: "wg1: last P·V done", 13: "O rescaled (pre-store)",
               7: "wg0: epilogue done", 8: "wg1: epilogue done", 10: "producer done", 9: "exit"}
 
 
@@ -202,6 +203,7 @@ def main() -> int:
     ap.add_argument("--profile", default="", help="b1+b2: torch.profiler timelines at those batches")
     ap.add_argument("--flashmla", action="store_true")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--check-scenarios", default="", help="a,b: also check each timed variant on these scenarios' inputs")
     ap.add_argument("--jobs", type=int, default=16)
     a = ap.parse_args()
 
@@ -272,6 +274,14 @@ def main() -> int:
                         torch.cuda.synchronize()
                         check = _check(vcase, inputs, args)
                     launches.append(launch)
+                for scen in filter(None, a.check_scenarios.split(",")):
+                    scase = {**vcase, "scenario": scen}
+                    sin = make_inputs(scase, 1, device="cuda")
+                    sargs = _args_for(scase, sin)
+                    fn(*[from_dlpack(t, assumed_align=16) for t in sargs],
+                       cuda.CUstream(torch.cuda.current_stream().cuda_stream))
+                    torch.cuda.synchronize()
+                    check += f" | {scen}: {_check(scase, sin, sargs)}"
                 t = bench(launches, reps=a.reps, min_launches=20)
                 print(f"  {name:10s} {t['us']:7.2f} µs (p10 {t['p10_us']:.2f} p90 {t['p90_us']:.2f}, {t['method']}) "
                       f"{check}; {info}; compile {secs:.0f} s", flush=True)

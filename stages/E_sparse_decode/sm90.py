@@ -118,7 +118,7 @@ from stages.common.part_combine import GROUP as COMBINE_GROUP, PartCombine
 from stages.common.part_merge import (ZeroFlags, add_staged_rows, flag_address, load_l2, merge_factors,
                                       merges_in_kernel, raise_flag, stage_partial, wait_flag)
 from stages.common.part_scheduler import PartGrid, resolve_part_tiles
-from stages.common.quad_store import check_accumulator_layout, store_accumulator_wide
+from stages.common.quad_store import check_accumulator_layout, store_accumulator_pairs, store_accumulator_wide
 from stages.common.sparse_config import SparseConfig
 from stages.common.stamps import RECORD_BYTES, stamp
 from stages.common.sm90_gather import ldg_or, prefetch_bulk_l2, prefetch_line_l2
@@ -236,7 +236,7 @@ class Kernel:
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int | None = None,
                  early_combine: bool = False, combine_group: int = COMBINE_GROUP, stamps: bool = False,
-                 early_main: bool = True, prefetch_keys: bool | None = None):
+                 early_main: bool = True, prefetch_keys: bool | None = None, pair_stores: bool = False):
         # early_combine: the attention grid lets its dependents (PartCombine) launch at its start
         # (griddepcontrol.launch_dependents), so their CTAs wait on the idle SMs instead of being
         # launched after the last CTA ends (slower at b 2 when timed: off); combine_group:
@@ -246,6 +246,7 @@ class Kernel:
         self.early_combine, self.combine_group, self.stamps = early_combine, combine_group, stamps
         # early_main: ZeroFlags lets this kernel launch at its start (it waits only at a flag)
         self.early_main = early_main
+        self.pair_stores = pair_stores  # a partial (fp32) by 8-byte stores, no quad transpose
         self.prefetch_knob = prefetch_keys  # None: prefetch where parts are shorter than a sequence
         # the SMs the parts fill and the merge's residency is judged against: the GPU's here
         # (stages/common/device.py; compile-only on a CPU: sm_90a's 132); a kernel built for one
@@ -518,8 +519,9 @@ class Kernel:
         `slot` of its CTA's record (stages/common/stamps.py); otherwise nothing is traced.
         Slots: 0 entry, 1 barriers set up (the pair met), 2 the producer's idx entries staged,
         3 Q arrived, 4 / 11 tile 0 / 1 ready (warpgroup 0), 5 tile 0's S and softmax done,
-        6 the tiles done, 7 / 8 warpgroup 0 / 1 past the epilogue, 9 exit, 10 the producer done
-        (2, 3, 4, 5, 6, 7, 8, 11: the part's last segment)."""
+        6 the tiles done, 12 warpgroup 1's last P·V done, 13 O rescaled (before its stores),
+        7 / 8 warpgroup 0 / 1 past the epilogue, 9 exit, 10 the producer done (2–8, 11–13: the
+        part's last segment)."""
         if self.stamps:
             _stamp_if(marks + slot * 16, here)
 
@@ -997,9 +999,11 @@ class Kernel:
         merge, hand_over = self.merge_roles(work)
         if cutlass.const_expr(wg == 0):
             smem_p.wait_empty()  # warpgroup 1's last P·V is done
+            self.mark(io.marks, 12, tidx == 0)
             self.finish_rows(work, complete, merge, softmax, mma.tScS_rc, tidx % 128, io, sink_rows)
         smem_p.wait_epilogue()
         smem_p.rescale(acc_rows_cols(acc_o), mma.tOcO_rc, io.smem.s_fin)
+        self.mark(io.marks, 13, tidx == 0)
         tOcO_rc = mma.tOcO_rc
         if merge:
             self.add_piece_1(acc_o, tidx, wg, work, io.k_base, io.smem.s_mrg[tOcO_rc[0, 0][0]],
@@ -1141,7 +1145,11 @@ class Kernel:
         accumulator as it lies, which bounded the epilogue)."""
         size = mOut.element_type.width // 8
         base = mOut.iterator.toint() + cutlass.Int64(row_block) * (self.BLOCK_M * D * size)
-        store_accumulator_wide(acc_o, tidx, base, D * size, (tidx // 128) * (D // self.NUM_MMA_WG), mOut.element_type)
+        col0 = (tidx // 128) * (D // self.NUM_MMA_WG)
+        if cutlass.const_expr(self.pair_stores and size == 4):
+            store_accumulator_pairs(acc_o, tidx, base, D * size, col0)
+        else:
+            store_accumulator_wide(acc_o, tidx, base, D * size, col0, mOut.element_type)
 
 
 @cute.jit
