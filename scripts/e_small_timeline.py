@@ -33,14 +33,17 @@ FMT = "model1"
 SCENARIO = "sink"
 
 
-def _case(b: int, config: str, splits="auto") -> dict:
-    return dict(b=b, config=config, kv_format=FMT, scenario=SCENARIO, splits=splits)
+def _case(b: int, config: str, splits="auto", fmt: str = FMT) -> dict:
+    return dict(b=b, config=config, kv_format=fmt, scenario=SCENARIO, splits=splits)
 
 
 def _parse_knobs(text: str) -> dict:
     knobs = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
+        if key == "fmt":
+            knobs[key] = value
+            continue
         knobs[key] = bool(int(value)) if key in ("early_combine", "stamps", "early_main", "prefetch_keys", "pair_stores") else int(value)
     return knobs
 
@@ -60,8 +63,9 @@ def _compile(job: tuple) -> tuple:
 
         knobs = dict(knobs)
         splits = knobs.pop("splits", "auto")  # the matrix's axis: an int n cuts a sequence into ~n parts
-        case = _case(b, config, splits)
-        kernel = Kernel(b=b, config=config, kv_format=FMT, splits=splits, **knobs)
+        fmt = knobs.pop("fmt", FMT)
+        case = _case(b, config, splits, fmt)
+        kernel = Kernel(b=b, config=config, kv_format=fmt, splits=splits, **knobs)
         compiled = cute.compile(kernel, *[fake_tensor(s) for s in tensors(case)], make_fake_stream())
         prefix = "esmall_" + key.replace(":", "_").replace("=", "").replace(",", "_")
         Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -195,6 +199,17 @@ def _stamps(case: dict, sets: list, fn, launches: int = 5) -> str:
     return "\n".join(lines)
 
 
+def _wanted(only: set, b: int, config: str) -> bool:
+    """A variant's @ filter: b<B> or b<B>:<config prefix> entries (none: every shape)."""
+    if not only:
+        return True
+    for x in only:
+        bb, _, cfg = x.partition(":")
+        if int(bb.lstrip("b")) == b and config.startswith(cfg):
+            return True
+    return False
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", action="append", required=True, help="b<B>:<config>, e.g. b2:s2h128_m128bs256_x1024bs64")
@@ -203,7 +218,9 @@ def main() -> int:
     ap.add_argument("--profile", default="", help="b1+b2: torch.profiler timelines at those batches")
     ap.add_argument("--flashmla", action="store_true")
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--check-scenarios", default="", help="a,b: also check each timed variant on these scenarios' inputs")
+    ap.add_argument("--check-scenarios", default="", help="a,b: also check variants on these scenarios' inputs")
+    ap.add_argument("--check-variants", default="new", help="the variants --check-scenarios applies to")
+    ap.add_argument("--percall", action="store_true", help="FlashMLA with its metadata computed per call too")
     ap.add_argument("--jobs", type=int, default=16)
     a = ap.parse_args()
 
@@ -215,13 +232,13 @@ def main() -> int:
     for v in a.variant:
         v, _, only = v.partition("@")
         name, _, knobs = v.partition(":")
-        variants.append((name, _parse_knobs(knobs), {int(x.lstrip("b")) for x in only.split("+") if x}))
+        variants.append((name, _parse_knobs(knobs), {x for x in only.split("+") if x}))
     profile_b = {int(x.lstrip("b")) for x in a.profile.split("+") if x}
 
     work = Path(tempfile.mkdtemp(prefix="esmall-"))
     jobs = [(f"b{b}:{config}:{name}", b, config, knobs, str(work / f"{i}"))
             for i, ((b, config), (name, knobs, only)) in enumerate((s, v) for s in shapes for v in variants)
-            if not only or b in only]
+            if _wanted(only, b, config)]
     t0 = time.perf_counter()
     import multiprocessing as mp
 
@@ -247,7 +264,7 @@ def main() -> int:
         sets = [first] + [{k: v.clone() for k, v in first.items()} for _ in range(1, n_sets)]
         print(f"== b {b} {config}: {n_sets} input sets", flush=True)
         for name, knobs, only in variants:
-            if only and b not in only:
+            if not _wanted(only, b, config):
                 continue
             key, obj, prefix, secs, err, info = built[f"b{b}:{config}:{name}"]
             if err:
@@ -255,14 +272,15 @@ def main() -> int:
                 continue
             try:
                 fn = cute.runtime.load_module(obj)[prefix]
-                vcase = _case(b, config, knobs.get("splits", "auto"))
+                vcase = _case(b, config, knobs.get("splits", "auto"), knobs.get("fmt", FMT))
+                vin = sets if vcase["kv_format"] == FMT else [make_inputs(vcase, 0, device="cuda")] * 2
                 if knobs.get("stamps"):
                     print(f"  {name:10s} stamps ({info}):", flush=True)
-                    print(_stamps(vcase, sets, fn), flush=True)
+                    print(_stamps(vcase, vin, fn), flush=True)
                     continue
                 launches = []
                 check = ""
-                for k, inputs in enumerate(sets):
+                for k, inputs in enumerate(vin):
                     args = _args_for(vcase, inputs)
                     cargs = [from_dlpack(t, assumed_align=16) for t in args]
 
@@ -274,7 +292,7 @@ def main() -> int:
                         torch.cuda.synchronize()
                         check = _check(vcase, inputs, args)
                     launches.append(launch)
-                for scen in filter(None, a.check_scenarios.split(",")):
+                for scen in filter(None, a.check_scenarios.split(",") if name in a.check_variants.split(",") else []):
                     scase = {**vcase, "scenario": scen}
                     sin = make_inputs(scase, 1, device="cuda")
                     sargs = _args_for(scase, sin)
@@ -290,11 +308,11 @@ def main() -> int:
             except Exception as exc:  # a failed variant is reported; the rest go on
                 print(f"  {name:10s} FAILED: {type(exc).__name__}: {exc}", flush=True)
         if a.flashmla:
-            _flashmla(case, sets, a.reps, b in profile_b)
+            _flashmla(case, sets, a.reps, b in profile_b, a.percall)
     return 0
 
 
-def _flashmla(case: dict, sets: list, reps: int, profile: bool) -> None:
+def _flashmla(case: dict, sets: list, reps: int, profile: bool, percall: bool = False) -> None:
     try:
         import torch
         from flash_mla import flash_mla_with_kvcache, get_mla_metadata
@@ -304,7 +322,7 @@ def _flashmla(case: dict, sets: list, reps: int, profile: bool) -> None:
         from stages.common.sparse_config import SparseConfig
 
         c = SparseConfig.parse(case["config"])
-        for per_call in (False, True):
+        for per_call in (False, True) if percall else (False,):
             launches = []
             for inputs in sets:
                 cache = kc.model1_flashmla_view(inputs["KV"], c.block).view(torch.float8_e4m3fn)
