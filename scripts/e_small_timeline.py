@@ -2,17 +2,23 @@
 timeline (issue 30 item 2).  For the lead's GPU windows; prints everything, writes nothing.
 
     python3 scripts/e_small_timeline.py --shape b2:s2h128_m128bs256_x1024bs64 \
-        --variant base:early_combine=0,combine_group=1 --variant new [--profile] [--flashmla]
+        --variant base --variant "small:fast_combine=1,sink_first=1,prefetch_keys=1" \
+        [--variant "stamps:stamps=1@b2"] [--profile b2] [--flashmla] [--check-scenarios invalid,lonely]
 
-Each shape × variant is `stages.E_sparse_decode.sm90.Kernel(b, config, "model1", "auto", **knobs)`
+A variant is name[:knob=value,…][@b<B>[:<config prefix>]+…]: keyword arguments of the kernel (its
+small-batch options, all off by default: see Kernel.__init__; `splits=n` the matrix's axis, `fmt=`
+the cache format), restricted to some shapes after @.  Each shape × variant is
+`stages.E_sparse_decode.sm90.Kernel(b, config, fmt, splits, **knobs)`
 compiled here (a process pool; no compile cache, no records), checked against the oracle on the
-first input set (O and LSE cosine / rel_l2, the stage's tolerances), then timed as `bench`
-times it (harness/execution/timing.py: CUDA graphs over rotated input sets, L2 cold; median µs
-of a launch, i.e. of every kernel the host function launches, gaps included).  --profile:
-torch.profiler over plain launches, each kernel's mean duration and the mean start/end of each
-kernel relative to the first kernel's start (the overlap PDL buys shows as a negative gap).
---flashmla: FlashMLA's legacy V4 decode on the same inputs (metadata precomputed, and computed per
-call) as harness/peers/flashmla_sparse.py calls it.
+first input set (O and LSE cosine / rel_l2, the stage's tolerances; --check-scenarios: also on
+those scenarios' inputs), then timed as `bench` times it (harness/execution/timing.py: CUDA
+graphs over rotated copies of the inputs, L2 cold; median µs of a launch, i.e. of every kernel
+the host function launches, gaps included).  --profile b1+b2: torch.profiler over plain launches
+at those batches, each kernel's median duration and mean start/end relative to the first
+kernel's start.  A `stamps=1` variant is the diagnostic build (stages/common/stamps.py): per named
+point of a CTA's chain, the median over CTAs of ns after the first CTA's entry.  --flashmla:
+FlashMLA's legacy V4 decode on the same inputs (metadata precomputed; --percall: also computed
+per call) as harness/peers/flashmla_sparse.py calls it.
 """
 
 from __future__ import annotations

@@ -156,8 +156,6 @@ def test_the_pair_exchanges_tiles_by_st_async(project_root, tmp_path, monkeypatc
     assert "mapa" in pair
     for word in ("st.async", "barrier.cluster", "mapa"):
         assert word not in alone
-    for ptx in (pair, alone):  # whole sequences a part (splits 1): nothing prefetched
-        assert "cp.async.bulk.prefetch" not in ptx and "prefetch.global.L2" not in ptx
     plan = sm90.Kernel.PLAN
     for ptx in (pair, alone):
         assert ".reqntid 384" in ptx and "m64n256k16" in ptx and "m64n64k16" in ptx
@@ -220,34 +218,58 @@ def test_slot_offsets_swizzle_bytes_not_elements():
                 assert swizzle_bytes(off, 3, 4, 3) == row * 128 + (piece ^ (row % 8)) * 16 + byte
 
 
-def test_a_small_batch_launch_prefetches_its_keys_and_loads_the_sink_first(project_root, tmp_path, monkeypatch):
-    """b 2, s_q 2, h_q 64, auto parts (a part a tile: every sequence in 18 pieces) — the latency
-    regime (issue 30; docs/STAGE_E.md, the stamps at b 2): the producer asks L2 for the keys of a
-    segment's later tiles as soon as their idx entries are staged (cp.async.bulk.prefetch of
-    each row, prefetch.global.L2 of model1's scale bytes), and warpgroup 0 loads its rows' sinks
-    before its first S (a load in the epilogue waited ~1 µs there).  The attention kernel does
-    not let PartCombine launch at its start (griddepcontrol.launch_dependents: slower when
-    timed).  Parts of whole sequences (splits 1) prefetch nothing: test_the_pair_exchanges_…"""
-    from pathlib import Path
+_KNOB_PROBE = r'''
+import os, sys
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_fake_stream
+from harness.execution.compile import fake_tensor
+from oracles.sparse_decode import tensors
+from stages.E_sparse_decode.sm90 import Kernel
 
-    from harness.execution.compile import Compiler
+case = dict(b=2, config="s2h64_m128bs256_x1024bs64", kv_format="model1", scenario="plain", splits="auto")
+for name, knobs in (("default", {}), ("small", dict(prefetch_keys=True, sink_first=True))):
+    k = Kernel(b=2, config=case["config"], kv_format="model1", splits="auto", **knobs)
+    c = cute.compile(k, *[fake_tensor(s) for s in tensors(case)], make_fake_stream())
+    raw = c.__ptx__ or ""
+    ptx = open(raw).read() if raw and "\n" not in raw and os.path.isfile(raw) else raw
+    open(os.path.join(sys.argv[1], name + ".ptx"), "w").write(ptx)
+'''
 
-    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
-    spec = load_spec(root=project_root)
-    case = dict(b=2, config="s2h64_m128bs256_x1024bs64", kv_format="model1", scenario="plain", splits="auto")
-    k = sm90.Kernel(b=2, config=case["config"], kv_format="model1", splits="auto")
-    assert k.combines and not k.merges and k.prefetch_keys
-    compiler = Compiler(spec.root)
-    try:
-        res = compiler.submit(spec.stages["E"], "sm_90a", case).result()
-    finally:
-        compiler.close()
-    assert res.ok, res.error
-    ptx = Path(res.ptx_path).read_text()
+
+def _main_body(ptx: str) -> str:
     entries = {m.group(1): m.start() for m in re.finditer(r"\.entry\s+(\S+)\(", ptx)}
     main = next(at for name, at in entries.items() if "E_sparse_decode" in name)
-    body = ptx[main:min([at for at in entries.values() if at > main] + [len(ptx)])]
-    assert "cp.async.bulk.prefetch.L2.global" in body and "prefetch.global.L2 " in body
-    assert "griddepcontrol.launch_dependents" not in body
-    wg0 = body[body.index("setmaxnreg.inc.sync.aligned.u32"):]
+    return ptx[main:min([at for at in entries.values() if at > main] + [len(ptx)])]
+
+
+def test_small_batch_options_prefetch_keys_and_load_the_sink_first(project_root, tmp_path):
+    """b 2, s_q 2, h_q 64, auto parts (a part a tile: every sequence in 18 pieces) — the latency
+    regime (issue 30; docs/STAGE_E.md, the stamps at b 2).  With `prefetch_keys` the producer asks
+    L2 for the keys of a segment's later tiles as soon as their idx entries are staged
+    (cp.async.bulk.prefetch of each row, prefetch.global.L2 of model1's scale bytes); with
+    `sink_first` warpgroup 0 loads its rows' sinks before its first S (a load in the epilogue
+    waited for memory there).  The default build has neither (it is e5b5443's kernel), nor does
+    it let PartCombine launch at its start (griddepcontrol.launch_dependents: slower when timed)."""
+    import os
+    import subprocess
+    import sys
+
+    probe, dump = tmp_path / "probe.py", tmp_path / "dump"
+    probe.write_text(_KNOB_PROBE)
+    dump.mkdir()
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx", "CUTE_DSL_DUMP_DIR": str(dump),
+           "PYTHONPATH": str(project_root)}
+    r = subprocess.run([sys.executable, str(probe), str(tmp_path)], cwd=project_root, env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    small = _main_body((tmp_path / "small.ptx").read_text())
+    default = _main_body((tmp_path / "default.ptx").read_text())
+    assert "cp.async.bulk.prefetch.L2.global" in small and "prefetch.global.L2 " in small
+    for body in (small, default):
+        assert "griddepcontrol.launch_dependents" not in body
+    assert "cp.async.bulk.prefetch" not in default and "prefetch.global.L2" not in default
+    # the first global load of warpgroup 0 (after its setmaxnreg.inc): the sink, before its first S
+    wg0 = small[small.index("setmaxnreg.inc.sync.aligned.u32"):]
     assert wg0.index("ld.global.b32") < wg0.index("wgmma.mma_async"), "the sink is loaded after the first S"
+    wg0 = default[default.index("setmaxnreg.inc.sync.aligned.u32"):]
+    assert wg0.index("ld.global.b32") > wg0.index("wgmma.mma_async")

@@ -50,8 +50,8 @@ heads, rows = 64 * hb, g.sequences * 64 * hb
 class Host:
     @cute.jit
     def __call__(self, op, lp, o, lse, sink, stream):
-        ZeroFlags(g, 64).launch(lp, stream)
-        PartCombine(g, heads, 512).launch(op, lp, o, lse, sink, stream)
+        ZeroFlags(g, 64, early=True).launch(lp, stream)
+        PartCombine(g, heads, 512, fast=True).launch(op, lp, o, lse, sink, stream)
 
 
 def F(dt, shape):
@@ -85,12 +85,12 @@ def _ptx(tmp_path, grid: tuple) -> dict[str, str]:
     return bodies
 
 
-def test_the_combine_issues_a_groups_loads_before_it_uses_them(tmp_path):
-    """b 2, s_q 2, h_q 128 (parts of 2 tiles: 9 pieces a sequence): every slot's LSE and every
+def test_the_fast_combine_issues_a_groups_loads_before_it_uses_them(tmp_path):
+    """`fast` (off by default), b 2, s_q 2, h_q 128 (parts of 2 tiles: 9 pieces a sequence): every slot's LSE and every
     slot's row come by predicated loads through L2 (an empty slot is not read; no stale L1 line
     of the attention grid's partials), and all loads of the first group (5 slots × 4 16-byte
     loads a lane) are issued before the first multiply-add uses one — two round trips for the
-    rows, not nine.  ZeroFlags lets the attention kernel launch at its start."""
+    rows, not nine.  ZeroFlags(early=True) lets the attention kernel launch at its start."""
     bodies = _ptx(tmp_path, (2, 2, 2, 18, 2))
     combine = next(v for k, v in bodies.items() if "PartCombine" in k)
     zero = next(v for k, v in bodies.items() if "ZeroFlags" in k)
@@ -107,22 +107,26 @@ def test_the_combine_issues_a_groups_loads_before_it_uses_them(tmp_path):
                                              (2, 2, 8, 18, 6), (1, 2, 3, 5, 3), (2, 1, 74, 18, 21), (1, 1, 74, 18, 11)])
 def test_the_combine_launches_a_cta_for_every_cut_row_block_and_no_idle_ones(hb, tokens, b, T, L):
     """Every 4 rows of every cut sequence are combined by exactly one CTA (the kernel's own
-    cta_sequence, on ints); where the parts are shorter than a sequence (every sequence cut)
-    there is no idle CTA at all — by part boundary, b 2 h 128 launched 1 120 CTAs for 128
-    busy ones, and their launch was most of the combine's time (issue 30)."""
+    cta_sequence, on ints), by part boundary (the default) or, `fast`, by sequence where the
+    parts are shorter than a sequence (every sequence cut) — then no CTA is idle at all: by
+    boundary, b 2 h 128 launched 1 120 CTAs for 128 busy ones, and their launch was most of the
+    combine's time (issue 30)."""
     from stages.common.part_combine import PartCombine
     from stages.common.part_scheduler import PartGrid
 
     g = PartGrid(hb, tokens, b, T, L)
-    pc = PartCombine(g, 64 * hb, 512)
-    seen = []
-    for bidx in range(pc.ctas):
-        s, mine = pc.cta_sequence(bidx)
-        if mine:
-            seen.append((s, bidx % pc.chunks))
     cut = [s for s in range(g.sequences) if g.pieces(s) > 1]
-    assert sorted(seen) == [(s, c) for s in cut for c in range(pc.chunks)]
-    if L < T:
-        assert pc.ctas == len(seen) == g.sequences * pc.chunks
-    if (hb, tokens, b, T, L) == (2, 2, 2, 18, 2):
-        assert pc.ctas == 128
+    for fast in (False, True):
+        pc = PartCombine(g, 64 * hb, 512, fast=fast)
+        seen = []
+        for bidx in range(pc.ctas):
+            s, mine = pc.cta_sequence(bidx)
+            if mine:
+                seen.append((s, bidx % pc.chunks))
+        assert sorted(seen) == [(s, c) for s in cut for c in range(pc.chunks)]
+        if fast and L < T:
+            assert pc.ctas == len(seen) == g.sequences * pc.chunks
+        else:
+            assert pc.ctas == max(g.parts - 1, 1) * pc.chunks  # the default: e5b5443's grid
+        if (hb, tokens, b, T, L) == (2, 2, 2, 18, 2):
+            assert pc.ctas == (128 if fast else 1120)

@@ -92,6 +92,9 @@ chain of a tile — S (m64n64, both operands from shared memory: shared-memory b
 cycles), softmax (~0.9k; the O rescale, ~0.6k, now skipped on most tiles), P, P·V (~1.1k) in
 turn, warpgroup 1 waiting for warpgroup 0's softmax — the producer's loads and the peer's
 st.async beside it; at h_q = 64 the producer's loads.  What was tried and lost: docs/STAGE_E.md.
+At small batches (b ≤ 16: a few tiles a CTA, most SMs idle) one CTA's dependent chain: idx → keys
+→ the first tile, ~3.4 µs, and a partial's epilogue, 4–5 µs (docs/STAGE_E.md "The timeline at
+b = 2"); the options of __init__ aimed at it are off by default, the lab builds this kernel as it was.
 """
 
 import math
@@ -236,18 +239,24 @@ class Kernel:
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int | None = None,
                  early_combine: bool = False, combine_group: int = COMBINE_GROUP, stamps: bool = False,
-                 early_main: bool = True, prefetch_keys: bool | None = None, pair_stores: bool = False):
-        # early_combine: the attention grid lets its dependents (PartCombine) launch at its start
-        # (griddepcontrol.launch_dependents), so their CTAs wait on the idle SMs instead of being
-        # launched after the last CTA ends (slower at b 2 when timed: off); combine_group:
-        # PartCombine's slots a load group.  Both are for experiments (scripts/e_small_timeline.py
-        # times them apart); the lab builds the defaults.  stamps: a diagnostic build (stages/common/stamps.py) — each CTA writes the
-        # times its roles pass named points (`mark`) over O, and PartCombine is not launched
+                 early_main: bool = False, prefetch_keys: bool = False, pair_stores: bool = False,
+                 fast_combine: bool = False, sink_first: bool = False):
+        # Small-batch options (issue 30; docs/STAGE_E.md "The timeline at b = 2"), every one OFF by
+        # default — the lab builds the defaults, the kernel of e5b5443 — and switched on by keyword
+        # for scripts/e_small_timeline.py, which times them beside FlashMLA:
+        #   early_combine  the attention grid lets PartCombine launch at its start
+        #                  (griddepcontrol.launch_dependents): timed slower at b 2 (25.9 vs 21.0 µs)
+        #   combine_group  PartCombine's slots a load group (with fast_combine)
+        #   fast_combine   PartCombine's CTAs only for cut sequences, its loads in groups
+        #   early_main     ZeroFlags lets this kernel launch at its start (merging launches)
+        #   prefetch_keys  a segment's later keys asked of L2 once its idx entries are staged
+        #   sink_first     the sinks loaded before the first S, not in the epilogue
+        #   pair_stores    a partial's fp32 by 8-byte stores, no quad transpose
+        #   stamps         a diagnostic build (stages/common/stamps.py): each CTA writes the times
+        #                  its roles pass named points (`mark`) over O; PartCombine not launched
         self.early_combine, self.combine_group, self.stamps = early_combine, combine_group, stamps
-        # early_main: ZeroFlags lets this kernel launch at its start (it waits only at a flag)
-        self.early_main = early_main
-        self.pair_stores = pair_stores  # a partial (fp32) by 8-byte stores, no quad transpose
-        self.prefetch_knob = prefetch_keys  # None: prefetch where parts are shorter than a sequence
+        self.early_main, self.prefetch_knob, self.pair_stores = early_main, prefetch_keys, pair_stores
+        self.fast_combine, self.sink_first = fast_combine, sink_first
         # the SMs the parts fill and the merge's residency is judged against: the GPU's here
         # (stages/common/device.py; compile-only on a CPU: sm_90a's 132); a kernel built for one
         # count is keyed by it in the compile cache
@@ -287,10 +296,10 @@ class Kernel:
             raise ValueError(f"stage E sm90: {self.sched.parts} parts of {part_tiles} tiles exceed the launch grid's "
                              f"{_GRID_Y} rows (grid.y); use fewer splits (auto, or an int)")
         self.splits = self.sched.capacity  # partial slots a sequence may fill (1: nothing is combined)
-        # the latency regime (parts shorter than a sequence: the small batches, idle SMs): the
-        # producer asks L2 for every key of a segment but its first tile as soon as the idx
-        # entries are staged (prefetch_segment), so a later tile's loads find L2, not DRAM
-        self.prefetch_keys = (self.sched.part_tiles < num_tiles) if self.prefetch_knob is None else self.prefetch_knob
+        # prefetch_keys, in the latency regime (parts shorter than a sequence: the small batches,
+        # idle SMs): the producer asks L2 for every key of a segment but its first tile as soon as
+        # the idx entries are staged (prefetch_segment), so a later tile's loads find L2, not DRAM
+        self.prefetch_keys = self.prefetch_knob and self.sched.part_tiles < num_tiles
         self.partials = self.splits > 1
         # a sequence cut in two is merged by its piece 0 (stages/common/part_merge.py); PartCombine
         # is launched only for sequences of more pieces
@@ -385,7 +394,8 @@ class Kernel:
                  use_pdl=self.merges, **cluster)
 
         if cutlass.const_expr(self.combines and not self.stamps):
-            PartCombine(self.sched, c.h_q, D, skip_two=self.merges, group=self.combine_group).launch(
+            PartCombine(self.sched, c.h_q, D, skip_two=self.merges, fast=self.fast_combine,
+                        group=self.combine_group).launch(
                 mOp, mLp, mO, mLSE, sink, stream)
 
     def tiled_mmas(self, dtype, p_in_registers: bool = False):
@@ -885,7 +895,8 @@ class Kernel:
         sink_rows = None
         if cutlass.const_expr(wg == 0):
             self.load_q(self.sched.segment(head_block, part, 0)[0], tid_wg, io)
-            sink_rows = self.load_sink_rows(head_block, mma.tScS_rc, io.sink)
+            if cutlass.const_expr(self.sink_first):
+                sink_rows = self.load_sink_rows(head_block, mma.tScS_rc, io.sink)
         for k in cutlass.range(segments, unroll=1):
             work, before = self.sched.segment(head_block, part, k)
             # a whole sequence? (taken here, before the tiles, as before the split into named pieces:
@@ -1016,7 +1027,7 @@ class Kernel:
     def finish_rows(self, work, complete, merge, softmax, tScS_rc, tid_wg, io, sink_rows):
         """Warpgroup 0: 1/ℓ and the LSE of its rows; each row's quad leader writes the row's
         final factor (finish_row) or, piece 0 of a two-piece sequence, the merge's (merge_row);
-        `sink_rows`: its rows' sinks (load_sink_rows)."""
+        `sink_rows`: its rows' sinks (load_sink_rows, `sink_first`), or None: loaded here."""
         num_rows = cute.size(tScS_rc, mode=[0])
         inv_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
         lse = cute.make_rmem_tensor(num_rows, cutlass.Float32)
@@ -1026,7 +1037,10 @@ class Kernel:
         for r in cutlass.range_constexpr(num_rows):
             row = tScS_rc[r, 0][0]
             if tScS_rc[r, 0][1] == 0:
-                h = sink_rows[r]
+                if cutlass.const_expr(sink_rows is None):
+                    h = io.sink[work.head_block * self.BLOCK_M + row]
+                else:
+                    h = sink_rows[r]
                 if merge:
                     self.merge_row(work, row, inv_sum[r], lse[r], h, io.smem.s_fin, io.smem.s_mrg, io.mLSE, io.mLp)
                 else:
