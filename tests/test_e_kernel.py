@@ -227,7 +227,8 @@ from oracles.sparse_decode import tensors
 from stages.E_sparse_decode.sm90 import Kernel
 
 case = dict(b=2, config="s2h64_m128bs256_x1024bs64", kv_format="model1", scenario="plain", splits="auto")
-for name, knobs in (("default", {}), ("small", dict(prefetch_keys=True, sink_first=True))):
+for name, knobs in (("default", {}), ("small", dict(prefetch_keys=True, sink_first=True)),
+                    ("stamps", dict(stamps=True, pair_stores=True))):
     k = Kernel(b=2, config=case["config"], kv_format="model1", splits="auto", **knobs)
     c = cute.compile(k, *[fake_tensor(s) for s in tensors(case)], make_fake_stream())
     raw = c.__ptx__ or ""
@@ -273,3 +274,29 @@ def test_small_batch_options_prefetch_keys_and_load_the_sink_first(project_root,
     assert wg0.index("ld.global.b32") < wg0.index("wgmma.mma_async"), "the sink is loaded after the first S"
     wg0 = default[default.index("setmaxnreg.inc.sync.aligned.u32"):]
     assert wg0.index("ld.global.b32") > wg0.index("wgmma.mma_async")
+
+
+def test_the_stamps_build_and_pair_stores(project_root, tmp_path):
+    """The diagnostic build (`stamps`, stages/common/stamps.py) writes (%globaltimer, %clock64) at
+    each named point of a CTA's chain (12 points, some traced in both MMA warpgroups' copies) — and the
+    default build reads no timer; `pair_stores` writes a partial's fp32 by 8-byte stores, two a
+    (row, 8-column group) of each warpgroup's copy (2 · 64), where the default stores 16 bytes
+    after a quad transpose."""
+    import os
+    import subprocess
+    import sys
+
+    probe, dump = tmp_path / "probe.py", tmp_path / "dump"
+    probe.write_text(_KNOB_PROBE)
+    dump.mkdir()
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx", "CUTE_DSL_DUMP_DIR": str(dump),
+           "PYTHONPATH": str(project_root)}
+    r = subprocess.run([sys.executable, str(probe), str(tmp_path)], cwd=project_root, env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    stamps = _main_body((tmp_path / "stamps.ptx").read_text())
+    default = _main_body((tmp_path / "default.ptx").read_text())
+    sites = stamps.count("mov.u64 c, %clock64;")
+    assert sites == stamps.count("st.global.v2.b64") and sites >= 12, sites  # every named point traced
+    assert "%globaltimer" not in default and "st.global.v2.b64" not in default
+    assert stamps.count("st.global.v2.b32") == 2 * 64 and "st.global.v2" not in default
