@@ -216,3 +216,87 @@ def test_slot_offsets_swizzle_bytes_not_elements():
             for byte in (0, 5, 15):
                 off = row * 128 + piece * 16 + byte
                 assert swizzle_bytes(off, 3, 4, 3) == row * 128 + (piece ^ (row % 8)) * 16 + byte
+
+
+_KNOB_PROBE = r'''
+import os, sys
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_fake_stream
+from harness.execution.compile import fake_tensor
+from oracles.sparse_decode import tensors
+from stages.E_sparse_decode.sm90 import Kernel
+
+case = dict(b=2, config="s2h64_m128bs256_x1024bs64", kv_format="model1", scenario="plain", splits="auto")
+for name, knobs in (("default", {}), ("small", dict(prefetch_keys=True, sink_first=True)),
+                    ("stamps", dict(stamps=True, pair_stores=True))):
+    k = Kernel(b=2, config=case["config"], kv_format="model1", splits="auto", **knobs)
+    c = cute.compile(k, *[fake_tensor(s) for s in tensors(case)], make_fake_stream())
+    raw = c.__ptx__ or ""
+    ptx = open(raw).read() if raw and "\n" not in raw and os.path.isfile(raw) else raw
+    open(os.path.join(sys.argv[1], name + ".ptx"), "w").write(ptx)
+'''
+
+
+def _main_body(ptx: str) -> str:
+    entries = {m.group(1): m.start() for m in re.finditer(r"\.entry\s+(\S+)\(", ptx)}
+    main = next(at for name, at in entries.items() if "E_sparse_decode" in name)
+    return ptx[main:min([at for at in entries.values() if at > main] + [len(ptx)])]
+
+
+def test_small_batch_options_prefetch_keys_and_load_the_sink_first(project_root, tmp_path):
+    """b 2, s_q 2, h_q 64, auto parts (a part a tile: every sequence in 18 pieces) — the latency
+    regime (issue 30; docs/STAGE_E.md, the stamps at b 2).  With `prefetch_keys` the producer asks
+    L2 for the keys of a segment's later tiles as soon as their idx entries are staged
+    (cp.async.bulk.prefetch of each row, prefetch.global.L2 of model1's scale bytes); with
+    `sink_first` warpgroup 0 loads its rows' sinks before its first S (a load in the epilogue
+    waited for memory there).  The default build has neither (it is e5b5443's kernel), nor does
+    it let PartCombine launch at its start (griddepcontrol.launch_dependents: slower when timed)."""
+    import os
+    import subprocess
+    import sys
+
+    probe, dump = tmp_path / "probe.py", tmp_path / "dump"
+    probe.write_text(_KNOB_PROBE)
+    dump.mkdir()
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx", "CUTE_DSL_DUMP_DIR": str(dump),
+           "PYTHONPATH": str(project_root)}
+    r = subprocess.run([sys.executable, str(probe), str(tmp_path)], cwd=project_root, env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    small = _main_body((tmp_path / "small.ptx").read_text())
+    default = _main_body((tmp_path / "default.ptx").read_text())
+    assert "cp.async.bulk.prefetch.L2.global" in small and "prefetch.global.L2 " in small
+    for body in (small, default):
+        assert "griddepcontrol.launch_dependents" not in body
+    assert "cp.async.bulk.prefetch" not in default and "prefetch.global.L2" not in default
+    # the first global load of warpgroup 0 (after its setmaxnreg.inc): the sink, before its first S
+    wg0 = small[small.index("setmaxnreg.inc.sync.aligned.u32"):]
+    assert wg0.index("ld.global.b32") < wg0.index("wgmma.mma_async"), "the sink is loaded after the first S"
+    wg0 = default[default.index("setmaxnreg.inc.sync.aligned.u32"):]
+    assert wg0.index("ld.global.b32") > wg0.index("wgmma.mma_async")
+
+
+def test_the_stamps_build_and_pair_stores(project_root, tmp_path):
+    """The diagnostic build (`stamps`, stages/common/stamps.py) writes (%globaltimer, %clock64) at
+    each named point of a CTA's chain (12 points, some traced in both MMA warpgroups' copies) — and the
+    default build reads no timer; `pair_stores` writes a partial's fp32 by 8-byte stores, two a
+    (row, 8-column group) of each warpgroup's copy (2 · 64), where the default stores 16 bytes
+    after a quad transpose."""
+    import os
+    import subprocess
+    import sys
+
+    probe, dump = tmp_path / "probe.py", tmp_path / "dump"
+    probe.write_text(_KNOB_PROBE)
+    dump.mkdir()
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx", "CUTE_DSL_DUMP_DIR": str(dump),
+           "PYTHONPATH": str(project_root)}
+    r = subprocess.run([sys.executable, str(probe), str(tmp_path)], cwd=project_root, env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    stamps = _main_body((tmp_path / "stamps.ptx").read_text())
+    default = _main_body((tmp_path / "default.ptx").read_text())
+    sites = stamps.count("mov.u64 c, %clock64;")
+    assert sites == stamps.count("st.global.v2.b64") and sites >= 12, sites  # every named point traced
+    assert "%globaltimer" not in default and "st.global.v2.b64" not in default
+    assert stamps.count("st.global.v2.b32") == 2 * 64 and "st.global.v2" not in default

@@ -92,6 +92,9 @@ chain of a tile — S (m64n64, both operands from shared memory: shared-memory b
 cycles), softmax (~0.9k; the O rescale, ~0.6k, now skipped on most tiles), P, P·V (~1.1k) in
 turn, warpgroup 1 waiting for warpgroup 0's softmax — the producer's loads and the peer's
 st.async beside it; at h_q = 64 the producer's loads.  What was tried and lost: docs/STAGE_E.md.
+At small batches (b ≤ 16: a few tiles a CTA, most SMs idle) one CTA's dependent chain: idx → keys
+→ the first tile, ~3.4 µs, and a partial's epilogue, 4–5 µs (docs/STAGE_E.md "The timeline at
+b = 2"); the options of __init__ aimed at it are off by default, the lab builds this kernel as it was.
 """
 
 import math
@@ -114,13 +117,14 @@ from stages.common.combine import sink_factor
 from stages.common.e4m3_bits import e4m3x16_to_bf16, one_multiply_fits
 from stages.common.fp8_cache import D, D_NOPE, D_ROPE, MODEL1_ROW_BYTES, MODEL1_SCALE_BYTES, V41_ROW_BYTES, cache_block_bytes
 from stages.common.inspection import expose
-from stages.common.part_combine import PartCombine
+from stages.common.part_combine import GROUP as COMBINE_GROUP, PartCombine
 from stages.common.part_merge import (ZeroFlags, add_staged_rows, flag_address, load_l2, merge_factors,
                                       merges_in_kernel, raise_flag, stage_partial, wait_flag)
 from stages.common.part_scheduler import PartGrid, resolve_part_tiles
-from stages.common.quad_store import check_accumulator_layout, store_accumulator_wide
+from stages.common.quad_store import check_accumulator_layout, store_accumulator_pairs, store_accumulator_wide
 from stages.common.sparse_config import SparseConfig
-from stages.common.sm90_gather import ldg_or
+from stages.common.stamps import RECORD_BYTES, stamp
+from stages.common.sm90_gather import ldg_or, prefetch_bulk_l2, prefetch_line_l2
 from stages.common.sm90_smem_p import SmemP
 from stages.common.sm90_kv_slots import kv_layouts, piece_strides, ring_state, slot_offset
 from stages.common.sm90_registers import register_plan, set_registers
@@ -166,6 +170,7 @@ class AttendIO(NamedTuple):
     mLSE: cute.Tensor
     mOp: cute.Tensor
     mLp: cute.Tensor
+    marks: object = None  # a diagnostic build's stamp record (Kernel.mark); None otherwise
 
 
 class MmaTiles(NamedTuple):
@@ -232,7 +237,26 @@ class Kernel:
     PIECES = {"model1": D_NOPE // 64 + 2 * D_ROPE // 64, "v4.1": D // 64, "simple": D // 64}  # 9, 8, 8
     ROW_BYTES = {"model1": MODEL1_ROW_BYTES, "v4.1": V41_ROW_BYTES, "simple": D}  # a token's row in its block (model1's scales apart)
 
-    def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int | None = None):
+    def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int | None = None,
+                 early_combine: bool = False, combine_group: int = COMBINE_GROUP, stamps: bool = False,
+                 early_main: bool = False, prefetch_keys: bool = False, pair_stores: bool = False,
+                 fast_combine: bool = False, sink_first: bool = False):
+        # Small-batch options (issue 30; docs/STAGE_E.md "The timeline at b = 2"), every one OFF by
+        # default — the lab builds the defaults, the kernel of e5b5443 — and switched on by keyword
+        # for scripts/e_small_timeline.py, which times them beside FlashMLA:
+        #   early_combine  the attention grid lets PartCombine launch at its start
+        #                  (griddepcontrol.launch_dependents): timed slower at b 2 (25.9 vs 21.0 µs)
+        #   combine_group  PartCombine's slots a load group (with fast_combine)
+        #   fast_combine   PartCombine's CTAs only for cut sequences, its loads in groups
+        #   early_main     ZeroFlags lets this kernel launch at its start (merging launches)
+        #   prefetch_keys  a segment's later keys asked of L2 once its idx entries are staged
+        #   sink_first     the sinks loaded before the first S, not in the epilogue
+        #   pair_stores    a partial's fp32 by 8-byte stores, no quad transpose
+        #   stamps         a diagnostic build (stages/common/stamps.py): each CTA writes the times
+        #                  its roles pass named points (`mark`) over O; PartCombine not launched
+        self.early_combine, self.combine_group, self.stamps = early_combine, combine_group, stamps
+        self.early_main, self.prefetch_knob, self.pair_stores = early_main, prefetch_keys, pair_stores
+        self.fast_combine, self.sink_first = fast_combine, sink_first
         # the SMs the parts fill and the merge's residency is judged against: the GPU's here
         # (stages/common/device.py; compile-only on a CPU: sm_90a's 132); a kernel built for one
         # count is keyed by it in the compile cache
@@ -272,6 +296,10 @@ class Kernel:
             raise ValueError(f"stage E sm90: {self.sched.parts} parts of {part_tiles} tiles exceed the launch grid's "
                              f"{_GRID_Y} rows (grid.y); use fewer splits (auto, or an int)")
         self.splits = self.sched.capacity  # partial slots a sequence may fill (1: nothing is combined)
+        # prefetch_keys, in the latency regime (parts shorter than a sequence: the small batches,
+        # idle SMs): the producer asks L2 for every key of a segment but its first tile as soon as
+        # the idx entries are staged (prefetch_segment), so a later tile's loads find L2, not DRAM
+        self.prefetch_keys = self.prefetch_knob and self.sched.part_tiles < num_tiles
         self.partials = self.splits > 1
         # a sequence cut in two is merged by its piece 0 (stages/common/part_merge.py); PartCombine
         # is launched only for sequences of more pieces
@@ -358,15 +386,16 @@ class Kernel:
         self.smem_struct = Smem
         cluster = {"cluster": (2, 1, 1)} if self.pair else {}
         if cutlass.const_expr(self.merges):
-            ZeroFlags(self.sched, bm).launch(mLp, stream)  # the attention kernel waits for it at its flags
+            ZeroFlags(self.sched, bm, early=self.early_main).launch(mLp, stream)  # the attention kernel waits for it at its flags
         self.kernel(
             tma_q, tma_Q, KV, idx, topk_length, KV_extra, idx_extra, extra_length, sink,
             mO, mLSE, mOp, mLp, q_smem, k_smem, vt_smem, p_smem,
         ).launch(grid=self.sched.grid, block=(self.plan.threads, 1, 1), smem=Smem.size_in_bytes(), stream=stream,
                  use_pdl=self.merges, **cluster)
 
-        if cutlass.const_expr(self.combines):
-            PartCombine(self.sched, c.h_q, D, skip_two=self.merges).launch(
+        if cutlass.const_expr(self.combines and not self.stamps):
+            PartCombine(self.sched, c.h_q, D, skip_two=self.merges, fast=self.fast_combine,
+                        group=self.combine_group).launch(
                 mOp, mLp, mO, mLSE, sink, stream)
 
     def tiled_mmas(self, dtype, p_in_registers: bool = False):
@@ -433,6 +462,16 @@ class Kernel:
         tidx, _, _ = cute.arch.thread_idx()
         head_block, part, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if cutlass.const_expr(self.combines and self.early_combine and not self.stamps):
+            # PartCombine may launch now: its CTAs wait (griddepcontrol.wait) for this whole grid
+            # and its memory, on SMs this grid leaves idle (one of its CTAs holds every register
+            # of an SM, so none shares one with it)
+            if tidx == 0:
+                cute.arch.griddepcontrol_launch_dependents()
+        marks = None
+        if cutlass.const_expr(self.stamps):  # this CTA's record of stamps, over O (a diagnostic build)
+            marks = mO.iterator.toint() + cutlass.Int64(part * self.sched.head_blocks + head_block) * RECORD_BYTES
+        self.mark(marks, 0, tidx == 0)
         if warp_idx == 0:  # warpgroup 0 loads Q
             prefetch_descriptors(tma_q)
 
@@ -463,18 +502,19 @@ class Kernel:
         )
         cute.arch.mbarrier_init_fence()
         pair.start()
+        self.mark(marks, 1, tidx == 0)
 
         # every part holds at least one tile: no CTA is idle
         if warp_idx // 4 >= self.PRODUCER_WG:
             set_registers(self.plan.producer_regs, self.plan.threads)
             self.produce(part, head_block, tidx - self.MMA_THREADS, kv_pipe, pair, k_base, k_smem,
-                         s_mask, s_kscale, s_idx, KV, idx, topk_length, KV_extra, idx_extra, extra_length)
+                         s_mask, s_kscale, s_idx, KV, idx, topk_length, KV_extra, idx_extra, extra_length, marks)
         else:
             # each MMA warpgroup its own copy of attend, compiled for its own register count
             smem = AttendSmem(sQ=sQ, sK=sK, sVt=sVt, sP=sP, s_row=s_row, s_fin=s_fin, s_mrg=s_mrg, s_mask=s_mask,
                               s_kscale=s_kscale)
             io = AttendIO(q_bar=q_bar, tma_q=tma_q, mQ=mQ, kv_pipe=kv_pipe, pair=pair, k_base=k_base, smem=smem,
-                          sink=sink, mO=mO, mLSE=mLSE, mOp=mOp, mLp=mLp)
+                          sink=sink, mO=mO, mLSE=mLSE, mOp=mOp, mLp=mLp, marks=marks)
             if warp_idx // 4 == 0:
                 set_registers(self.plan.mma_regs[0], self.plan.threads)
                 self.attend(0, part, head_block, tidx, io)
@@ -482,6 +522,18 @@ class Kernel:
                 set_registers(self.plan.mma_regs[1], self.plan.threads)
                 self.attend(1, part, head_block, tidx, io)
         pair.finish()
+        self.mark(marks, 9, tidx == 0)
+
+    def mark(self, marks, slot: int, here):
+        """A diagnostic build (`stamps`): the thread where `here` writes the time into stamp
+        `slot` of its CTA's record (stages/common/stamps.py); otherwise nothing is traced.
+        Slots: 0 entry, 1 barriers set up (the pair met), 2 the producer's idx entries staged,
+        3 Q arrived, 4 / 11 tile 0 / 1 ready (warpgroup 0), 5 tile 0's S and softmax done,
+        6 the tiles done, 12 warpgroup 1's last P·V done, 13 O rescaled (before its stores),
+        7 / 8 warpgroup 0 / 1 past the epilogue, 9 exit, 10 the producer done (2–8, 11–13: the
+        part's last segment)."""
+        if self.stamps:
+            _stamp_if(marks + slot * 16, here)
 
     def tile_pair(self, storage) -> TilePair:
         """The exchange of dequantised halves with the peer CTA (a no-op alone)."""
@@ -493,7 +545,7 @@ class Kernel:
 
     @cute.jit
     def produce(self, part, head_block, ptid, kv_pipe, pair, k_base, k_smem, s_mask, s_kscale, s_idx,
-                KV, idx, topk_length, KV_extra, idx_extra, extra_length):
+                KV, idx, topk_length, KV_extra, idx_extra, extra_length, marks=None):
         """The producer threads (`ptid` 0 … producer_threads − 1), segment after segment of the
         part: the segment's idx entries into shared memory, then every KV tile of it, a unit (a
         round of keys) at a time — its keys' bytes loaded into registers a unit ahead, the slot
@@ -509,11 +561,12 @@ class Kernel:
         for k in cutlass.range(self.sched.segments(part), unroll=1):
             work, before = self.sched.segment(head_block, part, k)
             self.produce_segment(work, before, ptid, pwarp, lane, rank, kv_pipe, pair, pieces, s_mask, s_kscale,
-                                 s_idx, lists, topk_length, extra_length)
+                                 s_idx, lists, topk_length, extra_length, marks)
+        self.mark(marks, 10, ptid == 0)
 
     @cute.jit
     def produce_segment(self, work, before, ptid, pwarp, lane, rank, kv_pipe, pair, pieces, s_mask, s_kscale, s_idx,
-                        lists, topk_length, extra_length):
+                        lists, topk_length, extra_length, marks=None):
         """One segment's tiles (see produce)."""
         lengths = (cutlass.min(topk_length[work.batch], self.c.topk), cutlass.Int32(0))
         if cutlass.const_expr(self.c.has_extra):
@@ -529,6 +582,9 @@ class Kernel:
         scs = (cute.make_rmem_tensor((4, self.sides), cutlass.Int32), cute.make_rmem_tensor((4, self.sides), cutlass.Int32))
         keys = (cute.make_rmem_tensor((R, self.sides), cutlass.Int32), cute.make_rmem_tensor((R, self.sides), cutlass.Int32))
         self.stage_entries(lists, work, s_idx, ptid)
+        if cutlass.const_expr(self.prefetch_keys):
+            self.prefetch_segment(lists, lengths, work, s_idx, ptid, rank)
+        self.mark(marks, 2, ptid == 0)
         self.key_indices(lists, lengths, work, work.tile_begin, s_idx, rank, pwarp, lane, keys[0])
         self.gather(lists, work.tile_begin, keys[0], 0, lane, raws[0], scs[0])
         # alone (two rounds a tile) the next unit's loads are issued before this unit is
@@ -588,6 +644,50 @@ class Kernel:
             if i < n:
                 s_idx[i] = got[e]
         cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
+
+    @cute.jit
+    def prefetch_segment(self, lists, lengths, work, s_idx, ptid, rank):
+        """Every valid key this CTA dequantises in the segment's tiles after its first: its row
+        (and model1's / simple's scale bytes) into L2 (cp.async.bulk.prefetch, prefetch.global.L2:
+        no registers, no wait), from the staged idx entries (stage_entries) — at small batches a
+        tile's loads otherwise waited for DRAM one tile after another (a pair issues a tile's
+        loads only after the tile before is dequantised)."""
+        n = self.sched.chunk * self.BLOCK_N
+        for e in cutlass.range_constexpr(self.entries_per_thread):
+            i = e * self.plan.producer_threads + ptid
+            tile = work.tile_begin + i // self.BLOCK_N
+            key = i % self.BLOCK_N
+            mine = (i < n) & (tile > work.tile_begin) & (tile < work.tile_end)
+            if cutlass.const_expr(self.pair):
+                mine = mine & (key // self.own_keys == rank)
+            if mine:
+                branch, pos = self.list_position(tile, key)
+                got = s_idx[i]
+                if branch == 0:
+                    self.prefetch_key(lists[0], self.key_index(lists[0], got, pos, lengths[0], self.c.topk, self.c.block),
+                                      self.c.block, self.block_bytes)
+                else:
+                    if cutlass.const_expr(self.c.has_extra):
+                        self.prefetch_key(lists[2], self.key_index(lists[2], got, pos, lengths[1], self.c.extra_topk,
+                                                                   self.c.extra_block),
+                                          self.c.extra_block, self.extra_block_bytes)
+
+    @cute.jit
+    def prefetch_key(self, cache, index, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int]):
+        """Key `index`'s row — and its scale bytes where they lie apart (model1, simple) — into
+        L2; nothing for an invalid key (−1)."""
+        if index != -1:
+            block, off = _token_block(cache.iterator.toint(), index, block_size, block_bytes)
+            prefetch_bulk_l2(block + off * self.ROW_BYTES[self.fmt], self.ROW_BYTES[self.fmt])
+            if cutlass.const_expr(self.fmt == "model1"):
+                prefetch_line_l2(block + block_size * MODEL1_ROW_BYTES + off * MODEL1_SCALE_BYTES)
+            elif cutlass.const_expr(self.fmt == "simple"):
+                prefetch_line_l2(block + block_size * D + off * 4)
+
+    @property
+    def entries_per_thread(self) -> int:
+        """The idx entries of a segment (chunk · BLOCK_N) a producer thread stages."""
+        return -(-self.sched.chunk * self.BLOCK_N // self.plan.producer_threads)
 
     @cute.jit
     def produce_unit(self, kv_pipe, kv_state, pair, ptid, keys, r: cutlass.Constexpr[int], raw, sc, rank, pwarp, lane,
@@ -792,8 +892,11 @@ class Kernel:
         kv_pipe, pair = io.kv_pipe, io.pair
 
         segments = self.sched.segments(part)
+        sink_rows = None
         if cutlass.const_expr(wg == 0):
             self.load_q(self.sched.segment(head_block, part, 0)[0], tid_wg, io)
+            if cutlass.const_expr(self.sink_first):
+                sink_rows = self.load_sink_rows(head_block, mma.tScS_rc, io.sink)
         for k in cutlass.range(segments, unroll=1):
             work, before = self.sched.segment(head_block, part, k)
             # a whole sequence? (taken here, before the tiles, as before the split into named pieces:
@@ -804,11 +907,15 @@ class Kernel:
             kv_cons = ring_state(self.KV_STAGES, before, producer=False)
             if cutlass.const_expr(wg == 0):
                 hang_guard.mbarrier_wait(io.q_bar, k % 2, "q")
+                self.mark(io.marks, 3, tidx == 0)
             for i in cutlass.range(work.tile_end - work.tile_begin, unroll=1):
                 kv_pipe.consumer_wait(kv_cons)
                 pair.consumer_wait(kv_cons)
                 if cutlass.const_expr(wg == 0):
+                    self.mark(io.marks, 4, (tidx == 0) & (i == 0))
+                    self.mark(io.marks, 11, (tidx == 0) & (i == 1))
                     r_p, alpha = self.tile_s_p(mma, smem_p, softmax, kv_cons.index, i, io.smem)
+                    self.mark(io.marks, 5, (tidx == 0) & (i == 0))
                     if (i == work.tile_end - work.tile_begin - 1) & (k + 1 < segments):
                         named_sync(NamedBarrier.Q_FREE, 128)  # every warp of warpgroup 0 is past its last S
                         self.load_q(self.sched.segment(head_block, part, k + 1)[0], tid_wg, io)
@@ -823,7 +930,9 @@ class Kernel:
                 kv_cons.advance()
                 if cutlass.const_expr(wg == 1):
                     smem_p.release()
-            self.finish_segment(wg, tidx, work, complete, mma, smem_p, softmax, acc_o, io)
+            self.mark(io.marks, 6, tidx == 0)
+            self.finish_segment(wg, tidx, work, complete, mma, smem_p, softmax, acc_o, io, sink_rows)
+            self.mark(io.marks, 7 + wg, tidx % 128 == 0)
 
     def mma_tiles(self, wg: int, tidx, smem) -> "MmaTiles":
         """Warpgroup wg's MMAs (warpgroup 0's P·V takes P from registers) and its partitions of
@@ -889,7 +998,8 @@ class Kernel:
                 scale_rows(acc_o_rc, r, alpha[r])
 
     @cute.jit
-    def finish_segment(self, wg: cutlass.Constexpr[int], tidx, work, complete, mma, smem_p, softmax, acc_o, io):
+    def finish_segment(self, wg: cutlass.Constexpr[int], tidx, work, complete, mma, smem_p, softmax, acc_o, io,
+                       sink_rows=None):
         """A segment's epilogue: warpgroup 0 (once warpgroup 1's last P·V is done) finalises the
         rows — each row's factor on O (1/ℓ, a whole sequence's times the sink's) and its LSE, or
         piece 0's merge factors (stages/common/part_merge.py: its first thread waits for piece 1's
@@ -900,9 +1010,11 @@ class Kernel:
         merge, hand_over = self.merge_roles(work)
         if cutlass.const_expr(wg == 0):
             smem_p.wait_empty()  # warpgroup 1's last P·V is done
-            self.finish_rows(work, complete, merge, softmax, mma.tScS_rc, tidx % 128, io)
+            self.mark(io.marks, 12, tidx == 0)
+            self.finish_rows(work, complete, merge, softmax, mma.tScS_rc, tidx % 128, io, sink_rows)
         smem_p.wait_epilogue()
         smem_p.rescale(acc_rows_cols(acc_o), mma.tOcO_rc, io.smem.s_fin)
+        self.mark(io.marks, 13, tidx == 0)
         tOcO_rc = mma.tOcO_rc
         if merge:
             self.add_piece_1(acc_o, tidx, wg, work, io.k_base, io.smem.s_mrg[tOcO_rc[0, 0][0]],
@@ -912,9 +1024,10 @@ class Kernel:
             self.raise_piece_1(work, tidx, io.mLp)
 
     @cute.jit
-    def finish_rows(self, work, complete, merge, softmax, tScS_rc, tid_wg, io):
+    def finish_rows(self, work, complete, merge, softmax, tScS_rc, tid_wg, io, sink_rows):
         """Warpgroup 0: 1/ℓ and the LSE of its rows; each row's quad leader writes the row's
-        final factor (finish_row) or, piece 0 of a two-piece sequence, the merge's (merge_row)."""
+        final factor (finish_row) or, piece 0 of a two-piece sequence, the merge's (merge_row);
+        `sink_rows`: its rows' sinks (load_sink_rows, `sink_first`), or None: loaded here."""
         num_rows = cute.size(tScS_rc, mode=[0])
         inv_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
         lse = cute.make_rmem_tensor(num_rows, cutlass.Float32)
@@ -924,11 +1037,25 @@ class Kernel:
         for r in cutlass.range_constexpr(num_rows):
             row = tScS_rc[r, 0][0]
             if tScS_rc[r, 0][1] == 0:
-                h = io.sink[work.head_block * self.BLOCK_M + row]
+                if cutlass.const_expr(sink_rows is None):
+                    h = io.sink[work.head_block * self.BLOCK_M + row]
+                else:
+                    h = sink_rows[r]
                 if merge:
                     self.merge_row(work, row, inv_sum[r], lse[r], h, io.smem.s_fin, io.smem.s_mrg, io.mLSE, io.mLp)
                 else:
                     self.finish_row(work, complete, row, inv_sum[r], lse[r], h, io.smem.s_fin, io.mLSE, io.mLp)
+
+    @cute.jit
+    def load_sink_rows(self, head_block, tScS_rc, sink):
+        """Warpgroup 0, once a CTA (the head block is the CTA's): the sink of each of its rows,
+        loaded at the start so that no epilogue waits for it (a cold load there was ~1 µs of
+        every segment's epilogue: docs/STAGE_E.md, the stamps at b 2)."""
+        num_rows = cute.size(tScS_rc, mode=[0])
+        out = cute.make_rmem_tensor(num_rows, cutlass.Float32)
+        for r in cutlass.range_constexpr(num_rows):
+            out[r] = sink[head_block * self.BLOCK_M + tScS_rc[r, 0][0]]
+        return out
 
     @cute.jit
     def rescales(self, alpha, num_rows: cutlass.Constexpr[int]):
@@ -1032,7 +1159,17 @@ class Kernel:
         accumulator as it lies, which bounded the epilogue)."""
         size = mOut.element_type.width // 8
         base = mOut.iterator.toint() + cutlass.Int64(row_block) * (self.BLOCK_M * D * size)
-        store_accumulator_wide(acc_o, tidx, base, D * size, (tidx // 128) * (D // self.NUM_MMA_WG), mOut.element_type)
+        col0 = (tidx // 128) * (D // self.NUM_MMA_WG)
+        if cutlass.const_expr(self.pair_stores and size == 4):
+            store_accumulator_pairs(acc_o, tidx, base, D * size, col0)
+        else:
+            store_accumulator_wide(acc_o, tidx, base, D * size, col0, mOut.element_type)
+
+
+@cute.jit
+def _stamp_if(addr, here):
+    if here:
+        stamp(addr)
 
 
 def _token_block(base, index, block_size: int, block_bytes: int):

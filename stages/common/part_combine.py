@@ -13,21 +13,76 @@ once, then the slots' rows (the loop unrolled over the capacity).
 A launch whose attention kernel merged its two-piece sequences itself (stages/common/
 part_merge.py; `skip_two`) leaves those alone too.  Only the cut sequences get CTAs: CTA (b, c)
 of the grid ((P − 1) · heads / 4) takes part boundary b + 1 and rows 4c … 4c + 3 of the sequence
-it cuts (PartGrid.cut_at: each cut sequence is named by
-one boundary; a boundary at a sequence's start, or a later one inside an already named sequence,
-leaves its CTAs idle).  It is launched with programmatic dependent launch: its CTAs wait
-(griddepcontrol.wait) for the attention grid to complete and its memory to be visible, so its
-launch overlaps the attention kernel's tail instead of following it.
+it cuts (PartGrid.cut_at: each cut sequence is named by one boundary; a boundary at a sequence's
+start, or a later one inside an already named sequence, leaves its CTAs idle).  It is launched
+with programmatic dependent launch: its CTAs wait (griddepcontrol.wait) for the attention grid
+to complete and its memory to be visible, so its launch overlaps the attention kernel's tail
+instead of following it.
+
+`fast` (off by default; issue 30, docs/STAGE_E.md "The timeline at b = 2"): where parts shorter
+than a sequence cut every sequence (L < T, the small batches), CTA (s, c) of a grid of S · heads / 4
+takes rows 4c … 4c + 3 of sequence s — by boundary, b 2 at h 128 launched 1 120 CTAs of which 992
+only exit, and their launch was most of the combine's 5.5 µs (H200); and a row's slots are read in
+groups of at most GROUP (`load_groups`) whose loads are all issued before any is used —
+predicated off for an empty slot (nothing read), through L2 (ld.global.cg) — 1 + len(load_groups(n))
+L2 round trips a row, not 1 + n.  The groups alone, with the boundary grid, were slower (6.5 vs
+5.5 µs: 163 registers, fewer of the 1 120 CTAs resident at once); the two together are not yet
+timed.  Launching it at the attention grid's start (the attention kernel's `early_combine`:
+griddepcontrol.launch_dependents there) made the pair slower at b 2: 25.9 against 21.0 µs.
 """
 
 from __future__ import annotations
 
+import math
+import struct
+
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from stages.common.combine import LN2, LOG2_E, sink_factor
 from stages.common.part_scheduler import PartGrid
+
+GROUP = 8  # slots whose rows one lane has in flight at once (16 fp32 a slot: 128 registers)
+
+
+def load_groups(capacity: int, group: int = GROUP) -> list[range]:
+    """The slots 0 … capacity − 1 in consecutive groups of at most `group`, as even as can be
+    (capacity 18: 6, 6, 6 — not 8, 8, 2): the combine issues a group's loads together."""
+    if capacity < 1 or group < 1:
+        raise ValueError(f"load_groups: capacity and group must be positive, got {capacity}, {group}")
+    n = -(-capacity // group)
+    out, at = [], 0
+    for i in range(n):
+        size = capacity // n + (i < capacity % n)
+        out.append(range(at, at + size))
+        at += size
+    return out
+
+
+@dsl_user_op
+def ldcg_or(addr, valid, words: int, fill: float = 0.0, *, loc=None, ip=None) -> tuple[Float32, ...]:
+    """`words` (1, 2 or 4) fp32 at the global byte address `addr` (aligned to 4 · words) through
+    L2 (ld.global.cg: the attention grid's partials, never a stale L1 line) when `valid`, else
+    `fill` in each, nothing read — a predicated load, no branch: the loads of a group fly together."""
+    outs = ", ".join(f"${i}" for i in range(words))
+    operand = outs if words == 1 else "{" + outs + "}"
+    bits = f"0f{struct.unpack('<I', struct.pack('<f', fill))[0]:08X}"
+    asm = ("{\n.reg .pred p;\n"
+           f"setp.ne.b32 p, ${words + 1}, 0;\n"
+           + "".join(f"mov.f32 ${i}, {bits};\n" for i in range(words))
+           + f"@p ld.global.cg{'' if words == 1 else f'.v{words}'}.f32 {operand}, [${words}];\n}}")
+    res_type = T.f32() if words == 1 else llvm.StructType.get_literal([T.f32()] * words)
+    res = llvm.inline_asm(
+        res_type,
+        [Int64(addr).ir_value(loc=loc, ip=ip), Int32(cutlass.select_(valid, Int32(1), Int32(0))).ir_value(loc=loc, ip=ip)],
+        asm, ",".join(["=f"] * words + ["l", "r"]), has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+    if words == 1:
+        return (Float32(res),)
+    return tuple(Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(words))
 
 
 class PartCombine:
@@ -38,7 +93,8 @@ class PartCombine:
     ROWS_PER_CTA = 4
     THREADS = 32 * ROWS_PER_CTA
 
-    def __init__(self, grid: PartGrid, heads: int, d: int, skip_two: bool = False):
+    def __init__(self, grid: PartGrid, heads: int, d: int, skip_two: bool = False, fast: bool = False,
+                 group: int = GROUP):
         rows = grid.sequences * heads
         if heads % self.ROWS_PER_CTA or d % 32:
             raise ValueError(f"PartCombine: heads ({heads}) must be a multiple of {self.ROWS_PER_CTA}, d ({d}) of 32")
@@ -46,13 +102,34 @@ class PartCombine:
         self.rows, self.heads, self.d = rows, heads, d
         self.chunks = heads // self.ROWS_PER_CTA  # CTAs a sequence
         self.skip_two = skip_two  # the attention kernel merged every two-piece sequence itself
+        # fast (off by default: not yet timed as a whole, docs/STAGE_E.md): a CTA per (sequence, 4
+        # rows) where parts shorter than a sequence cut every sequence, none idle (by boundary,
+        # (P − 1) · heads / 4 CTAs: at b 2, h 128 1 120 of which 992 only exit — their launch was
+        # most of the combine's 5.5 µs); a row's slots loaded in groups, each group's loads issued
+        # together (predicated ld.global.cg) — 1 + len(load_groups(n)) L2 round trips, not 1 + n
+        self.fast = fast
+        if fast and (d // 32) % 4:
+            raise ValueError(f"PartCombine: a lane's d/32 columns ({d // 32}) must be whole 16-byte loads")
+        self.groups = [tuple(g) for g in load_groups(grid.capacity, group)]
+        self.every_cut = fast and grid.part_tiles < grid.num_tiles
+
+    @property
+    def ctas(self) -> int:
+        """The launch's CTAs: every sequence's chunks where every sequence is cut, else every
+        part boundary's (each names at most one cut sequence)."""
+        return (self.grid.sequences if self.every_cut else max(self.grid.parts - 1, 1)) * self.chunks
+
+    def cta_sequence(self, bidx):
+        """(sequence, whether CTA `bidx` combines rows of it).  Ints or traced."""
+        if self.every_cut:
+            return bidx // self.chunks, bidx >= 0  # True (an int or a traced Boolean)
+        return self.grid.cut_at(bidx // self.chunks + 1)
 
     def launch(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, sink: cute.Tensor,
                stream):
         """Call from a @cute.jit host function, after the attention kernel on the same stream."""
         self.kernel(o_part, lse_part, o, lse, sink).launch(
-            grid=(max(self.grid.parts - 1, 1) * self.chunks, 1, 1), block=(self.THREADS, 1, 1), stream=stream,
-            use_pdl=True,
+            grid=(self.ctas, 1, 1), block=(self.THREADS, 1, 1), stream=stream, use_pdl=True,
         )
 
     @cute.kernel
@@ -61,7 +138,7 @@ class PartCombine:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         lane = tidx % 32
-        s, mine = self.grid.cut_at(bidx // self.chunks + 1)
+        s, mine = self.cta_sequence(bidx)
         row = s * self.heads + (bidx % self.chunks) * self.ROWS_PER_CTA + tidx // 32
         n = self.grid.pieces(s)  # > 1 where `mine`: the boundary cuts s
         if cutlass.const_expr(self.skip_two):
@@ -71,24 +148,34 @@ class PartCombine:
             # every slot's LSE at once (n ≤ capacity; slots past n are never read)
             lses = cute.make_rmem_tensor(cap, Float32)
             m = -Float32.inf
-            for j in cutlass.range_constexpr(cap):
-                lses[j] = -Float32.inf
-                if j < n:
-                    lses[j] = lse_part[j * rows + row]
-                m = cute.arch.fmax(m, lses[j])
+            if cutlass.const_expr(self.fast):
+                lse_at = lse_part.iterator.toint() + cutlass.Int64(row) * 4
+                for j in cutlass.range_constexpr(cap):
+                    lses[j] = ldcg_or(lse_at + cutlass.Int64(j * rows) * 4, j < n, 1, -math.inf)[0]
+                    m = cute.arch.fmax(m, lses[j])
+            else:
+                for j in cutlass.range_constexpr(cap):
+                    lses[j] = -Float32.inf
+                    if j < n:
+                        lses[j] = lse_part[j * rows + row]
+                    m = cute.arch.fmax(m, lses[j])
             acc = cute.make_rmem_tensor(cols, Float32)
             acc.fill(0.0)
             total = Float32(0.0)
-            for j in cutlass.range_constexpr(cap):
-                if lses[j] != -Float32.inf:  # an empty partial (or a slot past n) is skipped, never read
-                    w = cute.math.exp2((lses[j] - m) * LOG2_E, fastmath=True)
-                    total = total + w
-                    vals = cute.make_rmem_tensor(cols, Float32)
-                    at = o_part.iterator.toint() + cutlass.Int64(j * rows + row) * (self.d * 4) + lane * (cols * 4)
-                    cute.autovec_copy(cute.make_tensor(cute.make_ptr(Float32, at, cute.AddressSpace.gmem, assumed_align=16),
-                                                       cute.make_layout(cols)), vals)
-                    for k in cutlass.range_constexpr(cols):
-                        acc[k] = acc[k] + w * vals[k]
+            if cutlass.const_expr(self.fast):
+                total = self.add_groups(o_part, row, lane, lses, m, acc)
+            else:
+                for j in cutlass.range_constexpr(cap):
+                    if lses[j] != -Float32.inf:  # an empty partial (or a slot past n) is skipped, never read
+                        w = cute.math.exp2((lses[j] - m) * LOG2_E, fastmath=True)
+                        total = total + w
+                        vals = cute.make_rmem_tensor(cols, Float32)
+                        at = o_part.iterator.toint() + cutlass.Int64(j * rows + row) * (self.d * 4) + lane * (cols * 4)
+                        cute.autovec_copy(cute.make_tensor(cute.make_ptr(Float32, at, cute.AddressSpace.gmem,
+                                                                         assumed_align=16),
+                                                           cute.make_layout(cols)), vals)
+                        for k in cutlass.range_constexpr(cols):
+                            acc[k] = acc[k] + w * vals[k]
             lonely = total == 0.0
             inv = 0.0 if lonely else cute.arch.rcp_approx(total)
             row_lse = -Float32.inf if lonely else m + cute.math.log2(total, fastmath=True) * LN2
@@ -102,3 +189,30 @@ class PartCombine:
                                                                   assumed_align=16), cute.make_layout(cols)))
             if lane == 0:
                 lse[row] = Float32.inf if lonely else row_lse
+
+    @cute.jit
+    def add_groups(self, o_part, row, lane, lses, m, acc) -> Float32:
+        """`fast`: acc += Σ_j e^(lse_j − m) · O_j over the row's live slots (this lane's columns),
+        a group of slots' loads issued before any is used (load_groups); returns Σ_j e^(lse_j − m)."""
+        rows, cols = self.rows, self.d // 32
+        total = Float32(0.0)
+        row_at = o_part.iterator.toint() + cutlass.Int64(row) * (self.d * 4) + lane * (cols * 4)
+        for group in cutlass.range_constexpr(len(self.groups)):
+            slots = self.groups[group]
+            # every load of the group first (an empty partial, or a slot past n: predicated off,
+            # zeros, never read), then the sums
+            vals = cute.make_rmem_tensor((len(slots), cols), Float32)
+            for i in cutlass.range_constexpr(len(slots)):
+                at = row_at + cutlass.Int64(slots[i] * rows) * (self.d * 4)
+                for v in cutlass.range_constexpr(cols // 4):
+                    got = ldcg_or(at + 16 * v, lses[slots[i]] != -Float32.inf, 4)
+                    for e in cutlass.range_constexpr(4):
+                        vals[i, 4 * v + e] = got[e]
+            for i in cutlass.range_constexpr(len(slots)):
+                j = slots[i]
+                if lses[j] != -Float32.inf:  # an empty partial is skipped (its zeros never weighed)
+                    w = cute.math.exp2((lses[j] - m) * LOG2_E, fastmath=True)
+                    total = total + w
+                    for k in cutlass.range_constexpr(cols):
+                        acc[k] = acc[k] + w * vals[i, k]
+        return total

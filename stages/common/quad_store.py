@@ -109,3 +109,21 @@ def store_accumulator_wide(acc: cute.Tensor, tidx, row_base_addr, row_bytes: cut
                 dst = cute.make_tensor(cute.make_ptr(cutlass.Int32, addr + 16 * piece, cute.AddressSpace.gmem,
                                                      assumed_align=16), cute.make_layout(4))
                 cute.autovec_copy(cute.make_tensor(out.iterator + 4 * piece, cute.make_layout(4)), dst)
+
+
+@cute.jit
+def store_accumulator_pairs(acc: cute.Tensor, tidx, row_base_addr, row_bytes: cutlass.Constexpr[int], col0) -> None:
+    """Store this thread's fp32 accumulator as fp32 rows with no transpose: the two columns
+    e = 0, 1 of each (row, group) are 8 contiguous bytes, one 8-byte store, and a quad's four
+    threads fill one 32-byte sector of the row — twice the store instructions of
+    store_accumulator_wide's fp32 path, none of its shuffles (an experiment for the partials of
+    stage E's small batches)."""
+    lane = tidx % 32
+    q = lane % 4
+    row0 = (tidx % 128) // 32 * 16 + lane // 4
+    for h in cutlass.range_constexpr(2):
+        for g in cutlass.range_constexpr(cute.size(acc) // 4):
+            addr = row_base_addr + cutlass.Int64((row0 + 8 * h) * row_bytes + (col0 + 8 * g + 2 * q) * 4)
+            dst = cute.make_tensor(cute.make_ptr(cutlass.Float32, addr, cute.AddressSpace.gmem, assumed_align=8),
+                                   cute.make_layout(2))
+            cute.autovec_copy(cute.make_tensor(acc.iterator + 4 * g + 2 * h, cute.make_layout(2)), dst)

@@ -1,0 +1,45 @@
+"""scripts/e_small_timeline.py on the CPU: the variant grammar the docs' next-window command relies
+on (name[:knob=value,…][@b<B>[:<config prefix>]+…]) — knobs reach the kernel as its keyword
+arguments, and each variant is compiled and timed only at the shapes its filter names."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from tests.conftest import ROOT
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("e_small_timeline", ROOT / "scripts" / "e_small_timeline.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_knobs_are_the_kernels_keyword_arguments():
+    import inspect
+
+    from stages.E_sparse_decode.sm90 import Kernel
+
+    t = _script()
+    knobs = t._parse_knobs("fast_combine=1,sink_first=1,prefetch_keys=0,pair_stores=1,early_main=1,early_combine=0,"
+                           "stamps=1,combine_group=4,splits=9,fmt=simple")
+    assert knobs == dict(fast_combine=True, sink_first=True, prefetch_keys=False, pair_stores=True, early_main=True,
+                         early_combine=False, stamps=True, combine_group=4, splits=9, fmt="simple")
+    accepted = set(inspect.signature(Kernel.__init__).parameters)
+    assert set(knobs) - {"splits", "fmt"} <= accepted  # splits and fmt are the case's, the rest the kernel's
+    k = Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits="auto",
+               **{key: v for key, v in knobs.items() if key not in ("splits", "fmt", "stamps")})
+    assert k.fast_combine and k.sink_first and k.pair_stores and k.early_main and k.combine_group == 4
+    default = Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits="auto")
+    assert not (default.fast_combine or default.sink_first or default.prefetch_keys or default.pair_stores
+                or default.early_main or default.early_combine or default.stamps)  # all off: e5b5443's kernel
+
+
+def test_a_variants_filter_names_its_shapes():
+    t = _script()
+    assert t._wanted(set(), 3, "s1h64_m96bs64")
+    assert t._wanted({"b1", "b2"}, 2, "s2h64_m128bs256_x1024bs64")
+    assert not t._wanted({"b1", "b2"}, 8, "s2h64_m128bs256_x1024bs64")
+    assert t._wanted({"b16:s2h128"}, 16, "s2h128_m128bs256_x1024bs64")
+    assert not t._wanted({"b16:s2h128"}, 16, "s1h128_m128bs256_x1024bs64")
