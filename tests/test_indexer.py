@@ -357,3 +357,48 @@ def test_planted_relu_bug_reaches_the_compiled_i1_kernel(tmp_path):
     (_, _, stage_max, stage_mma), (_, _, wrong_max, wrong_mma) = got["stage"], got["wrong"]
     assert stage_max - wrong_max >= 128  # a thread's 2 rows × 64 columns of relu per tile, gone
     assert stage_mma == wrong_mma > 0
+
+
+_EPILOGUE_LOADS_PROBE = r"""
+import json, sys
+from pathlib import Path
+from harness.spec.spec import load_spec
+from harness.execution.compile import compile_case
+root, out = Path(sys.argv[1]), {}
+spec = load_spec(root=root)
+for stage, case in json.loads(sys.argv[2]):
+    keep = Path(sys.argv[3]) / f"{stage}-{len(out)}"
+    r = compile_case(root, spec.stages[stage], "sm_90a", case, keep=keep)
+    ptx = (keep / "kernel.ptx").read_text() if r.ok else ""
+    tail = ptx[ptx.rfind("wgmma.wait_group"):] if "wgmma.wait_group" in ptx else ""
+    out[json.dumps([stage, case])] = [r.ok, r.error, ptx.count("wgmma.wait_group"), tail.count("ld.global")]
+print(json.dumps(out))
+"""
+
+
+def test_sm90_epilogue_issues_no_global_load(tmp_path):
+    """The sm90 indexer kernels load each tile's key scales (I2: its table entry, then the
+    scales) before the tile's MMA — I2 a block ahead — so no global load's latency (hundreds of
+    cycles) stalls the epilogue while the tensor core waits for the next MMA (issue 31).
+    Compiled for sm_90a: after the MMA loop's wgmma.wait_group (the text up to the kernel's end:
+    the epilogue and the loop's back edge) there is no ld.global."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal"}],
+             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64}]]
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
+           "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
+    (tmp_path / "dump").mkdir()
+    run = subprocess.run([sys.executable, "-c", _EPILOGUE_LOADS_PROBE, str(root), json.dumps(cases), str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=600, cwd=root)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    for key, (ok, err, waits, loads) in got.items():
+        assert ok, f"{key}: {err}"
+        assert waits == 1, f"{key}: {waits} wgmma.wait_group, the probe expects the MMA loop's one"
+        assert loads == 0, f"{key}: {loads} ld.global after the MMA's wgmma.wait_group (in the epilogue)"

@@ -64,7 +64,9 @@ from stages.common.indexer import (
     launch,
     load_key_tile,
     load_q_once,
+    load_row_scales,
     q_rows,
+    row_scale_regs,
     sm90_fragments,
     sm90_logits_mma,
     sm90_store_logits,
@@ -177,15 +179,17 @@ class Kernel:
 
         if tile_end > tile_begin:
             wait_once(q_pipe)
+        sc = row_scale_regs(coords)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.STAGES)
         for tile in cutlass.range(tile_begin, tile_end, unroll=1):
+            # the tile's key scales: global loads in flight under the MMA, not in the epilogue
+            load_row_scales(sc, cute.local_tile(mScale, (bk,), (tile,)), coords)
             k_pipe.consumer_wait(k_state)
             acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
             wgmma_sync(mma, acc, tCrK, tCrQ, a_slot=k_state.index, b_slot=wg, zero_init=True)
             k_pipe.consumer_release(k_state)
             k_state.advance()
-            sm90_store_logits(mOut, row0, acc, coords, w, tile * bk, cute.local_tile(mScale, (bk,), (tile,)),
-                              lo, hi, tidx, self.head_sum, wq)
+            sm90_store_logits(mOut, row0, acc, coords, w, tile * bk, sc, lo, hi, tidx, self.head_sum, wq)
 
     @cute.jit
     def head_sum(self, acc_rc, w, r: cutlass.Constexpr[int], first: cutlass.Constexpr[int],

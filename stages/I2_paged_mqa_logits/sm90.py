@@ -51,9 +51,11 @@ from stages.common.indexer import (
     launch,
     load_key_tile,
     load_q_once,
+    load_row_scales,
     paged_tiles,
     paged_views,
     q_rows,
+    row_scale_regs,
     sm90_fragments,
     sm90_logits_mma,
     sm90_store_logits,
@@ -178,13 +180,27 @@ class Kernel:
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.STAGES)
         if wg == 1:
             k_state.advance()  # warpgroup 1 starts at the chunk's second block
-        for block in cutlass.range(tile_begin + wg, tile_end, self.NUM_MMA_WG, unroll=1):
+        # The scales of a block are two dependent global loads (its table entry, then the scales):
+        # software-pipelined, the entry two of this warpgroup's blocks ahead and the scales one
+        # ahead, so neither latency stalls the epilogue.  (Clamped to the last block: always a
+        # real table entry; keys past the context are masked by selection.)
+        step = self.NUM_MMA_WG
+        first = tile_begin + wg
+        sc = row_scale_regs(coords)  # this block's scales
+        sc_next = row_scale_regs(coords)  # the next block's
+        load_row_scales(sc_next, mScale[None, mTable[seq, cutlass.min(first, last_block)]], coords)
+        phys_next = cute.make_rmem_tensor(1, cutlass.Int32)  # the table entry of the block after
+        phys_next[0] = mTable[seq, cutlass.min(first + step, last_block)]
+        for block in cutlass.range(first, tile_end, step, unroll=1):
+            for r in cutlass.range_constexpr(cute.size(sc)):
+                sc[r] = sc_next[r]
+            load_row_scales(sc_next, mScale[None, phys_next[0]], coords)
+            phys_next[0] = mTable[seq, cutlass.min(block + 2 * step, last_block)]
             k_pipe.consumer_wait(k_state)
             acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
             wgmma_sync(mma, acc, tCrK, tCrQ, a_slot=k_state.index, b_slot=0, zero_init=True)
             k_pipe.consumer_release(k_state)
             k_state.advance()
             k_state.advance()  # the other warpgroup's block
-            phys = mTable[seq, cutlass.min(block, last_block)]
-            sm90_store_logits(mOut, seq * nn, acc, coords, w, block * bkv, mScale[None, phys], None, hi, tidx,
+            sm90_store_logits(mOut, seq * nn, acc, coords, w, block * bkv, sc, None, hi, tidx,
                               head_sum, nn, width=self.max_len)

@@ -34,6 +34,8 @@ Hopper (wgmma, accumulator in registers; a row is one key, its columns spread ov
     head_weights         w in registers, indexed like the thread's accumulator columns
     head_sum             Σ_h w · relu(S) over one token's columns of one row: the thread's own
                          columns, then a butterfly over the row's quad (every lane gets the sum)
+    row_scale_regs, load_row_scales   the key scales of a thread's accumulator rows in
+                         registers, loaded before the tile's MMA (latency under the MMA)
     sm90_store_logits    the fused epilogue of one tile: head sums × k_scale, range select,
                          one store per (key, token) by one lane of the quad
 
@@ -341,14 +343,30 @@ def head_sum(acc_rc: cute.Tensor, w: cute.Tensor, r: cutlass.Constexpr[int], fir
     return cute.arch.warp_reduction_sum(part, threads_in_group=4)
 
 
+def row_scale_regs(coords: cute.Tensor) -> cute.Tensor:
+    """A register tensor for the key scales of this thread's accumulator rows (one per row)."""
+    return cute.make_rmem_tensor(cute.size(coords, mode=[0]), F32)
+
+
+@cute.jit
+def load_row_scales(sc: cute.Tensor, scales: cute.Tensor, coords: cute.Tensor):
+    """sc[r] = scales[slot of row r] (slot = coords[r, 0][0]; `scales` the tile's or cache
+    block's (keys,) fp32) for this thread's accumulator rows.  A kernel issues these global loads
+    before the tile's MMA (or a tile ahead), so their latency hides under the tensor core's work
+    instead of stalling the epilogue that multiplies by them."""
+    for r in cutlass.range_constexpr(cute.size(coords, mode=[0])):
+        sc[r] = scales[coords[r, 0][0]]
+
+
 @cute.jit
 def sm90_store_logits(out: cute.Tensor, first_row, acc: cute.Tensor, coords: cute.Tensor, w: cute.Tensor, key0,
-                      scales: cute.Tensor, lo, hi, tid, sum_heads, tokens: cutlass.Constexpr[int],
+                      sc: cute.Tensor, lo, hi, tid, sum_heads, tokens: cutlass.Constexpr[int],
                       width: cutlass.Constexpr = None):
     """The fused epilogue of one key tile: for each accumulator row r of this thread (key =
-    key0 + slot, slot = coords[r, 0][0]) and each token t < tokens,
+    key0 + slot, slot = coords[r, 0][0]; sc[r] its key scale, `load_row_scales`, already in
+    registers) and each token t < tokens,
 
-        out[first_row + t, key] = masked_logit(scales[slot] · sum_heads(row r, token t), key, lo, hi, t)
+        out[first_row + t, key] = masked_logit(sc[r] · sum_heads(row r, token t), key, lo, hi, t)
 
     `sum_heads` is `head_sum` or the kernel's method wrapping it (a test fixture plants a bug
     there); it leaves the sum in every lane of the row's quad, and lane (r · tokens + t) mod 4
@@ -358,9 +376,8 @@ def sm90_store_logits(out: cute.Tensor, first_row, acc: cute.Tensor, coords: cut
     per_token = cute.size(coords, mode=[1]) // tokens
     lane4 = tid % 4
     for r in cutlass.range_constexpr(cute.size(coords, mode=[0])):
-        slot = coords[r, 0][0]
-        key = key0 + slot
-        scale = scales[slot]
+        key = key0 + coords[r, 0][0]
+        scale = sc[r]
         for t in cutlass.range_constexpr(tokens):
             value = masked_logit(sum_heads(acc_rc, w, r, t * per_token, per_token) * scale, key, lo, hi, t)
             if (r * tokens + t) % 4 == lane4:
