@@ -342,7 +342,7 @@ print(json.dumps(out))
 
 
 def test_planted_relu_bug_reaches_the_compiled_i1_kernel(tmp_path):
-    """tests/fixtures/wrong_i1 plants its bug by overriding the sm90 kernel's `head_sum` method;
+    """tests/fixtures/wrong_i1 plants its bug by overriding the sm90 kernel's `head_partial` method;
     the shared epilogue (stages/common/indexer.py: sm90_store_logits) must call that method, not
     the common piece directly, or the GPU test of the planted bug would run the correct kernel.
     Compiled for sm_90a: the stage's kernel has a relu (max.f32) per accumulator element, the
@@ -411,3 +411,35 @@ def test_sm90_epilogue_issues_no_global_load(tmp_path):
         assert ok, f"{key}: {err}"
         assert waits == 1, f"{key}: {waits} wgmma.wait_group, the probe expects the MMA loop's one"
         assert loads == 0, f"{key}: {loads} ld.global after the MMA's wgmma.wait_group (in the epilogue)"
+
+
+def _quad_lanes():
+    """The four lanes of a quad as numpy arrays (lane q = element q): shuffle and select."""
+    import numpy as np
+
+    q = np.arange(4)
+    return q, (lambda x, bit: x[q ^ bit]), (lambda c, a, b: np.where(c, a, b))
+
+
+def test_quad_reduce_scatter_gives_lane_q_the_sum_of_value_q():
+    import numpy as np
+
+    from stages.common.indexer import quad_reduce_scatter
+
+    q, shfl, sel = _quad_lanes()
+    v = [np.array([10.0 ** i * (s + 1) for s in range(4)]) for i in range(4)]  # lane s, value i
+    got = quad_reduce_scatter(v, q, shfl, sel)
+    assert list(got) == [sum(v[i]) for i in range(4)]  # lane i: Σ over the lanes of value i
+    with pytest.raises(ValueError):
+        quad_reduce_scatter(v[:3], q, shfl, sel)
+
+
+def test_quad_pick_takes_each_lanes_candidate():
+    import numpy as np
+
+    from stages.common.indexer import quad_pick
+
+    q, _, sel = _quad_lanes()
+    values = [np.full(4, 100 + i) for i in range(4)]
+    for index in ([0, 0, 1, 1], [0, 1, 0, 1], [3, 2, 1, 0], [2, 2, 2, 2], [1, 0, 0, 1]):
+        assert list(quad_pick(q, values, index, sel)) == [100 + index[lane] for lane in range(4)]

@@ -59,7 +59,7 @@ from stages.common.indexer import (
     LogitsOperands,
     check_flat_shape,
     fill_rows,
-    head_sum,
+    head_partial,
     head_weights,
     key_tile_range,
     launch,
@@ -171,7 +171,7 @@ class Kernel:
     @cute.jit
     def logits(self, block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK, mScale, mW, mKs, mKe, mOut):
         """MMA warpgroups: warpgroup w, for every K tile: Sᵀ = K_tile · Q_wᵀ (64 keys × its 2 tokens
-        · 64 heads), then the fused epilogue (`sm90_store_logits` with `head_sum`), −inf outside
+        · 64 heads), then the fused epilogue (`sm90_store_logits` with `head_partial`), −inf outside
         each token's [ks, ke)."""
         hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         wq, bk = self.WG_Q, self.BLOCK_K
@@ -193,11 +193,11 @@ class Kernel:
             wgmma_sync(mma, acc, tCrK, tCrQ, a_slot=k_state.index, b_slot=wg, zero_init=True)
             k_pipe.consumer_release(k_state)
             k_state.advance()
-            sm90_store_logits(mOut, row0, acc, coords, w, tile * bk, sc, lo, hi, tidx, self.head_sum, wq)
+            sm90_store_logits(mOut, row0, acc, coords, w, tile * bk, sc, lo, hi, tidx, self.head_partial, wq)
 
     @cute.jit
-    def head_sum(self, acc_rc, w, r: cutlass.Constexpr[int], first: cutlass.Constexpr[int],
-                 count: cutlass.Constexpr[int]) -> cutlass.Float32:
-        """Σ_h w[h] · relu(S[r, h]) over one token's heads (stages/common/indexer.py); a method so
-        a test fixture can plant a bug here."""
-        return head_sum(acc_rc, w, r, first, count)
+    def head_partial(self, acc_rc, w, r: cutlass.Constexpr[int], first: cutlass.Constexpr[int],
+                     count: cutlass.Constexpr[int]) -> cutlass.Float32:
+        """A lane's share of Σ_h w[h] · relu(S[r, h]) over one token's heads
+        (stages/common/indexer.py); a method so a test fixture can plant a bug here."""
+        return head_partial(acc_rc, w, r, first, count)

@@ -48,7 +48,7 @@ from stages.common.indexer import (
     causal_limits,
     check_paged_shape,
     fill_rows,
-    head_sum,
+    head_partial,
     head_weights,
     launch,
     load_key_tile,
@@ -171,7 +171,7 @@ class Kernel:
     def logits(self, seq, ctx, last_block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK,
                mScale, mTable, mW, mOut):
         """MMA warpgroups: warpgroup w takes the chunk's blocks w, w + W, … (Sᵀ = K_block · Qᵀ, 64
-        keys × next_n · 64 heads), then the fused epilogue (`sm90_store_logits` with `head_sum`,
+        keys × next_n · 64 heads), then the fused epilogue (`sm90_store_logits` with `head_partial`,
         the block's scales found through the table), −inf past each token's causal limit."""
         hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         nn, bkv = self.next_n, self.BLOCK_KV
@@ -207,4 +207,4 @@ class Kernel:
             k_pipe.consumer_release(k_state)
             k_state.advance(step)  # past the other warpgroups' blocks
             sm90_store_logits(mOut, seq * nn, acc, coords, w, block * bkv, sc, None, hi, tidx,
-                              head_sum, nn, width=self.max_len)
+                              head_partial, nn, width=self.max_len)
