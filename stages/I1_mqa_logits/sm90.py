@@ -138,7 +138,11 @@ class Kernel:
                mOut: cute.Tensor):
         bq, bk = self.BLOCK_Q, self.BLOCK_K
         tidx, warp_idx, storage = start_cta(ops, self.LOAD_WARP, self.smem_struct)
-        block, _, _ = cute.arch.block_idx()
+        launched, _, _ = cute.arch.block_idx()
+        # heavy first: the CTAs start in launch order and a causal token block's range grows with
+        # its rows, so the last token block goes first (the longest-first order leaves the
+        # shortest CTAs for the tail of the grid)
+        block = self.s // self.BLOCK_Q - 1 - launched
         sQ, sK = smem_tensors(storage, sQ=ops.q_smem, sK=ops.k_smem)  # (n, d, 2), (bk, d, stages)
         q_pipe, k_pipe = tma_pipelines(storage, self.pipes)
 
