@@ -443,3 +443,24 @@ def test_quad_pick_takes_each_lanes_candidate():
     values = [np.full(4, 100 + i) for i in range(4)]
     for index in ([0, 0, 1, 1], [0, 1, 0, 1], [3, 2, 1, 0], [2, 2, 2, 2], [1, 0, 0, 1]):
         assert list(quad_pick(q, values, index, sel)) == [100 + index[lane] for lane in range(4)]
+
+
+def test_i1_sm90_launches_the_heaviest_token_blocks_first():
+    """Stage I1's sm90 CTAs take token blocks in nonincreasing order of work on causal ranges
+    (the tail of the grid gets the short ones); the kernel maps its launch index through
+    `Kernel.token_block`, plain arithmetic, run here on ints."""
+    from stages.I1_mqa_logits.sm90 import Kernel
+
+    s, s_kv = 512, 4096
+    k = Kernel(s=s, s_kv=s_kv)
+    ks, ke = ix.ranges_of({"s": s, "s_kv": s_kv, "ranges": "causal"})
+    blocks = s // k.BLOCK_Q
+    order = [k.token_block(i) for i in range(blocks)]
+    assert sorted(order) == list(range(blocks))  # every token block once
+
+    def tiles(b: int) -> int:  # the key tiles the CTA computes: the union of its rows' ranges (key_tile_range)
+        rows = [r for r in range(b * k.BLOCK_Q, (b + 1) * k.BLOCK_Q) if ke[r] > ks[r]]
+        return -(-max(ke[r] for r in rows) // k.BLOCK_K) - min(ks[r] for r in rows) // k.BLOCK_K
+
+    work = [tiles(b) for b in order]
+    assert all(a >= b for a, b in zip(work, work[1:])) and work[0] > work[-1], work[:8]
