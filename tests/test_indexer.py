@@ -283,15 +283,21 @@ for stage, case in json.loads(sys.argv[2]):
     keep = Path(sys.argv[3]) / f"{stage}-{len(out)}"
     r = compile_case(root, spec.stages[stage], "sm_90a", case, keep=keep)
     ptx = (keep / "kernel.ptx").read_text() if r.ok else ""
-    out[json.dumps([stage, case])] = [r.ok, r.error, r.resources.get("regs"), "setmaxnreg.inc" in ptx]
+    ref = spec.stages[stage].kernels["sm_90a"]
+    kernel_class = getattr(__import__(ref.module, fromlist=[ref.entry]), ref.entry)
+    k = kernel_class(**{p: case[p] for p in spec.stages[stage].kernel_params})
+    out[json.dumps([stage, case])] = [r.ok, r.error, r.resources.get("regs"), "setmaxnreg.inc" in ptx,
+                                      k.THREADS, k.MMA_THREADS, k.MMA_REGS, k.LOAD_REGS]
 print(json.dumps(out))
 """
 
 
 def test_sm90_register_increase_only_where_the_launch_grants_it(tmp_path):
-    """The indexer's rule for setmaxnreg: a 384-thread sm90 kernel increases to 240 registers only
-    when ptxas launches it with the full 168 per thread (I2 at next_n = 1 needs 66 and must not
-    ask for registers beyond its launch allocation; see stages/I2_paged_mqa_logits/sm90.py)."""
+    """The indexer's rule for setmaxnreg: an sm90 kernel increases its MMA warpgroups' registers
+    only as far as the load warpgroup's decrease frees them from the CTA's launch allocation
+    (PTX: setmaxnreg.inc waits until the pool has them), 128 · (launch − LOAD_REGS) ≥
+    MMA_THREADS · (MMA_REGS − launch); I2 at next_n = 1 needs few registers and must not ask
+    for more (see stages/I2_paged_mqa_logits/sm90.py)."""
     import json
     import os
     import subprocess
@@ -300,7 +306,8 @@ def test_sm90_register_increase_only_where_the_launch_grants_it(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     cases = [["I2", {"b": 1, "next_n": 1, "ctx": 200, "block_kv": 64}],
-             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64}]]
+             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64}],
+             ["I1", {"s": 128, "s_kv": 1024, "ranges": "causal"}]]
     env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
            "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
     (tmp_path / "dump").mkdir()
@@ -308,10 +315,12 @@ def test_sm90_register_increase_only_where_the_launch_grants_it(tmp_path):
                          capture_output=True, text=True, env=env, timeout=600, cwd=root)
     assert run.returncode == 0, run.stderr[-2000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
-    for key, (ok, err, regs, inc) in got.items():
+    for key, (ok, err, regs, inc, threads, mma_threads, mma_regs, load_regs) in got.items():
         assert ok, f"{key}: {err}"
-        assert not inc or regs == 168, f"{key}: setmaxnreg.inc with {regs} registers at launch"
-    assert [v[3] for v in got.values()] == [False, True]  # the probe sees both kinds
+        assert threads * regs <= 65536, f"{key}: {threads} threads × {regs} registers"
+        freed, taken = 128 * (regs - load_regs), mma_threads * (mma_regs - regs)
+        assert not inc or freed >= taken, f"{key}: setmaxnreg.inc takes {taken} registers, the decrease frees {freed}"
+    assert [v[3] for v in got.values()] == [False, True, True]  # the probe sees both kinds
 
 
 _PLANTED_BUG_PROBE = r"""
@@ -333,7 +342,7 @@ print(json.dumps(out))
 
 
 def test_planted_relu_bug_reaches_the_compiled_i1_kernel(tmp_path):
-    """tests/fixtures/wrong_i1 plants its bug by overriding the sm90 kernel's `head_sum` method;
+    """tests/fixtures/wrong_i1 plants its bug by overriding the sm90 kernel's `head_partial` method;
     the shared epilogue (stages/common/indexer.py: sm90_store_logits) must call that method, not
     the common piece directly, or the GPU test of the planted bug would run the correct kernel.
     Compiled for sm_90a: the stage's kernel has a relu (max.f32) per accumulator element, the
@@ -355,5 +364,103 @@ def test_planted_relu_bug_reaches_the_compiled_i1_kernel(tmp_path):
     for name, (ok, err, _, _) in got.items():
         assert ok, f"{name}: {err}"
     (_, _, stage_max, stage_mma), (_, _, wrong_max, wrong_mma) = got["stage"], got["wrong"]
-    assert stage_max - wrong_max >= 128  # a thread's 2 rows × 64 columns of relu per tile, gone
+    assert stage_max - wrong_max >= 64  # a thread's 2 rows × 32 columns of relu per tile, gone
     assert stage_mma == wrong_mma > 0
+
+
+_EPILOGUE_LOADS_PROBE = r"""
+import json, sys
+from pathlib import Path
+from harness.spec.spec import load_spec
+from harness.execution.compile import compile_case
+root, out = Path(sys.argv[1]), {}
+spec = load_spec(root=root)
+for stage, case in json.loads(sys.argv[2]):
+    keep = Path(sys.argv[3]) / f"{stage}-{len(out)}"
+    r = compile_case(root, spec.stages[stage], "sm_90a", case, keep=keep)
+    ptx = (keep / "kernel.ptx").read_text() if r.ok else ""
+    tail = ptx[ptx.rfind("wgmma.wait_group"):] if "wgmma.wait_group" in ptx else ""
+    out[json.dumps([stage, case])] = [r.ok, r.error, ptx.count("wgmma.wait_group"), tail.count("ld.global")]
+print(json.dumps(out))
+"""
+
+
+def test_sm90_epilogue_issues_no_global_load(tmp_path):
+    """The sm90 indexer kernels load each tile's key scales (I2: its table entry, then the
+    scales) before the tile's MMA — I2 a block ahead — so no global load's latency (hundreds of
+    cycles) stalls the epilogue while the tensor core waits for the next MMA (issue 31).
+    Compiled for sm_90a: after the MMA loop's wgmma.wait_group (the text up to the kernel's end:
+    the epilogue and the loop's back edge) there is no ld.global."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal"}],
+             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64}]]
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
+           "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
+    (tmp_path / "dump").mkdir()
+    run = subprocess.run([sys.executable, "-c", _EPILOGUE_LOADS_PROBE, str(root), json.dumps(cases), str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=600, cwd=root)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    for key, (ok, err, waits, loads) in got.items():
+        assert ok, f"{key}: {err}"
+        assert waits == 1, f"{key}: {waits} wgmma.wait_group, the probe expects the MMA loop's one"
+        assert loads == 0, f"{key}: {loads} ld.global after the MMA's wgmma.wait_group (in the epilogue)"
+
+
+def _quad_lanes():
+    """The four lanes of a quad as numpy arrays (lane q = element q): shuffle and select."""
+    import numpy as np
+
+    q = np.arange(4)
+    return q, (lambda x, bit: x[q ^ bit]), (lambda c, a, b: np.where(c, a, b))
+
+
+def test_quad_reduce_scatter_gives_lane_q_the_sum_of_value_q():
+    import numpy as np
+
+    from stages.common.indexer import quad_reduce_scatter
+
+    q, shfl, sel = _quad_lanes()
+    v = [np.array([10.0 ** i * (s + 1) for s in range(4)]) for i in range(4)]  # lane s, value i
+    got = quad_reduce_scatter(v, q, shfl, sel)
+    assert list(got) == [sum(v[i]) for i in range(4)]  # lane i: Σ over the lanes of value i
+    with pytest.raises(ValueError):
+        quad_reduce_scatter(v[:3], q, shfl, sel)
+
+
+def test_quad_pick_takes_each_lanes_candidate():
+    import numpy as np
+
+    from stages.common.indexer import quad_pick
+
+    q, _, sel = _quad_lanes()
+    values = [np.full(4, 100 + i) for i in range(4)]
+    for index in ([0, 0, 1, 1], [0, 1, 0, 1], [3, 2, 1, 0], [2, 2, 2, 2], [1, 0, 0, 1]):
+        assert list(quad_pick(q, values, index, sel)) == [100 + index[lane] for lane in range(4)]
+
+
+def test_i1_sm90_launches_the_heaviest_token_blocks_first():
+    """Stage I1's sm90 CTAs take token blocks in nonincreasing order of work on causal ranges
+    (the tail of the grid gets the short ones); the kernel maps its launch index through
+    `Kernel.token_block`, plain arithmetic, run here on ints."""
+    from stages.I1_mqa_logits.sm90 import Kernel
+
+    s, s_kv = 512, 4096
+    k = Kernel(s=s, s_kv=s_kv)
+    ks, ke = ix.ranges_of({"s": s, "s_kv": s_kv, "ranges": "causal"})
+    blocks = s // k.BLOCK_Q
+    order = [k.token_block(i) for i in range(blocks)]
+    assert sorted(order) == list(range(blocks))  # every token block once
+
+    def tiles(b: int) -> int:  # the key tiles the CTA computes: the union of its rows' ranges (key_tile_range)
+        rows = [r for r in range(b * k.BLOCK_Q, (b + 1) * k.BLOCK_Q) if ke[r] > ks[r]]
+        return -(-max(ke[r] for r in rows) // k.BLOCK_K) - min(ks[r] for r in rows) // k.BLOCK_K
+
+    work = [tiles(b) for b in order]
+    assert all(a >= b for a, b in zip(work, work[1:])) and work[0] > work[-1], work[:8]

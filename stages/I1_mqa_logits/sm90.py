@@ -8,7 +8,7 @@ Math (oracles/indexer.py)
 
 The MMA: keys along M, heads along N
     One FP8 wgmma computes Sᵀ = K_tile · Q_wᵀ with M = 64 keys, N = the 64 heads of each of the
-    warpgroup's 4 query tokens (256), K = d = 128 (four k32 steps).  Both operands
+    warpgroup's 2 query tokens (128), K = d = 128 (four k32 steps).  Both operands
     are K-major (row-major K [keys, d], Q [tokens · heads, d]), as FP8 wgmma requires.  With
     heads along N, the reduction over heads is a reduction over an accumulator row: each thread
     holds 2 rows (keys r, r + 8) × N/4 columns, sums its columns (relu, × w), then two butterfly
@@ -21,25 +21,26 @@ Ranges and the −inf fill
     (a key outside its token's [ks, ke)); outside it the fill warps write −inf.  Every element
     of the CTA's rows is written exactly once, by the kernel.
 
-Warp roles (384 threads)
-    warpgroup 2, warp 8     load: Q's token block once, then the range's K tiles into a
+Warp roles (640 threads)
+    warpgroup 4, warp 16    load: Q's token block once, then the range's K tiles into a
                             STAGES-slot TMA pipeline (setmaxnreg 24)
-    warpgroup 2, warps 9-11 fill: −inf outside the tile range (setmaxnreg 24)
-    warpgroups 0, 1         8 query tokens per CTA, warpgroup w owns tokens 4w … 4w + 3 (its
-                            half of the Q block is its B operand); both read every 64-key K tile
-                            (a slot is free once both have): MMA, then the fused epilogue —
-                            relu, × w, head sum, × k_scale, range select, store (setmaxnreg 240:
-                            128 accumulator + 64 weight registers per thread).  The tensor core
-                            serialises the two MMAs, so one warpgroup's epilogue runs under the
-                            other's MMA without any explicit schedule.
+    warpgroup 4, warps 17-19  fill: −inf outside the tile range (setmaxnreg 24)
+    warpgroups 0 … 3        8 query tokens per CTA, warpgroup w owns tokens 2w, 2w + 1 (its
+                            quarter of the Q block is its B operand); all read every 64-key K
+                            tile (a slot is free once all have): MMA, then the fused epilogue —
+                            relu, × w, head sum, × k_scale, range select, store (setmaxnreg 112:
+                            64 accumulator + 32 weight registers per thread).  The tensor core
+                            serialises the four MMAs, so three warpgroups' epilogues run under
+                            the fourth's MMA without any explicit schedule.
 
 Why this shape.  The first version (in git history) had both warpgroups on halves of one
-128-key tile with 2 tokens per CTA; the second 4 tokens and alternate tiles.  Here each K tile
-read from L2 serves 8 tokens (half the second's L2 → SMEM traffic of K), each wgmma is
-m64n256k32, and the overlap of epilogue and MMA is kept.
+128-key tile with 2 tokens per CTA; the second 4 tokens and alternate tiles; the third two
+warpgroups of 4 tokens (m64n256k32) on every tile.  Here each K tile read from L2 still serves
+8 tokens, and four warpgroups of m64n128k32 give each epilogue (and its latencies) three MMAs'
+time instead of one (issue 31: the third kept the tensor core busy ~59 % of the time).
 
 The MMA, the loads, the head sum and the epilogue's store are stages/common/indexer.py's; new
-here are the 8-token block with both warpgroups on every K tile, and the per-token key ranges.
+here are the 8-token block with every warpgroup on every K tile, and the per-token key ranges.
 
 Limits: s a multiple of BLOCK_Q, s_kv a multiple of BLOCK_K; h = 64, d = 128; row-major,
 16-byte aligned, static shapes.
@@ -58,13 +59,15 @@ from stages.common.indexer import (
     LogitsOperands,
     check_flat_shape,
     fill_rows,
-    head_sum,
+    head_partial,
     head_weights,
     key_tile_range,
     launch,
     load_key_tile,
     load_q_once,
+    load_row_scales,
     q_rows,
+    row_scale_regs,
     sm90_fragments,
     sm90_logits_mma,
     sm90_store_logits,
@@ -78,20 +81,23 @@ from stages.common.tma import sm90_tma_load
 
 
 class Kernel:
-    """FP8 MQA logits on Hopper tensor cores: 8 query tokens per CTA (4 per MMA warpgroup), 64-key
-    tiles through a TMA pipeline read by both warpgroups, the relu-weight-head-sum fused after the
+    """FP8 MQA logits on Hopper tensor cores: 8 query tokens per CTA (2 per MMA warpgroup), 64-key
+    tiles through a TMA pipeline read by all four warpgroups, the relu-weight-head-sum fused after the
     MMA, −inf written by the kernel."""
 
-    BLOCK_Q = 8  # query tokens per CTA: 4 per MMA warpgroup (N = 256 each)
-    WG_Q = 4
-    BLOCK_K = 64  # keys per tile = M of one warpgroup's MMA; both warpgroups read every tile
-    NUM_MMA_WG = 2
-    LOAD_WG = 2
+    BLOCK_Q = 8  # query tokens per CTA: 2 per MMA warpgroup (N = 128 each)
+    WG_Q = 2
+    BLOCK_K = 64  # keys per tile = M of one warpgroup's MMA; every warpgroup reads every tile
+    NUM_MMA_WG = 4
+    LOAD_WG = NUM_MMA_WG
     LOAD_WARP = 4 * LOAD_WG
     MMA_THREADS = 128 * NUM_MMA_WG
-    FILL_THREADS = 96  # warps 9-11
+    FILL_THREADS = 96  # the load warpgroup's other 3 warps
     THREADS = MMA_THREADS + 128
-    MMA_REGS = 240
+    # setmaxnreg: ptxas launches the 640 threads with 96 registers each; the load warpgroup's
+    # decrease frees 128 · (96 − 24) = 9216, the MMA warpgroups' increase takes 512 · (112 − 96)
+    # = 8192 of them (64 accumulator + 32 weight registers per thread)
+    MMA_REGS = 112
     LOAD_REGS = 24
     STAGES = 8  # K slots of 8 KiB
 
@@ -120,7 +126,7 @@ class Kernel:
         expose(self, qk_mma=(mma, tile), smem={"K": k_smem, "Q": q_smem})  # dsv4-lab inspect
         tma_q, tma_Q, q_half = sm90_tma_load(mQ, q_smem, (n, DIM))
         tma_k, tma_K, k_bytes = sm90_tma_load(kv, k_smem, (bk, DIM))
-        warps = self.MMA_THREADS // 32  # both warpgroups read Q and every K slot
+        warps = self.MMA_THREADS // 32  # every MMA warpgroup reads Q and every K slot
         self.pipes = (TmaPipe("q", 1, self.NUM_MMA_WG * q_half, warps), TmaPipe("k", self.STAGES, k_bytes, warps))
         self.smem_struct = smem_struct(self.pipes, {"sQ": (dtype, q_smem), "sK": (dtype, k_smem)})
         ops = LogitsOperands(mma, tma_q, tma_Q, tma_k, tma_K, q_smem, k_smem)
@@ -132,7 +138,8 @@ class Kernel:
                mOut: cute.Tensor):
         bq, bk = self.BLOCK_Q, self.BLOCK_K
         tidx, warp_idx, storage = start_cta(ops, self.LOAD_WARP, self.smem_struct)
-        block, _, _ = cute.arch.block_idx()
+        launched, _, _ = cute.arch.block_idx()
+        block = self.token_block(launched)
         sQ, sK = smem_tensors(storage, sQ=ops.q_smem, sK=ops.k_smem)  # (n, d, 2), (bk, d, stages)
         q_pipe, k_pipe = tma_pipelines(storage, self.pipes)
 
@@ -149,10 +156,17 @@ class Kernel:
             cute.arch.setmaxregister_increase(self.MMA_REGS)
             self.logits(block, tidx, tile_begin, tile_end, q_pipe, k_pipe, ops.mma, sQ, sK, mScale, mW, mKs, mKe, mOut)
 
+    def token_block(self, launched):
+        """The token block CTA `launched` computes: heaviest first.  CTAs start in launch order
+        and a causal token block's key range grows with its rows, so the last block goes first —
+        the longest-first order leaves the shortest CTAs for the grid's tail (issue 31: 12 %
+        at s 2048, s_kv 4096)."""
+        return self.s // self.BLOCK_Q - 1 - launched
+
     @cute.jit
     def load(self, block, tile_begin, tile_end, q_pipe, k_pipe, ops, sQ, sK):
-        """Load warp: the token block's Q rows (two boxes of 4 tokens · 64 heads × 128) once, then
-        the K tiles of the range."""
+        """Load warp: the token block's Q rows (a box of 2 tokens · 64 heads × 128 per MMA
+        warpgroup) once, then the K tiles of the range."""
         hang_guard.role("load")  # names this role's waits in a --debug-hangs build
         q_load = tma_tiles(ops.tma_q, sQ, ops.mQ, (self.n, DIM), (None, 0))
         k_load = tma_tiles(ops.tma_k, sK, ops.mK, (self.BLOCK_K, DIM), (None, 0))
@@ -164,8 +178,8 @@ class Kernel:
 
     @cute.jit
     def logits(self, block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK, mScale, mW, mKs, mKe, mOut):
-        """MMA warpgroups: warpgroup w, for every K tile: Sᵀ = K_tile · Q_wᵀ (64 keys × its 4 tokens
-        · 64 heads), then the fused epilogue (`sm90_store_logits` with `head_sum`), −inf outside
+        """MMA warpgroups: warpgroup w, for every K tile: Sᵀ = K_tile · Q_wᵀ (64 keys × its 2 tokens
+        · 64 heads), then the fused epilogue (`sm90_store_logits` with `head_partial`), −inf outside
         each token's [ks, ke)."""
         hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         wq, bk = self.WG_Q, self.BLOCK_K
@@ -177,19 +191,21 @@ class Kernel:
 
         if tile_end > tile_begin:
             wait_once(q_pipe)
+        sc = row_scale_regs(coords)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.STAGES)
         for tile in cutlass.range(tile_begin, tile_end, unroll=1):
+            # the tile's key scales: global loads in flight under the MMA, not in the epilogue
+            load_row_scales(sc, cute.local_tile(mScale, (bk,), (tile,)), coords)
             k_pipe.consumer_wait(k_state)
             acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
             wgmma_sync(mma, acc, tCrK, tCrQ, a_slot=k_state.index, b_slot=wg, zero_init=True)
             k_pipe.consumer_release(k_state)
             k_state.advance()
-            sm90_store_logits(mOut, row0, acc, coords, w, tile * bk, cute.local_tile(mScale, (bk,), (tile,)),
-                              lo, hi, tidx, self.head_sum, wq)
+            sm90_store_logits(mOut, row0, acc, coords, w, tile * bk, sc, lo, hi, tidx, self.head_partial, wq)
 
     @cute.jit
-    def head_sum(self, acc_rc, w, r: cutlass.Constexpr[int], first: cutlass.Constexpr[int],
-                 count: cutlass.Constexpr[int]) -> cutlass.Float32:
-        """Σ_h w[h] · relu(S[r, h]) over one token's heads (stages/common/indexer.py); a method so
-        a test fixture can plant a bug here."""
-        return head_sum(acc_rc, w, r, first, count)
+    def head_partial(self, acc_rc, w, r: cutlass.Constexpr[int], first: cutlass.Constexpr[int],
+                     count: cutlass.Constexpr[int]) -> cutlass.Float32:
+        """A lane's share of Σ_h w[h] · relu(S[r, h]) over one token's heads
+        (stages/common/indexer.py); a method so a test fixture can plant a bug here."""
+        return head_partial(acc_rc, w, r, first, count)

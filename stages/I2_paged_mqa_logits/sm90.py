@@ -12,8 +12,9 @@ What is new beside I1
         a block stride of 64 · 132 bytes (a multiple of 16: one TMA box per block), and scales
         (64, num_blocks) fp32 starting 64 · 128 bytes into each block.
     One cache block per pipeline slot (one TMA box) and per MMA: M = the block's 64 keys,
-        N = next_n · 64 heads; the two MMA warpgroups take alternate blocks (warpgroup w: the
-        chunk's blocks w, w + 2, …), so one's epilogue overlaps the other's MMA (as I1).
+        N = next_n · 64 heads; the MMA warpgroups take turns on the blocks (warpgroup w of W: the
+        chunk's blocks w, w + W, …), so the others' epilogues overlap one's MMA (as I1).  W = 4
+        at next_n ≤ 2 (112 registers each), 2 at next_n 3 and 4 (240).
     block_table lookup in the load warp (and for the scales, in the epilogue).  A table entry
         past the sequence's last block is never followed: the block index is clamped to the
         last one (its keys are then masked), so a garbage or out-of-range entry is harmless.
@@ -26,8 +27,9 @@ What is new beside I1
 The fused cache views, the chunk's tiles, the MMA, the loads, the head sum and the epilogue's
 store are stages/common/indexer.py's, shared with I1 and the sm100 kernel.
 
-Warp roles (384 threads): as I1 — warp 8 loads (Q block once, then one cache block per slot),
-warps 9-11 fill −inf, warpgroups 0 and 1 run the MMA and the fused epilogue on alternate blocks.
+Warp roles (128 · (W + 1) threads): as I1 — warpgroup W's first warp loads (Q block once, then
+one cache block per slot), its other 3 fill −inf, warpgroups 0 … W − 1 run the MMA and the fused
+epilogue on their turns of the blocks.
 
 Limits: block_kv = 64, h = 64, d = 128, next_n ∈ {1, 2, 3, 4}; static shapes.
 """
@@ -46,14 +48,16 @@ from stages.common.indexer import (
     causal_limits,
     check_paged_shape,
     fill_rows,
-    head_sum,
+    head_partial,
     head_weights,
     launch,
     load_key_tile,
     load_q_once,
+    load_row_scales,
     paged_tiles,
     paged_views,
     q_rows,
+    row_scale_regs,
     sm90_fragments,
     sm90_logits_mma,
     sm90_store_logits,
@@ -67,30 +71,33 @@ from stages.common.tma import sm90_tma_load
 
 class Kernel:
     """Paged FP8 MQA logits on Hopper tensor cores: one sequence's next_n tokens × a chunk of
-    its keys per CTA, one cache block per MMA (warpgroups alternate), −inf written by the kernel."""
+    its keys per CTA, one cache block per MMA (warpgroups take turns), −inf written by the kernel."""
 
     BLOCK_KV = 64  # keys per cache block = M of one warpgroup's MMA
-    NUM_MMA_WG = 2
     BLOCK_K = BLOCK_KV  # keys per tile = one cache block = one pipeline slot
     CHUNK_TILES = 32  # tiles per CTA: 2048 keys
-    LOAD_WG = 2
-    LOAD_WARP = 4 * LOAD_WG
-    MMA_THREADS = 128 * NUM_MMA_WG
-    FILL_THREADS = 96
-    THREADS = MMA_THREADS + 128
-    MMA_REGS = 240
+    FILL_THREADS = 96  # the load warpgroup's other 3 warps
     LOAD_REGS = 24
-    STAGES = 8  # slots of one cache block (8 KiB)
+    STAGES = 16  # slots of one cache block (8 KiB)
 
     def __init__(self, *, b: int, next_n: int, block_kv: int):
         check_paged_shape("stage I2 sm90", block_kv, next_n, self.BLOCK_KV)
         self.b, self.next_n = b, next_n
         self.n = HEADS * next_n
+        # MMA warpgroups on alternate blocks: four while a thread's accumulator (next_n · 32
+        # registers) and weights (next_n · 16) fit 112 registers, so each epilogue has three
+        # MMAs' time (issue 31); two (240 registers each) at next_n 3 and 4.
+        self.NUM_MMA_WG = 4 if next_n <= 2 else 2
+        self.LOAD_WG = self.NUM_MMA_WG
+        self.LOAD_WARP = 4 * self.LOAD_WG
+        self.MMA_THREADS = 128 * self.NUM_MMA_WG
+        self.THREADS = self.MMA_THREADS + 128
+        self.MMA_REGS = 112 if self.NUM_MMA_WG == 4 else 240
         # setmaxnreg only where the MMA warpgroups need more than the launch's share.  At
-        # next_n = 1 ptxas launches the kernel with 66 registers per thread; an increase to 240
+        # next_n = 1 ptxas launches the kernel with few registers per thread; an increase
         # would ask for registers beyond the CTA's launch allocation (PTX: the increase waits
-        # until the pool has them).  Batch 1 (H100) ran the earlier kernel with that increase and
-        # it passed, so this is hygiene, not a fix of an observed hang.
+        # until the pool has them).  Where it is used, the load warpgroup's decrease frees what
+        # the increase takes (tests/test_indexer.py checks it on the compiled kernels).
         self.rebalance = next_n >= 2
 
     @cute.jit
@@ -115,7 +122,7 @@ class Kernel:
         expose(self, qk_mma=(mma, tile), smem={"K": k_smem, "Q": q_smem})  # dsv4-lab inspect
         tma_q, tma_Q, q_bytes = sm90_tma_load(mQ, q_smem, (n, DIM))
         tma_k, tma_K, k_bytes = sm90_tma_load(mKV, k_smem, (bkv, DIM))
-        # Both warpgroups read Q; a K slot is one warpgroup's (they take alternate blocks).
+        # Every MMA warpgroup reads Q; a K slot is one warpgroup's (they take turns).
         self.pipes = (TmaPipe("q", 1, q_bytes, self.MMA_THREADS // 32), TmaPipe("k", self.STAGES, k_bytes, 4))
         self.smem_struct = smem_struct(self.pipes, {"sQ": (dtype, q_smem), "sK": (dtype, k_smem)})
         ops = LogitsOperands(mma, tma_q, tma_Q, tma_k, tma_K, q_smem, k_smem)
@@ -163,8 +170,8 @@ class Kernel:
     @cute.jit
     def logits(self, seq, ctx, last_block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK,
                mScale, mTable, mW, mOut):
-        """MMA warpgroups: warpgroup w takes the chunk's blocks w, w + 2, … (Sᵀ = K_block · Qᵀ, 64
-        keys × next_n · 64 heads), then the fused epilogue (`sm90_store_logits` with `head_sum`,
+        """MMA warpgroups: warpgroup w takes the chunk's blocks w, w + W, … (Sᵀ = K_block · Qᵀ, 64
+        keys × next_n · 64 heads), then the fused epilogue (`sm90_store_logits` with `head_partial`,
         the block's scales found through the table), −inf past each token's causal limit."""
         hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         nn, bkv = self.next_n, self.BLOCK_KV
@@ -176,15 +183,28 @@ class Kernel:
         if tile_end > tile_begin:
             wait_once(q_pipe)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.STAGES)
-        if wg == 1:
-            k_state.advance()  # warpgroup 1 starts at the chunk's second block
-        for block in cutlass.range(tile_begin + wg, tile_end, self.NUM_MMA_WG, unroll=1):
+        if wg > 0:
+            k_state.advance(wg)  # warpgroup w starts at the chunk's block w
+        # The scales of a block are two dependent global loads (its table entry, then the scales):
+        # software-pipelined, the entry two of this warpgroup's blocks ahead and the scales one
+        # ahead, so neither latency stalls the epilogue.  (Clamped to the last block: always a
+        # real table entry; keys past the context are masked by selection.)
+        step = self.NUM_MMA_WG
+        first = tile_begin + wg
+        sc = row_scale_regs(coords)  # this block's scales
+        sc_next = row_scale_regs(coords)  # the next block's
+        load_row_scales(sc_next, mScale[None, mTable[seq, cutlass.min(first, last_block)]], coords)
+        phys_next = cute.make_rmem_tensor(1, cutlass.Int32)  # the table entry of the block after
+        phys_next[0] = mTable[seq, cutlass.min(first + step, last_block)]
+        for block in cutlass.range(first, tile_end, step, unroll=1):
+            for r in cutlass.range_constexpr(cute.size(sc)):
+                sc[r] = sc_next[r]
+            load_row_scales(sc_next, mScale[None, phys_next[0]], coords)
+            phys_next[0] = mTable[seq, cutlass.min(block + 2 * step, last_block)]
             k_pipe.consumer_wait(k_state)
             acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
             wgmma_sync(mma, acc, tCrK, tCrQ, a_slot=k_state.index, b_slot=0, zero_init=True)
             k_pipe.consumer_release(k_state)
-            k_state.advance()
-            k_state.advance()  # the other warpgroup's block
-            phys = mTable[seq, cutlass.min(block, last_block)]
-            sm90_store_logits(mOut, seq * nn, acc, coords, w, block * bkv, mScale[None, phys], None, hi, tidx,
-                              head_sum, nn, width=self.max_len)
+            k_state.advance(step)  # past the other warpgroups' blocks
+            sm90_store_logits(mOut, seq * nn, acc, coords, w, block * bkv, sc, None, hi, tidx,
+                              head_partial, nn, width=self.max_len)

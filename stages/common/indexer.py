@@ -32,10 +32,13 @@ Hopper (wgmma, accumulator in registers; a row is one key, its columns spread ov
     load_key_tile        one key tile (a global tile index or a cache block) into a slot
     sm90_fragments       a warpgroup's MMA fragments and its accumulator's (key, column) coords
     head_weights         w in registers, indexed like the thread's accumulator columns
-    head_sum             Σ_h w · relu(S) over one token's columns of one row: the thread's own
-                         columns, then a butterfly over the row's quad (every lane gets the sum)
+    head_partial         Σ w · relu(S) over a thread's share (its columns) of one token's heads
+    quad_reduce_scatter  four shares' sums over a quad, lane q ending with the q-th (3 shuffles)
+    quad_pick            a per-lane choice among static candidates by selects
+    row_scale_regs, load_row_scales   the key scales of a thread's accumulator rows in
+                         registers, loaded before the tile's MMA (latency under the MMA)
     sm90_store_logits    the fused epilogue of one tile: head sums × k_scale, range select,
-                         one store per (key, token) by one lane of the quad
+                         each lane of a quad storing one (key, token) of every four
 
 Blackwell (tcgen05, accumulator in TMEM; TMEM lane t = key t, thread t owns its whole row)
     Sm100LogitsCta       the 256-thread CTA both kernels run (warp roles, MMA, TMEM budget,
@@ -47,7 +50,7 @@ Blackwell (tcgen05, accumulator in TMEM; TMEM lane t = key t, thread t owns its 
     tmem_head_sums       Σ_h w · relu(S) per token from one TMEM buffer, thread-local
 """
 
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import cutlass
 import cutlass.cute as cute
@@ -330,45 +333,127 @@ def head_weights(mW: cute.Tensor, coords: cute.Tensor, first_row):
 
 
 @cute.jit
-def head_sum(acc_rc: cute.Tensor, w: cute.Tensor, r: cutlass.Constexpr[int], first: cutlass.Constexpr[int],
-             count: cutlass.Constexpr[int]) -> cutlass.Float32:
-    """Σ_h w[h] · relu(S[r, h]) over one token's heads: this thread's `count` columns of row
-    `r` from column `first` (weights `w` indexed like the columns), then the butterfly over the
-    row's quad (threads_in_group=4): every lane of the quad returns the row's full sum."""
+def head_partial(acc_rc: cute.Tensor, w: cute.Tensor, r: cutlass.Constexpr[int], first: cutlass.Constexpr[int],
+                 count: cutlass.Constexpr[int]) -> cutlass.Float32:
+    """Σ w[h] · relu(S[r, h]) over this thread's `count` columns of row `r` from column `first`
+    (weights `w` indexed like the columns): its share of one token's heads — the row's other
+    columns are in the other 3 lanes of its quad (`quad_reduce_scatter` or the butterfly add
+    the four shares)."""
     part = cutlass.Float32(0.0)
     for j in cutlass.range_constexpr(first, first + count):
         part += cute.arch.fmax(acc_rc[r, j], cutlass.Float32(0.0)) * w[j]
-    return cute.arch.warp_reduction_sum(part, threads_in_group=4)
+    return part
+
+
+def quad_reduce_scatter(v: Sequence[Any], q: Any, shfl: Callable[[Any, int], Any],
+                        sel: Callable[[Any, Any, Any], Any]) -> Any:
+    """Lane q of a quad (q = 0 … 3) gets Σ over the quad's 4 lanes of their v[q] (4 values a
+    lane): a reduce-scatter in 3 shuffles, 3 adds and 6 selects, where a butterfly of each
+    value would take 8 shuffles and 8 adds and leave every sum in every lane.
+        step 2   lane q keeps the half {i : i & 2 = q & 2} of its values and sends the other;
+                 the partner q ⊕ 2 sends its values of q's half: a[i] = v[i] + v'[i] (2 values)
+        step 1   the same over bit 1 on those two: lane q keeps a[(q & 2) | (q & 1)] = its sum
+    `shfl(x, bit)`: x of lane q ⊕ bit; `sel(c, a, b)`: a where c, else b.  Plain values (the
+    CPU test runs the four lanes as numpy arrays) or traced ones (a kernel: shuffle_sync_bfly,
+    select_)."""
+    if len(v) != 4:
+        raise ValueError(f"quad_reduce_scatter takes 4 values a lane, got {len(v)}")
+    upper = (q & 2) != 0  # lane keeps v[2], v[3]
+    a = [sel(upper, v[i + 2], v[i]) + shfl(sel(upper, v[i], v[i + 2]), 2) for i in (0, 1)]
+    odd = (q & 1) != 0  # lane keeps a[1]
+    return sel(odd, a[1], a[0]) + shfl(sel(odd, a[0], a[1]), 1)
+
+
+def quad_pick(q: Any, values: Sequence[Any], index: Sequence[int], sel: Callable[[Any, Any, Any], Any]) -> Any:
+    """values[index[q]] for the quad lane q (0 … 3) by selects, `index` static: none when
+    every lane takes the same value, one when the choice follows one bit of q, else three."""
+    i = list(index)
+    if i[0] == i[1] == i[2] == i[3]:
+        return values[i[0]]
+    if i[0] == i[1] and i[2] == i[3]:
+        return sel((q & 2) != 0, values[i[2]], values[i[0]])
+    if i[0] == i[2] and i[1] == i[3]:
+        return sel((q & 1) != 0, values[i[1]], values[i[0]])
+    low = sel((q & 1) != 0, values[i[1]], values[i[0]])
+    high = sel((q & 1) != 0, values[i[3]], values[i[2]])
+    return sel((q & 2) != 0, high, low)
+
+
+def _bfly(x, bit: int):
+    return cute.arch.shuffle_sync_bfly(x, offset=bit)
+
+
+def row_scale_regs(coords: cute.Tensor) -> cute.Tensor:
+    """A register tensor for the key scales of this thread's accumulator rows (one per row)."""
+    return cute.make_rmem_tensor(cute.size(coords, mode=[0]), F32)
+
+
+@cute.jit
+def load_row_scales(sc: cute.Tensor, scales: cute.Tensor, coords: cute.Tensor):
+    """sc[r] = scales[slot of row r] (slot = coords[r, 0][0]; `scales` the tile's or cache
+    block's (keys,) fp32) for this thread's accumulator rows.  A kernel issues these global loads
+    before the tile's MMA (or a tile ahead), so their latency hides under the tensor core's work
+    instead of stalling the epilogue that multiplies by them."""
+    for r in cutlass.range_constexpr(cute.size(coords, mode=[0])):
+        sc[r] = scales[coords[r, 0][0]]
 
 
 @cute.jit
 def sm90_store_logits(out: cute.Tensor, first_row, acc: cute.Tensor, coords: cute.Tensor, w: cute.Tensor, key0,
-                      scales: cute.Tensor, lo, hi, tid, sum_heads, tokens: cutlass.Constexpr[int],
+                      sc: cute.Tensor, lo, hi, tid, partial_heads, tokens: cutlass.Constexpr[int],
                       width: cutlass.Constexpr = None):
     """The fused epilogue of one key tile: for each accumulator row r of this thread (key =
-    key0 + slot, slot = coords[r, 0][0]) and each token t < tokens,
+    key0 + slot, slot = coords[r, 0][0]; sc[r] its key scale, `load_row_scales`, already in
+    registers) and each token t < tokens,
 
-        out[first_row + t, key] = masked_logit(scales[slot] · sum_heads(row r, token t), key, lo, hi, t)
+        out[first_row + t, key] = masked_logit(sc[r] · Σ_quad partial_heads(row r, token t), key, lo, hi, t)
 
-    `sum_heads` is `head_sum` or the kernel's method wrapping it (a test fixture plants a bug
-    there); it leaves the sum in every lane of the row's quad, and lane (r · tokens + t) mod 4
-    stores it, so the quad's 4 lanes share the stores.  `width`: no store at key ≥ width (None:
-    every key of the tile is inside the output)."""
+    `partial_heads` is `head_partial` or the kernel's method wrapping it (a test fixture plants
+    a bug there): a lane's share of the head sum.  The (row, token) pairs p = r · tokens + t go
+    four at a time through `quad_reduce_scatter`, so lane q of the quad ends with pair 4k + q's
+    sum and stores it: one store a lane per four pairs, no branch (its key, scale, range and
+    output row picked by `quad_pick`).  When the pairs are not a multiple of 4 (I2 at
+    next_n = 1: 2), a butterfly per pair and lane p mod 4 stores it.  `width`: no store at
+    key ≥ width (None: every key of the tile is inside the output)."""
     acc_rc = acc_rows_cols(acc)
+    rows = cute.size(coords, mode=[0])
     per_token = cute.size(coords, mode=[1]) // tokens
-    lane4 = tid % 4
-    for r in cutlass.range_constexpr(cute.size(coords, mode=[0])):
-        slot = coords[r, 0][0]
-        key = key0 + slot
-        scale = scales[slot]
-        for t in cutlass.range_constexpr(tokens):
-            value = masked_logit(sum_heads(acc_rc, w, r, t * per_token, per_token) * scale, key, lo, hi, t)
-            if (r * tokens + t) % 4 == lane4:
-                if cutlass.const_expr(width is None):
-                    out[first_row + t, key] = value
-                else:
-                    if key < width:
+    q = tid % 4
+    if cutlass.const_expr((rows * tokens) % 4 == 0):
+        keys = [key0 + coords[r, 0][0] for r in range(rows)]
+        scales = [sc[r] for r in range(rows)]
+        out_rows = [first_row + t for t in range(tokens)]
+        his = [hi[t] for t in range(tokens)]
+        los = None if cutlass.const_expr(lo is None) else [lo[t] for t in range(tokens)]
+        for k in cutlass.range_constexpr(rows * tokens // 4):
+            rs = [(4 * k + j) // tokens for j in range(4)]
+            ts = [(4 * k + j) % tokens for j in range(4)]
+            parts = [partial_heads(acc_rc, w, rs[j], ts[j] * per_token, per_token) for j in range(4)]
+            total = quad_reduce_scatter(parts, q, _bfly, cutlass.select_)
+            key = quad_pick(q, keys, rs, cutlass.select_)
+            inside = key < quad_pick(q, his, ts, cutlass.select_)
+            if cutlass.const_expr(los is not None):
+                inside = inside & (key >= quad_pick(q, los, ts, cutlass.select_))
+            value = F32(cutlass.select_(inside, total * quad_pick(q, scales, rs, cutlass.select_), -F32.inf))
+            row = quad_pick(q, out_rows, ts, cutlass.select_)
+            if cutlass.const_expr(width is None):
+                out[row, key] = value
+            else:
+                if key < width:
+                    out[row, key] = value
+    else:
+        for r in cutlass.range_constexpr(rows):
+            key = key0 + coords[r, 0][0]
+            for t in cutlass.range_constexpr(tokens):
+                total = cute.arch.warp_reduction_sum(partial_heads(acc_rc, w, r, t * per_token, per_token),
+                                                     threads_in_group=4)
+                value = masked_logit(total * sc[r], key, lo, hi, t)
+                if (r * tokens + t) % 4 == q:
+                    if cutlass.const_expr(width is None):
                         out[first_row + t, key] = value
+                    else:
+                        if key < width:
+                            out[first_row + t, key] = value
 
 
 # ---------------------------------------------------------------------------------------

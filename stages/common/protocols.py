@@ -251,7 +251,7 @@ def tma_ring_sm90(name: str, tiles: int, slots: int, q_bytes: int, q_consumer_wa
     `k_bytes`); no producer tail (each consumer's releases complete every phase it starts).
     `consumers`: (role, first tile, step, arrivals a release) — one role per group of warps that
     walks the tiles alike (both warpgroups of a decode CTA: 8 warps, one arrival each; stage
-    I2's two warpgroups take alternate tiles: 4 each).  Every consumer waits for Q first."""
+    I2's warpgroups take turns on the tiles: 4 each).  Every consumer waits for Q first."""
 
     def load() -> Iterator[Op]:
         yield from q_then_key_ring(tiles, q_bytes, slots, k_bytes)
@@ -324,14 +324,15 @@ def decode_sm90_persistent(k, item_tiles: list[int]) -> Protocol:
 
 
 def indexer_sm90(k, tiles: int, paged: bool) -> Protocol:
-    """Stages I1 / I2 on Hopper: `load` and `logits`.  I1: both warpgroups read every K tile (8
-    arrivals a slot), Q is one box a warpgroup; I2: warpgroup w takes tiles w, w + 2, … (4
-    arrivals a slot), Q is one box."""
+    """Stages I1 / I2 on Hopper: `load` and `logits`.  I1: every MMA warpgroup reads every K tile
+    (4 arrivals a warpgroup a slot), Q is one box a warpgroup; I2: warpgroup w of W takes tiles
+    w, w + W, … (4 arrivals a slot), Q is one box."""
     dim = 128
     warps = k.MMA_THREADS // 32
     if paged:
+        wgs = k.NUM_MMA_WG
         return tma_ring_sm90(type(k).__module__, tiles, k.STAGES, k.n * dim, warps, k.BLOCK_KV * dim, 4,
-                             (("mma_wg0", 0, 2, 4), ("mma_wg1", 1, 2, 4)))
+                             tuple((f"mma_wg{w}", w, wgs, 4) for w in range(wgs)))
     return tma_ring_sm90(type(k).__module__, tiles, k.STAGES, k.NUM_MMA_WG * k.n * dim, warps, k.BLOCK_K * dim, warps,
                          (("mma", 0, 1, warps),))
 
