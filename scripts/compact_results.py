@@ -8,7 +8,7 @@ one line naming it, and the exit code is 1), rewrite each store
 (results/inventories.jsonl.xz, results/envs.jsonl.xz) as one xz stream holding only the values a
 line still names (an older notebook's plain results/inventories.jsonl is folded in and removed),
 retire the archive's oldest stale lines (harness/notebook/archive.py `retire`: per (arch, case) the
-newest --keep lines, default 1, and every line of the last --days days, default 0, stay; a line a
+newest --keep lines, default 0 (a bench shape: 4), and every line of the last --days days, default 0, stay; a line a
 baseline, a speed baseline or a note names, or of a run a note or the live records name, stays; a
 retired line is named in results/archive/retired.jsonl with the commit — HEAD, which holds it —
 and the `git show` that shows it; only a line the archive at HEAD holds is retired, none outside

@@ -177,7 +177,20 @@ def test_bad_options_are_one_line():
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "--keep needs a number" in out.stderr
 
 
-def test_the_default_keeps_the_one_proof_before_the_live_one():
-    """The tree budget: by default the archive keeps one stale line per case (the proof before
-    the live one); two kept the tracked tree within 1 % of its 3 MiB."""
-    assert _compact_script().KEEP_NEWEST == 1
+def test_the_default_keeps_no_stale_test_line_but_four_bench_lines_a_shape():
+    """The tree budget: by default the archive keeps no stale test-case line (git holds them; one
+    kept proof carried the tree past 3 MiB), but a bench shape's newest four stale lines stay —
+    the speed history `history --speed` reads."""
+    from harness.notebook import archive
+
+    assert _compact_script().KEEP_NEWEST == 0 and archive.KEEP_BENCH == 4
+
+    def line(i: int, bench: bool) -> bytes:
+        rec = {"id": f"r{i}.1", "run": f"r{i}", "arch": "sm_90a", "case": {"n": 1}, "t": f"2020-01-0{i}T00:00:00Z"}
+        return json.dumps({**rec, "note": "bench"} if bench else rec).encode()
+
+    lines = [line(i, bench) for i in range(1, 7) for bench in (False, True)]  # oldest first
+    held = frozenset(f"r{i}.1" for i in range(1, 7))
+    gone = archive.retirable(lines, 0, "2030-01-01T00:00:00Z", set(), set(), held)
+    kept = [json.loads(ln) for ln, g in zip(lines, gone) if not g]
+    assert [(r["run"], "note" in r) for r in kept] == [(f"r{i}", True) for i in range(3, 7)]

@@ -34,8 +34,9 @@ never in neither.
 
 `retire` keeps the archive bounded (the tracked tree travels to the GPU machine: it must stay
 small for good). Per (arch, case) — bench shapes apart from test cases — the archive keeps its
-newest `keep` lines (latest in the archive's order, the order readers read; default 1: the
-proof before the live one — two kept the tree within 1 % of its 3 MiB budget) and every line of
+newest `keep` lines (latest in the archive's order, the order readers read; default 0: git holds
+every committed archive, and even one kept proof carried the tree past its 3 MiB budget) — a bench
+shape its newest max(keep, KEEP_BENCH = 4), the speed history `history --speed` reads — and every line of
 the last `days` days (default 0: a line archived since the last commit stays anyway, below; a day of several
 re-proofs kept whole would carry the tree past its budget); an older line is retired: dropped
 from the tree. Never
@@ -253,7 +254,8 @@ def archive_runs(root: Path, live: set[str]) -> tuple[int, int]:
     return _move_lines(runs_file(root), runs_archive_file(root), dead)
 
 
-KEEP_NEWEST = 1  # stale lines kept per (arch, case), newest first: the previous proof (tree budget)
+KEEP_NEWEST = 0  # stale test-case lines kept per (arch, case), newest first (tree budget: git keeps them)
+KEEP_BENCH = 4  # stale bench lines kept per (arch, shape): `history --speed` across the last proofs
 KEEP_DAYS = 0.0  # and every stale line of the last KEEP_DAYS days: none beyond those by default (module doc)
 
 
@@ -270,9 +272,10 @@ def _iso(t: float) -> str:
 
 
 def retirable(lines: list[bytes], keep: int, cutoff: str, named_ids: set[str], named_runs: set[str],
-              held: frozenset[str]) -> list[bool]:
+              held: frozenset[str], keep_bench: int = KEEP_BENCH) -> list[bool]:
     """For each archive line (oldest first), whether the rule retires it (module doc; `cutoff`: the
-    oldest time, as `t` writes it, that is kept whatever its rank)."""
+    oldest time, as `t` writes it, that is kept whatever its rank; a bench line's rank is held
+    against max(keep, keep_bench): the speed history stays deeper than the test results')."""
     seen: dict[tuple, int] = {}
     out = [False] * len(lines)
     for i in range(len(lines) - 1, -1, -1):
@@ -284,7 +287,8 @@ def retirable(lines: list[bytes], keep: int, cutoff: str, named_ids: set[str], n
             continue
         key = (arch, json.dumps(case, sort_keys=True), obj.get("note") == "bench")
         rank = seen[key] = seen.get(key, 0) + 1
-        out[i] = (rank > keep and len(t) == len(cutoff) and t < cutoff and ident not in named_ids
+        limit = max(keep, keep_bench) if key[2] else keep
+        out[i] = (rank > limit and len(t) == len(cutoff) and t < cutoff and ident not in named_ids
                   and run not in named_runs and ident in held)
     return out
 
