@@ -276,6 +276,18 @@ def _suite_stage(sid: str, entry: str = "Add", criterion: str = "criterion", ext
             f"    timeout_s: 20\n")
 
 
+@pytest.fixture(autouse=True)
+def _fresh_oracles(monkeypatch):
+    """A suite's cases are imported in this process (harness/spec/suitecases.py): a fake lab's
+    `oracles` package must be the one found, not one an earlier test imported from another root
+    (the whole suite failed here on test order), and the lab root put on sys.path goes after."""
+    import sys
+
+    for name in [m for m in sys.modules if m == "oracles" or m.startswith("oracles.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+
+
 @pytest.fixture
 def suite_lab(fake_lab):
     (fake_lab / "oracles" / "suite_add.py").write_text(SUITE_MODULE)
