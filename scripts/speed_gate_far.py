@@ -34,6 +34,16 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 
+def _proof_case(cases: list[dict]) -> dict:
+    """The bench shape the proof re-times: b 64, s_q 2, h_q 128, model1 where the bench block has it
+    (the planted fixture is ≈ 5 % slower there; at b 1 — the block's first shape — it is ≈ 2 %,
+    under the gate's 3 %: the H200 run of 2026-11-27 said "no detectable change"), else the first."""
+    for c in cases:
+        if c.get("b") == 64 and str(c.get("config", "")).startswith("s2h128") and c.get("kv_format") == "model1":
+            return c
+    return cases[0]
+
+
 def main() -> int:
     from harness.core.environment import gpu_capabilities
     from harness.core.labels import case_label
@@ -49,6 +59,7 @@ def main() -> int:
     ap.add_argument("proof", choices=("aa", "planted"))
     args = ap.parse_args()
     caps = gpu_capabilities()
+    case: dict = {}
     gpu_name, arch = caps.get(0, ("NVIDIA H100 80GB HBM3", "sm_90a"))
     if not caps:
         print("no GPU here: the far side must answer 'no GPU on this target' (the plumbing only)")
@@ -57,7 +68,8 @@ def main() -> int:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=lab, capture_output=True, text=True,
                              check=True).stdout.strip()
         st = load_spec(root=lab).stages["E"]
-        shape = case_label(plan_cases(st, [])[0])
+        case = _proof_case(plan_cases(st, []))
+        shape = case_label(case)
         (lab / "results").mkdir(exist_ok=True)
         (lab / "results" / "speed_baselines.yaml").write_text(
             f"version: 1\nspeed:\n  E:\n    {arch}:\n      {json.dumps(shape)}: {{record: proof.1, src: made-stale, "
@@ -91,7 +103,7 @@ def main() -> int:
     else:
         want = ("no detectable change", "faster") if args.proof == "aa" else ("slower",)
         ok = (rc == (0 if args.proof == "aa" else 1) and len(records) == 1 and verdicts[0] in want
-              and records[0]["case"] == plan_cases(st, [])[0])
+              and records[0]["case"] == case)
     ok = ok and not rejected and not written and [e.get("event") for e in events] == ["start", "end"]
     print(f"{args.proof}: {'as expected' if ok else 'NOT as expected'}")
     return 0 if ok else 1
