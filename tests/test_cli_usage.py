@@ -224,3 +224,12 @@ def test_ctrl_c_in_dashboard_watch_exits_130(fake_lab):
     err = p.stderr.read()
     assert rc == 130, (rc, err)
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["run", "stage-A", "--shard", "3/2"], ["suite", "deepgemm", "--shard", "half"]])
+def test_a_bad_shard_is_one_line_for_run_and_suite(argv):
+    """`--shard i/n` is read by one function for `run` and `suite`: anything else is one line."""
+    r = run_cli(argv, cwd=ROOT)
+    err = (r.stdout + r.stderr).strip()
+    assert r.returncode != 0 and f"--shard {argv[-1]}: expected i/n with 0 <= i < n" in err, err
+    assert "Traceback" not in err

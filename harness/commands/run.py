@@ -94,14 +94,7 @@ def run(
     if not emit_jsonl:  # the sending side already checked a remote run's stages
         precheck(spec, stages)
     argv = ["run"] + sys.argv[2:]
-    shard_t = None
-    if shard:
-        try:
-            i, n = (int(x) for x in shard.split("/"))
-            assert 0 <= i < n
-        except (ValueError, AssertionError):
-            raise UsageError(f"--shard {shard}: expected i/n with 0 <= i < n, e.g. 0/2")
-        shard_t = (i, n)
+    shard_t = shard_of(shard)
     if not emit_jsonl:  # a run that selects no case proves nothing: never exit 0 (one line, exit 1)
         refuse_empty_run(stages, archs, cases, shard_t, shard)
     slurm = slurm_target_of(spec.root, target, emit_jsonl, print_job)
@@ -159,6 +152,18 @@ def slurm_target_of(root, target: str, emit_jsonl: bool, print_job: bool):
                 else f"--target {target} is not a slurm target")
         raise UsageError(f"--print-job: {what} — it prints the sbatch script of a run on a `kind: slurm` target")
     return found
+
+
+def shard_of(shard: str | None) -> tuple[int, int] | None:
+    """`--shard i/n` as (i, n); None without one; UsageError (one line) for anything else."""
+    if not shard:
+        return None
+    try:
+        i, n = (int(x) for x in shard.split("/"))
+        assert 0 <= i < n
+    except (ValueError, AssertionError):
+        raise UsageError(f"--shard {shard}: expected i/n with 0 <= i < n, e.g. 0/2")
+    return i, n
 
 
 def refuse_empty_run(stages: list, archs: list[str] | None, cases: dict, shard_t: tuple[int, int] | None,

@@ -55,7 +55,7 @@ def suite(
         raise typer.Exit(0)
     if not stages:
         raise UsageError(f"suite {name}: no stage of stages.yaml runs it — add its suite stage (docs/SUITES.md)")
-    from harness.commands.run import gpu_list, refuse_empty_run
+    from harness.commands.run import gpu_list, refuse_empty_run, shard_of
     from harness.execution.report import run_local_and_report
 
     archs = archs_of(arch)
@@ -70,14 +70,7 @@ def suite(
     if sum(len(c) for c in cases.values()) == 0:
         raise UsageError("no case matches these filters")
     stages = [st for st in stages if cases[st.id]]
-    shard_t = None
-    if shard:
-        try:
-            i, n = (int(x) for x in shard.split("/"))
-            assert 0 <= i < n
-        except (ValueError, AssertionError):
-            raise UsageError(f"--shard {shard}: expected i/n with 0 <= i < n, e.g. 0/2")
-        shard_t = (i, n)
+    shard_t = shard_of(shard)
     refuse_empty_run(stages, archs, cases, shard_t, shard)
     precheck(spec, stages)
     code = run_local_and_report(spec, stages, archs, cases, bench=False, gpus=gpu_list(gpus), workers_per_gpu=1,
