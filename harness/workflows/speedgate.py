@@ -105,6 +105,20 @@ def retimable(spec, bs: list[SpeedBaseline]) -> tuple[dict[tuple[str, str], Grou
     return groups, unproven
 
 
+def _settled(items: list[SpeedBaseline], p: Plan | None, out, where: str = "") -> int | None:
+    """The gate's answer when nothing needs re-timing — 1 with no speed baselines (nothing is
+    guarded), 0 when every baselined kernel's source is unchanged — said in one line; None when
+    some must be re-timed (here or on a target)."""
+    if not items or p is None:
+        print("gate --speed: no speed baselines — nothing is guarded (dsv4-lab bench STAGE on the GPU machine, then "
+              "dsv4-lab baseline accept STAGE --speed)", file=out)
+        return 1
+    if not p.changed:
+        print(f"gate --speed: {len(items)} speed baseline(s) hold: their kernels' source is unchanged{where}", file=out)
+        return 0
+    return None
+
+
 def main(root: Path, gpu: int = 0, out=None, revs: dict[str, Path] | None = None, log: Any = None) -> int:
     """0 when every speed baseline holds (unchanged, or re-timed and not slower); 1 otherwise.
     `revs` (the far side of `--target`): full sha -> that commit's tree, shipped (no git here);
@@ -116,15 +130,11 @@ def main(root: Path, gpu: int = 0, out=None, revs: dict[str, Path] | None = None
 
     out = out or sys.stdout
     items = load(root)
-    if not items:
-        print("gate --speed: no speed baselines — nothing is guarded (dsv4-lab bench STAGE on the GPU machine, then "
-              "dsv4-lab baseline accept STAGE --speed)", file=out)
-        return 1
-    spec = load_spec(root=root)
-    p = plan(spec, items)
-    if not p.changed:
-        print(f"gate --speed: {len(items)} speed baseline(s) hold: their kernels' source is unchanged", file=out)
-        return 0
+    spec = load_spec(root=root) if items else None
+    p = plan(spec, items) if items else None
+    settled = _settled(items, p, out)
+    if settled is not None:
+        return settled
     caps = gpu_capabilities()
     here = caps.get(gpu)
     models = sorted({f"{b.gpu_name or '?'} ({b.arch})" for b in p.changed})
@@ -230,16 +240,11 @@ def main_remote(root: Path, target: str, out=None, sync_method: str | None = Non
     out = out or sys.stdout
     t = remote_speedgate.speed_target(root, target)
     items = load(root)
-    if not items:
-        print("gate --speed: no speed baselines — nothing is guarded (dsv4-lab bench STAGE on the GPU machine, then "
-              "dsv4-lab baseline accept STAGE --speed)", file=out)
-        return 1
-    spec = load_spec(root=root)
-    p = plan(spec, items)
-    if not p.changed:
-        print(f"gate --speed: {len(items)} speed baseline(s) hold: their kernels' source is unchanged (nothing to "
-              f"re-time on {t.name})", file=out)
-        return 0
+    spec = load_spec(root=root) if items else None
+    p = plan(spec, items) if items else None
+    settled = _settled(items, p, out, f" (nothing to re-time on {t.name})")
+    if settled is not None:
+        return settled
     groups, unproven = retimable(spec, p.changed)
     with tempfile.TemporaryDirectory(prefix="dsv4-speedgate-revs-") as tmp:
         revs: dict[str, Path] = {}
