@@ -243,7 +243,29 @@ def _main_body(ptx: str) -> str:
     return ptx[main:min([at for at in entries.values() if at > main] + [len(ptx)])]
 
 
-def test_small_batch_options_prefetch_keys_and_load_the_sink_first(project_root, tmp_path):
+@pytest.fixture(scope="module")
+def knob_ptx(tmp_path_factory):
+    """The E kernel's PTX with each small-batch option and without (`_KNOB_PROBE`), compiled once
+    for the tests that read it."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = tmp_path_factory.mktemp("knobs")
+    probe, dump = out / "probe.py", out / "dump"
+    probe.write_text(_KNOB_PROBE)
+    dump.mkdir()
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx", "CUTE_DSL_DUMP_DIR": str(dump),
+           "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, str(probe), str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    return out
+
+
+def test_small_batch_options_prefetch_keys_and_load_the_sink_first(knob_ptx):
     """b 2, s_q 2, h_q 64, auto parts (a part a tile: every sequence in 18 pieces) — the latency
     regime (issue 30; docs/STAGE_E.md, the stamps at b 2).  With `prefetch_keys` the producer asks
     L2 for the keys of a segment's later tiles as soon as their idx entries are staged
@@ -251,18 +273,7 @@ def test_small_batch_options_prefetch_keys_and_load_the_sink_first(project_root,
     `sink_first` warpgroup 0 loads its rows' sinks before its first S (a load in the epilogue
     waited for memory there).  The default build has neither (it is e5b5443's kernel), nor does
     it let PartCombine launch at its start (griddepcontrol.launch_dependents: slower when timed)."""
-    import os
-    import subprocess
-    import sys
-
-    probe, dump = tmp_path / "probe.py", tmp_path / "dump"
-    probe.write_text(_KNOB_PROBE)
-    dump.mkdir()
-    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx", "CUTE_DSL_DUMP_DIR": str(dump),
-           "PYTHONPATH": str(project_root)}
-    r = subprocess.run([sys.executable, str(probe), str(tmp_path)], cwd=project_root, env=env, capture_output=True,
-                       text=True, timeout=900)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    tmp_path = knob_ptx
     small = _main_body((tmp_path / "small.ptx").read_text())
     default = _main_body((tmp_path / "default.ptx").read_text())
     assert "cp.async.bulk.prefetch.L2.global" in small and "prefetch.global.L2 " in small
@@ -276,24 +287,13 @@ def test_small_batch_options_prefetch_keys_and_load_the_sink_first(project_root,
     assert wg0.index("ld.global.b32") > wg0.index("wgmma.mma_async")
 
 
-def test_the_stamps_build_and_pair_stores(project_root, tmp_path):
+def test_the_stamps_build_and_pair_stores(knob_ptx):
     """The diagnostic build (`stamps`, stages/common/stamps.py) writes (%globaltimer, %clock64) at
     each named point of a CTA's chain (12 points, some traced in both MMA warpgroups' copies) — and the
     default build reads no timer; `pair_stores` writes a partial's fp32 by 8-byte stores, two a
     (row, 8-column group) of each warpgroup's copy (2 · 64), where the default stores 16 bytes
     after a quad transpose."""
-    import os
-    import subprocess
-    import sys
-
-    probe, dump = tmp_path / "probe.py", tmp_path / "dump"
-    probe.write_text(_KNOB_PROBE)
-    dump.mkdir()
-    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx", "CUTE_DSL_DUMP_DIR": str(dump),
-           "PYTHONPATH": str(project_root)}
-    r = subprocess.run([sys.executable, str(probe), str(tmp_path)], cwd=project_root, env=env, capture_output=True,
-                       text=True, timeout=900)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    tmp_path = knob_ptx
     stamps = _main_body((tmp_path / "stamps.ptx").read_text())
     default = _main_body((tmp_path / "default.ptx").read_text())
     sites = stamps.count("mov.u64 c, %clock64;")
