@@ -345,11 +345,36 @@ def test_bench_without_gpu_times_nothing_and_fails(project_root):
     assert "fa4: unsupported" in r.stdout and "hd=512,n=4096,m=8192" in r.stdout
 
 
+@pytest.mark.skipif(not _no_gpu(), reason="this machine has a GPU")
+def test_bench_peer_names_the_peers_timed(project_root):
+    """--peer NAME times only the named peers of the block (their shape notes only); --peers all."""
+    r = run_cli(["bench", "stage-D1", "--peer", "torch_plain", "--hd", "512"], cwd=project_root)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "peers: torch_plain\n" in r.stdout and "fa4: unsupported" not in r.stdout, r.stdout
+    r = run_cli(["bench", "stage-D1", "--peers", "--hd", "512"], cwd=project_root)
+    assert "peers: torch_sdpa, torch_plain, fa4\n" in r.stdout, r.stdout
+
+
+def test_chosen_peers_keeps_the_blocks_order():
+    from types import SimpleNamespace
+
+    from harness.execution.bench import chosen_peers
+
+    plan = SimpleNamespace(peers=("flashmla_sparse", "flashmla_sparse_percall", "torch_sparse"))
+    assert chosen_peers(plan, True) == plan.peers and chosen_peers(plan, False) == ()
+    assert chosen_peers(plan, ("torch_sparse", "flashmla_sparse")) == ("flashmla_sparse", "torch_sparse")
+
+
 def test_bench_usage_errors_are_one_line(project_root):
     r = run_cli(["bench", "stage-B"], cwd=project_root)
     assert r.returncode == 2 and "no bench block" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     r = run_cli(["bench", "stage-D1", "--hd", "64"], cwd=project_root)
     assert r.returncode == 2 and "hd=64 is not in the matrix" in r.stderr, r.stderr
+    r = run_cli(["bench", "stage-D1", "--peer", "flashmla", "--hd", "512"], cwd=project_root)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "--peer flashmla: not a peer of stage-D1's bench block" in r.stderr, r.stderr
+    r = run_cli(["bench", "stage-D1", "--peer", "fa4", "--compare", "HEAD"], cwd=project_root)
+    assert r.returncode == 2 and "give one" in r.stderr, r.stderr
 
 
 @pytest.mark.gpu

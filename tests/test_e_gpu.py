@@ -170,7 +170,7 @@ def test_flashmla_agrees_with_the_oracle_on_model1_bytes(scenario):
 
     import torch
 
-    from harness.peers import flashmla_sparse, torch_sparse
+    from harness.peers import flashmla_sparse, flashmla_sparse_percall, torch_sparse
     from oracles import sparse_decode as sd
 
     if flashmla_sparse.installed():
@@ -184,7 +184,10 @@ def test_flashmla_agrees_with_the_oracle_on_model1_bytes(scenario):
         inputs = sd.make_inputs(case, seed=21, device="cuda")
         ref = sd.reference(inputs, case)
         out = flashmla_sparse.make("sparse_decode", torch_sparse.sparse_dims(sd.tensors(case)), inputs)()
+        # as a serving engine calls it (metadata made in the call): the same outputs
+        again = flashmla_sparse_percall.make("sparse_decode", torch_sparse.sparse_dims(sd.tensors(case)), inputs)()
         torch.cuda.synchronize()
+        assert torch.equal(again["O"], out["O"]) and torch.equal(again["LSE"], out["LSE"]), config
         cos = torch.nn.functional.cosine_similarity(out["O"].double().flatten(), ref["O"].flatten(), dim=0).item()
         lonely_same = torch.equal(out["LSE"] == math.inf, ref["LSE"] == math.inf)
         fin = torch.isfinite(ref["LSE"])

@@ -47,6 +47,18 @@ def test_torch_peer_matches_the_oracle(fmt, scenario, config):
     assert cos > 0.9999
 
 
+def test_flashmla_percall_is_the_same_peer_with_its_metadata_made_per_call():
+    from harness.peers import PEERS, adapter, flashmla_sparse_percall
+
+    assert PEERS["flashmla_sparse_percall"][0] == "harness.peers.flashmla_sparse_percall"
+    assert adapter("flashmla_sparse_percall").unsupported is flashmla_sparse.unsupported
+    assert flashmla_sparse_percall.installed is flashmla_sparse.installed
+    import inspect
+
+    assert "per_call=True" in inspect.getsource(flashmla_sparse_percall.make)
+    assert "get_mla_metadata()[0] if per_call else meta" in inspect.getsource(flashmla_sparse.make)
+
+
 def test_flashmla_shape_rules_and_view():
     dims = torch_sparse.sparse_dims(sd.tensors(_case("s2h128_m128bs256_x1024bs64", "model1")))
     assert flashmla_sparse.unsupported("sparse_decode", dims, (9, 0)) is None

@@ -16,6 +16,8 @@ def bench_cmd(
     ctx: typer.Context,
     stage: str = typer.Argument(..., help="stage name, e.g. stage-D1 or D1"),
     peers: bool = option("peers", False, help="also time the bench block's peers on the same inputs"),
+    peer: Optional[list[str]] = option("peer", None, help="NAME: time only this peer of the bench block's "
+                                                            "(repeatable; implies --peers)"),
     where: Optional[str] = option("where", None, help="filters on the bench shapes, e.g. hd=128,n=4096"),
     reps: int = option("reps", 30, help="timed repetitions (each a CUDA graph of many launches)"),
     timeout: float = option("timeout", 600.0, help="seconds per bench shape (compile excluded)"),
@@ -40,11 +42,19 @@ def bench_cmd(
     if not (math.isfinite(timeout) and timeout > 0):
         raise UsageError(f"--timeout {timeout:g}: must be a finite number of seconds > 0")
     pairs = filter_pairs(ctx.args, where)
+    chosen: bool | tuple[str, ...] = peers
+    if peer:
+        listed = st.bench_plan.peers if st.bench_plan is not None else ()
+        unknown = [p for p in peer if p not in listed]
+        if unknown:
+            raise UsageError(f"--peer {unknown[0]}: not a peer of {st.name}'s bench block (stages.yaml bench.peers: "
+                             f"{', '.join(listed) or 'none'})")
+        chosen = tuple(dict.fromkeys(peer))
     if compare is not None:
         from harness.execution import abbench
 
-        if peers:
-            raise UsageError("--compare times the kernel at two commits; --peers times peers — give one")
+        if chosen:
+            raise UsageError("--compare times the kernel at two commits; --peers/--peer time peers — give one")
         if not (5 <= rounds <= 1000):
             raise UsageError(f"--rounds {rounds}: give 5 to 1000")
         given = getattr(ctx.get_parameter_source("reps"), "name", "DEFAULT") != "DEFAULT"
@@ -56,7 +66,7 @@ def bench_cmd(
 
     if gpu_capabilities():  # the stage contract, before compiling and timing (no GPU: nothing will run)
         precheck(spec, [st])
-    raise typer.Exit(bench.main(spec.root, st, pairs, peers=peers, reps=reps, timeout_s=timeout, seed=seed, gpu=gpu,
+    raise typer.Exit(bench.main(spec.root, st, pairs, peers=chosen, reps=reps, timeout_s=timeout, seed=seed, gpu=gpu,
                                 argv=["bench"] + sys.argv[2:]))
 
 

@@ -26,7 +26,7 @@ COMMAND_OPTIONS: frozenset[str] = frozenset({
     "rev_tree",  # gate --speed --emit-jsonl: the far side of gate --speed --target (issue 29)
     "compare", "rounds",  # bench --compare REV (issue 29)
     "watch", "interval",  # dashboard
-    "peers", "reps", "gpu",  # bench (and where, timeout, seed)
+    "peers", "peer", "reps", "gpu",  # bench (and where, timeout, seed)
     "fp8",  # calibrate
     "axes", "in", "out", "title", "slug",  # new stage
     "list",  # suite (and arch, where, gpus, timeout, shard)

@@ -132,11 +132,20 @@ def run_job(root: Path, job: BenchJob, timeout_s: float, gpu: int | None = None)
 # The command.
 
 
-def _job(stage: Stage, arch: str, case: dict[str, Any], peers: bool, reps: int, seed: int) -> BenchJob:
+def chosen_peers(plan: Any, peers: bool | tuple[str, ...]) -> tuple[str, ...]:
+    """The bench block's peers to time: all (True), none (False) or those named (in the block's
+    order; a name the block does not list is not timed)."""
+    if isinstance(peers, bool):
+        return tuple(plan.peers) if peers else ()
+    return tuple(p for p in plan.peers if p in peers)
+
+
+def _job(stage: Stage, arch: str, case: dict[str, Any], peers: bool | tuple[str, ...], reps: int,
+         seed: int) -> BenchJob:
     plan = stage.bench_plan
     assert plan is not None
     return job_for(stage, arch, case, seed, BenchJob, tolerances=stage.tolerances,
-                   peers=plan.peers if peers else (), problem=plan.problem, check_rows=plan.check_rows,
+                   peers=chosen_peers(plan, peers), problem=plan.problem, check_rows=plan.check_rows,
                    row_axis=plan.row_axis, reps=reps)
 
 
@@ -144,7 +153,7 @@ def _fmt_us(x: Any) -> str:
     return f"{x:.1f}" if isinstance(x, (int, float)) else "—"
 
 
-def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], peers: bool = False, reps: int = 30,
+def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], peers: bool | tuple[str, ...] = False, reps: int = 30,
          timeout_s: float = DEFAULT_TIMEOUT_S, seed: int = 0, gpu: int = 0, argv: list[str] | None = None) -> int:
     """Plan, compile, check, time and record. 0 only when every shape passed and was timed;
     1 when something failed or nothing could be timed (no GPU here); 2 for bad input (raised)."""
@@ -159,11 +168,12 @@ def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], peers: bool = F
     assert plan is not None
     caps = gpu_capabilities()
     arch = caps[gpu][1] if gpu in caps else None
+    timed_peers = chosen_peers(plan, peers)
     console.print(f"{stage.name} bench: {len(cases)} shape(s); peers: "
-                  f"{', '.join(plan.peers) if peers and plan.peers else 'none (add --peers)' if plan.peers else 'none'}")
+                  f"{', '.join(timed_peers) if timed_peers else 'none (add --peers)' if plan.peers else 'none'}")
     cc = ARCH_CC.get(arch or "")  # None (no GPU here): peers' shape support is told for sm90
     for case in cases:
-        sup = shape_support(stage, case, cc) if peers else {}
+        sup = {p: w for p, w in shape_support(stage, case, cc).items() if p in timed_peers}
         notes = "; ".join(f"{p}: {w}" for p, w in sup.items() if w)
         console.print(f"  {case_label(case)}" + (f"   ({notes})" if notes else ""))
     if not caps:

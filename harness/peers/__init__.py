@@ -34,6 +34,7 @@ PEERS: dict[str, tuple[str, str]] = {
     "fa4": ("harness.peers.fa4", "pip install flash-attn-4"),
     "flashmla": ("harness.peers.flashmla", "pip install --no-deps sgl-flash-mla"),
     "flashmla_sparse": ("harness.peers.flashmla_sparse", "pip install --no-deps sgl-flash-mla"),
+    "flashmla_sparse_percall": ("harness.peers.flashmla_sparse_percall", "pip install --no-deps sgl-flash-mla"),
     "torch_sparse": ("harness.peers.torch_sparse", "pip install torch"),
     "torch_indexer": ("harness.peers.torch_indexer", "pip install torch"),
     "deepgemm": ("harness.peers.deepgemm", "build DeepGEMM from source: git clone --recursive "
