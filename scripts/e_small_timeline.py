@@ -2,11 +2,11 @@
 timeline (issue 30 item 2).  For the lead's GPU windows; prints everything, writes nothing.
 
     python3 scripts/e_small_timeline.py --shape b2:s2h128_m128bs256_x1024bs64 \
-        --variant base --variant "small:fast_combine=1,sink_first=1,prefetch_keys=1" \
+        --variant base --variant "plain:fast_combine=0,sink_first=0,pair_stores=0" \
         [--variant "stamps:stamps=1@b2"] [--profile b2] [--flashmla] [--check-scenarios invalid,lonely]
 
 A variant is name[:knob=value,…][@b<B>[:<config prefix>]+…]: keyword arguments of the kernel (its
-small-batch options, all off by default: see Kernel.__init__; `splits=n` the matrix's axis, `fmt=`
+small-batch options: see Kernel.__init__; `splits=n` the matrix's axis, `fmt=`
 the cache format), restricted to some shapes after @.  Each shape × variant is
 `stages.E_sparse_decode.sm90.Kernel(b, config, fmt, splits, **knobs)`
 compiled here (a process pool; no compile cache, no records), checked against the oracle on the
@@ -50,7 +50,7 @@ def _parse_knobs(text: str) -> dict:
         if key == "fmt":
             knobs[key] = value
             continue
-        knobs[key] = bool(int(value)) if key in ("early_combine", "stamps", "early_main", "prefetch_keys", "pair_stores") else int(value)
+        knobs[key] = bool(int(value)) if key in ("stamps", "pair_stores", "fast_combine", "sink_first") else int(value)
     return knobs
 
 

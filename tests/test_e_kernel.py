@@ -227,8 +227,8 @@ from oracles.sparse_decode import tensors
 from stages.E_sparse_decode.sm90 import Kernel
 
 case = dict(b=2, config="s2h64_m128bs256_x1024bs64", kv_format="model1", scenario="plain", splits="auto")
-for name, knobs in (("default", {}), ("small", dict(prefetch_keys=True, sink_first=True)),
-                    ("stamps", dict(stamps=True, pair_stores=True))):
+for name, knobs in (("default", {}), ("plain", dict(sink_first=False, pair_stores=False, fast_combine=False)),
+                    ("stamps", dict(stamps=True))):
     k = Kernel(b=2, config=case["config"], kv_format="model1", splits="auto", **knobs)
     c = cute.compile(k, *[fake_tensor(s) for s in tensors(case)], make_fake_stream())
     raw = c.__ptx__ or ""
@@ -265,38 +265,36 @@ def knob_ptx(tmp_path_factory):
     return out
 
 
-def test_small_batch_options_prefetch_keys_and_load_the_sink_first(knob_ptx):
-    """b 2, s_q 2, h_q 64, auto parts (a part a tile: every sequence in 18 pieces) — the latency
-    regime (issue 30; docs/STAGE_E.md, the stamps at b 2).  With `prefetch_keys` the producer asks
-    L2 for the keys of a segment's later tiles as soon as their idx entries are staged
-    (cp.async.bulk.prefetch of each row, prefetch.global.L2 of model1's scale bytes); with
-    `sink_first` warpgroup 0 loads its rows' sinks before its first S (a load in the epilogue
-    waited for memory there).  The default build has neither (it is e5b5443's kernel), nor does
-    it let PartCombine launch at its start (griddepcontrol.launch_dependents: slower when timed)."""
+def test_small_batch_defaults_load_the_sink_first_and_never_launch_dependents(knob_ptx):
+    """b 2, s_q 2, h_q 64, auto parts (every sequence cut into pieces) — the latency regime
+    (issue 30; docs/STAGE_E.md, the stamps at b 2).  The default build's warpgroup 0 loads its
+    rows' sinks before its first S (`sink_first`: a load in the epilogue waited for memory there;
+    `plain` switches it off and loads it after); no build lets PartCombine launch early
+    (griddepcontrol.launch_dependents: timed slower, dropped) or prefetches keys into L2."""
     tmp_path = knob_ptx
-    small = _main_body((tmp_path / "small.ptx").read_text())
     default = _main_body((tmp_path / "default.ptx").read_text())
-    assert "cp.async.bulk.prefetch.L2.global" in small and "prefetch.global.L2 " in small
-    for body in (small, default):
+    plain = _main_body((tmp_path / "plain.ptx").read_text())
+    for body in (default, plain):
         assert "griddepcontrol.launch_dependents" not in body
-    assert "cp.async.bulk.prefetch" not in default and "prefetch.global.L2" not in default
+        assert "cp.async.bulk.prefetch" not in body and "prefetch.global.L2" not in body
     # the first global load of warpgroup 0 (after its setmaxnreg.inc): the sink, before its first S
-    wg0 = small[small.index("setmaxnreg.inc.sync.aligned.u32"):]
-    assert wg0.index("ld.global.b32") < wg0.index("wgmma.mma_async"), "the sink is loaded after the first S"
     wg0 = default[default.index("setmaxnreg.inc.sync.aligned.u32"):]
+    assert wg0.index("ld.global.b32") < wg0.index("wgmma.mma_async"), "the sink is loaded after the first S"
+    wg0 = plain[plain.index("setmaxnreg.inc.sync.aligned.u32"):]
     assert wg0.index("ld.global.b32") > wg0.index("wgmma.mma_async")
 
 
 def test_the_stamps_build_and_pair_stores(knob_ptx):
     """The diagnostic build (`stamps`, stages/common/stamps.py) writes (%globaltimer, %clock64) at
     each named point of a CTA's chain (12 points, some traced in both MMA warpgroups' copies) — and the
-    default build reads no timer; `pair_stores` writes a partial's fp32 by 8-byte stores, two a
-    (row, 8-column group) of each warpgroup's copy (2 · 64), where the default stores 16 bytes
-    after a quad transpose."""
+    default build reads no timer; `pair_stores` (the default) writes a partial's fp32 by 8-byte
+    stores, two a (row, 8-column group) of each warpgroup's copy (2 · 64), where `plain` stores
+    16 bytes after a quad transpose."""
     tmp_path = knob_ptx
     stamps = _main_body((tmp_path / "stamps.ptx").read_text())
     default = _main_body((tmp_path / "default.ptx").read_text())
+    plain = _main_body((tmp_path / "plain.ptx").read_text())
     sites = stamps.count("mov.u64 c, %clock64;")
     assert sites == stamps.count("st.global.v2.b64") and sites >= 12, sites  # every named point traced
     assert "%globaltimer" not in default and "st.global.v2.b64" not in default
-    assert stamps.count("st.global.v2.b32") == 2 * 64 and "st.global.v2" not in default
+    assert default.count("st.global.v2.b32") == 2 * 64 and "st.global.v2" not in plain

@@ -22,18 +22,17 @@ def test_knobs_are_the_kernels_keyword_arguments():
     from stages.E_sparse_decode.sm90 import Kernel
 
     t = _script()
-    knobs = t._parse_knobs("fast_combine=1,sink_first=1,prefetch_keys=0,pair_stores=1,early_main=1,early_combine=0,"
-                           "stamps=1,combine_group=4,splits=9,fmt=simple")
-    assert knobs == dict(fast_combine=True, sink_first=True, prefetch_keys=False, pair_stores=True, early_main=True,
-                         early_combine=False, stamps=True, combine_group=4, splits=9, fmt="simple")
+    knobs = t._parse_knobs("fast_combine=0,sink_first=0,pair_stores=1,stamps=1,combine_group=4,splits=9,fmt=simple")
+    assert knobs == dict(fast_combine=False, sink_first=False, pair_stores=True, stamps=True, combine_group=4, splits=9,
+                         fmt="simple")
     accepted = set(inspect.signature(Kernel.__init__).parameters)
     assert set(knobs) - {"splits", "fmt"} <= accepted  # splits and fmt are the case's, the rest the kernel's
     k = Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits="auto",
                **{key: v for key, v in knobs.items() if key not in ("splits", "fmt", "stamps")})
-    assert k.fast_combine and k.sink_first and k.pair_stores and k.early_main and k.combine_group == 4
+    assert not k.fast_combine and not k.sink_first and k.pair_stores and k.combine_group == 4
     default = Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits="auto")
-    assert not (default.fast_combine or default.sink_first or default.prefetch_keys or default.pair_stores
-                or default.early_main or default.early_combine or default.stamps)  # all off: e5b5443's kernel
+    # the build the lab runs: the options timed faster on (docs/STAGE_E.md), the diagnostic one off
+    assert default.fast_combine and default.sink_first and default.pair_stores and not default.stamps
 
 
 def test_a_variants_filter_names_its_shapes():

@@ -124,7 +124,7 @@ from stages.common.part_scheduler import PartGrid, resolve_part_tiles
 from stages.common.quad_store import check_accumulator_layout, store_accumulator_pairs, store_accumulator_wide
 from stages.common.sparse_config import SparseConfig
 from stages.common.stamps import RECORD_BYTES, stamp
-from stages.common.sm90_gather import ldg_or, prefetch_bulk_l2, prefetch_line_l2
+from stages.common.sm90_gather import ldg_or
 from stages.common.sm90_smem_p import SmemP
 from stages.common.sm90_kv_slots import kv_layouts, piece_strides, ring_state, slot_offset
 from stages.common.sm90_registers import register_plan, set_registers
@@ -238,24 +238,22 @@ class Kernel:
     ROW_BYTES = {"model1": MODEL1_ROW_BYTES, "v4.1": V41_ROW_BYTES, "simple": D}  # a token's row in its block (model1's scales apart)
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int | None = None,
-                 early_combine: bool = False, combine_group: int = COMBINE_GROUP, stamps: bool = False,
-                 early_main: bool = False, prefetch_keys: bool = False, pair_stores: bool = False,
-                 fast_combine: bool = False, sink_first: bool = False):
-        # Small-batch options (issue 30; docs/STAGE_E.md "The timeline at b = 2"), every one OFF by
-        # default — the lab builds the defaults, the kernel of e5b5443 — and switched on by keyword
-        # for scripts/e_small_timeline.py, which times them beside FlashMLA:
-        #   early_combine  the attention grid lets PartCombine launch at its start
-        #                  (griddepcontrol.launch_dependents): timed slower at b 2 (25.9 vs 21.0 µs)
-        #   combine_group  PartCombine's slots a load group (with fast_combine)
+                 combine_group: int = COMBINE_GROUP, stamps: bool = False, pair_stores: bool = True,
+                 fast_combine: bool = True, sink_first: bool = True):
+        # Small-batch options (issue 30; docs/STAGE_E.md "The timeline at b = 2"): keywords that
+        # scripts/e_small_timeline.py switches to time a variant beside FlashMLA.  The defaults are
+        # the build the lab runs (on since 2026-11-27: 17.4 vs 22.1 µs at b 1, 20.4 vs 23.5 at b 2
+        # s2 h128, H200; nothing lost at b 64 and 128):
         #   fast_combine   PartCombine's CTAs only for cut sequences, its loads in groups
-        #   early_main     ZeroFlags lets this kernel launch at its start (merging launches)
-        #   prefetch_keys  a segment's later keys asked of L2 once its idx entries are staged
         #   sink_first     the sinks loaded before the first S, not in the epilogue
         #   pair_stores    a partial's fp32 by 8-byte stores, no quad transpose
+        #   combine_group  PartCombine's slots a load group (with fast_combine)
         #   stamps         a diagnostic build (stages/common/stamps.py): each CTA writes the times
         #                  its roles pass named points (`mark`) over O; PartCombine not launched
-        self.early_combine, self.combine_group, self.stamps = early_combine, combine_group, stamps
-        self.early_main, self.prefetch_knob, self.pair_stores = early_main, prefetch_keys, pair_stores
+        # Timed slower and dropped (docs/STAGE_E.md): PartCombine launched by PDL at the attention
+        # grid's start or after a CTA's last P·V, an L2 prefetch of a segment's later keys, ZeroFlags
+        # letting the attention kernel launch at its start.
+        self.combine_group, self.stamps, self.pair_stores = combine_group, stamps, pair_stores
         self.fast_combine, self.sink_first = fast_combine, sink_first
         # the SMs the parts fill and the merge's residency is judged against: the GPU's here
         # (stages/common/device.py; compile-only on a CPU: sm_90a's 132); a kernel built for one
@@ -296,10 +294,6 @@ class Kernel:
             raise ValueError(f"stage E sm90: {self.sched.parts} parts of {part_tiles} tiles exceed the launch grid's "
                              f"{_GRID_Y} rows (grid.y); use fewer splits (auto, or an int)")
         self.splits = self.sched.capacity  # partial slots a sequence may fill (1: nothing is combined)
-        # prefetch_keys, in the latency regime (parts shorter than a sequence: the small batches,
-        # idle SMs): the producer asks L2 for every key of a segment but its first tile as soon as
-        # the idx entries are staged (prefetch_segment), so a later tile's loads find L2, not DRAM
-        self.prefetch_keys = self.prefetch_knob and self.sched.part_tiles < num_tiles
         self.partials = self.splits > 1
         # a sequence cut in two is merged by its piece 0 (stages/common/part_merge.py); PartCombine
         # is launched only for sequences of more pieces
@@ -386,7 +380,7 @@ class Kernel:
         self.smem_struct = Smem
         cluster = {"cluster": (2, 1, 1)} if self.pair else {}
         if cutlass.const_expr(self.merges):
-            ZeroFlags(self.sched, bm, early=self.early_main).launch(mLp, stream)  # the attention kernel waits for it at its flags
+            ZeroFlags(self.sched, bm).launch(mLp, stream)  # the attention kernel waits for it at its flags
         self.kernel(
             tma_q, tma_Q, KV, idx, topk_length, KV_extra, idx_extra, extra_length, sink,
             mO, mLSE, mOp, mLp, q_smem, k_smem, vt_smem, p_smem,
@@ -462,12 +456,6 @@ class Kernel:
         tidx, _, _ = cute.arch.thread_idx()
         head_block, part, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        if cutlass.const_expr(self.combines and self.early_combine and not self.stamps):
-            # PartCombine may launch now: its CTAs wait (griddepcontrol.wait) for this whole grid
-            # and its memory, on SMs this grid leaves idle (one of its CTAs holds every register
-            # of an SM, so none shares one with it)
-            if tidx == 0:
-                cute.arch.griddepcontrol_launch_dependents()
         marks = None
         if cutlass.const_expr(self.stamps):  # this CTA's record of stamps, over O (a diagnostic build)
             marks = mO.iterator.toint() + cutlass.Int64(part * self.sched.head_blocks + head_block) * RECORD_BYTES
@@ -582,8 +570,6 @@ class Kernel:
         scs = (cute.make_rmem_tensor((4, self.sides), cutlass.Int32), cute.make_rmem_tensor((4, self.sides), cutlass.Int32))
         keys = (cute.make_rmem_tensor((R, self.sides), cutlass.Int32), cute.make_rmem_tensor((R, self.sides), cutlass.Int32))
         self.stage_entries(lists, work, s_idx, ptid)
-        if cutlass.const_expr(self.prefetch_keys):
-            self.prefetch_segment(lists, lengths, work, s_idx, ptid, rank)
         self.mark(marks, 2, ptid == 0)
         self.key_indices(lists, lengths, work, work.tile_begin, s_idx, rank, pwarp, lane, keys[0])
         self.gather(lists, work.tile_begin, keys[0], 0, lane, raws[0], scs[0])
@@ -644,45 +630,6 @@ class Kernel:
             if i < n:
                 s_idx[i] = got[e]
         cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
-
-    @cute.jit
-    def prefetch_segment(self, lists, lengths, work, s_idx, ptid, rank):
-        """Every valid key this CTA dequantises in the segment's tiles after its first: its row
-        (and model1's / simple's scale bytes) into L2 (cp.async.bulk.prefetch, prefetch.global.L2:
-        no registers, no wait), from the staged idx entries (stage_entries) — at small batches a
-        tile's loads otherwise waited for DRAM one tile after another (a pair issues a tile's
-        loads only after the tile before is dequantised)."""
-        n = self.sched.chunk * self.BLOCK_N
-        for e in cutlass.range_constexpr(self.entries_per_thread):
-            i = e * self.plan.producer_threads + ptid
-            tile = work.tile_begin + i // self.BLOCK_N
-            key = i % self.BLOCK_N
-            mine = (i < n) & (tile > work.tile_begin) & (tile < work.tile_end)
-            if cutlass.const_expr(self.pair):
-                mine = mine & (key // self.own_keys == rank)
-            if mine:
-                branch, pos = self.list_position(tile, key)
-                got = s_idx[i]
-                if branch == 0:
-                    self.prefetch_key(lists[0], self.key_index(lists[0], got, pos, lengths[0], self.c.topk, self.c.block),
-                                      self.c.block, self.block_bytes)
-                else:
-                    if cutlass.const_expr(self.c.has_extra):
-                        self.prefetch_key(lists[2], self.key_index(lists[2], got, pos, lengths[1], self.c.extra_topk,
-                                                                   self.c.extra_block),
-                                          self.c.extra_block, self.extra_block_bytes)
-
-    @cute.jit
-    def prefetch_key(self, cache, index, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int]):
-        """Key `index`'s row — and its scale bytes where they lie apart (model1, simple) — into
-        L2; nothing for an invalid key (−1)."""
-        if index != -1:
-            block, off = _token_block(cache.iterator.toint(), index, block_size, block_bytes)
-            prefetch_bulk_l2(block + off * self.ROW_BYTES[self.fmt], self.ROW_BYTES[self.fmt])
-            if cutlass.const_expr(self.fmt == "model1"):
-                prefetch_line_l2(block + block_size * MODEL1_ROW_BYTES + off * MODEL1_SCALE_BYTES)
-            elif cutlass.const_expr(self.fmt == "simple"):
-                prefetch_line_l2(block + block_size * D + off * 4)
 
     @property
     def entries_per_thread(self) -> int:

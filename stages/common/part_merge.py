@@ -21,9 +21,8 @@ else writes for a two-piece sequence (piece 0 writes the final LSE).  The scratc
 on entry (the lab poisons it), so `ZeroFlags`, a launch of its own just before the attention
 kernel, clears the flags of the two-piece sequences; the attention kernel is launched with
 programmatic dependent launch and a thread waits for that launch (griddepcontrol.wait) before it
-touches a flag — nothing else of the attention kernel waits for it.  With `early` (off by
-default, not yet timed) ZeroFlags lets it launch at once (griddepcontrol.launch_dependents at its
-start), so the attention kernel's launch and prologue would overlap ZeroFlags.  The hand-over is the
+touches a flag — nothing else of the attention kernel waits for it.  (Letting it launch at
+ZeroFlags' start, griddepcontrol.launch_dependents there, gained nothing at b 16: dropped.)  The hand-over is the
 release/acquire pattern of a split-K semaphore: piece 1's MMA threads store the partial, meet at
 a named barrier, and one thread `st.release.gpu`s the flag; piece 0's one thread spins with
 `ld.acquire.gpu` until it is nonzero, then a named barrier lets the others read the partial —
@@ -195,14 +194,12 @@ def add_staged_rows(acc: cute.Tensor, tidx, smem_base, row_bytes: cutlass.Conste
 class ZeroFlags:
     """Clears the flag of every row block of a two-piece sequence (one 32-bit word a row block,
     the first LSE of slot 0 of lse_part [capacity · rows]); launched just before the attention
-    kernel, which waits for it (griddepcontrol.wait) only where it touches a flag (`early`: and
-    which it lets launch at its start)."""
+    kernel, which waits for it (griddepcontrol.wait) only where it touches a flag."""
 
     THREADS = 128
 
-    def __init__(self, grid: PartGrid, rows_per_block: int, early: bool = False):
+    def __init__(self, grid: PartGrid, rows_per_block: int):
         self.grid, self.rows_per_block = grid, rows_per_block
-        self.early = early  # let the attention kernel launch at this grid's start
 
     def launch(self, lse_part: cute.Tensor, stream):
         """Call from a @cute.jit host function, before the attention kernel on the same stream;
@@ -215,9 +212,6 @@ class ZeroFlags:
     def kernel(self, lse_part: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        if cutlass.const_expr(self.early):
-            if tidx == 0:  # the attention kernel may launch now: it waits for this grid only at a flag
-                cute.arch.griddepcontrol_launch_dependents()
         rb = bidx * self.THREADS + tidx
         if rb < self.grid.row_blocks:
             if self.grid.pieces(rb // self.grid.head_blocks) == 2:

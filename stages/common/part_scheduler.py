@@ -32,10 +32,14 @@ so the CPU tests check the kernel's own code.
 
 Part length.  `choose_part_tiles` minimises an estimate in tile units,
     waves · (L + SEGMENT_COST · most segments of a part)
-        + (COMBINE_COST + SPLIT_COST · cut sequences · head_blocks   if any sequence is cut)
+        + (COMBINE_COST + SPLIT_COST · cut sequences · head_blocks
+           + PIECE_COST · the most pieces of a sequence               if any sequence is cut)
     waves = ceil(P · head_blocks / sm_count)
 (a segment's fixed cost — its Q load, idx entries and epilogue — about a tile; a cut sequence
-costs its fp32 partials' round trip and the combine's read).  Ties go to the longer part.
+costs its fp32 partials' round trip and the combine's read; the combine's chain over a row's
+partial slots grows with the pieces: on an H200, b 1 s2 h128 took 17.4 µs at L = 1, 18 pieces a
+sequence, and 15.7 at L = 2, 9 pieces; b 2 s2 h64 18.3 / 17.7 — the piece term moves only the
+L = 1 choices of b ≤ 2 to L = 2).  Ties go to the longer part.
 `resolve_part_tiles` maps the test matrix's `splits` axis: an int n cuts every sequence into
 about n parts (L = ceil(T / n): 1 is one sequence a segment, never a partial); "auto" is the
 chooser; "many" is L = 1 (a part per tile: every sequence cut into T partials).
@@ -52,6 +56,7 @@ from stages.common.scheduler import MAX_SPLITS, MANY_EXTRA, SM_COUNT, DecodeWork
 SEGMENT_COST = 1.0
 SPLIT_COST = 0.04
 COMBINE_COST = 0.5
+PIECE_COST = 0.15
 
 
 @dataclass(frozen=True)
@@ -160,7 +165,7 @@ def part_cost(grid: PartGrid, sm_count: int = SM_COUNT) -> float:
     waves = ceil_div(grid.parts * grid.head_blocks, sm_count)
     most = max(grid.segments(p) for p in range(grid.parts))
     cut = grid.cut
-    extra = COMBINE_COST + SPLIT_COST * cut * grid.head_blocks if cut else 0.0
+    extra = COMBINE_COST + SPLIT_COST * cut * grid.head_blocks + PIECE_COST * grid.capacity if cut else 0.0
     return waves * (grid.part_tiles + SEGMENT_COST * most) + extra
 
 

@@ -51,22 +51,3 @@ def ldg_or(addr, valid, words: int, fill: int = 0, prefetch: bool = True, *, loc
     if words == 1:
         return (Int32(res),)
     return tuple(Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(words))
-
-
-
-@dsl_user_op
-def prefetch_bulk_l2(addr, size: int, *, loc=None, ip=None) -> None:
-    """`size` bytes (a multiple of 16) from the 16-byte aligned global byte address `addr` into L2
-    (cp.async.bulk.prefetch.L2: the TMA unit fetches them; no register, nothing waited for)."""
-    if size % 16 or size <= 0:
-        raise ValueError(f"prefetch_bulk_l2: size must be a positive multiple of 16, got {size}")
-    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)],
-                    f"cp.async.bulk.prefetch.L2.global [$0], {int(size)};", "l", has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def prefetch_line_l2(addr, *, loc=None, ip=None) -> None:
-    """The cache line of global byte address `addr` into L2 (prefetch.global.L2)."""
-    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)], "prefetch.global.L2 [$0];", "l",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
