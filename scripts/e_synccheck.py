@@ -1,0 +1,50 @@
+"""Stage E under compute-sanitizer (issue 30 item 6): a small-batch case (parts of a few tiles,
+every sequence cut, PartCombine) and merging cases (sequences cut in two, merged in the attention
+kernel; and pieces of 2 and 3: the kernel merges, PartCombine the rest), through the lab's own
+runner into a scratch results folder (nothing enters results/).  On the GPU machine:
+
+    compute-sanitizer --tool synccheck --target-processes all python3 scripts/e_synccheck.py
+
+Prints each case's status; exit 0 only when every case ran and passed (the sanitizer's own
+summary — "ERROR SUMMARY: 0 errors" — is what the check is about)."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CASES = [  # (b, config, splits)
+    (2, "s2h64_m128bs256_x1024bs64", "auto"),   # the latency regime: every sequence in pieces, PartCombine
+    (2, "s2h128_m128bs256_x1024bs64", "auto"),  # … with the cluster pair
+    (3, "s2h128_m128bs256_x1024bs64", 2),       # every sequence cut in two: merged in the attention kernel
+    (3, "s2h64_m200bs2_x64bs256", 2),           # pieces of 2 and 3: the kernel merges, PartCombine the others
+]
+
+
+def main() -> int:
+    from harness.execution.runner import RunOptions, Runner, Task
+    from harness.spec.matrix import Case
+    from harness.spec.spec import load_spec
+
+    spec = load_spec(root=ROOT)
+    stage = spec.stages["E"]
+    cases = []
+    for b, config, splits in CASES:
+        params = dict(b=b, config=config, kv_format="model1", scenario="sink", splits=splits)
+        cases.append(Case("E", tuple((axis, params[axis]) for axis in stage.matrix)))
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = Runner(spec, RunOptions(tasks=[Task(stage, "sm_90a", c) for c in cases], argv=["e_synccheck"]),
+                         results_root=Path(tmp)).run()
+    ok = len(summary.records) == len(cases)
+    for rec in summary.records:
+        print("e_synccheck", rec.case, rec.status, rec.error or "")
+        ok = ok and rec.status == "pass"
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
