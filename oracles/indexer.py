@@ -2,6 +2,9 @@
 
     logits[i, j] = Σ_h relu(q[i, h] · k[j] · k_scale[j]) · w[i, h]       (h = 64 heads, d = 128)
 
+Both stages take the axes `heads` (32 | 64; default 64) and `head_dim` (32 | 64 | 128; default
+128): below, 64 and 128 stand for them (`heads_dim`; a case without the axes is DSV4's shape).
+
 −inf where key j is not in query i's range.  The reference is float64 from the dequantised
 fp8 values (the same bytes the kernel reads), computed in chunks so a bench shape's sampled rows
 fit a GPU; it never reuses kernel code.
@@ -130,6 +133,11 @@ def mqa_logits(q, k, w, valid):
 # ----------------------------------------------------------------------------- stage I1
 
 
+def heads_dim(case: dict[str, Any]) -> tuple[int, int]:
+    """(heads, head_dim) of a case: its `heads` and `head_dim` axes, DSV4's 64 and 128 without them."""
+    return int(case.get("heads", HEADS)), int(case.get("head_dim", DIM))
+
+
 def ranges_of(case: dict[str, Any]) -> tuple[list[int], list[int]]:
     """(ks, ke) of stage I1's case: see the module doc.  Plain lists of ints."""
     s, s_kv, kind = int(case["s"]), int(case["s_kv"]), case["ranges"]
@@ -161,22 +169,23 @@ def ranges_of(case: dict[str, Any]) -> tuple[list[int], list[int]]:
 
 def tensors(case: dict[str, Any]) -> list[TensorSpec]:
     s, s_kv = int(case["s"]), int(case["s_kv"])
+    h, d = heads_dim(case)
     return [
-        TensorSpec("q", (s, HEADS, DIM), "float8_e4m3fn"),
-        TensorSpec("kv", (s_kv, DIM), "float8_e4m3fn"),
+        TensorSpec("q", (s, h, d), "float8_e4m3fn"),
+        TensorSpec("kv", (s_kv, d), "float8_e4m3fn"),
         TensorSpec("kv_scale", (s_kv,), "float32"),
-        TensorSpec("weights", (s, HEADS), "float32"),
+        TensorSpec("weights", (s, h), "float32"),
         TensorSpec("ks", (s,), "int32"),
         TensorSpec("ke", (s,), "int32"),
         TensorSpec("logits", (s, s_kv), "float32", "out"),
     ]
 
 
-def _keys(g, n: int):
+def _keys(g, n: int, d: int = DIM):
     """[n, d] bf16-rounded keys whose magnitude varies per token (so the scales do)."""
     import torch
 
-    k = torch.randn(n, DIM, generator=g) * torch.exp(0.7 * torch.randn(n, 1, generator=g))
+    k = torch.randn(n, d, generator=g) * torch.exp(0.7 * torch.randn(n, 1, generator=g))
     return k.to(torch.bfloat16)
 
 
@@ -184,10 +193,11 @@ def make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> dict:
     import torch
 
     s, s_kv = int(case["s"]), int(case["s_kv"])
+    h, d = heads_dim(case)
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(s, HEADS, DIM, generator=g).to(torch.float8_e4m3fn)
-    kv, kv_scale = quantize_per_token(_keys(g, s_kv))
-    weights = torch.randn(s, HEADS, generator=g)
+    q = torch.randn(s, h, d, generator=g).to(torch.float8_e4m3fn)
+    kv, kv_scale = quantize_per_token(_keys(g, s_kv, d))
+    weights = torch.randn(s, h, generator=g)
     ks, ke = ranges_of(case)
     return {
         "q": q.to(device), "kv": kv.to(device), "kv_scale": kv_scale.to(device), "weights": weights.to(device),
@@ -216,7 +226,8 @@ def valid_pairs(case: dict[str, Any]) -> int:
 
 def flops(case: dict[str, Any]) -> float:
     """2 · h · d per valid (query, key) pair (DeepGEMM's count; the masked-out pairs are free)."""
-    return 2.0 * HEADS * DIM * valid_pairs(case)
+    h, d = heads_dim(case)
+    return 2.0 * h * d * valid_pairs(case)
 
 
 def torch_logits(inputs: dict, case: dict[str, Any]):
@@ -262,13 +273,14 @@ def paged_geometry(case: dict[str, Any]) -> dict[str, int]:
 
 def paged_tensors(case: dict[str, Any]) -> list[TensorSpec]:
     b, next_n, bk = int(case["b"]), int(case["next_n"]), int(case["block_kv"])
+    h, d = heads_dim(case)
     geo = paged_geometry(case)
     return [
-        TensorSpec("q", (b, next_n, HEADS, DIM), "float8_e4m3fn"),
-        TensorSpec("kv_cache", (geo["num_blocks"], bk, 1, DIM + 4), "uint8"),
+        TensorSpec("q", (b, next_n, h, d), "float8_e4m3fn"),
+        TensorSpec("kv_cache", (geo["num_blocks"], bk, 1, d + 4), "uint8"),
         TensorSpec("context_lens", (b,), "int32"),
         TensorSpec("block_table", (b, geo["max_blocks"]), "int32"),
-        TensorSpec("weights", (b * next_n, HEADS), "float32"),
+        TensorSpec("weights", (b * next_n, h), "float32"),
         TensorSpec("logits", (b * next_n, geo["max_len"]), "float32", "out"),
     ]
 
@@ -280,11 +292,12 @@ def paged_make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> d
     geo = paged_geometry(case)
     lens = context_lens_of(case)
     nb = geo["num_blocks"]
+    h, d = heads_dim(case)
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, next_n, HEADS, DIM, generator=g).to(torch.float8_e4m3fn)
-    values, scale = quantize_per_token(_keys(g, nb * bk))
-    values, scale = values.view(nb, bk, DIM), scale.view(nb, bk)
-    weights = torch.randn(b * next_n, HEADS, generator=g)
+    q = torch.randn(b, next_n, h, d, generator=g).to(torch.float8_e4m3fn)
+    values, scale = quantize_per_token(_keys(g, nb * bk, d))
+    values, scale = values.view(nb, bk, d), scale.view(nb, bk)
+    weights = torch.randn(b * next_n, h, generator=g)
 
     order = torch.randperm(nb, generator=g).tolist()  # physical blocks, shuffled
     owned, spare = order[: nb - SPARE_BLOCKS], order[nb - SPARE_BLOCKS:]
@@ -342,7 +355,8 @@ def paged_flops(case: dict[str, Any]) -> float:
     """2 · h · d per (query token, visible key) pair."""
     next_n = int(case["next_n"])
     pairs = sum(sum(n - next_n + t + 1 for t in range(next_n)) for n in context_lens_of(case))
-    return 2.0 * HEADS * DIM * pairs
+    h, d = heads_dim(case)
+    return 2.0 * h * d * pairs
 
 
 def torch_paged_logits(inputs: dict, case: dict[str, Any]):

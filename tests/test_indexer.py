@@ -16,8 +16,16 @@ from harness.spec.spec import load_spec
 from oracles import indexer as ix
 from oracles.common import case_seed
 
-I1_SMALL = [{"s": 8, "s_kv": 24, "ranges": "causal"}, {"s": 12, "s_kv": 40, "ranges": "cp"}]
-I2_SMALL = [{"b": 3, "next_n": 2, "ctx": 40, "block_kv": 16}, {"b": 1, "next_n": 1, "ctx": 30, "block_kv": 8}]
+I1_SMALL = [{"s": 8, "s_kv": 24, "ranges": "causal"}, {"s": 12, "s_kv": 40, "ranges": "cp"},
+            {"s": 8, "s_kv": 24, "ranges": "cp", "heads": 32, "head_dim": 32},
+            {"s": 4, "s_kv": 16, "ranges": "causal", "heads": 32, "head_dim": 64}]
+I2_SMALL = [{"b": 3, "next_n": 2, "ctx": 40, "block_kv": 16}, {"b": 1, "next_n": 1, "ctx": 30, "block_kv": 8},
+            {"b": 2, "next_n": 2, "ctx": 30, "block_kv": 8, "heads": 32, "head_dim": 32},
+            {"b": 2, "next_n": 1, "ctx": 20, "block_kv": 8, "heads": 32, "head_dim": 64}]
+
+
+def _ids(c: dict) -> str:
+    return "-".join(f"{k}{v}" for k, v in c.items())
 
 
 # -- quantisers ----------------------------------------------------------------------------
@@ -77,9 +85,14 @@ def loops_i1(inputs) -> list[list[float]]:
     return out
 
 
-@pytest.mark.parametrize("case", I1_SMALL, ids=lambda c: c["ranges"])
+@pytest.mark.parametrize("case", I1_SMALL, ids=_ids)
 def test_i1_oracle_matches_plain_loops(case):
     inputs = ix.make_inputs(case, seed=case_seed("I1", case))
+    h, d = case.get("heads", 64), case.get("head_dim", 128)
+    assert inputs["q"].shape == (case["s"], h, d) and inputs["kv"].shape == (case["s_kv"], d)
+    assert inputs["weights"].shape == (case["s"], h)
+    assert [s.shape for s in ix.tensors(case)][:4] == [(case["s"], h, d), (case["s_kv"], d), (case["s_kv"],), (case["s"], h)]
+    assert ix.flops(case) == 2 * h * d * ix.valid_pairs(case)
     ref = ix.reference(inputs, case)["logits"]
     want = torch.tensor(loops_i1(inputs), dtype=torch.float64)
     assert ref.dtype == torch.float64 and ref.shape == (case["s"], case["s_kv"])
@@ -157,9 +170,14 @@ def loops_i2(inputs) -> list[list[float]]:
     return out
 
 
-@pytest.mark.parametrize("case", I2_SMALL, ids=lambda c: f"b{c['b']}n{c['next_n']}")
+@pytest.mark.parametrize("case", I2_SMALL, ids=_ids)
 def test_i2_oracle_matches_plain_loops(case):
     inputs = ix.paged_make_inputs(case, seed=case_seed("I2", case))
+    h, d = case.get("heads", 64), case.get("head_dim", 128)
+    assert inputs["q"].shape == (case["b"], case["next_n"], h, d) and inputs["kv_cache"].shape[3] == d + 4
+    assert inputs["weights"].shape == (case["b"] * case["next_n"], h)
+    assert [tuple(s.shape) for s in ix.paged_tensors(case)] == [tuple(v.shape) for v in inputs.values()] + [
+        (case["b"] * case["next_n"], ix.paged_geometry(case)["max_len"])]
     ref = ix.paged_reference(inputs, case)["logits"]
     want = torch.tensor(loops_i2(inputs), dtype=torch.float64)
     geo = ix.paged_geometry(case)
@@ -261,7 +279,13 @@ def test_kernels_refuse_what_they_cannot_do():
         I2(b=1, next_n=1, block_kv=32)
     with pytest.raises(ValueError, match="next_n must be 1"):
         I2(b=1, next_n=5, block_kv=64)
+    with pytest.raises(ValueError, match="heads must be one of 32, 64, got 16"):
+        I1(s=128, s_kv=1024, heads=16)
+    with pytest.raises(ValueError, match="head_dim must be one of 32, 64, 128, got 256"):
+        I2(b=1, next_n=1, block_kv=64, head_dim=256)
     I1(s=128, s_kv=1024), I2(b=8, next_n=2, block_kv=64)  # the matrix's shapes are taken
+    for h, d in ((32, 32), (32, 64), (64, 128)):
+        I1(s=128, s_kv=1024, heads=h, head_dim=d), I2(b=8, next_n=2, block_kv=64, heads=h, head_dim=d)
 
 
 def test_tmem_budget_refuses_more_than_512_columns():
@@ -305,9 +329,9 @@ def test_sm90_register_increase_only_where_the_launch_grants_it(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    cases = [["I2", {"b": 1, "next_n": 1, "ctx": 200, "block_kv": 64}],
-             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64}],
-             ["I1", {"s": 128, "s_kv": 1024, "ranges": "causal"}]]
+    cases = [["I2", {"b": 1, "next_n": 1, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128}],
+             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128}],
+             ["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128}]]
     env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
            "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
     (tmp_path / "dump").mkdir()
@@ -331,7 +355,7 @@ from harness.execution.compile import compile_case
 root, out = Path(sys.argv[1]), {}
 i1 = load_spec(root=root).stages["I1"]
 wrong = KernelRef("sm_90a", "tests.fixtures.wrong_i1.sm90", "Kernel", root / "tests" / "fixtures" / "wrong_i1" / "sm90.py")
-case = {"s": 128, "s_kv": 1024, "ranges": "causal"}
+case = {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128}
 for name, stage in (("stage", i1), ("wrong", dataclasses.replace(i1, kernels={"sm_90a": wrong}, dir=wrong.path.parent))):
     keep = Path(sys.argv[2]) / name
     r = compile_case(root, stage, "sm_90a", case, keep=keep)
@@ -398,8 +422,8 @@ def test_sm90_epilogue_issues_no_global_load(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal"}],
-             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64}]]
+    cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128}],
+             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128}]]
     env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
            "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
     (tmp_path / "dump").mkdir()
@@ -464,3 +488,49 @@ def test_i1_sm90_launches_the_heaviest_token_blocks_first():
 
     work = [tiles(b) for b in order]
     assert all(a >= b for a, b in zip(work, work[1:])) and work[0] > work[-1], work[:8]
+
+
+_SHAPES_PROBE = r"""
+import json, sys
+from pathlib import Path
+from harness.spec.spec import load_spec
+from harness.execution.compile import compile_case
+root, arch, out = Path(sys.argv[1]), sys.argv[2], {}
+spec = load_spec(root=root)
+for stage, case in json.loads(sys.argv[3]):
+    keep = Path(sys.argv[4]) / f"{stage}-{len(out)}"
+    r = compile_case(root, spec.stages[stage], arch, case, keep=keep)
+    ptx = (keep / "kernel.ptx").read_text() if r.ok else ""
+    out[json.dumps([stage, case])] = [r.ok, r.error, ptx.count("wgmma.mma_async"), ptx.count("tcgen05.mma.cta_group"),
+                                      sorted(set(__import__("re").findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)))]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_heads_and_head_dims_compile_on_both_archs(tmp_path, arch):
+    """Issue 35 item 2: the kernels specialised for 32 heads and head_dim 32 / 64 compile (sm_100a
+    on the CPU too, compile-only) with N = tokens · heads and d / 32 MMAs a tile: I1 32 heads of 64
+    (sm90: m64n64k32 × 2 a tile; sm100 × 2), I2 32 heads of 32 at next_n 2 (m64n64k32 × 1)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 32, "head_dim": 64}],
+             ["I2", {"b": 8, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 32, "head_dim": 32}]]
+    env = {**os.environ, "CUTE_DSL_ARCH": arch, "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
+           "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
+    (tmp_path / "dump").mkdir()
+    run = subprocess.run([sys.executable, "-c", _SHAPES_PROBE, str(root), arch, json.dumps(cases), str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=600, cwd=root)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = list(json.loads(run.stdout.strip().splitlines()[-1]).values())
+    for ok, err, *_ in got:
+        assert ok, err
+    if arch == "sm_90a":
+        assert [g[2:] for g in got] == [[2, 0, ["m64n64k32"]], [1, 0, ["m64n64k32"]]]
+    else:
+        assert [g[2:4] for g in got] == [[0, 2], [0, 1]]

@@ -50,11 +50,15 @@ def test_flashmla_case_list_matches_upstream_gen_testcase():
     assert any(c["config"] == "s2h128_m128bs256_x1024bs64" and c["b"] == 148 for c in listed)
 
 
-def test_deepgemm_case_lists_match_upstream():
+def test_deepgemm_case_lists_match_upstream(monkeypatch):
     """DeepGEMM@54e2261 (sm90: 192 MQA + 24 paged) and @80ceeb2 (24 + 6): 246 cases, 41 of
-    them in reach of I1/I2 — the issue's counts, per reason too."""
+    them in reach of I1/I2 with 64 heads of 128 only — the issue's counts, per reason too."""
     from oracles.suites import deepgemm_mqa as m, deepgemm_paged as p
 
+    monkeypatch.setattr(m, "HEADS", (64,))  # the tables before issue 35 (the counts it names)
+    monkeypatch.setattr(m, "HEAD_DIMS", (128,))
+    monkeypatch.setattr(p, "HEADS", (64,))
+    monkeypatch.setattr(p, "HEAD_DIMS", (128,))
     assert (len(m.upstream()), len(p.upstream())) == (216, 30)
     assert Counter(u.commit for u in m.upstream()) == {"54e2261": 192, "80ceeb2": 24}
     assert Counter(u.commit for u in p.upstream()) == {"54e2261": 24, "80ceeb2": 6}
@@ -74,15 +78,35 @@ def test_a_table_edit_makes_cases_supported(monkeypatch):
 
     monkeypatch.setattr(f, "MAX_TOPK", 32768)  # the topk 16384 cases: d_qk 512 now in, 576 still V3.2
     assert sum(not f.reasons(u) for u in f.upstream()) == 4502
-    monkeypatch.setattr(m, "HEADS", (32, 64))
-    assert not any("heads" in r for u in m.upstream() for r in m.reasons(u))
+    monkeypatch.setattr(m, "LOGITS", ("fp32", "bf16"))
+    assert not any("bf16" in r for u in m.upstream() for r in m.reasons(u))
+
+
+def test_deepgemm_heads_and_head_dims_are_supported_and_reach_the_kernel():
+    """Issue 35 item 2 (heads 32 | 64, head_dim 32 | 64 | 128): the cases they made reachable are
+    supported — 72 of the MQA test's 216, 12 of the paged test's 30 (84 of 246) — and each case
+    carries its heads and head_dim to the kernel (kernel_params) and the tensors."""
+    from harness.spec.spec import load_spec
+    from oracles.suites import deepgemm_mqa as m, deepgemm_paged as p
+
+    assert (len(m.cases()), len(p.cases())) == (72, 12)
+    why = Counter(r.split(":")[0] for mod in (m, p) for u in mod.upstream() for r in mod.reasons(u))
+    assert not any(k.startswith(("heads", "head_dim")) for k in why), why
+    assert {(c["heads"], c["head_dim"]) for c in m.cases()} == {(h, d) for h in (32, 64) for d in (32, 64, 128)}
+    assert {c["heads"] for c in p.cases()} == {32, 64}
+    stages = load_spec(root=ROOT).stages
+    for sid, mod in (("I1_DEEPGEMM", m), ("I2_DEEPGEMM", p)):
+        assert {"heads", "head_dim"} <= set(stages[sid].kernel_params)
+        for c in mod.cases()[::7]:
+            q = mod.tensors(c)[0]
+            assert q.shape[-2:] == (c["heads"], c["head_dim"]), (sid, c)
 
 
 def test_suite_list_counts_total_supported_and_reasons():
     r = run_cli(["suite", "deepgemm", "--list"], cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    assert "suite deepgemm: 246 cases, 41 supported" in r.stdout
-    assert "216 cases, 32 supported" in r.stdout and "30 cases, 9 supported" in r.stdout
+    assert "suite deepgemm: 246 cases, 84 supported" in r.stdout
+    assert "216 cases, 72 supported" in r.stdout and "30 cases, 12 supported" in r.stdout
     assert "   12  unsupported: per-token context lengths" in r.stdout
     r = run_cli(["suite", "flashmla", "--list"], cwd=ROOT)
     assert r.returncode == 0, r.stderr

@@ -36,8 +36,8 @@ UPSTREAM = ("deepseek-ai/DeepGEMM@54e2261 tests/test_attention.py", "deepseek-ai
 STAGE = "I1"
 
 # --- what the indexer stages take today: edit here when they grow an option --------------------
-HEADS = (64,)
-HEAD_DIMS = (128,)
+HEADS = (32, 64)
+HEAD_DIMS = (32, 64, 128)
 LOGITS = ("fp32",)
 COMPRESSED = False  # the [s, max(ke − ks)] form indexed from ks
 LIMITS = (  # (name, refuses(u), reason)
@@ -88,7 +88,8 @@ def reasons(u: Any) -> list[str]:
 
 
 def cases() -> list[dict[str, Any]]:
-    return [{"s": u.s, "s_kv": u.s_kv, "ranges": "cp" if u.cp else "causal", "commit": u.commit, "id": i}
+    return [{"s": u.s, "s_kv": u.s_kv, "ranges": "cp" if u.cp else "causal", "heads": u.heads, "head_dim": u.head_dim,
+             "commit": u.commit, "id": i}
             for i, u in enumerate(upstream()) if not reasons(u)]
 
 

@@ -93,7 +93,8 @@ def reasons(u: Any) -> list[str]:
 
 
 def cases() -> list[dict[str, Any]]:
-    return [{"b": u.b, "next_n": u.next_n, "block_kv": BLOCK_KV, "avg_kv": u.avg_kv, "commit": u.commit, "id": i}
+    return [{"b": u.b, "next_n": u.next_n, "block_kv": BLOCK_KV, "heads": u.heads, "head_dim": u.head_dim,
+             "avg_kv": u.avg_kv, "commit": u.commit, "id": i}
             for i, u in enumerate(upstream()) if not reasons(u)]
 
 

@@ -27,7 +27,8 @@ The CTA (roles, MMA, TMEM budget, pipelines), the MMA warp and the TMEM head sum
 stages/common/indexer.py's `Sm100LogitsCta`, `mma_key_tiles` and `tmem_head_sums`; new here are
 the flat key tiles (one TMA box of 128 keys per slot) and the per-token key ranges.
 
-Limits: s a multiple of BLOCK_Q, s_kv a multiple of 128; h = 64, d = 128; static shapes.
+Limits: s a multiple of BLOCK_Q, s_kv a multiple of 128; h ∈ {32, 64} (N = 4 · h), d ∈ {32, 64,
+128} (K = d: d / 32 MMAs a tile); h = 64, d = 128 by default (DSV4's); static shapes.
 """
 
 import cuda.bindings.driver as cuda
@@ -44,6 +45,7 @@ from stages.common.indexer import (
     LogitsOperands,
     Sm100LogitsCta,
     check_flat_shape,
+    check_heads,
     fill_rows,
     key_tile_range,
     launch,
@@ -69,11 +71,13 @@ class Kernel(Sm100LogitsCta):
     BLOCK_K = 128  # keys per tile = M
     STAGES = 4  # K slots of 16 KiB
 
-    def __init__(self, *, s: int, s_kv: int):
+    def __init__(self, *, s: int, s_kv: int, heads: int = HEADS, head_dim: int = DIM):
         check_flat_shape("stage I1 sm100", s, s_kv, self.BLOCK_Q, self.BLOCK_K)
+        check_heads("stage I1 sm100", heads, head_dim)
         self.s, self.s_kv = s, s_kv
-        self.n = HEADS * self.BLOCK_Q
-        self.mma_tiler = (self.BLOCK_K, self.n, DIM)
+        self.heads, self.dim = heads, head_dim
+        self.n = heads * self.BLOCK_Q
+        self.mma_tiler = (self.BLOCK_K, self.n, head_dim)
 
     @cute.jit
     def __call__(
@@ -89,7 +93,7 @@ class Kernel(Sm100LogitsCta):
     ):
         s = self.s
         dtype = q.element_type
-        mQ = q_rows(q, s * HEADS)
+        mQ = q_rows(q, s * self.heads, self.dim)
         mma = self.logits_mma(dtype)
         k_smem = sm100_utils.make_smem_layout_a(mma, self.mma_tiler, dtype, self.STAGES)
         q_smem = sm100_utils.make_smem_layout_b(mma, self.mma_tiler, dtype, 1)
@@ -148,7 +152,7 @@ class Kernel(Sm100LogitsCta):
         logits[token, key]."""
         hang_guard.role("epilogue")  # names this role's waits in a --debug-hangs build
         bq, bk = self.BLOCK_Q, self.BLOCK_K
-        weights_to_smem(sW, mW, block * bq, self.n, tidx, self.EPI_THREADS)
+        weights_to_smem(sW, mW, block * bq, self.n, tidx, self.EPI_THREADS, self.heads)
         lo, hi = token_ranges(mKs, mKe, block * bq, bq)
         epi_sync.arrive_and_wait()  # the weights are in shared memory
         rows = tmem_row_reader(mma, tmem_ptr, acc_layout, self.acc_cols, bk, self.n, self.EPI_COLS, tidx)

@@ -11,7 +11,9 @@ heads, K = d = 128).  Per key j and token t the logit is
 A token's key range is [lo[t], hi[t]): I1's [ks, ke), I2's causal [0, context − next_n + t + 1).
 
 Both archs
-    HEADS, DIM           64 heads of 128 e4m3 values: the indexer's fixed shape
+    HEADS, DIM           64 heads of 128 e4m3 values: DSV4's shape, the kernels' default
+    HEAD_COUNTS, HEAD_DIMS   the heads (32, 64) and head dims (32, 64, 128) a kernel takes
+                         (DeepGEMM's set on sm90); `check_heads` refuses the others
     check_flat_shape, check_paged_shape   the kernels' refusals (I1, I2)
     LogitsOperands       the MMA, TMA loads and layouts a kernel gets as one argument
     launch               grid × threads with the shared storage's bytes
@@ -75,6 +77,8 @@ from stages.common.tma import prefetch_descriptors, tma_partition_tile
 
 HEADS = 64
 DIM = 128
+HEAD_COUNTS = (32, 64)
+HEAD_DIMS = (32, 64, 128)
 F32 = cutlass.Float32
 
 # ---------------------------------------------------------------------------------------
@@ -114,6 +118,16 @@ def check_flat_shape(who: str, s: int, s_kv: int, block_q: int, block_k: int) ->
         raise ValueError(f"{who}: s_kv must be a positive multiple of {block_k}, got {s_kv}")
 
 
+def check_heads(who: str, heads: int, head_dim: int) -> None:
+    """The heads and head dim a kernel takes: heads ∈ HEAD_COUNTS (N = tokens · heads, a whole
+    number of accumulator columns per token), head_dim ∈ HEAD_DIMS (K = d, whole k32 MMA steps and
+    a TMA row of 32, 64 or 128 bytes, each with its own swizzle)."""
+    if heads not in HEAD_COUNTS:
+        raise ValueError(f"{who}: heads must be one of {', '.join(map(str, HEAD_COUNTS))}, got {heads}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"{who}: head_dim must be one of {', '.join(map(str, HEAD_DIMS))}, got {head_dim}")
+
+
 def check_paged_shape(who: str, block_kv: int, next_n: int, want_block_kv: int) -> None:
     """I2's refusals: the cache block the kernel is built for, and next_n ≤ 4 (N = next_n · 64 ≤ 256)."""
     if block_kv != want_block_kv:
@@ -128,10 +142,10 @@ def launch(kernel_call, grid, threads: int, smem_struct, stream) -> None:
     kernel_call.launch(grid=grid, block=(threads, 1, 1), smem=smem_struct.size_in_bytes(), stream=stream)
 
 
-def q_rows(q: cute.Tensor, rows: int) -> cute.Tensor:
-    """Q [tokens, 64, 128] (I1) or [b, next_n, 64, 128] (I2), contiguous, as the (rows, DIM)
-    row-major matrix the MMA's B operand is cut from: row = token · 64 + head."""
-    return cute.make_tensor(q.iterator, cute.make_layout((rows, DIM), stride=(DIM, 1)))
+def q_rows(q: cute.Tensor, rows: int, dim: int = DIM) -> cute.Tensor:
+    """Q [tokens, heads, dim] (I1) or [b, next_n, heads, dim] (I2), contiguous, as the (rows, dim)
+    row-major matrix the MMA's B operand is cut from: row = token · heads + head."""
+    return cute.make_tensor(q.iterator, cute.make_layout((rows, dim), stride=(dim, 1)))
 
 
 @cute.jit
@@ -153,20 +167,20 @@ def key_tile_range(mKs: cute.Tensor, mKe: cute.Tensor, first_row, rows: cutlass.
     return tile_begin, tile_end
 
 
-def paged_views(kv_cache: cute.Tensor, dtype, block_kv: int):
-    """(values, scales): the fused cache [num_blocks, block_kv, 1, DIM + 4] bytes (per block
-    block_kv · DIM e4m3 values token-major, then block_kv fp32 scales) as two tensors over the
-    same bytes: values (block_kv, DIM, num_blocks) of `dtype`, scales (block_kv, num_blocks)
-    fp32.  The block stride, block_kv · (DIM + 4) bytes, is a multiple of 16: one TMA box per
-    block."""
+def paged_views(kv_cache: cute.Tensor, dtype, block_kv: int, dim: int = DIM):
+    """(values, scales): the fused cache [num_blocks, block_kv, 1, dim + 4] bytes (per block
+    block_kv · dim e4m3 values token-major, then block_kv fp32 scales) as two tensors over the
+    same bytes: values (block_kv, dim, num_blocks) of `dtype`, scales (block_kv, num_blocks)
+    fp32.  The block stride, block_kv · (dim + 4) bytes, is a multiple of 16 (block_kv 64, dim
+    a multiple of 32): one TMA box per block."""
     num_blocks = kv_cache.shape[0]
-    block_bytes = block_kv * (DIM + 4)
+    block_bytes = block_kv * (dim + 4)
     values = cute.make_tensor(
         cute.recast_ptr(kv_cache.iterator, dtype=dtype),
-        cute.make_layout((block_kv, DIM, num_blocks), stride=(DIM, 1, block_bytes)),
+        cute.make_layout((block_kv, dim, num_blocks), stride=(dim, 1, block_bytes)),
     )
     scales = cute.make_tensor(
-        cute.recast_ptr(kv_cache.iterator + block_kv * DIM, dtype=F32),
+        cute.recast_ptr(kv_cache.iterator + block_kv * dim, dtype=F32),
         cute.make_layout((block_kv, num_blocks), stride=(1, block_bytes // 4)),
     )
     return values, scales
@@ -263,13 +277,14 @@ def check_token_columns(tiled_mma, tile_mn, heads: int, tokens: int) -> None:
                 )
 
 
-def sm90_logits_mma(dtype, keys: int, tokens: int, k_slots: int, q_slots: int):
+def sm90_logits_mma(dtype, keys: int, tokens: int, k_slots: int, q_slots: int, heads: int = HEADS,
+                    dim: int = DIM):
     """(mma, tile, k_smem, q_smem) of Sᵀ = K_tile · Q_blockᵀ on one warpgroup: FP8 wgmma with
-    M = `keys`, N = tokens · HEADS, K = DIM, fp32 accumulator; both operands K-major (K tile
+    M = `keys`, N = tokens · heads, K = dim, fp32 accumulator; both operands K-major (K tile
     [keys, d] and Q block [tokens · heads, d] row-major, as FP8 wgmma requires), each staged in
     shared memory with the 128-byte swizzle: K in `k_slots` slots, Q in `q_slots`.  Raises at
     trace time unless each token's heads are a static slice of a thread's columns."""
-    n = HEADS * tokens
+    n = heads * tokens
     mma = sm90_utils.make_trivial_tiled_mma(
         dtype, dtype,
         warpgroup.OperandMajorMode.K,  # K tile [keys, d]: d contiguous (A, M = keys)
@@ -278,8 +293,8 @@ def sm90_logits_mma(dtype, keys: int, tokens: int, k_slots: int, q_slots: int):
         (1, 1, 1),
         tiler_mn=(keys, n),
     )
-    check_token_columns(mma, (keys, n), HEADS, tokens)
-    tile = (keys, n, DIM)
+    check_token_columns(mma, (keys, n), heads, tokens)
+    tile = (keys, n, dim)
     k_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, dtype, k_slots)
     q_smem = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, dtype, q_slots)
     return mma, tile, k_smem, q_smem
@@ -320,15 +335,15 @@ def sm90_fragments(mma, tid_wg, sK, sQ, keys: int, n: int):
 
 
 @cute.jit
-def head_weights(mW: cute.Tensor, coords: cute.Tensor, first_row):
+def head_weights(mW: cute.Tensor, coords: cute.Tensor, first_row, heads: cutlass.Constexpr[int] = HEADS):
     """w in registers, indexed like the thread's accumulator columns: column j is global column
-    c = coords[0, j][1], token c // HEADS, head c % HEADS, so w[j] = weights[first_row + c //
-    HEADS, c % HEADS] (the same for every row the thread holds)."""
+    c = coords[0, j][1], token c // heads, head c % heads, so w[j] = weights[first_row + c //
+    heads, c % heads] (the same for every row the thread holds)."""
     cols = cute.size(coords, mode=[1])
     w = cute.make_rmem_tensor(cols, cutlass.Float32)
     for j in cutlass.range_constexpr(cols):
         col = coords[0, j][1]
-        w[j] = mW[first_row + col // HEADS, col % HEADS]
+        w[j] = mW[first_row + col // heads, col % heads]
     return w
 
 
@@ -624,16 +639,16 @@ def mma_key_tiles(tile_begin, tile_end, q_cons, k_cons, acc_prod, mma, tCrK, tCr
 
 @cute.jit
 def weights_to_smem(sW: cute.Tensor, mW: cute.Tensor, first_row, n: cutlass.Constexpr[int], tid,
-                    threads: cutlass.Constexpr[int]):
-    """sW[c] = weights[first_row + c // HEADS, c % HEADS] for the n = tokens · HEADS columns of
+                    threads: cutlass.Constexpr[int], heads: cutlass.Constexpr[int] = HEADS):
+    """sW[c] = weights[first_row + c // heads, c % heads] for the n = tokens · heads columns of
     the MMA's N, by `threads` threads (this one is `tid`)."""
     for c in cutlass.range_constexpr((n + threads - 1) // threads):
         col = c * threads + tid
         if cutlass.const_expr(n % threads == 0):
-            sW[col] = mW[first_row + col // HEADS, col % HEADS]
+            sW[col] = mW[first_row + col // heads, col % heads]
         else:
             if col < n:
-                sW[col] = mW[first_row + col // HEADS, col % HEADS]
+                sW[col] = mW[first_row + col // heads, col % heads]
 
 
 class TmemRows(NamedTuple):
@@ -665,7 +680,7 @@ def tmem_row_reader(mma: cute.TiledMma, tmem_ptr, acc_layout, buffer_cols: int, 
 @cute.jit
 def tmem_head_sums(sums: cute.Tensor, rows: TmemRows, buffer, sW: cute.Tensor, keys: cutlass.Constexpr[int],
                    cols: cutlass.Constexpr[int]):
-    """sums[t] = Σ_h sW[t · HEADS + h] · relu(acc[key, t · HEADS + h]) for this thread's key
+    """sums[t] = Σ_h sW[t · heads + h] · relu(acc[key, t · HEADS + h]) for this thread's key
     (its TMEM lane) and each token t < size(sums), acc = accumulator buffer `buffer`: read `cols`
     columns at a time (tcgen05.ld, then tcgen05.wait::ld), thread-local, no shuffles.  Fenced
     for the pipeline: tcgen05.fence::after_thread_sync before the first load (the buffer's full
