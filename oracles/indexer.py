@@ -4,6 +4,9 @@
 
 Both stages take the axes `heads` (32 | 64; default 64) and `head_dim` (32 | 64 | 128; default
 128): below, 64 and 128 stand for them (`heads_dim`; a case without the axes is DSV4's shape).
+And `logits_dtype` (fp32 | bf16; default fp32): the logits' dtype.  With bf16 the reference is
+the float64 logits rounded to bf16 — what an exact kernel writes (`as_output`) — so the stage's
+bounds measure the kernel's error, not bf16's rounding (rel_l2 ~1.7e-3 by itself).
 
 −inf where key j is not in query i's range.  The reference is float64 from the dequantised
 fp8 values (the same bytes the kernel reads), computed in chunks so a bench shape's sampled rows
@@ -138,6 +141,27 @@ def heads_dim(case: dict[str, Any]) -> tuple[int, int]:
     return int(case.get("heads", HEADS)), int(case.get("head_dim", DIM))
 
 
+LOGITS_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def logits_dtype(case: dict[str, Any]) -> str:
+    """The torch dtype name of the case's logits: its `logits_dtype` axis (fp32 | bf16), fp32 without it."""
+    name = case.get("logits_dtype", "fp32")
+    if name not in LOGITS_DTYPES:
+        raise ValueError(f"logits_dtype must be fp32 or bf16, got {name!r}")
+    return LOGITS_DTYPES[name]
+
+
+def as_output(logits, case: dict[str, Any]):
+    """float64 `logits` as the case's output holds them: rounded to bf16 (then back to float64)
+    for bf16 logits, unchanged for fp32 (−inf stays −inf)."""
+    import torch
+
+    if logits_dtype(case) == "bfloat16":
+        return logits.to(torch.bfloat16).to(torch.float64)
+    return logits
+
+
 def ranges_of(case: dict[str, Any]) -> tuple[list[int], list[int]]:
     """(ks, ke) of stage I1's case: see the module doc.  Plain lists of ints."""
     s, s_kv, kind = int(case["s"]), int(case["s_kv"]), case["ranges"]
@@ -177,7 +201,7 @@ def tensors(case: dict[str, Any]) -> list[TensorSpec]:
         TensorSpec("weights", (s, h), "float32"),
         TensorSpec("ks", (s,), "int32"),
         TensorSpec("ke", (s,), "int32"),
-        TensorSpec("logits", (s, s_kv), "float32", "out"),
+        TensorSpec("logits", (s, s_kv), logits_dtype(case), "out"),
     ]
 
 
@@ -214,7 +238,7 @@ def reference(inputs: dict, case: dict[str, Any]) -> dict:
     k = dequantize(inputs["kv"], inputs["kv_scale"])
     j = torch.arange(k.shape[0], device=q.device)
     valid = (j[None, :] >= inputs["ks"].long()[:, None]) & (j[None, :] < inputs["ke"].long()[:, None])
-    return {"logits": mqa_logits(q, k, inputs["weights"], valid)}
+    return {"logits": as_output(mqa_logits(q, k, inputs["weights"], valid), case)}
 
 
 def valid_pairs(case: dict[str, Any]) -> int:
@@ -241,7 +265,7 @@ def torch_logits(inputs: dict, case: dict[str, Any]):
     logits = torch.einsum("shk,sh->sk", s, inputs["weights"])
     j = torch.arange(k.shape[0], device=q.device)
     valid = (j[None, :] >= inputs["ks"][:, None]) & (j[None, :] < inputs["ke"][:, None])
-    return logits.masked_fill_(~valid, float("-inf"))
+    return logits.masked_fill_(~valid, float("-inf")).to(getattr(torch, logits_dtype(case)))
 
 
 # ----------------------------------------------------------------------------- stage I2
@@ -281,7 +305,7 @@ def paged_tensors(case: dict[str, Any]) -> list[TensorSpec]:
         TensorSpec("context_lens", (b,), "int32"),
         TensorSpec("block_table", (b, geo["max_blocks"]), "int32"),
         TensorSpec("weights", (b * next_n, h), "float32"),
-        TensorSpec("logits", (b * next_n, geo["max_len"]), "float32", "out"),
+        TensorSpec("logits", (b * next_n, geo["max_len"]), logits_dtype(case), "out"),
     ]
 
 
@@ -348,7 +372,7 @@ def paged_reference(inputs: dict, case: dict[str, Any]) -> dict:
         valid = j[None, :] <= pos[:, None]
         rows = slice(i * next_n, (i + 1) * next_n)
         out[rows, :n] = mqa_logits(q[i].to(torch.float64), k, inputs["weights"][rows], valid)
-    return {"logits": out}
+    return {"logits": as_output(out, case)}
 
 
 def paged_flops(case: dict[str, Any]) -> float:
@@ -377,4 +401,5 @@ def torch_paged_logits(inputs: dict, case: dict[str, Any]):
     pos = inputs["context_lens"][:, None] - next_n + torch.arange(next_n, device=q.device)[None, :]
     j = torch.arange(max_len, device=q.device)
     valid = j[None, None, :] <= pos[..., None]
-    return logits.masked_fill_(~valid, float("-inf")).reshape(b * next_n, max_len)
+    out = logits.masked_fill_(~valid, float("-inf")).reshape(b * next_n, max_len)
+    return out.to(getattr(torch, logits_dtype(case)))

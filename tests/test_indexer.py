@@ -250,6 +250,34 @@ def test_i1_tolerances_fail_the_named_bugs(bug):
     assert status == "fail", why
 
 
+@pytest.mark.parametrize("stage", ["I1", "I2"])
+def test_bf16_logits_are_the_exact_logits_rounded_and_the_bugs_still_fail(stage):
+    """logits_dtype bf16: the output tensor is bf16 and the reference the float64 logits rounded
+    to bf16 (an exact kernel's answer passes, −inf kept); fp32 stays as it was; the named bugs
+    written in bf16 still fail the stage's bounds."""
+    if stage == "I1":
+        case = {"s": 128, "s_kv": 1024, "ranges": "causal"}
+        tensors, make, reference = ix.tensors, ix.make_inputs, ix.reference
+    else:
+        case = {"b": 8, "next_n": 2, "ctx": 300, "block_kv": 64}
+        tensors, make, reference = ix.paged_tensors, ix.paged_make_inputs, ix.paged_reference
+    bf = {**case, "logits_dtype": "bf16"}
+    assert tensors(case)[-1].dtype == "float32" and tensors(bf)[-1].dtype == "bfloat16"
+    assert [s.dtype for s in tensors(case)[:-1]] == [s.dtype for s in tensors(bf)[:-1]]
+    inputs = make(case, seed=4)
+    exact = reference(inputs, case)["logits"]
+    ref = reference(inputs, bf)["logits"]
+    assert ref.dtype == torch.float64 and torch.equal(ref, exact.to(torch.bfloat16).double())
+    assert not torch.equal(ref, exact) and torch.equal(torch.isinf(ref), torch.isinf(exact))
+    tol = _tolerances(stage)
+    assert judge(tol, {"logits": compare(exact.to(torch.bfloat16), ref).to_json()})[0] == "pass"
+    if stage == "I1":
+        for bug in (_relu_dropped, _scale_per_head):
+            assert judge(tol, {"logits": compare(bug(inputs).to(torch.bfloat16), ref).to_json()})[0] == "fail"
+    with pytest.raises(ValueError, match="logits_dtype must be fp32 or bf16, got 'fp16'"):
+        tensors({**case, "logits_dtype": "fp16"})
+
+
 def test_i1_tolerances_fail_a_wrong_neg_inf_position():
     case = {"s": 128, "s_kv": 1024, "ranges": "cp"}
     inputs = ix.make_inputs(case, seed=1)
@@ -283,6 +311,8 @@ def test_kernels_refuse_what_they_cannot_do():
         I1(s=128, s_kv=1024, heads=16)
     with pytest.raises(ValueError, match="head_dim must be one of 32, 64, 128, got 256"):
         I2(b=1, next_n=1, block_kv=64, head_dim=256)
+    with pytest.raises(ValueError, match="logits_dtype must be one of fp32, bf16, got 'fp16'"):
+        I1(s=128, s_kv=1024, logits_dtype="fp16")
     I1(s=128, s_kv=1024), I2(b=8, next_n=2, block_kv=64)  # the matrix's shapes are taken
     for h, d in ((32, 32), (32, 64), (64, 128)):
         I1(s=128, s_kv=1024, heads=h, head_dim=d), I2(b=8, next_n=2, block_kv=64, heads=h, head_dim=d)
@@ -329,9 +359,9 @@ def test_sm90_register_increase_only_where_the_launch_grants_it(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    cases = [["I2", {"b": 1, "next_n": 1, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128}],
-             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128}],
-             ["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128}]]
+    cases = [["I2", {"b": 1, "next_n": 1, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32"}],
+             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32"}],
+             ["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128, "logits_dtype": "fp32"}]]
     env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
            "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
     (tmp_path / "dump").mkdir()
@@ -355,7 +385,7 @@ from harness.execution.compile import compile_case
 root, out = Path(sys.argv[1]), {}
 i1 = load_spec(root=root).stages["I1"]
 wrong = KernelRef("sm_90a", "tests.fixtures.wrong_i1.sm90", "Kernel", root / "tests" / "fixtures" / "wrong_i1" / "sm90.py")
-case = {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128}
+case = {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128, "logits_dtype": "fp32"}
 for name, stage in (("stage", i1), ("wrong", dataclasses.replace(i1, kernels={"sm_90a": wrong}, dir=wrong.path.parent))):
     keep = Path(sys.argv[2]) / name
     r = compile_case(root, stage, "sm_90a", case, keep=keep)
@@ -422,8 +452,8 @@ def test_sm90_epilogue_issues_no_global_load(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128}],
-             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128}]]
+    cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128, "logits_dtype": "fp32"}],
+             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32"}]]
     env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
            "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
     (tmp_path / "dump").mkdir()
@@ -502,16 +532,18 @@ for stage, case in json.loads(sys.argv[3]):
     r = compile_case(root, spec.stages[stage], arch, case, keep=keep)
     ptx = (keep / "kernel.ptx").read_text() if r.ok else ""
     out[json.dumps([stage, case])] = [r.ok, r.error, ptx.count("wgmma.mma_async"), ptx.count("tcgen05.mma.cta_group"),
-                                      sorted(set(__import__("re").findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)))]
+                                      sorted(set(__import__("re").findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
+                                      "cvt.rn.bf16.f32" in ptx, "st.global.b16" in ptx, "st.global.b32" in ptx]
 print(json.dumps(out))
 """
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-def test_heads_and_head_dims_compile_on_both_archs(tmp_path, arch):
-    """Issue 35 item 2: the kernels specialised for 32 heads and head_dim 32 / 64 compile (sm_100a
-    on the CPU too, compile-only) with N = tokens · heads and d / 32 MMAs a tile: I1 32 heads of 64
-    (sm90: m64n64k32 × 2 a tile; sm100 × 2), I2 32 heads of 32 at next_n 2 (m64n64k32 × 1)."""
+def test_indexer_options_compile_on_both_archs(tmp_path, arch):
+    """Issue 35 item 2: the kernels specialised for the options compile (sm_100a on the CPU too,
+    compile-only): 32 heads and head_dim 32 / 64 with N = tokens · heads and d / 32 MMAs a tile
+    (I1 32 heads of 64 — sm90: m64n64k32 × 2 a tile; sm100 × 2 —, I2 32 heads of 32 at next_n 2,
+    × 1), and bf16 logits (I2: every store a 16-bit one after a cvt.rn.bf16.f32, none 32-bit)."""
     import json
     import os
     import subprocess
@@ -520,7 +552,10 @@ def test_heads_and_head_dims_compile_on_both_archs(tmp_path, arch):
 
     root = Path(__file__).resolve().parents[1]
     cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 32, "head_dim": 64}],
-             ["I2", {"b": 8, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 32, "head_dim": 32}]]
+             ["I2", {"b": 8, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 32, "head_dim": 32}],
+             ["I2", {"b": 8, "next_n": 1, "ctx": 200, "block_kv": 64, "logits_dtype": "bf16"}]]
+    full = {"heads": 64, "head_dim": 128, "logits_dtype": "fp32"}
+    cases = [[st, {**full, **c}] for st, c in cases]
     env = {**os.environ, "CUTE_DSL_ARCH": arch, "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
            "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
     (tmp_path / "dump").mkdir()
@@ -531,6 +566,7 @@ def test_heads_and_head_dims_compile_on_both_archs(tmp_path, arch):
     for ok, err, *_ in got:
         assert ok, err
     if arch == "sm_90a":
-        assert [g[2:] for g in got] == [[2, 0, ["m64n64k32"]], [1, 0, ["m64n64k32"]]]
+        assert [g[2:5] for g in got[:2]] == [[2, 0, ["m64n64k32"]], [1, 0, ["m64n64k32"]]]
     else:
-        assert [g[2:4] for g in got] == [[0, 2], [0, 1]]
+        assert [g[2:4] for g in got[:2]] == [[0, 2], [0, 1]]
+    assert [g[5:] for g in got] == [[False, False, True], [False, False, True], [True, True, False]]

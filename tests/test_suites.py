@@ -59,6 +59,8 @@ def test_deepgemm_case_lists_match_upstream(monkeypatch):
     monkeypatch.setattr(m, "HEAD_DIMS", (128,))
     monkeypatch.setattr(p, "HEADS", (64,))
     monkeypatch.setattr(p, "HEAD_DIMS", (128,))
+    monkeypatch.setattr(m, "LOGITS", ("fp32",))
+    monkeypatch.setattr(p, "LOGITS", ("fp32",))
     assert (len(m.upstream()), len(p.upstream())) == (216, 30)
     assert Counter(u.commit for u in m.upstream()) == {"54e2261": 192, "80ceeb2": 24}
     assert Counter(u.commit for u in p.upstream()) == {"54e2261": 24, "80ceeb2": 6}
@@ -78,17 +80,19 @@ def test_a_table_edit_makes_cases_supported(monkeypatch):
 
     monkeypatch.setattr(f, "MAX_TOPK", 32768)  # the topk 16384 cases: d_qk 512 now in, 576 still V3.2
     assert sum(not f.reasons(u) for u in f.upstream()) == 4502
-    monkeypatch.setattr(m, "LOGITS", ("fp32", "bf16"))
-    assert not any("bf16" in r for u in m.upstream() for r in m.reasons(u))
+    monkeypatch.setattr(m, "COMPRESSED", True)
+    assert not any("compressed" in r for u in m.upstream() for r in m.reasons(u))
 
 
-def test_deepgemm_heads_and_head_dims_are_supported_and_reach_the_kernel():
+def test_deepgemm_heads_and_head_dims_are_supported_and_reach_the_kernel(monkeypatch):
     """Issue 35 item 2 (heads 32 | 64, head_dim 32 | 64 | 128): the cases they made reachable are
-    supported — 72 of the MQA test's 216, 12 of the paged test's 30 (84 of 246) — and each case
-    carries its heads and head_dim to the kernel (kernel_params) and the tensors."""
+    supported — 72 of the MQA test's 216, 12 of the paged test's 30 with fp32 logits (84 of 246)
+    — and each case carries its heads and head_dim to the kernel (kernel_params) and the tensors."""
     from harness.spec.spec import load_spec
     from oracles.suites import deepgemm_mqa as m, deepgemm_paged as p
 
+    monkeypatch.setattr(m, "LOGITS", ("fp32",))
+    monkeypatch.setattr(p, "LOGITS", ("fp32",))
     assert (len(m.cases()), len(p.cases())) == (72, 12)
     why = Counter(r.split(":")[0] for mod in (m, p) for u in mod.upstream() for r in mod.reasons(u))
     assert not any(k.startswith(("heads", "head_dim")) for k in why), why
@@ -102,11 +106,28 @@ def test_deepgemm_heads_and_head_dims_are_supported_and_reach_the_kernel():
             assert q.shape[-2:] == (c["heads"], c["head_dim"]), (sid, c)
 
 
+def test_deepgemm_bf16_logits_are_supported_and_reach_the_kernel():
+    """Issue 35 item 2 (bf16 logits): with them 120 of the MQA test's 216 and 18 of the paged
+    test's 30 are supported (138 of 246); a case's logits dtype reaches the kernel
+    (kernel_params) and its output tensor."""
+    from harness.spec.spec import load_spec
+    from oracles.suites import deepgemm_mqa as m, deepgemm_paged as p
+
+    assert (len(m.cases()), len(p.cases())) == (120, 18)
+    why = Counter(r.split(":")[0] for mod in (m, p) for u in mod.upstream() for r in mod.reasons(u))
+    assert not any("bf16" in k for k in why), why
+    stages = load_spec(root=ROOT).stages
+    for sid, mod in (("I1_DEEPGEMM", m), ("I2_DEEPGEMM", p)):
+        assert "logits_dtype" in stages[sid].kernel_params
+        dtypes = {c["logits_dtype"]: mod.tensors(c)[-1].dtype for c in mod.cases()}
+        assert dtypes == {"fp32": "float32", "bf16": "bfloat16"}, (sid, dtypes)
+
+
 def test_suite_list_counts_total_supported_and_reasons():
     r = run_cli(["suite", "deepgemm", "--list"], cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    assert "suite deepgemm: 246 cases, 84 supported" in r.stdout
-    assert "216 cases, 72 supported" in r.stdout and "30 cases, 12 supported" in r.stdout
+    assert "suite deepgemm: 246 cases, 138 supported" in r.stdout
+    assert "216 cases, 120 supported" in r.stdout and "30 cases, 18 supported" in r.stdout
     assert "   12  unsupported: per-token context lengths" in r.stdout
     r = run_cli(["suite", "flashmla", "--list"], cwd=ROOT)
     assert r.returncode == 0, r.stderr

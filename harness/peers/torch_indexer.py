@@ -32,6 +32,7 @@ def make(problem: str, dims: dict[str, int], inputs: dict) -> Callable[[], dict]
     import torch
 
     h = dims["h"]
+    out_dtype = torch.bfloat16 if dims.get("logits_bf16") else torch.float32  # the stage's logits' dtype
     if problem == "mqa_logits":
         s, s_kv = dims["s"], dims["s_kv"]
         q = inputs["q"].view(s * h, dims["d"])
@@ -49,7 +50,7 @@ def make(problem: str, dims: dict[str, int], inputs: dict) -> Callable[[], dict]
                 sc = (qb[r0 * h:r1 * h] @ k.T).float().relu_().view(r1 - r0, h, s_kv)
                 out[r0:r1] = torch.einsum("rhk,rh->rk", sc, w[r0:r1])
             valid = (j[None, :] >= ks[:, None]) & (j[None, :] < ke[:, None])
-            return {"logits": out.masked_fill_(~valid, float("-inf"))}
+            return {"logits": out.masked_fill_(~valid, float("-inf")).to(out_dtype)}
 
         return run
 
@@ -75,6 +76,6 @@ def make(problem: str, dims: dict[str, int], inputs: dict) -> Callable[[], dict]
             k = k_all[table[b0:b1]].view(b1 - b0, max_len, d)
             sc = torch.bmm(qb[b0:b1], k.transpose(1, 2)).float().relu_().view(b1 - b0, next_n, h, max_len)
             out[b0:b1] = torch.einsum("bthk,bth->btk", sc, w[b0 * next_n:b1 * next_n].view(b1 - b0, next_n, h))
-        return {"logits": out.view(b * next_n, max_len).masked_fill_(~valid, float("-inf"))}
+        return {"logits": out.view(b * next_n, max_len).masked_fill_(~valid, float("-inf")).to(out_dtype)}
 
     return run_paged

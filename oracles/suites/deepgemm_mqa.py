@@ -38,7 +38,7 @@ STAGE = "I1"
 # --- what the indexer stages take today: edit here when they grow an option --------------------
 HEADS = (32, 64)
 HEAD_DIMS = (32, 64, 128)
-LOGITS = ("fp32",)
+LOGITS = ("fp32", "bf16")
 COMPRESSED = False  # the [s, max(ke − ks)] form indexed from ks
 LIMITS = (  # (name, refuses(u), reason)
     ("heads", lambda u: u.heads not in HEADS, "heads {heads}: the indexer takes " + "/".join(map(str, HEADS)) + " only"),
@@ -89,7 +89,7 @@ def reasons(u: Any) -> list[str]:
 
 def cases() -> list[dict[str, Any]]:
     return [{"s": u.s, "s_kv": u.s_kv, "ranges": "cp" if u.cp else "causal", "heads": u.heads, "head_dim": u.head_dim,
-             "commit": u.commit, "id": i}
+             "logits_dtype": u.logits, "commit": u.commit, "id": i}
             for i, u in enumerate(upstream()) if not reasons(u)]
 
 

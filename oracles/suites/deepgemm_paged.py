@@ -94,7 +94,7 @@ def reasons(u: Any) -> list[str]:
 
 def cases() -> list[dict[str, Any]]:
     return [{"b": u.b, "next_n": u.next_n, "block_kv": BLOCK_KV, "heads": u.heads, "head_dim": u.head_dim,
-             "avg_kv": u.avg_kv, "commit": u.commit, "id": i}
+             "logits_dtype": u.logits, "avg_kv": u.avg_kv, "commit": u.commit, "id": i}
             for i, u in enumerate(upstream()) if not reasons(u)]
 
 
@@ -131,7 +131,7 @@ def tensors(case: dict[str, Any]) -> list[TensorSpec]:
         TensorSpec("context_lens", (u.b,), "int32"),
         TensorSpec("block_table", (u.b, geo["width"]), "int32"),
         TensorSpec("weights", (u.b * u.next_n, u.heads), "float32"),
-        TensorSpec("logits", (u.b * u.next_n, geo["max_len"]), "float32", "out"),
+        TensorSpec("logits", (u.b * u.next_n, geo["max_len"]), "bfloat16" if u.logits == "bf16" else "float32", "out"),
     ]
 
 

@@ -46,6 +46,8 @@ from stages.common.indexer import (
     Sm100LogitsCta,
     check_flat_shape,
     check_heads,
+    check_logits,
+    check_output,
     fill_rows,
     key_tile_range,
     launch,
@@ -55,6 +57,7 @@ from stages.common.indexer import (
     start_cta,
     tmem_head_sums,
     tmem_row_reader,
+    to_output,
     token_ranges,
     weights_to_smem,
 )
@@ -71,9 +74,10 @@ class Kernel(Sm100LogitsCta):
     BLOCK_K = 128  # keys per tile = M
     STAGES = 4  # K slots of 16 KiB
 
-    def __init__(self, *, s: int, s_kv: int, heads: int = HEADS, head_dim: int = DIM):
+    def __init__(self, *, s: int, s_kv: int, heads: int = HEADS, head_dim: int = DIM, logits_dtype: str = "fp32"):
         check_flat_shape("stage I1 sm100", s, s_kv, self.BLOCK_Q, self.BLOCK_K)
         check_heads("stage I1 sm100", heads, head_dim)
+        self.out_dtype = check_logits("stage I1 sm100", logits_dtype)
         self.s, self.s_kv = s, s_kv
         self.heads, self.dim = heads, head_dim
         self.n = heads * self.BLOCK_Q
@@ -92,6 +96,7 @@ class Kernel(Sm100LogitsCta):
         stream: cuda.CUstream,
     ):
         s = self.s
+        check_output("stage I1 sm100", logits, self.out_dtype)
         dtype = q.element_type
         mQ = q_rows(q, s * self.heads, self.dim)
         mma = self.logits_mma(dtype)
@@ -165,4 +170,4 @@ class Kernel(Sm100LogitsCta):
             key = tile * bk + tidx
             scale = mScale[key]
             for t in cutlass.range_constexpr(bq):
-                mOut[block * bq + t, key] = masked_logit(sums[t] * scale, key, lo, hi, t)
+                mOut[block * bq + t, key] = to_output(masked_logit(sums[t] * scale, key, lo, hi, t), mOut)

@@ -60,6 +60,8 @@ from stages.common.indexer import (
     LogitsOperands,
     check_flat_shape,
     check_heads,
+    check_logits,
+    check_output,
     fill_rows,
     head_partial,
     head_weights,
@@ -103,9 +105,10 @@ class Kernel:
     LOAD_REGS = 24
     STAGES = 8  # K slots of 8 KiB
 
-    def __init__(self, *, s: int, s_kv: int, heads: int = HEADS, head_dim: int = DIM):
+    def __init__(self, *, s: int, s_kv: int, heads: int = HEADS, head_dim: int = DIM, logits_dtype: str = "fp32"):
         check_flat_shape("stage I1 sm90", s, s_kv, self.BLOCK_Q, self.BLOCK_K)
         check_heads("stage I1 sm90", heads, head_dim)
+        self.out_dtype = check_logits("stage I1 sm90", logits_dtype)
         self.s, self.s_kv = s, s_kv
         self.heads, self.dim = heads, head_dim
         self.n = heads * self.WG_Q  # N of one warpgroup's MMA
@@ -123,6 +126,7 @@ class Kernel:
         stream: cuda.CUstream,
     ):
         s, bk, n = self.s, self.BLOCK_K, self.n
+        check_output("stage I1 sm90", logits, self.out_dtype)
         dtype = q.element_type
         mQ = q_rows(q, s * self.heads, self.dim)
         # Q slots: a quarter of the token block per warpgroup (its B operand).

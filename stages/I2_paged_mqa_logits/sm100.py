@@ -40,6 +40,8 @@ from stages.common.indexer import (
     Sm100LogitsCta,
     causal_limits,
     check_heads,
+    check_logits,
+    check_output,
     check_paged_shape,
     fill_rows,
     launch,
@@ -51,6 +53,7 @@ from stages.common.indexer import (
     start_cta,
     tmem_head_sums,
     tmem_row_reader,
+    to_output,
     weights_to_smem,
 )
 from stages.common.inspection import expose
@@ -84,9 +87,11 @@ class Kernel(Sm100LogitsCta):
     STAGES = 4
     CHUNK_TILES = 16
 
-    def __init__(self, *, b: int, next_n: int, block_kv: int, heads: int = HEADS, head_dim: int = DIM):
+    def __init__(self, *, b: int, next_n: int, block_kv: int, heads: int = HEADS, head_dim: int = DIM,
+                 logits_dtype: str = "fp32"):
         check_paged_shape("stage I2 sm100", block_kv, next_n, self.BLOCK_KV)
         check_heads("stage I2 sm100", heads, head_dim)
+        self.out_dtype = check_logits("stage I2 sm100", logits_dtype)
         self.b, self.next_n = b, next_n
         self.heads, self.dim = heads, head_dim
         self.n = heads * next_n
@@ -104,6 +109,7 @@ class Kernel(Sm100LogitsCta):
         stream: cuda.CUstream,
     ):
         b, n, bkv = self.b, self.n, self.BLOCK_KV
+        check_output("stage I2 sm100", logits, self.out_dtype)
         dtype = q.element_type
         self.max_len = logits.shape[1]  # keys per output row: the grid's chunks cover them
         self.num_chunks = (self.max_len + self.CHUNK_TILES * self.BLOCK_K - 1) // (self.CHUNK_TILES * self.BLOCK_K)
@@ -191,4 +197,4 @@ class Kernel(Sm100LogitsCta):
             scale = mScale[slot_in_block, phys]
             if key < self.max_len:
                 for t in cutlass.range_constexpr(nn):
-                    mOut[seq * nn + t, key] = masked_logit(sums[t] * scale, key, None, hi, t)
+                    mOut[seq * nn + t, key] = to_output(masked_logit(sums[t] * scale, key, None, hi, t), mOut)

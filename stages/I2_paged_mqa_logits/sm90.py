@@ -48,6 +48,8 @@ from stages.common.indexer import (
     LogitsOperands,
     causal_limits,
     check_heads,
+    check_logits,
+    check_output,
     check_paged_shape,
     fill_rows,
     head_partial,
@@ -82,9 +84,11 @@ class Kernel:
     LOAD_REGS = 24
     STAGES = 16  # slots of one cache block (8 KiB)
 
-    def __init__(self, *, b: int, next_n: int, block_kv: int, heads: int = HEADS, head_dim: int = DIM):
+    def __init__(self, *, b: int, next_n: int, block_kv: int, heads: int = HEADS, head_dim: int = DIM,
+                 logits_dtype: str = "fp32"):
         check_paged_shape("stage I2 sm90", block_kv, next_n, self.BLOCK_KV)
         check_heads("stage I2 sm90", heads, head_dim)
+        self.out_dtype = check_logits("stage I2 sm90", logits_dtype)
         self.b, self.next_n = b, next_n
         self.heads, self.dim = heads, head_dim
         self.n = heads * next_n
@@ -116,6 +120,7 @@ class Kernel:
         stream: cuda.CUstream,
     ):
         b, n, bkv = self.b, self.n, self.BLOCK_KV
+        check_output("stage I2 sm90", logits, self.out_dtype)
         dtype = q.element_type
         self.max_len = logits.shape[1]  # keys per output row: the grid's chunks cover them
         self.num_chunks = (self.max_len + self.CHUNK_TILES * self.BLOCK_K - 1) // (self.CHUNK_TILES * self.BLOCK_K)

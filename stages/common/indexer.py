@@ -15,6 +15,9 @@ Both archs
     HEAD_COUNTS, HEAD_DIMS   the heads (32, 64) and head dims (32, 64, 128) a kernel takes
                          (DeepGEMM's set on sm90); `check_heads` refuses the others
     check_flat_shape, check_paged_shape   the kernels' refusals (I1, I2)
+    LOGITS_DTYPES, check_logits   the logits' dtypes (fp32, the default, or bf16) and the
+                         trace-time check that the output tensor has the kernel's
+    to_output            a fp32 logit as the output's element type (bf16: cvt.rn; fp32: as is)
     LogitsOperands       the MMA, TMA loads and layouts a kernel gets as one argument
     launch               grid × threads with the shared storage's bytes
     start_cta            thread and warp index, descriptor prefetch, shared storage
@@ -80,6 +83,7 @@ DIM = 128
 HEAD_COUNTS = (32, 64)
 HEAD_DIMS = (32, 64, 128)
 F32 = cutlass.Float32
+LOGITS_DTYPES = {"fp32": cutlass.Float32, "bf16": cutlass.BFloat16}
 
 # ---------------------------------------------------------------------------------------
 # Both archs: the kernel's operands and start, key ranges, the paged cache, the −inf fill
@@ -126,6 +130,27 @@ def check_heads(who: str, heads: int, head_dim: int) -> None:
         raise ValueError(f"{who}: heads must be one of {', '.join(map(str, HEAD_COUNTS))}, got {heads}")
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"{who}: head_dim must be one of {', '.join(map(str, HEAD_DIMS))}, got {head_dim}")
+
+
+def check_logits(who: str, logits_dtype: str):
+    """The element type of the kernel's logits (LOGITS_DTYPES); refuses another name."""
+    if logits_dtype not in LOGITS_DTYPES:
+        raise ValueError(f"{who}: logits_dtype must be one of {', '.join(LOGITS_DTYPES)}, got {logits_dtype!r}")
+    return LOGITS_DTYPES[logits_dtype]
+
+
+def check_output(who: str, logits: cute.Tensor, dtype) -> None:
+    """Trace time: the logits tensor has the element type the kernel was built for."""
+    if logits.element_type is not dtype:
+        raise ValueError(f"{who}: logits are {logits.element_type.__name__}, the kernel writes {dtype.__name__}")
+
+
+def to_output(value, out: cute.Tensor):
+    """The fp32 `value` as `out`'s element type: as is for fp32 logits (the code unchanged), rounded
+    to nearest for bf16 (every sum, scale and select stays fp32; only the store narrows)."""
+    if out.element_type is F32:
+        return value
+    return F32(value).to(out.element_type)
 
 
 def check_paged_shape(who: str, block_kv: int, next_n: int, want_block_kv: int) -> None:
@@ -241,7 +266,7 @@ def masked_logit(total, key, lo, hi, t: cutlass.Constexpr[int]) -> cutlass.Float
 @cute.jit
 def fill_neg_inf(out: cute.Tensor, row, begin, end, tid, threads: cutlass.Constexpr[int]):
     """out[row, j] = −inf for begin ≤ j < end, by `threads` threads (this one is `tid`)."""
-    neg_inf = -cutlass.Float32.inf
+    neg_inf = to_output(-cutlass.Float32.inf, out)
     for j in cutlass.range(begin + tid, end, threads, unroll=4):
         out[row, j] = neg_inf
 
@@ -451,6 +476,7 @@ def sm90_store_logits(out: cute.Tensor, first_row, acc: cute.Tensor, coords: cut
                 inside = inside & (key >= quad_pick(q, los, ts, cutlass.select_))
             value = F32(cutlass.select_(inside, total * quad_pick(q, scales, rs, cutlass.select_), -F32.inf))
             row = quad_pick(q, out_rows, ts, cutlass.select_)
+            value = to_output(value, out)
             if cutlass.const_expr(width is None):
                 out[row, key] = value
             else:
@@ -462,7 +488,7 @@ def sm90_store_logits(out: cute.Tensor, first_row, acc: cute.Tensor, coords: cut
             for t in cutlass.range_constexpr(tokens):
                 total = cute.arch.warp_reduction_sum(partial_heads(acc_rc, w, r, t * per_token, per_token),
                                                      threads_in_group=4)
-                value = masked_logit(total * sc[r], key, lo, hi, t)
+                value = to_output(masked_logit(total * sc[r], key, lo, hi, t), out)
                 if (r * tokens + t) % 4 == q:
                     if cutlass.const_expr(width is None):
                         out[first_row + t, key] = value
