@@ -7,6 +7,9 @@ Both stages take the axes `heads` (32 | 64; default 64) and `head_dim` (32 | 64 
 And `logits_dtype` (fp32 | bf16; default fp32): the logits' dtype.  With bf16 the reference is
 the float64 logits rounded to bf16 — what an exact kernel writes (`as_output`) — so the stage's
 bounds measure the kernel's error, not bf16's rounding (rel_l2 ~1.7e-3 by itself).
+I1 also takes `compressed` (false | true; default false): DeepGEMM's max_seqlen_k form, logits
+[s, W] with W = max(ke − ks) (`compressed_width`) and column c of row i the logit of key
+ks[i] + c — −inf where that key is outside [ks[i], ke[i]) or [0, s_kv) (`compress`).
 
 −inf where key j is not in query i's range.  The reference is float64 from the dequantised
 fp8 values (the same bytes the kernel reads), computed in chunks so a bench shape's sampled rows
@@ -162,6 +165,28 @@ def as_output(logits, case: dict[str, Any]):
     return logits
 
 
+def is_compressed(case: dict[str, Any]) -> bool:
+    """I1's `compressed` axis (false without it)."""
+    return bool(case.get("compressed", False))
+
+
+def compressed_width(ks: list[int], ke: list[int]) -> int:
+    """W = max(ke − ks) over the rows (at least 1): the width of the compressed logits."""
+    return max([1] + [e - b for b, e in zip(ks, ke)])
+
+
+def compress(full, ks, ke, width: int):
+    """The compressed form [s, width] of full logits [s, s_kv]: column c of row i is full[i, ks[i]
+    + c] where ks[i] ≤ ks[i] + c < ke[i] and the key is in [0, s_kv); −inf elsewhere."""
+    import torch
+
+    s, s_kv = full.shape
+    j = ks.long().to(full.device)[:, None] + torch.arange(width, device=full.device)[None, :]
+    ok = (j >= 0) & (j < s_kv) & (j < ke.long().to(full.device)[:, None])
+    picked = full.gather(1, j.clamp(0, max(s_kv - 1, 0)))
+    return torch.where(ok, picked, torch.full_like(picked, float("-inf")))
+
+
 def ranges_of(case: dict[str, Any]) -> tuple[list[int], list[int]]:
     """(ks, ke) of stage I1's case: see the module doc.  Plain lists of ints."""
     s, s_kv, kind = int(case["s"]), int(case["s_kv"]), case["ranges"]
@@ -201,7 +226,8 @@ def tensors(case: dict[str, Any]) -> list[TensorSpec]:
         TensorSpec("weights", (s, h), "float32"),
         TensorSpec("ks", (s,), "int32"),
         TensorSpec("ke", (s,), "int32"),
-        TensorSpec("logits", (s, s_kv), logits_dtype(case), "out"),
+        TensorSpec("logits", (s, compressed_width(*ranges_of(case)) if is_compressed(case) else s_kv),
+                   logits_dtype(case), "out"),
     ]
 
 
@@ -231,14 +257,18 @@ def make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> dict:
 
 
 def reference(inputs: dict, case: dict[str, Any]) -> dict:
-    """float64 logits [s, s_kv] from the dequantised values; −inf outside [ks, ke)."""
+    """float64 logits [s, s_kv] from the dequantised values; −inf outside [ks, ke); compressed: [s, W]
+    from ks (`compress`)."""
     import torch
 
     q = inputs["q"].to(torch.float64)
     k = dequantize(inputs["kv"], inputs["kv_scale"])
     j = torch.arange(k.shape[0], device=q.device)
     valid = (j[None, :] >= inputs["ks"].long()[:, None]) & (j[None, :] < inputs["ke"].long()[:, None])
-    return {"logits": as_output(mqa_logits(q, k, inputs["weights"], valid), case)}
+    full = mqa_logits(q, k, inputs["weights"], valid)
+    if is_compressed(case):
+        full = compress(full, inputs["ks"], inputs["ke"], compressed_width(inputs["ks"].tolist(), inputs["ke"].tolist()))
+    return {"logits": as_output(full, case)}
 
 
 def valid_pairs(case: dict[str, Any]) -> int:
@@ -265,7 +295,10 @@ def torch_logits(inputs: dict, case: dict[str, Any]):
     logits = torch.einsum("shk,sh->sk", s, inputs["weights"])
     j = torch.arange(k.shape[0], device=q.device)
     valid = (j[None, :] >= inputs["ks"][:, None]) & (j[None, :] < inputs["ke"][:, None])
-    return logits.masked_fill_(~valid, float("-inf")).to(getattr(torch, logits_dtype(case)))
+    logits = logits.masked_fill_(~valid, float("-inf"))
+    if is_compressed(case):
+        logits = compress(logits, inputs["ks"], inputs["ke"], compressed_width(inputs["ks"].tolist(), inputs["ke"].tolist()))
+    return logits.to(getattr(torch, logits_dtype(case)))
 
 
 # ----------------------------------------------------------------------------- stage I2

@@ -40,11 +40,16 @@ def _fake_deep_gemm(meta_error: str | None = None) -> types.ModuleType:
         assert weights.shape == (s, h) and weights.stride(1) == 1 and weights.dtype == torch.float32
         for r in (ks, ke):
             assert r.dtype == torch.int32 and r.is_contiguous() and r.shape == (s,)
-        assert clean_logits and max_seqlen_k == 0
+        assert max_seqlen_k >= 0 and (max_seqlen_k == 0 or not clean_logits), "DG_HOST_ASSERT(not clean_logits)"
         j = torch.arange(kv_fp.shape[0])
         valid = (j[None, :] >= ks[:, None].long()) & (j[None, :] < ke[:, None].long())
         x = torch.einsum("shd,kd->shk", q.float(), kv_fp.float()) * kv_sf[None, None, :]
         out = (x.relu() * weights[:, :, None]).sum(1)
+        if max_seqlen_k:  # [s, max_seqlen_k] from ks; the columns past ke − ks unwritten (NaN here)
+            c = ks.long()[:, None] + torch.arange(max_seqlen_k)[None, :]
+            picked = out.gather(1, c.clamp(0, out.shape[1] - 1))
+            return picked.masked_fill(c >= ke.long()[:, None], float("nan")).to(logits_dtype)
+        assert clean_logits
         return out.masked_fill(~valid, float("-inf")).to(logits_dtype)  # the clean pass
 
     def get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices=None):
@@ -115,7 +120,8 @@ def test_per_token_lengths_are_each_tokens_causal_limit():
     assert deepgemm.per_token_context_lens(lens, 1).tolist() == [[70], [5]]
 
 
-@pytest.mark.parametrize("options", OPTIONS, ids=_option_id)
+@pytest.mark.parametrize("options", OPTIONS + [{"compressed": True}, {"compressed": True, "logits_dtype": "bf16"}],
+                         ids=_option_id)
 def test_flat_adapter_matches_the_oracle(monkeypatch, options):
     monkeypatch.setitem(__import__("sys").modules, "deep_gemm", _fake_deep_gemm())
     case = {"s": 16, "s_kv": 256, "ranges": "cp", **options}  # ks > ke in row 3, an empty row 5

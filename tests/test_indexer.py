@@ -250,6 +250,34 @@ def test_i1_tolerances_fail_the_named_bugs(bug):
     assert status == "fail", why
 
 
+@pytest.mark.parametrize("case", [{"s": 12, "s_kv": 40, "ranges": "cp"}, {"s": 128, "s_kv": 1024, "ranges": "cp"},
+                                  {"s": 8, "s_kv": 24, "ranges": "causal"}], ids=_ids)
+def test_i1_compressed_logits_are_the_full_rows_from_ks(case):
+    """compressed: logits [s, W], W = max(ke − ks), column c of row i = the full form's key
+    ks[i] + c inside [ks[i], ke[i]), −inf past it (empty rows and ks > ke: −inf everywhere);
+    written from plain loops here, not from `compress`."""
+    comp = {**case, "compressed": True}
+    ks, ke = ix.ranges_of(case)
+    width = max(e - b for b, e in zip(ks, ke))
+    assert [s.shape for s in ix.tensors(comp)][-1] == (case["s"], width)
+    assert (width < case["s_kv"]) == (case["ranges"] == "cp")  # causal: a row sees every key
+    inputs = ix.make_inputs(case, seed=case_seed("I1", case))
+    full = ix.reference(inputs, case)["logits"]
+    got = ix.reference(inputs, comp)["logits"]
+    want = torch.full((case["s"], width), -math.inf, dtype=torch.float64)
+    for i in range(case["s"]):
+        for c in range(width):
+            if ks[i] + c < ke[i]:
+                want[i, c] = full[i, ks[i] + c]
+    assert torch.equal(got, want)
+    empty = [5] + ([3] if case["ranges"] == "cp" else [])  # ks = ke, ks > ke
+    assert all(bool(torch.isinf(got[r]).all()) for r in empty)
+    assert not bool(torch.isinf(got[1, : ke[1] - ks[1]]).any())
+    peer = ix.torch_logits(inputs, comp)
+    m = compare(peer, got)
+    assert peer.shape == got.shape and m.nonfinite == 0 and m.cosine > 0.99999, m
+
+
 @pytest.mark.parametrize("stage", ["I1", "I2"])
 def test_bf16_logits_are_the_exact_logits_rounded_and_the_bugs_still_fail(stage):
     """logits_dtype bf16: the output tensor is bf16 and the reference the float64 logits rounded
@@ -359,9 +387,9 @@ def test_sm90_register_increase_only_where_the_launch_grants_it(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    cases = [["I2", {"b": 1, "next_n": 1, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32"}],
-             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32"}],
-             ["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128, "logits_dtype": "fp32"}]]
+    cases = [["I2", {"b": 1, "next_n": 1, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "compressed": False}],
+             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "compressed": False}],
+             ["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "compressed": False}]]
     env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
            "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
     (tmp_path / "dump").mkdir()
@@ -385,7 +413,7 @@ from harness.execution.compile import compile_case
 root, out = Path(sys.argv[1]), {}
 i1 = load_spec(root=root).stages["I1"]
 wrong = KernelRef("sm_90a", "tests.fixtures.wrong_i1.sm90", "Kernel", root / "tests" / "fixtures" / "wrong_i1" / "sm90.py")
-case = {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128, "logits_dtype": "fp32"}
+case = {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "compressed": False}
 for name, stage in (("stage", i1), ("wrong", dataclasses.replace(i1, kernels={"sm_90a": wrong}, dir=wrong.path.parent))):
     keep = Path(sys.argv[2]) / name
     r = compile_case(root, stage, "sm_90a", case, keep=keep)
@@ -452,8 +480,8 @@ def test_sm90_epilogue_issues_no_global_load(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128, "logits_dtype": "fp32"}],
-             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32"}]]
+    cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "compressed": False}],
+             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "compressed": False}]]
     env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
            "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
     (tmp_path / "dump").mkdir()
@@ -553,9 +581,10 @@ def test_indexer_options_compile_on_both_archs(tmp_path, arch):
     root = Path(__file__).resolve().parents[1]
     cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 32, "head_dim": 64}],
              ["I2", {"b": 8, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 32, "head_dim": 32}],
-             ["I2", {"b": 8, "next_n": 1, "ctx": 200, "block_kv": 64, "logits_dtype": "bf16"}]]
+             ["I2", {"b": 8, "next_n": 1, "ctx": 200, "block_kv": 64, "logits_dtype": "bf16"}],
+             ["I1", {"s": 128, "s_kv": 1024, "ranges": "cp", "compressed": True}]]
     full = {"heads": 64, "head_dim": 128, "logits_dtype": "fp32"}
-    cases = [[st, {**full, **c}] for st, c in cases]
+    cases = [[st, {**full, **({"compressed": False} if st == "I1" else {}), **c}] for st, c in cases]
     env = {**os.environ, "CUTE_DSL_ARCH": arch, "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
            "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
     (tmp_path / "dump").mkdir()
@@ -569,4 +598,5 @@ def test_indexer_options_compile_on_both_archs(tmp_path, arch):
         assert [g[2:5] for g in got[:2]] == [[2, 0, ["m64n64k32"]], [1, 0, ["m64n64k32"]]]
     else:
         assert [g[2:4] for g in got[:2]] == [[0, 2], [0, 1]]
-    assert [g[5:] for g in got] == [[False, False, True], [False, False, True], [True, True, False]]
+    assert [g[5:] for g in got[:3]] == [[False, False, True], [False, False, True], [True, True, False]]
+    assert got[3][0]  # I1's compressed form

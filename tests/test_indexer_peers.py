@@ -24,7 +24,7 @@ def _by(specs):
 
 def test_problem_dims_of_both_stages():
     assert problem_dims("mqa_logits", _by(ix.tensors(I1_CASE))) == {"s": 16, "s_kv": 256, "h": 64, "d": 128,
-                                                                     "logits_bf16": 0}
+                                                                     "logits_bf16": 0, "compressed": 0, "width": 256}
     geo = ix.paged_geometry(I2_CASE)
     assert problem_dims("paged_mqa_logits", _by(ix.paged_tensors(I2_CASE))) == {
         "b": 3, "next_n": 2, "h": 64, "d": 128, "num_blocks": geo["num_blocks"], "block_kv": 64,
@@ -32,7 +32,10 @@ def test_problem_dims_of_both_stages():
     # the stage's options, as the peers see them: heads, head_dim, bf16 logits
     opts = {"heads": 32, "head_dim": 64, "logits_dtype": "bf16"}
     assert problem_dims("mqa_logits", _by(ix.tensors({**I1_CASE, **opts}))) == {
-        "s": 16, "s_kv": 256, "h": 32, "d": 64, "logits_bf16": 1}
+        "s": 16, "s_kv": 256, "h": 32, "d": 64, "logits_bf16": 1, "compressed": 0, "width": 256}
+    width = ix.compressed_width(*ix.ranges_of(I1_CASE))
+    assert 0 < width < 256 and problem_dims("mqa_logits", _by(ix.tensors({**I1_CASE, "compressed": True}))) == {
+        "s": 16, "s_kv": 256, "h": 64, "d": 128, "logits_bf16": 0, "compressed": 1, "width": width}
     dims = problem_dims("paged_mqa_logits", _by(ix.paged_tensors({**I2_CASE, **opts})))
     assert (dims["h"], dims["d"], dims["logits_bf16"]) == (32, 64, 1)
 
@@ -47,18 +50,19 @@ def test_problem_dims_refuse_other_layouts():
     assert problem_dims("paged_mqa_logits", _by([s for s in ix.paged_tensors(I2_CASE) if s.name != "kv_cache"])) == "no tensor kv_cache"
 
 
-@pytest.mark.parametrize("options", [{}, {"heads": 32, "head_dim": 32, "logits_dtype": "bf16"}],
-                         ids=["default", "h32d32bf16"])
+@pytest.mark.parametrize("options", [{}, {"heads": 32, "head_dim": 32, "logits_dtype": "bf16"}, {"compressed": True}],
+                         ids=["default", "h32d32bf16", "compressed"])
 @pytest.mark.parametrize("problem", ["mqa_logits", "paged_mqa_logits"])
 def test_torch_peer_matches_the_oracle(problem, options, monkeypatch):
     monkeypatch.setattr(torch_indexer, "SCORE_BYTES", 1 << 16)  # several chunks
     if problem == "mqa_logits":
         case = {**I1_CASE, **options}
+        assert not case.get("compressed") or ix.tensors(case)[-1].shape[1] < case["s_kv"]
         specs = ix.tensors(case)
         inputs, ref = ix.make_inputs(case, 3), None
         ref = ix.reference(inputs, case)["logits"]
     else:
-        case = {**I2_CASE, **options}
+        case = {**I2_CASE, **{k: v for k, v in options.items() if k != "compressed"}}  # I1's form only
         specs = ix.paged_tensors(case)
         inputs = ix.paged_make_inputs(case, 3)
         ref = ix.paged_reference(inputs, case)["logits"]

@@ -61,6 +61,7 @@ def test_deepgemm_case_lists_match_upstream(monkeypatch):
     monkeypatch.setattr(p, "HEAD_DIMS", (128,))
     monkeypatch.setattr(m, "LOGITS", ("fp32",))
     monkeypatch.setattr(p, "LOGITS", ("fp32",))
+    monkeypatch.setattr(m, "COMPRESSED", False)
     assert (len(m.upstream()), len(p.upstream())) == (216, 30)
     assert Counter(u.commit for u in m.upstream()) == {"54e2261": 192, "80ceeb2": 24}
     assert Counter(u.commit for u in p.upstream()) == {"54e2261": 24, "80ceeb2": 6}
@@ -80,8 +81,10 @@ def test_a_table_edit_makes_cases_supported(monkeypatch):
 
     monkeypatch.setattr(f, "MAX_TOPK", 32768)  # the topk 16384 cases: d_qk 512 now in, 576 still V3.2
     assert sum(not f.reasons(u) for u in f.upstream()) == 4502
-    monkeypatch.setattr(m, "COMPRESSED", True)
-    assert not any("compressed" in r for u in m.upstream() for r in m.reasons(u))
+    from oracles.suites import deepgemm_paged as p
+
+    monkeypatch.setattr(p, "CONTEXT_2D", True)
+    assert not any("per-token" in r for u in p.upstream() for r in p.reasons(u))
 
 
 def test_deepgemm_heads_and_head_dims_are_supported_and_reach_the_kernel(monkeypatch):
@@ -93,6 +96,7 @@ def test_deepgemm_heads_and_head_dims_are_supported_and_reach_the_kernel(monkeyp
 
     monkeypatch.setattr(m, "LOGITS", ("fp32",))
     monkeypatch.setattr(p, "LOGITS", ("fp32",))
+    monkeypatch.setattr(m, "COMPRESSED", False)
     assert (len(m.cases()), len(p.cases())) == (72, 12)
     why = Counter(r.split(":")[0] for mod in (m, p) for u in mod.upstream() for r in mod.reasons(u))
     assert not any(k.startswith(("heads", "head_dim")) for k in why), why
@@ -113,7 +117,7 @@ def test_deepgemm_bf16_logits_are_supported_and_reach_the_kernel():
     from harness.spec.spec import load_spec
     from oracles.suites import deepgemm_mqa as m, deepgemm_paged as p
 
-    assert (len(m.cases()), len(p.cases())) == (120, 18)
+    assert (len([c for c in m.cases() if not c["compressed"]]), len(p.cases())) == (120, 18)
     why = Counter(r.split(":")[0] for mod in (m, p) for u in mod.upstream() for r in mod.reasons(u))
     assert not any("bf16" in k for k in why), why
     stages = load_spec(root=ROOT).stages
@@ -123,11 +127,40 @@ def test_deepgemm_bf16_logits_are_supported_and_reach_the_kernel():
         assert dtypes == {"fp32": "float32", "bf16": "bfloat16"}, (sid, dtypes)
 
 
+def test_deepgemm_compressed_logits_are_supported_and_judged_decompressed():
+    """Issue 35 item 2 (the compressed form): every case of the MQA test is supported (216; 234 of
+    246 with the paged test's 18); a compressed case's logits are [s, max(ke − ks)] of upstream's
+    ranges, reach the kernel as `compressed` (kernel_params), and the pass rule reads them back
+    as upstream's post-process does (`decompress`: the inverse of the oracle's `compress`)."""
+    import torch
+
+    from harness.spec.spec import load_spec
+    from oracles import indexer
+    from oracles.suites import deepgemm_mqa as m, deepgemm_paged as p
+
+    assert (len(m.cases()), len(p.cases())) == (216, 18)
+    assert "compressed" in load_spec(root=ROOT).stages["I1_DEEPGEMM"].kernel_params
+    comp = [c for c in m.cases() if c["compressed"]]
+    assert len(comp) == 96
+    for c in comp[::13]:
+        ks, ke = m.ranges(m.upstream()[c["id"]])
+        assert m.tensors(c)[-1].shape == (c["s"], max(e - b for b, e in zip(ks, ke))) and max(ke) <= c["s_kv"]
+    g = torch.Generator().manual_seed(1)
+    full = torch.randn(6, 40, generator=g, dtype=torch.float64)
+    ks = torch.tensor([0, 3, 10, 7, 20, 5], dtype=torch.int32)
+    ke = torch.tensor([5, 30, 10, 2, 40, 6], dtype=torch.int32)  # an empty row, a row with ks > ke
+    j = torch.arange(40)[None, :]
+    masked = full.masked_fill(~((j >= ks[:, None]) & (j < ke[:, None])), -math.inf)
+    width = indexer.compressed_width(ks.tolist(), ke.tolist())
+    assert width == 27
+    assert torch.equal(m.decompress(indexer.compress(masked, ks, ke, width), ks, ke, 40), masked)
+
+
 def test_suite_list_counts_total_supported_and_reasons():
     r = run_cli(["suite", "deepgemm", "--list"], cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    assert "suite deepgemm: 246 cases, 138 supported" in r.stdout
-    assert "216 cases, 120 supported" in r.stdout and "30 cases, 18 supported" in r.stdout
+    assert "suite deepgemm: 246 cases, 234 supported" in r.stdout
+    assert "216 cases, 216 supported" in r.stdout and "30 cases, 18 supported" in r.stdout
     assert "   12  unsupported: per-token context lengths" in r.stdout
     r = run_cli(["suite", "flashmla", "--list"], cwd=ROOT)
     assert r.returncode == 0, r.stderr

@@ -6,12 +6,14 @@ Built from source on the GPU machine by scripts/build_deepgemm.sh: the PyPI whee
 
 Both through the fp8_fp4_* entry points the legacy fp8_* ones wrap (q as (values, None): FP8),
 so the options the stage's tensors carry reach DeepGEMM: logits_dtype (fp32 or bf16, as the
-stage's logits).
+stage's logits) and the compressed form (max_seqlen_k = the logits' width W when W < s_kv).
 Flat:  fp8_fp4_mqa_logits((q [s, h, d] e4m3, None), (kv [s_kv, d] e4m3, kv_scale [s_kv] fp32),
        weights [s, h] fp32, cu_seq_len_k_start [s], cu_seq_len_k_end [s] int32, clean_logits=True,
        max_seqlen_k=0, logits_dtype) -> logits [s, s_kv], a view of a buffer whose rows are
        padded to 1 KiB; −inf outside [ks, ke) written by DeepGEMM's clean kernel (timed: the fill
-       is part of the job).
+       is part of the job).  Compressed (max_seqlen_k = W): logits [s, W], column c of row i the
+       key ks[i] + c; DeepGEMM asserts clean_logits=False there and leaves the columns past
+       ke − ks unwritten, so the adapter writes −inf there itself (a masked_fill, timed).
 Paged: get_paged_mqa_logits_metadata(context_lens [b, next_n] int32, block_kv, num_sms) outside
        the timing (a serving loop builds it once per step), then fp8_fp4_paged_mqa_logits((q [b,
        next_n, h, d] e4m3, None), fused cache [num_blocks, block_kv, 1, d + 4] uint8, weights
@@ -74,6 +76,17 @@ def make(problem: str, dims: dict[str, int], inputs: dict) -> Callable[[], dict]
     if problem == "mqa_logits":
         q, kv, kv_scale = inputs["q"], inputs["kv"], inputs["kv_scale"]
         w, ks, ke = inputs["weights"], inputs["ks"], inputs["ke"]
+
+        if dims.get("compressed"):
+            width = dims["width"]
+            past = torch.arange(width, device=q.device)[None, :] >= (ke - ks)[:, None]  # [s, W]: past ke
+
+            def run_compressed() -> dict:
+                out = deep_gemm.fp8_fp4_mqa_logits((q, None), (kv, kv_scale), w, ks, ke, clean_logits=False,
+                                                   max_seqlen_k=width, logits_dtype=logits_dtype)
+                return {"logits": out.masked_fill_(past, float("-inf"))}
+
+            return run_compressed
 
         def run() -> dict:
             return {"logits": deep_gemm.fp8_fp4_mqa_logits((q, None), (kv, kv_scale), w, ks, ke, clean_logits=True,

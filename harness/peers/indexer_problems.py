@@ -2,7 +2,10 @@
 
   mqa_logits        q [s, h, d] e4m3, kv [s_kv, d] e4m3, kv_scale [s_kv] fp32, weights [s, h] fp32,
                     ks [s], ke [s] int32 -> logits [s, s_kv] fp32 or bf16 (dims' logits_bf16: 0 | 1):
-                    Σ_h relu(q·k·kv_scale)·w over ks ≤ j < ke, −inf elsewhere
+                    Σ_h relu(q·k·kv_scale)·w over ks ≤ j < ke, −inf elsewhere; or, narrower,
+                    logits [s, W] (dims' compressed 1, width W < s_kv): DeepGEMM's max_seqlen_k
+                    form, column c of row i the logit of key ks[i] + c (−inf past ke[i]).  A
+                    compressed form W = s_kv wide has the full form's shape and is read as it
   paged_mqa_logits  q [b, next_n, h, d] e4m3, kv_cache [num_blocks, block_kv, 1, d + 4] uint8 (per
                     block: block_kv·d e4m3 values, then block_kv fp32 scales), context_lens [b],
                     block_table [b, max_blocks] int32, weights [b·next_n, h] fp32 ->
@@ -41,10 +44,12 @@ def problem_dims(problem: str, by: dict[str, Any]) -> dict[str, int] | str:
         q, kv, sc, w, ks, ke, out = got
         s, h, d = q
         s_kv = kv[0]
-        if kv != (s_kv, d) or sc != (s_kv,) or w != (s, h) or ks != (s,) or ke != (s,) or out != (s, s_kv):
+        if kv != (s_kv, d) or sc != (s_kv,) or w != (s, h) or ks != (s,) or ke != (s,) or out[0] != s \
+                or not 0 < out[1] <= s_kv:
             return (f"shapes q {list(q)} kv {list(kv)} kv_scale {list(sc)} weights {list(w)} ks {list(ks)} "
                     f"ke {list(ke)} logits {list(out)} are not the mqa_logits layout")
-        return {"s": s, "s_kv": s_kv, "h": h, "d": d, "logits_bf16": bf16}
+        return {"s": s, "s_kv": s_kv, "h": h, "d": d, "logits_bf16": bf16, "compressed": int(out[1] < s_kv),
+                "width": out[1]}
     if problem == "paged_mqa_logits":
         got = [need("q", 4, "float8_e4m3fn"), need("kv_cache", 4, "uint8"), need("context_lens", 1, "int32"),
                need("block_table", 2, "int32"), need("weights", 2, "float32"), need("logits", 2, logits_dtype, "out")]

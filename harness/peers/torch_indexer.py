@@ -50,7 +50,12 @@ def make(problem: str, dims: dict[str, int], inputs: dict) -> Callable[[], dict]
                 sc = (qb[r0 * h:r1 * h] @ k.T).float().relu_().view(r1 - r0, h, s_kv)
                 out[r0:r1] = torch.einsum("rhk,rh->rk", sc, w[r0:r1])
             valid = (j[None, :] >= ks[:, None]) & (j[None, :] < ke[:, None])
-            return {"logits": out.masked_fill_(~valid, float("-inf")).to(out_dtype)}
+            out = out.masked_fill_(~valid, float("-inf"))
+            if dims.get("compressed"):  # [s, W] from ks: column c of row i is key ks[i] + c
+                c = ks.long()[:, None] + torch.arange(dims["width"], device=q.device)[None, :]
+                inside = (c < ke.long()[:, None]) & (c >= 0) & (c < s_kv)
+                out = out.gather(1, c.clamp(0, s_kv - 1)).masked_fill_(~inside, float("-inf"))
+            return {"logits": out.to(out_dtype)}
 
         return run
 

@@ -48,6 +48,7 @@ from stages.common.indexer import (
     check_heads,
     check_logits,
     check_output,
+    fill_compressed,
     fill_rows,
     key_tile_range,
     launch,
@@ -74,10 +75,12 @@ class Kernel(Sm100LogitsCta):
     BLOCK_K = 128  # keys per tile = M
     STAGES = 4  # K slots of 16 KiB
 
-    def __init__(self, *, s: int, s_kv: int, heads: int = HEADS, head_dim: int = DIM, logits_dtype: str = "fp32"):
+    def __init__(self, *, s: int, s_kv: int, heads: int = HEADS, head_dim: int = DIM, logits_dtype: str = "fp32",
+                 compressed: bool = False):
         check_flat_shape("stage I1 sm100", s, s_kv, self.BLOCK_Q, self.BLOCK_K)
         check_heads("stage I1 sm100", heads, head_dim)
         self.out_dtype = check_logits("stage I1 sm100", logits_dtype)
+        self.compressed = bool(compressed)  # logits [s, W] from ks (DeepGEMM's max_seqlen_k form)
         self.s, self.s_kv = s, s_kv
         self.heads, self.dim = heads, head_dim
         self.n = heads * self.BLOCK_Q
@@ -97,6 +100,7 @@ class Kernel(Sm100LogitsCta):
     ):
         s = self.s
         check_output("stage I1 sm100", logits, self.out_dtype)
+        self.width = logits.shape[1]  # s_kv, or W of the compressed form
         dtype = q.element_type
         mQ = q_rows(q, s * self.heads, self.dim)
         mma = self.logits_mma(dtype)
@@ -129,8 +133,12 @@ class Kernel(Sm100LogitsCta):
                           cta.tmem_ptr, cta.acc_layout, self.acc_cols)
         if warp_idx >= self.FILL_WARPS[0]:
             ftid = tidx - 32 * self.FILL_WARPS[0]
-            fill_rows(mOut, block * bq, bq, 0, tile_begin * bk, ftid, self.FILL_THREADS)
-            fill_rows(mOut, block * bq, bq, tile_end * bk, self.s_kv, ftid, self.FILL_THREADS)
+            if cutlass.const_expr(self.compressed):
+                fill_compressed(mOut, mKs, block * bq, bq, tile_begin * bk, tile_end * bk, self.width, ftid,
+                                self.FILL_THREADS)
+            else:
+                fill_rows(mOut, block * bq, bq, 0, tile_begin * bk, ftid, self.FILL_THREADS)
+                fill_rows(mOut, block * bq, bq, tile_end * bk, self.s_kv, ftid, self.FILL_THREADS)
         if warp_idx <= self.EPI_WARPS[-1]:
             self.epilogue(block, tidx, tile_begin, tile_end, cta.acc_cons, mma, cta.tmem_ptr, cta.acc_layout,
                           cta.sW, mW, mScale, mKs, mKe, mOut, cta.epi_sync)
@@ -170,4 +178,9 @@ class Kernel(Sm100LogitsCta):
             key = tile * bk + tidx
             scale = mScale[key]
             for t in cutlass.range_constexpr(bq):
-                mOut[block * bq + t, key] = to_output(masked_logit(sums[t] * scale, key, lo, hi, t), mOut)
+                if cutlass.const_expr(self.compressed):  # column key − ks of a row W wide
+                    col = key - lo[t]
+                    if (col >= 0) & (col < self.width):
+                        mOut[block * bq + t, col] = to_output(masked_logit(sums[t] * scale, key, lo, hi, t), mOut)
+                else:
+                    mOut[block * bq + t, key] = to_output(masked_logit(sums[t] * scale, key, lo, hi, t), mOut)

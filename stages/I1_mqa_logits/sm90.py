@@ -62,6 +62,7 @@ from stages.common.indexer import (
     check_heads,
     check_logits,
     check_output,
+    fill_compressed,
     fill_rows,
     head_partial,
     head_weights,
@@ -105,10 +106,12 @@ class Kernel:
     LOAD_REGS = 24
     STAGES = 8  # K slots of 8 KiB
 
-    def __init__(self, *, s: int, s_kv: int, heads: int = HEADS, head_dim: int = DIM, logits_dtype: str = "fp32"):
+    def __init__(self, *, s: int, s_kv: int, heads: int = HEADS, head_dim: int = DIM, logits_dtype: str = "fp32",
+                 compressed: bool = False):
         check_flat_shape("stage I1 sm90", s, s_kv, self.BLOCK_Q, self.BLOCK_K)
         check_heads("stage I1 sm90", heads, head_dim)
         self.out_dtype = check_logits("stage I1 sm90", logits_dtype)
+        self.compressed = bool(compressed)  # logits [s, W] from ks (DeepGEMM's max_seqlen_k form)
         self.s, self.s_kv = s, s_kv
         self.heads, self.dim = heads, head_dim
         self.n = heads * self.WG_Q  # N of one warpgroup's MMA
@@ -127,6 +130,7 @@ class Kernel:
     ):
         s, bk, n = self.s, self.BLOCK_K, self.n
         check_output("stage I1 sm90", logits, self.out_dtype)
+        self.width = logits.shape[1]  # s_kv, or W of the compressed form
         dtype = q.element_type
         mQ = q_rows(q, s * self.heads, self.dim)
         # Q slots: a quarter of the token block per warpgroup (its B operand).
@@ -159,8 +163,12 @@ class Kernel:
                 self.load(block, tile_begin, tile_end, q_pipe, k_pipe, ops, sQ, sK)
             else:  # fill warps: −inf in the block's rows outside the tile range
                 ftid = tidx - self.MMA_THREADS - 32
-                fill_rows(mOut, block * bq, bq, 0, tile_begin * bk, ftid, self.FILL_THREADS)
-                fill_rows(mOut, block * bq, bq, tile_end * bk, self.s_kv, ftid, self.FILL_THREADS)
+                if cutlass.const_expr(self.compressed):
+                    fill_compressed(mOut, mKs, block * bq, bq, tile_begin * bk, tile_end * bk, self.width, ftid,
+                                    self.FILL_THREADS)
+                else:
+                    fill_rows(mOut, block * bq, bq, 0, tile_begin * bk, ftid, self.FILL_THREADS)
+                    fill_rows(mOut, block * bq, bq, tile_end * bk, self.s_kv, ftid, self.FILL_THREADS)
         else:
             cute.arch.setmaxregister_increase(self.MMA_REGS)
             self.logits(block, tidx, tile_begin, tile_end, q_pipe, k_pipe, ops.mma, sQ, sK, mScale, mW, mKs, mKe, mOut)
@@ -210,7 +218,8 @@ class Kernel:
             wgmma_sync(mma, acc, tCrK, tCrQ, a_slot=k_state.index, b_slot=wg, zero_init=True)
             k_pipe.consumer_release(k_state)
             k_state.advance()
-            sm90_store_logits(mOut, row0, acc, coords, w, tile * bk, sc, lo, hi, tidx, self.head_partial, wq)
+            sm90_store_logits(mOut, row0, acc, coords, w, tile * bk, sc, lo, hi, tidx, self.head_partial, wq,
+                              compressed=self.width if self.compressed else None)
 
     @cute.jit
     def head_partial(self, acc_rc, w, r: cutlass.Constexpr[int], first: cutlass.Constexpr[int],

@@ -29,6 +29,8 @@ Both archs
     token_ranges, causal_limits   lo / hi per token in registers
     masked_logit         the value a (key, token) gets: the logit inside the range, else −inf
     fill_rows            −inf over a column range of consecutive output rows (fill warps)
+    fill_compressed      the same for I1's compressed rows (column c of row r ↔ key ks[r] + c):
+                         −inf over each row's columns outside the computed keys
 
 Hopper (wgmma, accumulator in registers; a row is one key, its columns spread over a quad)
     sm90_logits_mma      the tiled FP8 wgmma K_tile · Q_blockᵀ, proved token-aligned
@@ -279,6 +281,22 @@ def fill_rows(out: cute.Tensor, first_row, rows: cutlass.Constexpr[int], begin, 
         fill_neg_inf(out, first_row + t, begin, end, tid, threads)
 
 
+@cute.jit
+def fill_compressed(out: cute.Tensor, mKs: cute.Tensor, first_row, rows: cutlass.Constexpr[int], begin, end,
+                    width: cutlass.Constexpr[int], tid, threads: cutlass.Constexpr[int]):
+    """I1's compressed logits (DeepGEMM's max_seqlen_k form): row r's column c is key ks[r] + c,
+    c < width.  The epilogue writes the columns of the computed keys [begin, end), i.e. [a, b)
+    with a = clamp(begin − ks[r], 0, width), b = clamp(end − ks[r], 0, width); the fill writes −inf
+    over [0, a) and [b, width), for rows first_row … first_row + rows − 1."""
+    zero = cutlass.Int32(0)
+    for t in cutlass.range_constexpr(rows):
+        ks = mKs[first_row + t]
+        a = cutlass.min(cutlass.max(begin - ks, zero), cutlass.Int32(width))
+        b = cutlass.min(cutlass.max(end - ks, zero), cutlass.Int32(width))
+        fill_neg_inf(out, first_row + t, zero, a, tid, threads)
+        fill_neg_inf(out, first_row + t, b, cutlass.Int32(width), tid, threads)
+
+
 # ---------------------------------------------------------------------------------------
 # Hopper
 
@@ -441,7 +459,7 @@ def load_row_scales(sc: cute.Tensor, scales: cute.Tensor, coords: cute.Tensor):
 @cute.jit
 def sm90_store_logits(out: cute.Tensor, first_row, acc: cute.Tensor, coords: cute.Tensor, w: cute.Tensor, key0,
                       sc: cute.Tensor, lo, hi, tid, partial_heads, tokens: cutlass.Constexpr[int],
-                      width: cutlass.Constexpr = None):
+                      width: cutlass.Constexpr = None, compressed: cutlass.Constexpr = None):
     """The fused epilogue of one key tile: for each accumulator row r of this thread (key =
     key0 + slot, slot = coords[r, 0][0]; sc[r] its key scale, `load_row_scales`, already in
     registers) and each token t < tokens,
@@ -454,7 +472,9 @@ def sm90_store_logits(out: cute.Tensor, first_row, acc: cute.Tensor, coords: cut
     sum and stores it: one store a lane per four pairs, no branch (its key, scale, range and
     output row picked by `quad_pick`).  When the pairs are not a multiple of 4 (I2 at
     next_n = 1: 2), a butterfly per pair and lane p mod 4 stores it.  `width`: no store at
-    key ≥ width (None: every key of the tile is inside the output)."""
+    key ≥ width (None: every key of the tile is inside the output).  `compressed` (I1's compressed
+    logits, quad path only): the output's width W; the logit goes to column key − lo[t], stored
+    where 0 ≤ column < W (None: to column key)."""
     acc_rc = acc_rows_cols(acc)
     rows = cute.size(coords, mode=[0])
     per_token = cute.size(coords, mode=[1]) // tokens
@@ -477,12 +497,18 @@ def sm90_store_logits(out: cute.Tensor, first_row, acc: cute.Tensor, coords: cut
             value = F32(cutlass.select_(inside, total * quad_pick(q, scales, rs, cutlass.select_), -F32.inf))
             row = quad_pick(q, out_rows, ts, cutlass.select_)
             value = to_output(value, out)
-            if cutlass.const_expr(width is None):
+            if cutlass.const_expr(compressed is not None):
+                col = key - quad_pick(q, los, ts, cutlass.select_)
+                if (col >= 0) & (col < compressed):
+                    out[row, col] = value
+            elif cutlass.const_expr(width is None):
                 out[row, key] = value
             else:
                 if key < width:
                     out[row, key] = value
     else:
+        if cutlass.const_expr(compressed is not None):
+            raise ValueError("sm90_store_logits: compressed logits take the quad path (rows · tokens a multiple of 4)")
         for r in cutlass.range_constexpr(rows):
             key = key0 + coords[r, 0][0]
             for t in cutlass.range_constexpr(tokens):
