@@ -10,6 +10,10 @@ bounds measure the kernel's error, not bf16's rounding (rel_l2 ~1.7e-3 by itself
 I1 also takes `compressed` (false | true; default false): DeepGEMM's max_seqlen_k form, logits
 [s, W] with W = max(ke − ks) (`compressed_width`) and column c of row i the logit of key
 ks[i] + c — −inf where that key is outside [ks[i], ke[i]) or [0, s_kv) (`compress`).
+I2 also takes `context_2d` (false | true; default false): DeepGEMM's per-token context lengths
+context_lens [b, next_n], token t of sequence i seeing the keys < context_lens[i, t]
+(`token_context_lens`: the last token the sequence's length, the others drawn in [0, length] as
+DeepGEMM's test draws them, so a token may see fewer keys than the one before it).
 
 −inf where key j is not in query i's range.  The reference is float64 from the dequantised
 fp8 values (the same bytes the kernel reads), computed in chunks so a bench shape's sampled rows
@@ -317,6 +321,29 @@ def context_lens_of(case: dict[str, Any]) -> list[int]:
     return lens
 
 
+def is_context_2d(case: dict[str, Any]) -> bool:
+    """I2's `context_2d` axis (false without it)."""
+    return bool(case.get("context_2d", False))
+
+
+def token_context_lens(case: dict[str, Any]) -> list[list[int]]:
+    """[b][next_n] per-token context lengths of a context_2d case (a pure function of the case):
+    token next_n − 1 of sequence i sees its whole context (context_lens_of), token t < next_n − 1
+    the keys < an integer drawn in [0, that length] (DeepGEMM: ((len + 1) · U[0, 1)).int())."""
+    b, next_n, ctx = int(case["b"]), int(case["next_n"]), int(case["ctx"])
+    rng = random.Random(f"I2-2d|{b}|{next_n}|{ctx}|{case['block_kv']}")
+    return [[rng.randint(0, n) for _ in range(next_n - 1)] + [n] for n in context_lens_of(case)]
+
+
+def token_limits(inputs: dict, next_n: int) -> list[list[int]]:
+    """[b][next_n]: token t of sequence i sees the keys < limit — from 2-D context_lens as they
+    are, from 1-D ones len − next_n + t + 1 (the causal limit)."""
+    lens = inputs["context_lens"]
+    if lens.dim() == 2:
+        return lens.tolist()
+    return [[n - next_n + t + 1 for t in range(next_n)] for n in lens.tolist()]
+
+
 def paged_geometry(case: dict[str, Any]) -> dict[str, int]:
     """{'max_blocks', 'max_len', 'num_blocks'} of stage I2's case: the table has one block
     beyond the longest context (so every row ends in −inf), the cache the sequences' blocks
@@ -335,7 +362,7 @@ def paged_tensors(case: dict[str, Any]) -> list[TensorSpec]:
     return [
         TensorSpec("q", (b, next_n, h, d), "float8_e4m3fn"),
         TensorSpec("kv_cache", (geo["num_blocks"], bk, 1, d + 4), "uint8"),
-        TensorSpec("context_lens", (b,), "int32"),
+        TensorSpec("context_lens", (b, next_n) if is_context_2d(case) else (b,), "int32"),
         TensorSpec("block_table", (b, geo["max_blocks"]), "int32"),
         TensorSpec("weights", (b * next_n, h), "float32"),
         TensorSpec("logits", (b * next_n, geo["max_len"]), logits_dtype(case), "out"),
@@ -378,7 +405,8 @@ def paged_make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> d
     return {
         "q": q.to(device),
         "kv_cache": pack_paged_cache(values, scale).to(device),
-        "context_lens": torch.tensor(lens, dtype=torch.int32, device=device),
+        "context_lens": torch.tensor(token_context_lens(case) if is_context_2d(case) else lens, dtype=torch.int32,
+                                     device=device),
         "block_table": table.to(device),
         "weights": weights.to(device),
     }
@@ -386,7 +414,8 @@ def paged_make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> d
 
 def paged_reference(inputs: dict, case: dict[str, Any]) -> dict:
     """float64 logits [b·next_n, max_len]: gather each sequence's keys through its block
-    table, dequantise, and keep the positions ≤ each query token's position."""
+    table, dequantise, and keep the positions ≤ each query token's position (2-D context
+    lengths: < the token's own length)."""
     import torch
 
     q = inputs["q"]
@@ -396,13 +425,13 @@ def paged_reference(inputs: dict, case: dict[str, Any]) -> dict:
     bk = values.shape[1]
     max_len = table.shape[1] * bk
     out = torch.full((b * next_n, max_len), float("-inf"), dtype=torch.float64, device=q.device)
-    for i, n in enumerate(inputs["context_lens"].tolist()):
+    for i, limits in enumerate(token_limits(inputs, next_n)):
+        n = max(0, min(max(limits), max_len))  # the keys any token of the sequence sees
         nblk = math.ceil(n / bk)
         blocks = table[i, :nblk].long()
         k = dequantize(values[blocks].reshape(nblk * bk, -1)[:n], scale[blocks].reshape(-1)[:n])
-        pos = torch.arange(n - next_n, n, device=q.device)
         j = torch.arange(n, device=q.device)
-        valid = j[None, :] <= pos[:, None]
+        valid = j[None, :] < torch.tensor(limits, device=q.device)[:, None]
         rows = slice(i * next_n, (i + 1) * next_n)
         out[rows, :n] = mqa_logits(q[i].to(torch.float64), k, inputs["weights"][rows], valid)
     return {"logits": as_output(out, case)}
@@ -411,7 +440,10 @@ def paged_reference(inputs: dict, case: dict[str, Any]) -> dict:
 def paged_flops(case: dict[str, Any]) -> float:
     """2 · h · d per (query token, visible key) pair."""
     next_n = int(case["next_n"])
-    pairs = sum(sum(n - next_n + t + 1 for t in range(next_n)) for n in context_lens_of(case))
+    if is_context_2d(case):
+        pairs = sum(sum(row) for row in token_context_lens(case))
+    else:
+        pairs = sum(sum(n - next_n + t + 1 for t in range(next_n)) for n in context_lens_of(case))
     h, d = heads_dim(case)
     return 2.0 * h * d * pairs
 
@@ -431,7 +463,11 @@ def torch_paged_logits(inputs: dict, case: dict[str, Any]):
     k = k.reshape(b, max_len, -1)
     s = torch.einsum("bthd,bkd->bthk", q.to(torch.bfloat16), k).float().relu_()
     logits = torch.einsum("bthk,bth->btk", s, inputs["weights"].view(b, next_n, -1))
-    pos = inputs["context_lens"][:, None] - next_n + torch.arange(next_n, device=q.device)[None, :]
+    lens = inputs["context_lens"]
+    if lens.dim() == 2:  # per token: keys < context_lens[i, t]
+        pos = lens - 1
+    else:
+        pos = lens[:, None] - next_n + torch.arange(next_n, device=q.device)[None, :]
     j = torch.arange(max_len, device=q.device)
     valid = j[None, None, :] <= pos[..., None]
     out = logits.masked_fill_(~valid, float("-inf")).reshape(b * next_n, max_len)

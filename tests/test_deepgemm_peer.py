@@ -101,7 +101,8 @@ def _option_id(o: dict) -> str:
     return "-".join(f"{k}{v}" for k, v in o.items()) or "default"
 
 
-@pytest.mark.parametrize("options", OPTIONS, ids=_option_id)
+@pytest.mark.parametrize("options", OPTIONS + [{"context_2d": True}, {"context_2d": True, "logits_dtype": "bf16"}],
+                         ids=_option_id)
 @pytest.mark.parametrize("next_n", [1, 2])
 def test_paged_adapter_matches_the_oracle(monkeypatch, next_n, options):
     """The stage's options reach DeepGEMM (its answer has the stage's dtype and shape)."""

@@ -21,7 +21,9 @@ I1_SMALL = [{"s": 8, "s_kv": 24, "ranges": "causal"}, {"s": 12, "s_kv": 40, "ran
             {"s": 4, "s_kv": 16, "ranges": "causal", "heads": 32, "head_dim": 64}]
 I2_SMALL = [{"b": 3, "next_n": 2, "ctx": 40, "block_kv": 16}, {"b": 1, "next_n": 1, "ctx": 30, "block_kv": 8},
             {"b": 2, "next_n": 2, "ctx": 30, "block_kv": 8, "heads": 32, "head_dim": 32},
-            {"b": 2, "next_n": 1, "ctx": 20, "block_kv": 8, "heads": 32, "head_dim": 64}]
+            {"b": 2, "next_n": 1, "ctx": 20, "block_kv": 8, "heads": 32, "head_dim": 64},
+            {"b": 3, "next_n": 3, "ctx": 40, "block_kv": 16, "context_2d": True},
+            {"b": 2, "next_n": 1, "ctx": 30, "block_kv": 8, "context_2d": True}]
 
 
 def _ids(c: dict) -> str:
@@ -155,9 +157,10 @@ def loops_i2(inputs) -> list[list[float]]:
     w = inputs["weights"].double().tolist()
     max_len = len(table[0]) * bk
     out = []
-    for i, n in enumerate(inputs["context_lens"].tolist()):
+    lens = inputs["context_lens"]
+    for i, n in enumerate(lens.tolist()):
         for t in range(next_n):
-            pos = n - next_n + t
+            pos = n[t] - 1 if lens.dim() == 2 else n - next_n + t  # 2-D: token t sees keys < ctx[i, t]
             row = [-math.inf] * max_len
             for p in range(pos + 1):
                 raw = cache[table[i][p // bk]].reshape(-1)
@@ -185,6 +188,32 @@ def test_i2_oracle_matches_plain_loops(case):
     assert torch.equal(torch.isinf(ref), torch.isinf(want)) and not torch.isnan(ref).any()
     fin = torch.isfinite(want)
     assert torch.allclose(ref[fin], want[fin], rtol=1e-12, atol=1e-9)
+
+
+def test_i2_context_2d_is_per_token():
+    """context_2d: context_lens [b, next_n], the last token's the sequence's length (so the cache,
+    its NaN slots and the table are the 1-D case's), the others in [0, length] — not the causal
+    limits (some token sees fewer keys than the one before it); −inf exactly at j ≥ ctx[i, t]."""
+    case = {"b": 8, "next_n": 2, "ctx": 300, "block_kv": 64}
+    c2 = {**case, "context_2d": True}
+    assert [s.shape for s in ix.paged_tensors(c2)][2] == (8, 2) and ix.paged_tensors(case)[2].shape == (8,)
+    lens2 = ix.token_context_lens(c2)
+    assert [row[-1] for row in lens2] == ix.context_lens_of(case) and lens2 == ix.token_context_lens(c2)
+    assert all(0 <= row[0] <= row[1] for row in lens2) and any(row[0] < row[1] - 1 for row in lens2)
+    one, two = ix.paged_make_inputs(case, seed=5), ix.paged_make_inputs(c2, seed=5)
+    assert torch.equal(one["kv_cache"], two["kv_cache"]) and torch.equal(one["block_table"], two["block_table"])
+    assert two["context_lens"].tolist() == lens2
+    ref = ix.paged_reference(two, c2)["logits"]
+    j = torch.arange(ref.shape[1])
+    assert torch.equal(ref == -math.inf, j[None, :] >= torch.tensor(lens2).view(-1)[:, None])
+    assert not torch.isnan(ref).any()
+    assert ix.paged_flops(c2) == 2 * 64 * 128 * int((ref > -math.inf).sum())
+    # the last token's row is the 1-D case's; the first's is not the causal one
+    ref1 = ix.paged_reference(one, case)["logits"]
+    assert torch.equal(ref[1::2], ref1[1::2]) and not torch.equal(ref[0::2], ref1[0::2])
+    peer = ix.torch_paged_logits(two, c2)
+    m = compare(peer, ref)
+    assert m.nonfinite == 0 and m.cosine > 0.99999, m
 
 
 def test_i2_neg_inf_past_each_causal_limit_and_nan_keys_planted():
@@ -387,8 +416,8 @@ def test_sm90_register_increase_only_where_the_launch_grants_it(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    cases = [["I2", {"b": 1, "next_n": 1, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "compressed": False}],
-             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "compressed": False}],
+    cases = [["I2", {"b": 1, "next_n": 1, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "context_2d": False}],
+             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "context_2d": False}],
              ["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "compressed": False}]]
     env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
            "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
@@ -481,7 +510,7 @@ def test_sm90_epilogue_issues_no_global_load(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "compressed": False}],
-             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "compressed": False}]]
+             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "context_2d": False}]]
     env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
            "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
     (tmp_path / "dump").mkdir()
@@ -571,7 +600,8 @@ def test_indexer_options_compile_on_both_archs(tmp_path, arch):
     """Issue 35 item 2: the kernels specialised for the options compile (sm_100a on the CPU too,
     compile-only): 32 heads and head_dim 32 / 64 with N = tokens · heads and d / 32 MMAs a tile
     (I1 32 heads of 64 — sm90: m64n64k32 × 2 a tile; sm100 × 2 —, I2 32 heads of 32 at next_n 2,
-    × 1), and bf16 logits (I2: every store a 16-bit one after a cvt.rn.bf16.f32, none 32-bit)."""
+    × 1), bf16 logits (I2: every store a 16-bit one after a cvt.rn.bf16.f32, none 32-bit), I1's
+    compressed form and I2's 2-D context lengths."""
     import json
     import os
     import subprocess
@@ -582,9 +612,10 @@ def test_indexer_options_compile_on_both_archs(tmp_path, arch):
     cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 32, "head_dim": 64}],
              ["I2", {"b": 8, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 32, "head_dim": 32}],
              ["I2", {"b": 8, "next_n": 1, "ctx": 200, "block_kv": 64, "logits_dtype": "bf16"}],
-             ["I1", {"s": 128, "s_kv": 1024, "ranges": "cp", "compressed": True}]]
+             ["I1", {"s": 128, "s_kv": 1024, "ranges": "cp", "compressed": True}],
+             ["I2", {"b": 8, "next_n": 2, "ctx": 200, "block_kv": 64, "context_2d": True}]]
     full = {"heads": 64, "head_dim": 128, "logits_dtype": "fp32"}
-    cases = [[st, {**full, **({"compressed": False} if st == "I1" else {}), **c}] for st, c in cases]
+    cases = [[st, {**full, **({"compressed": False} if st == "I1" else {"context_2d": False}), **c}] for st, c in cases]
     env = {**os.environ, "CUTE_DSL_ARCH": arch, "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
            "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
     (tmp_path / "dump").mkdir()
@@ -599,4 +630,4 @@ def test_indexer_options_compile_on_both_archs(tmp_path, arch):
     else:
         assert [g[2:4] for g in got[:2]] == [[0, 2], [0, 1]]
     assert [g[5:] for g in got[:3]] == [[False, False, True], [False, False, True], [True, True, False]]
-    assert got[3][0]  # I1's compressed form
+    assert got[3][0] and got[4][0]  # I1's compressed form, I2's 2-D context lengths

@@ -28,7 +28,7 @@ def test_problem_dims_of_both_stages():
     geo = ix.paged_geometry(I2_CASE)
     assert problem_dims("paged_mqa_logits", _by(ix.paged_tensors(I2_CASE))) == {
         "b": 3, "next_n": 2, "h": 64, "d": 128, "num_blocks": geo["num_blocks"], "block_kv": 64,
-        "max_blocks": geo["max_blocks"], "max_len": geo["max_len"], "logits_bf16": 0}
+        "max_blocks": geo["max_blocks"], "max_len": geo["max_len"], "logits_bf16": 0, "context_2d": 0}
     # the stage's options, as the peers see them: heads, head_dim, bf16 logits
     opts = {"heads": 32, "head_dim": 64, "logits_dtype": "bf16"}
     assert problem_dims("mqa_logits", _by(ix.tensors({**I1_CASE, **opts}))) == {
@@ -37,7 +37,8 @@ def test_problem_dims_of_both_stages():
     assert 0 < width < 256 and problem_dims("mqa_logits", _by(ix.tensors({**I1_CASE, "compressed": True}))) == {
         "s": 16, "s_kv": 256, "h": 64, "d": 128, "logits_bf16": 0, "compressed": 1, "width": width}
     dims = problem_dims("paged_mqa_logits", _by(ix.paged_tensors({**I2_CASE, **opts})))
-    assert (dims["h"], dims["d"], dims["logits_bf16"]) == (32, 64, 1)
+    assert (dims["h"], dims["d"], dims["logits_bf16"], dims["context_2d"]) == (32, 64, 1, 0)
+    assert problem_dims("paged_mqa_logits", _by(ix.paged_tensors({**I2_CASE, "context_2d": True})))["context_2d"] == 1
 
 
 def test_problem_dims_refuse_other_layouts():
@@ -50,14 +51,16 @@ def test_problem_dims_refuse_other_layouts():
     assert problem_dims("paged_mqa_logits", _by([s for s in ix.paged_tensors(I2_CASE) if s.name != "kv_cache"])) == "no tensor kv_cache"
 
 
-@pytest.mark.parametrize("options", [{}, {"heads": 32, "head_dim": 32, "logits_dtype": "bf16"}, {"compressed": True}],
-                         ids=["default", "h32d32bf16", "compressed"])
+@pytest.mark.parametrize("options", [{}, {"heads": 32, "head_dim": 32, "logits_dtype": "bf16"}, {"compressed": True},
+                                     {"context_2d": True}],
+                         ids=["default", "h32d32bf16", "compressed", "context_2d"])
 @pytest.mark.parametrize("problem", ["mqa_logits", "paged_mqa_logits"])
 def test_torch_peer_matches_the_oracle(problem, options, monkeypatch):
     monkeypatch.setattr(torch_indexer, "SCORE_BYTES", 1 << 16)  # several chunks
     if problem == "mqa_logits":
         case = {**I1_CASE, **options}
         assert not case.get("compressed") or ix.tensors(case)[-1].shape[1] < case["s_kv"]
+        case.pop("context_2d", None)  # I2's option
         specs = ix.tensors(case)
         inputs, ref = ix.make_inputs(case, 3), None
         ref = ix.reference(inputs, case)["logits"]

@@ -62,6 +62,7 @@ def test_deepgemm_case_lists_match_upstream(monkeypatch):
     monkeypatch.setattr(m, "LOGITS", ("fp32",))
     monkeypatch.setattr(p, "LOGITS", ("fp32",))
     monkeypatch.setattr(m, "COMPRESSED", False)
+    monkeypatch.setattr(p, "CONTEXT_2D", False)
     assert (len(m.upstream()), len(p.upstream())) == (216, 30)
     assert Counter(u.commit for u in m.upstream()) == {"54e2261": 192, "80ceeb2": 24}
     assert Counter(u.commit for u in p.upstream()) == {"54e2261": 24, "80ceeb2": 6}
@@ -83,8 +84,8 @@ def test_a_table_edit_makes_cases_supported(monkeypatch):
     assert sum(not f.reasons(u) for u in f.upstream()) == 4502
     from oracles.suites import deepgemm_paged as p
 
-    monkeypatch.setattr(p, "CONTEXT_2D", True)
-    assert not any("per-token" in r for u in p.upstream() for r in p.reasons(u))
+    monkeypatch.setattr(p, "CONTEXT_2D", False)  # (the stage takes all four options now: one taken away)
+    assert sum("per-token" in r for u in p.upstream() for r in p.reasons(u)) == 12
 
 
 def test_deepgemm_heads_and_head_dims_are_supported_and_reach_the_kernel(monkeypatch):
@@ -97,6 +98,7 @@ def test_deepgemm_heads_and_head_dims_are_supported_and_reach_the_kernel(monkeyp
     monkeypatch.setattr(m, "LOGITS", ("fp32",))
     monkeypatch.setattr(p, "LOGITS", ("fp32",))
     monkeypatch.setattr(m, "COMPRESSED", False)
+    monkeypatch.setattr(p, "CONTEXT_2D", False)
     assert (len(m.cases()), len(p.cases())) == (72, 12)
     why = Counter(r.split(":")[0] for mod in (m, p) for u in mod.upstream() for r in mod.reasons(u))
     assert not any(k.startswith(("heads", "head_dim")) for k in why), why
@@ -117,7 +119,8 @@ def test_deepgemm_bf16_logits_are_supported_and_reach_the_kernel():
     from harness.spec.spec import load_spec
     from oracles.suites import deepgemm_mqa as m, deepgemm_paged as p
 
-    assert (len([c for c in m.cases() if not c["compressed"]]), len(p.cases())) == (120, 18)
+    assert (len([c for c in m.cases() if not c["compressed"]]),
+            len([c for c in p.cases() if not (c["context_2d"] and c["next_n"] > 1)])) == (120, 18)
     why = Counter(r.split(":")[0] for mod in (m, p) for u in mod.upstream() for r in mod.reasons(u))
     assert not any("bf16" in k for k in why), why
     stages = load_spec(root=ROOT).stages
@@ -138,7 +141,7 @@ def test_deepgemm_compressed_logits_are_supported_and_judged_decompressed():
     from oracles import indexer
     from oracles.suites import deepgemm_mqa as m, deepgemm_paged as p
 
-    assert (len(m.cases()), len(p.cases())) == (216, 18)
+    assert len(m.cases()) == 216
     assert "compressed" in load_spec(root=ROOT).stages["I1_DEEPGEMM"].kernel_params
     comp = [c for c in m.cases() if c["compressed"]]
     assert len(comp) == 96
@@ -156,12 +159,32 @@ def test_deepgemm_compressed_logits_are_supported_and_judged_decompressed():
     assert torch.equal(m.decompress(indexer.compress(masked, ks, ke, width), ks, ke, 40), masked)
 
 
+def test_deepgemm_context_2d_is_supported_and_reaches_the_kernel():
+    """Issue 35 item 2 (2-D context lengths in I2): every case of the paged test is supported (30;
+    all 246 with the MQA test's); @54e2261's cases pass per-token lengths [b, next_n] (the last
+    token's the sequence's length, the others in [0, it]) as context_2d (kernel_params), and the
+    flops count each token's own keys."""
+    from harness.spec.spec import load_spec
+    from oracles.suites import deepgemm_paged as p
+
+    assert len(p.cases()) == 30 and not any(p.reasons(u) for u in p.upstream())
+    assert "context_2d" in load_spec(root=ROOT).stages["I2_DEEPGEMM"].kernel_params
+    two = [c for c in p.cases() if c["context_2d"]]
+    assert len(two) == 24 and {c["commit"] for c in two} == {"54e2261"}
+    c = next(c for c in two if c["next_n"] == 2 and c["b"] == 256)
+    u = p.upstream()[c["id"]]
+    lens = p.token_lens(u, c["id"])
+    assert p.tensors(c)[2].shape == (u.b, 2) and [r[-1] for r in lens] == p.context_lens(u, c["id"])
+    assert all(0 <= r[0] <= r[1] for r in lens) and len({r[0] for r in lens}) > 1
+    assert p.flops(c) == 2.0 * u.heads * u.head_dim * sum(sum(r) for r in lens)
+
+
 def test_suite_list_counts_total_supported_and_reasons():
     r = run_cli(["suite", "deepgemm", "--list"], cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    assert "suite deepgemm: 246 cases, 234 supported" in r.stdout
-    assert "216 cases, 216 supported" in r.stdout and "30 cases, 18 supported" in r.stdout
-    assert "   12  unsupported: per-token context lengths" in r.stdout
+    assert "suite deepgemm: 246 cases, 246 supported" in r.stdout
+    assert "216 cases, 216 supported" in r.stdout and "30 cases, 30 supported" in r.stdout
+    assert "unsupported: " not in r.stdout.split("oracles.suites.deepgemm_mqa")[1]
     r = run_cli(["suite", "flashmla", "--list"], cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert "4748 cases, 4500 supported over 924 compiled kernels" in r.stdout

@@ -6,7 +6,8 @@ Built from source on the GPU machine by scripts/build_deepgemm.sh: the PyPI whee
 
 Both through the fp8_fp4_* entry points the legacy fp8_* ones wrap (q as (values, None): FP8),
 so the options the stage's tensors carry reach DeepGEMM: logits_dtype (fp32 or bf16, as the
-stage's logits) and the compressed form (max_seqlen_k = the logits' width W when W < s_kv).
+stage's logits), the compressed form (max_seqlen_k = the logits' width W when W < s_kv) and
+the stage's 2-D context lengths (passed as they are).
 Flat:  fp8_fp4_mqa_logits((q [s, h, d] e4m3, None), (kv [s_kv, d] e4m3, kv_scale [s_kv] fp32),
        weights [s, h] fp32, cu_seq_len_k_start [s], cu_seq_len_k_end [s] int32, clean_logits=True,
        max_seqlen_k=0, logits_dtype) -> logits [s, s_kv], a view of a buffer whose rows are
@@ -97,7 +98,10 @@ def make(problem: str, dims: dict[str, int], inputs: dict) -> Callable[[], dict]
     next_n, max_len = dims["next_n"], dims["max_len"]
     q, cache, w = inputs["q"], inputs["kv_cache"], inputs["weights"]
     table = inputs["block_table"]
-    lens = per_token_context_lens(inputs["context_lens"], next_n)  # [b, next_n]
+    if dims.get("context_2d"):  # the stage's own per-token lengths [b, next_n]
+        lens = inputs["context_lens"].to(torch.int32).contiguous()
+    else:
+        lens = per_token_context_lens(inputs["context_lens"], next_n)  # [b, next_n]
     meta = deep_gemm.get_paged_mqa_logits_metadata(lens, dims["block_kv"], deep_gemm.get_num_sms())
     j = torch.arange(max_len, device=q.device)
     invalid = j[None, :] >= lens.view(-1, 1)  # [b·next_n, max_len]: rows i·next_n + t

@@ -10,7 +10,8 @@
                     block: block_kv·d e4m3 values, then block_kv fp32 scales), context_lens [b],
                     block_table [b, max_blocks] int32, weights [b·next_n, h] fp32 ->
                     logits [b·next_n, max_blocks·block_kv] fp32 or bf16; token t of sequence i sees the
-                    positions ≤ context_lens[i] − next_n + t, −inf elsewhere
+                    positions ≤ context_lens[i] − next_n + t, −inf elsewhere; or, with
+                    context_lens [b, next_n] (dims' context_2d 1), the positions < context_lens[i, t]
 
 `problem_dims` is what harness.peers.problems.problem_dims answers for these two problems."""
 
@@ -51,7 +52,7 @@ def problem_dims(problem: str, by: dict[str, Any]) -> dict[str, int] | str:
         return {"s": s, "s_kv": s_kv, "h": h, "d": d, "logits_bf16": bf16, "compressed": int(out[1] < s_kv),
                 "width": out[1]}
     if problem == "paged_mqa_logits":
-        got = [need("q", 4, "float8_e4m3fn"), need("kv_cache", 4, "uint8"), need("context_lens", 1, "int32"),
+        got = [need("q", 4, "float8_e4m3fn"), need("kv_cache", 4, "uint8"), need("context_lens", len(getattr(by.get("context_lens"), "shape", (0,))), "int32"),
                need("block_table", 2, "int32"), need("weights", 2, "float32"), need("logits", 2, logits_dtype, "out")]
         for g in got:
             if isinstance(g, str):
@@ -59,10 +60,11 @@ def problem_dims(problem: str, by: dict[str, Any]) -> dict[str, int] | str:
         q, cache, lens, table, w, out = got
         b, next_n, h, d = q
         nb, bk, one, d4 = cache
-        if one != 1 or d4 != d + 4 or lens != (b,) or table[0] != b or w != (b * next_n, h) \
+        if one != 1 or d4 != d + 4 or lens not in ((b,), (b, next_n)) or table[0] != b or w != (b * next_n, h) \
                 or out != (b * next_n, table[1] * bk):
             return (f"shapes q {list(q)} kv_cache {list(cache)} context_lens {list(lens)} block_table {list(table)} "
                     f"weights {list(w)} logits {list(out)} are not the paged_mqa_logits layout")
         return {"b": b, "next_n": next_n, "h": h, "d": d, "num_blocks": nb, "block_kv": bk,
-                "max_blocks": table[1], "max_len": table[1] * bk, "logits_bf16": bf16}
+                "max_blocks": table[1], "max_len": table[1] * bk, "logits_bf16": bf16,
+                "context_2d": int(len(lens) == 2)}
     return f"unknown problem {problem}"

@@ -67,7 +67,10 @@ def make(problem: str, dims: dict[str, int], inputs: dict) -> Callable[[], dict]
     q = inputs["q"].view(b, next_n * h, d)
     seqs = max(1, min(b, SCORE_BYTES // (next_n * h * max_len * 4)))
     j = torch.arange(max_len, device=q.device)
-    pos = lens[:, None] - next_n + torch.arange(next_n, device=q.device)[None, :]  # [b, next_n]
+    if lens.dim() == 2:  # per token: keys < context_lens[i, t]
+        pos = lens - 1
+    else:
+        pos = lens[:, None] - next_n + torch.arange(next_n, device=q.device)[None, :]  # [b, next_n]
     valid = (j[None, None, :] <= pos[..., None]).view(b * next_n, max_len)
 
     def run_paged() -> dict:

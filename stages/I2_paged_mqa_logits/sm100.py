@@ -51,6 +51,7 @@ from stages.common.indexer import (
     paged_views,
     q_rows,
     start_cta,
+    token_limits,
     tmem_head_sums,
     tmem_row_reader,
     to_output,
@@ -88,10 +89,11 @@ class Kernel(Sm100LogitsCta):
     CHUNK_TILES = 16
 
     def __init__(self, *, b: int, next_n: int, block_kv: int, heads: int = HEADS, head_dim: int = DIM,
-                 logits_dtype: str = "fp32"):
+                 logits_dtype: str = "fp32", context_2d: bool = False):
         check_paged_shape("stage I2 sm100", block_kv, next_n, self.BLOCK_KV)
         check_heads("stage I2 sm100", heads, head_dim)
         self.out_dtype = check_logits("stage I2 sm100", logits_dtype)
+        self.context_2d = bool(context_2d)  # context_lens [b, next_n]: token t sees keys < ctx[b, t]
         self.b, self.next_n = b, next_n
         self.heads, self.dim = heads, head_dim
         self.n = heads * next_n
@@ -141,7 +143,7 @@ class Kernel(Sm100LogitsCta):
         gKV = cute.local_tile(ops.mK, (bkv, self.dim), (0, 0, None))  # (64, d, num_blocks)
         tKsK, tKgK = tma_partition_tile(ops.tma_k, sK_half, gKV, 2)
         ctx, last_block, tile_begin, tile_end, chunk_end = paged_tiles(
-            mLens, seq, chunk, self.max_len, bkv, bk, self.CHUNK_TILES)
+            mLens, seq, chunk, self.max_len, bkv, bk, self.CHUNK_TILES, nn if self.context_2d else 0)
 
         if warp_idx == self.LOAD_WARP:
             self.load_role(seq, last_block, tile_begin, tile_end, cta.q_prod, cta.k_prod, ops.tma_q, cta.tQgQ,
@@ -153,7 +155,7 @@ class Kernel(Sm100LogitsCta):
             fill_rows(mOut, seq * nn, nn, tile_end * bk, chunk_end, tidx - 32 * self.FILL_WARPS[0], self.FILL_THREADS)
         if warp_idx <= self.EPI_WARPS[-1]:
             self.epilogue(seq, ctx, last_block, tidx, tile_begin, tile_end, cta.acc_cons, mma, cta.tmem_ptr,
-                          cta.acc_layout, cta.sW, mW, mScale, mTable, mOut, cta.epi_sync)
+                          cta.acc_layout, cta.sW, mW, mScale, mTable, mOut, cta.epi_sync, mLens)
             tcgen05_fence_before_sync()
             tmem_free(cta.tmem_alloc, cta.tmem_ptr, self.tmem_cols, cta.epi_sync)
 
@@ -175,7 +177,7 @@ class Kernel(Sm100LogitsCta):
 
     @cute.jit
     def epilogue(self, seq, ctx, last_block, tidx, tile_begin, tile_end, acc_cons, mma, tmem_ptr, acc_layout,
-                 sW, mW, mScale, mTable, mOut, epi_sync):
+                 sW, mW, mScale, mTable, mOut, epi_sync, mLens):
         """Warps 0-3: thread t owns key t of each tile (block 2k + t // 64, slot t % 64): relu · w
         summed per token, × the key's scale (found through the table), −inf past each token's
         causal limit, stored."""
@@ -185,7 +187,10 @@ class Kernel(Sm100LogitsCta):
         epi_sync.arrive_and_wait()  # the weights are in shared memory
         rows = tmem_row_reader(mma, tmem_ptr, acc_layout, self.acc_cols, bk, self.n, self.EPI_COLS, tidx)
         sums = cute.make_rmem_tensor(nn, F32)
-        hi = causal_limits(ctx - nn, nn)  # token t sees keys ≤ ctx − next_n + t
+        if cutlass.const_expr(self.context_2d):
+            hi = token_limits(mLens, seq, nn)  # token t sees keys < context_lens[seq, t]
+        else:
+            hi = causal_limits(ctx - nn, nn)  # token t sees keys ≤ ctx − next_n + t
         slot_in_block = tidx % bkv
 
         for tile in cutlass.range(tile_begin, tile_end, unroll=1):

@@ -66,6 +66,7 @@ from stages.common.indexer import (
     sm90_logits_mma,
     sm90_store_logits,
     start_cta,
+    token_limits,
 )
 from stages.common.inspection import expose
 from stages.common.sm90_idioms import wgmma_sync
@@ -85,10 +86,11 @@ class Kernel:
     STAGES = 16  # slots of one cache block (8 KiB)
 
     def __init__(self, *, b: int, next_n: int, block_kv: int, heads: int = HEADS, head_dim: int = DIM,
-                 logits_dtype: str = "fp32"):
+                 logits_dtype: str = "fp32", context_2d: bool = False):
         check_paged_shape("stage I2 sm90", block_kv, next_n, self.BLOCK_KV)
         check_heads("stage I2 sm90", heads, head_dim)
         self.out_dtype = check_logits("stage I2 sm90", logits_dtype)
+        self.context_2d = bool(context_2d)  # context_lens [b, next_n]: token t sees keys < ctx[b, t]
         self.b, self.next_n = b, next_n
         self.heads, self.dim = heads, head_dim
         self.n = heads * next_n
@@ -148,7 +150,7 @@ class Kernel:
         q_pipe, k_pipe = tma_pipelines(storage, self.pipes)
 
         ctx, last_block, tile_begin, tile_end, chunk_end = paged_tiles(
-            mLens, seq, chunk, self.max_len, self.BLOCK_KV, self.BLOCK_K, self.CHUNK_TILES)
+            mLens, seq, chunk, self.max_len, self.BLOCK_KV, self.BLOCK_K, self.CHUNK_TILES, nn if self.context_2d else 0)
         if warp_idx // 4 == self.LOAD_WG:
             if cutlass.const_expr(self.rebalance):
                 cute.arch.setmaxregister_decrease(self.LOAD_REGS)
@@ -161,7 +163,7 @@ class Kernel:
             if cutlass.const_expr(self.rebalance):
                 cute.arch.setmaxregister_increase(self.MMA_REGS)
             self.logits(seq, ctx, last_block, tidx, tile_begin, tile_end, q_pipe, k_pipe, ops.mma, sQ, sK,
-                        mScale, mTable, mW, mOut)
+                        mScale, mTable, mW, mOut, mLens)
 
     @cute.jit
     def load(self, seq, last_block, tile_begin, tile_end, q_pipe, k_pipe, ops, sQ, sK, mTable):
@@ -178,7 +180,7 @@ class Kernel:
 
     @cute.jit
     def logits(self, seq, ctx, last_block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK,
-               mScale, mTable, mW, mOut):
+               mScale, mTable, mW, mOut, mLens):
         """MMA warpgroups: warpgroup w takes the chunk's blocks w, w + W, … (Sᵀ = K_block · Qᵀ, 64
         keys × next_n · 64 heads), then the fused epilogue (`sm90_store_logits` with `head_partial`,
         the block's scales found through the table), −inf past each token's causal limit."""
@@ -187,7 +189,10 @@ class Kernel:
         wg = tidx // 128
         tCrK, tCrQ, acc_shape, coords = sm90_fragments(mma, tidx % 128, sK, sQ, bkv, self.n)
         w = head_weights(mW, coords, seq * nn, self.heads)
-        hi = causal_limits(ctx - nn, nn)  # token t sees keys ≤ ctx − next_n + t
+        if cutlass.const_expr(self.context_2d):
+            hi = token_limits(mLens, seq, nn)  # token t sees keys < context_lens[seq, t]
+        else:
+            hi = causal_limits(ctx - nn, nn)  # token t sees keys ≤ ctx − next_n + t
 
         if tile_end > tile_begin:
             wait_once(q_pipe)

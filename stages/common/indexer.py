@@ -26,7 +26,8 @@ Both archs
     paged_views          I2: the fused cache's bytes as values (64, 128, blocks) e4m3 and
                          scales (64, blocks) fp32
     paged_tiles          I2: a sequence's context and a CTA's chunk of key tiles below it
-    token_ranges, causal_limits   lo / hi per token in registers
+    token_ranges, causal_limits, token_limits   lo / hi per token in registers (token_limits: I2's
+                         2-D context lengths [b, next_n], token t sees keys < ctx[b, t])
     masked_logit         the value a (key, token) gets: the logit inside the range, else −inf
     fill_rows            −inf over a column range of consecutive output rows (fill warps)
     fill_compressed      the same for I1's compressed rows (column c of row r ↔ key ks[r] + c):
@@ -215,17 +216,25 @@ def paged_views(kv_cache: cute.Tensor, dtype, block_kv: int, dim: int = DIM):
 
 @cute.jit
 def paged_tiles(mLens: cute.Tensor, seq, chunk, max_len: cutlass.Constexpr[int], block_kv: cutlass.Constexpr[int],
-                tile_keys: cutlass.Constexpr[int], chunk_tiles: cutlass.Constexpr[int]):
+                tile_keys: cutlass.Constexpr[int], chunk_tiles: cutlass.Constexpr[int],
+                tokens_2d: cutlass.Constexpr[int] = 0):
     """(ctx, last_block, tile_begin, tile_end, chunk_end) of sequence `seq` and key chunk `chunk`
     (chunk_tiles tiles of tile_keys keys):
-        ctx         context_lens[seq] clamped to [0, max_len] (the output's width)
+        ctx         context_lens[seq] clamped to [0, max_len] (the output's width); with 2-D
+                    context lengths [b, tokens_2d], the largest of the sequence's tokens
         last_block  the sequence's last cache block, (ctx − 1) // block_kv (0 when ctx = 0): a
                     table entry past it is never followed
         tiles       [tile_begin, tile_end): the chunk's tiles that hold a key below ctx (empty
                     when none does)
         chunk_end   min(the chunk's last key + 1, max_len): the fill writes −inf over
                     [tile_end · tile_keys, chunk_end)"""
-    ctx = cutlass.min(cutlass.max(mLens[seq], cutlass.Int32(0)), cutlass.Int32(max_len))
+    if cutlass.const_expr(tokens_2d > 0):
+        raw = mLens[seq, 0]
+        for t in cutlass.range_constexpr(1, tokens_2d):
+            raw = cutlass.max(raw, mLens[seq, t])
+        ctx = cutlass.min(cutlass.max(raw, cutlass.Int32(0)), cutlass.Int32(max_len))
+    else:
+        ctx = cutlass.min(cutlass.max(mLens[seq], cutlass.Int32(0)), cutlass.Int32(max_len))
     last_block = cutlass.max((ctx + block_kv - 1) // block_kv - 1, cutlass.Int32(0))
     tile_begin = chunk * chunk_tiles
     tile_end = cutlass.max(cutlass.min(tile_begin + chunk_tiles, (ctx + tile_keys - 1) // tile_keys), tile_begin)
@@ -251,6 +260,16 @@ def causal_limits(first_pos, tokens: cutlass.Constexpr[int]):
     hi = cute.make_rmem_tensor(tokens, cutlass.Int32)
     for t in cutlass.range_constexpr(tokens):
         hi[t] = first_pos + t + 1
+    return hi
+
+
+@cute.jit
+def token_limits(mLens: cute.Tensor, seq, tokens: cutlass.Constexpr[int]):
+    """hi in registers from 2-D context lengths [b, tokens]: token t of sequence `seq` sees the
+    keys < context_lens[seq, t] (DeepGEMM's per-token form; no lower bound)."""
+    hi = cute.make_rmem_tensor(tokens, cutlass.Int32)
+    for t in cutlass.range_constexpr(tokens):
+        hi[t] = mLens[seq, t]
     return hi
 
 
