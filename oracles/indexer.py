@@ -2,6 +2,19 @@
 
     logits[i, j] = Σ_h relu(q[i, h] · k[j] · k_scale[j]) · w[i, h]       (h = 64 heads, d = 128)
 
+Both stages take the axes `heads` (32 | 64; default 64) and `head_dim` (32 | 64 | 128; default
+128): below, 64 and 128 stand for them (`heads_dim`; a case without the axes is DSV4's shape).
+And `logits_dtype` (fp32 | bf16; default fp32): the logits' dtype.  With bf16 the reference is
+the float64 logits rounded to bf16 — what an exact kernel writes (`as_output`) — so the stage's
+bounds measure the kernel's error, not bf16's rounding (rel_l2 ~1.7e-3 by itself).
+I1 also takes `compressed` (false | true; default false): DeepGEMM's max_seqlen_k form, logits
+[s, W] with W = max(ke − ks) (`compressed_width`) and column c of row i the logit of key
+ks[i] + c — −inf where that key is outside [ks[i], ke[i]) or [0, s_kv) (`compress`).
+I2 also takes `context_2d` (false | true; default false): DeepGEMM's per-token context lengths
+context_lens [b, next_n], token t of sequence i seeing the keys < context_lens[i, t]
+(`token_context_lens`: the last token the sequence's length, the others drawn in [0, length] as
+DeepGEMM's test draws them, so a token may see fewer keys than the one before it).
+
 −inf where key j is not in query i's range.  The reference is float64 from the dequantised
 fp8 values (the same bytes the kernel reads), computed in chunks so a bench shape's sampled rows
 fit a GPU; it never reuses kernel code.
@@ -130,6 +143,54 @@ def mqa_logits(q, k, w, valid):
 # ----------------------------------------------------------------------------- stage I1
 
 
+def heads_dim(case: dict[str, Any]) -> tuple[int, int]:
+    """(heads, head_dim) of a case: its `heads` and `head_dim` axes, DSV4's 64 and 128 without them."""
+    return int(case.get("heads", HEADS)), int(case.get("head_dim", DIM))
+
+
+LOGITS_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def logits_dtype(case: dict[str, Any]) -> str:
+    """The torch dtype name of the case's logits: its `logits_dtype` axis (fp32 | bf16), fp32 without it."""
+    name = case.get("logits_dtype", "fp32")
+    if name not in LOGITS_DTYPES:
+        raise ValueError(f"logits_dtype must be fp32 or bf16, got {name!r}")
+    return LOGITS_DTYPES[name]
+
+
+def as_output(logits, case: dict[str, Any]):
+    """float64 `logits` as the case's output holds them: rounded to bf16 (then back to float64)
+    for bf16 logits, unchanged for fp32 (−inf stays −inf)."""
+    import torch
+
+    if logits_dtype(case) == "bfloat16":
+        return logits.to(torch.bfloat16).to(torch.float64)
+    return logits
+
+
+def is_compressed(case: dict[str, Any]) -> bool:
+    """I1's `compressed` axis (false without it)."""
+    return bool(case.get("compressed", False))
+
+
+def compressed_width(ks: list[int], ke: list[int]) -> int:
+    """W = max(ke − ks) over the rows (at least 1): the width of the compressed logits."""
+    return max([1] + [e - b for b, e in zip(ks, ke)])
+
+
+def compress(full, ks, ke, width: int):
+    """The compressed form [s, width] of full logits [s, s_kv]: column c of row i is full[i, ks[i]
+    + c] where ks[i] ≤ ks[i] + c < ke[i] and the key is in [0, s_kv); −inf elsewhere."""
+    import torch
+
+    s, s_kv = full.shape
+    j = ks.long().to(full.device)[:, None] + torch.arange(width, device=full.device)[None, :]
+    ok = (j >= 0) & (j < s_kv) & (j < ke.long().to(full.device)[:, None])
+    picked = full.gather(1, j.clamp(0, max(s_kv - 1, 0)))
+    return torch.where(ok, picked, torch.full_like(picked, float("-inf")))
+
+
 def ranges_of(case: dict[str, Any]) -> tuple[list[int], list[int]]:
     """(ks, ke) of stage I1's case: see the module doc.  Plain lists of ints."""
     s, s_kv, kind = int(case["s"]), int(case["s_kv"]), case["ranges"]
@@ -161,22 +222,24 @@ def ranges_of(case: dict[str, Any]) -> tuple[list[int], list[int]]:
 
 def tensors(case: dict[str, Any]) -> list[TensorSpec]:
     s, s_kv = int(case["s"]), int(case["s_kv"])
+    h, d = heads_dim(case)
     return [
-        TensorSpec("q", (s, HEADS, DIM), "float8_e4m3fn"),
-        TensorSpec("kv", (s_kv, DIM), "float8_e4m3fn"),
+        TensorSpec("q", (s, h, d), "float8_e4m3fn"),
+        TensorSpec("kv", (s_kv, d), "float8_e4m3fn"),
         TensorSpec("kv_scale", (s_kv,), "float32"),
-        TensorSpec("weights", (s, HEADS), "float32"),
+        TensorSpec("weights", (s, h), "float32"),
         TensorSpec("ks", (s,), "int32"),
         TensorSpec("ke", (s,), "int32"),
-        TensorSpec("logits", (s, s_kv), "float32", "out"),
+        TensorSpec("logits", (s, compressed_width(*ranges_of(case)) if is_compressed(case) else s_kv),
+                   logits_dtype(case), "out"),
     ]
 
 
-def _keys(g, n: int):
+def _keys(g, n: int, d: int = DIM):
     """[n, d] bf16-rounded keys whose magnitude varies per token (so the scales do)."""
     import torch
 
-    k = torch.randn(n, DIM, generator=g) * torch.exp(0.7 * torch.randn(n, 1, generator=g))
+    k = torch.randn(n, d, generator=g) * torch.exp(0.7 * torch.randn(n, 1, generator=g))
     return k.to(torch.bfloat16)
 
 
@@ -184,10 +247,11 @@ def make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> dict:
     import torch
 
     s, s_kv = int(case["s"]), int(case["s_kv"])
+    h, d = heads_dim(case)
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(s, HEADS, DIM, generator=g).to(torch.float8_e4m3fn)
-    kv, kv_scale = quantize_per_token(_keys(g, s_kv))
-    weights = torch.randn(s, HEADS, generator=g)
+    q = torch.randn(s, h, d, generator=g).to(torch.float8_e4m3fn)
+    kv, kv_scale = quantize_per_token(_keys(g, s_kv, d))
+    weights = torch.randn(s, h, generator=g)
     ks, ke = ranges_of(case)
     return {
         "q": q.to(device), "kv": kv.to(device), "kv_scale": kv_scale.to(device), "weights": weights.to(device),
@@ -197,14 +261,18 @@ def make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> dict:
 
 
 def reference(inputs: dict, case: dict[str, Any]) -> dict:
-    """float64 logits [s, s_kv] from the dequantised values; −inf outside [ks, ke)."""
+    """float64 logits [s, s_kv] from the dequantised values; −inf outside [ks, ke); compressed: [s, W]
+    from ks (`compress`)."""
     import torch
 
     q = inputs["q"].to(torch.float64)
     k = dequantize(inputs["kv"], inputs["kv_scale"])
     j = torch.arange(k.shape[0], device=q.device)
     valid = (j[None, :] >= inputs["ks"].long()[:, None]) & (j[None, :] < inputs["ke"].long()[:, None])
-    return {"logits": mqa_logits(q, k, inputs["weights"], valid)}
+    full = mqa_logits(q, k, inputs["weights"], valid)
+    if is_compressed(case):
+        full = compress(full, inputs["ks"], inputs["ke"], compressed_width(inputs["ks"].tolist(), inputs["ke"].tolist()))
+    return {"logits": as_output(full, case)}
 
 
 def valid_pairs(case: dict[str, Any]) -> int:
@@ -216,7 +284,8 @@ def valid_pairs(case: dict[str, Any]) -> int:
 
 def flops(case: dict[str, Any]) -> float:
     """2 · h · d per valid (query, key) pair (DeepGEMM's count; the masked-out pairs are free)."""
-    return 2.0 * HEADS * DIM * valid_pairs(case)
+    h, d = heads_dim(case)
+    return 2.0 * h * d * valid_pairs(case)
 
 
 def torch_logits(inputs: dict, case: dict[str, Any]):
@@ -230,7 +299,10 @@ def torch_logits(inputs: dict, case: dict[str, Any]):
     logits = torch.einsum("shk,sh->sk", s, inputs["weights"])
     j = torch.arange(k.shape[0], device=q.device)
     valid = (j[None, :] >= inputs["ks"][:, None]) & (j[None, :] < inputs["ke"][:, None])
-    return logits.masked_fill_(~valid, float("-inf"))
+    logits = logits.masked_fill_(~valid, float("-inf"))
+    if is_compressed(case):
+        logits = compress(logits, inputs["ks"], inputs["ke"], compressed_width(inputs["ks"].tolist(), inputs["ke"].tolist()))
+    return logits.to(getattr(torch, logits_dtype(case)))
 
 
 # ----------------------------------------------------------------------------- stage I2
@@ -249,6 +321,29 @@ def context_lens_of(case: dict[str, Any]) -> list[int]:
     return lens
 
 
+def is_context_2d(case: dict[str, Any]) -> bool:
+    """I2's `context_2d` axis (false without it)."""
+    return bool(case.get("context_2d", False))
+
+
+def token_context_lens(case: dict[str, Any]) -> list[list[int]]:
+    """[b][next_n] per-token context lengths of a context_2d case (a pure function of the case):
+    token next_n − 1 of sequence i sees its whole context (context_lens_of), token t < next_n − 1
+    the keys < an integer drawn in [0, that length] (DeepGEMM: ((len + 1) · U[0, 1)).int())."""
+    b, next_n, ctx = int(case["b"]), int(case["next_n"]), int(case["ctx"])
+    rng = random.Random(f"I2-2d|{b}|{next_n}|{ctx}|{case['block_kv']}")
+    return [[rng.randint(0, n) for _ in range(next_n - 1)] + [n] for n in context_lens_of(case)]
+
+
+def token_limits(inputs: dict, next_n: int) -> list[list[int]]:
+    """[b][next_n]: token t of sequence i sees the keys < limit — from 2-D context_lens as they
+    are, from 1-D ones len − next_n + t + 1 (the causal limit)."""
+    lens = inputs["context_lens"]
+    if lens.dim() == 2:
+        return lens.tolist()
+    return [[n - next_n + t + 1 for t in range(next_n)] for n in lens.tolist()]
+
+
 def paged_geometry(case: dict[str, Any]) -> dict[str, int]:
     """{'max_blocks', 'max_len', 'num_blocks'} of stage I2's case: the table has one block
     beyond the longest context (so every row ends in −inf), the cache the sequences' blocks
@@ -262,14 +357,15 @@ def paged_geometry(case: dict[str, Any]) -> dict[str, int]:
 
 def paged_tensors(case: dict[str, Any]) -> list[TensorSpec]:
     b, next_n, bk = int(case["b"]), int(case["next_n"]), int(case["block_kv"])
+    h, d = heads_dim(case)
     geo = paged_geometry(case)
     return [
-        TensorSpec("q", (b, next_n, HEADS, DIM), "float8_e4m3fn"),
-        TensorSpec("kv_cache", (geo["num_blocks"], bk, 1, DIM + 4), "uint8"),
-        TensorSpec("context_lens", (b,), "int32"),
+        TensorSpec("q", (b, next_n, h, d), "float8_e4m3fn"),
+        TensorSpec("kv_cache", (geo["num_blocks"], bk, 1, d + 4), "uint8"),
+        TensorSpec("context_lens", (b, next_n) if is_context_2d(case) else (b,), "int32"),
         TensorSpec("block_table", (b, geo["max_blocks"]), "int32"),
-        TensorSpec("weights", (b * next_n, HEADS), "float32"),
-        TensorSpec("logits", (b * next_n, geo["max_len"]), "float32", "out"),
+        TensorSpec("weights", (b * next_n, h), "float32"),
+        TensorSpec("logits", (b * next_n, geo["max_len"]), logits_dtype(case), "out"),
     ]
 
 
@@ -280,11 +376,12 @@ def paged_make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> d
     geo = paged_geometry(case)
     lens = context_lens_of(case)
     nb = geo["num_blocks"]
+    h, d = heads_dim(case)
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, next_n, HEADS, DIM, generator=g).to(torch.float8_e4m3fn)
-    values, scale = quantize_per_token(_keys(g, nb * bk))
-    values, scale = values.view(nb, bk, DIM), scale.view(nb, bk)
-    weights = torch.randn(b * next_n, HEADS, generator=g)
+    q = torch.randn(b, next_n, h, d, generator=g).to(torch.float8_e4m3fn)
+    values, scale = quantize_per_token(_keys(g, nb * bk, d))
+    values, scale = values.view(nb, bk, d), scale.view(nb, bk)
+    weights = torch.randn(b * next_n, h, generator=g)
 
     order = torch.randperm(nb, generator=g).tolist()  # physical blocks, shuffled
     owned, spare = order[: nb - SPARE_BLOCKS], order[nb - SPARE_BLOCKS:]
@@ -308,7 +405,8 @@ def paged_make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> d
     return {
         "q": q.to(device),
         "kv_cache": pack_paged_cache(values, scale).to(device),
-        "context_lens": torch.tensor(lens, dtype=torch.int32, device=device),
+        "context_lens": torch.tensor(token_context_lens(case) if is_context_2d(case) else lens, dtype=torch.int32,
+                                     device=device),
         "block_table": table.to(device),
         "weights": weights.to(device),
     }
@@ -316,7 +414,8 @@ def paged_make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> d
 
 def paged_reference(inputs: dict, case: dict[str, Any]) -> dict:
     """float64 logits [b·next_n, max_len]: gather each sequence's keys through its block
-    table, dequantise, and keep the positions ≤ each query token's position."""
+    table, dequantise, and keep the positions ≤ each query token's position (2-D context
+    lengths: < the token's own length)."""
     import torch
 
     q = inputs["q"]
@@ -326,23 +425,27 @@ def paged_reference(inputs: dict, case: dict[str, Any]) -> dict:
     bk = values.shape[1]
     max_len = table.shape[1] * bk
     out = torch.full((b * next_n, max_len), float("-inf"), dtype=torch.float64, device=q.device)
-    for i, n in enumerate(inputs["context_lens"].tolist()):
+    for i, limits in enumerate(token_limits(inputs, next_n)):
+        n = max(0, min(max(limits), max_len))  # the keys any token of the sequence sees
         nblk = math.ceil(n / bk)
         blocks = table[i, :nblk].long()
         k = dequantize(values[blocks].reshape(nblk * bk, -1)[:n], scale[blocks].reshape(-1)[:n])
-        pos = torch.arange(n - next_n, n, device=q.device)
         j = torch.arange(n, device=q.device)
-        valid = j[None, :] <= pos[:, None]
+        valid = j[None, :] < torch.tensor(limits, device=q.device)[:, None]
         rows = slice(i * next_n, (i + 1) * next_n)
         out[rows, :n] = mqa_logits(q[i].to(torch.float64), k, inputs["weights"][rows], valid)
-    return {"logits": out}
+    return {"logits": as_output(out, case)}
 
 
 def paged_flops(case: dict[str, Any]) -> float:
     """2 · h · d per (query token, visible key) pair."""
     next_n = int(case["next_n"])
-    pairs = sum(sum(n - next_n + t + 1 for t in range(next_n)) for n in context_lens_of(case))
-    return 2.0 * HEADS * DIM * pairs
+    if is_context_2d(case):
+        pairs = sum(sum(row) for row in token_context_lens(case))
+    else:
+        pairs = sum(sum(n - next_n + t + 1 for t in range(next_n)) for n in context_lens_of(case))
+    h, d = heads_dim(case)
+    return 2.0 * h * d * pairs
 
 
 def torch_paged_logits(inputs: dict, case: dict[str, Any]):
@@ -360,7 +463,12 @@ def torch_paged_logits(inputs: dict, case: dict[str, Any]):
     k = k.reshape(b, max_len, -1)
     s = torch.einsum("bthd,bkd->bthk", q.to(torch.bfloat16), k).float().relu_()
     logits = torch.einsum("bthk,bth->btk", s, inputs["weights"].view(b, next_n, -1))
-    pos = inputs["context_lens"][:, None] - next_n + torch.arange(next_n, device=q.device)[None, :]
+    lens = inputs["context_lens"]
+    if lens.dim() == 2:  # per token: keys < context_lens[i, t]
+        pos = lens - 1
+    else:
+        pos = lens[:, None] - next_n + torch.arange(next_n, device=q.device)[None, :]
     j = torch.arange(max_len, device=q.device)
     valid = j[None, None, :] <= pos[..., None]
-    return logits.masked_fill_(~valid, float("-inf")).reshape(b * next_n, max_len)
+    out = logits.masked_fill_(~valid, float("-inf")).reshape(b * next_n, max_len)
+    return out.to(getattr(torch, logits_dtype(case)))

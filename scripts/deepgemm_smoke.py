@@ -6,6 +6,9 @@ on the GPU machine, from the repository root: `python3 scripts/deepgemm_smoke.py
   paged N   fp8_paged_mqa_logits (+ get_paged_mqa_logits_metadata) at stage I2's case b 8,
             next_n N, ctx 3000 (NaN planted past every context) against the float64 oracle
   meta      the schedule-metadata kernels of the bench's batch sizes (b 64, 128; next_n 1, 2)
+  AXIS=VALUE words after flat / paged N set the stage's options (issue 35), e.g.
+            `flat logits_dtype=bf16 compressed=true heads=32 head_dim=64`,
+            `paged 2 context_2d=true logits_dtype=bf16`: the adapter passes them to DeepGEMM
 
 DeepGEMM compiles each kernel on first use into DG_JIT_CACHE_DIR; these calls use the bench's
 template parameters (h 64, d 128, block_kv 64, this GPU's SM count), so a later bench process
@@ -36,6 +39,11 @@ def main(argv: list[str]) -> int:
         if device == "cuda":
             torch.cuda.synchronize()
 
+    options = {}
+    for word in [w for w in argv if "=" in w]:
+        key, value = word.split("=", 1)
+        options[key] = {"true": True, "false": False}.get(value.lower(), int(value) if value.isdigit() else value)
+    argv = [w for w in argv if "=" not in w]
     mode = argv[0] if argv else "flat"
     if mode == "meta":
         t0 = time.perf_counter()
@@ -47,11 +55,11 @@ def main(argv: list[str]) -> int:
         print(f"deepgemm smoke meta: metadata kernels for b 64, 128 ready ({time.perf_counter() - t0:.1f} s)")
         return 0
     if mode == "flat":
-        problem, case = "mqa_logits", {"s": 128, "s_kv": 1024, "ranges": "cp"}
+        problem, case = "mqa_logits", {"s": 128, "s_kv": 1024, "ranges": "cp", **options}
         specs, make_inputs, reference = ix.tensors(case), ix.make_inputs, ix.reference
     elif mode == "paged":
         next_n = int(argv[1]) if len(argv) > 1 else 2
-        problem, case = "paged_mqa_logits", {"b": 8, "next_n": next_n, "ctx": 3000, "block_kv": 64}
+        problem, case = "paged_mqa_logits", {"b": 8, "next_n": next_n, "ctx": 3000, "block_kv": 64, **options}
         specs, make_inputs, reference = ix.paged_tensors(case), ix.paged_make_inputs, ix.paged_reference
     else:
         print(f"deepgemm smoke: unknown mode {mode!r} (flat, paged N, meta)")

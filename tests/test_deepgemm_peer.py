@@ -1,5 +1,5 @@
 """The DeepGEMM peer adapter (harness/peers/deepgemm.py) against a CPU stand-in for DeepGEMM
-54e2261's two indexer calls: the stand-in checks each argument as that source's host asserts do
+54e2261's two indexer calls (fp8_fp4_mqa_logits, fp8_fp4_paged_mqa_logits with FP8 q): the stand-in checks each argument as that source's host asserts do
 (csrc/apis/attention.hpp) and computes only what the real kernels write (the paged kernel leaves
 the positions past each token's limit unwritten: NaN here), so the adapter's output must match the
 lab's float64 oracle, −inf positions included.  The real library is timed on the GPU only."""
@@ -29,7 +29,9 @@ def _fake_deep_gemm(meta_error: str | None = None) -> types.ModuleType:
     def get_num_sms():
         return NUM_SMS
 
-    def fp8_mqa_logits(q, kv, weights, ks, ke, clean_logits=True, max_seqlen_k=0):
+    def fp8_fp4_mqa_logits(q, kv, weights, ks, ke, clean_logits=True, max_seqlen_k=0, logits_dtype=torch.float32):
+        q, q_sf = q  # (values, None): FP8
+        assert q_sf is None and logits_dtype in (torch.float32, torch.bfloat16)
         kv_fp, kv_sf = kv  # a (values, scales) pair, not two arguments
         s, h, d = q.shape
         assert q.dtype == torch.float8_e4m3fn and q.is_contiguous() and h in (32, 64) and d in (32, 64, 128)
@@ -38,12 +40,17 @@ def _fake_deep_gemm(meta_error: str | None = None) -> types.ModuleType:
         assert weights.shape == (s, h) and weights.stride(1) == 1 and weights.dtype == torch.float32
         for r in (ks, ke):
             assert r.dtype == torch.int32 and r.is_contiguous() and r.shape == (s,)
-        assert clean_logits and max_seqlen_k == 0
+        assert max_seqlen_k >= 0 and (max_seqlen_k == 0 or not clean_logits), "DG_HOST_ASSERT(not clean_logits)"
         j = torch.arange(kv_fp.shape[0])
         valid = (j[None, :] >= ks[:, None].long()) & (j[None, :] < ke[:, None].long())
         x = torch.einsum("shd,kd->shk", q.float(), kv_fp.float()) * kv_sf[None, None, :]
         out = (x.relu() * weights[:, :, None]).sum(1)
-        return out.masked_fill(~valid, float("-inf"))  # the clean pass
+        if max_seqlen_k:  # [s, max_seqlen_k] from ks; the columns past ke − ks unwritten (NaN here)
+            c = ks.long()[:, None] + torch.arange(max_seqlen_k)[None, :]
+            picked = out.gather(1, c.clamp(0, out.shape[1] - 1))
+            return picked.masked_fill(c >= ke.long()[:, None], float("nan")).to(logits_dtype)
+        assert clean_logits
+        return out.masked_fill(~valid, float("-inf")).to(logits_dtype)  # the clean pass
 
     def get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices=None):
         if context_lens.dim() != 2:  # DG_HOST_ASSERT: a RuntimeError in Python
@@ -53,8 +60,10 @@ def _fake_deep_gemm(meta_error: str | None = None) -> types.ModuleType:
         assert context_lens.dtype == torch.int32 and context_lens.is_contiguous() and block_kv == 64
         return torch.zeros(num_sms + 1, 2, dtype=torch.int32)
 
-    def fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedule_meta,
-                             max_context_len, clean_logits=False, indices=None):
+    def fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedule_meta,
+                                 max_context_len, clean_logits=False, logits_dtype=torch.float32, indices=None):
+        q, q_sf = q
+        assert q_sf is None and logits_dtype in (torch.float32, torch.bfloat16)
         b, next_n, h, d = q.shape
         assert q.dtype == torch.float8_e4m3fn and q.is_contiguous() and next_n in (1, 2)
         nb, bk, one, dsf = kv_cache.shape
@@ -76,21 +85,32 @@ def _fake_deep_gemm(meta_error: str | None = None) -> types.ModuleType:
                 sf = scales[blocks].reshape(-1)[:n]
                 x = (q[i, t].float() @ k.T) * sf[None, :]
                 out[i * next_n + t, :n] = (x.relu() * weights[i * next_n + t][:, None]).sum(0)
-        return out
+        return out.to(logits_dtype)
 
     dg.get_num_sms = get_num_sms
-    dg.fp8_mqa_logits = fp8_mqa_logits
+    dg.fp8_fp4_mqa_logits = fp8_fp4_mqa_logits
     dg.get_paged_mqa_logits_metadata = get_paged_mqa_logits_metadata
-    dg.fp8_paged_mqa_logits = fp8_paged_mqa_logits
+    dg.fp8_fp4_paged_mqa_logits = fp8_fp4_paged_mqa_logits
     return dg
 
 
+OPTIONS = [{}, {"heads": 32, "head_dim": 64}, {"logits_dtype": "bf16"}]
+
+
+def _option_id(o: dict) -> str:
+    return "-".join(f"{k}{v}" for k, v in o.items()) or "default"
+
+
+@pytest.mark.parametrize("options", OPTIONS + [{"context_2d": True}, {"context_2d": True, "logits_dtype": "bf16"}],
+                         ids=_option_id)
 @pytest.mark.parametrize("next_n", [1, 2])
-def test_paged_adapter_matches_the_oracle(monkeypatch, next_n):
+def test_paged_adapter_matches_the_oracle(monkeypatch, next_n, options):
+    """The stage's options reach DeepGEMM (its answer has the stage's dtype and shape)."""
     monkeypatch.setitem(__import__("sys").modules, "deep_gemm", _fake_deep_gemm())
-    case = {"b": 3, "next_n": next_n, "ctx": 150, "block_kv": 64}
+    case = {"b": 3, "next_n": next_n, "ctx": 150, "block_kv": 64, **options}
     ins = ix.paged_make_inputs(case, 0)
     got = deepgemm.make("paged_mqa_logits", _dims("paged_mqa_logits", ix.paged_tensors(case)), ins)()["logits"]
+    assert str(got.dtype) == "torch." + ix.logits_dtype(case)
     m = compare(got, ix.paged_reference(ins, case)["logits"])
     assert m.nonfinite == 0 and m.unwritten == 0 and m.cosine > 0.99999, m
 
@@ -101,11 +121,14 @@ def test_per_token_lengths_are_each_tokens_causal_limit():
     assert deepgemm.per_token_context_lens(lens, 1).tolist() == [[70], [5]]
 
 
-def test_flat_adapter_matches_the_oracle(monkeypatch):
+@pytest.mark.parametrize("options", OPTIONS + [{"compressed": True}, {"compressed": True, "logits_dtype": "bf16"}],
+                         ids=_option_id)
+def test_flat_adapter_matches_the_oracle(monkeypatch, options):
     monkeypatch.setitem(__import__("sys").modules, "deep_gemm", _fake_deep_gemm())
-    case = {"s": 16, "s_kv": 256, "ranges": "cp"}  # ks > ke in row 3, an empty row 5
+    case = {"s": 16, "s_kv": 256, "ranges": "cp", **options}  # ks > ke in row 3, an empty row 5
     ins = ix.make_inputs(case, 0)
     got = deepgemm.make("mqa_logits", _dims("mqa_logits", ix.tensors(case)), ins)()["logits"]
+    assert str(got.dtype) == "torch." + ix.logits_dtype(case)
     m = compare(got, ix.reference(ins, case)["logits"])
     assert m.nonfinite == 0 and m.unwritten == 0 and m.cosine > 0.99999, m
 

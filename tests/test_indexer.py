@@ -16,8 +16,18 @@ from harness.spec.spec import load_spec
 from oracles import indexer as ix
 from oracles.common import case_seed
 
-I1_SMALL = [{"s": 8, "s_kv": 24, "ranges": "causal"}, {"s": 12, "s_kv": 40, "ranges": "cp"}]
-I2_SMALL = [{"b": 3, "next_n": 2, "ctx": 40, "block_kv": 16}, {"b": 1, "next_n": 1, "ctx": 30, "block_kv": 8}]
+I1_SMALL = [{"s": 8, "s_kv": 24, "ranges": "causal"}, {"s": 12, "s_kv": 40, "ranges": "cp"},
+            {"s": 8, "s_kv": 24, "ranges": "cp", "heads": 32, "head_dim": 32},
+            {"s": 4, "s_kv": 16, "ranges": "causal", "heads": 32, "head_dim": 64}]
+I2_SMALL = [{"b": 3, "next_n": 2, "ctx": 40, "block_kv": 16}, {"b": 1, "next_n": 1, "ctx": 30, "block_kv": 8},
+            {"b": 2, "next_n": 2, "ctx": 30, "block_kv": 8, "heads": 32, "head_dim": 32},
+            {"b": 2, "next_n": 1, "ctx": 20, "block_kv": 8, "heads": 32, "head_dim": 64},
+            {"b": 3, "next_n": 3, "ctx": 40, "block_kv": 16, "context_2d": True},
+            {"b": 2, "next_n": 1, "ctx": 30, "block_kv": 8, "context_2d": True}]
+
+
+def _ids(c: dict) -> str:
+    return "-".join(f"{k}{v}" for k, v in c.items())
 
 
 # -- quantisers ----------------------------------------------------------------------------
@@ -77,9 +87,14 @@ def loops_i1(inputs) -> list[list[float]]:
     return out
 
 
-@pytest.mark.parametrize("case", I1_SMALL, ids=lambda c: c["ranges"])
+@pytest.mark.parametrize("case", I1_SMALL, ids=_ids)
 def test_i1_oracle_matches_plain_loops(case):
     inputs = ix.make_inputs(case, seed=case_seed("I1", case))
+    h, d = case.get("heads", 64), case.get("head_dim", 128)
+    assert inputs["q"].shape == (case["s"], h, d) and inputs["kv"].shape == (case["s_kv"], d)
+    assert inputs["weights"].shape == (case["s"], h)
+    assert [s.shape for s in ix.tensors(case)][:4] == [(case["s"], h, d), (case["s_kv"], d), (case["s_kv"],), (case["s"], h)]
+    assert ix.flops(case) == 2 * h * d * ix.valid_pairs(case)
     ref = ix.reference(inputs, case)["logits"]
     want = torch.tensor(loops_i1(inputs), dtype=torch.float64)
     assert ref.dtype == torch.float64 and ref.shape == (case["s"], case["s_kv"])
@@ -142,9 +157,10 @@ def loops_i2(inputs) -> list[list[float]]:
     w = inputs["weights"].double().tolist()
     max_len = len(table[0]) * bk
     out = []
-    for i, n in enumerate(inputs["context_lens"].tolist()):
+    lens = inputs["context_lens"]
+    for i, n in enumerate(lens.tolist()):
         for t in range(next_n):
-            pos = n - next_n + t
+            pos = n[t] - 1 if lens.dim() == 2 else n - next_n + t  # 2-D: token t sees keys < ctx[i, t]
             row = [-math.inf] * max_len
             for p in range(pos + 1):
                 raw = cache[table[i][p // bk]].reshape(-1)
@@ -157,9 +173,14 @@ def loops_i2(inputs) -> list[list[float]]:
     return out
 
 
-@pytest.mark.parametrize("case", I2_SMALL, ids=lambda c: f"b{c['b']}n{c['next_n']}")
+@pytest.mark.parametrize("case", I2_SMALL, ids=_ids)
 def test_i2_oracle_matches_plain_loops(case):
     inputs = ix.paged_make_inputs(case, seed=case_seed("I2", case))
+    h, d = case.get("heads", 64), case.get("head_dim", 128)
+    assert inputs["q"].shape == (case["b"], case["next_n"], h, d) and inputs["kv_cache"].shape[3] == d + 4
+    assert inputs["weights"].shape == (case["b"] * case["next_n"], h)
+    assert [tuple(s.shape) for s in ix.paged_tensors(case)] == [tuple(v.shape) for v in inputs.values()] + [
+        (case["b"] * case["next_n"], ix.paged_geometry(case)["max_len"])]
     ref = ix.paged_reference(inputs, case)["logits"]
     want = torch.tensor(loops_i2(inputs), dtype=torch.float64)
     geo = ix.paged_geometry(case)
@@ -167,6 +188,32 @@ def test_i2_oracle_matches_plain_loops(case):
     assert torch.equal(torch.isinf(ref), torch.isinf(want)) and not torch.isnan(ref).any()
     fin = torch.isfinite(want)
     assert torch.allclose(ref[fin], want[fin], rtol=1e-12, atol=1e-9)
+
+
+def test_i2_context_2d_is_per_token():
+    """context_2d: context_lens [b, next_n], the last token's the sequence's length (so the cache,
+    its NaN slots and the table are the 1-D case's), the others in [0, length] — not the causal
+    limits (some token sees fewer keys than the one before it); −inf exactly at j ≥ ctx[i, t]."""
+    case = {"b": 8, "next_n": 2, "ctx": 300, "block_kv": 64}
+    c2 = {**case, "context_2d": True}
+    assert [s.shape for s in ix.paged_tensors(c2)][2] == (8, 2) and ix.paged_tensors(case)[2].shape == (8,)
+    lens2 = ix.token_context_lens(c2)
+    assert [row[-1] for row in lens2] == ix.context_lens_of(case) and lens2 == ix.token_context_lens(c2)
+    assert all(0 <= row[0] <= row[1] for row in lens2) and any(row[0] < row[1] - 1 for row in lens2)
+    one, two = ix.paged_make_inputs(case, seed=5), ix.paged_make_inputs(c2, seed=5)
+    assert torch.equal(one["kv_cache"], two["kv_cache"]) and torch.equal(one["block_table"], two["block_table"])
+    assert two["context_lens"].tolist() == lens2
+    ref = ix.paged_reference(two, c2)["logits"]
+    j = torch.arange(ref.shape[1])
+    assert torch.equal(ref == -math.inf, j[None, :] >= torch.tensor(lens2).view(-1)[:, None])
+    assert not torch.isnan(ref).any()
+    assert ix.paged_flops(c2) == 2 * 64 * 128 * int((ref > -math.inf).sum())
+    # the last token's row is the 1-D case's; the first's is not the causal one
+    ref1 = ix.paged_reference(one, case)["logits"]
+    assert torch.equal(ref[1::2], ref1[1::2]) and not torch.equal(ref[0::2], ref1[0::2])
+    peer = ix.torch_paged_logits(two, c2)
+    m = compare(peer, ref)
+    assert m.nonfinite == 0 and m.cosine > 0.99999, m
 
 
 def test_i2_neg_inf_past_each_causal_limit_and_nan_keys_planted():
@@ -232,6 +279,62 @@ def test_i1_tolerances_fail_the_named_bugs(bug):
     assert status == "fail", why
 
 
+@pytest.mark.parametrize("case", [{"s": 12, "s_kv": 40, "ranges": "cp"}, {"s": 128, "s_kv": 1024, "ranges": "cp"},
+                                  {"s": 8, "s_kv": 24, "ranges": "causal"}], ids=_ids)
+def test_i1_compressed_logits_are_the_full_rows_from_ks(case):
+    """compressed: logits [s, W], W = max(ke − ks), column c of row i = the full form's key
+    ks[i] + c inside [ks[i], ke[i]), −inf past it (empty rows and ks > ke: −inf everywhere);
+    written from plain loops here, not from `compress`."""
+    comp = {**case, "compressed": True}
+    ks, ke = ix.ranges_of(case)
+    width = max(e - b for b, e in zip(ks, ke))
+    assert [s.shape for s in ix.tensors(comp)][-1] == (case["s"], width)
+    assert (width < case["s_kv"]) == (case["ranges"] == "cp")  # causal: a row sees every key
+    inputs = ix.make_inputs(case, seed=case_seed("I1", case))
+    full = ix.reference(inputs, case)["logits"]
+    got = ix.reference(inputs, comp)["logits"]
+    want = torch.full((case["s"], width), -math.inf, dtype=torch.float64)
+    for i in range(case["s"]):
+        for c in range(width):
+            if ks[i] + c < ke[i]:
+                want[i, c] = full[i, ks[i] + c]
+    assert torch.equal(got, want)
+    empty = [5] + ([3] if case["ranges"] == "cp" else [])  # ks = ke, ks > ke
+    assert all(bool(torch.isinf(got[r]).all()) for r in empty)
+    assert not bool(torch.isinf(got[1, : ke[1] - ks[1]]).any())
+    peer = ix.torch_logits(inputs, comp)
+    m = compare(peer, got)
+    assert peer.shape == got.shape and m.nonfinite == 0 and m.cosine > 0.99999, m
+
+
+@pytest.mark.parametrize("stage", ["I1", "I2"])
+def test_bf16_logits_are_the_exact_logits_rounded_and_the_bugs_still_fail(stage):
+    """logits_dtype bf16: the output tensor is bf16 and the reference the float64 logits rounded
+    to bf16 (an exact kernel's answer passes, −inf kept); fp32 stays as it was; the named bugs
+    written in bf16 still fail the stage's bounds."""
+    if stage == "I1":
+        case = {"s": 128, "s_kv": 1024, "ranges": "causal"}
+        tensors, make, reference = ix.tensors, ix.make_inputs, ix.reference
+    else:
+        case = {"b": 8, "next_n": 2, "ctx": 300, "block_kv": 64}
+        tensors, make, reference = ix.paged_tensors, ix.paged_make_inputs, ix.paged_reference
+    bf = {**case, "logits_dtype": "bf16"}
+    assert tensors(case)[-1].dtype == "float32" and tensors(bf)[-1].dtype == "bfloat16"
+    assert [s.dtype for s in tensors(case)[:-1]] == [s.dtype for s in tensors(bf)[:-1]]
+    inputs = make(case, seed=4)
+    exact = reference(inputs, case)["logits"]
+    ref = reference(inputs, bf)["logits"]
+    assert ref.dtype == torch.float64 and torch.equal(ref, exact.to(torch.bfloat16).double())
+    assert not torch.equal(ref, exact) and torch.equal(torch.isinf(ref), torch.isinf(exact))
+    tol = _tolerances(stage)
+    assert judge(tol, {"logits": compare(exact.to(torch.bfloat16), ref).to_json()})[0] == "pass"
+    if stage == "I1":
+        for bug in (_relu_dropped, _scale_per_head):
+            assert judge(tol, {"logits": compare(bug(inputs).to(torch.bfloat16), ref).to_json()})[0] == "fail"
+    with pytest.raises(ValueError, match="logits_dtype must be fp32 or bf16, got 'fp16'"):
+        tensors({**case, "logits_dtype": "fp16"})
+
+
 def test_i1_tolerances_fail_a_wrong_neg_inf_position():
     case = {"s": 128, "s_kv": 1024, "ranges": "cp"}
     inputs = ix.make_inputs(case, seed=1)
@@ -261,7 +364,15 @@ def test_kernels_refuse_what_they_cannot_do():
         I2(b=1, next_n=1, block_kv=32)
     with pytest.raises(ValueError, match="next_n must be 1"):
         I2(b=1, next_n=5, block_kv=64)
+    with pytest.raises(ValueError, match="heads must be one of 32, 64, got 16"):
+        I1(s=128, s_kv=1024, heads=16)
+    with pytest.raises(ValueError, match="head_dim must be one of 32, 64, 128, got 256"):
+        I2(b=1, next_n=1, block_kv=64, head_dim=256)
+    with pytest.raises(ValueError, match="logits_dtype must be one of fp32, bf16, got 'fp16'"):
+        I1(s=128, s_kv=1024, logits_dtype="fp16")
     I1(s=128, s_kv=1024), I2(b=8, next_n=2, block_kv=64)  # the matrix's shapes are taken
+    for h, d in ((32, 32), (32, 64), (64, 128)):
+        I1(s=128, s_kv=1024, heads=h, head_dim=d), I2(b=8, next_n=2, block_kv=64, heads=h, head_dim=d)
 
 
 def test_tmem_budget_refuses_more_than_512_columns():
@@ -305,9 +416,9 @@ def test_sm90_register_increase_only_where_the_launch_grants_it(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    cases = [["I2", {"b": 1, "next_n": 1, "ctx": 200, "block_kv": 64}],
-             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64}],
-             ["I1", {"s": 128, "s_kv": 1024, "ranges": "causal"}]]
+    cases = [["I2", {"b": 1, "next_n": 1, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "context_2d": False}],
+             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "context_2d": False}],
+             ["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "compressed": False}]]
     env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
            "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
     (tmp_path / "dump").mkdir()
@@ -331,7 +442,7 @@ from harness.execution.compile import compile_case
 root, out = Path(sys.argv[1]), {}
 i1 = load_spec(root=root).stages["I1"]
 wrong = KernelRef("sm_90a", "tests.fixtures.wrong_i1.sm90", "Kernel", root / "tests" / "fixtures" / "wrong_i1" / "sm90.py")
-case = {"s": 128, "s_kv": 1024, "ranges": "causal"}
+case = {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "compressed": False}
 for name, stage in (("stage", i1), ("wrong", dataclasses.replace(i1, kernels={"sm_90a": wrong}, dir=wrong.path.parent))):
     keep = Path(sys.argv[2]) / name
     r = compile_case(root, stage, "sm_90a", case, keep=keep)
@@ -398,8 +509,8 @@ def test_sm90_epilogue_issues_no_global_load(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal"}],
-             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64}]]
+    cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "compressed": False}],
+             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "context_2d": False}]]
     env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
            "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
     (tmp_path / "dump").mkdir()
@@ -464,3 +575,59 @@ def test_i1_sm90_launches_the_heaviest_token_blocks_first():
 
     work = [tiles(b) for b in order]
     assert all(a >= b for a, b in zip(work, work[1:])) and work[0] > work[-1], work[:8]
+
+
+_SHAPES_PROBE = r"""
+import json, sys
+from pathlib import Path
+from harness.spec.spec import load_spec
+from harness.execution.compile import compile_case
+root, arch, out = Path(sys.argv[1]), sys.argv[2], {}
+spec = load_spec(root=root)
+for stage, case in json.loads(sys.argv[3]):
+    keep = Path(sys.argv[4]) / f"{stage}-{len(out)}"
+    r = compile_case(root, spec.stages[stage], arch, case, keep=keep)
+    ptx = (keep / "kernel.ptx").read_text() if r.ok else ""
+    out[json.dumps([stage, case])] = [r.ok, r.error, ptx.count("wgmma.mma_async"), ptx.count("tcgen05.mma.cta_group"),
+                                      sorted(set(__import__("re").findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
+                                      "cvt.rn.bf16.f32" in ptx, "st.global.b16" in ptx, "st.global.b32" in ptx]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_indexer_options_compile_on_both_archs(tmp_path, arch):
+    """Issue 35 item 2: the kernels specialised for the options compile (sm_100a on the CPU too,
+    compile-only): 32 heads and head_dim 32 / 64 with N = tokens · heads and d / 32 MMAs a tile
+    (I1 32 heads of 64 — sm90: m64n64k32 × 2 a tile; sm100 × 2 —, I2 32 heads of 32 at next_n 2,
+    × 1), bf16 logits (I2: every store a 16-bit one after a cvt.rn.bf16.f32, none 32-bit), I1's
+    compressed form and I2's 2-D context lengths."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 32, "head_dim": 64}],
+             ["I2", {"b": 8, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 32, "head_dim": 32}],
+             ["I2", {"b": 8, "next_n": 1, "ctx": 200, "block_kv": 64, "logits_dtype": "bf16"}],
+             ["I1", {"s": 128, "s_kv": 1024, "ranges": "cp", "compressed": True}],
+             ["I2", {"b": 8, "next_n": 2, "ctx": 200, "block_kv": 64, "context_2d": True}]]
+    full = {"heads": 64, "head_dim": 128, "logits_dtype": "fp32"}
+    cases = [[st, {**full, **({"compressed": False} if st == "I1" else {"context_2d": False}), **c}] for st, c in cases]
+    env = {**os.environ, "CUTE_DSL_ARCH": arch, "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
+           "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
+    (tmp_path / "dump").mkdir()
+    run = subprocess.run([sys.executable, "-c", _SHAPES_PROBE, str(root), arch, json.dumps(cases), str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=600, cwd=root)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = list(json.loads(run.stdout.strip().splitlines()[-1]).values())
+    for ok, err, *_ in got:
+        assert ok, err
+    if arch == "sm_90a":
+        assert [g[2:5] for g in got[:2]] == [[2, 0, ["m64n64k32"]], [1, 0, ["m64n64k32"]]]
+    else:
+        assert [g[2:4] for g in got[:2]] == [[0, 2], [0, 1]]
+    assert [g[5:] for g in got[:3]] == [[False, False, True], [False, False, True], [True, True, False]]
+    assert got[3][0] and got[4][0]  # I1's compressed form, I2's 2-D context lengths

@@ -29,7 +29,12 @@ def test_lab_catches_dropped_relu_in_stage_i1(project_root, tmp_path):
                       project_root / "tests" / "fixtures" / "wrong_i1" / "sm90.py")
     wrong_i1 = dataclasses.replace(i1, kernels={"sm_90a": wrong}, dir=wrong.path.parent)
     summary = _run(spec, wrong_i1, "sm_90a", tmp_path, where={"s": 128})
-    assert len(summary.records) == 4
+    # the product's 4 at s 128 and the more: cases (32 heads, head_dim 32 and 64, bf16 logits,
+    # compressed logits): the bug in each
+    assert len(summary.records) == 12
+    assert {(r.case["heads"], r.case["head_dim"], r.case["logits_dtype"], r.case["compressed"])
+            for r in summary.records} == {(64, 128, "fp32", False), (32, 128, "fp32", False), (64, 32, "fp32", False),
+                                          (64, 64, "fp32", False), (64, 128, "bf16", False), (64, 128, "fp32", True)}
     for rec in summary.records:
         m = rec.metrics["logits"]
         print("wrong-I1", rec.case, rec.status, m)

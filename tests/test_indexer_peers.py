@@ -23,11 +23,22 @@ def _by(specs):
 
 
 def test_problem_dims_of_both_stages():
-    assert problem_dims("mqa_logits", _by(ix.tensors(I1_CASE))) == {"s": 16, "s_kv": 256, "h": 64, "d": 128}
+    assert problem_dims("mqa_logits", _by(ix.tensors(I1_CASE))) == {"s": 16, "s_kv": 256, "h": 64, "d": 128,
+                                                                     "logits_bf16": 0, "compressed": 0, "width": 256}
     geo = ix.paged_geometry(I2_CASE)
     assert problem_dims("paged_mqa_logits", _by(ix.paged_tensors(I2_CASE))) == {
         "b": 3, "next_n": 2, "h": 64, "d": 128, "num_blocks": geo["num_blocks"], "block_kv": 64,
-        "max_blocks": geo["max_blocks"], "max_len": geo["max_len"]}
+        "max_blocks": geo["max_blocks"], "max_len": geo["max_len"], "logits_bf16": 0, "context_2d": 0}
+    # the stage's options, as the peers see them: heads, head_dim, bf16 logits
+    opts = {"heads": 32, "head_dim": 64, "logits_dtype": "bf16"}
+    assert problem_dims("mqa_logits", _by(ix.tensors({**I1_CASE, **opts}))) == {
+        "s": 16, "s_kv": 256, "h": 32, "d": 64, "logits_bf16": 1, "compressed": 0, "width": 256}
+    width = ix.compressed_width(*ix.ranges_of(I1_CASE))
+    assert 0 < width < 256 and problem_dims("mqa_logits", _by(ix.tensors({**I1_CASE, "compressed": True}))) == {
+        "s": 16, "s_kv": 256, "h": 64, "d": 128, "logits_bf16": 0, "compressed": 1, "width": width}
+    dims = problem_dims("paged_mqa_logits", _by(ix.paged_tensors({**I2_CASE, **opts})))
+    assert (dims["h"], dims["d"], dims["logits_bf16"], dims["context_2d"]) == (32, 64, 1, 0)
+    assert problem_dims("paged_mqa_logits", _by(ix.paged_tensors({**I2_CASE, "context_2d": True})))["context_2d"] == 1
 
 
 def test_problem_dims_refuse_other_layouts():
@@ -40,20 +51,28 @@ def test_problem_dims_refuse_other_layouts():
     assert problem_dims("paged_mqa_logits", _by([s for s in ix.paged_tensors(I2_CASE) if s.name != "kv_cache"])) == "no tensor kv_cache"
 
 
+@pytest.mark.parametrize("options", [{}, {"heads": 32, "head_dim": 32, "logits_dtype": "bf16"}, {"compressed": True},
+                                     {"context_2d": True}],
+                         ids=["default", "h32d32bf16", "compressed", "context_2d"])
 @pytest.mark.parametrize("problem", ["mqa_logits", "paged_mqa_logits"])
-def test_torch_peer_matches_the_oracle(problem, monkeypatch):
+def test_torch_peer_matches_the_oracle(problem, options, monkeypatch):
     monkeypatch.setattr(torch_indexer, "SCORE_BYTES", 1 << 16)  # several chunks
     if problem == "mqa_logits":
-        case, specs = I1_CASE, ix.tensors(I1_CASE)
+        case = {**I1_CASE, **options}
+        assert not case.get("compressed") or ix.tensors(case)[-1].shape[1] < case["s_kv"]
+        case.pop("context_2d", None)  # I2's option
+        specs = ix.tensors(case)
         inputs, ref = ix.make_inputs(case, 3), None
         ref = ix.reference(inputs, case)["logits"]
     else:
-        case, specs = I2_CASE, ix.paged_tensors(I2_CASE)
+        case = {**I2_CASE, **{k: v for k, v in options.items() if k != "compressed"}}  # I1's form only
+        specs = ix.paged_tensors(case)
         inputs = ix.paged_make_inputs(case, 3)
         ref = ix.paged_reference(inputs, case)["logits"]
     dims = problem_dims(problem, _by(specs))
     assert torch_indexer.unsupported(problem, dims, (9, 0)) is None
     got = torch_indexer.make(problem, dims, inputs)()["logits"]
+    assert str(got.dtype) == "torch." + ix.logits_dtype(case)
     m = compare(got, ref)
     assert m.nonfinite == 0 and m.unwritten == 0 and m.cosine > 0.99999, m
 

@@ -91,3 +91,29 @@ def test_stage_names():
     assert normalize_stage_name("stage-D1") == "D1"
     assert normalize_stage_name("d1") == "D1"
     assert normalize_stage_name("A") == "A"
+
+
+def test_more_adds_a_few_cases_beside_the_matrix_product(fake_lab):
+    """`more:` lists further products (an axis left out takes the matrix's first value): the cases
+    are the matrix's product, then the others' new cases, and filters take the new values."""
+    from harness.spec.matrix import count, expand, parse_filters
+
+    write(fake_lab, GOOD.replace("matrix: {n: [16, 32]}", "matrix: {n: [16, 32], w: [a]}\n"
+                                 "    more: [{w: [b]}, {n: [64, 16], w: [c]}, {w: [a]}]"))
+    st = load_spec(root=fake_lab).stage("stage-ok")
+    assert st.matrix == {"n": [16, 32, 64], "w": ["a", "b", "c"]} and st.suite is None
+    assert [c.dict for c in expand(st)] == [{"n": 16, "w": "a"}, {"n": 32, "w": "a"}, {"n": 16, "w": "b"},
+                                            {"n": 64, "w": "c"}, {"n": 16, "w": "c"}]
+    assert count(st) == 5
+    assert [c.dict for c in expand(st, parse_filters(st, [("w", "c")]))] == [{"n": 64, "w": "c"}, {"n": 16, "w": "c"}]
+
+
+@pytest.mark.parametrize("more, says", [
+    ("[{x: [1]}]", "stages.OK.more[0].x: not a matrix axis"),
+    ("[{n: [word]}]", "stages.OK.more[0].n: 'word' is not of the axis's type"),
+    ("{n: [8]}", "stages.OK.more: expected a list of matrices"),
+    ("[{}]", "stages.OK.more[0]: empty matrix"),
+])
+def test_bad_more_is_one_line(fake_lab, more, says):
+    msg = error_of(fake_lab, GOOD.replace("matrix: {n: [16, 32]}", f"matrix: {{n: [16, 32]}}\n    more: {more}"))
+    assert "\n" not in msg and msg.startswith("stages.yaml:11: ") and says in msg, msg

@@ -24,8 +24,10 @@ def list_stages() -> None:
     for st in spec.stages.values():
         n = count(st)
         axes = " × ".join(f"{k}{{{','.join(map(str, v))}}}" for k, v in st.matrix.items())
-        if st.cases is not None:  # a suite stage: its listed cases, not a product (docs/SUITES.md)
+        if st.suite is not None:  # a suite stage: its listed cases, not a product (docs/SUITES.md)
             axes = f"suite: listed cases over {', '.join(st.matrix)}"
+        elif st.cases is not None:  # a matrix with `more:`: a union of products
+            axes = f"{axes} (the matrix and its more: products)"
         archs = ", ".join(f"{a} ({'runs here' if a in runnable else 'compile only'})" for a in st.kernels)
         table.add_row(escape(st.name), escape(st.title), escape(axes), str(n), escape(archs))
     make_console().print(table)

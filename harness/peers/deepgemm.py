@@ -4,15 +4,23 @@ csrc/apis/attention.hpp (the "legacy" FP8 wrappers of fp8_fp4_*; kernels compile
 Built from source on the GPU machine by scripts/build_deepgemm.sh: the PyPI wheel
 `sgl-deep-gemm` 0.2.5 does not load with torch 2.11 (OSError on its _C.so).
 
-Flat:  fp8_mqa_logits(q [s, h, d] e4m3, (kv [s_kv, d] e4m3, kv_scale [s_kv] fp32), weights [s, h]
-       fp32, cu_seq_len_k_start [s], cu_seq_len_k_end [s] int32, clean_logits=True) -> logits
-       [s, s_kv] fp32, a view of a buffer whose rows are padded to 1 KiB; −inf outside [ks, ke)
-       written by DeepGEMM's clean kernel (timed: the fill is part of the job).
+Both through the fp8_fp4_* entry points the legacy fp8_* ones wrap (q as (values, None): FP8),
+so the options the stage's tensors carry reach DeepGEMM: logits_dtype (fp32 or bf16, as the
+stage's logits), the compressed form (max_seqlen_k = the logits' width W when W < s_kv) and
+the stage's 2-D context lengths (passed as they are).
+Flat:  fp8_fp4_mqa_logits((q [s, h, d] e4m3, None), (kv [s_kv, d] e4m3, kv_scale [s_kv] fp32),
+       weights [s, h] fp32, cu_seq_len_k_start [s], cu_seq_len_k_end [s] int32, clean_logits=True,
+       max_seqlen_k=0, logits_dtype) -> logits [s, s_kv], a view of a buffer whose rows are
+       padded to 1 KiB; −inf outside [ks, ke) written by DeepGEMM's clean kernel (timed: the fill
+       is part of the job).  Compressed (max_seqlen_k = W): logits [s, W], column c of row i the
+       key ks[i] + c; DeepGEMM asserts clean_logits=False there and leaves the columns past
+       ke − ks unwritten, so the adapter writes −inf there itself (a masked_fill, timed).
 Paged: get_paged_mqa_logits_metadata(context_lens [b, next_n] int32, block_kv, num_sms) outside
-       the timing (a serving loop builds it once per step), then fp8_paged_mqa_logits(q [b, next_n,
-       h, d] e4m3, fused cache [num_blocks, block_kv, 1, d + 4] uint8, weights [b·next_n, h] fp32,
-       context_lens, block_table [b, max_blocks] int32, schedule_meta [num_sms + 1, 2],
-       max_context_len) -> logits [b·next_n, max_context_len] fp32.  This DeepGEMM takes only
+       the timing (a serving loop builds it once per step), then fp8_fp4_paged_mqa_logits((q [b,
+       next_n, h, d] e4m3, None), fused cache [num_blocks, block_kv, 1, d + 4] uint8, weights
+       [b·next_n, h] fp32, context_lens, block_table [b, max_blocks] int32, schedule_meta
+       [num_sms + 1, 2], max_context_len, clean_logits=False, logits_dtype) -> logits
+       [b·next_n, max_context_len].  This DeepGEMM takes only
        per-token context lengths (2-D; token t of sequence i sees the keys j < context_lens[i, t],
        here len − next_n + t + 1) and asserts clean_logits=False for them: it leaves the
        positions past each row's limit unwritten, so the adapter writes −inf there itself (a
@@ -65,25 +73,42 @@ def make(problem: str, dims: dict[str, int], inputs: dict) -> Callable[[], dict]
     import deep_gemm
     import torch
 
+    logits_dtype = torch.bfloat16 if dims.get("logits_bf16") else torch.float32
     if problem == "mqa_logits":
         q, kv, kv_scale = inputs["q"], inputs["kv"], inputs["kv_scale"]
         w, ks, ke = inputs["weights"], inputs["ks"], inputs["ke"]
 
+        if dims.get("compressed"):
+            width = dims["width"]
+            past = torch.arange(width, device=q.device)[None, :] >= (ke - ks)[:, None]  # [s, W]: past ke
+
+            def run_compressed() -> dict:
+                out = deep_gemm.fp8_fp4_mqa_logits((q, None), (kv, kv_scale), w, ks, ke, clean_logits=False,
+                                                   max_seqlen_k=width, logits_dtype=logits_dtype)
+                return {"logits": out.masked_fill_(past, float("-inf"))}
+
+            return run_compressed
+
         def run() -> dict:
-            return {"logits": deep_gemm.fp8_mqa_logits(q, (kv, kv_scale), w, ks, ke, clean_logits=True)}
+            return {"logits": deep_gemm.fp8_fp4_mqa_logits((q, None), (kv, kv_scale), w, ks, ke, clean_logits=True,
+                                                           max_seqlen_k=0, logits_dtype=logits_dtype)}
 
         return run
 
     next_n, max_len = dims["next_n"], dims["max_len"]
     q, cache, w = inputs["q"], inputs["kv_cache"], inputs["weights"]
     table = inputs["block_table"]
-    lens = per_token_context_lens(inputs["context_lens"], next_n)  # [b, next_n]
+    if dims.get("context_2d"):  # the stage's own per-token lengths [b, next_n]
+        lens = inputs["context_lens"].to(torch.int32).contiguous()
+    else:
+        lens = per_token_context_lens(inputs["context_lens"], next_n)  # [b, next_n]
     meta = deep_gemm.get_paged_mqa_logits_metadata(lens, dims["block_kv"], deep_gemm.get_num_sms())
     j = torch.arange(max_len, device=q.device)
     invalid = j[None, :] >= lens.view(-1, 1)  # [b·next_n, max_len]: rows i·next_n + t
 
     def run_paged() -> dict:
-        out = deep_gemm.fp8_paged_mqa_logits(q, cache, w, lens, table, meta, max_len, clean_logits=False)
+        out = deep_gemm.fp8_fp4_paged_mqa_logits((q, None), cache, w, lens, table, meta, max_len, clean_logits=False,
+                                                 logits_dtype=logits_dtype)
         return {"logits": out.masked_fill_(invalid, float("-inf"))}
 
     return run_paged

@@ -32,6 +32,7 @@ def make(problem: str, dims: dict[str, int], inputs: dict) -> Callable[[], dict]
     import torch
 
     h = dims["h"]
+    out_dtype = torch.bfloat16 if dims.get("logits_bf16") else torch.float32  # the stage's logits' dtype
     if problem == "mqa_logits":
         s, s_kv = dims["s"], dims["s_kv"]
         q = inputs["q"].view(s * h, dims["d"])
@@ -49,7 +50,12 @@ def make(problem: str, dims: dict[str, int], inputs: dict) -> Callable[[], dict]
                 sc = (qb[r0 * h:r1 * h] @ k.T).float().relu_().view(r1 - r0, h, s_kv)
                 out[r0:r1] = torch.einsum("rhk,rh->rk", sc, w[r0:r1])
             valid = (j[None, :] >= ks[:, None]) & (j[None, :] < ke[:, None])
-            return {"logits": out.masked_fill_(~valid, float("-inf"))}
+            out = out.masked_fill_(~valid, float("-inf"))
+            if dims.get("compressed"):  # [s, W] from ks: column c of row i is key ks[i] + c
+                c = ks.long()[:, None] + torch.arange(dims["width"], device=q.device)[None, :]
+                inside = (c < ke.long()[:, None]) & (c >= 0) & (c < s_kv)
+                out = out.gather(1, c.clamp(0, s_kv - 1)).masked_fill_(~inside, float("-inf"))
+            return {"logits": out.to(out_dtype)}
 
         return run
 
@@ -61,7 +67,10 @@ def make(problem: str, dims: dict[str, int], inputs: dict) -> Callable[[], dict]
     q = inputs["q"].view(b, next_n * h, d)
     seqs = max(1, min(b, SCORE_BYTES // (next_n * h * max_len * 4)))
     j = torch.arange(max_len, device=q.device)
-    pos = lens[:, None] - next_n + torch.arange(next_n, device=q.device)[None, :]  # [b, next_n]
+    if lens.dim() == 2:  # per token: keys < context_lens[i, t]
+        pos = lens - 1
+    else:
+        pos = lens[:, None] - next_n + torch.arange(next_n, device=q.device)[None, :]  # [b, next_n]
     valid = (j[None, None, :] <= pos[..., None]).view(b * next_n, max_len)
 
     def run_paged() -> dict:
@@ -75,6 +84,6 @@ def make(problem: str, dims: dict[str, int], inputs: dict) -> Callable[[], dict]
             k = k_all[table[b0:b1]].view(b1 - b0, max_len, d)
             sc = torch.bmm(qb[b0:b1], k.transpose(1, 2)).float().relu_().view(b1 - b0, next_n, h, max_len)
             out[b0:b1] = torch.einsum("bthk,bth->btk", sc, w[b0 * next_n:b1 * next_n].view(b1 - b0, next_n, h))
-        return {"logits": out.view(b * next_n, max_len).masked_fill_(~valid, float("-inf"))}
+        return {"logits": out.view(b * next_n, max_len).masked_fill_(~valid, float("-inf")).to(out_dtype)}
 
     return run_paged

@@ -69,7 +69,8 @@ def _axis_values(stage: Stage, filters: Mapping[str, set[Any]] | None) -> dict[s
 
 
 def _listed(stage: Stage, filters: Mapping[str, set[Any]] | None) -> list[Case]:
-    """A suite stage's listed cases that pass the filters (stage.cases, not a product)."""
+    """A suite stage's listed cases, or a matrix's with `more:`, that pass the filters (stage.cases,
+    not a product)."""
     values = _axis_values(stage, filters)
     assert stage.cases is not None
     return [Case(stage.id, params) for params in stage.cases
@@ -86,7 +87,8 @@ def count(stage: Stage, filters: Mapping[str, set[Any]] | None = None) -> int:
 def expand(stage: Stage, filters: Mapping[str, set[Any]] | None = None) -> list[Case]:
     """The cases of the matrix (those passing `filters`, applied per axis before the product), in
     axis order. More than MAX_CASES is refused before any case is built. A suite stage gives its
-    listed cases (harness/spec/suitecases.py) that pass the filters."""
+    listed cases (harness/spec/suitecases.py) that pass the filters, a stage with `more:` its
+    matrix's cases then its further products' (harness/spec/spec.py `_more`)."""
     if stage.cases is not None:
         return _listed(stage, filters)
     values = _axis_values(stage, filters)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import io
+import itertools
 import keyword
 import math
 import re
@@ -146,7 +147,7 @@ class Stage:
     line: int = 0
     bench_plan: BenchPlan | None = None  # the bench block's shapes and peers (`dsv4-lab bench`)
     suite: SuiteRef | None = None  # a suite stage: a peer's own case list and pass rule (docs/SUITES.md)
-    cases: tuple[tuple[tuple[str, Any], ...], ...] | None = None  # a suite stage's cases (its matrix: their values)
+    cases: tuple[tuple[tuple[str, Any], ...], ...] | None = None  # a suite stage's cases, or a matrix with `more:` (its matrix: their values)
 
     @property
     def name(self) -> str:
@@ -342,7 +343,7 @@ def _func_ref(ctx: _Ctx, node: Node, key: str) -> FuncRef:
 
 STAGE_KEYS = {
     "title", "dir", "kernels", "tensors", "inputs", "oracle", "flops", "peer", "matrix",
-    "kernel_params", "tolerances", "timeout_s", "bench", "suite",
+    "kernel_params", "tolerances", "timeout_s", "bench", "suite", "more",
 }
 STAGE_REQUIRED = {"title", "dir", "kernels", "tensors", "inputs", "oracle", "tolerances"}  # and matrix or suite
 SUITE_KEYS = {"cases", "criterion"}
@@ -373,6 +374,8 @@ def _parse_stage(ctx: _Ctx, sid: str, node: Node, key_node: Node) -> Stage:
         suite, matrix, cases = _suite(ctx, f["suite"], f"{key}.suite")
     elif "matrix" in f:
         matrix = _matrix(ctx, f["matrix"], f"{key}.matrix")
+        if "more" in f:
+            matrix, cases = _more(ctx, f["more"], f"{key}.more", matrix)
     else:
         raise ctx.fail(node, f"{key}.matrix", "missing required key — add it (or a suite: block)")
 
@@ -664,6 +667,56 @@ def _matrix(ctx: _Ctx, node: Node, key: str) -> dict[str, list[Any]]:
         raise ctx.fail(node, key, f"{n} cases ({sizes}) — more than the limit of {MAX_CASES}; list fewer values "
                                   "or split the stage")
     return matrix
+
+
+def _more(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]]) -> tuple[dict[str, list[Any]], tuple]:
+    """A stage's `more:` — further test matrices beside `matrix` (a few cases per new axis value
+    rather than the full product): each a mapping of matrix axes to values, an axis left out
+    taking the matrix's first value.  Returns (the matrix with each axis's new values appended —
+    what filters and --flags take —, the cases: matrix's product first, then each further
+    product's cases not already listed)."""
+    if not isinstance(node, SequenceNode) or not node.value:
+        raise ctx.fail(node, key, f"expected a list of matrices, got {_kind(node)} — e.g. [{{hd: [256]}}]")
+    axes = list(matrix)
+    union = {a: list(v) for a, v in matrix.items()}
+    products = [matrix]
+    for i, item in enumerate(node.value):
+        ik = f"{key}[{i}]"
+        pairs = _mapping(ctx, item, ik)
+        if not pairs:
+            raise ctx.fail(item, ik, "empty matrix — give at least one axis with values")
+        sub: dict[str, list[Any]] = {}
+        for anode, vnode in pairs:
+            axis = str(_scalar(anode))
+            ak = f"{ik}.{axis}"
+            if axis not in matrix:
+                raise ctx.fail(anode, ak, f"not a matrix axis ({', '.join(axes)}) — name one of those")
+            if axis in sub:
+                raise ctx.fail(anode, ak, "repeated axis — list each axis once")
+            tests = matrix[axis]
+
+            def same_kind(item_node, value, tests=tests, ak=ak):
+                if not any(type(value) is type(t) for t in tests):
+                    raise ctx.fail(item_node, ak, f"{one_line(repr(value), 40)} is not of the axis's type "
+                                                  f"({type(tests[0]).__name__})")
+
+            sub[axis] = _axis_values(ctx, vnode, ak, same_kind, limit=MAX_CASES)
+        products.append({a: sub.get(a, [matrix[a][0]]) for a in axes})
+        for a, vals in sub.items():
+            union[a] += [v for v in vals if not any(type(v) is type(u) and v == u for u in union[a])]
+    total = sum(math.prod(len(v) for v in m.values()) for m in products)
+    if total > MAX_CASES:
+        raise ctx.fail(node, key, f"{total} cases in all — more than the limit of {MAX_CASES}; list fewer values")
+    seen: set[tuple] = set()
+    cases: list[tuple[tuple[str, Any], ...]] = []
+    for m in products:
+        for combo in itertools.product(*(m[a] for a in axes)):
+            params = tuple(zip(axes, combo))
+            mark = tuple((a, type(v).__name__, v) for a, v in params)
+            if mark not in seen:
+                seen.add(mark)
+                cases.append(params)
+    return union, tuple(cases)
 
 
 def _axis_values(ctx: _Ctx, vnode: Node, ak: str, accept, scalar_ok: bool = False,

@@ -46,7 +46,8 @@ PLAN: tuple[Step, ...] = (
          "model1's wide chunk (the 192-byte rope chunk: three gather4 boxes, 12 KiB expect-tx)"),
     Step("D5", {"shape": "b4s2h128m128n256d512", "branches": "k+k", "sink": 0, "splits": "many"},
          "two branches under one softmax, masks, the sink, split-KV with empty splits and SplitCombine"),
-    Step("I1", {"s": 128, "s_kv": 1024, "ranges": "cp"},
+    Step("I1", {"s": 128, "s_kv": 1024, "ranges": "cp", "heads": 64, "head_dim": 128, "logits_dtype": "fp32",
+              "compressed": False},
          "the indexer: tcgen05 kind::f8f6f4, two TMEM buffers, one thread per key, the −inf fill"),
 )
 

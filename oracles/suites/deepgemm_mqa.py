@@ -36,10 +36,10 @@ UPSTREAM = ("deepseek-ai/DeepGEMM@54e2261 tests/test_attention.py", "deepseek-ai
 STAGE = "I1"
 
 # --- what the indexer stages take today: edit here when they grow an option --------------------
-HEADS = (64,)
-HEAD_DIMS = (128,)
-LOGITS = ("fp32",)
-COMPRESSED = False  # the [s, max(ke − ks)] form indexed from ks
+HEADS = (32, 64)
+HEAD_DIMS = (32, 64, 128)
+LOGITS = ("fp32", "bf16")
+COMPRESSED = True  # the [s, max(ke − ks)] form indexed from ks
 LIMITS = (  # (name, refuses(u), reason)
     ("heads", lambda u: u.heads not in HEADS, "heads {heads}: the indexer takes " + "/".join(map(str, HEADS)) + " only"),
     ("head_dim", lambda u: u.head_dim not in HEAD_DIMS,
@@ -88,7 +88,8 @@ def reasons(u: Any) -> list[str]:
 
 
 def cases() -> list[dict[str, Any]]:
-    return [{"s": u.s, "s_kv": u.s_kv, "ranges": "cp" if u.cp else "causal", "commit": u.commit, "id": i}
+    return [{"s": u.s, "s_kv": u.s_kv, "ranges": "cp" if u.cp else "causal", "heads": u.heads, "head_dim": u.head_dim,
+             "logits_dtype": u.logits, "compressed": u.compressed, "commit": u.commit, "id": i}
             for i, u in enumerate(upstream()) if not reasons(u)]
 
 
@@ -136,10 +137,17 @@ def _draw(u: Upstream, i: int, device: str):
 
 
 def tensors(case: dict[str, Any]) -> list[TensorSpec]:
+    """Stage I1's tensors; compressed logits [s, max(ke − ks)] of upstream's ranges."""
+    import dataclasses
+
     from oracles import indexer
 
-    _case(case)
-    return indexer.tensors(case)
+    u = _case(case)
+    specs = indexer.tensors(case)
+    if u.compressed:
+        width = indexer.compressed_width(*ranges(u))
+        specs = [dataclasses.replace(s, shape=(u.s, width)) if s.name == "logits" else s for s in specs]
+    return specs
 
 
 def make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> dict:
@@ -187,10 +195,27 @@ def criterion(outputs: dict, ref: dict, case: dict[str, Any]) -> dict[str, dict]
     dev = outputs["logits"].device
     q, kv, w = _draw(u, case["id"], str(dev))
     ks, ke = (torch.tensor(x, dtype=torch.int32, device=dev) for x in ranges(u))
+    answer, neginf = outputs["logits"], ref["logits"]
+    if u.compressed:  # upstream's post-process: row i's first ke − ks columns back at [ks, ke), −inf elsewhere
+        answer, neginf = decompress(answer, ks, ke, u.s_kv), decompress(neginf.to(dev), ks, ke, u.s_kv)
     refs = {"unquantised": (_logits(q.double(), kv.double(), w, ks, ke), 1e-3)}
     if u.commit == "54e2261":
         kv8, sf = fp8_per_token(kv)
         sim_kv = (kv8.float() * sf[:, None]).to(torch.bfloat16)
         sim_q = q.to(torch.float8_e4m3fn).to(torch.bfloat16)
         refs["simulated"] = (_logits(sim_q.double(), sim_kv.double(), w, ks, ke), 3e-5 if u.logits == "bf16" else 5e-6)
-    return {"logits": diff_below(outputs["logits"], refs, neginf_ref=ref["logits"])}
+    return {"logits": diff_below(answer, refs, neginf_ref=neginf)}
+
+
+def decompress(logits, ks, ke, s_kv: int):
+    """Compressed logits [s, W] (column c of row i: key ks[i] + c) as [s, s_kv]: row i's first
+    ke[i] − ks[i] columns at keys [ks[i], ke[i]), −inf elsewhere (upstream's post-process)."""
+    import torch
+
+    s, width = logits.shape
+    out = torch.full((s, s_kv), float("-inf"), dtype=torch.float64, device=logits.device)
+    j = torch.arange(s_kv, device=logits.device)[None, :]
+    inside = (j >= ks.long()[:, None]) & (j < ke.long()[:, None])
+    col = (j - ks.long()[:, None]).clamp(0, width - 1)
+    picked = logits.double().gather(1, col)
+    return torch.where(inside, picked, out)

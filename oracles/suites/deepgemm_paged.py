@@ -20,8 +20,9 @@ The generators (`make_inputs`, seeded by the case's index; `--seed` does not cha
                           that) and its logits to 1735 · 64 = 111040 columns (the 40 extra are −inf)
     kv_cache              N(0, 1) bf16 per token, sf = max(amax, 1e-4) / 448, e4m3(kv · (1 / sf)),
                           fused as [blocks, 64, 1, 132]: 64·128 value bytes, then 64 fp32 scales
-    2-D context lengths (@54e2261): with next_n = 1 they are the 1-D form (the last token sees
-    keys < ctx, I2's limit ctx − next_n + t); with next_n 2 they are not (a reason).
+    2-D context lengths (@54e2261, `token_lens`): [b, next_n], the last token's the sequence's
+                          length, the others int((len + 1) · U[0, 1)) (seeded by the case index);
+                          token t sees the keys < its own; passed to I2 as they are (context_2d).
 The pass rule (`criterion`): @80ceeb2 the −inf positions equal the reference's (upstream's clean
 logits); @54e2261 (clean_logits off) they are not compared; then, −inf → 0 where the
 reference is −inf, calc_diff < 1e-3 against the logits of the unquantised bf16 q and cache
@@ -47,7 +48,7 @@ POOL_80CEEB2 = 333_000  # max_model_len · 3 cache blocks
 MAX_MODEL_LEN_80CEEB2 = 111_000
 
 # --- what stage I2 takes today: edit here when it grows an option -------------------------------
-CONTEXT_2D = False  # per-token context lengths [b, next_n]
+CONTEXT_2D = True  # per-token context lengths [b, next_n]
 LIMITS = (  # (name, refuses(u), reason)
     ("heads", lambda u: u.heads not in HEADS, "heads {heads}: the indexer takes " + "/".join(map(str, HEADS)) + " only"),
     ("head_dim", lambda u: u.head_dim not in HEAD_DIMS,
@@ -93,7 +94,8 @@ def reasons(u: Any) -> list[str]:
 
 
 def cases() -> list[dict[str, Any]]:
-    return [{"b": u.b, "next_n": u.next_n, "block_kv": BLOCK_KV, "avg_kv": u.avg_kv, "commit": u.commit, "id": i}
+    return [{"b": u.b, "next_n": u.next_n, "block_kv": BLOCK_KV, "heads": u.heads, "head_dim": u.head_dim,
+             "logits_dtype": u.logits, "context_2d": u.context_2d, "avg_kv": u.avg_kv, "commit": u.commit, "id": i}
             for i, u in enumerate(upstream()) if not reasons(u)]
 
 
@@ -112,6 +114,21 @@ def context_lens(u: Upstream, i: int) -> list[int]:
     return [rng.randrange(int(0.7 * u.avg_kv), int(1.3 * u.avg_kv)) for _ in range(u.b)]
 
 
+def token_lens(u: Upstream, i: int) -> list[list[int]]:
+    """[b][next_n] per-token context lengths of a 2-D case: the last token's the sequence's
+    (context_lens), each other int((len + 1) · U[0, 1)) as upstream draws them (seeded here)."""
+    rng = random.Random(f"deepgemm-paged-2d|{i}")
+    return [[int((n + 1) * rng.random()) for _ in range(u.next_n - 1)] + [n] for n in context_lens(u, i)]
+
+
+def limits(u: Upstream, i: int) -> list[list[int]]:
+    """[b][next_n]: token t of sequence i sees the keys < limit (2-D: its own length; 1-D: the
+    causal len − next_n + t + 1)."""
+    if u.context_2d:
+        return token_lens(u, i)
+    return [[n - u.next_n + t + 1 for t in range(u.next_n)] for n in context_lens(u, i)]
+
+
 def geometry(u: Upstream, i: int) -> dict[str, int]:
     """{'num_blocks', 'width' (table columns), 'max_len' (logits columns)}."""
     blocks = [math.ceil(n / BLOCK_KV) for n in context_lens(u, i)]
@@ -127,10 +144,10 @@ def tensors(case: dict[str, Any]) -> list[TensorSpec]:
     return [
         TensorSpec("q", (u.b, u.next_n, u.heads, u.head_dim), "float8_e4m3fn"),
         TensorSpec("kv_cache", (geo["num_blocks"], BLOCK_KV, 1, u.head_dim + 4), "uint8"),
-        TensorSpec("context_lens", (u.b,), "int32"),
+        TensorSpec("context_lens", (u.b, u.next_n) if u.context_2d else (u.b,), "int32"),
         TensorSpec("block_table", (u.b, geo["width"]), "int32"),
         TensorSpec("weights", (u.b * u.next_n, u.heads), "float32"),
-        TensorSpec("logits", (u.b * u.next_n, geo["max_len"]), "float32", "out"),
+        TensorSpec("logits", (u.b * u.next_n, geo["max_len"]), "bfloat16" if u.logits == "bf16" else "float32", "out"),
     ]
 
 
@@ -171,7 +188,8 @@ def make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> dict:
         cache[c0:c0 + n, :BLOCK_KV * u.head_dim] = v8.view(torch.uint8).reshape(n, -1)
         cache[c0:c0 + n, BLOCK_KV * u.head_dim:] = sf.float().contiguous().view(torch.uint8).reshape(n, -1)
     return {"q": q.to(torch.float8_e4m3fn), "kv_cache": cache.view(nb, BLOCK_KV, 1, u.head_dim + 4),
-            "context_lens": torch.tensor(context_lens(u, case["id"]), dtype=torch.int32, device=device),
+            "context_lens": torch.tensor(token_lens(u, case["id"]) if u.context_2d else context_lens(u, case["id"]),
+                                         dtype=torch.int32, device=device),
             "block_table": table, "weights": w}
 
 
@@ -184,22 +202,22 @@ def reference(inputs: dict, case: dict[str, Any]) -> dict:
 
 def flops(case: dict[str, Any]) -> float:
     u = _case(case)
-    return 2.0 * u.heads * u.head_dim * sum(sum(n - u.next_n + t + 1 for t in range(u.next_n))
-                                            for n in context_lens(u, case["id"]))
+    return 2.0 * u.heads * u.head_dim * sum(sum(row) for row in limits(u, case["id"]))
 
 
 def _paged_logits(q, kv, w, table, lens, max_len: int):
-    """float64 logits [b·next_n, max_len] of keys `kv` [blocks, 64, d] (any float)."""
+    """float64 logits [b·next_n, max_len] of keys `kv` [blocks, 64, d] (any float); `lens` the
+    per-token limits [b, next_n] (token t of sequence i sees the keys < lens[i, t])."""
     import torch
 
     from oracles import indexer
 
     b, next_n = q.shape[0], q.shape[1]
     out = torch.full((b * next_n, max_len), float("-inf"), dtype=torch.float64, device=q.device)
-    for i, n in enumerate(lens.tolist()):
+    for i, lim in enumerate(lens.tolist()):
+        n = max(lim)
         k = kv[table[i, :math.ceil(n / BLOCK_KV)].long()].reshape(-1, kv.shape[-1])[:n]
-        pos = torch.arange(n - next_n, n, device=q.device)
-        valid = torch.arange(n, device=q.device)[None, :] <= pos[:, None]
+        valid = torch.arange(n, device=q.device)[None, :] < torch.tensor(lim, device=q.device)[:, None]
         rows = slice(i * next_n, (i + 1) * next_n)
         out[rows, :n] = indexer.mqa_logits(q[i].double(), k.double(), w[rows], valid)
     return out
@@ -212,7 +230,7 @@ def criterion(outputs: dict, ref: dict, case: dict[str, Any]) -> dict[str, dict]
     u = _case(case)
     dev = str(outputs["logits"].device)
     q, w, table, kv = _draw(u, case["id"], dev)
-    lens = torch.tensor(context_lens(u, case["id"]), device=dev)
+    lens = torch.tensor(limits(u, case["id"]), device=dev)
     max_len = outputs["logits"].shape[1]
     refs = {"unquantised": (_paged_logits(q, kv, w, table, lens, max_len), 1e-3)}
     if u.commit == "54e2261":

@@ -27,7 +27,8 @@ The CTA (roles, MMA, TMEM budget, pipelines), the MMA warp and the TMEM head sum
 stages/common/indexer.py's `Sm100LogitsCta`, `mma_key_tiles` and `tmem_head_sums`; new here are
 the flat key tiles (one TMA box of 128 keys per slot) and the per-token key ranges.
 
-Limits: s a multiple of BLOCK_Q, s_kv a multiple of 128; h = 64, d = 128; static shapes.
+Limits: s a multiple of BLOCK_Q, s_kv a multiple of 128; h ∈ {32, 64} (N = 4 · h), d ∈ {32, 64,
+128} (K = d: d / 32 MMAs a tile); h = 64, d = 128 by default (DSV4's); static shapes.
 """
 
 import cuda.bindings.driver as cuda
@@ -44,6 +45,10 @@ from stages.common.indexer import (
     LogitsOperands,
     Sm100LogitsCta,
     check_flat_shape,
+    check_heads,
+    check_logits,
+    check_output,
+    fill_compressed,
     fill_rows,
     key_tile_range,
     launch,
@@ -53,6 +58,7 @@ from stages.common.indexer import (
     start_cta,
     tmem_head_sums,
     tmem_row_reader,
+    to_output,
     token_ranges,
     weights_to_smem,
 )
@@ -69,11 +75,16 @@ class Kernel(Sm100LogitsCta):
     BLOCK_K = 128  # keys per tile = M
     STAGES = 4  # K slots of 16 KiB
 
-    def __init__(self, *, s: int, s_kv: int):
+    def __init__(self, *, s: int, s_kv: int, heads: int = HEADS, head_dim: int = DIM, logits_dtype: str = "fp32",
+                 compressed: bool = False):
         check_flat_shape("stage I1 sm100", s, s_kv, self.BLOCK_Q, self.BLOCK_K)
+        check_heads("stage I1 sm100", heads, head_dim)
+        self.out_dtype = check_logits("stage I1 sm100", logits_dtype)
+        self.compressed = bool(compressed)  # logits [s, W] from ks (DeepGEMM's max_seqlen_k form)
         self.s, self.s_kv = s, s_kv
-        self.n = HEADS * self.BLOCK_Q
-        self.mma_tiler = (self.BLOCK_K, self.n, DIM)
+        self.heads, self.dim = heads, head_dim
+        self.n = heads * self.BLOCK_Q
+        self.mma_tiler = (self.BLOCK_K, self.n, head_dim)
 
     @cute.jit
     def __call__(
@@ -88,8 +99,10 @@ class Kernel(Sm100LogitsCta):
         stream: cuda.CUstream,
     ):
         s = self.s
+        check_output("stage I1 sm100", logits, self.out_dtype)
+        self.width = logits.shape[1]  # s_kv, or W of the compressed form
         dtype = q.element_type
-        mQ = q_rows(q, s * HEADS)
+        mQ = q_rows(q, s * self.heads, self.dim)
         mma = self.logits_mma(dtype)
         k_smem = sm100_utils.make_smem_layout_a(mma, self.mma_tiler, dtype, self.STAGES)
         q_smem = sm100_utils.make_smem_layout_b(mma, self.mma_tiler, dtype, 1)
@@ -120,8 +133,12 @@ class Kernel(Sm100LogitsCta):
                           cta.tmem_ptr, cta.acc_layout, self.acc_cols)
         if warp_idx >= self.FILL_WARPS[0]:
             ftid = tidx - 32 * self.FILL_WARPS[0]
-            fill_rows(mOut, block * bq, bq, 0, tile_begin * bk, ftid, self.FILL_THREADS)
-            fill_rows(mOut, block * bq, bq, tile_end * bk, self.s_kv, ftid, self.FILL_THREADS)
+            if cutlass.const_expr(self.compressed):
+                fill_compressed(mOut, mKs, block * bq, bq, tile_begin * bk, tile_end * bk, self.width, ftid,
+                                self.FILL_THREADS)
+            else:
+                fill_rows(mOut, block * bq, bq, 0, tile_begin * bk, ftid, self.FILL_THREADS)
+                fill_rows(mOut, block * bq, bq, tile_end * bk, self.s_kv, ftid, self.FILL_THREADS)
         if warp_idx <= self.EPI_WARPS[-1]:
             self.epilogue(block, tidx, tile_begin, tile_end, cta.acc_cons, mma, cta.tmem_ptr, cta.acc_layout,
                           cta.sW, mW, mScale, mKs, mKe, mOut, cta.epi_sync)
@@ -148,7 +165,7 @@ class Kernel(Sm100LogitsCta):
         logits[token, key]."""
         hang_guard.role("epilogue")  # names this role's waits in a --debug-hangs build
         bq, bk = self.BLOCK_Q, self.BLOCK_K
-        weights_to_smem(sW, mW, block * bq, self.n, tidx, self.EPI_THREADS)
+        weights_to_smem(sW, mW, block * bq, self.n, tidx, self.EPI_THREADS, self.heads)
         lo, hi = token_ranges(mKs, mKe, block * bq, bq)
         epi_sync.arrive_and_wait()  # the weights are in shared memory
         rows = tmem_row_reader(mma, tmem_ptr, acc_layout, self.acc_cols, bk, self.n, self.EPI_COLS, tidx)
@@ -161,4 +178,9 @@ class Kernel(Sm100LogitsCta):
             key = tile * bk + tidx
             scale = mScale[key]
             for t in cutlass.range_constexpr(bq):
-                mOut[block * bq + t, key] = masked_logit(sums[t] * scale, key, lo, hi, t)
+                if cutlass.const_expr(self.compressed):  # column key − ks of a row W wide
+                    col = key - lo[t]
+                    if (col >= 0) & (col < self.width):
+                        mOut[block * bq + t, col] = to_output(masked_logit(sums[t] * scale, key, lo, hi, t), mOut)
+                else:
+                    mOut[block * bq + t, key] = to_output(masked_logit(sums[t] * scale, key, lo, hi, t), mOut)

@@ -4,7 +4,8 @@ Math (oracles/indexer.py)
     logits[i, j] = k_scale[j] · Σ_h w[i, h] · relu(q[i, h] · k[j])        ks[i] ≤ j < ke[i]
                  = −inf                                                    elsewhere
     (relu(x · s) = s · relu(x) for the positive per-key scale s, so the scale is applied once per
-    key after the head sum.)  q [s, 64, 128] e4m3, k [s_kv, 128] e4m3, fp32 accumulation.
+    key after the head sum.)  q [s, h, d] e4m3, k [s_kv, d] e4m3, fp32 accumulation; h = 64,
+    d = 128 (DSV4's, the default), or h ∈ {32, 64}, d ∈ {32, 64, 128}: N = 2 · h, K = d below.
 
 The MMA: keys along M, heads along N
     One FP8 wgmma computes Sᵀ = K_tile · Q_wᵀ with M = 64 keys, N = the 64 heads of each of the
@@ -42,7 +43,7 @@ time instead of one (issue 31: the third kept the tensor core busy ~59 % of the 
 The MMA, the loads, the head sum and the epilogue's store are stages/common/indexer.py's; new
 here are the 8-token block with every warpgroup on every K tile, and the per-token key ranges.
 
-Limits: s a multiple of BLOCK_Q, s_kv a multiple of BLOCK_K; h = 64, d = 128; row-major,
+Limits: s a multiple of BLOCK_Q, s_kv a multiple of BLOCK_K; h ∈ {32, 64}, d ∈ {32, 64, 128}; row-major,
 16-byte aligned, static shapes.
 """
 
@@ -58,6 +59,10 @@ from stages.common.indexer import (
     HEADS,
     LogitsOperands,
     check_flat_shape,
+    check_heads,
+    check_logits,
+    check_output,
+    fill_compressed,
     fill_rows,
     head_partial,
     head_weights,
@@ -101,10 +106,15 @@ class Kernel:
     LOAD_REGS = 24
     STAGES = 8  # K slots of 8 KiB
 
-    def __init__(self, *, s: int, s_kv: int):
+    def __init__(self, *, s: int, s_kv: int, heads: int = HEADS, head_dim: int = DIM, logits_dtype: str = "fp32",
+                 compressed: bool = False):
         check_flat_shape("stage I1 sm90", s, s_kv, self.BLOCK_Q, self.BLOCK_K)
+        check_heads("stage I1 sm90", heads, head_dim)
+        self.out_dtype = check_logits("stage I1 sm90", logits_dtype)
+        self.compressed = bool(compressed)  # logits [s, W] from ks (DeepGEMM's max_seqlen_k form)
         self.s, self.s_kv = s, s_kv
-        self.n = HEADS * self.WG_Q  # N of one warpgroup's MMA
+        self.heads, self.dim = heads, head_dim
+        self.n = heads * self.WG_Q  # N of one warpgroup's MMA
 
     @cute.jit
     def __call__(
@@ -119,13 +129,16 @@ class Kernel:
         stream: cuda.CUstream,
     ):
         s, bk, n = self.s, self.BLOCK_K, self.n
+        check_output("stage I1 sm90", logits, self.out_dtype)
+        self.width = logits.shape[1]  # s_kv, or W of the compressed form
         dtype = q.element_type
-        mQ = q_rows(q, s * HEADS)
-        # Q slots: a half of the token block per warpgroup (its B operand).
-        mma, tile, k_smem, q_smem = sm90_logits_mma(dtype, bk, self.WG_Q, self.STAGES, self.NUM_MMA_WG)
+        mQ = q_rows(q, s * self.heads, self.dim)
+        # Q slots: a quarter of the token block per warpgroup (its B operand).
+        mma, tile, k_smem, q_smem = sm90_logits_mma(dtype, bk, self.WG_Q, self.STAGES, self.NUM_MMA_WG, self.heads,
+                                                    self.dim)
         expose(self, qk_mma=(mma, tile), smem={"K": k_smem, "Q": q_smem})  # dsv4-lab inspect
-        tma_q, tma_Q, q_half = sm90_tma_load(mQ, q_smem, (n, DIM))
-        tma_k, tma_K, k_bytes = sm90_tma_load(kv, k_smem, (bk, DIM))
+        tma_q, tma_Q, q_half = sm90_tma_load(mQ, q_smem, (n, self.dim))
+        tma_k, tma_K, k_bytes = sm90_tma_load(kv, k_smem, (bk, self.dim))
         warps = self.MMA_THREADS // 32  # every MMA warpgroup reads Q and every K slot
         self.pipes = (TmaPipe("q", 1, self.NUM_MMA_WG * q_half, warps), TmaPipe("k", self.STAGES, k_bytes, warps))
         self.smem_struct = smem_struct(self.pipes, {"sQ": (dtype, q_smem), "sK": (dtype, k_smem)})
@@ -150,8 +163,12 @@ class Kernel:
                 self.load(block, tile_begin, tile_end, q_pipe, k_pipe, ops, sQ, sK)
             else:  # fill warps: −inf in the block's rows outside the tile range
                 ftid = tidx - self.MMA_THREADS - 32
-                fill_rows(mOut, block * bq, bq, 0, tile_begin * bk, ftid, self.FILL_THREADS)
-                fill_rows(mOut, block * bq, bq, tile_end * bk, self.s_kv, ftid, self.FILL_THREADS)
+                if cutlass.const_expr(self.compressed):
+                    fill_compressed(mOut, mKs, block * bq, bq, tile_begin * bk, tile_end * bk, self.width, ftid,
+                                    self.FILL_THREADS)
+                else:
+                    fill_rows(mOut, block * bq, bq, 0, tile_begin * bk, ftid, self.FILL_THREADS)
+                    fill_rows(mOut, block * bq, bq, tile_end * bk, self.s_kv, ftid, self.FILL_THREADS)
         else:
             cute.arch.setmaxregister_increase(self.MMA_REGS)
             self.logits(block, tidx, tile_begin, tile_end, q_pipe, k_pipe, ops.mma, sQ, sK, mScale, mW, mKs, mKe, mOut)
@@ -168,8 +185,8 @@ class Kernel:
         """Load warp: the token block's Q rows (a box of 2 tokens · 64 heads × 128 per MMA
         warpgroup) once, then the K tiles of the range."""
         hang_guard.role("load")  # names this role's waits in a --debug-hangs build
-        q_load = tma_tiles(ops.tma_q, sQ, ops.mQ, (self.n, DIM), (None, 0))
-        k_load = tma_tiles(ops.tma_k, sK, ops.mK, (self.BLOCK_K, DIM), (None, 0))
+        q_load = tma_tiles(ops.tma_q, sQ, ops.mQ, (self.n, self.dim), (None, 0))
+        k_load = tma_tiles(ops.tma_k, sK, ops.mK, (self.BLOCK_K, self.dim), (None, 0))
         load_q_once(q_pipe, q_load, block * self.NUM_MMA_WG, self.NUM_MMA_WG, tile_end > tile_begin)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.STAGES)
         for tile in cutlass.range(tile_begin, tile_end, unroll=1):
@@ -186,7 +203,7 @@ class Kernel:
         wg = tidx // 128
         row0 = block * self.BLOCK_Q + wg * wq  # this warpgroup's first token
         tCrK, tCrQ, acc_shape, coords = sm90_fragments(mma, tidx % 128, sK, sQ, bk, self.n)
-        w = head_weights(mW, coords, row0)
+        w = head_weights(mW, coords, row0, self.heads)
         lo, hi = token_ranges(mKs, mKe, row0, wq)
 
         if tile_end > tile_begin:
@@ -201,7 +218,8 @@ class Kernel:
             wgmma_sync(mma, acc, tCrK, tCrQ, a_slot=k_state.index, b_slot=wg, zero_init=True)
             k_pipe.consumer_release(k_state)
             k_state.advance()
-            sm90_store_logits(mOut, row0, acc, coords, w, tile * bk, sc, lo, hi, tidx, self.head_partial, wq)
+            sm90_store_logits(mOut, row0, acc, coords, w, tile * bk, sc, lo, hi, tidx, self.head_partial, wq,
+                              compressed=self.width if self.compressed else None)
 
     @cute.jit
     def head_partial(self, acc_rc, w, r: cutlass.Constexpr[int], first: cutlass.Constexpr[int],

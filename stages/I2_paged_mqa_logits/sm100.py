@@ -19,7 +19,8 @@ What is new beside I1's sm100 kernel
 
 Warp roles (256 threads): warps 0-3 epilogue, warp 4 MMA, warp 5 load, warps 6-7 fill — the
 CTA, the MMA warp and the TMEM head sums are stages/common/indexer.py's, as in I1's sm100 kernel.
-Limits: block_kv = 64, h = 64, d = 128, next_n ∈ {1, 2, 3, 4}; static shapes.
+Limits: block_kv = 64, h ∈ {32, 64} (N = next_n · h), d ∈ {32, 64, 128} (K = d), next_n ∈ {1, 2,
+3, 4}; h = 64, d = 128 by default (DSV4's); static shapes.
 """
 
 import cuda.bindings.driver as cuda
@@ -38,6 +39,9 @@ from stages.common.indexer import (
     LogitsOperands,
     Sm100LogitsCta,
     causal_limits,
+    check_heads,
+    check_logits,
+    check_output,
     check_paged_shape,
     fill_rows,
     launch,
@@ -47,8 +51,10 @@ from stages.common.indexer import (
     paged_views,
     q_rows,
     start_cta,
+    token_limits,
     tmem_head_sums,
     tmem_row_reader,
+    to_output,
     weights_to_smem,
 )
 from stages.common.inspection import expose
@@ -56,13 +62,13 @@ from stages.common.sm100_idioms import tcgen05_fence_before_sync, tmem_free
 from stages.common.tma import sm90_tma_load, sm100_tma_load, tma_partition_tile
 
 
-def check_half_slots(k_smem, half_smem, rows: int, half: int, stages: int) -> None:
+def check_half_slots(k_smem, half_smem, rows: int, half: int, stages: int, dim: int = DIM) -> None:
     """Trace-time proof that key m, column c of the MMA's A slot s (k_smem: ((rows, 32), 1,
     d/32, stages)) is the same byte as key m % half, column c of half-slot 2s + m // half
     (half_smem: (half, d, 2 · stages)).  Sampled: every swizzle row, the half boundary, the
     column chunk boundaries, the first and last slot."""
     keys = sorted({*range(9), half - 1, half, half + 1, half + 8, rows - 1})
-    cols = (0, 1, 15, 16, 31, 32, 63, 64, 127)
+    cols = [c for c in (0, 1, 15, 16, 31, 32, 63, 64, 127) if c < dim] + [dim - 1]
     for s in sorted({0, stages - 1}):
         for m in keys:
             for c in cols:
@@ -82,11 +88,16 @@ class Kernel(Sm100LogitsCta):
     STAGES = 4
     CHUNK_TILES = 16
 
-    def __init__(self, *, b: int, next_n: int, block_kv: int):
+    def __init__(self, *, b: int, next_n: int, block_kv: int, heads: int = HEADS, head_dim: int = DIM,
+                 logits_dtype: str = "fp32", context_2d: bool = False):
         check_paged_shape("stage I2 sm100", block_kv, next_n, self.BLOCK_KV)
+        check_heads("stage I2 sm100", heads, head_dim)
+        self.out_dtype = check_logits("stage I2 sm100", logits_dtype)
+        self.context_2d = bool(context_2d)  # context_lens [b, next_n]: token t sees keys < ctx[b, t]
         self.b, self.next_n = b, next_n
-        self.n = HEADS * next_n
-        self.mma_tiler = (self.BLOCK_K, self.n, DIM)
+        self.heads, self.dim = heads, head_dim
+        self.n = heads * next_n
+        self.mma_tiler = (self.BLOCK_K, self.n, head_dim)
 
     @cute.jit
     def __call__(
@@ -100,19 +111,20 @@ class Kernel(Sm100LogitsCta):
         stream: cuda.CUstream,
     ):
         b, n, bkv = self.b, self.n, self.BLOCK_KV
+        check_output("stage I2 sm100", logits, self.out_dtype)
         dtype = q.element_type
         self.max_len = logits.shape[1]  # keys per output row: the grid's chunks cover them
         self.num_chunks = (self.max_len + self.CHUNK_TILES * self.BLOCK_K - 1) // (self.CHUNK_TILES * self.BLOCK_K)
 
-        mQ = q_rows(q, b * n)
-        mKV, mScale = paged_views(kv_cache, dtype, bkv)  # (slot, col, block) e4m3, (slot, block) fp32
+        mQ = q_rows(q, b * n, self.dim)
+        mKV, mScale = paged_views(kv_cache, dtype, bkv, self.dim)  # (slot, col, block) e4m3, (slot, block) fp32
         mma = self.logits_mma(dtype)
         k_smem = sm100_utils.make_smem_layout_a(mma, self.mma_tiler, dtype, self.STAGES)
-        half_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bkv, n, DIM), dtype, 2 * self.STAGES)
-        check_half_slots(k_smem, half_smem, self.BLOCK_K, bkv, self.STAGES)
+        half_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bkv, n, self.dim), dtype, 2 * self.STAGES)
+        check_half_slots(k_smem, half_smem, self.BLOCK_K, bkv, self.STAGES, self.dim)
         q_smem = sm100_utils.make_smem_layout_b(mma, self.mma_tiler, dtype, 1)
         expose(self, qk_mma=(mma, self.mma_tiler), smem={"K": k_smem, "K half-slots": half_smem, "Q": q_smem})
-        tma_k, tma_K, box = sm90_tma_load(mKV, half_smem, (bkv, DIM))  # one cache block per box
+        tma_k, tma_K, box = sm90_tma_load(mKV, half_smem, (bkv, self.dim))  # one cache block per box
         self.k_bytes = 2 * box
         tma_q, tma_Q, self.q_bytes = sm100_tma_load("B", mma, mQ, q_smem, self.mma_tiler)
         self.plan(mma, dtype, k_smem, q_smem, "stage I2 sm100")
@@ -128,10 +140,10 @@ class Kernel(Sm100LogitsCta):
         chunk, seq, _ = cute.arch.block_idx()
         sK_half = storage.sK.get_tensor(half_smem.outer, swizzle=half_smem.inner)  # the TMA's view (same bytes)
         cta = self.setup(storage, ops)
-        gKV = cute.local_tile(ops.mK, (bkv, DIM), (0, 0, None))  # (64, d, num_blocks)
+        gKV = cute.local_tile(ops.mK, (bkv, self.dim), (0, 0, None))  # (64, d, num_blocks)
         tKsK, tKgK = tma_partition_tile(ops.tma_k, sK_half, gKV, 2)
         ctx, last_block, tile_begin, tile_end, chunk_end = paged_tiles(
-            mLens, seq, chunk, self.max_len, bkv, bk, self.CHUNK_TILES)
+            mLens, seq, chunk, self.max_len, bkv, bk, self.CHUNK_TILES, nn if self.context_2d else 0)
 
         if warp_idx == self.LOAD_WARP:
             self.load_role(seq, last_block, tile_begin, tile_end, cta.q_prod, cta.k_prod, ops.tma_q, cta.tQgQ,
@@ -143,7 +155,7 @@ class Kernel(Sm100LogitsCta):
             fill_rows(mOut, seq * nn, nn, tile_end * bk, chunk_end, tidx - 32 * self.FILL_WARPS[0], self.FILL_THREADS)
         if warp_idx <= self.EPI_WARPS[-1]:
             self.epilogue(seq, ctx, last_block, tidx, tile_begin, tile_end, cta.acc_cons, mma, cta.tmem_ptr,
-                          cta.acc_layout, cta.sW, mW, mScale, mTable, mOut, cta.epi_sync)
+                          cta.acc_layout, cta.sW, mW, mScale, mTable, mOut, cta.epi_sync, mLens)
             tcgen05_fence_before_sync()
             tmem_free(cta.tmem_alloc, cta.tmem_ptr, self.tmem_cols, cta.epi_sync)
 
@@ -165,17 +177,20 @@ class Kernel(Sm100LogitsCta):
 
     @cute.jit
     def epilogue(self, seq, ctx, last_block, tidx, tile_begin, tile_end, acc_cons, mma, tmem_ptr, acc_layout,
-                 sW, mW, mScale, mTable, mOut, epi_sync):
+                 sW, mW, mScale, mTable, mOut, epi_sync, mLens):
         """Warps 0-3: thread t owns key t of each tile (block 2k + t // 64, slot t % 64): relu · w
         summed per token, × the key's scale (found through the table), −inf past each token's
         causal limit, stored."""
         hang_guard.role("epilogue")  # names this role's waits in a --debug-hangs build
         nn, bk, bkv = self.next_n, self.BLOCK_K, self.BLOCK_KV
-        weights_to_smem(sW, mW, seq * nn, self.n, tidx, self.EPI_THREADS)
+        weights_to_smem(sW, mW, seq * nn, self.n, tidx, self.EPI_THREADS, self.heads)
         epi_sync.arrive_and_wait()  # the weights are in shared memory
         rows = tmem_row_reader(mma, tmem_ptr, acc_layout, self.acc_cols, bk, self.n, self.EPI_COLS, tidx)
         sums = cute.make_rmem_tensor(nn, F32)
-        hi = causal_limits(ctx - nn, nn)  # token t sees keys ≤ ctx − next_n + t
+        if cutlass.const_expr(self.context_2d):
+            hi = token_limits(mLens, seq, nn)  # token t sees keys < context_lens[seq, t]
+        else:
+            hi = causal_limits(ctx - nn, nn)  # token t sees keys ≤ ctx − next_n + t
         slot_in_block = tidx % bkv
 
         for tile in cutlass.range(tile_begin, tile_end, unroll=1):
@@ -187,4 +202,4 @@ class Kernel(Sm100LogitsCta):
             scale = mScale[slot_in_block, phys]
             if key < self.max_len:
                 for t in cutlass.range_constexpr(nn):
-                    mOut[seq * nn + t, key] = masked_logit(sums[t] * scale, key, None, hi, t)
+                    mOut[seq * nn + t, key] = to_output(masked_logit(sums[t] * scale, key, None, hi, t), mOut)

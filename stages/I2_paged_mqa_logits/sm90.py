@@ -31,7 +31,8 @@ Warp roles (128 · (W + 1) threads): as I1 — warpgroup W's first warp loads (Q
 one cache block per slot), its other 3 fill −inf, warpgroups 0 … W − 1 run the MMA and the fused
 epilogue on their turns of the blocks.
 
-Limits: block_kv = 64, h = 64, d = 128, next_n ∈ {1, 2, 3, 4}; static shapes.
+Limits: block_kv = 64, h ∈ {32, 64} (64: DSV4's, the default), d ∈ {32, 64, 128} (128, the
+default; K = d, the block's value bytes 64 · d), next_n ∈ {1, 2, 3, 4}; static shapes.
 """
 
 import cuda.bindings.driver as cuda
@@ -46,6 +47,9 @@ from stages.common.indexer import (
     HEADS,
     LogitsOperands,
     causal_limits,
+    check_heads,
+    check_logits,
+    check_output,
     check_paged_shape,
     fill_rows,
     head_partial,
@@ -62,6 +66,7 @@ from stages.common.indexer import (
     sm90_logits_mma,
     sm90_store_logits,
     start_cta,
+    token_limits,
 )
 from stages.common.inspection import expose
 from stages.common.sm90_idioms import wgmma_sync
@@ -80,14 +85,19 @@ class Kernel:
     LOAD_REGS = 24
     STAGES = 16  # slots of one cache block (8 KiB)
 
-    def __init__(self, *, b: int, next_n: int, block_kv: int):
+    def __init__(self, *, b: int, next_n: int, block_kv: int, heads: int = HEADS, head_dim: int = DIM,
+                 logits_dtype: str = "fp32", context_2d: bool = False):
         check_paged_shape("stage I2 sm90", block_kv, next_n, self.BLOCK_KV)
+        check_heads("stage I2 sm90", heads, head_dim)
+        self.out_dtype = check_logits("stage I2 sm90", logits_dtype)
+        self.context_2d = bool(context_2d)  # context_lens [b, next_n]: token t sees keys < ctx[b, t]
         self.b, self.next_n = b, next_n
-        self.n = HEADS * next_n
-        # MMA warpgroups on alternate blocks: four while a thread's accumulator (next_n · 32
-        # registers) and weights (next_n · 16) fit 112 registers, so each epilogue has three
-        # MMAs' time (issue 31); two (240 registers each) at next_n 3 and 4.
-        self.NUM_MMA_WG = 4 if next_n <= 2 else 2
+        self.heads, self.dim = heads, head_dim
+        self.n = heads * next_n
+        # MMA warpgroups on alternate blocks: four while a thread's accumulator (N / 4 registers)
+        # and weights (N / 8) fit 112 registers (N ≤ 128: next_n ≤ 2 at 64 heads), so each
+        # epilogue has three MMAs' time (issue 31); two (240 registers each) above.
+        self.NUM_MMA_WG = 4 if self.n <= 128 else 2
         self.LOAD_WG = self.NUM_MMA_WG
         self.LOAD_WARP = 4 * self.LOAD_WG
         self.MMA_THREADS = 128 * self.NUM_MMA_WG
@@ -98,7 +108,7 @@ class Kernel:
         # would ask for registers beyond the CTA's launch allocation (PTX: the increase waits
         # until the pool has them).  Where it is used, the load warpgroup's decrease frees what
         # the increase takes (tests/test_indexer.py checks it on the compiled kernels).
-        self.rebalance = next_n >= 2
+        self.rebalance = self.n >= 128  # next_n ≥ 2 at 64 heads
 
     @cute.jit
     def __call__(
@@ -112,16 +122,17 @@ class Kernel:
         stream: cuda.CUstream,
     ):
         b, n, bkv = self.b, self.n, self.BLOCK_KV
+        check_output("stage I2 sm90", logits, self.out_dtype)
         dtype = q.element_type
         self.max_len = logits.shape[1]  # keys per output row: the grid's chunks cover them
         self.num_chunks = (self.max_len + self.CHUNK_TILES * self.BLOCK_K - 1) // (self.CHUNK_TILES * self.BLOCK_K)
 
-        mQ = q_rows(q, b * n)
-        mKV, mScale = paged_views(kv_cache, dtype, bkv)  # (slot, col, block) e4m3, (slot, block) fp32
-        mma, tile, k_smem, q_smem = sm90_logits_mma(dtype, bkv, self.next_n, self.STAGES, 1)
+        mQ = q_rows(q, b * n, self.dim)
+        mKV, mScale = paged_views(kv_cache, dtype, bkv, self.dim)  # (slot, col, block) e4m3, (slot, block) fp32
+        mma, tile, k_smem, q_smem = sm90_logits_mma(dtype, bkv, self.next_n, self.STAGES, 1, self.heads, self.dim)
         expose(self, qk_mma=(mma, tile), smem={"K": k_smem, "Q": q_smem})  # dsv4-lab inspect
-        tma_q, tma_Q, q_bytes = sm90_tma_load(mQ, q_smem, (n, DIM))
-        tma_k, tma_K, k_bytes = sm90_tma_load(mKV, k_smem, (bkv, DIM))
+        tma_q, tma_Q, q_bytes = sm90_tma_load(mQ, q_smem, (n, self.dim))
+        tma_k, tma_K, k_bytes = sm90_tma_load(mKV, k_smem, (bkv, self.dim))
         # Every MMA warpgroup reads Q; a K slot is one warpgroup's (they take turns).
         self.pipes = (TmaPipe("q", 1, q_bytes, self.MMA_THREADS // 32), TmaPipe("k", self.STAGES, k_bytes, 4))
         self.smem_struct = smem_struct(self.pipes, {"sQ": (dtype, q_smem), "sK": (dtype, k_smem)})
@@ -139,7 +150,7 @@ class Kernel:
         q_pipe, k_pipe = tma_pipelines(storage, self.pipes)
 
         ctx, last_block, tile_begin, tile_end, chunk_end = paged_tiles(
-            mLens, seq, chunk, self.max_len, self.BLOCK_KV, self.BLOCK_K, self.CHUNK_TILES)
+            mLens, seq, chunk, self.max_len, self.BLOCK_KV, self.BLOCK_K, self.CHUNK_TILES, nn if self.context_2d else 0)
         if warp_idx // 4 == self.LOAD_WG:
             if cutlass.const_expr(self.rebalance):
                 cute.arch.setmaxregister_decrease(self.LOAD_REGS)
@@ -152,15 +163,15 @@ class Kernel:
             if cutlass.const_expr(self.rebalance):
                 cute.arch.setmaxregister_increase(self.MMA_REGS)
             self.logits(seq, ctx, last_block, tidx, tile_begin, tile_end, q_pipe, k_pipe, ops.mma, sQ, sK,
-                        mScale, mTable, mW, mOut)
+                        mScale, mTable, mW, mOut, mLens)
 
     @cute.jit
     def load(self, seq, last_block, tile_begin, tile_end, q_pipe, k_pipe, ops, sQ, sK, mTable):
         """Load warp: the sequence's Q rows once, then the chunk's cache blocks (through the
         block table, clamped to the sequence's last block), one per slot."""
         hang_guard.role("load")  # names this role's waits in a --debug-hangs build
-        q_load = tma_tiles(ops.tma_q, sQ, ops.mQ, (self.n, DIM), (None, 0))  # Q tile i: sequence i's tokens
-        kv_load = tma_tiles(ops.tma_k, sK, ops.mK, (self.BLOCK_KV, DIM), (0, 0, None))  # tile i: cache block i
+        q_load = tma_tiles(ops.tma_q, sQ, ops.mQ, (self.n, self.dim), (None, 0))  # Q tile i: sequence i's tokens
+        kv_load = tma_tiles(ops.tma_k, sK, ops.mK, (self.BLOCK_KV, self.dim), (0, 0, None))  # tile i: cache block i
         load_q_once(q_pipe, q_load, seq, 1, tile_end > tile_begin)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.STAGES)
         for tile in cutlass.range(tile_begin, tile_end, unroll=1):
@@ -169,7 +180,7 @@ class Kernel:
 
     @cute.jit
     def logits(self, seq, ctx, last_block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK,
-               mScale, mTable, mW, mOut):
+               mScale, mTable, mW, mOut, mLens):
         """MMA warpgroups: warpgroup w takes the chunk's blocks w, w + W, … (Sᵀ = K_block · Qᵀ, 64
         keys × next_n · 64 heads), then the fused epilogue (`sm90_store_logits` with `head_partial`,
         the block's scales found through the table), −inf past each token's causal limit."""
@@ -177,8 +188,11 @@ class Kernel:
         nn, bkv = self.next_n, self.BLOCK_KV
         wg = tidx // 128
         tCrK, tCrQ, acc_shape, coords = sm90_fragments(mma, tidx % 128, sK, sQ, bkv, self.n)
-        w = head_weights(mW, coords, seq * nn)
-        hi = causal_limits(ctx - nn, nn)  # token t sees keys ≤ ctx − next_n + t
+        w = head_weights(mW, coords, seq * nn, self.heads)
+        if cutlass.const_expr(self.context_2d):
+            hi = token_limits(mLens, seq, nn)  # token t sees keys < context_lens[seq, t]
+        else:
+            hi = causal_limits(ctx - nn, nn)  # token t sees keys ≤ ctx − next_n + t
 
         if tile_end > tile_begin:
             wait_once(q_pipe)

@@ -11,8 +11,13 @@ heads, K = d = 128).  Per key j and token t the logit is
 A token's key range is [lo[t], hi[t]): I1's [ks, ke), I2's causal [0, context − next_n + t + 1).
 
 Both archs
-    HEADS, DIM           64 heads of 128 e4m3 values: the indexer's fixed shape
+    HEADS, DIM           64 heads of 128 e4m3 values: DSV4's shape, the kernels' default
+    HEAD_COUNTS, HEAD_DIMS   the heads (32, 64) and head dims (32, 64, 128) a kernel takes
+                         (DeepGEMM's set on sm90); `check_heads` refuses the others
     check_flat_shape, check_paged_shape   the kernels' refusals (I1, I2)
+    LOGITS_DTYPES, check_logits   the logits' dtypes (fp32, the default, or bf16) and the
+                         trace-time check that the output tensor has the kernel's
+    to_output            a fp32 logit as the output's element type (bf16: cvt.rn; fp32: as is)
     LogitsOperands       the MMA, TMA loads and layouts a kernel gets as one argument
     launch               grid × threads with the shared storage's bytes
     start_cta            thread and warp index, descriptor prefetch, shared storage
@@ -21,9 +26,12 @@ Both archs
     paged_views          I2: the fused cache's bytes as values (64, 128, blocks) e4m3 and
                          scales (64, blocks) fp32
     paged_tiles          I2: a sequence's context and a CTA's chunk of key tiles below it
-    token_ranges, causal_limits   lo / hi per token in registers
+    token_ranges, causal_limits, token_limits   lo / hi per token in registers (token_limits: I2's
+                         2-D context lengths [b, next_n], token t sees keys < ctx[b, t])
     masked_logit         the value a (key, token) gets: the logit inside the range, else −inf
     fill_rows            −inf over a column range of consecutive output rows (fill warps)
+    fill_compressed      the same for I1's compressed rows (column c of row r ↔ key ks[r] + c):
+                         −inf over each row's columns outside the computed keys
 
 Hopper (wgmma, accumulator in registers; a row is one key, its columns spread over a quad)
     sm90_logits_mma      the tiled FP8 wgmma K_tile · Q_blockᵀ, proved token-aligned
@@ -75,7 +83,10 @@ from stages.common.tma import prefetch_descriptors, tma_partition_tile
 
 HEADS = 64
 DIM = 128
+HEAD_COUNTS = (32, 64)
+HEAD_DIMS = (32, 64, 128)
 F32 = cutlass.Float32
+LOGITS_DTYPES = {"fp32": cutlass.Float32, "bf16": cutlass.BFloat16}
 
 # ---------------------------------------------------------------------------------------
 # Both archs: the kernel's operands and start, key ranges, the paged cache, the −inf fill
@@ -114,6 +125,37 @@ def check_flat_shape(who: str, s: int, s_kv: int, block_q: int, block_k: int) ->
         raise ValueError(f"{who}: s_kv must be a positive multiple of {block_k}, got {s_kv}")
 
 
+def check_heads(who: str, heads: int, head_dim: int) -> None:
+    """The heads and head dim a kernel takes: heads ∈ HEAD_COUNTS (N = tokens · heads, a whole
+    number of accumulator columns per token), head_dim ∈ HEAD_DIMS (K = d, whole k32 MMA steps and
+    a TMA row of 32, 64 or 128 bytes, each with its own swizzle)."""
+    if heads not in HEAD_COUNTS:
+        raise ValueError(f"{who}: heads must be one of {', '.join(map(str, HEAD_COUNTS))}, got {heads}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"{who}: head_dim must be one of {', '.join(map(str, HEAD_DIMS))}, got {head_dim}")
+
+
+def check_logits(who: str, logits_dtype: str):
+    """The element type of the kernel's logits (LOGITS_DTYPES); refuses another name."""
+    if logits_dtype not in LOGITS_DTYPES:
+        raise ValueError(f"{who}: logits_dtype must be one of {', '.join(LOGITS_DTYPES)}, got {logits_dtype!r}")
+    return LOGITS_DTYPES[logits_dtype]
+
+
+def check_output(who: str, logits: cute.Tensor, dtype) -> None:
+    """Trace time: the logits tensor has the element type the kernel was built for."""
+    if logits.element_type is not dtype:
+        raise ValueError(f"{who}: logits are {logits.element_type.__name__}, the kernel writes {dtype.__name__}")
+
+
+def to_output(value, out: cute.Tensor):
+    """The fp32 `value` as `out`'s element type: as is for fp32 logits (the code unchanged), rounded
+    to nearest for bf16 (every sum, scale and select stays fp32; only the store narrows)."""
+    if out.element_type is F32:
+        return value
+    return F32(value).to(out.element_type)
+
+
 def check_paged_shape(who: str, block_kv: int, next_n: int, want_block_kv: int) -> None:
     """I2's refusals: the cache block the kernel is built for, and next_n ≤ 4 (N = next_n · 64 ≤ 256)."""
     if block_kv != want_block_kv:
@@ -128,10 +170,10 @@ def launch(kernel_call, grid, threads: int, smem_struct, stream) -> None:
     kernel_call.launch(grid=grid, block=(threads, 1, 1), smem=smem_struct.size_in_bytes(), stream=stream)
 
 
-def q_rows(q: cute.Tensor, rows: int) -> cute.Tensor:
-    """Q [tokens, 64, 128] (I1) or [b, next_n, 64, 128] (I2), contiguous, as the (rows, DIM)
-    row-major matrix the MMA's B operand is cut from: row = token · 64 + head."""
-    return cute.make_tensor(q.iterator, cute.make_layout((rows, DIM), stride=(DIM, 1)))
+def q_rows(q: cute.Tensor, rows: int, dim: int = DIM) -> cute.Tensor:
+    """Q [tokens, heads, dim] (I1) or [b, next_n, heads, dim] (I2), contiguous, as the (rows, dim)
+    row-major matrix the MMA's B operand is cut from: row = token · heads + head."""
+    return cute.make_tensor(q.iterator, cute.make_layout((rows, dim), stride=(dim, 1)))
 
 
 @cute.jit
@@ -153,20 +195,20 @@ def key_tile_range(mKs: cute.Tensor, mKe: cute.Tensor, first_row, rows: cutlass.
     return tile_begin, tile_end
 
 
-def paged_views(kv_cache: cute.Tensor, dtype, block_kv: int):
-    """(values, scales): the fused cache [num_blocks, block_kv, 1, DIM + 4] bytes (per block
-    block_kv · DIM e4m3 values token-major, then block_kv fp32 scales) as two tensors over the
-    same bytes: values (block_kv, DIM, num_blocks) of `dtype`, scales (block_kv, num_blocks)
-    fp32.  The block stride, block_kv · (DIM + 4) bytes, is a multiple of 16: one TMA box per
-    block."""
+def paged_views(kv_cache: cute.Tensor, dtype, block_kv: int, dim: int = DIM):
+    """(values, scales): the fused cache [num_blocks, block_kv, 1, dim + 4] bytes (per block
+    block_kv · dim e4m3 values token-major, then block_kv fp32 scales) as two tensors over the
+    same bytes: values (block_kv, dim, num_blocks) of `dtype`, scales (block_kv, num_blocks)
+    fp32.  The block stride, block_kv · (dim + 4) bytes, is a multiple of 16 (block_kv 64, dim
+    a multiple of 32): one TMA box per block."""
     num_blocks = kv_cache.shape[0]
-    block_bytes = block_kv * (DIM + 4)
+    block_bytes = block_kv * (dim + 4)
     values = cute.make_tensor(
         cute.recast_ptr(kv_cache.iterator, dtype=dtype),
-        cute.make_layout((block_kv, DIM, num_blocks), stride=(DIM, 1, block_bytes)),
+        cute.make_layout((block_kv, dim, num_blocks), stride=(dim, 1, block_bytes)),
     )
     scales = cute.make_tensor(
-        cute.recast_ptr(kv_cache.iterator + block_kv * DIM, dtype=F32),
+        cute.recast_ptr(kv_cache.iterator + block_kv * dim, dtype=F32),
         cute.make_layout((block_kv, num_blocks), stride=(1, block_bytes // 4)),
     )
     return values, scales
@@ -174,17 +216,25 @@ def paged_views(kv_cache: cute.Tensor, dtype, block_kv: int):
 
 @cute.jit
 def paged_tiles(mLens: cute.Tensor, seq, chunk, max_len: cutlass.Constexpr[int], block_kv: cutlass.Constexpr[int],
-                tile_keys: cutlass.Constexpr[int], chunk_tiles: cutlass.Constexpr[int]):
+                tile_keys: cutlass.Constexpr[int], chunk_tiles: cutlass.Constexpr[int],
+                tokens_2d: cutlass.Constexpr[int] = 0):
     """(ctx, last_block, tile_begin, tile_end, chunk_end) of sequence `seq` and key chunk `chunk`
     (chunk_tiles tiles of tile_keys keys):
-        ctx         context_lens[seq] clamped to [0, max_len] (the output's width)
+        ctx         context_lens[seq] clamped to [0, max_len] (the output's width); with 2-D
+                    context lengths [b, tokens_2d], the largest of the sequence's tokens
         last_block  the sequence's last cache block, (ctx − 1) // block_kv (0 when ctx = 0): a
                     table entry past it is never followed
         tiles       [tile_begin, tile_end): the chunk's tiles that hold a key below ctx (empty
                     when none does)
         chunk_end   min(the chunk's last key + 1, max_len): the fill writes −inf over
                     [tile_end · tile_keys, chunk_end)"""
-    ctx = cutlass.min(cutlass.max(mLens[seq], cutlass.Int32(0)), cutlass.Int32(max_len))
+    if cutlass.const_expr(tokens_2d > 0):
+        raw = mLens[seq, 0]
+        for t in cutlass.range_constexpr(1, tokens_2d):
+            raw = cutlass.max(raw, mLens[seq, t])
+        ctx = cutlass.min(cutlass.max(raw, cutlass.Int32(0)), cutlass.Int32(max_len))
+    else:
+        ctx = cutlass.min(cutlass.max(mLens[seq], cutlass.Int32(0)), cutlass.Int32(max_len))
     last_block = cutlass.max((ctx + block_kv - 1) // block_kv - 1, cutlass.Int32(0))
     tile_begin = chunk * chunk_tiles
     tile_end = cutlass.max(cutlass.min(tile_begin + chunk_tiles, (ctx + tile_keys - 1) // tile_keys), tile_begin)
@@ -214,6 +264,16 @@ def causal_limits(first_pos, tokens: cutlass.Constexpr[int]):
 
 
 @cute.jit
+def token_limits(mLens: cute.Tensor, seq, tokens: cutlass.Constexpr[int]):
+    """hi in registers from 2-D context lengths [b, tokens]: token t of sequence `seq` sees the
+    keys < context_lens[seq, t] (DeepGEMM's per-token form; no lower bound)."""
+    hi = cute.make_rmem_tensor(tokens, cutlass.Int32)
+    for t in cutlass.range_constexpr(tokens):
+        hi[t] = mLens[seq, t]
+    return hi
+
+
+@cute.jit
 def masked_logit(total, key, lo, hi, t: cutlass.Constexpr[int]) -> cutlass.Float32:
     """`total` where lo[t] ≤ key < hi[t] (no lower bound when lo is None), else −inf — by
     selection, so a NaN from a cache slot outside the range never reaches the logit."""
@@ -227,7 +287,7 @@ def masked_logit(total, key, lo, hi, t: cutlass.Constexpr[int]) -> cutlass.Float
 @cute.jit
 def fill_neg_inf(out: cute.Tensor, row, begin, end, tid, threads: cutlass.Constexpr[int]):
     """out[row, j] = −inf for begin ≤ j < end, by `threads` threads (this one is `tid`)."""
-    neg_inf = -cutlass.Float32.inf
+    neg_inf = to_output(-cutlass.Float32.inf, out)
     for j in cutlass.range(begin + tid, end, threads, unroll=4):
         out[row, j] = neg_inf
 
@@ -238,6 +298,22 @@ def fill_rows(out: cute.Tensor, first_row, rows: cutlass.Constexpr[int], begin, 
     """out[first_row + t, j] = −inf for t < rows, begin ≤ j < end (`fill_neg_inf` per row)."""
     for t in cutlass.range_constexpr(rows):
         fill_neg_inf(out, first_row + t, begin, end, tid, threads)
+
+
+@cute.jit
+def fill_compressed(out: cute.Tensor, mKs: cute.Tensor, first_row, rows: cutlass.Constexpr[int], begin, end,
+                    width: cutlass.Constexpr[int], tid, threads: cutlass.Constexpr[int]):
+    """I1's compressed logits (DeepGEMM's max_seqlen_k form): row r's column c is key ks[r] + c,
+    c < width.  The epilogue writes the columns of the computed keys [begin, end), i.e. [a, b)
+    with a = clamp(begin − ks[r], 0, width), b = clamp(end − ks[r], 0, width); the fill writes −inf
+    over [0, a) and [b, width), for rows first_row … first_row + rows − 1."""
+    zero = cutlass.Int32(0)
+    for t in cutlass.range_constexpr(rows):
+        ks = mKs[first_row + t]
+        a = cutlass.min(cutlass.max(begin - ks, zero), cutlass.Int32(width))
+        b = cutlass.min(cutlass.max(end - ks, zero), cutlass.Int32(width))
+        fill_neg_inf(out, first_row + t, zero, a, tid, threads)
+        fill_neg_inf(out, first_row + t, b, cutlass.Int32(width), tid, threads)
 
 
 # ---------------------------------------------------------------------------------------
@@ -263,13 +339,14 @@ def check_token_columns(tiled_mma, tile_mn, heads: int, tokens: int) -> None:
                 )
 
 
-def sm90_logits_mma(dtype, keys: int, tokens: int, k_slots: int, q_slots: int):
+def sm90_logits_mma(dtype, keys: int, tokens: int, k_slots: int, q_slots: int, heads: int = HEADS,
+                    dim: int = DIM):
     """(mma, tile, k_smem, q_smem) of Sᵀ = K_tile · Q_blockᵀ on one warpgroup: FP8 wgmma with
-    M = `keys`, N = tokens · HEADS, K = DIM, fp32 accumulator; both operands K-major (K tile
+    M = `keys`, N = tokens · heads, K = dim, fp32 accumulator; both operands K-major (K tile
     [keys, d] and Q block [tokens · heads, d] row-major, as FP8 wgmma requires), each staged in
     shared memory with the 128-byte swizzle: K in `k_slots` slots, Q in `q_slots`.  Raises at
     trace time unless each token's heads are a static slice of a thread's columns."""
-    n = HEADS * tokens
+    n = heads * tokens
     mma = sm90_utils.make_trivial_tiled_mma(
         dtype, dtype,
         warpgroup.OperandMajorMode.K,  # K tile [keys, d]: d contiguous (A, M = keys)
@@ -278,8 +355,8 @@ def sm90_logits_mma(dtype, keys: int, tokens: int, k_slots: int, q_slots: int):
         (1, 1, 1),
         tiler_mn=(keys, n),
     )
-    check_token_columns(mma, (keys, n), HEADS, tokens)
-    tile = (keys, n, DIM)
+    check_token_columns(mma, (keys, n), heads, tokens)
+    tile = (keys, n, dim)
     k_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, dtype, k_slots)
     q_smem = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, dtype, q_slots)
     return mma, tile, k_smem, q_smem
@@ -320,15 +397,15 @@ def sm90_fragments(mma, tid_wg, sK, sQ, keys: int, n: int):
 
 
 @cute.jit
-def head_weights(mW: cute.Tensor, coords: cute.Tensor, first_row):
+def head_weights(mW: cute.Tensor, coords: cute.Tensor, first_row, heads: cutlass.Constexpr[int] = HEADS):
     """w in registers, indexed like the thread's accumulator columns: column j is global column
-    c = coords[0, j][1], token c // HEADS, head c % HEADS, so w[j] = weights[first_row + c //
-    HEADS, c % HEADS] (the same for every row the thread holds)."""
+    c = coords[0, j][1], token c // heads, head c % heads, so w[j] = weights[first_row + c //
+    heads, c % heads] (the same for every row the thread holds)."""
     cols = cute.size(coords, mode=[1])
     w = cute.make_rmem_tensor(cols, cutlass.Float32)
     for j in cutlass.range_constexpr(cols):
         col = coords[0, j][1]
-        w[j] = mW[first_row + col // HEADS, col % HEADS]
+        w[j] = mW[first_row + col // heads, col % heads]
     return w
 
 
@@ -401,7 +478,7 @@ def load_row_scales(sc: cute.Tensor, scales: cute.Tensor, coords: cute.Tensor):
 @cute.jit
 def sm90_store_logits(out: cute.Tensor, first_row, acc: cute.Tensor, coords: cute.Tensor, w: cute.Tensor, key0,
                       sc: cute.Tensor, lo, hi, tid, partial_heads, tokens: cutlass.Constexpr[int],
-                      width: cutlass.Constexpr = None):
+                      width: cutlass.Constexpr = None, compressed: cutlass.Constexpr = None):
     """The fused epilogue of one key tile: for each accumulator row r of this thread (key =
     key0 + slot, slot = coords[r, 0][0]; sc[r] its key scale, `load_row_scales`, already in
     registers) and each token t < tokens,
@@ -414,7 +491,9 @@ def sm90_store_logits(out: cute.Tensor, first_row, acc: cute.Tensor, coords: cut
     sum and stores it: one store a lane per four pairs, no branch (its key, scale, range and
     output row picked by `quad_pick`).  When the pairs are not a multiple of 4 (I2 at
     next_n = 1: 2), a butterfly per pair and lane p mod 4 stores it.  `width`: no store at
-    key ≥ width (None: every key of the tile is inside the output)."""
+    key ≥ width (None: every key of the tile is inside the output).  `compressed` (I1's compressed
+    logits, quad path only): the output's width W; the logit goes to column key − lo[t], stored
+    where 0 ≤ column < W (None: to column key)."""
     acc_rc = acc_rows_cols(acc)
     rows = cute.size(coords, mode=[0])
     per_token = cute.size(coords, mode=[1]) // tokens
@@ -436,18 +515,25 @@ def sm90_store_logits(out: cute.Tensor, first_row, acc: cute.Tensor, coords: cut
                 inside = inside & (key >= quad_pick(q, los, ts, cutlass.select_))
             value = F32(cutlass.select_(inside, total * quad_pick(q, scales, rs, cutlass.select_), -F32.inf))
             row = quad_pick(q, out_rows, ts, cutlass.select_)
-            if cutlass.const_expr(width is None):
+            value = to_output(value, out)
+            if cutlass.const_expr(compressed is not None):
+                col = key - quad_pick(q, los, ts, cutlass.select_)
+                if (col >= 0) & (col < compressed):
+                    out[row, col] = value
+            elif cutlass.const_expr(width is None):
                 out[row, key] = value
             else:
                 if key < width:
                     out[row, key] = value
     else:
+        if cutlass.const_expr(compressed is not None):
+            raise ValueError("sm90_store_logits: compressed logits take the quad path (rows · tokens a multiple of 4)")
         for r in cutlass.range_constexpr(rows):
             key = key0 + coords[r, 0][0]
             for t in cutlass.range_constexpr(tokens):
                 total = cute.arch.warp_reduction_sum(partial_heads(acc_rc, w, r, t * per_token, per_token),
                                                      threads_in_group=4)
-                value = masked_logit(total * sc[r], key, lo, hi, t)
+                value = to_output(masked_logit(total * sc[r], key, lo, hi, t), out)
                 if (r * tokens + t) % 4 == q:
                     if cutlass.const_expr(width is None):
                         out[first_row + t, key] = value
@@ -624,16 +710,16 @@ def mma_key_tiles(tile_begin, tile_end, q_cons, k_cons, acc_prod, mma, tCrK, tCr
 
 @cute.jit
 def weights_to_smem(sW: cute.Tensor, mW: cute.Tensor, first_row, n: cutlass.Constexpr[int], tid,
-                    threads: cutlass.Constexpr[int]):
-    """sW[c] = weights[first_row + c // HEADS, c % HEADS] for the n = tokens · HEADS columns of
+                    threads: cutlass.Constexpr[int], heads: cutlass.Constexpr[int] = HEADS):
+    """sW[c] = weights[first_row + c // heads, c % heads] for the n = tokens · heads columns of
     the MMA's N, by `threads` threads (this one is `tid`)."""
     for c in cutlass.range_constexpr((n + threads - 1) // threads):
         col = c * threads + tid
         if cutlass.const_expr(n % threads == 0):
-            sW[col] = mW[first_row + col // HEADS, col % HEADS]
+            sW[col] = mW[first_row + col // heads, col % heads]
         else:
             if col < n:
-                sW[col] = mW[first_row + col // HEADS, col % HEADS]
+                sW[col] = mW[first_row + col // heads, col % heads]
 
 
 class TmemRows(NamedTuple):
@@ -665,7 +751,7 @@ def tmem_row_reader(mma: cute.TiledMma, tmem_ptr, acc_layout, buffer_cols: int, 
 @cute.jit
 def tmem_head_sums(sums: cute.Tensor, rows: TmemRows, buffer, sW: cute.Tensor, keys: cutlass.Constexpr[int],
                    cols: cutlass.Constexpr[int]):
-    """sums[t] = Σ_h sW[t · HEADS + h] · relu(acc[key, t · HEADS + h]) for this thread's key
+    """sums[t] = Σ_h sW[t · heads + h] · relu(acc[key, t · HEADS + h]) for this thread's key
     (its TMEM lane) and each token t < size(sums), acc = accumulator buffer `buffer`: read `cols`
     columns at a time (tcgen05.ld, then tcgen05.wait::ld), thread-local, no shuffles.  Fenced
     for the pipeline: tcgen05.fence::after_thread_sync before the first load (the buffer's full
