@@ -250,7 +250,8 @@ def _compact(root: Path, force: bool, keep: int = KEEP_NEWEST, days: float = KEE
         plain = " (with the plain store)" if store.plain is not None else ""
         print(f"{store.path.relative_to(root)}: {kept} {store.kind.plural} kept, {dropped} dropped {why}; "
               f"{store_before[store.path]} -> {_size(store.path, store.plain)} bytes{plain}")
-    if not (baselines.baselines_file(root).is_file() or baselines.compile_baselines_file(root).is_file()):
+    if not any(f.is_file() for f in (baselines.baselines_file(root), baselines.old_baselines_file(root),
+                                      baselines.compile_baselines_file(root))):
         return 1 if problems else 0
     try:
         _trim_baselines(root)
@@ -274,11 +275,11 @@ def _trim_baselines(root: Path) -> None:
                 b.metrics = baselines.gated_metrics(b.metrics, b.tolerance)
         before = _baselines_bytes(root)
         baselines.save(root, items, read=items)
-        print(f"results/baselines.yaml, {baselines.COMPILE_FILE}: {before - _baselines_bytes(root)} bytes saved")
+        print(f"results/{baselines.RUN_FILE}, {baselines.COMPILE_FILE}: {before - _baselines_bytes(root)} bytes saved")
 
 
 def _baselines_bytes(root: Path) -> int:
-    files = (baselines.baselines_file(root), baselines.compile_baselines_file(root))
+    files = (baselines.baselines_file(root), baselines.old_baselines_file(root), baselines.compile_baselines_file(root))
     return sum(f.stat().st_size for f in files if f.is_file())
 
 

@@ -107,3 +107,21 @@ def run_cli(args: list[str], cwd: Path, env_extra: dict | None = None, timeout: 
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def write_baselines(lab: Path, text: str | bytes) -> Path:
+    """The lab's run baselines file, results/baselines.yaml.xz, holding `text` xz-compressed (as
+    `dsv4-lab baseline accept` stores it)."""
+    import lzma
+
+    path = lab / "results" / "baselines.yaml.xz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(lzma.compress(text.encode() if isinstance(text, str) else text, format=lzma.FORMAT_XZ))
+    return path
+
+
+def baselines_text(lab: Path) -> str:
+    """The text of the lab's run baselines file (results/baselines.yaml.xz, decompressed)."""
+    import lzma
+
+    return lzma.decompress((lab / "results" / "baselines.yaml.xz").read_bytes()).decode()

@@ -52,12 +52,12 @@ def test_dropping_a_baseline_that_is_not_there_says_so_and_exits_1(fake_lab):
 
     _records(fake_lab)
     assert _usage(fake_lab, ["baseline", "accept", "stage-OK", "--n", "16"]).returncode == 0
-    before = (fake_lab / "results" / "baselines.yaml").read_bytes()
+    before = (fake_lab / "results" / "baselines.yaml.xz").read_bytes()
     r = _usage(fake_lab, ["baseline", "drop", "stage-OK", "--n", "32"])
     assert r.returncode == 1, r.stdout + r.stderr
     assert r.stderr.strip() == ("dsv4-lab: no baseline of stage-OK matches these filters — nothing dropped "
                                 "(see dsv4-lab baseline show stage-OK)")
-    assert (fake_lab / "results" / "baselines.yaml").read_bytes() == before
+    assert (fake_lab / "results" / "baselines.yaml.xz").read_bytes() == before
     r = _usage(fake_lab, ["baseline", "drop", "stage-OK", "--n", "16"])
     assert r.returncode == 0 and "dropped 1 baseline(s) of stage-OK" in r.stdout, r.stdout + r.stderr
 

@@ -15,7 +15,7 @@ from harness.notebook import baselines, speedbaselines
 from harness.notebook.records import (Record, RecordWriter, _read_archive, append_event, archive_file, notes_file,
                                       stage_file)
 from harness.notebook.retired import encode_ids, read_retired, retired_file, where
-from tests.conftest import run_cli
+from tests.conftest import run_cli, write_baselines
 from tests.test_notebook_size import _compact_script
 
 STALE = "0ld0ld0ld0ld"
@@ -161,13 +161,13 @@ def test_nothing_retires_outside_a_git_checkout(tmp_path):
 
 def test_a_baselines_file_that_cannot_be_read_retires_nothing_in_one_line(fake_lab, capsys):
     ids, _ = _lab_with_history(fake_lab)
-    baselines.baselines_file(fake_lab).write_text("OK: [unclosed\n")
+    write_baselines(fake_lab, "OK: [unclosed\n")
     capsys.readouterr()
     assert _compact_script().main(fake_lab) == 1  # and no traceback: the baselines' trim says it in one line too
     said = capsys.readouterr().err
     assert "Traceback" not in said and "baselines not trimmed" in said
     err = [x for x in said.splitlines() if "retired" in x]
-    assert len(err) == 1 and "nothing retired" in err[0] and "baselines.yaml" in err[0]
+    assert len(err) == 1 and "nothing retired" in err[0] and "baselines.yaml.xz:" in err[0]
     assert _archived_ids(fake_lab) == ids and not retired_file(fake_lab).exists()
 
 

@@ -1,4 +1,4 @@
-"""baselines.yaml under bad input and races, and compile-only baselines: a bad file stops the
+"""results/baselines.yaml.xz under bad input and races, and compile-only baselines: a bad file stops the
 gate with one line (exit 2) and is never overwritten; concurrent accepts lose nothing; a
 compile-only baseline holds status, registers, spills, smem and the MMA inventory; the git
 hook runs the lab with the interpreter it was installed from."""
@@ -25,7 +25,7 @@ from harness.spec.identity import source_hash
 from harness.core.labels import case_label
 from harness.notebook.records import Record, RecordWriter
 from harness.spec.spec import load_spec
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, baselines_text, run_cli, write_baselines
 
 GOOD_RUN = """\
 version: 1
@@ -111,14 +111,14 @@ BAD.update({f"new form: {k}": text for k, (text, _) in BAD_DEFAULTS.items()})  #
 
 
 def _write_bad(lab: Path, name: str) -> Path:
-    path = lab / "results" / "baselines.yaml"
+    path = baselines.baselines_file(lab)
     path.parent.mkdir(parents=True, exist_ok=True)
     if name == "a directory":
         path.mkdir()
     elif name == "non-UTF-8":
-        path.write_bytes(GOOD_RUN.encode().replace(b"r.1", b"r.\xff\xfe1"))
+        write_baselines(lab, GOOD_RUN.encode().replace(b"r.1", b"r.\xff\xfe1"))
     else:
-        path.write_text(BAD[name])
+        write_baselines(lab, BAD[name])
     return path
 
 
@@ -128,16 +128,16 @@ def test_a_bad_baselines_file_stops_the_gate_with_one_line(fake_lab, name, capsy
     with pytest.raises(BaselineError) as exc:
         baselines.load(fake_lab)
     text = str(exc.value)
-    assert "\n" not in text and text.startswith("results/baselines.yaml:"), text
+    assert "\n" not in text and text.startswith("results/baselines.yaml.xz:"), text
     out = io.StringIO()
     assert gate.main(fake_lab, allow_run=False, out=out) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "baselines.yaml:" in err and "pass" not in out.getvalue()
+    assert err.count("\n") == 1 and "baselines.yaml.xz:" in err and "pass" not in out.getvalue()
 
 
 def test_the_error_names_the_line_and_key(fake_lab):
     _write_bad(fake_lab, "metric as a string")
-    with pytest.raises(BaselineError, match=r"^results/baselines.yaml:9: baselines\.OK\.cpu\.n=16\.metrics\.out\.cosine: "
+    with pytest.raises(BaselineError, match=r"^results/baselines\.yaml\.xz:9: baselines\.OK\.cpu\.n=16\.metrics\.out\.cosine: "
                                             r"expected a number, got str"):
         baselines.load(fake_lab)
 
@@ -161,7 +161,7 @@ def test_accept_and_drop_on_a_bad_file_are_one_line_and_overwrite_nothing(fake_l
     before = path.read_bytes() if path.is_file() else None
     r = run_cli(["baseline", command, "stage-OK", "--n", "16"], cwd=fake_lab)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert r.stderr.count("\n") == 1 and "baselines.yaml:" in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1 and "baselines.yaml.xz:" in r.stderr and "Traceback" not in r.stderr
     assert (path.read_bytes() if path.is_file() else None) == before and (path.is_dir() or before is not None)
 
 
@@ -169,7 +169,7 @@ def test_saved_files_never_hold_anchors_even_for_shared_values(fake_lab):
     shared = {"out": {"cosine": 0.9, "rel_l2": 0.1, "max_abs": 0.1}}
     baselines.save(fake_lab, [Baseline("OK", "cpu", "n=16", "r.1", "s", shared),
                               Baseline("OK", "cpu", "n=32", "r.2", "s", shared)])
-    text = (fake_lab / "results" / "baselines.yaml").read_text()
+    text = baselines_text(fake_lab)
     assert "&" not in text and "*" not in text
     assert len(baselines.load(fake_lab)) == 2
 
@@ -295,7 +295,7 @@ def test_accept_takes_a_compile_only_baseline_for_an_arch_that_cannot_run_here(b
     assert by[("cpu", "hd=64,n=16")].kind == "run"
     text = lzma.decompress(baselines.compile_baselines_file(blab).read_bytes()).decode()
     assert "kind: compile" in text and "tcgen05.mma.cta_group::1.kind::f16': 12" in text
-    assert "kind: compile" not in (blab / "results" / "baselines.yaml").read_text()
+    assert "kind: compile" not in baselines_text(blab)
 
 
 def test_accept_refuses_a_compile_error_and_asks_to_compile_what_has_no_record(blab):
@@ -599,8 +599,15 @@ baselines:
 
 
 def _yaml(lab: Path, text: str) -> None:
-    (lab / "results").mkdir(exist_ok=True)
-    (lab / "results" / "baselines.yaml").write_text(text)
+    write_baselines(lab, text)  # the run baselines file (results/baselines.yaml.xz)
+
+
+def _old_yaml(lab: Path, text: str) -> Path:
+    """An older clone's run baselines: plain results/baselines.yaml."""
+    path = baselines.old_baselines_file(lab)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
 
 
 def _xz(lab: Path, text: str | bytes) -> Path:
@@ -610,10 +617,13 @@ def _xz(lab: Path, text: str | bytes) -> Path:
     return path
 
 
-def test_save_keeps_run_baselines_in_yaml_and_compile_ones_in_xz_and_reads_both_back(fake_lab):
+def test_save_keeps_run_baselines_and_compile_ones_in_two_xz_files_and_reads_both_back(fake_lab):
     other = Baseline("A", "sm_100a", "n=1", "c.2", "s", {}, dict(baselines.COMPILE_TOLERANCE), None, dict(COMP))
     baselines.save(fake_lab, [COMP_B, RUN_B, other])
-    plain = (fake_lab / "results" / "baselines.yaml").read_text()
+    assert baselines.baselines_file(fake_lab).read_bytes().startswith(b"\xfd7zXZ\x00")
+    assert not os.path.lexists(baselines.old_baselines_file(fake_lab))
+    plain = baselines_text(fake_lab)
+    assert plain.startswith(baselines.HEADER) and "\nversion: 1\nbaselines:\n" in plain
     packed = baselines.compile_baselines_file(fake_lab).read_bytes()
     assert packed.startswith(b"\xfd7zXZ\x00") and "kind: compile" not in plain and "r.1" in plain
     text = lzma.decompress(packed).decode()
@@ -629,7 +639,7 @@ def test_a_compile_baseline_of_an_old_yaml_is_read_and_moves_to_the_xz_file(fake
     (old,) = baselines.load(fake_lab, must_exist=True)
     assert old.kind == "compile" and old.compile["regs"] == 160
     baselines.save(fake_lab, [old, RUN_B], read=[old])
-    assert "kind: compile" not in (fake_lab / "results" / "baselines.yaml").read_text()
+    assert "kind: compile" not in baselines_text(fake_lab)
     assert "c.1" in lzma.decompress(baselines.compile_baselines_file(fake_lab).read_bytes()).decode()
     assert baselines.load(fake_lab) == [RUN_B, old]
 
@@ -640,7 +650,7 @@ def test_a_case_in_both_files_is_one_line_naming_both(fake_lab):
     with pytest.raises(BaselineError) as exc:
         baselines.load(fake_lab)
     text = str(exc.value)
-    assert "\n" not in text and "results/compile_baselines.yaml.xz" in text and "results/baselines.yaml" in text
+    assert "\n" not in text and "results/compile_baselines.yaml.xz" in text and "results/baselines.yaml.xz" in text
     assert "baselines.OK.sm_100a.n=16" in text
     assert gate.main(fake_lab, allow_run=False, out=io.StringIO()) == 2
 
@@ -684,7 +694,7 @@ def test_the_staged_gate_reads_compile_baselines_from_the_index(blab):
     _write_records(blab, [rec])
     r = _accept(blab, "--arch", "sm_100a", "--hd", "64")
     assert r.returncode == 0 and "(compile-only)" in r.stdout, r.stdout + r.stderr
-    subprocess.run(["git", "add", "stages.yaml", "results/baselines.yaml", "results/compile_baselines.yaml.xz"],
+    subprocess.run(["git", "add", "stages.yaml", "results/baselines.yaml.xz", "results/compile_baselines.yaml.xz"],
                    cwd=blab, check=True)
     baselines.compile_baselines_file(blab).unlink()  # unstaged: the commit still holds the baseline
     r = run_cli(["gate", "--staged", "--no-run"], cwd=blab)
@@ -696,7 +706,7 @@ def test_the_staged_gate_reads_compile_baselines_from_the_index(blab):
 @pytest.mark.parametrize("crash_at", [2, 3])
 def test_a_case_changing_kind_is_never_lost_when_a_write_is_cut_short(fake_lab, monkeypatch, crash_at):
     """A run baseline replaced by a compile-only one (accept --compile-only) moves from
-    baselines.yaml to the xz file: the lab dying between the writes leaves it in one file or in
+    the run file to the compile file: the lab dying between the writes leaves it in one file or in
     both (one line), never in neither."""
     run_k = Baseline("OK", "sm_100a", "n=16", "b200.1", "s", {"out": {"cosine": 0.999}})
     baselines.save(fake_lab, [run_k, RUN_B])
@@ -715,8 +725,8 @@ def test_a_case_changing_kind_is_never_lost_when_a_write_is_cut_short(fake_lab, 
     monkeypatch.setattr(baselines, "replace_file", real)
     if crash_at == 2:  # the xz file never written: the run baseline is still there
         assert baselines.load(fake_lab) == [RUN_B, run_k]
-    else:  # both written, baselines.yaml not yet trimmed: in both, one line
-        with pytest.raises(BaselineError, match="also in results/baselines.yaml"):
+    else:  # both written, the run file not yet trimmed: in both, one line
+        with pytest.raises(BaselineError, match="also in results/baselines.yaml.xz"):
             baselines.load(fake_lab)
 
 
@@ -737,7 +747,7 @@ def test_bad_defaults_are_one_line_naming_file_line_key_and_fix(fake_lab, name):
     with pytest.raises(BaselineError) as exc:
         baselines.load(fake_lab)
     msg = str(exc.value)
-    assert "\n" not in msg and msg.startswith("results/baselines.yaml:" + said), msg
+    assert "\n" not in msg and msg.startswith("results/baselines.yaml.xz:" + said), msg
     assert msg.endswith("fix it, or re-create the entry with `dsv4-lab baseline accept`"), msg
 
 
@@ -758,7 +768,7 @@ def test_save_says_a_section_s_shared_run_and_src_once_and_only_what_differs(fak
              Baseline("OK", "sm_100a", "n=16", "c.1", "s", {}, dict(baselines.COMPILE_TOLERANCE), None, dict(COMP)),
              Baseline("OK", "sm_100a", "n=32", "c.2", "s", {}, dict(baselines.COMPILE_TOLERANCE), None, dict(COMP))]
     baselines.save(fake_lab, items)
-    text = (fake_lab / "results" / "baselines.yaml").read_text()
+    text = baselines_text(fake_lab)
     cpu = _section_lines(text, "cpu")
     assert cpu[0] == "      _defaults: {run: r, src: s}" and len(cpu) == 7, text  # first; then one line a case
     assert cpu[1].startswith("      n=16: {record: 1, metrics: {") and "src" not in cpu[1], text
@@ -776,12 +786,12 @@ def test_save_says_a_section_s_shared_run_and_src_once_and_only_what_differs(fak
 
 def test_a_save_whose_text_would_read_back_as_another_baseline_writes_nothing(fake_lab, monkeypatch):
     baselines.save(fake_lab, [RUN_B])
-    before = (fake_lab / "results" / "baselines.yaml").read_bytes()
+    before = baselines.baselines_file(fake_lab).read_bytes()
     monkeypatch.setattr(baselines, "_relative", lambda d, defaults: {**d, "record": 0} if defaults else d)  # a bug
     two = [RUN_B, Baseline("OK", "cpu", "n=32", "r.2", "s", RUN_B.metrics)]
     with pytest.raises(BaselineError, match="not written — the new text reads back as 2 baselines that differ"):
         baselines.save(fake_lab, two)
-    assert (fake_lab / "results" / "baselines.yaml").read_bytes() == before
+    assert baselines.baselines_file(fake_lab).read_bytes() == before
 
 
 def test_the_real_baselines_read_the_same_in_the_old_form_and_the_new_and_the_new_is_smaller(tmp_path, monkeypatch):
@@ -791,21 +801,20 @@ def test_the_real_baselines_read_the_same_in_the_old_form_and_the_new_and_the_ne
     monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path / "cache"))
     lab = tmp_path / "lab"
     (lab / "results").mkdir(parents=True)
-    for name in ("baselines.yaml", baselines.COMPILE_FILE):
+    for name in (baselines.RUN_FILE, baselines.COMPILE_FILE):
         (lab / "results" / name).write_bytes((ROOT / "results" / name).read_bytes())
     real = baselines.load(lab, must_exist=True)
     assert len(real) > 1000 and {b.kind for b in real} == {"run", "compile"}
     with monkeypatch.context() as m:
         m.setattr(baselines, "_shared", lambda section: {})  # the old form: no defaults
         baselines.save(lab, real, read=real)
-    plain = lab / "results" / "baselines.yaml"
-    old_text = plain.read_text()
+    old_text = baselines_text(lab)
     assert "_defaults" not in old_text and old_text.count(", src: ") == len([b for b in real if b.kind == "run"])
     old = baselines.load(lab, must_exist=True)
     assert old == real
     old_packed = len(lzma.decompress(baselines.compile_baselines_file(lab).read_bytes()))
     baselines.save(lab, old, read=old)
-    new_text = plain.read_text()
+    new_text = baselines_text(lab)
     assert baselines.load(lab, must_exist=True) == real
     runs = [b for b in real if b.kind == "run"]
     srcs = Counter((b.stage, b.arch, b.src) for b in runs)
@@ -817,3 +826,85 @@ def test_the_real_baselines_read_the_same_in_the_old_form_and_the_new_and_the_ne
     assert len([ln for ln in cases if ", src: " in ln]) == len(odd)  # a src only where it is not the section's
     assert len(new_text.encode()) < 0.9 * len(old_text.encode()), (len(new_text), len(old_text))
     assert len(lzma.decompress(baselines.compile_baselines_file(lab).read_bytes())) < 0.95 * old_packed
+
+
+# -- an older clone's plain results/baselines.yaml ----------------------------------------------
+
+
+def test_an_old_plain_baselines_file_is_read_and_the_next_save_compresses_it_and_removes_it(fake_lab):
+    old = _old_yaml(fake_lab, GOOD_RUN + COMP_YAML.split("  OK:\n", 1)[1])  # a pre-split compile case too
+    items = baselines.load(fake_lab, must_exist=True)
+    assert [(b.arch, b.kind, b.record) for b in items] == [("cpu", "run", "r.1"), ("sm_100a", "compile", "c.1")]
+    assert not baselines.baselines_file(fake_lab).exists()  # reading writes nothing
+    baselines.save(fake_lab, items, read=items)
+    assert not os.path.lexists(old) and baselines.baselines_file(fake_lab).read_bytes().startswith(b"\xfd7zXZ\x00")
+    assert "r.1" in baselines_text(fake_lab) and "kind: compile" not in baselines_text(fake_lab)
+    assert baselines.load(fake_lab) == items  # nothing lost on the way
+
+
+def test_an_old_plain_baselines_file_is_moved_by_the_next_baseline_command(fake_lab):
+    spec = load_spec(root=fake_lab)
+    _write_records(fake_lab, [_pass(spec, "OK", {"n": 16})])
+    old = _old_yaml(fake_lab, GOOD_RUN.replace("n=16", "n=8"))  # a case the command leaves alone
+    r = run_cli(["baseline", "accept", "stage-OK", "--n", "16"], cwd=fake_lab)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not os.path.lexists(old) and {b.case for b in baselines.load(fake_lab)} == {"n=8", "n=16"}
+
+
+def test_a_bad_old_plain_baselines_file_is_one_line_naming_it(fake_lab):
+    _old_yaml(fake_lab, BAD["metric as a string"])
+    with pytest.raises(BaselineError, match=r"^results/baselines\.yaml:9: baselines\.OK\.cpu\.n=16\.metrics\.out\."
+                                            r"cosine: expected a number, got str"):
+        baselines.load(fake_lab)
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_the_xz_file_and_an_old_plain_one_at_once_are_one_line_naming_both_and_nothing_is_written(fake_lab, same):
+    _yaml(fake_lab, GOOD_RUN)
+    old = _old_yaml(fake_lab, GOOD_RUN if same else GOOD_RUN.replace("n=16", "n=8"))
+    before = (baselines.baselines_file(fake_lab).read_bytes(), old.read_bytes())
+    with pytest.raises(BaselineError) as exc:
+        baselines.load(fake_lab)
+    text = str(exc.value)
+    assert "\n" not in text and text.startswith("results/baselines.yaml.xz and results/baselines.yaml: both present"), text
+    if same:
+        assert text.endswith("both hold the same 1 baselines (a write cut short?): remove the plain one "
+                             "(git rm results/baselines.yaml)"), text
+    else:
+        assert "they differ (1 and 1 baselines)" in text and "`git rm results/baselines.yaml` keeps" in text, text
+    with pytest.raises(BaselineError, match="both present"):
+        baselines.save(fake_lab, [RUN_B])
+    r = run_cli(["gate", "--no-run"], cwd=fake_lab)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "both present" in r.stderr, r.stdout + r.stderr
+    assert (baselines.baselines_file(fake_lab).read_bytes(), old.read_bytes()) == before
+
+
+def test_a_move_cut_short_after_the_xz_is_written_loses_nothing(fake_lab, monkeypatch):
+    old = _old_yaml(fake_lab, GOOD_RUN)
+    items = baselines.load(fake_lab)
+
+    def dying(self, *a, **k):
+        raise KeyboardInterrupt  # the process dies before the plain file goes
+
+    monkeypatch.setattr(Path, "unlink", dying)
+    with pytest.raises(KeyboardInterrupt):
+        baselines.save(fake_lab, items, read=items)
+    monkeypatch.undo()
+    assert old.is_file() and baselines.baselines_file(fake_lab).is_file()
+    with pytest.raises(BaselineError, match="both hold the same 1 baselines"):
+        baselines.load(fake_lab)
+    old.unlink()  # the fix the line names
+    assert baselines.load(fake_lab) == items
+
+
+def test_the_staged_gate_reads_the_run_baselines_xz_from_the_index(blab):
+    """A run baseline, staged as results/baselines.yaml.xz, holds the commit even when the
+    working tree's file is gone: `gate --staged` decompresses the index's copy."""
+    spec = load_spec(root=blab)
+    _write_records(blab, [_pass(spec, "HD", C64)])
+    r = _accept(blab, "--arch", "cpu", "--hd", "64")
+    assert r.returncode == 0 and "(run)" in r.stdout, r.stdout + r.stderr
+    subprocess.run(["git", "add", "stages.yaml", "results/baselines.yaml.xz"], cwd=blab, check=True)
+    baselines.baselines_file(blab).unlink()  # unstaged: the commit still holds the baseline
+    r = run_cli(["gate", "--staged", "--no-run"], cwd=blab)
+    assert r.returncode == 0 and "1 baselined case(s) hold" in r.stdout, r.stdout + r.stderr

@@ -4,7 +4,7 @@ tolerances that hold nothing. Each test fails without its fix."""
 
 from __future__ import annotations
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, write_baselines
 
 
 # ---------------------------------------------------------------------------------------
@@ -100,26 +100,22 @@ from tests.test_baselines import GOOD_RUN as BASE  # noqa: E402  (one run baseli
     ("{cosine: 0.5}", "tolerance.cosine"),
 ])
 def test_baseline_tolerances_that_hold_nothing_stop_the_gate(fake_lab, tol, key, capsys):
-    path = fake_lab / "results" / "baselines.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(BASE + f"        tolerance: {tol}\n")
+    write_baselines(fake_lab, BASE + f"        tolerance: {tol}\n")
     with pytest.raises(BaselineError) as exc:
         baselines.load(fake_lab)
     text = str(exc.value)
-    assert "\n" not in text and text.startswith(f"results/baselines.yaml:10: baselines.OK.cpu.n=16.{key}: "), text
+    assert "\n" not in text and text.startswith(f"results/baselines.yaml.xz:10: baselines.OK.cpu.n=16.{key}: "), text
     assert "holds nothing — give at most" in text
     assert gate.main(fake_lab, allow_run=False, out=io.StringIO()) == 2
     compile_base = BASE.replace("        metrics:\n          out: {cosine: 0.99, rel_l2: 0.001, max_abs: 0.001}\n",
                                 "        kind: compile\n        compile: {status: compiled, regs: 90, inv: {}}\n")
-    path.write_text(compile_base + "        tolerance: {regs: 1.0e+300}\n")
+    write_baselines(fake_lab, compile_base + "        tolerance: {regs: 1.0e+300}\n")
     with pytest.raises(BaselineError, match="tolerance.regs: 1e\\+300 holds nothing"):
         baselines.load(fake_lab)
 
 
 def test_a_baseline_tolerance_in_bounds_loads(fake_lab):
-    path = fake_lab / "results" / "baselines.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(BASE + "        tolerance: {cosine: 1.0e-3, rel_l2: 1.0, max_abs: 0.5}\n")
+    write_baselines(fake_lab, BASE + "        tolerance: {cosine: 1.0e-3, rel_l2: 1.0, max_abs: 0.5}\n")
     (b,) = baselines.load(fake_lab)
     assert b.tolerance == {"cosine": 1e-3, "rel_l2": 1.0, "max_abs": 0.5}
 

@@ -20,7 +20,7 @@ from harness.notebook.baselines import Baseline, case_label
 from harness.spec.identity import source_hash
 from harness.notebook.records import Record, RecordWriter
 from harness.spec.spec import load_spec
-from tests.conftest import run_cli
+from tests.conftest import baselines_text, run_cli, write_baselines
 
 
 def add_hd_stage(lab: Path) -> None:
@@ -173,10 +173,9 @@ def test_corrupt_records_are_skipped_with_a_warning(lab, capsys):
 
 
 def test_invalid_baselines_file_is_one_line_exit_2(lab):
-    (lab / "results").mkdir(exist_ok=True)
-    (lab / "results" / "baselines.yaml").write_text("version: 1\nbaselines:\n  A: [\n")
+    write_baselines(lab, "version: 1\nbaselines:\n  A: [\n")
     r = run_cli(["gate"], cwd=lab)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "baselines.yaml:" in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "baselines.yaml.xz:4: not valid YAML" in r.stderr
 
 
 def test_accept_takes_the_newest_passing_fresh_record(lab):
@@ -187,7 +186,7 @@ def test_accept_takes_the_newest_passing_fresh_record(lab):
     assert r.returncode == 0, r.stdout + r.stderr
     (b,) = baselines.load(lab)
     assert b.record == "run2.2" and b.metrics["out"]["cosine"] == 0.999
-    assert "HD:" in (lab / "results" / "baselines.yaml").read_text()
+    assert "HD:" in baselines_text(lab)
     r = run_cli(["baseline", "drop", "stage-HD", "--hd", "64"], cwd=lab)
     assert r.returncode == 0 and baselines.load(lab) == []
 

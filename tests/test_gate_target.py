@@ -275,7 +275,7 @@ def test_staged_gate_of_a_lab_in_a_subfolder_of_its_repository(fake_lab, tmp_pat
     subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
     out = io.StringIO()
     assert gate.main(lab, allow_run=False, out=out, staged=True) == 1 and "stale" in out.getvalue()
-    assert (lab / "results" / "baselines.yaml").is_file() and not (lab / "results").is_symlink()
+    assert (lab / "results" / "baselines.yaml.xz").is_file() and not (lab / "results").is_symlink()
 
 
 def test_a_staged_run_here_runs_the_staged_kernel_and_writes_records_to_the_lab(fake_lab):

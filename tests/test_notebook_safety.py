@@ -82,7 +82,7 @@ import pytest  # noqa: E402
 
 from harness.notebook import baselines  # noqa: E402
 from harness.notebook.records import Record, RecordWriter  # noqa: E402
-from tests.conftest import run_cli  # noqa: E402
+from tests.conftest import baselines_text, run_cli, write_baselines  # noqa: E402
 
 
 def _records(lab: Path, cases=(16, 32)) -> None:
@@ -116,12 +116,12 @@ def _gate(lab: Path, *extra: str, timeout: float = 120):
 def test_a_duplicate_key_in_baselines_is_refused_and_accept_never_rewrites_the_file(based):
     path = baselines.baselines_file(based)
     assert "2 baselined case(s) hold" in _gate(based).stdout
-    text = path.read_text()
-    path.write_text(text + "  OK:\n    cpu: {}\n")  # a merge resolved badly: a second OK, empty
+    text = baselines_text(based)
+    write_baselines(based, text + "  OK:\n    cpu: {}\n")  # a merge resolved badly: a second OK, empty
     dup_line = len(text.splitlines()) + 1
     r = _gate(based)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert r.stderr.count("\n") == 1 and f"baselines.yaml:{dup_line}: baselines.OK: duplicate key" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and f"baselines.yaml.xz:{dup_line}: baselines.OK: duplicate key" in r.stderr, r.stderr
     assert "keep one" in r.stderr and "Traceback" not in r.stderr
     before = path.read_bytes()
     r = run_cli(["baseline", "accept", "stage-OK", "--n", "16"], cwd=based)
@@ -130,9 +130,9 @@ def test_a_duplicate_key_in_baselines_is_refused_and_accept_never_rewrites_the_f
     lines = text.splitlines(keepends=True)
     case = next(i for i, ln in enumerate(lines) if ln.startswith("      n=16"))
     end = next(i for i in range(case + 1, len(lines)) if lines[i].startswith("      n=") or not lines[i].startswith("       "))
-    path.write_text("".join(lines[:end] + lines[case:end] + lines[end:]))
+    write_baselines(based, "".join(lines[:end] + lines[case:end] + lines[end:]))
     r = _gate(based)
-    assert r.returncode == 2 and f"baselines.yaml:{end + 1}: baselines.OK.cpu.n=16: duplicate key" in r.stderr, r.stderr
+    assert r.returncode == 2 and f"baselines.yaml.xz:{end + 1}: baselines.OK.cpu.n=16: duplicate key" in r.stderr, r.stderr
 
 
 def test_a_forged_parsed_copy_of_baselines_is_not_trusted(based, tmp_path):
@@ -169,10 +169,10 @@ def test_a_lab_that_lost_its_baselines_fails_the_gate(based, content):
     if content is None:
         path.unlink()
     else:
-        path.write_text(content)
+        write_baselines(based, content)
     r = _gate(based)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "git checkout results/baselines.yaml" in r.stdout and "baseline accept" in r.stdout
+    assert "git checkout results/baselines.yaml.xz" in r.stdout and "baseline accept" in r.stdout
 
 
 def test_a_new_lab_without_records_passes_with_no_baselines_yet(fake_lab):
@@ -243,7 +243,7 @@ def test_a_symlink_to_dev_zero_under_results_is_refused(based, name):
 
 
 @pytest.mark.parametrize("name", ["records/OK.jsonl", "envs.jsonl.xz", "runs.jsonl", "notes.jsonl",
-                                  "baselines.yaml"])
+                                  "baselines.yaml.xz"])
 def test_a_fifo_under_results_hangs_no_reader(based, name):
     path = based / "results" / name
     path.unlink(missing_ok=True)
@@ -251,7 +251,7 @@ def test_a_fifo_under_results_hangs_no_reader(based, name):
     for args in (["dashboard"], ["show", "r"], ["gate", "--no-run"]):
         r = _cli(based, args, timeout=60)  # before: blocked forever opening the FIFO
         assert "Traceback" not in r.stderr and "internal error" not in r.stderr, (args, r.stderr[-2000:])
-        if name == "baselines.yaml" and args[0] == "gate":
+        if name == "baselines.yaml.xz" and args[0] == "gate":
             assert r.returncode == 2 and "FIFO" in r.stderr, r.stderr
     r = _cli(based, ["note", "r", "a note"]) if name == "notes.jsonl" else None
     if r is not None:

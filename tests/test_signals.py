@@ -29,7 +29,7 @@ import pytest
 
 from harness.spec.matrix import MAX_RUN_CASES
 from harness.notebook.records import read_records, read_runs
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, write_baselines
 
 MARK = "DSV4_SIGNALS_TEST_MARK"
 
@@ -274,7 +274,7 @@ def test_sigterm_during_the_gates_recompile_is_143_interrupted_with_nothing_left
     end event marked interrupted, and no compile worker left."""
     _add_stage(fake_lab, SLOW_COMPILE_STAGE, "slowcompile", SLOW_COMPILE_KERNEL)
     (fake_lab / "results" / "records").mkdir(parents=True, exist_ok=True)
-    (fake_lab / "results" / "baselines.yaml").write_text(textwrap.dedent('''\
+    write_baselines(fake_lab, textwrap.dedent('''\
         version: 1
         baselines:
           SLOWC:

@@ -1,6 +1,6 @@
 """Speed baselines (issue 29 item 1): `baseline accept STAGE --speed` keeps, per bench shape, the
 median µs, its spread, the peers' ratios and the GPU from the newest fresh bench record, in
-results/speed_baselines.yaml beside results/baselines.yaml (which is left exactly as it was)."""
+results/speed_baselines.yaml beside results/baselines.yaml.xz (which is left exactly as it was)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from harness.notebook.baselines import BaselineError
 from harness.notebook.records import Record, RecordWriter
 from harness.spec.identity import source_hash
 from harness.spec.spec import load_spec
-from tests.conftest import run_cli
+from tests.conftest import run_cli, write_baselines
 from tests.test_bench import LAB
 from harness.core.labels import case_label
 
@@ -46,9 +46,8 @@ def test_accept_speed_keeps_median_spread_peers_and_gpu(slab):
     _bench(slab, "r2.1", 4096, 40.0)  # the newest fresh one is taken
     _bench(slab, "r3.1", 4096, 10.0, src="0ld50urce")  # stale: never
     _bench(slab, "r3.2", 1000, 9.0, status="fail")  # failed: never
-    (slab / "results" / "baselines.yaml").parent.mkdir(exist_ok=True)
-    before = "# kept\nversion: 1\nbaselines: {}\n"
-    (slab / "results" / "baselines.yaml").write_text(before)
+    path = write_baselines(slab, "# kept\nversion: 1\nbaselines: {}\n")
+    before = path.read_bytes()
     r = run_cli(["baseline", "accept", "stage-OK", "--speed"], cwd=slab)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "r2.1" in r.stdout and "40.00 µs" in r.stdout and case_label({"n": 1000, "mode": "ok"}) not in r.stdout and "1 bench shape(s) have no passing" in r.stdout  # the shape with no pass is named
@@ -56,7 +55,7 @@ def test_accept_speed_keeps_median_spread_peers_and_gpu(slab):
     assert (b.stage, b.arch, b.case, b.record, b.commit, b.us) == ("OK", "cpu", N4096, "r2.1", "abc123", 40.0)
     assert b.spread == 0.021 and b.reps == 30 and b.peers == {"torch_sdpa": 1.2}
     assert b.gpu == {"name": "NVIDIA H100 80GB HBM3", "sm_mhz": 1980.0, "mem_mhz": 2619.0, "power_w": 412.5}
-    assert (slab / "results" / "baselines.yaml").read_text() == before  # the correctness baselines: untouched
+    assert path.read_bytes() == before  # the correctness baselines: untouched
     r = run_cli(["baseline", "show", "--speed"], cwd=slab)
     assert r.returncode == 0 and "40.00 µs" in r.stdout and "H100" in r.stdout, r.stdout + r.stderr
 

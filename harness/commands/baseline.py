@@ -1,4 +1,4 @@
-"""`dsv4-lab baseline accept|show|drop`: the metric values a case must keep (results/baselines.yaml)."""
+"""`dsv4-lab baseline accept|show|drop`: the metric values a case must keep (results/baselines.yaml.xz)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ results/ and the compaction that rewrites it.
   rename: no line is appended between its reading a file and replacing it, so none is lost.
 
 Baselines keep their own lock (results/.baselines.lock, harness/notebook/baselines.py): accept and drop
-read-modify-write only baselines.yaml.
+read-modify-write only the baselines files.
 """
 
 from __future__ import annotations

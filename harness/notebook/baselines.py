@@ -1,12 +1,18 @@
 """Baselines: per stage, arch and case, what must keep holding. Run baselines are kept in
-results/baselines.yaml (human-readable, reviewed in diffs, one line a case), compile baselines
-(machine-generated counters) in results/compile_baselines.yaml.xz — the same YAML layout,
-xz-compressed (the tracked tree travels to the GPU machine beside CuTeDSL, under 3 MiB;
-`git config diff.xz.textconv "xz -dc"` shows the text in diffs). Both are written atomically
+results/baselines.yaml.xz, compile baselines (machine-generated counters) in
+results/compile_baselines.yaml.xz — both YAML, one line a case, xz-compressed (the tracked tree
+travels to the GPU machine beside CuTeDSL, under 3 MiB): `git config diff.xz.textconv "xz -dc"`
+shows their text in diffs, `dsv4-lab baseline show` prints them. Both are written atomically
 (temp file + rename) under one lock (results/.baselines.lock, fcntl.flock) so concurrent
-`accept`/`drop` never lose each other's work. A compile baseline still found in baselines.yaml
-(a file from before the split) is read too, and moves to the xz file at the next write; one
+`accept`/`drop` never lose each other's work. A compile baseline still found in the run file
+(a file from before the split) is read too, and moves to the compile file at the next write; one
 case in both files is one line naming both.
+
+An older clone keeps the run baselines in plain results/baselines.yaml: where only that file is
+there, it is read, and the next write stores it as results/baselines.yaml.xz and removes it
+(`save`: the .xz first, then the plain file — nothing recorded is lost on the way). Both at once
+(a merge from an older branch, or a write cut short between the two steps) is one line naming
+both and the fix (`_run_path`): the lab never guesses which one holds the truth.
 
 Each (stage, arch) section first names what most of its cases share, once —
 `_defaults: {run: 20261127-095214-af44, src: 66c3ad1a322c}` — and a case line then says only what
@@ -35,8 +41,8 @@ an arch, a case with a run baseline keeps it.
 
 A bad baselines file (not a regular file, not UTF-8, not YAML, YAML aliases, a key written
 twice at any level, a wrong type or a non-finite number anywhere) is one line
-`results/baselines.yaml:LINE: key: problem — fix` (BaselineError, exit 2; for the xz file, the line of
-its decompressed text; a corrupt or oversized xz file is one line too): the gate never passes
+`results/baselines.yaml.xz:LINE: key: problem — fix` (BaselineError, exit 2; the line of the
+decompressed text; a corrupt or oversized xz file is one line too): the gate never passes
 on a file it cannot read, and accept/drop never overwrite it. `save` never writes a file that
 lost a baseline it read (the new text is read back before it replaces the old). The parsed copy
 kept in .cache/baselines/ (the gate reads the file every commit) is used only when it names the
@@ -124,7 +130,18 @@ class Baseline:
 
 
 def baselines_file(root: Path) -> Path:
-    return results_dir(root) / "baselines.yaml"
+    """The run baselines: YAML, xz-compressed like the compile baselines (`compile_baselines_file`)."""
+    return results_dir(root) / RUN_FILE
+
+
+def old_baselines_file(root: Path) -> Path:
+    """Where an older clone keeps the run baselines: plain YAML, read until the next write
+    compresses it into `baselines_file`."""
+    return results_dir(root) / OLD_RUN_FILE
+
+
+RUN_FILE = "baselines.yaml.xz"
+OLD_RUN_FILE = "baselines.yaml"
 
 
 def compile_baselines_file(root: Path) -> Path:
@@ -366,14 +383,47 @@ def _results_folder(root: Path) -> None:
                             "baselines): move the file away and restore it: git checkout results")
 
 
+def _run_path(root: Path) -> Path:
+    """The run-baselines file to read: results/baselines.yaml.xz, or an older clone's plain
+    results/baselines.yaml where only that one is there. Both at once: BaselineError, one line
+    naming both and the fix."""
+    new, old = baselines_file(root), old_baselines_file(root)
+    if not os.path.lexists(old):
+        return new
+    if not os.path.lexists(new):
+        return old
+    shown_new, shown_old = _display(root, new), _display(root, old)
+    try:
+        a, b = _read_file(root, new, xz=True) or [], _read_file(root, old, xz=False) or []
+    except BaselineError:
+        a = b = None
+    order = lambda x: (x.stage, x.arch, x.case)  # noqa: E731
+    if a is not None and b is not None and sorted(a, key=order) == sorted(b, key=order):
+        fix = f"both hold the same {len(a)} baselines (a write cut short?): remove the plain one (git rm {shown_old})"
+    else:
+        held = f" ({len(a)} and {len(b)} baselines)" if a is not None and b is not None else ""
+        fix = (f"they differ{held}: keep the one that holds the truth — `git rm {shown_old}` keeps {shown_new}; "
+               f"`git rm {shown_new}` keeps {shown_old}, which the next `dsv4-lab baseline accept` compresses "
+               f"(`xz -dc {shown_new}` shows its text)")
+    raise BaselineError(f"{shown_new} and {shown_old}: both present — the run baselines are kept in {shown_new} "
+                        f"only ({shown_old} is their plain form in an older clone, or a merge from one); {fix}")
+
+
+def _read_runs(root: Path) -> tuple[Path, list[Baseline] | None]:
+    """(the run-baselines file, its baselines: None when it is not there) — `_run_path`."""
+    path = _run_path(root)
+    return path, _read_file(root, path, xz=path.name.endswith(".xz"))
+
+
 def load(root: Path, must_exist: bool = False) -> list[Baseline]:
-    """Every baseline in results/baselines.yaml and results/compile_baselines.yaml.xz ([] when
-    there is neither, unless `must_exist`); BaselineError (one line) for anything wrong with
-    either — a duplicate key at any level among them (a merge conflict resolved badly: YAML would
-    let the last one win and the first be lost at the next accept), or one case in both files.
-    A compile baseline still in baselines.yaml (written before the split) is read too."""
+    """Every baseline in results/baselines.yaml.xz (or an older clone's plain
+    results/baselines.yaml: `_run_path`) and results/compile_baselines.yaml.xz ([] when there is
+    neither, unless `must_exist`); BaselineError (one line) for anything wrong with either — a
+    duplicate key at any level among them (a merge conflict resolved badly: YAML would let the
+    last one win and the first be lost at the next accept), or one case in both files. A compile
+    baseline still in the run file (written before the split) is read too."""
     _results_folder(root)
-    plain = _read_file(root, baselines_file(root), xz=False)
+    run_path, plain = _read_runs(root)
     packed = _read_file(root, compile_baselines_file(root), xz=True)
     if plain is None and packed is None:
         if must_exist:
@@ -387,7 +437,7 @@ def load(root: Path, must_exist: bool = False) -> list[Baseline]:
         if (b.stage, b.arch, b.case) in seen:
             raise BaselineError(
                 f"{_display(root, compile_baselines_file(root))}: baselines.{b.stage}.{b.arch}.{b.case}: also in "
-                f"{_display(root, baselines_file(root))} — one case has one baseline: remove it from one of the two "
+                f"{_display(root, run_path)} — one case has one baseline: remove it from one of the two "
                 "files (a merge resolved badly?), or `dsv4-lab baseline accept` it again")
     return sorted((plain or []) + packed, key=lambda b: (b.stage, b.arch, b.case))  # stable: save's order
 
@@ -449,7 +499,7 @@ def _read_file(root: Path, path: Path, xz: bool) -> list[Baseline] | None:
     return items
 
 
-MAX_NODES = 5_000_000  # values in baselines.yaml (about 30 per case; composing takes ~15 µs a value)
+MAX_NODES = 5_000_000  # values in a baselines file (about 30 per case; composing takes ~15 µs a value)
 CACHE_VERSION = 2  # of a parsed copy in .cache/baselines/
 
 
@@ -511,10 +561,12 @@ def _remember(path: Path, digest: str, doc: Any, n: int) -> None:
 
 
 def save(root: Path, items: list[Baseline], read: list[Baseline] | None = None) -> None:
-    """Write exactly `items`: run baselines to results/baselines.yaml, compile baselines to
+    """Write exactly `items`: run baselines to results/baselines.yaml.xz, compile baselines to
     results/compile_baselines.yaml.xz (written when there are any, or it exists), each
-    atomically (a temp file, then a rename). With `read` (what the files held when they were
-    read, under the lock), every case read must still be among `items`, replaced or not.
+    atomically (a temp file, then a rename); an older clone's plain results/baselines.yaml is
+    removed once the .xz holds what it held (both there at once: BaselineError, nothing written).
+    With `read` (what the files held when they were read, under the lock), every case read must
+    still be among `items`, replaced or not.
     Before a rename the new text is parsed back and must hold exactly its baselines: a file
     that would lose a baseline is never written (BaselineError, one line; the old file stays).
     A case that changes kind moves between the files without ever being in neither: a crash
@@ -532,24 +584,34 @@ def save(root: Path, items: list[Baseline], read: list[Baseline] | None = None) 
                                 f"holds (stage-{stage} {arch} {case} …); the file is unchanged")
     runs = [b for b in items if b.kind == "run"]
     comps = [b for b in items if b.kind == "compile"]
-    # What baselines.yaml holds of the cases the xz file will hold (a run baseline turned compile-only,
-    # a compile baseline written before the split) stays there until the xz file holds them.
+    # What the run file holds of the cases the compile file will hold (a run baseline turned compile-only,
+    # a compile baseline written before the split) stays there until the compile file holds them.
+    run_path = _run_path(root)  # both the .xz and an older clone's plain file: one line, nothing written
     try:
-        now = _read_file(root, baselines_file(root), xz=False) or []
+        now = _read_file(root, run_path, xz=run_path.name.endswith(".xz")) or []
     except BaselineError:
         now = []  # callers read (and refused) a bad file before: nothing of it is kept
     to_xz = {(b.stage, b.arch, b.case) for b in comps}
     leaving = [b for b in now if (b.stage, b.arch, b.case) in to_xz]
-    plain = _encode(root, baselines_file(root), runs + leaving, xz=False)
+    run_data = _encode(root, baselines_file(root), runs + leaving, xz=True)
     packed = None
     if comps or os.path.lexists(compile_baselines_file(root)):
         packed = _encode(root, compile_baselines_file(root), comps, xz=True)
     _results_folder(root)
-    _write(root, baselines_file(root), *plain)
+    _write(root, baselines_file(root), *run_data)
     if packed is not None:
         _write(root, compile_baselines_file(root), *packed)
     if leaving:
-        _write(root, baselines_file(root), *_encode(root, baselines_file(root), runs, xz=False))
+        _write(root, baselines_file(root), *_encode(root, baselines_file(root), runs, xz=True))
+    old = old_baselines_file(root)
+    if run_path == old:  # an older clone's plain file: the .xz now holds all it held (git sees it go)
+        try:
+            old.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise BaselineError(f"{_display(root, old)}: written to {_display(root, baselines_file(root))} but not "
+                                f"removed ({exc.strerror or exc}) — remove it (git rm {_display(root, old)})") from None
 
 
 def _encode(root: Path, path: Path, items: list[Baseline], xz: bool) -> tuple[bytes, bytes, Any, int]:

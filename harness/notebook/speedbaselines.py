@@ -1,5 +1,5 @@
 """Speed baselines: per stage, arch and bench shape, how fast the kernel was — kept beside the
-correctness baselines in results/speed_baselines.yaml (a sibling file: results/baselines.yaml and
+correctness baselines in results/speed_baselines.yaml (a sibling file: results/baselines.yaml.xz and
 its readers are untouched), under the same lock (results/.baselines.lock), written the same way
 (temp file, read back, rename; a file that would lose a baseline is never written).
 

@@ -7,8 +7,10 @@ index's files (`git checkout-index`, which honours GIT_INDEX_FILE, as `git commi
 
 * `results/` is the real lab's (a symlink): records are evidence about a source hash, read
   where they are, and records a re-proof writes land in the real notebook, to be committed.
-* `results/baselines.yaml` and `results/compile_baselines.yaml.xz` — what must hold — are the
-  index's, kept beside the snapshot (`Snapshot.baselines_root`).
+* `results/baselines.yaml.xz` and `results/compile_baselines.yaml.xz` — what must hold — are the
+  index's, kept beside the snapshot (`Snapshot.baselines_root`), as git stores them (xz bytes:
+  `git checkout-index` applies no textconv); an older clone's plain `results/baselines.yaml` too,
+  where its index still has it (the baselines read it, or refuse it beside the .xz, in one line).
 
 While a snapshot is in use the compile cache stays the real lab's (DSV4_LAB_CACHE), and records
 written from it carry the code identity `HEAD` + "dirty" when the index differs from HEAD
@@ -30,7 +32,8 @@ from harness.core.paths import SPEC_NAME, cache_dir, results_dir
 
 
 # What must hold, as the index has it (harness/notebook/baselines.py: run and compile baselines).
-BASELINE_FILES = ("results/baselines.yaml", "results/compile_baselines.yaml.xz")
+BASELINE_FILES = ("results/baselines.yaml.xz", "results/compile_baselines.yaml.xz",
+                  "results/baselines.yaml")  # the last: the run baselines' plain form in an older clone
 
 
 class StagedError(Exception):

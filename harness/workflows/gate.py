@@ -24,7 +24,7 @@ stream back signed and are written here), and the gate judges again; `--target l
 here only. Without one, a stale case this machine cannot run names that way in its line.
 
 `--staged` (what the pre-commit hook runs) judges what the git index holds, not the working
-tree (harness/notebook/staged.py): sources, stages.yaml and baselines.yaml as staged; records from the
+tree (harness/notebook/staged.py): sources, stages.yaml and the baselines as staged; records from the
 lab's results/, where a re-proof also writes them.
 
 With no stage source changed, the gate decides from records alone: it imports neither
@@ -342,8 +342,8 @@ def _judge(root: Path, baselines_root: Path, allow_run: bool, out, target: str |
         return 2
     if not items:
         if notebook_has_records(root):  # baselines were kept here once: their loss is no pass
-            print("gate: no baselines, but the notebook has records — results/baselines.yaml is missing or "
-                  "empty: restore it (git checkout results/baselines.yaml) or accept baselines "
+            print("gate: no baselines, but the notebook has records — results/baselines.yaml.xz is missing or "
+                  "empty: restore it (git checkout results/baselines.yaml.xz) or accept baselines "
                   "(dsv4-lab baseline accept STAGE)", file=out)
             return 1
         print("gate: no baselines yet — nothing to hold. Add some: dsv4-lab baseline accept STAGE", file=out)
