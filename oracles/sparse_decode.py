@@ -10,13 +10,16 @@ Tensors (in the kernel's argument order):
     idx_extra    [b, s_q, extra_topk]      int32
     extra_length [b]                       int32
     sink         [h_q]                     fp32   attention sink logit per head
+    softmax_scale [1]                      fp32   the scale on Q·Kᵀ (FlashMLA's `softmax_scale`, a
+                                                  runtime value: one compiled kernel serves any);
+                                                  DEFAULT_SCALE = 1/sqrt(512) except in `softmax_scale`
     O            [b, s_q, h_q, 512]        bf16   (out)
     LSE          [b, h_q, s_q]             fp32   (out) natural log, the keys only (no sink)
     O_part       [cap, b, s_q, h_q, 512]   fp32   (scratch) split-KV partials
     LSE_part     [cap, b, s_q, h_q]        fp32   (scratch)
 
 Semantics (DSV4.md, issue 13's D5): one softmax over the valid keys of BOTH branches
-(scale = 1/sqrt(512)); a key is valid iff its list position is < the branch's length and its
+(scores Q·Kᵀ · softmax_scale); a key is valid iff its list position is < the branch's length and its
 index is not −1; a key indexed twice (or in both branches) counts twice; the output is scaled by
 1 / (1 + exp(sink[h] − lse)); a row with no valid key has O = 0 and LSE = +inf.  Optional pieces
 of the production API are always-present tensors here: "no topk_length" is topk_length = topk,
@@ -44,6 +47,8 @@ Matrix axes
                  extreme    extreme scales written into indexed tokens: e8m0 2^−20 … 2^15
                             (simple: fp32 2^−20 … 2^15), tiny/huge payloads to match
                  dup        duplicated indices within each branch (a key counted twice)
+                 softmax_scale  sink's inputs with softmax_scale = ALT_SCALE = 512^−0.55 (FlashMLA's
+                            tests' d^−0.55) instead of 1/sqrt(512): O and LSE both move (issue 35)
     splits     1 | auto | an int: the sm90 kernel's persistent parts (stages/common/
                part_scheduler.py: 1 a whole sequence a segment, n about n parts a sequence,
                auto its chooser); sm100's split-KV (stages/common/scheduler.py's rule)
@@ -71,7 +76,9 @@ from stages.common.scheduler import SM_COUNT
 
 D = kc.D
 INT_MAX = 2**31 - 1
-SCENARIOS = ("plain", "sink", "sink_inf", "invalid", "topk_len", "lonely", "extreme", "dup")
+SCENARIOS = ("plain", "sink", "sink_inf", "invalid", "topk_len", "lonely", "extreme", "dup", "softmax_scale")
+DEFAULT_SCALE = 1.0 / math.sqrt(kc.D)  # DSV4's 1/sqrt(512): every scenario but softmax_scale
+ALT_SCALE = kc.D ** -0.55  # FlashMLA's tests' d^−0.55 (0.73 × the default): the softmax_scale scenario
 Q_SCALE = 2.0  # scores of std ≈ 2: rows are far from uniform, so a dropped or misplaced key shows
 KV_SCALE = 1.0
 
@@ -107,6 +114,7 @@ def tensors(case: dict[str, Any]) -> list[TensorSpec]:
         TensorSpec("idx_extra", (b, c.s_q, xtopk), "int32"),
         TensorSpec("extra_length", (b,), "int32"),
         TensorSpec("sink", (c.h_q,), "float32"),
+        TensorSpec("softmax_scale", (1,), "float32"),
         TensorSpec("O", (b, c.s_q, c.h_q, D), "bfloat16", "out"),
         TensorSpec("LSE", (b, c.h_q, c.s_q), "float32", "out"),
         TensorSpec("O_part", (cap, b, c.s_q, c.h_q, D), "float32", "scratch"),
@@ -222,6 +230,11 @@ def _write_extremes(g, cache, fmt: str, block: int, used) -> None:
             flat[ss : ss + n_groups] = kc.e8m0_encode_exponent(torch.tensor(exps))
 
 
+def scenario_scale(scenario: str) -> float:
+    """The softmax scale a scenario's inputs carry."""
+    return ALT_SCALE if scenario == "softmax_scale" else DEFAULT_SCALE
+
+
 def make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> dict:
     import torch
 
@@ -231,6 +244,7 @@ def make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> dict:
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}, got {scenario!r}")
     g = torch.Generator().manual_seed(seed)
     q = (torch.randn(b, c.s_q, c.h_q, D, generator=g) * Q_SCALE).to(torch.bfloat16)
+    scenario = "sink" if scenario == "softmax_scale" else scenario  # sink's inputs, another scale
     kv, idx, length = _branch(g, b, c.s_q, c.topk, c.block, c.num_blocks(b, False), scenario, fmt)
     if c.has_extra:
         kvx, idxx, lengthx = _branch(g, b, c.s_q, c.extra_topk, c.extra_block, c.num_blocks(b, True), scenario, fmt)
@@ -245,7 +259,8 @@ def make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> dict:
         lengthx = torch.zeros(b, dtype=torch.int32)
     sink = _sink(g, c.h_q, scenario, c.topk + c.extra_topk)
     out = {"Q": q, "KV": kv, "idx": idx, "topk_length": length, "KV_extra": kvx, "idx_extra": idxx,
-           "extra_length": lengthx, "sink": sink}
+           "extra_length": lengthx, "sink": sink,
+           "softmax_scale": torch.tensor([scenario_scale(case["scenario"])], dtype=torch.float32)}
     return {k: v.to(device) for k, v in out.items()}
 
 
@@ -280,6 +295,11 @@ def branch_keys(cache, fmt: str, block: int, idx, length):
     return kv, valid
 
 
+def softmax_scale_of(inputs: dict) -> float:
+    """The fp32 softmax scale the inputs carry (their `softmax_scale` tensor's one value)."""
+    return float(inputs["softmax_scale"].reshape(-1)[0])
+
+
 def reference(inputs: dict, case: dict[str, Any]) -> dict:
     """float64: O [b, s_q, h_q, 512], LSE [b, h_q, s_q] (see the module doc)."""
     import torch
@@ -291,7 +311,7 @@ def reference(inputs: dict, case: dict[str, Any]) -> dict:
         kvx, validx = branch_keys(inputs["KV_extra"], fmt, c.extra_block, inputs["idx_extra"], inputs["extra_length"])
         kv, valid = torch.cat([kv, kvx], dim=2), torch.cat([valid, validx], dim=2)
     q = inputs["Q"].double()
-    s = torch.einsum("bthd,btkd->bthk", q, kv) / math.sqrt(D)
+    s = torch.einsum("bthd,btkd->bthk", q, kv) * softmax_scale_of(inputs)
     s = s.masked_fill(~valid[:, :, None, :], -math.inf)
     lse = torch.logsumexp(s, dim=-1)  # [b, s_q, h_q]; −inf for a lonely row
     lonely = lse == -math.inf

@@ -2,7 +2,8 @@
 from the wrong tile (wrong_e_scale) and index entries past topk_length honoured (wrong_e_len); and
 one of the h_q = 128 cluster pair: a half sent into the peer's other slot (wrong_e_pair); and
 one of the in-kernel merge of a sequence cut in two: piece 1 forgotten (wrong_e_merge); and O
-never rescaled where a row's max grows (wrong_e_rescale).  And a grid larger than the SMs the
+never rescaled where a row's max grows (wrong_e_rescale); and the softmax_scale input ignored
+(wrong_e_softmax_scale, issue 35).  And a grid larger than the SMs the
 kernel is built for is not merged in the kernel, and passes (issue 30 item 5).
 Each runs cleanly (every element written) and is reported `fail`; tests/test_e_oracle.py proves
 on the CPU that both bugs move O past the stage's bound, so a pass here would be the lab's
@@ -162,10 +163,11 @@ def test_a_grid_larger_than_the_resident_set_is_not_merged_and_passes(project_ro
                "told of 8 SMs", "pass")
 
 
-@pytest.mark.parametrize("scenario", ["sink_inf", "topk_len", "lonely", "extreme", "dup"])
+@pytest.mark.parametrize("scenario", ["sink_inf", "topk_len", "lonely", "extreme", "dup", "softmax_scale"])
 def test_flashmla_agrees_with_the_oracle_on_model1_bytes(scenario):
     """Issue 14 item 6, the contract side: FlashMLA's own V4 sparse decode on the very bytes the
-    stage's inputs hold agrees with the float64 oracle (cosine ≥ 0.9999, +∞ LSE where lonely)."""
+    stage's inputs hold agrees with the float64 oracle (cosine ≥ 0.9999, +∞ LSE where lonely);
+    `softmax_scale`: the adapter passes the input's scale (512^−0.55) as FlashMLA's softmax_scale."""
     import math
 
     import torch
@@ -194,3 +196,19 @@ def test_flashmla_agrees_with_the_oracle_on_model1_bytes(scenario):
         lse_err = (out["LSE"][fin].double() - ref["LSE"][fin]).abs().max().item() if bool(fin.any()) else 0.0
         print("flashmla", config, scenario, f"cos {cos:.7f}", f"lse err {lse_err:.2e}", "lonely ok", lonely_same)
         assert cos >= 0.9999 and lonely_same and lse_err < 1e-2, (config, scenario)
+
+
+def test_lab_catches_a_kernel_that_ignores_the_softmax_scale(project_root, tmp_path):
+    """Issue 35 item 1: a kernel that keeps 1/sqrt(512) whatever `softmax_scale` says
+    (tests/fixtures/wrong_e_softmax_scale) fails every `softmax_scale` case (FlashMLA's 512^−0.55)
+    and passes the default-scale ones (`sink`, the same kind of inputs): only the matrix's scale
+    cases catch it.  tests/test_e_oracle.py proves on the CPU that the bug moves O and LSE past
+    the bounds there."""
+    spec, wrong = _planted(project_root, "wrong_e_softmax_scale")
+    keep = [c for c in expand(wrong) if c.dict["splits"] == 1 and c.dict["kv_format"] in ("model1", "simple")
+            and c.dict["config"] in ("s1h64_m96bs64", "s2h128_m128bs256_x1024bs64")]
+    scaled = [c for c in keep if c.dict["scenario"] == "softmax_scale"]
+    default = [c for c in keep if c.dict["scenario"] == "sink"]
+    assert len(scaled) == len(default) == 4
+    _run_cases(spec, wrong, scaled, tmp_path / "scaled", "wrong_e_softmax_scale", "fail")
+    _run_cases(spec, wrong, default, tmp_path / "default", "wrong_e_softmax_scale", "pass")

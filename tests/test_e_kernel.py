@@ -277,11 +277,21 @@ def test_small_batch_defaults_load_the_sink_first_and_never_launch_dependents(kn
     for body in (default, plain):
         assert "griddepcontrol.launch_dependents" not in body
         assert "cp.async.bulk.prefetch" not in body and "prefetch.global.L2" not in body
-    # the first global load of warpgroup 0 (after its setmaxnreg.inc): the sink, before its first S
+    # the first global load of warpgroup 0 (after its setmaxnreg.inc) but the softmax scale's: the
+    # sink, before its first S
     wg0 = default[default.index("setmaxnreg.inc.sync.aligned.u32"):]
-    assert wg0.index("ld.global.b32") < wg0.index("wgmma.mma_async"), "the sink is loaded after the first S"
+    assert _first_load_but_the_scale(wg0) < wg0.index("wgmma.mma_async"), "the sink is loaded after the first S"
     wg0 = plain[plain.index("setmaxnreg.inc.sync.aligned.u32"):]
-    assert wg0.index("ld.global.b32") > wg0.index("wgmma.mma_async")
+    assert _first_load_but_the_scale(wg0) > wg0.index("wgmma.mma_async")
+
+
+def _first_load_but_the_scale(body: str) -> int:
+    """Where the first `ld.global.b32` of `body` is, skipping the softmax_scale input's (its value
+    is multiplied by log2 e, 0f3FB8AA3B, once: stages/common/softmax.py runtime_scale_log2)."""
+    for m in re.finditer(r"ld\.global\.b32\s+(%r\d+),", body):
+        if not re.search(rf"mul\.f32\s+%r\d+,\s*{m.group(1)},\s*0f3FB8AA3B", body[m.end():m.end() + 2000]):
+            return m.start()
+    raise AssertionError("no global load but the softmax scale's")
 
 
 def test_the_stamps_build_and_pair_stores(knob_ptx):
@@ -298,6 +308,51 @@ def test_the_stamps_build_and_pair_stores(knob_ptx):
     assert sites == stamps.count("st.global.v2.b64") and sites >= 12, sites  # every named point traced
     assert "%globaltimer" not in default and "st.global.v2.b64" not in default
     assert default.count("st.global.v2.b32") == 2 * 64 and "st.global.v2" not in plain
+
+
+# -- the softmax scale (issue 35 item 1) -----------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_softmax_scale_is_a_kernel_input_in_the_oracle_order(arch):
+    """Both kernels take `softmax_scale` where the oracle lists it (after the sink, before the
+    outputs): the harness passes tensors in that order."""
+    import importlib
+    import inspect
+
+    kernel = importlib.import_module(f"stages.E_sparse_decode.{arch}").Kernel
+    names = [s.name for s in sd.tensors(dict(b=2, config="s1h64_m96bs64", kv_format="model1", scenario="plain",
+                                             splits=1))]
+    assert names.index("softmax_scale") == names.index("sink") + 1
+    assert list(inspect.signature(kernel.__call__).parameters) == ["self", *names, "stream"]
+
+
+def test_the_matrix_covers_the_softmax_scale_in_36_cases_of_the_same_kernels(project_root):
+    """The `softmax_scale` scenario adds one case a (config, format, splits) — 36, not a doubled
+    matrix — and, a scenario being input-only, each is compiled as the default-scale cases of the
+    same kernel parameters: one compiled kernel serves any scale (a runtime input)."""
+    from harness.execution.compile import cache_key
+
+    spec = load_spec(root=project_root)
+    stage = spec.stages["E"]
+    cases = [c.dict for c in expand(stage)]
+    scaled = [c for c in cases if c["scenario"] == "softmax_scale"]
+    assert len(cases) == 9 * 36 and len(scaled) == 36
+    assert "scenario" not in stage.kernel_params
+    assert len({(c["config"], c["kv_format"], c["splits"]) for c in scaled}) == 36
+    for case in scaled[:3]:
+        assert cache_key(spec.root, stage, "sm_90a", case) == cache_key(spec.root, stage, "sm_90a", {**case, "scenario": "sink"})
+
+
+def test_the_sm90_kernel_reads_its_softmax_scale_at_run_time(project_root, tmp_path, monkeypatch):
+    """Compiled for sm_90a: the softmax's base-2 factor is the loaded softmax_scale times log2 e
+    (0f3FB8AA3B), and the compile-time constant log2 e / sqrt(512) (0f3D8293EE, in the kernel
+    before issue 35: 40 uses) is nowhere — a kernel that ignores the input would carry it."""
+    ptx, _ = _ptx(project_root, tmp_path, monkeypatch, ["s1h64_m96bs64"], "model1")["s1h64_m96bs64"]
+    body = _main_body(ptx)
+    assert "0f3D8293EE" not in body
+    loads = re.findall(r"ld\.global\.b32\s+(%r\d+),", body)
+    assert any(re.search(rf"mul\.f32\s+%r\d+,\s*{r},\s*0f3FB8AA3B", body) for r in loads)
 
 
 def test_resident_combine_is_off_by_default_and_only_where_the_grid_is_resident():

@@ -1,6 +1,7 @@
 """Stage E's contract on the CPU: oracles/sparse_decode.py against an independent per-row loop,
-its semantics (invalid keys, lengths, garbage, lonely rows, sink, two branches), and that the
-tolerances would catch the planted bugs (a scale from the wrong tile, an index past topk_length)."""
+its semantics (invalid keys, lengths, garbage, lonely rows, sink, two branches, the softmax
+scale), and that the tolerances would catch the planted bugs (a scale from the wrong tile, an
+index past topk_length, the softmax_scale input ignored)."""
 
 import math
 
@@ -40,6 +41,7 @@ def _loop_reference(inputs, case):
     o = torch.zeros(b, c.s_q, c.h_q, 512, dtype=torch.float64)
     lse = torch.zeros(b, c.h_q, c.s_q, dtype=torch.float64)
     branches = [("KV", "idx", "topk_length", c.block)] + ([("KV_extra", "idx_extra", "extra_length", c.extra_block)] if c.has_extra else [])
+    scale = inputs["softmax_scale"].tolist()[0]
     for i in range(b):
         for t in range(c.s_q):
             keys = []
@@ -53,7 +55,7 @@ def _loop_reference(inputs, case):
                 if not keys:
                     lse[i, h, t] = math.inf
                     continue
-                s = [float(q @ k) / math.sqrt(512) for k in keys]
+                s = [float(q @ k) * scale for k in keys]
                 m = max(s)
                 w = [math.exp(x - m) for x in s]
                 tot = sum(w)
@@ -68,7 +70,8 @@ def _loop_reference(inputs, case):
 
 @pytest.mark.parametrize("fmt,scenario", [
     ("simple", "plain"), ("model1", "topk_len"), ("v4.1", "invalid"), ("model1", "lonely"),
-    ("simple", "sink_inf"), ("v4.1", "dup"), ("model1", "extreme"),
+    ("simple", "sink_inf"), ("v4.1", "dup"), ("model1", "extreme"), ("model1", "softmax_scale"),
+    ("simple", "softmax_scale"),
 ])
 def test_reference_matches_independent_loop(fmt, scenario):
     case = _case(fmt, scenario)
@@ -138,6 +141,70 @@ def test_wrong_tile_scale_is_caught_by_the_tolerance():
     o = sd.reference(bad, case)["O"]
     cos = torch.nn.functional.cosine_similarity(o.flatten(), ref.flatten(), dim=0)
     assert cos < 0.99
+
+
+def _scaled(inputs, scale):
+    return {**inputs, "softmax_scale": torch.tensor([scale], dtype=torch.float32)}
+
+
+def test_softmax_scale_scenario_carries_flashmla_scale_and_the_others_the_default():
+    """Every scenario's inputs carry a one-element fp32 softmax_scale: 1/sqrt(512) (DSV4's),
+    except `softmax_scale`, which carries FlashMLA's tests' 512^−0.55 on sink's kind of inputs
+    (finite sinks: the sink's factor, which reads the LSE, moves with the scale too)."""
+    f32 = lambda x: float(torch.tensor(x, dtype=torch.float32))  # noqa: E731
+    for scenario in sd.SCENARIOS:
+        x = sd.make_inputs(_case("v4.1", scenario), seed=9)
+        want = f32(512 ** -0.55) if scenario == "softmax_scale" else f32(1 / math.sqrt(512))
+        assert x["softmax_scale"].dtype == torch.float32 and x["softmax_scale"].tolist() == [want], scenario
+    assert sd.ALT_SCALE == 512 ** -0.55 and sd.DEFAULT_SCALE == 1 / math.sqrt(512)
+    x = sd.make_inputs(_case("model1", "softmax_scale"), seed=9)
+    assert bool(torch.isfinite(x["sink"]).all()) and bool((x["idx"] == -1).any())  # sink's: finite sinks, ~10 % −1
+
+
+def test_softmax_scale_multiplies_the_scores():
+    """The math: softmax_scale s multiplies Q·Kᵀ — the reference at s equals the reference at the
+    default s₀ with Q · s/s₀ (float64), O and LSE; at s = 0 every valid key weighs the same:
+    LSE = ln(valid keys), O = their mean (no sink)."""
+    case = _case("model1", "invalid")
+    x = sd.make_inputs(case, seed=12)
+    x["sink"] = torch.full_like(x["sink"], -math.inf)
+    s0 = x["softmax_scale"].tolist()[0]
+    base = sd.reference(x, case)
+    for s in (512 ** -0.55, 0.3, 1e-3):
+        s32 = float(torch.tensor(s, dtype=torch.float32))
+        got = sd.reference(_scaled(x, s), case)
+        folded = sd.reference({**x, "Q": x["Q"].double() * (s32 / s0)}, case)
+        assert torch.allclose(got["O"], folded["O"], rtol=1e-9, atol=1e-12)
+        fin = torch.isfinite(got["LSE"])
+        assert torch.equal(fin, torch.isfinite(folded["LSE"]))
+        assert torch.allclose(got["LSE"][fin], folded["LSE"][fin], rtol=1e-12)
+        assert not torch.allclose(got["O"], base["O"], rtol=1e-3)  # it moves O
+    zero = sd.reference(_scaled(x, 0.0), case)
+    c = sd.SparseConfig.parse(case["config"])
+    kv, valid = sd.branch_keys(x["KV"], "model1", c.block, x["idx"], x["topk_length"])
+    kvx, validx = sd.branch_keys(x["KV_extra"], "model1", c.extra_block, x["idx_extra"], x["extra_length"])
+    kv, valid = torch.cat([kv, kvx], dim=2), torch.cat([valid, validx], dim=2)
+    n = valid.sum(-1).double()  # [b, s_q]
+    mean = kv.sum(2) / n[..., None]  # invalid keys are zeros
+    assert torch.allclose(zero["LSE"], torch.log(n)[:, None, :].expand_as(zero["LSE"]), rtol=1e-12)
+    assert torch.allclose(zero["O"], mean[:, :, None, :].expand_as(zero["O"]), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("fmt", kc.FORMATS)
+def test_a_kernel_that_ignores_the_softmax_scale_is_caught(fmt):
+    """The planted bug (tests/fixtures/wrong_e_softmax_scale): the kernel keeps 1/sqrt(512) whatever
+    softmax_scale says — on the `softmax_scale` scenario's inputs its O and LSE (the reference at
+    the default scale) are far past stages.yaml's bounds (O rel_l2 ≤ 1e-2, LSE ≤ 1e-5), while on
+    every other scenario the same bug is invisible (their scale is the default)."""
+    for config in ("s2h64_m128bs256_x512bs64", "s1h64_m96bs64"):
+        case = _case(fmt, "softmax_scale", config=config, b=2)
+        x = sd.make_inputs(case, seed=13)
+        ref = sd.reference(x, case)
+        bug = sd.reference(_scaled(x, sd.DEFAULT_SCALE), case)
+        for name, bound in (("O", 1e-2), ("LSE", 1e-5)):
+            fin = torch.isfinite(ref[name])
+            rel = float((bug[name][fin] - ref[name][fin]).norm() / ref[name][fin].norm())
+            assert rel > 10 * bound, (config, name, rel)
 
 
 def test_lonely_rows_and_sink_semantics():

@@ -229,7 +229,9 @@ def test_representative_cases_compile_for_sm100a_without_spills(case, tmp_path):
     for the async proxy, no spills; model1 / v4.1 gather raw rows by TMA gather4 — four
     DISTINCT row registers per instruction (one row four times was CuTeDSL's result for a
     wrongly shaped index tensor) — and read them from shared memory; simple keeps 16-byte
-    global loads and has no gather."""
+    global loads and has no gather.  The softmax scale is the runtime `softmax_scale` input's
+    (issue 35): a loaded value times log2 e, and no compile-time log2 e / sqrt(512) (0f3D8293EE,
+    which D5's house kernel, compiled with its fixed scale, carries)."""
     import re
 
     from harness.execution.compile import ptxas_resources
@@ -270,3 +272,6 @@ def test_representative_cases_compile_for_sm100a_without_spills(case, tmp_path):
         assert "ld.global.b8" in ptx
     entries = ptx.count(".entry ")
     assert entries == (2 if info["splits"] > 1 else 1), entries  # the split kernel (+ SplitCombine)
+    assert "0f3D8293EE" not in ptx
+    loads = re.findall(r"ld\.global\.b32\s+(%r\d+),", ptx)
+    assert any(re.search(rf"mul\.f32\s+%r\d+,\s*{r},\s*0f3FB8AA3B", ptx) for r in loads)

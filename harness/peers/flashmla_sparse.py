@@ -9,7 +9,8 @@ block_table and cache_seqlens None (sparse); head_dim_v 512; the scheduler metad
 get_mla_metadata() (filled by the first call; reused only with the same shapes and lengths);
 indices [b, s_q, topk] int32 (exactly −1 is invalid; no bounds check otherwise); attn_sink [h_q]
 fp32 (−inf: no effect); extra_k_cache / extra_indices_in_kvcache / topk_length /
-extra_topk_length as the stage's tensors.  Returns (out [b, s_q, h_q, 512] bf16,
+extra_topk_length as the stage's tensors; softmax_scale the stage's `softmax_scale` input's value
+(a Python float per call, as FlashMLA takes it: the same scale as our kernel's).  Returns (out [b, s_q, h_q, 512] bf16,
 lse [b, h_q, s_q] fp32).  The problem's tensors: harness/peers/torch_sparse.py."""
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def make(problem: str, dims: dict[str, Any], inputs: dict, per_call: bool = Fals
         extra = kc.model1_flashmla_view(inputs["KV_extra"], dims["extra_block"]).view(torch.float8_e4m3fn)
     meta, _ = get_mla_metadata()
     kw = dict(
+        softmax_scale=float(inputs["softmax_scale"].reshape(-1)[0]),  # read once, outside the timed call
         is_fp8_kvcache=True, indices=inputs["idx"], attn_sink=inputs["sink"], topk_length=inputs["topk_length"],
         extra_k_cache=extra, extra_indices_in_kvcache=inputs["idx_extra"] if extra is not None else None,
         extra_topk_length=inputs["extra_length"] if extra is not None else None,

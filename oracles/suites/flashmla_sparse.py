@@ -28,10 +28,9 @@ each case from a counter; `--seed` does not change a suite's inputs):
       values   N(0, 1) bf16 / 10 clamped to [−1, 1] for every token a valid entry reads,
                quantised to MODEL1 (oracles/kvcache.py: e8m0 tile scales, bf16 rope); every
                other token is NaN (upstream: NaN before quantising; here 0xFF bytes)
-    softmax scale: upstream's d_qk^−0.55 (512^−0.55); stage E takes 1/sqrt(512) only (no scale
-            input yet), so the port FOLDS the ratio 512^−0.05 into Q: q ← bf16(q · 512^−0.05),
-            and the reference sees that Q with 1/sqrt(512) (`FOLD_SCALE`).
-The reference: oracles/sparse_decode.py's float64 `reference` on the same bytes (upstream: fp32
+    softmax_scale  upstream's d_qk^−0.55 (512^−0.55), passed as stage E's `softmax_scale` input (fp32,
+            as upstream's kernels take it); Q is upstream's, unscaled.
+The reference: oracles/sparse_decode.py's float64 `reference` on the same bytes and scale (upstream: fp32
 from the dequantised bf16 cache; same masking, sink factor, lonely rows O = 0 and LSE = +inf).
 The pass rule (`criterion`, upstream's tolerances): O (bf16, the reference rounded to bf16 as
 upstream compares) allclose abs 1e-3, rel 2.01/128, cos_diff 5e-6; LSE allclose abs 1e-6,
@@ -60,7 +59,6 @@ D = kc.D
 
 # --- what stage E takes today: edit here when the kernel grows an option -----------------------
 MAX_TOPK = 2048  # per branch; topk 16384 needs 274688 B of shared memory, 232448 available (sm_90a)
-FOLD_SCALE = True  # no softmax_scale input on E: upstream's scale is folded into Q (see the doc)
 LIMITS = (  # (name, refuses(u), reason)
     ("d_qk", lambda u: u.d_qk != 512,
      "DeepSeek-V3.2 layout (d_qk 576: 512 e4m3 + 4 fp32 scales + 64 bf16 rope, 656 B a token): out of DSV4's scope"),
@@ -283,8 +281,6 @@ def make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> dict:
     g = torch.Generator().manual_seed(base)
     g_dev = torch.Generator(device=device).manual_seed(base)
     q = torch.randn(u.b, u.s_q, u.h_q, D, generator=g).to(torch.bfloat16).clamp_(-1.0, 1.0)
-    if FOLD_SCALE:
-        q = (q.float() * (u.softmax_scale * math.sqrt(D))).to(torch.bfloat16)
     if u.sink:
         sink = torch.randn(u.h_q, generator=g)
         kind = torch.randn(u.h_q, generator=g)
@@ -306,12 +302,13 @@ def make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> dict:
         idxx = torch.full((u.b, u.s_q, 1), -1, dtype=torch.int32)
         lengthx = torch.zeros(u.b, dtype=torch.int32)
     out = {"Q": q, "KV": kv, "idx": idx, "topk_length": length, "KV_extra": kvx, "idx_extra": idxx,
-           "extra_length": lengthx, "sink": sink}
+           "extra_length": lengthx, "sink": sink,
+           "softmax_scale": torch.tensor([u.softmax_scale], dtype=torch.float32)}
     return {k: v.to(device).contiguous() for k, v in out.items()}
 
 
 def reference(inputs: dict, case: dict[str, Any]) -> dict:
-    """float64 O and LSE: stage E's reference on the same bytes (the scale folded into Q)."""
+    """float64 O and LSE: stage E's reference on the same bytes and softmax scale."""
     from oracles import sparse_decode as sd
 
     return sd.reference(inputs, case)

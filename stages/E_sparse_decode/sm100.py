@@ -9,7 +9,9 @@ Math and contract: oracles/sparse_decode.py (the same tensors, constructor keywo
 __call__ signature as stages/E_sparse_decode/sm90.py).  Per query row (batch, token, head):
     O = softmax(Q·Kᵀ · scale) · V · 1/(1 + exp(sink[h] − LSE)),  LSE = ln Σ exp(Q·Kᵀ · scale)
 over the valid keys of both lists (position < the list's length, index ≠ −1), K = V = the
-dequantised cache rows, scale = 1/sqrt(512); a row with no valid key: O = 0, LSE = +∞.
+dequantised cache rows, scale = softmax_scale[0] (a runtime fp32 input, DSV4's 1/sqrt(512) by
+default; each softmax thread folds log2 e into it once: `score_scale_log2`, the house's hook);
+a row with no valid key: O = 0, LSE = +∞.
 
 Everything but the producer is the sm100 decode house of D2–D5 (stages/common/sm100_decode.py:
 its shared memory, pipelines, TMEM plan checked at trace time, MMA warp, softmax warps,
@@ -100,6 +102,7 @@ from stages.common.sm100_decode import B200_SMS, KV_TILE, ROWS, DecodeSm100
 from stages.common.sm100_gather import gather4_atom, gather4_partition, gather4_tile, rows_view
 from stages.common.sm100_idioms import fragment_coords
 from stages.common.sm90_idioms import tma_pipeline
+from stages.common.softmax import runtime_scale_log2
 
 BF16 = cutlass.BFloat16
 F32 = cutlass.Float32
@@ -241,17 +244,17 @@ class Kernel(DecodeSm100):
     @cute.jit
     def __call__(self, Q: cute.Tensor, KV: cute.Tensor, idx: cute.Tensor, topk_length: cute.Tensor,
                  KV_extra: cute.Tensor, idx_extra: cute.Tensor, extra_length: cute.Tensor, sink: cute.Tensor,
-                 O: cute.Tensor, LSE: cute.Tensor, O_part: cute.Tensor, LSE_part: cute.Tensor,
-                 stream: cuda.CUstream):
-        self._check_sparse_tensors(Q, KV, idx, KV_extra, idx_extra, O, LSE, O_part, LSE_part)
+                 softmax_scale: cute.Tensor, O: cute.Tensor, LSE: cute.Tensor, O_part: cute.Tensor,
+                 LSE_part: cute.Tensor, stream: cuda.CUstream):
+        self._check_sparse_tensors(Q, KV, idx, KV_extra, idx_extra, O, LSE, O_part, LSE_part, softmax_scale)
         v, ops, tma_q, tma_Q = self.prepare(Q, O, LSE, O_part, LSE_part)
         qk_mma, pv_mma, q_smem, k_smem, v_smem, p_smem = ops
         kw_smem = self.key_col_layout(qk_mma, pv_mma, k_smem)
         tma_m, g_m = self.gather_atom(KV, self.block_bytes, self.gather)
         tma_x, g_x = self.gather_atom(KV_extra, self.extra_block_bytes, self.gather and self.c.has_extra)
         self.start(self.kernel(qk_mma, pv_mma, tma_q, tma_Q, KV, idx, topk_length, KV_extra, idx_extra,
-                               extra_length, sink, v.eO, v.mLSE, v.eOp, v.mLp, q_smem, k_smem, v_smem, p_smem,
-                               kw_smem, tma_m, g_m, tma_x, g_x), stream)
+                               extra_length, sink, softmax_scale, v.eO, v.mLSE, v.eOp, v.mLp, q_smem, k_smem,
+                               v_smem, p_smem, kw_smem, tma_m, g_m, tma_x, g_x), stream)
         if cutlass.const_expr(self.splits > 1):
             SplitCombine(v.all_rows, self.splits, D, sink_heads=self.c.h_q).launch(
                 v.mOp, v.mLp, v.mO, v.mLSE, stream, sink=sink)
@@ -280,14 +283,15 @@ class Kernel(DecodeSm100):
         check_key_col_view(kw, k_smem, k_coords)
         return kw
 
-    def _check_sparse_tensors(self, Q, KV, idx, KV_extra, idx_extra, O, LSE, O_part, LSE_part) -> None:
+    def _check_sparse_tensors(self, Q, KV, idx, KV_extra, idx_extra, O, LSE, O_part, LSE_part, softmax_scale) -> None:
         """Trace time: the case's shapes (cache block sizes in bytes included); "auto" splits
         capped to the scratch's capacity, a forced count must fit."""
         c, b = self.c, self.b_real
         want = {"Q": (Q, (b, c.s_q, c.h_q, D)), "idx": (idx, (b, c.s_q, c.topk)),
                 "O": (O, (b, c.s_q, c.h_q, D)), "LSE": (LSE, (b, c.h_q, c.s_q)),
                 "O_part": (O_part, (O_part.shape[0], b, c.s_q, c.h_q, D)),
-                "LSE_part": (LSE_part, (O_part.shape[0], b, c.s_q, c.h_q))}
+                "LSE_part": (LSE_part, (O_part.shape[0], b, c.s_q, c.h_q)),
+                "softmax_scale": (softmax_scale, (1,))}
         if c.has_extra:
             want["idx_extra"] = (idx_extra, (b, c.s_q, c.extra_topk))
         for name, (t, shape) in want.items():
@@ -388,6 +392,11 @@ class Kernel(DecodeSm100):
         """The sink in the epilogue with one split; with split-KV the combine applies it."""
         return self.splits == 1
 
+    def score_scale_log2(self, keys):
+        """The house's hook: c = softmax_scale[0] · log2 e from the runtime input (one load a
+        softmax thread, before its KV loop: stages/common/softmax.py runtime_scale_log2)."""
+        return runtime_scale_log2(keys.softmax_scale)
+
     def row_scale(self, lse, row, batch, sink):
         """The sink's factor on a final row.  Row = head: one token per CTA."""
         return sink_factor(sink[row % self.c.h_q], lse)
@@ -397,7 +406,8 @@ class Kernel(DecodeSm100):
     @cute.kernel
     def kernel(self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, tma_q: cute.CopyAtom, mQ: cute.Tensor,
                KV: cute.Tensor, idx: cute.Tensor, topk_length: cute.Tensor, KV_extra: cute.Tensor,
-               idx_extra: cute.Tensor, extra_length: cute.Tensor, sink: cute.Tensor, mO: cute.Tensor,
+               idx_extra: cute.Tensor, extra_length: cute.Tensor, sink: cute.Tensor, softmax_scale: cute.Tensor,
+               mO: cute.Tensor,
                mLSE: cute.Tensor, mOp: cute.Tensor, mLSEp: cute.Tensor, q_smem: cute.ComposedLayout,
                k_smem: cute.ComposedLayout, v_smem: cute.ComposedLayout, p_smem: cute.ComposedLayout,
                kw_smem: cute.ComposedLayout, tma_m, g_m, tma_x, g_x):
@@ -413,6 +423,7 @@ class Kernel(DecodeSm100):
                            valid_tiles(extra_len, KV_TILE))
         gathers = (None if tma_m is None else (tma_m, g_m), None if tma_x is None else (tma_x, g_x))
         keys = SparseKeys(plan, (KV, idx, main_len, KV_extra, idx_extra, extra_len), seq, gathers, kw_smem)
+        keys.softmax_scale = softmax_scale
         self.attend(keys, work.token, split, seq, qk_mma, pv_mma, tma_q, mQ, mO, mLSE, mOp, mLSEp,
                     q_smem, k_smem, v_smem, p_smem, sink)
 

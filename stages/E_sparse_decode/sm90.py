@@ -4,7 +4,9 @@ two branches under one softmax, attention sink, persistent parts.
 Math (oracles/sparse_decode.py): per query row (batch, token, head), over the valid keys of the
 main list (idx, topk_length) and the extra/SWA list (idx_extra, extra_length) together,
     O = softmax(Q·Kᵀ · scale) · V · 1/(1 + exp(sink[h] − lse)),   LSE = ln Σ exp(Q·Kᵀ · scale),
-K = V = the dequantised cache rows, scale = 1/sqrt(512); a row with no valid key: O = 0, LSE = +∞.
+K = V = the dequantised cache rows, scale = softmax_scale[0] (a runtime fp32 input, DSV4's
+1/sqrt(512) by default: one compiled kernel serves any; the MMA warpgroups fold log2 e into it
+once, `softmax_scale_log2`); a row with no valid key: O = 0, LSE = +∞.
 
 The house it shares with D2–D5 (stages/common): heads fold into M, 64 heads of one token per
 CTA; K and Vᵀ views of one shared-memory slot (sm90_kv_slots.kv_layouts, here with no-swizzle
@@ -97,7 +99,6 @@ At small batches (b ≤ 16: a few tiles a CTA, most SMs idle) one CTA's dependen
 b = 2"); the options of __init__ aimed at it are off by default, the lab builds this kernel as it was.
 """
 
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -134,7 +135,7 @@ from stages.common.sm90_idioms import (acc_rows_cols, accumulator_to_a_operand, 
                                        wgmma_sync)
 from stages.common.unaligned_barriers import named_arrive, named_sync
 from stages.common.lazy_softmax import LazyOnlineSoftmax, needs_rescale
-from stages.common.softmax import final_lse, scale_rows
+from stages.common.softmax import final_lse, runtime_scale_log2, scale_rows
 from stages.common.tma import prefetch_descriptors, sm90_tma_load, tma_partition_tile
 from stages.common.device import SMEM_LIMIT, sm_count as device_sm_count
 
@@ -172,6 +173,7 @@ class AttendIO(NamedTuple):
     mLSE: cute.Tensor
     mOp: cute.Tensor
     mLp: cute.Tensor
+    softmax_scale: cute.Tensor  # [1] fp32: the scale on Q·Kᵀ
     marks: object = None  # a diagnostic build's stamp record (Kernel.mark); None otherwise
 
 
@@ -314,7 +316,6 @@ class Kernel:
         if self.merges and 2 * self.KV_STAGES * self.BLOCK_N * D < self.BLOCK_M * D * 4:
             raise ValueError("stage E sm90: a merge stages piece 1's fp32 partial block in the KV slots, which are smaller")
         self.rows = b * c.s_q * c.h_q
-        self.scale_log2 = math.log2(math.e) / math.sqrt(D)
         why = register_plan(self.plan.threads, self.plan.registers)
         if why is not None:
             raise ValueError(f"stage E sm90: {why}")
@@ -334,6 +335,7 @@ class Kernel:
         idx_extra: cute.Tensor,
         extra_length: cute.Tensor,
         sink: cute.Tensor,
+        softmax_scale: cute.Tensor,
         O: cute.Tensor,
         LSE: cute.Tensor,
         O_part: cute.Tensor,
@@ -342,7 +344,7 @@ class Kernel:
     ):
         c, bm, bn = self.c, self.BLOCK_M, self.BLOCK_N
         dtype = Q.element_type
-        self._check_tensors(Q, KV, idx, KV_extra, idx_extra, O, LSE, O_part, LSE_part)
+        self._check_tensors(Q, KV, idx, KV_extra, idx_extra, O, LSE, O_part, LSE_part, softmax_scale)
         rows = self.rows
 
         mQ = cute.make_tensor(Q.iterator, cute.make_layout((rows, D), stride=(D, 1)))
@@ -396,7 +398,7 @@ class Kernel:
         if cutlass.const_expr(self.resident):
             ZeroCounters(self.sched, bm).launch(mLSE, stream)  # the attention kernel waits for it at its counters
         self.kernel(
-            tma_q, tma_Q, KV, idx, topk_length, KV_extra, idx_extra, extra_length, sink,
+            tma_q, tma_Q, KV, idx, topk_length, KV_extra, idx_extra, extra_length, sink, softmax_scale,
             mO, mLSE, mOp, mLp, q_smem, k_smem, vt_smem, p_smem,
         ).launch(grid=self.sched.grid, block=(self.plan.threads, 1, 1), smem=Smem.size_in_bytes(), stream=stream,
                  use_pdl=self.merges or self.resident, **cluster)
@@ -422,7 +424,7 @@ class Kernel:
         )
         return qk_mma, pv_mma
 
-    def _check_tensors(self, Q, KV, idx, KV_extra, idx_extra, O, LSE, O_part, LSE_part) -> None:
+    def _check_tensors(self, Q, KV, idx, KV_extra, idx_extra, O, LSE, O_part, LSE_part, softmax_scale) -> None:
         """Trace time: the tensors have the shapes this kernel's reading of the case implies
         (the cache block sizes in bytes included), and the scratch holds its partial slots."""
         c, b = self.c, self.b
@@ -431,6 +433,7 @@ class Kernel:
             "idx": (idx, (b, c.s_q, c.topk)),
             "O": (O, (b, c.s_q, c.h_q, D)),
             "LSE": (LSE, (b, c.h_q, c.s_q)),
+            "softmax_scale": (softmax_scale, (1,)),
         }
         for name, (t, shape) in want.items():
             if tuple(t.shape) != shape:
@@ -457,6 +460,7 @@ class Kernel:
         idx_extra: cute.Tensor,
         extra_length: cute.Tensor,
         sink: cute.Tensor,
+        softmax_scale: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
         mOp: cute.Tensor,
@@ -516,7 +520,7 @@ class Kernel:
             smem = AttendSmem(sQ=sQ, sK=sK, sVt=sVt, sP=sP, s_row=s_row, s_fin=s_fin, s_mrg=s_mrg, s_mask=s_mask,
                               s_kscale=s_kscale)
             io = AttendIO(q_bar=q_bar, tma_q=tma_q, mQ=mQ, kv_pipe=kv_pipe, pair=pair, k_base=k_base, smem=smem,
-                          sink=sink, mO=mO, mLSE=mLSE, mOp=mOp, mLp=mLp, marks=marks)
+                          sink=sink, mO=mO, mLSE=mLSE, mOp=mOp, mLp=mLp, softmax_scale=softmax_scale, marks=marks)
             if warp_idx // 4 == 0:
                 set_registers(self.plan.mma_regs[0], self.plan.threads)
                 self.attend(0, part, head_block, tidx, io)
@@ -853,6 +857,7 @@ class Kernel:
         kv_pipe, pair = io.kv_pipe, io.pair
 
         segments = self.sched.segments(part)
+        scale_log2 = self.softmax_scale_log2(io.softmax_scale)  # c = scale · log2 e, once
         sink_rows = None
         if cutlass.const_expr(wg == 0):
             self.load_q(self.sched.segment(head_block, part, 0)[0], tid_wg, io)
@@ -864,7 +869,7 @@ class Kernel:
             # taken in finish_segment, ptxas spilled 28–48 bytes more in simple and parted model1)
             complete = self.sched.complete(work)
             acc_o.fill(0.0)
-            softmax = LazyOnlineSoftmax.create(cute.size(mma.tScS_rc, mode=[0]), self.scale_log2)
+            softmax = LazyOnlineSoftmax.create(cute.size(mma.tScS_rc, mode=[0]), scale_log2)
             kv_cons = ring_state(self.KV_STAGES, before, producer=False)
             if cutlass.const_expr(wg == 0):
                 hang_guard.mbarrier_wait(io.q_bar, k % 2, "q")
@@ -894,6 +899,11 @@ class Kernel:
             self.mark(io.marks, 6, tidx == 0)
             self.finish_segment(wg, tidx, work, complete, mma, smem_p, softmax, acc_o, io, sink_rows)
             self.mark(io.marks, 7 + wg, tidx % 128 == 0)
+
+    def softmax_scale_log2(self, softmax_scale: cute.Tensor) -> cutlass.Float32:
+        """c = softmax_scale[0] · log2 e (stages/common/softmax.py runtime_scale_log2): the
+        softmax's base-2 factor on raw scores, read from the runtime input once a warpgroup."""
+        return runtime_scale_log2(softmax_scale)
 
     def mma_tiles(self, wg: int, tidx, smem) -> "MmaTiles":
         """Warpgroup wg's MMAs (warpgroup 0's P·V takes P from registers) and its partitions of

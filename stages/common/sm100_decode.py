@@ -561,6 +561,12 @@ class DecodeSm100(WarpRoles):
         """Whether the epilogue multiplies a row's O by `row_scale` (D2: no)."""
         return False
 
+    def score_scale_log2(self, keys):
+        """The softmax's c = scale · log2 e on raw scores, taken once by each softmax thread
+        before its KV loop: here the stage's scale 1/sqrt(d), folded at compile time (a Float32
+        constant); a rung with a runtime scale overrides it (stage E: its `softmax_scale`)."""
+        return F32(self.scale_log2)
+
     def row_scale(self, lse, row, batch, extra):
         """A per-row factor on the final O (when has_row_scale).  lse: the row's natural-log
         LSE before final_row_lse (−∞: no key); row: the row in its sequence (token·h_q + head)."""
@@ -854,7 +860,7 @@ class DecodeSm100(WarpRoles):
         token = (rb * ROWS + tidx) // self.h_q  # this thread's query token (its row's)
         n_local = keys.n_local
 
-        c = F32(self.scale_log2)
+        c = self.score_scale_log2(keys)
         row_max = F32(-math.inf)
         row_sum = F32(0.0)
         for j in cutlass.range(n_local, unroll=1):

@@ -28,8 +28,10 @@ the 4 lanes of a quad: the max is reduced over the quad at every update (every l
 it), the sum stays a per-lane partial until `finalize` reduces it once.
 
 `OnlineSoftmax` carries the state through the kernel's dynamic loops (it is a traced value:
-its two register tensors are its MLIR values, num_rows, c and lonely_rows are compile-time
-constants).  `lonely_rows=False` drops the lonely-row select (m_safe = m_new) for a kernel whose
+its two register tensors are its MLIR values, num_rows and lonely_rows are compile-time
+constants; c is either a Python float folded into the code (scale = 1/sqrt(d) of the stage) or
+a Float32 computed once before the loops from a runtime scale — `runtime_scale_log2` — so one
+compiled kernel serves any scale).  `lonely_rows=False` drops the lonely-row select (m_safe = m_new) for a kernel whose
 rows always see a key (stages C, D1): one select per row fewer, and a row without a key would
 then be NaN — use it only where that cannot happen.  `update_row` is one row of `update`, for a
 kernel that rescales O row by row right after each row's update.
@@ -44,6 +46,7 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 LN2 = math.log(2.0)
+LOG2E = math.log2(math.e)
 
 
 class OnlineSoftmax:
@@ -140,3 +143,11 @@ def scale_rows(acc_rc: cute.Tensor, row: cutlass.Constexpr[int], factor: Float32
 def final_lse(lse: Float32) -> Float32:
     """DSV4's output convention: a row with no key at all (LSE = −∞ = log 0) reports +∞."""
     return Float32.inf if lse == -Float32.inf else lse
+
+
+@cute.jit
+def runtime_scale_log2(softmax_scale: cute.Tensor) -> Float32:
+    """c = softmax_scale[0] · log2 e: the base-2 factor on raw scores (module doc) of a softmax
+    scale passed at run time as a one-element fp32 tensor (FlashMLA's per-call
+    `softmax_scale`).  One load and one multiply; call it once, before the KV loops."""
+    return softmax_scale[0] * Float32(LOG2E)
