@@ -26,7 +26,10 @@ What is new in this rung
         partial and raises a flag; piece 0, the last segment of its part and long after, stages
         that partial in the idle KV slots and writes the merged O and LSE — no combine launch
         (b 74 and 148 at h_q 128: ~10 µs).  Sequences of more pieces leave partials that
-        stages/common/part_combine.py merges.  L fills the SMs in one wave.
+        stages/common/part_combine.py merges.  L fills the SMs in one wave.  With
+        `resident_combine` (off by default) and the grid resident, the pieces of every cut
+        sequence combine it themselves once all have arrived (stages/common/resident_combine.py:
+        its counters, shares of rows and deadlock argument) — no PartCombine, no two-piece merge.
     The key list.  A CTA walks 64-key tiles of ONE list: the main list padded to whole tiles,
         then the extra list (`tile < main_tiles` picks the branch).  Key k of a tile is list
         position p = 64 · tile' + k; it is valid iff p < topk, p < length[b] and idx[b, t, p] ≠ −1.
@@ -122,6 +125,7 @@ from stages.common.part_combine import GROUP as COMBINE_GROUP, PartCombine
 from stages.common.part_merge import (ZeroFlags, add_staged_rows, flag_address, load_l2, merge_factors,
                                       merges_in_kernel, raise_flag, stage_partial, wait_flag)
 from stages.common.part_scheduler import PartGrid, resolve_part_tiles
+from stages.common.resident_combine import GROUP as RC_GROUP
 from stages.common.resident_combine import (ZeroCounters, arrive, combine_row, counter_address, depart,
                                             resident_combines, share_row, share_rows, wait_count)
 from stages.common.quad_store import check_accumulator_layout, store_accumulator_pairs, store_accumulator_wide
@@ -243,7 +247,8 @@ class Kernel:
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int | None = None,
                  combine_group: int = COMBINE_GROUP, stamps: bool = False, pair_stores: bool = True,
-                 fast_combine: bool = True, sink_first: bool = True, resident_combine: bool = False):
+                 fast_combine: bool = True, sink_first: bool = True, resident_combine: bool = False,
+                 rc_group: int = RC_GROUP):
         # Small-batch options (issue 30; docs/STAGE_E.md "The timeline at b = 2"): keywords that
         # scripts/e_small_timeline.py switches to time a variant beside FlashMLA.  The defaults are
         # the build the lab runs (on since 2026-11-27: 17.4 vs 22.1 µs at b 1, 20.4 vs 23.5 at b 2
@@ -257,6 +262,7 @@ class Kernel:
         #   resident_combine  off by default: where the whole grid is resident, every piece of a cut
         #                  sequence combines a share of its rows itself once all have arrived
         #                  (stages/common/resident_combine.py); no PartCombine, no two-piece merge
+        #   rc_group       its slots a load group (resident_combine.GROUP)
         # Timed slower and dropped (docs/STAGE_E.md): PartCombine launched by PDL at the attention
         # grid's start or after a CTA's last P·V, an L2 prefetch of a segment's later keys, ZeroFlags
         # letting the attention kernel launch at its start.
@@ -308,6 +314,7 @@ class Kernel:
         self.combines = self.partials and (self.splits > 2 or not self.merges)
         # every cut sequence combined inside the kernel by its pieces (stages/common/resident_combine.py)
         self.resident = resident_combine and resident_combines(self.sched, sm_count)
+        self.rc_group = rc_group
         if resident_combine and stamps:
             raise ValueError("stage E sm90: resident_combine writes O, where a stamps build keeps its records; "
                              "build one or the other")
@@ -1024,7 +1031,7 @@ class Kernel:
                               io.mLp.iterator.toint() + cutlass.Int64(at) * 4, rows * D * 4, rows * 4, n, self.splits,
                               D, lane, io.sink[work.head_block * self.BLOCK_M + row],
                               io.mO.iterator.toint() + cutlass.Int64(at) * (D * io.mO.element_type.width // 8),
-                              io.mO.element_type)
+                              io.mO.element_type, self.rc_group)
             if lane == 0:
                 if row == 0:  # the counter's word: every piece has seen n before it is overwritten
                     wait_count(counter, 2 * n)

@@ -54,7 +54,9 @@ from stages.common.combine import LN2, LOG2_E, sink_factor
 from stages.common.part_combine import ldcg_or, load_groups
 from stages.common.part_scheduler import PartGrid
 
-GROUP = 4  # slots whose rows a lane has in flight at once (16 fp32 a slot: 64 registers; the MMA warpgroups hold 160–192)
+# slots whose rows a lane has in flight at once (16 fp32 a slot: 80 registers; the MMA warpgroups
+# hold 160–192): 9 slots in two groups; 9 at once spilled 460 bytes (b 2 s2 h128, ptxas)
+GROUP = 5
 
 
 def resident_combines(grid: PartGrid, sm_count: int) -> bool:
@@ -116,11 +118,12 @@ def wait_count(addr, target, *, loc=None, ip=None) -> None:
 @cute.jit
 def combine_row(o_row, lse_row, slot_o_bytes: cutlass.Constexpr[int], slot_lse_bytes: cutlass.Constexpr[int], n,
                 cap: cutlass.Constexpr[int], d: cutlass.Constexpr[int], lane, sink_h, out_row,
-                out_type: cutlass.Constexpr):
+                out_type: cutlass.Constexpr, group: cutlass.Constexpr[int] = GROUP):
     """One warp, one row: SplitCombine's math over slots 0 … n − 1 (n ≤ cap) of the row's
     partials — slot j's O row at byte address o_row + j · slot_o_bytes, its LSE at lse_row + j ·
     slot_lse_bytes —, O (`out_type`) stored at byte address `out_row` (this lane's d/32 columns);
-    returns the row's final LSE (+∞ where no piece had a key)."""
+    returns the row's final LSE (+∞ where no piece had a key).  `group`: slots whose loads fly
+    together (load_groups)."""
     cols = d // 32
     lses = cute.make_rmem_tensor(cap, Float32)
     m = -Float32.inf
@@ -131,7 +134,7 @@ def combine_row(o_row, lse_row, slot_o_bytes: cutlass.Constexpr[int], slot_lse_b
     acc.fill(0.0)
     total = Float32(0.0)
     at = o_row + Int64(lane * (cols * 4))
-    groups = [tuple(g) for g in load_groups(cap, GROUP)]
+    groups = [tuple(g) for g in load_groups(cap, group)]
     for gi in cutlass.range_constexpr(len(groups)):
         slots = groups[gi]
         vals = cute.make_rmem_tensor((len(slots), cols), Float32)
