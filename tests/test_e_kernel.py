@@ -381,13 +381,14 @@ def _entries(ptx: str) -> list[str]:
 def _rc_checks(ptx: str) -> None:
     """An rc build: ZeroCounters then the attention kernel, no PartCombine; the counter's arrive
     (red.release.gpu), departure and acquiring spin, the wait for ZeroCounters before the counter,
-    the partials read through L2; both MMA warpgroups' copies."""
+    the partials read through L2; both MMA warpgroups' copies; the waits bounded in time."""
     names = _entries(ptx)
     assert any("ZeroCounters" in n for n in names) and not any("PartCombine" in n for n in names), names
     body = _main_body(ptx)
     assert body.count("red.release.gpu.global.add.u32") == 2, "an arrive in each MMA warpgroup's copy"
     assert body.count("red.relaxed.gpu.global.add.u32") == 2
     assert body.count("ld.acquire.gpu.global.b32") == 4  # the n wait and row 0's 2n wait, in each copy
+    assert body.count("@p trap;") >= 4  # each wait bounded (hang_guard's budget): a count never reached traps
     wait = body.index("griddepcontrol.wait")
     assert wait < body.index("red.release.gpu.global.add.u32") < body.index("ld.acquire.gpu.global.b32")
     assert "@p ld.global.cg.v4.f32" in body and "ld.global.nc.f32" not in body

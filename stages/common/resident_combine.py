@@ -51,6 +51,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
 from stages.common.combine import LN2, LOG2_E, sink_factor
+from stages.common.hang_guard import BUDGET_NS
 from stages.common.part_combine import ldcg_or, load_groups
 from stages.common.part_scheduler import PartGrid
 
@@ -109,10 +110,14 @@ def depart(addr, *, loc=None, ip=None) -> None:
 @dsl_user_op
 def wait_count(addr, target, *, loc=None, ip=None) -> None:
     """Spin until the count at global byte address `addr` is at least `target` (an acquire at GPU
-    scope)."""
+    scope).  Bounded: past hang_guard.BUDGET_NS (%globaltimer) it traps — a count that never comes
+    (a bug, or a grid not resident after all) ends as the launch's CUDA error, not a hang; a correct
+    kernel waits microseconds."""
     _asm([Int64(addr).ir_value(loc=loc, ip=ip), Int32(target).ir_value(loc=loc, ip=ip)],
-         "{\n.reg .pred p;\n.reg .b32 v;\nWAIT_COUNT:\nld.acquire.gpu.global.b32 v, [$0];\n"
-         "setp.lt.u32 p, v, $1;\n@p bra WAIT_COUNT;\n}", "l,r", loc, ip)
+         "{\n.reg .pred p;\n.reg .b32 v;\n.reg .u64 t0, t;\nmov.u64 t0, %globaltimer;\nWAIT_COUNT:\n"
+         "ld.acquire.gpu.global.b32 v, [$0];\nsetp.ge.u32 p, v, $1;\n@p bra WAIT_COUNT_DONE;\n"
+         "mov.u64 t, %globaltimer;\nsub.u64 t, t, t0;\n"
+         f"setp.gt.u64 p, t, {BUDGET_NS};\n@p trap;\nbra WAIT_COUNT;\nWAIT_COUNT_DONE:\n}}", "l,r", loc, ip)
 
 
 @cute.jit
