@@ -14,6 +14,7 @@ Prints each case × scenario's check; exit 0 only when every case built the in-k
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -39,6 +40,7 @@ def main() -> int:
     ap.add_argument("--case", action="append", help="b<B>:<config>:<splits> (default: the three of CASES)")
     ap.add_argument("--scenarios", default="sink,lonely,sink_inf,invalid")
     a = ap.parse_args()
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
     import cuda.bindings.driver as cuda
     import cutlass.cute as cute
@@ -53,7 +55,10 @@ def main() -> int:
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         for i, text in enumerate(a.case or CASES):
-            b, config, splits = _parse(text)
+            try:
+                b, config, splits = _parse(text)
+            except ValueError:
+                ap.error(f"--case {text!r}: want b<B>:<config>:<splits>, e.g. b2:s2h64_m128bs256_x1024bs64:auto")
             case = dict(b=b, config=config, kv_format="model1", scenario="sink", splits=splits)
             kernel = Kernel(b=b, config=config, kv_format="model1", splits=splits, resident_combine=True)
             if not kernel.resident:
