@@ -50,7 +50,7 @@ def _parse_knobs(text: str) -> dict:
         if key == "fmt":
             knobs[key] = value
             continue
-        flags = ("stamps", "pair_stores", "fast_combine", "sink_first", "resident_combine")
+        flags = ("stamps", "pair_stores", "fast_combine", "sink_first", "resident_combine", "rc_early")
         knobs[key] = bool(int(value)) if key in flags else int(value)
     return knobs
 

@@ -374,6 +374,12 @@ def test_resident_combine_is_off_by_default_and_only_where_the_grid_is_resident(
         sm90.Kernel(b=2, config=cfg, kv_format="model1", splits="auto", resident_combine=True, stamps=True)
 
 
+def _zero_counters_body(ptx: str) -> str:
+    entries = {m.group(1): m.start() for m in re.finditer(r"\.entry\s+(\S+)\(", ptx)}
+    at = next(at for name, at in entries.items() if "ZeroCounters" in name)
+    return ptx[at:min([x for x in entries.values() if x > at] + [len(ptx)])]
+
+
 def _entries(ptx: str) -> list[str]:
     return re.findall(r"\.entry\s+(\S+)\(", ptx)
 
@@ -419,7 +425,7 @@ for name, b, config, fmt, splits in (("h128", 2, "s2h128_m128bs256_x1024bs64", "
                                      ("simple", 2, "s2h64_m128bs256_x1024bs64", "simple", "auto"),
                                      ("b3", 3, "s2h64_m128bs256_x1024bs64", "model1", 2)):
     case = dict(b=b, config=config, kv_format=fmt, scenario="plain", splits=splits)
-    k = Kernel(b=b, config=config, kv_format=fmt, splits=splits, resident_combine=True)
+    k = Kernel(b=b, config=config, kv_format=fmt, splits=splits, resident_combine=True, rc_early=name == "h128")
     assert k.resident, name
     c = cute.compile(k, *[fake_tensor(s) for s in tensors(case)], make_fake_stream())
     raw = c.__ptx__ or ""
@@ -430,9 +436,9 @@ for name, b, config, fmt, splits in (("h128", 2, "s2h128_m128bs256_x1024bs64", "
 
 def test_resident_combine_compiles_for_the_pair_simple_and_two_pieces(tmp_path):
     """Compiled for sm_90a with `resident_combine`: b 2 s2 h128 model1 (the cluster pair, 9
-    pieces), b 2 s2 h64 simple, b 3 s2 h64 splits 2 (every sequence in two pieces: combined by
-    both, no ZeroFlags merge) — each passes _rc_checks, and ptxas (where installed) finds no
-    spill in the model1 builds."""
+    pieces; `rc_early`), b 2 s2 h64 simple, b 3 s2 h64 splits 2 (every sequence in two pieces:
+    combined by both, no ZeroFlags merge) — each passes _rc_checks, and ptxas (where installed)
+    finds no spill in the model1 builds."""
     import os
     import subprocess
     import sys
@@ -453,5 +459,8 @@ def test_resident_combine_compiles_for_the_pair_simple_and_two_pieces(tmp_path):
         ptx = (tmp_path / f"{name}.ptx").read_text()
         _rc_checks(ptx)
         assert "ZeroFlags" not in " ".join(_entries(ptx))
+        # rc_early (h128 only): ZeroCounters lets the attention kernel launch at its start
+        assert ("griddepcontrol.launch_dependents" in _zero_counters_body(ptx)) == (name == "h128"), name
+        assert "griddepcontrol.launch_dependents" not in _main_body(ptx)
         if name != "simple" and find_tool("ptxas"):
             assert ptxas_resources(tmp_path / f"{name}.ptx", "sm_90a").get("spill", 0) == 0, name

@@ -52,6 +52,7 @@ def test_resident_combine_is_a_bool_knob():
     t = _script()
     assert t._parse_knobs("resident_combine=1")["resident_combine"] is True
     assert t._parse_knobs("resident_combine=0")["resident_combine"] is False
+    assert t._parse_knobs("rc_early=1")["rc_early"] is True
     k = Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits="auto",
                **t._parse_knobs("resident_combine=1,rc_group=3"))
     assert k.resident and not k.combines and k.rc_group == 3

@@ -248,7 +248,7 @@ class Kernel:
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int | None = None,
                  combine_group: int = COMBINE_GROUP, stamps: bool = False, pair_stores: bool = True,
                  fast_combine: bool = True, sink_first: bool = True, resident_combine: bool = False,
-                 rc_group: int = RC_GROUP):
+                 rc_group: int = RC_GROUP, rc_early: bool = False):
         # Small-batch options (issue 30; docs/STAGE_E.md "The timeline at b = 2"): keywords that
         # scripts/e_small_timeline.py switches to time a variant beside FlashMLA.  The defaults are
         # the build the lab runs (on since 2026-11-27: 17.4 vs 22.1 µs at b 1, 20.4 vs 23.5 at b 2
@@ -263,6 +263,8 @@ class Kernel:
         #                  sequence combines a share of its rows itself once all have arrived
         #                  (stages/common/resident_combine.py); no PartCombine, no two-piece merge
         #   rc_group       its slots a load group (resident_combine.GROUP)
+        #   rc_early       the attention kernel launched at ZeroCounters' start (its counters are
+        #                  waited for only where touched), not after it
         # Timed slower and dropped (docs/STAGE_E.md): PartCombine launched by PDL at the attention
         # grid's start or after a CTA's last P·V, an L2 prefetch of a segment's later keys, ZeroFlags
         # letting the attention kernel launch at its start.
@@ -314,7 +316,7 @@ class Kernel:
         self.combines = self.partials and (self.splits > 2 or not self.merges)
         # every cut sequence combined inside the kernel by its pieces (stages/common/resident_combine.py)
         self.resident = resident_combine and resident_combines(self.sched, sm_count)
-        self.rc_group = rc_group
+        self.rc_group, self.rc_early = rc_group, rc_early
         if resident_combine and stamps:
             raise ValueError("stage E sm90: resident_combine writes O, where a stamps build keeps its records; "
                              "build one or the other")
@@ -403,7 +405,7 @@ class Kernel:
         if cutlass.const_expr(self.merges):
             ZeroFlags(self.sched, bm).launch(mLp, stream)  # the attention kernel waits for it at its flags
         if cutlass.const_expr(self.resident):
-            ZeroCounters(self.sched, bm).launch(mLSE, stream)  # the attention kernel waits for it at its counters
+            ZeroCounters(self.sched, bm, self.rc_early).launch(mLSE, stream)  # the attention kernel waits for it at its counters
         self.kernel(
             tma_q, tma_Q, KV, idx, topk_length, KV_extra, idx_extra, extra_length, sink, softmax_scale,
             mO, mLSE, mOp, mLp, q_smem, k_smem, vt_smem, p_smem,

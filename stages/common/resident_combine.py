@@ -175,8 +175,10 @@ class ZeroCounters:
 
     THREADS = 128
 
-    def __init__(self, grid: PartGrid, rows_per_block: int):
-        self.grid, self.rows_per_block = grid, rows_per_block
+    def __init__(self, grid: PartGrid, rows_per_block: int, early: bool = False):
+        # early: griddepcontrol.launch_dependents at its start, so that the attention kernel
+        # launches at once instead of after it (its counting threads still wait for it)
+        self.grid, self.rows_per_block, self.early = grid, rows_per_block, early
 
     def launch(self, lse: cute.Tensor, stream):
         """Call from a @cute.jit host function, before the attention kernel on the same stream;
@@ -187,6 +189,8 @@ class ZeroCounters:
 
     @cute.kernel
     def kernel(self, lse: cute.Tensor):
+        if cutlass.const_expr(self.early):
+            cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         rb = bidx * self.THREADS + tidx
