@@ -908,3 +908,26 @@ def test_the_staged_gate_reads_the_run_baselines_xz_from_the_index(blab):
     baselines.baselines_file(blab).unlink()  # unstaged: the commit still holds the baseline
     r = run_cli(["gate", "--staged", "--no-run"], cwd=blab)
     assert r.returncode == 0 and "1 baselined case(s) hold" in r.stdout, r.stdout + r.stderr
+
+
+def test_drop_all_removes_the_baselines_of_cases_the_matrix_no_longer_has(fake_lab):
+    """An axis renamed (issue 35 gave I1 `heads=…`) leaves baselines whose case the matrix no
+    longer has: `baseline drop STAGE` (every case of the matrix) cannot name them, the gate says
+    to drop them with --all, and `--all` removes every baseline of the stage, theirs included."""
+    from tests.conftest import baselines_text, write_baselines
+
+    gone = GOOD_RUN.replace("      n=16:\n", "      n=16,width=3:\n")
+    write_baselines(fake_lab, gone + GOOD_RUN.split("    cpu:\n", 1)[1])
+    assert "n=16,width=3" in baselines_text(fake_lab) and "\n      n=16:" in baselines_text(fake_lab)
+    (fake_lab / "results" / "records").mkdir(parents=True, exist_ok=True)
+    r = run_cli(["gate", "--no-run"], cwd=fake_lab)
+    assert "is no longer in stage-OK's matrix — drop it: dsv4-lab baseline drop stage-OK --all" in r.stdout, r.stdout
+    r = run_cli(["baseline", "drop", "stage-OK"], cwd=fake_lab)
+    assert r.returncode == 0 and "n=16,width=3" in baselines_text(fake_lab), r.stdout + r.stderr  # not named by it
+    r = run_cli(["baseline", "drop", "stage-OK", "--all", "--n", "16"], cwd=fake_lab)
+    assert r.returncode == 2 and "give no axis filters" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = run_cli(["baseline", "drop", "stage-OK", "--all"], cwd=fake_lab)
+    assert r.returncode == 0 and "dropped 1 baseline(s) of stage-OK" in r.stdout, r.stdout + r.stderr
+    assert "n=16" not in baselines_text(fake_lab)
+    r = run_cli(["baseline", "drop", "stage-OK", "--all"], cwd=fake_lab)
+    assert r.returncode == 1 and "nothing dropped" in r.stderr, r.stderr

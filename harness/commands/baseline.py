@@ -74,12 +74,18 @@ def drop(
     stage: str = typer.Argument(...),
     arch: str = option("arch", "all"),
     where: Optional[str] = option("where", None),
+    every: bool = option("all", False, help="every baseline of the stage, those of cases its matrix no longer "
+                                            "has included (an axis renamed, a case list changed)"),
 ) -> None:
-    """Remove the baselines of the selected cases."""
+    """Remove the baselines of the selected cases (--all: every baseline of the stage)."""
     from harness.notebook import baselines
 
     spec = spec_here()
     st = spec.stage(stage)
+    if every:
+        if ctx.args or where:
+            raise UsageError("--all drops every baseline of the stage: give no axis filters with it")
+        raise typer.Exit(baselines.drop(spec, st, archs_of(arch), [], every=True))
     raise typer.Exit(baselines.drop(spec, st, archs_of(arch), cases_of(st, ctx.args, where)))
 
 

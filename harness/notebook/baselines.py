@@ -862,13 +862,16 @@ def _bump(counts: dict[tuple[str, str], int], arch: str, why: str) -> None:
     counts[(arch, why)] = counts.get((arch, why), 0) + 1
 
 
-def drop(spec, stage, archs: list[str] | None, cases) -> int:
+def drop(spec, stage, archs: list[str] | None, cases, every: bool = False) -> int:
+    """Remove the stage's baselines of `cases` — or, `every`, all of the stage's, those of cases
+    its matrix no longer has included (what an axis renamed or a changed case list left behind)."""
     from rich.console import Console
 
     labels = {case_label(c.dict) for c in cases}
     with locked(spec.root):
         items = load(spec.root, must_exist=True)
-        keep = [b for b in items if not (b.stage == stage.id and (not archs or b.arch in archs) and b.case in labels)]
+        keep = [b for b in items if not (b.stage == stage.id and (not archs or b.arch in archs)
+                                         and (every or b.case in labels))]
         n = len(items) - len(keep)
         if n:
             save(spec.root, keep, read=keep)
@@ -876,7 +879,8 @@ def drop(spec, stage, archs: list[str] | None, cases) -> int:
         import sys
 
         where = f" for {', '.join(archs)}" if archs else ""
-        print(f"dsv4-lab: no baseline of {stage.name}{where} matches these filters — nothing dropped "
+        what = "is kept" if every else "matches these filters"
+        print(f"dsv4-lab: no baseline of {stage.name}{where} {what} — nothing dropped "
               f"(see dsv4-lab baseline show {stage.name})", file=sys.stderr)
         return 1
     Console(highlight=False, markup=False).print(f"dropped {n} baseline(s) of {stage.name}")
