@@ -355,6 +355,25 @@ def test_bench_peer_names_the_peers_timed(project_root):
     assert "peers: torch_sdpa, torch_plain, fa4\n" in r.stdout, r.stdout
 
 
+def test_a_stage_with_more_test_matrices_benches_its_bench_shapes(project_root):
+    """I1 and I2 list their test cases (`more:` products beside the matrix); their bench blocks
+    still give their own shapes to every caller of plan_cases — bench, profile, history, baseline
+    accept --speed, gate --speed (harness/spec/benchview.py) — all at the default options."""
+    from harness.spec.benchview import bench_view
+
+    spec = load_spec(root=project_root)
+    for sid, n in (("I1", 12), ("I2", 8)):
+        st = spec.stages[sid]
+        assert st.cases is not None  # the listed form that hid the bench shapes
+        shapes = plan_cases(bench_view(st), [])
+        assert len(shapes) == n and all(c["heads"] == 64 and c["head_dim"] == 128 and c["logits_dtype"] == "fp32"
+                                        for c in shapes), shapes
+        assert bench_view(st).matrix == st.matrix and bench_view(spec.stages["E"]) is spec.stages["E"]
+    if _no_gpu():
+        r = run_cli(["bench", "stage-I2", "--peer", "deepgemm"], cwd=project_root)
+        assert r.returncode == 1 and "stage-I2 bench: 8 shape(s); peers: deepgemm" in r.stdout, r.stdout + r.stderr
+
+
 def test_chosen_peers_keeps_the_blocks_order():
     from types import SimpleNamespace
 
