@@ -10,7 +10,7 @@ line still names (an older notebook's plain results/inventories.jsonl is folded 
 retire the archive's oldest stale lines (harness/notebook/archive.py `retire`: per (arch, case) the
 newest --keep lines, default 0 (a bench shape: 4), and every line of the last --days days, default 0, stay; a line a
 baseline, a speed baseline or a note names, or of a run a note or the live records name, stays; a
-retired line is named in results/archive/retired.jsonl with the commit — HEAD, which holds it —
+retired line is named in results/archive/retired.jsonl.xz with the commit — HEAD, which holds it —
 and the `git show` that shows it; only a line the archive at HEAD holds is retired, none outside
 a git checkout), and trim compile baselines to what the gate compares and run baselines' metric values to the
 digits it needs (harness/notebook/inventories.py, harness/notebook/archive.py, harness/notebook/baselines.py). Nothing is
@@ -315,7 +315,7 @@ def _retire(root: Path, keep: int, days: float, retired: set[str]) -> int:
                     if isinstance(o, dict) and isinstance(o.get("id"), str)} if path.exists() else set()
             retired |= lines - left
             print(f"{path.relative_to(root)}: {moved} lines retired, {saved} bytes saved (named in "
-                  f"results/archive/retired.jsonl; git show {held.sha[:12]}:{held.path} holds them)")
+                  f"results/archive/retired.jsonl.xz; git show {held.sha[:12]}:{held.path} holds them)")
     return problems
 
 

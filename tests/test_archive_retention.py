@@ -194,3 +194,25 @@ def test_the_default_keeps_no_stale_test_line_but_four_bench_lines_a_shape():
     gone = archive.retirable(lines, 0, "2030-01-01T00:00:00Z", set(), set(), held)
     kept = [json.loads(ln) for ln, g in zip(lines, gone) if not g]
     assert [(r["run"], "note" in r) for r in kept] == [(f"r{i}", True) for i in range(3, 7)]
+
+
+def test_the_retirings_are_kept_compressed_and_an_old_plain_file_is_folded_in(fake_lab):
+    """results/archive/retired.jsonl.xz holds the retirings as one xz stream (the plain file grew
+    ~7 KB a compaction, against a tree budget of 3 MiB); a lab's old plain retired.jsonl is read
+    first and folded into the .xz by the next retiring; a .xz that is none is a warning for the
+    readers and an OSError for a retiring, which then changes nothing."""
+    import lzma
+
+    from harness.notebook.retired import old_retired_file, retired_lines
+
+    old_line = b'{"stage":"E","lines":1,"from":"abc","how":"git show abc:x","ids":{"r1":"1"}}'
+    old_retired_file(fake_lab).parent.mkdir(parents=True, exist_ok=True)
+    old_retired_file(fake_lab).write_bytes(old_line)
+    assert [e["ids"] for e in read_retired(fake_lab)] == [{"r1": "1"}] and where(fake_lab, "r1.1")[0] == "record"
+    retired_file(fake_lab).write_bytes(lzma.compress(b'{"stage":"E","lines":2,"from":"d","how":"h","ids":{"r2":"1-2"}}\n',
+                                                     format=lzma.FORMAT_XZ))
+    assert [e["lines"] for e in read_retired(fake_lab)] == [1, 2] and retired_lines(fake_lab).startswith(old_line + b"\n")
+    bad = b"not xz at all"
+    retired_file(fake_lab).write_bytes(bad)
+    warn: list[str] = []
+    assert read_retired(fake_lab, warn) == [] and "not a readable xz file" in warn[0] and "\n" not in warn[0]

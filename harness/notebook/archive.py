@@ -44,7 +44,7 @@ retired: a line that does not parse or names no id, arch or case; a record a bas
 baseline or a note names, or of a run a note or the live records name (the caller gathers these);
 and a record the archive at HEAD does not hold (its `held` ids: only a line that a commit holds
 can be shown again with `git show`). Each retiring first appends one line to
-results/archive/retired.jsonl (harness/notebook/retired.py: how many, of which time, the commit
+results/archive/retired.jsonl.xz (harness/notebook/retired.py: how many, of which time, the commit
 that holds them and the `git show` that shows them, every id), then rewrites the archive; a crash
 in between leaves the line named there and still in the archive, never in neither.
 """
@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.notebook.inventories import Stores
-from harness.notebook.retired import encode_ids, entry_json, retired_file
+from harness.notebook.retired import encode_ids, entry_json, old_retired_file, retired_file, retired_lines
 from harness.core.jsonl import iter_jsonl, replace_file
 from harness.core.safeio import read_regular
 from harness.notebook.records import (_read_archive, archive_file, code_src, is_fresh, runs_archive_file, runs_file,
@@ -296,7 +296,7 @@ def retirable(lines: list[bytes], keep: int, cutoff: str, named_ids: set[str], n
 def retire(root: Path, stage_id: str, held: Held, named_ids: set[str], named_runs: set[str],
            keep: int = KEEP_NEWEST, days: float = KEEP_DAYS, now: float | None = None) -> tuple[int, int]:
     """Retire the lines of one stage's archive that the rule retires (module doc): one line to
-    results/archive/retired.jsonl first, then the archive rewritten without them (removed when
+    results/archive/retired.jsonl.xz first, then the archive rewritten without them (removed when
     none is left). Returns (lines retired, bytes the archive lost); OSError when it is no xz."""
     archive = archive_file(stage_file(root, stage_id))
     if not archive.exists():
@@ -312,12 +312,10 @@ def retire(root: Path, stage_id: str, held: Held, named_ids: set[str], named_run
     entry = {"stage": stage_id, "lines": len(retired), "bytes": sum(len(raw) + 1 for raw in retired),
              "oldest_t": times[0], "newest_t": times[-1], "t": _iso(now), "from": held.sha,
              "how": f"git show {held.sha}:{held.path}", "ids": encode_ids([o["id"] for o in objs])}
-    log = retired_file(root)
-    try:
-        old = read_regular(log)
-    except FileNotFoundError:
-        old = b""
-    replace_file(log, old + (b"\n" if old and not old.endswith(b"\n") else b"") + entry_json(entry) + b"\n")
+    old = retired_lines(root)  # OSError when the .xz is no xz: nothing retired then
+    replace_file(retired_file(root), lzma.compress(old + entry_json(entry) + b"\n", format=lzma.FORMAT_XZ))
+    if old_retired_file(root).is_file():  # folded into the .xz just written
+        old_retired_file(root).unlink()
     before = archive.stat().st_size
     kept = [raw for raw, g in zip(lines, gone) if not g]
     if kept:

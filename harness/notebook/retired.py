@@ -1,4 +1,6 @@
-"""Where a retired record went: results/archive/retired.jsonl.
+"""Where a retired record went: results/archive/retired.jsonl.xz (one xz stream of JSON lines;
+a lab from before 2026-11-27 has them plain in results/archive/retired.jsonl, read first and
+folded into the .xz by the next retiring).
 
 The archive is bounded (harness/notebook/archive.py `retire`): compaction drops its oldest stale
 lines from the tree. They are not lost — the git history holds every committed version of
@@ -17,6 +19,7 @@ under "" (a list). `where` maps a record or run id to the retirings that took it
 from __future__ import annotations
 
 import json
+import lzma
 import re
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,30 @@ _NUMBERED = re.compile(r"^(.+)\.(\d{1,9})$")
 
 
 def retired_file(root: Path) -> Path:
+    return results_dir(root) / "archive" / "retired.jsonl.xz"
+
+
+def old_retired_file(root: Path) -> Path:
+    """The plain form of the retirings, before they were compressed (read, never written)."""
     return results_dir(root) / "archive" / "retired.jsonl"
+
+
+def retired_lines(root: Path) -> bytes:
+    """Every retiring's line, oldest first: the old plain file's, then the .xz's, decompressed.
+    OSError (naming the file) when the .xz is not one."""
+    out = b""
+    old = old_retired_file(root)
+    if old.is_file():
+        out = old.read_bytes()
+        if out and not out.endswith(b"\n"):
+            out += b"\n"
+    new = retired_file(root)
+    if new.exists():
+        try:
+            out += lzma.decompress(new.read_bytes())
+        except lzma.LZMAError as exc:
+            raise OSError(f"{new}: not a readable xz file ({exc}) — restore it: git checkout {new.name}") from None
+    return out
 
 
 def encode_ids(ids: list[str]) -> dict[str, Any]:
@@ -84,7 +110,13 @@ def read_retired(root: Path, warn: list[str] | None = None) -> list[dict[str, An
     """Every retiring recorded, oldest first (a line that is not one is skipped, with a warning)."""
     path = retired_file(root)
     out = []
-    for lineno, obj in iter_jsonl(path, warn):
+    try:
+        data = retired_lines(root)
+    except OSError as exc:
+        if warn is not None:
+            warn.append(str(exc))
+        return out
+    for lineno, obj in iter_jsonl(path, warn, data=data):
         if (isinstance(obj, dict) and isinstance(obj.get("stage"), str) and isinstance(obj.get("from"), str)
                 and isinstance(obj.get("how"), str)):
             out.append(obj)
