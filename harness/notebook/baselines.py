@@ -676,7 +676,7 @@ def _relative(d: dict[str, Any], defaults: dict[str, str]) -> dict[str, Any]:
     out = dict(d)
     if run and run == defaults.get("run"):
         out["record"] = number
-    if d["src"] == defaults.get("src"):
+    if "src" in defaults and d["src"] == defaults["src"]:  # the section's source, not a record's freshness
         del out["src"]
     return out
 
