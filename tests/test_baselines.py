@@ -12,7 +12,6 @@ import multiprocessing
 import os
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -71,43 +70,6 @@ baselines:
         compile: {status: compiled, regs: many, spill: 0, inv: {}}
 """,
 }
-
-
-# The new form (a section's `_defaults`, harness/notebook/baselines.py) and its bad inputs.
-GOOD_NEW = """\
-version: 1
-baselines:
-  OK:
-    cpu:
-      _defaults: {run: r, src: abc}
-      n=16: {record: 1, metrics: {out: {cosine: 0.99, rel_l2: 0.001, max_abs: 0.001}}}
-"""
-
-BAD_DEFAULTS = {  # name: (text, the start of the one line it must give)
-    "unknown default key": (GOOD_NEW.replace("src: abc}", "src: abc, kind: compile}"),
-                            "5: baselines.OK.cpu._defaults.kind: unknown key — expected one of run, src"),
-    "defaults as a list": (GOOD_NEW.replace("{run: r, src: abc}", "[r, abc]"),
-                           "5: baselines.OK.cpu._defaults: expected a mapping {run: RUN, src: SRC}"),
-    "default run a number": (GOOD_NEW.replace("run: r,", "run: 7,"),
-                             "5: baselines.OK.cpu._defaults.run: expected a non-empty string, got int 7"),
-    "default src empty": (GOOD_NEW.replace("src: abc}", "src: ''}"),
-                          "5: baselines.OK.cpu._defaults.src: expected a non-empty string"),
-    "misspelt defaults": (GOOD_NEW.replace("_defaults:", "_default:"),
-                          "5: baselines.OK.cpu._default: unknown key — a section holds _defaults"),
-    "record number without a default run": (GOOD_NEW.replace("run: r, ", ""),
-                                            "6: baselines.OK.cpu.n=16.record: 1 is the number of a record of the "
-                                            "section's run, but no _defaults: {run: RUN} names one — write the full "
-                                            "record id RUN.1"),
-    "negative record number": (GOOD_NEW.replace("record: 1,", "record: -1,"),
-                               "6: baselines.OK.cpu.n=16.record: -1 is no record number"),
-    "record as a float": (GOOD_NEW.replace("record: 1,", "record: .1,"),
-                          "6: baselines.OK.cpu.n=16.record: expected a record id RUN.N, or the number N of a "
-                          "record of the section's _defaults run, got float 0.1"),
-    "no src anywhere": (GOOD_NEW.replace(", src: abc", ""),
-                        "6: baselines.OK.cpu.n=16: missing 'src' — a run baseline needs record, src and metrics "
-                        "(src may come from the section's _defaults)"),
-}
-BAD.update({f"new form: {k}": text for k, (text, _) in BAD_DEFAULTS.items()})  # the gate's one line too (below)
 
 
 def _write_bad(lab: Path, name: str) -> Path:
@@ -530,8 +492,7 @@ def test_a_compile_baseline_is_written_in_flow_style_and_reads_back(tmp_path):
     lines = text.splitlines()
     assert any(ln.startswith("      hd=128: {") and "compile: {status: compiled, regs: 54" in ln and
                "sass: {(all): 424}" in ln for ln in lines), text
-    assert "    sm_90a:" in lines and any(ln.startswith("      hd=64: {kind: compile, record: 4,") for ln in lines), text
-    assert "      _defaults: {run: r, src: abd}" in lines  # sm_90a's two cases share run and src: said once
+    assert "    sm_90a:" in lines and any(ln.startswith("      hd=64: {kind: compile, record: r.4,") for ln in lines), text
     assert sorted(baselines.load(tmp_path, must_exist=True), key=lambda x: (x.arch, x.case)) == \
         sorted([b, shallow, other], key=lambda x: (x.arch, x.case))
 
@@ -730,74 +691,20 @@ def test_a_case_changing_kind_is_never_lost_when_a_write_is_cut_short(fake_lab, 
             baselines.load(fake_lab)
 
 
-# -- a section's shared run and src, said once (`_defaults`) ---------------------------------
-
-
-def test_a_section_s_defaults_read_as_the_full_record_and_src(fake_lab):
-    _yaml(fake_lab, GOOD_NEW)
-    new = baselines.load(fake_lab)
-    _yaml(fake_lab, GOOD_RUN)  # the same baseline, written before the defaults
-    assert new == baselines.load(fake_lab) and new[0].record == "r.1" and new[0].src == "abc"
-
-
-@pytest.mark.parametrize("name", BAD_DEFAULTS)
-def test_bad_defaults_are_one_line_naming_file_line_key_and_fix(fake_lab, name):
-    text, said = BAD_DEFAULTS[name]
-    _yaml(fake_lab, text)
-    with pytest.raises(BaselineError) as exc:
-        baselines.load(fake_lab)
-    msg = str(exc.value)
-    assert "\n" not in msg and msg.startswith("results/baselines.yaml.xz:" + said), msg
-    assert msg.endswith("fix it, or re-create the entry with `dsv4-lab baseline accept`"), msg
-
-
-def _section_lines(text: str, arch: str) -> list[str]:
-    lines = text.splitlines()
-    start = lines.index(f"    {arch}:") + 1
-    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("      ")), len(lines))
-    return lines[start:end]
-
-
-def test_save_says_a_section_s_shared_run_and_src_once_and_only_what_differs(fake_lab):
-    m = {"out": {"cosine": 0.99, "rel_l2": 0.001, "max_abs": 0.001}}
-    items = [Baseline("OK", "cpu", "n=16", "r.1", "s", m), Baseline("OK", "cpu", "n=32", "r.2", "s", m),
-             Baseline("OK", "cpu", "n=48", "q.3", "t", m),  # another run and source: written in full
-             Baseline("OK", "cpu", "n=64", "r.007", "s", m), Baseline("OK", "cpu", "n=80", "r.x", "s", m),
-             Baseline("OK", "cpu", "n=96", "nodot", "s", m),  # numbers not written plainly, no number: in full
-             Baseline("OK", "sm_90a", "n=16", "r.1", "s", m),  # a section of one case: no defaults
-             Baseline("OK", "sm_100a", "n=16", "c.1", "s", {}, dict(baselines.COMPILE_TOLERANCE), None, dict(COMP)),
-             Baseline("OK", "sm_100a", "n=32", "c.2", "s", {}, dict(baselines.COMPILE_TOLERANCE), None, dict(COMP))]
-    baselines.save(fake_lab, items)
-    text = baselines_text(fake_lab)
-    cpu = _section_lines(text, "cpu")
-    assert cpu[0] == "      _defaults: {run: r, src: s}" and len(cpu) == 7, text  # first; then one line a case
-    assert cpu[1].startswith("      n=16: {record: 1, metrics: {") and "src" not in cpu[1], text
-    assert cpu[3].startswith("      n=48: {record: q.3, src: t, metrics:"), text
-    assert [ln.split(",")[0] for ln in cpu[4:]] == ["      n=64: {record: r.007", "      n=80: {record: r.x",
-                                                     "      n=96: {record: nodot"], text
-    assert _section_lines(text, "sm_90a") == [
-        "      n=16: {record: r.1, src: s, metrics: {out: {cosine: 0.99, rel_l2: 0.001, max_abs: 0.001}}}"]
-    packed = lzma.decompress(baselines.compile_baselines_file(fake_lab).read_bytes()).decode()
-    comp = _section_lines(packed, "sm_100a")
-    assert comp[0] == "      _defaults: {run: c, src: s}" and comp[1].startswith("      n=16: {kind: compile, record: 1, "
-                                                                                    "compile: {"), packed
-    assert baselines.load(fake_lab) == sorted(items, key=lambda b: (b.stage, b.arch, b.case))
-
-
 def test_a_save_whose_text_would_read_back_as_another_baseline_writes_nothing(fake_lab, monkeypatch):
     baselines.save(fake_lab, [RUN_B])
     before = baselines.baselines_file(fake_lab).read_bytes()
-    monkeypatch.setattr(baselines, "_relative", lambda d, defaults: {**d, "record": 0} if defaults else d)  # a bug
+    to_yaml = Baseline.to_yaml
+    monkeypatch.setattr(Baseline, "to_yaml", lambda b: {**to_yaml(b), "record": "r.0"})  # a bug: every record r.0
     two = [RUN_B, Baseline("OK", "cpu", "n=32", "r.2", "s", RUN_B.metrics)]
     with pytest.raises(BaselineError, match="not written — the new text reads back as 2 baselines that differ"):
         baselines.save(fake_lab, two)
     assert baselines.baselines_file(fake_lab).read_bytes() == before
 
 
-def test_the_real_baselines_read_the_same_in_the_old_form_and_the_new_and_the_new_is_smaller(tmp_path, monkeypatch):
-    """The project's own baselines (a copy): written the old way (every line its full record and
-    src), read, written with the defaults, read again — the same baselines each time, in under
-    90 % of the bytes (85 % at 576 run cases)."""
+def test_the_real_baselines_round_trip_one_line_a_case(tmp_path, monkeypatch):
+    """The project's own baselines (a copy): read, written, read again — the same baselines, each
+    case one line of its section (a flow mapping: diffs stay a line a case under `xz -dc`)."""
     monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path / "cache"))
     lab = tmp_path / "lab"
     (lab / "results").mkdir(parents=True)
@@ -805,27 +712,11 @@ def test_the_real_baselines_read_the_same_in_the_old_form_and_the_new_and_the_ne
         (lab / "results" / name).write_bytes((ROOT / "results" / name).read_bytes())
     real = baselines.load(lab, must_exist=True)
     assert len(real) > 1000 and {b.kind for b in real} == {"run", "compile"}
-    with monkeypatch.context() as m:
-        m.setattr(baselines, "_shared", lambda section: {})  # the old form: no defaults
-        baselines.save(lab, real, read=real)
-    old_text = baselines_text(lab)
-    assert "_defaults" not in old_text and old_text.count(", src: ") == len([b for b in real if b.kind == "run"])
-    old = baselines.load(lab, must_exist=True)
-    assert old == real
-    old_packed = len(lzma.decompress(baselines.compile_baselines_file(lab).read_bytes()))
-    baselines.save(lab, old, read=old)
-    new_text = baselines_text(lab)
+    baselines.save(lab, real, read=real)
     assert baselines.load(lab, must_exist=True) == real
     runs = [b for b in real if b.kind == "run"]
-    srcs = Counter((b.stage, b.arch, b.src) for b in runs)
-    odd = [b for b in runs if srcs[(b.stage, b.arch, b.src)] < max(n for (st, a, _), n in srcs.items()
-                                                                      if (st, a) == (b.stage, b.arch))]
-    cases = [ln for ln in new_text.splitlines() if ln.startswith("      ") and not ln.startswith("      _defaults: ")]
-    assert len(cases) == len(runs) and all(ln.endswith("}") for ln in cases)  # one line a case
-    assert new_text.count("      _defaults: {run: ") == len({(b.stage, b.arch) for b in runs})
-    assert len([ln for ln in cases if ", src: " in ln]) == len(odd)  # a src only where it is not the section's
-    assert len(new_text.encode()) < 0.9 * len(old_text.encode()), (len(new_text), len(old_text))
-    assert len(lzma.decompress(baselines.compile_baselines_file(lab).read_bytes())) < 0.95 * old_packed
+    cases = [ln for ln in baselines_text(lab).splitlines() if ln.startswith("      ")]
+    assert len(cases) == len(runs) and all(ln.endswith("}") and ", src: " in ln for ln in cases)
 
 
 # -- an older clone's plain results/baselines.yaml ----------------------------------------------

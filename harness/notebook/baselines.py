@@ -14,12 +14,6 @@ there, it is read, and the next write stores it as results/baselines.yaml.xz and
 (a merge from an older branch, or a write cut short between the two steps) is one line naming
 both and the fix (`_run_path`): the lab never guesses which one holds the truth.
 
-Each (stage, arch) section first names what most of its cases share, once —
-`_defaults: {run: 20261127-095214-af44, src: 66c3ad1a322c}` — and a case line then says only what
-differs: `record: 406` for the record 20261127-095214-af44.406, no `src` when it is the default one
-(a full `record: RUN.N` and `src:` where they differ). A file written before the defaults (every
-line with its full record and src) reads as the same baselines; the next write uses them.
-
 Two kinds of baseline:
 
 * **run** (an arch that ran here or on a target): the metric values of the newest passing,
@@ -229,53 +223,19 @@ def _only(d: dict, allowed: tuple[str, ...], keys: tuple) -> None:
             raise _Bad(keys + (k,), f"unknown key — expected one of {', '.join(allowed)}")
 
 
-# A section's (one stage's, one arch's) shared record run and source hash, written once as its first
-# key; a case line then names only its record's number (`record: 406`: the run's record RUN.406) and
-# no src, unless they differ. No case label is `_defaults`: a label is `axis=value,…` (an "=").
-DEFAULTS = "_defaults"
-DEFAULT_KEYS = ("run", "src")
-
-
-def _section_defaults(v: Any, keys: tuple) -> dict[str, str]:
-    """A section's `_defaults: {run: RUN, src: SRC}` (either may be left out)."""
-    keys = keys + (DEFAULTS,)
-    d = _mapping(v, keys, "a mapping {run: RUN, src: SRC} (the run and source most of the section's cases share)")
-    _only(d, DEFAULT_KEYS, keys)
-    out = {str(k): _text(x, keys + (k,)) for k, x in d.items()}
-    return out
-
-
-def _record(v: Any, keys: tuple, run: str | None) -> str:
-    """A case's record: its id `RUN.N`, or the number N alone — a record of the section's
-    `_defaults` run."""
-    if isinstance(v, int) and not isinstance(v, bool):
-        if run is None:
-            raise _Bad(keys, f"{v} is the number of a record of the section's run, but no {DEFAULTS}: {{run: RUN}} "
-                             f"names one — write the full record id RUN.{v}")
-        if v < 0:
-            raise _Bad(keys, f"{v} is no record number — write N >= 0 (the record RUN.N of the section's run)")
-        return f"{run}.{v}"
-    if not isinstance(v, str) or not v:
-        raise _Bad(keys, f"expected a record id RUN.N, or the number N of a record of the section's "
-                         f"{DEFAULTS} run, got {_what(v)}")
-    return v
-
-
-def _entry(stage: str, arch: str, label: str, e: Any, defaults: dict[str, str] | None = None) -> Baseline:
+def _entry(stage: str, arch: str, label: str, e: Any) -> Baseline:
     keys: tuple = ("baselines", stage, arch, label)
-    defaults = defaults or {}
     e = _mapping(e, keys)
     _only(e, ("kind", "record", "src", "metrics", "tolerance", "us", "compile"), keys)
     kind = e.get("kind", "run")
     if kind not in ("run", "compile"):
         raise _Bad(keys + ("kind",), f"expected run or compile, got {_what(kind)}")
     for req in ("record", "src") + (("compile",) if kind == "compile" else ("metrics",)):
-        if req not in e and not (req == "src" and "src" in defaults):
+        if req not in e:
             raise _Bad(keys, f"missing '{req}' — a {kind} baseline needs record, src and "
-                             f"{'compile' if kind == 'compile' else 'metrics'}"
-                             + (f" (src may come from the section's {DEFAULTS})" if req == "src" else ""))
-    record = _record(e["record"], keys + ("record",), defaults.get("run"))
-    src = _text(e["src"], keys + ("src",)) if "src" in e else defaults["src"]
+                             f"{'compile' if kind == 'compile' else 'metrics'}")
+    record = _text(e["record"], keys + ("record",))
+    src = _text(e["src"], keys + ("src",))
     tol_in = e.get("tolerance") or {}
     tol_in = _mapping(tol_in, keys + ("tolerance",))
     if kind == "run":
@@ -335,14 +295,8 @@ def _tree(doc: Any) -> list[Baseline]:
             if arch not in arch_names:
                 raise _Bad(("baselines", stage, arch), f"unknown arch — expected one of {', '.join(arch_names)}")
             cases = _mapping(cases, ("baselines", stage, arch), "a mapping of case -> baseline")
-            defaults = _section_defaults(cases[DEFAULTS], ("baselines", stage, arch)) if DEFAULTS in cases else {}
             for label, entry in cases.items():
-                if label == DEFAULTS:
-                    continue
-                if isinstance(label, str) and label.startswith("_") and "=" not in label:
-                    raise _Bad(("baselines", stage, arch, label), f"unknown key — a section holds {DEFAULTS} "
-                                                                  "(its shared run and src) and cases (axis=value,…)")
-                out.append(_entry(str(stage), str(arch), str(label), entry, defaults))
+                out.append(_entry(str(stage), str(arch), str(label), entry))
     return out
 
 
@@ -617,17 +571,9 @@ def save(root: Path, items: list[Baseline], read: list[Baseline] | None = None) 
 def _encode(root: Path, path: Path, items: list[Baseline], xz: bool) -> tuple[bytes, bytes, Any, int]:
     """(the bytes to write, the text they hold, its parsed document, the count) for `items` in
     `path`'s layout; BaselineError when the text does not read back as exactly `items`."""
-    sections: dict[tuple[str, str], list[Baseline]] = {}
-    for b in sorted(items, key=lambda b: (b.stage, b.arch, b.case)):
-        sections.setdefault((b.stage, b.arch), []).append(b)
     tree: dict[str, Any] = {}
-    for (stage, arch), section in sections.items():
-        cases: dict[str, Any] = tree.setdefault(stage, {}).setdefault(arch, {})
-        defaults = _shared(section)
-        if defaults:
-            cases[DEFAULTS] = defaults
-        for b in section:
-            cases[b.case] = _Case(_relative(b.to_yaml(), defaults))
+    for b in sorted(items, key=lambda b: (b.stage, b.arch, b.case)):
+        tree.setdefault(b.stage, {}).setdefault(b.arch, {})[b.case] = _Case(b.to_yaml())
     doc = {"version": BASELINE_VERSION, "baselines": tree}
     text = HEADER + yaml.dump(doc, Dumper=_NoAliasDumper, sort_keys=False, width=1 << 20, allow_unicode=True)
     loaded = yaml.load(text, Loader=yamlnodes.fast_loader())
@@ -643,42 +589,6 @@ def _encode(root: Path, path: Path, items: list[Baseline], xz: bool) -> tuple[by
         raise BaselineError(f"{_display(root, path)}: not written — the compressed text does not read back (a bug "
                             "in the lab); the file is unchanged")
     return data, raw, loaded, len(items)
-
-
-def _run_of(record: str) -> tuple[str, int | None]:
-    """(run, N) of a record id `RUN.N` (N written plainly: digits, no leading zero); ("", None)
-    for any other id."""
-    run, dot, number = record.rpartition(".")
-    if dot and run and number.isascii() and number.isdigit() and str(int(number)) == number:
-        return run, int(number)
-    return "", None
-
-
-def _shared(section: list[Baseline]) -> dict[str, str]:
-    """A section's `_defaults`: the record run and the src that most of its cases share (the
-    first by name on a tie), each only where two cases or more share it."""
-    out: dict[str, str] = {}
-    for key, values in (("run", [_run_of(b.record)[0] for b in section]), ("src", [b.src for b in section])):
-        counts: dict[str, int] = {}
-        for v in values:
-            if v:
-                counts[v] = counts.get(v, 0) + 1
-        best = min(counts, key=lambda v: (-counts[v], v), default=None)
-        if best is not None and counts[best] >= 2:
-            out[key] = best
-    return out
-
-
-def _relative(d: dict[str, Any], defaults: dict[str, str]) -> dict[str, Any]:
-    """A case's written mapping without what its section's `_defaults` say: `record: N` for a
-    record of the default run, no `src` when it is the default one."""
-    run, number = _run_of(d["record"])
-    out = dict(d)
-    if run and run == defaults.get("run"):
-        out["record"] = number
-    if "src" in defaults and d["src"] == defaults["src"]:  # the section's source, not a record's freshness
-        del out["src"]
-    return out
 
 
 def _write(root: Path, path: Path, data: bytes, raw: bytes, loaded: Any, n: int) -> None:
