@@ -45,11 +45,10 @@ def main() -> int:
     import cuda.bindings.driver as cuda
     import cutlass.cute as cute
     import torch
-    from cutlass.cute.runtime import from_dlpack, make_fake_stream
+    from cutlass.cute.runtime import from_dlpack
 
-    from e_small_timeline import _args_for, _check
-    from harness.execution.compile import fake_tensor
-    from oracles.sparse_decode import make_inputs, tensors
+    from e_small_timeline import _args_for, _check, _compile
+    from oracles.sparse_decode import make_inputs
     from stages.E_sparse_decode.sm90 import Kernel
 
     ok = True
@@ -60,16 +59,19 @@ def main() -> int:
             except ValueError:
                 ap.error(f"--case {text!r}: want b<B>:<config>:<splits>, e.g. b2:s2h64_m128bs256_x1024bs64:auto")
             case = dict(b=b, config=config, kv_format="model1", scenario="sink", splits=splits)
-            kernel = Kernel(b=b, config=config, kv_format="model1", splits=splits, resident_combine=True)
+            kernel = Kernel(b=b, config=config, kv_format="model1", splits=splits, resident_combine=True)  # no code yet
             if not kernel.resident:
                 print(f"e_rc_check {text}: the grid is not resident (or nothing is cut): no in-kernel combine to check")
                 ok = False
                 continue
-            compiled = cute.compile(kernel, *[fake_tensor(s) for s in tensors(case)], make_fake_stream())
-            out = Path(tmp) / str(i)
-            out.mkdir()
-            compiled.export_to_c(str(out), "kernel", function_prefix=f"rc{i}")
-            fn = cute.runtime.load_module(str(out / "kernel.o"))[f"rc{i}"]
+            # compiled and exported as the timeline script builds a variant (model1, its sink scenario)
+            _, obj, prefix, _, err, _ = _compile((f"rc{i}", b, config, dict(resident_combine=True, splits=splits),
+                                                  str(Path(tmp) / str(i))))
+            if err:
+                print(f"e_rc_check {text}: compile FAILED: {err}")
+                ok = False
+                continue
+            fn = cute.runtime.load_module(obj)[prefix]
             for scen in filter(None, a.scenarios.split(",")):
                 scase = {**case, "scenario": scen}
                 inputs = make_inputs(scase, 1, device="cuda")

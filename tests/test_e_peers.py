@@ -51,16 +51,44 @@ def test_torch_peer_matches_the_oracle(fmt, scenario, config):
     assert float((out["LSE"][fin].double() - ref["LSE"][fin]).abs().max()) < 0.05
 
 
-def test_flashmla_percall_is_the_same_peer_with_its_metadata_made_per_call():
+def test_flashmla_percall_makes_its_metadata_in_every_call_and_the_other_once(monkeypatch):
+    """Against a stand-in `flash_mla` (the real one needs an sm90 GPU: tests/test_e_gpu.py): the
+    plain peer makes its scheduler metadata once, before timing, and passes that object to every
+    call; `flashmla_sparse_percall` makes a fresh one in each call, as a serving engine's step
+    does — the same call otherwise (scale, sink, lists)."""
+    import sys
+    import types
+
     from harness.peers import PEERS, adapter, flashmla_sparse_percall
 
-    assert PEERS["flashmla_sparse_percall"][0] == "harness.peers.flashmla_sparse_percall"
-    assert adapter("flashmla_sparse_percall").unsupported is flashmla_sparse.unsupported
-    assert flashmla_sparse_percall.installed is flashmla_sparse.installed
-    import inspect
+    made, passed = [], []
+    fake = types.ModuleType("flash_mla")
 
-    assert "per_call=True" in inspect.getsource(flashmla_sparse_percall.make)
-    assert "get_mla_metadata()[0] if per_call else meta" in inspect.getsource(flashmla_sparse.make)
+    def get_mla_metadata():
+        made.append(object())
+        return made[-1], None
+
+    def flash_mla_with_kvcache(q, cache, block_table, seqlens, dv, meta, **kw):
+        passed.append((meta, kw["softmax_scale"], kw["attn_sink"] is inputs["sink"]))
+        return q.new_zeros(q.shape), torch.zeros(q.shape[0], q.shape[2], q.shape[1])
+
+    fake.get_mla_metadata, fake.flash_mla_with_kvcache = get_mla_metadata, flash_mla_with_kvcache
+    monkeypatch.setitem(sys.modules, "flash_mla", fake)
+    case = _case("s2h128_m128bs256_x1024bs64", "model1", "softmax_scale")
+    inputs = sd.make_inputs(case, seed=3)
+    dims = torch_sparse.sparse_dims(sd.tensors(case))
+    scale = float(inputs["softmax_scale"].reshape(-1)[0])
+    once = flashmla_sparse.make("sparse_decode", dims, inputs)
+    assert len(made) == 1
+    once(), once()
+    assert [m for m, _, _ in passed] == [made[0], made[0]]
+    passed.clear()
+    every = adapter("flashmla_sparse_percall").make("sparse_decode", dims, inputs)
+    every(), every()
+    assert [m for m, _, _ in passed] == made[-2:] and made[-1] is not made[-2]
+    assert {(sc, sink) for _, sc, sink in passed} == {(scale, True)} and scale != 512 ** -0.5
+    assert PEERS["flashmla_sparse_percall"][0] == flashmla_sparse_percall.__name__
+    assert flashmla_sparse_percall.unsupported is flashmla_sparse.unsupported
 
 
 def test_flashmla_shape_rules_and_view():
