@@ -105,7 +105,8 @@ def test_the_chooser_fills_the_gpu_and_cuts_only_where_it_pays(hb):
 def test_the_chooser_counts_a_sequences_pieces(hb, tokens, b, want):
     """A part of one tile cuts a sequence of 18 tiles into 18 pieces, whose partials the combine
     reads one group after another: on an H200 b 1 s2 h128 took 17.4 µs at L = 1 and 15.7 at
-    L = 2, b 2 s2 h64 18.3 / 17.7.  The piece term (PIECE_COST) moves the L = 1 choices of b ≤ 2
+    L = 2, b 2 s2 h64 18.3 / 17.7 (the L = 2 builds with PartCombine launched after the last P·V,
+    itself 0–2 µs slower elsewhere).  The piece term (PIECE_COST) moves the L = 1 choices of b ≤ 2
     to L = 2 and leaves the choices measured best at larger batches where they were."""
     from stages.common.part_scheduler import choose_part_tiles
 
