@@ -35,6 +35,31 @@ def _parse(text: str) -> tuple[int, str, object]:
     return int(b.lstrip("b")), config, splits if splits in ("auto", "many") else int(splits)
 
 
+def _where(case: dict, inputs: dict, args: list, show: int = 12) -> str:
+    """Where a failed case differs: per output, the bad rows' indices (NaN, non-finite mismatch or
+    |got − ref| > 1e-2 · max|ref|) and, for LSE, got vs ref at the first few."""
+    import torch
+
+    from oracles.sparse_decode import reference, tensors
+
+    names = [s.name for s in tensors(case)]
+    ref = reference({k: v.cpu() for k, v in inputs.items()}, case)
+    lines = []
+    for n in ("O", "LSE"):
+        a, r = args[names.index(n)].double().cpu(), ref[n].double().cpu()
+        fin = torch.isfinite(r)
+        scale = float(r[fin].abs().max()) if fin.any() else 1.0
+        bad = torch.isnan(a) | (torch.isfinite(a) != fin) | (fin & ((a - r).abs() > 1e-2 * scale))
+        if n == "O":
+            bad = bad.any(dim=-1)
+        idx = bad.nonzero().tolist()
+        lines.append(f"    {n} {list(a.shape)}: {len(idx)} bad rows; nan {int(torch.isnan(a).sum())}; first {idx[:show]}")
+        if n == "LSE":
+            for i in idx[:show]:
+                lines.append(f"      {i}: got {float(a[tuple(i)]):.6g} ref {float(r[tuple(i)]):.6g}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", help="b<B>:<config>:<splits> (default: the three of CASES)")
@@ -82,6 +107,8 @@ def main() -> int:
                 print(f"e_rc_check {text} {scen}: {got} (parts {kernel.sched.parts}, L {kernel.sched.part_tiles}, "
                       f"pieces ≤ {kernel.splits})", flush=True)
                 ok = ok and got.startswith("PASS")
+                if not got.startswith("PASS"):
+                    print(_where(scase, inputs, args), flush=True)
     return 0 if ok else 1
 
 

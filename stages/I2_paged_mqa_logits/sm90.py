@@ -86,8 +86,18 @@ class Kernel:
     STAGES = 16  # slots of one cache block (8 KiB)
 
     def __init__(self, *, b: int, next_n: int, block_kv: int, heads: int = HEADS, head_dim: int = DIM,
-                 logits_dtype: str = "fp32", context_2d: bool = False):
+                 logits_dtype: str = "fp32", context_2d: bool = False, chunk_tiles: int = 0, stages: int = 0,
+                 chunk_major: bool = False, mma_wg: int = 0):
         check_paged_shape("stage I2 sm90", block_kv, next_n, self.BLOCK_KV)
+        # Schedule knobs (timed by scripts/ix_variants.py; 0 / False: the defaults above):
+        #   chunk_tiles  tiles per CTA;  stages  K slots;  mma_wg  MMA warpgroups (2 or 4)
+        #   chunk_major  grid (b, chunks): every sequence's chunk 0 launches first, the short
+        #                last chunks (and the fill-only ones) last
+        if chunk_tiles:
+            self.CHUNK_TILES = chunk_tiles
+        if stages:
+            self.STAGES = stages
+        self.chunk_major = bool(chunk_major)
         check_heads("stage I2 sm90", heads, head_dim)
         self.out_dtype = check_logits("stage I2 sm90", logits_dtype)
         self.context_2d = bool(context_2d)  # context_lens [b, next_n]: token t sees keys < ctx[b, t]
@@ -97,7 +107,7 @@ class Kernel:
         # MMA warpgroups on alternate blocks: four while a thread's accumulator (N / 4 registers)
         # and weights (N / 8) fit 112 registers (N ≤ 128: next_n ≤ 2 at 64 heads), so each
         # epilogue has three MMAs' time (issue 31); two (240 registers each) above.
-        self.NUM_MMA_WG = 4 if self.n <= 128 else 2
+        self.NUM_MMA_WG = mma_wg or (4 if self.n <= 128 else 2)
         self.LOAD_WG = self.NUM_MMA_WG
         self.LOAD_WARP = 4 * self.LOAD_WG
         self.MMA_THREADS = 128 * self.NUM_MMA_WG
@@ -137,7 +147,8 @@ class Kernel:
         self.pipes = (TmaPipe("q", 1, q_bytes, self.MMA_THREADS // 32), TmaPipe("k", self.STAGES, k_bytes, 4))
         self.smem_struct = smem_struct(self.pipes, {"sQ": (dtype, q_smem), "sK": (dtype, k_smem)})
         ops = LogitsOperands(mma, tma_q, tma_Q, tma_k, tma_K, q_smem, k_smem)
-        launch(self.kernel(ops, mScale, context_lens, block_table, weights, logits), (self.num_chunks, b, 1),
+        grid = (b, self.num_chunks, 1) if self.chunk_major else (self.num_chunks, b, 1)
+        launch(self.kernel(ops, mScale, context_lens, block_table, weights, logits), grid,
                self.THREADS, self.smem_struct, stream)
 
     @cute.kernel
@@ -146,6 +157,8 @@ class Kernel:
         nn = self.next_n
         tidx, warp_idx, storage = start_cta(ops, self.LOAD_WARP, self.smem_struct)
         chunk, seq, _ = cute.arch.block_idx()
+        if cutlass.const_expr(self.chunk_major):
+            seq, chunk, _ = cute.arch.block_idx()
         sQ, sK = smem_tensors(storage, sQ=ops.q_smem, sK=ops.k_smem)  # (n, d, 1), (64, d, stages)
         q_pipe, k_pipe = tma_pipelines(storage, self.pipes)
 

@@ -1,0 +1,167 @@
+"""Stage I2 sm90 schedule variants timed beside DeepGEMM (issue 31).  For the lead's GPU windows;
+prints everything, writes nothing.
+
+    python3 scripts/ix_variants.py --shape b64:n2:c8192 --variant base \
+        --variant "c16:chunk_tiles=16" --variant "cm:chunk_major=1" [--deepgemm] [--profile]
+
+A variant is name[:knob=value,…]: keyword arguments of stages.I2_paged_mqa_logits.sm90.Kernel
+(chunk_tiles, stages, chunk_major, mma_wg).  Each shape × variant is compiled here (a process
+pool, no compile cache, no records), checked against the float64 oracle on the first input set
+(every −inf exactly where the oracle's, cosine and rel_l2 of the rest), then timed as `bench`
+times it (harness/execution/timing.py: CUDA graphs over rotated copies of the inputs, L2 cold).
+--deepgemm: DeepGEMM's paged MQA logits on the same inputs as harness/peers/deepgemm.py calls
+it (metadata once, the −inf masked_fill timed with it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _case(b: int, next_n: int, ctx: int) -> dict:
+    return dict(b=b, next_n=next_n, ctx=ctx, block_kv=64, heads=64, head_dim=128, logits_dtype="fp32",
+                context_2d=False)
+
+
+def _parse_knobs(text: str) -> dict:
+    return {k: int(v) for k, _, v in (item.partition("=") for item in filter(None, text.split(",")))}
+
+
+def _compile(job: tuple) -> tuple:
+    key, case, knobs, out_dir = job
+    os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+    t0 = time.perf_counter()
+    try:
+        import cutlass.cute as cute
+        from cutlass.cute.runtime import make_fake_stream
+
+        from harness.execution.compile import fake_tensor
+        from oracles.indexer import paged_tensors
+        from stages.I2_paged_mqa_logits.sm90 import Kernel
+
+        kernel = Kernel(b=case["b"], next_n=case["next_n"], block_kv=64, **knobs)
+        compiled = cute.compile(kernel, *[fake_tensor(s) for s in paged_tensors(case)], make_fake_stream())
+        prefix = "ix_" + key.replace(":", "_").replace("=", "").replace(",", "_")
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        compiled.export_to_c(out_dir, "kernel", function_prefix=prefix)
+        info = f"chunk {kernel.CHUNK_TILES} stages {kernel.STAGES} wg {kernel.NUM_MMA_WG} cm {kernel.chunk_major}"
+        return key, str(Path(out_dir) / "kernel.o"), prefix, time.perf_counter() - t0, None, info
+    except Exception as exc:  # reported, the other variants go on
+        return key, "", "", time.perf_counter() - t0, f"{type(exc).__name__}: {exc}", ""
+
+
+def _args_for(case: dict, inputs: dict):
+    import torch
+
+    from oracles.indexer import paged_tensors
+
+    out = []
+    for spec in paged_tensors(case):
+        if spec.name in inputs:
+            out.append(inputs[spec.name])
+        else:
+            out.append(torch.full(tuple(spec.shape), float("nan"), dtype=torch.float32, device="cuda"))
+    return out
+
+
+def _check(ref, args: list) -> str:
+    import torch
+
+    got = args[-1].double()
+    finite = torch.isfinite(ref)
+    if not torch.equal(torch.isfinite(got), finite) or not torch.equal(got[~finite], ref[~finite]):
+        return "FAIL (non-finite positions differ)"
+    a, r = got[finite], ref[finite]
+    cos = float(torch.nn.functional.cosine_similarity(a, r, dim=0))
+    rel = float((a - r).norm() / r.norm())
+    return ("PASS" if cos >= 0.99999 and rel <= 1e-3 else "FAIL") + f" cos {cos:.7f} rel {rel:.2e}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", action="append", required=True, help="b<B>:n<next_n>:c<ctx>")
+    ap.add_argument("--variant", action="append", required=True, help="name[:knob=v,…]")
+    ap.add_argument("--deepgemm", action="store_true")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--jobs", type=int, default=16)
+    a = ap.parse_args()
+    shapes = [tuple(int(x[1:]) for x in s.split(":")) for s in a.shape]
+    variants = [(v.partition(":")[0], _parse_knobs(v.partition(":")[2])) for v in a.variant]
+
+    work = Path(tempfile.mkdtemp(prefix="ixv-"))
+    jobs = [(f"b{b}n{n}c{c}:{name}", _case(b, n, c), knobs, str(work / str(i)))
+            for i, ((b, n, c), (name, knobs)) in enumerate((s, v) for s in shapes for v in variants)]
+    t0 = time.perf_counter()
+    import multiprocessing as mp
+
+    with ProcessPoolExecutor(max_workers=min(a.jobs, len(jobs)), mp_context=mp.get_context("spawn")) as pool:
+        built = {r[0]: r for r in pool.map(_compile, jobs)}
+    print(f"compiled {len(jobs)} kernels in {time.perf_counter() - t0:.1f} s", flush=True)
+
+    import cuda.bindings.driver as cuda
+    import cutlass.cute as cute
+    import torch
+    from cutlass.cute.runtime import from_dlpack
+
+    from harness.execution.timing import bench, l2_bytes, rotations
+    from oracles.indexer import paged_make_inputs, paged_reference, paged_tensors
+
+    print(torch.cuda.get_device_name(0), flush=True)
+    for b, n, c in shapes:
+        case = _case(b, n, c)
+        first = paged_make_inputs(case, 0, device="cuda")
+        set_bytes = sum(t.numel() * t.element_size() for t in first.values())
+        n_sets = rotations(set_bytes, l2_bytes())
+        sets = [first] + [{k: v.clone() for k, v in first.items()} for _ in range(1, n_sets)]
+        ref = paged_reference(first, case)["logits"].double()  # float64, on the GPU
+        print(f"== b {b} next_n {n} ctx {c}: {n_sets} input sets", flush=True)
+        for name, knobs in variants:
+            key, obj, prefix, secs, err, info = built[f"b{b}n{n}c{c}:{name}"]
+            if err:
+                print(f"  {name:10s} compile FAILED ({secs:.0f} s): {err}", flush=True)
+                continue
+            try:
+                fn = cute.runtime.load_module(obj)[prefix]
+                launches, check = [], ""
+                for k, inputs in enumerate(sets):
+                    args = _args_for(case, inputs)
+                    cargs = [from_dlpack(t, assumed_align=16) for t in args]
+
+                    def launch(cargs=cargs) -> None:
+                        fn(*cargs, cuda.CUstream(torch.cuda.current_stream().cuda_stream))
+
+                    if k == 0:
+                        launch()
+                        torch.cuda.synchronize()
+                        check = _check(ref, args)
+                    launches.append(launch)
+                t = bench(launches, reps=a.reps, min_launches=20)
+                print(f"  {name:10s} {t['us']:8.2f} µs (p10 {t['p10_us']:.2f} p90 {t['p90_us']:.2f}) {check}; {info}",
+                      flush=True)
+            except Exception as exc:
+                print(f"  {name:10s} FAILED: {type(exc).__name__}: {exc}", flush=True)
+        if a.deepgemm:
+            try:
+                from harness.peers import deepgemm
+                from harness.peers.indexer_problems import problem_dims
+
+                dims = problem_dims("paged_mqa_logits", {s.name: s for s in paged_tensors(case)})
+                runs = [deepgemm.make("paged_mqa_logits", dims, s) for s in sets]
+                t = bench(runs, reps=a.reps, min_launches=20)
+                print(f"  {'deepgemm':10s} {t['us']:8.2f} µs (p10 {t['p10_us']:.2f} p90 {t['p90_us']:.2f})", flush=True)
+            except Exception as exc:
+                print(f"  deepgemm FAILED: {type(exc).__name__}: {exc}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
