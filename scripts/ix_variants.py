@@ -5,7 +5,7 @@ prints everything, writes nothing.
         --variant "c16:chunk_tiles=16" --variant "cm:chunk_major=1" [--deepgemm] [--profile]
 
 A variant is name[:knob=value,…]: keyword arguments of stages.I2_paged_mqa_logits.sm90.Kernel
-(chunk_tiles, stages, chunk_major, mma_wg).  Each shape × variant is compiled here (a process
+(chunk_tiles, stages, chunk_major, mma_wg, mma_regs, min_blocks, table_lanes).  Each shape × variant is compiled here (a process
 pool, no compile cache, no records), checked against the float64 oracle on the first input set
 (every −inf exactly where the oracle's, cosine and rel_l2 of the rest), then timed as `bench`
 times it (harness/execution/timing.py: CUDA graphs over rotated copies of the inputs, L2 cold).
@@ -39,6 +39,7 @@ def _parse_knobs(text: str) -> dict:
 def _compile(job: tuple) -> tuple:
     key, case, knobs, out_dir = job
     os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+    os.environ["CUTE_DSL_KEEP"] = "ptx"
     t0 = time.perf_counter()
     try:
         import cutlass.cute as cute
@@ -53,10 +54,26 @@ def _compile(job: tuple) -> tuple:
         prefix = "ix_" + key.replace(":", "_").replace("=", "").replace(",", "_")
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         compiled.export_to_c(out_dir, "kernel", function_prefix=prefix)
-        info = f"chunk {kernel.CHUNK_TILES} stages {kernel.STAGES} wg {kernel.NUM_MMA_WG} cm {kernel.chunk_major}"
+        regs = _registers(compiled)
+        info = (f"chunk {kernel.CHUNK_TILES} stages {kernel.STAGES} wg {kernel.NUM_MMA_WG} regs {kernel.MMA_REGS} "
+                f"cm {kernel.chunk_major} mb {kernel.min_blocks} tl {kernel.table_lanes} launch regs {regs}")
         return key, str(Path(out_dir) / "kernel.o"), prefix, time.perf_counter() - t0, None, info
     except Exception as exc:  # reported, the other variants go on
         return key, "", "", time.perf_counter() - t0, f"{type(exc).__name__}: {exc}", ""
+
+
+def _registers(compiled) -> str:
+    """The launch's registers a thread per `ptxas -v` on the kernel's PTX ('?' without ptxas)."""
+    from harness.execution.compile import ptxas_resources
+
+    raw = compiled.__ptx__ or ""
+    path = Path(raw) if raw and "\n" not in raw else None
+    text = path.read_text() if path and path.is_file() else raw
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(text)
+    res = ptxas_resources(Path(f.name), "sm_90a")
+    os.unlink(f.name)
+    return f"{res.get('regs', '?')} spill {res.get('spill', '?')}"
 
 
 def _args_for(case: dict, inputs: dict):

@@ -87,10 +87,13 @@ class Kernel:
 
     def __init__(self, *, b: int, next_n: int, block_kv: int, heads: int = HEADS, head_dim: int = DIM,
                  logits_dtype: str = "fp32", context_2d: bool = False, chunk_tiles: int = 0, stages: int = 0,
-                 chunk_major: bool = False, mma_wg: int = 0):
+                 chunk_major: bool = False, mma_wg: int = 0, mma_regs: int = 0, min_blocks: int = 0,
+                 table_lanes: bool = False):
         check_paged_shape("stage I2 sm90", block_kv, next_n, self.BLOCK_KV)
         # Schedule knobs (timed by scripts/ix_variants.py; 0 / False: the defaults above):
         #   chunk_tiles  tiles per CTA;  stages  K slots;  mma_wg  MMA warpgroups (2 or 4)
+        #   mma_regs     the MMA warpgroups' setmaxnreg;  min_blocks  CTAs an SM must hold at once
+        #                (the launch bound: ptxas caps the launch's registers to fit them)
         #   chunk_major  grid (b, chunks): every sequence's chunk 0 launches first, the short
         #                last chunks (and the fill-only ones) last
         if chunk_tiles:
@@ -98,6 +101,8 @@ class Kernel:
         if stages:
             self.STAGES = stages
         self.chunk_major = bool(chunk_major)
+        self.min_blocks = min_blocks
+        self.table_lanes = bool(table_lanes)  # the load warp's table entries: 32 at once, one a lane
         check_heads("stage I2 sm90", heads, head_dim)
         self.out_dtype = check_logits("stage I2 sm90", logits_dtype)
         self.context_2d = bool(context_2d)  # context_lens [b, next_n]: token t sees keys < ctx[b, t]
@@ -112,7 +117,7 @@ class Kernel:
         self.LOAD_WARP = 4 * self.LOAD_WG
         self.MMA_THREADS = 128 * self.NUM_MMA_WG
         self.THREADS = self.MMA_THREADS + 128
-        self.MMA_REGS = 112 if self.NUM_MMA_WG == 4 else 240
+        self.MMA_REGS = mma_regs or (112 if self.NUM_MMA_WG == 4 else 240)
         # setmaxnreg only where the MMA warpgroups need more than the launch's share.  At
         # next_n = 1 ptxas launches the kernel with few registers per thread; an increase
         # would ask for registers beyond the CTA's launch allocation (PTX: the increase waits
@@ -149,7 +154,7 @@ class Kernel:
         ops = LogitsOperands(mma, tma_q, tma_Q, tma_k, tma_K, q_smem, k_smem)
         grid = (b, self.num_chunks, 1) if self.chunk_major else (self.num_chunks, b, 1)
         launch(self.kernel(ops, mScale, context_lens, block_table, weights, logits), grid,
-               self.THREADS, self.smem_struct, stream)
+               self.THREADS, self.smem_struct, stream, self.min_blocks)
 
     @cute.kernel
     def kernel(self, ops: LogitsOperands, mScale: cute.Tensor, mLens: cute.Tensor, mTable: cute.Tensor, mW: cute.Tensor,
@@ -187,9 +192,24 @@ class Kernel:
         kv_load = tma_tiles(ops.tma_k, sK, ops.mK, (self.BLOCK_KV, self.dim), (0, 0, None))  # tile i: cache block i
         load_q_once(q_pipe, q_load, seq, 1, tile_end > tile_begin)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.STAGES)
-        for tile in cutlass.range(tile_begin, tile_end, unroll=1):
-            load_key_tile(k_pipe, k_state, kv_load, mTable[seq, cutlass.min(tile, last_block)])
-            k_state.advance()
+        if cutlass.const_expr(self.table_lanes):
+            # Lane l reads the entry of tile tile_begin + l (then of the 32 after, …): the
+            # block numbers arrive in one latency instead of one a tile, and each TMA is issued
+            # as soon as its slot is free (a table read a tile left a load in flight per ~L2
+            # latency: ~24 GB/s an SM, less than the SM's share of HBM).
+            lane = cute.arch.lane_idx()
+            entry = mTable[seq, cutlass.min(tile_begin + lane, last_block)]
+            for tile in cutlass.range(tile_begin, tile_end, unroll=1):
+                i = tile - tile_begin
+                if cutlass.const_expr(self.CHUNK_TILES > 32):
+                    if i % 32 == 0 and i > 0:
+                        entry = mTable[seq, cutlass.min(tile + lane, last_block)]
+                load_key_tile(k_pipe, k_state, kv_load, cute.arch.shuffle_sync(entry, i % 32))
+                k_state.advance()
+        else:
+            for tile in cutlass.range(tile_begin, tile_end, unroll=1):
+                load_key_tile(k_pipe, k_state, kv_load, mTable[seq, cutlass.min(tile, last_block)])
+                k_state.advance()
 
     @cute.jit
     def logits(self, seq, ctx, last_block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK,

@@ -164,9 +164,14 @@ def check_paged_shape(who: str, block_kv: int, next_n: int, want_block_kv: int) 
         raise ValueError(f"{who}: next_n must be 1 … 4 (N = next_n · 64 ≤ 256), got {next_n}")
 
 
-def launch(kernel_call, grid, threads: int, smem_struct, stream) -> None:
+def launch(kernel_call, grid, threads: int, smem_struct, stream, min_blocks: int = 0) -> None:
     """Launch `kernel_call` (the kernel's traced call): `grid` CTAs of `threads` threads with the
-    dynamic shared memory of `smem_struct`."""
+    dynamic shared memory of `smem_struct`; `min_blocks` > 0: CTAs an SM must hold at once (the
+    launch bound — ptxas fits the registers to it — with the whole carveout as shared memory)."""
+    if min_blocks:
+        kernel_call.launch(grid=grid, block=(threads, 1, 1), smem=smem_struct.size_in_bytes(), stream=stream,
+                           min_blocks_per_mp=min_blocks, preferred_smem_carveout=100)
+        return
     kernel_call.launch(grid=grid, block=(threads, 1, 1), smem=smem_struct.size_in_bytes(), stream=stream)
 
 
