@@ -5,7 +5,7 @@ prints everything, writes nothing.
         --variant "c16:chunk_tiles=16" --variant "cm:chunk_major=1" [--deepgemm] [--profile]
 
 A variant is name[:knob=value,…]: keyword arguments of stages.I2_paged_mqa_logits.sm90.Kernel
-(chunk_tiles, stages, chunk_major, mma_wg, mma_regs, min_blocks, table_lanes).  Each shape × variant is compiled here (a process
+(chunk_tiles, stages, chunk_major, mma_wg, mma_regs, min_blocks, table_lanes, token_split).  Each shape × variant is compiled here (a process
 pool, no compile cache, no records), checked against the float64 oracle on the first input set
 (every −inf exactly where the oracle's, cosine and rel_l2 of the rest), then timed as `bench`
 times it (harness/execution/timing.py: CUDA graphs over rotated copies of the inputs, L2 cold).
@@ -56,7 +56,7 @@ def _compile(job: tuple) -> tuple:
         compiled.export_to_c(out_dir, "kernel", function_prefix=prefix)
         regs = _registers(compiled)
         info = (f"chunk {kernel.CHUNK_TILES} stages {kernel.STAGES} wg {kernel.NUM_MMA_WG} regs {kernel.MMA_REGS} "
-                f"cm {kernel.chunk_major} mb {kernel.min_blocks} tl {kernel.table_lanes} launch regs {regs}")
+                f"cm {kernel.chunk_major} mb {kernel.min_blocks} tl {kernel.table_lanes} ts {kernel.token_split} launch regs {regs}")
         return key, str(Path(out_dir) / "kernel.o"), prefix, time.perf_counter() - t0, None, info
     except Exception as exc:  # reported, the other variants go on
         return key, "", "", time.perf_counter() - t0, f"{type(exc).__name__}: {exc}", ""
@@ -106,13 +106,13 @@ def _check(ref, args: list) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", action="append", required=True, help="b<B>:n<next_n>:c<ctx>")
-    ap.add_argument("--variant", action="append", required=True, help="name[:knob=v,…]")
+    ap.add_argument("--variant", action="append", required=True, help="name[:knob=v,…] ('none': DeepGEMM alone)")
     ap.add_argument("--deepgemm", action="store_true")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--jobs", type=int, default=16)
     a = ap.parse_args()
     shapes = [tuple(int(x[1:]) for x in s.split(":")) for s in a.shape]
-    variants = [(v.partition(":")[0], _parse_knobs(v.partition(":")[2])) for v in a.variant]
+    variants = [(v.partition(":")[0], _parse_knobs(v.partition(":")[2])) for v in a.variant if v != "none"]
 
     work = Path(tempfile.mkdtemp(prefix="ixv-"))
     jobs = [(f"b{b}n{n}c{c}:{name}", _case(b, n, c), knobs, str(work / str(i)))
@@ -120,7 +120,7 @@ def main() -> int:
     t0 = time.perf_counter()
     import multiprocessing as mp
 
-    with ProcessPoolExecutor(max_workers=min(a.jobs, len(jobs)), mp_context=mp.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=max(1, min(a.jobs, len(jobs))), mp_context=mp.get_context("spawn")) as pool:
         built = {r[0]: r for r in pool.map(_compile, jobs)}
     print(f"compiled {len(jobs)} kernels in {time.perf_counter() - t0:.1f} s", flush=True)
 
