@@ -2,10 +2,10 @@
 prints everything, writes nothing.
 
     python3 scripts/ix_variants.py --shape b64:n2:c8192 --variant base \
-        --variant "c16:chunk_tiles=16" --variant "cm:chunk_major=1" [--deepgemm] [--profile]
+        --variant "c16:chunk_tiles=16" --variant "w2:mma_wg=2,stages=8,min_blocks=2" [--deepgemm]
 
 A variant is name[:knob=value,…]: keyword arguments of stages.I2_paged_mqa_logits.sm90.Kernel
-(chunk_tiles, stages, chunk_major, mma_wg, mma_regs, min_blocks, table_lanes, token_split).  Each shape × variant is compiled here (a process
+(chunk_tiles, stages, mma_wg, mma_regs, min_blocks).  Each shape × variant is compiled here (a process
 pool, no compile cache, no records), checked against the float64 oracle on the first input set
 (every −inf exactly where the oracle's, cosine and rel_l2 of the rest), then timed as `bench`
 times it (harness/execution/timing.py: CUDA graphs over rotated copies of the inputs, L2 cold).
@@ -56,7 +56,7 @@ def _compile(job: tuple) -> tuple:
         compiled.export_to_c(out_dir, "kernel", function_prefix=prefix)
         regs = _registers(compiled)
         info = (f"chunk {kernel.CHUNK_TILES} stages {kernel.STAGES} wg {kernel.NUM_MMA_WG} regs {kernel.MMA_REGS} "
-                f"cm {kernel.chunk_major} mb {kernel.min_blocks} tl {kernel.table_lanes} ts {kernel.token_split} launch regs {regs}")
+                f"mb {kernel.min_blocks} launch regs {regs}")
         return key, str(Path(out_dir) / "kernel.o"), prefix, time.perf_counter() - t0, None, info
     except Exception as exc:  # reported, the other variants go on
         return key, "", "", time.perf_counter() - t0, f"{type(exc).__name__}: {exc}", ""

@@ -14,7 +14,9 @@ What is new beside I1
     One cache block per pipeline slot (one TMA box) and per MMA: M = the block's 64 keys,
         N = next_n · 64 heads; the MMA warpgroups take turns on the blocks (warpgroup w of W: the
         chunk's blocks w, w + W, …), so the others' epilogues overlap one's MMA (as I1).  W = 4
-        at next_n ≤ 2 (112 registers each), 2 at next_n 3 and 4 (240).
+        at next_n 2 (112 registers each), 2 at next_n 3 and 4 (240); at N ≤ 64 (next_n 1) W = 2
+        with 8 slots and two CTAs an SM (a launch bound), so one CTA's start and end overlap the
+        other's loads.
     block_table lookup in the load warp (and for the scales, in the epilogue).  A table entry
         past the sequence's last block is never followed: the block index is clamped to the
         last one (its keys are then masked), so a garbage or out-of-range entry is harmless.
@@ -87,36 +89,28 @@ class Kernel:
 
     def __init__(self, *, b: int, next_n: int, block_kv: int, heads: int = HEADS, head_dim: int = DIM,
                  logits_dtype: str = "fp32", context_2d: bool = False, chunk_tiles: int = 0, stages: int = 0,
-                 chunk_major: bool = False, mma_wg: int = 0, mma_regs: int = 0, min_blocks: int = 0,
-                 table_lanes: bool = False, token_split: bool = False):
+                 mma_wg: int = 0, mma_regs: int = 0, min_blocks: int = 0):
+        # chunk_tiles, stages, mma_wg, mma_regs, min_blocks: the schedule's sizes (0: the rule
+        # below), for timing variants (scripts/ix_variants.py); the stage passes none of them.
         check_paged_shape("stage I2 sm90", block_kv, next_n, self.BLOCK_KV)
-        # Schedule knobs (timed by scripts/ix_variants.py; 0 / False: the defaults above):
-        #   chunk_tiles  tiles per CTA;  stages  K slots;  mma_wg  MMA warpgroups (2 or 4)
-        #   mma_regs     the MMA warpgroups' setmaxnreg;  min_blocks  CTAs an SM must hold at once
-        #                (the launch bound: ptxas caps the launch's registers to fit them)
-        #   chunk_major  grid (b, chunks): every sequence's chunk 0 launches first, the short
-        #                last chunks (and the fill-only ones) last
-        if chunk_tiles:
-            self.CHUNK_TILES = chunk_tiles
-        if stages:
-            self.STAGES = stages
-        self.chunk_major = bool(chunk_major)
-        self.min_blocks = min_blocks
-        self.table_lanes = bool(table_lanes)  # the load warp's table entries: 32 at once, one a lane
-        #   token_split  a CTA a query token (grid (next_n, chunks, b)): N = heads, the
-        #                next_n CTAs of a chunk read the same cache blocks (the second from L2)
-        self.token_split = bool(token_split) and next_n > 1
         check_heads("stage I2 sm90", heads, head_dim)
         self.out_dtype = check_logits("stage I2 sm90", logits_dtype)
         self.context_2d = bool(context_2d)  # context_lens [b, next_n]: token t sees keys < ctx[b, t]
         self.b, self.next_n = b, next_n
         self.heads, self.dim = heads, head_dim
-        self.tokens = 1 if self.token_split else next_n  # query tokens a CTA computes
-        self.n = heads * self.tokens
+        self.n = heads * next_n
         # MMA warpgroups on alternate blocks: four while a thread's accumulator (N / 4 registers)
         # and weights (N / 8) fit 112 registers (N ≤ 128: next_n ≤ 2 at 64 heads), so each
         # epilogue has three MMAs' time (issue 31); two (240 registers each) above.
-        self.NUM_MMA_WG = mma_wg or (4 if self.n <= 128 else 2)
+        # N ≤ 64 (next_n 1 at 64 heads): two MMA warpgroups, 8 slots and two CTAs an SM (the
+        # launch bound keeps a thread at ≤ 64 registers, 80 KB of shared memory a CTA), so one
+        # CTA's set-up, first loads and last epilogues run beside the other's steady state
+        # (issue 31, docs/INDEXER.md: b 64 ctx 8192 25.2 → 23.2 µs on an H200).
+        pair = self.n <= 64
+        self.CHUNK_TILES = chunk_tiles or self.CHUNK_TILES
+        self.STAGES = stages or (8 if pair else self.STAGES)
+        self.min_blocks = min_blocks or (2 if pair else 0)
+        self.NUM_MMA_WG = mma_wg or (2 if pair else 4 if self.n <= 128 else 2)
         self.LOAD_WG = self.NUM_MMA_WG
         self.LOAD_WARP = 4 * self.LOAD_WG
         self.MMA_THREADS = 128 * self.NUM_MMA_WG
@@ -146,9 +140,9 @@ class Kernel:
         self.max_len = logits.shape[1]  # keys per output row: the grid's chunks cover them
         self.num_chunks = (self.max_len + self.CHUNK_TILES * self.BLOCK_K - 1) // (self.CHUNK_TILES * self.BLOCK_K)
 
-        mQ = q_rows(q, b * self.next_n * self.heads, self.dim)
+        mQ = q_rows(q, b * n, self.dim)
         mKV, mScale = paged_views(kv_cache, dtype, bkv, self.dim)  # (slot, col, block) e4m3, (slot, block) fp32
-        mma, tile, k_smem, q_smem = sm90_logits_mma(dtype, bkv, self.tokens, self.STAGES, 1, self.heads, self.dim)
+        mma, tile, k_smem, q_smem = sm90_logits_mma(dtype, bkv, self.next_n, self.STAGES, 1, self.heads, self.dim)
         expose(self, qk_mma=(mma, tile), smem={"K": k_smem, "Q": q_smem})  # dsv4-lab inspect
         tma_q, tma_Q, q_bytes = sm90_tma_load(mQ, q_smem, (n, self.dim))
         tma_k, tma_K, k_bytes = sm90_tma_load(mKV, k_smem, (bkv, self.dim))
@@ -156,10 +150,7 @@ class Kernel:
         self.pipes = (TmaPipe("q", 1, q_bytes, self.MMA_THREADS // 32), TmaPipe("k", self.STAGES, k_bytes, 4))
         self.smem_struct = smem_struct(self.pipes, {"sQ": (dtype, q_smem), "sK": (dtype, k_smem)})
         ops = LogitsOperands(mma, tma_q, tma_Q, tma_k, tma_K, q_smem, k_smem)
-        grid = (b, self.num_chunks, 1) if self.chunk_major else (self.num_chunks, b, 1)
-        if self.token_split:
-            grid = (self.next_n, self.num_chunks, b)
-        launch(self.kernel(ops, mScale, context_lens, block_table, weights, logits), grid,
+        launch(self.kernel(ops, mScale, context_lens, block_table, weights, logits), (self.num_chunks, b, 1),
                self.THREADS, self.smem_struct, stream, self.min_blocks)
 
     @cute.kernel
@@ -168,12 +159,6 @@ class Kernel:
         nn = self.next_n
         tidx, warp_idx, storage = start_cta(ops, self.LOAD_WARP, self.smem_struct)
         chunk, seq, _ = cute.arch.block_idx()
-        if cutlass.const_expr(self.chunk_major):
-            seq, chunk, _ = cute.arch.block_idx()
-        tok = 0
-        if cutlass.const_expr(self.token_split):
-            tok, chunk, seq = cute.arch.block_idx()
-        row0 = seq * nn + tok  # the CTA's first output row (and, split by token, its Q tile)
         sQ, sK = smem_tensors(storage, sQ=ops.q_smem, sK=ops.k_smem)  # (n, d, 1), (64, d, stages)
         q_pipe, k_pipe = tma_pipelines(storage, self.pipes)
 
@@ -183,47 +168,31 @@ class Kernel:
             if cutlass.const_expr(self.rebalance):
                 cute.arch.setmaxregister_decrease(self.LOAD_REGS)
             if warp_idx == self.LOAD_WARP:
-                self.load(seq, row0 if self.token_split else seq, last_block, tile_begin, tile_end, q_pipe, k_pipe, ops,
-                          sQ, sK, mTable)
+                self.load(seq, last_block, tile_begin, tile_end, q_pipe, k_pipe, ops, sQ, sK, mTable)
             else:  # fill warps: −inf over the chunk's keys past the computed blocks
                 ftid = tidx - self.MMA_THREADS - 32
-                fill_rows(mOut, row0, self.tokens, tile_end * self.BLOCK_K, chunk_end, ftid, self.FILL_THREADS)
+                fill_rows(mOut, seq * nn, nn, tile_end * self.BLOCK_K, chunk_end, ftid, self.FILL_THREADS)
         else:
             if cutlass.const_expr(self.rebalance):
                 cute.arch.setmaxregister_increase(self.MMA_REGS)
-            self.logits(seq, tok, row0, ctx, last_block, tidx, tile_begin, tile_end, q_pipe, k_pipe, ops.mma, sQ, sK,
+            self.logits(seq, ctx, last_block, tidx, tile_begin, tile_end, q_pipe, k_pipe, ops.mma, sQ, sK,
                         mScale, mTable, mW, mOut, mLens)
 
     @cute.jit
-    def load(self, seq, q_tile, last_block, tile_begin, tile_end, q_pipe, k_pipe, ops, sQ, sK, mTable):
+    def load(self, seq, last_block, tile_begin, tile_end, q_pipe, k_pipe, ops, sQ, sK, mTable):
         """Load warp: the sequence's Q rows once, then the chunk's cache blocks (through the
         block table, clamped to the sequence's last block), one per slot."""
         hang_guard.role("load")  # names this role's waits in a --debug-hangs build
         q_load = tma_tiles(ops.tma_q, sQ, ops.mQ, (self.n, self.dim), (None, 0))  # Q tile i: sequence i's tokens
         kv_load = tma_tiles(ops.tma_k, sK, ops.mK, (self.BLOCK_KV, self.dim), (0, 0, None))  # tile i: cache block i
-        load_q_once(q_pipe, q_load, q_tile, 1, tile_end > tile_begin)
+        load_q_once(q_pipe, q_load, seq, 1, tile_end > tile_begin)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.STAGES)
-        if cutlass.const_expr(self.table_lanes):
-            # Lane l reads the entry of tile tile_begin + l (then of the 32 after, …): the
-            # block numbers arrive in one latency instead of one a tile, and each TMA is issued
-            # as soon as its slot is free (a table read a tile left a load in flight per ~L2
-            # latency: ~24 GB/s an SM, less than the SM's share of HBM).
-            lane = cute.arch.lane_idx()
-            entry = mTable[seq, cutlass.min(tile_begin + lane, last_block)]
-            for tile in cutlass.range(tile_begin, tile_end, unroll=1):
-                i = tile - tile_begin
-                if cutlass.const_expr(self.CHUNK_TILES > 32):
-                    if i % 32 == 0 and i > 0:
-                        entry = mTable[seq, cutlass.min(tile + lane, last_block)]
-                load_key_tile(k_pipe, k_state, kv_load, cute.arch.shuffle_sync(entry, i % 32))
-                k_state.advance()
-        else:
-            for tile in cutlass.range(tile_begin, tile_end, unroll=1):
-                load_key_tile(k_pipe, k_state, kv_load, mTable[seq, cutlass.min(tile, last_block)])
-                k_state.advance()
+        for tile in cutlass.range(tile_begin, tile_end, unroll=1):
+            load_key_tile(k_pipe, k_state, kv_load, mTable[seq, cutlass.min(tile, last_block)])
+            k_state.advance()
 
     @cute.jit
-    def logits(self, seq, tok, row0, ctx, last_block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK,
+    def logits(self, seq, ctx, last_block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK,
                mScale, mTable, mW, mOut, mLens):
         """MMA warpgroups: warpgroup w takes the chunk's blocks w, w + W, … (Sᵀ = K_block · Qᵀ, 64
         keys × next_n · 64 heads), then the fused epilogue (`sm90_store_logits` with `head_partial`,
@@ -232,14 +201,8 @@ class Kernel:
         nn, bkv = self.next_n, self.BLOCK_KV
         wg = tidx // 128
         tCrK, tCrQ, acc_shape, coords = sm90_fragments(mma, tidx % 128, sK, sQ, bkv, self.n)
-        w = head_weights(mW, coords, row0, self.heads)
-        if cutlass.const_expr(self.token_split):  # this CTA's token only
-            hi = cute.make_rmem_tensor(1, cutlass.Int32)
-            if cutlass.const_expr(self.context_2d):
-                hi[0] = mLens[seq, tok]
-            else:
-                hi[0] = ctx - nn + tok + 1
-        elif cutlass.const_expr(self.context_2d):
+        w = head_weights(mW, coords, seq * nn, self.heads)
+        if cutlass.const_expr(self.context_2d):
             hi = token_limits(mLens, seq, nn)  # token t sees keys < context_lens[seq, t]
         else:
             hi = causal_limits(ctx - nn, nn)  # token t sees keys ≤ ctx − next_n + t
@@ -270,5 +233,5 @@ class Kernel:
             wgmma_sync(mma, acc, tCrK, tCrQ, a_slot=k_state.index, b_slot=0, zero_init=True)
             k_pipe.consumer_release(k_state)
             k_state.advance(step)  # past the other warpgroups' blocks
-            sm90_store_logits(mOut, row0, acc, coords, w, block * bkv, sc, None, hi, tidx,
-                              head_partial, self.tokens, width=self.max_len)
+            sm90_store_logits(mOut, seq * nn, acc, coords, w, block * bkv, sc, None, hi, tidx,
+                              head_partial, nn, width=self.max_len)
