@@ -48,6 +48,7 @@ from stages.common.indexer import (
     DIM,
     HEADS,
     LogitsOperands,
+    block_share,
     causal_limits,
     check_heads,
     check_logits,
@@ -64,12 +65,14 @@ from stages.common.indexer import (
     paged_views,
     q_rows,
     row_scale_regs,
+    seq_blocks,
     sm90_fragments,
     sm90_logits_mma,
     sm90_store_logits,
     start_cta,
     token_limits,
 )
+from stages.common.device import sm_count as device_sm_count
 from stages.common.inspection import expose
 from stages.common.sm90_idioms import wgmma_sync
 from stages.common.sm90_setup import TmaPipe, smem_struct, smem_tensors, tma_pipelines, tma_tiles, wait_once
@@ -89,7 +92,8 @@ class Kernel:
 
     def __init__(self, *, b: int, next_n: int, block_kv: int, heads: int = HEADS, head_dim: int = DIM,
                  logits_dtype: str = "fp32", context_2d: bool = False, chunk_tiles: int = 0, stages: int = 0,
-                 mma_wg: int = 0, mma_regs: int = 0, min_blocks: int = 0):
+                 mma_wg: int = 0, mma_regs: int = 0, min_blocks: int = 0, persistent: bool = False,
+                 sm_count: int | None = None):
         # chunk_tiles, stages, mma_wg, mma_regs, min_blocks: the schedule's sizes (0: the rule
         # below), for timing variants (scripts/ix_variants.py); the stage passes none of them.
         check_paged_shape("stage I2 sm90", block_kv, next_n, self.BLOCK_KV)
@@ -122,6 +126,11 @@ class Kernel:
         # until the pool has them).  Where it is used, the load warpgroup's decrease frees what
         # the increase takes (tests/test_indexer.py checks it on the compiled kernels).
         self.rebalance = self.n >= 128  # next_n ≥ 2 at 64 heads
+        # persistent: one CTA an SM, each an equal share of the (sequence, block) pairs
+        # (block_share), Q in two slots reloaded at each of the share's sequences
+        self.persistent = bool(persistent)
+        self.ctas = (device_sm_count("sm_90a") if sm_count is None else sm_count) * max(self.min_blocks, 1)
+        self.Q_SLOTS = 2 if self.persistent else 1
 
     @cute.jit
     def __call__(
@@ -142,15 +151,17 @@ class Kernel:
 
         mQ = q_rows(q, b * n, self.dim)
         mKV, mScale = paged_views(kv_cache, dtype, bkv, self.dim)  # (slot, col, block) e4m3, (slot, block) fp32
-        mma, tile, k_smem, q_smem = sm90_logits_mma(dtype, bkv, self.next_n, self.STAGES, 1, self.heads, self.dim)
+        mma, tile, k_smem, q_smem = sm90_logits_mma(dtype, bkv, self.next_n, self.STAGES, self.Q_SLOTS, self.heads,
+                                                    self.dim)
         expose(self, qk_mma=(mma, tile), smem={"K": k_smem, "Q": q_smem})  # dsv4-lab inspect
         tma_q, tma_Q, q_bytes = sm90_tma_load(mQ, q_smem, (n, self.dim))
         tma_k, tma_K, k_bytes = sm90_tma_load(mKV, k_smem, (bkv, self.dim))
         # Every MMA warpgroup reads Q; a K slot is one warpgroup's (they take turns).
-        self.pipes = (TmaPipe("q", 1, q_bytes, self.MMA_THREADS // 32), TmaPipe("k", self.STAGES, k_bytes, 4))
+        self.pipes = (TmaPipe("q", self.Q_SLOTS, q_bytes, self.MMA_THREADS // 32), TmaPipe("k", self.STAGES, k_bytes, 4))
         self.smem_struct = smem_struct(self.pipes, {"sQ": (dtype, q_smem), "sK": (dtype, k_smem)})
         ops = LogitsOperands(mma, tma_q, tma_Q, tma_k, tma_K, q_smem, k_smem)
-        launch(self.kernel(ops, mScale, context_lens, block_table, weights, logits), (self.num_chunks, b, 1),
+        grid = (self.ctas, 1, 1) if self.persistent else (self.num_chunks, b, 1)
+        launch(self.kernel(ops, mScale, context_lens, block_table, weights, logits), grid,
                self.THREADS, self.smem_struct, stream, self.min_blocks)
 
     @cute.kernel
@@ -161,6 +172,9 @@ class Kernel:
         chunk, seq, _ = cute.arch.block_idx()
         sQ, sK = smem_tensors(storage, sQ=ops.q_smem, sK=ops.k_smem)  # (n, d, 1), (64, d, stages)
         q_pipe, k_pipe = tma_pipelines(storage, self.pipes)
+        if cutlass.const_expr(self.persistent):
+            self.persistent_roles(chunk, tidx, warp_idx, ops, q_pipe, k_pipe, sQ, sK, mScale, mLens, mTable, mW, mOut)
+            return
 
         ctx, last_block, tile_begin, tile_end, chunk_end = paged_tiles(
             mLens, seq, chunk, self.max_len, self.BLOCK_KV, self.BLOCK_K, self.CHUNK_TILES, nn if self.context_2d else 0)
@@ -235,3 +249,110 @@ class Kernel:
             k_state.advance(step)  # past the other warpgroups' blocks
             sm90_store_logits(mOut, seq * nn, acc, coords, w, block * bkv, sc, None, hi, tidx,
                               head_partial, nn, width=self.max_len)
+
+    # ------------------------------------------------------------------ persistent (an SM a CTA)
+
+    @cute.jit
+    def persistent_roles(self, cta, tidx, warp_idx, ops, q_pipe, k_pipe, sQ, sK, mScale, mLens, mTable, mW, mOut):
+        """The roles of a persistent CTA: every warp finds the CTA's share itself (`block_share`),
+        then walks its sequences' segments in order — the load warp loads each segment's Q
+        (two slots) and blocks (the K ring running on), the MMA warpgroups take the share's
+        blocks in turns (warpgroup w the share's w-th, (w + W)-th, …), the fill warps write −inf
+        past every sequence's blocks for the sequences cta, cta + CTAs, …"""
+        nn = self.next_n
+        t2 = nn if self.context_2d else 0
+        if warp_idx // 4 == self.LOAD_WG:
+            if cutlass.const_expr(self.rebalance):
+                cute.arch.setmaxregister_decrease(self.LOAD_REGS)
+            if warp_idx == self.LOAD_WARP:
+                share = block_share(mLens, self.b, cta, self.ctas, self.max_len, self.BLOCK_KV, t2)
+                self.share_load(share, q_pipe, k_pipe, ops, sQ, sK, mLens, mTable)
+            else:
+                ftid = tidx - self.MMA_THREADS - 32
+                for s in cutlass.range(cta, self.b, self.ctas, unroll=1):
+                    done = seq_blocks(mLens, s, self.max_len, self.BLOCK_KV, t2) * self.BLOCK_KV
+                    fill_rows(mOut, s * nn, nn, done, self.max_len, ftid, self.FILL_THREADS)
+        else:
+            if cutlass.const_expr(self.rebalance):
+                cute.arch.setmaxregister_increase(self.MMA_REGS)
+            share = block_share(mLens, self.b, cta, self.ctas, self.max_len, self.BLOCK_KV, t2)
+            self.share_logits(share, tidx, q_pipe, k_pipe, ops.mma, sQ, sK, mScale, mTable, mW, mOut, mLens)
+
+    @cute.jit
+    def share_load(self, share, q_pipe, k_pipe, ops, sQ, sK, mLens, mTable):
+        """Load warp: for each segment of the share (a sequence's run of blocks), its Q rows
+        into the next Q slot, then its blocks through the table, one per K slot."""
+        hang_guard.role("load")
+        t2 = self.next_n if self.context_2d else 0
+        q_load = tma_tiles(ops.tma_q, sQ, ops.mQ, (self.n, self.dim), (None, 0))
+        kv_load = tma_tiles(ops.tma_k, sK, ops.mK, (self.BLOCK_KV, self.dim), (0, 0, None))
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.Q_SLOTS)
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.STAGES)
+        seq, excl, begin, count = share
+        pos = cutlass.Int32(0)
+        while pos < count:
+            nblk = seq_blocks(mLens, seq, self.max_len, self.BLOCK_KV, t2)
+            lo = begin + pos - excl
+            take = cutlass.max(cutlass.min(nblk - lo, count - pos), cutlass.Int32(0))
+            if take > 0:
+                q_pipe.producer_acquire(q_state)
+                cute.copy(q_load.atom, q_load.gmem[(None, seq)], q_load.smem[(None, q_state.index)],
+                          tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+                q_state.advance()
+                for j in cutlass.range(lo, lo + take, unroll=1):
+                    load_key_tile(k_pipe, k_state, kv_load, mTable[seq, j])
+                    k_state.advance()
+            pos = pos + take
+            excl = excl + nblk
+            seq = seq + 1
+
+    @cute.jit
+    def share_logits(self, share, tidx, q_pipe, k_pipe, mma, sQ, sK, mScale, mTable, mW, mOut, mLens):
+        """MMA warpgroups: per segment, wait for its Q slot, the sequence's weights and limits
+        into registers, then warpgroup w's blocks of it (share positions ≡ w mod W: its K state
+        runs on across segments), each MMA + fused epilogue as the chunked kernel's; the Q slot
+        released after the segment (every warp, blocks or not)."""
+        hang_guard.role("mma")
+        nn, bkv, step = self.next_n, self.BLOCK_KV, self.NUM_MMA_WG
+        t2 = nn if self.context_2d else 0
+        wg = tidx // 128
+        tCrK, tCrQ, acc_shape, coords = sm90_fragments(mma, tidx % 128, sK, sQ, bkv, self.n)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.Q_SLOTS)
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.STAGES)
+        if wg > 0:
+            k_state.advance(wg)
+        sc = row_scale_regs(coords)
+        sc_next = row_scale_regs(coords)
+        seq, excl, begin, count = share
+        pos = cutlass.Int32(0)
+        while pos < count:
+            nblk = seq_blocks(mLens, seq, self.max_len, self.BLOCK_KV, t2)
+            lo = begin + pos - excl
+            take = cutlass.max(cutlass.min(nblk - lo, count - pos), cutlass.Int32(0))
+            if take > 0:
+                w = head_weights(mW, coords, seq * nn, self.heads)
+                if cutlass.const_expr(self.context_2d):
+                    hi = token_limits(mLens, seq, nn)
+                else:
+                    ctx = cutlass.min(cutlass.max(mLens[seq], cutlass.Int32(0)), cutlass.Int32(self.max_len))
+                    hi = causal_limits(ctx - nn, nn)
+                last = lo + take - 1  # the segment's last block (a sequence block index)
+                first = lo + (wg - pos % step + step) % step  # this warpgroup's first block of it
+                load_row_scales(sc_next, mScale[None, mTable[seq, cutlass.min(first, last)]], coords)
+                q_pipe.consumer_wait(q_state)
+                for j in cutlass.range(first, lo + take, step, unroll=1):
+                    for r in cutlass.range_constexpr(cute.size(sc)):
+                        sc[r] = sc_next[r]
+                    load_row_scales(sc_next, mScale[None, mTable[seq, cutlass.min(j + step, last)]], coords)
+                    k_pipe.consumer_wait(k_state)
+                    acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
+                    wgmma_sync(mma, acc, tCrK, tCrQ, a_slot=k_state.index, b_slot=q_state.index, zero_init=True)
+                    k_pipe.consumer_release(k_state)
+                    k_state.advance(step)
+                    sm90_store_logits(mOut, seq * nn, acc, coords, w, j * bkv, sc, None, hi, tidx,
+                                      head_partial, nn, width=self.max_len)
+                q_pipe.consumer_release(q_state)
+                q_state.advance()
+            pos = pos + take
+            excl = excl + nblk
+            seq = seq + 1

@@ -26,6 +26,9 @@ Both archs
     paged_views          I2: the fused cache's bytes as values (64, 128, blocks) e4m3 and
                          scales (64, blocks) fp32
     paged_tiles          I2: a sequence's context and a CTA's chunk of key tiles below it
+    seq_blocks           I2: a sequence's cache blocks below its context
+    block_share          I2 persistent: a CTA's equal share of the (sequence, block) pairs,
+                         found by one warp (prefix sums over the context lengths)
     token_ranges, causal_limits, token_limits   lo / hi per token in registers (token_limits: I2's
                          2-D context lengths [b, next_n], token t sees keys < ctx[b, t])
     masked_logit         the value a (key, token) gets: the logit inside the range, else −inf
@@ -245,6 +248,78 @@ def paged_tiles(mLens: cute.Tensor, seq, chunk, max_len: cutlass.Constexpr[int],
     tile_end = cutlass.max(cutlass.min(tile_begin + chunk_tiles, (ctx + tile_keys - 1) // tile_keys), tile_begin)
     chunk_end = cutlass.min((chunk + 1) * chunk_tiles * tile_keys, cutlass.Int32(max_len))
     return ctx, last_block, tile_begin, tile_end, chunk_end
+
+
+@cute.jit
+def seq_blocks(mLens: cute.Tensor, i, max_len: cutlass.Constexpr[int], block_kv: cutlass.Constexpr[int],
+               tokens_2d: cutlass.Constexpr[int] = 0):
+    """The cache blocks of sequence i that hold a key some token sees: ⌈ctx / block_kv⌉ with ctx
+    as `paged_tiles` clamps it (0 … max_len; with 2-D lengths the largest of the tokens')."""
+    if cutlass.const_expr(tokens_2d > 0):
+        raw = mLens[i, 0]
+        for t in cutlass.range_constexpr(1, tokens_2d):
+            raw = cutlass.max(raw, mLens[i, t])
+    else:
+        raw = mLens[i]
+    ctx = cutlass.min(cutlass.max(raw, cutlass.Int32(0)), cutlass.Int32(max_len))
+    return (ctx + block_kv - 1) // block_kv
+
+
+def _warp_sum(x):
+    for off in (16, 8, 4, 2, 1):
+        x = x + cute.arch.shuffle_sync_bfly(x, offset=off)
+    return x
+
+
+def _warp_min(x):
+    for off in (16, 8, 4, 2, 1):
+        x = cutlass.min(x, cute.arch.shuffle_sync_bfly(x, offset=off))
+    return x
+
+
+def _warp_inclusive_sum(x, lane):
+    for off in (1, 2, 4, 8, 16):
+        x = x + cutlass.select_(lane >= off, cute.arch.shuffle_sync_up(x, offset=off), cutlass.Int32(0))
+    return x
+
+
+@cute.jit
+def block_share(mLens: cute.Tensor, b: cutlass.Constexpr[int], cta, ctas: cutlass.Constexpr[int],
+                max_len: cutlass.Constexpr[int], block_kv: cutlass.Constexpr[int],
+                tokens_2d: cutlass.Constexpr[int] = 0):
+    """(seq, excl, begin, count): CTA `cta`'s equal share of the (sequence, block) pairs (a
+    persistent paged launch; every lane of the calling warp gets it, no shared memory).
+
+    The pairs in order — sequence 0's `seq_blocks`, then sequence 1's, …, T in all — are cut into
+    `ctas` shares, share c the pairs [⌊c·T/ctas⌋, ⌊(c+1)·T/ctas⌋): `begin` and `count` its first
+    pair and its length, `seq` the sequence of pair `begin` and `excl` the pairs before that
+    sequence (so its first block is begin − excl).  count = 0: nothing (seq then b).  A warp
+    sums T 32 sequences at a time, then finds `seq` by an inclusive prefix sum of the blocks and
+    the least lane whose sum passes `begin` (two passes of ⌈b / 32⌉ steps)."""
+    lane = cute.arch.lane_idx()
+    total = cutlass.Int32(0)
+    for c in cutlass.range(0, b, 32, unroll=1):
+        i = c + lane
+        v = seq_blocks(mLens, cutlass.min(i, cutlass.Int32(b - 1)), max_len, block_kv, tokens_2d)
+        total = total + _warp_sum(cutlass.select_(i < b, v, cutlass.Int32(0)))
+    begin = cta * total // ctas
+    end = (cta + 1) * total // ctas
+    seq = cutlass.Int32(b)
+    excl = cutlass.Int32(0)
+    base = cutlass.Int32(0)
+    for c in cutlass.range(0, b, 32, unroll=1):
+        i = c + lane
+        v = seq_blocks(mLens, cutlass.min(i, cutlass.Int32(b - 1)), max_len, block_kv, tokens_2d)
+        v = cutlass.select_(i < b, v, cutlass.Int32(0))
+        incl = _warp_inclusive_sum(v, lane)
+        first = _warp_min(cutlass.select_(i < b, cutlass.select_(base + incl > begin, i, cutlass.Int32(b)),
+                                          cutlass.Int32(b)))
+        before = cute.arch.shuffle_sync(base + incl - v, first - c)  # pairs before `first` (when c ≤ first < c + 32)
+        open_ = seq == b
+        excl = cutlass.select_(open_, before, excl)
+        seq = cutlass.select_(open_, first, seq)
+        base = base + cute.arch.shuffle_sync(incl, 31)
+    return seq, excl, begin, end - begin
 
 
 @cute.jit
