@@ -288,12 +288,10 @@ class Kernel:
         kv_load = tma_tiles(ops.tma_k, sK, ops.mK, (self.BLOCK_KV, self.dim), (0, 0, None))
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.Q_SLOTS)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.STAGES)
-        seq, excl, begin, count = share
-        pos = cutlass.Int32(0)
-        while pos < count:
-            nblk = seq_blocks(mLens, seq, self.max_len, self.BLOCK_KV, t2)
-            lo = begin + pos - excl
-            take = cutlass.max(cutlass.min(nblk - lo, count - pos), cutlass.Int32(0))
+        seq, excl, begin, left = share
+        lo = begin - excl  # the share's first block in its first sequence; 0 in the others
+        while left > 0:
+            take = cutlass.min(seq_blocks(mLens, seq, self.max_len, self.BLOCK_KV, t2) - lo, left)
             if take > 0:
                 q_pipe.producer_acquire(q_state)
                 cute.copy(q_load.atom, q_load.gmem[(None, seq)], q_load.smem[(None, q_state.index)],
@@ -302,8 +300,8 @@ class Kernel:
                 for j in cutlass.range(lo, lo + take, unroll=1):
                     load_key_tile(k_pipe, k_state, kv_load, mTable[seq, j])
                     k_state.advance()
-            pos = pos + take
-            excl = excl + nblk
+                left = left - take
+            lo = cutlass.Int32(0)
             seq = seq + 1
 
     @cute.jit
@@ -323,12 +321,11 @@ class Kernel:
             k_state.advance(wg)
         sc = row_scale_regs(coords)
         sc_next = row_scale_regs(coords)
-        seq, excl, begin, count = share
-        pos = cutlass.Int32(0)
-        while pos < count:
-            nblk = seq_blocks(mLens, seq, self.max_len, self.BLOCK_KV, t2)
-            lo = begin + pos - excl
-            take = cutlass.max(cutlass.min(nblk - lo, count - pos), cutlass.Int32(0))
+        seq, excl, begin, left = share
+        lo = begin - excl  # the share's first block in its first sequence; 0 in the others
+        skip = wg  # share positions to this warpgroup's next block: (wg − position) mod W
+        while left > 0:
+            take = cutlass.min(seq_blocks(mLens, seq, self.max_len, self.BLOCK_KV, t2) - lo, left)
             if take > 0:
                 w = head_weights(mW, coords, seq * nn, self.heads)
                 if cutlass.const_expr(self.context_2d):
@@ -337,7 +334,7 @@ class Kernel:
                     ctx = cutlass.min(cutlass.max(mLens[seq], cutlass.Int32(0)), cutlass.Int32(self.max_len))
                     hi = causal_limits(ctx - nn, nn)
                 last = lo + take - 1  # the segment's last block (a sequence block index)
-                first = lo + (wg - pos % step + step) % step  # this warpgroup's first block of it
+                first = lo + skip  # this warpgroup's first block of it
                 load_row_scales(sc_next, mScale[None, mTable[seq, cutlass.min(first, last)]], coords)
                 q_pipe.consumer_wait(q_state)
                 for j in cutlass.range(first, lo + take, step, unroll=1):
@@ -353,6 +350,7 @@ class Kernel:
                                       head_partial, nn, width=self.max_len)
                 q_pipe.consumer_release(q_state)
                 q_state.advance()
-            pos = pos + take
-            excl = excl + nblk
+                skip = (skip - take % step + step) % step
+                left = left - take
+            lo = cutlass.Int32(0)
             seq = seq + 1
