@@ -110,6 +110,7 @@ def main() -> int:
     ap.add_argument("--deepgemm", action="store_true")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--jobs", type=int, default=16)
+    ap.add_argument("--check-only", action="store_true", help="check each variant once, no timing (for compute-sanitizer)")
     a = ap.parse_args()
     shapes = [tuple(int(x[1:]) for x in s.split(":")) for s in a.shape]
     variants = [(v.partition(":")[0], _parse_knobs(v.partition(":")[2])) for v in a.variant if v != "none"]
@@ -161,6 +162,9 @@ def main() -> int:
                         torch.cuda.synchronize()
                         check = _check(ref, args)
                     launches.append(launch)
+                if a.check_only:
+                    print(f"  {name:10s} {check}; {info}", flush=True)
+                    continue
                 t = bench(launches, reps=a.reps, min_launches=20)
                 print(f"  {name:10s} {t['us']:8.2f} µs (p10 {t['p10_us']:.2f} p90 {t['p90_us']:.2f}) {check}; {info}",
                       flush=True)

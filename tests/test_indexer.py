@@ -631,3 +631,40 @@ def test_indexer_options_compile_on_both_archs(tmp_path, arch):
         assert [g[2:4] for g in got[:2]] == [[0, 2], [0, 1]]
     assert [g[5:] for g in got[:3]] == [[False, False, True], [False, False, True], [True, True, False]]
     assert got[3][0] and got[4][0]  # I1's compressed form, I2's 2-D context lengths
+
+
+def test_persistent_shares_cover_every_block_once_and_balance():
+    """I2 sm90's persistent walk (stages/common/indexer.py share_segments, the kernel's
+    block_share + walk in plain Python): every (sequence, block) pair lands in exactly one CTA's
+    segments, in order, and shares differ by at most one pair — empty sequences, fewer pairs
+    than CTAs and shares inside one sequence included."""
+    import random
+
+    from stages.common.indexer import share_segments
+
+    rng = random.Random(7)
+    cases = [[0], [5], [0, 0, 3, 0], [1] * 300, [40, 0, 17, 2, 0, 0, 9]]
+    cases += [[rng.choice([0, rng.randint(1, 300)]) for _ in range(rng.randint(1, 130))] for _ in range(40)]
+    for blocks in cases:
+        for ctas in (1, 3, 132, 264):
+            seen, sizes = [], []
+            for c in range(ctas):
+                segs = share_segments(blocks, c, ctas)
+                sizes.append(sum(n for _, _, n in segs))
+                for seq, lo, n in segs:
+                    assert n > 0 and 0 <= lo and lo + n <= blocks[seq]
+                    seen += [(seq, j) for j in range(lo, lo + n)]
+            assert seen == [(i, j) for i, n in enumerate(blocks) for j in range(n)], (blocks, ctas)
+            assert max(sizes) - min(sizes) <= 1
+
+
+def test_i2_sm90_slots_must_be_a_multiple_of_the_mma_warpgroups():
+    """Warpgroup w's K state steps W slots a block; with STAGES % W ≠ 0 the block a slot held
+    before is another warpgroup's and a parity wait can pass on it (seen on the GPU: W 3, 8
+    slots, a launch failure) — the kernel refuses such a schedule."""
+    from stages.I2_paged_mqa_logits.sm90 import Kernel
+
+    with pytest.raises(ValueError, match="multiple of the warpgroups"):
+        Kernel(b=8, next_n=2, block_kv=64, mma_wg=3, mma_regs=160, stages=8)
+    Kernel(b=8, next_n=2, block_kv=64, mma_wg=3, mma_regs=160, stages=12)
+    Kernel(b=8, next_n=2, block_kv=64)

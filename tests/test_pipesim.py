@@ -87,6 +87,19 @@ def _protocols(stage_id: str, case: dict, arch: str = "sm_100a"):
         for tiles in ([0, 2, 0, 3], [3, 0, 1], [1, 1, 1, 1, 1]):
             yield sum(tiles), sum(tiles) / k.stages, P.decode_sm90_persistent(k, tiles)
         return
+    if arch == "sm_90a" and stage_id == "I2" and k.persistent:  # every CTA's share of the case's blocks
+        from oracles.indexer import context_lens_of, paged_geometry
+        from stages.common.indexer import share_segments
+
+        max_len = paged_geometry(case)["max_len"]
+        blocks = [-(-min(max(n, 0), max_len) // k.BLOCK_KV) for n in context_lens_of(case)]
+        for c in range(k.ctas):
+            segs = [n for _, _, n in share_segments(blocks, c, k.ctas)]
+            yield sum(segs), sum(segs) / k.STAGES, P.indexer_sm90_persistent(k, segs)
+        # and walks with empty segments and more segments than Q slots
+        for segs in ([2], [0, 2, 0, 3], [3 * k.STAGES + 1, 0, 1], [1] * 7, [k.STAGES - 1, k.STAGES + 1]):
+            yield sum(segs), sum(segs) / k.STAGES, P.indexer_sm90_persistent(k, segs)
+        return
     if arch == "sm_90a":
         most = _max_tiles(k) if stage_id in DECODE else k.s_kv // k.BLOCK_K if stage_id == "I1" else k.CHUNK_TILES
         slots = k.stages if stage_id in DECODE else k.STAGES
@@ -294,6 +307,8 @@ def test_sm90_protocol_counts_and_bytes_are_the_compiled_kernels(compiled_sm90, 
         proto = P.decode_sm90(k, 2) if label in DECODE else P.indexer_sm90(k, 2, paged=label == "I2")
         if label in DECODE and k.PERSISTENT:
             proto = P.decode_sm90_persistent(k, [2, 1])
+        if label == "I2" and k.persistent:
+            proto = P.indexer_sm90_persistent(k, [2, 1])
     assert cross_check(proto, r["facts"]) == []
 
 

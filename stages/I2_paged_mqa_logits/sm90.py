@@ -92,7 +92,7 @@ class Kernel:
 
     def __init__(self, *, b: int, next_n: int, block_kv: int, heads: int = HEADS, head_dim: int = DIM,
                  logits_dtype: str = "fp32", context_2d: bool = False, chunk_tiles: int = 0, stages: int = 0,
-                 mma_wg: int = 0, mma_regs: int = 0, min_blocks: int = 0, persistent: bool = False,
+                 mma_wg: int = 0, mma_regs: int = 0, min_blocks: int = 0, persistent: bool = True,
                  sm_count: int | None = None):
         # chunk_tiles, stages, mma_wg, mma_regs, min_blocks: the schedule's sizes (0: the rule
         # below), for timing variants (scripts/ix_variants.py); the stage passes none of them.
@@ -126,8 +126,18 @@ class Kernel:
         # until the pool has them).  Where it is used, the load warpgroup's decrease frees what
         # the increase takes (tests/test_indexer.py checks it on the compiled kernels).
         self.rebalance = self.n >= 128  # next_n ≥ 2 at 64 heads
-        # persistent: one CTA an SM, each an equal share of the (sequence, block) pairs
-        # (block_share), Q in two slots reloaded at each of the share's sequences
+        # A warpgroup's K state steps W slots a block, so the block S slots before its next
+        # one must be its own: with S a multiple of W it is, and its slot's last phase has
+        # completed; else a faster warpgroup can wait on a slot whose previous fill (another
+        # warpgroup's block) is still in flight, and its parity wait passes on the phase before
+        # (seen with W 3, S 8: stale keys, then a launch failure).
+        if self.STAGES % self.NUM_MMA_WG:
+            raise ValueError(f"stage I2 sm90: {self.STAGES} K slots for {self.NUM_MMA_WG} MMA warpgroups: the slots "
+                             "must be a multiple of the warpgroups (each slot's previous block is then the same "
+                             "warpgroup's)")
+        # persistent (the default): CTAs an SM × SMs, each an equal share of the (sequence,
+        # block) pairs (block_share), Q in two slots reloaded at each of the share's sequences;
+        # False: the chunked grid (key chunks, b) it replaced, kept for timing beside it
         self.persistent = bool(persistent)
         self.ctas = (device_sm_count("sm_90a") if sm_count is None else sm_count) * max(self.min_blocks, 1)
         self.Q_SLOTS = 2 if self.persistent else 1

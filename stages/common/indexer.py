@@ -265,6 +265,27 @@ def seq_blocks(mLens: cute.Tensor, i, max_len: cutlass.Constexpr[int], block_kv:
     return (ctx + block_kv - 1) // block_kv
 
 
+def share_segments(blocks: Sequence[int], cta: int, ctas: int) -> list[tuple[int, int, int]]:
+    """Plain Python, what `block_share` and the persistent I2's walk give CTA `cta` of `ctas`
+    over sequences of `blocks[i]` cache blocks: its segments (sequence, first block, blocks) in
+    order, empty sequences skipped — for the protocol simulator and the tests (every (sequence,
+    block) pair in exactly one CTA's segments; shares differ by at most one pair)."""
+    total = sum(blocks)
+    begin, left = cta * total // ctas, (cta + 1) * total // ctas - cta * total // ctas
+    out, excl = [], 0
+    for i, n in enumerate(blocks):
+        if left <= 0:
+            break
+        if excl + n > begin:
+            lo = max(begin - excl, 0)
+            take = min(n - lo, left)
+            if take > 0:
+                out.append((i, lo, take))
+                left -= take
+        excl += n
+    return out
+
+
 def _warp_sum(x):
     for off in (16, 8, 4, 2, 1):
         x = x + cute.arch.shuffle_sync_bfly(x, offset=off)

@@ -337,6 +337,50 @@ def indexer_sm90(k, tiles: int, paged: bool) -> Protocol:
                          (("mma", 0, 1, warps),))
 
 
+def indexer_sm90_persistent(k, segment_blocks: list[int]) -> Protocol:
+    """Stage I2 on Hopper, persistent (stages/I2_paged_mqa_logits/sm90.py): one CTA walking its
+    share's segments, segment j `segment_blocks[j]` cache blocks.  Per segment the load warp
+    waits for the next of the Q_SLOTS Q slots (the segment Q_SLOTS before freed it), loads Q,
+    then the blocks into the K ring, which runs on across segments; warpgroup w of W takes the
+    share's blocks w, w + W, … (4 arrivals a slot), and every MMA warp waits for the segment's Q
+    and frees it after the segment (whether or not its warpgroup had a block of it)."""
+    dim = k.dim
+    warps, wgs, slots, q_slots = k.MMA_THREADS // 32, k.NUM_MMA_WG, k.STAGES, k.Q_SLOTS
+    q_bytes, k_bytes = k.n * dim, k.BLOCK_KV * dim
+    segs = [n for n in segment_blocks if n > 0]
+
+    def load() -> Iterator[Op]:
+        t = 0
+        for j, n in enumerate(segs):
+            slot = ring(j, q_slots)[0]
+            yield producer_wait("q.empty", j, q_slots)
+            yield Arrive("q.full", slot, 1, q_bytes)
+            yield Bytes("q.full", slot, q_bytes)
+            for _ in range(n):
+                yield producer_wait("k.empty", t, slots)
+                yield Arrive("k.full", ring(t, slots)[0], 1, k_bytes)
+                yield Bytes("k.full", ring(t, slots)[0], k_bytes)
+                t += 1
+
+    def mma(w: int):
+        def run() -> Iterator[Op]:
+            pos = 0
+            for j, n in enumerate(segs):
+                yield consumer_wait("q.full", j, q_slots)
+                for t in range(pos, pos + n):
+                    if t % wgs == w:
+                        yield consumer_wait("k.full", t, slots)
+                        yield Arrive("k.empty", ring(t, slots)[0], 4)
+                yield Arrive("q.empty", ring(j, q_slots)[0], 4)
+                pos += n
+        return run
+
+    roles = {"load": load, **{f"mma_wg{w}": mma(w) for w in range(wgs)}}
+    bars = {"q.full": Barrier(q_slots, 1), "q.empty": Barrier(q_slots, warps),
+            "k.full": Barrier(slots, 1), "k.empty": Barrier(slots, 4)}
+    return Protocol(f"{type(k).__module__} segments={segs}", bars, roles, {"q": {q_bytes}, "k": {k_bytes}})
+
+
 # ---------------------------------------------------------------------------------------
 # Stage E on sm90: persistent parts, and a 2-CTA cluster pair at h_q = 128
 
