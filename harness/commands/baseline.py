@@ -35,12 +35,11 @@ def accept(
     st = spec.stage(stage)
     if speed:
         from harness.execution.bench import plan_cases
-        from harness.spec.benchview import bench_view
         from harness.notebook import speedbaselines
 
         if compile_only:
             raise UsageError("--speed and --compile-only: give one (a speed baseline comes from a bench record)")
-        shapes = plan_cases(bench_view(st), filter_pairs(ctx.args, where))
+        shapes = plan_cases(st, filter_pairs(ctx.args, where))
         raise typer.Exit(speedbaselines.accept(spec.root, st, archs_of(arch), shapes))
     raise typer.Exit(baselines.accept(spec, st, archs_of(arch), cases_of(st, ctx.args, where),
                                       compile_only=compile_only))
