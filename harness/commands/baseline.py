@@ -76,12 +76,22 @@ def drop(
     where: Optional[str] = option("where", None),
     every: bool = option("all", False, help="every baseline of the stage, those of cases its matrix no longer "
                                             "has included (an axis renamed, a case list changed)"),
+    gone: bool = option("gone", False, help="only the baselines whose case the stage's matrix no longer has "
+                                            "(orphans after its axes changed), the rest kept"),
 ) -> None:
-    """Remove the baselines of the selected cases (--all: every baseline of the stage)."""
+    """Remove the baselines of the selected cases (--all: every baseline of the stage; --gone:
+    those of cases its matrix no longer has)."""
     from harness.notebook import baselines
 
     spec = spec_here()
     st = spec.stage(stage)
+    if gone:
+        if every:
+            raise UsageError("--gone drops the baselines of cases the matrix no longer has, --all every one: give one")
+        if ctx.args or where:
+            raise UsageError("--gone drops the baselines of cases the matrix no longer has: axis filters cannot "
+                             "name those — give none with it")
+        raise typer.Exit(baselines.drop(spec, st, archs_of(arch), [], gone=True))
     if every:
         if ctx.args or where:
             raise UsageError("--all drops every baseline of the stage: give no axis filters with it")
