@@ -147,7 +147,7 @@ def _job(stage: Stage, arch: str, case: dict[str, Any], peers: bool | tuple[str,
          seed: int) -> BenchJob:
     plan = stage.bench_plan
     assert plan is not None
-    return job_for(stage, arch, case, seed, BenchJob, tolerances=stage.tolerances,
+    return job_for(stage, arch, case, seed, BenchJob, tolerances=stage.tolerances_for(case),
                    peers=chosen_peers(plan, peers), problem=plan.problem, check_rows=plan.check_rows,
                    row_axis=plan.row_axis, reps=reps)
 
