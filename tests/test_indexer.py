@@ -673,3 +673,18 @@ def test_indexer_options_compile_on_both_archs(tmp_path, arch):
         assert [g[2:4] for g in got[:2]] == [[0, 2], [0, 1]]
     assert [g[5:] for g in got[:3]] == [[False, False, True], [False, False, True], [True, True, False]]
     assert got[3][0] and got[4][0]  # I1's compressed form, I2's 2-D context lengths
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_i1_fill_warps_use_the_common_fill_outside(arch):
+    """I1's fill warps on both archs are one call of stages/common/indexer.py `fill_outside` (the
+    full form's two ranges or the compressed form's columns outside the computed key tiles),
+    not a copy of its branches in each kernel (moved there with byte-identical PTX, cubin and
+    SASS on both archs, compressed false and true)."""
+    import ast
+
+    from tests.conftest import ROOT
+
+    tree = ast.parse((ROOT / "stages" / "I1_mqa_logits" / f"{arch}.py").read_text())
+    called = [n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+    assert called.count("fill_outside") == 1 and not {"fill_rows", "fill_compressed"} & set(called), called
