@@ -812,7 +812,7 @@ def test_drop_all_removes_the_baselines_of_cases_the_matrix_no_longer_has(fake_l
     assert "n=16,width=3" in baselines_text(fake_lab) and "\n      n=16:" in baselines_text(fake_lab)
     (fake_lab / "results" / "records").mkdir(parents=True, exist_ok=True)
     r = run_cli(["gate", "--no-run"], cwd=fake_lab)
-    assert "is no longer in stage-OK's matrix — drop it: dsv4-lab baseline drop stage-OK --all" in r.stdout, r.stdout
+    assert "is no longer in stage-OK's matrix — drop it: dsv4-lab baseline drop stage-OK --gone" in r.stdout, r.stdout
     r = run_cli(["baseline", "drop", "stage-OK"], cwd=fake_lab)
     assert r.returncode == 0 and "n=16,width=3" in baselines_text(fake_lab), r.stdout + r.stderr  # not named by it
     r = run_cli(["baseline", "drop", "stage-OK", "--all", "--n", "16"], cwd=fake_lab)
@@ -822,3 +822,26 @@ def test_drop_all_removes_the_baselines_of_cases_the_matrix_no_longer_has(fake_l
     assert "n=16" not in baselines_text(fake_lab)
     r = run_cli(["baseline", "drop", "stage-OK", "--all"], cwd=fake_lab)
     assert r.returncode == 1 and "nothing dropped" in r.stderr, r.stderr
+
+
+def test_drop_gone_removes_only_the_baselines_of_cases_the_matrix_no_longer_has(fake_lab):
+    """`baseline drop STAGE --gone`: the baselines whose case label names no case of the stage's
+    current matrix go (each named), those of its cases stay; run again it says "nothing gone"
+    (exit 0: the notebook is as asked); with --all or axis filters: one usage line."""
+    gone = GOOD_RUN.replace("      n=16:\n", "      n=16,width=3:\n")
+    also = GOOD_RUN.split("    cpu:\n", 1)[1]
+    write_baselines(fake_lab, gone + also + also.replace("n=16:", "n=32:").replace("r.1", "r.2")
+                    + also.replace("n=16:", "n=8:").replace("r.1", "r.3"))
+    assert [b.case for b in baselines.load(fake_lab)] == ["n=16,width=3", "n=16", "n=32", "n=8"]
+    for bad, says in ((["--all"], "give one"), (["--n", "16"], "give none with it")):
+        r = run_cli(["baseline", "drop", "stage-OK", "--gone", *bad], cwd=fake_lab)
+        assert r.returncode == 2 and says in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = run_cli(["baseline", "drop", "stage-OK", "--gone"], cwd=fake_lab)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ("dropped 2 baseline(s) of stage-OK whose case its matrix no longer has: cpu n=16,width=3, cpu n=8; kept 2"
+            in r.stdout), r.stdout
+    assert [b.case for b in baselines.load(fake_lab)] == ["n=16", "n=32"]
+    r = run_cli(["baseline", "drop", "stage-OK", "--gone"], cwd=fake_lab)
+    assert r.returncode == 0 and "nothing gone: 2 baseline(s) of stage-OK, each names a case of its matrix" in r.stdout, \
+        r.stdout + r.stderr
+    assert [b.case for b in baselines.load(fake_lab)] == ["n=16", "n=32"]

@@ -358,20 +358,36 @@ def test_bench_peer_names_the_peers_timed(project_root):
 def test_a_stage_with_more_test_matrices_benches_its_bench_shapes(project_root):
     """I1 and I2 list their test cases (`more:` products beside the matrix); their bench blocks
     still give their own shapes to every caller of plan_cases — bench, profile, history, baseline
-    accept --speed, gate --speed (harness/spec/benchview.py) — all at the default options."""
-    from harness.spec.benchview import bench_view
-
+    accept --speed, gate --speed, each handing it the stage as loaded — all at the default options."""
     spec = load_spec(root=project_root)
     for sid, n in (("I1", 12), ("I2", 8)):
         st = spec.stages[sid]
         assert st.cases is not None  # the listed form that hid the bench shapes
-        shapes = plan_cases(bench_view(st), [])
+        shapes = plan_cases(st, [])
         assert len(shapes) == n and all(c["heads"] == 64 and c["head_dim"] == 128 and c["logits_dtype"] == "fp32"
                                         for c in shapes), shapes
-        assert bench_view(st).matrix == st.matrix and bench_view(spec.stages["E"]) is spec.stages["E"]
     if _no_gpu():
         r = run_cli(["bench", "stage-I2", "--peer", "deepgemm"], cwd=project_root)
         assert r.returncode == 1 and "stage-I2 bench: 8 shape(s); peers: deepgemm" in r.stdout, r.stdout + r.stderr
+
+
+def test_plan_cases_drops_the_stages_test_more_cases(fake_lab):
+    """plan_cases itself, handed the stage as loaded, plans only the bench block's shapes of a
+    stage whose test matrix has `more:` products (its Stage.cases list): no test case among them,
+    a test-only value refused as a filter, and the no-match line names bench shapes only."""
+    text = MORE.replace("    kernel_params: [n, mode]\n", "    more: [{n: [64], mode: [ok]}]\n    kernel_params: [n, mode]\n")
+    assert text != MORE
+    st = load(fake_lab, text).stages["OK"]
+    assert st.cases is not None and ("n", 64) in {p for c in st.cases for p in c}  # the listed form
+    assert plan_cases(st, []) == [{"n": 4096, "mode": "ok"}, {"n": 1000, "mode": "ok"}, {"n": 512, "mode": "ok"},
+                                  {"n": 512, "mode": "wrong"}]
+    assert plan_cases(st, [("n", "1000")]) == [{"n": 1000, "mode": "ok"}]
+    with pytest.raises(FilterError, match="not in the matrix"):
+        plan_cases(st, [("n", "64")])  # a test-only value, not a bench shape
+    with pytest.raises(BenchError) as exc:
+        plan_cases(st, [("n", "4096"), ("mode", "wrong")])  # each a bench value, no bench shape both
+    msg = str(exc.value)
+    assert "bench shapes: " in msg and "4096" in msg and "64" not in msg.replace("4096", ""), msg
 
 
 def test_chosen_peers_keeps_the_blocks_order():

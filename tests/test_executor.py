@@ -91,7 +91,11 @@ def test_one_stage_to_job_mapping(project_root):
     bench = _job(st, "sm_90a", case, False, 30, 0)
     kernel = [f for f in ex.KernelJob.__dataclass_fields__ if f not in ("object_path", "prefix")]
     assert {f: getattr(run, f) for f in kernel} == {f: getattr(bench, f) for f in kernel}
-    assert bench.tolerances == st.tolerances and bench.check_rows == st.bench_plan.check_rows
+    assert bench.tolerances == st.tolerances_for(case) and bench.check_rows == st.bench_plan.check_rows
+    i1 = spec.stages["I1"]  # a bench shape is judged by its case's bounds (tolerances by: logits_dtype)
+    shape = {**{a: v[0] for a, v in i1.bench_plan.matrix.items()}, "logits_dtype": "bf16"}
+    assert _job(i1, "sm_90a", shape, False, 30, 0).tolerances["logits"].rel_l2_max == 2.0e-3
+    assert _job(i1, "sm_90a", {**shape, "logits_dtype": "fp32"}, False, 30, 0).tolerances["logits"].rel_l2_max == 1.0e-3
 
 
 def test_bench_shape_runs_in_the_supervised_worker(lab_path):

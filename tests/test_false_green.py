@@ -292,7 +292,7 @@ def _project_copy(tmp_path: Path, monkeypatch) -> Path:
 
 
 @pytest.mark.parametrize("module, old, new", [
-    ("execution/runner.py", 'status, why = judge(s.tolerances, out["metrics"])', 'status, why = "pass", None'),
+    ("execution/runner.py", 'status, why = judge(s.tolerances_for(task.case.dict), out["metrics"])', 'status, why = "pass", None'),
     ("core/statuses.py", 'FAILING: tuple[str, ...] = ("fail", "compile_error", "crash", "timeout", "hang")',
      'FAILING: tuple[str, ...] = ("crash",)'),
     ("execution/compilerun.py", 'status="compiled" if res.ok else "compile_error"', 'status="compiled"'),

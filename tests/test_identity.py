@@ -57,6 +57,18 @@ def test_loosening_a_tolerance_makes_results_stale(fake_lab):
     assert h(fake_lab) != before
 
 
+def test_loosening_a_tolerance_by_an_axis_value_makes_results_stale(fake_lab):
+    """An output's `by:` bounds are part of the verdict: adding one, or loosening it, changes the hash."""
+    text = (fake_lab / "stages.yaml").read_text()
+    before = h(fake_lab)
+    hashes = []
+    for bound in ("1.0e-5", "1.0e-4"):
+        (fake_lab / "stages.yaml").write_text(text.replace(
+            "cosine_min: 0.9999, rel_l2_max: 1.0e-6", f"cosine_min: 0.9999, rel_l2_max: 1.0e-6, by: {{n: {{32: {{rel_l2_max: {bound}}}}}}}", 1))
+        hashes.append(h(fake_lab))
+    assert len({before, *hashes}) == 3
+
+
 def test_the_title_and_comments_in_stages_yaml_keep_results_fresh(fake_lab):
     before = h(fake_lab)
     text = (fake_lab / "stages.yaml").read_text()

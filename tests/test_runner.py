@@ -95,3 +95,18 @@ def test_the_results_table_cuts_no_case_label(fake_lab):
     table = r.stdout[r.stdout.index("results"):]
     assert "…" not in table, table
     assert f"variant={tail}_first" in table and f"variant={tail}_second" in table, table
+
+
+def test_each_case_is_judged_by_its_own_bounds(fake_lab):
+    """tolerances `by:` reaches the verdict: n=32's rel_l2_max 0 (the kernel's fp32 sum is not the
+    oracle's float64 one) fails that case, n=16 under the output's own bound passes."""
+    spec = fake_lab / "stages.yaml"
+    old = "tolerances: {out: {cosine_min: 0.9999, rel_l2_max: 1.0e-6}}\n    timeout_s: 20\n"
+    assert spec.read_text().count(old) == 1
+    spec.write_text(spec.read_text().replace(old, "tolerances: {out: {cosine_min: 0.9999, rel_l2_max: 1.0e-6, "
+                                                  "by: {n: {32: {rel_l2_max: 0.0}}}}}\n    timeout_s: 20\n"))
+    r = run_cli(["run", "stage-OK"], cwd=fake_lab)
+    assert r.returncode == 1, r.stdout + r.stderr
+    by_n = {rec.case["n"]: rec for rec in read_records(fake_lab)}
+    assert by_n[16].status == "pass" and 0 < by_n[16].metrics["out"]["rel_l2"] <= 1.0e-6, by_n[16]
+    assert by_n[32].status == "fail" and "rel_l2" in by_n[32].error and "> 0" in by_n[32].error, by_n[32].error

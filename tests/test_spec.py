@@ -117,3 +117,54 @@ def test_more_adds_a_few_cases_beside_the_matrix_product(fake_lab):
 def test_bad_more_is_one_line(fake_lab, more, says):
     msg = error_of(fake_lab, GOOD.replace("matrix: {n: [16, 32]}", f"matrix: {{n: [16, 32]}}\n    more: {more}"))
     assert "\n" not in msg and msg.startswith("stages.yaml:11: ") and says in msg, msg
+
+
+def test_tolerances_by_an_axis_value(fake_lab):
+    """An output's `by:` gives the cases with an axis value their own bounds, laid over the
+    output's (the others keep those); a value of another type (32 vs '32', 1 vs true) is not it."""
+    from harness.spec.spec import Tolerance
+
+    write(fake_lab, GOOD.replace("matrix: {n: [16, 32]}", "matrix: {n: [16, 32], w: [a, b]}").replace(
+        "{out: {cosine_min: 0.9999}}",
+        "{out: {cosine_min: 0.9999, rel_l2_max: 1.0e-3, by: {w: {b: {rel_l2_max: 2.0e-3}}, n: {32: {cosine_min: 0.99}}}}}"))
+    st = load_spec(root=fake_lab).stage("stage-ok")
+    assert st.tolerances_for({"n": 16, "w": "a"}) == {"out": Tolerance(cosine_min=0.9999, rel_l2_max=1.0e-3)}
+    assert st.tolerances_for({"n": 16, "w": "b"}) == {"out": Tolerance(cosine_min=0.9999, rel_l2_max=2.0e-3)}
+    assert st.tolerances_for({"n": 32, "w": "b"}) == {"out": Tolerance(cosine_min=0.99, rel_l2_max=2.0e-3)}
+    assert st.tolerances_for({"n": "32", "w": "a"}) == {"out": Tolerance(cosine_min=0.9999, rel_l2_max=1.0e-3)}
+
+
+BY = GOOD.replace("matrix: {n: [16, 32]}", "matrix: {n: [16, 32], w: [a, b]}").replace(
+    "{out: {cosine_min: 0.9999}}", "{out: {cosine_min: 0.9999, rel_l2_max: 1.0e-3, by: BY}}")
+
+
+@pytest.mark.parametrize("by, key, says", [
+    ("{x: {a: {rel_l2_max: 2.0e-3}}}", "stages.OK.tolerances.out.by.x", "not a matrix axis (n, w) — name one of those"),
+    ("{w: {c: {rel_l2_max: 2.0e-3}}}", "stages.OK.tolerances.out.by.w.c", "not a value of w (a, b) — name one of those"),
+    ("{n: {'16': {rel_l2_max: 2.0e-3}}}", "stages.OK.tolerances.out.by.n.16", "not a value of n (16, 32)"),
+    ("{w: {b: {rel_l2: 2.0e-3}}}", "stages.OK.tolerances.out.by.w.b.rel_l2", "unknown key — allowed: cosine_min"),
+    ("{w: {b: {rel_l2_max: .nan}}}", "stages.OK.tolerances.out.by.w.b.rel_l2_max", "not a finite number"),
+    ("{w: {b: {}}}", "stages.OK.tolerances.out.by.w.b", "no bounds — give one of"),
+    ("{w: {b: {cosine_min: 0.5, rel_l2_max: 0.9}}}", "stages.OK.tolerances.out.by.w.b", "bounds that hold nothing"),
+    ("{w: {}}", "stages.OK.tolerances.out.by.w", "empty — name a value of w"),
+    ("{}", "stages.OK.tolerances.out.by", "empty — name an axis"),
+    ("[w]", "stages.OK.tolerances.out.by", "expected a mapping"),
+    ("{w: {b: {rel_l2_max: 1.0e-3, by: {}}}}", "stages.OK.tolerances.out.by.w.b.by", "unknown key"),
+])
+def test_bad_tolerances_by_is_one_line(fake_lab, by, key, says):
+    msg = error_of(fake_lab, BY.replace("by: BY", f"by: {by}"))
+    assert "\n" not in msg and msg.startswith("stages.yaml:11: ") and f" {key}: " in msg and says in msg, msg
+
+
+def test_judge_refuses_tolerances_not_resolved_for_the_case(fake_lab):
+    """Handing judge an output's bounds with their `by:` entries still in them (the stage's, not
+    the case's) is a caller's mistake: refused, never judged by the wrong bounds."""
+    from harness.execution.metrics import judge
+
+    write(fake_lab, BY.replace("by: BY", "by: {w: {b: {rel_l2_max: 2.0e-3}}}"))
+    st = load_spec(root=fake_lab).stage("stage-ok")
+    m = {"out": {"cosine": 0.99999, "rel_l2": 1.5e-3, "max_abs": 0.1, "nonfinite": 0, "unwritten": 0}}
+    with pytest.raises(ValueError, match="tolerances_for"):
+        judge(st.tolerances, m)
+    assert judge(st.tolerances_for({"n": 16, "w": "a"}), m)[0] == "fail"
+    assert judge(st.tolerances_for({"n": 16, "w": "b"}), m) == ("pass", None)

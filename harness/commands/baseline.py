@@ -35,12 +35,11 @@ def accept(
     st = spec.stage(stage)
     if speed:
         from harness.execution.bench import plan_cases
-        from harness.spec.benchview import bench_view
         from harness.notebook import speedbaselines
 
         if compile_only:
             raise UsageError("--speed and --compile-only: give one (a speed baseline comes from a bench record)")
-        shapes = plan_cases(bench_view(st), filter_pairs(ctx.args, where))
+        shapes = plan_cases(st, filter_pairs(ctx.args, where))
         raise typer.Exit(speedbaselines.accept(spec.root, st, archs_of(arch), shapes))
     raise typer.Exit(baselines.accept(spec, st, archs_of(arch), cases_of(st, ctx.args, where),
                                       compile_only=compile_only))
@@ -77,12 +76,22 @@ def drop(
     where: Optional[str] = option("where", None),
     every: bool = option("all", False, help="every baseline of the stage, those of cases its matrix no longer "
                                             "has included (an axis renamed, a case list changed)"),
+    gone: bool = option("gone", False, help="only the baselines whose case the stage's matrix no longer has "
+                                            "(orphans after its axes changed), the rest kept"),
 ) -> None:
-    """Remove the baselines of the selected cases (--all: every baseline of the stage)."""
+    """Remove the baselines of the selected cases (--all: every baseline of the stage; --gone:
+    those of cases its matrix no longer has)."""
     from harness.notebook import baselines
 
     spec = spec_here()
     st = spec.stage(stage)
+    if gone:
+        if every:
+            raise UsageError("--gone drops the baselines of cases the matrix no longer has, --all every one: give one")
+        if ctx.args or where:
+            raise UsageError("--gone drops the baselines of cases the matrix no longer has: axis filters cannot "
+                             "name those — give none with it")
+        raise typer.Exit(baselines.drop(spec, st, archs_of(arch), [], gone=True))
     if every:
         if ctx.args or where:
             raise UsageError("--all drops every baseline of the stage: give no axis filters with it")

@@ -10,7 +10,6 @@ import typer
 
 from harness.execution.bench import BenchError
 from harness.commands.base import Command, UsageError, filter_pairs, option, precheck, spec_here
-from harness.spec.benchview import bench_view
 
 
 def bench_cmd(
@@ -37,7 +36,7 @@ def bench_cmd(
     from harness.execution import bench
 
     spec = spec_here()
-    st = bench_view(spec.stage(stage))  # its bench block's shapes, not its more: case list
+    st = spec.stage(stage)
     if not (1 <= reps <= 10000):
         raise UsageError(f"--reps {reps}: give 1 to 10000")
     if not (math.isfinite(timeout) and timeout > 0):

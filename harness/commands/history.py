@@ -22,9 +22,8 @@ def history_cmd(ctx: typer.Context, stage: str = typer.Argument(...), arch: str 
     st = spec.stage(stage)
     if speed:
         from harness.execution.bench import plan_cases
-        from harness.spec.benchview import bench_view
 
-        raise typer.Exit(history.speed(spec, st, archs_of(arch), plan_cases(bench_view(st), filter_pairs(ctx.args, where))))
+        raise typer.Exit(history.speed(spec, st, archs_of(arch), plan_cases(st, filter_pairs(ctx.args, where))))
     raise typer.Exit(history.main(spec, st, archs_of(arch), cases_of(st, ctx.args, where)))
 
 

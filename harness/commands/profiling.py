@@ -26,10 +26,8 @@ def profile_cmd(
     record (`dsv4-lab show ID` prints them). Without ncu, a GPU or counter permission: one line, exit 1."""
     from harness.execution import ncuprofile as profile
 
-    from harness.spec.benchview import bench_view
-
     spec = spec_here()
-    st = bench_view(spec.stage(stage))  # its bench block's shapes, not its more: case list
+    st = spec.stage(stage)
     if not (math.isfinite(timeout) and timeout > 0):
         raise UsageError(f"--timeout {timeout:g}: must be a finite number of seconds > 0")
     raise typer.Exit(profile.main(spec.root, st, filter_pairs(ctx.args, where), timeout_s=timeout, seed=seed, gpu=gpu,

@@ -22,6 +22,7 @@ COMMAND_OPTIONS: frozenset[str] = frozenset({
     "keep", "diff",  # compile (and arch, where, record)
     "install_hook", "force", "no_run", "staged",  # gate (and target)
     "compile_only",  # baseline accept
+    "gone",  # baseline drop
     "speed",  # baseline accept/show, gate, history (issue 29)
     "rev_tree",  # gate --speed --emit-jsonl: the far side of gate --speed --target (issue 29)
     "compare", "rounds",  # bench --compare REV (issue 29)

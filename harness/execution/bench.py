@@ -52,7 +52,8 @@ class BenchError(Exception):
 
 def bench_view(stage: Stage) -> Stage:
     """The stage with its bench shapes as its matrix (for filters; each axis's values over the
-    block's matrix and its `more` matrices)."""
+    block's matrix and its `more` matrices) and without the case list of its test `more:`
+    matrices (Stage.cases: `expand` gives a listed stage its list whatever matrix it is handed)."""
     if stage.bench_plan is None:
         raise BenchError(f"{stage.name} has no bench block in stages.yaml — add one: bench: {{matrix: {{AXIS: "
                          f"[VALUES]}}, problem: attention, peers: [torch_sdpa]}} (see docs/STAGES.md)")
@@ -60,18 +61,20 @@ def bench_view(stage: Stage) -> Stage:
     for m in stage.bench_plan.more:
         for a, values in m.items():
             union[a] += [v for v in values if not any(type(u) is type(v) and u == v for u in union[a])]
-    return dataclasses.replace(stage, matrix=union)
+    return dataclasses.replace(stage, matrix=union, cases=None)
 
 
 def plan_cases(stage: Stage, pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
     """The bench shapes that pass the filters (`[("hd", "128")]`), in bench-matrix order (the
     block's matrix, then its `more` matrices); with `beside`, the shapes that have its value come
-    first, and one is added for every shape that lacks its twin (it is shown beside it)."""
+    first, and one is added for every shape that lacks its twin (it is shown beside it). The
+    stage's own test cases never enter: a stage with test `more:` matrices (I1, I2) plans its
+    bench block's shapes as any other (callers hand it the stage as spec.stages holds it)."""
     view = bench_view(stage)
     filters = parse_filters(view, pairs)
     cases: list[dict[str, Any]] = []
     for m in (stage.bench_plan.matrix, *stage.bench_plan.more):
-        cases += [c.dict for c in expand(dataclasses.replace(stage, matrix=m), filters) if c.dict not in cases]
+        cases += [c.dict for c in expand(dataclasses.replace(stage, matrix=m, cases=None), filters) if c.dict not in cases]
     if stage.bench_plan.beside and cases:
         axis, value = stage.bench_plan.beside
         twins = [{**c, axis: value} for c in cases]
@@ -144,7 +147,7 @@ def _job(stage: Stage, arch: str, case: dict[str, Any], peers: bool | tuple[str,
          seed: int) -> BenchJob:
     plan = stage.bench_plan
     assert plan is not None
-    return job_for(stage, arch, case, seed, BenchJob, tolerances=stage.tolerances,
+    return job_for(stage, arch, case, seed, BenchJob, tolerances=stage.tolerances_for(case),
                    peers=chosen_peers(plan, peers), problem=plan.problem, check_rows=plan.check_rows,
                    row_axis=plan.row_axis, reps=reps)
 

@@ -417,7 +417,7 @@ class Runner:
         if "prepared" in out:  # up to the launch on a GPU of another arch: evidence, not a run
             self._record(task, "prepared", note=out.get("note"), **common)
         elif "metrics" in out:
-            status, why = judge(s.tolerances, out["metrics"])
+            status, why = judge(s.tolerances_for(task.case.dict), out["metrics"])
             if status != "pass" and out.get("suite_why"):  # the suite's rule says what it saw
                 why = "; ".join(filter(None, [why, *(f"{k}: {v}" for k, v in out["suite_why"].items())]))
             if out.get("wrote_inputs"):  # a kernel that writes its inputs fails, whatever its outputs

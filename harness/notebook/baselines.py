@@ -772,28 +772,51 @@ def _bump(counts: dict[tuple[str, str], int], arch: str, why: str) -> None:
     counts[(arch, why)] = counts.get((arch, why), 0) + 1
 
 
-def drop(spec, stage, archs: list[str] | None, cases, every: bool = False) -> int:
+GONE_SHOWN = 5  # `drop --gone`: how many of the dropped labels its line names
+
+
+def drop(spec, stage, archs: list[str] | None, cases, every: bool = False, gone: bool = False) -> int:
     """Remove the stage's baselines of `cases` — or, `every`, all of the stage's, those of cases
-    its matrix no longer has included (what an axis renamed or a changed case list left behind)."""
+    its matrix no longer has included (what an axis renamed or a changed case list left behind);
+    or, `gone`, only those whose case label names no case of the stage's current matrix (its
+    `more:` and suite case lists included), the rest kept. `gone` dropping nothing is an answer,
+    not a failure: "nothing gone", exit 0."""
     from rich.console import Console
 
-    labels = {case_label(c.dict) for c in cases}
+    from harness.spec.matrix import expand
+
+    labels = {case_label(c.dict) for c in (expand(stage) if gone else cases)}
     with locked(spec.root):
         items = load(spec.root, must_exist=True)
-        keep = [b for b in items if not (b.stage == stage.id and (not archs or b.arch in archs)
-                                         and (every or b.case in labels))]
-        n = len(items) - len(keep)
+        mine = [b for b in items if b.stage == stage.id and (not archs or b.arch in archs)]
+        if gone:
+            dropped = [b for b in mine if b.case not in labels]
+        else:
+            dropped = [b for b in mine if every or b.case in labels]
+        out = {id(b) for b in dropped}
+        keep = [b for b in items if id(b) not in out]
+        n = len(dropped)
         if n:
             save(spec.root, keep, read=keep)
+    where = f" for {', '.join(archs)}" if archs else ""
+    console = Console(highlight=False, markup=False, soft_wrap=True)  # one line, however long the labels
+    if gone:
+        if not n:
+            console.print(f"nothing gone: {len(mine)} baseline(s) of {stage.name}{where}, each names a case of its matrix")
+            return 0
+        shown = ", ".join(f"{b.arch} {b.case}" for b in dropped[:GONE_SHOWN])
+        more = f" and {n - GONE_SHOWN} more" if n > GONE_SHOWN else ""
+        console.print(f"dropped {n} baseline(s) of {stage.name} whose case its matrix no longer has: {shown}{more}; "
+                      f"kept {len(mine) - n}")
+        return 0
     if not n:  # a typo'd arch or filter must not read as done: say so, exit 1
         import sys
 
-        where = f" for {', '.join(archs)}" if archs else ""
         what = "is kept" if every else "matches these filters"
         print(f"dsv4-lab: no baseline of {stage.name}{where} {what} — nothing dropped "
               f"(see dsv4-lab baseline show {stage.name})", file=sys.stderr)
         return 1
-    Console(highlight=False, markup=False).print(f"dropped {n} baseline(s) of {stage.name}")
+    console.print(f"dropped {n} baseline(s) of {stage.name}")
     return 0
 
 

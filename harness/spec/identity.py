@@ -329,7 +329,9 @@ def stage_entry(stage: Stage, arch: str) -> dict:
         "kernel": [k.module, k.entry], "refs": refs,
         "matrix": {a: [repr(v) for v in vals] for a, vals in stage.matrix.items()},
         "kernel_params": list(stage.kernel_params),
-        "tolerances": {o: [t.cosine_min, t.rel_l2_max, t.max_abs_max] for o, t in stage.tolerances.items()},
+        "tolerances": {o: [t.cosine_min, t.rel_l2_max, t.max_abs_max]  # with `by:` bounds, those too
+                       + [[b.axis, repr(b.value), [list(x) for x in b.bounds]] for b in t.by]
+                       for o, t in stage.tolerances.items()},
         "timeout_s": stage.timeout_s,
     }
 

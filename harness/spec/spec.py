@@ -80,11 +80,32 @@ class KernelRef:
 
 
 @dataclass(frozen=True)
+class ToleranceBy:
+    """One entry of an output's `by:` block: the bounds that replace the output's own for the
+    cases whose `axis` has `value` (e.g. logits_dtype bf16: {rel_l2_max: 2.0e-3})."""
+
+    axis: str
+    value: Any
+    bounds: tuple[tuple[str, float], ...]  # (metric, bound): keys of TOLERANCE_KEYS
+
+
+@dataclass(frozen=True)
 class Tolerance:
     cosine_min: float | None = None
     rel_l2_max: float | None = None
     max_abs_max: float | None = None
     suite: bool = False  # a suite stage's output: its criterion's verdict must be there and say ok
+    by: tuple[ToleranceBy, ...] = ()  # per axis value bounds (`by:`), laid over these in order by `at`
+
+    def at(self, case: dict[str, Any]) -> Tolerance:
+        """The bounds that judge `case`: these, with the bounds of each `by` entry whose axis the
+        case has at its value laid over them (a later entry over an earlier one)."""
+        t = replace(self, by=())
+        for b in self.by:
+            v = case.get(b.axis, _NONE)
+            if type(v) is type(b.value) and v == b.value:  # 1 is not true, nor 1.0
+                t = replace(t, **dict(b.bounds))
+        return t
 
 
 @dataclass(frozen=True)
@@ -152,6 +173,10 @@ class Stage:
     @property
     def name(self) -> str:
         return f"stage-{self.id}"
+
+    def tolerances_for(self, case: dict[str, Any]) -> dict[str, Tolerance]:
+        """Each output's bounds for `case` (its `by:` entries applied: Tolerance.at) — what judges it."""
+        return {out: tol.at(case) for out, tol in self.tolerances.items()}
 
     def oracle_files(self) -> list[Path]:
         refs = [self.tensors, self.inputs, self.oracle] + [r for r in (self.flops, self.peer) if r]
@@ -394,7 +419,7 @@ def _parse_stage(ctx: _Ctx, sid: str, node: Node, key_node: Node) -> Stage:
             names.append(name)
         kernel_params = tuple(names)
 
-    tolerances = _tolerances(ctx, f["tolerances"], f"{key}.tolerances")
+    tolerances = _tolerances(ctx, f["tolerances"], f"{key}.tolerances", matrix)
     if suite is not None:  # every output is judged by the suite's criterion too
         tolerances = {k: replace(v, suite=True) for k, v in tolerances.items()}
 
@@ -751,7 +776,10 @@ def _axis_values(ctx: _Ctx, vnode: Node, ak: str, accept, scalar_ok: bool = Fals
     return values
 
 
-def _tolerances(ctx: _Ctx, node: Node, key: str) -> dict[str, Tolerance]:
+TOLERANCE_BY_EXAMPLE = "e.g. by: {logits_dtype: {bf16: {rel_l2_max: 2.0e-3}}}"
+
+
+def _tolerances(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]]) -> dict[str, Tolerance]:
     tolerances: dict[str, Tolerance] = {}
     tpairs = _mapping(ctx, node, key)
     if not tpairs:
@@ -762,20 +790,66 @@ def _tolerances(ctx: _Ctx, node: Node, key: str) -> dict[str, Tolerance]:
         if not out.strip() or not out.isprintable():
             raise ctx.fail(onode, ok, "not an output name — name an output of tensors()")
         vpairs = _mapping(ctx, vnode, ok)
-        _check_keys(ctx, vpairs, ok, TOLERANCE_KEYS, set(), vnode)
+        _check_keys(ctx, vpairs, ok, TOLERANCE_KEYS | {"by"}, set(), vnode)
+        by_node = next((b for a, b in vpairs if str(_scalar(a)) == "by"), None)
+        vpairs = [(a, b) for a, b in vpairs if str(_scalar(a)) != "by"]
         if not vpairs:
             raise ctx.fail(vnode, ok, f"no bounds — give one of {', '.join(sorted(TOLERANCE_KEYS))}")
-        vals: dict[str, float] = {}
-        for a, b in vpairs:
-            metric = str(_scalar(a))
-            lo, hi, lo_open = TOLERANCE_RANGES[metric]
-            vals[metric] = _number(ctx, b, f"{ok}.{metric}", "a number", lo, hi, lo_open=lo_open)
-        if not (vals.get("cosine_min", -math.inf) >= COSINE_MIN_FLOOR
-                or vals.get("rel_l2_max", math.inf) <= REL_L2_MAX_CEILING):
-            raise ctx.fail(vnode, ok, f"bounds that hold nothing — give cosine_min >= {COSINE_MIN_FLOOR:g} or "
-                                      f"rel_l2_max <= {REL_L2_MAX_CEILING:g} (see docs/STAGES.md)")
-        tolerances[out] = Tolerance(**vals)
+        vals = _bounds(ctx, vpairs, ok)
+        _holds_something(ctx, vnode, ok, vals)
+        by = () if by_node is None else _tolerance_by(ctx, by_node, f"{ok}.by", matrix, vals)
+        tolerances[out] = Tolerance(**vals, by=by)
     return tolerances
+
+
+def _bounds(ctx: _Ctx, vpairs: list[tuple[Node, Node]], key: str) -> dict[str, float]:
+    """metric -> bound, each a finite number in its range (TOLERANCE_RANGES)."""
+    vals: dict[str, float] = {}
+    for a, b in vpairs:
+        metric = str(_scalar(a))
+        lo, hi, lo_open = TOLERANCE_RANGES[metric]
+        vals[metric] = _number(ctx, b, f"{key}.{metric}", "a number", lo, hi, lo_open=lo_open)
+    return vals
+
+
+def _holds_something(ctx: _Ctx, node: Node, key: str, vals: dict[str, float]) -> None:
+    if not (vals.get("cosine_min", -math.inf) >= COSINE_MIN_FLOOR
+            or vals.get("rel_l2_max", math.inf) <= REL_L2_MAX_CEILING):
+        raise ctx.fail(node, key, f"bounds that hold nothing — give cosine_min >= {COSINE_MIN_FLOOR:g} or "
+                                  f"rel_l2_max <= {REL_L2_MAX_CEILING:g} (see docs/STAGES.md)")
+
+
+def _tolerance_by(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]],
+                  base: dict[str, float]) -> tuple[ToleranceBy, ...]:
+    """An output's `by:` — axis -> {value: bounds}: the bounds that replace the output's own for
+    the cases with that value (each value one of the axis's in the matrix; the bounds so laid
+    over the output's must still hold something)."""
+    apairs = _mapping(ctx, node, key)
+    if not apairs:
+        raise ctx.fail(node, key, f"empty — name an axis, its value and the bounds there ({TOLERANCE_BY_EXAMPLE})")
+    out: list[ToleranceBy] = []
+    for anode, vnode in apairs:
+        axis = str(_scalar(anode))
+        ak = f"{key}.{axis}"
+        if axis not in matrix:
+            raise ctx.fail(anode, ak, f"not a matrix axis ({', '.join(matrix)}) — name one of those")
+        vpairs = _mapping(ctx, vnode, ak)
+        if not vpairs:
+            raise ctx.fail(vnode, ak, f"empty — name a value of {axis} and its bounds ({TOLERANCE_BY_EXAMPLE})")
+        for valnode, bnode in vpairs:
+            value = _axis_value(ctx, valnode, ak)
+            vk = f"{ak}.{value_text(value)}"
+            if not any(type(value) is type(v) and value == v for v in matrix[axis]):
+                raise ctx.fail(valnode, vk, f"not a value of {axis} ({', '.join(value_text(v) for v in matrix[axis])}) "
+                                            "— name one of those")
+            bpairs = _mapping(ctx, bnode, vk)
+            _check_keys(ctx, bpairs, vk, TOLERANCE_KEYS, set(), bnode)
+            if not bpairs:
+                raise ctx.fail(bnode, vk, f"no bounds — give one of {', '.join(sorted(TOLERANCE_KEYS))}")
+            vals = _bounds(ctx, bpairs, vk)
+            _holds_something(ctx, bnode, vk, {**base, **vals})
+            out.append(ToleranceBy(axis, value, tuple(vals.items())))
+    return tuple(out)
 
 
 def load_spec(path: Path | None = None, root: Path | None = None) -> Spec:

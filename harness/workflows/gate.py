@@ -225,7 +225,7 @@ def evaluate(spec: Spec, items: list[Baseline], records: list[Record],
                 continue
             if look.case(b) is None:
                 findings.append(Finding("error", b, text=f"case {b.case} is no longer in stage-{b.stage}'s matrix — "
-                                                         f"drop it: dsv4-lab baseline drop stage-{b.stage} --all, then "
+                                                         f"drop it: dsv4-lab baseline drop stage-{b.stage} --gone, then "
                                                          f"dsv4-lab baseline accept stage-{b.stage}"))
                 continue
             rec = look.newest(b, current)

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.labels import case_label
-from harness.spec.benchview import bench_view
 from harness.notebook.speedbaselines import SpeedBaseline, load
 
 
@@ -98,7 +97,7 @@ def retimable(spec, bs: list[SpeedBaseline]) -> tuple[dict[tuple[str, str], Grou
     groups: dict[tuple[str, str], Group] = {}
     for (stage_id, commit), gbs in by_commit.items():
         st = spec.stages.get(stage_id)
-        shapes = {case_label(c): c for c in plan_cases(bench_view(st), [])} if st is not None and st.bench_plan else {}
+        shapes = {case_label(c): c for c in plan_cases(st, [])} if st is not None and st.bench_plan else {}
         unproven += [f"stage-{b.stage} {b.arch} {b.case}: no longer a bench shape" for b in gbs if b.case not in shapes]
         keep = [b for b in gbs if b.case in shapes]
         if keep:

@@ -48,8 +48,7 @@ from stages.common.indexer import (
     check_heads,
     check_logits,
     check_output,
-    fill_compressed,
-    fill_rows,
+    fill_outside,
     key_tile_range,
     launch,
     masked_logit,
@@ -132,13 +131,8 @@ class Kernel(Sm100LogitsCta):
             mma_key_tiles(tile_begin, tile_end, cta.q_cons, cta.k_cons, cta.acc_prod, mma, cta.tCrK, cta.tCrQ,
                           cta.tmem_ptr, cta.acc_layout, self.acc_cols)
         if warp_idx >= self.FILL_WARPS[0]:
-            ftid = tidx - 32 * self.FILL_WARPS[0]
-            if cutlass.const_expr(self.compressed):
-                fill_compressed(mOut, mKs, block * bq, bq, tile_begin * bk, tile_end * bk, self.width, ftid,
-                                self.FILL_THREADS)
-            else:
-                fill_rows(mOut, block * bq, bq, 0, tile_begin * bk, ftid, self.FILL_THREADS)
-                fill_rows(mOut, block * bq, bq, tile_end * bk, self.s_kv, ftid, self.FILL_THREADS)
+            fill_outside(mOut, mKs, block, bq, tile_begin, tile_end, bk, self.s_kv, self.width, self.compressed,
+                         tidx - 32 * self.FILL_WARPS[0], self.FILL_THREADS)
         if warp_idx <= self.EPI_WARPS[-1]:
             self.epilogue(block, tidx, tile_begin, tile_end, cta.acc_cons, mma, cta.tmem_ptr, cta.acc_layout,
                           cta.sW, mW, mScale, mKs, mKe, mOut, cta.epi_sync)

@@ -62,8 +62,7 @@ from stages.common.indexer import (
     check_heads,
     check_logits,
     check_output,
-    fill_compressed,
-    fill_rows,
+    fill_outside,
     head_partial,
     head_weights,
     key_tile_range,
@@ -162,13 +161,8 @@ class Kernel:
             if warp_idx == self.LOAD_WARP:
                 self.load(block, tile_begin, tile_end, q_pipe, k_pipe, ops, sQ, sK)
             else:  # fill warps: −inf in the block's rows outside the tile range
-                ftid = tidx - self.MMA_THREADS - 32
-                if cutlass.const_expr(self.compressed):
-                    fill_compressed(mOut, mKs, block * bq, bq, tile_begin * bk, tile_end * bk, self.width, ftid,
-                                    self.FILL_THREADS)
-                else:
-                    fill_rows(mOut, block * bq, bq, 0, tile_begin * bk, ftid, self.FILL_THREADS)
-                    fill_rows(mOut, block * bq, bq, tile_end * bk, self.s_kv, ftid, self.FILL_THREADS)
+                fill_outside(mOut, mKs, block, bq, tile_begin, tile_end, bk, self.s_kv, self.width, self.compressed,
+                             tidx - self.MMA_THREADS - 32, self.FILL_THREADS)
         else:
             cute.arch.setmaxregister_increase(self.MMA_REGS)
             self.logits(block, tidx, tile_begin, tile_end, q_pipe, k_pipe, ops.mma, sQ, sK, mScale, mW, mKs, mKe, mOut)

@@ -417,6 +417,24 @@ def fill_compressed(out: cute.Tensor, mKs: cute.Tensor, first_row, rows: cutlass
         fill_neg_inf(out, first_row + t, b, cutlass.Int32(width), tid, threads)
 
 
+@cute.jit
+def fill_outside(out: cute.Tensor, mKs: cute.Tensor, block, rows: cutlass.Constexpr[int], tile_begin, tile_end,
+                 block_k: cutlass.Constexpr[int], s_kv: cutlass.Constexpr[int], width: cutlass.Constexpr[int],
+                 compressed: cutlass.Constexpr[bool], tid, threads: cutlass.Constexpr[int]):
+    """I1's fill warps: −inf in token block `block`'s rows (block · rows … block · rows + rows − 1)
+    wherever its key tiles [tile_begin, tile_end) (`key_tile_range`) leave a column unwritten, so
+    the epilogue, which writes the keys [begin, end) = [tile_begin · block_k, tile_end · block_k),
+    and the fill write every column exactly once:
+      full form (column j = key j, j < s_kv): −inf over [0, begin) and [end, s_kv) (`fill_rows`);
+      compressed form (column c = key ks[r] + c, c < width): −inf over the columns of keys
+      outside [begin, end) (`fill_compressed`)."""
+    if cutlass.const_expr(compressed):
+        fill_compressed(out, mKs, block * rows, rows, tile_begin * block_k, tile_end * block_k, width, tid, threads)
+    else:
+        fill_rows(out, block * rows, rows, 0, tile_begin * block_k, tid, threads)
+        fill_rows(out, block * rows, rows, tile_end * block_k, s_kv, tid, threads)
+
+
 # ---------------------------------------------------------------------------------------
 # Hopper
 
