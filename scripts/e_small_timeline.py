@@ -50,7 +50,7 @@ def _parse_knobs(text: str) -> dict:
         if key == "fmt":
             knobs[key] = value
             continue
-        flags = ("stamps", "pair_stores", "fast_combine", "sink_first", "resident_combine", "rc_early")
+        flags = ("stamps", "pair_stores", "fast_combine", "sink_first")
         knobs[key] = bool(int(value)) if key in flags else int(value)
     return knobs
 
@@ -78,8 +78,6 @@ def _compile(job: tuple) -> tuple:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         compiled.export_to_c(out_dir, "kernel", function_prefix=prefix)
         info = f"parts {kernel.sched.parts} L {kernel.sched.part_tiles} cap {kernel.splits} merges {kernel.merges} combines {kernel.combines}"
-        if knobs.get("resident_combine"):
-            info += f" resident {kernel.resident}"
         return key, str(Path(out_dir) / "kernel.o"), prefix, time.perf_counter() - t0, None, info
     except Exception as exc:  # reported, the other variants go on
         return key, "", "", time.perf_counter() - t0, f"{type(exc).__name__}: {exc}", ""

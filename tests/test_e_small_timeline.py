@@ -43,16 +43,3 @@ def test_a_variants_filter_names_its_shapes():
     assert t._wanted({"b16:s2h128"}, 16, "s2h128_m128bs256_x1024bs64")
     assert not t._wanted({"b16:s2h128"}, 16, "s1h128_m128bs256_x1024bs64")
 
-
-def test_resident_combine_is_a_bool_knob():
-    """`rc:resident_combine=1` (the lead's command for issue 30's in-kernel combine) reaches the
-    kernel as a bool, like the other options."""
-    from stages.E_sparse_decode.sm90 import Kernel
-
-    t = _script()
-    assert t._parse_knobs("resident_combine=1")["resident_combine"] is True
-    assert t._parse_knobs("resident_combine=0")["resident_combine"] is False
-    assert t._parse_knobs("rc_early=1")["rc_early"] is True
-    k = Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits="auto",
-               **t._parse_knobs("resident_combine=1,rc_group=3"))
-    assert k.resident and not k.combines and k.rc_group == 3

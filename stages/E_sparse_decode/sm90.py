@@ -26,10 +26,7 @@ What is new in this rung
         partial and raises a flag; piece 0, the last segment of its part and long after, stages
         that partial in the idle KV slots and writes the merged O and LSE — no combine launch
         (b 74 and 148 at h_q 128: ~10 µs).  Sequences of more pieces leave partials that
-        stages/common/part_combine.py merges.  L fills the SMs in one wave.  With
-        `resident_combine` (off by default) and the grid resident, the pieces of every cut
-        sequence combine it themselves once all have arrived (stages/common/resident_combine.py:
-        its counters, shares of rows and deadlock argument) — no PartCombine, no two-piece merge.
+        stages/common/part_combine.py merges.  L fills the SMs in one wave.
     The key list.  A CTA walks 64-key tiles of ONE list: the main list padded to whole tiles,
         then the extra list (`tile < main_tiles` picks the branch).  Key k of a tile is list
         position p = 64 · tile' + k; it is valid iff p < topk, p < length[b] and idx[b, t, p] ≠ −1.
@@ -125,9 +122,6 @@ from stages.common.part_combine import GROUP as COMBINE_GROUP, PartCombine
 from stages.common.part_merge import (ZeroFlags, add_staged_rows, flag_address, load_l2, merge_factors,
                                       merges_in_kernel, raise_flag, stage_partial, wait_flag)
 from stages.common.part_scheduler import PartGrid, resolve_part_tiles
-from stages.common.resident_combine import GROUP as RC_GROUP
-from stages.common.resident_combine import (ZeroCounters, arrive, combine_row, counter_address, depart,
-                                            resident_combines, share_row, share_rows, wait_count)
 from stages.common.quad_store import check_accumulator_layout, store_accumulator_pairs, store_accumulator_wide
 from stages.common.sparse_config import SparseConfig
 from stages.common.stamps import RECORD_BYTES, stamp
@@ -247,8 +241,7 @@ class Kernel:
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int | None = None,
                  combine_group: int = COMBINE_GROUP, stamps: bool = False, pair_stores: bool = True,
-                 fast_combine: bool = True, sink_first: bool = True, resident_combine: bool = False,
-                 rc_group: int = RC_GROUP, rc_early: bool = False):
+                 fast_combine: bool = True, sink_first: bool = True):
         # Small-batch options (issue 30; docs/STAGE_E.md "The timeline at b = 2"): keywords that
         # scripts/e_small_timeline.py switches to time a variant beside FlashMLA.  The defaults are
         # the build the lab runs (on since 2026-11-27: 17.4 vs 22.1 µs at b 1, 20.4 vs 23.5 at b 2
@@ -259,12 +252,6 @@ class Kernel:
         #   combine_group  PartCombine's slots a load group (with fast_combine)
         #   stamps         a diagnostic build (stages/common/stamps.py): each CTA writes the times
         #                  its roles pass named points (`mark`) over O; PartCombine not launched
-        #   resident_combine  off by default: where the whole grid is resident, every piece of a cut
-        #                  sequence combines a share of its rows itself once all have arrived
-        #                  (stages/common/resident_combine.py); no PartCombine, no two-piece merge
-        #   rc_group       its slots a load group (resident_combine.GROUP)
-        #   rc_early       the attention kernel launched at ZeroCounters' start (its counters are
-        #                  waited for only where touched), not after it
         # Timed slower and dropped (docs/STAGE_E.md): PartCombine launched by PDL at the attention
         # grid's start or after a CTA's last P·V, an L2 prefetch of a segment's later keys, ZeroFlags
         # letting the attention kernel launch at its start.
@@ -314,14 +301,6 @@ class Kernel:
         # is launched only for sequences of more pieces
         self.merges = merges_in_kernel(self.sched, sm_count)
         self.combines = self.partials and (self.splits > 2 or not self.merges)
-        # every cut sequence combined inside the kernel by its pieces (stages/common/resident_combine.py)
-        self.resident = resident_combine and resident_combines(self.sched, sm_count)
-        self.rc_group, self.rc_early = rc_group, rc_early
-        if resident_combine and stamps:
-            raise ValueError("stage E sm90: resident_combine writes O, where a stamps build keeps its records; "
-                             "build one or the other")
-        if self.resident:
-            self.merges, self.combines = False, False
         if self.merges and 2 * self.KV_STAGES * self.BLOCK_N * D < self.BLOCK_M * D * 4:
             raise ValueError("stage E sm90: a merge stages piece 1's fp32 partial block in the KV slots, which are smaller")
         self.rows = b * c.s_q * c.h_q
@@ -404,13 +383,11 @@ class Kernel:
         cluster = {"cluster": (2, 1, 1)} if self.pair else {}
         if cutlass.const_expr(self.merges):
             ZeroFlags(self.sched, bm).launch(mLp, stream)  # the attention kernel waits for it at its flags
-        if cutlass.const_expr(self.resident):
-            ZeroCounters(self.sched, bm, self.rc_early).launch(mLSE, stream)  # the attention kernel waits for it at its counters
         self.kernel(
             tma_q, tma_Q, KV, idx, topk_length, KV_extra, idx_extra, extra_length, sink, softmax_scale,
             mO, mLSE, mOp, mLp, q_smem, k_smem, vt_smem, p_smem,
         ).launch(grid=self.sched.grid, block=(self.plan.threads, 1, 1), smem=Smem.size_in_bytes(), stream=stream,
-                 use_pdl=self.merges or self.resident, **cluster)
+                 use_pdl=self.merges, **cluster)
 
         if cutlass.const_expr(self.combines and not self.stamps):
             PartCombine(self.sched, c.h_q, D, skip_two=self.merges, fast=self.fast_combine,
@@ -1002,42 +979,6 @@ class Kernel:
         self.store_o(acc_o, tidx, work, complete | merge, io.mO, io.mOp)
         if hand_over:
             self.raise_piece_1(work, tidx, io.mLp)
-        if cutlass.const_expr(self.resident):
-            if self.sched.pieces(work.batch * self.c.s_q + work.token) > 1:
-                self.combine_pieces(tidx, work, io)
-
-    @cute.jit
-    def combine_pieces(self, tidx, work, io):
-        """Both MMA warpgroups, a piece of a cut sequence (`resident_combine`; stages/common/
-        resident_combine.py): once every MMA thread has issued its partial's stores, one thread
-        arrives on the row block's counter (after ZeroCounters, the launch before, has cleared it)
-        and waits for the sequence's n pieces; then warp w combines rows share_row(j, n, i) of
-        the row block for i = w, w + 8, … (j = this piece), and the lane writing row 0's LSE,
-        the counter's word, first waits until every piece has seen n."""
-        n = self.sched.pieces(work.batch * self.c.s_q + work.token)
-        rb = self.sched.row_block(work)
-        counter = counter_address(io.mLSE.iterator.toint(), rb, self.BLOCK_M)
-        named_sync(NamedBarrier.ARRIVED, self.MMA_THREADS)  # every thread's partial stores are issued
-        if tidx == 0:
-            cute.arch.griddepcontrol_wait()
-            arrive(counter)
-            wait_count(counter, n)
-            depart(counter)
-        named_sync(NamedBarrier.ARRIVED, self.MMA_THREADS)  # every piece's partial may be read
-        warp, lane = tidx // 32, tidx % 32
-        rows = self.rows
-        for i in cutlass.range(warp, share_rows(work.split, n, self.BLOCK_M), self.MMA_THREADS // 32, unroll=1):
-            row = share_row(work.split, n, i)
-            at = rb * self.BLOCK_M + row  # slot 0's partial row and the output row
-            lse = combine_row(io.mOp.iterator.toint() + cutlass.Int64(at) * (D * 4),
-                              io.mLp.iterator.toint() + cutlass.Int64(at) * 4, rows * D * 4, rows * 4, n, self.splits,
-                              D, lane, io.sink[work.head_block * self.BLOCK_M + row],
-                              io.mO.iterator.toint() + cutlass.Int64(at) * (D * io.mO.element_type.width // 8),
-                              io.mO.element_type, self.rc_group)
-            if lane == 0:
-                if row == 0:  # the counter's word: every piece has seen n before it is overwritten
-                    wait_count(counter, 2 * n)
-                io.mLSE[at] = lse
 
     @cute.jit
     def finish_rows(self, work, complete, merge, softmax, tScS_rc, tid_wg, io, sink_rows):

@@ -25,8 +25,6 @@ Stage E on sm90 (met unaligned: stages/common/unaligned_barriers.py):
                again                                          (warpgroup 0 arrives + waits)
     FLAG_SEEN  warpgroup 0, piece 0 of a two-piece sequence: its first thread has seen piece
                1's flag; piece 1's LSEs may be read            (warpgroup 0 arrives + waits)
-    ARRIVED    both MMA warpgroups, a piece of a cut sequence (resident_combine): every thread's
-               partial stores are issued, and then every piece has arrived  (all arrive + wait)
 
 This enum is the one registry of the ids: a kernel family takes its ids from here, never a bare
 int, so no two meetings share an id.
@@ -47,7 +45,6 @@ class NamedBarrier(enum.IntEnum):
     STAGED = 6
     Q_FREE = 7
     FLAG_SEEN = 8
-    ARRIVED = 9
 
 
 MAX_NAMED_BARRIERS = 16
