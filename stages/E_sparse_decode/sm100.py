@@ -96,7 +96,7 @@ from cutlass.cute.nvgpu import tcgen05
 from stages.common import hang_guard
 from stages.common.combine import SplitCombine, sink_factor
 from stages.common.fp8_cache import D, cache_block_bytes, convert16, e8m0_to_f32, ldg16, ldg_f32, ldg_u8, lds16
-from stages.common.sparse_config import SparseConfig
+from stages.common.sparse_config import MAX_TOPK, SparseConfig
 from stages.common.scheduler import DecodeShape, valid_tiles, visit_tiles
 from stages.common.sm100_decode import B200_SMS, KV_TILE, ROWS, DecodeSm100
 from stages.common.sm100_gather import gather4_atom, gather4_partition, gather4_tile, rows_view
@@ -226,6 +226,9 @@ class Kernel(DecodeSm100):
         c = SparseConfig.parse(config)
         if c.h_q > ROWS:
             raise ValueError(f"{self.NAME}: h_q ≤ {ROWS} (one token's heads per CTA), got {c.h_q}")
+        if max(c.topk, c.extra_topk) > MAX_TOPK:
+            raise ValueError(f"{self.NAME}: topk {c.topk} / extra_topk {c.extra_topk}: at most {MAX_TOPK} a list "
+                             f"(FlashMLA's largest)")
         self.c, self.fmt, self.b_real = c, kv_format, b
         self.block_bytes = cache_block_bytes(kv_format, c.block)
         self.extra_block_bytes = cache_block_bytes(kv_format, c.extra_block if c.has_extra else 1)

@@ -120,6 +120,8 @@ from stages.common.cluster_pair import TilePair
 from stages.common.combine import sink_factor
 from stages.common.e4m3_bits import e4m3x16_to_bf16, one_multiply_fits
 from stages.common.fp8_cache import D, D_NOPE, D_ROPE, MODEL1_ROW_BYTES, MODEL1_SCALE_BYTES, V41_ROW_BYTES, cache_block_bytes
+from stages.common.idx_windows import (WINDOW_TILES, boundary, commit_copies, copy4_async_if, entry, staged_bytes,
+                                       staged_tiles, streams, wait_copies, window_slot, window_tile)
 from stages.common.inspection import expose
 from stages.common.part_combine import GROUP as COMBINE_GROUP, PartCombine
 from stages.common.part_merge import (ZeroFlags, add_staged_rows, flag_address, load_l2, merge_factors,
@@ -129,7 +131,7 @@ from stages.common.resident_combine import GROUP as RC_GROUP
 from stages.common.resident_combine import (ZeroCounters, arrive, combine_row, counter_address, depart,
                                             resident_combines, share_row, share_rows, wait_count)
 from stages.common.quad_store import check_accumulator_layout, store_accumulator_pairs, store_accumulator_wide
-from stages.common.sparse_config import SparseConfig
+from stages.common.sparse_config import MAX_TOPK, SparseConfig
 from stages.common.stamps import RECORD_BYTES, stamp
 from stages.common.sm90_gather import ldg_or
 from stages.common.sm90_smem_p import SmemP
@@ -280,6 +282,9 @@ class Kernel:
         c = SparseConfig.parse(config)
         if c.h_q % self.BLOCK_M:
             raise ValueError(f"stage E sm90: h_q must be a multiple of {self.BLOCK_M}, got {c.h_q}")
+        if max(c.topk, c.extra_topk) > MAX_TOPK:
+            raise ValueError(f"stage E sm90: topk {c.topk} / extra_topk {c.extra_topk}: at most {MAX_TOPK} a list "
+                             f"(FlashMLA's largest)")
         self.fmt = kv_format
         self.block_bytes = cache_block_bytes(kv_format, c.block)
         self.extra_block_bytes = cache_block_bytes(kv_format, c.extra_block if c.has_extra else 1)
@@ -328,10 +333,21 @@ class Kernel:
         why = register_plan(self.plan.threads, self.plan.registers)
         if why is not None:
             raise ValueError(f"stage E sm90: {why}")
-        smem = (2 * (self.BLOCK_M * D + self.KV_STAGES * self.BLOCK_N * D + self.BLOCK_M * self.BLOCK_N)
-                + 4 * self.sched.chunk * self.BLOCK_N + 4 * self.BLOCK_M + 4096)
+        # a segment's idx entries: staged whole where it is at most 2 windows long, else streamed
+        # through two windows of WINDOW_TILES tiles (stages/common/idx_windows.py)
+        self.streams = streams(self.sched.chunk)
+        self.staged_tiles = staged_tiles(self.sched.chunk)
+        smem = self.smem_bytes
         if smem > SMEM_LIMIT:
             raise ValueError(f"stage E sm90: {smem} bytes of shared memory needed, {SMEM_LIMIT} available")
+
+    @property
+    def smem_bytes(self) -> int:
+        """The shared memory the kernel asks (an upper bound of the Smem struct's size): Q, the
+        KV slots and P (bf16), the staged idx entries (the segment's, or two windows), the row
+        factors and 4 KiB for the barriers, masks, scales and alignment."""
+        return (2 * (self.BLOCK_M * D + self.KV_STAGES * self.BLOCK_N * D + self.BLOCK_M * self.BLOCK_N)
+                + staged_bytes(self.sched.chunk, self.BLOCK_N) + 4 * self.BLOCK_M + 4096)
 
     @cute.jit
     def __call__(
@@ -395,7 +411,7 @@ class Kernel:
             merge_factor: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm], 16]
             key_mask: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bn * self.KV_STAGES], 16]
             key_scale: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bn * self.KV_STAGES], 16]
-            idx_stage: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, self.sched.chunk * bn], 16]
+            idx_stage: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, self.staged_tiles * bn], 16]
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(q_smem)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(k_smem)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(p_smem)], 1024]
@@ -500,7 +516,7 @@ class Kernel:
         s_mrg = storage.merge_factor.get_tensor(cute.make_layout(bm))  # a merge's factor on the partial it reads
         s_mask = storage.key_mask.get_tensor(cute.make_layout((bn, self.KV_STAGES)))  # 0 or −∞ per key
         s_kscale = storage.key_scale.get_tensor(cute.make_layout((bn, self.KV_STAGES)))  # simple: the token's scale
-        s_idx = storage.idx_stage.get_tensor(cute.make_layout(self.sched.chunk * bn))  # a segment's idx entries
+        s_idx = storage.idx_stage.get_tensor(cute.make_layout(self.staged_tiles * bn))  # a segment's idx entries
         q_bar = storage.q_mbar.data_ptr()
         k_base = storage.sKV.data_ptr().toint()  # the dequantisers address the slots through k_smem
         pair = self.tile_pair(storage)
@@ -596,7 +612,10 @@ class Kernel:
                 cute.make_rmem_tensor((4, self.PIECES[self.fmt]), cutlass.Int32))
         scs = (cute.make_rmem_tensor((4, self.sides), cutlass.Int32), cute.make_rmem_tensor((4, self.sides), cutlass.Int32))
         keys = (cute.make_rmem_tensor((R, self.sides), cutlass.Int32), cute.make_rmem_tensor((R, self.sides), cutlass.Int32))
-        self.stage_entries(lists, work, s_idx, ptid)
+        if cutlass.const_expr(self.streams):
+            self.stage_windows(lists, work, s_idx, ptid)
+        else:
+            self.stage_entries(lists, work, s_idx, ptid)
         self.mark(marks, 2, ptid == 0)
         self.key_indices(lists, lengths, work, work.tile_begin, s_idx, rank, pwarp, lane, keys[0])
         self.gather(lists, work.tile_begin, keys[0], 0, lane, raws[0], scs[0])
@@ -658,6 +677,48 @@ class Kernel:
                 s_idx[i] = got[e]
         cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
 
+    @cute.jit
+    def stage_windows(self, lists, work, s_idx, ptid):
+        """A streamed segment's start (stages/common/idx_windows.py): the producer threads meet
+        (STAGED: every thread is done with the last segment's entries), issue windows 0 and 1
+        into buffers 0 and 1 (a cp.async group each), wait for window 0 and meet again."""
+        cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
+        self.issue_window(lists, work, cutlass.Int32(0), s_idx, ptid)
+        self.issue_window(lists, work, cutlass.Int32(1), s_idx, ptid)
+        wait_copies(1)
+        cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
+
+    @cute.jit
+    def next_window(self, lists, work, i, s_idx, ptid):
+        """At the segment's tile i = w·W (w ≥ 1): wait for this thread's copies of window w,
+        meet (WINDOW: every thread's have landed, and every thread is past window w − 1), then
+        issue window w + 1 into the buffer window w − 1 held."""
+        wait_copies(0)
+        cute.arch.barrier(barrier_id=int(NamedBarrier.WINDOW), number_of_threads=self.plan.producer_threads)
+        self.issue_window(lists, work, i // WINDOW_TILES + 1, s_idx, ptid)
+
+    @cute.jit
+    def issue_window(self, lists, work, w, s_idx, ptid):
+        """cp.async every idx entry of window w of the segment into buffer w mod 2 (4 bytes an
+        entry, consecutive threads consecutive keys; an entry past the segment's tiles or past
+        its list is not copied), then close the thread's group.  A window may cross from the main
+        list into the extra one: each entry's tile picks its list (list_position)."""
+        n = WINDOW_TILES * self.BLOCK_N
+        base = s_idx.iterator.toint()
+        for e in cutlass.range_constexpr(-(-n // self.plan.producer_threads)):
+            j = e * self.plan.producer_threads + ptid
+            t_off, key = window_tile(w, j, self.BLOCK_N)
+            tile = work.tile_begin + t_off
+            branch, pos = self.list_position(tile, key)
+            here = (j < n) & (tile < work.tile_end)
+            src = lists[1].iterator.toint() + _idx_offset(lists[1], work, pos)
+            ok = here & (branch == 0) & (pos < self.c.topk)
+            if cutlass.const_expr(self.c.has_extra):
+                src = cutlass.select_(branch == 0, src, lists[3].iterator.toint() + _idx_offset(lists[3], work, pos))
+                ok = ok | (here & (branch == 1) & (pos < self.c.extra_topk))
+            copy4_async_if(base + window_slot(w, j, self.BLOCK_N) * 4, src, ok)
+        commit_copies()
+
     @property
     def entries_per_thread(self) -> int:
         """The idx entries of a segment (chunk · BLOCK_N) a producer thread stages."""
@@ -704,13 +765,19 @@ class Kernel:
     def key_indices(self, lists, lengths, work, tile, s_idx, rank, pwarp, lane, out):
         """out[round, side] ← the cache index of this thread's keys of `tile`: key_index judges
         each idx entry (staged in s_idx, stage_entries); −1 past the split."""
+        if cutlass.const_expr(self.streams):  # a window's first tile: its entries waited for, the next issued
+            if (tile < work.tile_end) & boundary(tile - work.tile_begin):
+                self.next_window(lists, work, tile - work.tile_begin, s_idx, pwarp * 32 + lane)
         for r in cutlass.range_constexpr(self.rounds):
             for s in cutlass.range_constexpr(self.sides):
                 key = self.key_of(rank, s, r, pwarp, lane)
                 branch, pos = self.list_position(tile, key)
                 out[r, s] = cutlass.Int32(-1)
                 if tile < work.tile_end:
-                    got = s_idx[(tile - work.tile_begin) * self.BLOCK_N + key]
+                    if cutlass.const_expr(self.streams):
+                        got = s_idx[entry(tile - work.tile_begin, key, self.BLOCK_N)]
+                    else:
+                        got = s_idx[(tile - work.tile_begin) * self.BLOCK_N + key]
                     if branch == 0:
                         out[r, s] = self.key_index(lists[0], got, pos, lengths[0], self.c.topk, self.c.block)
                     else:

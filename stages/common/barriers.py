@@ -27,6 +27,9 @@ Stage E on sm90 (met unaligned: stages/common/unaligned_barriers.py):
                1's flag; piece 1's LSEs may be read            (warpgroup 0 arrives + waits)
     ARRIVED    both MMA warpgroups, a piece of a cut sequence (resident_combine): every thread's
                partial stores are issued, and then every piece has arrived  (all arrive + wait)
+    WINDOW     the producer threads, a streamed segment (topk > 2048 or so: stages/common/
+               idx_windows.py) at a window's first tile: every thread's cp.asyncs of the window
+               have landed and every thread is past the window before  (all arrive + wait)
 
 This enum is the one registry of the ids: a kernel family takes its ids from here, never a bare
 int, so no two meetings share an id.
@@ -48,6 +51,7 @@ class NamedBarrier(enum.IntEnum):
     Q_FREE = 7
     FLAG_SEEN = 8
     ARRIVED = 9
+    WINDOW = 10
 
 
 MAX_NAMED_BARRIERS = 16
