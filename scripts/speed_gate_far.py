@@ -52,6 +52,7 @@ def main() -> int:
     from harness.remote.channel import Receiver, new_key
     from harness.remote.remote_run import parse_payload
     from harness.remote.remote_speedgate import REV_DIR
+    from harness.spec.benchview import bench_view
     from harness.spec.spec import load_spec
     from speed_proofs import scratch_lab
 
@@ -68,7 +69,7 @@ def main() -> int:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=lab, capture_output=True, text=True,
                              check=True).stdout.strip()
         st = load_spec(root=lab).stages["E"]
-        case = _proof_case(plan_cases(st, []))
+        case = _proof_case(plan_cases(bench_view(st), []))  # its bench shapes, not its more: case list
         shape = case_label(case)
         (lab / "results").mkdir(exist_ok=True)
         (lab / "results" / "speed_baselines.yaml").write_text(

@@ -23,8 +23,9 @@ def test_splits_fit_the_declared_scratch(project_root):
     stage = load_spec(root=project_root).stages["E"]
     cases = [c.dict for c in expand(stage)]
     from harness.execution.bench import plan_cases
+    from harness.spec.benchview import bench_view
 
-    cases += plan_cases(stage, [])  # every bench shape (b 1 … 256, s_q 1 and 2, every format)
+    cases += plan_cases(bench_view(stage), [])  # every bench shape (b 1 … 256, s_q 1 and 2, every format, topk 16384)
     seen = set()
     for case in cases:
         key = (case["b"], case["config"], case["splits"])

@@ -36,7 +36,11 @@ What is new in this rung
         An invalid key is never loaded (garbage past the length may be INT_MAX): its shared-memory
         row is written as zeros and its score is set to −∞ (a per-slot mask in shared memory).
         A segment's idx entries are staged in shared memory at its start (stage_entries),
-        and `key_index` judges an entry when its tile comes.
+        and `key_index` judges an entry when its tile comes.  A segment longer than 32 tiles
+        (topk up to 32768) streams them instead through two windows of 16 tiles, window w + 1
+        copied in (cp.async) while window w is judged (stages/common/idx_windows.py:
+        stage_windows, next_window, issue_window); segments of at most 32 tiles — the
+        production configs — compile to the whole-segment staging as before.
     Gather into registers (Hopper's TMA cannot gather rows).  A key belongs to 4 producer threads
         of one warp (lane mod 8 the key of the warp's 8, q = lane // 8 the piece): thread q loads
         the 16 bytes 64·p + 16·q of each data piece p (model1: 7 pieces of e4m3 and 2 of the bf16
@@ -88,7 +92,8 @@ Warp roles (384 threads; the WarpPlan's registers, checked by `register_plan`)
     accumulator took ~14k cycles a segment, about 13 % of the time at b 64.
 
 Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of oracles/kvcache.py;
-a segment's idx entries fit the shared memory left (4 bytes a key); the in-kernel merge assumes the
+topk and extra_topk at most 32768 each (MAX_TOPK; the idx entries in shared memory are a segment's
+or two windows', 8 KiB at most); the in-kernel merge assumes the
 grid is resident at once when it has at most `sm_count` CTAs (one a SM: the shared memory holds one) —
 the SM count of the GPU the case runs on (stages/common/device.py: 132 on an H100 SXM or H200, 114
 on an H100 PCIe, 78 on an H20); a larger grid is not merged in the kernel (PartCombine merges it).
@@ -654,7 +659,8 @@ class Kernel:
 
     @cute.jit
     def stage_entries(self, lists, work, s_idx, ptid):
-        """s_idx[(tile − tile_begin)·BLOCK_N + key] ← the idx entry of every key of the segment's
+        """A segment of at most 2 windows (not streamed):
+        s_idx[(tile − tile_begin)·BLOCK_N + key] ← the idx entry of every key of the segment's
         tiles (−1 past a list), loaded by all producer threads at once; the producer threads
         meet (STAGED) before the stores — every thread is done with the last segment's entries —
         and after them.  A tile's keys are judged from there without a global load."""
@@ -764,7 +770,8 @@ class Kernel:
     @cute.jit
     def key_indices(self, lists, lengths, work, tile, s_idx, rank, pwarp, lane, out):
         """out[round, side] ← the cache index of this thread's keys of `tile`: key_index judges
-        each idx entry (staged in s_idx, stage_entries); −1 past the split."""
+        each idx entry (staged in s_idx, stage_entries; streamed: at idx_windows.entry, the
+        window waited for and the next one issued at a window's first tile); −1 past the split."""
         if cutlass.const_expr(self.streams):  # a window's first tile: its entries waited for, the next issued
             if (tile < work.tile_end) & boundary(tile - work.tile_begin):
                 self.next_window(lists, work, tile - work.tile_begin, s_idx, pwarp * 32 + lane)
