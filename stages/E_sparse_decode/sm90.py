@@ -711,7 +711,9 @@ class Kernel:
         list into the extra one: each entry's tile picks its list (list_position)."""
         n = WINDOW_TILES * self.BLOCK_N
         base = s_idx.iterator.toint()
-        for e in cutlass.range_constexpr(-(-n // self.plan.producer_threads)):
+        # a loop, not unrolled: its per-entry values are made in turn, none kept across the tiles
+        # (unrolled, ptxas held eight of them through the producer's loop and spilled in a pair)
+        for e in cutlass.range(-(-n // self.plan.producer_threads), unroll=1):
             j = e * self.plan.producer_threads + ptid
             t_off, key = window_tile(w, j, self.BLOCK_N)
             tile = work.tile_begin + t_off
