@@ -214,7 +214,10 @@ class Kernel(DecodeSm100):
     dequantisation warps fill the house's chunk ring, tcgen05 MMAs, one softmax over both
     lists, sink, split-KV (see the module doc).  Options beyond the stage's axes: o_split,
     s_stages, sm_count (DecodeSm100); an impossible TMEM plan raises ValueError("TMEM
-    budget: …") here and again at trace time."""
+    budget: …") here and again at trace time.  Each list at most MAX_TOPK (32768) entries (each
+    tile's idx is read from global: no shared-memory bound); "auto" splits take at most the
+    scratch's partial slots — oracles/sparse_decode.py gives at most AUTO_SPLITS (32) where sm90's
+    parts need fewer (one a tile was 256 at topk 16384)."""
 
     NAME = "stage E sm100"
     DEQUANT_WARPS = (6, 7, 8, 9)
