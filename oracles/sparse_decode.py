@@ -54,7 +54,9 @@ Matrix axes
                auto its chooser); sm100's split-KV (stages/common/scheduler.py's rule)
 
 The scratch capacity `cap`: the larger of the two kernels' needs — sm100: 1 for splits = 1,
-for auto 1 when the row blocks fill the GPU, else one split per 64-key tile, an int k: k;
+for auto 1 when the row blocks fill the GPU, else one split per 64-key tile up to AUTO_SPLITS
+(32: at topk 16384 one a tile would be 256 slots, ~268 MB of O_part at b 2 s2 h128; sm100's
+kernel caps "auto" to the scratch it is given, so 32 splits of 8–17 tiles then), an int k: k;
 sm90: the most partials its parts cut a sequence into (PartGrid.capacity).
 
 The reference is float64 dequantise-and-attend (`reference`): each branch's indexed tokens are
@@ -81,15 +83,19 @@ DEFAULT_SCALE = 1.0 / math.sqrt(kc.D)  # DSV4's 1/sqrt(512): every scenario but 
 ALT_SCALE = kc.D ** -0.55  # FlashMLA's tests' d^−0.55 (0.73 × the default): the softmax_scale scenario
 Q_SCALE = 2.0  # scores of std ≈ 2: rows are far from uniform, so a dropped or misplaced key shows
 KV_SCALE = 1.0
+AUTO_SPLITS = 32  # the most partial slots sm100's "auto" is given (the module doc's `cap`)
 
 
 def split_capacity(case: dict[str, Any]) -> int:
+    """The partial slots of the scratch (O_part, LSE_part) a case declares: the module doc's
+    `cap` — sm100's "auto" at small batches one a tile but at most AUTO_SPLITS (its kernel caps
+    "auto" to the scratch), sm90's parts their most pieces of a sequence."""
     c = SparseConfig.parse(case["config"])
     splits = case["splits"]
     head_blocks = -(-c.h_q // 64)
     if splits == "auto":
         ctas = case["b"] * c.s_q * head_blocks
-        cap = 1 if ctas >= SM_COUNT else max(1, c.tiles())
+        cap = 1 if ctas >= SM_COUNT else max(1, min(c.tiles(), AUTO_SPLITS))  # sm100 caps "auto" to it
     elif isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
         raise ValueError(f"splits must be a positive int or 'auto', got {splits!r}")
     else:

@@ -68,7 +68,7 @@ def main() -> int:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=lab, capture_output=True, text=True,
                              check=True).stdout.strip()
         st = load_spec(root=lab).stages["E"]
-        case = _proof_case(plan_cases(st, []))
+        case = _proof_case(plan_cases(st, []))  # its bench shapes, not its more: case list
         shape = case_label(case)
         (lab / "results").mkdir(exist_ok=True)
         (lab / "results" / "speed_baselines.yaml").write_text(

@@ -184,9 +184,10 @@ def test_beside_gives_each_other_shape_its_twins_time():
 def test_project_e_bench_covers_latency_and_every_format(project_root):
     """Issue 30 item 1: model1 at b 1 … 256 (s_q 1 and 2, h_q 64 and 128); v4.1 and simple at b 2,
     64, 256, each after its model1 twin (same run) and with no FlashMLA peer (it reads model1 only)."""
+
     spec = load_spec(root=project_root)
     stage = spec.stages["E"]
-    cases = plan_cases(stage, [])
+    cases = plan_cases(stage, [])  # E's test matrix has more: (topk up to 32768)
     model1 = [c for c in cases if c["kv_format"] == "model1"]
     assert {c["b"] for c in model1} == {1, 2, 4, 8, 16, 32, 64, 74, 128, 148, 256}
     assert {c["config"][:5] for c in model1} == {"s1h64", "s1h12", "s2h64", "s2h12"}
@@ -197,6 +198,13 @@ def test_project_e_bench_covers_latency_and_every_format(project_root):
         assert "reads model1" in shape_support(stage, c, (9, 0))["flashmla_sparse"]
     assert stage.bench_plan.beside == ("kv_format", "model1")
     assert shape_support(stage, model1[0], (9, 0))["flashmla_sparse"] is None
+    # issue 35 item 1: topk 2048 and 16384 (block 64, no extra list) at b 2 and 64, FlashMLA beside
+    long = [c for c in model1 if c["config"] in ("s2h128_m2048bs64", "s2h128_m16384bs64")]
+    assert {(c["b"], c["config"]) for c in long} == {(b, cfg) for b in (2, 64)
+                                                    for cfg in ("s2h128_m2048bs64", "s2h128_m16384bs64")}
+    for c in long:
+        assert shape_support(stage, c, (9, 0))["flashmla_sparse"] is None, c
+    assert len(cases) == 60
 
 
 def test_no_bench_block_is_a_usage_error(fake_lab):
@@ -360,12 +368,12 @@ def test_a_stage_with_more_test_matrices_benches_its_bench_shapes(project_root):
     still give their own shapes to every caller of plan_cases — bench, profile, history, baseline
     accept --speed, gate --speed, each handing it the stage as loaded — all at the default options."""
     spec = load_spec(root=project_root)
-    for sid, n in (("I1", 12), ("I2", 8)):
+    for sid, n in (("I1", 12), ("I2", 8), ("E", 60)):
         st = spec.stages[sid]
         assert st.cases is not None  # the listed form that hid the bench shapes
         shapes = plan_cases(st, [])
-        assert len(shapes) == n and all(c["heads"] == 64 and c["head_dim"] == 128 and c["logits_dtype"] == "fp32"
-                                        for c in shapes), shapes
+        assert len(shapes) == n and all(c.get("heads", 64) == 64 and c.get("head_dim", 128) == 128
+                                        and c.get("logits_dtype", "fp32") == "fp32" for c in shapes), shapes
     if _no_gpu():
         r = run_cli(["bench", "stage-I2", "--peer", "deepgemm"], cwd=project_root)
         assert r.returncode == 1 and "stage-I2 bench: 8 shape(s); peers: deepgemm" in r.stdout, r.stdout + r.stderr

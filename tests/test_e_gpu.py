@@ -213,3 +213,34 @@ def test_lab_catches_a_kernel_that_ignores_the_softmax_scale(project_root, tmp_p
     _run_cases(spec, wrong, scaled, tmp_path / "scaled", "wrong_e_softmax_scale", "fail")
     _run_cases(spec, wrong, default, tmp_path / "default", "wrong_e_softmax_scale", "pass")
 
+
+def _stream_cases(stage):
+    """The matrix's topk-up-to-32768 cases (stages.yaml E `more:`): topk 16384 and 32768, windows
+    that cross from the main list into the extra one, parts whose segments start inside a
+    sequence; the streamed ones (segments longer than 32 tiles) and the chooser's short ones."""
+    from stages.E_sparse_decode import sm90
+
+    cases = [c for c in expand(stage) if c.dict["config"] in
+             ("s2h64_m16384bs256", "s1h128_m32768bs256", "s2h64_m1250bs64_x1500bs2", "s2h128_m2048bs256_x1024bs64")]
+    streamed = [c for c in cases if sm90.Kernel(b=c.dict["b"], config=c.dict["config"], kv_format=c.dict["kv_format"],
+                                                splits=c.dict["splits"]).streams]
+    assert (len(cases), len(streamed)) == (25, 20)
+    return cases
+
+
+def test_streamed_idx_windows_agree_with_the_oracle(project_root, tmp_path):
+    """Issue 35 item 1: topk up to 32768 — a segment longer than 32 tiles streams its idx entries
+    through two windows of 16 tiles (stages/common/idx_windows.py): every case passes."""
+    spec = load_spec(root=project_root)
+    _run_cases(spec, spec.stages["E"], _stream_cases(spec.stages["E"]), tmp_path, "stream", "pass")
+
+
+def test_lab_catches_a_stream_one_window_behind(project_root, tmp_path):
+    """The streamed windows one behind (tests/fixtures/wrong_e_window: from window 2 on a tile
+    takes the entries of the tile 16 before it) fail every streamed case of one list (the lists
+    of two are left out: there a main-list entry taken for the extra cache may lie past it)."""
+    spec, wrong = _planted(project_root, "wrong_e_window")
+    cases = [c for c in _stream_cases(wrong) if c.dict["splits"] in (1, 3) and "_x" not in c.dict["config"]]
+    assert len(cases) == 8, [c.dict for c in cases]
+    _run_cases(spec, wrong, cases, tmp_path, "wrong_e_window", "fail")
+

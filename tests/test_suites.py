@@ -39,10 +39,12 @@ def test_flashmla_case_list_matches_upstream_gen_testcase():
     assert Counter(x.group for x in u) == {"correctness": 3680, "corner": 1036, "performance": 32}
     assert sum(x.d_qk == 576 for x in u) == 246
     reasons = Counter(r.split(" (")[0].split(":")[0] for x in u for r in f.reasons(x))
-    assert reasons == {"DeepSeek-V3.2 layout": 246, "topk > 2048": 4}
+    assert reasons == {"DeepSeek-V3.2 layout": 246}  # topk 16384: E streams its index entries (issue 35 item 1)
     listed = f.cases()
-    assert len(listed) == 4500 == sum(not f.reasons(x) for x in u)
-    assert len({(c["b"], c["config"]) for c in listed}) == 924
+    assert len(listed) == 4502 == sum(not f.reasons(x) for x in u)
+    assert len({(c["b"], c["config"]) for c in listed}) == 926
+    assert {c["config"] for c in listed if c["group"] == "performance" and c["b"] == 148 and "m16384" in c["config"]} \
+        == {"s2h64_m16384bs64", "s2h128_m16384bs64"}
     assert all(c["kv_format"] == "model1" for c in listed)
     # upstream's corner rule: at least one of all-invalid, zero-length, sink on
     assert all(x.all_invalid or x.zero_seqlen or x.sink for x in u if x.group == "corner")
@@ -80,8 +82,10 @@ def test_a_table_edit_makes_cases_supported(monkeypatch):
     table makes its cases supported (and the reason goes)."""
     from oracles.suites import deepgemm_mqa as m, flashmla_sparse as f
 
-    monkeypatch.setattr(f, "MAX_TOPK", 32768)  # the topk 16384 cases: d_qk 512 now in, 576 still V3.2
-    assert sum(not f.reasons(u) for u in f.upstream()) == 4502
+    assert sum(not f.reasons(u) for u in f.upstream()) == 4502  # topk up to 32768 (issue 35 item 1)
+    monkeypatch.setattr(f, "MAX_TOPK", 2048)  # the table before it: the topk 16384 cases refused again
+    assert sum(not f.reasons(u) for u in f.upstream()) == 4500
+    assert sum(r.startswith("topk > ") for u in f.upstream() for r in f.reasons(u)) == 4
     from oracles.suites import deepgemm_paged as p
 
     monkeypatch.setattr(p, "CONTEXT_2D", False)  # (the stage takes all four options now: one taken away)
@@ -187,7 +191,7 @@ def test_suite_list_counts_total_supported_and_reasons():
     assert "unsupported: " not in r.stdout.split("oracles.suites.deepgemm_mqa")[1]
     r = run_cli(["suite", "flashmla", "--list"], cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    assert "4748 cases, 4500 supported over 924 compiled kernels" in r.stdout
+    assert "4748 cases, 4502 supported over 926 compiled kernels" in r.stdout
     assert "  246  unsupported: DeepSeek-V3.2 layout" in r.stdout
     r = run_cli(["suite", "nosuch", "--list"], cwd=ROOT)
     assert r.returncode == 2 and "Traceback" not in r.stderr

@@ -96,7 +96,7 @@ from cutlass.cute.nvgpu import tcgen05
 from stages.common import hang_guard
 from stages.common.combine import SplitCombine, sink_factor
 from stages.common.fp8_cache import D, cache_block_bytes, convert16, e8m0_to_f32, ldg16, ldg_f32, ldg_u8, lds16
-from stages.common.sparse_config import SparseConfig
+from stages.common.sparse_config import MAX_TOPK, SparseConfig
 from stages.common.scheduler import DecodeShape, valid_tiles, visit_tiles
 from stages.common.sm100_decode import B200_SMS, KV_TILE, ROWS, DecodeSm100
 from stages.common.sm100_gather import gather4_atom, gather4_partition, gather4_tile, rows_view
@@ -214,7 +214,10 @@ class Kernel(DecodeSm100):
     dequantisation warps fill the house's chunk ring, tcgen05 MMAs, one softmax over both
     lists, sink, split-KV (see the module doc).  Options beyond the stage's axes: o_split,
     s_stages, sm_count (DecodeSm100); an impossible TMEM plan raises ValueError("TMEM
-    budget: …") here and again at trace time."""
+    budget: …") here and again at trace time.  Each list at most MAX_TOPK (32768) entries (each
+    tile's idx is read from global: no shared-memory bound); "auto" splits take at most the
+    scratch's partial slots — oracles/sparse_decode.py gives at most AUTO_SPLITS (32) where sm90's
+    parts need fewer (one a tile was 256 at topk 16384)."""
 
     NAME = "stage E sm100"
     DEQUANT_WARPS = (6, 7, 8, 9)
@@ -226,6 +229,9 @@ class Kernel(DecodeSm100):
         c = SparseConfig.parse(config)
         if c.h_q > ROWS:
             raise ValueError(f"{self.NAME}: h_q ≤ {ROWS} (one token's heads per CTA), got {c.h_q}")
+        if max(c.topk, c.extra_topk) > MAX_TOPK:
+            raise ValueError(f"{self.NAME}: topk {c.topk} / extra_topk {c.extra_topk}: at most {MAX_TOPK} a list "
+                             f"(FlashMLA's largest)")
         self.c, self.fmt, self.b_real = c, kv_format, b
         self.block_bytes = cache_block_bytes(kv_format, c.block)
         self.extra_block_bytes = cache_block_bytes(kv_format, c.extra_block if c.has_extra else 1)

@@ -33,7 +33,11 @@ What is new in this rung
         An invalid key is never loaded (garbage past the length may be INT_MAX): its shared-memory
         row is written as zeros and its score is set to −∞ (a per-slot mask in shared memory).
         A segment's idx entries are staged in shared memory at its start (stage_entries),
-        and `key_index` judges an entry when its tile comes.
+        and `key_index` judges an entry when its tile comes.  A segment longer than 32 tiles
+        (topk up to 32768) streams them instead through two windows of 16 tiles, window w + 1
+        copied in (cp.async) while window w is judged (stages/common/idx_windows.py:
+        stage_windows, next_window, issue_window); segments of at most 32 tiles — the
+        production configs — compile to the whole-segment staging as before.
     Gather into registers (Hopper's TMA cannot gather rows).  A key belongs to 4 producer threads
         of one warp (lane mod 8 the key of the warp's 8, q = lane // 8 the piece): thread q loads
         the 16 bytes 64·p + 16·q of each data piece p (model1: 7 pieces of e4m3 and 2 of the bf16
@@ -85,7 +89,8 @@ Warp roles (384 threads; the WarpPlan's registers, checked by `register_plan`)
     accumulator took ~14k cycles a segment, about 13 % of the time at b 64.
 
 Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of oracles/kvcache.py;
-a segment's idx entries fit the shared memory left (4 bytes a key); the in-kernel merge assumes the
+topk and extra_topk at most 32768 each (MAX_TOPK; the idx entries in shared memory are a segment's
+or two windows', 8 KiB at most); the in-kernel merge assumes the
 grid is resident at once when it has at most `sm_count` CTAs (one a SM: the shared memory holds one) —
 the SM count of the GPU the case runs on (stages/common/device.py: 132 on an H100 SXM or H200, 114
 on an H100 PCIe, 78 on an H20); a larger grid is not merged in the kernel (PartCombine merges it).
@@ -117,13 +122,15 @@ from stages.common.cluster_pair import TilePair
 from stages.common.combine import sink_factor
 from stages.common.e4m3_bits import e4m3x16_to_bf16, one_multiply_fits
 from stages.common.fp8_cache import D, D_NOPE, D_ROPE, MODEL1_ROW_BYTES, MODEL1_SCALE_BYTES, V41_ROW_BYTES, cache_block_bytes
+from stages.common.idx_windows import (WINDOW_TILES, boundary, commit_copies, copy4_async_if, entry, staged_bytes,
+                                       staged_tiles, streams, wait_copies, window_slot, window_tile)
 from stages.common.inspection import expose
 from stages.common.part_combine import GROUP as COMBINE_GROUP, PartCombine
 from stages.common.part_merge import (ZeroFlags, add_staged_rows, flag_address, load_l2, merge_factors,
                                       merges_in_kernel, raise_flag, stage_partial, wait_flag)
 from stages.common.part_scheduler import PartGrid, resolve_part_tiles
 from stages.common.quad_store import check_accumulator_layout, store_accumulator_pairs, store_accumulator_wide
-from stages.common.sparse_config import SparseConfig
+from stages.common.sparse_config import MAX_TOPK, SparseConfig
 from stages.common.stamps import RECORD_BYTES, stamp
 from stages.common.sm90_gather import ldg_or
 from stages.common.sm90_smem_p import SmemP
@@ -267,6 +274,9 @@ class Kernel:
         c = SparseConfig.parse(config)
         if c.h_q % self.BLOCK_M:
             raise ValueError(f"stage E sm90: h_q must be a multiple of {self.BLOCK_M}, got {c.h_q}")
+        if max(c.topk, c.extra_topk) > MAX_TOPK:
+            raise ValueError(f"stage E sm90: topk {c.topk} / extra_topk {c.extra_topk}: at most {MAX_TOPK} a list "
+                             f"(FlashMLA's largest)")
         self.fmt = kv_format
         self.block_bytes = cache_block_bytes(kv_format, c.block)
         self.extra_block_bytes = cache_block_bytes(kv_format, c.extra_block if c.has_extra else 1)
@@ -307,10 +317,21 @@ class Kernel:
         why = register_plan(self.plan.threads, self.plan.registers)
         if why is not None:
             raise ValueError(f"stage E sm90: {why}")
-        smem = (2 * (self.BLOCK_M * D + self.KV_STAGES * self.BLOCK_N * D + self.BLOCK_M * self.BLOCK_N)
-                + 4 * self.sched.chunk * self.BLOCK_N + 4 * self.BLOCK_M + 4096)
+        # a segment's idx entries: staged whole where it is at most 2 windows long, else streamed
+        # through two windows of WINDOW_TILES tiles (stages/common/idx_windows.py)
+        self.streams = streams(self.sched.chunk)
+        self.staged_tiles = staged_tiles(self.sched.chunk)
+        smem = self.smem_bytes
         if smem > SMEM_LIMIT:
             raise ValueError(f"stage E sm90: {smem} bytes of shared memory needed, {SMEM_LIMIT} available")
+
+    @property
+    def smem_bytes(self) -> int:
+        """The shared memory the kernel asks (an upper bound of the Smem struct's size): Q, the
+        KV slots and P (bf16), the staged idx entries (the segment's, or two windows), the row
+        factors and 4 KiB for the barriers, masks, scales and alignment."""
+        return (2 * (self.BLOCK_M * D + self.KV_STAGES * self.BLOCK_N * D + self.BLOCK_M * self.BLOCK_N)
+                + staged_bytes(self.sched.chunk, self.BLOCK_N) + 4 * self.BLOCK_M + 4096)
 
     @cute.jit
     def __call__(
@@ -374,7 +395,7 @@ class Kernel:
             merge_factor: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bm], 16]
             key_mask: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bn * self.KV_STAGES], 16]
             key_scale: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, bn * self.KV_STAGES], 16]
-            idx_stage: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, self.sched.chunk * bn], 16]
+            idx_stage: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, self.staged_tiles * bn], 16]
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(q_smem)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(k_smem)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(p_smem)], 1024]
@@ -477,7 +498,7 @@ class Kernel:
         s_mrg = storage.merge_factor.get_tensor(cute.make_layout(bm))  # a merge's factor on the partial it reads
         s_mask = storage.key_mask.get_tensor(cute.make_layout((bn, self.KV_STAGES)))  # 0 or −∞ per key
         s_kscale = storage.key_scale.get_tensor(cute.make_layout((bn, self.KV_STAGES)))  # simple: the token's scale
-        s_idx = storage.idx_stage.get_tensor(cute.make_layout(self.sched.chunk * bn))  # a segment's idx entries
+        s_idx = storage.idx_stage.get_tensor(cute.make_layout(self.staged_tiles * bn))  # a segment's idx entries
         q_bar = storage.q_mbar.data_ptr()
         k_base = storage.sKV.data_ptr().toint()  # the dequantisers address the slots through k_smem
         pair = self.tile_pair(storage)
@@ -573,7 +594,10 @@ class Kernel:
                 cute.make_rmem_tensor((4, self.PIECES[self.fmt]), cutlass.Int32))
         scs = (cute.make_rmem_tensor((4, self.sides), cutlass.Int32), cute.make_rmem_tensor((4, self.sides), cutlass.Int32))
         keys = (cute.make_rmem_tensor((R, self.sides), cutlass.Int32), cute.make_rmem_tensor((R, self.sides), cutlass.Int32))
-        self.stage_entries(lists, work, s_idx, ptid)
+        if cutlass.const_expr(self.streams):
+            self.stage_windows(lists, work, s_idx, ptid)
+        else:
+            self.stage_entries(lists, work, s_idx, ptid)
         self.mark(marks, 2, ptid == 0)
         self.key_indices(lists, lengths, work, work.tile_begin, s_idx, rank, pwarp, lane, keys[0])
         self.gather(lists, work.tile_begin, keys[0], 0, lane, raws[0], scs[0])
@@ -612,7 +636,8 @@ class Kernel:
 
     @cute.jit
     def stage_entries(self, lists, work, s_idx, ptid):
-        """s_idx[(tile − tile_begin)·BLOCK_N + key] ← the idx entry of every key of the segment's
+        """A segment of at most 2 windows (not streamed):
+        s_idx[(tile − tile_begin)·BLOCK_N + key] ← the idx entry of every key of the segment's
         tiles (−1 past a list), loaded by all producer threads at once; the producer threads
         meet (STAGED) before the stores — every thread is done with the last segment's entries —
         and after them.  A tile's keys are judged from there without a global load."""
@@ -634,6 +659,50 @@ class Kernel:
             if i < n:
                 s_idx[i] = got[e]
         cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
+
+    @cute.jit
+    def stage_windows(self, lists, work, s_idx, ptid):
+        """A streamed segment's start (stages/common/idx_windows.py): the producer threads meet
+        (STAGED: every thread is done with the last segment's entries), issue windows 0 and 1
+        into buffers 0 and 1 (a cp.async group each), wait for window 0 and meet again."""
+        cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
+        self.issue_window(lists, work, cutlass.Int32(0), s_idx, ptid)
+        self.issue_window(lists, work, cutlass.Int32(1), s_idx, ptid)
+        wait_copies(1)
+        cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
+
+    @cute.jit
+    def next_window(self, lists, work, i, s_idx, ptid):
+        """At the segment's tile i = w·W (w ≥ 1): wait for this thread's copies of window w,
+        meet (WINDOW: every thread's have landed, and every thread is past window w − 1), then
+        issue window w + 1 into the buffer window w − 1 held."""
+        wait_copies(0)
+        cute.arch.barrier(barrier_id=int(NamedBarrier.WINDOW), number_of_threads=self.plan.producer_threads)
+        self.issue_window(lists, work, i // WINDOW_TILES + 1, s_idx, ptid)
+
+    @cute.jit
+    def issue_window(self, lists, work, w, s_idx, ptid):
+        """cp.async every idx entry of window w of the segment into buffer w mod 2 (4 bytes an
+        entry, consecutive threads consecutive keys; an entry past the segment's tiles or past
+        its list is not copied), then close the thread's group.  A window may cross from the main
+        list into the extra one: each entry's tile picks its list (list_position)."""
+        n = WINDOW_TILES * self.BLOCK_N
+        base = s_idx.iterator.toint()
+        # a loop, not unrolled: its per-entry values are made in turn, none kept across the tiles
+        # (unrolled, ptxas held eight of them through the producer's loop and spilled in a pair)
+        for e in cutlass.range(-(-n // self.plan.producer_threads), unroll=1):
+            j = e * self.plan.producer_threads + ptid
+            t_off, key = window_tile(w, j, self.BLOCK_N)
+            tile = work.tile_begin + t_off
+            branch, pos = self.list_position(tile, key)
+            here = (j < n) & (tile < work.tile_end)
+            src = lists[1].iterator.toint() + _idx_offset(lists[1], work, pos)
+            ok = here & (branch == 0) & (pos < self.c.topk)
+            if cutlass.const_expr(self.c.has_extra):
+                src = cutlass.select_(branch == 0, src, lists[3].iterator.toint() + _idx_offset(lists[3], work, pos))
+                ok = ok | (here & (branch == 1) & (pos < self.c.extra_topk))
+            copy4_async_if(base + window_slot(w, j, self.BLOCK_N) * 4, src, ok)
+        commit_copies()
 
     @property
     def entries_per_thread(self) -> int:
@@ -680,14 +749,21 @@ class Kernel:
     @cute.jit
     def key_indices(self, lists, lengths, work, tile, s_idx, rank, pwarp, lane, out):
         """out[round, side] ← the cache index of this thread's keys of `tile`: key_index judges
-        each idx entry (staged in s_idx, stage_entries); −1 past the split."""
+        each idx entry (staged in s_idx, stage_entries; streamed: at idx_windows.entry, the
+        window waited for and the next one issued at a window's first tile); −1 past the split."""
+        if cutlass.const_expr(self.streams):  # a window's first tile: its entries waited for, the next issued
+            if (tile < work.tile_end) & boundary(tile - work.tile_begin):
+                self.next_window(lists, work, tile - work.tile_begin, s_idx, pwarp * 32 + lane)
         for r in cutlass.range_constexpr(self.rounds):
             for s in cutlass.range_constexpr(self.sides):
                 key = self.key_of(rank, s, r, pwarp, lane)
                 branch, pos = self.list_position(tile, key)
                 out[r, s] = cutlass.Int32(-1)
                 if tile < work.tile_end:
-                    got = s_idx[(tile - work.tile_begin) * self.BLOCK_N + key]
+                    if cutlass.const_expr(self.streams):
+                        got = s_idx[entry(tile - work.tile_begin, key, self.BLOCK_N)]
+                    else:
+                        got = s_idx[(tile - work.tile_begin) * self.BLOCK_N + key]
                     if branch == 0:
                         out[r, s] = self.key_index(lists[0], got, pos, lengths[0], self.c.topk, self.c.block)
                     else:

@@ -25,6 +25,9 @@ Stage E on sm90 (met unaligned: stages/common/unaligned_barriers.py):
                again                                          (warpgroup 0 arrives + waits)
     FLAG_SEEN  warpgroup 0, piece 0 of a two-piece sequence: its first thread has seen piece
                1's flag; piece 1's LSEs may be read            (warpgroup 0 arrives + waits)
+    WINDOW     the producer threads, a streamed segment (topk > 2048 or so: stages/common/
+               idx_windows.py) at a window's first tile: every thread's cp.asyncs of the window
+               have landed and every thread is past the window before  (all arrive + wait)
 
 This enum is the one registry of the ids: a kernel family takes its ids from here, never a bare
 int, so no two meetings share an id.
@@ -45,6 +48,7 @@ class NamedBarrier(enum.IntEnum):
     STAGED = 6
     Q_FREE = 7
     FLAG_SEEN = 8
+    WINDOW = 10  # (9 was resident_combine's ARRIVED, removed)
 
 
 MAX_NAMED_BARRIERS = 16

@@ -7,6 +7,7 @@ E_sparse_decode) and the oracle (oracles/sparse_decode.py), which imports it fro
     extra_topk, extra_block
                        the extra (SWA) list's; extra_topk 0: no extra branch (block 1)
     tiles()            64-key tiles (TILE) of the combined key list, each branch padded to whole tiles
+MAX_TOPK (32768, FlashMLA's largest) bounds each list in the kernels (they refuse longer ones).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 from dataclasses import dataclass
 
 TILE = 64  # keys per tile: the unit of split-KV and of the scratch capacity
+MAX_TOPK = 32768  # the longest list (main or extra) the kernels take: FlashMLA's largest topk
 
 _CONFIG = re.compile(r"s(\d+)h(\d+)_m(\d+)bs(\d+)(?:_x(\d+)bs(\d+))?")
 

@@ -1,0 +1,278 @@
+"""Stage E at topk up to 32768 (issue 35 item 1), on the CPU: a segment longer than two windows
+streams its idx entries through shared memory (stages/common/idx_windows.py) — the window
+protocol simulated on ints, the shared-memory accounting, the refusal past 32768, sm100's capped
+scratch, both archs compiling topk 16384 and 32768, and the production kernel's PTX unchanged.
+On a GPU: tests/test_e_gpu.py -k stream."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from oracles import sparse_decode as sd
+from stages.common import idx_windows as iw
+from stages.common.device import SMEM_LIMIT
+from stages.E_sparse_decode import sm100, sm90
+
+KEYS = 64
+
+
+# -- the window protocol, on ints ----------------------------------------------------------------
+
+
+def _simulate(tile_begin: int, tile_end: int, main_tiles: int, topk: int, extra_topk: int, window: int = iw.WINDOW_TILES):
+    """The producer's order over one segment (the module doc of idx_windows): windows 0 and 1 at
+    the start, at each later window's first tile the window checked landed and the next one
+    issued into the buffer of the window before; every tile's 64 entries read at `entry`.
+    Returns the entries read, as (list, position) per key; asserts no window overwrites a
+    buffer whose tiles are still to be read."""
+    buf: list = [None] * (2 * window * KEYS)
+    holds: list = [None, None]  # the window each buffer holds
+
+    def position(tile: int, key: int):  # Kernel.list_position
+        pos = tile * KEYS + key
+        return ("main", pos) if tile < main_tiles else ("extra", pos - main_tiles * KEYS)
+
+    def issue(w: int) -> None:
+        assert holds[w % 2] in (None, w - 2), (w, holds)  # the buffer's window is behind every reader
+        for j in range(window * KEYS):
+            t_off, key = iw.window_tile(w, j, KEYS, window)
+            tile = tile_begin + t_off
+            if tile < tile_end:
+                branch, pos = position(tile, key)
+                if pos < (topk if branch == "main" else extra_topk):
+                    buf[iw.window_slot(w, j, KEYS, window)] = (branch, pos)
+        holds[w % 2] = w
+
+    issue(0)
+    issue(1)
+    read = []
+    for i in range(tile_end - tile_begin):
+        if iw.boundary(i, window):
+            w = i // window
+            assert holds[w % 2] == w, (i, holds)  # the window of this tile has landed
+            issue(w + 1)
+        assert holds[(i // window) % 2] == i // window
+        read.append([buf[iw.entry(i, key, KEYS, window)] for key in range(KEYS)])
+    return read
+
+
+@pytest.mark.parametrize("seg", [
+    (0, 256, 256, 16384, 0),  # topk 16384, one sequence a segment: 16 windows
+    (172, 256, 256, 16384, 0),  # a part's segment from tile 172 (splits 3): windows count from it
+    (0, 44, 20, 1250, 1500),  # window 1 crosses from the main list (a partial tile 19) into the extra one
+    (0, 48, 32, 2048, 1024),  # window 2 is the extra list
+    (3, 36, 20, 1250, 1500),  # 33 tiles from tile 3: a last window of one tile
+    (0, 512, 512, 32768, 0),  # the largest list
+])
+def test_every_tile_reads_its_own_entries_from_the_windows(seg):
+    tile_begin, tile_end, main_tiles, topk, extra_topk = seg
+    read = _simulate(*seg)
+    for i, keys in enumerate(read):
+        tile = tile_begin + i
+        for key, got in enumerate(keys):
+            pos = tile * KEYS + key
+            want = ("main", pos) if tile < main_tiles else ("extra", pos - main_tiles * KEYS)
+            if want[1] < (topk if want[0] == "main" else extra_topk):
+                assert got == want, (i, key, got)
+            # past a list nothing is copied: whatever the buffer holds is never taken (key_index
+            # takes an entry only below the list's length ≤ topk)
+
+
+def test_a_window_offset_off_by_one_is_caught():
+    """The simulation is not blind: entries read at the tile's offset in its window (i mod W,
+    not i mod 2W) hand tiles of window 1 window 0's entries."""
+    real = iw.entry
+    try:
+        iw.entry = lambda i, key, keys, window=iw.WINDOW_TILES: (i % window) * keys + key
+        with pytest.raises(AssertionError):
+            test_every_tile_reads_its_own_entries_from_the_windows((0, 256, 256, 16384, 0))
+    finally:
+        iw.entry = real
+
+
+# -- the kernel's plan ------------------------------------------------------------------------
+
+
+def _old_smem(k: sm90.Kernel) -> int:
+    """The shared memory the kernel asked before streaming: the segment's entries whole."""
+    return 2 * (64 * 512 + 2 * 64 * 512 + 64 * 64) + 4 * k.sched.chunk * 64 + 4 * 64 + 4096
+
+
+def test_segments_stream_only_past_two_windows_and_the_shared_memory_counts_the_windows():
+    for config, splits, streamed in (("s2h128_m128bs256_x1024bs64", 1, False), ("s2h64_m2048bs64", 1, False),
+                                     ("s2h64_m2112bs64", 1, True), ("s2h64_m16384bs256", 1, True),
+                                     ("s2h64_m16384bs256", "auto", False), ("s1h128_m32768bs256", 1, True)):
+        k = sm90.Kernel(b=1, config=config, kv_format="model1", splits=splits)
+        assert k.streams == streamed == (k.sched.chunk > 32), config
+        if streamed:
+            assert k.staged_tiles == 2 * iw.WINDOW_TILES == 32
+            assert k.smem_bytes == 204800 + 4 * 32 * 64 + 4352 == 217344
+        else:
+            assert k.staged_tiles == k.sched.chunk and k.smem_bytes == _old_smem(k), config  # as before
+    # topk 16384 was refused before (the issue's message); streamed it fits
+    assert _old_smem(sm90.Kernel(b=1, config="s2h64_m16384bs256", kv_format="model1", splits=1)) == 274688 > SMEM_LIMIT
+
+
+def test_without_streaming_topk_16384_is_refused_as_before(monkeypatch):
+    """The streaming is what makes topk 16384 fit: with segments staged whole the constructor
+    refuses it with the issue's message."""
+    monkeypatch.setattr(sm90, "streams", lambda chunk: False)
+    monkeypatch.setattr(sm90, "staged_tiles", lambda chunk: chunk)
+    monkeypatch.setattr(sm90, "staged_bytes", lambda chunk, keys: 4 * keys * chunk)
+    with pytest.raises(ValueError, match="274688 bytes of shared memory needed, 232448 available"):
+        sm90.Kernel(b=1, config="s2h64_m16384bs256", kv_format="model1", splits=1)
+
+
+@pytest.mark.parametrize("config", ["s1h64_m32768bs64", "s2h128_m32768bs256_x32768bs64", "s1h64_m64bs64_x32768bs2"])
+def test_every_list_up_to_32768_fits_and_longer_is_refused_in_one_line(config):
+    k = sm90.Kernel(b=1, config=config, kv_format="model1", splits=1)
+    assert k.streams and k.smem_bytes <= SMEM_LIMIT
+    sm100.Kernel(b=1, config=config, kv_format="model1", splits="auto")
+    over = config.replace("32768", "32832")
+    for kernel, name in ((sm90.Kernel, "stage E sm90"), (sm100.Kernel, "stage E sm100")):
+        with pytest.raises(ValueError) as e:
+            kernel(b=1, config=over, kv_format="model1", splits=1)
+        msg = str(e.value)
+        assert msg.startswith(f"{name}: topk ") and "at most 32768 a list" in msg and "\n" not in msg, msg
+
+
+def test_sm100_auto_scratch_is_capped():
+    """sm100's "auto" asked one partial slot a tile at small batches: 256 at topk 16384 (~268 MB
+    of O_part at b 2 s2 h128).  The oracle's scratch holds at most AUTO_SPLITS (32) for it — the
+    sm100 kernel caps "auto" to the scratch — and the short configs keep theirs (18)."""
+    case = dict(b=2, config="s2h128_m16384bs256", kv_format="model1", scenario="sink", splits="auto")
+    cap = sd.split_capacity(case)
+    assert cap == sd.AUTO_SPLITS == 32
+    o_part = next(t for t in sd.tensors(case) if t.name == "O_part")
+    assert o_part.shape[0] == 32 and 32 * 2 * 2 * 128 * 512 * 4 <= 40 << 20  # 32 MiB, not 268 MB
+    assert sd.split_capacity({**case, "config": "s2h128_m128bs256_x1024bs64"}) == 18
+    assert sd.split_capacity({**case, "splits": 1}) == 1
+    # sm90's persistent parts may still need more (their own capacity is kept)
+    b1 = dict(b=1, config="s1h128_m32768bs256", kv_format="model1", scenario="sink", splits="auto")
+    k = sm90.Kernel(b=1, config=b1["config"], kv_format="model1", splits="auto")
+    assert sd.split_capacity(b1) == max(32, k.splits) and k.splits <= sd.split_capacity(b1)
+
+
+# -- compiled ---------------------------------------------------------------------------------
+
+
+def _sm90_ptx(project_root, tmp_path, monkeypatch, cases):
+    """The PTX of stage E's sm90 kernel for each (b, config, kv_format, splits), for sm_90a on a
+    GPU of 132 SMs (no GPU, no records)."""
+    from harness.execution.compile import Compiler, ptxas_resources
+    from harness.spec.spec import load_spec
+
+    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
+    monkeypatch.setenv("DSV4_SM_COUNT", "132")
+    spec = load_spec(root=project_root)
+    compiler = Compiler(spec.root)
+    out = {}
+    try:
+        for b, config, fmt, splits in cases:
+            case = dict(b=b, config=config, kv_format=fmt, scenario="plain", splits=splits)
+            res = compiler.submit(spec.stages["E"], "sm_90a", case).result()
+            assert res.ok, res.error
+            out[(b, config, fmt, splits)] = (Path(res.ptx_path).read_text(), ptxas_resources(Path(res.ptx_path), "sm_90a"))
+    finally:
+        compiler.close()
+    return out
+
+
+# sha256 of the whole PTX (attention kernel, ZeroFlags, PartCombine) of production configs, compiled at
+# 67fc0d9 (before streaming) and after it: the same bytes.  A deliberate change of E's default kernel
+# changes them — update them then, and prove that kernel on a GPU.
+PRODUCTION_PTX = {
+    (2, "s2h128_m128bs256_x1024bs64", "model1", "auto"): "f67903ff020471440cd92f79ae35873d63e85aa9429963286ccaeb5f0d3282c8",
+    (64, "s2h64_m128bs256_x1024bs64", "model1", "auto"): "7338ca40c17315f3c1f64165699d2e01fea3d09de3da33f01c77d6e889480308",
+}
+
+
+def test_sm90_streams_topk_16384_and_32768_and_the_production_ptx_is_unchanged(project_root, tmp_path, monkeypatch):
+    """Compiled for sm_90a: topk 16384 (one head block, parts of 86 tiles across sequences) and
+    32768 (a cluster pair, whole sequences) stream their entries — 4-byte cp.asyncs, one wait for
+    all but the newest group at a segment's start, the WINDOW barrier of the 128 producer threads
+    — without spills alone (model1; simple spills before streaming too), 104 bytes at most in a
+    pair; the production configs' PTX is byte for byte what it was before streaming
+    (PRODUCTION_PTX) and holds none of it."""
+    streamed = [(1, "s2h64_m16384bs256", "model1", 3), (1, "s1h128_m32768bs256", "model1", 1)]
+    got = _sm90_ptx(project_root, tmp_path, monkeypatch, streamed + list(PRODUCTION_PTX))
+    for key in streamed:
+        ptx, res = got[key]
+        assert ptx.count("@p cp.async.ca.shared.global") == 3, key  # a loop of 8 entries a thread: windows 0, 1 and w + 1
+        assert "cp.async.wait_group 1;" in ptx and "cp.async.wait_group 0;" in ptx, key
+        assert "bar.sync \t10, 128;" in ptx and "bar.sync \t6, 128;" in ptx, key
+        # alone no spill; the pair's producer (at its 152 registers) spills a few addresses
+        # (docs/STAGE_E.md): bounded here so that a change that makes it worse is seen
+        assert res.get("spill", 0) <= (104 if "h128" in key[1] else 0), (key, res)
+    for key, digest in PRODUCTION_PTX.items():
+        ptx, _ = got[key]
+        assert "cp.async.ca" not in ptx and "bar.sync \t10," not in ptx, key
+        assert hashlib.sha256(ptx.encode()).hexdigest() == digest, key
+
+
+_SM100 = """
+    import json
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream
+    from harness.execution.compile import _fake_tensor
+    from oracles.sparse_decode import split_capacity, tensors
+    import stages.E_sparse_decode.sm100 as m
+    out = {{}}
+    for case in {cases!r}:
+        k = m.Kernel(b=case["b"], config=case["config"], kv_format=case["kv_format"], splits=case["splits"])
+        chosen = k.splits
+        cute.compile(k, *[_fake_tensor(s) for s in tensors(case)], make_fake_stream())
+        out[case["config"]] = [chosen, k.splits, split_capacity(case), int(k.smem_struct.size_in_bytes())]
+    print("COMPILED", json.dumps(out))
+"""
+
+
+def test_sm100_compiles_topk_16384_and_32768_with_its_auto_splits_capped(tmp_path):
+    """Compiled for sm_100a (it reads each tile's idx from global: no window to stream): topk
+    16384 and 32768 build within the shared memory; at b 1 s1 h64, topk 32768, sm100's chooser
+    asks 74 splits, more than the scratch holds (AUTO_SPLITS, or sm90's 57 pieces there), and the
+    kernel takes the scratch's 57."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.conftest import ROOT
+
+    cases = [dict(b=2, config="s2h128_m16384bs256", kv_format="model1", scenario="plain", splits="auto"),
+             dict(b=1, config="s1h64_m32768bs64", kv_format="v4.1", scenario="plain", splits="auto")]
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(_SM100).format(cases=cases)], cwd=tmp_path,
+                       env={**os.environ, "CUTE_DSL_ARCH": "sm_100a", "PYTHONPATH": str(ROOT)},
+                       capture_output=True, text=True, timeout=900)
+    out = r.stdout + r.stderr
+    assert "COMPILED" in out, out[-3000:]
+    got = json.loads(out.split("COMPILED", 1)[1].strip().splitlines()[0])
+    for config, (chosen, taken, cap, smem) in got.items():
+        assert smem <= SMEM_LIMIT and taken == min(chosen, cap), (config, got)
+    assert got["s2h128_m16384bs256"][2] == 32  # AUTO_SPLITS (sm90's parts need fewer there)
+    chosen, taken, cap, _ = got["s1h64_m32768bs64"]
+    assert chosen == 74 and cap == 57 == taken  # capped to the scratch: sm90's 57 pieces, more than 32
+
+
+def test_the_planted_stream_one_window_behind_moves_o_past_the_bounds():
+    """tests/fixtures/wrong_e_window on the float64 oracle: from window 2 on each tile takes the
+    entries of the tile 16 before it (real tokens of the list) — O and LSE move far past stage E's
+    bounds (O cosine ≥ 0.9999, LSE rel_l2 ≤ 1e-5), so the GPU test's `fail` is the check's doing."""
+    import torch
+
+    case = dict(b=1, config="s2h64_m4096bs256", kv_format="model1", scenario="sink", splits=1)  # 64 tiles, 4 windows
+    inputs = sd.make_inputs(case, seed=5)
+    ref = sd.reference(inputs, case)
+    idx = inputs["idx"]
+    wrong = idx.clone()
+    for i in range(2 * iw.WINDOW_TILES, 64):
+        wrong[..., i * KEYS:(i + 1) * KEYS] = idx[..., (i - 16) * KEYS:(i - 15) * KEYS]
+    bad = sd.reference({**inputs, "idx": wrong}, case)
+    assert bool(torch.isfinite(bad["O"]).all())  # a wrong row, not a NaN
+    cos = torch.nn.functional.cosine_similarity(bad["O"].flatten(), ref["O"].flatten(), dim=0).item()
+    lse_rel = ((bad["LSE"] - ref["LSE"]).norm() / ref["LSE"].norm()).item()
+    assert cos < 0.9999 and lse_rel > 1e-5, (cos, lse_rel)
