@@ -13,24 +13,34 @@ What is new beside I1
         (64, num_blocks) fp32 starting 64 · 128 bytes into each block.
     One cache block per pipeline slot (one TMA box) and per MMA: M = the block's 64 keys,
         N = next_n · 64 heads; the MMA warpgroups take turns on the blocks (warpgroup w of W: the
-        chunk's blocks w, w + W, …), so the others' epilogues overlap one's MMA (as I1).  W = 4
+        CTA's blocks w, w + W, …), so the others' epilogues overlap one's MMA (as I1).  W = 4
         at next_n 2 (112 registers each), 2 at next_n 3 and 4 (240); at N ≤ 64 (next_n 1) W = 2
-        with 8 slots and two CTAs an SM (a launch bound), so one CTA's start and end overlap the
-        other's loads.
-    block_table lookup in the load warp (and for the scales, in the epilogue).  A table entry
-        past the sequence's last block is never followed: the block index is clamped to the
-        last one (its keys are then masked), so a garbage or out-of-range entry is harmless.
+        with 8 slots and two CTAs an SM (a launch bound).  The slots are a multiple of W, so the
+        block a slot held before is the same warpgroup's (a parity wait cannot pass on another's).
+    Persistent, balanced (issue 31): the grid is CTAs-an-SM × SMs; the (sequence, block) pairs
+        in order — sequence 0's blocks below its context, then 1's, … — are cut into equal
+        shares, one a CTA (`block_share`: each warp finds its CTA's share from the context
+        lengths by prefix sums, no metadata kernel).  A CTA walks its share's segments (a
+        sequence's run of blocks): the load warp loads the segment's Q into the next of two Q
+        slots, then its blocks into the K ring, which runs on across segments; the MMA
+        warpgroups load the sequence's weights and limits, take their turns of its blocks and
+        free the Q slot.  (DeepGEMM's kernel is built the same way on precomputed metadata.  The
+        chunked grid it replaced — (key chunks of 32 blocks, b), ~3 CTAs an SM one after another,
+        each paying set-up, Q load and pipeline fill alone — is kept as `persistent=False` for
+        timing beside it.)
+    block_table lookup in the load warp (and for the scales, in the epilogue).  Only a
+        sequence's blocks below its context are followed (the chunked path clamps to the last
+        one), so a garbage or out-of-range entry past them is harmless.
     Causal limit per token: the epilogue selects −inf past pos (by selection, so the NaN that
-        a cache slot past the context may hold never reaches a logit).
-    Split over keys: the grid is (chunks of CHUNK_TILES blocks, b); a CTA computes its chunk's
-        blocks below the context length and the fill warps write −inf over the rest of the
-        chunk (keys ≥ the blocks computed, up to max_len).  No combine: logits are per key.
+        a cache slot past the context may hold never reaches a logit); the fill warps write −inf
+        past each sequence's blocks, up to max_len (CTA c: the sequences c, c + CTAs, …).
+        No combine: logits are per key.
 
-The fused cache views, the chunk's tiles, the MMA, the loads, the head sum and the epilogue's
+The fused cache views, the share, the MMA, the loads, the head sum and the epilogue's
 store are stages/common/indexer.py's, shared with I1 and the sm100 kernel.
 
-Warp roles (128 · (W + 1) threads): as I1 — warpgroup W's first warp loads (Q block once, then
-one cache block per slot), its other 3 fill −inf, warpgroups 0 … W − 1 run the MMA and the fused
+Warp roles (128 · (W + 1) threads): as I1 — warpgroup W's first warp loads (a Q block a segment,
+one cache block a slot), its other 3 fill −inf, warpgroups 0 … W − 1 run the MMA and the fused
 epilogue on their turns of the blocks.
 
 Limits: block_kv = 64, h ∈ {32, 64} (64: DSV4's, the default), d ∈ {32, 64, 128} (128, the
