@@ -1,5 +1,5 @@
 """Stage E under compute-sanitizer (issue 30 item 6): a small-batch case (parts of a few tiles,
-every sequence cut, PartCombine) and merging cases (sequences cut in two, merged in the attention
+every sequence cut, PartCombine), streamed idx windows (topk 16384, and 2048 + 1024 with the pair) and merging cases (sequences cut in two, merged in the attention
 kernel; and pieces of 2 and 3: the kernel merges, PartCombine the rest), through the lab's own
 runner into a scratch results folder (nothing enters results/).  On the GPU machine:
 
@@ -22,6 +22,8 @@ CASES = [  # (b, config, splits)
     (2, "s2h128_m128bs256_x1024bs64", "auto"),  # … with the cluster pair
     (3, "s2h128_m128bs256_x1024bs64", 2),       # every sequence cut in two: merged in the attention kernel
     (3, "s2h64_m200bs2_x64bs256", 2),           # pieces of 2 and 3: the kernel merges, PartCombine the others
+    (1, "s2h64_m16384bs256", 3),                # idx entries streamed through two windows (issue 35), parts of 86 tiles
+    (2, "s2h128_m2048bs256_x1024bs64", 1),      # … a window crossing into the extra list, with the cluster pair
 ]
 
 
