@@ -1,5 +1,6 @@
 """On a GPU: the lab catches the planted bug the issue names (tests/fixtures/wrong_i1: stage I1's
-own sm90 kernel with the ReLU dropped from the head sum) — it runs cleanly, writes every element
+own sm90 kernel with the ReLU dropped from the head sum; tests/fixtures/wrong_i2: the persistent
+I2 keeping one sequence's weights across its share) — each runs cleanly, writes every element
 with the right −inf positions, and is reported `fail`.  The stages' matrices themselves are
 proven by `dsv4-lab run` (records), not here."""
 
@@ -41,3 +42,23 @@ def test_lab_catches_dropped_relu_in_stage_i1(project_root, tmp_path):
         assert rec.status == "fail"
         assert m["unwritten"] == 0 and m["nonfinite"] == 0  # runs cleanly, −inf where it belongs
         assert m["cosine"] < 0.99  # and the logits are wrong
+
+
+def test_lab_catches_stale_weights_in_the_persistent_i2(project_root, tmp_path):
+    """tests/fixtures/wrong_i2: the persistent I2 keeping its share's first sequence's weights for
+    the share's later segments.  At b 8, ctx 3000 (~2.9 blocks a CTA) the shares that span a
+    sequence boundary compute their second sequence's blocks with the wrong weights: every such
+    case runs cleanly, writes every element with the right −inf positions, and fails."""
+    spec = load_spec(root=project_root)
+    i2 = spec.stages["I2"]
+    wrong = KernelRef("sm_90a", "tests.fixtures.wrong_i2.sm90", "Kernel",
+                      project_root / "tests" / "fixtures" / "wrong_i2" / "sm90.py")
+    wrong_i2 = dataclasses.replace(i2, kernels={"sm_90a": wrong}, dir=wrong.path.parent)
+    summary = _run(spec, wrong_i2, "sm_90a", tmp_path, where={"b": 8, "ctx": 3000, "heads": 64, "head_dim": 128})
+    assert {(r.case["next_n"], r.case["logits_dtype"], r.case["context_2d"]) for r in summary.records} >= {
+        (1, "fp32", False), (2, "fp32", False), (2, "fp32", True)}
+    for rec in summary.records:
+        m = rec.metrics["logits"]
+        print("wrong-I2", rec.case, rec.status, m)
+        assert rec.status == "fail"
+        assert m["unwritten"] == 0 and m["nonfinite"] == 0
