@@ -724,3 +724,50 @@ def test_i1_fill_warps_use_the_common_fill_outside(arch):
     tree = ast.parse((ROOT / "stages" / "I1_mqa_logits" / f"{arch}.py").read_text())
     called = [n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
     assert called.count("fill_outside") == 1 and not {"fill_rows", "fill_compressed"} & set(called), called
+
+
+_PLANTED_I2_PROBE = r"""
+import dataclasses, hashlib, json, sys
+from pathlib import Path
+from harness.spec.spec import KernelRef, load_spec
+from harness.execution.compile import compile_case
+root, out = Path(sys.argv[1]), {}
+i2 = load_spec(root=root).stages["I2"]
+wrong = KernelRef("sm_90a", "tests.fixtures.wrong_i2.sm90", "Kernel", root / "tests" / "fixtures" / "wrong_i2" / "sm90.py")
+case = {"b": 8, "next_n": 2, "ctx": 3000, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32",
+        "context_2d": False}
+for name, stage in (("stage", i2), ("wrong", dataclasses.replace(i2, kernels={"sm_90a": wrong}, dir=wrong.path.parent))):
+    keep = Path(sys.argv[2]) / name
+    r = compile_case(root, stage, "sm_90a", case, keep=keep)
+    ptx = (keep / "kernel.ptx").read_text() if r.ok else ""
+    body = ptx.split(".entry", 1)[-1]
+    entry = body.split("(", 1)[0].strip()
+    body = body.replace(entry, "K") if entry else body  # the kernel's name embeds its module's
+    out[name] = [r.ok, r.error, hashlib.sha256(body.encode()).hexdigest(), ptx.count("wgmma.mma_async")]
+print(json.dumps(out))
+"""
+
+
+def test_planted_stale_weights_reach_the_compiled_i2_kernel(tmp_path):
+    """tests/fixtures/wrong_i2 plants its bug by overriding the persistent walk's `share_logits`;
+    the kernel must reach it through the method (else the GPU test of the planted bug would run
+    the correct kernel): both compile for sm_90a, with the same MMAs and different code (the PTX
+    with the kernel's name, which embeds its module's, set aside)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
+           "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
+    (tmp_path / "dump").mkdir()
+    run = subprocess.run([sys.executable, "-c", _PLANTED_I2_PROBE, str(root), str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=600, cwd=root)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    for name, (ok, err, _, _) in got.items():
+        assert ok, f"{name}: {err}"
+    assert got["stage"][3] == got["wrong"][3] > 0
+    assert got["stage"][2] != got["wrong"][2]
