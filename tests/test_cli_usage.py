@@ -20,14 +20,8 @@ from harness.notebook import baselines
 from harness.notebook.baselines import Baseline
 from harness.notebook.records import Record, RecordWriter
 from harness.spec.spec import load_spec
-from tests.conftest import ROOT, lab_env, run_cli
+from tests.conftest import ROOT, has_gpu, lab_env, run_cli
 from tests.test_gate import C64, C512, add_hd_stage, rec
-
-
-def _has_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def _one_line_usage_error(r: subprocess.CompletedProcess, *words: str) -> None:
@@ -131,7 +125,7 @@ def test_baseline_show_lists_cases_in_matrix_order(fake_lab):
     assert spec.stages["HD"].matrix["hd"] == [64, 512]
 
 
-@pytest.mark.skipif(_has_gpu(), reason="the CPU machine's path: no Hopper here")
+@pytest.mark.skipif(has_gpu(), reason="the CPU machine's path: no Hopper here")
 def test_accept_refuses_a_compile_only_baseline_for_an_arch_the_lab_gpus_run(fake_lab):
     from tests.test_baselines import _compiled, _write_records
 
@@ -195,7 +189,7 @@ def test_the_dashboard_is_one_row_per_stage_and_arch_and_cuts_no_number(fake_lab
         assert "H100 80GB HBM3 @ a-rather-long-gpu-host-name" in hd90 and "168r/0s/227K" in hd90
 
 
-@pytest.mark.skipif(_has_gpu(), reason="the CPU machine's wording")
+@pytest.mark.skipif(has_gpu(), reason="the CPU machine's wording")
 def test_a_compile_only_row_says_what_run_says(fake_lab):
     """Cases only `dsv4-lab compile` recorded read like those `run` recorded on a CPU machine."""
     _dashboard_records(fake_lab)

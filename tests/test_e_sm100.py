@@ -19,15 +19,11 @@ import textwrap
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, traced
 
 
 def _traced(script: str, tmp_path) -> subprocess.CompletedProcess:
-    path = tmp_path / "probe.py"
-    path.write_text(textwrap.dedent(script))
-    env = {**os.environ, "CUTE_DSL_ARCH": "sm_100a", "PYTHONPATH": str(ROOT),
-           "CUTE_DSL_KEEP": "ptx", "CUTE_DSL_DUMP_DIR": str(tmp_path)}
-    return subprocess.run([sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    return traced(script, tmp_path, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path))
 
 
 _COMPILE = """
