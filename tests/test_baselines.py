@@ -136,7 +136,7 @@ def test_saved_files_never_hold_anchors_even_for_shared_values(fake_lab):
     assert len(baselines.load(fake_lab)) == 2
 
 
-# -- records and helpers ---------------------------------------------------------------
+# -- records and helpers
 
 
 def _pass(spec, stage: str, case: dict, arch: str = "cpu", i: int = 1, cos: float = 0.9999) -> Record:
@@ -184,7 +184,7 @@ def _add_stage(lab: Path, name: str, kernels: str, matrix: str) -> None:
     (lab / "stages.yaml").write_text(text)
 
 
-# -- concurrent accepts ---------------------------------------------------------------
+# -- concurrent accepts
 
 
 def _accept_many(lab: str, stage: str, n: int, barrier) -> None:
@@ -224,7 +224,7 @@ def test_concurrent_accepts_of_two_stages_lose_nothing(fake_lab):
     assert got == {(s, f"n={16 * (i + 1)}") for s in ("P1", "P2") for i in range(n)}
 
 
-# -- compile-only baselines -----------------------------------------------------------
+# -- compile-only baselines
 
 
 @pytest.fixture
@@ -400,7 +400,7 @@ def test_show_filters_by_stage_arch_and_case(blab, capsys):
     assert baselines.show(blab, "OK") == 0 and "no baselines match" in capsys.readouterr().out
 
 
-# -- the git hook ------------------------------------------------------------------------
+# -- the git hook
 
 
 def _commit(lab: Path, env: dict) -> subprocess.CompletedProcess:
@@ -497,7 +497,7 @@ def test_a_compile_baseline_is_written_in_flow_style_and_reads_back(tmp_path):
         sorted([b, shallow, other], key=lambda x: (x.arch, x.case))
 
 
-# -- run baselines keep their metric values to the digits the gate needs ------------------------
+# -- run baselines keep their metric values to the digits the gate needs
 
 
 def _rec_with(metrics: dict) -> Record:
@@ -539,7 +539,7 @@ def test_accept_takes_rounded_metrics_from_the_record():
     assert got == baselines.gated_metrics(EXACT, baselines.DEFAULT_TOLERANCE) != EXACT
 
 
-# -- compile baselines in their own xz file (results/compile_baselines.yaml.xz) ---------------
+# -- compile baselines in their own xz file (results/compile_baselines.yaml.xz)
 
 
 COMP = {"status": "compiled", "regs": 160, "spill": 0, "smem": 80000, "inv": {"(all)": 900,
@@ -719,7 +719,7 @@ def test_the_real_baselines_round_trip_one_line_a_case(tmp_path, monkeypatch):
     assert len(cases) == len(runs) and all(ln.endswith("}") and ", src: " in ln for ln in cases)
 
 
-# -- an older clone's plain results/baselines.yaml ----------------------------------------------
+# -- an older clone's plain results/baselines.yaml
 
 
 def test_an_old_plain_baselines_file_is_read_and_the_next_save_compresses_it_and_removes_it(fake_lab):

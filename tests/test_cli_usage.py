@@ -33,7 +33,7 @@ def _one_line_usage_error(r: subprocess.CompletedProcess, *words: str) -> None:
         assert w in r.stderr, r.stderr
 
 
-# -- help and --version ------------------------------------------------------------------
+# -- help and --version
 
 
 @pytest.mark.parametrize("args", [[], ["baseline"], ["new"], ["targets"]])
@@ -58,7 +58,7 @@ def test_version(fake_lab):
     assert "--version" in run_cli(["--help"], cwd=fake_lab).stdout
 
 
-# -- options and filters -------------------------------------------------------------------
+# -- options and filters
 
 
 def test_an_unknown_option_is_named_with_the_closest_one_not_read_as_an_axis(fake_lab):
@@ -108,7 +108,7 @@ def test_show_and_note_of_an_unknown_id_are_one_line_on_stderr(fake_lab):
     assert not r.stdout.strip()
 
 
-# -- baselines -------------------------------------------------------------------------------
+# -- baselines
 
 
 def test_baseline_show_lists_cases_in_matrix_order(fake_lab):
@@ -139,7 +139,7 @@ def test_accept_refuses_a_compile_only_baseline_for_an_arch_the_lab_gpus_run(fak
         assert baselines.load(fake_lab) == []
 
 
-# -- dashboard ---------------------------------------------------------------------------------
+# -- dashboard
 
 
 def _dashboard_records(lab: Path) -> None:

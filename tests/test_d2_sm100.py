@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import ROOT, traced
 
 
-# -- plain Python: the plans -------------------------------------------------------------
+# -- plain Python: the plans
 
 
 def test_tmem_plan_fits_and_an_over_budget_plan_is_refused_with_its_columns():
@@ -61,7 +61,7 @@ def test_ring_never_deadlocks_on_the_next_tiles_qk():
             assert prev < r["n_nonv"], (d, o_split, p)
 
 
-# -- traced: the checks the kernel runs while it is compiled -----------------------------
+# -- traced: the checks the kernel runs while it is compiled
 
 
 def test_trace_time_tmem_check_refuses_from_the_fragments(tmp_path):

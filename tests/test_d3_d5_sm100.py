@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import ROOT, traced
 
 
-# -- plain Python: plans ---------------------------------------------------------------------
+# -- plain Python: plans
 
 
 @pytest.mark.parametrize("module, shape, extra", [
@@ -87,7 +87,7 @@ def test_visit_plans_of_the_masked_rungs():
     assert _plan([main, swa2], [70, 0], 0, 6, 0, 1)[:2] == (2, 2)  # empty SWA branch
 
 
-# -- traced ----------------------------------------------------------------------------------
+# -- traced
 
 
 def test_ring_rows_are_whole_lines_and_a_wrong_line_view_is_refused(tmp_path):

@@ -58,7 +58,7 @@ def _compile(case: dict, tmp_path, kernel: str = "m.Kernel", prelude: str = ""):
     return r.stdout + r.stderr
 
 
-# -- plain Python: the plan ------------------------------------------------------------------
+# -- plain Python: the plan
 
 
 def test_tmem_plan_fits_and_an_over_budget_plan_is_refused_by_the_constructor():
@@ -135,7 +135,7 @@ def test_the_staging_ring_takes_its_bytes_from_the_chunk_ring():
     assert slots["model1"].raw_slot_bytes == 64 * 192 and slots["v4.1"].raw_slot_bytes == 64 * 128
 
 
-# -- traced: refusals ------------------------------------------------------------------------
+# -- traced: refusals
 
 
 def test_trace_time_tmem_check_refuses_a_planted_over_budget_plan(tmp_path):
@@ -204,7 +204,7 @@ def test_lse_view_puts_one_token_rows_at_lse_b_h_t(tmp_path):
     assert "OURS 0 HOUSE" in out and "HOUSE 0" not in out, out[-2000:]
 
 
-# -- traced: compiles --------------------------------------------------------------------------
+# -- traced: compiles
 
 
 def _inventory(ptx: str) -> dict:

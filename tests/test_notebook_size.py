@@ -199,7 +199,7 @@ def test_a_compile_baseline_keeps_the_total_and_the_mma_counters(tmp_path):
     assert baselines.load(tmp_path) == [b]
 
 
-# --- the store, xz-compressed: appended stream by stream, read robustly, compacted -------------
+# --- the store, xz-compressed: appended stream by stream, read robustly, compacted
 
 def _variant(i: int) -> dict[str, int]:
     return {**INV, "ld.global.128b": 100 + i}
@@ -386,7 +386,7 @@ def test_runs_no_live_record_names_move_to_the_archive_and_read_back(tmp_path):
     assert any("not an xz archive" in w for w in warn)  # a bad archive costs a warning, not a crash
 
 
-# --- env blocks: kept once in results/envs.jsonl.xz, a record names its env by id -------------
+# --- env blocks: kept once in results/envs.jsonl.xz, a record names its env by id
 
 ENV_GPU = {"host": "vm", "torch": "2.11.0+cu130", "cute": "4.8.1", "gpu": "NVIDIA H100 80GB HBM3", "cc": "9.0",
            "cuda": "13.0", "driver": "580.159.04"}

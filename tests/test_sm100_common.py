@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import traced
 
 
-# -- plain Python ------------------------------------------------------------------------
+# -- plain Python
 
 
 class _Fake:
@@ -78,7 +78,7 @@ def test_fragment_coords_spot_check_and_fallback():
         idioms.cute.size = orig
 
 
-# -- traced: the real partitions of stages B, C and D1 ------------------------------------
+# -- traced: the real partitions of stages B, C and D1
 
 _SETUP = """
     import cutlass, cutlass.cute as cute

@@ -122,7 +122,7 @@ def test_a_baseline_from_a_dirty_tree_says_so(slab):
     assert b.dirty and "dirty: true" in _speed_text(slab)
 
 
-# -- the xz file, and an older clone's plain results/speed_baselines.yaml -------------------------
+# -- the xz file, and an older clone's plain results/speed_baselines.yaml
 
 ONE = "version: 1\nspeed:\n  OK:\n    cpu:\n      n=8: {record: r0.1, src: s, commit: c, us: 7.0, gpu: {}}\n"
 

@@ -105,7 +105,6 @@ def spec_error(lab: Path, text: str | bytes) -> str:
     return msg
 
 
-# ---------------------------------------------------------------------------------------
 # stages.yaml
 
 
@@ -296,7 +295,6 @@ def test_module_reexporting_its_entry_is_accepted(fake_lab):
     assert load_spec(root=fake_lab).stages["OK"].kernels["cpu"].entry == "Kernel"
 
 
-# ---------------------------------------------------------------------------------------
 # YAML amplification and depth, in yamlnodes.compose (used by every config reader).
 
 
@@ -450,7 +448,6 @@ def test_compose_refuses_a_deep_line_in_the_labs_words_either_parser(line, libya
     assert re.match(rf"^f\.yaml:2: nested more than {MAX_DEPTH} levels deep", str(exc.value)), str(exc.value)
 
 
-# ---------------------------------------------------------------------------------------
 # targets.yaml
 
 TARGETS = """\
