@@ -647,18 +647,19 @@ def test_a_corrupt_xz_file_is_one_line_and_accept_overwrites_nothing(fake_lab, b
         assert path.read_bytes() == data
 
 
-def test_the_staged_gate_reads_compile_baselines_from_the_index(blab):
-    """An accepted compile-only baseline, staged, holds the commit even when the working tree's
-    xz file is gone: `gate --staged` judges the index's copy."""
+@pytest.mark.parametrize("arch, kind", [("sm_100a", "compile-only"), ("cpu", "run")])
+def test_the_staged_gate_reads_the_baselines_from_the_index(blab, arch, kind):
+    """An accepted baseline (run: results/baselines.yaml.xz; compile-only: compile_baselines.yaml.xz),
+    staged, holds the commit even when the working tree's file is gone: `gate --staged`
+    decompresses the index's copy."""
     spec = load_spec(root=blab)
-    rec = _compiled(spec, "HD", C64)
-    _write_records(blab, [rec])
-    r = _accept(blab, "--arch", "sm_100a", "--hd", "64")
-    assert r.returncode == 0 and "(compile-only)" in r.stdout, r.stdout + r.stderr
-    subprocess.run(["git", "add", "stages.yaml", "results/baselines.yaml.xz", "results/compile_baselines.yaml.xz"],
-                   cwd=blab, check=True)
-    baselines.compile_baselines_file(blab).unlink()  # unstaged: the commit still holds the baseline
-    r = run_cli(["gate", "--staged", "--no-run"], cwd=blab)
+    _write_records(blab, [_compiled(spec, "HD", C64) if kind == "compile-only" else _pass(spec, "HD", C64)])
+    r = _accept(blab, "--arch", arch, "--hd", "64")
+    assert r.returncode == 0 and f"({kind})" in r.stdout, r.stdout + r.stderr
+    subprocess.run(["git", "add", "stages.yaml", "results/baselines.yaml.xz"]
+                   + ["results/compile_baselines.yaml.xz"] * (kind == "compile-only"), cwd=blab, check=True)
+    (baselines.compile_baselines_file if kind == "compile-only" else baselines.baselines_file)(blab).unlink()
+    r = run_cli(["gate", "--staged", "--no-run"], cwd=blab)  # unstaged: the commit still holds the baseline
     assert r.returncode == 0 and "1 baselined case(s) hold" in r.stdout, r.stdout + r.stderr
     r = run_cli(["gate", "--no-run"], cwd=blab)  # the working tree lost it: never a pass
     assert r.returncode == 1 and "no baselines, but the notebook has records" in r.stdout, r.stdout + r.stderr
@@ -786,19 +787,6 @@ def test_a_move_cut_short_after_the_xz_is_written_loses_nothing(fake_lab, monkey
         baselines.load(fake_lab)
     old.unlink()  # the fix the line names
     assert baselines.load(fake_lab) == items
-
-
-def test_the_staged_gate_reads_the_run_baselines_xz_from_the_index(blab):
-    """A run baseline, staged as results/baselines.yaml.xz, holds the commit even when the
-    working tree's file is gone: `gate --staged` decompresses the index's copy."""
-    spec = load_spec(root=blab)
-    _write_records(blab, [_pass(spec, "HD", C64)])
-    r = _accept(blab, "--arch", "cpu", "--hd", "64")
-    assert r.returncode == 0 and "(run)" in r.stdout, r.stdout + r.stderr
-    subprocess.run(["git", "add", "stages.yaml", "results/baselines.yaml.xz"], cwd=blab, check=True)
-    baselines.baselines_file(blab).unlink()  # unstaged: the commit still holds the baseline
-    r = run_cli(["gate", "--staged", "--no-run"], cwd=blab)
-    assert r.returncode == 0 and "1 baselined case(s) hold" in r.stdout, r.stdout + r.stderr
 
 
 def test_drop_all_removes_the_baselines_of_cases_the_matrix_no_longer_has(fake_lab):
