@@ -42,7 +42,8 @@ from harness.core.jsonl import replace_file
 from harness.core.labels import case_label
 from harness.core.paths import results_dir
 from harness.core.safeio import Unsafe, open_regular, xz_decompress
-from harness.notebook.baselines import BaselineError, _display, _NoAliasDumper, _results_folder, locked
+from harness.notebook.baselines import (BaselineError, _display, _NoAliasDumper, _results_folder, locked,
+                                        newer_or_older)
 from harness.notebook.records import Record, newest
 
 SPEED_VERSION = 1
@@ -223,26 +224,9 @@ def _tree(doc: Any) -> list[SpeedBaseline]:
 
 def _speed_path(root: Path) -> Path:
     """The file to read: results/speed_baselines.yaml.xz, or an older clone's plain
-    results/speed_baselines.yaml where only that one is there. Both: BaselineError, one line
-    naming both and the fix."""
-    new, old = speed_file(root), old_speed_file(root)
-    if not os.path.lexists(old) or not os.path.lexists(new):
-        return old if os.path.lexists(old) else new
-    shown_new, shown_old = _display(root, new), _display(root, old)
-    try:
-        a, b = _read(root, new), _read(root, old)
-    except BaselineError:
-        a = b = None
-    order = lambda x: (x.stage, x.arch, x.case)  # noqa: E731
-    if a is not None and b is not None and sorted(a, key=order) == sorted(b, key=order):
-        fix = f"both hold the same {len(a)} speed baselines (a write cut short?): remove the plain one (git rm {shown_old})"
-    else:
-        held = f" ({len(a)} and {len(b)} speed baselines)" if a is not None and b is not None else ""
-        fix = (f"they differ{held}: keep the one that holds the truth — `git rm {shown_old}` keeps {shown_new}; "
-               f"`git rm {shown_new}` keeps {shown_old}, which the next `dsv4-lab baseline accept STAGE --speed` "
-               f"compresses (`xz -dc {shown_new}` shows its text)")
-    raise BaselineError(f"{shown_new} and {shown_old}: both present — the speed baselines are kept in {shown_new} "
-                        f"only ({shown_old} is their plain form in an older clone, or a merge from one); {fix}")
+    results/speed_baselines.yaml where only that one is there (both: one line, `newer_or_older`)."""
+    return newer_or_older(root, speed_file(root), old_speed_file(root), lambda path: _read(root, path),
+                          "speed baselines", "dsv4-lab baseline accept STAGE --speed", "speed baselines")
 
 
 def load(root: Path) -> list[SpeedBaseline]:
