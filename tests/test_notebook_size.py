@@ -326,13 +326,19 @@ def test_archived_lines_carry_their_inventories_inline(tmp_path):
     assert read_records(tmp_path, ["A"], warn) == before and not warn
 
 
-def test_an_old_archive_that_names_ids_is_read_and_inlined(tmp_path):
-    _write(tmp_path, range(2), src="old")
-    path = stage_file(tmp_path, "A")
+def _archive_the_old_way(root) -> Path:
+    """Stage A's lines moved to its archive as they are (with store ids, as before inlining)."""
+    path = stage_file(root, "A")
     archive = archive_file(path)
     archive.parent.mkdir(parents=True)
-    archive.write_bytes(lzma.compress(path.read_bytes()))  # archived the old way: lines with ids
+    archive.write_bytes(lzma.compress(path.read_bytes()))
     path.write_text("")
+    return archive
+
+
+def test_an_old_archive_that_names_ids_is_read_and_inlined(tmp_path):
+    _write(tmp_path, range(2), src="old")
+    archive = _archive_the_old_way(tmp_path)
     assert _compact_script().named_ids(tmp_path, InventoryStore(results_dir(tmp_path))) == {content_id(SASS), content_id(_variant(0)), content_id(_variant(1))}
     warn: list[str] = []
     before = read_records(tmp_path, ["A"], warn)
@@ -482,11 +488,7 @@ def test_archived_lines_carry_their_env_inline_and_the_store_serves_the_live_one
 
 def test_an_old_archive_that_names_an_env_id_is_read_and_inlined(tmp_path):
     _write_all(tmp_path, [env_rec(0, ENV_CPU, src="old")])
-    path = stage_file(tmp_path, "A")
-    archive = archive_file(path)
-    archive.parent.mkdir(parents=True)
-    archive.write_bytes(lzma.compress(path.read_bytes()))  # archived with ids, as before this change
-    path.write_text("")
+    archive = _archive_the_old_way(tmp_path)
     before = read_records(tmp_path, ["A"], [])
     assert before[0].env == ENV_CPU
     assert inline_archive(tmp_path, "A") == 1
