@@ -563,15 +563,19 @@ def save(root: Path, items: list[Baseline], read: list[Baseline] | None = None) 
         _write(root, compile_baselines_file(root), *packed)
     if leaving:
         _write(root, baselines_file(root), *_encode(root, baselines_file(root), runs, xz=True))
-    old = old_baselines_file(root)
-    if run_path == old:  # an older clone's plain file: the .xz now holds all it held (git sees it go)
-        try:
-            old.unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise BaselineError(f"{_display(root, old)}: written to {_display(root, baselines_file(root))} but not "
-                                f"removed ({exc.strerror or exc}) — remove it (git rm {_display(root, old)})") from None
+    if run_path == old_baselines_file(root):  # an older clone's plain file: the .xz now holds all it held
+        remove_older(root, run_path, baselines_file(root))
+
+
+def remove_older(root: Path, old: Path, new: Path) -> None:
+    """Remove `old`, the plain file `new` now holds (git sees it go); BaselineError when it stays."""
+    try:
+        old.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise BaselineError(f"{_display(root, old)}: written to {_display(root, new)} but not removed "
+                            f"({exc.strerror or exc}) — remove it (git rm {_display(root, old)})") from None
 
 
 def _encode(root: Path, path: Path, items: list[Baseline], xz: bool) -> tuple[bytes, bytes, Any, int]:

@@ -43,7 +43,7 @@ from harness.core.labels import case_label
 from harness.core.paths import results_dir
 from harness.core.safeio import Unsafe, open_regular, xz_decompress
 from harness.notebook.baselines import (BaselineError, _display, _NoAliasDumper, _results_folder, locked,
-                                        newer_or_older)
+                                        newer_or_older, remove_older)
 from harness.notebook.records import Record, newest
 
 SPEED_VERSION = 1
@@ -305,13 +305,7 @@ def save(root: Path, items: list[SpeedBaseline], read: list[SpeedBaseline]) -> N
         raise BaselineError(f"{shown}: not written — the new text does not read back (a bug in the lab)")
     replace_file(speed_file(root), data)  # under the baselines lock (`locked`)
     if path == old_speed_file(root):  # an older clone's plain file: the .xz now holds all it held
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise BaselineError(f"{_display(root, path)}: written to {shown} but not removed "
-                                f"({exc.strerror or exc}) — remove it (git rm {_display(root, path)})") from None
+        remove_older(root, path, speed_file(root))
 
 
 def find(items: list[SpeedBaseline], stage: str, arch: str, label: str) -> SpeedBaseline | None:
