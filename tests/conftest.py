@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,20 @@ def _cuda_available() -> bool:
         return torch.cuda.is_available()
     except Exception:
         return False
+
+
+has_gpu = _cuda_available
+
+
+def traced(script: str, tmp_path: Path, arch: str = "sm_100a", timeout: float = 900,
+           **env: str) -> subprocess.CompletedProcess:
+    """Run `script` from a file (CuTeDSL reads a jit function's source) in a fresh process with
+    CUTE_DSL_ARCH=`arch` (CuTeDSL's arch is per process) and `env`."""
+    path = tmp_path / "probe.py"
+    path.write_text(textwrap.dedent(script))
+    env = {**os.environ, "CUTE_DSL_ARCH": arch, "PYTHONPATH": str(ROOT), **env}
+    return subprocess.run([sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -170,7 +170,6 @@ def ssh_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
                 proc.kill()
 
 
-# ---------------------------------------------------------------------------------------
 # A throwaway lab with CPU-only stages.
 
 FAKE_ORACLE = '''\

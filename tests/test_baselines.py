@@ -136,7 +136,7 @@ def test_saved_files_never_hold_anchors_even_for_shared_values(fake_lab):
     assert len(baselines.load(fake_lab)) == 2
 
 
-# -- records and helpers ---------------------------------------------------------------
+# -- records and helpers
 
 
 def _pass(spec, stage: str, case: dict, arch: str = "cpu", i: int = 1, cos: float = 0.9999) -> Record:
@@ -184,7 +184,7 @@ def _add_stage(lab: Path, name: str, kernels: str, matrix: str) -> None:
     (lab / "stages.yaml").write_text(text)
 
 
-# -- concurrent accepts ---------------------------------------------------------------
+# -- concurrent accepts
 
 
 def _accept_many(lab: str, stage: str, n: int, barrier) -> None:
@@ -224,7 +224,7 @@ def test_concurrent_accepts_of_two_stages_lose_nothing(fake_lab):
     assert got == {(s, f"n={16 * (i + 1)}") for s in ("P1", "P2") for i in range(n)}
 
 
-# -- compile-only baselines -----------------------------------------------------------
+# -- compile-only baselines
 
 
 @pytest.fixture
@@ -400,7 +400,7 @@ def test_show_filters_by_stage_arch_and_case(blab, capsys):
     assert baselines.show(blab, "OK") == 0 and "no baselines match" in capsys.readouterr().out
 
 
-# -- the git hook ------------------------------------------------------------------------
+# -- the git hook
 
 
 def _commit(lab: Path, env: dict) -> subprocess.CompletedProcess:
@@ -497,7 +497,7 @@ def test_a_compile_baseline_is_written_in_flow_style_and_reads_back(tmp_path):
         sorted([b, shallow, other], key=lambda x: (x.arch, x.case))
 
 
-# -- run baselines keep their metric values to the digits the gate needs ------------------------
+# -- run baselines keep their metric values to the digits the gate needs
 
 
 def _rec_with(metrics: dict) -> Record:
@@ -539,7 +539,7 @@ def test_accept_takes_rounded_metrics_from_the_record():
     assert got == baselines.gated_metrics(EXACT, baselines.DEFAULT_TOLERANCE) != EXACT
 
 
-# -- compile baselines in their own xz file (results/compile_baselines.yaml.xz) ---------------
+# -- compile baselines in their own xz file (results/compile_baselines.yaml.xz)
 
 
 COMP = {"status": "compiled", "regs": 160, "spill": 0, "smem": 80000, "inv": {"(all)": 900,
@@ -647,18 +647,19 @@ def test_a_corrupt_xz_file_is_one_line_and_accept_overwrites_nothing(fake_lab, b
         assert path.read_bytes() == data
 
 
-def test_the_staged_gate_reads_compile_baselines_from_the_index(blab):
-    """An accepted compile-only baseline, staged, holds the commit even when the working tree's
-    xz file is gone: `gate --staged` judges the index's copy."""
+@pytest.mark.parametrize("arch, kind", [("sm_100a", "compile-only"), ("cpu", "run")])
+def test_the_staged_gate_reads_the_baselines_from_the_index(blab, arch, kind):
+    """An accepted baseline (run: results/baselines.yaml.xz; compile-only: compile_baselines.yaml.xz),
+    staged, holds the commit even when the working tree's file is gone: `gate --staged`
+    decompresses the index's copy."""
     spec = load_spec(root=blab)
-    rec = _compiled(spec, "HD", C64)
-    _write_records(blab, [rec])
-    r = _accept(blab, "--arch", "sm_100a", "--hd", "64")
-    assert r.returncode == 0 and "(compile-only)" in r.stdout, r.stdout + r.stderr
-    subprocess.run(["git", "add", "stages.yaml", "results/baselines.yaml.xz", "results/compile_baselines.yaml.xz"],
-                   cwd=blab, check=True)
-    baselines.compile_baselines_file(blab).unlink()  # unstaged: the commit still holds the baseline
-    r = run_cli(["gate", "--staged", "--no-run"], cwd=blab)
+    _write_records(blab, [_compiled(spec, "HD", C64) if kind == "compile-only" else _pass(spec, "HD", C64)])
+    r = _accept(blab, "--arch", arch, "--hd", "64")
+    assert r.returncode == 0 and f"({kind})" in r.stdout, r.stdout + r.stderr
+    subprocess.run(["git", "add", "stages.yaml", "results/baselines.yaml.xz"]
+                   + ["results/compile_baselines.yaml.xz"] * (kind == "compile-only"), cwd=blab, check=True)
+    (baselines.compile_baselines_file if kind == "compile-only" else baselines.baselines_file)(blab).unlink()
+    r = run_cli(["gate", "--staged", "--no-run"], cwd=blab)  # unstaged: the commit still holds the baseline
     assert r.returncode == 0 and "1 baselined case(s) hold" in r.stdout, r.stdout + r.stderr
     r = run_cli(["gate", "--no-run"], cwd=blab)  # the working tree lost it: never a pass
     assert r.returncode == 1 and "no baselines, but the notebook has records" in r.stdout, r.stdout + r.stderr
@@ -719,7 +720,7 @@ def test_the_real_baselines_round_trip_one_line_a_case(tmp_path, monkeypatch):
     assert len(cases) == len(runs) and all(ln.endswith("}") and ", src: " in ln for ln in cases)
 
 
-# -- an older clone's plain results/baselines.yaml ----------------------------------------------
+# -- an older clone's plain results/baselines.yaml
 
 
 def test_an_old_plain_baselines_file_is_read_and_the_next_save_compresses_it_and_removes_it(fake_lab):
@@ -786,19 +787,6 @@ def test_a_move_cut_short_after_the_xz_is_written_loses_nothing(fake_lab, monkey
         baselines.load(fake_lab)
     old.unlink()  # the fix the line names
     assert baselines.load(fake_lab) == items
-
-
-def test_the_staged_gate_reads_the_run_baselines_xz_from_the_index(blab):
-    """A run baseline, staged as results/baselines.yaml.xz, holds the commit even when the
-    working tree's file is gone: `gate --staged` decompresses the index's copy."""
-    spec = load_spec(root=blab)
-    _write_records(blab, [_pass(spec, "HD", C64)])
-    r = _accept(blab, "--arch", "cpu", "--hd", "64")
-    assert r.returncode == 0 and "(run)" in r.stdout, r.stdout + r.stderr
-    subprocess.run(["git", "add", "stages.yaml", "results/baselines.yaml.xz"], cwd=blab, check=True)
-    baselines.baselines_file(blab).unlink()  # unstaged: the commit still holds the baseline
-    r = run_cli(["gate", "--staged", "--no-run"], cwd=blab)
-    assert r.returncode == 0 and "1 baselined case(s) hold" in r.stdout, r.stdout + r.stderr
 
 
 def test_drop_all_removes_the_baselines_of_cases_the_matrix_no_longer_has(fake_lab):

@@ -54,7 +54,6 @@ def error(lab: Path, text: str) -> str:
     return msg
 
 
-# ---------------------------------------------------------------------------------------
 # The bench block.
 
 
@@ -128,7 +127,6 @@ def test_bench_matrix_too_big(fake_lab):
     assert "90 bench shapes" in msg and "stages.OK.bench.matrix" in msg
 
 
-# ---------------------------------------------------------------------------------------
 # The plan.
 
 
@@ -221,7 +219,6 @@ def test_shape_support_on_the_project(project_root):
     assert shape_support(st, {"hd": 256, "n": 4096, "m": 8192}, (9, 0))["fa4"] is None
 
 
-# ---------------------------------------------------------------------------------------
 # The row-sampled check.
 
 
@@ -300,7 +297,6 @@ def test_check_every_row_without_a_row_axis(lab_path):
     assert out["status"] == "pass" and out["checked"] == "every row"
 
 
-# ---------------------------------------------------------------------------------------
 # Records, the dashboard's column, and the command.
 
 

@@ -15,14 +15,11 @@ Traced probes run in a subprocess with CUTE_DSL_ARCH=sm_100a (CuTeDSL's arch is 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import traced
 
 _PRELUDE = """
     import json, sys
@@ -44,10 +41,7 @@ _PRELUDE = """
 
 
 def _traced(script: str, tmp_path) -> str:
-    path = tmp_path / "probe.py"
-    path.write_text(textwrap.dedent(_PRELUDE) + textwrap.dedent(script))
-    env = {**os.environ, "CUTE_DSL_ARCH": "sm_100a", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    r = traced(textwrap.dedent(_PRELUDE) + textwrap.dedent(script), tmp_path)
     return r.stdout + r.stderr
 
 

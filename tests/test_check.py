@@ -86,38 +86,24 @@ def _build_broken(lab: Path) -> dict[str, str]:
     _edit(o, 'TensorSpec("S", (m, n), "float32", "out")', 'TensorSpec("S", (m, n + 1), "float32", "out")')
     want["TSHAPE"] = _where(o, "def reference(", lab)
 
-    o, _, _ = _stage(lab, "ISHAPE")  # make_inputs returns K with the wrong shape
-    _edit(o, "    return out\n", "    out['K'] = out['K'][:, :-1]\n    return out\n")
-    want["ISHAPE"] = _where(o, "def make_inputs(", lab)
-
-    o, _, _ = _stage(lab, "IMISSING")  # make_inputs forgets K
-    _edit(o, "    return out\n", "    del out['K']\n    return out\n")
-    want["IMISSING"] = _where(o, "def make_inputs(", lab)
-
-    o, _, _ = _stage(lab, "IDTYPE")  # make_inputs returns Q as float32
-    _edit(o, "    return out\n", "    out['Q'] = out['Q'].float()\n    return out\n")
-    want["IDTYPE"] = _where(o, "def make_inputs(", lab)
-
-    o, _, _ = _stage(lab, "ICONTIG")  # make_inputs returns a transposed view: same shape, not row-major
-    _edit(o, "    return out\n", "    out['Q'] = out['Q'].T.contiguous().T\n    return out\n")
-    want["ICONTIG"] = _where(o, "def make_inputs(", lab)
-
-    o, _, _ = _stage(lab, "IALIGN")  # make_inputs returns a view 2 bytes into a larger tensor
-    _edit(o, "    return out\n", "    out['K'] = out['K'].reshape(-1).clone().repeat(2)[1:out['K'].numel() + 1].view(out['K'].shape)\n"
-                                 "    return out\n")
-    want["IALIGN"] = _where(o, "def make_inputs(", lab)
+    for sid, line in [("ISHAPE", "out['K'] = out['K'][:, :-1]"),  # make_inputs returns K with the wrong shape
+                      ("IMISSING", "del out['K']"),  # forgets K
+                      ("IDTYPE", "out['Q'] = out['Q'].float()"),  # returns Q as float32
+                      ("ICONTIG", "out['Q'] = out['Q'].T.contiguous().T"),  # a transposed view: same shape, not row-major
+                      ("IALIGN", "out['K'] = out['K'].reshape(-1).clone().repeat(2)[1:out['K'].numel() + 1]"
+                                 ".view(out['K'].shape)")]:  # a view 2 bytes into a larger tensor
+        o, _, _ = _stage(lab, sid)
+        _edit(o, "    return out\n", f"    {line}\n    return out\n")
+        want[sid] = _where(o, "def make_inputs(", lab)
 
     o, _, _ = _stage(lab, "ORAISE")  # the oracle raises
     _edit(o, '    return {"S": s}', '    s = s / 0 if False else s\n    boom = 1 // 0\n    return {"S": s}')
     want["ORAISE"] = _where(o, "boom = 1 // 0", lab)
 
-    o, _, _ = _stage(lab, "OSHAPE")  # the oracle returns Sᵀ
-    _edit(o, '    return {"S": s}', '    return {"S": s.T}')
-    want["OSHAPE"] = _where(o, "def reference(", lab)
-
-    o, _, _ = _stage(lab, "OKEYS")  # the oracle names its output wrongly
-    _edit(o, '    return {"S": s}', '    return {"s": s}')
-    want["OKEYS"] = _where(o, "def reference(", lab)
+    for sid, ret in [("OSHAPE", '{"S": s.T}'), ("OKEYS", '{"s": s}')]:  # the oracle returns Sᵀ; names its output wrongly
+        o, _, _ = _stage(lab, sid)
+        _edit(o, '    return {"S": s}', f"    return {ret}")
+        want[sid] = _where(o, "def reference(", lab)
 
     _stage(lab, "TOLKEY")  # a tolerance key `s` for output `S`
     _yaml_edit(lab, "TOLKEY", "      S: {cosine_min", "      s: {cosine_min")

@@ -6,16 +6,10 @@ from __future__ import annotations
 import pytest
 
 from harness.notebook.records import read_records
-from tests.conftest import NO_SUCH_STAGE, ROOT, lab_env, run_cli
+from tests.conftest import NO_SUCH_STAGE, ROOT, has_gpu, lab_env, run_cli
 
 
-def _has_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-@pytest.mark.skipif(_has_gpu(), reason="this is the no-GPU path")
+@pytest.mark.skipif(has_gpu(), reason="this is the no-GPU path")
 def test_main_job_without_gpu_compiles_and_says_nothing_ran(tmp_path):
     import shutil
 
@@ -35,7 +29,7 @@ def test_main_job_without_gpu_compiles_and_says_nothing_ran(tmp_path):
 def test_list_shows_archs_and_whether_they_run_here(lab_copy, tmp_path):
     r = run_cli(["list"], cwd=lab_copy, env_extra=lab_env(lab_copy, tmp_path / "cache"))
     assert r.returncode == 0 and "stage-A" in r.stdout and "sm_100a" in r.stdout
-    assert ("compile only" in r.stdout) != _has_gpu() or "runs here" in r.stdout
+    assert ("compile only" in r.stdout) != has_gpu() or "runs here" in r.stdout
 
 
 def test_unknown_stage_and_bad_arch_are_one_line_exit_2(lab_copy, tmp_path):

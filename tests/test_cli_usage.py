@@ -20,14 +20,8 @@ from harness.notebook import baselines
 from harness.notebook.baselines import Baseline
 from harness.notebook.records import Record, RecordWriter
 from harness.spec.spec import load_spec
-from tests.conftest import ROOT, lab_env, run_cli
+from tests.conftest import ROOT, has_gpu, lab_env, run_cli
 from tests.test_gate import C64, C512, add_hd_stage, rec
-
-
-def _has_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def _one_line_usage_error(r: subprocess.CompletedProcess, *words: str) -> None:
@@ -39,7 +33,7 @@ def _one_line_usage_error(r: subprocess.CompletedProcess, *words: str) -> None:
         assert w in r.stderr, r.stderr
 
 
-# -- help and --version ------------------------------------------------------------------
+# -- help and --version
 
 
 @pytest.mark.parametrize("args", [[], ["baseline"], ["new"], ["targets"]])
@@ -64,7 +58,7 @@ def test_version(fake_lab):
     assert "--version" in run_cli(["--help"], cwd=fake_lab).stdout
 
 
-# -- options and filters -------------------------------------------------------------------
+# -- options and filters
 
 
 def test_an_unknown_option_is_named_with_the_closest_one_not_read_as_an_axis(fake_lab):
@@ -114,7 +108,7 @@ def test_show_and_note_of_an_unknown_id_are_one_line_on_stderr(fake_lab):
     assert not r.stdout.strip()
 
 
-# -- baselines -------------------------------------------------------------------------------
+# -- baselines
 
 
 def test_baseline_show_lists_cases_in_matrix_order(fake_lab):
@@ -131,7 +125,7 @@ def test_baseline_show_lists_cases_in_matrix_order(fake_lab):
     assert spec.stages["HD"].matrix["hd"] == [64, 512]
 
 
-@pytest.mark.skipif(_has_gpu(), reason="the CPU machine's path: no Hopper here")
+@pytest.mark.skipif(has_gpu(), reason="the CPU machine's path: no Hopper here")
 def test_accept_refuses_a_compile_only_baseline_for_an_arch_the_lab_gpus_run(fake_lab):
     from tests.test_baselines import _compiled, _write_records
 
@@ -145,7 +139,7 @@ def test_accept_refuses_a_compile_only_baseline_for_an_arch_the_lab_gpus_run(fak
         assert baselines.load(fake_lab) == []
 
 
-# -- dashboard ---------------------------------------------------------------------------------
+# -- dashboard
 
 
 def _dashboard_records(lab: Path) -> None:
@@ -195,7 +189,7 @@ def test_the_dashboard_is_one_row_per_stage_and_arch_and_cuts_no_number(fake_lab
         assert "H100 80GB HBM3 @ a-rather-long-gpu-host-name" in hd90 and "168r/0s/227K" in hd90
 
 
-@pytest.mark.skipif(_has_gpu(), reason="the CPU machine's wording")
+@pytest.mark.skipif(has_gpu(), reason="the CPU machine's wording")
 def test_a_compile_only_row_says_what_run_says(fake_lab):
     """Cases only `dsv4-lab compile` recorded read like those `run` recorded on a CPU machine."""
     _dashboard_records(fake_lab)

@@ -125,7 +125,7 @@ def test_tmem_budget_refuses_an_impossible_configuration():
     Kernel(m=128, n=128, hd=512)  # the default split fits
 
 
-# -- the inventory -----------------------------------------------------------------------
+# -- the inventory
 
 
 @pytest.mark.parametrize("opcode, operands, key", [
@@ -234,7 +234,7 @@ def test_the_cuda_tools_are_found_inside_the_nvidia_wheels(tmp_path, monkeypatch
         inventory.find_tool.cache_clear()
 
 
-# -- compile writes records; errors are one line in the user's file -----------------------
+# -- compile writes records; errors are one line in the user's file
 
 
 CALL = "\n    def __call__(self, a, b, out, stream):\n        pass\n"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, has_gpu, run_cli
 
 IGNORE = shutil.ignore_patterns(".git", ".cache", ".device", "scratch", "results", "__pycache__", ".run", "*.egg-info")
 CASE = ["--arch", "sm_100a", "--hd", "64", "--n", "128"]  # stage A's smallest case: one quick compile
@@ -122,16 +122,7 @@ def test_looking_again_writes_nothing_and_record_writes_all_the_same(lab):
     assert _leftover_temp(tmp) == []
 
 
-def _has_gpu() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:
-        return False
-
-
-@pytest.mark.skipif(_has_gpu(), reason="the path of a machine with no GPU (every case compiled, not run)")
+@pytest.mark.skipif(has_gpu(), reason="the path of a machine with no GPU (every case compiled, not run)")
 def test_running_again_where_nothing_runs_writes_nothing(lab):
     """The README's first command on a laptop: `run` compiles both archs and runs neither. Run
     again with nothing changed, it records nothing (results/ byte for byte as it was) and still

@@ -29,7 +29,7 @@ def d2_matrix() -> list[dict]:
     return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
 
 
-# -- oracle --------------------------------------------------------------------------------
+# -- oracle
 
 
 def loops_decode(q, kv, n, d):
@@ -129,7 +129,7 @@ def test_matrix_covers_the_issue():
     assert {c["splits"] for c in d2_matrix()} == {1, "auto", "many"}
 
 
-# -- kernel refusals -----------------------------------------------------------------------
+# -- kernel refusals
 
 
 @pytest.mark.parametrize(
@@ -151,7 +151,7 @@ def test_kernel_refuses_what_it_cannot_do(shape, splits, words):
         Kernel(shape=shape, splits=splits)
 
 
-# -- split chooser -------------------------------------------------------------------------
+# -- split chooser
 
 
 def test_choose_splits_known_values():
@@ -188,7 +188,7 @@ def test_resolve_splits():
         sch.choose_splits(0, 4)
 
 
-# -- scheduler mapping ---------------------------------------------------------------------
+# -- scheduler mapping
 
 
 @pytest.mark.parametrize("grid", [
@@ -261,7 +261,7 @@ def test_decode_shape_words():
             sch.DecodeShape.parse(bad)
 
 
-# -- combine -------------------------------------------------------------------------------
+# -- combine
 
 
 def _attention(q, kv):
@@ -301,7 +301,7 @@ def test_combine_rows_with_no_key_are_zero_and_plus_inf():
     assert torch.equal(o[1], torch.full((4,), 1.5, dtype=torch.float64)) and lse[1] == 0.25
 
 
-# -- barriers ------------------------------------------------------------------------------
+# -- barriers
 
 
 def test_named_barriers_are_distinct_hardware_ids():
@@ -310,7 +310,7 @@ def test_named_barriers_are_distinct_hardware_ids():
     assert all(1 <= i < MAX_NAMED_BARRIERS for i in ids if i)
 
 
-# -- K and Vᵀ views of one shared-memory slot (traces layouts, no kernel) ------------------
+# -- K and Vᵀ views of one shared-memory slot (traces layouts, no kernel)
 
 
 def test_kv_views_address_the_same_bytes_and_a_mismatch_is_caught(monkeypatch):
@@ -343,7 +343,7 @@ def test_kv_views_address_the_same_bytes_and_a_mismatch_is_caught(monkeypatch):
     assert "not K's bytes" in outcome.get("refused", "")
 
 
-# -- the real kernel, compiled (no GPU): ~30 s --------------------------------------------------
+# -- the real kernel, compiled (no GPU): ~30 s
 
 
 @pytest.fixture(scope="module")

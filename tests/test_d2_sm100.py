@@ -10,26 +10,12 @@ process); each costs one partial trace (~10–40 s on this machine)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, traced
 
 
-def _traced(script: str, tmp_path) -> subprocess.CompletedProcess:
-    """Run `script` from a file (CuTeDSL reads a jit function's source) in a fresh process."""
-    path = tmp_path / "probe.py"
-    path.write_text(textwrap.dedent(script))
-    env = {**os.environ, "CUTE_DSL_ARCH": "sm_100a", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, str(path)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-
-
-# -- plain Python: the plans -------------------------------------------------------------
+# -- plain Python: the plans
 
 
 def test_tmem_plan_fits_and_an_over_budget_plan_is_refused_with_its_columns():
@@ -75,13 +61,13 @@ def test_ring_never_deadlocks_on_the_next_tiles_qk():
             assert prev < r["n_nonv"], (d, o_split, p)
 
 
-# -- traced: the checks the kernel runs while it is compiled -----------------------------
+# -- traced: the checks the kernel runs while it is compiled
 
 
 def test_trace_time_tmem_check_refuses_from_the_fragments(tmp_path):
     """With the constructor's plan forced to say "fits", the traced kernel still refuses:
     it derives S and O columns from the MMA fragments and re-checks the 512 limit."""
-    r = _traced("""
+    r = traced("""
         import cutlass
         from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
         import cutlass.cute as cute
@@ -108,7 +94,7 @@ def test_trace_time_tmem_check_refuses_from_the_fragments(tmp_path):
 
 
 def test_v_view_is_the_same_bytes_as_k_and_a_wrong_view_is_refused(tmp_path):
-    r = _traced("""
+    r = traced("""
         import cutlass.cute as cute
         import stages.D2_decode.sm100 as m
 

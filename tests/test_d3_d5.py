@@ -37,7 +37,7 @@ def tolerances(stage: str) -> dict[str, Tolerance]:
     return {k: Tolerance(**v) for k, v in tol.items()}
 
 
-# -- an independent float64 loop ------------------------------------------------------------
+# -- an independent float64 loop
 
 
 def loops(q, branches, sink=None):
@@ -140,7 +140,7 @@ def test_merge_identity_two_branches_merged_by_lse_equal_one_softmax_over_the_un
     assert torch.allclose(twice["LSE"], once["LSE"] + math.log(2.0)) and torch.allclose(twice["O"], once["O"])
 
 
-# -- inputs ----------------------------------------------------------------------------------
+# -- inputs
 
 
 def test_swa_inputs_nan_past_every_fill_level_lonely_beside_full_never_zeros():
@@ -183,7 +183,7 @@ def test_merge_inputs_spread_lse_so_every_sink_value_matters():
             assert torch.isnan(inputs[name][b, L:].float()).all() and torch.isfinite(inputs[name][b, :L].float()).all()
 
 
-# -- key limits, tile visits (the functions the kernels trace) --------------------------------
+# -- key limits, tile visits (the functions the kernels trace)
 
 
 def test_key_limit_matches_the_causal_rule():
@@ -243,7 +243,7 @@ def test_combine_with_sink_and_empty_splits():
     assert (o_inf == 0).all()
 
 
-# -- the kernels' view of the matrices ---------------------------------------------------------
+# -- the kernels' view of the matrices
 
 
 @pytest.mark.parametrize("stage,module", [("D3", "stages.D3_swa.sm90"), ("D4", "stages.D4_causal_swa.sm90"),
@@ -267,7 +267,7 @@ def test_kernels_accept_their_matrix_within_the_scratch(stage, module):
         importlib.import_module("stages.D5_sink_merge.sm90").Kernel(shape="b1s1h64m64n100d512", splits=1, sink="none")
 
 
-# -- the planted bugs are visible to the lab's own judge --------------------------------------
+# -- the planted bugs are visible to the lab's own judge
 # Each bug moves the LSE (the cheap half of the oracle) past the stage's LSE tolerance on every
 # case its GPU test runs: enough for the lab's verdict to be `fail` there.
 
@@ -336,7 +336,7 @@ def test_lse_only_is_the_oracles_lse():
     assert torch.allclose(got[fin], md.merge_reference(inputs, case)["LSE"][fin], rtol=0, atol=1e-9)
 
 
-# -- the D5 kernel, compiled (no GPU): ~60 s ------------------------------------------------------
+# -- the D5 kernel, compiled (no GPU): ~60 s
 
 
 def test_d5_builds_one_launch_over_both_branches_q_once_and_combines_with_the_sink(tmp_path):
@@ -388,7 +388,7 @@ def test_torch_peer_matches_the_oracle_and_never_nans(sink):
             assert (o == 0).all()
 
 
-# -- stages/common/softmax.py: the lonely-row rule is a compile-time switch -------------------------
+# -- stages/common/softmax.py: the lonely-row rule is a compile-time switch
 
 _SOFTMAX_PROBE = '''
 import os, re
@@ -449,7 +449,7 @@ def test_softmax_lonely_row_select_is_traced_only_when_asked(tmp_path):
     assert "LONELY 2" in out and "PLAIN 0" in out, out[-2000:]
 
 
-# -- the house's own planning code, run on ints over every case ---------------------------------
+# -- the house's own planning code, run on ints over every case
 
 
 @pytest.mark.parametrize("stage,module", [("D3", "stages.D3_swa.sm90"), ("D4", "stages.D4_causal_swa.sm90"),

@@ -11,24 +11,12 @@ Traced checks run in a subprocess with CUTE_DSL_ARCH=sm_100a (CuTeDSL's arch is 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, traced
 
 
-def _traced(script: str, tmp_path) -> subprocess.CompletedProcess:
-    path = tmp_path / "probe.py"
-    path.write_text(textwrap.dedent(script))
-    env = {**os.environ, "CUTE_DSL_ARCH": "sm_100a", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-
-
-# -- plain Python: plans ---------------------------------------------------------------------
+# -- plain Python: plans
 
 
 @pytest.mark.parametrize("module, shape, extra", [
@@ -99,13 +87,13 @@ def test_visit_plans_of_the_masked_rungs():
     assert _plan([main, swa2], [70, 0], 0, 6, 0, 1)[:2] == (2, 2)  # empty SWA branch
 
 
-# -- traced ----------------------------------------------------------------------------------
+# -- traced
 
 
 def test_ring_rows_are_whole_lines_and_a_wrong_line_view_is_refused(tmp_path):
     """Zeroing V rows past the fill level writes whole 128-byte lines; check_lines proves over
     every element of a slot (swizzle applied) that key k, columns 64a… lie in line 64a + k."""
-    r = _traced("""
+    r = traced("""
         import cutlass.cute as cute
         import stages.D3_swa.sm100 as m
         from stages.common.sm100_masks import check_lines
@@ -135,7 +123,7 @@ def test_mask_columns_are_trace_time_constants_and_a_row_shift_is_refused(tmp_pa
     """The row mask compares each thread's key limit with constant key columns: register i of
     every softmax thread's 32x32b S fragment holds row t, key column i (row_key_columns proves
     it for all 128 threads); coordinates shifted by one row are refused."""
-    r = _traced("""
+    r = traced("""
         import cutlass
         import cutlass.cute as cute
         from cutlass.cute.nvgpu import tcgen05
@@ -171,7 +159,7 @@ def test_mask_columns_are_trace_time_constants_and_a_row_shift_is_refused(tmp_pa
 def test_d5_trace_time_tmem_check_refuses_from_the_fragments(tmp_path):
     """With the constructor's plan forced to say "fits", D5's traced kernel still refuses: the
     house derives S and O columns from the MMA fragments and re-checks the 512 limit."""
-    r = _traced("""
+    r = traced("""
         import cutlass
         from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
         import cutlass.cute as cute

@@ -310,7 +310,7 @@ def test_the_stamps_build_and_pair_stores(knob_ptx):
     assert default.count("st.global.v2.b32") == 2 * 64 and "st.global.v2" not in plain
 
 
-# -- the softmax scale (issue 35 item 1) -----------------------------------------------------
+# -- the softmax scale (issue 35 item 1)
 
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])

@@ -19,15 +19,11 @@ import textwrap
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, traced
 
 
 def _traced(script: str, tmp_path) -> subprocess.CompletedProcess:
-    path = tmp_path / "probe.py"
-    path.write_text(textwrap.dedent(script))
-    env = {**os.environ, "CUTE_DSL_ARCH": "sm_100a", "PYTHONPATH": str(ROOT),
-           "CUTE_DSL_KEEP": "ptx", "CUTE_DSL_DUMP_DIR": str(tmp_path)}
-    return subprocess.run([sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    return traced(script, tmp_path, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path))
 
 
 _COMPILE = """
@@ -62,7 +58,7 @@ def _compile(case: dict, tmp_path, kernel: str = "m.Kernel", prelude: str = ""):
     return r.stdout + r.stderr
 
 
-# -- plain Python: the plan ------------------------------------------------------------------
+# -- plain Python: the plan
 
 
 def test_tmem_plan_fits_and_an_over_budget_plan_is_refused_by_the_constructor():
@@ -139,7 +135,7 @@ def test_the_staging_ring_takes_its_bytes_from_the_chunk_ring():
     assert slots["model1"].raw_slot_bytes == 64 * 192 and slots["v4.1"].raw_slot_bytes == 64 * 128
 
 
-# -- traced: refusals ------------------------------------------------------------------------
+# -- traced: refusals
 
 
 def test_trace_time_tmem_check_refuses_a_planted_over_budget_plan(tmp_path):
@@ -208,7 +204,7 @@ def test_lse_view_puts_one_token_rows_at_lse_b_h_t(tmp_path):
     assert "OURS 0 HOUSE" in out and "HOUSE 0" not in out, out[-2000:]
 
 
-# -- traced: compiles --------------------------------------------------------------------------
+# -- traced: compiles
 
 
 def _inventory(ptx: str) -> dict:

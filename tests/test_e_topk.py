@@ -20,7 +20,7 @@ from stages.E_sparse_decode import sm100, sm90
 KEYS = 64
 
 
-# -- the window protocol, on ints ----------------------------------------------------------------
+# -- the window protocol, on ints
 
 
 def _simulate(tile_begin: int, tile_end: int, main_tiles: int, topk: int, extra_topk: int, window: int = iw.WINDOW_TILES):
@@ -94,7 +94,7 @@ def test_a_window_offset_off_by_one_is_caught():
         iw.entry = real
 
 
-# -- the kernel's plan ------------------------------------------------------------------------
+# -- the kernel's plan
 
 
 def _old_smem(k: sm90.Kernel) -> int:
@@ -157,7 +157,7 @@ def test_sm100_auto_scratch_is_capped():
     assert sd.split_capacity(b1) == max(32, k.splits) and k.splits <= sd.split_capacity(b1)
 
 
-# -- compiled ---------------------------------------------------------------------------------
+# -- compiled
 
 
 def _sm90_ptx(project_root, tmp_path, monkeypatch, cases):

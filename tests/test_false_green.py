@@ -7,7 +7,6 @@ from __future__ import annotations
 from tests.conftest import run_cli, write_baselines
 
 
-# ---------------------------------------------------------------------------------------
 # Item 7: a run that selects no case exits 1, with one line.
 
 
@@ -29,7 +28,6 @@ def test_a_shard_that_selects_a_case_still_runs(fake_lab):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-# ---------------------------------------------------------------------------------------
 # Item 8: tolerances that hold nothing are refused, in one line.
 
 import io  # noqa: E402
@@ -126,7 +124,6 @@ def test_the_committed_stages_and_baselines_keep_to_the_bounds(project_root):
     assert baselines.load(project_root, must_exist=True)
 
 
-# ---------------------------------------------------------------------------------------
 # Item 3: a kernel that writes its inputs fails, in both execution paths; the oracle sees the
 # inputs as generated.
 
@@ -220,7 +217,6 @@ def test_inputs_are_compared_bit_for_bit():
     assert changed(h, h.clone()) == 0 and changed(torch.tensor(3.0), torch.tensor(3.0)) == 0
 
 
-# ---------------------------------------------------------------------------------------
 # Item 5: every module that decides a verdict is in the staleness hash.
 
 import ast  # noqa: E402
@@ -310,7 +306,6 @@ def test_editing_verdict_code_makes_results_stale(fake_lab, tmp_path, monkeypatc
     assert identity.source_hash(fake_lab, spec.stages["OK"], "cpu") != before
 
 
-# ---------------------------------------------------------------------------------------
 # Item 6: code or data loaded dynamically is hashed (the stage's folder, stages/common, the
 # oracle's folder), and `check` says so in one line per call.
 

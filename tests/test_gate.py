@@ -207,7 +207,7 @@ def test_the_gate_reads_back_only_as_far_as_it_needs(lab, capsys):
     assert decide(lab)[0] == 1
 
 
-# -- the hook -----------------------------------------------------------------------------
+# -- the hook
 
 
 def test_hook_install_is_idempotent_and_refuses_a_foreign_hook(lab):
@@ -238,7 +238,7 @@ def test_hook_refuses_a_commit_that_regresses(lab, tmp_path):
     assert r.returncode != 0 and "REGRESSIONS" in r.stdout + r.stderr
 
 
-# -- the real lab: a broken sm_100a build is refused on a machine without a GPU ------------
+# -- the real lab: a broken sm_100a build is refused on a machine without a GPU
 
 
 def test_hook_refuses_a_commit_that_breaks_the_sm100_build_of_d1(tmp_path, monkeypatch):

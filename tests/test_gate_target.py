@@ -118,7 +118,7 @@ def test_staged_outside_git_is_one_line(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "git" in r.stderr, r.stderr
 
 
-# -- proof_target: validation ------------------------------------------------------------------
+# -- proof_target: validation
 
 BOX = "  box:\n    ssh: gpu-box\n    workdir: /w\n    python: python3\n"
 
@@ -176,7 +176,7 @@ def test_gate_with_a_bad_proof_target_or_target_is_one_line_exit_2(hooked_lab, t
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--target nosuch: no such target" in r.stderr, r.stderr
 
 
-# -- proving on a target: a real sshd ---------------------------------------------------------
+# -- proving on a target: a real sshd
 
 
 @pytest.fixture

@@ -127,7 +127,7 @@ def test_flag_is_in_the_cache_key_and_the_summary(builds):
     assert "debug" not in builds["off"]["summary"]
 
 
-# -- the worker's side (no GPU: a real file-descriptor capture around a fake launch) -------------
+# -- the worker's side (no GPU: a real file-descriptor capture around a fake launch)
 
 
 class _FakeTorch:

@@ -30,7 +30,7 @@ def _ids(c: dict) -> str:
     return "-".join(f"{k}{v}" for k, v in c.items())
 
 
-# -- quantisers ----------------------------------------------------------------------------
+# -- quantisers
 
 
 def test_per_token_quantiser_round_trips():
@@ -64,7 +64,7 @@ def test_paged_cache_packs_and_unpacks_bytewise():
     assert torch.equal(v2.view(torch.uint8), values.view(torch.uint8)) and torch.equal(s2, scale)
 
 
-# -- I1 ------------------------------------------------------------------------------------
+# -- I1
 
 
 def loops_i1(inputs) -> list[list[float]]:
@@ -145,7 +145,7 @@ def test_i1_generator_is_seeded_and_not_degenerate():
     assert ix.flops(case) == 2 * 64 * 128 * ix.valid_pairs(case) > 0
 
 
-# -- I2 ------------------------------------------------------------------------------------
+# -- I2
 
 
 def loops_i2(inputs) -> list[list[float]]:
@@ -239,7 +239,7 @@ def test_i2_neg_inf_past_each_causal_limit_and_nan_keys_planted():
     assert ix.paged_flops(case) == 2 * 64 * 128 * int((ref > -math.inf).sum())
 
 
-# -- the tolerances catch the bugs the issue names -----------------------------------------
+# -- the tolerances catch the bugs the issue names
 
 
 def _tolerances(stage: str, case: dict):
@@ -391,7 +391,7 @@ def test_i1_tolerances_fail_a_wrong_neg_inf_position():
     assert judge(_tolerances("I1", case), {"logits": compare(out, ref).to_json()})[0] == "fail"
 
 
-# -- the kernels' refusals (no GPU needed) -------------------------------------------------
+# -- the kernels' refusals (no GPU needed)
 
 
 def test_kernels_refuse_what_they_cannot_do():

@@ -38,7 +38,6 @@ def _check(rep, prefix: str) -> insp.Check:
     return found[0]
 
 
-# ---------------------------------------------------------------------------------------
 # No tracing
 
 
@@ -144,7 +143,6 @@ def test_cli_bad_usage_is_one_line_exit_2(args, says):
     assert says in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
-# ---------------------------------------------------------------------------------------
 # Traced (one case per stage per arch)
 
 

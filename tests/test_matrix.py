@@ -62,7 +62,6 @@ def test_bool_axis_values_parse(project_root):
     assert sel and all(c.dict["v_is_k"] is True for c in sel)
 
 
-# ---------------------------------------------------------------------------------------
 # Size limit: refused before anything is built; filters apply per axis first.
 
 def _big(stage_a):

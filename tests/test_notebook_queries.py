@@ -17,7 +17,6 @@ from harness.core.statuses import RAN
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# ---------------------------------------------------------------------------------------
 # The old code, as it stood in baselines.py, gate.py, compilerun.py, dashboard.py, archive.py.
 
 
@@ -85,7 +84,6 @@ def old_archive_stale(obj, current_src) -> bool:  # archive.archive_stale's test
     return isinstance(arch, str) and arch in current_src and isinstance(src, str) and src != current_src[arch]
 
 
-# ---------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +189,6 @@ def test_old_format_notebook_reads_as_before(tmp_path):
     assert R.run_peer_us(tests[0]) == 7.5 and R.peer_times(every[2].timing) == {"torch_sdpa": 150.0}
 
 
-# ---------------------------------------------------------------------------------------
 # One notebook: the schema, the queries and the run sessions live in records.py only.
 
 HARNESS = ROOT / "harness"

@@ -160,7 +160,7 @@ def test_save_never_writes_a_file_that_loses_a_baseline_it_read(based):
     assert path.read_bytes() == before
 
 
-# -- no baselines is no pass once the notebook has records (item 4) --------------------------
+# -- no baselines is no pass once the notebook has records (item 4)
 
 
 @pytest.mark.parametrize("content", [None, "", "version: 1\n", "version: 1\nbaselines: {}\n"])
@@ -180,7 +180,7 @@ def test_a_new_lab_without_records_passes_with_no_baselines_yet(fake_lab):
     assert r.returncode == 0 and "no baselines yet" in r.stdout, r.stdout + r.stderr
 
 
-# -- results/ not what it should be (item 15) -------------------------------------------------
+# -- results/ not what it should be (item 15)
 
 
 def test_a_folder_for_the_baselines_lock_is_one_line_exit_2(based):
@@ -212,7 +212,7 @@ def test_missing_records_folder_is_named_as_such(based):
     assert "source changed" not in r.stdout
 
 
-# -- unbounded reads under results/ (item 9) ---------------------------------------------------
+# -- unbounded reads under results/ (item 9)
 
 
 def _limited() -> None:

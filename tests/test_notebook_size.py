@@ -199,7 +199,7 @@ def test_a_compile_baseline_keeps_the_total_and_the_mma_counters(tmp_path):
     assert baselines.load(tmp_path) == [b]
 
 
-# --- the store, xz-compressed: appended stream by stream, read robustly, compacted -------------
+# --- the store, xz-compressed: appended stream by stream, read robustly, compacted
 
 def _variant(i: int) -> dict[str, int]:
     return {**INV, "ld.global.128b": 100 + i}
@@ -326,13 +326,19 @@ def test_archived_lines_carry_their_inventories_inline(tmp_path):
     assert read_records(tmp_path, ["A"], warn) == before and not warn
 
 
-def test_an_old_archive_that_names_ids_is_read_and_inlined(tmp_path):
-    _write(tmp_path, range(2), src="old")
-    path = stage_file(tmp_path, "A")
+def _archive_the_old_way(root) -> Path:
+    """Stage A's lines moved to its archive as they are (with store ids, as before inlining)."""
+    path = stage_file(root, "A")
     archive = archive_file(path)
     archive.parent.mkdir(parents=True)
-    archive.write_bytes(lzma.compress(path.read_bytes()))  # archived the old way: lines with ids
+    archive.write_bytes(lzma.compress(path.read_bytes()))
     path.write_text("")
+    return archive
+
+
+def test_an_old_archive_that_names_ids_is_read_and_inlined(tmp_path):
+    _write(tmp_path, range(2), src="old")
+    archive = _archive_the_old_way(tmp_path)
     assert _compact_script().named_ids(tmp_path, InventoryStore(results_dir(tmp_path))) == {content_id(SASS), content_id(_variant(0)), content_id(_variant(1))}
     warn: list[str] = []
     before = read_records(tmp_path, ["A"], warn)
@@ -386,7 +392,7 @@ def test_runs_no_live_record_names_move_to_the_archive_and_read_back(tmp_path):
     assert any("not an xz archive" in w for w in warn)  # a bad archive costs a warning, not a crash
 
 
-# --- env blocks: kept once in results/envs.jsonl.xz, a record names its env by id -------------
+# --- env blocks: kept once in results/envs.jsonl.xz, a record names its env by id
 
 ENV_GPU = {"host": "vm", "torch": "2.11.0+cu130", "cute": "4.8.1", "gpu": "NVIDIA H100 80GB HBM3", "cc": "9.0",
            "cuda": "13.0", "driver": "580.159.04"}
@@ -482,11 +488,7 @@ def test_archived_lines_carry_their_env_inline_and_the_store_serves_the_live_one
 
 def test_an_old_archive_that_names_an_env_id_is_read_and_inlined(tmp_path):
     _write_all(tmp_path, [env_rec(0, ENV_CPU, src="old")])
-    path = stage_file(tmp_path, "A")
-    archive = archive_file(path)
-    archive.parent.mkdir(parents=True)
-    archive.write_bytes(lzma.compress(path.read_bytes()))  # archived with ids, as before this change
-    path.write_text("")
+    archive = _archive_the_old_way(tmp_path)
     before = read_records(tmp_path, ["A"], [])
     assert before[0].env == ENV_CPU
     assert inline_archive(tmp_path, "A") == 1

@@ -145,7 +145,7 @@ def test_model1_wide_chunk_and_both_load_orders_are_in_the_protocol():
     assert raw[0] != raw[1]  # the wide chunk comes at another position of each half's load order
 
 
-# -- planted protocol bugs -----------------------------------------------------------------------
+# -- planted protocol bugs
 
 
 def _planted(proto: Protocol, role: str, bar: str, delta: int) -> Protocol:
@@ -212,7 +212,7 @@ def test_the_simulator_reports_a_lapped_ring_and_a_stray_arrival():
         "role w waits on x.full[0] phase 0 (parity 0; 0 of 1 arrivals, 0 bytes outstanding)")
 
 
-# -- the PTX cross-check --------------------------------------------------------------------------
+# -- the PTX cross-check
 
 PTX_CASES = {  # sm_100a: one compiled case per family (and E's three formats: different protocols)
     "D2": {"shape": "b4s2h128n256d64", "splits": 1},

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, lab_env, run_cli
+from tests.conftest import ROOT, has_gpu, lab_env, run_cli
 
 README = ROOT / "README.md"
 
@@ -100,15 +100,9 @@ NO_GPU_EXITS = {"bench": {1}, "calibrate": {1}}  # "With no GPU, bench prints it
 EXITS = {"baseline accept": {0, 1}}  # 1: nothing to take (no fresh compiled record for the current source)
 
 
-def _has_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def _expected(args: list[str]) -> set[int] | None:
     if args[0] in NO_GPU_EXITS:
-        return None if _has_gpu() else NO_GPU_EXITS[args[0]]
+        return None if has_gpu() else NO_GPU_EXITS[args[0]]
     return EXITS.get(" ".join(args[:2]), {0})
 
 

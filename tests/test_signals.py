@@ -81,7 +81,6 @@ def _add_stage(lab: Path, yaml_block: str, module: str, code: str) -> None:
         f.write(textwrap.indent(textwrap.dedent(yaml_block), "  "))
 
 
-# ---------------------------------------------------------------------------------------
 # Item 11: a kernel's child process.
 
 SPAWNING_KERNEL = '''\
@@ -139,7 +138,6 @@ def test_a_process_the_kernel_starts_does_not_outlive_its_case(fake_lab, mode, c
         _kill_marked(token)
 
 
-# ---------------------------------------------------------------------------------------
 # Item 12: nohup.
 
 
@@ -171,7 +169,6 @@ def test_a_run_started_with_sighup_ignored_keeps_going_on_a_hang_up(fake_lab):
         _kill_marked(token)
 
 
-# ---------------------------------------------------------------------------------------
 # Item 15: a stop signal while the run shuts down.
 
 
@@ -203,7 +200,6 @@ def test_a_stop_signal_during_the_shut_down_gives_the_exit_code_of_the_end_event
     assert summary.interrupted and summary.exit_code == 143
 
 
-# ---------------------------------------------------------------------------------------
 # Item 10: `dsv4-lab compile` and signals (a compile that takes its time: the kernel's
 # constructor starts a child, says so, and hangs; it runs in a compile worker, after CuTeDSL
 # is imported there).
@@ -305,7 +301,6 @@ def test_sigterm_during_the_gates_recompile_is_143_interrupted_with_nothing_left
         _kill_marked(token)
 
 
-# ---------------------------------------------------------------------------------------
 # Item 10: a Ctrl-C while the command line is still loading.
 
 EARLY_CTRL_C = '''\
@@ -336,7 +331,6 @@ def test_ctrl_c_while_the_command_line_loads_is_one_line_and_130(fake_lab):
     assert r.stderr.strip() == "dsv4-lab: interrupted"
 
 
-# ---------------------------------------------------------------------------------------
 # Item 14: the whole command's matrix is bounded.
 
 

@@ -29,7 +29,6 @@ def _targets(workdir: Path, extra: str = "", tasks: int = 3, time_limit: str = "
             f"    workdir: {workdir}\n{extra}")
 
 
-# ---------------------------------------------------------------------------------------
 # targets.yaml: the slurm kind, and one line for each bad input.
 
 GOOD = """\
@@ -107,7 +106,6 @@ def test_slurm_target_is_not_an_ssh_target(tmp_path: Path) -> None:
     assert out.returncode == 2 and "b200 is a slurm target" in out.stderr and "Traceback" not in out.stderr, out
 
 
-# ---------------------------------------------------------------------------------------
 # The sbatch script (the GPU path, checked without a cluster).
 
 
@@ -135,7 +133,6 @@ def test_print_job_shows_the_gpu_array(tmp_path: Path) -> None:
     assert out.returncode == 2 and "no target b2000 is declared (declared: b200)" in out.stderr, out
 
 
-# ---------------------------------------------------------------------------------------
 # Through a real Slurm.
 
 MIX_KERNEL = '''\
@@ -374,7 +371,6 @@ def test_preempted_task_marks_its_cases_skipped(slurm_cluster: SlurmCluster, tmp
     assert slurm_cluster.squeue() == []
 
 
-# ---------------------------------------------------------------------------------------
 # A login host reached over ssh (a throwaway sshd on 127.0.0.1; no Slurm behind it here).
 
 

@@ -9,26 +9,14 @@ arch is per process, and it reads a jit function's source)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import traced
 
 
-def _traced(script: str, tmp_path) -> subprocess.CompletedProcess:
-    path = tmp_path / "probe.py"
-    path.write_text(textwrap.dedent(script))
-    env = {**os.environ, "CUTE_DSL_ARCH": "sm_100a", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, str(path)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-
-
-# -- plain Python ------------------------------------------------------------------------
+# -- plain Python
 
 
 class _Fake:
@@ -90,7 +78,7 @@ def test_fragment_coords_spot_check_and_fallback():
         idioms.cute.size = orig
 
 
-# -- traced: the real partitions of stages B, C and D1 ------------------------------------
+# -- traced: the real partitions of stages B, C and D1
 
 _SETUP = """
     import cutlass, cutlass.cute as cute
@@ -148,7 +136,7 @@ def test_identity_coords_equals_cute_indexing_on_the_kernels_partitions(tmp_path
     """Every register of the partitions the sm100 checks compare (TMEM-P S load / P store,
     the O rescale pair, D1's SMEM-P copy and its A-operand (M, K) view), for threads of
     all four warps: the Python evaluation gives exactly what t[i] gives."""
-    r = _traced(_SETUP + """
+    r = traced(_SETUP + """
     def same(name, t, step=1):
         a = identity_coords(t)
         n = cute.size(t)
@@ -181,7 +169,7 @@ def test_identity_coords_equals_cute_indexing_on_the_kernels_partitions(tmp_path
 def test_agreement_checks_still_refuse_a_planted_mismatch(tmp_path):
     """The faster checks are as strict as before: the kernels' own pairs pass, and a store
     partition shifted by one key, a transposed one, or a wrong A-operand view is refused."""
-    r = _traced(_SETUP + """
+    r = traced(_SETUP + """
     def expect(name, fn):
         try:
             fn()

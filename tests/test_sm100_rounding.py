@@ -82,7 +82,6 @@ def _verdict(stage: str, outs: dict, ref: dict, case: dict) -> tuple[str, str | 
     return verdict, why, metrics
 
 
-# ---------------------------------------------------------------------------------------------
 # The kernels' arithmetic
 
 

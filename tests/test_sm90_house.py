@@ -12,19 +12,13 @@ process; it reads a jit function's source, so the probe is a file)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-import textwrap
 
-from tests.conftest import ROOT
+from tests.conftest import traced
 
 
 def _traced(script: str, tmp_path) -> subprocess.CompletedProcess:
-    path = tmp_path / "probe.py"
-    path.write_text(textwrap.dedent(script))
-    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return traced(script, tmp_path, "sm_90a")
 
 
 def test_smem_struct_matches_the_hand_written_structs(tmp_path):

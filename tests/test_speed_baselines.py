@@ -1,9 +1,10 @@
 """Speed baselines (issue 29 item 1): `baseline accept STAGE --speed` keeps, per bench shape, the
 median µs, its spread, the peers' ratios and the GPU from the newest fresh bench record, in
-results/speed_baselines.yaml beside results/baselines.yaml.xz (which is left exactly as it was)."""
+results/speed_baselines.yaml.xz beside results/baselines.yaml.xz (which is left exactly as it was)."""
 
 from __future__ import annotations
 
+import lzma
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from harness.notebook.baselines import BaselineError
 from harness.notebook.records import Record, RecordWriter
 from harness.spec.identity import source_hash
 from harness.spec.spec import load_spec
-from tests.conftest import run_cli, write_baselines
+from tests.conftest import ROOT, run_cli, write_baselines
 from tests.test_bench import LAB
 from harness.core.labels import case_label
 
@@ -33,6 +34,14 @@ def _bench(lab: Path, rid: str, n: int, us: float, src: str | None = None, statu
                            "peer_torch_sdpa_us": us * 1.2, "peer_torch_sdpa_ratio": 1.2,
                            "peer_fa4": "not installed (pip install flash-attn-4)"}))
     w.close()
+
+
+def _xz(text: str) -> bytes:
+    return lzma.compress(text.encode(), format=lzma.FORMAT_XZ)
+
+
+def _speed_text(lab: Path) -> str:
+    return lzma.decompress(speedbaselines.speed_file(lab).read_bytes()).decode()
 
 
 @pytest.fixture
@@ -72,7 +81,7 @@ def test_accept_speed_adds_and_loses_nothing(slab):
 def test_accept_speed_without_a_bench_record_takes_nothing(slab):
     r = run_cli(["baseline", "accept", "stage-OK", "--speed"], cwd=slab)
     assert r.returncode == 1 and "dsv4-lab bench stage-OK" in r.stdout, r.stdout + r.stderr
-    assert not (slab / "results" / "speed_baselines.yaml").exists()
+    assert not speedbaselines.speed_file(slab).exists() and not speedbaselines.old_speed_file(slab).exists()
 
 
 def test_bad_filter_for_speed_is_one_line(slab):
@@ -87,15 +96,15 @@ def test_bad_filter_for_speed_is_one_line(slab):
     ("version: 1\nspeed: {}\nspeed: {}\n", "duplicate key"),
 ])
 def test_a_bad_speed_file_is_one_line_and_accept_overwrites_nothing(slab, text, where):
-    path = slab / "results" / "speed_baselines.yaml"
+    path = speedbaselines.speed_file(slab)
     path.parent.mkdir(exist_ok=True)
-    path.write_text(text)
+    path.write_bytes(_xz(text))
     with pytest.raises(BaselineError) as exc:
         speedbaselines.load(slab)
     assert where in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
     _bench(slab, "r1.1", 4096, 50.0)
     r = run_cli(["baseline", "accept", "stage-OK", "--speed"], cwd=slab)
-    assert r.returncode == 2 and "speed_baselines.yaml" in r.stderr and path.read_text() == text
+    assert r.returncode == 2 and "speed_baselines.yaml.xz:" in r.stderr and path.read_bytes() == _xz(text)
 
 
 def test_compared_only_on_the_same_gpu_model():
@@ -110,4 +119,61 @@ def test_a_baseline_from_a_dirty_tree_says_so(slab):
     r = run_cli(["baseline", "accept", "stage-OK", "--speed"], cwd=slab)
     assert r.returncode == 0 and "uncommitted changes" in r.stdout, r.stdout + r.stderr
     (b,) = speedbaselines.load(slab)
-    assert b.dirty and "dirty: true" in (slab / "results" / "speed_baselines.yaml").read_text()
+    assert b.dirty and "dirty: true" in _speed_text(slab)
+
+
+# -- the xz file, and an older clone's plain results/speed_baselines.yaml
+
+ONE = "version: 1\nspeed:\n  OK:\n    cpu:\n      n=8: {record: r0.1, src: s, commit: c, us: 7.0, gpu: {}}\n"
+
+
+def test_a_corrupt_speed_xz_file_is_one_line(slab):
+    speedbaselines.speed_file(slab).parent.mkdir(exist_ok=True)
+    speedbaselines.speed_file(slab).write_bytes(_xz(ONE)[:-9])
+    with pytest.raises(BaselineError, match=r"^results/speed_baselines\.yaml\.xz:1: not a readable xz file .*"
+                                            r"git checkout results/speed_baselines\.yaml\.xz$"):
+        speedbaselines.load(slab)
+
+
+def test_an_old_plain_speed_file_is_read_and_the_next_accept_compresses_and_removes_it(slab):
+    old = speedbaselines.old_speed_file(slab)
+    old.parent.mkdir(exist_ok=True)
+    old.write_text(ONE)
+    (kept,) = speedbaselines.load(slab)
+    assert kept.us == 7.0 and not speedbaselines.speed_file(slab).exists()  # reading writes nothing
+    _bench(slab, "r1.1", 4096, 50.0)
+    assert run_cli(["baseline", "accept", "stage-OK", "--speed"], cwd=slab).returncode == 0
+    assert not old.exists() and speedbaselines.speed_file(slab).read_bytes().startswith(b"\xfd7zXZ\x00")
+    assert sorted(b.case for b in speedbaselines.load(slab)) == sorted(["n=8", N4096]) and "r0.1" in _speed_text(slab)
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_the_speed_xz_and_an_old_plain_one_at_once_are_one_line_naming_both(slab, same):
+    new, old = speedbaselines.speed_file(slab), speedbaselines.old_speed_file(slab)
+    new.parent.mkdir(exist_ok=True)
+    new.write_bytes(_xz(ONE))
+    old.write_text(ONE if same else ONE.replace("n=8", "n=9"))
+    before = (new.read_bytes(), old.read_bytes())
+    with pytest.raises(BaselineError) as exc:
+        speedbaselines.load(slab)
+    text = str(exc.value)
+    assert "\n" not in text and text.startswith("results/speed_baselines.yaml.xz and results/speed_baselines.yaml: "
+                                                "both present"), text
+    assert ("both hold the same 1 speed baselines" if same else "they differ (1 and 1 speed baselines)") in text, text
+    with pytest.raises(BaselineError, match="both present"):
+        speedbaselines.save(slab, [], [])
+    _bench(slab, "r1.1", 4096, 50.0)
+    r = run_cli(["baseline", "accept", "stage-OK", "--speed"], cwd=slab)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "both present" in r.stderr, r.stdout + r.stderr
+    assert (new.read_bytes(), old.read_bytes()) == before
+
+
+def test_the_real_speed_baselines_round_trip_to_the_same_text(tmp_path):
+    lab = tmp_path / "lab"
+    (lab / "results").mkdir(parents=True)
+    speedbaselines.speed_file(lab).write_bytes(speedbaselines.speed_file(ROOT).read_bytes())
+    real = speedbaselines.load(lab)
+    text = _speed_text(lab)
+    assert len(real) > 10
+    speedbaselines.save(lab, real, real)
+    assert speedbaselines.load(lab) == real and _speed_text(lab) == text

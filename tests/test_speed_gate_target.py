@@ -243,3 +243,14 @@ def test_compare_takes_a_shipped_tree_where_there_is_no_git(fake_lab, tmp_path, 
     assert "no GPU here: nothing was timed" in out
     with pytest.raises(BenchError, match="its tree was not sent"):
         abbench.main(fake_lab, st, [], sha[:12], rev_tree=(sha, tmp_path / "nothing"))
+
+
+@pytest.mark.parametrize("name", remote_speedgate.SPEED_FILES)
+def test_a_speed_file_git_ignores_still_travels(tmp_path, name):
+    lab = tmp_path / "lab"
+    (lab / "results").mkdir(parents=True)
+    (lab / ".gitignore").write_text("results/speed_baselines.yaml*\n")
+    (lab / name).write_bytes(b"the speed baselines")
+    subprocess.run(["git", "init", "-q"], cwd=lab, check=True)
+    snap = remote_speedgate._tree(lab, {}, tmp_path / "out")
+    assert name in snap.files and (tmp_path / "out" / name).read_bytes() == b"the speed baselines"

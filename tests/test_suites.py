@@ -25,7 +25,6 @@ def _case(module, i: int) -> dict:
     return next(c for c in module.cases() if c["id"] == i)
 
 
-# ---------------------------------------------------------------------------------------------
 # The case lists against upstream's
 
 
@@ -198,7 +197,6 @@ def test_suite_list_counts_total_supported_and_reasons():
     assert r.stderr.strip() == "dsv4-lab: no suite 'nosuch' — known: deepgemm, flashmla (oracles/suites/__init__.py)"
 
 
-# ---------------------------------------------------------------------------------------------
 # The generators
 
 
@@ -281,7 +279,6 @@ def test_deepgemm_generators_follow_upstream():
         assert geo["width"] * 64 >= max(lens)
 
 
-# ---------------------------------------------------------------------------------------------
 # The pass rules
 
 
@@ -335,7 +332,6 @@ def test_deepgemm_rule_passes_the_reference_and_fails_planted_errors():
     assert not diff_below(torch.full((4,), math.nan), {"u": (torch.ones(4, dtype=torch.float64), 1e-3)})["suite_ok"]
 
 
-# ---------------------------------------------------------------------------------------------
 # Suite stages through the one executor (a fake CPU lab)
 
 
@@ -450,7 +446,6 @@ def test_the_gate_sees_a_suite_regression(suite_lab):
     assert "fail: out: fails the suite's pass rule; out: max diff" in r.stdout
 
 
-# ---------------------------------------------------------------------------------------------
 # Bad suite blocks: one line, file:line: key: problem — fix
 
 

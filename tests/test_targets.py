@@ -32,7 +32,6 @@ from tests.ssh_fixtures import SshServer, make_lab, run_cli, ssh_server  # noqa:
 PY = sys.executable
 
 
-# ---------------------------------------------------------------------------------------
 # targets.yaml: validation (no ssh needed).
 
 
@@ -227,7 +226,6 @@ def test_unknown_target_is_a_target_error(lab_dir):
         targets.resolve_targets(lab_dir, "b200,local")
 
 
-# ---------------------------------------------------------------------------------------
 # The ssh argv and the remote command (no ssh needed).
 
 
@@ -341,7 +339,6 @@ def test_explain_ssh_failure():
     assert "cannot reach gpu" in explain_ssh_failure(t, "ssh: connect to host gpu port 22: Connection refused")
 
 
-# ---------------------------------------------------------------------------------------
 # Which way the tree is copied: rsync when both sides have it, else tar (no ssh needed).
 
 
@@ -385,7 +382,6 @@ def test_rsync_missing_here_is_a_link_error_not_a_traceback(monkeypatch, tmp_pat
         treecopy.sync_rsync(_target(), tmp_path, ["a.py"])
 
 
-# ---------------------------------------------------------------------------------------
 # Against a real sshd on 127.0.0.1.
 
 

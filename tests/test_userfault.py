@@ -105,7 +105,6 @@ def test_where_defined_names_the_def_line_past_decorators(tmp_path):
     assert where_defined(mod.K, tmp_path) == "uf_deco.py:9"
 
 
-# ---------------------------------------------------------------------------------------
 # The worker.
 
 

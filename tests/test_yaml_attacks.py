@@ -105,7 +105,6 @@ def spec_error(lab: Path, text: str | bytes) -> str:
     return msg
 
 
-# ---------------------------------------------------------------------------------------
 # stages.yaml
 
 
@@ -115,26 +114,30 @@ def test_rich_spec_loads(fake_lab):
     assert st.matrix == {"n": [16, 32], "mode": ["a"]} and st.bench == {"n": 32} and st.timeout_s == 20
 
 
-def test_every_malformed_spec_is_one_line(fake_lab):
-    """Each key deleted, blanked and retyped: a SpecError `stages.yaml:LINE: …`, or (for a valid
-    variant) a spec that loads, never any other exception."""
-    refused = loaded = 0
-    problems = []
-    cases = variants(RICH)
-    assert len(cases) > 300
+def _refused_in_one_line(cases, load, error, line) -> int:
+    """How many variants `load` refuses: each a one-line `error` matching `line`; nothing else escapes."""
+    refused, problems = 0, []
     for what, text in cases:
-        write_spec(fake_lab, text)
         try:
-            load_spec(root=fake_lab)
-            loaded += 1
-        except SpecError as exc:
+            load(text)
+        except error as exc:
             refused += 1
-            if not SPEC_LINE.match(str(exc)) or "\n" in str(exc):
+            if not line.match(str(exc)) or "\n" in str(exc):
                 problems.append(f"{what}: {exc}")
         except BaseException as exc:  # noqa: BLE001 — the point: nothing else may escape
             problems.append(f"{what}: {type(exc).__name__}: {str(exc)[:200]}")
     assert not problems, "\n".join(problems[:20])
-    assert refused > 0.8 * len(cases), (refused, loaded)
+    return refused
+
+
+def test_every_malformed_spec_is_one_line(fake_lab):
+    """Each key deleted, blanked and retyped: a SpecError `stages.yaml:LINE: …`, or (for a valid
+    variant) a spec that loads, never any other exception."""
+    cases = variants(RICH)
+    assert len(cases) > 300
+    refused = _refused_in_one_line(cases, lambda text: (write_spec(fake_lab, text), load_spec(root=fake_lab)),
+                                   SpecError, SPEC_LINE)
+    assert refused > 0.8 * len(cases), (refused, len(cases) - refused)
 
 
 @pytest.mark.parametrize("old, new, line, key, says", short_ids([
@@ -296,7 +299,6 @@ def test_module_reexporting_its_entry_is_accepted(fake_lab):
     assert load_spec(root=fake_lab).stages["OK"].kernels["cpu"].entry == "Kernel"
 
 
-# ---------------------------------------------------------------------------------------
 # YAML amplification and depth, in yamlnodes.compose (used by every config reader).
 
 
@@ -450,7 +452,6 @@ def test_compose_refuses_a_deep_line_in_the_labs_words_either_parser(line, libya
     assert re.match(rf"^f\.yaml:2: nested more than {MAX_DEPTH} levels deep", str(exc.value)), str(exc.value)
 
 
-# ---------------------------------------------------------------------------------------
 # targets.yaml
 
 TARGETS = """\
@@ -474,21 +475,10 @@ def test_every_malformed_targets_file_is_one_line(tmp_path):
     path = tmp_path / "targets.yaml"
     path.write_text(TARGETS)
     assert set(load_targets_file(path, "targets.yaml")) == {"b200"}
-    problems = []
-    refused = 0
     cases = variants(TARGETS)
     assert len(cases) > 200
-    for what, text in cases:
-        path.write_text(text)
-        try:
-            load_targets_file(path, "targets.yaml")
-        except TargetError as exc:
-            refused += 1
-            if not TARGETS_LINE.match(str(exc)) or "\n" in str(exc):
-                problems.append(f"{what}: {exc}")
-        except BaseException as exc:  # noqa: BLE001
-            problems.append(f"{what}: {type(exc).__name__}: {str(exc)[:200]}")
-    assert not problems, "\n".join(problems[:20])
+    refused = _refused_in_one_line(cases, lambda text: (path.write_text(text), load_targets_file(path, "targets.yaml")),
+                                   TargetError, TARGETS_LINE)
     assert refused > 0.7 * len(cases), refused
 
 

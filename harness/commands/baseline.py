@@ -24,7 +24,7 @@ def accept(
                                      "inventory) even where a passing result exists"),
     speed: bool = option("speed", False,
                          help="keep the kernel's speed at the bench shapes instead (median µs, spread, peers' "
-                              "ratios, GPU) from the newest fresh bench records: results/speed_baselines.yaml; "
+                              "ratios, GPU) from the newest fresh bench records: results/speed_baselines.yaml.xz; "
                               "axis filters then filter the bench shapes"),
 ) -> None:
     """Make the newest passing, fresh result of each selected case its baseline; for an arch no
@@ -47,7 +47,7 @@ def accept(
 
 def show(ctx: typer.Context, stage: Optional[str] = typer.Argument(None), arch: str = option("arch", "all"),
          where: Optional[str] = option("where", None),
-         speed: bool = option("speed", False, help="the speed baselines (results/speed_baselines.yaml)")) -> None:
+         speed: bool = option("speed", False, help="the speed baselines (results/speed_baselines.yaml.xz)")) -> None:
     """The baselines, per stage, arch and case (filters: --arch, axis flags like --hd 64, --where)."""
     from harness.notebook import baselines
 

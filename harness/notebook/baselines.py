@@ -341,25 +341,31 @@ def _run_path(root: Path) -> Path:
     """The run-baselines file to read: results/baselines.yaml.xz, or an older clone's plain
     results/baselines.yaml where only that one is there. Both at once: BaselineError, one line
     naming both and the fix."""
-    new, old = baselines_file(root), old_baselines_file(root)
-    if not os.path.lexists(old):
-        return new
-    if not os.path.lexists(new):
-        return old
+    return newer_or_older(root, baselines_file(root), old_baselines_file(root),
+                          lambda path: _read_file(root, path, xz=path.name.endswith(".xz")) or [],
+                          "run baselines", "dsv4-lab baseline accept", "baselines")
+
+
+def newer_or_older(root: Path, new: Path, old: Path, read: Any, what: str, command: str, counted: str) -> Path:
+    """`new` (an .xz file) or, where only it is there, `old` (its plain form in an older clone);
+    both at once: BaselineError, one line naming both and the fix (`read(path)`: the items of a
+    file, compared to tell a write cut short from two that differ)."""
+    if not os.path.lexists(old) or not os.path.lexists(new):
+        return old if os.path.lexists(old) else new
     shown_new, shown_old = _display(root, new), _display(root, old)
     try:
-        a, b = _read_file(root, new, xz=True) or [], _read_file(root, old, xz=False) or []
+        a, b = read(new), read(old)
     except BaselineError:
         a = b = None
     order = lambda x: (x.stage, x.arch, x.case)  # noqa: E731
     if a is not None and b is not None and sorted(a, key=order) == sorted(b, key=order):
-        fix = f"both hold the same {len(a)} baselines (a write cut short?): remove the plain one (git rm {shown_old})"
+        fix = f"both hold the same {len(a)} {counted} (a write cut short?): remove the plain one (git rm {shown_old})"
     else:
-        held = f" ({len(a)} and {len(b)} baselines)" if a is not None and b is not None else ""
+        held = f" ({len(a)} and {len(b)} {counted})" if a is not None and b is not None else ""
         fix = (f"they differ{held}: keep the one that holds the truth — `git rm {shown_old}` keeps {shown_new}; "
-               f"`git rm {shown_new}` keeps {shown_old}, which the next `dsv4-lab baseline accept` compresses "
+               f"`git rm {shown_new}` keeps {shown_old}, which the next `{command}` compresses "
                f"(`xz -dc {shown_new}` shows its text)")
-    raise BaselineError(f"{shown_new} and {shown_old}: both present — the run baselines are kept in {shown_new} "
+    raise BaselineError(f"{shown_new} and {shown_old}: both present — the {what} are kept in {shown_new} "
                         f"only ({shown_old} is their plain form in an older clone, or a merge from one); {fix}")
 
 
@@ -557,15 +563,19 @@ def save(root: Path, items: list[Baseline], read: list[Baseline] | None = None) 
         _write(root, compile_baselines_file(root), *packed)
     if leaving:
         _write(root, baselines_file(root), *_encode(root, baselines_file(root), runs, xz=True))
-    old = old_baselines_file(root)
-    if run_path == old:  # an older clone's plain file: the .xz now holds all it held (git sees it go)
-        try:
-            old.unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise BaselineError(f"{_display(root, old)}: written to {_display(root, baselines_file(root))} but not "
-                                f"removed ({exc.strerror or exc}) — remove it (git rm {_display(root, old)})") from None
+    if run_path == old_baselines_file(root):  # an older clone's plain file: the .xz now holds all it held
+        remove_older(root, run_path, baselines_file(root))
+
+
+def remove_older(root: Path, old: Path, new: Path) -> None:
+    """Remove `old`, the plain file `new` now holds (git sees it go); BaselineError when it stays."""
+    try:
+        old.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise BaselineError(f"{_display(root, old)}: written to {_display(root, new)} but not removed "
+                            f"({exc.strerror or exc}) — remove it (git rm {_display(root, old)})") from None
 
 
 def _encode(root: Path, path: Path, items: list[Baseline], xz: bool) -> tuple[bytes, bytes, Any, int]:

@@ -1,7 +1,12 @@
 """Speed baselines: per stage, arch and bench shape, how fast the kernel was — kept beside the
-correctness baselines in results/speed_baselines.yaml (a sibling file: results/baselines.yaml.xz and
-its readers are untouched), under the same lock (results/.baselines.lock), written the same way
-(temp file, read back, rename; a file that would lose a baseline is never written).
+correctness baselines in results/speed_baselines.yaml.xz (a sibling file: results/baselines.yaml.xz and
+its readers are untouched), YAML xz-compressed like it (`git config diff.xz.textconv "xz -dc"` shows
+the text in diffs), under the same lock (results/.baselines.lock), written the same way (temp file,
+read back, rename; a file that would lose or change a baseline is never written).
+
+An older clone keeps them in plain results/speed_baselines.yaml: where only that file is there, it
+is read, and the next write stores it as the .xz and removes it (the .xz first: nothing is lost on
+the way). Both at once is one line naming both and the fix (`_speed_path`), as for baselines.yaml.xz.
 
 One entry per bench shape (`dsv4-lab baseline accept STAGE --speed`), from the newest fresh,
 passing bench record (`dsv4-lab bench`) of that shape:
@@ -17,12 +22,13 @@ A speed baseline is compared only with a time from the same GPU model (`same_gpu
 from different runs at all: it re-times the baseline's commit beside the tree, interleaved
 (harness/execution/abtest.py); the stored µs are for the dashboard's Δ % and `history --speed`.
 
-A bad file is one line `results/speed_baselines.yaml:LINE: key: problem — fix` (BaselineError,
-exit 2), like the correctness baselines.
+A bad file is one line `results/speed_baselines.yaml.xz:LINE: key: problem — fix` (BaselineError,
+exit 2; the line of the decompressed text), like the correctness baselines.
 """
 
 from __future__ import annotations
 
+import lzma
 import math
 import os
 from dataclasses import dataclass, field
@@ -35,8 +41,9 @@ from harness.core import yamlnodes
 from harness.core.jsonl import replace_file
 from harness.core.labels import case_label
 from harness.core.paths import results_dir
-from harness.core.safeio import Unsafe, open_regular
-from harness.notebook.baselines import BaselineError, _display, _NoAliasDumper, _results_folder, locked
+from harness.core.safeio import Unsafe, open_regular, xz_decompress
+from harness.notebook.baselines import (BaselineError, _display, _NoAliasDumper, _results_folder, locked,
+                                        newer_or_older, remove_older)
 from harness.notebook.records import Record, newest
 
 SPEED_VERSION = 1
@@ -84,8 +91,16 @@ class SpeedBaseline:
         return d
 
 
+SPEED_FILE = "speed_baselines.yaml.xz"
+OLD_SPEED_FILE = "speed_baselines.yaml"  # an older clone's plain form: read until the next write
+
+
 def speed_file(root: Path) -> Path:
-    return results_dir(root) / "speed_baselines.yaml"
+    return results_dir(root) / SPEED_FILE
+
+
+def old_speed_file(root: Path) -> Path:
+    return results_dir(root) / OLD_SPEED_FILE
 
 
 def same_gpu(b: SpeedBaseline, gpu_name: str | None) -> bool:
@@ -207,10 +222,21 @@ def _tree(doc: Any) -> list[SpeedBaseline]:
     return out
 
 
+def _speed_path(root: Path) -> Path:
+    """The file to read: results/speed_baselines.yaml.xz, or an older clone's plain
+    results/speed_baselines.yaml where only that one is there (both: one line, `newer_or_older`)."""
+    return newer_or_older(root, speed_file(root), old_speed_file(root), lambda path: _read(root, path),
+                          "speed baselines", "dsv4-lab baseline accept STAGE --speed", "speed baselines")
+
+
 def load(root: Path) -> list[SpeedBaseline]:
     """Every speed baseline ([] when there is no file); BaselineError (one line) for a bad file."""
     _results_folder(root)
-    path = speed_file(root)
+    return _read(root, _speed_path(root))
+
+
+def _read(root: Path, path: Path) -> list[SpeedBaseline]:
+    """The speed baselines of one file, xz-compressed or (an older clone's) plain: `path`'s name."""
     shown = _display(root, path)
     fix = "fix it, or re-create the entry with `dsv4-lab baseline accept STAGE --speed`"
     if not os.path.lexists(path):
@@ -225,6 +251,11 @@ def load(root: Path) -> list[SpeedBaseline]:
         raise BaselineError(f"{shown}:1: cannot be read ({exc.strerror or exc}) — fix its permissions") from None
     if len(data) > MAX_BYTES:
         raise BaselineError(f"{shown}:1: larger than {MAX_BYTES >> 20} MiB — not a speed baselines file")
+    if path.name.endswith(".xz"):
+        try:
+            data = xz_decompress(data, cap=MAX_BYTES)
+        except ValueError as exc:
+            raise BaselineError(f"{shown}:1: not a readable xz file ({exc}) — restore it: git checkout {shown}") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -252,9 +283,11 @@ def load(root: Path) -> list[SpeedBaseline]:
 
 
 def save(root: Path, items: list[SpeedBaseline], read: list[SpeedBaseline]) -> None:
-    """Write the file holding exactly `items` (every key of `read` still among them; the text is
-    read back before it replaces the old file)."""
+    """Write results/speed_baselines.yaml.xz holding exactly `items` (every key of `read` still
+    among them; the text, and the compressed bytes, are read back before they replace the old
+    file); an older clone's plain file is removed once the .xz holds it (both there: one line)."""
     shown = _display(root, speed_file(root))
+    path = _speed_path(root)  # both the .xz and the plain file: one line, nothing written
     keys = {(b.stage, b.arch, b.case) for b in items}
     if len(keys) != len(items) or not {(b.stage, b.arch, b.case) for b in read} <= keys:
         raise BaselineError(f"{shown}: not written — it would lose or double a speed baseline (a bug in the lab); "
@@ -265,9 +298,14 @@ def save(root: Path, items: list[SpeedBaseline], read: list[SpeedBaseline]) -> N
     text = HEADER + yaml.dump({"version": SPEED_VERSION, "speed": tree}, Dumper=_NoAliasDumper, sort_keys=False,
                               width=120, allow_unicode=True)
     back = _tree(yaml.load(text, Loader=yamlnodes.fast_loader()))
-    if {(b.stage, b.arch, b.case) for b in back} != keys:
+    order = lambda b: (b.stage, b.arch, b.case)  # noqa: E731
+    raw = text.encode("utf-8")
+    data = lzma.compress(raw, format=lzma.FORMAT_XZ, preset=9 | lzma.PRESET_EXTREME)
+    if sorted(back, key=order) != sorted(items, key=order) or xz_decompress(data, cap=MAX_BYTES) != raw:
         raise BaselineError(f"{shown}: not written — the new text does not read back (a bug in the lab)")
-    replace_file(speed_file(root), text.encode("utf-8"))  # under the baselines lock (`locked`)
+    replace_file(speed_file(root), data)  # under the baselines lock (`locked`)
+    if path == old_speed_file(root):  # an older clone's plain file: the .xz now holds all it held
+        remove_older(root, path, speed_file(root))
 
 
 def find(items: list[SpeedBaseline], stage: str, arch: str, label: str) -> SpeedBaseline | None:

@@ -4,7 +4,7 @@ The sending side (harness/workflows/speedgate.py `main_remote`) plans which spee
 changed source and takes each needed baseline commit's user code with git here (the target's copy
 has no .git). Then, here:
 
-  1. the working tree (what git would commit, and results/speed_baselines.yaml in any case) and
+  1. the working tree (what git would commit, and results/speed_baselines.yaml.xz in any case) and
      each commit's tree, as `.dsv4-revs/<sha>/` inside it, travel together to the target's work
      folder (harness/remote/treecopy.py: nothing is written outside that folder, and the next
      copy of a plain `run --target` removes the commits' trees again);
@@ -35,7 +35,7 @@ from harness.remote.treecopy import place_files, tree_files
 from harness.spec.spec import Spec
 
 REV_DIR = ".dsv4-revs"  # the commits' trees, inside the copy: `<work folder>/.dsv4-revs/<full sha>/`
-SPEED_FILE = "results/speed_baselines.yaml"
+SPEED_FILES = ("results/speed_baselines.yaml.xz", "results/speed_baselines.yaml")  # the plain one: an older clone's
 
 
 def speed_target(root: Path, name: str) -> Target:
@@ -62,8 +62,7 @@ def _tree(root: Path, revs: dict[str, Path], folder: Path) -> Snapshot:
     """The files that travel, gathered in `folder`: the working tree, the speed baselines, and
     each commit's tree under REV_DIR/<sha>/."""
     files = tree_files(root)
-    if SPEED_FILE not in files and (root / SPEED_FILE).is_file():  # ignored by git, yet the plan's input
-        files.append(SPEED_FILE)
+    files += [f for f in SPEED_FILES if f not in files and (root / f).is_file()]  # ignored by git, yet the plan's input
     place_files(root, files, folder)
     for sha, tree in sorted(revs.items()):
         dest = folder / REV_DIR / sha

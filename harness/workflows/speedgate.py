@@ -1,6 +1,6 @@
 """`dsv4-lab gate --speed`: no baselined bench shape may have become slower.
 
-For every speed baseline (results/speed_baselines.yaml, harness/notebook/speedbaselines.py):
+For every speed baseline (results/speed_baselines.yaml.xz, harness/notebook/speedbaselines.py):
   * its source unchanged (the record's source hash is the tree's): it holds — the kernel that was
     timed is the kernel there is;
   * its source changed: the shape is re-timed by A/B against the baseline's commit, in one
