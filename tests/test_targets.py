@@ -101,22 +101,19 @@ def test_user_file_overrides_lab_entry_by_name(lab_dir, tmp_path):
     assert set(ts) == {"b200", "mine"}
 
 
-@pytest.mark.parametrize("body, where, words", [
-    ("    password: hunter2\n", "targets.yaml:8: targets.b200.password:", ["ssh key", "ssh-agent"]),
-    ("    ssh_options: {PasswordAuthentication: 'yes'}\n", "targets.yaml:8: targets.b200.ssh_options.PasswordAuthentication:",
-     ["ssh key", "ssh-agent"]),
-    ("    ssh_options: {StrictHostKeyChecking: 'no'}\n", "targets.yaml:8: targets.b200.ssh_options.StrictHostKeyChecking:",
-     ["known_hosts"]),
-    ("    ssh_options: {UserKnownHostsFile: /dev/null}\n", "targets.yaml:8: targets.b200.ssh_options.UserKnownHostsFile:",
-     ["known_hosts"]),
-    ("    ssh_options: {ProxyCommand: nc}\n", "targets.yaml:8: targets.b200.ssh_options.ProxyCommand:", ["ssh/config"]),
-    ("    ssh_options: {ForwardAgent: 'yes'}\n", "targets.yaml:8: targets.b200.ssh_options.ForwardAgent:", ["allowed"]),
-    ("    colour: red\n", "targets.yaml:8: targets.b200.colour:", ["unknown key", "allowed"]),
-    ("    gpus: [0, 0]\n", "targets.yaml:8: targets.b200.gpus:", ["repeated"]),
-    ("    port: 70000\n", "targets.yaml:8: targets.b200.port:", ["port"]),
-    ("    api_token: abc\n", "targets.yaml:8: targets.b200.api_token:", ["secret"]),
+@pytest.mark.parametrize("body, key, words", [
+    ("    password: hunter2\n", "password:", ["ssh key", "ssh-agent"]),
+    ("    ssh_options: {PasswordAuthentication: 'yes'}\n", "ssh_options.PasswordAuthentication:", ["ssh key", "ssh-agent"]),
+    ("    ssh_options: {StrictHostKeyChecking: 'no'}\n", "ssh_options.StrictHostKeyChecking:", ["known_hosts"]),
+    ("    ssh_options: {UserKnownHostsFile: /dev/null}\n", "ssh_options.UserKnownHostsFile:", ["known_hosts"]),
+    ("    ssh_options: {ProxyCommand: nc}\n", "ssh_options.ProxyCommand:", ["ssh/config"]),
+    ("    ssh_options: {ForwardAgent: 'yes'}\n", "ssh_options.ForwardAgent:", ["allowed"]),
+    ("    colour: red\n", "colour:", ["unknown key", "allowed"]),
+    ("    gpus: [0, 0]\n", "gpus:", ["repeated"]),
+    ("    port: 70000\n", "port:", ["port"]),
+    ("    api_token: abc\n", "api_token:", ["secret"]),
 ])
-def test_bad_entries_are_one_line_with_file_line_key(lab_dir, body, where, words):
+def test_bad_entries_are_one_line_with_file_line_key(lab_dir, body, key, words):
     write_targets(lab_dir / "targets.yaml", """\
         version: 1
         targets:
@@ -129,7 +126,7 @@ def test_bad_entries_are_one_line_with_file_line_key(lab_dir, body, where, words
     with pytest.raises(TargetError) as exc:
         load_targets(lab_dir)
     msg = str(exc.value)
-    assert msg.startswith(where), msg
+    assert msg.startswith(f"targets.yaml:8: targets.b200.{key}"), msg
     assert "\n" not in msg and " — " in msg
     for w in words:
         assert w in msg, msg
