@@ -2,8 +2,6 @@
 fake timer on a drifting clock), both kernels checked in one process (the fake CPU stage), the
 record's `compare` block, and the command's no-GPU answer after REV's tree was taken."""
 
-from __future__ import annotations
-
 import dataclasses
 import subprocess
 

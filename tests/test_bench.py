@@ -2,8 +2,6 @@
 row-sampled check that keeps a fast wrong kernel from posting a number, bench records, and the
 no-GPU answer (nothing timed is never exit 0)."""
 
-from __future__ import annotations
-
 import json
 import sys
 from pathlib import Path

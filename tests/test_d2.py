@@ -3,8 +3,6 @@ promises, the split-count chooser, the scheduler's grid mapping (the very functi
 traces), the split combine math with empty splits, the named barriers, the K/V shared-memory
 views, and the kernel's refusals and scratch capacity over the stage's whole matrix."""
 
-from __future__ import annotations
-
 import itertools
 import math
 import re

@@ -4,8 +4,6 @@ and unpacks bytewise, both oracles match plain float64 loops written from the sp
 generators keep their promises, and the stage tolerances fail the bugs the issue names
 (ReLU dropped; the key scale applied per head)."""
 
-from __future__ import annotations
-
 import math
 
 import pytest

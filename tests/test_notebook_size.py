@@ -4,8 +4,6 @@ live lines sealed into one xz segment per stage (harness/notebook/archive.py `se
 trimmed to what the gate compares and written compactly (harness/notebook/baselines.py); and the
 tracked tree, which travels to the GPU machine with the CuTeDSL pack, stays within its budget."""
 
-from __future__ import annotations
-
 import importlib.util
 import json
 import lzma

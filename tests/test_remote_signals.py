@@ -7,8 +7,6 @@ lost link, exit 3): the lab stops the remote run itself and exits 130, the run m
 interrupted; before the remote run starts, the message does not blame the target's `python`.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import os
 import signal

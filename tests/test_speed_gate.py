@@ -1,8 +1,6 @@
 """`gate --speed` (issue 29 item 4): unchanged sources hold, changed ones must be re-timed by A/B on
 a GPU of the baseline's model (here: none, so one line and exit 1), a slower verdict fails."""
 
-from __future__ import annotations
-
 import pytest
 
 from harness.notebook.records import Record

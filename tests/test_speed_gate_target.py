@@ -5,8 +5,6 @@ exit 1; what comes back is taken only through the signed record channel (a forge
 line is rejected and counted; a remote that claims success is believed only as far as its
 records prove it); usage errors are one line."""
 
-from __future__ import annotations
-
 import json
 import shutil
 import subprocess

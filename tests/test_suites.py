@@ -3,8 +3,6 @@ upstream's counts, the generators' statistics, the pass rules on a planted wrong
 oracle's, the reasons table, the suite stages through the one executor (a fake CPU lab), and a
 bad suite block as one line naming file, line, key and fix."""
 
-from __future__ import annotations
-
 import json
 import math
 from collections import Counter

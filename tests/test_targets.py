@@ -1,8 +1,6 @@
 """SSH targets: targets.yaml validation, the ssh argv and quoting, and remote runs against a
 real OpenSSH server on 127.0.0.1 (tests/ssh_fixtures.py) with CPU-only fake stages."""
 
-from __future__ import annotations
-
 import json
 import os
 import shlex

@@ -1,8 +1,6 @@
 """Hostile stages.yaml / targets.yaml / kernel modules: every one is a single `file:line:` error
 (SpecError / TargetError), never another exception, never slow, never a false accept."""
 
-from __future__ import annotations
-
 import re
 import subprocess
 import sys
