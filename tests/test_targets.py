@@ -543,11 +543,7 @@ def test_stopping_a_remote_run_here_stops_it_there(remote_lab, ssh_server, tmp_p
                             start_new_session=True)
     remote = []
     try:
-        deadline = time.monotonic() + 90
-        while not remote and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.5)
-            remote = [pid for pid in _pids() if b"harness.remote.remote_side\0run\0SLOW" in _cmdline(pid)
-                      and descendants(pid)]  # the remote side, with its worker up
+        remote = remote_sides(proc, 90, b"harness.remote.remote_side\0run\0SLOW")  # with its worker up
         assert remote, "the remote run never started"
         workers = set().union(*(descendants(pid) for pid in remote))
         os.kill(proc.pid, sig)
@@ -556,16 +552,9 @@ def test_stopping_a_remote_run_here_stops_it_there(remote_lab, ssh_server, tmp_p
         assert b"Traceback" not in out + err
         (run,) = read_runs(remote_lab).values()
         assert run["interrupted"] is True and "interrupted here" in run["lost"]
-        deadline = time.monotonic() + 20
-        while any(alive(p) for p in [*remote, *workers]) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not [p for p in [*remote, *workers] if alive(p)], "the remote run outlived the local one"
+        assert_gone([*remote, *workers])
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        for pid in remote:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(proc, remote)
 
 
 def _pids() -> list[int]:
@@ -577,6 +566,31 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def remote_sides(proc, seconds: float, *marks: bytes) -> list[int]:
+    """The pids whose command line holds every mark and that have a child, polled until found,
+    `seconds` pass or `proc` ends."""
+    found, deadline = [], time.monotonic() + seconds
+    while not found and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+        found = [pid for pid in _pids() if all(m in _cmdline(pid) for m in marks) and descendants(pid)]
+    return found
+
+
+def assert_gone(pids: list[int]) -> None:
+    deadline = time.monotonic() + 20
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if alive(p)], "the remote run outlived the local one"
+
+
+def kill_all(proc, pids) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 FAKE_REMOTE = '''\
