@@ -1,7 +1,5 @@
 """Shared fixtures: the project root, a throwaway lab of fake CPU stages, and the GPU marker."""
 
-from __future__ import annotations
-
 import os
 import shutil
 import subprocess

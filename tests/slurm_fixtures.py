@@ -9,8 +9,6 @@ the node idle. The tests reach it through SLURM_CONF. Skipped, with the reason, 
 start: not root (slurmd runs jobs as their user), binaries missing, or a daemon that dies.
 """
 
-from __future__ import annotations
-
 import os
 import shutil
 import socket

@@ -20,8 +20,6 @@ plus CPU-only fake stages (arch `cpu`: a plain Python kernel) run by the same ru
 forges record-shaped lines) and SLOW (a minute per case).
 """
 
-from __future__ import annotations
-
 import getpass
 import os
 import shutil

@@ -2,8 +2,6 @@
 fake timer on a drifting clock), both kernels checked in one process (the fake CPU stage), the
 record's `compare` block, and the command's no-GPU answer after REV's tree was taken."""
 
-from __future__ import annotations
-
 import dataclasses
 import subprocess
 
@@ -14,7 +12,7 @@ from harness.execution import abtest
 from harness.execution.abbench import compare_block, compare_line
 from harness.execution.executor import ABJob, CaseExecutor
 from harness.notebook.records import Record, RecordWriter, read_records
-from tests.conftest import run_cli
+from tests.conftest import has_gpu, run_cli
 from tests.test_bench import LAB, _job, lab_path  # noqa: F401  (lab_path: the fixture)
 
 
@@ -85,16 +83,7 @@ def test_the_compare_block_is_recorded_and_read_back(fake_lab):
     assert "HEAD~1 " in line and "slower" in line and f"{c.ratio:.3f}" in line
 
 
-def _no_gpu() -> bool:
-    try:
-        import torch
-
-        return not torch.cuda.is_available()
-    except Exception:
-        return True
-
-
-@pytest.mark.skipif(not _no_gpu(), reason="the no-GPU answer")
+@pytest.mark.skipif(has_gpu(), reason="the no-GPU answer")
 def test_compare_without_a_gpu_takes_rev_then_times_nothing_and_fails(fake_lab):
     (fake_lab / "stages.yaml").write_text(LAB)
     subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qam", "bench block"],

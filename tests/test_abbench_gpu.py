@@ -2,8 +2,6 @@
 commit, an unchanged tree: an A/A), one D1 shape — both kernels checked, timed interleaved,
 the compare block recorded; the verdict of an A/A is "no detectable change"."""
 
-from __future__ import annotations
-
 import shutil
 import subprocess
 

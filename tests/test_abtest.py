@@ -4,8 +4,6 @@ Noise model (what a shared H100/H200 shows round to round): each round r has a d
 and B (clock steps: 3 % sd) and each kernel's round median its own noise (1–2 % sd, a per-round
 spread of about 2–4 %)."""
 
-from __future__ import annotations
-
 import numpy as np
 import pytest
 

@@ -2,8 +2,6 @@
 something nobody asked for (a stage with --all, --where given twice, a --where axis with no
 value), and concurrency/signals on the fake CPU lab."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import pytest

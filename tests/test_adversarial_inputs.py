@@ -2,8 +2,6 @@
 each test is a case the sweep found printing a traceback or exiting 0 on something that proved
 nothing."""
 
-from __future__ import annotations
-
 import pytest
 
 from tests.conftest import run_cli

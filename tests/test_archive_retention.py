@@ -3,8 +3,6 @@
 and never retires what a baseline or a note names; `show` and `history` say where a retired
 record is. Real git, real compaction, the real CLI, on a throwaway lab (tests/conftest.py)."""
 
-from __future__ import annotations
-
 import json
 import lzma
 import subprocess

@@ -3,8 +3,6 @@ gate with one line (exit 2) and is never overwritten; concurrent accepts lose no
 compile-only baseline holds status, registers, spills, smem and the MMA inventory; the git
 hook runs the lab with the interpreter it was installed from."""
 
-from __future__ import annotations
-
 import io
 import lzma
 import math

@@ -2,8 +2,6 @@
 row-sampled check that keeps a fast wrong kernel from posting a number, bench records, and the
 no-GPU answer (nothing timed is never exit 0)."""
 
-from __future__ import annotations
-
 import json
 import sys
 from pathlib import Path
@@ -15,7 +13,7 @@ from harness.execution.bench import (BenchError, BenchJob, check_and_time, is_be
 from harness.spec.matrix import FilterError
 from harness.notebook.records import Record, validate
 from harness.spec.spec import SpecError, load_spec
-from tests.conftest import run_cli
+from tests.conftest import has_gpu, run_cli
 
 LAB = """\
 version: 1
@@ -89,35 +87,35 @@ def test_old_bench_form_still_names_the_run_case(fake_lab):
     assert st.bench == {"n": 16} and st.bench_plan is None
 
 
-@pytest.mark.parametrize("old, new, line, key, says", [
-    ("        n: [4096, 1000]\n", "        hd: [64]\n", 17, "stages.OK.bench.matrix.hd", "not a matrix axis"),
-    ("        n: [4096, 1000]\n", "        n: [4096, -8]\n", 17, "stages.OK.bench.matrix.n", "not a size"),
-    ("        n: [4096, 1000]\n", "        n: [4096, 4096]\n", 17, "stages.OK.bench.matrix.n", "repeated"),
-    ("        n: [4096, 1000]\n", "        n: [4096.5]\n", 17, "stages.OK.bench.matrix.n", "does not fit"),
+@pytest.mark.parametrize("old, new, line, key, says", [  # key: below stages.OK.bench
+    ("        n: [4096, 1000]\n", "        hd: [64]\n", 17, "matrix.hd", "not a matrix axis"),
+    ("        n: [4096, 1000]\n", "        n: [4096, -8]\n", 17, "matrix.n", "not a size"),
+    ("        n: [4096, 1000]\n", "        n: [4096, 4096]\n", 17, "matrix.n", "repeated"),
+    ("        n: [4096, 1000]\n", "        n: [4096.5]\n", 17, "matrix.n", "does not fit"),
     ("        n: [4096, 1000]\n", "        n: [4096]\n        mode: [sideways]\n", 18,
-     "stages.OK.bench.matrix.mode", "does not fit"),
+     "matrix.mode", "does not fit"),
     ("        n: [4096, 1000]\n", "        n: [4096, 1000]\n        mode: [ok, wrong, unwritten]\n"
-     "      case: {n: 16}\n      colour: red\n", 20, "stages.OK.bench.colour", "unknown key"),
-    ("      row_axis: n\n", "      row_axis: q\n", 18, "stages.OK.bench.row_axis", "not a matrix axis"),
-    ("      row_axis: n\n", "", 18, "stages.OK.bench.check_rows", "no axis to sample rows"),
-    ("      check_rows: 64\n", "      check_rows: 0\n", 19, "stages.OK.bench.check_rows", "out of range"),
-    ("      check_rows: 64\n", "      check_rows: many\n", 19, "stages.OK.bench.check_rows", "whole number"),
-    ("      check_rows: 64\n", "      check_rows: 64\n      peers: [torch_sdpa]\n", 20, "stages.OK.bench.problem",
+     "      case: {n: 16}\n      colour: red\n", 20, "colour", "unknown key"),
+    ("      row_axis: n\n", "      row_axis: q\n", 18, "row_axis", "not a matrix axis"),
+    ("      row_axis: n\n", "", 18, "check_rows", "no axis to sample rows"),
+    ("      check_rows: 64\n", "      check_rows: 0\n", 19, "check_rows", "out of range"),
+    ("      check_rows: 64\n", "      check_rows: many\n", 19, "check_rows", "whole number"),
+    ("      check_rows: 64\n", "      check_rows: 64\n      peers: [torch_sdpa]\n", 20, "problem",
      "add problem"),
     ("      check_rows: 64\n", "      check_rows: 64\n      problem: attention\n      peers: [nccl]\n", 21,
-     "stages.OK.bench.peers", "unknown peer"),
+     "peers", "unknown peer"),
     ("      check_rows: 64\n", "      check_rows: 64\n      problem: attention\n      peers: [fa4, fa4]\n", 21,
-     "stages.OK.bench.peers", "repeated"),
-    ("      check_rows: 64\n", "      check_rows: 64\n      problem: gemm\n", 20, "stages.OK.bench.problem",
+     "peers", "repeated"),
+    ("      check_rows: 64\n", "      check_rows: 64\n      problem: gemm\n", 20, "problem",
      "unknown problem"),
-    ("      check_rows: 64\n", "      check_rows: 64\n      peak: tf32\n", 20, "stages.OK.bench.peak", "unknown peak"),
-    ("      check_rows: 64\n", "      check_rows: 64\n      case: {n: 4096}\n", 20, "stages.OK.bench.case.n",
+    ("      check_rows: 64\n", "      check_rows: 64\n      peak: tf32\n", 20, "peak", "unknown peak"),
+    ("      check_rows: 64\n", "      check_rows: 64\n      case: {n: 4096}\n", 20, "case.n",
      "not in the matrix"),
 ])
 def test_bad_bench_block_is_one_line(fake_lab, old, new, line, key, says):
     assert LAB.count(old) == 1, old
     msg = error(fake_lab, LAB.replace(old, new))
-    assert msg.startswith(f"stages.yaml:{line}: {key}:") and says in msg, msg
+    assert msg.startswith(f"stages.yaml:{line}: stages.OK.bench.{key}:") and says in msg, msg
 
 
 def test_bench_matrix_too_big(fake_lab):
@@ -332,16 +330,7 @@ def test_dashboard_roofline_text():
     assert roofline_text([failed], "abc") == "—"
 
 
-def _no_gpu() -> bool:
-    try:
-        import torch
-
-        return not torch.cuda.is_available()
-    except Exception:
-        return True
-
-
-@pytest.mark.skipif(not _no_gpu(), reason="this machine has a GPU")
+@pytest.mark.skipif(has_gpu(), reason="this machine has a GPU")
 def test_bench_without_gpu_times_nothing_and_fails(project_root):
     r = run_cli(["bench", "stage-D1", "--peers", "--hd", "512"], cwd=project_root)
     assert r.returncode == 1, r.stdout + r.stderr
@@ -349,7 +338,7 @@ def test_bench_without_gpu_times_nothing_and_fails(project_root):
     assert "fa4: unsupported" in r.stdout and "hd=512,n=4096,m=8192" in r.stdout
 
 
-@pytest.mark.skipif(not _no_gpu(), reason="this machine has a GPU")
+@pytest.mark.skipif(has_gpu(), reason="this machine has a GPU")
 def test_bench_peer_names_the_peers_timed(project_root):
     """--peer NAME times only the named peers of the block (their shape notes only); --peers all."""
     r = run_cli(["bench", "stage-D1", "--peer", "torch_plain", "--hd", "512"], cwd=project_root)
@@ -370,7 +359,7 @@ def test_a_stage_with_more_test_matrices_benches_its_bench_shapes(project_root):
         shapes = plan_cases(st, [])
         assert len(shapes) == n and all(c.get("heads", 64) == 64 and c.get("head_dim", 128) == 128
                                         and c.get("logits_dtype", "fp32") == "fp32" for c in shapes), shapes
-    if _no_gpu():
+    if not has_gpu():
         r = run_cli(["bench", "stage-I2", "--peer", "deepgemm"], cwd=project_root)
         assert r.returncode == 1 and "stage-I2 bench: 8 shape(s); peers: deepgemm" in r.stdout, r.stdout + r.stderr
 

@@ -12,8 +12,6 @@
 
 Traced probes run in a subprocess with CUTE_DSL_ARCH=sm_100a (CuTeDSL's arch is per process)."""
 
-from __future__ import annotations
-
 import json
 import textwrap
 

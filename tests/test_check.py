@@ -6,8 +6,6 @@ subprocess covers them all; a syntax error makes stages.yaml itself refuse to lo
 get labs of their own.
 """
 
-from __future__ import annotations
-
 import re
 import shutil
 import time

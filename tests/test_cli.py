@@ -1,8 +1,6 @@
 """The README's main job on a machine with no GPU: it compiles stage A for both archs and
 says plainly that nothing ran and why; it does not fail or pretend."""
 
-from __future__ import annotations
-
 import pytest
 
 from harness.notebook.records import read_records

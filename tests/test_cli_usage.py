@@ -5,8 +5,6 @@ dashboard that fits the terminal, Ctrl-C in `dashboard --watch`, and compile-onl
 only for an arch no lab machine runs. Every command runs as a user runs it, in a fresh process
 on a throwaway lab."""
 
-from __future__ import annotations
-
 import os
 import signal
 import subprocess

@@ -2,8 +2,6 @@
 is derived from it — the typer app, the axis filters in `--help`, the one-line errors, and the
 axis names stages.yaml may not use (harness/core/optionnames.py). Adding a command is one file."""
 
-from __future__ import annotations
-
 import os
 import shutil
 import subprocess

@@ -3,8 +3,6 @@ compile path, with the expected tensor-core instructions in the PTX (and SASS wh
 binary tools are installed); the cache is reused; `compile` writes records; the instruction
 inventory keeps the qualifiers that matter; `compile --diff` compares with a commit."""
 
-from __future__ import annotations
-
 import pytest
 
 from harness.execution.compile import Compiler

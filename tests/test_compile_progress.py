@@ -4,8 +4,6 @@ that finds nothing new leaves results/ byte for byte as it was, so someone who o
 clean tree, while `--record` writes all the same and a changed source is recorded; the compile
 workers' temp folder goes with them, also when the compiler is cancelled."""
 
-from __future__ import annotations
-
 import io
 import json
 import os

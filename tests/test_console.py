@@ -1,8 +1,6 @@
 """harness/core/console.py: text from records (a remote host, a kernel's message) is shown as text:
 never as rich markup, never as terminal control sequences."""
 
-from __future__ import annotations
-
 from rich.console import Console
 
 from harness.core.console import printable

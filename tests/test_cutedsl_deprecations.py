@@ -5,8 +5,6 @@ way (the list of moved names is read from the installed package, so a new move i
 and the shared sm90 layout pieces traced with DeprecationWarning raised as an error when the
 lab's modules trigger it."""
 
-from __future__ import annotations
-
 import os
 import re
 import subprocess

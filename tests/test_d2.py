@@ -3,8 +3,6 @@ promises, the split-count chooser, the scheduler's grid mapping (the very functi
 traces), the split combine math with empty splits, the named barriers, the K/V shared-memory
 views, and the kernel's refusals and scratch capacity over the stage's whole matrix."""
 
-from __future__ import annotations
-
 import itertools
 import math
 import re
@@ -12,42 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from oracles import decode
 from oracles.common import case_seed
 from stages.common import scheduler as sch
 from stages.common.barriers import MAX_NAMED_BARRIERS, NamedBarrier
 from stages.common.combine import combine_reference
+from tests.test_d3_d5 import loops, matrix
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def d2_matrix() -> list[dict]:
-    stage = yaml.safe_load((ROOT / "stages.yaml").read_text())["stages"]["D2"]
-    axes = stage["matrix"]
-    return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
-
-
-# -- oracle
-
-
-def loops_decode(q, kv, n, d):
-    """Plain float64 loops: q [b][s][h][d], kv [b][n_alloc][d] (lists) -> O, LSE [b][h][s]."""
-    scale = 1.0 / math.sqrt(d)
-    b_, s_, h_ = len(q), len(q[0]), len(q[0][0])
-    out = [[[None] * h_ for _ in range(s_)] for _ in range(b_)]
-    lse = [[[None] * s_ for _ in range(h_)] for _ in range(b_)]
-    for b in range(b_):
-        for t in range(s_):
-            for h in range(h_):
-                s = [math.fsum(x * y for x, y in zip(q[b][t][h], kv[b][j])) * scale for j in range(n)]
-                mx = max(s)
-                e = [math.exp(x - mx) for x in s]
-                tot = math.fsum(e)
-                out[b][t][h] = [math.fsum(e[j] * kv[b][j][c] for j in range(n)) / tot for c in range(d)]
-                lse[b][h][t] = mx + math.log(tot)
-    return out, lse
 
 
 @pytest.mark.parametrize("shape", ["b2s2h3n5d8p2", "b1s1h4n70d16", "b2s3h2n1001d4p7"])
@@ -56,9 +27,10 @@ def test_oracle_matches_plain_float64_loops(shape):
     p = decode.parse_shape(shape)
     inputs = decode.make_inputs(case, seed=case_seed("D2", case))
     ref = decode.reference(inputs, case)
-    o, lse = loops_decode(inputs["Q"].double().tolist(), inputs["KV"].double().tolist(), p["n"], p["d"])
-    assert torch.allclose(ref["O"], torch.tensor(o, dtype=torch.float64), rtol=0, atol=1e-10)
-    assert torch.allclose(ref["LSE"], torch.tensor(lse, dtype=torch.float64), rtol=0, atol=1e-10)
+    # the plain float64 loops of tests/test_d3_d5.py, every key below n valid
+    o, lse = loops(inputs["Q"].double().tolist(), [(inputs["KV"].double().tolist(), lambda b, t, j: j < p["n"])])
+    assert torch.allclose(ref["O"], o, rtol=0, atol=1e-10)
+    assert torch.allclose(ref["LSE"], lse, rtol=0, atol=1e-10)
     assert [tuple(ref[k].shape) for k in ("O", "LSE")] == [
         s.shape for s in decode.tensors(case) if s.role == "out"
     ]
@@ -104,7 +76,7 @@ def test_inputs_make_every_tile_matter_and_move_the_max_late(shape):
 def test_tensors_and_capacity_over_the_matrix():
     from stages.D2_decode.sm90 import Kernel
 
-    cases = d2_matrix()
+    cases = matrix("D2")
     assert 20 <= len(cases) <= 30
     for case in cases:
         specs = {s.name: s for s in decode.tensors(case)}
@@ -119,14 +91,14 @@ def test_tensors_and_capacity_over_the_matrix():
 
 
 def test_matrix_covers_the_issue():
-    ps = [decode.parse_shape(c["shape"]) for c in d2_matrix()]
+    ps = [decode.parse_shape(c["shape"]) for c in matrix("D2")]
     d512 = [p for p in ps if p["d"] == 512]
     assert {p["b"] for p in d512} == {1, 4} and {p["h_q"] for p in d512} == {64, 128}
     assert {1, 2} <= {p["s_q"] for p in d512} and {256, 1152, 4096} <= {p["n"] for p in d512}
     assert {64, 128, 256, 512} == {p["d"] for p in ps}
     assert any(p["n_alloc"] > p["n"] for p in ps), "no case with NaN rows beyond n"
     assert any((p["b"], p["s_q"], p["h_q"]) == (4, 64, 128) for p in ps), "the user's case is missing"
-    assert {c["splits"] for c in d2_matrix()} == {1, "auto", "many"}
+    assert {c["splits"] for c in matrix("D2")} == {1, "auto", "many"}
 
 
 # -- kernel refusals

@@ -8,8 +8,6 @@ rows, the combine) compiles through the lab's own path with no spills.
 The traced checks run in a subprocess with CUTE_DSL_ARCH=sm_100a (CuTeDSL's arch is per
 process); each costs one partial trace (~10–40 s on this machine)."""
 
-from __future__ import annotations
-
 import pytest
 
 from tests.conftest import ROOT, traced
@@ -64,22 +62,29 @@ def test_ring_never_deadlocks_on_the_next_tiles_qk():
 # -- traced: the checks the kernel runs while it is compiled
 
 
-def test_trace_time_tmem_check_refuses_from_the_fragments(tmp_path):
-    """With the constructor's plan forced to say "fits", the traced kernel still refuses:
-    it derives S and O columns from the MMA fragments and re-checks the 512 limit."""
+@pytest.mark.parametrize("stage, tensors, case, kw", [
+    ("D2_decode", "decode import tensors", {"shape": "b1s1h128n256d512", "splits": 1}, {}),
+    ("D5_sink_merge", "masked_decode import merge_tensors as tensors",
+     {"shape": "b1s1h128m128n256d512", "splits": 1, "sink": "5", "branches": "k+k"}, {"branches": None}),
+], ids=["D2", "D5"])
+def test_trace_time_tmem_check_refuses_from_the_fragments(tmp_path, stage, tensors, case, kw):
+    """With the constructor's plan forced to say "fits", the traced kernel (D2; D5 through the
+    decode house) still refuses: it derives S and O columns from the MMA fragments and re-checks
+    the 512 limit."""
+    args = {k: v for k, v in case.items() if k not in kw}
     r = traced("""
         import cutlass
         from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
         import cutlass.cute as cute
-        import stages.D2_decode.sm100 as m
+        import stages.STAGE.sm100 as m
         import stages.common.sm100_decode as house  # where the constructor looks the plan up
-        from oracles.decode import tensors
+        from oracles.TENSORS
         real = house.tmem_budget
         house.tmem_budget = lambda d, kv, o_split, s_stages: real(d, kv, 2, s_stages)  # lie: "fits"
-        case = {"shape": "b1s1h128n256d512", "splits": 1}
-        k = m.Kernel(o_split=1, **case)
+        case = CASE
+        k = m.Kernel(o_split=1, **ARGS)
         print("CONSTRUCTED")  # the constructor believed the lie: what refuses now is the traced check
-        dt = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
+        dt = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32, "int32": cutlass.Int32}
         fakes = [make_fake_compact_tensor(dt[s.dtype], s.shape, stride_order=tuple(reversed(range(len(s.shape)))),
                                           assumed_align=16) for s in tensors(case)]
         try:
@@ -87,7 +92,8 @@ def test_trace_time_tmem_check_refuses_from_the_fragments(tmp_path):
             print("COMPILED")
         except Exception as exc:
             print("REFUSED", exc)
-    """, tmp_path)
+    """.replace("STAGE", stage).replace("TENSORS", tensors).replace("CASE", repr(case)).replace("ARGS", repr(args)),
+               tmp_path)
     out = r.stdout + r.stderr
     assert "CONSTRUCTED" in out and "COMPILED" not in out, out[-2000:]
     assert "TMEM budget: S 2×64 + O 512 = 640 columns > 512" in out, out[-2000:]

@@ -6,8 +6,6 @@ refusals and scratch capacity over the matrices, and — for each planted-bug fi
 bug it plants moves the oracle's own numbers past the stage's tolerances on every case its GPU
 test runs (so a `fail` there is the lab's catch, not luck)."""
 
-from __future__ import annotations
-
 import itertools
 import math
 from pathlib import Path

@@ -4,8 +4,6 @@ LSE (D5).  Each runs cleanly (every element written) and is reported `fail` on e
 its bug is observable; tests/test_d3_d5.py proves on the CPU that those cases' oracles differ
 beyond the stage's tolerances, so a pass here would be the lab's blind spot."""
 
-from __future__ import annotations
-
 import dataclasses
 
 import pytest

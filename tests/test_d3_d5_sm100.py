@@ -9,8 +9,6 @@ lab's path with tcgen05 MMAs and no spills.
 
 Traced checks run in a subprocess with CUTE_DSL_ARCH=sm_100a (CuTeDSL's arch is per process)."""
 
-from __future__ import annotations
-
 import pytest
 
 from tests.conftest import ROOT, traced
@@ -156,32 +154,7 @@ def test_mask_columns_are_trace_time_constants_and_a_row_shift_is_refused(tmp_pa
     assert "WRONG-ACCEPTED" not in out and "WRONG-REFUSED S load: thread 0 holds a register of another row" in out, out[-2000:]
 
 
-def test_d5_trace_time_tmem_check_refuses_from_the_fragments(tmp_path):
-    """With the constructor's plan forced to say "fits", D5's traced kernel still refuses: the
-    house derives S and O columns from the MMA fragments and re-checks the 512 limit."""
-    r = traced("""
-        import cutlass
-        from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
-        import cutlass.cute as cute
-        import stages.common.sm100_decode as house
-        import stages.D5_sink_merge.sm100 as m
-        from oracles.masked_decode import merge_tensors
-        real = house.tmem_budget
-        house.tmem_budget = lambda d, kv, o_split, s_stages: real(d, kv, 2, s_stages)  # lie: "fits"
-        case = {"shape": "b1s1h128m128n256d512", "splits": 1, "sink": "5", "branches": "k+k"}
-        k = m.Kernel(shape=case["shape"], splits=1, sink="5", o_split=1)
-        dt = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32, "int32": cutlass.Int32}
-        fakes = [make_fake_compact_tensor(dt[s.dtype], s.shape, stride_order=tuple(reversed(range(len(s.shape)))),
-                                          assumed_align=16) for s in merge_tensors(case)]
-        try:
-            cute.compile(k, *fakes, make_fake_stream())
-            print("COMPILED")
-        except Exception as exc:
-            print("REFUSED", exc)
-    """, tmp_path)
-    out = r.stdout + r.stderr
-    assert "COMPILED" not in out, out[-2000:]
-    assert "TMEM budget: S 2×64 + O 512 = 640 columns > 512" in out, out[-2000:]
+# D5's trace-time TMEM check: tests/test_d2_sm100.py::test_trace_time_tmem_check_refuses_from_the_fragments[D5]
 
 
 @pytest.mark.parametrize("stage, case", [

@@ -1,7 +1,5 @@
 """Dashboard, history, show and note rendered to text (as when piped to a file)."""
 
-from __future__ import annotations
-
 import re
 
 from harness.notebook.baselines import save

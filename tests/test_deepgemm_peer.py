@@ -4,8 +4,6 @@
 the positions past each token's limit unwritten: NaN here), so the adapter's output must match the
 lab's float64 oracle, −inf positions included.  The real library is timed on the GPU only."""
 
-from __future__ import annotations
-
 import types
 
 import pytest

@@ -9,8 +9,6 @@ Each runs cleanly (every element written) and is reported `fail`; tests/test_e_o
 on the CPU that both bugs move O past the stage's bound, so a pass here would be the lab's
 blind spot."""
 
-from __future__ import annotations
-
 import dataclasses
 
 import pytest

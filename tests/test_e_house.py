@@ -4,8 +4,6 @@ H200), 114 (H100 PCIe), 78 (H20) — and the oracle's scratch and the compile ca
 the cache layout's sizes are named once and agree with the oracle's; barrier ids come from one
 registry; no stage imports an oracle."""
 
-from __future__ import annotations
-
 import math
 import re
 from pathlib import Path

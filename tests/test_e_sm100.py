@@ -9,8 +9,6 @@ v4.1) or 16-byte global loads (simple), and no spills.
 
 Traced checks run in a subprocess with CUTE_DSL_ARCH=sm_100a (CuTeDSL's arch is per process)."""
 
-from __future__ import annotations
-
 import json
 import os
 import subprocess

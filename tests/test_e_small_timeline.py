@@ -2,8 +2,6 @@
 on (name[:knob=value,…][@b<B>[:<config prefix>]+…]) — knobs reach the kernel as its keyword
 arguments, and each variant is compiled and timed only at the shapes its filter names."""
 
-from __future__ import annotations
-
 import importlib.util
 
 from tests.conftest import ROOT

@@ -4,8 +4,6 @@ protocol simulated on ints, the shared-memory accounting, the refusal past 32768
 scratch, both archs compiling topk 16384 and 32768, and the production kernel's PTX unchanged.
 On a GPU: tests/test_e_gpu.py -k stream."""
 
-from __future__ import annotations
-
 import hashlib
 import json
 from pathlib import Path

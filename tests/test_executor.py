@@ -3,8 +3,6 @@ behind `run`, `run --bench` and `bench`: one timing format (`peer_<name>_*`, old
 read), one stage → job mapping, and bench shapes run in the same supervised worker as test cases
 (a hang is killed, a crash is classified the same way)."""
 
-from __future__ import annotations
-
 import sys
 
 import pytest

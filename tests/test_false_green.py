@@ -2,8 +2,6 @@
 verdict code outside the staleness hash, code loaded dynamically, a run that selects no case,
 tolerances that hold nothing. Each test fails without its fix."""
 
-from __future__ import annotations
-
 from tests.conftest import run_cli, write_baselines
 
 

@@ -4,8 +4,6 @@ at the first step that does not pass and says what to look at next, a hang of th
 its localising follow-up, a step that did not run on an sm_100 device is never green — and on
 this machine (no sm_100 GPU) the command says so and exits non-zero without running anything."""
 
-from __future__ import annotations
-
 import dataclasses
 
 import pytest

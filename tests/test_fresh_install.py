@@ -6,8 +6,6 @@ invocation runs on a copy of the lab, so none can write records into the tree. R
 separate click: typer vendors it), and with the script of a fresh venv built the README's way
 when .ci/run made one (DSV4_FRESH_VENV)."""
 
-from __future__ import annotations
-
 import os
 import shutil
 import subprocess

@@ -2,8 +2,6 @@
 refused with the command to run), early stop on the proven small case; corrupt records; the
 git hook."""
 
-from __future__ import annotations
-
 import io
 import json
 import os

@@ -4,8 +4,6 @@ a target, and a proof target (`gate --target NAME`, or `proof_target` in the use
 file) proves stale cases there through the remote run path — against a real git repository and,
 for the target, a real sshd on 127.0.0.1 (tests/ssh_fixtures.py)."""
 
-from __future__ import annotations
-
 import os
 import subprocess
 import sys

@@ -2,8 +2,6 @@
 failure — stage B with P's layout permuted between the MMAs runs cleanly and returns
 garbage; the lab must report `fail` with a cosine far from 1."""
 
-from __future__ import annotations
-
 import dataclasses
 
 import pytest

@@ -8,8 +8,6 @@ build was a debug one, and the run fails.  Run alone:
     python3 -m pytest -q -m gpu tests/test_hang_gpu.py
 """
 
-from __future__ import annotations
-
 import dataclasses
 
 import pytest

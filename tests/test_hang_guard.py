@@ -11,8 +11,6 @@
 The GPU proof (the planted deadlock recorded as `hang` naming kv.full slot 1) is
 tests/test_hang_gpu.py."""
 
-from __future__ import annotations
-
 import json
 import os
 import subprocess

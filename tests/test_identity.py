@@ -2,8 +2,6 @@
 all they import (relative imports too), the oracle, the lab's own compile/run/compare code,
 and the stage's stages.yaml entry. Comment- and blank-line-only edits keep results fresh."""
 
-from __future__ import annotations
-
 import shutil
 from pathlib import Path
 

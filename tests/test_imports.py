@@ -5,8 +5,6 @@ that closes a circle still ties two modules into one and breaks as soon as eithe
 first at module level. A failing run names each circle with the file:line of every import in it.
 """
 
-from __future__ import annotations
-
 import ast
 from pathlib import Path
 

@@ -4,8 +4,6 @@ and unpacks bytewise, both oracles match plain float64 loops written from the sp
 generators keep their promises, and the stage tolerances fail the bugs the issue names
 (ReLU dropped; the key scale applied per head)."""
 
-from __future__ import annotations
-
 import math
 
 import pytest
@@ -425,6 +423,30 @@ def test_tmem_budget_refuses_more_than_512_columns():
         tmem_budget(3, 256, "I1 sm100")
 
 
+_I1_CASE = {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "compressed": False}
+_I2_CASE = {"b": 1, "next_n": 1, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "context_2d": False}
+
+
+def _probe(tmp_path, arch: str, probe: str, *args) -> dict:
+    """Run a compile probe in a fresh interpreter (CuTeDSL reads its arch from the environment);
+    the probe gets the lab root, then `args` (lists as JSON, the rest as text); its last line is JSON."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "CUTE_DSL_ARCH": arch, "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
+           "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    (tmp_path / "dump").mkdir()
+    argv = [json.dumps(a) if isinstance(a, list) else str(a) for a in args]
+    run = subprocess.run([sys.executable, "-c", probe, str(ROOT), *argv],
+                         capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 _SETMAXNREG_PROBE = r"""
 import json, os, sys
 from pathlib import Path
@@ -451,23 +473,8 @@ def test_sm90_register_increase_only_where_the_launch_grants_it(tmp_path):
     (PTX: setmaxnreg.inc waits until the pool has them), 128 · (launch − LOAD_REGS) ≥
     MMA_THREADS · (MMA_REGS − launch); I2 at next_n = 1 needs few registers and must not ask
     for more (see stages/I2_paged_mqa_logits/sm90.py)."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    cases = [["I2", {"b": 1, "next_n": 1, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "context_2d": False}],
-             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "context_2d": False}],
-             ["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "compressed": False}]]
-    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
-           "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
-    (tmp_path / "dump").mkdir()
-    run = subprocess.run([sys.executable, "-c", _SETMAXNREG_PROBE, str(root), json.dumps(cases), str(tmp_path)],
-                         capture_output=True, text=True, env=env, timeout=600, cwd=root)
-    assert run.returncode == 0, run.stderr[-2000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    cases = [["I2", _I2_CASE], ["I2", {**_I2_CASE, "next_n": 2}], ["I1", _I1_CASE]]
+    got = _probe(tmp_path, "sm_90a", _SETMAXNREG_PROBE, cases, tmp_path)
     for key, (ok, err, regs, inc, threads, mma_threads, mma_regs, load_regs) in got.items():
         assert ok, f"{key}: {err}"
         assert threads * regs <= 65536, f"{key}: {threads} threads × {regs} registers"
@@ -500,20 +507,7 @@ def test_planted_relu_bug_reaches_the_compiled_i1_kernel(tmp_path):
     the common piece directly, or the GPU test of the planted bug would run the correct kernel.
     Compiled for sm_90a: the stage's kernel has a relu (max.f32) per accumulator element, the
     fixture none, and both the same MMAs."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
-           "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
-    (tmp_path / "dump").mkdir()
-    run = subprocess.run([sys.executable, "-c", _PLANTED_BUG_PROBE, str(root), str(tmp_path)],
-                         capture_output=True, text=True, env=env, timeout=600, cwd=root)
-    assert run.returncode == 0, run.stderr[-2000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    got = _probe(tmp_path, "sm_90a", _PLANTED_BUG_PROBE, tmp_path)
     for name, (ok, err, _, _) in got.items():
         assert ok, f"{name}: {err}"
     (_, _, stage_max, stage_mma), (_, _, wrong_max, wrong_mma) = got["stage"], got["wrong"]
@@ -544,22 +538,8 @@ def test_sm90_epilogue_issues_no_global_load(tmp_path):
     cycles) stalls the epilogue while the tensor core waits for the next MMA (issue 31).
     Compiled for sm_90a: after the MMA loop's wgmma.wait_group (the text up to the kernel's end:
     the epilogue and the loop's back edge) there is no ld.global."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "compressed": False}],
-             ["I2", {"b": 1, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "context_2d": False}]]
-    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
-           "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
-    (tmp_path / "dump").mkdir()
-    run = subprocess.run([sys.executable, "-c", _EPILOGUE_LOADS_PROBE, str(root), json.dumps(cases), str(tmp_path)],
-                         capture_output=True, text=True, env=env, timeout=600, cwd=root)
-    assert run.returncode == 0, run.stderr[-2000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    cases = [["I1", _I1_CASE], ["I2", {**_I2_CASE, "next_n": 2}]]
+    got = _probe(tmp_path, "sm_90a", _EPILOGUE_LOADS_PROBE, cases, tmp_path)
     for key, (ok, err, waits, loads) in got.items():
         assert ok, f"{key}: {err}"
         assert waits == 1, f"{key}: {waits} wgmma.wait_group, the probe expects the MMA loop's one"
@@ -644,13 +624,6 @@ def test_indexer_options_compile_on_both_archs(tmp_path, arch):
     (I1 32 heads of 64 — sm90: m64n64k32 × 2 a tile; sm100 × 2 —, I2 32 heads of 32 at next_n 2,
     × 1), bf16 logits (I2: every store a 16-bit one after a cvt.rn.bf16.f32, none 32-bit), I1's
     compressed form and I2's 2-D context lengths."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
     cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 32, "head_dim": 64}],
              ["I2", {"b": 8, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 32, "head_dim": 32}],
              ["I2", {"b": 8, "next_n": 1, "ctx": 200, "block_kv": 64, "logits_dtype": "bf16"}],
@@ -658,13 +631,7 @@ def test_indexer_options_compile_on_both_archs(tmp_path, arch):
              ["I2", {"b": 8, "next_n": 2, "ctx": 200, "block_kv": 64, "context_2d": True}]]
     full = {"heads": 64, "head_dim": 128, "logits_dtype": "fp32"}
     cases = [[st, {**full, **({"compressed": False} if st == "I1" else {"context_2d": False}), **c}] for st, c in cases]
-    env = {**os.environ, "CUTE_DSL_ARCH": arch, "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
-           "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
-    (tmp_path / "dump").mkdir()
-    run = subprocess.run([sys.executable, "-c", _SHAPES_PROBE, str(root), arch, json.dumps(cases), str(tmp_path)],
-                         capture_output=True, text=True, env=env, timeout=600, cwd=root)
-    assert run.returncode == 0, run.stderr[-2000:]
-    got = list(json.loads(run.stdout.strip().splitlines()[-1]).values())
+    got = list(_probe(tmp_path, arch, _SHAPES_PROBE, arch, cases, tmp_path).values())
     for ok, err, *_ in got:
         assert ok, err
     if arch == "sm_90a":
@@ -753,20 +720,7 @@ def test_planted_stale_weights_reach_the_compiled_i2_kernel(tmp_path):
     the kernel must reach it through the method (else the GPU test of the planted bug would run
     the correct kernel): both compile for sm_90a, with the same MMAs and different code (the PTX
     with the kernel's name, which embeds its module's, set aside)."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path / "dump"),
-           "DSV4_LAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
-    (tmp_path / "dump").mkdir()
-    run = subprocess.run([sys.executable, "-c", _PLANTED_I2_PROBE, str(root), str(tmp_path)],
-                         capture_output=True, text=True, env=env, timeout=600, cwd=root)
-    assert run.returncode == 0, run.stderr[-2000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    got = _probe(tmp_path, "sm_90a", _PLANTED_I2_PROBE, tmp_path)
     for name, (ok, err, _, _) in got.items():
         assert ok, f"{name}: {err}"
     assert got["stage"][3] == got["wrong"][3] > 0

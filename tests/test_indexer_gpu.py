@@ -4,8 +4,6 @@ I2 keeping one sequence's weights across its share) — each runs cleanly, write
 with the right −inf positions, and is reported `fail`.  The stages' matrices themselves are
 proven by `dsv4-lab run` (records), not here."""
 
-from __future__ import annotations
-
 import dataclasses
 
 import pytest

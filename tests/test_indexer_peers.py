@@ -2,8 +2,6 @@
 (and refuse other layouts), the PyTorch peer matches the float64 oracle on both problems (−inf
 positions exact), and DeepGEMM's shape rules and missing-package answer."""
 
-from __future__ import annotations
-
 import dataclasses
 
 import pytest

@@ -6,8 +6,6 @@ The planted mismatch (tests/fixtures/inspect_mismatch.py) must fail the "P in re
 check, and the same fixture with matching MMAs must pass it: the check can fail and can pass.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import subprocess
 import sys

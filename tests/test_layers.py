@@ -2,8 +2,6 @@
 of the harness that judges them, and no harness module hides a standard-library module of the
 same name (a `harness/inspect.py` read as `inspect` by tools that resolve names by file)."""
 
-from __future__ import annotations
-
 import ast
 import sys
 from pathlib import Path

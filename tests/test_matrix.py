@@ -1,7 +1,5 @@
 """Matrix expansion and filters."""
 
-from __future__ import annotations
-
 import time
 import tracemalloc
 from dataclasses import replace

@@ -1,7 +1,5 @@
 """Metrics against hand-computed values; poison and unwritten detection; tolerances."""
 
-from __future__ import annotations
-
 import math
 
 import pytest

@@ -3,8 +3,6 @@ fresh one, bench or not) give the answers the readers computed each on their own
 were gathered there: checked on the committed notebook of the real tree (read only), against the
 old code kept here verbatim, and on a small notebook of old-format lines."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 

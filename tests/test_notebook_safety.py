@@ -2,8 +2,6 @@
 during a run, duplicate or forged baselines, missing baselines, and results/ files that are not
 what they claim (symbolic links, FIFOs, decompression bombs)."""
 
-from __future__ import annotations
-
 import importlib.util
 import json
 import os

@@ -4,8 +4,6 @@ live lines sealed into one xz segment per stage (harness/notebook/archive.py `se
 trimmed to what the gate compares and written compactly (harness/notebook/baselines.py); and the
 tracked tree, which travels to the GPU machine with the CuTeDSL pack, stays within its budget."""
 
-from __future__ import annotations
-
 import importlib.util
 import json
 import lzma
@@ -79,12 +77,15 @@ def rec(i: int, src: str = "0123456789ab", inv: dict | None = None, arch: str = 
     )
 
 
-def test_each_inventory_is_stored_once_and_read_back_in_place(tmp_path):
-    w = RecordWriter(tmp_path)
-    for i in range(3):
-        w.write(rec(i))
-    w.write(rec(3, inv={**INV, "ld.global.128b": 13}))
+def _write_all(root, records: list[Record]) -> None:
+    w = RecordWriter(root)
+    for r in records:
+        w.write(r)
     w.close()
+
+
+def test_each_inventory_is_stored_once_and_read_back_in_place(tmp_path):
+    _write_all(tmp_path, [rec(0), rec(1), rec(2), rec(3, inv={**INV, "ld.global.128b": 13})])
     store = [json.loads(x) for x in lzma.decompress(store_file(results_dir(tmp_path)).read_bytes()).splitlines()]
     assert len(store) == 3  # INV, SASS and the changed INV; not 8
     lines = stage_file(tmp_path, "A").read_text().splitlines()
@@ -97,9 +98,7 @@ def test_each_inventory_is_stored_once_and_read_back_in_place(tmp_path):
 
 
 def test_a_tampered_store_line_or_an_unknown_id_costs_that_table_only(tmp_path):
-    w = RecordWriter(tmp_path)
-    w.write(rec(0))
-    w.close()
+    _write_all(tmp_path, [rec(0)])
     path = store_file(results_dir(tmp_path))
     entries = [json.loads(x) for x in lzma.decompress(path.read_bytes()).splitlines()]
     inv_entry = next(e for e in entries if e["counts"] == INV)
@@ -136,11 +135,8 @@ def test_compacting_an_old_notebook_keeps_every_record_and_every_bad_line(tmp_pa
 
 
 def test_stale_lines_move_to_the_archive_and_read_back_first(tmp_path):
-    w = RecordWriter(tmp_path)
-    for i, src in enumerate(["old1", "old1", "new", "old2", "new"]):
-        w.write(rec(i, src))
-    w.write(rec(5, "other", arch="sm_100a"))  # an arch the caller does not name: stays
-    w.close()
+    _write_all(tmp_path, [rec(i, src) for i, src in enumerate(["old1", "old1", "new", "old2", "new"])]
+               + [rec(5, "other", arch="sm_100a")])  # an arch the caller does not name: stays
     before = read_records(tmp_path, ["A"], [])
     moved, saved = archive_stale(tmp_path, "A", {"sm_90a": "new"})
     assert moved == 3 and saved > 0
@@ -153,18 +149,13 @@ def test_stale_lines_move_to_the_archive_and_read_back_first(tmp_path):
     newest = [r.id for r in iter_records(stage_file(tmp_path, "A"), [], newest_first=True)]
     assert newest == list(reversed([r.id for r in after]))
     # A second pass appends to the archive; nothing is lost or doubled.
-    w = RecordWriter(tmp_path)
-    w.write(rec(6, "new"))
-    w.close()
+    _write_all(tmp_path, [rec(6, "new")])
     assert archive_stale(tmp_path, "A", {"sm_90a": "newer"})[0] == 3
     assert sorted(r.id for r in read_records(tmp_path, ["A"], [])) == sorted([r.id for r in before] + ["r1.6"])
 
 
 def test_a_corrupt_archive_is_one_warning_and_never_overwritten(tmp_path):
-    w = RecordWriter(tmp_path)
-    w.write(rec(0, "old"))
-    w.write(rec(1, "new"))
-    w.close()
+    _write_all(tmp_path, [rec(0, "old"), rec(1, "new")])
     archive = archive_file(stage_file(tmp_path, "A"))
     archive.parent.mkdir(parents=True)
     archive.write_bytes(b"not xz")
@@ -206,10 +197,7 @@ def _variant(i: int) -> dict[str, int]:
 
 
 def _write(root, ids, src: str = "0123456789ab") -> None:
-    w = RecordWriter(root)
-    for i in ids:
-        w.write(rec(i, src, inv=_variant(i)))
-    w.close()
+    _write_all(root, [rec(i, src, inv=_variant(i)) for i in ids])
 
 
 def _streams(path) -> int:
@@ -351,10 +339,7 @@ def test_an_old_archive_that_names_ids_is_read_and_inlined(tmp_path):
 def test_a_reader_loads_the_store_once_per_file_not_once_per_record(tmp_path, monkeypatch):
     from harness.notebook import inventories
 
-    w = RecordWriter(tmp_path)
-    for i in range(5):
-        w.write(rec(i))
-    w.close()
+    _write_all(tmp_path, [rec(i) for i in range(5)])
     calls = []
     real = inventories.InventoryStore._load
     monkeypatch.setattr(inventories.InventoryStore, "_load", lambda self: calls.append(1) or real(self))
@@ -401,13 +386,6 @@ ENV_CPU = {"host": "vm", "cute": "4.8.1", "cpus": 2}
 
 def env_rec(i: int, env: dict, src: str = "0123456789ab", stage: str = "A", arch: str = "sm_90a") -> Record:
     return replace(rec(i, src, arch=arch), stage=stage, env=dict(env))
-
-
-def _write_all(root, records: list[Record]) -> None:
-    w = RecordWriter(root)
-    for r in records:
-        w.write(r)
-    w.close()
 
 
 def _env_lines(root) -> list[dict]:

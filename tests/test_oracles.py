@@ -1,8 +1,6 @@
 """Oracles against independent float64 computations, and the input generators' promises:
 seeded, never zeros, never constant."""
 
-from __future__ import annotations
-
 import math
 
 import pytest

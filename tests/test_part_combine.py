@@ -4,8 +4,6 @@ a row's slots are read in groups whose loads all fly before any is used — not 
 a slot, which was most of the combine's time at small batches (issue 30) — and the launches that
 come before a dependent grid let it launch early (programmatic dependent launch)."""
 
-from __future__ import annotations
-
 import os
 import re
 import subprocess

@@ -3,8 +3,6 @@ merges and who hands over (and why that cannot deadlock), when a launch merges a
 shared-memory layout the merge stages piece 1's partial in — every byte once, and every load of
 the accumulator's reads on the fewest bank wavefronts."""
 
-from __future__ import annotations
-
 import itertools
 
 import pytest

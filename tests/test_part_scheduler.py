@@ -2,8 +2,6 @@
 segment mapping covers every (sequence, tile) exactly once, in order, with the partial slots and
 piece counts the combine reads; the chooser and the matrix's `splits` values."""
 
-from __future__ import annotations
-
 import itertools
 
 import pytest

@@ -2,8 +2,6 @@
 PyTorch peers computing the same thing as the oracle (on the CPU), and a missing package is
 "not installed (pip install …)", never a failure."""
 
-from __future__ import annotations
-
 import importlib.util
 
 import pytest

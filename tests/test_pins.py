@@ -3,8 +3,6 @@
 README's install line uses constraints.txt, and .ci/run builds its venv from that very line and runs
 the README's test command in it. So the pins and the ranges cannot drift apart."""
 
-from __future__ import annotations
-
 import re
 from pathlib import Path
 

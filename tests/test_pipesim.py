@@ -15,8 +15,6 @@ protocols are stages/common/protocols.py.  Here:
     or byte drift fails the PTX cross-check.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import subprocess

@@ -7,8 +7,6 @@ goes through descriptor encoding, library load, kernel lookup, attributes and st
 launch, whose grid, block and dynamic shared memory are those the compile inferred.  On an H100
 the same path runs against the real driver: tests/test_prepare_gpu.py."""
 
-from __future__ import annotations
-
 import dataclasses
 import json
 import os

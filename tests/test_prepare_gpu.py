@@ -10,8 +10,6 @@ image of the kernel is passed over and named in the note) — and each case is r
     dsv4-lab run E --arch sm_100a --prepare --where config=s2h64_m128bs256_x512bs64,scenario=invalid,splits=1
 """
 
-from __future__ import annotations
-
 import pytest
 
 from harness.core.environment import gpu_capabilities

@@ -2,8 +2,6 @@
 `ncu --csv --page raw` (a captured-format fixture, tests/fixtures/ncu/raw_page.csv), the record's
 profile block and `show`, and the one-line answers where nothing can be profiled."""
 
-from __future__ import annotations
-
 import os
 import shutil
 from pathlib import Path

@@ -9,8 +9,6 @@ covers them (the minutes-long ones run too with DSV4_README_SLOW=1). Each comman
 fresh process on a copy of the lab: no traceback, and an exit code the README documents for it.
 """
 
-from __future__ import annotations
-
 import os
 import re
 from pathlib import Path

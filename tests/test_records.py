@@ -1,7 +1,5 @@
 """Record schema round-trip and forgiving reading."""
 
-from __future__ import annotations
-
 import json
 
 from harness.notebook.records import Record, RecordWriter, read_records, stage_file, validate

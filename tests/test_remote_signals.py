@@ -7,13 +7,10 @@ lost link, exit 3): the lab stops the remote run itself and exits 130, the run m
 interrupted; before the remote run starts, the message does not blame the target's `python`.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +19,8 @@ from harness.remote import remote_run, treecopy
 from harness.notebook.records import read_records, read_runs
 from harness.remote.targets import load_targets
 from tests.ssh_fixtures import make_lab, ssh_server  # noqa: F401  (fixture)
-from tests.test_targets import PY, _cmdline, _pids, alive, descendants, remote_lab, target_yaml  # noqa: F401
+from tests.test_targets import (PY, assert_gone, descendants, kill_all, remote_lab, remote_sides,  # noqa: F401
+                                target_yaml)
 
 
 def _start_remote_run(lab: Path, ssh_server, tmp_path: Path, *args: str) -> subprocess.Popen:
@@ -38,11 +36,7 @@ def test_ctrl_c_on_a_remote_run_is_130_and_interrupted_not_a_lost_link(remote_la
     proc = _start_remote_run(remote_lab, ssh_server, tmp_path, "SLOW", "--target", "box")
     remote: list[int] = []
     try:
-        deadline = time.monotonic() + 120
-        while not remote and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.5)
-            remote = [pid for pid in _pids() if b"harness.remote.remote_side\0run\0SLOW" in _cmdline(pid)
-                      and descendants(pid)]  # the remote side, with its worker up
+        remote = remote_sides(proc, 120, b"harness.remote.remote_side\0run\0SLOW")  # with its worker up
         assert remote, "the remote run never started"
         workers = set().union(*(descendants(pid) for pid in remote))
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
@@ -52,16 +46,9 @@ def test_ctrl_c_on_a_remote_run_is_130_and_interrupted_not_a_lost_link(remote_la
         assert "link dropped" not in text and "ssh exit 255" not in text and "Traceback" not in text
         (run,) = read_runs(remote_lab).values()
         assert run["event"] == "end" and run["interrupted"] is True and "interrupted here (Ctrl-C)" in run["lost"]
-        deadline = time.monotonic() + 20
-        while any(alive(p) for p in [*remote, *workers]) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not [p for p in [*remote, *workers] if alive(p)], "the remote run outlived the local one"
+        assert_gone([*remote, *workers])
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        for pid in remote:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(proc, remote)
 
 
 @pytest.mark.ssh
@@ -73,11 +60,8 @@ def test_ctrl_c_before_the_remote_run_starts_does_not_blame_python(remote_lab, s
     proc = _start_remote_run(remote_lab, ssh_server, tmp_path, "FAKE", "--target", "slowstart")
     shell: list[int] = []
     try:
-        deadline = time.monotonic() + 60
-        while not shell and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)  # the remote shell of this run: ssh is up, its `sleep 60` is running
-            shell = [pid for pid in _pids() if b"harness.remote.remote_side" in _cmdline(pid)
-                     and str(tmp_path).encode() in _cmdline(pid) and descendants(pid)]
+        # the remote shell of this run: ssh is up, its `sleep 60` is running
+        shell = remote_sides(proc, 60, b"harness.remote.remote_side", str(tmp_path).encode())
         assert shell, "the remote command never started"
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=60)
@@ -87,11 +71,7 @@ def test_ctrl_c_before_the_remote_run_starts_does_not_blame_python(remote_lab, s
         assert "interrupted here before the run started" in text
         assert read_records(remote_lab, ["FAKE"]) == []
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        for pid in [*shell, *(p for pid in shell for p in descendants(pid))]:  # the remote `sleep 60`, here
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(proc, [*shell, *(p for pid in shell for p in descendants(pid))])  # the remote `sleep 60`, here
 
 
 def test_a_relative_workdir_is_in_the_remote_home(tmp_path, monkeypatch):

@@ -1,7 +1,5 @@
 """The run's results table: a run spread over several GPUs says which GPU ran each case."""
 
-from __future__ import annotations
-
 import io
 
 from rich.console import Console

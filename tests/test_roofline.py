@@ -1,8 +1,6 @@
 """The roofline arithmetic (bound = max(flops/peak, bytes/bandwidth), fraction = bound/measured),
 the calibration file it reads, and the timing summary it is fed."""
 
-from __future__ import annotations
-
 import json
 import math
 

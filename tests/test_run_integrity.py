@@ -3,8 +3,6 @@ exits 0; bad numeric options are usage errors; an error in the run itself ends i
 message; SIGINT, SIGTERM and SIGHUP end it as interrupted (128 + signal) with an end event,
 every finished record kept and no worker left behind."""
 
-from __future__ import annotations
-
 import os
 import signal
 import subprocess

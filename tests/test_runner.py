@@ -2,8 +2,6 @@
 garbage or leaves outputs unwritten gets that status; the run goes on; every case is
 recorded; Ctrl-C keeps what finished and marks the run interrupted."""
 
-from __future__ import annotations
-
 import json
 import os
 import signal

@@ -1,8 +1,6 @@
 """`dsv4-lab new stage`: the scaffold passes `check` and compiles for both archs; bad requests
 are one line, exit 2, and leave the lab as it was."""
 
-from __future__ import annotations
-
 import shutil
 from pathlib import Path
 

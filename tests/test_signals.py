@@ -14,8 +14,6 @@ Each started process carries a marker in its environment (inherited by everythin
 so a leftover is found by scanning /proc, whoever its parent is now.
 """
 
-from __future__ import annotations
-
 import os
 import signal
 import subprocess

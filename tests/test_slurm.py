@@ -4,8 +4,6 @@ tests/slurm_fixtures.py; skipped with the reason where they cannot start): a rou
 array of 5 tasks with a failing, a timed-out and a forging task, cancellation by SIGINT, and
 `targets check`."""
 
-from __future__ import annotations
-
 import json
 import os
 import signal

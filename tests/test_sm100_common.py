@@ -7,8 +7,6 @@ mismatch.  The sm100 kernels themselves are compiled, never run, here.
 Traced probes run from a file in a fresh process with CUTE_DSL_ARCH=sm_100a (CuTeDSL's
 arch is per process, and it reads a jit function's source)."""
 
-from __future__ import annotations
-
 from types import SimpleNamespace
 
 import pytest

@@ -24,8 +24,6 @@ tolerance by 20–40×, as the issue's review found.  Small cases from each stag
 whole file runs in seconds.
 """
 
-from __future__ import annotations
-
 import ast
 import math
 

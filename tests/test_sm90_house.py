@@ -10,8 +10,6 @@ sm90_smem_p.py), on the CPU: what compiling can prove without a GPU.
 The traced checks run in a subprocess with CUTE_DSL_ARCH=sm_90a (CuTeDSL's arch is per
 process; it reads a jit function's source, so the probe is a file)."""
 
-from __future__ import annotations
-
 import subprocess
 
 from tests.conftest import traced

@@ -1,7 +1,5 @@
 """stages.yaml validation: every bad spec is one line naming file, line and key; exit 2."""
 
-from __future__ import annotations
-
 import textwrap
 from pathlib import Path
 

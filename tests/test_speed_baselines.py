@@ -2,8 +2,6 @@
 median µs, its spread, the peers' ratios and the GPU from the newest fresh bench record, in
 results/speed_baselines.yaml.xz beside results/baselines.yaml.xz (which is left exactly as it was)."""
 
-from __future__ import annotations
-
 import lzma
 from pathlib import Path
 

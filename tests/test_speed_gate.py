@@ -1,15 +1,12 @@
 """`gate --speed` (issue 29 item 4): unchanged sources hold, changed ones must be re-timed by A/B on
 a GPU of the baseline's model (here: none, so one line and exit 1), a slower verdict fails."""
 
-from __future__ import annotations
-
 import pytest
 
 from harness.notebook.records import Record
 from harness.notebook.speedbaselines import SpeedBaseline
 from harness.workflows.speedgate import verdicts
-from tests.conftest import run_cli
-from tests.test_abbench import _no_gpu
+from tests.conftest import has_gpu, run_cli
 from tests.test_speed_baselines import N4096, _bench, slab  # noqa: F401  (slab: the fixture)
 
 
@@ -18,7 +15,7 @@ def test_no_speed_baselines_guard_nothing_and_never_pass(slab):
     assert r.returncode == 1 and "no speed baselines" in r.stdout, r.stdout + r.stderr
 
 
-@pytest.mark.skipif(not _no_gpu(), reason="the no-GPU answer")
+@pytest.mark.skipif(has_gpu(), reason="the no-GPU answer")
 def test_unchanged_source_holds_and_a_changed_one_needs_the_gpu(slab):
     _bench(slab, "r1.1", 4096, 50.0)
     assert run_cli(["baseline", "accept", "stage-OK", "--speed"], cwd=slab).returncode == 0

@@ -5,8 +5,6 @@ exit 1; what comes back is taken only through the signed record channel (a forge
 line is rejected and counted; a remote that claims success is believed only as far as its
 records prove it); usage errors are one line."""
 
-from __future__ import annotations
-
 import json
 import shutil
 import subprocess
@@ -19,7 +17,7 @@ from harness.notebook.records import read_records, read_runs
 from harness.remote import remote_speedgate, treecopy
 from harness.spec.identity import source_hash
 from harness.spec.spec import load_spec
-from tests.test_abbench import _no_gpu
+from tests.conftest import has_gpu
 from tests.ssh_fixtures import SshServer, git, make_lab, run_cli, ssh_server  # noqa: F401  (fixture)
 from tests.test_targets import target_yaml
 
@@ -223,7 +221,7 @@ def test_the_far_side_without_a_channel_key_is_one_line(tmp_path):
     assert r.returncode == 2 and "no channel key on stdin" in r.stderr and r.stdout == "", r.stdout + r.stderr
 
 
-@pytest.mark.skipif(not _no_gpu(), reason="the no-GPU answer")
+@pytest.mark.skipif(has_gpu(), reason="the no-GPU answer")
 def test_compare_takes_a_shipped_tree_where_there_is_no_git(fake_lab, tmp_path, capsys):
     """The far side has no .git: `bench --compare` takes the tree sent with the copy and its sha as
     given, and a tree that was not sent is one line."""

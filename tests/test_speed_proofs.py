@@ -2,8 +2,6 @@
 scratch lab is a git repository whose HEAD is the tree (A/A), or whose tree differs from HEAD by
 E's kernel alone, replaced by the planted slow fixture (the planted slowdown)."""
 
-from __future__ import annotations
-
 import importlib.util
 import subprocess
 

@@ -1,7 +1,5 @@
 """Speed in `history STAGE --speed` and the dashboard's Δ speed column (issue 29 item 6)."""
 
-from __future__ import annotations
-
 from harness.notebook.records import Record, RecordWriter
 from tests.conftest import run_cli
 from tests.test_speed_baselines import N4096, _bench, slab  # noqa: F401  (slab: the fixture)

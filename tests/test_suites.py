@@ -3,8 +3,6 @@ upstream's counts, the generators' statistics, the pass rules on a planted wrong
 oracle's, the reasons table, the suite stages through the one executor (a fake CPU lab), and a
 bad suite block as one line naming file, line, key and fix."""
 
-from __future__ import annotations
-
 import json
 import math
 from collections import Counter
@@ -26,6 +24,20 @@ def _case(module, i: int) -> dict:
 
 
 # The case lists against upstream's
+
+
+def _set(monkeypatch, mod, **values) -> None:
+    for name, value in values.items():
+        monkeypatch.setattr(mod, name, value)
+
+
+def _fp32_only(monkeypatch, m, p) -> None:
+    _set(monkeypatch, m, LOGITS=("fp32",), COMPRESSED=False)
+    _set(monkeypatch, p, LOGITS=("fp32",), CONTEXT_2D=False)
+
+
+def _why(*mods) -> Counter:
+    return Counter(r.split(":")[0] for mod in mods for u in mod.upstream() for r in mod.reasons(u))
 
 
 def test_flashmla_case_list_matches_upstream_gen_testcase():
@@ -56,19 +68,14 @@ def test_deepgemm_case_lists_match_upstream(monkeypatch):
     them in reach of I1/I2 with 64 heads of 128 only — the issue's counts, per reason too."""
     from oracles.suites import deepgemm_mqa as m, deepgemm_paged as p
 
-    monkeypatch.setattr(m, "HEADS", (64,))  # the tables before issue 35 (the counts it names)
-    monkeypatch.setattr(m, "HEAD_DIMS", (128,))
-    monkeypatch.setattr(p, "HEADS", (64,))
-    monkeypatch.setattr(p, "HEAD_DIMS", (128,))
-    monkeypatch.setattr(m, "LOGITS", ("fp32",))
-    monkeypatch.setattr(p, "LOGITS", ("fp32",))
-    monkeypatch.setattr(m, "COMPRESSED", False)
-    monkeypatch.setattr(p, "CONTEXT_2D", False)
+    for mod in (m, p):  # the tables before issue 35 (the counts it names)
+        _set(monkeypatch, mod, HEADS=(64,), HEAD_DIMS=(128,))
+    _fp32_only(monkeypatch, m, p)
     assert (len(m.upstream()), len(p.upstream())) == (216, 30)
     assert Counter(u.commit for u in m.upstream()) == {"54e2261": 192, "80ceeb2": 24}
     assert Counter(u.commit for u in p.upstream()) == {"54e2261": 24, "80ceeb2": 6}
     assert (len(m.cases()), len(p.cases())) == (32, 9)
-    why = Counter(r.split(":")[0] for mod in (m, p) for u in mod.upstream() for r in mod.reasons(u))
+    why = _why(m, p)
     assert why["heads 32"] == 108 and why["bf16 logits"] == 108
     assert why["compressed logits ([s, max(ke − ks)] indexed from ks)"] == 96
     assert why["head_dim 32"] == 64 and why["head_dim 64"] == 64
@@ -98,12 +105,9 @@ def test_deepgemm_heads_and_head_dims_are_supported_and_reach_the_kernel(monkeyp
     from harness.spec.spec import load_spec
     from oracles.suites import deepgemm_mqa as m, deepgemm_paged as p
 
-    monkeypatch.setattr(m, "LOGITS", ("fp32",))
-    monkeypatch.setattr(p, "LOGITS", ("fp32",))
-    monkeypatch.setattr(m, "COMPRESSED", False)
-    monkeypatch.setattr(p, "CONTEXT_2D", False)
+    _fp32_only(monkeypatch, m, p)
     assert (len(m.cases()), len(p.cases())) == (72, 12)
-    why = Counter(r.split(":")[0] for mod in (m, p) for u in mod.upstream() for r in mod.reasons(u))
+    why = _why(m, p)
     assert not any(k.startswith(("heads", "head_dim")) for k in why), why
     assert {(c["heads"], c["head_dim"]) for c in m.cases()} == {(h, d) for h in (32, 64) for d in (32, 64, 128)}
     assert {c["heads"] for c in p.cases()} == {32, 64}
@@ -124,7 +128,7 @@ def test_deepgemm_bf16_logits_are_supported_and_reach_the_kernel():
 
     assert (len([c for c in m.cases() if not c["compressed"]]),
             len([c for c in p.cases() if not (c["context_2d"] and c["next_n"] > 1)])) == (120, 18)
-    why = Counter(r.split(":")[0] for mod in (m, p) for u in mod.upstream() for r in mod.reasons(u))
+    why = _why(m, p)
     assert not any("bf16" in k for k in why), why
     stages = load_spec(root=ROOT).stages
     for sid, mod in (("I1_DEEPGEMM", m), ("I2_DEEPGEMM", p)):

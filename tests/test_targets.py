@@ -1,8 +1,6 @@
 """SSH targets: targets.yaml validation, the ssh argv and quoting, and remote runs against a
 real OpenSSH server on 127.0.0.1 (tests/ssh_fixtures.py) with CPU-only fake stages."""
 
-from __future__ import annotations
-
 import json
 import os
 import shlex
@@ -101,22 +99,19 @@ def test_user_file_overrides_lab_entry_by_name(lab_dir, tmp_path):
     assert set(ts) == {"b200", "mine"}
 
 
-@pytest.mark.parametrize("body, where, words", [
-    ("    password: hunter2\n", "targets.yaml:8: targets.b200.password:", ["ssh key", "ssh-agent"]),
-    ("    ssh_options: {PasswordAuthentication: 'yes'}\n", "targets.yaml:8: targets.b200.ssh_options.PasswordAuthentication:",
-     ["ssh key", "ssh-agent"]),
-    ("    ssh_options: {StrictHostKeyChecking: 'no'}\n", "targets.yaml:8: targets.b200.ssh_options.StrictHostKeyChecking:",
-     ["known_hosts"]),
-    ("    ssh_options: {UserKnownHostsFile: /dev/null}\n", "targets.yaml:8: targets.b200.ssh_options.UserKnownHostsFile:",
-     ["known_hosts"]),
-    ("    ssh_options: {ProxyCommand: nc}\n", "targets.yaml:8: targets.b200.ssh_options.ProxyCommand:", ["ssh/config"]),
-    ("    ssh_options: {ForwardAgent: 'yes'}\n", "targets.yaml:8: targets.b200.ssh_options.ForwardAgent:", ["allowed"]),
-    ("    colour: red\n", "targets.yaml:8: targets.b200.colour:", ["unknown key", "allowed"]),
-    ("    gpus: [0, 0]\n", "targets.yaml:8: targets.b200.gpus:", ["repeated"]),
-    ("    port: 70000\n", "targets.yaml:8: targets.b200.port:", ["port"]),
-    ("    api_token: abc\n", "targets.yaml:8: targets.b200.api_token:", ["secret"]),
+@pytest.mark.parametrize("body, key, words", [
+    ("    password: hunter2\n", "password:", ["ssh key", "ssh-agent"]),
+    ("    ssh_options: {PasswordAuthentication: 'yes'}\n", "ssh_options.PasswordAuthentication:", ["ssh key", "ssh-agent"]),
+    ("    ssh_options: {StrictHostKeyChecking: 'no'}\n", "ssh_options.StrictHostKeyChecking:", ["known_hosts"]),
+    ("    ssh_options: {UserKnownHostsFile: /dev/null}\n", "ssh_options.UserKnownHostsFile:", ["known_hosts"]),
+    ("    ssh_options: {ProxyCommand: nc}\n", "ssh_options.ProxyCommand:", ["ssh/config"]),
+    ("    ssh_options: {ForwardAgent: 'yes'}\n", "ssh_options.ForwardAgent:", ["allowed"]),
+    ("    colour: red\n", "colour:", ["unknown key", "allowed"]),
+    ("    gpus: [0, 0]\n", "gpus:", ["repeated"]),
+    ("    port: 70000\n", "port:", ["port"]),
+    ("    api_token: abc\n", "api_token:", ["secret"]),
 ])
-def test_bad_entries_are_one_line_with_file_line_key(lab_dir, body, where, words):
+def test_bad_entries_are_one_line_with_file_line_key(lab_dir, body, key, words):
     write_targets(lab_dir / "targets.yaml", """\
         version: 1
         targets:
@@ -129,7 +124,7 @@ def test_bad_entries_are_one_line_with_file_line_key(lab_dir, body, where, words
     with pytest.raises(TargetError) as exc:
         load_targets(lab_dir)
     msg = str(exc.value)
-    assert msg.startswith(where), msg
+    assert msg.startswith(f"targets.yaml:8: targets.b200.{key}"), msg
     assert "\n" not in msg and " — " in msg
     for w in words:
         assert w in msg, msg
@@ -548,11 +543,7 @@ def test_stopping_a_remote_run_here_stops_it_there(remote_lab, ssh_server, tmp_p
                             start_new_session=True)
     remote = []
     try:
-        deadline = time.monotonic() + 90
-        while not remote and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.5)
-            remote = [pid for pid in _pids() if b"harness.remote.remote_side\0run\0SLOW" in _cmdline(pid)
-                      and descendants(pid)]  # the remote side, with its worker up
+        remote = remote_sides(proc, 90, b"harness.remote.remote_side\0run\0SLOW")  # with its worker up
         assert remote, "the remote run never started"
         workers = set().union(*(descendants(pid) for pid in remote))
         os.kill(proc.pid, sig)
@@ -561,16 +552,9 @@ def test_stopping_a_remote_run_here_stops_it_there(remote_lab, ssh_server, tmp_p
         assert b"Traceback" not in out + err
         (run,) = read_runs(remote_lab).values()
         assert run["interrupted"] is True and "interrupted here" in run["lost"]
-        deadline = time.monotonic() + 20
-        while any(alive(p) for p in [*remote, *workers]) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not [p for p in [*remote, *workers] if alive(p)], "the remote run outlived the local one"
+        assert_gone([*remote, *workers])
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        for pid in remote:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(proc, remote)
 
 
 def _pids() -> list[int]:
@@ -582,6 +566,31 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def remote_sides(proc, seconds: float, *marks: bytes) -> list[int]:
+    """The pids whose command line holds every mark and that have a child, polled until found,
+    `seconds` pass or `proc` ends."""
+    found, deadline = [], time.monotonic() + seconds
+    while not found and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+        found = [pid for pid in _pids() if all(m in _cmdline(pid) for m in marks) and descendants(pid)]
+    return found
+
+
+def assert_gone(pids: list[int]) -> None:
+    deadline = time.monotonic() + 20
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if alive(p)], "the remote run outlived the local one"
+
+
+def kill_all(proc, pids) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 FAKE_REMOTE = '''\

@@ -2,8 +2,6 @@
 worker reports it so, keeps the full trace, checks what make_inputs and the oracle return,
 and never outlives its parent."""
 
-from __future__ import annotations
-
 import importlib
 import os
 import signal

@@ -1,8 +1,6 @@
 """Hostile stages.yaml / targets.yaml / kernel modules: every one is a single `file:line:` error
 (SpecError / TargetError), never another exception, never slow, never a false accept."""
 
-from __future__ import annotations
-
 import re
 import subprocess
 import sys
@@ -140,89 +138,89 @@ def test_every_malformed_spec_is_one_line(fake_lab):
     assert refused > 0.8 * len(cases), (refused, len(cases) - refused)
 
 
-@pytest.mark.parametrize("old, new, line, key, says", short_ids([
+@pytest.mark.parametrize("old, new, line, key, says", short_ids([  # key: under stages., but for version
     # tolerances: finite, in range
-    ("cosine_min: 0.9999", "cosine_min: .nan", 24, "stages.OK.tolerances.out.cosine_min", "not a finite number"),
-    ("cosine_min: 0.9999", "cosine_min: .inf", 24, "stages.OK.tolerances.out.cosine_min", "not a finite number"),
-    ("cosine_min: 0.9999", "cosine_min: -.inf", 24, "stages.OK.tolerances.out.cosine_min", "not a finite number"),
-    ("cosine_min: 0.9999", "cosine_min: 1.5", 24, "stages.OK.tolerances.out.cosine_min", "at most 1"),
-    ("cosine_min: 0.9999", "cosine_min: -2", 24, "stages.OK.tolerances.out.cosine_min", "more than 0"),
-    ("rel_l2_max: 1.0e-6", "rel_l2_max: .NaN", 25, "stages.OK.tolerances.out.rel_l2_max", "not a finite number"),
-    ("rel_l2_max: 1.0e-6", "rel_l2_max: -1.0e-6", 25, "stages.OK.tolerances.out.rel_l2_max", "at least 0"),
-    ("max_abs_max: 0.5", "max_abs_max: .inf", 26, "stages.OK.tolerances.out.max_abs_max", "not a finite number"),
-    ("max_abs_max: 0.5", "max_abs_max: 1.0e+400", 26, "stages.OK.tolerances.out.max_abs_max", "not a finite number"),
-    ("max_abs_max: 0.5", "max_abs_max: -0.5", 26, "stages.OK.tolerances.out.max_abs_max", "at least 0"),
+    ("cosine_min: 0.9999", "cosine_min: .nan", 24, "OK.tolerances.out.cosine_min", "not a finite number"),
+    ("cosine_min: 0.9999", "cosine_min: .inf", 24, "OK.tolerances.out.cosine_min", "not a finite number"),
+    ("cosine_min: 0.9999", "cosine_min: -.inf", 24, "OK.tolerances.out.cosine_min", "not a finite number"),
+    ("cosine_min: 0.9999", "cosine_min: 1.5", 24, "OK.tolerances.out.cosine_min", "at most 1"),
+    ("cosine_min: 0.9999", "cosine_min: -2", 24, "OK.tolerances.out.cosine_min", "more than 0"),
+    ("rel_l2_max: 1.0e-6", "rel_l2_max: .NaN", 25, "OK.tolerances.out.rel_l2_max", "not a finite number"),
+    ("rel_l2_max: 1.0e-6", "rel_l2_max: -1.0e-6", 25, "OK.tolerances.out.rel_l2_max", "at least 0"),
+    ("max_abs_max: 0.5", "max_abs_max: .inf", 26, "OK.tolerances.out.max_abs_max", "not a finite number"),
+    ("max_abs_max: 0.5", "max_abs_max: 1.0e+400", 26, "OK.tolerances.out.max_abs_max", "not a finite number"),
+    ("max_abs_max: 0.5", "max_abs_max: -0.5", 26, "OK.tolerances.out.max_abs_max", "at least 0"),
     # timeout_s: finite, > 0
-    ("timeout_s: 20", "timeout_s: .inf", 27, "stages.OK.timeout_s", "not a finite number"),
-    ("timeout_s: 20", "timeout_s: .nan", 27, "stages.OK.timeout_s", "not a finite number"),
-    ("timeout_s: 20", "timeout_s: 0", 27, "stages.OK.timeout_s", "more than 0"),
-    ("timeout_s: 20", "timeout_s: -1", 27, "stages.OK.timeout_s", "more than 0"),
-    ("timeout_s: 20", "timeout_s: 1.0e+300", 27, "stages.OK.timeout_s", "at most 86400"),
-    ("timeout_s: 20", "timeout_s: " + "9" * 400, 27, "stages.OK.timeout_s", "not a finite number"),
-    ("cosine_min: 0.9999", "cosine_min: " + "9" * 400, 24, "stages.OK.tolerances.out.cosine_min", "not a finite"),
+    ("timeout_s: 20", "timeout_s: .inf", 27, "OK.timeout_s", "not a finite number"),
+    ("timeout_s: 20", "timeout_s: .nan", 27, "OK.timeout_s", "not a finite number"),
+    ("timeout_s: 20", "timeout_s: 0", 27, "OK.timeout_s", "more than 0"),
+    ("timeout_s: 20", "timeout_s: -1", 27, "OK.timeout_s", "more than 0"),
+    ("timeout_s: 20", "timeout_s: 1.0e+300", 27, "OK.timeout_s", "at most 86400"),
+    ("timeout_s: 20", "timeout_s: " + "9" * 400, 27, "OK.timeout_s", "not a finite number"),
+    ("cosine_min: 0.9999", "cosine_min: " + "9" * 400, 24, "OK.tolerances.out.cosine_min", "not a finite"),
     # empty values
-    ("    title: add\n", "    title:\n", 4, "stages.OK.title", "nothing"),
-    ("    dir: stages/fake\n", "    dir:\n", 5, "stages.OK.dir", "nothing"),
+    ("    title: add\n", "    title:\n", 4, "OK.title", "nothing"),
+    ("    dir: stages/fake\n", "    dir:\n", 5, "OK.dir", "nothing"),
     ("    kernels:\n      cpu:\n        module: stages.fake.cpu\n        entry: Add\n", "    kernels:\n",
-     6, "stages.OK.kernels", "nothing"),
-    ("      cpu:\n        module: stages.fake.cpu\n        entry: Add\n", "      cpu:\n", 7, "stages.OK.kernels.cpu",
+     6, "OK.kernels", "nothing"),
+    ("      cpu:\n        module: stages.fake.cpu\n        entry: Add\n", "      cpu:\n", 7, "OK.kernels.cpu",
      "nothing"),
-    ("        module: stages.fake.cpu\n", "        module:\n", 8, "stages.OK.kernels.cpu.module", "nothing"),
+    ("        module: stages.fake.cpu\n", "        module:\n", 8, "OK.kernels.cpu.module", "nothing"),
     ("    matrix:\n      n:\n        - 16\n        - 32\n      mode:\n        - a\n", "    matrix:\n",
-     14, "stages.OK.matrix", "nothing"),
-    ("      n:\n        - 16\n        - 32\n", "      n:\n", 15, "stages.OK.matrix.n", "nothing"),
-    ("    tolerances:\n      out:\n", "    tolerances:\n      out:\n      other:\n", 23, "stages.OK.tolerances.out",
+     14, "OK.matrix", "nothing"),
+    ("      n:\n        - 16\n        - 32\n", "      n:\n", 15, "OK.matrix.n", "nothing"),
+    ("    tolerances:\n      out:\n", "    tolerances:\n      out:\n      other:\n", 23, "OK.tolerances.out",
      "nothing"),
-    ("    bench:\n      n: 32\n", "    bench:\n", 28, "stages.OK.bench", "nothing"),
-    ("      n: 32\n", "      n:\n", 29, "stages.OK.bench.n", "nothing"),
-    ("    kernel_params:\n      - n\n", "    kernel_params:\n", 20, "stages.OK.kernel_params", "nothing"),
-    ("    tensors: oracles.add:tensors\n", "    tensors:\n", 10, "stages.OK.tensors", "nothing"),
+    ("    bench:\n      n: 32\n", "    bench:\n", 28, "OK.bench", "nothing"),
+    ("      n: 32\n", "      n:\n", 29, "OK.bench.n", "nothing"),
+    ("    kernel_params:\n      - n\n", "    kernel_params:\n", 20, "OK.kernel_params", "nothing"),
+    ("    tensors: oracles.add:tensors\n", "    tensors:\n", 10, "OK.tensors", "nothing"),
     ("version: 1\n", "version:\n", 1, "version", "nothing"),
-    ("    title: add\n", "    title: ''\n", 4, "stages.OK.title", "empty"),
+    ("    title: add\n", "    title: ''\n", 4, "OK.title", "empty"),
     # numbers Python cannot read, tags, dates
-    ("        - 16\n", "        - " + "7" * 5000 + "\n", 16, "stages.OK.matrix.n", "5000 digits"),
-    ("    title: add\n", "    title: !!python/object/apply:os.system [ls]\n", 4, "stages.OK.title", "not supported"),
-    ("    title: add\n", "    title: 2024-13-45\n", 4, "stages.OK.title", "not a valid date"),
-    ("    title: add\n", "    title: \"a\\nb\"\n", 4, "stages.OK.title", "one line"),
+    ("        - 16\n", "        - " + "7" * 5000 + "\n", 16, "OK.matrix.n", "5000 digits"),
+    ("    title: add\n", "    title: !!python/object/apply:os.system [ls]\n", 4, "OK.title", "not supported"),
+    ("    title: add\n", "    title: 2024-13-45\n", 4, "OK.title", "not a valid date"),
+    ("    title: add\n", "    title: \"a\\nb\"\n", 4, "OK.title", "one line"),
     # module paths: dotted identifiers only
-    ("module: stages.fake.cpu", "module: ..stages.fake.cpu", 8, "stages.OK.kernels.cpu.module", "not a dotted module"),
-    ("module: stages.fake.cpu", "module: .cpu", 8, "stages.OK.kernels.cpu.module", "not a dotted module"),
-    ("module: stages.fake.cpu", "module: stages..fake.cpu", 8, "stages.OK.kernels.cpu.module", "not a dotted module"),
-    ("module: stages.fake.cpu", "module: stages.fake.cpu.", 8, "stages.OK.kernels.cpu.module", "not a dotted module"),
-    ("module: stages.fake.cpu", "module: stages/fake/cpu", 8, "stages.OK.kernels.cpu.module", "not a dotted module"),
-    ("entry: Add", "entry: Add.x", 9, "stages.OK.kernels.cpu.entry", "not a Python name"),
-    ("oracle: oracles.add:reference", "oracle: ..oracles.add:reference", 12, "stages.OK.oracle", "not a dotted"),
-    ("oracle: oracles.add:reference", "oracle: oracles.add:ref-erence", 12, "stages.OK.oracle", "not a Python name"),
+    ("module: stages.fake.cpu", "module: ..stages.fake.cpu", 8, "OK.kernels.cpu.module", "not a dotted module"),
+    ("module: stages.fake.cpu", "module: .cpu", 8, "OK.kernels.cpu.module", "not a dotted module"),
+    ("module: stages.fake.cpu", "module: stages..fake.cpu", 8, "OK.kernels.cpu.module", "not a dotted module"),
+    ("module: stages.fake.cpu", "module: stages.fake.cpu.", 8, "OK.kernels.cpu.module", "not a dotted module"),
+    ("module: stages.fake.cpu", "module: stages/fake/cpu", 8, "OK.kernels.cpu.module", "not a dotted module"),
+    ("entry: Add", "entry: Add.x", 9, "OK.kernels.cpu.entry", "not a Python name"),
+    ("oracle: oracles.add:reference", "oracle: ..oracles.add:reference", 12, "OK.oracle", "not a dotted"),
+    ("oracle: oracles.add:reference", "oracle: oracles.add:ref-erence", 12, "OK.oracle", "not a Python name"),
     # the stage folder stays inside the lab
-    ("dir: stages/fake", "dir: /tmp", 5, "stages.OK.dir", "not inside the lab"),
-    ("dir: stages/fake", "dir: stages/../..", 5, "stages.OK.dir", "not inside the lab"),
+    ("dir: stages/fake", "dir: /tmp", 5, "OK.dir", "not inside the lab"),
+    ("dir: stages/fake", "dir: stages/../..", 5, "OK.dir", "not inside the lab"),
     # matrix values: one value written twice, however spelled; words that survive filters and labels
-    ("        - 32\n", "        - '16'\n", 17, "stages.OK.matrix.n", "repeated value"),
-    ("        - 32\n", "        - 16.0\n", 17, "stages.OK.matrix.n", "repeated value"),
-    ("        - a\n", "        - a\n        - 'a'\n", 20, "stages.OK.matrix.mode", "repeated value"),
-    ("        - a\n", "        - true\n        - 'true'\n", 20, "stages.OK.matrix.mode", "repeated value"),
-    ("        - a\n", "        - .nan\n", 19, "stages.OK.matrix.mode", "not a finite number"),
-    ("        - a\n", "        - 'a,b'\n", 19, "stages.OK.matrix.mode", "cannot be an axis value"),
-    ("        - a\n", "        - 'x=1'\n", 19, "stages.OK.matrix.mode", "cannot be an axis value"),
-    ("        - a\n", "        - ' a'\n", 19, "stages.OK.matrix.mode", "cannot be an axis value"),
-    ("      mode:\n", "      arch:\n", 18, "stages.OK.matrix.arch", "lab's own options"),
-    ("      mode:\n", "      class:\n", 18, "stages.OK.matrix.class", "identifiers"),
+    ("        - 32\n", "        - '16'\n", 17, "OK.matrix.n", "repeated value"),
+    ("        - 32\n", "        - 16.0\n", 17, "OK.matrix.n", "repeated value"),
+    ("        - a\n", "        - a\n        - 'a'\n", 20, "OK.matrix.mode", "repeated value"),
+    ("        - a\n", "        - true\n        - 'true'\n", 20, "OK.matrix.mode", "repeated value"),
+    ("        - a\n", "        - .nan\n", 19, "OK.matrix.mode", "not a finite number"),
+    ("        - a\n", "        - 'a,b'\n", 19, "OK.matrix.mode", "cannot be an axis value"),
+    ("        - a\n", "        - 'x=1'\n", 19, "OK.matrix.mode", "cannot be an axis value"),
+    ("        - a\n", "        - ' a'\n", 19, "OK.matrix.mode", "cannot be an axis value"),
+    ("      mode:\n", "      arch:\n", 18, "OK.matrix.arch", "lab's own options"),
+    ("      mode:\n", "      class:\n", 18, "OK.matrix.class", "identifiers"),
     # kernel_params and bench
-    ("      - n\n", "      - n\n      - n\n", 22, "stages.OK.kernel_params", "repeated"),
-    ("      - n\n", "      - hd\n", 21, "stages.OK.kernel_params", "not a matrix axis"),
-    ("      n: 32\n", "      n: '32'\n", 29, "stages.OK.bench.n", "not in the matrix"),
-    ("      n: 32\n", "      n: 64\n", 29, "stages.OK.bench.n", "not in the matrix"),
-    ("      n: 32\n", "      n: 32\n      n: 16\n", 30, "stages.OK.bench.n", "duplicate key"),
-    ("      n: 32\n", "      hd: 32\n", 29, "stages.OK.bench.hd", "not a matrix axis"),
+    ("      - n\n", "      - n\n      - n\n", 22, "OK.kernel_params", "repeated"),
+    ("      - n\n", "      - hd\n", 21, "OK.kernel_params", "not a matrix axis"),
+    ("      n: 32\n", "      n: '32'\n", 29, "OK.bench.n", "not in the matrix"),
+    ("      n: 32\n", "      n: 64\n", 29, "OK.bench.n", "not in the matrix"),
+    ("      n: 32\n", "      n: 32\n      n: 16\n", 30, "OK.bench.n", "duplicate key"),
+    ("      n: 32\n", "      hd: 32\n", 29, "OK.bench.hd", "not a matrix axis"),
     # keys that are not names
-    ("    title: add\n", "    title: add\n    ? [a, b]\n    : x\n", 5, "stages.OK", "plain name"),
-    ("    title: add\n", "    title: add\n    ~: x\n", 5, "stages.OK", "empty key"),
-    ("    bench:\n      n: 32\n", "    bench:\n      <<: {n: 32}\n", 29, "stages.OK.bench", "merge keys"),
+    ("    title: add\n", "    title: add\n    ? [a, b]\n    : x\n", 5, "OK", "plain name"),
+    ("    title: add\n", "    title: add\n    ~: x\n", 5, "OK", "empty key"),
+    ("    bench:\n      n: 32\n", "    bench:\n      <<: {n: 32}\n", 29, "OK.bench", "merge keys"),
 ]))
 def test_bad_values_are_one_line(fake_lab, old, new, line, key, says):
     assert RICH.count(old) == 1, old
     msg = spec_error(fake_lab, RICH.replace(old, new))
-    assert msg.startswith(f"stages.yaml:{line}: {key}: "), msg
+    assert msg.startswith(f"stages.yaml:{line}: {'' if key == 'version' else 'stages.'}{key}: "), msg
     assert says in msg and " — " in msg, msg
 
 
