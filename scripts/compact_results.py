@@ -333,6 +333,10 @@ def _args(argv: list[str]) -> tuple[Path, bool, int, float] | str:
             if number < 0 or number != number:
                 return f"{a} needs a number >= 0 (got {value!r})"
             keep, days = (int(number), days) if a == "--keep" else (keep, float(number))
+        elif a in ("-h", "--help"):
+            return "help"
+        elif a.startswith("-") and a != "--force":
+            return f"unknown option {a!r}"
         elif a != "--force":
             rest.append(a)
     if len(rest) > 1:
@@ -342,6 +346,9 @@ def _args(argv: list[str]) -> tuple[Path, bool, int, float] | str:
 
 if __name__ == "__main__":
     parsed = _args(sys.argv[1:])
+    if parsed == "help":
+        print(__doc__)
+        sys.exit(0)
     if isinstance(parsed, str):
         print(f"compact_results: {parsed} — usage: python3 scripts/compact_results.py [LAB_ROOT] [--force] "
               f"[--keep N] [--days M]", file=sys.stderr)

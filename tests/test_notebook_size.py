@@ -721,3 +721,16 @@ def test_compaction_that_would_lose_a_record_says_so_in_one_line(fake_lab, monke
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "2 record(s) read before do not read back the same" in err, err
     assert '"id":"r1.' in err and "git checkout results" in err
+
+
+def test_compact_results_help_and_an_unknown_option_touch_nothing(tmp_path):
+    """`--help` prints the usage (exit 0) and an unknown option is one line (exit 2); neither is
+    taken for LAB_ROOT (which once made a folder named `--help` and ended in a traceback)."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "compact_results.py"
+    for args, code, text in ((["--help"], 0, "compact_results.py [LAB_ROOT]"), (["--bogus"], 2, "unknown option '--bogus'")):
+        r = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert r.returncode == code and text in (r.stdout + r.stderr), r.stdout + r.stderr
+        assert "Traceback" not in r.stderr and list(tmp_path.iterdir()) == []
