@@ -140,7 +140,7 @@ class Kernel:
         # one must be its own: with S a multiple of W it is, and its slot's last phase has
         # completed; else a faster warpgroup can wait on a slot whose previous fill (another
         # warpgroup's block) is still in flight, and its parity wait passes on the phase before
-        # (seen with W 3, S 8: stale keys, then a launch failure).
+        # (W 3 with 8 slots ended once in a launch failure on an H200; inferred, not traced).
         if self.STAGES % self.NUM_MMA_WG:
             raise ValueError(f"stage I2 sm90: {self.STAGES} K slots for {self.NUM_MMA_WG} MMA warpgroups: the slots "
                              "must be a multiple of the warpgroups (each slot's previous block is then the same "
