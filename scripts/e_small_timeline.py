@@ -34,6 +34,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from variant_launch import launches, rotated_sets  # noqa: E402
 
 FMT = "model1"
 SCENARIO = "sink"
@@ -161,8 +164,8 @@ SLOT_NAMES = {0: "entry", 1: "barriers set, pair met", 2: "producer: idx staged"
               7: "wg0: epilogue done", 8: "wg1: epilogue done", 10: "producer done", 9: "exit"}
 
 
-def _stamps(case: dict, sets: list, fn, launches: int = 5) -> str:
-    """A stamps build (stages/common/stamps.py) launched on `launches` input sets one at a time:
+def _stamps(case: dict, sets: list, fn, n_launches: int = 5) -> str:
+    """A stamps build (stages/common/stamps.py) launched on `n_launches` input sets one at a time:
     per slot, over the CTAs, the median (min … max) ns after the earliest CTA's entry and the
     median cycles after the CTA's own entry; the medians over the launches."""
     import cuda.bindings.driver as cuda
@@ -173,7 +176,7 @@ def _stamps(case: dict, sets: list, fn, launches: int = 5) -> str:
     from stages.common.stamps import RECORD_BYTES, SLOTS
 
     per_launch = []
-    for k in range(launches):
+    for k in range(n_launches):
         args = _args_for(case, sets[(k + 1) % len(sets)])
         o = args[[spec.name for spec in tensors(case)].index("O")]
         o.zero_()
@@ -196,7 +199,7 @@ def _stamps(case: dict, sets: list, fn, launches: int = 5) -> str:
                 stats[slot] = (statistics.median(ns), min(ns), max(ns), statistics.median(cyc), len(ns))
         per_launch.append((len(ctas), stats))
     lines = [f"      {per_launch[0][0]} CTAs; ns after the first CTA's entry: median (min … max); cycles after "
-             f"the CTA's entry: median — medians over {launches} launches"]
+             f"the CTA's entry: median — medians over {n_launches} launches"]
     for slot, label in sorted(SLOT_NAMES.items(), key=lambda kv: per_launch[-1][1].get(kv[0], (1e18,))[0]):
         got = [st[slot] for _, st in per_launch if slot in st]
         if not got:
@@ -253,23 +256,19 @@ def main() -> int:
         built = {r[0]: r for r in pool.map(_compile, jobs)}
     print(f"compiled {len(jobs)} kernels in {time.perf_counter() - t0:.1f} s", flush=True)
 
-    import cuda.bindings.driver as cuda
     import cutlass.cute as cute
     import torch
-    from cutlass.cute.runtime import from_dlpack
 
-    from harness.execution.timing import bench, l2_bytes, rotations
+    from harness.execution.timing import bench
     from oracles.sparse_decode import make_inputs
 
     print(torch.cuda.get_device_name(0), flush=True)
     for b, config in shapes:
         case = _case(b, config)
         first = make_inputs(case, 0, device="cuda")
-        set_bytes = sum(t.numel() * t.element_size() for t in first.values())
-        n_sets = rotations(set_bytes, l2_bytes())
         # the same values at other addresses: the rotation keeps L2 cold as bench's does
-        sets = [first] + [{k: v.clone() for k, v in first.items()} for _ in range(1, n_sets)]
-        print(f"== b {b} {config}: {n_sets} input sets", flush=True)
+        sets = rotated_sets(first)
+        print(f"== b {b} {config}: {len(sets)} input sets", flush=True)
         for name, knobs, only in variants:
             if not _wanted(only, b, config):
                 continue
@@ -285,33 +284,20 @@ def main() -> int:
                     print(f"  {name:10s} stamps ({info}):", flush=True)
                     print(_stamps(vcase, vin, fn), flush=True)
                     continue
-                launches = []
-                check = ""
-                for k, inputs in enumerate(vin):
-                    args = _args_for(vcase, inputs)
-                    cargs = [from_dlpack(t, assumed_align=16) for t in args]
-
-                    def launch(cargs=cargs) -> None:
-                        fn(*cargs, cuda.CUstream(torch.cuda.current_stream().cuda_stream))
-
-                    if k == 0:
-                        launch()
-                        torch.cuda.synchronize()
-                        check = _check(vcase, inputs, args)
-                    launches.append(launch)
+                arg_lists = [_args_for(vcase, inputs) for inputs in vin]
+                runs = launches(fn, arg_lists)
+                check = _check(vcase, vin[0], arg_lists[0])
                 for scen in filter(None, a.check_scenarios.split(",") if name in a.check_variants.split(",") else []):
                     scase = {**vcase, "scenario": scen}
                     sin = make_inputs(scase, 1, device="cuda")
                     sargs = _args_for(scase, sin)
-                    fn(*[from_dlpack(t, assumed_align=16) for t in sargs],
-                       cuda.CUstream(torch.cuda.current_stream().cuda_stream))
-                    torch.cuda.synchronize()
+                    launches(fn, [sargs])  # launched once, synchronised
                     check += f" | {scen}: {_check(scase, sin, sargs)}"
-                t = bench(launches, reps=a.reps, min_launches=20)
+                t = bench(runs, reps=a.reps, min_launches=20)
                 print(f"  {name:10s} {t['us']:7.2f} µs (p10 {t['p10_us']:.2f} p90 {t['p90_us']:.2f}, {t['method']}) "
                       f"{check}; {info}; compile {secs:.0f} s", flush=True)
                 if b in profile_b:
-                    print(_profile(launches[0]), flush=True)
+                    print(_profile(runs[0]), flush=True)
             except Exception as exc:  # a failed variant is reported; the rest go on
                 print(f"  {name:10s} FAILED: {type(exc).__name__}: {exc}", flush=True)
         if a.flashmla:
@@ -330,7 +316,7 @@ def _flashmla(case: dict, sets: list, reps: int, profile: bool, percall: bool = 
 
         c = SparseConfig.parse(case["config"])
         for per_call in (False, True) if percall else (False,):
-            launches = []
+            calls = []
             for inputs in sets:
                 cache = kc.model1_flashmla_view(inputs["KV"], c.block).view(torch.float8_e4m3fn)
                 extra = kc.model1_flashmla_view(inputs["KV_extra"], c.extra_block).view(torch.float8_e4m3fn)
@@ -345,13 +331,13 @@ def _flashmla(case: dict, sets: list, reps: int, profile: bool, percall: bool = 
                     flash_mla_with_kvcache(inputs["Q"], cache, None, None, 512, m, **kw)
 
                 launch()
-                launches.append(launch)
+                calls.append(launch)
             torch.cuda.synchronize()
-            t = bench(launches, reps=reps, min_launches=20)
+            t = bench(calls, reps=reps, min_launches=20)
             print(f"  {'flashmla' + ('/percall' if per_call else ''):10s} {t['us']:7.2f} µs (p10 {t['p10_us']:.2f} "
                   f"p90 {t['p90_us']:.2f}, {t['method']})", flush=True)
             if profile and not per_call:
-                print(_profile(launches[0]), flush=True)
+                print(_profile(calls[0]), flush=True)
     except Exception as exc:
         print(f"  flashmla: {type(exc).__name__}: {exc}", flush=True)
 

@@ -5,10 +5,9 @@ prints everything, writes nothing.
         --variant "c16:chunk_tiles=16" --variant "w2:mma_wg=2,stages=8,min_blocks=2" [--deepgemm]
 
 A variant is name[:knob=value,…]: keyword arguments of stages.I2_paged_mqa_logits.sm90.Kernel
-(chunk_tiles, stages, mma_wg, mma_regs, min_blocks).  Each shape × variant is compiled here (a process
-pool, no compile cache, no records), checked against the float64 oracle on the first input set
-(every −inf exactly where the oracle's, cosine and rel_l2 of the rest), then timed as `bench`
-times it (harness/execution/timing.py: CUDA graphs over rotated copies of the inputs, L2 cold).
+(chunk_tiles, stages, mma_wg, mma_regs, min_blocks), compiled here (no cache, no records),
+checked against the float64 oracle (−inf positions exact, cosine and rel_l2 of the rest), then
+timed as `bench` times it (scripts/variant_launch.py).
 --deepgemm: DeepGEMM's paged MQA logits on the same inputs as harness/peers/deepgemm.py calls
 it (metadata once, the −inf masked_fill timed with it).
 """
@@ -25,6 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from variant_launch import launches, rotated_sets  # noqa: E402
 
 
 def _case(b: int, next_n: int, ctx: int) -> dict:
@@ -125,23 +127,19 @@ def main() -> int:
         built = {r[0]: r for r in pool.map(_compile, jobs)}
     print(f"compiled {len(jobs)} kernels in {time.perf_counter() - t0:.1f} s", flush=True)
 
-    import cuda.bindings.driver as cuda
     import cutlass.cute as cute
     import torch
-    from cutlass.cute.runtime import from_dlpack
 
-    from harness.execution.timing import bench, l2_bytes, rotations
+    from harness.execution.timing import bench
     from oracles.indexer import paged_make_inputs, paged_reference, paged_tensors
 
     print(torch.cuda.get_device_name(0), flush=True)
     for b, n, c in shapes:
         case = _case(b, n, c)
         first = paged_make_inputs(case, 0, device="cuda")
-        set_bytes = sum(t.numel() * t.element_size() for t in first.values())
-        n_sets = rotations(set_bytes, l2_bytes())
-        sets = [first] + [{k: v.clone() for k, v in first.items()} for _ in range(1, n_sets)]
+        sets = rotated_sets(first)
         ref = paged_reference(first, case)["logits"].double()  # float64, on the GPU
-        print(f"== b {b} next_n {n} ctx {c}: {n_sets} input sets", flush=True)
+        print(f"== b {b} next_n {n} ctx {c}: {len(sets)} input sets", flush=True)
         for name, knobs in variants:
             key, obj, prefix, secs, err, info = built[f"b{b}n{n}c{c}:{name}"]
             if err:
@@ -149,23 +147,13 @@ def main() -> int:
                 continue
             try:
                 fn = cute.runtime.load_module(obj)[prefix]
-                launches, check = [], ""
-                for k, inputs in enumerate(sets):
-                    args = _args_for(case, inputs)
-                    cargs = [from_dlpack(t, assumed_align=16) for t in args]
-
-                    def launch(cargs=cargs) -> None:
-                        fn(*cargs, cuda.CUstream(torch.cuda.current_stream().cuda_stream))
-
-                    if k == 0:
-                        launch()
-                        torch.cuda.synchronize()
-                        check = _check(ref, args)
-                    launches.append(launch)
+                arg_lists = [_args_for(case, inputs) for inputs in sets]
+                runs = launches(fn, arg_lists)
+                check = _check(ref, arg_lists[0])
                 if a.check_only:
                     print(f"  {name:10s} {check}; {info}", flush=True)
                     continue
-                t = bench(launches, reps=a.reps, min_launches=20)
+                t = bench(runs, reps=a.reps, min_launches=20)
                 print(f"  {name:10s} {t['us']:8.2f} µs (p10 {t['p10_us']:.2f} p90 {t['p90_us']:.2f}) {check}; {info}",
                       flush=True)
             except Exception as exc:

@@ -41,3 +41,22 @@ def test_a_variants_filter_names_its_shapes():
     assert t._wanted({"b16:s2h128"}, 16, "s2h128_m128bs256_x1024bs64")
     assert not t._wanted({"b16:s2h128"}, 16, "s1h128_m128bs256_x1024bs64")
 
+
+
+def test_variant_inputs_rotate_as_bench_rotates(monkeypatch):
+    """scripts/variant_launch.py: the first set, then clones at other addresses (timing.rotations)."""
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from variant_launch import rotated_sets
+
+    from harness.execution import timing
+
+    monkeypatch.setattr(timing, "l2_bytes", lambda: 50 << 20)  # an H100's L2 (no GPU here)
+    first = {"a": torch.arange(1 << 20, dtype=torch.float32), "b": torch.ones(7)}
+    sets = rotated_sets(first)
+    assert len(sets) == timing.rotations(4 * (1 << 20) + 28, 50 << 20) > 1 and sets[0] is first
+    for s in sets[1:]:
+        assert all(torch.equal(s[k], first[k]) and s[k].data_ptr() != first[k].data_ptr() for k in first)
