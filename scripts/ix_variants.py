@@ -1,11 +1,13 @@
-"""Stage I2 sm90 schedule variants timed beside DeepGEMM (issue 31).  For the lead's GPU windows;
+"""Stage I1 / I2 sm90 schedule variants timed beside DeepGEMM (issue 31).  For the lead's GPU windows;
 prints everything, writes nothing.
 
     python3 scripts/ix_variants.py --shape b64:n2:c8192 --variant base \
         --variant "c16:chunk_tiles=16" --variant "w2:mma_wg=2,stages=8,min_blocks=2" [--deepgemm]
+    python3 scripts/ix_variants.py --shape s2048:k4096:cp --variant base --variant grid:persistent=0
 
-A variant is name[:knob=value,…]: keyword arguments of stages.I2_paged_mqa_logits.sm90.Kernel
-(chunk_tiles, stages, mma_wg, mma_regs, min_blocks), compiled here (no cache, no records),
+A shape is b<B>:n<next_n>:c<ctx> (I2) or s<s>:k<s_kv>:<causal|cp> (I1).  A variant is
+name[:knob=value,…]: keyword arguments of the stage's sm90 Kernel (I2: chunk_tiles, stages,
+mma_wg, mma_regs, min_blocks, persistent; I1: persistent, sm_count), compiled here (no cache, no records),
 checked against the float64 oracle (−inf positions exact, cosine and rel_l2 of the rest), then
 timed as `bench` times it (scripts/variant_launch.py).
 --deepgemm: DeepGEMM's paged MQA logits on the same inputs as harness/peers/deepgemm.py calls
@@ -29,9 +31,24 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from variant_launch import launches, rotated_sets  # noqa: E402
 
 
-def _case(b: int, next_n: int, ctx: int) -> dict:
-    return dict(b=b, next_n=next_n, ctx=ctx, block_kv=64, heads=64, head_dim=128, logits_dtype="fp32",
-                context_2d=False)
+def _case(shape: str) -> dict:
+    f = shape.split(":")
+    if f[0].startswith("s"):  # I1
+        return dict(s=int(f[0][1:]), s_kv=int(f[1][1:]), ranges=f[2], heads=64, head_dim=128, logits_dtype="fp32",
+                    compressed=False)
+    b, n, c = (int(x[1:]) for x in f)
+    return dict(b=b, next_n=n, ctx=c, block_kv=64, heads=64, head_dim=128, logits_dtype="fp32", context_2d=False)
+
+
+def _stage(case: dict):
+    """(Kernel class, tensor specs, make_inputs, reference, DeepGEMM problem) of the case's stage."""
+    from oracles import indexer as o
+
+    if "s" in case:
+        from stages.I1_mqa_logits.sm90 import Kernel
+        return Kernel, o.tensors, o.make_inputs, o.reference, "mqa_logits"
+    from stages.I2_paged_mqa_logits.sm90 import Kernel
+    return Kernel, o.paged_tensors, o.paged_make_inputs, o.paged_reference, "paged_mqa_logits"
 
 
 def _parse_knobs(text: str) -> dict:
@@ -48,17 +65,17 @@ def _compile(job: tuple) -> tuple:
         from cutlass.cute.runtime import make_fake_stream
 
         from harness.execution.compile import fake_tensor
-        from oracles.indexer import paged_tensors
-        from stages.I2_paged_mqa_logits.sm90 import Kernel
 
-        kernel = Kernel(b=case["b"], next_n=case["next_n"], block_kv=64, **knobs)
-        compiled = cute.compile(kernel, *[fake_tensor(s) for s in paged_tensors(case)], make_fake_stream())
+        Kernel, specs, *_ = _stage(case)
+        sizes = {k: case[k] for k in (("s", "s_kv") if "s" in case else ("b", "next_n", "block_kv"))}
+        kernel = Kernel(**sizes, **knobs)
+        compiled = cute.compile(kernel, *[fake_tensor(s) for s in specs(case)], make_fake_stream())
         prefix = "ix_" + key.replace(":", "_").replace("=", "").replace(",", "_")
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         compiled.export_to_c(out_dir, "kernel", function_prefix=prefix)
         regs = _registers(compiled)
-        info = (f"chunk {kernel.CHUNK_TILES} stages {kernel.STAGES} wg {kernel.NUM_MMA_WG} regs {kernel.MMA_REGS} "
-                f"mb {kernel.min_blocks} launch regs {regs}")
+        info = (f"stages {kernel.STAGES} wg {kernel.NUM_MMA_WG} regs {kernel.MMA_REGS} persistent {kernel.persistent} "
+                f"launch regs {regs}")
         return key, str(Path(out_dir) / "kernel.o"), prefix, time.perf_counter() - t0, None, info
     except Exception as exc:  # reported, the other variants go on
         return key, "", "", time.perf_counter() - t0, f"{type(exc).__name__}: {exc}", ""
@@ -81,10 +98,8 @@ def _registers(compiled) -> str:
 def _args_for(case: dict, inputs: dict):
     import torch
 
-    from oracles.indexer import paged_tensors
-
     out = []
-    for spec in paged_tensors(case):
+    for spec in _stage(case)[1](case):
         if spec.name in inputs:
             out.append(inputs[spec.name])
         else:
@@ -107,19 +122,19 @@ def _check(ref, args: list) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", action="append", required=True, help="b<B>:n<next_n>:c<ctx>")
+    ap.add_argument("--shape", action="append", required=True, help="b<B>:n<next_n>:c<ctx> or s<s>:k<s_kv>:<ranges>")
     ap.add_argument("--variant", action="append", required=True, help="name[:knob=v,…] ('none': DeepGEMM alone)")
     ap.add_argument("--deepgemm", action="store_true")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--check-only", action="store_true", help="check each variant once, no timing (for compute-sanitizer)")
     a = ap.parse_args()
-    shapes = [tuple(int(x[1:]) for x in s.split(":")) for s in a.shape]
+    shapes = a.shape
     variants = [(v.partition(":")[0], _parse_knobs(v.partition(":")[2])) for v in a.variant if v != "none"]
 
     work = Path(tempfile.mkdtemp(prefix="ixv-"))
-    jobs = [(f"b{b}n{n}c{c}:{name}", _case(b, n, c), knobs, str(work / str(i)))
-            for i, ((b, n, c), (name, knobs)) in enumerate((s, v) for s in shapes for v in variants)]
+    jobs = [(f"{sh}:{name}", _case(sh), knobs, str(work / str(i)))
+            for i, (sh, (name, knobs)) in enumerate((s, v) for s in shapes for v in variants)]
     t0 = time.perf_counter()
     import multiprocessing as mp
 
@@ -131,17 +146,16 @@ def main() -> int:
     import torch
 
     from harness.execution.timing import bench
-    from oracles.indexer import paged_make_inputs, paged_reference, paged_tensors
-
     print(torch.cuda.get_device_name(0), flush=True)
-    for b, n, c in shapes:
-        case = _case(b, n, c)
-        first = paged_make_inputs(case, 0, device="cuda")
+    for sh in shapes:
+        case = _case(sh)
+        _, specs, make_inputs, reference, problem = _stage(case)
+        first = make_inputs(case, 0, device="cuda")
         sets = rotated_sets(first)
-        ref = paged_reference(first, case)["logits"].double()  # float64, on the GPU
-        print(f"== b {b} next_n {n} ctx {c}: {len(sets)} input sets", flush=True)
+        ref = reference(first, case)["logits"].double()  # float64, on the GPU
+        print(f"== {sh}: {len(sets)} input sets", flush=True)
         for name, knobs in variants:
-            key, obj, prefix, secs, err, info = built[f"b{b}n{n}c{c}:{name}"]
+            key, obj, prefix, secs, err, info = built[f"{sh}:{name}"]
             if err:
                 print(f"  {name:10s} compile FAILED ({secs:.0f} s): {err}", flush=True)
                 continue
@@ -163,8 +177,8 @@ def main() -> int:
                 from harness.peers import deepgemm
                 from harness.peers.indexer_problems import problem_dims
 
-                dims = problem_dims("paged_mqa_logits", {s.name: s for s in paged_tensors(case)})
-                runs = [deepgemm.make("paged_mqa_logits", dims, s) for s in sets]
+                dims = problem_dims(problem, {s.name: s for s in specs(case)})
+                runs = [deepgemm.make(problem, dims, s) for s in sets]
                 t = bench(runs, reps=a.reps, min_launches=20)
                 print(f"  {'deepgemm':10s} {t['us']:8.2f} µs (p10 {t['p10_us']:.2f} p90 {t['p90_us']:.2f})", flush=True)
             except Exception as exc:

@@ -410,6 +410,11 @@ def test_kernels_refuse_what_they_cannot_do():
         I2(b=1, next_n=1, block_kv=64, head_dim=256)
     with pytest.raises(ValueError, match="logits_dtype must be one of fp32, bf16, got 'fp16'"):
         I1(s=128, s_kv=1024, logits_dtype="fp16")
+    # I1's persistent table of s / 8 token blocks beside two Q blocks and the K ring: 34808 tokens
+    # fill the 227 KiB exactly (a compile reports 232448 B), 8 more do not
+    I1(s=34808, s_kv=1024)
+    with pytest.raises(ValueError, match="s = 34816 needs 233472 B .* smaller chunks of tokens"):
+        I1(s=34816, s_kv=1024)
     I1(s=128, s_kv=1024), I2(b=8, next_n=2, block_kv=64)  # the matrix's shapes are taken
     for h, d in ((32, 32), (32, 64), (64, 128)):
         I1(s=128, s_kv=1024, heads=h, head_dim=d), I2(b=8, next_n=2, block_kv=64, heads=h, head_dim=d)
@@ -578,25 +583,24 @@ def test_quad_pick_takes_each_lanes_candidate():
         assert list(quad_pick(q, values, index, sel)) == [100 + index[lane] for lane in range(4)]
 
 
-def test_i1_sm90_launches_the_heaviest_token_blocks_first():
-    """Stage I1's sm90 CTAs take token blocks in nonincreasing order of work on causal ranges
-    (the tail of the grid gets the short ones); the kernel maps its launch index through
-    `Kernel.token_block`, plain arithmetic, run here on ints."""
-    from stages.I1_mqa_logits.sm90 import Kernel
+def test_i1_persistent_shares_split_long_blocks_evenly():
+    """I1's sm90 shares (`block_tiles` then `share_segments`, the kernel's table and walk in
+    plain Python): on s 2048, s_kv 4096, cp (blocks of 9 to 33 tiles) every (block, tile) pair is
+    in one share, each of the 132 shares within one pair of T / 132, and a block cut between
+    two CTAs is taken up where the other left it."""
+    from stages.common.indexer import block_tiles, share_segments
 
-    s, s_kv = 512, 4096
-    k = Kernel(s=s, s_kv=s_kv)
-    ks, ke = ix.ranges_of({"s": s, "s_kv": s_kv, "ranges": "causal"})
-    blocks = s // k.BLOCK_Q
-    order = [k.token_block(i) for i in range(blocks)]
-    assert sorted(order) == list(range(blocks))  # every token block once
-
-    def tiles(b: int) -> int:  # the key tiles the CTA computes: the union of its rows' ranges (key_tile_range)
-        rows = [r for r in range(b * k.BLOCK_Q, (b + 1) * k.BLOCK_Q) if ke[r] > ks[r]]
-        return -(-max(ke[r] for r in rows) // k.BLOCK_K) - min(ks[r] for r in rows) // k.BLOCK_K
-
-    work = [tiles(b) for b in order]
-    assert all(a >= b for a, b in zip(work, work[1:])) and work[0] > work[-1], work[:8]
+    case = {"s": 2048, "s_kv": 4096, "ranges": "cp"}
+    tiles = block_tiles(*ix.ranges_of(case), 8, 4096, 64)
+    assert (min(tiles), max(tiles), sum(tiles)) == (9, 33, 6336)
+    taken = [0] * len(tiles)
+    for c in range(132):
+        segs = share_segments(tiles, c, 132)
+        assert abs(sum(n for *_, n in segs) - 6336 / 132) < 1
+        for block, first, n in segs:
+            assert first == taken[block] and n > 0
+            taken[block] += n
+    assert taken == tiles
 
 
 _SHAPES_PROBE = r"""

@@ -85,25 +85,26 @@ def _protocols(stage_id: str, case: dict, arch: str = "sm_100a"):
         for tiles in ([0, 2, 0, 3], [3, 0, 1], [1, 1, 1, 1, 1]):
             yield sum(tiles), sum(tiles) / k.stages, P.decode_sm90_persistent(k, tiles)
         return
-    if arch == "sm_90a" and stage_id == "I2" and k.persistent:  # every CTA's share of the case's blocks
-        from oracles.indexer import context_lens_of, paged_geometry
-        from stages.common.indexer import share_segments
+    if arch == "sm_90a" and stage_id in ("I1", "I2"):  # every CTA's share of the case's (block, tile) pairs
+        from oracles.indexer import context_lens_of, paged_geometry, ranges_of
+        from stages.common.indexer import block_tiles, share_segments
 
-        max_len = paged_geometry(case)["max_len"]
-        blocks = [-(-min(max(n, 0), max_len) // k.BLOCK_KV) for n in context_lens_of(case)]
+        if stage_id == "I1":
+            blocks = block_tiles(*ranges_of(case), k.BLOCK_Q, k.s_kv, k.BLOCK_K)
+        else:
+            max_len = paged_geometry(case)["max_len"]
+            blocks = [-(-min(max(n, 0), max_len) // k.BLOCK_KV) for n in context_lens_of(case)]
+        every = stage_id == "I1"
         for c in range(k.ctas):
             segs = [n for _, _, n in share_segments(blocks, c, k.ctas)]
-            yield sum(segs), sum(segs) / k.STAGES, P.indexer_sm90_persistent(k, segs)
+            yield sum(segs), sum(segs) / k.STAGES, P.indexer_sm90_persistent(k, segs, every)
         # and walks with empty segments and more segments than Q slots
         for segs in ([2], [0, 2, 0, 3], [3 * k.STAGES + 1, 0, 1], [1] * 7, [k.STAGES - 1, k.STAGES + 1]):
-            yield sum(segs), sum(segs) / k.STAGES, P.indexer_sm90_persistent(k, segs)
+            yield sum(segs), sum(segs) / k.STAGES, P.indexer_sm90_persistent(k, segs, every)
         return
     if arch == "sm_90a":
-        most = _max_tiles(k) if stage_id in DECODE else k.s_kv // k.BLOCK_K if stage_id == "I1" else k.CHUNK_TILES
-        slots = k.stages if stage_id in DECODE else k.STAGES
-        for n in range(most + 1):
-            proto = P.decode_sm90(k, n) if stage_id in DECODE else P.indexer_sm90(k, n, paged=stage_id == "I2")
-            yield n, n / slots, proto
+        for n in range(_max_tiles(k) + 1):
+            yield n, n / k.stages, P.decode_sm90(k, n)
         return
     if stage_id in DECODE or stage_id == "E":
         build = P.decode_sm100 if stage_id in DECODE else P.sparse_sm100
@@ -302,11 +303,9 @@ def test_sm90_protocol_counts_and_bytes_are_the_compiled_kernels(compiled_sm90, 
     if label.startswith("E/"):
         proto = P.one_cta(P.sparse_sm90(k, 0))
     else:
-        proto = P.decode_sm90(k, 2) if label in DECODE else P.indexer_sm90(k, 2, paged=label == "I2")
+        proto = P.decode_sm90(k, 2) if label in DECODE else P.indexer_sm90_persistent(k, [2, 1], label == "I1")
         if label in DECODE and k.PERSISTENT:
             proto = P.decode_sm90_persistent(k, [2, 1])
-        if label == "I2" and k.persistent:
-            proto = P.indexer_sm90_persistent(k, [2, 1])
     assert cross_check(proto, r["facts"]) == []
 
 

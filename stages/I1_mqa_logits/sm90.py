@@ -17,16 +17,25 @@ The MMA: keys along M, heads along N
     the sum across 8 lanes and 4 warps instead.
 
 Ranges and the −inf fill
-    The CTA's key range is the union of its tokens' non-empty ranges, rounded out to whole
-    tiles: tiles [tile_begin, tile_end).  Inside it the epilogue selects −inf per element
+    A token block's key range is the union of its 8 tokens' non-empty ranges, rounded out to
+    whole tiles: tiles [tile_begin, tile_end).  Inside it the epilogue selects −inf per element
     (a key outside its token's [ks, ke)); outside it the fill warps write −inf.  Every element
-    of the CTA's rows is written exactly once, by the kernel.
+    of the output is written exactly once, by the kernel.
 
+Persistent CTAs (issue 31)
+    One CTA an SM.  The CTA first tabulates every token block's tile range and the prefix sums
+    of their tile counts in shared memory (`block_tile_table`), then takes an equal share of the
+    (token block, key tile) pairs (`table_share`): logits are per key, so a block's tiles may be
+    split between CTAs with no combine, and no SM waits on a long block at the tail (s 2048,
+    s_kv 4096, cp: blocks of 8 to 33 tiles on 132 SMs; the grid of blocks it replaced, heaviest
+    first, is in git history).  Q has two slots: the next block's loads under the current
+    block's tiles.
 Warp roles (640 threads)
-    warpgroup 4, warp 16    load: Q's token block once, then the range's K tiles into a
-                            STAGES-slot TMA pipeline (setmaxnreg 24)
-    warpgroup 4, warps 17-19  fill: −inf outside the tile range (setmaxnreg 24)
-    warpgroups 0 … 3        8 query tokens per CTA, warpgroup w owns tokens 2w, 2w + 1 (its
+    warpgroup 4, warp 16    load: for each block of the share its Q, then its K tiles into a
+                            STAGES-slot TMA pipeline running on across blocks (setmaxnreg 24)
+    warpgroup 4, warps 17-19  fill: −inf outside the tile ranges of blocks cta, cta + CTAs, …
+                            (setmaxnreg 24)
+    warpgroups 0 … 3        8 query tokens a block, warpgroup w owns tokens 2w, 2w + 1 (its
                             quarter of the Q block is its B operand); all read every 64-key K
                             tile (a slot is free once all have): MMA, then the fused epilogue —
                             relu, × w, head sum, × k_scale, range select, store (setmaxnreg 112:
@@ -41,10 +50,11 @@ warpgroups of 4 tokens (m64n256k32) on every tile.  Here each K tile read from L
 time instead of one (issue 31: the third kept the tensor core busy ~59 % of the time).
 
 The MMA, the loads, the head sum and the epilogue's store are stages/common/indexer.py's; new
-here are the 8-token block with every warpgroup on every K tile, and the per-token key ranges.
+here are the 8-token block with every warpgroup on every K tile, the per-token key ranges and
+the persistent walk over the shares.
 
-Limits: s a multiple of BLOCK_Q, s_kv a multiple of BLOCK_K; h ∈ {32, 64}, d ∈ {32, 64, 128}; row-major,
-16-byte aligned, static shapes.
+Limits: s a multiple of BLOCK_Q, s_kv a multiple of BLOCK_K; h ∈ {32, 64}, d ∈ {32, 64, 128}; the
+table within shared memory (s ≤ 34808 at h 64, d 128); row-major, 16-byte aligned, static shapes.
 """
 
 import cuda.bindings.driver as cuda
@@ -54,10 +64,13 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 
 from stages.common import hang_guard
+from stages.common.device import SMEM_LIMIT
+from stages.common.device import sm_count as device_sm_count
 from stages.common.indexer import (
     DIM,
     HEADS,
     LogitsOperands,
+    block_tile_table,
     check_flat_shape,
     check_heads,
     check_logits,
@@ -65,10 +78,8 @@ from stages.common.indexer import (
     fill_outside,
     head_partial,
     head_weights,
-    key_tile_range,
     launch,
     load_key_tile,
-    load_q_once,
     load_row_scales,
     q_rows,
     row_scale_regs,
@@ -76,20 +87,22 @@ from stages.common.indexer import (
     sm90_logits_mma,
     sm90_store_logits,
     start_cta,
+    table_share,
+    table_tiles,
     token_ranges,
 )
 from stages.common.inspection import expose
 from stages.common.sm90_idioms import wgmma_sync
-from stages.common.sm90_setup import TmaPipe, smem_struct, smem_tensors, tma_pipelines, tma_tiles, wait_once
+from stages.common.sm90_setup import TmaPipe, smem_struct, smem_tensors, tma_pipelines, tma_tiles
 from stages.common.tma import sm90_tma_load
 
 
 class Kernel:
-    """FP8 MQA logits on Hopper tensor cores: 8 query tokens per CTA (2 per MMA warpgroup), 64-key
-    tiles through a TMA pipeline read by all four warpgroups, the relu-weight-head-sum fused after the
-    MMA, −inf written by the kernel."""
+    """FP8 MQA logits on Hopper tensor cores: persistent CTAs on equal shares of the (8-token block,
+    64-key tile) pairs, 2 tokens per MMA warpgroup, tiles through a TMA pipeline read by all four
+    warpgroups, the relu-weight-head-sum fused after the MMA, −inf written by the kernel."""
 
-    BLOCK_Q = 8  # query tokens per CTA: 2 per MMA warpgroup (N = 128 each)
+    BLOCK_Q = 8  # query tokens a block: 2 per MMA warpgroup (N = 128 each)
     WG_Q = 2
     BLOCK_K = 64  # keys per tile = M of one warpgroup's MMA; every warpgroup reads every tile
     NUM_MMA_WG = 4
@@ -104,6 +117,7 @@ class Kernel:
     MMA_REGS = 112
     LOAD_REGS = 24
     STAGES = 8  # K slots of 8 KiB
+    Q_SLOTS = 2  # Q blocks in shared memory: the current and the next
 
     def __init__(self, *, s: int, s_kv: int, heads: int = HEADS, head_dim: int = DIM, logits_dtype: str = "fp32",
                  compressed: bool = False):
@@ -114,6 +128,15 @@ class Kernel:
         self.s, self.s_kv = s, s_kv
         self.heads, self.dim = heads, head_dim
         self.n = heads * self.WG_Q  # N of one warpgroup's MMA
+        self.blocks = s // self.BLOCK_Q
+        self.ctas = device_sm_count("sm_90a")
+        # the Q slots, the K ring, the table (2 · blocks + 1 words; 1 KiB-aligned) and 1 KiB of barriers
+        smem = (self.Q_SLOTS * self.BLOCK_Q * heads + self.STAGES * self.BLOCK_K) * head_dim
+        smem += -(-4 * (2 * self.blocks + 1) // 1024) * 1024 + 1024
+        if smem > SMEM_LIMIT:
+            raise ValueError(f"stage I1 sm90: s = {s} needs {smem} B of shared memory (a table of its {self.blocks} "
+                             f"token blocks beside Q and K), over the {SMEM_LIMIT} B an SM gives a CTA: split the "
+                             "prefill into smaller chunks of tokens")
 
     @cute.jit
     def __call__(
@@ -132,18 +155,20 @@ class Kernel:
         self.width = logits.shape[1]  # s_kv, or W of the compressed form
         dtype = q.element_type
         mQ = q_rows(q, s * self.heads, self.dim)
-        # Q slots: a quarter of the token block per warpgroup (its B operand).
-        mma, tile, k_smem, q_smem = sm90_logits_mma(dtype, bk, self.WG_Q, self.STAGES, self.NUM_MMA_WG, self.heads,
-                                                    self.dim)
+        # Q: Q_SLOTS token blocks, a quarter of each per warpgroup (its B operand): slot q · W + w.
+        mma, tile, k_smem, q_smem = sm90_logits_mma(dtype, bk, self.WG_Q, self.STAGES, self.Q_SLOTS * self.NUM_MMA_WG,
+                                                    self.heads, self.dim)
         expose(self, qk_mma=(mma, tile), smem={"K": k_smem, "Q": q_smem})  # dsv4-lab inspect
         tma_q, tma_Q, q_half = sm90_tma_load(mQ, q_smem, (n, self.dim))
         tma_k, tma_K, k_bytes = sm90_tma_load(kv, k_smem, (bk, self.dim))
         warps = self.MMA_THREADS // 32  # every MMA warpgroup reads Q and every K slot
-        self.pipes = (TmaPipe("q", 1, self.NUM_MMA_WG * q_half, warps), TmaPipe("k", self.STAGES, k_bytes, warps))
-        self.smem_struct = smem_struct(self.pipes, {"sQ": (dtype, q_smem), "sK": (dtype, k_smem)})
+        self.pipes = (TmaPipe("q", self.Q_SLOTS, self.NUM_MMA_WG * q_half, warps),
+                      TmaPipe("k", self.STAGES, k_bytes, warps))
+        self.smem_struct = smem_struct(self.pipes, {"sQ": (dtype, q_smem), "sK": (dtype, k_smem),
+                                                    "sTable": (cutlass.Int32, cute.make_layout(2 * self.blocks + 1))})
         ops = LogitsOperands(mma, tma_q, tma_Q, tma_k, tma_K, q_smem, k_smem)
-        launch(self.kernel(ops, kv_scale, weights, ks, ke, logits), (s // self.BLOCK_Q, 1, 1), self.THREADS,
-               self.smem_struct, stream)
+        launch(self.kernel(ops, kv_scale, weights, ks, ke, logits), (self.ctas, 1, 1), self.THREADS, self.smem_struct,
+               stream)
 
     @cute.kernel
     def kernel(self, ops: LogitsOperands, mScale: cute.Tensor, mW: cute.Tensor, mKs: cute.Tensor, mKe: cute.Tensor,
@@ -151,69 +176,89 @@ class Kernel:
         bq, bk = self.BLOCK_Q, self.BLOCK_K
         tidx, warp_idx, storage = start_cta(ops, self.LOAD_WARP, self.smem_struct)
         launched, _, _ = cute.arch.block_idx()
-        block = self.token_block(launched)
-        sQ, sK = smem_tensors(storage, sQ=ops.q_smem, sK=ops.k_smem)  # (n, d, 2), (bk, d, stages)
+        sQ, sK = smem_tensors(storage, sQ=ops.q_smem, sK=ops.k_smem)  # (n, d, slots), (bk, d, stages)
         q_pipe, k_pipe = tma_pipelines(storage, self.pipes)
-
-        tile_begin, tile_end = key_tile_range(mKs, mKe, block * bq, bq, self.s_kv, bk)
+        table = storage.sTable.get_tensor(cute.make_layout(2 * self.blocks + 1))
+        block_tile_table(table, mKs, mKe, self.blocks, bq, self.s_kv, bk, tidx, self.THREADS, warp_idx)
+        share = table_share(table, self.blocks, launched, self.ctas)
         if warp_idx // 4 == self.LOAD_WG:
             cute.arch.setmaxregister_decrease(self.LOAD_REGS)
             if warp_idx == self.LOAD_WARP:
-                self.load(block, tile_begin, tile_end, q_pipe, k_pipe, ops, sQ, sK)
-            else:  # fill warps: −inf in the block's rows outside the tile range
-                fill_outside(mOut, mKs, block, bq, tile_begin, tile_end, bk, self.s_kv, self.width, self.compressed,
-                             tidx - self.MMA_THREADS - 32, self.FILL_THREADS)
+                self.load(share, table, q_pipe, k_pipe, ops, sQ, sK)
+            else:  # fill warps: −inf outside the tile ranges of blocks cta, cta + CTAs, …
+                for i in cutlass.range(launched, self.blocks, self.ctas, unroll=1):
+                    tb, tiles = table_tiles(table, self.blocks, i)
+                    fill_outside(mOut, mKs, i, bq, tb, tb + tiles, bk, self.s_kv, self.width, self.compressed,
+                                 tidx - self.MMA_THREADS - 32, self.FILL_THREADS)
         else:
             cute.arch.setmaxregister_increase(self.MMA_REGS)
-            self.logits(block, tidx, tile_begin, tile_end, q_pipe, k_pipe, ops.mma, sQ, sK, mScale, mW, mKs, mKe, mOut)
-
-    def token_block(self, launched):
-        """The token block CTA `launched` computes: heaviest first.  CTAs start in launch order
-        and a causal token block's key range grows with its rows, so the last block goes first —
-        the longest-first order leaves the shortest CTAs for the grid's tail (issue 31: 12 %
-        at s 2048, s_kv 4096)."""
-        return self.s // self.BLOCK_Q - 1 - launched
+            self.logits(share, table, tidx, q_pipe, k_pipe, ops.mma, sQ, sK, mScale, mW, mKs, mKe, mOut)
 
     @cute.jit
-    def load(self, block, tile_begin, tile_end, q_pipe, k_pipe, ops, sQ, sK):
-        """Load warp: the token block's Q rows (a box of 2 tokens · 64 heads × 128 per MMA
-        warpgroup) once, then the K tiles of the range."""
+    def load(self, share, table, q_pipe, k_pipe, ops, sQ, sK):
+        """Load warp: for each block of the share, its Q (one box a warpgroup) into the next Q
+        slot, then its tiles of the share into the K ring."""
         hang_guard.role("load")  # names this role's waits in a --debug-hangs build
+        W = self.NUM_MMA_WG
         q_load = tma_tiles(ops.tma_q, sQ, ops.mQ, (self.n, self.dim), (None, 0))
         k_load = tma_tiles(ops.tma_k, sK, ops.mK, (self.BLOCK_K, self.dim), (None, 0))
-        load_q_once(q_pipe, q_load, block * self.NUM_MMA_WG, self.NUM_MMA_WG, tile_end > tile_begin)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.Q_SLOTS)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.STAGES)
-        for tile in cutlass.range(tile_begin, tile_end, unroll=1):
-            load_key_tile(k_pipe, k_state, k_load, tile)
-            k_state.advance()
+        block, first, left = share
+        while left > 0:
+            tb, tiles = table_tiles(table, self.blocks, block)
+            take = cutlass.min(tiles - first, left)
+            if take > 0:
+                q_pipe.producer_acquire(q_state)
+                for w in cutlass.range_constexpr(W):
+                    cute.copy(q_load.atom, q_load.gmem[(None, block * W + w)], q_load.smem[(None, q_state.index * W + w)],
+                              tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+                q_state.advance()
+                for tile in cutlass.range(tb + first, tb + first + take, unroll=1):
+                    load_key_tile(k_pipe, k_state, k_load, tile)
+                    k_state.advance()
+                left = left - take
+            first = cutlass.Int32(0)
+            block = block + 1
 
     @cute.jit
-    def logits(self, block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK, mScale, mW, mKs, mKe, mOut):
-        """MMA warpgroups: warpgroup w, for every K tile: Sᵀ = K_tile · Q_wᵀ (64 keys × its 2 tokens
-        · 64 heads), then the fused epilogue (`sm90_store_logits` with `head_partial`), −inf outside
-        each token's [ks, ke)."""
+    def logits(self, share, table, tidx, q_pipe, k_pipe, mma, sQ, sK, mScale, mW, mKs, mKe, mOut):
+        """MMA warpgroups: for each block of the share, its weights and token ranges into registers,
+        wait for its Q slot, then for every tile of it Sᵀ = K_tile · Q_wᵀ (64 keys × its 2 tokens ·
+        64 heads) and the fused epilogue (`sm90_store_logits` with `head_partial`), −inf outside each
+        token's [ks, ke); the Q slot freed after the block."""
         hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
-        wq, bk = self.WG_Q, self.BLOCK_K
+        wq, bk, W = self.WG_Q, self.BLOCK_K, self.NUM_MMA_WG
         wg = tidx // 128
-        row0 = block * self.BLOCK_Q + wg * wq  # this warpgroup's first token
         tCrK, tCrQ, acc_shape, coords = sm90_fragments(mma, tidx % 128, sK, sQ, bk, self.n)
-        w = head_weights(mW, coords, row0, self.heads)
-        lo, hi = token_ranges(mKs, mKe, row0, wq)
-
-        if tile_end > tile_begin:
-            wait_once(q_pipe)
-        sc = row_scale_regs(coords)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.Q_SLOTS)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.STAGES)
-        for tile in cutlass.range(tile_begin, tile_end, unroll=1):
-            # the tile's key scales: global loads in flight under the MMA, not in the epilogue
-            load_row_scales(sc, cute.local_tile(mScale, (bk,), (tile,)), coords)
-            k_pipe.consumer_wait(k_state)
-            acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
-            wgmma_sync(mma, acc, tCrK, tCrQ, a_slot=k_state.index, b_slot=wg, zero_init=True)
-            k_pipe.consumer_release(k_state)
-            k_state.advance()
-            sm90_store_logits(mOut, row0, acc, coords, w, tile * bk, sc, lo, hi, tidx, self.head_partial, wq,
-                              compressed=self.width if self.compressed else None)
+        sc = row_scale_regs(coords)
+        block, first, left = share
+        while left > 0:
+            tb, tiles = table_tiles(table, self.blocks, block)
+            take = cutlass.min(tiles - first, left)
+            if take > 0:
+                row0 = block * self.BLOCK_Q + wg * wq  # this warpgroup's first token
+                w = head_weights(mW, coords, row0, self.heads)
+                lo, hi = token_ranges(mKs, mKe, row0, wq)
+                q_pipe.consumer_wait(q_state)
+                for tile in cutlass.range(tb + first, tb + first + take, unroll=1):
+                    # the tile's key scales: global loads in flight under the MMA, not in the epilogue
+                    load_row_scales(sc, cute.local_tile(mScale, (bk,), (tile,)), coords)
+                    k_pipe.consumer_wait(k_state)
+                    acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
+                    wgmma_sync(mma, acc, tCrK, tCrQ, a_slot=k_state.index, b_slot=q_state.index * W + wg,
+                               zero_init=True)
+                    k_pipe.consumer_release(k_state)
+                    k_state.advance()
+                    sm90_store_logits(mOut, row0, acc, coords, w, tile * bk, sc, lo, hi, tidx, self.head_partial, wq,
+                                      compressed=self.width if self.compressed else None)
+                q_pipe.consumer_release(q_state)
+                q_state.advance()
+                left = left - take
+            first = cutlass.Int32(0)
+            block = block + 1
 
     @cute.jit
     def head_partial(self, acc_rc, w, r: cutlass.Constexpr[int], first: cutlass.Constexpr[int],

@@ -286,6 +286,17 @@ def share_segments(blocks: Sequence[int], cta: int, ctas: int) -> list[tuple[int
     return out
 
 
+def block_tiles(ks: Sequence[int], ke: Sequence[int], rows: int, s_kv: int, tile: int) -> list[int]:
+    """Plain Python, the tile counts `block_tile_table` tabulates: token block i's tiles
+    (`key_tile_range` of its `rows` rows), for the protocol simulator and the tests."""
+    out = []
+    for i in range(len(ks) // rows):
+        spans = [(max(b, 0), min(e, s_kv)) for b, e in zip(ks[i * rows:(i + 1) * rows], ke[i * rows:(i + 1) * rows])]
+        spans = [(b, e) for b, e in spans if e > b]
+        out.append(-(-max(e for _, e in spans) // tile) - min(b for b, _ in spans) // tile if spans else 0)
+    return out
+
+
 def _warp_sum(x):
     for off in (16, 8, 4, 2, 1):
         x = x + cute.arch.shuffle_sync_bfly(x, offset=off)
@@ -341,6 +352,59 @@ def block_share(mLens: cute.Tensor, b: cutlass.Constexpr[int], cta, ctas: cutlas
         seq = cutlass.select_(open_, first, seq)
         base = base + cute.arch.shuffle_sync(incl, 31)
     return seq, excl, begin, end - begin
+
+
+@cute.jit
+def block_tile_table(table: cute.Tensor, mKs: cute.Tensor, mKe: cute.Tensor, blocks: cutlass.Constexpr[int],
+                     rows: cutlass.Constexpr[int], s_kv: cutlass.Constexpr[int], tile: cutlass.Constexpr[int], tid,
+                     threads: cutlass.Constexpr[int], warp_idx):
+    """I1's persistent schedule, built in shared memory by the whole CTA before its roles split
+    (two CTA barriers): table[i] = token block i's tile_begin (`key_tile_range`, blocks of `rows`
+    tokens) and table[blocks + i] = P(i), the (block, key tile) pairs before block i — P(0) = 0,
+    P(blocks) = T, all of them.  Thread t takes blocks t, t + threads, … (one round of global
+    loads while blocks ≤ threads), then warp 0 turns the tile counts into prefix sums, 32 a step."""
+    for i in cutlass.range(tid, blocks, threads, unroll=1):
+        tb, te = key_tile_range(mKs, mKe, i * rows, rows, s_kv, tile)
+        table[i] = tb
+        table[blocks + 1 + i] = te - tb
+    cute.arch.sync_threads()
+    if warp_idx == 0:
+        lane = cute.arch.lane_idx()
+        base = cutlass.Int32(0)
+        for c in cutlass.range(0, blocks, 32, unroll=1):
+            at = blocks + 1 + cutlass.min(c + lane, cutlass.Int32(blocks - 1))
+            incl = base + _warp_inclusive_sum(cutlass.select_(c + lane < blocks, table[at], cutlass.Int32(0)), lane)
+            if c + lane < blocks:
+                table[at] = incl
+            base = cute.arch.shuffle_sync(incl, 31)
+        if lane == 0:
+            table[blocks] = cutlass.Int32(0)
+    cute.arch.sync_threads()
+
+
+@cute.jit
+def table_share(table: cute.Tensor, blocks: cutlass.Constexpr[int], cta, ctas: cutlass.Constexpr[int]):
+    """(block, first, left): CTA `cta`'s equal share of `block_tile_table`'s pairs, [⌊c·T/ctas⌋,
+    ⌊(c+1)·T/ctas⌋) in block order (`share_segments` in plain Python): its first token block
+    (the least i with P(i + 1) > the share's first pair, by binary search), the share's first
+    tile counted from that block's tile_begin, and the pairs it holds (0: none)."""
+    total = cutlass.Int64(table[2 * blocks])
+    begin = cutlass.Int32(cutlass.Int64(cta) * total // ctas)
+    end = cutlass.Int32(cutlass.Int64(cta + 1) * total // ctas)
+    lo = cutlass.Int32(0)
+    hi = cutlass.Int32(blocks)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        above = table[blocks + 1 + mid] > begin
+        hi = cutlass.select_(above, mid, hi)
+        lo = cutlass.select_(above, lo, mid + 1)
+    return lo, begin - table[blocks + lo], end - begin
+
+
+@cute.jit
+def table_tiles(table: cute.Tensor, blocks: cutlass.Constexpr[int], block):
+    """(tile_begin, tiles) of token block `block` from `block_tile_table`'s table."""
+    return table[block], table[blocks + 1 + block] - table[blocks + block]
 
 
 @cute.jit

@@ -21,7 +21,8 @@ Families covered:
     decode_sm90    stages/common/sm90_decode.py's DecodeSm90 (D2–D5 on Hopper): load warp, the two
                    MMA warpgroups; pipelines q, kv (named barriers P_FULL / P_EMPTY not modelled);
                    decode_sm90_persistent: D2's persistent CTAs, item after item (Q a item)
-    indexer_sm90   I1 / I2 on Hopper: load warp, the MMA warpgroups (I2's take alternate tiles)
+    indexer_sm90_persistent   I1 and I2 on Hopper: load warp, the MMA warpgroups (I2's take
+                   alternate tiles), segment after segment (Q a segment)
 
     sparse_sm90    stage E on Hopper: persistent parts (segment after segment, the ring running on),
                    producer warps, both MMA warpgroups, Q a segment, and at h_q 128 the 2-CTA
@@ -323,30 +324,19 @@ def decode_sm90_persistent(k, item_tiles: list[int]) -> Protocol:
                     {"q": {q_bytes}, "k": {k_bytes}})
 
 
-def indexer_sm90(k, tiles: int, paged: bool) -> Protocol:
-    """Stages I1 / I2 on Hopper: `load` and `logits`.  I1: every MMA warpgroup reads every K tile
-    (4 arrivals a warpgroup a slot), Q is one box a warpgroup; I2: warpgroup w of W takes tiles
-    w, w + W, … (4 arrivals a slot), Q is one box."""
-    dim = 128
-    warps = k.MMA_THREADS // 32
-    if paged:
-        wgs = k.NUM_MMA_WG
-        return tma_ring_sm90(type(k).__module__, tiles, k.STAGES, k.n * dim, warps, k.BLOCK_KV * dim, 4,
-                             tuple((f"mma_wg{w}", w, wgs, 4) for w in range(wgs)))
-    return tma_ring_sm90(type(k).__module__, tiles, k.STAGES, k.NUM_MMA_WG * k.n * dim, warps, k.BLOCK_K * dim, warps,
-                         (("mma", 0, 1, warps),))
-
-
-def indexer_sm90_persistent(k, segment_blocks: list[int]) -> Protocol:
-    """Stage I2 on Hopper, persistent (stages/I2_paged_mqa_logits/sm90.py): one CTA walking its
-    share's segments, segment j `segment_blocks[j]` cache blocks.  Per segment the load warp
-    waits for the next of the Q_SLOTS Q slots (the segment Q_SLOTS before freed it), loads Q,
-    then the blocks into the K ring, which runs on across segments; warpgroup w of W takes the
-    share's blocks w, w + W, … (4 arrivals a slot), and every MMA warp waits for the segment's Q
-    and frees it after the segment (whether or not its warpgroup had a block of it)."""
+def indexer_sm90_persistent(k, segment_blocks: list[int], every_tile: bool = False) -> Protocol:
+    """Stages I1 and I2 on Hopper, persistent (their sm90.py): one CTA walking its share's
+    segments, segment j `segment_blocks[j]` key tiles (I2: cache blocks; I1: tiles of one token
+    block).  Per segment the load warp waits for the next of the Q_SLOTS Q slots (the segment
+    Q_SLOTS before freed it), loads Q, then the tiles into the K ring, which runs on across
+    segments; every MMA warp waits for the segment's Q and frees it after the segment.  I2:
+    warpgroup w of W takes the share's tiles w, w + W, … (4 arrivals a slot; a warpgroup with none
+    of a segment's still frees its Q), Q one box; `every_tile` (I1): every warpgroup reads every
+    tile (4 arrivals a warpgroup a slot), Q one box a warpgroup."""
     dim = k.dim
     warps, wgs, slots, q_slots = k.MMA_THREADS // 32, k.NUM_MMA_WG, k.STAGES, k.Q_SLOTS
-    q_bytes, k_bytes = k.n * dim, k.BLOCK_KV * dim
+    q_bytes, k_bytes = k.n * dim * (wgs if every_tile else 1), k.BLOCK_K * dim
+    readers = warps if every_tile else 4  # warps that read (and free) a K slot
     segs = [n for n in segment_blocks if n > 0]
 
     def load() -> Iterator[Op]:
@@ -368,7 +358,7 @@ def indexer_sm90_persistent(k, segment_blocks: list[int]) -> Protocol:
             for j, n in enumerate(segs):
                 yield consumer_wait("q.full", j, q_slots)
                 for t in range(pos, pos + n):
-                    if t % wgs == w:
+                    if every_tile or t % wgs == w:
                         yield consumer_wait("k.full", t, slots)
                         yield Arrive("k.empty", ring(t, slots)[0], 4)
                 yield Arrive("q.empty", ring(j, q_slots)[0], 4)
@@ -377,7 +367,7 @@ def indexer_sm90_persistent(k, segment_blocks: list[int]) -> Protocol:
 
     roles = {"load": load, **{f"mma_wg{w}": mma(w) for w in range(wgs)}}
     bars = {"q.full": Barrier(q_slots, 1), "q.empty": Barrier(q_slots, warps),
-            "k.full": Barrier(slots, 1), "k.empty": Barrier(slots, 4)}
+            "k.full": Barrier(slots, 1), "k.empty": Barrier(slots, readers)}
     return Protocol(f"{type(k).__module__} segments={segs}", bars, roles, {"q": {q_bytes}, "k": {k_bytes}})
 
 
