@@ -158,21 +158,28 @@ def test_sm100_auto_scratch_is_capped():
 # -- compiled
 
 
-def _sm90_ptx(project_root, tmp_path, monkeypatch, cases):
-    """The PTX of stage E's sm90 kernel for each (b, config, kv_format, splits), for sm_90a on a
-    GPU of 132 SMs (no GPU, no records)."""
+def _sm90_ptx(project_root, tmp_path, monkeypatch, cases, fixture: str = ""):
+    """The PTX of stage E's sm90 kernel (or tests/fixtures/`fixture`'s) for each (b, config,
+    kv_format, splits), for sm_90a on a GPU of 132 SMs (no GPU, no records)."""
+    import dataclasses
+
     from harness.execution.compile import Compiler, ptxas_resources
-    from harness.spec.spec import load_spec
+    from harness.spec.spec import KernelRef, load_spec
 
     monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
     monkeypatch.setenv("DSV4_SM_COUNT", "132")
     spec = load_spec(root=project_root)
+    stage = spec.stages["E"]
+    if fixture:
+        path = project_root / "tests" / "fixtures" / fixture / "sm90.py"
+        ref = KernelRef("sm_90a", f"tests.fixtures.{fixture}.sm90", "Kernel", path)
+        stage = dataclasses.replace(stage, kernels={"sm_90a": ref}, dir=ref.path.parent)
     compiler = Compiler(spec.root)
     out = {}
     try:
         for b, config, fmt, splits in cases:
             case = dict(b=b, config=config, kv_format=fmt, scenario="plain", splits=splits)
-            res = compiler.submit(spec.stages["E"], "sm_90a", case).result()
+            res = compiler.submit(stage, "sm_90a", case).result()
             assert res.ok, res.error
             out[(b, config, fmt, splits)] = (Path(res.ptx_path).read_text(), ptxas_resources(Path(res.ptx_path), "sm_90a"))
     finally:
@@ -210,6 +217,18 @@ def test_sm90_streams_topk_16384_and_32768_and_the_production_ptx_is_unchanged(p
         ptx, _ = got[key]
         assert "cp.async.ca" not in ptx and "bar.sync \t10," not in ptx, key
         assert hashlib.sha256(ptx.encode()).hexdigest() == digest, key
+
+
+def test_planted_stream_behind_reaches_the_compiled_e_kernel(project_root, tmp_path, monkeypatch):
+    """tests/fixtures/wrong_e_window plants its bug through stage E's `refill_source` hook; the
+    kernel must call it (else the GPU test of the planted bug runs the correct kernel): compiled
+    for sm_90a, a streamed case's PTX differs (the kernel's name, which embeds its module's, set
+    aside), with the same cp.asyncs."""
+    key = (1, "s2h64_m16384bs256", "model1", 1)
+    got = [_sm90_ptx(project_root, tmp_path / name, monkeypatch, [key], name)[key][0] for name in ("", "wrong_e_window")]
+    bodies = [ptx.replace(ptx.split(".entry", 1)[1].split("(", 1)[0].strip(), "K") for ptx in got]
+    assert bodies[0].count("cp.async.ca") == bodies[1].count("cp.async.ca") > 0
+    assert bodies[0] != bodies[1]
 
 
 _SM100 = """

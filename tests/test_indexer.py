@@ -720,7 +720,7 @@ print(json.dumps(out))
 
 
 def test_planted_stale_weights_reach_the_compiled_i2_kernel(tmp_path):
-    """tests/fixtures/wrong_i2 plants its bug by overriding the persistent walk's `share_logits`;
+    """tests/fixtures/wrong_i2 plants its bug by overriding the persistent walk's `segment_weights`;
     the kernel must reach it through the method (else the GPU test of the planted bug would run
     the correct kernel): both compile for sm_90a, with the same MMAs and different code (the PTX
     with the kernel's name, which embeds its module's, set aside)."""
@@ -729,3 +729,23 @@ def test_planted_stale_weights_reach_the_compiled_i2_kernel(tmp_path):
         assert ok, f"{name}: {err}"
     assert got["stage"][3] == got["wrong"][3] > 0
     assert got["stage"][2] != got["wrong"][2]
+
+
+@pytest.mark.parametrize("fixture, stage", [("wrong_i1", "I1_mqa_logits"), ("wrong_i2", "I2_paged_mqa_logits"),
+                                            ("wrong_e_window", "E_sparse_decode")])
+def test_planted_bug_fixtures_override_only_hooks(fixture, stage):
+    """A fixture that copies a long kernel method to change one line tests old code once the
+    method changes: these fixtures replace only the methods the stage's sm90 kernel names as
+    hooks ("so a test fixture can plant a bug here")."""
+    import ast
+
+    from tests.conftest import ROOT
+
+    def methods(path):
+        cls = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "Kernel")
+        return {f.name: " ".join((ast.get_docstring(f) or "").split()) for f in cls.body if isinstance(f, ast.FunctionDef)}
+
+    hooks = {k for k, doc in methods(ROOT / "stages" / stage / "sm90.py").items()
+             if "so a test fixture can plant a bug here" in doc}
+    overridden = set(methods(ROOT / "tests" / "fixtures" / fixture / "sm90.py"))
+    assert overridden and overridden <= hooks, (overridden, hooks)

@@ -666,8 +666,9 @@ class Kernel:
         (STAGED: every thread is done with the last segment's entries), issue windows 0 and 1
         into buffers 0 and 1 (a cp.async group each), wait for window 0 and meet again."""
         cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
-        self.issue_window(lists, work, cutlass.Int32(0), s_idx, ptid)
-        self.issue_window(lists, work, cutlass.Int32(1), s_idx, ptid)
+        w0, w1 = cutlass.Int32(0), cutlass.Int32(1)
+        self.issue_window(lists, work, w0, w0, s_idx, ptid)
+        self.issue_window(lists, work, w1, w1, s_idx, ptid)
         wait_copies(1)
         cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
 
@@ -678,21 +679,28 @@ class Kernel:
         issue window w + 1 into the buffer window w − 1 held."""
         wait_copies(0)
         cute.arch.barrier(barrier_id=int(NamedBarrier.WINDOW), number_of_threads=self.plan.producer_threads)
-        self.issue_window(lists, work, i // WINDOW_TILES + 1, s_idx, ptid)
+        w = i // WINDOW_TILES + 1
+        self.issue_window(lists, work, w, self.refill_source(w), s_idx, ptid)
 
     @cute.jit
-    def issue_window(self, lists, work, w, s_idx, ptid):
-        """cp.async every idx entry of window w of the segment into buffer w mod 2 (4 bytes an
-        entry, consecutive threads consecutive keys; an entry past the segment's tiles or past
-        its list is not copied), then close the thread's group.  A window may cross from the main
-        list into the extra one: each entry's tile picks its list (list_position)."""
+    def refill_source(self, w):
+        """The window whose entries next_window copies into window w's buffer: w itself
+        (a hook so a test fixture can plant a bug here)."""
+        return w
+
+    @cute.jit
+    def issue_window(self, lists, work, w, entries, s_idx, ptid):
+        """cp.async every idx entry of window `entries` (= w) of the segment into buffer w mod 2 (4
+        bytes an entry, consecutive threads consecutive keys; an entry past the segment's tiles or
+        past its list is not copied), then close the thread's group.  A window may cross from the
+        main list into the extra one: each entry's tile picks its list (list_position)."""
         n = WINDOW_TILES * self.BLOCK_N
         base = s_idx.iterator.toint()
         # a loop, not unrolled: its per-entry values are made in turn, none kept across the tiles
         # (unrolled, ptxas held eight of them through the producer's loop and spilled in a pair)
         for e in cutlass.range(-(-n // self.plan.producer_threads), unroll=1):
             j = e * self.plan.producer_threads + ptid
-            t_off, key = window_tile(w, j, self.BLOCK_N)
+            t_off, key = window_tile(entries, j, self.BLOCK_N)
             tile = work.tile_begin + t_off
             branch, pos = self.list_position(tile, key)
             here = (j < n) & (tile < work.tile_end)

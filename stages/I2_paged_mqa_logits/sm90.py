@@ -347,7 +347,7 @@ class Kernel:
         while left > 0:
             take = cutlass.min(seq_blocks(mLens, seq, self.max_len, self.BLOCK_KV, t2) - lo, left)
             if take > 0:
-                w = head_weights(mW, coords, seq * nn, self.heads)
+                w = self.segment_weights(mW, coords, seq, share[0])
                 if cutlass.const_expr(self.context_2d):
                     hi = token_limits(mLens, seq, nn)
                 else:
@@ -374,3 +374,9 @@ class Kernel:
                 left = left - take
             lo = cutlass.Int32(0)
             seq = seq + 1
+
+    @cute.jit
+    def segment_weights(self, mW, coords, seq, first_seq):
+        """A segment's head weights, its sequence's; `first_seq` is the share's first sequence
+        (a hook so a test fixture can plant a bug here)."""
+        return head_weights(mW, coords, seq * self.next_n, self.heads)
