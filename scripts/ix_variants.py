@@ -7,7 +7,7 @@ prints everything, writes nothing.
 
 A shape is b<B>:n<next_n>:c<ctx> (I2) or s<s>:k<s_kv>:<causal|cp> (I1).  A variant is
 name[:knob=value,…]: keyword arguments of the stage's sm90 Kernel (I2: chunk_tiles, stages,
-mma_wg, mma_regs, min_blocks, persistent; I1: persistent, sm_count), compiled here (no cache, no records),
+mma_wg, mma_regs, min_blocks, persistent; I1: none), compiled here (no cache, no records),
 checked against the float64 oracle (−inf positions exact, cosine and rel_l2 of the rest), then
 timed as `bench` times it (scripts/variant_launch.py).
 --deepgemm: DeepGEMM's paged MQA logits on the same inputs as harness/peers/deepgemm.py calls
