@@ -87,6 +87,15 @@ def fake_lab(tmp_path, monkeypatch) -> Path:
     return lab
 
 
+@pytest.fixture
+def lab_path(fake_lab, monkeypatch):
+    """fake_lab importable: its oracles and stages, none of this tree's already imported."""
+    monkeypatch.syspath_prepend(str(fake_lab))
+    for name in [m for m in sys.modules if m == "oracles" or m.startswith(("oracles.", "stages"))]:
+        monkeypatch.delitem(sys.modules, name)
+    return fake_lab
+
+
 # A name no stage can have (stage ids are [A-Z0-9][A-Z0-9_]*, harness/spec/spec.py): the tests' example
 # of a stage that does not exist stays one however many stages are scaffolded.
 NO_SUCH_STAGE = "stage-no-such"

@@ -3,7 +3,6 @@ row-sampled check that keeps a fast wrong kernel from posting a number, bench re
 no-GPU answer (nothing timed is never exit 0)."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -262,14 +261,6 @@ def _job(mode: str, n: int = 4096, rows: int = 64, axis: str | None = "n") -> Be
                     inputs=("oracles.add", "make_inputs"), oracle=("oracles.add", "reference"), flops=None,
                     tolerances={"out": Tolerance(cosine_min=0.9999, rel_l2_max=1e-6)}, seed=7, check_rows=rows,
                     row_axis=axis)
-
-
-@pytest.fixture
-def lab_path(fake_lab, monkeypatch):
-    monkeypatch.syspath_prepend(str(fake_lab))
-    for name in [m for m in sys.modules if m == "oracles" or m.startswith(("oracles.", "stages"))]:
-        monkeypatch.delitem(sys.modules, name)
-    return fake_lab
 
 
 def test_check_passes_a_right_kernel_on_sampled_rows(lab_path):

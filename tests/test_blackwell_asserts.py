@@ -8,9 +8,7 @@
 - the dynamic shared memory the driver is asked for — CuTeDSL's inferred size, read back from
   the compiled launch (harness.execution.compile.launch_smem_bytes) — is the kernel's shared-storage
   struct, within the sm_100 limit, and its margin is stated (E simple and v4.1: 231,424 of
-  232,448 bytes, 1,024 to spare).
-
-Traced probes run in a subprocess with CUTE_DSL_ARCH=sm_100a (CuTeDSL's arch is per process)."""
+  232,448 bytes, 1,024 to spare)."""
 
 import json
 import textwrap

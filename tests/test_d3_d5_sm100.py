@@ -5,9 +5,7 @@ constructor and at trace time, which tiles a CTA visits (the masks' visit plan, 
 with two tokens), the ring's key rows as whole 128-byte lines (what the NaN-row zeroing relies
 on, refused for a wrong view), the S registers' key columns as trace-time constants (what the
 row mask compares with, refused for shifted rows), and that a representative case of each rung compiles through the
-lab's path with tcgen05 MMAs and no spills.
-
-Traced checks run in a subprocess with CUTE_DSL_ARCH=sm_100a (CuTeDSL's arch is per process)."""
+lab's path with tcgen05 MMAs and no spills."""
 
 import pytest
 

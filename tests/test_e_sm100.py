@@ -5,9 +5,7 @@ slot) view of the ring proven to be the MMA's operand bytes (a wrong view is ref
 LSE re-indexing of one-token CTAs, the gather4 row arithmetic against the oracle's byte layout,
 the shared-memory plan with the raw staging ring, and that representative cases of each cache
 format compile with tcgen05 MMAs, TMA gather4 of four distinct rows per instruction (model1,
-v4.1) or 16-byte global loads (simple), and no spills.
-
-Traced checks run in a subprocess with CUTE_DSL_ARCH=sm_100a (CuTeDSL's arch is per process)."""
+v4.1) or 16-byte global loads (simple), and no spills."""
 
 import json
 import os

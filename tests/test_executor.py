@@ -3,20 +3,10 @@ behind `run`, `run --bench` and `bench`: one timing format (`peer_<name>_*`, old
 read), one stage → job mapping, and bench shapes run in the same supervised worker as test cases
 (a hang is killed, a crash is classified the same way)."""
 
-import sys
-
 import pytest
 
 from harness.execution import executor as ex
 from harness.notebook.records import Record, peer_times, run_peer_us
-
-
-@pytest.fixture
-def lab_path(fake_lab, monkeypatch):
-    monkeypatch.syspath_prepend(str(fake_lab))
-    for name in [m for m in sys.modules if m == "oracles" or m.startswith(("oracles.", "stages"))]:
-        monkeypatch.delitem(sys.modules, name)
-    return fake_lab
 
 
 def _run_job(mode: str = "ok", **kw) -> ex.Job:

@@ -343,11 +343,9 @@ def _bf16_toward_zero(x):
 @pytest.mark.parametrize("stage", ["I1", "I2"])
 def test_the_rel_l2_bound_follows_logits_dtype(stage):
     """rel_l2_max by logits_dtype (stages.yaml tolerances `by:`): fp32 logits keep 1e-3, bf16 get
-    2e-3. bf16's own rounding of the exact logits is ~1.65e-3 rel_l2 (8 significant bits; the
-    reference is rounded too, so a kernel pays only the ulps its fp32 error flips: ~8e-4 at the
-    1.5e-4 fp32 error H100 measured, 6.4e-4 … 7.4e-4 measured in bf16). So: an fp32 case at
-    rel_l2 1.5e-3 fails and a bf16 case at the same error passes; a bf16 store that truncates
-    instead of rounding to nearest (~4e-3) fails."""
+    2e-3 (why: docs/INDEXER.md, bf16 logits). An fp32 case at rel_l2 1.5e-3 fails and a bf16 case
+    at the same error passes; a bf16 store that truncates instead of rounding to nearest (~4e-3)
+    fails."""
     if stage == "I1":
         case = {"s": 128, "s_kv": 1024, "ranges": "causal"}
         make, reference = ix.make_inputs, ix.reference

@@ -636,13 +636,18 @@ send({{"v": 1, "event": "end", "run": "R1", "interrupted": False, "counts": {{"p
 '''
 
 
-@pytest.mark.ssh
-def test_lines_outside_the_run_and_its_plan_are_rejected(remote_lab, tmp_path, capsys):
+def _add_liar(remote_lab, tmp_path) -> None:
+    """Target `liar`: labhost, with FAKE_REMOTE as its python."""
     script = tmp_path / "fakepy"
     script.write_text(FAKE_REMOTE.format(py=PY))
     script.chmod(0o755)
     tfile = remote_lab / "targets.yaml"
     tfile.write_text(tfile.read_text() + target_yaml("liar", "labhost", tmp_path / "liar", str(script)))
+
+
+@pytest.mark.ssh
+def test_lines_outside_the_run_and_its_plan_are_rejected(remote_lab, tmp_path, capsys):
+    _add_liar(remote_lab, tmp_path)
     code = run_remote(remote_lab, "FAKE", "liar", shard=(0, 2))  # plans n = 4 and n = 16
     out = capsys.readouterr()
     assert code == 1, out.out + out.err
@@ -684,11 +689,7 @@ def test_session_rejects_records_outside_the_run(tmp_path, lines, why, written):
 
 @pytest.mark.ssh
 def test_unwritable_results_stop_the_run_in_one_line(remote_lab, tmp_path, capsys):
-    script = tmp_path / "fakepy"
-    script.write_text(FAKE_REMOTE.format(py=PY))
-    script.chmod(0o755)
-    tfile = remote_lab / "targets.yaml"
-    tfile.write_text(tfile.read_text() + target_yaml("liar", "labhost", tmp_path / "liar", str(script)))
+    _add_liar(remote_lab, tmp_path)
     (remote_lab / "results").mkdir(exist_ok=True)
     (remote_lab / "results" / "records").write_text("a file where the records folder belongs\n")
     code = run_remote(remote_lab, "FAKE", "liar", shard=(0, 2))

@@ -11,10 +11,9 @@ turns into one-line messages). Everything else is derived from the modules found
   harness/core/optionnames.py  lists the flag names `base.option()` accepts; the stages.yaml loader
                           refuses them as axis names (tests/test_commands.py checks both ways)
 
-Adding a command is one file here: `harness/commands/NAME.py` with its function and
-`COMMANDS = [Command("NAME", function, ...)]` (and a new flag's name in optionnames.py, if it
-is a new word). A module is named after its command, except where the name is a standard
-library module's (`inspect` lives in kernel_inspect.py). A module without COMMANDS is a helper
+Adding a command is one file here (docs/ARCHITECTURE.md, "Where a new thing goes"). A module is
+named after its command, except where the name is a standard library module's (`inspect` lives
+in kernel_inspect.py). A module without COMMANDS is a helper
 (base.py: what commands declare with and the arguments they share; registry.py: finding them).
 This file holds no code: the package's attributes are its modules (`list`, `compile`), which
 would shadow the builtins of any code here.

@@ -35,11 +35,9 @@ never in neither.
 `retire` keeps the archive bounded (the tracked tree travels to the GPU machine: it must stay
 small for good). Per (arch, case) — bench shapes apart from test cases — the archive keeps its
 newest `keep` lines (latest in the archive's order, the order readers read; default 0: git holds
-every committed archive, and even one kept proof carried the tree past its 3 MiB budget) — a bench
-shape its newest max(keep, KEEP_BENCH = 4), the speed history `history --speed` reads — and every line of
-the last `days` days (default 0: a line archived since the last commit stays anyway, below; a day of several
-re-proofs kept whole would carry the tree past its budget); an older line is retired: dropped
-from the tree. Never
+every committed archive) — a bench shape its newest max(keep, KEEP_BENCH = 4), the speed history
+`history --speed` reads — and every line of the last `days` days (default 0); an older line is
+retired: dropped from the tree. Never
 retired: a line that does not parse or names no id, arch or case; a record a baseline, a speed
 baseline or a note names, or of a run a note or the live records name (the caller gathers these);
 and a record the archive at HEAD does not hold (its `held` ids: only a line that a commit holds

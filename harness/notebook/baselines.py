@@ -8,11 +8,9 @@ shows their text in diffs, `dsv4-lab baseline show` prints them. Both are writte
 (a file from before the split) is read too, and moves to the compile file at the next write; one
 case in both files is one line naming both.
 
-An older clone keeps the run baselines in plain results/baselines.yaml: where only that file is
-there, it is read, and the next write stores it as results/baselines.yaml.xz and removes it
-(`save`: the .xz first, then the plain file — nothing recorded is lost on the way). Both at once
-(a merge from an older branch, or a write cut short between the two steps) is one line naming
-both and the fix (`_run_path`): the lab never guesses which one holds the truth.
+An older clone's plain results/baselines.yaml is read where it is the only one, and moved to the
+.xz by the next write (`save`); both at once is one line naming both (`_run_path`): the lab never
+guesses which one holds the truth.
 
 Two kinds of baseline:
 

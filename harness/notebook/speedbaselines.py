@@ -4,9 +4,8 @@ its readers are untouched), YAML xz-compressed like it (`git config diff.xz.text
 the text in diffs), under the same lock (results/.baselines.lock), written the same way (temp file,
 read back, rename; a file that would lose or change a baseline is never written).
 
-An older clone keeps them in plain results/speed_baselines.yaml: where only that file is there, it
-is read, and the next write stores it as the .xz and removes it (the .xz first: nothing is lost on
-the way). Both at once is one line naming both and the fix (`_speed_path`), as for baselines.yaml.xz.
+An older clone's plain results/speed_baselines.yaml is read and moved to the .xz as baselines.py
+does for baselines.yaml (`_speed_path`).
 
 One entry per bench shape (`dsv4-lab baseline accept STAGE --speed`), from the newest fresh,
 passing bench record (`dsv4-lab bench`) of that shape:

@@ -1,20 +1,9 @@
 """`dsv4-lab gate --speed --target NAME`: the speed gate timed on a target's GPU, written here.
 
-The sending side (harness/workflows/speedgate.py `main_remote`) plans which speed baselines
-changed source and takes each needed baseline commit's user code with git here (the target's copy
-has no .git). Then, here:
-
-  1. the working tree (what git would commit, and results/speed_baselines.yaml.xz in any case) and
-     each commit's tree, as `.dsv4-revs/<sha>/` inside it, travel together to the target's work
-     folder (harness/remote/treecopy.py: nothing is written outside that folder, and the next
-     copy of a plain `run --target` removes the commits' trees again);
-  2. `python -m harness.remote.remote_side gate --speed --emit-jsonl --rev-tree SHA … [--gpu N]`
-     runs the speed gate there (`main_emitting`): `bench --compare` against each shipped tree;
-  3. its compare records come back on the record channel of `run --target`
-     (harness/remote/remote_run.py: signed frames; one run; only the planned bench shapes, each
-     once; anything else rejected and counted) and are written here, tagged with the target, the
-     moment they arrive — the remote copy's notebook gets none. Its end event carries the gate's
-     verdict lines (SLOWER, UNPROVEN, the summary), printed here.
+The sending side is harness/workflows/speedgate.py `main_remote`; the steps (the trees shipped as
+`.dsv4-revs/<sha>/` by harness/remote/treecopy.py, `remote_side gate --speed --emit-jsonl
+--rev-tree` there, the compare records back on remote_run.py's signed channel, the verdict lines
+printed here) are docs/BENCH.md, "The speed gate on a target".
 """
 
 from __future__ import annotations

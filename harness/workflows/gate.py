@@ -1,31 +1,17 @@
 """The regression gate: every baselined case must still hold on the current tree.
 
 For each baselined case the gate takes the newest record whose source hash matches the
-current tree's. Fresh -> compare with the baseline; worse beyond tolerance -> regression.
-
-* A run baseline compares the case's metrics (harness/notebook/baselines.py); any status but `pass`
-  is a regression, and so is a non-finite or missing metric (a comparison with NaN never
-  passes).
-* A compile-only baseline (an arch no device here runs, e.g. sm_100a) compares what
-  compiling proves: a compile error, any new spill, registers over the margin, a changed
-  count of tensor-core MMA instructions (PTX, and SASS when both sides have it) are
-  regressions; fewer registers or less shared memory is an improvement; more shared memory
-  or a changed barrier count is reported as a change.
-
-Not fresh (the stage changed since) -> compile-only cases are recompiled here (on the CPU,
-records written as `dsv4-lab compile` writes them); run cases are run here when this
-machine can run their arch, or the gate fails with one line naming the stale stages and the
-command to run. The proven small cases (the smallest hd) are checked first, and the gate
-stops at the first regression among them.
-
-With a proof target (`gate --target NAME`, or `proof_target: NAME` in the user's targets
-file), the stale run cases are proven there instead, through the remote run path (records
-stream back signed and are written here), and the gate judges again; `--target local` proves
-here only. Without one, a stale case this machine cannot run names that way in its line.
-
-`--staged` (what the pre-commit hook runs) judges what the git index holds, not the working
-tree (harness/notebook/staged.py): sources, stages.yaml and the baselines as staged; records from the
-lab's results/, where a re-proof also writes them.
+current tree's. Fresh -> compared with the baseline (run: its metrics, any status but `pass`
+and any non-finite or missing metric a regression; compile-only, an arch no device here runs:
+what compiling proves, harness/notebook/baselines.py — more shared memory or a changed barrier
+count is reported as a change, not failed). Not fresh -> compile-only cases are
+recompiled here (on the CPU, recorded as `dsv4-lab compile` records); run cases are run here
+when this machine can run their arch, proven on the proof target (`gate --target NAME`, or
+`proof_target:` in the user's targets file; through the remote run path, then judged again), or
+the gate fails with one line naming the stale stages and the command. The proven small cases
+(the smallest hd) are checked first, stopping at the first regression among them. `--staged`
+(the pre-commit hook) judges what the git index holds (harness/notebook/staged.py). The user's
+view of all this: README.md, "Gate".
 
 With no stage source changed, the gate decides from records alone: it imports neither
 torch nor CuTeDSL. Exit codes: 0 pass, 1 regression or stale, 2 bad usage or config (a bad

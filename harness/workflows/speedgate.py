@@ -13,13 +13,9 @@ It runs only where a GPU of the baseline's model (name) runs the arch; anywhere 
 one line and exits 1 (a speed gate that timed nothing never passes). A baseline without a commit,
 or with a shape no longer in the bench block, cannot be re-timed: a failure, named.
 
-`gate --speed --target NAME` (`main_remote`): the same gate on an SSH target's GPU. Nothing changed:
-no connection at all. Else each needed commit's tree is taken here (the target's copy has no
-.git) and shipped with the working tree (harness/remote/remote_speedgate.py); the gate runs there
-(`main_emitting`, under `gate --speed --emit-jsonl`), its compare records come back on the signed
-record channel and are written here with the target's name, and its verdict lines are printed
-here. The exit code is the remote gate's, never 0 unless the records that came back prove every
-re-timed shape not slower; a link that fails is one line, exit 3 (as `gate --target`).
+`gate --speed --target NAME` (`main_remote`): the same gate on an SSH target's GPU
+(harness/remote/remote_speedgate.py; `main_emitting` there; docs/BENCH.md, "The speed gate on a
+target", its steps and exit codes).
 """
 
 from __future__ import annotations
