@@ -2,15 +2,15 @@
 prints everything, writes nothing.
 
     python3 scripts/ix_variants.py --shape b64:n2:c8192 --variant base \
-        --variant "c16:chunk_tiles=16" --variant "w2:mma_wg=2,stages=8,min_blocks=2" [--deepgemm]
-    python3 scripts/ix_variants.py --shape s2048:k4096:cp --variant base --variant grid:persistent=0
+        --variant "s8:stages=8" --variant "w2:mma_wg=2,stages=8,min_blocks=2" [--deepgemm]
+    python3 scripts/ix_variants.py --shape s2048:k4096:cp --variant base --deepgemm
 
 A shape is b<B>:n<next_n>:c<ctx> (I2) or s<s>:k<s_kv>:<causal|cp> (I1).  A variant is
-name[:knob=value,…]: keyword arguments of the stage's sm90 Kernel (I2: chunk_tiles, stages,
-mma_wg, mma_regs, min_blocks, persistent; I1: none), compiled here (no cache, no records),
+name[:knob=value,…]: keyword arguments of the stage's sm90 Kernel (I2: stages, mma_wg,
+mma_regs, min_blocks, sm_count; I1: none), compiled here (no cache, no records),
 checked against the float64 oracle (−inf positions exact, cosine and rel_l2 of the rest), then
 timed as `bench` times it (scripts/variant_launch.py).
---deepgemm: DeepGEMM's paged MQA logits on the same inputs as harness/peers/deepgemm.py calls
+--deepgemm: DeepGEMM's MQA logits (flat or paged) on the same inputs as harness/peers/deepgemm.py calls
 it (metadata once, the −inf masked_fill timed with it).
 """
 
@@ -74,7 +74,7 @@ def _compile(job: tuple) -> tuple:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         compiled.export_to_c(out_dir, "kernel", function_prefix=prefix)
         regs = _registers(compiled)
-        info = (f"stages {kernel.STAGES} wg {kernel.NUM_MMA_WG} regs {kernel.MMA_REGS} persistent {kernel.persistent} "
+        info = (f"stages {kernel.STAGES} wg {kernel.NUM_MMA_WG} regs {kernel.MMA_REGS} ctas {kernel.ctas} "
                 f"launch regs {regs}")
         return key, str(Path(out_dir) / "kernel.o"), prefix, time.perf_counter() - t0, None, info
     except Exception as exc:  # reported, the other variants go on

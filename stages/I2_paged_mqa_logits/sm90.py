@@ -25,12 +25,10 @@ What is new beside I1
         slots, then its blocks into the K ring, which runs on across segments; the MMA
         warpgroups load the sequence's weights and limits, take their turns of its blocks and
         free the Q slot.  (DeepGEMM's kernel is built the same way on precomputed metadata.  The
-        chunked grid it replaced — (key chunks of 32 blocks, b), ~3 CTAs an SM one after another,
-        each paying set-up, Q load and pipeline fill alone — is kept as `persistent=False` for
-        timing beside it.)
+        chunked grid it replaced, (key chunks of 32 blocks, b), is in git history.)
     block_table lookup in the load warp (and for the scales, in the epilogue).  Only a
-        sequence's blocks below its context are followed (the chunked path clamps to the last
-        one), so a garbage or out-of-range entry past them is harmless.
+        sequence's blocks below its context are followed, so a garbage or out-of-range entry
+        past them is harmless.
     Causal limit per token: the epilogue selects −inf past pos (by selection, so the NaN that
         a cache slot past the context may hold never reaches a logit); the fill warps write −inf
         past each sequence's blocks, up to max_len (CTA c: the sequences c, c + CTAs, …).
@@ -69,9 +67,7 @@ from stages.common.indexer import (
     head_weights,
     launch,
     load_key_tile,
-    load_q_once,
     load_row_scales,
-    paged_tiles,
     paged_views,
     q_rows,
     row_scale_regs,
@@ -85,26 +81,25 @@ from stages.common.indexer import (
 from stages.common.device import sm_count as device_sm_count
 from stages.common.inspection import expose
 from stages.common.sm90_idioms import wgmma_sync
-from stages.common.sm90_setup import TmaPipe, smem_struct, smem_tensors, tma_pipelines, tma_tiles, wait_once
+from stages.common.sm90_setup import TmaPipe, smem_struct, smem_tensors, tma_pipelines, tma_tiles
 from stages.common.tma import sm90_tma_load
 
 
 class Kernel:
-    """Paged FP8 MQA logits on Hopper tensor cores: one sequence's next_n tokens × a chunk of
-    its keys per CTA, one cache block per MMA (warpgroups take turns), −inf written by the kernel."""
+    """Paged FP8 MQA logits on Hopper tensor cores: persistent CTAs on equal shares of the
+    (sequence, cache block) pairs, one block per MMA (warpgroups take turns), −inf written by the
+    kernel."""
 
     BLOCK_KV = 64  # keys per cache block = M of one warpgroup's MMA
     BLOCK_K = BLOCK_KV  # keys per tile = one cache block = one pipeline slot
-    CHUNK_TILES = 32  # tiles per CTA: 2048 keys
     FILL_THREADS = 96  # the load warpgroup's other 3 warps
     LOAD_REGS = 24
     STAGES = 16  # slots of one cache block (8 KiB)
 
     def __init__(self, *, b: int, next_n: int, block_kv: int, heads: int = HEADS, head_dim: int = DIM,
-                 logits_dtype: str = "fp32", context_2d: bool = False, chunk_tiles: int = 0, stages: int = 0,
-                 mma_wg: int = 0, mma_regs: int = 0, min_blocks: int = 0, persistent: bool = True,
-                 sm_count: int | None = None):
-        # chunk_tiles, stages, mma_wg, mma_regs, min_blocks: the schedule's sizes (0: the rule
+                 logits_dtype: str = "fp32", context_2d: bool = False, stages: int = 0, mma_wg: int = 0,
+                 mma_regs: int = 0, min_blocks: int = 0, sm_count: int | None = None):
+        # stages, mma_wg, mma_regs, min_blocks, sm_count: the schedule's sizes (0 / None: the rule
         # below), for timing variants (scripts/ix_variants.py); the stage passes none of them.
         check_paged_shape("stage I2 sm90", block_kv, next_n, self.BLOCK_KV)
         check_heads("stage I2 sm90", heads, head_dim)
@@ -121,7 +116,6 @@ class Kernel:
         # CTA's set-up, first loads and last epilogues run beside the other's steady state
         # (issue 31, docs/INDEXER.md: b 64 ctx 8192 25.2 → 23.2 µs on an H200).
         pair = self.n <= 64
-        self.CHUNK_TILES = chunk_tiles or self.CHUNK_TILES
         self.STAGES = stages or (8 if pair else self.STAGES)
         self.min_blocks = min_blocks or (2 if pair else 0)
         self.NUM_MMA_WG = mma_wg or (2 if pair else 4 if self.n <= 128 else 2)
@@ -145,12 +139,10 @@ class Kernel:
             raise ValueError(f"stage I2 sm90: {self.STAGES} K slots for {self.NUM_MMA_WG} MMA warpgroups: the slots "
                              "must be a multiple of the warpgroups (each slot's previous block is then the same "
                              "warpgroup's)")
-        # persistent (the default): CTAs an SM × SMs, each an equal share of the (sequence,
-        # block) pairs (block_share), Q in two slots reloaded at each of the share's sequences;
-        # False: the chunked grid (key chunks, b) it replaced, kept for timing beside it
-        self.persistent = bool(persistent)
+        # CTAs an SM × SMs, each an equal share of the (sequence, block) pairs (block_share), Q in
+        # two slots reloaded at each of the share's sequences
         self.ctas = (device_sm_count("sm_90a") if sm_count is None else sm_count) * max(self.min_blocks, 1)
-        self.Q_SLOTS = 2 if self.persistent else 1
+        self.Q_SLOTS = 2
 
     @cute.jit
     def __call__(
@@ -166,8 +158,7 @@ class Kernel:
         b, n, bkv = self.b, self.n, self.BLOCK_KV
         check_output("stage I2 sm90", logits, self.out_dtype)
         dtype = q.element_type
-        self.max_len = logits.shape[1]  # keys per output row: the grid's chunks cover them
-        self.num_chunks = (self.max_len + self.CHUNK_TILES * self.BLOCK_K - 1) // (self.CHUNK_TILES * self.BLOCK_K)
+        self.max_len = logits.shape[1]  # keys per output row
 
         mQ = q_rows(q, b * n, self.dim)
         mKV, mScale = paged_views(kv_cache, dtype, bkv, self.dim)  # (slot, col, block) e4m3, (slot, block) fp32
@@ -180,100 +171,20 @@ class Kernel:
         self.pipes = (TmaPipe("q", self.Q_SLOTS, q_bytes, self.MMA_THREADS // 32), TmaPipe("k", self.STAGES, k_bytes, 4))
         self.smem_struct = smem_struct(self.pipes, {"sQ": (dtype, q_smem), "sK": (dtype, k_smem)})
         ops = LogitsOperands(mma, tma_q, tma_Q, tma_k, tma_K, q_smem, k_smem)
-        grid = (self.ctas, 1, 1) if self.persistent else (self.num_chunks, b, 1)
-        launch(self.kernel(ops, mScale, context_lens, block_table, weights, logits), grid,
+        launch(self.kernel(ops, mScale, context_lens, block_table, weights, logits), (self.ctas, 1, 1),
                self.THREADS, self.smem_struct, stream, self.min_blocks)
 
     @cute.kernel
     def kernel(self, ops: LogitsOperands, mScale: cute.Tensor, mLens: cute.Tensor, mTable: cute.Tensor, mW: cute.Tensor,
                mOut: cute.Tensor):
-        nn = self.next_n
         tidx, warp_idx, storage = start_cta(ops, self.LOAD_WARP, self.smem_struct)
-        chunk, seq, _ = cute.arch.block_idx()
-        sQ, sK = smem_tensors(storage, sQ=ops.q_smem, sK=ops.k_smem)  # (n, d, 1), (64, d, stages)
+        cta, _, _ = cute.arch.block_idx()
+        sQ, sK = smem_tensors(storage, sQ=ops.q_smem, sK=ops.k_smem)  # (n, d, 2), (64, d, stages)
         q_pipe, k_pipe = tma_pipelines(storage, self.pipes)
-        if cutlass.const_expr(self.persistent):
-            self.persistent_roles(chunk, tidx, warp_idx, ops, q_pipe, k_pipe, sQ, sK, mScale, mLens, mTable, mW, mOut)
-            return
-
-        ctx, last_block, tile_begin, tile_end, chunk_end = paged_tiles(
-            mLens, seq, chunk, self.max_len, self.BLOCK_KV, self.BLOCK_K, self.CHUNK_TILES, nn if self.context_2d else 0)
-        if warp_idx // 4 == self.LOAD_WG:
-            if cutlass.const_expr(self.rebalance):
-                cute.arch.setmaxregister_decrease(self.LOAD_REGS)
-            if warp_idx == self.LOAD_WARP:
-                self.load(seq, last_block, tile_begin, tile_end, q_pipe, k_pipe, ops, sQ, sK, mTable)
-            else:  # fill warps: −inf over the chunk's keys past the computed blocks
-                ftid = tidx - self.MMA_THREADS - 32
-                fill_rows(mOut, seq * nn, nn, tile_end * self.BLOCK_K, chunk_end, ftid, self.FILL_THREADS)
-        else:
-            if cutlass.const_expr(self.rebalance):
-                cute.arch.setmaxregister_increase(self.MMA_REGS)
-            self.logits(seq, ctx, last_block, tidx, tile_begin, tile_end, q_pipe, k_pipe, ops.mma, sQ, sK,
-                        mScale, mTable, mW, mOut, mLens)
+        self.roles(cta, tidx, warp_idx, ops, q_pipe, k_pipe, sQ, sK, mScale, mLens, mTable, mW, mOut)
 
     @cute.jit
-    def load(self, seq, last_block, tile_begin, tile_end, q_pipe, k_pipe, ops, sQ, sK, mTable):
-        """Load warp: the sequence's Q rows once, then the chunk's cache blocks (through the
-        block table, clamped to the sequence's last block), one per slot."""
-        hang_guard.role("load")  # names this role's waits in a --debug-hangs build
-        q_load = tma_tiles(ops.tma_q, sQ, ops.mQ, (self.n, self.dim), (None, 0))  # Q tile i: sequence i's tokens
-        kv_load = tma_tiles(ops.tma_k, sK, ops.mK, (self.BLOCK_KV, self.dim), (0, 0, None))  # tile i: cache block i
-        load_q_once(q_pipe, q_load, seq, 1, tile_end > tile_begin)
-        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.STAGES)
-        for tile in cutlass.range(tile_begin, tile_end, unroll=1):
-            load_key_tile(k_pipe, k_state, kv_load, mTable[seq, cutlass.min(tile, last_block)])
-            k_state.advance()
-
-    @cute.jit
-    def logits(self, seq, ctx, last_block, tidx, tile_begin, tile_end, q_pipe, k_pipe, mma, sQ, sK,
-               mScale, mTable, mW, mOut, mLens):
-        """MMA warpgroups: warpgroup w takes the chunk's blocks w, w + W, … (Sᵀ = K_block · Qᵀ, 64
-        keys × next_n · 64 heads), then the fused epilogue (`sm90_store_logits` with `head_partial`,
-        the block's scales found through the table), −inf past each token's causal limit."""
-        hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
-        nn, bkv = self.next_n, self.BLOCK_KV
-        wg = tidx // 128
-        tCrK, tCrQ, acc_shape, coords = sm90_fragments(mma, tidx % 128, sK, sQ, bkv, self.n)
-        w = head_weights(mW, coords, seq * nn, self.heads)
-        if cutlass.const_expr(self.context_2d):
-            hi = token_limits(mLens, seq, nn)  # token t sees keys < context_lens[seq, t]
-        else:
-            hi = causal_limits(ctx - nn, nn)  # token t sees keys ≤ ctx − next_n + t
-
-        if tile_end > tile_begin:
-            wait_once(q_pipe)
-        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.STAGES)
-        if wg > 0:
-            k_state.advance(wg)  # warpgroup w starts at the chunk's block w
-        # The scales of a block are two dependent global loads (its table entry, then the scales):
-        # software-pipelined, the entry two of this warpgroup's blocks ahead and the scales one
-        # ahead, so neither latency stalls the epilogue.  (Clamped to the last block: always a
-        # real table entry; keys past the context are masked by selection.)
-        step = self.NUM_MMA_WG
-        first = tile_begin + wg
-        sc = row_scale_regs(coords)  # this block's scales
-        sc_next = row_scale_regs(coords)  # the next block's
-        load_row_scales(sc_next, mScale[None, mTable[seq, cutlass.min(first, last_block)]], coords)
-        phys_next = cute.make_rmem_tensor(1, cutlass.Int32)  # the table entry of the block after
-        phys_next[0] = mTable[seq, cutlass.min(first + step, last_block)]
-        for block in cutlass.range(first, tile_end, step, unroll=1):
-            for r in cutlass.range_constexpr(cute.size(sc)):
-                sc[r] = sc_next[r]
-            load_row_scales(sc_next, mScale[None, phys_next[0]], coords)
-            phys_next[0] = mTable[seq, cutlass.min(block + 2 * step, last_block)]
-            k_pipe.consumer_wait(k_state)
-            acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
-            wgmma_sync(mma, acc, tCrK, tCrQ, a_slot=k_state.index, b_slot=0, zero_init=True)
-            k_pipe.consumer_release(k_state)
-            k_state.advance(step)  # past the other warpgroups' blocks
-            sm90_store_logits(mOut, seq * nn, acc, coords, w, block * bkv, sc, None, hi, tidx,
-                              head_partial, nn, width=self.max_len)
-
-    # ------------------------------------------------------------------ persistent (an SM a CTA)
-
-    @cute.jit
-    def persistent_roles(self, cta, tidx, warp_idx, ops, q_pipe, k_pipe, sQ, sK, mScale, mLens, mTable, mW, mOut):
+    def roles(self, cta, tidx, warp_idx, ops, q_pipe, k_pipe, sQ, sK, mScale, mLens, mTable, mW, mOut):
         """The roles of a persistent CTA: every warp finds the CTA's share itself (`block_share`),
         then walks its sequences' segments in order — the load warp loads each segment's Q
         (two slots) and blocks (the K ring running on), the MMA warpgroups take the share's

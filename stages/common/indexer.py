@@ -22,10 +22,14 @@ Both archs
     launch               grid × threads with the shared storage's bytes
     start_cta            thread and warp index, descriptor prefetch, shared storage
     q_rows               Q as the (tokens · heads, DIM) matrix
-    key_tile_range       I1: the key tiles covering the union of a CTA's token ranges
+    key_tile_range       I1: the key tiles covering the union of a token block's ranges
+    block_tile_table, table_share, table_tiles   I1 persistent: every token block's tile range
+                         and their prefix sums in shared memory, a CTA's equal share of the
+                         (block, tile) pairs, a block's tiles from the table
+    block_tiles, share_segments   the same in plain Python (the simulator and the tests)
     paged_views          I2: the fused cache's bytes as values (64, 128, blocks) e4m3 and
                          scales (64, blocks) fp32
-    paged_tiles          I2: a sequence's context and a CTA's chunk of key tiles below it
+    paged_tiles          I2 (sm100): a sequence's context and a CTA's chunk of key tiles below it
     seq_blocks           I2: a sequence's cache blocks below its context
     block_share          I2 persistent: a CTA's equal share of the (sequence, block) pairs,
                          found by one warp (prefix sums over the context lengths)
@@ -39,7 +43,6 @@ Both archs
 Hopper (wgmma, accumulator in registers; a row is one key, its columns spread over a quad)
     sm90_logits_mma      the tiled FP8 wgmma K_tile · Q_blockᵀ, proved token-aligned
                          (`check_token_columns`), and its operand layouts in shared memory
-    load_q_once          the load warp's single Q load (one or more TMA boxes, one barrier)
     load_key_tile        one key tile (a global tile index or a cache block) into a slot
     sm90_fragments       a warpgroup's MMA fragments and its accumulator's (key, column) coords
     head_weights         w in registers, indexed like the thread's accumulator columns
@@ -543,19 +546,6 @@ def sm90_logits_mma(dtype, keys: int, tokens: int, k_slots: int, q_slots: int, h
     k_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, dtype, k_slots)
     q_smem = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, dtype, q_slots)
     return mma, tile, k_smem, q_smem
-
-
-@cute.jit
-def load_q_once(pipe, load, first_tile, boxes: cutlass.Constexpr[int], needed):
-    """Load warp, when `needed`: Q tiles first_tile … first_tile + boxes − 1 of `load` (a
-    sm90_setup.TmaTiles) into Q slots 0 … boxes − 1, all on the one slot's full barrier (its
-    bytes are the boxes' sum)."""
-    if needed:
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        pipe.producer_acquire(state)
-        for w in cutlass.range_constexpr(boxes):
-            cute.copy(load.atom, load.gmem[(None, first_tile + w)], load.smem[(None, w)],
-                      tma_bar_ptr=pipe.producer_get_barrier(state))
 
 
 @cute.jit

@@ -247,7 +247,7 @@ def q_then_key_ring(tiles: int, q_bytes: int, slots: int, k_bytes: int, boxes: i
 def tma_ring_sm90(name: str, tiles: int, slots: int, q_bytes: int, q_consumer_warps: int, k_bytes: int,
                   k_consumer_warps: int, consumers: tuple) -> Protocol:
     """The Hopper kernels built on stages/common/sm90_setup.py's TMA pipelines: the load warp
-    loads Q once (when the CTA has a tile: load_once / load_q_once) and then tile t into ring
+    loads Q once (when the CTA has a tile: load_once) and then tile t into ring
     slot t mod `slots` (producer_acquire = wait for the slot's empty barrier, arrive.expect_tx of
     `k_bytes`); no producer tail (each consumer's releases complete every phase it starts).
     `consumers`: (role, first tile, step, arrivals a release) — one role per group of warps that
