@@ -1,11 +1,8 @@
-"""Stage E on sm_100a (Blackwell), on the CPU: the kernel is compiled and inspected only — it has
-never run on a B200.  What compiling can prove is checked here: the TMEM plan and its refusal in
-the constructor and at trace time (from the MMA fragments), the dequantisers' (key, column,
-slot) view of the ring proven to be the MMA's operand bytes (a wrong view is refused), the
-LSE re-indexing of one-token CTAs, the gather4 row arithmetic against the oracle's byte layout,
-the shared-memory plan with the raw staging ring, and that representative cases of each cache
-format compile with tcgen05 MMAs, TMA gather4 of four distinct rows per instruction (model1,
-v4.1) or 16-byte global loads (simple), and no spills."""
+"""Stage E on sm_100a, on the CPU (compiled and inspected, never run on a B200): the TMEM plan and
+its refusals, the dequantisers' view of the ring proven to be the MMA's operand bytes, the LSE
+re-indexing, the gather4 row arithmetic, the shared-memory plan, and each cache format compiling
+with tcgen05 MMAs, gather4 of four distinct rows (model1, v4.1) or 16-byte loads (simple), no spills.
+"""
 
 import json
 import os
