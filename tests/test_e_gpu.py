@@ -1,13 +1,9 @@
-"""On a GPU: stage E — the lab catches the planted bugs issue 14 names (tests/fixtures): a scale
-from the wrong tile (wrong_e_scale) and index entries past topk_length honoured (wrong_e_len); and
-one of the h_q = 128 cluster pair: a half sent into the peer's other slot (wrong_e_pair); and
-one of the in-kernel merge of a sequence cut in two: piece 1 forgotten (wrong_e_merge); and O
-never rescaled where a row's max grows (wrong_e_rescale); and the softmax_scale input ignored
-(wrong_e_softmax_scale, issue 35).  And a grid larger than the SMs the
-kernel is built for is not merged in the kernel, and passes (issue 30 item 5).
-Each runs cleanly (every element written) and is reported `fail`; tests/test_e_oracle.py proves
-on the CPU that both bugs move O past the stage's bound, so a pass here would be the lab's
-blind spot."""
+"""On a GPU: stage E — the lab catches each planted bug (tests/fixtures/wrong_e_*: a scale from the
+wrong tile, entries past topk_length, the cluster pair's half in the wrong slot, piece 1 of a merge
+forgotten, O never rescaled, softmax_scale ignored), each running cleanly and reported `fail`
+(tests/test_e_oracle.py proves on the CPU that each moves O past the bounds); and a grid larger
+than the SMs it is built for is not merged in the kernel, and passes (issue 30 item 5).
+"""
 
 import dataclasses
 
