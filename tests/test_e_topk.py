@@ -1,8 +1,7 @@
-"""Stage E at topk up to 32768 (issue 35 item 1), on the CPU: a segment longer than two windows
-streams its idx entries through shared memory (stages/common/idx_windows.py) — the window
-protocol simulated on ints, the shared-memory accounting, the refusal past 32768, sm100's capped
-scratch, both archs compiling topk 16384 and 32768, and the production kernel's PTX unchanged.
-On a GPU: tests/test_e_gpu.py -k stream."""
+"""Stage E at topk up to 32768 (issue 35 item 1), on the CPU: the idx window protocol
+(stages/common/idx_windows.py) simulated, shared-memory accounting, the refusal past 32768, sm100's
+capped scratch, both archs compiling, the production PTX unchanged. GPU: tests/test_e_gpu.py -k stream.
+"""
 
 import hashlib
 import json
