@@ -10,10 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.notebook import baselines, speedbaselines
-from harness.notebook.records import (Record, RecordWriter, _read_archive, append_event, archive_file, notes_file,
+from harness.notebook.records import (Record, _read_archive, append_event, archive_file, notes_file,
                                       stage_file)
 from harness.notebook.retired import encode_ids, read_retired, retired_file, where
-from tests.conftest import run_cli, write_baselines
+from tests.conftest import run_cli, write_baselines, write_records
 from tests.test_notebook_size import _compact_script
 
 STALE = "0ld0ld0ld0ld"
@@ -24,11 +24,7 @@ def _rec(run: str, i: int, n: int, t: str = "2020-01-01T00:00:00Z") -> Record:
                   metrics={"out": {"cosine": 1.0, "rel_l2": 0.0}}, code={"commit": "abc", "dirty": False, "src": STALE})
 
 
-def _write(root: Path, records: list[Record]) -> None:
-    w = RecordWriter(root)
-    for r in records:
-        w.write(r)
-    w.close()
+_write = write_records
 
 
 def _commit(root: Path, msg: str) -> str:

@@ -20,9 +20,9 @@ from harness.workflows import gate
 from harness.notebook.baselines import Baseline, BaselineError
 from harness.spec.identity import source_hash
 from harness.core.labels import case_label
-from harness.notebook.records import Record, RecordWriter
+from harness.notebook.records import Record
 from harness.spec.spec import load_spec
-from tests.conftest import ROOT, baselines_text, run_cli, write_baselines
+from tests.conftest import ROOT, baselines_text, run_cli, write_baselines, write_records
 
 GOOD_RUN = """\
 version: 1
@@ -158,11 +158,7 @@ def _compiled(spec, stage: str, case: dict, arch: str = "sm_100a", i: int = 1, s
                         "src": src or source_hash(spec.root, spec.stages[stage], arch)})
 
 
-def _write_records(lab: Path, records: list[Record]) -> None:
-    w = RecordWriter(lab)
-    for r in records:
-        w.write(r)
-    w.close()
+_write_records = write_records
 
 
 def _add_stage(lab: Path, name: str, kernels: str, matrix: str) -> None:
