@@ -1,7 +1,7 @@
 """The archive is bounded: compaction retires its oldest stale lines (harness/notebook/archive.py
-`retire`), names each retiring in results/archive/retired.jsonl with the commit that holds them,
-and never retires what a baseline or a note names; `show` and `history` say where a retired
-record is. Real git, real compaction, the real CLI, on a throwaway lab (tests/conftest.py)."""
+`retire`), never what a baseline or note names; `show` and `history` say where a retired record
+is. Real git, compaction and CLI on a throwaway lab.
+"""
 
 import json
 import lzma

@@ -1,7 +1,6 @@
-"""results/baselines.yaml.xz under bad input and races, and compile-only baselines: a bad file stops the
-gate with one line (exit 2) and is never overwritten; concurrent accepts lose nothing; a
-compile-only baseline holds status, registers, spills, smem and the MMA inventory; the git
-hook runs the lab with the interpreter it was installed from."""
+"""results/baselines.yaml.xz under bad input and races, compile-only baselines, and the git hook's
+interpreter.
+"""
 
 import io
 import lzma

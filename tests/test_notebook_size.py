@@ -1,8 +1,7 @@
-"""The notebook stays small without losing anything: inventories and env blocks kept once,
-xz-compressed (harness/notebook/inventories.py), stale lines archived with them inline (harness/notebook/archive.py),
-live lines sealed into one xz segment per stage (harness/notebook/archive.py `seal`), compile baselines
-trimmed to what the gate compares and written compactly (harness/notebook/baselines.py); and the
-tracked tree, which travels to the GPU machine with the CuTeDSL pack, stays within its budget."""
+"""The notebook stays small without losing anything (inventories and env blocks stored once, stale
+lines archived, live lines sealed, compile baselines trimmed), and the tracked tree, which travels
+to the GPU machine with the CuTeDSL pack, stays within its budget.
+"""
 
 import json
 import lzma
