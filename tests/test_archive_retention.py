@@ -191,10 +191,9 @@ def test_the_default_keeps_no_stale_test_line_but_four_bench_lines_a_shape():
 
 
 def test_the_retirings_are_kept_compressed_and_an_old_plain_file_is_folded_in(fake_lab):
-    """results/archive/retired.jsonl.xz holds the retirings as one xz stream (the plain file grew
-    ~7 KB a compaction, against a tree budget of 3 MiB); a lab's old plain retired.jsonl is read
-    first and folded into the .xz by the next retiring; a .xz that is none is a warning for the
-    readers and an OSError for a retiring, which then changes nothing."""
+    """retired.jsonl.xz holds the retirings as one xz stream; an old plain retired.jsonl is read
+    first and folded in by the next retiring; a .xz that is none is a warning for readers and an
+    OSError for a retiring, which then changes nothing."""
     import lzma
 
     from harness.notebook.retired import old_retired_file, retired_lines

@@ -130,13 +130,10 @@ def _cases(stage, b, configs, scenarios, splits):
 
 
 def test_a_grid_larger_than_the_resident_set_is_not_merged_and_passes(project_root, tmp_path, monkeypatch):
-    """Issue 30 item 5: the in-kernel merge (piece 0 waits for piece 1's flag) is safe only when the
-    whole grid is resident, judged against the SM count of the GPU the case runs on
-    (stages/common/device.py).  (a) This GPU's own count: b 74, splits 2 cuts 148 sequences in two
-    over 592 CTAs, more than any GPU holds at once — the kernel leaves the merge to PartCombine
-    and every case passes (no hang: the case timeout would report one).  (b) Told of 8 SMs
-    ($DSV4_SM_COUNT: kernel, scratch and compile key alike), the b 3 cases the kernel merges on a
-    whole GPU (test_sequences_cut_in_two_are_merged_by_the_kernel) are not merged and pass."""
+    """Issue 30 item 5: the in-kernel merge is safe only when the whole grid is resident on the
+    GPU's SMs (stages/common/device.py).  (a) b 74, splits 2: 592 CTAs, more than any GPU holds —
+    merged by PartCombine, every case passes (a hang would time out).  (b) Told of 8 SMs
+    ($DSV4_SM_COUNT), the b 3 cases merged in-kernel on a whole GPU are not merged, and pass."""
     from stages.common.device import ENV
     from stages.E_sparse_decode import sm90
 
