@@ -132,6 +132,26 @@ def run_cli(args: list[str], cwd: Path, env_extra: dict | None = None, timeout: 
                           timeout=timeout)
 
 
+def load_script(name: str):
+    """scripts/NAME.py as a module (scripts/ is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def write_records(root: Path, records) -> None:
+    """`records` appended to root's notebook by one RecordWriter, as a run writes them."""
+    from harness.notebook.records import RecordWriter
+
+    w = RecordWriter(root)
+    for r in records:
+        w.write(r)
+    w.close()
+
+
 def write_baselines(lab: Path, text: str | bytes) -> Path:
     """The lab's run baselines file, results/baselines.yaml.xz, holding `text` xz-compressed (as
     `dsv4-lab baseline accept` stores it)."""

@@ -1,12 +1,9 @@
-"""A real Slurm on 127.0.0.1 for the slurm-target tests: munged, slurmctld and slurmd from
-Debian's slurm-wlm and munge, all in a temporary folder.
-
-`slurm_cluster` (session scope) generates a munge key, starts `munged --socket ... --key-file ...`
-there, writes a slurm.conf (SlurmctldHost=localhost on free ports, no accounting, one node
-`dsv4node` of 8 CPUs with config_overrides, a CPU partition `cpu`, a partition `urgent` whose jobs
-preempt (cancel) those of `cpu`, and MinJobAge 600 so ended tasks stay visible to squeue), starts slurmctld and slurmd in the foreground, and waits until sinfo shows
-the node idle. The tests reach it through SLURM_CONF. Skipped, with the reason, where it cannot
-start: not root (slurmd runs jobs as their user), binaries missing, or a daemon that dies.
+"""A real Slurm on 127.0.0.1 for the slurm-target tests: munged, slurmctld and slurmd (Debian's
+slurm-wlm and munge) in a temporary folder. `slurm_cluster` (session scope) writes a slurm.conf
+(free ports, no accounting, one node `dsv4node`, partitions `cpu` and `urgent` whose jobs preempt
+`cpu`'s, MinJobAge 600 so ended tasks stay in squeue), starts the daemons and waits for the node
+to be idle; tests reach it through SLURM_CONF. Skipped, with the reason, where it cannot start
+(not root, binaries missing, a daemon that dies).
 """
 
 import os

@@ -1,9 +1,8 @@
 """A real OpenSSH server on 127.0.0.1 for the targets tests, and a throwaway lab to run on it.
 
-`ssh_server` (session scope) makes a host key, a user key and a spare key with ssh-keygen in
-a temporary folder, starts `/usr/sbin/sshd -D -f <config> -p <free port>` with that host key
-and an authorized_keys file of its own, and writes a client ssh config (for `ssh -F`, i.e.
-DSV4_LAB_SSH_CONFIG) with host aliases that exercise each outcome:
+`ssh_server` (session scope): host, user and spare keys made by ssh-keygen, `/usr/sbin/sshd -D`
+on a free port with its own authorized_keys, and a client config (`ssh -F`, DSV4_LAB_SSH_CONFIG)
+whose aliases exercise each outcome, host-key checking on for all:
 
   labhost          right host key in known_hosts, right user key       -> works
   labhost-badkey   known_hosts holds a different key for the server    -> host key mismatch
@@ -11,13 +10,9 @@ DSV4_LAB_SSH_CONFIG) with host aliases that exercise each outcome:
   labhost-noauth   the spare key, not in authorized_keys                -> auth failure
   labhost-closed   a local port nobody listens on                       -> unreachable
 
-Host-key checking is on (StrictHostKeyChecking yes) for all of them. The tests are skipped
-(with the reason) only when sshd cannot be started: not installed, or it cannot bind.
-
-`make_lab(path)` builds a small git lab: the project's cli.py, harness/ and oracles/common.py,
-plus CPU-only fake stages (arch `cpu`: a plain Python kernel) run by the same runner: FAKE
-(out = a + b), CRASH (kills its own run), NOISY (writes to stdout without newlines and
-forges record-shaped lines) and SLOW (a minute per case).
+Skipped (with the reason) only when sshd cannot start or bind. `make_lab(path)`: a small git lab
+(cli.py, harness/, oracles/common.py) with CPU stages FAKE (out = a + b), CRASH (kills its run),
+NOISY (stdout without newlines, forged record lines) and SLOW (a minute per case).
 """
 
 import getpass

@@ -1,8 +1,7 @@
-"""harness/execution/abtest.py: the A/B verdict's error rates on synthetic interleaved samples.
-
-Noise model (what a shared H100/H200 shows round to round): each round r has a drift shared by A
-and B (clock steps: 3 % sd) and each kernel's round median its own noise (1–2 % sd, a per-round
-spread of about 2–4 %)."""
+"""harness/execution/abtest.py: the A/B verdict's error rates on synthetic interleaved samples; each
+round a drift shared by A and B (3 % sd) and each kernel's own noise (1–2 % sd), as a shared
+H100/H200 shows.
+"""
 
 import numpy as np
 import pytest

@@ -1,7 +1,7 @@
 """The archive is bounded: compaction retires its oldest stale lines (harness/notebook/archive.py
-`retire`), names each retiring in results/archive/retired.jsonl with the commit that holds them,
-and never retires what a baseline or a note names; `show` and `history` say where a retired
-record is. Real git, real compaction, the real CLI, on a throwaway lab (tests/conftest.py)."""
+`retire`), never what a baseline or note names; `show` and `history` say where a retired record
+is. Real git, compaction and CLI on a throwaway lab.
+"""
 
 import json
 import lzma
@@ -10,10 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.notebook import baselines, speedbaselines
-from harness.notebook.records import (Record, RecordWriter, _read_archive, append_event, archive_file, notes_file,
+from harness.notebook.records import (Record, _read_archive, append_event, archive_file, notes_file,
                                       stage_file)
 from harness.notebook.retired import encode_ids, read_retired, retired_file, where
-from tests.conftest import run_cli, write_baselines
+from tests.conftest import run_cli, write_baselines, write_records
 from tests.test_notebook_size import _compact_script
 
 STALE = "0ld0ld0ld0ld"
@@ -24,11 +24,7 @@ def _rec(run: str, i: int, n: int, t: str = "2020-01-01T00:00:00Z") -> Record:
                   metrics={"out": {"cosine": 1.0, "rel_l2": 0.0}}, code={"commit": "abc", "dirty": False, "src": STALE})
 
 
-def _write(root: Path, records: list[Record]) -> None:
-    w = RecordWriter(root)
-    for r in records:
-        w.write(r)
-    w.close()
+_write = write_records
 
 
 def _commit(root: Path, msg: str) -> str:
@@ -195,10 +191,9 @@ def test_the_default_keeps_no_stale_test_line_but_four_bench_lines_a_shape():
 
 
 def test_the_retirings_are_kept_compressed_and_an_old_plain_file_is_folded_in(fake_lab):
-    """results/archive/retired.jsonl.xz holds the retirings as one xz stream (the plain file grew
-    ~7 KB a compaction, against a tree budget of 3 MiB); a lab's old plain retired.jsonl is read
-    first and folded into the .xz by the next retiring; a .xz that is none is a warning for the
-    readers and an OSError for a retiring, which then changes nothing."""
+    """retired.jsonl.xz holds the retirings as one xz stream; an old plain retired.jsonl is read
+    first and folded in by the next retiring; a .xz that is none is a warning for readers and an
+    OSError for a retiring, which then changes nothing."""
     import lzma
 
     from harness.notebook.retired import old_retired_file, retired_lines

@@ -1,7 +1,6 @@
-"""results/baselines.yaml.xz under bad input and races, and compile-only baselines: a bad file stops the
-gate with one line (exit 2) and is never overwritten; concurrent accepts lose nothing; a
-compile-only baseline holds status, registers, spills, smem and the MMA inventory; the git
-hook runs the lab with the interpreter it was installed from."""
+"""results/baselines.yaml.xz under bad input and races, compile-only baselines, and the git hook's
+interpreter.
+"""
 
 import io
 import lzma
@@ -20,9 +19,9 @@ from harness.workflows import gate
 from harness.notebook.baselines import Baseline, BaselineError
 from harness.spec.identity import source_hash
 from harness.core.labels import case_label
-from harness.notebook.records import Record, RecordWriter
+from harness.notebook.records import Record
 from harness.spec.spec import load_spec
-from tests.conftest import ROOT, baselines_text, run_cli, write_baselines
+from tests.conftest import ROOT, baselines_text, run_cli, write_baselines, write_records
 
 GOOD_RUN = """\
 version: 1
@@ -158,11 +157,7 @@ def _compiled(spec, stage: str, case: dict, arch: str = "sm_100a", i: int = 1, s
                         "src": src or source_hash(spec.root, spec.stages[stage], arch)})
 
 
-def _write_records(lab: Path, records: list[Record]) -> None:
-    w = RecordWriter(lab)
-    for r in records:
-        w.write(r)
-    w.close()
+_write_records = write_records
 
 
 def _add_stage(lab: Path, name: str, kernels: str, matrix: str) -> None:

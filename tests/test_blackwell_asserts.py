@@ -1,14 +1,8 @@
-"""Trace-time asserts of the sm100 decode kernels' assumptions (issue 34 item 4), on the CPU:
-
-- the TMEM tiles the plan places are the tiles the MMAs write (O's tile columns = the PV MMA's
-  N, S's = the QK MMA's N): a plan with narrower O tiles is refused while tracing;
-- stage E's gather byte counts (the raw slot's expect-tx) come from the gather4 copy atom's
-  shared-memory partition and must add up to the bytes a row gathers: an inconsistent row
-  plan is refused;
-- the dynamic shared memory the driver is asked for — CuTeDSL's inferred size, read back from
-  the compiled launch (harness.execution.compile.launch_smem_bytes) — is the kernel's shared-storage
-  struct, within the sm_100 limit, and its margin is stated (E simple and v4.1: 231,424 of
-  232,448 bytes, 1,024 to spare)."""
+"""Trace-time asserts of the sm100 decode kernels' assumptions (issue 34 item 4), on the CPU: the
+TMEM tiles the plan places are those the MMAs write; stage E's gather byte counts come from the
+gather4 atom's partition and add up to a row's bytes; the driver's dynamic shared memory (read
+back from the compiled launch) is the storage struct, within sm_100's limit, its margin stated.
+"""
 
 import json
 import textwrap

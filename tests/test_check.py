@@ -1,9 +1,6 @@
-"""`dsv4-lab check`: each way a new stage can be wrong is one line naming the right file:line,
-exit 2, and no traceback; the real lab passes.
-
-One lab holds a scaffolded stage per breakage (they do not share modules), so one `check`
-subprocess covers them all; a syntax error makes stages.yaml itself refuse to load, so those
-get labs of their own.
+"""`dsv4-lab check`: each way a new stage can be wrong is one line naming file:line, exit 2, no
+traceback; the real lab passes. One lab holds a scaffolded stage per breakage, so one `check`
+covers them all; syntax errors, which stop stages.yaml loading, get labs of their own.
 """
 
 import re

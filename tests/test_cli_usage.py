@@ -1,9 +1,7 @@
-"""The command line a newcomer meets (issue 26): help where nothing was asked, `--version`, a
-misspelt or missing option named as such, filters that contradict each other refused, a GPU
-index this machine lacks refused, not-found errors on stderr, baselines in matrix order, a
-dashboard that fits the terminal, Ctrl-C in `dashboard --watch`, and compile-only baselines
-only for an arch no lab machine runs. Every command runs as a user runs it, in a fresh process
-on a throwaway lab."""
+"""The command line a newcomer meets (issue 26), each command in a fresh process on a throwaway
+lab: help, `--version`, misspelt options, contradicting filters, GPU indices, stderr for
+not-found, baseline order, the dashboard's width and Ctrl-C, compile-only baselines.
+"""
 
 import os
 import signal

@@ -1,7 +1,7 @@
-"""Compile checks with no GPU: each stage's kernels build for both archs through the lab's own
-compile path, with the expected tensor-core instructions in the PTX (and SASS when the CUDA
-binary tools are installed); the cache is reused; `compile` writes records; the instruction
-inventory keeps the qualifiers that matter; `compile --diff` compares with a commit."""
+"""Compile checks with no GPU: each stage builds for both archs through the lab's compile path with
+the expected tensor-core instructions; the cache, compile records, the inventory's qualifiers,
+`compile --diff`.
+"""
 
 import pytest
 

@@ -1,8 +1,7 @@
-"""`dsv4-lab compile` as a user meets it: a progress bar and a line per finished case with the
-whole case label (a big matrix's labels all read apart, in the lines and in the table); a compile
-that finds nothing new leaves results/ byte for byte as it was, so someone who only looks keeps a
-clean tree, while `--record` writes all the same and a changed source is recorded; the compile
-workers' temp folder goes with them, also when the compiler is cancelled."""
+"""`dsv4-lab compile` as a user meets it: a progress bar and whole case labels; a compile that
+finds nothing new leaves results/ byte for byte as it was (`--record` writes all the same); the
+workers' temp folder goes with them, also when cancelled.
+"""
 
 import io
 import json

@@ -1,9 +1,8 @@
-"""The lab's own code uses no CuTeDSL name the installed CuTeDSL calls deprecated (issue 26):
-`cutlass.utils.LayoutEnum` moved to `cutlass.tensor_utils.LayoutEnum` (the same enum object, so
-the change is only a name). Checked two ways: the lab's sources never spell a moved name the old
-way (the list of moved names is read from the installed package, so a new move is caught too),
-and the shared sm90 layout pieces traced with DeprecationWarning raised as an error when the
-lab's modules trigger it."""
+"""The lab uses no CuTeDSL name the installed CuTeDSL calls deprecated (issue 26; e.g.
+`cutlass.utils.LayoutEnum` → `cutlass.tensor_utils`): the sources never spell a moved name (the
+list read from the installed package), and the sm90 layout pieces trace with DeprecationWarning
+as an error.
+"""
 
 import os
 import re

@@ -1,7 +1,6 @@
-"""Stage D2 on the CPU: the decode oracle against a plain float64 loop, the input generator's
-promises, the split-count chooser, the scheduler's grid mapping (the very function the kernel
-traces), the split combine math with empty splits, the named barriers, the K/V shared-memory
-views, and the kernel's refusals and scratch capacity over the stage's whole matrix."""
+"""Stage D2 on the CPU: oracle, input generator, split chooser, grid mapping, combine math,
+barriers, K/V views, and the kernel's refusals and scratch over the whole matrix.
+"""
 
 import itertools
 import math

@@ -1,12 +1,8 @@
-"""Stage D2 on sm_100a (Blackwell), on the CPU: the kernel is compiled and inspected only —
-it has never run on a B200.  These tests check what compiling can prove: the TMEM plan and
-its 512-column budget (in the constructor and again at trace time from the MMA fragments),
-that K and V are one shared-memory copy (the V view addresses K's bytes), the split plan,
-and that a representative case (d = 512, two O halves, more splits than KV tiles, NaN pad
-rows, the combine) compiles through the lab's own path with no spills.
-
-The traced checks run in a subprocess with CUTE_DSL_ARCH=sm_100a (CuTeDSL's arch is per
-process); each costs one partial trace (~10–40 s on this machine)."""
+"""Stage D2 on sm_100a, on the CPU (compiled and inspected, never run on a B200): the TMEM plan
+and its 512-column budget (constructor and trace time), K and V as one shared-memory copy, the
+split plan, and a representative case compiling with no spills. Traced checks run in a
+subprocess with CUTE_DSL_ARCH=sm_100a (~10–40 s each).
+"""
 
 import pytest
 

@@ -1,10 +1,8 @@
-"""Stages D3, D4, D5 on the CPU: the masked-decode oracles against plain float64 loops, DSV4's
-branch-merge identity, the sink's edge cases, the input generator's promises (NaN past every
-fill level, a lonely batch beside a full one, never zeros), the key limits and tile visits the
-kernels trace (the very functions), the combine with a sink and empty splits, the kernels'
-refusals and scratch capacity over the matrices, and — for each planted-bug fixture — that the
-bug it plants moves the oracle's own numbers past the stage's tolerances on every case its GPU
-test runs (so a `fail` there is the lab's catch, not luck)."""
+"""Stages D3, D4, D5 on the CPU: oracles against float64 loops, the branch-merge identity, the
+sink, the generators' promises, the traced key limits and tile visits, the combine, the kernels'
+refusals — and that each planted bug moves the oracle past the tolerances on every case its GPU
+test runs (so a `fail` there is the lab's catch, not luck).
+"""
 
 import itertools
 import math

@@ -1,8 +1,7 @@
-"""On a GPU: stages D3, D4, D5 — the lab catches each planted bug the issue names (tests/fixtures):
-an off-by-one fill mask (D3), a causal limit that ignores the token (D4), the sink applied to the
-LSE (D5).  Each runs cleanly (every element written) and is reported `fail` on every case where
-its bug is observable; tests/test_d3_d5.py proves on the CPU that those cases' oracles differ
-beyond the stage's tolerances, so a pass here would be the lab's blind spot."""
+"""On a GPU: stages D3, D4, D5 — the lab catches each planted bug (tests/fixtures: fill mask off by
+one, causal limit ignoring the token, sink applied to the LSE), each running cleanly and
+reported `fail` where observable (tests/test_d3_d5.py proves those cases' oracles differ).
+"""
 
 import dataclasses
 

@@ -1,11 +1,8 @@
-"""Stages D3, D4, D5 on sm_100a (Blackwell), on the CPU: the kernels are compiled and inspected
-only — they have never run on a B200.  What compiling can prove is checked here: the TMEM plan
-(D2's house: S double-buffered, O over two CTAs at d = 512) and its refusal in each rung's
-constructor and at trace time, which tiles a CTA visits (the masks' visit plan, per row block
-with two tokens), the ring's key rows as whole 128-byte lines (what the NaN-row zeroing relies
-on, refused for a wrong view), the S registers' key columns as trace-time constants (what the
-row mask compares with, refused for shifted rows), and that a representative case of each rung compiles through the
-lab's path with tcgen05 MMAs and no spills."""
+"""Stages D3, D4, D5 on sm_100a, on the CPU (compiled and inspected, never run on a B200): the
+TMEM plan and its refusals, the tiles a CTA visits, the ring's key rows as whole 128-byte lines,
+the S registers' key columns as trace-time constants (wrong views refused), and a representative
+case of each rung compiling with tcgen05 MMAs and no spills.
+"""
 
 import pytest
 

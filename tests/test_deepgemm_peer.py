@@ -1,8 +1,8 @@
 """The DeepGEMM peer adapter (harness/peers/deepgemm.py) against a CPU stand-in for DeepGEMM
-54e2261's two indexer calls (fp8_fp4_mqa_logits, fp8_fp4_paged_mqa_logits with FP8 q): the stand-in checks each argument as that source's host asserts do
-(csrc/apis/attention.hpp) and computes only what the real kernels write (the paged kernel leaves
-the positions past each token's limit unwritten: NaN here), so the adapter's output must match the
-lab's float64 oracle, −inf positions included.  The real library is timed on the GPU only."""
+54e2261's two indexer calls that checks each argument as its host asserts do and writes only what
+the real kernels write (NaN where they leave positions unwritten): the adapter's output must
+match the float64 oracle, −inf included. The real library is timed on the GPU only.
+"""
 
 import types
 

@@ -1,13 +1,9 @@
-"""On a GPU: stage E — the lab catches the planted bugs issue 14 names (tests/fixtures): a scale
-from the wrong tile (wrong_e_scale) and index entries past topk_length honoured (wrong_e_len); and
-one of the h_q = 128 cluster pair: a half sent into the peer's other slot (wrong_e_pair); and
-one of the in-kernel merge of a sequence cut in two: piece 1 forgotten (wrong_e_merge); and O
-never rescaled where a row's max grows (wrong_e_rescale); and the softmax_scale input ignored
-(wrong_e_softmax_scale, issue 35).  And a grid larger than the SMs the
-kernel is built for is not merged in the kernel, and passes (issue 30 item 5).
-Each runs cleanly (every element written) and is reported `fail`; tests/test_e_oracle.py proves
-on the CPU that both bugs move O past the stage's bound, so a pass here would be the lab's
-blind spot."""
+"""On a GPU: stage E — the lab catches each planted bug (tests/fixtures/wrong_e_*: a scale from the
+wrong tile, entries past topk_length, the cluster pair's half in the wrong slot, piece 1 of a merge
+forgotten, O never rescaled, softmax_scale ignored), each running cleanly and reported `fail`
+(tests/test_e_oracle.py proves on the CPU that each moves O past the bounds); and a grid larger
+than the SMs it is built for is not merged in the kernel, and passes (issue 30 item 5).
+"""
 
 import dataclasses
 
@@ -134,13 +130,10 @@ def _cases(stage, b, configs, scenarios, splits):
 
 
 def test_a_grid_larger_than_the_resident_set_is_not_merged_and_passes(project_root, tmp_path, monkeypatch):
-    """Issue 30 item 5: the in-kernel merge (piece 0 waits for piece 1's flag) is safe only when the
-    whole grid is resident, judged against the SM count of the GPU the case runs on
-    (stages/common/device.py).  (a) This GPU's own count: b 74, splits 2 cuts 148 sequences in two
-    over 592 CTAs, more than any GPU holds at once — the kernel leaves the merge to PartCombine
-    and every case passes (no hang: the case timeout would report one).  (b) Told of 8 SMs
-    ($DSV4_SM_COUNT: kernel, scratch and compile key alike), the b 3 cases the kernel merges on a
-    whole GPU (test_sequences_cut_in_two_are_merged_by_the_kernel) are not merged and pass."""
+    """Issue 30 item 5: the in-kernel merge is safe only when the whole grid is resident on the
+    GPU's SMs (stages/common/device.py).  (a) b 74, splits 2: 592 CTAs, more than any GPU holds —
+    merged by PartCombine, every case passes (a hang would time out).  (b) Told of 8 SMs
+    ($DSV4_SM_COUNT), the b 3 cases merged in-kernel on a whole GPU are not merged, and pass."""
     from stages.common.device import ENV
     from stages.E_sparse_decode import sm90
 

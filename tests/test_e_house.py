@@ -1,8 +1,7 @@
-"""Stage E's house on the CPU (no compile, no GPU): the SM count its persistent parts, waves and
-in-kernel merge are built for comes from the GPU (stages/common/device.py) — 132 (H100 SXM,
-H200), 114 (H100 PCIe), 78 (H20) — and the oracle's scratch and the compile cache key follow it;
-the cache layout's sizes are named once and agree with the oracle's; barrier ids come from one
-registry; no stage imports an oracle."""
+"""Stage E's house on the CPU: the SM count (stages/common/device.py: 132, 114, 78) drives parts,
+waves, in-kernel merge, the oracle's scratch and the cache key; cache sizes named once; barrier
+ids from one registry; no stage imports an oracle.
+"""
 
 import math
 import re

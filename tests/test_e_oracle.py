@@ -1,7 +1,6 @@
-"""Stage E's contract on the CPU: oracles/sparse_decode.py against an independent per-row loop,
-its semantics (invalid keys, lengths, garbage, lonely rows, sink, two branches, the softmax
-scale), and that the tolerances would catch the planted bugs (a scale from the wrong tile, an
-index past topk_length, the softmax_scale input ignored)."""
+"""Stage E's contract on the CPU: oracles/sparse_decode.py against an independent per-row loop, its
+semantics, and that the tolerances catch the planted bugs.
+"""
 
 import math
 

@@ -1,11 +1,8 @@
-"""Stage E on sm_100a (Blackwell), on the CPU: the kernel is compiled and inspected only — it has
-never run on a B200.  What compiling can prove is checked here: the TMEM plan and its refusal in
-the constructor and at trace time (from the MMA fragments), the dequantisers' (key, column,
-slot) view of the ring proven to be the MMA's operand bytes (a wrong view is refused), the
-LSE re-indexing of one-token CTAs, the gather4 row arithmetic against the oracle's byte layout,
-the shared-memory plan with the raw staging ring, and that representative cases of each cache
-format compile with tcgen05 MMAs, TMA gather4 of four distinct rows per instruction (model1,
-v4.1) or 16-byte global loads (simple), and no spills."""
+"""Stage E on sm_100a, on the CPU (compiled and inspected, never run on a B200): the TMEM plan and
+its refusals, the dequantisers' view of the ring proven to be the MMA's operand bytes, the LSE
+re-indexing, the gather4 row arithmetic, the shared-memory plan, and each cache format compiling
+with tcgen05 MMAs, gather4 of four distinct rows (model1, v4.1) or 16-byte loads (simple), no spills.
+"""
 
 import json
 import os
@@ -216,14 +213,11 @@ def _inventory(ptx: str) -> dict:
     {"b": 2, "config": "s1h64_m96bs64", "kv_format": "model1", "splits": 1},  # spilled with a lone `if wide` box
 ])
 def test_representative_cases_compile_for_sm100a_without_spills(case, tmp_path):
-    """Both lists and the sink in the epilogue (simple, v4.1 with SWA block size 2), split-KV
-    with the combine (model1, h_q = 64): tcgen05 MMAs from TMEM, the dequantised tiles fenced
-    for the async proxy, no spills; model1 / v4.1 gather raw rows by TMA gather4 — four
-    DISTINCT row registers per instruction (one row four times was CuTeDSL's result for a
-    wrongly shaped index tensor) — and read them from shared memory; simple keeps 16-byte
-    global loads and has no gather.  The softmax scale is the runtime `softmax_scale` input's
-    (issue 35): a loaded value times log2 e, and no compile-time log2 e / sqrt(512) (0f3D8293EE,
-    which D5's house kernel, compiled with its fixed scale, carries)."""
+    """Both lists and the sink (simple, v4.1 with SWA block 2), split-KV with the combine (model1,
+    h_q 64): tcgen05 MMAs, dequantised tiles fenced for the async proxy, no spills; model1 / v4.1
+    gather rows by TMA gather4 with four DISTINCT row registers (one row four times was CuTeDSL's
+    result for a wrongly shaped index tensor); simple keeps 16-byte loads.  The softmax scale is the
+    runtime input's (issue 35): no compile-time log2 e / sqrt(512) (0f3D8293EE, as D5 carries)."""
     import re
 
     from harness.execution.compile import ptxas_resources

@@ -2,16 +2,8 @@
 on (name[:knob=value,…][@b<B>[:<config prefix>]+…]) — knobs reach the kernel as its keyword
 arguments, and each variant is compiled and timed only at the shapes its filter names."""
 
-import importlib.util
 
-from tests.conftest import ROOT
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("e_small_timeline", ROOT / "scripts" / "e_small_timeline.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.conftest import ROOT, load_script
 
 
 def test_knobs_are_the_kernels_keyword_arguments():
@@ -19,7 +11,7 @@ def test_knobs_are_the_kernels_keyword_arguments():
 
     from stages.E_sparse_decode.sm90 import Kernel
 
-    t = _script()
+    t = load_script("e_small_timeline")
     knobs = t._parse_knobs("fast_combine=0,sink_first=0,pair_stores=1,stamps=1,combine_group=4,splits=9,fmt=simple")
     assert knobs == dict(fast_combine=False, sink_first=False, pair_stores=True, stamps=True, combine_group=4, splits=9,
                          fmt="simple")
@@ -34,7 +26,7 @@ def test_knobs_are_the_kernels_keyword_arguments():
 
 
 def test_a_variants_filter_names_its_shapes():
-    t = _script()
+    t = load_script("e_small_timeline")
     assert t._wanted(set(), 3, "s1h64_m96bs64")
     assert t._wanted({"b1", "b2"}, 2, "s2h64_m128bs256_x1024bs64")
     assert not t._wanted({"b1", "b2"}, 8, "s2h64_m128bs256_x1024bs64")

@@ -1,8 +1,7 @@
-"""Stage E at topk up to 32768 (issue 35 item 1), on the CPU: a segment longer than two windows
-streams its idx entries through shared memory (stages/common/idx_windows.py) — the window
-protocol simulated on ints, the shared-memory accounting, the refusal past 32768, sm100's capped
-scratch, both archs compiling topk 16384 and 32768, and the production kernel's PTX unchanged.
-On a GPU: tests/test_e_gpu.py -k stream."""
+"""Stage E at topk up to 32768 (issue 35 item 1), on the CPU: the idx window protocol
+(stages/common/idx_windows.py) simulated, shared-memory accounting, the refusal past 32768, sm100's
+capped scratch, both archs compiling, the production PTX unchanged. GPU: tests/test_e_gpu.py -k stream.
+"""
 
 import hashlib
 import json
@@ -197,12 +196,9 @@ PRODUCTION_PTX = {
 
 
 def test_sm90_streams_topk_16384_and_32768_and_the_production_ptx_is_unchanged(project_root, tmp_path, monkeypatch):
-    """Compiled for sm_90a: topk 16384 (one head block, parts of 86 tiles across sequences) and
-    32768 (a cluster pair, whole sequences) stream their entries — 4-byte cp.asyncs, one wait for
-    all but the newest group at a segment's start, the WINDOW barrier of the 128 producer threads
-    — without spills alone (model1; simple spills before streaming too), 104 bytes at most in a
-    pair; the production configs' PTX is byte for byte what it was before streaming
-    (PRODUCTION_PTX) and holds none of it."""
+    """Compiled for sm_90a: topk 16384 (one head block) and 32768 (a cluster pair) stream their
+    entries (4-byte cp.asyncs, the WINDOW barrier) without spills alone (model1), 104 bytes at most
+    in a pair; the production configs' PTX is byte for byte PRODUCTION_PTX and holds none of it."""
     streamed = [(1, "s2h64_m16384bs256", "model1", 3), (1, "s1h128_m32768bs256", "model1", 1)]
     got = _sm90_ptx(project_root, tmp_path, monkeypatch, streamed + list(PRODUCTION_PTX))
     for key in streamed:

@@ -1,7 +1,7 @@
-"""The one case executor (harness/execution/executor.py) and the one process supervisor (harness/execution/worker.py)
-behind `run`, `run --bench` and `bench`: one timing format (`peer_<name>_*`, old `peer_us` still
-read), one stage → job mapping, and bench shapes run in the same supervised worker as test cases
-(a hang is killed, a crash is classified the same way)."""
+"""The one case executor (harness/execution/executor.py) and process supervisor (worker.py) behind
+`run`, `run --bench` and `bench`: one timing format (old `peer_us` still read), one stage → job
+mapping, bench shapes in the same supervised worker as test cases.
+"""
 
 import pytest
 

@@ -1,8 +1,7 @@
-"""`dsv4-lab run --first-light` (issue 34 item 6), on the CPU: the plan's cases exist in
-stages.yaml's matrices in the issue's order (a label that disappears fails here), the plan stops
-at the first step that does not pass and says what to look at next, a hang of the first step runs
-its localising follow-up, a step that did not run on an sm_100 device is never green — and on
-this machine (no sm_100 GPU) the command says so and exits non-zero without running anything."""
+"""`dsv4-lab run --first-light` (issue 34 item 6), on the CPU: the plan's cases exist in the
+matrices in the issue's order; it stops at the first step that does not pass and says what to look
+at next; a step that did not run on an sm_100 device is never green; here it runs nothing, exit ≠ 0.
+"""
 
 import dataclasses
 

@@ -1,10 +1,8 @@
-"""No traceback reaches a user: the installed console script, for a list of bad invocations,
-answers with one short message and exit 2, never a Python traceback; where nothing was asked
-(bare `dsv4-lab`, a bare group) it prints the help and exits 0, and `--version` answers. Every
-invocation runs on a copy of the lab, so none can write records into the tree. Run twice: with the
-`dsv4-lab` script of this environment with `click` made unimportable (a fresh install has no
-separate click: typer vendors it), and with the script of a fresh venv built the README's way
-when .ci/run made one (DSV4_FRESH_VENV)."""
+"""No traceback reaches a user: the installed console script answers each bad invocation with one
+short message and exit 2; bare `dsv4-lab` or a bare group prints help (exit 0); `--version`
+answers. On a copy of the lab; run with this environment's script with `click` unimportable
+(typer vendors it), and with a fresh venv's when .ci/run made one (DSV4_FRESH_VENV).
+"""
 
 import os
 import shutil

@@ -16,9 +16,9 @@ from harness.notebook import baselines
 from harness.workflows import gate
 from harness.notebook.baselines import Baseline, case_label
 from harness.spec.identity import source_hash
-from harness.notebook.records import Record, RecordWriter
+from harness.notebook.records import Record
 from harness.spec.spec import load_spec
-from tests.conftest import baselines_text, run_cli, write_baselines
+from tests.conftest import baselines_text, run_cli, write_baselines, write_records
 
 
 def add_hd_stage(lab: Path) -> None:
@@ -50,10 +50,7 @@ def rec(spec, stage: str, arch: str, case: dict, cos: float, status: str = "pass
 
 
 def write(lab: Path, *records: Record) -> None:
-    w = RecordWriter(lab)
-    for r in records:
-        w.write(r)
-    w.close()
+    write_records(lab, records)
 
 
 def base(spec, stage: str, arch: str, case: dict, cos: float, rid: str = "run1.1") -> Baseline:

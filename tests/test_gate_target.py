@@ -1,8 +1,7 @@
-"""The gate's way through for an author without a GPU (issue 26, item 2): the hook judges what
-the commit holds (the git index), a stale case this machine cannot run names how to prove it on
-a target, and a proof target (`gate --target NAME`, or `proof_target` in the user's targets
-file) proves stale cases there through the remote run path — against a real git repository and,
-for the target, a real sshd on 127.0.0.1 (tests/ssh_fixtures.py)."""
+"""The gate for an author without a GPU (issue 26 item 2): the hook judges the git index, a stale
+case names how to prove it, and a proof target (`gate --target NAME` or `proof_target`) proves it
+through the remote run path — real git, a real sshd on 127.0.0.1 (tests/ssh_fixtures.py).
+"""
 
 import os
 import subprocess

@@ -1,9 +1,6 @@
-"""On a GPU (issue 34 item 2): a planted deadlock is recorded as `hang` naming where.
-
-tests/fixtures/hang_d2 is stage D2 on Hopper whose load warp skips tile 1's arrive: the MMA
-warpgroups wait forever on `kv.full`, slot 1, phase 0.  Built with `--debug-hangs` the bounded
-wait expires after 4 s, prints its line and traps; the lab records `hang` with that line, says the
-build was a debug one, and the run fails.  Run alone:
+"""On a GPU (issue 34 item 2): the planted deadlock tests/fixtures/hang_d2 (D2's load warp skips
+tile 1's arrive), built with `--debug-hangs`, is recorded `hang` naming kv.full slot 1 phase 0,
+and the run fails. Run alone:
 
     python3 -m pytest -q -m gpu tests/test_hang_gpu.py
 """

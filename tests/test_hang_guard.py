@@ -1,15 +1,8 @@
-"""`--debug-hangs` on the CPU (issue 34 item 2): the bounded waits are a compile-time switch.
-
-  * off, the compiled PTX is byte for byte the PTX of the same tree built with the guard
-    replaced by a pass-through (no patched MbarrierArray.wait, no pipeline names): zero cost;
-  * on, the same kernel carries the %globaltimer bound, the trap and the hang line naming its
-    role and pipeline (and the planted deadlock fixture, tests/fixtures/hang_d2, is built so);
-  * the flag is part of the compile cache key and of the compile summary a record keeps;
-  * the worker turns a launch whose output holds a hang line into a `hang` reply (real file
-    descriptor capture), a failing status.
-
-The GPU proof (the planted deadlock recorded as `hang` naming kv.full slot 1) is
-tests/test_hang_gpu.py."""
+"""`--debug-hangs` on the CPU (issue 34 item 2): off, the PTX is byte for byte that of a
+pass-through guard (zero cost); on, it carries the %globaltimer bound, the trap and the hang line;
+the flag is in the compile cache key and summary; the worker turns a hang line into a `hang`
+reply. The GPU proof: tests/test_hang_gpu.py.
+"""
 
 import json
 import os

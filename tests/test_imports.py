@@ -1,8 +1,6 @@
-"""The lab's own modules (harness/ and cli.py) import each other without a circle.
-
-Every import statement counts, at module level or inside a function: a function-level import
-that closes a circle still ties two modules into one and breaks as soon as either is imported
-first at module level. A failing run names each circle with the file:line of every import in it.
+"""The lab's modules (harness/ and cli.py) import each other without a circle. Every import counts,
+function-level ones too (one that closes a circle breaks once either module is imported first at
+module level); a failure names each circle with the file:line of its imports.
 """
 
 import ast

@@ -1,8 +1,7 @@
-"""On a GPU: the lab catches the planted bug the issue names (tests/fixtures/wrong_i1: stage I1's
-own sm90 kernel with the ReLU dropped from the head sum; tests/fixtures/wrong_i2: the persistent
-I2 keeping one sequence's weights across its share) — each runs cleanly, writes every element
-with the right −inf positions, and is reported `fail`.  The stages' matrices themselves are
-proven by `dsv4-lab run` (records), not here."""
+"""On a GPU: the lab catches the planted bugs (tests/fixtures/wrong_i1: ReLU dropped; wrong_i2: one
+sequence's weights kept across a share) — each runs cleanly, writes every element with the right
+−inf positions, and is reported `fail`. The matrices are proven by `dsv4-lab run`, not here.
+"""
 
 import dataclasses
 

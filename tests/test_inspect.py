@@ -1,9 +1,6 @@
-"""`dsv4-lab inspect`: trace-time layouts and their agreement checks (CPU only).
-
-The stage tests trace one case per stage per arch in a process set up for that arch
-(a few seconds to a minute each: the sm100 kernels run their own trace-time checks too).
-The planted mismatch (tests/fixtures/inspect_mismatch.py) must fail the "P in registers"
-check, and the same fixture with matching MMAs must pass it: the check can fail and can pass.
+"""`dsv4-lab inspect` (CPU only): one case per stage per arch traced in a process for that arch;
+the planted mismatch (tests/fixtures/inspect_mismatch.py) fails "P in registers" and the same
+fixture with matching MMAs passes it: the check can fail and can pass.
 """
 
 import dataclasses

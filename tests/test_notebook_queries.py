@@ -1,7 +1,7 @@
-"""The notebook's queries (harness/notebook/records.py: freshness, the newest record of a case, the newest
-fresh one, bench or not) give the answers the readers computed each on their own before they
-were gathered there: checked on the committed notebook of the real tree (read only), against the
-old code kept here verbatim, and on a small notebook of old-format lines."""
+"""The notebook's queries (harness/notebook/records.py) give the answers the readers computed on
+their own before: on the real tree's notebook (read only), against the old code kept here
+verbatim, and on a small notebook of old-format lines.
+"""
 
 import json
 from pathlib import Path

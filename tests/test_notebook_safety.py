@@ -2,7 +2,6 @@
 during a run, duplicate or forged baselines, missing baselines, and results/ files that are not
 what they claim (symbolic links, FIFOs, decompression bombs)."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,7 +10,7 @@ import time
 from pathlib import Path
 
 from harness.notebook.records import read_records, read_runs
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_script
 
 CHILD = r"""
 import sys, time
@@ -33,13 +32,6 @@ append_event(runs_file(root), {"run": "child", "t": "2026-01-01T00:00:01Z", "eve
 """
 
 
-def _compact_script():
-    spec = importlib.util.spec_from_file_location("compact_results", ROOT / "scripts" / "compact_results.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_compacting_while_a_run_appends_loses_no_record(fake_lab, capsys):
     """A real process appends 30 records (and their env blocks, and its run events) while
     compaction runs again and again: every record survives, in the records file or the archive."""
@@ -48,7 +40,7 @@ def test_compacting_while_a_run_appends_loses_no_record(fake_lab, capsys):
 
     spec = load_spec(root=fake_lab)
     fresh = source_hash(spec.root, spec.stages["OK"], "cpu")
-    compact = _compact_script()
+    compact = load_script("compact_results")
     n = 30
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(fake_lab), str(n), str(ROOT), fresh],
                              stdout=subprocess.PIPE, text=True)

@@ -1,10 +1,8 @@
-"""The notebook stays small without losing anything: inventories and env blocks kept once,
-xz-compressed (harness/notebook/inventories.py), stale lines archived with them inline (harness/notebook/archive.py),
-live lines sealed into one xz segment per stage (harness/notebook/archive.py `seal`), compile baselines
-trimmed to what the gate compares and written compactly (harness/notebook/baselines.py); and the
-tracked tree, which travels to the GPU machine with the CuTeDSL pack, stays within its budget."""
+"""The notebook stays small without losing anything (inventories and env blocks stored once, stale
+lines archived, live lines sealed, compile baselines trimmed), and the tracked tree, which travels
+to the GPU machine with the CuTeDSL pack, stays within its budget.
+"""
 
-import importlib.util
 import json
 import lzma
 from dataclasses import replace
@@ -15,8 +13,9 @@ from harness.notebook.archive import archive_stale, inline_archive
 from harness.notebook.inventories import (EnvStore, InventoryStore, StoreAppender, compact_file, content_id, plain_store_file,
                                  rewrite_store, store_file)
 from harness.core.paths import results_dir
-from harness.notebook.records import (Record, RecordWriter, _read_archive, archive_file, iter_records, read_records,
+from harness.notebook.records import (Record, _read_archive, archive_file, iter_records, read_records,
                                       segment_file, stage_file)
+from tests.conftest import ROOT, load_script, write_records
 
 # The GPU machine receives the checkout's tracked files and the CuTeDSL pack (.device) in one carry of
 # at most 64 MiB; the pack takes about 59.9 MiB, so the project keeps the tracked tree under 3 MiB.
@@ -77,11 +76,7 @@ def rec(i: int, src: str = "0123456789ab", inv: dict | None = None, arch: str = 
     )
 
 
-def _write_all(root, records: list[Record]) -> None:
-    w = RecordWriter(root)
-    for r in records:
-        w.write(r)
-    w.close()
+_write_all = write_records
 
 
 def test_each_inventory_is_stored_once_and_read_back_in_place(tmp_path):
@@ -251,11 +246,7 @@ def test_a_store_that_is_no_xz_at_all_is_one_warning_and_costs_only_the_tables(t
 
 
 def _compact_script():
-    script = Path(__file__).resolve().parent.parent / "scripts" / "compact_results.py"
-    spec = importlib.util.spec_from_file_location("compact_results", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("compact_results")
 
 
 def test_compacting_keeps_what_a_line_names_and_a_dropped_inventory_costs_one_table(tmp_path):
@@ -623,7 +614,7 @@ def _compact_cli(lab):
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parent.parent / "scripts" / "compact_results.py"
+    script = ROOT / "scripts" / "compact_results.py"
     return subprocess.run([sys.executable, str(script), str(lab)], capture_output=True, text=True, timeout=300)
 
 
@@ -729,7 +720,7 @@ def test_compact_results_help_and_an_unknown_option_touch_nothing(tmp_path):
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "compact_results.py"
+    script = ROOT / "scripts" / "compact_results.py"
     for args, code, text in ((["--help"], 0, "compact_results.py [LAB_ROOT]"), (["--bogus"], 2, "unknown option '--bogus'")):
         r = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert r.returncode == code and text in (r.stdout + r.stderr), r.stdout + r.stderr

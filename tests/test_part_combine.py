@@ -1,8 +1,7 @@
-"""The combine of a persistent decode launch (stages/common/part_combine.py) and the flag-clearing
-launch before it (stages/common/part_merge.ZeroFlags), compiled for sm_90a on the CPU (no GPU):
-a row's slots are read in groups whose loads all fly before any is used — not one L2 round trip
-a slot, which was most of the combine's time at small batches (issue 30) — and the launches that
-come before a dependent grid let it launch early (programmatic dependent launch)."""
+"""stages/common/part_combine.py and part_merge.ZeroFlags compiled for sm_90a on the CPU: a row's
+slots are read in groups whose loads all fly before any is used (issue 30: one L2 round trip a
+slot was most of the combine's time), and the launches before a dependent grid let it launch early.
+"""
 
 import os
 import re

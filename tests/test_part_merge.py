@@ -1,7 +1,6 @@
-"""The in-kernel merge of a sequence cut in two (stages/common/part_merge.py) on the CPU: who
-merges and who hands over (and why that cannot deadlock), when a launch merges at all, and the
-shared-memory layout the merge stages piece 1's partial in — every byte once, and every load of
-the accumulator's reads on the fewest bank wavefronts."""
+"""The in-kernel merge of a sequence cut in two (stages/common/part_merge.py) on the CPU: roles (and
+why they cannot deadlock), when a launch merges, and the staging layout of piece 1's partial.
+"""
 
 import itertools
 

@@ -101,11 +101,9 @@ def test_the_chooser_fills_the_gpu_and_cuts_only_where_it_pays(hb):
                                               (2, 2, 2, 2), (2, 1, 4, 2), (2, 2, 8, 6), (1, 1, 16, 3),
                                               (1, 2, 32, 9), (2, 2, 64, 36)])
 def test_the_chooser_counts_a_sequences_pieces(hb, tokens, b, want):
-    """A part of one tile cuts a sequence of 18 tiles into 18 pieces, whose partials the combine
-    reads one group after another: on an H200 b 1 s2 h128 took 17.4 µs at L = 1 and 15.7 at
-    L = 2, b 2 s2 h64 18.3 / 17.7 (the L = 2 builds with PartCombine launched after the last P·V,
-    itself 0–2 µs slower elsewhere).  The piece term (PIECE_COST) moves the L = 1 choices of b ≤ 2
-    to L = 2 and leaves the choices measured best at larger batches where they were."""
+    """A part of one tile cuts a sequence of 18 tiles into 18 pieces, read by the combine group
+    after group (H200: b 1 s2 h128 17.4 µs at L = 1, 15.7 at L = 2).  The piece term (PIECE_COST)
+    moves the L = 1 choices of b ≤ 2 to L = 2 and leaves larger batches' choices where they were."""
     from stages.common.part_scheduler import choose_part_tiles
 
     choose_part_tiles.cache_clear()

@@ -1,7 +1,7 @@
-"""The install a newcomer runs is the one CI tested: every dependency in pyproject.toml is bounded
-(a lower and an upper bound), constraints.txt pins each one to a release inside its bounds, the
-README's install line uses constraints.txt, and .ci/run builds its venv from that very line and runs
-the README's test command in it. So the pins and the ranges cannot drift apart."""
+"""The install a newcomer runs is the one CI tested: every dependency in pyproject.toml is bounded,
+constraints.txt pins each within its bounds, the README's install line uses constraints.txt, and
+.ci/run builds its venv from that line and runs the README's test command in it.
+"""
 
 import re
 from pathlib import Path

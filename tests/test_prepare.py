@@ -1,11 +1,8 @@
-"""`prepared` (issue 34 item 5), on the CPU: the status is its own thing — never a run, never a
-pass, never a run baseline, never the gate's result, shown apart in the summary and the
-dashboard — and `run --prepare` without a GPU says so and records `compiled`.  The mechanism
-itself (harness/execution/prepare.py's launch interposer under CuTeDSL's real compiled host code) is run
-here in its "fake" mode, which answers the CUDA runtime calls itself: stage E's sm100 host path
-goes through descriptor encoding, library load, kernel lookup, attributes and stops at the
-launch, whose grid, block and dynamic shared memory are those the compile inferred.  On an H100
-the same path runs against the real driver: tests/test_prepare_gpu.py."""
+"""`prepared` (issue 34 item 5), on the CPU: never a run, a pass, a run baseline or the gate's
+result; `run --prepare` without a GPU records `compiled`. The launch interposer
+(harness/execution/prepare.py) runs here in "fake" mode: stage E's sm100 host path goes up to the
+launch, with the compile's grid, block and shared memory. On a GPU: tests/test_prepare_gpu.py.
+"""
 
 import dataclasses
 import json

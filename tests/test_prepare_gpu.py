@@ -1,10 +1,7 @@
-"""On a GPU that is not an sm_100 (the lab's H100 / H200): every sm100 kernel's host path runs
-up to, not including, the launch (`run --prepare`, harness/execution/prepare.py) — CuTeDSL's TMA
-descriptors (gather4 included) encoded from real tensors on the device, the sm_100a cubin loaded
-as a CUDA library through the real driver, the kernel found, the launch's grid, block and dynamic
-shared memory checked against this device's limits (a driver call refused for want of an sm_90
-image of the kernel is passed over and named in the note) — and each case is recorded
-`prepared`, never `pass`.  Issue 34 item 5.  The lead runs:
+"""On a GPU that is not an sm_100 (H100 / H200): every sm100 kernel's host path runs up to, not
+including, the launch (`run --prepare`, harness/execution/prepare.py: TMA descriptors encoded on
+the device, the cubin loaded through the real driver, the launch checked against this device's
+limits), and each case is recorded `prepared`, never `pass` (issue 34 item 5). The lead runs:
 
     python3 -m pytest -q -m gpu tests/test_prepare_gpu.py
     dsv4-lab run E --arch sm_100a --prepare --where config=s2h64_m128bs256_x512bs64,scenario=invalid,splits=1

@@ -1,12 +1,8 @@
-"""Every `dsv4-lab …` command the README shows runs as written (issue 26).
-
-The commands are read from README.md itself — its code blocks and its inline code — so a new
-example is run by default. A synopsis (`dsv4-lab show ID`, `check [STAGE]`, `accept|show|drop`)
-cannot run as written: it is listed in SYNOPSES with the concrete commands that stand for it,
-and a synopsis missing from that list fails. Commands that need a GPU, a remote target, a git
-repository or minutes of compiling are listed in SKIPPED with the reason and the test that
-covers them (the minutes-long ones run too with DSV4_README_SLOW=1). Each command runs in a
-fresh process on a copy of the lab: no traceback, and an exit code the README documents for it.
+"""Every `dsv4-lab …` command the README shows runs as written (issue 26), read from README.md's
+code blocks and inline code. A synopsis is listed in SYNOPSES with the concrete commands that
+stand for it; commands needing a GPU, a target, git or minutes of compiling are in SKIPPED with
+the test that covers them (the slow ones run with DSV4_README_SLOW=1). Each runs in a fresh
+process on a copy of the lab: no traceback, and an exit code the README documents.
 """
 
 import os

@@ -1,10 +1,6 @@
 """Ctrl-C on a remote run (issue 27 item 13) and a relative workdir (item 15), against the real
-sshd of tests/ssh_fixtures.py.
-
-A Ctrl-C in a terminal reaches the whole foreground process group. The ssh client the lab
-starts must not be in it (it would drop the link, exit 255, and the run would be reported as a
-lost link, exit 3): the lab stops the remote run itself and exits 130, the run marked
-interrupted; before the remote run starts, the message does not blame the target's `python`.
+sshd of tests/ssh_fixtures.py. The ssh client must not be in the foreground process group (it
+would drop the link: exit 3): the lab stops the remote run itself and exits 130.
 """
 
 import dataclasses

@@ -1,7 +1,7 @@
-"""No false green, nothing lost: a run in which fewer cases finished than were planned never
-exits 0; bad numeric options are usage errors; an error in the run itself ends it with a
-message; SIGINT, SIGTERM and SIGHUP end it as interrupted (128 + signal) with an end event,
-every finished record kept and no worker left behind."""
+"""No false green, nothing lost: a run that finished fewer cases than planned never exits 0; bad
+numeric options are usage errors; SIGINT, SIGTERM and SIGHUP end a run interrupted (128 + signal)
+with every finished record kept and no worker left.
+"""
 
 import os
 import signal

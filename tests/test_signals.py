@@ -1,17 +1,8 @@
-"""Signals and leftovers (issue 27, items 10–12, 14 and parts of 15), with real processes and
-real signals:
-
-* `dsv4-lab compile` stops on SIGTERM, SIGHUP and Ctrl-C like `run` does: 128 + signal, an end
-  event marked interrupted, no compile worker (or a process it started) left, no traceback;
-* a process a kernel starts never outlives its case (the worker's whole process group goes);
-* a signal the lab was started with ignored (nohup) stays ignored;
-* a stop signal while the run shuts down: the exit code agrees with the end event;
-* a Ctrl-C while the command line is still loading is one line and 130;
-* a command that would plan more than MAX_RUN_CASES cases is refused in one line, before any case
-  is built.
-
-Each started process carries a marker in its environment (inherited by everything it starts),
-so a leftover is found by scanning /proc, whoever its parent is now.
+"""Signals and leftovers (issue 27, items 10–12, 14, 15), with real processes and signals:
+`compile` stops like `run` (128 + signal, end event, no worker left); a kernel's child never
+outlives its case; an ignored signal stays ignored; a stop during shutdown agrees with the end
+event; Ctrl-C while loading is one line; a plan past MAX_RUN_CASES is refused. Each process
+carries an environment marker, so a leftover is found by scanning /proc.
 """
 
 import os

@@ -1,8 +1,6 @@
-"""Slurm targets (issue 32): the `kind: slurm` entry of targets.yaml, the sbatch script a run
-submits, and runs through a real Slurm (slurmctld + slurmd + munged started on 127.0.0.1 by
-tests/slurm_fixtures.py; skipped with the reason where they cannot start): a round trip, an
-array of 5 tasks with a failing, a timed-out and a forging task, cancellation by SIGINT, and
-`targets check`."""
+"""Slurm targets (issue 32): the targets.yaml entry, the sbatch script, and runs through a real
+Slurm on 127.0.0.1 (tests/slurm_fixtures.py; skipped with the reason where it cannot start).
+"""
 
 import json
 import os

@@ -1,11 +1,7 @@
-"""stages/common's sm100 pieces on the CPU: the pure-Python evaluation of identity
-coordinates (stages/common/sm100_coords.identity_coords) that the kernels' trace-time
-agreement checks use instead of indexing element by element, and those checks
-(sm100_idioms.check_same_fragment_coords, check_smem_p) still refusing a planted
-mismatch.  The sm100 kernels themselves are compiled, never run, here.
-
-Traced probes run from a file in a fresh process with CUTE_DSL_ARCH=sm_100a (CuTeDSL's
-arch is per process, and it reads a jit function's source)."""
+"""stages/common's sm100 pieces on the CPU: identity_coords (the pure-Python coordinates the
+trace-time agreement checks use) and those checks (check_same_fragment_coords, check_smem_p)
+refusing a planted mismatch. Traced in a subprocess (sm_100a).
+"""
 
 from types import SimpleNamespace
 

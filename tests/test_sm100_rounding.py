@@ -17,11 +17,8 @@ accumulator of at most a few thousand bf16 / e4m3 products is taken as exact):
              (read from stages/E_sparse_decode/sm100.py, so the test follows the kernel)
     I1, I2   fp32(e4m3·e4m3) accumulators, Σ_h w·relu(S), × k_scale after the sum (fp32)
 
-The emulation is compared with the stage's oracle by harness.execution.metrics (the lab's own compare and
-judge) under the stage's tolerances.  test_old_e_simple_plan_fails_lse shows the check bites:
-the plan sm100 had before issue 34 (simple's fp32 scale folded into a bf16 key) misses E's LSE
-tolerance by 20–40×, as the issue's review found.  Small cases from each stage's matrix: the
-whole file runs in seconds.
+Judged against the stage's oracle by harness.execution.metrics under the stage's tolerances, on
+small cases (seconds in all); test_old_e_simple_plan_fails_lse shows the check bites.
 """
 
 import ast

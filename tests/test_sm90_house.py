@@ -1,14 +1,8 @@
 """The sm90 set-up pieces stages A–D1 share (stages/common/sm90_setup.py, sm90_register_p.py,
-sm90_smem_p.py), on the CPU: what compiling can prove without a GPU.
-
-- `smem_struct` lays the shared storage out exactly as the hand-written structs it replaced
-  (the kernels' TMA boxes, wgmma descriptors and mbarrier addresses depend on the offsets);
-- the register-P house really calls the rung's hooks (`between`, `p_from_scores`): stage C's
-  softmax and the wrong-on-purpose fixture tests/fixtures/wrong_b reach the kernel only
-  through them.
-
-The traced checks run in a subprocess with CUTE_DSL_ARCH=sm_90a (CuTeDSL's arch is per
-process; it reads a jit function's source, so the probe is a file)."""
+sm90_smem_p.py), on the CPU: `smem_struct` lays shared storage out as the hand-written structs it
+replaced, and the register-P house really calls the rung's hooks (stage C's softmax and
+tests/fixtures/wrong_b reach the kernel only through them). Traced in a subprocess (sm_90a).
+"""
 
 import subprocess
 

@@ -1,9 +1,7 @@
-"""`gate --speed --target NAME` (issue 29 item 3, the remote half), against a real OpenSSH server
-on 127.0.0.1 (tests/ssh_fixtures.py) and a CPU-only lab: nothing changed → no connection; a
-changed kernel → the baseline commit's tree is shipped, the target's "no GPU" line comes back,
-exit 1; what comes back is taken only through the signed record channel (a forged or unplanned
-line is rejected and counted; a remote that claims success is believed only as far as its
-records prove it); usage errors are one line."""
+"""`gate --speed --target NAME` (issue 29 item 3) against a real sshd on 127.0.0.1 and a CPU-only
+lab: nothing changed, no connection; a changed kernel ships the baseline commit's tree and the
+"no GPU" line comes back (exit 1); only signed, planned records count; usage errors are one line.
+"""
 
 import json
 import shutil

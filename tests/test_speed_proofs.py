@@ -2,21 +2,13 @@
 scratch lab is a git repository whose HEAD is the tree (A/A), or whose tree differs from HEAD by
 E's kernel alone, replaced by the planted slow fixture (the planted slowdown)."""
 
-import importlib.util
 import subprocess
 
-from tests.conftest import ROOT
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("speed_proofs", ROOT / "scripts" / "speed_proofs.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.conftest import load_script
 
 
 def test_scratch_labs_for_both_proofs(tmp_path):
-    sp = _script()
+    sp = load_script("speed_proofs")
     aa = sp.scratch_lab(tmp_path / "aa", planted=False)
     assert subprocess.run(["git", "status", "--porcelain"], cwd=aa, capture_output=True, text=True).stdout == ""
     assert not (aa / "results").exists()  # its own notebook: nothing of results/ is copied or written

@@ -1,7 +1,7 @@
-"""The peers' own test suites (oracles/suites/, docs/SUITES.md): the ported case lists against
-upstream's counts, the generators' statistics, the pass rules on a planted wrong answer and on the
-oracle's, the reasons table, the suite stages through the one executor (a fake CPU lab), and a
-bad suite block as one line naming file, line, key and fix."""
+"""The peers' own test suites (oracles/suites/, docs/SUITES.md): case lists against upstream's
+counts, generators, pass rules, reasons, suite stages through the executor (a fake CPU lab), and a
+bad suite block as one line.
+"""
 
 import json
 import math

@@ -1,9 +1,7 @@
 """The command registry: one module per `dsv4-lab` command (the layout of asv's `commands/`).
 
 Each module of this package declares `COMMANDS`: a list of `harness.commands.base.Command`
-(its name, its typer-annotated function — whose docstring is the help and whose parameters are
-the arguments and flags —, its group, whether it takes stage-axis filters, and the errors it
-turns into one-line messages). Everything else is derived from the modules found here:
+(fields: its docstring). Everything else is derived from the modules found here:
 
   cli.py                  builds the typer app from `registry.registry()` (groups, context
                           settings, the axis-filter epilog of `--help`) and catches
@@ -13,8 +11,7 @@ turns into one-line messages). Everything else is derived from the modules found
 
 Adding a command is one file here (docs/ARCHITECTURE.md, "Where a new thing goes"). A module is
 named after its command, except where the name is a standard library module's (`inspect` lives
-in kernel_inspect.py). A module without COMMANDS is a helper
-(base.py: what commands declare with and the arguments they share; registry.py: finding them).
+in kernel_inspect.py). A module without COMMANDS is a helper (base.py, registry.py).
 This file holds no code: the package's attributes are its modules (`list`, `compile`), which
 would shadow the builtins of any code here.
 

@@ -1,50 +1,34 @@
-"""Keeping the notebook small: a stage's stale lines move into a compressed archive.
+"""Keeping the notebook small: a stage's stale lines move into a compressed archive (README:
+Records, for the user's view of compaction and retiring).
 
-A record is stale once the code that decides its verdict changed (harness/spec/identity.py): no
-gate, baseline or fresh table reads it again, but the history does. `archive_stale` moves every
-stale line of results/records/<stage>.jsonl — a record whose `code.src` is not the stage's
-source hash now for its arch — to the end of results/archive/<stage>.jsonl.xz. A line moves byte
-for byte, except that the ids it names (harness/notebook/inventories.py: instruction inventories and the
-env block) are replaced by the values the stores hold for them: the archive is compressed, so
-the repeated values cost it little, and the stores then only have to serve the live records.
-Lines already in the archive that still name ids (archives written before) are inlined the same
-way whenever the archive is rewritten (`inline_archive` does it on its own); an id a store does
-not hold stays as it is. Readers (harness/notebook/records.py) read the archive as the older part of the
-records file, values inline or named by id alike, so `history`, `show` and the dashboard see
-every record they saw before; fresh records, lines that do not parse and lines of stages or
-archs the spec no longer has stay where they are.
+A record is stale once the code that decides its verdict changed (harness/spec/identity.py).
+`archive_stale` moves every line of results/records/<stage>.jsonl whose `code.src` is not the
+stage's source hash now for its arch to the end of results/archive/<stage>.jsonl.xz, byte for
+byte except that the ids it names (harness/notebook/inventories.py: inventories, env blocks) are
+replaced by the values the stores hold, so the stores only serve live records. Lines already in
+the archive that still name ids are inlined the same way whenever it is rewritten
+(`inline_archive`); an id a store lacks stays. Readers (harness/notebook/records.py) read the
+archive as the older part of the records file; fresh records, lines that do not parse and lines
+of stages or archs the spec no longer has stay where they are. `archive_runs` does the same for
+the events in results/runs.jsonl of runs no live record names (results/archive/runs.jsonl.xz).
 
-`archive_runs` does the same for results/runs.jsonl: the start/end events of runs that no live
-record line names move to results/archive/runs.jsonl.xz, which `read_runs` reads first.
+`seal` moves every line of results/records/<stage>.jsonl, byte for byte, to the end of the
+segment results/records/<stage>.jsonl.xz (one xz stream, preset 9|extreme) and empties the plain
+file; readers read archive, segment, plain file in that order. It refuses (SealRefused, one line
+naming file:line and the fix, nothing written) while a line of either is one readers skip, or
+the segment is no xz. A line the segment already holds byte for byte (a crash between writes) is
+not added twice. `archive_stale` moves stale lines of the segment and the plain file alike.
+Archive, then segment, then records file, each a temp file and a rename: a crash leaves a line
+in two places (read twice), never in neither.
 
-`seal` keeps the live records small: every line of results/records/<stage>.jsonl moves, byte for
-byte, to the end of the stage's segment results/records/<stage>.jsonl.xz (rewritten whole as one
-xz stream, preset 9|extreme), and the plain file is left empty for the next run to append to.
-Readers read the segment between the archive and the plain file, so every record reads back as
-before, in the same order. A seal refuses (SealRefused, one line naming file:line and the fix,
-nothing written) while a line of the plain file or of the segment is one readers skip (it would
-change its file:line, or hide under a compressed one), and when the segment is no xz. A line the
-segment already holds byte for byte (a crash between the two writes below) is not added twice;
-two different lines with one id both stay, as readers have always read them.
-`archive_stale` moves the stale lines of the segment and of the plain file alike.
-
-The archive is written first (a temp file, then a rename), then the segment, then the records
-file, the same way: a crash between two of them leaves a line in both places (read twice),
-never in neither.
-
-`retire` keeps the archive bounded (the tracked tree travels to the GPU machine: it must stay
-small for good). Per (arch, case) — bench shapes apart from test cases — the archive keeps its
-newest `keep` lines (latest in the archive's order, the order readers read; default 0: git holds
-every committed archive) — a bench shape its newest max(keep, KEEP_BENCH = 4), the speed history
-`history --speed` reads — and every line of the last `days` days (default 0); an older line is
-retired: dropped from the tree. Never
-retired: a line that does not parse or names no id, arch or case; a record a baseline, a speed
-baseline or a note names, or of a run a note or the live records name (the caller gathers these);
-and a record the archive at HEAD does not hold (its `held` ids: only a line that a commit holds
-can be shown again with `git show`). Each retiring first appends one line to
-results/archive/retired.jsonl.xz (harness/notebook/retired.py: how many, of which time, the commit
-that holds them and the `git show` that shows them, every id), then rewrites the archive; a crash
-in between leaves the line named there and still in the archive, never in neither.
+`retire` bounds the archive. Per (arch, case) it keeps the newest `keep` lines (default 0: git
+holds every committed archive), a bench shape's newest max(keep, KEEP_BENCH), and every line of
+the last `days` days; an older line is dropped from the tree. Never retired: a line that does not
+parse or names no id, arch or case; a record a baseline, speed baseline or note names, or of a run
+a note or the live records name (the caller gathers these); a record the archive at HEAD does not
+hold (`held`: only a committed line can be shown again with `git show`). One line goes to
+results/archive/retired.jsonl.xz (harness/notebook/retired.py) first, then the archive is
+rewritten: a crash leaves the line named there and still in the archive, never in neither.
 """
 
 from __future__ import annotations

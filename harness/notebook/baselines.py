@@ -1,45 +1,27 @@
-"""Baselines: per stage, arch and case, what must keep holding. Run baselines are kept in
-results/baselines.yaml.xz, compile baselines (machine-generated counters) in
-results/compile_baselines.yaml.xz — both YAML, one line a case, xz-compressed (the tracked tree
-travels to the GPU machine beside CuTeDSL, under 3 MiB): `git config diff.xz.textconv "xz -dc"`
-shows their text in diffs, `dsv4-lab baseline show` prints them. Both are written atomically
-(temp file + rename) under one lock (results/.baselines.lock, fcntl.flock) so concurrent
-`accept`/`drop` never lose each other's work. A compile baseline still found in the run file
-(a file from before the split) is read too, and moves to the compile file at the next write; one
-case in both files is one line naming both.
+"""Baselines: per stage, arch and case, what must keep holding (README: Gate, the notebook).
+Run baselines in results/baselines.yaml.xz, compile baselines in results/compile_baselines.yaml.xz:
+YAML, one line a case, xz-compressed, written atomically under one lock (results/.baselines.lock)
+so concurrent `accept`/`drop` lose nothing. A compile baseline still in the run file (from before
+the split) is read and moved at the next write; an older clone's plain results/baselines.yaml is
+read where it is the only one and moved to the .xz by `save`; one case in both files, or both run
+files at once, is one line naming both (`_run_path`): the lab never guesses which holds the truth.
 
-An older clone's plain results/baselines.yaml is read where it is the only one, and moved to the
-.xz by the next write (`save`); both at once is one line naming both (`_run_path`): the lab never
-guesses which one holds the truth.
-
-Two kinds of baseline:
-
-* **run** (an arch that ran here or on a target): the metric values of the newest passing,
-  fresh record and their tolerance, per output metric:
+* **run**: the newest passing, fresh record's metric values and their tolerance:
     cosine   absolute: now >= baseline - tol
     rel_l2   relative: now <= baseline * (1 + tol) + 1e-12
     max_abs  relative: now <= baseline * (1 + tol) + 1e-12
-* **compile** (compile-only: an arch no device here runs, e.g. sm_100a): what compiling
-  proves, from the newest fresh `compiled` record — status, registers, spill bytes, shared
-  memory, named barriers and, of the instruction inventory (PTX, and SASS when the CUDA binary
-  tools were installed), the total and the tensor-core MMA counters (the whole inventory stays
-  in the record the baseline names). The gate refuses a compile error, any new spill, registers over
-  the margin (REGS_MARGIN registers or REGS_MARGIN_REL of the baseline, whichever is larger)
-  and any change in the tensor-core MMA counters; fewer registers or less shared memory is
-  reported as an improvement.
+* **compile** (an arch no device here runs, e.g. sm_100a): from the newest fresh `compiled`
+  record, status, registers, spill bytes, shared memory, named barriers and the inventory's total
+  and tensor-core MMA counters (PTX; SASS with the CUDA binary tools). The gate refuses a compile
+  error, a new spill, registers past the margin (REGS_MARGIN or REGS_MARGIN_REL, the larger) and
+  any changed MMA counter; fewer registers or less shared memory is an improvement.
 
-`accept` never replaces a run baseline with a compile-only one: on a machine that cannot run
-an arch, a case with a run baseline keeps it.
-
-A bad baselines file (not a regular file, not UTF-8, not YAML, YAML aliases, a key written
-twice at any level, a wrong type or a non-finite number anywhere) is one line
-`results/baselines.yaml.xz:LINE: key: problem — fix` (BaselineError, exit 2; the line of the
-decompressed text; a corrupt or oversized xz file is one line too): the gate never passes
-on a file it cannot read, and accept/drop never overwrite it. `save` never writes a file that
-lost a baseline it read (the new text is read back before it replaces the old). The parsed copy
-kept in .cache/baselines/ (the gate reads the file every commit) is used only when it names the
-full content hash of these very bytes and has the right shape and count; anything else is parsed
-again.
+`accept` never replaces a run baseline with a compile-only one. A bad file (not a regular file,
+not UTF-8 or YAML, aliases, a key written twice, a wrong type or non-finite number; a corrupt or
+oversized xz) is one line `results/baselines.yaml.xz:LINE: key: problem — fix` (BaselineError,
+exit 2): the gate never passes on it, accept/drop never overwrite it, and `save` never writes a
+file that lost a baseline it read. The parsed copy in .cache/baselines/ is used only when it
+names the full content hash of these very bytes and has the right shape and count.
 """
 
 from __future__ import annotations
@@ -309,12 +291,9 @@ def _depth(v: Any) -> int:
 
 
 def _represent_mapping(dumper: yaml.SafeDumper, data: dict) -> yaml.MappingNode:
-    """A case's baseline — a mapping of plain values, of such mappings or of mappings of them
-    (its record and source, a compile baseline's counters, a run's metrics) — in flow style on
-    one line, `hd=64,n=128: {record: …, src: …, compile: {regs: 54, inv: {(all): 294}}}`;
-    the mappings above it (an arch, a stage) in blocks.  One case is one line of a diff, and
-    the file is 20 % smaller than in blocks (426 → 323 KB at 1 070 cases: the tracked tree
-    travels to the GPU machine beside CuTeDSL, under 3 MiB)."""
+    """A case's baseline in flow style on one line, `hd=64,n=128: {record: …, src: …, compile:
+    {regs: 54, inv: {(all): 294}}}`; the mappings above it (an arch, a stage) in blocks: one case
+    is one line of a diff, and the file 20 % smaller than in blocks."""
     flow = isinstance(data, _Case) or (_depth(data) <= 2 and not any(isinstance(v, list) for v in data.values()))
     return dumper.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=flow)
 
@@ -374,12 +353,10 @@ def _read_runs(root: Path) -> tuple[Path, list[Baseline] | None]:
 
 
 def load(root: Path, must_exist: bool = False) -> list[Baseline]:
-    """Every baseline in results/baselines.yaml.xz (or an older clone's plain
-    results/baselines.yaml: `_run_path`) and results/compile_baselines.yaml.xz ([] when there is
+    """Every baseline of the run file (`_run_path`) and the compile file ([] when there is
     neither, unless `must_exist`); BaselineError (one line) for anything wrong with either — a
-    duplicate key at any level among them (a merge conflict resolved badly: YAML would let the
-    last one win and the first be lost at the next accept), or one case in both files. A compile
-    baseline still in the run file (written before the split) is read too."""
+    duplicate key at any level (a merge resolved badly: YAML would let the last one win), or one
+    case in both files."""
     _results_folder(root)
     run_path, plain = _read_runs(root)
     packed = _read_file(root, compile_baselines_file(root), xz=True)

@@ -1,11 +1,7 @@
-"""Speed baselines: per stage, arch and bench shape, how fast the kernel was — kept beside the
-correctness baselines in results/speed_baselines.yaml.xz (a sibling file: results/baselines.yaml.xz and
-its readers are untouched), YAML xz-compressed like it (`git config diff.xz.textconv "xz -dc"` shows
-the text in diffs), under the same lock (results/.baselines.lock), written the same way (temp file,
-read back, rename; a file that would lose or change a baseline is never written).
-
-An older clone's plain results/speed_baselines.yaml is read and moved to the .xz as baselines.py
-does for baselines.yaml (`_speed_path`).
+"""Speed baselines: per stage, arch and bench shape, how fast the kernel was, in
+results/speed_baselines.yaml.xz — a sibling of results/baselines.yaml.xz, kept as baselines.py
+keeps it (xz YAML, the same lock, read back before the rename; an older clone's plain file
+moved to the .xz: `_speed_path`).
 
 One entry per bench shape (`dsv4-lab baseline accept STAGE --speed`), from the newest fresh,
 passing bench record (`dsv4-lab bench`) of that shape:
@@ -21,8 +17,7 @@ A speed baseline is compared only with a time from the same GPU model (`same_gpu
 from different runs at all: it re-times the baseline's commit beside the tree, interleaved
 (harness/execution/abtest.py); the stored µs are for the dashboard's Δ % and `history --speed`.
 
-A bad file is one line `results/speed_baselines.yaml.xz:LINE: key: problem — fix` (BaselineError,
-exit 2; the line of the decompressed text), like the correctness baselines.
+A bad file is one line `results/speed_baselines.yaml.xz:LINE: key: problem — fix` (BaselineError, exit 2).
 """
 
 from __future__ import annotations
