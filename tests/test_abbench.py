@@ -13,7 +13,7 @@ from harness.execution.abbench import compare_block, compare_line
 from harness.execution.executor import ABJob, CaseExecutor
 from harness.notebook.records import Record, RecordWriter, read_records
 from tests.conftest import has_gpu, run_cli
-from tests.test_bench import LAB, _job, lab_path  # noqa: F401  (lab_path: the fixture)
+from tests.test_bench import LAB, _job  # lab_path: a conftest fixture
 
 
 class DriftingGPU:

@@ -166,7 +166,7 @@ def test_a_run_fails_a_kernel_that_writes_its_inputs(fake_lab):
     assert ok["status"] == "pass" and not ok.get("error")
 
 
-from tests.test_bench import _job, lab_path  # noqa: E402,F401  (the bench tests' job and lab on sys.path)
+from tests.test_bench import _job  # noqa: E402  (the bench tests' job; lab_path: a conftest fixture)
 
 
 def test_bench_check_fails_a_kernel_that_writes_its_inputs(lab_path):
