@@ -9,7 +9,7 @@ one line naming it, and the exit code is 1), rewrite each store
 line still names (an older notebook's plain results/inventories.jsonl is folded in and removed),
 retire the archive's oldest stale lines (harness/notebook/archive.py `retire`: per (arch, case) the
 newest --keep lines, default 0 (a bench shape: 4), and every line of the last --days days, default 0, stay; a line a
-baseline, a speed baseline or a note names, or of a run a note or the live records name, stays; a
+baseline, a speed baseline or a note names, or of a run a note or the stage's live records name, stays; a
 retired line is named in results/archive/retired.jsonl.xz with the commit — HEAD, which holds it —
 and the `git show` that shows it; only a line the archive at HEAD holds is retired, none outside
 a git checkout), and trim compile baselines to what the gate compares and run baselines' metric values to the
@@ -74,26 +74,36 @@ def named_ids(root: Path, store: ContentStore) -> set[str] | None:
     return ids
 
 
-def live_runs(root: Path) -> set[str] | None:
-    """The run ids the live records (plain files and segments) name; None when a segment cannot
-    be read (which runs are live is not known, so no run's events may move)."""
-    runs: set[str] = set()
+def live_runs_by_stage(root: Path) -> dict[str, set[str]] | None:
+    """Per stage, the run ids its live records (plain file and segment) name; None when a segment
+    cannot be read (which runs are live is not known)."""
+    runs: dict[str, set[str]] = {}
     for path in sorted(records_dir(root).glob("*.jsonl")) + record_segments(root):
         data = _read_archive(path, None) if path.suffix == ".xz" else None
         if path.suffix == ".xz" and data is None:
             return None
-        runs |= {obj["run"] for _, obj in iter_jsonl(path, data=data)
-                 if isinstance(obj, dict) and isinstance(obj.get("run"), str)}
+        stage_id = path.name[:-len(ARCHIVE_SUFFIX if path.suffix == ".xz" else ".jsonl")]
+        runs.setdefault(stage_id, set()).update(obj["run"] for _, obj in iter_jsonl(path, data=data)
+                                                if isinstance(obj, dict) and isinstance(obj.get("run"), str))
     return runs
+
+
+def live_runs(root: Path) -> set[str] | None:
+    """The run ids the live records (plain files and segments) of any stage name; None when a
+    segment cannot be read (which runs are live is not known, so no run's events may move)."""
+    by_stage = live_runs_by_stage(root)
+    return None if by_stage is None else set().union(*by_stage.values())
 
 
 _MENTIONED = re.compile(rb"\d{8}-\d{6}-[0-9a-f]{4,}(?:\.\d+)?")
 
 
-def named_by_notebook(root: Path) -> tuple[set[str], set[str]]:
-    """(record ids, run ids) that must never be retired: the records the baselines and the speed
-    baselines name, the runs notes are on, any id a note's text mentions, and the runs the live
-    records name. BaselineError / OSError (one line) when one of them cannot be read."""
+def named_by_notebook(root: Path) -> tuple[set[str], set[str], dict[str, set[str]]]:
+    """(record ids, run ids, per stage the run ids) whose archive lines must never be retired: the
+    records the baselines and the speed baselines name, the runs notes are on or a note's text
+    mentions, and per stage the runs that stage's live records name (a run's live lines of one
+    stage do not hold its stale lines of another). BaselineError / OSError (one line) when one of
+    them cannot be read."""
     ids = {b.record for b in baselines.load(root)} | {b.record for b in speedbaselines.load(root)}
     runs = set(read_notes(root))
     try:
@@ -103,10 +113,10 @@ def named_by_notebook(root: Path) -> tuple[set[str], set[str]]:
     for m in _MENTIONED.findall(text):
         ids.add(m.decode())
         runs.add(m.decode().split(".")[0])
-    live = live_runs(root)
+    live = live_runs_by_stage(root)
     if live is None:
         raise OSError("a segment cannot be read (above), so which runs are live is not known")
-    return ids, runs | live
+    return ids, runs, live
 
 
 def _git(top: Path, *args: str) -> subprocess.CompletedProcess:
@@ -290,7 +300,7 @@ def _retire(root: Path, keep: int, days: float, retired: set[str]) -> int:
     if not archives:
         return 0
     try:
-        ids, runs = named_by_notebook(root)
+        ids, runs, live = named_by_notebook(root)
     except (baselines.BaselineError, OSError) as exc:
         print(f"results/archive: nothing retired — what the notebook names is not known: {exc}", file=sys.stderr)
         return 1
@@ -305,7 +315,7 @@ def _retire(root: Path, keep: int, days: float, retired: set[str]) -> int:
         try:
             lines = {o["id"] for _, o in iter_jsonl(path, None, data=_read_archive(path, None) or b"")
                      if isinstance(o, dict) and isinstance(o.get("id"), str)}
-            moved, saved = retire(root, stage_id, held, ids, runs, keep, days)
+            moved, saved = retire(root, stage_id, held, ids, runs | live.get(stage_id, set()), keep, days)
         except OSError as exc:
             print(f"warning: {exc}", file=sys.stderr)
             problems += 1

@@ -135,6 +135,28 @@ def test_show_and_history_of_a_retired_record_say_where_it_is(fake_lab):
     assert "2 older record(s) of stage OK" in said[0] and f"git show {sha}:results/archive/OK.jsonl.xz" in said[0]
 
 
+def test_a_runs_live_lines_hold_its_archived_lines_of_their_own_stage_only(fake_lab):
+    """Run A's stale OK lines retire though A has live BAD lines; run B's live OK line holds its stale OK line."""
+    from harness.spec.identity import source_hash
+    from harness.spec.spec import load_spec
+
+    spec = load_spec(fake_lab / "stages.yaml")
+    a, b = "20200101-000000-000a", "20200102-000000-000b"
+    live_bad = replace(_rec(a, 2, 16), stage="BAD", case={"n": 16, "mode": "ok"},
+                       code={"src": source_hash(fake_lab, spec.stages["BAD"], "cpu")})
+    live_ok = replace(_rec(b, 1, 32), code={"src": source_hash(fake_lab, spec.stages["OK"], "cpu")})
+    _write(fake_lab, [_rec(a, 0, 16), _rec(a, 1, 32), live_bad, _rec(b, 0, 16), live_ok])
+    assert _compact_script().main(fake_lab) == 0 and _archived_ids(fake_lab) == [f"{a}.0", f"{a}.1", f"{b}.0"]
+    _commit(fake_lab, "results")
+    assert _compact_script().main(fake_lab) == 0
+    assert _archived_ids(fake_lab) == [f"{b}.0"] and where(fake_lab, f"{a}.0")[0] == "record"
+    out = run_cli(["show", a], cwd=fake_lab)
+    said = out.stdout.splitlines()  # the BAD line left, and where the retired OK lines are
+    assert out.returncode == 0 and "n=16,mode=ok" in out.stdout and "n=32" not in out.stdout, out.stdout + out.stderr
+    assert [x for x in said if "retired" in x] == [x for x in said if f"records of run {a} were retired" in x
+                                                   and "(stage OK" in x and "git show" in x] != []
+
+
 def test_ids_are_kept_as_ranges_per_run():
     ids = ["r1.1", "r1.2", "r1.3", "r1.7", "r2.10", "odd", "r1.03"]
     enc = encode_ids(ids)

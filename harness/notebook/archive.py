@@ -25,7 +25,7 @@ in two places (read twice), never in neither.
 holds every committed archive), a bench shape's newest max(keep, KEEP_BENCH), and every line of
 the last `days` days; an older line is dropped from the tree. Never retired: a line that does not
 parse or names no id, arch or case; a record a baseline, speed baseline or note names, or of a run
-a note or the live records name (the caller gathers these); a record the archive at HEAD does not
+a note or the stage's live records name (the caller gathers these); a record the archive at HEAD does not
 hold (`held`: only a committed line can be shown again with `git show`). One line goes to
 results/archive/retired.jsonl.xz (harness/notebook/retired.py) first, then the archive is
 rewritten: a crash leaves the line named there and still in the archive, never in neither.

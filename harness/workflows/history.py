@@ -196,6 +196,9 @@ def show(root: Path, ident: str) -> int:
         for r in of_run:
             if r.error and r.status != "pass":
                 console.print(f"{r.id} {r.status}: {r.error}", highlight=False, markup=False)
+        for entry in retired.read_retired(root):  # its other lines of a stage, retired: where git holds them
+            if isinstance(entry.get("ids"), dict) and isinstance(entry["ids"].get(ident), str):
+                console.print(retired.say("run", ident, entry), highlight=False, markup=False, soft_wrap=True)
     elif gone is not None:
         console.print(retired.say(gone[0], ident, gone[1]), highlight=False, markup=False, soft_wrap=True)
     for n in notes.get(ident, []):
