@@ -41,14 +41,15 @@ def _case(shape: str) -> dict:
 
 
 def _stage(case: dict):
-    """(Kernel class, tensor specs, make_inputs, reference, DeepGEMM problem) of the case's stage."""
+    """(Kernel class, tensor specs, make_inputs, reference, DeepGEMM problem, the case's keys the
+    Kernel takes) of the case's stage."""
     from oracles import indexer as o
 
     if "s" in case:
         from stages.I1_mqa_logits.sm90 import Kernel
-        return Kernel, o.tensors, o.make_inputs, o.reference, "mqa_logits"
+        return Kernel, o.tensors, o.make_inputs, o.reference, "mqa_logits", ("s", "s_kv")
     from stages.I2_paged_mqa_logits.sm90 import Kernel
-    return Kernel, o.paged_tensors, o.paged_make_inputs, o.paged_reference, "paged_mqa_logits"
+    return Kernel, o.paged_tensors, o.paged_make_inputs, o.paged_reference, "paged_mqa_logits", ("b", "next_n", "block_kv")
 
 
 def _parse_knobs(text: str) -> dict:
@@ -66,9 +67,8 @@ def _compile(job: tuple) -> tuple:
 
         from harness.execution.compile import fake_tensor
 
-        Kernel, specs, *_ = _stage(case)
-        sizes = {k: case[k] for k in (("s", "s_kv") if "s" in case else ("b", "next_n", "block_kv"))}
-        kernel = Kernel(**sizes, **knobs)
+        Kernel, specs, *_, size_keys = _stage(case)
+        kernel = Kernel(**{k: case[k] for k in size_keys}, **knobs)
         compiled = cute.compile(kernel, *[fake_tensor(s) for s in specs(case)], make_fake_stream())
         prefix = "ix_" + key.replace(":", "_").replace("=", "").replace(",", "_")
         Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -149,7 +149,7 @@ def main() -> int:
     print(torch.cuda.get_device_name(0), flush=True)
     for sh in shapes:
         case = _case(sh)
-        _, specs, make_inputs, reference, problem = _stage(case)
+        _, specs, make_inputs, reference, problem, _ = _stage(case)
         first = make_inputs(case, 0, device="cuda")
         sets = rotated_sets(first)
         ref = reference(first, case)["logits"].double()  # float64, on the GPU

@@ -409,7 +409,7 @@ def test_kernels_refuse_what_they_cannot_do():
     with pytest.raises(ValueError, match="logits_dtype must be one of fp32, bf16, got 'fp16'"):
         I1(s=128, s_kv=1024, logits_dtype="fp16")
     # I1's persistent table of s / 8 token blocks beside two Q blocks and the K ring: 34808 tokens
-    # fill the 227 KiB exactly (a compile reports 232448 B), 8 more do not
+    # fill the 227 KiB exactly (test_indexer_options_compile_on_both_archs compiles it), 8 more do not
     I1(s=34808, s_kv=1024)
     with pytest.raises(ValueError, match="s = 34816 needs 233472 B .* smaller chunks of tokens"):
         I1(s=34816, s_kv=1024)
@@ -581,26 +581,6 @@ def test_quad_pick_takes_each_lanes_candidate():
         assert list(quad_pick(q, values, index, sel)) == [100 + index[lane] for lane in range(4)]
 
 
-def test_i1_persistent_shares_split_long_blocks_evenly():
-    """I1's sm90 shares (`block_tiles` then `share_segments`, the kernel's table and walk in
-    plain Python): on s 2048, s_kv 4096, cp (blocks of 9 to 33 tiles) every (block, tile) pair is
-    in one share, each of the 132 shares within one pair of T / 132, and a block cut between
-    two CTAs is taken up where the other left it."""
-    from stages.common.indexer import block_tiles, share_segments
-
-    case = {"s": 2048, "s_kv": 4096, "ranges": "cp"}
-    tiles = block_tiles(*ix.ranges_of(case), 8, 4096, 64)
-    assert (min(tiles), max(tiles), sum(tiles)) == (9, 33, 6336)
-    taken = [0] * len(tiles)
-    for c in range(132):
-        segs = share_segments(tiles, c, 132)
-        assert abs(sum(n for *_, n in segs) - 6336 / 132) < 1
-        for block, first, n in segs:
-            assert first == taken[block] and n > 0
-            taken[block] += n
-    assert taken == tiles
-
-
 _SHAPES_PROBE = r"""
 import json, sys
 from pathlib import Path
@@ -614,7 +594,8 @@ for stage, case in json.loads(sys.argv[3]):
     ptx = (keep / "kernel.ptx").read_text() if r.ok else ""
     out[json.dumps([stage, case])] = [r.ok, r.error, ptx.count("wgmma.mma_async"), ptx.count("tcgen05.mma.cta_group"),
                                       sorted(set(__import__("re").findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
-                                      "cvt.rn.bf16.f32" in ptx, "st.global.b16" in ptx, "st.global.b32" in ptx]
+                                      "cvt.rn.bf16.f32" in ptx, "st.global.b16" in ptx, "st.global.b32" in ptx,
+                                      r.resources.get("smem") if r.ok else None]
 print(json.dumps(out))
 """
 
@@ -625,12 +606,13 @@ def test_indexer_options_compile_on_both_archs(tmp_path, arch):
     compile-only): 32 heads and head_dim 32 / 64 with N = tokens · heads and d / 32 MMAs a tile
     (I1 32 heads of 64 — sm90: m64n64k32 × 2 a tile; sm100 × 2 —, I2 32 heads of 32 at next_n 2,
     × 1), bf16 logits (I2: every store a 16-bit one after a cvt.rn.bf16.f32, none 32-bit), I1's
-    compressed form and I2's 2-D context lengths."""
+    compressed form, I2's 2-D context lengths, and I1 at the longest s its sm90 table fits."""
     cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 32, "head_dim": 64}],
              ["I2", {"b": 8, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 32, "head_dim": 32}],
              ["I2", {"b": 8, "next_n": 1, "ctx": 200, "block_kv": 64, "logits_dtype": "bf16"}],
              ["I1", {"s": 128, "s_kv": 1024, "ranges": "cp", "compressed": True}],
-             ["I2", {"b": 8, "next_n": 2, "ctx": 200, "block_kv": 64, "context_2d": True}]]
+             ["I2", {"b": 8, "next_n": 2, "ctx": 200, "block_kv": 64, "context_2d": True}],
+             ["I1", {"s": 34808, "s_kv": 1024, "ranges": "causal"}]]
     full = {"heads": 64, "head_dim": 128, "logits_dtype": "fp32"}
     cases = [[st, {**full, **({"compressed": False} if st == "I1" else {"context_2d": False}), **c}] for st, c in cases]
     got = list(_probe(tmp_path, arch, _SHAPES_PROBE, arch, cases, tmp_path).values())
@@ -640,21 +622,28 @@ def test_indexer_options_compile_on_both_archs(tmp_path, arch):
         assert [g[2:5] for g in got[:2]] == [[2, 0, ["m64n64k32"]], [1, 0, ["m64n64k32"]]]
     else:
         assert [g[2:4] for g in got[:2]] == [[0, 2], [0, 1]]
-    assert [g[5:] for g in got[:3]] == [[False, False, True], [False, False, True], [True, True, False]]
+    assert [g[5:8] for g in got[:3]] == [[False, False, True], [False, False, True], [True, True, False]]
     assert got[3][0] and got[4][0]  # I1's compressed form, I2's 2-D context lengths
+    if arch == "sm_90a":  # the longest prefill I1's refusal lets through asks for every byte a CTA may have
+        from stages.common.device import SMEM_LIMIT
+
+        assert got[5][-1] == SMEM_LIMIT
 
 
 def test_persistent_shares_cover_every_block_once_and_balance():
-    """I2 sm90's persistent walk (stages/common/indexer.py share_segments, the kernel's
-    block_share + walk in plain Python): every (sequence, block) pair lands in exactly one CTA's
-    segments, in order, and shares differ by at most one pair — empty sequences, fewer pairs
-    than CTAs and shares inside one sequence included."""
+    """The sm90 persistent walks (stages/common/indexer.py share_segments: I2's block_share, I1's
+    table_share, with the walk, in plain Python): every (sequence or token block, tile) pair
+    lands in exactly one CTA's segments, in order, and shares differ by at most one pair — empty
+    sequences, fewer pairs than CTAs, shares inside one sequence, and I1's s 2048 / s_kv 4096 cp
+    token blocks (`block_tiles`: 9 to 33 tiles) included."""
     import random
 
-    from stages.common.indexer import share_segments
+    from stages.common.indexer import block_tiles, share_segments
 
+    i1_cp = block_tiles(*ix.ranges_of({"s": 2048, "s_kv": 4096, "ranges": "cp"}), 8, 4096, 64)
+    assert (min(i1_cp), max(i1_cp), sum(i1_cp)) == (9, 33, 6336)
     rng = random.Random(7)
-    cases = [[0], [5], [0, 0, 3, 0], [1] * 300, [40, 0, 17, 2, 0, 0, 9]]
+    cases = [[0], [5], [0, 0, 3, 0], [1] * 300, [40, 0, 17, 2, 0, 0, 9], i1_cp]
     cases += [[rng.choice([0, rng.randint(1, 300)]) for _ in range(rng.randint(1, 130))] for _ in range(40)]
     for blocks in cases:
         for ctas in (1, 3, 132, 264):
