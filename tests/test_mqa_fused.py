@@ -1,0 +1,76 @@
+"""oracles/mqa_fused.py: the fused float64 MQA-logits reference equals oracles/indexer.py mqa_logits."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from oracles.indexer import mqa_logits
+from oracles.mqa_fused import BK, BR, model_logits, mqa_logits_fused
+
+
+def _case(rows, keys, h, d, seed, device="cpu"):
+    """Random q, k, w and ranges: empty rows (ks = ke), a row with ks > ke, ranges past the keys'
+    ends, and rows whose range misses whole key blocks."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, w = torch.randn(rows, h, d, generator=g), torch.randn(keys, d, generator=g), torch.randn(rows, h, generator=g)
+    ks = torch.randint(-5, keys, (rows,), generator=g)
+    ke = ks + torch.randint(0, keys // 2 + 8, (rows,), generator=g)
+    ke[::7] = ks[::7]  # empty rows
+    ks[:4] = torch.tensor([0, keys - 3, 0, keys // 2])[:rows]  # all keys, the last 3, the first 40,
+    ke[:4] = torch.tensor([keys, keys + 9, 40, keys // 3])[:rows]  # ks > ke
+    args = [t.to(torch.float64).to(device) for t in (q, k, w)] + [t.to(torch.int32).to(device) for t in (ks, ke)]
+    j = torch.arange(keys, device=device)
+    return args, (args[3][:, None] <= j) & (j < args[4][:, None])
+
+
+def _check(got, want):
+    got, want = torch.as_tensor(got).cpu(), want.cpu()
+    inf = torch.isinf(want)
+    assert torch.equal(torch.isinf(got), inf) and bool((got[inf] < 0).all()), "−inf positions differ"
+    assert not torch.isnan(got).any()
+    err = (got[~inf] - want[~inf]).abs().max().item() if (~inf).any() else 0.0
+    assert err <= 1e-12 * want[~inf].abs().max().item() if (~inf).any() else True, err
+
+
+@pytest.mark.parametrize("h,d,rows,keys", [(8, 32, BR + 6, 2 * BK + 44), (16, 64, 9, BK - 5)])
+def test_the_tiling_model_equals_mqa_logits(h, d, rows, keys):
+    """The kernel's blocks, loops and index math, run in numpy on the CPU (every element written,
+    −inf exactly where the reference has it, the rest to 1e-12 relative): catches index bugs."""
+    args, valid = _case(rows, keys, h, d, seed=h + d)
+    want = mqa_logits(*args[:3], valid)
+    assert torch.isinf(want).any() and (~torch.isinf(want)).any()
+    _check(model_logits(*[a.numpy() for a in args]), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h", [32, 64])
+@pytest.mark.parametrize("d", [32, 64, 128])
+def test_fused_equals_mqa_logits_on_the_gpu(h, d):
+    for seed, (rows, keys) in enumerate([(5, 77), (BR + 3, 3 * BK + 17), (700, 2600)]):
+        args, valid = _case(rows, keys, h, d, seed, "cuda")
+        _check(mqa_logits_fused(*args), mqa_logits(*args[:3], valid))
+
+
+@pytest.mark.gpu
+def test_fused_timing_big_case():
+    """s 2048, s_kv 65536, h 64, d 128, causal: prints the fused kernel's and the reference's times."""
+    s, s_kv, h, d = 2048, 65536, 64, 128
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k = torch.randn(s, h, d, device="cuda", generator=g, dtype=torch.float64), torch.randn(s_kv, d, device="cuda", generator=g, dtype=torch.float64)
+    w = torch.randn(s, h, device="cuda", generator=g, dtype=torch.float64)
+    ke = torch.arange(s_kv - s + 1, s_kv + 1, device="cuda", dtype=torch.int32)
+    ks = torch.zeros_like(ke)
+    mqa_logits_fused(q[:1], k[:1], w[:1], ks[:1], ke[:1])  # compile
+    times = {}
+    for name, fn in (("fused", lambda: mqa_logits_fused(q, k, w, ks, ke)),
+                     ("mqa_logits", lambda: mqa_logits(q, k, w, torch.arange(s_kv, device="cuda") < ke[:, None]))):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        times[name] = fn()
+        torch.cuda.synchronize()
+        flop = 2 * h * d * float((ke - ks).clamp(min=0).sum())
+        dt = time.perf_counter() - t0
+        print(f"{name}: {dt:.3f} s, {flop / dt / 1e12:.2f} TFLOP/s (valid pairs)")
+    _check(times["fused"], times["mqa_logits"])
