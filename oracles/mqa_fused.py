@@ -36,7 +36,7 @@ def _kernel_class():
             if h % TH:
                 raise ValueError(f"mqa_fused: heads ({h}) must be a multiple of {TH}")
             self.h, self.d = h, d
-            self.smem_bytes = 8 * (d * (BK + 1) + WARPS * d * TH)
+            self.smem_bytes = 8 * (d * (BK + 1) + WARPS * d * TH) + 64  # + alignment slack
 
         @cute.jit
         def __call__(self, q: cute.Pointer, k: cute.Pointer, w: cute.Pointer, ks: cute.Pointer, ke: cute.Pointer,
