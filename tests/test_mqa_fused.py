@@ -74,6 +74,8 @@ def test_it_compiles_for_sm90_without_spills(tmp_path):
 def test_fused_equals_mqa_logits_on_the_gpu(h, d):
     for seed, (rows, keys) in enumerate([(5, 77), (BR + 3, 3 * BK + 17), (700, 2600)]):
         args, valid = _case(rows, keys, h, d, seed, "cuda")
+        if seed == 0:  # views 4 or 8 bytes past an allocation's start: the dispatcher realigns them
+            args = [torch.cat([t[:1], t])[1:] for t in args]
         _check(mqa_logits_fused(*args), mqa_logits(*args[:3], valid))
 
 
