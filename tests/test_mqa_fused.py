@@ -3,7 +3,6 @@
 import json
 import time
 
-import numpy as np
 import pytest
 import torch
 
@@ -13,7 +12,7 @@ from oracles.mqa_fused import BK, BR, model_logits, mqa_logits_fused
 
 def _case(rows, keys, h, d, seed, device="cpu"):
     """Random q, k, w and ranges: empty rows (ks = ke), a row with ks > ke, ranges past the keys'
-    ends, and rows whose range misses whole key blocks."""
+    ends, rows whose range misses whole key blocks, CTAs none of whose rows sees their keys."""
     g = torch.Generator().manual_seed(seed)
     q, k, w = torch.randn(rows, h, d, generator=g), torch.randn(keys, d, generator=g), torch.randn(rows, h, generator=g)
     ks = torch.randint(-5, keys, (rows,), generator=g)
@@ -21,6 +20,7 @@ def _case(rows, keys, h, d, seed, device="cpu"):
     ke[::7] = ks[::7]  # empty rows
     ks[:4] = torch.tensor([0, keys - 3, 0, keys // 2])[:rows]  # all keys, the last 3, the first 40,
     ke[:4] = torch.tensor([keys, keys + 9, 40, keys // 3])[:rows]  # ks > ke
+    ks[BR:2 * BR], ke[BR:2 * BR] = 0, 40  # the second row block's CTAs past key 40 compute nothing
     args = [t.to(torch.float64).to(device) for t in (q, k, w)] + [t.to(torch.int32).to(device) for t in (ks, ke)]
     j = torch.arange(keys, device=device)
     return args, (args[3][:, None] <= j) & (j < args[4][:, None])
@@ -83,20 +83,17 @@ def test_fused_equals_mqa_logits_on_the_gpu(h, d):
 def test_fused_timing_big_case():
     """s 2048, s_kv 65536, h 64, d 128, causal: prints the fused kernel's and the reference's times."""
     s, s_kv, h, d = 2048, 65536, 64, 128
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k = torch.randn(s, h, d, device="cuda", generator=g, dtype=torch.float64), torch.randn(s_kv, d, device="cuda", generator=g, dtype=torch.float64)
-    w = torch.randn(s, h, device="cuda", generator=g, dtype=torch.float64)
+    q, k, w = (torch.randn(*shape, device="cuda", dtype=torch.float64) for shape in ((s, h, d), (s_kv, d), (s, h)))
     ke = torch.arange(s_kv - s + 1, s_kv + 1, device="cuda", dtype=torch.int32)
     ks = torch.zeros_like(ke)
     mqa_logits_fused(q[:1], k[:1], w[:1], ks[:1], ke[:1])  # compile
-    times = {}
+    got, flop = {}, 2 * h * d * float((ke - ks).sum())
     for name, fn in (("fused", lambda: mqa_logits_fused(q, k, w, ks, ke)),
                      ("mqa_logits", lambda: mqa_logits(q, k, w, torch.arange(s_kv, device="cuda") < ke[:, None]))):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        times[name] = fn()
+        got[name] = fn()
         torch.cuda.synchronize()
-        flop = 2 * h * d * float((ke - ks).clamp(min=0).sum())
         dt = time.perf_counter() - t0
         print(f"{name}: {dt:.3f} s, {flop / dt / 1e12:.2f} TFLOP/s (valid pairs)")
-    _check(times["fused"], times["mqa_logits"])
+    _check(got["fused"], got["mqa_logits"])
