@@ -30,6 +30,7 @@ import numpy as np
 
 WARPS, RW, TK, TH = 8, 8, 4, 8
 BR, BK = WARPS * RW, 32 * TK
+MAX_OFFSET = 2**31 - 1  # the kernel's element offsets are 32-bit: the dispatcher launches row chunks under it
 
 
 def _kernel_class():
@@ -141,6 +142,13 @@ def compiled(h: int, d: int):
     return cute.compile(_kernel_class()(h, d), *ptr, cutlass.Int32(1), cutlass.Int32(1), make_fake_stream())
 
 
+def row_chunks(rows: int, keys: int, h: int, d: int) -> list[tuple[int, int]]:
+    """(first row, rows) of each launch: n · max(keys, h · d) ≤ MAX_OFFSET (the 32-bit offsets),
+    every first row a multiple of BR (its slices stay 16-byte aligned)."""
+    step = MAX_OFFSET // max(keys, h * d) // BR * BR
+    return [(r0, min(step, rows - r0)) for r0 in range(0, rows, step)]
+
+
 def mqa_logits_fused(q, k, w, ks, ke):
     """float64 [rows, keys]: oracles/indexer.py mqa_logits(q, k, w, valid) with valid[r, j] =
     ks[r] ≤ j < ke[r], on the GPU in one fused kernel.  All CUDA tensors."""
@@ -152,14 +160,19 @@ def mqa_logits_fused(q, k, w, ks, ke):
 
     rows, h, d = q.shape
     keys = k.shape[0]
-    out = torch.full((rows, keys), float("-inf"), dtype=torch.float64, device=q.device)
+    if max(BR * keys, keys * d, BR * h * d) > MAX_OFFSET:
+        raise ValueError(f"mqa_logits_fused: {keys} keys, h {h}, d {d} exceed the kernel's 32-bit offsets")
+    out = torch.full((rows, keys), float("nan"), dtype=torch.float64, device=q.device)  # NaN: none left unwritten
     if rows == 0 or keys == 0:
-        return out
+        return out.fill_(float("-inf"))
     args = [t.to(dt).contiguous() for t, dt in zip((q, k, w, ks, ke), [torch.float64] * 3 + [torch.int32] * 2)]
     args = [t if t.data_ptr() % 16 == 0 else t.clone() for t in args] + [out]  # the pointers assume 16 bytes
-    ptrs = [make_ptr(cutlass.Float64 if t.dtype == torch.float64 else cutlass.Int32, t.data_ptr(), cute.AddressSpace.gmem,
-                     assumed_align=16) for t in args]
-    compiled(h, d)(*ptrs, cutlass.Int32(rows), cutlass.Int32(keys), cuda.CUstream(torch.cuda.current_stream().cuda_stream))
+    fn, stream = compiled(h, d), cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+    for r0, n in row_chunks(rows, keys, h, d):
+        ptrs = [make_ptr(cutlass.Float64 if t.dtype == torch.float64 else cutlass.Int32,
+                         t.data_ptr() if i == 1 else t[r0:].data_ptr(), cute.AddressSpace.gmem, assumed_align=16)
+                for i, t in enumerate(args)]
+        fn(*ptrs, cutlass.Int32(n), cutlass.Int32(keys), stream)
     return out
 
 

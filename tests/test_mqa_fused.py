@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from oracles.indexer import mqa_logits
-from oracles.mqa_fused import BK, BR, model_logits, mqa_logits_fused
+from oracles.mqa_fused import BK, BR, MAX_OFFSET, model_logits, mqa_logits_fused, row_chunks
 
 
 def _case(rows, keys, h, d, seed, device="cpu"):
@@ -46,6 +46,13 @@ def test_the_tiling_model_equals_mqa_logits(h, d, rows, keys):
     _check(model_logits(*[a.numpy() for a in args]), want)
 
 
+def test_row_chunks_keep_offsets_32_bit():
+    assert row_chunks(8192, 131072, 64, 128) == [(0, 8192)]
+    chunks = row_chunks(70000, 65536, 64, 128)
+    assert [r0 for r0, _ in chunks] == list(range(0, 70000, 32704)) and sum(n for _, n in chunks) == 70000
+    assert all(r0 % BR == 0 and n * 65536 <= MAX_OFFSET for r0, n in chunks)
+
+
 def test_it_compiles_for_sm90_without_spills(tmp_path):
     """Every (h, d) the suites use compiles for sm_90a (on the CPU); ptxas: no spill, no stack."""
     from tests.conftest import traced
@@ -77,6 +84,17 @@ def test_fused_equals_mqa_logits_on_the_gpu(h, d):
         if seed == 0:  # views 4 or 8 bytes past an allocation's start: the dispatcher realigns them
             args = [torch.cat([t[:1], t])[1:] for t in args]
         _check(mqa_logits_fused(*args), mqa_logits(*args[:3], valid))
+
+
+@pytest.mark.gpu
+def test_fused_in_row_chunks(monkeypatch):
+    """Where rows × keys passes the 32-bit offsets the dispatcher launches chunks of rows (here
+    forced: 2 · BR rows a launch, the last chunk short)."""
+    import oracles.mqa_fused
+
+    args, valid = _case(5 * BR + 9, 3 * BK + 17, 32, 64, 7, "cuda")
+    monkeypatch.setattr(oracles.mqa_fused, "MAX_OFFSET", 2 * BR * 32 * 64 + 5)  # h · d > keys
+    _check(mqa_logits_fused(*args), mqa_logits(*args[:3], valid))
 
 
 @pytest.mark.gpu
