@@ -19,8 +19,9 @@ a NaN score gives 0 where torch's clamp keeps NaN (the suites' q and k are finit
 
 Cost: 2·h·d flop per (row, key) of a live block, fp64 FMAs on the CUDA cores (one CTA an SM at
 d = 128: 193 KiB of shared memory; sm_90a: 126 registers, no spill).  Per d step a warp issues
-32 FMAs against 4 + 4 shared loads (q as v2 broadcasts), so it is FMA-bound: an H100's or H200's
-~33.5 fp64 TFLOP/s less overheads, ~20 TFLOP/s expected (estimate, not yet timed).
+32 DFMA against 4 LDS.64 (k: 2 wavefronts each) + 4 LDS.128 (q: broadcasts) — SASS, 4 steps
+unrolled — so it is FMA-bound: an H100's or H200's ~30 fp64 TFLOP/s less overheads, ~20 TFLOP/s
+expected (an estimate: not yet timed).
 """
 
 import functools
