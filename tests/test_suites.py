@@ -525,3 +525,31 @@ def test_suite_command_runs_and_lists_a_suite(suite_lab):
     assert [x["status"] for x in _records(suite_lab, "NUDGE")] == ["fail"]
     r = run_cli(["suite", "fake", "--arch", "all", "--n", "64"], cwd=suite_lab)
     assert r.returncode == 2 and "n=64 is not in the matrix" in r.stderr
+
+
+@pytest.mark.gpu
+def test_deepgemm_mqa_reference_on_the_gpu_equals_the_stage_reference():
+    """The suite's reference on a GPU (the fused float64 kernel, oracles/mqa_fused.py) equals stage
+    I1's (oracles/indexer.py, chunked einsums) on upstream cases: compressed and full rows, cp and
+    causal ranges, 32 and 64 heads, head_dim 32 and 128."""
+    import torch
+
+    from oracles import indexer
+    from oracles.suites import deepgemm_mqa as m
+
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    picked = {}
+    for c in m.cases():
+        key = (c["compressed"], c["ranges"], c["heads"], c["head_dim"])
+        if c["logits_dtype"] == "fp32" and key in {(True, "cp", 32, 32), (False, "causal", 64, 128)} and c["s_kv"] <= 8192:
+            picked.setdefault(key, c)
+    assert len(picked) == 2, picked
+    for case in picked.values():
+        x = m.make_inputs(case, 0, "cuda")
+        got, want = m.reference(x, case)["logits"], indexer.reference(x, case)["logits"]
+        assert got.shape == want.shape and got.dtype == want.dtype, case
+        assert torch.equal(torch.isneginf(got), torch.isneginf(want)), case
+        fin = torch.isfinite(want)
+        assert fin.any() and torch.isfinite(got[fin]).all(), case
+        assert torch.allclose(got[fin].double(), want[fin].double(), rtol=1e-10, atol=1e-12), case

@@ -164,9 +164,16 @@ def make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> dict:
 
 
 def reference(inputs: dict, case: dict[str, Any]) -> dict:
+    """I1's float64 logits of the exact dequantised bytes (oracles/indexer.py `reference`), on a
+    GPU by the fused kernel (`_logits`)."""
     from oracles import indexer
 
-    return indexer.reference(inputs, case)
+    full = _logits(inputs["q"], indexer.dequantize(inputs["kv"], inputs["kv_scale"]), inputs["weights"],
+                   inputs["ks"], inputs["ke"])
+    if indexer.is_compressed(case):
+        ks, ke = inputs["ks"].tolist(), inputs["ke"].tolist()
+        full = indexer.compress(full, inputs["ks"], inputs["ke"], indexer.compressed_width(ks, ke))
+    return {"logits": indexer.as_output(full, case)}
 
 
 def flops(case: dict[str, Any]) -> float:
@@ -178,10 +185,18 @@ def flops(case: dict[str, Any]) -> float:
 
 
 def _logits(q, k, w, ks, ke):
+    """float64 logits of q [rows, h, d], k [keys, d], w [rows, h] over [ks, ke): on a GPU the
+    fused kernel (oracles/mqa_fused.py: no [rows, h, keys] score block in memory), on a CPU oracles/indexer.py `mqa_logits` (the same math;
+    tests/test_mqa_fused.py holds the two equal)."""
     import torch
 
     from oracles import indexer
 
+    q, k, w = q.to(torch.float64), k.to(torch.float64), w.to(torch.float64)
+    if q.is_cuda:
+        from oracles.mqa_fused import mqa_logits_fused
+
+        return mqa_logits_fused(q, k, w, ks, ke)
     j = torch.arange(k.shape[0], device=q.device)
     valid = (j[None, :] >= ks.long()[:, None]) & (j[None, :] < ke.long()[:, None])
     return indexer.mqa_logits(q, k, w, valid)
