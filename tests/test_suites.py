@@ -553,3 +553,28 @@ def test_deepgemm_mqa_reference_on_the_gpu_equals_the_stage_reference():
         fin = torch.isfinite(want)
         assert fin.any() and torch.isfinite(got[fin]).all(), case
         assert torch.allclose(got[fin].double(), want[fin].double(), rtol=1e-10, atol=1e-12), case
+
+
+def test_flashmla_reference_in_batch_chunks_equals_it_whole(monkeypatch):
+    """The suite's reference in batch chunks (under REFERENCE_KV_BYTES of gathered keys; upstream's
+    b 148 × topk 16384 cases ran out of memory whole) equals stage E's reference of the whole batch:
+    one sequence a chunk, both branches, lonely rows (a corner case's all-invalid indices) included."""
+    import torch
+
+    from oracles import sparse_decode as sd
+    from oracles.suites import flashmla_sparse as f
+
+    picks = [next(c for c in f.cases() if c["b"] == 4 and "_x" in c["config"] and c["group"] == g
+                  and int(c["config"].split("_m")[1].split("bs")[0]) <= 128) for g in ("correctness", "corner")]
+    for case in picks:
+        x = f.make_inputs(case, 0)
+        whole = sd.reference(x, case)
+        calls = []
+        real = sd.reference
+        monkeypatch.setattr(sd, "reference", lambda inputs, c: calls.append(inputs["Q"].shape[0]) or real(inputs, c))
+        monkeypatch.setattr(f, "REFERENCE_KV_BYTES", 1)
+        got = f.reference(x, case)
+        monkeypatch.undo()
+        assert calls == [1, 1, 1, 1], (case, calls)
+        assert torch.equal(got["O"], whole["O"]) and torch.equal(got["LSE"], whole["LSE"]), case
+    assert torch.isinf(whole["LSE"]).all()  # the corner case: every row lonely
