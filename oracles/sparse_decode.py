@@ -306,37 +306,17 @@ def softmax_scale_of(inputs: dict) -> float:
     return float(inputs["softmax_scale"].reshape(-1)[0])
 
 
-REFERENCE_KV_BYTES = 1 << 31  # the gathered float64 keys of one batch chunk of the reference
-
-
 def reference(inputs: dict, case: dict[str, Any]) -> dict:
-    """float64: O [b, s_q, h_q, 512], LSE [b, h_q, s_q] (see the module doc).  In batch chunks
-    whose gathered keys stay under REFERENCE_KV_BYTES (FlashMLA's b 148 × topk 16384 gathers
-    20 GB of them); a sequence's rows never depend on another's."""
+    """float64: O [b, s_q, h_q, 512], LSE [b, h_q, s_q] (see the module doc)."""
     import torch
 
     c = SparseConfig.parse(case["config"])
-    b, s_q = inputs["Q"].shape[:2]
-    keys = c.topk + (c.extra_topk if c.has_extra else 0)
-    chunk = max(1, REFERENCE_KV_BYTES // max(1, s_q * keys * D * 8))
-    parts = [_reference_rows(inputs, case, c, b0, min(b, b0 + chunk)) for b0 in range(0, b, chunk)]
-    return {"O": torch.cat([o for o, _ in parts]), "LSE": torch.cat([lse for _, lse in parts])}
-
-
-def _reference_rows(inputs: dict, case: dict[str, Any], c: SparseConfig, b0: int, b1: int):
-    """(O, LSE) of sequences b0 … b1 − 1."""
-    import torch
-
-    def rows(x):
-        return None if x is None else x[b0:b1]
-
     fmt = case["kv_format"]
-    kv, valid = branch_keys(inputs["KV"], fmt, c.block, rows(inputs["idx"]), rows(inputs["topk_length"]))
+    kv, valid = branch_keys(inputs["KV"], fmt, c.block, inputs["idx"], inputs["topk_length"])
     if c.has_extra:
-        kvx, validx = branch_keys(inputs["KV_extra"], fmt, c.extra_block, rows(inputs["idx_extra"]),
-                                  rows(inputs["extra_length"]))
+        kvx, validx = branch_keys(inputs["KV_extra"], fmt, c.extra_block, inputs["idx_extra"], inputs["extra_length"])
         kv, valid = torch.cat([kv, kvx], dim=2), torch.cat([valid, validx], dim=2)
-    q = rows(inputs["Q"]).double()
+    q = inputs["Q"].double()
     s = torch.einsum("bthd,btkd->bthk", q, kv) * softmax_scale_of(inputs)
     s = s.masked_fill(~valid[:, :, None, :], -math.inf)
     lse = torch.logsumexp(s, dim=-1)  # [b, s_q, h_q]; −inf for a lonely row
@@ -347,7 +327,7 @@ def _reference_rows(inputs: dict, case: dict[str, Any], c: SparseConfig, b0: int
     factor = 1.0 / (1.0 + torch.exp(sink - lse))  # sink = −inf → 1, +inf → 0
     o = torch.where(lonely[..., None], torch.zeros_like(o), o * factor[..., None])
     lse = torch.where(lonely, torch.full_like(lse, math.inf), lse)
-    return o, lse.permute(0, 2, 1).contiguous()
+    return {"O": o, "LSE": lse.permute(0, 2, 1).contiguous()}
 
 
 def flops(case: dict[str, Any]) -> float:

@@ -251,19 +251,3 @@ def test_config_words_and_capacity():
     case = dict(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", scenario="plain", splits="auto")
     assert sd.split_capacity(case) == 18 and sd.split_capacity({**case, "b": 256}) == 1
     assert sd.flops({**case, "b": 64}) == 2.0 * 64 * 128 * 2 * 1024 * 1152
-
-
-def test_reference_in_batch_chunks_equals_it_whole(monkeypatch):
-    """The reference's batch chunks (under REFERENCE_KV_BYTES of gathered keys) change nothing:
-    one sequence a chunk gives the same O and LSE, lonely rows and the sink included."""
-    case = {**_case("model1", "lonely"), "b": 3}
-    inputs = sd.make_inputs(case, seed=5)
-    whole = sd.reference(inputs, case)
-    calls = []
-    rows = sd._reference_rows
-    monkeypatch.setattr(sd, "_reference_rows", lambda *a: calls.append(a[3:]) or rows(*a))
-    monkeypatch.setattr(sd, "REFERENCE_KV_BYTES", 1)
-    chunked = sd.reference(inputs, case)
-    assert calls == [(0, 1), (1, 2), (2, 3)]
-    assert torch.equal(chunked["O"], whole["O"]) and torch.equal(chunked["LSE"], whole["LSE"])
-    assert whole["O"].shape[0] == 3 and torch.isinf(whole["LSE"]).any()
