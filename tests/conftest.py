@@ -51,9 +51,8 @@ def _lab_package(name: str) -> bool:
 
 @pytest.fixture(autouse=True)
 def _project_lab_packages_survive():
-    """A test that imports another lab's `oracles`/`stages` packages in-process (a fake lab on
-    sys.path) must not leave them in place of the project's for the tests after it: when the
-    package objects changed, every lab module is dropped and the earlier ones come back."""
+    """A test that imports a fake lab's `oracles`/`stages` in-process must not leave them in place of the
+    project's: the earlier modules come back."""
     before = {k: v for k, v in sys.modules.items() if _lab_package(k)}
     path = list(sys.path)
     yield

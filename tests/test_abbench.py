@@ -1,6 +1,5 @@
-"""`bench --compare REV` (issue 29 item 3) on a CPU machine: the interleaving scheduler (with a
-fake timer on a drifting clock), both kernels checked in one process (the fake CPU stage), the
-record's `compare` block, and the command's no-GPU answer after REV's tree was taken."""
+"""`bench --compare REV` (issue 29 item 3) on the CPU: the interleaving scheduler (fake drifting timer), both
+kernels checked, the `compare` block, the no-GPU answer."""
 
 import dataclasses
 import subprocess

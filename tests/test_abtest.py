@@ -1,7 +1,5 @@
-"""harness/execution/abtest.py: the A/B verdict's error rates on synthetic interleaved samples; each
-round a drift shared by A and B (3 % sd) and each kernel's own noise (1–2 % sd), as a shared
-H100/H200 shows.
-"""
+"""harness/execution/abtest.py: the A/B verdict's error rates on synthetic samples (shared drift 3 % sd, own noise
+1–2 % sd, as a shared H100/H200 shows)."""
 
 import numpy as np
 import pytest

@@ -18,9 +18,8 @@ def _kernel(lab, body: str) -> None:
 
 @pytest.mark.parametrize("raised", ["KeyboardInterrupt", "SystemExit(0)"])
 def test_a_kernel_raising_a_base_exception_is_one_line_error_not_a_traceback(fake_lab, raised):
-    """A kernel raising KeyboardInterrupt (the worker ignores SIGINT, so only the kernel's own code
-    can) printed the worker's multiprocessing traceback and recorded a bare `crash`; it is the
-    case's error, at the kernel's file:line, like any exception."""
+    """A kernel raising KeyboardInterrupt printed the worker's traceback and a bare `crash`; it is the case's error
+    at the kernel's file:line."""
     _kernel(fake_lab, f"        raise {raised}\n")
     r = run_cli(["run", "stage-OK", "--n", "16"], cwd=fake_lab)
     text = r.stdout + r.stderr

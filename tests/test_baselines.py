@@ -469,9 +469,8 @@ def test_hook_gates_a_lab_in_a_subfolder_of_the_repository(tmp_path, monkeypatch
 
 
 def test_a_compile_baseline_is_written_in_flow_style_and_reads_back(tmp_path):
-    """A compile baseline (plain facts plus two counter tables) and a run baseline are each one
-    flow mapping on one line, however shallow (a run baseline without metrics too: never an
-    arch's cases folded into one line); the file reads back to the same baselines."""
+    """Compile and run baselines (even without metrics) are each one flow mapping on one line, and read back the
+    same."""
     inv = {"(all)": 294, "tcgen05.mma.cta_group::1.kind::f16": 8}
     b = Baseline("A", "sm_100a", "hd=128", "r.3", "abc",
                  tolerance=dict(baselines.COMPILE_TOLERANCE),
@@ -642,9 +641,7 @@ def test_a_corrupt_xz_file_is_one_line_and_accept_overwrites_nothing(fake_lab, b
 
 @pytest.mark.parametrize("arch, kind", [("sm_100a", "compile-only"), ("cpu", "run")])
 def test_the_staged_gate_reads_the_baselines_from_the_index(blab, arch, kind):
-    """An accepted baseline (run: results/baselines.yaml.xz; compile-only: compile_baselines.yaml.xz),
-    staged, holds the commit even when the working tree's file is gone: `gate --staged`
-    decompresses the index's copy."""
+    """`gate --staged` reads the staged (xz) baselines from the git index, even with the working tree's file gone."""
     spec = load_spec(root=blab)
     _write_records(blab, [_compiled(spec, "HD", C64) if kind == "compile-only" else _pass(spec, "HD", C64)])
     r = _accept(blab, "--arch", arch, "--hd", "64")
@@ -660,9 +657,8 @@ def test_the_staged_gate_reads_the_baselines_from_the_index(blab, arch, kind):
 
 @pytest.mark.parametrize("crash_at", [2, 3])
 def test_a_case_changing_kind_is_never_lost_when_a_write_is_cut_short(fake_lab, monkeypatch, crash_at):
-    """A run baseline replaced by a compile-only one (accept --compile-only) moves from
-    the run file to the compile file: the lab dying between the writes leaves it in one file or in
-    both (one line), never in neither."""
+    """A run baseline turned compile-only moves files; dying between the writes leaves it in one or both files,
+    never neither."""
     run_k = Baseline("OK", "sm_100a", "n=16", "b200.1", "s", {"out": {"cosine": 0.999}})
     baselines.save(fake_lab, [run_k, RUN_B])
     writes = []
@@ -783,9 +779,8 @@ def test_a_move_cut_short_after_the_xz_is_written_loses_nothing(fake_lab, monkey
 
 
 def test_drop_all_removes_the_baselines_of_cases_the_matrix_no_longer_has(fake_lab):
-    """An axis renamed (issue 35 gave I1 `heads=…`) leaves baselines whose case the matrix no
-    longer has: `baseline drop STAGE` (every case of the matrix) cannot name them, the gate says
-    to drop them with --all, and `--all` removes every baseline of the stage, theirs included."""
+    """A renamed axis (issue 35 gave I1 `heads=…`) orphans baselines: the gate says to use --all, and `drop --all`
+    removes them."""
     from tests.conftest import baselines_text, write_baselines
 
     gone = GOOD_RUN.replace("      n=16:\n", "      n=16,width=3:\n")
@@ -806,9 +801,8 @@ def test_drop_all_removes_the_baselines_of_cases_the_matrix_no_longer_has(fake_l
 
 
 def test_drop_gone_removes_only_the_baselines_of_cases_the_matrix_no_longer_has(fake_lab):
-    """`baseline drop STAGE --gone`: the baselines whose case label names no case of the stage's
-    current matrix go (each named), those of its cases stay; run again it says "nothing gone"
-    (exit 0: the notebook is as asked); with --all or axis filters: one usage line."""
+    """`drop STAGE --gone` removes only baselines of cases gone from the matrix; again: "nothing gone", exit 0;
+    with --all or filters: usage line."""
     gone = GOOD_RUN.replace("      n=16:\n", "      n=16,width=3:\n")
     also = GOOD_RUN.split("    cpu:\n", 1)[1]
     write_baselines(fake_lab, gone + also + also.replace("n=16:", "n=32:").replace("r.1", "r.2")

@@ -1,7 +1,5 @@
-"""Compile checks with no GPU: each stage builds for both archs through the lab's compile path with
-the expected tensor-core instructions; the cache, compile records, the inventory's qualifiers,
-`compile --diff`.
-"""
+"""Compile checks with no GPU: each stage builds for both archs with the expected MMAs; the cache, compile records,
+`compile --diff`."""
 
 import pytest
 

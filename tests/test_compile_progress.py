@@ -1,7 +1,5 @@
-"""`dsv4-lab compile` as a user meets it: a progress bar and whole case labels; a compile that
-finds nothing new leaves results/ byte for byte as it was (`--record` writes all the same); the
-workers' temp folder goes with them, also when cancelled.
-"""
+"""`dsv4-lab compile` as a user meets it: progress and case labels; nothing new leaves results/ as it was; the temp
+folder goes."""
 
 import io
 import json
@@ -121,9 +119,8 @@ def test_looking_again_writes_nothing_and_record_writes_all_the_same(lab):
 
 @pytest.mark.skipif(has_gpu(), reason="the path of a machine with no GPU (every case compiled, not run)")
 def test_running_again_where_nothing_runs_writes_nothing(lab):
-    """The README's first command on a laptop: `run` compiles both archs and runs neither. Run
-    again with nothing changed, it records nothing (results/ byte for byte as it was) and still
-    exits 0 and says what it found; `--record` records all the same."""
+    """The README's first command on a laptop: `run` again with nothing changed records nothing and exits 0;
+    `--record` records all the same."""
     lab, env, tmp = lab
     args = ["run", "stage-A", "--hd", "64", "--n", "128"]
     r = run_cli(args, cwd=lab, env_extra=env, timeout=600)

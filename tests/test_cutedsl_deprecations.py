@@ -1,8 +1,5 @@
-"""The lab uses no CuTeDSL name the installed CuTeDSL calls deprecated (issue 26; e.g.
-`cutlass.utils.LayoutEnum` → `cutlass.tensor_utils`): the sources never spell a moved name (the
-list read from the installed package), and the sm90 layout pieces trace with DeprecationWarning
-as an error.
-"""
+"""No CuTeDSL name the installed CuTeDSL deprecates (issue 26; e.g. `cutlass.utils.LayoutEnum`): not in the
+sources, none warned at trace time."""
 
 import os
 import re

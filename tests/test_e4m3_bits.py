@@ -1,6 +1,5 @@
-"""stages/common/e4m3_bits.py's recipe on the CPU: the bit moves and the two power-of-two factors
-give round(e4m3 · 2^(e − 127)) to bf16 exactly, for every e4m3 byte (NaN excepted) and every
-e8m0 byte a quantiser writes.  (The GPU proves the PTX: stage E's matrix, `extreme` scenario.)"""
+"""stages/common/e4m3_bits.py: bit moves and two power-of-two factors give round(e4m3 · 2^(e − 127)) to bf16
+exactly, for every byte pair."""
 
 import numpy as np
 import pytest

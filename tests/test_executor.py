@@ -1,7 +1,5 @@
-"""The one case executor (harness/execution/executor.py) and process supervisor (worker.py) behind
-`run`, `run --bench` and `bench`: one timing format (old `peer_us` still read), one stage → job
-mapping, bench shapes in the same supervised worker as test cases.
-"""
+"""The case executor and worker supervisor behind `run`, `run --bench`, `bench`: one timing format (old `peer_us`
+read), one job mapping."""
 
 import pytest
 

@@ -1,6 +1,4 @@
-"""Green that proved nothing (issue 27, items 3, 5, 6, 7, 8): a kernel that writes its inputs,
-verdict code outside the staleness hash, code loaded dynamically, a run that selects no case,
-tolerances that hold nothing. Each test fails without its fix."""
+"""Green that proved nothing (issue 27, items 3, 5, 6, 7, 8). Each test fails without its fix."""
 
 from tests.conftest import run_cli, write_baselines
 

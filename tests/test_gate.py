@@ -237,10 +237,8 @@ def test_hook_refuses_a_commit_that_regresses(lab, tmp_path):
 
 
 def test_hook_refuses_a_commit_that_breaks_the_sm100_build_of_d1(tmp_path, monkeypatch):
-    """A copy of this lab, D1's sm_100a kernel baselined compile-only for one case (one real
-    compile), the hook installed: a harmless commit passes on records alone; a commit that
-    breaks stages/D1_headdim/sm100.py is refused, naming the case — the gate recompiles the
-    stale compile-only case on the CPU."""
+    """D1 sm_100a baselined compile-only: a harmless commit passes on records; one breaking D1's sm100.py is
+    refused (recompiled on the CPU)."""
     monkeypatch.delenv("DSV4_LAB_ROOT", raising=False)
     monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path / "cache"))
     from tests.conftest import ROOT

@@ -1,7 +1,5 @@
-"""The gate for an author without a GPU (issue 26 item 2): the hook judges the git index, a stale
-case names how to prove it, and a proof target (`gate --target NAME` or `proof_target`) proves it
-through the remote run path — real git, a real sshd on 127.0.0.1 (tests/ssh_fixtures.py).
-"""
+"""The gate without a GPU (issue 26 item 2): the hook judges the index and proves stale cases on a proof target
+over a real sshd."""
 
 import os
 import subprocess
@@ -206,9 +204,8 @@ def fake_src(lab: Path) -> str:
 
 @pytest.mark.ssh
 def test_the_hook_proves_a_staged_edit_on_the_proof_target(proof_lab, tmp_path):
-    """proof_target set: the staged kernel edit is proven on `box` (records tagged box, for the
-    staged source) and the commit goes through — while a broken edit left unstaged in the
-    working tree is neither copied nor proven."""
+    """proof_target: the staged edit is proven on `box` and the commit goes through; an unstaged broken edit is
+    neither copied nor proven."""
     lab, env = proof_lab
     user_file(tmp_path, "version: 1\nproof_target: box\n")
     kernel = lab / "stages" / "fake" / "cpu.py"

@@ -1,8 +1,5 @@
-"""`--debug-hangs` on the CPU (issue 34 item 2): off, the PTX is byte for byte that of a
-pass-through guard (zero cost); on, it carries the %globaltimer bound, the trap and the hang line;
-the flag is in the compile cache key and summary; the worker turns a hang line into a `hang`
-reply. The GPU proof: tests/test_hang_gpu.py.
-"""
+"""`--debug-hangs` (issue 34 item 2): off, PTX identical to a pass-through guard; on, the timer bound and trap;
+cache key; `hang` replies."""
 
 import json
 import os

@@ -1,6 +1,5 @@
-"""A record's identity covers everything that can change its verdict: the stage's sources and
-all they import (relative imports too), the oracle, the lab's own compile/run/compare code,
-and the stage's stages.yaml entry. Comment- and blank-line-only edits keep results fresh."""
+"""A record's identity covers everything that can change its verdict; comment- and blank-line-only edits keep
+results fresh."""
 
 import shutil
 from pathlib import Path

@@ -1,7 +1,5 @@
-"""The notebook's queries (harness/notebook/records.py) give the answers the readers computed on
-their own before: on the real tree's notebook (read only), against the old code kept here
-verbatim, and on a small notebook of old-format lines.
-"""
+"""The notebook's queries (records.py) answer as the readers' old code (kept here verbatim) on the real notebook
+and old-format lines."""
 
 import json
 from pathlib import Path

@@ -1,6 +1,4 @@
-"""Nothing in the notebook is lost or hangs a reader (issue 27 items 1, 2, 4, 9, 15): compaction
-during a run, duplicate or forged baselines, missing baselines, and results/ files that are not
-what they claim (symbolic links, FIFOs, decompression bombs)."""
+"""Nothing in the notebook is lost or hangs a reader (issue 27 items 1, 2, 4, 9, 15)."""
 
 import json
 import os

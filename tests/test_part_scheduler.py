@@ -1,6 +1,5 @@
-"""The persistent decode schedule (stages/common/part_scheduler.py) on the CPU: the kernel's own
-segment mapping covers every (sequence, tile) exactly once, in order, with the partial slots and
-piece counts the combine reads; the chooser and the matrix's `splits` values."""
+"""The persistent decode schedule (part_scheduler.py): every (sequence, tile) once, in order, with slots and piece
+counts; the chooser."""
 
 import itertools
 
@@ -101,9 +100,8 @@ def test_the_chooser_fills_the_gpu_and_cuts_only_where_it_pays(hb):
                                               (2, 2, 2, 2), (2, 1, 4, 2), (2, 2, 8, 6), (1, 1, 16, 3),
                                               (1, 2, 32, 9), (2, 2, 64, 36)])
 def test_the_chooser_counts_a_sequences_pieces(hb, tokens, b, want):
-    """A part of one tile cuts a sequence of 18 tiles into 18 pieces, read by the combine group
-    after group (H200: b 1 s2 h128 17.4 µs at L = 1, 15.7 at L = 2).  The piece term (PIECE_COST)
-    moves the L = 1 choices of b ≤ 2 to L = 2 and leaves larger batches' choices where they were."""
+    """18 tiles in 18 pieces (H200: b 1 s2 h128 17.4 µs at L = 1, 15.7 at L = 2): PIECE_COST moves b ≤ 2 to L = 2,
+    larger b unchanged."""
     from stages.common.part_scheduler import choose_part_tiles
 
     choose_part_tiles.cache_clear()

@@ -1,18 +1,6 @@
-"""The pipeline protocols of the sm100 (and sm90) kernels, checked on the CPU (issue 34 item 3).
-
-stages/common/pipesim.py simulates every role's mbarrier waits and arrivals; the families'
-protocols are stages/common/protocols.py.  Here:
-
-  * every sm100 case of D2, D3, D4, D5, E, I1 and I2 (and every sm90 case of D2–D5, E, I1, I2) —
-    each kernel of the matrix, every number
-    of visited tiles a CTA of it can get (0: an empty split or a CTA whose rows are all lonely;
-    1; 2; many, past the ring's laps), both O halves (their load orders differ; model1's wide
-    rope chunk moves with them) — runs to its end without deadlock, lapped ring or stray arrival;
-  * the protocol's barrier-init counts and expect_tx bytes equal those of the compiled PTX of one
-    case per family (compiled through the lab's cache: fast after the first run, recompiled when
-    a kernel's source changes);
-  * a planted arrive count off by one deadlocks and the report names the barrier; a planted count
-    or byte drift fails the PTX cross-check.
+"""The sm100 (and sm90) pipeline protocols on the CPU (issue 34 item 3), simulated by stages/common/pipesim.py:
+every case of every kernel, 0, 1, 2 and many visited tiles, both O halves, runs without deadlock, lapped ring or
+stray arrival; barrier counts and expect_tx bytes equal the compiled PTX's; planted count/byte drifts are caught.
 """
 
 import json

@@ -1,9 +1,5 @@
-"""Every `dsv4-lab …` command the README shows runs as written (issue 26), read from README.md's
-code blocks and inline code. A synopsis is listed in SYNOPSES with the concrete commands that
-stand for it; commands needing a GPU, a target, git or minutes of compiling are in SKIPPED with
-the test that covers them (the slow ones run with DSV4_README_SLOW=1). Each runs in a fresh
-process on a copy of the lab: no traceback, and an exit code the README documents.
-"""
+"""Every `dsv4-lab …` command in README.md runs as written (issue 26): SYNOPSES stand-ins, SKIPPED with their
+covering test."""
 
 import os
 import re

@@ -1,7 +1,5 @@
-"""Ctrl-C on a remote run (issue 27 item 13) and a relative workdir (item 15), against the real
-sshd of tests/ssh_fixtures.py. The ssh client must not be in the foreground process group (it
-would drop the link: exit 3): the lab stops the remote run itself and exits 130.
-"""
+"""Ctrl-C on a remote run (issue 27 item 13: exit 130, ssh not in the foreground group) and a relative workdir
+(item 15), real sshd."""
 
 import dataclasses
 import os
@@ -71,10 +69,8 @@ def test_ctrl_c_before_the_remote_run_starts_does_not_blame_python(remote_lab, s
 
 
 def test_a_relative_workdir_is_in_the_remote_home(tmp_path, monkeypatch):
-    """`workdir: work` means ~/work: the run's remote command changes into the copied tree and
-    names the same folder as the lab's root (not `work/<id>` again, relative to itself). The
-    command is run here by sh as ssh would run it there, in a home of its own; the target's
-    `python` prints where it is and what it was told."""
+    """`workdir: work` means ~/work: the remote command cds into the copy and names it as the root (run here by sh,
+    in a home of its own)."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     lab = make_lab(tmp_path / "lab", "version: 1\ntargets:\n" + target_yaml("rel", "labhost", "work"))
     t = load_targets(lab)["rel"]

@@ -1,6 +1,5 @@
-"""Worker isolation: a case that aborts the process, hangs past its timeout, raises, returns
-garbage or leaves outputs unwritten gets that status; the run goes on; every case is
-recorded; Ctrl-C keeps what finished and marks the run interrupted."""
+"""Worker isolation: abort, hang, raise, garbage or unwritten outputs get that status; the run goes on; Ctrl-C
+keeps what finished."""
 
 import json
 import os

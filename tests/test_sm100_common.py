@@ -1,7 +1,5 @@
-"""stages/common's sm100 pieces on the CPU: identity_coords (the pure-Python coordinates the
-trace-time agreement checks use) and those checks (check_same_fragment_coords, check_smem_p)
-refusing a planted mismatch. Traced in a subprocess (sm_100a).
-"""
+"""stages/common's sm100 pieces: identity_coords and the agreement checks refusing a planted mismatch (traced,
+sm_100a)."""
 
 from types import SimpleNamespace
 
@@ -127,9 +125,8 @@ _SETUP = """
 
 
 def test_identity_coords_equals_cute_indexing_on_the_kernels_partitions(tmp_path):
-    """Every register of the partitions the sm100 checks compare (TMEM-P S load / P store,
-    the O rescale pair, D1's SMEM-P copy and its A-operand (M, K) view), for threads of
-    all four warps: the Python evaluation gives exactly what t[i] gives."""
+    """For every register of the partitions the sm100 checks compare, all four warps: identity_coords gives exactly
+    t[i]."""
     r = traced(_SETUP + """
     def same(name, t, step=1):
         a = identity_coords(t)
@@ -200,9 +197,8 @@ def test_agreement_checks_still_refuse_a_planted_mismatch(tmp_path):
 
 
 def test_rungs_take_their_operands_as_one_tuple(project_root):
-    """Issue 28 item 5: the sm100 rungs B, C, D1 receive AttentionOperands.args() as ONE
-    KernelOperands argument (as sm90's rungs receive AttentionOperands), not a flattened list of
-    twelve re-declared in each kernel signature."""
+    """Issue 28 item 5: sm100 rungs B, C, D1 take AttentionOperands.args() as ONE KernelOperands, not twelve
+    flattened arguments."""
     from stages.common.sm100_setup import KernelOperands
 
     assert len(KernelOperands._fields) == 12

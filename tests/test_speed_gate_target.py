@@ -1,7 +1,4 @@
-"""`gate --speed --target NAME` (issue 29 item 3) against a real sshd on 127.0.0.1 and a CPU-only
-lab: nothing changed, no connection; a changed kernel ships the baseline commit's tree and the
-"no GPU" line comes back (exit 1); only signed, planned records count; usage errors are one line.
-"""
+"""`gate --speed --target NAME` (issue 29 item 3) against a real sshd and a CPU-only lab."""
 
 import json
 import shutil

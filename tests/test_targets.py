@@ -832,9 +832,8 @@ def test_remote_side_stops_when_its_stdin_ends(tmp_path):
 
 
 def test_remote_side_keeps_its_channel_private(tmp_path):
-    """The remote side alone (no ssh): with the key on stdin, its stdout carries authentic
-    frames and nothing else; what the kernel printed is on stderr; the key is not in the
-    environment the kernel sees."""
+    """The remote side alone: stdout carries only authentic frames, the kernel's prints go to stderr, the key is
+    not in its environment."""
     from harness.remote.channel import Receiver, new_key
     from harness.remote.remote_run import parse_payload
 

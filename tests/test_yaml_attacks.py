@@ -423,9 +423,8 @@ def test_cli_refuses_a_bomb_in_one_line(fake_lab, tmp_path):
 
 
 def test_cli_refuses_deep_nesting_in_the_labs_words(fake_lab, tmp_path):
-    """A line of 10000 `[`: PyYAML 6.0.4's libyaml refuses it itself ("exceeded maximum nesting
-    depth") before the lab's composer counts level 65; the lab still answers in its own words,
-    whichever PyYAML is installed (CI runs the suite with the pinned and the newest allowed)."""
+    """10000 `[`: PyYAML 6.0.4's libyaml refuses it before the composer's level 65; the lab answers in its own
+    words either way."""
     write_spec(fake_lab, RICH + "deep: " + "[" * 10000 + "\n")
     (fake_lab / "targets.yaml").write_text("version: 1\ntargets:\n" + "x: " + "{a: " * 10000 + "\n")
     env = {"XDG_CONFIG_HOME": str(tmp_path / "xdg")}
