@@ -124,7 +124,6 @@ def test_the_committed_stages_and_baselines_keep_to_the_bounds(project_root):
 # inputs as generated.
 
 import json  # noqa: E402
-import sys  # noqa: E402
 
 INPUT_WRITERS = """\
   IN:

@@ -4,7 +4,6 @@ rules and absence."""
 import dataclasses
 
 import pytest
-import torch
 
 from harness.execution.metrics import compare
 from harness.peers import deepgemm, torch_indexer

@@ -1,7 +1,5 @@
 """oracles/kvcache.py: the FP8 cache formats' bytes, quantisers and dequantisers (CPU)."""
 
-import math
-
 import pytest
 import torch
 

@@ -2,7 +2,6 @@
 .ci/run."""
 
 import re
-from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement

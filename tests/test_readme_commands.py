@@ -3,7 +3,6 @@ covering test."""
 
 import os
 import re
-from pathlib import Path
 
 import pytest
 

@@ -7,7 +7,7 @@ from harness.notebook.records import Record
 from harness.notebook.speedbaselines import SpeedBaseline
 from harness.workflows.speedgate import verdicts
 from tests.conftest import has_gpu, run_cli
-from tests.test_speed_baselines import N4096, _bench, slab  # noqa: F401  (slab: the fixture)
+from tests.test_speed_baselines import _bench, slab  # noqa: F401  (slab: the fixture)
 
 
 def test_no_speed_baselines_guard_nothing_and_never_pass(slab):

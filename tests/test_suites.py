@@ -84,7 +84,7 @@ def test_deepgemm_case_lists_match_upstream(monkeypatch):
 def test_a_table_edit_makes_cases_supported(monkeypatch):
     """The reasons come from each module's table: when a kernel grows an option, editing the
     table makes its cases supported (and the reason goes)."""
-    from oracles.suites import deepgemm_mqa as m, flashmla_sparse as f
+    from oracles.suites import flashmla_sparse as f
 
     assert sum(not f.reasons(u) for u in f.upstream()) == 4502  # topk up to 32768 (issue 35 item 1)
     monkeypatch.setattr(f, "MAX_TOPK", 2048)  # the table before it: the topk 16384 cases refused again
@@ -140,7 +140,7 @@ def test_deepgemm_compressed_logits_are_supported_and_judged_decompressed():
 
     from harness.spec.spec import load_spec
     from oracles import indexer
-    from oracles.suites import deepgemm_mqa as m, deepgemm_paged as p
+    from oracles.suites import deepgemm_mqa as m
 
     assert len(m.cases()) == 216
     assert "compressed" in load_spec(root=ROOT).stages["I1_DEEPGEMM"].kernel_params
