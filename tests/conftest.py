@@ -103,8 +103,8 @@ COPY_IGNORE = (".git", ".cache", ".device", ".peers", "scratch", "__pycache__", 
 
 
 def copy_lab(dest: Path, results: bool = True) -> Path:
-    """A copy of this lab in `dest` (no git, no caches; `results`: its notebook too), for tests
-    that run the command the way a user does without writing into the real tree."""
+    """A copy of this lab in `dest` (no git, no caches; `results`: its notebook too), to run commands without
+    writing the real tree."""
     ignore = COPY_IGNORE + (() if results else ("results",))
     shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(*ignore))
     return dest
@@ -112,8 +112,7 @@ def copy_lab(dest: Path, results: bool = True) -> Path:
 
 @pytest.fixture(scope="module")
 def lab_copy(tmp_path_factory) -> Path:
-    """A copy of this lab (results included) shared by a module's tests; the commands run in
-    it with DSV4_LAB_ROOT pointing at it (see `lab_env`)."""
+    """A copy of this lab (results included) shared by a module's tests; commands run in it via `lab_env`."""
     return copy_lab(tmp_path_factory.mktemp("labcopy") / "lab")
 
 

@@ -16,8 +16,7 @@ from tests.test_bench import LAB, _job  # lab_path: a conftest fixture
 
 
 class DriftingGPU:
-    """A fake GPU whose clock slows 10 % over the run: a kernel's round takes base µs × the clock
-    at the moment it runs, plus 1 % noise."""
+    """A fake GPU whose clock slows 10 % over the run: a round takes base µs × the clock then, plus 1 % noise."""
 
     def __init__(self, rounds: int, seed: int = 0) -> None:
         self.t, self.n = 0, 2 * rounds

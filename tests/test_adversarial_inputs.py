@@ -1,6 +1,5 @@
-"""Adversarial inputs found by a sweep over a lab of fake CPU stages (issue 27's classes, again):
-each test is a case the sweep found printing a traceback or exiting 0 on something that proved
-nothing."""
+"""Adversarial inputs a sweep over fake CPU stages found (issue 27's classes): each once printed a traceback or
+exited 0 on nothing."""
 
 import pytest
 

@@ -37,9 +37,8 @@ def _archived_ids(root: Path) -> list[str]:
 
 
 def _lab_with_history(lab: Path) -> tuple[list[str], str]:
-    """Five stale runs of two cases archived and committed; run r1 noted, record r2.0 a baseline,
-    r3.1 a speed baseline.
-    Returns (the archive's ids, oldest first; the commit that holds them)."""
+    """Five stale runs of two cases archived and committed; r1 noted, r2.0 a baseline, r3.1 a speed baseline. ->
+    (archive ids, commit)."""
     runs = [f"2020010{k}-000000-000{k}" for k in range(1, 6)]
     _write(lab, [_rec(run, i, n, f"2020-01-0{k + 1}T00:00:00Z") for k, run in enumerate(runs)
                  for i, n in enumerate((16, 32))])

@@ -196,8 +196,7 @@ def _accept_many(lab: str, stage: str, n: int, barrier) -> None:
 
 
 def test_concurrent_accepts_of_two_stages_lose_nothing(fake_lab):
-    """Two processes, ten accepts each (every accept adds one case of its own stage): every
-    one of the twenty baselines is there at the end."""
+    """Two processes, ten accepts each (one case of its own stage each): all twenty baselines are there at the end."""
     n = 10
     values = ", ".join(str(16 * (i + 1)) for i in range(n))
     _add_stage(fake_lab, "P1", "{cpu: {module: stages.fake.cpu, entry: Add}}", f"{{n: [{values}]}}")
@@ -404,8 +403,8 @@ def _commit(lab: Path, env: dict) -> subprocess.CompletedProcess:
 
 
 def test_hook_runs_with_the_installing_interpreter_when_nothing_is_on_path(blab, monkeypatch):
-    """The hook names the absolute interpreter and the lab's code: with PATH stripped to
-    /usr/bin:/bin and no PYTHONPATH it still runs the gate (passes, then refuses)."""
+    """The hook names the absolute interpreter and the lab's code: with PATH=/usr/bin:/bin, no PYTHONPATH, it still
+    gates."""
     assert gate.install_hook(blab) == 0
     hook = (blab / ".git" / "hooks" / "pre-commit").read_text()
     assert str(Path(sys.executable).absolute()) in hook and str(ROOT) in hook and "exec python3 " not in hook
@@ -441,8 +440,8 @@ def test_the_gate_reads_records_only_when_nothing_changed(blab):
 
 
 def test_hook_gates_a_lab_in_a_subfolder_of_the_repository(tmp_path, monkeypatch):
-    """git runs hooks at the repository's top: the hook goes to the lab's folder first, and
-    a DSV4_LAB_ROOT in the committer's environment does not send it elsewhere."""
+    """git runs hooks at the repository's top: the hook cds to the lab, and a committer's DSV4_LAB_ROOT does not
+    redirect it."""
     import shutil
 
     from tests.conftest import FIXTURES
@@ -693,8 +692,8 @@ def test_a_save_whose_text_would_read_back_as_another_baseline_writes_nothing(fa
 
 
 def test_the_real_baselines_round_trip_one_line_a_case(tmp_path, monkeypatch):
-    """The project's own baselines (a copy): read, written, read again — the same baselines, each
-    case one line of its section (a flow mapping: diffs stay a line a case under `xz -dc`)."""
+    """The project's own baselines (a copy) round-trip unchanged, one flow-mapping line a case (diffs under `xz
+    -dc`)."""
     monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path / "cache"))
     lab = tmp_path / "lab"
     (lab / "results").mkdir(parents=True)

@@ -138,8 +138,8 @@ MORE = LAB.replace("      row_axis: n\n", "      more: [{n: [512], mode: [wrong]
 
 
 def test_more_matrices_and_beside(fake_lab):
-    """`more` appends the shapes of further matrices; `beside` puts the shapes with its value
-    first and adds the twin of any shape that lacks one, so each is timed in the same run."""
+    """`more` appends further matrices' shapes; `beside` puts its value first and adds any missing twin, timed in
+    the same run."""
     st = load(fake_lab, MORE).stages["OK"]
     assert st.bench_plan.more == ({"n": [512], "mode": ["wrong"]},) and st.bench_plan.beside == ("mode", "ok")
     assert plan_cases(st, []) == [{"n": 4096, "mode": "ok"}, {"n": 1000, "mode": "ok"}, {"n": 512, "mode": "ok"},

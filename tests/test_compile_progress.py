@@ -141,8 +141,7 @@ def test_running_again_where_nothing_runs_writes_nothing(lab):
 
 
 def test_every_label_of_stage_E_reads_whole_in_the_lines_and_the_table():
-    """Stage E's 349 cases have labels up to 89 characters that differ only at their end: each
-    case's line and table row carries its whole label, so no two rows read alike."""
+    """Stage E's 349 labels (up to 89 characters, differing at their end) read whole in every line and table row."""
     from rich.console import Console
 
     from harness.execution.compile import CompileResult
@@ -205,8 +204,8 @@ def test_same_facts_ignores_only_the_time_and_the_cache_flag():
 
 @pytest.mark.parametrize("cancel", [False, True])
 def test_the_compile_workers_temp_folder_goes_with_them(tmp_path, monkeypatch, cancel):
-    """Every compile worker's scratch folder (CuTeDSL's dump folder) is removed when the compiler
-    closes: after a normal end, and when it is cancelled (Ctrl-C) with a compile running."""
+    """Each compile worker's scratch (CuTeDSL dump) folder is removed when the compiler closes, normally or
+    cancelled."""
     import tempfile
 
     from harness.execution.compile import Compiler

@@ -1,6 +1,5 @@
-"""Stage D2 on the CPU: oracle, input generator, split chooser, grid mapping, combine math,
-barriers, K/V views, and the kernel's refusals and scratch over the whole matrix.
-"""
+"""Stage D2 on the CPU: oracle, inputs, split chooser, grid, combine math, barriers, K/V views, refusals and
+scratch."""
 
 import itertools
 import math
@@ -52,8 +51,8 @@ def test_inputs_seeded_never_degenerate_and_nan_beyond_n():
 
 @pytest.mark.parametrize("shape", ["b1s2h64n1152d512", "b1s1h64n4096d512"])
 def test_inputs_make_every_tile_matter_and_move_the_max_late(shape):
-    """The row max moves into the late keys for some rows (rescale exercised), no key
-    dominates a row, and dropping any single 64-key tile breaks the O tolerance (1e-2)."""
+    """Some rows' max moves into late keys, no key dominates, and dropping any 64-key tile breaks the O tolerance
+    (1e-2)."""
     case = {"shape": shape, "splits": 1}
     p = decode.parse_shape(shape)
     inputs = decode.make_inputs(case, case_seed("D2", case))

@@ -118,8 +118,8 @@ def test_v_view_is_the_same_bytes_as_k_and_a_wrong_view_is_refused(tmp_path):
 
 
 def test_representative_case_compiles_for_sm100a_without_spills(tmp_path, monkeypatch):
-    """d = 512 (two O halves), more splits than KV tiles (empty splits), NaN pad rows, the
-    combine: through the lab's compile path, as `dsv4-lab compile` does."""
+    """d = 512 (two O halves), more splits than KV tiles, NaN pad rows, the combine, through the lab's compile
+    path."""
     from harness.execution.compile import Compiler
     from harness.notebook.inventory import families
     from harness.spec.spec import load_spec

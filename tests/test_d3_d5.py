@@ -209,8 +209,8 @@ def test_visit_tiles_is_the_valid_tiles_of_the_split_in_order(t1, t2):
 
 
 def test_combine_with_sink_and_empty_splits():
-    """Partials of 3 splits (one empty) merged, then the sink once: equals the one-softmax
-    answer with the sink; a row whose splits are all empty stays O = 0, LSE = +inf."""
+    """3 splits (one empty) merged, then the sink: the one-softmax answer; a row of empty splits stays O = 0, LSE =
+    +inf."""
     g = torch.Generator().manual_seed(3)
     s = torch.randn(2, 12, generator=g, dtype=torch.float64) * 2
     v = torch.randn(12, 8, generator=g, dtype=torch.float64)
@@ -332,8 +332,8 @@ def test_lse_only_is_the_oracles_lse():
 
 
 def test_d5_builds_one_launch_over_both_branches_q_once_and_combines_with_the_sink(tmp_path):
-    """Both branches in ONE kernel (plus the combine when split), Q loaded by one TMA box per
-    64 columns and each branch's tiles by their own descriptor; registers rebalanced, no spills."""
+    """Both branches in ONE kernel (plus the combine), Q by one TMA box per 64 columns, a descriptor a branch; no
+    spills."""
     import os
     import re
     import shutil
@@ -423,8 +423,7 @@ for lonely in (True, False):
 
 
 def test_softmax_lonely_row_select_is_traced_only_when_asked(tmp_path):
-    """OnlineSoftmax(lonely_rows=True) emits one select per row (m_safe = 0 when the row max is
-    −inf); lonely_rows=False (stages whose rows always see a key) emits none."""
+    """OnlineSoftmax(lonely_rows=True) emits one select a row (m_safe = 0 for a −inf max); False emits none."""
     import os
     import subprocess
     import sys

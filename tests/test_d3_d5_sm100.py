@@ -81,8 +81,8 @@ def test_visit_plans_of_the_masked_rungs():
 
 
 def test_ring_rows_are_whole_lines_and_a_wrong_line_view_is_refused(tmp_path):
-    """Zeroing V rows past the fill level writes whole 128-byte lines; check_lines proves over
-    every element of a slot (swizzle applied) that key k, columns 64a… lie in line 64a + k."""
+    """V rows past the fill level are zeroed as whole 128-byte lines (check_lines over every element); a wrong view
+    is refused."""
     r = traced("""
         import cutlass.cute as cute
         import stages.D3_swa.sm100 as m

@@ -80,8 +80,7 @@ def test_factors_are_normal_bf16_powers_of_two():
 
 
 def test_one_multiply_drops_only_a_factor_of_one():
-    """The one-multiply path (a warp whose scales all pass `one_multiply_fits`) skips × m2: exact
-    only because m2 is bf16 1.0 for exactly those scale bytes — and a scale past it needs m2."""
+    """The one-multiply path skips × m2 only where m2 is bf16 1.0 (`one_multiply_fits`); a scale past it needs m2."""
     for e in range(1, 255):
         m2 = eb.factors(e)[1] & 0xFFFF
         assert (m2 == 0x3F80) == bool(eb.one_multiply_fits(e)), e

@@ -19,8 +19,7 @@ def _planted(project_root, name: str):
 
 
 def _run_cases(spec, stage, cases, tmp_path, label: str, want: str) -> None:
-    """Run `cases` of `stage` on the GPU; every record must be `want` (a planted bug's `fail`
-    with every element written: it ran cleanly and the check caught it)."""
+    """Run `cases` of `stage` on the GPU; every record must be `want` with every element written."""
     summary = Runner(spec, RunOptions(tasks=[Task(stage, "sm_90a", c) for c in cases], argv=["pytest"]),
                      results_root=tmp_path).run()
     assert len(summary.records) == len(cases)
@@ -59,8 +58,8 @@ def test_lab_catches_a_pair_that_fills_the_wrong_slot(project_root, tmp_path):
 
 
 def test_parts_that_cut_sequences_agree_with_the_oracle(project_root, tmp_path):
-    """Persistent parts across sequence boundaries (splits 4: parts of 5 of 18 tiles, up to 5
-    partials a sequence; 5 tiles in parts of 3), edge scenarios included: every case passes."""
+    """Parts across sequence boundaries (splits 4: parts of 5 of 18 tiles; 5 tiles in parts of 3), edge scenarios:
+    all pass."""
     from stages.E_sparse_decode import sm90
 
     spec = load_spec(root=project_root)
@@ -77,9 +76,8 @@ def test_parts_that_cut_sequences_agree_with_the_oracle(project_root, tmp_path):
 
 
 def test_lab_catches_a_rescale_skipped(project_root, tmp_path):
-    """O never rescaled when a row's max grows (tests/fixtures/wrong_e_rescale): the `extreme`
-    scenario's scales (2^−20 … 2^15) move the maxima by far more than 2^8, and every such case
-    fails."""
+    """wrong_e_rescale: the `extreme` scenario's scales (2^−20 … 2^15) move maxima by far more than 2^8; every such
+    case fails."""
     _run_all_fail(project_root, tmp_path, "wrong_e_rescale",
                   lambda c: c["scenario"] == "extreme" and c["splits"] == 1
                   and c["config"] in ("s2h128_m128bs256_x1024bs64", "s2h64_m200bs2_x64bs256"), 6)
@@ -208,8 +206,8 @@ def _stream_cases(stage):
 
 
 def test_streamed_idx_windows_agree_with_the_oracle(project_root, tmp_path):
-    """Issue 35 item 1: topk up to 32768 — a segment longer than 32 tiles streams its idx entries
-    through two windows of 16 tiles (stages/common/idx_windows.py): every case passes."""
+    """Issue 35 item 1: segments over 32 tiles stream idx entries through two 16-tile windows (idx_windows.py): all
+    pass."""
     spec = load_spec(root=project_root)
     _run_cases(spec, spec.stages["E"], _stream_cases(spec.stages["E"]), tmp_path, "stream", "pass")
 

@@ -35,8 +35,8 @@ def test_parts_and_waves_are_computed_for_the_sm_count(sms):
 
 
 def test_the_parts_differ_by_gpu():
-    """b 64, h_q 128 (part length, parts, merged in the kernel): an H100 SXM runs 64 parts of whole
-    sequences; an H100 PCIe and an H20 cut sequences to fill their 114 and 78 SMs."""
+    """b 64, h_q 128: an H100 SXM runs 64 whole-sequence parts; an H100 PCIe and an H20 cut sequences to fill 114
+    and 78 SMs."""
     got = {sms: (_kernel(64, H128, sm_count=sms).sched.part_tiles, _kernel(64, H128, sm_count=sms).sched.parts,
                  _kernel(64, H128, sm_count=sms).merges) for sms in (132, 114, 78)}
     assert got == {132: (36, 64, False), 114: (42, 55, True), 78: (60, 39, True)}
@@ -104,8 +104,8 @@ def _stage_sources(project_root):
 
 
 def test_barrier_ids_come_from_one_registry(project_root):
-    """Every named barrier a kernel meets is a NamedBarrier member (stages/common/barriers.py), never
-    a bare int — the ids stage E once kept apart from the registry (6, 7, 8) included."""
+    """Every named barrier is a NamedBarrier member (barriers.py), never a bare int: E once kept ids 6, 7, 8 apart
+    from it."""
     from stages.common import unaligned_barriers
     from stages.common.barriers import MAX_NAMED_BARRIERS, NamedBarrier
 

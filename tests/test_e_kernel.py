@@ -94,8 +94,8 @@ def test_the_gather_loads_into_registers(project_root, tmp_path, monkeypatch):
 
 
 def test_more_parts_than_the_grid_holds_are_refused():
-    """A part per tile ("many") runs along grid.y, at most 65 535: a launch past it is refused at
-    construction with the reason, not left to fail at launch."""
+    """A part per tile ("many") runs along grid.y (≤ 65 535): past it the kernel refuses at construction, not at
+    launch."""
     T = 18  # s2h64_m128bs256_x1024bs64: 2 + 16 tiles a sequence
     fits = 65535 // (2 * T)
     sm90.Kernel(b=fits, config="s2h64_m128bs256_x1024bs64", kv_format="model1", splits="many")
@@ -269,8 +269,7 @@ def test_small_batch_defaults_load_the_sink_first_and_never_launch_dependents(kn
 
 
 def _first_load_but_the_scale(body: str) -> int:
-    """Where the first `ld.global.b32` of `body` is, skipping the softmax_scale input's (its value
-    is multiplied by log2 e, 0f3FB8AA3B, once: stages/common/softmax.py runtime_scale_log2)."""
+    """Where `body`'s first ld.global.b32 is, past the softmax_scale load (× log2 e, 0f3FB8AA3B, once)."""
     for m in re.finditer(r"ld\.global\.b32\s+(%r\d+),", body):
         if not re.search(rf"mul\.f32\s+%r\d+,\s*{m.group(1)},\s*0f3FB8AA3B", body[m.end():m.end() + 2000]):
             return m.start()
@@ -354,8 +353,8 @@ def _entries(ptx: str) -> list[str]:
 
 
 def test_the_default_small_batch_build_combines_by_part_combine(knob_ptx):
-    """b 2 s2 h64 model1 (9 pieces a sequence): the default build launches PartCombine for its cut
-    sequences, and its attention kernel waits on no other CTA (no arrive, acquire or grid wait)."""
+    """b 2 s2 h64 model1 (9 pieces): the default launches PartCombine, and the attention kernel waits on no other
+    CTA."""
     default = (knob_ptx / "default.ptx").read_text()
     assert any("PartCombine" in n for n in _entries(default))
     body = _main_body(default)

@@ -1,6 +1,5 @@
-"""Stage E's contract on the CPU: oracles/sparse_decode.py against an independent per-row loop, its
-semantics, and that the tolerances catch the planted bugs.
-"""
+"""Stage E's contract: sparse_decode.py against an independent per-row loop, its semantics, the planted bugs
+caught."""
 
 import math
 

@@ -1,5 +1,5 @@
-"""Stage E's peers on the CPU: the sparse_decode problem's sizes read back from the stage's
-tensors, the PyTorch peer against the float64 oracle, FlashMLA's shape rules and its cache view."""
+"""Stage E's peers: the problem's sizes from the tensors, the PyTorch peer vs the oracle, FlashMLA's rules and
+cache view."""
 
 import math
 

@@ -84,8 +84,8 @@ def test_one_branch_config_has_only_main_tiles():
 @pytest.mark.parametrize("fmt", ["model1", "v4.1"])
 @pytest.mark.parametrize("block_size", [2, 64, 256])
 def test_gather_rows_start_at_the_tokens_bytes(fmt, block_size):
-    """Row gather_row(i) of the uniform row view starts where the oracle's layout puts token
-    i's data (oracles.kvcache.token_offsets), for tokens in several blocks."""
+    """gather_row(i) of the uniform row view starts at token i's data (kvcache.token_offsets), across several
+    blocks."""
     import torch
 
     from oracles.kvcache import block_bytes, token_offsets
@@ -100,8 +100,7 @@ def test_gather_rows_start_at_the_tokens_bytes(fmt, block_size):
 
 
 def test_the_simple_format_is_no_uniform_row_array_and_is_refused_a_tensor_map():
-    """simple's blocks (512-byte rows, then fp32 scales, padded to 16 bytes) are not whole
-    rows of 512 bytes: rows_view refuses them (the kernel loads them from global memory)."""
+    """simple's blocks (512-byte rows, then fp32 scales, padded) are no uniform rows: rows_view refuses them."""
     from oracles.kvcache import block_bytes
     from stages.common.sm100_gather import rows_view
     from stages.E_sparse_decode.sm100 import Kernel
@@ -127,8 +126,8 @@ def test_the_staging_ring_takes_its_bytes_from_the_chunk_ring():
 
 
 def test_trace_time_tmem_check_refuses_a_planted_over_budget_plan(tmp_path):
-    """With the constructor's plan forced to say "fits" (o_split = 1 at d = 512), the traced
-    kernel still refuses: S and O columns come from the MMA fragments and are re-checked."""
+    """With the plan forced to "fits" (o_split = 1 at d = 512), the trace re-checks S and O columns from the
+    fragments and refuses."""
     prelude = """
         import stages.common.sm100_decode as house
         real = house.tmem_budget
@@ -166,8 +165,8 @@ def test_a_dequant_view_that_is_not_the_mma_bytes_is_refused(tmp_path):
 
 
 def test_lse_view_puts_one_token_rows_at_lse_b_h_t(tmp_path):
-    """Flat row (b·s_q + t)·h_q + h of the one-token CTAs must land at LSE[b, h, t]
-    (offset b·h_q·s_q + h·s_q + t); the house's own view (s_q = 1 per sequence) would not."""
+    """Flat row (b·s_q + t)·h_q + h lands at LSE[b, h, t] (offset b·h_q·s_q + h·s_q + t); the house's own view
+    would not."""
     r = _traced("""
         import cutlass, cutlass.cute as cute
         b, s_q, h_q = 3, 2, 4

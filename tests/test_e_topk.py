@@ -152,8 +152,8 @@ def test_sm100_auto_scratch_is_capped():
 
 
 def _sm90_ptx(project_root, tmp_path, monkeypatch, cases, fixture: str = ""):
-    """The PTX of stage E's sm90 kernel (or tests/fixtures/`fixture`'s) for each (b, config,
-    kv_format, splits), for sm_90a on a GPU of 132 SMs (no GPU, no records)."""
+    """PTX of E's sm90 kernel (or fixtures/`fixture`'s) per (b, config, kv_format, splits), sm_90a, 132 SMs, no
+    records."""
     import dataclasses
 
     from harness.execution.compile import Compiler, ptxas_resources

@@ -64,8 +64,8 @@ def test_stage_tolerances_that_hold_nothing_are_one_line(fake_lab, tol, says):
 
 
 def test_the_loosest_allowed_bounds_still_fail_a_minus_b(fake_lab):
-    """`a - b` where the oracle says `a + b` (cosine ~0, rel_l2 ~1) fails under the loosest bounds
-    the rule allows: cosine_min 0.9 alone, and rel_l2_max 0.5 alone."""
+    """`a - b` for `a + b` (cosine ~0, rel_l2 ~1) fails the loosest allowed bounds: cosine_min 0.9 alone,
+    rel_l2_max 0.5 alone."""
     path = fake_lab / "stages.yaml"
     text = path.read_text()
     for tol in ("{cosine_min: 0.9}", "{rel_l2_max: 0.5}"):

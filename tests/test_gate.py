@@ -1,6 +1,5 @@
-"""Gate decisions on synthetic records: pass, regression, improvement, stale (run here, or
-refused with the command to run), early stop on the proven small case; corrupt records; the
-git hook."""
+"""Gate decisions on synthetic records: pass, regression, improvement, stale, early stop, corrupt records; the git
+hook."""
 
 import io
 import json
@@ -187,8 +186,8 @@ def test_accept_takes_the_newest_passing_fresh_record(lab):
 
 
 def test_the_gate_reads_back_only_as_far_as_it_needs(lab, capsys):
-    """Newest first: a stale newer record is passed over for the fresh one behind it, and an
-    old corrupt line before them is never read (no warning), since nothing needed it."""
+    """Newest first: a stale newer record is passed over for the fresh one behind it; an older corrupt line is
+    never read."""
     spec = load_spec(root=lab)
     path = lab / "results" / "records" / "HD.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)

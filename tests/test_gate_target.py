@@ -32,8 +32,8 @@ def commit(lab: Path, env: dict, *paths: str, message: str = "change") -> subpro
 
 @pytest.fixture
 def hooked_lab(fake_lab, tmp_path):
-    """The fake lab with stage HD (sm_90a: no device here runs it) baselined from a fresh record,
-    all of it committed, and the gate's hook installed; the user's config folder is empty."""
+    """The fake lab, stage HD (sm_90a: nothing here runs it) baselined from a fresh record, committed, hook
+    installed."""
     lab = fake_lab
     add_hd_stage(lab)
     spec = load_spec(root=lab)
@@ -244,8 +244,8 @@ def test_gate_target_proves_stale_cases_there_and_local_proves_here(proof_lab):
 
 
 def test_staged_gate_of_a_lab_in_a_subfolder_of_its_repository(fake_lab, tmp_path):
-    """The lab below the repository's top (the hook cds there): the index's lab is found under
-    the export's prefix, and the staged baselines are the lab's."""
+    """A lab below the repository's top: the index's lab is found under the export's prefix; its staged baselines
+    count."""
     import shutil
 
     from harness.workflows import gate
@@ -273,8 +273,8 @@ def test_staged_gate_of_a_lab_in_a_subfolder_of_its_repository(fake_lab, tmp_pat
 
 
 def test_a_staged_run_here_runs_the_staged_kernel_and_writes_records_to_the_lab(fake_lab):
-    """No target: a stale case this machine can run is run from the index's snapshot (the
-    staged kernel, not a broken one left unstaged), and its records land in the lab's results/."""
+    """No target: a stale case runnable here runs from the index's snapshot (the staged kernel); records land in
+    the lab."""
     import io
 
     from harness.workflows import gate

@@ -141,8 +141,8 @@ def _other_pythons() -> list[str]:
 
 @pytest.mark.skipif(not _other_pythons(), reason="no second Python version on this machine to compare with")
 def test_every_lab_file_hashes_the_same_under_other_python_versions():
-    """The GPU machine runs Python 3.12, this one 3.11: each .py file of the lab must give the
-    same digest under both, or every record made there is stale here."""
+    """The GPU machine runs Python 3.12, this one 3.11: every lab .py must hash the same under both, or its records
+    go stale."""
     import hashlib
     import json
     import subprocess

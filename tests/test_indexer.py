@@ -423,8 +423,8 @@ _I2_CASE = {"b": 1, "next_n": 1, "ctx": 200, "block_kv": 64, "heads": 64, "head_
 
 
 def _probe(tmp_path, arch: str, probe: str, *args) -> dict:
-    """Run a compile probe in a fresh interpreter (CuTeDSL reads its arch from the environment);
-    the probe gets the lab root, then `args` (lists as JSON, the rest as text); its last line is JSON."""
+    """Run a compile probe in a fresh interpreter (arch from the environment) with the lab root and `args`; its
+    last line is JSON."""
     import json
     import os
     import subprocess

@@ -1,6 +1,5 @@
-"""The in-kernel merge of a sequence cut in two (stages/common/part_merge.py) on the CPU: roles (and
-why they cannot deadlock), when a launch merges, and the staging layout of piece 1's partial.
-"""
+"""The in-kernel merge of a sequence cut in two (part_merge.py): roles (no deadlock), when a launch merges, piece
+1's staging."""
 
 import itertools
 

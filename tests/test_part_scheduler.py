@@ -55,8 +55,7 @@ def test_segments_cover_every_tile_once_with_their_slots(T, L):
 @pytest.mark.parametrize("T,L", [(18, 1), (18, 2), (18, 5), (18, 17), (18, 18), (18, 36), (18, 41), (18, 42),
                                  (5, 3), (2, 7), (10, 4), (1, 1)])
 def test_cut_at_names_every_cut_sequence_once(T, L):
-    """The combine's grid (one CTA row a part boundary, PartGrid.cut_at): exactly the cut
-    sequences, each by one boundary — none twice, none missed, no whole sequence touched."""
+    """PartGrid.cut_at: exactly the cut sequences, each by one boundary; no whole sequence touched."""
     for tokens, batches in ((1, 1), (2, 3), (1, 7), (2, 74)):
         g = PartGrid(2, tokens, batches, T, L)
         named = [g.cut_at(b)[0] for b in range(1, g.parts) if g.cut_at(b)[1]]
@@ -83,8 +82,8 @@ def test_resolve_maps_the_matrix_values():
 
 @pytest.mark.parametrize("hb", [1, 2])
 def test_the_chooser_fills_the_gpu_and_cuts_only_where_it_pays(hb):
-    """The bench's launches (s_q 2, 18 tiles): whole sequences where they fill the SMs evenly
-    (b 64, 128, 256); cut ones at b 74, 148; never more CTAs than SMs; the estimate's minimum."""
+    """Bench launches (s_q 2, 18 tiles): whole sequences at b 64, 128, 256; cut at b 74, 148; never more CTAs than
+    SMs."""
     for b in (2, 64, 74, 128, 148, 256):
         L = choose_part_tiles(hb, 2, b, 18)
         g = PartGrid(hb, 2, b, 18, L)

@@ -189,8 +189,8 @@ def test_flashmla_pads_a_512_head_to_the_same_answer(monkeypatch):
 
 
 def test_sink_decode_peer_matches_the_d5_oracle():
-    """torch_plain's sink_decode (the D5 bench peer) against the stage's float64 oracle on a case
-    with a lonely batch, a sink and NaN rows past the fill levels."""
+    """torch_plain's sink_decode (D5's bench peer) vs the oracle: a lonely batch, a sink, NaN rows past the fill
+    levels."""
     import torch
 
     from harness.peers import adapter

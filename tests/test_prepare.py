@@ -200,8 +200,8 @@ int _cudaLaunchKernel(void *fn, uint32_t a, uint32_t b, uint32_t c, uint32_t d, 
 
 @pytest.fixture(scope="module")
 def e_sm100_object(tmp_path_factory):
-    """Stage E's sm100 kernel (simple) compiled for sm_100a and exported as an object file, with
-    what the compile inferred (launch shared memory, grid, threads)."""
+    """E's sm100 kernel (simple) compiled for sm_100a as an object file, with the inferred launch smem, grid,
+    threads."""
     d = tmp_path_factory.mktemp("e_sm100")
     (d / "compile.py").write_text(textwrap.dedent(_COMPILE))
     env = {**os.environ, "CUTE_DSL_ARCH": "sm_100a", "PYTHONPATH": str(ROOT)}
@@ -251,8 +251,8 @@ def test_a_refused_library_or_kernel_is_never_handed_to_the_driver(e_sm100_objec
 
 
 def test_an_error_that_is_no_arch_refusal_fails_the_host_path(e_sm100_object, tmp_path):
-    """A driver error that is not about the arch (here 2, out of memory, at the library load) is
-    the host path failing: it raises, nothing is `prepared`."""
+    """A driver error not about the arch (2, out of memory, at the library load) fails the host path: nothing
+    `prepared`."""
     lib = tmp_path / "libdriver.so"
     (tmp_path / "driver.c").write_text(_DRIVER)
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "driver.c")], check=True)

@@ -12,8 +12,7 @@ README = ROOT / "README.md"
 
 
 def readme_commands(text: str) -> list[str]:
-    """Every `dsv4-lab …` command of the README, in order, once each: inline code, and lines
-    of code blocks (indented or fenced; after `&&` too)."""
+    """Every `dsv4-lab …` command of the README once, in order: inline code and code-block lines (after `&&` too)."""
     found: list[str] = []
     for m in re.finditer(r"`(dsv4-lab [^`\n]+)`", text):
         found.append(m.group(1))

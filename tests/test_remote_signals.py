@@ -47,8 +47,8 @@ def test_ctrl_c_on_a_remote_run_is_130_and_interrupted_not_a_lost_link(remote_la
 
 @pytest.mark.ssh
 def test_ctrl_c_before_the_remote_run_starts_does_not_blame_python(remote_lab, ssh_server, tmp_path):
-    """The target's `python` takes its time to start (a slow activation): Ctrl-C meanwhile is an
-    interruption (130), said as such, not "check `python` at targets.yaml"."""
+    """Ctrl-C while the target's `python` starts slowly is an interruption (130), not "check `python` at
+    targets.yaml"."""
     (remote_lab / "targets.yaml").write_text("version: 1\ntargets:\n" + target_yaml(
         "slowstart", "labhost", tmp_path / "remote work", python=f"sleep 60; {PY}"))
     proc = _start_remote_run(remote_lab, ssh_server, tmp_path, "FAKE", "--target", "slowstart")

@@ -130,8 +130,8 @@ def _ignore_hangup() -> None:
 
 
 def test_a_run_started_with_sighup_ignored_keeps_going_on_a_hang_up(fake_lab):
-    """`nohup dsv4-lab run …`: the hang-up is ignored and the run finishes normally (the hanging
-    case times out: exit 1, not 129), both cases recorded, the run not marked interrupted."""
+    """`nohup dsv4-lab run …`: SIGHUP ignored, the run finishes (the hang times out: exit 1, not 129), not
+    interrupted."""
     token = uuid.uuid4().hex
     proc = _start(fake_lab, ["run", "stage-BAD", "--mode", "ok,hang", "--timeout", "6"], token,
                   preexec=_ignore_hangup)
@@ -157,8 +157,8 @@ def test_a_run_started_with_sighup_ignored_keeps_going_on_a_hang_up(fake_lab):
 
 
 def test_a_stop_signal_during_the_shut_down_gives_the_exit_code_of_the_end_event(fake_lab, monkeypatch):
-    """SIGTERM lands after the last case, while the run shuts down (here: as its compilers
-    close): the end event says interrupted, and so must the exit code (143, not 0)."""
+    """SIGTERM while the run shuts down (compilers closing): the end event says interrupted, and so does the exit
+    (143, not 0)."""
     from harness.execution import runner as runner_mod
     from harness.spec.matrix import expand
     from harness.spec.spec import load_spec

@@ -12,8 +12,7 @@ from tests.conftest import traced
 
 
 class _Fake:
-    """An identity-coordinate tensor stand-in: iterator, layout.shape/.stride, and t[i]
-    answered from a given list (what CuTe's indexing would say)."""
+    """An identity-coordinate tensor stand-in: iterator, layout.shape/.stride, and t[i] from a given list."""
 
     def __init__(self, base, shape, stride, answers=None):
         self.iterator = base
@@ -48,8 +47,8 @@ def test_identity_coords_refuses_what_it_cannot_evaluate(base, shape, stride):
 
 
 def test_fragment_coords_spot_check_and_fallback():
-    """A Python evaluation that disagrees with CuTe's own indexing stops the compile; a
-    tensor it cannot evaluate is indexed element by element (never a weaker answer)."""
+    """A Python evaluation disagreeing with CuTe's indexing stops the compile; an unevaluable tensor is indexed per
+    element."""
     from cutlass.cute import ScaledBasis as E
 
     import stages.common.sm100_idioms as idioms
@@ -158,8 +157,8 @@ def test_identity_coords_equals_cute_indexing_on_the_kernels_partitions(tmp_path
 
 
 def test_agreement_checks_still_refuse_a_planted_mismatch(tmp_path):
-    """The faster checks are as strict as before: the kernels' own pairs pass, and a store
-    partition shifted by one key, a transposed one, or a wrong A-operand view is refused."""
+    """The kernels' own pairs pass; a store partition shifted by one key, a transposed one, a wrong A-operand view
+    are refused."""
     r = traced(_SETUP + """
     def expect(name, fn):
         try:

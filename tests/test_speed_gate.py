@@ -1,5 +1,4 @@
-"""`gate --speed` (issue 29 item 4): unchanged sources hold, changed ones must be re-timed by A/B on
-a GPU of the baseline's model (here: none, so one line and exit 1), a slower verdict fails."""
+"""`gate --speed` (issue 29 item 4): unchanged sources hold, changed ones need an A/B on the baseline's GPU model."""
 
 import pytest
 

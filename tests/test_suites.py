@@ -82,8 +82,7 @@ def test_deepgemm_case_lists_match_upstream(monkeypatch):
 
 
 def test_a_table_edit_makes_cases_supported(monkeypatch):
-    """The reasons come from each module's table: when a kernel grows an option, editing the
-    table makes its cases supported (and the reason goes)."""
+    """Reasons come from each module's table: editing it when a kernel grows an option makes its cases supported."""
     from oracles.suites import flashmla_sparse as f
 
     assert sum(not f.reasons(u) for u in f.upstream()) == 4502  # topk up to 32768 (issue 35 item 1)

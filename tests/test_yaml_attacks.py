@@ -1,5 +1,5 @@
-"""Hostile stages.yaml / targets.yaml / kernel modules: every one is a single `file:line:` error
-(SpecError / TargetError), never another exception, never slow, never a false accept."""
+"""Hostile stages.yaml / targets.yaml / kernel modules: one `file:line:` error each, never another exception, slow
+or false accept."""
 
 import re
 import subprocess
@@ -129,8 +129,8 @@ def _refused_in_one_line(cases, load, error, line) -> int:
 
 
 def test_every_malformed_spec_is_one_line(fake_lab):
-    """Each key deleted, blanked and retyped: a SpecError `stages.yaml:LINE: …`, or (for a valid
-    variant) a spec that loads, never any other exception."""
+    """Each key deleted, blanked, retyped: a one-line SpecError `stages.yaml:LINE: …` or a spec that loads, nothing
+    else."""
     cases = variants(RICH)
     assert len(cases) > 300
     refused = _refused_in_one_line(cases, lambda text: (write_spec(fake_lab, text), load_spec(root=fake_lab)),
@@ -379,8 +379,8 @@ except Exception as exc:
 
 
 def _load_in_child(kind: str, path: Path) -> tuple[float, str, str]:
-    """Load in a child with 2 GiB of address space and 20 s, so a bomb that gets through fails the
-    test instead of taking the machine down."""
+    """Load in a child with 2 GiB of address space and 20 s, so a bomb that gets through fails the test, not the
+    machine."""
     r = subprocess.run([sys.executable, "-c", _BOMB_CHILD, str(ROOT), kind, str(path)],
                        capture_output=True, text=True, timeout=20)
     out = r.stdout.strip()
