@@ -51,9 +51,8 @@ def _lab_package(name: str) -> bool:
 
 @pytest.fixture(autouse=True)
 def _project_lab_packages_survive():
-    """A test that imports another lab's `oracles`/`stages` packages in-process (a fake lab on
-    sys.path) must not leave them in place of the project's for the tests after it: when the
-    package objects changed, every lab module is dropped and the earlier ones come back."""
+    """A test that imports a fake lab's `oracles`/`stages` in-process must not leave them in place of the
+    project's: the earlier modules come back."""
     before = {k: v for k, v in sys.modules.items() if _lab_package(k)}
     path = list(sys.path)
     yield
@@ -104,8 +103,8 @@ COPY_IGNORE = (".git", ".cache", ".device", ".peers", "scratch", "__pycache__", 
 
 
 def copy_lab(dest: Path, results: bool = True) -> Path:
-    """A copy of this lab in `dest` (no git, no caches; `results`: its notebook too), for tests
-    that run the command the way a user does without writing into the real tree."""
+    """A copy of this lab in `dest` (no git, no caches; `results`: its notebook too), to run commands without
+    writing the real tree."""
     ignore = COPY_IGNORE + (() if results else ("results",))
     shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(*ignore))
     return dest
@@ -113,8 +112,7 @@ def copy_lab(dest: Path, results: bool = True) -> Path:
 
 @pytest.fixture(scope="module")
 def lab_copy(tmp_path_factory) -> Path:
-    """A copy of this lab (results included) shared by a module's tests; the commands run in
-    it with DSV4_LAB_ROOT pointing at it (see `lab_env`)."""
+    """A copy of this lab (results included) shared by a module's tests; commands run in it via `lab_env`."""
     return copy_lab(tmp_path_factory.mktemp("labcopy") / "lab")
 
 

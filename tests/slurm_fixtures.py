@@ -1,10 +1,6 @@
-"""A real Slurm on 127.0.0.1 for the slurm-target tests: munged, slurmctld and slurmd (Debian's
-slurm-wlm and munge) in a temporary folder. `slurm_cluster` (session scope) writes a slurm.conf
-(free ports, no accounting, one node `dsv4node`, partitions `cpu` and `urgent` whose jobs preempt
-`cpu`'s, MinJobAge 600 so ended tasks stay in squeue), starts the daemons and waits for the node
-to be idle; tests reach it through SLURM_CONF. Skipped, with the reason, where it cannot start
-(not root, binaries missing, a daemon that dies).
-"""
+"""A real Slurm on 127.0.0.1 (munged, slurmctld, slurmd in a temp folder) for the slurm-target tests:
+`slurm_cluster` (session scope), one node `dsv4node`, partitions `cpu` and `urgent` (preempts `cpu`), MinJobAge
+600; reached through SLURM_CONF; skipped with the reason where it cannot start."""
 
 import os
 import shutil

@@ -1,18 +1,9 @@
 """A real OpenSSH server on 127.0.0.1 for the targets tests, and a throwaway lab to run on it.
 
-`ssh_server` (session scope): host, user and spare keys made by ssh-keygen, `/usr/sbin/sshd -D`
-on a free port with its own authorized_keys, and a client config (`ssh -F`, DSV4_LAB_SSH_CONFIG)
-whose aliases exercise each outcome, host-key checking on for all:
-
-  labhost          right host key in known_hosts, right user key       -> works
-  labhost-badkey   known_hosts holds a different key for the server    -> host key mismatch
-  labhost-unknown  known_hosts is empty                                 -> unknown host key
-  labhost-noauth   the spare key, not in authorized_keys                -> auth failure
-  labhost-closed   a local port nobody listens on                       -> unreachable
-
-Skipped (with the reason) only when sshd cannot start or bind. `make_lab(path)`: a small git lab
-(cli.py, harness/, oracles/common.py) with CPU stages FAKE (out = a + b), CRASH (kills its run),
-NOISY (stdout without newlines, forged record lines) and SLOW (a minute per case).
+`ssh_server` (session scope): sshd -D on a free port and an `ssh -F` config (DSV4_LAB_SSH_CONFIG) whose aliases
+exercise each outcome: labhost works; labhost-badkey host key mismatch; labhost-unknown unknown host key;
+labhost-noauth auth failure; labhost-closed unreachable. `make_lab(path)`: a small git lab with CPU stages
+FAKE (out = a + b), CRASH, NOISY (forged record lines) and SLOW (a minute per case).
 """
 
 import getpass

@@ -1,6 +1,5 @@
-"""`bench --compare REV` (issue 29 item 3) on a CPU machine: the interleaving scheduler (with a
-fake timer on a drifting clock), both kernels checked in one process (the fake CPU stage), the
-record's `compare` block, and the command's no-GPU answer after REV's tree was taken."""
+"""`bench --compare REV` (issue 29 item 3) on the CPU: the interleaving scheduler (fake drifting timer), both
+kernels checked, the `compare` block, the no-GPU answer."""
 
 import dataclasses
 import subprocess
@@ -17,8 +16,7 @@ from tests.test_bench import LAB, _job  # lab_path: a conftest fixture
 
 
 class DriftingGPU:
-    """A fake GPU whose clock slows 10 % over the run: a kernel's round takes base µs × the clock
-    at the moment it runs, plus 1 % noise."""
+    """A fake GPU whose clock slows 10 % over the run: a round takes base µs × the clock then, plus 1 % noise."""
 
     def __init__(self, rounds: int, seed: int = 0) -> None:
         self.t, self.n = 0, 2 * rounds

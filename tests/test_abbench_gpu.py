@@ -1,6 +1,5 @@
-"""On a GPU: `bench --compare HEAD` end to end on a copy of the lab made a git repository (one
-commit, an unchanged tree: an A/A), one D1 shape — both kernels checked, timed interleaved,
-the compare block recorded; the verdict of an A/A is "no detectable change"."""
+"""On a GPU: `bench --compare HEAD` end to end on one D1 shape of an unchanged tree (an A/A): the verdict is "no
+detectable change"."""
 
 import shutil
 import subprocess

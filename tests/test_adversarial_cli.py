@@ -1,6 +1,5 @@
-"""The adversarial pass after issues 26/27, as regression tests: a newcomer's mistakes that ran
-something nobody asked for (a stage with --all, --where given twice, a --where axis with no
-value), and concurrency/signals on the fake CPU lab."""
+"""The adversarial pass after issues 26/27: a newcomer's mistakes that ran something nobody asked for, and
+concurrency/signals on the fake lab."""
 
 from pathlib import Path
 

@@ -1,6 +1,5 @@
-"""Adversarial inputs found by a sweep over a lab of fake CPU stages (issue 27's classes, again):
-each test is a case the sweep found printing a traceback or exiting 0 on something that proved
-nothing."""
+"""Adversarial inputs a sweep over fake CPU stages found (issue 27's classes): each once printed a traceback or
+exited 0 on nothing."""
 
 import pytest
 
@@ -18,9 +17,8 @@ def _kernel(lab, body: str) -> None:
 
 @pytest.mark.parametrize("raised", ["KeyboardInterrupt", "SystemExit(0)"])
 def test_a_kernel_raising_a_base_exception_is_one_line_error_not_a_traceback(fake_lab, raised):
-    """A kernel raising KeyboardInterrupt (the worker ignores SIGINT, so only the kernel's own code
-    can) printed the worker's multiprocessing traceback and recorded a bare `crash`; it is the
-    case's error, at the kernel's file:line, like any exception."""
+    """A kernel raising KeyboardInterrupt printed the worker's traceback and a bare `crash`; it is the case's error
+    at the kernel's file:line."""
     _kernel(fake_lab, f"        raise {raised}\n")
     r = run_cli(["run", "stage-OK", "--n", "16"], cwd=fake_lab)
     text = r.stdout + r.stderr

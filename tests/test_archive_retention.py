@@ -1,7 +1,5 @@
-"""The archive is bounded: compaction retires its oldest stale lines (harness/notebook/archive.py
-`retire`), never what a baseline or note names; `show` and `history` say where a retired record
-is. Real git, compaction and CLI on a throwaway lab.
-"""
+"""Compaction retires the archive's oldest stale lines (archive.py `retire`), never what a baseline or note names;
+`show`/`history` say where."""
 
 import json
 import lzma
@@ -39,9 +37,8 @@ def _archived_ids(root: Path) -> list[str]:
 
 
 def _lab_with_history(lab: Path) -> tuple[list[str], str]:
-    """Five stale runs of two cases archived and committed; run r1 noted, record r2.0 a baseline,
-    r3.1 a speed baseline.
-    Returns (the archive's ids, oldest first; the commit that holds them)."""
+    """Five stale runs of two cases archived and committed; r1 noted, r2.0 a baseline, r3.1 a speed baseline. ->
+    (archive ids, commit)."""
     runs = [f"2020010{k}-000000-000{k}" for k in range(1, 6)]
     _write(lab, [_rec(run, i, n, f"2020-01-0{k + 1}T00:00:00Z") for k, run in enumerate(runs)
                  for i, n in enumerate((16, 32))])
@@ -194,9 +191,8 @@ def test_bad_options_are_one_line():
 
 
 def test_the_default_keeps_no_stale_test_line_but_four_bench_lines_a_shape():
-    """The tree budget: by default the archive keeps no stale test-case line (git holds them; one
-    kept proof carried the tree past 3 MiB), but a bench shape's newest four stale lines stay —
-    the speed history `history --speed` reads."""
+    """By default no stale test-case line is kept (one kept proof carried the tree past 3 MiB), but a bench shape's
+    newest four stay (`history --speed`)."""
     from harness.notebook import archive
 
     assert _compact_script().KEEP_NEWEST == 0 and archive.KEEP_BENCH == 4
@@ -213,9 +209,8 @@ def test_the_default_keeps_no_stale_test_line_but_four_bench_lines_a_shape():
 
 
 def test_the_retirings_are_kept_compressed_and_an_old_plain_file_is_folded_in(fake_lab):
-    """retired.jsonl.xz holds the retirings as one xz stream; an old plain retired.jsonl is read
-    first and folded in by the next retiring; a .xz that is none is a warning for readers and an
-    OSError for a retiring, which then changes nothing."""
+    """retired.jsonl.xz is one xz stream; an old plain retired.jsonl is read and folded in; a bad .xz warns readers
+    and makes a retiring change nothing."""
     import lzma
 
     from harness.notebook.retired import old_retired_file, retired_lines

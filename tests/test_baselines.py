@@ -196,8 +196,7 @@ def _accept_many(lab: str, stage: str, n: int, barrier) -> None:
 
 
 def test_concurrent_accepts_of_two_stages_lose_nothing(fake_lab):
-    """Two processes, ten accepts each (every accept adds one case of its own stage): every
-    one of the twenty baselines is there at the end."""
+    """Two processes, ten accepts each (one case of its own stage each): all twenty baselines are there at the end."""
     n = 10
     values = ", ".join(str(16 * (i + 1)) for i in range(n))
     _add_stage(fake_lab, "P1", "{cpu: {module: stages.fake.cpu, entry: Add}}", f"{{n: [{values}]}}")
@@ -404,8 +403,8 @@ def _commit(lab: Path, env: dict) -> subprocess.CompletedProcess:
 
 
 def test_hook_runs_with_the_installing_interpreter_when_nothing_is_on_path(blab, monkeypatch):
-    """The hook names the absolute interpreter and the lab's code: with PATH stripped to
-    /usr/bin:/bin and no PYTHONPATH it still runs the gate (passes, then refuses)."""
+    """The hook names the absolute interpreter and the lab's code: with PATH=/usr/bin:/bin, no PYTHONPATH, it still
+    gates."""
     assert gate.install_hook(blab) == 0
     hook = (blab / ".git" / "hooks" / "pre-commit").read_text()
     assert str(Path(sys.executable).absolute()) in hook and str(ROOT) in hook and "exec python3 " not in hook
@@ -441,8 +440,8 @@ def test_the_gate_reads_records_only_when_nothing_changed(blab):
 
 
 def test_hook_gates_a_lab_in_a_subfolder_of_the_repository(tmp_path, monkeypatch):
-    """git runs hooks at the repository's top: the hook goes to the lab's folder first, and
-    a DSV4_LAB_ROOT in the committer's environment does not send it elsewhere."""
+    """git runs hooks at the repository's top: the hook cds to the lab, and a committer's DSV4_LAB_ROOT does not
+    redirect it."""
     import shutil
 
     from tests.conftest import FIXTURES
@@ -469,9 +468,8 @@ def test_hook_gates_a_lab_in_a_subfolder_of_the_repository(tmp_path, monkeypatch
 
 
 def test_a_compile_baseline_is_written_in_flow_style_and_reads_back(tmp_path):
-    """A compile baseline (plain facts plus two counter tables) and a run baseline are each one
-    flow mapping on one line, however shallow (a run baseline without metrics too: never an
-    arch's cases folded into one line); the file reads back to the same baselines."""
+    """Compile and run baselines (even without metrics) are each one flow mapping on one line, and read back the
+    same."""
     inv = {"(all)": 294, "tcgen05.mma.cta_group::1.kind::f16": 8}
     b = Baseline("A", "sm_100a", "hd=128", "r.3", "abc",
                  tolerance=dict(baselines.COMPILE_TOLERANCE),
@@ -642,9 +640,7 @@ def test_a_corrupt_xz_file_is_one_line_and_accept_overwrites_nothing(fake_lab, b
 
 @pytest.mark.parametrize("arch, kind", [("sm_100a", "compile-only"), ("cpu", "run")])
 def test_the_staged_gate_reads_the_baselines_from_the_index(blab, arch, kind):
-    """An accepted baseline (run: results/baselines.yaml.xz; compile-only: compile_baselines.yaml.xz),
-    staged, holds the commit even when the working tree's file is gone: `gate --staged`
-    decompresses the index's copy."""
+    """`gate --staged` reads the staged (xz) baselines from the git index, even with the working tree's file gone."""
     spec = load_spec(root=blab)
     _write_records(blab, [_compiled(spec, "HD", C64) if kind == "compile-only" else _pass(spec, "HD", C64)])
     r = _accept(blab, "--arch", arch, "--hd", "64")
@@ -660,9 +656,8 @@ def test_the_staged_gate_reads_the_baselines_from_the_index(blab, arch, kind):
 
 @pytest.mark.parametrize("crash_at", [2, 3])
 def test_a_case_changing_kind_is_never_lost_when_a_write_is_cut_short(fake_lab, monkeypatch, crash_at):
-    """A run baseline replaced by a compile-only one (accept --compile-only) moves from
-    the run file to the compile file: the lab dying between the writes leaves it in one file or in
-    both (one line), never in neither."""
+    """A run baseline turned compile-only moves files; dying between the writes leaves it in one or both files,
+    never neither."""
     run_k = Baseline("OK", "sm_100a", "n=16", "b200.1", "s", {"out": {"cosine": 0.999}})
     baselines.save(fake_lab, [run_k, RUN_B])
     writes = []
@@ -697,8 +692,8 @@ def test_a_save_whose_text_would_read_back_as_another_baseline_writes_nothing(fa
 
 
 def test_the_real_baselines_round_trip_one_line_a_case(tmp_path, monkeypatch):
-    """The project's own baselines (a copy): read, written, read again — the same baselines, each
-    case one line of its section (a flow mapping: diffs stay a line a case under `xz -dc`)."""
+    """The project's own baselines (a copy) round-trip unchanged, one flow-mapping line a case (diffs under `xz
+    -dc`)."""
     monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path / "cache"))
     lab = tmp_path / "lab"
     (lab / "results").mkdir(parents=True)
@@ -783,9 +778,8 @@ def test_a_move_cut_short_after_the_xz_is_written_loses_nothing(fake_lab, monkey
 
 
 def test_drop_all_removes_the_baselines_of_cases_the_matrix_no_longer_has(fake_lab):
-    """An axis renamed (issue 35 gave I1 `heads=…`) leaves baselines whose case the matrix no
-    longer has: `baseline drop STAGE` (every case of the matrix) cannot name them, the gate says
-    to drop them with --all, and `--all` removes every baseline of the stage, theirs included."""
+    """A renamed axis (issue 35 gave I1 `heads=…`) orphans baselines: the gate says to use --all, and `drop --all`
+    removes them."""
     from tests.conftest import baselines_text, write_baselines
 
     gone = GOOD_RUN.replace("      n=16:\n", "      n=16,width=3:\n")
@@ -806,9 +800,8 @@ def test_drop_all_removes_the_baselines_of_cases_the_matrix_no_longer_has(fake_l
 
 
 def test_drop_gone_removes_only_the_baselines_of_cases_the_matrix_no_longer_has(fake_lab):
-    """`baseline drop STAGE --gone`: the baselines whose case label names no case of the stage's
-    current matrix go (each named), those of its cases stay; run again it says "nothing gone"
-    (exit 0: the notebook is as asked); with --all or axis filters: one usage line."""
+    """`drop STAGE --gone` removes only baselines of cases gone from the matrix; again: "nothing gone", exit 0;
+    with --all or filters: usage line."""
     gone = GOOD_RUN.replace("      n=16:\n", "      n=16,width=3:\n")
     also = GOOD_RUN.split("    cpu:\n", 1)[1]
     write_baselines(fake_lab, gone + also + also.replace("n=16:", "n=32:").replace("r.1", "r.2")

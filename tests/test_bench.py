@@ -1,6 +1,5 @@
-"""`dsv4-lab bench`: the bench block of stages.yaml (validation, one line each), the plan, the
-row-sampled check that keeps a fast wrong kernel from posting a number, bench records, and the
-no-GPU answer (nothing timed is never exit 0)."""
+"""`dsv4-lab bench`: the bench block's validation, the plan, the row-sampled check, bench records, the no-GPU
+answer (never exit 0)."""
 
 import json
 from pathlib import Path
@@ -139,8 +138,8 @@ MORE = LAB.replace("      row_axis: n\n", "      more: [{n: [512], mode: [wrong]
 
 
 def test_more_matrices_and_beside(fake_lab):
-    """`more` appends the shapes of further matrices; `beside` puts the shapes with its value
-    first and adds the twin of any shape that lacks one, so each is timed in the same run."""
+    """`more` appends further matrices' shapes; `beside` puts its value first and adds any missing twin, timed in
+    the same run."""
     st = load(fake_lab, MORE).stages["OK"]
     assert st.bench_plan.more == ({"n": [512], "mode": ["wrong"]},) and st.bench_plan.beside == ("mode", "ok")
     assert plan_cases(st, []) == [{"n": 4096, "mode": "ok"}, {"n": 1000, "mode": "ok"}, {"n": 512, "mode": "ok"},
@@ -340,9 +339,8 @@ def test_bench_peer_names_the_peers_timed(project_root):
 
 
 def test_a_stage_with_more_test_matrices_benches_its_bench_shapes(project_root):
-    """I1 and I2 list their test cases (`more:` products beside the matrix); their bench blocks
-    still give their own shapes to every caller of plan_cases — bench, profile, history, baseline
-    accept --speed, gate --speed, each handing it the stage as loaded — all at the default options."""
+    """I1/I2's `more:` test cases never reach plan_cases' callers (bench, profile, history, accept --speed, gate
+    --speed): bench shapes only."""
     spec = load_spec(root=project_root)
     for sid, n in (("I1", 12), ("I2", 8), ("E", 60)):
         st = spec.stages[sid]
@@ -356,9 +354,8 @@ def test_a_stage_with_more_test_matrices_benches_its_bench_shapes(project_root):
 
 
 def test_plan_cases_drops_the_stages_test_more_cases(fake_lab):
-    """plan_cases itself, handed the stage as loaded, plans only the bench block's shapes of a
-    stage whose test matrix has `more:` products (its Stage.cases list): no test case among them,
-    a test-only value refused as a filter, and the no-match line names bench shapes only."""
+    """plan_cases plans only bench shapes of a stage with `more:` test cases; a test-only filter value is refused,
+    naming bench shapes only."""
     text = MORE.replace("    kernel_params: [n, mode]\n", "    more: [{n: [64], mode: [ok]}]\n    kernel_params: [n, mode]\n")
     assert text != MORE
     st = load(fake_lab, text).stages["OK"]

@@ -1,8 +1,5 @@
-"""Trace-time asserts of the sm100 decode kernels' assumptions (issue 34 item 4), on the CPU: the
-TMEM tiles the plan places are those the MMAs write; stage E's gather byte counts come from the
-gather4 atom's partition and add up to a row's bytes; the driver's dynamic shared memory (read
-back from the compiled launch) is the storage struct, within sm_100's limit, its margin stated.
-"""
+"""Trace-time asserts of the sm100 decode kernels (issue 34 item 4): TMEM tiles, E's gather byte counts, the
+launch's dynamic smem."""
 
 import json
 import textwrap
@@ -36,10 +33,8 @@ def _traced(script: str, tmp_path) -> str:
 
 
 def test_o_tmem_tiles_other_than_the_pv_mma_tile_are_refused(tmp_path):
-    """One O tile of 256 columns tiles a CTA's 256-column slab as well as two of 128 do — the
-    older check (tiles × columns = O's columns) passes it — but the PV MMA writes N = 128
-    columns a tile and the MMA warp places n_v = 2 tiles 256 columns apart: the second would
-    land past O, outside the allocation."""
+    """One 256-column O tile passed the older check (tiles × columns) but the PV MMA writes 128 a tile: the second
+    would land outside O."""
     out = _traced("""
         import stages.common.sm100_decode as house
         import stages.D2_decode.sm100 as m
@@ -58,9 +53,8 @@ def test_o_tmem_tiles_other_than_the_pv_mma_tile_are_refused(tmp_path):
 
 
 def test_e_gather_bytes_come_from_the_copy_atom_and_must_add_up(tmp_path):
-    """model1 with a row plan that gathers 512 of its 576 bytes: the chunks' expect-tx (from
-    the atom: 3 × 8 KiB + 12 KiB) no longer adds up to the tile's gathered bytes — refused at
-    trace time instead of a transaction count that never completes on the GPU."""
+    """A model1 row plan gathering 512 of 576 bytes is refused at trace time, not left as an expect-tx that never
+    completes on the GPU."""
     out = _traced("""
         import stages.E_sparse_decode.sm100 as m
         from oracles.sparse_decode import tensors
@@ -74,9 +68,8 @@ def test_e_gather_bytes_come_from_the_copy_atom_and_must_add_up(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["simple", "v4.1"])
 def test_e_launch_smem_is_the_struct_within_the_limit_with_its_margin(fmt, tmp_path):
-    """The bytes the launch asks for (CuTeDSL's inferred size, from the compiled host code) are
-    the shared-storage struct the trace-time check measured: 231,424 of 232,448 — 1,024 to
-    spare (simple's key scales take the row ids' bytes, so simple stays there)."""
+    """The launch's dynamic smem (inferred, read from the compiled host code) is the struct: 231,424 of 232,448
+    bytes, 1,024 to spare."""
     out = _traced(f"""
         import stages.E_sparse_decode.sm100 as m
         from oracles.sparse_decode import tensors

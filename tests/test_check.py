@@ -1,7 +1,5 @@
-"""`dsv4-lab check`: each way a new stage can be wrong is one line naming file:line, exit 2, no
-traceback; the real lab passes. One lab holds a scaffolded stage per breakage, so one `check`
-covers them all; syntax errors, which stop stages.yaml loading, get labs of their own.
-"""
+"""`dsv4-lab check`: each way a new stage can be wrong is one file:line, exit 2; one lab holds a stage per
+breakage; the real lab passes."""
 
 import re
 import shutil

@@ -1,5 +1,4 @@
-"""The README's main job on a machine with no GPU: it compiles stage A for both archs and
-says plainly that nothing ran and why; it does not fail or pretend."""
+"""The README's main job with no GPU: compile stage A for both archs and say plainly that nothing ran and why."""
 
 import pytest
 
@@ -40,8 +39,8 @@ def test_unknown_stage_and_bad_arch_are_one_line_exit_2(lab_copy, tmp_path):
 
 
 def test_a_failure_in_user_code_is_one_line_with_the_traceback_kept(fake_lab):
-    """The kernel raises: the record's error is one line naming the user's file and line, the
-    full traceback is kept in the record, `show ID` prints it and `--traceback` prints it live."""
+    """A raising kernel: one error line naming the user's file:line, the traceback kept (`show ID`, `--traceback`
+    live)."""
     r = run_cli(["run", "stage-BAD", "--mode", "raise"], cwd=fake_lab)
     assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
     (rec,) = read_records(fake_lab, ["BAD"])

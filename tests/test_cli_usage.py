@@ -1,7 +1,4 @@
-"""The command line a newcomer meets (issue 26), each command in a fresh process on a throwaway
-lab: help, `--version`, misspelt options, contradicting filters, GPU indices, stderr for
-not-found, baseline order, the dashboard's width and Ctrl-C, compile-only baselines.
-"""
+"""The command line a newcomer meets (issue 26), each command in a fresh process on a throwaway lab."""
 
 import os
 import signal

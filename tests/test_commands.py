@@ -1,6 +1,5 @@
-"""The command registry (harness/commands/, issue 28 item 3): one module per command, and what
-is derived from it — the typer app, the axis filters in `--help`, the one-line errors, and the
-axis names stages.yaml may not use (harness/core/optionnames.py). Adding a command is one file."""
+"""The command registry (harness/commands/, issue 28 item 3) and what is derived from it; adding a command is one
+file."""
 
 import os
 import shutil
@@ -135,9 +134,8 @@ def _dsv4(code: Path, lab: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_new_command_is_one_file(fake_lab, tmp_path):
-    """Dropping harness/commands/hello.py into the code is all it takes: the command is listed,
-    its --help shows the axis filters, the filters and misspelt options behave as in `run`, and
-    its own error is one line, exit 2."""
+    """Dropping in harness/commands/hello.py lists the command, its axis filters and misspelt options behave as
+    `run`'s, its error is one line."""
     code = _code_copy(tmp_path)
     (code / "harness" / "commands" / "hello.py").write_text(HELLO)
     top = _dsv4(code, fake_lab, "--help")

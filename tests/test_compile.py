@@ -1,7 +1,5 @@
-"""Compile checks with no GPU: each stage builds for both archs through the lab's compile path with
-the expected tensor-core instructions; the cache, compile records, the inventory's qualifiers,
-`compile --diff`.
-"""
+"""Compile checks with no GPU: each stage builds for both archs with the expected MMAs; the cache, compile records,
+`compile --diff`."""
 
 import pytest
 
@@ -112,8 +110,8 @@ def test_compile_error_is_a_result_with_the_compilers_message(fake_lab, tmp_path
 
 
 def test_tmem_budget_refuses_an_impossible_configuration():
-    """Stage D1 on sm_100a: S and O share TMEM's 512 columns; O over 512 columns in one CTA
-    cannot fit beside S and is refused with a clear error, before any compiling."""
+    """D1 on sm_100a: O over 512 TMEM columns cannot fit beside S and is refused with a clear error before
+    compiling."""
     from stages.D1_headdim.sm100 import Kernel, tmem_budget
 
     with pytest.raises(ValueError, match=r"TMEM budget: S 64 \+ O 512 = 576 columns > 512"):
@@ -266,8 +264,7 @@ def test_compile_writes_records_and_run_events_with_a_one_line_error(fake_lab):
 
 
 def test_an_oracle_that_raises_in_tensors_is_a_compile_error_not_a_crash(fake_lab):
-    """The compiler calls the oracle's tensors(case) to build its key: when that raises, the
-    case is a compile error naming the oracle's line (the parent process never dies of it)."""
+    """An oracle whose tensors(case) raises makes a compile error naming its line; the parent never dies of it."""
     import os
     import subprocess
     import sys
@@ -292,8 +289,8 @@ def test_an_oracle_that_raises_in_tensors_is_a_compile_error_not_a_crash(fake_la
 
 
 def test_compile_diff_shows_what_changed_since_a_commit(fake_lab):
-    """REV's kernel raises one message, the tree's another: the diff shows the status change,
-    takes REV's code from git (the tree's stays), and exits 0; a bad REV is one line, exit 2."""
+    """REV's kernel raises one message, the tree's another: the diff shows the change (REV's code from git), exit
+    0; a bad REV: exit 2."""
     import subprocess
 
     _broken_sm90(fake_lab, "class Kernel:\n    def __init__(self, *, n):\n        raise ValueError('old build')\n" + CALL)
@@ -337,8 +334,7 @@ def test_counter_changes_are_listed_with_missing_instructions_as_zero():
 
 
 def test_a_cancelled_compiler_kills_its_running_compiles(project_root):
-    """Ctrl-C during a long compile: close(cancel=True) returns at once and no compile process
-    outlives it (the interpreter would otherwise wait for each to finish at exit)."""
+    """Ctrl-C during a long compile: close(cancel=True) returns at once and no compile process outlives it."""
     import time
 
     from harness.execution.compile import Compiler

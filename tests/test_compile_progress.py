@@ -1,7 +1,5 @@
-"""`dsv4-lab compile` as a user meets it: a progress bar and whole case labels; a compile that
-finds nothing new leaves results/ byte for byte as it was (`--record` writes all the same); the
-workers' temp folder goes with them, also when cancelled.
-"""
+"""`dsv4-lab compile` as a user meets it: progress and case labels; nothing new leaves results/ as it was; the temp
+folder goes."""
 
 import io
 import json
@@ -121,9 +119,8 @@ def test_looking_again_writes_nothing_and_record_writes_all_the_same(lab):
 
 @pytest.mark.skipif(has_gpu(), reason="the path of a machine with no GPU (every case compiled, not run)")
 def test_running_again_where_nothing_runs_writes_nothing(lab):
-    """The README's first command on a laptop: `run` compiles both archs and runs neither. Run
-    again with nothing changed, it records nothing (results/ byte for byte as it was) and still
-    exits 0 and says what it found; `--record` records all the same."""
+    """The README's first command on a laptop: `run` again with nothing changed records nothing and exits 0;
+    `--record` records all the same."""
     lab, env, tmp = lab
     args = ["run", "stage-A", "--hd", "64", "--n", "128"]
     r = run_cli(args, cwd=lab, env_extra=env, timeout=600)
@@ -144,8 +141,7 @@ def test_running_again_where_nothing_runs_writes_nothing(lab):
 
 
 def test_every_label_of_stage_E_reads_whole_in_the_lines_and_the_table():
-    """Stage E's 349 cases have labels up to 89 characters that differ only at their end: each
-    case's line and table row carries its whole label, so no two rows read alike."""
+    """Stage E's 349 labels (up to 89 characters, differing at their end) read whole in every line and table row."""
     from rich.console import Console
 
     from harness.execution.compile import CompileResult
@@ -208,8 +204,8 @@ def test_same_facts_ignores_only_the_time_and_the_cache_flag():
 
 @pytest.mark.parametrize("cancel", [False, True])
 def test_the_compile_workers_temp_folder_goes_with_them(tmp_path, monkeypatch, cancel):
-    """Every compile worker's scratch folder (CuTeDSL's dump folder) is removed when the compiler
-    closes: after a normal end, and when it is cancelled (Ctrl-C) with a compile running."""
+    """Each compile worker's scratch (CuTeDSL dump) folder is removed when the compiler closes, normally or
+    cancelled."""
     import tempfile
 
     from harness.execution.compile import Compiler

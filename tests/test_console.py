@@ -1,5 +1,4 @@
-"""harness/core/console.py: text from records (a remote host, a kernel's message) is shown as text:
-never as rich markup, never as terminal control sequences."""
+"""harness/core/console.py: text from records is shown as text, never as rich markup or terminal control sequences."""
 
 from rich.console import Console
 

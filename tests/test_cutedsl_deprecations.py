@@ -1,8 +1,5 @@
-"""The lab uses no CuTeDSL name the installed CuTeDSL calls deprecated (issue 26; e.g.
-`cutlass.utils.LayoutEnum` → `cutlass.tensor_utils`): the sources never spell a moved name (the
-list read from the installed package), and the sm90 layout pieces trace with DeprecationWarning
-as an error.
-"""
+"""No CuTeDSL name the installed CuTeDSL deprecates (issue 26; e.g. `cutlass.utils.LayoutEnum`): not in the
+sources, none warned at trace time."""
 
 import os
 import re
@@ -43,8 +40,8 @@ def test_the_lab_spells_no_moved_cutlass_utils_name_the_old_way():
 
 
 def test_the_shared_sm90_layouts_trace_without_a_deprecation_warning_from_the_lab(tmp_path):
-    """stages/common/sm90_smem_p.py's Vᵀ layout and sm90_decode.py's K/Vᵀ views (the two places
-    the issue names), traced for sm_90a with the lab's deprecation warnings as errors."""
+    """sm90_smem_p.py's Vᵀ layout and sm90_decode.py's K/Vᵀ views (the issue's two places) trace with deprecations
+    as errors."""
     probe = tmp_path / "probe.py"
     probe.write_text(textwrap.dedent("""
         import warnings

@@ -1,6 +1,5 @@
-"""Stage D2 on the CPU: oracle, input generator, split chooser, grid mapping, combine math,
-barriers, K/V views, and the kernel's refusals and scratch over the whole matrix.
-"""
+"""Stage D2 on the CPU: oracle, inputs, split chooser, grid, combine math, barriers, K/V views, refusals and
+scratch."""
 
 import itertools
 import math
@@ -52,8 +51,8 @@ def test_inputs_seeded_never_degenerate_and_nan_beyond_n():
 
 @pytest.mark.parametrize("shape", ["b1s2h64n1152d512", "b1s1h64n4096d512"])
 def test_inputs_make_every_tile_matter_and_move_the_max_late(shape):
-    """The row max moves into the late keys for some rows (rescale exercised), no key
-    dominates a row, and dropping any single 64-key tile breaks the O tolerance (1e-2)."""
+    """Some rows' max moves into late keys, no key dominates, and dropping any 64-key tile breaks the O tolerance
+    (1e-2)."""
     case = {"shape": shape, "splits": 1}
     p = decode.parse_shape(shape)
     inputs = decode.make_inputs(case, case_seed("D2", case))
@@ -193,9 +192,8 @@ def test_scheduler_covers_every_row_block_and_tile_once(grid):
 @pytest.mark.parametrize("grid", [sch.DecodeGrid(2, 2, 64, 1, 18), sch.DecodeGrid(1, 2, 1, 7, 18), sch.DecodeGrid(2, 3, 2, 21, 18)])
 @pytest.mark.parametrize("ctas", [1, 7, 132])
 def test_persistent_ctas_walk_every_item_once_in_the_grids_order(grid, ctas):
-    """A persistent CTA c walks items c, c + ctas, … (the kernel's loop); item i is the work of
-    the CTA the plain grid numbers i, x fastest — so together the CTAs do every CTA's work once,
-    and the items running at one time are neighbours (they read the same KV tiles)."""
+    """A persistent CTA c walks items c, c + ctas, …: every CTA's work once, and the items running together are
+    neighbours (same KV tiles)."""
     gx, gy, gz = grid.grid
     assert grid.items == gx * gy * gz
     assert [grid.item(i) for i in range(grid.items)] == [
@@ -358,10 +356,8 @@ def test_kernel_builds_reads_kv_once_rebalances_registers_and_combines_only_when
 
 
 def test_kernel_stores_o_by_16_bytes_and_votes_on_the_o_rescale(d2_builds):
-    """D2 opts into the house's WIDE_STORE and LAZY_RESCALE (stages/common/sm90_decode.py): the
-    epilogue's O (bf16) or partial (fp32) leaves by 16-byte stores (stages/common/quad_store.py:
-    per thread 2 row halves × (d/2)/32 quad blocks, twice for fp32), and each warp votes whether
-    any of its rows' α moved before rescaling O (stages/common/lazy_softmax.py)."""
+    """D2's WIDE_STORE (16-byte stores of O or the fp32 partial, quad_store.py) and LAZY_RESCALE (a warp vote
+    before rescaling O)."""
     for case, res in d2_builds:
         assert res.ok, f"{case}: {res.error}"
         ptx = Path(res.ptx_path).read_text()
@@ -373,9 +369,8 @@ def test_kernel_stores_o_by_16_bytes_and_votes_on_the_o_rescale(d2_builds):
 
 
 def test_warpgroup_0_takes_p_from_registers_and_only_arrives_at_p_full(d2_builds):
-    """D2 opts into REGISTER_P: of the P·V wgmmas (m64n{d/2}), those of warpgroup 0 read A = P from
-    registers (`{%r…}`), warpgroup 1's from shared memory (a descriptor) — as many of each; and the
-    named barriers are met unaligned (warpgroup 0 arrives at P_FULL where warpgroup 1 waits)."""
+    """REGISTER_P: warpgroup 0's P·V wgmmas read P from registers, warpgroup 1's from smem, as many of each; wg 0
+    only arrives at P_FULL."""
     for case, res in d2_builds:
         assert res.ok, f"{case}: {res.error}"
         attention = next(e for e in Path(res.ptx_path).read_text().split(".entry ")[1:] if "wgmma" in e)

@@ -1,8 +1,5 @@
-"""Stage D2 on sm_100a, on the CPU (compiled and inspected, never run on a B200): the TMEM plan
-and its 512-column budget (constructor and trace time), K and V as one shared-memory copy, the
-split plan, and a representative case compiling with no spills. Traced checks run in a
-subprocess with CUTE_DSL_ARCH=sm_100a (~10–40 s each).
-"""
+"""Stage D2 on sm_100a, compiled on the CPU: the TMEM plan (512 columns), K and V as one smem copy, splits, no
+spills (traced ~10–40 s each)."""
 
 import pytest
 
@@ -42,9 +39,8 @@ def test_split_plan_uses_the_scheduler_and_many_leaves_empty_splits():
 
 
 def test_ring_never_deadlocks_on_the_next_tiles_qk():
-    """The early part of QK_{j+1} (issued before PV_j) must only use ring slots that do not
-    wait for PV_j: slot of chunk position p of tile j+1 is reused from position
-    p + n_chunks − slots of tile j, which must be a K-only chunk (released after QK_j)."""
+    """QK_{j+1}'s early chunks (issued before PV_j) reuse only ring slots of K-only chunks of tile j, never one
+    waiting for PV_j."""
     from stages.D2_decode.sm100 import ring_plan
 
     for d, o_split in ((64, 1), (128, 1), (256, 1), (512, 2), (512, 4)):
@@ -64,9 +60,8 @@ def test_ring_never_deadlocks_on_the_next_tiles_qk():
      {"shape": "b1s1h128m128n256d512", "splits": 1, "sink": "5", "branches": "k+k"}, {"branches": None}),
 ], ids=["D2", "D5"])
 def test_trace_time_tmem_check_refuses_from_the_fragments(tmp_path, stage, tensors, case, kw):
-    """With the constructor's plan forced to say "fits", the traced kernel (D2; D5 through the
-    decode house) still refuses: it derives S and O columns from the MMA fragments and re-checks
-    the 512 limit."""
+    """With the constructor's plan forced to "fits", the traced D2 (and D5) still refuses: S and O columns from the
+    fragments vs 512."""
     args = {k: v for k, v in case.items() if k not in kw}
     r = traced("""
         import cutlass
@@ -123,8 +118,8 @@ def test_v_view_is_the_same_bytes_as_k_and_a_wrong_view_is_refused(tmp_path):
 
 
 def test_representative_case_compiles_for_sm100a_without_spills(tmp_path, monkeypatch):
-    """d = 512 (two O halves), more splits than KV tiles (empty splits), NaN pad rows, the
-    combine: through the lab's compile path, as `dsv4-lab compile` does."""
+    """d = 512 (two O halves), more splits than KV tiles, NaN pad rows, the combine, through the lab's compile
+    path."""
     from harness.execution.compile import Compiler
     from harness.notebook.inventory import families
     from harness.spec.spec import load_spec

@@ -1,8 +1,5 @@
-"""Stages D3, D4, D5 on the CPU: oracles against float64 loops, the branch-merge identity, the
-sink, the generators' promises, the traced key limits and tile visits, the combine, the kernels'
-refusals — and that each planted bug moves the oracle past the tolerances on every case its GPU
-test runs (so a `fail` there is the lab's catch, not luck).
-"""
+"""Stages D3–D5 on the CPU: oracles vs float64 loops, merge identity, sink, generators, key limits, combine,
+refusals, and planted bugs' reach."""
 
 import itertools
 import math
@@ -111,9 +108,8 @@ def test_merge_oracle_matches_plain_float64_loops(branches, sink):
 
 
 def test_merge_identity_two_branches_merged_by_lse_equal_one_softmax_over_the_union():
-    """DSV4.md: the merged result of two separately computed branches equals one softmax over
-    the union — also when a branch (or both) is empty for some rows — and the sink applies to
-    the merged row."""
+    """DSV4.md: two branches merged by LSE equal one softmax over the union (also with an empty branch); the sink
+    applies to the merged row."""
     for branches in ("k+k", "0+k", "k+0", "0+0"):
         case = {"shape": "b4s2h64m128n256d64", "branches": branches, "sink": "none", "splits": 1}
         inputs = md.merge_inputs(case, seed=11)
@@ -213,8 +209,8 @@ def test_visit_tiles_is_the_valid_tiles_of_the_split_in_order(t1, t2):
 
 
 def test_combine_with_sink_and_empty_splits():
-    """Partials of 3 splits (one empty) merged, then the sink once: equals the one-softmax
-    answer with the sink; a row whose splits are all empty stays O = 0, LSE = +inf."""
+    """3 splits (one empty) merged, then the sink: the one-softmax answer; a row of empty splits stays O = 0, LSE =
+    +inf."""
     g = torch.Generator().manual_seed(3)
     s = torch.randn(2, 12, generator=g, dtype=torch.float64) * 2
     v = torch.randn(12, 8, generator=g, dtype=torch.float64)
@@ -336,8 +332,8 @@ def test_lse_only_is_the_oracles_lse():
 
 
 def test_d5_builds_one_launch_over_both_branches_q_once_and_combines_with_the_sink(tmp_path):
-    """Both branches in ONE kernel (plus the combine when split), Q loaded by one TMA box per
-    64 columns and each branch's tiles by their own descriptor; registers rebalanced, no spills."""
+    """Both branches in ONE kernel (plus the combine), Q by one TMA box per 64 columns, a descriptor a branch; no
+    spills."""
     import os
     import re
     import shutil
@@ -427,8 +423,7 @@ for lonely in (True, False):
 
 
 def test_softmax_lonely_row_select_is_traced_only_when_asked(tmp_path):
-    """OnlineSoftmax(lonely_rows=True) emits one select per row (m_safe = 0 when the row max is
-    −inf); lonely_rows=False (stages whose rows always see a key) emits none."""
+    """OnlineSoftmax(lonely_rows=True) emits one select a row (m_safe = 0 for a −inf max); False emits none."""
     import os
     import subprocess
     import sys
@@ -451,9 +446,8 @@ def test_softmax_lonely_row_select_is_traced_only_when_asked(tmp_path):
 @pytest.mark.parametrize("stage,module", [("D3", "stages.D3_swa.sm90"), ("D4", "stages.D4_causal_swa.sm90"),
                                           ("D5", "stages.D5_sink_merge.sm90")])
 def test_house_visits_exactly_the_valid_keys_once_over_all_splits(stage, module):
-    """The kernel's key_limits + visit_plan (plain Python the kernel traces; here on ints) and the
-    boundary rule of mask_boundary (a visited tile's keys ≥ rem are masked) attend, over all the
-    CTAs of the grid, exactly the oracle's valid keys of every (batch, token), each once."""
+    """key_limits + visit_plan + mask_boundary attend, over all CTAs, exactly the oracle's valid keys of every
+    (batch, token), each once."""
     import importlib
 
     Kernel = importlib.import_module(module).Kernel

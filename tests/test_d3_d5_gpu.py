@@ -1,7 +1,5 @@
-"""On a GPU: stages D3, D4, D5 — the lab catches each planted bug (tests/fixtures: fill mask off by
-one, causal limit ignoring the token, sink applied to the LSE), each running cleanly and
-reported `fail` where observable (tests/test_d3_d5.py proves those cases' oracles differ).
-"""
+"""On a GPU: D3–D5's planted bugs (tests/fixtures/wrong_d3..5) run cleanly and are reported `fail` (test_d3_d5.py
+proves the oracles differ)."""
 
 import dataclasses
 

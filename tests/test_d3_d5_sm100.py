@@ -1,8 +1,5 @@
-"""Stages D3, D4, D5 on sm_100a, on the CPU (compiled and inspected, never run on a B200): the
-TMEM plan and its refusals, the tiles a CTA visits, the ring's key rows as whole 128-byte lines,
-the S registers' key columns as trace-time constants (wrong views refused), and a representative
-case of each rung compiling with tcgen05 MMAs and no spills.
-"""
+"""Stages D3–D5 on sm_100a, compiled on the CPU: TMEM plan, visited tiles, whole 128-byte key rows, constant S mask
+columns, no spills."""
 
 import pytest
 
@@ -84,8 +81,8 @@ def test_visit_plans_of_the_masked_rungs():
 
 
 def test_ring_rows_are_whole_lines_and_a_wrong_line_view_is_refused(tmp_path):
-    """Zeroing V rows past the fill level writes whole 128-byte lines; check_lines proves over
-    every element of a slot (swizzle applied) that key k, columns 64a… lie in line 64a + k."""
+    """V rows past the fill level are zeroed as whole 128-byte lines (check_lines over every element); a wrong view
+    is refused."""
     r = traced("""
         import cutlass.cute as cute
         import stages.D3_swa.sm100 as m
@@ -113,9 +110,8 @@ def test_ring_rows_are_whole_lines_and_a_wrong_line_view_is_refused(tmp_path):
 
 
 def test_mask_columns_are_trace_time_constants_and_a_row_shift_is_refused(tmp_path):
-    """The row mask compares each thread's key limit with constant key columns: register i of
-    every softmax thread's 32x32b S fragment holds row t, key column i (row_key_columns proves
-    it for all 128 threads); coordinates shifted by one row are refused."""
+    """Register i of every softmax thread's 32x32b S fragment holds key column i (row_key_columns, all 128
+    threads); a one-row shift is refused."""
     r = traced("""
         import cutlass
         import cutlass.cute as cute
@@ -157,9 +153,8 @@ def test_mask_columns_are_trace_time_constants_and_a_row_shift_is_refused(tmp_pa
     ("D5", {"shape": "b4s2h128m128n256d512", "branches": "k+k", "sink": 5, "splits": 1}),
 ])
 def test_representative_case_compiles_for_sm100a_without_spills(stage, case, tmp_path, monkeypatch):
-    """Through the lab's compile path, as `dsv4-lab compile` does: D4 with three tokens (a
-    block of two tokens with per-row causal limits), empty splits and the combine; D5 with both
-    branches and the sink in the epilogue."""
+    """Through the compile path: D4 with three tokens, empty splits and the combine; D5 with both branches and the
+    sink."""
     from harness.execution.compile import Compiler
     from harness.notebook.inventory import families
     from harness.spec.spec import load_spec

@@ -1,8 +1,5 @@
-"""The DeepGEMM peer adapter (harness/peers/deepgemm.py) against a CPU stand-in for DeepGEMM
-54e2261's two indexer calls that checks each argument as its host asserts do and writes only what
-the real kernels write (NaN where they leave positions unwritten): the adapter's output must
-match the float64 oracle, −inf included. The real library is timed on the GPU only.
-"""
+"""The DeepGEMM peer adapter vs a CPU stand-in for DeepGEMM 54e2261's indexer calls (its asserts, NaN where
+unwritten): output = float64 oracle."""
 
 import types
 

@@ -1,6 +1,5 @@
-"""stages/common/e4m3_bits.py's recipe on the CPU: the bit moves and the two power-of-two factors
-give round(e4m3 · 2^(e − 127)) to bf16 exactly, for every e4m3 byte (NaN excepted) and every
-e8m0 byte a quantiser writes.  (The GPU proves the PTX: stage E's matrix, `extreme` scenario.)"""
+"""stages/common/e4m3_bits.py: bit moves and two power-of-two factors give round(e4m3 · 2^(e − 127)) to bf16
+exactly, for every byte pair."""
 
 import numpy as np
 import pytest
@@ -81,8 +80,7 @@ def test_factors_are_normal_bf16_powers_of_two():
 
 
 def test_one_multiply_drops_only_a_factor_of_one():
-    """The one-multiply path (a warp whose scales all pass `one_multiply_fits`) skips × m2: exact
-    only because m2 is bf16 1.0 for exactly those scale bytes — and a scale past it needs m2."""
+    """The one-multiply path skips × m2 only where m2 is bf16 1.0 (`one_multiply_fits`); a scale past it needs m2."""
     for e in range(1, 255):
         m2 = eb.factors(e)[1] & 0xFFFF
         assert (m2 == 0x3F80) == bool(eb.one_multiply_fits(e)), e

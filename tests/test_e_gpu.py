@@ -1,9 +1,5 @@
-"""On a GPU: stage E — the lab catches each planted bug (tests/fixtures/wrong_e_*: a scale from the
-wrong tile, entries past topk_length, the cluster pair's half in the wrong slot, piece 1 of a merge
-forgotten, O never rescaled, softmax_scale ignored), each running cleanly and reported `fail`
-(tests/test_e_oracle.py proves on the CPU that each moves O past the bounds); and a grid larger
-than the SMs it is built for is not merged in the kernel, and passes (issue 30 item 5).
-"""
+"""On a GPU: stage E's planted bugs (tests/fixtures/wrong_e_*) are reported `fail` (test_e_oracle.py: each moves O
+past the bounds); a grid larger than the SMs is not merged in the kernel and passes (issue 30 item 5)."""
 
 import dataclasses
 
@@ -23,8 +19,7 @@ def _planted(project_root, name: str):
 
 
 def _run_cases(spec, stage, cases, tmp_path, label: str, want: str) -> None:
-    """Run `cases` of `stage` on the GPU; every record must be `want` (a planted bug's `fail`
-    with every element written: it ran cleanly and the check caught it)."""
+    """Run `cases` of `stage` on the GPU; every record must be `want` with every element written."""
     summary = Runner(spec, RunOptions(tasks=[Task(stage, "sm_90a", c) for c in cases], argv=["pytest"]),
                      results_root=tmp_path).run()
     assert len(summary.records) == len(cases)
@@ -63,8 +58,8 @@ def test_lab_catches_a_pair_that_fills_the_wrong_slot(project_root, tmp_path):
 
 
 def test_parts_that_cut_sequences_agree_with_the_oracle(project_root, tmp_path):
-    """Persistent parts across sequence boundaries (splits 4: parts of 5 of 18 tiles, up to 5
-    partials a sequence; 5 tiles in parts of 3), edge scenarios included: every case passes."""
+    """Parts across sequence boundaries (splits 4: parts of 5 of 18 tiles; 5 tiles in parts of 3), edge scenarios:
+    all pass."""
     from stages.E_sparse_decode import sm90
 
     spec = load_spec(root=project_root)
@@ -81,18 +76,16 @@ def test_parts_that_cut_sequences_agree_with_the_oracle(project_root, tmp_path):
 
 
 def test_lab_catches_a_rescale_skipped(project_root, tmp_path):
-    """O never rescaled when a row's max grows (tests/fixtures/wrong_e_rescale): the `extreme`
-    scenario's scales (2^−20 … 2^15) move the maxima by far more than 2^8, and every such case
-    fails."""
+    """wrong_e_rescale: the `extreme` scenario's scales (2^−20 … 2^15) move maxima by far more than 2^8; every such
+    case fails."""
     _run_all_fail(project_root, tmp_path, "wrong_e_rescale",
                   lambda c: c["scenario"] == "extreme" and c["splits"] == 1
                   and c["config"] in ("s2h128_m128bs256_x1024bs64", "s2h64_m200bs2_x64bs256"), 6)
 
 
 def _merge_cases(stage, sm90):
-    """Parts that cut sequences in two (splits 2 at b 3: every sequence two pieces, merged by the
-    attention kernel; s2h64_m200bs2_x64bs256: pieces of 2 and 3, the kernel merges the first,
-    PartCombine the others), edge scenarios included."""
+    """Parts that cut sequences in two (splits 2 at b 3; s2h64_m200bs2_x64bs256: kernel merge and PartCombine),
+    edge scenarios included."""
     cases = []
     for config in ("s2h128_m128bs256_x1024bs64", "s2h64_m128bs256_x1024bs64", "s2h64_m200bs2_x64bs256"):
         k = sm90.Kernel(b=3, config=config, kv_format="model1", splits=2)
@@ -130,10 +123,8 @@ def _cases(stage, b, configs, scenarios, splits):
 
 
 def test_a_grid_larger_than_the_resident_set_is_not_merged_and_passes(project_root, tmp_path, monkeypatch):
-    """Issue 30 item 5: the in-kernel merge is safe only when the whole grid is resident on the
-    GPU's SMs (stages/common/device.py).  (a) b 74, splits 2: 592 CTAs, more than any GPU holds —
-    merged by PartCombine, every case passes (a hang would time out).  (b) Told of 8 SMs
-    ($DSV4_SM_COUNT), the b 3 cases merged in-kernel on a whole GPU are not merged, and pass."""
+    """Issue 30 item 5: (a) b 74 splits 2, 592 CTAs: PartCombine merges, all pass; (b) with $DSV4_SM_COUNT=8 the b
+    3 cases are not merged, pass."""
     from stages.common.device import ENV
     from stages.E_sparse_decode import sm90
 
@@ -156,9 +147,8 @@ def test_a_grid_larger_than_the_resident_set_is_not_merged_and_passes(project_ro
 
 @pytest.mark.parametrize("scenario", ["sink_inf", "topk_len", "lonely", "extreme", "dup", "softmax_scale"])
 def test_flashmla_agrees_with_the_oracle_on_model1_bytes(scenario):
-    """Issue 14 item 6, the contract side: FlashMLA's own V4 sparse decode on the very bytes the
-    stage's inputs hold agrees with the float64 oracle (cosine ≥ 0.9999, +∞ LSE where lonely);
-    `softmax_scale`: the adapter passes the input's scale (512^−0.55) as FlashMLA's softmax_scale."""
+    """Issue 14 item 6: FlashMLA's V4 sparse decode on the stage's bytes agrees with the oracle (cosine ≥ 0.9999),
+    passed scale 512^−0.55."""
     import math
 
     import torch
@@ -190,11 +180,8 @@ def test_flashmla_agrees_with_the_oracle_on_model1_bytes(scenario):
 
 
 def test_lab_catches_a_kernel_that_ignores_the_softmax_scale(project_root, tmp_path):
-    """Issue 35 item 1: a kernel that keeps 1/sqrt(512) whatever `softmax_scale` says
-    (tests/fixtures/wrong_e_softmax_scale) fails every `softmax_scale` case (FlashMLA's 512^−0.55)
-    and passes the default-scale ones (`sink`, the same kind of inputs): only the matrix's scale
-    cases catch it.  tests/test_e_oracle.py proves on the CPU that the bug moves O and LSE past
-    the bounds there."""
+    """Issue 35 item 1: wrong_e_softmax_scale fails every `softmax_scale` case (512^−0.55) and passes the
+    default-scale `sink` ones."""
     spec, wrong = _planted(project_root, "wrong_e_softmax_scale")
     keep = [c for c in expand(wrong) if c.dict["splits"] == 1 and c.dict["kv_format"] in ("model1", "simple")
             and c.dict["config"] in ("s1h64_m96bs64", "s2h128_m128bs256_x1024bs64")]
@@ -206,9 +193,8 @@ def test_lab_catches_a_kernel_that_ignores_the_softmax_scale(project_root, tmp_p
 
 
 def _stream_cases(stage):
-    """The matrix's topk-up-to-32768 cases (stages.yaml E `more:`): topk 16384 and 32768, windows
-    that cross from the main list into the extra one, parts whose segments start inside a
-    sequence; the streamed ones (segments longer than 32 tiles) and the chooser's short ones."""
+    """The matrix's topk 16384 / 32768 cases (E `more:`): windows crossing into the extra list, streamed segments
+    (> 32 tiles) and short ones."""
     from stages.E_sparse_decode import sm90
 
     cases = [c for c in expand(stage) if c.dict["config"] in
@@ -220,16 +206,15 @@ def _stream_cases(stage):
 
 
 def test_streamed_idx_windows_agree_with_the_oracle(project_root, tmp_path):
-    """Issue 35 item 1: topk up to 32768 — a segment longer than 32 tiles streams its idx entries
-    through two windows of 16 tiles (stages/common/idx_windows.py): every case passes."""
+    """Issue 35 item 1: segments over 32 tiles stream idx entries through two 16-tile windows (idx_windows.py): all
+    pass."""
     spec = load_spec(root=project_root)
     _run_cases(spec, spec.stages["E"], _stream_cases(spec.stages["E"]), tmp_path, "stream", "pass")
 
 
 def test_lab_catches_a_stream_one_window_behind(project_root, tmp_path):
-    """The streamed windows one behind (tests/fixtures/wrong_e_window: from window 2 on a tile
-    takes the entries of the tile 16 before it) fail every streamed case of one list (the lists
-    of two are left out: there a main-list entry taken for the extra cache may lie past it)."""
+    """wrong_e_window fails every streamed case of one list (lists of two left out: a main entry taken for the
+    extra cache may lie past it)."""
     spec, wrong = _planted(project_root, "wrong_e_window")
     cases = [c for c in _stream_cases(wrong) if c.dict["splits"] in (1, 3) and "_x" not in c.dict["config"]]
     assert len(cases) == 8, [c.dict for c in cases]

@@ -1,7 +1,5 @@
-"""Stage E's house on the CPU: the SM count (stages/common/device.py: 132, 114, 78) drives parts,
-waves, in-kernel merge, the oracle's scratch and the cache key; cache sizes named once; barrier
-ids from one registry; no stage imports an oracle.
-"""
+"""Stage E's house: the SM count (132, 114, 78) drives parts, waves, in-kernel merge, scratch and cache key; one
+barrier-id registry."""
 
 import math
 import re
@@ -24,9 +22,8 @@ def _kernel(b, config, splits="auto", sm_count=None):
 
 @pytest.mark.parametrize("sms", [132, 114, 78])
 def test_parts_and_waves_are_computed_for_the_sm_count(sms):
-    """The chooser's grid takes one wave of the SMs it is given (b ≥ 32: enough sequences), and merges
-    a two-piece sequence in the kernel only when the whole grid — parts · head blocks CTAs, one a
-    SM — fits those SMs at once."""
+    """The grid takes one wave of the SMs given (b ≥ 32) and merges in-kernel only when parts · head blocks CTAs
+    fit those SMs at once."""
     for config in (H128, H64):
         for b in (32, 64, 74, 128, 256):
             k = _kernel(b, config, sm_count=sms)
@@ -38,17 +35,16 @@ def test_parts_and_waves_are_computed_for_the_sm_count(sms):
 
 
 def test_the_parts_differ_by_gpu():
-    """b 64, h_q 128 (part length, parts, merged in the kernel): an H100 SXM runs 64 parts of whole
-    sequences; an H100 PCIe and an H20 cut sequences to fill their 114 and 78 SMs."""
+    """b 64, h_q 128: an H100 SXM runs 64 whole-sequence parts; an H100 PCIe and an H20 cut sequences to fill 114
+    and 78 SMs."""
     got = {sms: (_kernel(64, H128, sm_count=sms).sched.part_tiles, _kernel(64, H128, sm_count=sms).sched.parts,
                  _kernel(64, H128, sm_count=sms).merges) for sms in (132, 114, 78)}
     assert got == {132: (36, 64, False), 114: (42, 55, True), 78: (60, 39, True)}
 
 
 def test_a_grid_larger_than_the_sms_is_not_merged_in_the_kernel():
-    """Three sequences cut in two (splits 2): with 132 SMs the 2 · 12 CTAs are resident and the
-    kernel merges; told of 8 SMs the grid is not resident at once, so a piece 0 waiting for a
-    piece 1 that has no SM could hang: PartCombine merges instead."""
+    """b 3 splits 2: 2 · 12 CTAs resident on 132 SMs merge in-kernel; on 8 SMs a waiting piece 0 could hang, so
+    PartCombine merges."""
     k = _kernel(3, H128, splits=2, sm_count=132)
     assert k.merges and not k.combines
     small = _kernel(3, H128, splits=2, sm_count=8)
@@ -57,9 +53,8 @@ def test_a_grid_larger_than_the_sms_is_not_merged_in_the_kernel():
 
 
 def test_the_kernel_and_the_scratch_take_the_gpus_count(monkeypatch):
-    """Built with no sm_count the kernel takes the GPU's (here $DSV4_SM_COUNT stands for it), and
-    the oracle's scratch holds the partials that count's parts leave (b 64, h_q 128 on an H20:
-    two pieces a cut sequence, where 132 SMs cut none)."""
+    """No sm_count: kernel and scratch take the GPU's ($DSV4_SM_COUNT; b 64 h_q 128 on an H20 cuts sequences in
+    two, 132 SMs none)."""
     monkeypatch.setenv(device.ENV, "78")
     k = _kernel(64, H128)
     assert k.sm_count == 78 and k.sched == _kernel(64, H128, sm_count=78).sched
@@ -109,8 +104,8 @@ def _stage_sources(project_root):
 
 
 def test_barrier_ids_come_from_one_registry(project_root):
-    """Every named barrier a kernel meets is a NamedBarrier member (stages/common/barriers.py), never
-    a bare int — the ids stage E once kept apart from the registry (6, 7, 8) included."""
+    """Every named barrier is a NamedBarrier member (barriers.py), never a bare int: E once kept ids 6, 7, 8 apart
+    from it."""
     from stages.common import unaligned_barriers
     from stages.common.barriers import MAX_NAMED_BARRIERS, NamedBarrier
 

@@ -1,6 +1,5 @@
-"""Stage E's sm90 kernel on the CPU (no compile): its own statement of the cache layouts agrees
-with oracles/kvcache.py, the partials its parts leave fit the scratch the oracle declares on every
-matrix and bench case, and it refuses what it cannot do."""
+"""Stage E's sm90 kernel on the CPU (no compile): cache layouts agree with kvcache.py, partials fit the oracle's
+scratch, refusals."""
 
 import re
 
@@ -85,11 +84,8 @@ def _ptx(project_root, tmp_path, monkeypatch, cfgs, fmt):
 
 
 def test_the_gather_loads_into_registers(project_root, tmp_path, monkeypatch):
-    """Compiled for sm_90a: the keys' bytes come by predicated read-only 128-bit loads into
-    registers with the 256-byte L2 prefetch (an invalid key is never read), the scales as whole
-    words without it (their bytes lie apart from the row; they are shifted and masked — CuTeDSL
-    once loaded a Uint8 with ld.global.s8, and `byte << 23` negated every scale ≥ 2), nothing by
-    cp.async (no staging ring)."""
+    """Keys by predicated 128-bit ld.global.nc with L2::256B; scales as whole words (a Uint8 load once went
+    ld.global.s8: `byte << 23` negated every scale ≥ 2); no cp.async."""
     ptx, _ = _ptx(project_root, tmp_path, monkeypatch, ["s1h64_m96bs64"], "model1")["s1h64_m96bs64"]
     assert "@p ld.global.nc.L2::256B.v4.b32" in ptx and "@p ld.global.nc.v2.b32" in ptx
     assert "ld.global.nc.L2::256B.v2.b32" not in ptx
@@ -98,8 +94,8 @@ def test_the_gather_loads_into_registers(project_root, tmp_path, monkeypatch):
 
 
 def test_more_parts_than_the_grid_holds_are_refused():
-    """A part per tile ("many") runs along grid.y, at most 65 535: a launch past it is refused at
-    construction with the reason, not left to fail at launch."""
+    """A part per tile ("many") runs along grid.y (≤ 65 535): past it the kernel refuses at construction, not at
+    launch."""
     T = 18  # s2h64_m128bs256_x1024bs64: 2 + 16 tiles a sequence
     fits = 65535 // (2 * T)
     sm90.Kernel(b=fits, config="s2h64_m128bs256_x1024bs64", kv_format="model1", splits="many")
@@ -108,10 +104,8 @@ def test_more_parts_than_the_grid_holds_are_refused():
 
 
 def test_two_head_blocks_share_their_tiles_in_a_cluster():
-    """h_q = 128: the two head blocks of a token form a (2, 1, 1) cluster and each dequantises
-    half of every 64-key tile (32 keys: one round of 4 producer warps, 8 keys a warp, 4 threads a
-    key); the peer's half is 32 KiB of bf16 a slot.  h_q = 64 (one head block) runs alone and
-    dequantises all 64 keys in two rounds."""
+    """h_q 128: a (2, 1, 1) cluster, each CTA dequantises 32 keys of every 64-key tile (32 KiB peer half a slot);
+    h_q 64 alone, two rounds."""
     k = sm90.Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits=1)
     assert k.pair and k.plan.producer_warps == 4 and k.own_keys == 32 and k.rounds == 1 and k.sides == 2
     assert k.peer_bytes == 32 * 1024
@@ -142,11 +136,8 @@ def test_two_head_blocks_share_their_tiles_in_a_cluster():
 
 
 def test_the_pair_exchanges_tiles_by_st_async(project_root, tmp_path, monkeypatch):
-    """Compiled for sm_90a: at h_q = 128 the dequantised pieces go to the peer by st.async (one
-    per local 16-byte store), behind a cluster barrier at start and end; h_q = 64 has none of it.
-    The register plan: warpgroup 0 grows (setmaxnreg.inc), warpgroup 1 and the producer shrink
-    below the 168 a thread holds at launch (.dec: an .inc to fewer registers is an illegal
-    instruction, the first build of this plan crashed so)."""
+    """h_q 128: one st.async per local 16-byte store, cluster barriers at start and end (none at h_q 64);
+    setmaxnreg .inc/.dec (an .inc to fewer registers is illegal: the first build crashed so)."""
     got = _ptx(project_root, tmp_path, monkeypatch, ["s2h128_m128bs256_x1024bs64", "s2h64_m128bs256_x1024bs64"], "v4.1")
     (pair, pres), (alone, ares) = got["s2h128_m128bs256_x1024bs64"], got["s2h64_m128bs256_x1024bs64"]
     assert pres.resources.get("spill", 0) == 0 and ares.resources.get("spill", 0) == 0, (pres.resources, ares.resources)
@@ -173,10 +164,8 @@ def test_the_pair_exchanges_tiles_by_st_async(project_root, tmp_path, monkeypatc
 
 
 def test_a_producer_store_fills_128_contiguous_bytes(monkeypatch):
-    """The KV slots are in no-swizzle 8 × 8 atoms: the 8 keys one store instruction covers (lane
-    mod 8, the same 8 columns) land in 128 contiguous bytes, so the pair's st.async to the peer
-    moves whole 128-byte runs (with D2's 128-byte swizzle they scattered over 8 rows: 127 vs
-    115 µs at b 64, h_q 128); each key's 8 columns are one 16-byte piece."""
+    """No-swizzle 8 × 8 atoms: one store's 8 keys fill 128 contiguous bytes (D2's SW128 scattered them: 127 vs 115
+    µs at b 64, h_q 128)."""
     import cutlass
     import cutlass.cute as cute
 
@@ -204,11 +193,8 @@ def test_a_producer_store_fills_128_contiguous_bytes(monkeypatch):
 
 
 def test_slot_offsets_swizzle_bytes_not_elements():
-    """The dequantisers address K's slots by hand (slot_offset, which applies the layout's swizzle —
-    none for today's no-swizzle atoms, D2's SW128 before): SW128 permutes the eight 16-byte
-    pieces of a 128-byte row by the row's index mod 8, on BYTE offsets.  Applied to bf16 element
-    offsets (a ComposedLayout called as a function) it moves 32-byte groups by a 256-byte period —
-    the first pair run failed 96/96 that way (cosine 0.39–0.63)."""
+    """slot_offset swizzles BYTE offsets (SW128: 16-byte pieces by row mod 8); on bf16 element offsets the first
+    pair run failed 96/96 (cosine 0.39–0.63)."""
     from stages.common.sm90_kv_slots import swizzle_bytes
 
     for row in range(16):
@@ -266,11 +252,8 @@ def knob_ptx(tmp_path_factory):
 
 
 def test_small_batch_defaults_load_the_sink_first_and_never_launch_dependents(knob_ptx):
-    """b 2, s_q 2, h_q 64, auto parts (every sequence cut into pieces) — the latency regime
-    (issue 30; docs/STAGE_E.md, the stamps at b 2).  The default build's warpgroup 0 loads its
-    rows' sinks before its first S (`sink_first`: a load in the epilogue waited for memory there;
-    `plain` switches it off and loads it after); no build lets PartCombine launch early
-    (griddepcontrol.launch_dependents: timed slower, dropped) or prefetches keys into L2."""
+    """b 2 s_q 2 h_q 64 (issue 30): the default loads the sinks before the first S (`plain`: after); no
+    launch_dependents (timed slower) nor L2 prefetch."""
     tmp_path = knob_ptx
     default = _main_body((tmp_path / "default.ptx").read_text())
     plain = _main_body((tmp_path / "plain.ptx").read_text())
@@ -286,8 +269,7 @@ def test_small_batch_defaults_load_the_sink_first_and_never_launch_dependents(kn
 
 
 def _first_load_but_the_scale(body: str) -> int:
-    """Where the first `ld.global.b32` of `body` is, skipping the softmax_scale input's (its value
-    is multiplied by log2 e, 0f3FB8AA3B, once: stages/common/softmax.py runtime_scale_log2)."""
+    """Where `body`'s first ld.global.b32 is, past the softmax_scale load (× log2 e, 0f3FB8AA3B, once)."""
     for m in re.finditer(r"ld\.global\.b32\s+(%r\d+),", body):
         if not re.search(rf"mul\.f32\s+%r\d+,\s*{m.group(1)},\s*0f3FB8AA3B", body[m.end():m.end() + 2000]):
             return m.start()
@@ -295,11 +277,8 @@ def _first_load_but_the_scale(body: str) -> int:
 
 
 def test_the_stamps_build_and_pair_stores(knob_ptx):
-    """The diagnostic build (`stamps`, stages/common/stamps.py) writes (%globaltimer, %clock64) at
-    each named point of a CTA's chain (12 points, some traced in both MMA warpgroups' copies) — and the
-    default build reads no timer; `pair_stores` (the default) writes a partial's fp32 by 8-byte
-    stores, two a (row, 8-column group) of each warpgroup's copy (2 · 64), where `plain` stores
-    16 bytes after a quad transpose."""
+    """`stamps` writes (%globaltimer, %clock64) at 12 points, the default reads no timer; `pair_stores` (default)
+    stores fp32 partials by 8 bytes (2 · 64), `plain` by 16 after a quad transpose."""
     tmp_path = knob_ptx
     stamps = _main_body((tmp_path / "stamps.ptx").read_text())
     default = _main_body((tmp_path / "default.ptx").read_text())
@@ -328,9 +307,8 @@ def test_softmax_scale_is_a_kernel_input_in_the_oracle_order(arch):
 
 
 def test_the_matrix_covers_the_softmax_scale_in_36_cases_of_the_same_kernels(project_root):
-    """The `softmax_scale` scenario adds one case a (config, format, splits) — 36, not a doubled
-    matrix — and, a scenario being input-only, each is compiled as the default-scale cases of the
-    same kernel parameters: one compiled kernel serves any scale (a runtime input)."""
+    """The `softmax_scale` scenario adds 36 cases, each compiled as the default-scale case of the same kernel (the
+    scale is a runtime input)."""
     from harness.execution.compile import cache_key
 
     spec = load_spec(root=project_root)
@@ -345,9 +323,8 @@ def test_the_matrix_covers_the_softmax_scale_in_36_cases_of_the_same_kernels(pro
 
 
 def test_the_sm90_kernel_reads_its_softmax_scale_at_run_time(project_root, tmp_path, monkeypatch):
-    """Compiled for sm_90a: the softmax's base-2 factor is the loaded softmax_scale times log2 e
-    (0f3FB8AA3B), and the compile-time constant log2 e / sqrt(512) (0f3D8293EE, in the kernel
-    before issue 35: 40 uses) is nowhere — a kernel that ignores the input would carry it."""
+    """The base-2 factor is the loaded scale × log2 e (0f3FB8AA3B); log2 e / sqrt(512) (0f3D8293EE, 40 uses before
+    issue 35) is gone."""
     ptx, _ = _ptx(project_root, tmp_path, monkeypatch, ["s1h64_m96bs64"], "model1")["s1h64_m96bs64"]
     body = _main_body(ptx)
     assert "0f3D8293EE" not in body
@@ -356,10 +333,8 @@ def test_the_sm90_kernel_reads_its_softmax_scale_at_run_time(project_root, tmp_p
 
 
 def test_resident_combine_is_gone():
-    """`resident_combine` (with `rc_group`, `rc_early`: pieces of a cut sequence combining it in
-    the kernel, counters cleared by a ZeroCounters launch) was measured wrong on the GPU (NaN O at
-    b 2 s2 h128 with the cluster pair; NaN O and LSE at b 3 s2h64_m200bs2_x64bs256 splits 2) and
-    removed (docs/STAGE_E.md): the kernel refuses the keywords, its module and barrier id are gone."""
+    """`resident_combine` was wrong on the GPU (NaN O at b 2 s2 h128; NaN O and LSE at b 3 s2h64_m200bs2_x64bs256
+    splits 2) and removed."""
     import importlib.util
     import inspect
 
@@ -378,8 +353,8 @@ def _entries(ptx: str) -> list[str]:
 
 
 def test_the_default_small_batch_build_combines_by_part_combine(knob_ptx):
-    """b 2 s2 h64 model1 (9 pieces a sequence): the default build launches PartCombine for its cut
-    sequences, and its attention kernel waits on no other CTA (no arrive, acquire or grid wait)."""
+    """b 2 s2 h64 model1 (9 pieces): the default launches PartCombine, and the attention kernel waits on no other
+    CTA."""
     default = (knob_ptx / "default.ptx").read_text()
     assert any("PartCombine" in n for n in _entries(default))
     body = _main_body(default)

@@ -1,6 +1,5 @@
-"""Stage E's contract on the CPU: oracles/sparse_decode.py against an independent per-row loop, its
-semantics, and that the tolerances catch the planted bugs.
-"""
+"""Stage E's contract: sparse_decode.py against an independent per-row loop, its semantics, the planted bugs
+caught."""
 
 import math
 
@@ -147,9 +146,8 @@ def _scaled(inputs, scale):
 
 
 def test_softmax_scale_scenario_carries_flashmla_scale_and_the_others_the_default():
-    """Every scenario's inputs carry a one-element fp32 softmax_scale: 1/sqrt(512) (DSV4's),
-    except `softmax_scale`, which carries FlashMLA's tests' 512^−0.55 on sink's kind of inputs
-    (finite sinks: the sink's factor, which reads the LSE, moves with the scale too)."""
+    """Every scenario's softmax_scale is 1/sqrt(512) except `softmax_scale`'s FlashMLA 512^−0.55 on sink's inputs
+    (the sink reads the LSE)."""
     f32 = lambda x: float(torch.tensor(x, dtype=torch.float32))  # noqa: E731
     for scenario in sd.SCENARIOS:
         x = sd.make_inputs(_case("v4.1", scenario), seed=9)
@@ -161,9 +159,8 @@ def test_softmax_scale_scenario_carries_flashmla_scale_and_the_others_the_defaul
 
 
 def test_softmax_scale_multiplies_the_scores():
-    """The math: softmax_scale s multiplies Q·Kᵀ — the reference at s equals the reference at the
-    default s₀ with Q · s/s₀ (float64), O and LSE; at s = 0 every valid key weighs the same:
-    LSE = ln(valid keys), O = their mean (no sink)."""
+    """softmax_scale s multiplies Q·Kᵀ: ref(s) = ref(s₀) with Q · s/s₀; at s = 0 LSE = ln(valid keys), O = their
+    mean."""
     case = _case("model1", "invalid")
     x = sd.make_inputs(case, seed=12)
     x["sink"] = torch.full_like(x["sink"], -math.inf)
@@ -191,10 +188,8 @@ def test_softmax_scale_multiplies_the_scores():
 
 @pytest.mark.parametrize("fmt", kc.FORMATS)
 def test_a_kernel_that_ignores_the_softmax_scale_is_caught(fmt):
-    """The planted bug (tests/fixtures/wrong_e_softmax_scale): the kernel keeps 1/sqrt(512) whatever
-    softmax_scale says — on the `softmax_scale` scenario's inputs its O and LSE (the reference at
-    the default scale) are far past stages.yaml's bounds (O rel_l2 ≤ 1e-2, LSE ≤ 1e-5), while on
-    every other scenario the same bug is invisible (their scale is the default)."""
+    """wrong_e_softmax_scale's O and LSE are far past the bounds (O rel_l2 ≤ 1e-2, LSE ≤ 1e-5) on `softmax_scale`,
+    invisible elsewhere."""
     for config in ("s2h64_m128bs256_x512bs64", "s1h64_m96bs64"):
         case = _case(fmt, "softmax_scale", config=config, b=2)
         x = sd.make_inputs(case, seed=13)

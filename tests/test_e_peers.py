@@ -1,5 +1,5 @@
-"""Stage E's peers on the CPU: the sparse_decode problem's sizes read back from the stage's
-tensors, the PyTorch peer against the float64 oracle, FlashMLA's shape rules and its cache view."""
+"""Stage E's peers: the problem's sizes from the tensors, the PyTorch peer vs the oracle, FlashMLA's rules and
+cache view."""
 
 import math
 
@@ -52,10 +52,8 @@ def test_torch_peer_matches_the_oracle(fmt, scenario, config):
 
 
 def test_flashmla_percall_makes_its_metadata_in_every_call_and_the_other_once(monkeypatch):
-    """Against a stand-in `flash_mla` (the real one needs an sm90 GPU: tests/test_e_gpu.py): the
-    plain peer makes its scheduler metadata once, before timing, and passes that object to every
-    call; `flashmla_sparse_percall` makes a fresh one in each call, as a serving engine's step
-    does — the same call otherwise (scale, sink, lists)."""
+    """Stand-in flash_mla: the plain peer makes its metadata once before timing; `flashmla_sparse_percall` a fresh
+    one each call."""
     import sys
     import types
 

@@ -1,8 +1,5 @@
-"""Stage E on sm_100a, on the CPU (compiled and inspected, never run on a B200): the TMEM plan and
-its refusals, the dequantisers' view of the ring proven to be the MMA's operand bytes, the LSE
-re-indexing, the gather4 row arithmetic, the shared-memory plan, and each cache format compiling
-with tcgen05 MMAs, gather4 of four distinct rows (model1, v4.1) or 16-byte loads (simple), no spills.
-"""
+"""Stage E on sm_100a, compiled on the CPU: TMEM plan, the dequantisers' ring view, LSE re-indexing, gather4 rows,
+smem plan, no spills."""
 
 import json
 import os
@@ -67,9 +64,8 @@ def test_tmem_plan_fits_and_an_over_budget_plan_is_refused_by_the_constructor():
 
 
 def test_the_sink_is_applied_once_in_the_epilogue_or_in_the_combine():
-    """One split: the house's epilogue multiplies O by the sink factor (has_row_scale); with
-    split-KV the partials carry none and SplitCombine applies it after the merge.  (The house's
-    default hook is "no row scale": without E's override the sink would silently vanish.)"""
+    """One split: the epilogue applies the sink (has_row_scale); split-KV: SplitCombine after the merge (the
+    house's default would drop it)."""
     from stages.E_sparse_decode.sm100 import Kernel
 
     one = Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits=1)
@@ -88,8 +84,8 @@ def test_one_branch_config_has_only_main_tiles():
 @pytest.mark.parametrize("fmt", ["model1", "v4.1"])
 @pytest.mark.parametrize("block_size", [2, 64, 256])
 def test_gather_rows_start_at_the_tokens_bytes(fmt, block_size):
-    """Row gather_row(i) of the uniform row view starts where the oracle's layout puts token
-    i's data (oracles.kvcache.token_offsets), for tokens in several blocks."""
+    """gather_row(i) of the uniform row view starts at token i's data (kvcache.token_offsets), across several
+    blocks."""
     import torch
 
     from oracles.kvcache import block_bytes, token_offsets
@@ -104,8 +100,7 @@ def test_gather_rows_start_at_the_tokens_bytes(fmt, block_size):
 
 
 def test_the_simple_format_is_no_uniform_row_array_and_is_refused_a_tensor_map():
-    """simple's blocks (512-byte rows, then fp32 scales, padded to 16 bytes) are not whole
-    rows of 512 bytes: rows_view refuses them (the kernel loads them from global memory)."""
+    """simple's blocks (512-byte rows, then fp32 scales, padded) are no uniform rows: rows_view refuses them."""
     from oracles.kvcache import block_bytes
     from stages.common.sm100_gather import rows_view
     from stages.E_sparse_decode.sm100 import Kernel
@@ -116,9 +111,8 @@ def test_the_simple_format_is_no_uniform_row_array_and_is_refused_a_tensor_map()
 
 
 def test_the_staging_ring_takes_its_bytes_from_the_chunk_ring():
-    """2 raw slots of 64 keys × 192 B (model1) / 128 B (v4.1) are reserved before the bf16 ring
-    is sized: 3 / 4 chunk slots instead of the house's 5 (simple: 5), never fewer than the
-    n_v + 1 = 3 the MMA order needs; the plan stays under 227 KiB."""
+    """2 raw slots (64 keys × 192 / 128 B) leave 3 / 4 chunk slots (simple: 5), never under n_v + 1 = 3; the plan
+    stays under 227 KiB."""
     from stages.common.sm100_decode import SMEM_LIMIT
     from stages.E_sparse_decode.sm100 import Kernel
 
@@ -132,8 +126,8 @@ def test_the_staging_ring_takes_its_bytes_from_the_chunk_ring():
 
 
 def test_trace_time_tmem_check_refuses_a_planted_over_budget_plan(tmp_path):
-    """With the constructor's plan forced to say "fits" (o_split = 1 at d = 512), the traced
-    kernel still refuses: S and O columns come from the MMA fragments and are re-checked."""
+    """With the plan forced to "fits" (o_split = 1 at d = 512), the trace re-checks S and O columns from the
+    fragments and refuses."""
     prelude = """
         import stages.common.sm100_decode as house
         real = house.tmem_budget
@@ -171,8 +165,8 @@ def test_a_dequant_view_that_is_not_the_mma_bytes_is_refused(tmp_path):
 
 
 def test_lse_view_puts_one_token_rows_at_lse_b_h_t(tmp_path):
-    """Flat row (b·s_q + t)·h_q + h of the one-token CTAs must land at LSE[b, h, t]
-    (offset b·h_q·s_q + h·s_q + t); the house's own view (s_q = 1 per sequence) would not."""
+    """Flat row (b·s_q + t)·h_q + h lands at LSE[b, h, t] (offset b·h_q·s_q + h·s_q + t); the house's own view
+    would not."""
     r = _traced("""
         import cutlass, cutlass.cute as cute
         b, s_q, h_q = 3, 2, 4
@@ -213,11 +207,8 @@ def _inventory(ptx: str) -> dict:
     {"b": 2, "config": "s1h64_m96bs64", "kv_format": "model1", "splits": 1},  # spilled with a lone `if wide` box
 ])
 def test_representative_cases_compile_for_sm100a_without_spills(case, tmp_path):
-    """Both lists and the sink (simple, v4.1 with SWA block 2), split-KV with the combine (model1,
-    h_q 64): tcgen05 MMAs, dequantised tiles fenced for the async proxy, no spills; model1 / v4.1
-    gather rows by TMA gather4 with four DISTINCT row registers (one row four times was CuTeDSL's
-    result for a wrongly shaped index tensor); simple keeps 16-byte loads.  The softmax scale is the
-    runtime input's (issue 35): no compile-time log2 e / sqrt(512) (0f3D8293EE, as D5 carries)."""
+    """tcgen05 MMAs, async-proxy fences, no spills; gather4 of four DISTINCT rows (one row four times was a bad
+    index tensor), simple 16-byte loads; no 0f3D8293EE (issue 35)."""
     import re
 
     from harness.execution.compile import ptxas_resources

@@ -1,6 +1,5 @@
-"""scripts/e_small_timeline.py on the CPU: the variant grammar the docs' next-window command relies
-on (name[:knob=value,…][@b<B>[:<config prefix>]+…]) — knobs reach the kernel as its keyword
-arguments, and each variant is compiled and timed only at the shapes its filter names."""
+"""scripts/e_small_timeline.py: the variant grammar (name[:knob=value,…][@b<B>[:<config prefix>]+…]) and its shape
+filters."""
 
 
 from tests.conftest import ROOT, load_script

@@ -1,7 +1,5 @@
-"""Stage E at topk up to 32768 (issue 35 item 1), on the CPU: the idx window protocol
-(stages/common/idx_windows.py) simulated, shared-memory accounting, the refusal past 32768, sm100's
-capped scratch, both archs compiling, the production PTX unchanged. GPU: tests/test_e_gpu.py -k stream.
-"""
+"""Stage E at topk up to 32768 (issue 35 item 1) on the CPU: idx windows simulated, smem, refusals, sm100's capped
+scratch, compiles."""
 
 import hashlib
 import json
@@ -21,11 +19,8 @@ KEYS = 64
 
 
 def _simulate(tile_begin: int, tile_end: int, main_tiles: int, topk: int, extra_topk: int, window: int = iw.WINDOW_TILES):
-    """The producer's order over one segment (the module doc of idx_windows): windows 0 and 1 at
-    the start, at each later window's first tile the window checked landed and the next one
-    issued into the buffer of the window before; every tile's 64 entries read at `entry`.
-    Returns the entries read, as (list, position) per key; asserts no window overwrites a
-    buffer whose tiles are still to be read."""
+    """The producer's window order over one segment (idx_windows' module doc); returns (list, position) per key
+    read; asserts no buffer is overwritten before it is read."""
     buf: list = [None] * (2 * window * KEYS)
     holds: list = [None, None]  # the window each buffer holds
 
@@ -138,9 +133,8 @@ def test_every_list_up_to_32768_fits_and_longer_is_refused_in_one_line(config):
 
 
 def test_sm100_auto_scratch_is_capped():
-    """sm100's "auto" asked one partial slot a tile at small batches: 256 at topk 16384 (~268 MB
-    of O_part at b 2 s2 h128).  The oracle's scratch holds at most AUTO_SPLITS (32) for it — the
-    sm100 kernel caps "auto" to the scratch — and the short configs keep theirs (18)."""
+    """sm100's "auto" asked 256 slots at topk 16384 (~268 MB of O_part at b 2 s2 h128): capped to AUTO_SPLITS (32);
+    short configs keep 18."""
     case = dict(b=2, config="s2h128_m16384bs256", kv_format="model1", scenario="sink", splits="auto")
     cap = sd.split_capacity(case)
     assert cap == sd.AUTO_SPLITS == 32
@@ -158,8 +152,8 @@ def test_sm100_auto_scratch_is_capped():
 
 
 def _sm90_ptx(project_root, tmp_path, monkeypatch, cases, fixture: str = ""):
-    """The PTX of stage E's sm90 kernel (or tests/fixtures/`fixture`'s) for each (b, config,
-    kv_format, splits), for sm_90a on a GPU of 132 SMs (no GPU, no records)."""
+    """PTX of E's sm90 kernel (or fixtures/`fixture`'s) per (b, config, kv_format, splits), sm_90a, 132 SMs, no
+    records."""
     import dataclasses
 
     from harness.execution.compile import Compiler, ptxas_resources
@@ -196,9 +190,8 @@ PRODUCTION_PTX = {
 
 
 def test_sm90_streams_topk_16384_and_32768_and_the_production_ptx_is_unchanged(project_root, tmp_path, monkeypatch):
-    """Compiled for sm_90a: topk 16384 (one head block) and 32768 (a cluster pair) stream their
-    entries (4-byte cp.asyncs, the WINDOW barrier) without spills alone (model1), 104 bytes at most
-    in a pair; the production configs' PTX is byte for byte PRODUCTION_PTX and holds none of it."""
+    """topk 16384 / 32768 stream by 4-byte cp.async without spills (≤ 104 bytes in a pair); the production PTX is
+    PRODUCTION_PTX exactly."""
     streamed = [(1, "s2h64_m16384bs256", "model1", 3), (1, "s1h128_m32768bs256", "model1", 1)]
     got = _sm90_ptx(project_root, tmp_path, monkeypatch, streamed + list(PRODUCTION_PTX))
     for key in streamed:
@@ -216,10 +209,8 @@ def test_sm90_streams_topk_16384_and_32768_and_the_production_ptx_is_unchanged(p
 
 
 def test_planted_stream_behind_reaches_the_compiled_e_kernel(project_root, tmp_path, monkeypatch):
-    """tests/fixtures/wrong_e_window plants its bug through stage E's `refill_source` hook; the
-    kernel must call it (else the GPU test of the planted bug runs the correct kernel): compiled
-    for sm_90a, a streamed case's PTX differs (the kernel's name, which embeds its module's, set
-    aside), with the same cp.asyncs."""
+    """wrong_e_window's `refill_source` hook must reach the kernel (else its GPU test runs the correct one): the
+    PTX differs."""
     key = (1, "s2h64_m16384bs256", "model1", 1)
     got = [_sm90_ptx(project_root, tmp_path / name, monkeypatch, [key], name)[key][0] for name in ("", "wrong_e_window")]
     bodies = [ptx.replace(ptx.split(".entry", 1)[1].split("(", 1)[0].strip(), "K") for ptx in got]
@@ -245,10 +236,8 @@ _SM100 = """
 
 
 def test_sm100_compiles_topk_16384_and_32768_with_its_auto_splits_capped(tmp_path):
-    """Compiled for sm_100a (it reads each tile's idx from global: no window to stream): topk
-    16384 and 32768 build within the shared memory; at b 1 s1 h64, topk 32768, sm100's chooser
-    asks 74 splits, more than the scratch holds (AUTO_SPLITS, or sm90's 57 pieces there), and the
-    kernel takes the scratch's 57."""
+    """sm_100a builds topk 16384 / 32768; at b 1 s1 h64 topk 32768 the chooser asks 74 splits and the kernel takes
+    the scratch's 57."""
     import os
     import subprocess
     import sys
@@ -272,9 +261,8 @@ def test_sm100_compiles_topk_16384_and_32768_with_its_auto_splits_capped(tmp_pat
 
 
 def test_the_planted_stream_one_window_behind_moves_o_past_the_bounds():
-    """tests/fixtures/wrong_e_window on the float64 oracle: from window 2 on each tile takes the
-    entries of the tile 16 before it (real tokens of the list) — O and LSE move far past stage E's
-    bounds (O cosine ≥ 0.9999, LSE rel_l2 ≤ 1e-5), so the GPU test's `fail` is the check's doing."""
+    """wrong_e_window on the oracle moves O and LSE far past E's bounds (cosine ≥ 0.9999, LSE rel_l2 ≤ 1e-5): the
+    GPU `fail` is the check's."""
     import torch
 
     case = dict(b=1, config="s2h64_m4096bs256", kv_format="model1", scenario="sink", splits=1)  # 64 tiles, 4 windows

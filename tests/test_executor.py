@@ -1,7 +1,5 @@
-"""The one case executor (harness/execution/executor.py) and process supervisor (worker.py) behind
-`run`, `run --bench` and `bench`: one timing format (old `peer_us` still read), one stage → job
-mapping, bench shapes in the same supervised worker as test cases.
-"""
+"""The case executor and worker supervisor behind `run`, `run --bench`, `bench`: one timing format (old `peer_us`
+read), one job mapping."""
 
 import pytest
 
@@ -102,8 +100,8 @@ def test_bench_shape_runs_in_the_supervised_worker(lab_path):
 
 @pytest.mark.gpu
 def test_run_bench_on_a_gpu_records_the_flat_peer_keys(project_root, tmp_path):
-    """On a GPU: `run --bench` times its bench case and the stage's PyTorch peer, recorded as
-    `peer_torch_attention_us` / `_ratio` (as `bench` names its peers), never `peer_us`."""
+    """On a GPU: `run --bench` records `peer_torch_attention_us` / `_ratio` (as `bench` names peers), never
+    `peer_us`."""
     import shutil
 
     from harness.notebook.records import read_records

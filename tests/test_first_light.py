@@ -1,7 +1,5 @@
-"""`dsv4-lab run --first-light` (issue 34 item 6), on the CPU: the plan's cases exist in the
-matrices in the issue's order; it stops at the first step that does not pass and says what to look
-at next; a step that did not run on an sm_100 device is never green; here it runs nothing, exit ≠ 0.
-"""
+"""`run --first-light` (issue 34 item 6): plan order, stop at the first failing step, never green off an sm_100
+device; here exit ≠ 0."""
 
 import dataclasses
 

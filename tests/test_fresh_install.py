@@ -1,8 +1,5 @@
-"""No traceback reaches a user: the installed console script answers each bad invocation with one
-short message and exit 2; bare `dsv4-lab` or a bare group prints help (exit 0); `--version`
-answers. On a copy of the lab; run with this environment's script with `click` unimportable
-(typer vendors it), and with a fresh venv's when .ci/run made one (DSV4_FRESH_VENV).
-"""
+"""The installed console script answers bad invocations in one line, exit 2; help and `--version` exit 0; also with
+`click` unimportable and a fresh venv (DSV4_FRESH_VENV)."""
 
 import os
 import shutil

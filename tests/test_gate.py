@@ -1,6 +1,5 @@
-"""Gate decisions on synthetic records: pass, regression, improvement, stale (run here, or
-refused with the command to run), early stop on the proven small case; corrupt records; the
-git hook."""
+"""Gate decisions on synthetic records: pass, regression, improvement, stale, early stop, corrupt records; the git
+hook."""
 
 import io
 import json
@@ -187,8 +186,8 @@ def test_accept_takes_the_newest_passing_fresh_record(lab):
 
 
 def test_the_gate_reads_back_only_as_far_as_it_needs(lab, capsys):
-    """Newest first: a stale newer record is passed over for the fresh one behind it, and an
-    old corrupt line before them is never read (no warning), since nothing needed it."""
+    """Newest first: a stale newer record is passed over for the fresh one behind it; an older corrupt line is
+    never read."""
     spec = load_spec(root=lab)
     path = lab / "results" / "records" / "HD.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -237,10 +236,8 @@ def test_hook_refuses_a_commit_that_regresses(lab, tmp_path):
 
 
 def test_hook_refuses_a_commit_that_breaks_the_sm100_build_of_d1(tmp_path, monkeypatch):
-    """A copy of this lab, D1's sm_100a kernel baselined compile-only for one case (one real
-    compile), the hook installed: a harmless commit passes on records alone; a commit that
-    breaks stages/D1_headdim/sm100.py is refused, naming the case — the gate recompiles the
-    stale compile-only case on the CPU."""
+    """D1 sm_100a baselined compile-only: a harmless commit passes on records; one breaking D1's sm100.py is
+    refused (recompiled on the CPU)."""
     monkeypatch.delenv("DSV4_LAB_ROOT", raising=False)
     monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path / "cache"))
     from tests.conftest import ROOT

@@ -1,7 +1,5 @@
-"""The gate for an author without a GPU (issue 26 item 2): the hook judges the git index, a stale
-case names how to prove it, and a proof target (`gate --target NAME` or `proof_target`) proves it
-through the remote run path — real git, a real sshd on 127.0.0.1 (tests/ssh_fixtures.py).
-"""
+"""The gate without a GPU (issue 26 item 2): the hook judges the index and proves stale cases on a proof target
+over a real sshd."""
 
 import os
 import subprocess
@@ -34,8 +32,8 @@ def commit(lab: Path, env: dict, *paths: str, message: str = "change") -> subpro
 
 @pytest.fixture
 def hooked_lab(fake_lab, tmp_path):
-    """The fake lab with stage HD (sm_90a: no device here runs it) baselined from a fresh record,
-    all of it committed, and the gate's hook installed; the user's config folder is empty."""
+    """The fake lab, stage HD (sm_90a: nothing here runs it) baselined from a fresh record, committed, hook
+    installed."""
     lab = fake_lab
     add_hd_stage(lab)
     spec = load_spec(root=lab)
@@ -206,9 +204,8 @@ def fake_src(lab: Path) -> str:
 
 @pytest.mark.ssh
 def test_the_hook_proves_a_staged_edit_on_the_proof_target(proof_lab, tmp_path):
-    """proof_target set: the staged kernel edit is proven on `box` (records tagged box, for the
-    staged source) and the commit goes through — while a broken edit left unstaged in the
-    working tree is neither copied nor proven."""
+    """proof_target: the staged edit is proven on `box` and the commit goes through; an unstaged broken edit is
+    neither copied nor proven."""
     lab, env = proof_lab
     user_file(tmp_path, "version: 1\nproof_target: box\n")
     kernel = lab / "stages" / "fake" / "cpu.py"
@@ -247,8 +244,8 @@ def test_gate_target_proves_stale_cases_there_and_local_proves_here(proof_lab):
 
 
 def test_staged_gate_of_a_lab_in_a_subfolder_of_its_repository(fake_lab, tmp_path):
-    """The lab below the repository's top (the hook cds there): the index's lab is found under
-    the export's prefix, and the staged baselines are the lab's."""
+    """A lab below the repository's top: the index's lab is found under the export's prefix; its staged baselines
+    count."""
     import shutil
 
     from harness.workflows import gate
@@ -276,8 +273,8 @@ def test_staged_gate_of_a_lab_in_a_subfolder_of_its_repository(fake_lab, tmp_pat
 
 
 def test_a_staged_run_here_runs_the_staged_kernel_and_writes_records_to_the_lab(fake_lab):
-    """No target: a stale case this machine can run is run from the index's snapshot (the
-    staged kernel, not a broken one left unstaged), and its records land in the lab's results/."""
+    """No target: a stale case runnable here runs from the index's snapshot (the staged kernel); records land in
+    the lab."""
     import io
 
     from harness.workflows import gate

@@ -1,6 +1,5 @@
-"""On a GPU: the lab runs stage A through its own runner, and it catches the historical
-failure — stage B with P's layout permuted between the MMAs runs cleanly and returns
-garbage; the lab must report `fail` with a cosine far from 1."""
+"""On a GPU: stage A runs through the lab's runner, and stage B with P's layout permuted (runs cleanly, garbage
+out) is reported `fail`."""
 
 import dataclasses
 

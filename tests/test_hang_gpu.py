@@ -1,6 +1,5 @@
-"""On a GPU (issue 34 item 2): the planted deadlock tests/fixtures/hang_d2 (D2's load warp skips
-tile 1's arrive), built with `--debug-hangs`, is recorded `hang` naming kv.full slot 1 phase 0,
-and the run fails. Run alone:
+"""On a GPU (issue 34 item 2): tests/fixtures/hang_d2 built with `--debug-hangs` is recorded `hang`
+(kv.full slot 1 phase 0). Run alone:
 
     python3 -m pytest -q -m gpu tests/test_hang_gpu.py
 """

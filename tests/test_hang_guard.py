@@ -1,8 +1,5 @@
-"""`--debug-hangs` on the CPU (issue 34 item 2): off, the PTX is byte for byte that of a
-pass-through guard (zero cost); on, it carries the %globaltimer bound, the trap and the hang line;
-the flag is in the compile cache key and summary; the worker turns a hang line into a `hang`
-reply. The GPU proof: tests/test_hang_gpu.py.
-"""
+"""`--debug-hangs` (issue 34 item 2): off, PTX identical to a pass-through guard; on, the timer bound and trap;
+cache key; `hang` replies."""
 
 import json
 import os
@@ -171,8 +168,7 @@ def test_the_lab_and_the_kernels_agree_on_the_switch():
 
 
 def test_run_flag_reaches_the_run_and_its_records(fake_lab):
-    """`dsv4-lab run … --debug-hangs` (a real CLI process on the fake CPU lab): the run's start
-    event says it was a debug-hangs build; without the flag it says nothing of the kind."""
+    """`run … --debug-hangs` (real CLI, fake lab): the start event says debug-hangs; without the flag it does not."""
     from harness.notebook.records import runs_file
     from tests.conftest import run_cli
 
@@ -186,8 +182,8 @@ def test_run_flag_reaches_the_run_and_its_records(fake_lab):
 
 
 def test_every_pipeline_and_bare_wait_in_the_kernels_goes_through_the_guard():
-    """Source check over stages/: a cutlass pipeline made without `name=` would be reported as
-    `pipeline=unnamed`, and a bare cute.arch.mbarrier_wait would stay unbounded in a debug build."""
+    """Over stages/: a pipeline without `name=` would report `pipeline=unnamed`; a bare mbarrier_wait would stay
+    unbounded."""
     import re
 
     bad = []

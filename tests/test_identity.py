@@ -1,6 +1,5 @@
-"""A record's identity covers everything that can change its verdict: the stage's sources and
-all they import (relative imports too), the oracle, the lab's own compile/run/compare code,
-and the stage's stages.yaml entry. Comment- and blank-line-only edits keep results fresh."""
+"""A record's identity covers everything that can change its verdict; comment- and blank-line-only edits keep
+results fresh."""
 
 import shutil
 from pathlib import Path
@@ -142,8 +141,8 @@ def _other_pythons() -> list[str]:
 
 @pytest.mark.skipif(not _other_pythons(), reason="no second Python version on this machine to compare with")
 def test_every_lab_file_hashes_the_same_under_other_python_versions():
-    """The GPU machine runs Python 3.12, this one 3.11: each .py file of the lab must give the
-    same digest under both, or every record made there is stale here."""
+    """The GPU machine runs Python 3.12, this one 3.11: every lab .py must hash the same under both, or its records
+    go stale."""
     import hashlib
     import json
     import subprocess

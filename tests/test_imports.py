@@ -1,7 +1,5 @@
-"""The lab's modules (harness/ and cli.py) import each other without a circle. Every import counts,
-function-level ones too (one that closes a circle breaks once either module is imported first at
-module level); a failure names each circle with the file:line of its imports.
-"""
+"""No import circle among harness/ and cli.py, function-level imports included; a failure names each circle with
+its file:lines."""
 
 import ast
 from pathlib import Path

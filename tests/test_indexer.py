@@ -1,8 +1,5 @@
-"""Stages I1 and I2 on the CPU: the indexer's quantisers round-trip, the fused paged cache packs
-and unpacks bytewise, both oracles match plain float64 loops written from the spec (DSV4.md),
-−inf sits exactly where a key is out of range, the planted NaN keys never reach a logit, the
-generators keep their promises, and the stage tolerances fail the bugs the issue names
-(ReLU dropped; the key scale applied per head)."""
+"""Stages I1 and I2 on the CPU: quantisers, the paged cache, oracles vs float64 loops, −inf placement, NaN keys,
+generators, and the tolerances failing the named bugs (ReLU dropped; key scale per head)."""
 
 import math
 
@@ -189,9 +186,8 @@ def test_i2_oracle_matches_plain_loops(case):
 
 
 def test_i2_context_2d_is_per_token():
-    """context_2d: context_lens [b, next_n], the last token's the sequence's length (so the cache,
-    its NaN slots and the table are the 1-D case's), the others in [0, length] — not the causal
-    limits (some token sees fewer keys than the one before it); −inf exactly at j ≥ ctx[i, t]."""
+    """context_2d [b, next_n]: the last token's length is the sequence's, others in [0, length] (not causal
+    limits); −inf at j ≥ ctx[i, t]."""
     case = {"b": 8, "next_n": 2, "ctx": 300, "block_kv": 64}
     c2 = {**case, "context_2d": True}
     assert [s.shape for s in ix.paged_tensors(c2)][2] == (8, 2) and ix.paged_tensors(case)[2].shape == (8,)
@@ -280,9 +276,8 @@ def test_i1_tolerances_fail_the_named_bugs(bug):
 @pytest.mark.parametrize("case", [{"s": 12, "s_kv": 40, "ranges": "cp"}, {"s": 128, "s_kv": 1024, "ranges": "cp"},
                                   {"s": 8, "s_kv": 24, "ranges": "causal"}], ids=_ids)
 def test_i1_compressed_logits_are_the_full_rows_from_ks(case):
-    """compressed: logits [s, W], W = max(ke − ks), column c of row i = the full form's key
-    ks[i] + c inside [ks[i], ke[i]), −inf past it (empty rows and ks > ke: −inf everywhere);
-    written from plain loops here, not from `compress`."""
+    """compressed logits [s, max(ke − ks)]: column c of row i is key ks[i] + c inside [ks, ke), −inf past it; from
+    plain loops."""
     comp = {**case, "compressed": True}
     ks, ke = ix.ranges_of(case)
     width = max(e - b for b, e in zip(ks, ke))
@@ -307,9 +302,8 @@ def test_i1_compressed_logits_are_the_full_rows_from_ks(case):
 
 @pytest.mark.parametrize("stage", ["I1", "I2"])
 def test_bf16_logits_are_the_exact_logits_rounded_and_the_bugs_still_fail(stage):
-    """logits_dtype bf16: the output tensor is bf16 and the reference the float64 logits rounded
-    to bf16 (an exact kernel's answer passes, −inf kept); fp32 stays as it was; the named bugs
-    written in bf16 still fail the stage's bounds."""
+    """bf16 logits: the reference is the float64 logits rounded to bf16 (−inf kept); fp32 unchanged; the named bugs
+    in bf16 still fail."""
     if stage == "I1":
         case = {"s": 128, "s_kv": 1024, "ranges": "causal"}
         tensors, make, reference = ix.tensors, ix.make_inputs, ix.reference
@@ -342,10 +336,8 @@ def _bf16_toward_zero(x):
 
 @pytest.mark.parametrize("stage", ["I1", "I2"])
 def test_the_rel_l2_bound_follows_logits_dtype(stage):
-    """rel_l2_max by logits_dtype (stages.yaml tolerances `by:`): fp32 logits keep 1e-3, bf16 get
-    2e-3 (why: docs/INDEXER.md, bf16 logits). An fp32 case at rel_l2 1.5e-3 fails and a bf16 case
-    at the same error passes; a bf16 store that truncates instead of rounding to nearest (~4e-3)
-    fails."""
+    """rel_l2_max: fp32 1e-3, bf16 2e-3 (docs/INDEXER.md): fp32 at 1.5e-3 fails, bf16 passes; a truncating bf16
+    store (~4e-3) fails."""
     if stage == "I1":
         case = {"s": 128, "s_kv": 1024, "ranges": "causal"}
         make, reference = ix.make_inputs, ix.reference
@@ -431,8 +423,8 @@ _I2_CASE = {"b": 1, "next_n": 1, "ctx": 200, "block_kv": 64, "heads": 64, "head_
 
 
 def _probe(tmp_path, arch: str, probe: str, *args) -> dict:
-    """Run a compile probe in a fresh interpreter (CuTeDSL reads its arch from the environment);
-    the probe gets the lab root, then `args` (lists as JSON, the rest as text); its last line is JSON."""
+    """Run a compile probe in a fresh interpreter (arch from the environment) with the lab root and `args`; its
+    last line is JSON."""
     import json
     import os
     import subprocess
@@ -471,11 +463,8 @@ print(json.dumps(out))
 
 
 def test_sm90_register_increase_only_where_the_launch_grants_it(tmp_path):
-    """The indexer's rule for setmaxnreg: an sm90 kernel increases its MMA warpgroups' registers
-    only as far as the load warpgroup's decrease frees them from the CTA's launch allocation
-    (PTX: setmaxnreg.inc waits until the pool has them), 128 · (launch − LOAD_REGS) ≥
-    MMA_THREADS · (MMA_REGS − launch); I2 at next_n = 1 needs few registers and must not ask
-    for more (see stages/I2_paged_mqa_logits/sm90.py)."""
+    """setmaxnreg.inc waits for freed registers: 128 · (launch − LOAD_REGS) ≥ MMA_THREADS · (MMA_REGS − launch); I2
+    at next_n 1 asks none."""
     cases = [["I2", _I2_CASE], ["I2", {**_I2_CASE, "next_n": 2}], ["I1", _I1_CASE]]
     got = _probe(tmp_path, "sm_90a", _SETMAXNREG_PROBE, cases, tmp_path)
     for key, (ok, err, regs, inc, threads, mma_threads, mma_regs, load_regs) in got.items():
@@ -505,11 +494,8 @@ print(json.dumps(out))
 
 
 def test_planted_relu_bug_reaches_the_compiled_i1_kernel(tmp_path):
-    """tests/fixtures/wrong_i1 plants its bug by overriding the sm90 kernel's `head_partial` method;
-    the shared epilogue (stages/common/indexer.py: sm90_store_logits) must call that method, not
-    the common piece directly, or the GPU test of the planted bug would run the correct kernel.
-    Compiled for sm_90a: the stage's kernel has a relu (max.f32) per accumulator element, the
-    fixture none, and both the same MMAs."""
+    """wrong_i1's `head_partial` override must reach the shared epilogue (else its GPU test runs the correct
+    kernel): relu (max.f32) per element in the stage, none in the fixture, same MMAs."""
     got = _probe(tmp_path, "sm_90a", _PLANTED_BUG_PROBE, tmp_path)
     for name, (ok, err, _, _) in got.items():
         assert ok, f"{name}: {err}"
@@ -536,11 +522,8 @@ print(json.dumps(out))
 
 
 def test_sm90_epilogue_issues_no_global_load(tmp_path):
-    """The sm90 indexer kernels load each tile's key scales (I2: its table entry, then the
-    scales) before the tile's MMA — I2 a block ahead — so no global load's latency (hundreds of
-    cycles) stalls the epilogue while the tensor core waits for the next MMA (issue 31).
-    Compiled for sm_90a: after the MMA loop's wgmma.wait_group (the text up to the kernel's end:
-    the epilogue and the loop's back edge) there is no ld.global."""
+    """Key scales load before the tile's MMA (I2 a block ahead): after the loop's wgmma.wait_group there is no
+    ld.global (issue 31)."""
     cases = [["I1", _I1_CASE], ["I2", {**_I2_CASE, "next_n": 2}]]
     got = _probe(tmp_path, "sm_90a", _EPILOGUE_LOADS_PROBE, cases, tmp_path)
     for key, (ok, err, waits, loads) in got.items():
@@ -602,11 +585,8 @@ print(json.dumps(out))
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_indexer_options_compile_on_both_archs(tmp_path, arch):
-    """Issue 35 item 2: the kernels specialised for the options compile (sm_100a on the CPU too,
-    compile-only): 32 heads and head_dim 32 / 64 with N = tokens · heads and d / 32 MMAs a tile
-    (I1 32 heads of 64 — sm90: m64n64k32 × 2 a tile; sm100 × 2 —, I2 32 heads of 32 at next_n 2,
-    × 1), bf16 logits (I2: every store a 16-bit one after a cvt.rn.bf16.f32, none 32-bit), I1's
-    compressed form, I2's 2-D context lengths, and I1 at the longest s its sm90 table fits."""
+    """Issue 35 item 2: 32 heads, head_dim 32 / 64 (N = tokens · heads, d / 32 MMAs a tile), bf16 logits (16-bit
+    stores after cvt.rn.bf16.f32), compressed, 2-D context, I1 at its longest s, on both archs."""
     cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 32, "head_dim": 64}],
              ["I2", {"b": 8, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 32, "head_dim": 32}],
              ["I2", {"b": 8, "next_n": 1, "ctx": 200, "block_kv": 64, "logits_dtype": "bf16"}],
@@ -631,11 +611,8 @@ def test_indexer_options_compile_on_both_archs(tmp_path, arch):
 
 
 def test_persistent_shares_cover_every_block_once_and_balance():
-    """The sm90 persistent walks (stages/common/indexer.py share_segments: I2's block_share, I1's
-    table_share, with the walk, in plain Python): every (sequence or token block, tile) pair
-    lands in exactly one CTA's segments, in order, and shares differ by at most one pair — empty
-    sequences, fewer pairs than CTAs, shares inside one sequence, and I1's s 2048 / s_kv 4096 cp
-    token blocks (`block_tiles`: 9 to 33 tiles) included."""
+    """share_segments (I2 block_share, I1 table_share): every (block, tile) pair in exactly one CTA, in order,
+    shares within one pair; edge cases."""
     import random
 
     from stages.common.indexer import block_tiles, share_segments
@@ -659,9 +636,8 @@ def test_persistent_shares_cover_every_block_once_and_balance():
 
 
 def test_i2_sm90_slots_must_be_a_multiple_of_the_mma_warpgroups():
-    """Warpgroup w's K state steps W slots a block; with STAGES % W ≠ 0 the block a slot held
-    before is another warpgroup's and a parity wait can pass on it (seen on the GPU: W 3, 8
-    slots, a launch failure) — the kernel refuses such a schedule."""
+    """With STAGES % W ≠ 0 a parity wait can pass on another warpgroup's slot (seen on the GPU: W 3, 8 slots, a
+    launch failure): refused."""
     from stages.I2_paged_mqa_logits.sm90 import Kernel
 
     with pytest.raises(ValueError, match="multiple of the warpgroups"):
@@ -671,10 +647,8 @@ def test_i2_sm90_slots_must_be_a_multiple_of_the_mma_warpgroups():
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
 def test_i1_fill_warps_use_the_common_fill_outside(arch):
-    """I1's fill warps on both archs are one call of stages/common/indexer.py `fill_outside` (the
-    full form's two ranges or the compressed form's columns outside the computed key tiles),
-    not a copy of its branches in each kernel (moved there with byte-identical PTX, cubin and
-    SASS on both archs, compressed false and true)."""
+    """I1's fill warps on both archs are one call of indexer.py `fill_outside`, not a copy of its branches (moved
+    with identical PTX/SASS)."""
     import ast
 
     from tests.conftest import ROOT
@@ -707,10 +681,8 @@ print(json.dumps(out))
 
 
 def test_planted_stale_weights_reach_the_compiled_i2_kernel(tmp_path):
-    """tests/fixtures/wrong_i2 plants its bug by overriding the persistent walk's `segment_weights`;
-    the kernel must reach it through the method (else the GPU test of the planted bug would run
-    the correct kernel): both compile for sm_90a, with the same MMAs and different code (the PTX
-    with the kernel's name, which embeds its module's, set aside)."""
+    """wrong_i2's `segment_weights` override must reach the kernel (else its GPU test runs the correct one): same
+    MMAs, different PTX."""
     got = _probe(tmp_path, "sm_90a", _PLANTED_I2_PROBE, tmp_path)
     for name, (ok, err, _, _) in got.items():
         assert ok, f"{name}: {err}"
@@ -721,9 +693,8 @@ def test_planted_stale_weights_reach_the_compiled_i2_kernel(tmp_path):
 @pytest.mark.parametrize("fixture, stage", [("wrong_i1", "I1_mqa_logits"), ("wrong_i2", "I2_paged_mqa_logits"),
                                             ("wrong_e_window", "E_sparse_decode")])
 def test_planted_bug_fixtures_override_only_hooks(fixture, stage):
-    """A fixture that copies a long kernel method to change one line tests old code once the
-    method changes: these fixtures replace only the methods the stage's sm90 kernel names as
-    hooks ("so a test fixture can plant a bug here")."""
+    """A fixture copying a long method tests old code once the method changes: fixtures replace only the kernel's
+    named hooks."""
     import ast
 
     from tests.conftest import ROOT

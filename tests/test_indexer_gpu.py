@@ -1,7 +1,5 @@
-"""On a GPU: the lab catches the planted bugs (tests/fixtures/wrong_i1: ReLU dropped; wrong_i2: one
-sequence's weights kept across a share) — each runs cleanly, writes every element with the right
-−inf positions, and is reported `fail`. The matrices are proven by `dsv4-lab run`, not here.
-"""
+"""On a GPU: the planted bugs (wrong_i1: ReLU dropped; wrong_i2: stale weights) run cleanly with right −inf
+positions and are `fail`."""
 
 import dataclasses
 
@@ -42,10 +40,8 @@ def test_lab_catches_dropped_relu_in_stage_i1(project_root, tmp_path):
 
 
 def test_lab_catches_stale_weights_in_the_persistent_i2(project_root, tmp_path):
-    """tests/fixtures/wrong_i2: the persistent I2 keeping its share's first sequence's weights for
-    the share's later segments.  At b 8, ctx 3000 (~2.9 blocks a CTA) the shares that span a
-    sequence boundary compute their second sequence's blocks with the wrong weights: every such
-    case runs cleanly, writes every element with the right −inf positions, and fails."""
+    """wrong_i2 at b 8, ctx 3000 (~2.9 blocks a CTA): shares spanning a sequence boundary use the wrong weights,
+    and every case fails."""
     spec = load_spec(root=project_root)
     i2 = spec.stages["I2"]
     wrong = KernelRef("sm_90a", "tests.fixtures.wrong_i2.sm90", "Kernel",

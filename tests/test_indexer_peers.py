@@ -1,11 +1,9 @@
-"""The indexer's peers on the CPU: the two problems read from stage I1's and I2's tensor specs
-(and refuse other layouts), the PyTorch peer matches the float64 oracle on both problems (−inf
-positions exact), and DeepGEMM's shape rules and missing-package answer."""
+"""The indexer's peers: problems from I1's/I2's tensor specs, the PyTorch peer vs the float64 oracle, DeepGEMM's
+rules and absence."""
 
 import dataclasses
 
 import pytest
-import torch
 
 from harness.execution.metrics import compare
 from harness.peers import deepgemm, torch_indexer

@@ -1,7 +1,5 @@
-"""`dsv4-lab inspect` (CPU only): one case per stage per arch traced in a process for that arch;
-the planted mismatch (tests/fixtures/inspect_mismatch.py) fails "P in registers" and the same
-fixture with matching MMAs passes it: the check can fail and can pass.
-"""
+"""`dsv4-lab inspect` (CPU): the planted mismatch (fixtures/inspect_mismatch.py) fails "P in registers", matching
+MMAs pass it."""
 
 import dataclasses
 import subprocess

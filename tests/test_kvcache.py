@@ -1,7 +1,5 @@
 """oracles/kvcache.py: the FP8 cache formats' bytes, quantisers and dequantisers (CPU)."""
 
-import math
-
 import pytest
 import torch
 
@@ -164,8 +162,7 @@ def test_wrong_format_or_bytes_refused():
 
 @pytest.mark.parametrize("fmt", kc.FORMATS)
 def test_write_read_tokens_touch_only_their_tokens(fmt):
-    """The sparse writer: tokens written one by one equal the whole-cache quantiser's bytes,
-    and a token's bytes live only where token_offsets says."""
+    """Tokens written one by one equal the whole-cache quantiser's bytes, each only where token_offsets says."""
     bs = 3
     x = _kv(2, bs, seed=7)
     whole = kc.quantize(x, fmt)

@@ -1,6 +1,5 @@
-"""Imports that run the right way: the oracles (the math a kernel is judged by) import nothing
-of the harness that judges them, and no harness module hides a standard-library module of the
-same name (a `harness/inspect.py` read as `inspect` by tools that resolve names by file)."""
+"""Oracles import nothing of the harness, and no harness module hides a stdlib module (a `harness/inspect.py` read
+as `inspect`)."""
 
 import ast
 import sys

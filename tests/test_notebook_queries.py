@@ -1,7 +1,5 @@
-"""The notebook's queries (harness/notebook/records.py) give the answers the readers computed on
-their own before: on the real tree's notebook (read only), against the old code kept here
-verbatim, and on a small notebook of old-format lines.
-"""
+"""The notebook's queries (records.py) answer as the readers' old code (kept here verbatim) on the real notebook
+and old-format lines."""
 
 import json
 from pathlib import Path
@@ -193,8 +191,7 @@ HARNESS = ROOT / "harness"
 
 
 def _sources() -> dict[str, str]:
-    """Every harness module's text by its file name, the command modules (harness/commands/, named
-    like the modules whose work they call) apart."""
+    """Every harness module's text by file name, the command modules (harness/commands/) apart."""
     files = [p for p in sorted(HARNESS.rglob("*.py")) if p.name != "__init__.py" and p.parent.name != "commands"]
     src = {p.name: p.read_text() for p in files}
     assert len(src) == len(files) > 40, "harness modules not found, or two of one name"

@@ -1,7 +1,4 @@
-"""The notebook stays small without losing anything (inventories and env blocks stored once, stale
-lines archived, live lines sealed, compile baselines trimmed), and the tracked tree, which travels
-to the GPU machine with the CuTeDSL pack, stays within its budget.
-"""
+"""The notebook stays small without losing anything, and the tracked tree stays within the device carry's budget."""
 
 import json
 import lzma

@@ -1,7 +1,5 @@
-"""stages/common/part_combine.py and part_merge.ZeroFlags compiled for sm_90a on the CPU: a row's
-slots are read in groups whose loads all fly before any is used (issue 30: one L2 round trip a
-slot was most of the combine's time), and the launches before a dependent grid let it launch early.
-"""
+"""part_combine.py and part_merge.ZeroFlags for sm_90a: a row's slot loads fly before use (issue 30: one L2 round
+trip a slot dominated)."""
 
 import os
 import re
@@ -83,12 +81,8 @@ def _ptx(tmp_path, grid: tuple) -> dict[str, str]:
 
 
 def test_the_fast_combine_issues_a_groups_loads_before_it_uses_them(tmp_path):
-    """`fast` (off by default), b 2, s_q 2, h_q 128 (parts of 2 tiles: 9 pieces a sequence): every slot's LSE and every
-    slot's row come by predicated loads through L2 (an empty slot is not read; no stale L1 line
-    of the attention grid's partials), and all loads of the first group (5 slots × 4 16-byte
-    loads a lane) are issued before the first multiply-add uses one — two round trips for the
-    rows, not nine.  Neither kernel lets its dependent launch early (griddepcontrol.launch_dependents:
-    timed slower, dropped)."""
+    """`fast`, b 2 s_q 2 h_q 128 (9 pieces): predicated L2 loads, the first group's (5 slots × 4) all issued before
+    use (two round trips, not nine); no launch_dependents (timed slower)."""
     bodies = _ptx(tmp_path, (2, 2, 2, 18, 2))
     combine = next(v for k, v in bodies.items() if "PartCombine" in k)
     zero = next(v for k, v in bodies.items() if "ZeroFlags" in k)
@@ -104,11 +98,8 @@ def test_the_fast_combine_issues_a_groups_loads_before_it_uses_them(tmp_path):
 @pytest.mark.parametrize("hb,tokens,b,T,L", [(2, 2, 2, 18, 2), (1, 2, 2, 18, 1), (2, 2, 1, 18, 1), (1, 1, 16, 18, 3),
                                              (2, 2, 8, 18, 6), (1, 2, 3, 5, 3), (2, 1, 74, 18, 21), (1, 1, 74, 18, 11)])
 def test_the_combine_launches_a_cta_for_every_cut_row_block_and_no_idle_ones(hb, tokens, b, T, L):
-    """Every 4 rows of every cut sequence are combined by exactly one CTA (the kernel's own
-    cta_sequence, on ints), by part boundary (the default) or, `fast`, by sequence where the
-    parts are shorter than a sequence (every sequence cut) — then no CTA is idle at all: by
-    boundary, b 2 h 128 launched 1 120 CTAs for 128 busy ones, and their launch was most of the
-    combine's time (issue 30)."""
+    """Every 4 rows of every cut sequence get one CTA (by boundary, or `fast` by sequence: none idle; by boundary b
+    2 h 128 launched 1 120 CTAs for 128 busy, issue 30)."""
     from stages.common.part_combine import PartCombine
     from stages.common.part_scheduler import PartGrid
 

@@ -1,6 +1,5 @@
-"""The in-kernel merge of a sequence cut in two (stages/common/part_merge.py) on the CPU: roles (and
-why they cannot deadlock), when a launch merges, and the staging layout of piece 1's partial.
-"""
+"""The in-kernel merge of a sequence cut in two (part_merge.py): roles (no deadlock), when a launch merges, piece
+1's staging."""
 
 import itertools
 
@@ -17,10 +16,8 @@ GRIDS = [PartGrid(hb, tokens, b, T, L) for hb, tokens, b, T, L in itertools.prod
 @pytest.mark.parametrize("g", [g for g in GRIDS if any(g.pieces(s) == 2 for s in range(g.sequences))],
                          ids=lambda g: f"hb{g.head_blocks}t{g.tokens}b{g.batches}T{g.num_tiles}L{g.part_tiles}")
 def test_piece_0_is_a_parts_last_segment_and_piece_1_the_next_parts_first(g):
-    """The kernel's roles (merge_roles: pieces 2, slot 0 merges, slot 1 hands over) sit where
-    the deadlock argument needs them: a hand-over is the first segment of its part (it waits on
-    nothing before it raises its flag), a merge the last segment of its part and waits on the
-    next part only — so every wait points to a later part's first segment, and no cycle exists."""
+    """merge_roles: a hand-over is its part's first segment, a merge its part's last, waiting on the next part
+    only: no wait cycle."""
     roles = {}
     for p in range(g.parts):
         n = g.segments(p)
@@ -78,9 +75,8 @@ def _wavefronts(byte_addresses) -> int:
 
 @pytest.mark.parametrize("col0", [0, 256])
 def test_staged_reads_find_the_accumulators_values_on_two_wavefronts(col0):
-    """add_staged_rows' address of (thread, h, g) is the staged place of the accumulator value
-    it adds (row 16·w + l//4 + 8·h, column col0 + 8·g + 2·(l%4)), and each warp instruction's
-    32 eight-byte loads touch every bank at most twice: two wavefronts, the least for 256 bytes."""
+    """add_staged_rows reads each accumulator value's staged place, and each warp's 32 eight-byte loads take two
+    wavefronts."""
     for warp in range(4):
         for h in range(2):
             for g in range(256 // 8):

@@ -1,6 +1,5 @@
-"""The persistent decode schedule (stages/common/part_scheduler.py) on the CPU: the kernel's own
-segment mapping covers every (sequence, tile) exactly once, in order, with the partial slots and
-piece counts the combine reads; the chooser and the matrix's `splits` values."""
+"""The persistent decode schedule (part_scheduler.py): every (sequence, tile) once, in order, with slots and piece
+counts; the chooser."""
 
 import itertools
 
@@ -56,8 +55,7 @@ def test_segments_cover_every_tile_once_with_their_slots(T, L):
 @pytest.mark.parametrize("T,L", [(18, 1), (18, 2), (18, 5), (18, 17), (18, 18), (18, 36), (18, 41), (18, 42),
                                  (5, 3), (2, 7), (10, 4), (1, 1)])
 def test_cut_at_names_every_cut_sequence_once(T, L):
-    """The combine's grid (one CTA row a part boundary, PartGrid.cut_at): exactly the cut
-    sequences, each by one boundary — none twice, none missed, no whole sequence touched."""
+    """PartGrid.cut_at: exactly the cut sequences, each by one boundary; no whole sequence touched."""
     for tokens, batches in ((1, 1), (2, 3), (1, 7), (2, 74)):
         g = PartGrid(2, tokens, batches, T, L)
         named = [g.cut_at(b)[0] for b in range(1, g.parts) if g.cut_at(b)[1]]
@@ -84,8 +82,8 @@ def test_resolve_maps_the_matrix_values():
 
 @pytest.mark.parametrize("hb", [1, 2])
 def test_the_chooser_fills_the_gpu_and_cuts_only_where_it_pays(hb):
-    """The bench's launches (s_q 2, 18 tiles): whole sequences where they fill the SMs evenly
-    (b 64, 128, 256); cut ones at b 74, 148; never more CTAs than SMs; the estimate's minimum."""
+    """Bench launches (s_q 2, 18 tiles): whole sequences at b 64, 128, 256; cut at b 74, 148; never more CTAs than
+    SMs."""
     for b in (2, 64, 74, 128, 148, 256):
         L = choose_part_tiles(hb, 2, b, 18)
         g = PartGrid(hb, 2, b, 18, L)
@@ -101,9 +99,8 @@ def test_the_chooser_fills_the_gpu_and_cuts_only_where_it_pays(hb):
                                               (2, 2, 2, 2), (2, 1, 4, 2), (2, 2, 8, 6), (1, 1, 16, 3),
                                               (1, 2, 32, 9), (2, 2, 64, 36)])
 def test_the_chooser_counts_a_sequences_pieces(hb, tokens, b, want):
-    """A part of one tile cuts a sequence of 18 tiles into 18 pieces, read by the combine group
-    after group (H200: b 1 s2 h128 17.4 µs at L = 1, 15.7 at L = 2).  The piece term (PIECE_COST)
-    moves the L = 1 choices of b ≤ 2 to L = 2 and leaves larger batches' choices where they were."""
+    """18 tiles in 18 pieces (H200: b 1 s2 h128 17.4 µs at L = 1, 15.7 at L = 2): PIECE_COST moves b ≤ 2 to L = 2,
+    larger b unchanged."""
     from stages.common.part_scheduler import choose_part_tiles
 
     choose_part_tiles.cache_clear()

@@ -1,6 +1,5 @@
-"""Peer adapters: the shapes each one supports, how the stage's tensors map to a problem, the
-PyTorch peers computing the same thing as the oracle (on the CPU), and a missing package is
-"not installed (pip install …)", never a failure."""
+"""Peer adapters: supported shapes, tensor mapping, PyTorch peers vs the oracle, a missing package is "not
+installed", never a failure."""
 
 import importlib.util
 
@@ -156,9 +155,8 @@ def test_flashmla_counts_its_own_576_wide_work():
 
 
 def test_flashmla_pads_a_512_head_to_the_same_answer(monkeypatch):
-    """The padded call computes the stage's problem: zero columns change no score, and the softmax
-    scale is the real width's. A stand-in flash_mla (plain float64 math on what it is given) checks
-    the adapter's inputs, not FlashMLA."""
+    """Zero-padded columns change no score and the scale is the real width's (a float64 stand-in flash_mla checks
+    the adapter's inputs)."""
     import math
     import sys
     import types
@@ -191,8 +189,8 @@ def test_flashmla_pads_a_512_head_to_the_same_answer(monkeypatch):
 
 
 def test_sink_decode_peer_matches_the_d5_oracle():
-    """torch_plain's sink_decode (the D5 bench peer) against the stage's float64 oracle on a case
-    with a lonely batch, a sink and NaN rows past the fill levels."""
+    """torch_plain's sink_decode (D5's bench peer) vs the oracle: a lonely batch, a sink, NaN rows past the fill
+    levels."""
     import torch
 
     from harness.peers import adapter

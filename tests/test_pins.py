@@ -1,10 +1,7 @@
-"""The install a newcomer runs is the one CI tested: every dependency in pyproject.toml is bounded,
-constraints.txt pins each within its bounds, the README's install line uses constraints.txt, and
-.ci/run builds its venv from that line and runs the README's test command in it.
-"""
+"""The install a newcomer runs is the one CI tested: bounded deps, constraints.txt pins, the README's install line,
+.ci/run."""
 
 import re
-from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement

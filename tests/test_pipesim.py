@@ -1,18 +1,6 @@
-"""The pipeline protocols of the sm100 (and sm90) kernels, checked on the CPU (issue 34 item 3).
-
-stages/common/pipesim.py simulates every role's mbarrier waits and arrivals; the families'
-protocols are stages/common/protocols.py.  Here:
-
-  * every sm100 case of D2, D3, D4, D5, E, I1 and I2 (and every sm90 case of D2–D5, E, I1, I2) —
-    each kernel of the matrix, every number
-    of visited tiles a CTA of it can get (0: an empty split or a CTA whose rows are all lonely;
-    1; 2; many, past the ring's laps), both O halves (their load orders differ; model1's wide
-    rope chunk moves with them) — runs to its end without deadlock, lapped ring or stray arrival;
-  * the protocol's barrier-init counts and expect_tx bytes equal those of the compiled PTX of one
-    case per family (compiled through the lab's cache: fast after the first run, recompiled when
-    a kernel's source changes);
-  * a planted arrive count off by one deadlocks and the report names the barrier; a planted count
-    or byte drift fails the PTX cross-check.
+"""The sm100 (and sm90) pipeline protocols on the CPU (issue 34 item 3), simulated by stages/common/pipesim.py:
+every case of every kernel, 0, 1, 2 and many visited tiles, both O halves, runs without deadlock, lapped ring or
+stray arrival; barrier counts and expect_tx bytes equal the compiled PTX's; planted count/byte drifts are caught.
 """
 
 import json
@@ -176,8 +164,8 @@ def test_an_arrive_count_off_by_one_deadlocks_and_names_the_barrier():
 
 
 def test_d2_persistent_walk_completes_and_a_q_never_freed_deadlocks_at_the_next_item():
-    """D2's persistent CTAs (sm90): Q is loaded once an item; warpgroup 0 frees it after the
-    item's last S.  Without that release the load warp waits for the Q slot of item 2 forever."""
+    """D2's persistent CTAs (sm90): warpgroup 0 frees Q after an item's last S; without it the load warp waits at
+    item 2."""
     k = _kernel("D2", {"shape": "b64s2h128n1152d512", "splits": "auto"}, "sm_90a")
     good = P.decode_sm90_persistent(k, [18, 18])
     assert simulate(good) is None
@@ -251,8 +239,8 @@ print("RESULT" + json.dumps(out))
 
 
 def _compiled(tmp, arch: str, cases: dict) -> dict:
-    """The PTX of `cases` for `arch`, through the lab's compile cache (.cache/compile, or
-    DSV4_LAB_CACHE): compiled once, then read back while the kernels' sources are unchanged."""
+    """The PTX of `cases` for `arch` through the lab's compile cache (compiled once, reused while sources are
+    unchanged)."""
     script = tmp / f"compile_{arch}.py"
     script.write_text(textwrap.dedent(_COMPILE.format(root=str(ROOT), cases=cases, arch=arch)))
     env = {**os.environ, "CUTE_DSL_ARCH": arch, "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp),
@@ -327,8 +315,8 @@ def test_a_drifted_count_or_byte_total_fails_the_cross_check(compiled):
 
 
 def test_an_eager_qk_order_that_outruns_the_ring_deadlocks():
-    """The house issues the first qk_early = R − n_v chunks of Q·K_{j+1}ᵀ before P·V_j: one more
-    and the MMA warp waits for a slot only P·V_j (which it has not issued) would free."""
+    """qk_early = R − n_v chunks of Q·K_{j+1}ᵀ before P·V_j; one more and the MMA warp waits on a slot only P·V_j
+    frees."""
     import copy
 
     k = _kernel("D2", {"shape": "b1s2h128n1152d512", "splits": 1})
@@ -341,8 +329,8 @@ def test_an_eager_qk_order_that_outruns_the_ring_deadlocks():
 
 
 def test_a_pair_whose_consumers_never_release_the_peer_deadlocks_naming_remote_empty():
-    """Stage E on Hopper at h_q 128: each CTA's MMA warps release a slot locally and on the peer's
-    remote_empty; without the remote release the peer's producer waits there forever."""
+    """E on Hopper at h_q 128: without the release on the peer's remote_empty, the peer's producer waits there
+    forever."""
     k = _kernel("E", {"b": 2, "config": "s2h128_m128bs256_x1024bs64", "kv_format": "model1", "splits": 1}, "sm_90a")
     good = P.sparse_sm90(k, 0)
     assert simulate(good) is None

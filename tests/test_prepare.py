@@ -1,8 +1,5 @@
-"""`prepared` (issue 34 item 5), on the CPU: never a run, a pass, a run baseline or the gate's
-result; `run --prepare` without a GPU records `compiled`. The launch interposer
-(harness/execution/prepare.py) runs here in "fake" mode: stage E's sm100 host path goes up to the
-launch, with the compile's grid, block and shared memory. On a GPU: tests/test_prepare_gpu.py.
-"""
+"""`prepared` (issue 34 item 5): never a pass, run baseline or gate result; the launch interposer in "fake" mode.
+GPU: test_prepare_gpu.py."""
 
 import dataclasses
 import json
@@ -64,9 +61,8 @@ def test_dashboard_shows_prepared_apart_from_compiled_and_from_a_run(project_roo
 
 
 def test_baselines_never_take_a_prepared_record_as_a_run_result(tmp_path, monkeypatch):
-    """`baseline accept` on a lab whose only record of a case is a fresh `prepared` one: even with
-    the arch counted as runnable here, no run baseline comes of it (there is no pass); where the
-    arch cannot run, what it gives is a compile-only baseline (its build facts), never a run one."""
+    """A case whose only record is `prepared` gets no run baseline, even with its arch runnable; where not
+    runnable, a compile-only one."""
     from harness.notebook import baselines
     from harness.spec.identity import source_hash
     from harness.spec.matrix import expand
@@ -204,8 +200,8 @@ int _cudaLaunchKernel(void *fn, uint32_t a, uint32_t b, uint32_t c, uint32_t d, 
 
 @pytest.fixture(scope="module")
 def e_sm100_object(tmp_path_factory):
-    """Stage E's sm100 kernel (simple) compiled for sm_100a and exported as an object file, with
-    what the compile inferred (launch shared memory, grid, threads)."""
+    """E's sm100 kernel (simple) compiled for sm_100a as an object file, with the inferred launch smem, grid,
+    threads."""
     d = tmp_path_factory.mktemp("e_sm100")
     (d / "compile.py").write_text(textwrap.dedent(_COMPILE))
     env = {**os.environ, "CUTE_DSL_ARCH": "sm_100a", "PYTHONPATH": str(ROOT)}
@@ -227,10 +223,8 @@ def _host_path(obj, mode: str, runtime: str = "", **env_extra) -> tuple[str, dic
 
 
 def test_the_host_path_of_e_sm100_runs_up_to_the_launch_under_the_interposer(e_sm100_object):
-    """CuTeDSL's compiled host code of E sm100 (simple), on its real arguments, with the launch
-    interposer in fake mode: one launch reached, not made, with the kernel's grid and threads and
-    the dynamic shared memory the compile inferred.  In prepare mode against the real runtime
-    (no driver here) a failing call that is not a foreign-arch refusal raises: no `prepared`."""
+    """E sm100's host code under the fake interposer reaches one launch with the compile's grid, threads and smem;
+    prepare mode without a driver raises."""
     out, got, _ = _host_path(e_sm100_object, "prepare")
     assert "RAISED" in out and got is None, out[-3000:]  # never a false `prepared`
     out, got, _ = _host_path(e_sm100_object, "fake")
@@ -243,11 +237,8 @@ def test_the_host_path_of_e_sm100_runs_up_to_the_launch_under_the_interposer(e_s
 
 @pytest.mark.parametrize("refuses, calls", [("load", 1 | 2 | 4 | 8), ("lookup", 2 | 4 | 8)])
 def test_a_refused_library_or_kernel_is_never_handed_to_the_driver(e_sm100_object, tmp_path, refuses, calls):
-    """Against a stand-in driver that refuses the sm_100a image (at load, or at the kernel lookup
-    as lazy loading does) and aborts on any handle it did not make: the host path still reaches
-    the launch — every later call on the refused handle passed over and named, none forwarded —
-    with the compile's grid and shared memory.  Before the fix the interposer forwarded its
-    made-up handle and the worker died (SIGSEGV on the H200)."""
+    """A stand-in driver refusing the sm_100a image: later calls on the refused handle are passed over, never
+    forwarded (it once SIGSEGVed the H200)."""
     lib = tmp_path / "libdriver.so"
     (tmp_path / "driver.c").write_text(_DRIVER)
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "driver.c")], check=True)
@@ -260,8 +251,8 @@ def test_a_refused_library_or_kernel_is_never_handed_to_the_driver(e_sm100_objec
 
 
 def test_an_error_that_is_no_arch_refusal_fails_the_host_path(e_sm100_object, tmp_path):
-    """A driver error that is not about the arch (here 2, out of memory, at the library load) is
-    the host path failing: it raises, nothing is `prepared`."""
+    """A driver error not about the arch (2, out of memory, at the library load) fails the host path: nothing
+    `prepared`."""
     lib = tmp_path / "libdriver.so"
     (tmp_path / "driver.c").write_text(_DRIVER)
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "driver.c")], check=True)

@@ -1,7 +1,5 @@
-"""On a GPU that is not an sm_100 (H100 / H200): every sm100 kernel's host path runs up to, not
-including, the launch (`run --prepare`, harness/execution/prepare.py: TMA descriptors encoded on
-the device, the cubin loaded through the real driver, the launch checked against this device's
-limits), and each case is recorded `prepared`, never `pass` (issue 34 item 5). The lead runs:
+"""On an H100/H200: every sm100 kernel's host path runs up to the launch (`run --prepare`) and is recorded
+`prepared` (issue 34 item 5):
 
     python3 -m pytest -q -m gpu tests/test_prepare_gpu.py
     dsv4-lab run E --arch sm_100a --prepare --where config=s2h64_m128bs256_x512bs64,scenario=invalid,splits=1

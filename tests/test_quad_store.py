@@ -1,5 +1,5 @@
-"""stages/common/quad_store.py: the quad transpose behind the wide O stores, run as four numpy
-lanes, and the accumulator layout it assumes (checked against CuTe's own partition)."""
+"""quad_store.py: the quad transpose of the wide O stores as four numpy lanes, and its accumulator layout vs
+CuTe's."""
 
 import os
 import subprocess
@@ -71,8 +71,8 @@ trace()
 
 
 def test_accumulator_layout_matches_cute(tmp_path):
-    """The stage-E P·V accumulator is where accumulator_coordinate says (what the wide O stores
-    assume), and a wrong assumption is refused.  A subprocess: CuTeDSL's arch is per process."""
+    """E's P·V accumulator is where accumulator_coordinate says, a wrong assumption refused (a subprocess: arch per
+    process)."""
     pytest.importorskip("cutlass")
     probe = tmp_path / "probe.py"
     probe.write_text(_LAYOUT_PROBE)

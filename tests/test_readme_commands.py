@@ -1,13 +1,8 @@
-"""Every `dsv4-lab …` command the README shows runs as written (issue 26), read from README.md's
-code blocks and inline code. A synopsis is listed in SYNOPSES with the concrete commands that
-stand for it; commands needing a GPU, a target, git or minutes of compiling are in SKIPPED with
-the test that covers them (the slow ones run with DSV4_README_SLOW=1). Each runs in a fresh
-process on a copy of the lab: no traceback, and an exit code the README documents.
-"""
+"""Every `dsv4-lab …` command in README.md runs as written (issue 26): SYNOPSES stand-ins, SKIPPED with their
+covering test."""
 
 import os
 import re
-from pathlib import Path
 
 import pytest
 
@@ -17,8 +12,7 @@ README = ROOT / "README.md"
 
 
 def readme_commands(text: str) -> list[str]:
-    """Every `dsv4-lab …` command of the README, in order, once each: inline code, and lines
-    of code blocks (indented or fenced; after `&&` too)."""
+    """Every `dsv4-lab …` command of the README once, in order: inline code and code-block lines (after `&&` too)."""
     found: list[str] = []
     for m in re.finditer(r"`(dsv4-lab [^`\n]+)`", text):
         found.append(m.group(1))

@@ -128,10 +128,8 @@ def test_bench_records_are_left_out_of_test_matrix_readers(tmp_path):
 
 
 def test_a_remote_bench_record_passes_the_strict_check_and_text_in_a_number_does_not():
-    """`run --bench --target X`: the timing the lab itself writes (how it timed, the GPU, the rows a
-    bench shape checked, the roofline's reason or limiter, a peer's reason for not running) passes
-    the remote channel's strict check; text where the lab writes a number, or text that is not
-    one printable line, does not."""
+    """A remote bench record as the lab writes it passes the channel's strict check; text in a number, or not one
+    printable line, does not."""
     good = {"v": 1, "id": "R.1", "run": "R", "t": "2026-11-27T00:00:00Z", "stage": "E", "arch": "sm_90a",
             "case": {"b": 2}, "status": "pass", "code": {"commit": "abc1234", "dirty": False, "src": "s"},
             "timing": {"us": 20.5, "spread": 0.02, "method": "graph", "gpu_name": "NVIDIA H100 80GB HBM3",

@@ -1,5 +1,4 @@
-"""The roofline arithmetic (bound = max(flops/peak, bytes/bandwidth), fraction = bound/measured),
-the calibration file it reads, and the timing summary it is fed."""
+"""The roofline arithmetic (max(flops/peak, bytes/bandwidth) / measured), its calibration file and timing summary."""
 
 import json
 import math

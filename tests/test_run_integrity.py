@@ -1,7 +1,5 @@
-"""No false green, nothing lost: a run that finished fewer cases than planned never exits 0; bad
-numeric options are usage errors; SIGINT, SIGTERM and SIGHUP end a run interrupted (128 + signal)
-with every finished record kept and no worker left.
-"""
+"""No false green: a run short of its plan never exits 0; bad numbers are usage errors; signals end it 128 +
+signal, records kept."""
 
 import os
 import signal
@@ -140,9 +138,8 @@ def test_repeated_ctrl_c_during_the_clean_up_still_ends_the_run_properly(fake_la
 
 
 def test_scratch_tensors_are_poisoned_workspace_never_compared(fake_lab):
-    """A "scratch" tensor (e.g. split-KV partials) is allocated and poisoned by the harness and
-    passed to the kernel, but never compared: a kernel that relays through it passes, and one
-    that reads it without writing it first gets the poison (NaN) in its output."""
+    """Scratch tensors are poisoned and never compared: relaying through one passes, reading one unwritten gets
+    NaN."""
     (fake_lab / "oracles" / "add.py").write_text((fake_lab / "oracles" / "add.py").read_text() + '''
 
 def scratch_tensors(case):

@@ -1,6 +1,5 @@
-"""Worker isolation: a case that aborts the process, hangs past its timeout, raises, returns
-garbage or leaves outputs unwritten gets that status; the run goes on; every case is
-recorded; Ctrl-C keeps what finished and marks the run interrupted."""
+"""Worker isolation: abort, hang, raise, garbage or unwritten outputs get that status; the run goes on; Ctrl-C
+keeps what finished."""
 
 import json
 import os
@@ -48,8 +47,8 @@ def test_bad_filter_is_one_line_exit_2(fake_lab):
 
 
 def test_ctrl_c_keeps_finished_records_and_marks_run_interrupted(fake_lab):
-    """Ctrl-C as a terminal sends it: SIGINT to the whole process group (the run, its
-    worker and its compilers). The case in flight is dropped, not recorded as a crash."""
+    """SIGINT to the whole process group, as a terminal sends it: the case in flight is dropped, not recorded a
+    crash."""
     env = {"PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "cli", "run", "stage-BAD", "--mode", "ok,hang", "--timeout", "60"],
                             cwd=fake_lab, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -71,8 +70,7 @@ def test_ctrl_c_keeps_finished_records_and_marks_run_interrupted(fake_lab):
 
 
 def test_the_results_table_cuts_no_case_label(fake_lab):
-    """Cases whose labels differ only at their end (as stage E's do) read whole in the results
-    table of a piped run: no label is cut, so no two rows read alike (issue 26 item 3)."""
+    """Labels differing only at their end (like E's) read whole in a piped run's table (issue 26 item 3)."""
     tail = "x" * 90
     text = (fake_lab / "stages.yaml").read_text()
     text += f"""
@@ -96,8 +94,8 @@ def test_the_results_table_cuts_no_case_label(fake_lab):
 
 
 def test_each_case_is_judged_by_its_own_bounds(fake_lab):
-    """tolerances `by:` reaches the verdict: n=32's rel_l2_max 0 (the kernel's fp32 sum is not the
-    oracle's float64 one) fails that case, n=16 under the output's own bound passes."""
+    """tolerances `by:` reaches the verdict: n=32's rel_l2_max 0 fails (fp32 vs float64 sums), n=16 passes its own
+    bound."""
     spec = fake_lab / "stages.yaml"
     old = "tolerances: {out: {cosine_min: 0.9999, rel_l2_max: 1.0e-6}}\n    timeout_s: 20\n"
     assert spec.read_text().count(old) == 1

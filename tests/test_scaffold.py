@@ -1,5 +1,5 @@
-"""`dsv4-lab new stage`: the scaffold passes `check` and compiles for both archs; bad requests
-are one line, exit 2, and leave the lab as it was."""
+"""`dsv4-lab new stage`: the scaffold passes `check` and compiles for both archs; bad requests: one line, exit 2,
+nothing written."""
 
 import shutil
 from pathlib import Path

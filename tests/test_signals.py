@@ -1,9 +1,5 @@
-"""Signals and leftovers (issue 27, items 10–12, 14, 15), with real processes and signals:
-`compile` stops like `run` (128 + signal, end event, no worker left); a kernel's child never
-outlives its case; an ignored signal stays ignored; a stop during shutdown agrees with the end
-event; Ctrl-C while loading is one line; a plan past MAX_RUN_CASES is refused. Each process
-carries an environment marker, so a leftover is found by scanning /proc.
-"""
+"""Signals and leftovers (issue 27, items 10–12, 14, 15) with real processes; leftovers are found by an env marker
+in /proc."""
 
 import os
 import signal
@@ -107,9 +103,8 @@ SPAWN_STAGE = '''\
 
 @pytest.mark.parametrize("mode, code, status", [("hang", 1, "timeout"), ("leave", 0, "pass")])
 def test_a_process_the_kernel_starts_does_not_outlive_its_case(fake_lab, mode, code, status):
-    """`hang`: the case times out and the worker is killed; `leave`: the case passes and the worker
-    is closed at the end of the run. Either way the kernel's `sleep 600` goes with the worker's
-    process group, so the run's stdout closes and `dsv4-lab run … | tail` returns."""
+    """`hang` and `leave`: the kernel's `sleep 600` goes with the worker's process group, so `dsv4-lab run … |
+    tail` returns."""
     _add_stage(fake_lab, SPAWN_STAGE, "spawn", SPAWNING_KERNEL)
     token = uuid.uuid4().hex
     proc = _start(fake_lab, ["run", "stage-SPAWN", "--mode", mode], token)
@@ -135,8 +130,8 @@ def _ignore_hangup() -> None:
 
 
 def test_a_run_started_with_sighup_ignored_keeps_going_on_a_hang_up(fake_lab):
-    """`nohup dsv4-lab run …`: the hang-up is ignored and the run finishes normally (the hanging
-    case times out: exit 1, not 129), both cases recorded, the run not marked interrupted."""
+    """`nohup dsv4-lab run …`: SIGHUP ignored, the run finishes (the hang times out: exit 1, not 129), not
+    interrupted."""
     token = uuid.uuid4().hex
     proc = _start(fake_lab, ["run", "stage-BAD", "--mode", "ok,hang", "--timeout", "6"], token,
                   preexec=_ignore_hangup)
@@ -162,8 +157,8 @@ def test_a_run_started_with_sighup_ignored_keeps_going_on_a_hang_up(fake_lab):
 
 
 def test_a_stop_signal_during_the_shut_down_gives_the_exit_code_of_the_end_event(fake_lab, monkeypatch):
-    """SIGTERM lands after the last case, while the run shuts down (here: as its compilers
-    close): the end event says interrupted, and so must the exit code (143, not 0)."""
+    """SIGTERM while the run shuts down (compilers closing): the end event says interrupted, and so does the exit
+    (143, not 0)."""
     from harness.execution import runner as runner_mod
     from harness.spec.matrix import expand
     from harness.spec.spec import load_spec
@@ -254,9 +249,7 @@ def test_a_stop_signal_ends_a_compile_interrupted_with_nothing_left(fake_lab, tm
 
 
 def test_sigterm_during_the_gates_recompile_is_143_interrupted_with_nothing_left(fake_lab, tmp_path):
-    """The gate recompiles a stale compile-only case (its baseline's source hash is not the
-    tree's): SIGTERM meanwhile ends the gate with 143 — never a verdict — the compile session's
-    end event marked interrupted, and no compile worker left."""
+    """SIGTERM during the gate's recompile: 143, never a verdict, the end event interrupted, no worker left."""
     _add_stage(fake_lab, SLOW_COMPILE_STAGE, "slowcompile", SLOW_COMPILE_KERNEL)
     (fake_lab / "results" / "records").mkdir(parents=True, exist_ok=True)
     write_baselines(fake_lab, textwrap.dedent('''\
@@ -324,9 +317,8 @@ def test_ctrl_c_while_the_command_line_loads_is_one_line_and_130(fake_lab):
 
 
 def test_a_command_over_the_case_limit_is_refused_in_one_line_before_building_cases(fake_lab):
-    """Two stages of MAX_RUN_CASES * 0.8 cases each (each under the per-stage limit): `run --all`
-    is refused at once, exit 2, one line naming the total and how to narrow it; one of them alone
-    with a filter is fine."""
+    """Two stages of MAX_RUN_CASES * 0.8 cases: `run --all` is refused at once in one line, exit 2; one stage with
+    a filter is fine."""
     side = int((MAX_RUN_CASES * 0.8) ** 0.5) + 1
     values = ", ".join(str(i) for i in range(1, side + 1))
     with open(fake_lab / "stages.yaml", "a") as f:

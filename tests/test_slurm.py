@@ -1,6 +1,5 @@
-"""Slurm targets (issue 32): the targets.yaml entry, the sbatch script, and runs through a real
-Slurm on 127.0.0.1 (tests/slurm_fixtures.py; skipped with the reason where it cannot start).
-"""
+"""Slurm targets (issue 32): the targets.yaml entry, the sbatch script, runs on a real Slurm
+(tests/slurm_fixtures.py)."""
 
 import json
 import os
@@ -295,8 +294,7 @@ class Kernel:
 
 
 def test_node_fail_is_requeued_once(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
-    """NODE_FAIL (the node taken down under a running task): the lab resubmits that task once,
-    with a fresh key; its case then passes and the run exits 0."""
+    """NODE_FAIL under a running task: the lab resubmits it once with a fresh key; its case passes, exit 0."""
     lab = make_lab(tmp_path / "lab", _targets(tmp_path / "shared", tasks=1))
     (lab / "stages" / "nf").mkdir()
     (lab / "stages" / "nf" / "__init__.py").write_text("")
@@ -335,8 +333,7 @@ def test_node_fail_is_requeued_once(slurm_cluster: SlurmCluster, tmp_path: Path)
 
 
 def test_preempted_task_marks_its_cases_skipped(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
-    """A job of a higher-tier partition preempts the lab's task (PreemptMode=CANCEL): its cases are
-    marked skipped, saying PREEMPTED, and the run exits 1 (nothing was proven about them)."""
+    """A higher-tier job preempts the task (PreemptMode=CANCEL): its cases are skipped, saying PREEMPTED; exit 1."""
     lab = make_lab(tmp_path / "lab", _targets(tmp_path / "shared", "    sbatch_options: {cpus-per-task: 8}\n", tasks=1))
     env = {**os.environ, **slurm_cluster.env, **POLL, "DSV4_LAB_ROOT": str(lab), "PYTHONPATH": str(lab)}
     proc = subprocess.Popen([sys.executable, "-m", "cli", "run", "SLOW", "--target", "cl"], cwd=lab, env=env,

@@ -1,7 +1,5 @@
-"""stages/common's sm100 pieces on the CPU: identity_coords (the pure-Python coordinates the
-trace-time agreement checks use) and those checks (check_same_fragment_coords, check_smem_p)
-refusing a planted mismatch. Traced in a subprocess (sm_100a).
-"""
+"""stages/common's sm100 pieces: identity_coords and the agreement checks refusing a planted mismatch (traced,
+sm_100a)."""
 
 from types import SimpleNamespace
 
@@ -14,8 +12,7 @@ from tests.conftest import traced
 
 
 class _Fake:
-    """An identity-coordinate tensor stand-in: iterator, layout.shape/.stride, and t[i]
-    answered from a given list (what CuTe's indexing would say)."""
+    """An identity-coordinate tensor stand-in: iterator, layout.shape/.stride, and t[i] from a given list."""
 
     def __init__(self, base, shape, stride, answers=None):
         self.iterator = base
@@ -50,8 +47,8 @@ def test_identity_coords_refuses_what_it_cannot_evaluate(base, shape, stride):
 
 
 def test_fragment_coords_spot_check_and_fallback():
-    """A Python evaluation that disagrees with CuTe's own indexing stops the compile; a
-    tensor it cannot evaluate is indexed element by element (never a weaker answer)."""
+    """A Python evaluation disagreeing with CuTe's indexing stops the compile; an unevaluable tensor is indexed per
+    element."""
     from cutlass.cute import ScaledBasis as E
 
     import stages.common.sm100_idioms as idioms
@@ -127,9 +124,8 @@ _SETUP = """
 
 
 def test_identity_coords_equals_cute_indexing_on_the_kernels_partitions(tmp_path):
-    """Every register of the partitions the sm100 checks compare (TMEM-P S load / P store,
-    the O rescale pair, D1's SMEM-P copy and its A-operand (M, K) view), for threads of
-    all four warps: the Python evaluation gives exactly what t[i] gives."""
+    """For every register of the partitions the sm100 checks compare, all four warps: identity_coords gives exactly
+    t[i]."""
     r = traced(_SETUP + """
     def same(name, t, step=1):
         a = identity_coords(t)
@@ -161,8 +157,8 @@ def test_identity_coords_equals_cute_indexing_on_the_kernels_partitions(tmp_path
 
 
 def test_agreement_checks_still_refuse_a_planted_mismatch(tmp_path):
-    """The faster checks are as strict as before: the kernels' own pairs pass, and a store
-    partition shifted by one key, a transposed one, or a wrong A-operand view is refused."""
+    """The kernels' own pairs pass; a store partition shifted by one key, a transposed one, a wrong A-operand view
+    are refused."""
     r = traced(_SETUP + """
     def expect(name, fn):
         try:
@@ -200,9 +196,8 @@ def test_agreement_checks_still_refuse_a_planted_mismatch(tmp_path):
 
 
 def test_rungs_take_their_operands_as_one_tuple(project_root):
-    """Issue 28 item 5: the sm100 rungs B, C, D1 receive AttentionOperands.args() as ONE
-    KernelOperands argument (as sm90's rungs receive AttentionOperands), not a flattened list of
-    twelve re-declared in each kernel signature."""
+    """Issue 28 item 5: sm100 rungs B, C, D1 take AttentionOperands.args() as ONE KernelOperands, not twelve
+    flattened arguments."""
     from stages.common.sm100_setup import KernelOperands
 
     assert len(KernelOperands._fields) == 12

@@ -47,8 +47,8 @@ def _f32(x):
 
 
 def _stage_case(stage: str, **axes) -> dict:
-    """A case of `stage`'s test matrix (the values must be in it: a case the matrix dropped is no
-    evidence) with the other axes at their first value."""
+    """A case of `stage`'s test matrix (values must be in it: a dropped case is no evidence), other axes at their
+    first value."""
     st = SPEC.stages[stage]
     case = {}
     for axis, values in st.matrix.items():

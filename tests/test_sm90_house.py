@@ -1,8 +1,5 @@
-"""The sm90 set-up pieces stages A–D1 share (stages/common/sm90_setup.py, sm90_register_p.py,
-sm90_smem_p.py), on the CPU: `smem_struct` lays shared storage out as the hand-written structs it
-replaced, and the register-P house really calls the rung's hooks (stage C's softmax and
-tests/fixtures/wrong_b reach the kernel only through them). Traced in a subprocess (sm_90a).
-"""
+"""The sm90 set-up pieces stages A–D1 share: `smem_struct` equals the hand-written structs; the register-P house
+calls the hooks."""
 
 import subprocess
 
@@ -14,9 +11,8 @@ def _traced(script: str, tmp_path) -> subprocess.CompletedProcess:
 
 
 def test_smem_struct_matches_the_hand_written_structs(tmp_path):
-    """D1's storage (three pipelines, the row buffer, four operand buffers) and the register-P
-    storage (two pipelines, three buffers), against the @cute.struct classes the stages wrote
-    by hand before; plus a reordered struct that must NOT match (the comparison can fail)."""
+    """D1's and the register-P storage equal the former hand-written @cute.struct classes; a reordered struct must
+    NOT match."""
     r = _traced("""
         import cutlass
         import cutlass.cute as cute
@@ -74,9 +70,7 @@ def test_smem_struct_matches_the_hand_written_structs(tmp_path):
 
 
 def test_register_p_house_calls_the_rungs_hooks(tmp_path):
-    """Tracing stage B with `between` or `p_from_scores` replaced by one that raises: the trace
-    must stop in the hook (so stage C's softmax and the wrong_b fixture's permuted P are what
-    the kernel runs), and the unchanged kernel must trace through (the probe itself works)."""
+    """Stage B with `between` or `p_from_scores` raising stops in the hook; the unchanged kernel traces through."""
     r = _traced("""
         import cutlass
         import cutlass.cute as cute

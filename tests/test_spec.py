@@ -92,8 +92,8 @@ def test_stage_names():
 
 
 def test_more_adds_a_few_cases_beside_the_matrix_product(fake_lab):
-    """`more:` lists further products (an axis left out takes the matrix's first value): the cases
-    are the matrix's product, then the others' new cases, and filters take the new values."""
+    """`more:` lists further products (missing axes at the matrix's first value): new cases after the product,
+    filterable."""
     from harness.spec.matrix import count, expand, parse_filters
 
     write(fake_lab, GOOD.replace("matrix: {n: [16, 32]}", "matrix: {n: [16, 32], w: [a]}\n"
@@ -118,8 +118,8 @@ def test_bad_more_is_one_line(fake_lab, more, says):
 
 
 def test_tolerances_by_an_axis_value(fake_lab):
-    """An output's `by:` gives the cases with an axis value their own bounds, laid over the
-    output's (the others keep those); a value of another type (32 vs '32', 1 vs true) is not it."""
+    """`by:` bounds for an axis value lie over the output's; a value of another type (32 vs '32', 1 vs true) is not
+    it."""
     from harness.spec.spec import Tolerance
 
     write(fake_lab, GOOD.replace("matrix: {n: [16, 32]}", "matrix: {n: [16, 32], w: [a, b]}").replace(
@@ -155,8 +155,7 @@ def test_bad_tolerances_by_is_one_line(fake_lab, by, key, says):
 
 
 def test_judge_refuses_tolerances_not_resolved_for_the_case(fake_lab):
-    """Handing judge an output's bounds with their `by:` entries still in them (the stage's, not
-    the case's) is a caller's mistake: refused, never judged by the wrong bounds."""
+    """judge refuses bounds with their `by:` entries still in them (the stage's, not the case's)."""
     from harness.execution.metrics import judge
 
     write(fake_lab, BY.replace("by: BY", "by: {w: {b: {rel_l2_max: 2.0e-3}}}"))

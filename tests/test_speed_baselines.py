@@ -1,6 +1,5 @@
-"""Speed baselines (issue 29 item 1): `baseline accept STAGE --speed` keeps, per bench shape, the
-median µs, its spread, the peers' ratios and the GPU from the newest fresh bench record, in
-results/speed_baselines.yaml.xz beside results/baselines.yaml.xz (which is left exactly as it was)."""
+"""Speed baselines (issue 29 item 1): `accept --speed` keeps median, spread, peer ratios and GPU in
+speed_baselines.yaml.xz."""
 
 import lzma
 from pathlib import Path

@@ -1,5 +1,4 @@
-"""`gate --speed` (issue 29 item 4): unchanged sources hold, changed ones must be re-timed by A/B on
-a GPU of the baseline's model (here: none, so one line and exit 1), a slower verdict fails."""
+"""`gate --speed` (issue 29 item 4): unchanged sources hold, changed ones need an A/B on the baseline's GPU model."""
 
 import pytest
 
@@ -7,7 +6,7 @@ from harness.notebook.records import Record
 from harness.notebook.speedbaselines import SpeedBaseline
 from harness.workflows.speedgate import verdicts
 from tests.conftest import has_gpu, run_cli
-from tests.test_speed_baselines import N4096, _bench, slab  # noqa: F401  (slab: the fixture)
+from tests.test_speed_baselines import _bench, slab  # noqa: F401  (slab: the fixture)
 
 
 def test_no_speed_baselines_guard_nothing_and_never_pass(slab):

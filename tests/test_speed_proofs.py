@@ -1,6 +1,5 @@
-"""scripts/speed_proofs.py (the GPU proofs of docs/BENCH.md), what can be proved on the CPU: the
-scratch lab is a git repository whose HEAD is the tree (A/A), or whose tree differs from HEAD by
-E's kernel alone, replaced by the planted slow fixture (the planted slowdown)."""
+"""scripts/speed_proofs.py on the CPU: the scratch lab's HEAD is the tree (A/A), or differs by E's kernel swapped
+for slow_e."""
 
 import subprocess
 

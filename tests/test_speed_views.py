@@ -2,7 +2,7 @@
 
 from harness.notebook.records import Record, RecordWriter
 from tests.conftest import run_cli
-from tests.test_speed_baselines import N4096, _bench, slab  # noqa: F401  (slab: the fixture)
+from tests.test_speed_baselines import _bench, slab  # noqa: F401  (slab: the fixture)
 
 
 def _accept(lab) -> None:

@@ -1,7 +1,5 @@
-"""The peers' own test suites (oracles/suites/, docs/SUITES.md): case lists against upstream's
-counts, generators, pass rules, reasons, suite stages through the executor (a fake CPU lab), and a
-bad suite block as one line.
-"""
+"""The peers' own test suites (oracles/suites/, docs/SUITES.md): case lists, generators, pass rules, executor, bad
+blocks."""
 
 import json
 import math
@@ -84,9 +82,8 @@ def test_deepgemm_case_lists_match_upstream(monkeypatch):
 
 
 def test_a_table_edit_makes_cases_supported(monkeypatch):
-    """The reasons come from each module's table: when a kernel grows an option, editing the
-    table makes its cases supported (and the reason goes)."""
-    from oracles.suites import deepgemm_mqa as m, flashmla_sparse as f
+    """Reasons come from each module's table: editing it when a kernel grows an option makes its cases supported."""
+    from oracles.suites import flashmla_sparse as f
 
     assert sum(not f.reasons(u) for u in f.upstream()) == 4502  # topk up to 32768 (issue 35 item 1)
     monkeypatch.setattr(f, "MAX_TOPK", 2048)  # the table before it: the topk 16384 cases refused again
@@ -99,9 +96,8 @@ def test_a_table_edit_makes_cases_supported(monkeypatch):
 
 
 def test_deepgemm_heads_and_head_dims_are_supported_and_reach_the_kernel(monkeypatch):
-    """Issue 35 item 2 (heads 32 | 64, head_dim 32 | 64 | 128): the cases they made reachable are
-    supported — 72 of the MQA test's 216, 12 of the paged test's 30 with fp32 logits (84 of 246)
-    — and each case carries its heads and head_dim to the kernel (kernel_params) and the tensors."""
+    """Issue 35 item 2: heads 32 | 64, head_dim 32 | 64 | 128 supported (72 of 216 MQA, 12 of 30 paged: 84 of 246)
+    and reach the kernel."""
     from harness.spec.spec import load_spec
     from oracles.suites import deepgemm_mqa as m, deepgemm_paged as p
 
@@ -120,9 +116,8 @@ def test_deepgemm_heads_and_head_dims_are_supported_and_reach_the_kernel(monkeyp
 
 
 def test_deepgemm_bf16_logits_are_supported_and_reach_the_kernel():
-    """Issue 35 item 2 (bf16 logits): with them 120 of the MQA test's 216 and 18 of the paged
-    test's 30 are supported (138 of 246); a case's logits dtype reaches the kernel
-    (kernel_params) and its output tensor."""
+    """Issue 35 item 2: bf16 logits: 120 of 216 and 18 of 30 supported (138 of 246); the dtype reaches the kernel
+    and output."""
     from harness.spec.spec import load_spec
     from oracles.suites import deepgemm_mqa as m, deepgemm_paged as p
 
@@ -138,15 +133,13 @@ def test_deepgemm_bf16_logits_are_supported_and_reach_the_kernel():
 
 
 def test_deepgemm_compressed_logits_are_supported_and_judged_decompressed():
-    """Issue 35 item 2 (the compressed form): every case of the MQA test is supported (216; 234 of
-    246 with the paged test's 18); a compressed case's logits are [s, max(ke − ks)] of upstream's
-    ranges, reach the kernel as `compressed` (kernel_params), and the pass rule reads them back
-    as upstream's post-process does (`decompress`: the inverse of the oracle's `compress`)."""
+    """Issue 35 item 2: compressed: all 216 MQA (234 of 246); logits [s, max(ke − ks)], `compressed` to the kernel,
+    judged via `decompress`."""
     import torch
 
     from harness.spec.spec import load_spec
     from oracles import indexer
-    from oracles.suites import deepgemm_mqa as m, deepgemm_paged as p
+    from oracles.suites import deepgemm_mqa as m
 
     assert len(m.cases()) == 216
     assert "compressed" in load_spec(root=ROOT).stages["I1_DEEPGEMM"].kernel_params
@@ -167,10 +160,8 @@ def test_deepgemm_compressed_logits_are_supported_and_judged_decompressed():
 
 
 def test_deepgemm_context_2d_is_supported_and_reaches_the_kernel():
-    """Issue 35 item 2 (2-D context lengths in I2): every case of the paged test is supported (30;
-    all 246 with the MQA test's); @54e2261's cases pass per-token lengths [b, next_n] (the last
-    token's the sequence's length, the others in [0, it]) as context_2d (kernel_params), and the
-    flops count each token's own keys."""
+    """Issue 35 item 2: 2-D context: all 30 paged (all 246); per-token lengths [b, next_n] as context_2d; flops
+    count each token's keys."""
     from harness.spec.spec import load_spec
     from oracles.suites import deepgemm_paged as p
 
@@ -385,9 +376,8 @@ def _suite_stage(sid: str, entry: str = "Add", criterion: str = "criterion", ext
 
 @pytest.fixture(autouse=True)
 def _fresh_oracles(monkeypatch):
-    """A suite's cases are imported in this process (harness/spec/suitecases.py): a fake lab's
-    `oracles` package must be the one found, not one an earlier test imported from another root
-    (the whole suite failed here on test order), and the lab root put on sys.path goes after."""
+    """Suite cases import in-process: the fake lab's `oracles` must be found, not an earlier test's (the suite
+    failed on test order)."""
     import sys
 
     for name in [m for m in sys.modules if m == "oracles" or m.startswith("oracles.")]:
@@ -529,9 +519,8 @@ def test_suite_command_runs_and_lists_a_suite(suite_lab):
 
 @pytest.mark.gpu
 def test_deepgemm_mqa_reference_on_the_gpu_equals_the_stage_reference():
-    """The suite's reference on a GPU (the fused float64 kernel, oracles/mqa_fused.py) equals stage
-    I1's (oracles/indexer.py, chunked einsums) on upstream cases: compressed and full rows, cp and
-    causal ranges, 32 and 64 heads, head_dim 32 and 128."""
+    """The suite's GPU reference (mqa_fused.py) equals stage I1's on upstream cases: compressed/full, cp/causal,
+    32/64 heads, d 32/128."""
     import torch
 
     from oracles import indexer
@@ -556,9 +545,8 @@ def test_deepgemm_mqa_reference_on_the_gpu_equals_the_stage_reference():
 
 
 def test_flashmla_reference_in_batch_chunks_equals_it_whole(monkeypatch):
-    """The suite's reference in batch chunks (under REFERENCE_KV_BYTES of gathered keys; upstream's
-    b 148 × topk 16384 cases ran out of memory whole) equals stage E's reference of the whole batch:
-    one sequence a chunk, both branches, lonely rows (a corner case's all-invalid indices) included."""
+    """The chunked reference (REFERENCE_KV_BYTES; b 148 × topk 16384 ran out of memory whole) equals E's
+    whole-batch one."""
     import torch
 
     from oracles import sparse_decode as sd

@@ -1,5 +1,4 @@
-"""SSH targets: targets.yaml validation, the ssh argv and quoting, and remote runs against a
-real OpenSSH server on 127.0.0.1 (tests/ssh_fixtures.py) with CPU-only fake stages."""
+"""SSH targets: targets.yaml validation, ssh argv and quoting, remote runs on a real sshd (tests/ssh_fixtures.py)."""
 
 import json
 import os
@@ -456,8 +455,7 @@ def test_full_round_trip(remote_lab, tmp_path, capsys, method):
 
 @pytest.mark.ssh
 def test_remote_without_rsync_is_copied_by_tar(remote_lab, tmp_path, monkeypatch):
-    """This side has an rsync (a stand-in that notes each call and fails); the remote's PATH
-    has none: the copy goes by tar and never calls this side's rsync."""
+    """This side's rsync (a failing stand-in) is never called when the remote has none: the copy goes by tar."""
     if shutil.which("rsync", path="/usr/local/bin:/usr/bin:/bin"):
         pytest.skip("rsync is installed on the test remote (this machine)")
     bin_dir = tmp_path / "bin"
@@ -531,9 +529,8 @@ def test_remote_crash_keeps_records_received(remote_lab, capsys):
 
 @pytest.mark.ssh
 def test_stopping_a_remote_run_here_stops_it_there(remote_lab, ssh_server, tmp_path):
-    """SIGTERM here (Ctrl-C and SIGHUP take the same path): the run is marked interrupted,
-    exit 143, and the remote run and its worker stop too (ssh gone, so the remote side's stdin
-    ends)."""
+    """SIGTERM here (Ctrl-C, SIGHUP alike): the run is interrupted, exit 143, and the remote run and worker stop
+    too."""
     sig, code = signal.SIGTERM, 143
     env = {**os.environ, "DSV4_LAB_ROOT": str(remote_lab), "PYTHONPATH": str(remote_lab),
            "DSV4_LAB_SSH_CONFIG": str(ssh_server.config), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
@@ -786,8 +783,7 @@ def alive(pid: int) -> bool:
 
 
 def test_remote_side_stops_when_its_stdin_ends(tmp_path):
-    """The local side gone (ssh killed, link lost) ends the remote side's stdin: the run stops
-    at once, its worker with it, instead of running on unseen."""
+    """The local side gone (ssh killed) ends the remote side's stdin: the run and its worker stop at once."""
     from harness.remote.channel import Receiver, new_key
     from harness.remote.remote_run import parse_payload
 
@@ -832,9 +828,8 @@ def test_remote_side_stops_when_its_stdin_ends(tmp_path):
 
 
 def test_remote_side_keeps_its_channel_private(tmp_path):
-    """The remote side alone (no ssh): with the key on stdin, its stdout carries authentic
-    frames and nothing else; what the kernel printed is on stderr; the key is not in the
-    environment the kernel sees."""
+    """The remote side alone: stdout carries only authentic frames, the kernel's prints go to stderr, the key is
+    not in its environment."""
     from harness.remote.channel import Receiver, new_key
     from harness.remote.remote_run import parse_payload
 

@@ -1,6 +1,5 @@
-"""A failure in the user's code is one line naming their file:line (harness.core.userfault); the
-worker reports it so, keeps the full trace, checks what make_inputs and the oracle return,
-and never outlives its parent."""
+"""A failure in the user's code is one line naming their file:line; the full trace kept; what make_inputs/oracle
+return is checked."""
 
 import importlib
 import os

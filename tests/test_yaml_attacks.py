@@ -1,5 +1,5 @@
-"""Hostile stages.yaml / targets.yaml / kernel modules: every one is a single `file:line:` error
-(SpecError / TargetError), never another exception, never slow, never a false accept."""
+"""Hostile stages.yaml / targets.yaml / kernel modules: one `file:line:` error each, never another exception, slow
+or false accept."""
 
 import re
 import subprocess
@@ -129,8 +129,8 @@ def _refused_in_one_line(cases, load, error, line) -> int:
 
 
 def test_every_malformed_spec_is_one_line(fake_lab):
-    """Each key deleted, blanked and retyped: a SpecError `stages.yaml:LINE: …`, or (for a valid
-    variant) a spec that loads, never any other exception."""
+    """Each key deleted, blanked, retyped: a one-line SpecError `stages.yaml:LINE: …` or a spec that loads, nothing
+    else."""
     cases = variants(RICH)
     assert len(cases) > 300
     refused = _refused_in_one_line(cases, lambda text: (write_spec(fake_lab, text), load_spec(root=fake_lab)),
@@ -379,8 +379,8 @@ except Exception as exc:
 
 
 def _load_in_child(kind: str, path: Path) -> tuple[float, str, str]:
-    """Load in a child with 2 GiB of address space and 20 s, so a bomb that gets through fails the
-    test instead of taking the machine down."""
+    """Load in a child with 2 GiB of address space and 20 s, so a bomb that gets through fails the test, not the
+    machine."""
     r = subprocess.run([sys.executable, "-c", _BOMB_CHILD, str(ROOT), kind, str(path)],
                        capture_output=True, text=True, timeout=20)
     out = r.stdout.strip()
@@ -423,9 +423,8 @@ def test_cli_refuses_a_bomb_in_one_line(fake_lab, tmp_path):
 
 
 def test_cli_refuses_deep_nesting_in_the_labs_words(fake_lab, tmp_path):
-    """A line of 10000 `[`: PyYAML 6.0.4's libyaml refuses it itself ("exceeded maximum nesting
-    depth") before the lab's composer counts level 65; the lab still answers in its own words,
-    whichever PyYAML is installed (CI runs the suite with the pinned and the newest allowed)."""
+    """10000 `[`: PyYAML 6.0.4's libyaml refuses it before the composer's level 65; the lab answers in its own
+    words either way."""
     write_spec(fake_lab, RICH + "deep: " + "[" * 10000 + "\n")
     (fake_lab / "targets.yaml").write_text("version: 1\ntargets:\n" + "x: " + "{a: " * 10000 + "\n")
     env = {"XDG_CONFIG_HOME": str(tmp_path / "xdg")}
