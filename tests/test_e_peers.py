@@ -25,6 +25,21 @@ def test_dims_read_back_format_and_blocks(config, fmt):
     assert dims["extra_topk"] == c.extra_topk and (not c.has_extra or dims["extra_block"] == c.extra_block)
 
 
+def test_dims_tell_v41_from_nvfp4_where_their_blocks_are_the_same_bytes():
+    """v4.1's 256-token block is 135 168 bytes, nvfp4's of 352 tokens too: the format the extra
+    cache's block fits as well (the 1-token block of "no extra list" included) tells them apart
+    (issue 33; without it both read 'more than one format's block')."""
+    from oracles import kvcache as kc
+
+    assert kc.block_bytes("v4.1", 256) == kc.block_bytes("nvfp4", 352)
+    for fmt, config in (("v4.1", "s2h64_m128bs256_x1024bs64"), ("v4.1", "s1h64_m96bs256"),
+                        ("nvfp4", "s2h64_m128bs256_x1024bs64")):
+        dims = torch_sparse.sparse_dims(sd.tensors(_case(config, fmt)))
+        assert not isinstance(dims, str) and (dims["kv_format"], dims["block"]) == (fmt, 256), (fmt, config, dims)
+    dims = torch_sparse.sparse_dims(sd.tensors(_case("s1h64_m96bs352", "nvfp4")))  # the 1-token "no extra" block tells
+    assert not isinstance(dims, str) and (dims["kv_format"], dims["block"]) == ("nvfp4", 352)
+
+
 def test_dims_refuse_other_tensors():
     specs = sd.tensors(_case("s1h64_m96bs64", "model1"))
     assert isinstance(torch_sparse.sparse_dims(specs[:3]), str)
@@ -36,7 +51,8 @@ def test_dims_refuse_other_tensors():
 @pytest.mark.parametrize("fmt,scenario,config", [("model1", "lonely", "s2h64_m200bs2_x64bs256"),
                                                  ("v4.1", "topk_len", "s1h64_m96bs64"),
                                                  ("simple", "sink_inf", "s2h64_m200bs2_x64bs256"),
-                                                 ("model1", "softmax_scale", "s2h64_m200bs2_x64bs256")])
+                                                 ("model1", "softmax_scale", "s2h64_m200bs2_x64bs256"),
+                                                 ("nvfp4", "invalid", "s2h64_m200bs2_x64bs256")])
 def test_torch_peer_matches_the_oracle(fmt, scenario, config):
     """… at the inputs' softmax_scale (the `softmax_scale` scenario's 512^−0.55 included)."""
     case = _case(config, fmt, scenario)

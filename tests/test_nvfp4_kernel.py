@@ -157,3 +157,52 @@ def test_the_pair_kernel_compiles_without_spills_and_converts_by_bit_moves(proje
     assert f"mul.lo.u32 t, t, {eb.SPREAD:#x}" in ptx and f"and.b32 t, t, {eb.MASK:#x}" in ptx
     assert f"mov.b32 c120, {eb.TWO_120:#x}" in ptx and f"mov.b32 c126, {eb.TWO_126:#x}" in ptx
     assert "@p ld.global.nc.v4.b32" in ptx and "@p ld.global.nc.L2::256B.v2.b32" in ptx  # scales; the 8-byte tail
+
+
+def test_the_neighbouring_group_bug_moves_o_past_the_tolerances():
+    """tests/fixtures/wrong_e_nvfp4_group on the float64 oracle: the inputs with every token's
+    scales of groups 2g and 2g + 1 swapped (what the hook's byte ^ 1 reads) give an O the
+    stage's tolerances (cosine ≥ 0.9999, rel L2 ≤ 1e-2) reject, in plain, sink and dup."""
+    from oracles import sparse_decode as sd
+
+    for scenario in ("plain", "sink", "dup"):
+        case = dict(b=2, config="s1h64_m96bs64", kv_format="nvfp4", scenario=scenario, splits=1)
+        inputs = sd.make_inputs(case, seed=5)
+        ref = sd.reference(inputs, case)["O"]
+        kv = inputs["KV"].clone()
+        _, _, sc = kc.nvfp4_views(kv, 64)
+        sc[...] = sc.reshape(*sc.shape[:2], 14, 2).flip(-1).reshape(sc.shape)  # views of kv's bytes
+        assert not torch.equal(kv, inputs["KV"])
+        wrong = sd.reference({**inputs, "KV": kv}, case)["O"]
+        fin = torch.isfinite(ref) & torch.isfinite(wrong)
+        a, b = ref[fin], wrong[fin]
+        cos = float(torch.dot(a, b) / (a.norm() * b.norm()))
+        rel = float((a - b).norm() / a.norm())
+        assert cos < 0.9999 and rel > 1e-2, (scenario, cos, rel)
+
+
+def test_the_planted_bug_reaches_the_compiled_kernel(project_root, tmp_path, monkeypatch):
+    """The fixture's hook is called: compiled for sm_90a, its nvfp4 kernel's PTX differs from
+    the stage's (the kernel's name set aside), with the same conversions."""
+    import dataclasses
+    from pathlib import Path
+
+    from harness.execution.compile import Compiler
+    from harness.spec.spec import KernelRef, load_spec
+
+    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
+    spec = load_spec(root=project_root)
+    path = project_root / "tests" / "fixtures" / "wrong_e_nvfp4_group" / "sm90.py"
+    wrong = dataclasses.replace(spec.stages["E"], kernels={"sm_90a": KernelRef("sm_90a", "tests.fixtures.wrong_e_nvfp4_group.sm90",
+                                                                              "Kernel", path)}, dir=path.parent)
+    case = dict(b=2, config="s1h64_m96bs64", kv_format="nvfp4", scenario="plain", splits=1)
+    compiler = Compiler(spec.root)
+    try:
+        got = [compiler.submit(st, "sm_90a", case).result() for st in (spec.stages["E"], wrong)]
+    finally:
+        compiler.close()
+    assert all(r.ok for r in got), [r.error for r in got]
+    ptx = [Path(r.ptx_path).read_text() for r in got]
+    bodies = [p.replace(p.split(".entry", 1)[1].split("(", 1)[0].strip(), "K") for p in ptx]
+    assert bodies[0].count(f"mul.lo.u32 t, t, {eb.SPREAD:#x}") == bodies[1].count(f"mul.lo.u32 t, t, {eb.SPREAD:#x}") > 0
+    assert bodies[0] != bodies[1]
