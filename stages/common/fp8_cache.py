@@ -61,6 +61,13 @@ def ldg_f32(addr) -> cutlass.Float32:
 
 
 @cute.jit
+def ldg8(addr, raw, at: cutlass.Constexpr[int]):
+    """raw[at : at + 2] (Int32) ← the 8 bytes at the 8-byte aligned global `addr` (one 64-bit load)."""
+    g = cute.make_tensor(cute.make_ptr(cutlass.Int32, addr, cute.AddressSpace.gmem, assumed_align=8), cute.make_layout(2))
+    cute.autovec_copy(g, cute.make_tensor(raw.iterator + at, cute.make_layout(2)))
+
+
+@cute.jit
 def ldg16(addr, raw, at: cutlass.Constexpr[int]):
     """raw[at : at + 4] (Int32) ← the 16 bytes at the 16-byte aligned global `addr` (one 128-bit load)."""
     g = cute.make_tensor(cute.make_ptr(cutlass.Int32, addr, cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(4))
