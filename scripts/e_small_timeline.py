@@ -53,7 +53,7 @@ def _parse_knobs(text: str) -> dict:
         if key == "fmt":
             knobs[key] = value
             continue
-        flags = ("stamps", "pair_stores", "fast_combine", "sink_first")
+        flags = ("stamps", "pair_stores", "fast_combine", "sink_first", "e2m1_table")
         knobs[key] = bool(int(value)) if key in flags else int(value)
     return knobs
 

@@ -120,7 +120,7 @@ from stages.common import hang_guard
 from stages.common.barriers import NamedBarrier
 from stages.common.cluster_pair import TilePair
 from stages.common.combine import sink_factor
-from stages.common.e2m1_bits import e2m1x8_to_bf16, scale_factors, scale_select, scales_fit
+from stages.common.e2m1_bits import e2m1x8_to_bf16, e2m1x8_to_bf16_table, scale_factors, scale_select, scales_fit
 from stages.common.e4m3_bits import e4m3x16_to_bf16, one_multiply_fits
 from stages.common.fp8_cache import (D, D_NOPE, D_ROPE, MODEL1_ROW_BYTES, MODEL1_SCALE_BYTES, NVFP4_NOPE_BYTES,
                                      NVFP4_ROW_BYTES, NVFP4_SCALE_BYTES, V41_ROW_BYTES, cache_block_bytes)
@@ -256,7 +256,7 @@ class Kernel:
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int | None = None,
                  combine_group: int = COMBINE_GROUP, stamps: bool = False, pair_stores: bool = True,
-                 fast_combine: bool = True, sink_first: bool = True):
+                 fast_combine: bool = True, sink_first: bool = True, e2m1_table: bool = False):
         # Small-batch options (issue 30; docs/STAGE_E.md "The timeline at b = 2"): keywords that
         # scripts/e_small_timeline.py switches to time a variant beside FlashMLA.  The defaults are
         # the build the lab runs (on since 2026-11-27: 17.4 vs 22.1 µs at b 1, 20.4 vs 23.5 at b 2
@@ -272,6 +272,9 @@ class Kernel:
         # letting the attention kernel launch at its start.
         self.combine_group, self.stamps, self.pair_stores = combine_group, stamps, pair_stores
         self.fast_combine, self.sink_first = fast_combine, sink_first
+        # nvfp4's e2m1 → bf16 (issue 33): bit moves (default) or the 16-entry table, for timing
+        # both on a GPU (stages/common/e2m1_bits.py; scripts/e_small_timeline.py "e2m1_table=1")
+        self.e2m1_table = e2m1_table
         # the SMs the parts fill and the merge's residency is judged against: the GPU's here
         # (stages/common/device.py; compile-only on a CPU: sm_90a's 132); a kernel built for one
         # count is keyed by it in the compile cache
@@ -930,25 +933,35 @@ class Kernel:
         t = self.NVFP4_TAIL
         rows = r * (self.keys_per_round // 8) * self.key8_bytes + state.index * (self.BLOCK_N * D * 2)
         col8 = self.col64_bytes // 8
-        fits = cutlass.Int32(0)
-        for i in cutlass.range_constexpr(4):  # the 4 threads of a key hold all 28 scales between them
-            fits = fits | scales_fit(raw[i, t + 3])
-        one_multiply = cute.arch.vote_all_sync(fits == 0)  # every lane, before any lane-dependent branch
+        one_multiply = True  # the table path: one multiply always (its values are the e2m1 values)
+        if cutlass.const_expr(not self.e2m1_table):
+            fits = cutlass.Int32(0)
+            for i in cutlass.range_constexpr(4):  # the 4 threads of a key hold all 28 scales between them
+                fits = fits | scales_fit(raw[i, t + 3])
+            one_multiply = cute.arch.vote_all_sync(fits == 0)  # every lane, before any lane-dependent branch
         for p in cutlass.range_constexpr(t):
             word = raw[p, t + 3]
             for h in cutlass.range_constexpr(2):
                 f, sb = scale_factors(word, scale_select(self.e2m1_group_byte(2 * (q % 2) + h)))
                 for i in cutlass.range_constexpr(2 * h, 2 * h + 2):
                     out = cute.make_rmem_tensor(4, cutlass.Int32)
-                    e2m1x8_to_bf16(raw[i, p], f, sb, out, one_multiply)
+                    self.e2m1_words(raw[i, p], f, sb, out, one_multiply)
                     pair.store16(pieces[4] + 2 * p * self.col64_bytes + i * col8 + rows, out, state)
         f, sb = scale_factors(raw[t, t + 3], scale_select(self.e2m1_group_byte(q)))
         for i in cutlass.range_constexpr(2):
             out = cute.make_rmem_tensor(4, cutlass.Int32)
-            e2m1x8_to_bf16(raw[i, t], f, sb, out, one_multiply)
+            self.e2m1_words(raw[i, t], f, sb, out, one_multiply)
             pair.store16(pieces[i] + (D_NOPE // 64 - 1) * self.col64_bytes + rows, out, state)
         for h in cutlass.range_constexpr(2):
             pair.store16(pieces[2 + h] + rows, raw[None, t + 1 + h], state)
+
+    @cute.jit
+    def e2m1_words(self, word, f, sb, out, one_multiply):
+        """out[0:4] ← 8 codes × the group's scale: bit moves, or the table (e2m1_table)."""
+        if cutlass.const_expr(self.e2m1_table):
+            e2m1x8_to_bf16_table(word, sb, out)
+        else:
+            e2m1x8_to_bf16(word, f, sb, out, one_multiply)
 
     @cute.jit
     def e2m1_group_byte(self, byte):

@@ -31,9 +31,10 @@ bit bf16(code · scale) (= code · scale), the oracle's value.
 Cost per 8 values (one word): 3 (E, O) + 4 × (PRMT + IMAD + LOP3) + 4 or 8 HFMA2 = 19 or 23, about
 2.4 / 2.9 a value; per group of 16 a scale: PRMT + SHF + LOP3 + 1 or 2 HFMA2.  The alternative, a
 16-entry table (two 8-byte tables of the bf16 high and low bytes, PRMT-indexed by 4 codes at a
-time, two PRMTs to interleave, the signs by IMAD + LOP3 — about 2.5 instructions a value before
-the one × scale, 3.0 with it), counts more: this module is the bit moves, the cheaper by
-instruction count on paper (the lead's GPU timing is the measure: docs/STAGE_E.md).
+time, two PRMTs to interleave, the signs by IMAD + LOP3 — about 2.75 instructions a value before
+the one × scale, 3.25 with it: `table_half`), counts more: the bit moves are the kernel's default,
+the cheaper by instruction count on paper; Kernel(e2m1_table=True) builds the table path so a GPU
+can time both (docs/STAGE_E.md has the command).
 
 The asm blocks are free of side effects, so ptxas schedules them like any arithmetic.
 """
@@ -140,6 +141,73 @@ def scales_fit(word):
     as the word's flag bits: 0 when all fit.  Bytewise: (b & 0x7F) + 0x38 carries into bit 7 iff
     (b & 0x7F) ≥ 0x48, and never past it.  Ints or traced Int32s."""
     return ((word & 0x7F7F7F7F) + 0x38383838) & 0x80808080
+
+
+# The 16-entry table alternative (Kernel(e2m1_table=True), for timing it against the bit moves):
+# the bf16 of the 8 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 split into high and low bytes, two
+# 8-byte PRMT tables indexed by 4 codes' magnitudes at a time (selector nibbles = ee.m).
+TABLE_HI = (0x3F3F3F00, 0x40404040)  # bytes 0 … 7: 00 3F 3F 3F 40 40 40 40
+TABLE_LO = (0xC0800000, 0xC0804000)  # bytes 0 … 7: 00 00 80 C0 00 40 80 C0
+SIGNS_01 = 0x01001000  # × the 4 sign bits (3, 7, 11, 15): bit 3 → 15, bit 7 → 31 (the rest masked)
+SIGNS_23 = 0x00010010  # bit 11 → 15, bit 15 → 31
+
+
+def table_pair_words(half: int) -> tuple[int, int]:
+    """The table path for 4 codes (a 16-bit half of a word, plain ints: the CPU model):
+    (bf16x2 of values 0, 1; of values 2, 3), unscaled, as the asm of table_half computes."""
+    def prmt(a, b, sel):
+        src = a.to_bytes(4, "little") + b.to_bytes(4, "little")
+        return sum(src[(sel >> (4 * n)) & 7] << (8 * n) for n in range(4))
+
+    sel = half & 0x7777
+    hb, lb = prmt(*TABLE_HI, sel), prmt(*TABLE_LO, sel)
+    m0, m1 = prmt(lb, hb, 0x5140), prmt(lb, hb, 0x7362)
+    s = half & 0x8888
+    return (m0 | ((s * SIGNS_01) & 0x80008000)) & 0xFFFFFFFF, (m1 | ((s * SIGNS_23) & 0x80008000)) & 0xFFFFFFFF
+
+
+@dsl_user_op
+def table_half(word, h: int, sb, *, loc=None, ip=None) -> tuple[Int32, Int32]:
+    """Values 4h … 4h + 3 of a word of 8 codes → two bf16x2 words × sb (the scale, bf16x2):
+    the magnitudes by two PRMT table lookups and two PRMT interleaves, the signs by IMAD + LOP3,
+    one HFMA2 each (the table holds the e2m1 values themselves: one multiply, always)."""
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32(), T.i32()]),
+        [Int32(word).ir_value(loc=loc, ip=ip), Int32(sb).ir_value(loc=loc, ip=ip)],
+        "{\n.reg .b32 x, sel, hb, lb, m0, m1, s, g, z, th0, th1, tl0, tl1;\n"
+        "mov.b32 z, 0x80008000;\n"
+        f"mov.b32 th0, {TABLE_HI[0]:#x};\nmov.b32 th1, {TABLE_HI[1]:#x};\n"
+        f"mov.b32 tl0, {TABLE_LO[0]:#x};\nmov.b32 tl1, {TABLE_LO[1]:#x};\n"
+        f"shr.u32 x, $2, {16 * h};\n"
+        "and.b32 sel, x, 0x7777;\n"
+        "prmt.b32 hb, th0, th1, sel;\n"
+        "prmt.b32 lb, tl0, tl1, sel;\n"
+        "prmt.b32 m0, lb, hb, 0x5140;\n"
+        "prmt.b32 m1, lb, hb, 0x7362;\n"
+        "and.b32 s, x, 0x8888;\n"
+        f"mul.lo.u32 g, s, {SIGNS_01:#x};\n"
+        "and.b32 g, g, 0x80008000;\n"
+        "or.b32 m0, m0, g;\n"
+        f"mul.lo.u32 g, s, {SIGNS_23:#x};\n"
+        "and.b32 g, g, 0x80008000;\n"
+        "or.b32 m1, m1, g;\n"
+        "fma.rn.bf16x2 $0, m0, $3, z;\n"
+        "fma.rn.bf16x2 $1, m1, $3, z;\n}",
+        "=r,=r,r,r",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+    return (Int32(llvm.extractvalue(T.i32(), res, [0], loc=loc, ip=ip)),
+            Int32(llvm.extractvalue(T.i32(), res, [1], loc=loc, ip=ip)))
+
+
+def e2m1x8_to_bf16_table(word, sb, out) -> None:
+    """out[0:4] ← the 8 codes of `word` × sb by the table path (table_half)."""
+    for h in range(2):
+        out[2 * h], out[2 * h + 1] = table_half(word, h, sb)
 
 
 def one_multiply_fits(word):
