@@ -124,7 +124,18 @@ def block_bytes(fmt: str, block_size: int) -> int:
 
 def block_size_of(fmt: str, nbytes: int) -> int | None:
     """The block size whose block is `nbytes` bytes in format `fmt` (block_bytes is strictly
-    increasing in the block size, so there is at most one), or None."""
+    increasing in the block size, so there is at most one), or None.  nvfp4: powers of two only
+    (FlashInfer's page sizes) — its 384-byte token makes a block of another size the same bytes as
+    many simple and v4.1 blocks (v4.1's 256 tokens are nvfp4's 352, simple's 64 nvfp4's 86), and
+    the bytes alone must tell the format (harness/peers/torch_sparse.py).  One collision is left:
+    nvfp4's 512 tokens are simple's 381 (tests/test_e_peers.py)."""
+    if fmt == "nvfp4":
+        size = _search(fmt, nbytes)
+        return size if size is not None and size & (size - 1) == 0 else None
+    return _search(fmt, nbytes)
+
+
+def _search(fmt: str, nbytes: int) -> int | None:
     lo, hi = 1, max(1, nbytes)
     while lo <= hi:
         mid = (lo + hi) // 2

@@ -25,19 +25,21 @@ def test_dims_read_back_format_and_blocks(config, fmt):
     assert dims["extra_topk"] == c.extra_topk and (not c.has_extra or dims["extra_block"] == c.extra_block)
 
 
-def test_dims_tell_v41_from_nvfp4_where_their_blocks_are_the_same_bytes():
-    """v4.1's 256-token block is 135 168 bytes, nvfp4's of 352 tokens too: the format the extra
-    cache's block fits as well (the 1-token block of "no extra list" included) tells them apart
-    (issue 33; without it both read 'more than one format's block')."""
+def test_dims_tell_nvfp4_from_the_formats_of_the_same_block_bytes():
+    """nvfp4's blocks are read back as powers of two only (oracles/kvcache.py block_size_of): v4.1's
+    256-token block is nvfp4's of 352 and simple's 64 nvfp4's 86, and without the rule the peer
+    reads both as 'more than one format's block' (issue 33). The one collision left is pinned."""
     from oracles import kvcache as kc
 
-    assert kc.block_bytes("v4.1", 256) == kc.block_bytes("nvfp4", 352)
+    assert kc.block_bytes("v4.1", 256) == kc.block_bytes("nvfp4", 352) and kc.block_size_of("nvfp4", kc.block_bytes("v4.1", 256)) is None
     for fmt, config in (("v4.1", "s2h64_m128bs256_x1024bs64"), ("v4.1", "s1h64_m96bs256"),
-                        ("nvfp4", "s2h64_m128bs256_x1024bs64")):
+                        ("simple", "s2h64_m128bs256_x1024bs64"), ("nvfp4", "s2h64_m128bs256_x1024bs64"),
+                        ("nvfp4", "s2h64_m200bs2_x64bs256")):
         dims = torch_sparse.sparse_dims(sd.tensors(_case(config, fmt)))
-        assert not isinstance(dims, str) and (dims["kv_format"], dims["block"]) == (fmt, 256), (fmt, config, dims)
-    dims = torch_sparse.sparse_dims(sd.tensors(_case("s1h64_m96bs352", "nvfp4")))  # the 1-token "no extra" block tells
-    assert not isinstance(dims, str) and (dims["kv_format"], dims["block"]) == ("nvfp4", 352)
+        assert not isinstance(dims, str) and dims["kv_format"] == fmt, (fmt, config, dims)
+    clash = [(f, bs) for f in kc.FORMATS if f != "nvfp4" for bs in range(1, 2049)
+             if kc.block_size_of("nvfp4", kc.block_bytes(f, bs))]
+    assert clash == [("simple", 381)], clash
 
 
 def test_dims_refuse_other_tensors():

@@ -47,15 +47,10 @@ def sparse_dims(specs: list[Any]) -> dict[str, Any] | str:
         return "idx / idx_extra are not [b, s_q, k] or sink is not [h_q]"
     nb, bb = by["KV"].shape
     fits = [(f, kc.block_size_of(f, bb)) for f in kc.FORMATS if kc.block_size_of(f, bb)]
-    nbx, bbx = by["KV_extra"].shape
-    if len(fits) > 1:  # one byte count, two formats (v4.1's 256-token block is nvfp4's of 352):
-        # the one the extra cache's block fits too, then the one of a power-of-two block size
-        fits = [(f, bs) for f, bs in fits if bbx == kc.block_bytes(f, 1) or kc.block_size_of(f, bbx)] or fits
-        if len(fits) > 1:
-            fits = [(f, bs) for f, bs in fits if bs & (bs - 1) == 0] or fits
     if len(fits) != 1:
         return f"a {bb}-byte cache block is {'no' if not fits else 'more than one'} format's block"
     fmt, block = fits[0]
+    nbx, bbx = by["KV_extra"].shape
     topk, xt = by["idx"].shape[2], by["idx_extra"].shape[2]
     no_extra = nbx == 1 and xt == 1 and bbx == kc.block_bytes(fmt, 1)
     xblock = 1 if no_extra else kc.block_size_of(fmt, bbx)
