@@ -204,7 +204,8 @@ def test_the_planted_bug_reaches_the_compiled_kernel(project_root, tmp_path, mon
     assert all(r.ok for r in got), [r.error for r in got]
     ptx = [Path(r.ptx_path).read_text() for r in got]
     bodies = [p.replace(p.split(".entry", 1)[1].split("(", 1)[0].strip(), "K") for p in ptx]
-    assert bodies[0].count(f"mul.lo.u32 t, t, {eb.SPREAD:#x}") == bodies[1].count(f"mul.lo.u32 t, t, {eb.SPREAD:#x}") > 0
+    # h_q 64: the table build (the default alone) — the same PRMT lookups in both, the scales differ
+    assert bodies[0].count("prmt.b32") == bodies[1].count("prmt.b32") > 0
     assert bodies[0] != bodies[1]
 
 

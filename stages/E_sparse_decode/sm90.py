@@ -256,7 +256,7 @@ class Kernel:
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int | None = None,
                  combine_group: int = COMBINE_GROUP, stamps: bool = False, pair_stores: bool = True,
-                 fast_combine: bool = True, sink_first: bool = True, e2m1_table: bool = False):
+                 fast_combine: bool = True, sink_first: bool = True, e2m1_table: bool | None = None):
         # Small-batch options (issue 30; docs/STAGE_E.md "The timeline at b = 2"): keywords that
         # scripts/e_small_timeline.py switches to time a variant beside FlashMLA.  The defaults are
         # the build the lab runs (on since 2026-11-27: 17.4 vs 22.1 µs at b 1, 20.4 vs 23.5 at b 2
@@ -272,9 +272,6 @@ class Kernel:
         # letting the attention kernel launch at its start.
         self.combine_group, self.stamps, self.pair_stores = combine_group, stamps, pair_stores
         self.fast_combine, self.sink_first = fast_combine, sink_first
-        # nvfp4's e2m1 → bf16 (issue 33): bit moves (default) or the 16-entry table, for timing
-        # both on a GPU (stages/common/e2m1_bits.py; scripts/e_small_timeline.py "e2m1_table=1")
-        self.e2m1_table = e2m1_table
         # the SMs the parts fill and the merge's residency is judged against: the GPU's here
         # (stages/common/device.py; compile-only on a CPU: sm_90a's 132); a kernel built for one
         # count is keyed by it in the compile cache
@@ -299,6 +296,10 @@ class Kernel:
         # Two head blocks of one token walk the same keys: a (2, 1, 1) cluster of them shares
         # every dequantised tile (stages/common/cluster_pair.py); each CTA dequantises half.
         self.pair = head_blocks % 2 == 0
+        # nvfp4's e2m1 → bf16 (issue 33; stages/common/e2m1_bits.py): the 16-entry table where a CTA
+        # is alone (H200, b 64 / 256 s2h64: 62.3 / 233.4 µs against the bit moves' 71.9 / 272.1),
+        # the bit moves in the 2-CTA pair (the table's 4 words spill 96 bytes there; not yet timed)
+        self.e2m1_table = (not self.pair) if e2m1_table is None else e2m1_table
         self.plan = self.PLAN
         self.own_keys = self.BLOCK_N // 2 if self.pair else self.BLOCK_N  # keys a CTA dequantises a tile
         self.sides = 2 if self.pair else 1  # whose keys' masks a CTA writes: its own, the peer's
