@@ -27,6 +27,19 @@ Formats (`kv_format`):
              16 e8m0 scales, one per 32 consecutive values: 528 B per token, blocks unpadded,
              i.e. `[num_blocks, block_size, 1, 528]` contiguous.  Same scale rule per 32 values.
 
+    nvfp4    FlashInfer's NVFP4 cache (`kv_cache_format="nvfp4"` of
+             `trtllm_batch_decode_sparse_mla_dsv4`, SM120; docs/STAGE_E.md has the byte diagram):
+             [block_size × 352 B: per token 224 B of packed e2m1 (the 448 nope values, two a
+                                  byte, the LOW nibble the even — earlier — value) + 64 bf16 rope]
+             [block_size × 32 B:  per token 28 e4m3 scales (one per 16 nope values) + 4 zero
+                                  pad bytes]
+             384 B a token, the block unpadded (block_size · 384).  No per-tensor scale (the
+             writer's global scale is 1.0).  e2m1 s.ee.m: ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}.
+             Quantising one group of 16: scale = e4m3(amax / 6) (round to nearest even,
+             saturating at 448), code = e2m1(x / scale) (round to nearest even, saturating at
+             ±6, the sign of x kept — a −0 is code 8); scale 0 (amax 0, or amax / 6 below e4m3's
+             smallest subnormal 2^−10) gives codes ±0.  Dequantising: e2m1 · e4m3 scale.
+
 e8m0 (float8_e8m0fnu) is a bare exponent: byte e means 2^(e − 127), 0xFF is NaN.  Every power of
 two from 2^−127 to 2^127 is exact; the quantisers produce ≥ 2^−14 (the 1e-4 floor); a cache
 writer may store any exponent, and the dequantisers honour it (2^−20 … 2^15 are tested).
@@ -42,6 +55,21 @@ scale per 32 values, format detected from 528 bytes per token).  V4.1's quantise
 in either source: its scale rule here is model1's applied to 32-value groups (an assumption;
 the dequantiser is what a kernel is checked against, and it follows the documented bytes).
 
+What was checked against FlashInfer (github flashinfer-ai/flashinfer, read, not copied): the
+merged pull request #4955 "feat(sm120): add NVFP4 sparse MLA support for DeepSeek V4 Flash" —
+flashinfer/mla/_sparse_mla_nvfp4_sm120.py (index commit 0ec9104571eb: `_PACKED_NOPE_BYTES = 224`,
+`_ROPE_BYTES = 128`, `_DATA_BYTES_PER_TOKEN = 352`, `_SCALE_BYTES_PER_TOKEN = 32`, 384 a token;
+the pack docstring "within each physical page it stores page_size * 352 data bytes followed by
+page_size * 32 scale bytes") and tests/attention/test_sparse_mla_nvfp4_sm120.py (index commit
+2069fce4b6be: `_split_cache`, the LUT dequantiser `codes = (packed & 0xF, packed >> 4)` — low
+nibble first —, scales[..., :28] e4m3 and scales[..., 28:] zero, the known encoding
+[0, −0, 0.5, −0.5, …] → bytes 0x80, 0x91, … and scale 0x38 for 1.0); the quantiser
+csrc/fp4_kv_quantization.cu `nvfp4_kv_quant` at fb28d7242b35 (sf = e4m3(amax · rcp(6) /
+global_scale), codes cvt.rn.satfinite.e2m1x2(x · rcp(sf · global_scale)), global_scale 1.0 in
+the cache writer).  Differences here, by design: x / scale exactly instead of x · rcp.approx
+(a code may differ at an exact tie), and a group whose scale rounds to 0 while amax > 0 gets
+codes ±0 (FlashInfer's rcp(0) = inf saturates them to ±6; both dequantise to 0).
+
 Everything here is torch on any device, float64 where it computes, no kernel code.
 """
 
@@ -49,7 +77,7 @@ from __future__ import annotations
 
 import math
 
-FORMATS = ("simple", "model1", "v4.1")
+FORMATS = ("simple", "model1", "v4.1", "nvfp4")
 D = 512
 D_NOPE = 448
 D_ROPE = 64
@@ -62,6 +90,14 @@ MODEL1_ALIGN = 576
 V41_GROUP = 32
 V41_SCALES = D // V41_GROUP  # 16
 V41_TOKEN = D + V41_SCALES  # 528
+NVFP4_GROUP = 16  # nope values a scale
+NVFP4_SCALES = D_NOPE // NVFP4_GROUP  # 28 e4m3 scales a token
+NVFP4_NOPE = D_NOPE // 2  # 224 bytes of packed e2m1
+NVFP4_DATA = NVFP4_NOPE + 2 * D_ROPE  # 352: a token's data row (e2m1 nope + bf16 rope)
+NVFP4_SCALE_BYTES = 32  # 28 e4m3 + 4 zero pad, after the block's rows
+NVFP4_TOKEN = NVFP4_DATA + NVFP4_SCALE_BYTES  # 384
+E2M1_MAX = 6.0
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitudes of codes 0 … 7 (bit 3: the sign)
 E4M3_MAX = 448.0
 SCALE_FLOOR = 1e-4
 E8M0_BIAS = 127
@@ -81,12 +117,25 @@ def block_bytes(fmt: str, block_size: int) -> int:
         return (block_size * (D + 4) + 15) // 16 * 16
     if fmt == "model1":
         return (block_size * MODEL1_TOKEN + MODEL1_ALIGN - 1) // MODEL1_ALIGN * MODEL1_ALIGN
+    if fmt == "nvfp4":
+        return block_size * NVFP4_TOKEN
     return block_size * V41_TOKEN
 
 
 def block_size_of(fmt: str, nbytes: int) -> int | None:
     """The block size whose block is `nbytes` bytes in format `fmt` (block_bytes is strictly
-    increasing in the block size, so there is at most one), or None."""
+    increasing in the block size, so there is at most one), or None.  nvfp4: powers of two only
+    (FlashInfer's page sizes) — its 384-byte token makes a block of another size the same bytes as
+    many simple and v4.1 blocks (v4.1's 256 tokens are nvfp4's 352, simple's 64 nvfp4's 86), and
+    the bytes alone must tell the format (harness/peers/torch_sparse.py).  One collision is left:
+    nvfp4's 512 tokens are simple's 381 (tests/test_e_peers.py)."""
+    if fmt == "nvfp4":
+        size = _search(fmt, nbytes)
+        return size if size is not None and size & (size - 1) == 0 else None
+    return _search(fmt, nbytes)
+
+
+def _search(fmt: str, nbytes: int) -> int | None:
     lo, hi = 1, max(1, nbytes)
     while lo <= hi:
         mid = (lo + hi) // 2
@@ -150,6 +199,40 @@ def _e4m3_bytes(x):
     return x.float().to(torch.float8_e4m3fn).view(torch.uint8)
 
 
+def e2m1_decode(n):
+    """float64 values of e2m1 codes `n` (integers 0 … 15: bit 3 the sign, bits 0 … 2 the
+    magnitude's index into E2M1_VALUES; e2m1 has no NaN or infinity)."""
+    import torch
+
+    n = n.to(torch.int64)
+    mag = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=n.device)[n & 7]
+    return torch.where((n & 8) != 0, -mag, mag)
+
+
+def e2m1_encode(y):
+    """int64 e2m1 codes of float64 `y`: round to nearest, ties to the even code (mantissa bit 0),
+    saturating at ±6; the sign bit is the sign of y (a −0 or a negative that rounds to 0 is 8)."""
+    import torch
+
+    y = y.double()
+    grid = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=y.device)
+    dist = (y.abs().clamp(max=E2M1_MAX)[..., None] - grid).abs()  # [..., 8]
+    best = dist.min(dim=-1, keepdim=True).values
+    # among the nearest (one, or two at a tie), the even code; codes 0 … 7 alternate even / odd
+    even = torch.arange(8, device=y.device) % 2 == 0
+    pick = torch.where((dist == best) & even, 0, torch.where(dist == best, 1, 2))
+    code = torch.argmin(pick * 8 + torch.arange(8, device=y.device), dim=-1)
+    return code | (torch.signbit(y).to(torch.int64) << 3)
+
+
+def _nvfp4_scales(amax):
+    """uint8 e4m3 bytes of the group scales e4m3(amax / 6) (round to nearest even, saturating
+    at 448) of float `amax` (≥ 0)."""
+    import torch
+
+    return _e4m3_bytes(torch.clamp(amax.double() / E2M1_MAX, max=E4M3_MAX))
+
+
 # ---------------------------------------------------------------------------------------------
 # Typed views of a byte cache
 
@@ -184,6 +267,18 @@ def v41_views(cache, block_size: int):
     return tok[:, :, :D], tok[:, :, D:]
 
 
+def nvfp4_views(cache, block_size: int):
+    """(nope uint8 [nb, bs, 224] (packed e2m1, low nibble first), rope bf16 [nb, bs, 64], scales
+    uint8 [nb, bs, 28] (e4m3 bytes)) of an nvfp4 cache."""
+    import torch
+
+    nb = cache.shape[0]
+    data = cache[:, : block_size * NVFP4_DATA].reshape(nb, block_size, NVFP4_DATA)
+    rope = data[:, :, NVFP4_NOPE:].contiguous().view(torch.bfloat16)
+    sc = cache[:, block_size * NVFP4_DATA : block_size * NVFP4_TOKEN].reshape(nb, block_size, NVFP4_SCALE_BYTES)
+    return data[:, :, :NVFP4_NOPE], rope, sc[:, :, :NVFP4_SCALES]
+
+
 def model1_flashmla_view(cache, block_size: int):
     """FlashMLA's `[num_blocks, block_size, 1, 584]` strided view of a model1 byte cache."""
     nb, bb = cache.shape
@@ -204,12 +299,14 @@ def v41_flashmla_view(cache, block_size: int):
 def _layout(fmt: str) -> tuple[int, int]:
     """(data bytes, scale bytes) of one token: simple (512, 4 fp32), model1 (576, 8 = 7 + pad),
     v4.1 (528, 0: its scales are part of the token's 528 contiguous bytes)."""
-    return {"simple": (D, 4), "model1": (MODEL1_DATA, MODEL1_SCALES), "v4.1": (V41_TOKEN, 0)}[fmt]
+    return {"simple": (D, 4), "model1": (MODEL1_DATA, MODEL1_SCALES), "v4.1": (V41_TOKEN, 0),
+            "nvfp4": (NVFP4_DATA, NVFP4_SCALE_BYTES)}[fmt]
 
 
 def token_offsets(fmt: str, block_size: int, index):
     """(data offset, scale offset) int64 tensors: where token `index` (= block · block_size +
-    offset) starts in the flat byte cache, and where its scales start (v4.1: data + 512)."""
+    offset) starts in the flat byte cache, and where its scales start (v4.1: data + 512;
+    model1, nvfp4, simple: in the block's scale plane after its rows)."""
     import torch
 
     _check(fmt, block_size)
@@ -241,6 +338,15 @@ def encode_tokens(x, fmt: str):
         rope = x[:, D_NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8).reshape(n, 2 * D_ROPE)
         pad = torch.zeros(n, 1, dtype=torch.uint8, device=x.device)
         return torch.cat([q.reshape(n, D_NOPE), rope], dim=1), torch.cat([e8m0_encode_exponent(exp), pad], dim=1)
+    if fmt == "nvfp4":
+        groups = x[:, :D_NOPE].double().reshape(n, NVFP4_SCALES, NVFP4_GROUP)
+        sc = _nvfp4_scales(groups.abs().amax(dim=-1))  # [N, 28] e4m3 bytes
+        s = e4m3_decode(sc)[..., None]
+        codes = e2m1_encode(torch.where(s > 0, groups / torch.where(s > 0, s, 1.0), groups * 0.0)).reshape(n, D_NOPE)
+        packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)  # the even value in the low nibble
+        rope = x[:, D_NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8).reshape(n, 2 * D_ROPE)
+        pad = torch.zeros(n, NVFP4_SCALE_BYTES - NVFP4_SCALES, dtype=torch.uint8, device=x.device)
+        return torch.cat([packed, rope], dim=1), torch.cat([sc, pad], dim=1)
     groups = xf.reshape(n, V41_SCALES, V41_GROUP)
     exp = _pow2_scale_exponent(groups.abs().amax(dim=-1))  # [N, 16]
     q = _e4m3_bytes(groups / torch.ldexp(torch.ones_like(groups), exp[..., None].to(torch.int32)))
@@ -287,7 +393,20 @@ def read_tokens(cache, fmt: str, block_size: int, index):
         s = e8m0_decode(flat[spos][:, :MODEL1_TILES]).repeat_interleave(MODEL1_TILE, dim=-1)
         rope = data[:, D_NOPE:].contiguous().view(torch.bfloat16).double()
         return torch.cat([e4m3_decode(data[:, :D_NOPE]) * s, rope], dim=1)
+    if fmt == "nvfp4":
+        return torch.cat([nvfp4_nope_decode(data[:, :NVFP4_NOPE], flat[spos][:, :NVFP4_SCALES]),
+                          data[:, NVFP4_NOPE:].contiguous().view(torch.bfloat16).double()], dim=1)
     return e4m3_decode(data[:, :D]) * e8m0_decode(data[:, D:]).repeat_interleave(V41_GROUP, dim=-1)
+
+
+def nvfp4_nope_decode(packed, scales):
+    """float64 [N, 448] of packed e2m1 bytes [N, 224] (low nibble the even value) and e4m3 scale
+    bytes [N, 28] (one per 16 values): code · scale (a NaN scale — 0x7F, 0xFF — gives NaN)."""
+    import torch
+
+    p = packed.to(torch.int64)
+    codes = torch.stack([p & 0xF, p >> 4], dim=-1).reshape(p.shape[0], -1)
+    return e2m1_decode(codes) * e4m3_decode(scales).repeat_interleave(NVFP4_GROUP, dim=-1)
 
 
 def quantize(kv, fmt: str):
@@ -315,7 +434,8 @@ def dequantize(cache, fmt: str, block_size: int):
 
 def poison_tokens(cache, fmt: str, block_size: int, index) -> None:
     """Fill every byte of tokens `index` (int tensor) with 0xFF: NaN in every e4m3, bf16, fp32
-    and e8m0 field of those tokens (in place)."""
+    and e8m0 field of those tokens (in place).  nvfp4: an e2m1 0xF is −6, finite, but every
+    group's e4m3 scale 0xFF is NaN, so every dequantised value is NaN too."""
     dpos, spos = _spans(fmt, block_size, index.to(cache.device))
     flat = cache.view(-1)
     flat[dpos.reshape(-1)] = 0xFF
@@ -335,7 +455,21 @@ def set_scale_exponents(cache, fmt: str, block_size: int, index: int, exps: list
     if fmt == "simple":
         flat[start : start + 4] = torch.tensor([2.0 ** exps[0]], dtype=torch.float32).view(torch.uint8).to(cache.device)
         return
+    if fmt == "nvfp4":
+        raise ValueError("nvfp4's scales are e4m3, not powers of two: use set_nvfp4_scales")
     want = MODEL1_TILES if fmt == "model1" else V41_SCALES
     if len(exps) != want:
         raise ValueError(f"{fmt} has {want} scales per token, got {len(exps)}")
     flat[start : start + want] = e8m0_encode_exponent(torch.tensor(exps)).to(cache.device)
+
+
+def set_nvfp4_scales(cache, block_size: int, index: int, scale_bytes: list[int]) -> None:
+    """Overwrite nvfp4 token `index`'s 28 e4m3 scale bytes (for cases with extreme or subnormal
+    scales a writer may store)."""
+    import torch
+
+    if len(scale_bytes) != NVFP4_SCALES:
+        raise ValueError(f"nvfp4 has {NVFP4_SCALES} scales per token, got {len(scale_bytes)}")
+    _, s0 = token_offsets("nvfp4", block_size, torch.tensor([index]))
+    start = int(s0[0])
+    cache.view(-1)[start : start + NVFP4_SCALES] = torch.tensor(scale_bytes, dtype=torch.uint8).to(cache.device)

@@ -31,7 +31,7 @@ Matrix axes
     b          batch size (an int, so `bench` may sweep it)
     config     s{s_q}h{h_q}_m{topk}bs{block}[_x{extra_topk}bs{extra_block}], e.g.
                s2h128_m128bs256_x1024bs64 (FlashMLA's MODEL1 CONFIG2)
-    kv_format  simple | model1 | v4.1
+    kv_format  simple | model1 | v4.1 | nvfp4
     scenario   which inputs (input-only; every scenario poisons the unindexed cache tokens with
                0xFF bytes = NaN in every field):
                  plain      every index valid, full lengths, no sink
@@ -184,7 +184,10 @@ def _branch(g, b: int, s_q: int, topk: int, block: int, nb: int, scenario: str, 
     used = torch.unique(idx[live].long()) if bool(live.any()) else torch.zeros(0, dtype=torch.long)
     # per token, every 32-column group × 2^k, k ∈ {−2 … 1}: the scale groups differ, so a scale
     # taken from the wrong group changes the values
-    spread = torch.pow(2.0, torch.randint(-2, 2, (used.numel(), D // 32), generator=g).float()).repeat_interleave(32, dim=1)
+    # (nvfp4: every 16-column group, its scale group, so a neighbouring group's scale is wrong
+    # by up to 8×, not by one group's amax against another's)
+    width = kc.NVFP4_GROUP if fmt == "nvfp4" else 32
+    spread = torch.pow(2.0, torch.randint(-2, 2, (used.numel(), D // width), generator=g).float()).repeat_interleave(width, dim=1)
     x = torch.randn(used.numel(), D, generator=g) * KV_SCALE * spread
     if used.numel():
         kc.write_tokens(cache, fmt, block, used, x)
@@ -216,6 +219,9 @@ def _write_extremes(g, cache, fmt: str, block: int, used) -> None:
     flat = cache.view(-1)
     tokens = used[::4]
     d0, s0 = kc.token_offsets(fmt, block, tokens)
+    if fmt == "nvfp4":
+        _write_nvfp4_extremes(g, flat, d0, s0)
+        return
     n_groups = {"simple": 1, "model1": kc.MODEL1_TILES, "v4.1": kc.V41_SCALES}[fmt]
     group = {"simple": D, "model1": kc.MODEL1_TILE, "v4.1": kc.V41_GROUP}[fmt]
     table = kc.e4m3_decode(torch.arange(0x7F).to(torch.uint8))  # bytes 0 … 0x7E, non-negative
@@ -234,6 +240,37 @@ def _write_extremes(g, cache, fmt: str, block: int, used) -> None:
             flat[ss : ss + 4] = torch.tensor([2.0 ** exps[0]], dtype=torch.float32).view(torch.uint8)
         else:
             flat[ss : ss + n_groups] = kc.e8m0_encode_exponent(torch.tensor(exps))
+
+
+# nvfp4's extreme e4m3 group scales: the subnormals 2^−9 and 7·2^−9, the smallest normal 2^−6,
+# 0.75, 1.875 (below 4: the sm90 kernel's one-multiply path) and 4, 64, 120, 448 (its two-multiply
+# path); bytes 0x01, 0x07, 0x08, 0x34, 0x3F, 0x48, 0x68, 0x6F, 0x7E
+_NVFP4_EXTREME_SCALES = (0x01, 0x7E, 0x07, 0x68, 0x08, 0x6F, 0x34, 0x48, 0x3F)
+
+
+def _write_nvfp4_extremes(g, flat, d0, s0) -> None:
+    """nvfp4's `extreme`: every 4th indexed token's 28 group scales cycle through
+    _NVFP4_EXTREME_SCALES, its codes are random e2m1 with |code · scale| ≤ VALUE_CAP — where only
+    zero is that small (scales 64 … 448), the group is 0 except 4 columns of ±0.5 (32 … 224:
+    a scale from the wrong group still moves the scores)."""
+    import torch
+
+    mags = torch.tensor(kc.E2M1_VALUES, dtype=torch.float64)
+    for j, (dd, ss) in enumerate(zip(d0.tolist(), s0.tolist())):
+        sc = [_NVFP4_EXTREME_SCALES[(j + k) % len(_NVFP4_EXTREME_SCALES)] for k in range(kc.NVFP4_SCALES)]
+        codes = torch.zeros(kc.D_NOPE, dtype=torch.int64)
+        for k, byte in enumerate(sc):
+            s = float(kc.e4m3_decode(torch.tensor([byte], dtype=torch.uint8))[0])
+            allowed = torch.nonzero((mags > 0) & (mags * s <= VALUE_CAP)).flatten()
+            if allowed.numel():
+                q = allowed[torch.randint(0, allowed.numel(), (kc.NVFP4_GROUP,), generator=g)]
+            else:
+                q = torch.zeros(kc.NVFP4_GROUP, dtype=torch.int64)
+                q[torch.randperm(kc.NVFP4_GROUP, generator=g)[:4]] = 1
+            q |= (torch.rand(kc.NVFP4_GROUP, generator=g) < 0.5).to(torch.int64) << 3  # sign
+            codes[k * kc.NVFP4_GROUP : (k + 1) * kc.NVFP4_GROUP] = q
+        flat[dd : dd + kc.NVFP4_NOPE] = (codes[0::2] | (codes[1::2] << 4)).to(torch.uint8)
+        flat[ss : ss + kc.NVFP4_SCALES] = torch.tensor(sc, dtype=torch.uint8)
 
 
 def scenario_scale(scenario: str) -> float:

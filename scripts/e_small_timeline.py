@@ -53,7 +53,7 @@ def _parse_knobs(text: str) -> dict:
         if key == "fmt":
             knobs[key] = value
             continue
-        flags = ("stamps", "pair_stores", "fast_combine", "sink_first")
+        flags = ("stamps", "pair_stores", "fast_combine", "sink_first", "e2m1_table")
         knobs[key] = bool(int(value)) if key in flags else int(value)
     return knobs
 
@@ -279,7 +279,8 @@ def main() -> int:
             try:
                 fn = cute.runtime.load_module(obj)[prefix]
                 vcase = _case(b, config, knobs.get("splits", "auto"), knobs.get("fmt", FMT))
-                vin = sets if vcase["kv_format"] == FMT else [make_inputs(vcase, 0, device="cuda")] * 2
+                # another format (or splits) keeps L2 cold too: its own inputs, rotated as model1's
+                vin = sets if vcase["kv_format"] == FMT else rotated_sets(make_inputs(vcase, 0, device="cuda"))
                 if knobs.get("stamps"):
                     print(f"  {name:10s} stamps ({info}):", flush=True)
                     print(_stamps(vcase, vin, fn), flush=True)

@@ -43,6 +43,22 @@ def test_lab_catches_a_scale_from_the_wrong_tile(project_root, tmp_path):
                   and c["scenario"] in ("plain", "sink", "dup"), 3)
 
 
+def test_lab_catches_an_nvfp4_scale_from_the_neighbouring_group(project_root, tmp_path):
+    """Issue 33: nvfp4 groups 2g and 2g + 1 swap their e4m3 scales (tests/fixtures/
+    wrong_e_nvfp4_group), alone (h_q 64) and in the cluster pair (h_q 128): every case fails."""
+    _run_all_fail(project_root, tmp_path, "wrong_e_nvfp4_group",
+                  lambda c: c["kv_format"] == "nvfp4" and c["config"] in ("s1h64_m96bs64", "s2h128_m128bs256_x1024bs64")
+                  and c["splits"] == 1 and c["scenario"] in ("plain", "sink", "dup"), 6)
+
+
+def test_nvfp4_cases_agree_with_the_oracle(project_root, tmp_path):
+    """Issue 33 item 1: every nvfp4 case of the matrix (108: every config, scenario, splits) passes."""
+    spec = load_spec(root=project_root)
+    cases = [c for c in expand(spec.stages["E"]) if c.dict["kv_format"] == "nvfp4"]
+    assert len(cases) == 108
+    _run_cases(spec, spec.stages["E"], cases, tmp_path, "nvfp4", "pass")
+
+
 def test_lab_catches_entries_past_topk_length_honoured(project_root, tmp_path):
     _run_all_fail(project_root, tmp_path, "wrong_e_len",
                   lambda c: c["scenario"] == "topk_len" and c["config"] in ("s1h64_m96bs64", "s2h64_m200bs2_x64bs256")

@@ -91,11 +91,12 @@ def test_the_cache_layout_is_named_once_and_agrees_with_the_oracle():
 
     assert (fc.D, fc.D_NOPE, fc.D_ROPE) == (kc.D, kc.D_NOPE, kc.D_ROPE)
     assert (fc.MODEL1_ROW_BYTES, fc.MODEL1_SCALE_BYTES, fc.V41_ROW_BYTES) == (kc.MODEL1_DATA, kc.MODEL1_SCALES, kc.V41_TOKEN)
-    assert sm90.Kernel.PIECES == {"model1": 9, "v4.1": 8, "simple": 8}
-    assert sm90.Kernel.DATA_PIECES == {"model1": 7, "v4.1": 8, "simple": 8}
+    assert (fc.NVFP4_NOPE_BYTES, fc.NVFP4_ROW_BYTES, fc.NVFP4_SCALE_BYTES) == (kc.NVFP4_NOPE, kc.NVFP4_DATA, kc.NVFP4_SCALE_BYTES)
+    assert sm90.Kernel.PIECES == {"model1": 9, "v4.1": 8, "simple": 8, "nvfp4": 7}
+    assert sm90.Kernel.DATA_PIECES == {"model1": 7, "v4.1": 8, "simple": 8, "nvfp4": 3}
     text = Path(sm90.__file__).read_text()
     code = "\n".join(line.split("#")[0] for line in text.split('"""')[-1].splitlines())  # past the docstrings' end
-    for literal in ("448", "576", "480", "528", "584"):
+    for literal in ("448", "576", "480", "528", "584", "352", "224", "384"):
         assert not re.search(rf"\b{literal}\b", code), literal
 
 

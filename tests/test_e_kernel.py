@@ -306,18 +306,18 @@ def test_softmax_scale_is_a_kernel_input_in_the_oracle_order(arch):
     assert list(inspect.signature(kernel.__call__).parameters) == ["self", *names, "stream"]
 
 
-def test_the_matrix_covers_the_softmax_scale_in_36_cases_of_the_same_kernels(project_root):
-    """The `softmax_scale` scenario adds 36 cases, each compiled as the default-scale case of the same kernel (the
-    scale is a runtime input)."""
+def test_the_matrix_covers_the_softmax_scale_in_48_cases_of_the_same_kernels(project_root):
+    """The `softmax_scale` scenario adds 48 cases (one a config, format, splits), each compiled as the
+    default-scale case of the same kernel (the scale is a runtime input)."""
     from harness.execution.compile import cache_key
 
     spec = load_spec(root=project_root)
     stage = spec.stages["E"]
     cases = [c.dict for c in expand(stage)]
     scaled = [c for c in cases if c["scenario"] == "softmax_scale"]
-    assert len(cases) == 9 * 36 + 25 and len(scaled) == 36  # + the topk-up-to-32768 cases of `more:`
+    assert len(cases) == 9 * 48 + 25 and len(scaled) == 48  # + the topk-up-to-32768 cases of `more:`
     assert "scenario" not in stage.kernel_params
-    assert len({(c["config"], c["kv_format"], c["splits"]) for c in scaled}) == 36
+    assert len({(c["config"], c["kv_format"], c["splits"]) for c in scaled}) == 48
     for case in scaled[:3]:
         assert cache_key(spec.root, stage, "sm_90a", case) == cache_key(spec.root, stage, "sm_90a", {**case, "scenario": "sink"})
 

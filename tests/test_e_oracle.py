@@ -28,6 +28,13 @@ def _token_by_hand(cache, fmt, bs, index):
         s = row[bs * 576 + off * 8 : bs * 576 + off * 8 + 7].view(torch.float8_e8m0fnu).double()
         rope = row[off * 576 + 448 : off * 576 + 576].view(torch.bfloat16).double()
         return torch.cat([(q * s[:, None]).flatten(), rope])
+    if fmt == "nvfp4":  # a lookup table of the 16 e2m1 codes, low nibble first; scales after the rows
+        lut = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
+        p = row[off * 352 : off * 352 + 224].long()
+        q = lut[torch.stack([p & 15, p >> 4], dim=1).flatten()].view(28, 16)
+        s = row[bs * 352 + off * 32 : bs * 352 + off * 32 + 28].view(torch.float8_e4m3fn).double()
+        rope = row[off * 352 + 224 : off * 352 + 352].view(torch.bfloat16).double()
+        return torch.cat([(q * s[:, None]).flatten(), rope])
     tok = row[off * 528 : off * 528 + 528]
     return (tok[:512].view(torch.float8_e4m3fn).double().view(16, 32) * tok[512:].view(torch.float8_e8m0fnu).double()[:, None]).flatten()
 
@@ -69,7 +76,7 @@ def _loop_reference(inputs, case):
 @pytest.mark.parametrize("fmt,scenario", [
     ("simple", "plain"), ("model1", "topk_len"), ("v4.1", "invalid"), ("model1", "lonely"),
     ("simple", "sink_inf"), ("v4.1", "dup"), ("model1", "extreme"), ("model1", "softmax_scale"),
-    ("simple", "softmax_scale"),
+    ("simple", "softmax_scale"), ("nvfp4", "extreme"), ("nvfp4", "invalid"), ("nvfp4", "lonely"),
 ])
 def test_reference_matches_independent_loop(fmt, scenario):
     case = _case(fmt, scenario)

@@ -25,6 +25,23 @@ def test_dims_read_back_format_and_blocks(config, fmt):
     assert dims["extra_topk"] == c.extra_topk and (not c.has_extra or dims["extra_block"] == c.extra_block)
 
 
+def test_dims_tell_nvfp4_from_the_formats_of_the_same_block_bytes():
+    """nvfp4's blocks are read back as powers of two only (oracles/kvcache.py block_size_of): v4.1's
+    256-token block is nvfp4's of 352 and simple's 64 nvfp4's 86, and without the rule the peer
+    reads both as 'more than one format's block' (issue 33). The one collision left is pinned."""
+    from oracles import kvcache as kc
+
+    assert kc.block_bytes("v4.1", 256) == kc.block_bytes("nvfp4", 352) and kc.block_size_of("nvfp4", kc.block_bytes("v4.1", 256)) is None
+    for fmt, config in (("v4.1", "s2h64_m128bs256_x1024bs64"), ("v4.1", "s1h64_m96bs256"),
+                        ("simple", "s2h64_m128bs256_x1024bs64"), ("nvfp4", "s2h64_m128bs256_x1024bs64"),
+                        ("nvfp4", "s2h64_m200bs2_x64bs256")):
+        dims = torch_sparse.sparse_dims(sd.tensors(_case(config, fmt)))
+        assert not isinstance(dims, str) and dims["kv_format"] == fmt, (fmt, config, dims)
+    clash = [(f, bs) for f in kc.FORMATS if f != "nvfp4" for bs in range(1, 2049)
+             if kc.block_size_of("nvfp4", kc.block_bytes(f, bs))]
+    assert clash == [("simple", 381)], clash
+
+
 def test_dims_refuse_other_tensors():
     specs = sd.tensors(_case("s1h64_m96bs64", "model1"))
     assert isinstance(torch_sparse.sparse_dims(specs[:3]), str)
@@ -36,7 +53,8 @@ def test_dims_refuse_other_tensors():
 @pytest.mark.parametrize("fmt,scenario,config", [("model1", "lonely", "s2h64_m200bs2_x64bs256"),
                                                  ("v4.1", "topk_len", "s1h64_m96bs64"),
                                                  ("simple", "sink_inf", "s2h64_m200bs2_x64bs256"),
-                                                 ("model1", "softmax_scale", "s2h64_m200bs2_x64bs256")])
+                                                 ("model1", "softmax_scale", "s2h64_m200bs2_x64bs256"),
+                                                 ("nvfp4", "invalid", "s2h64_m200bs2_x64bs256")])
 def test_torch_peer_matches_the_oracle(fmt, scenario, config):
     """… at the inputs' softmax_scale (the `softmax_scale` scenario's 512^−0.55 included)."""
     case = _case(config, fmt, scenario)

@@ -116,8 +116,8 @@ def test_the_staging_ring_takes_its_bytes_from_the_chunk_ring():
     from stages.common.sm100_decode import SMEM_LIMIT
     from stages.E_sparse_decode.sm100 import Kernel
 
-    slots = {f: Kernel(b=2, config="s2h64_m128bs256_x1024bs64", kv_format=f, splits=1) for f in ("model1", "v4.1", "simple")}
-    assert {f: k.slots for f, k in slots.items()} == {"model1": 3, "v4.1": 4, "simple": 5}
+    slots = {f: Kernel(b=2, config="s2h64_m128bs256_x1024bs64", kv_format=f, splits=1) for f in ("model1", "v4.1", "simple", "nvfp4")}
+    assert {f: k.slots for f, k in slots.items()} == {"model1": 3, "v4.1": 4, "simple": 5, "nvfp4": 5}
     assert all(k.ring["smem"] <= SMEM_LIMIT and k.slots >= k.n_v + 1 for k in slots.values())
     assert slots["model1"].raw_slot_bytes == 64 * 192 and slots["v4.1"].raw_slot_bytes == 64 * 128
 
@@ -205,6 +205,7 @@ def _inventory(ptx: str) -> dict:
     {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "model1", "splits": "auto"},
     {"b": 2, "config": "s1h128_m128bs256_x1024bs2", "kv_format": "v4.1", "splits": 1},
     {"b": 2, "config": "s1h64_m96bs64", "kv_format": "model1", "splits": 1},  # spilled with a lone `if wide` box
+    {"b": 2, "config": "s2h128_m128bs256_x1024bs64", "kv_format": "nvfp4", "splits": 1},  # issue 33: global loads, no gather
 ])
 def test_representative_cases_compile_for_sm100a_without_spills(case, tmp_path):
     """tcgen05 MMAs, async-proxy fences, no spills; gather4 of four DISTINCT rows (one row four times was a bad
@@ -231,7 +232,10 @@ def test_representative_cases_compile_for_sm100a_without_spills(case, tmp_path):
                          r"\[[^]]+\], \[%rd\d+, \{([^}]+)\}\]", ptx)
     tiles = sum(n for k, n in inv.items() if k.startswith("cp.async.bulk.tensor.3d"))
     assert 0 < tiles <= 8, inv  # Q's boxes: KV never goes through a tiled TMA
-    if case["kv_format"] == "simple":
+    if case["kv_format"] == "nvfp4":  # 8 bytes of e2m1 a piece, 32 of rope, a scale byte: 4 keys × 2 lists
+        assert not gathers and inv.get("ld.global.64b", 0) >= 8 and inv.get("ld.global.128b", 0) >= 16, inv
+        assert ptx.count(f"mul.lo.u32 t, t, {0x1040:#x}") >= 8  # the e2m1 bit moves (stages/common/e2m1_bits.py)
+    elif case["kv_format"] == "simple":
         assert not gathers and inv.get("ld.global.128b", 0) >= 8, inv  # 16-byte loads of 4 keys × 2 lists
     else:
         lists = 2 if "_x" in case["config"] else 1

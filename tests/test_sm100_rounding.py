@@ -222,7 +222,7 @@ def _e_branch(inputs, c, fmt: str, extra: bool, plan: str):
             kv, k_scale = e4m3, scale
         else:  # the dequantiser's bf16(fp32(e4m3 · scale))
             kv = _bf16(_f32(e4m3 * scale[..., None]))
-    else:  # model1 / v4.1: e8m0 scales, bf16(e4m3 · 2^e) exact; the rope as stored
+    else:  # model1 / v4.1: e8m0 scales, bf16(e4m3 · 2^e) exact; nvfp4: bf16(e2m1 · e4m3) exact; the rope as stored
         kv = _bf16(kv)
         assert plan == "keys", f"{fmt}: its e8m0 scale is exact in the key; KEY_SCALE says {plan!r}"
     pad = -idx.shape[-1] % 64
@@ -311,7 +311,7 @@ CASES = [
 ]
 E_CASES = [
     {"config": "s1h64_m96bs64", "kv_format": fmt, "scenario": sc, "splits": 1}
-    for fmt in ("simple", "model1", "v4.1") for sc in ("plain", "sink", "invalid", "extreme", "lonely")
+    for fmt in ("simple", "model1", "v4.1", "nvfp4") for sc in ("plain", "sink", "invalid", "extreme", "lonely")
 ] + [{"config": "s2h64_m128bs256_x512bs64", "kv_format": fmt, "scenario": sc, "splits": 1}
      for fmt in ("simple",) for sc in ("plain", "sink")]
 
@@ -344,7 +344,7 @@ def test_e_sm100_rounding_meets_tolerance(axes):
 
 def test_e_simple_scales_after_the_mma():
     """simple's fp32 key scale is applied in fp32 to S and P, as on sm90 (issue 34 item 1)."""
-    assert e_key_scale_plan() == {"simple": "scores", "model1": "keys", "v4.1": "keys"}
+    assert e_key_scale_plan() == {"simple": "scores", "model1": "keys", "v4.1": "keys", "nvfp4": "keys"}
 
 
 @pytest.mark.parametrize("scenario", ["plain", "sink"])

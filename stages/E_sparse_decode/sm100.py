@@ -44,7 +44,10 @@ epilogue, split-KV + SplitCombine).  What is new in this rung, through the house
         range; its bytes are never read).  `simple` (512 e4m3 then a plane of fp32 scales, blocks
         padded to 16 bytes) is no uniform row array (a block is not a whole number of 512-byte
         rows), so it has no gather: its slots carry the sidecar only and the dequantisers load
-        the rows from global memory with 16-byte loads.
+        the rows from global memory with 16-byte loads.  `nvfp4` (issue 33: 352-byte rows, then
+        32 scale bytes a token in the block) neither: per 16 columns 8 bytes of e2m1 and the
+        group's e4m3 scale byte (or 32 bytes of rope), converted by stages/common/e2m1_bits.py's
+        bit moves × 2^126 × the scale (exact).
     The dequantisation warps (warps 6 … 9, 128 threads).  Per chunk: wait for the raw slot,
         read the 4 indices of their keys from the sidecar (thread p: keys p // 8 + 16 r, r =
         0 … 3; columns 16 (p mod 8) … + 15) and issue the scale loads of the valid ones (global
@@ -95,7 +98,9 @@ from cutlass.cute.nvgpu import tcgen05
 
 from stages.common import hang_guard
 from stages.common.combine import SplitCombine, sink_factor
-from stages.common.fp8_cache import D, cache_block_bytes, convert16, e8m0_to_f32, ldg16, ldg_f32, ldg_u8, lds16
+from stages.common.e2m1_bits import TWO_126, e2m1x8_to_bf16, scale_factors, scale_select
+from stages.common.fp8_cache import (D, D_NOPE, NVFP4_ROW_BYTES, NVFP4_SCALE_BYTES, cache_block_bytes, convert16,
+                                     e8m0_to_f32, ldg8, ldg16, ldg_f32, ldg_u8, lds16)
 from stages.common.sparse_config import MAX_TOPK, SparseConfig
 from stages.common.scheduler import DecodeShape, valid_tiles, visit_tiles
 from stages.common.sm100_decode import B200_SMS, KV_TILE, ROWS, DecodeSm100
@@ -120,7 +125,8 @@ RAW_WIDTH = {"model1": 192, "v4.1": 128}  # staging bytes a key: the widest chun
 #              take S·scale before the row max and P·scale before the bf16 cast (ℓ sums the
 #              unscaled P).  simple's scale is any fp32: bf16(e4m3 × scale) would round every key
 #              (LSE rel L2 2–4e-4 against the stage's 1e-5; tests/test_sm100_rounding.py).
-KEY_SCALE = {"simple": "scores", "model1": "keys", "v4.1": "keys"}
+#   nvfp4 (issue 33) — "keys": bf16(e2m1 × e4m3 scale) is exact (6 significant bits at most).
+KEY_SCALE = {"simple": "scores", "model1": "keys", "v4.1": "keys", "nvfp4": "keys"}
 
 
 def gather_row(index, block_size: int, block_bytes: int, row_bytes: int):
@@ -639,7 +645,8 @@ class Kernel(DecodeSm100):
     def load_keys(self, cache, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], s_raw, slot,
                   index, row, col0, cid, raw, scale):
         """The scales of columns col0 … col0 + 15 of this thread's 4 keys into scale[r] and, for
-        `simple`, their raw bytes (global memory) into raw[:, r] — every load issued before any
+        `simple` and `nvfp4` (no uniform row array to gather: its 352-byte rows and 32-byte
+        scale slots share a block), their raw bytes (global memory) into raw[:, r] — every load issued before any
         is used; an invalid key (index −1) is not read: zeros, scale 0.  (A gathered format's
         bytes are read from the staging slot later, a key at a time: load_staged_piece.)"""
         base = cache.iterator.toint()
@@ -664,6 +671,19 @@ class Kernel(DecodeSm100):
         elif cutlass.const_expr(self.fmt == "model1"):
             if col0 < 448:  # the rope (columns 448 …) is bf16 as stored: scale 1
                 scale = e8m0_to_f32(ldg_u8(block + block_size * 576 + off * 8 + col0 // 64))
+        elif cutlass.const_expr(self.fmt == "nvfp4"):
+            token = block + off * NVFP4_ROW_BYTES
+            if col0 < D_NOPE:  # 16 e2m1 (8 bytes) and their group's e4m3 scale (group col0 // 16)
+                ldg8(token + col0 // 2, raw, 0)
+                byte = ldg_u8(block + block_size * NVFP4_ROW_BYTES + off * NVFP4_SCALE_BYTES + col0 // 16) & 0xFF
+                _, sb = scale_factors(byte, scale_select(0))  # masked: a zero-extending load, as e8m0's
+                bits = cute.make_rmem_tensor(1, cutlass.Int32)
+                bits[0] = sb << 16  # the bf16 scale (exact: e4m3 ⊂ bf16) as an fp32
+                scale = cute.recast_tensor(bits, F32)[0]
+            else:  # the rope, 16 bf16 as stored (32 bytes at 224 + 2·(col0 − 448))
+                at = token + D_NOPE // 2 + (col0 - D_NOPE) * 2
+                ldg16(at, raw, 0)
+                ldg16(at + 16, raw, 4)
         else:
             scale = e8m0_to_f32(ldg_u8(block + off * 528 + D + col0 // 32))
         return scale
@@ -690,8 +710,21 @@ class Kernel(DecodeSm100):
 
     @cute.jit
     def convert_piece(self, raw, scale, col0, vals):
-        """vals (16 bf16) ← raw: 16 e4m3 × scale (fp32 math), or model1's rope as it is."""
-        if cutlass.const_expr(self.fmt == "model1"):
+        """vals (16 bf16) ← raw: 16 e4m3 × scale (fp32 math), or model1's / nvfp4's rope as it
+        is; nvfp4's 16 e2m1 (raw[0:2]) by bit moves × 2^126, × the bf16 scale (stages/common/
+        e2m1_bits.py's two-multiply path: exact)."""
+        if cutlass.const_expr(self.fmt == "nvfp4"):
+            if col0 < D_NOPE:
+                bits = cute.make_rmem_tensor(1, F32)
+                bits[0] = scale
+                hi = (cute.recast_tensor(bits, cutlass.Int32)[0] >> 16) & 0xFFFF
+                sb = hi | (hi << 16)  # bf16x2: the scale in both halves
+                out = cute.recast_tensor(vals, cutlass.Int32)
+                for w in cutlass.range_constexpr(2):
+                    e2m1x8_to_bf16(raw[w], cutlass.Int32(TWO_126), sb, cute.make_tensor(out.iterator + 4 * w, cute.make_layout(4)))
+            else:
+                vals.store(cute.recast_tensor(raw, BF16).load())
+        elif cutlass.const_expr(self.fmt == "model1"):
             if col0 < 448:
                 convert16(raw, scale, vals)
             else:

@@ -120,8 +120,10 @@ from stages.common import hang_guard
 from stages.common.barriers import NamedBarrier
 from stages.common.cluster_pair import TilePair
 from stages.common.combine import sink_factor
+from stages.common.e2m1_bits import e2m1x8_to_bf16, e2m1x8_to_bf16_table, scale_factors, scale_select, scales_fit
 from stages.common.e4m3_bits import e4m3x16_to_bf16, one_multiply_fits
-from stages.common.fp8_cache import D, D_NOPE, D_ROPE, MODEL1_ROW_BYTES, MODEL1_SCALE_BYTES, V41_ROW_BYTES, cache_block_bytes
+from stages.common.fp8_cache import (D, D_NOPE, D_ROPE, MODEL1_ROW_BYTES, MODEL1_SCALE_BYTES, NVFP4_NOPE_BYTES,
+                                     NVFP4_ROW_BYTES, NVFP4_SCALE_BYTES, V41_ROW_BYTES, cache_block_bytes)
 from stages.common.idx_windows import (WINDOW_TILES, boundary, commit_copies, copy4_async_if, entry, staged_bytes,
                                        staged_tiles, streams, wait_copies, window_slot, window_tile)
 from stages.common.inspection import expose
@@ -241,14 +243,20 @@ class Kernel:
     KV_STAGES = 2
     # 16-byte pieces of a key a producer thread (one of 4 a key) loads: the e4m3 data pieces, 64
     # columns each, and model1's bf16 rope (128 bytes: 2 a thread) after them
-    DATA_PIECES = {"model1": D_NOPE // 64, "v4.1": D // 64, "simple": D // 64}
-    ROPE_PIECES = {"model1": 2 * D_ROPE // 64, "v4.1": 0, "simple": 0}
-    PIECES = {"model1": D_NOPE // 64 + 2 * D_ROPE // 64, "v4.1": D // 64, "simple": D // 64}  # 9, 8, 8
-    ROW_BYTES = {"model1": MODEL1_ROW_BYTES, "v4.1": V41_ROW_BYTES, "simple": D}  # a token's row in its block (model1's scales apart)
+    # nvfp4 (dequant_nvfp4): 3 16-byte pieces of e2m1 (32 columns a thread each), then
+    # NVFP4_TAIL: 8 bytes (the last 64 columns, 16 a thread; words 0, 1 of its piece), the 2
+    # rope pieces, and one piece of the 4 scale words the thread's groups are in (of the 8)
+    NVFP4_TAIL = NVFP4_NOPE_BYTES // 64  # 3: the tail piece (e2m1 bytes 3·64 … 3·64 + 31)
+    DATA_PIECES = {"model1": D_NOPE // 64, "v4.1": D // 64, "simple": D // 64, "nvfp4": NVFP4_NOPE_BYTES // 64}
+    ROPE_PIECES = {"model1": 2 * D_ROPE // 64, "v4.1": 0, "simple": 0, "nvfp4": 2 * D_ROPE // 64}
+    PIECES = {"model1": D_NOPE // 64 + 2 * D_ROPE // 64, "v4.1": D // 64, "simple": D // 64,
+              "nvfp4": NVFP4_NOPE_BYTES // 64 + 1 + 2 * D_ROPE // 64 + 1}  # 9, 8, 8, 7
+    ROW_BYTES = {"model1": MODEL1_ROW_BYTES, "v4.1": V41_ROW_BYTES, "simple": D,
+                 "nvfp4": NVFP4_ROW_BYTES}  # a token's row in its block (model1's, nvfp4's scales apart)
 
     def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int | None = None,
                  combine_group: int = COMBINE_GROUP, stamps: bool = False, pair_stores: bool = True,
-                 fast_combine: bool = True, sink_first: bool = True):
+                 fast_combine: bool = True, sink_first: bool = True, e2m1_table: bool | None = None):
         # Small-batch options (issue 30; docs/STAGE_E.md "The timeline at b = 2"): keywords that
         # scripts/e_small_timeline.py switches to time a variant beside FlashMLA.  The defaults are
         # the build the lab runs (on since 2026-11-27: 17.4 vs 22.1 µs at b 1, 20.4 vs 23.5 at b 2
@@ -288,6 +296,10 @@ class Kernel:
         # Two head blocks of one token walk the same keys: a (2, 1, 1) cluster of them shares
         # every dequantised tile (stages/common/cluster_pair.py); each CTA dequantises half.
         self.pair = head_blocks % 2 == 0
+        # nvfp4's e2m1 → bf16 (issue 33; stages/common/e2m1_bits.py): the 16-entry table where a CTA
+        # is alone (H200, b 64 / 256 s2h64: 62.3 / 233.4 µs against the bit moves' 71.9 / 272.1),
+        # the bit moves in the 2-CTA pair (the table's 4 words spill 96 bytes there; not yet timed)
+        self.e2m1_table = (not self.pair) if e2m1_table is None else e2m1_table
         self.plan = self.PLAN
         self.own_keys = self.BLOCK_N // 2 if self.pair else self.BLOCK_N  # keys a CTA dequantises a tile
         self.sides = 2 if self.pair else 1  # whose keys' masks a CTA writes: its own, the peer's
@@ -378,6 +390,8 @@ class Kernel:
         # at b 64, h_q 128); the dequantisers step by 8 keys and 64 columns (piece_strides)
         k_smem, vt_smem = kv_layouts(dtype, D, bn, self.KV_STAGES, D // self.NUM_MMA_WG, swizzled=False)
         self.key8_bytes, self.col64_bytes = piece_strides(k_smem, bn, D, self.KV_STAGES)
+        if self.fmt == "nvfp4":  # dequant_nvfp4 steps 8 columns by col64 / 8 inside its 128-column pieces
+            _check_even_columns(k_smem, self.col64_bytes)
         p_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bm, D, bn), dtype, 1)
         expose(self, p_path="smem", qk_mma=(qk_mma, (bm, bn, D)), pv_mma=(pv_mma, (bm, D, bn)),
                smem={"Q": q_smem, "K (dequantised)": k_smem, "Vt (K's bytes)": vt_smem, "P": p_smem},
@@ -726,7 +740,10 @@ class Kernel:
             kv_pipe.producer_acquire(kv_state)
             pair.producer_acquire(kv_state, ptid)
         self.write_masks(keys, sc, r, rank, pwarp, lane, s_mask, s_kscale, kv_state)
-        self.dequant_unit(raw, sc, r, lane, pieces, kv_state, pair)
+        if cutlass.const_expr(self.fmt == "nvfp4"):
+            self.dequant_nvfp4(raw, r, lane, pieces, kv_state, pair)
+        else:
+            self.dequant_unit(raw, sc, r, lane, pieces, kv_state, pair)
         if cutlass.const_expr(r == self.rounds - 1):
             cute.arch.fence_proxy("async.shared", space="cta")  # generic smem writes → wgmma reads
             kv_pipe.producer_commit(kv_state)
@@ -804,7 +821,10 @@ class Kernel:
         """For round r's own key (index keys[r, 0]; an invalid key's loads are not made and yield
         zeros): raw[:, p] ← its 16-byte piece p — the data columns 64·p + 16·q … + 15 (q =
         lane // 8; e4m3), then model1's rope bytes 448 + 16·q + 64·h (bf16) as pieces 7 + h — and
-        sc[:, 0] ← its scale bytes (model1 8, v4.1 16).  simple: sc[0, side] ← the fp32 scale of
+        sc[:, 0] ← its scale bytes (model1 8, v4.1 16).  nvfp4: pieces 0 … 2 the e2m1 bytes 64·p +
+        16·q (columns 128·p + 32·q … + 31), piece 3 words 0, 1 the bytes 192 + 8·q (columns
+        384 + 16·q … + 15), pieces 4, 5 the rope bytes 224 + 16·q + 64·h, pieces 6, 7 the token's
+        scale words of its groups, 2·p + q // 2 for p = 0 … 2 then 6 (dequant_nvfp4).  simple: sc[0, side] ← the fp32 scale of
         each side's round-r key (the MMA warpgroups apply it)."""
         base = cache.iterator.toint()
         q = lane // 8
@@ -819,6 +839,21 @@ class Kernel:
                 self.load16(raw, self.DATA_PIECES[self.fmt] + h, token + D_NOPE + 16 * q + 64 * h, valid)
             w = ldg_or(block + block_size * MODEL1_ROW_BYTES + off * MODEL1_SCALE_BYTES, valid, 2, prefetch=False)
             sc[0, 0], sc[1, 0] = w[0], w[1]
+        elif cutlass.const_expr(self.fmt == "nvfp4"):
+            t = self.NVFP4_TAIL
+            w = ldg_or(token + 64 * t + 8 * q, valid, 2)  # e2m1 bytes 3·64 + 8·q: columns 6·64 + 16·q … + 15
+            raw[0, t], raw[1, t] = w[0], w[1]
+            for h in cutlass.range_constexpr(self.ROPE_PIECES[self.fmt]):
+                self.load16(raw, t + 1 + h, token + NVFP4_NOPE_BYTES + 16 * q + 64 * h, valid)
+            # the scale words of this thread's groups: 2·p + q // 2 (p = 0 … 2) and 6 (the tail's)
+            scales = block + block_size * NVFP4_ROW_BYTES + off * NVFP4_SCALE_BYTES
+            lo = ldg_or(scales, valid, 4, prefetch=False)
+            hi = ldg_or(scales + 16, valid, 4, prefetch=False)
+            words = lo + hi
+            odd = q // 2 == 1
+            for p in cutlass.range_constexpr(t):
+                raw[p, t + 3] = cutlass.select_(odd, words[2 * p + 1], words[2 * p])
+            raw[t, t + 3] = words[2 * t]
         elif cutlass.const_expr(self.fmt == "v4.1"):
             w = ldg_or(token + D, valid, 4)
             for i in cutlass.range_constexpr(4):
@@ -844,8 +879,11 @@ class Kernel:
         r·(keys_per_round / 8)·key8_bytes, slot s s·BLOCK_N·D·2 (piece_strides checks the layout
         is additive in all three)."""
         q = lane // 8
-        at = cute.make_rmem_tensor(4, cutlass.Int32)
-        for i, col in enumerate((16 * q, 16 * q + 8, D_NOPE + 8 * q, D_NOPE + D_ROPE // 2 + 8 * q)):
+        cols = (16 * q, 16 * q + 8, D_NOPE + 8 * q, D_NOPE + D_ROPE // 2 + 8 * q)
+        if cutlass.const_expr(self.fmt == "nvfp4"):
+            cols = cols + (32 * q,)  # nvfp4's 16-byte loads: columns 128·p + 32·q + 8·i (dequant_nvfp4)
+        at = cute.make_rmem_tensor(len(cols), cutlass.Int32)
+        for i, col in enumerate(cols):
             at[i] = k_base + slot_offset(k_smem, key, col, 0)
         return at
 
@@ -878,6 +916,59 @@ class Kernel:
         if cutlass.const_expr(self.fmt == "model1"):
             for h in cutlass.range_constexpr(2):
                 pair.store16(pieces[2 + h] + rows, raw[None, dims + h], state)
+
+    @cute.jit
+    def dequant_nvfp4(self, raw, r: cutlass.Constexpr[int], lane, pieces, state, pair):
+        """nvfp4: this thread's pieces of its round-r key → bf16 in slot state.index, the same
+        tile as model1's (stages/common/e2m1_bits.py: codes by bit moves, × the group's e4m3
+        scale, exact).  Thread q's columns, from gather_key's pieces:
+            piece p ≤ 2, word i   columns 128·p + 32·q + 8·i … + 7, group 8·p + 2·q + i // 2:
+                                  scale byte 2·(q mod 2) + i // 2 of scale word 2·p + q // 2
+                                  (piece 6's word p)
+            piece 3, word i       columns 384 + 16·q + 8·i … + 7, group 24 + q: byte q of scale
+                                  word 6 (piece 6's word 3)
+        stored at pieces[4] (column 32·q) + p·2·col64 + i·col8, and as model1's piece 6 (pieces[0],
+        pieces[1] + 6·col64); the rope as model1's.  `one_multiply`: the warp's vote that every
+        scale of its keys is below 4 (e2m1_bits)."""
+        q = lane // 8
+        t = self.NVFP4_TAIL
+        rows = r * (self.keys_per_round // 8) * self.key8_bytes + state.index * (self.BLOCK_N * D * 2)
+        col8 = self.col64_bytes // 8
+        one_multiply = True  # the table path: one multiply always (its values are the e2m1 values)
+        if cutlass.const_expr(not self.e2m1_table):
+            fits = cutlass.Int32(0)
+            for i in cutlass.range_constexpr(4):  # the 4 threads of a key hold all 28 scales between them
+                fits = fits | scales_fit(raw[i, t + 3])
+            one_multiply = cute.arch.vote_all_sync(fits == 0)  # every lane, before any lane-dependent branch
+        for p in cutlass.range_constexpr(t):
+            word = raw[p, t + 3]
+            for h in cutlass.range_constexpr(2):
+                f, sb = scale_factors(word, scale_select(self.e2m1_group_byte(2 * (q % 2) + h)))
+                for i in cutlass.range_constexpr(2 * h, 2 * h + 2):
+                    out = cute.make_rmem_tensor(4, cutlass.Int32)
+                    self.e2m1_words(raw[i, p], f, sb, out, one_multiply)
+                    pair.store16(pieces[4] + 2 * p * self.col64_bytes + i * col8 + rows, out, state)
+        f, sb = scale_factors(raw[t, t + 3], scale_select(self.e2m1_group_byte(q)))
+        for i in cutlass.range_constexpr(2):
+            out = cute.make_rmem_tensor(4, cutlass.Int32)
+            self.e2m1_words(raw[i, t], f, sb, out, one_multiply)
+            pair.store16(pieces[i] + (D_NOPE // 64 - 1) * self.col64_bytes + rows, out, state)
+        for h in cutlass.range_constexpr(2):
+            pair.store16(pieces[2 + h] + rows, raw[None, t + 1 + h], state)
+
+    @cute.jit
+    def e2m1_words(self, word, f, sb, out, one_multiply):
+        """out[0:4] ← 8 codes × the group's scale: bit moves, or the table (e2m1_table)."""
+        if cutlass.const_expr(self.e2m1_table):
+            e2m1x8_to_bf16_table(word, sb, out)
+        else:
+            e2m1x8_to_bf16(word, f, sb, out, one_multiply)
+
+    @cute.jit
+    def e2m1_group_byte(self, byte):
+        """The byte of a scale word that holds a group's e4m3 scale: `byte` itself (a hook so a
+        test fixture can plant a bug here)."""
+        return byte
 
     @cute.jit
     def scale_byte(self, sc, p, q) -> cutlass.Int32:
@@ -1211,6 +1302,14 @@ class Kernel:
 def _stamp_if(addr, here):
     if here:
         stamp(addr)
+
+
+def _check_even_columns(k_smem, col64: int) -> None:
+    """Raise unless every 8-column piece of K's slots lies col64 / 8 bytes after the one before
+    (no-swizzle atoms: true), as dequant_nvfp4's stores assume."""
+    for c8 in range(D // 8):
+        if slot_offset(k_smem, 0, 8 * c8, 0) - slot_offset(k_smem, 0, 0, 0) != c8 * (col64 // 8):
+            raise ValueError(f"stage E sm90: nvfp4's stores need K's 8-column pieces evenly spaced (column {8 * c8})")
 
 
 def _token_block(base, index, block_size: int, block_bytes: int):

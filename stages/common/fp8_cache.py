@@ -6,6 +6,10 @@ Layouts (oracles/kvcache.py is the reference; DSV4.md the spec), bytes per page 
     model1   per token 448 e4m3 + 64 bf16 rope (576), then 8 bytes per token (7 e8m0 + pad),
              the block padded to a multiple of 576
     v4.1     per token 512 e4m3 then 16 e8m0 (one per 32 values): 528
+    nvfp4    per token 224 bytes of packed e2m1 (the 448 nope values, the even one in the low
+             nibble) + 64 bf16 rope (352), then 32 bytes per token (28 e4m3 scales, one per 16
+             values, + 4 pad): block_size · 384, unpadded (FlashInfer's NVFP4 cache; its
+             e2m1 → bf16: stages/common/e2m1_bits.py)
 
 Dequantising: x = e4m3 · scale, e4m3 → f16x2 (exact) → f32, × scale in f32, → bf16 (round to
 nearest even); e8m0 byte e is the power of two 2^(e − 127), made by moving e into an fp32's
@@ -23,6 +27,9 @@ D_ROPE = 64  # model1: the bf16 rope columns after them, not quantised
 MODEL1_ROW_BYTES = D_NOPE + 2 * D_ROPE  # 576: a model1 token's data in its block
 MODEL1_SCALE_BYTES = 8  # a model1 token's scales: 7 e8m0 + 1 pad, after the block's rows
 V41_ROW_BYTES = D + D // 32  # 528: 512 e4m3 then 16 e8m0 (one per 32 values)
+NVFP4_NOPE_BYTES = D_NOPE // 2  # 224: nvfp4's packed e2m1 nope, two values a byte
+NVFP4_ROW_BYTES = NVFP4_NOPE_BYTES + 2 * D_ROPE  # 352: an nvfp4 token's data in its block
+NVFP4_SCALE_BYTES = 32  # an nvfp4 token's scales: 28 e4m3 (one per 16 values) + 4 pad, after the block's rows
 
 
 def cache_block_bytes(fmt: str, block_size: int) -> int:
@@ -35,7 +42,9 @@ def cache_block_bytes(fmt: str, block_size: int) -> int:
         return (block_size * (row + MODEL1_SCALE_BYTES) + row - 1) // row * row
     if fmt == "v4.1":
         return block_size * V41_ROW_BYTES
-    raise ValueError(f"stage E: kv_format must be simple, model1 or v4.1, got {fmt!r}")
+    if fmt == "nvfp4":
+        return block_size * (NVFP4_ROW_BYTES + NVFP4_SCALE_BYTES)
+    raise ValueError(f"stage E: kv_format must be simple, model1, v4.1 or nvfp4, got {fmt!r}")
 
 
 @cute.jit
@@ -49,6 +58,13 @@ def ldg_u8(addr) -> cutlass.Int32:
 def ldg_f32(addr) -> cutlass.Float32:
     t = cute.make_tensor(cute.make_ptr(cutlass.Float32, addr, cute.AddressSpace.gmem, assumed_align=4), cute.make_layout(1))
     return t[0]
+
+
+@cute.jit
+def ldg8(addr, raw, at: cutlass.Constexpr[int]):
+    """raw[at : at + 2] (Int32) ← the 8 bytes at the 8-byte aligned global `addr` (one 64-bit load)."""
+    g = cute.make_tensor(cute.make_ptr(cutlass.Int32, addr, cute.AddressSpace.gmem, assumed_align=8), cute.make_layout(2))
+    cute.autovec_copy(g, cute.make_tensor(raw.iterator + at, cute.make_layout(2)))
 
 
 @cute.jit
