@@ -144,28 +144,27 @@ def store_accumulator_fp8(acc: cute.Tensor, tidx, wg: cutlass.Constexpr[int], ro
     for h in cutlass.range_constexpr(2):
         row = row_block * 64 + row0 + 8 * h
         o8, sc, pos = out.row_addresses(row)
-        vals = cute.make_rmem_tensor(2 * groups, Float32)
-        for g in cutlass.range_constexpr(groups):
-            for e in cutlass.range_constexpr(2):
-                vals[2 * g + e] = acc[4 * g + 2 * h + e]
+        # in place: the accumulator is dead after this epilogue (a copy of a row's 64 values
+        # spilled at h_q 128 in simple)
         for g in cutlass.range_constexpr(groups):
             if cutlass.const_expr(col0 + 8 * g >= ROPE_START):
                 cos, sin = out.cos_sin_at(pos, (col0 + 8 * g - ROPE_START) // 2 + q)
-                vals[2 * g], vals[2 * g + 1] = rotate_pair(vals[2 * g], vals[2 * g + 1], cos, sin)
+                i = 4 * g + 2 * h
+                acc[i], acc[i + 1] = rotate_pair(acc[i], acc[i + 1], cos, sin)
         word = Int32(0)
         for k in cutlass.range_constexpr(blocks):
             m = Float32(0.0)
             for g in cutlass.range_constexpr(gpb):
                 for e in cutlass.range_constexpr(2):
-                    m = absmax(m, vals[2 * (gpb * k + g) + e])
+                    m = absmax(m, acc[4 * (gpb * k + g) + 2 * h + e])
             m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=1))
             m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=2))
             byte = ue8m0_byte(m)
             inv = inverse_scale(byte)
             word = word | (byte << (8 * k))
             for g in cutlass.range_constexpr(gpb):
-                gg = gpb * k + g
-                st_b16(o8 + col0 + 8 * gg + 2 * q, cvt_e4m3x2(vals[2 * gg] * inv, vals[2 * gg + 1] * inv))
+                i = 4 * (gpb * k + g) + 2 * h
+                st_b16(o8 + col0 + 8 * (gpb * k + g) + 2 * q, cvt_e4m3x2(acc[i] * inv, acc[i + 1] * inv))
         if q == 0:
             st_b16(sc + col0 // BLOCK, word)
 
@@ -177,10 +176,13 @@ def store_row_fp8(vals: cute.Tensor, lane, row, out: cutlass.Constexpr) -> None:
     28 … 31 hold the rope lanes, 8 pairs each; a lane's 16 bytes leave by one 16-byte store, the
     scale word by lane 0 (block k's byte from lane 8k)."""
     o8, sc, pos = out.row_addresses(row)
-    if lane >= ROPE_START // 16:
-        for m in cutlass.range_constexpr(8):
-            cos, sin = out.cos_sin_at(pos, 8 * (lane - ROPE_START // 16) + m)
-            vals[2 * m], vals[2 * m + 1] = rotate_pair(vals[2 * m], vals[2 * m + 1], cos, sin)
+    # no branch: the nope lanes rotate by (cos, sin) = (1, 0), reading the pairs of lane 28's place
+    rope = lane >= ROPE_START // 16
+    first = 8 * (cutlass.max(lane, ROPE_START // 16) - ROPE_START // 16)
+    for m in cutlass.range_constexpr(8):
+        cos, sin = out.cos_sin_at(pos, first + m)
+        cos, sin = cutlass.select_(rope, cos, Float32(1.0)), cutlass.select_(rope, sin, Float32(0.0))
+        vals[2 * m], vals[2 * m + 1] = rotate_pair(vals[2 * m], vals[2 * m + 1], cos, sin)
     amax = Float32(0.0)
     for i in cutlass.range_constexpr(16):
         amax = absmax(amax, vals[i])
