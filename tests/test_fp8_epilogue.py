@@ -164,3 +164,55 @@ def test_bf16_cases_keep_their_inputs_and_outputs():
     assert specs8["O"].role == "scratch" and specs8["O_fp8"].shape == (8, 4, 8, 128) and specs8["O_scale"].shape == (8, 8, 4)
     ref = sd.reference(a, case)
     assert ref["O_scale"].numel() == 0
+
+
+# -- compiled (sm_90a on the CPU)
+
+
+def _sm90_fp8_ptx(project_root, tmp_path, monkeypatch, case: dict, fixture: str = ""):
+    """(PTX, ptxas resources) of stage E's sm90 kernel (or tests/fixtures/`fixture`'s) for `case`."""
+    import dataclasses
+    from pathlib import Path
+
+    from harness.execution.compile import Compiler, ptxas_resources
+    from harness.spec.spec import KernelRef, load_spec
+
+    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
+    monkeypatch.setenv("DSV4_SM_COUNT", "132")
+    spec = load_spec(root=project_root)
+    stage = spec.stages["E"]
+    if fixture:
+        path = project_root / "tests" / "fixtures" / fixture / "sm90.py"
+        ref = KernelRef("sm_90a", f"tests.fixtures.{fixture}.sm90", "Kernel", path)
+        stage = dataclasses.replace(stage, kernels={"sm_90a": ref}, dir=ref.path.parent)
+    compiler = Compiler(spec.root)
+    try:
+        res = compiler.submit(stage, "sm_90a", case).result()
+        assert res.ok, res.error
+        return Path(res.ptx_path).read_text(), ptxas_resources(Path(res.ptx_path), "sm_90a")
+    finally:
+        compiler.close()
+
+
+def test_sm90_fp8_epilogue_compiles_without_spills_and_the_planted_sign_reaches_it(project_root, tmp_path, monkeypatch):
+    """epilogue fp8_rope, model1, h_q 64, splits 3 (whole sequences' epilogue and PartCombine's):
+    compiled for sm_90a with no spills; the e4m3 conversions are there — 64 a warpgroup's two rows
+    in the attention kernel, 8 a PartCombine lane — and tests/fixtures/wrong_e_rope_sign's hook
+    reaches the code (its PTX differs, the kernel's name set aside, with the same conversions)."""
+    case = dict(b=2, config="s2h64_m128bs256_x512bs64", kv_format="model1", scenario="sink", splits=3, epilogue="fp8_rope")
+    got = [_sm90_fp8_ptx(project_root, tmp_path / (name or "stage"), monkeypatch, case, name)
+           for name in ("", "wrong_e_rope_sign")]
+    (ptx, res), (wrong, _) = got
+    assert res.get("spill", 0) == 0, res
+    assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == 2 * 64 + 8
+    assert "st.global.v4.b32" in ptx  # PartCombine's 16-byte stores of e4m3
+
+    def body(text):  # every kernel's name (it embeds its module's) set aside
+        import re
+
+        for name in re.findall(r"\.entry\s+(\S+?)\(", text):
+            text = text.replace(name, "K")
+        return text
+
+    assert wrong.count("cvt.rn.satfinite.e4m3x2.f32") == ptx.count("cvt.rn.satfinite.e4m3x2.f32")
+    assert body(ptx) != body(wrong)

@@ -719,7 +719,7 @@ def test_planted_stale_weights_reach_the_compiled_i2_kernel(tmp_path):
 
 
 @pytest.mark.parametrize("fixture, stage", [("wrong_i1", "I1_mqa_logits"), ("wrong_i2", "I2_paged_mqa_logits"),
-                                            ("wrong_e_window", "E_sparse_decode")])
+                                            ("wrong_e_window", "E_sparse_decode"), ("wrong_e_rope_sign", "E_sparse_decode")])
 def test_planted_bug_fixtures_override_only_hooks(fixture, stage):
     """A fixture that copies a long kernel method to change one line tests old code once the
     method changes: these fixtures replace only the methods the stage's sm90 kernel names as

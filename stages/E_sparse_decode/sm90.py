@@ -422,7 +422,8 @@ class Kernel:
             ZeroFlags(self.sched, bm).launch(mLp, stream)  # the attention kernel waits for it at its flags
         self.kernel(
             tma_q, tma_Q, KV, idx, topk_length, KV_extra, idx_extra, extra_length, sink, softmax_scale,
-            mO, mLSE, mOp, mLp, q_smem, k_smem, vt_smem, p_smem, O_fp8, O_scale, cos_sin_cache, positions,
+            mO, mLSE, mOp, mLp, q_smem, k_smem, vt_smem, p_smem,
+            *((O_fp8, O_scale, cos_sin_cache, positions) if self.fp8 else (None,) * 4),  # bf16: no parameters
         ).launch(grid=self.sched.grid, block=(self.plan.threads, 1, 1), smem=Smem.size_in_bytes(), stream=stream,
                  use_pdl=self.merges, **cluster)
 
@@ -515,10 +516,10 @@ class Kernel:
         k_smem: cute.ComposedLayout,
         vt_smem: cute.ComposedLayout,
         p_smem: cute.ComposedLayout,
-        O_fp8: cute.Tensor,
-        O_scale: cute.Tensor,
-        cos_sin_cache: cute.Tensor,
-        positions: cute.Tensor,
+        O_fp8: cute.Tensor | None,
+        O_scale: cute.Tensor | None,
+        cos_sin_cache: cute.Tensor | None,
+        positions: cute.Tensor | None,
     ):
         bm, bn = self.BLOCK_M, self.BLOCK_N
         tidx, _, _ = cute.arch.thread_idx()

@@ -135,14 +135,15 @@ class PartCombine:
                stream, fp8_args=None):
         """Call from a @cute.jit host function, after the attention kernel on the same stream.
         `fp8_args` (with fp8): (O_fp8, O_scale, cos_sin_cache, positions, sin_sign)."""
-        o8, osc, cs, pos, self.sin_sign = fp8_args if self.fp8 else (o, o, o, lse, 1.0)
+        o8, osc, cs, pos, self.sin_sign = fp8_args if self.fp8 else (None, None, None, None, 1.0)  # bf16: no parameters
         self.kernel(o_part, lse_part, o, lse, sink, o8, osc, cs, pos).launch(
             grid=(self.ctas, 1, 1), block=(self.THREADS, 1, 1), stream=stream, use_pdl=True,
         )
 
     @cute.kernel
     def kernel(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, sink: cute.Tensor,
-               o8: cute.Tensor, osc: cute.Tensor, cos_sin: cute.Tensor, positions: cute.Tensor):
+               o8: cute.Tensor | None, osc: cute.Tensor | None, cos_sin: cute.Tensor | None,
+               positions: cute.Tensor | None):
         rows, cols, cap = self.rows, self.d // 32, self.grid.capacity
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
