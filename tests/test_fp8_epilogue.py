@@ -216,3 +216,32 @@ def test_sm90_fp8_epilogue_compiles_without_spills_and_the_planted_sign_reaches_
 
     assert wrong.count("cvt.rn.satfinite.e4m3x2.f32") == ptx.count("cvt.rn.satfinite.e4m3x2.f32")
     assert body(ptx) != body(wrong)
+
+
+def test_the_kernels_addresses_and_exponent_bits_agree_with_the_oracle():
+    """stages/common/fp8_epilogue.py's byte offsets of a row's values and scale word (what both
+    sm90 paths store at) are where oracles/fp8_epilogue.py `pack` puts them, and its exponent
+    bit rule (the PTX of `ue8m0_byte`, mirrored in Python) is the oracle's ceil(log2(max(amax,
+    1e-4)/448)) wherever that is not ambiguous."""
+    from stages.common import fp8_epilogue as ke
+
+    g = torch.Generator().manual_seed(3)
+    b, s_q, h_q = 3, 2, 24
+    q = torch.randint(0, 0x7E, (b, s_q, h_q, 512), generator=g).to(torch.uint8)
+    e = torch.randint(-30, 10, (b, s_q, h_q, 4), generator=g)
+    out, scales = fe.pack(q, e, b, s_q, h_q)
+    flat_o, flat_s = out.reshape(-1), scales.contiguous().view(torch.uint8).reshape(-1)
+    for row in range(b * s_q * h_q):
+        i, t, h = row // (s_q * h_q), (row // h_q) % s_q, row % h_q
+        at = ke.value_offset(row, h_q, b * s_q)
+        assert torch.equal(flat_o[at:at + 512], q[i, t, h])
+        at = ke.scale_offset(row, h_q, b * s_q)
+        assert flat_s[at:at + 4].tolist() == (e[i, t, h] + 127).tolist()
+    amax = torch.cat([torch.tensor([0.0, 1e-9, 1e-4, 448.0, 448.0 * 2**-7, 3.5e4]),
+                      torch.exp(torch.empty(4000).uniform_(-25, 12, generator=g))]).float()
+    for a in amax.tolist():
+        o = torch.zeros(512, dtype=torch.float64)
+        o[0] = a
+        ref = float(fe.exponent_reference(o)[0])
+        got = ke.ue8m0_of(a) - 127
+        assert got == ref or (ref % 1 and abs(got - ref) == 0.5), (a, got, ref)

@@ -92,6 +92,32 @@ def st_v4(addr, a, b, c, d, *, loc=None, ip=None) -> None:
          "st.global.v4.b32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r", side_effects=True, loc=loc, ip=ip)
 
 
+def value_offset(row, heads: int, tokens: int):
+    """Byte offset in O_fp8 of row `row`'s 512 values — rows (batch, token, head) row-major, so
+    token r = row // heads, head h = row % heads: ((h // 8 · tokens + r) · 8 + h % 8) · 512.
+    Ints or traced values (tests/test_fp8_epilogue.py checks it against the oracle's `pack`)."""
+    token, head = row // heads, row % heads
+    return ((head // GROUP_HEADS * tokens + token) * GROUP_HEADS + head % GROUP_HEADS) * 512
+
+
+def scale_offset(row, heads: int, tokens: int):
+    """Byte offset in O_scale of row `row`'s int32 word: word (h // 8 · 8 + h % 8) · align4(tokens)
+    + r, i.e. (h · align4(tokens) + r) · 4 (the word's byte k is block k's exponent)."""
+    token, head = row // heads, row % heads
+    return (head * (-(-tokens // 4) * 4) + token) * 4
+
+
+def ue8m0_of(amax: float) -> int:
+    """The UE8M0 byte `ue8m0_byte` computes, in Python on the same float32 bits (the module doc's
+    step 2) — for the CPU test against the oracle's rule."""
+    import struct
+
+    v = struct.unpack("<f", struct.pack("<f", max(struct.unpack("<f", struct.pack("<f", amax))[0], 1e-4)))[0]
+    v = struct.unpack("<f", struct.pack("<f", v / 448.0))[0]
+    bits = struct.unpack("<I", struct.pack("<f", v))[0]
+    return ((bits >> 23) & 0xFF) + (1 if bits & 0x7FFFFF else 0)
+
+
 def rotate_pair(x0, x1, cos, sin):
     """The conjugate rotation of one pair: (x0·cos + x1·sin, −x0·sin + x1·cos)."""
     return x0 * cos + x1 * sin, x1 * cos - x0 * sin
@@ -109,15 +135,12 @@ class Fp8Out:
     def __init__(self, o8, scale, cos_sin, positions, heads: int, tokens: int, sin_sign: float = 1.0):
         self.o8, self.scale, self.cos_sin, self.positions = o8, scale, cos_sin, positions
         self.heads, self.tokens, self.sin_sign = heads, tokens, sin_sign
-        self.scale_stride = -(-tokens // 4) * 4  # align4(n) words a (group, head) row
 
     def row_addresses(self, row):
         """(byte address of row `row`'s 512 e4m3 values, of its scale word, its position)."""
-        token, head = row // self.heads, row % self.heads
-        g, j = head // GROUP_HEADS, head % GROUP_HEADS
-        o8 = self.o8.iterator.toint() + (Int64(g) * self.tokens + token) * (GROUP_HEADS * 512) + j * 512
-        sc = self.scale.iterator.toint() + (Int64(g * GROUP_HEADS + j) * self.scale_stride + token) * 4
-        return o8, sc, self.positions[token]
+        o8 = self.o8.iterator.toint() + Int64(value_offset(row, self.heads, self.tokens))
+        sc = self.scale.iterator.toint() + Int64(scale_offset(row, self.heads, self.tokens))
+        return o8, sc, self.positions[row // self.heads]
 
     def cos_sin_at(self, pos, i):
         """(cos θ_i, sin_sign · sin θ_i) of position `pos`."""
