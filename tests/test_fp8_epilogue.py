@@ -245,3 +245,31 @@ def test_the_kernels_addresses_and_exponent_bits_agree_with_the_oracle():
         ref = float(fe.exponent_reference(o)[0])
         got = ke.ue8m0_of(a) - 127
         assert got == ref or (ref % 1 and abs(got - ref) == 0.5), (a, got, ref)
+
+
+def test_sm100_fp8_epilogue_compiles_without_spills(project_root, tmp_path, monkeypatch):
+    """sm_100a (compile-only): the one-split epilogue (two passes over a row's TMEM chunks: 128
+    conversions for a CTA's 256 columns, two 16-byte stores a 32-column chunk) and SplitCombine's
+    (a byte a store: 16 a lane), no spills."""
+    from pathlib import Path
+
+    from harness.execution.compile import Compiler, ptxas_resources
+    from harness.spec.spec import load_spec
+
+    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
+    spec = load_spec(root=project_root)
+    compiler = Compiler(spec.root)
+    got = {}
+    try:
+        for splits in (1, 4):
+            case = dict(b=2, config="s2h64_m128bs256_x512bs64", kv_format="model1", scenario="sink", splits=splits,
+                        epilogue="fp8_rope")
+            res = compiler.submit(spec.stages["E"], "sm_100a", case).result()
+            assert res.ok, res.error
+            got[splits] = (Path(res.ptx_path).read_text(), ptxas_resources(Path(res.ptx_path), "sm_100a"))
+    finally:
+        compiler.close()
+    one, split = got[1][0], got[4][0]
+    assert all(r.get("spill", 0) == 0 for _, r in got.values()), [r for _, r in got.values()]
+    assert one.count("cvt.rn.satfinite.e4m3x2.f32") == 128 and one.count("st.global.v4.b32") == 16
+    assert split.count("st.global.b8") == 16 and split.count("cvt.rn.satfinite.e4m3x2.f32") == 16

@@ -223,3 +223,43 @@ def store_row_fp8(vals: cute.Tensor, lane, row, out: cutlass.Constexpr) -> None:
         word = word | (cute.arch.shuffle_sync(byte, 8 * k) << (8 * k))
     if lane == 0:
         st_b32(sc, word)
+
+
+@dsl_user_op
+def st_b8(addr, value, *, loc=None, ip=None) -> None:
+    """st.global.b8 of `value`'s low 8 bits at byte address `addr`."""
+    _asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Int32(value).ir_value(loc=loc, ip=ip)],
+         "{\n.reg .b16 t;\ncvt.u16.u32 t, $1;\nst.global.b8 [$0], t;\n}", "l,r", side_effects=True, loc=loc, ip=ip)
+
+
+@cute.jit
+def store_strided_row_fp8(vals: cute.Tensor, lane, o8, sc, cos_sin, pos, sin_sign: cutlass.Constexpr[float]) -> None:
+    """The epilogue for one row held by a warp as SplitCombine holds it: lane l the columns
+    l + 32·k, k = 0 … 15 (`vals`, scaled); o8 / sc the row's byte addresses (Fp8Out.row_addresses),
+    cos_sin the flat cache, pos the token's position.  A rope pair (448 + 2i, 449 + 2i) is lanes
+    (2j, 2j + 1) of k = 14, 15 (one shuffle); a block k // 4 spans the whole warp (amax: five
+    shuffles); a byte a store; the scale word by lane 0."""
+    odd = (lane % 2) == 1
+    for k in cutlass.range_constexpr(ROPE_START // 32, 16):
+        other = cute.arch.shuffle_sync_bfly(vals[k], offset=1)
+        x0 = cutlass.select_(odd, other, vals[k])
+        x1 = cutlass.select_(odd, vals[k], other)
+        i = (lane + 32 * k - ROPE_START) // 2
+        cos = cos_sin[pos * (2 * ROPE_PAIRS) + i]
+        sin = sin_sign * cos_sin[pos * (2 * ROPE_PAIRS) + ROPE_PAIRS + i]
+        y0, y1 = rotate_pair(x0, x1, cos, sin)
+        vals[k] = cutlass.select_(odd, y1, y0)
+    word = Int32(0)
+    for blk in cutlass.range_constexpr(4):
+        amax = Float32(0.0)
+        for k in cutlass.range_constexpr(4 * blk, 4 * blk + 4):
+            amax = absmax(amax, vals[k])
+        for bit in cutlass.range_constexpr(5):
+            amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1 << bit))
+        byte = ue8m0_byte(amax)
+        inv = inverse_scale(byte)
+        word = word | (byte << (8 * blk))
+        for k in cutlass.range_constexpr(4 * blk, 4 * blk + 4):
+            st_b8(o8 + lane + 32 * k, cvt_e4m3x2(vals[k] * inv, Float32(0.0)))
+    if lane == 0:
+        st_b32(sc, word)
