@@ -265,7 +265,7 @@ class _StageCheck:
         fn = getattr(mod, ref.name, None)
         if not callable(fn):
             key = {self.stage.tensors: "tensors", self.stage.inputs: "inputs", self.stage.oracle: "oracle",
-                   self.stage.flops: "flops", self.stage.peer: "peer"}.get(ref, "oracle")
+                   self.stage.flops: "flops", self.stage.peer: "peer", self.stage.decode: "decode"}.get(ref, "oracle")
             errors.setdefault(str(ref), f"{self.lines.at(self.stage, key)}: stages.{self.stage.id}.{key}: "
                                         f"{ref} is not a function — point it at a def")
             return None
