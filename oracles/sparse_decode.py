@@ -13,8 +13,15 @@ Tensors (in the kernel's argument order):
     softmax_scale [1]                      fp32   the scale on Q·Kᵀ (FlashMLA's `softmax_scale`, a
                                                   runtime value: one compiled kernel serves any);
                                                   DEFAULT_SCALE = 1/sqrt(512) except in `softmax_scale`
-    O            [b, s_q, h_q, 512]        bf16   (out)
+    cos_sin_cache [max_position, 64]       fp32   epilogue fp8_rope: [cos θ_0..31, sin θ_0..31] a
+                                                  position (oracles/fp8_epilogue.py); bf16: [1, 64]
+    positions    [b · s_q]                 int32  the position of token (i, t) at i · s_q + t
+    O            [b, s_q, h_q, 512]        bf16   (out) epilogue bf16; fp8_rope: [8] scratch, unused
     LSE          [b, h_q, s_q]             fp32   (out) natural log, the keys only (no sink)
+    O_fp8        [h_q/8, b·s_q, 8, 128]    fp32   (out) epilogue fp8_rope: e4m3 [h_q/8, b·s_q, 8, 512]
+                                                  as float32 words; bf16: [4] scratch, unused
+    O_scale      [h_q/8, 8, align4(b·s_q)] fp32   (out) fp8_rope: int32 words of 4 UE8M0 exponents
+                                                  as float32; bf16: [4] scratch, unused
     O_part       [cap, b, s_q, h_q, 512]   fp32   (scratch) split-KV partials
     LSE_part     [cap, b, s_q, h_q]        fp32   (scratch)
 
@@ -49,6 +56,10 @@ Matrix axes
                  dup        duplicated indices within each branch (a key counted twice)
                  softmax_scale  sink's inputs with softmax_scale = ALT_SCALE = 512^−0.55 (FlashMLA's
                             tests' d^−0.55) instead of 1/sqrt(512): O and LSE both move (issue 35)
+    epilogue   bf16 (O as bf16; the default when a case has no such axis) | fp8_rope (the fused
+               FP8 output epilogue, oracles/fp8_epilogue.py: O's rope lanes inverse-rotated, e4m3
+               with a UE8M0 exponent a 128 values; `decode` turns the words into what is compared:
+               O dequantised [b, s_q, h_q, 512] and O_scale the exponents [b, s_q, h_q, 4])
     splits     1 | auto | an int: the sm90 kernel's persistent parts (stages/common/
                part_scheduler.py: 1 a whole sequence a segment, n about n parts a sequence,
                auto its chooser); sm100's split-KV (stages/common/scheduler.py's rule)
@@ -69,6 +80,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from oracles import fp8_epilogue as fe
 from oracles import kvcache as kc
 from oracles.common import TensorSpec
 from stages.common.part_scheduler import PartGrid, resolve_part_tiles
@@ -84,6 +96,15 @@ ALT_SCALE = kc.D ** -0.55  # FlashMLA's tests' d^−0.55 (0.73 × the default): 
 Q_SCALE = 2.0  # scores of std ≈ 2: rows are far from uniform, so a dropped or misplaced key shows
 KV_SCALE = 1.0
 AUTO_SPLITS = 32  # the most partial slots sm100's "auto" is given (the module doc's `cap`)
+EPILOGUES = ("bf16", "fp8_rope")
+
+
+def epilogue_of(case: dict[str, Any]) -> str:
+    """The case's `epilogue` (bf16 where the case has no such axis: the suites, older records)."""
+    ep = case.get("epilogue", "bf16")
+    if ep not in EPILOGUES:
+        raise ValueError(f"epilogue must be one of {', '.join(EPILOGUES)}, got {ep!r}")
+    return ep
 
 
 def split_capacity(case: dict[str, Any]) -> int:
@@ -111,6 +132,8 @@ def tensors(case: dict[str, Any]) -> list[TensorSpec]:
     fmt, b = case["kv_format"], case["b"]
     cap = split_capacity(case)
     xtopk, xblock = (c.extra_topk, c.extra_block) if c.has_extra else (1, 1)
+    fp8 = epilogue_of(case) == "fp8_rope"
+    n, groups = b * c.s_q, c.h_q // fe.GROUP_HEADS
     return [
         TensorSpec("Q", (b, c.s_q, c.h_q, D), "bfloat16"),
         TensorSpec("KV", (c.num_blocks(b, False), kc.block_bytes(fmt, c.block)), "uint8"),
@@ -121,8 +144,13 @@ def tensors(case: dict[str, Any]) -> list[TensorSpec]:
         TensorSpec("extra_length", (b,), "int32"),
         TensorSpec("sink", (c.h_q,), "float32"),
         TensorSpec("softmax_scale", (1,), "float32"),
-        TensorSpec("O", (b, c.s_q, c.h_q, D), "bfloat16", "out"),
+        TensorSpec("cos_sin_cache", (fe.MAX_POSITION if fp8 else 1, 2 * fe.ROPE_PAIRS), "float32"),
+        TensorSpec("positions", (b * c.s_q,), "int32"),
+        TensorSpec("O", (b, c.s_q, c.h_q, D) if not fp8 else (8,), "bfloat16", "scratch" if fp8 else "out"),
         TensorSpec("LSE", (b, c.h_q, c.s_q), "float32", "out"),
+        TensorSpec("O_fp8", (groups, n, fe.GROUP_HEADS, D // 4) if fp8 else (4,), "float32", "out" if fp8 else "scratch"),
+        TensorSpec("O_scale", (groups, fe.GROUP_HEADS, fe.align4(n)) if fp8 else (4,), "float32",
+                   "out" if fp8 else "scratch"),
         TensorSpec("O_part", (cap, b, c.s_q, c.h_q, D), "float32", "scratch"),
         TensorSpec("LSE_part", (cap, b, c.s_q, c.h_q), "float32", "scratch"),
     ]
@@ -301,9 +329,16 @@ def make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> dict:
         idxx = torch.full((b, c.s_q, 1), -1, dtype=torch.int32)
         lengthx = torch.zeros(b, dtype=torch.int32)
     sink = _sink(g, c.h_q, scenario, c.topk + c.extra_topk)
+    # drawn last: the inputs before them are the same in either epilogue; position 0 (no
+    # rotation) among them, the rest anywhere in the cache
+    positions = torch.randint(0, fe.MAX_POSITION, (b * c.s_q,), generator=g, dtype=torch.int32)
+    positions[0] = 0
+    fp8 = epilogue_of(case) == "fp8_rope"
     out = {"Q": q, "KV": kv, "idx": idx, "topk_length": length, "KV_extra": kvx, "idx_extra": idxx,
            "extra_length": lengthx, "sink": sink,
-           "softmax_scale": torch.tensor([scenario_scale(case["scenario"])], dtype=torch.float32)}
+           "softmax_scale": torch.tensor([scenario_scale(case["scenario"])], dtype=torch.float32),
+           "cos_sin_cache": fe.make_cos_sin_cache() if fp8 else torch.zeros(1, 2 * fe.ROPE_PAIRS),
+           "positions": positions}
     return {k: v.to(device) for k, v in out.items()}
 
 
@@ -364,7 +399,22 @@ def reference(inputs: dict, case: dict[str, Any]) -> dict:
     factor = 1.0 / (1.0 + torch.exp(sink - lse))  # sink = −inf → 1, +inf → 0
     o = torch.where(lonely[..., None], torch.zeros_like(o), o * factor[..., None])
     lse = torch.where(lonely, torch.full_like(lse, math.inf), lse)
-    return {"O": o, "LSE": lse.permute(0, 2, 1).contiguous()}
+    if epilogue_of(case) == "fp8_rope":  # the fused epilogue's rows: O inverse-rotated, its block exponents
+        b = o.shape[0]
+        o = fe.rotate(o.reshape(b * c.s_q, c.h_q, D), inputs["cos_sin_cache"], inputs["positions"]).view(o.shape)
+        return {"O": o, "LSE": lse.permute(0, 2, 1).contiguous(), "O_scale": fe.exponent_reference(o)}
+    return {"O": o, "LSE": lse.permute(0, 2, 1).contiguous(), "O_scale": o.new_zeros(0)}
+
+
+def decode(outputs: dict, case: dict[str, Any]) -> dict:
+    """What is compared of the kernel's outputs (the stage's `decode`): bf16 — O and LSE as
+    they are, O_scale empty (as the reference's); fp8_rope — O dequantised from O_fp8's e4m3 and
+    O_scale's exponents, O_scale the exponents (oracles/fp8_epilogue.py decode_words)."""
+    if epilogue_of(case) != "fp8_rope":
+        return {"O": outputs["O"], "LSE": outputs["LSE"], "O_scale": outputs["LSE"].new_zeros(0)}
+    c = SparseConfig.parse(case["config"])
+    o, e = fe.decode_words(outputs["O_fp8"], outputs["O_scale"], case["b"], c.s_q, c.h_q)
+    return {"O": o, "LSE": outputs["LSE"], "O_scale": e}
 
 
 def flops(case: dict[str, Any]) -> float:

@@ -43,7 +43,7 @@ SCENARIO = "sink"
 
 
 def _case(b: int, config: str, splits="auto", fmt: str = FMT) -> dict:
-    return dict(b=b, config=config, kv_format=fmt, scenario=SCENARIO, splits=splits)
+    return dict(b=b, config=config, kv_format=fmt, scenario=SCENARIO, splits=splits, epilogue="bf16")
 
 
 def _parse_knobs(text: str) -> dict:

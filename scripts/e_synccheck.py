@@ -36,7 +36,7 @@ def main() -> int:
     stage = spec.stages["E"]
     cases = []
     for b, config, splits in CASES:
-        params = dict(b=b, config=config, kv_format="model1", scenario="sink", splits=splits)
+        params = dict(b=b, config=config, kv_format="model1", scenario="sink", splits=splits, epilogue="bf16")
         cases.append(Case("E", tuple((axis, params[axis]) for axis in stage.matrix)))
     with tempfile.TemporaryDirectory() as tmp:
         summary = Runner(spec, RunOptions(tasks=[Task(stage, "sm_90a", c) for c in cases], argv=["e_synccheck"]),

@@ -86,7 +86,7 @@ def test_parts_that_cut_sequences_agree_with_the_oracle(project_root, tmp_path):
         assert k.partials and any(k.sched.segments(p) > 1 for p in range(k.sched.parts)), config  # it does cross
         for fmt in ("model1", "simple"):
             for scenario in ("sink", "lonely", "topk_len", "extreme"):
-                params = dict(b=3, config=config, kv_format=fmt, scenario=scenario, splits=splits)
+                params = dict(b=3, config=config, kv_format=fmt, scenario=scenario, splits=splits, epilogue="bf16")
                 cases.append(Case("E", tuple((axis, params[axis]) for axis in stage.matrix)))
     _run_cases(spec, stage, cases, tmp_path, "parts", "pass")
 
@@ -109,7 +109,7 @@ def _merge_cases(stage, sm90):
         assert k.combines == (config == "s2h64_m200bs2_x64bs256"), config  # … and launches PartCombine only for more
         for fmt in ("model1", "simple"):
             for scenario in ("sink", "sink_inf", "lonely", "topk_len", "extreme"):
-                params = dict(b=3, config=config, kv_format=fmt, scenario=scenario, splits=2)
+                params = dict(b=3, config=config, kv_format=fmt, scenario=scenario, splits=2, epilogue="bf16")
                 cases.append(Case("E", tuple((axis, params[axis]) for axis in stage.matrix)))
     return cases
 
@@ -133,7 +133,7 @@ def test_lab_catches_a_merge_that_forgets_piece_1(project_root, tmp_path):
 
 
 def _cases(stage, b, configs, scenarios, splits):
-    return [Case("E", tuple((axis, dict(b=b, config=config, kv_format=fmt, scenario=scenario, splits=splits)[axis])
+    return [Case("E", tuple((axis, dict(b=b, config=config, kv_format=fmt, scenario=scenario, splits=splits, epilogue="bf16")[axis])
                             for axis in stage.matrix))
             for config in configs for fmt in ("model1", "simple") for scenario in scenarios]
 
@@ -236,3 +236,31 @@ def test_lab_catches_a_stream_one_window_behind(project_root, tmp_path):
     assert len(cases) == 8, [c.dict for c in cases]
     _run_cases(spec, wrong, cases, tmp_path, "wrong_e_window", "fail")
 
+
+
+def _fp8_cases(stage):
+    """The matrix's fused-FP8-epilogue cases (stages.yaml E `more:`, epilogue fp8_rope)."""
+    cases = [c for c in expand(stage) if c.dict.get("epilogue") == "fp8_rope"]
+    assert len(cases) == 74, len(cases)
+    return cases
+
+
+def test_fp8_epilogue_agrees_with_the_oracle(project_root, tmp_path):
+    """Issue 33 item 2: O inverse-rotated and written as e4m3 + UE8M0 exponents (whole sequences,
+    in-kernel merges, PartCombine's splits 3): every fp8_rope case passes."""
+    spec = load_spec(root=project_root)
+    _run_cases(spec, spec.stages["E"], _fp8_cases(spec.stages["E"]), tmp_path, "fp8_rope", "pass")
+
+
+def test_lab_catches_an_inverse_rotation_with_the_wrong_sign(project_root, tmp_path):
+    """tests/fixtures/wrong_e_rope_sign (the forward rotation in the fused epilogue) fails the
+    fp8_rope cases of every path (splits 1, auto, 3) and passes the bf16 ones it leaves alone."""
+    spec, wrong = _planted(project_root, "wrong_e_rope_sign")
+    # not lonely: at b 2 its only row with keys is token 0 of batch 0, whose position is 0 (no rotation)
+    fp8 = [c for c in _fp8_cases(wrong) if c.dict["scenario"] in ("plain", "sink")
+           or (c.dict["splits"] == 3 and c.dict["scenario"] != "lonely")]
+    bf16 = [c for c in expand(wrong) if c.dict.get("epilogue") == "bf16" and c.dict["scenario"] == "sink"
+            and c.dict["config"] == "s2h64_m128bs256_x512bs64" and c.dict["kv_format"] == "model1"]
+    assert len(fp8) == 17 and len(bf16) == 2, (len(fp8), len(bf16))
+    _run_cases(spec, wrong, fp8, tmp_path / "fp8", "wrong_e_rope_sign", "fail")
+    _run_cases(spec, wrong, bf16, tmp_path / "bf16", "wrong_e_rope_sign", "pass")

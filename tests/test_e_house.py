@@ -78,7 +78,7 @@ def test_the_compile_key_holds_the_sm_count(project_root, monkeypatch):
     from harness.spec.spec import load_spec
 
     stage = load_spec(root=project_root).stages["E"]
-    case = dict(b=64, config=H128, kv_format="model1", scenario="sink", splits="auto")
+    case = dict(b=64, config=H128, kv_format="model1", scenario="sink", splits="auto", epilogue="bf16")
     keys = set()
     for sms in ("114", "78"):
         monkeypatch.setenv(device.ENV, sms)

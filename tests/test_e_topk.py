@@ -171,7 +171,7 @@ def _sm90_ptx(project_root, tmp_path, monkeypatch, cases, fixture: str = ""):
     out = {}
     try:
         for b, config, fmt, splits in cases:
-            case = dict(b=b, config=config, kv_format=fmt, scenario="plain", splits=splits)
+            case = dict(b=b, config=config, kv_format=fmt, scenario="plain", splits=splits, epilogue="bf16")
             res = compiler.submit(stage, "sm_90a", case).result()
             assert res.ok, res.error
             out[(b, config, fmt, splits)] = (Path(res.ptx_path).read_text(), ptxas_resources(Path(res.ptx_path), "sm_90a"))

@@ -692,7 +692,7 @@ def test_planted_stale_weights_reach_the_compiled_i2_kernel(tmp_path):
 
 @pytest.mark.parametrize("fixture, stage", [("wrong_i1", "I1_mqa_logits"), ("wrong_i2", "I2_paged_mqa_logits"),
                                             ("wrong_e_window", "E_sparse_decode"),
-                                            ("wrong_e_nvfp4_group", "E_sparse_decode")])
+                                            ("wrong_e_nvfp4_group", "E_sparse_decode"), ("wrong_e_rope_sign", "E_sparse_decode")])
 def test_planted_bug_fixtures_override_only_hooks(fixture, stage):
     """A fixture copying a long method tests old code once the method changes: fixtures replace only the kernel's
     named hooks."""

@@ -64,7 +64,7 @@ SKIPPED: dict[str, str] = {
     "dsv4-lab run stage-A": f"{SLOW} (16 kernels); tests/test_cli.py::test_main_job_without_gpu_compiles_and_says_nothing_ran "
                             "runs it on one case",
     "dsv4-lab run stage-D1 --hd 512": f"{SLOW} (4 kernels at hd 512)",
-    "dsv4-lab compile stage-E --arch sm_100a": f"{SLOW} (349 cases)",
+    "dsv4-lab compile stage-E --arch sm_100a": f"{SLOW} (423 cases)",
     "dsv4-lab gate": "judges the whole notebook: stale cases are run or recompiled (minutes); tests/test_gate.py",
     "dsv4-lab gate --install-hook": "needs a git repository; tests/test_gate.py::test_hook_install_is_idempotent_and_"
                                     "refuses_a_foreign_hook",

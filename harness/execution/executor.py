@@ -74,7 +74,8 @@ def job_for(stage: "Stage", arch: str, case: dict[str, Any], base_seed: int, cls
         inputs=(stage.inputs.module, stage.inputs.name), oracle=(stage.oracle.module, stage.oracle.name),
         flops=(stage.flops.module, stage.flops.name) if stage.flops else None,
         seed=case_seed(stage.id, case, base_seed),
-        criterion=(stage.suite.criterion.module, stage.suite.criterion.name) if stage.suite else None, **extra,
+        criterion=(stage.suite.criterion.module, stage.suite.criterion.name) if stage.suite else None,
+        decode=(stage.decode.module, stage.decode.name) if stage.decode else None, **extra,
     )
 
 
@@ -236,7 +237,7 @@ class CaseExecutor:
         """Step 4: the oracle on every row, or on `check_rows` rows sampled along `row_axis`."""
         import torch
 
-        from harness.spec.check import ContractError, outputs_problems
+        from harness.spec.check import ContractError, compared_problems, outputs_problems
         from harness.execution.metrics import compare
 
         tensors_fn, oracle_fn = attr(job.tensors), attr(job.oracle)
@@ -257,7 +258,12 @@ class CaseExecutor:
             idx, rcase, sliced, specs = None, job.case, set(), done.specs
             check_inputs, checked = done.inputs, "every row"
         ref = oracle_fn(check_inputs, rcase)
-        bad = outputs_problems(specs, ref, oracle_fn, self.root)
+        if job.decode:  # the kernel writes another form of the outputs: compare what decode makes of them
+            decode_fn = attr(job.decode)
+            outputs = decode_fn(outputs, rcase)
+            bad = compared_problems(outputs, ref, decode_fn, oracle_fn, self.root)
+        else:
+            bad = outputs_problems(specs, ref, oracle_fn, self.root)
         if bad:
             raise ContractError(bad[0])
         metrics = {name: compare(outputs[name], ref[name]).to_json() for name in outputs}

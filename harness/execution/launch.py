@@ -27,6 +27,7 @@ class KernelJob:
     object_path: str = ""  # the compiled kernel (harness/execution/compile.py), for a GPU arch
     prefix: str = ""
     criterion: tuple[str, str] | None = None  # a suite stage's upstream pass rule (oracles/suites/)
+    decode: tuple[str, str] | None = None  # the stage's `decode`: the kernel's outputs -> the outputs compared
 
 
 def attr(ref: tuple[str, str]) -> Any:

@@ -179,6 +179,33 @@ def outputs_problems(specs: list, outputs: Any, fn: Callable, root: Path, contex
     return _returned_problems(specs, outputs, fn, root, context, "out", "reference")[2]
 
 
+def compared_problems(compared: Any, ref: Any, decode_fn: Callable, oracle_fn: Callable, root: Path,
+                      context: str = "") -> list[str]:
+    """A stage with `decode`: what decode made of the kernel's outputs and what the oracle
+    returned must be dicts of torch tensors of the same names and shapes (they are compared
+    name by name)."""
+    import torch
+
+    dsite = _fn_site(decode_fn, root, getattr(decode_fn, "__name__", "decode"))
+    osite = _fn_site(oracle_fn, root, getattr(oracle_fn, "__name__", "reference"))
+    if not isinstance(compared, dict) or not all(isinstance(v, torch.Tensor) for v in compared.values()):
+        return [f"{dsite}: returned {type(compared).__name__}, expected a dict of torch tensors (the outputs compared){context}"]
+    if not isinstance(ref, dict):
+        return [f"{osite}: returned {type(ref).__name__}, expected a dict of the outputs {{{_names(list(compared))}}}{context}"]
+    if set(compared) != set(ref):
+        return [f"{osite}: returned {_names(list(ref))}, but {dsite} makes {_names(list(compared))} of the kernel's "
+                f"outputs — the two must name the same outputs{context}"]
+    problems = []
+    for name, t in compared.items():
+        r = ref[name]
+        if not isinstance(r, torch.Tensor):
+            problems.append(f"{osite}: '{name}' is a {type(r).__name__}, expected a torch tensor{context}")
+        elif tuple(r.shape) != tuple(t.shape):
+            problems.append(f"{osite}: '{name}' has shape {tuple(r.shape)}, {dsite} makes {tuple(t.shape)} of the "
+                            f"kernel's{context}")
+    return problems
+
+
 def specs_problems(specs: Any, fn: Callable, root: Path, context: str = "") -> list[str]:
     """Problems with a list of TensorSpecs as `tensors(case)` returned it."""
     site = _fn_site(fn, root, getattr(fn, "__name__", "tensors"))
@@ -238,7 +265,7 @@ class _StageCheck:
         fn = getattr(mod, ref.name, None)
         if not callable(fn):
             key = {self.stage.tensors: "tensors", self.stage.inputs: "inputs", self.stage.oracle: "oracle",
-                   self.stage.flops: "flops", self.stage.peer: "peer"}.get(ref, "oracle")
+                   self.stage.flops: "flops", self.stage.peer: "peer", self.stage.decode: "decode"}.get(ref, "oracle")
             errors.setdefault(str(ref), f"{self.lines.at(self.stage, key)}: stages.{self.stage.id}.{key}: "
                                         f"{ref} is not a function — point it at a def")
             return None
@@ -259,7 +286,7 @@ class _StageCheck:
         import_errors: dict[str, str] = {}
         fns = {name: self._fn(ref, import_errors) for name, ref in
                (("tensors", st.tensors), ("inputs", st.inputs), ("oracle", st.oracle),
-                ("flops", st.flops), ("peer", st.peer)) if ref is not None}
+                ("flops", st.flops), ("peer", st.peer), ("decode", st.decode)) if ref is not None}
         kernel_errors, kernels = self._kernel_classes()
         problems += list(import_errors.values()) + kernel_errors
         problems += self._init_problems(kernels)
@@ -269,7 +296,8 @@ class _StageCheck:
         smallest, specs, p = self._smallest(tensors_fn)
         if p:
             return problems + p
-        problems += self._tolerance_problems(specs)
+        if st.decode is None:
+            problems += self._tolerance_problems(specs)
         problems += self._call_problems(kernels, specs, tensors_fn)
         ctx = f" ({st.name}, case {case_label(smallest)})"
         if fns.get("flops") is not None:
@@ -290,7 +318,25 @@ class _StageCheck:
         ref, err = self._call(fns["oracle"], inputs, smallest)
         if err:
             return problems + [err + ctx]
-        return problems + outputs_problems(specs, ref, fns["oracle"], self.root, ctx)
+        if st.decode is None:
+            return problems + outputs_problems(specs, ref, fns["oracle"], self.root, ctx)
+        if fns.get("decode") is None:
+            return problems
+        # decode, on the kernel's outputs as the harness allocates them: what it makes is compared,
+        # so it names the outputs the oracle returns and the tolerances judge
+        import torch
+
+        from oracles.common import TensorSpec
+
+        raw = {s.name: torch.zeros(s.shape, dtype=getattr(torch, s.dtype)) for s in specs if s.role == "out"}
+        compared, err = self._call(fns["decode"], raw, smallest)
+        if err:
+            return problems + [err + ctx]
+        bad = compared_problems(compared, ref, fns["decode"], fns["oracle"], self.root, ctx)
+        if bad:
+            return problems + bad
+        return problems + self._tolerance_problems([TensorSpec(n, tuple(t.shape), "float32", "out")
+                                                    for n, t in compared.items()])
 
     # -- tensors ----------------------------------------------------------------------------
 

@@ -324,7 +324,8 @@ def stage_entry(stage: Stage, arch: str) -> dict:
     """The verdict-deciding part of a stage's stages.yaml entry, in canonical form."""
     k = stage.kernels[arch]
     refs = {n: str(r) for n, r in (("tensors", stage.tensors), ("inputs", stage.inputs), ("oracle", stage.oracle),
-                                   ("flops", stage.flops), ("peer", stage.peer)) if r is not None}
+                                   ("flops", stage.flops), ("peer", stage.peer), ("decode", stage.decode))
+            if r is not None}
     return {
         "kernel": [k.module, k.entry], "refs": refs,
         "matrix": {a: [repr(v) for v in vals] for a, vals in stage.matrix.items()},

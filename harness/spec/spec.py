@@ -169,6 +169,7 @@ class Stage:
     bench_plan: BenchPlan | None = None  # the bench block's shapes and peers (`dsv4-lab bench`)
     suite: SuiteRef | None = None  # a suite stage: a peer's own case list and pass rule (docs/SUITES.md)
     cases: tuple[tuple[tuple[str, Any], ...], ...] | None = None  # a suite stage's cases, or a matrix with `more:` (its matrix: their values)
+    decode: FuncRef | None = None  # decode(outputs, case) -> the outputs compared (the kernel writes another form)
 
     @property
     def name(self) -> str:
@@ -179,7 +180,7 @@ class Stage:
         return {out: tol.at(case) for out, tol in self.tolerances.items()}
 
     def oracle_files(self) -> list[Path]:
-        refs = [self.tensors, self.inputs, self.oracle] + [r for r in (self.flops, self.peer) if r]
+        refs = [self.tensors, self.inputs, self.oracle] + [r for r in (self.flops, self.peer, self.decode) if r]
         if self.suite:
             refs += [self.suite.cases, self.suite.criterion]
         return sorted({r.path for r in refs})
@@ -368,7 +369,7 @@ def _func_ref(ctx: _Ctx, node: Node, key: str) -> FuncRef:
 
 STAGE_KEYS = {
     "title", "dir", "kernels", "tensors", "inputs", "oracle", "flops", "peer", "matrix",
-    "kernel_params", "tolerances", "timeout_s", "bench", "suite", "more",
+    "kernel_params", "tolerances", "timeout_s", "bench", "suite", "more", "decode",
 }
 STAGE_REQUIRED = {"title", "dir", "kernels", "tensors", "inputs", "oracle", "tolerances"}  # and matrix or suite
 SUITE_KEYS = {"cases", "criterion"}
@@ -385,7 +386,7 @@ def _parse_stage(ctx: _Ctx, sid: str, node: Node, key_node: Node) -> Stage:
     kernels = _kernels(ctx, f["kernels"], f"{key}.kernels")
     refs = {
         name: _func_ref(ctx, f[name], f"{key}.{name}")
-        for name in ("tensors", "inputs", "oracle", "flops", "peer") if name in f
+        for name in ("tensors", "inputs", "oracle", "flops", "peer", "decode") if name in f
     }
     suite: SuiteRef | None = None
     cases: tuple | None = None
@@ -437,6 +438,7 @@ def _parse_stage(ctx: _Ctx, sid: str, node: Node, key_node: Node) -> Stage:
         tensors=refs["tensors"], inputs=refs["inputs"], oracle=refs["oracle"], flops=refs.get("flops"), peer=refs.get("peer"),
         matrix=matrix, kernel_params=kernel_params, tolerances=tolerances, timeout_s=timeout_s,
         bench=bench, line=node.start_mark.line + 1, bench_plan=bench_plan, suite=suite, cases=cases,
+        decode=refs.get("decode"),
     )
 
 

@@ -302,7 +302,9 @@ def make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> dict:
         lengthx = torch.zeros(u.b, dtype=torch.int32)
     out = {"Q": q, "KV": kv, "idx": idx, "topk_length": length, "KV_extra": kvx, "idx_extra": idxx,
            "extra_length": lengthx, "sink": sink,
-           "softmax_scale": torch.tensor([u.softmax_scale], dtype=torch.float32)}
+           "softmax_scale": torch.tensor([u.softmax_scale], dtype=torch.float32),
+           # stage E's fused FP8 epilogue's inputs (epilogue bf16 here: unread)
+           "cos_sin_cache": torch.zeros(specs["cos_sin_cache"].shape), "positions": torch.zeros(specs["positions"].shape, dtype=torch.int32)}
     return {k: v.to(device).contiguous() for k, v in out.items()}
 
 

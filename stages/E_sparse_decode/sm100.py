@@ -101,9 +101,12 @@ from stages.common.combine import SplitCombine, sink_factor
 from stages.common.e2m1_bits import TWO_126, e2m1x8_to_bf16, scale_factors, scale_select
 from stages.common.fp8_cache import (D, D_NOPE, NVFP4_ROW_BYTES, NVFP4_SCALE_BYTES, cache_block_bytes, convert16,
                                      e8m0_to_f32, ldg8, ldg16, ldg_f32, ldg_u8, lds16)
+from stages.common.fp8_epilogue import (ROPE_START, Fp8Out, absmax, cvt_e4m3x2, inverse_scale, rotate_pair, st_b8,
+                                        st_b16, st_b32, st_v4, ue8m0_byte)
 from stages.common.sparse_config import MAX_TOPK, SparseConfig
 from stages.common.scheduler import DecodeShape, valid_tiles, visit_tiles
 from stages.common.sm100_decode import B200_SMS, KV_TILE, ROWS, DecodeSm100
+from stages.common.sm100_softmax import final_row_lse, row_inv_sum, row_lse
 from stages.common.sm100_gather import gather4_atom, gather4_partition, gather4_tile, rows_view
 from stages.common.sm100_idioms import fragment_coords
 from stages.common.sm90_idioms import tma_pipeline
@@ -230,9 +233,17 @@ class Kernel(DecodeSm100):
     DEQUANT_THREADS = 32 * 4
     THREADS = 32 * 10
 
-    def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int = B200_SMS,
-                 o_split: int | None = None, s_stages: int = 2):
+    def __init__(self, *, b: int, config: str, kv_format: str, splits, epilogue: str = "bf16",
+                 sm_count: int = B200_SMS, o_split: int | None = None, s_stages: int = 2):
         c = SparseConfig.parse(config)
+        # epilogue: bf16 (O) or fp8_rope — O's rope lanes inverse-rotated, e4m3 with a UE8M0
+        # exponent a 128 values (stages/common/fp8_epilogue.py): the one-split epilogue
+        # (`epilogue`, two passes over TMEM) or SplitCombine's
+        if epilogue not in ("bf16", "fp8_rope"):
+            raise ValueError(f"{self.NAME}: epilogue must be bf16 or fp8_rope, got {epilogue!r}")
+        self.fp8 = epilogue == "fp8_rope"
+        if self.fp8 and c.h_q % 8:
+            raise ValueError(f"{self.NAME}: epilogue fp8_rope needs h_q a multiple of 8, got {c.h_q}")
         if c.h_q > ROWS:
             raise ValueError(f"{self.NAME}: h_q ≤ {ROWS} (one token's heads per CTA), got {c.h_q}")
         if max(c.topk, c.extra_topk) > MAX_TOPK:
@@ -256,9 +267,11 @@ class Kernel(DecodeSm100):
     @cute.jit
     def __call__(self, Q: cute.Tensor, KV: cute.Tensor, idx: cute.Tensor, topk_length: cute.Tensor,
                  KV_extra: cute.Tensor, idx_extra: cute.Tensor, extra_length: cute.Tensor, sink: cute.Tensor,
-                 softmax_scale: cute.Tensor, O: cute.Tensor, LSE: cute.Tensor, O_part: cute.Tensor,
+                 softmax_scale: cute.Tensor, cos_sin_cache: cute.Tensor, positions: cute.Tensor, O: cute.Tensor,
+                 LSE: cute.Tensor, O_fp8: cute.Tensor, O_scale: cute.Tensor, O_part: cute.Tensor,
                  LSE_part: cute.Tensor, stream: cuda.CUstream):
         self._check_sparse_tensors(Q, KV, idx, KV_extra, idx_extra, O, LSE, O_part, LSE_part, softmax_scale)
+        self._check_fp8_tensors(cos_sin_cache, positions, O_fp8, O_scale)
         v, ops, tma_q, tma_Q = self.prepare(Q, O, LSE, O_part, LSE_part)
         qk_mma, pv_mma, q_smem, k_smem, v_smem, p_smem = ops
         kw_smem = self.key_col_layout(qk_mma, pv_mma, k_smem)
@@ -266,10 +279,44 @@ class Kernel(DecodeSm100):
         tma_x, g_x = self.gather_atom(KV_extra, self.extra_block_bytes, self.gather and self.c.has_extra)
         self.start(self.kernel(qk_mma, pv_mma, tma_q, tma_Q, KV, idx, topk_length, KV_extra, idx_extra,
                                extra_length, sink, softmax_scale, v.eO, v.mLSE, v.eOp, v.mLp, q_smem, k_smem,
-                               v_smem, p_smem, kw_smem, tma_m, g_m, tma_x, g_x), stream)
+                               v_smem, p_smem, kw_smem, tma_m, g_m, tma_x, g_x,
+                               *((O_fp8, O_scale, cos_sin_cache, positions) if self.fp8 else (None,) * 4)), stream)
         if cutlass.const_expr(self.splits > 1):
-            SplitCombine(v.all_rows, self.splits, D, sink_heads=self.c.h_q).launch(
-                v.mOp, v.mLp, v.mO, v.mLSE, stream, sink=sink)
+            SplitCombine(v.all_rows, self.splits, D, sink_heads=self.c.h_q, fp8=self.fp8).launch(
+                v.mOp, v.mLp, v.mO, v.mLSE, stream, sink=sink,
+                fp8_args=(O_fp8, O_scale, cos_sin_cache, positions, self.rope_sin_sign()) if self.fp8 else None)
+
+    def _check_fp8_tensors(self, cos_sin_cache, positions, O_fp8, O_scale) -> None:
+        """Trace time, epilogue fp8_rope: the shapes of oracles/fp8_epilogue.py."""
+        if not self.fp8:
+            return
+        n = self.b_real * self.c.s_q
+        want = {"O_fp8": (O_fp8, (self.c.h_q // 8, n, 8, D // 4)), "O_scale": (O_scale, (self.c.h_q // 8, 8, -(-n // 4) * 4)),
+                "positions": (positions, (n,))}
+        for name, (t, shape) in want.items():
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{self.NAME}: {name} has shape {tuple(t.shape)}, the case needs {shape}")
+        if cos_sin_cache.shape[1] != 64:
+            raise ValueError(f"{self.NAME}: cos_sin_cache must be [max_position, 64], got {tuple(cos_sin_cache.shape)}")
+
+    def chunk_columns(self, tTR_cO, o_chunks: int, pv_tiles: int) -> dict:
+        """Trace time: {(pv tile, chunk): its first column in this CTA's slab}, each TMEM chunk
+        a thread loads being 32 consecutive columns of its row (else ValueError)."""
+        cols = {}
+        for t in range(pv_tiles):
+            for ch in range(o_chunks):
+                cc = tTR_cO[None, ch, None, t]
+                first = cc[0][1]
+                if not isinstance(first, int) or any(cc[j][1] != first + j for j in range(cute.size(cc))):
+                    raise ValueError(f"{self.NAME}: the FP8 epilogue takes a TMEM chunk as consecutive columns; "
+                                     f"chunk ({t}, {ch}) is not")
+                cols[(t, ch)] = first
+        return cols
+
+    def rope_sin_sign(self) -> float:
+        """The sign on every sin of the epilogue's inverse rotation (1: the conjugate rotation,
+        oracles/fp8_epilogue.py) — a hook, so a test fixture can plant a bug here."""
+        return 1.0
 
     def gather_atom(self, cache, block_bytes: int, wanted: bool):
         """(gather4 atom, coordinate tensor) over `cache` seen as uniform rows, or (None, None)."""
@@ -300,7 +347,7 @@ class Kernel(DecodeSm100):
         capped to the scratch's capacity, a forced count must fit."""
         c, b = self.c, self.b_real
         want = {"Q": (Q, (b, c.s_q, c.h_q, D)), "idx": (idx, (b, c.s_q, c.topk)),
-                "O": (O, (b, c.s_q, c.h_q, D)), "LSE": (LSE, (b, c.h_q, c.s_q)),
+                "O": (O, (b, c.s_q, c.h_q, D) if not self.fp8 else tuple(O.shape)), "LSE": (LSE, (b, c.h_q, c.s_q)),
                 "O_part": (O_part, (O_part.shape[0], b, c.s_q, c.h_q, D)),
                 "LSE_part": (LSE_part, (O_part.shape[0], b, c.s_q, c.h_q)),
                 "softmax_scale": (softmax_scale, (1,))}
@@ -409,9 +456,99 @@ class Kernel(DecodeSm100):
         softmax thread, before its KV loop: stages/common/softmax.py runtime_scale_log2)."""
         return runtime_scale_log2(keys.softmax_scale)
 
-    def row_scale(self, lse, row, batch, sink):
-        """The sink's factor on a final row.  Row = head: one token per CTA."""
+    def row_scale(self, lse, row, batch, extra):
+        """The sink's factor on a final row.  Row = head: one token per CTA.  `extra`: the sink,
+        or (sink, Fp8Out) with the FP8 epilogue."""
+        sink = extra[0] if self.fp8 else extra
         return sink_factor(sink[row % self.c.h_q], lse)
+
+    @cute.jit
+    def epilogue(self, o_load, tTR_tO, tTR_cO, tTR_gO, rO, row_max, row_sum, c, mLSE, mLSEp,
+                 rb, half, split, batch, n_local, o_chunks: cutlass.Constexpr, pv_tiles: cutlass.Constexpr, extra):
+        """The house's epilogue, or with the FP8 epilogue and one split this thread's row
+        (head `row` of token `batch`) through stages/common/fp8_epilogue.py: per 128-column
+        block of this CTA's d_cta columns, two passes over its 32-column TMEM chunks — the
+        block's amax, then the values (1/ℓ and the sink's factor, the inverse rotation of the
+        rope pairs, a thread's adjacent columns, x · 2^−e to e4m3, two 16-byte stores a chunk) —
+        and this CTA's bytes of the row's scale word; LSE as the house writes it."""
+        if cutlass.const_expr(not self.fp8 or self.splits > 1):
+            DecodeSm100.epilogue(self, o_load, tTR_tO, tTR_cO, tTR_gO, rO, row_max, row_sum, c, mLSE, mLSEp,
+                                 rb, half, split, batch, n_local, o_chunks, pv_tiles, extra)
+        else:
+            self.fp8_epilogue(o_load, tTR_tO, tTR_cO, rO, row_max, row_sum, c, mLSE, rb, half, batch, n_local,
+                              o_chunks, pv_tiles, extra)
+
+    @cute.jit
+    def fp8_epilogue(self, o_load, tTR_tO, tTR_cO, rO, row_max, row_sum, c, mLSE, rb, half, batch, n_local,
+                     o_chunks: cutlass.Constexpr, pv_tiles: cutlass.Constexpr, extra):
+        sink, out = extra
+        row = rb * ROWS + tTR_cO[0][0]
+        lse = row_lse(row_max, row_sum, c)
+        o_scale = row_inv_sum(row_sum) * sink_factor(sink[row % self.c.h_q], lse)
+        token = batch  # one token a sequence here: batch = b_i · s_q + t
+        inside = row < self.rows
+        o8, sc, pos = out.row_addresses(cutlass.min(row, self.rows - 1) + token * self.c.h_q)
+        o8 = o8 + half * self.d_cta
+        cols = self.chunk_columns(tTR_cO, o_chunks, pv_tiles)
+        chunks = list(cols)
+        blocks = self.d_cta // 128
+        word = cutlass.Int32(0)
+        for blk in cutlass.range_constexpr(blocks):
+            mine = [tc for tc in chunks if cols[tc] // 128 == blk]
+            amax = F32(0.0)
+            for p in cutlass.range_constexpr(2):
+                byte = cutlass.Int32(0)
+                inv = F32(0.0)
+                if cutlass.const_expr(p == 1):
+                    byte = ue8m0_byte(amax)
+                    inv = inverse_scale(byte)
+                    word = word | (byte << (8 * blk))
+                for i in cutlass.range_constexpr(len(mine)):
+                    t, ch = mine[i]
+                    if n_local > 0:
+                        cute.copy(o_load, tTR_tO[None, ch, None, t], rO)
+                        cute.arch.fence_view_async_tmem_load()
+                    else:
+                        rO.fill(0.0)
+                    self.fp8_rows(rO, o_scale, cols[(t, ch)], half, out.cos_sin, pos, out.sin_sign)
+                    if cutlass.const_expr(p == 0):
+                        for j in cutlass.range_constexpr(cute.size(rO)):
+                            amax = absmax(amax, rO[j])
+                    else:
+                        w = cute.make_rmem_tensor(8, cutlass.Int32)
+                        for k in cutlass.range_constexpr(8):
+                            w[k] = (cvt_e4m3x2(rO[4 * k] * inv, rO[4 * k + 1] * inv)
+                                    | (cvt_e4m3x2(rO[4 * k + 2] * inv, rO[4 * k + 3] * inv) << 16))
+                        at = o8 + cols[(t, ch)]
+                        if inside:
+                            st_v4(at, w[0], w[1], w[2], w[3])
+                            st_v4(at + 16, w[4], w[5], w[6], w[7])
+        if inside:
+            at = sc + half * blocks
+            if cutlass.const_expr(blocks == 4):
+                st_b32(at, word)
+            elif cutlass.const_expr(blocks == 2):
+                st_b16(at, word)
+            else:
+                st_b8(at, word)
+            if half == 0:
+                mLSE[batch * self.rows + row] = final_row_lse(lse)
+
+    @cute.jit
+    def fp8_rows(self, rO, o_scale, first: cutlass.Constexpr[int], half, cos_sin, pos, sin_sign: cutlass.Constexpr[float]):
+        """A chunk's 32 values of this thread's row (columns first … first + 31 of the CTA's
+        slab, `half` · d_cta + those of the row) times o_scale, the rope pairs inverse-rotated."""
+        for j in cutlass.range_constexpr(cute.size(rO)):
+            rO[j] = rO[j] * o_scale
+        lowest = ROPE_START - (self.o_split - 1) * self.d_cta  # a slab column that may be a rope lane
+        if cutlass.const_expr(first + cute.size(rO) > lowest):
+            for j in cutlass.range_constexpr(0, cute.size(rO), 2):
+                col = half * self.d_cta + (first + j)
+                rope = col >= ROPE_START
+                i = cutlass.max(col - ROPE_START, 0) // 2
+                cos = cutlass.select_(rope, cos_sin[pos * 64 + i], F32(1.0))
+                sin = cutlass.select_(rope, sin_sign * cos_sin[pos * 64 + 32 + i], F32(0.0))
+                rO[j], rO[j + 1] = rotate_pair(rO[j], rO[j + 1], cos, sin)
 
 
     # ------------------------------------------------------------------ device side
@@ -422,7 +559,8 @@ class Kernel(DecodeSm100):
                mO: cute.Tensor,
                mLSE: cute.Tensor, mOp: cute.Tensor, mLSEp: cute.Tensor, q_smem: cute.ComposedLayout,
                k_smem: cute.ComposedLayout, v_smem: cute.ComposedLayout, p_smem: cute.ComposedLayout,
-               kw_smem: cute.ComposedLayout, tma_m, g_m, tma_x, g_x):
+               kw_smem: cute.ComposedLayout, tma_m, g_m, tma_x, g_x, O_fp8: cute.Tensor | None,
+               O_scale: cute.Tensor | None, cos_sin_cache: cute.Tensor | None, positions: cute.Tensor | None):
         c = self.c
         bx, split, seq = cute.arch.block_idx()
         work = self.sched.work(bx // self.o_split, split, seq)
@@ -436,8 +574,12 @@ class Kernel(DecodeSm100):
         gathers = (None if tma_m is None else (tma_m, g_m), None if tma_x is None else (tma_x, g_x))
         keys = SparseKeys(plan, (KV, idx, main_len, KV_extra, idx_extra, extra_len), seq, gathers, kw_smem)
         keys.softmax_scale = softmax_scale
+        extra = sink
+        if cutlass.const_expr(self.fp8):  # the FP8 epilogue's outputs and inputs ride with the sink
+            cs = cute.make_tensor(cos_sin_cache.iterator, cute.make_layout(cute.size(cos_sin_cache)))
+            extra = (sink, Fp8Out(O_fp8, O_scale, cs, positions, c.h_q, self.b_real * c.s_q, self.rope_sin_sign()))
         self.attend(keys, work.token, split, seq, qk_mma, pv_mma, tma_q, mQ, mO, mLSE, mOp, mLSEp,
-                    q_smem, k_smem, v_smem, p_smem, sink)
+                    q_smem, k_smem, v_smem, p_smem, extra)
 
     @cute.jit
     def load_role(self, q_prod, kv_pipe, tma_q, tQgQ, tQsQ, keys, shift):

@@ -122,6 +122,7 @@ from stages.common.cluster_pair import TilePair
 from stages.common.combine import sink_factor
 from stages.common.e2m1_bits import e2m1x8_to_bf16, e2m1x8_to_bf16_table, scale_factors, scale_select, scales_fit
 from stages.common.e4m3_bits import e4m3x16_to_bf16, one_multiply_fits
+from stages.common.fp8_epilogue import Fp8Out, store_accumulator_fp8
 from stages.common.fp8_cache import (D, D_NOPE, D_ROPE, MODEL1_ROW_BYTES, MODEL1_SCALE_BYTES, NVFP4_NOPE_BYTES,
                                      NVFP4_ROW_BYTES, NVFP4_SCALE_BYTES, V41_ROW_BYTES, cache_block_bytes)
 from stages.common.idx_windows import (WINDOW_TILES, boundary, commit_copies, copy4_async_if, entry, staged_bytes,
@@ -182,6 +183,7 @@ class AttendIO(NamedTuple):
     mLp: cute.Tensor
     softmax_scale: cute.Tensor  # [1] fp32: the scale on Q·Kᵀ
     marks: object = None  # a diagnostic build's stamp record (Kernel.mark); None otherwise
+    fp8: object = None  # epilogue fp8_rope: where O leaves (stages/common/fp8_epilogue.py Fp8Out); None for bf16
 
 
 class MmaTiles(NamedTuple):
@@ -254,9 +256,13 @@ class Kernel:
     ROW_BYTES = {"model1": MODEL1_ROW_BYTES, "v4.1": V41_ROW_BYTES, "simple": D,
                  "nvfp4": NVFP4_ROW_BYTES}  # a token's row in its block (model1's, nvfp4's scales apart)
 
-    def __init__(self, *, b: int, config: str, kv_format: str, splits, sm_count: int | None = None,
-                 combine_group: int = COMBINE_GROUP, stamps: bool = False, pair_stores: bool = True,
-                 fast_combine: bool = True, sink_first: bool = True, e2m1_table: bool | None = None):
+    def __init__(self, *, b: int, config: str, kv_format: str, splits, epilogue: str = "bf16",
+                 sm_count: int | None = None, combine_group: int = COMBINE_GROUP, stamps: bool = False,
+                 pair_stores: bool = True, fast_combine: bool = True, sink_first: bool = True,
+                 e2m1_table: bool | None = None):
+        # epilogue: bf16 (O) or fp8_rope — O's rope lanes inverse-rotated and O written as e4m3
+        # with a UE8M0 exponent a 128 values (stages/common/fp8_epilogue.py), wherever a whole
+        # sequence's O leaves: this kernel's epilogue, its in-kernel merge, PartCombine
         # Small-batch options (issue 30; docs/STAGE_E.md "The timeline at b = 2"): keywords that
         # scripts/e_small_timeline.py switches to time a variant beside FlashMLA.  The defaults are
         # the build the lab runs (on since 2026-11-27: 17.4 vs 22.1 µs at b 1, 20.4 vs 23.5 at b 2
@@ -272,6 +278,12 @@ class Kernel:
         # letting the attention kernel launch at its start.
         self.combine_group, self.stamps, self.pair_stores = combine_group, stamps, pair_stores
         self.fast_combine, self.sink_first = fast_combine, sink_first
+        if epilogue not in ("bf16", "fp8_rope"):
+            raise ValueError(f"stage E sm90: epilogue must be bf16 or fp8_rope, got {epilogue!r}")
+        self.epilogue = epilogue
+        self.fp8 = epilogue == "fp8_rope"
+        if self.fp8 and stamps:
+            raise ValueError("stage E sm90: a stamps build writes its records over O: bf16 epilogue only")
         # the SMs the parts fill and the merge's residency is judged against: the GPU's here
         # (stages/common/device.py; compile-only on a CPU: sm_90a's 132); a kernel built for one
         # count is keyed by it in the compile cache
@@ -357,8 +369,12 @@ class Kernel:
         extra_length: cute.Tensor,
         sink: cute.Tensor,
         softmax_scale: cute.Tensor,
+        cos_sin_cache: cute.Tensor,
+        positions: cute.Tensor,
         O: cute.Tensor,
         LSE: cute.Tensor,
+        O_fp8: cute.Tensor,
+        O_scale: cute.Tensor,
         O_part: cute.Tensor,
         LSE_part: cute.Tensor,
         stream: cuda.CUstream,
@@ -366,6 +382,7 @@ class Kernel:
         c, bm, bn = self.c, self.BLOCK_M, self.BLOCK_N
         dtype = Q.element_type
         self._check_tensors(Q, KV, idx, KV_extra, idx_extra, O, LSE, O_part, LSE_part, softmax_scale)
+        self._check_fp8_tensors(cos_sin_cache, positions, O_fp8, O_scale)
         rows = self.rows
 
         mQ = cute.make_tensor(Q.iterator, cute.make_layout((rows, D), stride=(D, 1)))
@@ -421,13 +438,14 @@ class Kernel:
         self.kernel(
             tma_q, tma_Q, KV, idx, topk_length, KV_extra, idx_extra, extra_length, sink, softmax_scale,
             mO, mLSE, mOp, mLp, q_smem, k_smem, vt_smem, p_smem,
+            *((O_fp8, O_scale, cos_sin_cache, positions) if self.fp8 else (None,) * 4),  # bf16: no parameters
         ).launch(grid=self.sched.grid, block=(self.plan.threads, 1, 1), smem=Smem.size_in_bytes(), stream=stream,
                  use_pdl=self.merges, **cluster)
 
         if cutlass.const_expr(self.combines and not self.stamps):
             PartCombine(self.sched, c.h_q, D, skip_two=self.merges, fast=self.fast_combine,
-                        group=self.combine_group).launch(
-                mOp, mLp, mO, mLSE, sink, stream)
+                        group=self.combine_group, fp8=self.fp8).launch(
+                mOp, mLp, mO, mLSE, sink, stream, fp8_args=(O_fp8, O_scale, cos_sin_cache, positions, self.rope_sin_sign()))
 
     def tiled_mmas(self, dtype, p_in_registers: bool = False):
         """S = Q·Kᵀ (m64 × BLOCK_N, one warpgroup) and O += P·V (O's columns over the two MMA
@@ -445,6 +463,28 @@ class Kernel:
         )
         return qk_mma, pv_mma
 
+    def rope_sin_sign(self) -> float:
+        """The sign on every sin of the epilogue's inverse rotation (1: the conjugate rotation,
+        oracles/fp8_epilogue.py) — a hook, so a test fixture can plant a bug here."""
+        return 1.0
+
+    def _check_fp8_tensors(self, cos_sin_cache, positions, O_fp8, O_scale) -> None:
+        """Trace time, epilogue fp8_rope: O_fp8 and O_scale carry e4m3 [h_q/8, b·s_q, 8, 512] and
+        int32 [h_q/8, 8, align4(b·s_q)] (as float32 words), cos_sin_cache is [max_position, 64],
+        positions [b·s_q] (oracles/fp8_epilogue.py)."""
+        c, n = self.c, self.b * self.c.s_q
+        if tuple(positions.shape) != (n,):
+            raise ValueError(f"stage E sm90: positions has shape {tuple(positions.shape)}, the case needs {(n,)}")
+        if not self.fp8:
+            return
+        want = {"O_fp8": (O_fp8, (c.h_q // 8, n, 8, D // 4)), "O_scale": (O_scale, (c.h_q // 8, 8, -(-n // 4) * 4))}
+        for name, (t, shape) in want.items():
+            if tuple(t.shape) != shape or t.element_type.width != 32:
+                raise ValueError(f"stage E sm90: {name} has shape {tuple(t.shape)}, the case needs {shape} of 4-byte words")
+        if c.h_q % 8 or cos_sin_cache.shape[1] != 64:
+            raise ValueError(f"stage E sm90: fp8_rope needs h_q a multiple of 8 and cos_sin_cache [max_position, 64], "
+                             f"got h_q {c.h_q}, {tuple(cos_sin_cache.shape)}")
+
     def _check_tensors(self, Q, KV, idx, KV_extra, idx_extra, O, LSE, O_part, LSE_part, softmax_scale) -> None:
         """Trace time: the tensors have the shapes this kernel's reading of the case implies
         (the cache block sizes in bytes included), and the scratch holds its partial slots."""
@@ -452,10 +492,11 @@ class Kernel:
         want = {
             "Q": (Q, (b, c.s_q, c.h_q, D)),
             "idx": (idx, (b, c.s_q, c.topk)),
-            "O": (O, (b, c.s_q, c.h_q, D)),
             "LSE": (LSE, (b, c.h_q, c.s_q)),
             "softmax_scale": (softmax_scale, (1,)),
         }
+        if not self.fp8:  # fp8_rope: O is an unused scratch
+            want["O"] = (O, (b, c.s_q, c.h_q, D))
         for name, (t, shape) in want.items():
             if tuple(t.shape) != shape:
                 raise ValueError(f"stage E sm90: {name} has shape {tuple(t.shape)}, the case needs {shape}")
@@ -490,6 +531,10 @@ class Kernel:
         k_smem: cute.ComposedLayout,
         vt_smem: cute.ComposedLayout,
         p_smem: cute.ComposedLayout,
+        O_fp8: cute.Tensor | None,
+        O_scale: cute.Tensor | None,
+        cos_sin_cache: cute.Tensor | None,
+        positions: cute.Tensor | None,
     ):
         bm, bn = self.BLOCK_M, self.BLOCK_N
         tidx, _, _ = cute.arch.thread_idx()
@@ -540,8 +585,13 @@ class Kernel:
             # each MMA warpgroup its own copy of attend, compiled for its own register count
             smem = AttendSmem(sQ=sQ, sK=sK, sVt=sVt, sP=sP, s_row=s_row, s_fin=s_fin, s_mrg=s_mrg, s_mask=s_mask,
                               s_kscale=s_kscale)
+            fp8 = None
+            if cutlass.const_expr(self.fp8):
+                cs = cute.make_tensor(cos_sin_cache.iterator, cute.make_layout(cute.size(cos_sin_cache)))
+                fp8 = Fp8Out(O_fp8, O_scale, cs, positions, self.c.h_q, self.b * self.c.s_q, self.rope_sin_sign())
             io = AttendIO(q_bar=q_bar, tma_q=tma_q, mQ=mQ, kv_pipe=kv_pipe, pair=pair, k_base=k_base, smem=smem,
-                          sink=sink, mO=mO, mLSE=mLSE, mOp=mOp, mLp=mLp, softmax_scale=softmax_scale, marks=marks)
+                          sink=sink, mO=mO, mLSE=mLSE, mOp=mOp, mLp=mLp, softmax_scale=softmax_scale, marks=marks,
+                          fp8=fp8)
             if warp_idx // 4 == 0:
                 set_registers(self.plan.mma_regs[0], self.plan.threads)
                 self.attend(0, part, head_block, tidx, io)
@@ -1151,7 +1201,7 @@ class Kernel:
         if merge:
             self.add_piece_1(acc_o, tidx, wg, work, io.k_base, io.smem.s_mrg[tOcO_rc[0, 0][0]],
                              io.smem.s_mrg[tOcO_rc[1, 0][0]], io.mOp)
-        self.store_o(acc_o, tidx, work, complete | merge, io.mO, io.mOp)
+        self.store_o(acc_o, tidx, wg, work, complete | merge, io)
         if hand_over:
             self.raise_piece_1(work, tidx, io.mLp)
 
@@ -1273,15 +1323,25 @@ class Kernel:
             mLSE[self.sched.row_block(work) * self.BLOCK_M + row] = final_lse(lse)
 
     @cute.jit
-    def store_o(self, acc_o, tidx, work, complete, mO, mOp):
-        """A whole sequence's O (bf16) or a partial's (fp32), from the scaled accumulator."""
+    def store_o(self, acc_o, tidx, wg: cutlass.Constexpr[int], work, complete, io):
+        """A whole sequence's O (bf16, or fp8_rope's e4m3 and exponents) or a partial's (fp32),
+        from the scaled accumulator."""
         if cutlass.const_expr(self.partials):
             if complete:
-                self.store_block(acc_o, tidx, mO, self.sched.row_block(work))
+                self.store_final(acc_o, tidx, wg, self.sched.row_block(work), io)
             else:
-                self.store_block(acc_o, tidx, mOp, self.sched.partial_row_block(work))
+                self.store_block(acc_o, tidx, io.mOp, self.sched.partial_row_block(work))
         else:  # every segment is a whole sequence
-            self.store_block(acc_o, tidx, mO, self.sched.row_block(work))
+            self.store_final(acc_o, tidx, wg, self.sched.row_block(work), io)
+
+    @cute.jit
+    def store_final(self, acc_o, tidx, wg: cutlass.Constexpr[int], row_block, io):
+        """A whole (or merged) sequence's O: bf16 rows, or the fused FP8 epilogue
+        (stages/common/fp8_epilogue.py: inverse RoPE, a UE8M0 exponent a 128 values, e4m3)."""
+        if cutlass.const_expr(self.fp8):
+            store_accumulator_fp8(acc_o, tidx, wg, row_block, io.fp8, D // self.NUM_MMA_WG)
+        else:
+            self.store_block(acc_o, tidx, io.mO, row_block)
 
     @cute.jit
     def store_block(self, acc_o, tidx, mOut, row_block):

@@ -36,6 +36,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
+from stages.common.fp8_epilogue import Fp8Out, store_strided_row_fp8
+
 LOG2_E = math.log2(math.e)
 LN2 = math.log(2.0)
 
@@ -87,22 +89,32 @@ class SplitCombine:
     ROWS_PER_CTA = 4
     THREADS = 32 * ROWS_PER_CTA
 
-    def __init__(self, rows: int, splits: int, d: int, sink_heads: int = 0):
+    def __init__(self, rows: int, splits: int, d: int, sink_heads: int = 0, fp8: bool = False):
         if rows % self.ROWS_PER_CTA or d % 32:
             raise ValueError(f"SplitCombine: rows must be a multiple of {self.ROWS_PER_CTA} and d of 32, got {rows}, {d}")
         self.rows, self.splits, self.d, self.sink_heads = rows, splits, d, sink_heads
+        # fp8: a merged row leaves through stage E's fused FP8 epilogue (stages/common/
+        # fp8_epilogue.py store_strided_row_fp8), not as `o`; rows are (token, head), sink_heads heads
+        self.fp8 = fp8
+        if fp8 and (d != 512 or not sink_heads or sink_heads % 8):
+            raise ValueError(f"SplitCombine: the FP8 epilogue takes d 512 and a multiple of 8 sink heads, got {d}, {sink_heads}")
 
-    def launch(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, stream, sink=None):
+    def launch(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, stream, sink=None,
+               fp8_args=None):
         """Call from a @cute.jit host function (e.g. after the split kernel, same stream).
-        `sink`: the [h_q] sink logits when the combine applies a sink (sink_heads > 0)."""
+        `sink`: the [h_q] sink logits when the combine applies a sink (sink_heads > 0);
+        `fp8_args` (with fp8): (O_fp8, O_scale, cos_sin_cache, positions, sin_sign)."""
         if (sink is None) != (self.sink_heads == 0):
             raise ValueError("SplitCombine: pass a sink tensor exactly when sink_heads > 0")
-        self.kernel(o_part, lse_part, o, lse, sink if sink is not None else lse).launch(
+        o8, osc, cs, pos, self.sin_sign = fp8_args if self.fp8 else (None, None, None, None, 1.0)  # bf16: no parameters
+        self.kernel(o_part, lse_part, o, lse, sink if sink is not None else lse, o8, osc, cs, pos).launch(
             grid=(self.rows // self.ROWS_PER_CTA, 1, 1), block=(self.THREADS, 1, 1), stream=stream
         )
 
     @cute.kernel
-    def kernel(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, sink: cute.Tensor):
+    def kernel(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, sink: cute.Tensor,
+               o8: cute.Tensor | None, osc: cute.Tensor | None, cos_sin: cute.Tensor | None,
+               positions: cute.Tensor | None):
         rows, d = self.rows, self.d
         cols = d // 32
         tidx, _, _ = cute.arch.thread_idx()
@@ -130,7 +142,15 @@ class SplitCombine:
         row_lse = -Float32.inf if lonely else m + cute.math.log2(total, fastmath=True) * LN2
         if cutlass.const_expr(self.sink_heads > 0):
             inv = inv * sink_factor(sink[row % self.sink_heads], row_lse)
-        for k in cutlass.range_constexpr(cols):
-            o[row, lane + 32 * k] = (acc[k] * inv).to(o.element_type)
+        if cutlass.const_expr(self.fp8):
+            for k in cutlass.range_constexpr(cols):
+                acc[k] = acc[k] * inv
+            cs = cute.make_tensor(cos_sin.iterator, cute.make_layout(cute.size(cos_sin)))
+            out = Fp8Out(o8, osc, cs, positions, self.sink_heads, rows // self.sink_heads, self.sin_sign)
+            a8, asc, pos = out.row_addresses(row)
+            store_strided_row_fp8(acc, lane, a8, asc, cs, pos, self.sin_sign)
+        else:
+            for k in cutlass.range_constexpr(cols):
+                o[row, lane + 32 * k] = (acc[k] * inv).to(o.element_type)
         if lane == 0:
             lse[row] = Float32.inf if lonely else row_lse

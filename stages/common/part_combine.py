@@ -43,6 +43,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from stages.common.combine import LN2, LOG2_E, sink_factor
+from stages.common.fp8_epilogue import Fp8Out, store_row_fp8
 from stages.common.part_scheduler import PartGrid
 
 GROUP = 8  # slots whose rows one lane has in flight at once (16 fp32 a slot: 128 registers)
@@ -94,8 +95,13 @@ class PartCombine:
     THREADS = 32 * ROWS_PER_CTA
 
     def __init__(self, grid: PartGrid, heads: int, d: int, skip_two: bool = False, fast: bool = False,
-                 group: int = GROUP):
+                 group: int = GROUP, fp8: bool = False):
         rows = grid.sequences * heads
+        # fp8: a merged row leaves through stage E's fused FP8 epilogue (stages/common/
+        # fp8_epilogue.py: inverse RoPE, e4m3 and a UE8M0 exponent a 128 values), not as `o`
+        self.fp8 = fp8
+        if fp8 and (d != 512 or heads % 8):
+            raise ValueError(f"PartCombine: the FP8 epilogue takes d 512 and heads a multiple of 8, got {d}, {heads}")
         if heads % self.ROWS_PER_CTA or d % 32:
             raise ValueError(f"PartCombine: heads ({heads}) must be a multiple of {self.ROWS_PER_CTA}, d ({d}) of 32")
         self.grid = grid
@@ -126,14 +132,18 @@ class PartCombine:
         return self.grid.cut_at(bidx // self.chunks + 1)
 
     def launch(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, sink: cute.Tensor,
-               stream):
-        """Call from a @cute.jit host function, after the attention kernel on the same stream."""
-        self.kernel(o_part, lse_part, o, lse, sink).launch(
+               stream, fp8_args=None):
+        """Call from a @cute.jit host function, after the attention kernel on the same stream.
+        `fp8_args` (with fp8): (O_fp8, O_scale, cos_sin_cache, positions, sin_sign)."""
+        o8, osc, cs, pos, self.sin_sign = fp8_args if self.fp8 else (None, None, None, None, 1.0)  # bf16: no parameters
+        self.kernel(o_part, lse_part, o, lse, sink, o8, osc, cs, pos).launch(
             grid=(self.ctas, 1, 1), block=(self.THREADS, 1, 1), stream=stream, use_pdl=True,
         )
 
     @cute.kernel
-    def kernel(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, sink: cute.Tensor):
+    def kernel(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, sink: cute.Tensor,
+               o8: cute.Tensor | None, osc: cute.Tensor | None, cos_sin: cute.Tensor | None,
+               positions: cute.Tensor | None):
         rows, cols, cap = self.rows, self.d // 32, self.grid.capacity
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -180,13 +190,20 @@ class PartCombine:
             inv = 0.0 if lonely else cute.arch.rcp_approx(total)
             row_lse = -Float32.inf if lonely else m + cute.math.log2(total, fastmath=True) * LN2
             inv = inv * sink_factor(sink[row % self.heads], row_lse)
-            out = cute.make_rmem_tensor(cols, o.element_type)
-            for k in cutlass.range_constexpr(cols):
-                out[k] = (acc[k] * inv).to(o.element_type)
-            size = o.element_type.width // 8
-            at = o.iterator.toint() + cutlass.Int64(row) * (self.d * size) + lane * (cols * size)
-            cute.autovec_copy(out, cute.make_tensor(cute.make_ptr(o.element_type, at, cute.AddressSpace.gmem,
-                                                                  assumed_align=16), cute.make_layout(cols)))
+            if cutlass.const_expr(self.fp8):
+                for k in cutlass.range_constexpr(cols):
+                    acc[k] = acc[k] * inv
+                cs = cute.make_tensor(cos_sin.iterator, cute.make_layout(cute.size(cos_sin)))
+                store_row_fp8(acc, lane, row, Fp8Out(o8, osc, cs, positions, self.heads,
+                                                     self.rows // self.heads, self.sin_sign))
+            else:
+                out = cute.make_rmem_tensor(cols, o.element_type)
+                for k in cutlass.range_constexpr(cols):
+                    out[k] = (acc[k] * inv).to(o.element_type)
+                size = o.element_type.width // 8
+                at = o.iterator.toint() + cutlass.Int64(row) * (self.d * size) + lane * (cols * size)
+                cute.autovec_copy(out, cute.make_tensor(cute.make_ptr(o.element_type, at, cute.AddressSpace.gmem,
+                                                                      assumed_align=16), cute.make_layout(cols)))
             if lane == 0:
                 lse[row] = Float32.inf if lonely else row_lse
 
