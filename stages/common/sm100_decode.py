@@ -1,24 +1,16 @@
 """The Blackwell (sm_100a) decode house of stages D2–D5: DSV4 MQA decode attention — batches,
 tokens, query heads folded into M, one latent KV head read once for both GEMMs, split-KV with
 an LSE combine.  tcgen05 MMAs, S and O in tensor memory (TMEM), P through shared memory.
+Compiled and inspected (PTX inventory, ptxas) only, never run on a Blackwell GPU: not verified.
 
-Every kernel built on it is compiled for sm_100a and inspected (PTX inventory, ptxas) only:
-none has run on a Blackwell GPU.  Do not call them verified.
-
-A rung (stages/D2_decode/sm100.py, D3_swa, D4_causal_swa, D5_sink_merge) subclasses
-`DecodeSm100`: its constructor calls `setup_plan`, its @cute.jit `__call__` checks its tensors,
-calls `prepare` / `kv_atom` / `start` / `combine`, and its @cute.kernel `kernel()` says which
-keys a CTA visits — a keys object from stages/common/sm100_keys.py (`DenseKeys` for D2,
-`BranchKeys` with fill levels / causal limits / two branches for D3–D5) — and hands over to
-`attend`: the set-up every warp shares, then each warp's role (load_role, mma_role,
-softmax_role → epilogue).  `row_scale` is the rung's per-row factor on the final O (D5's sink).
-A rung whose keys do not arrive by a tiled TMA (stage E: gather + dequantisation warps)
-replaces only the producer side, through hooks: `kv_pipeline` (who fills the chunk ring),
-`smem_fields` + setup_plan's `smem_reserved` (its own barriers and buffers), `bind_keys` (its
-pipelines and views, before the roles), `is_producer` + `load_role` (its producer warps),
-THREADS (the launch follows it).
-The rest of this docstring is the house's design (written for D2, unchanged by D3–D5 except
-where the masks section says so).
+A rung (D2_decode, D3_swa, D4_causal_swa, D5_sink_merge) subclasses `DecodeSm100`: its
+constructor calls `setup_plan`, its @cute.jit `__call__` checks its tensors and calls `prepare` /
+`kv_atom` / `start` / `combine`, its `kernel()` picks the keys a CTA visits (stages/common/
+sm100_keys.py: `DenseKeys` for D2, `BranchKeys` for D3–D5) and hands over to `attend` (shared
+set-up, then load_role, mma_role, softmax_role → epilogue).  `row_scale`: the rung's per-row
+factor on the final O (D5's sink).  A rung whose keys do not arrive by a tiled TMA (stage E)
+replaces only the producer side through hooks: `kv_pipeline`, `smem_fields` + setup_plan's
+`smem_reserved`, `bind_keys`, `is_producer` + `load_role`, THREADS.
 
 Contract (oracles/decode.py's tensors, in this order; the case axes are `shape` and `splits`)
     Q   [b, s_q, h_q, d]  bf16      KV  [b, n_alloc, d] bf16 (K = V, one latent head; rows
@@ -33,122 +25,81 @@ Math (query row i of a row block, KV tiles j of the split, c = scale · log2 e, 
     P_j = 2^(c·(S_j − m_j));    l_j = α_j·l_{j-1} + Σ_k P_j;    O_j = α_j·O_{j-1} + bf16(P_j)·V_j
     V_j = K_j (the same shared-memory bytes, viewed MN-major).
     One split:  O = bf16(O_last / l_last),  LSE = (c·m_last + log2 l_last) · ln 2.
-    Split-KV:   split s writes O_s = O_last / l_last (fp32) and LSE_s as above; an empty
-    split (no KV tile) writes O_s = 0 and LSE_s = −inf without touching TMEM.  The combine
-    is stages/common/combine.py's SplitCombine (max-shifted weights exp(LSE_s − M), empty
-    splits skipped, a row with no key at all O = 0, LSE = +inf), launched on the same
-    stream after the split kernel.
-    Lonely rows: stages/common/sm100_softmax.py (softmax.py's rule for a thread that owns a
-    whole row): a row whose max is still −inf exponentiates against 0, never
-    exp2(−inf − (−inf)); at the end ℓ = 0 gives 1/ℓ := 0 and LSE −inf (a partial), +inf
-    in a final output (final_row_lse).  D2 has no mask, so only an empty split meets it here;
-    the masked rungs (D3–D5) build on this house.
+    Split-KV:   split s writes O_s = O_last / l_last (fp32) and LSE_s; an empty split writes
+    O_s = 0, LSE_s = −inf without touching TMEM; stages/common/combine.py's SplitCombine merges
+    them (a row with no key: O = 0, LSE = +inf).
+    Lonely rows (stages/common/sm100_softmax.py): a row whose max is still −inf exponentiates
+    against 0; ℓ = 0 gives 1/ℓ := 0 and LSE −inf (a partial), +inf in a final output.
 
-Head packing: 128 rows per CTA (tcgen05 M = 128), and why
-    The rows of a row block are the flattened (token, head) pairs of one sequence:
-    row r ↔ (t = r // h_q, h = r % h_q), rb = ceil(s_q·h_q / 128) row blocks.  All rows
-    attend the same keys (MQA, no mask in D2), so tokens fold into M as well as heads.
-    128 rows because with M = 128 and cta_group::1 the accumulator row r is TMEM lane r:
-    thread t of the softmax warpgroup owns row t whole (no cross-thread row reductions),
-    one MMA instruction covers 128 heads, and K/V tiles are read once per 128 query rows
-    (M = 64 would halve the work per K byte and still spend a full TMEM column per
-    element of a row, so it would not free any TMEM).  h_q = 128: one token per block;
-    h_q = 64, s_q = 2: both tokens in one block; h_q = 64, s_q = 1: rows 64…127 are
-    padding — TMA zero-fills them (the Q view ends at s_q·h_q rows) and they are never
-    stored.
+Head packing: 128 rows per CTA (tcgen05 M = 128)
+    Row r of a row block ↔ (t = r // h_q, h = r % h_q), rb = ceil(s_q·h_q / 128) row blocks: all
+    rows attend the same keys (MQA), so tokens fold into M with the heads.  With M = 128 and
+    cta_group::1 accumulator row r is TMEM lane r: thread t of the softmax warpgroup owns row t
+    whole, and K/V tiles are read once per 128 query rows (M = 64 frees no TMEM).  Padding rows
+    (h_q = 64, s_q = 1: rows 64…127) are zero-filled by TMA and never stored.
 
 TMEM plan (128 lanes × 512 columns of 32 bit; checked at trace time)
-    S is double-buffered: 2 × kv_tile fp32 columns, so Q·K_{j+1}ᵀ is issued into the
-    other buffer while the softmax warps work on S_j.  O takes d_cta fp32 columns
-    (d_cta = O columns owned by one CTA).  P goes through shared memory (0 columns).
+    S double-buffered (2 × kv_tile columns: Q·K_{j+1}ᵀ overlaps the softmax of S_j), O d_cta
+    columns, P in shared memory (0 columns).
         d = 64:   S 2×64 + O  64 = 192 (alloc 256)
         d = 128:  S 2×64 + O 128 = 256 (alloc 256)
         d = 256:  S 2×64 + O 256 = 384 (alloc 512)
         d = 512:  S 2×64 + O 512 = 640 > 512 — does not fit in one CTA.
-    d = 512 therefore splits O by columns over two CTAs (o_split = 2, as stage D1): CTA
-    half h owns O[:, 256h : 256h + 256] (S 128 + O 256 = 384 columns, alloc 512).  Both
-    halves compute the full S = Q·Kᵀ and the same softmax (same MMAs, same order, same
-    m and l); only the P·V slab differs, and half 0 alone writes LSE.  Cost: one extra
-    Q·Kᵀ per 128 rows (1.5× the FLOPs of the two GEMMs), twice the CTAs, and each half
-    reads the whole K tile (twice the L2 → SMEM traffic; a cluster multicast would halve it).  Chosen over
-    (a) M = 64 (same column count per row, see above) and (b) two passes over the keys
-    for the two O halves (reads K twice and redoes the softmax serially); the production
-    alternative, a cta_group::2 pair sharing one S through DSMEM, needs hardware to test.
-    `tmem_budget()` (plain Python) gives the plan; the constructor raises
-    ValueError("TMEM budget: S 2×64 + O 512 = 640 columns > 512 …") for a plan that does
-    not fit (e.g. o_split = 1 at d = 512), and the traced kernel re-derives every column
-    count from the MMA fragments (find_tmem_tensor_col_offset), compares them with the
-    plan and re-checks the 512-column limit (the same error).
+    d = 512 splits O by columns over two CTAs (o_split = 2, as stage D1): half h owns
+    O[:, 256h : 256h + 256]; both halves compute the full S and the same softmax, only the P·V
+    slab differs, half 0 alone writes LSE.  Cost: one extra Q·Kᵀ per 128 rows and twice the
+    K reads; cta_group::2 sharing S through DSMEM needs hardware to test.  `tmem_budget()` gives
+    the plan; the constructor raises ValueError("TMEM budget: … > 512 …") for one that does not
+    fit, and the traced kernel re-derives every column count from the MMA fragments
+    (find_tmem_tensor_col_offset) and re-checks it.
 
 K and V: one tensor, one shared-memory copy
-    KV tiles of kv_tile = 64 keys are loaded as d / chunk chunks of chunk = min(d, 128)
-    head-dim columns (16 KiB each), K-major with the 128-byte swizzle: the B operand of
-    Q·Kᵀ.  The same bytes, viewed with the PV MMA's MN-major 128-byte-swizzle B layout
-    (N = chunk head-dim columns, K = keys), are V_chunkᵀ: one PV MMA tile of N = chunk per
-    chunk.  `check_kv_same_bytes` proves at trace time that both views give every
-    (key, column) the same shared-memory offset (same swizzle, same slot stride); if
-    they did not, compilation stops.  Shared memory (dynamic, with barriers):
+    KV tiles of kv_tile = 64 keys load as d / chunk chunks of chunk = min(d, 128) columns
+    (16 KiB), K-major with the 128-byte swizzle (Q·Kᵀ's B); the same bytes in the PV MMA's
+    MN-major 128-byte-swizzle B layout are V_chunkᵀ.  `check_kv_same_bytes` proves at trace time
+    that both views give every (key, column) the same offset.  Shared memory:
         d    Q        KV ring              P        total (incl. 1 KiB barriers)
         64   16 KiB   3 ×  8 KiB chunks    16 KiB    57 KiB
         128  32 KiB   3 × 16 KiB           16 KiB    97 KiB
         256  64 KiB   5 × 16 KiB           16 KiB   161 KiB
         512  128 KiB  5 × 16 KiB           16 KiB   225 KiB   (limit 227 KiB)
-    The chunks of tile j are loaded in an order that puts this CTA's V chunks last; a
-    chunk that is only K for this CTA is released right after its Q·Kᵀ, a V chunk after
-    P·V.  With a ring of R chunk slots, n_chunks chunks per tile and n_v of them V, the
-    first min(n_chunks, R − n_v) chunks of Q·K_{j+1}ᵀ never wait for P·V_j, so the MMA
-    warp issues those before P·V_j and the rest after (d = 512: 3 of 4 chunks early).
+    A tile's chunks load with this CTA's V chunks last; a K-only chunk is released after its
+    Q·Kᵀ, a V chunk after P·V.  With R slots, n_chunks a tile and n_v of them V, the first
+    min(n_chunks, R − n_v) chunks of Q·K_{j+1}ᵀ are issued before P·V_j (d = 512: 3 of 4).
 
 Grid and scheduling (stages/common/scheduler.py)
-    DecodeGrid(head_blocks = 1, tokens = rb, batches = b, splits, T = n / 64): its
-    "token" index is this kernel's packed row block.  Grid (rb · o_split, splits, b):
-    blockIdx.x = row block · o_split + half, .y = split, .z = batch; `DecodeGrid.work`
-    gives the split's KV tiles [s·c, min((s+1)·c, T)), c = ceil(T / splits) — the same
-    function the CPU tests check.  `splits` = resolve_splits(axis, ctas = rb · o_split · b,
-    T, sm_count = 148, a B200): 1, "auto" (choose_splits; capped at trace time to the
-    scratch's capacity), "many" (T + 3: the last three splits empty) or an int.
-    splits = 1 writes O and LSE directly; splits > 1 writes the partials (rows
-    split-major: flat row = s·(b·s_q·h_q) + (batch·s_q + token)·h_q + head) and runs
-    the combine.
+    DecodeGrid(head_blocks = 1, tokens = rb, batches = b, splits, T = n / 64); grid
+    (rb · o_split, splits, b): blockIdx.x = row block · o_split + half, .y = split, .z = batch;
+    split s owns KV tiles [s·c, min((s+1)·c, T)), c = ceil(T / splits).  `splits` =
+    resolve_splits(axis, ctas, T, sm_count = 148): 1, "auto", "many" (T + 3: the last three
+    empty) or an int.  splits > 1 writes the partials (flat row = s·(b·s_q·h_q) +
+    (batch·s_q + token)·h_q + head) and runs the combine.
 
-Units and data flow (one CTA, 192 threads, warp-specialised, as stage D1)
+Warp roles (192 threads)
     warp 5      TMA: Q once; per KV tile the chunks into the KV ring.
-    warp 4      MMA: Q·K_jᵀ into S buffer j mod 2; P·V_j (A = P from SMEM, B = the V view
-                of the ring slots) into O; releases ring slots by tcgen05.commit.
-    warps 0-3   softmax: thread t ↔ TMEM lane t ↔ row t; tcgen05.ld S_j, release the S
-                buffer at once; max / exp2 / sum; wait until P·V_{j-1} completed (P slot
-                free); P → SMEM (st.shared through a copy tiled like the tcgen05.ld, into
-                the PV A-operand layout); rescale O in TMEM if any row of the warp moved
-                its max; tcgen05.wait::st, fence.proxy.async, arrive.  Epilogue: O / l →
-                global (32 columns at a time), LSE.
-    Named barriers: stages/common/barriers.py's NamedBarrier.TMEM_ALLOC (TMEM address
-    published), .TMEM_FREE (softmax warps done with TMEM before warp 0 frees it).
+    warp 4      MMA: Q·K_jᵀ into S buffer j mod 2; P·V_j (A = P from SMEM, B = the V view)
+                into O; releases ring slots by tcgen05.commit.
+    warps 0-3   softmax, thread t ↔ TMEM lane t ↔ row t: tcgen05.ld S_j, release the S buffer;
+                max / exp2 / sum; wait for P·V_{j-1}; P → SMEM (a copy tiled like the
+                tcgen05.ld, into the PV A-operand layout); rescale O if the warp's max moved;
+                tcgen05.wait::st, fence.proxy.async, arrive.  Epilogue: O / l, LSE.
+    Named barriers: barriers.NamedBarrier.TMEM_ALLOC, .TMEM_FREE.
 
 Synchronisation (mbarriers via cutlass.pipeline; arrive counts in THREADS)
     q        PipelineTmaUmma     load → MMA (1 slot)
-    kv       PipelineTmaUmma     load → MMA (R slots; states built from the chunk's
-                                 sequence number g: slot g mod R, phase ⌊g / R⌋ mod 2,
-                                 because releases are out of order across tiles)
-    s        PipelineUmmaAsync   MMA commit → 128 softmax threads (2 slots = 2 S buffers)
-    p        PipelineAsyncUmma   128 softmax threads → MMA; release = tcgen05.commit
-                                 after P·V_j, so "P slot free" ⇔ P·V_j complete
+    kv       PipelineTmaUmma     load → MMA (R slots; chunk g: slot g mod R, phase ⌊g / R⌋
+                                 mod 2, because releases are out of order across tiles)
+    s        PipelineUmmaAsync   MMA commit → 128 softmax threads (2 S buffers)
+    p        PipelineAsyncUmma   128 softmax threads → MMA; release = tcgen05.commit after
+                                 P·V_j, so "P slot free" ⇔ P·V_j complete
     o        PipelineUmmaAsync   MMA commit after the last P·V → 128 threads
-
-Lessons of DSV4.md, as handled here: (1) everything used by several roles is built
-before the role `if`s, const choices use const_expr; (2) thread-side pipeline groups
-count 128 threads; (3) tcgen05.wait::st + fence::before_thread_sync before every arrive
-after TMEM stores, fence.proxy.async.shared::cta after the P stores; (4) TMEM columns
-from the fragments; (5)/(7) P's SMEM layout is the PV A-operand layout (K-major) and
-its store is tiled from the S load — checked at trace time; (6) P spans kv_tile keys;
-(8) N ≤ 256 everywhere (QK N = 64, PV N = chunk ≤ 128); (9) unit/batch L modes on every
-global view; (10) V aliases K's shared memory, proven by `check_kv_same_bytes`.
+    DSV4.md's lessons 1–10 hold as in stage D1 (stages/D1_headdim/sm100.py); (10) V aliases
+    K's shared memory, proven by `check_kv_same_bytes`.
 
 Masks (D3–D5; stages/common/sm100_keys.py, sm100_masks.py)
-    keys.masked is a compile-time switch: D2 emits nothing for it.  A masked rung's keys
-    object visits only tiles with a valid key; on a boundary tile the MMA warp zeroes the V
-    rows past the fill level in the ring slot (clean_v, right after the chunk's TMA landed)
-    and each softmax thread sets its row's invalid scores to −∞ (mask, before the row max).
-"""
+    keys.masked is a compile-time switch (D2 emits nothing).  A masked rung visits only tiles
+    with a valid key; on a boundary tile the MMA warp zeroes the V rows past the fill level
+    (clean_v) and each softmax thread sets its row's invalid scores to −∞ before the max."""
 
 
 import math
