@@ -2,16 +2,14 @@
 indices, the main and the extra (SWA) key lists under one softmax, attention sink, split-KV.
 tcgen05 MMAs with S and O in tensor memory, P through shared memory.
 
-Compiled for sm_100a and inspected (PTX inventory, ptxas) only: it has never run on a
-Blackwell GPU.  Do not call it verified.
+Compiled and inspected (PTX inventory, ptxas) only, never run on a Blackwell GPU: not verified.
 
 Math and contract: oracles/sparse_decode.py (the same tensors, constructor keywords and
 __call__ signature as stages/E_sparse_decode/sm90.py).  Per query row (batch, token, head):
     O = softmax(Q·Kᵀ · scale) · V · 1/(1 + exp(sink[h] − LSE)),  LSE = ln Σ exp(Q·Kᵀ · scale)
 over the valid keys of both lists (position < the list's length, index ≠ −1), K = V = the
-dequantised cache rows, scale = softmax_scale[0] (a runtime fp32 input, DSV4's 1/sqrt(512) by
-default; each softmax thread folds log2 e into it once: `score_scale_log2`, the house's hook);
-a row with no valid key: O = 0, LSE = +∞.
+dequantised cache rows, scale = softmax_scale[0] (a runtime fp32 input; each softmax thread
+folds log2 e into it once: `score_scale_log2`); a row with no valid key: O = 0, LSE = +∞.
 
 Everything but the producer is the sm100 decode house of D2–D5 (stages/common/sm100_decode.py:
 its shared memory, pipelines, TMEM plan checked at trace time, MMA warp, softmax warps,
@@ -41,13 +39,9 @@ epilogue, split-KV + SplitCombine).  What is new in this rung, through the house
         64 bf16 rope), row = block · (block_bytes / 576) + offset (blocks are padded to whole
         576-byte rows; the rows over the scale plane are never indexed), all 576 bytes
         gathered (the rope chunk is 192 bytes: three boxes).  An invalid key's row id is 0 (in
-        range; its bytes are never read).  `simple` (512 e4m3 then a plane of fp32 scales, blocks
-        padded to 16 bytes) is no uniform row array (a block is not a whole number of 512-byte
-        rows), so it has no gather: its slots carry the sidecar only and the dequantisers load
-        the rows from global memory with 16-byte loads.  `nvfp4` (issue 33: 352-byte rows, then
-        32 scale bytes a token in the block) neither: per 16 columns 8 bytes of e2m1 and the
-        group's e4m3 scale byte (or 32 bytes of rope), converted by stages/common/e2m1_bits.py's
-        bit moves × 2^126 × the scale (exact).
+        range; its bytes are never read).  `simple` and `nvfp4` (oracles/kvcache.py) are no
+        uniform row array: no gather, their slots carry the sidecar only and the dequantisers
+        load the rows from global memory (nvfp4: e2m1_bits.py's bit moves × the group's scale).
     The dequantisation warps (warps 6 … 9, 128 threads).  Per chunk: wait for the raw slot,
         read the 4 indices of their keys from the sidecar (thread p: keys p // 8 + 16 r, r =
         0 … 3; columns 16 (p mod 8) … + 15) and issue the scale loads of the valid ones (global
@@ -75,12 +69,9 @@ epilogue, split-KV + SplitCombine).  What is new in this rung, through the house
         house's bf16 ring (smem_reserved): 4 or 3 chunk slots instead of 5 (simple keeps 5).
     Sink: the house's row_scale hook with one split; SplitCombine applies it after the merge.
 
-FlashMLA's sm100 sparse FP8 decode (github deepseek-ai/FlashMLA csrc/sm100/decode/sparse_fp8,
-read, not copied) is the production shape of the same plan: a 2-CTA cluster of 64-head CTAs,
-raw rows by TMA gather4, each CTA's producer dequantising HALF the columns into its own and the
-peer's shared memory (st.async).  Not here yet: the cluster sharing (each o_split CTA of a pair
-gathers and dequantises all 512 columns of every tile, using half as V), skipping a group of 4
-invalid rows, and the scales by TMA (they are 1 … 4 bytes a key, loaded by the dequantisers).
+FlashMLA's sm100 sparse FP8 decode (csrc/sm100/decode/sparse_fp8, read, not copied) is the
+production shape: a 2-CTA cluster dequantising half the columns each into both CTAs (st.async);
+not here yet, with skipping a group of 4 invalid rows and the scales by TMA.
 
 Warp roles (320 threads)
     warps 0-3   softmax: house (S from TMEM, key mask, P → SMEM, O rescale, epilogue)
@@ -223,10 +214,8 @@ class Kernel(DecodeSm100):
     dequantisation warps fill the house's chunk ring, tcgen05 MMAs, one softmax over both
     lists, sink, split-KV (see the module doc).  Options beyond the stage's axes: o_split,
     s_stages, sm_count (DecodeSm100); an impossible TMEM plan raises ValueError("TMEM
-    budget: …") here and again at trace time.  Each list at most MAX_TOPK (32768) entries (each
-    tile's idx is read from global: no shared-memory bound); "auto" splits take at most the
-    scratch's partial slots — oracles/sparse_decode.py gives at most AUTO_SPLITS (32) where sm90's
-    parts need fewer (one a tile was 256 at topk 16384)."""
+    budget: …") here and again at trace time.  Each list at most MAX_TOPK (32768) entries;
+    "auto" splits take at most the scratch's partial slots (AUTO_SPLITS)."""
 
     NAME = "stage E sm100"
     DEQUANT_WARPS = (6, 7, 8, 9)
@@ -429,7 +418,7 @@ class Kernel(DecodeSm100):
     def gather_bytes(self, tAsA) -> tuple[int, int]:
         """(bytes a 128-byte chunk deposits, bytes model1's wide rope chunk deposits) on the raw
         slot's mbarrier — from the copy atom's shared-memory partition (one gather4_tile's
-        tile), not hand constants (issue 34 item 4): a chunk is 2 tiles (3 for the wide one).
+        tile), not hand constants: a chunk is 2 tiles (3 for the wide one).
         Trace time: a tile is KV_TILE rows × BOX bytes, the wide chunk fits its staging slot,
         and a tile's chunks add up to the bytes gathered a row; else ValueError."""
         tile = int(cute.size_in_bytes(cutlass.Uint8, tAsA[None, 0, 0].layout))
@@ -678,8 +667,8 @@ class Kernel(DecodeSm100):
     def gather_chunk(self, atom, parts, slot, cid, wide, bar):
         """Bytes 128·cid … of the slot's 64 rows: box columns 2·cid, 2·cid + 1 — and 2·cid + 2
         on model1's rope chunk (`wide`) — into regions 0, 1 (2) of the staging slot.  (An
-        if / else of whole chunks: a lone `if wide` around the third box made ptxas keep ~40 more
-        registers live and spill at the 168-register ceiling of 320 threads.)"""
+        on model1's rope chunk (`wide`) — into regions 0, 1 (2) of the staging slot.  (An if /
+        else of whole chunks: a lone `if wide` made ptxas spill at 168 registers.)"""
         if cutlass.const_expr(self.fmt == "model1"):
             if wide:
                 for r in cutlass.range_constexpr(3):

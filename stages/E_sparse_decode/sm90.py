@@ -4,105 +4,76 @@ two branches under one softmax, attention sink, persistent parts.
 Math (oracles/sparse_decode.py): per query row (batch, token, head), over the valid keys of the
 main list (idx, topk_length) and the extra/SWA list (idx_extra, extra_length) together,
     O = softmax(Q·Kᵀ · scale) · V · 1/(1 + exp(sink[h] − lse)),   LSE = ln Σ exp(Q·Kᵀ · scale),
-K = V = the dequantised cache rows, scale = softmax_scale[0] (a runtime fp32 input, DSV4's
-1/sqrt(512) by default: one compiled kernel serves any; the MMA warpgroups fold log2 e into it
-once, `softmax_scale_log2`); a row with no valid key: O = 0, LSE = +∞.
+K = V = the dequantised cache rows, scale = softmax_scale[0] (a runtime fp32 input; the MMA
+warpgroups fold log2 e into it once, `softmax_scale_log2`); a row with no valid key: O = 0,
+LSE = +∞.
 
-The house it shares with D2–D5 (stages/common): heads fold into M, 64 heads of one token per
-CTA; K and Vᵀ views of one shared-memory slot (sm90_kv_slots.kv_layouts, here with no-swizzle
-atoms); P handed to warpgroup 1 through shared memory (sm90_smem_p.SmemP, its barriers met
-unaligned: unaligned_barriers); setmaxnreg plans (sm90_registers); the sink and LSE combine
-(combine, part_combine); barrier ids from barriers.NamedBarrier; the cache sizes of fp8_cache.
-Its kernel class is its own (the persistent parts and the producer warpgroup differ from
-DecodeSm90's one-CTA-per-split TMA loads).
+Shared with D2–D5 (stages/common): heads fold into M, 64 heads of one token per CTA; K and Vᵀ
+views of one shared-memory slot (sm90_kv_slots.kv_layouts, no-swizzle atoms); P to warpgroup 1
+through shared memory (sm90_smem_p.SmemP, unaligned_barriers); setmaxnreg plans
+(sm90_registers); the sink and LSE combine (combine, part_combine); barrier ids from
+barriers.NamedBarrier.  docs/STAGE_E.md: formats, ablations, timelines, what was tried.
 
-What is new in this rung
-    Persistent parts (stages/common/part_scheduler.py).  A CTA (a cluster pair at h_q 128) owns
-        L consecutive tiles of the flattened (sequence, tile) work and runs them segment after
-        segment — a segment is one sequence's tiles in the part — without ending: the KV ring
-        goes on, warpgroup 0 loads the next segment's Q during the last tile's P·V.  A whole
-        sequence writes O and LSE.  A sequence one part boundary cuts in two is merged here
-        (stages/common/part_merge.py): piece 1, the first segment of the next part, leaves a
-        partial and raises a flag; piece 0, the last segment of its part and long after, stages
-        that partial in the idle KV slots and writes the merged O and LSE — no combine launch
-        (b 74 and 148 at h_q 128: ~10 µs).  Sequences of more pieces leave partials that
-        stages/common/part_combine.py merges.  L fills the SMs in one wave.
+New in this rung
+    Persistent parts (part_scheduler.py).  A CTA (a cluster pair at h_q 128) owns L consecutive
+        tiles of the flattened (sequence, tile) work and runs them segment after segment (a
+        segment: one sequence's tiles in the part); the KV ring goes on, warpgroup 0 loads the
+        next segment's Q during the last tile's P·V.  A whole sequence writes O and LSE.  A
+        sequence cut in two by a part boundary is merged here (part_merge.py): piece 1 (the
+        next part's first segment) leaves a partial and raises a flag; piece 0 (its part's last
+        segment) stages that partial in the idle KV slots and writes the merged O and LSE.
+        Sequences of more pieces go to part_combine.py.  L fills the SMs in one wave.
     The key list.  A CTA walks 64-key tiles of ONE list: the main list padded to whole tiles,
         then the extra list (`tile < main_tiles` picks the branch).  Key k of a tile is list
-        position p = 64 · tile' + k; it is valid iff p < topk, p < length[b] and idx[b, t, p] ≠ −1.
-        An invalid key is never loaded (garbage past the length may be INT_MAX): its shared-memory
-        row is written as zeros and its score is set to −∞ (a per-slot mask in shared memory).
-        A segment's idx entries are staged in shared memory at its start (stage_entries),
-        and `key_index` judges an entry when its tile comes.  A segment longer than 32 tiles
-        (topk up to 32768) streams them instead through two windows of 16 tiles, window w + 1
-        copied in (cp.async) while window w is judged (stages/common/idx_windows.py:
-        stage_windows, next_window, issue_window); segments of at most 32 tiles — the
-        production configs — compile to the whole-segment staging as before.
-    Gather into registers (Hopper's TMA cannot gather rows).  A key belongs to 4 producer threads
-        of one warp (lane mod 8 the key of the warp's 8, q = lane // 8 the piece): thread q loads
-        the 16 bytes 64·p + 16·q of each data piece p (model1: 7 pieces of e4m3 and 2 of the bf16
-        rope, bytes 448 + 16·q + 64·h; v4.1, simple: 8) and the key's scale words, by predicated
-        read-only loads (stages/common/sm90_gather.py: an invalid key's loads are not made and
-        yield zeros — no branch per key).  The loads of the next unit (a round of keys: a tile
-        in a pair, half a tile alone) are in flight while this one is dequantised: two register
-        buffers, the next unit's loads issued before the dequantisation alone, after it in a pair
-        (one buffer's registers: the two did not fit the producer's 152 without spilling).
-    Dequantise on the CUDA cores, into one of two 64-key bf16 slots while the MMA warpgroups work
-        on the other: e4m3 → bf16 by bit moves and exact bf16x2 multiplies by the piece's power-
-        of-two scale (stages/common/e4m3_bits.py; one multiply, the same bits, when a warp's vote
-        finds every scale ≤ 2^7), two 16-byte stores a piece into the K tile at addresses
-        precomputed per thread (piece_addresses; the tile is in no-swizzle 8 × 8 atoms, so the
-        8 keys of one store instruction fill 128 contiguous bytes, here and in the peer).
-        Scales: model1 — e8m0 byte p of the token's 7 (the rope is copied as it is); v4.1 —
-        e8m0 byte 2·p + q // 2 of 16.  simple —
-        the e4m3 values go to bf16 unscaled (exact) and the token's fp32 scale to `s_kscale`: the
-        MMA warpgroups apply it to S's column (S = Q·K_e4m3ᵀ · scale) and to P's (P·V = (P ·
-        scale)·V_e4m3) in fp32, after ℓ has summed P, so simple's LSE carries no bf16 rounding of
-        the scaled value.  The writes are made visible to the tensor cores (fence.proxy.async)
-        before the slot's barrier is arrived on (a PipelineAsync: every producer thread arrives,
-        one lane of each MMA warp releases).
-    Two CTAs share every tile (h_q a multiple of 128).  The two head blocks of one token walk the
-        same keys, so they run as a (2, 1, 1) cluster and each dequantises half of every tile (32
-        keys) and st.asyncs each piece into the peer's slot as well (stages/common/
-        cluster_pair.py: the peer's bytes complete a transaction count on the slot's remote_full
-        barrier; a slot is refilled once both CTAs' MMA warps released it).  Each CTA writes the
-        mask entries of both halves (the threads of piece 1 judge the peer's keys).
-    Sink.  A whole sequence: folded into the epilogue's 1/ℓ.  A cut one: the merge (piece 0,
-        or PartCombine) applies it once, to the merged row.
+        position p = 64 · tile' + k; valid iff p < topk, p < length[b] and idx[b, t, p] ≠ −1.
+        An invalid key is never loaded (its idx may be INT_MAX): its row is written as zeros
+        and its score set to −∞ (a per-slot mask in shared memory).  A segment's idx entries
+        are staged in shared memory at its start (stage_entries); a segment longer than 32
+        tiles (topk up to 32768) streams them through two windows of 16 tiles, window w + 1
+        copied in by cp.async while w is judged (idx_windows.py).
+    Gather into registers (Hopper's TMA cannot gather rows).  A key belongs to 4 producer
+        threads of one warp (lane mod 8 the key, q = lane // 8 the piece): thread q loads
+        bytes 64·p + 16·q of each 16-byte data piece p and the scale words, by predicated
+        read-only loads (sm90_gather.py: an invalid key's loads yield zeros, no branch).  The
+        next unit's loads (a tile in a pair, half a tile alone) are in flight while this one is
+        dequantised (two register buffers alone, one in a pair: 152 registers).
+    Dequantise on the CUDA cores into one of two 64-key bf16 slots while the MMA warpgroups use
+        the other: e4m3 → bf16 by bit moves and an exact multiply by the piece's power-of-two
+        scale (e4m3_bits.py; one multiply when a warp's vote finds every scale ≤ 2^7), two
+        16-byte stores a piece at addresses precomputed per thread (piece_addresses; no-swizzle
+        8 × 8 atoms, so one store instruction's 8 keys fill 128 contiguous bytes).  Scales:
+        model1 — e8m0 byte p of 7 (the rope copied as it is); v4.1 — e8m0 byte 2·p + q // 2 of
+        16; simple — unscaled e4m3, the token's fp32 scale to `s_kscale`, applied by the MMA
+        warpgroups to S's column and P's (after ℓ has summed P); nvfp4 — dequant_nvfp4.  The
+        writes are fenced (fence.proxy.async) before the slot's PipelineAsync arrive (every
+        producer thread arrives, one lane of each MMA warp releases).
+    Two CTAs share every tile (h_q a multiple of 128): the two head blocks of one token run as
+        a (2, 1, 1) cluster; each dequantises half of every tile and st.asyncs each piece into
+        the peer's slot too (cluster_pair.py: the peer's bytes complete a transaction count on
+        the slot's remote_full barrier; a slot is refilled once both CTAs released it).  Each
+        CTA writes the mask entries of both halves.
+    Sink.  A whole sequence: folded into the epilogue's 1/ℓ; a cut one: applied once by the
+        merge (piece 0 or PartCombine).
 
 Warp roles (384 threads; the WarpPlan's registers, checked by `register_plan`)
-    warpgroup 2   producer: every producer thread gathers and dequantises its keys of each
-                  KV tile                                               (setmaxnreg.dec 152)
+    warpgroup 2   producer: gathers and dequantises its keys of each KV tile   (setmaxnreg.dec 152)
     warpgroup 0   S = Q·K_tileᵀ (m64n64), mask, online softmax with the conditional rescale
-                  (stages/common/lazy_softmax.py: a row keeps its max until it has grown by
-                  2^8, so most tiles' α is 1 and both warpgroups skip the O rescale, a
-                  warp-uniform branch), P → shared memory, α per row; then its half of
-                  O += P·V with P from its own
-                  registers (S's accumulator converted: an RS wgmma, check_accumulator_is_a_operand);
-                  its warp 0 loads each segment's Q (TMA)               (setmaxnreg.inc 192)
-    warpgroup 1   its half of O += P·V, P from shared memory (O's 512 columns split over the two
-                  MMA warpgroups, m64n256 wgmmas)                       (setmaxnreg.dec 160)
-    Each MMA warpgroup traces its own copy of `attend`, so ptxas allocates each its own count;
-    a tile is `tile_s_p` (warpgroup 0) and `tile_pv` (both), a segment's end `finish_segment`.
-    The epilogue: a whole sequence's O leaves by 16-byte stores, each thread's bf16 words
-    transposed across its quad (stages/common/quad_store.py); 4-byte stores straight from the
-    accumulator took ~14k cycles a segment, about 13 % of the time at b 64.
+                  (lazy_softmax.py: a row keeps its max until it has grown by 2^8, so most
+                  tiles' α is 1 and the O rescale is skipped), P → shared memory, α per row;
+                  its half of O += P·V with P from registers (an RS wgmma,
+                  check_accumulator_is_a_operand); its warp 0 loads each segment's Q (TMA)
+                                                                                (setmaxnreg.inc 192)
+    warpgroup 1   its half of O += P·V, P from shared memory (O's 512 columns split over the
+                  two MMA warpgroups, m64n256 wgmmas)                           (setmaxnreg.dec 160)
+    Each MMA warpgroup traces its own copy of `attend` (ptxas allocates each its own count).
+    The epilogue stores O by 16-byte stores, each thread's bf16 words transposed across its
+    quad (quad_store.py).
 
-Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of oracles/kvcache.py;
-topk and extra_topk at most 32768 each (MAX_TOPK; the idx entries in shared memory are a segment's
-or two windows', 8 KiB at most); the in-kernel merge assumes the
-grid is resident at once when it has at most `sm_count` CTAs (one a SM: the shared memory holds one) —
-the SM count of the GPU the case runs on (stages/common/device.py: 132 on an H100 SXM or H200, 114
-on an H100 PCIe, 78 on an H20); a larger grid is not merged in the kernel (PartCombine merges it).
-What bounds it (docs/STAGE_E.md: ablations and a cycle timeline at b 64): at h_q = 128 the MMA
-chain of a tile — S (m64n64, both operands from shared memory: shared-memory bound, ~1.3k
-cycles), softmax (~0.9k; the O rescale, ~0.6k, now skipped on most tiles), P, P·V (~1.1k) in
-turn, warpgroup 1 waiting for warpgroup 0's softmax — the producer's loads and the peer's
-st.async beside it; at h_q = 64 the producer's loads.  What was tried and lost: docs/STAGE_E.md.
-At small batches (b ≤ 16: a few tiles a CTA, most SMs idle) one CTA's dependent chain: idx → keys
-→ the first tile, ~3.4 µs, and a partial's epilogue, 4–5 µs (docs/STAGE_E.md "The timeline at
-b = 2"); the options of __init__ aimed at it are off by default, the lab builds this kernel as it was.
-"""
+Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of
+oracles/kvcache.py; topk and extra_topk ≤ 32768 each (MAX_TOPK: 8 KiB of idx entries in shared
+memory at most); the in-kernel merge assumes the grid is resident at once when it has at most
+`sm_count` CTAs (device.py; one CTA an SM); a larger grid is merged by PartCombine.  What bounds
+it and the small-batch options of __init__ (off by default): docs/STAGE_E.md."""
 
 from dataclasses import dataclass
 from typing import NamedTuple
