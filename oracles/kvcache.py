@@ -44,31 +44,13 @@ e8m0 (float8_e8m0fnu) is a bare exponent: byte e means 2^(e − 127), 0xFF is Na
 two from 2^−127 to 2^127 is exact; the quantisers produce ≥ 2^−14 (the 1e-4 floor); a cache
 writer may store any exponent, and the dequantisers honour it (2^−20 … 2^15 are tested).
 
-What was checked against FlashMLA (github deepseek-ai/FlashMLA, commit 9241ae3, read, not
-copied): tests/quant.py `quantize_k_cache` / `dequantize_k_cache` for MODEL1_FP8Sparse — the
-(d, d_nope, d_rope, tile, tiles) = (512, 448, 64, 64, 7) meta, bytes per token 448 + 128 + 7 + 1,
-block padding to a multiple of 576, the nope+rope plane before the 8-byte scale plane, the scale
-rule `2^ceil(log2(clamp_min(amax / 448, 1e-4)))` and `q = e4m3(x_fp32 / scale)`, the dequant
-`bf16(q) · bf16(scale)` and the (num_blocks, block_size, 1, −1) view; and the sgl-flash-mla
-1.0.0 wheel's flash_mla_interface.py docstring for V4.1 (512 e4m3 then 16 e8m0 per token, one
-scale per 32 values, format detected from 528 bytes per token).  V4.1's quantiser itself is not
-in either source: its scale rule here is model1's applied to 32-value groups (an assumption;
-the dequantiser is what a kernel is checked against, and it follows the documented bytes).
-
-What was checked against FlashInfer (github flashinfer-ai/flashinfer, read, not copied): the
-merged pull request #4955 "feat(sm120): add NVFP4 sparse MLA support for DeepSeek V4 Flash" —
-flashinfer/mla/_sparse_mla_nvfp4_sm120.py (index commit 0ec9104571eb: `_PACKED_NOPE_BYTES = 224`,
-`_ROPE_BYTES = 128`, `_DATA_BYTES_PER_TOKEN = 352`, `_SCALE_BYTES_PER_TOKEN = 32`, 384 a token;
-the pack docstring "within each physical page it stores page_size * 352 data bytes followed by
-page_size * 32 scale bytes") and tests/attention/test_sparse_mla_nvfp4_sm120.py (index commit
-2069fce4b6be: `_split_cache`, the LUT dequantiser `codes = (packed & 0xF, packed >> 4)` — low
-nibble first —, scales[..., :28] e4m3 and scales[..., 28:] zero, the known encoding
-[0, −0, 0.5, −0.5, …] → bytes 0x80, 0x91, … and scale 0x38 for 1.0); the quantiser
-csrc/fp4_kv_quantization.cu `nvfp4_kv_quant` at fb28d7242b35 (sf = e4m3(amax · rcp(6) /
-global_scale), codes cvt.rn.satfinite.e2m1x2(x · rcp(sf · global_scale)), global_scale 1.0 in
-the cache writer).  Differences here, by design: x / scale exactly instead of x · rcp.approx
-(a code may differ at an exact tie), and a group whose scale rounds to 0 while amax > 0 gets
-codes ±0 (FlashInfer's rcp(0) = inf saturates them to ±6; both dequantise to 0).
+Checked against FlashMLA (deepseek-ai/FlashMLA@9241ae3 tests/quant.py, MODEL1_FP8Sparse: the
+meta, the planes, the scale rule and the dequant `bf16(q) · bf16(scale)`) and the sgl-flash-mla
+1.0.0 wheel's docstring for V4.1 (its quantiser is not published: model1's rule on 32-value
+groups is an assumption here; the dequantiser follows the documented bytes).  nvfp4: FlashInfer
+PR #4955 (sources in docs/STAGE_E.md); by design x / scale exactly instead of x · rcp.approx (a
+code may differ at an exact tie), and a group whose scale rounds to 0 while amax > 0 gets codes
+±0 (FlashInfer's saturate to ±6; both dequantise to 0).
 
 Everything here is torch on any device, float64 where it computes, no kernel code.
 """

@@ -64,11 +64,10 @@ Matrix axes
                part_scheduler.py: 1 a whole sequence a segment, n about n parts a sequence,
                auto its chooser); sm100's split-KV (stages/common/scheduler.py's rule)
 
-The scratch capacity `cap`: the larger of the two kernels' needs — sm100: 1 for splits = 1,
-for auto 1 when the row blocks fill the GPU, else one split per 64-key tile up to AUTO_SPLITS
-(32: at topk 16384 one a tile would be 256 slots, ~268 MB of O_part at b 2 s2 h128; sm100's
-kernel caps "auto" to the scratch it is given, so 32 splits of 8–17 tiles then), an int k: k;
-sm90: the most partials its parts cut a sequence into (PartGrid.capacity).
+The scratch capacity `cap`: the larger of the two kernels' needs — sm100: 1 for splits = 1, for
+auto 1 when the row blocks fill the GPU, else one split per 64-key tile up to AUTO_SPLITS (32;
+docs/STAGE_E.md), an int k: k; sm90: the most partials its parts cut a sequence into
+(PartGrid.capacity).
 
 The reference is float64 dequantise-and-attend (`reference`): each branch's indexed tokens are
 read from the cache bytes by oracles/kvcache.read_tokens (float64), invalid keys masked, one

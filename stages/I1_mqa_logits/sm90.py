@@ -26,10 +26,8 @@ Persistent CTAs (issue 31)
     One CTA an SM.  The CTA first tabulates every token block's tile range and the prefix sums
     of their tile counts in shared memory (`block_tile_table`), then takes an equal share of the
     (token block, key tile) pairs (`table_share`): logits are per key, so a block's tiles may be
-    split between CTAs with no combine, and no SM waits on a long block at the tail (s 2048,
-    s_kv 4096, cp: blocks of 8 to 33 tiles on 132 SMs; the grid of blocks it replaced, heaviest
-    first, is in git history).  Q has two slots: the next block's loads under the current
-    block's tiles.
+    split between CTAs with no combine, and no SM waits on a long block at the tail.  Q has two
+    slots: the next block's loads under the current block's tiles.
 Warp roles (640 threads)
     warpgroup 4, warp 16    load: for each block of the share its Q, then its K tiles into a
                             STAGES-slot TMA pipeline running on across blocks (setmaxnreg 24)
@@ -43,11 +41,8 @@ Warp roles (640 threads)
                             serialises the four MMAs, so three warpgroups' epilogues run under
                             the fourth's MMA without any explicit schedule.
 
-Why this shape.  The first version (in git history) had both warpgroups on halves of one
-128-key tile with 2 tokens per CTA; the second 4 tokens and alternate tiles; the third two
-warpgroups of 4 tokens (m64n256k32) on every tile.  Here each K tile read from L2 still serves
-8 tokens, and four warpgroups of m64n128k32 give each epilogue (and its latencies) three MMAs'
-time instead of one (issue 31: the third kept the tensor core busy ~59 % of the time).
+Why this shape: each K tile read from L2 serves 8 tokens, and four warpgroups of m64n128k32 give
+each epilogue three MMAs' time instead of one.
 
 The MMA, the loads, the head sum and the epilogue's store are stages/common/indexer.py's; new
 here are the 8-token block with every warpgroup on every K tile, the per-token key ranges and

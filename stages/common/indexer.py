@@ -10,58 +10,9 @@ heads, K = d = 128).  Per key j and token t the logit is
 (relu(x · s) = s · relu(x) for a positive scale, so the scale is applied once, after the sum).
 A token's key range is [lo[t], hi[t]): I1's [ks, ke), I2's causal [0, context − next_n + t + 1).
 
-Both archs
-    HEADS, DIM           64 heads of 128 e4m3 values: DSV4's shape, the kernels' default
-    HEAD_COUNTS, HEAD_DIMS   the heads (32, 64) and head dims (32, 64, 128) a kernel takes
-                         (DeepGEMM's set on sm90); `check_heads` refuses the others
-    check_flat_shape, check_paged_shape   the kernels' refusals (I1, I2)
-    LOGITS_DTYPES, check_logits   the logits' dtypes (fp32, the default, or bf16) and the
-                         trace-time check that the output tensor has the kernel's
-    to_output            a fp32 logit as the output's element type (bf16: cvt.rn; fp32: as is)
-    LogitsOperands       the MMA, TMA loads and layouts a kernel gets as one argument
-    launch               grid × threads with the shared storage's bytes
-    start_cta            thread and warp index, descriptor prefetch, shared storage
-    q_rows               Q as the (tokens · heads, DIM) matrix
-    key_tile_range       I1: the key tiles covering the union of a token block's ranges
-    block_tile_table, table_share, table_tiles   I1 persistent: every token block's tile range
-                         and their prefix sums in shared memory, a CTA's equal share of the
-                         (block, tile) pairs, a block's tiles from the table
-    block_tiles, share_segments   the same in plain Python (the simulator and the tests)
-    paged_views          I2: the fused cache's bytes as values (64, 128, blocks) e4m3 and
-                         scales (64, blocks) fp32
-    paged_tiles          I2 (sm100): a sequence's context and a CTA's chunk of key tiles below it
-    seq_blocks           I2: a sequence's cache blocks below its context
-    block_share          I2 persistent: a CTA's equal share of the (sequence, block) pairs,
-                         found by one warp (prefix sums over the context lengths)
-    token_ranges, causal_limits, token_limits   lo / hi per token in registers (token_limits: I2's
-                         2-D context lengths [b, next_n], token t sees keys < ctx[b, t])
-    masked_logit         the value a (key, token) gets: the logit inside the range, else −inf
-    fill_rows            −inf over a column range of consecutive output rows (fill warps)
-    fill_compressed      the same for I1's compressed rows (column c of row r ↔ key ks[r] + c):
-                         −inf over each row's columns outside the computed keys
-
-Hopper (wgmma, accumulator in registers; a row is one key, its columns spread over a quad)
-    sm90_logits_mma      the tiled FP8 wgmma K_tile · Q_blockᵀ, proved token-aligned
-                         (`check_token_columns`), and its operand layouts in shared memory
-    load_key_tile        one key tile (a global tile index or a cache block) into a slot
-    sm90_fragments       a warpgroup's MMA fragments and its accumulator's (key, column) coords
-    head_weights         w in registers, indexed like the thread's accumulator columns
-    head_partial         Σ w · relu(S) over a thread's share (its columns) of one token's heads
-    quad_reduce_scatter  four shares' sums over a quad, lane q ending with the q-th (3 shuffles)
-    quad_pick            a per-lane choice among static candidates by selects
-    row_scale_regs, load_row_scales   the key scales of a thread's accumulator rows in
-                         registers, loaded before the tile's MMA (latency under the MMA)
-    sm90_store_logits    the fused epilogue of one tile: head sums × k_scale, range select,
-                         each lane of a quad storing one (key, token) of every four
-
-Blackwell (tcgen05, accumulator in TMEM; TMEM lane t = key t, thread t owns its whole row)
-    Sm100LogitsCta       the 256-thread CTA both kernels run (warp roles, MMA, TMEM budget,
-                         shared storage, pipelines, TMEM allocation, Q's TMA partition)
-    mma_key_tiles        the MMA warp: per key tile, four MMAs into an empty TMEM buffer
-    weights_to_smem      the CTA's tokens' weights into shared memory (read as broadcasts)
-    tmem_row_reader      the tcgen05.ld of a thread's row, 32 columns at a time, proved
-                         row-per-thread (`check_row_per_thread`)
-    tmem_head_sums       Σ_h w · relu(S) per token from one TMEM buffer, thread-local
+Pieces, in file order: both archs (shapes and refusals, the persistent schedules, the paged
+views, the −inf fills); Hopper (wgmma, the accumulator in registers: a row is one key, its
+columns spread over a quad); Blackwell (tcgen05, TMEM lane t = key t, thread t owns its row).
 """
 
 from typing import Any, Callable, NamedTuple, Sequence

@@ -22,13 +22,9 @@ TMEM-P: P between two tcgen05 MMAs without leaving the chip
       only then recast to bf16, so the bf16 element offset is 2 × columns.
     * O: the PV accumulator, columns [s_cols, s_cols + o_cols).
 
-    `check_same_fragment_coords` proves at trace time that the per-thread
-    register fragment of a tcgen05.ld of S and the per-thread register
-    fragment of a tcgen05.st into P's A-operand view hold the same (row,
-    column) at the same register index, so P = bf16(S) is an element-wise
-    conversion of the same registers.  If that ever failed, compilation
-    stops instead of the kernel computing with a permuted P.  (The same
-    check serves any TMEM load/store pair, e.g. the O rescale.)
+    `check_same_fragment_coords` proves at trace time that the tcgen05.ld fragment of S and the
+    tcgen05.st fragment of P's A-operand view hold the same (row, column) at the same register
+    index, so P = bf16(S) is an element-wise conversion (also used for the O rescale's pair).
 
 SMEM-P: P through shared memory (stages D1, D2 at hd > 64)
     `check_smem_p` proves that (1) the (M, K) view `mk_view` of the PV
@@ -36,37 +32,12 @@ SMEM-P: P through shared memory (stages D1, D2 at hd > 64)
     i of a thread's tcgen05.ld fragment of S and register i of its
     shared-memory copy fragment hold the (row, key) that copy stores to.
 
-    Every agreement check reads the coordinates of identity-tensor
-    partitions with `fragment_coords`: evaluated in plain Python
-    (sm100_coords.identity_coords), spot-checked against CuTe's own indexing
-    at a few registers, never element by element through the tracer (one
-    traced operation per element made them most of a trace's time).
+    The checks read identity-tensor coordinates in plain Python (`fragment_coords`,
+    sm100_coords.identity_coords), spot-checked against CuTe's indexing at a few registers.
 
-Cross-thread ordering of tcgen05 operations
-    `tcgen05_fence_before_sync` / `tcgen05_fence_after_sync` emit
-    tcgen05.fence::before_thread_sync / ::after_thread_sync, the PTX fences
-    that order asynchronous tcgen05 operations (ld/st/mma) around an
-    execution-ordering synchronisation (mbarrier arrive/wait, bar.sync).
-
-Pipelines between the load warp, the MMA warp and the softmax threads
-    `tma_umma_pipeline` (TMA → tcgen05.mma), `umma_to_threads_pipeline`
-    (tcgen05.commit → N threads) and `threads_to_umma_pipeline` (N threads →
-    tcgen05.mma, released by tcgen05.commit) build the cutlass.pipeline
-    objects with arrive counts in threads (an elected thread counts 1) and
-    return their (producer, consumer) participants.  Each call initialises
-    its barriers and synchronises the CTA itself (no deferred sync).
-
-TMEM allocation
-    `tmem_allocate` / `tmem_free` are the two ends of a TmemAllocator's life
-    in a kernel whose every thread needs the TMEM address.
-
-Online softmax with one thread per row
-    `online_softmax_update` is stage C's per-tile update of a row's running
-    max and sum when a thread owns the whole row (TMEM lane t = row t), so
-    every row reduction is thread-local.
-
-The set-up of the six-warp two-MMA kernels (views, operands, shared-storage
-struct, pipelines, TMEM allocator, roles) is stages/common/sm100_setup.py.
+Also: the tcgen05 thread-sync fences, the cutlass.pipeline builders (arrive counts in threads,
+each call initialises its barriers and syncs the CTA), TMEM allocate / free, and stage C's
+one-thread-per-row `online_softmax_update`.  The six-warp set-up: sm100_setup.py.
 """
 
 import cutlass

@@ -29,7 +29,7 @@ Grid and split-KV.  stages/common/scheduler.py: grid (h_q/64 · s_q, splits, b),
 K = V, read once.  One TMA load per KV tile into one shared-memory slot.  Q·Kᵀ reads it as
     the K-major B operand (keys × d); P·V reads THE SAME BYTES as Vᵀ (d × keys), the
     MN-major B operand.  Both layouts use the swizzle atom of one warpgroup's O slice
-    (d/2 columns) and tile keys first; `kv_layouts` (stages/common/sm90_kv_slots.py) builds both and proves at trace time
+    (d/2 columns) and tile keys first; `kv_layouts` (sm90_kv_slots.py) builds both and proves at trace time
     that they address the same element at every swizzle row and mode boundary.
 NaN beyond the attended keys.  The TMA tensor of a branch has extent n (not n_alloc) along
     the keys: a row ≥ n is never loaded.  Rows ≥ the fill level inside the boundary tile ARE
@@ -50,30 +50,24 @@ Warp roles (384 threads)
     A KV slot is released when both warpgroups' P·V on it has completed (8 consumer warps).
 
 What a rung opts into (class flags; D2 sets all four, D3–D5 none — their PTX is what it was)
-    WIDE_STORE    the epilogue's O / partial leaves by 16-byte stores, each thread's words
-                  transposed across its quad (stages/common/quad_store.py): stage E measured the
-                  accumulator's 4-byte stores at ~14k cycles a 64 × 512 block
+    WIDE_STORE    O / the partial leave by 16-byte stores, each thread's words transposed
+                  across its quad (stages/common/quad_store.py)
     LAZY_RESCALE  the online softmax keeps a row's max until it grew by 2^8
                   (stages/common/lazy_softmax.py): most tiles' α is 1 and each warp skips the
                   O rescale (a vote on its rows' α; both warpgroups read α from the row buffer)
-    PERSISTENT    grid = min(items, SMs) CTAs, CTA c walking items c, c + grid, … (an item is a
-                  CTA of the plain grid: `DecodeGrid.item`).  Each role recomputes an item's plan;
-                  the KV ring's and the Q slot's pipeline states are placed by the tiles and Q
-                  loads of the CTA's earlier items (`ring_state`).  Warpgroup 0 frees Q (the q
-                  pipeline's empty barrier, 4 warps) once the item's last S is done, so the load
-                  warp fetches the next item's Q and first tiles during this item's last P·V and
-                  epilogue; the MMA warpgroups meet once more at EPILOGUE after reading 1/ℓ, before
-                  the next item's first α overwrites the row buffer
+    PERSISTENT    grid = min(items, SMs) CTAs, CTA c walking items c, c + grid, … (an item: a
+                  CTA of the plain grid, `DecodeGrid.item`); the KV ring's and Q slot's pipeline
+                  states are placed by the CTA's earlier items (`ring_state`); warpgroup 0 frees
+                  Q once the item's last S is done, so the next item's Q and first tiles load
+                  during this item's last P·V and epilogue; the MMA warpgroups meet at EPILOGUE
+                  after reading 1/ℓ, before the next item's first α overwrites the row buffer
     REGISTER_P    warpgroup 0's P·V is an RS wgmma on P = bf16(S) in its registers
                   (`register_p_tile`, `pv_rs_mma`; proven at trace time to be S's accumulator and
                   S's rows to be O's), issued before P is stored for warpgroup 1, so the stmatrix,
                   the async-proxy fence and the P_FULL arrive run beside it; warpgroup 0 scales its
                   O by α in registers and arrives at P_FULL without waiting (SmemP's barriers met
                   unaligned, stages/common/unaligned_barriers.py)
-    Tried and lost (H200, D2 b64s2h128n1152d512): warpgroup 0 issuing S_{i+1} before its P·V_i and
-    running that softmax beside P·V_i — 87.9 µs against 75.4: with two KV slots, slot i+1 is
-    refilled only when P·V_{i−1} is done, so S_{i+1} waits for a whole tile's load instead of the
-    softmax (docs/MASKED_DECODE.md).
+    Tried and lost: issuing S_{i+1} before P·V_i (docs/MASKED_DECODE.md).
 
 Tiles and shared memory
       d     block_n   slots   Q + 2 KV slots + P                         ≈ dynamic smem
