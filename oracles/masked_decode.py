@@ -1,19 +1,11 @@
 """Stages D3, D4, D5: DSV4 decode attention over MASKED keys — the SWA fill level (D3), causal
 SWA (D4), and two key branches under one softmax with an attention sink (D5).
 
-Conventions (pinned by issue 13; docs/MASKED_DECODE.md says the same):
-    Fill level (D3).  swa_lens [b] int32: SWA key j of batch b is valid iff j < swa_lens[b].
-        Keys at or past the fill level may hold anything — the inputs pour NaN into them.
-    Causal SWA (D4).  The s_q query tokens are the newest of the window: token t (0 … s_q−1)
-        sits at key position swa_lens[b] − s_q + t and sees key j iff j ≤ swa_lens[b] − s_q + t
-        (and j < swa_lens[b]).  When swa_lens[b] < s_q the first tokens see no key at all.
-    Lonely row (no valid key).  O = 0 exactly, LSE = +inf; never NaN.
-    Two branches (D5).  KV_main [b, n_main, d] with main_lens [b] (j < main_lens[b], no causal
-        mask) and KV_swa [b, n_swa, d] with D3's and D4's rules, attended under ONE softmax; a
-        key present in both branches counts twice.
-    Sink (D5).  sink [h_q] fp32, optional: O · 1 / (1 + exp(sink[h] − lse)); the returned LSE
-        does not include the sink; sink = −inf changes nothing, +inf gives O = 0 (LSE still the
-        keys'); a lonely row stays O = 0, LSE = +inf.
+Conventions (pinned by issue 13): docs/MASKED_DECODE.md "Keys" and "Outputs" — the fill level
+(D3: key j valid iff j < swa_lens[b]; keys past it may hold NaN), causal SWA (D4: token t sees
+j ≤ swa_lens[b] − s_q + t), two branches under ONE softmax (D5: main j < main_lens[b], a key in
+both counts twice), the sink O · 1 / (1 + exp(sink[h] − lse)) (LSE without it), and the lonely
+row O = 0, LSE = +inf, never NaN.
 
 Tensors
     D3, D4   Q [b, s_q, h_q, d] bf16, KV [b, n, d] bf16, swa_lens [b] int32,

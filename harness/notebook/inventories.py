@@ -35,12 +35,10 @@ hold keeps everything else, loses that value (an inventory: the gate then says t
 inventory; an env: the record reads with none) and costs one warning. Records written before a
 store (values inline) read as they always did.
 
-Older notebooks kept the inventory store as plain results/inventories.jsonl: readers read it
-beside the xz store (the union of both), and `compact_results.py` folds it into the xz store and
-removes it (`rewrite_store`). That script also moves the inline values of live records into the
-stores (`compact_file`) and drops the values no line names any more: a stale line moved to
-results/archive/ takes its values along inline (harness/notebook/archive.py), so the stores only serve
-the live records and the archive lines written before that.
+A plain results/inventories.jsonl of older notebooks is read beside the xz store and folded into
+it by `compact_results.py` (`rewrite_store`), which also moves live records' inline values into
+the stores and drops values no line names (a line moved to results/archive/ takes its values
+inline: harness/notebook/archive.py).
 """
 
 from __future__ import annotations

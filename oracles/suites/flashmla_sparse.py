@@ -11,8 +11,7 @@ triples per branch; b 4/74/321; s_q 1/3; b 74 also not varlen), corner cases (al
 invalid / zero-length sequences / sink on or off; two triples), and the performance cases
 (V3.2 and MODEL1 CONFIG1–4 at their batch sizes, topk 16384 peak cases) — every one checked.
 
-The generators (`make_inputs`, per upstream case, seeded by the case's index — upstream seeds
-each case from a counter; `--seed` does not change a suite's inputs):
+The generators (`make_inputs`, seeded by the case's index; `--seed` does not change them):
     q       N(0, 1) in bf16, clamped to [−1, 1]                          [b, s_q, h_q, 512]
     sink    N(0, 1) per head; a second N(0, 1) draw > 0.5 makes it +inf, < −0.5 −inf (sink on;
             off: −inf everywhere, E's "no sink")

@@ -29,12 +29,9 @@ The split: O across two warpgroups by head-dim column, P through shared memory
     publishes 1/ℓ through the same row buffer and writes LSE, and both
     warpgroups normalise and store their O half.
 
-    Why this split rather than recomputing S in hd/128 CTAs: it does Q·Kᵀ once
-    per row block (recomputation would quadruple that GEMM at hd = 512 and
-    needs the full 64 × 512 Q and a 512-wide K tile in every CTA anyway), and
-    it is the structure the DSV4 decode kernel needs (one P shared by the
-    warpgroups that split d_v = 512).  The cost: warpgroup 1 idles while S and
-    the softmax run.
+    Why this split rather than recomputing S in hd/128 CTAs: Q·Kᵀ once per row block, and the
+    structure DSV4's decode needs (one P shared by the warpgroups that split d_v = 512); the
+    cost: warpgroup 1 idles while S and the softmax run.
 
 Tiles and shared memory
     Q tile 64 × hd (loaded once by TMA), K tiles BLOCK_N × hd, Vᵀ tiles
@@ -51,9 +48,8 @@ Tiles and shared memory
     pipelines the load of K_{j+1} overlaps the softmax and P·V of tile j and
     the load of V_{j+1} overlaps S_{j+1} and its softmax.
 
-Limits: m a multiple of 64 (tested 128), hd ∈ {64, 128, 256, 512}, n a
-multiple of BLOCK_N (tested 128, 256, 1024); row-major, 16-byte aligned,
-static shapes.
+Limits: m a multiple of 64, hd ∈ {64, 128, 256, 512}, n a multiple of BLOCK_N; row-major,
+16-byte aligned, static shapes.
 """
 
 import math

@@ -24,8 +24,7 @@ What is new beside I1
         sequence's run of blocks): the load warp loads the segment's Q into the next of two Q
         slots, then its blocks into the K ring, which runs on across segments; the MMA
         warpgroups load the sequence's weights and limits, take their turns of its blocks and
-        free the Q slot.  (DeepGEMM's kernel is built the same way on precomputed metadata.  The
-        chunked grid it replaced, (key chunks of 32 blocks, b), is in git history.)
+        free the Q slot.  (DeepGEMM's kernel is built the same way on precomputed metadata.)
     block_table lookup in the load warp (and for the scales, in the epilogue).  Only a
         sequence's blocks below its context are followed, so a garbage or out-of-range entry
         past them is harmless.

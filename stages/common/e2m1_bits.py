@@ -28,13 +28,9 @@ warp's vote that every scale byte b has (b & 0x7F) < 0x48, takes × F; else × 2
 Every product is exact — e2m1 has 2 significant bits, e4m3 4, bf16 8 — so the result is bit for
 bit bf16(code · scale) (= code · scale), the oracle's value.
 
-Cost per 8 values (one word): 3 (E, O) + 4 × (PRMT + IMAD + LOP3) + 4 or 8 HFMA2 = 19 or 23, about
-2.4 / 2.9 a value; per group of 16 a scale: PRMT + SHF + LOP3 + 1 or 2 HFMA2.  The alternative, a
-16-entry table (two 8-byte tables of the bf16 high and low bytes, PRMT-indexed by 4 codes at a
-time, two PRMTs to interleave, the signs by IMAD + LOP3 — about 2.75 instructions a value before
-the one × scale, 3.25 with it: `table_half`), counts more: the bit moves are the kernel's default,
-the cheaper by instruction count on paper; Kernel(e2m1_table=True) builds the table path so a GPU
-can time both (docs/STAGE_E.md has the command).
+Cost per 8 values: 19 or 23 instructions (about 2.4 / 2.9 a value).  Kernel(e2m1_table=True)
+builds the alternative, a PRMT-indexed 16-entry table (`table_half`), so a GPU can time both
+(docs/STAGE_E.md has the command).
 
 The asm blocks are free of side effects, so ptxas schedules them like any arithmetic.
 """

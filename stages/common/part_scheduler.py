@@ -37,12 +37,8 @@ Part length.  `choose_part_tiles` minimises an estimate in tile units,
     waves = ceil(P · head_blocks / sm_count)
 (a segment's fixed cost — its Q load, idx entries and epilogue — about a tile; a cut sequence
 costs its fp32 partials' round trip and the combine's read; the combine's chain over a row's
-partial slots grows with the pieces: in the small-batch timeline's builds (docs/STAGE_E.md, "The
-timeline at b = 2", H200), b 1 s2 h128 took 17.4 µs at L = 1 (18 pieces a sequence) and b 2 s2 h64
-18.3; at L = 2 (9 pieces) they were timed only in a build that also launched PartCombine by PDL
-after the last P·V (since dropped: alone it cost 0–2 µs elsewhere), 15.7 and 17.7 µs.  The piece
-term moves only the L = 1 choices of b ≤ 2 to L = 2; the lab's build so chosen is the one in "The
-recorded bench" there (16.4 and 16.8 µs at those shapes, another session).  Ties go to the longer part.
+partial slots grows with the pieces: the piece term moves the L = 1 choices of b ≤ 2 to L = 2,
+docs/STAGE_E.md "The timeline at b = 2").  Ties go to the longer part.
 `resolve_part_tiles` maps the test matrix's `splits` axis: an int n cuts every sequence into
 about n parts (L = ceil(T / n): 1 is one sequence a segment, never a partial); "auto" is the
 chooser; "many" is L = 1 (a part per tile: every sequence cut into T partials).

@@ -5,31 +5,10 @@ Every sm100 rung from stage B on runs the same CTA: 192 threads in six warps,
                only touch lanes 32w … 32w + 31); warp 0 allocates and frees TMEM
     warp 4     MMA issuer: S = Q·Kᵀ (SMEM × SMEM → TMEM), O += P·V (A from TMEM or SMEM)
     warp 5     TMA producer: Q once, then per KV tile the chunks of K and the Vᵀ slab
-and the same set-up before the roles split.  This module builds that set-up once,
-so a rung's module reads as what is new in it (its softmax, its epilogue, its plan):
-
-Host side (inside the kernel's @cute.jit __call__)
-    `attention_views`      (rows, cols, L = 1) views of Q, K, O and V seen as Vᵀ
-    `AttentionOperands`    the two tiled MMAs, the shared-memory layouts of Q, K, Vᵀ
-                           and P (the PV MMA's A-operand layout), the three TMA loads;
-                           `.args()` is what the kernel receives, `.plan` the Python
-                           ints (bytes per slot, slots) its pipelines need
-    `attention_smem_struct` the shared-storage struct (six mbarrier blocks, the TMEM
-                           address, Q, K, V and, for SMEM-P, P buffers)
-    `launch`               grid × 192 threads, .minnctapersm 1
-
-Device side (inside @cute.kernel)
-    `AttentionCta`         shared-memory tensors, the six pipelines, the TMEM
-                           allocator, the MMA fragments, the TMA partitions
-    `TmemP`                TMEM-P (hd = 64): S, P inside S, O views and the S-load /
-                           P-store pair, proven to agree at trace time
-    `TmemPAttention`       base of the hd = 64 TMEM-P rungs (B, C): shape checks,
-                           `operands()` (host) and `setup()` (device)
-    `producer_warps`       hands warp 5 to `load_role` (Q, then K chunks and V per KV
-                           tile) and warp 4 to `mma_role` (Q·K_jᵀ chunk by chunk,
-                           then P_j·V_j)
-    `rescale_o`            the correction pass: O ← α·O in TMEM, 32 columns at a time
-
+and the same set-up before the roles split, built here once so a rung's module reads as what
+is new in it: host side `attention_views`, `AttentionOperands`, `attention_smem_struct`,
+`launch`; device side `AttentionCta`, `TmemP`, `TmemPAttention` (base of B and C),
+`producer_warps` (warp 5 → `load_role`, warp 4 → `mma_role`), `rescale_o` (O ← α·O in TMEM).
 Pipelines (mbarriers via cutlass.pipeline; arrive counts in threads)
     q, k, v   PipelineTmaUmma   load warp (TMA tx bytes) → MMA warp (tcgen05.commit)
     s         PipelineUmmaAsync MMA warp commit → 128 softmax threads
