@@ -19,16 +19,12 @@ with programmatic dependent launch: its CTAs wait (griddepcontrol.wait) for the 
 to complete and its memory to be visible, so its launch overlaps the attention kernel's tail
 instead of following it.
 
-`fast` (stage E's default since 2026-11-27; issue 30, docs/STAGE_E.md "The timeline at b = 2"):
-where parts shorter than a sequence cut every sequence (L < T, the small batches), CTA (s, c) of a
-grid of S · heads / 4 takes rows 4c … 4c + 3 of sequence s — by boundary, b 2 at h 128 launched
-1 120 CTAs of which 992 only exit, and their launch was most of the combine's 5.5 µs (H200); and
-a row's slots are read in groups of at most GROUP (`load_groups`) whose loads are all issued
-before any is used — predicated off for an empty slot (nothing read), through L2 (ld.global.cg) —
-1 + len(load_groups(n)) L2 round trips a row, not 1 + n.  The groups alone, with the boundary
-grid, were slower (6.5 vs 5.5 µs: 163 registers, fewer of the 1 120 CTAs resident at once).
-Letting it launch earlier (griddepcontrol.launch_dependents in the attention kernel, at its start
-or after a CTA's last P·V) made the pair slower (b 2 s2 h64: 19.8 vs 18.3 µs), and was dropped.
+`fast` (stage E's default; docs/STAGE_E.md "The timeline at b = 2"): where parts shorter than a
+sequence cut every sequence (L < T), CTA (s, c) of a grid of S · heads / 4 takes rows 4c … 4c + 3
+of sequence s (the boundary grid launched mostly idle CTAs), and a row's slots are read in groups
+of at most GROUP (`load_groups`) whose loads are all issued before any is used — predicated off
+for an empty slot, through L2 (ld.global.cg) — 1 + len(load_groups(n)) L2 round trips a row,
+not 1 + n.
 """
 
 from __future__ import annotations

@@ -21,8 +21,7 @@ else writes for a two-piece sequence (piece 0 writes the final LSE).  The scratc
 on entry (the lab poisons it), so `ZeroFlags`, a launch of its own just before the attention
 kernel, clears the flags of the two-piece sequences; the attention kernel is launched with
 programmatic dependent launch and a thread waits for that launch (griddepcontrol.wait) before it
-touches a flag — nothing else of the attention kernel waits for it.  (Letting it launch at
-ZeroFlags' start, griddepcontrol.launch_dependents there, gained nothing at b 16: dropped.)  The hand-over is the
+touches a flag — nothing else of the attention kernel waits for it.  The hand-over is the
 release/acquire pattern of a split-K semaphore: piece 1's MMA threads store the partial, meet at
 a named barrier, and one thread `st.release.gpu`s the flag; piece 0's one thread spins with
 `ld.acquire.gpu` until it is nonzero, then a named barrier lets the others read the partial —

@@ -18,9 +18,8 @@ which then come from L2.
 
     x = token · head_blocks + head_block,   y = split,   z = batch
 
-`DecodeGrid.work` is that mapping.  The kernel calls the very same function on its traced
-block indices (only `//`, `%`, `*`, `+` and a min that works on ints and on traced Int32),
-and the CPU tests call it on Python ints: the test checks the code the kernel runs.
+`DecodeGrid.work` is that mapping; the kernel calls it on its traced block indices (only `//`,
+`%`, `*`, `+` and min) and the CPU tests on Python ints: the test checks the kernel's code.
 
 Split count.  A launch of `ctas` CTAs (row blocks) on a GPU of `sm_count` SMs:
     ctas ≥ sm_count          → 1 split (the GPU is already full)

@@ -11,9 +11,8 @@ What differs on sm100 is who holds what:
                       of a key past the fill level never survives; before the row max.  The
                       register → key column map is a trace-time constant (row_key_columns,
                       proven for all 128 threads), as FlashAttention-4's sm100 mask assumes.
-                      It runs on every visited tile (on a full one it selects nothing): behind
-                      a runtime `if rem < 64` ptxas kept both versions of the 64 scores live
-                      (168 registers per thread instead of 126).
+                      It runs on every visited tile (a select on a full one): behind a runtime
+                      `if rem < 64` ptxas kept both versions of the scores live (168 registers).
 
     clean_v_rows      MMA warp, on the ring slot of a V chunk of a boundary tile, after its
                       TMA has landed and before any MMA reads it: key rows ≥ rem (rem = the
