@@ -1,8 +1,7 @@
 """Stage D3 on Blackwell (sm_100a): D2's decode attention over a sliding window filled to a
 per-batch level — the SWA length mask.  tcgen05 MMAs, S and O in TMEM, P through shared memory.
 
-Compiled for sm_100a and inspected (PTX inventory, ptxas) only: it has never run on a
-Blackwell GPU.  Do not call it verified.
+Compiled and inspected (PTX inventory, ptxas) only, never run on a Blackwell GPU: not verified.
 
 Math:  O = softmax(Q·Kᵀ · scale) · V over the keys j < swa_lens[b] only (scale = 1/sqrt(d));
 keys at or past the fill level may hold anything, NaN included, and must not reach O.  A row
@@ -26,10 +25,9 @@ TMEM plan — S double-buffered, O over 2 CTAs at d = 512 —, KV ring, pipeline
 Trace-time checks beyond D2's: the ring's key rows are whole 128-byte lines under the swizzle
 (sm100_masks.check_lines, every element of a slot), so zeroing rows rem … 63 touches exactly
 those keys; register i of every softmax thread's S fragment holds the same key column
-(row_key_columns, all 128 threads), so the mask compares with constants.  Cost: one runtime compare per tile in the MMA warp and, in each softmax thread,
-64 compares of its key limit with constants + selects on every visited tile (unconditional:
-branching on the boundary tile cost 42 registers); the boundary tile adds the zeroing of this
-CTA's V rows past the fill level (16-byte shared stores by the 32 lanes of the MMA warp).
+(row_key_columns, all 128 threads), so the mask compares with constants.  Cost: 64 compares +
+selects a softmax thread on every visited tile (unconditional: branching on the boundary tile
+cost 42 registers) and, on the boundary tile, the zeroing of this CTA's V rows.
 """
 
 from stages.common.sm100_decode import WindowSm100

@@ -22,8 +22,8 @@ the intermediate after m1 is at most 448 · 2^7).  So the result is bit for bit 
 scale) to bf16, as the fp32 path gives.  For e ≤ 134 (a scale up to 2^7: a group whose largest
 magnitude is at most 448 · 2^7) m2 = 1, so a warp whose lanes all have such scales skips the second
 multiply (`one_multiply`, decided by a vote: the branch never diverges; the `extreme` scenario's
-scales up to 2^15 take the other path).  Per 16 values: 8 PRMT + 8 SHF + 8 LOP3 + 16 HFMA2 = 40
-instructions against 48 (8 F2FP.F16.E4M3 + 16 HADD2.F32 + 16 FMUL + 8 F2FP.BF16).  An e4m3 NaN
+scales up to 2^15 take the other path).  Per 16 values 40 instructions against the fp16 path's
+48.  An e4m3 NaN
 (s 1111 111) comes out as a finite number, never as NaN: the quantisers never write one, and the
 kernels never read the rows nobody indexes.
 

@@ -1,12 +1,10 @@
 """Bounded mbarrier waits for a debug build (`dsv4-lab run … --debug-hangs`): a hang says where.
 
 Off (the default) nothing here emits anything: every wait is CuTeDSL's own
-`cute.arch.mbarrier_wait` (a try_wait loop with no end), pipelines carry no name, and the
-compiled PTX / SASS is what it was before this module existed (tests/test_hang_guard.py
-compiles a kernel both ways and against the tree without it).
+`cute.arch.mbarrier_wait` and the PTX / SASS is unchanged (tests/test_hang_guard.py).
 
-On (the environment variable DSV4_DEBUG_HANGS=1 while a kernel is traced; the lab sets it in
-its compile workers and puts the flag into the compile cache key and the record) every wait
+On (DSV4_DEBUG_HANGS=1 while a kernel is traced; the lab sets it in its compile workers, the
+compile cache key and the record) every wait on an mbarrier becomes
 on an mbarrier becomes
 
     t0 = %globaltimer

@@ -207,12 +207,10 @@ def ring_plan(d: int, o_split: int, kv_tile: int = KV_TILE, reserved: int = 0) -
 
 
 def check_kv_same_bytes(k_smem, v_smem, k_coords, v_coords) -> int:
-    """Prove that the K view (QK's K-major B operand) and the V view (PV's MN-major B
-    operand) of one ring slot address the same shared-memory bytes for every
-    (key, column): same swizzle, same slot stride, and offset_K(key, col) ==
-    offset_V(col, key) over the whole chunk.  k_coords / v_coords: identity tensors of
-    (key, col) and (col, key) partitioned like the two operand layouts.  Returns the
-    number of elements compared; raises ValueError naming the first mismatch."""
+    """Prove that the K view (QK's K-major B operand) and the V view (PV's MN-major B operand)
+        of one ring slot address the same bytes: same swizzle, same slot stride, offset_K(key, col)
+        == offset_V(col, key) over the chunk (k_coords / v_coords: identity tensors partitioned like
+        the two layouts).  Returns the elements compared; ValueError names the first mismatch."""
     if str(k_smem.inner) != str(v_smem.inner):
         raise ValueError(f"K/V same bytes: swizzles differ ({k_smem.inner} vs {v_smem.inner})")
     k_outer, v_outer = k_smem.outer, v_smem.outer
@@ -275,17 +273,10 @@ class _TmemPlan:
 class DecodeSm100(WarpRoles):
     """DSV4 MQA decode attention with split-KV, tcgen05 + TMEM, sm_100a: the house of D2–D5.
 
-    Options beyond a stage's axes (setup_plan): o_split (CTAs sharing one row block's O by
-    columns; default: 1, or 2 at d = 512), s_stages (S buffers in TMEM, default 2), sm_count
-    (the SM count the split chooser assumes).  An impossible plan raises ValueError, e.g. D2's
-        Kernel(shape="b1s1h128n256d512", splits=1, o_split=1)
-        ValueError: TMEM budget: S 2×64 + O 512 = 640 columns > 512 …
-
-    A rung's `kernel()` only says which keys a CTA visits (stages/common/sm100_keys.py) and
-    hands over to `attend`, which sets up shared memory, pipelines, TMEM and fragments and
-    gives each warp its role (load_role, mma_role, softmax_role → epilogue); `row_scale` is
-    its optional per-row factor on the final O (e.g. a sink).
-    """
+        Options beyond a stage's axes (setup_plan): o_split (CTAs sharing one row block's O by
+        columns; default 1, or 2 at d = 512), s_stages (S buffers in TMEM, default 2), sm_count
+        (the SM count the split chooser assumes).  An impossible plan raises ValueError (e.g.
+        o_split=1 at d 512: "TMEM budget: S 2×64 + O 512 = 640 columns > 512 …")."""
 
     NAME = "sm100 decode"
 

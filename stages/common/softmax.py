@@ -27,14 +27,11 @@ The state lives in registers.  With a wgmma accumulator each row's columns are s
 the 4 lanes of a quad: the max is reduced over the quad at every update (every lane needs
 it), the sum stays a per-lane partial until `finalize` reduces it once.
 
-`OnlineSoftmax` carries the state through the kernel's dynamic loops (it is a traced value:
-its two register tensors are its MLIR values, num_rows and lonely_rows are compile-time
-constants; c is either a Python float folded into the code (scale = 1/sqrt(d) of the stage) or
-a Float32 computed once before the loops from a runtime scale — `runtime_scale_log2` — so one
-compiled kernel serves any scale).  `lonely_rows=False` drops the lonely-row select (m_safe = m_new) for a kernel whose
-rows always see a key (stages C, D1): one select per row fewer, and a row without a key would
-then be NaN — use it only where that cannot happen.  `update_row` is one row of `update`, for a
-kernel that rescales O row by row right after each row's update.
+`OnlineSoftmax` carries the state through the kernel's dynamic loops (a traced value: its two
+register tensors are its MLIR values; c is a Python float folded into the code or a Float32
+computed once from a runtime scale, `runtime_scale_log2`).  `lonely_rows=False` drops the
+lonely-row select for a kernel whose rows always see a key (stages C, D1; else NaN).
+`update_row` is one row of `update`, for a kernel that rescales O right after each row's update.
 """
 
 from __future__ import annotations
