@@ -124,18 +124,16 @@ KEY_SCALE = {"simple": "scores", "model1": "keys", "v4.1": "keys", "nvfp4": "key
 
 
 def gather_row(index, block_size: int, block_bytes: int, row_bytes: int):
-    """The gather row of cache index `index` (= block · block_size + offset) in the uniform row
-    view (sm100_gather.rows_view): block · (block_bytes / row_bytes) + offset — plain ints or
-    traced Int32 (the index warp).  Its bytes start at row · row_bytes."""
+    """The gather row of cache index `index` (= block · block_size + offset) in the uniform row view
+        (sm100_gather.rows_view): block · (block_bytes / row_bytes) + offset; ints or traced Int32."""
     return index // block_size * (block_bytes // row_bytes) + index % block_size
 
 
 def check_key_col_view(kw_smem, k_smem, k_coords) -> int:
-    """Trace-time proof that the dequantisers' (key, col, slot) view `kw_smem` of the ring and
-    the MMA's K operand layout `k_smem` (k_coords: (key, col) of each index of a slot, partitioned
-    like the B operand) give every element of a slot the same offset before the (shared)
-    swizzle, and the same slot stride.  Returns the elements compared; raises ValueError
-    naming the first mismatch."""
+    """Trace-time proof that the dequantisers' (key, col, slot) view `kw_smem` of the ring and the
+        MMA's K operand layout `k_smem` (k_coords partitioned like the B operand) give every element
+        of a slot the same offset before the swizzle, and the same slot stride.  Returns the
+        elements compared; ValueError names the first mismatch."""
     if str(kw_smem.inner) != str(k_smem.inner):
         raise ValueError(f"K write view: swizzles differ ({kw_smem.inner} vs {k_smem.inner})")
     k_one = cute.select(k_smem.outer, mode=[0, 1, 2])
@@ -152,13 +150,11 @@ def check_key_col_view(kw_smem, k_smem, k_coords) -> int:
 
 
 class SparseKeys:
-    """The tiles one CTA visits and where their keys come from (a plain object of traced
-    values, read by the kernel's own methods, never called inside a staged loop or `if`):
-    plan = (n_local, n_first, first_begin, second_begin) — n_first main-list tiles from
-    first_begin, then extra-list tiles from second_begin; lists = (KV, idx, main_len,
-    KV_extra, idx_extra, extra_len); gathers = ((atom, coordinates) of the main list, of the
-    extra list) or Nones.  `bind` adds the shared-memory pieces (Kernel.bind_keys).
-    masked: the softmax threads apply the published key mask (mask())."""
+    """The tiles one CTA visits and where their keys come from (traced values, read by the kernel's
+        methods outside staged loops and `if`s): plan = (n_local, n_first, first_begin,
+        second_begin) — n_first main-list tiles from first_begin, then extra-list tiles from
+        second_begin; lists = (KV, idx, main_len, KV_extra, idx_extra, extra_len); gathers = (atom,
+        coordinates) of each list, or Nones.  `bind` adds the shared-memory pieces."""
 
     masked = True
 
@@ -177,12 +173,10 @@ class SparseKeys:
 
     @cute.jit
     def mask(self, j, rS, key_cols: cutlass.Constexpr, token):
-        """Softmax thread: wait for tile j's flags, add them to its row's scores (register i
-        holds key column key_cols[i], the house's trace-time map), release the mask slot.
-        With scores_scaled (simple) the key-scale ring is the mask: S ← S · scale, or −∞ where
-        the index warp published −1 (an invalid key; a real scale is ≥ 0) — one shared load a
-        score (reading the flags as well spilled at the 168-register ceiling); the slot is
-        released by scale_probs, which reads the scales again."""
+        """Softmax thread: wait for tile j's flags, add them to its row's scores (register i holds key
+                column key_cols[i]), release the mask slot.  scores_scaled (simple): the key-scale ring
+                is the mask, S ← S · scale or −∞ where the index warp published −1 (one shared load a
+                score: reading the flags too spilled); released by scale_probs."""
         st = pipeline.PipelineState(MASK_SLOTS, j, j % MASK_SLOTS, (j // MASK_SLOTS) % 2)
         self.mask_pipe.consumer_wait(st)
         if cutlass.const_expr(self.scores_scaled):
@@ -210,12 +204,9 @@ class SparseKeys:
 
 
 class Kernel(DecodeSm100):
-    """FP8 paged sparse decode on Blackwell: an index warp gathers raw rows by TMA gather4,
-    dequantisation warps fill the house's chunk ring, tcgen05 MMAs, one softmax over both
-    lists, sink, split-KV (see the module doc).  Options beyond the stage's axes: o_split,
-    s_stages, sm_count (DecodeSm100); an impossible TMEM plan raises ValueError("TMEM
-    budget: …") here and again at trace time.  Each list at most MAX_TOPK (32768) entries;
-    "auto" splits take at most the scratch's partial slots (AUTO_SPLITS)."""
+    """FP8 paged sparse decode on Blackwell (module doc).  Options beyond the stage's axes: o_split,
+        s_stages, sm_count (DecodeSm100); an impossible TMEM plan raises ValueError("TMEM budget:
+        …").  Each list at most MAX_TOPK entries; "auto" splits at most AUTO_SPLITS."""
 
     NAME = "stage E sm100"
     DEQUANT_WARPS = (6, 7, 8, 9)
@@ -353,10 +344,9 @@ class Kernel(DecodeSm100):
 
     # ---- the house's hooks: shared memory, the ring's producer side
     def smem_fields(self):
-        """Barriers of the mask and raw rings; the mask ring (64 fp32 flags a slot), the raw
-        ring's sidecars (64 indices a slot, and 64 row ids for a gathered format) and its bytes;
-        with scores_scaled (simple, no gather) the keys' fp32 scales beside the mask ring (64 a
-        slot) in the row ids' place — the same bytes."""
+        """Barriers of the mask and raw rings; the mask ring (64 fp32 flags a slot), the raw ring's
+                sidecars (64 indices, and 64 row ids for a gathered format) and bytes; simple: the keys'
+                fp32 scales in the row ids' bytes."""
         barriers = {"mask_mbar": cute.struct.MemRange[cutlass.Int64, 2 * MASK_SLOTS],
                     "raw_mbar": cute.struct.MemRange[cutlass.Int64, 2 * RAW_SLOTS]}
         buffers = {"key_mask": cute.struct.Align[cute.struct.MemRange[F32, KV_TILE * MASK_SLOTS], 16],
@@ -416,11 +406,10 @@ class Kernel(DecodeSm100):
         return p
 
     def gather_bytes(self, tAsA) -> tuple[int, int]:
-        """(bytes a 128-byte chunk deposits, bytes model1's wide rope chunk deposits) on the raw
-        slot's mbarrier — from the copy atom's shared-memory partition (one gather4_tile's
-        tile), not hand constants: a chunk is 2 tiles (3 for the wide one).
-        Trace time: a tile is KV_TILE rows × BOX bytes, the wide chunk fits its staging slot,
-        and a tile's chunks add up to the bytes gathered a row; else ValueError."""
+        """(bytes a 128-byte chunk deposits, bytes model1's wide rope chunk deposits) on the raw slot's
+                mbarrier, from the copy atom's partition (a chunk is 2 gather4 tiles, 3 wide).  Trace
+                time: a tile is KV_TILE rows × BOX bytes, the wide chunk fits its slot, and the chunks
+                add up to the bytes gathered a row; else ValueError."""
         tile = int(cute.size_in_bytes(cutlass.Uint8, tAsA[None, 0, 0].layout))
         narrow = 2 * tile
         wide = 3 * tile if self.fmt == "model1" else narrow
@@ -454,12 +443,10 @@ class Kernel(DecodeSm100):
     @cute.jit
     def epilogue(self, o_load, tTR_tO, tTR_cO, tTR_gO, rO, row_max, row_sum, c, mLSE, mLSEp,
                  rb, half, split, batch, n_local, o_chunks: cutlass.Constexpr, pv_tiles: cutlass.Constexpr, extra):
-        """The house's epilogue, or with the FP8 epilogue and one split this thread's row
-        (head `row` of token `batch`) through stages/common/fp8_epilogue.py: per 128-column
-        block of this CTA's d_cta columns, two passes over its 32-column TMEM chunks — the
-        block's amax, then the values (1/ℓ and the sink's factor, the inverse rotation of the
-        rope pairs, a thread's adjacent columns, x · 2^−e to e4m3, two 16-byte stores a chunk) —
-        and this CTA's bytes of the row's scale word; LSE as the house writes it."""
+        """The house's epilogue, or with the FP8 epilogue and one split this thread's row through
+                stages/common/fp8_epilogue.py: per 128-column block of d_cta, two passes over its 32-column
+                TMEM chunks — amax, then the values (1/ℓ × the sink's factor, the inverse rope rotation,
+                x · 2^−e to e4m3, two 16-byte stores a chunk) — and this CTA's bytes of the scale word."""
         if cutlass.const_expr(not self.fp8 or self.splits > 1):
             DecodeSm100.epilogue(self, o_load, tTR_tO, tTR_cO, tTR_gO, rO, row_max, row_sum, c, mLSE, mLSEp,
                                  rb, half, split, batch, n_local, o_chunks, pv_tiles, extra)
@@ -594,10 +581,9 @@ class Kernel(DecodeSm100):
     @cute.jit
     def index_role(self, q_prod, tma_q, tQgQ, tQsQ, plan, lists, seq, mask_pipe, s_mask, s_kscale, raw_pipe, s_idx,
                    s_rows, gathers, parts, shift, lane):
-        """Warp 5: Q once (TMA); per visited tile the 64 keys' indices (lane l: positions l and
-        l + 32), the mask flags (and simple's fp32 key scales, −1 for an invalid key), then per
-        chunk a raw slot: sidecar, arrive (with the bytes the gather deposits), TMA gather4 of
-        the chunk's bytes of the 64 rows."""
+        """Warp 5: Q once (TMA); per visited tile the 64 keys' indices (lane l: positions l, l + 32),
+                the mask flags (simple: the fp32 key scales, −1 invalid), then per chunk a raw slot:
+                sidecar, arrive with the gather's bytes, TMA gather4 of the 64 rows."""
         hang_guard.role("index")  # names this role's waits in a --debug-hangs build
         c = self.c
         q_slot = q_prod.acquire_and_advance()
@@ -665,10 +651,9 @@ class Kernel(DecodeSm100):
 
     @cute.jit
     def gather_chunk(self, atom, parts, slot, cid, wide, bar):
-        """Bytes 128·cid … of the slot's 64 rows: box columns 2·cid, 2·cid + 1 — and 2·cid + 2
-        on model1's rope chunk (`wide`) — into regions 0, 1 (2) of the staging slot.  (An
-        on model1's rope chunk (`wide`) — into regions 0, 1 (2) of the staging slot.  (An if /
-        else of whole chunks: a lone `if wide` made ptxas spill at 168 registers.)"""
+        """Bytes 128·cid … of the slot's 64 rows: box columns 2·cid, 2·cid + 1 (and 2·cid + 2 on
+                model1's `wide` rope chunk) into regions 0, 1 (2) of the staging slot.  An if / else of
+                whole chunks: a lone `if wide` made ptxas spill at 168 registers."""
         if cutlass.const_expr(self.fmt == "model1"):
             if wide:
                 for r in cutlass.range_constexpr(3):
@@ -683,10 +668,8 @@ class Kernel(DecodeSm100):
     @cute.jit
     def key_indices(self, idx, batch, token, tile, length, topk: cutlass.Constexpr[int], first, step: cutlass.Constexpr[int],
                     index):
-        """index[r] ← the cache index of list position 64·tile + first + step·r, or −1 when the
-        key is invalid (position ≥ length, or −1 in the list).  The read is clamped into the
-        list: a padded tail position never reads past it, and past the length nothing read is
-        used."""
+        """index[r] ← the cache index at list position 64·tile + first + step·r, or −1 (position ≥
+                length, or −1 in the list).  The read is clamped into the list."""
         for r in cutlass.range_constexpr(cute.size(index)):
             pos = tile * KV_TILE + first + step * r
             got = idx[batch, token, cutlass.min(pos, topk - 1)]
@@ -776,10 +759,9 @@ class Kernel(DecodeSm100):
     def load_keys(self, cache, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], s_raw, slot,
                   index, row, col0, cid, raw, scale):
         """The scales of columns col0 … col0 + 15 of this thread's 4 keys into scale[r] and, for
-        `simple` and `nvfp4` (no uniform row array to gather: its 352-byte rows and 32-byte
-        scale slots share a block), their raw bytes (global memory) into raw[:, r] — every load issued before any
-        is used; an invalid key (index −1) is not read: zeros, scale 0.  (A gathered format's
-        bytes are read from the staging slot later, a key at a time: load_staged_piece.)"""
+                `simple` and `nvfp4` (no uniform row array to gather), their raw bytes into raw[:, r] —
+                every load issued before any is used; an invalid key is not read: zeros, scale 0.
+                (A gathered format's bytes come from the staging slot: load_staged_piece.)"""
         base = cache.iterator.toint()
         for r in cutlass.range_constexpr(4):
             if index[r] != -1:
