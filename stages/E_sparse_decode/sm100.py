@@ -4,81 +4,62 @@ tcgen05 MMAs with S and O in tensor memory, P through shared memory.
 
 Compiled and inspected (PTX inventory, ptxas) only, never run on a Blackwell GPU: not verified.
 
-Math and contract: oracles/sparse_decode.py (the same tensors, constructor keywords and
-__call__ signature as stages/E_sparse_decode/sm90.py).  Per query row (batch, token, head):
+Math and contract: oracles/sparse_decode.py (tensors, constructor keywords and __call__ as
+stages/E_sparse_decode/sm90.py).  Per query row (batch, token, head):
     O = softmax(Q·Kᵀ · scale) · V · 1/(1 + exp(sink[h] − LSE)),  LSE = ln Σ exp(Q·Kᵀ · scale)
 over the valid keys of both lists (position < the list's length, index ≠ −1), K = V = the
-dequantised cache rows, scale = softmax_scale[0] (a runtime fp32 input; each softmax thread
-folds log2 e into it once: `score_scale_log2`); a row with no valid key: O = 0, LSE = +∞.
+dequantised cache rows, scale = softmax_scale[0] (runtime fp32; `score_scale_log2` folds log2 e
+in once); a row with no valid key: O = 0, LSE = +∞.
 
-Everything but the producer is the sm100 decode house of D2–D5 (stages/common/sm100_decode.py:
-its shared memory, pipelines, TMEM plan checked at trace time, MMA warp, softmax warps,
-epilogue, split-KV + SplitCombine).  What is new in this rung, through the house's hooks
-(kv_pipeline, smem_fields, bind_keys, is_producer, load_role):
+Everything but the producer is the sm100 decode house (stages/common/sm100_decode.py).  New
+here, through the house's hooks (kv_pipeline, smem_fields, bind_keys, is_producer, load_role):
 
-    One token per CTA.  The two tokens of a sequence attend DIFFERENT key lists, so tokens
-        cannot fold into M as in D2: the house runs over b·s_q "sequences" of one token each
-        (DecodeShape(b·s_q, 1, h_q, …) — the same bytes of Q and O), h_q ≤ 128 rows per CTA
-        (h_q = 64 leaves rows 64 … 127 as TMA zero padding, never stored), and the LSE view
-        is re-indexed so flat row (b·s_q + t)·h_q + h lands at LSE[b, h, t].
+    One token per CTA.  A sequence's tokens attend DIFFERENT key lists, so the house runs over
+        b·s_q "sequences" of one token (DecodeShape(b·s_q, 1, h_q, …), the same bytes of Q and
+        O), h_q ≤ 128 rows a CTA (h_q = 64: rows 64 … 127 TMA zero padding, never stored); the
+        LSE view is re-indexed so flat row (b·s_q + t)·h_q + h lands at LSE[b, h, t].
     The key list replaces the TMA of KV.  The tile space is the main list's 64-key tiles, then
-        the extra list's; a CTA visits the tiles of its split that hold a position below the
-        list's length (scheduler.visit_tiles).
+        the extra list's; a CTA visits its split's tiles below the list's length
+        (scheduler.visit_tiles).
     The index warp (warp 5: Q's TMA first).  Per visited tile, lane l reads list positions l
-        and l + 32 (clamped into the list; past the length the list may hold INT_MAX) and makes
-        them cache indices or −1 (invalid); publishes the 64 key-mask flags (0 or −∞) in a
-        2-slot mask ring for the softmax threads (PipelineAsync, 32 → 128 threads; each
-        softmax thread adds them to its row's scores before the row max); then, per chunk of
-        128 columns, in the house's chunk order (this CTA's V chunks last), takes a slot of the
-        2-slot raw staging ring (PipelineTmaAsync → the 4 dequantisation warps), writes the 64
-        indices and the 64 row ids into the slot's sidecar, and issues the TMA gather4 of the
-        chunk's bytes of the 64 rows (stages/common/sm100_gather.py: 16 instructions of 4 rows
-        per 64-byte box column, the row ids read from the sidecar).  The cache as one uniform
-        array of rows (a tensor map per list): v4.1 — 528-byte rows (512 e4m3 + 16 scale
-        bytes), row = index, the first 512 bytes gathered; model1 — 576-byte rows (448 e4m3 +
-        64 bf16 rope), row = block · (block_bytes / 576) + offset (blocks are padded to whole
-        576-byte rows; the rows over the scale plane are never indexed), all 576 bytes
-        gathered (the rope chunk is 192 bytes: three boxes).  An invalid key's row id is 0 (in
-        range; its bytes are never read).  `simple` and `nvfp4` (oracles/kvcache.py) are no
-        uniform row array: no gather, their slots carry the sidecar only and the dequantisers
-        load the rows from global memory (nvfp4: e2m1_bits.py's bit moves × the group's scale).
-    The dequantisation warps (warps 6 … 9, 128 threads).  Per chunk: wait for the raw slot,
-        read the 4 indices of their keys from the sidecar (thread p: keys p // 8 + 16 r, r =
-        0 … 3; columns 16 (p mod 8) … + 15) and issue the scale loads of the valid ones (global
-        memory; `simple`: the 16 raw bytes of each key instead, all 4 keys' loads before any use),
-        take a slot of the house's bf16 chunk ring (PipelineAsyncUmma, 128 threads → the MMA
-        warp), then key by key read the staged bytes (16, or 32 for model1's rope; one key at a
-        time keeps 8 registers, not 32), convert (e4m3 × scale → bf16; the rope as stored; an
-        invalid key → zeros, so P·V never meets a NaN) and write the K-major 128-byte-swizzled
-        tile through a (key, column, slot) view of the ring proven at trace time to address
-        exactly the MMA's operand bytes (`check_key_col_view`); release the raw slot (one arrive
-        a warp, after a warp sync), fence.proxy.async and arrive.  Scales per format
-        (oracles/kvcache.py): model1 — e8m0 byte col // 64 of the token's 7 in the block's
-        scale plane; v4.1 — e8m0 byte col // 32 of the 16 after the token's data (powers of
-        two: bf16(e4m3 × scale) is exact); simple — none here: its e4m3 values go to bf16
-        unscaled (exact), as on sm90.
-    simple's fp32 key scale (KEY_SCALE "scores", as sm90.py): the index warp loads each valid
-        key's scale and publishes it beside the mask flag (a `key_scale` ring of the mask
-        ring's slots, in the bytes the row ids take for a gathered format; −1 for an invalid
-        key, so the scale is the mask); each softmax thread takes S ← S·scale (−∞ where the
-        scale is −1) before the row max and, after ℓ has summed P, P ←
-        P·scale in fp32 before the bf16 cast (the house's probs_for_pv hook), then releases
-        the mask slot.  So O = Σ bf16(P·scale)·e4m3 / ℓ and LSE carries no bf16 rounding of
-        a scaled key.
+        and l + 32 (clamped into the list) and makes them cache indices or −1; publishes the 64
+        mask flags (0 or −∞) in a 2-slot mask ring (PipelineAsync, 32 → 128 threads, added to
+        the scores before the row max); then per 128-column chunk, in the house's chunk order,
+        takes a slot of the 2-slot raw staging ring (PipelineTmaAsync → the dequantisers),
+        writes the 64 indices and row ids into its sidecar and issues the TMA gather4 of the
+        chunk's bytes of the 64 rows (sm100_gather.py: 16 instructions of 4 rows per 64-byte
+        box column).  The cache as a uniform row array (a tensor map per list): v4.1 — 528-byte
+        rows, row = index, the first 512 bytes gathered; model1 — 576-byte rows, row = block ·
+        (block_bytes / 576) + offset, all 576 gathered (the rope chunk: 192 bytes, three
+        boxes).  An invalid key's row id is 0 (never read).  `simple` and `nvfp4` are no
+        uniform row array: no gather, the dequantisers load the rows from global memory.
+    The dequantisation warps (6 … 9, 128 threads).  Per chunk: wait for the raw slot, read the
+        4 indices of their keys (thread p: keys p // 8 + 16 r, r = 0 … 3; columns 16 (p mod 8)
+        … + 15), issue the valid ones' scale loads (simple / nvfp4: the raw bytes too), take a
+        slot of the house's bf16 chunk ring (PipelineAsyncUmma → the MMA warp), then key by key
+        (8 registers, not 32) convert (e4m3 × scale → bf16; the rope as stored; nvfp4 by
+        e2m1_bits.py; an invalid key → zeros, so P·V never meets a NaN) and write the K-major
+        128-byte-swizzled tile through a (key, column, slot) view proven to address the MMA's
+        operand bytes (`check_key_col_view`); release the raw slot (one arrive a warp),
+        fence.proxy.async, arrive.  Scales: model1 — e8m0 byte col // 64 of the token's 7;
+        v4.1 — byte col // 32 of its 16 (powers of two: exact); simple — unscaled (exact).
+    simple's fp32 key scale (KEY_SCALE "scores", as sm90.py): the index warp publishes each
+        valid key's scale in a `key_scale` ring beside the mask (−1 for an invalid key, so the
+        scale is the mask); each softmax thread takes S ← S·scale (−∞ at −1) before the row max
+        and, after ℓ has summed P, P ← P·scale in fp32 before the bf16 cast (probs_for_pv).  So
+        O = Σ bf16(P·scale)·e4m3 / ℓ and LSE carries no bf16 rounding of a scaled key.
     Shared memory: the staging ring takes 2 × 8 KiB (v4.1) or 2 × 12 KiB (model1) from the
-        house's bf16 ring (smem_reserved): 4 or 3 chunk slots instead of 5 (simple keeps 5).
+        house's bf16 ring (smem_reserved): 4 or 3 chunk slots instead of 5.
     Sink: the house's row_scale hook with one split; SplitCombine applies it after the merge.
 
-FlashMLA's sm100 sparse FP8 decode (csrc/sm100/decode/sparse_fp8, read, not copied) is the
-production shape: a 2-CTA cluster dequantising half the columns each into both CTAs (st.async);
-not here yet, with skipping a group of 4 invalid rows and the scales by TMA.
+FlashMLA's sm100 sparse FP8 decode (csrc/sm100/decode/sparse_fp8) is the production shape: a
+2-CTA cluster dequantising half the columns each into both CTAs; not here yet.
 
 Warp roles (320 threads)
     warps 0-3   softmax: house (S from TMEM, key mask, P → SMEM, O rescale, epilogue)
     warp 4      MMA: house (Q·Kᵀ chunk by chunk, P·V of this CTA's half)
     warp 5      index warp: Q by TMA, key indices + mask, row ids, TMA gather4 into the raw ring
-    warps 6-9   dequantisation: raw ring (+ scales) → bf16 chunk ring
-"""
+    warps 6-9   dequantisation: raw ring (+ scales) → bf16 chunk ring"""
 
 import cuda.bindings.driver as cuda
 
