@@ -10,30 +10,20 @@ Tiling
     cut into K-blocks of 64 bf16 (128 bytes, one 128-byte swizzle row):
     hd / 64 ∈ {1, 2, 4, 8} K-blocks, each run as four tcgen05.mma of K = 16.
 
-    Warp 0 is both the TMA producer and the MMA issuer.  Per K-block it loads
-    Q (128 × 64) and K (n × 64), both K-major, into one of `stages` shared
-    slots; a full mbarrier with a transaction count marks them landed; after
-    the MMAs of that K-block, tcgen05.commit arrives on the slot's empty
-    barrier when the tensor core has finished reading it, so the slot can be
-    refilled with K-block + stages.
+    Warp 0 is both the TMA producer and the MMA issuer: per K-block it loads Q (128 × 64) and
+    K (n × 64), K-major, into one of `stages` slots (a full mbarrier with a transaction
+    count); tcgen05.commit after the K-block's MMAs arrives on the slot's empty barrier.
 
-    The fp32 accumulator lives in tensor memory: 128 lanes (rows) × n columns,
-    allocated by warp 0 and freed by warp 0 at the end.  When the last MMA
-    completes, a second tcgen05.commit arrives on the accumulator barrier
-    (PipelineUmmaAsync; its consumer side counts all 128 threads).
+    The fp32 accumulator lives in TMEM (128 lanes × n columns, warp 0 allocates and frees it);
+    a second tcgen05.commit after the last MMA arrives on the accumulator barrier
+    (PipelineUmmaAsync, 128 consumer threads).
 
-    Epilogue: warp w owns TMEM lanes 32w … 32w + 31 (= rows of S).  Each
-    thread reads its row in chunks of 32 columns with tcgen05.ld.32x32b.x32
-    and stores the 32 fp32 straight to global memory.
+    Epilogue: warp w owns TMEM lanes 32w … 32w + 31; each thread reads its row 32 columns a
+    tcgen05.ld.32x32b.x32 and stores them to global memory.
 
-kernel() sets up (shared memory, the operand and accumulator pipelines, TMEM on the
-named barriers TMEM_ALLOC / TMEM_FREE of stages/common/barriers.py) and hands warp 0 to `mainloop`
-(TMA + MMA) and all four warps to `epilogue`.
 
-Ordering: tcgen05.fence::after_thread_sync after the accumulator wait,
-tcgen05.wait::ld before the loaded registers are stored, and a
-before/after_thread_sync fence pair around the barrier that precedes the
-TMEM dealloc.
+Ordering: tcgen05.fence::after_thread_sync after the accumulator wait, tcgen05.wait::ld before
+the stores, a before/after_thread_sync pair around the barrier before the TMEM dealloc.
 """
 
 import cuda.bindings.driver as cuda

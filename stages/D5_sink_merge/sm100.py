@@ -2,14 +2,9 @@
 softmax, with the attention sink — the main (indexer-chosen) keys and the SWA window, in one
 launch, Q read once.  tcgen05 MMAs, S and O in TMEM, P through shared memory.
 
-Compiled for sm_100a and inspected (PTX inventory, ptxas) only: it has never run on a
-Blackwell GPU.  Do not call it verified.
+Compiled and inspected (PTX inventory, ptxas) only, never run on a Blackwell GPU: not verified.
 
-Math (oracles/masked_decode.py):  one softmax over the valid keys of both branches — main key
-j valid iff j < main_lens[b] (no causal mask), SWA key j by D3's and D4's rules; a key in both
-branches counts twice.  Sink (when the case has one): O · 1 / (1 + exp(sink[h] − LSE)), the
-returned LSE without it; sink = −∞ changes nothing, +∞ gives O = 0; a row with no key: O = 0,
-LSE = +∞.  Tensors, in this order:
+Math: oracles/masked_decode.py (docs/MASKED_DECODE.md).  Tensors, in this order:
     Q [b, s_q, h_q, d], KV_main [b, n_main, d], KV_swa [b, n_swa, d], main_lens [b],
     swa_lens [b] int32, sink [h_q] fp32 (NaN and unread when the case has none), O, LSE,
     O_part, LSE_part.   Shape word b{b}s{s_q}h{h_q}m{n_main}n{n_swa}d{d}.
@@ -18,11 +13,10 @@ What is new in this rung (everything else is D2's sm100 house and D3/D4's masks)
     Two branches, one tile space: the main tiles [0, T_main) then the SWA tiles
     [T_main, T_main + T_swa); the splits divide it, and each CTA visits the tiles of ITS range
     that hold a valid key of their branch (BranchKeys with two branches: scheduler.visit_tiles
-    gives n_first main tiles, then SWA tiles).  One online softmax runs across both — the
-    branch only decides, per visited tile, which TMA descriptor the load warp uses and which
-    fill level / key limit the MMA warp and the softmax threads apply.  So the merge of the
-    branches is the online softmax itself (DSV4.md's merge identity holds by construction;
-    with split-KV the combine merges partials by LSE exactly as it merges any split).
+    gives n_first main tiles, then SWA tiles).  One online softmax runs across both; the
+    branch decides, per tile, the load warp's TMA descriptor and the fill level / key limit the
+    MMA warp and the softmax threads apply, so the merge of the branches is the online softmax
+    itself (with split-KV the combine merges partials by LSE as any split).
     The sink: with one split the epilogue multiplies 1/ℓ by combine.sink_factor(sink[h],
     LSE) (LSE before the lonely row's +∞); with split-KV the partials carry no sink and
     SplitCombine applies it once, after the merge (sink_heads = h_q).

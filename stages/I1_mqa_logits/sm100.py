@@ -1,5 +1,5 @@
-"""Stage I1 on Blackwell (sm_100a): the lightning indexer's FP8 MQA logits, flat.  Compile-only
-here (no Blackwell GPU): compiled, not run.
+"""Stage I1 on Blackwell (sm_100a): the lightning indexer's FP8 MQA logits, flat.  Compiled and
+inspected only (no Blackwell GPU): not run.
 
 Math: as the sm90 kernel (oracles/indexer.py), logits[i, j] = k_scale[j] · Σ_h w[i, h] ·
 relu(q[i, h] · k[j]) inside [ks[i], ke[i]), −inf elsewhere.
@@ -16,16 +16,9 @@ consecutive keys of a token's row.  The weights sit in shared memory (read as br
 TMEM budget (checked at trace time): two accumulator buffers × 256 fp32 columns = 512
 columns = all of TMEM, so the MMA of tile k + 1 overlaps the epilogue of tile k.
 
-Warp roles (256 threads)
-    warps 0-3   epilogue: TMEM → registers, relu · w, head sums, × k_scale, range select,
-                store (thread t ↔ TMEM lane t ↔ key t of the tile)
-    warp 4      MMA: per tile, one accumulator buffer, four tcgen05.mma, commit
-    warp 5      load: Q's token block once, then the K tiles (TMA, STAGES slots)
-    warps 6-7   fill: −inf outside the CTA's tile range
-
-The CTA (roles, MMA, TMEM budget, pipelines), the MMA warp and the TMEM head sums are
-stages/common/indexer.py's `Sm100LogitsCta`, `mma_key_tiles` and `tmem_head_sums`; new here are
-the flat key tiles (one TMA box of 128 keys per slot) and the per-token key ranges.
+Warp roles (256 threads): stages/common/indexer.py's `Sm100LogitsCta`, `mma_key_tiles` and
+`tmem_head_sums`; new here are the flat key tiles (one TMA box of 128 keys a slot) and the
+per-token key ranges.
 
 Limits: s a multiple of BLOCK_Q, s_kv a multiple of 128; h ∈ {32, 64} (N = 4 · h), d ∈ {32, 64,
 128} (K = d: d / 32 MMAs a tile); h = 64, d = 128 by default (DSV4's); static shapes.

@@ -9,9 +9,8 @@ than 2·W tiles (W = WINDOW_TILES) is streamed instead: two buffers of W tiles' 
     tile i of the segment (i = tile − tile_begin) is in window w = i // W,
     in buffer w mod 2, its key k at entry  (i mod 2W) · 64 + k      (`entry`),
 
-so the shared memory holds 2·W·64·4 = 8 KiB of entries at any topk (`staged_tiles`), and a
-segment of at most 2·W tiles keeps the whole-segment staging — the production configs (top-128
-+ SWA 1024: 18 tiles) compile to the code they did before.
+so the shared memory holds 2·W·64·4 = 8 KiB of entries at any topk (`staged_tiles`); a segment
+of at most 2·W tiles (the production configs) keeps the whole-segment staging.
 
 The producer threads' order (each calls key_indices once a tile, in tile order):
     segment start   meet (STAGED: every thread is done with the last segment's entries);

@@ -1,4 +1,4 @@
-"""A CPU simulator of a kernel's mbarrier protocol (issue 34 item 3), and the facts of the
+"""A CPU simulator of a kernel's mbarrier protocol, and the facts of the
 compiled PTX it is checked against.
 
 A protocol (stages/common/protocols.py, one per kernel family) is

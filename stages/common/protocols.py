@@ -1,13 +1,11 @@
 """The mbarrier protocols of the sm100 kernel families, for the CPU simulator
-(stages/common/pipesim.py; issue 34 item 3).
+(stages/common/pipesim.py).
 
 Each builder reads the plan a kernel object computes in its constructor (plain Python: ring
 slots, chunks, thread counts, bytes) and writes every role's barrier operations in the order
 the kernel's role methods issue them, for one CTA that visits `n_local` KV tiles.  The
-description is checked against the compiled PTX (`pipesim.cross_check`: the barrier-init
-counts and the expect_tx byte counts must be the kernel's), so it cannot drift from the
-kernel unnoticed; the loops below must be kept in step with the role methods they mirror
-(named in each docstring).
+counts and the expect_tx byte counts must be the kernel's); the loops below must be kept in
+step with the role methods they mirror (named in each docstring).
 
 Families covered:
     decode_sm100   stages/common/sm100_decode.py's DecodeSm100 (D2, D3, D4, D5): load warp
@@ -23,7 +21,6 @@ Families covered:
                    decode_sm90_persistent: D2's persistent CTAs, item after item (Q a item)
     indexer_sm90_persistent   I1 and I2 on Hopper: load warp, the MMA warpgroups (I2's take
                    alternate tiles), segment after segment (Q a segment)
-
     sparse_sm90    stage E on Hopper: persistent parts (segment after segment, the ring running on),
                    producer warps, both MMA warpgroups, Q a segment, and at h_q 128 the 2-CTA
                    cluster pair (remote_full / remote_empty, st.async bytes into the peer)

@@ -6,24 +6,18 @@ One instruction copies the same `box` bytes (columns c … c + box − 1) of fou
 2-D tensor map into shared memory, densely: row r_i lands at i · box.  The rows are
 coordinates of the map's outer dimension, so the cache must be seen as ONE uniform array of
 rows (a row stride that is a multiple of 16 bytes; stage E never issues a row out of range:
-an invalid key's row id is a row in range whose bytes are not used).  A paged cache whose blocks hold `rows_per_block` rows of `row_bytes` each
-(block_bytes = rows_per_block · row_bytes, the tail of a block — scales, padding — being rows
-that are never indexed) is such an array: token (block, offset) is row
-block · rows_per_block + offset.
+an invalid key's row id is a row in range whose bytes are not used).  A paged cache whose
+blocks hold `rows_per_block` rows of `row_bytes` (the block's tail never indexed) is such an
+array: token (block, offset) is row block · rows_per_block + offset.
 
-The four row coordinates of an instruction are read from an index tensor.  Here it is a
-shared-memory ring of row ids (`keys` Int32 per slot) that the issuing warp writes before it
-issues the copies: CuTeDSL partitions it like the data, so copy k of a tile reads rows
-4k … 4k + 3 of the slot (`ld.shared.v4` + one gather4), never one row four times.
-
+The row ids come from a shared-memory ring (`keys` Int32 a slot) the issuing warp writes first;
+copy k of a tile reads rows 4k … 4k + 3 of the slot (`ld.shared.v4` + one gather4).
     rows_view            the (rows, cols) uint8 view of a paged cache for the tensor map
     gather4_atom         the copy atom + its coordinate tensor: one (keys × box) tile a copy
     gather4_partition    (smem, coordinates, row ids) partitions over a ring of slots
     gather4_tile         the copy of one tile: box column `col_box` of the slot's keys rows
 
-The bytes a tile deposits are keys · box; the caller's mbarrier counts them
-(`arrive_and_expect_tx`; a PipelineTmaAsync such as sm90_idioms.tma_pipeline — nothing in it
-is Hopper-only).  Nothing here synchronises by itself.
+A tile deposits keys · box bytes; the caller's mbarrier counts them (`arrive_and_expect_tx`).
 """
 
 import cutlass

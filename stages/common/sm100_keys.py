@@ -21,10 +21,8 @@ functions the sm90 rungs and the CPU tests use).  A 128-row block may hold two t
 64, s_q = 2): it visits the tiles of its LAST token (the largest causal limit), and each
 thread masks with its own row's limit.
 
-A keys object is a plain Python object holding traced values: the tracer would have to carry
-it through any staged `if` or loop whose body calls one of its methods, and it cannot.  So the
-house never calls its methods inside one: it calls them through its own methods
-(Kernel.load_chunk, .mask_scores), with the object as an argument.
+A keys object holds traced values the tracer cannot carry through a staged `if` or loop, so the
+house calls its methods only through its own (Kernel.load_chunk, .mask_scores).
 """
 
 from __future__ import annotations

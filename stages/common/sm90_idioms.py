@@ -11,29 +11,14 @@ P in registers between two WGMMAs
     K-block of P.  Retiling is therefore a pure re-indexing of the same
     registers plus an fp32 → bf16 conversion; no data moves between threads.
 
-    `check_accumulator_is_a_operand` proves the claim at trace time for the two
-    tiled MMAs a kernel builds (call it in the host-side `__call__`): if the
-    fragments ever disagreed, compilation fails instead of the kernel quietly
-    computing with a permuted P.  `accumulator_to_a_operand` then does the
-    re-indexing and the conversion inside the kernel.  `register_p_mmas`
-    builds the usual pair (SS wgmma for Q·Kᵀ, RS wgmma for P·V) and runs the
-    check (stages/common/sm90_register_p.py is the house of such kernels).
+    `check_accumulator_is_a_operand` proves it at trace time for a kernel's two tiled MMAs
+    (call it in `__call__`); `accumulator_to_a_operand` does the re-indexing and conversion;
+    `register_p_mmas` builds the pair (SS Q·Kᵀ, RS P·V) and runs the check.
 
-A warpgroup GEMM, waited for
-    `wgmma_sync` issues the K steps of one tiled wgmma between
-    warpgroup.fence and commit_group / wait_group(0); `qk_tiled_mma` is the
-    SS wgmma of S = Q·Kᵀ every stage builds; `store_accumulator` is the
-    epilogue (fp32 → the output's type → global).
-
-TMA pipelines
-    `tma_pipeline` builds the PipelineTmaAsync every stage uses: one elected
-    producer thread whose TMA bytes complete the full barrier, and consumer
-    warps that each arrive once on the empty barrier.
-
-Rows of a wgmma accumulator
-    `acc_rows_cols` views an accumulator fragment as (rows, columns) of the
-    calling thread, the indexing every row-wise softmax step uses (the online
-    softmax itself is stages/common/softmax.py).
+Also: `wgmma_sync` (fence, K steps, commit, wait_group(0)), `qk_tiled_mma` (the SS wgmma of
+S = Q·Kᵀ), `store_accumulator`, `tma_pipeline` (one elected producer whose TMA bytes complete
+the full barrier, consumer warps arriving once on the empty one), `acc_rows_cols` (an
+accumulator fragment as the thread's (rows, columns)).
 """
 
 import cutlass
