@@ -10,23 +10,12 @@ The shape every sm90 stage shares
     swizzle atom repeats every 8 rows of 128 bytes, and a wgmma descriptor needs its atom
     aligned).
 
-Host side (trace time, the kernel's `__call__`)
-    TmaPipe          one pipeline's name, slots, bytes per slot and consumer warps
-    smem_struct      the shared storage: every pipeline's mbarriers (in order), an optional
-                     fp32 row buffer (SMEM-P's α, then 1/ℓ), then the operand buffers
-    AttentionOperands
-                     the MMAs, TMA loads and layouts an attention kernel gets as one argument
-Kernel side
-    smem_tensors     the operand buffers as (swizzled) tensors
-    tma_pipelines    every pipeline, then ONE barrier-init fence and CTA barrier for all
-    tma_tiles        (atom, tXgX, tXsX) of one operand: global tiles and the slots one TMA
-                     copy fills, the triple `tma_produce` and `TileLoader` consume
-    load_once        the producer's single load of a one-slot pipeline (Q)
-    wait_once        its consumers' wait
-    TileLoader       the producer of a many-slot pipeline: global tile i into slot i mod
-                     slots, as slots free up (`fill` for the prologue, `produce` for one more)
-
-None of them adds synchronisation of its own: each emits what the stages emitted inline.
+Host side: TmaPipe (one pipeline's name, slots, bytes, consumer warps), smem_struct (every
+pipeline's mbarriers, an optional fp32 row buffer, the operand buffers), AttentionOperands.
+Kernel side: smem_tensors, tma_pipelines (then ONE barrier-init fence and CTA barrier),
+tma_tiles ((atom, tXgX, tXsX) of one operand), load_once / wait_once (a one-slot pipeline),
+TileLoader (global tile i into slot i mod slots as slots free up).  None adds synchronisation
+of its own.
 """
 
 from __future__ import annotations
