@@ -1,8 +1,7 @@
 """Stage D4 on Blackwell (sm_100a): D3's SWA decode attention with the causal rule — the s_q
 query tokens are the newest tokens of the window.  tcgen05 MMAs, S and O in TMEM.
 
-Compiled for sm_100a and inspected (PTX inventory, ptxas) only: it has never run on a
-Blackwell GPU.  Do not call it verified.
+Compiled and inspected (PTX inventory, ptxas) only, never run on a Blackwell GPU: not verified.
 
 Math:  query token t (0 … s_q−1) sits at key position swa_lens[b] − s_q + t and sees key j iff
 j ≤ swa_lens[b] − s_q + t (and j < swa_lens[b]): key limit max(swa_lens[b] − s_q + t + 1, 0)

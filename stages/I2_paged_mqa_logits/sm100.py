@@ -1,5 +1,5 @@
 """Stage I2 on Blackwell (sm_100a): the lightning indexer's FP8 MQA logits over a paged cache.
-Compile-only here (no Blackwell GPU): compiled, not run.
+Compiled and inspected only (no Blackwell GPU): not run.
 
 Math: as the sm90 kernel (oracles/indexer.py): logits[i·next_n + t, j] = k_scale[j] ·
 Σ_h w · relu(q[i, t, h] · k[j]) for j ≤ context_lens[i] − next_n + t, −inf elsewhere; key j of

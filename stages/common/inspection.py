@@ -1,15 +1,10 @@
 """What a kernel shows `dsv4-lab inspect`: named layouts, recorded while it is traced.
 
-A kernel calls `expose(self, name=value, ...)` at trace time (in its host-side
-`__call__` or in its `@cute.kernel` body) with the objects it builds and wants
-inspected: tiled MMAs, shared-memory layouts, TMEM plans, tiled copies and the
-identity-coordinate partitions they act on.  Outside an inspection (every compile
-and every run) `expose` returns at once: it emits no operation, so the generated
-code is the same with or without the hook.
-
-During `dsv4-lab inspect` (harness/execution/kernelinspect.py) a recorder is installed for the
-one traced kernel; it describes the objects on the spot (CuTe objects live only
-as long as the trace) and keeps plain-Python data for the report and its checks.
+A kernel calls `expose(self, name=value, ...)` at trace time with the objects it wants
+inspected (tiled MMAs, shared-memory layouts, TMEM plans, tiled copies, identity partitions).
+Outside `dsv4-lab inspect` it returns at once and emits nothing; during one
+(harness/execution/kernelinspect.py, which holds the checks) a recorder describes the objects
+on the spot (they live only as long as the trace).
 
 Names the inspector understands (see harness/execution/kernelinspect.py for the checks):
     qk_mma, pv_mma    (tiled_mma, (M, N, K) tile) of S = Q·Kᵀ and O = P·V

@@ -10,8 +10,7 @@ in register order i = e + 2·h + 4·g (`check_accumulator_layout` proves it at t
 bf16 a thread's two columns of one row and one group are one 32-bit word, w(h, g) = word 2·g + h,
 and the four threads of a quad hold the four words — 16 contiguous bytes — of each (row, group).
 Stored as they are, one warp instruction writes 4 bytes a thread into 8 rows (64 store
-instructions a thread for a 64 × 256 half of O; stage E's cycle timeline, branch try-timeline,
-found them bounding its epilogue).
+instructions a thread for a 64 × 256 half of O, which bounded stage E's epilogue).
 
 Transposed across the quad, 4 groups at a time, thread q holds all four words of group 4·b + q,
 i.e. 16 contiguous bytes, and a warp instruction writes 64 contiguous bytes into each of 8 rows:

@@ -4,18 +4,9 @@ Every stage loads its operands the same way: a row-major global tensor, a
 staged shared-memory layout (the MMA's operand layout with a trailing
 "stages" mode), one TMA box = one whole tile of that layout, one CTA (no
 multicast), and an mbarrier that counts the bytes the box deposits.  The
-helpers below are that idiom and nothing more; which tiles a stage loads,
-into how many slots and in which order stays in the stage.
-
-    transpose_view       a 2-D tensor seen with its two modes exchanged (Vᵀ)
-    sm90_tma_load        Hopper: TMA atom + TMA tensor + bytes of one box
-    sm100_tma_load       Blackwell: the same for a tcgen05 MMA operand (A or B)
-    prefetch_descriptors prefetch.tensormap of the atoms' descriptors
-    tma_partition_tile   (smem, gmem) partitions where one copy moves one tile
-    tma_produce          producer step of a PipelineTmaAsync (sm90) slot
-
-All of them only emit what the inlined code emitted before them; none adds
-synchronisation of its own.
+multicast), and an mbarrier that counts the bytes the box deposits.  The helpers are that
+idiom (transpose_view, sm90_tma_load, sm100_tma_load, prefetch_descriptors,
+tma_partition_tile, tma_produce) and add no synchronisation of their own.
 """
 
 import cutlass.cute as cute
