@@ -1,29 +1,20 @@
 """Upkeep of the notebook's size (the tracked tree must stay small enough to carry to a GPU
-machine): move the records' inline instruction inventories and env blocks into their stores,
-move stale records into results/archive/<stage>.jsonl.xz (their inventories and env inline) and
-the events of runs no live line names into results/archive/runs.jsonl.xz, seal the live lines
-of each results/records/<stage>.jsonl into its segment results/records/<stage>.jsonl.xz (one xz
-stream; the plain file is left empty — a stage with a line readers skip is left as it is, with
-one line naming it, and the exit code is 1), rewrite each store
-(results/inventories.jsonl.xz, results/envs.jsonl.xz) as one xz stream holding only the values a
-line still names (an older notebook's plain results/inventories.jsonl is folded in and removed),
-retire the archive's oldest stale lines (harness/notebook/archive.py `retire`: per (arch, case) the
-newest --keep lines, default 0 (a bench shape: 4), and every line of the last --days days, default 0, stay; a line a
-baseline, a speed baseline or a note names, or of a run a note or the stage's live records name, stays; a
-retired line is named in results/archive/retired.jsonl.xz with the commit — HEAD, which holds it —
-and the `git show` that shows it; only a line the archive at HEAD holds is retired, none outside
-a git checkout), and trim compile baselines to what the gate compares and run baselines' metric values to the
-digits it needs (harness/notebook/inventories.py, harness/notebook/archive.py, harness/notebook/baselines.py). Nothing is
-lost: every reader sees the same records afterwards.
-Idempotent; prints what it saved. It holds the notebook's lock (results/.lock) throughout: runs appending meanwhile wait,
-and nothing they write is lost. It reads every record before and after (`every_record`): one that
-does not read back the same is one line, and the exit code is 1.
+machine): move the records' inline inventories and env blocks into their stores, stale records
+into results/archive/<stage>.jsonl.xz and the events of runs no live line names into
+results/archive/runs.jsonl.xz, seal each stage's live lines into its segment (a stage with a line
+readers skip is left as it is, one line, exit 1), rewrite each store as one xz stream of the
+values a line still names (folding in an older plain inventories.jsonl), retire the archive's
+oldest stale lines (archive.py `retire`: --keep N, default 0, a bench shape 4; --days M, default
+0; named in results/archive/retired.jsonl.xz with HEAD and the `git show` that shows it), and
+trim baselines to what the gate compares.  Nothing is lost: every reader sees the same records.
+Idempotent; prints what it saved; holds the notebook's lock (results/.lock) throughout.  Every
+record is read before and after (`every_record`): one that does not read back the same is one
+line, exit 1.
 
     python3 scripts/compact_results.py [LAB_ROOT] [--force] [--keep N] [--days M]
 
-A store with parts that cannot be read (a stream cut off by a crash, a corrupt line) is left as
-it is, with the warnings printed; --force rewrites it from what can be read.
-"""
+A store with unreadable parts is left as it is, with the warnings; --force rewrites it from what
+can be read."""
 
 from __future__ import annotations
 

@@ -1,32 +1,23 @@
 """`prepared`: a compiled kernel's host path run up to (not including) its launch, on a GPU of
-another arch (issue 34 item 5: sm_100a kernels on an H100).
+another arch (sm_100a kernels on an H100).
 
-What CuTeDSL 4.8.1's compiled host code does (read from the lowered IR of stage E's sm100
-kernels, `str(compiled.ir_module)`): it encodes every TMA descriptor itself — the tiled maps
-and the gather4 maps alike, 128 bytes built inline from the tensors' addresses, shapes and
-strides (no cuTensorMapEncode* call: the driver never sees them before the launch) — then, on
-its first call, loads the cubin as a CUDA library (_cudaLibraryLoadData), finds the kernel
-(_cudaLibraryGetKernel), reads its static shared memory (_cuKernelGetAttribute), sets the
-dynamic shared-memory limit and the non-portable-cluster attribute (_cudaFuncSetAttribute /
-_cudaKernelSetAttributeForDevice), and launches (_cudaLaunchKernelEx with grid, block and the
-inferred dynamic shared memory).  Those calls go through libcute_dsl_runtime.so's wrappers.
+CuTeDSL 4.8.1's compiled host code (read from the lowered IR) encodes every TMA descriptor itself
+(no cuTensorMapEncode* call), then on its first call loads the cubin as a CUDA library
+(_cudaLibraryLoadData), finds the kernel (_cudaLibraryGetKernel), reads its static shared memory
+(_cuKernelGetAttribute), sets the shared-memory and cluster attributes, and launches
+(_cudaLaunchKernelEx), through libcute_dsl_runtime.so's wrappers.
 
-A small interposer (SHIM_SOURCE, built with the machine's C compiler and loaded RTLD_GLOBAL
-before CuTeDSL, so the JIT-linked host code resolves the wrappers to it) forwards every call to
-the real runtime, except while a prepare is active: then the launch is recorded and NOT made,
-and — the kernel being built for another arch — a library, kernel or attribute call the driver
-refuses for want of an image for this device is recorded (which calls, the error) and passed
-over; the record's note says what the driver did and what it refused.  A library or kernel the
-driver refused gets a handle of the interposer's own, which is never passed on to the runtime (a
-made-up handle given to the driver is a crash: what the first H200 run of this mode met), and any
-error that is not such a refusal fails the host path as it would.  Everything else runs for real: the
-descriptors are encoded from the real tensors on the device, the cubin is loaded into a
-library, the kernel is found by name, and the recorded launch is checked against the device's
-limits (threads per block, grid, opt-in shared memory: 232,448 bytes on both H100 and B200).
+An interposer (SHIM_SOURCE, built with the machine's C compiler and loaded RTLD_GLOBAL before
+CuTeDSL) forwards every call to the real runtime, except while a prepare is active: then the
+launch is recorded and NOT made, and a library, kernel or attribute call the driver refuses for
+want of an image for this device is recorded and passed over (the record's note says what the
+driver did and refused).  A refused library or kernel gets a handle of the interposer's own,
+never passed to the runtime (a made-up handle is a crash); any other error fails the host path.
+Everything else runs for real, and the recorded launch is checked against the device's limits
+(threads per block, grid, opt-in shared memory: 232,448 bytes on H100 and B200).
 
-Mode "fake" (CPU tests only) answers every runtime call itself: the host path runs on a machine
-with no GPU at all, which proves the mechanism, not the hardware.
-"""
+Mode "fake" (CPU tests only) answers every runtime call itself: it proves the mechanism, not the
+hardware."""
 
 from __future__ import annotations
 

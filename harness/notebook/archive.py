@@ -1,35 +1,26 @@
 """Keeping the notebook small: a stage's stale lines move into a compressed archive (README:
-Records, for the user's view of compaction and retiring).
+Records).
 
-A record is stale once the code that decides its verdict changed (harness/spec/identity.py).
-`archive_stale` moves every line of results/records/<stage>.jsonl whose `code.src` is not the
-stage's source hash now for its arch to the end of results/archive/<stage>.jsonl.xz, byte for
-byte except that the ids it names (harness/notebook/inventories.py: inventories, env blocks) are
-replaced by the values the stores hold, so the stores only serve live records. Lines already in
-the archive that still name ids are inlined the same way whenever it is rewritten
-(`inline_archive`); an id a store lacks stays. Readers (harness/notebook/records.py) read the
-archive as the older part of the records file; fresh records, lines that do not parse and lines
-of stages or archs the spec no longer has stay where they are. `archive_runs` does the same for
-the events in results/runs.jsonl of runs no live record names (results/archive/runs.jsonl.xz).
+`archive_stale` moves every line of results/records/<stage>.jsonl (and its segment) whose
+`code.src` is not the stage's source hash now to the end of results/archive/<stage>.jsonl.xz,
+byte for byte but with the store ids it names replaced by their values (`inline_archive` does
+the same to older archive lines; an id a store lacks stays). Fresh records, unparsable lines and
+lines of stages or archs the spec no longer has stay. `archive_runs` does the same for the events
+of runs no live record names (results/archive/runs.jsonl.xz).
 
-`seal` moves every line of results/records/<stage>.jsonl, byte for byte, to the end of the
-segment results/records/<stage>.jsonl.xz (one xz stream, preset 9|extreme) and empties the plain
-file; readers read archive, segment, plain file in that order. It refuses (SealRefused, one line
-naming file:line and the fix, nothing written) while a line of either is one readers skip, or
-the segment is no xz. A line the segment already holds byte for byte (a crash between writes) is
-not added twice. `archive_stale` moves stale lines of the segment and the plain file alike.
-Archive, then segment, then records file, each a temp file and a rename: a crash leaves a line
-in two places (read twice), never in neither.
+`seal` moves every line of results/records/<stage>.jsonl to the end of its segment
+results/records/<stage>.jsonl.xz (one xz stream, preset 9|extreme) and empties the plain file.
+It refuses (SealRefused, one line naming file:line and the fix, nothing written) while a line of
+either is one readers skip, or the segment is no xz; a line the segment already holds is not
+added twice. Archive, then segment, then records file, each a temp file and a rename: a crash
+leaves a line in two places (read twice), never in neither.
 
-`retire` bounds the archive. Per (arch, case) it keeps the newest `keep` lines (default 0: git
-holds every committed archive), a bench shape's newest max(keep, KEEP_BENCH), and every line of
-the last `days` days; an older line is dropped from the tree. Never retired: a line that does not
-parse or names no id, arch or case; a record a baseline, speed baseline or note names, or of a run
-a note or the stage's live records name (the caller gathers these); a record the archive at HEAD does not
-hold (`held`: only a committed line can be shown again with `git show`). One line goes to
-results/archive/retired.jsonl.xz (harness/notebook/retired.py) first, then the archive is
-rewritten: a crash leaves the line named there and still in the archive, never in neither.
-"""
+`retire` bounds the archive: per (arch, case) the newest `keep` lines (default 0: git holds every
+committed archive), a bench shape's newest max(keep, KEEP_BENCH), and the last `days` days stay.
+Never retired: a line that does not parse or names no id, arch or case; a record a baseline,
+speed baseline or note names, or of a run a note or live record names; a line the archive at
+HEAD does not hold (`held`). It is named in results/archive/retired.jsonl.xz (retired.py) first,
+then the archive is rewritten: never in neither."""
 
 from __future__ import annotations
 
