@@ -2,25 +2,17 @@
 its `bench:` block (stages.yaml), beside its peers, as a fraction of the GPU's roofline.
 
 For each bench shape, in a process of its own (a kernel that faults takes down that shape only):
-  1. inputs from the stage's generator, outputs poisoned, the cached compiled kernel launched once;
-  2. the check: every input compared bit for bit with its copy from before the launch (a kernel
-     that wrote one fails: harness.execution.pristine), then the oracle on a sample of `check_rows` rows along `row_axis` (each output row of a
-     row-separable stage depends on its own input rows only; the stage's tensors() tell which
-     tensors are sliced), judged by the stage's tolerances, and every element of every output
-     written. A kernel that fails posts no time: status fail, no timing;
-  3. the kernel, then each peer, timed one after the other on the same rotated inputs by the same
-     method (harness.execution.timing: CUDA graphs of many launches, warm-up, median and spread);
-     each peer's outputs are checked on the same rows first (a wrong peer posts no time either).
-Each shape is one record in results/records/<stage>.jsonl with `note: "bench"` (is_bench()),
-its shape in `case`, and flat timing keys: us, tflops, gbps, spread, p10_us, p90_us, reps, rot,
-launches, method, GPU name and clocks, roofline (fraction of the bound), bound_us, bound_by, and
-per peer `peer_<name>_us`, `_tflops`, `_ratio` (peer µs / kernel µs: above 1, the kernel is
-faster) and `_cos` — or `peer_<name>`: why it did not run ("not installed (pip install …)",
-"unsupported: …").
+  1. inputs from the stage's generator, outputs poisoned, the compiled kernel launched once;
+  2. the check: every input bit for bit unchanged (pristine), the oracle on `check_rows` rows
+     along `row_axis`, by the stage's tolerances, and every output element written; a kernel
+     that fails posts no time;
+  3. the kernel, then each peer (its outputs checked first), timed on the same rotated inputs
+     by the same method (timing.py: CUDA graphs, warm-up, median and spread).
+Each shape is one record with `note: "bench"` (is_bench()), its shape in `case`, and flat timing
+keys (README: the record's keys), per peer `peer_<name>_us`, `_tflops`, `_ratio` (peer µs /
+kernel µs) and `_cos` — or `peer_<name>`: why it did not run.
 
-`run --bench` is separate: it times the one test case the block's `case:` names (default: each
-axis's largest number / first word) at its test shape, as before.
-"""
+`run --bench` is separate: it times the one test case the block's `case:` names."""
 
 from __future__ import annotations
 
