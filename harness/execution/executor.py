@@ -1,22 +1,19 @@
-"""One case, executed — the single executor behind `run`, `run --bench`, `bench` and the remote side
-(which runs `run`), in a worker process (harness/execution/worker.py supervises it):
+"""One case, executed — the single executor behind `run`, `run --bench`, `bench` and the remote
+side, in a worker process (worker.py):
 
-  1. the contract: `tensors(case)` checked, inputs from the stage's generator checked against it
-     (harness.spec.check: a wrong name, shape or dtype is a one-line ContractError before any launch);
-  2. outputs and scratch allocated and poisoned (the kernel must write what is read back);
-  3. the kernel launched once (the cached compiled module: harness.execution.launch), then synchronized (a
-     CUDA error raises here), and every input compared bit for bit with its copy from before the
-     launch (harness.execution.pristine: the oracle runs on the inputs as generated);
-  4. the oracle, on every row or on `check_rows` rows sampled along `row_axis` (bench shapes),
-     its answer checked against the contract, and each output compared (harness.execution.metrics);
-     a suite stage's case also by the peer's own pass rule (its `criterion`: oracles/suites/);
-  5. optionally the kernel timed on rotated inputs (harness.execution.timing), and beside it its peers: the
-     stage's own PyTorch peer (`run --bench`) or the bench block's named peers (`bench`), in one
-     flat format — `peer_<name>_us`, `_spread`, `_tflops`, `_ratio` (peer µs / kernel µs), `_cos`,
-     or `peer_<name>`: why it did not run.
+  1. the contract: `tensors(case)` checked, the generated inputs checked against it
+     (spec.check: a wrong name, shape or dtype is a one-line ContractError before any launch);
+  2. outputs and scratch allocated and poisoned;
+  3. the kernel launched once, synchronized (a CUDA error raises here), and every input compared
+     bit for bit with its copy from before the launch (pristine);
+  4. the oracle on every row or on `check_rows` rows along `row_axis` (bench shapes), checked
+     against the contract, each output compared (metrics); a suite stage's case also by the
+     peer's pass rule (`criterion`);
+  5. optionally the kernel timed (timing.py) beside its peers (`run --bench`: the stage's PyTorch
+     peer; `bench`: the named peers), in one flat format — `peer_<name>_us`, `_spread`,
+     `_tflops`, `_ratio` (peer µs / kernel µs), `_cos`, or `peer_<name>`: why it did not run.
 
-The stage → job mapping is here too (`job_for`): the runner and bench build their jobs through it.
-"""
+`job_for` maps a stage to its job (the runner and bench use it)."""
 
 from __future__ import annotations
 
