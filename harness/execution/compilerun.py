@@ -1,20 +1,14 @@
-"""A compile session, recorded the way a run is: `dsv4-lab compile` and the gate (when it
-recompiles a stale compile-only case) compile cases in the parallel, cached compiler and write
-one record per case — status `compiled` or `compile_error`, the compile summary (resources and
-instruction inventory), code identity and environment — plus the run's start and end events
-in results/runs.jsonl. Nothing here imports torch; CuTeDSL only inside the compiler's workers.
+"""A compile session, recorded the way a run is: `dsv4-lab compile` and the gate's recompiles write
+one record per case (status `compiled` or `compile_error`, the compile summary, code identity,
+environment) and the run's start and end events.  No torch; CuTeDSL only in the compilers.
 
-Looking leaves no trace: with `only_new` (`dsv4-lab compile` without `--record`), a case whose
-record would say what its newest fresh record already says — the same source hash and the same
-compile summary, its time and cache flag aside — is not written again, and a session that writes
-no record writes no run events either, so results/ stays byte for byte as it was. A case whose
-source changed has no fresh record, so it is always recorded (the gate relies on it; it records
-every case it recompiles).
+With `only_new` (`compile` without `--record`) a case whose newest fresh record already says the
+same (source hash and compile summary) is not written again, and a session that writes nothing
+writes no run events: results/ stays byte for byte.  A changed source has no fresh record, so it
+is always recorded.
 
-SIGINT, SIGTERM and SIGHUP stop a session the way they stop a run: the compilers killed, the
-finished records kept, the end event marked interrupted (with the signal), and
-`harness.core.interrupts.Interrupted` raised for the caller (the command line exits 128 + signal).
-"""
+SIGINT, SIGTERM and SIGHUP stop a session as they stop a run: compilers killed, finished records
+kept, the end event interrupted, `core.interrupts.Interrupted` raised (exit 128 + signal)."""
 
 from __future__ import annotations
 

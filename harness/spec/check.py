@@ -1,23 +1,17 @@
 """`dsv4-lab check`: a stage's contract, proven on the CPU without compiling or a GPU.
 
 For each stage:
-  * the oracle-side modules import, `tensors(case)` gives a valid list of TensorSpecs for
-    every case (unique names, known dtypes, positive integer shapes, at least one output);
-  * tolerance keys are output names, and every output has tolerances;
-  * each arch's kernel module imports (no CUTE_DSL_ARCH needed), its entry is a class whose
-    `__init__` takes exactly the stage's kernel parameters (the matrix axes, or
-    `kernel_params`) as keywords, and whose `__call__` takes the tensors in the order
-    `tensors(case)` lists them (then `stream`, on a GPU arch);
-  * on the smallest case: `make_inputs(case, seed, "cpu")` returns exactly the inputs with
-    the declared shapes and dtypes; the oracle returns exactly the outputs with the
-    declared shapes; `flops(case)`, when declared, is a positive finite number.
+  * the oracle-side modules import; `tensors(case)` is a valid TensorSpec list for every case
+    (unique names, known dtypes, positive shapes, an output); every output has tolerances;
+  * each arch's kernel module imports; its entry is a class whose `__init__` takes exactly the
+    stage's kernel parameters as keywords and whose `__call__` takes the tensors in
+    `tensors(case)` order (then `stream`);
+  * on the smallest case, `make_inputs` and the oracle return exactly the declared tensors;
+    `flops(case)`, when declared, is a positive finite number.
 
-Every problem is one line, `FILE:LINE: key: problem — fix`, naming a line of stages.yaml or
-of the user's own code (harness.core.userfault), never a traceback.
-
-API: check_stage(spec, stage) -> list[str]; main(spec, stages) -> int (0 ok, 2 problems).
-The worker uses inputs_problems / outputs_problems to verify the same at run time.
-"""
+Every problem is one line, `FILE:LINE: key: problem — fix` (core.userfault), never a traceback.
+main(spec, stages) -> int (0 ok, 2 problems); the worker uses inputs_problems /
+outputs_problems at run time."""
 
 from __future__ import annotations
 

@@ -1,22 +1,17 @@
-"""The regression gate: every baselined case must still hold on the current tree.
+"""The regression gate: every baselined case must still hold on the current tree (README: Gate).
 
-For each baselined case the gate takes the newest record whose source hash matches the
-current tree's. Fresh -> compared with the baseline (run: its metrics, any status but `pass`
-and any non-finite or missing metric a regression; compile-only, an arch no device here runs:
-what compiling proves, harness/notebook/baselines.py — more shared memory or a changed barrier
-count is reported as a change, not failed). Not fresh -> compile-only cases are
-recompiled here (on the CPU, recorded as `dsv4-lab compile` records); run cases are run here
-when this machine can run their arch, proven on the proof target (`gate --target NAME`, or
-`proof_target:` in the user's targets file; through the remote run path, then judged again), or
-the gate fails with one line naming the stale stages and the command. The proven small cases
-(the smallest hd) are checked first, stopping at the first regression among them. `--staged`
-(the pre-commit hook) judges what the git index holds (harness/notebook/staged.py). The user's
-view of all this: README.md, "Gate".
+For each baselined case the gate takes the newest record whose source hash is the tree's.
+Fresh -> compared with the baseline (run: any status but `pass`, any non-finite or missing
+metric, a metric past tolerance is a regression; compile-only: what compiling proves,
+notebook/baselines.py — more shared memory or a changed barrier count is a change, not a
+failure). Not fresh -> compile-only cases are recompiled here (recorded as `dsv4-lab compile`
+records); run cases are run here when this machine runs their arch, proven on the proof target
+(`gate --target NAME` or `proof_target:`), or the gate fails with one line naming the stale
+stages and the command. The smallest cases are checked first, stopping at their first
+regression. `--staged` (the pre-commit hook) judges the git index (notebook/staged.py).
 
-With no stage source changed, the gate decides from records alone: it imports neither
-torch nor CuTeDSL. Exit codes: 0 pass, 1 regression or stale, 2 bad usage or config (a bad
-baselines file is one line, never a pass).
-"""
+With no stage source changed it decides from records alone (no torch, no CuTeDSL). Exit codes:
+0 pass, 1 regression or stale, 2 bad usage or config (a bad baselines file never passes)."""
 
 from __future__ import annotations
 

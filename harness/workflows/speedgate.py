@@ -1,22 +1,14 @@
 """`dsv4-lab gate --speed`: no baselined bench shape may have become slower.
 
-For every speed baseline (results/speed_baselines.yaml.xz, harness/notebook/speedbaselines.py):
-  * its source unchanged (the record's source hash is the tree's): it holds — the kernel that was
-    timed is the kernel there is;
-  * its source changed: the shape is re-timed by A/B against the baseline's commit, in one
-    process, interleaved (`bench --compare COMMIT`, harness/execution/abbench.py) — never by
-    comparing a new number with the stored one (another day, other clocks). It fails when the
-    verdict is "slower": the tree's median above the commit's by more than the stage's
-    `bench: {speed_tolerance: …}` (default 3 %) with the 95 % interval excluding no change.
+For every speed baseline (notebook/speedbaselines.py): source unchanged -> it holds; source
+changed -> the shape is re-timed by A/B against the baseline's commit, interleaved (`bench
+--compare COMMIT`, abbench.py), never against the stored number; it fails on the verdict
+"slower" (the stage's `speed_tolerance`, default 3 %, and the 95 % interval).
 
-It runs only where a GPU of the baseline's model (name) runs the arch; anywhere else it says so in
-one line and exits 1 (a speed gate that timed nothing never passes). A baseline without a commit,
-or with a shape no longer in the bench block, cannot be re-timed: a failure, named.
-
-`gate --speed --target NAME` (`main_remote`): the same gate on an SSH target's GPU
-(harness/remote/remote_speedgate.py; `main_emitting` there; docs/BENCH.md, "The speed gate on a
-target", its steps and exit codes).
-"""
+It runs only where a GPU of the baseline's model runs the arch; elsewhere one line, exit 1. A
+baseline without a commit, or whose shape left the bench block, is a failure, named.
+`gate --speed --target NAME` (`main_remote`): on an SSH target's GPU (remote_speedgate.py;
+docs/BENCH.md, "The speed gate on a target")."""
 
 from __future__ import annotations
 
