@@ -1,20 +1,15 @@
 """Line-aware reading of YAML config files (stages.yaml, targets.yaml, baselines.yaml, …): the
-composed node tree keeps each value's line, so every problem can be one line naming file, line
-and key.
+composed node tree keeps each value's line, so every problem is one line naming file, line, key.
 
-`read_file` / `compose` are the one way in. Whatever the bytes, they return a bounded node tree
-or raise the context's error as one line, never anything else:
-- YAML amplification is refused while composing: at most MAX_ALIASES aliases, standing for at
-  most MAX_ALIAS_NODES nodes in all (a billion-laughs bomb is refused after a few aliases, in
-  milliseconds), and no alias inside its own anchor (a cycle);
-- nesting deeper than MAX_DEPTH is refused before Python's recursion limit is reached, and a
-  file of more than MAX_NODES values (or MAX_BYTES) before it takes seconds;
-- non-UTF-8 bytes, characters YAML forbids (NUL…), tags other than YAML's plain ones
-  (`!!python/…`, `!!binary`, merge keys `<<`), mapping keys that are not plain values, and
-  values that cannot be built (a 5000-digit integer, `2024-13-45`, `!!int abc`) are each one
-  line naming where they are.
-So `scalar`, `kind` and `mapping` never raise on a tree from `compose`.
-"""
+`read_file` / `compose` return a bounded node tree or raise the context's error as one line,
+whatever the bytes:
+- at most MAX_ALIASES aliases standing for MAX_ALIAS_NODES nodes in all (a billion-laughs bomb
+  is refused in milliseconds), no alias inside its own anchor;
+- nesting deeper than MAX_DEPTH, more than MAX_NODES values or MAX_BYTES are refused early;
+- non-UTF-8 bytes, characters YAML forbids, tags other than YAML's plain ones (`!!python/…`,
+  `!!binary`, merge keys `<<`), non-plain mapping keys and values that cannot be built (a
+  5000-digit integer, `2024-13-45`) are each one line naming where they are.
+So `scalar`, `kind` and `mapping` never raise on a tree from `compose`."""
 
 from __future__ import annotations
 

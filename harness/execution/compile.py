@@ -1,20 +1,12 @@
 """Compile checks and the on-disk compile cache.
 
-A case is compiled against fake tensors (static shapes from the oracle's `tensors(case)`),
-so it needs no GPU. The result is exported to an object file and cached under
-.cache/compile/<key>/ with its PTX, cubin, SASS (when the CUDA binary tools are installed) and
-a meta.json holding the instruction inventory (harness/notebook/inventory.py) and the resource report
-(registers, shared memory, spills, barriers). The key covers the
-stage's source hash, the kernel parameters, the tensor specs, the arch, the CuTeDSL
-version and, where a GPU is visible, its SM count: a re-run of an unchanged matrix compiles nothing.
-
-CuTeDSL reads its target arch from the environment when it is imported, so compiling is
-done in worker processes dedicated to one arch (`Compiler`).
-
-A failure in the user's code while compiling (the kernel's constructor, its tracing, the
-oracle's `tensors`) is a result, never a crash: one line naming the user's file:line
-(harness/core/userfault.py), with the full traceback kept in `trace`.
-"""
+A case is compiled against fake tensors (static shapes from `tensors(case)`), no GPU needed, and
+cached under .cache/compile/<key>/ with its PTX, cubin, SASS (with the CUDA binary tools) and a
+meta.json of the instruction inventory and resources.  The key covers the stage's source hash,
+the kernel parameters, tensor specs, arch, CuTeDSL version and a visible GPU's SM count.
+CuTeDSL reads its arch at import, so compiles run in per-arch worker processes (`Compiler`).
+A failure in the user's code is a result, never a crash: one line naming the user's file:line
+(core/userfault.py), the traceback kept in `trace`."""
 
 from __future__ import annotations
 
