@@ -65,9 +65,8 @@ _SHAPE_WORD = re.compile(r"b(\d+)s(\d+)h(\d+)n(\d+)d(\d+)(?:p(\d+))?")
 
 @dataclass(frozen=True)
 class DecodeShape:
-    """A decode problem: b sequences, s_q query tokens each, h_q query heads of width d, one
-    KV head of n attended keys stored in n_alloc ≥ n rows.  Named in a test matrix by a word
-    b{b}s{s_q}h{h_q}n{n}d{d}[p{pad}] (n_alloc = n + pad), e.g. b4s2h64n1152d512p100."""
+    """A decode problem: b sequences, s_q tokens, h_q heads of width d, one KV head of n keys in
+        n_alloc ≥ n rows; word b{b}s{s_q}h{h_q}n{n}d{d}[p{pad}] (n_alloc = n + pad)."""
 
     b: int
     s_q: int
@@ -92,9 +91,8 @@ _BRANCH_WORD = re.compile(r"b(\d+)s(\d+)h(\d+)m(\d+)n(\d+)d(\d+)")
 
 @dataclass(frozen=True)
 class BranchShape:
-    """A two-branch decode problem (stage D5): b sequences, s_q tokens, h_q heads of width d, a
-    main key branch of n_main keys and an SWA branch of n_swa keys (each its own KV tensor).
-    Named by a word b{b}s{s_q}h{h_q}m{n_main}n{n_swa}d{d}, e.g. b4s2h128m128n256d512."""
+    """A two-branch decode problem (D5): b, s_q, h_q, d, a main branch of n_main keys and an SWA
+        branch of n_swa; word b{b}s{s_q}h{h_q}m{n_main}n{n_swa}d{d}."""
 
     b: int
     s_q: int
@@ -180,10 +178,8 @@ def _max(a, b):
 
 
 def key_limit(capacity: int, fill=None, causal: bool = False, s_q: int = 1, token=0):
-    """How many leading keys of a branch of `capacity` keys one query token may attend:
-    all of them (fill None), or the first `fill` (the fill level, clamped to [0, capacity]);
-    with `causal` (stage D4's rule: token t of s_q sits at key position fill − s_q + t and
-    sees keys j ≤ that) the first max(fill − s_q + t + 1, 0).  Ints or traced Int32."""
+    """Leading keys of a branch of `capacity` one token may attend: all (fill None), or min(fill,
+        capacity) clamped at 0; `causal` (D4): max(fill − s_q + t + 1, 0).  Ints or traced Int32."""
     if fill is None:
         return capacity
     lim = _min(_max(fill, 0), capacity)
@@ -218,9 +214,8 @@ class VisitPlan(NamedTuple):
 
 def visit_tiles(begin, end, tiles_first: int, valid_first, valid_second=None) -> VisitPlan:
     """The plan of a CTA owning static tiles [begin, end) of [0, tiles_first) ++ [tiles_first,
-    tiles_first + T₂) whose branches hold valid keys in their first valid_first / valid_second
-    tiles (valid_second None: there is no second branch).  With one unmasked branch
-    (valid_first == tiles_first, ints) the plan is the range itself, with no arithmetic added."""
+        tiles_first + T₂) whose branches hold valid keys in their first valid_first / valid_second
+        tiles (None: no second branch).  One unmasked branch (ints): the range itself."""
     if valid_second is None and isinstance(valid_first, int) and valid_first == tiles_first:
         return VisitPlan(end - begin, end - begin, begin, 0)
     if valid_second is None:
