@@ -164,9 +164,8 @@ def table_pair_words(half: int) -> tuple[int, int]:
 
 @dsl_user_op
 def table_half(word, h: int, sb, *, loc=None, ip=None) -> tuple[Int32, Int32]:
-    """Values 4h … 4h + 3 of a word of 8 codes → two bf16x2 words × sb (the scale, bf16x2):
-    the magnitudes by two PRMT table lookups and two PRMT interleaves, the signs by IMAD + LOP3,
-    one HFMA2 each (the table holds the e2m1 values themselves: one multiply, always)."""
+    """Values 4h … 4h + 3 of a word of 8 codes → two bf16x2 words × sb: magnitudes by two PRMT table
+        lookups and two interleaves, signs by IMAD + LOP3, one HFMA2 each."""
     res = llvm.inline_asm(
         llvm.StructType.get_literal([T.i32(), T.i32()]),
         [Int32(word).ir_value(loc=loc, ip=ip), Int32(sb).ir_value(loc=loc, ip=ip)],
@@ -213,9 +212,8 @@ def one_multiply_fits(word):
 
 @cute.jit
 def e2m1x8_to_bf16(word, f, sb, out, one_multiply=False):
-    """out[0:4] (Int32: bf16x2 words of values 0 … 7) ← the 8 codes of `word` × the group's
-    scale (f, sb of scale_factors).  `one_multiply` (a bool, or a warp-uniform Boolean that holds
-    only where the scale is below 4): × f alone — 4 instructions fewer of 23."""
+    """out[0:4] (bf16x2 words of values 0 … 7) ← the 8 codes of `word` × the group's scale (f, sb
+        of scale_factors).  `one_multiply` (true only where the scale is below 4): × f alone."""
     if cutlass.const_expr(isinstance(one_multiply, bool)):
         _words(word, out, f, None if one_multiply else sb)
     elif one_multiply:

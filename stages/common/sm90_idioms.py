@@ -56,9 +56,8 @@ def check_accumulator_is_a_operand(tiled_mma_c, tiled_mma_a, tile_mn):
 
 
 def check_rows_shared(qk_mma, pv_mma, tile_mn, hd: int) -> None:
-    """Trace time, for every thread of warpgroup 0: the rows of S's accumulator (tile_mn) are
-    the rows of O's (tile_mn[0] × hd), in the same order — so α, a row's factor computed beside
-    S, scales O in registers (that P is S's registers is check_accumulator_is_a_operand)."""
+    """Trace time, every thread of warpgroup 0: S's accumulator rows are O's rows in the same order,
+        so α, computed beside S, scales O in registers."""
     ident_s = cute.make_identity_tensor(tile_mn)
     ident_o = cute.make_identity_tensor((tile_mn[0], hd))
     for t in range(128):
@@ -83,16 +82,10 @@ def qk_tiled_mma(dtype, atoms: tuple, block_m: int, block_n: int):
 
 
 def register_p_mmas(dtype, num_warpgroups: int, block_n: int, hd: int):
-    """(qk_mma, pv_mma) of attention with P in registers, fp32 accumulators,
-    `num_warpgroups` warpgroups stacked along M (64 query rows each):
-
-        qk_mma  S = Q · Kᵀ, SS wgmma m64n{block_n}k16; Q [rows, hd] and K [keys, hd]
-                row-major, i.e. both operands K-major
-        pv_mma  O = P · V, RS wgmma m64n{hd}k16; A = P from registers (K-major),
-                B = Vᵀ (hd, keys) MN-major, i.e. V [keys, hd] row-major
-
-    and the trace-time proof (`check_accumulator_is_a_operand`) that S's
-    accumulator over the (64 · num_warpgroups, block_n) tile is P's A fragment."""
+    """(qk_mma, pv_mma) with P in registers, fp32 accumulators, `num_warpgroups` warpgroups along M:
+        S = Q · Kᵀ, SS wgmma m64n{block_n}k16, both K-major; O = P · V, RS wgmma m64n{hd}k16, A = P
+        from registers, B = Vᵀ MN-major — and the proof (`check_accumulator_is_a_operand`) that S's
+        accumulator is P's A fragment."""
     qk_mma = qk_tiled_mma(dtype, (num_warpgroups, 1, 1), 64, block_n)
     pv_mma = sm90_utils.make_trivial_tiled_mma(
         dtype, dtype,
@@ -114,10 +107,9 @@ def accumulator_to_a_operand(
     tile_mk: cutlass.Constexpr[tuple],
     dtype: cutlass.Constexpr[type],
 ) -> cute.Tensor:
-    """Return this thread's register A fragment (of `thr_mma_a` over the
-    (M, K) tile `tile_mk`) holding `dtype(acc)`, where `acc` is the fp32
-    accumulator of the first MMA over the same tile read as (M, N).
-    Valid only where `check_accumulator_is_a_operand` passed."""
+    """This thread's register A fragment (`thr_mma_a` over `tile_mk`) holding `dtype(acc)`, `acc`
+        the first MMA's fp32 accumulator over the same tile; valid where
+        `check_accumulator_is_a_operand` passed."""
     frag_a = thr_mma_a.make_fragment_A(thr_mma_a.partition_shape_A(tile_mk))
     # The same registers, indexed like the accumulator.
     frag_a_as_acc = cute.make_tensor(frag_a.iterator, acc.layout)
@@ -126,14 +118,10 @@ def accumulator_to_a_operand(
 
 
 def tma_pipeline(mbar, stages: int, tx_bytes: int, consumer_warps: int, defer_sync: bool = True, name: str = ""):
-    """PipelineTmaAsync over the mbarrier block `mbar` (a smem MemRange of 2 ×
-    `stages` Int64): the producer is one thread (its TMA loads of `tx_bytes`
-    bytes per slot complete the full barrier), the consumer side counts
-    `consumer_warps` arrivals per slot (consumer_release arrives once per warp).
-
-    defer_sync=True leaves the barrier-init fence and the CTA barrier to the
-    caller (cute.arch.mbarrier_init_fence(); cute.arch.sync_threads() once all
-    pipelines are created); False lets `create` do both."""
+    """PipelineTmaAsync over `mbar` (2 × `stages` Int64): one producer thread (its TMA bytes,
+        `tx_bytes` a slot, complete the full barrier), `consumer_warps` arrivals a release.
+        defer_sync=True leaves the init fence and CTA barrier to the caller (once all pipelines
+        exist)."""
     return pipeline.PipelineTmaAsync.create(
         num_stages=stages,
         producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
@@ -146,13 +134,9 @@ def tma_pipeline(mbar, stages: int, tx_bytes: int, consumer_warps: int, defer_sy
 
 
 def acc_rows_cols(t: cute.Tensor) -> cute.Tensor:
-    """View a wgmma accumulator fragment ((2, 2, N/8), MMA_M, MMA_N) — or any
-    tensor partitioned like one, e.g. identity coordinates — as (rows, columns)
-    of this thread: rows = (r, r + 8) × MMA_M, columns = (2 adjacent) × (N/8
-    blocks) × MMA_N.  Same iterator, no data moves.  A row's columns are spread
-    over the 4 lanes of a quad, so a full-row reduction is the thread's own
-    reduction over the columns followed by a butterfly over the quad
-    (threads_in_group=4)."""
+    """A wgmma accumulator fragment ((2, 2, N/8), MMA_M, MMA_N), or a tensor partitioned like one,
+        as this thread's (rows, columns): rows (r, r + 8) × MMA_M, columns (2 adjacent) × (N/8) ×
+        MMA_N; no data moves.  A row's columns span a quad: reduce, then butterfly over 4 lanes."""
     s, d = t.layout.shape, t.layout.stride
     return cute.make_tensor(
         t.iterator,
@@ -183,17 +167,10 @@ def wgmma_sync(
     zero_init: cutlass.Constexpr[bool] = False,
 ):
     """acc = A · B (zero_init) or acc += A · B on the warpgroup tensor cores, complete on return.
-
-    `a`, `b`: this thread's MMA operand fragments (MMA, MMA_M/N, K steps[, slots]),
-    smem descriptors or a register A fragment; `a_slot` / `b_slot`: the slot
-    (last mode) to use, or None for a fragment without a slot mode.  `acc`: the
-    fp32 accumulator fragment.  Emits warpgroup.fence (wgmma.fence: prior
-    register writes to acc / A are visible), one wgmma per K step (scale-d = 0
-    on the first when zero_init), commit_group and wait_group(0).
-
-    Each K step indexes the fragments as a[None, None, k, slot] in one go, the
-    indexing the stages used inline (the descriptor arithmetic, and so the PTX,
-    depends on it)."""
+        `a`, `b`: operand fragments (MMA, MMA_M/N, K steps[, slots]); `a_slot` / `b_slot`: the slot,
+        or None.  warpgroup.fence, one wgmma per K step (scale-d = 0 on the first when zero_init),
+        commit_group, wait_group(0).  Fragments are indexed a[None, None, k, slot] in one go (the
+        descriptor arithmetic, and the PTX, depend on it)."""
     warpgroup.fence()
     tiled_mma.set(warpgroup.Field.ACCUMULATE, not zero_init)
     for k in cutlass.range_constexpr(cute.size(a, mode=[2])):

@@ -63,11 +63,10 @@ def aligned_arrive(barrier: int, threads: int) -> None:
 
 
 def smem_p_mmas(dtype, block_m: int, block_n: int, hd: int, num_wg: int):
-    """(qk_mma, pv_mma) of SMEM-P attention, fp32 accumulators:
-        qk_mma  S = Q · Kᵀ, SS wgmma m{block_m}n{block_n}k16 on one warpgroup
-        pv_mma  O = P · V, SS wgmma m{block_m}n{hd/num_wg}k16, atoms (1, num_wg, 1): warpgroup
-                w owns O columns [w·hd/num_wg, (w+1)·hd/num_wg); A = P [rows, keys] K-major,
-                B = Vᵀ (hd, keys) MN-major."""
+    """(qk_mma, pv_mma) of SMEM-P attention, fp32 accumulators: S = Q · Kᵀ, SS wgmma
+        m{block_m}n{block_n}k16 on one warpgroup; O = P · V, SS wgmma m{block_m}n{hd/num_wg}k16,
+        atoms (1, num_wg, 1) (warpgroup w owns O columns [w·hd/num_wg, (w+1)·hd/num_wg)), A = P
+        K-major, B = Vᵀ (hd, keys) MN-major."""
     qk_mma = qk_tiled_mma(dtype, (1, 1, 1), block_m, block_n)
     pv_mma = sm90_utils.make_trivial_tiled_mma(
         dtype, dtype,
@@ -81,11 +80,9 @@ def smem_p_mmas(dtype, block_m: int, block_n: int, hd: int, num_wg: int):
 
 
 def vt_slice_layout(dtype, hd: int, block_n: int, stages: int, slice_n: int):
-    """Shared-memory layout of Vᵀ tiles (hd, block_n, stages), hd contiguous (the MN-major B
-    operand of P·V).  The swizzle atom is chosen from the width of ONE warpgroup's slice
-    (slice_n columns), so that every slice starts on a swizzle-atom boundary and is a valid
-    wgmma descriptor on its own; atoms repeat along the keys first, as in the library's B
-    layouts."""
+    """Shared-memory layout of Vᵀ tiles (hd, block_n, stages), hd contiguous; the swizzle atom fits
+        ONE warpgroup's slice (slice_n columns), so every slice is a valid wgmma descriptor alone;
+        atoms repeat along the keys first."""
     kind = sm90_utils.get_smem_layout_atom(LayoutEnum.COL_MAJOR, dtype, slice_n)
     atom = warpgroup.make_smem_layout_atom(kind, dtype)
     return cute.tile_to_shape(atom, (hd, block_n, stages), order=(1, 0, 2))
@@ -107,10 +104,9 @@ class SmemP:
     @staticmethod
     def create(kernel, qk_mma, sP: cute.Tensor, s_row: cute.Tensor, tid_wg, threads: int, sync=aligned_sync,
                arrive=aligned_arrive) -> "SmemP":
-        """`sP` (block_m, block_n) of P; `tid_wg` the thread's index in its warpgroup; `kernel`
-        is shown the P store for `dsv4-lab inspect` (no code); `sync` / `arrive` meet a named
-        barrier (aligned by default; stages/common/unaligned_barriers.py's named_sync /
-        named_arrive for warpgroups that meet from different code)."""
+        """`sP` (block_m, block_n); `tid_wg` the thread's index in its warpgroup; `kernel` is shown the
+                P store (inspect); `sync` / `arrive` meet a named barrier (aligned by default;
+                unaligned_barriers.py's for warpgroups meeting from different code)."""
         tile = cute.size(sP, mode=[0]), cute.size(sP, mode=[1])
         p_store = cute.make_tiled_copy_C(
             cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), sP.element_type), qk_mma
