@@ -15,21 +15,12 @@ Math (row i of the 128 query rows, KV tiles j of 128 keys, scale = 1/sqrt(hd))
     Q, K, V, O bf16 row-major [m, hd] / [n, hd]; LSE fp32 [m].  m = 128, hd = 64,
     n a multiple of 128.
 
-Units and data flow (one CTA, 192 threads, warp-specialised)
-    warp 5      TMA producer: Q once, then K_j and V_j into 2-slot rings.
-                V is loaded from V (never from K, even when they alias).
-    warp 4      MMA issuer: per KV tile, S = Q·K_jᵀ (SMEM × SMEM → TMEM), then,
-                once P_j is in TMEM (and O rescaled), O += P_j·V_j (A from
-                TMEM, "TS"; accumulate flag off for j = 0).
-    warps 0-3   softmax warpgroup, thread t ↔ TMEM lane t ↔ query row t (warp
-                w may only touch lanes 32w … 32w + 31), so every row
-                reduction (max, sum) is thread-local:
-                tcgen05.ld S row → max, exp2, sum → bf16 P; wait until PV_{j-1}
-                has completed; if the max moved for any row of the warp,
-                rescale O in TMEM (tcgen05.ld → × α → tcgen05.st, the
-                correction pass); tcgen05.st P → tcgen05.wait::st → signal
-                the MMA warp.  At the end: O row / l → bf16 → global, LSE.
-
+Warp roles (192 threads, stages/common/sm100_setup.py): warp 5 TMA (Q once, K_j and V_j into
+2-slot rings, V never from K), warp 4 MMA (S = Q·K_jᵀ, then once P_j is in TMEM and O rescaled
+O += P_j·V_j, A from TMEM, "TS"), warps 0-3 softmax (thread t ↔ TMEM lane t ↔ row t, so max
+and sum are thread-local): S row → max, exp2, sum → bf16 P; wait for PV_{j-1}; rescale O if the
+warp's max moved (tcgen05.ld → × α → tcgen05.st); tcgen05.st P → wait::st → signal.  End: O / l,
+LSE.
     The rescale of O_{j-1} happens between PV_{j-1} (complete: the P slot's "empty" barrier is
     a tcgen05.commit after PV_{j-1}) and PV_j (not issued before P_j's "full" arrive, after the
     rescale's tcgen05.wait::st); the decision is per warp (vote.any over its 32 rows: tcgen05.ld/st
@@ -39,18 +30,11 @@ TMEM (256 columns allocated): S fp32 in columns [0, 128); P bf16 in the upper
 half of S, columns [64, 128) (two bf16 per column); O fp32 in [128, 192).
 All offsets come from `TmemPlan` (stages/common/sm100_idioms.py).
 
-What is new in this rung (stage B + the softmax): `softmax_role` (running max and
-sum, P = exp2, the O rescale by `rescale_o`) and an epilogue that divides by the
-row sum and writes LSE.  The set-up (operands, TMA, shared memory, pipelines, TMEM,
-the load and MMA warps) is stages/common/sm100_setup.py's, shared with B and D1.
+New in this rung (stage B + the softmax): `softmax_role` and the epilogue (O / l, LSE); the
+set-up is stages/common/sm100_setup.py's.
 
-Synchronisation (mbarriers via cutlass.pipeline; arrive counts in THREADS)
-    q, k, v   PipelineTmaUmma   load warp (TMA tx bytes) → MMA warp (tcgen05.commit)
-    s         PipelineUmmaAsync MMA warp commit → 128 softmax threads
-    p         PipelineAsyncUmma 128 softmax threads → MMA warp; its release is a
-              tcgen05.commit, so "P slot free" also means "PV_j complete"
-    o         PipelineUmmaAsync MMA warp commit after the last PV → 128 threads
-
+Synchronisation: sm100_setup.py's pipelines (q, k, v, s, p, o; the P slot's release is a
+tcgen05.commit, so "P slot free" also means "PV_j complete").
     S_j and P_j share TMEM columns and QK_{j+1} overwrites both, so the softmax warps release
     S only after PV_j has completed (they wait on the P slot's "free" commit after PV_j).
 

@@ -2,15 +2,8 @@
 with S and O in tensor memory (TMEM); P in TMEM at hd = 64 and in shared memory above.
 Compiled and inspected (PTX inventory, ptxas) only, never run on a Blackwell GPU: not verified.
 
-Math (row i of the 128 query rows, KV tiles j of `kv_tile` keys, scale = 1/sqrt(hd))
-    S_j      = Q · K_jᵀ                                  fp32 in TMEM
-    m_j      = max(m_{j-1}, max_k S_j[i, k])             running row max (raw scores)
-    P_j      = exp2(S_j · c − m_j · c),  c = scale · log2(e)
-    α_j      = exp2(m_{j-1} · c − m_j · c)               (α_0 = 0: m_{-1} = −inf)
-    l_j      = α_j · l_{j-1} + Σ_k P_j[i, k]             running row sum (fp32 P)
-    O_j      = α_j · O_{j-1} + bf16(P_j) · V_j           O in TMEM (fp32)
-    O        = bf16(O_last / l_last)
-    LSE[i]   = ln Σ_k exp(scale · S[i, k]) = (m_last · c + log2 l_last) · ln 2
+Math: stage C's (stages/C_online_softmax/sm100.py) with KV tiles of `kv_tile` keys,
+scale = 1/sqrt(hd): O = bf16(O_last / l_last), LSE = (m_last · c + log2 l_last) · ln 2.
     Q [m, hd], K, V [n, hd], O [m, hd] bf16 row-major; LSE [m] fp32.  m = 128,
     hd ∈ {64, 128, 256, 512}, n a multiple of kv_tile.
 
