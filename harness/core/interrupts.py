@@ -1,17 +1,13 @@
-"""Stop signals for the lab's commands: SIGINT (Ctrl-C), SIGTERM and SIGHUP end a command the
-same way, exit code 128 + signal, one line, never a traceback.
+"""Stop signals: SIGINT (Ctrl-C), SIGTERM and SIGHUP end a command the same way, exit code 128 +
+signal, one line, never a traceback.
 
-* A signal that the lab was started with ignored (`nohup` ignores SIGHUP; a shell ignores
-  SIGINT for a background job) stays ignored: the lab never installs a handler over SIG_IGN.
-* `Interrupted` is a KeyboardInterrupt, so code that stops cleanly on Ctrl-C (`except
-  KeyboardInterrupt`) stops the same way on SIGTERM and SIGHUP; it carries the signal.
-* `StopGuard`: while a piece of work that must clean up runs (a compile session), the first
-  stop signal raises `Interrupted`; the clean-up itself is never cut short by a second one.
+* A signal the lab was started with ignored (`nohup`, a background job) stays ignored.
+* `Interrupted` is a KeyboardInterrupt carrying the signal, so `except KeyboardInterrupt` code
+  stops the same way on SIGTERM and SIGHUP.
+* `StopGuard`: the first stop signal raises `Interrupted`; the clean-up is never cut short by a
+  second one.
 * `block_hangup_while`: start a helper process (multiprocessing's resource tracker) with SIGHUP
-  blocked, so a hang-up of the terminal's process group does not kill it under the lab (the lab
-  stops cleanly on its own SIGHUP; a tracker killed under it is relaunched and prints a
-  KeyError traceback per resource it never saw).
-"""
+  blocked, so a terminal hang-up does not kill it under the lab."""
 
 from __future__ import annotations
 

@@ -1,18 +1,13 @@
-"""Reading the notebook's files safely: results/ travels in git, and git stores symbolic links,
-so a clone (or a hand edit) can put anything where a records file, a store or an archive
-belongs. Every reader under results/ opens its file here:
+"""Reading the notebook's files safely: git stores symbolic links, so a clone can put anything
+where a records file, a store or an archive belongs.  Every reader under results/ opens here:
 
-* only a regular file is read: a symbolic link (to /dev/zero, or anywhere out of the tree) or
-  anything that is not a plain file (a FIFO, a device, a socket) is refused with one line naming
-  the path — never followed, never waited on (the file is opened O_NOFOLLOW | O_NONBLOCK, then
-  checked with fstat, so a FIFO swapped in at the last moment cannot hang the reader either);
-* an xz file is decompressed incrementally, at most MAX_XZ_BYTES of output in all (the
-  environment variable DSV4_LAB_MAX_XZ_MIB lowers or raises it): a decompression bomb costs a
-  bounded amount of memory and one line, never the machine.
+* only a regular file is read (opened O_NOFOLLOW | O_NONBLOCK, then fstat): a symbolic link or
+  a FIFO, device or socket is refused with one line naming the path, never followed or waited on;
+* an xz file is decompressed incrementally, at most MAX_XZ_BYTES of output (DSV4_LAB_MAX_XZ_MIB):
+  a decompression bomb costs bounded memory and one line.
 
-`Unsafe` (an OSError) carries the one-line reason; callers turn it into a warning (readers: the
-file is skipped, the rest is read) or a one-line error (writers, the baselines file).
-"""
+`Unsafe` (an OSError) carries the reason; readers skip the file with a warning, writers fail in
+one line."""
 
 from __future__ import annotations
 

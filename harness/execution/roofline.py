@@ -2,18 +2,12 @@
 GPU's measured peaks (`dsv4-lab calibrate`, results/calibration.jsonl).
 
     compute time  = flops / peak_flops
-    memory time   = bytes / peak_bandwidth      (each input read once, each output written once;
-                                                 the peak: the higher of the read-only streaming
-                                                 and the copy bandwidth calibrated — `peak_by`)
+    memory time   = bytes / peak_bandwidth      (inputs read once, outputs written once; the
+                                                 higher calibrated bandwidth — `peak_by`)
     bound         = max(compute time, memory time)
-    fraction      = bound / measured time        (1.0: at the roofline; 0.25: 4x slower than it)
+    fraction      = bound / measured time        (1.0: at the roofline)
 
-A kernel cannot move bytes faster than the GPU's peak, so a fraction above 1 is a measurement
-error (a peak measured low, bytes over-counted, a clock that moved): the record says so in
-`roofline_error` instead of passing the number off as a result.
-
-Pure arithmetic and file reading: no torch, no GPU.
-"""
+A fraction above 1 is a measurement error, said so in `roofline_error`.  No torch, no GPU."""
 
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
 """`dsv4-lab run ... --target NAME[,NAME...]`: the local side of a remote run.
 
-For each target (target i of n gets `--shard i/n`): copy the working tree (harness/remote/treecopy.py),
-start `python -m harness.remote.remote_side run ... --emit-jsonl` there over ssh with a fresh channel
-key on its stdin (harness/remote/channel.py), and read its stdout. A line becomes a record here only
-when it is an authentic frame of that run's channel (right sequence number and MAC), parses as
-a record of this lab, belongs to the run announced by the run's start event, names a
-(stage, arch, case) planned for that target, and repeats no case already received. Anything
-else is counted as rejected, reported, and never written. Records are written (tagged with the
-target's name) through the same RecordWriter as a local run, the moment they arrive.
-"""
+For each target (i of n gets `--shard i/n`): copy the working tree (treecopy.py), start `python
+-m harness.remote.remote_side run ... --emit-jsonl` there over ssh with a fresh channel key on
+its stdin (channel.py), and read its stdout.  A line becomes a record only when it is an
+authentic frame of that run's channel, parses as a record, belongs to the announced run, names a
+(stage, arch, case) planned for that target, and repeats no case; anything else is counted as
+rejected and reported.  Records are written (tagged with the target) as they arrive."""
 
 from __future__ import annotations
 
@@ -449,14 +446,12 @@ class _Session:
 def run_remote(spec: Spec, target: str, argv: list[str], stages: list[Stage], archs: list[str] | None,
                cases: dict[str, list[Case]], *, shard: tuple[int, int] | None = None,
                sync_method: str | None = None, snapshot: Snapshot | None = None) -> int:
-    """`dsv4-lab run ... --target NAME[,NAME...]`: copy the tree to each target, run there
-    (target i of n gets --shard i/n; one target keeps `shard`, the user's own --shard), stream
-    and write the records here. Returns 0 (all passed), 1 (failures, lines rejected, planned
-    cases missing, or records that cannot be written here), 3 (a target unreachable, or a run
-    lost or interrupted), 130 / 143 / 129 (Ctrl-C, SIGTERM, SIGHUP here: the remote runs are
-stopped, what arrived is kept, each run is marked interrupted). Bad targets or options raise
-TargetError. `snapshot` (the gate's export of the git index, whose lab `spec` is): its files
-travel instead of the working tree; the targets and the remote folder are the real lab's."""
+    """Copy the tree to each target, run there (one target keeps the user's `shard`), stream and
+        write the records here.  Returns 0 (all passed), 1 (failures, rejected lines, missing
+        cases, unwritable records), 3 (a target unreachable, a run lost or interrupted), 130 / 143 /
+        129 (a stop signal here: the remote runs stopped, what arrived kept, runs marked
+        interrupted).  Bad targets or options: TargetError.  `snapshot` (the gate's index export):
+        its files travel instead of the working tree."""
     root: Path = snapshot.lab if snapshot is not None else spec.root
     targets = resolve_targets(root, target)
     n = len(targets)

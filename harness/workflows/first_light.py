@@ -1,15 +1,10 @@
-"""`dsv4-lab run --first-light --target NAME`: the first B200 session's plan (issue 34 item 6).
+"""`dsv4-lab run --first-light --target NAME`: the first B200 session's plan.
 
-The sm100 kernels have only been compiled (and, with `run --prepare`, taken up to the launch on
-an H100).  The first run on a Blackwell GPU goes case by case, in an order that localises a
-problem fastest, with `--debug-hangs` on (a hang names its role, pipeline, slot and phase), and
-stops at the first case that does not pass — printing what to look at next for that kind of
-failure.  A step that did not run on an sm_100 device (a target without one records `compiled`)
-is a failure too: first light never exits 0 without every step's `pass`.
-
-The plan (PLAN) names real cases of stages.yaml's matrices; `plan_cases` resolves them and
-refuses a label the matrix no longer has (tests/test_first_light.py keeps it so).
-"""
+The sm100 kernels have only been compiled (and prepared on an H100).  The first Blackwell run
+goes case by case in an order that localises a problem fastest, with `--debug-hangs` on, and
+stops at the first case that does not pass, printing what to look at next.  A step that did not
+run on an sm_100 device is a failure too: first light never exits 0 without every step's `pass`.
+`plan_cases` resolves PLAN's cases and refuses a label the matrix no longer has."""
 
 from __future__ import annotations
 
