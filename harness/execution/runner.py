@@ -1,13 +1,10 @@
-"""Runs stages' matrices: compile (cached, parallel), execute each case in a worker process
-with a timeout, judge it against the stage's tolerances, and write its record the moment
-it ends.
+"""Runs stages' matrices: compile (cached, parallel), execute each case in a worker with a timeout,
+judge it, write its record the moment it ends.
 
-Cases whose arch this machine cannot run are compiled and recorded as `compiled` with the
-reason ("compiled, not run: no sm_100 device"): never as passed. With `only_new` (`dsv4-lab run`
-without `--record`) such a case is not recorded again when its record would say what its newest
-fresh record already says (harness/execution/compilerun.py's `same_facts`), and a run with nothing to run
-here writes its events only with its first record: looking again leaves results/ as it was.
-"""
+A case whose arch this machine cannot run is recorded `compiled` with the reason, never passed.
+With `only_new` (`run` without `--record`) it is not recorded again when its newest fresh record
+says the same (compilerun.py's `same_facts`), and a run with nothing to run writes its events
+only with its first record."""
 
 from __future__ import annotations
 

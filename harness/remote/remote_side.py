@@ -1,13 +1,10 @@
 """The remote side of a remote run: what `run --target NAME` starts on the target.
 
 `python -m harness.remote.remote_side run STAGE ... --emit-jsonl` opens the record channel first
-(harness/remote/channel.py: key from stdin, records on a private descriptor, stdout pointed at
-stderr), then runs the lab's command line as usual; nothing the command line or a kernel
-prints can reach the channel. `run --emit-jsonl` then comes to `run_emitting`, which sends a
-start event, every record the moment its case ends, and an end event, all framed.
-`gate --speed --emit-jsonl` (the far side of `gate --speed --target NAME`) comes the same way and
-sends its compare records through a `ChannelLog`; its end event carries the gate's verdict lines.
-"""
+(channel.py), then runs the lab's command line as usual; nothing it or a kernel prints can reach
+the channel.  `run_emitting` sends a start event, every record as its case ends, and an end
+event.  `gate --speed --emit-jsonl` sends its compare records through a `ChannelLog`, its end
+event carrying the gate's verdict lines."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
 """SSH targets: the targets files and their validation.
 
-Targets are declared in `targets.yaml` at the lab root and, per user, in
-`$XDG_CONFIG_HOME/dsv4-lab/targets.yaml` (default `~/.config/dsv4-lab/targets.yaml`); a user
-entry replaces the lab entry of the same name. Both files are validated like stages.yaml:
-every problem is one `TargetError` line, `targets.yaml:LINE: targets.NAME.key: problem — fix`.
-The user's file may also name a default proof target, `proof_target: NAME`: where
-`dsv4-lab gate` (and the pre-commit hook) proves stale cases when no --target is given.
-They hold no secrets: a key or value that looks like one is refused. Running on a target is
-harness/remote.py.
-"""
+`targets.yaml` at the lab root and the user's `$XDG_CONFIG_HOME/dsv4-lab/targets.yaml` (a user
+entry replaces the lab's of the same name), validated like stages.yaml: every problem is one
+`TargetError` line, `targets.yaml:LINE: targets.NAME.key: problem — fix`.  The user's file may
+name `proof_target: NAME` (where `gate` proves stale cases without --target).  A key or value
+that looks like a secret is refused."""
 
 from __future__ import annotations
 

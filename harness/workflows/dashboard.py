@@ -1,12 +1,9 @@
 """`dsv4-lab dashboard`: where every stage stands, stages × arch, on one screen.
 
-One line per stage and arch: where it ran (GPU and host; or compiled, not run, or a compile
-error), cases whose newest result passed / cases in the matrix, worst cosine, delta to baseline,
-median µs of the benched case, the roofline, registers / spills / shared memory, and a stale
-marker with the age of the newest result. Columns that do not fit the terminal are left out (and
-named), never cut. Built from records alone (no torch, no CuTeDSL). Readable without colour:
-every state has a glyph and a word.
-"""
+One line per stage and arch: where it ran, cases passed / in the matrix, worst cosine, delta to
+baseline, median µs, roofline, registers / spills / shared memory, staleness and age.  Columns
+that do not fit are left out (and named), never cut.  From records alone (no torch, no CuTeDSL);
+every state has a glyph and a word."""
 
 from __future__ import annotations
 
