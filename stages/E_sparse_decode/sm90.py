@@ -232,19 +232,15 @@ class Kernel:
         # epilogue: bf16 (O) or fp8_rope — O's rope lanes inverse-rotated and O written as e4m3
         # with a UE8M0 exponent a 128 values (stages/common/fp8_epilogue.py), wherever a whole
         # sequence's O leaves: this kernel's epilogue, its in-kernel merge, PartCombine
-        # Small-batch options (issue 30; docs/STAGE_E.md "The timeline at b = 2"): keywords that
-        # scripts/e_small_timeline.py switches to time a variant beside FlashMLA.  The defaults are
-        # the build the lab runs (on since 2026-11-27: 17.4 vs 22.1 µs at b 1, 20.4 vs 23.5 at b 2
-        # s2 h128, H200; nothing lost at b 64 and 128):
+        # Small-batch options (docs/STAGE_E.md "The timeline at b = 2"), switched by
+        # scripts/e_small_timeline.py; the defaults are the build the lab runs:
         #   fast_combine   PartCombine's CTAs only for cut sequences, its loads in groups
         #   sink_first     the sinks loaded before the first S, not in the epilogue
         #   pair_stores    a partial's fp32 by 8-byte stores, no quad transpose
         #   combine_group  PartCombine's slots a load group (with fast_combine)
         #   stamps         a diagnostic build (stages/common/stamps.py): each CTA writes the times
         #                  its roles pass named points (`mark`) over O; PartCombine not launched
-        # Timed slower and dropped (docs/STAGE_E.md): PartCombine launched by PDL at the attention
-        # grid's start or after a CTA's last P·V, an L2 prefetch of a segment's later keys, ZeroFlags
-        # letting the attention kernel launch at its start.
+        # Timed slower and dropped: docs/STAGE_E.md.
         self.combine_group, self.stamps, self.pair_stores = combine_group, stamps, pair_stores
         self.fast_combine, self.sink_first = fast_combine, sink_first
         if epilogue not in ("bf16", "fp8_rope"):
@@ -277,8 +273,8 @@ class Kernel:
         # Two head blocks of one token walk the same keys: a (2, 1, 1) cluster of them shares
         # every dequantised tile (stages/common/cluster_pair.py); each CTA dequantises half.
         self.pair = head_blocks % 2 == 0
-        # nvfp4's e2m1 → bf16 (issue 33; stages/common/e2m1_bits.py): the 16-entry table where a CTA
-        # is alone (H200, b 64 / 256 s2h64: 62.3 / 233.4 µs against the bit moves' 71.9 / 272.1),
+        # nvfp4's e2m1 → bf16 (stages/common/e2m1_bits.py): the 16-entry table where a CTA is alone
+        # (faster there: docs/STAGE_E.md), the bit moves in the pair (the table's words spill there)
         # the bit moves in the 2-CTA pair (the table's 4 words spill 96 bytes there; not yet timed)
         self.e2m1_table = (not self.pair) if e2m1_table is None else e2m1_table
         self.plan = self.PLAN
@@ -371,8 +367,8 @@ class Kernel:
         check_rows_shared(*reg_p_mmas, (bm, bn), D)
         q_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bm, bn, D), dtype, 1)
         # no-swizzle slots: one store instruction of 8 keys fills 128 contiguous bytes, here and in
-        # the peer (with D2's 128-byte swizzle the peer's pieces scatter over 8 rows: 127 vs 115 µs
-        # at b 64, h_q 128); the dequantisers step by 8 keys and 64 columns (piece_strides)
+        # the peer (with a 128-byte swizzle the peer's pieces scatter over 8 rows, slower); the
+        # dequantisers step by 8 keys and 64 columns (piece_strides)
         k_smem, vt_smem = kv_layouts(dtype, D, bn, self.KV_STAGES, D // self.NUM_MMA_WG, swizzled=False)
         self.key8_bytes, self.col64_bytes = piece_strides(k_smem, bn, D, self.KV_STAGES)
         if self.fmt == "nvfp4":  # dequant_nvfp4 steps 8 columns by col64 / 8 inside its 128-column pieces
