@@ -109,11 +109,11 @@ class Kernel:
         self.n = heads * next_n
         # MMA warpgroups on alternate blocks: four while a thread's accumulator (N / 4 registers)
         # and weights (N / 8) fit 112 registers (N ≤ 128: next_n ≤ 2 at 64 heads), so each
-        # epilogue has three MMAs' time (issue 31); two (240 registers each) above.
+        # epilogue has three MMAs' time; two (240 registers each) above.
         # N ≤ 64 (next_n 1 at 64 heads): two MMA warpgroups, 8 slots and two CTAs an SM (the
         # launch bound keeps a thread at ≤ 64 registers, 80 KB of shared memory a CTA), so one
         # CTA's set-up, first loads and last epilogues run beside the other's steady state
-        # (issue 31, docs/INDEXER.md: b 64 ctx 8192 25.2 → 23.2 µs on an H200).
+        # (docs/INDEXER.md).
         pair = self.n <= 64
         self.STAGES = stages or (8 if pair else self.STAGES)
         self.min_blocks = min_blocks or (2 if pair else 0)
@@ -132,8 +132,7 @@ class Kernel:
         # A warpgroup's K state steps W slots a block, so the block S slots before its next
         # one must be its own: with S a multiple of W it is, and its slot's last phase has
         # completed; else a faster warpgroup can wait on a slot whose previous fill (another
-        # warpgroup's block) is still in flight, and its parity wait passes on the phase before
-        # (W 3 with 8 slots ended once in a launch failure on an H200; inferred, not traced).
+        # (W 3 with 8 slots once ended in a launch failure).
         if self.STAGES % self.NUM_MMA_WG:
             raise ValueError(f"stage I2 sm90: {self.STAGES} K slots for {self.NUM_MMA_WG} MMA warpgroups: the slots "
                              "must be a multiple of the warpgroups (each slot's previous block is then the same "

@@ -104,10 +104,8 @@ class PartCombine:
         self.rows, self.heads, self.d = rows, heads, d
         self.chunks = heads // self.ROWS_PER_CTA  # CTAs a sequence
         self.skip_two = skip_two  # the attention kernel merged every two-piece sequence itself
-        # fast (off by default: not yet timed as a whole, docs/STAGE_E.md): a CTA per (sequence, 4
-        # rows) where parts shorter than a sequence cut every sequence, none idle (by boundary,
-        # (P − 1) · heads / 4 CTAs: at b 2, h 128 1 120 of which 992 only exit — their launch was
-        # most of the combine's 5.5 µs); a row's slots loaded in groups, each group's loads issued
+        # fast (docs/STAGE_E.md): a CTA per (sequence, 4 rows) where parts shorter than a sequence
+        # cut every sequence, none idle; a row's slots loaded in groups, each group's loads issued
         # together (predicated ld.global.cg) — 1 + len(load_groups(n)) L2 round trips, not 1 + n
         self.fast = fast
         if fast and (d // 32) % 4:
