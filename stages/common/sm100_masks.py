@@ -1,37 +1,22 @@
-"""Key masks of the Blackwell (sm_100a) decode rungs D3–D5, for the KV-once ring of stage D2's
-sm100 house.  The rule is stages/common/masks.py's: every mask is a KEY LIMIT (keys j < limit
-are valid; scheduler.key_limit), tiles past it are never visited (scheduler.visit_tiles), and
-only a BOUNDARY tile — rem = limit − first key of the tile < 64 — needs the two steps below.
-What differs on sm100 is who holds what:
+"""Key masks of the Blackwell (sm_100a) decode rungs D3–D5 for the sm100 house's KV-once ring.
+The rule is stages/common/masks.py's (a KEY LIMIT; only the BOUNDARY tile, rem = limit − its
+first key < 64, needs the two steps); on sm100:
 
-    mask_row_scores   softmax threads.  Thread t owns query row t whole (TMEM lane t, a
-                      32x32b tcgen05.ld), so the mask is per thread: S[t, j] ← −∞ for every
-                      key column j ≥ rem of ITS row's limit (with D4's causal rule two tokens
-                      of one 128-row block have different limits).  A select, so a NaN score
-                      of a key past the fill level never survives; before the row max.  The
-                      register → key column map is a trace-time constant (row_key_columns,
-                      proven for all 128 threads), as FlashAttention-4's sm100 mask assumes.
-                      It runs on every visited tile (a select on a full one): behind a runtime
-                      `if rem < 64` ptxas kept both versions of the scores live (168 registers).
+    mask_row_scores   softmax threads: thread t owns row t whole, so S[t, j] ← −∞ for every
+                      key column j ≥ rem of ITS row's limit (D4: two tokens of a 128-row block
+                      differ), by a select before the row max.  The register → key column map
+                      is a trace-time constant (row_key_columns, proven for all 128 threads).
+                      It runs on every visited tile (a runtime `if` cost registers).
+    clean_v_rows      MMA warp, on a boundary tile's V chunk after its TMA landed: key rows ≥
+                      rem (from the FILL level: rows below it past a causal limit are finite,
+                      P = 0) ← 0 by the warp's 32 lanes, fence.proxy.async and a warp barrier
+                      before the MMA (0 · NaN = NaN).  A K-only chunk is not cleaned: its NaN
+                      scores are selected away.
 
-    clean_v_rows      MMA warp, on the ring slot of a V chunk of a boundary tile, after its
-                      TMA has landed and before any MMA reads it: key rows ≥ rem (rem = the
-                      FILL level − first key; rows between a causal limit and the fill level
-                      are finite keys and P = 0 there) ← 0 by the warp's 32 lanes (masks.py's
-                      zero_kv_rows), then fence.proxy.async (generic writes → the tensor
-                      cores' async proxy) and a warp barrier before the elected lane issues
-                      the MMA.  0 · NaN = NaN inside P·V, so the bytes must be finite.  A
-                      chunk that is only K for this CTA is not cleaned: its NaN scores are
-                      selected away by mask_row_scores.
-
-The ring's key rows are 128-byte LINES.  A K-major 128-byte-swizzled chunk of 64 keys × c
-columns (bf16) stores key k, columns 64a … 64a + 63 in line 64a + k, the swizzle permuting
-16-byte pieces only inside a line.  `line_view` is a plain (key, column, slot) layout that
-addresses every element inside its true line (not at its true place in the line), which is
-all zeroing whole rows needs; `check_lines` proves at trace time, over every (key, column) of
-a slot and with the swizzle applied, that the true offset lies in the line `line_view` says.
-If the ring's layout ever changes, compilation stops there.
-"""
+The ring's key rows are 128-byte LINES: a K-major 128-byte-swizzled chunk stores key k,
+columns 64a … 64a + 63 in line 64a + k (the swizzle permutes 16-byte pieces inside a line).
+`line_view` addresses every element inside its true line, all zeroing rows needs;
+`check_lines` proves it at trace time over every (key, column) of a slot, swizzle applied."""
 
 from __future__ import annotations
 

@@ -1,42 +1,26 @@
 """Hopper (sm_90a) SMEM-P: P through shared memory from the warpgroup that computes S and the
 softmax to the warpgroups that split O by column (stage D1 onwards).
 
-Why
-    At hd = 512 a 64 × hd fp32 O tile is 256 registers per thread: it cannot live in one
-    warpgroup.  So O's hd columns are split over `num_wg` warpgroups (hd / num_wg each), and
-    every one of them needs the same P.  Warpgroup 0 alone computes S = Q·K_tileᵀ and the
-    softmax (so S and the row state live only in its registers), stores P as bf16 into
-    shared memory in the K-major layout that is the A operand of the shared-memory-sourced
-    ("SS") P·V wgmma, and the per-row factor (α, at the end 1/ℓ) next to it.
+At hd = 512 a 64 × hd fp32 O tile is 256 registers a thread, so O's columns are split over
+`num_wg` warpgroups, which all need the same P.  Warpgroup 0 alone computes S and the softmax,
+stores P (bf16, the SS P·V wgmma's K-major A operand) and the per-row factor (α, at the end
+1/ℓ) to shared memory (`smem_p_mmas`, `vt_slice_layout`).
 
-    smem_p_mmas     S = Q·Kᵀ on one warpgroup (m64 n{block_n}); O = P·V as `num_wg` atoms
-                    side by side along N (m64 n{hd/num_wg}), all reading the same A = P
-    vt_slice_layout the Vᵀ buffer (hd, keys, slots), hd contiguous, its swizzle atom chosen
-                    from ONE warpgroup's slice so every slice is a valid descriptor alone
-
-The handshake (named barriers, stages/common/barriers.py; `threads` = every warpgroup that
-meets there)
+The handshake (named barriers, stages/common/barriers.py; `threads` = every warpgroup meeting)
     publish     warpgroup 0: bf16(S) → registers, then publish_p
-    publish_p   warpgroup 0, P already bf16 in S's accumulator layout (stage E: the registers
-                its own register-sourced P·V reads): [wait P_EMPTY: the others are done with
-                the previous P]; stmatrix P into shared memory (a copy tiled like the S
-                accumulator); one lane of each row's quad writes the row factor;
-                fence.proxy.async.shared::cta (the wgmma reads P through the async proxy)
+    publish_p   warpgroup 0, P already bf16 in S's accumulator layout: [wait P_EMPTY];
+                stmatrix P (a copy tiled like the S accumulator); one lane of each row's quad
+                writes the row factor; fence.proxy.async.shared::cta
     arrive_full warpgroup 0, when it does not wait for the others: arrive on P_FULL
-    wait_full   everyone (or the readers only, after arrive_full): P_FULL, then P and the row
-                factors are readable
-    row_factors this thread's rows' factors, into registers (a reader that votes on them)
-    rescale     O[row, :] *= row factor (or another per-row buffer's), for this thread's rows
-                of its O part
-    release     a warpgroup other than 0, once its P·V has completed: arrive on P_EMPTY
-    wait_empty  warpgroup 0: wait on P_EMPTY (before overwriting P or the factors)
+    wait_full   everyone (or the readers only, after arrive_full): P_FULL
+    row_factors this thread's rows' factors into registers
+    rescale     O[row, :] *= the row factor, this thread's rows of its O part
+    release     a warpgroup other than 0, after its P·V: arrive on P_EMPTY
+    wait_empty  warpgroup 0: wait on P_EMPTY before overwriting P or the factors
     publish_rows / wait_epilogue
                 the end: warpgroup 0 writes 1/ℓ as the row factor, then EPILOGUE (all)
-
-The barriers are met aligned (`bar.sync` / `bar.arrive`: every participant runs the same
-instruction) unless the kernel passes other `sync` / `arrive` functions: stage E's MMA warpgroups
-each trace their own copy of the loop and meet unaligned (stages/common/unaligned_barriers.py).
-"""
+Met aligned (`bar.sync` / `bar.arrive`) unless the kernel passes other `sync` / `arrive`
+(stage E: unaligned, stages/common/unaligned_barriers.py)."""
 
 from __future__ import annotations
 
