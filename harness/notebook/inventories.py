@@ -1,45 +1,26 @@
 """Content-addressed stores: what many records carry alike is kept once, and a record names it.
 
-Two stores, each an xz-compressed JSON Lines file in results/, the same machinery for both:
+Two stores, xz-compressed JSON Lines in results/, the same machinery:
 
     results/inventories.jsonl.xz  {"id": "<16 hex>", "counts": {"wgmma.mma_async…": 32, …}}
     results/envs.jsonl.xz         {"id": "<16 hex>", "env": {"host": "vm", "gpu": "NVIDIA H100…", …}}
     records/<stage>.jsonl         … "compile": {…, "inv": "#<id>", "sass": "#<id>"}, "env": "#<id>" …
 
-Instruction inventories (`InventoryStore`): a compiled case's record carries two (`compile.inv`,
-the PTX counters, and `compile.sass`, the SASS ones), a few hundred bytes to 2 KB each and the
-same for every case that builds the same kernel. Env blocks (`EnvStore`): every record's `env`
-(host, GPU, driver, CUDA, torch, CuTeDSL versions), the same for every record of one machine.
+`InventoryStore`: a compiled case's PTX (`compile.inv`) and SASS (`compile.sass`) counters, the
+same for every case of one kernel. `EnvStore`: every record's `env`, the same on one machine.
+id = the first 16 hex digits of sha256 over the value as canonical JSON (sorted keys, no spaces).
 
-id = the first 16 hex digits of sha256 over the value as canonical JSON (sorted keys, no
-spaces), so one value always gets the same id, whoever writes it.
+A store is a row of xz streams (`xz -dc` reads it): compaction writes one stream, every later
+value is appended as a small stream of its own — one `write` on an O_APPEND file, fsynced,
+before the record that names it (`ContentStore.compact`, `StoreAppender`). Two writers may
+append a value twice; readers take the first good line of an id.
 
-A store is a row of xz streams (concatenated streams are one valid xz file, `xz -dc` reads it):
-`scripts/compact_results.py` writes the whole store as one stream, and every value written after
-that is appended as a small stream of its own.
-
-Writing (`ContentStore.compact`, `StoreAppender`; harness/notebook/records.py's RecordWriter for each
-store): a record's new values are appended to the store, each line one xz stream written with
-one `write` on an O_APPEND file and fsynced — before the record itself, so a crash never leaves
-a record naming a value the store lacks — and the record line holds their ids. Two writers at
-once may append the same value twice; readers take the first good line of an id.
-
-Reading (`ContentStore.expand`, `Stores.expand` for both): ids are replaced by the values
-before the record is checked, so every reader gets the record as it was written. A store is
-decoded stream by stream: a stream that is cut off or corrupt (a crash mid-append, a bad copy)
-costs one warning naming the file and its byte offset, and reading goes on at the next stream,
-so every other stream is kept; a file that is no xz at all is one warning. A store line whose
-value does not hash to its id (a hand edit, a merge gone wrong) is skipped with one warning
-naming the file and the line of the decoded text. A record that names an id the store does not
-hold keeps everything else, loses that value (an inventory: the gate then says the case shows no
-inventory; an env: the record reads with none) and costs one warning. Records written before a
-store (values inline) read as they always did.
-
-A plain results/inventories.jsonl of older notebooks is read beside the xz store and folded into
-it by `compact_results.py` (`rewrite_store`), which also moves live records' inline values into
-the stores and drops values no line names (a line moved to results/archive/ takes its values
-inline: harness/notebook/archive.py).
-"""
+Reading (`ContentStore.expand`, `Stores.expand`) puts the values back before the record is
+checked. A cut-off or corrupt stream costs one warning (file and byte offset) and reading goes
+on at the next; a file that is no xz is one warning; a line whose value does not hash to its id
+is skipped with one warning; a record naming an id the store lacks loses only that value (one
+warning). Records with inline values read as they always did; an older plain
+results/inventories.jsonl is read beside the store and folded in by compaction (`rewrite_store`)."""
 
 from __future__ import annotations
 
