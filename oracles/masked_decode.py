@@ -1,7 +1,7 @@
 """Stages D3, D4, D5: DSV4 decode attention over MASKED keys — the SWA fill level (D3), causal
 SWA (D4), and two key branches under one softmax with an attention sink (D5).
 
-Conventions (pinned by issue 13): docs/MASKED_DECODE.md "Keys" and "Outputs" — the fill level
+Conventions (issue 13): docs/MASKED_DECODE.md "Keys" and "Outputs" — the fill level
 (D3: key j valid iff j < swa_lens[b]; keys past it may hold NaN), causal SWA (D4: token t sees
 j ≤ swa_lens[b] − s_q + t), two branches under ONE softmax (D5: main j < main_lens[b], a key in
 both counts twice), the sink O · 1 / (1 + exp(sink[h] − lse)) (LSE without it), and the lonely
