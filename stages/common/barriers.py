@@ -26,6 +26,7 @@ Stage E on sm90 (met unaligned: stages/common/unaligned_barriers.py):
     WINDOW     the producer threads, a streamed segment (idx_windows.py) at a window's first
                tile: every thread's cp.asyncs of the window landed, every thread past the
                window before                                  (all arrive + wait)
+
 This enum is the one registry of the ids.
 """
 

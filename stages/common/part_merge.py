@@ -20,13 +20,13 @@ The flag.  One 32-bit word a row block: the first LSE of the row block's slot 0 
 two-piece sequence).  `ZeroFlags`, a launch of its own just before the attention kernel, clears
 the flags; the attention kernel (programmatic dependent launch) waits for it
 (griddepcontrol.wait) only before it touches a flag.  The hand-over is the
-touches a flag — nothing else of the attention kernel waits for it.  The hand-over is the
 release/acquire pattern of a split-K semaphore: piece 1's MMA threads store the partial, meet at
 a named barrier, and one thread `st.release.gpu`s the flag; piece 0's one thread spins with
 `ld.acquire.gpu` until it is nonzero, then a named barrier lets the others read the partial —
 through L2 (`ld.global.cg`, `cp.async.cg`; never the incoherent read-only path).  The merging
 CTA stages the 128 KB partial block in the idle KV slots' shared memory by cp.asyncs and adds
 it from there.
+
 Deadlock: a flag is raised after a part's first segment, which waits on no flag, and a CTA
 waits only for a later part's first segment; the merge is used only when every CTA of the
 grid is resident at once (parts · head blocks ≤ the SM count), so that segment always runs.
