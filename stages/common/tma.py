@@ -3,7 +3,6 @@
 Every stage loads its operands the same way: a row-major global tensor, a
 staged shared-memory layout (the MMA's operand layout with a trailing
 "stages" mode), one TMA box = one whole tile of that layout, one CTA (no
-multicast), and an mbarrier that counts the bytes the box deposits.  The
 multicast), and an mbarrier that counts the bytes the box deposits.  The helpers are that
 idiom (transpose_view, sm90_tma_load, sm100_tma_load, prefetch_descriptors,
 tma_partition_tile, tma_produce) and add no synchronisation of their own.
