@@ -1,32 +1,22 @@
 """Hopper (sm_90a) KV slots: the shared-memory ring a decode kernel's keys pass through, seen as
 K and as Vᵀ, addressed by hand where a producer writes it, and the ring's pipeline state.
 
-Math
-    One slot holds block_n keys × d columns of bf16.  Q·Kᵀ reads it as the K-major B operand
-    K (block_n, d, slots); P·V reads THE SAME BYTES as the MN-major B operand Vᵀ (d, block_n,
-    slots): Vᵀ(col, key, slot) = K(key, col, slot) for every element.  Both views tile keys
-    first from one swizzle atom:
-        swizzled  the atom of ONE warpgroup's O slice (slice_n columns; D2–D5, TMA-filled):
-                  every slice starts on an atom boundary, a valid wgmma descriptor alone
-        INTER     no swizzle, 8 × 8 atoms (stage E, filled by CUDA-core stores): a key's 8
-                  columns are 16 bytes and 8 consecutive keys' 16 bytes of the same columns
-                  are 128 contiguous ones — what one store instruction of a warp writes
-    `kv_layouts` builds both and proves at trace time (`check_same_bytes`, sampled at every
-    swizzle row and mode boundary) that they address the same element.
+One slot holds block_n keys × d bf16 columns: Q·Kᵀ reads it as the K-major B operand K (block_n,
+d, slots), P·V THE SAME BYTES as the MN-major Vᵀ (d, block_n, slots): Vᵀ(col, key, slot) =
+K(key, col, slot).  Both tile keys first from one swizzle atom:
+    swizzled  ONE warpgroup's O slice's atom (D2–D5, TMA-filled): each slice a valid descriptor
+    INTER     no swizzle, 8 × 8 atoms (stage E, CUDA-core stores): 8 keys' 16 bytes of the same
+              columns are 128 contiguous bytes, one warp store instruction
+`kv_layouts` builds both and proves (`check_same_bytes`) they address the same element.
 
-A producer that writes the slots itself addresses a 16-byte piece by its BYTE offset:
+A producer addresses a 16-byte piece by its BYTE offset:
     slot_offset(K, key, col, slot) = swizzle(K.outer(key, col, slot) · 2)   (bf16)
     swizzle_bytes(off, B, M, S) = off ^ ((off & ((2^B − 1) << (M + S))) >> S)
-(a swizzle that lives in the pointer acts on bytes, not on the element offset a ComposedLayout
-would swizzle).  `piece_strides` proves the offset is additive in 8 keys, 64 columns and a slot
-— row_offset(key mod 8, col mod 64) + (key // 8)·key8 + (col // 64)·col64 + slot·block_n·d·2 —
-and returns (key8, col64), so a thread computes its addresses once and steps by constants.
+(a pointer swizzle acts on bytes).  `piece_strides` proves the offset is row_offset(key mod 8,
+col mod 64) + (key // 8)·key8 + (col // 64)·col64 + slot·block_n·d·2 and returns (key8, col64).
 
-ring_state(stages, count, producer)
-    The ring's PipelineState after `count` tiles: slot count mod stages, phase the parity of
-    count // stages — flipped for the producer, whose first wait passes.  A persistent CTA
-    rebuilds it at each segment from the tiles its part ran before.
-"""
+ring_state(stages, count, producer): the PipelineState after `count` tiles — slot count mod
+stages, phase the parity of count // stages, flipped for the producer (its first wait passes)."""
 
 from __future__ import annotations
 
