@@ -1,72 +1,53 @@
 """The Hopper (sm_90a) decode-attention house of stages D2–D5: one kernel class whose rungs
 differ only in the keys they attend and what they do at the end.
 
-Math (per query row):  O = softmax(Q·Kᵀ · scale) · V over the row's VALID keys,
-LSE = ln Σ exp(Q·Kᵀ · scale) over them, scale = 1/sqrt(d), with DSV4's tensors: Q [b, s_q, h_q,
-d], one latent KV head per key branch (K = V), O [b, s_q, h_q, d] bf16, LSE [b, h_q, s_q] fp32.
-The online softmax is stages/common/softmax.py (lonely-row rule included).
+Math (per query row): O = softmax(Q·Kᵀ · scale) · V and LSE = ln Σ exp(Q·Kᵀ · scale) over the
+row's VALID keys, scale = 1/sqrt(d); Q [b, s_q, h_q, d], one latent KV head per key branch
+(K = V), O [b, s_q, h_q, d] bf16, LSE [b, h_q, s_q] fp32.  The online softmax: softmax.py.
 
 What the rungs set (`setup`)
     D2  one branch KV [b, n_alloc, d], keys 0 … n−1 all valid.
-    D3  the branch is bounded by a fill level (swa_lens [b]): key j valid iff j < swa_lens[b].
+    D3  a fill level (swa_lens [b]): key j valid iff j < swa_lens[b].
     D4  and causal: token t sees keys j ≤ swa_lens[b] − s_q + t.
-    D5  two branches (main, then SWA) under ONE softmax, in one launch, Q read once, and an
-        optional attention sink applied to the finished rows (stages/common/combine.py).
-    Every mask is a key LIMIT per (batch, token, branch) (stages/common/masks.py,
-    scheduler.key_limit): tiles past it are never loaded (scheduler.visit_tiles), the one
-    boundary tile gets its scores masked and its rows past the limit zeroed in shared memory
-    (they may hold NaN), and a CTA with no valid key writes O = 0, LSE = +∞ (one split) or
-    the empty partial O = 0, LSE = −∞ (split-KV) without touching the tensor cores.
+    D5  two branches (main, then SWA) under ONE softmax, Q read once, and an optional sink.
+    Every mask is a key LIMIT per (batch, token, branch) (masks.py, scheduler.key_limit): tiles
+    past it are never loaded, the boundary tile's scores are masked and its rows past the limit
+    zeroed in shared memory, and a CTA with no valid key writes O = 0, LSE = +∞ (one split) or
+    the empty partial (LSE = −∞) without touching the tensor cores.
 
-Head packing.  All h_q heads of a token share the one KV head, so the 64 heads of one
-    (batch, token) are the 64 rows (M) of a CTA's MMAs: Q and O are viewed as
-    [b · s_q · h_q, d] row blocks of 64 rows — one contiguous TMA box each.
-Grid and split-KV.  stages/common/scheduler.py: grid (h_q/64 · s_q, splits, b), each CTA
-    one row block × one KV split of the static tile space (both branches' tiles, main first).
-    With one split the CTA writes O and LSE; with several it writes fp32 partial O
-    (normalised) and partial LSE into the scratch tensors, and a second launch
-    (stages/common/combine.py) merges them by LSE — and applies the sink, once.
-K = V, read once.  One TMA load per KV tile into one shared-memory slot.  Q·Kᵀ reads it as
-    the K-major B operand (keys × d); P·V reads THE SAME BYTES as Vᵀ (d × keys), the
-    MN-major B operand.  Both layouts use the swizzle atom of one warpgroup's O slice
-    (d/2 columns) and tile keys first; `kv_layouts` (sm90_kv_slots.py) builds both and proves at trace time
-    that they address the same element at every swizzle row and mode boundary.
-NaN beyond the attended keys.  The TMA tensor of a branch has extent n (not n_alloc) along
-    the keys: a row ≥ n is never loaded.  Rows ≥ the fill level inside the boundary tile ARE
-    loaded (a TMA box is a whole tile) and zeroed before P·V.
+Head packing: the 64 heads of one (batch, token) are a CTA's 64 rows (M); Q and O are viewed as
+    [b · s_q · h_q, d], one TMA box a row block.
+Grid and split-KV (scheduler.py): grid (h_q/64 · s_q, splits, b), a CTA one row block × one KV
+    split of the tile space (main branch first); several splits write fp32 partials merged by
+    combine.py's launch, which also applies the sink once.
+K = V, read once: one TMA load per KV tile into one slot, read as K (K-major B) and as Vᵀ
+    (MN-major B) — `kv_layouts` (sm90_kv_slots.py) proves the two address the same bytes.
+NaN beyond the keys: a branch's TMA tensor has extent n, so a row ≥ n is never loaded; rows past
+    the fill level inside the boundary tile are loaded and zeroed before P·V.
 
 Warp roles (384 threads)
-    warpgroup 2       load (its first warp): Q once, then the split's KV tiles (either
-                      branch's TMA tensor) into a 2-slot TMA pipeline; setmaxnreg gives its
-                      registers to the MMA warpgroups (24 here, 240 each there)
-    warpgroup 0       S = Q·K_tileᵀ (m64 n{block_n}), the boundary-tile mask, online
-                      softmax, P → shared memory (stmatrix, K-major A operand), α per row;
-                      then its half of O += P·V
-    warpgroup 1       waits for P (named barrier P_FULL), its half of O += P·V, frees P
-                      (P_EMPTY); O's d columns are split over the two warpgroups (d/2 each:
-                      at d = 512 a 64 × 256 fp32 half is 128 registers per thread)
-    epilogue          both warpgroups: O / ℓ (× the sink factor) → bf16 O (one split) or
-                      fp32 O_part, and LSE.
-    A KV slot is released when both warpgroups' P·V on it has completed (8 consumer warps).
+    warpgroup 2       load (its first warp): Q once, then the split's KV tiles into a 2-slot
+                      TMA pipeline; setmaxnreg 24 here, 240 each for the MMA warpgroups
+    warpgroup 0       S = Q·K_tileᵀ (m64 n{block_n}), the boundary mask, online softmax,
+                      P → shared memory (SmemP), α per row; then its half of O += P·V
+    warpgroup 1       waits for P (P_FULL), its half of O += P·V (d/2 columns: 128 registers
+                      at d = 512), frees P (P_EMPTY)
+    epilogue          both: O / ℓ (× the sink factor) → bf16 O or fp32 O_part, and LSE.
+    A KV slot is released when both warpgroups' P·V on it completed (8 consumer warps).
 
-What a rung opts into (class flags; D2 sets all four, D3–D5 none — their PTX is what it was)
-    WIDE_STORE    O / the partial leave by 16-byte stores, each thread's words transposed
-                  across its quad (stages/common/quad_store.py)
-    LAZY_RESCALE  the online softmax keeps a row's max until it grew by 2^8
-                  (stages/common/lazy_softmax.py): most tiles' α is 1 and each warp skips the
-                  O rescale (a vote on its rows' α; both warpgroups read α from the row buffer)
-    PERSISTENT    grid = min(items, SMs) CTAs, CTA c walking items c, c + grid, … (an item: a
-                  CTA of the plain grid, `DecodeGrid.item`); the KV ring's and Q slot's pipeline
-                  states are placed by the CTA's earlier items (`ring_state`); warpgroup 0 frees
-                  Q once the item's last S is done, so the next item's Q and first tiles load
-                  during this item's last P·V and epilogue; the MMA warpgroups meet at EPILOGUE
-                  after reading 1/ℓ, before the next item's first α overwrites the row buffer
+Class flags (D2 sets all four, D3–D5 none)
+    WIDE_STORE    O / the partial by 16-byte stores transposed across the quad (quad_store.py)
+    LAZY_RESCALE  a row keeps its max until it grew by 2^8 (lazy_softmax.py): most tiles' α is
+                  1 and a warp skips the O rescale by a vote
+    PERSISTENT    min(items, SMs) CTAs, CTA c walking items c, c + grid, … (`DecodeGrid.item`);
+                  the ring's and Q slot's states placed by the earlier items (`ring_state`);
+                  warpgroup 0 frees Q after the item's last S, so the next item's loads overlap
+                  this one's last P·V and epilogue; the MMA warpgroups meet at EPILOGUE after
+                  reading 1/ℓ, before the next item's α overwrites the row buffer
     REGISTER_P    warpgroup 0's P·V is an RS wgmma on P = bf16(S) in its registers
-                  (`register_p_tile`, `pv_rs_mma`; proven at trace time to be S's accumulator and
-                  S's rows to be O's), issued before P is stored for warpgroup 1, so the stmatrix,
-                  the async-proxy fence and the P_FULL arrive run beside it; warpgroup 0 scales its
-                  O by α in registers and arrives at P_FULL without waiting (SmemP's barriers met
-                  unaligned, stages/common/unaligned_barriers.py)
+                  (`register_p_tile`, `pv_rs_mma`; proven to be S's accumulator, S's rows O's),
+                  issued before P is stored for warpgroup 1; warpgroup 0 scales its O by α in
+                  registers and arrives at P_FULL without waiting (unaligned barriers)
     Tried and lost: issuing S_{i+1} before P·V_i (docs/MASKED_DECODE.md).
 
 Tiles and shared memory
@@ -77,8 +58,7 @@ Tiles and shared memory
       512      64       2     64 + 2·64 +  8 KiB                          201 KiB
 
 Limits: h_q a multiple of 64; d ∈ {64, 128, 256, 512}; every branch's n a multiple of block_n;
-splits ≤ the scratch capacity (oracles/decode.py); static shapes, row-major, 16-byte aligned.
-"""
+splits ≤ the scratch capacity (oracles/decode.py); static shapes, row-major, 16-byte aligned."""
 
 
 
