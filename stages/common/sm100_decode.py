@@ -20,23 +20,17 @@ Contract (oracles/decode.py's tensors, in this order; the case axes are `shape` 
     LSE_part [cap, b, s_q, h_q]    fp32   scratch: split s's partial LSE_s (−inf: empty split)
     d ∈ {64, 128, 256, 512}; n a multiple of kv_tile (64).
 
-Math (query row i of a row block, KV tiles j of the split, c = scale · log2 e, scale = 1/sqrt(d))
-    S_j = Q·K_jᵀ (fp32, TMEM);  m_j = max(m_{j-1}, max_k S_j);  α_j = 2^(c·(m_{j-1} − m_j))
-    P_j = 2^(c·(S_j − m_j));    l_j = α_j·l_{j-1} + Σ_k P_j;    O_j = α_j·O_{j-1} + bf16(P_j)·V_j
-    V_j = K_j (the same shared-memory bytes, viewed MN-major).
-    One split:  O = bf16(O_last / l_last),  LSE = (c·m_last + log2 l_last) · ln 2.
-    Split-KV:   split s writes O_s = O_last / l_last (fp32) and LSE_s; an empty split writes
-    O_s = 0, LSE_s = −inf without touching TMEM; stages/common/combine.py's SplitCombine merges
-    them (a row with no key: O = 0, LSE = +inf).
-    Lonely rows (stages/common/sm100_softmax.py): a row whose max is still −inf exponentiates
-    against 0; ℓ = 0 gives 1/ℓ := 0 and LSE −inf (a partial), +inf in a final output.
+Math: the online softmax of stages/common/sm100_softmax.py (one thread a row, its lonely-row
+rule) over the split's KV tiles j, scale = 1/sqrt(d), V_j = K_j (the same bytes, viewed MN-major).
+One split: O = bf16(O_last / l_last), LSE = (c·m_last + log2 l_last) · ln 2.  Split-KV: split s
+writes O_s = O_last / l_last (fp32) and LSE_s (an empty split O_s = 0, LSE_s = −inf, without
+touching TMEM); combine.py's SplitCombine merges them (no key at all: O = 0, LSE = +inf).
 
 Head packing: 128 rows per CTA (tcgen05 M = 128)
     Row r of a row block ↔ (t = r // h_q, h = r % h_q), rb = ceil(s_q·h_q / 128) row blocks: all
-    rows attend the same keys (MQA), so tokens fold into M with the heads.  With M = 128 and
-    cta_group::1 accumulator row r is TMEM lane r: thread t of the softmax warpgroup owns row t
-    whole, and K/V tiles are read once per 128 query rows (M = 64 frees no TMEM).  Padding rows
-    (h_q = 64, s_q = 1: rows 64…127) are zero-filled by TMA and never stored.
+    rows attend the same keys (MQA).  With M = 128 and cta_group::1 accumulator row r is TMEM
+    lane r (thread t owns row t whole), and K/V tiles are read once per 128 rows.  Padding rows
+    are zero-filled by TMA and never stored.
 
 TMEM plan (128 lanes × 512 columns of 32 bit; checked at trace time)
     S double-buffered (2 × kv_tile columns: Q·K_{j+1}ᵀ overlaps the softmax of S_j), O d_cta
@@ -47,11 +41,9 @@ TMEM plan (128 lanes × 512 columns of 32 bit; checked at trace time)
         d = 512:  S 2×64 + O 512 = 640 > 512 — does not fit in one CTA.
     d = 512 splits O by columns over two CTAs (o_split = 2, as stage D1): half h owns
     O[:, 256h : 256h + 256]; both halves compute the full S and the same softmax, only the P·V
-    slab differs, half 0 alone writes LSE.  Cost: one extra Q·Kᵀ per 128 rows and twice the
-    K reads; cta_group::2 sharing S through DSMEM needs hardware to test.  `tmem_budget()` gives
-    the plan; the constructor raises ValueError("TMEM budget: … > 512 …") for one that does not
-    fit, and the traced kernel re-derives every column count from the MMA fragments
-    (find_tmem_tensor_col_offset) and re-checks it.
+    slab differs, half 0 alone writes LSE.  `tmem_budget()` gives the plan (ValueError("TMEM
+    budget: … > 512 …") when it does not fit); the traced kernel re-derives every column count
+    from the MMA fragments and re-checks it.
 
 K and V: one tensor, one shared-memory copy
     KV tiles of kv_tile = 64 keys load as d / chunk chunks of chunk = min(d, 128) columns
@@ -93,8 +85,7 @@ Synchronisation (mbarriers via cutlass.pipeline; arrive counts in THREADS)
     p        PipelineAsyncUmma   128 softmax threads → MMA; release = tcgen05.commit after
                                  P·V_j, so "P slot free" ⇔ P·V_j complete
     o        PipelineUmmaAsync   MMA commit after the last P·V → 128 threads
-    DSV4.md's lessons 1–10 hold as in stage D1 (stages/D1_headdim/sm100.py); (10) V aliases
-    K's shared memory, proven by `check_kv_same_bytes`.
+    DSV4.md's lessons hold as in stage D1 (stages/D1_headdim/sm100.py).
 
 Masks (D3–D5; stages/common/sm100_keys.py, sm100_masks.py)
     keys.masked is a compile-time switch (D2 emits nothing).  A masked rung visits only tiles
