@@ -114,11 +114,9 @@ def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], rev: str, round
          cases: list[dict[str, Any]] | None = None, done: list | None = None,
          rev_tree: tuple[str, Path] | None = None, log: Any = None) -> int:
     """Plan, take REV's tree, then (with a GPU) compile, check and time both interleaved, record.
-    0 only when every shape was compared; 1 when something failed or nothing was timed. `cases`:
-    these bench shapes instead of the filters' (the speed gate); `done`: gets the records (their
-    ids go on from its length); `rev_tree`: (REV's full sha, REV's tree already taken) instead of
-    asking git; `log`: an open session (run_id, write) the records go to instead of a run of
-    their own (the caller starts and ends it)."""
+        0 only when every shape was compared. `cases`: these bench shapes instead of the filters'
+        (the speed gate); `done`: gets the records; `rev_tree`: (REV's sha, its tree already taken);
+        `log`: an open session (run_id, write) the records go to (the caller starts and ends it)."""
     from rich.console import Console
 
     from harness.core.environment import gpu_capabilities

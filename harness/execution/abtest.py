@@ -68,9 +68,9 @@ def verdict(ratio: float, lo: float, hi: float, threshold: float = DEFAULT_THRES
 
 def compare(a: Sequence[float], b: Sequence[float], threshold: float = DEFAULT_THRESHOLD,
             level: float = DEFAULT_LEVEL, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Comparison:
-    """B against A from paired per-round medians (see the module docstring). ValueError for
-    samples that cannot be compared (unequal lengths, fewer than MIN_ROUNDS rounds, a time that
-    is not a positive finite number, a threshold or level out of range)."""
+    """B against A from paired per-round medians (module doc). ValueError for samples that cannot
+        be compared (unequal lengths, fewer than MIN_ROUNDS, a non-positive or non-finite time, a
+        threshold or level out of range)."""
     import numpy as np
 
     if len(a) != len(b):
@@ -102,9 +102,8 @@ def interleave(n_rounds: int, kernels: Sequence[str] = ("A", "B")) -> list[str]:
 
 
 def interleaved(timers: "dict[str, Callable[[], float]]", rounds: int) -> dict[str, list[float]]:
-    """Time each kernel `rounds` times in the `interleave` order (AB BA AB …): `timers[name]()`
-    is one round of that kernel, its median µs. Returns each kernel's per-round medians, in
-    round order (round i of A and of B were timed back to back: paired)."""
+    """Time each kernel `rounds` times in the `interleave` order (AB BA AB …; `timers[name]()` one
+        round's median µs). Returns each kernel's per-round medians in round order (paired)."""
     names = list(timers)
     out: dict[str, list[float]] = {name: [] for name in names}
     for name in interleave(rounds, names):

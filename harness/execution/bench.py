@@ -43,9 +43,8 @@ class BenchError(Exception):
 
 
 def bench_view(stage: Stage) -> Stage:
-    """The stage with its bench shapes as its matrix (for filters; each axis's values over the
-    block's matrix and its `more` matrices) and without the case list of its test `more:`
-    matrices (Stage.cases: `expand` gives a listed stage its list whatever matrix it is handed)."""
+    """The stage with its bench shapes as its matrix (the block's matrix and its `more` matrices),
+        without its test `more:` case lists."""
     if stage.bench_plan is None:
         raise BenchError(f"{stage.name} has no bench block in stages.yaml — add one: bench: {{matrix: {{AXIS: "
                          f"[VALUES]}}, problem: attention, peers: [torch_sdpa]}} (see docs/STAGES.md)")
@@ -57,11 +56,9 @@ def bench_view(stage: Stage) -> Stage:
 
 
 def plan_cases(stage: Stage, pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """The bench shapes that pass the filters (`[("hd", "128")]`), in bench-matrix order (the
-    block's matrix, then its `more` matrices); with `beside`, the shapes that have its value come
-    first, and one is added for every shape that lacks its twin (it is shown beside it). The
-    stage's own test cases never enter: a stage with test `more:` matrices (I1, I2) plans its
-    bench block's shapes as any other (callers hand it the stage as spec.stages holds it)."""
+    """The bench shapes that pass the filters (`[("hd", "128")]`), in bench-matrix order; with
+        `beside`, the shapes having its value first, plus each missing twin. The stage's own test
+        cases never enter."""
     view = bench_view(stage)
     filters = parse_filters(view, pairs)
     cases: list[dict[str, Any]] = []
@@ -104,9 +101,8 @@ def shape_support(stage: Stage, case: dict[str, Any], cc: tuple[int, int] | None
 
 
 def check_and_time(job: BenchJob, root: Path) -> dict:
-    """Check the kernel at the bench shape on sampled rows; when it passes and a GPU is here,
-    time it and its peers, in this process (harness.execution.executor). Returns {"status", "metrics",
-    "checked", "error"?, "timing"?}."""
+    """Check the kernel at the bench shape on sampled rows; when it passes and a GPU is here, time it
+        and its peers in this process. Returns {"status", "metrics", "checked", "error"?, "timing"?}."""
     return CaseExecutor(root).check_and_time(job)
 
 
@@ -243,9 +239,8 @@ def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], peers: bool | t
 
 
 def _beside(beside: tuple[str, Any] | None, case: dict[str, Any], timing: dict | None, seen: dict[tuple, float]) -> None:
-    """With the block's `beside` (axis, value): keep a timed shape's µs that has the value; give a
-    shape that has another the twin's as `beside_<value>_us` and its own time over it as
-    `beside_<value>_cost` (1.12: 12 % slower) — both timed in this run (plan_cases puts twins first)."""
+    """With the block's `beside` (axis, value): a shape with another value gets its twin's time as
+        `beside_<value>_us` and its own over it as `beside_<value>_cost` (1.12: 12 % slower)."""
     if beside is None or not timing:
         return
     axis, value = beside

@@ -43,9 +43,8 @@ CACHE_FORMAT = 3  # bump when what a cache entry holds changes (3: detailed inve
 
 
 def visible_sm_count() -> int | None:
-    """The SM count of this process's CUDA device 0 by the kernels' own rule (the lab's
-    stages/common/device.py), None without a GPU or without that rule: a kernel compiled here is
-    built for that count, so it is part of the cache key."""
+    """The SM count of CUDA device 0 by stages/common/device.py's rule, None without a GPU or that
+        rule: a kernel compiled here is built for it, so it is part of the cache key."""
     try:
         from stages.common.device import visible_sm_count as sms
     except ImportError:
@@ -73,9 +72,8 @@ class CompileResult:
     debug: str = ""  # "hangs": a --debug-hangs build (bounded mbarrier waits, stages/common/hang_guard.py)
 
     def summary(self) -> dict[str, Any]:
-        """The compact form kept in a record: resources, and for a build that succeeded its
-        inventory (`inv`, and `sass` when the CUDA binary tools were here): what a compile-only
-        baseline holds and the gate compares."""
+        """The compact form kept in a record: resources and, for a build, its inventory (`inv`, and
+                `sass` with the CUDA binary tools): what a compile-only baseline holds."""
         d: dict[str, Any] = {"key": self.key[:12], "s": round(self.seconds, 2), "cached": self.cached}
         if self.debug:
             d["debug"] = self.debug
@@ -185,10 +183,9 @@ _STORE = re.compile(r"llvm\.store (%[\w.]+), (%[\w.]+) : i64, !llvm\.ptr")
 
 
 def launch_smem_bytes(ir_text: str) -> list[int]:
-    """The dynamic shared memory of each kernel launch in a compiled module's host code (the
-    lowered IR: `str(compiled.ir_module)`), in order: the constant CuTeDSL inferred
-    (InferKernelSmemUsagePass) and stored into the launch config's smem field — the bytes the
-    driver is asked for.  Empty when the IR holds no such store (a launch with a run-time size)."""
+    """The dynamic shared memory of each kernel launch in a compiled module's lowered IR, in order:
+        the constant CuTeDSL inferred and stored into the launch config (the bytes asked of the
+        driver).  Empty when there is no such store (a run-time size)."""
     found: list[int] = []
     for func in ir_text.split("llvm.func ")[1:]:  # SSA names are per function
         consts: dict[str, int] = {}
@@ -228,9 +225,8 @@ def failed(root: Path, arch: str, exc: BaseException, key: str = "", seconds: fl
 
 def compile_case(root: Path, stage: Stage, arch: str, case: dict[str, Any], keep: Path | None = None,
                  debug_hangs: bool = False) -> CompileResult:
-    """Compile one case for `arch` in this process (whose CUTE_DSL_ARCH must be `arch`),
-    or return the cached result. Never raises for an error in the user's code.
-    `debug_hangs`: trace with DSV4_DEBUG_HANGS=1 (bounded mbarrier waits; harness/execution/hangs.py)."""
+    """Compile one case for `arch` in this process (CUTE_DSL_ARCH must be `arch`), or return the
+        cached result; never raises for the user's error.  `debug_hangs`: DSV4_DEBUG_HANGS=1."""
     try:
         key = cache_key(root, stage, arch, case, debug_hangs)
     except Exception as exc:  # the oracle's tensors(case) raised, or its module failed to import
@@ -332,9 +328,8 @@ def _compile_job(stage: Stage, arch: str, case: dict[str, Any], debug_hangs: boo
 
 
 class Compiler:
-    """Compiles cases in parallel, a pool per arch, sized to the machine's cores. The workers'
-    scratch files live in one temp folder (`dsv4-compile-*`), made with the first pool and
-    removed by `close` (or, for a compiler never closed, when the process exits)."""
+    """Compiles cases in parallel, a pool per arch sized to the cores; the workers' scratch folder
+        (`dsv4-compile-*`) is removed by `close` or at exit."""
 
     def __init__(self, root: Path, max_workers: int | None = None, debug_hangs: bool = False):
         self.root = root
@@ -380,9 +375,8 @@ class Compiler:
         return fut
 
     def close(self, cancel: bool = False) -> None:
-        """Shut the pools down; with `cancel` (a stopped run), queued compiles are dropped and the
-        running ones killed with their process groups (a tool a compile started goes too), so the
-        process exits at once instead of waiting for them."""
+        """Shut the pools down; `cancel` (a stopped run): queued compiles dropped, running ones killed
+                with their process groups, so the process exits at once."""
         try:
             for pool in self._pools.values():
                 procs = list((getattr(pool, "_processes", None) or {}).values()) if cancel else []

@@ -97,9 +97,8 @@ def sample_rows(total: int, want: int, seed: int) -> list[int]:
 
 
 def row_tensors(specs: list, specs_rows: list, axis: str, total: int, rows: int) -> set[str]:
-    """The tensors sliced by rows: those whose first dimension follows `axis` (from `total` to
-    `rows`) while the rest of their shape stays; ValueError when a tensor changes any other way
-    (the stage is not row-separable along `axis`)."""
+    """The tensors sliced by rows: those whose first dimension follows `axis` (`total` → `rows`);
+        ValueError when a tensor changes any other way (not row-separable)."""
     if [s.name for s in specs] != [s.name for s in specs_rows]:
         raise ValueError(f"tensors() names different tensors when {axis} changes")
     sliced = set()
@@ -118,10 +117,8 @@ def row_tensors(specs: list, specs_rows: list, axis: str, total: int, rows: int)
 
 @dataclass(kw_only=True)
 class ABJob:
-    """`bench --compare REV`: one bench shape, two compiled kernels — `a` (REV's) and `b` (the
-    tree's), the same jobs but for their compiled module (object_path, prefix) — each checked
-    against the oracle, then timed interleaved (harness/execution/abtest.py) on the same rotated
-    inputs: `rounds` rounds each, `reps` repetitions a round."""
+    """`bench --compare REV`: one bench shape, two compiled kernels, `a` (REV's) and `b` (the tree's),
+        each checked, then timed interleaved on the same rotated inputs (`rounds` rounds of `reps`)."""
 
     a: BenchJob
     b: BenchJob
@@ -299,10 +296,9 @@ class CaseExecutor:
         return result
 
     def prepare(self, job: Job) -> dict:
-        """A kernel built for another arch: its inputs on this GPU, its outputs allocated, its
-        compiled host path run up to (not including) the launch (harness/execution/prepare.py), the
-        recorded launch checked against this device's limits.  {"prepared": what it got to,
-        "note": …}; raises when the host path failed or the launch could not start."""
+        """A kernel built for another arch: inputs on this GPU, outputs allocated, its host path run up
+                to the launch (prepare.py), the recorded launch checked against the device's limits.
+                {"prepared", "note"}; raises when the host path failed or the launch could not start."""
         import torch
 
         from harness.spec.check import ContractError, inputs_problems, specs_problems
@@ -371,8 +367,7 @@ class CaseExecutor:
 
     def compare(self, job: ABJob) -> dict:
         """Both kernels checked (each must pass), then timed interleaved on B's rotated inputs.
-        {"status", "metrics" (B's), "checked", "a": A's check, "rounds": {"A": [...], "B": [...]},
-        "timing"?: B's summary, "error"?}."""
+                {"status", "metrics" (B's), "checked", "a", "rounds": {"A", "B"}, "timing"?, "error"?}."""
         a = job.a
         a.time_it = False
         got_a = self.check_and_time(a)
@@ -477,9 +472,8 @@ def _rates(t: dict, flops: float | None, total_bytes: int) -> None:
 
 
 def peer_fields(t: dict, name: str, p: dict, flops: float | None) -> None:
-    """A timed peer's flat keys in timing record `t` (the kernel's own `us` already there):
-    `peer_<name>_us`, `_spread`, `_tflops` (from the peer's own work `flops`, when known) and
-    `_ratio` (peer µs / kernel µs: above 1, the kernel is faster)."""
+    """A timed peer's flat keys in timing record `t`: `peer_<name>_us`, `_spread`, `_tflops` (from the
+        peer's `flops`, when known), `_ratio` (peer µs / kernel µs)."""
     key = f"peer_{name}"
     t[f"{key}_us"] = p["us"]
     t[f"{key}_spread"] = p["spread"]

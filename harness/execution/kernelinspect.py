@@ -105,9 +105,8 @@ def smem_offsets(layout) -> list[int]:
 
 
 def decode_tmem_address(addr: int) -> tuple[int, int, bool]:
-    """(lane, column, tagged) of a TMEM address (lane << 16 | column, 32-bit columns). Bit
-    0x8000 of the column field is a tag some A-operand fragment offsets carry (DSV4.md,
-    lesson 4), not a column: it is reported and stripped."""
+    """(lane, column, tagged) of a TMEM address (lane << 16 | column); bit 0x8000 of the column field
+        is a tag some A-operand offsets carry (DSV4.md lesson 4), reported and stripped."""
     lane, col = addr >> 16, addr & 0xFFFF
     return lane, col & 0x7FFF, bool(col & 0x8000)
 

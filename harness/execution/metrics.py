@@ -118,10 +118,9 @@ def violations(m: dict, tol: Tolerance) -> list[str]:
 
 
 def judge(tolerances: dict[str, Tolerance], metrics: dict[str, dict]) -> tuple[str, str | None]:
-    """A case's verdict: ("pass", None) when every declared output meets its tolerance,
-    else ("fail", why). An output the stage declares but the case did not produce fails;
-    a stage that declares no tolerance proves nothing and fails. `tolerances` are the case's
-    (Stage.tolerances_for): one still holding `by:` entries is a caller's mistake, refused."""
+    """("pass", None) when every declared output meets its tolerance, else ("fail", why).  A declared
+        output the case lacks fails; a stage with no tolerance proves nothing and fails; tolerances
+        still holding `by:` entries are refused."""
     if not tolerances:
         return "fail", "the stage declares no tolerances: nothing was checked"
     if any(tol.by for tol in tolerances.values()):

@@ -93,10 +93,9 @@ def _number(text: str) -> float | None:
 
 
 def parse_csv(text: str) -> dict[str, Any]:
-    """The profile block from ncu's `--csv --page raw` output: the header row (it starts with
-    "ID"), a units row, then one row per profiled kernel (the first is taken). Lines before the
-    header (==PROF== notes, the program's own output) are skipped. ProfileError when there is no
-    kernel row or a metric is missing."""
+    """The profile block from ncu's `--csv --page raw` output: the header row ("ID"), a units row,
+        one row per kernel (the first taken); earlier lines skipped.  ProfileError without a kernel
+        row or with a metric missing."""
     if PERMISSION in text:
         raise ProfileError(f"ncu may not read the GPU's performance counters ({PERMISSION}) — run as root, or "
                            "with the driver's NVreg_RestrictProfilingToAdminUsers=0")
@@ -193,9 +192,8 @@ def _run_ncu(root: Path, job: Any, ncu: str, gpu: int, timeout_s: float) -> dict
 
 def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], timeout_s: float = 600.0, seed: int = 0,
          gpu: int = 0, argv: list[str] | None = None, compare: str | None = None) -> int:
-    """Plan one shape, then (ncu and a GPU here) compile, check, profile and record it; with
-    `compare` (a commit), REV's kernel is profiled too and shown beside the tree's (the record:
-    the tree's profile, and REV's in its `compare` block)."""
+    """Plan one shape, then (ncu and a GPU here) compile, check, profile and record it; `compare`:
+        REV's kernel profiled too, into the record's `compare` block."""
     from harness.core.environment import gpu_capabilities
     from harness.execution.bench import _job, plan_cases
 

@@ -193,9 +193,8 @@ _SHIM: ctypes.CDLL | None = None
 
 
 def load_shim(path: str | None = None) -> ctypes.CDLL | None:
-    """Load the interposer (RTLD_GLOBAL) — call before CuTeDSL loads any compiled module, or its
-    host code binds the real runtime — and point it at the real libcute_dsl_runtime.so.  None
-    when no interposer is configured (`path` or $DSV4_PREPARE_SHIM)."""
+    """Load the interposer (RTLD_GLOBAL, before CuTeDSL loads any compiled module) and point it at the
+        real libcute_dsl_runtime.so.  None when none is configured (`path` or $DSV4_PREPARE_SHIM)."""
     global _SHIM
     path = path or os.environ.get(ENV)
     if _SHIM is not None or not path:
@@ -218,11 +217,9 @@ def point_at_runtime(shim: ctypes.CDLL, runtime: str | None = None) -> None:
 
 
 def run_host_path(launch, mode: str = "prepare", runtime: str | None = None) -> dict[str, Any]:
-    """Call `launch()` (a case's compiled host function on its real arguments) with the
-    interposer active: what it got to — {"launches": n, "grid", "block", "smem", "refused": n,
-    "refusal": the last refused attribute call's error code}.  Raises PrepareError when the
-    interposer is not loaded.  grid / block are the first launch's (the kernel; a second one
-    is a split combine), smem the most any launch asked for."""
+    """Call `launch()` (a case's compiled host function) with the interposer active: {"launches",
+        "grid", "block" (the first launch's), "smem" (the most asked), "refused", "refusal" (the last
+        refused call's error code)}.  PrepareError when the interposer is not loaded."""
     shim = _SHIM or load_shim()
     if shim is None:
         raise PrepareError("--prepare: the launch interposer is not loaded in this process")

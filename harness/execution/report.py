@@ -192,9 +192,8 @@ def compile_table(title: str, rows: list[tuple[str, ...]]) -> Table:
 
 
 def print_whole(console: Console, table: Table) -> None:
-    """Print `table` without cutting a cell: where the output is no terminal (a file, a pipe) at
-    the width the table needs (wider than the console's 160 columns if need be); on a terminal at
-    the terminal's width (where the compile table folds a label rather than cut it)."""
+    """Print `table` without cutting a cell: at the width it needs when the output is no terminal,
+        at the terminal's width on one (where the compile table folds a label)."""
     if console.is_terminal:
         console.print(table)
         return
@@ -207,11 +206,9 @@ def print_whole(console: Console, table: Table) -> None:
 
 def compile_and_report(spec: Spec, stage: Stage, archs: list[str], cases: list[Case], keep: Path | None,
                        argv: list[str] | None = None, record: bool = False) -> int:
-    """`dsv4-lab compile`: compile each case (parallel, cached) with a progress bar and a line per
-    finished case, write a record per case (`compiled` / `compile_error`, like a run's) — unless it
-    says what the case's newest fresh record already says (`record` writes it all the same) —,
-    print resources and the instruction inventory; exit 1 with the one-line error (file:line in
-    the user's code) on a failure."""
+    """`dsv4-lab compile`: compile each case (parallel, cached) with a progress bar, write a record per
+        case unless it repeats the newest fresh one (`record` writes it anyway), print resources and
+        the inventory; exit 1 with the one-line error on a failure."""
     import shutil
 
     from harness.execution.compilerun import CompileJob, compile_recorded

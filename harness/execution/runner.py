@@ -110,13 +110,9 @@ def not_runnable_reason(arch: str, caps: dict[int, tuple[str, str | None]]) -> s
 
 
 class Runner:
-    """One run: owns the compiler pools, the worker processes and the record writer.
-
-    Every way a run can end is accounted for: each planned case gets a record, or the run
-    says why it has none (interrupted, or an error in the run itself) and exits non-zero.
-    SIGINT, SIGTERM and SIGHUP stop the run the same way: workers and compilers killed,
-    finished records kept, the run marked interrupted in runs.jsonl, exit 128 + signal.
-    """
+    """One run: owns the compiler pools, the worker processes and the record writer.  Each planned
+        case gets a record, or the run says why not and exits non-zero.  SIGINT, SIGTERM, SIGHUP:
+        workers and compilers killed, records kept, the run marked interrupted, exit 128 + signal."""
 
     def __init__(self, spec: Spec, opts: RunOptions, on_record: Callable[[Record], None] | None = None,
                  emit: Callable[[str], None] | None = None, results_root: Path | None = None):
@@ -298,9 +294,8 @@ class Runner:
                           errors=list(self.errors), signum=self._signum)
 
     def _set_up_prepare(self, caps, idle: list[Task], reasons: dict[str, str]) -> set[str]:
-        """`--prepare`: the archs whose cases go to a GPU of another arch for their host path up
-        to the launch (harness/execution/prepare.py; its interposer built and named for the workers).
-        Without a GPU here the cases stay `compiled`, and their reason says so."""
+        """`--prepare`: the archs whose cases go to a GPU of another arch (prepare.py; the interposer
+                built for the workers).  Without a GPU they stay `compiled`, the reason saying so."""
         if not self.opts.prepare or not idle:
             return set()
         if not caps:
@@ -385,9 +380,8 @@ class Runner:
         return threads
 
     def _serve(self, handle: WorkerHandle, ready: queue.Queue) -> None:
-        """Serve cases to one worker until told to stop. Anything that breaks here (not in
-        the case: the case's own failures come back as results) ends the run with an error
-        that says what happened; after a stop it is the interruption's doing and is quiet."""
+        """Serve cases to one worker until told to stop.  A failure here (not the case's) ends the run
+                with an error saying what happened; after a stop it is quiet."""
         try:
             while not self._stop.is_set():
                 item = ready.get()

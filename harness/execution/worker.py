@@ -39,9 +39,8 @@ _Executor = CaseExecutor  # the name the tests and older callers know
 
 
 def _die_with_parent(parent_pid: int | None) -> None:
-    """Exit when the parent goes: PR_SET_PDEATHSIG on Linux (the kernel sends SIGKILL when
-    the thread that started this process ends), and a watchdog thread that exits when the
-    parent process is gone (a changed parent pid), as a fallback on any OS."""
+    """Exit when the parent goes: PR_SET_PDEATHSIG on Linux (SIGKILL when the starting thread ends)
+        and a watchdog thread that exits when the parent pid changes (any OS)."""
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
@@ -237,9 +236,8 @@ class WorkerHandle:
 
 
 def _kill_group(pid: int | None) -> None:
-    """SIGKILL the process group `pid` leads (the worker's own, from os.setpgrp). A group
-    outlives its leader while a member lives, and its id is not reused meanwhile, so this is
-    safe after the worker was reaped; a worker killed before its setpgrp leads no group."""
+    """SIGKILL the process group `pid` leads (the worker's, from os.setpgrp): a group outlives its
+        leader while a member lives and its id is not reused, so this is safe after reaping."""
     if pid is None:
         return
     try:
