@@ -99,9 +99,9 @@ def inline_archive(root: Path, stage_id: str) -> int:
 
 
 def _move_lines(path: Path, archive: Path, moves, store: Stores | None = None) -> tuple[int, int]:
-    """Move the lines of `path` for which `moves(obj)` holds (obj: the parsed line, None when it
-    does not parse) to the end of `archive` — with their ids inlined from `store` when given —
-    archive first, then the file. Returns (lines moved, bytes the file lost)."""
+    """Move the lines of `path` for which `moves(obj)` holds (obj None: unparsable) to the end of
+        `archive`, ids inlined from `store` when given; archive first, then the file.  Returns
+        (lines moved, bytes the file lost)."""
     try:
         data = read_regular(path)
     except FileNotFoundError:
@@ -136,9 +136,8 @@ def _parsed(raw: bytes):
 
 
 def archive_stale(root: Path, stage_id: str, current_src: dict[str, str]) -> tuple[int, int]:
-    """Move the stale lines of one stage's segment and records file into its archive (the
-    segment's first: they are older). `current_src` maps arch -> the stage's source hash now.
-    Returns (lines moved, bytes the segment and the records file lost)."""
+    """Move the stale lines of a stage's segment and records file (segment's first) into its
+        archive; `current_src`: arch -> the source hash now.  Returns (lines moved, bytes lost)."""
 
     def stale(obj) -> bool:
         arch = obj.get("arch") if isinstance(obj, dict) else None
@@ -187,10 +186,9 @@ def _first_problem(source: Path, text: bytes, store: Stores) -> str | None:
 
 
 def seal(root: Path, stage_id: str) -> tuple[int, int]:
-    """Move every line of one stage's records file to the end of its segment (module doc),
-    segment first, then the records file emptied. Returns (lines moved, bytes saved: the plain
-    file's and the old segment's size less the new segment's). SealRefused (one line, nothing
-    written) while a line of either is one readers skip, or the segment is no xz."""
+    """Move every line of a stage's records file to the end of its segment (module doc).  Returns
+        (lines moved, bytes saved).  SealRefused (one line, nothing written) while a line of either
+        is one readers skip, or the segment is no xz."""
     path = stage_file(root, stage_id)
     segment = segment_file(path)
     data, plain = _plain_lines(path)
@@ -216,9 +214,8 @@ def seal(root: Path, stage_id: str) -> tuple[int, int]:
 
 
 def archive_runs(root: Path, live: set[str]) -> tuple[int, int]:
-    """Move the events of results/runs.jsonl whose run id is not in `live` (the runs the live
-    records name) to the end of results/archive/runs.jsonl.xz; a line that does not parse or
-    names no run stays. Returns (lines moved, bytes runs.jsonl lost)."""
+    """Move the events of results/runs.jsonl of runs not in `live` to the end of
+        results/archive/runs.jsonl.xz (unparsable lines stay).  Returns (lines moved, bytes lost)."""
 
     def dead(obj) -> bool:
         run = obj.get("run") if isinstance(obj, dict) else None
@@ -247,8 +244,7 @@ def _iso(t: float) -> str:
 def retirable(lines: list[bytes], keep: int, cutoff: str, named_ids: set[str], named_runs: set[str],
               held: frozenset[str], keep_bench: int = KEEP_BENCH) -> list[bool]:
     """For each archive line (oldest first), whether the rule retires it (module doc; `cutoff`: the
-    oldest time, as `t` writes it, that is kept whatever its rank; a bench line's rank is held
-    against max(keep, keep_bench): the speed history stays deeper than the test results')."""
+        oldest `t` kept whatever its rank; a bench line's rank counts against max(keep, keep_bench))."""
     seen: dict[tuple, int] = {}
     out = [False] * len(lines)
     for i in range(len(lines) - 1, -1, -1):
@@ -268,9 +264,8 @@ def retirable(lines: list[bytes], keep: int, cutoff: str, named_ids: set[str], n
 
 def retire(root: Path, stage_id: str, held: Held, named_ids: set[str], named_runs: set[str],
            keep: int = KEEP_NEWEST, days: float = KEEP_DAYS, now: float | None = None) -> tuple[int, int]:
-    """Retire the lines of one stage's archive that the rule retires (module doc): one line to
-    results/archive/retired.jsonl.xz first, then the archive rewritten without them (removed when
-    none is left). Returns (lines retired, bytes the archive lost); OSError when it is no xz."""
+    """Retire the lines of a stage's archive the rule retires: one line to retired.jsonl.xz first,
+        then the archive rewritten (removed when empty).  Returns (lines, bytes); OSError when no xz."""
     archive = archive_file(stage_file(root, stage_id))
     if not archive.exists():
         return 0, 0

@@ -169,10 +169,8 @@ def _with(obj: dict[str, Any], slot: Slot, value: Any) -> dict[str, Any]:
 
 
 class StoreAppender(Appender):
-    """Appends store lines to an xz store, each as an xz stream of its own: one `write` on an
-    O_APPEND file (never interleaved with another writer's), then fsync, so a crash keeps
-    every finished line and costs at most the stream it cut off. With `lock`, under the
-    notebook's lock as every Appender (harness/core/notebooklock.py)."""
+    """Appends store lines, each an xz stream of its own: one `write` on an O_APPEND file, then
+        fsync, so a crash costs at most the stream it cut off.  `lock`: under the notebook's lock."""
 
     def write(self, line: str) -> None:
         if "\n" in line or "\r" in line:
@@ -307,11 +305,9 @@ class Stores:
 
 
 def rewrite_store(store: ContentStore, keep: Iterable[str] | None = None) -> tuple[int, int]:
-    """Write the store (the xz one and the plain one together) as ONE xz stream holding the
-    values whose ids are in `keep` (all of them when None), atomically (a temp file, then a
-    rename), and remove the plain store. Returns (values kept, dropped). Run it holding the
-    notebook's lock exclusive (harness/core/notebooklock.py; compaction does) while nothing
-    else writes to results/ (a value appended meanwhile would be lost)."""
+    """Write the store (xz and plain together) as ONE xz stream of the values whose ids are in `keep`
+        (all when None), atomically, and remove the plain store.  Returns (kept, dropped).  Hold the
+        notebook's lock exclusive (a value appended meanwhile would be lost)."""
     known = store.known()
     wanted = set(known) if keep is None else set(keep)
     kept = {i: v for i, v in known.items() if i in wanted}

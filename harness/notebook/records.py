@@ -505,9 +505,8 @@ def _records(path: Path, warn: list[str] | None, newest_first: bool, bench: bool
 
 def read_records(root: Path, stages: list[str] | None = None, warn: list[str] | None = None,
                  bench: bool = False) -> list[Record]:
-    """All valid records (oldest first within each file) of the given stages, typed. Bench
-    records (timings at bench shapes) only with `bench=True`: a test-matrix reader never
-    mistakes one for the newest result of a case."""
+    """All valid records of the given stages, typed, oldest first within each file; bench records
+        only with `bench=True` (never taken for a case's newest result)."""
     folder = records_dir(root)
     if stages is None:
         try:  # a stage whose lines are all in its segment has no plain file, or an empty one

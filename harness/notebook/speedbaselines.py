@@ -272,9 +272,9 @@ def _read(root: Path, path: Path) -> list[SpeedBaseline]:
 
 
 def save(root: Path, items: list[SpeedBaseline], read: list[SpeedBaseline]) -> None:
-    """Write results/speed_baselines.yaml.xz holding exactly `items` (every key of `read` still
-    among them; the text, and the compressed bytes, are read back before they replace the old
-    file); an older clone's plain file is removed once the .xz holds it (both there: one line)."""
+    """Write results/speed_baselines.yaml.xz holding exactly `items` (every key of `read` still among
+        them; text and bytes read back before the rename); an older plain file is removed once the
+        .xz holds it."""
     shown = _display(root, speed_file(root))
     path = _speed_path(root)  # both the .xz and the plain file: one line, nothing written
     keys = {(b.stage, b.arch, b.case) for b in items}

@@ -273,9 +273,8 @@ def _followed(root: Path, stage: Stage, arch: str) -> list[Path]:
 
 
 def source_files(root: Path, stage: Stage, arch: str) -> list[Path]:
-    """The stage's own files for `arch`: kernel module, oracles, and what they import — and,
-    where any of them loads code or data dynamically (dynamic_uses), every file of the
-    folders that code may come from (fallback_folders)."""
+    """The stage's files for `arch`: kernel module, oracles, what they import, and where any loads
+        code or data dynamically, every file of the folders it may come from (fallback_folders)."""
     root = root.resolve()
     files = _followed(root, stage, arch)
     uses = _dynamic_in(files)

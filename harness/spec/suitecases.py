@@ -110,10 +110,9 @@ def suite_modules(root: Path, name: str) -> list[Any]:
 
 
 def summary(module: Any, kernel_params: tuple[str, ...] = ()) -> dict[str, Any]:
-    """{'upstream', 'stage', 'total', 'supported', 'shapes', 'reasons': {reason: cases}} of one
-    suite module: every upstream case, the ones the stage takes, the kernels they compile (distinct
-    `kernel_params` values and tensor shapes) and, per reason, the cases it keeps out (a case may
-    have several reasons)."""
+    """{'upstream', 'stage', 'total', 'supported', 'shapes', 'reasons': {reason: cases}} of a suite
+        module: every upstream case, the ones the stage takes, the kernels they compile, and the
+        cases kept out per reason."""
     cases = module.upstream()
     reasons: dict[str, int] = {}
     supported = 0

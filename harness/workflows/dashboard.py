@@ -160,11 +160,9 @@ def cell(spec: Spec, stage: Stage, arch: str, records: list[Record], baselines: 
 
 
 def speed_text(benched: list[Record], speed: list, src: str) -> str:
-    """The newest timed bench record of each speed-baselined shape against its speed baseline,
-    as Δ % (`+2.1%`, or `-3.0…+1.2%` over the shapes; + is slower), compared only on the
-    baseline's GPU model; `⚠` when the source changed since the baseline or the record (the Δ no
-    longer describes the tree's kernel: `gate --speed` re-times it). A Δ between two runs is not
-    a verdict: only an interleaved A/B is (harness/execution/abtest.py)."""
+    """The newest timed bench record of each speed-baselined shape against its baseline as Δ %
+        (`+2.1%`, or `-3.0…+1.2%` over the shapes; + is slower), on the baseline's GPU model only;
+        `⚠` when the source changed since.  A Δ is not a verdict: only an interleaved A/B is."""
     newest = newest_by_case(benched, lambda r: r.status == "pass" and bool(r.timing))
     deltas, stale = [], False
     for b in speed:

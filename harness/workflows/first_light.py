@@ -133,10 +133,8 @@ def newest_status(root, stage: Stage, case: Case, since: str) -> tuple[str, str 
 
 
 def run_plan(spec: Spec, run_step: Callable[[Stage, Case, list[str]], int], *, say=print) -> int:
-    """Run the plan's steps in order with `run_step(stage, case, argv)` (which runs one case and
-    writes its record), stopping at the first step that does not pass; a hang of a step with a
-    follow-up runs the follow-up to localise it (the plan still stops).  Returns 0 only when every
-    step passed."""
+    """Run the plan's steps with `run_step(stage, case, argv)`, stopping at the first that does not
+        pass (a hang with a follow-up runs the follow-up first).  0 only when every step passed."""
     from harness.notebook.records import now_iso
 
     steps = plan_cases(spec)

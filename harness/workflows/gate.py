@@ -119,9 +119,8 @@ def compare_compile(b: Baseline, rec: Record) -> list[Finding]:
 
 
 class _Lookup:
-    """The matrix's cases by label, and the records by (stage, arch, case): built once. A
-    record's case is keyed by its items in order (records hold the case in axis order, as the
-    matrix builds it), which is cheaper than building 10,000 labels."""
+    """The matrix's cases by label and the records by (stage, arch, case), built once; a record's
+        case keyed by its items in order (cheaper than 10,000 labels)."""
 
     def __init__(self, spec: Spec, records: list[Record], stages: set[str]):
         from harness.spec.matrix import expand
@@ -146,11 +145,9 @@ class _Lookup:
 
 def newest_records(root: Path, items: list[Baseline], src: dict[tuple[str, str], str | None],
                    warn: list[str]) -> list[Record]:
-    """The records the gate needs, oldest first: each stage's file is read from its newest
-    line back, only until every baselined case of it has its newest fresh result (a case
-    without one reads the whole file). With nothing changed that is a few hundred lines of
-    however many thousand the notebook holds. Lines are checked as `read_records` checks
-    them; a bad one met on the way is skipped with a file:line warning."""
+    """The records the gate needs, oldest first: each stage's file read from its newest line back
+        until every baselined case has its newest fresh result (a case without one reads it all).
+        Lines checked as `read_records` checks them; a bad one skipped with a file:line warning."""
     from harness.notebook.records import newest_fresh_in_file, stage_file
 
     out: list[Record] = []
@@ -289,9 +286,8 @@ def _progress(total: int, line_of):
 
 
 def main(root: Path, allow_run: bool = True, out=None, target: str | None = None, staged: bool = False) -> int:
-    """The gate. `target`: where stale run cases are proven — a target name (`a,b` splits),
-    `local` for this machine only, None for the user's `proof_target` if one is set.
-    `staged`: judge what the git index holds, not the working tree (harness/notebook/staged.py)."""
+    """The gate. `target`: where stale run cases are proven — a target name (`a,b` splits), `local`,
+        or None for the user's `proof_target`.  `staged`: judge the git index (notebook/staged.py)."""
     out = out or sys.stdout
     if not staged:
         return _judge(root, root, allow_run, out, target)
@@ -390,9 +386,8 @@ def _proof(lab: Path, target: str | None) -> str | None:
 
 
 def _prove_on_target(spec: Spec, target: str, stale: list[Finding], snap) -> int:
-    """Run the stale cases on `target` through the remote run path (`run --target`: records
-    stream back signed and are written here as they arrive), one run per stage and arch, each
-    selecting its stale cases with --where. Returns the worst exit code."""
+    """Run the stale cases on `target` through `run --target` (records written here as they arrive),
+        one run per stage and arch selecting them with --where.  Returns the worst exit code."""
     from harness.spec.matrix import expand, parse_filters, parse_where
     from harness.remote.remote_run import run_remote
 
@@ -523,9 +518,8 @@ HOOK_MARK = "# dsv4-lab gate hook"
 
 
 def hook_text(python: str | None = None, code_root: Path | None = None, prefix: str = "") -> str:
-    """The pre-commit hook: the lab run with the absolute interpreter it was installed from
-    (a venv need not be on PATH or activated), its code root on PYTHONPATH, in this
-    repository's lab folder (`prefix`: the lab root relative to the repository's top)."""
+    """The pre-commit hook: the lab run with the absolute interpreter it was installed from, its code
+        root on PYTHONPATH, in the repository's lab folder (`prefix`, relative to the top)."""
     python = python or sys.executable
     code_root = code_root or Path(__file__).resolve().parents[2]  # harness/workflows/gate.py -> the code root
     return f"""#!/bin/sh
