@@ -101,11 +101,9 @@ def _check_where_once(argv: list[str]) -> None:
 
 
 def main() -> None:
-    """Console entry point. Usage and config problems are one line and exit code 2; a
-    failure inside the lab itself is one line and exit 1 (`--traceback` shows the trace).
-    No traceback reaches a user otherwise. SIGINT, SIGTERM and SIGHUP end any command with one
-    line and 128 + signal (one the lab was started with ignored, e.g. under nohup, stays
-    ignored; harness/core/interrupts.py)."""
+    """Console entry point.  Usage and config problems: one line, exit 2; a failure inside the lab:
+        one line, exit 1 (`--traceback` shows the trace).  SIGINT, SIGTERM and SIGHUP end any
+        command with one line and 128 + signal (core/interrupts.py)."""
     from harness.core import interrupts
 
     # the registry imports every command module, and with them the error classes they declare,

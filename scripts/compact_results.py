@@ -49,9 +49,8 @@ def _size(*paths: Path | None) -> int:
 
 
 def named_ids(root: Path, store: ContentStore) -> set[str] | None:
-    """Every id of `store` that a line of the live records (plain files and segments) or of the
-    archives names; None when a segment or an archive cannot be read (what it names is not
-    known, so nothing may be dropped)."""
+    """Every id of `store` named by a line of the live records or the archives; None when one cannot
+        be read (then nothing may be dropped)."""
     ids: set[str] = set()
     for path in sorted(records_dir(root).glob("*.jsonl")):
         for _, obj in iter_jsonl(path):
@@ -90,11 +89,9 @@ _MENTIONED = re.compile(rb"\d{8}-\d{6}-[0-9a-f]{4,}(?:\.\d+)?")
 
 
 def named_by_notebook(root: Path) -> tuple[set[str], set[str], dict[str, set[str]]]:
-    """(record ids, run ids, per stage the run ids) whose archive lines must never be retired: the
-    records the baselines and the speed baselines name, the runs notes are on or a note's text
-    mentions, and per stage the runs that stage's live records name (a run's live lines of one
-    stage do not hold its stale lines of another). BaselineError / OSError (one line) when one of
-    them cannot be read."""
+    """(record ids, run ids, per stage the run ids) whose archive lines are never retired: records the
+        baselines name, runs notes are on or mention, and per stage the runs its live records name.
+        BaselineError / OSError (one line) when one cannot be read."""
     ids = {b.record for b in baselines.load(root)} | {b.record for b in speedbaselines.load(root)}
     runs = set(read_notes(root))
     try:
@@ -140,18 +137,16 @@ def held_at_head(root: Path, archive: Path) -> Held:
 
 
 def every_record(root: Path) -> Counter[str]:
-    """Every record the notebook reads — archives, segments and plain files of every stage on
-    disk, bench records too — as its full JSON, counted: what compaction must leave as it found
-    it (in another order: stale lines move to the archive)."""
+    """Every record the notebook reads (archives, segments, plain files, bench too) as full JSON,
+        counted: what compaction must leave as it found it."""
     stages = {p.name[:-len(".jsonl")] for p in records_dir(root).glob("*.jsonl")}
     stages |= {p.name[:-len(ARCHIVE_SUFFIX)] for p in [*record_segments(root), *record_archives(root)]}
     return Counter(r.to_json() for r in read_records(root, sorted(stages), [], bench=True))
 
 
 def main(root: Path, force: bool = False, keep: int = KEEP_NEWEST, days: float = KEEP_DAYS) -> int:
-    """Compact the notebook, holding its lock exclusive throughout (harness/core/notebooklock.py): a
-    run appending meanwhile waits at its next record and then appends to the rewritten file.
-    Every record must read back the same afterwards (`every_record`), but the retired ones."""
+    """Compact the notebook holding its lock exclusive (a run appending meanwhile waits); every record
+        but the retired must read back the same afterwards (`every_record`)."""
     try:
         with exclusive(results_dir(root)):
             before = every_record(root)

@@ -120,9 +120,8 @@ def exit_on_stop_signals(prog: str = "dsv4-lab") -> None:
 
 
 class StopGuard:
-    """A stop signal during a piece of work: the first raises `Interrupted` (while `armed`), each
-    is noted in `signum`; `quiet()` before the clean-up so no signal cuts it short; `release()`
-    puts the previous handlers back (or ignores stop signals when one arrived)."""
+    """A stop signal during a piece of work: the first raises `Interrupted` (while `armed`), each is
+        noted in `signum`; `quiet()` before the clean-up; `release()` restores the handlers."""
 
     def __init__(self) -> None:
         self.signum: int | None = None

@@ -73,9 +73,8 @@ def refusal(path: Path) -> str | None:
 
 
 def open_regular(path: Path, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
-    """A file descriptor of `path`, opened with `flags` (blocking mode restored), only when it is a
-    regular file and not a symbolic link; Unsafe (one line) otherwise, FileNotFoundError when it
-    is missing and O_CREAT is not in `flags`."""
+    """A file descriptor of `path` opened with `flags` (blocking restored), only for a regular file,
+        not a symbolic link; Unsafe otherwise, FileNotFoundError when missing without O_CREAT."""
     why = refusal(path)
     if why:
         raise Unsafe(path, why)
@@ -107,11 +106,9 @@ def read_regular(path: Path) -> bytes:
 
 
 def xz_streams(data: bytes, cap: int | None = None):
-    """(byte offset, decoded bytes, "") for every whole xz stream of `data`, in order, and
-    (offset, None, why) for a stream that cannot be decoded: reading goes on at the next xz
-    header after it, so one bad stream never costs the others. Stream padding (NUL bytes
-    between streams) is skipped. All streams together decode to at most `cap` bytes
-    (max_xz_bytes() when None): past it, one (offset, None, why) and nothing more."""
+    """(offset, decoded bytes, "") for every whole xz stream of `data`, and (offset, None, why) for
+        one that cannot be decoded (reading goes on at the next xz header); padding skipped.  All
+        streams decode to at most `cap` bytes (max_xz_bytes()): past it, one (offset, None, why)."""
     total = budget = max_xz_bytes() if cap is None else cap
     pos, end = 0, len(data)
     while pos < end:

@@ -218,13 +218,10 @@ def compose(data: str | bytes, ctx: NodeContext, max_nodes: int = MAX_NODES) -> 
 
 def _refuse_in_our_words(text: str, max_nodes: int, ctx: NodeContext, failed: _BoundedComposer | None) -> None:
     """libyaml refused `text`: raise the lab's own refusal if it has one (too deep, too many values,
-    aliases). libyaml's scanner reads ahead of the composer (up to 1024 characters on a line, for a
-    possible key), so a line of 10000 `[` meets the nesting limit of the libyaml that PyYAML 6.0.4
-    bundles ("exceeded maximum nesting depth") before the composer counts level 65; PyYAML's own
-    Python parser has no such limit, so reading the text again with it reaches the lab's bounds
-    first, whichever PyYAML is installed. Nothing is raised when the Python parser finds no bound
-    broken either: the caller reports libyaml's problem. Only on this error path, so the cost of
-    the slower parser is paid only for a file that is refused anyway."""
+        aliases).  libyaml's scanner reads ahead and meets its own nesting limit before the composer
+        counts the lab's, so the text is read again with PyYAML's Python parser, which has no such
+        limit; nothing raised when it finds no bound broken (the caller reports libyaml's problem).
+        Only on this error path."""
     if failed is None or isinstance(failed, _PyLoader):
         return
     loader, _ = _loader(text, max_nodes, pure=True)
@@ -333,9 +330,8 @@ def line_of(node: Node | None, keys: tuple) -> int:
 
 
 def duplicate_key(root: Node) -> tuple[int, str, int] | None:
-    """The first key held twice by one mapping, at any level of the tree: (its line, the dotted
-    key, the line of the first one); keys compared as text (`1` and "1" are one). None when
-    there is none (`mapping` refuses them one mapping at a time, as it reads)."""
+    """The first key held twice by one mapping at any level: (its line, the dotted key, the first
+        one's line), keys compared as text; None when there is none."""
     stack: list[tuple[Node, str]] = [(root, "")]
     while stack:
         node, where = stack.pop()

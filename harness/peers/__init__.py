@@ -51,10 +51,9 @@ def adapter(name: str):
 
 def why_not(name: str, problem: str | None, dims: dict[str, int] | str, cc: tuple[int, int] | None,
             probe: bool = True) -> str | None:
-    """None when peer `name` can run this shape here; else one phrase: the shape it does not
-    support, or "not installed (pip install …)". `dims` is harness.peers.problems.problem_dims's answer
-    (a string: why the stage's tensors do not fit the problem). `probe=False` skips the import
-    check (shape support only)."""
+    """None when peer `name` can run this shape here; else one phrase: the unsupported shape, or "not
+        installed (pip install …)".  `dims`: problems.problem_dims's answer (a string: why the tensors
+        do not fit).  `probe=False` skips the import check."""
     mod = adapter(name)
     if problem is None:
         return "the stage's bench block names no problem"

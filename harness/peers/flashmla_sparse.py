@@ -41,9 +41,8 @@ def unsupported(problem: str, dims: dict[str, Any], cc: tuple[int, int] | None) 
 
 
 def make(problem: str, dims: dict[str, Any], inputs: dict, per_call: bool = False) -> Callable[[], dict]:
-    """FlashMLA's call on the stage's inputs; its scheduler metadata made once and reused by every
-    call (filled by the first), or — `per_call`, as a serving engine calls it each decode step —
-    made afresh in every call (the metadata kernel is then part of the timed work)."""
+    """FlashMLA's call on the stage's inputs; its metadata made once and reused (filled by the first
+        call), or with `per_call` afresh in every call, as a serving engine does (then timed)."""
     import torch
     from flash_mla import flash_mla_with_kvcache, get_mla_metadata
 

@@ -20,9 +20,8 @@ PROBLEMS = ("sparse_decode",)
 
 
 def sparse_dims(specs: list[Any]) -> dict[str, Any] | str:
-    """The `sparse_decode` sizes of a stage's tensor specs, or one phrase saying why they are
-    not that problem: b, s_q, h_q, d, topk, extra_topk (0: no SWA branch), kv_format, block,
-    extra_block, num_blocks, extra_num_blocks."""
+    """The `sparse_decode` sizes of a stage's tensor specs (b, s_q, h_q, d, topk, extra_topk, kv_format,
+        block, extra_block, num_blocks, extra_num_blocks), or one phrase why they are not that problem."""
     from oracles import kvcache as kc
 
     by = {s.name: s for s in specs}

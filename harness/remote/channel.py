@@ -122,9 +122,8 @@ def open_sender() -> Sender:
 
 
 def install_sender(key: str, fd: int) -> Sender:
-    """Make the channel's remote end write to `fd` (a Slurm task's record file,
-    harness/remote/slurm_side.py) instead of reading its key from stdin: later `open_sender` calls
-    return it. Points stdout at stderr, as `open_sender` does."""
+    """Make the channel's remote end write to `fd` (a Slurm task's record file) instead of reading its
+        key from stdin; points stdout at stderr, as `open_sender` does."""
     global _sender
     if not KEY_RE.fullmatch(key):
         raise ChannelError("not a channel key (64 hex digits)")

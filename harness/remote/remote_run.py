@@ -91,9 +91,8 @@ def git_token(root: Path) -> str:
 
 
 def remote_run_command(t: Target, root: Path, args: list[str]) -> str:
-    """The remote shell text of a run. `export` (not `VAR=x cmd`) so the variables reach
-    python even when `python` is an activation command such as `source venv && python`.
-    The channel key is not here (a command line is visible to `ps`): it goes on stdin."""
+    """The remote shell text of a run: `export` so the variables reach python even when `python` is
+        an activation command; the channel key goes on stdin, never on a command line."""
     folder, cache = remote_path(remote_folder(t, root)), remote_path(remote_cache(t, root))
     env = [
         f"DSV4_LAB_GIT={shlex.quote(git_token(root))}", f"DSV4_LAB_ROOT={folder}", f"PYTHONPATH={folder}",
@@ -484,10 +483,9 @@ def run_remote(spec: Spec, target: str, argv: list[str], stages: list[Stage], ar
 
 def stream_runs(session: _Session, args: dict[str, list[str]], sync_method: str | None = None,
                 snapshot: Snapshot | None = None) -> tuple[bool, int, str | None]:
-    """Copy the tree to each of the session's targets, start `remote_side ARGS[name]` there, and
-    write what arrives through the session until every run ended; a stop signal here stops the
-    remote runs (each marked interrupted). Returns (interrupted, the stop signal, a local write
-    error or None); the session is closed, not yet reported."""
+    """Copy the tree to each target, start `remote_side ARGS[name]` there, write what arrives until
+        every run ended; a stop signal here stops the remote runs (marked interrupted).  Returns
+        (interrupted, the signal, a local write error or None)."""
     runs = list(session.runs.values())
     root = snapshot.lab if snapshot is not None else session.root
     events: queue.Queue = queue.Queue()

@@ -51,9 +51,8 @@ def run_emitting(spec: Spec, stages: list[Stage], archs: list[str] | None, cases
 
 
 class ChannelLog:
-    """A session whose records go on the channel, never into this copy's notebook: what
-    `gate --speed --emit-jsonl` (the far side of `gate --speed --target NAME`) hands
-    `bench --compare` in place of a RunLog. Its start and end events are the caller's."""
+    """A session whose records go on the channel, never into this copy's notebook (`gate --speed
+        --emit-jsonl` hands it to `bench --compare` in place of a RunLog); its events are the caller's."""
 
     def __init__(self, sender, run_id: str):
         self.sender = sender

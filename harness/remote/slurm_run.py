@@ -347,10 +347,9 @@ def _prepare(login: Login, t: SlurmTarget, root: Path, run_id: str) -> tuple[str
 def run_slurm(spec: Spec, t: SlurmTarget, argv: list[str], stages: list[Stage], archs: list[str] | None,
               cases: dict[str, list[Case]], *, gpus: str | None = None, shard: tuple[int, int] | None = None,
               print_job: bool = False) -> int:
-    """Run the planned cases as a job array on `t` (see the module docstring). Returns 0 (every
-    task completed and every case passed), 1 (failures; a task failed, timed out or was
-    preempted; lines rejected; cases missing), 3 (the login host or the scheduler could not be
-    used), or 128 + signal when interrupted here (the array is cancelled)."""
+    """Run the planned cases as a job array on `t` (module doc).  Returns 0 (every task completed,
+        every case passed), 1 (failures, a failed / timed-out / preempted task, rejected lines,
+        missing cases), 3 (the login host or scheduler unusable), 128 + signal when interrupted."""
     from harness.execution.runner import tasks_for
 
     if shard is not None:

@@ -432,9 +432,8 @@ def load_targets(root: Path) -> dict[str, AnyTarget]:
 
 
 def proof_target(root: Path) -> str | None:
-    """The user's default proof target (`proof_target: NAME` in the user's targets file), which
-    `dsv4-lab gate` (and so the pre-commit hook) uses when --target is not given; None when
-    unset. A name no file declares is one TargetError line naming file, line and key."""
+    """The user's `proof_target: NAME` (where `gate` proves without --target), or None; a name no file
+        declares is one TargetError line."""
     user_path = user_targets_file()
     shown = _display(user_path, root)
     _, proof = _load_file(user_path, shown, user=True)
