@@ -187,12 +187,8 @@ def smem_budget(hd: int, kv_tile: int, hd_per_cta: int, k_slots: int, v_slots: i
 
 
 class _SmemPTmemPlan:
-    """TMEM columns of S (fp32) and O (fp32) when P lives in shared memory.
-
-    S: the QK accumulator, columns [0, s_cols); O: the PV accumulator of the
-    CTA's slab (hd_per_cta / pv_n PV tiles), columns [s_cols, s_cols + o_cols).
-    Both counts come from the fragments (find_tmem_tensor_col_offset).
-    """
+    """TMEM columns when P lives in shared memory: S (the QK accumulator) [0, s_cols), O (this CTA's
+        PV slab) [s_cols, s_cols + o_cols), both from the fragments."""
 
     def __init__(self, qk_mma, pv_mma, s_shape_mn, o_shape_mn):
         s_frag = qk_mma.make_fragment_C(qk_mma.partition_shape_C(s_shape_mn))
@@ -354,14 +350,10 @@ class Kernel(WarpRoles):
             free_tmem(cta, pp.tmem_ptr, pp.plan.alloc_cols)  # all four warps are done with TMEM: warp 0 frees it
 
     def p_path(self, cta: AttentionCta, qk_mma, pv_mma, p_smem, s_mn, o_mn) -> SimpleNamespace:
-        """The TMEM plan, its allocation and the path of P between the two MMAs, built
-        before the role `if`s; the fields the other path does not use are None.
-
-        TMEM-P (hd = 64, stage C's path): TmemP — S, P inside S, O, the S-load / P-store
-        pair.  SMEM-P: S and O in TMEM (`_SmemPTmemPlan`), P in the shared-memory buffer
-        sP in the PV MMA's A-operand layout, written through `p_copy` (st.shared, tiled
-        like the tcgen05.ld of S) into its (M, K) view `sP_mk`; `check_smem_p` proves
-        both at trace time.  Either way the plan is checked against tmem_budget()."""
+        """The TMEM plan, its allocation and P's path, built before the role `if`s (the other path's
+                fields None).  TMEM-P (hd = 64): TmemP.  SMEM-P: S and O in TMEM (`_SmemPTmemPlan`), P in
+                sP (the PV MMA's A-operand layout) written through `p_copy` into its (M, K) view `sP_mk`,
+                proven by `check_smem_p`.  Either plan is checked against tmem_budget()."""
         pp = SimpleNamespace(plan=None, tmem_ptr=None, tStS=None, tOtO=None,
                              tOrP=None,  # the PV MMA's A operand, (MMA, MMA_M, kv_tile / 16)
                              s_load=None,  # tcgen05.ld of this thread's S row
@@ -397,10 +389,8 @@ class Kernel(WarpRoles):
     @cute.jit
     def softmax_role(self, s_cons, p_prod, s_load, p_store, p_copy, o_load, o_store, tS_src, cS_src, tOrP, sP_mk,
                      cA, tOtO, cO, tidx):
-        """Warps 0-3, per KV tile: tcgen05.ld S row → max, exp2, sum → bf16 P; wait until
-        PV_{j-1} has completed; store P (TMEM or SMEM); rescale O if any row of the warp
-        moved its max; tcgen05.wait::st; signal the MMA warp.  Returns the row's final
-        (max, sum)."""
+        """Warps 0-3, per KV tile: S row → max, exp2, sum → bf16 P; wait for PV_{j-1}; store P; rescale O
+                if the warp's max moved; tcgen05.wait::st; signal.  Returns the row's (max, sum)."""
         hang_guard.role("softmax")  # names this role's waits in a --debug-hangs build
         thr_s = s_load.get_slice(tidx)
         thr_o = o_load.get_slice(tidx)

@@ -51,9 +51,8 @@ def sink_factor(sink: Float32, lse: Float32) -> Float32:
 
 
 def combine_reference(o_parts, lse_parts, sink=None):
-    """(O [rows, d], lse [rows]) in float64 from o_parts [splits, rows, d] and
-    lse_parts [splits, rows] (torch tensors), ignoring empty splits (lse_i = −∞); with
-    `sink` [rows] (each row's sink logit) O is scaled by 1 / (1 + e^(sink − lse))."""
+    """(O [rows, d], lse [rows]) in float64 from o_parts [splits, rows, d], lse_parts [splits, rows],
+        empty splits ignored; `sink` [rows] scales O by 1 / (1 + e^(sink − lse))."""
     import torch
 
     o_parts = o_parts.double()
@@ -75,16 +74,13 @@ def combine_reference(o_parts, lse_parts, sink=None):
 
 
 class SplitCombine:
-    """GPU combine of `splits` partials of `rows` rows × `d` columns (fp32) into O (any float
-    dtype) and LSE.  One warp per row, 4 rows per CTA; lane l owns columns l, l + 32, …
-
-    Tensors (all indexed by a flat row r, CuTe's column-major linear index):
-        o_part  (splits · rows, d) fp32     row s · rows + r is split s of row r
-        lse_part (splits · rows,) fp32
-        o       (rows, d)
-        lse     any layout of `rows` elements (e.g. DSV4's [b, h_q, s_q] seen in row order)
-        sink    optional [h_q] fp32 (`sink_heads` = h_q): row r is head r mod h_q (rows =
-                (batch, token, head) row-major); applied once, after the merge"""
+    """GPU combine of `splits` fp32 partials of `rows` × `d` into O and LSE: one warp a row, 4 rows a
+        CTA, lane l columns l, l + 32, …  Tensors (flat row r):
+            o_part  (splits · rows, d) fp32     row s · rows + r is split s of row r
+            lse_part (splits · rows,) fp32
+            o       (rows, d)
+            lse     any layout of `rows` elements (e.g. [b, h_q, s_q] in row order)
+            sink    optional [h_q] fp32: row r is head r mod h_q; applied once, after the merge"""
 
     ROWS_PER_CTA = 4
     THREADS = 32 * ROWS_PER_CTA

@@ -33,10 +33,8 @@ import cutlass.cute as cute
 
 def quad_transpose(words: Sequence[Any], q: Any, shfl: Callable[[Any, int], Any],
                    sel: Callable[[Any, Any, Any], Any]) -> list:
-    """Word i of quad thread s → word s of thread i (see the module doc).  `q`: this thread's
-    place in its quad (0 … 3); `shfl(v, bit)`: v of the thread whose place is q ⊕ bit;
-    `sel(c, a, b)`: a where c, else b.  Plain values (the CPU test runs the four threads as
-    numpy lanes) or traced ones (the kernel: a butterfly shuffle and select_)."""
+    """Word i of quad thread s → word s of thread i (module doc).  `q`: the place in the quad;
+        `shfl(v, bit)`: v of place q ⊕ bit; `sel(c, a, b)`.  Numpy lanes (CPU test) or traced."""
     a = list(words)
     if len(a) != 4:
         raise ValueError(f"quad_transpose takes 4 words, got {len(a)}")
@@ -80,11 +78,9 @@ def _shfl(v, bit: int):
 @cute.jit
 def store_accumulator_wide(acc: cute.Tensor, tidx, row_base_addr, row_bytes: cutlass.Constexpr[int], col0,
                            dtype: cutlass.Constexpr[type]) -> None:
-    """Store this thread's accumulator (fp32, the module doc's layout) as `dtype` rows — bf16 (O)
-    or fp32 (a partial) — row r of the block at byte address row_base_addr + r · row_bytes, its
-    warpgroup's columns from `col0`; 16-byte stores after `quad_transpose` (every lane of the
-    warp takes part).  fp32: the two columns e = 0, 1 of a (row, group) are two words, each
-    transposed on its own, and a thread stores its group's 8 values as two 16-byte pieces."""
+    """Store this thread's fp32 accumulator as `dtype` rows (bf16 O or fp32 partials), row r at
+        row_base_addr + r · row_bytes, its warpgroup's columns from `col0`, by 16-byte stores after
+        `quad_transpose` (the whole warp takes part); fp32 transposes each of a group's two words."""
     lane = tidx % 32
     q = lane % 4
     row0 = (tidx % 128) // 32 * 16 + lane // 4
@@ -112,11 +108,8 @@ def store_accumulator_wide(acc: cute.Tensor, tidx, row_base_addr, row_bytes: cut
 
 @cute.jit
 def store_accumulator_pairs(acc: cute.Tensor, tidx, row_base_addr, row_bytes: cutlass.Constexpr[int], col0) -> None:
-    """Store this thread's fp32 accumulator as fp32 rows with no transpose: the two columns
-    e = 0, 1 of each (row, group) are 8 contiguous bytes, one 8-byte store, and a quad's four
-    threads fill one 32-byte sector of the row — twice the store instructions of
-    store_accumulator_wide's fp32 path, none of its shuffles (an experiment for the partials of
-    stage E's small batches)."""
+    """Store this thread's fp32 accumulator as fp32 rows, no transpose: each (row, group)'s two columns
+        one 8-byte store (twice store_accumulator_wide's instructions, no shuffles)."""
     lane = tidx % 32
     q = lane % 4
     row0 = (tidx % 128) // 32 * 16 + lane // 4

@@ -273,9 +273,9 @@ class DecodeSm100(WarpRoles):
 
     def setup_plan(self, p: DecodeShape, splits, sm_count: int, o_split: int | None, s_stages: int,
                    n_tiles: int | None = None, smem_reserved: int = 0) -> None:
-        """Every compile-time choice from the shape: TMEM plan (refused over 512 columns),
-        KV ring, split count.  `n_tiles` (default n / 64): KV tiles the splits divide;
-        `smem_reserved`: bytes of the rung's own buffers (`smem_fields`), not the ring's."""
+        """Every compile-time choice from the shape: TMEM plan (refused over 512 columns), KV ring,
+                split count.  `n_tiles` (default n / 64): the tiles the splits divide; `smem_reserved`:
+                bytes of the rung's own buffers (`smem_fields`)."""
         b, s_q, h_q, n, d = p.b, p.s_q, p.h_q, p.n, p.d
         if d not in HEAD_DIMS:
             raise ValueError(f"{self.NAME}: d must be one of {HEAD_DIMS}, got {d}")
@@ -390,10 +390,9 @@ class DecodeSm100(WarpRoles):
             SplitCombine(v.all_rows, self.splits, self.d).launch(v.mOp, v.mLp, v.mO, v.mLSE, stream)
 
     def operands(self):
-        """(qk_mma, pv_mma, q_smem, k_smem, v_smem, p_smem): the two tiled MMAs and the
-        shared-memory layouts of Q, the KV ring seen as K (K-major) and as Vᵀ (MN-major),
-        and P; proves at trace time that the K and V views are the same bytes.  Call it
-        while tracing (inside @cute.jit)."""
+        """(qk_mma, pv_mma, q_smem, k_smem, v_smem, p_smem): the tiled MMAs and the layouts of Q, the
+                KV ring as K (K-major) and Vᵀ (MN-major), and P; proves the K and V views are the same
+                bytes.  Call it while tracing."""
         cta = tcgen05.CtaGroup.ONE
         qk_mma = sm100_utils.make_trivial_tiled_mma(
             BF16, BF16, OperandMajorMode.K, OperandMajorMode.K, F32, cta, self.q_tiler[:2]
@@ -417,9 +416,8 @@ class DecodeSm100(WarpRoles):
         return k_coords, v_coords
 
     def _check_tensors(self, Q, O, LSE, O_part, LSE_part, **kv) -> None:
-        """Trace time: the tensors have the case's shapes (`kv`: name=(tensor, shape) of the
-        rung's KV inputs); the scratch holds this plan's splits ("auto" is capped to the
-        scratch's capacity; a forced count must fit)."""
+        """Trace time: the tensors have the case's shapes (`kv`: name=(tensor, shape) of the KV inputs);
+                the scratch holds this plan's splits ("auto" capped to it; a forced count must fit)."""
         p = self.p
         want = {
             "Q": (Q, (p.b, p.s_q, p.h_q, p.d)),
@@ -447,9 +445,8 @@ class DecodeSm100(WarpRoles):
             self._set_grid()
 
     def smem_fields(self) -> tuple[dict, dict]:
-        """A rung's own shared-memory fields: (mbarrier blocks, buffers), each a dict of
-        cute.struct annotations, placed after the house's barriers and before Q; their bytes
-        are the rung's `smem_reserved`.  The house has none."""
+        """A rung's own shared-memory fields (mbarrier blocks, buffers: dicts of cute.struct
+                annotations) after the house's barriers and before Q; their bytes are `smem_reserved`."""
         return {}, {}
 
     def _smem_struct(self, q_smem, k_smem, p_smem):
@@ -495,9 +492,8 @@ class DecodeSm100(WarpRoles):
         return False
 
     def score_scale_log2(self, keys):
-        """The softmax's c = scale · log2 e on raw scores, taken once by each softmax thread
-        before its KV loop: here the stage's scale 1/sqrt(d), folded at compile time (a Float32
-        constant); a rung with a runtime scale overrides it (stage E: its `softmax_scale`)."""
+        """c = scale · log2 e, taken once by each softmax thread before its KV loop: here 1/sqrt(d)
+                folded at compile time; a runtime scale overrides it (stage E's `softmax_scale`)."""
         return F32(self.scale_log2)
 
     def row_scale(self, lse, row, batch, extra):
@@ -637,9 +633,8 @@ class DecodeSm100(WarpRoles):
         return line_view(ring, KV_TILE, self.chunk, self.slots, slot_elems)
 
     def probs_for_pv(self, keys, j, p, rS, key_cols):
-        """A masked rung's factor on tile j's P (fp32 TensorSSA) after ℓ has summed it and
-        before the bf16 cast for P·V (rS: the row's register tensor, free to reuse).  The
-        house's: none.  (Stage E simple: the keys' fp32 scales.)"""
+        """A rung's factor on tile j's P (fp32) after ℓ has summed it, before the bf16 cast (rS: free to
+                reuse).  The house's: none (stage E simple: the keys' fp32 scales)."""
         return p
 
     # ---- ring states: chunk g of this CTA's sequence → (slot, phase)
@@ -684,9 +679,8 @@ class DecodeSm100(WarpRoles):
     @cute.jit
     def qk_chunks(self, kv_pipe, qk_mma, tSrQ, tSrK, tStS, j, p_lo: cutlass.Constexpr, p_hi: cutlass.Constexpr,
                   shift, keys, lines):
-        """Q·K_jᵀ over load positions [p_lo, p_hi) of tile j (local index).  A chunk that
-        is only K for this CTA is released by tcgen05.commit right after its MMAs; a V
-        chunk of a masked rung is first cleaned past the fill level (keys.clean_v)."""
+        """Q·K_jᵀ over load positions [p_lo, p_hi) of tile j: a K-only chunk released by tcgen05.commit
+                after its MMAs; a masked rung's V chunk first cleaned past the fill level (keys.clean_v)."""
         kb_per_chunk = cute.size(tSrK, mode=[2])
         for p in cutlass.range_constexpr(p_lo, p_hi):
             st = self._ring_state(j * self.n_chunks + p, False)
@@ -834,10 +828,9 @@ class DecodeSm100(WarpRoles):
     @cute.jit
     def epilogue(self, o_load, tTR_tO, tTR_cO, tTR_gO, rO, row_max, row_sum, c, mLSE, mLSEp,
                  rb, half, split, batch, n_local, o_chunks: cutlass.Constexpr, pv_tiles: cutlass.Constexpr, extra):
-        """O / ℓ and LSE to global memory: bf16 O and LSE (one split) or the fp32 partials,
-        32 columns at a time.  A row with no valid key (ℓ = 0) writes O = 0 and LSE = +∞
-        (one split) or −∞ (a partial: the combine skips it); an empty split does so
-        without reading TMEM (never written there)."""
+        """O / ℓ and LSE to global memory, 32 columns at a time: bf16 O and LSE (one split) or the fp32
+                partials.  ℓ = 0 writes O = 0 and LSE = +∞ (one split) or −∞ (a partial); an empty split
+                does so without reading TMEM."""
         row = rb * ROWS + tTR_cO[0][0]
         one_split = cutlass.const_expr(self.splits == 1)
         rOut = cute.make_rmem_tensor(rO.shape, BF16 if one_split else F32)
@@ -870,9 +863,8 @@ class _Views:
 
 
 class WindowSm100(DecodeSm100):
-    """The house over one SWA branch with a per-batch fill level (stage D3) and, when
-    `CAUSAL`, D4's causal rule: tensors (Q, KV, swa_lens, O, LSE, O_part, LSE_part), the
-    constructor as D2's.  The rung modules (stages/D3_swa, D4_causal_swa) set NAME / CAUSAL."""
+    """The house over one SWA branch with a per-batch fill level (D3) and, when `CAUSAL`, D4's rule:
+        tensors (Q, KV, swa_lens, O, LSE, O_part, LSE_part); D3 / D4 set NAME / CAUSAL."""
 
     NAME = "sm100 window decode"
     CAUSAL = False

@@ -97,9 +97,8 @@ from stages.common.unaligned_barriers import named_arrive, named_sync
 @cute.jit
 def wgmma_issue(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Tensor, a_slot=None, b_slot=None,
                 zero_init: cutlass.Constexpr[bool] = False):
-    """acc = A · B (zero_init) or acc += A · B issued as one wgmma group (fence, the K steps,
-    commit_group) and NOT waited for: the caller's warpgroup.wait_group(k) does (stages/common/
-    sm90_idioms.py's wgmma_sync is this and wait_group(0))."""
+    """acc = A · B (zero_init) or acc += A · B as one wgmma group (fence, K steps, commit_group), NOT
+        waited for: the caller's warpgroup.wait_group(k) does."""
     warpgroup.fence()
     tiled_mma.set(warpgroup.Field.ACCUMULATE, not zero_init)
     for k in cutlass.range_constexpr(cute.size(a, mode=[2])):
@@ -112,10 +111,9 @@ def wgmma_issue(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: c
 
 @dataclass(frozen=True)
 class KeyBranch:
-    """One set of keys a decode kernel attends: `name` (for messages), its KV tensor's rows
-    `n_alloc`, the keys that may be attended `n` (≤ n_alloc, a multiple of block_n), and its
-    mask: `fill` — bounded by a per-batch fill level tensor (key j valid iff j < lens[b]);
-    `causal` — stage D4's rule on top (token t sees keys j ≤ lens[b] − s_q + t)."""
+    """One set of keys a decode kernel attends: `name`, its KV rows `n_alloc`, the attended keys `n`
+        (≤ n_alloc, a multiple of block_n), and its mask: `fill` (key j valid iff j < lens[b]),
+        `causal` (D4: token t sees j ≤ lens[b] − s_q + t)."""
 
     name: str
     n: int
@@ -229,9 +227,8 @@ class DecodeSm90:
     @cute.jit
     def launch(self, Q: cute.Tensor, kvs: tuple, lens: tuple, sink, O: cute.Tensor, LSE: cute.Tensor,
                O_part: cute.Tensor, LSE_part: cute.Tensor, stream: cuda.CUstream):
-        """Build the views, MMAs, layouts and TMA atoms, and launch (then the combine when
-        split).  `kvs`: one KV tensor per branch; `lens`: its fill-level tensor or None per
-        branch; `sink`: the [h_q] sink logits or None."""
+        """Build the views, MMAs, layouts and TMA atoms and launch (then the combine when split).  `kvs`:
+                a KV tensor per branch; `lens`: its fill-level tensor or None; `sink`: [h_q] or None."""
         bm, bn, d = self.BLOCK_M, self.block_n, self.d
         dtype = Q.element_type
         rows, splits = self.rows, self.splits
@@ -399,10 +396,8 @@ class DecodeSm90:
 
     @cute.jit
     def load(self, work, plan, q_pipe, kv_pipe, tma_q, mQ, sQ, tma_kv, mKV, tma_kv2, mKV2, sK, tiles_before, qs_before):
-        """Load role (one warp): Q's row block once, then the visited KV tiles of the batch
-        (either branch's) into the slots as they free up.  `tiles_before` / `qs_before`: the KV
-        tiles and Q blocks this CTA loaded for its earlier items (PERSISTENT; else 0): where
-        the pipelines' states stand."""
+        """Load role (one warp): Q's row block once, then the visited KV tiles into the slots as they
+                free up.  `tiles_before` / `qs_before`: this CTA's earlier items' loads (PERSISTENT)."""
         hang_guard.role("load")  # names this role's waits in a --debug-hangs build
         bm, bn, d = self.BLOCK_M, self.block_n, self.d
         q_load = tma_tiles(tma_q, sQ, mQ, (bm, d), (None, 0))
@@ -441,10 +436,9 @@ class DecodeSm90:
     @cute.jit
     def attend(self, work, plan, limits, tidx, q_pipe, kv_pipe, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row,
                mSink, mO, mLSE, mOp, mLp, tiles_before, qs_before):
-        """The two MMA warpgroups: S, the boundary mask and the softmax in warpgroup 0, P·V
-        split by column over both, then the epilogue (see the module doc).  `tiles_before` /
-        `qs_before` as in `load`.  PERSISTENT: warpgroup 0 frees Q after its last S; both meet
-        once more after reading the row factors (1/ℓ), before the next item's P overwrites them."""
+        """The two MMA warpgroups (module doc).  `tiles_before` / `qs_before` as in `load`.  PERSISTENT:
+                warpgroup 0 frees Q after its last S; both meet after reading 1/ℓ, before the next
+                item's P overwrites the row factors."""
         hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         bm, bn, d = self.BLOCK_M, self.block_n, self.d
         wg = tidx // 128
@@ -552,9 +546,8 @@ class DecodeSm90:
 
     @cute.jit
     def mask_boundary(self, plan, limits, i, s_rc, cols_rc, s_kv, tid_wg):
-        """Visit i's tile holds rem = limit − first key < block_n valid keys (the boundary
-        tile): scores past them → −∞, their KV rows in the slot → 0 (stages/common/masks.py).
-        Every other visited tile is full and untouched."""
+        """Visit i's boundary tile (rem = limit − first key < block_n): scores past rem → −∞, their KV
+                rows in the slot → 0 (masks.py)."""
         bn = self.block_n
         if cutlass.const_expr(len(self.branches) == 1):
             rem = limits[0] - (plan.first_begin + i) * bn
@@ -577,9 +570,8 @@ class DecodeSm90:
 
     @cute.jit
     def store_lse(self, work, row, lse, mLSE, mLp, mSink):
-        """LSE of `row` of the CTA's block: final (one split; DSV4's +∞ for a keyless row)
-        or this split's partial (−∞ for a keyless row: the combine ignores it).  Never the
-        sink's: DSV4's LSE is the keys' alone (`mSink` is here for the planted-bug fixture)."""
+        """LSE of `row`: final (one split; +∞ for a keyless row) or the split's partial (−∞ for a
+                keyless row).  Never the sink's (`mSink` is here for the planted-bug fixture)."""
         if cutlass.const_expr(self.splits == 1):
             mLSE[self.sched.row_block(work) * self.BLOCK_M + row] = final_lse(lse)
         else:
@@ -597,10 +589,9 @@ class DecodeSm90:
     @cute.jit
     def register_p_tile(self, acc_s, alpha, i, smem_p, acc_o, acc_o_rc, num_rows: cutlass.Constexpr[int], tOrV_rs,
                         slot, tid_wg):
-        """REGISTER_P, warpgroup 0 after its softmax of tile i: O *= α where a row of the warp
-        moved its max (S's rows are O's: check_rows_shared), issue O += P·V with P = bf16(S) in
-        registers (an RS wgmma), then — while it runs — publish P and α for warpgroup 1 (after
-        P_EMPTY from the second tile) and arrive at P_FULL; wait for the P·V."""
+        """REGISTER_P, warpgroup 0 after tile i's softmax: O *= α where the warp's max moved, issue
+                O += P·V with P = bf16(S) in registers (RS wgmma), and while it runs publish P and α for
+                warpgroup 1 (P_EMPTY waited from the second tile) and arrive at P_FULL; wait."""
         dtype = smem_p.tPsP.element_type
         pv_rs = self.pv_rs_mma(dtype)
         r_p = accumulator_to_a_operand(acc_s, pv_rs.get_slice(tid_wg), (self.BLOCK_M, self.block_n), dtype)
@@ -653,11 +644,8 @@ class DecodeSm90:
 
     @cute.jit
     def write_empty(self, work, tidx, mO, mLSE, mOp, mLp):
-        """A CTA with no key to visit (the MMA warpgroups; plain stores, no tiled MMA is
-        touched here, its traced value lives in the other branch):
-            split-KV: partial O = 0 and LSE = −∞ for its 64 rows — the combine ignores it;
-            one split (a masked rung whose token sees no key): O = 0 and LSE = +∞, the
-            lonely row's output (a sink changes nothing: 0 stays 0)."""
+        """A CTA with no key to visit (plain stores, no tiled MMA touched): split-KV writes partial O = 0,
+                LSE = −∞ for its 64 rows; one split writes the lonely row's O = 0, LSE = +∞."""
         bm, d = self.BLOCK_M, self.d
         if cutlass.const_expr(self.splits > 1):
             block = cute.local_tile(mOp, (bm, d), (self.sched.partial_row_block(work), 0))

@@ -30,9 +30,8 @@ from stages.common.sm90_smem_p import vt_slice_layout
 
 
 def _same_bytes_samples(block_n: int, d: int, slice_n: int, stages: int):
-    """(key, col, slot) points where the K and Vᵀ views are compared: every row of the 8-row
-    swizzle pattern and the key mode's boundaries, times the column boundaries of the
-    swizzle atom, of a warpgroup slice and of the tile, in the first and last slot."""
+    """(key, col, slot) points where K and Vᵀ are compared: every row of the 8-row swizzle pattern and
+        the key mode's boundaries × the column boundaries of atom, slice and tile, first and last slot."""
     keys = sorted({*range(8), 8, 9, block_n // 2, block_n - 1})
     cols = sorted({c for c in (0, 1, 7, 8, 15, 16, 31, 32, 63, 64, slice_n - 1, slice_n, slice_n + 1, d - 1) if c < d})
     slots = sorted({0, stages - 1})
@@ -40,9 +39,8 @@ def _same_bytes_samples(block_n: int, d: int, slice_n: int, stages: int):
 
 
 def check_same_bytes(k_layout, vt_layout, block_n: int, d: int, slice_n: int, stages: int) -> None:
-    """Trace-time proof that Vᵀ(col, key, slot) and K(key, col, slot) are the same element
-    of the KV slot buffer (sampled; see `_same_bytes_samples`).  Plain Python: the
-    layouts are static, so each evaluation is an int."""
+    """Trace-time proof (sampled, plain Python ints) that Vᵀ(col, key, slot) and K(key, col, slot) are
+        the same element."""
     for key, col, slot in _same_bytes_samples(block_n, d, slice_n, stages):
         a, b = k_layout((key, col, slot)), vt_layout((col, key, slot))
         if a != b:
@@ -53,12 +51,9 @@ def check_same_bytes(k_layout, vt_layout, block_n: int, d: int, slice_n: int, st
 
 
 def kv_layouts(dtype, d: int, block_n: int, stages: int, slice_n: int, swizzled: bool = True):
-    """Shared-memory layouts of the KV slots, seen two ways (same bytes):
-        K   (block_n, d, stages)  K-major B operand of S = Q·Kᵀ
-        Vᵀ  (d, block_n, stages)  MN-major B operand of O = P·V
-    `swizzled`: the swizzle atom of ONE warpgroup's O slice (slice_n columns), so each slice
-    starts on an atom boundary; else no-swizzle INTER 8 × 8 atoms (see the module doc).  Both
-    views tile keys first; `check_same_bytes` proves they are one buffer."""
+    """The KV slots' layouts, the same bytes seen as K (block_n, d, stages), S's K-major B operand, and
+        Vᵀ (d, block_n, stages), P·V's MN-major B operand; `swizzled` or INTER atoms (module doc);
+        proven one buffer by `check_same_bytes`."""
     if swizzled:
         k_kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, slice_n)
         k_layout = cute.tile_to_shape(warpgroup.make_smem_layout_atom(k_kind, dtype), (block_n, d, stages), order=(0, 1, 2))
@@ -73,26 +68,22 @@ def kv_layouts(dtype, d: int, block_n: int, stages: int, slice_n: int, swizzled:
 
 
 def swizzle_bytes(off, bits: int, base: int, shift: int):
-    """A shared-memory swizzle S<bits, base, shift> applied to a BYTE offset (as the swizzle of
-    a swizzled pointer acts): the `bits` bits above base + shift are XORed into the ones above
-    base.  SW128 is S<3,4,3>: the 16-byte piece (bits 4 … 6) of a 128-byte row is permuted by
-    the row's index mod 8 (bits 7 … 9).  Plain ints or traced Int32s."""
+    """Swizzle S<bits, base, shift> on a BYTE offset (as a pointer's swizzle acts): the `bits` bits above
+        base + shift XORed into those above base.  SW128 = S<3,4,3>: a 128-byte row's 16-byte piece
+        (bits 4 … 6) permuted by the row mod 8 (bits 7 … 9).  Ints or traced Int32s."""
     return off ^ ((off & (((1 << bits) - 1) << (base + shift))) >> shift)
 
 
 def slot_offset(k_smem, key, col, slot):
-    """The byte offset of K[key, col] of `slot` from the slots' base: the K-major layout's
-    offset in bf16 elements, × 2, swizzled (ints at trace time, traced Int32s in the kernel).
-    A ComposedLayout evaluated as a function would apply its swizzle to the ELEMENT offset —
-    wrong for a swizzle that lives in the pointer (bytes)."""
+    """Byte offset of K[key, col] of `slot`: the K-major layout's element offset × 2, then swizzled as
+        bytes (a ComposedLayout would swizzle the element offset: wrong for a pointer swizzle)."""
     sw = k_smem.inner
     return swizzle_bytes(k_smem.outer((key, col, slot)) * 2, sw.num_bits, sw.num_base, sw.num_shift)
 
 
 def piece_strides(k_layout, block_n: int, d: int, stages: int) -> tuple[int, int]:
-    """(key8, col64): the byte strides of 8 keys and of 64 columns of K's slots, after proving
-    at trace time that every 16-byte piece's offset is whole and additive in them and in the
-    slot (see the module doc); raises ValueError where it is not."""
+    """(key8, col64): the byte strides of 8 keys and 64 columns, after proving every 16-byte piece's
+        offset additive in them and the slot; ValueError where it is not."""
     if k_layout.inner.num_base < 4:  # a producer stores whole 16-byte pieces
         raise ValueError(f"sm90 KV slots: the K swizzle {k_layout.inner} splits 16-byte pieces")
     at = lambda key, col, slot: slot_offset(k_layout, key, col, slot)  # noqa: E731

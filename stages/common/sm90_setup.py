@@ -61,9 +61,8 @@ def smem_tensors(storage, **layouts):
 
 
 def tma_pipelines(storage, pipes):
-    """One PipelineTmaAsync per `TmaPipe` over its `<name>_mbar` field, then the fence that
-    makes the mbarrier inits visible and one CTA barrier (no thread touches a pipeline
-    before every one is initialised).  Returns the pipelines in order."""
+    """One PipelineTmaAsync per `TmaPipe` over its `<name>_mbar` field, then the init fence and one
+        CTA barrier.  Returns the pipelines in order."""
     made = tuple(
         tma_pipeline(getattr(storage, f"{p.name}_mbar"), p.stages, p.tx_bytes, p.consumer_warps, name=p.name) for p in pipes
     )
@@ -73,9 +72,8 @@ def tma_pipelines(storage, pipes):
 
 
 class AttentionOperands(NamedTuple):
-    """What an attention kernel's `__call__` builds at trace time for its kernel (one
-    argument instead of eleven): the tiled MMAs of S = Q·Kᵀ and O = P·V, the TMA atoms and
-    coordinate tensors of Q, K and Vᵀ, and their staged shared-memory layouts."""
+    """What an attention kernel's `__call__` builds for its kernel as one argument: the tiled MMAs, the
+        TMA atoms and coordinate tensors of Q, K and Vᵀ, their staged layouts."""
 
     qk_mma: cute.TiledMma
     pv_mma: cute.TiledMma
@@ -120,13 +118,10 @@ def wait_once(pipe) -> None:
 
 
 class TileLoader:
-    """The producer of a TMA pipeline with `stages` slots: each `produce` waits for slot
-    `count mod stages` to be empty, loads global tile `count` of every operand into it, and
-    moves on.  `fill(k)` is the prologue (k = slots, or fewer when there are fewer tiles).
-
-    A traced value: its pipeline state (count, index, phase) travels through the kernel's
-    dynamic loops and ifs — call `produce` inside them, guarded by the producing warp's `if`;
-    the pipeline and the tiles are loop-invariant."""
+    """The producer of a TMA pipeline of `stages` slots: `produce` waits for slot `count mod stages`,
+        loads global tile `count` of every operand into it, moves on; `fill(k)` is the prologue.  A
+        traced value (its state travels through dynamic loops; call `produce` under the producing
+        warp's `if`)."""
 
     def __init__(self, pipe, loads: tuple, state):
         self.pipe, self.loads, self.state = pipe, loads, state
