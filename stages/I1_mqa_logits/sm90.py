@@ -75,9 +75,8 @@ from stages.common.tma import sm90_tma_load
 
 
 class Kernel:
-    """FP8 MQA logits on Hopper tensor cores: persistent CTAs on equal shares of the (8-token block,
-    64-key tile) pairs, 2 tokens per MMA warpgroup, tiles through a TMA pipeline read by all four
-    warpgroups, the relu-weight-head-sum fused after the MMA, −inf written by the kernel."""
+    """FP8 MQA logits on Hopper: persistent CTAs on equal shares of the (8-token block, 64-key tile)
+        pairs, 2 tokens an MMA warpgroup, the head sum fused after the MMA, −inf written by the kernel."""
 
     BLOCK_Q = 8  # query tokens a block: 2 per MMA warpgroup (N = 128 each)
     WG_Q = 2
@@ -200,10 +199,9 @@ class Kernel:
 
     @cute.jit
     def logits(self, share, table, tidx, q_pipe, k_pipe, mma, sQ, sK, mScale, mW, mKs, mKe, mOut):
-        """MMA warpgroups: for each block of the share, its weights and token ranges into registers,
-        wait for its Q slot, then for every tile of it Sᵀ = K_tile · Q_wᵀ (64 keys × its 2 tokens ·
-        64 heads) and the fused epilogue (`sm90_store_logits` with `head_partial`), −inf outside each
-        token's [ks, ke); the Q slot freed after the block."""
+        """MMA warpgroups, per block of the share: weights and ranges into registers, wait for its Q slot,
+                then per tile Sᵀ = K_tile · Q_wᵀ and the fused epilogue (`sm90_store_logits`), −inf outside
+                each token's [ks, ke); the Q slot freed after the block."""
         hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         wq, bk, W = self.WG_Q, self.BLOCK_K, self.NUM_MMA_WG
         wg = tidx // 128

@@ -63,10 +63,9 @@ from stages.common.tma import sm90_tma_load, sm100_tma_load, tma_partition_tile
 
 
 def check_half_slots(k_smem, half_smem, rows: int, half: int, stages: int, dim: int = DIM) -> None:
-    """Trace-time proof that key m, column c of the MMA's A slot s (k_smem: ((rows, 32), 1,
-    d/32, stages)) is the same byte as key m % half, column c of half-slot 2s + m // half
-    (half_smem: (half, d, 2 · stages)).  Sampled: every swizzle row, the half boundary, the
-    column chunk boundaries, the first and last slot."""
+    """Trace-time proof that key m, column c of the MMA's A slot s (k_smem) is the byte of key
+        m % half, column c of half-slot 2s + m // half (half_smem), sampled (swizzle rows, the half
+        boundary, column chunk boundaries, first and last slot)."""
     keys = sorted({*range(9), half - 1, half, half + 1, half + 8, rows - 1})
     cols = [c for c in (0, 1, 15, 16, 31, 32, 63, 64, 127) if c < dim] + [dim - 1]
     for s in sorted({0, stages - 1}):

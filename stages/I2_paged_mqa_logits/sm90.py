@@ -168,11 +168,10 @@ class Kernel:
 
     @cute.jit
     def roles(self, cta, tidx, warp_idx, ops, q_pipe, k_pipe, sQ, sK, mScale, mLens, mTable, mW, mOut):
-        """The roles of a persistent CTA: every warp finds the CTA's share itself (`block_share`),
-        then walks its sequences' segments in order — the load warp loads each segment's Q
-        (two slots) and blocks (the K ring running on), the MMA warpgroups take the share's
-        blocks in turns (warpgroup w the share's w-th, (w + W)-th, …), the fill warps write −inf
-        past every sequence's blocks for the sequences cta, cta + CTAs, …"""
+        """A persistent CTA's roles: every warp finds the share (`block_share`) and walks its segments —
+                the load warp loads each segment's Q (two slots) and blocks, the MMA warpgroups take the
+                blocks in turns (w, w + W, …), the fill warps write −inf past the blocks of sequences
+                cta, cta + CTAs, …"""
         nn = self.next_n
         t2 = nn if self.context_2d else 0
         if warp_idx // 4 == self.LOAD_WG:
@@ -220,10 +219,9 @@ class Kernel:
 
     @cute.jit
     def share_logits(self, share, tidx, q_pipe, k_pipe, mma, sQ, sK, mScale, mTable, mW, mOut, mLens):
-        """MMA warpgroups: per segment, wait for its Q slot, the sequence's weights and limits
-        into registers, then warpgroup w's blocks of it (share positions ≡ w mod W: its K state
-        runs on across segments), each MMA + fused epilogue as the chunked kernel's; the Q slot
-        released after the segment (every warp, blocks or not)."""
+        """MMA warpgroups, per segment: wait for its Q slot, the sequence's weights and limits into
+                registers, warpgroup w's blocks (share positions ≡ w mod W; its K state runs on), each MMA
+                and fused epilogue; the Q slot released after the segment by every warp."""
         hang_guard.role("mma")
         nn, bkv, step = self.next_n, self.BLOCK_KV, self.NUM_MMA_WG
         t2 = nn if self.context_2d else 0

@@ -33,9 +33,8 @@ from stages.common import hang_guard
 
 
 class TilePair:
-    """The remote half of a KV slot ring shared by the two CTAs of a cluster (see the module
-    doc).  `enabled` False: every method is a no-op and the kernel runs alone (one CTA per
-    cluster).  Build it in the kernel, after the shared-memory allocation."""
+    """The remote half of a KV slot ring shared by a cluster's two CTAs (module doc); `enabled`
+        False: every method a no-op (one CTA alone).  Built after the shared-memory allocation."""
 
     def __init__(self, enabled: bool, remote_full, remote_empty, peer_bytes: int, consumer_warps: int):
         self.enabled = enabled
@@ -107,9 +106,8 @@ class TilePair:
 
     @cute.jit
     def consumer_release(self, state):
-        """Beside the pipeline's consumer_release, by one lane of each consumer warp once the
-        warp's reads of slot state.index are done (the caller syncs the warp): tell the peer's
-        producer this CTA is done with the slot."""
+        """Beside consumer_release, one lane of each consumer warp (warp synced) tells the peer's
+                producer this CTA is done with the slot."""
         if cutlass.const_expr(self.enabled):
             # relaxed: the warp's reads of the slot (wgmma) are complete and nothing it wrote
             # is published; a release at cluster scope costs a MEMBAR.ALL.GPU per tile (ncu:
@@ -119,9 +117,8 @@ class TilePair:
 
     @cute.jit
     def store16(self, addr, words, state):
-        """The 16 bytes `words` (4 Int32 in registers) to the shared-memory byte address `addr`
-        of this CTA and, for a pair, to the same address in the peer (st.async, counted on the
-        peer's remote_full of slot state.index, at `peer_address`)."""
+        """16 bytes (`words`, 4 Int32) to shared byte address `addr` here and, in a pair, at
+                `peer_address` in the peer (st.async, counted on its remote_full of the slot)."""
         dst = cute.make_ptr(cutlass.Int32, addr, cute.AddressSpace.smem, assumed_align=16)
         cute.autovec_copy(words, cute.make_tensor(dst, cute.make_layout(4)))
         if cutlass.const_expr(self.enabled):

@@ -97,9 +97,8 @@ def one_multiply_fits(e):
 
 @cute.jit
 def e4m3x16_to_bf16(raw, e, vals, one_multiply=False):
-    """vals (16 bf16) ← the 16 e4m3 in raw[0:4] (Int32 words) × 2^(e − 127), exactly rounded.
-    `one_multiply` (a bool, or a warp-uniform Boolean that holds only where one_multiply_fits(e)):
-    skip the × m2 = 1 — 8 instructions fewer of 40."""
+    """vals (16 bf16) ← the 16 e4m3 in raw[0:4] × 2^(e − 127), exactly rounded.  `one_multiply` (true
+        only where one_multiply_fits(e)): skip the × m2 = 1."""
     m1, m2 = factors(e)
     out = cute.recast_tensor(vals, Int32)
     if cutlass.const_expr(isinstance(one_multiply, bool)):

@@ -38,11 +38,9 @@ def mask_scores(s_rc: cute.Tensor, cols_rc: cute.Tensor, rem) -> None:
 
 @cute.jit
 def zero_kv_rows(s_kv: cute.Tensor, rem, tid, threads: cutlass.Constexpr[int]) -> None:
-    """Rows rem … rows−1 of one KV slot `s_kv` (keys × d, a 16-bit type in a K-major swizzled
-    layout: 8 consecutive columns are 16 contiguous bytes) ← 0, by `threads` threads (tid =
-    0 … threads−1), one 16-byte store per 8 columns: consecutive threads take consecutive
-    chunks of a row.  The caller fences the generic-proxy writes for the tensor cores
-    (fence.proxy.async) before the barrier that hands the slot to P·V."""
+    """Rows rem … rows−1 of KV slot `s_kv` (keys × d, 16-bit, K-major swizzled: 8 columns are 16
+        contiguous bytes) ← 0 by `threads` threads, one 16-byte store per 8 columns.  The caller
+        fences (fence.proxy.async) before the barrier that hands the slot to P·V."""
     VEC = 8
     rows, cols = cute.size(s_kv, mode=[0]), cute.size(s_kv, mode=[1])
     chunks = cols // VEC

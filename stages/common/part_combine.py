@@ -61,9 +61,8 @@ def load_groups(capacity: int, group: int = GROUP) -> list[range]:
 
 @dsl_user_op
 def ldcg_or(addr, valid, words: int, fill: float = 0.0, *, loc=None, ip=None) -> tuple[Float32, ...]:
-    """`words` (1, 2 or 4) fp32 at the global byte address `addr` (aligned to 4 · words) through
-    L2 (ld.global.cg: the attention grid's partials, never a stale L1 line) when `valid`, else
-    `fill` in each, nothing read — a predicated load, no branch: the loads of a group fly together."""
+    """`words` (1, 2 or 4) fp32 at global `addr` (aligned to 4 · words) through L2 (ld.global.cg)
+        when `valid`, else `fill`, nothing read: a predicated load, so a group's loads fly together."""
     outs = ", ".join(f"${i}" for i in range(words))
     operand = outs if words == 1 else "{" + outs + "}"
     bits = f"0f{struct.unpack('<I', struct.pack('<f', fill))[0]:08X}"
@@ -83,9 +82,8 @@ def ldcg_or(addr, valid, words: int, fill: float = 0.0, *, loc=None, ip=None) ->
 
 
 class PartCombine:
-    """GPU combine for a part schedule of `num_tiles` (T) tiles a sequence cut into parts of
-    `part_tiles` (L): o_part (capacity · rows, d) fp32 slot-major, lse_part (capacity · rows,),
-    o (rows, d), lse (rows,) in row order, sink [heads] fp32 (−∞: no sink)."""
+    """GPU combine for a part schedule (T = `num_tiles` a sequence, parts of L = `part_tiles`): o_part
+        (capacity · rows, d) fp32 slot-major, lse_part, o (rows, d), lse (rows,), sink [heads] (−∞: none)."""
 
     ROWS_PER_CTA = 4
     THREADS = 32 * ROWS_PER_CTA

@@ -117,11 +117,9 @@ class PartGrid:
         return sum(self.pieces(s) > 1 for s in range(self.sequences))
 
     def cut_at(self, boundary):
-        """(sequence, whether it is this boundary's to combine) for part boundary `boundary`
-        (1 … parts − 1: the start of that part): the sequence s the boundary falls in, which is
-        cut iff the boundary is not at its start, and is combined once — by the first boundary
-        inside it, the one whose previous boundary lies at or before the sequence's start.
-        Every cut sequence is named by exactly one boundary.  Ints or traced."""
+        """(sequence, whether this boundary combines it) for part boundary `boundary` (1 … parts − 1):
+                the sequence s it falls in, cut iff the boundary is not at its start, combined by the
+                first boundary inside it (exactly one names each cut sequence).  Ints or traced."""
         at = boundary * self.part_tiles
         s = at // self.num_tiles
         return s, (at % self.num_tiles != 0) & ((boundary - 1) * self.part_tiles <= s * self.num_tiles)

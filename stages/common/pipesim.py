@@ -243,9 +243,8 @@ class PtxFacts(NamedTuple):
 
 
 def ptx_facts(ptx: str) -> PtxFacts:
-    """The mbarrier.init counts and expect_tx byte counts of every kernel in `ptx`, each
-    operand resolved through the `mov` / `selp` of immediates that set its register (PTX
-    registers are virtual and set once, so a register of one kernel has one definition)."""
+    """The mbarrier.init counts and expect_tx byte counts of every kernel in `ptx`, operands resolved
+        through the `mov` / `selp` of immediates that set their (virtual, set-once) registers."""
     inits: Counter = Counter()
     tx: set[int] = set()
     unresolved: list[str] = []

@@ -49,15 +49,12 @@ def _modes(shape: Any, stride: Any) -> list[tuple[int, Any]]:
 
 
 def identity_coords(t: Any) -> list[tuple[int, ...]]:
-    """[t[0], t[1], …, t[size − 1]] of an identity-coordinate tensor `t` (e.g. a thread's
-    partition of make_identity_tensor((M, N))), computed in Python:
+    """[t[0], …, t[size − 1]] of an identity-coordinate tensor `t`, computed in Python:
 
-        t[i] = base + Σ_modes ((i / prefix_m) mod extent_m) · value_m · e_{mode_m}
+            t[i] = base + Σ_modes ((i / prefix_m) mod extent_m) · value_m · e_{mode_m}
 
-    where base is t's iterator (a coordinate tuple), every stride is a ScaledBasis
-    value_m@mode_m (or 0: a broadcast mode), and modes count first-mode-fastest, as CuTe
-    indexes.  No traced operation is emitted.  Raises NotStatic for anything that is not
-    that (callers fall back to indexing)."""
+        base: t's iterator; every stride a ScaledBasis value_m@mode_m (or 0, a broadcast); modes
+        first-mode-fastest, as CuTe indexes.  NotStatic for anything else (callers index instead)."""
     base = t.iterator
     base = base if isinstance(base, tuple) else (base,)
     if not all(isinstance(x, int) and not isinstance(x, bool) for x in base):

@@ -28,10 +28,9 @@ U8 = cutlass.Uint8
 
 
 def rows_view(cache: cute.Tensor, block_bytes: int, row_bytes: int, cols: int) -> cute.Tensor:
-    """(rows, cols) uint8 view of a paged cache [num_blocks, block_bytes]: row
-    block · (block_bytes / row_bytes) + offset holds `row_bytes` bytes, of which the first
-    `cols` are the view's.  Raises ValueError when that is not a uniform row array a tensor
-    map can hold (row stride a multiple of 16 bytes, blocks a whole number of rows)."""
+    """(rows, cols) uint8 view of a paged cache [num_blocks, block_bytes]: row block · (block_bytes /
+        row_bytes) + offset, its first `cols` bytes.  ValueError unless it is a uniform row array a
+        tensor map can hold (row stride a multiple of 16, blocks whole rows)."""
     if row_bytes % 16 or block_bytes % row_bytes or not 0 < cols <= row_bytes:
         raise ValueError(f"gather4: blocks of {block_bytes} bytes are not rows of {row_bytes} bytes "
                          f"(a multiple of 16) holding {cols} columns")
@@ -40,9 +39,8 @@ def rows_view(cache: cute.Tensor, block_bytes: int, row_bytes: int, cols: int) -
 
 
 def gather4_atom(data: cute.Tensor, keys: int, box: int, slots: int):
-    """(atom, coordinate tensor) of a gather4 load of `keys` rows × `box` bytes of the
-    (rows, cols) view `data`.  The coordinate tensor is indexed like the row-id ring
-    (keys · slots, cols): the tile of slot s, box column c is its tile (s, c)."""
+    """(atom, coordinate tensor) of a gather4 load of `keys` rows × `box` bytes of `data`; the
+        coordinates are indexed like the row-id ring (keys · slots, cols)."""
     if keys % 4 or box % 16 or box > 256 or cute.size(data, mode=[1]) % box:
         raise ValueError(f"gather4: a tile of {keys} rows × {box} bytes (rows a multiple of 4, "
                          f"16 … 256 bytes dividing the {cute.size(data, mode=[1])} columns)")
@@ -54,9 +52,8 @@ def gather4_atom(data: cute.Tensor, keys: int, box: int, slots: int):
 
 
 def gather4_partition(atom, coords: cute.Tensor, s_raw: cute.Tensor, s_rows: cute.Tensor, keys: int, box: int):
-    """(tAsA, tAgA, tAgI) for gather4_tile.  s_raw: the staging ring (keys, box, regions,
-    slots) — region r of a slot holds one tile, `keys` rows of `box` bytes, densely; s_rows:
-    the row ids, Int32 (keys · slots), slot-major."""
+    """(tAsA, tAgA, tAgI) for gather4_tile.  s_raw: the staging ring (keys, box, regions, slots), a
+        region one dense tile; s_rows: the row ids, Int32 (keys · slots)."""
     cols = cute.size(coords, mode=[1])
     ids = cute.make_tensor(s_rows.iterator, cute.make_layout((cute.size(s_rows), cols), stride=(1, 0)))
     return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s_raw, 0, 2),
@@ -64,9 +61,8 @@ def gather4_partition(atom, coords: cute.Tensor, s_raw: cute.Tensor, s_rows: cut
 
 
 def gather4_tile(atom, parts, slot, col_box, region, bar) -> None:
-    """Gather box column `col_box` (bytes col_box · box …) of the rows whose ids stand in
-    row-id slot `slot` into region `region` of staging slot `slot` (keys / 4 instructions,
-    issued by one elected thread of the calling warp), completing on mbarrier `bar`."""
+    """Gather box column `col_box` of the rows in row-id slot `slot` into region `region` of staging
+        slot `slot` (keys / 4 instructions by one elected thread), completing on mbarrier `bar`."""
     tAsA, tAgA, tAgI = parts
     cute.copy(atom, [tAgA[None, (slot, col_box)], tAgI[None, (slot, col_box)]], tAsA[None, region, slot],
               tma_bar_ptr=bar)

@@ -81,11 +81,9 @@ class Branch:
 
 
 class BranchKeys:
-    """D3–D5: the tiles of one or two masked branches (see the module doc).
-
-    branches: static `Branch`es; kvs: their (TMA atom, TMA tensor); fills: their fill levels
-    lens[b] (traced Int32); static tiles [tile_begin, tile_end) of the split; the block's
-    last token t_hi (its tiles are visited); s_q; kv_tile keys per tile."""
+    """D3–D5: the tiles of one or two masked branches (module doc): static `Branch`es, their (TMA atom,
+        tensor), fill levels lens[b], the split's tiles [tile_begin, tile_end), the block's last token
+        t_hi, s_q, kv_tile."""
 
     masked = True
 

@@ -38,11 +38,9 @@ __all__ = ["row_softmax_update", "row_inv_sum", "row_lse", "final_row_lse", "LN2
 
 @cute.jit
 def row_softmax_update(s, row_max, row_sum, c):
-    """One KV tile for a row this thread owns whole.  s: the row's raw scores (fp32
-    TensorSSA, e.g. rS.load()); row_max, row_sum: m and ℓ before the tile (Float32);
-    c = scale · log2 e.  Returns (p, new_max, alpha, row_sum): P (fp32 TensorSSA), m_new,
-    α and the new ℓ.  The caller keeps row_max until it has compared it with new_max (the
-    warp-uniform O-rescale decision) and then moves it."""
+    """One KV tile for a row this thread owns whole: s the raw scores (fp32 TensorSSA), row_max,
+        row_sum m and ℓ before it, c = scale · log2 e.  Returns (p, new_max, alpha, row_sum); the
+        caller moves row_max after comparing it with new_max (the O-rescale decision)."""
     new_max = cute.arch.fmax(row_max, s.reduce(cute.ReductionOp.MAX, -Float32.inf, 0))
     max_c = new_max * c
     if new_max == -Float32.inf:  # the lonely-row rule: exponentiate against 0, not −∞
@@ -64,9 +62,8 @@ def row_inv_sum(row_sum):
 
 @cute.jit
 def row_lse(row_max, row_sum, c):
-    """The row's natural-log LSE = (m·c + log2 ℓ) · ln 2, −∞ when ℓ = 0 (a partial's value:
-    the combine skips it; final_row_lse turns it into +∞ for a final row).  Separate from
-    row_inv_sum so a caller can form it where it stores it (shorter live ranges)."""
+    """LSE = (m·c + log2 ℓ) · ln 2, −∞ when ℓ = 0 (a partial's; final_row_lse makes it +∞), apart
+        from row_inv_sum so a caller forms it where it stores it."""
     lse = Float32(-Float32.inf)
     if row_sum > Float32(0.0):
         lse = (row_max * c + cute.math.log2(row_sum, fastmath=True)) * Float32(LN2)

@@ -62,9 +62,8 @@ class RegisterPAttention:
     # -- trace time (host side of __call__) -------------------------------------------------
 
     def operands(self, Q: cute.Tensor, K: cute.Tensor, V: cute.Tensor) -> AttentionOperands:
-        """The two tiled MMAs (S → P retile checked), the staged shared-memory layouts, the
-        TMA loads of Q, K and Vᵀ, and the kernel's pipelines and shared storage
-        (`self.pipes`, `self.smem_struct`)."""
+        """The two tiled MMAs (S → P retile checked), the staged layouts, the TMA loads of Q, K, Vᵀ, and
+                the pipelines and shared storage (`self.pipes`, `self.smem_struct`)."""
         dtype = Q.element_type
         qk_tile = (self.BLOCK_M, self.BLOCK_N, self.hd)  # (M, N, K) of S = Q·Kᵀ
         pv_tile = (self.BLOCK_M, self.hd, self.BLOCK_N)  # (M, N, K) of O = P·V
@@ -90,9 +89,8 @@ class RegisterPAttention:
 
     @cute.jit
     def setup_and_load(self, warp_idx, ops: AttentionOperands):
-        """Shared memory and pipelines, then the load role's prologue (warp 0): Q, and the
-        first `stages` KV tiles.  Returns (sQ, sK, sV, q_pipe, kv_loader); the loader's
-        refills are issued from `mma` as slots are released."""
+        """Shared memory and pipelines, then the load role's prologue (warp 0): Q and the first `stages`
+                KV tiles.  Returns (sQ, sK, sV, q_pipe, kv_loader); `mma` issues the refills."""
         bm, bn, hd = self.BLOCK_M, self.BLOCK_N, self.hd
         _, _, tma_q, mQ, tma_k, mK, tma_v, mVt, q_smem, k_smem, v_smem = ops
         if warp_idx == 0:
@@ -151,8 +149,7 @@ class RegisterPAttention:
         pass
 
     def p_from_scores(self, acc_s: cute.Tensor, thr_pv: cute.ThrMma, tile_mk: tuple, dtype) -> cute.Tensor:
-        """P = dtype(S) as this thread's register A fragment of the P·V wgmma (`thr_pv`) over
-        the (M, K) = (rows, keys) tile `tile_mk`, from the fp32 S accumulator: the same
-        registers re-indexed, no data moves.  A method of its own so that the lab's
-        wrong-on-purpose fixture (tests/fixtures/wrong_b) can replace it."""
+        """P = dtype(S) as this thread's register A fragment of the P·V wgmma over (rows, keys)
+                `tile_mk`: the same registers re-indexed.  A method so that the wrong-on-purpose fixture
+                (tests/fixtures/wrong_b) can replace it."""
         return accumulator_to_a_operand(acc_s, thr_pv, tile_mk, dtype)

@@ -136,7 +136,6 @@ def final_lse(lse: Float32) -> Float32:
 
 @cute.jit
 def runtime_scale_log2(softmax_scale: cute.Tensor) -> Float32:
-    """c = softmax_scale[0] · log2 e: the base-2 factor on raw scores (module doc) of a softmax
-    scale passed at run time as a one-element fp32 tensor (FlashMLA's per-call
-    `softmax_scale`).  One load and one multiply; call it once, before the KV loops."""
+    """c = softmax_scale[0] · log2 e for a scale passed at run time (a one-element fp32 tensor, as
+        FlashMLA's per-call `softmax_scale`); call once, before the KV loops."""
     return softmax_scale[0] * Float32(LOG2E)
