@@ -1,5 +1,4 @@
 """Stage B on Blackwell (sm_100a): O = bf16(Q·Kᵀ)·V with P kept on chip (TMEM-P).
-
 Compiled and inspected (PTX inventory, ptxas) only, never run on a Blackwell GPU: not verified.
 
 Math
@@ -9,43 +8,15 @@ Math
     Q [m, hd], K [n, hd], V [n, hd], O [m, hd]: bf16, row-major.  m = 128,
     hd = 64, n a multiple of 128.
 
-Units and data flow (one CTA, 192 threads, warp-specialised)
-    warp 5      TMA producer: Q once, then K_j and V_j into 2-slot rings.
-                V is loaded from V (never from K, even when they alias).
-    warp 4      MMA issuer: per KV tile, S = Q·K_jᵀ (tcgen05.mma, SMEM × SMEM
-                → TMEM), then, once P_j is in TMEM, O += P_j·V_j (tcgen05.mma
-                with A from TMEM, "TS"; accumulate flag off for j = 0).
-    warps 0-3   "softmax" warpgroup, thread t ↔ TMEM lane t ↔ row t (warp w
-                of the warpgroup may only touch lanes 32w … 32w + 31):
-                tcgen05.ld S row → bf16 → tcgen05.st into P's TMEM view →
-                tcgen05.wait::st → signal the MMA warp; at the end
-                tcgen05.ld O row → bf16 → global memory.
+The CTA, its warps (5 TMA, 4 MMA, 0-3 the "softmax" warpgroup, thread t ↔ TMEM lane t ↔ row t)
+and its pipelines are stages/common/sm100_setup.py's; TMEM (256 columns): S fp32 in [0, 128),
+P bf16 in S's upper half [64, 128), O fp32 in [128, 192), all from `TmemPlan`
+(sm100_idioms.py).  New in this rung: `softmax_role` (tcgen05.ld S → bf16 → tcgen05.st into P's
+TMEM view → wait::st → signal) and its epilogue.  S_j and P_j share TMEM columns, so the softmax
+warps release S only after PV_j completed (the P slot's "free" commit).
 
-TMEM (256 columns allocated): S fp32 in columns [0, 128); P bf16 in the upper
-half of S, columns [64, 128) (two bf16 per column); O fp32 in [128, 192).
-All offsets come from `TmemPlan` (stages/common/sm100_idioms.py).
-
-What is new in this rung: the identity softmax (`softmax_role`: P = bf16(S)) and
-its epilogue.  The set-up (operands, TMA, shared memory, pipelines, TMEM, the
-load and MMA warps) is stages/common/sm100_setup.py's, shared with C and D1.
-
-Synchronisation (mbarriers via cutlass.pipeline; arrive counts in THREADS)
-    q, k, v   PipelineTmaUmma   load warp (TMA tx bytes) → MMA warp (tcgen05.commit)
-    s         PipelineUmmaAsync MMA warp commit → 128 softmax threads
-    p         PipelineAsyncUmma 128 softmax threads → MMA warp; its release is a
-              tcgen05.commit, so "P slot free" also means "PV_j complete"
-    o         PipelineUmmaAsync MMA warp commit after the last PV → 128 threads
-
-    S_j and P_j share TMEM columns and QK_{j+1} overwrites both, so the softmax warps release
-    S only after PV_j has completed (they wait on the P slot's "free" commit after PV_j).
-
-DSV4.md's lessons as in stage D1 (stages/D1_headdim/sm100.py), here: values used by several
-roles built before the role `if`s (AttentionCta, TmemP); thread pipeline sides count 128; after
-the tcgen05.st of P, tcgen05.wait::st + fence::before_thread_sync before the arrive; TMEM columns
-from find_tmem_tensor_col_offset (TmemPlan); P's TMEM view the PV MMA's A-operand fragment, the
-S-load / P-store fragments checked element by element at trace time; P spans 64 columns; hd = 64
-only (other hd raise ValueError: SMEM-P is stage D1); QK N = 128, PV N = 64.
-"""
+DSV4.md's lessons as in stage D1 (stages/D1_headdim/sm100.py); hd = 64 only (other hd raise
+ValueError: SMEM-P is stage D1)."""
 
 import cuda.bindings.driver as cuda
 

@@ -26,25 +26,10 @@ LSE.
     rescale's tcgen05.wait::st); the decision is per warp (vote.any over its 32 rows: tcgen05.ld/st
     are warp-collective); a row whose max did not move is multiplied by α = 1.
 
-TMEM (256 columns allocated): S fp32 in columns [0, 128); P bf16 in the upper
-half of S, columns [64, 128) (two bf16 per column); O fp32 in [128, 192).
-All offsets come from `TmemPlan` (stages/common/sm100_idioms.py).
-
-New in this rung (stage B + the softmax): `softmax_role` and the epilogue (O / l, LSE); the
-set-up is stages/common/sm100_setup.py's.
-
-Synchronisation: sm100_setup.py's pipelines (q, k, v, s, p, o; the P slot's release is a
-tcgen05.commit, so "P slot free" also means "PV_j complete").
-    S_j and P_j share TMEM columns and QK_{j+1} overwrites both, so the softmax warps release
-    S only after PV_j has completed (they wait on the P slot's "free" commit after PV_j).
-
-DSV4.md's lessons as in stage D1 (stages/D1_headdim/sm100.py), here: values used by several
-roles built before the role `if`s (AttentionCta, TmemP); thread pipeline sides count 128; after
-the tcgen05.st of P and the rescaled O, tcgen05.wait::st + fence::before_thread_sync before the
-arrive; TMEM columns from find_tmem_tensor_col_offset (TmemPlan), P's bf16 pointer the fp32
-offset recast; P's TMEM view the PV MMA's A-operand fragment (make_smem_layout_a, K-major), the
-S-load / P-store fragments checked element by element at trace time; P spans 64 columns; hd = 64
-only (other hd raise ValueError: SMEM-P is stage D1); QK N = 128, PV N = 64.
+TMEM (256 columns): S fp32 [0, 128), P bf16 in S's upper half [64, 128), O fp32 [128, 192)
+(`TmemPlan`).  New in this rung: `softmax_role` and the epilogue (O / l, LSE); set-up and
+pipelines are sm100_setup.py's.  S_j and P_j share TMEM columns, so the softmax warps release S
+only after PV_j completed (the P slot's "free" commit).  DSV4.md's lessons as in stage D1.
 """
 
 import math
