@@ -27,30 +27,23 @@ Formats (`kv_format`):
              16 e8m0 scales, one per 32 consecutive values: 528 B per token, blocks unpadded,
              i.e. `[num_blocks, block_size, 1, 528]` contiguous.  Same scale rule per 32 values.
 
-    nvfp4    FlashInfer's NVFP4 cache (`kv_cache_format="nvfp4"` of
-             `trtllm_batch_decode_sparse_mla_dsv4`, SM120; docs/STAGE_E.md has the byte diagram):
-             [block_size × 352 B: per token 224 B of packed e2m1 (the 448 nope values, two a
-                                  byte, the LOW nibble the even — earlier — value) + 64 bf16 rope]
-             [block_size × 32 B:  per token 28 e4m3 scales (one per 16 nope values) + 4 zero
-                                  pad bytes]
-             384 B a token, the block unpadded (block_size · 384).  No per-tensor scale (the
-             writer's global scale is 1.0).  e2m1 s.ee.m: ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}.
-             Quantising one group of 16: scale = e4m3(amax / 6) (round to nearest even,
-             saturating at 448), code = e2m1(x / scale) (round to nearest even, saturating at
-             ±6, the sign of x kept — a −0 is code 8); scale 0 (amax 0, or amax / 6 below e4m3's
-             smallest subnormal 2^−10) gives codes ±0.  Dequantising: e2m1 · e4m3 scale.
+    nvfp4    FlashInfer's NVFP4 cache (SM120; docs/STAGE_E.md has the byte diagram and sources):
+             [block_size × 352 B: per token 224 B of packed e2m1 nope (value 2i in the LOW
+                                  nibble of byte i) + 64 bf16 rope]
+             [block_size × 32 B:  per token 28 e4m3 scales (one per 16 nope values) + 4 zero pad]
+             384 B a token, unpadded; no per-tensor scale.  e2m1 s.ee.m: ±{0, 0.5, 1, 1.5, 2, 3,
+             4, 6}.  A group of 16: scale = e4m3(amax / 6) (nearest even, saturating at 448), code
+             = e2m1(x / scale) (nearest even, saturating at ±6, the sign kept: −0 is code 8); a
+             scale of 0 gives codes ±0.  Dequantising: e2m1 · e4m3 scale.
 
 e8m0 (float8_e8m0fnu) is a bare exponent: byte e means 2^(e − 127), 0xFF is NaN.  Every power of
 two from 2^−127 to 2^127 is exact; the quantisers produce ≥ 2^−14 (the 1e-4 floor); a cache
 writer may store any exponent, and the dequantisers honour it (2^−20 … 2^15 are tested).
 
-Checked against FlashMLA (deepseek-ai/FlashMLA@9241ae3 tests/quant.py, MODEL1_FP8Sparse: the
-meta, the planes, the scale rule and the dequant `bf16(q) · bf16(scale)`) and the sgl-flash-mla
-1.0.0 wheel's docstring for V4.1 (its quantiser is not published: model1's rule on 32-value
-groups is an assumption here; the dequantiser follows the documented bytes).  nvfp4: FlashInfer
-PR #4955 (sources in docs/STAGE_E.md); by design x / scale exactly instead of x · rcp.approx (a
-code may differ at an exact tie), and a group whose scale rounds to 0 while amax > 0 gets codes
-±0 (FlashInfer's saturate to ±6; both dequantise to 0).
+Checked against FlashMLA@9241ae3 tests/quant.py (MODEL1_FP8Sparse) and the sgl-flash-mla 1.0.0
+wheel's docstring for V4.1 (its quantiser is unpublished: model1's rule on 32-value groups is an
+assumption; the dequantiser follows the documented bytes).  nvfp4 differs from FlashInfer by
+design: x / scale exactly, not x · rcp.approx, and a scale rounding to 0 gives ±0, not ±6.
 
 Everything here is torch on any device, float64 where it computes, no kernel code.
 """

@@ -28,9 +28,7 @@ warp's vote that every scale byte b has (b & 0x7F) < 0x48, takes × F; else × 2
 Every product is exact — e2m1 has 2 significant bits, e4m3 4, bf16 8 — so the result is bit for
 bit bf16(code · scale) (= code · scale), the oracle's value.
 
-Cost per 8 values: 19 or 23 instructions (about 2.4 / 2.9 a value).  Kernel(e2m1_table=True)
-builds the alternative, a PRMT-indexed 16-entry table (`table_half`), so a GPU can time both
-(docs/STAGE_E.md has the command).
+Kernel(e2m1_table=True) builds the alternative, a PRMT-indexed 16-entry table (`table_half`).
 
 The asm blocks are free of side effects, so ptxas schedules them like any arithmetic.
 """
