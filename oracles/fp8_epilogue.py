@@ -139,10 +139,9 @@ def _arange(n: int, device):
 
 
 def decode_words(o_fp8_words, o_scale_words, b: int, s_q: int, h_q: int):
-    """What is compared of the kernel's float32-carried words (the module doc): (O float32
-    [b, s_q, h_q, 512] dequantised, exponents float32 [b, s_q, h_q, 4]); a value whose word or
-    whose block's scale word still holds the poison, and an exponent whose word does, keep the
-    poison bits (the harness counts them unwritten)."""
+    """What is compared of the kernel's float32-carried words: (O [b, s_q, h_q, 512] dequantised,
+        exponents [b, s_q, h_q, 4]); a value or exponent whose word (or scale word) still holds the
+        poison keeps the poison bits (counted unwritten)."""
     import torch
 
     n, g = b * s_q, h_q // GROUP_HEADS

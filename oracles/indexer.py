@@ -103,10 +103,9 @@ def unpack_paged_cache(cache):
 
 
 def mqa_logits(q, k, w, valid):
-    """float64 logits [rows, keys] = Σ_h relu(q[r, h] · k[j]) · w[r, h] where `valid[r, j]`,
-    −inf elsewhere.  q [rows, h, d], k [keys, d] (dequantised: the key scale inside), w
-    [rows, h], valid bool [rows, keys]; all on one device.  Chunked over rows and keys so
-    the [rows, h, keys] score block stays under ~32 M elements."""
+    """float64 logits [rows, keys] = Σ_h relu(q[r, h] · k[j]) · w[r, h] where `valid[r, j]`, −inf
+        elsewhere; q [rows, h, d], k [keys, d] (dequantised), w [rows, h], one device; chunked so the
+        score block stays under ~32 M elements."""
     import torch
 
     rows, h, _ = q.shape
@@ -311,9 +310,8 @@ def is_context_2d(case: dict[str, Any]) -> bool:
 
 
 def token_context_lens(case: dict[str, Any]) -> list[list[int]]:
-    """[b][next_n] per-token context lengths of a context_2d case (a pure function of the case):
-    token next_n − 1 of sequence i sees its whole context (context_lens_of), token t < next_n − 1
-    the keys < an integer drawn in [0, that length] (DeepGEMM: ((len + 1) · U[0, 1)).int())."""
+    """[b][next_n] per-token context lengths of a context_2d case: the last token sees the whole
+        context, token t < next_n − 1 the keys < an integer in [0, that length] (as DeepGEMM draws)."""
     b, next_n, ctx = int(case["b"]), int(case["next_n"]), int(case["ctx"])
     rng = random.Random(f"I2-2d|{b}|{next_n}|{ctx}|{case['block_kv']}")
     return [[rng.randint(0, n) for _ in range(next_n - 1)] + [n] for n in context_lens_of(case)]

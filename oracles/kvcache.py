@@ -98,12 +98,10 @@ def block_bytes(fmt: str, block_size: int) -> int:
 
 
 def block_size_of(fmt: str, nbytes: int) -> int | None:
-    """The block size whose block is `nbytes` bytes in format `fmt` (block_bytes is strictly
-    increasing in the block size, so there is at most one), or None.  nvfp4: powers of two only
-    (FlashInfer's page sizes) — its 384-byte token makes a block of another size the same bytes as
-    many simple and v4.1 blocks (v4.1's 256 tokens are nvfp4's 352, simple's 64 nvfp4's 86), and
-    the bytes alone must tell the format (harness/peers/torch_sparse.py).  One collision is left:
-    nvfp4's 512 tokens are simple's 381 (tests/test_e_peers.py)."""
+    """The block size whose block is `nbytes` bytes in format `fmt` (at most one), or None.  nvfp4:
+        powers of two only, so the bytes alone tell the format (its 384-byte token makes other sizes
+        collide with simple and v4.1 blocks); one collision is left: nvfp4's 512 tokens are
+        simple's 381 (tests/test_e_peers.py)."""
     if fmt == "nvfp4":
         size = _search(fmt, nbytes)
         return size if size is not None and size & (size - 1) == 0 else None
@@ -279,9 +277,8 @@ def _layout(fmt: str) -> tuple[int, int]:
 
 
 def token_offsets(fmt: str, block_size: int, index):
-    """(data offset, scale offset) int64 tensors: where token `index` (= block · block_size +
-    offset) starts in the flat byte cache, and where its scales start (v4.1: data + 512;
-    model1, nvfp4, simple: in the block's scale plane after its rows)."""
+    """(data offset, scale offset) int64 of token `index` (= block · block_size + offset) in the flat
+        byte cache (v4.1's scales at data + 512; the others' in the block's scale plane)."""
     import torch
 
     _check(fmt, block_size)
@@ -408,9 +405,8 @@ def dequantize(cache, fmt: str, block_size: int):
 
 
 def poison_tokens(cache, fmt: str, block_size: int, index) -> None:
-    """Fill every byte of tokens `index` (int tensor) with 0xFF: NaN in every e4m3, bf16, fp32
-    and e8m0 field of those tokens (in place).  nvfp4: an e2m1 0xF is −6, finite, but every
-    group's e4m3 scale 0xFF is NaN, so every dequantised value is NaN too."""
+    """Fill every byte of tokens `index` with 0xFF, in place: NaN in every e4m3, bf16, fp32 and e8m0
+        field (nvfp4: codes −6, but every scale NaN, so every value NaN)."""
     dpos, spos = _spans(fmt, block_size, index.to(cache.device))
     flat = cache.view(-1)
     flat[dpos.reshape(-1)] = 0xFF
@@ -419,9 +415,8 @@ def poison_tokens(cache, fmt: str, block_size: int, index) -> None:
 
 
 def set_scale_exponents(cache, fmt: str, block_size: int, index: int, exps: list[int]) -> None:
-    """Overwrite token `index`'s scales with 2^exps (model1: 7 values, v4.1: 16); simple takes
-    one fp32 scale 2^exps[0].  For cases with extreme scales (a writer may store any power of
-    two, beyond what `quantize` produces)."""
+    """Overwrite token `index`'s scales with 2^exps (model1 7, v4.1 16; simple one fp32 2^exps[0]),
+        for the extreme-scale cases."""
     import torch
 
     flat = cache.view(-1)

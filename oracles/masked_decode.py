@@ -161,9 +161,9 @@ def valid_keys(lens: list[int], n: int, s_q: int, causal: bool):
 
 
 def masked_attention(q, kvs: list, valids: list, sink=None) -> dict:
-    """float64 O [b, s_q, h_q, d] and LSE [b, h_q, s_q]: one softmax over the valid keys of
-    every branch together (`kvs[i]` [b, n_i, d], `valids[i]` bool [b, s_q, n_i]); lonely rows
-    O = 0, LSE = +inf; with `sink` [h_q], O · 1 / (1 + exp(sink − lse)), LSE unchanged."""
+    """float64 O [b, s_q, h_q, d] and LSE [b, h_q, s_q]: one softmax over the valid keys of every
+        branch (`kvs[i]` [b, n_i, d], `valids[i]` bool [b, s_q, n_i]); lonely rows O = 0, LSE = +inf;
+        `sink` [h_q]: O · 1 / (1 + exp(sink − lse))."""
     import torch
 
     q = q.double()
@@ -192,9 +192,8 @@ def masked_attention(q, kvs: list, valids: list, sink=None) -> dict:
 
 
 def merge_branches(o1, lse1, o2, lse2):
-    """DSV4.md's merge of two branches computed separately (normalised O_i, LSE_i [b, h_q, s_q]
-    with +inf for a branch with no key): lse = logaddexp, O = Σ exp(lse_i − lse) · O_i.  A
-    branch with no key has weight 0; both empty: O = 0, LSE = +inf."""
+    """DSV4.md's merge of two separately computed branches (O_i, LSE_i, +inf for an empty branch):
+        lse = logaddexp, O = Σ exp(lse_i − lse) · O_i; both empty: O = 0, LSE = +inf."""
     import torch
 
     l1 = torch.where(torch.isposinf(lse1), torch.full_like(lse1, -math.inf), lse1).double()
@@ -357,20 +356,16 @@ def merge_flops(case: dict[str, Any]) -> float:
 
 
 def torch_merge(inputs: dict, case: dict[str, Any]):
-    """Peer for timing (`run --bench`): D5 as PyTorch users write it, bf16 on the GPU,
-    gather-free — `sink_decode` below, which the bench peer torch_plain reuses
-    (harness/peers/torch_plain.py).  The inputs hold a NaN sink when the case has none, which
-    sink_decode reads as "no sink"."""
+    """Peer for `run --bench`: D5 as PyTorch users write it (`sink_decode`, which torch_plain reuses);
+        a NaN sink means "no sink"."""
     return sink_decode(inputs["Q"], inputs["KV_main"], inputs["KV_swa"], inputs["main_lens"], inputs["swa_lens"],
                        inputs["sink"])
 
 
 def sink_decode(q, kv_main, kv_swa, main_lens, swa_lens, sink):
-    """DSV4 decode over two key branches under one softmax, with the attention sink, in bf16
-    PyTorch (two batched matmuls, masks, logsumexp). q [b, s_q, h_q, d]; kv_main [b, n_main, d]
-    (key j valid iff j < main_lens[b]); kv_swa [b, n_swa, d] (valid iff j < swa_lens[b] and
-    j ≤ swa_lens[b] − s_q + t for query token t); sink [h_q] (NaN: no sink). Returns O
-    [b, s_q, h_q, d] and LSE [b, h_q, s_q] (+inf for a row with no valid key, whose O is 0)."""
+    """D5 in bf16 PyTorch (two batched matmuls, masks, logsumexp, the sink).  q [b, s_q, h_q, d];
+        kv_main [b, n_main, d] (j < main_lens[b]); kv_swa [b, n_swa, d] (j < swa_lens[b], j ≤
+        swa_lens[b] − s_q + t); sink [h_q] (NaN: none).  Returns O and LSE (+inf for a keyless row)."""
     import torch
 
     b, s_q, h_q, d = q.shape

@@ -107,9 +107,7 @@ def epilogue_of(case: dict[str, Any]) -> str:
 
 
 def split_capacity(case: dict[str, Any]) -> int:
-    """The partial slots of the scratch (O_part, LSE_part) a case declares: the module doc's
-    `cap` — sm100's "auto" at small batches one a tile but at most AUTO_SPLITS (its kernel caps
-    "auto" to the scratch), sm90's parts their most pieces of a sequence."""
+    """The partial slots (O_part, LSE_part) a case declares: the module doc's `cap`."""
     c = SparseConfig.parse(case["config"])
     splits = case["splits"]
     head_blocks = -(-c.h_q // 64)
@@ -160,11 +158,9 @@ def tensors(case: dict[str, Any]) -> list[TensorSpec]:
 
 
 def _branch(g, b: int, s_q: int, topk: int, block: int, nb: int, scenario: str, fmt: str):
-    """One branch: (cache uint8, idx int32 [b, s_q, topk], length int32 [b]), CPU.
-
-    Sequence i owns `seq` token positions whose blocks are a random permutation of blocks
-    0 … nb − 2 (the last block is a spare nobody indexes); each (i, t) indexes `topk` distinct
-    positions (dup: some repeated); only indexed tokens get values, every other token is 0xFF."""
+    """One branch: (cache uint8, idx int32 [b, s_q, topk], length int32 [b]), CPU.  Sequence i's
+        blocks are a random permutation of blocks 0 … nb − 2 (the last a spare); each (i, t) indexes
+        `topk` distinct positions (dup: some repeated); unindexed tokens are 0xFF."""
     import torch
 
     seq = max(2 * topk, block)
@@ -237,10 +233,9 @@ VALUE_CAP = 4.0  # |q · 2^e| of an extreme-scale payload stays ≤ this (or is 
 
 
 def _write_extremes(g, cache, fmt: str, block: int, used) -> None:
-    """Give every 4th indexed token extreme scales: per scale group an exponent from
-    _EXTREME_EXPS (2^−20 … 2^15) and e4m3 payload bytes whose values q keep |q · 2^e| ≤ 4; where
-    no nonzero e4m3 value is that small (2^15 · 2^−9 = 64), the group is 0 except 4 columns holding
-    the smallest subnormals (so a scale from the wrong group still moves the scores)."""
+    """Every 4th indexed token gets extreme scales: per group an exponent from _EXTREME_EXPS (2^−20 …
+        2^15) and payloads keeping |q · 2^e| ≤ 4; where no nonzero e4m3 is that small, the group is 0
+        but for 4 smallest subnormals (a wrong group's scale still moves the scores)."""
     import torch
 
     flat = cache.view(-1)
@@ -276,10 +271,8 @@ _NVFP4_EXTREME_SCALES = (0x01, 0x7E, 0x07, 0x68, 0x08, 0x6F, 0x34, 0x48, 0x3F)
 
 
 def _write_nvfp4_extremes(g, flat, d0, s0) -> None:
-    """nvfp4's `extreme`: every 4th indexed token's 28 group scales cycle through
-    _NVFP4_EXTREME_SCALES, its codes are random e2m1 with |code · scale| ≤ VALUE_CAP — where only
-    zero is that small (scales 64 … 448), the group is 0 except 4 columns of ±0.5 (32 … 224:
-    a scale from the wrong group still moves the scores)."""
+    """nvfp4's `extreme`: every 4th indexed token's group scales cycle through _NVFP4_EXTREME_SCALES,
+        codes random with |code · scale| ≤ VALUE_CAP; where only zero fits, 4 columns of ±0.5."""
     import torch
 
     mags = torch.tensor(kc.E2M1_VALUES, dtype=torch.float64)
@@ -342,9 +335,8 @@ def make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> dict:
 
 
 def _sink(g, h_q: int, scenario: str, keys: int):
-    """Sinks [h_q]: −inf (none) for plain, dup and extreme; N(0, 1) + ln(keys) + 2 (about a row's
-    LSE for these inputs, so 1/(1 + exp(sink − lse)) is far from 0 and 1) for sink, invalid and topk_len;
-    sink_inf and lonely cycle −inf, +inf and such a finite value over the heads."""
+    """Sinks [h_q]: −inf for plain, dup, extreme; N(0, 1) + ln(keys) + 2 (about a row's LSE) for
+        sink, invalid, topk_len; sink_inf and lonely cycle −inf, +inf and such a value."""
     import torch
 
     if scenario in ("plain", "dup", "extreme"):
@@ -406,9 +398,8 @@ def reference(inputs: dict, case: dict[str, Any]) -> dict:
 
 
 def decode(outputs: dict, case: dict[str, Any]) -> dict:
-    """What is compared of the kernel's outputs (the stage's `decode`): bf16 — O and LSE as
-    they are, O_scale empty (as the reference's); fp8_rope — O dequantised from O_fp8's e4m3 and
-    O_scale's exponents, O_scale the exponents (oracles/fp8_epilogue.py decode_words)."""
+    """What is compared (the stage's `decode`): bf16 — O and LSE as they are; fp8_rope — O
+        dequantised from O_fp8 and O_scale, O_scale the exponents (fp8_epilogue.decode_words)."""
     if epilogue_of(case) != "fp8_rope":
         return {"O": outputs["O"], "LSE": outputs["LSE"], "O_scale": outputs["LSE"].new_zeros(0)}
     c = SparseConfig.parse(case["config"])

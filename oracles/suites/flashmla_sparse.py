@@ -312,9 +312,8 @@ BATCH_INPUTS = ("Q", "idx", "topk_length", "idx_extra", "extra_length")  # [b, �
 
 
 def reference(inputs: dict, case: dict[str, Any]) -> dict:
-    """float64 O and LSE: stage E's reference on the same bytes and softmax scale, in batch chunks
-    whose gathered float64 keys stay under REFERENCE_KV_BYTES (upstream's b 148 × topk 16384 cases
-    gather 20 GB of them at once: out of memory on an H200); no sequence's rows depend on another's."""
+    """float64 O and LSE: stage E's reference on the same bytes and scale, in batch chunks under
+        REFERENCE_KV_BYTES of gathered keys (the b 148 × topk 16384 cases would need 20 GB)."""
     import torch
 
     from oracles import sparse_decode as sd

@@ -49,13 +49,8 @@ from stages.common.tma import prefetch_descriptors, sm100_tma_load, tma_partitio
 
 
 class Kernel:
-    """S[m, n] (fp32) = Q[m, hd] (bf16) · K[n, hd]ᵀ (bf16) on Blackwell tensor cores.
-
-    tcgen05.mma (SMEM × SMEM → TMEM) fed by TMA through an mbarrier pipeline;
-    epilogue TMEM → registers (tcgen05.ld) → global.
-    Limits: m == 128, n ∈ {128, 256}, hd ∈ {64, 128, 256, 512}; all tensors
-    row-major, 16-byte aligned, static shapes.
-    """
+    """S[m, n] (fp32) = Q[m, hd] · K[n, hd]ᵀ (bf16) with tcgen05.mma, TMA and TMEM.
+        Limits: m == 128, n ∈ {128, 256}, hd ∈ {64, 128, 256, 512}; row-major, 16-byte aligned."""
 
     BLOCK_K = 64  # head-dim elements per K-block (128 bytes of bf16)
     MMA_K = 16  # K of one bf16 tcgen05.mma

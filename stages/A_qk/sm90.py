@@ -32,12 +32,8 @@ from stages.common.tma import prefetch_descriptors, sm90_tma_load
 
 
 class Kernel:
-    """S[m, n] (fp32) = Q[m, hd] (bf16) · K[n, hd]ᵀ (bf16) on Hopper tensor cores.
-
-    WGMMA (SMEM × SMEM → registers) fed by TMA through an mbarrier pipeline.
-    Limits: m == 128, n ∈ {128, 256}, hd ∈ {64, 128, 256, 512}; all tensors
-    row-major, 16-byte aligned, static shapes.
-    """
+    """S[m, n] (fp32) = Q[m, hd] · K[n, hd]ᵀ (bf16) with WGMMA and TMA.
+        Limits: m == 128, n ∈ {128, 256}, hd ∈ {64, 128, 256, 512}; row-major, 16-byte aligned."""
 
     BLOCK_M = 128  # query rows per CTA (two warpgroups × 64)
     BLOCK_N = 128  # keys per CTA

@@ -25,11 +25,8 @@ from stages.common.sm90_register_p import AttentionOperands, RegisterPAttention
 
 
 class Kernel(RegisterPAttention):
-    """O[m, hd] (bf16) = bf16(Q · Kᵀ) · V on Hopper tensor cores, P kept in registers.
-
-    Limits: m == 128, hd == 64, n a multiple of 128 (tested: 128, 256);
-    row-major, 16-byte aligned, static shapes.  One CTA.
-    """
+    """O[m, hd] (bf16) = bf16(Q · Kᵀ) · V on Hopper, P kept in registers.
+        Limits: m == 128, hd == 64, n a multiple of 128; row-major, 16-byte aligned.  One CTA."""
 
     RUNG = "stage B"
 

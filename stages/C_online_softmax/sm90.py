@@ -34,12 +34,8 @@ from stages.common.softmax import OnlineSoftmax, scale_rows
 
 
 class Kernel(RegisterPAttention):
-    """O = softmax(Q·Kᵀ/sqrt(hd))·V and its natural-log LSE, on Hopper tensor cores.
-
-    Online softmax over KV tiles of 128, P kept in registers between the two
-    WGMMAs.  Limits: m == 128, hd == 64, n a multiple of 128 (tested: 128,
-    256, 1024); row-major, 16-byte aligned, static shapes.  One CTA.
-    """
+    """O = softmax(Q·Kᵀ/sqrt(hd))·V and its LSE on Hopper, P in registers between the WGMMAs.
+        Limits: m == 128, hd == 64, n a multiple of 128; row-major, 16-byte aligned.  One CTA."""
 
     RUNG = "stage C"
 

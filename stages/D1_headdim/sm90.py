@@ -142,10 +142,9 @@ class Kernel:
     @cute.jit
     def attend(self, tidx, warp_idx, row_block, q_pipe, q_load, k_loader, v_loader, qk_mma, pv_mma,
                sQ, sK, sV, sP, s_row, mO, mLSE):
-        """Both warpgroups, per KV tile: warpgroup 0 computes S, the softmax and publishes P
-        and α; each warpgroup rescales its O half and adds its P·V_half (module doc).  Warp 0
-        also loads: the prologue once the fragments are built (issued any earlier, it costs
-        2–5 registers at hd = 128/256), a refill after each release."""
+        """Both warpgroups, per KV tile: warpgroup 0 computes S and the softmax and publishes P and α;
+                each rescales its O half and adds its P·V_half.  Warp 0 also loads: the prologue once
+                the fragments are built (earlier costs registers), a refill after each release."""
         hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         bm, bn, hd = self.BLOCK_M, self.block_n, self.hd
         wg = warp_idx // 4  # warpgroup: 0 computes S and the softmax; both own half of O

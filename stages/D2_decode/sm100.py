@@ -33,12 +33,7 @@ from stages.common.sm100_keys import DenseKeys
 
 class Kernel(DecodeSm100):
     """DSV4 MQA decode attention over dense keys with split-KV (stages/common/sm100_decode.py).
-
-    Options beyond the stage's axes: o_split, s_stages, sm_count (see DecodeSm100).  An
-    impossible plan raises ValueError, e.g.
-        Kernel(shape="b1s1h128n256d512", splits=1, o_split=1)
-        ValueError: TMEM budget: S 2×64 + O 512 = 640 columns > 512 …
-    """
+        Options beyond the stage's axes: o_split, s_stages, sm_count (DecodeSm100)."""
 
     NAME = "stage D2 sm100"
 

@@ -349,9 +349,8 @@ class Kernel(DecodeSm100):
         )
 
     def bind_keys(self, keys, storage) -> None:
-        """The mask ring (index warp → softmax threads), the raw ring (index warp's gather4 →
-        dequantisation warps) with its sidecars and staging bytes, the gather partitions and
-        the dequantisers' (key, col, slot) view of the chunk ring."""
+        """The mask ring (index warp → softmax), the raw ring (gather4 → dequantisers) with sidecars and
+                staging bytes, the gather partitions and the (key, col, slot) view of the chunk ring."""
         keys.mask_pipe = pipeline.PipelineAsync.create(
             num_stages=MASK_SLOTS,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
@@ -683,9 +682,8 @@ class Kernel(DecodeSm100):
     # ---- the dequantisation warps
     @cute.jit
     def dequant_role(self, kv_pipe, raw_pipe, s_idx, s_raw, sKw, plan, lists, shift, ptid):
-        """Warps 6-9 (`ptid` 0 … 127): per chunk of every visited tile, in the house's load
-        order: the raw slot's indices and bytes (+ scales) into registers, the raw slot
-        released, then the converted piece into the next chunk-ring slot (module doc)."""
+        """Warps 6-9, per chunk in the house's load order: the raw slot's indices and bytes (+ scales)
+                into registers, the raw slot released, the converted piece into the chunk-ring slot."""
         hang_guard.role("dequant")  # names this role's waits in a --debug-hangs build
         c = self.c
         n_local, n_first, first_begin, second_begin = plan
@@ -751,9 +749,8 @@ class Kernel(DecodeSm100):
     @cute.jit
     def load_piece(self, base, index, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], col0,
                    raw) -> cutlass.Float32:
-        """The scale of token `index`, columns col0 … col0 + 15 (global memory); `simple` also
-        its 16 e4m3 bytes into raw[0:4] — and scale 1: its fp32 scale is applied to S and P
-        (KEY_SCALE), the ring holds the e4m3 values exactly."""
+        """The scale of token `index`, columns col0 … col0 + 15; `simple` also its 16 e4m3 bytes into
+                raw[0:4], scale 1 (its fp32 scale is applied to S and P)."""
         blk = cutlass.Int64(index // block_size)
         off = cutlass.Int64(index % block_size)
         block = base + blk * block_bytes
@@ -804,9 +801,8 @@ class Kernel(DecodeSm100):
 
     @cute.jit
     def convert_piece(self, raw, scale, col0, vals):
-        """vals (16 bf16) ← raw: 16 e4m3 × scale (fp32 math), or model1's / nvfp4's rope as it
-        is; nvfp4's 16 e2m1 (raw[0:2]) by bit moves × 2^126, × the bf16 scale (stages/common/
-        e2m1_bits.py's two-multiply path: exact)."""
+        """vals (16 bf16) ← raw: e4m3 × scale (fp32), a rope as it is, nvfp4's e2m1 (raw[0:2]) by bit
+                moves × 2^126 × the bf16 scale (e2m1_bits.py: exact)."""
         if cutlass.const_expr(self.fmt == "nvfp4"):
             if col0 < D_NOPE:
                 bits = cute.make_rmem_tensor(1, F32)

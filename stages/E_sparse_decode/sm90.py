@@ -967,9 +967,8 @@ class Kernel:
 
     @cute.jit
     def scale_byte(self, sc, p, q) -> cutlass.Int32:
-        """The e8m0 byte of data piece p (columns 64·p + 16·q … + 15) of a key: model1 byte p
-        (one per 64 columns), v4.1 byte 2·p + q // 2 (one per 32); simple 127, a scale of 1.
-        Masked: the words shift arithmetically."""
+        """The e8m0 byte of data piece p (columns 64·p + 16·q …): model1 byte p, v4.1 byte 2·p + q // 2,
+                simple 127 (a scale of 1).  Masked: the words shift arithmetically."""
         e = cutlass.Int32(127)
         if cutlass.const_expr(self.fmt == "model1"):
             e = (sc[p // 4, 0] >> (8 * (p % 4))) & 0xFF
@@ -979,9 +978,8 @@ class Kernel:
 
     @cute.jit
     def write_masks(self, keys, sc, r: cutlass.Constexpr[int], rank, pwarp, lane, s_mask, s_kscale, state):
-        """The mask entries (0 or −∞) of round r's keys in slot state.index: the threads of piece
-        q = side write their side's (a pair's CTA masks the peer's half too); simple: also the
-        key's fp32 scale."""
+        """Round r's mask entries (0 or −∞) in slot state.index: piece q = side's threads write their
+                side's (the peer's half too in a pair); simple: also the fp32 scale."""
         for s in cutlass.range_constexpr(self.sides):
             if lane // 8 == s:
                 key = self.key_of(rank, s, r, pwarp, lane)
@@ -1105,9 +1103,8 @@ class Kernel:
 
     @cute.jit
     def tile_pv(self, mma, acc_o, alpha, p, slot):
-        """O *= α where some row of the warp moved its max, then O += P·V over this warpgroup's
-        half of O's columns (P: warpgroup 0's registers, or the shared P for warpgroup 1, whose
-        α came through shared memory)."""
+        """O *= α where the warp's max moved, then O += P·V over this warpgroup's half (P from
+                warpgroup 0's registers, or shared memory for warpgroup 1)."""
         self.rescale_o(acc_o, alpha, mma.tOcO_rc)
         wgmma_sync(mma.pv_mma, acc_o, p, mma.tOrV, b_slot=slot)
 
@@ -1311,9 +1308,8 @@ def _check_even_columns(k_smem, col64: int) -> None:
 
 
 def _token_block(base, index, block_size: int, block_bytes: int):
-    """(byte address of token `index`'s page block, its offset in the block) — 64-bit; a
-    negative index (an invalid key's −1, whose loads are not made) as token 0, so no address
-    is ever below the cache."""
+    """(64-bit byte address of token `index`'s page block, its offset there); a negative index (−1,
+        never loaded) as token 0, so no address lies below the cache."""
     index = cutlass.max(index, 0)
     return base + cutlass.Int64(index // block_size) * block_bytes, cutlass.Int64(index % block_size)
 

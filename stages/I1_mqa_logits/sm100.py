@@ -147,9 +147,7 @@ class Kernel(Sm100LogitsCta):
     @cute.jit
     def epilogue(self, block, tidx, tile_begin, tile_end, acc_cons, mma, tmem_ptr, acc_layout, sW, mW, mScale, mKs,
                  mKe, mOut, epi_sync):
-        """Warps 0-3: thread t owns key t of each tile: its accumulator row (all heads of the 4
-        tokens) → relu · w summed per token → × k_scale → −inf outside the token's range →
-        logits[token, key]."""
+        """Warps 0-3, thread t key t: relu · w summed per token, × k_scale, −inf outside the range, stored."""
         hang_guard.role("epilogue")  # names this role's waits in a --debug-hangs build
         bq, bk = self.BLOCK_Q, self.BLOCK_K
         weights_to_smem(sW, mW, block * bq, self.n, tidx, self.EPI_THREADS, self.heads)

@@ -177,9 +177,8 @@ class Kernel(Sm100LogitsCta):
     @cute.jit
     def epilogue(self, seq, ctx, last_block, tidx, tile_begin, tile_end, acc_cons, mma, tmem_ptr, acc_layout,
                  sW, mW, mScale, mTable, mOut, epi_sync, mLens):
-        """Warps 0-3: thread t owns key t of each tile (block 2k + t // 64, slot t % 64): relu · w
-        summed per token, × the key's scale (found through the table), −inf past each token's
-        causal limit, stored."""
+        """Warps 0-3, thread t key t (block 2k + t // 64, slot t % 64): relu · w per token, × the key's
+                scale (through the table), −inf past each token's causal limit, stored."""
         hang_guard.role("epilogue")  # names this role's waits in a --debug-hangs build
         nn, bk, bkv = self.next_n, self.BLOCK_K, self.BLOCK_KV
         weights_to_smem(sW, mW, seq * nn, self.n, tidx, self.EPI_THREADS, self.heads)

@@ -97,9 +97,8 @@ class SplitCombine:
 
     def launch(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, stream, sink=None,
                fp8_args=None):
-        """Call from a @cute.jit host function (e.g. after the split kernel, same stream).
-        `sink`: the [h_q] sink logits when the combine applies a sink (sink_heads > 0);
-        `fp8_args` (with fp8): (O_fp8, O_scale, cos_sin_cache, positions, sin_sign)."""
+        """From a @cute.jit host function (after the split kernel, same stream).  `sink`: the [h_q] sinks
+                (sink_heads > 0); `fp8_args`: (O_fp8, O_scale, cos_sin_cache, positions, sin_sign)."""
         if (sink is None) != (self.sink_heads == 0):
             raise ValueError("SplitCombine: pass a sink tensor exactly when sink_heads > 0")
         o8, osc, cs, pos, self.sin_sign = fp8_args if self.fp8 else (None, None, None, None, 1.0)  # bf16: no parameters

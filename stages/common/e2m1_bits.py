@@ -131,9 +131,8 @@ def pair_to_bf16x2(even, odd, k: int, f, sb=None, *, loc=None, ip=None) -> Int32
 
 
 def scales_fit(word):
-    """Whether every byte b of a word of e4m3 scale bytes has (b & 0x7F) < 0x48 (a scale below 4),
-    as the word's flag bits: 0 when all fit.  Bytewise: (b & 0x7F) + 0x38 carries into bit 7 iff
-    (b & 0x7F) ≥ 0x48, and never past it.  Ints or traced Int32s."""
+    """0 when every byte b of a word of e4m3 scale bytes has (b & 0x7F) < 0x48 (a scale below 4):
+        (b & 0x7F) + 0x38 carries into bit 7 iff (b & 0x7F) ≥ 0x48, never past it.  Ints or traced."""
     return ((word & 0x7F7F7F7F) + 0x38383838) & 0x80808080
 
 

@@ -69,9 +69,8 @@ def ldg16(addr, raw, at: cutlass.Constexpr[int]):
 
 @cute.jit
 def e8m0_to_f32(byte) -> cutlass.Float32:
-    """2^(byte − 127): the byte moved into an fp32 exponent field (exact for bytes 1 … 254;
-    byte 0 would be 2^−127, a subnormal, read here as 0; 0xFF is NaN in e8m0 and +∞ here —
-    neither is ever produced by a quantiser)."""
+    """2^(byte − 127), the byte moved into an fp32 exponent field (exact for 1 … 254; 0 reads as 0,
+        0xFF as +∞ — no quantiser writes either)."""
     bits = cute.make_rmem_tensor(1, cutlass.Int32)
     bits[0] = (byte & 0xFF) << 23  # the mask matters: CuTeDSL loads a Uint8 with ld.global.s8 (sign-extended)
     return cute.recast_tensor(bits, cutlass.Float32)[0]

@@ -44,9 +44,8 @@ def enabled() -> bool:
 
 
 def name(pipeline: str) -> str:
-    """The `name=` of a pipeline's create: `pipeline` in a debug build, "" otherwise (so a
-    normal build is exactly what it was).  Pipelines are made before the roles run, so this
-    also forgets the role of the kernel traced before (until a role method says its own)."""
+    """A pipeline's `name=`: `pipeline` in a debug build, "" otherwise.  Pipelines are made before the
+        roles run, so this also forgets the previous kernel's role."""
     _role[0] = "?"
     return pipeline if enabled() else ""
 

@@ -83,9 +83,8 @@ def check_flat_shape(who: str, s: int, s_kv: int, block_q: int, block_k: int) ->
 
 
 def check_heads(who: str, heads: int, head_dim: int) -> None:
-    """The heads and head dim a kernel takes: heads ∈ HEAD_COUNTS (N = tokens · heads, a whole
-    number of accumulator columns per token), head_dim ∈ HEAD_DIMS (K = d, whole k32 MMA steps and
-    a TMA row of 32, 64 or 128 bytes, each with its own swizzle)."""
+    """heads ∈ HEAD_COUNTS (whole accumulator columns a token), head_dim ∈ HEAD_DIMS (whole k32 steps,
+        a 32-, 64- or 128-byte TMA row with its own swizzle); else refused."""
     if heads not in HEAD_COUNTS:
         raise ValueError(f"{who}: heads must be one of {', '.join(map(str, HEAD_COUNTS))}, got {heads}")
     if head_dim not in HEAD_DIMS:
@@ -106,8 +105,8 @@ def check_output(who: str, logits: cute.Tensor, dtype) -> None:
 
 
 def to_output(value, out: cute.Tensor):
-    """The fp32 `value` as `out`'s element type: as is for fp32 logits (the code unchanged), rounded
-    to nearest for bf16 (every sum, scale and select stays fp32; only the store narrows)."""
+    """The fp32 `value` as `out`'s element type: as is for fp32, rounded to nearest for bf16 (only the
+        store narrows)."""
     if out.element_type is F32:
         return value
     return F32(value).to(out.element_type)
@@ -140,9 +139,8 @@ def q_rows(q: cute.Tensor, rows: int, dim: int = DIM) -> cute.Tensor:
 @cute.jit
 def key_tile_range(mKs: cute.Tensor, mKe: cute.Tensor, first_row, rows: cutlass.Constexpr[int],
                    s_kv: cutlass.Constexpr[int], tile: cutlass.Constexpr[int]):
-    """(tile_begin, tile_end): the `tile`-key tiles covering the union of the non-empty ranges
-    [max(ks, 0), min(ke, s_kv)) of rows first_row … first_row + rows − 1; an empty union gives
-    tile_begin == tile_end (= s_kv / tile)."""
+    """(tile_begin, tile_end): the `tile`-key tiles covering the union of the rows' non-empty ranges
+        [max(ks, 0), min(ke, s_kv)); an empty union gives tile_begin == tile_end."""
     lo = cutlass.Int32(s_kv)
     hi = cutlass.Int32(0)
     for t in cutlass.range_constexpr(rows):
@@ -506,9 +504,8 @@ def sm90_fragments(mma, tid_wg, sK, sQ, keys: int, n: int):
 
 @cute.jit
 def head_weights(mW: cute.Tensor, coords: cute.Tensor, first_row, heads: cutlass.Constexpr[int] = HEADS):
-    """w in registers, indexed like the thread's accumulator columns: column j is global column
-    c = coords[0, j][1], token c // heads, head c % heads, so w[j] = weights[first_row + c //
-    heads, c % heads] (the same for every row the thread holds)."""
+    """w in registers indexed like the thread's accumulator columns: column j is global c =
+        coords[0, j][1], w[j] = weights[first_row + c // heads, c % heads]."""
     cols = cute.size(coords, mode=[1])
     w = cute.make_rmem_tensor(cols, cutlass.Float32)
     for j in cutlass.range_constexpr(cols):

@@ -33,10 +33,8 @@ LINE = 64  # bf16 elements in a 128-byte line
 
 
 def swizzle_bytes(swizzle):
-    """The byte-address function of a shared-memory swizzle S<B, M, S> (the composed layout's
-    inner part, which CuTeDSL applies to the byte address): x ↦ x ^ ((x & yyy) >> S), where
-    yyy = (2^B − 1) << (M + S).  S<3,4,3> (128-byte swizzle) permutes the 16-byte pieces of
-    each 128-byte line by the line's index mod 8."""
+    """A swizzle S<B, M, S> on the byte address: x ↦ x ^ ((x & yyy) >> S), yyy = (2^B − 1) << (M + S);
+        S<3,4,3> permutes a 128-byte line's 16-byte pieces by the line's index mod 8."""
     m = re.search(r"S<\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*>", str(swizzle))
     if not m:
         raise ValueError(f"KV lines: cannot read the swizzle {swizzle}")
@@ -46,10 +44,9 @@ def swizzle_bytes(swizzle):
 
 
 def check_lines(k_smem, k_coords, keys: int, chunk: int, elem_bytes: int = 2) -> int:
-    """Trace-time proof that element (key, col) of one ring slot (`k_smem`: the composed
-    K-major layout, swizzle applied to the byte address; `k_coords`: (key, col) of each index
-    of the slot, partitioned like the B operand) lies in 128-byte line (col // 64) · keys + key.
-    Returns the number of elements checked; raises ValueError naming the first one outside."""
+    """Trace-time proof that element (key, col) of a ring slot (`k_smem`, swizzle applied to the byte
+        address; `k_coords` partitioned like the B operand) lies in line (col // 64) · keys + key.
+        Returns the elements checked; ValueError names the first outside."""
     one = cute.select(k_smem.outer, mode=[0, 1, 2])
     swz = swizzle_bytes(k_smem.inner)
     n = cute.size(k_coords)
@@ -76,11 +73,9 @@ def line_view(ring: cute.Tensor, keys: int, chunk: int, slots: int, slot_elems: 
 
 
 def row_key_columns(s_load, cS, threads: int = 128) -> tuple:
-    """The key column of each register of a thread's tcgen05.ld fragment of S, as Python
-    ints: (col of register 0, col of register 1, …).  With the 32x32b atom thread t holds
-    row t and the same columns in the same registers for every t; this is proven here, at
-    trace time, over all `threads` threads (coordinates evaluated in Python), so the mask
-    compares `rem` with constants instead of carrying 64 coordinates in registers."""
+    """The key column of each register of a thread's tcgen05.ld fragment of S, as Python ints, proven
+        the same for all `threads` threads (32x32b: thread t row t), so the mask compares `rem` with
+        constants."""
     cols = None
     for t in range(threads):
         coords = fragment_coords(s_load.get_slice(t).partition_D(cS), t == 0)

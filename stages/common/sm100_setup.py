@@ -185,9 +185,8 @@ class AttentionOperands:
 
 
 def launch(kernel_call, grid, stream, threads: int = WarpRoles.THREADS) -> None:
-    """Launch a warp-specialised attention kernel: `grid` CTAs of `threads` threads (the six
-    warps of WarpRoles unless a kernel has more); .minnctapersm 1, so ptxas may use more than
-    168 registers rather than spill."""
+    """Launch a warp-specialised kernel: `grid` CTAs of `threads` threads, .minnctapersm 1 (ptxas may
+        use more than 168 registers rather than spill)."""
     kernel_call.launch(grid=grid, block=(threads, 1, 1), stream=stream, min_blocks_per_mp=1)
 
 
