@@ -1,31 +1,19 @@
-"""The combine of a persistent decode launch (stages/common/part_scheduler.py): merge the
-partials of every sequence a part boundary cut, and leave every other row alone.
+"""The combine of a persistent decode launch (part_scheduler.py): merge the partials of every
+sequence a part boundary cut, and leave every other row alone.
 
-Row r (rows = (batch, token, head) row-major, `heads` = h_q a sequence) belongs to sequence
-s = r // heads, cut into n(s) = ⌊((s + 1)·T − 1) / L⌋ − ⌊s·T / L⌋ + 1 partials in slots 0 … n − 1
-of the scratch.  n = 1: the kernel wrote the row's O and LSE itself; the combine does not touch
-them.  n > 1: SplitCombine's math (stages/common/combine.py) over those n slots only — the
-LSE-weighted sum, an empty partial (LSE −∞) skipped and never read, a row with no key O = 0 and
-LSE = +∞, the sink applied once to the merged row.  One warp a row, 4 rows a CTA, lane l the
-d/32 contiguous columns from l·d/32 (16-byte loads and stores); every slot's LSE is loaded at
-once, then the slots' rows (the loop unrolled over the capacity).
+Row r (rows (batch, token, head) row-major, `heads` = h_q) belongs to sequence s = r // heads,
+cut into n(s) partials in slots 0 … n − 1.  n = 1: untouched (the kernel wrote it).  n > 1:
+SplitCombine's math (combine.py) over those slots — empty partials skipped, no key: O = 0,
+LSE = +∞, the sink once.  One warp a row, 4 rows a CTA, lane l the d/32 columns from l·d/32
+(16-byte loads and stores); every slot's LSE loaded first.  Sequences the attention kernel merged
+(`skip_two`) are left alone.  CTA (b, c) of the grid ((P − 1) · heads / 4) takes boundary b + 1
+and rows 4c … 4c + 3 of the sequence it cuts (PartGrid.cut_at; other CTAs idle).  Launched with
+programmatic dependent launch: its CTAs wait (griddepcontrol.wait) for the attention grid.
 
-A launch whose attention kernel merged its two-piece sequences itself (stages/common/
-part_merge.py; `skip_two`) leaves those alone too.  Only the cut sequences get CTAs: CTA (b, c)
-of the grid ((P − 1) · heads / 4) takes part boundary b + 1 and rows 4c … 4c + 3 of the sequence
-it cuts (PartGrid.cut_at: each cut sequence is named by one boundary; a boundary at a sequence's
-start, or a later one inside an already named sequence, leaves its CTAs idle).  It is launched
-with programmatic dependent launch: its CTAs wait (griddepcontrol.wait) for the attention grid
-to complete and its memory to be visible, so its launch overlaps the attention kernel's tail
-instead of following it.
-
-`fast` (stage E's default; docs/STAGE_E.md "The timeline at b = 2"): where parts shorter than a
-sequence cut every sequence (L < T), CTA (s, c) of a grid of S · heads / 4 takes rows 4c … 4c + 3
-of sequence s (the boundary grid launched mostly idle CTAs), and a row's slots are read in groups
-of at most GROUP (`load_groups`) whose loads are all issued before any is used — predicated off
-for an empty slot, through L2 (ld.global.cg) — 1 + len(load_groups(n)) L2 round trips a row,
-not 1 + n.
-"""
+`fast` (stage E's default): where every sequence is cut (L < T), CTA (s, c) of S · heads / 4
+takes rows 4c … 4c + 3 of sequence s, and a row's slots are read in groups of at most GROUP
+(`load_groups`), all a group's loads issued first (predicated, ld.global.cg): 1 +
+len(load_groups(n)) L2 round trips a row, not 1 + n."""
 
 from __future__ import annotations
 

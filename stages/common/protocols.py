@@ -1,33 +1,17 @@
-"""The mbarrier protocols of the sm100 kernel families, for the CPU simulator
-(stages/common/pipesim.py).
+"""The mbarrier protocols of the kernel families, for the CPU simulator (stages/common/pipesim.py).
 
-Each builder reads the plan a kernel object computes in its constructor (plain Python: ring
-slots, chunks, thread counts, bytes) and writes every role's barrier operations in the order
-the kernel's role methods issue them, for one CTA that visits `n_local` KV tiles.  The
-counts and the expect_tx byte counts must be the kernel's); the loops below must be kept in
-step with the role methods they mirror (named in each docstring).
+Each builder reads the plan a kernel computes in its constructor and writes every role's barrier
+operations in the order the kernel's role methods (named in each docstring) issue them, for one
+CTA.  pipesim.cross_check holds the init and expect_tx counts to the compiled PTX; the loops
+must be kept in step with the role methods.
 
-Families covered:
-    decode_sm100   stages/common/sm100_decode.py's DecodeSm100 (D2, D3, D4, D5): load warp
-                   (Q, the KV chunk ring), MMA warp, 128 softmax threads; pipelines q, kv, s, p, o
-    sparse_sm100   stage E on sm100 (stages/E_sparse_decode/sm100.py): the house's MMA and
-                   softmax roles, the index warp (Q, the mask ring, the raw staging ring) and
-                   4 dequantisation warps (raw ring → the chunk ring); pipelines q, kv, s, p,
-                   o, mask, raw
-    indexer_sm100  stages/common/indexer.py's Sm100 indexer (I1, I2): load warp, MMA warp,
-                   128 epilogue threads; pipelines q, k, acc
-    decode_sm90    stages/common/sm90_decode.py's DecodeSm90 (D2–D5 on Hopper): load warp, the two
-                   MMA warpgroups; pipelines q, kv (named barriers P_FULL / P_EMPTY not modelled);
-                   decode_sm90_persistent: D2's persistent CTAs, item after item (Q a item)
-    indexer_sm90_persistent   I1 and I2 on Hopper: load warp, the MMA warpgroups (I2's take
-                   alternate tiles), segment after segment (Q a segment)
-    sparse_sm90    stage E on Hopper: persistent parts (segment after segment, the ring running on),
-                   producer warps, both MMA warpgroups, Q a segment, and at h_q 128 the 2-CTA
-                   cluster pair (remote_full / remote_empty, st.async bytes into the peer)
-
-Not covered: stages A, B, C, D1 (either arch); named barriers (bar.sync) and stage E sm90's
-global-memory merge flag are not modelled anywhere.
-"""
+Families: decode_sm100 (DecodeSm100: load warp, MMA warp, 128 softmax threads; q, kv, s, p, o),
+sparse_sm100 (stage E sm100: the house's MMA and softmax roles, the index warp, 4 dequantisation
+warps; + mask, raw), indexer_sm100 (I1, I2: load, MMA, 128 epilogue threads; q, k, acc),
+decode_sm90 (DecodeSm90: load warp, two MMA warpgroups; q, kv) and decode_sm90_persistent,
+indexer_sm90_persistent (I1, I2 on Hopper), sparse_sm90 (stage E on Hopper: parts, producer
+warps, both MMA warpgroups, the 2-CTA pair's remote barriers).  Not modelled: stages A–D1, named
+barriers, stage E sm90's global-memory merge flag."""
 
 from __future__ import annotations
 

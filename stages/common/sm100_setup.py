@@ -1,32 +1,24 @@
 """Blackwell (sm_100a) set-up of the warp-specialised two-MMA attention kernels.
 
-Every sm100 rung from stage B on runs the same CTA: 192 threads in six warps,
-    warps 0-3  softmax warpgroup: thread t ↔ TMEM lane t ↔ query row t (warp w may
-               only touch lanes 32w … 32w + 31); warp 0 allocates and frees TMEM
-    warp 4     MMA issuer: S = Q·Kᵀ (SMEM × SMEM → TMEM), O += P·V (A from TMEM or SMEM)
-    warp 5     TMA producer: Q once, then per KV tile the chunks of K and the Vᵀ slab
-and the same set-up before the roles split, built here once so a rung's module reads as what
-is new in it: host side `attention_views`, `AttentionOperands`, `attention_smem_struct`,
-`launch`; device side `AttentionCta`, `TmemP`, `TmemPAttention` (base of B and C),
-`producer_warps` (warp 5 → `load_role`, warp 4 → `mma_role`), `rescale_o` (O ← α·O in TMEM).
+Every sm100 rung from stage B on runs the same CTA of 192 threads:
+    warps 0-3  softmax warpgroup: thread t ↔ TMEM lane t ↔ query row t (warp w only lanes
+               32w … 32w + 31); warp 0 allocates and frees TMEM
+    warp 4     MMA: S = Q·Kᵀ (SMEM × SMEM → TMEM), O += P·V (A from TMEM or SMEM)
+    warp 5     TMA: Q once, then per KV tile the K chunks and the Vᵀ slab
+Here once: host side `attention_views`, `AttentionOperands`, `attention_smem_struct`, `launch`;
+device side `AttentionCta`, `TmemP`, `TmemPAttention` (B and C), `producer_warps` (warp 5 →
+`load_role`, warp 4 → `mma_role`), `rescale_o`.
 Pipelines (mbarriers via cutlass.pipeline; arrive counts in threads)
     q, k, v   PipelineTmaUmma   load warp (TMA tx bytes) → MMA warp (tcgen05.commit)
     s         PipelineUmmaAsync MMA warp commit → 128 softmax threads
     p         PipelineAsyncUmma 128 softmax threads → MMA warp; its release is a
               tcgen05.commit, so "P slot free" also means "PV_j complete"
     o         PipelineUmmaAsync MMA warp commit after the last PV → 128 threads
-Named barriers (stages/common/barriers.py's NamedBarrier): TMEM_ALLOC (every thread reads the
-TMEM base address after the allocator warp published it), TMEM_FREE (the softmax
-warps are done with TMEM before warp 0 deallocates it).
+Named barriers: TMEM_ALLOC (the base address published), TMEM_FREE (before warp 0 frees TMEM).
 
-Roles are module functions taking the pipeline participants as arguments: inside a
-staged `if` or loop the tracer carries names the body assigns or calls a method on, so
-each role advances its own local participants (never attributes of a shared object),
-and no method of the (plain Python) set-up objects is called inside a role `if`.
-
-(No `from __future__ import annotations` in this module: cute.struct reads the field
-annotations of `attention_smem_struct` as objects.)
-"""
+Roles are module functions taking the pipeline participants as arguments: the tracer carries
+through a staged `if` or loop only names the body assigns or calls a method on.  (No
+`from __future__ import annotations`: cute.struct reads `attention_smem_struct`'s annotations.)"""
 
 from dataclasses import dataclass
 from typing import NamedTuple
