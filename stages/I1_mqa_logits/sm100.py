@@ -1,28 +1,15 @@
 """Stage I1 on Blackwell (sm_100a): the lightning indexer's FP8 MQA logits, flat.  Compiled and
-inspected only (no Blackwell GPU): not run.
+inspected only (no Blackwell GPU): not run.  Math: the sm90 kernel's (oracles/indexer.py).
 
-Math: as the sm90 kernel (oracles/indexer.py), logits[i, j] = k_scale[j] · Σ_h w[i, h] ·
-relu(q[i, h] · k[j]) inside [ks[i], ke[i]), −inf elsewhere.
+The MMA: tcgen05.mma kind::f8f6f4, Sᵀ = K_tile · Q_blockᵀ, M = 128 keys, N = 4 tokens × 64
+heads, K = d (k32 steps), both K-major from shared memory, fp32 accumulator in TMEM.  TMEM lane
+r holds key r, so epilogue thread r reads its whole row and the head sum is thread-local; its
+stores are coalesced; the weights are shared-memory broadcasts.  Two accumulator buffers (512
+columns, checked) overlap tile k + 1's MMA with tile k's epilogue.
 
-The MMA: tcgen05.mma kind::f8f6f4, Sᵀ = K_tile · Q_blockᵀ, M = 128 keys, N = BLOCK_Q · 64 =
-256 (4 query tokens × 64 heads), K = d = 128 (four k32 steps), both operands K-major from
-shared memory, the fp32 accumulator in tensor memory (TMEM).
-
-One thread per key: TMEM lane r holds key r of the tile, so the epilogue thread r reads its
-whole row (tcgen05.ld 32x32b, 32 columns at a time) and the head sum is thread-local — no
-shuffles (sm90 needs a quad butterfly).  Its stores are coalesced: consecutive threads write
-consecutive keys of a token's row.  The weights sit in shared memory (read as broadcasts).
-
-TMEM budget (checked at trace time): two accumulator buffers × 256 fp32 columns = 512
-columns = all of TMEM, so the MMA of tile k + 1 overlaps the epilogue of tile k.
-
-Warp roles (256 threads): stages/common/indexer.py's `Sm100LogitsCta`, `mma_key_tiles` and
-`tmem_head_sums`; new here are the flat key tiles (one TMA box of 128 keys a slot) and the
-per-token key ranges.
-
-Limits: s a multiple of BLOCK_Q, s_kv a multiple of 128; h ∈ {32, 64} (N = 4 · h), d ∈ {32, 64,
-128} (K = d: d / 32 MMAs a tile); h = 64, d = 128 by default (DSV4's); static shapes.
-"""
+Warp roles: indexer.py's `Sm100LogitsCta`, `mma_key_tiles`, `tmem_head_sums`; new here are the
+flat key tiles (one TMA box of 128 keys a slot) and the per-token key ranges.
+Limits: s a multiple of BLOCK_Q, s_kv of 128; h ∈ {32, 64}, d ∈ {32, 64, 128}; static shapes."""
 
 import cuda.bindings.driver as cuda
 

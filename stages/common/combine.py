@@ -1,32 +1,20 @@
 """Split-KV combine: merge the partial results of KV splits by their LSE.
 
-Math.  Split i attended keys K_i (the splits partition the keys) and wrote, per query row,
-its normalised partial output O_i = softmax(S_i) · V_i and its partial LSE
-lse_i = log Σ_{j ∈ K_i} exp(s_j).  With M = max_i lse_i,
+Math.  Split i wrote, per query row, its normalised O_i = softmax(S_i) · V_i and lse_i =
+log Σ_{j ∈ K_i} exp(s_j).  With M = max_i lse_i,
 
     lse = M + log Σ_i exp(lse_i − M)              = log Σ_j exp(s_j) over all keys
     O   = Σ_i exp(lse_i − lse) · O_i              = softmax(S) · V over all keys
 
-(exp(lse_i − lse) = ℓ_i / ℓ, so each partial is re-weighted by its share of the row sum).
+Empty splits (lse_i = −∞, O_i = 0) are skipped, never multiplied (a NaN in them cannot reach O);
+all empty: O = 0, lse = +∞ (DSV4's lonely row).
 
-Empty splits.  A split with no key has lse_i = log 0 = −∞ and O_i = 0; its weight
-exp(−∞ − lse) is 0, but it is IGNORED outright (skipped, never multiplied), so nothing it
-holds — not even a NaN — can reach O.  A row where every split is empty has no key at all:
-O = 0 and lse = +∞ (DSV4's lonely-row convention), never NaN.
-
-Attention sink (stage D5).  One logit sink[h] per query head with no value vector joins the
-softmax's denominator only:
+Attention sink (D5): one logit sink[h] per head, in the denominator only:
 
     O_sink = O · e^lse / (e^lse + e^sink) = O / (1 + e^(sink − lse)),    lse unchanged
 
-applied ONCE, to the merged row (never to a partial: each split would take its own share of
-the sink).  `sink_factor` is that factor with DSV4's edge cases: sink = −∞ → 1 (nothing
-changes), sink = +∞ → 0 (O = 0, lse still the keys'), lse = −∞ (a lonely row, O already 0)
-→ 0, never NaN.
-
-`combine_reference` is this math in float64 on torch tensors (the CPU tests use it);
-`SplitCombine` is the GPU kernel (one warp per row, fp32, lanes over the columns).
-"""
+applied ONCE, to the merged row.  `sink_factor`: sink = −∞ → 1, sink = +∞ → 0, lse = −∞ → 0,
+never NaN.  `combine_reference`: float64 torch; `SplitCombine`: the GPU kernel."""
 
 from __future__ import annotations
 

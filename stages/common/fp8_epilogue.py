@@ -1,23 +1,16 @@
 """Stage E's fused FP8 output epilogue (`epilogue: fp8_rope`; the contract: oracles/fp8_epilogue.py).
 
-A finished O row (its 1/ℓ and sink factor applied, fp32) leaves as
-    1. its rope lanes 448 … 511 inverse-rotated, pair i = lanes (448 + 2i, 449 + 2i), with the
-       token's row of cos_sin_cache [max_position, 64] = [cos θ_0..31, sin θ_0..31]:
-           y0 = x0·cos + x1·sin,   y1 = −x0·sin + x1·cos       (the conjugate rotation)
-       — a pair is two adjacent columns, which one thread always holds (a wgmma accumulator's
-       e = 0, 1 columns; a PartCombine lane's 16), so the rotation needs no exchange;
-    2. per 128-lane block k: amax over the block (a quad's shuffle in the accumulator's layout,
-       8 lanes' in PartCombine's), its UE8M0 exponent e = ceil(log2(max(amax, 1e-4) / 448)) read
-       off the fp32 bits of v = max(amax, 1e-4) / 448 (biased exponent field, + 1 when the mantissa
-       is not zero: v ≥ 2.2e-7 is normal), the byte e + 127;
-    3. the values x · 2^−e (2^−e built from the byte: bits (254 − byte) << 23, exact) to e4m3 by
-       cvt.rn.satfinite.e4m3x2.f32 (two at once; |x · 2^−e| ≤ 448 by the choice of e);
-    4. the bytes to O_fp8 [h_q/8, n, 8, 512] at ((h // 8 · n + r) · 8 + h % 8) · 512 + column, the
-       exponent bytes to O_scale's int32 word ((h // 8) · 8 + h % 8) · align4(n) + r, byte k.
-A row of zeros (lonely, a sink of +∞) gets e = −22 and zero values, as the oracle says.
-
-`sin_sign` multiplies every sin (1; a planted bug's −1: the forward rotation instead).
-"""
+A finished O row (1/ℓ and the sink factor applied, fp32) leaves as
+    1. rope lanes 448 … 511 inverse-rotated, pair i = (448 + 2i, 449 + 2i), with the token's
+       cos_sin_cache row: y0 = x0·cos + x1·sin, y1 = −x0·sin + x1·cos — a pair is two adjacent
+       columns one thread holds, so no exchange;
+    2. per 128-lane block k: amax (shuffles), e = ceil(log2(max(amax, 1e-4) / 448)) read off the
+       fp32 bits of v = max(amax, 1e-4) / 448 (biased exponent, + 1 when the mantissa is not
+       zero), the byte e + 127;
+    3. x · 2^−e (2^−e: bits (254 − byte) << 23) to e4m3 by cvt.rn.satfinite.e4m3x2.f32;
+    4. the bytes to O_fp8 at ((h // 8 · n + r) · 8 + h % 8) · 512 + column, the exponent bytes to
+       O_scale word ((h // 8) · 8 + h % 8) · align4(n) + r, byte k.
+A row of zeros gets e = −22 and zero values.  `sin_sign` multiplies every sin (a planted bug: −1)."""
 
 from __future__ import annotations
 

@@ -6,22 +6,16 @@ q = l % 4 its place in the row's quad) the values
     rows  16·w + l // 4  and  + 8          (h = 0, 1)
     cols  8·g + 2·q + e                     (g = 0 … N/8 − 1 the 8-column group, e = 0, 1)
 
-in register order i = e + 2·h + 4·g (`check_accumulator_layout` proves it at trace time).  As
-bf16 a thread's two columns of one row and one group are one 32-bit word, w(h, g) = word 2·g + h,
-and the four threads of a quad hold the four words — 16 contiguous bytes — of each (row, group).
-Stored as they are, one warp instruction writes 4 bytes a thread into 8 rows (64 store
-instructions a thread for a 64 × 256 half of O, which bounded stage E's epilogue).
+in register order i = e + 2·h + 4·g (`check_accumulator_layout` proves it).  As bf16 a (row,
+group)'s two columns are word w(h, g) = 2·g + h, and a quad's four threads hold its 16
+contiguous bytes: stored as they are, a warp instruction writes 4 bytes a thread.
 
-Transposed across the quad, 4 groups at a time, thread q holds all four words of group 4·b + q,
-i.e. 16 contiguous bytes, and a warp instruction writes 64 contiguous bytes into each of 8 rows:
-a quarter of the instructions. fp32 (a partial): a thread's two columns of a (row, group) are
-two words, each transposed on its own; a thread then holds 32 contiguous bytes. `quad_transpose`
-is that 4 × 4 transpose over the quad (word i of thread s ↦ word s of thread i) in two butterfly
-steps: step `bit` swaps 2 × 2 blocks — of threads s, s ⊕ bit and words i, i ⊕ bit — so that
-after it word i of thread s is word (i & ~bit) | (s & bit) of thread (s & ~bit) | (i & bit);
-after bits 1 and 2 it is word s of thread i. Each step is one shuffle (xor bit) and two selects
-per pair of words.
-"""
+Transposed across the quad, 4 groups at a time, thread q holds group 4·b + q's four words (16
+bytes): a quarter of the instructions (fp32: each of the two words transposed on its own).
+`quad_transpose` (word i of thread s ↦ word s of thread i) takes two butterfly steps: step
+`bit` swaps 2 × 2 blocks (threads s, s ⊕ bit; words i, i ⊕ bit), after which word i of thread
+s is word (i & ~bit) | (s & bit) of thread (s & ~bit) | (i & bit); a shuffle and two selects
+per pair of words."""
 
 from __future__ import annotations
 

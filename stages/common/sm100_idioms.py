@@ -1,44 +1,25 @@
 """Blackwell (sm_100a) idioms shared by the attention stages: TMEM-P.
 
 TMEM-P: P between two tcgen05 MMAs without leaving the chip
-    The first MMA leaves S = Q·Kᵀ as an fp32 accumulator in tensor memory
-    (TMEM): with M = 128 and one CTA, TMEM lane r holds row r of S and fp32
-    column c holds S[r, c].  The second MMA reads P = f(S) (bf16) as its A
-    operand straight from TMEM ("TS" MMA).  An A operand in TMEM is always
-    K-major: lane r holds row r of P, two bf16 per 32-bit column, so P[r, k]
-    sits in the low/high half of column k / 2.  P (128 × 128 bf16) needs
-    64 columns; it is written *inside* S's 128 fp32 columns, in their upper
-    half, so S, P and O need only S + O columns.
+    S = Q·Kᵀ is an fp32 accumulator in TMEM (M = 128, one CTA: lane r row r, column c S[r, c]);
+    the second MMA reads P = f(S) (bf16) as its A operand from TMEM ("TS").  A TMEM A operand
+    is K-major: lane r holds row r, two bf16 a column (P[r, k] in half of column k / 2).  P
+    (128 × 128 bf16, 64 columns) is written inside S's upper half, so S, P and O need S + O.
 
-    `TmemPlan` derives every column offset from the fragments the two tiled
-    MMAs build (`find_tmem_tensor_col_offset`), never from hand-written
-    numbers, and checks them against the shapes at trace time:
-
+    `TmemPlan` derives every column offset from the MMAs' fragments
+    (`find_tmem_tensor_col_offset`) and checks them against the shapes:
     * S: the QK accumulator, columns [0, s_cols).
-    * P: the PV MMA's A-operand fragment, built from the PV MMA's A-operand
-      layout (`make_smem_layout_a` of the PV tiler; its K mode is the PV
-      tiler's K = the KV tile), `p_cols` = K · 16 / 32 columns, placed at
-      fp32 column s_cols − p_cols.  The pointer is offset in fp32 columns and
-      only then recast to bf16, so the bf16 element offset is 2 × columns.
+    * P: the PV MMA's A-operand fragment (`make_smem_layout_a` of the PV tiler), p_cols =
+      K · 16 / 32 columns at s_cols − p_cols; offset in fp32 columns, then recast to bf16.
     * O: the PV accumulator, columns [s_cols, s_cols + o_cols).
+    `check_same_fragment_coords` proves the tcgen05.ld fragment of S and the tcgen05.st
+    fragment of P hold the same (row, column) at each register index.
 
-    `check_same_fragment_coords` proves at trace time that the tcgen05.ld fragment of S and the
-    tcgen05.st fragment of P's A-operand view hold the same (row, column) at the same register
-    index, so P = bf16(S) is an element-wise conversion (also used for the O rescale's pair).
+SMEM-P (D1, D2 at hd > 64): `check_smem_p` (its docstring).  The checks evaluate coordinates in
+plain Python (`fragment_coords`), spot-checked against CuTe's indexing.
 
-SMEM-P: P through shared memory (stages D1, D2 at hd > 64)
-    `check_smem_p` proves that (1) the (M, K) view `mk_view` of the PV
-    MMA's A-operand partition is the identity on (row, key) and (2) register
-    i of a thread's tcgen05.ld fragment of S and register i of its
-    shared-memory copy fragment hold the (row, key) that copy stores to.
-
-    The checks read identity-tensor coordinates in plain Python (`fragment_coords`,
-    sm100_coords.identity_coords), spot-checked against CuTe's indexing at a few registers.
-
-Also: the tcgen05 thread-sync fences, the cutlass.pipeline builders (arrive counts in threads,
-each call initialises its barriers and syncs the CTA), TMEM allocate / free, and stage C's
-one-thread-per-row `online_softmax_update`.  The six-warp set-up: sm100_setup.py.
-"""
+Also: the tcgen05 thread-sync fences, the cutlass.pipeline builders, TMEM allocate / free, stage
+C's `online_softmax_update`.  The six-warp set-up: sm100_setup.py."""
 
 import cutlass
 import cutlass.cute as cute
