@@ -4,27 +4,14 @@ Math
     S[i, j] = Σ_d Q[i, d] · K[j, d]        i < m = 128, j < n, d < hd
     bf16 inputs, fp32 accumulation, fp32 output, no scale.
 
-Tiling
-    A single CTA of 128 threads (4 warps) computes the whole 128 × n block of
-    S with one UMMA tile M = 128, N = n (128 or 256).  The head dimension is
-    cut into K-blocks of 64 bf16 (128 bytes, one 128-byte swizzle row):
-    hd / 64 ∈ {1, 2, 4, 8} K-blocks, each run as four tcgen05.mma of K = 16.
-
-    Warp 0 is both the TMA producer and the MMA issuer: per K-block it loads Q (128 × 64) and
-    K (n × 64), K-major, into one of `stages` slots (a full mbarrier with a transaction
-    count); tcgen05.commit after the K-block's MMAs arrives on the slot's empty barrier.
-
-    The fp32 accumulator lives in TMEM (128 lanes × n columns, warp 0 allocates and frees it);
-    a second tcgen05.commit after the last MMA arrives on the accumulator barrier
-    (PipelineUmmaAsync, 128 consumer threads).
-
-    Epilogue: warp w owns TMEM lanes 32w … 32w + 31; each thread reads its row 32 columns a
-    tcgen05.ld.32x32b.x32 and stores them to global memory.
-
-
-Ordering: tcgen05.fence::after_thread_sync after the accumulator wait, tcgen05.wait::ld before
-the stores, a before/after_thread_sync pair around the barrier before the TMEM dealloc.
-"""
+Tiling: one CTA of 128 threads, one UMMA tile M = 128, N = n; hd in K-blocks of 64 bf16 (one
+128-byte swizzle row), each four tcgen05.mma of K = 16.  Warp 0 is TMA producer and MMA issuer:
+per K-block Q and K (K-major) into one of `stages` slots (a transaction-counted full barrier),
+released by tcgen05.commit after the K-block's MMAs.  The fp32 accumulator lives in TMEM (128 ×
+n, warp 0 allocates and frees); a commit after the last MMA arrives on the accumulator barrier
+(128 consumer threads).  Epilogue: each thread reads its TMEM row 32 columns a
+tcgen05.ld.32x32b.x32 and stores it.  Ordering: fence::after_thread_sync after the accumulator
+wait, wait::ld before the stores, a before/after_thread_sync pair around the dealloc barrier."""
 
 import cuda.bindings.driver as cuda
 

@@ -1,24 +1,12 @@
 """Blackwell TMA gather4: whole cache rows chosen by index, four per instruction
-(cp.async.bulk.tensor.2d.shared::cta.global.tile::gather4; CuTeDSL's
-cpasync.CopyBulkTensor2DGather4G2SOp, sm_100a).
+(cp.async.bulk.tensor.2d.shared::cta.global.tile::gather4; CopyBulkTensor2DGather4G2SOp).
 
-One instruction copies the same `box` bytes (columns c … c + box − 1) of four rows r0 … r3 of a
-2-D tensor map into shared memory, densely: row r_i lands at i · box.  The rows are
-coordinates of the map's outer dimension, so the cache must be seen as ONE uniform array of
-rows (a row stride that is a multiple of 16 bytes; stage E never issues a row out of range:
-an invalid key's row id is a row in range whose bytes are not used).  A paged cache whose
-blocks hold `rows_per_block` rows of `row_bytes` (the block's tail never indexed) is such an
-array: token (block, offset) is row block · rows_per_block + offset.
-
-The row ids come from a shared-memory ring (`keys` Int32 a slot) the issuing warp writes first;
-copy k of a tile reads rows 4k … 4k + 3 of the slot (`ld.shared.v4` + one gather4).
-    rows_view            the (rows, cols) uint8 view of a paged cache for the tensor map
-    gather4_atom         the copy atom + its coordinate tensor: one (keys × box) tile a copy
-    gather4_partition    (smem, coordinates, row ids) partitions over a ring of slots
-    gather4_tile         the copy of one tile: box column `col_box` of the slot's keys rows
-
-A tile deposits keys · box bytes; the caller's mbarrier counts them (`arrive_and_expect_tx`).
-"""
+One instruction copies bytes c … c + box − 1 of four rows r0 … r3 of a 2-D tensor map into
+shared memory densely (row r_i at i · box).  The cache must be ONE uniform row array (row stride
+a multiple of 16; an invalid key's row id is an in-range row never used): a paged cache of
+`rows_per_block` rows of `row_bytes` a block is one, token (block, offset) being row block ·
+rows_per_block + offset.  The row ids come from a shared-memory ring (`keys` Int32 a slot); copy
+k of a tile reads rows 4k … 4k + 3.  A tile deposits keys · box bytes on the caller's mbarrier."""
 
 import cutlass
 import cutlass.cute as cute

@@ -1,12 +1,8 @@
 """Online softmax when one thread owns a whole query row (Blackwell: TMEM lane t = row t).
 
-The math is stages/common/softmax.py's (base 2, raw-score units, c = scale · log2 e), with its
-LONELY-ROW RULE; only the reductions differ.  On sm_100a a tcgen05 accumulator with M = 128 and
-cta_group::1 puts row r of S in TMEM lane r, and a 32x32b tcgen05.ld gives thread r every
-column of that row: the row max and the row sum are thread-local (no quad shuffles), and the
-state is two Float32 scalars per thread carried through the KV loop.
-
-Per KV tile (s = the row's raw scores, masked keys already −∞):
+softmax.py's math (base 2, raw-score units, c = scale · log2 e) and LONELY-ROW RULE; the row max
+and sum are thread-local (a 32x32b tcgen05.ld gives thread r all of row r), the state two
+Float32 scalars.  Per KV tile (masked keys already −∞):
 
     m_new  = max(m, max_k s_k)
     m_safe = m_new, or 0 when m_new = −∞          (a row that has seen no valid key yet)
@@ -19,11 +15,7 @@ At the end (`row_inv_sum`, `row_lse`):
     ℓ > 0:  1/ℓ,  LSE = (m·c + log2 ℓ) · ln 2
     ℓ = 0:  1/ℓ := 0 (O = 0 · 0 = 0, never 0 · ∞),  LSE = −∞   (a partial: the combine skips it)
 
-and `final_row_lse` (softmax.py's final_lse, as a staged if) turns a final row's −∞ into
-DSV4's +∞.
-
-The sink (stage D5) is stages/common/combine.py's `sink_factor`, applied once to a final row.
-"""
+`final_row_lse` turns a final row's −∞ into DSV4's +∞.  The sink: combine.py's `sink_factor`."""
 
 from __future__ import annotations
 
