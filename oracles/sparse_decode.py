@@ -10,9 +10,8 @@ Tensors (in the kernel's argument order):
     idx_extra    [b, s_q, extra_topk]      int32
     extra_length [b]                       int32
     sink         [h_q]                     fp32   attention sink logit per head
-    softmax_scale [1]                      fp32   the scale on Q·Kᵀ (FlashMLA's `softmax_scale`, a
-                                                  runtime value: one compiled kernel serves any);
-                                                  DEFAULT_SCALE = 1/sqrt(512) except in `softmax_scale`
+    softmax_scale [1]                      fp32   the scale on Q·Kᵀ, a runtime value (DEFAULT_SCALE
+                                                  = 1/sqrt(512) but in scenario softmax_scale)
     cos_sin_cache [max_position, 64]       fp32   epilogue fp8_rope: [cos θ_0..31, sin θ_0..31] a
                                                   position (oracles/fp8_epilogue.py); bf16: [1, 64]
     positions    [b · s_q]                 int32  the position of token (i, t) at i · s_q + t
@@ -25,14 +24,12 @@ Tensors (in the kernel's argument order):
     O_part       [cap, b, s_q, h_q, 512]   fp32   (scratch) split-KV partials
     LSE_part     [cap, b, s_q, h_q]        fp32   (scratch)
 
-Semantics (DSV4.md, issue 13's D5): one softmax over the valid keys of BOTH branches
-(scores Q·Kᵀ · softmax_scale); a key is valid iff its list position is < the branch's length and its
-index is not −1; a key indexed twice (or in both branches) counts twice; the output is scaled by
-1 / (1 + exp(sink[h] − lse)); a row with no valid key has O = 0 and LSE = +inf.  Optional pieces
-of the production API are always-present tensors here: "no topk_length" is topk_length = topk,
-"no sink" is sink = −inf everywhere (which changes nothing), "no extra branch" (a config word
-without `_x…`) is a 1-block extra cache, idx_extra [b, s_q, 1] = −1 and extra_length = 0 — the
-kernel ignores them, a peer is called without them.
+Semantics (DSV4.md): one softmax over the valid keys of BOTH branches (scores Q·Kᵀ ·
+softmax_scale); a key is valid iff its list position is < the branch's length and its index is
+not −1; a key indexed twice counts twice; O is scaled by 1 / (1 + exp(sink[h] − lse)); a row
+with no valid key: O = 0, LSE = +inf.  The API's optional pieces are always-present tensors:
+no topk_length = topk, no sink = −inf, no extra branch (a config without `_x…`) = a 1-block
+extra cache, idx_extra [b, s_q, 1] = −1, extra_length 0 (a peer is called without them).
 
 Matrix axes
     b          batch size (an int, so `bench` may sweep it)
@@ -56,22 +53,17 @@ Matrix axes
                  dup        duplicated indices within each branch (a key counted twice)
                  softmax_scale  sink's inputs with softmax_scale = ALT_SCALE = 512^−0.55 (FlashMLA's
                             tests' d^−0.55) instead of 1/sqrt(512): O and LSE both move (issue 35)
-    epilogue   bf16 (O as bf16; the default when a case has no such axis) | fp8_rope (the fused
-               FP8 output epilogue, oracles/fp8_epilogue.py: O's rope lanes inverse-rotated, e4m3
-               with a UE8M0 exponent a 128 values; `decode` turns the words into what is compared:
-               O dequantised [b, s_q, h_q, 512] and O_scale the exponents [b, s_q, h_q, 4])
-    splits     1 | auto | an int: the sm90 kernel's persistent parts (stages/common/
-               part_scheduler.py: 1 a whole sequence a segment, n about n parts a sequence,
-               auto its chooser); sm100's split-KV (stages/common/scheduler.py's rule)
+    epilogue   bf16 (the default) | fp8_rope (oracles/fp8_epilogue.py; `decode` turns its words
+               into what is compared)
+    splits     1 | auto | an int: sm90's persistent parts (part_scheduler.py), sm100's split-KV
 
 The scratch capacity `cap`: the larger of the two kernels' needs — sm100: 1 for splits = 1, for
 auto 1 when the row blocks fill the GPU, else one split per 64-key tile up to AUTO_SPLITS (32;
 docs/STAGE_E.md), an int k: k; sm90: the most partials its parts cut a sequence into
 (PartGrid.capacity).
 
-The reference is float64 dequantise-and-attend (`reference`): each branch's indexed tokens are
-read from the cache bytes by oracles/kvcache.read_tokens (float64), invalid keys masked, one
-logsumexp over the concatenation; it shares no code with any kernel.
+The reference (`reference`): float64 dequantise-and-attend — each branch's indexed tokens read
+from the cache bytes (kvcache.read_tokens), invalid keys masked, one logsumexp over both.
 """
 
 from __future__ import annotations
