@@ -15,14 +15,10 @@ through shared memory (sm90_smem_p.SmemP, unaligned_barriers); setmaxnreg plans
 barriers.NamedBarrier.  docs/STAGE_E.md: formats, ablations, timelines, what was tried.
 
 New in this rung
-    Persistent parts (part_scheduler.py).  A CTA (a cluster pair at h_q 128) owns L consecutive
-        tiles of the flattened (sequence, tile) work and runs them segment after segment (a
-        segment: one sequence's tiles in the part); the KV ring goes on, warpgroup 0 loads the
-        next segment's Q during the last tile's P·V.  A whole sequence writes O and LSE.  A
-        sequence cut in two by a part boundary is merged here (part_merge.py): piece 1 (the
-        next part's first segment) leaves a partial and raises a flag; piece 0 (its part's last
-        segment) stages that partial in the idle KV slots and writes the merged O and LSE.
-        Sequences of more pieces go to part_combine.py.  L fills the SMs in one wave.
+    Persistent parts (part_scheduler.py).  A CTA (a cluster pair at h_q 128) runs its part's
+        segments without ending (the KV ring goes on; warpgroup 0 loads the next segment's Q
+        during the last tile's P·V).  A whole sequence writes O and LSE; one cut in two is merged
+        here (part_merge.py), one of more pieces by part_combine.py.
     The key list.  A CTA walks 64-key tiles of ONE list: the main list padded to whole tiles,
         then the extra list (`tile < main_tiles` picks the branch).  Key k of a tile is list
         position p = 64 · tile' + k; valid iff p < topk, p < length[b] and idx[b, t, p] ≠ −1.
@@ -47,11 +43,9 @@ New in this rung
         warpgroups to S's column and P's (after ℓ has summed P); nvfp4 — dequant_nvfp4.  The
         writes are fenced (fence.proxy.async) before the slot's PipelineAsync arrive (every
         producer thread arrives, one lane of each MMA warp releases).
-    Two CTAs share every tile (h_q a multiple of 128): the two head blocks of one token run as
-        a (2, 1, 1) cluster; each dequantises half of every tile and st.asyncs each piece into
-        the peer's slot too (cluster_pair.py: the peer's bytes complete a transaction count on
-        the slot's remote_full barrier; a slot is refilled once both CTAs released it).  Each
-        CTA writes the mask entries of both halves.
+    Two CTAs share every tile (h_q a multiple of 128): a (2, 1, 1) cluster of the token's two
+        head blocks, each dequantising half of every tile into both CTAs' slots
+        (cluster_pair.py) and writing both halves' mask entries.
     Sink.  A whole sequence: folded into the epilogue's 1/ℓ; a cut one: applied once by the
         merge (piece 0 or PartCombine).
 
@@ -72,8 +66,8 @@ Warp roles (384 threads; the WarpPlan's registers, checked by `register_plan`)
 Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of
 oracles/kvcache.py; topk and extra_topk ≤ 32768 each (MAX_TOPK: 8 KiB of idx entries in shared
 memory at most); the in-kernel merge assumes the grid is resident at once when it has at most
-`sm_count` CTAs (device.py; one CTA an SM); a larger grid is merged by PartCombine.  What bounds
-it and the small-batch options of __init__ (off by default): docs/STAGE_E.md."""
+`sm_count` CTAs (device.py); a larger grid is merged by PartCombine.  What bounds it and the
+small-batch options of __init__: docs/STAGE_E.md."""
 
 from dataclasses import dataclass
 from typing import NamedTuple
