@@ -44,22 +44,11 @@ head-dim chunks, O split over CTAs, chunked O passes.  The set-up, load and MMA 
 O rescale are stages/common/sm100_setup.py's (shared with B and C); this module keeps its
 plans, the softmax warps and the epilogue.
 
-Warp roles (192 threads, as stage C)
-    warp 5      TMA: Q once; per KV tile the K chunks (K ring) and this CTA's Vᵀ slab (V ring).
-    warp 4      MMA: S = Q·K_jᵀ chunk by chunk; once P_j is ready (and O rescaled) O += P_j·V_j
-                (A from TMEM at hd = 64, SMEM above), hd_per_cta / pv_n PV tiles a K step.
-    warps 0-3   softmax, thread t ↔ TMEM lane t ↔ row t: S row → max, exp2, sum → bf16 P; wait
-                for PV_{j-1}; store P; if the warp's max moved, rescale O 32 columns at a time;
-                tcgen05.wait::st; signal.  End: O / l → bf16 → global, LSE (CTA 0).
-
-Synchronisation (mbarriers via cutlass.pipeline; arrive counts in THREADS)
-    q, k, v   PipelineTmaUmma   load warp (TMA tx bytes) → MMA warp (tcgen05.commit)
-    s         PipelineUmmaAsync MMA warp commit → 128 softmax threads
-    p         PipelineAsyncUmma 128 softmax threads → MMA warp; its release is a
-              tcgen05.commit, so "P slot free" also means "PV_j complete"
-    o         PipelineUmmaAsync MMA warp commit after the last PV → 128 threads
-    TMEM-P: P_j lives in S's columns, so S is handed back only after PV_j.  SMEM-P: S is handed
-    back once loaded (tcgen05.wait::ld); P_j's buffer is rewritten after PV_{j-1}'s commit.
+Warp roles and pipelines: stage C's (sm100_setup.py) — warp 5 TMA (Q; per tile the K chunks and
+this CTA's Vᵀ slab), warp 4 MMA (S chunk by chunk; O += P_j·V_j as hd_per_cta / pv_n PV tiles a
+K step), warps 0-3 softmax and the epilogue (O / l, LSE by CTA 0).  TMEM-P: P_j lives in S's
+columns, so S is handed back only after PV_j.  SMEM-P: S is handed back once loaded
+(tcgen05.wait::ld); P_j's buffer is rewritten after PV_{j-1}'s commit.
 
 DSV4.md's lessons ("What the first attempt taught"), as handled here
     1  Values used by several roles are built before the role `if`s; each role its own
