@@ -38,8 +38,8 @@ class Interrupted(KeyboardInterrupt):
 
 
 def first_signal() -> int | None:
-    """The first stop signal raised as `Interrupted` in this process (None: none yet). The
-    command line's entry point reads it: typer turns a KeyboardInterrupt into a bare 130."""
+    """The first stop signal raised as `Interrupted` here (None: none yet); the entry point reads it
+        (typer turns a KeyboardInterrupt into a bare 130)."""
     return _FIRED[0] if _FIRED else None
 
 
@@ -76,8 +76,8 @@ def catch(handler: Callable[[int, Any], Any]) -> dict[int, Any]:
 
 
 def restore(previous: dict[int, Any], ignore: bool = False) -> None:
-    """Put the replaced handlers back; with `ignore` (the process is on its way out after an
-    interruption), ignore further stop signals instead so nothing cuts its exit short."""
+    """Put the replaced handlers back; `ignore` (on the way out after an interruption): ignore further
+        stop signals so nothing cuts the exit short."""
     if threading.current_thread() is not threading.main_thread():
         return
     for sig, handler in previous.items():
@@ -109,8 +109,8 @@ def raise_on_stop_signals() -> None:
 
 
 def exit_on_stop_signals(prog: str = "dsv4-lab") -> None:
-    """While the command line is still loading (before its entry point can catch anything), a
-    stop signal ends the process at once with one line: nothing has been written yet."""
+    """While the command line loads, a stop signal ends the process at once with one line (nothing
+        has been written yet)."""
 
     def handler(signum: int, frame: Any) -> None:
         os.write(2, f"{prog}: interrupted\n".encode())
@@ -152,8 +152,8 @@ class StopGuard:
 
 @contextmanager
 def block_hangup_while() -> Iterator[None]:
-    """SIGHUP blocked in this thread while the body runs (a process started meanwhile inherits
-    the block; a SIGHUP that arrives is delivered here when the body ends, never lost)."""
+    """SIGHUP blocked in this thread while the body runs (a process started meanwhile inherits the
+        block; a SIGHUP that arrives is delivered when the body ends)."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
@@ -165,8 +165,8 @@ def block_hangup_while() -> Iterator[None]:
 
 
 def start_resource_tracker() -> None:
-    """Start multiprocessing's resource tracker (if it is not running yet) deaf to SIGHUP: it
-    then outlives a hang-up of the process group long enough for the lab to stop its pools."""
+    """Start multiprocessing's resource tracker deaf to SIGHUP, so it outlives a process-group hang-up
+        long enough for the lab to stop its pools."""
     from multiprocessing import resource_tracker
 
     with block_hangup_while():

@@ -22,9 +22,8 @@ def _reject_constant(name: str) -> Any:
 
 
 def read_bytes(path: Path, warn: list[str] | None) -> bytes | None:
-    """A file's bytes; None (and one warning when it exists) when it cannot be read — or is no
-    regular file: a symbolic link, a FIFO or a device is never followed or waited on
-    (harness/core/safeio.py)."""
+    """A file's bytes; None (one warning when it exists) when it cannot be read or is no regular file
+        (never followed or waited on: core/safeio.py)."""
     try:
         return read_regular(path)
     except FileNotFoundError:

@@ -34,9 +34,8 @@ def lock_path(results: Path) -> Path:
 
 
 def open_lock(path: Path) -> int:
-    """A descriptor of lock file `path` (created, with its folder); LockError (one line) when
-    it cannot be: a folder or something else in its place, a file where its folder should be,
-    no permission."""
+    """A descriptor of lock file `path` (created with its folder); LockError (one line) when it cannot
+        be."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)

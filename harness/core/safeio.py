@@ -154,8 +154,8 @@ XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
 def xz_decompress(data: bytes, cap: int | None = None) -> bytes:
-    """Every xz stream of `data` decoded, at most `cap` bytes in all (max_xz_bytes() when None);
-    ValueError (one phrase) when a stream is corrupt, cut off, or the whole would pass the cap."""
+    """Every xz stream of `data` decoded, at most `cap` bytes in all; ValueError (one phrase) for a
+        corrupt or cut-off stream or a whole past the cap."""
     parts: list[bytes] = []
     for offset, text, why in xz_streams(data, cap):
         if text is None:

@@ -55,9 +55,8 @@ def _frames(tb: TracebackType | None) -> list[tuple[str, int, str]]:
 
 
 def user_frame(exc: BaseException, root: Path) -> Frame | None:
-    """The innermost frame of the user's code in `exc`'s traceback (following the
-    exceptions it was raised from, innermost first), or the location of a SyntaxError
-    in a user's file."""
+    """The innermost frame of the user's code in `exc`'s traceback (following the chain, innermost
+        first), or a SyntaxError's location in a user's file."""
     seen: set[int] = set()
     chain: list[BaseException] = []
     cur: BaseException | None = exc

@@ -159,8 +159,8 @@ def _loader(text: str, max_nodes: int, pure: bool = False) -> tuple[_BoundedComp
 
 
 def read_file(path: Path, ctx: NodeContext, max_bytes: int = MAX_BYTES, max_nodes: int = MAX_NODES) -> Node | None:
-    """The node tree of a YAML file (None when it holds no document). The caller decides what a
-    missing file means; anything else that is not a readable regular file is one line."""
+    """The node tree of a YAML file (None: no document); the caller decides what a missing file means,
+        any other unreadable or irregular file is one line."""
     try:
         if not path.is_file():
             what = "a folder" if path.is_dir() else "not a regular file"
@@ -358,8 +358,8 @@ def fast_loader() -> type:
 
 
 def anchor_line(text: str) -> int | None:
-    """The line of the first YAML anchor or alias in `text`, or None (a file the lab writes never
-    holds one; refusing them outright rules out amplification bombs)."""
+    """The line of the first YAML anchor or alias in `text`, or None (refusing them rules out
+        amplification bombs)."""
     if "&" not in text and "*" not in text:
         return None
     try:

@@ -57,8 +57,8 @@ def take_tree(root: Path, rev: str, sha: str, dest: Path) -> Path:
 
 def compare_block(rev: str, sha: str, c: abtest.Comparison, rounds: dict[str, list[float]] | None = None
                   ) -> dict[str, Any]:
-    """A bench record's `compare` block (A: REV, B: the tree); with `rounds`, the per-round
-    medians too (`a_rounds`, `b_rounds`, µs, paired by index): the verdict can be re-derived."""
+    """A bench record's `compare` block (A: REV, B: the tree); with `rounds`, the paired per-round
+        medians too (`a_rounds`, `b_rounds`, µs), so the verdict can be re-derived."""
     block = {"rev": rev, "commit": sha[:12], **{k: (round(v, 5) if isinstance(v, float) else v)
                                                 for k, v in c.to_dict().items()}}
     for side, key in (("A", "a_rounds"), ("B", "b_rounds")):

@@ -93,8 +93,8 @@ def compare(a: Sequence[float], b: Sequence[float], threshold: float = DEFAULT_T
 
 
 def interleave(n_rounds: int, kernels: Sequence[str] = ("A", "B")) -> list[str]:
-    """The order the kernels are timed in: ABAB… for `n_rounds` rounds, the first of each pair
-    alternating every round (AB BA AB …) so neither always runs on the warmer GPU."""
+    """The timing order: AB BA AB … for `n_rounds` rounds, so neither kernel always runs on the warmer
+        GPU."""
     order: list[str] = []
     for i in range(n_rounds):
         order += list(kernels) if i % 2 == 0 else list(reversed(kernels))

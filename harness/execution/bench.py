@@ -107,8 +107,8 @@ def check_and_time(job: BenchJob, root: Path) -> dict:
 
 
 def run_job(root: Path, job: BenchJob, timeout_s: float, gpu: int | None = None) -> dict:
-    """The job's answer from a fresh worker process (a kernel that faults takes down that shape
-    only), with the GPU's environment under "env"; or {"status": "crash"|"timeout", "error": ...}."""
+    """The job's answer from a fresh worker (a faulting kernel takes down that shape only), the GPU's
+        environment under "env"; or {"status": "crash"|"timeout", "error": ...}."""
     handle = WorkerHandle(root, gpu, "bench process")
     try:
         out = handle.run(job, timeout_s)
@@ -146,8 +146,8 @@ def _fmt_us(x: Any) -> str:
 
 def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], peers: bool | tuple[str, ...] = False, reps: int = 30,
          timeout_s: float = DEFAULT_TIMEOUT_S, seed: int = 0, gpu: int = 0, argv: list[str] | None = None) -> int:
-    """Plan, compile, check, time and record. 0 only when every shape passed and was timed;
-    1 when something failed or nothing could be timed (no GPU here); 2 for bad input (raised)."""
+    """Plan, compile, check, time and record: 0 only when every shape passed and was timed; 1 when
+        something failed or nothing was timed; 2 for bad input (raised)."""
     from rich.console import Console
 
     from harness.core.environment import gpu_capabilities

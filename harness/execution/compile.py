@@ -164,8 +164,8 @@ def ptxas_resources(ptx_path: Path, arch: str) -> dict[str, Any]:
 
 
 def dynamic_smem_bytes(kernel) -> int | None:
-    """The dynamic shared memory a kernel launches with, as it declares it: an int
-    `smem_bytes`, or the `smem_struct` it allocates (a cute.struct), set while tracing."""
+    """A kernel's dynamic shared memory as it declares it: an int `smem_bytes`, or its `smem_struct`,
+        set while tracing."""
     smem = getattr(kernel, "smem_bytes", None)
     if isinstance(smem, int):
         return smem
@@ -309,8 +309,8 @@ _WORKER_STATE: dict[str, Any] = {}
 
 
 def _init_worker(root: str, arch: str, scratch: str) -> None:
-    """Set up a compile worker for `arch`; CuTeDSL dumps its files into a folder of the worker's
-    own inside `scratch`, the pool owner's temp folder (removed with it: `Compiler.close`)."""
+    """Set up a compile worker for `arch`; CuTeDSL dumps into the worker's own folder inside
+        `scratch` (removed by `Compiler.close`)."""
     # Its own process group: a signal to the terminal's group (Ctrl-C, a hang-up) is the parent's
     # to handle, and the parent's stop kills the group, so a tool the compile started goes too.
     os.setpgrp()

@@ -60,8 +60,8 @@ class BenchJob(KernelJob):
 
 def job_for(stage: "Stage", arch: str, case: dict[str, Any], base_seed: int, cls: type = Job,
             **extra: Any) -> Any:
-    """The job (`cls`: Job or BenchJob) that runs `case` of `stage` on `arch`: the one mapping from
-    a stage's spec to what a worker needs. `extra`: the fields of `cls` beyond the kernel's."""
+    """The job (`cls`: Job or BenchJob) that runs `case` of `stage` on `arch`: the one mapping from a
+        stage's spec to a worker's job.  `extra`: `cls`'s fields beyond the kernel's."""
     from oracles.common import case_seed
 
     k = stage.kernels[arch]
@@ -342,8 +342,8 @@ class CaseExecutor:
     # -- `bench` ---------------------------------------------------------------------------
 
     def check_and_time(self, job: BenchJob) -> dict:
-        """A bench shape: checked on sampled rows and judged; when it passes and a GPU is here,
-        timed with its peers. {"status", "metrics", "checked", "error"?, "timing"?}."""
+        """A bench shape checked on sampled rows and judged, and when it passes on a GPU, timed with its
+                peers.  {"status", "metrics", "checked", "error"?, "timing"?}."""
         from harness.execution.metrics import judge, unwritten_mask
         from harness.execution.pristine import describe
 
@@ -488,9 +488,8 @@ def _rounded(t: dict) -> dict:
 
 
 def launch_watching_hangs(launch: Callable[[], None], torch: Any) -> None:
-    """Launch and synchronize with the process's stdout captured: a bounded wait that expired
-    printed its hang line there before it trapped (harness/execution/hangs.py); that line makes the
-    CUDA error a KernelHang."""
+    """Launch and synchronize with stdout captured: an expired bounded wait printed its hang line
+        there before trapping (hangs.py), which makes the CUDA error a KernelHang."""
     from harness.execution.hangs import DeviceOutput, KernelHang, describe, hang_lines
 
     failure: BaseException | None = None

@@ -46,8 +46,8 @@ def _flush_c_stdio() -> None:
 
 
 class DeviceOutput:
-    """`with DeviceOutput() as out: …` — file descriptor 1 goes to a temporary file meanwhile;
-    afterwards `out.text` holds what was written, and that text is passed on to the real stdout."""
+    """`with DeviceOutput() as out: …` — fd 1 goes to a temporary file meanwhile; afterwards
+        `out.text` holds it, and it is passed on to the real stdout."""
 
     def __init__(self) -> None:
         self.text = ""

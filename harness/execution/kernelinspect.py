@@ -116,9 +116,8 @@ def decode_tmem_address(addr: int) -> tuple[int, int, bool]:
 
 
 def _coords(t) -> list[tuple]:
-    """The coordinates an identity-tensor partition holds, in index order, evaluated in Python
-    (stages/common/sm100_coords.py: no traced op per element; the kernels' own trace-time
-    checks use the same evaluation)."""
+    """The coordinates of an identity-tensor partition in index order, evaluated in Python
+        (stages/common/sm100_coords.py, as the kernels' own checks)."""
     from stages.common.sm100_coords import identity_coords
 
     return identity_coords(t)

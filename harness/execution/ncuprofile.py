@@ -166,8 +166,8 @@ def side_by_side(a: dict[str, Any], b: dict[str, Any], rev: str) -> list[str]:
 
 
 def _run_ncu(root: Path, job: Any, ncu: str, gpu: int, timeout_s: float) -> dict[str, Any]:
-    """One ncu run of `job`'s checked launch: {"status", "metrics"?, "error"?, "profile"?}; raises
-    ProfileError when ncu gave no usable profile of a passing kernel (permission, no kernel)."""
+    """One ncu run of `job`'s checked launch: {"status", "metrics"?, "error"?, "profile"?};
+        ProfileError when ncu gave no usable profile of a passing kernel."""
     import os
 
     with tempfile.TemporaryDirectory(prefix="dsv4-profile-") as tmp:

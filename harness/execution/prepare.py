@@ -205,8 +205,8 @@ def load_shim(path: str | None = None) -> ctypes.CDLL | None:
 
 
 def point_at_runtime(shim: ctypes.CDLL, runtime: str | None = None) -> None:
-    """Give the interposer the runtime library to forward to: CuTeDSL's real
-    libcute_dsl_runtime.so, or `runtime` (the CPU tests' stand-in for a driver); idempotent."""
+    """Give the interposer the runtime to forward to: CuTeDSL's libcute_dsl_runtime.so, or `runtime`
+        (the CPU tests' stand-in); idempotent."""
     if runtime is None:
         from cutlass.runtime import find_runtime_libraries
 
@@ -238,9 +238,8 @@ def run_host_path(launch, mode: str = "prepare", runtime: str | None = None) -> 
 
 
 def check_launch(got: dict[str, Any], limits: dict[str, int]) -> list[str]:
-    """Why the recorded launch would not start on a device with `limits` (max_threads,
-    max_grid_y, max_grid_z, smem_optin); empty when it would.  No launch recorded is a problem
-    too: the host path never got there."""
+    """Why the recorded launch would not start on a device with `limits` (max_threads, max_grid_y,
+        max_grid_z, smem_optin); empty when it would.  No launch recorded is a problem too."""
     why = []
     if got["launches"] < 1:
         why.append("the host path made no launch")
@@ -274,8 +273,8 @@ _CALLS = ((1, "cubin loaded as a library"), (2, "kernel found by name"), (4, "ke
 
 
 def describe(got: dict[str, Any], device: str, arch: str) -> str:
-    """The note of a `prepared` record: what the driver did, what it refused (for want of an
-    image of the kernel's arch for this device) and the launch that was reached, not made."""
+    """The note of a `prepared` record: what the driver did, what it refused (no image for this
+        device) and the launch reached, not made."""
     g, b = tuple(got["grid"]), got["block"][0]
     bits = got.get("refused_calls", 0)
     done = [what for bit, what in _CALLS if not bits & bit]

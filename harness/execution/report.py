@@ -89,9 +89,8 @@ def run_local_and_report(spec: Spec, stages: list[Stage], archs: list[str] | Non
                          *, bench: bool, gpus: list[int] | None, workers_per_gpu: int, timeout: float | None,
                          seed: int, argv: list[str], shard: tuple[int, int] | None = None, record: bool = False,
                          debug_hangs: bool = False, prepare: bool = False) -> int:
-    """`dsv4-lab run` here: progress, a line per case, the table and the summary. A case this machine
-    cannot run whose compile says what its newest fresh record says is not recorded again, unless
-    `record` (`--record`)."""
+    """`dsv4-lab run` here: progress, a line per case, the table and the summary.  A case this machine
+        cannot run is not recorded again when it repeats its newest fresh record, unless `record`."""
     from harness.execution.runner import RunOptions, Runner, tasks_for
 
     tasks = tasks_for(stages, archs, lambda st: cases[st.id])
@@ -155,8 +154,8 @@ def _display_path(path: Path, root: Path) -> str:
 
 
 def compile_line(done) -> str:
-    """One finished compile (a `harness.execution.compilerun.Compiled`) as rich markup: status, arch, the
-    whole case label, time, resources, and whether a record was written."""
+    """One finished compile as rich markup: status, arch, the whole case label, time, resources,
+        whether a record was written."""
     from harness.core.console import printable
     from harness.notebook.inventory import mma_counts
 
@@ -180,8 +179,8 @@ def compile_line(done) -> str:
 
 
 def compile_table(title: str, rows: list[tuple[str, ...]]) -> Table:
-    """The compile summary table. A case label is never cut (two cases never read alike): printed
-    whole (`print_whole`), or folded onto a second line on a narrow terminal; the inventory wraps."""
+    """The compile summary table; a case label is never cut (printed whole, or folded on a narrow
+        terminal); the inventory wraps."""
     table = Table(title=title)
     for col in ("arch", "case", "status", "s", "regs", "spill", "smem", "bar", "MMA", "inventory"):
         table.add_column(col, no_wrap=col not in ("case", "inventory"),

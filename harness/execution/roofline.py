@@ -82,8 +82,8 @@ def _positive(x: Any) -> bool:
 
 
 def read_peaks(root: Path, gpu: str, warn: list[str] | None = None) -> Peaks | None:
-    """The newest calibration of a GPU named `gpu` (None when it was never calibrated). A line
-    that is not a usable calibration is skipped (with a warning in `warn`)."""
+    """The newest calibration of GPU `gpu` (None: never calibrated); an unusable line is skipped with a
+        warning in `warn`."""
     from harness.core.jsonl import read_bytes  # a regular file only (harness/core/safeio.py)
 
     path = calibration_file(root)

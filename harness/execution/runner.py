@@ -116,8 +116,8 @@ class Runner:
 
     def __init__(self, spec: Spec, opts: RunOptions, on_record: Callable[[Record], None] | None = None,
                  emit: Callable[[str], None] | None = None, results_root: Path | None = None):
-        """`emit`: send each record's JSON line there instead of writing it (remote mode).
-        `results_root`: the lab whose results/ receives records (default: the spec's)."""
+        """`emit`: send each record's JSON line there instead of writing it (remote mode);
+                `results_root`: the lab whose results/ receives records."""
         if opts.workers_per_gpu < 1:
             raise RunSetupError(f"--workers-per-gpu {opts.workers_per_gpu}: must be at least 1")
         if opts.timeout_s is not None and not (math.isfinite(opts.timeout_s) and opts.timeout_s > 0):
@@ -184,8 +184,8 @@ class Runner:
     # -- the run ---------------------------------------------------------------------------
 
     def _check_writable(self) -> None:
-        """Fail before compiling anything when the records cannot be written. A run whose start
-        event waits for its first record (`_lazy_start`) checks without writing anything."""
+        """Fail before compiling when the records cannot be written (a lazily started run checks
+                without writing)."""
         if self.emit is not None:
             return
         self.log.plan(target=self.opts.target, argv=self.opts.argv, cases=len(self.opts.tasks), bench=self.opts.bench,

@@ -27,8 +27,8 @@ def l2_bytes() -> int:
 
 
 def passes(n_sets: int, min_launches: int) -> int:
-    """How many passes over `n_sets` rotated sets one timed repetition makes so that it holds at
-    least `min_launches` launches (many launches per graph: launch gaps and event overhead shrink)."""
+    """Passes over `n_sets` rotated sets a timed repetition makes to hold at least `min_launches`
+        launches (fewer gaps and less event overhead per launch)."""
     return max(1, math.ceil(max(1, min_launches) / max(1, n_sets)))
 
 

@@ -62,8 +62,8 @@ def _die_with_parent(parent_pid: int | None) -> None:
 
 
 def error_reply(exc: BaseException, root: Path, seconds: float) -> dict:
-    """The one-line error (the user's file:line), the full trace, and the status: "crash" for a
-    CUDA error (the worker must exit), "error" for anything else (the records say crash for both)."""
+    """The one-line error (the user's file:line), the full trace, and the status: "crash" for a CUDA
+        error (the worker must exit), else "error" (both recorded as crash)."""
     from harness.spec.check import ContractError
     from harness.execution.hangs import KernelHang
     from harness.core.userfault import describe, full_trace, strip_ansi

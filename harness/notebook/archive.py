@@ -86,9 +86,8 @@ def _write_archive(archive: Path, lines: list[bytes]) -> None:
 
 
 def inline_archive(root: Path, stage_id: str) -> int:
-    """Rewrite one stage's archive with the ids its lines name replaced by the stores' values
-    (nothing else changes; no rewrite when no line names an id a store holds).
-    Returns the number of lines inlined."""
+    """Rewrite a stage's archive with the ids its lines name replaced by the stores' values (no
+        rewrite when none is named).  Returns the lines inlined."""
     archive = archive_file(stage_file(root, stage_id))
     if not archive.exists():
         return 0
@@ -170,8 +169,7 @@ def archive_stale(root: Path, stage_id: str, current_src: dict[str, str]) -> tup
 
 
 def _first_problem(source: Path, text: bytes, store: Stores) -> str | None:
-    """`file:line: why` of the first line of `text` (the text of `source`) that readers skip
-    (harness/notebook/records.py: it does not parse, or is no record); None when every line reads."""
+    """`file:line: why` of the first line of `text` readers skip; None when every line reads."""
     warn: list[str] = []
     for lineno, obj in iter_jsonl(source, warn, data=text):
         if warn:

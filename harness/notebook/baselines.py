@@ -310,9 +310,8 @@ def _results_folder(root: Path) -> None:
 
 
 def _run_path(root: Path) -> Path:
-    """The run-baselines file to read: results/baselines.yaml.xz, or an older clone's plain
-    results/baselines.yaml where only that one is there. Both at once: BaselineError, one line
-    naming both and the fix."""
+    """The run-baselines file to read: results/baselines.yaml.xz, or an older clone's plain one where
+        only it exists; both: BaselineError naming both."""
     return newer_or_older(root, baselines_file(root), old_baselines_file(root),
                           lambda path: _read_file(root, path, xz=path.name.endswith(".xz")) or [],
                           "run baselines", "dsv4-lab baseline accept", "baselines")
@@ -372,8 +371,8 @@ def load(root: Path, must_exist: bool = False) -> list[Baseline]:
 
 
 def _read_file(root: Path, path: Path, xz: bool) -> list[Baseline] | None:
-    """The baselines of one file (None when it does not exist); BaselineError (one line,
-    `FILE:LINE: key: problem — fix`, the line of the decompressed text for the xz file)."""
+    """The baselines of one file (None when missing); BaselineError (`FILE:LINE: key: problem — fix`,
+        the decompressed text's line for xz)."""
     shown = _display(root, path)
     fix = "fix it, or re-create the entry with `dsv4-lab baseline accept`"
     if not os.path.lexists(path):
@@ -433,8 +432,8 @@ CACHE_VERSION = 2  # of a parsed copy in .cache/baselines/
 
 
 def _refuse_duplicates(root_node: Node, shown: str) -> None:
-    """BaselineError (file:line: key: the fix) for the first mapping that holds a key twice —
-    at any level; keys are compared as the baselines read them (as text: `1` and "1" are one)."""
+    """BaselineError (file:line: key: the fix) for the first mapping holding a key twice, at any level
+        (keys compared as text: `1` and "1" are one)."""
     dup = yamlnodes.duplicate_key(root_node)
     if dup is not None:
         line, key, first = dup
@@ -543,8 +542,8 @@ def remove_older(root: Path, old: Path, new: Path) -> None:
 
 
 def _encode(root: Path, path: Path, items: list[Baseline], xz: bool) -> tuple[bytes, bytes, Any, int]:
-    """(the bytes to write, the text they hold, its parsed document, the count) for `items` in
-    `path`'s layout; BaselineError when the text does not read back as exactly `items`."""
+    """(bytes, text, parsed document, count) for `items` in `path`'s layout; BaselineError when the
+        text does not read back as exactly `items`."""
     tree: dict[str, Any] = {}
     for b in sorted(items, key=lambda b: (b.stage, b.arch, b.case)):
         tree.setdefault(b.stage, {}).setdefault(b.arch, {})[b.case] = _Case(b.to_yaml())

@@ -88,8 +88,8 @@ def plain_store_file(results: Path) -> Path:
 
 
 def xz_streams(data: bytes) -> Iterator[tuple[int, bytes | None, str]]:
-    """(byte offset, decoded bytes, "") for every whole xz stream of `data`, and (offset, None,
-    why) for one that cannot be decoded (harness/core/safeio.py: bounded, at most max_xz_bytes() in all)."""
+    """(offset, decoded bytes, "") for every whole xz stream of `data`, (offset, None, why) for a bad
+        one (core/safeio.py: bounded)."""
     return _xz_streams(data)
 
 
@@ -156,8 +156,8 @@ def _get(obj: Any, slot: Slot) -> Any:
 
 
 def _with(obj: dict[str, Any], slot: Slot, value: Any) -> dict[str, Any]:
-    """A copy of `obj` with `value` at `slot` (left out when `value` is `_Gone`), copying the
-    objects on the way; `obj` itself is not changed. The path must exist (`_get` found it)."""
+    """A copy of `obj` with `value` at `slot` (left out for `_Gone`), copying the objects on the way;
+        the path must exist."""
     new = dict(obj)
     if len(slot) > 1:
         new[slot[0]] = _with(obj[slot[0]], slot[1:], value)
@@ -207,17 +207,15 @@ class ContentStore:
         return list(self._snapshot()[1])
 
     def _snapshot(self) -> tuple[dict[str, dict[str, Any]], list[str]]:
-        """id -> value for reading, and its warnings, loaded once per store object: a reader
-        resolves thousands of records against one state of the store, not one file check per
-        record."""
+        """id -> value and its warnings, loaded once per store object (a reader resolves thousands of
+                records against one state of the store)."""
         if self._read is None:
             self._read = self._load()
         return self._read
 
     def _resolve(self, obj: Any, drop_unknown: bool, warn: list[str] | None, where: str) -> Any:
-        """`obj` (a parsed record line) with the ids the store holds replaced by the values;
-        an id it does not hold is left out (`drop_unknown`, one warning) or kept as it is.
-        `obj` itself when it names no id."""
+        """`obj` (a parsed line) with the ids the store holds replaced by their values; an unknown id is
+                left out (`drop_unknown`, one warning) or kept.  `obj` itself when it names none."""
         named = [(slot, ref) for slot in self.kind.slots if isinstance(ref := _get(obj, slot), str)]
         if not named:
             return obj
@@ -319,9 +317,8 @@ def rewrite_store(store: ContentStore, keep: Iterable[str] | None = None) -> tup
 
 
 def compact_file(path: Path, store: ContentStore, append: Callable[[str], None]) -> tuple[int, int]:
-    """Rewrite one records file with its inline values of `store`'s kind moved into the store
-    (atomically: a temp file, then a rename). Lines that do not parse are kept byte for byte.
-    Returns (lines, bytes saved)."""
+    """Rewrite a records file with its inline values of `store`'s kind moved into the store,
+        atomically; unparsable lines kept byte for byte.  Returns (lines, bytes saved)."""
     data = read_regular(path)
     out: list[bytes] = []
     for raw in data.split(b"\n"):

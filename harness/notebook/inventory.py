@@ -215,8 +215,8 @@ def families(inv: dict[str, int]) -> dict[str, int]:
 
 @lru_cache(maxsize=None)
 def find_tool(name: str) -> str | None:
-    """An executable CUDA tool (ptxas, cuobjdump, nvdisasm): on PATH, else inside the
-    installed NVIDIA wheels (site-packages/nvidia/*/bin/), else under $CUDA_HOME/bin."""
+    """An executable CUDA tool (ptxas, cuobjdump, nvdisasm): on PATH, else in the NVIDIA wheels
+        (site-packages/nvidia/*/bin/), else under $CUDA_HOME/bin."""
     found = shutil.which(name)
     if found:
         return found

@@ -109,8 +109,8 @@ def is_bench(record: Any) -> bool:
 
 
 def peer_times(timing: dict[str, Any] | None) -> dict[str, float]:
-    """{peer name: µs} of a record's timing: its flat `peer_<name>_us` keys, and the `peer_us` of a
-    `run --bench` record written before those keys (the stage's PyTorch peer), as "torch"."""
+    """{peer: µs} of a record's timing: its `peer_<name>_us` keys, and an older `run --bench` record's
+        `peer_us` as "torch"."""
     out: dict[str, float] = {}
     for key, value in (timing or {}).items():
         if key.startswith("peer_") and key.endswith("_us") and _finite(value):
@@ -119,8 +119,8 @@ def peer_times(timing: dict[str, Any] | None) -> dict[str, float]:
 
 
 def run_peer_us(record: Any) -> float | None:
-    """The µs of a `run --bench` record's peer (the stage's PyTorch peer: one), whichever format;
-    None for a bench record (its peers are `peer_times`) or a record without one."""
+    """The µs of a `run --bench` record's PyTorch peer, whichever format; None for a bench record or a
+        record without one."""
     if is_bench(record):
         return None
     return next(iter(peer_times(getattr(record, "timing", None)).values()), None)
@@ -247,8 +247,8 @@ def _timing_text(name: Any) -> bool:
 
 
 def _compile_shape(c: dict) -> str | None:
-    """Why a record's compile summary is not one this lab writes (numbers where the gate and the
-    tables do arithmetic, short plain text elsewhere); None when it is."""
+    """Why a record's compile summary is not one this lab writes (numbers where the gate computes,
+        short text elsewhere); None when it is."""
     for name, value in c.items():
         where = f"compile.{printable(str(name), 40)}"
         if name in _COMPILE_NUMBERS and not _finite(value):
@@ -337,8 +337,8 @@ def shows_compile(rec: Record) -> bool:
 
 def newest(records: list[Record], stage: str, arch: str, case: dict, src: str | None = None,
            accept: Callable[[Record], bool] | None = None) -> Record | None:
-    """The newest record of a case among `records` (oldest first); with `src`, the newest fresh
-    one; with `accept`, the newest that it accepts (a status, a build shown)."""
+    """The newest record of a case among `records` (oldest first); `src`: the newest fresh; `accept`:
+        the newest it accepts."""
     for rec in reversed(records):
         if rec.stage != stage or rec.arch != arch or rec.case != case:
             continue
@@ -442,14 +442,14 @@ def archive_file(path: Path) -> Path:
 
 
 def segment_file(path: Path) -> Path:
-    """Where the live lines compaction moved out of records file `path` are kept, compressed:
-    results/records/<stage>.jsonl.xz (harness/notebook/archive.py `seal` moves them)."""
+    """Where compaction keeps the live lines moved out of records file `path`:
+        results/records/<stage>.jsonl.xz (archive.py `seal`)."""
     return path.with_name(path.name + ".xz")
 
 
 def record_sources(path: Path) -> tuple[Path, Path, Path]:
-    """The files that hold the lines of records file `path`, oldest first: its archive (stale
-    lines), its segment (sealed live lines), the plain file itself (lines appended since)."""
+    """The files holding records file `path`'s lines, oldest first: its archive, its segment, the plain
+        file."""
     return archive_file(path), segment_file(path), path
 
 
@@ -567,8 +567,8 @@ class RunLog:
         self.writer.write(rec)
 
     def end(self, interrupted: bool | None = None, signum: int | None = None, **fields: Any) -> None:
-        """Write the end event: whether the session was interrupted (and by which signal), then
-        `fields` (planned, counts, …). Once; OSError when runs.jsonl cannot be written."""
+        """Write the end event (interrupted or not, which signal, then `fields`), once; OSError when
+                runs.jsonl cannot be written."""
         import signal
 
         ev: dict[str, Any] = {"run": self.run_id, "t": now_iso(), "event": "end"}

@@ -306,8 +306,8 @@ def find(items: list[SpeedBaseline], stage: str, arch: str, label: str) -> Speed
 
 
 def accept(root: Path, stage, archs: list[str] | None, cases: list[dict[str, Any]]) -> int:
-    """For each selected bench shape (`cases`, from harness.execution.bench.plan_cases): the newest
-    fresh passing bench record becomes its speed baseline. 0 when one was taken, 1 when none."""
+    """For each selected bench shape (bench.plan_cases) the newest fresh passing bench record becomes
+        its speed baseline.  0 when one was taken, 1 when none."""
     from rich.console import Console
 
     from harness.notebook.records import print_warnings, read_records

@@ -52,8 +52,7 @@ def unsupported(problem: str, dims: dict[str, int], cc: tuple[int, int] | None) 
 
 
 def per_token_context_lens(context_lens, next_n: int):
-    """[b] sequence lengths -> DeepGEMM's [b, next_n] int32: token t of sequence i sees the keys
-    j < len_i − next_n + t + 1, i.e. j ≤ its own position len_i − next_n + t."""
+    """[b] sequence lengths -> DeepGEMM's [b, next_n] int32: token t sees keys j < len_i − next_n + t + 1."""
     import torch
 
     t = torch.arange(next_n, device=context_lens.device, dtype=torch.int32)

@@ -108,8 +108,8 @@ def remote_run_command(t: Target, root: Path, args: list[str]) -> str:
 
 
 def read_lines(stream: IO[bytes], limit: int) -> Iterator[tuple[bytes | None, str | None]]:
-    """(line, None) per line of at most `limit` bytes, or (None, why) for one that is
-    longer (skipped without being held in memory) or cut off by the end of the stream."""
+    """(line, None) per line of at most `limit` bytes, or (None, why) for a longer one (skipped unheld)
+        or one cut off by the stream's end."""
     while True:
         chunk = stream.readline(limit + 1)
         if not chunk:
@@ -555,8 +555,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _catch_stop_signals(stop: list[int]) -> dict:
-    """While a remote run lasts, a stop signal is noted in `stop` (the first one; later ones
-    are ignored) for the main loop to act on. Returns the handlers to put back."""
+    """While a remote run lasts, the first stop signal is noted in `stop` for the main loop.  Returns
+        the handlers to put back."""
     if threading.current_thread() is not threading.main_thread():
         return {}
 

@@ -169,9 +169,8 @@ def queued(login: Login, jobs: list[str]) -> list[str]:
 
 
 def poll_script(run_dir: str, jobs: list[str], offsets: dict[str, int], limit: int = 4 << 20) -> str:
-    """One shell text that prints the tasks' states, the exit files, and the new bytes of each
-    record file (base64, from its offset): `@@dsv4 sq ...`, `@@dsv4 exit NAME CODE`,
-    `@@dsv4 rec NAME B64`."""
+    """One shell text printing the tasks' states, the exit files and each record file's new bytes
+        (base64): `@@dsv4 sq ...`, `@@dsv4 exit NAME CODE`, `@@dsv4 rec NAME B64`."""
     parts = [squeue_script(jobs) if jobs else ":", f"cd {q(run_dir)} 2>/dev/null || exit 0",
              f"for f in exit.*; do [ -f \"$f\" ] && echo \"{MARK} exit $f $(head -c 16 \"$f\" | tr -d '\\n')\"; done"]
     for name, offset in sorted(offsets.items()):

@@ -45,8 +45,8 @@ def probe_script(t: SlurmTarget, workdir: str, token: str) -> str:
 
 
 def check_slurm(root: Path, name: str) -> int:
-    """0: ready (partition up, work folder shared, python with torch and CuTeDSL on a node);
-    1: reachable but not ready (or not fully checked); 3: the login host cannot be used."""
+    """0: ready (partition up, work folder shared, python with torch and CuTeDSL on a node); 1:
+        reachable, not ready (or not fully checked); 3: the login host unusable."""
     t = load_targets(root)[name]
     assert isinstance(t, SlurmTarget)
     console = make_console()

@@ -104,8 +104,8 @@ def task_args(argv: list[str]) -> list[str]:
 
 def job_script(t: SlurmTarget, run_dir: str, tree: str, cache: str, git: str, args: list[str], n: int,
                run_id: str) -> str:
-    """The sbatch script of a run: one array of `n` tasks, task i running shard i/n. Its one
-    argument is the attempt (0; 1 when a task is requeued after a node failure)."""
+    """The sbatch script: one array of `n` tasks, task i shard i/n; its argument is the attempt (1
+        when requeued after a node failure)."""
     lines = ["#!/bin/bash", f"#SBATCH --job-name=dsv4-lab-{run_id}", f"#SBATCH --partition={t.partition}"]
     if t.account:
         lines.append(f"#SBATCH --account={t.account}")

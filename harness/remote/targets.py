@@ -184,8 +184,7 @@ def _is_secret_key(name: str) -> bool:
 
 def _refuse_secrets(ctx: NodeContext, node: Node, key: str, check_keys: bool = True,
                     seen: set[tuple[int, bool]] | None = None) -> None:
-    """Refuse any key named like a secret and any scalar value that carries one. Each node is
-    scanned once (an alias is not followed again), so the scan is linear in the file."""
+    """Refuse any key named like a secret and any scalar carrying one; each node scanned once (linear)."""
     seen = set() if seen is None else seen
     if (id(node), check_keys) in seen:
         return

@@ -115,9 +115,9 @@ def _names(xs) -> str:
 
 def _returned_problems(specs: list, got: Any, fn: Callable, root: Path, context: str, role: str,
                        default_name: str) -> tuple[str, list, list[str]]:
-    """(site, the declared specs of `role` present in `got`, problems) for what a stage function
-    returned against the tensors of `role` that tensors() declares: a dict of torch tensors of
-    the declared names and shapes."""
+    """(site, the declared specs of `role` present in `got`, problems) for a stage function's return
+        value against tensors()'s `role` tensors: a dict of torch tensors of the declared names and
+        shapes."""
     import torch
 
     site = _fn_site(fn, root, getattr(fn, "__name__", default_name))
@@ -151,8 +151,7 @@ def _returned_problems(specs: list, got: Any, fn: Callable, root: Path, context:
 
 
 def inputs_problems(specs: list, inputs: Any, fn: Callable, root: Path, context: str = "") -> list[str]:
-    """Problems with what an input generator returned, against the declared inputs: names,
-    shapes, dtypes, and compact 16-byte-aligned storage (what the kernel was compiled for)."""
+    """Problems with a generator's inputs: names, shapes, dtypes, compact 16-byte-aligned storage."""
     site, present, problems = _returned_problems(specs, inputs, fn, root, context, "in", "make_inputs")
     for s in present:
         t = inputs[s.name]
@@ -175,9 +174,8 @@ def outputs_problems(specs: list, outputs: Any, fn: Callable, root: Path, contex
 
 def compared_problems(compared: Any, ref: Any, decode_fn: Callable, oracle_fn: Callable, root: Path,
                       context: str = "") -> list[str]:
-    """A stage with `decode`: what decode made of the kernel's outputs and what the oracle
-    returned must be dicts of torch tensors of the same names and shapes (they are compared
-    name by name)."""
+    """A stage with `decode`: decode's output and the oracle's must be dicts of tensors of the same
+        names and shapes."""
     import torch
 
     dsite = _fn_site(decode_fn, root, getattr(decode_fn, "__name__", "decode"))
@@ -490,8 +488,8 @@ def check_stage(spec: Spec, stage: Stage) -> list[str]:
 
 
 def dynamic_warnings(spec: Spec, stage: Stage) -> list[str]:
-    """One line per call in the stage's sources that loads code or data the staleness hash cannot
-    follow by imports (harness.spec.identity.dynamic_uses), and what is hashed in its place."""
+    """One line per call in the stage's sources that loads code or data imports do not show
+        (identity.dynamic_uses), and what is hashed in its place."""
     from harness.spec.identity import dynamic_uses, fallback_folders
 
     seen: dict[tuple[Path, int, str], None] = {}
@@ -516,8 +514,8 @@ def _rel(root: Path, path: Path) -> str:
 
 
 def main(spec: Spec, stages: list[Stage]) -> int:
-    """Check `stages`; print `ok` lines on stdout and problems on stderr. 0, or 2 on problems.
-    Warnings (code the staleness hash cannot follow) go to stderr and change nothing."""
+    """Check `stages`: `ok` lines on stdout, problems on stderr; 0, or 2 on problems.  Warnings go to
+        stderr and change nothing."""
     lines = _SpecLines(spec)
     total = 0
     for st in stages:

@@ -110,8 +110,8 @@ def _parsed(path: Path, mtime_ns: int, size: int) -> ast.Module | None:
 
 @lru_cache(maxsize=1024)
 def _imported_names(path: Path, mtime_ns: int, size: int, package: str) -> tuple[str, ...]:
-    """Absolute names of every module `path` may import (relative ones resolved against
-    `package`), including `pkg.name` for `from pkg import name` (name may be a module)."""
+    """Absolute names of every module `path` may import (relative ones against `package`), with
+        `pkg.name` for `from pkg import name`."""
     tree = _parsed(path, mtime_ns, size)
     if tree is None:
         return ()
@@ -233,8 +233,8 @@ def _dynamic_in(files: list[Path]) -> list[DynamicUse]:
 
 
 def fallback_folders(root: Path, stage: Stage, uses: list[DynamicUse]) -> list[Path]:
-    """Where code loaded dynamically may live: the stage's folder and stages/common, and for a
-    dynamic load outside stages/ the top folder of the lab that holds it (oracles/, …)."""
+    """Where dynamically loaded code may live: the stage's folder and stages/common, and for a load
+        outside stages/ the lab folder holding it."""
     root = root.resolve()
     folders = {stage.dir.resolve(), root / "stages" / "common"}
     for use in uses:
@@ -336,8 +336,7 @@ def source_hash(root: Path, stage: Stage, arch: str) -> str:
 
 @lru_cache(maxsize=4)
 def git_state(root: Path) -> dict:
-    """{"commit": short sha or None, "dirty": bool}. A copy without .git (e.g. on a remote
-    target) takes the state its sender passed in DSV4_LAB_GIT="<sha>:<0|1>"."""
+    """{"commit": short sha or None, "dirty": bool}; a copy without .git takes DSV4_LAB_GIT="<sha>:<0|1>"."""
     sent = os.environ.get("DSV4_LAB_GIT")
     if sent:
         sha, _, dirty = sent.partition(":")

@@ -98,8 +98,8 @@ class Tolerance:
     by: tuple[ToleranceBy, ...] = ()  # per axis value bounds (`by:`), laid over these in order by `at`
 
     def at(self, case: dict[str, Any]) -> Tolerance:
-        """The bounds that judge `case`: these, with the bounds of each `by` entry whose axis the
-        case has at its value laid over them (a later entry over an earlier one)."""
+        """The bounds that judge `case`: these, with each matching `by` entry's bounds laid over them (a
+                later entry over an earlier)."""
         t = replace(self, by=())
         for b in self.by:
             v = case.get(b.axis, _NONE)
@@ -292,8 +292,8 @@ def module_file(root: Path, module: str) -> Path | None:
 
 
 def _defines(path: Path, name: str) -> bool:
-    """Whether the module file binds `name` at its top level (def, class, assignment, import).
-    Raises SyntaxError (with the file's line) or ValueError for a file Python cannot parse."""
+    """Whether the module file binds `name` at top level; SyntaxError (with the line) or ValueError for
+        a file Python cannot parse."""
     source = path.read_bytes()
     if b"\0" in source:
         raise ValueError("contains a null byte")

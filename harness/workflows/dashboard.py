@@ -179,9 +179,8 @@ def speed_text(benched: list[Record], speed: list, src: str) -> str:
 
 
 def roofline_text(benched: list[Record], src: str, compact: bool = False) -> str:
-    """The newest timed bench record of each bench shape as a fraction of the roofline:
-    `62%` or `48–71%` over the shapes, `stale` when the source changed since (`compact`: no
-    count of shapes, `⚠` for stale)."""
+    """The newest timed bench records as a fraction of the roofline: `62%` or `48–71%`, `stale` when the
+        source changed (`compact`: no count, `⚠` for stale)."""
     newest = newest_by_case(benched, lambda r: r.status == "pass" and bool(r.timing))
     if not newest:
         return "—"

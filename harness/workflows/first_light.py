@@ -163,8 +163,8 @@ def run_plan(spec: Spec, run_step: Callable[[Stage, Case, list[str]], int], *, s
 
 
 def first_light(spec: Spec, target: str | None) -> int:
-    """The command: on `target` (a targets.yaml name, or local), run the plan.  Local without an
-    sm_100 device (this machine): say so and exit 1 — nothing is run, nothing proved."""
+    """The command: on `target` (a targets.yaml name, or local) run the plan; local without an sm_100
+        device: say so, exit 1."""
     if not target or target == "local":
         ok, have = has_local_sm100()
         if not ok:

@@ -79,8 +79,8 @@ def compare(b: Baseline, rec: Record) -> list[Finding]:
 
 
 def regs_limit(b: Baseline) -> float:
-    """The most registers a compile-only case may use: the baseline plus the margin
-    (harness.notebook.baselines.REGS_MARGIN registers or REGS_MARGIN_REL of it, whichever is larger)."""
+    """The most registers a compile-only case may use: the baseline plus REGS_MARGIN or REGS_MARGIN_REL
+        of it, the larger."""
     base = (b.compile or {}).get("regs", 0)
     return base + max(b.tolerance.get("regs", 0), math.ceil(base * b.tolerance.get("regs_rel", 0)))
 
@@ -270,8 +270,7 @@ def _compile_line(done) -> str:
 
 
 def _progress(total: int, line_of):
-    """A line per finished case on stderr, numbered against the total: a gate that re-proves
-    or recompiles hundreds of stale cases shows where it is (its verdict stays on stdout)."""
+    """A numbered line per finished case on stderr (the verdict stays on stdout)."""
     from rich.console import Console
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -410,8 +409,8 @@ def _prove_on_target(spec: Spec, target: str, stale: list[Finding], snap) -> int
 
 def _stale_hint(lab: Path, spec: Spec, stale: list[Finding], records: list[Record], src, proof: str | None,
                 remote_rc: int, runnable: set[str] | None, allow_run: bool) -> tuple[str, str]:
-    """What the stale line says before and after its commands: how to prove what this machine
-    cannot run (on a target), or what the proof target said (one line either way)."""
+    """What the stale line says around its commands: how to prove what this machine cannot run, or
+        what the proof target said."""
     runs = [f for f in stale if f.baseline.kind == "run"]
     if not runs:
         return "", ""

@@ -31,8 +31,8 @@ class Plan:
 
 
 def plan(spec, items: list[SpeedBaseline]) -> Plan:
-    """Which speed baselines still describe the tree's kernel (source unchanged) and which must be
-    re-timed (a baseline of a stage or arch the spec no longer has counts as changed)."""
+    """Which speed baselines still describe the tree's kernel and which must be re-timed (an unknown
+        stage or arch counts as changed)."""
     from harness.spec.identity import source_hash
 
     unchanged, changed = [], []
@@ -47,9 +47,8 @@ def plan(spec, items: list[SpeedBaseline]) -> Plan:
 
 
 def verdicts(records: list[Any], wanted: list[SpeedBaseline]) -> tuple[list[str], list[str]]:
-    """(regressions, unproven) from the records `bench --compare` wrote for `wanted`: a shape whose
-    verdict is slower is a regression; one with no verdict (failed check, crash, not timed, never
-    written) is unproven."""
+    """(regressions, unproven) from `bench --compare`'s records for `wanted`: verdict slower is a
+        regression; none (failed, crash, untimed, unwritten) is unproven."""
     by_label = {case_label(r.case): r for r in records}
     slower, unproven = [], []
     for b in wanted:
