@@ -8,11 +8,9 @@ both counts twice), the sink O · 1 / (1 + exp(sink[h] − lse)) (LSE without it
 row O = 0, LSE = +inf, never NaN.
 
 Tensors
-    D3, D4   Q [b, s_q, h_q, d] bf16, KV [b, n, d] bf16, swa_lens [b] int32,
-             O [b, s_q, h_q, d] bf16, LSE [b, h_q, s_q] fp32, O_part / LSE_part (split scratch,
-             oracles/decode.py's capacity rule).  `shape` is D2's word b{b}s{s_q}h{h_q}n{n}d{d}.
+    D3, D4   D2's (oracles/decode.py) with swa_lens [b] int32 after KV; `shape` D2's word.
     D5       Q, KV_main [b, n_main, d], KV_swa [b, n_swa, d], main_lens [b], swa_lens [b]
-             int32, sink [h_q] fp32, O, LSE, O_part, LSE_part.  `shape` is
+             int32, sink [h_q] fp32, O, LSE, O_part, LSE_part; `shape`
              b{b}s{s_q}h{h_q}m{n_main}n{n_swa}d{d}.
 
 Matrix axes (inputs only, not kernel parameters)
@@ -25,17 +23,15 @@ Matrix axes (inputs only, not kernel parameters)
     sink (D5)      none (the kernel applies no sink; the tensor holds NaN), or a value:
                    -inf, -5, 0, 5, inf.  The kernel takes it as a parameter (present or not).
 
-Inputs: seeded, never zeros.  Q ~ N(0, 1) · 1.5 and valid keys ~ N(0, 1) (D2's), with three
-strong keys (· 2) at fill − 1, fill − 70, fill − 1000 per batch: the NEWEST key of the window
-carries weight, so a causal or fill mask off by one key moves O.  Every key row at or past
-its batch's fill level is NaN.  D5 adds a per-head score offset (key column 0 is +4, query
-column 0 is −offset_h · sqrt(d) / 4, offsets spread over [0, 15]) so the rows' LSEs span about
-[−8, 8] and every sink value moves some heads' O by a lot.
+Inputs: seeded, never zeros: D2's, with three strong keys (· 2) at fill − 1, fill − 70, fill −
+1000 per batch (the NEWEST key carries weight: a mask off by one moves O); every key row past
+the fill level is NaN.  D5 adds a per-head score offset (key column 0 +4, query column 0
+−offset_h · sqrt(d) / 4, offsets over [0, 15]): LSEs span about [−8, 8], so every sink value moves
+some heads' O.
 
-The reference is ONE float64 softmax over exactly the valid keys (the union of both branches
-for D5), written from these definitions with torch and no kernel code: boolean validity masks,
-masked scores −inf, lonely rows set by the rule above.  `merge_branches` is DSV4.md's merge of
-two separately computed branches (the CPU tests check that it equals the union).
+The reference: ONE float64 softmax over exactly the valid keys (both branches for D5), from these
+definitions, no kernel code.  `merge_branches`: DSV4.md's merge of two separate branches (tested
+equal to the union).
 """
 
 from __future__ import annotations
