@@ -1,19 +1,12 @@
 """Stage D2 on Hopper (sm_90a): DSV4 decode attention — batches, tokens, MQA head packing,
-split-KV with an LSE combine.
+split-KV with an LSE combine (tensors: oracles/decode.py).
 
-Math (stage D1's, per query row):  O = softmax(Q·Kᵀ · scale) · V,  LSE = ln Σ exp(Q·Kᵀ · scale),
-scale = 1/sqrt(d), with DSV4's tensors: Q [b, s_q, h_q, d], KV [b, n_alloc, d] (ONE latent head:
-K = V = KV, first n rows attended), O [b, s_q, h_q, d] bf16, LSE [b, h_q, s_q] fp32.
-
-The kernel is the decode house, stages/common/sm90_decode.py (its module doc: warp roles,
-pipeline, shared memory, limits, head packing, grid and split-KV, K = V read once, NaN beyond
-n), which stages D3–D5 extend with masks, a second key branch and the sink.
-Speed (docs/MASKED_DECODE.md): D2 turns on four of the house's flags — WIDE_STORE,
-LAZY_RESCALE, PERSISTENT (the SM count: stages/common/device.py) and REGISTER_P.
+The kernel is the decode house, stages/common/sm90_decode.py (its module doc), which D3–D5 extend
+with masks, a second branch and the sink; D2 turns on its four flags WIDE_STORE, LAZY_RESCALE,
+PERSISTENT and REGISTER_P (docs/MASKED_DECODE.md).
 
 Limits: h_q a multiple of 64; d ∈ {64, 128, 256, 512}; n a multiple of block_n (64 at d = 512,
-else 128); splits ≤ the scratch capacity (oracles/decode.py).
-"""
+else 128); splits ≤ the scratch capacity (oracles/decode.py)."""
 
 import cuda.bindings.driver as cuda
 

@@ -1,20 +1,11 @@
 """Stage D5 on Hopper (sm_90a): DSV4's two key branches under ONE softmax in one launch, and the
-attention sink.
+attention sink (math and tensors: oracles/masked_decode.py).
 
-Math: oracles/masked_decode.py (docs/MASKED_DECODE.md): one softmax over the valid keys of the
-main branch (j < main_lens[b]) and the SWA branch (D3's and D4's rules), the sink factor on O.
-Tensors: Q, KV_main [b, n_main, d], KV_swa [b, n_swa, d], main_lens, swa_lens [b] int32,
-sink [h_q] fp32, O, LSE, O_part, LSE_part (oracles/masked_decode.py).
-
-What is new in this rung (the rest is the decode house, stages/common/sm90_decode.py)
-    Two key branches, one softmax, Q read once.  The tile space is the main branch's tiles then
-        the SWA branch's (scheduler.visit_tiles over both fill levels); the load warp takes
-        each tile from its branch's TMA tensor (the same slots) and ONE online softmax runs
-        over all of them, so the branches merge inside the running max and sum.  Each branch's
-        boundary tile is masked on its own limit.
-    The sink: with one split the epilogue multiplies 1/ℓ by combine.sink_factor; with
-        split-KV the combine applies it once, after merging.  The LSE never includes it.
-"""
+New in this rung (the rest is the house, stages/common/sm90_decode.py): the tile space is the
+main branch's tiles then the SWA branch's (visit_tiles over both fill levels); the load warp
+takes each tile from its branch's TMA tensor into the same slots, and ONE online softmax runs
+over all of them (each branch's boundary tile masked on its own limit).  The sink: one split
+multiplies 1/ℓ by combine.sink_factor; split-KV leaves it to the combine.  LSE never includes it."""
 
 import cuda.bindings.driver as cuda
 

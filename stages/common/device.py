@@ -2,17 +2,13 @@
 and the number of SMs a launch spreads over.
 
 SMEM_LIMIT    the largest dynamic shared memory of one CTA: 227 KiB (232 448 bytes) on sm_90a
-              and on sm_100a alike (cudaDevAttrMaxSharedMemoryPerBlockOptin).
-sm_count      the SMs of the GPU the case runs on — what the split and part choosers fill and
-              what the in-kernel merge's "whole grid resident" condition is judged against
-              (an H100 SXM or an H200 has 132, an H100 PCIe 114, an H20 78, a B200 148): CUDA
-              device 0's count as the driver gives it (no torch, no CUDA context); with no GPU
-              the arch's DEFAULT_SM_COUNT.  A kernel is built for one count (grid, parts,
-              merging): harness/execution/compile.py keys the compile cache by
-              `visible_sm_count()`.
-DSV4_SM_COUNT an environment variable standing for the GPU's count (a positive int), to build
-              and run a case as on a GPU of fewer SMs (tests/test_e_gpu.py).
-"""
+              and sm_100a (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+sm_count      the SMs of the GPU the case runs on (132 on an H100 SXM or H200, 114 on an H100
+              PCIe, 78 on an H20, 148 on a B200), from the driver for device 0, else the arch's
+              DEFAULT_SM_COUNT: what the split and part choosers fill and the in-kernel merge's
+              residency is judged against; part of the compile cache key (`visible_sm_count()`).
+DSV4_SM_COUNT an environment variable standing for it (a positive int), to build and run a case
+              as on a GPU of fewer SMs (tests/test_e_gpu.py)."""
 
 from __future__ import annotations
 

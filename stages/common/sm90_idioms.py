@@ -1,25 +1,13 @@
 """Hopper (sm_90a) idioms shared by the attention stages.
 
-P in registers between two WGMMAs
-    The first MMA leaves S = Q·Kᵀ in an fp32 accumulator fragment; the second
-    MMA (register-sourced A, "RS" wgmma) wants P = f(S) as a bf16 A fragment.
-    For wgmma the two fragments place the same (row, column) at the same
-    register index: the accumulator of m64nNk16 holds, per thread, values
-    ((2 adjacent columns), (rows r, r+8), (N/8 column blocks of 8)), and the A
-    fragment of m64n*k16 holds ((2 adjacent k), (rows r, r+8), (k, k+8)) per
-    16-wide K-block, so two consecutive 8-column blocks of S are exactly one
-    K-block of P.  Retiling is therefore a pure re-indexing of the same
-    registers plus an fp32 → bf16 conversion; no data moves between threads.
+P in registers between two WGMMAs: the m64nNk16 accumulator holds per thread ((2 adjacent
+columns), (rows r, r+8), (N/8 blocks of 8)) and the RS wgmma's A fragment ((2 adjacent k), (rows
+r, r+8), (k, k+8)) per 16-wide K-block, so two 8-column blocks of S are one K-block of P: the
+retile is a re-indexing of the same registers plus fp32 → bf16.  `check_accumulator_is_a_operand`
+proves it for a kernel's two tiled MMAs; `accumulator_to_a_operand` does it; `register_p_mmas`
+builds the pair and runs the check.
 
-    `check_accumulator_is_a_operand` proves it at trace time for a kernel's two tiled MMAs
-    (call it in `__call__`); `accumulator_to_a_operand` does the re-indexing and conversion;
-    `register_p_mmas` builds the pair (SS Q·Kᵀ, RS P·V) and runs the check.
-
-Also: `wgmma_sync` (fence, K steps, commit, wait_group(0)), `qk_tiled_mma` (the SS wgmma of
-S = Q·Kᵀ), `store_accumulator`, `tma_pipeline` (one elected producer whose TMA bytes complete
-the full barrier, consumer warps arriving once on the empty one), `acc_rows_cols` (an
-accumulator fragment as the thread's (rows, columns)).
-"""
+Also: `wgmma_sync`, `qk_tiled_mma`, `store_accumulator`, `tma_pipeline`, `acc_rows_cols`."""
 
 import cutlass
 import cutlass.cute as cute

@@ -1,22 +1,13 @@
-"""Hopper (sm_90a) kernel set-up: what every sm90 kernel of the ladder does before its warp
-roles start, and the load role's two steps.
+"""Hopper (sm_90a) kernel set-up: what every sm90 kernel does before its warp roles start, and the
+load role's two steps.
 
-The shape every sm90 stage shares
-    A CTA keeps its operands in shared memory, each a staged buffer (the MMA's operand layout
-    with a trailing "slots" mode, composed with its 128-byte swizzle), fed by TMA through
-    PipelineTmaAsync pipelines: one elected producer thread whose TMA bytes complete a slot's
-    FULL mbarrier, consumer warps that each arrive once on its EMPTY mbarrier.  Per pipeline
-    the shared storage holds 2 × slots mbarriers; the buffers follow, 1024-byte aligned (the
-    swizzle atom repeats every 8 rows of 128 bytes, and a wgmma descriptor needs its atom
-    aligned).
-
-Host side: TmaPipe (one pipeline's name, slots, bytes, consumer warps), smem_struct (every
-pipeline's mbarriers, an optional fp32 row buffer, the operand buffers), AttentionOperands.
-Kernel side: smem_tensors, tma_pipelines (then ONE barrier-init fence and CTA barrier),
-tma_tiles ((atom, tXgX, tXsX) of one operand), load_once / wait_once (a one-slot pipeline),
-TileLoader (global tile i into slot i mod slots as slots free up).  None adds synchronisation
-of its own.
-"""
+A CTA keeps its operands in shared memory, each a staged buffer (the MMA's operand layout with a
+trailing "slots" mode and its 128-byte swizzle), fed by TMA through PipelineTmaAsync pipelines
+(an elected producer whose TMA bytes complete a slot's FULL barrier, consumer warps arriving
+once on its EMPTY one).  The storage holds 2 × slots mbarriers a pipeline, then the buffers,
+1024-byte aligned (the swizzle atom's period).  Pieces: TmaPipe, smem_struct,
+AttentionOperands (host); smem_tensors, tma_pipelines, tma_tiles, load_once / wait_once,
+TileLoader (kernel).  None adds synchronisation of its own."""
 
 from __future__ import annotations
 
