@@ -5,21 +5,12 @@ Math (one CTA, all m = 128 query rows, all n keys)
     O = softmax(s) · V                      (row-wise softmax over the n keys)
     LSE[i] = ln Σ_j exp(s[i, j])            natural log, fp32
     Q [m, hd], K [n, hd], V [n, hd], O [m, hd] bf16 row-major; LSE [m] fp32.
+The online softmax over KV tiles of 128 keys is stages/common/softmax.py's (base 2).
 
-Online softmax over KV tiles of 128 keys, base 2 (stages/common/softmax.py, c = scale · log2 e):
-      m_new = max(m, rowmax(S)),  α = 2^((m − m_new) · c),  P = 2^(S · c − m_new · c),
-      ℓ = α · ℓ + rowsum(P),  O_acc = α · O_acc + bf16(P) · V_tile;  O = O_acc / ℓ,
-      LSE = (m · c + log2 ℓ) · ln 2.
-
-Row reductions: a row of S is spread over a quad (2 adjacent columns of every 8-wide block a
-lane), so a row max is the thread's max and two butterfly shuffles (xor 2, xor 1); ℓ stays a
-per-thread partial (α is the quad's) until the end.
-
-New in this rung: `between` (the online softmax) and `finish` (O / ℓ and the LSE, by one lane
-of each row's quad).  Tiling, pipeline and P in registers are stage B's
-(stages/common/sm90_register_p.py): two warpgroups of 64 rows, warp 0's TMA of Q once and of K
-and V into two slots, P the same registers re-indexed as the RS wgmma's A operand.
-"""
+A row of S spans a quad (2 adjacent columns of every 8-wide block a lane): the row max is the
+thread's max and two butterfly shuffles (xor 2, xor 1); ℓ stays a per-thread partial until the
+end.  New in this rung: `between` (the online softmax) and `finish` (O / ℓ, the LSE by one lane
+of each quad); the rest is stage B's house (stages/common/sm90_register_p.py)."""
 
 import math
 
