@@ -92,7 +92,7 @@ RAW_SLOTS = 2
 BOX = 64  # bytes of a row per gather4 box column
 GATHER_ROWS = {"model1": (576, 576), "v4.1": (528, 512)}  # (row bytes, bytes gathered) of a gathered format
 RAW_WIDTH = {"model1": 192, "v4.1": 128}  # staging bytes a key: the widest chunk (model1: 64 e4m3 + 128 rope)
-# Where a format's per-key scale is applied (issue 34 item 1; the same plan as sm90.py):
+# Where a format's per-key scale is applied (the same plan as sm90.py):
 #   "keys"   — in the dequantisation, bf16(e4m3 × scale): exact for model1 / v4.1, whose scales are
 #              powers of two (e8m0);
 #   "scores" — after the MMA, in fp32: the ring holds the exact e4m3 values (bf16, unscaled), the

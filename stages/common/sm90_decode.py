@@ -141,22 +141,8 @@ class DecodeSm90:
     LOAD_REGS = 24
     HEAD_DIMS = (64, 128, 256, 512)
     KV_STAGES = 2
-    # What a rung opts into (D2 does; D3–D5 keep the plain house until re-proven with them):
-    #   LAZY_RESCALE  the conditional O rescale (stages/common/lazy_softmax.py): a row keeps its
-    #                 max until it has grown by 2^8, so most tiles' α is 1 and each warp skips
-    #                 the O rescale (a warp vote on its rows' α)
-    #   WIDE_STORE    O (or the fp32 partial) leaves by 16-byte stores, each thread's words
-    #                 transposed across its quad (stages/common/quad_store.py) — a quarter of the
-    #                 store instructions of the accumulator as it lies
-    #   PERSISTENT    a grid of min(CTAs, SMs) CTAs, each walking the launch's work items (row
-    #                 block × split, `DecodeGrid.item`) item + k · grid in turn: the load warp
-    #                 fetches the next item's Q (once warpgroup 0's last S of this one is done)
-    #                 and KV tiles while the MMA warpgroups finish this one (softmax, P·V,
-    #                 epilogue); the pipelines' states run on across items
-    #   REGISTER_P    warpgroup 0's P·V takes P from its own registers (S's accumulator converted:
-    #                 an RS wgmma, `pv_rs_mma`) and is issued before P is published: the stmatrix,
-    #                 fence and P_FULL arrive for warpgroup 1 run beside it, and warpgroup 0 never
-    #                 waits at P_FULL (arrive only; the warpgroups meet SmemP unaligned)
+    # What a rung opts into: the module docstring's class flags (D2 sets all four; D3–D5 keep the
+    # plain house until re-proven with them).
     LAZY_RESCALE = False
     WIDE_STORE = False
     PERSISTENT = False
