@@ -27,11 +27,10 @@ here, through the house's hooks (kv_pipeline, smem_fields, bind_keys, is_produce
         the scores before the row max); then per 128-column chunk, in the house's chunk order,
         takes a slot of the 2-slot raw staging ring (PipelineTmaAsync → the dequantisers),
         writes the 64 indices and row ids into its sidecar and issues the TMA gather4 of the
-        chunk's bytes of the 64 rows (sm100_gather.py: 16 instructions of 4 rows per 64-byte
-        box column).  The cache as a uniform row array (a tensor map per list): v4.1 — 528-byte
-        rows, row = index, the first 512 bytes gathered; model1 — 576-byte rows, row = block ·
-        (block_bytes / 576) + offset, all 576 gathered (the rope chunk: 192 bytes, three
-        boxes).  An invalid key's row id is 0 (never read).  `simple` and `nvfp4` are no
+        chunk's bytes of the 64 rows (sm100_gather.py).  The cache as a uniform row array (a
+        tensor map per list): v4.1 — 528-byte rows, row = index, 512 bytes gathered; model1 —
+        576-byte rows, row = block · (block_bytes / 576) + offset, all gathered (the rope chunk
+        192 bytes, three boxes).  An invalid key's row id is 0 (never read).  `simple` and `nvfp4` are no
         uniform row array: no gather, the dequantisers load the rows from global memory.
     The dequantisation warps (6 … 9, 128 threads).  Per chunk: wait for the raw slot, read the
         4 indices of their keys (thread p: keys p // 8 + 16 r, r = 0 … 3; columns 16 (p mod 8)
@@ -52,8 +51,6 @@ here, through the house's hooks (kv_pipeline, smem_fields, bind_keys, is_produce
         house's bf16 ring (smem_reserved): 4 or 3 chunk slots instead of 5.
     Sink: the house's row_scale hook with one split; SplitCombine applies it after the merge.
 
-FlashMLA's sm100 sparse FP8 decode (csrc/sm100/decode/sparse_fp8) is the production shape: a
-2-CTA cluster dequantising half the columns each into both CTAs; not here yet.
 
 Warp roles (320 threads)
     warps 0-3   softmax: house (S from TMEM, key mask, P → SMEM, O rescale, epilogue)
