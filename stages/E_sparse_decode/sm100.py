@@ -52,6 +52,8 @@ here, through the house's hooks (kv_pipeline, smem_fields, bind_keys, is_produce
     Sink: the house's row_scale hook with one split; SplitCombine applies it after the merge.
 
 
+Not here yet: FlashMLA's 2-CTA cluster sharing the dequantisation (csrc/sm100/decode/sparse_fp8).
+
 Warp roles (320 threads)
     warps 0-3   softmax: house (S from TMEM, key mask, P → SMEM, O rescale, epilogue)
     warp 4      MMA: house (Q·Kᵀ chunk by chunk, P·V of this CTA's half)
