@@ -90,8 +90,8 @@ def _click_exception_class() -> type[BaseException]:
 
 
 def _check_where_once(argv: list[str]) -> None:
-    """`--where hd=64 --where n=128`: click keeps the last one and silently drops the first, so
-    the command would run cases nobody asked for; refused in one line with the combined form."""
+    """`--where hd=64 --where n=128`: click keeps only the last, so the command would run cases nobody
+        asked for; refused in one line with the combined form."""
     words = argv[:argv.index("--")] if "--" in argv else argv
     values = [w.split("=", 1)[1] if w.startswith("--where=") else (words[i + 1] if i + 1 < len(words) else "")
               for i, w in enumerate(words) if w == "--where" or w.startswith("--where=")]
@@ -101,11 +101,9 @@ def _check_where_once(argv: list[str]) -> None:
 
 
 def main() -> None:
-    """Console entry point. Usage and config problems are one line and exit code 2; a
-    failure inside the lab itself is one line and exit 1 (`--traceback` shows the trace).
-    No traceback reaches a user otherwise. SIGINT, SIGTERM and SIGHUP end any command with one
-    line and 128 + signal (one the lab was started with ignored, e.g. under nohup, stays
-    ignored; harness/core/interrupts.py)."""
+    """Console entry point.  Usage and config problems: one line, exit 2; a failure inside the lab:
+        one line, exit 1 (`--traceback` shows the trace).  SIGINT, SIGTERM and SIGHUP end any
+        command with one line and 128 + signal (core/interrupts.py)."""
     from harness.core import interrupts
 
     # the registry imports every command module, and with them the error classes they declare,
@@ -164,8 +162,7 @@ def main() -> None:
 
 
 def _one_line(exc: object, phrased: tuple[type[BaseException], ...] = ()) -> str:
-    """The exception (or text) as one line; an exception the lab did not phrase (not one of
-    `phrased`, nor of a module that raises those) is prefixed with its type."""
+    """The exception (or text) as one line, prefixed with its type unless the lab phrased it."""
     text = str(exc) if not isinstance(exc, BaseException) else (str(exc) or type(exc).__name__)
     if isinstance(exc, BaseException) and not isinstance(exc, phrased) \
             and type(exc).__module__ not in {c.__module__ for c in phrased}:

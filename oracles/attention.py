@@ -1,19 +1,14 @@
 """Stages B and C: attention of one query tile over one key set, in float64.
 
-Stage B (identity softmax): O = bf16(fp32(Q·Kᵀ)) · V — P is the bf16 rounding of the fp32
-scores, exactly what the kernel feeds its second MMA. Inputs are N(0, 1) × 0.25, so
-|S| stays around sqrt(hd)/16 ≈ 0.5 at hd = 64: well inside bf16's comfortable range (a
-rounding error of 2^-8 relative), and O stays O(1).
+Stage B (identity softmax): O = bf16(fp32(Q·Kᵀ)) · V — P the bf16 rounding of the fp32 scores,
+as the kernel feeds its second MMA.  Inputs N(0, 1) × 0.25 keep |S| around 0.5 at hd = 64.
 
-Stage C (online softmax): O = softmax(Q·Kᵀ·scale)·V and LSE = logsumexp(Q·Kᵀ·scale) (natural
-log), scale = 1/sqrt(hd). The `scores` axis picks the input distribution:
+Stage C (online softmax): O = softmax(Q·Kᵀ·scale)·V, LSE = logsumexp(Q·Kᵀ·scale) (natural log),
+scale = 1/sqrt(hd).  The `scores` axis:
   normal  Q, K, V ~ N(0, 1)
-  wide    Q ~ N(0, 1) × 8 and three keys × 4 placed in the last KV tiles, so scaled scores
-          span about ±100 and the row max moves late: a kernel that skips the rescale of O
-          and of the row sum when the max moves, or keeps a stale max, fails here.
-`v_is_k` (stage B): V is the same tensor as K (DSV4's MQA: K and V share storage), or
-an independent draw (so a kernel that reads K where it should read V fails).
-"""
+  wide    Q ~ N(0, 1) × 8 and three keys × 4 in the last KV tiles: scaled scores span about
+          ±100 and the row max moves late (a skipped rescale or a stale max fails).
+`v_is_k` (stage B): V is K's tensor (DSV4's MQA), or an independent draw (reading K for V fails)."""
 
 from __future__ import annotations
 

@@ -11,10 +11,9 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4, "uint8": 1
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One kernel argument: name, shape, element type, and its role: the kernel reads it
-    ("in"), writes it as a result compared with the oracle ("out"), or uses it as workspace
-    the harness allocates, poisons and never compares ("scratch", e.g. split-KV partials).
-    Row-major, contiguous, 16-byte aligned."""
+    """One kernel argument: name, shape, element type and role — read ("in"), written and compared
+        ("out"), or workspace the harness allocates, poisons and never compares ("scratch").
+        Row-major, contiguous, 16-byte aligned."""
 
     name: str
     shape: tuple[int, ...]

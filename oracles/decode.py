@@ -7,24 +7,17 @@ Tensors (DSV4's, from D2 on):
     LSE [b, h_q, s_q]     fp32    natural-log logsumexp of the scaled scores
     O_part   [cap, b, s_q, h_q, d] fp32   scratch: split-KV partial outputs
     LSE_part [cap, b, s_q, h_q]    fp32   scratch: split-KV partial LSEs
-scale = 1/sqrt(d).  Only keys 0 … n−1 are attended; rows n … n_alloc−1 (when the shape has a
-`p` pad) hold NaN and must not reach the output.
+scale = 1/sqrt(d).  Rows n … n_alloc−1 (a `p` pad) hold NaN and must not reach the output.
 
-Matrix axes.  `shape` names one configuration, `b{b}s{s_q}h{h_q}n{n}d{d}` with an optional
-`p{pad}` (n_alloc = n + pad, the pad rows NaN): e.g. b4s2h64n1152d512p100.  `splits` is 1,
-"auto" (the kernel chooses from the shape and the SM count) or "many" (more splits than KV
-tiles: some splits are empty).  The scratch's capacity `cap` is what any kernel may use:
-1 for splits = 1; for "auto", 1 when even 128-row blocks fill the GPU, else n // 64 (at most
-one split per 64 keys); for "many", n // 64 + MANY_EXTRA; an int k: k.  A kernel that wants
-more raises at trace time.
+Matrix axes.  `shape` b{b}s{s_q}h{h_q}n{n}d{d}[p{pad}] (n_alloc = n + pad), e.g.
+b4s2h64n1152d512p100; `splits` 1, "auto" or "many" (more splits than KV tiles).  The scratch's
+capacity `cap`: 1 for splits = 1; "auto": 1 when 128-row blocks fill the GPU, else n // 64;
+"many": n // 64 + MANY_EXTRA; an int k: k.  A kernel that wants more raises at trace time.
 
-Inputs: Q ~ N(0, 1) · 1.5 and KV ~ N(0, 1), with three keys · 2 placed late (positions n − 1,
-n − 70 and n − 1000 when they exist): scaled scores have a spread of a few units, the row max
-moves in a late KV tile / split for some rows (a kernel that skips the rescale or weights the
-splits wrongly fails), and no key dominates a row, so every tile carries weight (a kernel
-that drops one KV tile fails the O tolerance; tests/test_d2.py checks both).  The reference is float64 softmax attention (torch, on the inputs' device),
-independent of kernel code.
-"""
+Inputs: Q ~ N(0, 1) · 1.5, KV ~ N(0, 1), three keys · 2 placed late (n − 1, n − 70, n − 1000):
+the row max moves in a late tile or split for some rows, and no key dominates a row, so a
+skipped rescale, a misweighted split or a dropped tile fails (tests/test_d2.py).  The reference
+is float64 softmax attention, independent of kernel code."""
 
 from __future__ import annotations
 

@@ -1,44 +1,24 @@
 """Stage E's fused FP8 output epilogue (`epilogue: fp8_rope`): O's trailing 64 (rope) lanes
 inverse-rotated with the token's cos/sin, then O written as e4m3 with one UE8M0 exponent per
-128-value block — the operand of DSV4's next projection (wo_a, a DeepGEMM FP8 GEMM) directly.
+128-value block — the operand of DSV4's next projection (wo_a) directly.
 
-Conventions (read at the source; docs/STAGE_E.md "The FP8 output epilogue" names the files):
+Conventions (their sources: docs/STAGE_E.md "The FP8 output epilogue"):
+    rope lanes   448 … 511, interleaved pairs (448 + 2i, 449 + 2i), i = 0 … 31, angle θ_i.
+    cos_sin_cache  fp32 [max_position, 64]: row p = [cos θ_0 … θ_31, sin θ_0 … θ_31].
+    positions    int32 [b · s_q]: token (batch i, token t) at i · s_q + t.
+    inverse      y0 = x0 · cos + x1 · sin,  y1 = −x0 · sin + x1 · cos  (the conjugate rotation).
+    blocks       4 blocks of 128 lanes a row; e = ceil(log2(max(amax_k, 1e-4) / 448)), q =
+                 e4m3(x / 2^e); an all-zero block has e = −22 and zero values.
+    O_fp8        e4m3 [h_q / 8, b · s_q, 8, 512]: head h of token r at [h // 8, r, h % 8, :].
+    O_scale      int32 [h_q / 8, 8, align4(b · s_q)]: word [g, j, r] = the 4 exponents of head
+                 8g + j of token r as UE8M0 bytes (e + 127), byte k block k; pad words unwritten.
+The lab's tensors hold these bytes as float32 (poisonable): O_fp8 [h_q/8, b·s_q, 8, 128],
+O_scale [h_q/8, 8, align4(b·s_q)].
 
-    rope lanes   448 … 511 of each 512-wide row, in interleaved (non-NeoX, GPT-J) pairs: pair i
-                 is lanes (448 + 2i, 448 + 2i + 1), i = 0 … 31, and shares one angle θ_i.
-    cos_sin_cache  fp32 [max_position, 64]: row p = [cos θ_0 … cos θ_31, sin θ_0 … sin θ_31] for
-                 position p (32 cos then 32 sin).
-    positions    int32 [b · s_q]: the position of token (batch i, token t) at i · s_q + t.
-    inverse      the conjugate rotation (DSV4's apply_rotary_emb with freqs_cis.conj()):
-                     y0 = x0 · cos + x1 · sin,     y1 = −x0 · sin + x1 · cos
-                 (the forward rotation is y0 = x0 cos − x1 sin, y1 = x0 sin + x1 cos).
-    blocks       each 512-wide row in 4 blocks of 128 lanes; block k's exponent
-                     e = ceil(log2(max(amax_k, 1e-4) / 448))      (DeepGEMM's per_token_cast_to_fp8
-                 with UE8M0 scales), values q = e4m3(x / 2^e) (round to nearest, |x / 2^e| ≤ 448).
-                 An all-zero block (a lonely row, a sink of +∞) has e = ceil(log2(1e-4 / 448)) = −22
-                 and zero values.
-    O_fp8        e4m3 [h_q / 8, b · s_q, 8, 512]: head h of token r at [h // 8, r, h % 8, :] —
-                 the wo_a GEMM's grouped operand, 8 heads (4096 values) a group row.
-    O_scale      int32 [h_q / 8, 8, align4(b · s_q)]: word [g, j, r] holds the 4 exponents of head
-                 8g + j of token r as UE8M0 bytes (e + 127), byte k (bits 8k … 8k + 7, little-endian)
-                 block k — DeepGEMM's MN-major TMA-aligned packed UE8M0 layout of the group row's
-                 32 block scales (4 a word, 8 words a token).  Words r ≥ b · s_q (the align-4 pad)
-                 are not written.
-
-The lab's tensors carry the e4m3 bytes and the scale words in float32 tensors (4 bytes a word:
-the harness poisons float32, so an unwritten word is caught): `O_fp8` float32
-[h_q/8, b·s_q, 8, 128], `O_scale` float32 [h_q/8, 8, align4(b·s_q)] — the same bytes.
-
-The check (`decode` turns the kernel's words into what is compared, `reference` gives the float64
-rows): O — the dequantised values q · 2^e as [b, s_q, h_q, 512] against float64 attention →
-inverse rotation (not quantised: the cosine and rel L2 measure the quantisation and the kernel's
-error together); O_scale — the exponents [b, s_q, h_q, 4] against the float64 block's exponent,
-exactly, except where the float64 amax / 448 lies within a relative BAND of a power of two: there
-the reference holds e_low + 0.5 (the kernel may write e_low or e_low + 1), so `max_abs ≤ 0.5` is
-exact agreement elsewhere.
-
-Everything here is torch on any device, float64 where it computes, no kernel code.
-"""
+The check: `decode` turns the words into O = q · 2^e [b, s_q, h_q, 512] (against float64
+attention → inverse rotation, unquantised) and the exponents [b, s_q, h_q, 4] (against the
+float64 block's, exactly, except within a relative BAND of a power of two: e_low + 0.5 there,
+so `max_abs ≤ 0.5` is exact agreement elsewhere).  torch, float64, no kernel code."""
 
 from __future__ import annotations
 
@@ -159,10 +139,9 @@ def _arange(n: int, device):
 
 
 def decode_words(o_fp8_words, o_scale_words, b: int, s_q: int, h_q: int):
-    """What is compared of the kernel's float32-carried words (the module doc): (O float32
-    [b, s_q, h_q, 512] dequantised, exponents float32 [b, s_q, h_q, 4]); a value whose word or
-    whose block's scale word still holds the poison, and an exponent whose word does, keep the
-    poison bits (the harness counts them unwritten)."""
+    """What is compared of the kernel's float32-carried words: (O [b, s_q, h_q, 512] dequantised,
+        exponents [b, s_q, h_q, 4]); a value or exponent whose word (or scale word) still holds the
+        poison keeps the poison bits (counted unwritten)."""
     import torch
 
     n, g = b * s_q, h_q // GROUP_HEADS

@@ -1,54 +1,38 @@
-"""Stages I1 and I2: DSV4's lightning indexer — FP8 MQA logits, flat and paged.
+"""Stages I1 and I2: DSV4's lightning indexer — FP8 MQA logits, flat and paged (docs/INDEXER.md).
 
     logits[i, j] = Σ_h relu(q[i, h] · k[j] · k_scale[j]) · w[i, h]       (h = 64 heads, d = 128)
 
-Both stages take the axes `heads` (32 | 64; default 64) and `head_dim` (32 | 64 | 128; default
-128): below, 64 and 128 stand for them (`heads_dim`; a case without the axes is DSV4's shape).
-And `logits_dtype` (fp32 | bf16; default fp32): the logits' dtype.  With bf16 the reference is
-the float64 logits rounded to bf16 — what an exact kernel writes (`as_output`) — so the stage's
-bounds measure the kernel's error, not bf16's rounding (rel_l2 ~1.7e-3 by itself).
-I1 also takes `compressed` (false | true; default false): DeepGEMM's max_seqlen_k form, logits
-[s, W] with W = max(ke − ks) (`compressed_width`) and column c of row i the logit of key
-ks[i] + c — −inf where that key is outside [ks[i], ke[i]) or [0, s_kv) (`compress`).
-I2 also takes `context_2d` (false | true; default false): DeepGEMM's per-token context lengths
-context_lens [b, next_n], token t of sequence i seeing the keys < context_lens[i, t]
-(`token_context_lens`: the last token the sequence's length, the others drawn in [0, length] as
-DeepGEMM's test draws them, so a token may see fewer keys than the one before it).
+Axes of both: `heads` (32 | 64), `head_dim` (32 | 64 | 128) — 64 and 128 below stand for them
+(`heads_dim`) — and `logits_dtype` (fp32 | bf16: the reference then the float64 logits rounded
+to bf16, `as_output`, so the bounds measure the kernel's error).  I1's `compressed`: DeepGEMM's
+max_seqlen_k form, logits [s, W], W = max(ke − ks) (`compressed_width`), column c of row i key
+ks[i] + c, −inf outside [ks[i], ke[i]) or [0, s_kv) (`compress`).  I2's `context_2d`: context_lens
+[b, next_n], token t seeing keys < context_lens[i, t] (`token_context_lens`, drawn as DeepGEMM's
+test draws them).
 
-−inf where key j is not in query i's range.  The reference is float64 from the dequantised
-fp8 values (the same bytes the kernel reads), computed in chunks so a bench shape's sampled rows
-fit a GPU; it never reuses kernel code.
+The reference: float64 from the dequantised fp8 bytes the kernel reads, chunked; −inf outside
+each query's range.  Quantisers (as DeepGEMM's tests): keys per token scale = max(amax(k), 1e-4)
+/ 448, k8 = e4m3(k / scale); queries q8 = e4m3(q), no scale.
 
-Quantisers (DeepGEMM's tests do the same)
-    keys, per token:  scale = max(amax(k), 1e-4) / 448,  k8 = e4m3(k / scale),  k ≈ k8 · scale
-    queries:          q8 = e4m3(q)  (no scale: the indexer's queries arrive in fp8 range)
-
-Stage I1 — flat.  Axes: s (query tokens), s_kv (keys), ranges ('causal' | 'cp').
+Stage I1 — flat.  Axes: s, s_kv, ranges ('causal' | 'cp').
     q [s, 64, 128] e4m3 · kv [s_kv, 128] e4m3 · kv_scale [s_kv] fp32 · weights [s, 64] fp32 ·
     ks [s], ke [s] int32  →  logits [s, s_kv] fp32, −inf outside [ks[i], ke[i]).
-    Ranges (`ranges_of`, a pure function of the case, so `flops` is exact):
+    Ranges (`ranges_of`, pure functions of the case, so `flops` is exact):
       causal   query i sits at position s_kv − s + i and sees [0, pos + 1)
-      cp       context-parallel: the rows are two disjoint chunks of the sequence (the first
-               half near the start, the second near the end, as a CP rank holds them); the
-               second chunk sees a sliding window [pos + 1 − s_kv/2, pos + 1)
-    In both, every 37th row (from row 5) is empty (ks = ke), and row 3 of 'cp' has ks > ke
-    (also empty): such a row is −inf everywhere.
+      cp       two disjoint chunks of the sequence (near its start and end, as a CP rank holds
+               them); the second sees a sliding window [pos + 1 − s_kv/2, pos + 1)
+    Every 37th row (from row 5) is empty (ks = ke), and row 3 of 'cp' has ks > ke: −inf rows.
 
 Stage I2 — paged.  Axes: b, next_n, ctx (the average context length), block_kv.
     q [b, next_n, 64, 128] e4m3 · kv_cache [num_blocks, block_kv, 1, 132] uint8 ·
     context_lens [b] int32 · block_table [b, max_blocks] int32 · weights [b·next_n, 64] fp32
     →  logits [b·next_n, max_len] fp32, max_len = max_blocks · block_kv.
-    A cache block holds block_kv·128 e4m3 values (token-major), then block_kv fp32 scales.
-    Query token t of sequence i sits at position context_lens[i] − next_n + t and sees the
-    keys at positions ≤ it; every other element of its row is −inf.  Key position p of
-    sequence i lives in block block_table[i, p // block_kv], slot p % block_kv.
-    Context lengths are a pure function of the case (random in [0.7, 1.3]·ctx, never a
-    multiple of block_kv; with b > 1 one sequence is short: next_n + 3), so `flops` is exact;
-    the block table is a seeded shuffle of the physical blocks.  Keys past a context's length
-    in its last block, the spare blocks and the table entries past a sequence's last block all
-    hold NaN / point at NaN blocks: a kernel must mask them by selection, never read them into
-    a logit.
-"""
+    A block holds block_kv·128 e4m3 values (token-major), then block_kv fp32 scales.  Token t of
+    sequence i sits at context_lens[i] − next_n + t and sees the keys at positions ≤ it; key p
+    lives in block block_table[i, p // block_kv], slot p % block_kv.  Context lengths are pure
+    functions of the case (in [0.7, 1.3]·ctx, never a multiple of block_kv; with b > 1 one is
+    next_n + 3); the table is a seeded shuffle.  Every slot past a context (its last block's
+    tail, spare blocks, table entries past the sequence) holds NaN: mask by selection."""
 
 from __future__ import annotations
 
@@ -119,10 +103,9 @@ def unpack_paged_cache(cache):
 
 
 def mqa_logits(q, k, w, valid):
-    """float64 logits [rows, keys] = Σ_h relu(q[r, h] · k[j]) · w[r, h] where `valid[r, j]`,
-    −inf elsewhere.  q [rows, h, d], k [keys, d] (dequantised: the key scale inside), w
-    [rows, h], valid bool [rows, keys]; all on one device.  Chunked over rows and keys so
-    the [rows, h, keys] score block stays under ~32 M elements."""
+    """float64 logits [rows, keys] = Σ_h relu(q[r, h] · k[j]) · w[r, h] where `valid[r, j]`, −inf
+        elsewhere; q [rows, h, d], k [keys, d] (dequantised), w [rows, h], one device; chunked so the
+        score block stays under ~32 M elements."""
     import torch
 
     rows, h, _ = q.shape
@@ -327,9 +310,8 @@ def is_context_2d(case: dict[str, Any]) -> bool:
 
 
 def token_context_lens(case: dict[str, Any]) -> list[list[int]]:
-    """[b][next_n] per-token context lengths of a context_2d case (a pure function of the case):
-    token next_n − 1 of sequence i sees its whole context (context_lens_of), token t < next_n − 1
-    the keys < an integer drawn in [0, that length] (DeepGEMM: ((len + 1) · U[0, 1)).int())."""
+    """[b][next_n] per-token context lengths of a context_2d case: the last token sees the whole
+        context, token t < next_n − 1 the keys < an integer in [0, that length] (as DeepGEMM draws)."""
     b, next_n, ctx = int(case["b"]), int(case["next_n"]), int(case["ctx"])
     rng = random.Random(f"I2-2d|{b}|{next_n}|{ctx}|{case['block_kv']}")
     return [[rng.randint(0, n) for _ in range(next_n - 1)] + [n] for n in context_lens_of(case)]

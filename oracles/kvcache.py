@@ -27,48 +27,23 @@ Formats (`kv_format`):
              16 e8m0 scales, one per 32 consecutive values: 528 B per token, blocks unpadded,
              i.e. `[num_blocks, block_size, 1, 528]` contiguous.  Same scale rule per 32 values.
 
-    nvfp4    FlashInfer's NVFP4 cache (`kv_cache_format="nvfp4"` of
-             `trtllm_batch_decode_sparse_mla_dsv4`, SM120; docs/STAGE_E.md has the byte diagram):
-             [block_size × 352 B: per token 224 B of packed e2m1 (the 448 nope values, two a
-                                  byte, the LOW nibble the even — earlier — value) + 64 bf16 rope]
-             [block_size × 32 B:  per token 28 e4m3 scales (one per 16 nope values) + 4 zero
-                                  pad bytes]
-             384 B a token, the block unpadded (block_size · 384).  No per-tensor scale (the
-             writer's global scale is 1.0).  e2m1 s.ee.m: ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}.
-             Quantising one group of 16: scale = e4m3(amax / 6) (round to nearest even,
-             saturating at 448), code = e2m1(x / scale) (round to nearest even, saturating at
-             ±6, the sign of x kept — a −0 is code 8); scale 0 (amax 0, or amax / 6 below e4m3's
-             smallest subnormal 2^−10) gives codes ±0.  Dequantising: e2m1 · e4m3 scale.
+    nvfp4    FlashInfer's NVFP4 cache (SM120; docs/STAGE_E.md has the byte diagram and sources):
+             [block_size × 352 B: per token 224 B of packed e2m1 nope (value 2i in the LOW
+                                  nibble of byte i) + 64 bf16 rope]
+             [block_size × 32 B:  per token 28 e4m3 scales (one per 16 nope values) + 4 zero pad]
+             384 B a token, unpadded; no per-tensor scale.  e2m1 s.ee.m: ±{0, 0.5, 1, 1.5, 2, 3,
+             4, 6}.  A group of 16: scale = e4m3(amax / 6) (nearest even, saturating at 448), code
+             = e2m1(x / scale) (nearest even, saturating at ±6, the sign kept: −0 is code 8); a
+             scale of 0 gives codes ±0.  Dequantising: e2m1 · e4m3 scale.
 
 e8m0 (float8_e8m0fnu) is a bare exponent: byte e means 2^(e − 127), 0xFF is NaN.  Every power of
 two from 2^−127 to 2^127 is exact; the quantisers produce ≥ 2^−14 (the 1e-4 floor); a cache
 writer may store any exponent, and the dequantisers honour it (2^−20 … 2^15 are tested).
 
-What was checked against FlashMLA (github deepseek-ai/FlashMLA, commit 9241ae3, read, not
-copied): tests/quant.py `quantize_k_cache` / `dequantize_k_cache` for MODEL1_FP8Sparse — the
-(d, d_nope, d_rope, tile, tiles) = (512, 448, 64, 64, 7) meta, bytes per token 448 + 128 + 7 + 1,
-block padding to a multiple of 576, the nope+rope plane before the 8-byte scale plane, the scale
-rule `2^ceil(log2(clamp_min(amax / 448, 1e-4)))` and `q = e4m3(x_fp32 / scale)`, the dequant
-`bf16(q) · bf16(scale)` and the (num_blocks, block_size, 1, −1) view; and the sgl-flash-mla
-1.0.0 wheel's flash_mla_interface.py docstring for V4.1 (512 e4m3 then 16 e8m0 per token, one
-scale per 32 values, format detected from 528 bytes per token).  V4.1's quantiser itself is not
-in either source: its scale rule here is model1's applied to 32-value groups (an assumption;
-the dequantiser is what a kernel is checked against, and it follows the documented bytes).
-
-What was checked against FlashInfer (github flashinfer-ai/flashinfer, read, not copied): the
-merged pull request #4955 "feat(sm120): add NVFP4 sparse MLA support for DeepSeek V4 Flash" —
-flashinfer/mla/_sparse_mla_nvfp4_sm120.py (index commit 0ec9104571eb: `_PACKED_NOPE_BYTES = 224`,
-`_ROPE_BYTES = 128`, `_DATA_BYTES_PER_TOKEN = 352`, `_SCALE_BYTES_PER_TOKEN = 32`, 384 a token;
-the pack docstring "within each physical page it stores page_size * 352 data bytes followed by
-page_size * 32 scale bytes") and tests/attention/test_sparse_mla_nvfp4_sm120.py (index commit
-2069fce4b6be: `_split_cache`, the LUT dequantiser `codes = (packed & 0xF, packed >> 4)` — low
-nibble first —, scales[..., :28] e4m3 and scales[..., 28:] zero, the known encoding
-[0, −0, 0.5, −0.5, …] → bytes 0x80, 0x91, … and scale 0x38 for 1.0); the quantiser
-csrc/fp4_kv_quantization.cu `nvfp4_kv_quant` at fb28d7242b35 (sf = e4m3(amax · rcp(6) /
-global_scale), codes cvt.rn.satfinite.e2m1x2(x · rcp(sf · global_scale)), global_scale 1.0 in
-the cache writer).  Differences here, by design: x / scale exactly instead of x · rcp.approx
-(a code may differ at an exact tie), and a group whose scale rounds to 0 while amax > 0 gets
-codes ±0 (FlashInfer's rcp(0) = inf saturates them to ±6; both dequantise to 0).
+Checked against FlashMLA@9241ae3 tests/quant.py (MODEL1_FP8Sparse) and the sgl-flash-mla 1.0.0
+wheel's docstring for V4.1 (its quantiser is unpublished: model1's rule on 32-value groups is an
+assumption; the dequantiser follows the documented bytes).  nvfp4 differs from FlashInfer by
+design: x / scale exactly, not x · rcp.approx, and a scale rounding to 0 gives ±0, not ±6.
 
 Everything here is torch on any device, float64 where it computes, no kernel code.
 """
@@ -123,12 +98,10 @@ def block_bytes(fmt: str, block_size: int) -> int:
 
 
 def block_size_of(fmt: str, nbytes: int) -> int | None:
-    """The block size whose block is `nbytes` bytes in format `fmt` (block_bytes is strictly
-    increasing in the block size, so there is at most one), or None.  nvfp4: powers of two only
-    (FlashInfer's page sizes) — its 384-byte token makes a block of another size the same bytes as
-    many simple and v4.1 blocks (v4.1's 256 tokens are nvfp4's 352, simple's 64 nvfp4's 86), and
-    the bytes alone must tell the format (harness/peers/torch_sparse.py).  One collision is left:
-    nvfp4's 512 tokens are simple's 381 (tests/test_e_peers.py)."""
+    """The block size whose block is `nbytes` bytes in format `fmt` (at most one), or None.  nvfp4:
+        powers of two only, so the bytes alone tell the format (its 384-byte token makes other sizes
+        collide with simple and v4.1 blocks); one collision is left: nvfp4's 512 tokens are
+        simple's 381 (tests/test_e_peers.py)."""
     if fmt == "nvfp4":
         size = _search(fmt, nbytes)
         return size if size is not None and size & (size - 1) == 0 else None
@@ -304,9 +277,8 @@ def _layout(fmt: str) -> tuple[int, int]:
 
 
 def token_offsets(fmt: str, block_size: int, index):
-    """(data offset, scale offset) int64 tensors: where token `index` (= block · block_size +
-    offset) starts in the flat byte cache, and where its scales start (v4.1: data + 512;
-    model1, nvfp4, simple: in the block's scale plane after its rows)."""
+    """(data offset, scale offset) int64 of token `index` (= block · block_size + offset) in the flat
+        byte cache (v4.1's scales at data + 512; the others' in the block's scale plane)."""
     import torch
 
     _check(fmt, block_size)
@@ -433,9 +405,8 @@ def dequantize(cache, fmt: str, block_size: int):
 
 
 def poison_tokens(cache, fmt: str, block_size: int, index) -> None:
-    """Fill every byte of tokens `index` (int tensor) with 0xFF: NaN in every e4m3, bf16, fp32
-    and e8m0 field of those tokens (in place).  nvfp4: an e2m1 0xF is −6, finite, but every
-    group's e4m3 scale 0xFF is NaN, so every dequantised value is NaN too."""
+    """Fill every byte of tokens `index` with 0xFF, in place: NaN in every e4m3, bf16, fp32 and e8m0
+        field (nvfp4: codes −6, but every scale NaN, so every value NaN)."""
     dpos, spos = _spans(fmt, block_size, index.to(cache.device))
     flat = cache.view(-1)
     flat[dpos.reshape(-1)] = 0xFF
@@ -444,9 +415,8 @@ def poison_tokens(cache, fmt: str, block_size: int, index) -> None:
 
 
 def set_scale_exponents(cache, fmt: str, block_size: int, index: int, exps: list[int]) -> None:
-    """Overwrite token `index`'s scales with 2^exps (model1: 7 values, v4.1: 16); simple takes
-    one fp32 scale 2^exps[0].  For cases with extreme scales (a writer may store any power of
-    two, beyond what `quantize` produces)."""
+    """Overwrite token `index`'s scales with 2^exps (model1 7, v4.1 16; simple one fp32 2^exps[0]),
+        for the extreme-scale cases."""
     import torch
 
     flat = cache.view(-1)

@@ -1,26 +1,16 @@
 """Stages D3, D4, D5: DSV4 decode attention over MASKED keys — the SWA fill level (D3), causal
 SWA (D4), and two key branches under one softmax with an attention sink (D5).
 
-Conventions (pinned by issue 13; docs/MASKED_DECODE.md says the same):
-    Fill level (D3).  swa_lens [b] int32: SWA key j of batch b is valid iff j < swa_lens[b].
-        Keys at or past the fill level may hold anything — the inputs pour NaN into them.
-    Causal SWA (D4).  The s_q query tokens are the newest of the window: token t (0 … s_q−1)
-        sits at key position swa_lens[b] − s_q + t and sees key j iff j ≤ swa_lens[b] − s_q + t
-        (and j < swa_lens[b]).  When swa_lens[b] < s_q the first tokens see no key at all.
-    Lonely row (no valid key).  O = 0 exactly, LSE = +inf; never NaN.
-    Two branches (D5).  KV_main [b, n_main, d] with main_lens [b] (j < main_lens[b], no causal
-        mask) and KV_swa [b, n_swa, d] with D3's and D4's rules, attended under ONE softmax; a
-        key present in both branches counts twice.
-    Sink (D5).  sink [h_q] fp32, optional: O · 1 / (1 + exp(sink[h] − lse)); the returned LSE
-        does not include the sink; sink = −inf changes nothing, +inf gives O = 0 (LSE still the
-        keys'); a lonely row stays O = 0, LSE = +inf.
+Conventions (issue 13): docs/MASKED_DECODE.md "Keys" and "Outputs" — the fill level
+(D3: key j valid iff j < swa_lens[b]; keys past it may hold NaN), causal SWA (D4: token t sees
+j ≤ swa_lens[b] − s_q + t), two branches under ONE softmax (D5: main j < main_lens[b], a key in
+both counts twice), the sink O · 1 / (1 + exp(sink[h] − lse)) (LSE without it), and the lonely
+row O = 0, LSE = +inf, never NaN.
 
 Tensors
-    D3, D4   Q [b, s_q, h_q, d] bf16, KV [b, n, d] bf16, swa_lens [b] int32,
-             O [b, s_q, h_q, d] bf16, LSE [b, h_q, s_q] fp32, O_part / LSE_part (split scratch,
-             oracles/decode.py's capacity rule).  `shape` is D2's word b{b}s{s_q}h{h_q}n{n}d{d}.
+    D3, D4   D2's (oracles/decode.py) with swa_lens [b] int32 after KV; `shape` D2's word.
     D5       Q, KV_main [b, n_main, d], KV_swa [b, n_swa, d], main_lens [b], swa_lens [b]
-             int32, sink [h_q] fp32, O, LSE, O_part, LSE_part.  `shape` is
+             int32, sink [h_q] fp32, O, LSE, O_part, LSE_part; `shape`
              b{b}s{s_q}h{h_q}m{n_main}n{n_swa}d{d}.
 
 Matrix axes (inputs only, not kernel parameters)
@@ -33,17 +23,15 @@ Matrix axes (inputs only, not kernel parameters)
     sink (D5)      none (the kernel applies no sink; the tensor holds NaN), or a value:
                    -inf, -5, 0, 5, inf.  The kernel takes it as a parameter (present or not).
 
-Inputs: seeded, never zeros.  Q ~ N(0, 1) · 1.5 and valid keys ~ N(0, 1) (D2's), with three
-strong keys (· 2) at fill − 1, fill − 70, fill − 1000 per batch: the NEWEST key of the window
-carries weight, so a causal or fill mask off by one key moves O.  Every key row at or past
-its batch's fill level is NaN.  D5 adds a per-head score offset (key column 0 is +4, query
-column 0 is −offset_h · sqrt(d) / 4, offsets spread over [0, 15]) so the rows' LSEs span about
-[−8, 8] and every sink value moves some heads' O by a lot.
+Inputs: seeded, never zeros: D2's, with three strong keys (· 2) at fill − 1, fill − 70, fill −
+1000 per batch (the NEWEST key carries weight: a mask off by one moves O); every key row past
+the fill level is NaN.  D5 adds a per-head score offset (key column 0 +4, query column 0
+−offset_h · sqrt(d) / 4, offsets over [0, 15]): LSEs span about [−8, 8], so every sink value moves
+some heads' O.
 
-The reference is ONE float64 softmax over exactly the valid keys (the union of both branches
-for D5), written from these definitions with torch and no kernel code: boolean validity masks,
-masked scores −inf, lonely rows set by the rule above.  `merge_branches` is DSV4.md's merge of
-two separately computed branches (the CPU tests check that it equals the union).
+The reference: ONE float64 softmax over exactly the valid keys (both branches for D5), from these
+definitions, no kernel code.  `merge_branches`: DSV4.md's merge of two separate branches (tested
+equal to the union).
 """
 
 from __future__ import annotations
@@ -169,9 +157,9 @@ def valid_keys(lens: list[int], n: int, s_q: int, causal: bool):
 
 
 def masked_attention(q, kvs: list, valids: list, sink=None) -> dict:
-    """float64 O [b, s_q, h_q, d] and LSE [b, h_q, s_q]: one softmax over the valid keys of
-    every branch together (`kvs[i]` [b, n_i, d], `valids[i]` bool [b, s_q, n_i]); lonely rows
-    O = 0, LSE = +inf; with `sink` [h_q], O · 1 / (1 + exp(sink − lse)), LSE unchanged."""
+    """float64 O [b, s_q, h_q, d] and LSE [b, h_q, s_q]: one softmax over the valid keys of every
+        branch (`kvs[i]` [b, n_i, d], `valids[i]` bool [b, s_q, n_i]); lonely rows O = 0, LSE = +inf;
+        `sink` [h_q]: O · 1 / (1 + exp(sink − lse))."""
     import torch
 
     q = q.double()
@@ -200,9 +188,8 @@ def masked_attention(q, kvs: list, valids: list, sink=None) -> dict:
 
 
 def merge_branches(o1, lse1, o2, lse2):
-    """DSV4.md's merge of two branches computed separately (normalised O_i, LSE_i [b, h_q, s_q]
-    with +inf for a branch with no key): lse = logaddexp, O = Σ exp(lse_i − lse) · O_i.  A
-    branch with no key has weight 0; both empty: O = 0, LSE = +inf."""
+    """DSV4.md's merge of two separately computed branches (O_i, LSE_i, +inf for an empty branch):
+        lse = logaddexp, O = Σ exp(lse_i − lse) · O_i; both empty: O = 0, LSE = +inf."""
     import torch
 
     l1 = torch.where(torch.isposinf(lse1), torch.full_like(lse1, -math.inf), lse1).double()
@@ -365,20 +352,16 @@ def merge_flops(case: dict[str, Any]) -> float:
 
 
 def torch_merge(inputs: dict, case: dict[str, Any]):
-    """Peer for timing (`run --bench`): D5 as PyTorch users write it, bf16 on the GPU,
-    gather-free — `sink_decode` below, which the bench peer torch_plain reuses
-    (harness/peers/torch_plain.py).  The inputs hold a NaN sink when the case has none, which
-    sink_decode reads as "no sink"."""
+    """Peer for `run --bench`: D5 as PyTorch users write it (`sink_decode`, which torch_plain reuses);
+        a NaN sink means "no sink"."""
     return sink_decode(inputs["Q"], inputs["KV_main"], inputs["KV_swa"], inputs["main_lens"], inputs["swa_lens"],
                        inputs["sink"])
 
 
 def sink_decode(q, kv_main, kv_swa, main_lens, swa_lens, sink):
-    """DSV4 decode over two key branches under one softmax, with the attention sink, in bf16
-    PyTorch (two batched matmuls, masks, logsumexp). q [b, s_q, h_q, d]; kv_main [b, n_main, d]
-    (key j valid iff j < main_lens[b]); kv_swa [b, n_swa, d] (valid iff j < swa_lens[b] and
-    j ≤ swa_lens[b] − s_q + t for query token t); sink [h_q] (NaN: no sink). Returns O
-    [b, s_q, h_q, d] and LSE [b, h_q, s_q] (+inf for a row with no valid key, whose O is 0)."""
+    """D5 in bf16 PyTorch (two batched matmuls, masks, logsumexp, the sink).  q [b, s_q, h_q, d];
+        kv_main [b, n_main, d] (j < main_lens[b]); kv_swa [b, n_swa, d] (j < swa_lens[b], j ≤
+        swa_lens[b] − s_q + t); sink [h_q] (NaN: none).  Returns O and LSE (+inf for a keyless row)."""
     import torch
 
     b, s_q, h_q, d = q.shape

@@ -6,23 +6,14 @@ SIMT kernel: the same math, never materialising the [rows, h, keys] scores.
 q [rows, h, d], k [keys, d] (dequantised, key scale inside), w [rows, h] float64; ks, ke int32.
 Written from the math (no stages/ code): an independent oracle.
 
-Tiling: a CTA (WARPS warps) per block of BR = WARPS · RW rows × BK = 32 · TK keys (grid
-(⌈keys/BK⌉, ⌈rows/BR⌉)).  The CTA stages its K block transposed in shared memory, kt[d][key]
-(row stride BK + 1: the transposing stores hit 2 banks, not 32), keys past `keys` as 0, and only
-if some row of the block has a key of the block in its range.  Warp w takes rows w·RW … w·RW +
-RW − 1 of the block; lane l the keys l + 32·i (i < TK).  Per row, per chunk of TH heads, the warp
-stages q[r, chunk, :] as qs[w][d][TH] and each lane accumulates its TH × TK dot products over d
-in fp64 (TK + TH shared loads per TH · TK FMAs; the q loads are warp broadcasts), then adds
-relu(acc) · w[r, h] to its TK logits, heads in order.  Keys outside [ks, ke) — every key of a row
-whose range misses the block or is empty (ks ≥ ke) — get −inf, by selection.  relu is max.f64:
-a NaN score gives 0 where torch's clamp keeps NaN (the suites' q and k are finite).
-
-Cost: 2·h·d flop per (row, key) of a live block, fp64 FMAs on the CUDA cores (one CTA an SM at
-d = 128: 193 KiB of shared memory; sm_90a: 126 registers, no spill).  Per d step a warp issues
-32 DFMA against 4 LDS.64 (k: 2 wavefronts each) + 4 LDS.128 (q: broadcasts) — SASS, 4 steps
-unrolled — so it is FMA-bound: an H100's or H200's ~30 fp64 TFLOP/s less overheads, ~20 TFLOP/s
-expected (an estimate: not yet timed).
-"""
+Tiling: a CTA (WARPS warps) per block of BR = WARPS · RW rows × BK = 32 · TK keys.  The CTA
+stages its K block transposed in shared memory, kt[d][key] (row stride BK + 1: 2 banks, not 32),
+keys past `keys` as 0, only if some row of the block has a key of the block in range.  Warp w
+takes RW rows, lane l keys l + 32·i (i < TK).  Per row and chunk of TH heads the warp stages
+q[r, chunk, :] as qs[w][d][TH]; each lane accumulates TH × TK fp64 dot products over d, then adds
+relu(acc) · w[r, h] to its TK logits, heads in order.  Keys outside [ks, ke) get −inf by
+selection.  relu is max.f64: a NaN score gives 0 (the suites' q and k are finite).
+Cost: 2·h·d fp64 FMAs per (row, key) of a live block, FMA-bound (32 DFMA per 8 shared loads)."""
 
 import functools
 import math

@@ -10,9 +10,8 @@ Tensors (in the kernel's argument order):
     idx_extra    [b, s_q, extra_topk]      int32
     extra_length [b]                       int32
     sink         [h_q]                     fp32   attention sink logit per head
-    softmax_scale [1]                      fp32   the scale on Q·Kᵀ (FlashMLA's `softmax_scale`, a
-                                                  runtime value: one compiled kernel serves any);
-                                                  DEFAULT_SCALE = 1/sqrt(512) except in `softmax_scale`
+    softmax_scale [1]                      fp32   the scale on Q·Kᵀ, a runtime value (DEFAULT_SCALE
+                                                  = 1/sqrt(512) but in scenario softmax_scale)
     cos_sin_cache [max_position, 64]       fp32   epilogue fp8_rope: [cos θ_0..31, sin θ_0..31] a
                                                   position (oracles/fp8_epilogue.py); bf16: [1, 64]
     positions    [b · s_q]                 int32  the position of token (i, t) at i · s_q + t
@@ -25,14 +24,12 @@ Tensors (in the kernel's argument order):
     O_part       [cap, b, s_q, h_q, 512]   fp32   (scratch) split-KV partials
     LSE_part     [cap, b, s_q, h_q]        fp32   (scratch)
 
-Semantics (DSV4.md, issue 13's D5): one softmax over the valid keys of BOTH branches
-(scores Q·Kᵀ · softmax_scale); a key is valid iff its list position is < the branch's length and its
-index is not −1; a key indexed twice (or in both branches) counts twice; the output is scaled by
-1 / (1 + exp(sink[h] − lse)); a row with no valid key has O = 0 and LSE = +inf.  Optional pieces
-of the production API are always-present tensors here: "no topk_length" is topk_length = topk,
-"no sink" is sink = −inf everywhere (which changes nothing), "no extra branch" (a config word
-without `_x…`) is a 1-block extra cache, idx_extra [b, s_q, 1] = −1 and extra_length = 0 — the
-kernel ignores them, a peer is called without them.
+Semantics (DSV4.md): one softmax over the valid keys of BOTH branches (scores Q·Kᵀ ·
+softmax_scale); a key is valid iff its list position is < the branch's length and its index is
+not −1; a key indexed twice counts twice; O is scaled by 1 / (1 + exp(sink[h] − lse)); a row
+with no valid key: O = 0, LSE = +inf.  The API's optional pieces are always-present tensors:
+no topk_length = topk, no sink = −inf, no extra branch (a config without `_x…`) = a 1-block
+extra cache, idx_extra [b, s_q, 1] = −1, extra_length 0 (a peer is called without them).
 
 Matrix axes
     b          batch size (an int, so `bench` may sweep it)
@@ -56,23 +53,17 @@ Matrix axes
                  dup        duplicated indices within each branch (a key counted twice)
                  softmax_scale  sink's inputs with softmax_scale = ALT_SCALE = 512^−0.55 (FlashMLA's
                             tests' d^−0.55) instead of 1/sqrt(512): O and LSE both move (issue 35)
-    epilogue   bf16 (O as bf16; the default when a case has no such axis) | fp8_rope (the fused
-               FP8 output epilogue, oracles/fp8_epilogue.py: O's rope lanes inverse-rotated, e4m3
-               with a UE8M0 exponent a 128 values; `decode` turns the words into what is compared:
-               O dequantised [b, s_q, h_q, 512] and O_scale the exponents [b, s_q, h_q, 4])
-    splits     1 | auto | an int: the sm90 kernel's persistent parts (stages/common/
-               part_scheduler.py: 1 a whole sequence a segment, n about n parts a sequence,
-               auto its chooser); sm100's split-KV (stages/common/scheduler.py's rule)
+    epilogue   bf16 (the default) | fp8_rope (oracles/fp8_epilogue.py; `decode` turns its words
+               into what is compared)
+    splits     1 | auto | an int: sm90's persistent parts (part_scheduler.py), sm100's split-KV
 
-The scratch capacity `cap`: the larger of the two kernels' needs — sm100: 1 for splits = 1,
-for auto 1 when the row blocks fill the GPU, else one split per 64-key tile up to AUTO_SPLITS
-(32: at topk 16384 one a tile would be 256 slots, ~268 MB of O_part at b 2 s2 h128; sm100's
-kernel caps "auto" to the scratch it is given, so 32 splits of 8–17 tiles then), an int k: k;
-sm90: the most partials its parts cut a sequence into (PartGrid.capacity).
+The scratch capacity `cap`: the larger of the two kernels' needs — sm100: 1 for splits = 1, for
+auto 1 when the row blocks fill the GPU, else one split per 64-key tile up to AUTO_SPLITS (32;
+docs/STAGE_E.md), an int k: k; sm90: the most partials its parts cut a sequence into
+(PartGrid.capacity).
 
-The reference is float64 dequantise-and-attend (`reference`): each branch's indexed tokens are
-read from the cache bytes by oracles/kvcache.read_tokens (float64), invalid keys masked, one
-logsumexp over the concatenation; it shares no code with any kernel.
+The reference (`reference`): float64 dequantise-and-attend — each branch's indexed tokens read
+from the cache bytes (kvcache.read_tokens), invalid keys masked, one logsumexp over both.
 """
 
 from __future__ import annotations
@@ -108,9 +99,7 @@ def epilogue_of(case: dict[str, Any]) -> str:
 
 
 def split_capacity(case: dict[str, Any]) -> int:
-    """The partial slots of the scratch (O_part, LSE_part) a case declares: the module doc's
-    `cap` — sm100's "auto" at small batches one a tile but at most AUTO_SPLITS (its kernel caps
-    "auto" to the scratch), sm90's parts their most pieces of a sequence."""
+    """The partial slots (O_part, LSE_part) a case declares: the module doc's `cap`."""
     c = SparseConfig.parse(case["config"])
     splits = case["splits"]
     head_blocks = -(-c.h_q // 64)
@@ -161,11 +150,9 @@ def tensors(case: dict[str, Any]) -> list[TensorSpec]:
 
 
 def _branch(g, b: int, s_q: int, topk: int, block: int, nb: int, scenario: str, fmt: str):
-    """One branch: (cache uint8, idx int32 [b, s_q, topk], length int32 [b]), CPU.
-
-    Sequence i owns `seq` token positions whose blocks are a random permutation of blocks
-    0 … nb − 2 (the last block is a spare nobody indexes); each (i, t) indexes `topk` distinct
-    positions (dup: some repeated); only indexed tokens get values, every other token is 0xFF."""
+    """One branch: (cache uint8, idx int32 [b, s_q, topk], length int32 [b]), CPU.  Sequence i's
+        blocks are a random permutation of blocks 0 … nb − 2 (the last a spare); each (i, t) indexes
+        `topk` distinct positions (dup: some repeated); unindexed tokens are 0xFF."""
     import torch
 
     seq = max(2 * topk, block)
@@ -238,10 +225,9 @@ VALUE_CAP = 4.0  # |q · 2^e| of an extreme-scale payload stays ≤ this (or is 
 
 
 def _write_extremes(g, cache, fmt: str, block: int, used) -> None:
-    """Give every 4th indexed token extreme scales: per scale group an exponent from
-    _EXTREME_EXPS (2^−20 … 2^15) and e4m3 payload bytes whose values q keep |q · 2^e| ≤ 4; where
-    no nonzero e4m3 value is that small (2^15 · 2^−9 = 64), the group is 0 except 4 columns holding
-    the smallest subnormals (so a scale from the wrong group still moves the scores)."""
+    """Every 4th indexed token gets extreme scales: per group an exponent from _EXTREME_EXPS (2^−20 …
+        2^15) and payloads keeping |q · 2^e| ≤ 4; where no nonzero e4m3 is that small, the group is 0
+        but for 4 smallest subnormals (a wrong group's scale still moves the scores)."""
     import torch
 
     flat = cache.view(-1)
@@ -277,10 +263,8 @@ _NVFP4_EXTREME_SCALES = (0x01, 0x7E, 0x07, 0x68, 0x08, 0x6F, 0x34, 0x48, 0x3F)
 
 
 def _write_nvfp4_extremes(g, flat, d0, s0) -> None:
-    """nvfp4's `extreme`: every 4th indexed token's 28 group scales cycle through
-    _NVFP4_EXTREME_SCALES, its codes are random e2m1 with |code · scale| ≤ VALUE_CAP — where only
-    zero is that small (scales 64 … 448), the group is 0 except 4 columns of ±0.5 (32 … 224:
-    a scale from the wrong group still moves the scores)."""
+    """nvfp4's `extreme`: every 4th indexed token's group scales cycle through _NVFP4_EXTREME_SCALES,
+        codes random with |code · scale| ≤ VALUE_CAP; where only zero fits, 4 columns of ±0.5."""
     import torch
 
     mags = torch.tensor(kc.E2M1_VALUES, dtype=torch.float64)
@@ -343,9 +327,8 @@ def make_inputs(case: dict[str, Any], seed: int, device: str = "cpu") -> dict:
 
 
 def _sink(g, h_q: int, scenario: str, keys: int):
-    """Sinks [h_q]: −inf (none) for plain, dup and extreme; N(0, 1) + ln(keys) + 2 (about a row's
-    LSE for these inputs, so 1/(1 + exp(sink − lse)) is far from 0 and 1) for sink, invalid and topk_len;
-    sink_inf and lonely cycle −inf, +inf and such a finite value over the heads."""
+    """Sinks [h_q]: −inf for plain, dup, extreme; N(0, 1) + ln(keys) + 2 (about a row's LSE) for
+        sink, invalid, topk_len; sink_inf and lonely cycle −inf, +inf and such a value."""
     import torch
 
     if scenario in ("plain", "dup", "extreme"):
@@ -407,9 +390,8 @@ def reference(inputs: dict, case: dict[str, Any]) -> dict:
 
 
 def decode(outputs: dict, case: dict[str, Any]) -> dict:
-    """What is compared of the kernel's outputs (the stage's `decode`): bf16 — O and LSE as
-    they are, O_scale empty (as the reference's); fp8_rope — O dequantised from O_fp8's e4m3 and
-    O_scale's exponents, O_scale the exponents (oracles/fp8_epilogue.py decode_words)."""
+    """What is compared (the stage's `decode`): bf16 — O and LSE as they are; fp8_rope — O
+        dequantised from O_fp8 and O_scale, O_scale the exponents (fp8_epilogue.decode_words)."""
     if epilogue_of(case) != "fp8_rope":
         return {"O": outputs["O"], "LSE": outputs["LSE"], "O_scale": outputs["LSE"].new_zeros(0)}
     c = SparseConfig.parse(case["config"])

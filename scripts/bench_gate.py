@@ -1,13 +1,9 @@
-"""How fast is `dsv4-lab gate` when nothing changed? Builds a temporary lab with 200
-baselined cases and 10,000 records, then times the gate as a user runs it (process start
-included). Not a test: a measurement, printed.
+"""How fast is `dsv4-lab gate` when nothing changed? A temporary lab with 200 baselined cases and
+10,000 records, the gate timed as a user runs it.  A measurement, printed.
 
     python scripts/bench_gate.py [--repeat 5] [--compile-only]
 
-`--compile-only`: the 200 baselines are compile-only ones (sm_100a: registers, spills, smem,
-an instruction inventory of PTX and SASS counters) and the records `compiled` ones carrying
-that inventory — what the gate reads for stages no device here runs.
-"""
+`--compile-only`: compile-only baselines (sm_100a) and `compiled` records with inventories."""
 
 from __future__ import annotations
 

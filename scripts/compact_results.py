@@ -1,29 +1,20 @@
 """Upkeep of the notebook's size (the tracked tree must stay small enough to carry to a GPU
-machine): move the records' inline instruction inventories and env blocks into their stores,
-move stale records into results/archive/<stage>.jsonl.xz (their inventories and env inline) and
-the events of runs no live line names into results/archive/runs.jsonl.xz, seal the live lines
-of each results/records/<stage>.jsonl into its segment results/records/<stage>.jsonl.xz (one xz
-stream; the plain file is left empty — a stage with a line readers skip is left as it is, with
-one line naming it, and the exit code is 1), rewrite each store
-(results/inventories.jsonl.xz, results/envs.jsonl.xz) as one xz stream holding only the values a
-line still names (an older notebook's plain results/inventories.jsonl is folded in and removed),
-retire the archive's oldest stale lines (harness/notebook/archive.py `retire`: per (arch, case) the
-newest --keep lines, default 0 (a bench shape: 4), and every line of the last --days days, default 0, stay; a line a
-baseline, a speed baseline or a note names, or of a run a note or the stage's live records name, stays; a
-retired line is named in results/archive/retired.jsonl.xz with the commit — HEAD, which holds it —
-and the `git show` that shows it; only a line the archive at HEAD holds is retired, none outside
-a git checkout), and trim compile baselines to what the gate compares and run baselines' metric values to the
-digits it needs (harness/notebook/inventories.py, harness/notebook/archive.py, harness/notebook/baselines.py). Nothing is
-lost: every reader sees the same records afterwards.
-Idempotent; prints what it saved. It holds the notebook's lock (results/.lock) throughout: runs appending meanwhile wait,
-and nothing they write is lost. It reads every record before and after (`every_record`): one that
-does not read back the same is one line, and the exit code is 1.
+machine): move the records' inline inventories and env blocks into their stores, stale records
+into results/archive/<stage>.jsonl.xz and the events of runs no live line names into
+results/archive/runs.jsonl.xz, seal each stage's live lines into its segment (a stage with a line
+readers skip is left as it is, one line, exit 1), rewrite each store as one xz stream of the
+values a line still names (folding in an older plain inventories.jsonl), retire the archive's
+oldest stale lines (archive.py `retire`: --keep N, default 0, a bench shape 4; --days M, default
+0; named in results/archive/retired.jsonl.xz with HEAD and the `git show` that shows it), and
+trim baselines to what the gate compares.  Nothing is lost: every reader sees the same records.
+Idempotent; prints what it saved; holds the notebook's lock (results/.lock) throughout.  Every
+record is read before and after (`every_record`): one that does not read back the same is one
+line, exit 1.
 
     python3 scripts/compact_results.py [LAB_ROOT] [--force] [--keep N] [--days M]
 
-A store with parts that cannot be read (a stream cut off by a crash, a corrupt line) is left as
-it is, with the warnings printed; --force rewrites it from what can be read.
-"""
+A store with unreadable parts is left as it is, with the warnings; --force rewrites it from what
+can be read."""
 
 from __future__ import annotations
 
@@ -58,9 +49,8 @@ def _size(*paths: Path | None) -> int:
 
 
 def named_ids(root: Path, store: ContentStore) -> set[str] | None:
-    """Every id of `store` that a line of the live records (plain files and segments) or of the
-    archives names; None when a segment or an archive cannot be read (what it names is not
-    known, so nothing may be dropped)."""
+    """Every id of `store` named by a line of the live records or the archives; None when one cannot
+        be read (then nothing may be dropped)."""
     ids: set[str] = set()
     for path in sorted(records_dir(root).glob("*.jsonl")):
         for _, obj in iter_jsonl(path):
@@ -99,11 +89,9 @@ _MENTIONED = re.compile(rb"\d{8}-\d{6}-[0-9a-f]{4,}(?:\.\d+)?")
 
 
 def named_by_notebook(root: Path) -> tuple[set[str], set[str], dict[str, set[str]]]:
-    """(record ids, run ids, per stage the run ids) whose archive lines must never be retired: the
-    records the baselines and the speed baselines name, the runs notes are on or a note's text
-    mentions, and per stage the runs that stage's live records name (a run's live lines of one
-    stage do not hold its stale lines of another). BaselineError / OSError (one line) when one of
-    them cannot be read."""
+    """(record ids, run ids, per stage the run ids) whose archive lines are never retired: records the
+        baselines name, runs notes are on or mention, and per stage the runs its live records name.
+        BaselineError / OSError (one line) when one cannot be read."""
     ids = {b.record for b in baselines.load(root)} | {b.record for b in speedbaselines.load(root)}
     runs = set(read_notes(root))
     try:
@@ -149,18 +137,16 @@ def held_at_head(root: Path, archive: Path) -> Held:
 
 
 def every_record(root: Path) -> Counter[str]:
-    """Every record the notebook reads — archives, segments and plain files of every stage on
-    disk, bench records too — as its full JSON, counted: what compaction must leave as it found
-    it (in another order: stale lines move to the archive)."""
+    """Every record the notebook reads (archives, segments, plain files, bench too) as full JSON,
+        counted: what compaction must leave as it found it."""
     stages = {p.name[:-len(".jsonl")] for p in records_dir(root).glob("*.jsonl")}
     stages |= {p.name[:-len(ARCHIVE_SUFFIX)] for p in [*record_segments(root), *record_archives(root)]}
     return Counter(r.to_json() for r in read_records(root, sorted(stages), [], bench=True))
 
 
 def main(root: Path, force: bool = False, keep: int = KEEP_NEWEST, days: float = KEEP_DAYS) -> int:
-    """Compact the notebook, holding its lock exclusive throughout (harness/core/notebooklock.py): a
-    run appending meanwhile waits at its next record and then appends to the rewritten file.
-    Every record must read back the same afterwards (`every_record`), but the retired ones."""
+    """Compact the notebook holding its lock exclusive (a run appending meanwhile waits); every record
+        but the retired must read back the same afterwards (`every_record`)."""
     try:
         with exclusive(results_dir(root)):
             before = every_record(root)

@@ -1,19 +1,15 @@
-"""Smoke test of a DeepGEMM build through the lab's own peer adapter (harness/peers/deepgemm.py),
-on the GPU machine, from the repository root: `python3 scripts/deepgemm_smoke.py MODE`.
+"""Smoke test of a DeepGEMM build through the lab's peer adapter (harness/peers/deepgemm.py), on
+the GPU machine, from the repository root: `python3 scripts/deepgemm_smoke.py MODE`.
 
-  flat      fp8_mqa_logits at stage I1's case s 128, s_kv 1024, cp ranges (a row with ks > ke,
-            empty rows) against the lab's float64 oracle
-  paged N   fp8_paged_mqa_logits (+ get_paged_mqa_logits_metadata) at stage I2's case b 8,
-            next_n N, ctx 3000 (NaN planted past every context) against the float64 oracle
+  flat      fp8_mqa_logits at I1's s 128, s_kv 1024, cp ranges against the float64 oracle
+  paged N   fp8_paged_mqa_logits at I2's b 8, next_n N, ctx 3000 (NaN past every context)
   meta      the schedule-metadata kernels of the bench's batch sizes (b 64, 128; next_n 1, 2)
-  AXIS=VALUE words after flat / paged N set the stage's options (issue 35), e.g.
-            `flat logits_dtype=bf16 compressed=true heads=32 head_dim=64`,
-            `paged 2 context_2d=true logits_dtype=bf16`: the adapter passes them to DeepGEMM
+  AXIS=VALUE words after flat / paged N set the stage's options, e.g.
+            `flat logits_dtype=bf16 compressed=true heads=32 head_dim=64`
 
-DeepGEMM compiles each kernel on first use into DG_JIT_CACHE_DIR; these calls use the bench's
-template parameters (h 64, d 128, block_kv 64, this GPU's SM count), so a later bench process
-loads them from that cache instead of compiling inside its first call.  One line per mode;
-exit 1 (one line saying why) on an error or a result off the oracle."""
+These calls use the bench's template parameters, so DeepGEMM's JIT cache (DG_JIT_CACHE_DIR) holds
+them for a later bench.  One line per mode; exit 1 (one line) on an error or a result off the
+oracle."""
 
 from __future__ import annotations
 

@@ -1,25 +1,18 @@
-"""Stage E at small batches: variants of the sm90 kernel timed beside FlashMLA, with a per-kernel
-timeline (issue 30 item 2).  For the lead's GPU windows; prints everything, writes nothing.
+r"""Stage E at small batches: variants of the sm90 kernel timed beside FlashMLA, with a per-kernel
+timeline.  For the lead's GPU windows; prints everything, writes nothing.
 
     python3 scripts/e_small_timeline.py --shape b2:s2h128_m128bs256_x1024bs64 \
         --variant base --variant "plain:fast_combine=0,sink_first=0,pair_stores=0" \
         [--variant "stamps:stamps=1@b2"] [--profile b2] [--flashmla] [--check-scenarios invalid,lonely]
 
-A variant is name[:knob=value,…][@b<B>[:<config prefix>]+…]: keyword arguments of the kernel (its
-small-batch options: see Kernel.__init__; `splits=n` the matrix's axis, `fmt=`
-the cache format), restricted to some shapes after @.  Each shape × variant is
-`stages.E_sparse_decode.sm90.Kernel(b, config, fmt, splits, **knobs)`
-compiled here (a process pool; no compile cache, no records), checked against the oracle on the
-first input set (O and LSE cosine / rel_l2, the stage's tolerances; --check-scenarios: also on
-those scenarios' inputs), then timed as `bench` times it (harness/execution/timing.py: CUDA
-graphs over rotated copies of the inputs, L2 cold; median µs of a launch, i.e. of every kernel
-the host function launches, gaps included).  --profile b1+b2: torch.profiler over plain launches
-at those batches, each kernel's median duration and mean start/end relative to the first
-kernel's start.  A `stamps=1` variant is the diagnostic build (stages/common/stamps.py): per named
-point of a CTA's chain, the median over CTAs of ns after the first CTA's entry.  --flashmla:
-FlashMLA's legacy V4 decode on the same inputs (metadata precomputed; --percall: also computed
-per call) as harness/peers/flashmla_sparse.py calls it.
-"""
+A variant is name[:knob=value,…][@b<B>[:<config prefix>]+…]: keyword arguments of the kernel
+(Kernel.__init__'s small-batch options; `splits=n`, `fmt=`), restricted to some shapes after @.
+Each shape × variant is compiled here (no cache, no records), checked against the oracle (the
+stage's tolerances; --check-scenarios: those scenarios too), then timed as `bench` times it
+(median µs of a launch of everything the host function launches).  --profile b1+b2:
+torch.profiler, each kernel's median duration and start/end relative to the first.  A
+`stamps=1` variant: per point of a CTA's chain (stamps.py), the median ns after the first CTA's
+entry.  --flashmla: FlashMLA's V4 decode on the same inputs (--percall: metadata per call)."""
 
 from __future__ import annotations
 

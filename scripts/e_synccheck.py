@@ -1,12 +1,11 @@
-"""Stage E under compute-sanitizer (issue 30 item 6): a small-batch case (parts of a few tiles,
-every sequence cut, PartCombine), streamed idx windows (topk 16384, and 2048 + 1024 with the pair) and merging cases (sequences cut in two, merged in the attention
-kernel; and pieces of 2 and 3: the kernel merges, PartCombine the rest), through the lab's own
-runner into a scratch results folder (nothing enters results/).  On the GPU machine:
+"""Stage E under compute-sanitizer: a small-batch case (every sequence cut, PartCombine), streamed
+idx windows (topk 16384, and 2048 + 1024 with the pair) and merging cases (pieces of 2 and 3),
+through the lab's runner into a scratch results folder.  On the GPU machine:
 
     compute-sanitizer --tool synccheck --target-processes all python3 scripts/e_synccheck.py
 
-Prints each case's status; exit 0 only when every case ran and passed (the sanitizer's own
-summary — "ERROR SUMMARY: 0 errors" — is what the check is about)."""
+Exit 0 only when every case ran and passed (the sanitizer's "ERROR SUMMARY: 0 errors" is the
+check)."""
 
 from __future__ import annotations
 

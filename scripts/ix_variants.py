@@ -1,18 +1,14 @@
-"""Stage I1 / I2 sm90 schedule variants timed beside DeepGEMM (issue 31).  For the lead's GPU windows;
-prints everything, writes nothing.
+r"""Stage I1 / I2 sm90 schedule variants timed beside DeepGEMM.  For the lead's GPU windows; prints
+everything, writes nothing.
 
     python3 scripts/ix_variants.py --shape b64:n2:c8192 --variant base \
         --variant "s8:stages=8" --variant "w2:mma_wg=2,stages=8,min_blocks=2" [--deepgemm]
     python3 scripts/ix_variants.py --shape s2048:k4096:cp --variant base --deepgemm
 
 A shape is b<B>:n<next_n>:c<ctx> (I2) or s<s>:k<s_kv>:<causal|cp> (I1).  A variant is
-name[:knob=value,…]: keyword arguments of the stage's sm90 Kernel (I2: stages, mma_wg,
-mma_regs, min_blocks, sm_count; I1: none), compiled here (no cache, no records),
-checked against the float64 oracle (−inf positions exact, cosine and rel_l2 of the rest), then
-timed as `bench` times it (scripts/variant_launch.py).
---deepgemm: DeepGEMM's MQA logits (flat or paged) on the same inputs as harness/peers/deepgemm.py calls
-it (metadata once, the −inf masked_fill timed with it).
-"""
+name[:knob=value,…], keyword arguments of the stage's sm90 Kernel, compiled here (no cache, no
+records), checked against the float64 oracle, then timed as `bench` times it.  --deepgemm:
+DeepGEMM's MQA logits on the same inputs, as harness/peers/deepgemm.py calls it."""
 
 from __future__ import annotations
 

@@ -1,23 +1,18 @@
-"""The speed gate's two proofs on a Hopper GPU (issue 29 item 3; docs/BENCH.md):
+"""The speed gate's two proofs on a Hopper GPU (docs/BENCH.md):
 
   aa       A/A: `bench stage-E --compare HEAD` on an unchanged tree, RUNS times over SHAPES bench
-           shapes (default 5 × 4 = 20 comparisons). Both sides are the same kernel (one compile
-           cache key: the same binary), so every verdict must be "no detectable change"; a
-           "slower" is a false alarm. Exit 0 only with >= 20 comparisons and no false alarm.
-  planted  the tree's E kernel replaced by tests/fixtures/slow_e (a busy wait of SLOW_CYCLES in
-           one producer warp per KV tile: the same result, about 5 % slower), compared with
-           HEAD's: every verdict must be "slower". Exit 0 only when every shape says so.
+           shapes (default 5 × 4 = 20 comparisons), one binary on both sides: every verdict must
+           be "no detectable change". Exit 0 only with >= 20 comparisons and no false alarm.
+  planted  the tree's E kernel replaced by tests/fixtures/slow_e (a busy wait in one producer
+           warp per KV tile: about 5 % slower) against HEAD's: every verdict must be "slower".
 
-Each proof works in a scratch copy of this lab (no .git needed here: the copy gets a git
-repository and one commit, which is the REV compared against), with its own notebook (the
-records of planted kernels never enter results/), and the compile cache of $DSV4_LAB_CACHE
-(default .cache) shared. The verdicts, ratios and intervals print as a table and go to
+Each proof works in a scratch copy of this lab (given a git repository and one commit, the REV),
+with its own notebook, the compile cache of $DSV4_LAB_CACHE shared. The table also goes to
 $OUT/speed_proofs.json (or --out).
 
     source .device/prelude.sh
     python3 scripts/speed_proofs.py aa [--runs 5]
-    python3 scripts/speed_proofs.py planted [--runs 1]
-"""
+    python3 scripts/speed_proofs.py planted [--runs 1]"""
 
 from __future__ import annotations
 

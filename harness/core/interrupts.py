@@ -1,17 +1,13 @@
-"""Stop signals for the lab's commands: SIGINT (Ctrl-C), SIGTERM and SIGHUP end a command the
-same way, exit code 128 + signal, one line, never a traceback.
+"""Stop signals: SIGINT (Ctrl-C), SIGTERM and SIGHUP end a command the same way, exit code 128 +
+signal, one line, never a traceback.
 
-* A signal that the lab was started with ignored (`nohup` ignores SIGHUP; a shell ignores
-  SIGINT for a background job) stays ignored: the lab never installs a handler over SIG_IGN.
-* `Interrupted` is a KeyboardInterrupt, so code that stops cleanly on Ctrl-C (`except
-  KeyboardInterrupt`) stops the same way on SIGTERM and SIGHUP; it carries the signal.
-* `StopGuard`: while a piece of work that must clean up runs (a compile session), the first
-  stop signal raises `Interrupted`; the clean-up itself is never cut short by a second one.
+* A signal the lab was started with ignored (`nohup`, a background job) stays ignored.
+* `Interrupted` is a KeyboardInterrupt carrying the signal, so `except KeyboardInterrupt` code
+  stops the same way on SIGTERM and SIGHUP.
+* `StopGuard`: the first stop signal raises `Interrupted`; the clean-up is never cut short by a
+  second one.
 * `block_hangup_while`: start a helper process (multiprocessing's resource tracker) with SIGHUP
-  blocked, so a hang-up of the terminal's process group does not kill it under the lab (the lab
-  stops cleanly on its own SIGHUP; a tracker killed under it is relaunched and prints a
-  KeyError traceback per resource it never saw).
-"""
+  blocked, so a terminal hang-up does not kill it under the lab."""
 
 from __future__ import annotations
 
@@ -42,8 +38,8 @@ class Interrupted(KeyboardInterrupt):
 
 
 def first_signal() -> int | None:
-    """The first stop signal raised as `Interrupted` in this process (None: none yet). The
-    command line's entry point reads it: typer turns a KeyboardInterrupt into a bare 130."""
+    """The first stop signal raised as `Interrupted` here (None: none yet); the entry point reads it
+        (typer turns a KeyboardInterrupt into a bare 130)."""
     return _FIRED[0] if _FIRED else None
 
 
@@ -80,8 +76,8 @@ def catch(handler: Callable[[int, Any], Any]) -> dict[int, Any]:
 
 
 def restore(previous: dict[int, Any], ignore: bool = False) -> None:
-    """Put the replaced handlers back; with `ignore` (the process is on its way out after an
-    interruption), ignore further stop signals instead so nothing cuts its exit short."""
+    """Put the replaced handlers back; `ignore` (on the way out after an interruption): ignore further
+        stop signals so nothing cuts the exit short."""
     if threading.current_thread() is not threading.main_thread():
         return
     for sig, handler in previous.items():
@@ -113,8 +109,8 @@ def raise_on_stop_signals() -> None:
 
 
 def exit_on_stop_signals(prog: str = "dsv4-lab") -> None:
-    """While the command line is still loading (before its entry point can catch anything), a
-    stop signal ends the process at once with one line: nothing has been written yet."""
+    """While the command line loads, a stop signal ends the process at once with one line (nothing
+        has been written yet)."""
 
     def handler(signum: int, frame: Any) -> None:
         os.write(2, f"{prog}: interrupted\n".encode())
@@ -124,9 +120,8 @@ def exit_on_stop_signals(prog: str = "dsv4-lab") -> None:
 
 
 class StopGuard:
-    """A stop signal during a piece of work: the first raises `Interrupted` (while `armed`), each
-    is noted in `signum`; `quiet()` before the clean-up so no signal cuts it short; `release()`
-    puts the previous handlers back (or ignores stop signals when one arrived)."""
+    """A stop signal during a piece of work: the first raises `Interrupted` (while `armed`), each is
+        noted in `signum`; `quiet()` before the clean-up; `release()` restores the handlers."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -157,8 +152,8 @@ class StopGuard:
 
 @contextmanager
 def block_hangup_while() -> Iterator[None]:
-    """SIGHUP blocked in this thread while the body runs (a process started meanwhile inherits
-    the block; a SIGHUP that arrives is delivered here when the body ends, never lost)."""
+    """SIGHUP blocked in this thread while the body runs (a process started meanwhile inherits the
+        block; a SIGHUP that arrives is delivered when the body ends)."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
@@ -170,8 +165,8 @@ def block_hangup_while() -> Iterator[None]:
 
 
 def start_resource_tracker() -> None:
-    """Start multiprocessing's resource tracker (if it is not running yet) deaf to SIGHUP: it
-    then outlives a hang-up of the process group long enough for the lab to stop its pools."""
+    """Start multiprocessing's resource tracker deaf to SIGHUP, so it outlives a process-group hang-up
+        long enough for the lab to stop its pools."""
     from multiprocessing import resource_tracker
 
     with block_hangup_while():

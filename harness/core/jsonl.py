@@ -22,9 +22,8 @@ def _reject_constant(name: str) -> Any:
 
 
 def read_bytes(path: Path, warn: list[str] | None) -> bytes | None:
-    """A file's bytes; None (and one warning when it exists) when it cannot be read — or is no
-    regular file: a symbolic link, a FIFO or a device is never followed or waited on
-    (harness/core/safeio.py)."""
+    """A file's bytes; None (one warning when it exists) when it cannot be read or is no regular file
+        (never followed or waited on: core/safeio.py)."""
     try:
         return read_regular(path)
     except FileNotFoundError:
@@ -57,10 +56,8 @@ def _numbered_lines(data: bytes, newest_first: bool) -> Iterator[tuple[int, byte
 
 def iter_jsonl(path: Path, warn: list[str] | None = None, newest_first: bool = False,
                data: bytes | None = None) -> Iterator[tuple[int, Any]]:
-    """(line number, object) for every line of `path` (or of `data`, read from it already)
-    that parses; a bad line adds one warning to `warn` (file:line: why) and is skipped. A file
-    that is missing yields nothing; one that cannot be read (a folder, no permission) adds
-    one warning."""
+    """(line number, object) for every line of `path` (or `data`) that parses; a bad line adds one
+        warning (file:line: why) to `warn`.  A missing file yields nothing; an unreadable one warns."""
     if data is None:
         data = read_bytes(path, warn)
     if data is None:
@@ -88,12 +85,10 @@ def replace_file(path: Path, data: bytes) -> None:
 
 
 class Appender:
-    """Appends JSON lines to one file, flushing each, so a crash keeps every finished line.
-
-    With `lock` (results/.lock, harness/core/notebooklock.py) each write holds it shared and first
-    checks that the open file is still the one `path` names — compaction (holding it exclusive)
-    may have replaced it, and a write into the old file would be lost — reopening it if not.
-    Only a regular file is written (harness/core/safeio.py: a symbolic link or a FIFO is refused)."""
+    """Appends JSON lines to one file, flushing each, so a crash keeps every finished line.  With
+        `lock` each write holds results/.lock shared and first checks that the open file is still
+        the one `path` names (compaction may have replaced it), reopening it if not.  Only a regular
+        file is written (core/safeio.py)."""
 
     def __init__(self, path: Path, lock: Path | None = None):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -121,9 +116,8 @@ class Appender:
             self._fd = fd
 
     def write(self, line: str) -> None:
-        """Append `line` as one whole line. If the file does not end in a newline (a line
-        cut off by a crash, or a hand edit), a newline goes first, so the fragment stays a
-        lone corrupt line that readers skip and this record stays intact."""
+        """Append `line` as one whole line; after a file not ending in a newline (a crash's cut line) a
+                newline goes first, so the fragment stays a lone corrupt line readers skip."""
         if "\n" in line or "\r" in line:
             raise ValueError("a record must be one line")
         with self._locked():

@@ -15,9 +15,8 @@ def case_label(case: Mapping[str, Any]) -> str:
 
 
 def printable(text: str, limit: int | None = None) -> str:
-    """`text` with every control character (escape sequences, carriage returns, bells…)
-    shown escaped, cut to `limit` characters: text from elsewhere (a remote host, a kernel's
-    message) can neither redraw the terminal nor break a line."""
+    """`text` with every control character shown escaped, cut to `limit` characters: text from
+        elsewhere can neither redraw the terminal nor break a line."""
     out = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
     if limit is not None and len(out) > limit:
         out = out[: limit - 1] + "…"

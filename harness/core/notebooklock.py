@@ -1,17 +1,11 @@
-"""The notebook's lock: results/.lock (fcntl.flock; not committed), shared by every writer of
-results/ and the compaction that rewrites it.
+"""The notebook's lock: results/.lock (fcntl.flock; not committed).
 
-* An appender (records, runs.jsonl, notes.jsonl, calibration.jsonl, the inventory and env
-  stores: harness/core/jsonl.py's Appender) holds it SHARED for each write, and first checks that
-  its open file is still the one the path names (it reopens it when compaction replaced it), so
-  appenders never wait for each other (O_APPEND writes do not interleave) and never write into a
-  file compaction has just replaced.
-* Compaction (scripts/compact_results.py) holds it EXCLUSIVE from the first read to the last
-  rename: no line is appended between its reading a file and replacing it, so none is lost.
+* An appender (core/jsonl.py's Appender) holds it SHARED for each write, after checking that its
+  open file is still the one the path names (reopening it when compaction replaced it):
+  appenders never wait for each other and never write into a replaced file.
+* Compaction holds it EXCLUSIVE from the first read to the last rename: no line is lost.
 
-Baselines keep their own lock (results/.baselines.lock, harness/notebook/baselines.py): accept and drop
-read-modify-write only the baselines files.
-"""
+Baselines keep their own lock (results/.baselines.lock)."""
 
 from __future__ import annotations
 
@@ -40,9 +34,8 @@ def lock_path(results: Path) -> Path:
 
 
 def open_lock(path: Path) -> int:
-    """A descriptor of lock file `path` (created, with its folder); LockError (one line) when
-    it cannot be: a folder or something else in its place, a file where its folder should be,
-    no permission."""
+    """A descriptor of lock file `path` (created with its folder); LockError (one line) when it cannot
+        be."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)

@@ -1,17 +1,8 @@
-"""The words of the lab's command line: the name of every option a `dsv4-lab` command takes.
-
-Core layer: imports nothing of the lab. Two readers share this one list, so they cannot drift
-apart:
-
-  harness/spec/spec.py            refuses a stages.yaml matrix axis of one of these names (`--arch`
-                             is the lab's own option, never an axis filter: `RESERVED_AXES`)
-  harness/commands/base.py   `option()` declares a command's flags by these names only (a name
-                             not listed here fails as soon as the command line loads, and
-                             tests/test_commands.py checks every flag of every command)
-
-A new option of a new command: add its name to COMMAND_OPTIONS (underscores, the way a matrix
-axis would be spelled; the flag is `--name-with-dashes`).
-"""
+"""The name of every option a `dsv4-lab` command takes (core layer: imports nothing of the lab),
+shared by spec.py (a matrix axis may not take one of these names: `RESERVED_AXES`) and
+commands/base.py (`option()` declares flags by these names only; tests/test_commands.py checks
+every flag).  A new option: add its name to COMMAND_OPTIONS (underscores; the flag is
+`--name-with-dashes`)."""
 
 from __future__ import annotations
 

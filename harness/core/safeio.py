@@ -1,18 +1,13 @@
-"""Reading the notebook's files safely: results/ travels in git, and git stores symbolic links,
-so a clone (or a hand edit) can put anything where a records file, a store or an archive
-belongs. Every reader under results/ opens its file here:
+"""Reading the notebook's files safely: git stores symbolic links, so a clone can put anything
+where a records file, a store or an archive belongs.  Every reader under results/ opens here:
 
-* only a regular file is read: a symbolic link (to /dev/zero, or anywhere out of the tree) or
-  anything that is not a plain file (a FIFO, a device, a socket) is refused with one line naming
-  the path — never followed, never waited on (the file is opened O_NOFOLLOW | O_NONBLOCK, then
-  checked with fstat, so a FIFO swapped in at the last moment cannot hang the reader either);
-* an xz file is decompressed incrementally, at most MAX_XZ_BYTES of output in all (the
-  environment variable DSV4_LAB_MAX_XZ_MIB lowers or raises it): a decompression bomb costs a
-  bounded amount of memory and one line, never the machine.
+* only a regular file is read (opened O_NOFOLLOW | O_NONBLOCK, then fstat): a symbolic link or
+  a FIFO, device or socket is refused with one line naming the path, never followed or waited on;
+* an xz file is decompressed incrementally, at most MAX_XZ_BYTES of output (DSV4_LAB_MAX_XZ_MIB):
+  a decompression bomb costs bounded memory and one line.
 
-`Unsafe` (an OSError) carries the one-line reason; callers turn it into a warning (readers: the
-file is skipped, the rest is read) or a one-line error (writers, the baselines file).
-"""
+`Unsafe` (an OSError) carries the reason; readers skip the file with a warning, writers fail in
+one line."""
 
 from __future__ import annotations
 
@@ -78,9 +73,8 @@ def refusal(path: Path) -> str | None:
 
 
 def open_regular(path: Path, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
-    """A file descriptor of `path`, opened with `flags` (blocking mode restored), only when it is a
-    regular file and not a symbolic link; Unsafe (one line) otherwise, FileNotFoundError when it
-    is missing and O_CREAT is not in `flags`."""
+    """A file descriptor of `path` opened with `flags` (blocking restored), only for a regular file,
+        not a symbolic link; Unsafe otherwise, FileNotFoundError when missing without O_CREAT."""
     why = refusal(path)
     if why:
         raise Unsafe(path, why)
@@ -112,11 +106,9 @@ def read_regular(path: Path) -> bytes:
 
 
 def xz_streams(data: bytes, cap: int | None = None):
-    """(byte offset, decoded bytes, "") for every whole xz stream of `data`, in order, and
-    (offset, None, why) for a stream that cannot be decoded: reading goes on at the next xz
-    header after it, so one bad stream never costs the others. Stream padding (NUL bytes
-    between streams) is skipped. All streams together decode to at most `cap` bytes
-    (max_xz_bytes() when None): past it, one (offset, None, why) and nothing more."""
+    """(offset, decoded bytes, "") for every whole xz stream of `data`, and (offset, None, why) for
+        one that cannot be decoded (reading goes on at the next xz header); padding skipped.  All
+        streams decode to at most `cap` bytes (max_xz_bytes()): past it, one (offset, None, why)."""
     total = budget = max_xz_bytes() if cap is None else cap
     pos, end = 0, len(data)
     while pos < end:
@@ -162,8 +154,8 @@ XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
 def xz_decompress(data: bytes, cap: int | None = None) -> bytes:
-    """Every xz stream of `data` decoded, at most `cap` bytes in all (max_xz_bytes() when None);
-    ValueError (one phrase) when a stream is corrupt, cut off, or the whole would pass the cap."""
+    """Every xz stream of `data` decoded, at most `cap` bytes in all; ValueError (one phrase) for a
+        corrupt or cut-off stream or a whole past the cap."""
     parts: list[bytes] = []
     for offset, text, why in xz_streams(data, cap):
         if text is None:

@@ -5,14 +5,12 @@
   compile_error  the kernel did not compile
   crash          the worker died, raised, or the device faulted
   timeout        no result within the case's time limit; the worker was killed
-  hang           a --debug-hangs build: a bounded mbarrier wait expired and trapped; the error
-                 line names the role, pipeline, slot, phase and CTA (stages/common/hang_guard.py)
+  hang           a --debug-hangs build's bounded mbarrier wait expired (stages/common/hang_guard.py)
   skipped        not attempted
-  compiled       built for an arch this machine cannot run: says so, never counts as verified
-  prepared       built for an arch this machine cannot run, and its host path run up to (not
-                 including) the launch on a GPU of another arch (`run --prepare`, harness/execution/prepare.py):
-                 evidence, never a run — not in RAN, never a run baseline, never passes the gate
-"""
+  compiled       built for an arch this machine cannot run: never counts as verified
+  prepared       compiled, and its host path run up to the launch on a GPU of another arch
+                 (`run --prepare`): evidence, never a run — not in RAN, never a run baseline,
+                 never passes the gate"""
 
 from __future__ import annotations
 

@@ -1,22 +1,12 @@
 """A failure in the user's own code, as one line that points at it.
 
-An exception raised while the lab calls a user's module (a kernel module, an oracle, an
-input generator: any file under the lab root outside `harness/` and outside installed
-libraries) is shown to the user as one line naming the innermost frame of *their* code:
+An exception raised in a user's module (any file under the lab root outside `harness/` and
+installed libraries) is one line naming the innermost frame of *their* code:
 
     oracles/foo.py:12: in reference: ZeroDivisionError: division by zero
 
-A SyntaxError (at import) names the file and line of the syntax error itself. The full
-traceback is kept apart (`full_trace`), for a record's `trace` field or `--traceback`.
-CuTeDSL colours its messages: ANSI escape codes are stripped from both.
-
-API (small on purpose; harness/execution/compile.py and the worker use it):
-  describe(exc, root) -> str            the one line
-  full_trace(exc) -> str                the whole traceback text, uncoloured
-  user_frame(exc, root) -> Frame|None   (file relative to root, line, function) of the blame
-  where_defined(obj, root) -> str       "oracles/foo.py:12" for a function or class
-  strip_ansi(text) -> str
-"""
+A SyntaxError names its own file and line. The full traceback is kept apart (`full_trace`) for a
+record's `trace` or `--traceback`; ANSI colours are stripped from both."""
 
 from __future__ import annotations
 
@@ -65,9 +55,8 @@ def _frames(tb: TracebackType | None) -> list[tuple[str, int, str]]:
 
 
 def user_frame(exc: BaseException, root: Path) -> Frame | None:
-    """The innermost frame of the user's code in `exc`'s traceback (following the
-    exceptions it was raised from, innermost first), or the location of a SyntaxError
-    in a user's file."""
+    """The innermost frame of the user's code in `exc`'s traceback (following the chain, innermost
+        first), or a SyntaxError's location in a user's file."""
     seen: set[int] = set()
     chain: list[BaseException] = []
     cur: BaseException | None = exc

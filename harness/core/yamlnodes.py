@@ -1,20 +1,15 @@
 """Line-aware reading of YAML config files (stages.yaml, targets.yaml, baselines.yaml, …): the
-composed node tree keeps each value's line, so every problem can be one line naming file, line
-and key.
+composed node tree keeps each value's line, so every problem is one line naming file, line, key.
 
-`read_file` / `compose` are the one way in. Whatever the bytes, they return a bounded node tree
-or raise the context's error as one line, never anything else:
-- YAML amplification is refused while composing: at most MAX_ALIASES aliases, standing for at
-  most MAX_ALIAS_NODES nodes in all (a billion-laughs bomb is refused after a few aliases, in
-  milliseconds), and no alias inside its own anchor (a cycle);
-- nesting deeper than MAX_DEPTH is refused before Python's recursion limit is reached, and a
-  file of more than MAX_NODES values (or MAX_BYTES) before it takes seconds;
-- non-UTF-8 bytes, characters YAML forbids (NUL…), tags other than YAML's plain ones
-  (`!!python/…`, `!!binary`, merge keys `<<`), mapping keys that are not plain values, and
-  values that cannot be built (a 5000-digit integer, `2024-13-45`, `!!int abc`) are each one
-  line naming where they are.
-So `scalar`, `kind` and `mapping` never raise on a tree from `compose`.
-"""
+`read_file` / `compose` return a bounded node tree or raise the context's error as one line,
+whatever the bytes:
+- at most MAX_ALIASES aliases standing for MAX_ALIAS_NODES nodes in all (a billion-laughs bomb
+  is refused in milliseconds), no alias inside its own anchor;
+- nesting deeper than MAX_DEPTH, more than MAX_NODES values or MAX_BYTES are refused early;
+- non-UTF-8 bytes, characters YAML forbids, tags other than YAML's plain ones (`!!python/…`,
+  `!!binary`, merge keys `<<`), non-plain mapping keys and values that cannot be built (a
+  5000-digit integer, `2024-13-45`) are each one line naming where they are.
+So `scalar`, `kind` and `mapping` never raise on a tree from `compose`."""
 
 from __future__ import annotations
 
@@ -164,8 +159,8 @@ def _loader(text: str, max_nodes: int, pure: bool = False) -> tuple[_BoundedComp
 
 
 def read_file(path: Path, ctx: NodeContext, max_bytes: int = MAX_BYTES, max_nodes: int = MAX_NODES) -> Node | None:
-    """The node tree of a YAML file (None when it holds no document). The caller decides what a
-    missing file means; anything else that is not a readable regular file is one line."""
+    """The node tree of a YAML file (None: no document); the caller decides what a missing file means,
+        any other unreadable or irregular file is one line."""
     try:
         if not path.is_file():
             what = "a folder" if path.is_dir() else "not a regular file"
@@ -223,13 +218,10 @@ def compose(data: str | bytes, ctx: NodeContext, max_nodes: int = MAX_NODES) -> 
 
 def _refuse_in_our_words(text: str, max_nodes: int, ctx: NodeContext, failed: _BoundedComposer | None) -> None:
     """libyaml refused `text`: raise the lab's own refusal if it has one (too deep, too many values,
-    aliases). libyaml's scanner reads ahead of the composer (up to 1024 characters on a line, for a
-    possible key), so a line of 10000 `[` meets the nesting limit of the libyaml that PyYAML 6.0.4
-    bundles ("exceeded maximum nesting depth") before the composer counts level 65; PyYAML's own
-    Python parser has no such limit, so reading the text again with it reaches the lab's bounds
-    first, whichever PyYAML is installed. Nothing is raised when the Python parser finds no bound
-    broken either: the caller reports libyaml's problem. Only on this error path, so the cost of
-    the slower parser is paid only for a file that is refused anyway."""
+        aliases).  libyaml's scanner reads ahead and meets its own nesting limit before the composer
+        counts the lab's, so the text is read again with PyYAML's Python parser, which has no such
+        limit; nothing raised when it finds no bound broken (the caller reports libyaml's problem).
+        Only on this error path."""
     if failed is None or isinstance(failed, _PyLoader):
         return
     loader, _ = _loader(text, max_nodes, pure=True)
@@ -338,9 +330,8 @@ def line_of(node: Node | None, keys: tuple) -> int:
 
 
 def duplicate_key(root: Node) -> tuple[int, str, int] | None:
-    """The first key held twice by one mapping, at any level of the tree: (its line, the dotted
-    key, the line of the first one); keys compared as text (`1` and "1" are one). None when
-    there is none (`mapping` refuses them one mapping at a time, as it reads)."""
+    """The first key held twice by one mapping at any level: (its line, the dotted key, the first
+        one's line), keys compared as text; None when there is none."""
     stack: list[tuple[Node, str]] = [(root, "")]
     while stack:
         node, where = stack.pop()
@@ -367,8 +358,8 @@ def fast_loader() -> type:
 
 
 def anchor_line(text: str) -> int | None:
-    """The line of the first YAML anchor or alias in `text`, or None (a file the lab writes never
-    holds one; refusing them outright rules out amplification bombs)."""
+    """The line of the first YAML anchor or alias in `text`, or None (refusing them rules out
+        amplification bombs)."""
     if "&" not in text and "*" not in text:
         return None
     try:

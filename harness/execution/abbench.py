@@ -2,28 +2,20 @@
 tree's, at each bench shape, in one process, on the same inputs, timed interleaved.
 
   1. REV's user code (stages.yaml, stages/, oracles/) is taken with `git archive` into a
-     temporary folder (harness/execution/compilediff.py's way: this lab's own harness, REV's
-     kernels) — on any machine, so a bad REV is found before a GPU is asked for;
-  2. with a GPU here that runs the stage's arch: every shape is compiled from both trees (REV's in
-     a process of its own, its modules never mixing with the tree's; one compile cache, keyed by
-     content: an unchanged kernel is compiled once), then, per shape, one worker process
-     (harness/execution/executor.py `CaseExecutor.compare`) loads both compiled modules side by
-     side (a compiled module is a file and a prefix), checks each against the tree's oracle on the
-     same inputs, and times them interleaved, AB BA AB … (`rounds` rounds of `reps` CUDA-graph
-     repetitions each), on the same rotated inputs;
-  3. the per-round medians go to harness/execution/abtest.py: ratio tree/REV with its 95 %
-     interval (paired bootstrap of the ratio of medians) and the verdict — faster, slower or no
-     detectable change at the threshold (stages.yaml `bench: {speed_tolerance: …}`, default 3 %).
+     temporary folder (compilediff.py's way) — on any machine, so a bad REV is found first;
+  2. with a GPU that runs the arch: every shape is compiled from both trees (REV's in a process
+     of its own; one content-keyed compile cache), then per shape one worker
+     (executor.py `CaseExecutor.compare`) loads both modules side by side, checks each against
+     the tree's oracle, and times them interleaved, AB BA AB … (`rounds` rounds of `reps`
+     CUDA-graph repetitions) on the same rotated inputs;
+  3. abtest.py turns the per-round medians into the ratio tree/REV, its 95 % interval and the
+     verdict at the threshold (stages.yaml `bench: {speed_tolerance: …}`, default 3 %).
 
 Each shape is one bench record (the tree's timing, `note: bench`) with a `compare` block: rev,
 commit, a_us (REV), b_us (tree), ratio, lo, hi, verdict, threshold, level, rounds, method.
 Without a GPU: the plan and REV's tree are made, then "no GPU here: nothing was timed", exit 1.
-
-The speed gate on a target (`gate --speed --target NAME`) runs this where there is no .git: REV's
-tree is taken on the sending side and shipped beside the working tree (`rev_tree`: its sha and
-folder), and the records go into the gate's one session (`log`: the record channel), not a run
-of their own.
-"""
+On a target (`gate --speed --target NAME`, no .git there) REV's tree is shipped beside the working
+tree (`rev_tree`) and the records go into the gate's session (`log`)."""
 
 from __future__ import annotations
 
@@ -65,8 +57,8 @@ def take_tree(root: Path, rev: str, sha: str, dest: Path) -> Path:
 
 def compare_block(rev: str, sha: str, c: abtest.Comparison, rounds: dict[str, list[float]] | None = None
                   ) -> dict[str, Any]:
-    """A bench record's `compare` block (A: REV, B: the tree); with `rounds`, the per-round
-    medians too (`a_rounds`, `b_rounds`, µs, paired by index): the verdict can be re-derived."""
+    """A bench record's `compare` block (A: REV, B: the tree); with `rounds`, the paired per-round
+        medians too (`a_rounds`, `b_rounds`, µs), so the verdict can be re-derived."""
     block = {"rev": rev, "commit": sha[:12], **{k: (round(v, 5) if isinstance(v, float) else v)
                                                 for k, v in c.to_dict().items()}}
     for side, key in (("A", "a_rounds"), ("B", "b_rounds")):
@@ -122,11 +114,9 @@ def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], rev: str, round
          cases: list[dict[str, Any]] | None = None, done: list | None = None,
          rev_tree: tuple[str, Path] | None = None, log: Any = None) -> int:
     """Plan, take REV's tree, then (with a GPU) compile, check and time both interleaved, record.
-    0 only when every shape was compared; 1 when something failed or nothing was timed. `cases`:
-    these bench shapes instead of the filters' (the speed gate); `done`: gets the records (their
-    ids go on from its length); `rev_tree`: (REV's full sha, REV's tree already taken) instead of
-    asking git; `log`: an open session (run_id, write) the records go to instead of a run of
-    their own (the caller starts and ends it)."""
+        0 only when every shape was compared. `cases`: these bench shapes instead of the filters'
+        (the speed gate); `done`: gets the records; `rev_tree`: (REV's sha, its tree already taken);
+        `log`: an open session (run_id, write) the records go to (the caller starts and ends it)."""
     from rich.console import Console
 
     from harness.core.environment import gpu_capabilities

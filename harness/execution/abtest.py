@@ -1,27 +1,20 @@
 """A/B statistics for two kernels timed interleaved: is B faster, slower, or no detectably different?
 
-Input: two samples of per-round medians, `a` and `b`, of equal length, round i of A and round i of
-B timed back to back (ABAB…, the same rotated inputs): whatever moved the clocks during round i
-(a neighbour's job, a thermal step) moved both, so the rounds are *paired*.
+Input: per-round medians `a` and `b` of equal length, round i of A and of B timed back to back on
+the same rotated inputs, so the rounds are *paired* (a clock change moves both).
 
-The estimate is the ratio of medians, `median(b) / median(a)` (above 1: B is slower).
+The estimate is the ratio of medians, `median(b) / median(a)` (above 1: B is slower).  Its
+interval is a **paired percentile bootstrap of the ratio of medians**: `resamples` times draw n
+round indices with replacement (one seeded Generator) and take the ratio of the drawn rounds'
+medians; the interval is the (1 - level)/2 and (1 + level)/2 quantiles.  Resampling whole rounds
+keeps the pairing, so a drift shared by A and B does not widen it.
 
-Its confidence interval is a **paired percentile bootstrap of the ratio of medians**: `resamples`
-times, draw n round indices with replacement (one seeded numpy Generator: the same samples and
-seed give the same interval), take the ratio of the medians of the drawn A and B rounds; the
-interval is the (1 - level)/2 and (1 + level)/2 quantiles of those ratios. Resampling whole
-rounds keeps the pairing, so a drift shared by A and B does not widen the interval.
-
-The verdict, at a threshold `threshold` (default 3 %) and the interval's level (default 95 %):
+The verdict, at `threshold` (default 3 %) and the interval's level (default 95 %):
   slower                 the ratio is above 1 + threshold AND the interval lies above 1;
   faster                 the ratio is below 1 - threshold AND the interval lies below 1;
-  no detectable change   anything else — an interval that holds 1 can never say slower or faster,
-                         and a change smaller than the threshold is not called one (noise on these
-                         shared machines is of that order).
+  no detectable change   anything else (noise on shared machines is of the threshold's order).
 
-Pure: numpy only, no torch, no GPU (tests/test_abtest.py proves its error rates on synthetic
-samples; docs/BENCH.md says how the lab uses it).
-"""
+numpy only (tests/test_abtest.py proves its error rates; docs/BENCH.md how the lab uses it)."""
 
 from __future__ import annotations
 
@@ -75,9 +68,9 @@ def verdict(ratio: float, lo: float, hi: float, threshold: float = DEFAULT_THRES
 
 def compare(a: Sequence[float], b: Sequence[float], threshold: float = DEFAULT_THRESHOLD,
             level: float = DEFAULT_LEVEL, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Comparison:
-    """B against A from paired per-round medians (see the module docstring). ValueError for
-    samples that cannot be compared (unequal lengths, fewer than MIN_ROUNDS rounds, a time that
-    is not a positive finite number, a threshold or level out of range)."""
+    """B against A from paired per-round medians (module doc). ValueError for samples that cannot
+        be compared (unequal lengths, fewer than MIN_ROUNDS, a non-positive or non-finite time, a
+        threshold or level out of range)."""
     import numpy as np
 
     if len(a) != len(b):
@@ -100,8 +93,8 @@ def compare(a: Sequence[float], b: Sequence[float], threshold: float = DEFAULT_T
 
 
 def interleave(n_rounds: int, kernels: Sequence[str] = ("A", "B")) -> list[str]:
-    """The order the kernels are timed in: ABAB… for `n_rounds` rounds, the first of each pair
-    alternating every round (AB BA AB …) so neither always runs on the warmer GPU."""
+    """The timing order: AB BA AB … for `n_rounds` rounds, so neither kernel always runs on the warmer
+        GPU."""
     order: list[str] = []
     for i in range(n_rounds):
         order += list(kernels) if i % 2 == 0 else list(reversed(kernels))
@@ -109,9 +102,8 @@ def interleave(n_rounds: int, kernels: Sequence[str] = ("A", "B")) -> list[str]:
 
 
 def interleaved(timers: "dict[str, Callable[[], float]]", rounds: int) -> dict[str, list[float]]:
-    """Time each kernel `rounds` times in the `interleave` order (AB BA AB …): `timers[name]()`
-    is one round of that kernel, its median µs. Returns each kernel's per-round medians, in
-    round order (round i of A and of B were timed back to back: paired)."""
+    """Time each kernel `rounds` times in the `interleave` order (AB BA AB …; `timers[name]()` one
+        round's median µs). Returns each kernel's per-round medians in round order (paired)."""
     names = list(timers)
     out: dict[str, list[float]] = {name: [] for name in names}
     for name in interleave(rounds, names):

@@ -2,25 +2,17 @@
 its `bench:` block (stages.yaml), beside its peers, as a fraction of the GPU's roofline.
 
 For each bench shape, in a process of its own (a kernel that faults takes down that shape only):
-  1. inputs from the stage's generator, outputs poisoned, the cached compiled kernel launched once;
-  2. the check: every input compared bit for bit with its copy from before the launch (a kernel
-     that wrote one fails: harness.execution.pristine), then the oracle on a sample of `check_rows` rows along `row_axis` (each output row of a
-     row-separable stage depends on its own input rows only; the stage's tensors() tell which
-     tensors are sliced), judged by the stage's tolerances, and every element of every output
-     written. A kernel that fails posts no time: status fail, no timing;
-  3. the kernel, then each peer, timed one after the other on the same rotated inputs by the same
-     method (harness.execution.timing: CUDA graphs of many launches, warm-up, median and spread);
-     each peer's outputs are checked on the same rows first (a wrong peer posts no time either).
-Each shape is one record in results/records/<stage>.jsonl with `note: "bench"` (is_bench()),
-its shape in `case`, and flat timing keys: us, tflops, gbps, spread, p10_us, p90_us, reps, rot,
-launches, method, GPU name and clocks, roofline (fraction of the bound), bound_us, bound_by, and
-per peer `peer_<name>_us`, `_tflops`, `_ratio` (peer µs / kernel µs: above 1, the kernel is
-faster) and `_cos` — or `peer_<name>`: why it did not run ("not installed (pip install …)",
-"unsupported: …").
+  1. inputs from the stage's generator, outputs poisoned, the compiled kernel launched once;
+  2. the check: every input bit for bit unchanged (pristine), the oracle on `check_rows` rows
+     along `row_axis`, by the stage's tolerances, and every output element written; a kernel
+     that fails posts no time;
+  3. the kernel, then each peer (its outputs checked first), timed on the same rotated inputs
+     by the same method (timing.py: CUDA graphs, warm-up, median and spread).
+Each shape is one record with `note: "bench"` (is_bench()), its shape in `case`, and flat timing
+keys (README: the record's keys), per peer `peer_<name>_us`, `_tflops`, `_ratio` (peer µs /
+kernel µs) and `_cos` — or `peer_<name>`: why it did not run.
 
-`run --bench` is separate: it times the one test case the block's `case:` names (default: each
-axis's largest number / first word) at its test shape, as before.
-"""
+`run --bench` is separate: it times the one test case the block's `case:` names."""
 
 from __future__ import annotations
 
@@ -51,9 +43,8 @@ class BenchError(Exception):
 
 
 def bench_view(stage: Stage) -> Stage:
-    """The stage with its bench shapes as its matrix (for filters; each axis's values over the
-    block's matrix and its `more` matrices) and without the case list of its test `more:`
-    matrices (Stage.cases: `expand` gives a listed stage its list whatever matrix it is handed)."""
+    """The stage with its bench shapes as its matrix (the block's matrix and its `more` matrices),
+        without its test `more:` case lists."""
     if stage.bench_plan is None:
         raise BenchError(f"{stage.name} has no bench block in stages.yaml — add one: bench: {{matrix: {{AXIS: "
                          f"[VALUES]}}, problem: attention, peers: [torch_sdpa]}} (see docs/STAGES.md)")
@@ -65,11 +56,9 @@ def bench_view(stage: Stage) -> Stage:
 
 
 def plan_cases(stage: Stage, pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """The bench shapes that pass the filters (`[("hd", "128")]`), in bench-matrix order (the
-    block's matrix, then its `more` matrices); with `beside`, the shapes that have its value come
-    first, and one is added for every shape that lacks its twin (it is shown beside it). The
-    stage's own test cases never enter: a stage with test `more:` matrices (I1, I2) plans its
-    bench block's shapes as any other (callers hand it the stage as spec.stages holds it)."""
+    """The bench shapes that pass the filters (`[("hd", "128")]`), in bench-matrix order; with
+        `beside`, the shapes having its value first, plus each missing twin. The stage's own test
+        cases never enter."""
     view = bench_view(stage)
     filters = parse_filters(view, pairs)
     cases: list[dict[str, Any]] = []
@@ -112,15 +101,14 @@ def shape_support(stage: Stage, case: dict[str, Any], cc: tuple[int, int] | None
 
 
 def check_and_time(job: BenchJob, root: Path) -> dict:
-    """Check the kernel at the bench shape on sampled rows; when it passes and a GPU is here,
-    time it and its peers, in this process (harness.execution.executor). Returns {"status", "metrics",
-    "checked", "error"?, "timing"?}."""
+    """Check the kernel at the bench shape on sampled rows; when it passes and a GPU is here, time it
+        and its peers in this process. Returns {"status", "metrics", "checked", "error"?, "timing"?}."""
     return CaseExecutor(root).check_and_time(job)
 
 
 def run_job(root: Path, job: BenchJob, timeout_s: float, gpu: int | None = None) -> dict:
-    """The job's answer from a fresh worker process (a kernel that faults takes down that shape
-    only), with the GPU's environment under "env"; or {"status": "crash"|"timeout", "error": ...}."""
+    """The job's answer from a fresh worker (a faulting kernel takes down that shape only), the GPU's
+        environment under "env"; or {"status": "crash"|"timeout", "error": ...}."""
     handle = WorkerHandle(root, gpu, "bench process")
     try:
         out = handle.run(job, timeout_s)
@@ -158,8 +146,8 @@ def _fmt_us(x: Any) -> str:
 
 def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], peers: bool | tuple[str, ...] = False, reps: int = 30,
          timeout_s: float = DEFAULT_TIMEOUT_S, seed: int = 0, gpu: int = 0, argv: list[str] | None = None) -> int:
-    """Plan, compile, check, time and record. 0 only when every shape passed and was timed;
-    1 when something failed or nothing could be timed (no GPU here); 2 for bad input (raised)."""
+    """Plan, compile, check, time and record: 0 only when every shape passed and was timed; 1 when
+        something failed or nothing was timed; 2 for bad input (raised)."""
     from rich.console import Console
 
     from harness.core.environment import gpu_capabilities
@@ -251,9 +239,8 @@ def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], peers: bool | t
 
 
 def _beside(beside: tuple[str, Any] | None, case: dict[str, Any], timing: dict | None, seen: dict[tuple, float]) -> None:
-    """With the block's `beside` (axis, value): keep a timed shape's µs that has the value; give a
-    shape that has another the twin's as `beside_<value>_us` and its own time over it as
-    `beside_<value>_cost` (1.12: 12 % slower) — both timed in this run (plan_cases puts twins first)."""
+    """With the block's `beside` (axis, value): a shape with another value gets its twin's time as
+        `beside_<value>_us` and its own over it as `beside_<value>_cost` (1.12: 12 % slower)."""
     if beside is None or not timing:
         return
     axis, value = beside

@@ -1,9 +1,7 @@
-"""`dsv4-lab calibrate`: this GPU's own ceilings, measured once and recorded — dense bf16
-tensor-core throughput (a large matmul), FP8 when asked (torch._scaled_mm), and device memory
-bandwidth, two ways: a large device-to-device copy (bytes read plus bytes written) and a read-only
-stream (a sum over a large tensor: bytes read). The roofline uses the higher. One line per
-calibration in results/calibration.jsonl with the GPU's name, clocks and driver; the roofline
-(harness.execution.roofline) reads the newest line for the GPU it runs on."""
+"""`dsv4-lab calibrate`: this GPU's ceilings, measured and recorded — dense bf16 tensor-core
+throughput, FP8 when asked (torch._scaled_mm), and memory bandwidth two ways (a device copy, a
+read-only sum; the roofline uses the higher).  One line per calibration in
+results/calibration.jsonl with the GPU's name, clocks and driver."""
 
 from __future__ import annotations
 

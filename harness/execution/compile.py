@@ -1,20 +1,12 @@
 """Compile checks and the on-disk compile cache.
 
-A case is compiled against fake tensors (static shapes from the oracle's `tensors(case)`),
-so it needs no GPU. The result is exported to an object file and cached under
-.cache/compile/<key>/ with its PTX, cubin, SASS (when the CUDA binary tools are installed) and
-a meta.json holding the instruction inventory (harness/notebook/inventory.py) and the resource report
-(registers, shared memory, spills, barriers). The key covers the
-stage's source hash, the kernel parameters, the tensor specs, the arch, the CuTeDSL
-version and, where a GPU is visible, its SM count: a re-run of an unchanged matrix compiles nothing.
-
-CuTeDSL reads its target arch from the environment when it is imported, so compiling is
-done in worker processes dedicated to one arch (`Compiler`).
-
-A failure in the user's code while compiling (the kernel's constructor, its tracing, the
-oracle's `tensors`) is a result, never a crash: one line naming the user's file:line
-(harness/core/userfault.py), with the full traceback kept in `trace`.
-"""
+A case is compiled against fake tensors (static shapes from `tensors(case)`), no GPU needed, and
+cached under .cache/compile/<key>/ with its PTX, cubin, SASS (with the CUDA binary tools) and a
+meta.json of the instruction inventory and resources.  The key covers the stage's source hash,
+the kernel parameters, tensor specs, arch, CuTeDSL version and a visible GPU's SM count.
+CuTeDSL reads its arch at import, so compiles run in per-arch worker processes (`Compiler`).
+A failure in the user's code is a result, never a crash: one line naming the user's file:line
+(core/userfault.py), the traceback kept in `trace`."""
 
 from __future__ import annotations
 
@@ -51,9 +43,8 @@ CACHE_FORMAT = 3  # bump when what a cache entry holds changes (3: detailed inve
 
 
 def visible_sm_count() -> int | None:
-    """The SM count of this process's CUDA device 0 by the kernels' own rule (the lab's
-    stages/common/device.py), None without a GPU or without that rule: a kernel compiled here is
-    built for that count, so it is part of the cache key."""
+    """The SM count of CUDA device 0 by stages/common/device.py's rule, None without a GPU or that
+        rule: a kernel compiled here is built for it, so it is part of the cache key."""
     try:
         from stages.common.device import visible_sm_count as sms
     except ImportError:
@@ -81,9 +72,8 @@ class CompileResult:
     debug: str = ""  # "hangs": a --debug-hangs build (bounded mbarrier waits, stages/common/hang_guard.py)
 
     def summary(self) -> dict[str, Any]:
-        """The compact form kept in a record: resources, and for a build that succeeded its
-        inventory (`inv`, and `sass` when the CUDA binary tools were here): what a compile-only
-        baseline holds and the gate compares."""
+        """The compact form kept in a record: resources and, for a build, its inventory (`inv`, and
+                `sass` with the CUDA binary tools): what a compile-only baseline holds."""
         d: dict[str, Any] = {"key": self.key[:12], "s": round(self.seconds, 2), "cached": self.cached}
         if self.debug:
             d["debug"] = self.debug
@@ -174,8 +164,8 @@ def ptxas_resources(ptx_path: Path, arch: str) -> dict[str, Any]:
 
 
 def dynamic_smem_bytes(kernel) -> int | None:
-    """The dynamic shared memory a kernel launches with, as it declares it: an int
-    `smem_bytes`, or the `smem_struct` it allocates (a cute.struct), set while tracing."""
+    """A kernel's dynamic shared memory as it declares it: an int `smem_bytes`, or its `smem_struct`,
+        set while tracing."""
     smem = getattr(kernel, "smem_bytes", None)
     if isinstance(smem, int):
         return smem
@@ -193,10 +183,9 @@ _STORE = re.compile(r"llvm\.store (%[\w.]+), (%[\w.]+) : i64, !llvm\.ptr")
 
 
 def launch_smem_bytes(ir_text: str) -> list[int]:
-    """The dynamic shared memory of each kernel launch in a compiled module's host code (the
-    lowered IR: `str(compiled.ir_module)`), in order: the constant CuTeDSL inferred
-    (InferKernelSmemUsagePass) and stored into the launch config's smem field — the bytes the
-    driver is asked for.  Empty when the IR holds no such store (a launch with a run-time size)."""
+    """The dynamic shared memory of each kernel launch in a compiled module's lowered IR, in order:
+        the constant CuTeDSL inferred and stored into the launch config (the bytes asked of the
+        driver).  Empty when there is no such store (a run-time size)."""
     found: list[int] = []
     for func in ir_text.split("llvm.func ")[1:]:  # SSA names are per function
         consts: dict[str, int] = {}
@@ -236,9 +225,8 @@ def failed(root: Path, arch: str, exc: BaseException, key: str = "", seconds: fl
 
 def compile_case(root: Path, stage: Stage, arch: str, case: dict[str, Any], keep: Path | None = None,
                  debug_hangs: bool = False) -> CompileResult:
-    """Compile one case for `arch` in this process (whose CUTE_DSL_ARCH must be `arch`),
-    or return the cached result. Never raises for an error in the user's code.
-    `debug_hangs`: trace with DSV4_DEBUG_HANGS=1 (bounded mbarrier waits; harness/execution/hangs.py)."""
+    """Compile one case for `arch` in this process (CUTE_DSL_ARCH must be `arch`), or return the
+        cached result; never raises for the user's error.  `debug_hangs`: DSV4_DEBUG_HANGS=1."""
     try:
         key = cache_key(root, stage, arch, case, debug_hangs)
     except Exception as exc:  # the oracle's tensors(case) raised, or its module failed to import
@@ -321,8 +309,8 @@ _WORKER_STATE: dict[str, Any] = {}
 
 
 def _init_worker(root: str, arch: str, scratch: str) -> None:
-    """Set up a compile worker for `arch`; CuTeDSL dumps its files into a folder of the worker's
-    own inside `scratch`, the pool owner's temp folder (removed with it: `Compiler.close`)."""
+    """Set up a compile worker for `arch`; CuTeDSL dumps into the worker's own folder inside
+        `scratch` (removed by `Compiler.close`)."""
     # Its own process group: a signal to the terminal's group (Ctrl-C, a hang-up) is the parent's
     # to handle, and the parent's stop kills the group, so a tool the compile started goes too.
     os.setpgrp()
@@ -340,9 +328,8 @@ def _compile_job(stage: Stage, arch: str, case: dict[str, Any], debug_hangs: boo
 
 
 class Compiler:
-    """Compiles cases in parallel, a pool per arch, sized to the machine's cores. The workers'
-    scratch files live in one temp folder (`dsv4-compile-*`), made with the first pool and
-    removed by `close` (or, for a compiler never closed, when the process exits)."""
+    """Compiles cases in parallel, a pool per arch sized to the cores; the workers' scratch folder
+        (`dsv4-compile-*`) is removed by `close` or at exit."""
 
     def __init__(self, root: Path, max_workers: int | None = None, debug_hangs: bool = False):
         self.root = root
@@ -388,9 +375,8 @@ class Compiler:
         return fut
 
     def close(self, cancel: bool = False) -> None:
-        """Shut the pools down; with `cancel` (a stopped run), queued compiles are dropped and the
-        running ones killed with their process groups (a tool a compile started goes too), so the
-        process exits at once instead of waiting for them."""
+        """Shut the pools down; `cancel` (a stopped run): queued compiles dropped, running ones killed
+                with their process groups, so the process exits at once."""
         try:
             for pool in self._pools.values():
                 procs = list((getattr(pool, "_processes", None) or {}).values()) if cancel else []

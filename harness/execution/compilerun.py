@@ -1,20 +1,14 @@
-"""A compile session, recorded the way a run is: `dsv4-lab compile` and the gate (when it
-recompiles a stale compile-only case) compile cases in the parallel, cached compiler and write
-one record per case — status `compiled` or `compile_error`, the compile summary (resources and
-instruction inventory), code identity and environment — plus the run's start and end events
-in results/runs.jsonl. Nothing here imports torch; CuTeDSL only inside the compiler's workers.
+"""A compile session, recorded the way a run is: `dsv4-lab compile` and the gate's recompiles write
+one record per case (status `compiled` or `compile_error`, the compile summary, code identity,
+environment) and the run's start and end events.  No torch; CuTeDSL only in the compilers.
 
-Looking leaves no trace: with `only_new` (`dsv4-lab compile` without `--record`), a case whose
-record would say what its newest fresh record already says — the same source hash and the same
-compile summary, its time and cache flag aside — is not written again, and a session that writes
-no record writes no run events either, so results/ stays byte for byte as it was. A case whose
-source changed has no fresh record, so it is always recorded (the gate relies on it; it records
-every case it recompiles).
+With `only_new` (`compile` without `--record`) a case whose newest fresh record already says the
+same (source hash and compile summary) is not written again, and a session that writes nothing
+writes no run events: results/ stays byte for byte.  A changed source has no fresh record, so it
+is always recorded.
 
-SIGINT, SIGTERM and SIGHUP stop a session the way they stop a run: the compilers killed, the
-finished records kept, the end event marked interrupted (with the signal), and
-`harness.core.interrupts.Interrupted` raised for the caller (the command line exits 128 + signal).
-"""
+SIGINT, SIGTERM and SIGHUP stop a session as they stop a run: compilers killed, finished records
+kept, the end event interrupted, `core.interrupts.Interrupted` raised (exit 128 + signal)."""
 
 from __future__ import annotations
 
@@ -55,11 +49,10 @@ _INCIDENTAL = ("s", "cached")
 
 
 def same_facts(old: Record, new: Record) -> bool:
-    """Whether record `new` (a build that succeeded) says nothing that `old`, the case's newest
-    fresh record showing a build, does not already say: the same source hash, and every fact of
-    its compile summary (resources, key, PTX and SASS inventories; not the time taken nor the cache
-    flag) the same in `old`. A fact this machine cannot tell (no `ptxas` here: no registers; no
-    CUDA binary tools: no SASS) leaves `old`'s standing; one `old` lacks is news."""
+    """Whether record `new` (a build) says nothing that `old` (the newest fresh record showing a
+        build) does not: the same source hash and every compile fact (resources, key, PTX and SASS
+        inventories; not time nor cache flag). A fact this machine cannot tell (no ptxas, no SASS
+        tools) leaves `old`'s standing; one `old` lacks is news."""
     if new.status != "compiled" or not new.compile or not old.compile:
         return False
     if old.status == "compile_error" or code_src(old) != code_src(new):
@@ -68,12 +61,9 @@ def same_facts(old: Record, new: Record) -> bool:
 
 
 def newest_builds(root: Path, jobs: Sequence[CompileJob], src: dict[tuple[str, str], str]) -> dict[tuple, Record]:
-    """For jobs (anything with a stage, an arch and a case: a CompileJob, a runner's Task):
-    (stage, arch, case label) -> the newest record of that case with the current source hash
-    (`src`, per stage and arch) that says what compiling gave (a compile summary with the
-    inventory, or a compile error): what a new compile record is compared with. Each stage's
-    records file is read from its newest line back, only until every job's case is found; a bad
-    line is skipped (at worst a case is recorded again)."""
+    """(stage, arch, case label) -> the newest record with the current source hash that says what
+        compiling gave, for each job (CompileJob or runner Task).  Each records file is read from its
+        newest line back until every case is found; a bad line is skipped."""
     out: dict[tuple, Record] = {}
     for stage in sorted({j.stage.id for j in jobs}):
         wanted = {(j.stage.id, j.arch, case_label(j.case.dict)): (src.get((j.stage.id, j.arch)), shows_compile)
@@ -87,12 +77,10 @@ def newest_builds(root: Path, jobs: Sequence[CompileJob], src: dict[tuple[str, s
 def compile_recorded(spec: Spec, jobs: list[CompileJob], argv: list[str],
                      on_done: Callable[[Compiled], None] | None = None,
                      write: bool = True, only_new: bool = False) -> tuple[str, list[Compiled]]:
-    """Compile every job (in parallel, cached), write a record per case as it finishes (in
-    job order), and return the run id with what each gave. `write=False`: records are built
-    but neither records nor run events are written (a comparison that must leave no trace).
-    `only_new`: a case whose record would repeat its newest fresh record (`same_facts`) is not
-    written (its `Compiled.same_as` names that record), and the run's events are written only
-    with its first record, so a session that found nothing new leaves results/ untouched."""
+    """Compile every job (parallel, cached), write a record per case as it finishes (job order),
+        return the run id and the results. `write=False`: nothing is written. `only_new`: a record
+        repeating the newest fresh one (`same_facts`) is not written (`Compiled.same_as` names it),
+        and run events only with the first record written."""
     root = spec.root
     log = RunLog(root) if write else None  # write=False: a run id, and nothing written
     run_id = log.run_id if log is not None else new_run_id()

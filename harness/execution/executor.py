@@ -1,22 +1,19 @@
-"""One case, executed — the single executor behind `run`, `run --bench`, `bench` and the remote side
-(which runs `run`), in a worker process (harness/execution/worker.py supervises it):
+"""One case, executed — the single executor behind `run`, `run --bench`, `bench` and the remote
+side, in a worker process (worker.py):
 
-  1. the contract: `tensors(case)` checked, inputs from the stage's generator checked against it
-     (harness.spec.check: a wrong name, shape or dtype is a one-line ContractError before any launch);
-  2. outputs and scratch allocated and poisoned (the kernel must write what is read back);
-  3. the kernel launched once (the cached compiled module: harness.execution.launch), then synchronized (a
-     CUDA error raises here), and every input compared bit for bit with its copy from before the
-     launch (harness.execution.pristine: the oracle runs on the inputs as generated);
-  4. the oracle, on every row or on `check_rows` rows sampled along `row_axis` (bench shapes),
-     its answer checked against the contract, and each output compared (harness.execution.metrics);
-     a suite stage's case also by the peer's own pass rule (its `criterion`: oracles/suites/);
-  5. optionally the kernel timed on rotated inputs (harness.execution.timing), and beside it its peers: the
-     stage's own PyTorch peer (`run --bench`) or the bench block's named peers (`bench`), in one
-     flat format — `peer_<name>_us`, `_spread`, `_tflops`, `_ratio` (peer µs / kernel µs), `_cos`,
-     or `peer_<name>`: why it did not run.
+  1. the contract: `tensors(case)` checked, the generated inputs checked against it
+     (spec.check: a wrong name, shape or dtype is a one-line ContractError before any launch);
+  2. outputs and scratch allocated and poisoned;
+  3. the kernel launched once, synchronized (a CUDA error raises here), and every input compared
+     bit for bit with its copy from before the launch (pristine);
+  4. the oracle on every row or on `check_rows` rows along `row_axis` (bench shapes), checked
+     against the contract, each output compared (metrics); a suite stage's case also by the
+     peer's pass rule (`criterion`);
+  5. optionally the kernel timed (timing.py) beside its peers (`run --bench`: the stage's PyTorch
+     peer; `bench`: the named peers), in one flat format — `peer_<name>_us`, `_spread`,
+     `_tflops`, `_ratio` (peer µs / kernel µs), `_cos`, or `peer_<name>`: why it did not run.
 
-The stage → job mapping is here too (`job_for`): the runner and bench build their jobs through it.
-"""
+`job_for` maps a stage to its job (the runner and bench use it)."""
 
 from __future__ import annotations
 
@@ -63,8 +60,8 @@ class BenchJob(KernelJob):
 
 def job_for(stage: "Stage", arch: str, case: dict[str, Any], base_seed: int, cls: type = Job,
             **extra: Any) -> Any:
-    """The job (`cls`: Job or BenchJob) that runs `case` of `stage` on `arch`: the one mapping from
-    a stage's spec to what a worker needs. `extra`: the fields of `cls` beyond the kernel's."""
+    """The job (`cls`: Job or BenchJob) that runs `case` of `stage` on `arch`: the one mapping from a
+        stage's spec to a worker's job.  `extra`: `cls`'s fields beyond the kernel's."""
     from oracles.common import case_seed
 
     k = stage.kernels[arch]
@@ -100,9 +97,8 @@ def sample_rows(total: int, want: int, seed: int) -> list[int]:
 
 
 def row_tensors(specs: list, specs_rows: list, axis: str, total: int, rows: int) -> set[str]:
-    """The tensors sliced by rows: those whose first dimension follows `axis` (from `total` to
-    `rows`) while the rest of their shape stays; ValueError when a tensor changes any other way
-    (the stage is not row-separable along `axis`)."""
+    """The tensors sliced by rows: those whose first dimension follows `axis` (`total` → `rows`);
+        ValueError when a tensor changes any other way (not row-separable)."""
     if [s.name for s in specs] != [s.name for s in specs_rows]:
         raise ValueError(f"tensors() names different tensors when {axis} changes")
     sliced = set()
@@ -121,10 +117,8 @@ def row_tensors(specs: list, specs_rows: list, axis: str, total: int, rows: int)
 
 @dataclass(kw_only=True)
 class ABJob:
-    """`bench --compare REV`: one bench shape, two compiled kernels — `a` (REV's) and `b` (the
-    tree's), the same jobs but for their compiled module (object_path, prefix) — each checked
-    against the oracle, then timed interleaved (harness/execution/abtest.py) on the same rotated
-    inputs: `rounds` rounds each, `reps` repetitions a round."""
+    """`bench --compare REV`: one bench shape, two compiled kernels, `a` (REV's) and `b` (the tree's),
+        each checked, then timed interleaved on the same rotated inputs (`rounds` rounds of `reps`)."""
 
     a: BenchJob
     b: BenchJob
@@ -302,10 +296,9 @@ class CaseExecutor:
         return result
 
     def prepare(self, job: Job) -> dict:
-        """A kernel built for another arch: its inputs on this GPU, its outputs allocated, its
-        compiled host path run up to (not including) the launch (harness/execution/prepare.py), the
-        recorded launch checked against this device's limits.  {"prepared": what it got to,
-        "note": …}; raises when the host path failed or the launch could not start."""
+        """A kernel built for another arch: inputs on this GPU, outputs allocated, its host path run up
+                to the launch (prepare.py), the recorded launch checked against the device's limits.
+                {"prepared", "note"}; raises when the host path failed or the launch could not start."""
         import torch
 
         from harness.spec.check import ContractError, inputs_problems, specs_problems
@@ -349,8 +342,8 @@ class CaseExecutor:
     # -- `bench` ---------------------------------------------------------------------------
 
     def check_and_time(self, job: BenchJob) -> dict:
-        """A bench shape: checked on sampled rows and judged; when it passes and a GPU is here,
-        timed with its peers. {"status", "metrics", "checked", "error"?, "timing"?}."""
+        """A bench shape checked on sampled rows and judged, and when it passes on a GPU, timed with its
+                peers.  {"status", "metrics", "checked", "error"?, "timing"?}."""
         from harness.execution.metrics import judge, unwritten_mask
         from harness.execution.pristine import describe
 
@@ -374,8 +367,7 @@ class CaseExecutor:
 
     def compare(self, job: ABJob) -> dict:
         """Both kernels checked (each must pass), then timed interleaved on B's rotated inputs.
-        {"status", "metrics" (B's), "checked", "a": A's check, "rounds": {"A": [...], "B": [...]},
-        "timing"?: B's summary, "error"?}."""
+                {"status", "metrics" (B's), "checked", "a", "rounds": {"A", "B"}, "timing"?, "error"?}."""
         a = job.a
         a.time_it = False
         got_a = self.check_and_time(a)
@@ -480,9 +472,8 @@ def _rates(t: dict, flops: float | None, total_bytes: int) -> None:
 
 
 def peer_fields(t: dict, name: str, p: dict, flops: float | None) -> None:
-    """A timed peer's flat keys in timing record `t` (the kernel's own `us` already there):
-    `peer_<name>_us`, `_spread`, `_tflops` (from the peer's own work `flops`, when known) and
-    `_ratio` (peer µs / kernel µs: above 1, the kernel is faster)."""
+    """A timed peer's flat keys in timing record `t`: `peer_<name>_us`, `_spread`, `_tflops` (from the
+        peer's `flops`, when known), `_ratio` (peer µs / kernel µs)."""
     key = f"peer_{name}"
     t[f"{key}_us"] = p["us"]
     t[f"{key}_spread"] = p["spread"]
@@ -497,9 +488,8 @@ def _rounded(t: dict) -> dict:
 
 
 def launch_watching_hangs(launch: Callable[[], None], torch: Any) -> None:
-    """Launch and synchronize with the process's stdout captured: a bounded wait that expired
-    printed its hang line there before it trapped (harness/execution/hangs.py); that line makes the
-    CUDA error a KernelHang."""
+    """Launch and synchronize with stdout captured: an expired bounded wait printed its hang line
+        there before trapping (hangs.py), which makes the CUDA error a KernelHang."""
     from harness.execution.hangs import DeviceOutput, KernelHang, describe, hang_lines
 
     failure: BaseException | None = None

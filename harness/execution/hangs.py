@@ -1,15 +1,8 @@
-"""A `--debug-hangs` run: the kernels are built with every mbarrier wait bounded
-(stages/common/hang_guard.py); a wait that expires prints one line through the device printf
-and traps.  This module is the lab's side of it:
-
-    ENV          the variable a compile worker traces with (the kernels read it at trace time)
-    DeviceOutput captures the process's stdout (file descriptor 1, where the CUDA driver writes
-                 a kernel's printf) around a launch, and hands it back afterwards
-    hang_line    the first hang line in that output (or None)
-    KernelHang   what the worker raises for it: the case is recorded as `hang` with the line
-
-Without the flag the worker does not touch its stdout; a kernel's printf goes where it went.
-"""
+"""A `--debug-hangs` run: every mbarrier wait bounded (stages/common/hang_guard.py); an expired one
+prints one line through the device printf and traps.  The lab's side: ENV (the variable a compile
+worker traces with), DeviceOutput (captures fd 1, where a kernel's printf goes, around a
+launch), hang_line (the first hang line in it), KernelHang (recorded as `hang` with the line).
+Without the flag the worker does not touch its stdout."""
 
 from __future__ import annotations
 
@@ -53,8 +46,8 @@ def _flush_c_stdio() -> None:
 
 
 class DeviceOutput:
-    """`with DeviceOutput() as out: …` — file descriptor 1 goes to a temporary file meanwhile;
-    afterwards `out.text` holds what was written, and that text is passed on to the real stdout."""
+    """`with DeviceOutput() as out: …` — fd 1 goes to a temporary file meanwhile; afterwards
+        `out.text` holds it, and it is passed on to the real stdout."""
 
     def __init__(self) -> None:
         self.text = ""

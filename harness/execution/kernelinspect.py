@@ -1,30 +1,23 @@
-"""`dsv4-lab inspect`: the layouts a kernel builds, read at trace time, and the agreement
-checks between them (no GPU needed).
+"""`dsv4-lab inspect`: the layouts a kernel builds, read at trace time, and the agreement checks
+between them (no GPU needed).
 
-A kernel shows what it wants inspected with `stages.common.inspection.expose(self, ...)`
-while it is traced (a no-op in every other compile). This module traces one case in a
-worker process whose CUTE_DSL_ARCH is the requested arch (CuTeDSL reads it at import),
-with a recorder installed that describes each exposed object on the spot — CuTe objects
-live only as long as the trace — into plain text and plain data, and runs the checks:
+A kernel exposes objects with `stages.common.inspection.expose(self, ...)` while traced.  This
+module traces one case in a worker whose CUTE_DSL_ARCH is the requested arch, with a recorder
+that describes each exposed object on the spot into plain data, and runs the checks:
 
-  mma coverage     each MMA's accumulator (C) fragment owns every (row, col) of its tile
-                   exactly once over all threads and registers
-  P in registers   (p_path = "registers", the RS-WGMMA path of sm90 stages B and C) for
-                   every thread and register index, the Q·Kᵀ accumulator and the P·V
-                   A-operand fragment hold the same (row, key): P = bf16(S) needs no data
-                   movement. The mismatch that gave identity softmax a cosine of −0.02.
-  P via SMEM       (p_store …) register i of the copy that writes P holds the (row, key) it
-                   writes to, for every thread; the writes cover the P tile exactly once;
-                   the layout P is written with equals the layout the PV MMA reads (every
-                   (row, key) at the same swizzled offset); every warpgroup's A operand
-                   reads the whole tile
-  TMEM             (sm100) every tensor inside the allocation, allocation ≤ 512 columns and
-                   a power of two ≥ 32; S and O disjoint; P inside S (declared alias) and
-                   disjoint from O; TMEM-P load/store fragments agree for all 128 threads
+  mma coverage     each MMA's accumulator fragment owns every (row, col) of its tile exactly
+                   once over all threads and registers
+  P in registers   (sm90 B and C) the Q·Kᵀ accumulator and the P·V A-operand fragment hold the
+                   same (row, key) for every thread and register
+  P via SMEM       register i of P's store copy holds the (row, key) it writes; the writes
+                   cover the tile once; the write layout equals the PV MMA's read layout; every
+                   warpgroup's A operand reads the whole tile
+  TMEM             (sm100) every tensor inside the allocation (≤ 512 columns, a power of two
+                   ≥ 32); S and O disjoint; P inside S and disjoint from O; TMEM-P load/store
+                   fragments agree for all 128 threads
 
 Exit status: 0 when every check holds (and at least one ran), 1 when one fails or the
-trace fails (named), 2 for bad usage.
-"""
+trace fails (named), 2 for bad usage."""
 
 from __future__ import annotations
 
@@ -112,9 +105,8 @@ def smem_offsets(layout) -> list[int]:
 
 
 def decode_tmem_address(addr: int) -> tuple[int, int, bool]:
-    """(lane, column, tagged) of a TMEM address (lane << 16 | column, 32-bit columns). Bit
-    0x8000 of the column field is a tag some A-operand fragment offsets carry (DSV4.md,
-    lesson 4), not a column: it is reported and stripped."""
+    """(lane, column, tagged) of a TMEM address (lane << 16 | column); bit 0x8000 of the column field
+        is a tag some A-operand offsets carry (DSV4.md lesson 4), reported and stripped."""
     lane, col = addr >> 16, addr & 0xFFFF
     return lane, col & 0x7FFF, bool(col & 0x8000)
 
@@ -124,9 +116,8 @@ def decode_tmem_address(addr: int) -> tuple[int, int, bool]:
 
 
 def _coords(t) -> list[tuple]:
-    """The coordinates an identity-tensor partition holds, in index order, evaluated in Python
-    (stages/common/sm100_coords.py: no traced op per element; the kernels' own trace-time
-    checks use the same evaluation)."""
+    """The coordinates of an identity-tensor partition in index order, evaluated in Python
+        (stages/common/sm100_coords.py, as the kernels' own checks)."""
     from stages.common.sm100_coords import identity_coords
 
     return identity_coords(t)

@@ -61,10 +61,9 @@ def unwritten_mask(t: "torch.Tensor") -> "torch.Tensor":
 
 
 def compare(out: "torch.Tensor", ref: "torch.Tensor") -> Metrics:
-    """Metrics of `out` against the oracle's `ref` (same shape), computed in float64.
-
-    Elements where the oracle itself is not finite (e.g. LSE = +inf for a query with no
-    key) must match it exactly; they are left out of cosine / L2 / max-abs."""
+    """Metrics of `out` against the oracle's `ref` (same shape) in float64.  Elements where the oracle
+        is not finite (LSE = +inf of a keyless query) must match exactly and are left out of
+        cosine / L2 / max-abs."""
     import torch
 
     if tuple(out.shape) != tuple(ref.shape):
@@ -97,9 +96,8 @@ def compare(out: "torch.Tensor", ref: "torch.Tensor") -> Metrics:
 
 
 def violations(m: dict, tol: Tolerance) -> list[str]:
-    """Why an output's metrics (record form) miss its tolerance; empty when it passes.
-    Every bound is checked as `value meets bound`, so a missing or NaN value (or bound)
-    fails: a comparison with NaN never passes."""
+    """Why an output's metrics miss its tolerance (empty: pass).  Every bound is checked as `value
+        meets bound`, so a missing or NaN value or bound fails."""
     why = []
     if m.get("unwritten"):
         why.append(f"{m['unwritten']} unwritten")
@@ -118,10 +116,9 @@ def violations(m: dict, tol: Tolerance) -> list[str]:
 
 
 def judge(tolerances: dict[str, Tolerance], metrics: dict[str, dict]) -> tuple[str, str | None]:
-    """A case's verdict: ("pass", None) when every declared output meets its tolerance,
-    else ("fail", why). An output the stage declares but the case did not produce fails;
-    a stage that declares no tolerance proves nothing and fails. `tolerances` are the case's
-    (Stage.tolerances_for): one still holding `by:` entries is a caller's mistake, refused."""
+    """("pass", None) when every declared output meets its tolerance, else ("fail", why).  A declared
+        output the case lacks fails; a stage with no tolerance proves nothing and fails; tolerances
+        still holding `by:` entries are refused."""
     if not tolerances:
         return "fail", "the stage declares no tolerances: nothing was checked"
     if any(tol.by for tol in tolerances.values()):

@@ -1,13 +1,11 @@
 """`dsv4-lab profile STAGE [filters]`: Nsight Compute on one bench shape, a small fixed set of
 metrics kept with the record.
 
-The shape (the first bench shape the filters leave) is compiled as `bench` does, then a child
-process (`python -m harness.execution.ncuprofile JOB OUT`) checks it against the oracle like `bench`
-(a wrong kernel's profile is worth nothing: it is not profiled) and launches it once more inside
-an NVTX range `dsv4`; `ncu` runs that child and profiles only the kernel launched in that range
-(`--nvtx --nvtx-include dsv4/ --launch-count 1`), printing the raw page as CSV in base units
-(`--csv --page raw --print-units base`). The metrics (METRICS, STALLS) are parsed from that CSV
-(`parse_csv`) into the record's `profile` block:
+The first bench shape the filters leave is compiled as `bench` does; a child process
+(`python -m harness.execution.ncuprofile JOB OUT`) checks it against the oracle (a wrong kernel
+is not profiled) and launches it once more inside the NVTX range `dsv4`, which `ncu --nvtx
+--nvtx-include dsv4/ --launch-count 1 --csv --page raw --print-units base` profiles.  `parse_csv`
+reads METRICS and STALLS into the record's `profile` block:
 
     kernel            the profiled kernel's name
     duration_us       gpu__time_duration.sum
@@ -20,14 +18,9 @@ an NVTX range `dsv4`; `ncu` runs that child and profiles only the kernel launche
     stalls            the top STALL_TOP warp-stall reasons, cycles per issued instruction
                       (smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio)
 
-`profile --compare REV` profiles REV's kernel too (its tree taken as `bench --compare` takes it,
-harness/execution/abbench.py) and prints both side by side; REV's profile goes into the record's
-`compare` block (rev, commit, status, profile).
-
-The record is a bench record (`note: bench`) without a timing: the dashboard and the speed
-baselines read timed records only. Without ncu, without a GPU, or without permission to read the
-GPU's performance counters (ERR_NVGPUCTRPERM): one line, exit 1.
-"""
+`profile --compare REV` profiles REV's kernel too (taken as `bench --compare` takes it) into the
+record's `compare` block.  The record is a bench record without a timing.  Without ncu, a GPU,
+or permission for the performance counters (ERR_NVGPUCTRPERM): one line, exit 1."""
 
 from __future__ import annotations
 
@@ -100,10 +93,9 @@ def _number(text: str) -> float | None:
 
 
 def parse_csv(text: str) -> dict[str, Any]:
-    """The profile block from ncu's `--csv --page raw` output: the header row (it starts with
-    "ID"), a units row, then one row per profiled kernel (the first is taken). Lines before the
-    header (==PROF== notes, the program's own output) are skipped. ProfileError when there is no
-    kernel row or a metric is missing."""
+    """The profile block from ncu's `--csv --page raw` output: the header row ("ID"), a units row,
+        one row per kernel (the first taken); earlier lines skipped.  ProfileError without a kernel
+        row or with a metric missing."""
     if PERMISSION in text:
         raise ProfileError(f"ncu may not read the GPU's performance counters ({PERMISSION}) — run as root, or "
                            "with the driver's NVreg_RestrictProfilingToAdminUsers=0")
@@ -174,8 +166,8 @@ def side_by_side(a: dict[str, Any], b: dict[str, Any], rev: str) -> list[str]:
 
 
 def _run_ncu(root: Path, job: Any, ncu: str, gpu: int, timeout_s: float) -> dict[str, Any]:
-    """One ncu run of `job`'s checked launch: {"status", "metrics"?, "error"?, "profile"?}; raises
-    ProfileError when ncu gave no usable profile of a passing kernel (permission, no kernel)."""
+    """One ncu run of `job`'s checked launch: {"status", "metrics"?, "error"?, "profile"?};
+        ProfileError when ncu gave no usable profile of a passing kernel."""
     import os
 
     with tempfile.TemporaryDirectory(prefix="dsv4-profile-") as tmp:
@@ -200,9 +192,8 @@ def _run_ncu(root: Path, job: Any, ncu: str, gpu: int, timeout_s: float) -> dict
 
 def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], timeout_s: float = 600.0, seed: int = 0,
          gpu: int = 0, argv: list[str] | None = None, compare: str | None = None) -> int:
-    """Plan one shape, then (ncu and a GPU here) compile, check, profile and record it; with
-    `compare` (a commit), REV's kernel is profiled too and shown beside the tree's (the record:
-    the tree's profile, and REV's in its `compare` block)."""
+    """Plan one shape, then (ncu and a GPU here) compile, check, profile and record it; `compare`:
+        REV's kernel profiled too, into the record's `compare` block."""
     from harness.core.environment import gpu_capabilities
     from harness.execution.bench import _job, plan_cases
 

@@ -1,32 +1,23 @@
 """`prepared`: a compiled kernel's host path run up to (not including) its launch, on a GPU of
-another arch (issue 34 item 5: sm_100a kernels on an H100).
+another arch (sm_100a kernels on an H100).
 
-What CuTeDSL 4.8.1's compiled host code does (read from the lowered IR of stage E's sm100
-kernels, `str(compiled.ir_module)`): it encodes every TMA descriptor itself — the tiled maps
-and the gather4 maps alike, 128 bytes built inline from the tensors' addresses, shapes and
-strides (no cuTensorMapEncode* call: the driver never sees them before the launch) — then, on
-its first call, loads the cubin as a CUDA library (_cudaLibraryLoadData), finds the kernel
-(_cudaLibraryGetKernel), reads its static shared memory (_cuKernelGetAttribute), sets the
-dynamic shared-memory limit and the non-portable-cluster attribute (_cudaFuncSetAttribute /
-_cudaKernelSetAttributeForDevice), and launches (_cudaLaunchKernelEx with grid, block and the
-inferred dynamic shared memory).  Those calls go through libcute_dsl_runtime.so's wrappers.
+CuTeDSL 4.8.1's compiled host code (read from the lowered IR) encodes every TMA descriptor itself
+(no cuTensorMapEncode* call), then on its first call loads the cubin as a CUDA library
+(_cudaLibraryLoadData), finds the kernel (_cudaLibraryGetKernel), reads its static shared memory
+(_cuKernelGetAttribute), sets the shared-memory and cluster attributes, and launches
+(_cudaLaunchKernelEx), through libcute_dsl_runtime.so's wrappers.
 
-A small interposer (SHIM_SOURCE, built with the machine's C compiler and loaded RTLD_GLOBAL
-before CuTeDSL, so the JIT-linked host code resolves the wrappers to it) forwards every call to
-the real runtime, except while a prepare is active: then the launch is recorded and NOT made,
-and — the kernel being built for another arch — a library, kernel or attribute call the driver
-refuses for want of an image for this device is recorded (which calls, the error) and passed
-over; the record's note says what the driver did and what it refused.  A library or kernel the
-driver refused gets a handle of the interposer's own, which is never passed on to the runtime (a
-made-up handle given to the driver is a crash: what the first H200 run of this mode met), and any
-error that is not such a refusal fails the host path as it would.  Everything else runs for real: the
-descriptors are encoded from the real tensors on the device, the cubin is loaded into a
-library, the kernel is found by name, and the recorded launch is checked against the device's
-limits (threads per block, grid, opt-in shared memory: 232,448 bytes on both H100 and B200).
+An interposer (SHIM_SOURCE, built with the machine's C compiler and loaded RTLD_GLOBAL before
+CuTeDSL) forwards every call to the real runtime, except while a prepare is active: then the
+launch is recorded and NOT made, and a library, kernel or attribute call the driver refuses for
+want of an image for this device is recorded and passed over (the record's note says what the
+driver did and refused).  A refused library or kernel gets a handle of the interposer's own,
+never passed to the runtime (a made-up handle is a crash); any other error fails the host path.
+Everything else runs for real, and the recorded launch is checked against the device's limits
+(threads per block, grid, opt-in shared memory: 232,448 bytes on H100 and B200).
 
-Mode "fake" (CPU tests only) answers every runtime call itself: the host path runs on a machine
-with no GPU at all, which proves the mechanism, not the hardware.
-"""
+Mode "fake" (CPU tests only) answers every runtime call itself: it proves the mechanism, not the
+hardware."""
 
 from __future__ import annotations
 
@@ -202,9 +193,8 @@ _SHIM: ctypes.CDLL | None = None
 
 
 def load_shim(path: str | None = None) -> ctypes.CDLL | None:
-    """Load the interposer (RTLD_GLOBAL) — call before CuTeDSL loads any compiled module, or its
-    host code binds the real runtime — and point it at the real libcute_dsl_runtime.so.  None
-    when no interposer is configured (`path` or $DSV4_PREPARE_SHIM)."""
+    """Load the interposer (RTLD_GLOBAL, before CuTeDSL loads any compiled module) and point it at the
+        real libcute_dsl_runtime.so.  None when none is configured (`path` or $DSV4_PREPARE_SHIM)."""
     global _SHIM
     path = path or os.environ.get(ENV)
     if _SHIM is not None or not path:
@@ -215,8 +205,8 @@ def load_shim(path: str | None = None) -> ctypes.CDLL | None:
 
 
 def point_at_runtime(shim: ctypes.CDLL, runtime: str | None = None) -> None:
-    """Give the interposer the runtime library to forward to: CuTeDSL's real
-    libcute_dsl_runtime.so, or `runtime` (the CPU tests' stand-in for a driver); idempotent."""
+    """Give the interposer the runtime to forward to: CuTeDSL's libcute_dsl_runtime.so, or `runtime`
+        (the CPU tests' stand-in); idempotent."""
     if runtime is None:
         from cutlass.runtime import find_runtime_libraries
 
@@ -227,11 +217,9 @@ def point_at_runtime(shim: ctypes.CDLL, runtime: str | None = None) -> None:
 
 
 def run_host_path(launch, mode: str = "prepare", runtime: str | None = None) -> dict[str, Any]:
-    """Call `launch()` (a case's compiled host function on its real arguments) with the
-    interposer active: what it got to — {"launches": n, "grid", "block", "smem", "refused": n,
-    "refusal": the last refused attribute call's error code}.  Raises PrepareError when the
-    interposer is not loaded.  grid / block are the first launch's (the kernel; a second one
-    is a split combine), smem the most any launch asked for."""
+    """Call `launch()` (a case's compiled host function) with the interposer active: {"launches",
+        "grid", "block" (the first launch's), "smem" (the most asked), "refused", "refusal" (the last
+        refused call's error code)}.  PrepareError when the interposer is not loaded."""
     shim = _SHIM or load_shim()
     if shim is None:
         raise PrepareError("--prepare: the launch interposer is not loaded in this process")
@@ -250,9 +238,8 @@ def run_host_path(launch, mode: str = "prepare", runtime: str | None = None) -> 
 
 
 def check_launch(got: dict[str, Any], limits: dict[str, int]) -> list[str]:
-    """Why the recorded launch would not start on a device with `limits` (max_threads,
-    max_grid_y, max_grid_z, smem_optin); empty when it would.  No launch recorded is a problem
-    too: the host path never got there."""
+    """Why the recorded launch would not start on a device with `limits` (max_threads, max_grid_y,
+        max_grid_z, smem_optin); empty when it would.  No launch recorded is a problem too."""
     why = []
     if got["launches"] < 1:
         why.append("the host path made no launch")
@@ -286,8 +273,8 @@ _CALLS = ((1, "cubin loaded as a library"), (2, "kernel found by name"), (4, "ke
 
 
 def describe(got: dict[str, Any], device: str, arch: str) -> str:
-    """The note of a `prepared` record: what the driver did, what it refused (for want of an
-    image of the kernel's arch for this device) and the launch that was reached, not made."""
+    """The note of a `prepared` record: what the driver did, what it refused (no image for this
+        device) and the launch reached, not made."""
     g, b = tuple(got["grid"]), got["block"][0]
     bits = got.get("refused_calls", 0)
     done = [what for bit, what in _CALLS if not bits & bit]

@@ -1,17 +1,10 @@
 """Inputs kept pristine across a launch: a kernel must not write its inputs.
 
-Before the launch every input is copied (`keep`); after it (`written`) the inputs are compared
-with the copies bit for bit — as integers of the element's width, so a NaN payload or a -0.0
-that changed counts, and a NaN that stayed is equal — and then restored from the copies
-(`restore`), so the oracle is computed from the inputs as they were generated whatever the
-kernel did. A kernel that wrote an input fails with `kernel wrote its input X (N elements
-changed)` (`describe`).
-
-The copy is kept beside the input (a device clone) when the device has room for it with
-HEADROOM to spare, else in host memory (the paged caches of stage E pass 2 GiB): the comparison
-is exact either way (a host copy is compared in slices of at most SLICE_BYTES moved to the
-device), never a checksum.
-"""
+Every input is copied before the launch (`keep`), compared with the copy bit for bit after it
+(`written`: as integers of the element's width, so a changed NaN payload or -0.0 counts), then
+restored (`restore`), so the oracle sees the generated inputs.  A kernel that wrote one fails
+with `kernel wrote its input X (N elements changed)`.  The copy is a device clone when the
+device has room with HEADROOM to spare, else in host memory (compared in SLICE_BYTES slices)."""
 
 from __future__ import annotations
 

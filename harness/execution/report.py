@@ -89,9 +89,8 @@ def run_local_and_report(spec: Spec, stages: list[Stage], archs: list[str] | Non
                          *, bench: bool, gpus: list[int] | None, workers_per_gpu: int, timeout: float | None,
                          seed: int, argv: list[str], shard: tuple[int, int] | None = None, record: bool = False,
                          debug_hangs: bool = False, prepare: bool = False) -> int:
-    """`dsv4-lab run` here: progress, a line per case, the table and the summary. A case this machine
-    cannot run whose compile says what its newest fresh record says is not recorded again, unless
-    `record` (`--record`)."""
+    """`dsv4-lab run` here: progress, a line per case, the table and the summary.  A case this machine
+        cannot run is not recorded again when it repeats its newest fresh record, unless `record`."""
     from harness.execution.runner import RunOptions, Runner, tasks_for
 
     tasks = tasks_for(stages, archs, lambda st: cases[st.id])
@@ -155,8 +154,8 @@ def _display_path(path: Path, root: Path) -> str:
 
 
 def compile_line(done) -> str:
-    """One finished compile (a `harness.execution.compilerun.Compiled`) as rich markup: status, arch, the
-    whole case label, time, resources, and whether a record was written."""
+    """One finished compile as rich markup: status, arch, the whole case label, time, resources,
+        whether a record was written."""
     from harness.core.console import printable
     from harness.notebook.inventory import mma_counts
 
@@ -180,8 +179,8 @@ def compile_line(done) -> str:
 
 
 def compile_table(title: str, rows: list[tuple[str, ...]]) -> Table:
-    """The compile summary table. A case label is never cut (two cases never read alike): printed
-    whole (`print_whole`), or folded onto a second line on a narrow terminal; the inventory wraps."""
+    """The compile summary table; a case label is never cut (printed whole, or folded on a narrow
+        terminal); the inventory wraps."""
     table = Table(title=title)
     for col in ("arch", "case", "status", "s", "regs", "spill", "smem", "bar", "MMA", "inventory"):
         table.add_column(col, no_wrap=col not in ("case", "inventory"),
@@ -192,9 +191,8 @@ def compile_table(title: str, rows: list[tuple[str, ...]]) -> Table:
 
 
 def print_whole(console: Console, table: Table) -> None:
-    """Print `table` without cutting a cell: where the output is no terminal (a file, a pipe) at
-    the width the table needs (wider than the console's 160 columns if need be); on a terminal at
-    the terminal's width (where the compile table folds a label rather than cut it)."""
+    """Print `table` without cutting a cell: at the width it needs when the output is no terminal,
+        at the terminal's width on one (where the compile table folds a label)."""
     if console.is_terminal:
         console.print(table)
         return
@@ -207,11 +205,9 @@ def print_whole(console: Console, table: Table) -> None:
 
 def compile_and_report(spec: Spec, stage: Stage, archs: list[str], cases: list[Case], keep: Path | None,
                        argv: list[str] | None = None, record: bool = False) -> int:
-    """`dsv4-lab compile`: compile each case (parallel, cached) with a progress bar and a line per
-    finished case, write a record per case (`compiled` / `compile_error`, like a run's) — unless it
-    says what the case's newest fresh record already says (`record` writes it all the same) —,
-    print resources and the instruction inventory; exit 1 with the one-line error (file:line in
-    the user's code) on a failure."""
+    """`dsv4-lab compile`: compile each case (parallel, cached) with a progress bar, write a record per
+        case unless it repeats the newest fresh one (`record` writes it anyway), print resources and
+        the inventory; exit 1 with the one-line error on a failure."""
     import shutil
 
     from harness.execution.compilerun import CompileJob, compile_recorded

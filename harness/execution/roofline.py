@@ -2,18 +2,12 @@
 GPU's measured peaks (`dsv4-lab calibrate`, results/calibration.jsonl).
 
     compute time  = flops / peak_flops
-    memory time   = bytes / peak_bandwidth      (each input read once, each output written once;
-                                                 the peak: the higher of the read-only streaming
-                                                 and the copy bandwidth calibrated — `peak_by`)
+    memory time   = bytes / peak_bandwidth      (inputs read once, outputs written once; the
+                                                 higher calibrated bandwidth — `peak_by`)
     bound         = max(compute time, memory time)
-    fraction      = bound / measured time        (1.0: at the roofline; 0.25: 4x slower than it)
+    fraction      = bound / measured time        (1.0: at the roofline)
 
-A kernel cannot move bytes faster than the GPU's peak, so a fraction above 1 is a measurement
-error (a peak measured low, bytes over-counted, a clock that moved): the record says so in
-`roofline_error` instead of passing the number off as a result.
-
-Pure arithmetic and file reading: no torch, no GPU.
-"""
+A fraction above 1 is a measurement error, said so in `roofline_error`.  No torch, no GPU."""
 
 from __future__ import annotations
 
@@ -88,8 +82,8 @@ def _positive(x: Any) -> bool:
 
 
 def read_peaks(root: Path, gpu: str, warn: list[str] | None = None) -> Peaks | None:
-    """The newest calibration of a GPU named `gpu` (None when it was never calibrated). A line
-    that is not a usable calibration is skipped (with a warning in `warn`)."""
+    """The newest calibration of GPU `gpu` (None: never calibrated); an unusable line is skipped with a
+        warning in `warn`."""
     from harness.core.jsonl import read_bytes  # a regular file only (harness/core/safeio.py)
 
     path = calibration_file(root)

@@ -1,13 +1,10 @@
-"""Runs stages' matrices: compile (cached, parallel), execute each case in a worker process
-with a timeout, judge it against the stage's tolerances, and write its record the moment
-it ends.
+"""Runs stages' matrices: compile (cached, parallel), execute each case in a worker with a timeout,
+judge it, write its record the moment it ends.
 
-Cases whose arch this machine cannot run are compiled and recorded as `compiled` with the
-reason ("compiled, not run: no sm_100 device"): never as passed. With `only_new` (`dsv4-lab run`
-without `--record`) such a case is not recorded again when its record would say what its newest
-fresh record already says (harness/execution/compilerun.py's `same_facts`), and a run with nothing to run
-here writes its events only with its first record: looking again leaves results/ as it was.
-"""
+A case whose arch this machine cannot run is recorded `compiled` with the reason, never passed.
+With `only_new` (`run` without `--record`) it is not recorded again when its newest fresh record
+says the same (compilerun.py's `same_facts`), and a run with nothing to run writes its events
+only with its first record."""
 
 from __future__ import annotations
 
@@ -113,18 +110,14 @@ def not_runnable_reason(arch: str, caps: dict[int, tuple[str, str | None]]) -> s
 
 
 class Runner:
-    """One run: owns the compiler pools, the worker processes and the record writer.
-
-    Every way a run can end is accounted for: each planned case gets a record, or the run
-    says why it has none (interrupted, or an error in the run itself) and exits non-zero.
-    SIGINT, SIGTERM and SIGHUP stop the run the same way: workers and compilers killed,
-    finished records kept, the run marked interrupted in runs.jsonl, exit 128 + signal.
-    """
+    """One run: owns the compiler pools, the worker processes and the record writer.  Each planned
+        case gets a record, or the run says why not and exits non-zero.  SIGINT, SIGTERM, SIGHUP:
+        workers and compilers killed, records kept, the run marked interrupted, exit 128 + signal."""
 
     def __init__(self, spec: Spec, opts: RunOptions, on_record: Callable[[Record], None] | None = None,
                  emit: Callable[[str], None] | None = None, results_root: Path | None = None):
-        """`emit`: send each record's JSON line there instead of writing it (remote mode).
-        `results_root`: the lab whose results/ receives records (default: the spec's)."""
+        """`emit`: send each record's JSON line there instead of writing it (remote mode);
+                `results_root`: the lab whose results/ receives records."""
         if opts.workers_per_gpu < 1:
             raise RunSetupError(f"--workers-per-gpu {opts.workers_per_gpu}: must be at least 1")
         if opts.timeout_s is not None and not (math.isfinite(opts.timeout_s) and opts.timeout_s > 0):
@@ -191,8 +184,8 @@ class Runner:
     # -- the run ---------------------------------------------------------------------------
 
     def _check_writable(self) -> None:
-        """Fail before compiling anything when the records cannot be written. A run whose start
-        event waits for its first record (`_lazy_start`) checks without writing anything."""
+        """Fail before compiling when the records cannot be written (a lazily started run checks
+                without writing)."""
         if self.emit is not None:
             return
         self.log.plan(target=self.opts.target, argv=self.opts.argv, cases=len(self.opts.tasks), bench=self.opts.bench,
@@ -301,9 +294,8 @@ class Runner:
                           errors=list(self.errors), signum=self._signum)
 
     def _set_up_prepare(self, caps, idle: list[Task], reasons: dict[str, str]) -> set[str]:
-        """`--prepare`: the archs whose cases go to a GPU of another arch for their host path up
-        to the launch (harness/execution/prepare.py; its interposer built and named for the workers).
-        Without a GPU here the cases stay `compiled`, and their reason says so."""
+        """`--prepare`: the archs whose cases go to a GPU of another arch (prepare.py; the interposer
+                built for the workers).  Without a GPU they stay `compiled`, the reason saying so."""
         if not self.opts.prepare or not idle:
             return set()
         if not caps:
@@ -388,9 +380,8 @@ class Runner:
         return threads
 
     def _serve(self, handle: WorkerHandle, ready: queue.Queue) -> None:
-        """Serve cases to one worker until told to stop. Anything that breaks here (not in
-        the case: the case's own failures come back as results) ends the run with an error
-        that says what happened; after a stop it is the interruption's doing and is quiet."""
+        """Serve cases to one worker until told to stop.  A failure here (not the case's) ends the run
+                with an error saying what happened; after a stop it is quiet."""
         try:
             while not self._stop.is_set():
                 item = ready.get()

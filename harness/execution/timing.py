@@ -27,8 +27,8 @@ def l2_bytes() -> int:
 
 
 def passes(n_sets: int, min_launches: int) -> int:
-    """How many passes over `n_sets` rotated sets one timed repetition makes so that it holds at
-    least `min_launches` launches (many launches per graph: launch gaps and event overhead shrink)."""
+    """Passes over `n_sets` rotated sets a timed repetition makes to hold at least `min_launches`
+        launches (fewer gaps and less event overhead per launch)."""
     return max(1, math.ceil(max(1, min_launches) / max(1, n_sets)))
 
 
@@ -76,19 +76,18 @@ def gpu_clocks() -> dict:
 
 
 def bench(launches: list[Callable[[], None]], reps: int = 30, warmup: int = 3, min_launches: int = 1) -> dict:
-    """Median µs of one launch. `launches` are closures over distinct (rotated) argument sets;
-    one repetition runs them all, `passes(len(launches), min_launches)` times over, captured as
-    one CUDA graph where the launches allow it (else timed as plain launches between events)."""
+    """Median µs of one launch.  `launches`: closures over distinct (rotated) argument sets; one
+        repetition runs them all `passes(len(launches), min_launches)` times, as one CUDA graph where
+        the launches allow it (else plain launches between events)."""
     timer = Timer(launches, warmup, min_launches)
     return {**summarize(timer.sample(reps)), "reps": reps, "rot": len(launches), "launches": timer.launches,
             "method": timer.method}
 
 
 class Timer:
-    """One kernel made ready to time (warmed up, its repetition captured as a CUDA graph where
-    the launches allow it): `sample(reps)` gives per-launch µs of `reps` repetitions. `bench`
-    times one kernel with it; an A/B comparison (harness/execution/abtest.py) holds two and asks
-    each for a round in turn (ABBA…), so both are timed under the same clocks."""
+    """One kernel ready to time (warmed up, a repetition captured as a CUDA graph where possible):
+        `sample(reps)` gives per-launch µs.  An A/B comparison holds two and asks each for a round
+        in turn, so both see the same clocks."""
 
     def __init__(self, launches: list[Callable[[], None]], warmup: int = 3, min_launches: int = 1) -> None:
         import torch

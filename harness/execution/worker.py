@@ -2,23 +2,14 @@
 supervisor of `run`, `run --bench`, `bench` and the remote side.
 
 The worker imports torch and CuTeDSL once, then serves jobs over a pipe through the case
-executor (harness/execution/executor.py: contract, inputs, poisoned outputs, launch, sync, pristine
-inputs, oracle, metrics, optional timing). A CUDA error leaves the context unusable, so after
-reporting one (`error_reply`, the one crash classifier) the worker exits and the parent starts
-a new one. The parent bounds each job by a timeout: a hang is killed and reported.
+executor (executor.py).  A CUDA error leaves the context unusable, so after reporting one
+(`error_reply`, the one crash classifier) the worker exits and the parent starts a new one; a
+job past its timeout is killed and reported.  A failure in the user's code comes back as one
+line naming their file and line (core.userfault), the traceback under "trace".
 
-A failure inside the user's code (input generator, oracle, kernel) comes back as one line
-naming their file and line (harness.core.userfault), with the full traceback under "trace". What
-the input generator and the oracle return is checked against `tensors(case)` before it is
-used (harness.spec.check): a wrong name, shape or dtype is a one-line error, never a silent pass.
-
-A worker never outlives the process that started it: on Linux the kernel kills it when the
-thread that started it ends (prctl PR_SET_PDEATHSIG — the runner starts each worker from the
-serving thread that owns it, and stops using it when that thread ends), and a watchdog
-thread exits it when its parent process is gone (any OS; a fallback). Each worker leads its
-own process group; killing a worker (timeout, crash, a stopped run) or closing it kills the
-group, so a process the case started never outlives the case.
-"""
+A worker never outlives its starter: PR_SET_PDEATHSIG ties it to the serving thread that owns it,
+and a watchdog thread exits it when its parent process is gone (any OS).  Each worker leads its
+own process group, killed with it, so a process a case started never outlives the case."""
 
 from __future__ import annotations
 
@@ -48,9 +39,8 @@ _Executor = CaseExecutor  # the name the tests and older callers know
 
 
 def _die_with_parent(parent_pid: int | None) -> None:
-    """Exit when the parent goes: PR_SET_PDEATHSIG on Linux (the kernel sends SIGKILL when
-    the thread that started this process ends), and a watchdog thread that exits when the
-    parent process is gone (a changed parent pid), as a fallback on any OS."""
+    """Exit when the parent goes: PR_SET_PDEATHSIG on Linux (SIGKILL when the starting thread ends)
+        and a watchdog thread that exits when the parent pid changes (any OS)."""
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
@@ -72,8 +62,8 @@ def _die_with_parent(parent_pid: int | None) -> None:
 
 
 def error_reply(exc: BaseException, root: Path, seconds: float) -> dict:
-    """The one-line error (the user's file:line), the full trace, and the status: "crash" for a
-    CUDA error (the worker must exit), "error" for anything else (the records say crash for both)."""
+    """The one-line error (the user's file:line), the full trace, and the status: "crash" for a CUDA
+        error (the worker must exit), else "error" (both recorded as crash)."""
     from harness.spec.check import ContractError
     from harness.execution.hangs import KernelHang
     from harness.core.userfault import describe, full_trace, strip_ansi
@@ -246,9 +236,8 @@ class WorkerHandle:
 
 
 def _kill_group(pid: int | None) -> None:
-    """SIGKILL the process group `pid` leads (the worker's own, from os.setpgrp). A group
-    outlives its leader while a member lives, and its id is not reused meanwhile, so this is
-    safe after the worker was reaped; a worker killed before its setpgrp leads no group."""
+    """SIGKILL the process group `pid` leads (the worker's, from os.setpgrp): a group outlives its
+        leader while a member lives and its id is not reused, so this is safe after reaping."""
     if pid is None:
         return
     try:

@@ -1,35 +1,26 @@
 """Keeping the notebook small: a stage's stale lines move into a compressed archive (README:
-Records, for the user's view of compaction and retiring).
+Records).
 
-A record is stale once the code that decides its verdict changed (harness/spec/identity.py).
-`archive_stale` moves every line of results/records/<stage>.jsonl whose `code.src` is not the
-stage's source hash now for its arch to the end of results/archive/<stage>.jsonl.xz, byte for
-byte except that the ids it names (harness/notebook/inventories.py: inventories, env blocks) are
-replaced by the values the stores hold, so the stores only serve live records. Lines already in
-the archive that still name ids are inlined the same way whenever it is rewritten
-(`inline_archive`); an id a store lacks stays. Readers (harness/notebook/records.py) read the
-archive as the older part of the records file; fresh records, lines that do not parse and lines
-of stages or archs the spec no longer has stay where they are. `archive_runs` does the same for
-the events in results/runs.jsonl of runs no live record names (results/archive/runs.jsonl.xz).
+`archive_stale` moves every line of results/records/<stage>.jsonl (and its segment) whose
+`code.src` is not the stage's source hash now to the end of results/archive/<stage>.jsonl.xz,
+byte for byte but with the store ids it names replaced by their values (`inline_archive` does
+the same to older archive lines; an id a store lacks stays). Fresh records, unparsable lines and
+lines of stages or archs the spec no longer has stay. `archive_runs` does the same for the events
+of runs no live record names (results/archive/runs.jsonl.xz).
 
-`seal` moves every line of results/records/<stage>.jsonl, byte for byte, to the end of the
-segment results/records/<stage>.jsonl.xz (one xz stream, preset 9|extreme) and empties the plain
-file; readers read archive, segment, plain file in that order. It refuses (SealRefused, one line
-naming file:line and the fix, nothing written) while a line of either is one readers skip, or
-the segment is no xz. A line the segment already holds byte for byte (a crash between writes) is
-not added twice. `archive_stale` moves stale lines of the segment and the plain file alike.
-Archive, then segment, then records file, each a temp file and a rename: a crash leaves a line
-in two places (read twice), never in neither.
+`seal` moves every line of results/records/<stage>.jsonl to the end of its segment
+results/records/<stage>.jsonl.xz (one xz stream, preset 9|extreme) and empties the plain file.
+It refuses (SealRefused, one line naming file:line and the fix, nothing written) while a line of
+either is one readers skip, or the segment is no xz; a line the segment already holds is not
+added twice. Archive, then segment, then records file, each a temp file and a rename: a crash
+leaves a line in two places (read twice), never in neither.
 
-`retire` bounds the archive. Per (arch, case) it keeps the newest `keep` lines (default 0: git
-holds every committed archive), a bench shape's newest max(keep, KEEP_BENCH), and every line of
-the last `days` days; an older line is dropped from the tree. Never retired: a line that does not
-parse or names no id, arch or case; a record a baseline, speed baseline or note names, or of a run
-a note or the stage's live records name (the caller gathers these); a record the archive at HEAD does not
-hold (`held`: only a committed line can be shown again with `git show`). One line goes to
-results/archive/retired.jsonl.xz (harness/notebook/retired.py) first, then the archive is
-rewritten: a crash leaves the line named there and still in the archive, never in neither.
-"""
+`retire` bounds the archive: per (arch, case) the newest `keep` lines (default 0: git holds every
+committed archive), a bench shape's newest max(keep, KEEP_BENCH), and the last `days` days stay.
+Never retired: a line that does not parse or names no id, arch or case; a record a baseline,
+speed baseline or note names, or of a run a note or live record names; a line the archive at
+HEAD does not hold (`held`). It is named in results/archive/retired.jsonl.xz (retired.py) first,
+then the archive is rewritten: never in neither."""
 
 from __future__ import annotations
 
@@ -95,9 +86,8 @@ def _write_archive(archive: Path, lines: list[bytes]) -> None:
 
 
 def inline_archive(root: Path, stage_id: str) -> int:
-    """Rewrite one stage's archive with the ids its lines name replaced by the stores' values
-    (nothing else changes; no rewrite when no line names an id a store holds).
-    Returns the number of lines inlined."""
+    """Rewrite a stage's archive with the ids its lines name replaced by the stores' values (no
+        rewrite when none is named).  Returns the lines inlined."""
     archive = archive_file(stage_file(root, stage_id))
     if not archive.exists():
         return 0
@@ -108,9 +98,9 @@ def inline_archive(root: Path, stage_id: str) -> int:
 
 
 def _move_lines(path: Path, archive: Path, moves, store: Stores | None = None) -> tuple[int, int]:
-    """Move the lines of `path` for which `moves(obj)` holds (obj: the parsed line, None when it
-    does not parse) to the end of `archive` — with their ids inlined from `store` when given —
-    archive first, then the file. Returns (lines moved, bytes the file lost)."""
+    """Move the lines of `path` for which `moves(obj)` holds (obj None: unparsable) to the end of
+        `archive`, ids inlined from `store` when given; archive first, then the file.  Returns
+        (lines moved, bytes the file lost)."""
     try:
         data = read_regular(path)
     except FileNotFoundError:
@@ -145,9 +135,8 @@ def _parsed(raw: bytes):
 
 
 def archive_stale(root: Path, stage_id: str, current_src: dict[str, str]) -> tuple[int, int]:
-    """Move the stale lines of one stage's segment and records file into its archive (the
-    segment's first: they are older). `current_src` maps arch -> the stage's source hash now.
-    Returns (lines moved, bytes the segment and the records file lost)."""
+    """Move the stale lines of a stage's segment and records file (segment's first) into its
+        archive; `current_src`: arch -> the source hash now.  Returns (lines moved, bytes lost)."""
 
     def stale(obj) -> bool:
         arch = obj.get("arch") if isinstance(obj, dict) else None
@@ -180,8 +169,7 @@ def archive_stale(root: Path, stage_id: str, current_src: dict[str, str]) -> tup
 
 
 def _first_problem(source: Path, text: bytes, store: Stores) -> str | None:
-    """`file:line: why` of the first line of `text` (the text of `source`) that readers skip
-    (harness/notebook/records.py: it does not parse, or is no record); None when every line reads."""
+    """`file:line: why` of the first line of `text` readers skip; None when every line reads."""
     warn: list[str] = []
     for lineno, obj in iter_jsonl(source, warn, data=text):
         if warn:
@@ -196,10 +184,9 @@ def _first_problem(source: Path, text: bytes, store: Stores) -> str | None:
 
 
 def seal(root: Path, stage_id: str) -> tuple[int, int]:
-    """Move every line of one stage's records file to the end of its segment (module doc),
-    segment first, then the records file emptied. Returns (lines moved, bytes saved: the plain
-    file's and the old segment's size less the new segment's). SealRefused (one line, nothing
-    written) while a line of either is one readers skip, or the segment is no xz."""
+    """Move every line of a stage's records file to the end of its segment (module doc).  Returns
+        (lines moved, bytes saved).  SealRefused (one line, nothing written) while a line of either
+        is one readers skip, or the segment is no xz."""
     path = stage_file(root, stage_id)
     segment = segment_file(path)
     data, plain = _plain_lines(path)
@@ -225,9 +212,8 @@ def seal(root: Path, stage_id: str) -> tuple[int, int]:
 
 
 def archive_runs(root: Path, live: set[str]) -> tuple[int, int]:
-    """Move the events of results/runs.jsonl whose run id is not in `live` (the runs the live
-    records name) to the end of results/archive/runs.jsonl.xz; a line that does not parse or
-    names no run stays. Returns (lines moved, bytes runs.jsonl lost)."""
+    """Move the events of results/runs.jsonl of runs not in `live` to the end of
+        results/archive/runs.jsonl.xz (unparsable lines stay).  Returns (lines moved, bytes lost)."""
 
     def dead(obj) -> bool:
         run = obj.get("run") if isinstance(obj, dict) else None
@@ -256,8 +242,7 @@ def _iso(t: float) -> str:
 def retirable(lines: list[bytes], keep: int, cutoff: str, named_ids: set[str], named_runs: set[str],
               held: frozenset[str], keep_bench: int = KEEP_BENCH) -> list[bool]:
     """For each archive line (oldest first), whether the rule retires it (module doc; `cutoff`: the
-    oldest time, as `t` writes it, that is kept whatever its rank; a bench line's rank is held
-    against max(keep, keep_bench): the speed history stays deeper than the test results')."""
+        oldest `t` kept whatever its rank; a bench line's rank counts against max(keep, keep_bench))."""
     seen: dict[tuple, int] = {}
     out = [False] * len(lines)
     for i in range(len(lines) - 1, -1, -1):
@@ -277,9 +262,8 @@ def retirable(lines: list[bytes], keep: int, cutoff: str, named_ids: set[str], n
 
 def retire(root: Path, stage_id: str, held: Held, named_ids: set[str], named_runs: set[str],
            keep: int = KEEP_NEWEST, days: float = KEEP_DAYS, now: float | None = None) -> tuple[int, int]:
-    """Retire the lines of one stage's archive that the rule retires (module doc): one line to
-    results/archive/retired.jsonl.xz first, then the archive rewritten without them (removed when
-    none is left). Returns (lines retired, bytes the archive lost); OSError when it is no xz."""
+    """Retire the lines of a stage's archive the rule retires: one line to retired.jsonl.xz first,
+        then the archive rewritten (removed when empty).  Returns (lines, bytes); OSError when no xz."""
     archive = archive_file(stage_file(root, stage_id))
     if not archive.exists():
         return 0, 0

@@ -1,28 +1,24 @@
 """Baselines: per stage, arch and case, what must keep holding (README: Gate, the notebook).
 Run baselines in results/baselines.yaml.xz, compile baselines in results/compile_baselines.yaml.xz:
 YAML, one line a case, xz-compressed, written atomically under one lock (results/.baselines.lock)
-so concurrent `accept`/`drop` lose nothing. A compile baseline still in the run file (from before
-the split) is read and moved at the next write; an older clone's plain results/baselines.yaml is
-read where it is the only one and moved to the .xz by `save`; one case in both files, or both run
-files at once, is one line naming both (`_run_path`): the lab never guesses which holds the truth.
+so concurrent `accept`/`drop` lose nothing. A compile baseline still in the run file is moved at
+the next write; an older clone's plain results/baselines.yaml is read where it is the only one and
+moved by `save`; one case in both files, or both run files at once, is one line naming both.
 
 * **run**: the newest passing, fresh record's metric values and their tolerance:
     cosine   absolute: now >= baseline - tol
     rel_l2   relative: now <= baseline * (1 + tol) + 1e-12
     max_abs  relative: now <= baseline * (1 + tol) + 1e-12
-* **compile** (an arch no device here runs, e.g. sm_100a): from the newest fresh `compiled`
-  record, status, registers, spill bytes, shared memory, named barriers and the inventory's total
-  and tensor-core MMA counters (PTX; SASS with the CUDA binary tools). The gate refuses a compile
-  error, a new spill, registers past the margin (REGS_MARGIN or REGS_MARGIN_REL, the larger) and
-  any changed MMA counter; fewer registers or less shared memory is an improvement.
+* **compile** (an arch no device here runs): from the newest fresh `compiled` record, status,
+  registers, spill bytes, shared memory, named barriers, the inventory's total and tensor-core
+  MMA counters. The gate refuses a compile error, a new spill, registers past the margin
+  (REGS_MARGIN or REGS_MARGIN_REL, the larger) and any changed MMA counter.
 
-`accept` never replaces a run baseline with a compile-only one. A bad file (not a regular file,
-not UTF-8 or YAML, aliases, a key written twice, a wrong type or non-finite number; a corrupt or
-oversized xz) is one line `results/baselines.yaml.xz:LINE: key: problem — fix` (BaselineError,
-exit 2): the gate never passes on it, accept/drop never overwrite it, and `save` never writes a
-file that lost a baseline it read. The parsed copy in .cache/baselines/ is used only when it
-names the full content hash of these very bytes and has the right shape and count.
-"""
+`accept` never replaces a run baseline with a compile-only one. A bad file (not UTF-8 or YAML,
+aliases, a duplicate key, a wrong type or non-finite number, a corrupt or oversized xz) is one
+line `results/baselines.yaml.xz:LINE: key: problem — fix` (BaselineError, exit 2): the gate never
+passes on it, accept/drop never overwrite it, `save` never writes a file that lost a baseline.
+The parsed copy in .cache/baselines/ is used only when it names these bytes' full content hash."""
 
 from __future__ import annotations
 
@@ -291,9 +287,8 @@ def _depth(v: Any) -> int:
 
 
 def _represent_mapping(dumper: yaml.SafeDumper, data: dict) -> yaml.MappingNode:
-    """A case's baseline in flow style on one line, `hd=64,n=128: {record: …, src: …, compile:
-    {regs: 54, inv: {(all): 294}}}`; the mappings above it (an arch, a stage) in blocks: one case
-    is one line of a diff, and the file 20 % smaller than in blocks."""
+    """A case's baseline in flow style on one line (one case is one line of a diff); the
+        mappings above it (arch, stage) in blocks."""
     flow = isinstance(data, _Case) or (_depth(data) <= 2 and not any(isinstance(v, list) for v in data.values()))
     return dumper.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=flow)
 
@@ -315,18 +310,17 @@ def _results_folder(root: Path) -> None:
 
 
 def _run_path(root: Path) -> Path:
-    """The run-baselines file to read: results/baselines.yaml.xz, or an older clone's plain
-    results/baselines.yaml where only that one is there. Both at once: BaselineError, one line
-    naming both and the fix."""
+    """The run-baselines file to read: results/baselines.yaml.xz, or an older clone's plain one where
+        only it exists; both: BaselineError naming both."""
     return newer_or_older(root, baselines_file(root), old_baselines_file(root),
                           lambda path: _read_file(root, path, xz=path.name.endswith(".xz")) or [],
                           "run baselines", "dsv4-lab baseline accept", "baselines")
 
 
 def newer_or_older(root: Path, new: Path, old: Path, read: Any, what: str, command: str, counted: str) -> Path:
-    """`new` (an .xz file) or, where only it is there, `old` (its plain form in an older clone);
-    both at once: BaselineError, one line naming both and the fix (`read(path)`: the items of a
-    file, compared to tell a write cut short from two that differ)."""
+    """`new` (an .xz file) or, where only it is there, `old` (its plain form); both at once:
+        BaselineError naming both (`read(path)`: a file's items, to tell a cut-short write from two
+        that differ)."""
     if not os.path.lexists(old) or not os.path.lexists(new):
         return old if os.path.lexists(old) else new
     shown_new, shown_old = _display(root, new), _display(root, old)
@@ -353,10 +347,9 @@ def _read_runs(root: Path) -> tuple[Path, list[Baseline] | None]:
 
 
 def load(root: Path, must_exist: bool = False) -> list[Baseline]:
-    """Every baseline of the run file (`_run_path`) and the compile file ([] when there is
-    neither, unless `must_exist`); BaselineError (one line) for anything wrong with either — a
-    duplicate key at any level (a merge resolved badly: YAML would let the last one win), or one
-    case in both files."""
+    """Every baseline of the run file and the compile file ([] when neither, unless `must_exist`);
+        BaselineError (one line) for anything wrong — a duplicate key at any level, or one case in
+        both files."""
     _results_folder(root)
     run_path, plain = _read_runs(root)
     packed = _read_file(root, compile_baselines_file(root), xz=True)
@@ -378,8 +371,8 @@ def load(root: Path, must_exist: bool = False) -> list[Baseline]:
 
 
 def _read_file(root: Path, path: Path, xz: bool) -> list[Baseline] | None:
-    """The baselines of one file (None when it does not exist); BaselineError (one line,
-    `FILE:LINE: key: problem — fix`, the line of the decompressed text for the xz file)."""
+    """The baselines of one file (None when missing); BaselineError (`FILE:LINE: key: problem — fix`,
+        the decompressed text's line for xz)."""
     shown = _display(root, path)
     fix = "fix it, or re-create the entry with `dsv4-lab baseline accept`"
     if not os.path.lexists(path):
@@ -439,8 +432,8 @@ CACHE_VERSION = 2  # of a parsed copy in .cache/baselines/
 
 
 def _refuse_duplicates(root_node: Node, shown: str) -> None:
-    """BaselineError (file:line: key: the fix) for the first mapping that holds a key twice —
-    at any level; keys are compared as the baselines read them (as text: `1` and "1" are one)."""
+    """BaselineError (file:line: key: the fix) for the first mapping holding a key twice, at any level
+        (keys compared as text: `1` and "1" are one)."""
     dup = yamlnodes.duplicate_key(root_node)
     if dup is not None:
         line, key, first = dup
@@ -450,9 +443,8 @@ def _refuse_duplicates(root_node: Node, shown: str) -> None:
 
 
 def _cached(path: Path | None, digest: str) -> list[Baseline] | None:
-    """The baselines of a parsed copy, when it is one this lab wrote for these very bytes (its
-    version, the full content hash of the file it came from, a document of the right shape and
-    the number of baselines it held); None (parse the YAML again) for anything else."""
+    """The baselines of a parsed copy this lab wrote for these very bytes (version, full content
+        hash, shape, count all match); else None (parse the YAML again)."""
     if path is None:
         return None
     try:
@@ -475,9 +467,8 @@ def _cached(path: Path | None, digest: str) -> list[Baseline] | None:
 
 
 def _parsed_cache(root: Path, digest: str) -> Path | None:
-    """Where the parsed form of a baselines file is kept (JSON, keyed by the hash of its bytes:
-    parsing YAML is most of what reading a large baselines file costs, and the gate reads it
-    every commit). What is read back is checked (`_cached`), never trusted."""
+    """Where a baselines file's parsed form is kept (JSON, keyed by the hash of its bytes: parsing
+        YAML is most of a read). Checked on read (`_cached`), never trusted."""
     try:
         folder = cache_dir(root) / "baselines"
     except OSError:
@@ -497,15 +488,12 @@ def _remember(path: Path, digest: str, doc: Any, n: int) -> None:
 
 def save(root: Path, items: list[Baseline], read: list[Baseline] | None = None) -> None:
     """Write exactly `items`: run baselines to results/baselines.yaml.xz, compile baselines to
-    results/compile_baselines.yaml.xz (written when there are any, or it exists), each
-    atomically (a temp file, then a rename); an older clone's plain results/baselines.yaml is
-    removed once the .xz holds what it held (both there at once: BaselineError, nothing written).
-    With `read` (what the files held when they were read, under the lock), every case read must
-    still be among `items`, replaced or not.
-    Before a rename the new text is parsed back and must hold exactly its baselines: a file
-    that would lose a baseline is never written (BaselineError, one line; the old file stays).
-    A case that changes kind moves between the files without ever being in neither: a crash
-    between the writes leaves it in both (one line at the next read), never lost."""
+        results/compile_baselines.yaml.xz (when there are any, or it exists), each atomically; an
+        older clone's plain file is removed once the .xz holds it. With `read` (what the files held
+        under the lock), every case read must still be among `items`. The new text is parsed back
+        before the rename and must hold exactly its baselines (else BaselineError, the old file
+        stays). A case changing kind is written to its new file first: a crash leaves it in both
+        (one line at the next read), never in neither."""
     shown = _display(root, baselines_file(root))
     keys = [(b.stage, b.arch, b.case) for b in items]
     if len(set(keys)) != len(keys):
@@ -554,8 +542,8 @@ def remove_older(root: Path, old: Path, new: Path) -> None:
 
 
 def _encode(root: Path, path: Path, items: list[Baseline], xz: bool) -> tuple[bytes, bytes, Any, int]:
-    """(the bytes to write, the text they hold, its parsed document, the count) for `items` in
-    `path`'s layout; BaselineError when the text does not read back as exactly `items`."""
+    """(bytes, text, parsed document, count) for `items` in `path`'s layout; BaselineError when the
+        text does not read back as exactly `items`."""
     tree: dict[str, Any] = {}
     for b in sorted(items, key=lambda b: (b.stage, b.arch, b.case)):
         tree.setdefault(b.stage, {}).setdefault(b.arch, {})[b.case] = _Case(b.to_yaml())
@@ -615,12 +603,9 @@ ROUND_BELOW_TOL = 1e-6  # rounding moves a value by ≤ 5e-8 of itself: far insi
 
 
 def gated_metrics(metrics: dict[str, dict[str, float]], tolerance: dict[str, float]) -> dict[str, dict[str, float]]:
-    """A run baseline's metric values as the file keeps them: to SIG_DIGITS significant digits
-    where the metric's tolerance is at least ROUND_BELOW_TOL (the gate's comparison moves by at
-    most 5e-8 of the value — for the cosine, ≤ 1, 5e-9 against its default tolerance of 1e-6;
-    for rel_l2 and max_abs against 25 %), exact where it is smaller (a zero tolerance compares
-    exactly).  Nothing is lost:
-    the baseline names its record, which keeps every digit."""
+    """A run baseline's metric values as the file keeps them: SIG_DIGITS significant digits where
+        the tolerance is at least ROUND_BELOW_TOL (the comparison moves by at most 5e-8 of the
+        value), exact below it.  The record the baseline names keeps every digit."""
     def rounded(name: str, v: float) -> float:
         if not isinstance(v, float) or not math.isfinite(v) or tolerance.get(name, 0.0) < ROUND_BELOW_TOL:
             return v
@@ -645,9 +630,8 @@ def compile_facts(record: Record) -> dict[str, Any] | None:
 
 
 def gated_counts(inv: dict[str, int]) -> dict[str, int]:
-    """What a compile baseline keeps of an inventory: the instruction total and the
-    tensor-core MMA counters the gate compares (the whole inventory stays in the record the
-    baseline names, results/inventories.jsonl.xz)."""
+    """What a compile baseline keeps of an inventory: the total and the tensor-core MMA counters
+        the gate compares (the record keeps the whole inventory)."""
     from harness.notebook.inventory import ALL, mma_counts
 
     return {**({ALL: inv[ALL]} if ALL in inv else {}), **mma_counts(inv)}
@@ -668,10 +652,9 @@ def runnable_archs() -> set[str]:
 
 
 def accept(spec, stage, archs: list[str] | None, cases, compile_only: bool = False) -> int:
-    """For each selected case: the newest passing, fresh record becomes its (run) baseline.
-    Where there is none and this machine cannot run the arch (or `compile_only`), the newest
-    fresh `compiled` record becomes a compile-only baseline — unless the case already has a
-    run baseline, which is kept."""
+    """For each selected case the newest passing, fresh record becomes its run baseline; where
+        there is none and this machine cannot run the arch (or `compile_only`), the newest fresh
+        `compiled` record becomes a compile-only baseline — unless a run baseline exists."""
     from rich.console import Console
 
     from harness.spec.identity import source_hash
@@ -761,11 +744,9 @@ GONE_SHOWN = 5  # `drop --gone`: how many of the dropped labels its line names
 
 
 def drop(spec, stage, archs: list[str] | None, cases, every: bool = False, gone: bool = False) -> int:
-    """Remove the stage's baselines of `cases` — or, `every`, all of the stage's, those of cases
-    its matrix no longer has included (what an axis renamed or a changed case list left behind);
-    or, `gone`, only those whose case label names no case of the stage's current matrix (its
-    `more:` and suite case lists included), the rest kept. `gone` dropping nothing is an answer,
-    not a failure: "nothing gone", exit 0."""
+    """Remove the stage's baselines of `cases`; `every`: all of them (cases the matrix no longer
+        has included); `gone`: only those naming no case of the current matrix (`more:` and suite
+        cases included). `gone` dropping nothing is "nothing gone", exit 0."""
     from rich.console import Console
 
     from harness.spec.matrix import expand
@@ -855,9 +836,8 @@ def show(root: Path, stage: Any = None, archs: list[str] | None = None, cases: l
 
 
 def matrix_order(root: Path):
-    """A sort key for baselines in the lab's own order: stages as stages.yaml lists them, archs
-    as the stage lists its kernels, cases in matrix order (hd=64 before hd=128). A baseline the
-    spec no longer knows comes after, in natural order (numbers by value)."""
+    """Sort key in the lab's order: stages as stages.yaml lists them, archs as the stage lists its
+        kernels, cases in matrix order; unknown baselines after, in natural order."""
     import re
 
     from harness.spec.spec import SpecError, load_spec

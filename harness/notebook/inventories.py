@@ -1,47 +1,26 @@
 """Content-addressed stores: what many records carry alike is kept once, and a record names it.
 
-Two stores, each an xz-compressed JSON Lines file in results/, the same machinery for both:
+Two stores, xz-compressed JSON Lines in results/, the same machinery:
 
     results/inventories.jsonl.xz  {"id": "<16 hex>", "counts": {"wgmma.mma_async…": 32, …}}
     results/envs.jsonl.xz         {"id": "<16 hex>", "env": {"host": "vm", "gpu": "NVIDIA H100…", …}}
     records/<stage>.jsonl         … "compile": {…, "inv": "#<id>", "sass": "#<id>"}, "env": "#<id>" …
 
-Instruction inventories (`InventoryStore`): a compiled case's record carries two (`compile.inv`,
-the PTX counters, and `compile.sass`, the SASS ones), a few hundred bytes to 2 KB each and the
-same for every case that builds the same kernel. Env blocks (`EnvStore`): every record's `env`
-(host, GPU, driver, CUDA, torch, CuTeDSL versions), the same for every record of one machine.
+`InventoryStore`: a compiled case's PTX (`compile.inv`) and SASS (`compile.sass`) counters, the
+same for every case of one kernel. `EnvStore`: every record's `env`, the same on one machine.
+id = the first 16 hex digits of sha256 over the value as canonical JSON (sorted keys, no spaces).
 
-id = the first 16 hex digits of sha256 over the value as canonical JSON (sorted keys, no
-spaces), so one value always gets the same id, whoever writes it.
+A store is a row of xz streams (`xz -dc` reads it): compaction writes one stream, every later
+value is appended as a small stream of its own — one `write` on an O_APPEND file, fsynced,
+before the record that names it (`ContentStore.compact`, `StoreAppender`). Two writers may
+append a value twice; readers take the first good line of an id.
 
-A store is a row of xz streams (concatenated streams are one valid xz file, `xz -dc` reads it):
-`scripts/compact_results.py` writes the whole store as one stream, and every value written after
-that is appended as a small stream of its own.
-
-Writing (`ContentStore.compact`, `StoreAppender`; harness/notebook/records.py's RecordWriter for each
-store): a record's new values are appended to the store, each line one xz stream written with
-one `write` on an O_APPEND file and fsynced — before the record itself, so a crash never leaves
-a record naming a value the store lacks — and the record line holds their ids. Two writers at
-once may append the same value twice; readers take the first good line of an id.
-
-Reading (`ContentStore.expand`, `Stores.expand` for both): ids are replaced by the values
-before the record is checked, so every reader gets the record as it was written. A store is
-decoded stream by stream: a stream that is cut off or corrupt (a crash mid-append, a bad copy)
-costs one warning naming the file and its byte offset, and reading goes on at the next stream,
-so every other stream is kept; a file that is no xz at all is one warning. A store line whose
-value does not hash to its id (a hand edit, a merge gone wrong) is skipped with one warning
-naming the file and the line of the decoded text. A record that names an id the store does not
-hold keeps everything else, loses that value (an inventory: the gate then says the case shows no
-inventory; an env: the record reads with none) and costs one warning. Records written before a
-store (values inline) read as they always did.
-
-Older notebooks kept the inventory store as plain results/inventories.jsonl: readers read it
-beside the xz store (the union of both), and `compact_results.py` folds it into the xz store and
-removes it (`rewrite_store`). That script also moves the inline values of live records into the
-stores (`compact_file`) and drops the values no line names any more: a stale line moved to
-results/archive/ takes its values along inline (harness/notebook/archive.py), so the stores only serve
-the live records and the archive lines written before that.
-"""
+Reading (`ContentStore.expand`, `Stores.expand`) puts the values back before the record is
+checked. A cut-off or corrupt stream costs one warning (file and byte offset) and reading goes
+on at the next; a file that is no xz is one warning; a line whose value does not hash to its id
+is skipped with one warning; a record naming an id the store lacks loses only that value (one
+warning). Records with inline values read as they always did; an older plain
+results/inventories.jsonl is read beside the store and folded in by compaction (`rewrite_store`)."""
 
 from __future__ import annotations
 
@@ -109,8 +88,8 @@ def plain_store_file(results: Path) -> Path:
 
 
 def xz_streams(data: bytes) -> Iterator[tuple[int, bytes | None, str]]:
-    """(byte offset, decoded bytes, "") for every whole xz stream of `data`, and (offset, None,
-    why) for one that cannot be decoded (harness/core/safeio.py: bounded, at most max_xz_bytes() in all)."""
+    """(offset, decoded bytes, "") for every whole xz stream of `data`, (offset, None, why) for a bad
+        one (core/safeio.py: bounded)."""
     return _xz_streams(data)
 
 
@@ -177,8 +156,8 @@ def _get(obj: Any, slot: Slot) -> Any:
 
 
 def _with(obj: dict[str, Any], slot: Slot, value: Any) -> dict[str, Any]:
-    """A copy of `obj` with `value` at `slot` (left out when `value` is `_Gone`), copying the
-    objects on the way; `obj` itself is not changed. The path must exist (`_get` found it)."""
+    """A copy of `obj` with `value` at `slot` (left out for `_Gone`), copying the objects on the way;
+        the path must exist."""
     new = dict(obj)
     if len(slot) > 1:
         new[slot[0]] = _with(obj[slot[0]], slot[1:], value)
@@ -190,10 +169,8 @@ def _with(obj: dict[str, Any], slot: Slot, value: Any) -> dict[str, Any]:
 
 
 class StoreAppender(Appender):
-    """Appends store lines to an xz store, each as an xz stream of its own: one `write` on an
-    O_APPEND file (never interleaved with another writer's), then fsync, so a crash keeps
-    every finished line and costs at most the stream it cut off. With `lock`, under the
-    notebook's lock as every Appender (harness/core/notebooklock.py)."""
+    """Appends store lines, each an xz stream of its own: one `write` on an O_APPEND file, then
+        fsync, so a crash costs at most the stream it cut off.  `lock`: under the notebook's lock."""
 
     def write(self, line: str) -> None:
         if "\n" in line or "\r" in line:
@@ -230,17 +207,15 @@ class ContentStore:
         return list(self._snapshot()[1])
 
     def _snapshot(self) -> tuple[dict[str, dict[str, Any]], list[str]]:
-        """id -> value for reading, and its warnings, loaded once per store object: a reader
-        resolves thousands of records against one state of the store, not one file check per
-        record."""
+        """id -> value and its warnings, loaded once per store object (a reader resolves thousands of
+                records against one state of the store)."""
         if self._read is None:
             self._read = self._load()
         return self._read
 
     def _resolve(self, obj: Any, drop_unknown: bool, warn: list[str] | None, where: str) -> Any:
-        """`obj` (a parsed record line) with the ids the store holds replaced by the values;
-        an id it does not hold is left out (`drop_unknown`, one warning) or kept as it is.
-        `obj` itself when it names no id."""
+        """`obj` (a parsed line) with the ids the store holds replaced by their values; an unknown id is
+                left out (`drop_unknown`, one warning) or kept.  `obj` itself when it names none."""
         named = [(slot, ref) for slot in self.kind.slots if isinstance(ref := _get(obj, slot), str)]
         if not named:
             return obj
@@ -328,11 +303,9 @@ class Stores:
 
 
 def rewrite_store(store: ContentStore, keep: Iterable[str] | None = None) -> tuple[int, int]:
-    """Write the store (the xz one and the plain one together) as ONE xz stream holding the
-    values whose ids are in `keep` (all of them when None), atomically (a temp file, then a
-    rename), and remove the plain store. Returns (values kept, dropped). Run it holding the
-    notebook's lock exclusive (harness/core/notebooklock.py; compaction does) while nothing
-    else writes to results/ (a value appended meanwhile would be lost)."""
+    """Write the store (xz and plain together) as ONE xz stream of the values whose ids are in `keep`
+        (all when None), atomically, and remove the plain store.  Returns (kept, dropped).  Hold the
+        notebook's lock exclusive (a value appended meanwhile would be lost)."""
     known = store.known()
     wanted = set(known) if keep is None else set(keep)
     kept = {i: v for i, v in known.items() if i in wanted}
@@ -344,9 +317,8 @@ def rewrite_store(store: ContentStore, keep: Iterable[str] | None = None) -> tup
 
 
 def compact_file(path: Path, store: ContentStore, append: Callable[[str], None]) -> tuple[int, int]:
-    """Rewrite one records file with its inline values of `store`'s kind moved into the store
-    (atomically: a temp file, then a rename). Lines that do not parse are kept byte for byte.
-    Returns (lines, bytes saved)."""
+    """Rewrite a records file with its inline values of `store`'s kind moved into the store,
+        atomically; unparsable lines kept byte for byte.  Returns (lines, bytes saved)."""
     data = read_regular(path)
     out: list[bytes] = []
     for raw in data.split(b"\n"):

@@ -1,31 +1,17 @@
-"""The instruction inventory of a compiled kernel: what its PTX (always) and its SASS (when
-the CUDA binary tools are installed) contain, counted per instruction with the qualifiers
-that matter. Counts are static (occurrences in the code, after unrolling), not executions.
+"""The instruction inventory of a compiled kernel: its PTX (always) and SASS (with the CUDA binary
+tools), counted per instruction with the qualifiers that matter; static counts, not executions.
 
-PTX keys (one counter per distinct key):
+PTX keys (one counter per distinct key), e.g.:
   tcgen05.mma.cta_group::1.kind::f16     the MMA with its kind and CTA group (.ws / .sp kept)
   tcgen05.ld.32x32b.x32, tcgen05.st.…    TMEM loads/stores with shape and repeat
-  tcgen05.commit.cta_group::1, tcgen05.wait::ld, tcgen05.fence::…, tcgen05.alloc/dealloc.…
-  wgmma.mma_async.m64n64k16.f32.bf16.bf16, wgmma.fence, wgmma.commit_group, wgmma.wait_group
-  mma.m16n8k16.…                         warp-level mma.sync
-  ld.global.128b, st.shared.32b, ld.global.nc.128b, ld.generic.32b, st.async.128b
-                                         loads/stores with their space and width in bits
-  shfl.bfly, ex2.approx.f32, lg2/rcp/…   shuffles and transcendental approximations
-  bar.sync, bar.sync.named, bar.arrive.named, barrier.cluster.arrive, bar.warp.sync
-                                         (named: a barrier id other than a literal 0)
-  setmaxnreg.inc.240                     register reallocation with its count
-  cvt.e4m3x2.f32                         conversions to/from fp8 (and fp6/fp4)
-  cp.async.bulk.tensor.2d.shared.global  TMA (load: dst shared, src global; .multicast…)
-  cp.async.bulk.commit_group, mbarrier.try_wait.parity, mbarrier.arrive.expect_tx, …
-  stmatrix.m8n8.x4, ldmatrix.…, fence.proxy.async.shared::cta, atom./red. per space
+  wgmma.mma_async.m64n64k16.f32.bf16.bf16, mma.m16n8k16.…
+  ld.global.128b, st.shared.32b, ld.global.nc.128b, st.async.128b   space and width in bits
+  bar.sync.named, bar.arrive.named       (named: a barrier id other than a literal 0)
+  setmaxnreg.inc.240, cvt.e4m3x2.f32, cp.async.bulk.tensor.2d.shared.global, mbarrier.…
   (all)                                  every instruction
-
-SASS keys: the opcode with its qualifiers for HGMMA, UTC*MMA (UTCHMMA, UTCQMMA…), HMMA,
-LDL/STL (local memory: spills), LDG/STG/LDS/STS (widths), LDSM/STSM, BAR, SHFL, MUFU, SYNCS
-(mbarriers), UTMALDG/UTMASTG/UBLKCP (TMA), F2FP (conversions); and `(all)`.
-
-`is_mma(key)` names the tensor-core MMA counters (the gate refuses a change in them).
-"""
+SASS keys: the opcode with its qualifiers for HGMMA, UTC*MMA, HMMA, LDL/STL (spills),
+LDG/STG/LDS/STS, LDSM/STSM, BAR, SHFL, MUFU, SYNCS, UTMALDG/UTMASTG/UBLKCP, F2FP; and `(all)`.
+`is_mma(key)` names the tensor-core MMA counters (the gate refuses a change in them)."""
 
 from __future__ import annotations
 
@@ -229,8 +215,8 @@ def families(inv: dict[str, int]) -> dict[str, int]:
 
 @lru_cache(maxsize=None)
 def find_tool(name: str) -> str | None:
-    """An executable CUDA tool (ptxas, cuobjdump, nvdisasm): on PATH, else inside the
-    installed NVIDIA wheels (site-packages/nvidia/*/bin/), else under $CUDA_HOME/bin."""
+    """An executable CUDA tool (ptxas, cuobjdump, nvdisasm): on PATH, else in the NVIDIA wheels
+        (site-packages/nvidia/*/bin/), else under $CUDA_HOME/bin."""
     found = shutil.which(name)
     if found:
         return found

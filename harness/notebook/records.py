@@ -1,30 +1,25 @@
 """The lab notebook's records: one JSON object per case, JSON Lines, schema-versioned.
 
 Files (all under results/, committed):
-  records/<stage>.jsonl   one line per case result (run, compile-only, or skipped), appended the
-                          moment it arrives
-  records/<stage>.jsonl.xz  the stage's segment: the lines compaction moved out of records/<stage>.jsonl,
-                          byte for byte, as one xz stream (harness/notebook/archive.py `seal`); readers
-                          read it as the part of the live records before the plain file
-  inventories.jsonl.xz    each distinct instruction inventory once, xz-compressed (one stream
-                          per appended line); a record names it by id (harness/notebook/inventories.py:
-                          written before the record, read back in place; an older notebook's
-                          plain inventories.jsonl is read beside it until compacted)
-  envs.jsonl.xz           each distinct env block once, the same way: a record's `env` is
-                          "#<id>" on disk (records written before the store keep it inline)
-  archive/<stage>.jsonl.xz  the stage's stale lines, compressed, their inventories and env
-                          inline (harness/notebook/archive.py; older lines may name ids in the stores);
-                          readers read it as the oldest part: archive, segment, then records/<stage>.jsonl
-  runs.jsonl              one line when a run starts and one when it ends (or is interrupted)
-  archive/runs.jsonl.xz   the events of runs no live record names, compressed
-  notes.jsonl             annotations of runs (`dsv4-lab note RUN "text"`)
+  records/<stage>.jsonl     one line per case result (run, compile-only, or skipped), appended
+                            the moment it arrives
+  records/<stage>.jsonl.xz  the stage's segment: lines compaction moved out of the plain file,
+                            byte for byte, one xz stream (archive.py `seal`)
+  inventories.jsonl.xz      each distinct instruction inventory once; a record names it by id
+                            (inventories.py; an older notebook's plain inventories.jsonl is
+                            read beside it until compacted)
+  envs.jsonl.xz             each distinct env block once, the same way
+  archive/<stage>.jsonl.xz  the stage's stale lines, their inventories and env inline
+                            (archive.py; older lines may name ids)
+  runs.jsonl                one line when a run starts and one when it ends (or is interrupted)
+  archive/runs.jsonl.xz     the events of runs no live record names
+  notes.jsonl               annotations of runs (`dsv4-lab note RUN "text"`)
+Readers read archive, segment, then the plain file.
 
-Reading is forgiving but strict about shape: a truncated, corrupt or wrongly typed line is
-skipped with one warning naming file:line, and every other record is kept; what is read comes
-back as the same typed `Record` that was written. Writing appends and flushes each line the
-moment its case ends, always starting on a fresh line (a truncated last line left by a crash
-never swallows the next record).
-"""
+A truncated, corrupt or wrongly typed line is skipped with one warning naming file:line, every
+other record kept; what is read comes back as the typed `Record` that was written. Each line is
+appended and flushed the moment its case ends, on a fresh line (a crash's truncated last line
+never swallows the next record)."""
 
 from __future__ import annotations
 
@@ -114,8 +109,8 @@ def is_bench(record: Any) -> bool:
 
 
 def peer_times(timing: dict[str, Any] | None) -> dict[str, float]:
-    """{peer name: µs} of a record's timing: its flat `peer_<name>_us` keys, and the `peer_us` of a
-    `run --bench` record written before those keys (the stage's PyTorch peer), as "torch"."""
+    """{peer: µs} of a record's timing: its `peer_<name>_us` keys, and an older `run --bench` record's
+        `peer_us` as "torch"."""
     out: dict[str, float] = {}
     for key, value in (timing or {}).items():
         if key.startswith("peer_") and key.endswith("_us") and _finite(value):
@@ -124,8 +119,8 @@ def peer_times(timing: dict[str, Any] | None) -> dict[str, float]:
 
 
 def run_peer_us(record: Any) -> float | None:
-    """The µs of a `run --bench` record's peer (the stage's PyTorch peer: one), whichever format;
-    None for a bench record (its peers are `peer_times`) or a record without one."""
+    """The µs of a `run --bench` record's PyTorch peer, whichever format; None for a bench record or a
+        record without one."""
     if is_bench(record):
         return None
     return next(iter(peer_times(getattr(record, "timing", None)).values()), None)
@@ -164,10 +159,9 @@ def _finite(x: Any) -> bool:
 
 
 def validate(d: Any, strict: bool = False) -> str | None:
-    """Why a parsed line is not a record we can use; None when it is. Checks every key's
-    type, so a reader can trust what it gets (no NaN or infinite metric, timing in µs > 0).
-    `strict` (a line from another machine: harness/remote/remote_run.py): also only numbers in the
-    timing, a compile summary, env and code of the shapes this lab writes, and `t` a UTC time."""
+    """Why a parsed line is not a record we can use; None when it is. Checks every key's type (no
+        NaN or infinite metric, timing in µs > 0). `strict` (a line from another machine): also only
+        numbers in the timing, compile summary, env and code of this lab's shapes, `t` a UTC time."""
     why = _validate(d)
     if why is None and strict:
         why = _strict_problem(d)
@@ -253,8 +247,8 @@ def _timing_text(name: Any) -> bool:
 
 
 def _compile_shape(c: dict) -> str | None:
-    """Why a record's compile summary is not one this lab writes (numbers where the gate and the
-    tables do arithmetic, short plain text elsewhere); None when it is."""
+    """Why a record's compile summary is not one this lab writes (numbers where the gate computes,
+        short text elsewhere); None when it is."""
     for name, value in c.items():
         where = f"compile.{printable(str(name), 40)}"
         if name in _COMPILE_NUMBERS and not _finite(value):
@@ -343,8 +337,8 @@ def shows_compile(rec: Record) -> bool:
 
 def newest(records: list[Record], stage: str, arch: str, case: dict, src: str | None = None,
            accept: Callable[[Record], bool] | None = None) -> Record | None:
-    """The newest record of a case among `records` (oldest first); with `src`, the newest fresh
-    one; with `accept`, the newest that it accepts (a status, a build shown)."""
+    """The newest record of a case among `records` (oldest first); `src`: the newest fresh; `accept`:
+        the newest it accepts."""
     for rec in reversed(records):
         if rec.stage != stage or rec.arch != arch or rec.case != case:
             continue
@@ -369,10 +363,10 @@ def newest_by_case(records: list[Record], accept: Callable[[Record], bool] | Non
 def newest_fresh_in_file(path: Path, wanted: dict[Any, tuple[str | None, Callable[[Record], bool]]],
                          key: Callable[[Record], Any], warn: list[str] | None = None
                          ) -> tuple[dict[Any, Record], list[Record]]:
-    """Read one records file from its newest line back, only until each wanted case (`key` of a
-    record -> (its current source hash, what its record must show)) has its newest fresh record
-    that shows it. Returns (case -> that record, every fresh record of a case still wanted met on
-    the way, oldest first). A bad line is skipped (with a file:line warning into `warn`)."""
+    """Read one records file from its newest line back until each wanted case (`key` -> (its
+        current source hash, what its record must show)) has its newest fresh record showing it.
+        Returns (case -> that record, every fresh record of a still-wanted case met on the way,
+        oldest first). A bad line is skipped (a file:line warning into `warn`)."""
     todo = dict(wanted)
     found: dict[Any, Record] = {}
     met: list[Record] = []
@@ -396,12 +390,10 @@ def stage_file(root: Path, stage: str) -> Path:
 
 
 class RecordWriter:
-    """Writes records to results/records/<stage>.jsonl, one appender per stage; their
-    instruction inventories and env block go to results/inventories.jsonl.xz and
-    results/envs.jsonl.xz first (harness/notebook/inventories.py). Each record is written holding the
-    notebook's lock shared (harness/core/notebooklock.py), from looking up which values the stores
-    already hold to the record line itself: compaction, which drops the values no line names,
-    cannot run in between and leave the record naming a value it dropped."""
+    """Writes records to results/records/<stage>.jsonl, their inventories and env block to the
+        stores first (inventories.py), each record holding the notebook's lock shared
+        (core/notebooklock.py) from the store look-up to the record line, so compaction cannot drop
+        a value in between."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -450,14 +442,14 @@ def archive_file(path: Path) -> Path:
 
 
 def segment_file(path: Path) -> Path:
-    """Where the live lines compaction moved out of records file `path` are kept, compressed:
-    results/records/<stage>.jsonl.xz (harness/notebook/archive.py `seal` moves them)."""
+    """Where compaction keeps the live lines moved out of records file `path`:
+        results/records/<stage>.jsonl.xz (archive.py `seal`)."""
     return path.with_name(path.name + ".xz")
 
 
 def record_sources(path: Path) -> tuple[Path, Path, Path]:
-    """The files that hold the lines of records file `path`, oldest first: its archive (stale
-    lines), its segment (sealed live lines), the plain file itself (lines appended since)."""
+    """The files holding records file `path`'s lines, oldest first: its archive, its segment, the plain
+        file."""
     return archive_file(path), segment_file(path), path
 
 
@@ -477,11 +469,9 @@ def _read_archive(path: Path, warn: list[str] | None) -> bytes | None:
 
 def iter_records(path: Path, warn: list[str] | None = None, newest_first: bool = False,
                  bench: bool = False) -> Iterator[Record]:
-    """Every valid record of one records file, of its segment and of its archive (read in the
-    order `record_sources` gives: archive, segment, then the plain file), typed, oldest first
-    (or newest first: a reader that needs only the latest results stops early). Bad lines are
-    skipped with file:line warnings (the line of a compressed file's text); bench records only
-    with `bench=True`. A record whose id a later line repeats is read twice, in its place."""
+    """Every valid record of one records file, its segment and its archive (`record_sources`
+        order), typed, oldest first (or newest first: a reader may stop early). Bad lines: file:line
+        warnings; bench records only with `bench=True`. An id a later line repeats is read twice."""
     sources = record_sources(path)
     for src in (reversed(sources) if newest_first else sources):
         data = _read_archive(src, warn) if src != path else None
@@ -515,9 +505,8 @@ def _records(path: Path, warn: list[str] | None, newest_first: bool, bench: bool
 
 def read_records(root: Path, stages: list[str] | None = None, warn: list[str] | None = None,
                  bench: bool = False) -> list[Record]:
-    """All valid records (oldest first within each file) of the given stages, typed. Bench
-    records (timings at bench shapes) only with `bench=True`: a test-matrix reader never
-    mistakes one for the newest result of a case."""
+    """All valid records of the given stages, typed, oldest first within each file; bench records
+        only with `bench=True` (never taken for a case's newest result)."""
     folder = records_dir(root)
     if stages is None:
         try:  # a stage whose lines are all in its segment has no plain file, or an empty one
@@ -549,13 +538,10 @@ def append_event(path: Path, obj: dict) -> None:
 
 
 class RunLog:
-    """One writing command's session in the notebook: its run id, its record writer, and its
-    events in results/runs.jsonl — `start` (written once: at once, or with the first record when
-    the session may find nothing new to write), and `end` (interrupted or not, and with which
-    signal). `run`, `run --target`, `compile`, the gate's recompiles and `bench` each keep one.
-
-    `run_id`: a run id given elsewhere (a remote run announces its own); `writer`: a writer
-    shared with other sessions (a split remote run writes all its targets through one)."""
+    """One writing command's session: its run id, its record writer, its events in
+        results/runs.jsonl — `start` (once: at once, or with the first record when the session may
+        write nothing) and `end` (interrupted or not, which signal).  `run_id`: one given elsewhere
+        (a remote run's); `writer`: shared with other sessions (a split remote run)."""
 
     def __init__(self, root: Path, run_id: str | None = None, writer: RecordWriter | None = None):
         self.root = root
@@ -581,8 +567,8 @@ class RunLog:
         self.writer.write(rec)
 
     def end(self, interrupted: bool | None = None, signum: int | None = None, **fields: Any) -> None:
-        """Write the end event: whether the session was interrupted (and by which signal), then
-        `fields` (planned, counts, …). Once; OSError when runs.jsonl cannot be written."""
+        """Write the end event (interrupted or not, which signal, then `fields`), once; OSError when
+                runs.jsonl cannot be written."""
         import signal
 
         ev: dict[str, Any] = {"run": self.run_id, "t": now_iso(), "event": "end"}

@@ -1,20 +1,16 @@
-"""Where a retired record went: results/archive/retired.jsonl.xz (one xz stream of JSON lines;
-a lab from before 2026-11-27 has them plain in results/archive/retired.jsonl, read first and
-folded into the .xz by the next retiring).
+"""Where a retired record went: results/archive/retired.jsonl.xz (one xz stream of JSON lines; an
+older lab's plain retired.jsonl is read first and folded in at the next retiring).
 
-The archive is bounded (harness/notebook/archive.py `retire`): compaction drops its oldest stale
-lines from the tree. They are not lost — the git history holds every committed version of
-results/archive/ — and each retiring appends one line here, before the archive is rewritten:
+Compaction drops the archive's oldest stale lines from the tree (archive.py `retire`); git keeps
+every committed results/archive/, and each retiring appends one line here first:
 
   {"stage": "E", "lines": 9199, "bytes": 20123456, "oldest_t": "…", "newest_t": "…",
    "t": "<when>", "from": "<sha of HEAD: the last commit whose tree still holds them>",
    "how": "git show <sha>:results/archive/E.jsonl.xz", "ids": {"<run>": "1-57,60", …}}
 
-`bytes` is the retired lines' JSON size; `ids` names every retired record: its run, then the
-numbers after the run in its ids (`<run>.<n>`) as ranges; an id of another shape is listed whole
-under "" (a list). `where` maps a record or run id to the retirings that took it, so `show` and
-`history` can say where it is.
-"""
+`ids` names every retired record: its run, then the numbers of its ids (`<run>.<n>`) as ranges;
+an id of another shape is listed whole under "". `where` maps a record or run id to the
+retirings that took it (for `show` and `history`)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Speed baselines: per stage, arch and bench shape, how fast the kernel was, in
-results/speed_baselines.yaml.xz — a sibling of results/baselines.yaml.xz, kept as baselines.py
-keeps it (xz YAML, the same lock, read back before the rename; an older clone's plain file
-moved to the .xz: `_speed_path`).
+results/speed_baselines.yaml.xz, kept as baselines.py keeps its file (`_speed_path`).
 
 One entry per bench shape (`dsv4-lab baseline accept STAGE --speed`), from the newest fresh,
-passing bench record (`dsv4-lab bench`) of that shape:
+passing bench record of that shape:
 
     record   the bench record's id          src      its source hash (stale when it moves)
     commit   the commit it was made at      us       the kernel's median µs
@@ -12,13 +10,10 @@ passing bench record (`dsv4-lab bench`) of that shape:
     peers    {peer: peer µs / kernel µs}    (above 1: the kernel is faster)
     gpu      {name, sm_mhz, sm_max_mhz, mem_mhz, power_w, temp_c} — what the record says
 
-A speed baseline is compared only with a time from the same GPU model (`same_gpu`): an H200's
-µs says nothing about an H100 baseline. The speed gate (`gate --speed`) does not compare numbers
-from different runs at all: it re-times the baseline's commit beside the tree, interleaved
-(harness/execution/abtest.py); the stored µs are for the dashboard's Δ % and `history --speed`.
-
-A bad file is one line `results/speed_baselines.yaml.xz:LINE: key: problem — fix` (BaselineError, exit 2).
-"""
+Compared only with a time from the same GPU model (`same_gpu`).  The speed gate re-times the
+baseline's commit beside the tree (abtest.py); the stored µs are for the dashboard's Δ % and
+`history --speed`.  A bad file is one line `results/speed_baselines.yaml.xz:LINE: key: problem
+— fix` (BaselineError, exit 2)."""
 
 from __future__ import annotations
 
@@ -277,9 +272,9 @@ def _read(root: Path, path: Path) -> list[SpeedBaseline]:
 
 
 def save(root: Path, items: list[SpeedBaseline], read: list[SpeedBaseline]) -> None:
-    """Write results/speed_baselines.yaml.xz holding exactly `items` (every key of `read` still
-    among them; the text, and the compressed bytes, are read back before they replace the old
-    file); an older clone's plain file is removed once the .xz holds it (both there: one line)."""
+    """Write results/speed_baselines.yaml.xz holding exactly `items` (every key of `read` still among
+        them; text and bytes read back before the rename); an older plain file is removed once the
+        .xz holds it."""
     shown = _display(root, speed_file(root))
     path = _speed_path(root)  # both the .xz and the plain file: one line, nothing written
     keys = {(b.stage, b.arch, b.case) for b in items}
@@ -311,8 +306,8 @@ def find(items: list[SpeedBaseline], stage: str, arch: str, label: str) -> Speed
 
 
 def accept(root: Path, stage, archs: list[str] | None, cases: list[dict[str, Any]]) -> int:
-    """For each selected bench shape (`cases`, from harness.execution.bench.plan_cases): the newest
-    fresh passing bench record becomes its speed baseline. 0 when one was taken, 1 when none."""
+    """For each selected bench shape (bench.plan_cases) the newest fresh passing bench record becomes
+        its speed baseline.  0 when one was taken, 1 when none."""
     from rich.console import Console
 
     from harness.notebook.records import print_warnings, read_records

@@ -1,21 +1,14 @@
 """What a commit would hold: the lab as the git index has it, exported to a temporary folder.
 
-`gate --staged` (what the pre-commit hook runs) judges this snapshot, not the working tree: an
-unstaged edit neither blocks nor passes a commit it is not part of. The snapshot is the
-index's files (`git checkout-index`, which honours GIT_INDEX_FILE, as `git commit -a` and
-`git commit PATH` set it for the hook) with two exceptions:
+`gate --staged` (the pre-commit hook) judges this snapshot, not the working tree: the index's
+files (`git checkout-index`, honouring GIT_INDEX_FILE) with two exceptions:
 
-* `results/` is the real lab's (a symlink): records are evidence about a source hash, read
-  where they are, and records a re-proof writes land in the real notebook, to be committed.
-* `results/baselines.yaml.xz` and `results/compile_baselines.yaml.xz` — what must hold — are the
-  index's, kept beside the snapshot (`Snapshot.baselines_root`), as git stores them (xz bytes:
-  `git checkout-index` applies no textconv); an older clone's plain `results/baselines.yaml` too,
-  where its index still has it (the baselines read it, or refuse it beside the .xz, in one line).
+* `results/` is the real lab's (a symlink): records are read and written where they are.
+* the baselines files are the index's, kept beside the snapshot (`Snapshot.baselines_root`,
+  xz bytes as git stores them; an older clone's plain baselines.yaml too).
 
-While a snapshot is in use the compile cache stays the real lab's (DSV4_LAB_CACHE), and records
-written from it carry the code identity `HEAD` + "dirty" when the index differs from HEAD
-(DSV4_LAB_GIT), since the snapshot has no .git of its own.
-"""
+The compile cache stays the real lab's (DSV4_LAB_CACHE), and records written from the snapshot
+carry `HEAD` + "dirty" when the index differs from HEAD (DSV4_LAB_GIT)."""
 
 from __future__ import annotations
 

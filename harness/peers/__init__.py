@@ -1,12 +1,10 @@
-"""The kernels a stage's kernel is timed against (`dsv4-lab bench --peers`): one small adapter
-module per peer, named here so that stages.yaml can be validated without importing any of them
-(or torch).
+"""The kernels a stage's kernel is timed against (`dsv4-lab bench --peers`): one adapter module
+per peer, named here so stages.yaml can be validated without importing any of them (or torch).
 
-A peer computes a *problem* — what the stage's tensors mean, declared by the stage's bench block
-(`problem: attention`) — not a stage: the adapter maps the stage's tensors to its own call and
-says which shapes it supports. A peer whose package is missing is "not installed (pip install …)",
-never a failure. An adapter whose own work differs from the stage's (FlashMLA computes Q·Kᵀ at
-576 columns) says so with `flops(problem, dims)`: its TFLOP/s is then of that work.
+A peer computes a *problem* (the stage's bench block's `problem:`), not a stage: its adapter
+maps the stage's tensors to its call and says which shapes it supports.  A missing package is
+"not installed (pip install …)", never a failure.  An adapter whose work differs (FlashMLA's
+Q·Kᵀ at 576 columns) says so with `flops(problem, dims)`.
 
 Problems (tensor names and shapes the adapters rely on; the stage's tensors() must match):
   attention    dense softmax attention of one head: Q [m, d], K [n, d], V [n, d] (bf16) ->
@@ -14,16 +12,14 @@ Problems (tensor names and shapes the adapters rely on; the stage's tensors() mu
   mla_decode   DSV4/MLA dense decode, MQA over one latent head: Q [b, s_q, h_q, d_qk],
                KV [b, n, d_qk] (bf16; V is KV's first d_v columns) -> O [b, s_q, h_q, d_v],
                LSE [b, h_q, s_q]; scale 1/sqrt(d_qk)
-  sink_decode  DSV4 decode over two key branches under one softmax with the attention sink (D5):
-               Q [b, s_q, h_q, d], KV_main [b, n_main, d], KV_swa [b, n_swa, d] (bf16), main_lens,
-               swa_lens [b] int32, sink [h_q] fp32 (NaN: none) -> O [b, s_q, h_q, d], LSE [b, h_q, s_q]
-               (harness/peers/torch_plain.py: sink_decode has the masks' rules)
+  sink_decode  D5: Q [b, s_q, h_q, d], KV_main [b, n_main, d], KV_swa [b, n_swa, d] (bf16),
+               main_lens, swa_lens [b] int32, sink [h_q] fp32 (NaN: none) -> O, LSE
+               (torch_plain.py)
   sparse_decode
-               stage E: Q, the FP8 paged byte caches KV / KV_extra with int32 indices and lengths, sink
-               -> O, LSE (harness/peers/torch_sparse.py; FlashMLA's V4 kernel: flashmla_sparse.py)
+               stage E: Q, the FP8 paged byte caches with int32 indices and lengths, sink -> O,
+               LSE (torch_sparse.py; FlashMLA's V4 kernel: flashmla_sparse.py)
   mqa_logits, paged_mqa_logits
-               the indexer's FP8 MQA logits, flat and paged (harness/peers/indexer_problems.py)
-"""
+               the indexer's FP8 MQA logits, flat and paged (indexer_problems.py)"""
 
 from __future__ import annotations
 
@@ -55,10 +51,9 @@ def adapter(name: str):
 
 def why_not(name: str, problem: str | None, dims: dict[str, int] | str, cc: tuple[int, int] | None,
             probe: bool = True) -> str | None:
-    """None when peer `name` can run this shape here; else one phrase: the shape it does not
-    support, or "not installed (pip install …)". `dims` is harness.peers.problems.problem_dims's answer
-    (a string: why the stage's tensors do not fit the problem). `probe=False` skips the import
-    check (shape support only)."""
+    """None when peer `name` can run this shape here; else one phrase: the unsupported shape, or "not
+        installed (pip install …)".  `dims`: problems.problem_dims's answer (a string: why the tensors
+        do not fit).  `probe=False` skips the import check."""
     mod = adapter(name)
     if problem is None:
         return "the stage's bench block names no problem"

@@ -1,31 +1,22 @@
 """DeepGEMM's indexer kernels (stages I1, I2): `deep_gemm.fp8_mqa_logits` and
-`deep_gemm.fp8_paged_mqa_logits`, as DeepGEMM 54e2261 (2.6.1) defines them in
-csrc/apis/attention.hpp (the "legacy" FP8 wrappers of fp8_fp4_*; kernels compiled at run time).
-Built from source on the GPU machine by scripts/build_deepgemm.sh: the PyPI wheel
-`sgl-deep-gemm` 0.2.5 does not load with torch 2.11 (OSError on its _C.so).
+`deep_gemm.fp8_paged_mqa_logits` as DeepGEMM 54e2261 (2.6.1) defines them (csrc/apis/
+attention.hpp), built from source by scripts/build_deepgemm.sh (the `sgl-deep-gemm` 0.2.5 wheel
+does not load with torch 2.11).
 
-Both through the fp8_fp4_* entry points the legacy fp8_* ones wrap (q as (values, None): FP8),
-so the options the stage's tensors carry reach DeepGEMM: logits_dtype (fp32 or bf16, as the
-stage's logits), the compressed form (max_seqlen_k = the logits' width W when W < s_kv) and
-the stage's 2-D context lengths (passed as they are).
+Both through the fp8_fp4_* entry points (q as (values, None)), so the stage's logits_dtype, the
+compressed form (max_seqlen_k = W when W < s_kv) and its 2-D context lengths reach DeepGEMM.
 Flat:  fp8_fp4_mqa_logits((q [s, h, d] e4m3, None), (kv [s_kv, d] e4m3, kv_scale [s_kv] fp32),
        weights [s, h] fp32, cu_seq_len_k_start [s], cu_seq_len_k_end [s] int32, clean_logits=True,
-       max_seqlen_k=0, logits_dtype) -> logits [s, s_kv], a view of a buffer whose rows are
-       padded to 1 KiB; −inf outside [ks, ke) written by DeepGEMM's clean kernel (timed: the fill
-       is part of the job).  Compressed (max_seqlen_k = W): logits [s, W], column c of row i the
-       key ks[i] + c; DeepGEMM asserts clean_logits=False there and leaves the columns past
-       ke − ks unwritten, so the adapter writes −inf there itself (a masked_fill, timed).
+       max_seqlen_k=0, logits_dtype) -> logits [s, s_kv] (rows padded to 1 KiB; −inf outside
+       [ks, ke) by DeepGEMM's clean kernel, timed).  Compressed: logits [s, W], column c of row i
+       key ks[i] + c; clean_logits=False there, so the adapter writes −inf past ke − ks (timed).
 Paged: get_paged_mqa_logits_metadata(context_lens [b, next_n] int32, block_kv, num_sms) outside
-       the timing (a serving loop builds it once per step), then fp8_fp4_paged_mqa_logits((q [b,
-       next_n, h, d] e4m3, None), fused cache [num_blocks, block_kv, 1, d + 4] uint8, weights
-       [b·next_n, h] fp32, context_lens, block_table [b, max_blocks] int32, schedule_meta
-       [num_sms + 1, 2], max_context_len, clean_logits=False, logits_dtype) -> logits
-       [b·next_n, max_context_len].  This DeepGEMM takes only
-       per-token context lengths (2-D; token t of sequence i sees the keys j < context_lens[i, t],
-       here len − next_n + t + 1) and asserts clean_logits=False for them: it leaves the
-       positions past each row's limit unwritten, so the adapter writes −inf there itself (a
-       masked_fill, timed with the call).  num_sms is DeepGEMM's own count (the kernel checks the
-       metadata has num_sms + 1 rows).
+       the timing, then fp8_fp4_paged_mqa_logits((q [b, next_n, h, d] e4m3, None), fused cache
+       [num_blocks, block_kv, 1, d + 4] uint8, weights [b·next_n, h] fp32, context_lens,
+       block_table [b, max_blocks] int32, schedule_meta [num_sms + 1, 2], max_context_len,
+       clean_logits=False, logits_dtype) -> logits [b·next_n, max_context_len].  Only 2-D context
+       lengths (token t sees keys j < context_lens[i, t]) with clean_logits=False: the adapter
+       writes −inf past each row's limit (timed).
 Shape rules (its host asserts): h ∈ {32, 64} on sm90, {8, 16, 32, 64} on sm100; d ∈ {32, 64, 128};
 paged block_kv = 64 on sm90 (32 or 64 on sm100) and next_n ∈ {1, 2} on sm90."""
 
@@ -61,8 +52,7 @@ def unsupported(problem: str, dims: dict[str, int], cc: tuple[int, int] | None) 
 
 
 def per_token_context_lens(context_lens, next_n: int):
-    """[b] sequence lengths -> DeepGEMM's [b, next_n] int32: token t of sequence i sees the keys
-    j < len_i − next_n + t + 1, i.e. j ≤ its own position len_i − next_n + t."""
+    """[b] sequence lengths -> DeepGEMM's [b, next_n] int32: token t sees keys j < len_i − next_n + t + 1."""
     import torch
 
     t = torch.arange(next_n, device=context_lens.device, dtype=torch.int32)

@@ -1,17 +1,13 @@
-"""FlashMLA (`sgl-flash-mla` on PyPI, install with --no-deps) for the decode stages: its
-`use_legacy=True` namespace keeps the Hopper kernels — dense bf16 MLA decode (used here) and the
-DSV4 FP8 sparse decode (`kv_format="V4"`, for stage E's adapter).
+"""FlashMLA (`sgl-flash-mla`, install with --no-deps) for the decode stages: its `use_legacy=True`
+Hopper kernels — dense bf16 MLA decode (here) and the FP8 sparse decode (flashmla_sparse.py).
 
-Dense decode call: q [b, s_q, h_q, d_qk] bf16 (h_q 64 or 128 per head of KV), a paged cache
-[num_blocks, 64, 1, d_qk] bf16, block_table [b, blocks per sequence] int32, cache_seqlens [b]
-int32, head_dim_v; the scheduler metadata is an empty object from get_mla_metadata() that the
-first call fills. Returns (out [b, s_q, h_q, d_v], lse [b, h_q, s_q]).
+Dense call: q [b, s_q, h_q, d_qk] bf16, a paged cache [num_blocks, 64, 1, d_qk] bf16,
+block_table [b, blocks] int32, cache_seqlens [b] int32, head_dim_v; metadata from
+get_mla_metadata(), filled by the first call. Returns (out [b, s_q, h_q, d_v], lse [b, h_q, s_q]).
 
-DSV4's latent head is 512 wide with K = V (stage D2 on): FlashMLA's dense kernel takes d_qk 576
-only (MLA's 512 + 64 rope columns). Such a problem is given to it with 64 zero columns appended
-to Q and KV, and the softmax scale of the real width: the scores, O and LSE are the same as the
-stage's, and FlashMLA does its own 576-wide work — `flops` counts that work, so its TFLOP/s is
-what it really computed (the µs ratio is the like-for-like comparison)."""
+FlashMLA's dense kernel takes d_qk 576 only, so DSV4's 512-wide K = V head is given with 64 zero
+columns appended to Q and KV and the scale of the real width: scores, O and LSE are the stage's.
+`flops` counts its 576-wide work (the µs ratio is the like-for-like comparison)."""
 
 from __future__ import annotations
 

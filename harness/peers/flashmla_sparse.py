@@ -1,17 +1,15 @@
-"""FlashMLA's Hopper FP8 sparse decode for stage E (`sgl-flash-mla` on PyPI, install with
---no-deps): `flash_mla_with_kvcache(..., is_fp8_kvcache=True, indices=…, use_legacy=True,
-kv_format="V4")` — the legacy (sm90) kernel that reads DSV4's model1 layout.
+"""FlashMLA's Hopper FP8 sparse decode for stage E (`sgl-flash-mla`, install with --no-deps):
+`flash_mla_with_kvcache(..., is_fp8_kvcache=True, indices=…, use_legacy=True, kv_format="V4")`,
+the legacy (sm90) kernel on DSV4's model1 layout.
 
-Call (read from the sgl-flash-mla 1.0.0 wheel's flash_mla/flash_mla_interface.py): q [b, s_q,
-h_q, 512] bf16 (h_q 64 or 128); k_cache [num_blocks, block_size, 1, 584] — the strided view of
-the model1 byte cache (oracles/kvcache.model1_flashmla_view: stride 0 = the block's padded bytes);
-block_table and cache_seqlens None (sparse); head_dim_v 512; the scheduler metadata from
-get_mla_metadata() (filled by the first call; reused only with the same shapes and lengths);
-indices [b, s_q, topk] int32 (exactly −1 is invalid; no bounds check otherwise); attn_sink [h_q]
-fp32 (−inf: no effect); extra_k_cache / extra_indices_in_kvcache / topk_length /
-extra_topk_length as the stage's tensors; softmax_scale the stage's `softmax_scale` input's value
-(a Python float per call, as FlashMLA takes it: the same scale as our kernel's).  Returns (out [b, s_q, h_q, 512] bf16,
-lse [b, h_q, s_q] fp32).  The problem's tensors: harness/peers/torch_sparse.py."""
+Call (sgl-flash-mla 1.0.0's flash_mla_interface.py): q [b, s_q, h_q, 512] bf16 (h_q 64 or 128);
+k_cache [num_blocks, block_size, 1, 584], the strided view of the model1 byte cache
+(kvcache.model1_flashmla_view); block_table and cache_seqlens None; head_dim_v 512; metadata
+from get_mla_metadata() (filled by the first call, reused only with the same shapes and
+lengths); indices [b, s_q, topk] int32 (−1 invalid, no bounds check); attn_sink [h_q] fp32;
+extra_k_cache / extra_indices_in_kvcache / topk_length / extra_topk_length the stage's tensors;
+softmax_scale the stage's input as a Python float.  Returns (out [b, s_q, h_q, 512] bf16, lse
+[b, h_q, s_q] fp32).  The problem's tensors: harness/peers/torch_sparse.py."""
 
 from __future__ import annotations
 
@@ -43,9 +41,8 @@ def unsupported(problem: str, dims: dict[str, Any], cc: tuple[int, int] | None) 
 
 
 def make(problem: str, dims: dict[str, Any], inputs: dict, per_call: bool = False) -> Callable[[], dict]:
-    """FlashMLA's call on the stage's inputs; its scheduler metadata made once and reused by every
-    call (filled by the first), or — `per_call`, as a serving engine calls it each decode step —
-    made afresh in every call (the metadata kernel is then part of the timed work)."""
+    """FlashMLA's call on the stage's inputs; its metadata made once and reused (filled by the first
+        call), or with `per_call` afresh in every call, as a serving engine does (then timed)."""
     import torch
     from flash_mla import flash_mla_with_kvcache, get_mla_metadata
 

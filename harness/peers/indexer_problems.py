@@ -1,19 +1,17 @@
 """The indexer's two problems (stages I1, I2), as a peer sees a stage's tensors.
 
   mqa_logits        q [s, h, d] e4m3, kv [s_kv, d] e4m3, kv_scale [s_kv] fp32, weights [s, h] fp32,
-                    ks [s], ke [s] int32 -> logits [s, s_kv] fp32 or bf16 (dims' logits_bf16: 0 | 1):
-                    Σ_h relu(q·k·kv_scale)·w over ks ≤ j < ke, −inf elsewhere; or, narrower,
-                    logits [s, W] (dims' compressed 1, width W < s_kv): DeepGEMM's max_seqlen_k
-                    form, column c of row i the logit of key ks[i] + c (−inf past ke[i]).  A
-                    compressed form W = s_kv wide has the full form's shape and is read as it
+                    ks [s], ke [s] int32 -> logits [s, s_kv] fp32 or bf16 (logits_bf16 0 | 1):
+                    Σ_h relu(q·k·kv_scale)·w over ks ≤ j < ke, −inf elsewhere; or (compressed 1,
+                    W < s_kv) logits [s, W], column c of row i key ks[i] + c (−inf past ke[i]).
   paged_mqa_logits  q [b, next_n, h, d] e4m3, kv_cache [num_blocks, block_kv, 1, d + 4] uint8 (per
                     block: block_kv·d e4m3 values, then block_kv fp32 scales), context_lens [b],
                     block_table [b, max_blocks] int32, weights [b·next_n, h] fp32 ->
-                    logits [b·next_n, max_blocks·block_kv] fp32 or bf16; token t of sequence i sees the
+                    logits [b·next_n, max_blocks·block_kv] fp32 or bf16; token t of sequence i sees
                     positions ≤ context_lens[i] − next_n + t, −inf elsewhere; or, with
-                    context_lens [b, next_n] (dims' context_2d 1), the positions < context_lens[i, t]
+                    context_lens [b, next_n] (context_2d 1), the positions < context_lens[i, t]
 
-`problem_dims` is what harness.peers.problems.problem_dims answers for these two problems."""
+`problem_dims` answers harness.peers.problems.problem_dims for these two problems."""
 
 from __future__ import annotations
 

@@ -1,18 +1,13 @@
 """DSV4's sparse FP8 decode (stage E) as a PyTorch user writes it, and the `sparse_decode`
 problem's sizes read from a stage's tensors.
 
-Problem `sparse_decode` (oracles/sparse_decode.py's tensors): Q [b, s_q, h_q, 512] bf16; KV
-[num_blocks, block_bytes] uint8 (a paged FP8 cache, oracles/kvcache.py's formats), idx
-[b, s_q, topk] int32 (block_id · block_size + offset, −1 invalid), topk_length [b] int32;
-KV_extra / idx_extra / extra_length the same for the SWA branch (absent: one 1-token block,
-idx_extra [b, s_q, 1]); sink [h_q] fp32 (−inf: none); softmax_scale [1] fp32 (the scale on Q·Kᵀ,
-DSV4's 1/sqrt(512) by default) -> O [b, s_q, h_q, 512] bf16, LSE [b, h_q, s_q] fp32.  The format and block sizes are read back from the
-cache's bytes per block (block_bytes is strictly increasing in the block size for each format).
+Problem `sparse_decode`: oracles/sparse_decode.py's tensors (absent extra branch: one 1-token
+block, idx_extra [b, s_q, 1]).  The format and block sizes are read back from the cache's bytes
+per block (block_bytes is strictly increasing in the block size for each format).
 
 The peer: the cache is dequantised to bf16 ONCE, outside the timed call (DSV4.md's PyTorch
-anchor: "gather + two bmm, cache already in bf16"); each call gathers the indexed rows
-(index_select), masks invalid keys, two bmm with a float32 softmax between, the sink factor.
-"""
+anchor); each call gathers the indexed rows, masks invalid keys, two bmm with a float32 softmax
+between, the sink factor."""
 
 from __future__ import annotations
 
@@ -25,9 +20,8 @@ PROBLEMS = ("sparse_decode",)
 
 
 def sparse_dims(specs: list[Any]) -> dict[str, Any] | str:
-    """The `sparse_decode` sizes of a stage's tensor specs, or one phrase saying why they are
-    not that problem: b, s_q, h_q, d, topk, extra_topk (0: no SWA branch), kv_format, block,
-    extra_block, num_blocks, extra_num_blocks."""
+    """The `sparse_decode` sizes of a stage's tensor specs (b, s_q, h_q, d, topk, extra_topk, kv_format,
+        block, extra_block, num_blocks, extra_num_blocks), or one phrase why they are not that problem."""
     from oracles import kvcache as kc
 
     by = {s.name: s for s in specs}

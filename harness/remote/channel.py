@@ -1,22 +1,18 @@
-"""The record channel of a remote run: how records travel from the remote `run` back here,
-so that nothing the kernel prints can lose a record or pass for one.
+"""The record channel of a remote run: records travel from the remote `run` back here so that
+nothing the kernel prints can lose a record or pass for one.
 
 Remote side (`Sender`, opened by `open_sender` before any worker or compiler process exists):
-- the channel key is read from stdin (the local side writes it there and closes it): it is
-  never on a command line (`ps`) nor in the environment the workers inherit;
-- fd 1 is duplicated to a private, close-on-exec descriptor that carries the records, and fd 1
-  (hence `sys.stdout` and the stdout of every child: workers, compilers, anything a kernel
-  starts) is pointed at stderr. A kernel's print, with or without a newline, lands in stderr;
-- stdin stays open while the run lasts (on a private descriptor; children get /dev/null): when it
-  ends, the local side or the link is gone, and the process sends itself SIGHUP, which stops the
-  run the way any interruption does (workers and compilers killed) instead of running on unseen;
-- every line sent is `@@dsv4-rec SEQ MAC PAYLOAD`: SEQ counts lines from 1, MAC is
-  HMAC-SHA256(key, "SEQ PAYLOAD") in hex, PAYLOAD one JSON object.
+- the key is read from stdin, never on a command line nor in the workers' environment;
+- fd 1 is duplicated to a private close-on-exec descriptor for the records, and fd 1 (every
+  child's stdout) is pointed at stderr: a kernel's print lands in stderr;
+- stdin stays open while the run lasts: when it ends (the local side or the link is gone) the
+  process sends itself SIGHUP and stops as any interruption does;
+- every line is `@@dsv4-rec SEQ MAC PAYLOAD`: SEQ counts from 1, MAC = HMAC-SHA256(key,
+  "SEQ PAYLOAD") in hex, PAYLOAD one JSON object.
 
 Local side (`Receiver`): a line is accepted only with the right MAC and a SEQ above every one
-accepted before; any other line (a login banner, a guessed frame, a replayed or reordered one) is
-rejected with the reason.
-"""
+accepted before; any other line (a banner, a guessed, replayed or reordered frame) is rejected
+with the reason."""
 
 from __future__ import annotations
 
@@ -126,9 +122,8 @@ def open_sender() -> Sender:
 
 
 def install_sender(key: str, fd: int) -> Sender:
-    """Make the channel's remote end write to `fd` (a Slurm task's record file,
-    harness/remote/slurm_side.py) instead of reading its key from stdin: later `open_sender` calls
-    return it. Points stdout at stderr, as `open_sender` does."""
+    """Make the channel's remote end write to `fd` (a Slurm task's record file) instead of reading its
+        key from stdin; points stdout at stderr, as `open_sender` does."""
     global _sender
     if not KEY_RE.fullmatch(key):
         raise ChannelError("not a channel key (64 hex digits)")

@@ -1,14 +1,11 @@
 """`dsv4-lab run ... --target NAME[,NAME...]`: the local side of a remote run.
 
-For each target (target i of n gets `--shard i/n`): copy the working tree (harness/remote/treecopy.py),
-start `python -m harness.remote.remote_side run ... --emit-jsonl` there over ssh with a fresh channel
-key on its stdin (harness/remote/channel.py), and read its stdout. A line becomes a record here only
-when it is an authentic frame of that run's channel (right sequence number and MAC), parses as
-a record of this lab, belongs to the run announced by the run's start event, names a
-(stage, arch, case) planned for that target, and repeats no case already received. Anything
-else is counted as rejected, reported, and never written. Records are written (tagged with the
-target's name) through the same RecordWriter as a local run, the moment they arrive.
-"""
+For each target (i of n gets `--shard i/n`): copy the working tree (treecopy.py), start `python
+-m harness.remote.remote_side run ... --emit-jsonl` there over ssh with a fresh channel key on
+its stdin (channel.py), and read its stdout.  A line becomes a record only when it is an
+authentic frame of that run's channel, parses as a record, belongs to the announced run, names a
+(stage, arch, case) planned for that target, and repeats no case; anything else is counted as
+rejected and reported.  Records are written (tagged with the target) as they arrive."""
 
 from __future__ import annotations
 
@@ -94,9 +91,8 @@ def git_token(root: Path) -> str:
 
 
 def remote_run_command(t: Target, root: Path, args: list[str]) -> str:
-    """The remote shell text of a run. `export` (not `VAR=x cmd`) so the variables reach
-    python even when `python` is an activation command such as `source venv && python`.
-    The channel key is not here (a command line is visible to `ps`): it goes on stdin."""
+    """The remote shell text of a run: `export` so the variables reach python even when `python` is
+        an activation command; the channel key goes on stdin, never on a command line."""
     folder, cache = remote_path(remote_folder(t, root)), remote_path(remote_cache(t, root))
     env = [
         f"DSV4_LAB_GIT={shlex.quote(git_token(root))}", f"DSV4_LAB_ROOT={folder}", f"PYTHONPATH={folder}",
@@ -112,8 +108,8 @@ def remote_run_command(t: Target, root: Path, args: list[str]) -> str:
 
 
 def read_lines(stream: IO[bytes], limit: int) -> Iterator[tuple[bytes | None, str | None]]:
-    """(line, None) per line of at most `limit` bytes, or (None, why) for one that is
-    longer (skipped without being held in memory) or cut off by the end of the stream."""
+    """(line, None) per line of at most `limit` bytes, or (None, why) for a longer one (skipped unheld)
+        or one cut off by the stream's end."""
     while True:
         chunk = stream.readline(limit + 1)
         if not chunk:
@@ -449,14 +445,12 @@ class _Session:
 def run_remote(spec: Spec, target: str, argv: list[str], stages: list[Stage], archs: list[str] | None,
                cases: dict[str, list[Case]], *, shard: tuple[int, int] | None = None,
                sync_method: str | None = None, snapshot: Snapshot | None = None) -> int:
-    """`dsv4-lab run ... --target NAME[,NAME...]`: copy the tree to each target, run there
-    (target i of n gets --shard i/n; one target keeps `shard`, the user's own --shard), stream
-    and write the records here. Returns 0 (all passed), 1 (failures, lines rejected, planned
-    cases missing, or records that cannot be written here), 3 (a target unreachable, or a run
-    lost or interrupted), 130 / 143 / 129 (Ctrl-C, SIGTERM, SIGHUP here: the remote runs are
-stopped, what arrived is kept, each run is marked interrupted). Bad targets or options raise
-TargetError. `snapshot` (the gate's export of the git index, whose lab `spec` is): its files
-travel instead of the working tree; the targets and the remote folder are the real lab's."""
+    """Copy the tree to each target, run there (one target keeps the user's `shard`), stream and
+        write the records here.  Returns 0 (all passed), 1 (failures, rejected lines, missing
+        cases, unwritable records), 3 (a target unreachable, a run lost or interrupted), 130 / 143 /
+        129 (a stop signal here: the remote runs stopped, what arrived kept, runs marked
+        interrupted).  Bad targets or options: TargetError.  `snapshot` (the gate's index export):
+        its files travel instead of the working tree."""
     root: Path = snapshot.lab if snapshot is not None else spec.root
     targets = resolve_targets(root, target)
     n = len(targets)
@@ -489,10 +483,9 @@ travel instead of the working tree; the targets and the remote folder are the re
 
 def stream_runs(session: _Session, args: dict[str, list[str]], sync_method: str | None = None,
                 snapshot: Snapshot | None = None) -> tuple[bool, int, str | None]:
-    """Copy the tree to each of the session's targets, start `remote_side ARGS[name]` there, and
-    write what arrives through the session until every run ended; a stop signal here stops the
-    remote runs (each marked interrupted). Returns (interrupted, the stop signal, a local write
-    error or None); the session is closed, not yet reported."""
+    """Copy the tree to each target, start `remote_side ARGS[name]` there, write what arrives until
+        every run ended; a stop signal here stops the remote runs (marked interrupted).  Returns
+        (interrupted, the signal, a local write error or None)."""
     runs = list(session.runs.values())
     root = snapshot.lab if snapshot is not None else session.root
     events: queue.Queue = queue.Queue()
@@ -562,8 +555,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _catch_stop_signals(stop: list[int]) -> dict:
-    """While a remote run lasts, a stop signal is noted in `stop` (the first one; later ones
-    are ignored) for the main loop to act on. Returns the handlers to put back."""
+    """While a remote run lasts, the first stop signal is noted in `stop` for the main loop.  Returns
+        the handlers to put back."""
     if threading.current_thread() is not threading.main_thread():
         return {}
 

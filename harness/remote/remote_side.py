@@ -1,13 +1,10 @@
 """The remote side of a remote run: what `run --target NAME` starts on the target.
 
 `python -m harness.remote.remote_side run STAGE ... --emit-jsonl` opens the record channel first
-(harness/remote/channel.py: key from stdin, records on a private descriptor, stdout pointed at
-stderr), then runs the lab's command line as usual; nothing the command line or a kernel
-prints can reach the channel. `run --emit-jsonl` then comes to `run_emitting`, which sends a
-start event, every record the moment its case ends, and an end event, all framed.
-`gate --speed --emit-jsonl` (the far side of `gate --speed --target NAME`) comes the same way and
-sends its compare records through a `ChannelLog`; its end event carries the gate's verdict lines.
-"""
+(channel.py), then runs the lab's command line as usual; nothing it or a kernel prints can reach
+the channel.  `run_emitting` sends a start event, every record as its case ends, and an end
+event.  `gate --speed --emit-jsonl` sends its compare records through a `ChannelLog`, its end
+event carrying the gate's verdict lines."""
 
 from __future__ import annotations
 
@@ -54,9 +51,8 @@ def run_emitting(spec: Spec, stages: list[Stage], archs: list[str] | None, cases
 
 
 class ChannelLog:
-    """A session whose records go on the channel, never into this copy's notebook: what
-    `gate --speed --emit-jsonl` (the far side of `gate --speed --target NAME`) hands
-    `bench --compare` in place of a RunLog. Its start and end events are the caller's."""
+    """A session whose records go on the channel, never into this copy's notebook (`gate --speed
+        --emit-jsonl` hands it to `bench --compare` in place of a RunLog); its events are the caller's."""
 
     def __init__(self, sender, run_id: str):
         self.sender = sender

@@ -68,9 +68,8 @@ def remote_args(t: Target, revs: dict[str, Path]) -> list[str]:
 
 def gate_on_target(spec: Spec, t: Target, planned: list[tuple[str, str, dict[str, Any]]], revs: dict[str, Path],
                    argv: list[str], sync_method: str | None = None) -> RemoteGate:
-    """Ship the tree and the commits' trees (`revs`: full sha -> its user code, taken here) to
-    `t`, run the speed gate there, and write each compare record of a `planned` (stage, arch,
-    bench shape) here as it arrives. LinkError never escapes: a failed link is in the result."""
+    """Ship the tree and the commits' trees (`revs`) to `t`, run the speed gate there, write each
+        compare record of a `planned` shape here as it arrives.  A failed link is in the result."""
     root = spec.root
     ssh_binary()
     ssh_config_args()
@@ -85,9 +84,8 @@ def gate_on_target(spec: Spec, t: Target, planned: list[tuple[str, str, dict[str
 
 
 def problems(res: RemoteGate) -> list[str]:
-    """What went wrong on the way, one line each (for stderr): lines rejected, the link, a run
-    that never finished (with the remote's stderr), the remote's own errors, and planned shapes
-    that never came back from a gate that claimed success."""
+    """What went wrong, one line each: rejected lines, the link, a run that never finished (with its
+        stderr), the remote's errors, planned shapes missing from a gate that claimed success."""
     tr, name = res.run, res.run.target.name
     out: list[str] = []
     if tr.rejected:

@@ -1,20 +1,15 @@
-"""The Slurm layer of a slurm target: shell commands on its login host (this machine, or over
-ssh as an SSH target), and the scheduler's own tools there — sbatch, squeue, sacct, scancel,
-sinfo — with their answers parsed.
+"""The Slurm layer of a slurm target: shell commands on its login host (this machine, or over ssh)
+and the scheduler's tools there — sbatch, squeue, sacct, scancel, sinfo — with their answers
+parsed.
 
-Every command is built here as shell text with each argument quoted (shlex.quote, or
-harness.remote.ssh.remote_path for a path that may start with ~); the one unquoted text is the target's
-own `python`, written by the user, as for SSH targets. Only lines marked `@@dsv4 ...` are read
-from a combined probe, so a login banner never passes for an answer.
+Every argument is quoted (shlex.quote, or ssh.remote_path for a path that may start with ~); the
+one unquoted text is the target's own `python`. Only `@@dsv4 ...` lines of a probe are read, so
+a login banner never passes for an answer.
 
-Job states: squeue --states=all lists an array's tasks while they are queued, running and for
-MinJobAge seconds (default 300) after they end, with Slurm's own state (PENDING with its reason,
-RUNNING, COMPLETED, FAILED, TIMEOUT, NODE_FAIL, PREEMPTED, CANCELLED, OUT_OF_MEMORY...). A task
-that has left squeue is looked up with sacct where the cluster keeps accounting
-(AccountingStorageType other than none); without accounting its exit file (written by the job
-script when python ends) says COMPLETED / FAILED, and a task with neither is UNKNOWN: its
-cases are marked lost, never passed.
-"""
+Job states: squeue --states=all lists an array's tasks while queued, running and for MinJobAge
+seconds after they end. A task that has left squeue is looked up with sacct where the cluster
+keeps accounting; else its exit file (written by the job script) says COMPLETED / FAILED, and a
+task with neither is UNKNOWN: its cases are marked lost, never passed."""
 
 from __future__ import annotations
 
@@ -174,9 +169,8 @@ def queued(login: Login, jobs: list[str]) -> list[str]:
 
 
 def poll_script(run_dir: str, jobs: list[str], offsets: dict[str, int], limit: int = 4 << 20) -> str:
-    """One shell text that prints the tasks' states, the exit files, and the new bytes of each
-    record file (base64, from its offset): `@@dsv4 sq ...`, `@@dsv4 exit NAME CODE`,
-    `@@dsv4 rec NAME B64`."""
+    """One shell text printing the tasks' states, the exit files and each record file's new bytes
+        (base64): `@@dsv4 sq ...`, `@@dsv4 exit NAME CODE`, `@@dsv4 rec NAME B64`."""
     parts = [squeue_script(jobs) if jobs else ":", f"cd {q(run_dir)} 2>/dev/null || exit 0",
              f"for f in exit.*; do [ -f \"$f\" ] && echo \"{MARK} exit $f $(head -c 16 \"$f\" | tr -d '\\n')\"; done"]
     for name, offset in sorted(offsets.items()):

@@ -1,10 +1,7 @@
-"""`dsv4-lab targets check NAME` for a slurm target: the login host, the Slurm tools there, the
-partition (sinfo: nodes, CPUs, GPUs, state) and its limits (scontrol: MaxTime, allowed
-accounts...), whether the cluster keeps accounting (sacct), and — with one tiny probe job of
-one minute on the partition — whether the work folder is shared with the compute nodes and
-which python, torch and CuTeDSL the nodes see. A probe that is still pending after
-DSV4_LAB_SLURM_CHECK_WAIT seconds (default 120) is cancelled, and the folder reported unchecked.
-"""
+"""`dsv4-lab targets check NAME` for a slurm target: the login host, the Slurm tools, the partition
+(sinfo) and its limits (scontrol), accounting (sacct), and — by a one-minute probe job — whether
+the work folder is shared and which python, torch and CuTeDSL the nodes see.  A probe pending
+past DSV4_LAB_SLURM_CHECK_WAIT seconds (default 120) is cancelled, the folder reported unchecked."""
 
 from __future__ import annotations
 
@@ -48,8 +45,8 @@ def probe_script(t: SlurmTarget, workdir: str, token: str) -> str:
 
 
 def check_slurm(root: Path, name: str) -> int:
-    """0: ready (partition up, work folder shared, python with torch and CuTeDSL on a node);
-    1: reachable but not ready (or not fully checked); 3: the login host cannot be used."""
+    """0: ready (partition up, work folder shared, python with torch and CuTeDSL on a node); 1:
+        reachable, not ready (or not fully checked); 3: the login host unusable."""
     t = load_targets(root)[name]
     assert isinstance(t, SlurmTarget)
     console = make_console()

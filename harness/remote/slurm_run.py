@@ -1,32 +1,24 @@
 """`dsv4-lab run ... --target NAME` where NAME is a slurm target: the run goes through the
 cluster's scheduler.
 
-What runs where:
-- here (the lab): plans the matrix, copies the tree (exactly what git would commit) into a fresh
-  run folder `<workdir>/<lab-id>.runs/<RUN>/` on the shared work folder (over ssh, as for SSH
-  targets, when the login host is not this machine), writes the job script and one channel key
-  per array task there (0600), submits ONE job array with sbatch, then polls squeue (and the run
-  folder) until every task has ended, writing records as they arrive;
-- each array task (one per shard: task i of n runs `--shard i/n`, on `gpus_per_task` GPUs) runs
-  `python -m harness.remote.slurm_side` on its compute node: it reads and deletes its key, then runs the
-  lab's `run ... --emit-jsonl`, whose records go framed (HMAC with that key, harness/remote/channel.py)
-  into its record file `rec.<i>.<attempt>` in the run folder. What the job prints goes to its
-  Slurm log `log.<i>.<attempt>`, never into a record file, and a line in a record file counts only
-  with the right MAC and sequence number: nothing a job prints can forge a record.
+- here: plans the matrix, copies the tree (what git would commit) into a fresh run folder
+  `<workdir>/<lab-id>.runs/<RUN>/` on the shared work folder (over ssh when the login host is
+  not this machine), writes the job script and one channel key per array task there (0600),
+  submits ONE job array, then polls squeue and the run folder until every task has ended,
+  writing records as they arrive;
+- each array task (task i of n runs `--shard i/n` on `gpus_per_task` GPUs) runs
+  `python -m harness.remote.slurm_side`: it reads and deletes its key and runs the lab's
+  `run ... --emit-jsonl`, whose records go framed (HMAC, channel.py) into `rec.<i>.<attempt>`;
+  what the job prints goes to `log.<i>.<attempt>`, so nothing it prints can forge a record.
 
-Faults: a task that ends FAILED / OUT_OF_MEMORY (crash), TIMEOUT / DEADLINE (timeout) or
-PREEMPTED / CANCELLED (skipped) gets a record here, written by the lab under its own run id, for
-each of its cases that never arrived, saying so; the other tasks go on. NODE_FAIL (or BOOT_FAIL)
-resubmits that task once with a fresh key (cases already received are kept, not run twice into
-the notebook); a second node failure marks its cases crash. Ctrl-C / SIGTERM / SIGHUP here:
-scancel every job of the run, wait until squeue shows none of them queued or running, keep
-what arrived, mark the run interrupted, exit 128 + signal.
+Faults: a task ending FAILED / OUT_OF_MEMORY (crash), TIMEOUT / DEADLINE (timeout) or
+PREEMPTED / CANCELLED (skipped) gets a record here for each case that never arrived; the other
+tasks go on. NODE_FAIL / BOOT_FAIL resubmits the task once with a fresh key (received cases
+kept); a second one marks its cases crash. Ctrl-C / SIGTERM / SIGHUP: scancel every job of the
+run, wait until squeue shows none, keep what arrived, mark the run interrupted, exit 128 + signal.
 
-Why plain sbatch and not submitit: submitit pickles a Python callable and needs itself (and
-cloudpickle) on both sides, plus the same Python here and on the compute nodes; the lab already
-has a command line to run, a shared folder and its own record channel, so one job script and
-sbatch / squeue / scancel are all it needs, and they work the same on a login node reached by ssh.
-"""
+Plain sbatch, not submitit: the lab already has a command line, a shared folder and its own
+record channel, and sbatch / squeue / scancel work the same over ssh."""
 
 from __future__ import annotations
 
@@ -112,8 +104,8 @@ def task_args(argv: list[str]) -> list[str]:
 
 def job_script(t: SlurmTarget, run_dir: str, tree: str, cache: str, git: str, args: list[str], n: int,
                run_id: str) -> str:
-    """The sbatch script of a run: one array of `n` tasks, task i running shard i/n. Its one
-    argument is the attempt (0; 1 when a task is requeued after a node failure)."""
+    """The sbatch script: one array of `n` tasks, task i shard i/n; its argument is the attempt (1
+        when requeued after a node failure)."""
     lines = ["#!/bin/bash", f"#SBATCH --job-name=dsv4-lab-{run_id}", f"#SBATCH --partition={t.partition}"]
     if t.account:
         lines.append(f"#SBATCH --account={t.account}")
@@ -355,10 +347,9 @@ def _prepare(login: Login, t: SlurmTarget, root: Path, run_id: str) -> tuple[str
 def run_slurm(spec: Spec, t: SlurmTarget, argv: list[str], stages: list[Stage], archs: list[str] | None,
               cases: dict[str, list[Case]], *, gpus: str | None = None, shard: tuple[int, int] | None = None,
               print_job: bool = False) -> int:
-    """Run the planned cases as a job array on `t` (see the module docstring). Returns 0 (every
-    task completed and every case passed), 1 (failures; a task failed, timed out or was
-    preempted; lines rejected; cases missing), 3 (the login host or the scheduler could not be
-    used), or 128 + signal when interrupted here (the array is cancelled)."""
+    """Run the planned cases as a job array on `t` (module doc).  Returns 0 (every task completed,
+        every case passed), 1 (failures, a failed / timed-out / preempted task, rejected lines,
+        missing cases), 3 (the login host or scheduler unusable), 128 + signal when interrupted."""
     from harness.execution.runner import tasks_for
 
     if shard is not None:

@@ -1,12 +1,9 @@
 """The compute-node side of a slurm run: what each array task's job script starts.
 
-`python -m harness.remote.slurm_side KEYFILE RECFILE -- run STAGE ... --shard i/n --emit-jsonl` reads
-this task's channel key from KEYFILE and deletes the file (before any worker or compiler exists,
-so no kernel finds it), opens RECFILE (the task's record file on the shared work folder, created
-0600, close-on-exec: no child inherits it) as the channel's descriptor, points stdout at stderr,
-then runs the lab's command line as `remote_side` does. Records are framed lines in RECFILE
-(harness/remote/channel.py); what the job prints goes to its Slurm log, never to RECFILE.
-"""
+`python -m harness.remote.slurm_side KEYFILE RECFILE -- run STAGE ... --shard i/n --emit-jsonl`
+reads and deletes the channel key (before any worker exists), opens RECFILE (0600,
+close-on-exec) as the channel's descriptor, points stdout at stderr, then runs the command line
+as `remote_side` does; what the job prints goes to its Slurm log."""
 
 from __future__ import annotations
 

@@ -99,9 +99,8 @@ def parse_check(stdout: bytes) -> CheckResult:
 
 
 def check_cmd(root: Path, name: str) -> int:
-    """Connect to `name`; report Python, torch, CuTeDSL, GPUs and the work folder. Returns 0
-    when ready, 1 when reachable but not ready, 3 when it cannot connect. A bad name or
-    targets file raises TargetError (exit 2)."""
+    """Connect to `name` and report Python, torch, CuTeDSL, GPUs and the work folder: 0 ready, 1 not
+        ready, 3 unreachable; TargetError (exit 2) for a bad name or targets file."""
     if "," in name:
         raise TargetError(f"targets check {name}: check one target at a time")
     t = resolve_targets(root, name, "targets check")[0]

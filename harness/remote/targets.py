@@ -1,14 +1,10 @@
 """SSH targets: the targets files and their validation.
 
-Targets are declared in `targets.yaml` at the lab root and, per user, in
-`$XDG_CONFIG_HOME/dsv4-lab/targets.yaml` (default `~/.config/dsv4-lab/targets.yaml`); a user
-entry replaces the lab entry of the same name. Both files are validated like stages.yaml:
-every problem is one `TargetError` line, `targets.yaml:LINE: targets.NAME.key: problem — fix`.
-The user's file may also name a default proof target, `proof_target: NAME`: where
-`dsv4-lab gate` (and the pre-commit hook) proves stale cases when no --target is given.
-They hold no secrets: a key or value that looks like one is refused. Running on a target is
-harness/remote.py.
-"""
+`targets.yaml` at the lab root and the user's `$XDG_CONFIG_HOME/dsv4-lab/targets.yaml` (a user
+entry replaces the lab's of the same name), validated like stages.yaml: every problem is one
+`TargetError` line, `targets.yaml:LINE: targets.NAME.key: problem — fix`.  The user's file may
+name `proof_target: NAME` (where `gate` proves stale cases without --target).  A key or value
+that looks like a secret is refused."""
 
 from __future__ import annotations
 
@@ -188,8 +184,7 @@ def _is_secret_key(name: str) -> bool:
 
 def _refuse_secrets(ctx: NodeContext, node: Node, key: str, check_keys: bool = True,
                     seen: set[tuple[int, bool]] | None = None) -> None:
-    """Refuse any key named like a secret and any scalar value that carries one. Each node is
-    scanned once (an alias is not followed again), so the scan is linear in the file."""
+    """Refuse any key named like a secret and any scalar carrying one; each node scanned once (linear)."""
     seen = set() if seen is None else seen
     if (id(node), check_keys) in seen:
         return
@@ -436,9 +431,8 @@ def load_targets(root: Path) -> dict[str, AnyTarget]:
 
 
 def proof_target(root: Path) -> str | None:
-    """The user's default proof target (`proof_target: NAME` in the user's targets file), which
-    `dsv4-lab gate` (and so the pre-commit hook) uses when --target is not given; None when
-    unset. A name no file declares is one TargetError line naming file, line and key."""
+    """The user's `proof_target: NAME` (where `gate` proves without --target), or None; a name no file
+        declares is one TargetError line."""
     user_path = user_targets_file()
     shown = _display(user_path, root)
     _, proof = _load_file(user_path, shown, user=True)

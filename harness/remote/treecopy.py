@@ -94,10 +94,9 @@ class RsyncFailed(LinkError):
 
 
 def place_files(root: Path, files: list[str], dest: Path, link: bool = True) -> None:
-    """Put `files` (paths under `root`) into `dest`, symbolic links as links: hard-linked where
-    `link` (or copied where the file system refuses a link), so rsync --delete can mirror that
-    folder; else copied, a file gone since it was listed skipped (a Slurm run's tree: a later edit
-    here must not reach a queued job)."""
+    """Put `files` (under `root`) into `dest`, symbolic links as links: hard-linked where `link` (copied
+        where refused), for rsync --delete; else copied, a file gone since listed skipped (a Slurm
+        run's tree must not see a later edit)."""
     for rel in files:
         src, dst = root / rel, dest / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -116,9 +115,8 @@ def place_files(root: Path, files: list[str], dest: Path, link: bool = True) -> 
 
 
 def sync_rsync(t: Target, root: Path, files: list[str], source: Path | None = None) -> None:
-    """Stage `files` (read from `source`, default `root`) in a temporary folder and mirror it
-    with `rsync --delete` over ssh; the remote side cds into the (quoted) work folder first, so
-    no path goes through rsync's own argument splitting."""
+    """Stage `files` in a temporary folder and mirror it with `rsync --delete` over ssh, the remote
+        side cd'ing into the quoted work folder first (no path through rsync's argument splitting)."""
     rsync = local_rsync()
     if rsync is None:
         raise RsyncFailed(f"{t.name}: rsync is not installed here")
@@ -197,11 +195,9 @@ def sync_tar(t: Target, root: Path, files: list[str], source: Path | None = None
 
 def sync_tree(t: Target, root: Path, method: str | None = None,
               snapshot: tuple[Path, list[str]] | None = None) -> SyncResult:
-    """Mirror the working tree into `<workdir>/<lab-id>/` on `t` (stale files there removed):
-    rsync over ssh when both sides have it, else tar over ssh. `method` forces one ("rsync"
-    needs rsync on both sides). `snapshot` (folder, files): copy those files from that folder
-    instead (the gate's export of the git index); the remote folder is still named after
-    `root`. Raises LinkError."""
+    """Mirror the working tree into `<workdir>/<lab-id>/` on `t` (stale files removed): rsync over ssh
+        when both sides have it, else tar; `method` forces one.  `snapshot` (folder, files): those
+        files instead (the gate's index export).  Raises LinkError."""
     source, files = snapshot if snapshot is not None else (None, tree_files(root))
     remote_has_rsync = probe_remote(t, root)
     folder = remote_folder(t, root)

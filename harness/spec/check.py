@@ -1,23 +1,17 @@
 """`dsv4-lab check`: a stage's contract, proven on the CPU without compiling or a GPU.
 
 For each stage:
-  * the oracle-side modules import, `tensors(case)` gives a valid list of TensorSpecs for
-    every case (unique names, known dtypes, positive integer shapes, at least one output);
-  * tolerance keys are output names, and every output has tolerances;
-  * each arch's kernel module imports (no CUTE_DSL_ARCH needed), its entry is a class whose
-    `__init__` takes exactly the stage's kernel parameters (the matrix axes, or
-    `kernel_params`) as keywords, and whose `__call__` takes the tensors in the order
-    `tensors(case)` lists them (then `stream`, on a GPU arch);
-  * on the smallest case: `make_inputs(case, seed, "cpu")` returns exactly the inputs with
-    the declared shapes and dtypes; the oracle returns exactly the outputs with the
-    declared shapes; `flops(case)`, when declared, is a positive finite number.
+  * the oracle-side modules import; `tensors(case)` is a valid TensorSpec list for every case
+    (unique names, known dtypes, positive shapes, an output); every output has tolerances;
+  * each arch's kernel module imports; its entry is a class whose `__init__` takes exactly the
+    stage's kernel parameters as keywords and whose `__call__` takes the tensors in
+    `tensors(case)` order (then `stream`);
+  * on the smallest case, `make_inputs` and the oracle return exactly the declared tensors;
+    `flops(case)`, when declared, is a positive finite number.
 
-Every problem is one line, `FILE:LINE: key: problem — fix`, naming a line of stages.yaml or
-of the user's own code (harness.core.userfault), never a traceback.
-
-API: check_stage(spec, stage) -> list[str]; main(spec, stages) -> int (0 ok, 2 problems).
-The worker uses inputs_problems / outputs_problems to verify the same at run time.
-"""
+Every problem is one line, `FILE:LINE: key: problem — fix` (core.userfault), never a traceback.
+main(spec, stages) -> int (0 ok, 2 problems); the worker uses inputs_problems /
+outputs_problems at run time."""
 
 from __future__ import annotations
 
@@ -121,9 +115,9 @@ def _names(xs) -> str:
 
 def _returned_problems(specs: list, got: Any, fn: Callable, root: Path, context: str, role: str,
                        default_name: str) -> tuple[str, list, list[str]]:
-    """(site, the declared specs of `role` present in `got`, problems) for what a stage function
-    returned against the tensors of `role` that tensors() declares: a dict of torch tensors of
-    the declared names and shapes."""
+    """(site, the declared specs of `role` present in `got`, problems) for a stage function's return
+        value against tensors()'s `role` tensors: a dict of torch tensors of the declared names and
+        shapes."""
     import torch
 
     site = _fn_site(fn, root, getattr(fn, "__name__", default_name))
@@ -157,8 +151,7 @@ def _returned_problems(specs: list, got: Any, fn: Callable, root: Path, context:
 
 
 def inputs_problems(specs: list, inputs: Any, fn: Callable, root: Path, context: str = "") -> list[str]:
-    """Problems with what an input generator returned, against the declared inputs: names,
-    shapes, dtypes, and compact 16-byte-aligned storage (what the kernel was compiled for)."""
+    """Problems with a generator's inputs: names, shapes, dtypes, compact 16-byte-aligned storage."""
     site, present, problems = _returned_problems(specs, inputs, fn, root, context, "in", "make_inputs")
     for s in present:
         t = inputs[s.name]
@@ -181,9 +174,8 @@ def outputs_problems(specs: list, outputs: Any, fn: Callable, root: Path, contex
 
 def compared_problems(compared: Any, ref: Any, decode_fn: Callable, oracle_fn: Callable, root: Path,
                       context: str = "") -> list[str]:
-    """A stage with `decode`: what decode made of the kernel's outputs and what the oracle
-    returned must be dicts of torch tensors of the same names and shapes (they are compared
-    name by name)."""
+    """A stage with `decode`: decode's output and the oracle's must be dicts of tensors of the same
+        names and shapes."""
     import torch
 
     dsite = _fn_site(decode_fn, root, getattr(decode_fn, "__name__", "decode"))
@@ -496,8 +488,8 @@ def check_stage(spec: Spec, stage: Stage) -> list[str]:
 
 
 def dynamic_warnings(spec: Spec, stage: Stage) -> list[str]:
-    """One line per call in the stage's sources that loads code or data the staleness hash cannot
-    follow by imports (harness.spec.identity.dynamic_uses), and what is hashed in its place."""
+    """One line per call in the stage's sources that loads code or data imports do not show
+        (identity.dynamic_uses), and what is hashed in its place."""
     from harness.spec.identity import dynamic_uses, fallback_folders
 
     seen: dict[tuple[Path, int, str], None] = {}
@@ -522,8 +514,8 @@ def _rel(root: Path, path: Path) -> str:
 
 
 def main(spec: Spec, stages: list[Stage]) -> int:
-    """Check `stages`; print `ok` lines on stdout and problems on stderr. 0, or 2 on problems.
-    Warnings (code the staleness hash cannot follow) go to stderr and change nothing."""
+    """Check `stages`: `ok` lines on stdout, problems on stderr; 0, or 2 on problems.  Warnings go to
+        stderr and change nothing."""
     lines = _SpecLines(spec)
     total = 0
     for st in stages:

@@ -9,11 +9,10 @@ import tokenize
 
 
 def code_text(data: bytes) -> bytes:
-    """A Python file's code without its comments, trailing spaces and blank lines: what the
-    hash of a .py file covers. Comments are found by the tokenizer (so a `#` inside a string
-    stays) and cut out of the source text itself, so the result does not depend on the Python
-    version's token stream (3.12 splits f-strings into tokens, 3.11 does not). ValueError when
-    the file does not tokenize."""
+    """A Python file's code without comments, trailing spaces and blank lines (what a .py file's hash
+        covers).  Comments are found by the tokenizer and cut from the source text itself, so the
+        result does not depend on the Python version's token stream.  ValueError when the file does
+        not tokenize."""
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
         lines = data.decode(encoding).splitlines()

@@ -2,36 +2,23 @@
 change its verdict. A record is *stale* once that hash no longer matches the tree.
 
 The source hash of (stage, arch) covers:
-  * the arch's kernel module and the stage's oracle modules (tensors, inputs, oracle, flops,
-    peer), every lab module they import — absolute (`stages.common.x`, `oracles.y`, any module
-    found under the lab root) or relative (`from .helper import X`, `from . import helper`) —
-    followed transitively, and the `__init__.py` of every package on the way (importing a
-    module runs them);
-  * the lab's own verdict code: every module that builds, launches or judges a case or gives a
-    record its status (`VERDICT_MODULES`: compile, executor, worker, metrics, pristine, runner, compilerun,
-    bench, statuses, records, a remote run's channel and sending side, and a Slurm run's receiving
-    side, which records the cases a failed task left as crash/timeout/skipped) and the lab modules
-    they import, transitively — so a change to how outputs are compared, how a verdict is
-    applied or what counts as failing makes every result stale. Left out, because nothing they
+  * the arch's kernel module and the stage's oracle modules, every lab module they import
+    (absolute or relative) transitively, and the `__init__.py` of every package on the way;
+  * the lab's verdict code (`VERDICT_MODULES`: the modules that build, launch or judge a case or
+    give a record its status) and what they import, transitively. Left out, because nothing they
     decide is stored in a record (tests/test_false_green.py holds this list to the code): the
-    gate and baselines (they compare records with baselines afresh at every call) and the
-    receiving side of a remote run (its exit code; the lines it writes are checked by the
+    gate and baselines, and the receiving side of a remote run (its lines are checked by the
     channel and records.validate, both hashed);
   * where the stage's sources load code or data in a way imports do not show (importlib,
-    `__import__`, exec / eval / compile, runpy, a change to sys.path, a file opened or read:
-    dynamic_uses), every file of the stage's folder, stages/common and, for such a load outside
-    stages/, the lab folder that holds it (oracles/, …) — data files too; `check` warns of each
-    such call in one line;
-  * the stage's stages.yaml entry as parsed (kernels, oracle references, matrix, kernel
-    parameters, tolerances, timeout) — loosening a tolerance makes its results stale; the
-    title and the bench shapes do not decide a verdict and are left out.
+    `__import__`, exec / eval / compile, runpy, sys.path, a file opened: dynamic_uses), every
+    file of the stage's folder, stages/common and the lab folder of such a load outside stages/;
+    `check` warns of each such call;
+  * the stage's stages.yaml entry as parsed, but for the title and the bench shapes.
 
-Python files are hashed as their code without comments, trailing spaces and blank lines (the
-comments found by the tokenizer, cut from the text itself, so the hash is the same under every
-Python version), so a change to a comment or to blank lines keeps results fresh while any change
-to code, strings or indentation does not. A file that does not tokenize is hashed byte for byte.
-Nothing here imports torch or CuTeDSL.
-"""
+Python files are hashed as their code without comments, trailing spaces and blank lines (cut by
+the tokenizer, so the hash is the same under every Python version): a comment change keeps
+results fresh, any change to code, strings or indentation does not. A file that does not
+tokenize is hashed byte for byte. Nothing here imports torch or CuTeDSL."""
 
 from __future__ import annotations
 
@@ -123,8 +110,8 @@ def _parsed(path: Path, mtime_ns: int, size: int) -> ast.Module | None:
 
 @lru_cache(maxsize=1024)
 def _imported_names(path: Path, mtime_ns: int, size: int, package: str) -> tuple[str, ...]:
-    """Absolute names of every module `path` may import (relative ones resolved against
-    `package`), including `pkg.name` for `from pkg import name` (name may be a module)."""
+    """Absolute names of every module `path` may import (relative ones against `package`), with
+        `pkg.name` for `from pkg import name`."""
     tree = _parsed(path, mtime_ns, size)
     if tree is None:
         return ()
@@ -246,8 +233,8 @@ def _dynamic_in(files: list[Path]) -> list[DynamicUse]:
 
 
 def fallback_folders(root: Path, stage: Stage, uses: list[DynamicUse]) -> list[Path]:
-    """Where code loaded dynamically may live: the stage's folder and stages/common, and for a
-    dynamic load outside stages/ the top folder of the lab that holds it (oracles/, …)."""
+    """Where dynamically loaded code may live: the stage's folder and stages/common, and for a load
+        outside stages/ the lab folder holding it."""
     root = root.resolve()
     folders = {stage.dir.resolve(), root / "stages" / "common"}
     for use in uses:
@@ -286,9 +273,8 @@ def _followed(root: Path, stage: Stage, arch: str) -> list[Path]:
 
 
 def source_files(root: Path, stage: Stage, arch: str) -> list[Path]:
-    """The stage's own files for `arch`: kernel module, oracles, and what they import — and,
-    where any of them loads code or data dynamically (dynamic_uses), every file of the
-    folders that code may come from (fallback_folders)."""
+    """The stage's files for `arch`: kernel module, oracles, what they import, and where any loads
+        code or data dynamically, every file of the folders it may come from (fallback_folders)."""
     root = root.resolve()
     files = _followed(root, stage, arch)
     uses = _dynamic_in(files)
@@ -350,8 +336,7 @@ def source_hash(root: Path, stage: Stage, arch: str) -> str:
 
 @lru_cache(maxsize=4)
 def git_state(root: Path) -> dict:
-    """{"commit": short sha or None, "dirty": bool}. A copy without .git (e.g. on a remote
-    target) takes the state its sender passed in DSV4_LAB_GIT="<sha>:<0|1>"."""
+    """{"commit": short sha or None, "dirty": bool}; a copy without .git takes DSV4_LAB_GIT="<sha>:<0|1>"."""
     sent = os.environ.get("DSV4_LAB_GIT")
     if sent:
         sha, _, dirty = sent.partition(":")

@@ -85,10 +85,9 @@ def count(stage: Stage, filters: Mapping[str, set[Any]] | None = None) -> int:
 
 
 def expand(stage: Stage, filters: Mapping[str, set[Any]] | None = None) -> list[Case]:
-    """The cases of the matrix (those passing `filters`, applied per axis before the product), in
-    axis order. More than MAX_CASES is refused before any case is built. A suite stage gives its
-    listed cases (harness/spec/suitecases.py) that pass the filters, a stage with `more:` its
-    matrix's cases then its further products' (harness/spec/spec.py `_more`)."""
+    """The matrix's cases passing `filters` (applied per axis before the product), in axis order; more
+        than MAX_CASES refused first.  A suite stage: its listed cases; `more:`: the matrix's cases,
+        then the further products' (spec.py `_more`)."""
     if stage.cases is not None:
         return _listed(stage, filters)
     values = _axis_values(stage, filters)
@@ -105,9 +104,8 @@ def expand(stage: Stage, filters: Mapping[str, set[Any]] | None = None) -> list[
 
 
 def _coerce(stage: Stage, axis: str, text: str) -> Any:
-    """Turn a filter's text into the axis's own value (`512` -> 512, `true`/`True` -> True,
-    `1e-5` -> 1e-05): the value written exactly so first, else the one number equal to it, else
-    the one value equal to it ignoring case."""
+    """A filter's text as the axis's own value (`512` -> 512, `true` -> True, `1e-5` -> 1e-05): the
+        value written exactly so, else the one number equal to it, else the one equal ignoring case."""
     t = text.strip()
     values = stage.matrix[axis]
     for value in values:

@@ -7,21 +7,15 @@
   ID      a stage id like E2 (or stage-E2): a letter, then letters, digits or _
   --axes  one matrix axis and its values, e.g. `--axes hd=64,128` (ints, true/false, or words)
   --in    one input tensor, e.g. `--in Q:m,hd:bfloat16`; DIMS are comma-separated expressions
-          over int axes and integers (+ - * // and parentheses): `n*2`, `hd//2`, `64`.
+          over int axes and integers (+ - * // and parentheses).
           DTYPE: bfloat16 (default for --in), float16, float32, int32, uint8, float8_e4m3fn
   --out   one output tensor, same form; DTYPE: float32 (default for --out), bfloat16, float16
 
-It creates stages/<ID>_<slug>/{__init__.py, sm90.py, sm100.py}: a `Kernel` whose `__init__`
-takes the axes and whose `__call__` takes the tensors in the declared order (inputs, then
-outputs, then stream), with a placeholder elementwise body (every output element i gets the
-first input's element i mod its size, converted); oracles/<id>.py with `tensors`,
-`make_inputs` (seeded, never zeros), `reference` (mirroring the placeholder, so the scaffold
-passes as it is) and `flops`; and appends the stage's block to stages.yaml (its other text
-kept; validated, and everything rolled back when it does not load).
-
-API: scaffold_stage(root, stage_id, axes, inputs, outputs, title=None, slug=None) -> Created;
-main(root, ...) -> int (prints one line on a problem, exit code 2).
-"""
+It creates stages/<ID>_<slug>/{__init__.py, sm90.py, sm100.py} (a `Kernel` with a placeholder
+elementwise body: output element i = the first input's element i mod its size), oracles/<id>.py
+(`tensors`, `make_inputs`, a `reference` mirroring the placeholder, `flops`), and appends the
+stage's block to stages.yaml (validated; everything rolled back when it does not load).
+main(root, ...) -> int (one line on a problem, exit code 2)."""
 
 from __future__ import annotations
 

@@ -98,8 +98,8 @@ class Tolerance:
     by: tuple[ToleranceBy, ...] = ()  # per axis value bounds (`by:`), laid over these in order by `at`
 
     def at(self, case: dict[str, Any]) -> Tolerance:
-        """The bounds that judge `case`: these, with the bounds of each `by` entry whose axis the
-        case has at its value laid over them (a later entry over an earlier one)."""
+        """The bounds that judge `case`: these, with each matching `by` entry's bounds laid over them (a
+                later entry over an earlier)."""
         t = replace(self, by=())
         for b in self.by:
             v = case.get(b.axis, _NONE)
@@ -125,14 +125,11 @@ PEAKS = ("bf16", "fp8")
 
 @dataclass(frozen=True)
 class BenchPlan:
-    """A stage's `bench:` block: the realistic shapes `dsv4-lab bench` times, apart from the test
-    matrix. `matrix` holds every stage axis (an axis the block leaves out takes the test matrix's
-    first value); numbers may lie outside the test matrix, booleans may not, and words only on the
-    axes `open_axes` names (shape names such as D2's b64s2h128n4096d512: the stage's tensors()
-    judge them when bench plans its shapes).  `more`: further matrices of the same kind whose
-    shapes are timed too (a union of products, e.g. other formats at fewer batches).  `beside`:
-    (axis, value) — each shape whose axis has another value is shown beside the shape that has
-    this value, timed in the same run (e.g. kv_format model1, the format the peers read)."""
+    """A stage's `bench:` block: the realistic shapes `dsv4-lab bench` times.  `matrix` holds every
+        stage axis (one left out takes the test matrix's first value); numbers may lie outside the
+        test matrix, booleans may not, words only on the axes `open_axes` names (shape names the
+        stage's tensors() judge).  `more`: further matrices of the same kind.  `beside`: (axis,
+        value) — a shape with another value is shown beside its twin with this one."""
 
     matrix: dict[str, list[Any]]
     peers: tuple[str, ...] = ()
@@ -295,8 +292,8 @@ def module_file(root: Path, module: str) -> Path | None:
 
 
 def _defines(path: Path, name: str) -> bool:
-    """Whether the module file binds `name` at its top level (def, class, assignment, import).
-    Raises SyntaxError (with the file's line) or ValueError for a file Python cannot parse."""
+    """Whether the module file binds `name` at top level; SyntaxError (with the line) or ValueError for
+        a file Python cannot parse."""
     source = path.read_bytes()
     if b"\0" in source:
         raise ValueError("contains a null byte")
@@ -591,10 +588,9 @@ def _bench_case(ctx: _Ctx, pairs: list[tuple[Node, Node]], key: str, matrix: dic
 
 def _bench_matrix(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]],
                   open_axes: set[str]) -> dict[str, list[Any]]:
-    """The bench shapes: each axis a stage axis; numbers of the axis's type (outside the test matrix
-    if need be, positive), words from the test matrix — or any word on an axis of `open_axes` (a
-    shape name such as D2's b64s2h128n4096d512, judged by the stage's tensors() when bench plans
-    its shapes) — and booleans from the test matrix. Axes left out: the first test value."""
+    """The bench shapes: each axis a stage axis; numbers of the axis's type (positive), words from the
+        test matrix or any on an `open_axes` axis, booleans from the test matrix.  Axes left out:
+        the first test value."""
     out: dict[str, list[Any]] = {}
     pairs = _mapping(ctx, node, key)
     if not pairs:
@@ -697,11 +693,9 @@ def _matrix(ctx: _Ctx, node: Node, key: str) -> dict[str, list[Any]]:
 
 
 def _more(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]]) -> tuple[dict[str, list[Any]], tuple]:
-    """A stage's `more:` — further test matrices beside `matrix` (a few cases per new axis value
-    rather than the full product): each a mapping of matrix axes to values, an axis left out
-    taking the matrix's first value.  Returns (the matrix with each axis's new values appended —
-    what filters and --flags take —, the cases: matrix's product first, then each further
-    product's cases not already listed)."""
+    """A stage's `more:` — further test matrices (axes left out take the matrix's first value).
+        Returns (the matrix with each axis's new values appended, the cases: the matrix's product,
+        then each further product's cases not already listed)."""
     if not isinstance(node, SequenceNode) or not node.value:
         raise ctx.fail(node, key, f"expected a list of matrices, got {_kind(node)} — e.g. [{{hd: [256]}}]")
     axes = list(matrix)
@@ -748,10 +742,9 @@ def _more(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]]) -> tupl
 
 def _axis_values(ctx: _Ctx, vnode: Node, ak: str, accept, scalar_ok: bool = False,
                  limit: int | None = None) -> list[Any]:
-    """One axis's values: a list (or, with scalar_ok, one value), not empty, at most `limit`
-    long; each a matrix value (_axis_value) that `accept(item, value)` lets through (it raises
-    the one-line error otherwise), none written twice — 1 and "1" print the same (one case label
-    for two cases) and 1, 1.0 and true compare equal (a filter would match both)."""
+    """One axis's values: a non-empty list (or, with scalar_ok, one value) of at most `limit`, each a
+        matrix value `accept` lets through, none twice (1 and "1" print alike; 1, 1.0, true compare
+        equal)."""
     if not isinstance(vnode, SequenceNode):
         if not scalar_ok:
             raise ctx.fail(vnode, ak, f"expected a list of values, got {_kind(vnode)} — e.g. [64, 128]")
@@ -823,9 +816,8 @@ def _holds_something(ctx: _Ctx, node: Node, key: str, vals: dict[str, float]) ->
 
 def _tolerance_by(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]],
                   base: dict[str, float]) -> tuple[ToleranceBy, ...]:
-    """An output's `by:` — axis -> {value: bounds}: the bounds that replace the output's own for
-    the cases with that value (each value one of the axis's in the matrix; the bounds so laid
-    over the output's must still hold something)."""
+    """An output's `by:` — axis -> {value: bounds} replacing the output's own for the cases with that
+        value (each value in the matrix; the result must still hold a bound)."""
     apairs = _mapping(ctx, node, key)
     if not apairs:
         raise ctx.fail(node, key, f"empty — name an axis, its value and the bounds there ({TOLERANCE_BY_EXAMPLE})")

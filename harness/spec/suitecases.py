@@ -1,11 +1,7 @@
-"""A suite stage's case list (stages.yaml `suite: {cases: MODULE:FUNCTION, criterion: …}`):
-the function is imported and called once when stages.yaml loads; it returns the stage cases
-(dicts, every one with the same keys in the same order: the kernel parameters and whatever
-else tells the suite's generator which upstream case it is).  The stage's matrix is then the
-values each key takes, in order of first appearance (so `--b 74` and `--where` filter a suite
-as they filter a matrix), and `expand` gives the listed cases instead of the product.
-
-Every problem is one line (the caller adds stages.yaml's file, line and key)."""
+"""A suite stage's case list (stages.yaml `suite: {cases: MODULE:FUNCTION, criterion: …}`): the
+function, called once when stages.yaml loads, returns the cases (dicts with the same keys in the
+same order).  The matrix is then each key's values in order of first appearance (so filters work
+as on a matrix), and `expand` gives the listed cases.  Every problem is one line."""
 
 from __future__ import annotations
 
@@ -114,10 +110,9 @@ def suite_modules(root: Path, name: str) -> list[Any]:
 
 
 def summary(module: Any, kernel_params: tuple[str, ...] = ()) -> dict[str, Any]:
-    """{'upstream', 'stage', 'total', 'supported', 'shapes', 'reasons': {reason: cases}} of one
-    suite module: every upstream case, the ones the stage takes, the kernels they compile (distinct
-    `kernel_params` values and tensor shapes) and, per reason, the cases it keeps out (a case may
-    have several reasons)."""
+    """{'upstream', 'stage', 'total', 'supported', 'shapes', 'reasons': {reason: cases}} of a suite
+        module: every upstream case, the ones the stage takes, the kernels they compile, and the
+        cases kept out per reason."""
     cases = module.upstream()
     reasons: dict[str, int] = {}
     supported = 0

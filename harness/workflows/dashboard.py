@@ -1,12 +1,9 @@
 """`dsv4-lab dashboard`: where every stage stands, stages × arch, on one screen.
 
-One line per stage and arch: where it ran (GPU and host; or compiled, not run, or a compile
-error), cases whose newest result passed / cases in the matrix, worst cosine, delta to baseline,
-median µs of the benched case, the roofline, registers / spills / shared memory, and a stale
-marker with the age of the newest result. Columns that do not fit the terminal are left out (and
-named), never cut. Built from records alone (no torch, no CuTeDSL). Readable without colour:
-every state has a glyph and a word.
-"""
+One line per stage and arch: where it ran, cases passed / in the matrix, worst cosine, delta to
+baseline, median µs, roofline, registers / spills / shared memory, staleness and age.  Columns
+that do not fit are left out (and named), never cut.  From records alone (no torch, no CuTeDSL);
+every state has a glyph and a word."""
 
 from __future__ import annotations
 
@@ -163,11 +160,9 @@ def cell(spec: Spec, stage: Stage, arch: str, records: list[Record], baselines: 
 
 
 def speed_text(benched: list[Record], speed: list, src: str) -> str:
-    """The newest timed bench record of each speed-baselined shape against its speed baseline,
-    as Δ % (`+2.1%`, or `-3.0…+1.2%` over the shapes; + is slower), compared only on the
-    baseline's GPU model; `⚠` when the source changed since the baseline or the record (the Δ no
-    longer describes the tree's kernel: `gate --speed` re-times it). A Δ between two runs is not
-    a verdict: only an interleaved A/B is (harness/execution/abtest.py)."""
+    """The newest timed bench record of each speed-baselined shape against its baseline as Δ %
+        (`+2.1%`, or `-3.0…+1.2%` over the shapes; + is slower), on the baseline's GPU model only;
+        `⚠` when the source changed since.  A Δ is not a verdict: only an interleaved A/B is."""
     newest = newest_by_case(benched, lambda r: r.status == "pass" and bool(r.timing))
     deltas, stale = [], False
     for b in speed:
@@ -184,9 +179,8 @@ def speed_text(benched: list[Record], speed: list, src: str) -> str:
 
 
 def roofline_text(benched: list[Record], src: str, compact: bool = False) -> str:
-    """The newest timed bench record of each bench shape as a fraction of the roofline:
-    `62%` or `48–71%` over the shapes, `stale` when the source changed since (`compact`: no
-    count of shapes, `⚠` for stale)."""
+    """The newest timed bench records as a fraction of the roofline: `62%` or `48–71%`, `stale` when the
+        source changed (`compact`: no count, `⚠` for stale)."""
     newest = newest_by_case(benched, lambda r: r.status == "pass" and bool(r.timing))
     if not newest:
         return "—"

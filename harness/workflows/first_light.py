@@ -1,15 +1,10 @@
-"""`dsv4-lab run --first-light --target NAME`: the first B200 session's plan (issue 34 item 6).
+"""`dsv4-lab run --first-light --target NAME`: the first B200 session's plan.
 
-The sm100 kernels have only been compiled (and, with `run --prepare`, taken up to the launch on
-an H100).  The first run on a Blackwell GPU goes case by case, in an order that localises a
-problem fastest, with `--debug-hangs` on (a hang names its role, pipeline, slot and phase), and
-stops at the first case that does not pass — printing what to look at next for that kind of
-failure.  A step that did not run on an sm_100 device (a target without one records `compiled`)
-is a failure too: first light never exits 0 without every step's `pass`.
-
-The plan (PLAN) names real cases of stages.yaml's matrices; `plan_cases` resolves them and
-refuses a label the matrix no longer has (tests/test_first_light.py keeps it so).
-"""
+The sm100 kernels have only been compiled (and prepared on an H100).  The first Blackwell run
+goes case by case in an order that localises a problem fastest, with `--debug-hangs` on, and
+stops at the first case that does not pass, printing what to look at next.  A step that did not
+run on an sm_100 device is a failure too: first light never exits 0 without every step's `pass`.
+`plan_cases` resolves PLAN's cases and refuses a label the matrix no longer has."""
 
 from __future__ import annotations
 
@@ -138,10 +133,8 @@ def newest_status(root, stage: Stage, case: Case, since: str) -> tuple[str, str 
 
 
 def run_plan(spec: Spec, run_step: Callable[[Stage, Case, list[str]], int], *, say=print) -> int:
-    """Run the plan's steps in order with `run_step(stage, case, argv)` (which runs one case and
-    writes its record), stopping at the first step that does not pass; a hang of a step with a
-    follow-up runs the follow-up to localise it (the plan still stops).  Returns 0 only when every
-    step passed."""
+    """Run the plan's steps with `run_step(stage, case, argv)`, stopping at the first that does not
+        pass (a hang with a follow-up runs the follow-up first).  0 only when every step passed."""
     from harness.notebook.records import now_iso
 
     steps = plan_cases(spec)
@@ -170,8 +163,8 @@ def run_plan(spec: Spec, run_step: Callable[[Stage, Case, list[str]], int], *, s
 
 
 def first_light(spec: Spec, target: str | None) -> int:
-    """The command: on `target` (a targets.yaml name, or local), run the plan.  Local without an
-    sm_100 device (this machine): say so and exit 1 — nothing is run, nothing proved."""
+    """The command: on `target` (a targets.yaml name, or local) run the plan; local without an sm_100
+        device: say so, exit 1."""
     if not target or target == "local":
         ok, have = has_local_sm100()
         if not ok:

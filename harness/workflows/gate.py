@@ -1,22 +1,17 @@
-"""The regression gate: every baselined case must still hold on the current tree.
+"""The regression gate: every baselined case must still hold on the current tree (README: Gate).
 
-For each baselined case the gate takes the newest record whose source hash matches the
-current tree's. Fresh -> compared with the baseline (run: its metrics, any status but `pass`
-and any non-finite or missing metric a regression; compile-only, an arch no device here runs:
-what compiling proves, harness/notebook/baselines.py — more shared memory or a changed barrier
-count is reported as a change, not failed). Not fresh -> compile-only cases are
-recompiled here (on the CPU, recorded as `dsv4-lab compile` records); run cases are run here
-when this machine can run their arch, proven on the proof target (`gate --target NAME`, or
-`proof_target:` in the user's targets file; through the remote run path, then judged again), or
-the gate fails with one line naming the stale stages and the command. The proven small cases
-(the smallest hd) are checked first, stopping at the first regression among them. `--staged`
-(the pre-commit hook) judges what the git index holds (harness/notebook/staged.py). The user's
-view of all this: README.md, "Gate".
+For each baselined case the gate takes the newest record whose source hash is the tree's.
+Fresh -> compared with the baseline (run: any status but `pass`, any non-finite or missing
+metric, a metric past tolerance is a regression; compile-only: what compiling proves,
+notebook/baselines.py — more shared memory or a changed barrier count is a change, not a
+failure). Not fresh -> compile-only cases are recompiled here (recorded as `dsv4-lab compile`
+records); run cases are run here when this machine runs their arch, proven on the proof target
+(`gate --target NAME` or `proof_target:`), or the gate fails with one line naming the stale
+stages and the command. The smallest cases are checked first, stopping at their first
+regression. `--staged` (the pre-commit hook) judges the git index (notebook/staged.py).
 
-With no stage source changed, the gate decides from records alone: it imports neither
-torch nor CuTeDSL. Exit codes: 0 pass, 1 regression or stale, 2 bad usage or config (a bad
-baselines file is one line, never a pass).
-"""
+With no stage source changed it decides from records alone (no torch, no CuTeDSL). Exit codes:
+0 pass, 1 regression or stale, 2 bad usage or config (a bad baselines file never passes)."""
 
 from __future__ import annotations
 
@@ -84,8 +79,8 @@ def compare(b: Baseline, rec: Record) -> list[Finding]:
 
 
 def regs_limit(b: Baseline) -> float:
-    """The most registers a compile-only case may use: the baseline plus the margin
-    (harness.notebook.baselines.REGS_MARGIN registers or REGS_MARGIN_REL of it, whichever is larger)."""
+    """The most registers a compile-only case may use: the baseline plus REGS_MARGIN or REGS_MARGIN_REL
+        of it, the larger."""
     base = (b.compile or {}).get("regs", 0)
     return base + max(b.tolerance.get("regs", 0), math.ceil(base * b.tolerance.get("regs_rel", 0)))
 
@@ -124,9 +119,8 @@ def compare_compile(b: Baseline, rec: Record) -> list[Finding]:
 
 
 class _Lookup:
-    """The matrix's cases by label, and the records by (stage, arch, case): built once. A
-    record's case is keyed by its items in order (records hold the case in axis order, as the
-    matrix builds it), which is cheaper than building 10,000 labels."""
+    """The matrix's cases by label and the records by (stage, arch, case), built once; a record's
+        case keyed by its items in order (cheaper than 10,000 labels)."""
 
     def __init__(self, spec: Spec, records: list[Record], stages: set[str]):
         from harness.spec.matrix import expand
@@ -151,11 +145,9 @@ class _Lookup:
 
 def newest_records(root: Path, items: list[Baseline], src: dict[tuple[str, str], str | None],
                    warn: list[str]) -> list[Record]:
-    """The records the gate needs, oldest first: each stage's file is read from its newest
-    line back, only until every baselined case of it has its newest fresh result (a case
-    without one reads the whole file). With nothing changed that is a few hundred lines of
-    however many thousand the notebook holds. Lines are checked as `read_records` checks
-    them; a bad one met on the way is skipped with a file:line warning."""
+    """The records the gate needs, oldest first: each stage's file read from its newest line back
+        until every baselined case has its newest fresh result (a case without one reads it all).
+        Lines checked as `read_records` checks them; a bad one skipped with a file:line warning."""
     from harness.notebook.records import newest_fresh_in_file, stage_file
 
     out: list[Record] = []
@@ -278,8 +270,7 @@ def _compile_line(done) -> str:
 
 
 def _progress(total: int, line_of):
-    """A line per finished case on stderr, numbered against the total: a gate that re-proves
-    or recompiles hundreds of stale cases shows where it is (its verdict stays on stdout)."""
+    """A numbered line per finished case on stderr (the verdict stays on stdout)."""
     from rich.console import Console
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -294,9 +285,8 @@ def _progress(total: int, line_of):
 
 
 def main(root: Path, allow_run: bool = True, out=None, target: str | None = None, staged: bool = False) -> int:
-    """The gate. `target`: where stale run cases are proven — a target name (`a,b` splits),
-    `local` for this machine only, None for the user's `proof_target` if one is set.
-    `staged`: judge what the git index holds, not the working tree (harness/notebook/staged.py)."""
+    """The gate. `target`: where stale run cases are proven — a target name (`a,b` splits), `local`,
+        or None for the user's `proof_target`.  `staged`: judge the git index (notebook/staged.py)."""
     out = out or sys.stdout
     if not staged:
         return _judge(root, root, allow_run, out, target)
@@ -395,9 +385,8 @@ def _proof(lab: Path, target: str | None) -> str | None:
 
 
 def _prove_on_target(spec: Spec, target: str, stale: list[Finding], snap) -> int:
-    """Run the stale cases on `target` through the remote run path (`run --target`: records
-    stream back signed and are written here as they arrive), one run per stage and arch, each
-    selecting its stale cases with --where. Returns the worst exit code."""
+    """Run the stale cases on `target` through `run --target` (records written here as they arrive),
+        one run per stage and arch selecting them with --where.  Returns the worst exit code."""
     from harness.spec.matrix import expand, parse_filters, parse_where
     from harness.remote.remote_run import run_remote
 
@@ -420,8 +409,8 @@ def _prove_on_target(spec: Spec, target: str, stale: list[Finding], snap) -> int
 
 def _stale_hint(lab: Path, spec: Spec, stale: list[Finding], records: list[Record], src, proof: str | None,
                 remote_rc: int, runnable: set[str] | None, allow_run: bool) -> tuple[str, str]:
-    """What the stale line says before and after its commands: how to prove what this machine
-    cannot run (on a target), or what the proof target said (one line either way)."""
+    """What the stale line says around its commands: how to prove what this machine cannot run, or
+        what the proof target said."""
     runs = [f for f in stale if f.baseline.kind == "run"]
     if not runs:
         return "", ""
@@ -528,9 +517,8 @@ HOOK_MARK = "# dsv4-lab gate hook"
 
 
 def hook_text(python: str | None = None, code_root: Path | None = None, prefix: str = "") -> str:
-    """The pre-commit hook: the lab run with the absolute interpreter it was installed from
-    (a venv need not be on PATH or activated), its code root on PYTHONPATH, in this
-    repository's lab folder (`prefix`: the lab root relative to the repository's top)."""
+    """The pre-commit hook: the lab run with the absolute interpreter it was installed from, its code
+        root on PYTHONPATH, in the repository's lab folder (`prefix`, relative to the top)."""
     python = python or sys.executable
     code_root = code_root or Path(__file__).resolve().parents[2]  # harness/workflows/gate.py -> the code root
     return f"""#!/bin/sh

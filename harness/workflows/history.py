@@ -86,8 +86,8 @@ def main(spec, stage, archs: list[str] | None, cases) -> int:
 
 def speed(spec, stage, archs: list[str] | None, cases: list[dict]) -> int:
     """`history STAGE --speed`: each bench shape's timed records across commits, oldest first — µs,
-    spread, the GPU, Δ against the speed baseline (on its GPU model only) and an A/B verdict where
-    the record is a `bench --compare` — with a trend line of the µs."""
+        spread, GPU, Δ against the speed baseline (its GPU model only), an A/B verdict for a
+        `bench --compare` record — with a trend line."""
     from harness.notebook.speedbaselines import find, load
 
     console = make_console()

@@ -1,22 +1,14 @@
 """`dsv4-lab gate --speed`: no baselined bench shape may have become slower.
 
-For every speed baseline (results/speed_baselines.yaml.xz, harness/notebook/speedbaselines.py):
-  * its source unchanged (the record's source hash is the tree's): it holds — the kernel that was
-    timed is the kernel there is;
-  * its source changed: the shape is re-timed by A/B against the baseline's commit, in one
-    process, interleaved (`bench --compare COMMIT`, harness/execution/abbench.py) — never by
-    comparing a new number with the stored one (another day, other clocks). It fails when the
-    verdict is "slower": the tree's median above the commit's by more than the stage's
-    `bench: {speed_tolerance: …}` (default 3 %) with the 95 % interval excluding no change.
+For every speed baseline (notebook/speedbaselines.py): source unchanged -> it holds; source
+changed -> the shape is re-timed by A/B against the baseline's commit, interleaved (`bench
+--compare COMMIT`, abbench.py), never against the stored number; it fails on the verdict
+"slower" (the stage's `speed_tolerance`, default 3 %, and the 95 % interval).
 
-It runs only where a GPU of the baseline's model (name) runs the arch; anywhere else it says so in
-one line and exits 1 (a speed gate that timed nothing never passes). A baseline without a commit,
-or with a shape no longer in the bench block, cannot be re-timed: a failure, named.
-
-`gate --speed --target NAME` (`main_remote`): the same gate on an SSH target's GPU
-(harness/remote/remote_speedgate.py; `main_emitting` there; docs/BENCH.md, "The speed gate on a
-target", its steps and exit codes).
-"""
+It runs only where a GPU of the baseline's model runs the arch; elsewhere one line, exit 1. A
+baseline without a commit, or whose shape left the bench block, is a failure, named.
+`gate --speed --target NAME` (`main_remote`): on an SSH target's GPU (remote_speedgate.py;
+docs/BENCH.md, "The speed gate on a target")."""
 
 from __future__ import annotations
 
@@ -39,8 +31,8 @@ class Plan:
 
 
 def plan(spec, items: list[SpeedBaseline]) -> Plan:
-    """Which speed baselines still describe the tree's kernel (source unchanged) and which must be
-    re-timed (a baseline of a stage or arch the spec no longer has counts as changed)."""
+    """Which speed baselines still describe the tree's kernel and which must be re-timed (an unknown
+        stage or arch counts as changed)."""
     from harness.spec.identity import source_hash
 
     unchanged, changed = [], []
@@ -55,9 +47,8 @@ def plan(spec, items: list[SpeedBaseline]) -> Plan:
 
 
 def verdicts(records: list[Any], wanted: list[SpeedBaseline]) -> tuple[list[str], list[str]]:
-    """(regressions, unproven) from the records `bench --compare` wrote for `wanted`: a shape whose
-    verdict is slower is a regression; one with no verdict (failed check, crash, not timed, never
-    written) is unproven."""
+    """(regressions, unproven) from `bench --compare`'s records for `wanted`: verdict slower is a
+        regression; none (failed, crash, untimed, unwritten) is unproven."""
     by_label = {case_label(r.case): r for r in records}
     slower, unproven = [], []
     for b in wanted:
@@ -76,9 +67,8 @@ Group = tuple[Any, list[dict], list[SpeedBaseline]]  # a stage, its bench shapes
 
 
 def retimable(spec, bs: list[SpeedBaseline]) -> tuple[dict[tuple[str, str], Group], list[str]]:
-    """The baselines of `bs` that can be re-timed, by (stage, commit): (the stage, the bench
-    shapes, their baselines, in the same order); and an UNPROVEN line for each that cannot (no
-    commit, a commit that is not that kernel, a shape no longer in the bench block)."""
+    """The baselines that can be re-timed, by (stage, commit): (stage, shapes, baselines); and an
+        UNPROVEN line for each that cannot (no commit, not that kernel, a shape gone)."""
     from harness.execution.bench import plan_cases
 
     unproven: list[str] = []
@@ -102,9 +92,8 @@ def retimable(spec, bs: list[SpeedBaseline]) -> tuple[dict[tuple[str, str], Grou
 
 
 def _settled(items: list[SpeedBaseline], p: Plan | None, out, where: str = "") -> int | None:
-    """The gate's answer when nothing needs re-timing — 1 with no speed baselines (nothing is
-    guarded), 0 when every baselined kernel's source is unchanged — said in one line; None when
-    some must be re-timed (here or on a target)."""
+    """The answer when nothing needs re-timing — 1 with no speed baselines, 0 when every source is
+        unchanged — in one line; None when some must be re-timed."""
     if not items or p is None:
         print("gate --speed: no speed baselines — nothing is guarded (dsv4-lab bench STAGE on the GPU machine, then "
               "dsv4-lab baseline accept STAGE --speed)", file=out)
@@ -116,9 +105,9 @@ def _settled(items: list[SpeedBaseline], p: Plan | None, out, where: str = "") -
 
 
 def main(root: Path, gpu: int = 0, out=None, revs: dict[str, Path] | None = None, log: Any = None) -> int:
-    """0 when every speed baseline holds (unchanged, or re-timed and not slower); 1 otherwise.
-    `revs` (the far side of `--target`): full sha -> that commit's tree, shipped (no git here);
-    `log`: the session every compare record goes to (the record channel) instead of a run each."""
+    """0 when every speed baseline holds (unchanged, or re-timed and not slower); 1 otherwise.  `revs`
+        (the far side of `--target`): sha -> that commit's shipped tree; `log`: the session every
+        compare record goes to."""
     from harness.core.environment import gpu_capabilities
     from harness.execution import abbench
     from harness.execution.bench import BenchError
@@ -181,10 +170,9 @@ def main(root: Path, gpu: int = 0, out=None, revs: dict[str, Path] | None = None
 
 
 def main_emitting(root: Path, gpu: int, shas: list[str]) -> int:
-    """The far side of `gate --speed --target NAME` (`gate --speed --emit-jsonl --rev-tree SHA …`,
-    started by harness/remote/remote_side.py, whose channel is open): the gate over the trees
-    shipped under REV_DIR, every compare record sent on the channel (none written in this copy),
-    then an end event with the gate's lines. A stop (the link gone: SIGHUP) ends it interrupted."""
+    """The far side of `gate --speed --target NAME` (started by remote_side.py, its channel open): the
+        gate over the trees shipped under REV_DIR, every compare record sent on the channel, then an
+        end event with the gate's lines.  SIGHUP (the link gone) ends it interrupted."""
     from harness.core.labels import printable
     from harness.notebook.records import new_run_id
     from harness.remote.channel import ChannelError, open_sender
@@ -223,10 +211,10 @@ def main_emitting(root: Path, gpu: int, shas: list[str]) -> int:
 
 
 def main_remote(root: Path, target: str, out=None, sync_method: str | None = None) -> int:
-    """`gate --speed --target NAME`: plan here; nothing changed, no connection; else take each
-    needed commit's tree, run the gate on the target, write its records here, print its lines.
-    0 only when the remote gate passed and its records prove it; 3 for a failed link; the
-    remote gate's code (1) otherwise. TargetError (one line) for a bad target."""
+    """`gate --speed --target NAME`: plan here (nothing changed: no connection), else ship each needed
+        commit's tree, run the gate there, write its records here, print its lines.  0 only when the
+        remote gate passed and its records prove it; 3 for a failed link; else 1.  TargetError for a
+        bad target."""
     from harness.execution.abbench import take_tree
     from harness.execution.bench import BenchError
     from harness.execution.compilediff import _git

@@ -5,14 +5,12 @@ A suite module defines:
     UPSTREAM        "owner/repo@commit path" of every file its cases come from
     STAGE           the stage id its cases run on (stages.yaml names the suite stage)
     upstream()      every upstream case (a frozen dataclass each, upstream's order and count)
-    reasons(u)      why upstream case `u` cannot run on the stage today ([] when it can): each
-                    reason comes from the module's LIMITS table, so a kernel that grows an option
-                    makes its cases supported by editing that table
-    cases()         the supported cases as stage cases (dicts: the stage's kernel parameters and
-                    `id`, the upstream case's index) — what a suite stage's `suite.cases` names
+    reasons(u)      why upstream case `u` cannot run on the stage today ([] when it can), from
+                    the module's LIMITS table (a kernel growing an option edits that table)
+    cases()         the supported cases as stage cases (kernel parameters and `id`, the upstream
+                    index): what a suite stage's `suite.cases` names
     tensors / make_inputs / reference / criterion
-                    the stage contract's functions for a suite case (criterion: the upstream
-                    pass rule, a verdict per output)
+                    the stage contract for a suite case (criterion: upstream's pass rule)
 """
 
 from __future__ import annotations

@@ -185,9 +185,8 @@ def flops(case: dict[str, Any]) -> float:
 
 
 def _logits(q, k, w, ks, ke):
-    """float64 logits of q [rows, h, d], k [keys, d], w [rows, h] over [ks, ke): on a GPU the
-    fused kernel (oracles/mqa_fused.py: no [rows, h, keys] score block in memory), on a CPU oracles/indexer.py `mqa_logits` (the same math;
-    tests/test_mqa_fused.py holds the two equal)."""
+    """float64 logits over [ks, ke): on a GPU the fused kernel (mqa_fused.py), on a CPU
+        indexer.mqa_logits (held equal by tests/test_mqa_fused.py)."""
     import torch
 
     from oracles import indexer

@@ -13,11 +13,9 @@ The generators (`make_inputs`, seeded by the case's index; `--seed` does not cha
     weights [b·next_n, h] N(0, 1) fp32
     context_lens [b]      U[0.7·avg, 1.3·avg) (drawn from the case index, so the shapes are a pure
                           function of the case)
-    block_table           54e2261: ⌈ctx/64⌉ blocks a sequence from a permutation of exactly the
-                          blocks in use, zeros after; 80ceeb2: from a shuffled pool of 333000
-                          blocks, zeros after — its table narrowed here to the logits' width
-                          (⌈111000/64⌉ = 1735 blocks; upstream's wider table is never read past
-                          that) and its logits to 1735 · 64 = 111040 columns (the 40 extra are −inf)
+    block_table           54e2261: ⌈ctx/64⌉ blocks a sequence from a permutation of the blocks in
+                          use, zeros after; 80ceeb2: from a shuffled pool of 333000 blocks, the
+                          table narrowed to the logits' 1735 blocks (111040 columns, 40 −inf)
     kv_cache              N(0, 1) bf16 per token, sf = max(amax, 1e-4) / 448, e4m3(kv · (1 / sf)),
                           fused as [blocks, 64, 1, 132]: 64·128 value bytes, then 64 fp32 scales
     2-D context lengths (@54e2261, `token_lens`): [b, next_n], the last token's the sequence's

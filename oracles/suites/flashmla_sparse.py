@@ -1,9 +1,8 @@
 """FlashMLA's sparse-decoding test, ported (read, not copied) against stage E.
 
-Upstream: deepseek-ai/FlashMLA@9241ae3 tests/test_flash_mla_sparse_decoding.py (`gen_testcase`: the
-case list), tests/lib.py (`generate_testcase_for_decode`: the generators), tests/quant.py (the
-MODEL1 quantiser, ported before as oracles/kvcache.py's `model1` writer and reused here),
-tests/ref.py (`ref_sparse_attn_decode`) and tests/kernelkit/compare.py (the pass rule).
+Upstream: deepseek-ai/FlashMLA@9241ae3 tests/test_flash_mla_sparse_decoding.py (`gen_testcase`),
+tests/lib.py (`generate_testcase_for_decode`), tests/quant.py (MODEL1: oracles/kvcache.py's
+writer), tests/ref.py (`ref_sparse_attn_decode`), tests/kernelkit/compare.py (the pass rule).
 
 The case list (`upstream`, upstream's order): correctness cases (d_qk 576 and 512; with and
 without the extra branch, topk lengths, extra topk lengths; h_q 64/128; eight (s_k, topk, block)
@@ -11,15 +10,13 @@ triples per branch; b 4/74/321; s_q 1/3; b 74 also not varlen), corner cases (al
 invalid / zero-length sequences / sink on or off; two triples), and the performance cases
 (V3.2 and MODEL1 CONFIG1–4 at their batch sizes, topk 16384 peak cases) — every one checked.
 
-The generators (`make_inputs`, per upstream case, seeded by the case's index — upstream seeds
-each case from a counter; `--seed` does not change a suite's inputs):
+The generators (`make_inputs`, seeded by the case's index; `--seed` does not change them):
     q       N(0, 1) in bf16, clamped to [−1, 1]                          [b, s_q, h_q, 512]
     sink    N(0, 1) per head; a second N(0, 1) draw > 0.5 makes it +inf, < −0.5 −inf (sink on;
             off: −inf everywhere, E's "no sink")
     per branch (main, extra):
-      seqlen   s_k, or varlen: max(N(s_k, s_k/2), s_q) — clamped here at 2·s_k (the cache is
-               sized for 2·s_k tokens a sequence, a pure function of the case; upstream sizes it
-               by the longest draw); zero-length cases: N(0, 1) > 0 → 0
+      seqlen   s_k, or varlen: max(N(s_k, s_k/2), s_q), clamped here at 2·s_k (the cache is
+               sized for it); zero-length cases: N(0, 1) > 0 → 0
       blocks   a random permutation of b·P physical blocks, P = ⌈2·s_k / (4·block)⌉·4 per sequence
       indices  per (sequence, token): topk distinct positions in [0, seqlen) in random order, −1
                after them when seqlen < topk; all −1 in the all-invalid cases; then block_table
@@ -28,10 +25,9 @@ each case from a counter; `--seed` does not change a suite's inputs):
       values   N(0, 1) bf16 / 10 clamped to [−1, 1] for every token a valid entry reads,
                quantised to MODEL1 (oracles/kvcache.py: e8m0 tile scales, bf16 rope); every
                other token is NaN (upstream: NaN before quantising; here 0xFF bytes)
-    softmax_scale  upstream's d_qk^−0.55 (512^−0.55), passed as stage E's `softmax_scale` input (fp32,
-            as upstream's kernels take it); Q is upstream's, unscaled.
-The reference: oracles/sparse_decode.py's float64 `reference` on the same bytes and scale (upstream: fp32
-from the dequantised bf16 cache; same masking, sink factor, lonely rows O = 0 and LSE = +inf).
+    softmax_scale  upstream's d_qk^−0.55 (512^−0.55), stage E's `softmax_scale` input; Q unscaled.
+The reference: sparse_decode.py's float64 `reference` on the same bytes and scale (upstream: fp32
+from the dequantised bf16 cache; the same masking, sink and lonely rows).
 The pass rule (`criterion`, upstream's tolerances): O (bf16, the reference rounded to bf16 as
 upstream compares) allclose abs 1e-3, rel 2.01/128, cos_diff 5e-6; LSE allclose abs 1e-6,
 rel 8.01/65536, cos_diff 1e-7 (kernelkit's default); +inf/−inf/NaN positions exactly.
@@ -313,9 +309,8 @@ BATCH_INPUTS = ("Q", "idx", "topk_length", "idx_extra", "extra_length")  # [b, �
 
 
 def reference(inputs: dict, case: dict[str, Any]) -> dict:
-    """float64 O and LSE: stage E's reference on the same bytes and softmax scale, in batch chunks
-    whose gathered float64 keys stay under REFERENCE_KV_BYTES (upstream's b 148 × topk 16384 cases
-    gather 20 GB of them at once: out of memory on an H200); no sequence's rows depend on another's."""
+    """float64 O and LSE: stage E's reference on the same bytes and scale, in batch chunks under
+        REFERENCE_KV_BYTES of gathered keys (the b 148 × topk 16384 cases would need 20 GB)."""
     import torch
 
     from oracles import sparse_decode as sd

@@ -4,37 +4,14 @@ Math
     S[i, j] = Σ_d Q[i, d] · K[j, d]        i < m = 128, j < n, d < hd
     bf16 inputs, fp32 accumulation, fp32 output, no scale.
 
-Tiling
-    A single CTA of 128 threads (4 warps) computes the whole 128 × n block of
-    S with one UMMA tile M = 128, N = n (128 or 256).  The head dimension is
-    cut into K-blocks of 64 bf16 (128 bytes, one 128-byte swizzle row):
-    hd / 64 ∈ {1, 2, 4, 8} K-blocks, each run as four tcgen05.mma of K = 16.
-
-    Warp 0 is both the TMA producer and the MMA issuer.  Per K-block it loads
-    Q (128 × 64) and K (n × 64), both K-major, into one of `stages` shared
-    slots; a full mbarrier with a transaction count marks them landed; after
-    the MMAs of that K-block, tcgen05.commit arrives on the slot's empty
-    barrier when the tensor core has finished reading it, so the slot can be
-    refilled with K-block + stages.
-
-    The fp32 accumulator lives in tensor memory: 128 lanes (rows) × n columns,
-    allocated by warp 0 and freed by warp 0 at the end.  When the last MMA
-    completes, a second tcgen05.commit arrives on the accumulator barrier
-    (PipelineUmmaAsync; its consumer side counts all 128 threads).
-
-    Epilogue: warp w owns TMEM lanes 32w … 32w + 31 (= rows of S).  Each
-    thread reads its row in chunks of 32 columns with tcgen05.ld.32x32b.x32
-    and stores the 32 fp32 straight to global memory.
-
-kernel() sets up (shared memory, the operand and accumulator pipelines, TMEM on the
-named barriers TMEM_ALLOC / TMEM_FREE of stages/common/barriers.py) and hands warp 0 to `mainloop`
-(TMA + MMA) and all four warps to `epilogue`.
-
-Ordering: tcgen05.fence::after_thread_sync after the accumulator wait,
-tcgen05.wait::ld before the loaded registers are stored, and a
-before/after_thread_sync fence pair around the barrier that precedes the
-TMEM dealloc.
-"""
+Tiling: one CTA of 128 threads, one UMMA tile M = 128, N = n; hd in K-blocks of 64 bf16 (one
+128-byte swizzle row), each four tcgen05.mma of K = 16.  Warp 0 is TMA producer and MMA issuer:
+per K-block Q and K (K-major) into one of `stages` slots (a transaction-counted full barrier),
+released by tcgen05.commit after the K-block's MMAs.  The fp32 accumulator lives in TMEM (128 ×
+n, warp 0 allocates and frees); a commit after the last MMA arrives on the accumulator barrier
+(128 consumer threads).  Epilogue: each thread reads its TMEM row 32 columns a
+tcgen05.ld.32x32b.x32 and stores it.  Ordering: fence::after_thread_sync after the accumulator
+wait, wait::ld before the stores, a before/after_thread_sync pair around the dealloc barrier."""
 
 import cuda.bindings.driver as cuda
 
@@ -59,13 +36,8 @@ from stages.common.tma import prefetch_descriptors, sm100_tma_load, tma_partitio
 
 
 class Kernel:
-    """S[m, n] (fp32) = Q[m, hd] (bf16) · K[n, hd]ᵀ (bf16) on Blackwell tensor cores.
-
-    tcgen05.mma (SMEM × SMEM → TMEM) fed by TMA through an mbarrier pipeline;
-    epilogue TMEM → registers (tcgen05.ld) → global.
-    Limits: m == 128, n ∈ {128, 256}, hd ∈ {64, 128, 256, 512}; all tensors
-    row-major, 16-byte aligned, static shapes.
-    """
+    """S[m, n] (fp32) = Q[m, hd] · K[n, hd]ᵀ (bf16) with tcgen05.mma, TMA and TMEM.
+        Limits: m == 128, n ∈ {128, 256}, hd ∈ {64, 128, 256, 512}; row-major, 16-byte aligned."""
 
     BLOCK_K = 64  # head-dim elements per K-block (128 bytes of bf16)
     MMA_K = 16  # K of one bf16 tcgen05.mma

@@ -10,16 +10,10 @@ Tiling
     into K-blocks of 64 bf16 (128 bytes = one 128-byte swizzle row), so there
     are hd / 64 ∈ {1, 2, 4, 8} K-blocks.
 
-    Per K-block, one elected thread issues two TMA loads (Q block 128 × 64 and
-    K block 128 × 64, both K-major) into one of `stages` shared-memory slots;
-    an mbarrier with a transaction count tells the consumers when the bytes
-    have landed.  Two warpgroups (256 threads) each own 64 rows of the tile
-    and run wgmma.m64n128k16 four times per K-block (64 / 16), accumulating in
-    registers (64 fp32 per thread).  After each K-block the slot is released
-    so the producer can refill it with K-block + stages.
-
-    Epilogue: each thread stores its accumulator fragment straight to global
-    memory (pairs of adjacent fp32 columns), which covers the whole tile.
+    Per K-block one elected thread TMA-loads Q and K blocks (128 × 64, K-major) into one of
+    `stages` slots (an mbarrier with a transaction count); two warpgroups each own 64 rows and
+    run wgmma.m64n128k16 four times a K-block into 64 fp32 registers; the slot is then
+    released.  Epilogue: each thread stores its fragment straight to global memory.
 """
 
 import cuda.bindings.driver as cuda
@@ -38,12 +32,8 @@ from stages.common.tma import prefetch_descriptors, sm90_tma_load
 
 
 class Kernel:
-    """S[m, n] (fp32) = Q[m, hd] (bf16) · K[n, hd]ᵀ (bf16) on Hopper tensor cores.
-
-    WGMMA (SMEM × SMEM → registers) fed by TMA through an mbarrier pipeline.
-    Limits: m == 128, n ∈ {128, 256}, hd ∈ {64, 128, 256, 512}; all tensors
-    row-major, 16-byte aligned, static shapes.
-    """
+    """S[m, n] (fp32) = Q[m, hd] · K[n, hd]ᵀ (bf16) with WGMMA and TMA.
+        Limits: m == 128, n ∈ {128, 256}, hd ∈ {64, 128, 256, 512}; row-major, 16-byte aligned."""
 
     BLOCK_M = 128  # query rows per CTA (two warpgroups × 64)
     BLOCK_N = 128  # keys per CTA

@@ -1,78 +1,22 @@
 """Stage B on Blackwell (sm_100a): O = bf16(Q·Kᵀ)·V with P kept on chip (TMEM-P).
-
-Compiled for sm_100a and inspected (PTX inventory, ptxas) only: it has never
-run on a Blackwell GPU.  Do not call it verified.
+Compiled and inspected (PTX inventory, ptxas) only, never run on a Blackwell GPU: not verified.
 
 Math
     S_j = Q · K_jᵀ                  fp32, K_j = rows [128 j, 128 j + 128) of K
     P_j = bf16(S_j)                 identity softmax: no scale, no max, no sum
     O   = bf16( Σ_j P_j · V_j )     fp32 accumulation over the n / 128 KV tiles
     Q [m, hd], K [n, hd], V [n, hd], O [m, hd]: bf16, row-major.  m = 128,
-    hd = 64, n a multiple of 128 (the stage runs n ∈ {128, 256}).
+    hd = 64, n a multiple of 128.
 
-Units and data flow (one CTA, 192 threads, warp-specialised)
-    warp 5      TMA producer: Q once, then K_j and V_j into 2-slot rings.
-                V is loaded from V (never from K, even when they alias).
-    warp 4      MMA issuer: per KV tile, S = Q·K_jᵀ (tcgen05.mma, SMEM × SMEM
-                → TMEM), then, once P_j is in TMEM, O += P_j·V_j (tcgen05.mma
-                with A from TMEM, "TS"; accumulate flag off for j = 0).
-    warps 0-3   "softmax" warpgroup, thread t ↔ TMEM lane t ↔ row t (warp w
-                of the warpgroup may only touch lanes 32w … 32w + 31):
-                tcgen05.ld S row → bf16 → tcgen05.st into P's TMEM view →
-                tcgen05.wait::st → signal the MMA warp; at the end
-                tcgen05.ld O row → bf16 → global memory.
+The CTA, its warps (5 TMA, 4 MMA, 0-3 the "softmax" warpgroup, thread t ↔ TMEM lane t ↔ row t)
+and its pipelines are stages/common/sm100_setup.py's; TMEM (256 columns): S fp32 in [0, 128),
+P bf16 in S's upper half [64, 128), O fp32 in [128, 192), all from `TmemPlan`
+(sm100_idioms.py).  New in this rung: `softmax_role` (tcgen05.ld S → bf16 → tcgen05.st into P's
+TMEM view → wait::st → signal) and its epilogue.  S_j and P_j share TMEM columns, so the softmax
+warps release S only after PV_j completed (the P slot's "free" commit).
 
-TMEM (256 columns allocated): S fp32 in columns [0, 128); P bf16 in the upper
-half of S, columns [64, 128) (two bf16 per column); O fp32 in [128, 192).
-All offsets come from `TmemPlan` (stages/common/sm100_idioms.py).
-
-What is new in this rung: the identity softmax (`softmax_role`: P = bf16(S)) and
-its epilogue.  The set-up (operands, TMA, shared memory, pipelines, TMEM, the
-load and MMA warps) is stages/common/sm100_setup.py's, shared with C and D1.
-
-Synchronisation (mbarriers via cutlass.pipeline; arrive counts in THREADS)
-    q, k, v   PipelineTmaUmma   load warp (TMA tx bytes) → MMA warp (tcgen05.commit)
-    s         PipelineUmmaAsync MMA warp commit → 128 softmax threads
-    p         PipelineAsyncUmma 128 softmax threads → MMA warp; its release is a
-              tcgen05.commit, so "P slot free" also means "PV_j complete"
-    o         PipelineUmmaAsync MMA warp commit after the last PV → 128 threads
-
-    S_j and P_j share TMEM columns, and QK_{j+1} overwrites both.  The softmax
-    warps therefore hand the S buffer back (s "empty") only after PV_j has
-    completed: after committing P_j they wait on the P slot's "free" barrier
-    (the MMA warp's tcgen05.commit after PV_j), then release S.  QK_{j+1}
-    never overwrites P_j while PV_j reads it, and nothing relies on the
-    execution order of tcgen05.mma instructions.
-
-Lessons of DSV4.md ("What the first attempt taught"), as handled here
-    1  Every value used by more than one branch (TMEM plan, copies, fragments,
-       pipelines) is built before the warp-role `if`s (AttentionCta, TmemP);
-       each role is its own @cute.jit function and returns nothing.
-    2  Every pipeline side made of threads counts threads: the softmax side is
-       CooperativeGroup(Thread, 128); MMA/TMA sides are 1 (elected thread).
-    3  After the tcgen05.st of P: tcgen05.wait::st (fence_view_async_tmem_store)
-       and tcgen05.fence::before_thread_sync, then the P-full arrive; the MMA
-       warp does tcgen05.fence::after_thread_sync after its wait.
-    4  Column offsets come from find_tmem_tensor_col_offset of the fragments
-       (TmemPlan), checked against the tile shapes; P's bf16 pointer is the
-       fp32 column offset recast (2 × columns in bf16 elements).
-    5  P's TMEM view is the PV MMA's A-operand fragment, built from
-       make_smem_layout_a of the PV tiler, K-major; the P store is partitioned
-       from that same view.  A trace-time check proves the S-load and P-store
-       register fragments agree element by element.
-    6  P spans pv_tiler K (the 128-wide KV tile) × 16 / 32 = 64 columns.
-    7  hd = 64 only (the S accumulator and the PV A operand agree); other hd
-       raise ValueError: SMEM-P is stage D1.
-    8  N of QK = 128, N of PV = hd = 64: both valid tcgen05 bf16 N.
-    9  Q, K, V, O are given a unit L mode ((rows, cols, 1)) before tiling.
-    10 Not used: V has its own TMA and buffer (V may alias K, but K is never
-       read for V).
-    11 Process rule, followed while writing: after each change the scratch
-       compile check re-ran stage B's hd = 64 cases first, then stage C's
-       (PTX inventory, ptxas registers/spills).  C keeps B's data path and
-       barriers unchanged and adds only the softmax math and the O rescale.
-    12 Nothing here needs credentials.
-"""
+DSV4.md's lessons as in stage D1 (stages/D1_headdim/sm100.py); hd = 64 only (other hd raise
+ValueError: SMEM-P is stage D1)."""
 
 import cuda.bindings.driver as cuda
 

@@ -8,18 +8,12 @@ Math
     row-major.  V is read from its own tensor even when it aliases K.
 
 What is new in this rung: the second MMA, fed from the first one's registers
-    Per KV tile of 128 keys, S_tile = Q · K_tileᵀ (SS wgmma m64n128k16) lands in
-    registers; P_tile = bf16(S_tile) stays in the same thread: the accumulator
-    fragment is re-indexed as the register A fragment of the second MMA, an RS
-    wgmma m64n64k16 with V from shared memory as an MN-major B operand (V's rows
-    are keys = the K dimension; hd is contiguous): O += P_tile · V_tile.
-    stages/common/sm90_idioms.py explains why no data moves and proves it at
-    trace time.
+    Per KV tile of 128 keys, S_tile = Q · K_tileᵀ (SS wgmma m64n128k16) in registers;
+    P_tile = bf16(S_tile), the accumulator re-indexed as the A fragment of an RS wgmma
+    m64n64k16 with V an MN-major B operand: O += P_tile · V_tile (sm90_idioms.py proves that
+    no data moves).
 
-The house (stages/common/sm90_register_p.py; stage C lives there too): one CTA of
-two warpgroups (64 query rows each), warp 0 loads Q once and K / V tiles into two
-shared-memory slots (TMA, mbarrier pipelines), O (32 fp32 / thread) → bf16 →
-straight to global memory at the end.
+The house: stages/common/sm90_register_p.py (shared with stage C).
 """
 
 import cuda.bindings.driver as cuda
@@ -31,11 +25,8 @@ from stages.common.sm90_register_p import AttentionOperands, RegisterPAttention
 
 
 class Kernel(RegisterPAttention):
-    """O[m, hd] (bf16) = bf16(Q · Kᵀ) · V on Hopper tensor cores, P kept in registers.
-
-    Limits: m == 128, hd == 64, n a multiple of 128 (tested: 128, 256);
-    row-major, 16-byte aligned, static shapes.  One CTA.
-    """
+    """O[m, hd] (bf16) = bf16(Q · Kᵀ) · V on Hopper, P kept in registers.
+        Limits: m == 128, hd == 64, n a multiple of 128; row-major, 16-byte aligned.  One CTA."""
 
     RUNG = "stage B"
 

@@ -1,8 +1,7 @@
 """Stage C on Blackwell (sm_100a): attention with an online softmax between two
 tcgen05 MMAs, P kept on chip in TMEM (TMEM-P), one CTA.
 
-Compiled for sm_100a and inspected (PTX inventory, ptxas) only: it has never
-run on a Blackwell GPU.  Do not call it verified.
+Compiled and inspected (PTX inventory, ptxas) only, never run on a Blackwell GPU: not verified.
 
 Math (row i of the 128 query rows, KV tiles j of 128 keys, scale = 1/sqrt(hd))
     S_j      = Q · K_jᵀ                                  fp32 in TMEM
@@ -14,84 +13,23 @@ Math (row i of the 128 query rows, KV tiles j of 128 keys, scale = 1/sqrt(hd))
     O        = bf16(O_last / l_last)
     LSE[i]   = ln Σ_k exp(scale · S[i, k]) = (m_last · c + log2 l_last) · ln 2
     Q, K, V, O bf16 row-major [m, hd] / [n, hd]; LSE fp32 [m].  m = 128, hd = 64,
-    n a multiple of 128 (the stage runs n ∈ {128, 256, 1024}).
+    n a multiple of 128.
 
-Units and data flow (one CTA, 192 threads, warp-specialised)
-    warp 5      TMA producer: Q once, then K_j and V_j into 2-slot rings.
-                V is loaded from V (never from K, even when they alias).
-    warp 4      MMA issuer: per KV tile, S = Q·K_jᵀ (SMEM × SMEM → TMEM), then,
-                once P_j is in TMEM (and O rescaled), O += P_j·V_j (A from
-                TMEM, "TS"; accumulate flag off for j = 0).
-    warps 0-3   softmax warpgroup, thread t ↔ TMEM lane t ↔ query row t (warp
-                w may only touch lanes 32w … 32w + 31), so every row
-                reduction (max, sum) is thread-local:
-                tcgen05.ld S row → max, exp2, sum → bf16 P; wait until PV_{j-1}
-                has completed; if the max moved for any row of the warp,
-                rescale O in TMEM (tcgen05.ld → × α → tcgen05.st, the
-                correction pass); tcgen05.st P → tcgen05.wait::st → signal
-                the MMA warp.  At the end: O row / l → bf16 → global, LSE.
+Warp roles (192 threads, stages/common/sm100_setup.py): warp 5 TMA (Q once, K_j and V_j into
+2-slot rings, V never from K), warp 4 MMA (S = Q·K_jᵀ, then once P_j is in TMEM and O rescaled
+O += P_j·V_j, A from TMEM, "TS"), warps 0-3 softmax (thread t ↔ TMEM lane t ↔ row t, so max
+and sum are thread-local): S row → max, exp2, sum → bf16 P; wait for PV_{j-1}; rescale O if the
+warp's max moved (tcgen05.ld → × α → tcgen05.st); tcgen05.st P → wait::st → signal.  End: O / l,
+LSE.
+    The rescale of O_{j-1} happens between PV_{j-1} (complete: the P slot's "empty" barrier is
+    a tcgen05.commit after PV_{j-1}) and PV_j (not issued before P_j's "full" arrive, after the
+    rescale's tcgen05.wait::st); the decision is per warp (vote.any over its 32 rows: tcgen05.ld/st
+    are warp-collective); a row whose max did not move is multiplied by α = 1.
 
-    The rescale of O_{j-1} happens between PV_{j-1} (complete: the P-slot
-    "empty" barrier is a tcgen05.commit after PV_{j-1}) and PV_j (not issued:
-    the MMA warp waits for the P_j "full" barrier, arrived after the rescale's
-    tcgen05.wait::st).  tcgen05.ld/st are warp-collective, so the decision
-    is made per warp (vote.any over its 32 rows); a row whose max did not
-    move is multiplied by α = 1.
-
-TMEM (256 columns allocated): S fp32 in columns [0, 128); P bf16 in the upper
-half of S, columns [64, 128) (two bf16 per column); O fp32 in [128, 192).
-All offsets come from `TmemPlan` (stages/common/sm100_idioms.py).
-
-What is new in this rung (stage B + the softmax): `softmax_role` (running max and
-sum, P = exp2, the O rescale by `rescale_o`) and an epilogue that divides by the
-row sum and writes LSE.  The set-up (operands, TMA, shared memory, pipelines, TMEM,
-the load and MMA warps) is stages/common/sm100_setup.py's, shared with B and D1.
-
-Synchronisation (mbarriers via cutlass.pipeline; arrive counts in THREADS)
-    q, k, v   PipelineTmaUmma   load warp (TMA tx bytes) → MMA warp (tcgen05.commit)
-    s         PipelineUmmaAsync MMA warp commit → 128 softmax threads
-    p         PipelineAsyncUmma 128 softmax threads → MMA warp; its release is a
-              tcgen05.commit, so "P slot free" also means "PV_j complete"
-    o         PipelineUmmaAsync MMA warp commit after the last PV → 128 threads
-
-    S_j and P_j share TMEM columns, and QK_{j+1} overwrites both.  The softmax
-    warps therefore hand the S buffer back (s "empty") only after PV_j has
-    completed: after committing P_j they wait on the P slot's "free" barrier
-    (the MMA warp's tcgen05.commit after PV_j), then release S.  QK_{j+1}
-    never overwrites P_j while PV_j reads it, and nothing relies on the
-    execution order of tcgen05.mma instructions.
-
-Lessons of DSV4.md ("What the first attempt taught"), as handled here
-    1  Every value used by more than one branch (TMEM plan, copies, fragments,
-       pipelines) is built before the warp-role `if`s (AttentionCta, TmemP);
-       each role is its own @cute.jit function; the loop-carried row max and
-       sum are Float32 values defined before the KV loop and returned to the
-       epilogue; the O rescale `if` defines nothing used after it.
-    2  Every pipeline side made of threads counts threads: the softmax side is
-       CooperativeGroup(Thread, 128); MMA/TMA sides are 1 (elected thread).
-    3  After the tcgen05.st of P (and of the rescaled O): tcgen05.wait::st
-       (fence_view_async_tmem_store) and tcgen05.fence::before_thread_sync,
-       then the P-full arrive; the MMA warp does tcgen05.fence::after_thread_sync
-       after its wait.
-    4  Column offsets come from find_tmem_tensor_col_offset of the fragments
-       (TmemPlan), checked against the tile shapes; P's bf16 pointer is the
-       fp32 column offset recast (2 × columns in bf16 elements).
-    5  P's TMEM view is the PV MMA's A-operand fragment, built from
-       make_smem_layout_a of the PV tiler, K-major; the P store is partitioned
-       from that same view.  Trace-time checks prove the S-load and P-store
-       register fragments (and the O load/store pair) agree element by element.
-    6  P spans pv_tiler K (the 128-wide KV tile) × 16 / 32 = 64 columns.
-    7  hd = 64 only (the S accumulator and the PV A operand agree); other hd
-       raise ValueError: SMEM-P is stage D1.
-    8  N of QK = 128, N of PV = hd = 64: both valid tcgen05 bf16 N.
-    9  Q, K, V, O are given a unit L mode ((rows, cols, 1)) before tiling.
-    10 Not used: V has its own TMA and buffer (V may alias K, but K is never
-       read for V).
-    11 Process rule, followed while writing: after each change the scratch
-       compile check re-ran stage B's hd = 64 cases first, then stage C's
-       (PTX inventory, ptxas registers/spills).  C keeps B's data path and
-       barriers unchanged and adds only the softmax math and the O rescale.
-    12 Nothing here needs credentials.
+TMEM (256 columns): S fp32 [0, 128), P bf16 in S's upper half [64, 128), O fp32 [128, 192)
+(`TmemPlan`).  New in this rung: `softmax_role` and the epilogue (O / l, LSE); set-up and
+pipelines are sm100_setup.py's.  S_j and P_j share TMEM columns, so the softmax warps release S
+only after PV_j completed (the P slot's "free" commit).  DSV4.md's lessons as in stage D1.
 """
 
 import math

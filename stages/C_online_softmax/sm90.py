@@ -5,35 +5,12 @@ Math (one CTA, all m = 128 query rows, all n keys)
     O = softmax(s) · V                      (row-wise softmax over the n keys)
     LSE[i] = ln Σ_j exp(s[i, j])            natural log, fp32
     Q [m, hd], K [n, hd], V [n, hd], O [m, hd] bf16 row-major; LSE [m] fp32.
+The online softmax over KV tiles of 128 keys is stages/common/softmax.py's (base 2).
 
-Online softmax over KV tiles of 128 keys (flash-attention), base 2:
-    with c = scale · log2(e) and raw scores S = Q · K_tileᵀ,
-      m_new   = max(m, rowmax(S))                    raw-score units
-      α       = 2^((m − m_new) · c)                  (= 0 on the first tile, m = −∞)
-      P       = 2^(S · c − m_new · c)                ∈ (0, 1]
-      ℓ       = α · ℓ + rowsum(P)
-      O_acc   = α · O_acc + bf16(P) · V_tile
-    and at the end O = O_acc / ℓ,  LSE = (m · c + log2 ℓ) · ln 2.
-
-Row reductions
-    In the wgmma accumulator a row of the 128-key tile is spread over the 4
-    consecutive lanes of a quad (each holds 2 adjacent columns of every 8-wide
-    block), so a row max is the thread's own max followed by two butterfly
-    shuffles (xor 2, xor 1).  The row sum ℓ is kept per thread (a partial over
-    the thread's columns; α is the same for the whole quad because m is) and
-    reduced across the quad once, at the end.
-
-What is new in this rung: the online softmax between the MMAs (`between`, the
-state and its math in stages/common/softmax.py) and its end (`finish`: O / ℓ
-and the LSE, written by one lane of each row's quad).
-
-Tiling, pipeline and P in registers are stage B's, from their house
-(stages/common/sm90_register_p.py): two warpgroups own 64 rows each; warp 0
-issues TMA loads of Q once and of K and V tiles into two shared-memory slots;
-S (64 fp32 / thread) → softmax in registers → P, the same registers re-indexed
-as the bf16 A operand of the P · V wgmma (RS); O (32 fp32 / thread) stays in
-registers and goes straight to global memory at the end.
-"""
+A row of S spans a quad (2 adjacent columns of every 8-wide block a lane): the row max is the
+thread's max and two butterfly shuffles (xor 2, xor 1); ℓ stays a per-thread partial until the
+end.  New in this rung: `between` (the online softmax) and `finish` (O / ℓ, the LSE by one lane
+of each quad); the rest is stage B's house (stages/common/sm90_register_p.py)."""
 
 import math
 
@@ -48,12 +25,8 @@ from stages.common.softmax import OnlineSoftmax, scale_rows
 
 
 class Kernel(RegisterPAttention):
-    """O = softmax(Q·Kᵀ/sqrt(hd))·V and its natural-log LSE, on Hopper tensor cores.
-
-    Online softmax over KV tiles of 128, P kept in registers between the two
-    WGMMAs.  Limits: m == 128, hd == 64, n a multiple of 128 (tested: 128,
-    256, 1024); row-major, 16-byte aligned, static shapes.  One CTA.
-    """
+    """O = softmax(Q·Kᵀ/sqrt(hd))·V and its LSE on Hopper, P in registers between the WGMMAs.
+        Limits: m == 128, hd == 64, n a multiple of 128; row-major, 16-byte aligned.  One CTA."""
 
     RUNG = "stage C"
 

@@ -1,50 +1,23 @@
-"""Stage D1 on Blackwell (sm_100a): online-softmax attention for head dims 64 … 512,
-tcgen05 MMAs with S and O in tensor memory (TMEM); P in TMEM at hd = 64 and in
-shared memory above.
+"""Stage D1 on Blackwell (sm_100a): online-softmax attention for head dims 64 … 512, tcgen05 MMAs
+with S and O in tensor memory (TMEM); P in TMEM at hd = 64 and in shared memory above.
+Compiled and inspected (PTX inventory, ptxas) only, never run on a Blackwell GPU: not verified.
 
-Compiled for sm_100a and inspected (PTX inventory, ptxas) only: it has never
-run on a Blackwell GPU.  Do not call it verified.
-
-Math (row i of the 128 query rows, KV tiles j of `kv_tile` keys, scale = 1/sqrt(hd))
-    S_j      = Q · K_jᵀ                                  fp32 in TMEM
-    m_j      = max(m_{j-1}, max_k S_j[i, k])             running row max (raw scores)
-    P_j      = exp2(S_j · c − m_j · c),  c = scale · log2(e)
-    α_j      = exp2(m_{j-1} · c − m_j · c)               (α_0 = 0: m_{-1} = −inf)
-    l_j      = α_j · l_{j-1} + Σ_k P_j[i, k]             running row sum (fp32 P)
-    O_j      = α_j · O_{j-1} + bf16(P_j) · V_j           O in TMEM (fp32)
-    O        = bf16(O_last / l_last)
-    LSE[i]   = ln Σ_k exp(scale · S[i, k]) = (m_last · c + log2 l_last) · ln 2
+Math: stage C's (stages/C_online_softmax/sm100.py) with KV tiles of `kv_tile` keys,
+scale = 1/sqrt(hd): O = bf16(O_last / l_last), LSE = (m_last · c + log2 l_last) · ln 2.
     Q [m, hd], K, V [n, hd], O [m, hd] bf16 row-major; LSE [m] fp32.  m = 128,
-    hd ∈ {64, 128, 256, 512}, n a multiple of kv_tile (the stage runs n ∈ {128, 256, 1024}).
+    hd ∈ {64, 128, 256, 512}, n a multiple of kv_tile.
 
 Why hd = 512 takes two CTAs (the TMEM budget)
-    TMEM is 128 lanes × 512 columns of 32 bit.  With M = 128 query rows (one
-    per lane) an fp32 accumulator of width w needs w columns: S needs kv_tile
-    columns, O needs hd.  At hd = 512, O alone fills all 512 columns, so S
-    (≥ 64 columns) cannot be placed next to it in one CTA.  The kernel
-    therefore splits O by head-dim columns: CTA b (grid = hd / hd_per_cta)
-    owns O[:, b·hd_per_cta : (b+1)·hd_per_cta], with hd_per_cta = min(hd, 256).
-    Every CTA computes the full S = Q·Kᵀ (over all hd) and the same softmax
-    (same MMAs in the same order, so the same row max and sum); only its
-    P·V slab differs, and CTA 0 alone writes LSE.  At hd = 512 this costs one
-    extra Q·Kᵀ (1.5× the FLOPs of the two GEMMs) and a second SM.  (The
-    production-shaped alternative, a 2-CTA cta_group::2 MMA with M = 128 whose
-    accumulator rows are spread over both CTAs' TMEM as in CUTLASS's MLA
-    decode example, needs cross-warp row reductions and cluster barriers; it
-    is not attempted without hardware to test it on.)
-    Within a CTA, O is accumulated as hd_per_cta / pv_n PV tiles of width
-    pv_n ≤ 256 (tcgen05 bf16 N is 16 … 256): by default pv_n = hd_per_cta,
-    i.e. one N = 256 tile per CTA at hd = 512 (two N = 256 tiles in all);
-    the `pv_n` option (e.g. 128) gives several PV tiles in one CTA.
-
-    `tmem_budget(hd, kv_tile)` (plain Python) gives the columns per buffer;
-    the constructor raises ValueError("TMEM budget: S … + O … = N columns >
-    512 …") when they do not fit, and the traced kernel re-derives every
-    column count from the MMA fragments (find_tmem_tensor_col_offset),
-    requires them to equal the budget and re-checks the 512-column limit.
-    How to trigger the error: force the whole head dim into one CTA,
-        Kernel(m=128, n=128, hd=512, hd_per_cta=512)
-        → ValueError: TMEM budget: S 64 + O 512 = 576 columns > 512 …
+    TMEM is 128 lanes × 512 columns of 32 bit; with one query row a lane, S needs kv_tile
+    columns and O hd, so at hd = 512 O alone fills TMEM.  O is split by head-dim columns: CTA b
+    (grid = hd / hd_per_cta, hd_per_cta = min(hd, 256)) owns O[:, b·hd_per_cta : (b+1)·hd_per_cta];
+    every CTA computes the full S and the same softmax, only its P·V slab differs, CTA 0 alone
+    writes LSE (cost at hd = 512: one extra Q·Kᵀ and a second SM; cta_group::2 as in CUTLASS's
+    MLA decode example needs hardware to test).  O is accumulated as hd_per_cta / pv_n PV tiles
+    (pv_n ≤ 256, default hd_per_cta).  `tmem_budget(hd, kv_tile)` gives the columns; the
+    constructor raises ValueError("TMEM budget: S … + O … = N columns > 512 …") (e.g.
+    Kernel(m=128, n=128, hd=512, hd_per_cta=512): S 64 + O 512 = 576), and the traced kernel
+    re-derives every column count from the MMA fragments (find_tmem_tensor_col_offset).
 
     Configurations (defaults; TMEM columns per CTA, dynamic SMEM incl. barriers)
       hd   CTAs kv_tile  P     S + O (alloc)     K slots        V slots        SMEM
@@ -52,103 +25,46 @@ Why hd = 512 takes two CTAs (the TMEM budget)
       128   1    128    SMEM  128 + 128 (256)   2 × 32 KiB     2 × 32 KiB     193 KiB
       256   1     64    SMEM   64 + 256 (512)   4 × 16 KiB     2 × 32 KiB     209 KiB
       512   2     64    SMEM   64 + 256 (512)   3 × 16 KiB     1 × 32 KiB     225 KiB
-    Q stays resident (128 × hd bf16: 128 KiB at hd = 512).  K is streamed in
-    chunks of min(hd, 128) head-dim columns (kv_tile × that per slot), so one
-    Q·K_jᵀ is hd / 128 chunks of tcgen05.mma (one chunk at hd ≤ 128); V slots hold this CTA's Vᵀ slab
-    (hd_per_cta × kv_tile); P (SMEM-P) is 128 × kv_tile bf16.  The limit is
-    227 KiB (232448 bytes) of dynamic shared memory per CTA; the constructor
-    checks an estimate and the traced kernel the real struct size (both
-    equal for the defaults).  ptxas -v (sm_100a) on the sm100_setup house, n = 128 /
-    256 / 1024: hd 64 165/171/171 registers, hd 128 159/231/231, hd 256 121,
-    hd 512 122/124/124; no spills (when written: hd 64 165/173/173, hd 128
-    159/233/233, hd 256 122, hd 512 123/124/124).
+    Q stays resident; K streams in chunks of min(hd, 128) columns; V slots hold this CTA's Vᵀ
+    slab (hd_per_cta × kv_tile); SMEM-P is 128 × kv_tile bf16.  Limit 227 KiB (232448 bytes):
+    the constructor checks an estimate, the traced kernel the real struct size.
 
 P between the two MMAs
-    hd = 64 (TMEM-P, stage C's path, unchanged): P (bf16) is written
-    with tcgen05.st into the upper half of S's columns, viewed as the PV MMA's
-    K-major A operand in TMEM (`TmemPlan` from stages/common); the PV MMA
-    reads A from TMEM.
-    hd > 64 (SMEM-P): the softmax threads convert their S row (registers,
-    from a tcgen05.ld partitioned by the QK accumulator's layout) to bf16 and
-    store it with 128-bit st.shared through a tiled copy built from that same
-    tcgen05.ld (make_tiled_copy_D), into an (M, K) view of the PV MMA's
-    A-operand SMEM layout (make_smem_layout_a, K-major, 128-byte swizzle).
-    Then each thread executes fence.proxy.async.shared::cta (the tensor core
-    reads shared memory through the async proxy) before arriving on the
-    "P full" mbarrier (128 arrivals); the MMA warp waits on it and issues the
-    PV MMA with A from SMEM.  Trace-time checks prove that (1) register i of
-    the tcgen05.ld fragment and register i of the shared-memory copy hold the
-    same (row, key) for every checked thread and (2) the (M, K) view of the
-    A-operand layout is the identity on (row, key) coordinates.
+    hd = 64 (TMEM-P, stage C's path): P (bf16) is tcgen05.st into the upper half of S's
+    columns, viewed as the PV MMA's K-major A operand in TMEM (`TmemPlan`).
+    hd > 64 (SMEM-P): the softmax threads store their bf16 P row with 128-bit st.shared through
+    a tiled copy built from the S tcgen05.ld (make_tiled_copy_D) into an (M, K) view of the PV
+    MMA's A-operand layout (make_smem_layout_a, K-major, 128-byte swizzle), then
+    fence.proxy.async.shared::cta and arrive on "P full" (128 arrivals).  Trace-time checks
+    (`check_smem_p`): register i of the tcgen05.ld fragment and of the SMEM copy hold the same
+    (row, key), and the (M, K) view is the identity on (row, key).
 
-What is new in this rung (stage C + head dims 64 … 512): the TMEM and SMEM budgets,
-SMEM-P (`check_smem_p`), K in head-dim chunks, O split over CTAs by columns and
-chunked O passes.  The set-up (operands, TMA, shared memory, pipelines, TMEM, the
-load and MMA warps, the O rescale) is stages/common/sm100_setup.py's, shared with B
-and C; this module keeps its plans, the softmax warps and the epilogue.
+New in this rung (stage C + head dims 64 … 512): the TMEM and SMEM budgets, SMEM-P, K in
+head-dim chunks, O split over CTAs, chunked O passes.  The set-up, load and MMA warps and the
+O rescale are stages/common/sm100_setup.py's (shared with B and C); this module keeps its
+plans, the softmax warps and the epilogue.
 
-Units and data flow (one CTA, 192 threads, warp-specialised, as stage C)
-    warp 5      TMA producer: Q once; per KV tile j the head-dim chunks of
-                K_j (K ring) and this CTA's Vᵀ slab of V_j (V ring).
-    warp 4      MMA issuer: S = Q·K_jᵀ chunk by chunk (SMEM × SMEM → TMEM);
-                then, once P_j is ready (and O rescaled), O += P_j·V_j
-                (A from TMEM at hd = 64, from SMEM above; accumulate off for
-                j = 0), issued as hd_per_cta / pv_n PV tiles per K step.
-    warps 0-3   softmax warpgroup, thread t ↔ TMEM lane t ↔ query row t:
-                tcgen05.ld S row → max, exp2, sum → bf16 P; wait until PV_{j-1}
-                has completed; store P (TMEM or SMEM); if the max moved for
-                any row of the warp, rescale O in TMEM 32 columns at a time
-                (tcgen05.ld → × α → tcgen05.st); tcgen05.wait::st; signal the
-                MMA warp.  At the end: O / l → bf16 → global 32 columns at a
-                time, LSE (CTA 0).
+Warp roles and pipelines: stage C's (sm100_setup.py) — warp 5 TMA (Q; per tile the K chunks and
+this CTA's Vᵀ slab), warp 4 MMA (S chunk by chunk; O += P_j·V_j as hd_per_cta / pv_n PV tiles a
+K step), warps 0-3 softmax and the epilogue (O / l, LSE by CTA 0).  TMEM-P: P_j lives in S's
+columns, so S is handed back only after PV_j.  SMEM-P: S is handed back once loaded
+(tcgen05.wait::ld); P_j's buffer is rewritten after PV_{j-1}'s commit.
 
-Synchronisation (mbarriers via cutlass.pipeline; arrive counts in THREADS)
-    q, k, v   PipelineTmaUmma   load warp (TMA tx bytes) → MMA warp (tcgen05.commit)
-    s         PipelineUmmaAsync MMA warp commit → 128 softmax threads
-    p         PipelineAsyncUmma 128 softmax threads → MMA warp; its release is a
-              tcgen05.commit, so "P slot free" also means "PV_j complete"
-    o         PipelineUmmaAsync MMA warp commit after the last PV → 128 threads
-    TMEM-P: P_j lives inside S's columns, so the softmax warps hand S back only
-    after PV_j has completed (stage C).  SMEM-P: S is handed back as soon as
-    it has been loaded into registers (tcgen05.wait::ld), P_j's buffer is
-    rewritten only after the "P slot free" commit of PV_{j-1}.
-
-Lessons of DSV4.md ("What the first attempt taught"), as handled here
-    1  Every value used by more than one branch (plans, copies, fragments,
-       pipelines, partitions) is built before the warp-role `if`s; each role
-       is its own @cute.jit function; values the
-       other P path does not use are set to None first; compile-time choices
-       use cutlass.const_expr; the loop-carried row max / sum are Float32
-       values defined before the KV loop.
-    2  Every pipeline side made of threads counts threads: the softmax side is
-       CooperativeGroup(Thread, 128); MMA/TMA sides are 1 (elected thread).
-    3  TMEM stores (P at hd = 64, the rescaled O always) are followed by
-       tcgen05.wait::st and tcgen05.fence::before_thread_sync before the
-       P-full arrive; the MMA warp fences (after_thread_sync) after its wait.
-       SMEM-P adds fence.proxy.async.shared::cta before the arrive.
-    4  Column offsets come from find_tmem_tensor_col_offset of the fragments
-       (TmemPlan at hd = 64, `_SmemPTmemPlan` below), checked against
-       tmem_budget(); TMEM-P's bf16 pointer is the fp32 column offset recast.
-    5  P's TMEM view (hd = 64) and P's SMEM layout (hd > 64) are both the PV
-       MMA's A-operand layout (make_smem_layout_a of the PV tiler, K-major),
-       never a composition of the QK accumulator's layout; the trace-time
-       checks above prove the element correspondence.
-    6  P spans the PV tiler's K extent (kv_tile): 64 TMEM columns at hd = 64,
-       128 × kv_tile bf16 in SMEM above.
-    7  hd = 64: registers → TMEM; hd > 64: registers → SMEM through a copy
-       partitioned by the QK accumulator's thread layout, then the async-proxy
-       fence and the mbarrier before the MMA reads it.
-    8  QK N = kv_tile ∈ {64, 128, 256}; PV N = pv_n ∈ {64, 128, 256}; hd = 512
-       uses two N = 256 PV tiles (one per CTA); never N > 256.
-    9  Q, K, V, O get a unit L mode ((rows, cols, 1)) before tiling.
-    10 Not used: V has its own TMA and ring (it may alias K in memory; K's
-       shared buffer is never read as V).
-    11 hd = 64 keeps stage C's data path, barriers and TMEM plan; only the O
-       epilogue is chunked (32 columns at a time).  The scratch compile check
-       compiles hd = 64 first and compares its PTX with stage C's: the same
-       tcgen05 / mbarrier / TMA sequence but for the chunked epilogue.
-    12 Nothing here needs credentials.
-"""
+DSV4.md's lessons ("What the first attempt taught"), as handled here
+    1  Values used by several roles are built before the role `if`s; each role its own
+       @cute.jit function; unused values set to None; const choices use const_expr.
+    2  Thread sides of a pipeline count threads (CooperativeGroup(Thread, 128)).
+    3  TMEM stores → tcgen05.wait::st + fence::before_thread_sync before the arrive; the MMA
+       warp fences after_thread_sync; SMEM-P adds fence.proxy.async.shared::cta.
+    4  Column offsets from find_tmem_tensor_col_offset, checked against tmem_budget().
+    5  P's TMEM view and SMEM layout are the PV MMA's A-operand layout, never a composition
+       of the QK accumulator's.
+    6  P spans the PV tiler's K extent (kv_tile).
+    7  SMEM-P: a copy partitioned by the QK accumulator's thread layout, then fence, mbarrier.
+    8  QK N = kv_tile, PV N = pv_n, never N > 256.
+    9  Q, K, V, O get a unit L mode before tiling.
+    10 Not used: V has its own TMA and ring.
+    11 hd = 64 keeps stage C's data path; only the O epilogue is chunked."""
 
 import math
 from types import SimpleNamespace
@@ -216,14 +132,9 @@ def _acc_cols(width: int, dtype_bits: int) -> int:
 
 
 def tmem_budget(hd: int, kv_tile: int, hd_per_cta: int | None = None) -> dict:
-    """TMEM columns per CTA for S, P and O (plain Python, no tracing needed).
-
-    S is the fp32 Q·Kᵀ accumulator (kv_tile columns), O the fp32 P·V
-    accumulator of this CTA's head-dim slab (hd_per_cta columns, default
-    min(hd, 256)).  P is bf16 (two per column): at hd = 64 it lives in TMEM
-    inside S's columns (kv_tile / 2 columns, no extra space); above, it lives
-    in shared memory (0 columns).  `total` = S + O must be ≤ 512.
-    """
+    """TMEM columns per CTA for S, P and O (plain Python): S the fp32 Q·Kᵀ accumulator (kv_tile
+        columns), O this CTA's fp32 slab (hd_per_cta, default min(hd, 256)), P bf16 inside S's
+        columns at hd = 64 (no extra space), in shared memory above.  `total` = S + O ≤ 512."""
     if hd_per_cta is None:
         hd_per_cta = default_hd_per_cta(hd)
     s = _acc_cols(kv_tile, F32.width)
@@ -265,12 +176,8 @@ def smem_budget(hd: int, kv_tile: int, hd_per_cta: int, k_slots: int, v_slots: i
 
 
 class _SmemPTmemPlan:
-    """TMEM columns of S (fp32) and O (fp32) when P lives in shared memory.
-
-    S: the QK accumulator, columns [0, s_cols); O: the PV accumulator of the
-    CTA's slab (hd_per_cta / pv_n PV tiles), columns [s_cols, s_cols + o_cols).
-    Both counts come from the fragments (find_tmem_tensor_col_offset).
-    """
+    """TMEM columns when P lives in shared memory: S (the QK accumulator) [0, s_cols), O (this CTA's
+        PV slab) [s_cols, s_cols + o_cols), both from the fragments."""
 
     def __init__(self, qk_mma, pv_mma, s_shape_mn, o_shape_mn):
         s_frag = qk_mma.make_fragment_C(qk_mma.partition_shape_C(s_shape_mn))
@@ -294,16 +201,9 @@ class _SmemPTmemPlan:
 class Kernel(WarpRoles):
     """O = softmax(Q·Kᵀ / sqrt(hd))·V and LSE, online softmax, tcgen05 + TMEM, sm_100a.
 
-    hd = 64: P in TMEM (stage C's path).  hd ∈ {128, 256, 512}: P through
-    shared memory.  hd = 512: two CTAs, each owning 256 columns of O.
-
-    Options beyond the stage's axes (defaults from the table in the module
-    docstring): kv_tile (keys per KV tile, 64/128/256), hd_per_cta (O columns
-    per CTA), pv_n (N of one PV MMA tile).  An impossible combination raises
-    ValueError in the constructor, e.g. the TMEM budget error:
-        Kernel(m=128, n=128, hd=512, hd_per_cta=512)
-        ValueError: TMEM budget: S 64 + O 512 = 576 columns > 512 (hd=512, ...)
-    """
+        Options beyond the stage's axes (defaults: the module docstring's table): kv_tile (keys
+        per KV tile, 64/128/256), hd_per_cta (O columns per CTA), pv_n (N of one PV MMA tile).  An
+        impossible combination raises ValueError in the constructor (e.g. the TMEM budget)."""
 
     TILE_M = TILE_M
 
@@ -439,14 +339,10 @@ class Kernel(WarpRoles):
             free_tmem(cta, pp.tmem_ptr, pp.plan.alloc_cols)  # all four warps are done with TMEM: warp 0 frees it
 
     def p_path(self, cta: AttentionCta, qk_mma, pv_mma, p_smem, s_mn, o_mn) -> SimpleNamespace:
-        """The TMEM plan, its allocation and the path of P between the two MMAs, built
-        before the role `if`s; the fields the other path does not use are None.
-
-        TMEM-P (hd = 64, stage C's path): TmemP — S, P inside S, O, the S-load / P-store
-        pair.  SMEM-P: S and O in TMEM (`_SmemPTmemPlan`), P in the shared-memory buffer
-        sP in the PV MMA's A-operand layout, written through `p_copy` (st.shared, tiled
-        like the tcgen05.ld of S) into its (M, K) view `sP_mk`; `check_smem_p` proves
-        both at trace time.  Either way the plan is checked against tmem_budget()."""
+        """The TMEM plan, its allocation and P's path, built before the role `if`s (the other path's
+                fields None).  TMEM-P (hd = 64): TmemP.  SMEM-P: S and O in TMEM (`_SmemPTmemPlan`), P in
+                sP (the PV MMA's A-operand layout) written through `p_copy` into its (M, K) view `sP_mk`,
+                proven by `check_smem_p`.  Either plan is checked against tmem_budget()."""
         pp = SimpleNamespace(plan=None, tmem_ptr=None, tStS=None, tOtO=None,
                              tOrP=None,  # the PV MMA's A operand, (MMA, MMA_M, kv_tile / 16)
                              s_load=None,  # tcgen05.ld of this thread's S row
@@ -482,10 +378,8 @@ class Kernel(WarpRoles):
     @cute.jit
     def softmax_role(self, s_cons, p_prod, s_load, p_store, p_copy, o_load, o_store, tS_src, cS_src, tOrP, sP_mk,
                      cA, tOtO, cO, tidx):
-        """Warps 0-3, per KV tile: tcgen05.ld S row → max, exp2, sum → bf16 P; wait until
-        PV_{j-1} has completed; store P (TMEM or SMEM); rescale O if any row of the warp
-        moved its max; tcgen05.wait::st; signal the MMA warp.  Returns the row's final
-        (max, sum)."""
+        """Warps 0-3, per KV tile: S row → max, exp2, sum → bf16 P; wait for PV_{j-1}; store P; rescale O
+                if the warp's max moved; tcgen05.wait::st; signal.  Returns the row's (max, sum)."""
         hang_guard.role("softmax")  # names this role's waits in a --debug-hangs build
         thr_s = s_load.get_slice(tidx)
         thr_o = o_load.get_slice(tidx)

@@ -1,60 +1,31 @@
 """Stage D1 on Hopper (sm_90a): online-softmax attention for head dims 64 … 512.
 
-Math (as stage C)
-    s = Q · Kᵀ · scale,  scale = 1 / sqrt(hd)
-    O = softmax(s) · V                      (row-wise softmax over the n keys)
-    LSE[i] = ln Σ_j exp(s[i, j])            natural log, fp32
+Math (stage C's; the online softmax is stages/common/softmax.py)
+    s = Q · Kᵀ · scale,  scale = 1 / sqrt(hd);  O = softmax(s) · V;  LSE[i] = ln Σ_j exp(s[i, j])
     Q [m, hd], K [n, hd], V [n, hd], O [m, hd] bf16 row-major; LSE [m] fp32.
 
-    The online softmax over KV tiles (base 2, c = scale · log2(e)) is stage
-    C's; its state, update and end, with the math, are stages/common/softmax.py.
-
 The split: O across two warpgroups by head-dim column, P through shared memory
-    At hd = 512 one warpgroup would need a 64 × 512 fp32 O tile = 256 registers
-    per thread for O alone, which cannot fit.  So each CTA owns 64 query rows
-    (grid = m / 64 CTAs) and has two warpgroups; warpgroup w owns the O columns
-    [w·hd/2, (w+1)·hd/2): at most 64 × 256 fp32 = 128 registers per thread.
-    The P·V tiled MMA expresses this directly: its atom layout is (1, 2, 1), two
-    m64n(hd/2)k16 atoms side by side along N, one per warpgroup, both reading
-    the same A = P and each its own half of Vᵀ.
+    At hd = 512 a 64 × 512 fp32 O tile is 256 registers a thread.  So a CTA owns 64 query rows
+    (grid = m / 64) and two warpgroups; warpgroup w owns O columns [w·hd/2, (w+1)·hd/2) (≤ 128
+    registers): the P·V tiled MMA's atom layout is (1, 2, 1), two m64n(hd/2)k16 atoms reading
+    the same A = P and each its half of Vᵀ.  Warpgroup 0 alone computes S = Q·K_tileᵀ
+    (m64n{BLOCK_N}) and the softmax, stores P (bf16, the SS P·V wgmma's K-major A operand) and
+    α to shared memory (`SmemP`, stages/common/sm90_smem_p.py); each warpgroup rescales its O
+    half and runs its P·V; at the end 1/ℓ goes through the same row buffer.  Q·Kᵀ is computed
+    once per row block (DSV4's decode shape: one P shared by the warpgroups that split d_v);
+    the cost: warpgroup 1 idles during S and the softmax.
 
-    Warpgroup 0 alone computes S = Q·K_tileᵀ (m64n{BLOCK_N}) and the softmax
-    (so S and the row state live only in its registers), stores P as bf16 into
-    shared memory in the K-major layout that is the A operand of the
-    shared-memory-sourced ("SS") P·V wgmma, and the per-row rescale factor α
-    next to it; each warpgroup reads α for its rows, rescales its O half and
-    runs its P·V_half.  The handshake (named barriers P_FULL / P_EMPTY, the
-    async-proxy fence, stmatrix through a copy tiled like the S accumulator)
-    is stages/common/sm90_smem_p.py (`SmemP`); at the end warpgroup 0
-    publishes 1/ℓ through the same row buffer and writes LSE, and both
-    warpgroups normalise and store their O half.
-
-    Why this split rather than recomputing S in hd/128 CTAs: it does Q·Kᵀ once
-    per row block (recomputation would quadruple that GEMM at hd = 512 and
-    needs the full 64 × 512 Q and a 512-wide K tile in every CTA anyway), and
-    it is the structure the DSV4 decode kernel needs (one P shared by the
-    warpgroups that split d_v = 512).  The cost: warpgroup 1 idles while S and
-    the softmax run.
-
-Tiles and shared memory
-    Q tile 64 × hd (loaded once by TMA), K tiles BLOCK_N × hd, Vᵀ tiles
-    hd × BLOCK_N, each in a TMA pipeline of its own (warp 0 is the producer and
-    refills a slot once its consumers release it: K after the S wgmma, V after
-    both P·V wgmmas), P 64 × BLOCK_N, α/ℓ 64 fp32.
-      hd   BLOCK_N  K/V slots   dynamic shared memory (n ≥ 2 tiles; measured struct size)
+Tiles and shared memory (K and V each a TMA pipeline of their own; warp 0 produces)
+      hd   BLOCK_N  K/V slots   dynamic shared memory (n ≥ 2 tiles)
       64     128        2        8 + 2·(16+16) + 16 KiB + barriers  =  89 KiB
       128    128        2       16 + 2·(32+32) + 16 KiB + barriers  = 161 KiB
       256     64        2       32 + 2·(32+32) +  8 KiB + barriers  = 169 KiB
       512     64        1       64 + 64 + 64   +  8 KiB + barriers  = 201 KiB
-    (with a single KV tile, n = BLOCK_N, there is one slot of each.)
-    At hd = 512 there is one K and one V slot, but since they are separate
-    pipelines the load of K_{j+1} overlaps the softmax and P·V of tile j and
-    the load of V_{j+1} overlaps S_{j+1} and its softmax.
+    At hd = 512 the separate K and V pipelines still overlap K_{j+1}'s load with tile j's
+    softmax and P·V, and V_{j+1}'s with S_{j+1}.
 
-Limits: m a multiple of 64 (tested 128), hd ∈ {64, 128, 256, 512}, n a
-multiple of BLOCK_N (tested 128, 256, 1024); row-major, 16-byte aligned,
-static shapes.
-"""
+Limits: m a multiple of 64, hd ∈ {64, 128, 256, 512}, n a multiple of BLOCK_N; row-major,
+16-byte aligned, static shapes."""
 
 import math
 
@@ -171,10 +142,9 @@ class Kernel:
     @cute.jit
     def attend(self, tidx, warp_idx, row_block, q_pipe, q_load, k_loader, v_loader, qk_mma, pv_mma,
                sQ, sK, sV, sP, s_row, mO, mLSE):
-        """Both warpgroups, per KV tile: warpgroup 0 computes S, the softmax and publishes P
-        and α; each warpgroup rescales its O half and adds its P·V_half (module doc).  Warp 0
-        also loads: the prologue once the fragments are built (issued any earlier, it costs
-        2–5 registers at hd = 128/256), a refill after each release."""
+        """Both warpgroups, per KV tile: warpgroup 0 computes S and the softmax and publishes P and α;
+                each rescales its O half and adds its P·V_half.  Warp 0 also loads: the prologue once
+                the fragments are built (earlier costs registers), a refill after each release."""
         hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         bm, bn, hd = self.BLOCK_M, self.block_n, self.hd
         wg = warp_idx // 4  # warpgroup: 0 computes S and the softmax; both own half of O

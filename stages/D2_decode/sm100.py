@@ -2,21 +2,15 @@
 heads folded into M, one latent KV head read once for both GEMMs, split-KV with an LSE
 combine.  tcgen05 MMAs, S and O in tensor memory (TMEM), P through shared memory.
 
-Compiled for sm_100a and inspected (PTX inventory, ptxas) only: it has never run on a
-Blackwell GPU.  Do not call it verified.
+Compiled and inspected (PTX inventory, ptxas) only, never run on a Blackwell GPU: not verified.
 
 Contract (oracles/decode.py's tensors, in this order; the case axes are `shape` and `splits`)
     Q [b, s_q, h_q, d] bf16, KV [b, n_alloc, d] bf16 (K = V; rows n … n_alloc−1 never read),
     O [b, s_q, h_q, d] bf16, LSE [b, h_q, s_q] fp32, O_part / LSE_part (split scratch).
 
-This rung is the sm100 decode house itself (stages/common/sm100_decode.py: its TMEM plan —
-S double-buffered in TMEM so Q·K_{j+1}ᵀ overlaps the softmax of tile j; O over two CTAs at
-d = 512 (S 2×64 + O 256 = 384 of 512 columns each), checked against the 512-column budget in
-the constructor and again at trace time from the MMA fragments —, the KV ring that holds each
-key tile once for both GEMMs, the pipelines and the warp roles), over dense keys: the CTA
-visits its split's KV tiles [begin, end) of one KV tensor (stages/common/sm100_keys.py's
-`DenseKeys`), with no mask and no sink.  A row of an empty split writes O_part = 0, LSE_part
-= −∞ (the combine skips it); with one split every row has a key (n ≥ 64).
+This rung is the sm100 decode house itself (stages/common/sm100_decode.py) over dense keys:
+the CTA visits its split's KV tiles [begin, end) of one KV tensor (sm100_keys.DenseKeys), no
+mask, no sink.  An empty split writes O_part = 0, LSE_part = −∞ (the combine skips it).
 """
 
 import cuda.bindings.driver as cuda
@@ -39,12 +33,7 @@ from stages.common.sm100_keys import DenseKeys
 
 class Kernel(DecodeSm100):
     """DSV4 MQA decode attention over dense keys with split-KV (stages/common/sm100_decode.py).
-
-    Options beyond the stage's axes: o_split, s_stages, sm_count (see DecodeSm100).  An
-    impossible plan raises ValueError, e.g.
-        Kernel(shape="b1s1h128n256d512", splits=1, o_split=1)
-        ValueError: TMEM budget: S 2×64 + O 512 = 640 columns > 512 …
-    """
+        Options beyond the stage's axes: o_split, s_stages, sm_count (DecodeSm100)."""
 
     NAME = "stage D2 sm100"
 

@@ -1,36 +1,12 @@
 """Stage D2 on Hopper (sm_90a): DSV4 decode attention — batches, tokens, MQA head packing,
-split-KV with an LSE combine.
+split-KV with an LSE combine (tensors: oracles/decode.py).
 
-Math (stage D1's, per query row):  O = softmax(Q·Kᵀ · scale) · V,  LSE = ln Σ exp(Q·Kᵀ · scale),
-scale = 1/sqrt(d), with DSV4's tensors: Q [b, s_q, h_q, d], KV [b, n_alloc, d] (ONE latent head:
-K = V = KV, first n rows attended), O [b, s_q, h_q, d] bf16, LSE [b, h_q, s_q] fp32.
-
-The kernel is the decode house, stages/common/sm90_decode.py (its module doc: warp roles,
-pipeline, shared memory, limits), which stages D3–D5 extend with masks, a second key branch
-and the sink.  What is new in this rung, and lives there:
-    Head packing.  All h_q heads of a token share the one KV head, so the 64 heads of one
-        (batch, token) are the 64 rows (M) of a CTA's MMAs: Q and O are viewed as
-        [b · s_q · h_q, d] row blocks of 64 rows — one contiguous TMA box each.
-    Grid and split-KV.  stages/common/scheduler.py: grid (h_q/64 · s_q, splits, b), each CTA
-        one row block × one KV split [tile_begin, tile_end).  With one split the CTA writes O
-        and LSE; with several it writes fp32 partial O (normalised) and partial LSE into the
-        scratch tensors, and a second launch (stages/common/combine.py) merges them by LSE.
-        An empty split writes LSE = −∞ and O = 0, and the combine ignores it.
-    K = V, read once.  One TMA load per KV tile into one shared-memory slot; P·V reads THE
-        SAME BYTES as Vᵀ (`kv_layouts`, proven at trace time by `check_same_bytes`).
-    A load warpgroup (setmaxnreg 24 / 240) and two MMA warpgroups, O split by column.
-    NaN beyond n.  The TMA tensor of KV has extent n (not n_alloc) along the keys, and the
-        scheduler never asks for a tile past n: a row ≥ n is never loaded.
-
-Speed (issue 30 item 4; docs/MASKED_DECODE.md): D2 turns on four of the house's flags —
-    WIDE_STORE (16-byte O stores), LAZY_RESCALE (most tiles skip the O rescale), PERSISTENT
-    (min(row blocks · splits, SMs) CTAs walk the work: the next block's Q and tiles load during
-    this one's last P·V and epilogue) and REGISTER_P (warpgroup 0's P·V from its registers,
-    issued before P is stored for warpgroup 1).  The SM count is the GPU's (stages/common/device.py).
+The kernel is the decode house, stages/common/sm90_decode.py (its module doc), which D3–D5 extend
+with masks, a second branch and the sink; D2 turns on its four flags WIDE_STORE, LAZY_RESCALE,
+PERSISTENT and REGISTER_P (docs/MASKED_DECODE.md).
 
 Limits: h_q a multiple of 64; d ∈ {64, 128, 256, 512}; n a multiple of block_n (64 at d = 512,
-else 128); splits ≤ the scratch capacity (oracles/decode.py).
-"""
+else 128); splits ≤ the scratch capacity (oracles/decode.py)."""
 
 import cuda.bindings.driver as cuda
 

@@ -1,18 +1,10 @@
-"""Stage D3 on Hopper (sm_90a): D2's decode attention over a sliding window filled to a
-per-batch level — the SWA length mask.
+"""Stage D3 on Hopper (sm_90a): D2's decode attention over a sliding window filled to a per-batch
+level — the SWA length mask (math and tensors: oracles/masked_decode.py).
 
-Math:  O = softmax(Q·Kᵀ · scale) · V over the keys j < swa_lens[b] only (scale = 1/sqrt(d));
-keys at or past the fill level may hold anything, NaN included, and must not reach O.  A token
-with no valid key (swa_lens[b] = 0): O = 0, LSE = +∞, never NaN.  Tensors: D2's plus
-swa_lens [b] int32 (oracles/masked_decode.py).
-
-What is new in this rung (the rest is D2's house, stages/common/sm90_decode.py)
-    The key branch has a fill level (`KeyBranch(fill=True)`): the CTA reads swa_lens[b], visits
-    only the tiles below it (scheduler.visit_tiles — a split above it is empty and writes the
-    empty partial), and on the one boundary tile masks the scores past the level to −∞ and
-    zeroes those KV rows in shared memory before P·V (stages/common/masks.py).  A CTA with no
-    key writes O = 0, LSE = +∞ directly.
-"""
+New in this rung (the rest is the house, stages/common/sm90_decode.py): the key branch has a fill
+level (`KeyBranch(fill=True)`): only the tiles below swa_lens[b] are visited, the boundary tile's
+scores past it are masked and its KV rows zeroed (masks.py); a keyless CTA writes O = 0, LSE = +∞
+(or the empty partial) directly."""
 
 import cuda.bindings.driver as cuda
 

@@ -1,18 +1,11 @@
-"""Stage D4 on Hopper (sm_90a): D3's sliding-window decode, causal — the s_q query tokens are the
-newest tokens of the window.
+"""Stage D4 on Hopper (sm_90a): D3's sliding-window decode, causal: token t of batch b sits at key
+position swa_lens[b] − s_q + t and attends keys j ≤ that (and j < swa_lens[b]); a token with no
+key: O = 0, LSE = +∞ (oracles/masked_decode.py).
 
-Math:  token t (0 … s_q−1) of batch b sits at key position swa_lens[b] − s_q + t and attends
-the keys j ≤ swa_lens[b] − s_q + t (and j < swa_lens[b]):  O = softmax(Q·Kᵀ · scale) · V over
-them.  When swa_lens[b] < s_q the first tokens see no key: O = 0, LSE = +∞, never NaN.
-Tensors: D3's (oracles/masked_decode.py).
-
-What is new in this rung (the rest is the decode house, stages/common/sm90_decode.py)
-    The window's key branch is causal (`KeyBranch(causal=True)`).  A CTA's 64 rows are the
-    heads of ONE token, so the causal mask is one more key limit per CTA,
-    max(swa_lens[b] − s_q + t + 1, 0) (scheduler.key_limit) — D3's machinery (tiles past the
-    limit skipped, the boundary tile masked and zeroed, a keyless CTA writing the lonely
-    row) does the rest with no per-element causal test.
-"""
+New in this rung (the house: stages/common/sm90_decode.py): the branch is causal
+(`KeyBranch(causal=True)`).  A CTA's 64 rows are ONE token's heads, so the causal mask is one
+more key limit per CTA, max(swa_lens[b] − s_q + t + 1, 0) (scheduler.key_limit); D3's machinery
+does the rest with no per-element causal test."""
 
 import cuda.bindings.driver as cuda
 

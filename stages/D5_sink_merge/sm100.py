@@ -1,32 +1,16 @@
-"""Stage D5 on Blackwell (sm_100a): DSV4 decode attention over TWO key branches under one
-softmax, with the attention sink — the main (indexer-chosen) keys and the SWA window, in one
-launch, Q read once.  tcgen05 MMAs, S and O in TMEM, P through shared memory.
+"""Stage D5 on Blackwell (sm_100a): two key branches (the main keys and the SWA window) under one
+softmax with the attention sink, one launch, Q read once.  Compiled and inspected (PTX
+inventory, ptxas) only, never run on a Blackwell GPU: not verified.
 
-Compiled for sm_100a and inspected (PTX inventory, ptxas) only: it has never run on a
-Blackwell GPU.  Do not call it verified.
+Math: oracles/masked_decode.py.  Tensors: Q, KV_main [b, n_main, d], KV_swa [b, n_swa, d],
+main_lens, swa_lens [b] int32, sink [h_q] fp32 (unread without one), O, LSE, O_part, LSE_part;
+shape word b{b}s{s_q}h{h_q}m{n_main}n{n_swa}d{d}.
 
-Math (oracles/masked_decode.py):  one softmax over the valid keys of both branches — main key
-j valid iff j < main_lens[b] (no causal mask), SWA key j by D3's and D4's rules; a key in both
-branches counts twice.  Sink (when the case has one): O · 1 / (1 + exp(sink[h] − LSE)), the
-returned LSE without it; sink = −∞ changes nothing, +∞ gives O = 0; a row with no key: O = 0,
-LSE = +∞.  Tensors, in this order:
-    Q [b, s_q, h_q, d], KV_main [b, n_main, d], KV_swa [b, n_swa, d], main_lens [b],
-    swa_lens [b] int32, sink [h_q] fp32 (NaN and unread when the case has none), O, LSE,
-    O_part, LSE_part.   Shape word b{b}s{s_q}h{h_q}m{n_main}n{n_swa}d{d}.
-
-What is new in this rung (everything else is D2's sm100 house and D3/D4's masks)
-    Two branches, one tile space: the main tiles [0, T_main) then the SWA tiles
-    [T_main, T_main + T_swa); the splits divide it, and each CTA visits the tiles of ITS range
-    that hold a valid key of their branch (BranchKeys with two branches: scheduler.visit_tiles
-    gives n_first main tiles, then SWA tiles).  One online softmax runs across both — the
-    branch only decides, per visited tile, which TMA descriptor the load warp uses and which
-    fill level / key limit the MMA warp and the softmax threads apply.  So the merge of the
-    branches is the online softmax itself (DSV4.md's merge identity holds by construction;
-    with split-KV the combine merges partials by LSE exactly as it merges any split).
-    The sink: with one split the epilogue multiplies 1/ℓ by combine.sink_factor(sink[h],
-    LSE) (LSE before the lonely row's +∞); with split-KV the partials carry no sink and
-    SplitCombine applies it once, after the merge (sink_heads = h_q).
-"""
+New in this rung (the rest: the sm100 house and D3/D4's masks): one tile space, the main tiles
+then the SWA tiles, visited where they hold a valid key (a two-branch BranchKeys); ONE online
+softmax across both, the branch picking per tile the TMA descriptor and the limit.  The sink:
+one split multiplies 1/ℓ by combine.sink_factor; split-KV partials carry none and SplitCombine
+applies it once (sink_heads = h_q)."""
 
 import cuda.bindings.driver as cuda
 

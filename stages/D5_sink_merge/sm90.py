@@ -1,29 +1,11 @@
 """Stage D5 on Hopper (sm_90a): DSV4's two key branches under ONE softmax in one launch, and the
-attention sink.
+attention sink (math and tensors: oracles/masked_decode.py).
 
-Math (per query row of token t, batch b, head h):
-    keys   main j < main_lens[b] (no causal mask: the indexer enforces it upstream), and SWA
-           j < swa_lens[b], j ≤ swa_lens[b] − s_q + t (D3's and D4's rules); a key present in
-           both branches counts twice
-    O      = softmax(Q·Kᵀ · scale) · V over the union, × 1 / (1 + e^(sink[h] − LSE)) when a
-             sink is given;  LSE = ln Σ exp(Q·Kᵀ · scale) over the union (without the sink)
-    a row with no key in either branch: O = 0, LSE = +∞, never NaN.
-Tensors: Q, KV_main [b, n_main, d], KV_swa [b, n_swa, d], main_lens, swa_lens [b] int32,
-sink [h_q] fp32, O, LSE, O_part, LSE_part (oracles/masked_decode.py).
-
-What is new in this rung (the rest is the decode house, stages/common/sm90_decode.py)
-    Two key branches, one softmax, Q read once.  The CTA's tile space is the main branch's
-        tiles followed by the SWA branch's (scheduler.visit_tiles over both fill levels); the
-        load warp takes each tile from its branch's TMA tensor (two descriptors, the same
-        shared-memory slots), and the MMA warpgroups run ONE online softmax over all of them
-        — the merge of DSV4.md happens inside the running max and sum, with nothing to
-        combine at the end.  Each branch's boundary tile is masked and zeroed on its own
-        limit.  A split may hold tiles of either branch, or both.
-    The sink (`sink` ≠ none) on the finished rows: with one split the epilogue multiplies
-        1/ℓ by 1 / (1 + e^(sink − LSE)) (combine.sink_factor); with split-KV the partials stay
-        sink-free and the combine applies it once, after merging.  The LSE written never
-        includes it.
-"""
+New in this rung (the rest is the house, stages/common/sm90_decode.py): the tile space is the
+main branch's tiles then the SWA branch's (visit_tiles over both fill levels); the load warp
+takes each tile from its branch's TMA tensor into the same slots, and ONE online softmax runs
+over all of them (each branch's boundary tile masked on its own limit).  The sink: one split
+multiplies 1/ℓ by combine.sink_factor; split-KV leaves it to the combine.  LSE never includes it."""
 
 import cuda.bindings.driver as cuda
 

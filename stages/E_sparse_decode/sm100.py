@@ -2,92 +2,63 @@
 indices, the main and the extra (SWA) key lists under one softmax, attention sink, split-KV.
 tcgen05 MMAs with S and O in tensor memory, P through shared memory.
 
-Compiled for sm_100a and inspected (PTX inventory, ptxas) only: it has never run on a
-Blackwell GPU.  Do not call it verified.
+Compiled and inspected (PTX inventory, ptxas) only, never run on a Blackwell GPU: not verified.
 
-Math and contract: oracles/sparse_decode.py (the same tensors, constructor keywords and
-__call__ signature as stages/E_sparse_decode/sm90.py).  Per query row (batch, token, head):
+Math and contract: oracles/sparse_decode.py (tensors, constructor keywords and __call__ as
+stages/E_sparse_decode/sm90.py).  Per query row (batch, token, head):
     O = softmax(Q·Kᵀ · scale) · V · 1/(1 + exp(sink[h] − LSE)),  LSE = ln Σ exp(Q·Kᵀ · scale)
 over the valid keys of both lists (position < the list's length, index ≠ −1), K = V = the
-dequantised cache rows, scale = softmax_scale[0] (a runtime fp32 input, DSV4's 1/sqrt(512) by
-default; each softmax thread folds log2 e into it once: `score_scale_log2`, the house's hook);
-a row with no valid key: O = 0, LSE = +∞.
+dequantised cache rows, scale = softmax_scale[0] (runtime fp32; `score_scale_log2` folds log2 e
+in once); a row with no valid key: O = 0, LSE = +∞.
 
-Everything but the producer is the sm100 decode house of D2–D5 (stages/common/sm100_decode.py:
-its shared memory, pipelines, TMEM plan checked at trace time, MMA warp, softmax warps,
-epilogue, split-KV + SplitCombine).  What is new in this rung, through the house's hooks
-(kv_pipeline, smem_fields, bind_keys, is_producer, load_role):
+Everything but the producer is the sm100 decode house (stages/common/sm100_decode.py).  New
+here, through the house's hooks (kv_pipeline, smem_fields, bind_keys, is_producer, load_role):
 
-    One token per CTA.  The two tokens of a sequence attend DIFFERENT key lists, so tokens
-        cannot fold into M as in D2: the house runs over b·s_q "sequences" of one token each
-        (DecodeShape(b·s_q, 1, h_q, …) — the same bytes of Q and O), h_q ≤ 128 rows per CTA
-        (h_q = 64 leaves rows 64 … 127 as TMA zero padding, never stored), and the LSE view
-        is re-indexed so flat row (b·s_q + t)·h_q + h lands at LSE[b, h, t].
+    One token per CTA.  A sequence's tokens attend DIFFERENT key lists, so the house runs over
+        b·s_q "sequences" of one token (DecodeShape(b·s_q, 1, h_q, …), the same bytes of Q and
+        O), h_q ≤ 128 rows a CTA (h_q = 64: rows 64 … 127 TMA zero padding, never stored); the
+        LSE view is re-indexed so flat row (b·s_q + t)·h_q + h lands at LSE[b, h, t].
     The key list replaces the TMA of KV.  The tile space is the main list's 64-key tiles, then
-        the extra list's; a CTA visits the tiles of its split that hold a position below the
-        list's length (scheduler.visit_tiles).
+        the extra list's; a CTA visits its split's tiles below the list's length
+        (scheduler.visit_tiles).
     The index warp (warp 5: Q's TMA first).  Per visited tile, lane l reads list positions l
-        and l + 32 (clamped into the list; past the length the list may hold INT_MAX) and makes
-        them cache indices or −1 (invalid); publishes the 64 key-mask flags (0 or −∞) in a
-        2-slot mask ring for the softmax threads (PipelineAsync, 32 → 128 threads; each
-        softmax thread adds them to its row's scores before the row max); then, per chunk of
-        128 columns, in the house's chunk order (this CTA's V chunks last), takes a slot of the
-        2-slot raw staging ring (PipelineTmaAsync → the 4 dequantisation warps), writes the 64
-        indices and the 64 row ids into the slot's sidecar, and issues the TMA gather4 of the
-        chunk's bytes of the 64 rows (stages/common/sm100_gather.py: 16 instructions of 4 rows
-        per 64-byte box column, the row ids read from the sidecar).  The cache as one uniform
-        array of rows (a tensor map per list): v4.1 — 528-byte rows (512 e4m3 + 16 scale
-        bytes), row = index, the first 512 bytes gathered; model1 — 576-byte rows (448 e4m3 +
-        64 bf16 rope), row = block · (block_bytes / 576) + offset (blocks are padded to whole
-        576-byte rows; the rows over the scale plane are never indexed), all 576 bytes
-        gathered (the rope chunk is 192 bytes: three boxes).  An invalid key's row id is 0 (in
-        range; its bytes are never read).  `simple` (512 e4m3 then a plane of fp32 scales, blocks
-        padded to 16 bytes) is no uniform row array (a block is not a whole number of 512-byte
-        rows), so it has no gather: its slots carry the sidecar only and the dequantisers load
-        the rows from global memory with 16-byte loads.  `nvfp4` (issue 33: 352-byte rows, then
-        32 scale bytes a token in the block) neither: per 16 columns 8 bytes of e2m1 and the
-        group's e4m3 scale byte (or 32 bytes of rope), converted by stages/common/e2m1_bits.py's
-        bit moves × 2^126 × the scale (exact).
-    The dequantisation warps (warps 6 … 9, 128 threads).  Per chunk: wait for the raw slot,
-        read the 4 indices of their keys from the sidecar (thread p: keys p // 8 + 16 r, r =
-        0 … 3; columns 16 (p mod 8) … + 15) and issue the scale loads of the valid ones (global
-        memory; `simple`: the 16 raw bytes of each key instead, all 4 keys' loads before any use),
-        take a slot of the house's bf16 chunk ring (PipelineAsyncUmma, 128 threads → the MMA
-        warp), then key by key read the staged bytes (16, or 32 for model1's rope; one key at a
-        time keeps 8 registers, not 32), convert (e4m3 × scale → bf16; the rope as stored; an
-        invalid key → zeros, so P·V never meets a NaN) and write the K-major 128-byte-swizzled
-        tile through a (key, column, slot) view of the ring proven at trace time to address
-        exactly the MMA's operand bytes (`check_key_col_view`); release the raw slot (one arrive
-        a warp, after a warp sync), fence.proxy.async and arrive.  Scales per format
-        (oracles/kvcache.py): model1 — e8m0 byte col // 64 of the token's 7 in the block's
-        scale plane; v4.1 — e8m0 byte col // 32 of the 16 after the token's data (powers of
-        two: bf16(e4m3 × scale) is exact); simple — none here: its e4m3 values go to bf16
-        unscaled (exact), as on sm90.
-    simple's fp32 key scale (KEY_SCALE "scores", as sm90.py): the index warp loads each valid
-        key's scale and publishes it beside the mask flag (a `key_scale` ring of the mask
-        ring's slots, in the bytes the row ids take for a gathered format; −1 for an invalid
-        key, so the scale is the mask); each softmax thread takes S ← S·scale (−∞ where the
-        scale is −1) before the row max and, after ℓ has summed P, P ←
-        P·scale in fp32 before the bf16 cast (the house's probs_for_pv hook), then releases
-        the mask slot.  So O = Σ bf16(P·scale)·e4m3 / ℓ and LSE carries no bf16 rounding of
-        a scaled key.
+        and l + 32 (clamped into the list) and makes them cache indices or −1; publishes the 64
+        mask flags (0 or −∞) in a 2-slot mask ring (PipelineAsync, 32 → 128 threads, added to
+        the scores before the row max); then per 128-column chunk, in the house's chunk order,
+        takes a slot of the 2-slot raw staging ring (PipelineTmaAsync → the dequantisers),
+        writes the 64 indices and row ids into its sidecar and issues the TMA gather4 of the
+        chunk's bytes of the 64 rows (sm100_gather.py).  The cache as a uniform row array (a
+        tensor map per list): v4.1 — 528-byte rows, row = index, 512 bytes gathered; model1 —
+        576-byte rows, row = block · (block_bytes / 576) + offset, all gathered (the rope chunk
+        192 bytes, three boxes).  An invalid key's row id is 0 (never read).  `simple` and `nvfp4` are no
+        uniform row array: no gather, the dequantisers load the rows from global memory.
+    The dequantisation warps (6 … 9, 128 threads).  Per chunk: wait for the raw slot, read the
+        4 indices of their keys (thread p: keys p // 8 + 16 r, r = 0 … 3; columns 16 (p mod 8)
+        … + 15), issue the valid ones' scale loads (simple / nvfp4: the raw bytes too), take a
+        slot of the house's bf16 chunk ring (PipelineAsyncUmma → the MMA warp), then key by key
+        (8 registers, not 32) convert (e4m3 × scale → bf16; the rope as stored; nvfp4 by
+        e2m1_bits.py; an invalid key → zeros, so P·V never meets a NaN) and write the K-major
+        128-byte-swizzled tile through a (key, column, slot) view proven to address the MMA's
+        operand bytes (`check_key_col_view`); release the raw slot (one arrive a warp),
+        fence.proxy.async, arrive.  Scales: model1 — e8m0 byte col // 64 of the token's 7;
+        v4.1 — byte col // 32 of its 16 (powers of two: exact); simple — unscaled (exact).
+    simple's fp32 key scale (KEY_SCALE "scores", as sm90.py): the index warp publishes each
+        valid key's scale in a `key_scale` ring beside the mask (−1 for an invalid key, so the
+        scale is the mask); each softmax thread takes S ← S·scale (−∞ at −1) before the row max
+        and, after ℓ has summed P, P ← P·scale in fp32 before the bf16 cast (probs_for_pv).  So
+        O = Σ bf16(P·scale)·e4m3 / ℓ and LSE carries no bf16 rounding of a scaled key.
     Shared memory: the staging ring takes 2 × 8 KiB (v4.1) or 2 × 12 KiB (model1) from the
-        house's bf16 ring (smem_reserved): 4 or 3 chunk slots instead of 5 (simple keeps 5).
+        house's bf16 ring (smem_reserved): 4 or 3 chunk slots instead of 5.
     Sink: the house's row_scale hook with one split; SplitCombine applies it after the merge.
 
-FlashMLA's sm100 sparse FP8 decode (github deepseek-ai/FlashMLA csrc/sm100/decode/sparse_fp8,
-read, not copied) is the production shape of the same plan: a 2-CTA cluster of 64-head CTAs,
-raw rows by TMA gather4, each CTA's producer dequantising HALF the columns into its own and the
-peer's shared memory (st.async).  Not here yet: the cluster sharing (each o_split CTA of a pair
-gathers and dequantises all 512 columns of every tile, using half as V), skipping a group of 4
-invalid rows, and the scales by TMA (they are 1 … 4 bytes a key, loaded by the dequantisers).
+
+Not here yet: FlashMLA's 2-CTA cluster sharing the dequantisation (csrc/sm100/decode/sparse_fp8).
 
 Warp roles (320 threads)
     warps 0-3   softmax: house (S from TMEM, key mask, P → SMEM, O rescale, epilogue)
     warp 4      MMA: house (Q·Kᵀ chunk by chunk, P·V of this CTA's half)
     warp 5      index warp: Q by TMA, key indices + mask, row ids, TMA gather4 into the raw ring
-    warps 6-9   dequantisation: raw ring (+ scales) → bf16 chunk ring
-"""
+    warps 6-9   dequantisation: raw ring (+ scales) → bf16 chunk ring"""
 
 import cuda.bindings.driver as cuda
 
@@ -120,7 +91,7 @@ RAW_SLOTS = 2
 BOX = 64  # bytes of a row per gather4 box column
 GATHER_ROWS = {"model1": (576, 576), "v4.1": (528, 512)}  # (row bytes, bytes gathered) of a gathered format
 RAW_WIDTH = {"model1": 192, "v4.1": 128}  # staging bytes a key: the widest chunk (model1: 64 e4m3 + 128 rope)
-# Where a format's per-key scale is applied (issue 34 item 1; the same plan as sm90.py):
+# Where a format's per-key scale is applied (the same plan as sm90.py):
 #   "keys"   — in the dequantisation, bf16(e4m3 × scale): exact for model1 / v4.1, whose scales are
 #              powers of two (e8m0);
 #   "scores" — after the MMA, in fp32: the ring holds the exact e4m3 values (bf16, unscaled), the
@@ -133,18 +104,16 @@ KEY_SCALE = {"simple": "scores", "model1": "keys", "v4.1": "keys", "nvfp4": "key
 
 
 def gather_row(index, block_size: int, block_bytes: int, row_bytes: int):
-    """The gather row of cache index `index` (= block · block_size + offset) in the uniform row
-    view (sm100_gather.rows_view): block · (block_bytes / row_bytes) + offset — plain ints or
-    traced Int32 (the index warp).  Its bytes start at row · row_bytes."""
+    """The gather row of cache index `index` (= block · block_size + offset) in the uniform row view
+        (sm100_gather.rows_view): block · (block_bytes / row_bytes) + offset; ints or traced Int32."""
     return index // block_size * (block_bytes // row_bytes) + index % block_size
 
 
 def check_key_col_view(kw_smem, k_smem, k_coords) -> int:
-    """Trace-time proof that the dequantisers' (key, col, slot) view `kw_smem` of the ring and
-    the MMA's K operand layout `k_smem` (k_coords: (key, col) of each index of a slot, partitioned
-    like the B operand) give every element of a slot the same offset before the (shared)
-    swizzle, and the same slot stride.  Returns the elements compared; raises ValueError
-    naming the first mismatch."""
+    """Trace-time proof that the dequantisers' (key, col, slot) view `kw_smem` of the ring and the
+        MMA's K operand layout `k_smem` (k_coords partitioned like the B operand) give every element
+        of a slot the same offset before the swizzle, and the same slot stride.  Returns the
+        elements compared; ValueError names the first mismatch."""
     if str(kw_smem.inner) != str(k_smem.inner):
         raise ValueError(f"K write view: swizzles differ ({kw_smem.inner} vs {k_smem.inner})")
     k_one = cute.select(k_smem.outer, mode=[0, 1, 2])
@@ -161,13 +130,11 @@ def check_key_col_view(kw_smem, k_smem, k_coords) -> int:
 
 
 class SparseKeys:
-    """The tiles one CTA visits and where their keys come from (a plain object of traced
-    values, read by the kernel's own methods, never called inside a staged loop or `if`):
-    plan = (n_local, n_first, first_begin, second_begin) — n_first main-list tiles from
-    first_begin, then extra-list tiles from second_begin; lists = (KV, idx, main_len,
-    KV_extra, idx_extra, extra_len); gathers = ((atom, coordinates) of the main list, of the
-    extra list) or Nones.  `bind` adds the shared-memory pieces (Kernel.bind_keys).
-    masked: the softmax threads apply the published key mask (mask())."""
+    """The tiles one CTA visits and where their keys come from (traced values, read by the kernel's
+        methods outside staged loops and `if`s): plan = (n_local, n_first, first_begin,
+        second_begin) — n_first main-list tiles from first_begin, then extra-list tiles from
+        second_begin; lists = (KV, idx, main_len, KV_extra, idx_extra, extra_len); gathers = (atom,
+        coordinates) of each list, or Nones.  `bind` adds the shared-memory pieces."""
 
     masked = True
 
@@ -186,12 +153,10 @@ class SparseKeys:
 
     @cute.jit
     def mask(self, j, rS, key_cols: cutlass.Constexpr, token):
-        """Softmax thread: wait for tile j's flags, add them to its row's scores (register i
-        holds key column key_cols[i], the house's trace-time map), release the mask slot.
-        With scores_scaled (simple) the key-scale ring is the mask: S ← S · scale, or −∞ where
-        the index warp published −1 (an invalid key; a real scale is ≥ 0) — one shared load a
-        score (reading the flags as well spilled at the 168-register ceiling); the slot is
-        released by scale_probs, which reads the scales again."""
+        """Softmax thread: wait for tile j's flags, add them to its row's scores (register i holds key
+                column key_cols[i]), release the mask slot.  scores_scaled (simple): the key-scale ring
+                is the mask, S ← S · scale or −∞ where the index warp published −1 (one shared load a
+                score: reading the flags too spilled); released by scale_probs."""
         st = pipeline.PipelineState(MASK_SLOTS, j, j % MASK_SLOTS, (j // MASK_SLOTS) % 2)
         self.mask_pipe.consumer_wait(st)
         if cutlass.const_expr(self.scores_scaled):
@@ -219,14 +184,9 @@ class SparseKeys:
 
 
 class Kernel(DecodeSm100):
-    """FP8 paged sparse decode on Blackwell: an index warp gathers raw rows by TMA gather4,
-    dequantisation warps fill the house's chunk ring, tcgen05 MMAs, one softmax over both
-    lists, sink, split-KV (see the module doc).  Options beyond the stage's axes: o_split,
-    s_stages, sm_count (DecodeSm100); an impossible TMEM plan raises ValueError("TMEM
-    budget: …") here and again at trace time.  Each list at most MAX_TOPK (32768) entries (each
-    tile's idx is read from global: no shared-memory bound); "auto" splits take at most the
-    scratch's partial slots — oracles/sparse_decode.py gives at most AUTO_SPLITS (32) where sm90's
-    parts need fewer (one a tile was 256 at topk 16384)."""
+    """FP8 paged sparse decode on Blackwell (module doc).  Options beyond the stage's axes: o_split,
+        s_stages, sm_count (DecodeSm100); an impossible TMEM plan raises ValueError("TMEM budget:
+        …").  Each list at most MAX_TOPK entries; "auto" splits at most AUTO_SPLITS."""
 
     NAME = "stage E sm100"
     DEQUANT_WARPS = (6, 7, 8, 9)
@@ -364,10 +324,9 @@ class Kernel(DecodeSm100):
 
     # ---- the house's hooks: shared memory, the ring's producer side
     def smem_fields(self):
-        """Barriers of the mask and raw rings; the mask ring (64 fp32 flags a slot), the raw
-        ring's sidecars (64 indices a slot, and 64 row ids for a gathered format) and its bytes;
-        with scores_scaled (simple, no gather) the keys' fp32 scales beside the mask ring (64 a
-        slot) in the row ids' place — the same bytes."""
+        """Barriers of the mask and raw rings; the mask ring (64 fp32 flags a slot), the raw ring's
+                sidecars (64 indices, and 64 row ids for a gathered format) and bytes; simple: the keys'
+                fp32 scales in the row ids' bytes."""
         barriers = {"mask_mbar": cute.struct.MemRange[cutlass.Int64, 2 * MASK_SLOTS],
                     "raw_mbar": cute.struct.MemRange[cutlass.Int64, 2 * RAW_SLOTS]}
         buffers = {"key_mask": cute.struct.Align[cute.struct.MemRange[F32, KV_TILE * MASK_SLOTS], 16],
@@ -389,9 +348,8 @@ class Kernel(DecodeSm100):
         )
 
     def bind_keys(self, keys, storage) -> None:
-        """The mask ring (index warp → softmax threads), the raw ring (index warp's gather4 →
-        dequantisation warps) with its sidecars and staging bytes, the gather partitions and
-        the dequantisers' (key, col, slot) view of the chunk ring."""
+        """The mask ring (index warp → softmax), the raw ring (gather4 → dequantisers) with sidecars and
+                staging bytes, the gather partitions and the (key, col, slot) view of the chunk ring."""
         keys.mask_pipe = pipeline.PipelineAsync.create(
             num_stages=MASK_SLOTS,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
@@ -427,11 +385,10 @@ class Kernel(DecodeSm100):
         return p
 
     def gather_bytes(self, tAsA) -> tuple[int, int]:
-        """(bytes a 128-byte chunk deposits, bytes model1's wide rope chunk deposits) on the raw
-        slot's mbarrier — from the copy atom's shared-memory partition (one gather4_tile's
-        tile), not hand constants (issue 34 item 4): a chunk is 2 tiles (3 for the wide one).
-        Trace time: a tile is KV_TILE rows × BOX bytes, the wide chunk fits its staging slot,
-        and a tile's chunks add up to the bytes gathered a row; else ValueError."""
+        """(bytes a 128-byte chunk deposits, bytes model1's wide rope chunk deposits) on the raw slot's
+                mbarrier, from the copy atom's partition (a chunk is 2 gather4 tiles, 3 wide).  Trace
+                time: a tile is KV_TILE rows × BOX bytes, the wide chunk fits its slot, and the chunks
+                add up to the bytes gathered a row; else ValueError."""
         tile = int(cute.size_in_bytes(cutlass.Uint8, tAsA[None, 0, 0].layout))
         narrow = 2 * tile
         wide = 3 * tile if self.fmt == "model1" else narrow
@@ -465,12 +422,10 @@ class Kernel(DecodeSm100):
     @cute.jit
     def epilogue(self, o_load, tTR_tO, tTR_cO, tTR_gO, rO, row_max, row_sum, c, mLSE, mLSEp,
                  rb, half, split, batch, n_local, o_chunks: cutlass.Constexpr, pv_tiles: cutlass.Constexpr, extra):
-        """The house's epilogue, or with the FP8 epilogue and one split this thread's row
-        (head `row` of token `batch`) through stages/common/fp8_epilogue.py: per 128-column
-        block of this CTA's d_cta columns, two passes over its 32-column TMEM chunks — the
-        block's amax, then the values (1/ℓ and the sink's factor, the inverse rotation of the
-        rope pairs, a thread's adjacent columns, x · 2^−e to e4m3, two 16-byte stores a chunk) —
-        and this CTA's bytes of the row's scale word; LSE as the house writes it."""
+        """The house's epilogue, or with the FP8 epilogue and one split this thread's row through
+                stages/common/fp8_epilogue.py: per 128-column block of d_cta, two passes over its 32-column
+                TMEM chunks — amax, then the values (1/ℓ × the sink's factor, the inverse rope rotation,
+                x · 2^−e to e4m3, two 16-byte stores a chunk) — and this CTA's bytes of the scale word."""
         if cutlass.const_expr(not self.fp8 or self.splits > 1):
             DecodeSm100.epilogue(self, o_load, tTR_tO, tTR_cO, tTR_gO, rO, row_max, row_sum, c, mLSE, mLSEp,
                                  rb, half, split, batch, n_local, o_chunks, pv_tiles, extra)
@@ -605,10 +560,9 @@ class Kernel(DecodeSm100):
     @cute.jit
     def index_role(self, q_prod, tma_q, tQgQ, tQsQ, plan, lists, seq, mask_pipe, s_mask, s_kscale, raw_pipe, s_idx,
                    s_rows, gathers, parts, shift, lane):
-        """Warp 5: Q once (TMA); per visited tile the 64 keys' indices (lane l: positions l and
-        l + 32), the mask flags (and simple's fp32 key scales, −1 for an invalid key), then per
-        chunk a raw slot: sidecar, arrive (with the bytes the gather deposits), TMA gather4 of
-        the chunk's bytes of the 64 rows."""
+        """Warp 5: Q once (TMA); per visited tile the 64 keys' indices (lane l: positions l, l + 32),
+                the mask flags (simple: the fp32 key scales, −1 invalid), then per chunk a raw slot:
+                sidecar, arrive with the gather's bytes, TMA gather4 of the 64 rows."""
         hang_guard.role("index")  # names this role's waits in a --debug-hangs build
         c = self.c
         q_slot = q_prod.acquire_and_advance()
@@ -676,10 +630,9 @@ class Kernel(DecodeSm100):
 
     @cute.jit
     def gather_chunk(self, atom, parts, slot, cid, wide, bar):
-        """Bytes 128·cid … of the slot's 64 rows: box columns 2·cid, 2·cid + 1 — and 2·cid + 2
-        on model1's rope chunk (`wide`) — into regions 0, 1 (2) of the staging slot.  (An
-        if / else of whole chunks: a lone `if wide` around the third box made ptxas keep ~40 more
-        registers live and spill at the 168-register ceiling of 320 threads.)"""
+        """Bytes 128·cid … of the slot's 64 rows: box columns 2·cid, 2·cid + 1 (and 2·cid + 2 on
+                model1's `wide` rope chunk) into regions 0, 1 (2) of the staging slot.  An if / else of
+                whole chunks: a lone `if wide` made ptxas spill at 168 registers."""
         if cutlass.const_expr(self.fmt == "model1"):
             if wide:
                 for r in cutlass.range_constexpr(3):
@@ -694,10 +647,8 @@ class Kernel(DecodeSm100):
     @cute.jit
     def key_indices(self, idx, batch, token, tile, length, topk: cutlass.Constexpr[int], first, step: cutlass.Constexpr[int],
                     index):
-        """index[r] ← the cache index of list position 64·tile + first + step·r, or −1 when the
-        key is invalid (position ≥ length, or −1 in the list).  The read is clamped into the
-        list: a padded tail position never reads past it, and past the length nothing read is
-        used."""
+        """index[r] ← the cache index at list position 64·tile + first + step·r, or −1 (position ≥
+                length, or −1 in the list).  The read is clamped into the list."""
         for r in cutlass.range_constexpr(cute.size(index)):
             pos = tile * KV_TILE + first + step * r
             got = idx[batch, token, cutlass.min(pos, topk - 1)]
@@ -730,9 +681,8 @@ class Kernel(DecodeSm100):
     # ---- the dequantisation warps
     @cute.jit
     def dequant_role(self, kv_pipe, raw_pipe, s_idx, s_raw, sKw, plan, lists, shift, ptid):
-        """Warps 6-9 (`ptid` 0 … 127): per chunk of every visited tile, in the house's load
-        order: the raw slot's indices and bytes (+ scales) into registers, the raw slot
-        released, then the converted piece into the next chunk-ring slot (module doc)."""
+        """Warps 6-9, per chunk in the house's load order: the raw slot's indices and bytes (+ scales)
+                into registers, the raw slot released, the converted piece into the chunk-ring slot."""
         hang_guard.role("dequant")  # names this role's waits in a --debug-hangs build
         c = self.c
         n_local, n_first, first_begin, second_begin = plan
@@ -787,10 +737,9 @@ class Kernel(DecodeSm100):
     def load_keys(self, cache, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], s_raw, slot,
                   index, row, col0, cid, raw, scale):
         """The scales of columns col0 … col0 + 15 of this thread's 4 keys into scale[r] and, for
-        `simple` and `nvfp4` (no uniform row array to gather: its 352-byte rows and 32-byte
-        scale slots share a block), their raw bytes (global memory) into raw[:, r] — every load issued before any
-        is used; an invalid key (index −1) is not read: zeros, scale 0.  (A gathered format's
-        bytes are read from the staging slot later, a key at a time: load_staged_piece.)"""
+                `simple` and `nvfp4` (no uniform row array to gather), their raw bytes into raw[:, r] —
+                every load issued before any is used; an invalid key is not read: zeros, scale 0.
+                (A gathered format's bytes come from the staging slot: load_staged_piece.)"""
         base = cache.iterator.toint()
         for r in cutlass.range_constexpr(4):
             if index[r] != -1:
@@ -799,9 +748,8 @@ class Kernel(DecodeSm100):
     @cute.jit
     def load_piece(self, base, index, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], col0,
                    raw) -> cutlass.Float32:
-        """The scale of token `index`, columns col0 … col0 + 15 (global memory); `simple` also
-        its 16 e4m3 bytes into raw[0:4] — and scale 1: its fp32 scale is applied to S and P
-        (KEY_SCALE), the ring holds the e4m3 values exactly."""
+        """The scale of token `index`, columns col0 … col0 + 15; `simple` also its 16 e4m3 bytes into
+                raw[0:4], scale 1 (its fp32 scale is applied to S and P)."""
         blk = cutlass.Int64(index // block_size)
         off = cutlass.Int64(index % block_size)
         block = base + blk * block_bytes
@@ -852,9 +800,8 @@ class Kernel(DecodeSm100):
 
     @cute.jit
     def convert_piece(self, raw, scale, col0, vals):
-        """vals (16 bf16) ← raw: 16 e4m3 × scale (fp32 math), or model1's / nvfp4's rope as it
-        is; nvfp4's 16 e2m1 (raw[0:2]) by bit moves × 2^126, × the bf16 scale (stages/common/
-        e2m1_bits.py's two-multiply path: exact)."""
+        """vals (16 bf16) ← raw: e4m3 × scale (fp32), a rope as it is, nvfp4's e2m1 (raw[0:2]) by bit
+                moves × 2^126 × the bf16 scale (e2m1_bits.py: exact)."""
         if cutlass.const_expr(self.fmt == "nvfp4"):
             if col0 < D_NOPE:
                 bits = cute.make_rmem_tensor(1, F32)

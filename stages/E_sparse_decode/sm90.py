@@ -4,105 +4,70 @@ two branches under one softmax, attention sink, persistent parts.
 Math (oracles/sparse_decode.py): per query row (batch, token, head), over the valid keys of the
 main list (idx, topk_length) and the extra/SWA list (idx_extra, extra_length) together,
     O = softmax(Q·Kᵀ · scale) · V · 1/(1 + exp(sink[h] − lse)),   LSE = ln Σ exp(Q·Kᵀ · scale),
-K = V = the dequantised cache rows, scale = softmax_scale[0] (a runtime fp32 input, DSV4's
-1/sqrt(512) by default: one compiled kernel serves any; the MMA warpgroups fold log2 e into it
-once, `softmax_scale_log2`); a row with no valid key: O = 0, LSE = +∞.
+K = V = the dequantised cache rows, scale = softmax_scale[0] (a runtime fp32 input; the MMA
+warpgroups fold log2 e into it once, `softmax_scale_log2`); a row with no valid key: O = 0,
+LSE = +∞.
 
-The house it shares with D2–D5 (stages/common): heads fold into M, 64 heads of one token per
-CTA; K and Vᵀ views of one shared-memory slot (sm90_kv_slots.kv_layouts, here with no-swizzle
-atoms); P handed to warpgroup 1 through shared memory (sm90_smem_p.SmemP, its barriers met
-unaligned: unaligned_barriers); setmaxnreg plans (sm90_registers); the sink and LSE combine
-(combine, part_combine); barrier ids from barriers.NamedBarrier; the cache sizes of fp8_cache.
-Its kernel class is its own (the persistent parts and the producer warpgroup differ from
-DecodeSm90's one-CTA-per-split TMA loads).
+Shared with D2–D5 (stages/common): heads fold into M, 64 heads of one token per CTA; K and Vᵀ
+views of one shared-memory slot (sm90_kv_slots.kv_layouts, no-swizzle atoms); P to warpgroup 1
+through shared memory (sm90_smem_p.SmemP, unaligned_barriers); setmaxnreg plans
+(sm90_registers); the sink and LSE combine (combine, part_combine); barrier ids from
+barriers.NamedBarrier.  docs/STAGE_E.md: formats, ablations, timelines, what was tried.
 
-What is new in this rung
-    Persistent parts (stages/common/part_scheduler.py).  A CTA (a cluster pair at h_q 128) owns
-        L consecutive tiles of the flattened (sequence, tile) work and runs them segment after
-        segment — a segment is one sequence's tiles in the part — without ending: the KV ring
-        goes on, warpgroup 0 loads the next segment's Q during the last tile's P·V.  A whole
-        sequence writes O and LSE.  A sequence one part boundary cuts in two is merged here
-        (stages/common/part_merge.py): piece 1, the first segment of the next part, leaves a
-        partial and raises a flag; piece 0, the last segment of its part and long after, stages
-        that partial in the idle KV slots and writes the merged O and LSE — no combine launch
-        (b 74 and 148 at h_q 128: ~10 µs).  Sequences of more pieces leave partials that
-        stages/common/part_combine.py merges.  L fills the SMs in one wave.
+New in this rung
+    Persistent parts (part_scheduler.py).  A CTA (a cluster pair at h_q 128) runs its part's
+        segments without ending (the KV ring goes on; warpgroup 0 loads the next segment's Q
+        during the last tile's P·V).  A whole sequence writes O and LSE; one cut in two is merged
+        here (part_merge.py), one of more pieces by part_combine.py.
     The key list.  A CTA walks 64-key tiles of ONE list: the main list padded to whole tiles,
         then the extra list (`tile < main_tiles` picks the branch).  Key k of a tile is list
-        position p = 64 · tile' + k; it is valid iff p < topk, p < length[b] and idx[b, t, p] ≠ −1.
-        An invalid key is never loaded (garbage past the length may be INT_MAX): its shared-memory
-        row is written as zeros and its score is set to −∞ (a per-slot mask in shared memory).
-        A segment's idx entries are staged in shared memory at its start (stage_entries),
-        and `key_index` judges an entry when its tile comes.  A segment longer than 32 tiles
-        (topk up to 32768) streams them instead through two windows of 16 tiles, window w + 1
-        copied in (cp.async) while window w is judged (stages/common/idx_windows.py:
-        stage_windows, next_window, issue_window); segments of at most 32 tiles — the
-        production configs — compile to the whole-segment staging as before.
-    Gather into registers (Hopper's TMA cannot gather rows).  A key belongs to 4 producer threads
-        of one warp (lane mod 8 the key of the warp's 8, q = lane // 8 the piece): thread q loads
-        the 16 bytes 64·p + 16·q of each data piece p (model1: 7 pieces of e4m3 and 2 of the bf16
-        rope, bytes 448 + 16·q + 64·h; v4.1, simple: 8) and the key's scale words, by predicated
-        read-only loads (stages/common/sm90_gather.py: an invalid key's loads are not made and
-        yield zeros — no branch per key).  The loads of the next unit (a round of keys: a tile
-        in a pair, half a tile alone) are in flight while this one is dequantised: two register
-        buffers, the next unit's loads issued before the dequantisation alone, after it in a pair
-        (one buffer's registers: the two did not fit the producer's 152 without spilling).
-    Dequantise on the CUDA cores, into one of two 64-key bf16 slots while the MMA warpgroups work
-        on the other: e4m3 → bf16 by bit moves and exact bf16x2 multiplies by the piece's power-
-        of-two scale (stages/common/e4m3_bits.py; one multiply, the same bits, when a warp's vote
-        finds every scale ≤ 2^7), two 16-byte stores a piece into the K tile at addresses
-        precomputed per thread (piece_addresses; the tile is in no-swizzle 8 × 8 atoms, so the
-        8 keys of one store instruction fill 128 contiguous bytes, here and in the peer).
-        Scales: model1 — e8m0 byte p of the token's 7 (the rope is copied as it is); v4.1 —
-        e8m0 byte 2·p + q // 2 of 16.  simple —
-        the e4m3 values go to bf16 unscaled (exact) and the token's fp32 scale to `s_kscale`: the
-        MMA warpgroups apply it to S's column (S = Q·K_e4m3ᵀ · scale) and to P's (P·V = (P ·
-        scale)·V_e4m3) in fp32, after ℓ has summed P, so simple's LSE carries no bf16 rounding of
-        the scaled value.  The writes are made visible to the tensor cores (fence.proxy.async)
-        before the slot's barrier is arrived on (a PipelineAsync: every producer thread arrives,
-        one lane of each MMA warp releases).
-    Two CTAs share every tile (h_q a multiple of 128).  The two head blocks of one token walk the
-        same keys, so they run as a (2, 1, 1) cluster and each dequantises half of every tile (32
-        keys) and st.asyncs each piece into the peer's slot as well (stages/common/
-        cluster_pair.py: the peer's bytes complete a transaction count on the slot's remote_full
-        barrier; a slot is refilled once both CTAs' MMA warps released it).  Each CTA writes the
-        mask entries of both halves (the threads of piece 1 judge the peer's keys).
-    Sink.  A whole sequence: folded into the epilogue's 1/ℓ.  A cut one: the merge (piece 0,
-        or PartCombine) applies it once, to the merged row.
+        position p = 64 · tile' + k; valid iff p < topk, p < length[b] and idx[b, t, p] ≠ −1.
+        An invalid key is never loaded (its idx may be INT_MAX): its row is written as zeros
+        and its score set to −∞ (a per-slot mask in shared memory).  A segment's idx entries
+        are staged in shared memory at its start (stage_entries); a segment longer than 32
+        tiles (topk up to 32768) streams them through two windows of 16 tiles, window w + 1
+        copied in by cp.async while w is judged (idx_windows.py).
+    Gather into registers (Hopper's TMA cannot gather rows).  A key belongs to 4 producer
+        threads of one warp (lane mod 8 the key, q = lane // 8 the piece): thread q loads
+        bytes 64·p + 16·q of each 16-byte data piece p and the scale words, by predicated
+        read-only loads (sm90_gather.py: an invalid key's loads yield zeros, no branch).  The
+        next unit's loads (a tile in a pair, half a tile alone) are in flight while this one is
+        dequantised (two register buffers alone, one in a pair: 152 registers).
+    Dequantise on the CUDA cores into one of two 64-key bf16 slots while the MMA warpgroups use
+        the other: e4m3 → bf16 by bit moves and an exact multiply by the piece's power-of-two
+        scale (e4m3_bits.py; one multiply when a warp's vote finds every scale ≤ 2^7), two
+        16-byte stores a piece at addresses precomputed per thread (piece_addresses; no-swizzle
+        8 × 8 atoms, so one store instruction's 8 keys fill 128 contiguous bytes).  Scales:
+        model1 — e8m0 byte p of 7 (the rope copied as it is); v4.1 — e8m0 byte 2·p + q // 2 of
+        16; simple — unscaled e4m3, the token's fp32 scale to `s_kscale`, applied by the MMA
+        warpgroups to S's column and P's (after ℓ has summed P); nvfp4 — dequant_nvfp4.  The
+        writes are fenced (fence.proxy.async) before the slot's PipelineAsync arrive (every
+        producer thread arrives, one lane of each MMA warp releases).
+    Two CTAs share every tile (h_q a multiple of 128): a (2, 1, 1) cluster of the token's two
+        head blocks, each dequantising half of every tile into both CTAs' slots
+        (cluster_pair.py) and writing both halves' mask entries.
+    Sink.  A whole sequence: folded into the epilogue's 1/ℓ; a cut one: applied once by the
+        merge (piece 0 or PartCombine).
 
 Warp roles (384 threads; the WarpPlan's registers, checked by `register_plan`)
-    warpgroup 2   producer: every producer thread gathers and dequantises its keys of each
-                  KV tile                                               (setmaxnreg.dec 152)
+    warpgroup 2   producer: gathers and dequantises its keys of each KV tile   (setmaxnreg.dec 152)
     warpgroup 0   S = Q·K_tileᵀ (m64n64), mask, online softmax with the conditional rescale
-                  (stages/common/lazy_softmax.py: a row keeps its max until it has grown by
-                  2^8, so most tiles' α is 1 and both warpgroups skip the O rescale, a
-                  warp-uniform branch), P → shared memory, α per row; then its half of
-                  O += P·V with P from its own
-                  registers (S's accumulator converted: an RS wgmma, check_accumulator_is_a_operand);
-                  its warp 0 loads each segment's Q (TMA)               (setmaxnreg.inc 192)
-    warpgroup 1   its half of O += P·V, P from shared memory (O's 512 columns split over the two
-                  MMA warpgroups, m64n256 wgmmas)                       (setmaxnreg.dec 160)
-    Each MMA warpgroup traces its own copy of `attend`, so ptxas allocates each its own count;
-    a tile is `tile_s_p` (warpgroup 0) and `tile_pv` (both), a segment's end `finish_segment`.
-    The epilogue: a whole sequence's O leaves by 16-byte stores, each thread's bf16 words
-    transposed across its quad (stages/common/quad_store.py); 4-byte stores straight from the
-    accumulator took ~14k cycles a segment, about 13 % of the time at b 64.
+                  (lazy_softmax.py: a row keeps its max until it has grown by 2^8, so most
+                  tiles' α is 1 and the O rescale is skipped), P → shared memory, α per row;
+                  its half of O += P·V with P from registers (an RS wgmma,
+                  check_accumulator_is_a_operand); its warp 0 loads each segment's Q (TMA)
+                                                                                (setmaxnreg.inc 192)
+    warpgroup 1   its half of O += P·V, P from shared memory (O's 512 columns split over the
+                  two MMA warpgroups, m64n256 wgmmas)                           (setmaxnreg.dec 160)
+    Each MMA warpgroup traces its own copy of `attend` (ptxas allocates each its own count).
+    The epilogue stores O by 16-byte stores, each thread's bf16 words transposed across its
+    quad (quad_store.py).
 
-Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of oracles/kvcache.py;
-topk and extra_topk at most 32768 each (MAX_TOPK; the idx entries in shared memory are a segment's
-or two windows', 8 KiB at most); the in-kernel merge assumes the
-grid is resident at once when it has at most `sm_count` CTAs (one a SM: the shared memory holds one) —
-the SM count of the GPU the case runs on (stages/common/device.py: 132 on an H100 SXM or H200, 114
-on an H100 PCIe, 78 on an H20); a larger grid is not merged in the kernel (PartCombine merges it).
-What bounds it (docs/STAGE_E.md: ablations and a cycle timeline at b 64): at h_q = 128 the MMA
-chain of a tile — S (m64n64, both operands from shared memory: shared-memory bound, ~1.3k
-cycles), softmax (~0.9k; the O rescale, ~0.6k, now skipped on most tiles), P, P·V (~1.1k) in
-turn, warpgroup 1 waiting for warpgroup 0's softmax — the producer's loads and the peer's
-st.async beside it; at h_q = 64 the producer's loads.  What was tried and lost: docs/STAGE_E.md.
-At small batches (b ≤ 16: a few tiles a CTA, most SMs idle) one CTA's dependent chain: idx → keys
-→ the first tile, ~3.4 µs, and a partial's epilogue, 4–5 µs (docs/STAGE_E.md "The timeline at
-b = 2"); the options of __init__ aimed at it are off by default, the lab builds this kernel as it was.
-"""
+Limits: d = 512; h_q a multiple of 64; static shapes; block sizes and formats of
+oracles/kvcache.py; topk and extra_topk ≤ 32768 each (MAX_TOPK: 8 KiB of idx entries in shared
+memory at most); the in-kernel merge assumes the grid is resident at once when it has at most
+`sm_count` CTAs (device.py); a larger grid is merged by PartCombine.  What bounds it and the
+small-batch options of __init__: docs/STAGE_E.md."""
 
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -165,9 +130,9 @@ class AttendSmem(NamedTuple):
 
 
 class AttendIO(NamedTuple):
-    """What an MMA warpgroup's `attend` works with: Q's barrier, TMA atom and view; the KV
-    ring's pipeline and the cluster pair's barriers; the slots' base address (a merge stages
-    piece 1's partial there); the shared-memory views; the sink and the outputs."""
+    """What an MMA warpgroup's `attend` works with: Q's barrier, TMA atom and view; the KV ring's
+        pipeline and the pair's barriers; the slots' base address (a merge stages piece 1's partial
+        there); the shared-memory views; the sink and the outputs."""
 
     q_bar: object
     tma_q: cute.CopyAtom
@@ -204,11 +169,9 @@ class MmaTiles(NamedTuple):
 
 @dataclass(frozen=True)
 class WarpPlan:
-    """The warps of a CTA: `producer_warps` gathering and dequantising after the two MMA
-    warpgroups, the setmaxnreg registers of warpgroup 0 (S, softmax, P and half of O), of
-    warpgroup 1 (half of O) and of the producer, and the O columns of one P·V wgmma (`pv_n`:
-    ptxas checks each instruction against the launch cap, 65 536 / threads, and an m64n256
-    accumulator is 128 registers)."""
+    """The warps of a CTA: `producer_warps` after the two MMA warpgroups, the setmaxnreg registers
+        of warpgroup 0, warpgroup 1 and the producer, and `pv_n`, the O columns of one P·V wgmma
+        (ptxas checks each against the launch cap 65 536 / threads; m64n256 is 128 registers)."""
 
     producer_warps: int
     mma_regs: tuple[int, int]
@@ -263,19 +226,15 @@ class Kernel:
         # epilogue: bf16 (O) or fp8_rope — O's rope lanes inverse-rotated and O written as e4m3
         # with a UE8M0 exponent a 128 values (stages/common/fp8_epilogue.py), wherever a whole
         # sequence's O leaves: this kernel's epilogue, its in-kernel merge, PartCombine
-        # Small-batch options (issue 30; docs/STAGE_E.md "The timeline at b = 2"): keywords that
-        # scripts/e_small_timeline.py switches to time a variant beside FlashMLA.  The defaults are
-        # the build the lab runs (on since 2026-11-27: 17.4 vs 22.1 µs at b 1, 20.4 vs 23.5 at b 2
-        # s2 h128, H200; nothing lost at b 64 and 128):
+        # Small-batch options (docs/STAGE_E.md "The timeline at b = 2"), switched by
+        # scripts/e_small_timeline.py; the defaults are the build the lab runs:
         #   fast_combine   PartCombine's CTAs only for cut sequences, its loads in groups
         #   sink_first     the sinks loaded before the first S, not in the epilogue
         #   pair_stores    a partial's fp32 by 8-byte stores, no quad transpose
         #   combine_group  PartCombine's slots a load group (with fast_combine)
         #   stamps         a diagnostic build (stages/common/stamps.py): each CTA writes the times
         #                  its roles pass named points (`mark`) over O; PartCombine not launched
-        # Timed slower and dropped (docs/STAGE_E.md): PartCombine launched by PDL at the attention
-        # grid's start or after a CTA's last P·V, an L2 prefetch of a segment's later keys, ZeroFlags
-        # letting the attention kernel launch at its start.
+        # Timed slower and dropped: docs/STAGE_E.md.
         self.combine_group, self.stamps, self.pair_stores = combine_group, stamps, pair_stores
         self.fast_combine, self.sink_first = fast_combine, sink_first
         if epilogue not in ("bf16", "fp8_rope"):
@@ -308,8 +267,8 @@ class Kernel:
         # Two head blocks of one token walk the same keys: a (2, 1, 1) cluster of them shares
         # every dequantised tile (stages/common/cluster_pair.py); each CTA dequantises half.
         self.pair = head_blocks % 2 == 0
-        # nvfp4's e2m1 → bf16 (issue 33; stages/common/e2m1_bits.py): the 16-entry table where a CTA
-        # is alone (H200, b 64 / 256 s2h64: 62.3 / 233.4 µs against the bit moves' 71.9 / 272.1),
+        # nvfp4's e2m1 → bf16 (stages/common/e2m1_bits.py): the 16-entry table where a CTA is alone
+        # (faster there: docs/STAGE_E.md), the bit moves in the pair (the table's words spill there)
         # the bit moves in the 2-CTA pair (the table's 4 words spill 96 bytes there; not yet timed)
         self.e2m1_table = (not self.pair) if e2m1_table is None else e2m1_table
         self.plan = self.PLAN
@@ -351,9 +310,8 @@ class Kernel:
 
     @property
     def smem_bytes(self) -> int:
-        """The shared memory the kernel asks (an upper bound of the Smem struct's size): Q, the
-        KV slots and P (bf16), the staged idx entries (the segment's, or two windows), the row
-        factors and 4 KiB for the barriers, masks, scales and alignment."""
+        """Upper bound of the Smem struct: Q, KV slots, P (bf16), the staged idx entries (a segment's
+                or two windows), the row factors, and 4 KiB for barriers, masks, scales, alignment."""
         return (2 * (self.BLOCK_M * D + self.KV_STAGES * self.BLOCK_N * D + self.BLOCK_M * self.BLOCK_N)
                 + staged_bytes(self.sched.chunk, self.BLOCK_N) + 4 * self.BLOCK_M + 4096)
 
@@ -403,8 +361,8 @@ class Kernel:
         check_rows_shared(*reg_p_mmas, (bm, bn), D)
         q_smem = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bm, bn, D), dtype, 1)
         # no-swizzle slots: one store instruction of 8 keys fills 128 contiguous bytes, here and in
-        # the peer (with D2's 128-byte swizzle the peer's pieces scatter over 8 rows: 127 vs 115 µs
-        # at b 64, h_q 128); the dequantisers step by 8 keys and 64 columns (piece_strides)
+        # the peer (with a 128-byte swizzle the peer's pieces scatter over 8 rows, slower); the
+        # dequantisers step by 8 keys and 64 columns (piece_strides)
         k_smem, vt_smem = kv_layouts(dtype, D, bn, self.KV_STAGES, D // self.NUM_MMA_WG, swizzled=False)
         self.key8_bytes, self.col64_bytes = piece_strides(k_smem, bn, D, self.KV_STAGES)
         if self.fmt == "nvfp4":  # dequant_nvfp4 steps 8 columns by col64 / 8 inside its 128-column pieces
@@ -449,9 +407,8 @@ class Kernel:
 
     def tiled_mmas(self, dtype, p_in_registers: bool = False):
         """S = Q·Kᵀ (m64 × BLOCK_N, one warpgroup) and O += P·V (O's columns over the two MMA
-        warpgroups, pv_n a wgmma; P from registers — warpgroup 0's, which made it — or from
-        shared memory).  Made afresh where they are used: each MMA warpgroup traces its own
-        copy of `attend`, and a tiled MMA caches values of the first trace."""
+                warpgroups, pv_n a wgmma; P from warpgroup 0's registers or shared memory).  Made
+                afresh in each warpgroup's trace of `attend`: a tiled MMA caches its first trace."""
         qk_mma = sm90_utils.make_trivial_tiled_mma(
             dtype, dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, cutlass.Float32,
             (1, 1, 1), tiler_mn=(self.BLOCK_M, self.BLOCK_N),
@@ -469,9 +426,9 @@ class Kernel:
         return 1.0
 
     def _check_fp8_tensors(self, cos_sin_cache, positions, O_fp8, O_scale) -> None:
-        """Trace time, epilogue fp8_rope: O_fp8 and O_scale carry e4m3 [h_q/8, b·s_q, 8, 512] and
-        int32 [h_q/8, 8, align4(b·s_q)] (as float32 words), cos_sin_cache is [max_position, 64],
-        positions [b·s_q] (oracles/fp8_epilogue.py)."""
+        """Trace time, epilogue fp8_rope: O_fp8 e4m3 [h_q/8, b·s_q, 8, 512] and O_scale int32
+                [h_q/8, 8, align4(b·s_q)] (float32 words), cos_sin_cache [max_position, 64], positions
+                [b·s_q] (oracles/fp8_epilogue.py)."""
         c, n = self.c, self.b * self.c.s_q
         if tuple(positions.shape) != (n,):
             raise ValueError(f"stage E sm90: positions has shape {tuple(positions.shape)}, the case needs {(n,)}")
@@ -602,13 +559,11 @@ class Kernel:
         self.mark(marks, 9, tidx == 0)
 
     def mark(self, marks, slot: int, here):
-        """A diagnostic build (`stamps`): the thread where `here` writes the time into stamp
-        `slot` of its CTA's record (stages/common/stamps.py); otherwise nothing is traced.
-        Slots: 0 entry, 1 barriers set up (the pair met), 2 the producer's idx entries staged,
-        3 Q arrived, 4 / 11 tile 0 / 1 ready (warpgroup 0), 5 tile 0's S and softmax done,
-        6 the tiles done, 12 warpgroup 1's last P·V done, 13 O rescaled (before its stores),
-        7 / 8 warpgroup 0 / 1 past the epilogue, 9 exit, 10 the producer done (2–8, 11–13: the
-        part's last segment)."""
+        """Diagnostic build (`stamps`): the thread where `here` writes the time into stamp `slot`
+                of its CTA's record (stages/common/stamps.py); else nothing is traced.  Slots: 0 entry,
+                1 barriers set up, 2 idx staged, 3 Q arrived, 4 / 11 tile 0 / 1 ready, 5 tile 0's
+                softmax done, 6 tiles done, 12 warpgroup 1's last P·V, 13 O rescaled, 7 / 8 warpgroup
+                0 / 1 past the epilogue, 9 exit, 10 producer done (2–8, 11–13: the last segment)."""
         if self.stamps:
             _stamp_if(marks + slot * 16, here)
 
@@ -623,12 +578,10 @@ class Kernel:
     @cute.jit
     def produce(self, part, head_block, ptid, kv_pipe, pair, k_base, k_smem, s_mask, s_kscale, s_idx,
                 KV, idx, topk_length, KV_extra, idx_extra, extra_length, marks=None):
-        """The producer threads (`ptid` 0 … producer_threads − 1), segment after segment of the
-        part: the segment's idx entries into shared memory, then every KV tile of it, a unit (a
-        round of keys) at a time — its keys' bytes loaded into registers a unit ahead, the slot
-        taken, the mask entries written, the pieces dequantised into the slot (and the peer's),
-        the slot committed.  The slot ring runs on across segments (its state is rebuilt from
-        the tiles of the part before the segment)."""
+        """The producer threads (`ptid` 0 … producer_threads − 1), segment after segment: the idx
+                entries into shared memory, then each KV tile a unit (a round of keys) at a time — bytes
+                loaded a unit ahead, slot taken, mask entries written, pieces dequantised into the slot
+                (and the peer's), slot committed.  The ring state is rebuilt from the part's earlier tiles."""
         hang_guard.role("producer")  # names this role's waits in a --debug-hangs build
         pwarp = ptid // 32
         lane = ptid % 32
@@ -700,11 +653,9 @@ class Kernel:
 
     @cute.jit
     def stage_entries(self, lists, work, s_idx, ptid):
-        """A segment of at most 2 windows (not streamed):
-        s_idx[(tile − tile_begin)·BLOCK_N + key] ← the idx entry of every key of the segment's
-        tiles (−1 past a list), loaded by all producer threads at once; the producer threads
-        meet (STAGED) before the stores — every thread is done with the last segment's entries —
-        and after them.  A tile's keys are judged from there without a global load."""
+        """A segment of at most 2 windows: s_idx[(tile − tile_begin)·BLOCK_N + key] ← each key's idx
+                entry (−1 past a list), loaded by all producer threads, who meet (STAGED) before the
+                stores (all done with the last segment's) and after them."""
         n = self.sched.chunk * self.BLOCK_N
         per_thread = -(-n // self.plan.producer_threads)
         got = cute.make_rmem_tensor(per_thread, cutlass.Int32)
@@ -726,9 +677,8 @@ class Kernel:
 
     @cute.jit
     def stage_windows(self, lists, work, s_idx, ptid):
-        """A streamed segment's start (stages/common/idx_windows.py): the producer threads meet
-        (STAGED: every thread is done with the last segment's entries), issue windows 0 and 1
-        into buffers 0 and 1 (a cp.async group each), wait for window 0 and meet again."""
+        """A streamed segment's start (idx_windows.py): meet (STAGED), issue windows 0 and 1 into
+                buffers 0 and 1 (a cp.async group each), wait for window 0, meet again."""
         cute.arch.barrier(barrier_id=int(NamedBarrier.STAGED), number_of_threads=self.plan.producer_threads)
         w0, w1 = cutlass.Int32(0), cutlass.Int32(1)
         self.issue_window(lists, work, w0, w0, s_idx, ptid)
@@ -738,9 +688,8 @@ class Kernel:
 
     @cute.jit
     def next_window(self, lists, work, i, s_idx, ptid):
-        """At the segment's tile i = w·W (w ≥ 1): wait for this thread's copies of window w,
-        meet (WINDOW: every thread's have landed, and every thread is past window w − 1), then
-        issue window w + 1 into the buffer window w − 1 held."""
+        """At tile i = w·W (w ≥ 1): wait for this thread's copies of window w, meet (WINDOW: all
+                landed, all past window w − 1), issue window w + 1 into window w − 1's buffer."""
         wait_copies(0)
         cute.arch.barrier(barrier_id=int(NamedBarrier.WINDOW), number_of_threads=self.plan.producer_threads)
         w = i // WINDOW_TILES + 1
@@ -754,10 +703,9 @@ class Kernel:
 
     @cute.jit
     def issue_window(self, lists, work, w, entries, s_idx, ptid):
-        """cp.async every idx entry of window `entries` (= w) of the segment into buffer w mod 2 (4
-        bytes an entry, consecutive threads consecutive keys; an entry past the segment's tiles or
-        past its list is not copied), then close the thread's group.  A window may cross from the
-        main list into the extra one: each entry's tile picks its list (list_position)."""
+        """cp.async the idx entries of window w into buffer w mod 2 (consecutive threads consecutive
+                keys; none past the segment's tiles or its list), then close the group.  Each entry's
+                tile picks its list (list_position): a window may cross into the extra list."""
         n = WINDOW_TILES * self.BLOCK_N
         base = s_idx.iterator.toint()
         # a loop, not unrolled: its per-entry values are made in turn, none kept across the tiles
@@ -799,10 +747,9 @@ class Kernel:
             kv_pipe.producer_commit(kv_state)
 
     def key_of(self, rank, side: int, rnd: int, pwarp, lane):
-        """The key of a tile (0 … BLOCK_N − 1) this thread loads in round `rnd`: side 0 its own
-        CTA's half (the whole tile alone), side 1 (a pair) the peer's half, whose mask it writes.
-        A warp takes 8 keys a round, 4 threads each (lane mod 8 the key, lane // 8 the piece).
-        Plain ints (the CPU test of the coverage) or traced Int32s (the kernel)."""
+        """The key of a tile this thread loads in round `rnd`: side 0 its own CTA's half (the whole
+                tile alone), side 1 the peer's half (whose mask it writes).  8 keys a warp a round,
+                lane mod 8 the key, lane // 8 the piece.  Plain ints (CPU test) or traced Int32s."""
         return (rank ^ side) * self.own_keys + rnd * self.keys_per_round + 8 * pwarp + lane % 8
 
     @cute.jit
@@ -823,9 +770,8 @@ class Kernel:
 
     @cute.jit
     def key_indices(self, lists, lengths, work, tile, s_idx, rank, pwarp, lane, out):
-        """out[round, side] ← the cache index of this thread's keys of `tile`: key_index judges
-        each idx entry (staged in s_idx, stage_entries; streamed: at idx_windows.entry, the
-        window waited for and the next one issued at a window's first tile); −1 past the split."""
+        """out[round, side] ← the cache index of this thread's keys of `tile` (key_index on the entry
+                from s_idx, or streamed from idx_windows.entry); −1 past the split."""
         if cutlass.const_expr(self.streams):  # a window's first tile: its entries waited for, the next issued
             if (tile < work.tile_end) & boundary(tile - work.tile_begin):
                 self.next_window(lists, work, tile - work.tile_begin, s_idx, pwarp * 32 + lane)
@@ -848,9 +794,8 @@ class Kernel:
 
     @cute.jit
     def key_index(self, cache, got, pos, length, topk: cutlass.Constexpr[int], block_size: cutlass.Constexpr[int]):
-        """The cache index of list position `pos` (its idx entry `got`, −1 past the list), or
-        −1 when the key is invalid: pos ≥ the list's length (min(topk, topk_length[b])) or the
-        entry is −1."""
+        """The cache index at list position `pos` (entry `got`), or −1 when pos ≥ min(topk,
+                topk_length[b]) or the entry is −1."""
         out = cutlass.Int32(-1)
         if pos < length:
             out = got
@@ -868,14 +813,13 @@ class Kernel:
     @cute.jit
     def gather_key(self, cache, block_size: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int], keys,
                    r: cutlass.Constexpr[int], lane, raw, sc):
-        """For round r's own key (index keys[r, 0]; an invalid key's loads are not made and yield
-        zeros): raw[:, p] ← its 16-byte piece p — the data columns 64·p + 16·q … + 15 (q =
-        lane // 8; e4m3), then model1's rope bytes 448 + 16·q + 64·h (bf16) as pieces 7 + h — and
-        sc[:, 0] ← its scale bytes (model1 8, v4.1 16).  nvfp4: pieces 0 … 2 the e2m1 bytes 64·p +
-        16·q (columns 128·p + 32·q … + 31), piece 3 words 0, 1 the bytes 192 + 8·q (columns
-        384 + 16·q … + 15), pieces 4, 5 the rope bytes 224 + 16·q + 64·h, pieces 6, 7 the token's
-        scale words of its groups, 2·p + q // 2 for p = 0 … 2 then 6 (dequant_nvfp4).  simple: sc[0, side] ← the fp32 scale of
-        each side's round-r key (the MMA warpgroups apply it)."""
+        """Round r's own key (index keys[r, 0]; an invalid key's loads are not made: zeros), q =
+                lane // 8:  raw[:, p] ← 16-byte piece p: e4m3 columns 64·p + 16·q … + 15, model1's rope
+                bytes 448 + 16·q + 64·h as pieces 7 + h; sc[:, 0] ← the scale bytes (model1 8, v4.1 16).
+                nvfp4: pieces 0 … 2 e2m1 bytes 64·p + 16·q (columns 128·p + 32·q … + 31), piece 3 words
+                0, 1 bytes 192 + 8·q (columns 384 + 16·q … + 15), pieces 4, 5 rope bytes 224 + 16·q +
+                64·h, pieces 6, 7 the scale words 2·p + q // 2 (p = 0 … 2), then 6.  simple:
+                sc[0, side] ← each side's fp32 scale (the MMA warpgroups apply it)."""
         base = cache.iterator.toint()
         q = lane // 8
         index = keys[r, 0]
@@ -923,11 +867,10 @@ class Kernel:
 
     @cute.jit
     def piece_addresses(self, k_base, k_smem, key, lane):
-        """The shared-memory byte addresses, in slot 0, of this thread's pieces of round 0's own
-        key: the data columns 16·q and 16·q + 8 of the first 64 (q = lane // 8; piece p adds
-        p·col64_bytes), model1's rope columns 448 + 8·q and 480 + 8·q.  Round r adds
-        r·(keys_per_round / 8)·key8_bytes, slot s s·BLOCK_N·D·2 (piece_strides checks the layout
-        is additive in all three)."""
+        """Shared-memory byte addresses, in slot 0, of this thread's pieces of round 0's own key:
+                data columns 16·q and 16·q + 8 (q = lane // 8; piece p adds p·col64_bytes), model1's
+                rope columns 448 + 8·q and 480 + 8·q.  Round r adds r·(keys_per_round / 8)·key8_bytes,
+                slot s s·BLOCK_N·D·2 (piece_strides checks the layout is additive in all three)."""
         q = lane // 8
         cols = (16 * q, 16 * q + 8, D_NOPE + 8 * q, D_NOPE + D_ROPE // 2 + 8 * q)
         if cutlass.const_expr(self.fmt == "nvfp4"):
@@ -939,12 +882,10 @@ class Kernel:
 
     @cute.jit
     def dequant_unit(self, raw, sc, r: cutlass.Constexpr[int], lane, pieces, state, pair):
-        """This thread's pieces of its round-r key → bf16 in slot state.index, each 16 bytes
-        stored by `pair` (here, and in a pair into the peer's slot too): 16 e4m3 → 16 bf16 × the
-        piece's power-of-two scale (stages/common/e4m3_bits.py; one multiply when the warp's
-        vote finds every scale ≤ 2^7), model1's rope as it is.  An invalid key's zeros stay
-        zeros.  simple: the e4m3 values unscaled (exact in bf16); its scale is a column factor
-        of S and P (attend)."""
+        """This thread's pieces of its round-r key → bf16 in slot state.index, 16-byte stores by
+                `pair` (also into the peer's slot in a pair): e4m3 × the piece's power-of-two scale
+                (e4m3_bits.py; one multiply when the warp's vote finds every scale ≤ 2^7), model1's rope
+                as it is, an invalid key's zeros.  simple: unscaled (its scale is applied in attend)."""
         q = lane // 8
         dims = self.DATA_PIECES[self.fmt]
         expo = cute.make_rmem_tensor(dims, cutlass.Int32)
@@ -969,17 +910,15 @@ class Kernel:
 
     @cute.jit
     def dequant_nvfp4(self, raw, r: cutlass.Constexpr[int], lane, pieces, state, pair):
-        """nvfp4: this thread's pieces of its round-r key → bf16 in slot state.index, the same
-        tile as model1's (stages/common/e2m1_bits.py: codes by bit moves, × the group's e4m3
-        scale, exact).  Thread q's columns, from gather_key's pieces:
-            piece p ≤ 2, word i   columns 128·p + 32·q + 8·i … + 7, group 8·p + 2·q + i // 2:
-                                  scale byte 2·(q mod 2) + i // 2 of scale word 2·p + q // 2
-                                  (piece 6's word p)
-            piece 3, word i       columns 384 + 16·q + 8·i … + 7, group 24 + q: byte q of scale
-                                  word 6 (piece 6's word 3)
-        stored at pieces[4] (column 32·q) + p·2·col64 + i·col8, and as model1's piece 6 (pieces[0],
-        pieces[1] + 6·col64); the rope as model1's.  `one_multiply`: the warp's vote that every
-        scale of its keys is below 4 (e2m1_bits)."""
+        """nvfp4: this thread's pieces of its round-r key → bf16 in slot state.index, model1's tile
+                (e2m1_bits.py: exact).  Thread q's columns, from gather_key's pieces:
+                    piece p ≤ 2, word i   columns 128·p + 32·q + 8·i … + 7, group 8·p + 2·q + i // 2:
+                                          scale byte 2·(q mod 2) + i // 2 of scale word 2·p + q // 2
+                                          (piece 6's word p)
+                    piece 3, word i       columns 384 + 16·q + 8·i … + 7, group 24 + q: byte q of scale
+                                          word 6 (piece 6's word 3)
+                stored at pieces[4] (column 32·q) + p·2·col64 + i·col8, and as model1's piece 6; the rope
+                as model1's.  `one_multiply`: the warp's vote that every scale is below 4."""
         q = lane // 8
         t = self.NVFP4_TAIL
         rows = r * (self.keys_per_round // 8) * self.key8_bytes + state.index * (self.BLOCK_N * D * 2)
@@ -1022,9 +961,8 @@ class Kernel:
 
     @cute.jit
     def scale_byte(self, sc, p, q) -> cutlass.Int32:
-        """The e8m0 byte of data piece p (columns 64·p + 16·q … + 15) of a key: model1 byte p
-        (one per 64 columns), v4.1 byte 2·p + q // 2 (one per 32); simple 127, a scale of 1.
-        Masked: the words shift arithmetically."""
+        """The e8m0 byte of data piece p (columns 64·p + 16·q …): model1 byte p, v4.1 byte 2·p + q // 2,
+                simple 127 (a scale of 1).  Masked: the words shift arithmetically."""
         e = cutlass.Int32(127)
         if cutlass.const_expr(self.fmt == "model1"):
             e = (sc[p // 4, 0] >> (8 * (p % 4))) & 0xFF
@@ -1034,9 +972,8 @@ class Kernel:
 
     @cute.jit
     def write_masks(self, keys, sc, r: cutlass.Constexpr[int], rank, pwarp, lane, s_mask, s_kscale, state):
-        """The mask entries (0 or −∞) of round r's keys in slot state.index: the threads of piece
-        q = side write their side's (a pair's CTA masks the peer's half too); simple: also the
-        key's fp32 scale."""
+        """Round r's mask entries (0 or −∞) in slot state.index: piece q = side's threads write their
+                side's (the peer's half too in a pair); simple: also the fp32 scale."""
         for s in cutlass.range_constexpr(self.sides):
             if lane // 8 == s:
                 key = self.key_of(rank, s, r, pwarp, lane)
@@ -1049,15 +986,12 @@ class Kernel:
 
     @cute.jit
     def attend(self, wg: cutlass.Constexpr[int], part, head_block, tidx, io):
-        """An MMA warpgroup, segment after segment of the part: O and the softmax state start
-        afresh, the tiles run as D2's (`tile_s_p`: warpgroup 0 S, softmax, P — published for
-        warpgroup 1 through SmemP, kept in registers for its own P·V; `tile_pv`: both their half
-        of P·V), the epilogue (`finish_segment`) writes O and LSE (a whole sequence, sink
-        included) or a partial.  Warpgroup 0 arrives at P_FULL without waiting; its first warp
-        loads the next segment's Q once every warp of warpgroup 0 is past the last S of this one
-        (Q_FREE), so the load overlaps that tile's P·V and the epilogue (the first segment's at
-        the start).  The KV ring's consumer state is rebuilt from the tiles of the part before a
-        segment.  `io`: the kernel's AttendIO."""
+        """An MMA warpgroup, segment after segment: O and the softmax state start afresh, the tiles
+                run as D2's (`tile_s_p`: warpgroup 0's S, softmax, P; `tile_pv`: both halves of P·V),
+                `finish_segment` writes O and LSE or a partial.  Warpgroup 0 arrives at P_FULL without
+                waiting; its first warp loads the next segment's Q once warpgroup 0 is past this one's
+                last S (Q_FREE), overlapping the last P·V and the epilogue.  The consumer state is
+                rebuilt from the part's earlier tiles.  `io`: the kernel's AttendIO."""
         hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         tid_wg = tidx % 128
         mma = self.mma_tiles(wg, tidx, io.smem)
@@ -1137,9 +1071,9 @@ class Kernel:
 
     @cute.jit
     def tile_s_p(self, mma, smem_p, softmax, slot, i, smem):
-        """Warpgroup 0, one tile in `slot`: S = Q·Kᵀ, each key's mask (simple: × its scale),
-        the online softmax, P = bf16(S) — the A operand of its own P·V — published with α to
-        warpgroup 1 (SmemP; P_EMPTY waited from the second tile).  Returns (P, α)."""
+        """Warpgroup 0, one tile in `slot`: S = Q·Kᵀ, the mask (simple: × the key scale), the online
+                softmax, P = bf16(S) (its own P·V's A operand) published with α to warpgroup 1 (SmemP;
+                P_EMPTY waited from the second tile).  Returns (P, α)."""
         acc_s = cute.make_rmem_tensor(mma.s_shape, cutlass.Float32)
         wgmma_sync(mma.qk_mma, acc_s, mma.tSrQ, mma.tSrK, a_slot=0, b_slot=slot, zero_init=True)
         s_rc = acc_rows_cols(acc_s)
@@ -1163,9 +1097,8 @@ class Kernel:
 
     @cute.jit
     def tile_pv(self, mma, acc_o, alpha, p, slot):
-        """O *= α where some row of the warp moved its max, then O += P·V over this warpgroup's
-        half of O's columns (P: warpgroup 0's registers, or the shared P for warpgroup 1, whose
-        α came through shared memory)."""
+        """O *= α where the warp's max moved, then O += P·V over this warpgroup's half (P from
+                warpgroup 0's registers, or shared memory for warpgroup 1)."""
         self.rescale_o(acc_o, alpha, mma.tOcO_rc)
         wgmma_sync(mma.pv_mma, acc_o, p, mma.tOrV, b_slot=slot)
 
@@ -1182,11 +1115,11 @@ class Kernel:
     @cute.jit
     def finish_segment(self, wg: cutlass.Constexpr[int], tidx, work, complete, mma, smem_p, softmax, acc_o, io,
                        sink_rows=None):
-        """A segment's epilogue: warpgroup 0 (once warpgroup 1's last P·V is done) finalises the
-        rows — each row's factor on O (1/ℓ, a whole sequence's times the sink's) and its LSE, or
-        piece 0's merge factors (stages/common/part_merge.py: its first thread waits for piece 1's
-        flag); then both warpgroups scale O, piece 0 adds piece 1's partial (staged in the KV
-        slots), O or the partial is stored, and piece 1 raises its flag."""
+        """A segment's epilogue: warpgroup 0 (after warpgroup 1's last P·V) finalises the rows — the
+                factor on O (1/ℓ, times the sink's for a whole sequence) and LSE, or piece 0's merge
+                factors (part_merge.py; its first thread waits for piece 1's flag); both warpgroups
+                scale O, piece 0 adds piece 1's partial (staged in the KV slots), O or the partial is
+                stored, piece 1 raises its flag."""
         # a two-piece sequence's pieces; Python False without merges, so none of the branches
         # below is traced then
         merge, hand_over = self.merge_roles(work)
@@ -1207,9 +1140,9 @@ class Kernel:
 
     @cute.jit
     def finish_rows(self, work, complete, merge, softmax, tScS_rc, tid_wg, io, sink_rows):
-        """Warpgroup 0: 1/ℓ and the LSE of its rows; each row's quad leader writes the row's
-        final factor (finish_row) or, piece 0 of a two-piece sequence, the merge's (merge_row);
-        `sink_rows`: its rows' sinks (load_sink_rows, `sink_first`), or None: loaded here."""
+        """Warpgroup 0: 1/ℓ and LSE of its rows; each row's quad leader writes the final factor
+                (finish_row) or piece 0's merge factors (merge_row); `sink_rows`: from load_sink_rows,
+                or None: loaded here."""
         num_rows = cute.size(tScS_rc, mode=[0])
         inv_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
         lse = cute.make_rmem_tensor(num_rows, cutlass.Float32)
@@ -1230,9 +1163,8 @@ class Kernel:
 
     @cute.jit
     def load_sink_rows(self, head_block, tScS_rc, sink):
-        """Warpgroup 0, once a CTA (the head block is the CTA's): the sink of each of its rows,
-        loaded at the start so that no epilogue waits for it (a cold load there was ~1 µs of
-        every segment's epilogue: docs/STAGE_E.md, the stamps at b 2)."""
+        """Warpgroup 0, once a CTA: the sinks of its rows, loaded at the start so that no epilogue
+                waits for them (docs/STAGE_E.md, the stamps at b 2)."""
         num_rows = cute.size(tScS_rc, mode=[0])
         out = cute.make_rmem_tensor(num_rows, cutlass.Float32)
         for r in cutlass.range_constexpr(num_rows):
@@ -1246,9 +1178,8 @@ class Kernel:
         return needs_rescale(alpha, num_rows)
 
     def merge_roles(self, work):
-        """(piece 0 of a two-piece sequence: it merges; piece 1: it hands its partial over) —
-        traced Booleans, or Python False for both without in-kernel merges (the epilogue's
-        branches on them are then not traced at all)."""
+        """(piece 0: merges; piece 1: hands its partial over) — traced Booleans, or Python False for
+                both without in-kernel merges (their branches are then not traced)."""
         if not self.merges:
             return False, False
         two = self.sched.pieces(work.batch * self.c.s_q + work.token) == 2
@@ -1345,10 +1276,8 @@ class Kernel:
 
     @cute.jit
     def store_block(self, acc_o, tidx, mOut, row_block):
-        """acc_o, converted to mOut's type (O bf16, the partials fp32), into 64-row block
-        `row_block` of mOut by 16-byte stores, each thread's words transposed across its quad
-        (stages/common/quad_store.py: a quarter of the store instructions of storing the
-        accumulator as it lies, which bounded the epilogue)."""
+        """acc_o as mOut's type (O bf16, partials fp32) into 64-row block `row_block` by 16-byte
+                stores, each thread's words transposed across its quad (quad_store.py)."""
         size = mOut.element_type.width // 8
         base = mOut.iterator.toint() + cutlass.Int64(row_block) * (self.BLOCK_M * D * size)
         col0 = (tidx // 128) * (D // self.NUM_MMA_WG)
@@ -1373,9 +1302,8 @@ def _check_even_columns(k_smem, col64: int) -> None:
 
 
 def _token_block(base, index, block_size: int, block_bytes: int):
-    """(byte address of token `index`'s page block, its offset in the block) — 64-bit; a
-    negative index (an invalid key's −1, whose loads are not made) as token 0, so no address
-    is ever below the cache."""
+    """(64-bit byte address of token `index`'s page block, its offset there); a negative index (−1,
+        never loaded) as token 0, so no address lies below the cache."""
     index = cutlass.max(index, 0)
     return base + cutlass.Int64(index // block_size) * block_bytes, cutlass.Int64(index % block_size)
 

@@ -1,35 +1,15 @@
-"""Stage I1 on Blackwell (sm_100a): the lightning indexer's FP8 MQA logits, flat.  Compile-only
-here (no Blackwell GPU): compiled, not run.
+"""Stage I1 on Blackwell (sm_100a): the lightning indexer's FP8 MQA logits, flat.  Compiled and
+inspected only (no Blackwell GPU): not run.  Math: the sm90 kernel's (oracles/indexer.py).
 
-Math: as the sm90 kernel (oracles/indexer.py), logits[i, j] = k_scale[j] · Σ_h w[i, h] ·
-relu(q[i, h] · k[j]) inside [ks[i], ke[i]), −inf elsewhere.
+The MMA: tcgen05.mma kind::f8f6f4, Sᵀ = K_tile · Q_blockᵀ, M = 128 keys, N = 4 tokens × 64
+heads, K = d (k32 steps), both K-major from shared memory, fp32 accumulator in TMEM.  TMEM lane
+r holds key r, so epilogue thread r reads its whole row and the head sum is thread-local; its
+stores are coalesced; the weights are shared-memory broadcasts.  Two accumulator buffers (512
+columns, checked) overlap tile k + 1's MMA with tile k's epilogue.
 
-The MMA: tcgen05.mma kind::f8f6f4, Sᵀ = K_tile · Q_blockᵀ, M = 128 keys, N = BLOCK_Q · 64 =
-256 (4 query tokens × 64 heads), K = d = 128 (four k32 steps), both operands K-major from
-shared memory, the fp32 accumulator in tensor memory (TMEM).
-
-One thread per key: TMEM lane r holds key r of the tile, so the epilogue thread r reads its
-whole row (tcgen05.ld 32x32b, 32 columns at a time) and the head sum is thread-local — no
-shuffles (sm90 needs a quad butterfly).  Its stores are coalesced: consecutive threads write
-consecutive keys of a token's row.  The weights sit in shared memory (read as broadcasts).
-
-TMEM budget (checked at trace time): two accumulator buffers × 256 fp32 columns = 512
-columns = all of TMEM, so the MMA of tile k + 1 overlaps the epilogue of tile k.
-
-Warp roles (256 threads)
-    warps 0-3   epilogue: TMEM → registers, relu · w, head sums, × k_scale, range select,
-                store (thread t ↔ TMEM lane t ↔ key t of the tile)
-    warp 4      MMA: per tile, one accumulator buffer, four tcgen05.mma, commit
-    warp 5      load: Q's token block once, then the K tiles (TMA, STAGES slots)
-    warps 6-7   fill: −inf outside the CTA's tile range
-
-The CTA (roles, MMA, TMEM budget, pipelines), the MMA warp and the TMEM head sums are
-stages/common/indexer.py's `Sm100LogitsCta`, `mma_key_tiles` and `tmem_head_sums`; new here are
-the flat key tiles (one TMA box of 128 keys per slot) and the per-token key ranges.
-
-Limits: s a multiple of BLOCK_Q, s_kv a multiple of 128; h ∈ {32, 64} (N = 4 · h), d ∈ {32, 64,
-128} (K = d: d / 32 MMAs a tile); h = 64, d = 128 by default (DSV4's); static shapes.
-"""
+Warp roles: indexer.py's `Sm100LogitsCta`, `mma_key_tiles`, `tmem_head_sums`; new here are the
+flat key tiles (one TMA box of 128 keys a slot) and the per-token key ranges.
+Limits: s a multiple of BLOCK_Q, s_kv of 128; h ∈ {32, 64}, d ∈ {32, 64, 128}; static shapes."""
 
 import cuda.bindings.driver as cuda
 
@@ -154,9 +134,7 @@ class Kernel(Sm100LogitsCta):
     @cute.jit
     def epilogue(self, block, tidx, tile_begin, tile_end, acc_cons, mma, tmem_ptr, acc_layout, sW, mW, mScale, mKs,
                  mKe, mOut, epi_sync):
-        """Warps 0-3: thread t owns key t of each tile: its accumulator row (all heads of the 4
-        tokens) → relu · w summed per token → × k_scale → −inf outside the token's range →
-        logits[token, key]."""
+        """Warps 0-3, thread t key t: relu · w summed per token, × k_scale, −inf outside the range, stored."""
         hang_guard.role("epilogue")  # names this role's waits in a --debug-hangs build
         bq, bk = self.BLOCK_Q, self.BLOCK_K
         weights_to_smem(sW, mW, block * bq, self.n, tidx, self.EPI_THREADS, self.heads)

@@ -1,61 +1,38 @@
-"""Stage I1 on Hopper (sm_90a): the lightning indexer's FP8 MQA logits, flat.
+"""Stage I1 on Hopper (sm_90a): the lightning indexer's FP8 MQA logits, flat (docs/INDEXER.md).
 
 Math (oracles/indexer.py)
     logits[i, j] = k_scale[j] · Σ_h w[i, h] · relu(q[i, h] · k[j])        ks[i] ≤ j < ke[i]
                  = −inf                                                    elsewhere
-    (relu(x · s) = s · relu(x) for the positive per-key scale s, so the scale is applied once per
-    key after the head sum.)  q [s, h, d] e4m3, k [s_kv, d] e4m3, fp32 accumulation; h = 64,
-    d = 128 (DSV4's, the default), or h ∈ {32, 64}, d ∈ {32, 64, 128}: N = 2 · h, K = d below.
+    (relu(x · s) = s · relu(x) for the positive key scale: applied once per key after the head
+    sum.)  q [s, h, d] e4m3, k [s_kv, d] e4m3, fp32 accumulation; h ∈ {32, 64}, d ∈ {32, 64, 128}
+    (64, 128 by default): N = 2 · h, K = d below.
 
-The MMA: keys along M, heads along N
-    One FP8 wgmma computes Sᵀ = K_tile · Q_wᵀ with M = 64 keys, N = the 64 heads of each of the
-    warpgroup's 2 query tokens (128), K = d = 128 (four k32 steps).  Both operands
-    are K-major (row-major K [keys, d], Q [tokens · heads, d]), as FP8 wgmma requires.  With
-    heads along N, the reduction over heads is a reduction over an accumulator row: each thread
-    holds 2 rows (keys r, r + 8) × N/4 columns, sums its columns (relu, × w), then two butterfly
-    shuffles over the row's quad finish the sum.  Heads along M would need
-    the sum across 8 lanes and 4 warps instead.
+The MMA: keys along M, heads along N.  One FP8 wgmma Sᵀ = K_tile · Q_wᵀ, M = 64 keys, N = the
+    heads of the warpgroup's 2 tokens, K = d (k32 steps), both operands K-major.  A thread holds
+    2 rows (keys r, r + 8) × N/4 columns: it sums its columns (relu, × w), two butterfly shuffles
+    over the quad finish the head sum (heads along M would need 8 lanes and 4 warps).
 
-Ranges and the −inf fill
-    A token block's key range is the union of its 8 tokens' non-empty ranges, rounded out to
-    whole tiles: tiles [tile_begin, tile_end).  Inside it the epilogue selects −inf per element
-    (a key outside its token's [ks, ke)); outside it the fill warps write −inf.  Every element
-    of the output is written exactly once, by the kernel.
+Ranges and the −inf fill.  A token block's key range is the union of its 8 tokens' non-empty
+    ranges rounded out to whole tiles [tile_begin, tile_end); inside it the epilogue selects −inf
+    per element, outside it the fill warps write −inf: every element written exactly once.
 
-Persistent CTAs (issue 31)
-    One CTA an SM.  The CTA first tabulates every token block's tile range and the prefix sums
-    of their tile counts in shared memory (`block_tile_table`), then takes an equal share of the
-    (token block, key tile) pairs (`table_share`): logits are per key, so a block's tiles may be
-    split between CTAs with no combine, and no SM waits on a long block at the tail (s 2048,
-    s_kv 4096, cp: blocks of 8 to 33 tiles on 132 SMs; the grid of blocks it replaced, heaviest
-    first, is in git history).  Q has two slots: the next block's loads under the current
-    block's tiles.
+Persistent CTAs.  One CTA an SM tabulates every token block's tile range and their prefix sums in
+    shared memory (`block_tile_table`), then takes an equal share of the (token block, key tile)
+    pairs (`table_share`): logits are per key, so no combine.  Q has two slots.
+
 Warp roles (640 threads)
-    warpgroup 4, warp 16    load: for each block of the share its Q, then its K tiles into a
-                            STAGES-slot TMA pipeline running on across blocks (setmaxnreg 24)
+    warpgroup 4, warp 16    load: per block of the share its Q, then its K tiles into a
+                            STAGES-slot TMA ring running on across blocks (setmaxnreg 24)
     warpgroup 4, warps 17-19  fill: −inf outside the tile ranges of blocks cta, cta + CTAs, …
-                            (setmaxnreg 24)
-    warpgroups 0 … 3        8 query tokens a block, warpgroup w owns tokens 2w, 2w + 1 (its
-                            quarter of the Q block is its B operand); all read every 64-key K
-                            tile (a slot is free once all have): MMA, then the fused epilogue —
-                            relu, × w, head sum, × k_scale, range select, store (setmaxnreg 112:
-                            64 accumulator + 32 weight registers per thread).  The tensor core
-                            serialises the four MMAs, so three warpgroups' epilogues run under
-                            the fourth's MMA without any explicit schedule.
+    warpgroups 0 … 3        8 tokens a block, warpgroup w tokens 2w, 2w + 1; all read every
+                            64-key K tile: MMA, then the fused epilogue (relu, × w, head sum,
+                            × k_scale, range select, store; setmaxnreg 112).  The tensor core
+                            serialises the four MMAs, so three epilogues run under the fourth's
+                            MMA: each K tile read from L2 serves 8 tokens.
+The MMA, loads, head sum and store are stages/common/indexer.py's.
 
-Why this shape.  The first version (in git history) had both warpgroups on halves of one
-128-key tile with 2 tokens per CTA; the second 4 tokens and alternate tiles; the third two
-warpgroups of 4 tokens (m64n256k32) on every tile.  Here each K tile read from L2 still serves
-8 tokens, and four warpgroups of m64n128k32 give each epilogue (and its latencies) three MMAs'
-time instead of one (issue 31: the third kept the tensor core busy ~59 % of the time).
-
-The MMA, the loads, the head sum and the epilogue's store are stages/common/indexer.py's; new
-here are the 8-token block with every warpgroup on every K tile, the per-token key ranges and
-the persistent walk over the shares.
-
-Limits: s a multiple of BLOCK_Q, s_kv a multiple of BLOCK_K; h ∈ {32, 64}, d ∈ {32, 64, 128}; the
-table within shared memory (s ≤ 34808 at h 64, d 128); row-major, 16-byte aligned, static shapes.
-"""
+Limits: s a multiple of BLOCK_Q, s_kv of BLOCK_K; the table within shared memory (s ≤ 34808 at
+h 64, d 128); row-major, 16-byte aligned, static shapes."""
 
 import cuda.bindings.driver as cuda
 
@@ -98,9 +75,8 @@ from stages.common.tma import sm90_tma_load
 
 
 class Kernel:
-    """FP8 MQA logits on Hopper tensor cores: persistent CTAs on equal shares of the (8-token block,
-    64-key tile) pairs, 2 tokens per MMA warpgroup, tiles through a TMA pipeline read by all four
-    warpgroups, the relu-weight-head-sum fused after the MMA, −inf written by the kernel."""
+    """FP8 MQA logits on Hopper: persistent CTAs on equal shares of the (8-token block, 64-key tile)
+        pairs, 2 tokens an MMA warpgroup, the head sum fused after the MMA, −inf written by the kernel."""
 
     BLOCK_Q = 8  # query tokens a block: 2 per MMA warpgroup (N = 128 each)
     WG_Q = 2
@@ -223,10 +199,9 @@ class Kernel:
 
     @cute.jit
     def logits(self, share, table, tidx, q_pipe, k_pipe, mma, sQ, sK, mScale, mW, mKs, mKe, mOut):
-        """MMA warpgroups: for each block of the share, its weights and token ranges into registers,
-        wait for its Q slot, then for every tile of it Sᵀ = K_tile · Q_wᵀ (64 keys × its 2 tokens ·
-        64 heads) and the fused epilogue (`sm90_store_logits` with `head_partial`), −inf outside each
-        token's [ks, ke); the Q slot freed after the block."""
+        """MMA warpgroups, per block of the share: weights and ranges into registers, wait for its Q slot,
+                then per tile Sᵀ = K_tile · Q_wᵀ and the fused epilogue (`sm90_store_logits`), −inf outside
+                each token's [ks, ke); the Q slot freed after the block."""
         hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         wq, bk, W = self.WG_Q, self.BLOCK_K, self.NUM_MMA_WG
         wg = tidx // 128

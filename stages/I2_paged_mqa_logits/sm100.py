@@ -1,27 +1,15 @@
 """Stage I2 on Blackwell (sm_100a): the lightning indexer's FP8 MQA logits over a paged cache.
-Compile-only here (no Blackwell GPU): compiled, not run.
+Compiled and inspected only (no Blackwell GPU): not run.  Math: the sm90 kernel's.
 
-Math: as the sm90 kernel (oracles/indexer.py): logits[i·next_n + t, j] = k_scale[j] ·
-Σ_h w · relu(q[i, t, h] · k[j]) for j ≤ context_lens[i] − next_n + t, −inf elsewhere; key j of
-sequence i is slot j % 64 of block block_table[i, j // 64] of the fused cache.
-
-What is new beside I1's sm100 kernel
-    M = 128 keys = two cache blocks.  Each block is its own TMA box (64 keys × 128 bytes, the
-        block found through the table) into one half of the tcgen05 A operand's slot; the two
-        boxes complete one barrier.  The half-slot view and the MMA's A layout are built from
-        the same 128-byte-swizzle atom; `check_half_slots` proves at trace time that they
-        address the same bytes.
-    N = next_n · 64 (one sequence's tokens), two TMEM accumulator buffers (≤ 512 columns,
-        checked at trace time).
-    Epilogue thread t ↔ key t of the tile: the scale is read through the table (block
-        2k + t // 64, slot t % 64); the causal select keeps NaN keys out.
-    Grid (key chunks, b) as on sm90; the fill warps write −inf past the computed tiles.
-
-Warp roles (256 threads): warps 0-3 epilogue, warp 4 MMA, warp 5 load, warps 6-7 fill — the
-CTA, the MMA warp and the TMEM head sums are stages/common/indexer.py's, as in I1's sm100 kernel.
-Limits: block_kv = 64, h ∈ {32, 64} (N = next_n · h), d ∈ {32, 64, 128} (K = d), next_n ∈ {1, 2,
-3, 4}; h = 64, d = 128 by default (DSV4's); static shapes.
-"""
+New beside I1's sm100 kernel
+    M = 128 keys = two cache blocks, each its own TMA box (found through the table) into one
+        half of the A operand's slot, both on one barrier; `check_half_slots` proves the
+        half-slot view and the MMA's A layout address the same bytes.
+    N = next_n · 64, two TMEM accumulator buffers (≤ 512 columns, checked).
+    Epilogue thread t ↔ key t (block 2k + t // 64, slot t % 64); the causal select keeps NaN out.
+    Grid (key chunks, b); the fill warps write −inf past the computed tiles.
+Warp roles and shared pieces: I1's sm100 kernel's (stages/common/indexer.py).
+Limits: block_kv = 64, h ∈ {32, 64}, d ∈ {32, 64, 128}, next_n ∈ {1, 2, 3, 4}; static shapes."""
 
 import cuda.bindings.driver as cuda
 
@@ -63,10 +51,9 @@ from stages.common.tma import sm90_tma_load, sm100_tma_load, tma_partition_tile
 
 
 def check_half_slots(k_smem, half_smem, rows: int, half: int, stages: int, dim: int = DIM) -> None:
-    """Trace-time proof that key m, column c of the MMA's A slot s (k_smem: ((rows, 32), 1,
-    d/32, stages)) is the same byte as key m % half, column c of half-slot 2s + m // half
-    (half_smem: (half, d, 2 · stages)).  Sampled: every swizzle row, the half boundary, the
-    column chunk boundaries, the first and last slot."""
+    """Trace-time proof that key m, column c of the MMA's A slot s (k_smem) is the byte of key
+        m % half, column c of half-slot 2s + m // half (half_smem), sampled (swizzle rows, the half
+        boundary, column chunk boundaries, first and last slot)."""
     keys = sorted({*range(9), half - 1, half, half + 1, half + 8, rows - 1})
     cols = [c for c in (0, 1, 15, 16, 31, 32, 63, 64, 127) if c < dim] + [dim - 1]
     for s in sorted({0, stages - 1}):
@@ -178,9 +165,8 @@ class Kernel(Sm100LogitsCta):
     @cute.jit
     def epilogue(self, seq, ctx, last_block, tidx, tile_begin, tile_end, acc_cons, mma, tmem_ptr, acc_layout,
                  sW, mW, mScale, mTable, mOut, epi_sync, mLens):
-        """Warps 0-3: thread t owns key t of each tile (block 2k + t // 64, slot t % 64): relu · w
-        summed per token, × the key's scale (found through the table), −inf past each token's
-        causal limit, stored."""
+        """Warps 0-3, thread t key t (block 2k + t // 64, slot t % 64): relu · w per token, × the key's
+                scale (through the table), −inf past each token's causal limit, stored."""
         hang_guard.role("epilogue")  # names this role's waits in a --debug-hangs build
         nn, bk, bkv = self.next_n, self.BLOCK_K, self.BLOCK_KV
         weights_to_smem(sW, mW, seq * nn, self.n, tidx, self.EPI_THREADS, self.heads)

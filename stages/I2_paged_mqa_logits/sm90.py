@@ -1,49 +1,33 @@
 """Stage I2 on Hopper (sm_90a): the lightning indexer's FP8 MQA logits over a paged cache.
 
-Math (oracles/indexer.py; stage I1's, with keys from a paged, fused cache)
+Math (oracles/indexer.py; stage I1's, keys from a paged, fused cache)
     logits[i·next_n + t, j] = k_scale[j] · Σ_h w[i·next_n + t, h] · relu(q[i, t, h] · k[j])
                               for j ≤ pos = context_lens[i] − next_n + t, −inf elsewhere.
-    Key position j of sequence i is slot j % 64 of physical block block_table[i, j // 64]; a
-    block of the fused cache [num_blocks, 64, 1, 132] bytes holds 64 · 128 e4m3 values
-    (token-major), then 64 fp32 scales.
+    Key j of sequence i is slot j % 64 of block block_table[i, j // 64]; a block of the fused
+    cache [num_blocks, 64, 1, 132] holds 64 · 128 e4m3 values (token-major), then 64 fp32 scales.
 
-What is new beside I1
-    The cache seen as two tensors over the same bytes: values (64, 128, num_blocks) e4m3 with
-        a block stride of 64 · 132 bytes (a multiple of 16: one TMA box per block), and scales
-        (64, num_blocks) fp32 starting 64 · 128 bytes into each block.
-    One cache block per pipeline slot (one TMA box) and per MMA: M = the block's 64 keys,
-        N = next_n · 64 heads; the MMA warpgroups take turns on the blocks (warpgroup w of W: the
-        CTA's blocks w, w + W, …), so the others' epilogues overlap one's MMA (as I1).  W = 4
-        at next_n 2 (112 registers each), 2 at next_n 3 and 4 (240); at N ≤ 64 (next_n 1) W = 2
-        with 8 slots and two CTAs an SM (a launch bound).  The slots are a multiple of W, so the
-        block a slot held before is the same warpgroup's (a parity wait cannot pass on another's).
-    Persistent, balanced (issue 31): the grid is CTAs-an-SM × SMs; the (sequence, block) pairs
-        in order — sequence 0's blocks below its context, then 1's, … — are cut into equal
-        shares, one a CTA (`block_share`: each warp finds its CTA's share from the context
-        lengths by prefix sums, no metadata kernel).  A CTA walks its share's segments (a
-        sequence's run of blocks): the load warp loads the segment's Q into the next of two Q
-        slots, then its blocks into the K ring, which runs on across segments; the MMA
-        warpgroups load the sequence's weights and limits, take their turns of its blocks and
-        free the Q slot.  (DeepGEMM's kernel is built the same way on precomputed metadata.  The
-        chunked grid it replaced, (key chunks of 32 blocks, b), is in git history.)
-    block_table lookup in the load warp (and for the scales, in the epilogue).  Only a
-        sequence's blocks below its context are followed, so a garbage or out-of-range entry
-        past them is harmless.
-    Causal limit per token: the epilogue selects −inf past pos (by selection, so the NaN that
-        a cache slot past the context may hold never reaches a logit); the fill warps write −inf
-        past each sequence's blocks, up to max_len (CTA c: the sequences c, c + CTAs, …).
-        No combine: logits are per key.
+New beside I1
+    The cache as two tensors over the same bytes (indexer.paged_views): values (64, 128,
+        num_blocks) e4m3, block stride 64 · 132 (one TMA box a block), scales (64, num_blocks).
+    One cache block a slot and an MMA: M = its 64 keys, N = next_n · 64; the MMA warpgroups take
+        turns (warpgroup w of W: the CTA's blocks w, w + W, …), so the others' epilogues overlap
+        one's MMA.  W = 4 at next_n 2 (112 registers), 2 at next_n 3, 4 (240); next_n 1: W = 2,
+        8 slots, two CTAs an SM.  The slots are a multiple of W, so a slot's previous block is
+        the same warpgroup's (a parity wait cannot pass on another's).
+    Persistent, balanced: CTAs-an-SM × SMs CTAs, each an equal share of the (sequence, block)
+        pairs (`block_share`: every warp finds it by prefix sums, no metadata kernel).  A CTA
+        walks its share's segments: the load warp loads the segment's Q into the next of two
+        slots, then its blocks into the K ring (running on); the MMA warpgroups load the
+        sequence's weights and limits, take their turns and free the Q slot.
+    Only a sequence's blocks below its context are followed through block_table.
+    The causal limit per token is a select (a NaN past the context never reaches a logit); the
+        fill warps write −inf past each sequence's blocks up to max_len.  No combine.
 
-The fused cache views, the share, the MMA, the loads, the head sum and the epilogue's
-store are stages/common/indexer.py's, shared with I1 and the sm100 kernel.
+Warp roles (128 · (W + 1) threads): as I1 — warpgroup W's first warp loads, its other 3 fill,
+warpgroups 0 … W − 1 run the MMA and the fused epilogue (stages/common/indexer.py's pieces).
 
-Warp roles (128 · (W + 1) threads): as I1 — warpgroup W's first warp loads (a Q block a segment,
-one cache block a slot), its other 3 fill −inf, warpgroups 0 … W − 1 run the MMA and the fused
-epilogue on their turns of the blocks.
-
-Limits: block_kv = 64, h ∈ {32, 64} (64: DSV4's, the default), d ∈ {32, 64, 128} (128, the
-default; K = d, the block's value bytes 64 · d), next_n ∈ {1, 2, 3, 4}; static shapes.
-"""
+Limits: block_kv = 64, h ∈ {32, 64}, d ∈ {32, 64, 128} (64, 128 by default), next_n ∈ {1, 2, 3,
+4}; static shapes."""
 
 import cuda.bindings.driver as cuda
 
@@ -110,11 +94,11 @@ class Kernel:
         self.n = heads * next_n
         # MMA warpgroups on alternate blocks: four while a thread's accumulator (N / 4 registers)
         # and weights (N / 8) fit 112 registers (N ≤ 128: next_n ≤ 2 at 64 heads), so each
-        # epilogue has three MMAs' time (issue 31); two (240 registers each) above.
+        # epilogue has three MMAs' time; two (240 registers each) above.
         # N ≤ 64 (next_n 1 at 64 heads): two MMA warpgroups, 8 slots and two CTAs an SM (the
         # launch bound keeps a thread at ≤ 64 registers, 80 KB of shared memory a CTA), so one
         # CTA's set-up, first loads and last epilogues run beside the other's steady state
-        # (issue 31, docs/INDEXER.md: b 64 ctx 8192 25.2 → 23.2 µs on an H200).
+        # (docs/INDEXER.md).
         pair = self.n <= 64
         self.STAGES = stages or (8 if pair else self.STAGES)
         self.min_blocks = min_blocks or (2 if pair else 0)
@@ -133,8 +117,7 @@ class Kernel:
         # A warpgroup's K state steps W slots a block, so the block S slots before its next
         # one must be its own: with S a multiple of W it is, and its slot's last phase has
         # completed; else a faster warpgroup can wait on a slot whose previous fill (another
-        # warpgroup's block) is still in flight, and its parity wait passes on the phase before
-        # (W 3 with 8 slots ended once in a launch failure on an H200; inferred, not traced).
+        # (W 3 with 8 slots once ended in a launch failure).
         if self.STAGES % self.NUM_MMA_WG:
             raise ValueError(f"stage I2 sm90: {self.STAGES} K slots for {self.NUM_MMA_WG} MMA warpgroups: the slots "
                              "must be a multiple of the warpgroups (each slot's previous block is then the same "
@@ -185,11 +168,10 @@ class Kernel:
 
     @cute.jit
     def roles(self, cta, tidx, warp_idx, ops, q_pipe, k_pipe, sQ, sK, mScale, mLens, mTable, mW, mOut):
-        """The roles of a persistent CTA: every warp finds the CTA's share itself (`block_share`),
-        then walks its sequences' segments in order — the load warp loads each segment's Q
-        (two slots) and blocks (the K ring running on), the MMA warpgroups take the share's
-        blocks in turns (warpgroup w the share's w-th, (w + W)-th, …), the fill warps write −inf
-        past every sequence's blocks for the sequences cta, cta + CTAs, …"""
+        """A persistent CTA's roles: every warp finds the share (`block_share`) and walks its segments —
+                the load warp loads each segment's Q (two slots) and blocks, the MMA warpgroups take the
+                blocks in turns (w, w + W, …), the fill warps write −inf past the blocks of sequences
+                cta, cta + CTAs, …"""
         nn = self.next_n
         t2 = nn if self.context_2d else 0
         if warp_idx // 4 == self.LOAD_WG:
@@ -237,10 +219,9 @@ class Kernel:
 
     @cute.jit
     def share_logits(self, share, tidx, q_pipe, k_pipe, mma, sQ, sK, mScale, mTable, mW, mOut, mLens):
-        """MMA warpgroups: per segment, wait for its Q slot, the sequence's weights and limits
-        into registers, then warpgroup w's blocks of it (share positions ≡ w mod W: its K state
-        runs on across segments), each MMA + fused epilogue as the chunked kernel's; the Q slot
-        released after the segment (every warp, blocks or not)."""
+        """MMA warpgroups, per segment: wait for its Q slot, the sequence's weights and limits into
+                registers, warpgroup w's blocks (share positions ≡ w mod W; its K state runs on), each MMA
+                and fused epilogue; the Q slot released after the segment by every warp."""
         hang_guard.role("mma")
         nn, bkv, step = self.next_n, self.BLOCK_KV, self.NUM_MMA_WG
         t2 = nn if self.context_2d else 0

@@ -1,9 +1,7 @@
 """Named hardware barriers (`bar.sync` / `bar.arrive` ids) of the attention kernels.
 
-Id 0 is the CTA-wide barrier (`__syncthreads`, cute.arch.sync_threads); ids 1 … 15 are free for
-named barriers that a subset of warps meets at.  A kernel passes `int(NamedBarrier.X)` and the
-number of participating threads; give every meeting its own id so two meetings can never be
-confused.  The producer/consumer handshake around P in shared memory (SMEM-P):
+Id 0 is the CTA-wide barrier; ids 1 … 15 are named barriers a subset of warps meets at, one id
+a meeting (a kernel passes `int(NamedBarrier.X)` and the thread count).  SMEM-P:
 
     P_FULL   the softmax warpgroup has stored P (and the row factors) and fenced them for the
              async proxy; every consumer warpgroup may run its P·V         (all arrive + wait)
@@ -25,12 +23,11 @@ Stage E on sm90 (met unaligned: stages/common/unaligned_barriers.py):
                again                                          (warpgroup 0 arrives + waits)
     FLAG_SEEN  warpgroup 0, piece 0 of a two-piece sequence: its first thread has seen piece
                1's flag; piece 1's LSEs may be read            (warpgroup 0 arrives + waits)
-    WINDOW     the producer threads, a streamed segment (topk > 2048 or so: stages/common/
-               idx_windows.py) at a window's first tile: every thread's cp.asyncs of the window
-               have landed and every thread is past the window before  (all arrive + wait)
+    WINDOW     the producer threads, a streamed segment (idx_windows.py) at a window's first
+               tile: every thread's cp.asyncs of the window landed, every thread past the
+               window before                                  (all arrive + wait)
 
-This enum is the one registry of the ids: a kernel family takes its ids from here, never a bare
-int, so no two meetings share an id.
+This enum is the one registry of the ids.
 """
 
 from __future__ import annotations

@@ -1,33 +1,27 @@
 """Two CTAs of a cluster that fill each other's KV slots (Hopper, distributed shared memory).
 
-Stage E at h_q = 128: the two 64-head blocks of one query token walk the same keys, so each CTA
-of a (2, 1, 1) cluster dequantises half of every tile and writes each 16-byte piece twice — into
-its own slot (st.shared) and into the same offset of the peer's slot (`st.async`, whose bytes
-complete a transaction count on the peer's mbarrier).  The gather and the dequantisation, the
-kernel's bound, are halved; the tensor cores of both CTAs see the whole tile.
+Stage E at h_q = 128: the two 64-head blocks of a token walk the same keys, so each CTA of a
+(2, 1, 1) cluster dequantises half of every tile and writes each 16-byte piece into its own slot
+(st.shared) and the same offset of the peer's (`st.async`, completing a transaction count on the
+peer's mbarrier): the kernel's bound, gather and dequantisation, is halved.
 
-Per KV slot s, in each CTA, beside the slot's own producer/consumer pipeline (whose `full`
-counts the local producer threads and whose `empty` the local consumer threads):
+Per KV slot s, in each CTA, beside the slot's own pipeline (`full`: the local producer threads,
+`empty`: the local consumer threads):
 
     remote_full[s]   count 1 and PEER_BYTES transactions: the local producer's thread 0 arms it
                      (arrive.expect_tx) when it takes the slot, the peer's st.async bytes complete
                      it.  The consumers wait on it after the pipeline's full barrier.
-    remote_empty[s]  count = the peer's consumer warps: each arrives on it remotely (lane 0, after
-                     the warp has released the slot locally).  The producer waits on it beside the
-                     pipeline's empty barrier before it writes the slot in both CTAs.
+    remote_empty[s]  count = the peer's consumer warps, each arriving remotely (lane 0, after its
+                     local release).  The producer waits on it beside the empty barrier.
 
-Both are used in lockstep with the pipeline's states, so their parities are the pipeline's
-(a producer state starts at phase 1: the first wait of a fresh barrier passes).  Why a phase
-cannot be confused with the next: the peer writes slot s again only after this CTA's consumers
-released it, and they release it only after remote_full[s] completed — so the bytes of use p + 1
-land after phase p is over.  They may land before the local thread 0 armed phase p + 1: the
-transaction count goes negative until it does, and the phase cannot complete while its one
-arrival is pending.
+Both run in lockstep with the pipeline's states (parities the pipeline's; a producer state starts
+at phase 1).  A phase cannot be confused with the next: the peer writes slot s again only after
+this CTA's consumers released it, after remote_full[s] completed; bytes landing before thread 0
+armed phase p + 1 drive the transaction count negative, and the phase cannot complete while its
+one arrival is pending.
 
-Start: the barriers are initialised, fenced for the cluster and a cluster barrier is passed
-before any remote operation.  End: every thread of both CTAs meets a last cluster barrier, so no
-CTA exits while its peer may still store into it or arrive on it.
-"""
+Start: barriers initialised, fenced for the cluster, a cluster barrier passed before any remote
+operation.  End: a last cluster barrier, so no CTA exits while its peer may still write to it."""
 
 from __future__ import annotations
 
@@ -39,9 +33,8 @@ from stages.common import hang_guard
 
 
 class TilePair:
-    """The remote half of a KV slot ring shared by the two CTAs of a cluster (see the module
-    doc).  `enabled` False: every method is a no-op and the kernel runs alone (one CTA per
-    cluster).  Build it in the kernel, after the shared-memory allocation."""
+    """The remote half of a KV slot ring shared by a cluster's two CTAs (module doc); `enabled`
+        False: every method a no-op (one CTA alone).  Built after the shared-memory allocation."""
 
     def __init__(self, enabled: bool, remote_full, remote_empty, peer_bytes: int, consumer_warps: int):
         self.enabled = enabled
@@ -113,9 +106,8 @@ class TilePair:
 
     @cute.jit
     def consumer_release(self, state):
-        """Beside the pipeline's consumer_release, by one lane of each consumer warp once the
-        warp's reads of slot state.index are done (the caller syncs the warp): tell the peer's
-        producer this CTA is done with the slot."""
+        """Beside consumer_release, one lane of each consumer warp (warp synced) tells the peer's
+                producer this CTA is done with the slot."""
         if cutlass.const_expr(self.enabled):
             # relaxed: the warp's reads of the slot (wgmma) are complete and nothing it wrote
             # is published; a release at cluster scope costs a MEMBAR.ALL.GPU per tile (ncu:
@@ -125,9 +117,8 @@ class TilePair:
 
     @cute.jit
     def store16(self, addr, words, state):
-        """The 16 bytes `words` (4 Int32 in registers) to the shared-memory byte address `addr`
-        of this CTA and, for a pair, to the same address in the peer (st.async, counted on the
-        peer's remote_full of slot state.index, at `peer_address`)."""
+        """16 bytes (`words`, 4 Int32) to shared byte address `addr` here and, in a pair, at
+                `peer_address` in the peer (st.async, counted on its remote_full of the slot)."""
         dst = cute.make_ptr(cutlass.Int32, addr, cute.AddressSpace.smem, assumed_align=16)
         cute.autovec_copy(words, cute.make_tensor(dst, cute.make_layout(4)))
         if cutlass.const_expr(self.enabled):

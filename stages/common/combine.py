@@ -1,32 +1,20 @@
 """Split-KV combine: merge the partial results of KV splits by their LSE.
 
-Math.  Split i attended keys K_i (the splits partition the keys) and wrote, per query row,
-its normalised partial output O_i = softmax(S_i) · V_i and its partial LSE
-lse_i = log Σ_{j ∈ K_i} exp(s_j).  With M = max_i lse_i,
+Math.  Split i wrote, per query row, its normalised O_i = softmax(S_i) · V_i and lse_i =
+log Σ_{j ∈ K_i} exp(s_j).  With M = max_i lse_i,
 
     lse = M + log Σ_i exp(lse_i − M)              = log Σ_j exp(s_j) over all keys
     O   = Σ_i exp(lse_i − lse) · O_i              = softmax(S) · V over all keys
 
-(exp(lse_i − lse) = ℓ_i / ℓ, so each partial is re-weighted by its share of the row sum).
+Empty splits (lse_i = −∞, O_i = 0) are skipped, never multiplied (a NaN in them cannot reach O);
+all empty: O = 0, lse = +∞ (DSV4's lonely row).
 
-Empty splits.  A split with no key has lse_i = log 0 = −∞ and O_i = 0; its weight
-exp(−∞ − lse) is 0, but it is IGNORED outright (skipped, never multiplied), so nothing it
-holds — not even a NaN — can reach O.  A row where every split is empty has no key at all:
-O = 0 and lse = +∞ (DSV4's lonely-row convention), never NaN.
-
-Attention sink (stage D5).  One logit sink[h] per query head with no value vector joins the
-softmax's denominator only:
+Attention sink (D5): one logit sink[h] per head, in the denominator only:
 
     O_sink = O · e^lse / (e^lse + e^sink) = O / (1 + e^(sink − lse)),    lse unchanged
 
-applied ONCE, to the merged row (never to a partial: each split would take its own share of
-the sink).  `sink_factor` is that factor with DSV4's edge cases: sink = −∞ → 1 (nothing
-changes), sink = +∞ → 0 (O = 0, lse still the keys'), lse = −∞ (a lonely row, O already 0)
-→ 0, never NaN.
-
-`combine_reference` is this math in float64 on torch tensors (the CPU tests use it);
-`SplitCombine` is the GPU kernel (one warp per row, fp32, lanes over the columns).
-"""
+applied ONCE, to the merged row.  `sink_factor`: sink = −∞ → 1, sink = +∞ → 0, lse = −∞ → 0,
+never NaN.  `combine_reference`: float64 torch; `SplitCombine`: the GPU kernel."""
 
 from __future__ import annotations
 
@@ -51,9 +39,8 @@ def sink_factor(sink: Float32, lse: Float32) -> Float32:
 
 
 def combine_reference(o_parts, lse_parts, sink=None):
-    """(O [rows, d], lse [rows]) in float64 from o_parts [splits, rows, d] and
-    lse_parts [splits, rows] (torch tensors), ignoring empty splits (lse_i = −∞); with
-    `sink` [rows] (each row's sink logit) O is scaled by 1 / (1 + e^(sink − lse))."""
+    """(O [rows, d], lse [rows]) in float64 from o_parts [splits, rows, d], lse_parts [splits, rows],
+        empty splits ignored; `sink` [rows] scales O by 1 / (1 + e^(sink − lse))."""
     import torch
 
     o_parts = o_parts.double()
@@ -75,16 +62,13 @@ def combine_reference(o_parts, lse_parts, sink=None):
 
 
 class SplitCombine:
-    """GPU combine of `splits` partials of `rows` rows × `d` columns (fp32) into O (any float
-    dtype) and LSE.  One warp per row, 4 rows per CTA; lane l owns columns l, l + 32, …
-
-    Tensors (all indexed by a flat row r, CuTe's column-major linear index):
-        o_part  (splits · rows, d) fp32     row s · rows + r is split s of row r
-        lse_part (splits · rows,) fp32
-        o       (rows, d)
-        lse     any layout of `rows` elements (e.g. DSV4's [b, h_q, s_q] seen in row order)
-        sink    optional [h_q] fp32 (`sink_heads` = h_q): row r is head r mod h_q (rows =
-                (batch, token, head) row-major); applied once, after the merge"""
+    """GPU combine of `splits` fp32 partials of `rows` × `d` into O and LSE: one warp a row, 4 rows a
+        CTA, lane l columns l, l + 32, …  Tensors (flat row r):
+            o_part  (splits · rows, d) fp32     row s · rows + r is split s of row r
+            lse_part (splits · rows,) fp32
+            o       (rows, d)
+            lse     any layout of `rows` elements (e.g. [b, h_q, s_q] in row order)
+            sink    optional [h_q] fp32: row r is head r mod h_q; applied once, after the merge"""
 
     ROWS_PER_CTA = 4
     THREADS = 32 * ROWS_PER_CTA
@@ -101,9 +85,8 @@ class SplitCombine:
 
     def launch(self, o_part: cute.Tensor, lse_part: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, stream, sink=None,
                fp8_args=None):
-        """Call from a @cute.jit host function (e.g. after the split kernel, same stream).
-        `sink`: the [h_q] sink logits when the combine applies a sink (sink_heads > 0);
-        `fp8_args` (with fp8): (O_fp8, O_scale, cos_sin_cache, positions, sin_sign)."""
+        """From a @cute.jit host function (after the split kernel, same stream).  `sink`: the [h_q] sinks
+                (sink_heads > 0); `fp8_args`: (O_fp8, O_scale, cos_sin_cache, positions, sin_sign)."""
         if (sink is None) != (self.sink_heads == 0):
             raise ValueError("SplitCombine: pass a sink tensor exactly when sink_heads > 0")
         o8, osc, cs, pos, self.sin_sign = fp8_args if self.fp8 else (None, None, None, None, 1.0)  # bf16: no parameters

@@ -2,21 +2,13 @@
 and the number of SMs a launch spreads over.
 
 SMEM_LIMIT    the largest dynamic shared memory of one CTA: 227 KiB (232 448 bytes) on sm_90a
-              and on sm_100a alike (cudaDevAttrMaxSharedMemoryPerBlockOptin).
-sm_count      the SMs of the GPU the case runs on — what the split and part choosers fill and
-              what the in-kernel merge's "whole grid resident" condition is judged against
-              (an H100 SXM or an H200 has 132, an H100 PCIe 114, an H20 78, a B200 148).  The
-              count of CUDA device 0 of this process (as torch.cuda.get_device_properties(0)
-              .multi_processor_count reads it; the driver is asked, so no torch and no CUDA
-              context are needed); with no GPU (compile-only on a CPU) the arch's stated
-              default, DEFAULT_SM_COUNT.  A kernel compiled for one count is built for that
-              count (its grid, its parts, whether it merges): harness/execution/compile.py keys the
-              compile cache by `visible_sm_count()`.
-DSV4_SM_COUNT an environment variable that stands for the GPU's count (a positive int): the
-              kernels, the oracles' scratch sizes and the compile key then take it — to build and
-              run a case as it would be on a GPU of fewer SMs (tests/test_e_gpu.py: a grid larger
-              than the SMs it is told of is not merged in the kernel, and stays correct).
-"""
+              and sm_100a (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+sm_count      the SMs of the GPU the case runs on (132 on an H100 SXM or H200, 114 on an H100
+              PCIe, 78 on an H20, 148 on a B200), from the driver for device 0, else the arch's
+              DEFAULT_SM_COUNT: what the split and part choosers fill and the in-kernel merge's
+              residency is judged against; part of the compile cache key (`visible_sm_count()`).
+DSV4_SM_COUNT an environment variable standing for it (a positive int), to build and run a case
+              as on a GPU of fewer SMs (tests/test_e_gpu.py)."""
 
 from __future__ import annotations
 

@@ -28,13 +28,7 @@ warp's vote that every scale byte b has (b & 0x7F) < 0x48, takes × F; else × 2
 Every product is exact — e2m1 has 2 significant bits, e4m3 4, bf16 8 — so the result is bit for
 bit bf16(code · scale) (= code · scale), the oracle's value.
 
-Cost per 8 values (one word): 3 (E, O) + 4 × (PRMT + IMAD + LOP3) + 4 or 8 HFMA2 = 19 or 23, about
-2.4 / 2.9 a value; per group of 16 a scale: PRMT + SHF + LOP3 + 1 or 2 HFMA2.  The alternative, a
-16-entry table (two 8-byte tables of the bf16 high and low bytes, PRMT-indexed by 4 codes at a
-time, two PRMTs to interleave, the signs by IMAD + LOP3 — about 2.75 instructions a value before
-the one × scale, 3.25 with it: `table_half`), counts more: the bit moves are the kernel's default,
-the cheaper by instruction count on paper; Kernel(e2m1_table=True) builds the table path so a GPU
-can time both (docs/STAGE_E.md has the command).
+Kernel(e2m1_table=True) builds the alternative, a PRMT-indexed 16-entry table (`table_half`).
 
 The asm blocks are free of side effects, so ptxas schedules them like any arithmetic.
 """
@@ -137,9 +131,8 @@ def pair_to_bf16x2(even, odd, k: int, f, sb=None, *, loc=None, ip=None) -> Int32
 
 
 def scales_fit(word):
-    """Whether every byte b of a word of e4m3 scale bytes has (b & 0x7F) < 0x48 (a scale below 4),
-    as the word's flag bits: 0 when all fit.  Bytewise: (b & 0x7F) + 0x38 carries into bit 7 iff
-    (b & 0x7F) ≥ 0x48, and never past it.  Ints or traced Int32s."""
+    """0 when every byte b of a word of e4m3 scale bytes has (b & 0x7F) < 0x48 (a scale below 4):
+        (b & 0x7F) + 0x38 carries into bit 7 iff (b & 0x7F) ≥ 0x48, never past it.  Ints or traced."""
     return ((word & 0x7F7F7F7F) + 0x38383838) & 0x80808080
 
 
@@ -168,9 +161,8 @@ def table_pair_words(half: int) -> tuple[int, int]:
 
 @dsl_user_op
 def table_half(word, h: int, sb, *, loc=None, ip=None) -> tuple[Int32, Int32]:
-    """Values 4h … 4h + 3 of a word of 8 codes → two bf16x2 words × sb (the scale, bf16x2):
-    the magnitudes by two PRMT table lookups and two PRMT interleaves, the signs by IMAD + LOP3,
-    one HFMA2 each (the table holds the e2m1 values themselves: one multiply, always)."""
+    """Values 4h … 4h + 3 of a word of 8 codes → two bf16x2 words × sb: magnitudes by two PRMT table
+        lookups and two interleaves, signs by IMAD + LOP3, one HFMA2 each."""
     res = llvm.inline_asm(
         llvm.StructType.get_literal([T.i32(), T.i32()]),
         [Int32(word).ir_value(loc=loc, ip=ip), Int32(sb).ir_value(loc=loc, ip=ip)],
@@ -217,9 +209,8 @@ def one_multiply_fits(word):
 
 @cute.jit
 def e2m1x8_to_bf16(word, f, sb, out, one_multiply=False):
-    """out[0:4] (Int32: bf16x2 words of values 0 … 7) ← the 8 codes of `word` × the group's
-    scale (f, sb of scale_factors).  `one_multiply` (a bool, or a warp-uniform Boolean that holds
-    only where the scale is below 4): × f alone — 4 instructions fewer of 23."""
+    """out[0:4] (bf16x2 words of values 0 … 7) ← the 8 codes of `word` × the group's scale (f, sb
+        of scale_factors).  `one_multiply` (true only where the scale is below 4): × f alone."""
     if cutlass.const_expr(isinstance(one_multiply, bool)):
         _words(word, out, f, None if one_multiply else sb)
     elif one_multiply:

@@ -19,13 +19,9 @@ Every step is exact: an e4m3 value has 4 significant bits, a bf16 8, and the fac
 of two, so each product is the e4m3 value × 2^k with no rounding as long as it stays within bf16's
 range — true for the scales a quantiser writes (oracles/kvcache.py: up to 2^15 and down to 2^−20;
 the intermediate after m1 is at most 448 · 2^7).  So the result is bit for bit round(e4m3 ·
-scale) to bf16, as the fp32 path gives.  For e ≤ 134 (a scale up to 2^7: a group whose largest
-magnitude is at most 448 · 2^7) m2 = 1, so a warp whose lanes all have such scales skips the second
-multiply (`one_multiply`, decided by a vote: the branch never diverges; the `extreme` scenario's
-scales up to 2^15 take the other path).  Per 16 values: 8 PRMT + 8 SHF + 8 LOP3 + 16 HFMA2 = 40
-instructions against 48 (8 F2FP.F16.E4M3 + 16 HADD2.F32 + 16 FMUL + 8 F2FP.BF16).  An e4m3 NaN
-(s 1111 111) comes out as a finite number, never as NaN: the quantisers never write one, and the
-kernels never read the rows nobody indexes.
+scale) to bf16.  For e ≤ 134 m2 = 1, so a warp whose lanes all have such scales skips the second
+multiply (`one_multiply`, a vote: no divergence).  An e4m3 NaN comes out finite: the quantisers
+never write one, and nobody indexes the rows that hold them.
 
 The asm blocks are free of side effects, so ptxas schedules them like any arithmetic (CuTeDSL's
 cute.arch.prmt is marked as having side effects: a scheduling fence).
@@ -97,9 +93,8 @@ def one_multiply_fits(e):
 
 @cute.jit
 def e4m3x16_to_bf16(raw, e, vals, one_multiply=False):
-    """vals (16 bf16) ← the 16 e4m3 in raw[0:4] (Int32 words) × 2^(e − 127), exactly rounded.
-    `one_multiply` (a bool, or a warp-uniform Boolean that holds only where one_multiply_fits(e)):
-    skip the × m2 = 1 — 8 instructions fewer of 40."""
+    """vals (16 bf16) ← the 16 e4m3 in raw[0:4] × 2^(e − 127), exactly rounded.  `one_multiply` (true
+        only where one_multiply_fits(e)): skip the × m2 = 1."""
     m1, m2 = factors(e)
     out = cute.recast_tensor(vals, Int32)
     if cutlass.const_expr(isinstance(one_multiply, bool)):

@@ -1,20 +1,9 @@
-"""The FP8 KV cache on the CUDA cores: block sizes of the three layouts, byte-level global and
-shared-memory loads, and the dequantisation (stage E's kernels).
+"""The FP8 KV cache on the CUDA cores: block sizes of the layouts, byte-level global and
+shared-memory loads, and the dequantisation (stage E's kernels).  The layouts (simple, model1,
+v4.1, nvfp4) and their bytes per block: oracles/kvcache.py, the reference.
 
-Layouts (oracles/kvcache.py is the reference; DSV4.md the spec), bytes per page block:
-    simple   block_size · 512 e4m3, then block_size fp32 scales (one per token), padded to 16
-    model1   per token 448 e4m3 + 64 bf16 rope (576), then 8 bytes per token (7 e8m0 + pad),
-             the block padded to a multiple of 576
-    v4.1     per token 512 e4m3 then 16 e8m0 (one per 32 values): 528
-    nvfp4    per token 224 bytes of packed e2m1 (the 448 nope values, the even one in the low
-             nibble) + 64 bf16 rope (352), then 32 bytes per token (28 e4m3 scales, one per 16
-             values, + 4 pad): block_size · 384, unpadded (FlashInfer's NVFP4 cache; its
-             e2m1 → bf16: stages/common/e2m1_bits.py)
-
-Dequantising: x = e4m3 · scale, e4m3 → f16x2 (exact) → f32, × scale in f32, → bf16 (round to
-nearest even); e8m0 byte e is the power of two 2^(e − 127), made by moving e into an fp32's
-exponent field.
-"""
+Dequantising: x = e4m3 · scale, e4m3 → f16x2 (exact) → f32, × scale in f32, → bf16 (nearest
+even); e8m0 byte e is 2^(e − 127), made by moving e into an fp32's exponent field."""
 
 import cutlass
 import cutlass.cute as cute
@@ -80,9 +69,8 @@ def ldg16(addr, raw, at: cutlass.Constexpr[int]):
 
 @cute.jit
 def e8m0_to_f32(byte) -> cutlass.Float32:
-    """2^(byte − 127): the byte moved into an fp32 exponent field (exact for bytes 1 … 254;
-    byte 0 would be 2^−127, a subnormal, read here as 0; 0xFF is NaN in e8m0 and +∞ here —
-    neither is ever produced by a quantiser)."""
+    """2^(byte − 127), the byte moved into an fp32 exponent field (exact for 1 … 254; 0 reads as 0,
+        0xFF as +∞ — no quantiser writes either)."""
     bits = cute.make_rmem_tensor(1, cutlass.Int32)
     bits[0] = (byte & 0xFF) << 23  # the mask matters: CuTeDSL loads a Uint8 with ld.global.s8 (sign-extended)
     return cute.recast_tensor(bits, cutlass.Float32)[0]

@@ -1,23 +1,16 @@
 """Stage E's fused FP8 output epilogue (`epilogue: fp8_rope`; the contract: oracles/fp8_epilogue.py).
 
-A finished O row (its 1/ℓ and sink factor applied, fp32) leaves as
-    1. its rope lanes 448 … 511 inverse-rotated, pair i = lanes (448 + 2i, 449 + 2i), with the
-       token's row of cos_sin_cache [max_position, 64] = [cos θ_0..31, sin θ_0..31]:
-           y0 = x0·cos + x1·sin,   y1 = −x0·sin + x1·cos       (the conjugate rotation)
-       — a pair is two adjacent columns, which one thread always holds (a wgmma accumulator's
-       e = 0, 1 columns; a PartCombine lane's 16), so the rotation needs no exchange;
-    2. per 128-lane block k: amax over the block (a quad's shuffle in the accumulator's layout,
-       8 lanes' in PartCombine's), its UE8M0 exponent e = ceil(log2(max(amax, 1e-4) / 448)) read
-       off the fp32 bits of v = max(amax, 1e-4) / 448 (biased exponent field, + 1 when the mantissa
-       is not zero: v ≥ 2.2e-7 is normal), the byte e + 127;
-    3. the values x · 2^−e (2^−e built from the byte: bits (254 − byte) << 23, exact) to e4m3 by
-       cvt.rn.satfinite.e4m3x2.f32 (two at once; |x · 2^−e| ≤ 448 by the choice of e);
-    4. the bytes to O_fp8 [h_q/8, n, 8, 512] at ((h // 8 · n + r) · 8 + h % 8) · 512 + column, the
-       exponent bytes to O_scale's int32 word ((h // 8) · 8 + h % 8) · align4(n) + r, byte k.
-A row of zeros (lonely, a sink of +∞) gets e = −22 and zero values, as the oracle says.
-
-`sin_sign` multiplies every sin (1; a planted bug's −1: the forward rotation instead).
-"""
+A finished O row (1/ℓ and the sink factor applied, fp32) leaves as
+    1. rope lanes 448 … 511 inverse-rotated, pair i = (448 + 2i, 449 + 2i), with the token's
+       cos_sin_cache row: y0 = x0·cos + x1·sin, y1 = −x0·sin + x1·cos — a pair is two adjacent
+       columns one thread holds, so no exchange;
+    2. per 128-lane block k: amax (shuffles), e = ceil(log2(max(amax, 1e-4) / 448)) read off the
+       fp32 bits of v = max(amax, 1e-4) / 448 (biased exponent, + 1 when the mantissa is not
+       zero), the byte e + 127;
+    3. x · 2^−e (2^−e: bits (254 − byte) << 23) to e4m3 by cvt.rn.satfinite.e4m3x2.f32;
+    4. the bytes to O_fp8 at ((h // 8 · n + r) · 8 + h % 8) · 512 + column, the exponent bytes to
+       O_scale word ((h // 8) · 8 + h % 8) · align4(n) + r, byte k.
+A row of zeros gets e = −22 and zero values.  `sin_sign` multiplies every sin (a planted bug: −1)."""
 
 from __future__ import annotations
 
@@ -93,9 +86,8 @@ def st_v4(addr, a, b, c, d, *, loc=None, ip=None) -> None:
 
 
 def value_offset(row, heads: int, tokens: int):
-    """Byte offset in O_fp8 of row `row`'s 512 values — rows (batch, token, head) row-major, so
-    token r = row // heads, head h = row % heads: ((h // 8 · tokens + r) · 8 + h % 8) · 512.
-    Ints or traced values (tests/test_fp8_epilogue.py checks it against the oracle's `pack`)."""
+    """Byte offset in O_fp8 of row `row`'s 512 values (token r = row // heads, head h = row % heads):
+        ((h // 8 · tokens + r) · 8 + h % 8) · 512.  Ints or traced."""
     token, head = row // heads, row % heads
     return ((head // GROUP_HEADS * tokens + token) * GROUP_HEADS + head % GROUP_HEADS) * 512
 
@@ -128,9 +120,8 @@ def absmax(m, x):
 
 
 class Fp8Out:
-    """Where the epilogue writes (byte addresses of O_fp8 and O_scale) and what it reads (the
-    cos/sin rows, the positions), for rows (batch, token, head) of `heads` heads and `tokens`
-    = b · s_q tokens.  Plain Python around traced values."""
+    """Where the epilogue writes (O_fp8, O_scale addresses) and reads (cos/sin rows, positions), for
+        (batch, token, head) rows of `heads` heads and `tokens` = b · s_q."""
 
     def __init__(self, o8, scale, cos_sin, positions, heads: int, tokens: int, sin_sign: float = 1.0):
         self.o8, self.scale, self.cos_sin, self.positions = o8, scale, cos_sin, positions
@@ -150,13 +141,11 @@ class Fp8Out:
 @cute.jit
 def store_accumulator_fp8(acc: cute.Tensor, tidx, wg: cutlass.Constexpr[int], row_block, out: cutlass.Constexpr,
                           cols_per_wg: cutlass.Constexpr[int]) -> None:
-    """The epilogue for a scaled m64nN wgmma accumulator (stages/common/quad_store.py's layout:
-    thread t holds rows 16·w + l // 4 (+ 8) and columns col0 + 8·g + 2·q + e, register
-    e + 2·h + 4·g), warpgroup `wg`'s columns from col0 = wg · cols_per_wg, rows of 64-row block
-    `row_block` of the (batch, token, head) rows; `out` an Fp8Out.  Each quad holds whole rows
-    of a block (its 4 threads), so a block's amax is two shuffles; the rope pairs are a thread's
-    own e = 0, 1 columns.  Bytes leave by 2-byte stores; the scale word's bytes of this
-    warpgroup's blocks by one 2-byte store of the quad's first thread."""
+    """The epilogue for a scaled m64nN wgmma accumulator (quad_store.py's layout), warpgroup `wg`'s
+        columns from col0 = wg · cols_per_wg, rows of 64-row block `row_block`; `out` an Fp8Out.  A
+        quad holds whole rows of a block, so a block's amax is two shuffles; the rope pairs are a
+        thread's own e = 0, 1 columns.  2-byte stores; the scale word's bytes of this warpgroup's
+        blocks by one 2-byte store of the quad's first thread."""
     lane = tidx % 32
     q = lane % 4
     row0 = (tidx % 128) // 32 * 16 + lane // 4
@@ -194,10 +183,9 @@ def store_accumulator_fp8(acc: cute.Tensor, tidx, wg: cutlass.Constexpr[int], ro
 
 @cute.jit
 def store_row_fp8(vals: cute.Tensor, lane, row, out: cutlass.Constexpr) -> None:
-    """The epilogue for one row held by a warp as PartCombine holds it: lane l the 16 contiguous
-    columns 16·l …, `vals` (16 fp32) scaled.  A block is 8 lanes (amax: three shuffles); lanes
-    28 … 31 hold the rope lanes, 8 pairs each; a lane's 16 bytes leave by one 16-byte store, the
-    scale word by lane 0 (block k's byte from lane 8k)."""
+    """One row held as PartCombine holds it (lane l: columns 16·l … + 15, `vals` scaled): a block is
+        8 lanes (amax: three shuffles), lanes 28 … 31 hold the rope pairs, one 16-byte store a lane,
+        the scale word by lane 0 (block k's byte from lane 8k)."""
     o8, sc, pos = out.row_addresses(row)
     # no branch: the nope lanes rotate by (cos, sin) = (1, 0), reading the pairs of lane 28's place
     rope = lane >= ROPE_START // 16
@@ -234,11 +222,9 @@ def st_b8(addr, value, *, loc=None, ip=None) -> None:
 
 @cute.jit
 def store_strided_row_fp8(vals: cute.Tensor, lane, o8, sc, cos_sin, pos, sin_sign: cutlass.Constexpr[float]) -> None:
-    """The epilogue for one row held by a warp as SplitCombine holds it: lane l the columns
-    l + 32·k, k = 0 … 15 (`vals`, scaled); o8 / sc the row's byte addresses (Fp8Out.row_addresses),
-    cos_sin the flat cache, pos the token's position.  A rope pair (448 + 2i, 449 + 2i) is lanes
-    (2j, 2j + 1) of k = 14, 15 (one shuffle); a block k // 4 spans the whole warp (amax: five
-    shuffles); a byte a store; the scale word by lane 0."""
+    """One row held as SplitCombine holds it (lane l: columns l + 32·k, k = 0 … 15): a rope pair
+        (448 + 2i, 449 + 2i) is lanes (2j, 2j + 1) of k = 14, 15 (one shuffle); a block spans the
+        warp (amax: five shuffles); a byte a store; the scale word by lane 0."""
     odd = (lane % 2) == 1
     for k in cutlass.range_constexpr(ROPE_START // 32, 16):
         other = cute.arch.shuffle_sync_bfly(vals[k], offset=1)

@@ -1,13 +1,8 @@
 """Bounded mbarrier waits for a debug build (`dsv4-lab run … --debug-hangs`): a hang says where.
 
-Off (the default) nothing here emits anything: every wait is CuTeDSL's own
-`cute.arch.mbarrier_wait` (a try_wait loop with no end), pipelines carry no name, and the
-compiled PTX / SASS is what it was before this module existed (tests/test_hang_guard.py
-compiles a kernel both ways and against the tree without it).
-
-On (the environment variable DSV4_DEBUG_HANGS=1 while a kernel is traced; the lab sets it in
-its compile workers and puts the flag into the compile cache key and the record) every wait
-on an mbarrier becomes
+Off (the default) nothing here emits anything: the PTX / SASS is unchanged
+(tests/test_hang_guard.py).  On (DSV4_DEBUG_HANGS=1 while a kernel is traced; the lab sets it in
+its compile workers, the compile cache key and the record) every mbarrier wait becomes
 
     t0 = %globaltimer
     until mbarrier.try_wait.parity(bar, phase):
@@ -16,29 +11,15 @@ on an mbarrier becomes
                                          tile=(x,y,z) warp=… thread=… waited_ns=…")
             trap
 
-so a deadlock ends within BUDGET_NS (4 s: a correct kernel here waits microseconds) with the
-CUDA error of the trap, and the line the worker reads from the device printf names it:
+so a deadlock ends within BUDGET_NS (4 s) with the trap's CUDA error and a line naming it:
+role (`role("mma")` at the top of a role method; "?" elsewhere), pipeline (its name + ".full" /
+".empty"; a direct wait names itself), slot, phase (the parity waited for), cta/tile (blockIdx).
 
-    role      the warp role being traced when the wait was emitted (`role("mma")` at the top
-              of a role method; "?" where a kernel did not say)
-    pipeline  the barrier array: the pipeline's name + ".full" (consumers wait for the data)
-              or ".empty" (the producer waits for a free slot); a direct wait names itself
-    slot      the barrier's index in its array (the pipeline state's index)
-    phase     the parity waited for
-    cta/tile  blockIdx: these kernels are not persistent, so the CTA's block index is its tile
-              (row block / split / batch of the scheduler; stage E sm90's part for its parts)
-
-How the waits are reached, so that a call site needs at most one line:
-    * every cutlass.pipeline class waits through `MbarrierArray.wait`; importing this module
-      wraps that method once (process-wide) with `_wait`, which calls the original unchanged
-      unless the flag is on at trace time;
-    * a pipeline gets its name at `create(…, name=name("kv"))` — "" when off, so the library
-      attaches no name location either;
-    * a bare `cute.arch.mbarrier_wait(bar, phase)` becomes `mbarrier_wait(bar, phase, "q")`.
-
-Named barriers (bar.sync) cannot be bounded this way: a hang there still ends as the case's
-timeout.
-"""
+Call sites need at most one line: importing this module wraps `MbarrierArray.wait` (every
+cutlass.pipeline waits through it) once, process-wide, with `_wait` (the original unless the flag
+is on); a pipeline is named at `create(…, name=name("kv"))`; a bare wait becomes
+`mbarrier_wait(bar, phase, "q")`.  Named barriers (bar.sync) cannot be bounded: a hang there
+ends as the case's timeout."""
 
 from __future__ import annotations
 
@@ -63,9 +44,8 @@ def enabled() -> bool:
 
 
 def name(pipeline: str) -> str:
-    """The `name=` of a pipeline's create: `pipeline` in a debug build, "" otherwise (so a
-    normal build is exactly what it was).  Pipelines are made before the roles run, so this
-    also forgets the role of the kernel traced before (until a role method says its own)."""
+    """A pipeline's `name=`: `pipeline` in a debug build, "" otherwise.  Pipelines are made before the
+        roles run, so this also forgets the previous kernel's role."""
     _role[0] = "?"
     return pipeline if enabled() else ""
 

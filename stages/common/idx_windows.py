@@ -1,36 +1,26 @@
 """A segment's idx entries streamed through shared memory in windows (stage E sm90, topk up to
-32768; docs/STAGE_E.md "topk up to 32768").
+32768; docs/STAGE_E.md).
 
-Stage E's producer judges each key from its idx entry (stages/E_sparse_decode/sm90.py
-`key_indices`).  A segment — the tiles of one sequence a CTA walks — is staged whole in shared
-memory at its start where it is short: 4 · 64 bytes a tile, `chunk` tiles.  A segment longer
-than 2·W tiles (W = WINDOW_TILES) is streamed instead: two buffers of W tiles' entries,
+A segment (the tiles of one sequence a CTA walks) is staged whole at its start where it is short
+(4 · 64 bytes a tile, `chunk` tiles).  Longer than 2·W tiles (W = WINDOW_TILES) it is streamed
+through two buffers of W tiles' entries:
 
     tile i of the segment (i = tile − tile_begin) is in window w = i // W,
     in buffer w mod 2, its key k at entry  (i mod 2W) · 64 + k      (`entry`),
 
-so the shared memory holds 2·W·64·4 = 8 KiB of entries at any topk (`staged_tiles`), and a
-segment of at most 2·W tiles keeps the whole-segment staging — the production configs (top-128
-+ SWA 1024: 18 tiles) compile to the code they did before.
+so 2·W·64·4 = 8 KiB of entries at any topk (`staged_tiles`).
 
 The producer threads' order (each calls key_indices once a tile, in tile order):
-    segment start   meet (STAGED: every thread is done with the last segment's entries);
-                    cp.async window 0 → buffer 0, commit; window 1 → buffer 1, commit;
-                    wait for all but the last group (window 0 landed); meet (STAGED)
+    segment start   meet (STAGED); cp.async window 0 → buffer 0, commit; window 1 → buffer 1,
+                    commit; wait for all but the last group; meet (STAGED)
     tile i = w·W, w ≥ 1, before its entries are read
-                    wait for every group (window w landed); meet (WINDOW: every thread's
-                    copies of window w have landed, and every thread is past window w − 1,
-                    whose buffer is (w + 1) mod 2); cp.async window w + 1 → buffer (w + 1) mod 2,
-                    commit
-so window w + 1 has the W tiles of window w to land.  A window's entry j (0 … W·64 − 1) is
-key j mod 64 of tile tile_begin + w·W + j // 64: the tile picks its list (main, then extra,
-as `list_position` does), so a window may cross from the main list into the extra one.  Each
-entry is one 4-byte `cp.async.ca` (any topk: no alignment asked), predicated off past the
-segment's tiles and past the list (such entries are never judged valid: key_index takes an
-entry only at a position below the list's length ≤ topk).
-
-The window arithmetic here is plain ints (the CPU tests) or traced Int32s (the kernel).
-"""
+                    wait for every group; meet (WINDOW: window w landed in every thread, every
+                    thread past window w − 1); cp.async window w + 1 → buffer (w + 1) mod 2, commit
+so window w + 1 has W tiles' time to land.  A window's entry j is key j mod 64 of tile
+tile_begin + w·W + j // 64, its tile picking its list (`list_position`: a window may cross into
+the extra list).  Each entry is one 4-byte `cp.async.ca`, predicated off past the segment's tiles
+and the list (never judged valid: key_index takes positions below the list's length).
+Plain ints (the CPU tests) or traced Int32s."""
 
 from __future__ import annotations
 

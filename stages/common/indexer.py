@@ -10,58 +10,9 @@ heads, K = d = 128).  Per key j and token t the logit is
 (relu(x · s) = s · relu(x) for a positive scale, so the scale is applied once, after the sum).
 A token's key range is [lo[t], hi[t]): I1's [ks, ke), I2's causal [0, context − next_n + t + 1).
 
-Both archs
-    HEADS, DIM           64 heads of 128 e4m3 values: DSV4's shape, the kernels' default
-    HEAD_COUNTS, HEAD_DIMS   the heads (32, 64) and head dims (32, 64, 128) a kernel takes
-                         (DeepGEMM's set on sm90); `check_heads` refuses the others
-    check_flat_shape, check_paged_shape   the kernels' refusals (I1, I2)
-    LOGITS_DTYPES, check_logits   the logits' dtypes (fp32, the default, or bf16) and the
-                         trace-time check that the output tensor has the kernel's
-    to_output            a fp32 logit as the output's element type (bf16: cvt.rn; fp32: as is)
-    LogitsOperands       the MMA, TMA loads and layouts a kernel gets as one argument
-    launch               grid × threads with the shared storage's bytes
-    start_cta            thread and warp index, descriptor prefetch, shared storage
-    q_rows               Q as the (tokens · heads, DIM) matrix
-    key_tile_range       I1: the key tiles covering the union of a token block's ranges
-    block_tile_table, table_share, table_tiles   I1 persistent: every token block's tile range
-                         and their prefix sums in shared memory, a CTA's equal share of the
-                         (block, tile) pairs, a block's tiles from the table
-    block_tiles, share_segments   the same in plain Python (the simulator and the tests)
-    paged_views          I2: the fused cache's bytes as values (64, 128, blocks) e4m3 and
-                         scales (64, blocks) fp32
-    paged_tiles          I2 (sm100): a sequence's context and a CTA's chunk of key tiles below it
-    seq_blocks           I2: a sequence's cache blocks below its context
-    block_share          I2 persistent: a CTA's equal share of the (sequence, block) pairs,
-                         found by one warp (prefix sums over the context lengths)
-    token_ranges, causal_limits, token_limits   lo / hi per token in registers (token_limits: I2's
-                         2-D context lengths [b, next_n], token t sees keys < ctx[b, t])
-    masked_logit         the value a (key, token) gets: the logit inside the range, else −inf
-    fill_rows            −inf over a column range of consecutive output rows (fill warps)
-    fill_compressed      the same for I1's compressed rows (column c of row r ↔ key ks[r] + c):
-                         −inf over each row's columns outside the computed keys
-
-Hopper (wgmma, accumulator in registers; a row is one key, its columns spread over a quad)
-    sm90_logits_mma      the tiled FP8 wgmma K_tile · Q_blockᵀ, proved token-aligned
-                         (`check_token_columns`), and its operand layouts in shared memory
-    load_key_tile        one key tile (a global tile index or a cache block) into a slot
-    sm90_fragments       a warpgroup's MMA fragments and its accumulator's (key, column) coords
-    head_weights         w in registers, indexed like the thread's accumulator columns
-    head_partial         Σ w · relu(S) over a thread's share (its columns) of one token's heads
-    quad_reduce_scatter  four shares' sums over a quad, lane q ending with the q-th (3 shuffles)
-    quad_pick            a per-lane choice among static candidates by selects
-    row_scale_regs, load_row_scales   the key scales of a thread's accumulator rows in
-                         registers, loaded before the tile's MMA (latency under the MMA)
-    sm90_store_logits    the fused epilogue of one tile: head sums × k_scale, range select,
-                         each lane of a quad storing one (key, token) of every four
-
-Blackwell (tcgen05, accumulator in TMEM; TMEM lane t = key t, thread t owns its whole row)
-    Sm100LogitsCta       the 256-thread CTA both kernels run (warp roles, MMA, TMEM budget,
-                         shared storage, pipelines, TMEM allocation, Q's TMA partition)
-    mma_key_tiles        the MMA warp: per key tile, four MMAs into an empty TMEM buffer
-    weights_to_smem      the CTA's tokens' weights into shared memory (read as broadcasts)
-    tmem_row_reader      the tcgen05.ld of a thread's row, 32 columns at a time, proved
-                         row-per-thread (`check_row_per_thread`)
-    tmem_head_sums       Σ_h w · relu(S) per token from one TMEM buffer, thread-local
+Pieces, in file order: both archs (shapes and refusals, the persistent schedules, the paged
+views, the −inf fills); Hopper (wgmma, the accumulator in registers: a row is one key, its
+columns spread over a quad); Blackwell (tcgen05, TMEM lane t = key t, thread t owns its row).
 """
 
 from typing import Any, Callable, NamedTuple, Sequence
@@ -132,9 +83,8 @@ def check_flat_shape(who: str, s: int, s_kv: int, block_q: int, block_k: int) ->
 
 
 def check_heads(who: str, heads: int, head_dim: int) -> None:
-    """The heads and head dim a kernel takes: heads ∈ HEAD_COUNTS (N = tokens · heads, a whole
-    number of accumulator columns per token), head_dim ∈ HEAD_DIMS (K = d, whole k32 MMA steps and
-    a TMA row of 32, 64 or 128 bytes, each with its own swizzle)."""
+    """heads ∈ HEAD_COUNTS (whole accumulator columns a token), head_dim ∈ HEAD_DIMS (whole k32 steps,
+        a 32-, 64- or 128-byte TMA row with its own swizzle); else refused."""
     if heads not in HEAD_COUNTS:
         raise ValueError(f"{who}: heads must be one of {', '.join(map(str, HEAD_COUNTS))}, got {heads}")
     if head_dim not in HEAD_DIMS:
@@ -155,8 +105,8 @@ def check_output(who: str, logits: cute.Tensor, dtype) -> None:
 
 
 def to_output(value, out: cute.Tensor):
-    """The fp32 `value` as `out`'s element type: as is for fp32 logits (the code unchanged), rounded
-    to nearest for bf16 (every sum, scale and select stays fp32; only the store narrows)."""
+    """The fp32 `value` as `out`'s element type: as is for fp32, rounded to nearest for bf16 (only the
+        store narrows)."""
     if out.element_type is F32:
         return value
     return F32(value).to(out.element_type)
@@ -171,9 +121,8 @@ def check_paged_shape(who: str, block_kv: int, next_n: int, want_block_kv: int) 
 
 
 def launch(kernel_call, grid, threads: int, smem_struct, stream, min_blocks: int = 0) -> None:
-    """Launch `kernel_call` (the kernel's traced call): `grid` CTAs of `threads` threads with the
-    dynamic shared memory of `smem_struct`; `min_blocks` > 0: CTAs an SM must hold at once (the
-    launch bound — ptxas fits the registers to it — with the whole carveout as shared memory)."""
+    """Launch `kernel_call`: `grid` CTAs of `threads` threads with `smem_struct`'s dynamic shared
+        memory; `min_blocks` > 0: the CTAs an SM must hold at once (the launch bound)."""
     if min_blocks:
         kernel_call.launch(grid=grid, block=(threads, 1, 1), smem=smem_struct.size_in_bytes(), stream=stream,
                            min_blocks_per_mp=min_blocks, preferred_smem_carveout=100)
@@ -190,9 +139,8 @@ def q_rows(q: cute.Tensor, rows: int, dim: int = DIM) -> cute.Tensor:
 @cute.jit
 def key_tile_range(mKs: cute.Tensor, mKe: cute.Tensor, first_row, rows: cutlass.Constexpr[int],
                    s_kv: cutlass.Constexpr[int], tile: cutlass.Constexpr[int]):
-    """(tile_begin, tile_end): the `tile`-key tiles covering the union of the non-empty ranges
-    [max(ks, 0), min(ke, s_kv)) of rows first_row … first_row + rows − 1; an empty union gives
-    tile_begin == tile_end (= s_kv / tile)."""
+    """(tile_begin, tile_end): the `tile`-key tiles covering the union of the rows' non-empty ranges
+        [max(ks, 0), min(ke, s_kv)); an empty union gives tile_begin == tile_end."""
     lo = cutlass.Int32(s_kv)
     hi = cutlass.Int32(0)
     for t in cutlass.range_constexpr(rows):
@@ -207,11 +155,10 @@ def key_tile_range(mKs: cute.Tensor, mKe: cute.Tensor, first_row, rows: cutlass.
 
 
 def paged_views(kv_cache: cute.Tensor, dtype, block_kv: int, dim: int = DIM):
-    """(values, scales): the fused cache [num_blocks, block_kv, 1, dim + 4] bytes (per block
-    block_kv · dim e4m3 values token-major, then block_kv fp32 scales) as two tensors over the
-    same bytes: values (block_kv, dim, num_blocks) of `dtype`, scales (block_kv, num_blocks)
-    fp32.  The block stride, block_kv · (dim + 4) bytes, is a multiple of 16 (block_kv 64, dim
-    a multiple of 32): one TMA box per block."""
+    """(values, scales): the fused cache [num_blocks, block_kv, 1, dim + 4] (per block block_kv · dim
+        e4m3 values token-major, then block_kv fp32 scales) as values (block_kv, dim, num_blocks) of
+        `dtype` and scales (block_kv, num_blocks) fp32 over the same bytes.  The block stride
+        block_kv · (dim + 4) is a multiple of 16: one TMA box per block."""
     num_blocks = kv_cache.shape[0]
     block_bytes = block_kv * (dim + 4)
     values = cute.make_tensor(
@@ -229,16 +176,13 @@ def paged_views(kv_cache: cute.Tensor, dtype, block_kv: int, dim: int = DIM):
 def paged_tiles(mLens: cute.Tensor, seq, chunk, max_len: cutlass.Constexpr[int], block_kv: cutlass.Constexpr[int],
                 tile_keys: cutlass.Constexpr[int], chunk_tiles: cutlass.Constexpr[int],
                 tokens_2d: cutlass.Constexpr[int] = 0):
-    """(ctx, last_block, tile_begin, tile_end, chunk_end) of sequence `seq` and key chunk `chunk`
-    (chunk_tiles tiles of tile_keys keys):
-        ctx         context_lens[seq] clamped to [0, max_len] (the output's width); with 2-D
-                    context lengths [b, tokens_2d], the largest of the sequence's tokens
-        last_block  the sequence's last cache block, (ctx − 1) // block_kv (0 when ctx = 0): a
-                    table entry past it is never followed
-        tiles       [tile_begin, tile_end): the chunk's tiles that hold a key below ctx (empty
-                    when none does)
-        chunk_end   min(the chunk's last key + 1, max_len): the fill writes −inf over
-                    [tile_end · tile_keys, chunk_end)"""
+    """(ctx, last_block, tile_begin, tile_end, chunk_end) of sequence `seq`, key chunk `chunk`
+        (chunk_tiles tiles of tile_keys keys):
+            ctx         context_lens[seq] clamped to [0, max_len]; 2-D lengths: the largest token's
+            last_block  (ctx − 1) // block_kv (0 when ctx = 0): no table entry past it is followed
+            tiles       [tile_begin, tile_end): the chunk's tiles holding a key below ctx
+            chunk_end   min(the chunk's last key + 1, max_len): the fill writes −inf over
+                        [tile_end · tile_keys, chunk_end)"""
     if cutlass.const_expr(tokens_2d > 0):
         raw = mLens[seq, 0]
         for t in cutlass.range_constexpr(1, tokens_2d):
@@ -269,10 +213,9 @@ def seq_blocks(mLens: cute.Tensor, i, max_len: cutlass.Constexpr[int], block_kv:
 
 
 def share_segments(blocks: Sequence[int], cta: int, ctas: int) -> list[tuple[int, int, int]]:
-    """Plain Python, what `block_share` and the persistent I2's walk give CTA `cta` of `ctas`
-    over sequences of `blocks[i]` cache blocks: its segments (sequence, first block, blocks) in
-    order, empty sequences skipped — for the protocol simulator and the tests (every (sequence,
-    block) pair in exactly one CTA's segments; shares differ by at most one pair)."""
+    """Plain Python: CTA `cta`'s segments (sequence, first block, blocks) under `block_share`, in
+        order, empty sequences skipped (the simulator and the tests: every pair in exactly one
+        CTA's segments; shares differ by at most one pair)."""
     total = sum(blocks)
     begin, left = cta * total // ctas, (cta + 1) * total // ctas - cta * total // ctas
     out, excl = [], 0
@@ -322,15 +265,12 @@ def _warp_inclusive_sum(x, lane):
 def block_share(mLens: cute.Tensor, b: cutlass.Constexpr[int], cta, ctas: cutlass.Constexpr[int],
                 max_len: cutlass.Constexpr[int], block_kv: cutlass.Constexpr[int],
                 tokens_2d: cutlass.Constexpr[int] = 0):
-    """(seq, excl, begin, count): CTA `cta`'s equal share of the (sequence, block) pairs (a
-    persistent paged launch; every lane of the calling warp gets it, no shared memory).
-
-    The pairs in order — sequence 0's `seq_blocks`, then sequence 1's, …, T in all — are cut into
-    `ctas` shares, share c the pairs [⌊c·T/ctas⌋, ⌊(c+1)·T/ctas⌋): `begin` and `count` its first
-    pair and its length, `seq` the sequence of pair `begin` and `excl` the pairs before that
-    sequence (so its first block is begin − excl).  count = 0: nothing (seq then b).  A warp
-    sums T 32 sequences at a time, then finds `seq` by an inclusive prefix sum of the blocks and
-    the least lane whose sum passes `begin` (two passes of ⌈b / 32⌉ steps)."""
+    """(seq, excl, begin, count): CTA `cta`'s equal share of the (sequence, block) pairs, in every
+        lane of the calling warp (no shared memory).  The T pairs in order (sequence 0's
+        `seq_blocks`, then 1's, …) are cut into `ctas` shares [⌊c·T/ctas⌋, ⌊(c+1)·T/ctas⌋):
+        `begin`, `count` its first pair and length, `seq` the sequence of pair `begin`, `excl` the
+        pairs before that sequence (its first block is begin − excl); count = 0: nothing (seq = b).
+        Two warp passes of ⌈b / 32⌉ steps: T, then the least lane whose prefix sum passes `begin`."""
     lane = cute.arch.lane_idx()
     total = cutlass.Int32(0)
     for c in cutlass.range(0, b, 32, unroll=1):
@@ -361,11 +301,10 @@ def block_share(mLens: cute.Tensor, b: cutlass.Constexpr[int], cta, ctas: cutlas
 def block_tile_table(table: cute.Tensor, mKs: cute.Tensor, mKe: cute.Tensor, blocks: cutlass.Constexpr[int],
                      rows: cutlass.Constexpr[int], s_kv: cutlass.Constexpr[int], tile: cutlass.Constexpr[int], tid,
                      threads: cutlass.Constexpr[int], warp_idx):
-    """I1's persistent schedule, built in shared memory by the whole CTA before its roles split
-    (two CTA barriers): table[i] = token block i's tile_begin (`key_tile_range`, blocks of `rows`
-    tokens) and table[blocks + i] = P(i), the (block, key tile) pairs before block i — P(0) = 0,
-    P(blocks) = T, all of them.  Thread t takes blocks t, t + threads, … (one round of global
-    loads while blocks ≤ threads), then warp 0 turns the tile counts into prefix sums, 32 a step."""
+    """I1's persistent schedule in shared memory, built by the whole CTA (two CTA barriers):
+        table[i] = token block i's tile_begin (`key_tile_range`), table[blocks + i] = P(i), the
+        (block, key tile) pairs before block i (P(0) = 0, P(blocks) = T).  Thread t takes blocks
+        t, t + threads, …; warp 0 turns the counts into prefix sums, 32 a step."""
     for i in cutlass.range(tid, blocks, threads, unroll=1):
         tb, te = key_tile_range(mKs, mKe, i * rows, rows, s_kv, tile)
         table[i] = tb
@@ -387,10 +326,9 @@ def block_tile_table(table: cute.Tensor, mKs: cute.Tensor, mKe: cute.Tensor, blo
 
 @cute.jit
 def table_share(table: cute.Tensor, blocks: cutlass.Constexpr[int], cta, ctas: cutlass.Constexpr[int]):
-    """(block, first, left): CTA `cta`'s equal share of `block_tile_table`'s pairs, [⌊c·T/ctas⌋,
-    ⌊(c+1)·T/ctas⌋) in block order (`share_segments` in plain Python): its first token block
-    (the least i with P(i + 1) > the share's first pair, by binary search), the share's first
-    tile counted from that block's tile_begin, and the pairs it holds (0: none)."""
+    """(block, first, left): CTA `cta`'s share [⌊c·T/ctas⌋, ⌊(c+1)·T/ctas⌋) of `block_tile_table`'s
+        pairs: its first token block (least i with P(i + 1) > the share's first pair, binary search),
+        the first tile counted from that block's tile_begin, and the pairs it holds (0: none)."""
     total = cutlass.Int64(table[2 * blocks])
     begin = cutlass.Int32(cutlass.Int64(cta) * total // ctas)
     end = cutlass.Int32(cutlass.Int64(cta + 1) * total // ctas)
@@ -471,10 +409,9 @@ def fill_rows(out: cute.Tensor, first_row, rows: cutlass.Constexpr[int], begin, 
 @cute.jit
 def fill_compressed(out: cute.Tensor, mKs: cute.Tensor, first_row, rows: cutlass.Constexpr[int], begin, end,
                     width: cutlass.Constexpr[int], tid, threads: cutlass.Constexpr[int]):
-    """I1's compressed logits (DeepGEMM's max_seqlen_k form): row r's column c is key ks[r] + c,
-    c < width.  The epilogue writes the columns of the computed keys [begin, end), i.e. [a, b)
-    with a = clamp(begin − ks[r], 0, width), b = clamp(end − ks[r], 0, width); the fill writes −inf
-    over [0, a) and [b, width), for rows first_row … first_row + rows − 1."""
+    """I1's compressed logits (row r's column c is key ks[r] + c, c < width): the epilogue writes
+        [a, b), a = clamp(begin − ks[r], 0, width), b = clamp(end − ks[r], 0, width); this writes
+        −inf over [0, a) and [b, width) of rows first_row … first_row + rows − 1."""
     zero = cutlass.Int32(0)
     for t in cutlass.range_constexpr(rows):
         ks = mKs[first_row + t]
@@ -488,13 +425,10 @@ def fill_compressed(out: cute.Tensor, mKs: cute.Tensor, first_row, rows: cutlass
 def fill_outside(out: cute.Tensor, mKs: cute.Tensor, block, rows: cutlass.Constexpr[int], tile_begin, tile_end,
                  block_k: cutlass.Constexpr[int], s_kv: cutlass.Constexpr[int], width: cutlass.Constexpr[int],
                  compressed: cutlass.Constexpr[bool], tid, threads: cutlass.Constexpr[int]):
-    """I1's fill warps: −inf in token block `block`'s rows (block · rows … block · rows + rows − 1)
-    wherever its key tiles [tile_begin, tile_end) (`key_tile_range`) leave a column unwritten, so
-    the epilogue, which writes the keys [begin, end) = [tile_begin · block_k, tile_end · block_k),
-    and the fill write every column exactly once:
-      full form (column j = key j, j < s_kv): −inf over [0, begin) and [end, s_kv) (`fill_rows`);
-      compressed form (column c = key ks[r] + c, c < width): −inf over the columns of keys
-      outside [begin, end) (`fill_compressed`)."""
+    """I1's fill warps: −inf in token block `block`'s rows wherever its key tiles [tile_begin,
+        tile_end) leave a column unwritten, so epilogue (keys [tile_begin · block_k, tile_end ·
+        block_k)) and fill write every column exactly once: full form −inf over [0, begin) and
+        [end, s_kv) (`fill_rows`); compressed form `fill_compressed`."""
     if cutlass.const_expr(compressed):
         fill_compressed(out, mKs, block * rows, rows, tile_begin * block_k, tile_end * block_k, width, tid, threads)
     else:
@@ -527,11 +461,10 @@ def check_token_columns(tiled_mma, tile_mn, heads: int, tokens: int) -> None:
 
 def sm90_logits_mma(dtype, keys: int, tokens: int, k_slots: int, q_slots: int, heads: int = HEADS,
                     dim: int = DIM):
-    """(mma, tile, k_smem, q_smem) of Sᵀ = K_tile · Q_blockᵀ on one warpgroup: FP8 wgmma with
-    M = `keys`, N = tokens · heads, K = dim, fp32 accumulator; both operands K-major (K tile
-    [keys, d] and Q block [tokens · heads, d] row-major, as FP8 wgmma requires), each staged in
-    shared memory with the 128-byte swizzle: K in `k_slots` slots, Q in `q_slots`.  Raises at
-    trace time unless each token's heads are a static slice of a thread's columns."""
+    """(mma, tile, k_smem, q_smem) of Sᵀ = K_tile · Q_blockᵀ on one warpgroup: FP8 wgmma, M = `keys`,
+        N = tokens · heads, K = dim, fp32 accumulator; both operands K-major (as FP8 wgmma needs),
+        128-byte swizzle, K in `k_slots` slots, Q in `q_slots`.  Raises at trace time unless each
+        token's heads are a static slice of a thread's columns."""
     n = heads * tokens
     mma = sm90_utils.make_trivial_tiled_mma(
         dtype, dtype,
@@ -558,9 +491,9 @@ def load_key_tile(pipe, state, load, tile):
 
 
 def sm90_fragments(mma, tid_wg, sK, sQ, keys: int, n: int):
-    """(tCrK, tCrQ, acc_shape, coords) of warpgroup thread `tid_wg`: its MMA operand fragments
-    over the staged K and Q buffers, its accumulator's shape over the (keys, n) tile, and the
-    (key in tile, token · 64 + head) coordinates of its accumulator in the (rows, columns) view."""
+    """(tCrK, tCrQ, acc_shape, coords) of warpgroup thread `tid_wg`: its operand fragments, its
+        accumulator's shape over the (keys, n) tile, and the (key in tile, token · 64 + head)
+        coordinates of its accumulator."""
     thr = mma.get_slice(tid_wg)
     tCrK = mma.make_fragment_A(thr.partition_A(sK))
     tCrQ = mma.make_fragment_B(thr.partition_B(sQ))
@@ -571,9 +504,8 @@ def sm90_fragments(mma, tid_wg, sK, sQ, keys: int, n: int):
 
 @cute.jit
 def head_weights(mW: cute.Tensor, coords: cute.Tensor, first_row, heads: cutlass.Constexpr[int] = HEADS):
-    """w in registers, indexed like the thread's accumulator columns: column j is global column
-    c = coords[0, j][1], token c // heads, head c % heads, so w[j] = weights[first_row + c //
-    heads, c % heads] (the same for every row the thread holds)."""
+    """w in registers indexed like the thread's accumulator columns: column j is global c =
+        coords[0, j][1], w[j] = weights[first_row + c // heads, c % heads]."""
     cols = cute.size(coords, mode=[1])
     w = cute.make_rmem_tensor(cols, cutlass.Float32)
     for j in cutlass.range_constexpr(cols):
@@ -585,10 +517,8 @@ def head_weights(mW: cute.Tensor, coords: cute.Tensor, first_row, heads: cutlass
 @cute.jit
 def head_partial(acc_rc: cute.Tensor, w: cute.Tensor, r: cutlass.Constexpr[int], first: cutlass.Constexpr[int],
                  count: cutlass.Constexpr[int]) -> cutlass.Float32:
-    """Σ w[h] · relu(S[r, h]) over this thread's `count` columns of row `r` from column `first`
-    (weights `w` indexed like the columns): its share of one token's heads — the row's other
-    columns are in the other 3 lanes of its quad (`quad_reduce_scatter` or the butterfly add
-    the four shares)."""
+    """Σ w[h] · relu(S[r, h]) over this thread's `count` columns of row `r` from `first`: its share
+        of one token's heads (the other 3 lanes of its quad hold the rest)."""
     part = cutlass.Float32(0.0)
     for j in cutlass.range_constexpr(first, first + count):
         part += cute.arch.fmax(acc_rc[r, j], cutlass.Float32(0.0)) * w[j]
@@ -597,15 +527,13 @@ def head_partial(acc_rc: cute.Tensor, w: cute.Tensor, r: cutlass.Constexpr[int],
 
 def quad_reduce_scatter(v: Sequence[Any], q: Any, shfl: Callable[[Any, int], Any],
                         sel: Callable[[Any, Any, Any], Any]) -> Any:
-    """Lane q of a quad (q = 0 … 3) gets Σ over the quad's 4 lanes of their v[q] (4 values a
-    lane): a reduce-scatter in 3 shuffles, 3 adds and 6 selects, where a butterfly of each
-    value would take 8 shuffles and 8 adds and leave every sum in every lane.
-        step 2   lane q keeps the half {i : i & 2 = q & 2} of its values and sends the other;
-                 the partner q ⊕ 2 sends its values of q's half: a[i] = v[i] + v'[i] (2 values)
-        step 1   the same over bit 1 on those two: lane q keeps a[(q & 2) | (q & 1)] = its sum
-    `shfl(x, bit)`: x of lane q ⊕ bit; `sel(c, a, b)`: a where c, else b.  Plain values (the
-    CPU test runs the four lanes as numpy arrays) or traced ones (a kernel: shuffle_sync_bfly,
-    select_)."""
+    """Lane q of a quad gets Σ over the quad's 4 lanes of their v[q] (4 values a lane): 3 shuffles,
+        3 adds, 6 selects (a butterfly of each value: 8 shuffles, 8 adds).
+            step 2   lane q keeps the half {i : i & 2 = q & 2} of its values and sends the other;
+                     the partner q ⊕ 2 sends its values of q's half: a[i] = v[i] + v'[i] (2 values)
+            step 1   the same over bit 1 on those two: lane q keeps a[(q & 2) | (q & 1)] = its sum
+        `shfl(x, bit)`: x of lane q ⊕ bit; `sel(c, a, b)`: a where c, else b.  Plain values (the CPU
+        test, numpy lanes) or traced ones (shuffle_sync_bfly, select_)."""
     if len(v) != 4:
         raise ValueError(f"quad_reduce_scatter takes 4 values a lane, got {len(v)}")
     upper = (q & 2) != 0  # lane keeps v[2], v[3]
@@ -640,10 +568,8 @@ def row_scale_regs(coords: cute.Tensor) -> cute.Tensor:
 
 @cute.jit
 def load_row_scales(sc: cute.Tensor, scales: cute.Tensor, coords: cute.Tensor):
-    """sc[r] = scales[slot of row r] (slot = coords[r, 0][0]; `scales` the tile's or cache
-    block's (keys,) fp32) for this thread's accumulator rows.  A kernel issues these global loads
-    before the tile's MMA (or a tile ahead), so their latency hides under the tensor core's work
-    instead of stalling the epilogue that multiplies by them."""
+    """sc[r] = scales[slot of row r] (slot = coords[r, 0][0]; `scales` the tile's (keys,) fp32) for
+        this thread's accumulator rows, issued before the tile's MMA so the latency hides under it."""
     for r in cutlass.range_constexpr(cute.size(coords, mode=[0])):
         sc[r] = scales[coords[r, 0][0]]
 
@@ -652,21 +578,17 @@ def load_row_scales(sc: cute.Tensor, scales: cute.Tensor, coords: cute.Tensor):
 def sm90_store_logits(out: cute.Tensor, first_row, acc: cute.Tensor, coords: cute.Tensor, w: cute.Tensor, key0,
                       sc: cute.Tensor, lo, hi, tid, partial_heads, tokens: cutlass.Constexpr[int],
                       width: cutlass.Constexpr = None, compressed: cutlass.Constexpr = None):
-    """The fused epilogue of one key tile: for each accumulator row r of this thread (key =
-    key0 + slot, slot = coords[r, 0][0]; sc[r] its key scale, `load_row_scales`, already in
-    registers) and each token t < tokens,
+    """The fused epilogue of one key tile: for each accumulator row r of this thread (key = key0 +
+        slot, slot = coords[r, 0][0], sc[r] its key scale) and each token t < tokens,
 
-        out[first_row + t, key] = masked_logit(sc[r] · Σ_quad partial_heads(row r, token t), key, lo, hi, t)
+            out[first_row + t, key] = masked_logit(sc[r] · Σ_quad partial_heads(row r, token t), key, lo, hi, t)
 
-    `partial_heads` is `head_partial` or the kernel's method wrapping it (a test fixture plants
-    a bug there): a lane's share of the head sum.  The (row, token) pairs p = r · tokens + t go
-    four at a time through `quad_reduce_scatter`, so lane q of the quad ends with pair 4k + q's
-    sum and stores it: one store a lane per four pairs, no branch (its key, scale, range and
-    output row picked by `quad_pick`).  When the pairs are not a multiple of 4 (I2 at
-    next_n = 1: 2), a butterfly per pair and lane p mod 4 stores it.  `width`: no store at
-    key ≥ width (None: every key of the tile is inside the output).  `compressed` (I1's compressed
-    logits, quad path only): the output's width W; the logit goes to column key − lo[t], stored
-    where 0 ≤ column < W (None: to column key)."""
+        `partial_heads`: `head_partial` or the kernel's hook wrapping it.  The pairs p = r · tokens
+        + t go four at a time through `quad_reduce_scatter`, lane q storing pair 4k + q (key, scale,
+        range and row by `quad_pick`: no branch); pairs not a multiple of 4 (I2 next_n = 1): a
+        butterfly per pair, lane p mod 4 stores.  `width`: no store at key ≥ width (None: all
+        inside).  `compressed` (I1, quad path): the output's width W; column key − lo[t], stored
+        where 0 ≤ column < W."""
     acc_rc = acc_rows_cols(acc)
     rows = cute.size(coords, mode=[0])
     per_token = cute.size(coords, mode=[1]) // tokens
@@ -720,9 +642,8 @@ def sm90_store_logits(out: cute.Tensor, first_row, acc: cute.Tensor, coords: cut
 
 
 def check_row_per_thread(t2r, coords, rows: int, chunk: int) -> None:
-    """Trace-time proof for a Blackwell epilogue that owns whole accumulator rows: for sampled
-    threads t < rows, register j of t's tcgen05.ld fragment of column chunk c (`coords`: the
-    identity partition ((rows, chunk), chunks) the copy acts on) holds (t, c · chunk + j)."""
+    """Trace-time proof that, for sampled threads t < rows, register j of t's tcgen05.ld fragment of
+        column chunk c (`coords`: identity partition ((rows, chunk), chunks)) holds (t, c·chunk + j)."""
     from stages.common.sm100_idioms import fragment_coords
 
     for t in (0, 1, 31, 32, 77, rows - 1):
@@ -774,18 +695,17 @@ class Sm100Setup(NamedTuple):
 
 
 class Sm100LogitsCta:
-    """The CTA both Blackwell indexer kernels run (256 threads), a kernel class inherits it:
+    """The CTA both Blackwell indexer kernels run (256 threads), inherited by a kernel class:
 
-        warps 0-3   epilogue: thread t ↔ TMEM lane t ↔ key t of the tile; warp 0 allocates
-                    and frees TMEM
-        warp 4      MMA: per key tile, one accumulator buffer, four tcgen05.mma, commit
-        warp 5      load: Q once, then the key tiles (TMA, STAGES slots)
-        warps 6-7   fill: −inf outside the computed tiles
+            warps 0-3   epilogue: thread t ↔ TMEM lane t ↔ key t; warp 0 allocates / frees TMEM
+            warp 4      MMA: per key tile, one accumulator buffer, four tcgen05.mma, commit
+            warp 5      load: Q once, then the key tiles (TMA, STAGES slots)
+            warps 6-7   fill: −inf outside the computed tiles
 
-    The MMA is Sᵀ = K_tile · Q_blockᵀ, tcgen05 kind::f8f6f4, M = BLOCK_K keys, N = n = tokens ·
-    64 heads, K = DIM in four k32 steps, both operands K-major from shared memory; ACC_STAGES
-    fp32 accumulators of n columns in TMEM, so the MMAs of tile k + 1 overlap the epilogue of
-    tile k.  A kernel sets `mma_tiler` = (BLOCK_K, n, DIM) and `STAGES` in its __init__."""
+        Sᵀ = K_tile · Q_blockᵀ, tcgen05 kind::f8f6f4, M = BLOCK_K keys, N = n = tokens · 64 heads,
+        K = DIM in four k32 steps, both K-major from shared memory; ACC_STAGES accumulators of n
+        TMEM columns, so tile k + 1's MMAs overlap tile k's epilogue.  A kernel sets `mma_tiler` =
+        (BLOCK_K, n, DIM) and `STAGES`."""
 
     MMA_K = 32  # K of one kind::f8f6f4 MMA
     EPI_COLS = 32  # accumulator columns per tcgen05.ld (32x32b.x32)
@@ -810,10 +730,9 @@ class Sm100LogitsCta:
         ))
 
     def plan(self, mma: cute.TiledMma, dtype, k_smem, q_smem, who: str) -> None:
-        """Trace time: the TMEM budget from the accumulator's own layout (`acc_cols` per buffer,
-        `tmem_cols` allocated; raises when ACC_STAGES buffers do not fit) and the shared storage
-        `smem_struct`: the k, q and acc pipelines' mbarriers, the TMEM address, the weights
-        (n fp32), then the K and Q buffers (1024-byte aligned, the swizzle atom)."""
+        """Trace time: the TMEM budget from the accumulator's layout (`acc_cols` a buffer, `tmem_cols`
+                allocated) and `smem_struct`: k, q, acc mbarriers, the TMEM address, the weights (n
+                fp32), the K and Q buffers (1024-byte aligned)."""
         acc = mma.make_fragment_C(mma.partition_shape_C(self.mma_tiler[:2]))
         self.acc_cols = tcgen05.find_tmem_tensor_col_offset(acc)
         self.tmem_cols = tmem_budget(self.ACC_STAGES, self.acc_cols, who)
@@ -832,10 +751,9 @@ class Sm100LogitsCta:
         self.smem_struct = Smem
 
     def setup(self, storage, ops: LogitsOperands) -> Sm100Setup:
-        """Device side, every thread, before the roles split: the shared-memory tensors, the
-        k (TMA → MMA), q (TMA → MMA) and acc (MMA commit → epilogue threads) pipelines, the TMEM
-        allocator and the epilogue's named barrier, the MMA fragments, Q's TMA partition (query
-        tile i = Q rows i · n … (i + 1) · n − 1), then the TMEM allocation."""
+        """Device side, every thread, before the roles split: shared-memory tensors, the k, q (TMA →
+                MMA) and acc (MMA → epilogue) pipelines, TMEM allocator and named barrier, MMA fragments,
+                Q's TMA partition (tile i = rows i · n … (i + 1) · n − 1), the TMEM allocation."""
         mma, k_smem, q_smem = ops.mma, ops.k_smem, ops.q_smem
         sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)  # (MMA, 1, d/32, stages)
         sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)  # (MMA, 1, d/32, 1)
@@ -862,10 +780,9 @@ class Sm100LogitsCta:
 @cute.jit
 def mma_key_tiles(tile_begin, tile_end, q_cons, k_cons, acc_prod, mma, tCrK, tCrQ, tmem_ptr, acc_layout,
                   acc_cols: cutlass.Constexpr[int]):
-    """The MMA warp: once Q has landed, per key tile an empty accumulator buffer (acc_cols TMEM
-    columns each), the tile's K slot, acc = K_tile · Q_blockᵀ in four MMAs (K = 32 each), then
-    release the K slot (tcgen05.commit: free once these MMAs have read it) and commit the buffer
-    (full once they complete)."""
+    """The MMA warp: once Q has landed, per key tile an empty accumulator buffer and the tile's K
+        slot, acc = K_tile · Q_blockᵀ in four k32 MMAs, then release the K slot and commit the buffer
+        (tcgen05.commit)."""
     hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
     if tile_end > tile_begin:
         q_cons.wait_and_advance()
@@ -908,9 +825,8 @@ class TmemRows(NamedTuple):
 
 def tmem_row_reader(mma: cute.TiledMma, tmem_ptr, acc_layout, buffer_cols: int, keys: int, n: int, cols: int,
                     tid) -> TmemRows:
-    """The tcgen05.ld 32x32b.x`cols` copy of an accumulator buffer seen in `cols`-column chunks,
-    thread `tid`'s slice of it and its register fragment.  Thread t's fragment of chunk c is
-    row t (key t), columns c · cols … c · cols + cols − 1 (proved at trace time)."""
+    """The tcgen05.ld 32x32b.x`cols` copy of an accumulator buffer in `cols`-column chunks, thread
+        `tid`'s slice and fragment: chunk c is row t, columns c·cols … c·cols + cols − 1 (proved)."""
     tiler = ((keys, cols),)
     acc0 = cute.zipped_divide(cute.make_tensor(tmem_ptr, acc_layout), tiler)  # ((keys, cols), n / cols)
     t2r = tmem_copy(tcgen05.Ld32x32bOp, tcgen05.Repetition.x32, F32, acc0[(None, 0)])
@@ -924,11 +840,9 @@ def tmem_row_reader(mma: cute.TiledMma, tmem_ptr, acc_layout, buffer_cols: int, 
 @cute.jit
 def tmem_head_sums(sums: cute.Tensor, rows: TmemRows, buffer, sW: cute.Tensor, keys: cutlass.Constexpr[int],
                    cols: cutlass.Constexpr[int]):
-    """sums[t] = Σ_h sW[t · heads + h] · relu(acc[key, t · HEADS + h]) for this thread's key
-    (its TMEM lane) and each token t < size(sums), acc = accumulator buffer `buffer`: read `cols`
-    columns at a time (tcgen05.ld, then tcgen05.wait::ld), thread-local, no shuffles.  Fenced
-    for the pipeline: tcgen05.fence::after_thread_sync before the first load (the buffer's full
-    barrier was just waited on), ::before_thread_sync after the last (its release follows)."""
+    """sums[t] = Σ_h sW[t · heads + h] · relu(acc[key, t · HEADS + h]) for this thread's key (its
+        TMEM lane) and each token t, from buffer `buffer`, `cols` columns a tcgen05.ld, thread-local;
+        tcgen05.fence::after_thread_sync before the first load, ::before_thread_sync after the last."""
     tcgen05_fence_after_sync()
     acc = cute.make_tensor(rows.tmem_ptr + buffer * rows.buffer_cols, rows.acc_layout)
     acc_epi = cute.zipped_divide(acc, ((keys, cols),))

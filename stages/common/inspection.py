@@ -1,32 +1,16 @@
 """What a kernel shows `dsv4-lab inspect`: named layouts, recorded while it is traced.
 
-A kernel calls `expose(self, name=value, ...)` at trace time (in its host-side
-`__call__` or in its `@cute.kernel` body) with the objects it builds and wants
-inspected: tiled MMAs, shared-memory layouts, TMEM plans, tiled copies and the
-identity-coordinate partitions they act on.  Outside an inspection (every compile
-and every run) `expose` returns at once: it emits no operation, so the generated
-code is the same with or without the hook.
-
-During `dsv4-lab inspect` (harness/execution/kernelinspect.py) a recorder is installed for the
-one traced kernel; it describes the objects on the spot (CuTe objects live only
-as long as the trace) and keeps plain-Python data for the report and its checks.
-
-Names the inspector understands (see harness/execution/kernelinspect.py for the checks):
+A kernel calls `expose(self, name=value, ...)` at trace time with the objects it wants
+inspected; outside `dsv4-lab inspect` it emits nothing, during one a recorder describes them on
+the spot (harness/execution/kernelinspect.py holds the checks).  Names understood:
     qk_mma, pv_mma    (tiled_mma, (M, N, K) tile) of S = Q·Kᵀ and O = P·V
-    p_path            "registers" (P is the PV MMA's register A fragment),
-                      "smem" or "tmem"
-    smem              {name: layout} shared-memory layouts (swizzle shown)
-    p_write_smem, p_read_smem
-                      the layout P is written into SMEM with and the layout
-                      the PV MMA reads it with (SMEM-P)
-    p_store, p_store_src, p_store_dst
-                      the copy that writes P, and the identity coordinates
-                      (row, key) of its source registers and destination
+    p_path            "registers", "smem" or "tmem"
+    smem              {name: layout} shared-memory layouts
+    p_write_smem, p_read_smem   P's write layout and the PV MMA's read layout (SMEM-P)
+    p_store, p_store_src, p_store_dst   the copy that writes P and its (row, key) coordinates
     pv_a_coords       the PV MMA's A-operand partition of (row, key) coordinates
-    tmem              a TMEM plan (s_col/s_cols/…/alloc_cols, s/p/o layouts)
-    tmem_pair         (load, load_coords, store, store_coords): tcgen05.ld of S
-                      and tcgen05.st of P whose register fragments must agree
-"""
+    tmem              a TMEM plan (column offsets, s/p/o layouts)
+    tmem_pair         (load, load_coords, store, store_coords): the S load and P store pair"""
 
 from __future__ import annotations
 

@@ -10,13 +10,10 @@ max m_t and the running max m (raw-score units, c = scale · log2 e):
     α     = 1 exactly if keep, else 2^((m − m'_safe) · c)
     P_j   = 2^(S_j · c − m'_safe · c)  ≤ 2^τ
 
-ℓ, O and the final LSE (m' · c + log2 ℓ) are the same sums relative to m' instead of the true
-max: exact in exact arithmetic.  P ≤ 256 keeps bf16 P at its relative precision and fp32 ℓ and O
-far from overflow (a tile adds at most 64 · 256 to ℓ).  The lonely-row rule (m'_safe = 0 for
-m' = −∞) stays as in softmax.py: both maxima −∞ gives keep false ((−∞) − (−∞) is NaN) and the
-usual α = 0, P = 0.  A caller skips the O rescale where `needs_rescale` is false: every row of
-the warp kept its max, α = 1 (a warp-uniform branch: the 4 threads of a row's quad agree).
-"""
+ℓ, O and the LSE (m' · c + log2 ℓ) are the same sums relative to m': exact in exact arithmetic;
+P ≤ 256 keeps bf16 P precise and ℓ, O far from overflow.  The lonely-row rule holds as in
+softmax.py (keep is false while both maxima are −∞).  A caller skips the O rescale where
+`needs_rescale` is false (every row of the warp kept its max: a warp-uniform branch)."""
 
 from __future__ import annotations
 

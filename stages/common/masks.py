@@ -1,23 +1,16 @@
 """Key masks of the decode rungs (D3 fill level, D4 causal SWA, D5's two branches).
 
-Every mask of stages D3–D5 is a KEY LIMIT per (batch, token, branch): keys j < limit are
-valid, the rest are not (stages/common/scheduler.py `key_limit`: the fill level
-swa_lens[b] or main_lens[b], and D4's causal limit swa_lens[b] − s_q + t + 1, which is one
-number per CTA because a CTA's 64 rows are the heads of ONE token).  Tiles past the limit are
-never visited (`visit_tiles`); only the BOUNDARY tile — the one holding the limit, with
-rem = limit − first key of the tile ∈ [1, block_n) valid keys — needs the two steps below.
+Every mask is a KEY LIMIT per (batch, token, branch): keys j < limit are valid (scheduler's
+`key_limit`: the fill level, or D4's swa_lens[b] − s_q + t + 1, one number per CTA since a CTA's
+64 rows are one token's heads).  Tiles past it are never visited; only the BOUNDARY tile (rem =
+limit − its first key ∈ [1, block_n)) needs the two steps:
 
-    mask_scores      S[r, j] ← −∞ for every column j ≥ rem, BEFORE the online softmax:
-                     their P is 2^(−∞) = 0 and they never move the row max.  A select, not an
-                     add: a key past the fill level may hold NaN, and its score with it.
-    zero_kv_rows     KV rows ≥ rem of the tile's shared-memory slot ← 0, before P·V reads
-                     them: P = 0 there, but 0 · NaN = NaN inside the MMA, so the bytes must be
-                     finite.  (The rows were loaded by TMA with the rest of the box.)
+    mask_scores      S[r, j] ← −∞ for j ≥ rem, before the online softmax — a select, not an add
+                     (a key past the fill level may hold NaN)
+    zero_kv_rows     KV rows ≥ rem of the slot ← 0 before P·V (0 · NaN = NaN in the MMA)
 
-Both run on the boundary tile only (a runtime `if` in the caller), so a fill level on a tile
-edge — and a full window — costs nothing.  A row with NO valid key at all never reaches them:
-its CTA visits no tile and writes the lonely row's output directly (O = 0, LSE = +∞).
-"""
+Both only on the boundary tile (a runtime `if`); a keyless CTA visits no tile and writes the
+lonely row directly."""
 
 from __future__ import annotations
 
@@ -38,11 +31,9 @@ def mask_scores(s_rc: cute.Tensor, cols_rc: cute.Tensor, rem) -> None:
 
 @cute.jit
 def zero_kv_rows(s_kv: cute.Tensor, rem, tid, threads: cutlass.Constexpr[int]) -> None:
-    """Rows rem … rows−1 of one KV slot `s_kv` (keys × d, a 16-bit type in a K-major swizzled
-    layout: 8 consecutive columns are 16 contiguous bytes) ← 0, by `threads` threads (tid =
-    0 … threads−1), one 16-byte store per 8 columns: consecutive threads take consecutive
-    chunks of a row.  The caller fences the generic-proxy writes for the tensor cores
-    (fence.proxy.async) before the barrier that hands the slot to P·V."""
+    """Rows rem … rows−1 of KV slot `s_kv` (keys × d, 16-bit, K-major swizzled: 8 columns are 16
+        contiguous bytes) ← 0 by `threads` threads, one 16-byte store per 8 columns.  The caller
+        fences (fence.proxy.async) before the barrier that hands the slot to P·V."""
     VEC = 8
     rows, cols = cute.size(s_kv, mode=[0]), cute.size(s_kv, mode=[1])
     chunks = cols // VEC

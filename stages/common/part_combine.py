@@ -1,35 +1,19 @@
-"""The combine of a persistent decode launch (stages/common/part_scheduler.py): merge the
-partials of every sequence a part boundary cut, and leave every other row alone.
+"""The combine of a persistent decode launch (part_scheduler.py): merge the partials of every
+sequence a part boundary cut, and leave every other row alone.
 
-Row r (rows = (batch, token, head) row-major, `heads` = h_q a sequence) belongs to sequence
-s = r // heads, cut into n(s) = ⌊((s + 1)·T − 1) / L⌋ − ⌊s·T / L⌋ + 1 partials in slots 0 … n − 1
-of the scratch.  n = 1: the kernel wrote the row's O and LSE itself; the combine does not touch
-them.  n > 1: SplitCombine's math (stages/common/combine.py) over those n slots only — the
-LSE-weighted sum, an empty partial (LSE −∞) skipped and never read, a row with no key O = 0 and
-LSE = +∞, the sink applied once to the merged row.  One warp a row, 4 rows a CTA, lane l the
-d/32 contiguous columns from l·d/32 (16-byte loads and stores); every slot's LSE is loaded at
-once, then the slots' rows (the loop unrolled over the capacity).
+Row r (rows (batch, token, head) row-major, `heads` = h_q) belongs to sequence s = r // heads,
+cut into n(s) partials in slots 0 … n − 1.  n = 1: untouched (the kernel wrote it).  n > 1:
+SplitCombine's math (combine.py) over those slots — empty partials skipped, no key: O = 0,
+LSE = +∞, the sink once.  One warp a row, 4 rows a CTA, lane l the d/32 columns from l·d/32
+(16-byte loads and stores); every slot's LSE loaded first.  Sequences the attention kernel merged
+(`skip_two`) are left alone.  CTA (b, c) of the grid ((P − 1) · heads / 4) takes boundary b + 1
+and rows 4c … 4c + 3 of the sequence it cuts (PartGrid.cut_at; other CTAs idle).  Launched with
+programmatic dependent launch: its CTAs wait (griddepcontrol.wait) for the attention grid.
 
-A launch whose attention kernel merged its two-piece sequences itself (stages/common/
-part_merge.py; `skip_two`) leaves those alone too.  Only the cut sequences get CTAs: CTA (b, c)
-of the grid ((P − 1) · heads / 4) takes part boundary b + 1 and rows 4c … 4c + 3 of the sequence
-it cuts (PartGrid.cut_at: each cut sequence is named by one boundary; a boundary at a sequence's
-start, or a later one inside an already named sequence, leaves its CTAs idle).  It is launched
-with programmatic dependent launch: its CTAs wait (griddepcontrol.wait) for the attention grid
-to complete and its memory to be visible, so its launch overlaps the attention kernel's tail
-instead of following it.
-
-`fast` (stage E's default since 2026-11-27; issue 30, docs/STAGE_E.md "The timeline at b = 2"):
-where parts shorter than a sequence cut every sequence (L < T, the small batches), CTA (s, c) of a
-grid of S · heads / 4 takes rows 4c … 4c + 3 of sequence s — by boundary, b 2 at h 128 launched
-1 120 CTAs of which 992 only exit, and their launch was most of the combine's 5.5 µs (H200); and
-a row's slots are read in groups of at most GROUP (`load_groups`) whose loads are all issued
-before any is used — predicated off for an empty slot (nothing read), through L2 (ld.global.cg) —
-1 + len(load_groups(n)) L2 round trips a row, not 1 + n.  The groups alone, with the boundary
-grid, were slower (6.5 vs 5.5 µs: 163 registers, fewer of the 1 120 CTAs resident at once).
-Letting it launch earlier (griddepcontrol.launch_dependents in the attention kernel, at its start
-or after a CTA's last P·V) made the pair slower (b 2 s2 h64: 19.8 vs 18.3 µs), and was dropped.
-"""
+`fast` (stage E's default): where every sequence is cut (L < T), CTA (s, c) of S · heads / 4
+takes rows 4c … 4c + 3 of sequence s, and a row's slots are read in groups of at most GROUP
+(`load_groups`), all a group's loads issued first (predicated, ld.global.cg): 1 +
+len(load_groups(n)) L2 round trips a row, not 1 + n."""
 
 from __future__ import annotations
 
@@ -65,9 +49,8 @@ def load_groups(capacity: int, group: int = GROUP) -> list[range]:
 
 @dsl_user_op
 def ldcg_or(addr, valid, words: int, fill: float = 0.0, *, loc=None, ip=None) -> tuple[Float32, ...]:
-    """`words` (1, 2 or 4) fp32 at the global byte address `addr` (aligned to 4 · words) through
-    L2 (ld.global.cg: the attention grid's partials, never a stale L1 line) when `valid`, else
-    `fill` in each, nothing read — a predicated load, no branch: the loads of a group fly together."""
+    """`words` (1, 2 or 4) fp32 at global `addr` (aligned to 4 · words) through L2 (ld.global.cg)
+        when `valid`, else `fill`, nothing read: a predicated load, so a group's loads fly together."""
     outs = ", ".join(f"${i}" for i in range(words))
     operand = outs if words == 1 else "{" + outs + "}"
     bits = f"0f{struct.unpack('<I', struct.pack('<f', fill))[0]:08X}"
@@ -87,9 +70,8 @@ def ldcg_or(addr, valid, words: int, fill: float = 0.0, *, loc=None, ip=None) ->
 
 
 class PartCombine:
-    """GPU combine for a part schedule of `num_tiles` (T) tiles a sequence cut into parts of
-    `part_tiles` (L): o_part (capacity · rows, d) fp32 slot-major, lse_part (capacity · rows,),
-    o (rows, d), lse (rows,) in row order, sink [heads] fp32 (−∞: no sink)."""
+    """GPU combine for a part schedule (T = `num_tiles` a sequence, parts of L = `part_tiles`): o_part
+        (capacity · rows, d) fp32 slot-major, lse_part, o (rows, d), lse (rows,), sink [heads] (−∞: none)."""
 
     ROWS_PER_CTA = 4
     THREADS = 32 * ROWS_PER_CTA
@@ -108,10 +90,8 @@ class PartCombine:
         self.rows, self.heads, self.d = rows, heads, d
         self.chunks = heads // self.ROWS_PER_CTA  # CTAs a sequence
         self.skip_two = skip_two  # the attention kernel merged every two-piece sequence itself
-        # fast (off by default: not yet timed as a whole, docs/STAGE_E.md): a CTA per (sequence, 4
-        # rows) where parts shorter than a sequence cut every sequence, none idle (by boundary,
-        # (P − 1) · heads / 4 CTAs: at b 2, h 128 1 120 of which 992 only exit — their launch was
-        # most of the combine's 5.5 µs); a row's slots loaded in groups, each group's loads issued
+        # fast (docs/STAGE_E.md): a CTA per (sequence, 4 rows) where parts shorter than a sequence
+        # cut every sequence, none idle; a row's slots loaded in groups, each group's loads issued
         # together (predicated ld.global.cg) — 1 + len(load_groups(n)) L2 round trips, not 1 + n
         self.fast = fast
         if fast and (d // 32) % 4:

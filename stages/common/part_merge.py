@@ -16,20 +16,16 @@ for the flag (in practice long raised), reads the partial and writes O and LSE i
 — SplitCombine's math over two slots (stages/common/combine.py).  Sequences of three or more
 pieces are left to PartCombine.
 
-The flag.  One 32-bit word a row block: the first LSE of the row block's slot 0, which no one
-else writes for a two-piece sequence (piece 0 writes the final LSE).  The scratch holds anything
-on entry (the lab poisons it), so `ZeroFlags`, a launch of its own just before the attention
-kernel, clears the flags of the two-piece sequences; the attention kernel is launched with
-programmatic dependent launch and a thread waits for that launch (griddepcontrol.wait) before it
-touches a flag — nothing else of the attention kernel waits for it.  (Letting it launch at
-ZeroFlags' start, griddepcontrol.launch_dependents there, gained nothing at b 16: dropped.)  The hand-over is the
+The flag.  One 32-bit word a row block: the first LSE of the row block's slot 0 (unwritten for a
+two-piece sequence).  `ZeroFlags`, a launch of its own just before the attention kernel, clears
+the flags; the attention kernel (programmatic dependent launch) waits for it
+(griddepcontrol.wait) only before it touches a flag.  The hand-over is the
 release/acquire pattern of a split-K semaphore: piece 1's MMA threads store the partial, meet at
 a named barrier, and one thread `st.release.gpu`s the flag; piece 0's one thread spins with
 `ld.acquire.gpu` until it is nonzero, then a named barrier lets the others read the partial —
 through L2 (`ld.global.cg`, `cp.async.cg`; never the incoherent read-only path).  The merging
-CTA stages the 128 KB partial block in the KV slots' shared memory (idle: a part's last segment,
-every tile consumed) by cp.asyncs — no registers held while the loads fly; the accumulator
-leaves none — and adds it from there.
+CTA stages the 128 KB partial block in the idle KV slots' shared memory by cp.asyncs and adds
+it from there.
 
 Deadlock: a flag is raised after a part's first segment, which waits on no flag, and a CTA
 waits only for a later part's first segment; the merge is used only when every CTA of the
@@ -127,17 +123,16 @@ UNIT = 32  # bytes: the swizzle's unit in a staged partial row (8 fp32, one accu
 
 
 def staged_offset(row: int, byte: int, row_bytes: int) -> int:
-    """Where byte `byte` of row `row` of a partial block lies in shared memory: rows of
-    `row_bytes`, the 32-byte units of a row permuted by XOR with row mod 8, so that the 8 rows
-    one accumulator load instruction reads (8 rows × 4 threads × 8 bytes) fall on distinct banks
-    (two wavefronts, the least for 256 bytes).  Ints (the CPU test) or traced Int32s."""
+    """Shared-memory offset of byte `byte` of row `row` of a partial block: rows of `row_bytes`, the
+        32-byte units of a row XOR-permuted by row mod 8, so the 8 rows one accumulator load reads
+        fall on distinct banks (two wavefronts for 256 bytes).  Ints or traced Int32s."""
     return row * row_bytes + (((byte // UNIT) ^ (row % 8)) * UNIT) + byte % UNIT
 
 
 def staged_copies(tidx, threads: int, rows: int, row_bytes: int) -> list:
-    """(source byte offset, shared-memory offset) of each 16-byte copy thread `tidx` of `threads`
-    makes of a `rows` × `row_bytes` block: copy c = tidx + k · threads, row-major in the source,
-    staged_offset's layout in shared memory.  Ints (the CPU test) or traced Int32s."""
+    """(source offset, shared offset) of each 16-byte copy thread `tidx` of `threads` makes of a
+        `rows` × `row_bytes` block: copy c = tidx + k · threads, row-major in the source,
+        staged_offset's layout in shared memory.  Ints or traced Int32s."""
     per_row = row_bytes // 16
     out = []
     for k in range(rows * per_row // threads):
@@ -149,20 +144,17 @@ def staged_copies(tidx, threads: int, rows: int, row_bytes: int) -> list:
 @cute.jit
 def stage_partial(tidx, threads: cutlass.Constexpr[int], src_addr, smem_base, rows: cutlass.Constexpr[int],
                   row_bytes: cutlass.Constexpr[int]) -> None:
-    """Copy the fp32 partial block at global `src_addr` (`rows` rows of `row_bytes`) into shared
-    memory at `smem_base` (staged_offset's layout) by 16-byte cp.asyncs through L2 (staged_copies),
-    `threads` threads sharing them, and wait for this thread's own (a barrier must follow before
-    another thread's bytes are read)."""
+    """Copy the fp32 partial block at `src_addr` into shared memory at `smem_base` (staged_offset's
+        layout) by 16-byte cp.asyncs through L2, `threads` sharing them; waits for this thread's
+        own (a barrier must follow)."""
     for src, dst in staged_copies(tidx, threads, rows, row_bytes):
         copy16_async(smem_base + dst, src_addr + Int64(src))
     copies_done()
 
 
 def staged_read_bases(tidx, row_bytes: int, col0: int) -> list:
-    """The 8 shared-memory offsets (from the staged block's base) of add_staged_rows' thread
-    `tidx`: entry k serves the groups g with g mod 8 = k, whose units col0/8 + g XOR the row's
-    r8 = l//4 only touch in their low 3 bits (col0/8 is a multiple of 8).  Ints (the CPU test) or
-    traced Int32s."""
+    """The 8 shared offsets of add_staged_rows' thread `tidx`: entry k serves the groups g ≡ k mod 8,
+        whose units col0/8 + g XOR r8 = l//4 differ only in their low 3 bits.  Ints or traced."""
     lane = tidx % 32
     r8 = lane // 4
     base = ((tidx % 128) // 32 * 16 + r8) * row_bytes + (col0 // 8) * UNIT + 8 * (lane % 4)
@@ -177,11 +169,10 @@ def staged_read_offset(h: int, g: int, row_bytes: int) -> int:
 @cute.jit
 def add_staged_rows(acc: cute.Tensor, tidx, smem_base, row_bytes: cutlass.Constexpr[int], col0: cutlass.Constexpr[int],
                     f_lo: Float32, f_hi: Float32) -> None:
-    """acc += f · the staged partial (stage_partial) at the accumulator's own coordinates
-    (stages/common/quad_store.py's layout: register i = e + 2·h + 4·g is row 16·w + l//4 + 8·h,
-    column col0 + 8·g + 2·(l%4) + e); f_lo for the rows of h = 0, f_hi for h = 1.  A thread's
-    two columns of a (row, group) are one 8-byte load at staged_read_bases()[g % 8] +
-    staged_read_offset(h, g): 8 base addresses a thread, the rest is the load's constant."""
+    """acc += f · the staged partial at the accumulator's own coordinates (quad_store.py: register
+        i = e + 2·h + 4·g is row 16·w + l//4 + 8·h, column col0 + 8·g + 2·(l%4) + e); f_lo for h = 0,
+        f_hi for h = 1.  A (row, group)'s two columns are one 8-byte load at
+        staged_read_bases()[g % 8] + staged_read_offset(h, g)."""
     bases = [smem_base + off for off in staged_read_bases(tidx, row_bytes, col0)]
     for h in cutlass.range_constexpr(2):
         f = f_lo if cutlass.const_expr(h == 0) else f_hi
@@ -192,9 +183,9 @@ def add_staged_rows(acc: cute.Tensor, tidx, smem_base, row_bytes: cutlass.Conste
 
 
 class ZeroFlags:
-    """Clears the flag of every row block of a two-piece sequence (one 32-bit word a row block,
-    the first LSE of slot 0 of lse_part [capacity · rows]); launched just before the attention
-    kernel, which waits for it (griddepcontrol.wait) only where it touches a flag."""
+    """Clears the flag of every row block of a two-piece sequence (the first LSE of slot 0 of
+        lse_part); launched just before the attention kernel, which waits for it
+        (griddepcontrol.wait) only where it touches a flag."""
 
     THREADS = 128
 

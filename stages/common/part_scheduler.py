@@ -1,52 +1,33 @@
-"""Persistent decode schedule: a few long-lived CTAs ("parts"), each walking a contiguous run
-of the flattened (sequence, KV tile) work — FlashMLA's way of scheduling a decode.
+"""Persistent decode schedule: a few long-lived CTAs ("parts"), each walking a contiguous run of
+the flattened (sequence, KV tile) work — FlashMLA's way of scheduling a decode.
 
-The work of a decode launch: S = s_q · b sequences (one query token of one batch entry; its
-`head_blocks` row blocks of 64 heads walk the same keys), each T KV tiles.  Flatten it
-sequence-major, f = s · T + t (0 ≤ f < S · T), and cut it into parts of L tiles:
+S = s_q · b sequences (each walked alike by its `head_blocks` row blocks), T KV tiles each,
+flattened f = s · T + t and cut into parts of L tiles:
 
     part p owns f ∈ [p · L, min((p + 1) · L, S · T)),   P = ceil(S · T / L) parts
 
-One CTA per (head block, part): grid (head_blocks, P, 1), x fastest, so the two head blocks of
-a part are neighbours (a (2, 1, 1) cluster pairs them; they walk the same keys).  A part cuts
-the sequences it touches into SEGMENTS: segment k of part p is sequence s = ⌊p·L / T⌋ + k, its
-tiles [t₀, t₁) with
+One CTA per (head block, part): grid (head_blocks, P, 1), x fastest (a (2, 1, 1) cluster pairs
+the head blocks).  Segment k of part p is sequence s = ⌊p·L / T⌋ + k, tiles [t₀, t₁):
 
     t₀ = max(p · L, s · T) − s · T,     t₁ = min(T, end − s · T),     end = min((p + 1) · L, S · T)
 
-A CTA runs its segments one after the other without ending: its key pipeline goes on from one
-sequence to the next, and nothing is launched twice.  A segment that is a whole sequence
-(t₀ = 0, t₁ = T) writes O and LSE itself (sink included).  Otherwise it writes a PARTIAL, slot
+A CTA runs its segments without ending (its key pipeline goes on).  A whole sequence (t₀ = 0,
+t₁ = T) writes O and LSE (sink included); otherwise a PARTIAL, slot
 
     j = p − ⌊s · T / L⌋            (the sequence's first part writes slot 0)
 
-of the scratch [capacity, rows, d]; a sequence is cut into
-n(s) = ⌊((s + 1) · T − 1) / L⌋ − ⌊s · T / L⌋ + 1 pieces, capacity = max_s n(s) ≤ T.  With n(s) = 2
-(one boundary inside it) and the grid resident at once, the attention kernel merges the two
-itself (stages/common/part_merge.py: piece 0 is its part's last segment, piece 1 the next
-part's first); `PartCombine` (stages/common/part_combine.py) merges the partials of every other
-sequence with n(s) > 1.  With L a multiple of T no sequence is cut and nothing is combined.
+of the scratch [capacity, rows, d]; a sequence is cut into n(s) = ⌊((s + 1) · T − 1) / L⌋ −
+⌊s · T / L⌋ + 1 pieces, capacity = max_s n(s) ≤ T.  n(s) = 2 with the grid resident at once:
+the attention kernel merges them (part_merge.py); other cut sequences: `PartCombine`.  With L a
+multiple of T nothing is cut.  `segment` is the kernel's mapping (ints or traced Int32s).
 
-`segment` is the mapping the kernel runs (ints or traced Int32s: only //, %, *, +, min, max),
-so the CPU tests check the kernel's own code.
-
-Part length.  `choose_part_tiles` minimises an estimate in tile units,
+Part length: `choose_part_tiles` minimises, in tiles,
     waves · (L + SEGMENT_COST · most segments of a part)
         + (COMBINE_COST + SPLIT_COST · cut sequences · head_blocks
            + PIECE_COST · the most pieces of a sequence               if any sequence is cut)
     waves = ceil(P · head_blocks / sm_count)
-(a segment's fixed cost — its Q load, idx entries and epilogue — about a tile; a cut sequence
-costs its fp32 partials' round trip and the combine's read; the combine's chain over a row's
-partial slots grows with the pieces: in the small-batch timeline's builds (docs/STAGE_E.md, "The
-timeline at b = 2", H200), b 1 s2 h128 took 17.4 µs at L = 1 (18 pieces a sequence) and b 2 s2 h64
-18.3; at L = 2 (9 pieces) they were timed only in a build that also launched PartCombine by PDL
-after the last P·V (since dropped: alone it cost 0–2 µs elsewhere), 15.7 and 17.7 µs.  The piece
-term moves only the L = 1 choices of b ≤ 2 to L = 2; the lab's build so chosen is the one in "The
-recorded bench" there (16.4 and 16.8 µs at those shapes, another session).  Ties go to the longer part.
-`resolve_part_tiles` maps the test matrix's `splits` axis: an int n cuts every sequence into
-about n parts (L = ceil(T / n): 1 is one sequence a segment, never a partial); "auto" is the
-chooser; "many" is L = 1 (a part per tile: every sequence cut into T partials).
-"""
+(a segment's fixed cost about a tile; the piece term: docs/STAGE_E.md).  Ties go to the longer
+part.  `resolve_part_tiles`: an int n gives L = ceil(T / n), "auto" the chooser, "many" L = 1."""
 
 from __future__ import annotations
 
@@ -121,11 +102,9 @@ class PartGrid:
         return sum(self.pieces(s) > 1 for s in range(self.sequences))
 
     def cut_at(self, boundary):
-        """(sequence, whether it is this boundary's to combine) for part boundary `boundary`
-        (1 … parts − 1: the start of that part): the sequence s the boundary falls in, which is
-        cut iff the boundary is not at its start, and is combined once — by the first boundary
-        inside it, the one whose previous boundary lies at or before the sequence's start.
-        Every cut sequence is named by exactly one boundary.  Ints or traced."""
+        """(sequence, whether this boundary combines it) for part boundary `boundary` (1 … parts − 1):
+                the sequence s it falls in, cut iff the boundary is not at its start, combined by the
+                first boundary inside it (exactly one names each cut sequence).  Ints or traced."""
         at = boundary * self.part_tiles
         s = at // self.num_tiles
         return s, (at % self.num_tiles != 0) & ((boundary - 1) * self.part_tiles <= s * self.num_tiles)

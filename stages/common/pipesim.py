@@ -1,33 +1,24 @@
-"""A CPU simulator of a kernel's mbarrier protocol (issue 34 item 3), and the facts of the
-compiled PTX it is checked against.
+"""A CPU simulator of a kernel's mbarrier protocol, and the facts of the compiled PTX it is
+checked against.
 
-A protocol (stages/common/protocols.py, one per kernel family) is
-
-    barriers   name → Barrier(slots, count): an array of `slots` mbarriers, each initialised
-               with arrival count `count` (what `mbarrier.init` gets)
-    roles      name → a generator of the role's barrier operations, in program order, for one
-               CTA's work (how many tiles it visits): a warp role, or a group of warps that
-               run the same code (their arrivals summed: 128 softmax threads arrive as 128)
+A protocol (protocols.py, one per kernel family):
+    barriers   name → Barrier(slots, count): `slots` mbarriers initialised with count `count`
+    roles      name → a generator of the role's barrier operations in program order for one
+               CTA's work (a group of warps running the same code sums its arrivals)
     tx         name → the transaction byte counts its producers announce (expect_tx)
 
-Operations (what the PTX does; mbarrier semantics as in the PTX ISA):
-
-    Wait(bar, slot, parity, need)   mbarrier.try_wait.parity until the phase with this parity
-                                    completed; `need` is how many phases the role means to
-                                    have completed (the pipeline state's lap) — a wait that
-                                    passes with another number is a protocol error (a ring
-                                    that lapped, or a parity that does not match the lap)
+Operations (mbarrier semantics as in the PTX ISA):
+    Wait(bar, slot, parity, need)   try_wait.parity until that phase completed; `need` is how
+                                    many phases the role means to have completed (its lap): a
+                                    wait passing with another number is a protocol error
     Arrive(bar, slot, n, tx)        expect `tx` more bytes, then `n` arrivals (arrive,
-                                    arrive.expect_tx, tcgen05.commit: the MMAs issued before
-                                    it complete on their own, so its arrival is not delayed)
+                                    arrive.expect_tx, tcgen05.commit)
     Bytes(bar, slot, n)             `n` bytes land (complete_tx of a TMA)
 
-A phase completes when all `count` arrivals came and the byte count is back to 0. The run
-steps every role that is not blocked, round robin, until all are done; then every barrier
-must be between phases (no arrival or byte left over: it would land after the CTA exits).
-`simulate` returns None, or one line saying what went wrong: a deadlock names every blocked
-role with the barrier, slot and phase it waits on and how many arrivals / bytes it has.
-"""
+A phase completes when all `count` arrivals came and the byte count is back to 0.  Every role
+not blocked steps round robin until all are done; then every barrier must be between phases.
+`simulate` returns None, or one line: a deadlock names each blocked role with the barrier, slot
+and phase it waits on and the arrivals / bytes it has."""
 
 from __future__ import annotations
 
@@ -243,9 +234,8 @@ class PtxFacts(NamedTuple):
 
 
 def ptx_facts(ptx: str) -> PtxFacts:
-    """The mbarrier.init counts and expect_tx byte counts of every kernel in `ptx`, each
-    operand resolved through the `mov` / `selp` of immediates that set its register (PTX
-    registers are virtual and set once, so a register of one kernel has one definition)."""
+    """The mbarrier.init counts and expect_tx byte counts of every kernel in `ptx`, operands resolved
+        through the `mov` / `selp` of immediates that set their (virtual, set-once) registers."""
     inits: Counter = Counter()
     tx: set[int] = set()
     unresolved: list[str] = []

@@ -1,36 +1,17 @@
-"""The mbarrier protocols of the sm100 kernel families, for the CPU simulator
-(stages/common/pipesim.py; issue 34 item 3).
+"""The mbarrier protocols of the kernel families, for the CPU simulator (stages/common/pipesim.py).
 
-Each builder reads the plan a kernel object computes in its constructor (plain Python: ring
-slots, chunks, thread counts, bytes) and writes every role's barrier operations in the order
-the kernel's role methods issue them, for one CTA that visits `n_local` KV tiles.  The
-description is checked against the compiled PTX (`pipesim.cross_check`: the barrier-init
-counts and the expect_tx byte counts must be the kernel's), so it cannot drift from the
-kernel unnoticed; the loops below must be kept in step with the role methods they mirror
-(named in each docstring).
+Each builder reads the plan a kernel computes in its constructor and writes every role's barrier
+operations in the order the kernel's role methods (named in each docstring) issue them, for one
+CTA.  pipesim.cross_check holds the init and expect_tx counts to the compiled PTX; the loops
+must be kept in step with the role methods.
 
-Families covered:
-    decode_sm100   stages/common/sm100_decode.py's DecodeSm100 (D2, D3, D4, D5): load warp
-                   (Q, the KV chunk ring), MMA warp, 128 softmax threads; pipelines q, kv, s, p, o
-    sparse_sm100   stage E on sm100 (stages/E_sparse_decode/sm100.py): the house's MMA and
-                   softmax roles, the index warp (Q, the mask ring, the raw staging ring) and
-                   4 dequantisation warps (raw ring → the chunk ring); pipelines q, kv, s, p,
-                   o, mask, raw
-    indexer_sm100  stages/common/indexer.py's Sm100 indexer (I1, I2): load warp, MMA warp,
-                   128 epilogue threads; pipelines q, k, acc
-    decode_sm90    stages/common/sm90_decode.py's DecodeSm90 (D2–D5 on Hopper): load warp, the two
-                   MMA warpgroups; pipelines q, kv (named barriers P_FULL / P_EMPTY not modelled);
-                   decode_sm90_persistent: D2's persistent CTAs, item after item (Q a item)
-    indexer_sm90_persistent   I1 and I2 on Hopper: load warp, the MMA warpgroups (I2's take
-                   alternate tiles), segment after segment (Q a segment)
-
-    sparse_sm90    stage E on Hopper: persistent parts (segment after segment, the ring running on),
-                   producer warps, both MMA warpgroups, Q a segment, and at h_q 128 the 2-CTA
-                   cluster pair (remote_full / remote_empty, st.async bytes into the peer)
-
-Not covered: stages A, B, C, D1 (either arch); named barriers (bar.sync) and stage E sm90's
-global-memory merge flag are not modelled anywhere.
-"""
+Families: decode_sm100 (DecodeSm100: load warp, MMA warp, 128 softmax threads; q, kv, s, p, o),
+sparse_sm100 (stage E sm100: the house's MMA and softmax roles, the index warp, 4 dequantisation
+warps; + mask, raw), indexer_sm100 (I1, I2: load, MMA, 128 epilogue threads; q, k, acc),
+decode_sm90 (DecodeSm90: load warp, two MMA warpgroups; q, kv) and decode_sm90_persistent,
+indexer_sm90_persistent (I1, I2 on Hopper), sparse_sm90 (stage E on Hopper: parts, producer
+warps, both MMA warpgroups, the 2-CTA pair's remote barriers).  Not modelled: stages A–D1, named
+barriers, stage E sm90's global-memory merge flag."""
 
 from __future__ import annotations
 
@@ -137,10 +118,9 @@ def decode_sm100(k, n_local: int, half: int = 0) -> Protocol:
 
 def sparse_sm100(k, n_local: int, half: int = 0, mask_slots: int = 2, raw_slots: int = 2,
                  dequant_warps: int = 4) -> Protocol:
-    """Stage E on sm100 for one CTA visiting `n_local` tiles: index_role (Q; per tile the mask
-    slot, then per chunk a raw slot: sidecar + arrive.expect_tx of the gathered bytes; the raw
-    tail; q tail) and dequant_role (per chunk: the raw slot, the chunk-ring slot, release the
-    raw slot, commit the ring slot; the ring tail)."""
+    """Stage E on sm100, one CTA of `n_local` tiles: index_role (Q; per tile the mask slot, per chunk a
+        raw slot: sidecar + arrive.expect_tx of the gathered bytes; the tails) and dequant_role (per
+        chunk: raw slot, chunk-ring slot, release raw, commit ring; the ring tail)."""
     R, C = k.slots, k.n_chunks
     shift = ((half + 1) * k.n_v) % C
     dq = k.DEQUANT_THREADS
@@ -192,10 +172,9 @@ def sparse_sm100(k, n_local: int, half: int = 0, mask_slots: int = 2, raw_slots:
 
 
 def indexer_sm100(k, tiles: int, boxes: int = 1) -> Protocol:
-    """The Sm100 indexer for one CTA with `tiles` key tiles: load_role (Q once if any tile,
-    then a K slot per tile — `boxes` TMA boxes into it — then k_prod.tail), mma_key_tiles
-    (Q, then per tile an acc buffer and the K slot; K released and acc committed by
-    tcgen05.commit) and the epilogue (per tile the acc buffer, released by 128 threads)."""
+    """The Sm100 indexer, one CTA of `tiles` key tiles: load_role (Q once if any tile, a K slot a tile
+        of `boxes` TMA boxes, k_prod.tail), mma_key_tiles (Q, per tile an acc buffer and the K slot,
+        both released by tcgen05.commit) and the epilogue (per tile the acc buffer, 128 threads)."""
     S, A, T = k.STAGES, k.ACC_STAGES, k.EPI_THREADS
     block_k, n, dim = k.mma_tiler
     k_bytes, q_bytes = block_k * dim, n * dim  # e4m3: one byte an element
@@ -226,9 +205,8 @@ def indexer_sm100(k, tiles: int, boxes: int = 1) -> Protocol:
 
 
 def q_then_key_ring(tiles: int, q_bytes: int, slots: int, k_bytes: int, boxes: int = 1) -> Iterator[Op]:
-    """A load warp's TMA protocol, both archs: Q once into its slot (when the CTA has a tile), then
-    tile t into ring slot t mod `slots` — wait for the slot's empty barrier, arrive.expect_tx of
-    `k_bytes`, the bytes landing in `boxes` TMA boxes."""
+    """A load warp's TMA protocol, both archs: Q once (when the CTA has a tile), then tile t into slot
+        t mod `slots` (the empty barrier, arrive.expect_tx of `k_bytes` in `boxes` boxes)."""
     if tiles > 0:
         yield producer_wait("q.empty", 0, 1)
         yield Arrive("q.full", 0, 1, q_bytes)
@@ -246,13 +224,11 @@ def q_then_key_ring(tiles: int, q_bytes: int, slots: int, k_bytes: int, boxes: i
 
 def tma_ring_sm90(name: str, tiles: int, slots: int, q_bytes: int, q_consumer_warps: int, k_bytes: int,
                   k_consumer_warps: int, consumers: tuple) -> Protocol:
-    """The Hopper kernels built on stages/common/sm90_setup.py's TMA pipelines: the load warp
-    loads Q once (when the CTA has a tile: load_once) and then tile t into ring
-    slot t mod `slots` (producer_acquire = wait for the slot's empty barrier, arrive.expect_tx of
-    `k_bytes`); no producer tail (each consumer's releases complete every phase it starts).
-    `consumers`: (role, first tile, step, arrivals a release) — one role per group of warps that
-    walks the tiles alike (both warpgroups of a decode CTA: 8 warps, one arrival each; stage
-    I2's warpgroups take turns on the tiles: 4 each).  Every consumer waits for Q first."""
+    """The Hopper kernels on sm90_setup.py's TMA pipelines: Q once (load_once), tile t into slot t mod
+        `slots` (producer_acquire, expect_tx of `k_bytes`); no producer tail.  `consumers`: (role,
+        first tile, step, arrivals a release), one role per group of warps walking the tiles alike
+        (a decode CTA's warpgroups: 8 warps, one arrival each; I2's take turns: 4 each).  Every
+        consumer waits for Q first."""
 
     def load() -> Iterator[Op]:
         yield from q_then_key_ring(tiles, q_bytes, slots, k_bytes)
@@ -273,20 +249,18 @@ def tma_ring_sm90(name: str, tiles: int, slots: int, q_bytes: int, q_consumer_wa
 
 
 def decode_sm90(k, tiles: int) -> Protocol:
-    """stages/common/sm90_decode.py's DecodeSm90 (D2–D5 on Hopper): `load` (Q, then the visited
-    KV tiles of either branch) and `attend` (warpgroup 0 waits for Q; both warpgroups wait for
-    and release each KV slot, one arrival a warp)."""
+    """DecodeSm90 (D2–D5 on Hopper): `load` (Q, then the visited KV tiles of either branch) and
+        `attend` (warpgroup 0 waits for Q; both wait for and release each slot, one arrival a warp)."""
     warps = k.MMA_THREADS // 32
     return tma_ring_sm90(type(k).__module__, tiles, k.stages, k.BLOCK_M * k.d * 2, 4, k.block_n * k.d * 2, warps,
                          (("mma", 0, 1, warps),))
 
 
 def decode_sm90_persistent(k, item_tiles: list[int]) -> Protocol:
-    """DecodeSm90 with PERSISTENT (stage D2 on Hopper): one CTA walking its items, item j
-    visiting item_tiles[j] KV tiles (0: an empty split, no load at all).  Per item with tiles
-    the load warp waits for the Q slot (the item before freed it), loads Q, then the tiles into
-    the ring, which runs on across items; warpgroup 0 waits for that Q and frees it after the
-    item's last S (4 warps, one arrival each); both warpgroups wait for and release each slot."""
+    """DecodeSm90 with PERSISTENT (D2): one CTA walking its items, item j visiting item_tiles[j] tiles
+        (0: no load).  Per item the load warp waits for the Q slot, loads Q, then the tiles into the
+        ring (running on across items); warpgroup 0 waits for Q and frees it after the item's last
+        S (4 arrivals); both warpgroups wait for and release each slot."""
     warps = k.MMA_THREADS // 32
     q_bytes, k_bytes, slots = k.BLOCK_M * k.d * 2, k.block_n * k.d * 2, k.stages
 
@@ -325,14 +299,12 @@ def decode_sm90_persistent(k, item_tiles: list[int]) -> Protocol:
 
 
 def indexer_sm90_persistent(k, segment_blocks: list[int], every_tile: bool = False) -> Protocol:
-    """Stages I1 and I2 on Hopper, persistent (their sm90.py): one CTA walking its share's
-    segments, segment j `segment_blocks[j]` key tiles (I2: cache blocks; I1: tiles of one token
-    block).  Per segment the load warp waits for the next of the Q_SLOTS Q slots (the segment
-    Q_SLOTS before freed it), loads Q, then the tiles into the K ring, which runs on across
-    segments; every MMA warp waits for the segment's Q and frees it after the segment.  I2:
-    warpgroup w of W takes the share's tiles w, w + W, … (4 arrivals a slot; a warpgroup with none
-    of a segment's still frees its Q), Q one box; `every_tile` (I1): every warpgroup reads every
-    tile (4 arrivals a warpgroup a slot), Q one box a warpgroup."""
+    """I1 and I2 on Hopper, persistent: one CTA walking its share's segments, segment j of
+        `segment_blocks[j]` tiles.  Per segment the load warp waits for the next of Q_SLOTS Q slots,
+        loads Q, then the tiles into the K ring (running on); every MMA warp waits for the segment's
+        Q and frees it after.  I2: warpgroup w of W takes tiles w, w + W, … (4 arrivals a slot; one
+        with none still frees its Q), Q one box; `every_tile` (I1): every warpgroup reads every tile
+        (4 arrivals each), Q one box a warpgroup."""
     dim = k.dim
     warps, wgs, slots, q_slots = k.MMA_THREADS // 32, k.NUM_MMA_WG, k.STAGES, k.Q_SLOTS
     q_bytes, k_bytes = k.n * dim * (wgs if every_tile else 1), k.BLOCK_K * dim
@@ -376,16 +348,13 @@ def indexer_sm90_persistent(k, segment_blocks: list[int], every_tile: bool = Fal
 
 
 def sparse_sm90(k, part: int, head_block: int = 0) -> Protocol:
-    """Stage E on Hopper (stages/E_sparse_decode/sm90.py) for part `part`: per CTA of the
-    cluster (one alone, two in a pair — their barriers are `<name>@<rank>`), `produce` (segment
-    after segment, per tile: the slot's empty barrier, in a pair the peer's release of it
-    (remote_empty) and the arming of remote_full with the peer's bytes; the dequantised halves
-    land here and, by st.async, in the peer's slot; commit = every producer thread arrives) and
-    `attend` (both warpgroups: Q of segment 0, then per segment its Q (q_bar, parity k mod 2),
-    per tile the slot's full barrier and remote_full, the next segment's Q issued during the
-    segment's last tile, the release — a lane a warp, locally and on the peer's remote_empty).
-    Not modelled: the named barriers (P_FULL/P_EMPTY, Q_FREE, STAGED) and the two-piece merge's
-    global-memory flag."""
+    """Stage E on Hopper for part `part`, per CTA of the cluster (pair barriers `<name>@<rank>`):
+        `produce` (per tile the slot's empty barrier, in a pair remote_empty and the arming of
+        remote_full with the peer's bytes; the halves land here and by st.async in the peer; commit
+        = every producer thread arrives) and `attend` (Q of segment 0, then per segment its Q
+        (parity k mod 2), per tile full and remote_full, the next Q issued during the last tile,
+        the release — a lane a warp, locally and on the peer's remote_empty).  Not modelled: the
+        named barriers and the merge's global-memory flag."""
     g = k.sched
     R, warps, prod = k.KV_STAGES, k.MMA_THREADS // 32, k.plan.producer_threads
     q_bytes = k.BLOCK_M * 512 * 2

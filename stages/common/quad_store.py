@@ -6,23 +6,16 @@ q = l % 4 its place in the row's quad) the values
     rows  16·w + l // 4  and  + 8          (h = 0, 1)
     cols  8·g + 2·q + e                     (g = 0 … N/8 − 1 the 8-column group, e = 0, 1)
 
-in register order i = e + 2·h + 4·g (`check_accumulator_layout` proves it at trace time).  As
-bf16 a thread's two columns of one row and one group are one 32-bit word, w(h, g) = word 2·g + h,
-and the four threads of a quad hold the four words — 16 contiguous bytes — of each (row, group).
-Stored as they are, one warp instruction writes 4 bytes a thread into 8 rows (64 store
-instructions a thread for a 64 × 256 half of O; stage E's cycle timeline, branch try-timeline,
-found them bounding its epilogue).
+in register order i = e + 2·h + 4·g (`check_accumulator_layout` proves it).  As bf16 a (row,
+group)'s two columns are word w(h, g) = 2·g + h, and a quad's four threads hold its 16
+contiguous bytes: stored as they are, a warp instruction writes 4 bytes a thread.
 
-Transposed across the quad, 4 groups at a time, thread q holds all four words of group 4·b + q,
-i.e. 16 contiguous bytes, and a warp instruction writes 64 contiguous bytes into each of 8 rows:
-a quarter of the instructions. fp32 (a partial): a thread's two columns of a (row, group) are
-two words, each transposed on its own; a thread then holds 32 contiguous bytes. `quad_transpose`
-is that 4 × 4 transpose over the quad (word i of thread s ↦ word s of thread i) in two butterfly
-steps: step `bit` swaps 2 × 2 blocks — of threads s, s ⊕ bit and words i, i ⊕ bit — so that
-after it word i of thread s is word (i & ~bit) | (s & bit) of thread (s & ~bit) | (i & bit);
-after bits 1 and 2 it is word s of thread i. Each step is one shuffle (xor bit) and two selects
-per pair of words.
-"""
+Transposed across the quad, 4 groups at a time, thread q holds group 4·b + q's four words (16
+bytes): a quarter of the instructions (fp32: each of the two words transposed on its own).
+`quad_transpose` (word i of thread s ↦ word s of thread i) takes two butterfly steps: step
+`bit` swaps 2 × 2 blocks (threads s, s ⊕ bit; words i, i ⊕ bit), after which word i of thread
+s is word (i & ~bit) | (s & bit) of thread (s & ~bit) | (i & bit); a shuffle and two selects
+per pair of words."""
 
 from __future__ import annotations
 
@@ -34,10 +27,8 @@ import cutlass.cute as cute
 
 def quad_transpose(words: Sequence[Any], q: Any, shfl: Callable[[Any, int], Any],
                    sel: Callable[[Any, Any, Any], Any]) -> list:
-    """Word i of quad thread s → word s of thread i (see the module doc).  `q`: this thread's
-    place in its quad (0 … 3); `shfl(v, bit)`: v of the thread whose place is q ⊕ bit;
-    `sel(c, a, b)`: a where c, else b.  Plain values (the CPU test runs the four threads as
-    numpy lanes) or traced ones (the kernel: a butterfly shuffle and select_)."""
+    """Word i of quad thread s → word s of thread i (module doc).  `q`: the place in the quad;
+        `shfl(v, bit)`: v of place q ⊕ bit; `sel(c, a, b)`.  Numpy lanes (CPU test) or traced."""
     a = list(words)
     if len(a) != 4:
         raise ValueError(f"quad_transpose takes 4 words, got {len(a)}")
@@ -81,11 +72,9 @@ def _shfl(v, bit: int):
 @cute.jit
 def store_accumulator_wide(acc: cute.Tensor, tidx, row_base_addr, row_bytes: cutlass.Constexpr[int], col0,
                            dtype: cutlass.Constexpr[type]) -> None:
-    """Store this thread's accumulator (fp32, the module doc's layout) as `dtype` rows — bf16 (O)
-    or fp32 (a partial) — row r of the block at byte address row_base_addr + r · row_bytes, its
-    warpgroup's columns from `col0`; 16-byte stores after `quad_transpose` (every lane of the
-    warp takes part).  fp32: the two columns e = 0, 1 of a (row, group) are two words, each
-    transposed on its own, and a thread stores its group's 8 values as two 16-byte pieces."""
+    """Store this thread's fp32 accumulator as `dtype` rows (bf16 O or fp32 partials), row r at
+        row_base_addr + r · row_bytes, its warpgroup's columns from `col0`, by 16-byte stores after
+        `quad_transpose` (the whole warp takes part); fp32 transposes each of a group's two words."""
     lane = tidx % 32
     q = lane % 4
     row0 = (tidx % 128) // 32 * 16 + lane // 4
@@ -113,11 +102,8 @@ def store_accumulator_wide(acc: cute.Tensor, tidx, row_base_addr, row_bytes: cut
 
 @cute.jit
 def store_accumulator_pairs(acc: cute.Tensor, tidx, row_base_addr, row_bytes: cutlass.Constexpr[int], col0) -> None:
-    """Store this thread's fp32 accumulator as fp32 rows with no transpose: the two columns
-    e = 0, 1 of each (row, group) are 8 contiguous bytes, one 8-byte store, and a quad's four
-    threads fill one 32-byte sector of the row — twice the store instructions of
-    store_accumulator_wide's fp32 path, none of its shuffles (an experiment for the partials of
-    stage E's small batches)."""
+    """Store this thread's fp32 accumulator as fp32 rows, no transpose: each (row, group)'s two columns
+        one 8-byte store (twice store_accumulator_wide's instructions, no shuffles)."""
     lane = tidx % 32
     q = lane % 4
     row0 = (tidx % 128) // 32 * 16 + lane // 4

@@ -1,50 +1,33 @@
-"""Decode tile scheduler: which (head block, token, batch, KV split) a CTA works on, and how
-many KV splits a launch uses.
+"""Decode tile scheduler: which (head block, token, batch, KV split) a CTA works on, and how many
+KV splits a launch uses.
 
-The work of one decode launch (DSV4 MQA: every query head of a sequence shares one latent KV
-head) is a set of row blocks — `block_m` query heads of one token of one sequence, the heads
-folded into the MMA's M dimension — times the KV tiles of `block_n` keys each of those rows
-attends.  With `splits` KV splits, split `s` owns the tiles
+A decode launch's work is row blocks (`block_m` heads of one token of one sequence, folded into
+M) times the KV tiles of `block_n` keys they attend.  With `splits` splits, split s owns
 
     [s · c, min((s + 1) · c, T))          c = ceil(T / splits),  T = ceil(n / block_n)
 
-so the first ceil(T / c) splits hold tiles and the rest are EMPTY (any `splits`, not only
-`splits > T`: T = 18, splits = 7 gives c = 3 and one empty split).  An empty split still runs:
-it writes partial LSE = −inf and a zero partial O, which the combine ignores.
+so the splits past ceil(T / c) are EMPTY (T = 18, splits = 7: c = 3, one empty); an empty split
+writes partial LSE = −inf and O = 0, which the combine ignores.
 
-Grid (x, y, z) = (head_blocks · tokens, splits, batches): x runs fastest, so the CTAs that run
-together are the head blocks and tokens of one (split, batch) — they read the same KV tiles,
-which then come from L2.
+Grid (x, y, z) = (head_blocks · tokens, splits, batches), x fastest (CTAs reading the same KV
+tiles run together):  x = token · head_blocks + head_block,  y = split,  z = batch.
+`DecodeGrid.work` is that mapping, run by the kernel on traced indices and by the CPU tests on
+ints.
 
-    x = token · head_blocks + head_block,   y = split,   z = batch
+Split count for `ctas` CTAs on `sm_count` SMs: 1 when ctas ≥ sm_count, else the s in 1 …
+min(T, MAX_SPLITS) with no empty split minimising waves(s) · (ceil(T / s) + 1) + (½ if s > 1),
+waves(s) = ceil(ctas · s / sm_count) (+1: a CTA's fixed cost in tiles, ½: the combine); ties to
+fewer splits.  `resolve_splits` maps the axis value (an int, "auto", "many" = T + 3).
 
-`DecodeGrid.work` is that mapping.  The kernel calls the very same function on its traced
-block indices (only `//`, `%`, `*`, `+` and a min that works on ints and on traced Int32),
-and the CPU tests call it on Python ints: the test checks the code the kernel runs.
-
-Split count.  A launch of `ctas` CTAs (row blocks) on a GPU of `sm_count` SMs:
-    ctas ≥ sm_count          → 1 split (the GPU is already full)
-    otherwise                → the s in 1 … min(T, MAX_SPLITS) with no empty split that
-                               minimises  waves(s) · (ceil(T / s) + 1) + (½ if s > 1)
-      waves(s) = ceil(ctas · s / sm_count); the +1 is a CTA's fixed cost (Q load, partial
-      write) in tile units, the ½ the combine launch; ties go to fewer splits.
-`resolve_splits` turns the test matrix's axis value (an int, "auto" or "many" = T + 3, i.e.
-three empty splits) into a count.
-
-Masked and two-branch key sets (stages D3–D5).  A CTA's split owns tiles [begin, end) of the
-static tile space, but only the tiles holding a VALID key are visited.  With two branches
-(D5: main keys, then SWA keys) the tile space is the concatenation [0, T₁) ++ [T₁, T₁ + T₂),
-and branch i's valid keys (its fill level, after its causal limit) fill its first v_i tiles:
+Masked and two-branch key sets (D3–D5): a split owns static tiles [begin, end) of [0, T₁) ++
+[T₁, T₁ + T₂), but visits only tiles holding a valid key; branch i's valid keys fill its first
+v_i tiles (`valid_tiles` of `key_limit`):
 
     first  = [begin, min(end, v₁))                     branch-1 tiles, as they are
     second = [max(begin, T₁), min(end, T₁ + v₂)) − T₁   branch-2 tiles, branch-local
 
-`visit_tiles` gives that plan (`VisitPlan`); visit i < n_first is branch-1 tile
-first_begin + i, the rest are branch-2 tiles second_begin + (i − n_first).  A split whose
-plan is empty (count 0) is an empty split even if its static range is not: it writes
-partial LSE = −∞ (or, with one split, the lonely row's O = 0, LSE = +∞).  The tile limits
-are `valid_tiles` of each branch's key limit (`key_limit`).
-"""
+`visit_tiles` gives that plan (`VisitPlan`: visit i < n_first is branch-1 tile first_begin + i,
+the rest branch-2 tiles second_begin + (i − n_first)); an empty plan is an empty split."""
 
 from __future__ import annotations
 
@@ -66,9 +49,8 @@ _SHAPE_WORD = re.compile(r"b(\d+)s(\d+)h(\d+)n(\d+)d(\d+)(?:p(\d+))?")
 
 @dataclass(frozen=True)
 class DecodeShape:
-    """A decode problem: b sequences, s_q query tokens each, h_q query heads of width d, one
-    KV head of n attended keys stored in n_alloc ≥ n rows.  Named in a test matrix by a word
-    b{b}s{s_q}h{h_q}n{n}d{d}[p{pad}] (n_alloc = n + pad), e.g. b4s2h64n1152d512p100."""
+    """A decode problem: b sequences, s_q tokens, h_q heads of width d, one KV head of n keys in
+        n_alloc ≥ n rows; word b{b}s{s_q}h{h_q}n{n}d{d}[p{pad}] (n_alloc = n + pad)."""
 
     b: int
     s_q: int
@@ -93,9 +75,8 @@ _BRANCH_WORD = re.compile(r"b(\d+)s(\d+)h(\d+)m(\d+)n(\d+)d(\d+)")
 
 @dataclass(frozen=True)
 class BranchShape:
-    """A two-branch decode problem (stage D5): b sequences, s_q tokens, h_q heads of width d, a
-    main key branch of n_main keys and an SWA branch of n_swa keys (each its own KV tensor).
-    Named by a word b{b}s{s_q}h{h_q}m{n_main}n{n_swa}d{d}, e.g. b4s2h128m128n256d512."""
+    """A two-branch decode problem (D5): b, s_q, h_q, d, a main branch of n_main keys and an SWA
+        branch of n_swa; word b{b}s{s_q}h{h_q}m{n_main}n{n_swa}d{d}."""
 
     b: int
     s_q: int
@@ -181,10 +162,8 @@ def _max(a, b):
 
 
 def key_limit(capacity: int, fill=None, causal: bool = False, s_q: int = 1, token=0):
-    """How many leading keys of a branch of `capacity` keys one query token may attend:
-    all of them (fill None), or the first `fill` (the fill level, clamped to [0, capacity]);
-    with `causal` (stage D4's rule: token t of s_q sits at key position fill − s_q + t and
-    sees keys j ≤ that) the first max(fill − s_q + t + 1, 0).  Ints or traced Int32."""
+    """Leading keys of a branch of `capacity` one token may attend: all (fill None), or min(fill,
+        capacity) clamped at 0; `causal` (D4): max(fill − s_q + t + 1, 0).  Ints or traced Int32."""
     if fill is None:
         return capacity
     lim = _min(_max(fill, 0), capacity)
@@ -219,9 +198,8 @@ class VisitPlan(NamedTuple):
 
 def visit_tiles(begin, end, tiles_first: int, valid_first, valid_second=None) -> VisitPlan:
     """The plan of a CTA owning static tiles [begin, end) of [0, tiles_first) ++ [tiles_first,
-    tiles_first + T₂) whose branches hold valid keys in their first valid_first / valid_second
-    tiles (valid_second None: there is no second branch).  With one unmasked branch
-    (valid_first == tiles_first, ints) the plan is the range itself, with no arithmetic added."""
+        tiles_first + T₂) whose branches hold valid keys in their first valid_first / valid_second
+        tiles (None: no second branch).  One unmasked branch (ints): the range itself."""
     if valid_second is None and isinstance(valid_first, int) and valid_first == tiles_first:
         return VisitPlan(end - begin, end - begin, begin, 0)
     if valid_second is None:

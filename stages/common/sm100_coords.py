@@ -1,17 +1,10 @@
 """Identity coordinates of a partition, evaluated in plain Python.
 
-`identity_coords(t)` gives what `t[i]` gives for every i of an identity-coordinate
-tensor (e.g. a thread's partition of make_identity_tensor((M, N)) by a tiled copy or a
-tiled MMA), computed from its base coordinate and its ScaledBasis strides.  Indexing
-`t[i]` while tracing emits one traced operation per element; the sm100 kernels'
-trace-time agreement checks (stages/common/sm100_idioms.py: check_same_fragment_coords,
-check_smem_p) compare thousands of such coordinates per compile and were most of a
-trace's time.  They use this evaluation, spot-checked against CuTe's own indexing.
-harness/execution/kernelinspect.py evaluates the same partitions the same way.
-
-Arch-neutral, but kept apart from stages/common/inspection.py (which every sm90 kernel
-imports) so that adding it changed no sm90 kernel's source hash.
-"""
+`identity_coords(t)` gives what `t[i]` gives for every i of an identity-coordinate tensor (a
+thread's partition of make_identity_tensor((M, N))), from its base coordinate and ScaledBasis
+strides, without one traced operation per element — the sm100 trace-time agreement checks
+(sm100_idioms.py) compare thousands per compile; kernelinspect.py uses it too.  Kept apart
+from inspection.py so that no sm90 kernel's source hash depends on it."""
 
 from typing import Any
 
@@ -49,15 +42,12 @@ def _modes(shape: Any, stride: Any) -> list[tuple[int, Any]]:
 
 
 def identity_coords(t: Any) -> list[tuple[int, ...]]:
-    """[t[0], t[1], …, t[size − 1]] of an identity-coordinate tensor `t` (e.g. a thread's
-    partition of make_identity_tensor((M, N))), computed in Python:
+    """[t[0], …, t[size − 1]] of an identity-coordinate tensor `t`, computed in Python:
 
-        t[i] = base + Σ_modes ((i / prefix_m) mod extent_m) · value_m · e_{mode_m}
+            t[i] = base + Σ_modes ((i / prefix_m) mod extent_m) · value_m · e_{mode_m}
 
-    where base is t's iterator (a coordinate tuple), every stride is a ScaledBasis
-    value_m@mode_m (or 0: a broadcast mode), and modes count first-mode-fastest, as CuTe
-    indexes.  No traced operation is emitted.  Raises NotStatic for anything that is not
-    that (callers fall back to indexing)."""
+        base: t's iterator; every stride a ScaledBasis value_m@mode_m (or 0, a broadcast); modes
+        first-mode-fastest, as CuTe indexes.  NotStatic for anything else (callers index instead)."""
     base = t.iterator
     base = base if isinstance(base, tuple) else (base,)
     if not all(isinstance(x, int) and not isinstance(x, bool) for x in base):

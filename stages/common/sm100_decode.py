@@ -1,24 +1,16 @@
 """The Blackwell (sm_100a) decode house of stages D2–D5: DSV4 MQA decode attention — batches,
 tokens, query heads folded into M, one latent KV head read once for both GEMMs, split-KV with
 an LSE combine.  tcgen05 MMAs, S and O in tensor memory (TMEM), P through shared memory.
+Compiled and inspected (PTX inventory, ptxas) only, never run on a Blackwell GPU: not verified.
 
-Every kernel built on it is compiled for sm_100a and inspected (PTX inventory, ptxas) only:
-none has run on a Blackwell GPU.  Do not call them verified.
-
-A rung (stages/D2_decode/sm100.py, D3_swa, D4_causal_swa, D5_sink_merge) subclasses
-`DecodeSm100`: its constructor calls `setup_plan`, its @cute.jit `__call__` checks its tensors,
-calls `prepare` / `kv_atom` / `start` / `combine`, and its @cute.kernel `kernel()` says which
-keys a CTA visits — a keys object from stages/common/sm100_keys.py (`DenseKeys` for D2,
-`BranchKeys` with fill levels / causal limits / two branches for D3–D5) — and hands over to
-`attend`: the set-up every warp shares, then each warp's role (load_role, mma_role,
-softmax_role → epilogue).  `row_scale` is the rung's per-row factor on the final O (D5's sink).
-A rung whose keys do not arrive by a tiled TMA (stage E: gather + dequantisation warps)
-replaces only the producer side, through hooks: `kv_pipeline` (who fills the chunk ring),
-`smem_fields` + setup_plan's `smem_reserved` (its own barriers and buffers), `bind_keys` (its
-pipelines and views, before the roles), `is_producer` + `load_role` (its producer warps),
-THREADS (the launch follows it).
-The rest of this docstring is the house's design (written for D2, unchanged by D3–D5 except
-where the masks section says so).
+A rung (D2_decode, D3_swa, D4_causal_swa, D5_sink_merge) subclasses `DecodeSm100`: its
+constructor calls `setup_plan`, its @cute.jit `__call__` checks its tensors and calls `prepare` /
+`kv_atom` / `start` / `combine`, its `kernel()` picks the keys a CTA visits (stages/common/
+sm100_keys.py: `DenseKeys` for D2, `BranchKeys` for D3–D5) and hands over to `attend` (shared
+set-up, then load_role, mma_role, softmax_role → epilogue).  `row_scale`: the rung's per-row
+factor on the final O (D5's sink).  A rung whose keys do not arrive by a tiled TMA (stage E)
+replaces only the producer side through hooks: `kv_pipeline`, `smem_fields` + setup_plan's
+`smem_reserved`, `bind_keys`, `is_producer` + `load_role`, THREADS.
 
 Contract (oracles/decode.py's tensors, in this order; the case axes are `shape` and `splits`)
     Q   [b, s_q, h_q, d]  bf16      KV  [b, n_alloc, d] bf16 (K = V, one latent head; rows
@@ -28,127 +20,77 @@ Contract (oracles/decode.py's tensors, in this order; the case axes are `shape` 
     LSE_part [cap, b, s_q, h_q]    fp32   scratch: split s's partial LSE_s (−inf: empty split)
     d ∈ {64, 128, 256, 512}; n a multiple of kv_tile (64).
 
-Math (query row i of a row block, KV tiles j of the split, c = scale · log2 e, scale = 1/sqrt(d))
-    S_j = Q·K_jᵀ (fp32, TMEM);  m_j = max(m_{j-1}, max_k S_j);  α_j = 2^(c·(m_{j-1} − m_j))
-    P_j = 2^(c·(S_j − m_j));    l_j = α_j·l_{j-1} + Σ_k P_j;    O_j = α_j·O_{j-1} + bf16(P_j)·V_j
-    V_j = K_j (the same shared-memory bytes, viewed MN-major).
-    One split:  O = bf16(O_last / l_last),  LSE = (c·m_last + log2 l_last) · ln 2.
-    Split-KV:   split s writes O_s = O_last / l_last (fp32) and LSE_s as above; an empty
-    split (no KV tile) writes O_s = 0 and LSE_s = −inf without touching TMEM.  The combine
-    is stages/common/combine.py's SplitCombine (max-shifted weights exp(LSE_s − M), empty
-    splits skipped, a row with no key at all O = 0, LSE = +inf), launched on the same
-    stream after the split kernel.
-    Lonely rows: stages/common/sm100_softmax.py (softmax.py's rule for a thread that owns a
-    whole row): a row whose max is still −inf exponentiates against 0, never
-    exp2(−inf − (−inf)); at the end ℓ = 0 gives 1/ℓ := 0 and LSE −inf (a partial), +inf
-    in a final output (final_row_lse).  D2 has no mask, so only an empty split meets it here;
-    the masked rungs (D3–D5) build on this house.
+Math: the online softmax of stages/common/sm100_softmax.py (one thread a row, its lonely-row
+rule) over the split's KV tiles j, scale = 1/sqrt(d), V_j = K_j (the same bytes, viewed MN-major).
+One split: O = bf16(O_last / l_last), LSE = (c·m_last + log2 l_last) · ln 2.  Split-KV: split s
+writes O_s = O_last / l_last (fp32) and LSE_s (an empty split O_s = 0, LSE_s = −inf, without
+touching TMEM); combine.py's SplitCombine merges them (no key at all: O = 0, LSE = +inf).
 
-Head packing: 128 rows per CTA (tcgen05 M = 128), and why
-    The rows of a row block are the flattened (token, head) pairs of one sequence:
-    row r ↔ (t = r // h_q, h = r % h_q), rb = ceil(s_q·h_q / 128) row blocks.  All rows
-    attend the same keys (MQA, no mask in D2), so tokens fold into M as well as heads.
-    128 rows because with M = 128 and cta_group::1 the accumulator row r is TMEM lane r:
-    thread t of the softmax warpgroup owns row t whole (no cross-thread row reductions),
-    one MMA instruction covers 128 heads, and K/V tiles are read once per 128 query rows
-    (M = 64 would halve the work per K byte and still spend a full TMEM column per
-    element of a row, so it would not free any TMEM).  h_q = 128: one token per block;
-    h_q = 64, s_q = 2: both tokens in one block; h_q = 64, s_q = 1: rows 64…127 are
-    padding — TMA zero-fills them (the Q view ends at s_q·h_q rows) and they are never
-    stored.
+Head packing: 128 rows per CTA (tcgen05 M = 128)
+    Row r of a row block ↔ (t = r // h_q, h = r % h_q), rb = ceil(s_q·h_q / 128) row blocks: all
+    rows attend the same keys (MQA).  With M = 128 and cta_group::1 accumulator row r is TMEM
+    lane r (thread t owns row t whole), and K/V tiles are read once per 128 rows.  Padding rows
+    are zero-filled by TMA and never stored.
 
 TMEM plan (128 lanes × 512 columns of 32 bit; checked at trace time)
-    S is double-buffered: 2 × kv_tile fp32 columns, so Q·K_{j+1}ᵀ is issued into the
-    other buffer while the softmax warps work on S_j.  O takes d_cta fp32 columns
-    (d_cta = O columns owned by one CTA).  P goes through shared memory (0 columns).
+    S double-buffered (2 × kv_tile columns: Q·K_{j+1}ᵀ overlaps the softmax of S_j), O d_cta
+    columns, P in shared memory (0 columns).
         d = 64:   S 2×64 + O  64 = 192 (alloc 256)
         d = 128:  S 2×64 + O 128 = 256 (alloc 256)
         d = 256:  S 2×64 + O 256 = 384 (alloc 512)
         d = 512:  S 2×64 + O 512 = 640 > 512 — does not fit in one CTA.
-    d = 512 therefore splits O by columns over two CTAs (o_split = 2, as stage D1): CTA
-    half h owns O[:, 256h : 256h + 256] (S 128 + O 256 = 384 columns, alloc 512).  Both
-    halves compute the full S = Q·Kᵀ and the same softmax (same MMAs, same order, same
-    m and l); only the P·V slab differs, and half 0 alone writes LSE.  Cost: one extra
-    Q·Kᵀ per 128 rows (1.5× the FLOPs of the two GEMMs), twice the CTAs, and each half
-    reads the whole K tile (twice the L2 → SMEM traffic; a cluster multicast would halve it).  Chosen over
-    (a) M = 64 (same column count per row, see above) and (b) two passes over the keys
-    for the two O halves (reads K twice and redoes the softmax serially); the production
-    alternative, a cta_group::2 pair sharing one S through DSMEM, needs hardware to test.
-    `tmem_budget()` (plain Python) gives the plan; the constructor raises
-    ValueError("TMEM budget: S 2×64 + O 512 = 640 columns > 512 …") for a plan that does
-    not fit (e.g. o_split = 1 at d = 512), and the traced kernel re-derives every column
-    count from the MMA fragments (find_tmem_tensor_col_offset), compares them with the
-    plan and re-checks the 512-column limit (the same error).
+    d = 512 splits O by columns over two CTAs (o_split = 2, as stage D1): half h owns
+    O[:, 256h : 256h + 256]; both halves compute the full S and the same softmax, only the P·V
+    slab differs, half 0 alone writes LSE.  `tmem_budget()` gives the plan (ValueError("TMEM
+    budget: … > 512 …") when it does not fit); the traced kernel re-derives every column count
+    from the MMA fragments and re-checks it.
 
 K and V: one tensor, one shared-memory copy
-    KV tiles of kv_tile = 64 keys are loaded as d / chunk chunks of chunk = min(d, 128)
-    head-dim columns (16 KiB each), K-major with the 128-byte swizzle: the B operand of
-    Q·Kᵀ.  The same bytes, viewed with the PV MMA's MN-major 128-byte-swizzle B layout
-    (N = chunk head-dim columns, K = keys), are V_chunkᵀ: one PV MMA tile of N = chunk per
-    chunk.  `check_kv_same_bytes` proves at trace time that both views give every
-    (key, column) the same shared-memory offset (same swizzle, same slot stride); if
-    they did not, compilation stops.  Shared memory (dynamic, with barriers):
+    KV tiles of kv_tile = 64 keys load as d / chunk chunks of chunk = min(d, 128) columns
+    (16 KiB), K-major with the 128-byte swizzle (Q·Kᵀ's B); the same bytes in the PV MMA's
+    MN-major 128-byte-swizzle B layout are V_chunkᵀ.  `check_kv_same_bytes` proves at trace time
+    that both views give every (key, column) the same offset.  Shared memory:
         d    Q        KV ring              P        total (incl. 1 KiB barriers)
         64   16 KiB   3 ×  8 KiB chunks    16 KiB    57 KiB
         128  32 KiB   3 × 16 KiB           16 KiB    97 KiB
         256  64 KiB   5 × 16 KiB           16 KiB   161 KiB
         512  128 KiB  5 × 16 KiB           16 KiB   225 KiB   (limit 227 KiB)
-    The chunks of tile j are loaded in an order that puts this CTA's V chunks last; a
-    chunk that is only K for this CTA is released right after its Q·Kᵀ, a V chunk after
-    P·V.  With a ring of R chunk slots, n_chunks chunks per tile and n_v of them V, the
-    first min(n_chunks, R − n_v) chunks of Q·K_{j+1}ᵀ never wait for P·V_j, so the MMA
-    warp issues those before P·V_j and the rest after (d = 512: 3 of 4 chunks early).
+    A tile's chunks load with this CTA's V chunks last; a K-only chunk is released after its
+    Q·Kᵀ, a V chunk after P·V.  With R slots, n_chunks a tile and n_v of them V, the first
+    min(n_chunks, R − n_v) chunks of Q·K_{j+1}ᵀ are issued before P·V_j (d = 512: 3 of 4).
 
 Grid and scheduling (stages/common/scheduler.py)
-    DecodeGrid(head_blocks = 1, tokens = rb, batches = b, splits, T = n / 64): its
-    "token" index is this kernel's packed row block.  Grid (rb · o_split, splits, b):
-    blockIdx.x = row block · o_split + half, .y = split, .z = batch; `DecodeGrid.work`
-    gives the split's KV tiles [s·c, min((s+1)·c, T)), c = ceil(T / splits) — the same
-    function the CPU tests check.  `splits` = resolve_splits(axis, ctas = rb · o_split · b,
-    T, sm_count = 148, a B200): 1, "auto" (choose_splits; capped at trace time to the
-    scratch's capacity), "many" (T + 3: the last three splits empty) or an int.
-    splits = 1 writes O and LSE directly; splits > 1 writes the partials (rows
-    split-major: flat row = s·(b·s_q·h_q) + (batch·s_q + token)·h_q + head) and runs
-    the combine.
+    DecodeGrid(head_blocks = 1, tokens = rb, batches = b, splits, T = n / 64); grid
+    (rb · o_split, splits, b): blockIdx.x = row block · o_split + half, .y = split, .z = batch;
+    split s owns KV tiles [s·c, min((s+1)·c, T)), c = ceil(T / splits).  `splits` =
+    resolve_splits(axis, ctas, T, sm_count = 148): 1, "auto", "many" (T + 3: the last three
+    empty) or an int.  splits > 1 writes the partials (flat row = s·(b·s_q·h_q) +
+    (batch·s_q + token)·h_q + head) and runs the combine.
 
-Units and data flow (one CTA, 192 threads, warp-specialised, as stage D1)
+Warp roles (192 threads)
     warp 5      TMA: Q once; per KV tile the chunks into the KV ring.
-    warp 4      MMA: Q·K_jᵀ into S buffer j mod 2; P·V_j (A = P from SMEM, B = the V view
-                of the ring slots) into O; releases ring slots by tcgen05.commit.
-    warps 0-3   softmax: thread t ↔ TMEM lane t ↔ row t; tcgen05.ld S_j, release the S
-                buffer at once; max / exp2 / sum; wait until P·V_{j-1} completed (P slot
-                free); P → SMEM (st.shared through a copy tiled like the tcgen05.ld, into
-                the PV A-operand layout); rescale O in TMEM if any row of the warp moved
-                its max; tcgen05.wait::st, fence.proxy.async, arrive.  Epilogue: O / l →
-                global (32 columns at a time), LSE.
-    Named barriers: stages/common/barriers.py's NamedBarrier.TMEM_ALLOC (TMEM address
-    published), .TMEM_FREE (softmax warps done with TMEM before warp 0 frees it).
+    warp 4      MMA: Q·K_jᵀ into S buffer j mod 2; P·V_j (A = P from SMEM, B = the V view)
+                into O; releases ring slots by tcgen05.commit.
+    warps 0-3   softmax, thread t ↔ TMEM lane t ↔ row t: tcgen05.ld S_j, release the S buffer;
+                max / exp2 / sum; wait for P·V_{j-1}; P → SMEM (a copy tiled like the
+                tcgen05.ld, into the PV A-operand layout); rescale O if the warp's max moved;
+                tcgen05.wait::st, fence.proxy.async, arrive.  Epilogue: O / l, LSE.
+    Named barriers: barriers.NamedBarrier.TMEM_ALLOC, .TMEM_FREE.
 
 Synchronisation (mbarriers via cutlass.pipeline; arrive counts in THREADS)
     q        PipelineTmaUmma     load → MMA (1 slot)
-    kv       PipelineTmaUmma     load → MMA (R slots; states built from the chunk's
-                                 sequence number g: slot g mod R, phase ⌊g / R⌋ mod 2,
-                                 because releases are out of order across tiles)
-    s        PipelineUmmaAsync   MMA commit → 128 softmax threads (2 slots = 2 S buffers)
-    p        PipelineAsyncUmma   128 softmax threads → MMA; release = tcgen05.commit
-                                 after P·V_j, so "P slot free" ⇔ P·V_j complete
+    kv       PipelineTmaUmma     load → MMA (R slots; chunk g: slot g mod R, phase ⌊g / R⌋
+                                 mod 2, because releases are out of order across tiles)
+    s        PipelineUmmaAsync   MMA commit → 128 softmax threads (2 S buffers)
+    p        PipelineAsyncUmma   128 softmax threads → MMA; release = tcgen05.commit after
+                                 P·V_j, so "P slot free" ⇔ P·V_j complete
     o        PipelineUmmaAsync   MMA commit after the last P·V → 128 threads
-
-Lessons of DSV4.md, as handled here: (1) everything used by several roles is built
-before the role `if`s, const choices use const_expr; (2) thread-side pipeline groups
-count 128 threads; (3) tcgen05.wait::st + fence::before_thread_sync before every arrive
-after TMEM stores, fence.proxy.async.shared::cta after the P stores; (4) TMEM columns
-from the fragments; (5)/(7) P's SMEM layout is the PV A-operand layout (K-major) and
-its store is tiled from the S load — checked at trace time; (6) P spans kv_tile keys;
-(8) N ≤ 256 everywhere (QK N = 64, PV N = chunk ≤ 128); (9) unit/batch L modes on every
-global view; (10) V aliases K's shared memory, proven by `check_kv_same_bytes`.
+    DSV4.md's lessons hold as in stage D1 (stages/D1_headdim/sm100.py).
 
 Masks (D3–D5; stages/common/sm100_keys.py, sm100_masks.py)
-    keys.masked is a compile-time switch: D2 emits nothing for it.  A masked rung's keys
-    object visits only tiles with a valid key; on a boundary tile the MMA warp zeroes the V
-    rows past the fill level in the ring slot (clean_v, right after the chunk's TMA landed)
-    and each softmax thread sets its row's invalid scores to −∞ (mask, before the row max).
-"""
+    keys.masked is a compile-time switch (D2 emits nothing).  A masked rung visits only tiles
+    with a valid key; on a boundary tile the MMA warp zeroes the V rows past the fill level
+    (clean_v) and each softmax thread sets its row's invalid scores to −∞ before the max."""
 
 
 import math
@@ -256,12 +198,10 @@ def ring_plan(d: int, o_split: int, kv_tile: int = KV_TILE, reserved: int = 0) -
 
 
 def check_kv_same_bytes(k_smem, v_smem, k_coords, v_coords) -> int:
-    """Prove that the K view (QK's K-major B operand) and the V view (PV's MN-major B
-    operand) of one ring slot address the same shared-memory bytes for every
-    (key, column): same swizzle, same slot stride, and offset_K(key, col) ==
-    offset_V(col, key) over the whole chunk.  k_coords / v_coords: identity tensors of
-    (key, col) and (col, key) partitioned like the two operand layouts.  Returns the
-    number of elements compared; raises ValueError naming the first mismatch."""
+    """Prove that the K view (QK's K-major B operand) and the V view (PV's MN-major B operand)
+        of one ring slot address the same bytes: same swizzle, same slot stride, offset_K(key, col)
+        == offset_V(col, key) over the chunk (k_coords / v_coords: identity tensors partitioned like
+        the two layouts).  Returns the elements compared; ValueError names the first mismatch."""
     if str(k_smem.inner) != str(v_smem.inner):
         raise ValueError(f"K/V same bytes: swizzles differ ({k_smem.inner} vs {v_smem.inner})")
     k_outer, v_outer = k_smem.outer, v_smem.outer
@@ -324,25 +264,18 @@ class _TmemPlan:
 class DecodeSm100(WarpRoles):
     """DSV4 MQA decode attention with split-KV, tcgen05 + TMEM, sm_100a: the house of D2–D5.
 
-    Options beyond a stage's axes (setup_plan): o_split (CTAs sharing one row block's O by
-    columns; default: 1, or 2 at d = 512), s_stages (S buffers in TMEM, default 2), sm_count
-    (the SM count the split chooser assumes).  An impossible plan raises ValueError, e.g. D2's
-        Kernel(shape="b1s1h128n256d512", splits=1, o_split=1)
-        ValueError: TMEM budget: S 2×64 + O 512 = 640 columns > 512 …
-
-    A rung's `kernel()` only says which keys a CTA visits (stages/common/sm100_keys.py) and
-    hands over to `attend`, which sets up shared memory, pipelines, TMEM and fragments and
-    gives each warp its role (load_role, mma_role, softmax_role → epilogue); `row_scale` is
-    its optional per-row factor on the final O (e.g. a sink).
-    """
+        Options beyond a stage's axes (setup_plan): o_split (CTAs sharing one row block's O by
+        columns; default 1, or 2 at d = 512), s_stages (S buffers in TMEM, default 2), sm_count
+        (the SM count the split chooser assumes).  An impossible plan raises ValueError (e.g.
+        o_split=1 at d 512: "TMEM budget: S 2×64 + O 512 = 640 columns > 512 …")."""
 
     NAME = "sm100 decode"
 
     def setup_plan(self, p: DecodeShape, splits, sm_count: int, o_split: int | None, s_stages: int,
                    n_tiles: int | None = None, smem_reserved: int = 0) -> None:
-        """Every compile-time choice from the shape: TMEM plan (refused over 512 columns),
-        KV ring, split count.  `n_tiles` (default n / 64): KV tiles the splits divide;
-        `smem_reserved`: bytes of the rung's own buffers (`smem_fields`), not the ring's."""
+        """Every compile-time choice from the shape: TMEM plan (refused over 512 columns), KV ring,
+                split count.  `n_tiles` (default n / 64): the tiles the splits divide; `smem_reserved`:
+                bytes of the rung's own buffers (`smem_fields`)."""
         b, s_q, h_q, n, d = p.b, p.s_q, p.h_q, p.n, p.d
         if d not in HEAD_DIMS:
             raise ValueError(f"{self.NAME}: d must be one of {HEAD_DIMS}, got {d}")
@@ -457,10 +390,9 @@ class DecodeSm100(WarpRoles):
             SplitCombine(v.all_rows, self.splits, self.d).launch(v.mOp, v.mLp, v.mO, v.mLSE, stream)
 
     def operands(self):
-        """(qk_mma, pv_mma, q_smem, k_smem, v_smem, p_smem): the two tiled MMAs and the
-        shared-memory layouts of Q, the KV ring seen as K (K-major) and as Vᵀ (MN-major),
-        and P; proves at trace time that the K and V views are the same bytes.  Call it
-        while tracing (inside @cute.jit)."""
+        """(qk_mma, pv_mma, q_smem, k_smem, v_smem, p_smem): the tiled MMAs and the layouts of Q, the
+                KV ring as K (K-major) and Vᵀ (MN-major), and P; proves the K and V views are the same
+                bytes.  Call it while tracing."""
         cta = tcgen05.CtaGroup.ONE
         qk_mma = sm100_utils.make_trivial_tiled_mma(
             BF16, BF16, OperandMajorMode.K, OperandMajorMode.K, F32, cta, self.q_tiler[:2]
@@ -484,9 +416,8 @@ class DecodeSm100(WarpRoles):
         return k_coords, v_coords
 
     def _check_tensors(self, Q, O, LSE, O_part, LSE_part, **kv) -> None:
-        """Trace time: the tensors have the case's shapes (`kv`: name=(tensor, shape) of the
-        rung's KV inputs); the scratch holds this plan's splits ("auto" is capped to the
-        scratch's capacity; a forced count must fit)."""
+        """Trace time: the tensors have the case's shapes (`kv`: name=(tensor, shape) of the KV inputs);
+                the scratch holds this plan's splits ("auto" capped to it; a forced count must fit)."""
         p = self.p
         want = {
             "Q": (Q, (p.b, p.s_q, p.h_q, p.d)),
@@ -514,9 +445,8 @@ class DecodeSm100(WarpRoles):
             self._set_grid()
 
     def smem_fields(self) -> tuple[dict, dict]:
-        """A rung's own shared-memory fields: (mbarrier blocks, buffers), each a dict of
-        cute.struct annotations, placed after the house's barriers and before Q; their bytes
-        are the rung's `smem_reserved`.  The house has none."""
+        """A rung's own shared-memory fields (mbarrier blocks, buffers: dicts of cute.struct
+                annotations) after the house's barriers and before Q; their bytes are `smem_reserved`."""
         return {}, {}
 
     def _smem_struct(self, q_smem, k_smem, p_smem):
@@ -562,9 +492,8 @@ class DecodeSm100(WarpRoles):
         return False
 
     def score_scale_log2(self, keys):
-        """The softmax's c = scale · log2 e on raw scores, taken once by each softmax thread
-        before its KV loop: here the stage's scale 1/sqrt(d), folded at compile time (a Float32
-        constant); a rung with a runtime scale overrides it (stage E: its `softmax_scale`)."""
+        """c = scale · log2 e, taken once by each softmax thread before its KV loop: here 1/sqrt(d)
+                folded at compile time; a runtime scale overrides it (stage E's `softmax_scale`)."""
         return F32(self.scale_log2)
 
     def row_scale(self, lse, row, batch, extra):
@@ -704,9 +633,8 @@ class DecodeSm100(WarpRoles):
         return line_view(ring, KV_TILE, self.chunk, self.slots, slot_elems)
 
     def probs_for_pv(self, keys, j, p, rS, key_cols):
-        """A masked rung's factor on tile j's P (fp32 TensorSSA) after ℓ has summed it and
-        before the bf16 cast for P·V (rS: the row's register tensor, free to reuse).  The
-        house's: none.  (Stage E simple: the keys' fp32 scales.)"""
+        """A rung's factor on tile j's P (fp32) after ℓ has summed it, before the bf16 cast (rS: free to
+                reuse).  The house's: none (stage E simple: the keys' fp32 scales)."""
         return p
 
     # ---- ring states: chunk g of this CTA's sequence → (slot, phase)
@@ -751,9 +679,8 @@ class DecodeSm100(WarpRoles):
     @cute.jit
     def qk_chunks(self, kv_pipe, qk_mma, tSrQ, tSrK, tStS, j, p_lo: cutlass.Constexpr, p_hi: cutlass.Constexpr,
                   shift, keys, lines):
-        """Q·K_jᵀ over load positions [p_lo, p_hi) of tile j (local index).  A chunk that
-        is only K for this CTA is released by tcgen05.commit right after its MMAs; a V
-        chunk of a masked rung is first cleaned past the fill level (keys.clean_v)."""
+        """Q·K_jᵀ over load positions [p_lo, p_hi) of tile j: a K-only chunk released by tcgen05.commit
+                after its MMAs; a masked rung's V chunk first cleaned past the fill level (keys.clean_v)."""
         kb_per_chunk = cute.size(tSrK, mode=[2])
         for p in cutlass.range_constexpr(p_lo, p_hi):
             st = self._ring_state(j * self.n_chunks + p, False)
@@ -901,10 +828,9 @@ class DecodeSm100(WarpRoles):
     @cute.jit
     def epilogue(self, o_load, tTR_tO, tTR_cO, tTR_gO, rO, row_max, row_sum, c, mLSE, mLSEp,
                  rb, half, split, batch, n_local, o_chunks: cutlass.Constexpr, pv_tiles: cutlass.Constexpr, extra):
-        """O / ℓ and LSE to global memory: bf16 O and LSE (one split) or the fp32 partials,
-        32 columns at a time.  A row with no valid key (ℓ = 0) writes O = 0 and LSE = +∞
-        (one split) or −∞ (a partial: the combine skips it); an empty split does so
-        without reading TMEM (never written there)."""
+        """O / ℓ and LSE to global memory, 32 columns at a time: bf16 O and LSE (one split) or the fp32
+                partials.  ℓ = 0 writes O = 0 and LSE = +∞ (one split) or −∞ (a partial); an empty split
+                does so without reading TMEM."""
         row = rb * ROWS + tTR_cO[0][0]
         one_split = cutlass.const_expr(self.splits == 1)
         rOut = cute.make_rmem_tensor(rO.shape, BF16 if one_split else F32)
@@ -937,9 +863,8 @@ class _Views:
 
 
 class WindowSm100(DecodeSm100):
-    """The house over one SWA branch with a per-batch fill level (stage D3) and, when
-    `CAUSAL`, D4's causal rule: tensors (Q, KV, swa_lens, O, LSE, O_part, LSE_part), the
-    constructor as D2's.  The rung modules (stages/D3_swa, D4_causal_swa) set NAME / CAUSAL."""
+    """The house over one SWA branch with a per-batch fill level (D3) and, when `CAUSAL`, D4's rule:
+        tensors (Q, KV, swa_lens, O, LSE, O_part, LSE_part); D3 / D4 set NAME / CAUSAL."""
 
     NAME = "sm100 window decode"
     CAUSAL = False

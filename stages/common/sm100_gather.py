@@ -1,30 +1,12 @@
 """Blackwell TMA gather4: whole cache rows chosen by index, four per instruction
-(cp.async.bulk.tensor.2d.shared::cta.global.tile::gather4; CuTeDSL's
-cpasync.CopyBulkTensor2DGather4G2SOp, sm_100a).
+(cp.async.bulk.tensor.2d.shared::cta.global.tile::gather4; CopyBulkTensor2DGather4G2SOp).
 
-One instruction copies the same `box` bytes (columns c … c + box − 1) of four rows r0 … r3 of a
-2-D tensor map into shared memory, densely: row r_i lands at i · box.  The rows are
-coordinates of the map's outer dimension, so the cache must be seen as ONE uniform array of
-rows (a row stride that is a multiple of 16 bytes; stage E never issues a row out of range:
-an invalid key's row id is a row in range whose bytes are not used).  A paged cache whose blocks hold `rows_per_block` rows of `row_bytes` each
-(block_bytes = rows_per_block · row_bytes, the tail of a block — scales, padding — being rows
-that are never indexed) is such an array: token (block, offset) is row
-block · rows_per_block + offset.
-
-The four row coordinates of an instruction are read from an index tensor.  Here it is a
-shared-memory ring of row ids (`keys` Int32 per slot) that the issuing warp writes before it
-issues the copies: CuTeDSL partitions it like the data, so copy k of a tile reads rows
-4k … 4k + 3 of the slot (`ld.shared.v4` + one gather4), never one row four times.
-
-    rows_view            the (rows, cols) uint8 view of a paged cache for the tensor map
-    gather4_atom         the copy atom + its coordinate tensor: one (keys × box) tile a copy
-    gather4_partition    (smem, coordinates, row ids) partitions over a ring of slots
-    gather4_tile         the copy of one tile: box column `col_box` of the slot's keys rows
-
-The bytes a tile deposits are keys · box; the caller's mbarrier counts them
-(`arrive_and_expect_tx`; a PipelineTmaAsync such as sm90_idioms.tma_pipeline — nothing in it
-is Hopper-only).  Nothing here synchronises by itself.
-"""
+One instruction copies bytes c … c + box − 1 of four rows r0 … r3 of a 2-D tensor map into
+shared memory densely (row r_i at i · box).  The cache must be ONE uniform row array (row stride
+a multiple of 16; an invalid key's row id is an in-range row never used): a paged cache of
+`rows_per_block` rows of `row_bytes` a block is one, token (block, offset) being row block ·
+rows_per_block + offset.  The row ids come from a shared-memory ring (`keys` Int32 a slot); copy
+k of a tile reads rows 4k … 4k + 3.  A tile deposits keys · box bytes on the caller's mbarrier."""
 
 import cutlass
 import cutlass.cute as cute
@@ -34,10 +16,9 @@ U8 = cutlass.Uint8
 
 
 def rows_view(cache: cute.Tensor, block_bytes: int, row_bytes: int, cols: int) -> cute.Tensor:
-    """(rows, cols) uint8 view of a paged cache [num_blocks, block_bytes]: row
-    block · (block_bytes / row_bytes) + offset holds `row_bytes` bytes, of which the first
-    `cols` are the view's.  Raises ValueError when that is not a uniform row array a tensor
-    map can hold (row stride a multiple of 16 bytes, blocks a whole number of rows)."""
+    """(rows, cols) uint8 view of a paged cache [num_blocks, block_bytes]: row block · (block_bytes /
+        row_bytes) + offset, its first `cols` bytes.  ValueError unless it is a uniform row array a
+        tensor map can hold (row stride a multiple of 16, blocks whole rows)."""
     if row_bytes % 16 or block_bytes % row_bytes or not 0 < cols <= row_bytes:
         raise ValueError(f"gather4: blocks of {block_bytes} bytes are not rows of {row_bytes} bytes "
                          f"(a multiple of 16) holding {cols} columns")
@@ -46,9 +27,8 @@ def rows_view(cache: cute.Tensor, block_bytes: int, row_bytes: int, cols: int) -
 
 
 def gather4_atom(data: cute.Tensor, keys: int, box: int, slots: int):
-    """(atom, coordinate tensor) of a gather4 load of `keys` rows × `box` bytes of the
-    (rows, cols) view `data`.  The coordinate tensor is indexed like the row-id ring
-    (keys · slots, cols): the tile of slot s, box column c is its tile (s, c)."""
+    """(atom, coordinate tensor) of a gather4 load of `keys` rows × `box` bytes of `data`; the
+        coordinates are indexed like the row-id ring (keys · slots, cols)."""
     if keys % 4 or box % 16 or box > 256 or cute.size(data, mode=[1]) % box:
         raise ValueError(f"gather4: a tile of {keys} rows × {box} bytes (rows a multiple of 4, "
                          f"16 … 256 bytes dividing the {cute.size(data, mode=[1])} columns)")
@@ -60,9 +40,8 @@ def gather4_atom(data: cute.Tensor, keys: int, box: int, slots: int):
 
 
 def gather4_partition(atom, coords: cute.Tensor, s_raw: cute.Tensor, s_rows: cute.Tensor, keys: int, box: int):
-    """(tAsA, tAgA, tAgI) for gather4_tile.  s_raw: the staging ring (keys, box, regions,
-    slots) — region r of a slot holds one tile, `keys` rows of `box` bytes, densely; s_rows:
-    the row ids, Int32 (keys · slots), slot-major."""
+    """(tAsA, tAgA, tAgI) for gather4_tile.  s_raw: the staging ring (keys, box, regions, slots), a
+        region one dense tile; s_rows: the row ids, Int32 (keys · slots)."""
     cols = cute.size(coords, mode=[1])
     ids = cute.make_tensor(s_rows.iterator, cute.make_layout((cute.size(s_rows), cols), stride=(1, 0)))
     return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s_raw, 0, 2),
@@ -70,9 +49,8 @@ def gather4_partition(atom, coords: cute.Tensor, s_raw: cute.Tensor, s_rows: cut
 
 
 def gather4_tile(atom, parts, slot, col_box, region, bar) -> None:
-    """Gather box column `col_box` (bytes col_box · box …) of the rows whose ids stand in
-    row-id slot `slot` into region `region` of staging slot `slot` (keys / 4 instructions,
-    issued by one elected thread of the calling warp), completing on mbarrier `bar`."""
+    """Gather box column `col_box` of the rows in row-id slot `slot` into region `region` of staging
+        slot `slot` (keys / 4 instructions by one elected thread), completing on mbarrier `bar`."""
     tAsA, tAgA, tAgI = parts
     cute.copy(atom, [tAgA[None, (slot, col_box)], tAgI[None, (slot, col_box)]], tAsA[None, region, slot],
               tma_bar_ptr=bar)

@@ -1,73 +1,25 @@
 """Blackwell (sm_100a) idioms shared by the attention stages: TMEM-P.
 
 TMEM-P: P between two tcgen05 MMAs without leaving the chip
-    The first MMA leaves S = Q·Kᵀ as an fp32 accumulator in tensor memory
-    (TMEM): with M = 128 and one CTA, TMEM lane r holds row r of S and fp32
-    column c holds S[r, c].  The second MMA reads P = f(S) (bf16) as its A
-    operand straight from TMEM ("TS" MMA).  An A operand in TMEM is always
-    K-major: lane r holds row r of P, two bf16 per 32-bit column, so P[r, k]
-    sits in the low/high half of column k / 2.  P (128 × 128 bf16) needs
-    64 columns; it is written *inside* S's 128 fp32 columns, in their upper
-    half, so S, P and O need only S + O columns.
+    S = Q·Kᵀ is an fp32 accumulator in TMEM (M = 128, one CTA: lane r row r, column c S[r, c]);
+    the second MMA reads P = f(S) (bf16) as its A operand from TMEM ("TS").  A TMEM A operand
+    is K-major: lane r holds row r, two bf16 a column (P[r, k] in half of column k / 2).  P
+    (128 × 128 bf16, 64 columns) is written inside S's upper half, so S, P and O need S + O.
 
-    `TmemPlan` derives every column offset from the fragments the two tiled
-    MMAs build (`find_tmem_tensor_col_offset`), never from hand-written
-    numbers, and checks them against the shapes at trace time:
-
+    `TmemPlan` derives every column offset from the MMAs' fragments
+    (`find_tmem_tensor_col_offset`) and checks them against the shapes:
     * S: the QK accumulator, columns [0, s_cols).
-    * P: the PV MMA's A-operand fragment, built from the PV MMA's A-operand
-      layout (`make_smem_layout_a` of the PV tiler; its K mode is the PV
-      tiler's K = the KV tile), `p_cols` = K · 16 / 32 columns, placed at
-      fp32 column s_cols − p_cols.  The pointer is offset in fp32 columns and
-      only then recast to bf16, so the bf16 element offset is 2 × columns.
+    * P: the PV MMA's A-operand fragment (`make_smem_layout_a` of the PV tiler), p_cols =
+      K · 16 / 32 columns at s_cols − p_cols; offset in fp32 columns, then recast to bf16.
     * O: the PV accumulator, columns [s_cols, s_cols + o_cols).
+    `check_same_fragment_coords` proves the tcgen05.ld fragment of S and the tcgen05.st
+    fragment of P hold the same (row, column) at each register index.
 
-    `check_same_fragment_coords` proves at trace time that the per-thread
-    register fragment of a tcgen05.ld of S and the per-thread register
-    fragment of a tcgen05.st into P's A-operand view hold the same (row,
-    column) at the same register index, so P = bf16(S) is an element-wise
-    conversion of the same registers.  If that ever failed, compilation
-    stops instead of the kernel computing with a permuted P.  (The same
-    check serves any TMEM load/store pair, e.g. the O rescale.)
+SMEM-P (D1, D2 at hd > 64): `check_smem_p` (its docstring).  The checks evaluate coordinates in
+plain Python (`fragment_coords`), spot-checked against CuTe's indexing.
 
-SMEM-P: P through shared memory (stages D1, D2 at hd > 64)
-    `check_smem_p` proves that (1) the (M, K) view `mk_view` of the PV
-    MMA's A-operand partition is the identity on (row, key) and (2) register
-    i of a thread's tcgen05.ld fragment of S and register i of its
-    shared-memory copy fragment hold the (row, key) that copy stores to.
-
-    Every agreement check reads the coordinates of identity-tensor
-    partitions with `fragment_coords`: evaluated in plain Python
-    (sm100_coords.identity_coords), spot-checked against CuTe's own indexing
-    at a few registers, never element by element through the tracer (one
-    traced operation per element made them most of a trace's time).
-
-Cross-thread ordering of tcgen05 operations
-    `tcgen05_fence_before_sync` / `tcgen05_fence_after_sync` emit
-    tcgen05.fence::before_thread_sync / ::after_thread_sync, the PTX fences
-    that order asynchronous tcgen05 operations (ld/st/mma) around an
-    execution-ordering synchronisation (mbarrier arrive/wait, bar.sync).
-
-Pipelines between the load warp, the MMA warp and the softmax threads
-    `tma_umma_pipeline` (TMA → tcgen05.mma), `umma_to_threads_pipeline`
-    (tcgen05.commit → N threads) and `threads_to_umma_pipeline` (N threads →
-    tcgen05.mma, released by tcgen05.commit) build the cutlass.pipeline
-    objects with arrive counts in threads (an elected thread counts 1) and
-    return their (producer, consumer) participants.  Each call initialises
-    its barriers and synchronises the CTA itself (no deferred sync).
-
-TMEM allocation
-    `tmem_allocate` / `tmem_free` are the two ends of a TmemAllocator's life
-    in a kernel whose every thread needs the TMEM address.
-
-Online softmax with one thread per row
-    `online_softmax_update` is stage C's per-tile update of a row's running
-    max and sum when a thread owns the whole row (TMEM lane t = row t), so
-    every row reduction is thread-local.
-
-The set-up of the six-warp two-MMA kernels (views, operands, shared-storage
-struct, pipelines, TMEM allocator, roles) is stages/common/sm100_setup.py.
-"""
+Also: the tcgen05 thread-sync fences, the cutlass.pipeline builders, TMEM allocate / free, stage
+C's `online_softmax_update`.  The six-warp set-up: sm100_setup.py."""
 
 import cutlass
 import cutlass.cute as cute
@@ -104,11 +56,8 @@ def tmem_alloc_cols(used: int) -> int:
 
 
 class TmemPlan:
-    """Column plan of S (fp32), P (bf16, inside S) and O (fp32) in TMEM.
-
-    Build it in the host-side (`@cute.jit`) code; every attribute is a Python
-    int, so the kernel can use it as a compile-time constant.
-    """
+    """Column plan of S (fp32), P (bf16, inside S) and O (fp32) in TMEM, built host-side: every
+        attribute a Python int (a compile-time constant)."""
 
     def __init__(self, qk_mma, pv_mma, qk_tiler, pv_tiler, p_layout, acc_dtype, p_dtype):
         s_frag = qk_mma.make_fragment_C(qk_mma.partition_shape_C(qk_tiler[:2]))
@@ -155,13 +104,10 @@ class TmemPlan:
 
 
 def fragment_coords(t, spot_check: bool = True) -> list:
-    """[t[i] for i in range(size(t))] of an identity-coordinate partition, evaluated in
-    plain Python (sm100_coords.identity_coords: base coordinate + ScaledBasis strides),
-    with no traced operation per element.  With `spot_check`, the Python values are
-    compared with CuTe's own indexing at the first, a third, the middle and the last
-    register (a handful of traced reads), and a disagreement raises.  A tensor the
-    Python evaluation does not cover (dynamic, nested) is indexed element by element,
-    as before: never a weaker answer."""
+    """[t[i] for i in range(size(t))] of an identity-coordinate partition, evaluated in plain Python
+        (sm100_coords.identity_coords), no traced operation per element.  `spot_check`: compared
+        with CuTe's indexing at the first, a third, the middle and the last register (raises on a
+        disagreement).  A tensor Python does not cover (dynamic, nested) is indexed element by element."""
     n = cute.size(t)
     try:
         coords = identity_coords(t)
@@ -177,14 +123,9 @@ def fragment_coords(t, spot_check: bool = True) -> list:
 
 
 def check_same_fragment_coords(load, load_coords, store, store_coords, what):
-    """Trace-time proof that a tiled tcgen05.ld and a tiled tcgen05.st give
-    every thread the same (row, column) at the same register index.
-
-    load / store: tiled TMEM copies; load_coords / store_coords: identity
-    tensors of the tile partitioned like the TMEM tensor each copy was built
-    on (e.g. partition_C of the QK MMA for S, partition_A of the PV MMA for P).
-    Every register of every checked thread is compared (coordinates evaluated
-    in Python; the first thread's are spot-checked against CuTe's indexing)."""
+    """Trace-time proof that a tiled tcgen05.ld and a tiled tcgen05.st give every thread the same
+        (row, column) at the same register index (load_coords / store_coords: identity tensors
+        partitioned like each copy's TMEM tensor, e.g. partition_C of QK, partition_A of PV)."""
     for t in _CHECK_THREADS:
         spot = t == _CHECK_THREADS[0]
         ld_list = fragment_coords(load.get_slice(t).partition_D(load_coords), spot)
@@ -206,17 +147,10 @@ def mk_view(t: cute.Tensor) -> cute.Tensor:
 
 
 def check_smem_p(s_load, cS, p_copy, cA, rows: int, kv_tile: int) -> None:
-    """Trace-time proof for SMEM-P (P written to shared memory by the softmax threads,
-    read by the PV MMA as its A operand).
-
-    (1) The (M, K) view of the PV MMA's A-operand partition `cA` is the identity on
-        (row, key) for every (row, key) of the rows × kv_tile tile: it addresses
-        P[m, k] where the MMA reads P[m, k].
-    (2) For each checked thread, register i of its tcgen05.ld fragment of S
-        (`s_load` over `cS`) and register i of its shared-memory copy fragment
-        (`p_copy`, retiled from the same registers) hold the same (row, key) as
-        the SMEM element it writes.
-    """
+    """Trace-time proof for SMEM-P: (1) the (M, K) view of the PV MMA's A-operand partition `cA` is
+        the identity on (row, key) over the rows × kv_tile tile; (2) for each checked thread,
+        register i of its tcgen05.ld fragment of S (`s_load` over `cS`) and of its shared-memory
+        copy fragment (`p_copy`) hold the (row, key) of the element it writes."""
     cA_mk = mk_view(cA)
     if tuple(cute.size(cA_mk, mode=[i]) for i in range(2)) != (rows, kv_tile):
         raise ValueError(f"SMEM-P: the A-operand (M, K) view is not {rows} × {kv_tile}")
@@ -239,11 +173,9 @@ def check_smem_p(s_load, cS, p_copy, cA, rows: int, kv_tile: int) -> None:
 
 
 def tma_umma_pipeline(mbar, stages: int, tx_bytes: int, name: str = ""):
-    """PipelineTmaUmma over the mbarrier block `mbar` (MemRange of 2 × `stages`
-    Int64): an elected producer thread whose TMA loads of `tx_bytes` per slot
-    complete the full barrier → the MMA warp, whose release of a slot is a
-    tcgen05.commit (the slot is empty once the MMAs issued before it have read
-    it).  Returns (producer, consumer) participants."""
+    """PipelineTmaUmma over `mbar` (2 × `stages` Int64): an elected producer whose TMA bytes
+        (`tx_bytes` a slot) complete the full barrier → the MMA warp, releasing by tcgen05.commit.
+        Returns (producer, consumer)."""
     one = pipeline.CooperativeGroup(pipeline.Agent.Thread)
     return pipeline.PipelineTmaUmma.create(
         num_stages=stages, producer_group=one, consumer_group=one,
@@ -252,9 +184,8 @@ def tma_umma_pipeline(mbar, stages: int, tx_bytes: int, name: str = ""):
 
 
 def umma_to_threads_pipeline(mbar, threads: int, stages: int = 1, name: str = ""):
-    """PipelineUmmaAsync: the MMA warp commits (tcgen05.commit: full once the
-    MMAs issued before it completed) → `threads` consumer threads, each of
-    which arrives on release.  Returns (producer, consumer) participants."""
+    """PipelineUmmaAsync: MMA commit → `threads` consumer threads, each arriving on release.
+        Returns (producer, consumer)."""
     return pipeline.PipelineUmmaAsync.create(
         num_stages=stages,
         producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
@@ -264,10 +195,8 @@ def umma_to_threads_pipeline(mbar, threads: int, stages: int = 1, name: str = ""
 
 
 def threads_to_umma_pipeline(mbar, threads: int, stages: int = 1, name: str = ""):
-    """PipelineAsyncUmma: `threads` producer threads each arrive (commit) → the
-    MMA warp, whose release is a tcgen05.commit, so "slot free" means the MMAs
-    that read the slot have completed.  Returns (producer, consumer)
-    participants."""
+    """PipelineAsyncUmma: `threads` producer threads → the MMA warp, whose release is a
+        tcgen05.commit ("slot free" = the MMAs that read it completed).  Returns (producer, consumer)."""
     return pipeline.PipelineAsyncUmma.create(
         num_stages=stages,
         producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, threads),
@@ -281,11 +210,9 @@ def threads_to_umma_pipeline(mbar, threads: int, stages: int = 1, name: str = ""
 
 
 def tmem_allocate(tmem_alloc, cols: int, dtype=cutlass.Float32):
-    """Allocate `cols` TMEM columns with a TmemAllocator and hand the address to
-    every thread: the allocator warp executes tcgen05.alloc, every thread waits
-    on the allocator's retrieve barrier and reads the base pointer (as `dtype`),
-    and the allocator warp relinquishes its allocation permit (no further
-    tcgen05.alloc from this CTA).  Call it from every thread of the barrier."""
+    """Allocate `cols` TMEM columns: the allocator warp's tcgen05.alloc, every thread waits on the
+        retrieve barrier and reads the base pointer (as `dtype`), then the permit is relinquished.
+        Call it from every thread of the barrier."""
     tmem_alloc.allocate(cols)
     tmem_alloc.wait_for_alloc()
     tmem_ptr = tmem_alloc.retrieve_ptr(dtype)
@@ -294,10 +221,8 @@ def tmem_allocate(tmem_alloc, cols: int, dtype=cutlass.Float32):
 
 
 def tmem_free(tmem_alloc, tmem_ptr, cols: int, done: pipeline.NamedBarrier) -> None:
-    """Free the TMEM allocation once every thread that used it is done: all of
-    them meet on the named barrier `done` (each has issued
-    tcgen05.fence::before_thread_sync after its last TMEM access), then
-    tcgen05.fence::after_thread_sync and the allocator warp's tcgen05.dealloc."""
+    """Free TMEM once all its users met on barrier `done` (each fenced before_thread_sync after its
+        last access): fence after_thread_sync, the allocator warp's tcgen05.dealloc."""
     done.arrive_and_wait()
     tcgen05_fence_after_sync()
     tmem_alloc.free(tmem_ptr, cols)
@@ -315,20 +240,16 @@ def tmem_copy(op, rep, dtype, tmem_tensor: cute.Tensor):
 
 
 def online_softmax_update(s, row_max, row_sum, c):
-    """One KV tile of the base-2 online softmax for a row that this thread owns
-    whole (TMEM lane t = query row t: no shuffles).
+    """One KV tile of the base-2 online softmax for a row this thread owns whole (no shuffles).
+        s: raw scores S_j (fp32 TensorSSA); row_max, row_sum: m_{j-1}, l_{j-1}; c = scale · log2 e.
+        Returns (p, new_max, alpha, row_sum):
 
-    s: the row's raw scores S_j (fp32 TensorSSA, e.g. rS.load()); row_max,
-    row_sum: the running max m_{j-1} (raw-score units) and sum l_{j-1} (Float32);
-    c = scale · log2(e).  Returns (p, new_max, alpha, row_sum):
+            new_max = max(m_{j-1}, max_k S_j[k])
+            alpha   = 2^(m_{j-1} · c − new_max · c)       (0 on the first tile: m_{-1} = −inf)
+            p       = 2^(S_j · c − new_max · c)           fp32 TensorSSA
+            row_sum = alpha · l_{j-1} + Σ_k p[k]          l_j
 
-        new_max = max(m_{j-1}, max_k S_j[k])
-        alpha   = 2^(m_{j-1} · c − new_max · c)       (0 on the first tile: m_{-1} = −inf)
-        p       = 2^(S_j · c − new_max · c)           fp32 TensorSSA
-        row_sum = alpha · l_{j-1} + Σ_k p[k]          l_j
-
-    The caller rebinds row_sum and moves row_max to new_max itself (after it
-    has compared them, e.g. for the warp-uniform O-rescale decision)."""
+        The caller moves row_max to new_max itself (after comparing them)."""
     new_max = cute.arch.fmax(row_max, s.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0))
     new_max_c = new_max * c
     alpha = cute.math.exp2(row_max * c - new_max_c, fastmath=True)  # 0 when j = 0

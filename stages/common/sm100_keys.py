@@ -1,31 +1,18 @@
-"""Which KV tiles one CTA of the Blackwell (sm_100a) decode house visits, where each comes
-from, and what is masked on it (stages D2–D5; the house is stages/common/sm100_decode.py).
-
-The house asks a keys object, built in the rung's kernel() from traced block indices:
+"""Which KV tiles one CTA of the sm100 decode house visits, where each comes from, and what is
+masked on it (D2–D5).  The house asks a keys object, built in the rung's kernel():
 
     n_local              tiles this CTA visits (0: an empty split → O = 0, LSE −∞ / +∞)
     load(j, cid, …)      TMA of chunk `cid` of visited tile j into a ring slot (load warp)
     masked               compile-time: False for D2 — then nothing below is emitted
     clean_v(j, …)        MMA warp: zero V rows past the fill level of a boundary tile
-    mask(j, …)           softmax threads: scores of invalid keys of the thread's row → −∞
-                         (a select on every visited tile: cheaper in registers than a branch)
+    mask(j, …)           softmax threads: the row's invalid scores → −∞ (a select every tile)
 
-`DenseKeys` (D2): the split's static tiles [begin, end) of one KV tensor, all keys valid.
-
-`BranchKeys` (D3–D5): one or two key branches, each a KV tensor with a per-batch fill level
-(`lens[b]`) and optionally D4's causal rule (token t of s_q sees keys j ≤ lens[b] − s_q + t).
-The tile space is the branches' tiles one after the other, the split owns static tiles
-[begin, end) of it, and the CTA visits only tiles that hold a valid key
-(stages/common/scheduler.py: key_limit, valid_tiles, visit_tiles, VisitPlan — the same
-functions the sm90 rungs and the CPU tests use).  A 128-row block may hold two tokens (h_q =
-64, s_q = 2): it visits the tiles of its LAST token (the largest causal limit), and each
-thread masks with its own row's limit.
-
-A keys object is a plain Python object holding traced values: the tracer would have to carry
-it through any staged `if` or loop whose body calls one of its methods, and it cannot.  So the
-house never calls its methods inside one: it calls them through its own methods
-(Kernel.load_chunk, .mask_scores), with the object as an argument.
-"""
+`DenseKeys` (D2): the split's tiles [begin, end), all keys valid.  `BranchKeys` (D3–D5): one or
+two branches with fill levels `lens[b]` and optionally D4's causal rule; the split's static
+tiles, visited where they hold a valid key (scheduler.py's key_limit, valid_tiles,
+visit_tiles); a block of two tokens visits its LAST token's tiles, each thread masking with its
+row's limit.  The house calls a keys object's methods only through its own (the tracer cannot
+carry it through a staged `if` or loop)."""
 
 from __future__ import annotations
 
@@ -83,11 +70,9 @@ class Branch:
 
 
 class BranchKeys:
-    """D3–D5: the tiles of one or two masked branches (see the module doc).
-
-    branches: static `Branch`es; kvs: their (TMA atom, TMA tensor); fills: their fill levels
-    lens[b] (traced Int32); static tiles [tile_begin, tile_end) of the split; the block's
-    last token t_hi (its tiles are visited); s_q; kv_tile keys per tile."""
+    """D3–D5: the tiles of one or two masked branches (module doc): static `Branch`es, their (TMA atom,
+        tensor), fill levels lens[b], the split's tiles [tile_begin, tile_end), the block's last token
+        t_hi, s_q, kv_tile."""
 
     masked = True
 

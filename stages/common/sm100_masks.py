@@ -1,38 +1,22 @@
-"""Key masks of the Blackwell (sm_100a) decode rungs D3–D5, for the KV-once ring of stage D2's
-sm100 house.  The rule is stages/common/masks.py's: every mask is a KEY LIMIT (keys j < limit
-are valid; scheduler.key_limit), tiles past it are never visited (scheduler.visit_tiles), and
-only a BOUNDARY tile — rem = limit − first key of the tile < 64 — needs the two steps below.
-What differs on sm100 is who holds what:
+"""Key masks of the Blackwell (sm_100a) decode rungs D3–D5 for the sm100 house's KV-once ring.
+The rule is stages/common/masks.py's (a KEY LIMIT; only the BOUNDARY tile, rem = limit − its
+first key < 64, needs the two steps); on sm100:
 
-    mask_row_scores   softmax threads.  Thread t owns query row t whole (TMEM lane t, a
-                      32x32b tcgen05.ld), so the mask is per thread: S[t, j] ← −∞ for every
-                      key column j ≥ rem of ITS row's limit (with D4's causal rule two tokens
-                      of one 128-row block have different limits).  A select, so a NaN score
-                      of a key past the fill level never survives; before the row max.  The
-                      register → key column map is a trace-time constant (row_key_columns,
-                      proven for all 128 threads), as FlashAttention-4's sm100 mask assumes.
-                      It runs on every visited tile (on a full one it selects nothing): behind
-                      a runtime `if rem < 64` ptxas kept both versions of the 64 scores live
-                      (168 registers per thread instead of 126).
+    mask_row_scores   softmax threads: thread t owns row t whole, so S[t, j] ← −∞ for every
+                      key column j ≥ rem of ITS row's limit (D4: two tokens of a 128-row block
+                      differ), by a select before the row max.  The register → key column map
+                      is a trace-time constant (row_key_columns, proven for all 128 threads).
+                      It runs on every visited tile (a runtime `if` cost registers).
+    clean_v_rows      MMA warp, on a boundary tile's V chunk after its TMA landed: key rows ≥
+                      rem (from the FILL level: rows below it past a causal limit are finite,
+                      P = 0) ← 0 by the warp's 32 lanes, fence.proxy.async and a warp barrier
+                      before the MMA (0 · NaN = NaN).  A K-only chunk is not cleaned: its NaN
+                      scores are selected away.
 
-    clean_v_rows      MMA warp, on the ring slot of a V chunk of a boundary tile, after its
-                      TMA has landed and before any MMA reads it: key rows ≥ rem (rem = the
-                      FILL level − first key; rows between a causal limit and the fill level
-                      are finite keys and P = 0 there) ← 0 by the warp's 32 lanes (masks.py's
-                      zero_kv_rows), then fence.proxy.async (generic writes → the tensor
-                      cores' async proxy) and a warp barrier before the elected lane issues
-                      the MMA.  0 · NaN = NaN inside P·V, so the bytes must be finite.  A
-                      chunk that is only K for this CTA is not cleaned: its NaN scores are
-                      selected away by mask_row_scores.
-
-The ring's key rows are 128-byte LINES.  A K-major 128-byte-swizzled chunk of 64 keys × c
-columns (bf16) stores key k, columns 64a … 64a + 63 in line 64a + k, the swizzle permuting
-16-byte pieces only inside a line.  `line_view` is a plain (key, column, slot) layout that
-addresses every element inside its true line (not at its true place in the line), which is
-all zeroing whole rows needs; `check_lines` proves at trace time, over every (key, column) of
-a slot and with the swizzle applied, that the true offset lies in the line `line_view` says.
-If the ring's layout ever changes, compilation stops there.
-"""
+The ring's key rows are 128-byte LINES: a K-major 128-byte-swizzled chunk stores key k,
+columns 64a … 64a + 63 in line 64a + k (the swizzle permutes 16-byte pieces inside a line).
+`line_view` addresses every element inside its true line, all zeroing rows needs;
+`check_lines` proves it at trace time over every (key, column) of a slot, swizzle applied."""
 
 from __future__ import annotations
 
@@ -49,10 +33,8 @@ LINE = 64  # bf16 elements in a 128-byte line
 
 
 def swizzle_bytes(swizzle):
-    """The byte-address function of a shared-memory swizzle S<B, M, S> (the composed layout's
-    inner part, which CuTeDSL applies to the byte address): x ↦ x ^ ((x & yyy) >> S), where
-    yyy = (2^B − 1) << (M + S).  S<3,4,3> (128-byte swizzle) permutes the 16-byte pieces of
-    each 128-byte line by the line's index mod 8."""
+    """A swizzle S<B, M, S> on the byte address: x ↦ x ^ ((x & yyy) >> S), yyy = (2^B − 1) << (M + S);
+        S<3,4,3> permutes a 128-byte line's 16-byte pieces by the line's index mod 8."""
     m = re.search(r"S<\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*>", str(swizzle))
     if not m:
         raise ValueError(f"KV lines: cannot read the swizzle {swizzle}")
@@ -62,10 +44,9 @@ def swizzle_bytes(swizzle):
 
 
 def check_lines(k_smem, k_coords, keys: int, chunk: int, elem_bytes: int = 2) -> int:
-    """Trace-time proof that element (key, col) of one ring slot (`k_smem`: the composed
-    K-major layout, swizzle applied to the byte address; `k_coords`: (key, col) of each index
-    of the slot, partitioned like the B operand) lies in 128-byte line (col // 64) · keys + key.
-    Returns the number of elements checked; raises ValueError naming the first one outside."""
+    """Trace-time proof that element (key, col) of a ring slot (`k_smem`, swizzle applied to the byte
+        address; `k_coords` partitioned like the B operand) lies in line (col // 64) · keys + key.
+        Returns the elements checked; ValueError names the first outside."""
     one = cute.select(k_smem.outer, mode=[0, 1, 2])
     swz = swizzle_bytes(k_smem.inner)
     n = cute.size(k_coords)
@@ -92,11 +73,9 @@ def line_view(ring: cute.Tensor, keys: int, chunk: int, slots: int, slot_elems: 
 
 
 def row_key_columns(s_load, cS, threads: int = 128) -> tuple:
-    """The key column of each register of a thread's tcgen05.ld fragment of S, as Python
-    ints: (col of register 0, col of register 1, …).  With the 32x32b atom thread t holds
-    row t and the same columns in the same registers for every t; this is proven here, at
-    trace time, over all `threads` threads (coordinates evaluated in Python), so the mask
-    compares `rem` with constants instead of carrying 64 coordinates in registers."""
+    """The key column of each register of a thread's tcgen05.ld fragment of S, as Python ints, proven
+        the same for all `threads` threads (32x32b: thread t row t), so the mask compares `rem` with
+        constants."""
     cols = None
     for t in range(threads):
         coords = fragment_coords(s_load.get_slice(t).partition_D(cS), t == 0)

@@ -1,53 +1,24 @@
 """Blackwell (sm_100a) set-up of the warp-specialised two-MMA attention kernels.
 
-Every sm100 rung from stage B on runs the same CTA: 192 threads in six warps,
-    warps 0-3  softmax warpgroup: thread t ↔ TMEM lane t ↔ query row t (warp w may
-               only touch lanes 32w … 32w + 31); warp 0 allocates and frees TMEM
-    warp 4     MMA issuer: S = Q·Kᵀ (SMEM × SMEM → TMEM), O += P·V (A from TMEM or SMEM)
-    warp 5     TMA producer: Q once, then per KV tile the chunks of K and the Vᵀ slab
-and the same set-up before the roles split.  This module builds that set-up once,
-so a rung's module reads as what is new in it (its softmax, its epilogue, its plan):
-
-Host side (inside the kernel's @cute.jit __call__)
-    `attention_views`      (rows, cols, L = 1) views of Q, K, O and V seen as Vᵀ
-    `AttentionOperands`    the two tiled MMAs, the shared-memory layouts of Q, K, Vᵀ
-                           and P (the PV MMA's A-operand layout), the three TMA loads;
-                           `.args()` is what the kernel receives, `.plan` the Python
-                           ints (bytes per slot, slots) its pipelines need
-    `attention_smem_struct` the shared-storage struct (six mbarrier blocks, the TMEM
-                           address, Q, K, V and, for SMEM-P, P buffers)
-    `launch`               grid × 192 threads, .minnctapersm 1
-
-Device side (inside @cute.kernel)
-    `AttentionCta`         shared-memory tensors, the six pipelines, the TMEM
-                           allocator, the MMA fragments, the TMA partitions
-    `TmemP`                TMEM-P (hd = 64): S, P inside S, O views and the S-load /
-                           P-store pair, proven to agree at trace time
-    `TmemPAttention`       base of the hd = 64 TMEM-P rungs (B, C): shape checks,
-                           `operands()` (host) and `setup()` (device)
-    `producer_warps`       hands warp 5 to `load_role` (Q, then K chunks and V per KV
-                           tile) and warp 4 to `mma_role` (Q·K_jᵀ chunk by chunk,
-                           then P_j·V_j)
-    `rescale_o`            the correction pass: O ← α·O in TMEM, 32 columns at a time
-
+Every sm100 rung from stage B on runs the same CTA of 192 threads:
+    warps 0-3  softmax warpgroup: thread t ↔ TMEM lane t ↔ query row t (warp w only lanes
+               32w … 32w + 31); warp 0 allocates and frees TMEM
+    warp 4     MMA: S = Q·Kᵀ (SMEM × SMEM → TMEM), O += P·V (A from TMEM or SMEM)
+    warp 5     TMA: Q once, then per KV tile the K chunks and the Vᵀ slab
+Here once: host side `attention_views`, `AttentionOperands`, `attention_smem_struct`, `launch`;
+device side `AttentionCta`, `TmemP`, `TmemPAttention` (B and C), `producer_warps` (warp 5 →
+`load_role`, warp 4 → `mma_role`), `rescale_o`.
 Pipelines (mbarriers via cutlass.pipeline; arrive counts in threads)
     q, k, v   PipelineTmaUmma   load warp (TMA tx bytes) → MMA warp (tcgen05.commit)
     s         PipelineUmmaAsync MMA warp commit → 128 softmax threads
     p         PipelineAsyncUmma 128 softmax threads → MMA warp; its release is a
               tcgen05.commit, so "P slot free" also means "PV_j complete"
     o         PipelineUmmaAsync MMA warp commit after the last PV → 128 threads
-Named barriers (stages/common/barriers.py's NamedBarrier): TMEM_ALLOC (every thread reads the
-TMEM base address after the allocator warp published it), TMEM_FREE (the softmax
-warps are done with TMEM before warp 0 deallocates it).
+Named barriers: TMEM_ALLOC (the base address published), TMEM_FREE (before warp 0 frees TMEM).
 
-Roles are module functions taking the pipeline participants as arguments: inside a
-staged `if` or loop the tracer carries names the body assigns or calls a method on, so
-each role advances its own local participants (never attributes of a shared object),
-and no method of the (plain Python) set-up objects is called inside a role `if`.
-
-(No `from __future__ import annotations` in this module: cute.struct reads the field
-annotations of `attention_smem_struct` as objects.)
-"""
+Roles are module functions taking the pipeline participants as arguments: the tracer carries
+through a staged `if` or loop only names the body assigns or calls a method on.  (No
+`from __future__ import annotations`: cute.struct reads `attention_smem_struct`'s annotations.)"""
 
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -96,10 +67,9 @@ class WarpRoles:
 
 
 def attention_views(Q: cute.Tensor, K: cute.Tensor, V: cute.Tensor, O: cute.Tensor, who: str):
-    """(mQ, mK, mV, mO): (rows, cols, L = 1) views of row-major Q [m, hd], K [n, hd]
-    and O [m, hd], and V [n, hd] seen as Vᵀ (hd, n, 1), PV's MN-major B operand
-    (N = hd, K = keys).  Raises ValueError("{who}: Q, K, V must be row-major")
-    when Q or K is not K-major or Vᵀ not MN-major."""
+    """(mQ, mK, mV, mO): (rows, cols, 1) views of row-major Q [m, hd], K [n, hd], O [m, hd], and V
+        seen as Vᵀ (hd, n, 1), PV's MN-major B operand.  ValueError("{who}: Q, K, V must be
+        row-major") otherwise."""
     unit = cute.make_layout(1)
     mQ = cute.make_tensor(Q.iterator, cute.append(Q.layout, unit))
     mK = cute.make_tensor(K.iterator, cute.append(K.layout, unit))
@@ -115,12 +85,9 @@ def attention_views(Q: cute.Tensor, K: cute.Tensor, V: cute.Tensor, O: cute.Tens
 
 
 def attention_smem_struct(dtype, q_smem, k_smem, v_smem, k_stages: int, v_stages: int, p_smem=None):
-    """The shared-storage struct of the warp-specialised two-MMA attention
-    kernels: mbarrier blocks of the q (1 slot), k, v (`k_stages`, `v_stages`
-    slots), s, p and o pipelines, the TMEM base address, then the Q, K and V
-    operand buffers and, when `p_smem` is given (SMEM-P), the P buffer, each
-    aligned to 1024 bytes (the 128-byte swizzle atom).  Buffers hold `dtype`,
-    sized by the cosize of each layout's outer part."""
+    """The shared-storage struct: mbarrier blocks of the q (1 slot), k, v (`k_stages`, `v_stages`), s,
+        p and o pipelines, the TMEM base address, then the Q, K, V buffers and (SMEM-P, `p_smem`) P,
+        each 1024-byte aligned, sized by the cosize of each layout's outer part."""
 
     @cute.struct
     class Smem:
@@ -173,13 +140,10 @@ class KernelOperands(NamedTuple):
 class AttentionOperands:
     """Host side of S = Q·Kᵀ → P → O = P·V with tcgen05 (one CTA, cta_group::1).
 
-    q_tiler (M, N, K) = (128, kv_tile, hd): S = Q·Kᵀ over Q's whole head dim;
-    k_tiler the same MMA over one K chunk (= q_tiler when K is loaded whole);
-    pv_tiler (M, N, K) = (128, O columns of the CTA, kv_tile); pv_n the N of one PV
-    MMA tile (≤ 256); p_source TMEM (TMEM-P) or SMEM (SMEM-P).  Q and K are K-major,
-    Vᵀ MN-major; P is the PV MMA's K-major A operand, its layout `p_smem`
-    (make_smem_layout_a of the PV tiler) whether it lives in TMEM or SMEM.
-    """
+        q_tiler (128, kv_tile, hd): S over Q's whole head dim; k_tiler the same MMA over one K
+        chunk; pv_tiler (128, O columns of the CTA, kv_tile); pv_n the N of one PV MMA tile (≤ 256);
+        p_source TMEM or SMEM.  Q, K K-major, Vᵀ MN-major; P the PV MMA's K-major A operand, layout
+        `p_smem` (make_smem_layout_a of the PV tiler) in TMEM or SMEM."""
 
     def __init__(self, mQ, mK, mV, *, q_tiler, k_tiler, pv_tiler, pv_n: int,
                  k_slots: int, v_slots: int, p_source):
@@ -213,9 +177,8 @@ class AttentionOperands:
 
 
 def launch(kernel_call, grid, stream, threads: int = WarpRoles.THREADS) -> None:
-    """Launch a warp-specialised attention kernel: `grid` CTAs of `threads` threads (the six
-    warps of WarpRoles unless a kernel has more); .minnctapersm 1, so ptxas may use more than
-    168 registers rather than spill."""
+    """Launch a warp-specialised kernel: `grid` CTAs of `threads` threads, .minnctapersm 1 (ptxas may
+        use more than 168 registers rather than spill)."""
     kernel_call.launch(grid=grid, block=(threads, 1, 1), stream=stream, min_blocks_per_mp=1)
 
 
@@ -240,14 +203,10 @@ class TmaLoads:
 
 
 class AttentionCta:
-    """Device side: what every role of the CTA shares, built before the role `if`s.
-
-    Fields: storage; sQ (MMA, MMA_M, MMA_K, 1), sK, sV (…, slots); the producer /
-    consumer participants q_prod, q_cons, k_…, v_…, s_…, p_…, o_…; tmem_alloc (warp 0
-    allocates, every thread reads the address after TMEM_ALLOC) and tmem_done (the
-    softmax warps meet there before warp 0 frees TMEM); the MMA slices qk_thr, pv_thr
-    and the operand descriptors tSrQ, tSrK, tOrV.
-    """
+    """Device side: what every role shares, built before the role `if`s: storage; sQ, sK, sV; the
+        pipeline participants q_prod, q_cons, k_…, v_…, s_…, p_…, o_…; tmem_alloc (warp 0
+        allocates; the address read after TMEM_ALLOC) and tmem_done (TMEM_FREE); the MMA slices
+        qk_thr, pv_thr and the descriptors tSrQ, tSrK, tOrV."""
 
     def __init__(self, smem_struct, plan: PipelinePlan, qk_mma, pv_mma, q_smem, k_smem, v_smem):
         storage = utils.SmemAllocator().allocate(smem_struct)
@@ -298,20 +257,16 @@ class AttentionCta:
 
 
 def free_tmem(cta: AttentionCta, tmem_ptr, cols: int) -> None:
-    """The softmax warps meet on TMEM_FREE (each fenced before_thread_sync after its
-    last TMEM access), then warp 0 deallocates.  A function, not a method: a method
-    called on `cta` inside a role `if` would make the tracer carry `cta` through it."""
+    """The softmax warps meet on TMEM_FREE (each fenced before_thread_sync after its last TMEM
+        access), then warp 0 deallocates.  A function: a method on `cta` inside a role `if` would
+        make the tracer carry `cta`."""
     tmem_free(cta.tmem_alloc, tmem_ptr, cols, cta.tmem_done)
 
 
 class TmemP:
-    """TMEM-P (P = f(S) in TMEM, inside S's columns; see sm100_idioms.TmemPlan).
-
-    Builds the plan from the two MMAs, allocates it, and gives: tStS, tOrP, tOtO (the
-    TMEM views), s_load (tcgen05.ld 32x32b.x32 of S, fp32), p_store (tcgen05.st
-    32x32b.x16 of P, bf16) and the identity coordinates cS (partition_C of the QK MMA)
-    and cP (partition_A of the PV MMA), after proving at trace time that the two copies'
-    register fragments hold the same (row, key) at the same index."""
+    """TMEM-P (P = f(S) in TMEM, inside S's columns; sm100_idioms.TmemPlan): the plan, allocated;
+        tStS, tOrP, tOtO; s_load (tcgen05.ld 32x32b.x32, fp32), p_store (tcgen05.st 32x32b.x16,
+        bf16) and the identity coordinates cS, cP, the two fragments proven to agree at trace time."""
 
     def __init__(self, cta: AttentionCta, qk_mma, pv_mma, qk_tiler, pv_tiler, p_layout):
         self.plan = TmemPlan(qk_mma, pv_mma, qk_tiler, pv_tiler, p_layout, F32, BF16)
@@ -326,10 +281,9 @@ class TmemP:
 
 
 class TmemPAttention(WarpRoles):
-    """The hd = 64 rungs with P in TMEM (stages B and C): one CTA of TILE_M = 128 query
-    rows, KV tiles of 128 keys (N of Q·Kᵀ = K of P·V), K and V in 2-slot rings, S, P
-    (inside S) and O in TMEM.  A subclass names itself (WHO) and adds its kernel:
-    `operands()` in its @cute.jit __call__, `setup()` at the top of its @cute.kernel."""
+    """The hd = 64 TMEM-P rungs (B, C): one CTA of 128 query rows, KV tiles of 128 keys, K and V in
+        2-slot rings, S, P (inside S) and O in TMEM.  A subclass names itself (WHO) and calls
+        `operands()` in its __call__, `setup()` at the top of its kernel."""
 
     WHO = "sm100"
     TILE_M = 128  # query rows = UMMA M
@@ -349,10 +303,8 @@ class TmemPAttention(WarpRoles):
         self.pv_tiler = (self.TILE_M, hd, self.KV_TILE)  # (M, N, K) of O = P·V
 
     def operands(self, Q, K, V, O):
-        """Host side: (ops, mO) — views (PV's B operand is Vᵀ: (N = hd, K = n), MN-major),
-        the AttentionOperands with P read from TMEM (an A operand in TMEM is K-major),
-        and the plan and shared-storage struct the kernel allocates (barriers, TMEM
-        address, Q, K, V)."""
+        """Host side: (ops, mO) — the views, the AttentionOperands with P from TMEM, the plan and the
+                shared-storage struct."""
         mQ, mK, mV, mO = attention_views(Q, K, V, O, self.WHO)
         ops = AttentionOperands(mQ, mK, mV, q_tiler=self.qk_tiler, k_tiler=self.qk_tiler, pv_tiler=self.pv_tiler,
                                 pv_n=self.hd, k_slots=self.KV_STAGES, v_slots=self.KV_STAGES,
@@ -402,12 +354,10 @@ def load_role(q_prod, k_prod, v_prod, loads: TmaLoads, n_tiles: cutlass.Constexp
 def mma_role(q_cons, k_cons, v_cons, s_prod, p_cons, o_prod, qk_mma, pv_mma, tSrQ, tSrK, tOrV,
              tStS, tOrP, tOtO, n_tiles: cutlass.Constexpr, n_chunks: cutlass.Constexpr):
     """Warp 4, per KV tile j:
-        S_j = Q·K_jᵀ     once the softmax warps handed the S buffer back (TMEM-P: only
-                         after PV_{j-1} completed, P_{j-1} lives in S's columns); chunk
-                         by chunk, each K slot released (tcgen05.commit) once read
-        O  += P_j·V_j    once P_j is ready (and O rescaled); accumulate off for j = 0;
-                         every PV tile of O per K step of 16 keys
-    then commits "O final" after the last PV."""
+            S_j = Q·K_jᵀ     once the S buffer is handed back (TMEM-P: after PV_{j-1}), chunk by
+                             chunk, each K slot released by tcgen05.commit once read
+            O  += P_j·V_j    once P_j is ready (and O rescaled); accumulate off for j = 0
+        then commits "O final" after the last PV."""
     hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
     q_full = q_cons.wait_and_advance()
     kb_per_chunk = cute.size(tSrK, mode=[2])
@@ -454,10 +404,9 @@ def producer_warps(warp_idx, cta: AttentionCta, loads: TmaLoads, qk_mma, pv_mma,
 @cute.jit
 def rescale_o(o_load, o_store, tTR_tO, tRT_tO, rO, alpha, pv_tiles: cutlass.Constexpr,
               o_chunks: cutlass.Constexpr):
-    """The correction pass, O_{j-1} ← α_j · O_{j-1} in TMEM: per PV tile and 32-column
-    chunk, tcgen05.ld → tcgen05.wait::ld → × α → tcgen05.st.  tTR_tO / tRT_tO: this
-    thread's row of O, (V, chunks, 1, PV tiles), for the load and the store.  The
-    caller issues tcgen05.wait::st before it signals the MMA warp."""
+    """O_{j-1} ← α_j · O_{j-1} in TMEM: per PV tile and 32-column chunk, tcgen05.ld → wait::ld →
+        × α → tcgen05.st (tTR_tO / tRT_tO: this thread's row of O).  The caller issues
+        tcgen05.wait::st before it signals the MMA warp."""
     for t in cutlass.range_constexpr(pv_tiles):
         for ch in cutlass.range_constexpr(o_chunks):
             cute.copy(o_load, tTR_tO[None, ch, None, t], rO)

@@ -1,12 +1,8 @@
 """Online softmax when one thread owns a whole query row (Blackwell: TMEM lane t = row t).
 
-The math is stages/common/softmax.py's (base 2, raw-score units, c = scale · log2 e), with its
-LONELY-ROW RULE; only the reductions differ.  On sm_100a a tcgen05 accumulator with M = 128 and
-cta_group::1 puts row r of S in TMEM lane r, and a 32x32b tcgen05.ld gives thread r every
-column of that row: the row max and the row sum are thread-local (no quad shuffles), and the
-state is two Float32 scalars per thread carried through the KV loop.
-
-Per KV tile (s = the row's raw scores, masked keys already −∞):
+softmax.py's math (base 2, raw-score units, c = scale · log2 e) and LONELY-ROW RULE; the row max
+and sum are thread-local (a 32x32b tcgen05.ld gives thread r all of row r), the state two
+Float32 scalars.  Per KV tile (masked keys already −∞):
 
     m_new  = max(m, max_k s_k)
     m_safe = m_new, or 0 when m_new = −∞          (a row that has seen no valid key yet)
@@ -19,11 +15,7 @@ At the end (`row_inv_sum`, `row_lse`):
     ℓ > 0:  1/ℓ,  LSE = (m·c + log2 ℓ) · ln 2
     ℓ = 0:  1/ℓ := 0 (O = 0 · 0 = 0, never 0 · ∞),  LSE = −∞   (a partial: the combine skips it)
 
-and `final_row_lse` (softmax.py's final_lse, as a staged if) turns a final row's −∞ into
-DSV4's +∞.
-
-The sink (stage D5) is stages/common/combine.py's `sink_factor`, applied once to a final row.
-"""
+`final_row_lse` turns a final row's −∞ into DSV4's +∞.  The sink: combine.py's `sink_factor`."""
 
 from __future__ import annotations
 
@@ -38,11 +30,9 @@ __all__ = ["row_softmax_update", "row_inv_sum", "row_lse", "final_row_lse", "LN2
 
 @cute.jit
 def row_softmax_update(s, row_max, row_sum, c):
-    """One KV tile for a row this thread owns whole.  s: the row's raw scores (fp32
-    TensorSSA, e.g. rS.load()); row_max, row_sum: m and ℓ before the tile (Float32);
-    c = scale · log2 e.  Returns (p, new_max, alpha, row_sum): P (fp32 TensorSSA), m_new,
-    α and the new ℓ.  The caller keeps row_max until it has compared it with new_max (the
-    warp-uniform O-rescale decision) and then moves it."""
+    """One KV tile for a row this thread owns whole: s the raw scores (fp32 TensorSSA), row_max,
+        row_sum m and ℓ before it, c = scale · log2 e.  Returns (p, new_max, alpha, row_sum); the
+        caller moves row_max after comparing it with new_max (the O-rescale decision)."""
     new_max = cute.arch.fmax(row_max, s.reduce(cute.ReductionOp.MAX, -Float32.inf, 0))
     max_c = new_max * c
     if new_max == -Float32.inf:  # the lonely-row rule: exponentiate against 0, not −∞
@@ -64,9 +54,8 @@ def row_inv_sum(row_sum):
 
 @cute.jit
 def row_lse(row_max, row_sum, c):
-    """The row's natural-log LSE = (m·c + log2 ℓ) · ln 2, −∞ when ℓ = 0 (a partial's value:
-    the combine skips it; final_row_lse turns it into +∞ for a final row).  Separate from
-    row_inv_sum so a caller can form it where it stores it (shorter live ranges)."""
+    """LSE = (m·c + log2 ℓ) · ln 2, −∞ when ℓ = 0 (a partial's; final_row_lse makes it +∞), apart
+        from row_inv_sum so a caller forms it where it stores it."""
     lse = Float32(-Float32.inf)
     if row_sum > Float32(0.0):
         lse = (row_max * c + cute.math.log2(row_sum, fastmath=True)) * Float32(LN2)

@@ -1,79 +1,54 @@
 """The Hopper (sm_90a) decode-attention house of stages D2–D5: one kernel class whose rungs
 differ only in the keys they attend and what they do at the end.
 
-Math (per query row):  O = softmax(Q·Kᵀ · scale) · V over the row's VALID keys,
-LSE = ln Σ exp(Q·Kᵀ · scale) over them, scale = 1/sqrt(d), with DSV4's tensors: Q [b, s_q, h_q,
-d], one latent KV head per key branch (K = V), O [b, s_q, h_q, d] bf16, LSE [b, h_q, s_q] fp32.
-The online softmax is stages/common/softmax.py (lonely-row rule included).
+Math (per query row): O = softmax(Q·Kᵀ · scale) · V and LSE = ln Σ exp(Q·Kᵀ · scale) over the
+row's VALID keys, scale = 1/sqrt(d); Q [b, s_q, h_q, d], one latent KV head per key branch
+(K = V), O [b, s_q, h_q, d] bf16, LSE [b, h_q, s_q] fp32.  The online softmax: softmax.py.
 
 What the rungs set (`setup`)
     D2  one branch KV [b, n_alloc, d], keys 0 … n−1 all valid.
-    D3  the branch is bounded by a fill level (swa_lens [b]): key j valid iff j < swa_lens[b].
+    D3  a fill level (swa_lens [b]): key j valid iff j < swa_lens[b].
     D4  and causal: token t sees keys j ≤ swa_lens[b] − s_q + t.
-    D5  two branches (main, then SWA) under ONE softmax, in one launch, Q read once, and an
-        optional attention sink applied to the finished rows (stages/common/combine.py).
-    Every mask is a key LIMIT per (batch, token, branch) (stages/common/masks.py,
-    scheduler.key_limit): tiles past it are never loaded (scheduler.visit_tiles), the one
-    boundary tile gets its scores masked and its rows past the limit zeroed in shared memory
-    (they may hold NaN), and a CTA with no valid key writes O = 0, LSE = +∞ (one split) or
-    the empty partial O = 0, LSE = −∞ (split-KV) without touching the tensor cores.
+    D5  two branches (main, then SWA) under ONE softmax, Q read once, and an optional sink.
+    Every mask is a key LIMIT per (batch, token, branch) (masks.py, scheduler.key_limit): tiles
+    past it are never loaded, the boundary tile's scores are masked and its rows past the limit
+    zeroed in shared memory, and a CTA with no valid key writes O = 0, LSE = +∞ (one split) or
+    the empty partial (LSE = −∞) without touching the tensor cores.
 
-Head packing.  All h_q heads of a token share the one KV head, so the 64 heads of one
-    (batch, token) are the 64 rows (M) of a CTA's MMAs: Q and O are viewed as
-    [b · s_q · h_q, d] row blocks of 64 rows — one contiguous TMA box each.
-Grid and split-KV.  stages/common/scheduler.py: grid (h_q/64 · s_q, splits, b), each CTA
-    one row block × one KV split of the static tile space (both branches' tiles, main first).
-    With one split the CTA writes O and LSE; with several it writes fp32 partial O
-    (normalised) and partial LSE into the scratch tensors, and a second launch
-    (stages/common/combine.py) merges them by LSE — and applies the sink, once.
-K = V, read once.  One TMA load per KV tile into one shared-memory slot.  Q·Kᵀ reads it as
-    the K-major B operand (keys × d); P·V reads THE SAME BYTES as Vᵀ (d × keys), the
-    MN-major B operand.  Both layouts use the swizzle atom of one warpgroup's O slice
-    (d/2 columns) and tile keys first; `kv_layouts` (stages/common/sm90_kv_slots.py) builds both and proves at trace time
-    that they address the same element at every swizzle row and mode boundary.
-NaN beyond the attended keys.  The TMA tensor of a branch has extent n (not n_alloc) along
-    the keys: a row ≥ n is never loaded.  Rows ≥ the fill level inside the boundary tile ARE
-    loaded (a TMA box is a whole tile) and zeroed before P·V.
+Head packing: the 64 heads of one (batch, token) are a CTA's 64 rows (M); Q and O are viewed as
+    [b · s_q · h_q, d], one TMA box a row block.
+Grid and split-KV (scheduler.py): grid (h_q/64 · s_q, splits, b), a CTA one row block × one KV
+    split of the tile space (main branch first); several splits write fp32 partials merged by
+    combine.py's launch, which also applies the sink once.
+K = V, read once: one TMA load per KV tile into one slot, read as K (K-major B) and as Vᵀ
+    (MN-major B) — `kv_layouts` (sm90_kv_slots.py) proves the two address the same bytes.
+NaN beyond the keys: a branch's TMA tensor has extent n, so a row ≥ n is never loaded; rows past
+    the fill level inside the boundary tile are loaded and zeroed before P·V.
 
 Warp roles (384 threads)
-    warpgroup 2       load (its first warp): Q once, then the split's KV tiles (either
-                      branch's TMA tensor) into a 2-slot TMA pipeline; setmaxnreg gives its
-                      registers to the MMA warpgroups (24 here, 240 each there)
-    warpgroup 0       S = Q·K_tileᵀ (m64 n{block_n}), the boundary-tile mask, online
-                      softmax, P → shared memory (stmatrix, K-major A operand), α per row;
-                      then its half of O += P·V
-    warpgroup 1       waits for P (named barrier P_FULL), its half of O += P·V, frees P
-                      (P_EMPTY); O's d columns are split over the two warpgroups (d/2 each:
-                      at d = 512 a 64 × 256 fp32 half is 128 registers per thread)
-    epilogue          both warpgroups: O / ℓ (× the sink factor) → bf16 O (one split) or
-                      fp32 O_part, and LSE.
-    A KV slot is released when both warpgroups' P·V on it has completed (8 consumer warps).
+    warpgroup 2       load (its first warp): Q once, then the split's KV tiles into a 2-slot
+                      TMA pipeline; setmaxnreg 24 here, 240 each for the MMA warpgroups
+    warpgroup 0       S = Q·K_tileᵀ (m64 n{block_n}), the boundary mask, online softmax,
+                      P → shared memory (SmemP), α per row; then its half of O += P·V
+    warpgroup 1       waits for P (P_FULL), its half of O += P·V (d/2 columns: 128 registers
+                      at d = 512), frees P (P_EMPTY)
+    epilogue          both: O / ℓ (× the sink factor) → bf16 O or fp32 O_part, and LSE.
+    A KV slot is released when both warpgroups' P·V on it completed (8 consumer warps).
 
-What a rung opts into (class flags; D2 sets all four, D3–D5 none — their PTX is what it was)
-    WIDE_STORE    the epilogue's O / partial leaves by 16-byte stores, each thread's words
-                  transposed across its quad (stages/common/quad_store.py): stage E measured the
-                  accumulator's 4-byte stores at ~14k cycles a 64 × 512 block
-    LAZY_RESCALE  the online softmax keeps a row's max until it grew by 2^8
-                  (stages/common/lazy_softmax.py): most tiles' α is 1 and each warp skips the
-                  O rescale (a vote on its rows' α; both warpgroups read α from the row buffer)
-    PERSISTENT    grid = min(items, SMs) CTAs, CTA c walking items c, c + grid, … (an item is a
-                  CTA of the plain grid: `DecodeGrid.item`).  Each role recomputes an item's plan;
-                  the KV ring's and the Q slot's pipeline states are placed by the tiles and Q
-                  loads of the CTA's earlier items (`ring_state`).  Warpgroup 0 frees Q (the q
-                  pipeline's empty barrier, 4 warps) once the item's last S is done, so the load
-                  warp fetches the next item's Q and first tiles during this item's last P·V and
-                  epilogue; the MMA warpgroups meet once more at EPILOGUE after reading 1/ℓ, before
-                  the next item's first α overwrites the row buffer
+Class flags (D2 sets all four, D3–D5 none)
+    WIDE_STORE    O / the partial by 16-byte stores transposed across the quad (quad_store.py)
+    LAZY_RESCALE  a row keeps its max until it grew by 2^8 (lazy_softmax.py): most tiles' α is
+                  1 and a warp skips the O rescale by a vote
+    PERSISTENT    min(items, SMs) CTAs, CTA c walking items c, c + grid, … (`DecodeGrid.item`);
+                  the ring's and Q slot's states placed by the earlier items (`ring_state`);
+                  warpgroup 0 frees Q after the item's last S, so the next item's loads overlap
+                  this one's last P·V and epilogue; the MMA warpgroups meet at EPILOGUE after
+                  reading 1/ℓ, before the next item's α overwrites the row buffer
     REGISTER_P    warpgroup 0's P·V is an RS wgmma on P = bf16(S) in its registers
-                  (`register_p_tile`, `pv_rs_mma`; proven at trace time to be S's accumulator and
-                  S's rows to be O's), issued before P is stored for warpgroup 1, so the stmatrix,
-                  the async-proxy fence and the P_FULL arrive run beside it; warpgroup 0 scales its
-                  O by α in registers and arrives at P_FULL without waiting (SmemP's barriers met
-                  unaligned, stages/common/unaligned_barriers.py)
-    Tried and lost (H200, D2 b64s2h128n1152d512): warpgroup 0 issuing S_{i+1} before its P·V_i and
-    running that softmax beside P·V_i — 87.9 µs against 75.4: with two KV slots, slot i+1 is
-    refilled only when P·V_{i−1} is done, so S_{i+1} waits for a whole tile's load instead of the
-    softmax (docs/MASKED_DECODE.md).
+                  (`register_p_tile`, `pv_rs_mma`; proven to be S's accumulator, S's rows O's),
+                  issued before P is stored for warpgroup 1; warpgroup 0 scales its O by α in
+                  registers and arrives at P_FULL without waiting (unaligned barriers)
+    Tried and lost: issuing S_{i+1} before P·V_i (docs/MASKED_DECODE.md).
 
 Tiles and shared memory
       d     block_n   slots   Q + 2 KV slots + P                         ≈ dynamic smem
@@ -83,8 +58,7 @@ Tiles and shared memory
       512      64       2     64 + 2·64 +  8 KiB                          201 KiB
 
 Limits: h_q a multiple of 64; d ∈ {64, 128, 256, 512}; every branch's n a multiple of block_n;
-splits ≤ the scratch capacity (oracles/decode.py); static shapes, row-major, 16-byte aligned.
-"""
+splits ≤ the scratch capacity (oracles/decode.py); static shapes, row-major, 16-byte aligned."""
 
 
 
@@ -123,9 +97,8 @@ from stages.common.unaligned_barriers import named_arrive, named_sync
 @cute.jit
 def wgmma_issue(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Tensor, a_slot=None, b_slot=None,
                 zero_init: cutlass.Constexpr[bool] = False):
-    """acc = A · B (zero_init) or acc += A · B issued as one wgmma group (fence, the K steps,
-    commit_group) and NOT waited for: the caller's warpgroup.wait_group(k) does (stages/common/
-    sm90_idioms.py's wgmma_sync is this and wait_group(0))."""
+    """acc = A · B (zero_init) or acc += A · B as one wgmma group (fence, K steps, commit_group), NOT
+        waited for: the caller's warpgroup.wait_group(k) does."""
     warpgroup.fence()
     tiled_mma.set(warpgroup.Field.ACCUMULATE, not zero_init)
     for k in cutlass.range_constexpr(cute.size(a, mode=[2])):
@@ -138,10 +111,9 @@ def wgmma_issue(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: c
 
 @dataclass(frozen=True)
 class KeyBranch:
-    """One set of keys a decode kernel attends: `name` (for messages), its KV tensor's rows
-    `n_alloc`, the keys that may be attended `n` (≤ n_alloc, a multiple of block_n), and its
-    mask: `fill` — bounded by a per-batch fill level tensor (key j valid iff j < lens[b]);
-    `causal` — stage D4's rule on top (token t sees keys j ≤ lens[b] − s_q + t)."""
+    """One set of keys a decode kernel attends: `name`, its KV rows `n_alloc`, the attended keys `n`
+        (≤ n_alloc, a multiple of block_n), and its mask: `fill` (key j valid iff j < lens[b]),
+        `causal` (D4: token t sees j ≤ lens[b] − s_q + t)."""
 
     name: str
     n: int
@@ -169,22 +141,8 @@ class DecodeSm90:
     LOAD_REGS = 24
     HEAD_DIMS = (64, 128, 256, 512)
     KV_STAGES = 2
-    # What a rung opts into (D2 does; D3–D5 keep the plain house until re-proven with them):
-    #   LAZY_RESCALE  the conditional O rescale (stages/common/lazy_softmax.py): a row keeps its
-    #                 max until it has grown by 2^8, so most tiles' α is 1 and each warp skips
-    #                 the O rescale (a warp vote on its rows' α)
-    #   WIDE_STORE    O (or the fp32 partial) leaves by 16-byte stores, each thread's words
-    #                 transposed across its quad (stages/common/quad_store.py) — a quarter of the
-    #                 store instructions of the accumulator as it lies
-    #   PERSISTENT    a grid of min(CTAs, SMs) CTAs, each walking the launch's work items (row
-    #                 block × split, `DecodeGrid.item`) item + k · grid in turn: the load warp
-    #                 fetches the next item's Q (once warpgroup 0's last S of this one is done)
-    #                 and KV tiles while the MMA warpgroups finish this one (softmax, P·V,
-    #                 epilogue); the pipelines' states run on across items
-    #   REGISTER_P    warpgroup 0's P·V takes P from its own registers (S's accumulator converted:
-    #                 an RS wgmma, `pv_rs_mma`) and is issued before P is published: the stmatrix,
-    #                 fence and P_FULL arrive for warpgroup 1 run beside it, and warpgroup 0 never
-    #                 waits at P_FULL (arrive only; the warpgroups meet SmemP unaligned)
+    # What a rung opts into: the module docstring's class flags (D2 sets all four; D3–D5 keep the
+    # plain house until re-proven with them).
     LAZY_RESCALE = False
     WIDE_STORE = False
     PERSISTENT = False
@@ -255,9 +213,8 @@ class DecodeSm90:
     @cute.jit
     def launch(self, Q: cute.Tensor, kvs: tuple, lens: tuple, sink, O: cute.Tensor, LSE: cute.Tensor,
                O_part: cute.Tensor, LSE_part: cute.Tensor, stream: cuda.CUstream):
-        """Build the views, MMAs, layouts and TMA atoms, and launch (then the combine when
-        split).  `kvs`: one KV tensor per branch; `lens`: its fill-level tensor or None per
-        branch; `sink`: the [h_q] sink logits or None."""
+        """Build the views, MMAs, layouts and TMA atoms and launch (then the combine when split).  `kvs`:
+                a KV tensor per branch; `lens`: its fill-level tensor or None; `sink`: [h_q] or None."""
         bm, bn, d = self.BLOCK_M, self.block_n, self.d
         dtype = Q.element_type
         rows, splits = self.rows, self.splits
@@ -425,10 +382,8 @@ class DecodeSm90:
 
     @cute.jit
     def load(self, work, plan, q_pipe, kv_pipe, tma_q, mQ, sQ, tma_kv, mKV, tma_kv2, mKV2, sK, tiles_before, qs_before):
-        """Load role (one warp): Q's row block once, then the visited KV tiles of the batch
-        (either branch's) into the slots as they free up.  `tiles_before` / `qs_before`: the KV
-        tiles and Q blocks this CTA loaded for its earlier items (PERSISTENT; else 0): where
-        the pipelines' states stand."""
+        """Load role (one warp): Q's row block once, then the visited KV tiles into the slots as they
+                free up.  `tiles_before` / `qs_before`: this CTA's earlier items' loads (PERSISTENT)."""
         hang_guard.role("load")  # names this role's waits in a --debug-hangs build
         bm, bn, d = self.BLOCK_M, self.block_n, self.d
         q_load = tma_tiles(tma_q, sQ, mQ, (bm, d), (None, 0))
@@ -467,10 +422,9 @@ class DecodeSm90:
     @cute.jit
     def attend(self, work, plan, limits, tidx, q_pipe, kv_pipe, qk_mma, pv_mma, sQ, sK, sVt, sP, s_row,
                mSink, mO, mLSE, mOp, mLp, tiles_before, qs_before):
-        """The two MMA warpgroups: S, the boundary mask and the softmax in warpgroup 0, P·V
-        split by column over both, then the epilogue (see the module doc).  `tiles_before` /
-        `qs_before` as in `load`.  PERSISTENT: warpgroup 0 frees Q after its last S; both meet
-        once more after reading the row factors (1/ℓ), before the next item's P overwrites them."""
+        """The two MMA warpgroups (module doc).  `tiles_before` / `qs_before` as in `load`.  PERSISTENT:
+                warpgroup 0 frees Q after its last S; both meet after reading 1/ℓ, before the next
+                item's P overwrites the row factors."""
         hang_guard.role("mma")  # names this role's waits in a --debug-hangs build
         bm, bn, d = self.BLOCK_M, self.block_n, self.d
         wg = tidx // 128
@@ -578,9 +532,8 @@ class DecodeSm90:
 
     @cute.jit
     def mask_boundary(self, plan, limits, i, s_rc, cols_rc, s_kv, tid_wg):
-        """Visit i's tile holds rem = limit − first key < block_n valid keys (the boundary
-        tile): scores past them → −∞, their KV rows in the slot → 0 (stages/common/masks.py).
-        Every other visited tile is full and untouched."""
+        """Visit i's boundary tile (rem = limit − first key < block_n): scores past rem → −∞, their KV
+                rows in the slot → 0 (masks.py)."""
         bn = self.block_n
         if cutlass.const_expr(len(self.branches) == 1):
             rem = limits[0] - (plan.first_begin + i) * bn
@@ -603,9 +556,8 @@ class DecodeSm90:
 
     @cute.jit
     def store_lse(self, work, row, lse, mLSE, mLp, mSink):
-        """LSE of `row` of the CTA's block: final (one split; DSV4's +∞ for a keyless row)
-        or this split's partial (−∞ for a keyless row: the combine ignores it).  Never the
-        sink's: DSV4's LSE is the keys' alone (`mSink` is here for the planted-bug fixture)."""
+        """LSE of `row`: final (one split; +∞ for a keyless row) or the split's partial (−∞ for a
+                keyless row).  Never the sink's (`mSink` is here for the planted-bug fixture)."""
         if cutlass.const_expr(self.splits == 1):
             mLSE[self.sched.row_block(work) * self.BLOCK_M + row] = final_lse(lse)
         else:
@@ -623,10 +575,9 @@ class DecodeSm90:
     @cute.jit
     def register_p_tile(self, acc_s, alpha, i, smem_p, acc_o, acc_o_rc, num_rows: cutlass.Constexpr[int], tOrV_rs,
                         slot, tid_wg):
-        """REGISTER_P, warpgroup 0 after its softmax of tile i: O *= α where a row of the warp
-        moved its max (S's rows are O's: check_rows_shared), issue O += P·V with P = bf16(S) in
-        registers (an RS wgmma), then — while it runs — publish P and α for warpgroup 1 (after
-        P_EMPTY from the second tile) and arrive at P_FULL; wait for the P·V."""
+        """REGISTER_P, warpgroup 0 after tile i's softmax: O *= α where the warp's max moved, issue
+                O += P·V with P = bf16(S) in registers (RS wgmma), and while it runs publish P and α for
+                warpgroup 1 (P_EMPTY waited from the second tile) and arrive at P_FULL; wait."""
         dtype = smem_p.tPsP.element_type
         pv_rs = self.pv_rs_mma(dtype)
         r_p = accumulator_to_a_operand(acc_s, pv_rs.get_slice(tid_wg), (self.BLOCK_M, self.block_n), dtype)
@@ -679,11 +630,8 @@ class DecodeSm90:
 
     @cute.jit
     def write_empty(self, work, tidx, mO, mLSE, mOp, mLp):
-        """A CTA with no key to visit (the MMA warpgroups; plain stores, no tiled MMA is
-        touched here, its traced value lives in the other branch):
-            split-KV: partial O = 0 and LSE = −∞ for its 64 rows — the combine ignores it;
-            one split (a masked rung whose token sees no key): O = 0 and LSE = +∞, the
-            lonely row's output (a sink changes nothing: 0 stays 0)."""
+        """A CTA with no key to visit (plain stores, no tiled MMA touched): split-KV writes partial O = 0,
+                LSE = −∞ for its 64 rows; one split writes the lonely row's O = 0, LSE = +∞."""
         bm, d = self.BLOCK_M, self.d
         if cutlass.const_expr(self.splits > 1):
             block = cute.local_tile(mOp, (bm, d), (self.sched.partial_row_block(work), 0))

@@ -1,18 +1,11 @@
-"""The Hopper gather's loads: read-only global loads into registers that yield a fill value
-when they are not to be made (stage E sm90).
+"""The Hopper gather's loads: read-only global loads into registers that yield a fill value when
+they are not to be made (stage E sm90: Hopper's TMA cannot gather rows by index).
 
-Hopper's TMA cannot gather rows by index, so stage E's producer threads load each key's bytes
-themselves.  An invalid key (index −1, or past the list's length, where the entry may be INT_MAX
-garbage) is never read: the load is predicated off and its registers hold the fill (zeros for
-cache bytes, −1 for an idx entry).  No branch per key, so ptxas interleaves the loads of a
-thread's keys; a zero e4m3 byte converts to 0 under any scale (stages/common/e4m3_bits.py) and
-model1's zero rope bf16 are 0, so an invalid key's row is zeros and its score is masked to −∞.
-
-`ld.global.nc` (read-only path), by default with an L2 prefetch of 256 bytes: the 4 threads of
-a key read 64 consecutive bytes of it per instruction and the rest of its 576 bytes follows.  A
-key's scale bytes, apart from its row (model1, simple), are loaded without it: for a token
-picked at random the 256 bytes around its 8 are other tokens' scales.
-"""
+An invalid key (index −1, or past the list's length) is never read: the load is predicated off
+and its registers hold the fill (zeros for cache bytes, −1 for an idx entry) — no branch, so
+ptxas interleaves a thread's loads; zero bytes dequantise to 0, so an invalid key's row is zeros
+(its score is masked to −∞).  `ld.global.nc`, by default with a 256-byte L2 prefetch (the rest
+of a key's 576 bytes); a key's separate scale bytes are loaded without it."""
 
 from __future__ import annotations
 

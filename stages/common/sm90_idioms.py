@@ -1,40 +1,13 @@
 """Hopper (sm_90a) idioms shared by the attention stages.
 
-P in registers between two WGMMAs
-    The first MMA leaves S = Q·Kᵀ in an fp32 accumulator fragment; the second
-    MMA (register-sourced A, "RS" wgmma) wants P = f(S) as a bf16 A fragment.
-    For wgmma the two fragments place the same (row, column) at the same
-    register index: the accumulator of m64nNk16 holds, per thread, values
-    ((2 adjacent columns), (rows r, r+8), (N/8 column blocks of 8)), and the A
-    fragment of m64n*k16 holds ((2 adjacent k), (rows r, r+8), (k, k+8)) per
-    16-wide K-block, so two consecutive 8-column blocks of S are exactly one
-    K-block of P.  Retiling is therefore a pure re-indexing of the same
-    registers plus an fp32 → bf16 conversion; no data moves between threads.
+P in registers between two WGMMAs: the m64nNk16 accumulator holds per thread ((2 adjacent
+columns), (rows r, r+8), (N/8 blocks of 8)) and the RS wgmma's A fragment ((2 adjacent k), (rows
+r, r+8), (k, k+8)) per 16-wide K-block, so two 8-column blocks of S are one K-block of P: the
+retile is a re-indexing of the same registers plus fp32 → bf16.  `check_accumulator_is_a_operand`
+proves it for a kernel's two tiled MMAs; `accumulator_to_a_operand` does it; `register_p_mmas`
+builds the pair and runs the check.
 
-    `check_accumulator_is_a_operand` proves the claim at trace time for the two
-    tiled MMAs a kernel builds (call it in the host-side `__call__`): if the
-    fragments ever disagreed, compilation fails instead of the kernel quietly
-    computing with a permuted P.  `accumulator_to_a_operand` then does the
-    re-indexing and the conversion inside the kernel.  `register_p_mmas`
-    builds the usual pair (SS wgmma for Q·Kᵀ, RS wgmma for P·V) and runs the
-    check (stages/common/sm90_register_p.py is the house of such kernels).
-
-A warpgroup GEMM, waited for
-    `wgmma_sync` issues the K steps of one tiled wgmma between
-    warpgroup.fence and commit_group / wait_group(0); `qk_tiled_mma` is the
-    SS wgmma of S = Q·Kᵀ every stage builds; `store_accumulator` is the
-    epilogue (fp32 → the output's type → global).
-
-TMA pipelines
-    `tma_pipeline` builds the PipelineTmaAsync every stage uses: one elected
-    producer thread whose TMA bytes complete the full barrier, and consumer
-    warps that each arrive once on the empty barrier.
-
-Rows of a wgmma accumulator
-    `acc_rows_cols` views an accumulator fragment as (rows, columns) of the
-    calling thread, the indexing every row-wise softmax step uses (the online
-    softmax itself is stages/common/softmax.py).
-"""
+Also: `wgmma_sync`, `qk_tiled_mma`, `store_accumulator`, `tma_pipeline`, `acc_rows_cols`."""
 
 import cutlass
 import cutlass.cute as cute
@@ -71,9 +44,8 @@ def check_accumulator_is_a_operand(tiled_mma_c, tiled_mma_a, tile_mn):
 
 
 def check_rows_shared(qk_mma, pv_mma, tile_mn, hd: int) -> None:
-    """Trace time, for every thread of warpgroup 0: the rows of S's accumulator (tile_mn) are
-    the rows of O's (tile_mn[0] × hd), in the same order — so α, a row's factor computed beside
-    S, scales O in registers (that P is S's registers is check_accumulator_is_a_operand)."""
+    """Trace time, every thread of warpgroup 0: S's accumulator rows are O's rows in the same order,
+        so α, computed beside S, scales O in registers."""
     ident_s = cute.make_identity_tensor(tile_mn)
     ident_o = cute.make_identity_tensor((tile_mn[0], hd))
     for t in range(128):
@@ -98,16 +70,10 @@ def qk_tiled_mma(dtype, atoms: tuple, block_m: int, block_n: int):
 
 
 def register_p_mmas(dtype, num_warpgroups: int, block_n: int, hd: int):
-    """(qk_mma, pv_mma) of attention with P in registers, fp32 accumulators,
-    `num_warpgroups` warpgroups stacked along M (64 query rows each):
-
-        qk_mma  S = Q · Kᵀ, SS wgmma m64n{block_n}k16; Q [rows, hd] and K [keys, hd]
-                row-major, i.e. both operands K-major
-        pv_mma  O = P · V, RS wgmma m64n{hd}k16; A = P from registers (K-major),
-                B = Vᵀ (hd, keys) MN-major, i.e. V [keys, hd] row-major
-
-    and the trace-time proof (`check_accumulator_is_a_operand`) that S's
-    accumulator over the (64 · num_warpgroups, block_n) tile is P's A fragment."""
+    """(qk_mma, pv_mma) with P in registers, fp32 accumulators, `num_warpgroups` warpgroups along M:
+        S = Q · Kᵀ, SS wgmma m64n{block_n}k16, both K-major; O = P · V, RS wgmma m64n{hd}k16, A = P
+        from registers, B = Vᵀ MN-major — and the proof (`check_accumulator_is_a_operand`) that S's
+        accumulator is P's A fragment."""
     qk_mma = qk_tiled_mma(dtype, (num_warpgroups, 1, 1), 64, block_n)
     pv_mma = sm90_utils.make_trivial_tiled_mma(
         dtype, dtype,
@@ -129,10 +95,9 @@ def accumulator_to_a_operand(
     tile_mk: cutlass.Constexpr[tuple],
     dtype: cutlass.Constexpr[type],
 ) -> cute.Tensor:
-    """Return this thread's register A fragment (of `thr_mma_a` over the
-    (M, K) tile `tile_mk`) holding `dtype(acc)`, where `acc` is the fp32
-    accumulator of the first MMA over the same tile read as (M, N).
-    Valid only where `check_accumulator_is_a_operand` passed."""
+    """This thread's register A fragment (`thr_mma_a` over `tile_mk`) holding `dtype(acc)`, `acc`
+        the first MMA's fp32 accumulator over the same tile; valid where
+        `check_accumulator_is_a_operand` passed."""
     frag_a = thr_mma_a.make_fragment_A(thr_mma_a.partition_shape_A(tile_mk))
     # The same registers, indexed like the accumulator.
     frag_a_as_acc = cute.make_tensor(frag_a.iterator, acc.layout)
@@ -141,14 +106,10 @@ def accumulator_to_a_operand(
 
 
 def tma_pipeline(mbar, stages: int, tx_bytes: int, consumer_warps: int, defer_sync: bool = True, name: str = ""):
-    """PipelineTmaAsync over the mbarrier block `mbar` (a smem MemRange of 2 ×
-    `stages` Int64): the producer is one thread (its TMA loads of `tx_bytes`
-    bytes per slot complete the full barrier), the consumer side counts
-    `consumer_warps` arrivals per slot (consumer_release arrives once per warp).
-
-    defer_sync=True leaves the barrier-init fence and the CTA barrier to the
-    caller (cute.arch.mbarrier_init_fence(); cute.arch.sync_threads() once all
-    pipelines are created); False lets `create` do both."""
+    """PipelineTmaAsync over `mbar` (2 × `stages` Int64): one producer thread (its TMA bytes,
+        `tx_bytes` a slot, complete the full barrier), `consumer_warps` arrivals a release.
+        defer_sync=True leaves the init fence and CTA barrier to the caller (once all pipelines
+        exist)."""
     return pipeline.PipelineTmaAsync.create(
         num_stages=stages,
         producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
@@ -161,13 +122,9 @@ def tma_pipeline(mbar, stages: int, tx_bytes: int, consumer_warps: int, defer_sy
 
 
 def acc_rows_cols(t: cute.Tensor) -> cute.Tensor:
-    """View a wgmma accumulator fragment ((2, 2, N/8), MMA_M, MMA_N) — or any
-    tensor partitioned like one, e.g. identity coordinates — as (rows, columns)
-    of this thread: rows = (r, r + 8) × MMA_M, columns = (2 adjacent) × (N/8
-    blocks) × MMA_N.  Same iterator, no data moves.  A row's columns are spread
-    over the 4 lanes of a quad, so a full-row reduction is the thread's own
-    reduction over the columns followed by a butterfly over the quad
-    (threads_in_group=4)."""
+    """A wgmma accumulator fragment ((2, 2, N/8), MMA_M, MMA_N), or a tensor partitioned like one,
+        as this thread's (rows, columns): rows (r, r + 8) × MMA_M, columns (2 adjacent) × (N/8) ×
+        MMA_N; no data moves.  A row's columns span a quad: reduce, then butterfly over 4 lanes."""
     s, d = t.layout.shape, t.layout.stride
     return cute.make_tensor(
         t.iterator,
@@ -198,17 +155,10 @@ def wgmma_sync(
     zero_init: cutlass.Constexpr[bool] = False,
 ):
     """acc = A · B (zero_init) or acc += A · B on the warpgroup tensor cores, complete on return.
-
-    `a`, `b`: this thread's MMA operand fragments (MMA, MMA_M/N, K steps[, slots]),
-    smem descriptors or a register A fragment; `a_slot` / `b_slot`: the slot
-    (last mode) to use, or None for a fragment without a slot mode.  `acc`: the
-    fp32 accumulator fragment.  Emits warpgroup.fence (wgmma.fence: prior
-    register writes to acc / A are visible), one wgmma per K step (scale-d = 0
-    on the first when zero_init), commit_group and wait_group(0).
-
-    Each K step indexes the fragments as a[None, None, k, slot] in one go, the
-    indexing the stages used inline (the descriptor arithmetic, and so the PTX,
-    depends on it)."""
+        `a`, `b`: operand fragments (MMA, MMA_M/N, K steps[, slots]); `a_slot` / `b_slot`: the slot,
+        or None.  warpgroup.fence, one wgmma per K step (scale-d = 0 on the first when zero_init),
+        commit_group, wait_group(0).  Fragments are indexed a[None, None, k, slot] in one go (the
+        descriptor arithmetic, and the PTX, depend on it)."""
     warpgroup.fence()
     tiled_mma.set(warpgroup.Field.ACCUMULATE, not zero_init)
     for k in cutlass.range_constexpr(cute.size(a, mode=[2])):

@@ -1,32 +1,22 @@
 """Hopper (sm_90a) KV slots: the shared-memory ring a decode kernel's keys pass through, seen as
 K and as Vᵀ, addressed by hand where a producer writes it, and the ring's pipeline state.
 
-Math
-    One slot holds block_n keys × d columns of bf16.  Q·Kᵀ reads it as the K-major B operand
-    K (block_n, d, slots); P·V reads THE SAME BYTES as the MN-major B operand Vᵀ (d, block_n,
-    slots): Vᵀ(col, key, slot) = K(key, col, slot) for every element.  Both views tile keys
-    first from one swizzle atom:
-        swizzled  the atom of ONE warpgroup's O slice (slice_n columns; D2–D5, TMA-filled):
-                  every slice starts on an atom boundary, a valid wgmma descriptor alone
-        INTER     no swizzle, 8 × 8 atoms (stage E, filled by CUDA-core stores): a key's 8
-                  columns are 16 bytes and 8 consecutive keys' 16 bytes of the same columns
-                  are 128 contiguous ones — what one store instruction of a warp writes
-    `kv_layouts` builds both and proves at trace time (`check_same_bytes`, sampled at every
-    swizzle row and mode boundary) that they address the same element.
+One slot holds block_n keys × d bf16 columns: Q·Kᵀ reads it as the K-major B operand K (block_n,
+d, slots), P·V THE SAME BYTES as the MN-major Vᵀ (d, block_n, slots): Vᵀ(col, key, slot) =
+K(key, col, slot).  Both tile keys first from one swizzle atom:
+    swizzled  ONE warpgroup's O slice's atom (D2–D5, TMA-filled): each slice a valid descriptor
+    INTER     no swizzle, 8 × 8 atoms (stage E, CUDA-core stores): 8 keys' 16 bytes of the same
+              columns are 128 contiguous bytes, one warp store instruction
+`kv_layouts` builds both and proves (`check_same_bytes`) they address the same element.
 
-A producer that writes the slots itself addresses a 16-byte piece by its BYTE offset:
+A producer addresses a 16-byte piece by its BYTE offset:
     slot_offset(K, key, col, slot) = swizzle(K.outer(key, col, slot) · 2)   (bf16)
     swizzle_bytes(off, B, M, S) = off ^ ((off & ((2^B − 1) << (M + S))) >> S)
-(a swizzle that lives in the pointer acts on bytes, not on the element offset a ComposedLayout
-would swizzle).  `piece_strides` proves the offset is additive in 8 keys, 64 columns and a slot
-— row_offset(key mod 8, col mod 64) + (key // 8)·key8 + (col // 64)·col64 + slot·block_n·d·2 —
-and returns (key8, col64), so a thread computes its addresses once and steps by constants.
+(a pointer swizzle acts on bytes).  `piece_strides` proves the offset is row_offset(key mod 8,
+col mod 64) + (key // 8)·key8 + (col // 64)·col64 + slot·block_n·d·2 and returns (key8, col64).
 
-ring_state(stages, count, producer)
-    The ring's PipelineState after `count` tiles: slot count mod stages, phase the parity of
-    count // stages — flipped for the producer, whose first wait passes.  A persistent CTA
-    rebuilds it at each segment from the tiles its part ran before.
-"""
+ring_state(stages, count, producer): the PipelineState after `count` tiles — slot count mod
+stages, phase the parity of count // stages, flipped for the producer (its first wait passes)."""
 
 from __future__ import annotations
 
@@ -40,9 +30,8 @@ from stages.common.sm90_smem_p import vt_slice_layout
 
 
 def _same_bytes_samples(block_n: int, d: int, slice_n: int, stages: int):
-    """(key, col, slot) points where the K and Vᵀ views are compared: every row of the 8-row
-    swizzle pattern and the key mode's boundaries, times the column boundaries of the
-    swizzle atom, of a warpgroup slice and of the tile, in the first and last slot."""
+    """(key, col, slot) points where K and Vᵀ are compared: every row of the 8-row swizzle pattern and
+        the key mode's boundaries × the column boundaries of atom, slice and tile, first and last slot."""
     keys = sorted({*range(8), 8, 9, block_n // 2, block_n - 1})
     cols = sorted({c for c in (0, 1, 7, 8, 15, 16, 31, 32, 63, 64, slice_n - 1, slice_n, slice_n + 1, d - 1) if c < d})
     slots = sorted({0, stages - 1})
@@ -50,9 +39,8 @@ def _same_bytes_samples(block_n: int, d: int, slice_n: int, stages: int):
 
 
 def check_same_bytes(k_layout, vt_layout, block_n: int, d: int, slice_n: int, stages: int) -> None:
-    """Trace-time proof that Vᵀ(col, key, slot) and K(key, col, slot) are the same element
-    of the KV slot buffer (sampled; see `_same_bytes_samples`).  Plain Python: the
-    layouts are static, so each evaluation is an int."""
+    """Trace-time proof (sampled, plain Python ints) that Vᵀ(col, key, slot) and K(key, col, slot) are
+        the same element."""
     for key, col, slot in _same_bytes_samples(block_n, d, slice_n, stages):
         a, b = k_layout((key, col, slot)), vt_layout((col, key, slot))
         if a != b:
@@ -63,12 +51,9 @@ def check_same_bytes(k_layout, vt_layout, block_n: int, d: int, slice_n: int, st
 
 
 def kv_layouts(dtype, d: int, block_n: int, stages: int, slice_n: int, swizzled: bool = True):
-    """Shared-memory layouts of the KV slots, seen two ways (same bytes):
-        K   (block_n, d, stages)  K-major B operand of S = Q·Kᵀ
-        Vᵀ  (d, block_n, stages)  MN-major B operand of O = P·V
-    `swizzled`: the swizzle atom of ONE warpgroup's O slice (slice_n columns), so each slice
-    starts on an atom boundary; else no-swizzle INTER 8 × 8 atoms (see the module doc).  Both
-    views tile keys first; `check_same_bytes` proves they are one buffer."""
+    """The KV slots' layouts, the same bytes seen as K (block_n, d, stages), S's K-major B operand, and
+        Vᵀ (d, block_n, stages), P·V's MN-major B operand; `swizzled` or INTER atoms (module doc);
+        proven one buffer by `check_same_bytes`."""
     if swizzled:
         k_kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, slice_n)
         k_layout = cute.tile_to_shape(warpgroup.make_smem_layout_atom(k_kind, dtype), (block_n, d, stages), order=(0, 1, 2))
@@ -83,26 +68,22 @@ def kv_layouts(dtype, d: int, block_n: int, stages: int, slice_n: int, swizzled:
 
 
 def swizzle_bytes(off, bits: int, base: int, shift: int):
-    """A shared-memory swizzle S<bits, base, shift> applied to a BYTE offset (as the swizzle of
-    a swizzled pointer acts): the `bits` bits above base + shift are XORed into the ones above
-    base.  SW128 is S<3,4,3>: the 16-byte piece (bits 4 … 6) of a 128-byte row is permuted by
-    the row's index mod 8 (bits 7 … 9).  Plain ints or traced Int32s."""
+    """Swizzle S<bits, base, shift> on a BYTE offset (as a pointer's swizzle acts): the `bits` bits above
+        base + shift XORed into those above base.  SW128 = S<3,4,3>: a 128-byte row's 16-byte piece
+        (bits 4 … 6) permuted by the row mod 8 (bits 7 … 9).  Ints or traced Int32s."""
     return off ^ ((off & (((1 << bits) - 1) << (base + shift))) >> shift)
 
 
 def slot_offset(k_smem, key, col, slot):
-    """The byte offset of K[key, col] of `slot` from the slots' base: the K-major layout's
-    offset in bf16 elements, × 2, swizzled (ints at trace time, traced Int32s in the kernel).
-    A ComposedLayout evaluated as a function would apply its swizzle to the ELEMENT offset —
-    wrong for a swizzle that lives in the pointer (bytes)."""
+    """Byte offset of K[key, col] of `slot`: the K-major layout's element offset × 2, then swizzled as
+        bytes (a ComposedLayout would swizzle the element offset: wrong for a pointer swizzle)."""
     sw = k_smem.inner
     return swizzle_bytes(k_smem.outer((key, col, slot)) * 2, sw.num_bits, sw.num_base, sw.num_shift)
 
 
 def piece_strides(k_layout, block_n: int, d: int, stages: int) -> tuple[int, int]:
-    """(key8, col64): the byte strides of 8 keys and of 64 columns of K's slots, after proving
-    at trace time that every 16-byte piece's offset is whole and additive in them and in the
-    slot (see the module doc); raises ValueError where it is not."""
+    """(key8, col64): the byte strides of 8 keys and 64 columns, after proving every 16-byte piece's
+        offset additive in them and the slot; ValueError where it is not."""
     if k_layout.inner.num_base < 4:  # a producer stores whole 16-byte pieces
         raise ValueError(f"sm90 KV slots: the K swizzle {k_layout.inner} splits 16-byte pieces")
     at = lambda key, col, slot: slot_offset(k_layout, key, col, slot)  # noqa: E731

@@ -1,26 +1,18 @@
-"""The Hopper (sm_90a) house of stages B and C: attention with P kept in registers between
-two chained WGMMAs, one CTA.  A rung says what it does to S between the MMAs (`between`)
-and at the end; this file is everything else.
+"""The Hopper (sm_90a) house of stages B and C: attention with P kept in registers between two
+chained WGMMAs, one CTA; a rung supplies `between` (its step on S) and its end.
 
 Shape (256 threads = two warpgroups; warpgroup w owns query rows 64w … 64w + 63)
-    load (warp 0)  Q [128, hd] once (a one-slot pipeline), then K and Vᵀ tiles of
-                   BLOCK_N = 128 keys into `stages` ≤ 2 slots of one pipeline (a slot = one
-                   K tile + one Vᵀ tile; the full barrier counts both boxes' bytes), and a
-                   released slot is refilled with tile + stages right away
+    load (warp 0)  Q [128, hd] once, then K and Vᵀ tiles of BLOCK_N = 128 keys into `stages` ≤ 2
+                   slots of one pipeline (a slot: one K + one Vᵀ tile), refilled on release
     mma (all 8 warps), per KV tile:
         S = Q · K_tileᵀ          SS wgmma m64n128k16, hd/16 K steps, 64 fp32 / thread
-        the rung's step on S     `between(acc_s, acc_o, state)` in registers (C: online
-                                 softmax and the O rescale; B: nothing)
-        P = bf16(S)              the accumulator re-indexed as the RS wgmma's A fragment,
-                                 no data moves (`p_from_scores`; sm90_idioms explains it and
-                                 proves it at trace time)
-        O += P · V_tile          RS wgmma m64n{hd}k16, V an MN-major B operand, 128/16 steps
+        the rung's step on S     `between(acc_s, acc_o, state)` (C: online softmax, O rescale)
+        P = bf16(S)              the accumulator re-indexed as the RS wgmma's A fragment
+                                 (`p_from_scores`; proven by sm90_idioms)
+        O += P · V_tile          RS wgmma m64n{hd}k16, V an MN-major B operand
         release the slot (8 consumer warps arrive)
-    epilogue       the rung's end, then O → bf16 → global, each thread its own fragment
-
-Limits: m == 128, hd == 64 (O is 64 × hd fp32 per warpgroup in registers, next to S),
-n a positive multiple of 128; row-major, 16-byte aligned, static shapes.
-"""
+    epilogue       the rung's end, then O → bf16 → global
+Limits: m == 128, hd == 64, n a multiple of 128; row-major, 16-byte aligned, static shapes."""
 
 from __future__ import annotations
 
@@ -62,9 +54,8 @@ class RegisterPAttention:
     # -- trace time (host side of __call__) -------------------------------------------------
 
     def operands(self, Q: cute.Tensor, K: cute.Tensor, V: cute.Tensor) -> AttentionOperands:
-        """The two tiled MMAs (S → P retile checked), the staged shared-memory layouts, the
-        TMA loads of Q, K and Vᵀ, and the kernel's pipelines and shared storage
-        (`self.pipes`, `self.smem_struct`)."""
+        """The two tiled MMAs (S → P retile checked), the staged layouts, the TMA loads of Q, K, Vᵀ, and
+                the pipelines and shared storage (`self.pipes`, `self.smem_struct`)."""
         dtype = Q.element_type
         qk_tile = (self.BLOCK_M, self.BLOCK_N, self.hd)  # (M, N, K) of S = Q·Kᵀ
         pv_tile = (self.BLOCK_M, self.hd, self.BLOCK_N)  # (M, N, K) of O = P·V
@@ -90,9 +81,8 @@ class RegisterPAttention:
 
     @cute.jit
     def setup_and_load(self, warp_idx, ops: AttentionOperands):
-        """Shared memory and pipelines, then the load role's prologue (warp 0): Q, and the
-        first `stages` KV tiles.  Returns (sQ, sK, sV, q_pipe, kv_loader); the loader's
-        refills are issued from `mma` as slots are released."""
+        """Shared memory and pipelines, then the load role's prologue (warp 0): Q and the first `stages`
+                KV tiles.  Returns (sQ, sK, sV, q_pipe, kv_loader); `mma` issues the refills."""
         bm, bn, hd = self.BLOCK_M, self.BLOCK_N, self.hd
         _, _, tma_q, mQ, tma_k, mK, tma_v, mVt, q_smem, k_smem, v_smem = ops
         if warp_idx == 0:
@@ -151,8 +141,7 @@ class RegisterPAttention:
         pass
 
     def p_from_scores(self, acc_s: cute.Tensor, thr_pv: cute.ThrMma, tile_mk: tuple, dtype) -> cute.Tensor:
-        """P = dtype(S) as this thread's register A fragment of the P·V wgmma (`thr_pv`) over
-        the (M, K) = (rows, keys) tile `tile_mk`, from the fp32 S accumulator: the same
-        registers re-indexed, no data moves.  A method of its own so that the lab's
-        wrong-on-purpose fixture (tests/fixtures/wrong_b) can replace it."""
+        """P = dtype(S) as this thread's register A fragment of the P·V wgmma over (rows, keys)
+                `tile_mk`: the same registers re-indexed.  A method so that the wrong-on-purpose fixture
+                (tests/fixtures/wrong_b) can replace it."""
         return accumulator_to_a_operand(acc_s, thr_pv, tile_mk, dtype)

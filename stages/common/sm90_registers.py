@@ -1,19 +1,15 @@
-"""Hopper (sm_90a) register reallocation: a CTA's warpgroups move registers between them with
-`setmaxnreg` (a producer gives its registers to the MMA warpgroups).
+"""Hopper (sm_90a) register reallocation: warpgroups move registers between them with `setmaxnreg`.
 
 Math
     At launch every thread holds launch_registers(threads) = ⌊65 536 / threads / 8⌋ · 8
-    registers (the CTA's share of the SM's 64 K, in multiples of 8).  A plan [(n_i, r_i)] — a
-    group of n_i threads (whole warpgroups) asking for r_i registers each — fits when the
-    groups cover the CTA's threads, every r_i is a multiple of 8 in 24 … 256, and
-    Σ n_i · r_i ≤ threads · launch_registers(threads).  A plan that does not fit hangs:
-    setmaxnreg.inc waits for registers nobody frees.
+    registers.  A plan [(n_i, r_i)] — n_i threads (whole warpgroups) asking for r_i each — fits
+    when the groups cover the CTA, every r_i is a multiple of 8 in 24 … 256, and
+    Σ n_i · r_i ≤ threads · launch_registers(threads).  A plan that does not fit hangs
+    (setmaxnreg.inc waits for registers nobody frees).
 
     register_plan   None when a plan fits, else why not (one line)
-    set_registers   the calling warpgroup's setmaxnreg: .inc above the launch allocation,
-                    .dec below it, nothing at it (an .inc to fewer registers than a warp
-                    holds is an illegal instruction)
-"""
+    set_registers   .inc above the launch allocation, .dec below, nothing at it (an .inc to
+                    fewer registers than a warp holds is an illegal instruction)"""
 
 from __future__ import annotations
 

@@ -1,33 +1,13 @@
-"""Hopper (sm_90a) kernel set-up: what every sm90 kernel of the ladder does before its warp
-roles start, and the load role's two steps.
+"""Hopper (sm_90a) kernel set-up: what every sm90 kernel does before its warp roles start, and the
+load role's two steps.
 
-The shape every sm90 stage shares
-    A CTA keeps its operands in shared memory, each a staged buffer (the MMA's operand layout
-    with a trailing "slots" mode, composed with its 128-byte swizzle), fed by TMA through
-    PipelineTmaAsync pipelines: one elected producer thread whose TMA bytes complete a slot's
-    FULL mbarrier, consumer warps that each arrive once on its EMPTY mbarrier.  Per pipeline
-    the shared storage holds 2 × slots mbarriers; the buffers follow, 1024-byte aligned (the
-    swizzle atom repeats every 8 rows of 128 bytes, and a wgmma descriptor needs its atom
-    aligned).
-
-Host side (trace time, the kernel's `__call__`)
-    TmaPipe          one pipeline's name, slots, bytes per slot and consumer warps
-    smem_struct      the shared storage: every pipeline's mbarriers (in order), an optional
-                     fp32 row buffer (SMEM-P's α, then 1/ℓ), then the operand buffers
-    AttentionOperands
-                     the MMAs, TMA loads and layouts an attention kernel gets as one argument
-Kernel side
-    smem_tensors     the operand buffers as (swizzled) tensors
-    tma_pipelines    every pipeline, then ONE barrier-init fence and CTA barrier for all
-    tma_tiles        (atom, tXgX, tXsX) of one operand: global tiles and the slots one TMA
-                     copy fills, the triple `tma_produce` and `TileLoader` consume
-    load_once        the producer's single load of a one-slot pipeline (Q)
-    wait_once        its consumers' wait
-    TileLoader       the producer of a many-slot pipeline: global tile i into slot i mod
-                     slots, as slots free up (`fill` for the prologue, `produce` for one more)
-
-None of them adds synchronisation of its own: each emits what the stages emitted inline.
-"""
+A CTA keeps its operands in shared memory, each a staged buffer (the MMA's operand layout with a
+trailing "slots" mode and its 128-byte swizzle), fed by TMA through PipelineTmaAsync pipelines
+(an elected producer whose TMA bytes complete a slot's FULL barrier, consumer warps arriving
+once on its EMPTY one).  The storage holds 2 × slots mbarriers a pipeline, then the buffers,
+1024-byte aligned (the swizzle atom's period).  Pieces: TmaPipe, smem_struct,
+AttentionOperands (host); smem_tensors, tma_pipelines, tma_tiles, load_once / wait_once,
+TileLoader (kernel).  None adds synchronisation of its own."""
 
 from __future__ import annotations
 
@@ -72,9 +52,8 @@ def smem_tensors(storage, **layouts):
 
 
 def tma_pipelines(storage, pipes):
-    """One PipelineTmaAsync per `TmaPipe` over its `<name>_mbar` field, then the fence that
-    makes the mbarrier inits visible and one CTA barrier (no thread touches a pipeline
-    before every one is initialised).  Returns the pipelines in order."""
+    """One PipelineTmaAsync per `TmaPipe` over its `<name>_mbar` field, then the init fence and one
+        CTA barrier.  Returns the pipelines in order."""
     made = tuple(
         tma_pipeline(getattr(storage, f"{p.name}_mbar"), p.stages, p.tx_bytes, p.consumer_warps, name=p.name) for p in pipes
     )
@@ -84,9 +63,8 @@ def tma_pipelines(storage, pipes):
 
 
 class AttentionOperands(NamedTuple):
-    """What an attention kernel's `__call__` builds at trace time for its kernel (one
-    argument instead of eleven): the tiled MMAs of S = Q·Kᵀ and O = P·V, the TMA atoms and
-    coordinate tensors of Q, K and Vᵀ, and their staged shared-memory layouts."""
+    """What an attention kernel's `__call__` builds for its kernel as one argument: the tiled MMAs, the
+        TMA atoms and coordinate tensors of Q, K and Vᵀ, their staged layouts."""
 
     qk_mma: cute.TiledMma
     pv_mma: cute.TiledMma
@@ -131,13 +109,10 @@ def wait_once(pipe) -> None:
 
 
 class TileLoader:
-    """The producer of a TMA pipeline with `stages` slots: each `produce` waits for slot
-    `count mod stages` to be empty, loads global tile `count` of every operand into it, and
-    moves on.  `fill(k)` is the prologue (k = slots, or fewer when there are fewer tiles).
-
-    A traced value: its pipeline state (count, index, phase) travels through the kernel's
-    dynamic loops and ifs — call `produce` inside them, guarded by the producing warp's `if`;
-    the pipeline and the tiles are loop-invariant."""
+    """The producer of a TMA pipeline of `stages` slots: `produce` waits for slot `count mod stages`,
+        loads global tile `count` of every operand into it, moves on; `fill(k)` is the prologue.  A
+        traced value (its state travels through dynamic loops; call `produce` under the producing
+        warp's `if`)."""
 
     def __init__(self, pipe, loads: tuple, state):
         self.pipe, self.loads, self.state = pipe, loads, state

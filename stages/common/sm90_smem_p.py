@@ -1,42 +1,26 @@
 """Hopper (sm_90a) SMEM-P: P through shared memory from the warpgroup that computes S and the
 softmax to the warpgroups that split O by column (stage D1 onwards).
 
-Why
-    At hd = 512 a 64 × hd fp32 O tile is 256 registers per thread: it cannot live in one
-    warpgroup.  So O's hd columns are split over `num_wg` warpgroups (hd / num_wg each), and
-    every one of them needs the same P.  Warpgroup 0 alone computes S = Q·K_tileᵀ and the
-    softmax (so S and the row state live only in its registers), stores P as bf16 into
-    shared memory in the K-major layout that is the A operand of the shared-memory-sourced
-    ("SS") P·V wgmma, and the per-row factor (α, at the end 1/ℓ) next to it.
+At hd = 512 a 64 × hd fp32 O tile is 256 registers a thread, so O's columns are split over
+`num_wg` warpgroups, which all need the same P.  Warpgroup 0 alone computes S and the softmax,
+stores P (bf16, the SS P·V wgmma's K-major A operand) and the per-row factor (α, at the end
+1/ℓ) to shared memory (`smem_p_mmas`, `vt_slice_layout`).
 
-    smem_p_mmas     S = Q·Kᵀ on one warpgroup (m64 n{block_n}); O = P·V as `num_wg` atoms
-                    side by side along N (m64 n{hd/num_wg}), all reading the same A = P
-    vt_slice_layout the Vᵀ buffer (hd, keys, slots), hd contiguous, its swizzle atom chosen
-                    from ONE warpgroup's slice so every slice is a valid descriptor alone
-
-The handshake (named barriers, stages/common/barriers.py; `threads` = every warpgroup that
-meets there)
+The handshake (named barriers, stages/common/barriers.py; `threads` = every warpgroup meeting)
     publish     warpgroup 0: bf16(S) → registers, then publish_p
-    publish_p   warpgroup 0, P already bf16 in S's accumulator layout (stage E: the registers
-                its own register-sourced P·V reads): [wait P_EMPTY: the others are done with
-                the previous P]; stmatrix P into shared memory (a copy tiled like the S
-                accumulator); one lane of each row's quad writes the row factor;
-                fence.proxy.async.shared::cta (the wgmma reads P through the async proxy)
+    publish_p   warpgroup 0, P already bf16 in S's accumulator layout: [wait P_EMPTY];
+                stmatrix P (a copy tiled like the S accumulator); one lane of each row's quad
+                writes the row factor; fence.proxy.async.shared::cta
     arrive_full warpgroup 0, when it does not wait for the others: arrive on P_FULL
-    wait_full   everyone (or the readers only, after arrive_full): P_FULL, then P and the row
-                factors are readable
-    row_factors this thread's rows' factors, into registers (a reader that votes on them)
-    rescale     O[row, :] *= row factor (or another per-row buffer's), for this thread's rows
-                of its O part
-    release     a warpgroup other than 0, once its P·V has completed: arrive on P_EMPTY
-    wait_empty  warpgroup 0: wait on P_EMPTY (before overwriting P or the factors)
+    wait_full   everyone (or the readers only, after arrive_full): P_FULL
+    row_factors this thread's rows' factors into registers
+    rescale     O[row, :] *= the row factor, this thread's rows of its O part
+    release     a warpgroup other than 0, after its P·V: arrive on P_EMPTY
+    wait_empty  warpgroup 0: wait on P_EMPTY before overwriting P or the factors
     publish_rows / wait_epilogue
                 the end: warpgroup 0 writes 1/ℓ as the row factor, then EPILOGUE (all)
-
-The barriers are met aligned (`bar.sync` / `bar.arrive`: every participant runs the same
-instruction) unless the kernel passes other `sync` / `arrive` functions: stage E's MMA warpgroups
-each trace their own copy of the loop and meet unaligned (stages/common/unaligned_barriers.py).
-"""
+Met aligned (`bar.sync` / `bar.arrive`) unless the kernel passes other `sync` / `arrive`
+(stage E: unaligned, stages/common/unaligned_barriers.py)."""
 
 from __future__ import annotations
 
@@ -63,11 +47,10 @@ def aligned_arrive(barrier: int, threads: int) -> None:
 
 
 def smem_p_mmas(dtype, block_m: int, block_n: int, hd: int, num_wg: int):
-    """(qk_mma, pv_mma) of SMEM-P attention, fp32 accumulators:
-        qk_mma  S = Q · Kᵀ, SS wgmma m{block_m}n{block_n}k16 on one warpgroup
-        pv_mma  O = P · V, SS wgmma m{block_m}n{hd/num_wg}k16, atoms (1, num_wg, 1): warpgroup
-                w owns O columns [w·hd/num_wg, (w+1)·hd/num_wg); A = P [rows, keys] K-major,
-                B = Vᵀ (hd, keys) MN-major."""
+    """(qk_mma, pv_mma) of SMEM-P attention, fp32 accumulators: S = Q · Kᵀ, SS wgmma
+        m{block_m}n{block_n}k16 on one warpgroup; O = P · V, SS wgmma m{block_m}n{hd/num_wg}k16,
+        atoms (1, num_wg, 1) (warpgroup w owns O columns [w·hd/num_wg, (w+1)·hd/num_wg)), A = P
+        K-major, B = Vᵀ (hd, keys) MN-major."""
     qk_mma = qk_tiled_mma(dtype, (1, 1, 1), block_m, block_n)
     pv_mma = sm90_utils.make_trivial_tiled_mma(
         dtype, dtype,
@@ -81,11 +64,9 @@ def smem_p_mmas(dtype, block_m: int, block_n: int, hd: int, num_wg: int):
 
 
 def vt_slice_layout(dtype, hd: int, block_n: int, stages: int, slice_n: int):
-    """Shared-memory layout of Vᵀ tiles (hd, block_n, stages), hd contiguous (the MN-major B
-    operand of P·V).  The swizzle atom is chosen from the width of ONE warpgroup's slice
-    (slice_n columns), so that every slice starts on a swizzle-atom boundary and is a valid
-    wgmma descriptor on its own; atoms repeat along the keys first, as in the library's B
-    layouts."""
+    """Shared-memory layout of Vᵀ tiles (hd, block_n, stages), hd contiguous; the swizzle atom fits
+        ONE warpgroup's slice (slice_n columns), so every slice is a valid wgmma descriptor alone;
+        atoms repeat along the keys first."""
     kind = sm90_utils.get_smem_layout_atom(LayoutEnum.COL_MAJOR, dtype, slice_n)
     atom = warpgroup.make_smem_layout_atom(kind, dtype)
     return cute.tile_to_shape(atom, (hd, block_n, stages), order=(1, 0, 2))
@@ -107,10 +88,9 @@ class SmemP:
     @staticmethod
     def create(kernel, qk_mma, sP: cute.Tensor, s_row: cute.Tensor, tid_wg, threads: int, sync=aligned_sync,
                arrive=aligned_arrive) -> "SmemP":
-        """`sP` (block_m, block_n) of P; `tid_wg` the thread's index in its warpgroup; `kernel`
-        is shown the P store for `dsv4-lab inspect` (no code); `sync` / `arrive` meet a named
-        barrier (aligned by default; stages/common/unaligned_barriers.py's named_sync /
-        named_arrive for warpgroups that meet from different code)."""
+        """`sP` (block_m, block_n); `tid_wg` the thread's index in its warpgroup; `kernel` is shown the
+                P store (inspect); `sync` / `arrive` meet a named barrier (aligned by default;
+                unaligned_barriers.py's for warpgroups meeting from different code)."""
         tile = cute.size(sP, mode=[0]), cute.size(sP, mode=[1])
         p_store = cute.make_tiled_copy_C(
             cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), sP.element_type), qk_mma

@@ -15,27 +15,16 @@ and at the end
     O   = O / ℓ
     LSE = (m · c + log2 ℓ) · ln 2                natural log of Σ_j exp(scale · S_j)
 
-Lonely rows.  A row that has seen no key yet (or whose every key was masked) still has
-m_new = −∞, and the textbook α = 2^((−∞) − (−∞)) is NaN, which would poison O for good.
-Subtracting m_safe = 0 instead keeps every term finite: α = 2^(−∞) = 0 and P_j = 2^(−∞) = 0,
-so O and ℓ stay 0.  At the end ℓ = 0: the row's 1/ℓ is 0 (O = 0, never 0 · ∞ = NaN) and its
-LSE = log 0 = −∞.  −∞ is the right LSE of a partial (an empty KV split: the combine gives it
-weight 0); a final output row with no key at all takes DSV4's convention LSE = +∞
-(`final_lse`).
+Lonely rows.  A row with no key yet still has m_new = −∞, and the textbook α = 2^((−∞) − (−∞))
+is NaN.  Subtracting m_safe = 0 keeps every term finite: α = 0, P_j = 0, O and ℓ stay 0.  At the
+end ℓ = 0: 1/ℓ := 0 (O = 0) and LSE = −∞, the right LSE of a partial (the combine gives it weight
+0); a final row with no key takes DSV4's LSE = +∞ (`final_lse`).
 
-The state lives in registers.  With a wgmma accumulator each row's columns are spread over
-the 4 lanes of a quad: the max is reduced over the quad at every update (every lane needs
-it), the sum stays a per-lane partial until `finalize` reduces it once.
-
-`OnlineSoftmax` carries the state through the kernel's dynamic loops (it is a traced value:
-its two register tensors are its MLIR values, num_rows and lonely_rows are compile-time
-constants; c is either a Python float folded into the code (scale = 1/sqrt(d) of the stage) or
-a Float32 computed once before the loops from a runtime scale — `runtime_scale_log2` — so one
-compiled kernel serves any scale).  `lonely_rows=False` drops the lonely-row select (m_safe = m_new) for a kernel whose
-rows always see a key (stages C, D1): one select per row fewer, and a row without a key would
-then be NaN — use it only where that cannot happen.  `update_row` is one row of `update`, for a
-kernel that rescales O row by row right after each row's update.
-"""
+With a wgmma accumulator a row's columns span a quad: the max is reduced over the quad at every
+update, the sum stays a per-lane partial until `finalize`.  `OnlineSoftmax` is a traced value
+(its two register tensors); c is a Python float or a Float32 from a runtime scale
+(`runtime_scale_log2`).  `lonely_rows=False` drops the select where rows always see a key
+(stages C, D1).  `update_row`: one row of `update`."""
 
 from __future__ import annotations
 
@@ -147,7 +136,6 @@ def final_lse(lse: Float32) -> Float32:
 
 @cute.jit
 def runtime_scale_log2(softmax_scale: cute.Tensor) -> Float32:
-    """c = softmax_scale[0] · log2 e: the base-2 factor on raw scores (module doc) of a softmax
-    scale passed at run time as a one-element fp32 tensor (FlashMLA's per-call
-    `softmax_scale`).  One load and one multiply; call it once, before the KV loops."""
+    """c = softmax_scale[0] · log2 e for a scale passed at run time (a one-element fp32 tensor, as
+        FlashMLA's per-call `softmax_scale`); call once, before the KV loops."""
     return softmax_scale[0] * Float32(LOG2E)

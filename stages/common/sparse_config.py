@@ -1,6 +1,6 @@
 """Stage E's case word: the config axis `s{s_q}h{h_q}_m{topk}bs{block}[_x{extra_topk}bs{extra_block}]`
-(e.g. s2h128_m128bs256_x1024bs64, FlashMLA's MODEL1 CONFIG2), parsed once for the kernels (stages/
-E_sparse_decode) and the oracle (oracles/sparse_decode.py), which imports it from here.
+(e.g. s2h128_m128bs256_x1024bs64, FlashMLA's MODEL1 CONFIG2), parsed once for the kernels and the
+oracle.
 
     s_q, h_q           query tokens per sequence, query heads
     topk, block        the main list's length and its cache's page block size (tokens)

@@ -1,12 +1,10 @@
-"""Timestamps from inside a kernel, for a timeline of one CTA's dependent chain (stage E at small
-batches, issue 30; scripts/e_small_timeline.py reads them).  A diagnostic build only: a kernel
-built with its `stamps` knob writes, at named points, the pair (%globaltimer ns, %clock64 cycles)
-of the thread that passes there into 16 bytes of a per-CTA record — no barrier, no wait, one
-store — and its outputs are then not results.
+"""Timestamps from inside a kernel, for a timeline of one CTA's dependent chain
+(scripts/e_small_timeline.py reads them).  A diagnostic build only: at named points the thread
+passing writes (%globaltimer ns, %clock64 cycles) into 16 bytes of a per-CTA record — no
+barrier, one store — and its outputs are then not results.
 
     record of CTA c: bytes [c · RECORD_BYTES, (c + 1) · RECORD_BYTES) of the buffer, SLOTS
-    stamps of 16 bytes; a slot nobody passed keeps whatever the buffer held.
-"""
+    stamps of 16 bytes; a slot nobody passed keeps whatever the buffer held."""
 
 from __future__ import annotations
 

@@ -3,19 +3,9 @@
 Every stage loads its operands the same way: a row-major global tensor, a
 staged shared-memory layout (the MMA's operand layout with a trailing
 "stages" mode), one TMA box = one whole tile of that layout, one CTA (no
-multicast), and an mbarrier that counts the bytes the box deposits.  The
-helpers below are that idiom and nothing more; which tiles a stage loads,
-into how many slots and in which order stays in the stage.
-
-    transpose_view       a 2-D tensor seen with its two modes exchanged (Vᵀ)
-    sm90_tma_load        Hopper: TMA atom + TMA tensor + bytes of one box
-    sm100_tma_load       Blackwell: the same for a tcgen05 MMA operand (A or B)
-    prefetch_descriptors prefetch.tensormap of the atoms' descriptors
-    tma_partition_tile   (smem, gmem) partitions where one copy moves one tile
-    tma_produce          producer step of a PipelineTmaAsync (sm90) slot
-
-All of them only emit what the inlined code emitted before them; none adds
-synchronisation of its own.
+multicast), and an mbarrier that counts the bytes the box deposits.  The helpers are that
+idiom (transpose_view, sm90_tma_load, sm100_tma_load, prefetch_descriptors,
+tma_partition_tile, tma_produce) and add no synchronisation of their own.
 """
 
 import cutlass.cute as cute
@@ -29,23 +19,16 @@ def transpose_view(t: cute.Tensor) -> cute.Tensor:
 
 
 def sm90_tma_load(gmem: cute.Tensor, smem_layout, tile):
-    """Hopper TMA load of `tile` (a box of `gmem`, in its own mode order) into ONE
-    stage of `smem_layout` ((rows, cols, stages), composed with its swizzle).
-
-    Returns (atom, tma_tensor, box_bytes): the copy atom and the TMA coordinate
-    tensor of cpasync.make_tiled_tma_atom (single CTA, CopyBulkTensorTileG2SOp),
-    and the bytes one copy deposits on its mbarrier (the transaction count)."""
+    """Hopper TMA load of `tile` (a box of `gmem`) into ONE stage of `smem_layout` ((rows, cols,
+        stages), swizzled).  Returns (atom, tma_tensor, box_bytes: the transaction count)."""
     one = cute.slice_(smem_layout, (None, None, 0))
     atom, tma_tensor = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), gmem, one, tile)
     return atom, tma_tensor, cute.size_in_bytes(gmem.element_type, one)
 
 
 def sm100_tma_load(operand: str, mma: cute.TiledMma, gmem: cute.Tensor, smem_layout, tiler):
-    """Blackwell TMA load of operand "A" or "B" of the tcgen05 tiled `mma` over
-    the (M, N, K) `tiler` into ONE stage of `smem_layout` ((MMA, MMA_MN, MMA_K,
-    stages), from sm100_utils.make_smem_layout_a/b).  One CTA (CtaGroup.ONE).
-
-    Returns (atom, tma_tensor, box_bytes) as `sm90_tma_load`."""
+    """Blackwell TMA load of operand "A" or "B" of the tcgen05 `mma` over `tiler` into ONE stage of
+        `smem_layout` (from make_smem_layout_a/b); one CTA.  Returns as `sm90_tma_load`."""
     one = cute.select(smem_layout, mode=[0, 1, 2])
     make = {"A": cute.nvgpu.make_tiled_tma_atom_A, "B": cute.nvgpu.make_tiled_tma_atom_B}[operand]
     op = cpasync.CopyBulkTensorTileG2SOp(tcgen05.CtaGroup.ONE)
@@ -61,26 +44,17 @@ def prefetch_descriptors(*atoms) -> None:
 
 
 def tma_partition_tile(atom, smem: cute.Tensor, gmem: cute.Tensor, tile_modes: int):
-    """(tXsX, tXgX) = cpasync.tma_partition for one CTA without multicast, where
-    the first `tile_modes` modes of `smem` and of `gmem` form one TMA box (2 for a
-    (rows, cols, …) tile, 3 for a tcgen05 (MMA, MMA_MN, MMA_K, …) operand
-    partition).  The remaining modes index slots (smem) and tiles (gmem):
-    tXsX[None, slot], tXgX[None, tile…]."""
+    """(tXsX, tXgX) = cpasync.tma_partition for one CTA, no multicast; the first `tile_modes` modes
+        form one box (2 for (rows, cols, …), 3 for a tcgen05 operand), the rest index slots / tiles."""
     return cpasync.tma_partition(
         atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, tile_modes), cute.group_modes(gmem, 0, tile_modes)
     )
 
 
 def tma_produce(pipe, state, *loads) -> None:
-    """Producer step of a PipelineTmaAsync (sm_90a) slot, by the producing warp:
-    wait until slot `state.index` is empty, then issue each load (atom, tXgX,
-    tXsX) for global tile `state.count` into that slot on the slot's full
-    barrier (the TMA bytes complete it: PipelineTmaAsync's producer commit is a
-    no-op).
-
-    The caller advances `state` itself (`state.advance()` right after): inside a
-    staged `if`/loop the tracer carries only names that the body assigns or
-    calls a method on, not objects a helper mutates."""
+    """Producer step of a PipelineTmaAsync slot: wait until slot `state.index` is empty, then issue
+        each load (atom, tXgX, tXsX) of global tile `state.count` on its full barrier.  The caller
+        advances `state` itself (the tracer carries names, not objects a helper mutates)."""
     pipe.producer_acquire(state)
     bar = None
     for atom, gmem, smem in loads:

@@ -1,13 +1,10 @@
 """Named barriers met from different instructions (Hopper and later): `barrier.cta.sync` and
 `barrier.cta.arrive` without `.aligned`.
 
-The aligned forms (`bar.sync` / `bar.arrive`, what cute.arch.barrier emits) promise that every
-participant executes the same instruction.  Warpgroups that meet from different code — each its
-own copy of a loop (stage E's MMA warpgroups, compiled for their own register counts), a sync
-on one side and an arrive on the other — break that promise, and compute-sanitizer's synccheck
-reports the barrier as divergent.  The ids are stages/common/barriers.py's NamedBarrier (the one
-registry; stage E's STAGED, Q_FREE and FLAG_SEEN are described there); `int(barrier)` is the id.
-"""
+The aligned forms (`bar.sync` / `bar.arrive`) promise that every participant executes the same
+instruction; warpgroups that meet from different code (stage E's MMA warpgroups, each its own
+copy of the loop) break it, and synccheck reports the barrier as divergent.  The ids are
+barriers.py's NamedBarrier; `int(barrier)` is the id."""
 
 from __future__ import annotations
 
