@@ -10,7 +10,7 @@ from harness.execution.bench import (BenchError, BenchJob, check_and_time, is_be
                            shape_support)
 from harness.spec.matrix import FilterError
 from harness.notebook.records import Record, validate
-from harness.spec.spec import SpecError, load_spec
+from harness.spec.spec import MAX_BENCH_CASES, SpecError, load_spec
 from tests.conftest import has_gpu, run_cli
 
 LAB = """\
@@ -153,8 +153,8 @@ def test_more_matrices_and_beside(fake_lab):
     ("      beside: {mode: ok}\n", "      beside: {mode: ok, n: 512}\n", "stages.OK.bench.beside", "name one axis"),
     ("      more: [{n: [512], mode: [wrong]}]\n", "      more: {n: [512]}\n", "stages.OK.bench.more", "a list of matrices"),
     ("      more: [{n: [512], mode: [wrong]}]\n", "      more: [{n: [-5]}]\n", "stages.OK.bench.more[0].n", "not a size"),
-    ("      more: [{n: [512], mode: [wrong]}]\n", "      more: [{n: [" + ", ".join(str(100 + i) for i in range(63)) + "]}]\n",
-     "stages.OK.bench.more", "65 bench shapes in all"),
+    ("      more: [{n: [512], mode: [wrong]}]\n", "      more: [{n: [" + ", ".join(str(100 + i) for i in range(MAX_BENCH_CASES - 1))
+     + "]}]\n", "stages.OK.bench.more", f"{MAX_BENCH_CASES + 1} bench shapes in all"),
 ])
 def test_bad_more_or_beside_is_one_line(fake_lab, old, new, key, says):
     assert MORE.count(old) == 1, old
@@ -185,8 +185,8 @@ def test_project_e_bench_covers_latency_and_every_format(project_root):
     model1 = [c for c in cases if c["kv_format"] == "model1"]
     assert {c["b"] for c in model1} == {1, 2, 4, 8, 16, 32, 64, 74, 128, 148, 256}
     assert {c["config"][:5] for c in model1} == {"s1h64", "s1h12", "s2h64", "s2h12"}
-    others = [c for c in cases if c["kv_format"] != "model1"]
-    assert {c["b"] for c in others} == {2, 64, 256} and {c["kv_format"] for c in others} == {"v4.1", "simple", "nvfp4"}
+    others = [c for c in cases if c["kv_format"] not in ("model1", "nvfp4")]
+    assert {c["b"] for c in others} == {2, 64, 256} and {c["kv_format"] for c in others} == {"v4.1", "simple"}
     for c in others:
         assert cases.index({**c, "kv_format": "model1"}) < cases.index(c)
         assert "reads model1" in shape_support(stage, c, (9, 0))["flashmla_sparse"]
@@ -198,7 +198,33 @@ def test_project_e_bench_covers_latency_and_every_format(project_root):
                                                     for cfg in ("s2h128_m2048bs64", "s2h128_m16384bs64")}
     for c in long:
         assert shape_support(stage, c, (9, 0))["flashmla_sparse"] is None, c
-    assert len(cases) == 64  # + nvfp4 at b 64, 256 (issue 33): the limit
+    assert len(cases) == 76 <= MAX_BENCH_CASES  # + issue 33 item 3's 16 rows (test_project_e_bench_has_issue_33s_rows)
+
+
+def test_project_e_bench_has_issue_33s_rows(project_root):
+    """Issue 33 item 3: nvfp4 and the fused FP8 epilogue (model1) at b 2, 64, 128, 256 × s2 h128 / h64 top-128 + SWA
+    1024, each after its bf16 model1 twin; FlashMLA times nvfp4 (on a model1 cache of the same tokens), the unfused
+    pair times fp8_rope and nothing else, and no bf16 peer claims an fp8_rope row."""
+    stage = load_spec(root=project_root).stages["E"]
+    cases = plan_cases(stage, [])
+    prod = {(b, cfg) for b in (2, 64, 128, 256) for cfg in ("s2h128_m128bs256_x1024bs64", "s2h64_m128bs256_x1024bs64")}
+    nv = [c for c in cases if c["kv_format"] == "nvfp4"]
+    fp8 = [c for c in cases if c["epilogue"] == "fp8_rope"]
+    assert {(c["b"], c["config"]) for c in nv} == prod == {(c["b"], c["config"]) for c in fp8}
+    assert len(nv) == len(fp8) == 8 and all(c["kv_format"] == "model1" for c in fp8)
+    assert "e_unfused_fp8" in stage.bench_plan.peers
+    for c in nv + fp8:
+        twin = {**c, "kv_format": "model1", "epilogue": "bf16"}
+        assert cases.index(twin) < cases.index(c)
+        sup = shape_support(stage, c, (9, 0))
+        if c in nv:
+            assert sup["flashmla_sparse"] is None and sup["flashmla_sparse_percall"] is None and sup["torch_sparse"] is None
+            assert "fp8_rope" in sup["e_unfused_fp8"]
+        else:
+            assert sup["e_unfused_fp8"] is None
+            for p in ("flashmla_sparse", "flashmla_sparse_percall", "torch_sparse"):
+                assert "epilogue fp8_rope" in sup[p], (p, sup[p])
+        assert "fp8_rope" in shape_support(stage, twin, (9, 0))["e_unfused_fp8"]
 
 
 def test_no_bench_block_is_a_usage_error(fake_lab):
