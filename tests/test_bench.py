@@ -141,7 +141,7 @@ def test_more_matrices_and_beside(fake_lab):
     """`more` appends further matrices' shapes; `beside` puts its value first and adds any missing twin, timed in
     the same run."""
     st = load(fake_lab, MORE).stages["OK"]
-    assert st.bench_plan.more == ({"n": [512], "mode": ["wrong"]},) and st.bench_plan.beside == ("mode", "ok")
+    assert st.bench_plan.more == ({"n": [512], "mode": ["wrong"]},) and st.bench_plan.beside == (("mode", "ok"),)
     assert plan_cases(st, []) == [{"n": 4096, "mode": "ok"}, {"n": 1000, "mode": "ok"}, {"n": 512, "mode": "ok"},
                                   {"n": 512, "mode": "wrong"}]
     assert plan_cases(st, [("mode", "wrong")]) == [{"n": 512, "mode": "ok"}, {"n": 512, "mode": "wrong"}]
@@ -150,7 +150,8 @@ def test_more_matrices_and_beside(fake_lab):
 
 @pytest.mark.parametrize("old, new, key, says", [
     ("      beside: {mode: ok}\n", "      beside: {mode: sideways}\n", "stages.OK.bench.beside.mode", "not a bench value"),
-    ("      beside: {mode: ok}\n", "      beside: {mode: ok, n: 512}\n", "stages.OK.bench.beside", "name one axis"),
+    ("      beside: {mode: ok}\n", "      beside: {}\n", "stages.OK.bench.beside", "name an axis"),
+    ("      beside: {mode: ok}\n", "      beside: {mode: ok, n: 16}\n", "stages.OK.bench.beside.n", "not a bench value"),
     ("      more: [{n: [512], mode: [wrong]}]\n", "      more: {n: [512]}\n", "stages.OK.bench.more", "a list of matrices"),
     ("      more: [{n: [512], mode: [wrong]}]\n", "      more: [{n: [-5]}]\n", "stages.OK.bench.more[0].n", "not a size"),
     ("      more: [{n: [512], mode: [wrong]}]\n", "      more: [{n: [" + ", ".join(str(100 + i) for i in range(MAX_BENCH_CASES - 1))
@@ -167,13 +168,28 @@ def test_beside_gives_each_other_shape_its_twins_time():
 
     seen: dict = {}
     model1, other = {"us": 100.0}, {"us": 112.0}
-    _beside(("kv_format", "model1"), {"b": 2, "kv_format": "model1"}, model1, seen)
-    _beside(("kv_format", "model1"), {"b": 2, "kv_format": "v4.1"}, other, seen)
+    _beside((("kv_format", "model1"),), {"b": 2, "kv_format": "model1"}, model1, seen)
+    _beside((("kv_format", "model1"),), {"b": 2, "kv_format": "v4.1"}, other, seen)
     assert other == {"us": 112.0, "beside_model1_us": 100.0, "beside_model1_cost": 1.12} and model1 == {"us": 100.0}
     lone = {"us": 50.0}
-    _beside(("kv_format", "model1"), {"b": 64, "kv_format": "v4.1"}, lone, seen)  # no twin timed: nothing added
+    _beside((("kv_format", "model1"),), {"b": 64, "kv_format": "v4.1"}, lone, seen)  # no twin timed: nothing added
     assert lone == {"us": 50.0}
 
+
+def test_beside_with_two_axes_gives_each_shape_the_twin_of_each():
+    """Issue 33 item 3: `beside: {kv_format: model1, epilogue: bf16}` — an nvfp4 row gets the bf16 model1 time
+    (beside_model1_*), a model1 fp8_rope row the same shape's bf16 time (beside_bf16_*: the fused epilogue's cost);
+    each twin is planned before the shapes shown beside it."""
+    from harness.execution.bench import _beside
+
+    pairs = (("kv_format", "model1"), ("epilogue", "bf16"))
+    seen: dict = {}
+    base, nv, fp8 = {"us": 100.0}, {"us": 80.0}, {"us": 103.0}
+    _beside(pairs, {"b": 2, "kv_format": "model1", "epilogue": "bf16"}, base, seen)
+    _beside(pairs, {"b": 2, "kv_format": "nvfp4", "epilogue": "bf16"}, nv, seen)
+    _beside(pairs, {"b": 2, "kv_format": "model1", "epilogue": "fp8_rope"}, fp8, seen)
+    assert nv == {"us": 80.0, "beside_model1_us": 100.0, "beside_model1_cost": 0.8}
+    assert fp8 == {"us": 103.0, "beside_bf16_us": 100.0, "beside_bf16_cost": 1.03} and base == {"us": 100.0}
 
 def test_project_e_bench_covers_latency_and_every_format(project_root):
     """Issue 30 item 1: model1 at b 1 … 256 (s_q 1 and 2, h_q 64 and 128); v4.1 and simple at b 2,
@@ -190,7 +206,7 @@ def test_project_e_bench_covers_latency_and_every_format(project_root):
     for c in others:
         assert cases.index({**c, "kv_format": "model1"}) < cases.index(c)
         assert "reads model1" in shape_support(stage, c, (9, 0))["flashmla_sparse"]
-    assert stage.bench_plan.beside == ("kv_format", "model1")
+    assert stage.bench_plan.beside == (("kv_format", "model1"), ("epilogue", "bf16"))
     assert shape_support(stage, model1[0], (9, 0))["flashmla_sparse"] is None
     # issue 35 item 1: topk 2048 and 16384 (block 64, no extra list) at b 2 and 64, FlashMLA beside
     long = [c for c in model1 if c["config"] in ("s2h128_m2048bs64", "s2h128_m16384bs64")]
@@ -368,7 +384,7 @@ def test_a_stage_with_more_test_matrices_benches_its_bench_shapes(project_root):
     """I1/I2's `more:` test cases never reach plan_cases' callers (bench, profile, history, accept --speed, gate
     --speed): bench shapes only."""
     spec = load_spec(root=project_root)
-    for sid, n in (("I1", 12), ("I2", 8), ("E", 64)):
+    for sid, n in (("I1", 12), ("I2", 8), ("E", 76)):
         st = spec.stages[sid]
         assert st.cases is not None  # the listed form that hid the bench shapes
         shapes = plan_cases(st, [])
