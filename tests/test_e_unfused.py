@@ -223,3 +223,28 @@ def test_the_bench_holds_flashmla_to_its_own_bound_on_nvfp4():
     assert peer_verdict(job, flashmla_sparse, _dims(case), specs, chk, got)[1] == "pass"
     assert peer_verdict(job, torch_sparse, _dims(case), specs, chk, got)[1] == "fail"  # no check_cosine: 0.9999
     assert not math.isnan(float(ref["O"].abs().max()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", PROD)
+def test_gpu_the_unfused_pair_agrees_with_the_fp8_rope_oracle(config):
+    """On an H100/H200: the pair (our bf16 kernel + the compiled pass) at a production config, b 2, decoded as the
+    fused kernel's words are, agrees with the float64 fp8_rope rows (the stage's fp8_rope bounds; exponents exact
+    where unambiguous), and the pass that ran is torch.compile's."""
+    case = _case(config, epilogue="fp8_rope", b=2)
+    inputs = sd.make_inputs(case, seed=11, device="cuda")
+    run = eu.make("sparse_decode", _dims(case), inputs)
+    got = run()
+    torch.cuda.synchronize()
+    dec = sd.decode(got, case)
+    ref = sd.reference(inputs, case)
+    cos = float(torch.nn.functional.cosine_similarity(dec["O"].double().flatten(), ref["O"].flatten(), dim=0))
+    rel = float((dec["O"].double() - ref["O"]).norm() / ref["O"].norm())
+    sure = ref["O_scale"] % 1 == 0
+    print("e_unfused_fp8", config, eu.PASS, f"cos {cos:.6f} rel_l2 {rel:.2e}")
+    assert cos >= 0.999 and rel <= 4e-2, (cos, rel)
+    assert torch.equal(dec["O_scale"].double()[sure], ref["O_scale"][sure])
+    assert eu.PASS["kind"] == "torch.compile"
+    again = run()  # a second call: the same bytes (the timed calls are this call)
+    torch.cuda.synchronize()
+    assert torch.equal(again["O_fp8"].view(torch.int32), got["O_fp8"].view(torch.int32))

@@ -50,7 +50,7 @@ def installed() -> str | None:
 
 def unsupported(problem: str, dims: dict[str, Any], cc: tuple[int, int] | None) -> str | None:
     if dims.get("epilogue") != "fp8_rope":
-        return f"epilogue {dims.get('epilogue', 'bf16')}: the unfused pair is the fp8_rope epilogue's peer only"
+        return f"epilogue {dims.get('epilogue', 'bf16')}: times fp8_rope rows only"
     if cc is not None and cc[0] != 9:
         return f"compute capability {cc[0]}.{cc[1]}: the pair runs our sm90 kernel"
     if dims["h_q"] % 8:
