@@ -248,3 +248,23 @@ def test_gpu_the_unfused_pair_agrees_with_the_fp8_rope_oracle(config):
     again = run()  # a second call: the same bytes (the timed calls are this call)
     torch.cuda.synchronize()
     assert torch.equal(again["O_fp8"].view(torch.int32), got["O_fp8"].view(torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", PROD)
+def test_gpu_flashmla_on_the_model1_twin_of_an_nvfp4_case(config):
+    """On an H100/H200 with sgl-flash-mla: FlashMLA's call on an nvfp4 case (its model1 twin) passes the peer's own
+    bound against the nvfp4 float64 rows, as the bench will judge it."""
+    from harness.peers import flashmla_sparse_percall
+
+    if flashmla_sparse.installed():
+        pytest.skip("sgl-flash-mla is not installed (pip install --no-deps sgl-flash-mla)")
+    case = _case(config, "nvfp4", b=2)
+    inputs = sd.make_inputs(case, seed=13, device="cuda")
+    ref = sd.reference(inputs, case)
+    for mod in (flashmla_sparse, flashmla_sparse_percall):
+        out = mod.make("sparse_decode", _dims(case), inputs)()
+        torch.cuda.synchronize()
+        cos = float(torch.nn.functional.cosine_similarity(out["O"].double().flatten(), ref["O"].flatten(), dim=0))
+        print(mod.__name__, config, f"cos {cos:.6f}")
+        assert flashmla_sparse.NVFP4_COSINE_MIN <= cos < 1.0, cos
