@@ -10,7 +10,7 @@ from harness.execution.bench import (BenchError, BenchJob, check_and_time, is_be
                            shape_support)
 from harness.spec.matrix import FilterError
 from harness.notebook.records import Record, validate
-from harness.spec.spec import SpecError, load_spec
+from harness.spec.spec import MAX_BENCH_CASES, SpecError, load_spec
 from tests.conftest import has_gpu, run_cli
 
 LAB = """\
@@ -141,7 +141,7 @@ def test_more_matrices_and_beside(fake_lab):
     """`more` appends further matrices' shapes; `beside` puts its value first and adds any missing twin, timed in
     the same run."""
     st = load(fake_lab, MORE).stages["OK"]
-    assert st.bench_plan.more == ({"n": [512], "mode": ["wrong"]},) and st.bench_plan.beside == ("mode", "ok")
+    assert st.bench_plan.more == ({"n": [512], "mode": ["wrong"]},) and st.bench_plan.beside == (("mode", "ok"),)
     assert plan_cases(st, []) == [{"n": 4096, "mode": "ok"}, {"n": 1000, "mode": "ok"}, {"n": 512, "mode": "ok"},
                                   {"n": 512, "mode": "wrong"}]
     assert plan_cases(st, [("mode", "wrong")]) == [{"n": 512, "mode": "ok"}, {"n": 512, "mode": "wrong"}]
@@ -150,11 +150,12 @@ def test_more_matrices_and_beside(fake_lab):
 
 @pytest.mark.parametrize("old, new, key, says", [
     ("      beside: {mode: ok}\n", "      beside: {mode: sideways}\n", "stages.OK.bench.beside.mode", "not a bench value"),
-    ("      beside: {mode: ok}\n", "      beside: {mode: ok, n: 512}\n", "stages.OK.bench.beside", "name one axis"),
+    ("      beside: {mode: ok}\n", "      beside: {}\n", "stages.OK.bench.beside", "name an axis"),
+    ("      beside: {mode: ok}\n", "      beside: {mode: ok, n: 16}\n", "stages.OK.bench.beside.n", "not a bench value"),
     ("      more: [{n: [512], mode: [wrong]}]\n", "      more: {n: [512]}\n", "stages.OK.bench.more", "a list of matrices"),
     ("      more: [{n: [512], mode: [wrong]}]\n", "      more: [{n: [-5]}]\n", "stages.OK.bench.more[0].n", "not a size"),
-    ("      more: [{n: [512], mode: [wrong]}]\n", "      more: [{n: [" + ", ".join(str(100 + i) for i in range(63)) + "]}]\n",
-     "stages.OK.bench.more", "65 bench shapes in all"),
+    ("      more: [{n: [512], mode: [wrong]}]\n", "      more: [{n: [" + ", ".join(str(100 + i) for i in range(MAX_BENCH_CASES - 1))
+     + "]}]\n", "stages.OK.bench.more", f"{MAX_BENCH_CASES + 1} bench shapes in all"),
 ])
 def test_bad_more_or_beside_is_one_line(fake_lab, old, new, key, says):
     assert MORE.count(old) == 1, old
@@ -167,13 +168,28 @@ def test_beside_gives_each_other_shape_its_twins_time():
 
     seen: dict = {}
     model1, other = {"us": 100.0}, {"us": 112.0}
-    _beside(("kv_format", "model1"), {"b": 2, "kv_format": "model1"}, model1, seen)
-    _beside(("kv_format", "model1"), {"b": 2, "kv_format": "v4.1"}, other, seen)
+    _beside((("kv_format", "model1"),), {"b": 2, "kv_format": "model1"}, model1, seen)
+    _beside((("kv_format", "model1"),), {"b": 2, "kv_format": "v4.1"}, other, seen)
     assert other == {"us": 112.0, "beside_model1_us": 100.0, "beside_model1_cost": 1.12} and model1 == {"us": 100.0}
     lone = {"us": 50.0}
-    _beside(("kv_format", "model1"), {"b": 64, "kv_format": "v4.1"}, lone, seen)  # no twin timed: nothing added
+    _beside((("kv_format", "model1"),), {"b": 64, "kv_format": "v4.1"}, lone, seen)  # no twin timed: nothing added
     assert lone == {"us": 50.0}
 
+
+def test_beside_with_two_axes_gives_each_shape_the_twin_of_each():
+    """Issue 33 item 3: `beside: {kv_format: model1, epilogue: bf16}` — an nvfp4 row gets the bf16 model1 time
+    (beside_model1_*), a model1 fp8_rope row the same shape's bf16 time (beside_bf16_*: the fused epilogue's cost);
+    each twin is planned before the shapes shown beside it."""
+    from harness.execution.bench import _beside
+
+    pairs = (("kv_format", "model1"), ("epilogue", "bf16"))
+    seen: dict = {}
+    base, nv, fp8 = {"us": 100.0}, {"us": 80.0}, {"us": 103.0}
+    _beside(pairs, {"b": 2, "kv_format": "model1", "epilogue": "bf16"}, base, seen)
+    _beside(pairs, {"b": 2, "kv_format": "nvfp4", "epilogue": "bf16"}, nv, seen)
+    _beside(pairs, {"b": 2, "kv_format": "model1", "epilogue": "fp8_rope"}, fp8, seen)
+    assert nv == {"us": 80.0, "beside_model1_us": 100.0, "beside_model1_cost": 0.8}
+    assert fp8 == {"us": 103.0, "beside_bf16_us": 100.0, "beside_bf16_cost": 1.03} and base == {"us": 100.0}
 
 def test_project_e_bench_covers_latency_and_every_format(project_root):
     """Issue 30 item 1: model1 at b 1 … 256 (s_q 1 and 2, h_q 64 and 128); v4.1 and simple at b 2,
@@ -185,12 +201,12 @@ def test_project_e_bench_covers_latency_and_every_format(project_root):
     model1 = [c for c in cases if c["kv_format"] == "model1"]
     assert {c["b"] for c in model1} == {1, 2, 4, 8, 16, 32, 64, 74, 128, 148, 256}
     assert {c["config"][:5] for c in model1} == {"s1h64", "s1h12", "s2h64", "s2h12"}
-    others = [c for c in cases if c["kv_format"] != "model1"]
-    assert {c["b"] for c in others} == {2, 64, 256} and {c["kv_format"] for c in others} == {"v4.1", "simple", "nvfp4"}
+    others = [c for c in cases if c["kv_format"] not in ("model1", "nvfp4")]
+    assert {c["b"] for c in others} == {2, 64, 256} and {c["kv_format"] for c in others} == {"v4.1", "simple"}
     for c in others:
         assert cases.index({**c, "kv_format": "model1"}) < cases.index(c)
         assert "reads model1" in shape_support(stage, c, (9, 0))["flashmla_sparse"]
-    assert stage.bench_plan.beside == ("kv_format", "model1")
+    assert stage.bench_plan.beside == (("kv_format", "model1"), ("epilogue", "bf16"))
     assert shape_support(stage, model1[0], (9, 0))["flashmla_sparse"] is None
     # issue 35 item 1: topk 2048 and 16384 (block 64, no extra list) at b 2 and 64, FlashMLA beside
     long = [c for c in model1 if c["config"] in ("s2h128_m2048bs64", "s2h128_m16384bs64")]
@@ -198,7 +214,33 @@ def test_project_e_bench_covers_latency_and_every_format(project_root):
                                                     for cfg in ("s2h128_m2048bs64", "s2h128_m16384bs64")}
     for c in long:
         assert shape_support(stage, c, (9, 0))["flashmla_sparse"] is None, c
-    assert len(cases) == 64  # + nvfp4 at b 64, 256 (issue 33): the limit
+    assert len(cases) == 76 <= MAX_BENCH_CASES  # + issue 33 item 3's 16 rows (test_project_e_bench_has_issue_33s_rows)
+
+
+def test_project_e_bench_has_issue_33s_rows(project_root):
+    """Issue 33 item 3: nvfp4 and the fused FP8 epilogue (model1) at b 2, 64, 128, 256 × s2 h128 / h64 top-128 + SWA
+    1024, each after its bf16 model1 twin; FlashMLA times nvfp4 (on a model1 cache of the same tokens), the unfused
+    pair times fp8_rope and nothing else, and no bf16 peer claims an fp8_rope row."""
+    stage = load_spec(root=project_root).stages["E"]
+    cases = plan_cases(stage, [])
+    prod = {(b, cfg) for b in (2, 64, 128, 256) for cfg in ("s2h128_m128bs256_x1024bs64", "s2h64_m128bs256_x1024bs64")}
+    nv = [c for c in cases if c["kv_format"] == "nvfp4"]
+    fp8 = [c for c in cases if c["epilogue"] == "fp8_rope"]
+    assert {(c["b"], c["config"]) for c in nv} == prod == {(c["b"], c["config"]) for c in fp8}
+    assert len(nv) == len(fp8) == 8 and all(c["kv_format"] == "model1" for c in fp8)
+    assert "e_unfused_fp8" in stage.bench_plan.peers
+    for c in nv + fp8:
+        twin = {**c, "kv_format": "model1", "epilogue": "bf16"}
+        assert cases.index(twin) < cases.index(c)
+        sup = shape_support(stage, c, (9, 0))
+        if c in nv:
+            assert sup["flashmla_sparse"] is None and sup["flashmla_sparse_percall"] is None and sup["torch_sparse"] is None
+            assert "fp8_rope" in sup["e_unfused_fp8"]
+        else:
+            assert sup["e_unfused_fp8"] is None
+            for p in ("flashmla_sparse", "flashmla_sparse_percall", "torch_sparse"):
+                assert "epilogue fp8_rope" in sup[p], (p, sup[p])
+        assert "fp8_rope" in shape_support(stage, twin, (9, 0))["e_unfused_fp8"]
 
 
 def test_no_bench_block_is_a_usage_error(fake_lab):
@@ -342,7 +384,7 @@ def test_a_stage_with_more_test_matrices_benches_its_bench_shapes(project_root):
     """I1/I2's `more:` test cases never reach plan_cases' callers (bench, profile, history, accept --speed, gate
     --speed): bench shapes only."""
     spec = load_spec(root=project_root)
-    for sid, n in (("I1", 12), ("I2", 8), ("E", 64)):
+    for sid, n in (("I1", 12), ("I2", 8), ("E", 76)):
         st = spec.stages[sid]
         assert st.cases is not None  # the listed form that hid the bench shapes
         shapes = plan_cases(st, [])

@@ -57,18 +57,21 @@ def bench_view(stage: Stage) -> Stage:
 
 def plan_cases(stage: Stage, pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
     """The bench shapes that pass the filters (`[("hd", "128")]`), in bench-matrix order; with
-        `beside`, the shapes having its value first, plus each missing twin. The stage's own test
-        cases never enter."""
+        `beside`, the shapes having its values first (most first), plus each missing twin. The
+        stage's own test cases never enter."""
     view = bench_view(stage)
     filters = parse_filters(view, pairs)
     cases: list[dict[str, Any]] = []
     for m in (stage.bench_plan.matrix, *stage.bench_plan.more):
         cases += [c.dict for c in expand(dataclasses.replace(stage, matrix=m, cases=None), filters) if c.dict not in cases]
-    if stage.bench_plan.beside and cases:
-        axis, value = stage.bench_plan.beside
-        twins = [{**c, axis: value} for c in cases]
-        firsts = [c for i, c in enumerate(twins) if c not in twins[:i]]
-        cases = firsts + [c for c in cases if c not in firsts]
+    pairs = stage.bench_plan.beside
+    if pairs and cases:  # each shape after its twins (a twin has one more of the values), the missing ones added
+        full: list[dict[str, Any]] = []
+        for c in cases:
+            for t in [*({**c, axis: value} for axis, value in pairs), c]:
+                if t not in full:
+                    full.append(t)
+        cases = sorted(full, key=lambda c: -sum(c.get(axis) == value for axis, value in pairs))  # stable
     if not cases:
         raise BenchError(f"{stage.name}: no bench shape passes these filters — bench shapes: "
                          + ", ".join(case_label(c.dict) for c in expand(view)))
@@ -238,18 +241,20 @@ def main(root: Path, stage: Stage, pairs: list[tuple[str, str]], peers: bool | t
     return 0
 
 
-def _beside(beside: tuple[str, Any] | None, case: dict[str, Any], timing: dict | None, seen: dict[tuple, float]) -> None:
-    """With the block's `beside` (axis, value): a shape with another value gets its twin's time as
-        `beside_<value>_us` and its own over it as `beside_<value>_cost` (1.12: 12 % slower)."""
-    if beside is None or not timing:
+def _beside(beside: tuple[tuple[str, Any], ...], case: dict[str, Any], timing: dict | None,
+            seen: dict[tuple, float]) -> None:
+    """For each of the block's `beside` (axis, value) pairs: a shape with another value gets its
+        twin's time as `beside_<value>_us` and its own over it as `beside_<value>_cost` (1.12: 12 %
+        slower), both timed in this run (plan_cases puts twins first)."""
+    if not timing:
         return
-    axis, value = beside
-    key = tuple(sorted((a, str(v)) for a, v in case.items() if a != axis))
-    if case.get(axis) == value:
-        seen[key] = timing["us"]
-    elif key in seen:
-        timing[f"beside_{value}_us"] = seen[key]
-        timing[f"beside_{value}_cost"] = round(timing["us"] / seen[key], 4)
+    for axis, value in beside:
+        key = (axis, *sorted((a, str(v)) for a, v in case.items() if a != axis))
+        if case.get(axis) == value:
+            seen[key] = timing["us"]
+        elif key in seen:
+            timing[f"beside_{value}_us"] = seen[key]
+            timing[f"beside_{value}_cost"] = round(timing["us"] / seen[key], 4)
 
 
 def _print_row(console, rec) -> None:

@@ -406,7 +406,6 @@ class CaseExecutor:
     def _time_shape(self, job: BenchJob, done: Launched, chk: Checked) -> dict:
         import torch
 
-        from harness.execution.metrics import compare, judge
         from harness.peers import adapter, why_not
         from harness.peers.problems import problem_dims
         from harness.execution.timing import bench, gpu_clocks, l2_bytes, rotations
@@ -433,16 +432,7 @@ class CaseExecutor:
                 runs = [mod.make(job.problem, dims, ins) for ins, _ in sets]
                 got = runs[0]()
                 torch.cuda.synchronize()
-                pm = {}
-                for out, value in got.items():
-                    if out in chk.ref:
-                        v = value.index_select(0, index) if (index is not None and out in chk.sliced) else value
-                        pm[out] = compare(v, chk.ref[out]).to_json()
-                # a peer is held to the stage's cosine bound only: its precision choices (a bf16 score
-                # matrix in plain PyTorch) are its own business, a wrong answer is not
-                tols = {k: Tolerance(cosine_min=v.cosine_min if v.cosine_min is not None else 0.999)
-                        for k, v in job.tolerances.items() if k in pm}
-                verdict, pwhy = judge(tols, pm) if tols else ("fail", "returned none of the checked outputs")
+                pm, verdict, pwhy = peer_verdict(job, mod, dims, specs, chk, got, index)
                 cos = [m["cosine"] for m in pm.values() if m.get("cosine") is not None]
                 if cos:
                     t[f"{key}_cos"] = min(cos)
@@ -458,6 +448,32 @@ class CaseExecutor:
             peer_fields(t, name, p, mod.flops(job.problem, dims) if hasattr(mod, "flops") else flops)
         t.update(gpu_clocks())
         return _rounded(t)
+
+
+def peer_verdict(job: BenchJob, mod: Any, dims: Any, specs: list, chk: Checked, got: dict,
+                 index: Any = None) -> tuple[dict, str, str]:
+    """A peer's first outputs `got` judged against the kernel's checked rows: (metrics a compared
+    output, verdict, why).  A peer is held to the stage's cosine bound only: its precision choices
+    (a bf16 score matrix in plain PyTorch) are its own business, a wrong answer is not; a peer that
+    computes on other bytes than the kernel's (FlashMLA on the model1 re-encoding of an nvfp4
+    case's tokens) names its own bound (`check_cosine(problem, dims)`).  A peer that returns the
+    kernel's own output form (every `out` tensor, some the oracle's rows lack: e_unfused_fp8's
+    O_fp8 / O_scale words) is judged through the stage's decode, as the kernel is."""
+    from harness.execution.metrics import compare, judge
+
+    outs = {s.name for s in specs if s.role == "out"}
+    if job.decode and set(got) >= outs and not set(got) <= set(chk.ref):
+        got = attr(job.decode)(got, job.case)
+    pm = {}
+    for out, value in got.items():
+        if out in chk.ref:
+            v = value.index_select(0, index) if (index is not None and out in chk.sliced) else value
+            pm[out] = compare(v, chk.ref[out]).to_json()
+    own = mod.check_cosine(job.problem, dims) if hasattr(mod, "check_cosine") else None
+    tols = {k: Tolerance(cosine_min=own if own is not None else v.cosine_min if v.cosine_min is not None else 0.999)
+            for k, v in job.tolerances.items() if k in pm}
+    verdict, why = judge(tols, pm) if tols else ("fail", "returned none of the checked outputs")
+    return pm, verdict, why
 
 
 # ---------------------------------------------------------------------------------------

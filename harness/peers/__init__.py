@@ -17,7 +17,8 @@ Problems (tensor names and shapes the adapters rely on; the stage's tensors() mu
                (torch_plain.py)
   sparse_decode
                stage E: Q, the FP8 paged byte caches with int32 indices and lengths, sink -> O,
-               LSE (torch_sparse.py; FlashMLA's V4 kernel: flashmla_sparse.py)
+               LSE (torch_sparse.py; FlashMLA's V4 kernel: flashmla_sparse.py); with the fused FP8
+               epilogue -> O_fp8, O_scale, LSE (e_unfused_fp8.py: the unfused pair)
   mqa_logits, paged_mqa_logits
                the indexer's FP8 MQA logits, flat and paged (indexer_problems.py)"""
 
@@ -32,6 +33,7 @@ PEERS: dict[str, tuple[str, str]] = {
     "flashmla_sparse": ("harness.peers.flashmla_sparse", "pip install --no-deps sgl-flash-mla"),
     "flashmla_sparse_percall": ("harness.peers.flashmla_sparse_percall", "pip install --no-deps sgl-flash-mla"),
     "torch_sparse": ("harness.peers.torch_sparse", "pip install torch"),
+    "e_unfused_fp8": ("harness.peers.e_unfused_fp8", "pip install torch nvidia-cutlass-dsl"),
     "torch_indexer": ("harness.peers.torch_indexer", "pip install torch"),
     "deepgemm": ("harness.peers.deepgemm", "build DeepGEMM from source: git clone --recursive "
                  "https://github.com/deepseek-ai/DeepGEMM && cd DeepGEMM && ./install.sh"),

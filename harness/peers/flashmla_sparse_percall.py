@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from harness.peers import flashmla_sparse
-from harness.peers.flashmla_sparse import PROBLEMS, installed, unsupported
+from harness.peers.flashmla_sparse import PROBLEMS, check_cosine, installed, unsupported
 
-__all__ = ["PROBLEMS", "installed", "unsupported", "make"]
+__all__ = ["PROBLEMS", "check_cosine", "installed", "unsupported", "make"]
 
 
 def make(problem: str, dims: dict[str, Any], inputs: dict) -> Callable[[], dict]:

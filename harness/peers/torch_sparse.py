@@ -21,13 +21,17 @@ PROBLEMS = ("sparse_decode",)
 
 def sparse_dims(specs: list[Any]) -> dict[str, Any] | str:
     """The `sparse_decode` sizes of a stage's tensor specs (b, s_q, h_q, d, topk, extra_topk, kv_format,
-        block, extra_block, num_blocks, extra_num_blocks), or one phrase why they are not that problem."""
+        block, extra_block, num_blocks, extra_num_blocks, epilogue: "fp8_rope" where O_fp8 is an
+        output, O then scratch), or one phrase why they are not that problem."""
     from oracles import kvcache as kc
 
     by = {s.name: s for s in specs}
+    fp8 = "O_fp8" in by and by["O_fp8"].role == "out"
     want = {"Q": ("bfloat16", 4), "KV": ("uint8", 2), "idx": ("int32", 3), "topk_length": ("int32", 1),
             "KV_extra": ("uint8", 2), "idx_extra": ("int32", 3), "extra_length": ("int32", 1),
-            "sink": ("float32", 1), "softmax_scale": ("float32", 1), "O": ("bfloat16", 4), "LSE": ("float32", 3)}
+            "sink": ("float32", 1), "softmax_scale": ("float32", 1), "LSE": ("float32", 3),
+            **({"O_fp8": ("float32", 4), "O_scale": ("float32", 3), "cos_sin_cache": ("float32", 2),
+                "positions": ("int32", 1)} if fp8 else {"O": ("bfloat16", 4)})}
     for name, (dtype, rank) in want.items():
         s = by.get(name)
         if s is None:
@@ -35,7 +39,14 @@ def sparse_dims(specs: list[Any]) -> dict[str, Any] | str:
         if s.dtype != dtype or len(s.shape) != rank:
             return f"{name} is {list(s.shape)} {s.dtype}; sparse_decode wants rank {rank} {dtype}"
     b, s_q, h_q, d = by["Q"].shape
-    if d != kc.D or by["O"].shape != (b, s_q, h_q, d) or by["LSE"].shape != (b, h_q, s_q):
+    if fp8:
+        n, g = b * s_q, h_q // 8
+        if (d != kc.D or h_q % 8 or by["LSE"].shape != (b, h_q, s_q) or by["O_fp8"].shape != (g, n, 8, d // 4)
+                or by["O_scale"].shape != (g, 8, -(-n // 4) * 4) or by["positions"].shape != (n,)
+                or by["cos_sin_cache"].shape[1] != 64):
+            return (f"Q {list(by['Q'].shape)}, O_fp8 {list(by['O_fp8'].shape)}, O_scale {list(by['O_scale'].shape)}, "
+                    f"positions {list(by['positions'].shape)} are not the fp8_rope epilogue's layout")
+    elif d != kc.D or by["O"].shape != (b, s_q, h_q, d) or by["LSE"].shape != (b, h_q, s_q):
         return f"Q {list(by['Q'].shape)}, O {list(by['O'].shape)}, LSE {list(by['LSE'].shape)} are not [b, s_q, h_q, 512] / [b, h_q, s_q]"
     if by["idx"].shape[:2] != (b, s_q) or by["idx_extra"].shape[:2] != (b, s_q) or by["sink"].shape != (h_q,):
         return "idx / idx_extra are not [b, s_q, k] or sink is not [h_q]"
@@ -51,7 +62,8 @@ def sparse_dims(specs: list[Any]) -> dict[str, Any] | str:
     if xblock is None:
         return f"the extra cache's {bbx}-byte block is no {fmt} block"
     return {"b": b, "s_q": s_q, "h_q": h_q, "d": d, "topk": topk, "extra_topk": 0 if no_extra else xt,
-            "kv_format": fmt, "block": block, "extra_block": xblock, "num_blocks": nb, "extra_num_blocks": nbx}
+            "kv_format": fmt, "block": block, "extra_block": xblock, "num_blocks": nb, "extra_num_blocks": nbx,
+            "epilogue": "fp8_rope" if fp8 else "bf16"}
 
 
 def installed() -> str | None:
@@ -59,6 +71,8 @@ def installed() -> str | None:
 
 
 def unsupported(problem: str, dims: dict[str, Any], cc: tuple[int, int] | None) -> str | None:
+    if dims.get("epilogue", "bf16") != "bf16":
+        return f"epilogue {dims['epilogue']}: this peer writes bf16 O (the unfused pair is e_unfused_fp8)"
     keys = dims["topk"] + dims["extra_topk"]
     if dims["b"] * dims["s_q"] * keys * dims["d"] * 2 > 16 << 30:
         return "the gathered bf16 keys would take more than 16 GiB"

@@ -117,7 +117,7 @@ class SuiteRef:
     criterion: FuncRef
 
 
-MAX_BENCH_CASES = 64  # bench shapes per stage: each is compiled and timed against every peer
+MAX_BENCH_CASES = 80  # bench shapes per stage: each is compiled and timed against every peer (E: 76, issue 33 item 3)
 BENCH_KEYS = {"matrix", "more", "beside", "peers", "problem", "check_rows", "row_axis", "case", "peak", "open_axes",
               "speed_tolerance"}
 PEAKS = ("bf16", "fp8")
@@ -129,7 +129,7 @@ class BenchPlan:
         stage axis (one left out takes the test matrix's first value); numbers may lie outside the
         test matrix, booleans may not, words only on the axes `open_axes` names (shape names the
         stage's tensors() judge).  `more`: further matrices of the same kind.  `beside`: (axis,
-        value) — a shape with another value is shown beside its twin with this one."""
+        value) pairs — for each, a shape with another value is shown beside its twin with this one."""
 
     matrix: dict[str, list[Any]]
     peers: tuple[str, ...] = ()
@@ -140,7 +140,7 @@ class BenchPlan:
     open_axes: tuple[str, ...] = ()  # word axes whose bench words need not be test words
     line: int = 0
     more: tuple[dict[str, list[Any]], ...] = ()  # further bench matrices (their shapes appended)
-    beside: tuple[str, Any] | None = None  # (axis, value): the shape every other value is shown beside
+    beside: tuple[tuple[str, Any], ...] = ()  # (axis, value) pairs: the shape every other value is shown beside
     # `bench --compare` and `gate --speed`: a slowdown beyond this fraction (with its interval
     # excluding no change) is a regression (harness/execution/abtest.py; docs/BENCH.md)
     speed_tolerance: float = 0.03
@@ -493,20 +493,20 @@ def _bench(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]]) -> tup
         if total > MAX_BENCH_CASES:
             raise ctx.fail(f["more"], mk, f"{total} bench shapes in all — more than the limit of {MAX_BENCH_CASES}; "
                                           "list fewer values")
-    beside = None
+    beside: list[tuple[str, Any]] = []
     if "beside" in f:
         bk = f"{key}.beside"
         bpairs = _mapping(ctx, f["beside"], bk)
-        if len(bpairs) != 1:
-            raise ctx.fail(f["beside"], bk, "name one axis and its value — e.g. {kv_format: model1}")
-        anode, vnode = bpairs[0]
-        axis = str(_scalar(anode))
-        value = _typed(ctx, vnode, f"{bk}.{axis}", (int, str, bool, float), "a scalar")
-        shown = [v for m in [bmatrix, *more] for v in m.get(axis, [])]
-        if axis not in matrix or not any(type(v) is type(value) and v == value for v in shown):
-            raise ctx.fail(vnode, f"{bk}.{axis}", f"{one_line(repr(value), 40)} is not a bench value of "
-                                                  f"{one_line(repr(axis), 40)} — name an axis value the bench times")
-        beside = (axis, value)
+        if not bpairs:
+            raise ctx.fail(f["beside"], bk, "name an axis and its value — e.g. {kv_format: model1}")
+        for anode, vnode in bpairs:
+            axis = str(_scalar(anode))
+            value = _typed(ctx, vnode, f"{bk}.{axis}", (int, str, bool, float), "a scalar")
+            shown = [v for m in [bmatrix, *more] for v in m.get(axis, [])]
+            if axis not in matrix or not any(type(v) is type(value) and v == value for v in shown):
+                raise ctx.fail(vnode, f"{bk}.{axis}", f"{one_line(repr(value), 40)} is not a bench value of "
+                                                      f"{one_line(repr(axis), 40)} — name an axis value the bench times")
+            beside.append((axis, value))
     peers: list[str] = []
     if "peers" in f:
         pk = f"{key}.peers"
@@ -565,7 +565,7 @@ def _bench(ctx: _Ctx, node: Node, key: str, matrix: dict[str, list[Any]]) -> tup
                 for a, v in matrix.items()}
     plan = BenchPlan(matrix=bmatrix, peers=tuple(peers), problem=problem, check_rows=check_rows,
                      row_axis=row_axis, peak=peak, open_axes=tuple(open_axes), line=node.start_mark.line + 1,
-                     more=tuple(more), beside=beside, speed_tolerance=speed_tolerance)
+                     more=tuple(more), beside=tuple(beside), speed_tolerance=speed_tolerance)
     return case, plan
 
 
