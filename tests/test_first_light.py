@@ -11,8 +11,8 @@ from tests.conftest import ROOT, run_cli
 
 ISSUE_ORDER = [
     ("D2", "shape=b1s2h128n1152d512,splits=1"),
-    ("E", "b=2,config=s2h64_m128bs256_x512bs64,kv_format=v4.1,scenario=invalid,splits=1"),
-    ("E", "b=2,config=s2h64_m128bs256_x512bs64,kv_format=model1,scenario=invalid,splits=1"),
+    ("E", "b=2,config=s2h64_m128bs256_x512bs64,kv_format=v4.1,scenario=invalid,splits=1,epilogue=bf16"),
+    ("E", "b=2,config=s2h64_m128bs256_x512bs64,kv_format=model1,scenario=invalid,splits=1,epilogue=bf16"),
     ("D5", "shape=b4s2h128m128n256d512,branches=k+k,sink=0,splits=many"),
     ("I1", "s=128,s_kv=1024,ranges=cp,heads=64,head_dim=128,logits_dtype=fp32,compressed=false"),
 ]

@@ -147,7 +147,7 @@ def test_the_pair_kernel_compiles_without_spills_and_converts_by_bit_moves(proje
     spec = load_spec(root=project_root)
     compiler = Compiler(spec.root)
     try:
-        case = dict(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="nvfp4", scenario="plain", splits=1)
+        case = dict(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="nvfp4", scenario="plain", splits=1, epilogue="bf16")
         res = compiler.submit(spec.stages["E"], "sm_90a", case).result()
     finally:
         compiler.close()
@@ -166,7 +166,7 @@ def test_the_neighbouring_group_bug_moves_o_past_the_tolerances():
     from oracles import sparse_decode as sd
 
     for scenario in ("plain", "sink", "dup"):
-        case = dict(b=2, config="s1h64_m96bs64", kv_format="nvfp4", scenario=scenario, splits=1)
+        case = dict(b=2, config="s1h64_m96bs64", kv_format="nvfp4", scenario=scenario, splits=1, epilogue="bf16")
         inputs = sd.make_inputs(case, seed=5)
         ref = sd.reference(inputs, case)["O"]
         kv = inputs["KV"].clone()
@@ -195,7 +195,7 @@ def test_the_planted_bug_reaches_the_compiled_kernel(project_root, tmp_path, mon
     path = project_root / "tests" / "fixtures" / "wrong_e_nvfp4_group" / "sm90.py"
     wrong = dataclasses.replace(spec.stages["E"], kernels={"sm_90a": KernelRef("sm_90a", "tests.fixtures.wrong_e_nvfp4_group.sm90",
                                                                               "Kernel", path)}, dir=path.parent)
-    case = dict(b=2, config="s1h64_m96bs64", kv_format="nvfp4", scenario="plain", splits=1)
+    case = dict(b=2, config="s1h64_m96bs64", kv_format="nvfp4", scenario="plain", splits=1, epilogue="bf16")
     compiler = Compiler(spec.root)
     try:
         got = [compiler.submit(st, "sm_90a", case).result() for st in (spec.stages["E"], wrong)]

@@ -125,7 +125,7 @@ def test_every_case_of_the_matrix_completes(arch, stage_id):
 
 
 def test_model1_wide_chunk_and_both_load_orders_are_in_the_protocol():
-    k = _kernel("E", {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "model1", "splits": 1})
+    k = _kernel("E", {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "model1", "splits": 1, "epilogue": "bf16"})
     raw = [[op.tx for op in P.sparse_sm100(k, 1, half).roles["index"]() if isinstance(op, Arrive) and op.bar == "raw.full"]
            for half in (0, 1)]
     assert sorted(raw[0]) == sorted(raw[1]) == [8192, 8192, 8192, 12288]
@@ -156,7 +156,7 @@ def test_an_arrive_count_off_by_one_deadlocks_and_names_the_barrier():
     assert simulate(good) is None
     short = simulate(_planted(good, "softmax", "p.full", -1))  # 127 of the 128 softmax threads arrive
     assert short and "deadlock" in short and "role mma waits on p.full[0]" in short and "127 of 128" in short, short
-    e = _kernel("E", {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "model1", "splits": 1})
+    e = _kernel("E", {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "model1", "splits": 1, "epilogue": "bf16"})
     missing = simulate(_planted(P.sparse_sm100(e, 2), "dequant", "raw.empty", -1))  # one dequant warp never releases
     assert missing and "deadlock" in missing and "raw.empty[0]" in missing, missing
     extra = simulate(_planted(good, "mma", "kv.empty", +1))
@@ -204,16 +204,16 @@ def test_the_simulator_reports_a_lapped_ring_and_a_stray_arrival():
 PTX_CASES = {  # sm_100a: one compiled case per family (and E's three formats: different protocols)
     "D2": {"shape": "b4s2h128n256d64", "splits": 1},
     "D5": {"shape": "b4s2h128m128n256d512", "splits": "many", "sink": 0},
-    "E/model1": {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "model1", "splits": 1},
-    "E/simple": {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "simple", "splits": 1},
-    "E/v4.1": {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "v4.1", "splits": 1},
+    "E/model1": {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "model1", "splits": 1, "epilogue": "bf16"},
+    "E/simple": {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "simple", "splits": 1, "epilogue": "bf16"},
+    "E/v4.1": {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "v4.1", "splits": 1, "epilogue": "bf16"},
     "I1": {"s": 128, "s_kv": 1024},
     "I2": {"b": 8, "next_n": 2, "block_kv": 64},
 }
 PTX_CASES_SM90 = {  # sm_90a: the decode house (one and two branches), stage E (a pair, alone), the indexers
     "D2": {"shape": "b4s2h128n256d64", "splits": 1},
-    "E/pair": {"b": 2, "config": "s2h128_m128bs256_x1024bs64", "kv_format": "model1", "splits": 1},
-    "E/alone": {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "simple", "splits": "auto"},
+    "E/pair": {"b": 2, "config": "s2h128_m128bs256_x1024bs64", "kv_format": "model1", "splits": 1, "epilogue": "bf16"},
+    "E/alone": {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "simple", "splits": "auto", "epilogue": "bf16"},
     "D5": {"shape": "b4s2h128m128n256d512", "splits": "many", "sink": 0},
     "I1": {"s": 128, "s_kv": 1024},
     "I2": {"b": 8, "next_n": 2, "block_kv": 64},
@@ -331,7 +331,7 @@ def test_an_eager_qk_order_that_outruns_the_ring_deadlocks():
 def test_a_pair_whose_consumers_never_release_the_peer_deadlocks_naming_remote_empty():
     """E on Hopper at h_q 128: without the release on the peer's remote_empty, the peer's producer waits there
     forever."""
-    k = _kernel("E", {"b": 2, "config": "s2h128_m128bs256_x1024bs64", "kv_format": "model1", "splits": 1}, "sm_90a")
+    k = _kernel("E", {"b": 2, "config": "s2h128_m128bs256_x1024bs64", "kv_format": "model1", "splits": 1, "epilogue": "bf16"}, "sm_90a")
     good = P.sparse_sm90(k, 0)
     assert simulate(good) is None
     make = good.roles["attend@0"]

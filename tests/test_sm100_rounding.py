@@ -72,6 +72,8 @@ def _reference(stage: str, inputs: dict, case: dict) -> dict:
 
 def _verdict(stage: str, outs: dict, ref: dict, case: dict) -> tuple[str, str | None, dict]:
     tolerances = SPEC.stages[stage].tolerances_for(case)
+    # E's O_scale (fp8_rope's exponents; empty in bf16, the cases here) is not emulated
+    tolerances = {n: t for n, t in tolerances.items() if not (stage == "E" and n == "O_scale")}
     metrics = {name: compare(outs[name], ref[name]).to_json() for name in tolerances}
     verdict, why = judge(tolerances, metrics)
     return verdict, why, metrics
@@ -310,9 +312,9 @@ CASES = [
     ("I2", {"b": 1, "next_n": 2, "ctx": 200}),
 ]
 E_CASES = [
-    {"config": "s1h64_m96bs64", "kv_format": fmt, "scenario": sc, "splits": 1}
+    {"config": "s1h64_m96bs64", "kv_format": fmt, "scenario": sc, "splits": 1, "epilogue": "bf16"}
     for fmt in ("simple", "model1", "v4.1", "nvfp4") for sc in ("plain", "sink", "invalid", "extreme", "lonely")
-] + [{"config": "s2h64_m128bs256_x512bs64", "kv_format": fmt, "scenario": sc, "splits": 1}
+] + [{"config": "s2h64_m128bs256_x512bs64", "kv_format": fmt, "scenario": sc, "splits": 1, "epilogue": "bf16"}
      for fmt in ("simple",) for sc in ("plain", "sink")]
 
 

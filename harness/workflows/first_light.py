@@ -34,10 +34,10 @@ PLAN: tuple[Step, ...] = (
          if_hang=Step("D2", {"shape": "b4s2h128n256d64", "splits": 1},
                       "the same house at d 64 (one CTA, one PV tile, no O split): a pass here and a hang at d 512 "
                       "points at the O split / several PV tiles")),
-    Step("E", {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "v4.1", "scenario": "invalid", "splits": 1},
+    Step("E", {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "v4.1", "scenario": "invalid", "splits": 1, "epilogue": "bf16"},
          "stage E's producer chain: the index warp, TMA gather4 of 528-byte rows, 4 dequantisation warps; exact "
          "arithmetic (power-of-two scales), so any error is a bug"),
-    Step("E", {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "model1", "scenario": "invalid", "splits": 1},
+    Step("E", {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "model1", "scenario": "invalid", "splits": 1, "epilogue": "bf16"},
          "model1's wide chunk (the 192-byte rope chunk: three gather4 boxes, 12 KiB expect-tx)"),
     Step("D5", {"shape": "b4s2h128m128n256d512", "branches": "k+k", "sink": 0, "splits": "many"},
          "two branches under one softmax, masks, the sink, split-KV with empty splits and SplitCombine"),
