@@ -1,5 +1,4 @@
-"""Stages I1 and I2 on the CPU: quantisers, the paged cache, oracles vs float64 loops, −inf placement, NaN keys,
-generators, and the tolerances failing the named bugs (ReLU dropped; key scale per head)."""
+"""Stages I1/I2 on the CPU: quantisers, paged cache, oracles vs float64 loops, −inf, NaN keys, generators, named bugs."""
 
 import math
 
@@ -37,7 +36,7 @@ def test_per_token_quantiser_round_trips():
     amax = x.abs().amax(dim=1)
     assert torch.equal(scale, amax.clamp(min=1e-4) / 448.0)
     back = ix.dequantize(q, scale)
-    # e4m3: 3 mantissa bits (relative error ≤ 2^-4), subnormal step 2^-9 (absolute ≤ 2^-10 · scale)
+    # e4m3: relative error ≤ 2^-4, subnormal ≤ 2^-10 · scale
     bound = x.double().abs() * 2.0 ** -4 + scale.double()[:, None] * 2.0 ** -10
     assert bool(((back - x.double()).abs() <= bound).all())
     rows = [i for i in range(64) if i != 3]
@@ -52,7 +51,7 @@ def test_paged_cache_packs_and_unpacks_bytewise():
     cache = ix.pack_paged_cache(values, scale)
     assert cache.shape == (5, 16, 1, 132) and cache.dtype == torch.uint8
     raw = cache.reshape(5, -1)
-    # block 2, token 7: its 128 value bytes at 7·128, its scale at 16·128 + 7·4 (DeepGEMM's layout)
+    # block 2, token 7: value bytes at 7·128, scale at 16·128 + 7·4
     assert torch.equal(raw[2, 7 * 128:8 * 128], values[2, 7].view(torch.uint8))
     assert torch.equal(raw[2, 16 * 128 + 28:16 * 128 + 32], scale[2, 7:8].view(torch.uint8))
     v2, s2 = ix.unpack_paged_cache(cache)
@@ -63,7 +62,7 @@ def test_paged_cache_packs_and_unpacks_bytewise():
 
 
 def loops_i1(inputs) -> list[list[float]]:
-    """Plain float64 loops from the spec: relu(q·k·k_scale)·w summed over heads, −inf outside [ks, ke)."""
+    """float64 loops: relu(q·k·k_scale)·w summed over heads, −inf outside [ks, ke)."""
     q = inputs["q"].float().double().tolist()
     k = inputs["kv"].float().double().tolist()
     sc = inputs["kv_scale"].double().tolist()
@@ -186,8 +185,7 @@ def test_i2_oracle_matches_plain_loops(case):
 
 
 def test_i2_context_2d_is_per_token():
-    """context_2d [b, next_n]: the last token's length is the sequence's, others in [0, length] (not causal
-    limits); −inf at j ≥ ctx[i, t]."""
+    """context_2d [b, next_n]: last token's length is the sequence's; −inf at j ≥ ctx[i, t]."""
     case = {"b": 8, "next_n": 2, "ctx": 300, "block_kv": 64}
     c2 = {**case, "context_2d": True}
     assert [s.shape for s in ix.paged_tensors(c2)][2] == (8, 2) and ix.paged_tensors(case)[2].shape == (8,)
@@ -276,8 +274,7 @@ def test_i1_tolerances_fail_the_named_bugs(bug):
 @pytest.mark.parametrize("case", [{"s": 12, "s_kv": 40, "ranges": "cp"}, {"s": 128, "s_kv": 1024, "ranges": "cp"},
                                   {"s": 8, "s_kv": 24, "ranges": "causal"}], ids=_ids)
 def test_i1_compressed_logits_are_the_full_rows_from_ks(case):
-    """compressed logits [s, max(ke − ks)]: column c of row i is key ks[i] + c inside [ks, ke), −inf past it; from
-    plain loops."""
+    """compressed logits: column c of row i is key ks[i] + c, −inf past ke; vs plain loops."""
     comp = {**case, "compressed": True}
     ks, ke = ix.ranges_of(case)
     width = max(e - b for b, e in zip(ks, ke))
@@ -302,8 +299,7 @@ def test_i1_compressed_logits_are_the_full_rows_from_ks(case):
 
 @pytest.mark.parametrize("stage", ["I1", "I2"])
 def test_bf16_logits_are_the_exact_logits_rounded_and_the_bugs_still_fail(stage):
-    """bf16 logits: the reference is the float64 logits rounded to bf16 (−inf kept); fp32 unchanged; the named bugs
-    in bf16 still fail."""
+    """bf16 logits: reference = float64 rounded to bf16; fp32 unchanged; named bugs still fail."""
     if stage == "I1":
         case = {"s": 128, "s_kv": 1024, "ranges": "causal"}
         tensors, make, reference = ix.tensors, ix.make_inputs, ix.reference
@@ -328,7 +324,7 @@ def test_bf16_logits_are_the_exact_logits_rounded_and_the_bugs_still_fail(stage)
 
 
 def _bf16_toward_zero(x):
-    """float64 → fp32 → bf16 by dropping the low 16 bits (round toward zero), back to float64."""
+    """float64 → fp32 → bf16 truncated → float64."""
     f = x.float()
     cut = (f.view(torch.int32) & ~0xFFFF).view(torch.float32)
     return torch.where(torch.isfinite(f), cut, f).double()
@@ -336,8 +332,7 @@ def _bf16_toward_zero(x):
 
 @pytest.mark.parametrize("stage", ["I1", "I2"])
 def test_the_rel_l2_bound_follows_logits_dtype(stage):
-    """rel_l2_max: fp32 1e-3, bf16 2e-3 (docs/INDEXER.md): fp32 at 1.5e-3 fails, bf16 passes; a truncating bf16
-    store (~4e-3) fails."""
+    """rel_l2_max fp32 1e-3, bf16 2e-3: fp32 at 1.5e-3 fails, bf16 passes, truncating bf16 fails."""
     if stage == "I1":
         case = {"s": 128, "s_kv": 1024, "ranges": "causal"}
         make, reference = ix.make_inputs, ix.reference
@@ -400,8 +395,7 @@ def test_kernels_refuse_what_they_cannot_do():
         I2(b=1, next_n=1, block_kv=64, head_dim=256)
     with pytest.raises(ValueError, match="logits_dtype must be one of fp32, bf16, got 'fp16'"):
         I1(s=128, s_kv=1024, logits_dtype="fp16")
-    # I1's persistent table of s / 8 token blocks beside two Q blocks and the K ring: 34808 tokens
-    # fill the 227 KiB exactly (test_indexer_options_compile_on_both_archs compiles it), 8 more do not
+    # I1's table of s / 8 blocks: 34808 tokens fill the 227 KiB exactly, 8 more do not
     I1(s=34808, s_kv=1024)
     with pytest.raises(ValueError, match="s = 34816 needs 233472 B .* smaller chunks of tokens"):
         I1(s=34816, s_kv=1024)
@@ -423,8 +417,7 @@ _I2_CASE = {"b": 1, "next_n": 1, "ctx": 200, "block_kv": 64, "heads": 64, "head_
 
 
 def _probe(tmp_path, arch: str, probe: str, *args) -> dict:
-    """Run a compile probe in a fresh interpreter (arch from the environment) with the lab root and `args`; its
-    last line is JSON."""
+    """Compile probe in a fresh interpreter with `args`; its last line is JSON."""
     import json
     import os
     import subprocess
@@ -463,8 +456,7 @@ print(json.dumps(out))
 
 
 def test_sm90_register_increase_only_where_the_launch_grants_it(tmp_path):
-    """setmaxnreg.inc waits for freed registers: 128 · (launch − LOAD_REGS) ≥ MMA_THREADS · (MMA_REGS − launch); I2
-    at next_n 1 asks none."""
+    """setmaxnreg.inc: 128 · (launch − LOAD_REGS) ≥ MMA_THREADS · (MMA_REGS − launch); I2 next_n 1 asks none."""
     cases = [["I2", _I2_CASE], ["I2", {**_I2_CASE, "next_n": 2}], ["I1", _I1_CASE]]
     got = _probe(tmp_path, "sm_90a", _SETMAXNREG_PROBE, cases, tmp_path)
     for key, (ok, err, regs, inc, threads, mma_threads, mma_regs, load_regs) in got.items():
@@ -494,8 +486,7 @@ print(json.dumps(out))
 
 
 def test_planted_relu_bug_reaches_the_compiled_i1_kernel(tmp_path):
-    """wrong_i1's `head_partial` override must reach the shared epilogue (else its GPU test runs the correct
-    kernel): relu (max.f32) per element in the stage, none in the fixture, same MMAs."""
+    """wrong_i1's `head_partial` override reaches the epilogue: relu per element in the stage, none in it."""
     got = _probe(tmp_path, "sm_90a", _PLANTED_BUG_PROBE, tmp_path)
     for name, (ok, err, _, _) in got.items():
         assert ok, f"{name}: {err}"
@@ -522,8 +513,7 @@ print(json.dumps(out))
 
 
 def test_sm90_epilogue_issues_no_global_load(tmp_path):
-    """Key scales load before the tile's MMA (I2 a block ahead): after the loop's wgmma.wait_group there is no
-    ld.global (issue 31)."""
+    """Key scales load before the tile's MMA: no ld.global after the loop's wgmma.wait_group (issue 31)."""
     cases = [["I1", _I1_CASE], ["I2", {**_I2_CASE, "next_n": 2}]]
     got = _probe(tmp_path, "sm_90a", _EPILOGUE_LOADS_PROBE, cases, tmp_path)
     for key, (ok, err, waits, loads) in got.items():
@@ -585,8 +575,7 @@ print(json.dumps(out))
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_indexer_options_compile_on_both_archs(tmp_path, arch):
-    """Issue 35 item 2: 32 heads, head_dim 32 / 64 (N = tokens · heads, d / 32 MMAs a tile), bf16 logits (16-bit
-    stores after cvt.rn.bf16.f32), compressed, 2-D context, I1 at its longest s, on both archs."""
+    """Issue 35.2: 32 heads, head_dim 32/64, bf16 logits, compressed, 2-D context, I1 longest s, both archs."""
     cases = [["I1", {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 32, "head_dim": 64}],
              ["I2", {"b": 8, "next_n": 2, "ctx": 200, "block_kv": 64, "heads": 32, "head_dim": 32}],
              ["I2", {"b": 8, "next_n": 1, "ctx": 200, "block_kv": 64, "logits_dtype": "bf16"}],
@@ -611,8 +600,7 @@ def test_indexer_options_compile_on_both_archs(tmp_path, arch):
 
 
 def test_persistent_shares_cover_every_block_once_and_balance():
-    """share_segments (I2 block_share, I1 table_share): every (block, tile) pair in exactly one CTA, in order,
-    shares within one pair; edge cases."""
+    """share_segments: every (block, tile) pair in exactly one CTA, in order; edge cases."""
     import random
 
     from stages.common.indexer import block_tiles, share_segments
@@ -636,8 +624,7 @@ def test_persistent_shares_cover_every_block_once_and_balance():
 
 
 def test_i2_sm90_slots_must_be_a_multiple_of_the_mma_warpgroups():
-    """With STAGES % W ≠ 0 a parity wait can pass on another warpgroup's slot (seen on the GPU: W 3, 8 slots, a
-    launch failure): refused."""
+    """STAGES % W ≠ 0 (a parity wait passing on another warpgroup's slot) is refused."""
     from stages.I2_paged_mqa_logits.sm90 import Kernel
 
     with pytest.raises(ValueError, match="multiple of the warpgroups"):
@@ -647,8 +634,7 @@ def test_i2_sm90_slots_must_be_a_multiple_of_the_mma_warpgroups():
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
 def test_i1_fill_warps_use_the_common_fill_outside(arch):
-    """I1's fill warps on both archs are one call of indexer.py `fill_outside`, not a copy of its branches (moved
-    with identical PTX/SASS)."""
+    """I1's fill warps on both archs call indexer.py `fill_outside`, not a copy of it."""
     import ast
 
     from tests.conftest import ROOT
@@ -681,8 +667,7 @@ print(json.dumps(out))
 
 
 def test_planted_stale_weights_reach_the_compiled_i2_kernel(tmp_path):
-    """wrong_i2's `segment_weights` override must reach the kernel (else its GPU test runs the correct one): same
-    MMAs, different PTX."""
+    """wrong_i2's `segment_weights` override reaches the kernel: same MMAs, different PTX."""
     got = _probe(tmp_path, "sm_90a", _PLANTED_I2_PROBE, tmp_path)
     for name, (ok, err, _, _) in got.items():
         assert ok, f"{name}: {err}"
@@ -694,8 +679,7 @@ def test_planted_stale_weights_reach_the_compiled_i2_kernel(tmp_path):
                                             ("wrong_e_window", "E_sparse_decode"),
                                             ("wrong_e_nvfp4_group", "E_sparse_decode"), ("wrong_e_rope_sign", "E_sparse_decode")])
 def test_planted_bug_fixtures_override_only_hooks(fixture, stage):
-    """A fixture copying a long method tests old code once the method changes: fixtures replace only the kernel's
-    named hooks."""
+    """Fixtures replace only the kernel's named hooks, never copy a long method."""
     import ast
 
     from tests.conftest import ROOT

@@ -1,4 +1,4 @@
-"""The notebook stays small without losing anything, and the tracked tree stays within the device carry's budget."""
+"""The notebook stays small losslessly; the tracked tree fits the device carry."""
 
 import json
 import lzma
@@ -14,8 +14,7 @@ from harness.notebook.records import (Record, _read_archive, archive_file, iter_
                                       segment_file, stage_file)
 from tests.conftest import ROOT, load_script, write_records
 
-# The GPU machine receives the checkout's tracked files and the CuTeDSL pack (.device) in one carry of
-# at most 64 MiB; the pack takes about 59.9 MiB, so the project keeps the tracked tree under 3 MiB.
+# The tracked tree and the CuTeDSL pack (~59.9 MiB) share one 64 MiB carry.
 TRACKED_BUDGET = 3 * 1024 * 1024
 CARRY_CAP = 64 * 1024 * 1024
 PACK_SIZE_KNOWN = "59.9 MiB"
@@ -223,7 +222,7 @@ def test_a_cut_off_last_stream_costs_one_warning_and_keeps_every_stream_before(t
     assert [r.compile.get("inv") for r in got] == [_variant(0), _variant(1), None]  # only the cut-off table is lost
     cut = [x for x in warn if "xz stream" in x]
     assert len(cut) == 1 and f"byte {last}:" in cut[0] and str(path) in cut[0] and "cut off" in cut[0]
-    # A writer after the crash appends behind the fragment; its inventory reads back, the fragment still costs one warning.
+    # A writer after the crash appends behind the fragment; still one warning.
     _write(tmp_path, [3])
     warn = []
     got = read_records(tmp_path, ["A"], warn)
@@ -257,7 +256,7 @@ def test_compacting_keeps_what_a_line_names_and_a_dropped_inventory_costs_one_ta
     path = store_file(results_dir(tmp_path))
     assert _streams(path) == 1 and len(lzma.decompress(path.read_bytes()).splitlines()) == 3
     assert [r.compile["inv"] for r in read_records(tmp_path, ["A"], [])] == [_variant(1), _variant(2)]
-    # A record whose inventory was dropped anyway (a line the script could not see) keeps the rest.
+    # A record whose inventory was dropped keeps the rest.
     with open(stage_file(tmp_path, "A"), "a") as fh:
         fh.write(lines[0] + "\n")
     warn: list[str] = []
@@ -295,7 +294,7 @@ def test_archived_lines_carry_their_inventories_inline(tmp_path):
     archived = [json.loads(x) for x in _read_archive(archive_file(stage_file(tmp_path, "A")), None).splitlines()]
     assert [a["compile"]["inv"] for a in archived] == [_variant(0), _variant(1)]
     assert all(a["compile"]["sass"] == SASS for a in archived)
-    # The store now serves only the live record: compacting keeps just its two tables, and nothing is lost.
+    # Compacting keeps just the live record's two tables.
     assert _compact_script().named_ids(tmp_path, InventoryStore(results_dir(tmp_path))) == {content_id(SASS), content_id(_variant(2))}
     rewrite_store(InventoryStore(results_dir(tmp_path)), _compact_script().named_ids(tmp_path, InventoryStore(results_dir(tmp_path))))
     warn: list[str] = []
@@ -303,7 +302,7 @@ def test_archived_lines_carry_their_inventories_inline(tmp_path):
 
 
 def _archive_the_old_way(root) -> Path:
-    """Stage A's lines moved to its archive as they are (with store ids, as before inlining)."""
+    """Stage A's lines moved to its archive as they are."""
     path = stage_file(root, "A")
     archive = archive_file(path)
     archive.parent.mkdir(parents=True)
@@ -541,7 +540,7 @@ def test_show_and_the_dashboard_read_an_env_by_id_and_a_missing_one_is_one_line(
     assert "OK.jsonl:1: env names env block" in out.stderr and "does not hold" in out.stderr
 
 
-# --- the live records sealed: results/records/<stage>.jsonl.xz, read between archive and plain file ---
+# --- sealed segments: results/records/<stage>.jsonl.xz ---
 
 def _seal(root, stage: str = "A"):
     from harness.notebook.archive import seal
@@ -567,7 +566,7 @@ def test_records_read_archive_then_segment_then_plain_in_order(tmp_path):
     assert read_records(tmp_path, ["A"], warn)[3] == rec(3, "new")  # ids in the segment read back as values
     path.unlink()  # a stage whose live lines are all in its segment is still a stage with records
     assert [r.id for r in read_records(tmp_path, None, warn)] == ids[:6] and not warn
-    # A bad line of the segment is skipped and named like any other: file, line (of its text).
+    # A bad segment line is skipped and named: file, line.
     lines = lzma.decompress(segment.read_bytes()).splitlines()
     segment.write_bytes(lzma.compress(b"\n".join([lines[0], b'{"v": 1, "id": "cut', *lines[1:]]) + b"\n"))
     assert [r.id for r in read_records(tmp_path, ["A"], warn)] == ids[:6]
@@ -663,8 +662,7 @@ def test_a_duplicate_id_across_segment_and_plain_reads_as_it_does_across_archive
     assert notebooks["segment"] == notebooks["archive"]  # both read, in their places: the newest is the later
     from harness.notebook.records import newest
     assert newest(notebooks["segment"], "A", "sm_90a", {"n": 0}).status == "fail"
-    # Sealing again keeps both lines; a line the segment holds already, byte for byte (a crash
-    # between writing the segment and emptying the plain file), is read twice but not sealed twice.
+    # Sealing again: a line the segment already holds is read twice, not sealed twice.
     root = tmp_path / "segment"
     path = stage_file(root, "A")
     leftover = lzma.decompress(segment_file(path).read_bytes()).splitlines()[1]
@@ -712,8 +710,7 @@ def test_compaction_that_would_lose_a_record_says_so_in_one_line(fake_lab, monke
 
 
 def test_compact_results_help_and_an_unknown_option_touch_nothing(tmp_path):
-    """`--help` prints the usage (exit 0) and an unknown option is one line (exit 2); neither is
-    taken for LAB_ROOT (which once made a folder named `--help` and ended in a traceback)."""
+    """`--help` exits 0, an unknown option is one line (exit 2); neither is taken for LAB_ROOT."""
     import subprocess
     import sys
 

@@ -1,24 +1,7 @@
-"""Every sm100 kernel's arithmetic, emulated on the CPU against its stage's tolerances (issue 34
-item 1): the sm100 kernels have only been compiled, so whether their rounding plan can meet
-the tolerances of stages.yaml is checked here, before a B200 ever runs them.
+"""Every sm100 kernel's rounding plan, emulated on the CPU against its stage's tolerances (issue 34 item 1).
 
-Each kernel is modelled by where it rounds and where it scales, in float64 otherwise (an fp32
-accumulator of at most a few thousand bf16 / e4m3 products is taken as exact):
-
-    A        S = fp32(Q·Kᵀ)                                                   (A_qk/sm100.py)
-    B        P = bf16(fp32(Q·Kᵀ)); O = bf16(P·V)                              (B_identity_pv/sm100.py)
-    C, D1    online softmax over kv tiles, P = bf16(exp(s − m_run)) for P·V, ℓ sums the
-             unrounded P; O = bf16(O/ℓ), LSE fp32                             (C_online_softmax, D1_headdim)
-    D2–D5    the same per 64-key tile of the decode house; D5 folds the sink into O
-             (stages/common/sm100_decode.py softmax_role / epilogue)
-    E        the ring holds K_ring = bf16(e4m3 × scale) ("keys") or the exact e4m3 values
-             ("scores", the scale applied to S before the row max and to P before the bf16
-             cast, ℓ summing the unscaled P) — per format, as the kernel's KEY_SCALE says
-             (read from stages/E_sparse_decode/sm100.py, so the test follows the kernel)
-    I1, I2   fp32(e4m3·e4m3) accumulators, Σ_h w·relu(S), × k_scale after the sum (fp32)
-
-Judged against the stage's oracle by harness.execution.metrics under the stage's tolerances, on
-small cases (seconds in all); test_old_e_simple_plan_fails_lse shows the check bites.
+Rounds where the kernel rounds, float64 otherwise; E's key scale per KEY_SCALE of E's sm100.py.
+test_old_e_simple_plan_fails_lse shows the check bites.
 """
 
 import ast
@@ -38,7 +21,7 @@ E_SM100 = ROOT / "stages" / "E_sparse_decode" / "sm100.py"
 
 
 def _bf16(x):
-    """float64 → fp32 → bf16 (round to nearest even) → float64: a kernel's cast of an fp32 value."""
+    """float64 → fp32 → bf16 (nearest even) → float64."""
     return x.float().bfloat16().double()
 
 
@@ -47,8 +30,7 @@ def _f32(x):
 
 
 def _stage_case(stage: str, **axes) -> dict:
-    """A case of `stage`'s test matrix (values must be in it: a dropped case is no evidence), other axes at their
-    first value."""
+    """A case of `stage`'s test matrix (values must be in it), other axes at their first value."""
     st = SPEC.stages[stage]
     case = {}
     for axis, values in st.matrix.items():
@@ -83,14 +65,10 @@ def _verdict(stage: str, outs: dict, ref: dict, case: dict) -> tuple[str, str | 
 
 
 def online_attention(q, k, v, valid, scale: float, tile: int, k_scale=None, sink=None):
-    """The sm100 attention kernels' arithmetic, batched over G independent groups.
+    """sm100 attention arithmetic over G groups: q [G, R, d], k [G, N, d], v [G, N, dv], valid [G, R|1, N].
 
-    q [G, R, d] (rows of a group share its keys), k [G, N, d], v [G, N, dv], valid bool [G, R, N]
-    (or [G, 1, N]), k_scale [G, N] or None: a per-key factor on S (before the row max) and on P
-    (after ℓ has summed it, before the bf16 cast).  Per tile of `tile` keys: m_new = max(m,
-    max s), α = exp(m − m_new) (0 while m = −inf), p = exp(s − m_new), ℓ = α·ℓ + Σ p,
-    O = α·O + bf16(p · k_scale)·v.  End: O/ℓ (a row with ℓ = 0: O = 0, LSE = +inf), times the
-    sink's 1/(1 + exp(sink − LSE)) when given.  Returns (O float64 [G, R, dv], LSE [G, R])."""
+    Online softmax per `tile` keys; k_scale on S and on P (after ℓ, before bf16); sink folded in.
+    Returns (O [G, R, dv], LSE [G, R])."""
     G, R, _ = q.shape
     N, dv = k.shape[1], v.shape[2]
     m = torch.full((G, R), -math.inf, dtype=torch.float64)
@@ -206,8 +184,7 @@ def e_key_scale_plan() -> dict[str, str]:
 
 
 def _e_branch(inputs, c, fmt: str, extra: bool, plan: str):
-    """(K_ring [b, s_q, k, 512], k_scale [b, s_q, k] or None, valid [b, s_q, k]) of one list,
-    padded to whole 64-key tiles (the kernel's tile space)."""
+    """(K_ring, k_scale or None, valid) of one list, padded to whole 64-key tiles."""
     from oracles import kvcache as kc
     from oracles.sparse_decode import branch_keys
 
@@ -224,7 +201,7 @@ def _e_branch(inputs, c, fmt: str, extra: bool, plan: str):
             kv, k_scale = e4m3, scale
         else:  # the dequantiser's bf16(fp32(e4m3 · scale))
             kv = _bf16(_f32(e4m3 * scale[..., None]))
-    else:  # model1 / v4.1: e8m0 scales, bf16(e4m3 · 2^e) exact; nvfp4: bf16(e2m1 · e4m3) exact; the rope as stored
+    else:  # bf16 of the stored values is exact per format
         kv = _bf16(kv)
         assert plan == "keys", f"{fmt}: its e8m0 scale is exact in the key; KEY_SCALE says {plan!r}"
     pad = -idx.shape[-1] % 64
@@ -345,15 +322,13 @@ def test_e_sm100_rounding_meets_tolerance(axes):
 
 
 def test_e_simple_scales_after_the_mma():
-    """simple's fp32 key scale is applied in fp32 to S and P, as on sm90 (issue 34 item 1)."""
+    """simple's fp32 key scale is applied in fp32 to S and P, as on sm90."""
     assert e_key_scale_plan() == {"simple": "scores", "model1": "keys", "v4.1": "keys", "nvfp4": "keys"}
 
 
 @pytest.mark.parametrize("scenario", ["plain", "sink"])
 def test_old_e_simple_plan_fails_lse(scenario):
-    """The plan sm100 had before issue 34 — bf16(e4m3 × fp32 scale) in the ring — misses E's LSE
-    tolerance (rel L2 ≤ 1e-5) on `simple` by 20–40×: this emulation is the test that would
-    have caught it."""
+    """The pre-issue-34 plan (bf16(e4m3 × scale) in the ring) misses E's LSE tolerance on `simple`."""
     old = {"simple": "keys", "model1": "keys", "v4.1": "keys"}
     axes = {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "simple", "scenario": scenario, "splits": 1}
     verdict, why, metrics = _check("E", axes, emulate=lambda i, c: emulate_E(i, c, old))

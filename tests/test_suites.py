@@ -1,5 +1,4 @@
-"""The peers' own test suites (oracles/suites/, docs/SUITES.md): case lists, generators, pass rules, executor, bad
-blocks."""
+"""The peers' suites (oracles/suites/): case lists, generators, pass rules, executor, bad blocks."""
 
 import json
 import math
@@ -39,8 +38,7 @@ def _why(*mods) -> Counter:
 
 
 def test_flashmla_case_list_matches_upstream_gen_testcase():
-    """FlashMLA@9241ae3 gen_testcase(): 3680 correctness + 1036 corner + 32 performance cases;
-    246 of them DeepSeek-V3.2's d_qk 576 (as the issue counts), 4 the topk 16384 peak cases."""
+    """FlashMLA@9241ae3: 3680 + 1036 corner + 32 performance cases; 246 at d_qk 576, 4 at topk 16384."""
     from oracles.suites import flashmla_sparse as f
 
     u = f.upstream()
@@ -62,8 +60,7 @@ def test_flashmla_case_list_matches_upstream_gen_testcase():
 
 
 def test_deepgemm_case_lists_match_upstream(monkeypatch):
-    """DeepGEMM@54e2261 (sm90: 192 MQA + 24 paged) and @80ceeb2 (24 + 6): 246 cases, 41 of
-    them in reach of I1/I2 with 64 heads of 128 only — the issue's counts, per reason too."""
+    """DeepGEMM@54e2261 + @80ceeb2: 246 cases, 41 in reach of I1/I2 (64 heads of 128), per reason."""
     from oracles.suites import deepgemm_mqa as m, deepgemm_paged as p
 
     for mod in (m, p):  # the tables before issue 35 (the counts it names)
@@ -82,7 +79,7 @@ def test_deepgemm_case_lists_match_upstream(monkeypatch):
 
 
 def test_a_table_edit_makes_cases_supported(monkeypatch):
-    """Reasons come from each module's table: editing it when a kernel grows an option makes its cases supported."""
+    """Reasons come from each module's table."""
     from oracles.suites import flashmla_sparse as f
 
     assert sum(not f.reasons(u) for u in f.upstream()) == 4502  # topk up to 32768 (issue 35 item 1)
@@ -96,8 +93,7 @@ def test_a_table_edit_makes_cases_supported(monkeypatch):
 
 
 def test_deepgemm_heads_and_head_dims_are_supported_and_reach_the_kernel(monkeypatch):
-    """Issue 35 item 2: heads 32 | 64, head_dim 32 | 64 | 128 supported (72 of 216 MQA, 12 of 30 paged: 84 of 246)
-    and reach the kernel."""
+    """Issue 35.2: heads 32|64, head_dim 32|64|128 supported (84 of 246) and reach the kernel."""
     from harness.spec.spec import load_spec
     from oracles.suites import deepgemm_mqa as m, deepgemm_paged as p
 
@@ -116,8 +112,7 @@ def test_deepgemm_heads_and_head_dims_are_supported_and_reach_the_kernel(monkeyp
 
 
 def test_deepgemm_bf16_logits_are_supported_and_reach_the_kernel():
-    """Issue 35 item 2: bf16 logits: 120 of 216 and 18 of 30 supported (138 of 246); the dtype reaches the kernel
-    and output."""
+    """Issue 35.2: bf16 logits: 138 of 246 supported; the dtype reaches kernel and output."""
     from harness.spec.spec import load_spec
     from oracles.suites import deepgemm_mqa as m, deepgemm_paged as p
 
@@ -133,8 +128,7 @@ def test_deepgemm_bf16_logits_are_supported_and_reach_the_kernel():
 
 
 def test_deepgemm_compressed_logits_are_supported_and_judged_decompressed():
-    """Issue 35 item 2: compressed: all 216 MQA (234 of 246); logits [s, max(ke − ks)], `compressed` to the kernel,
-    judged via `decompress`."""
+    """Issue 35.2: compressed: 234 of 246; `compressed` reaches the kernel, judged via `decompress`."""
     import torch
 
     from harness.spec.spec import load_spec
@@ -160,8 +154,7 @@ def test_deepgemm_compressed_logits_are_supported_and_judged_decompressed():
 
 
 def test_deepgemm_context_2d_is_supported_and_reaches_the_kernel():
-    """Issue 35 item 2: 2-D context: all 30 paged (all 246); per-token lengths [b, next_n] as context_2d; flops
-    count each token's keys."""
+    """Issue 35.2: 2-D context: all 246; per-token lengths as context_2d; flops per token."""
     from harness.spec.spec import load_spec
     from oracles.suites import deepgemm_paged as p
 
@@ -206,7 +199,7 @@ def test_flashmla_generators_follow_upstream_distributions():
     case = _case(f, i)
     x = f.make_inputs(case, seed=123)
     assert torch.equal(x["Q"], f.make_inputs(case, seed=7)["Q"])  # seeded by the upstream case, not --seed
-    # upstream's sm_scale = d_qk^-0.55, passed to E as its softmax_scale input (fp32), Q unscaled
+    # sm_scale = d_qk^-0.55 as E's softmax_scale input, Q unscaled
     assert x["softmax_scale"].dtype == torch.float32 and tuple(x["softmax_scale"].shape) == (1,)
     assert float(x["softmax_scale"][0]) == float(torch.tensor(512 ** -0.55, dtype=torch.float32))
     q = x["Q"].float()
@@ -318,8 +311,7 @@ def test_deepgemm_rule_passes_the_reference_and_fails_planted_errors():
     hole[0, 0] = -math.inf
     bad = diff_below(hole.float(), {"unquantised": (ref, 1e-3)}, neginf_ref=ref)
     assert not bad["suite_ok"] and "-inf at 3585 positions, the reference at 3584" in bad["suite_why"]
-    # 54e2261's paged rule (clean_logits off) compares no mask: a hole still fails (its diff is NaN), finite
-    # values where the reference is −inf are masked away as upstream masks them
+    # 54e2261's paged rule: a hole still fails (NaN diff); finite vs −inf is masked as upstream does
     assert not diff_below(hole.float().masked_fill(ref == -math.inf, 0), {"u": (ref, 1e-3)})["suite_ok"]
     junk = ref.masked_fill(ref == -math.inf, 5.0)
     assert diff_below(junk.float().masked_fill(ref == -math.inf, 0), {"u": (ref, 1e-3)})["suite_ok"]
@@ -376,8 +368,7 @@ def _suite_stage(sid: str, entry: str = "Add", criterion: str = "criterion", ext
 
 @pytest.fixture(autouse=True)
 def _fresh_oracles(monkeypatch):
-    """Suite cases import in-process: the fake lab's `oracles` must be found, not an earlier test's (the suite
-    failed on test order)."""
+    """Suite cases find the fake lab's `oracles`, not an earlier test's (order-proof)."""
     import sys
 
     for name in [m for m in sys.modules if m == "oracles" or m.startswith("oracles.")]:
@@ -470,7 +461,7 @@ def test_a_bad_suite_is_one_line(fake_lab, body, extra, says):
 
 
 def test_all_means_the_ladder_not_the_suites(suite_lab):
-    """`run --all` runs the ladder's stages; a suite stage runs when named (or by `suite NAME`)."""
+    """`run --all` runs the ladder; a suite stage runs only when named."""
     from harness.commands.base import stages_of
     from harness.spec.spec import load_spec
 
@@ -519,8 +510,7 @@ def test_suite_command_runs_and_lists_a_suite(suite_lab):
 
 @pytest.mark.gpu
 def test_deepgemm_mqa_reference_on_the_gpu_equals_the_stage_reference():
-    """The suite's GPU reference (mqa_fused.py) equals stage I1's on upstream cases: compressed/full, cp/causal,
-    32/64 heads, d 32/128."""
+    """The suite's GPU reference equals stage I1's on upstream cases."""
     import torch
 
     from oracles import indexer
@@ -545,8 +535,7 @@ def test_deepgemm_mqa_reference_on_the_gpu_equals_the_stage_reference():
 
 
 def test_flashmla_reference_in_batch_chunks_equals_it_whole(monkeypatch):
-    """The chunked reference (REFERENCE_KV_BYTES; b 148 × topk 16384 ran out of memory whole) equals E's
-    whole-batch one."""
+    """The chunked reference (REFERENCE_KV_BYTES) equals E's whole-batch one."""
     import torch
 
     from oracles import sparse_decode as sd
