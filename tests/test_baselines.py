@@ -1,6 +1,4 @@
-"""results/baselines.yaml.xz under bad input and races, compile-only baselines, and the git hook's
-interpreter.
-"""
+"""results/baselines.yaml.xz under bad input and races, compile-only baselines, the git hook's interpreter."""
 
 import io
 import lzma
@@ -196,7 +194,7 @@ def _accept_many(lab: str, stage: str, n: int, barrier) -> None:
 
 
 def test_concurrent_accepts_of_two_stages_lose_nothing(fake_lab):
-    """Two processes, ten accepts each (one case of its own stage each): all twenty baselines are there at the end."""
+    """Two processes, ten accepts each: all twenty baselines are there at the end."""
     n = 10
     values = ", ".join(str(16 * (i + 1)) for i in range(n))
     _add_stage(fake_lab, "P1", "{cpu: {module: stages.fake.cpu, entry: Add}}", f"{{n: [{values}]}}")
@@ -221,7 +219,7 @@ def test_concurrent_accepts_of_two_stages_lose_nothing(fake_lab):
 
 @pytest.fixture
 def blab(fake_lab):
-    """A stage with a run arch (cpu) and a compile-only arch (sm_100a: no device here)."""
+    """A stage with a run arch (cpu) and a compile-only arch (sm_100a)."""
     _add_stage(fake_lab, "HD", "{cpu: {module: stages.fake.cpu, entry: Add}, sm100: {module: stages.fake.cpu, entry: Add}}",
                "{hd: [64, 512], n: [16]}")
     return fake_lab
@@ -262,8 +260,7 @@ def test_accept_refuses_a_compile_error_and_asks_to_compile_what_has_no_record(b
 
 
 def test_accept_keeps_a_run_baseline_where_the_arch_cannot_run(blab):
-    """sm_100a with a run baseline (from a B200): no fresh pass here, a compiled record exists
-    — the run baseline is kept, never replaced by a compile-only one."""
+    """sm_100a with a run baseline and only a compiled record here: the run baseline is kept."""
     spec = load_spec(root=blab)
     run_b = Baseline("HD", "sm_100a", "hd=64,n=16", "b200.1", "old", {"out": {"cosine": 0.999}})
     baselines.save(blab, [run_b])
@@ -331,8 +328,7 @@ def test_sass_mma_counts_are_compared_when_both_sides_have_sass(blab):
 
 
 def test_a_record_without_the_inventory_proves_nothing(blab):
-    """A compiled record written before the lab kept the inventory is not a result for a
-    compile-only baseline: the case is stale, never a pass."""
+    """A compiled record without the inventory is stale for a compile-only baseline, never a pass."""
     spec = load_spec(root=blab)
     base = _compiled(spec, "HD", C64)
     _baseline_from(blab, base)
@@ -342,8 +338,7 @@ def test_a_record_without_the_inventory_proves_nothing(blab):
 
 
 def test_stale_compile_only_cases_are_recompiled_by_the_gate(blab):
-    """A stale compile-only case is recompiled here (not 'run it first'): the kernel no longer
-    builds (Add is no CuTe kernel), so the gate names a compile error and writes the record."""
+    """A stale compile-only case is recompiled: the gate names the compile error and writes the record."""
     spec = load_spec(root=blab)
     base = _compiled(spec, "HD", C64, src="0ld0ld0ld0ld")
     _baseline_from(blab, base)
@@ -403,8 +398,7 @@ def _commit(lab: Path, env: dict) -> subprocess.CompletedProcess:
 
 
 def test_hook_runs_with_the_installing_interpreter_when_nothing_is_on_path(blab, monkeypatch):
-    """The hook names the absolute interpreter and the lab's code: with PATH=/usr/bin:/bin, no PYTHONPATH, it still
-    gates."""
+    """The hook names the absolute interpreter: with PATH=/usr/bin:/bin, no PYTHONPATH, it still gates."""
     assert gate.install_hook(blab) == 0
     hook = (blab / ".git" / "hooks" / "pre-commit").read_text()
     assert str(Path(sys.executable).absolute()) in hook and str(ROOT) in hook and "exec python3 " not in hook
@@ -423,8 +417,7 @@ def test_hook_runs_with_the_installing_interpreter_when_nothing_is_on_path(blab,
 
 
 def test_the_gate_reads_records_only_when_nothing_changed(blab):
-    """Fresh compile-only and run results: the gate decides without importing torch or CuTeDSL
-    and without compiling anything."""
+    """Fresh results: the gate decides without importing torch or CuTeDSL, compiling nothing."""
     spec = load_spec(root=blab)
     _write_records(blab, [_compiled(spec, "HD", C64), _pass(spec, "HD", C64)])
     assert _accept(blab, "--hd", "64").returncode == 0
@@ -440,8 +433,7 @@ def test_the_gate_reads_records_only_when_nothing_changed(blab):
 
 
 def test_hook_gates_a_lab_in_a_subfolder_of_the_repository(tmp_path, monkeypatch):
-    """git runs hooks at the repository's top: the hook cds to the lab, and a committer's DSV4_LAB_ROOT does not
-    redirect it."""
+    """The hook cds to the lab; a committer's DSV4_LAB_ROOT does not redirect it."""
     import shutil
 
     from tests.conftest import FIXTURES
@@ -468,8 +460,7 @@ def test_hook_gates_a_lab_in_a_subfolder_of_the_repository(tmp_path, monkeypatch
 
 
 def test_a_compile_baseline_is_written_in_flow_style_and_reads_back(tmp_path):
-    """Compile and run baselines (even without metrics) are each one flow mapping on one line, and read back the
-    same."""
+    """Compile and run baselines are each one flow mapping on one line, read back the same."""
     inv = {"(all)": 294, "tcgen05.mma.cta_group::1.kind::f16": 8}
     b = Baseline("A", "sm_100a", "hd=128", "r.3", "abc",
                  tolerance=dict(baselines.COMPILE_TOLERANCE),
@@ -488,7 +479,7 @@ def test_a_compile_baseline_is_written_in_flow_style_and_reads_back(tmp_path):
         sorted([b, shallow, other], key=lambda x: (x.arch, x.case))
 
 
-# -- run baselines keep their metric values to the digits the gate needs
+# -- run baselines keep the digits the gate needs
 
 
 def _rec_with(metrics: dict) -> Record:
@@ -510,7 +501,7 @@ def test_run_baseline_metrics_are_rounded_and_their_own_record_still_holds():
     assert rounded["O"]["cosine"] != EXACT["O"]["cosine"]  # it did round
     b = Baseline("A", "sm_90a", "n=1", "r9.1", "x", rounded)
     assert gate.compare(b, _rec_with(EXACT)) == []  # the record the baseline was taken from passes it
-    # and the gate still sees a real change: the cosine down by 2e-6, max_abs up by 30 %
+    # and the gate still sees a real change
     worse = {"O": {**EXACT["O"], "cosine": EXACT["O"]["cosine"] - 2e-6}, "LSE": {**EXACT["LSE"], "max_abs": 1605.0}}
     assert {(f.output, f.metric) for f in gate.compare(b, _rec_with(worse))} == {("O", "cosine"), ("LSE", "max_abs")}
 
@@ -525,12 +516,12 @@ def test_a_zero_tolerance_keeps_the_exact_value():
 
 
 def test_accept_takes_rounded_metrics_from_the_record():
-    # accept builds a run baseline from metrics_of(record); the saved file holds those values
+    # accept saves metrics_of(record)'s values
     got = baselines.metrics_of(_rec_with({out: {**m, "nonfinite": 0} for out, m in EXACT.items()}))
     assert got == baselines.gated_metrics(EXACT, baselines.DEFAULT_TOLERANCE) != EXACT
 
 
-# -- compile baselines in their own xz file (results/compile_baselines.yaml.xz)
+# -- compile baselines: results/compile_baselines.yaml.xz
 
 
 COMP = {"status": "compiled", "regs": 160, "spill": 0, "smem": 80000, "inv": {"(all)": 900,
@@ -640,7 +631,7 @@ def test_a_corrupt_xz_file_is_one_line_and_accept_overwrites_nothing(fake_lab, b
 
 @pytest.mark.parametrize("arch, kind", [("sm_100a", "compile-only"), ("cpu", "run")])
 def test_the_staged_gate_reads_the_baselines_from_the_index(blab, arch, kind):
-    """`gate --staged` reads the staged (xz) baselines from the git index, even with the working tree's file gone."""
+    """`gate --staged` reads the baselines from the git index, even with the working file gone."""
     spec = load_spec(root=blab)
     _write_records(blab, [_compiled(spec, "HD", C64) if kind == "compile-only" else _pass(spec, "HD", C64)])
     r = _accept(blab, "--arch", arch, "--hd", "64")
@@ -656,8 +647,7 @@ def test_the_staged_gate_reads_the_baselines_from_the_index(blab, arch, kind):
 
 @pytest.mark.parametrize("crash_at", [2, 3])
 def test_a_case_changing_kind_is_never_lost_when_a_write_is_cut_short(fake_lab, monkeypatch, crash_at):
-    """A run baseline turned compile-only moves files; dying between the writes leaves it in one or both files,
-    never neither."""
+    """Run → compile-only moves files; dying between the writes leaves it in one or both, never neither."""
     run_k = Baseline("OK", "sm_100a", "n=16", "b200.1", "s", {"out": {"cosine": 0.999}})
     baselines.save(fake_lab, [run_k, RUN_B])
     writes = []
@@ -692,8 +682,7 @@ def test_a_save_whose_text_would_read_back_as_another_baseline_writes_nothing(fa
 
 
 def test_the_real_baselines_round_trip_one_line_a_case(tmp_path, monkeypatch):
-    """The project's own baselines (a copy) round-trip unchanged, one flow-mapping line a case (diffs under `xz
-    -dc`)."""
+    """The project's own baselines round-trip unchanged, one line a case."""
     monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path / "cache"))
     lab = tmp_path / "lab"
     (lab / "results").mkdir(parents=True)
@@ -778,8 +767,7 @@ def test_a_move_cut_short_after_the_xz_is_written_loses_nothing(fake_lab, monkey
 
 
 def test_drop_all_removes_the_baselines_of_cases_the_matrix_no_longer_has(fake_lab):
-    """A renamed axis (issue 35 gave I1 `heads=…`) orphans baselines: the gate says to use --all, and `drop --all`
-    removes them."""
+    """A renamed axis orphans baselines: the gate says to use --all; `drop --all` removes them."""
     from tests.conftest import baselines_text, write_baselines
 
     gone = GOOD_RUN.replace("      n=16:\n", "      n=16,width=3:\n")
@@ -800,8 +788,7 @@ def test_drop_all_removes_the_baselines_of_cases_the_matrix_no_longer_has(fake_l
 
 
 def test_drop_gone_removes_only_the_baselines_of_cases_the_matrix_no_longer_has(fake_lab):
-    """`drop STAGE --gone` removes only baselines of cases gone from the matrix; again: "nothing gone", exit 0;
-    with --all or filters: usage line."""
+    """`drop STAGE --gone` removes only cases gone from the matrix; again: "nothing gone", exit 0; filters: usage."""
     gone = GOOD_RUN.replace("      n=16:\n", "      n=16,width=3:\n")
     also = GOOD_RUN.split("    cpu:\n", 1)[1]
     write_baselines(fake_lab, gone + also + also.replace("n=16:", "n=32:").replace("r.1", "r.2")

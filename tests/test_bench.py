@@ -1,5 +1,4 @@
-"""`dsv4-lab bench`: the bench block's validation, the plan, the row-sampled check, bench records, the no-GPU
-answer (never exit 0)."""
+"""`dsv4-lab bench`: validation, plan, row-sampled check, records, the no-GPU answer (never exit 0)."""
 
 import json
 from pathlib import Path
@@ -57,10 +56,10 @@ def test_bench_block_loads(fake_lab):
     st = load(fake_lab).stages["OK"]
     plan = st.bench_plan
     assert plan is not None
-    # axes left out take the test matrix's first value; numbers may lie outside the test matrix
+    # omitted axes take the test matrix's first value; numbers may lie outside it
     assert plan.matrix == {"n": [4096, 1000], "mode": ["ok"]}
     assert plan.row_axis == "n" and plan.check_rows == 64 and plan.peers == () and plan.peak == "bf16"
-    # `run --bench` times the largest number / first word of each axis unless `case:` says otherwise
+    # `run --bench` times the largest number / first word of each axis by default
     assert st.bench == {"n": 32, "mode": "ok"}
 
 
@@ -73,7 +72,7 @@ def test_project_bench_blocks(project_root):
     assert c is not None and c.matrix["n"] == [4096, 16384] and c.matrix["m"] == [128]
     # run --bench still names one test case
     assert spec.stages["D1"].bench == {"hd": 512, "n": 1024}
-    # D2: DSV4's decode batch (shape names beyond the test matrix), beside FlashMLA's dense decode
+    # D2: DSV4's decode batch beside FlashMLA's dense decode
     d2 = spec.stages["D2"].bench_plan
     assert d2 is not None and d2.open_axes == ("shape",) and d2.problem == "mla_decode" and "flashmla" in d2.peers
     assert d2.matrix == {"shape": ["b64s2h128n1152d512", "b64s2h128n4096d512"], "splits": ["auto"]}
@@ -138,8 +137,7 @@ MORE = LAB.replace("      row_axis: n\n", "      more: [{n: [512], mode: [wrong]
 
 
 def test_more_matrices_and_beside(fake_lab):
-    """`more` appends further matrices' shapes; `beside` puts its value first and adds any missing twin, timed in
-    the same run."""
+    """`more` appends shapes; `beside` puts its value first and adds any missing twin, same run."""
     st = load(fake_lab, MORE).stages["OK"]
     assert st.bench_plan.more == ({"n": [512], "mode": ["wrong"]},) and st.bench_plan.beside == (("mode", "ok"),)
     assert plan_cases(st, []) == [{"n": 4096, "mode": "ok"}, {"n": 1000, "mode": "ok"}, {"n": 512, "mode": "ok"},
@@ -177,9 +175,7 @@ def test_beside_gives_each_other_shape_its_twins_time():
 
 
 def test_beside_with_two_axes_gives_each_shape_the_twin_of_each():
-    """Issue 33 item 3: `beside: {kv_format: model1, epilogue: bf16}` — an nvfp4 row gets the bf16 model1 time
-    (beside_model1_*), a model1 fp8_rope row the same shape's bf16 time (beside_bf16_*: the fused epilogue's cost);
-    each twin is planned before the shapes shown beside it."""
+    """Issue 33.3: `beside` gives nvfp4 rows the bf16 model1 time, fp8_rope rows the bf16 time; twins planned first."""
     from harness.execution.bench import _beside
 
     pairs = (("kv_format", "model1"), ("epilogue", "bf16"))
@@ -192,8 +188,7 @@ def test_beside_with_two_axes_gives_each_shape_the_twin_of_each():
     assert fp8 == {"us": 103.0, "beside_bf16_us": 100.0, "beside_bf16_cost": 1.03} and base == {"us": 100.0}
 
 def test_project_e_bench_covers_latency_and_every_format(project_root):
-    """Issue 30 item 1: model1 at b 1 … 256 (s_q 1 and 2, h_q 64 and 128); v4.1 and simple at b 2,
-    64, 256, each after its model1 twin (same run) and with no FlashMLA peer (it reads model1 only)."""
+    """Issue 30.1: model1 at b 1 … 256; v4.1 and simple after their model1 twin, with no FlashMLA peer."""
 
     spec = load_spec(root=project_root)
     stage = spec.stages["E"]
@@ -208,19 +203,17 @@ def test_project_e_bench_covers_latency_and_every_format(project_root):
         assert "reads model1" in shape_support(stage, c, (9, 0))["flashmla_sparse"]
     assert stage.bench_plan.beside == (("kv_format", "model1"), ("epilogue", "bf16"))
     assert shape_support(stage, model1[0], (9, 0))["flashmla_sparse"] is None
-    # issue 35 item 1: topk 2048 and 16384 (block 64, no extra list) at b 2 and 64, FlashMLA beside
+    # issue 35.1: topk 2048 and 16384 at b 2 and 64, FlashMLA beside
     long = [c for c in model1 if c["config"] in ("s2h128_m2048bs64", "s2h128_m16384bs64")]
     assert {(c["b"], c["config"]) for c in long} == {(b, cfg) for b in (2, 64)
                                                     for cfg in ("s2h128_m2048bs64", "s2h128_m16384bs64")}
     for c in long:
         assert shape_support(stage, c, (9, 0))["flashmla_sparse"] is None, c
-    assert len(cases) == 76 <= MAX_BENCH_CASES  # + issue 33 item 3's 16 rows (test_project_e_bench_has_issue_33s_rows)
+    assert len(cases) == 76 <= MAX_BENCH_CASES  # + issue 33.3's 16 rows
 
 
 def test_project_e_bench_has_issue_33s_rows(project_root):
-    """Issue 33 item 3: nvfp4 and the fused FP8 epilogue (model1) at b 2, 64, 128, 256 × s2 h128 / h64 top-128 + SWA
-    1024, each after its bf16 model1 twin; FlashMLA times nvfp4 (on a model1 cache of the same tokens), the unfused
-    pair times fp8_rope and nothing else, and no bf16 peer claims an fp8_rope row."""
+    """Issue 33.3: nvfp4 and fp8_rope rows after their bf16 twin; which peers time which rows."""
     stage = load_spec(root=project_root).stages["E"]
     cases = plan_cases(stage, [])
     prod = {(b, cfg) for b in (2, 64, 128, 256) for cfg in ("s2h128_m128bs256_x1024bs64", "s2h64_m128bs256_x1024bs64")}
@@ -279,7 +272,7 @@ def test_row_tensors_for_attention():
 def test_row_tensors_leave_scratch_alone():
     from oracles.common import TensorSpec
 
-    def specs(m):  # a split-KV partial buffer whose size follows m differently: scratch, never compared
+    def specs(m):  # a split-KV scratch buffer: never compared
         return [TensorSpec("Q", (m, 64), "bfloat16"), TensorSpec("O", (m, 64), "bfloat16", "out"),
                 TensorSpec("O_part", (4, m * 2), "float32", "scratch")]
 
@@ -317,7 +310,7 @@ def test_check_fails_a_wrong_kernel_before_timing(lab_path):
 
 
 def test_check_fails_unwritten_rows_outside_the_sample(lab_path):
-    # the kernel writes the first half only; the full output is scanned for poison, not just the sample
+    # the kernel writes the first half only; all of it is scanned for poison
     out = check_and_time(_job("unwritten", rows=2), lab_path)
     assert out["status"] == "fail" and "never written" in out["error"], out
 
@@ -372,7 +365,7 @@ def test_bench_without_gpu_times_nothing_and_fails(project_root):
 
 @pytest.mark.skipif(has_gpu(), reason="this machine has a GPU")
 def test_bench_peer_names_the_peers_timed(project_root):
-    """--peer NAME times only the named peers of the block (their shape notes only); --peers all."""
+    """--peer NAME times only the named peers; --peers all."""
     r = run_cli(["bench", "stage-D1", "--peer", "torch_plain", "--hd", "512"], cwd=project_root)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "peers: torch_plain\n" in r.stdout and "fa4: unsupported" not in r.stdout, r.stdout
@@ -381,8 +374,7 @@ def test_bench_peer_names_the_peers_timed(project_root):
 
 
 def test_a_stage_with_more_test_matrices_benches_its_bench_shapes(project_root):
-    """I1/I2's `more:` test cases never reach plan_cases' callers (bench, profile, history, accept --speed, gate
-    --speed): bench shapes only."""
+    """I1/I2's `more:` test cases never reach plan_cases' callers: bench shapes only."""
     spec = load_spec(root=project_root)
     for sid, n in (("I1", 12), ("I2", 8), ("E", 76)):
         st = spec.stages[sid]
@@ -396,8 +388,7 @@ def test_a_stage_with_more_test_matrices_benches_its_bench_shapes(project_root):
 
 
 def test_plan_cases_drops_the_stages_test_more_cases(fake_lab):
-    """plan_cases plans only bench shapes of a stage with `more:` test cases; a test-only filter value is refused,
-    naming bench shapes only."""
+    """plan_cases refuses a test-only filter value, naming bench shapes only."""
     text = MORE.replace("    kernel_params: [n, mode]\n", "    more: [{n: [64], mode: [ok]}]\n    kernel_params: [n, mode]\n")
     assert text != MORE
     st = load(fake_lab, text).stages["OK"]
@@ -437,7 +428,7 @@ def test_bench_usage_errors_are_one_line(project_root):
 
 @pytest.mark.gpu
 def test_bench_times_d1_on_a_gpu(project_root, tmp_path):
-    """On a GPU: one D1 bench shape checked, timed and recorded with PyTorch peers beside it."""
+    """On a GPU: one D1 bench shape checked, timed and recorded with peers."""
     import shutil
 
     from harness.notebook.records import read_records

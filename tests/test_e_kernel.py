@@ -1,5 +1,4 @@
-"""Stage E's sm90 kernel on the CPU (no compile): cache layouts agree with kvcache.py, partials fit the oracle's
-scratch, refusals."""
+"""Stage E's sm90 kernel on the CPU (no compile): cache layouts, partial scratch, refusals."""
 
 import re
 
@@ -23,7 +22,7 @@ def test_splits_fit_the_declared_scratch(project_root):
     cases = [c.dict for c in expand(stage)]
     from harness.execution.bench import plan_cases
 
-    cases += plan_cases(stage, [])  # every bench shape (b 1 … 256, s_q 1 and 2, every format, topk 16384)
+    cases += plan_cases(stage, [])  # every bench shape
     seen = set()
     for case in cases:
         key = (case["b"], case["config"], case["splits"])
@@ -35,7 +34,7 @@ def test_splits_fit_the_declared_scratch(project_root):
         assert k.partials == (k.sched.cut > 0)
         if case["splits"] == 1:
             assert k.splits == 1 and not k.partials
-    # parts that cut sequences across their boundaries (splits = 4: 18 tiles in parts of 5) fit too
+    # parts cutting sequences (splits = 4: 18 tiles in parts of 5) fit too
     case = dict(b=3, config="s2h128_m128bs256_x1024bs64", kv_format="model1", scenario="sink", splits=4)
     k = sm90.Kernel(b=3, config=case["config"], kv_format="model1", splits=4)
     assert k.sched.part_tiles == 5 and k.splits == 5 <= sd.split_capacity(case)
@@ -49,8 +48,7 @@ def test_refusals():
 
 
 def test_register_plan_fits_the_launch_allocation():
-    """setmaxnreg only moves registers inside the CTA's launch allocation (384 × 168 = 64 512):
-    the first rung asked 2·128·216 + 128·80 = 65 536 and hung on the GPU (batch 2)."""
+    """setmaxnreg stays inside the launch allocation (384 × 168); 65 536 once hung on the GPU."""
     assert sm90.register_plan(384, [(256, 216), (128, 80)]) is not None  # the plan that hung
     assert sm90.register_plan(384, [(256, 240), (128, 24)]) is None  # D2's: exactly 64 512
     plan = sm90.Kernel.PLAN
@@ -63,7 +61,7 @@ def test_register_plan_fits_the_launch_allocation():
 
 
 def _ptx(project_root, tmp_path, monkeypatch, cfgs, fmt):
-    """The PTX of stage E's sm90 kernel for each config (compiled for sm_90a, no GPU, no records)."""
+    """The PTX of E's sm90 kernel per config (sm_90a, no records)."""
     from pathlib import Path
 
     from harness.execution.compile import Compiler
@@ -84,8 +82,7 @@ def _ptx(project_root, tmp_path, monkeypatch, cfgs, fmt):
 
 
 def test_the_gather_loads_into_registers(project_root, tmp_path, monkeypatch):
-    """Keys by predicated 128-bit ld.global.nc with L2::256B; scales as whole words (a Uint8 load once went
-    ld.global.s8: `byte << 23` negated every scale ≥ 2); no cp.async."""
+    """Keys by predicated 128-bit ld.global.nc L2::256B; scales as whole words (not ld.global.s8); no cp.async."""
     ptx, _ = _ptx(project_root, tmp_path, monkeypatch, ["s1h64_m96bs64"], "model1")["s1h64_m96bs64"]
     assert "@p ld.global.nc.L2::256B.v4.b32" in ptx and "@p ld.global.nc.v2.b32" in ptx
     assert "ld.global.nc.L2::256B.v2.b32" not in ptx
@@ -94,8 +91,7 @@ def test_the_gather_loads_into_registers(project_root, tmp_path, monkeypatch):
 
 
 def test_more_parts_than_the_grid_holds_are_refused():
-    """A part per tile ("many") runs along grid.y (≤ 65 535): past it the kernel refuses at construction, not at
-    launch."""
+    """Parts on grid.y (≤ 65 535): past it the kernel refuses at construction."""
     T = 18  # s2h64_m128bs256_x1024bs64: 2 + 16 tiles a sequence
     fits = 65535 // (2 * T)
     sm90.Kernel(b=fits, config="s2h64_m128bs256_x1024bs64", kv_format="model1", splits="many")
@@ -104,21 +100,18 @@ def test_more_parts_than_the_grid_holds_are_refused():
 
 
 def test_two_head_blocks_share_their_tiles_in_a_cluster():
-    """h_q 128: a (2, 1, 1) cluster, each CTA dequantises 32 keys of every 64-key tile (32 KiB peer half a slot);
-    h_q 64 alone, two rounds."""
+    """h_q 128: a (2, 1, 1) cluster, each CTA dequantises 32 keys a tile; h_q 64: two rounds."""
     k = sm90.Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits=1)
     assert k.pair and k.plan.producer_warps == 4 and k.own_keys == 32 and k.rounds == 1 and k.sides == 2
     assert k.peer_bytes == 32 * 1024
-    assert k.sched.grid[0] == 2  # the cluster pairs CTAs (0, p), (1, p): head blocks 0 and 1 of one part
+    assert k.sched.grid[0] == 2  # pairs (0, p), (1, p)
     for p in range(k.sched.parts):  # … which walk the same segments
         for s in range(k.sched.segments(p)):
             w0, w1 = k.sched.segment(0, p, s)[0], k.sched.segment(1, p, s)[0]
             assert w0._replace(head_block=1) == w1 and w0.head_block == 0
     alone = sm90.Kernel(b=2, config="s2h64_m128bs256_x1024bs64", kv_format="model1", splits=1)
     assert not alone.pair and alone.own_keys == 64 and alone.rounds == 2 and alone.sides == 1
-    # every key of a tile is dequantised by exactly one CTA's threads of one round, the 4 threads
-    # of a key (lane // 8) agree on it, and both CTAs of a pair mask every key — by the kernel's
-    # own key_of
+    # every key dequantised by exactly one CTA's threads of one round; its 4 threads agree; both CTAs mask all
     for kk in (k, alone):
         ranks = (0, 1) if kk.pair else (0,)
         threads = [(w, lane) for w in range(kk.plan.producer_warps) for lane in range(32)]
@@ -136,12 +129,11 @@ def test_two_head_blocks_share_their_tiles_in_a_cluster():
 
 
 def test_the_pair_exchanges_tiles_by_st_async(project_root, tmp_path, monkeypatch):
-    """h_q 128: one st.async per local 16-byte store, cluster barriers at start and end (none at h_q 64);
-    setmaxnreg .inc/.dec (an .inc to fewer registers is illegal: the first build crashed so)."""
+    """h_q 128: one st.async per 16-byte store, cluster barriers (none at h_q 64); setmaxnreg .inc/.dec."""
     got = _ptx(project_root, tmp_path, monkeypatch, ["s2h128_m128bs256_x1024bs64", "s2h64_m128bs256_x1024bs64"], "v4.1")
     (pair, pres), (alone, ares) = got["s2h128_m128bs256_x1024bs64"], got["s2h64_m128bs256_x1024bs64"]
     assert pres.resources.get("spill", 0) == 0 and ares.resources.get("spill", 0) == 0, (pres.resources, ares.resources)
-    # v4.1: 8 data pieces a key, two 16-byte stores each; an iteration of the pair's loop holds two tiles
+    # v4.1: 8 pieces a key, two 16-byte stores each; two tiles an iteration
     assert pair.count("st.async") == 2 * 8 * 2 and "mbarrier::complete_tx::bytes" in pair
     assert "barrier.cluster.arrive.relaxed" in pair and "barrier.cluster.wait" in pair
     assert "mapa" in pair
@@ -153,10 +145,9 @@ def test_the_pair_exchanges_tiles_by_st_async(project_root, tmp_path, monkeypatc
         moves = sorted(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))
         assert moves == sorted([("inc", str(plan.mma_regs[0])), ("dec", str(plan.mma_regs[1])),
                                 ("dec", str(plan.producer_regs))]), moves
-        # the one-multiply conversion is chosen by a warp vote (v4.1's scales vary per lane)
+        # conversion chosen by a warp vote
         assert "vote.sync.all" in ptx
-        # the MMA warpgroups meet from their own copies of attend: unaligned named barriers
-        # (an aligned bar.sync met from two instructions is what synccheck calls divergent)
+        # the MMA warpgroups meet at unaligned named barriers (an aligned one would be divergent)
         for bar in ("barrier.cta.sync 1, 256", "barrier.cta.sync 2, 256", "barrier.cta.arrive 2, 256",
                     "barrier.cta.sync 3, 256"):
             assert bar in ptx, bar
@@ -164,8 +155,7 @@ def test_the_pair_exchanges_tiles_by_st_async(project_root, tmp_path, monkeypatc
 
 
 def test_a_producer_store_fills_128_contiguous_bytes(monkeypatch):
-    """No-swizzle 8 × 8 atoms: one store's 8 keys fill 128 contiguous bytes (D2's SW128 scattered them: 127 vs 115
-    µs at b 64, h_q 128)."""
+    """No-swizzle 8 × 8 atoms: one store's 8 keys fill 128 contiguous bytes."""
     import cutlass
     import cutlass.cute as cute
 
@@ -193,8 +183,7 @@ def test_a_producer_store_fills_128_contiguous_bytes(monkeypatch):
 
 
 def test_slot_offsets_swizzle_bytes_not_elements():
-    """slot_offset swizzles BYTE offsets (SW128: 16-byte pieces by row mod 8); on bf16 element offsets the first
-    pair run failed 96/96 (cosine 0.39–0.63)."""
+    """slot_offset swizzles BYTE offsets (SW128, 16-byte pieces by row mod 8)."""
     from stages.common.sm90_kv_slots import swizzle_bytes
 
     for row in range(16):
@@ -231,8 +220,7 @@ def _main_body(ptx: str) -> str:
 
 @pytest.fixture(scope="module")
 def knob_ptx(tmp_path_factory):
-    """The E kernel's PTX with each small-batch option and without (`_KNOB_PROBE`), compiled once
-    for the tests that read it."""
+    """E's PTX with each small-batch option and without (`_KNOB_PROBE`), compiled once."""
     import os
     import subprocess
     import sys
@@ -252,16 +240,14 @@ def knob_ptx(tmp_path_factory):
 
 
 def test_small_batch_defaults_load_the_sink_first_and_never_launch_dependents(knob_ptx):
-    """b 2 s_q 2 h_q 64 (issue 30): the default loads the sinks before the first S (`plain`: after); no
-    launch_dependents (timed slower) nor L2 prefetch."""
+    """b 2 s_q 2 h_q 64: sinks load before the first S (`plain`: after); no launch_dependents, no prefetch."""
     tmp_path = knob_ptx
     default = _main_body((tmp_path / "default.ptx").read_text())
     plain = _main_body((tmp_path / "plain.ptx").read_text())
     for body in (default, plain):
         assert "griddepcontrol.launch_dependents" not in body
         assert "cp.async.bulk.prefetch" not in body and "prefetch.global.L2" not in body
-    # the first global load of warpgroup 0 (after its setmaxnreg.inc) but the softmax scale's: the
-    # sink, before its first S
+    # warpgroup 0's first global load past the softmax scale's: the sink, before its first S
     wg0 = default[default.index("setmaxnreg.inc.sync.aligned.u32"):]
     assert _first_load_but_the_scale(wg0) < wg0.index("wgmma.mma_async"), "the sink is loaded after the first S"
     wg0 = plain[plain.index("setmaxnreg.inc.sync.aligned.u32"):]
@@ -269,7 +255,7 @@ def test_small_batch_defaults_load_the_sink_first_and_never_launch_dependents(kn
 
 
 def _first_load_but_the_scale(body: str) -> int:
-    """Where `body`'s first ld.global.b32 is, past the softmax_scale load (× log2 e, 0f3FB8AA3B, once)."""
+    """Where `body`'s first ld.global.b32 is, past the softmax_scale load."""
     for m in re.finditer(r"ld\.global\.b32\s+(%r\d+),", body):
         if not re.search(rf"mul\.f32\s+%r\d+,\s*{m.group(1)},\s*0f3FB8AA3B", body[m.end():m.end() + 2000]):
             return m.start()
@@ -277,8 +263,7 @@ def _first_load_but_the_scale(body: str) -> int:
 
 
 def test_the_stamps_build_and_pair_stores(knob_ptx):
-    """`stamps` writes (%globaltimer, %clock64) at 12 points, the default reads no timer; `pair_stores` (default)
-    stores fp32 partials by 8 bytes (2 · 64), `plain` by 16 after a quad transpose."""
+    """`stamps` writes timers at 12 points, default none; `pair_stores` stores partials by 8 bytes, `plain` by 16."""
     tmp_path = knob_ptx
     stamps = _main_body((tmp_path / "stamps.ptx").read_text())
     default = _main_body((tmp_path / "default.ptx").read_text())
@@ -294,8 +279,7 @@ def test_the_stamps_build_and_pair_stores(knob_ptx):
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
 def test_softmax_scale_is_a_kernel_input_in_the_oracle_order(arch):
-    """Both kernels take `softmax_scale` where the oracle lists it (after the sink, before the
-    outputs): the harness passes tensors in that order."""
+    """Both kernels take `softmax_scale` where the oracle lists it (the harness's order)."""
     import importlib
     import inspect
 
@@ -307,8 +291,7 @@ def test_softmax_scale_is_a_kernel_input_in_the_oracle_order(arch):
 
 
 def test_the_matrix_covers_the_softmax_scale_in_48_cases_of_the_same_kernels(project_root):
-    """The `softmax_scale` scenario adds 48 cases (one a config, format, splits), each compiled as the
-    default-scale case of the same kernel (the scale is a runtime input)."""
+    """`softmax_scale` adds 48 cases, each compiled as the default-scale case (a runtime input)."""
     from harness.execution.compile import cache_key
 
     spec = load_spec(root=project_root)
@@ -326,8 +309,7 @@ def test_the_matrix_covers_the_softmax_scale_in_48_cases_of_the_same_kernels(pro
 
 
 def test_the_sm90_kernel_reads_its_softmax_scale_at_run_time(project_root, tmp_path, monkeypatch):
-    """The base-2 factor is the loaded scale × log2 e (0f3FB8AA3B); log2 e / sqrt(512) (0f3D8293EE, 40 uses before
-    issue 35) is gone."""
+    """The base-2 factor is the loaded scale × log2 e; the old constant is gone."""
     ptx, _ = _ptx(project_root, tmp_path, monkeypatch, ["s1h64_m96bs64"], "model1")["s1h64_m96bs64"]
     body = _main_body(ptx)
     assert "0f3D8293EE" not in body
@@ -336,8 +318,7 @@ def test_the_sm90_kernel_reads_its_softmax_scale_at_run_time(project_root, tmp_p
 
 
 def test_resident_combine_is_gone():
-    """`resident_combine` was wrong on the GPU (NaN O at b 2 s2 h128; NaN O and LSE at b 3 s2h64_m200bs2_x64bs256
-    splits 2) and removed."""
+    """`resident_combine` (NaN on the GPU) is removed."""
     import importlib.util
     import inspect
 
@@ -356,8 +337,7 @@ def _entries(ptx: str) -> list[str]:
 
 
 def test_the_default_small_batch_build_combines_by_part_combine(knob_ptx):
-    """b 2 s2 h64 model1 (9 pieces): the default launches PartCombine, and the attention kernel waits on no other
-    CTA."""
+    """b 2 s2 h64 model1: the default launches PartCombine; the attention kernel waits on no other CTA."""
     default = (knob_ptx / "default.ptx").read_text()
     assert any("PartCombine" in n for n in _entries(default))
     body = _main_body(default)

@@ -1,5 +1,4 @@
-"""Stage E at topk up to 32768 (issue 35 item 1) on the CPU: idx windows simulated, smem, refusals, sm100's capped
-scratch, compiles."""
+"""Stage E at topk up to 32768 on the CPU: idx windows simulated, smem, refusals, sm100 scratch, compiles."""
 
 import hashlib
 import json
@@ -19,8 +18,7 @@ KEYS = 64
 
 
 def _simulate(tile_begin: int, tile_end: int, main_tiles: int, topk: int, extra_topk: int, window: int = iw.WINDOW_TILES):
-    """The producer's window order over one segment (idx_windows' module doc); returns (list, position) per key
-    read; asserts no buffer is overwritten before it is read."""
+    """The producer's window order over one segment: (list, position) per key read; no buffer overwritten unread."""
     buf: list = [None] * (2 * window * KEYS)
     holds: list = [None, None]  # the window each buffer holds
 
@@ -55,7 +53,7 @@ def _simulate(tile_begin: int, tile_end: int, main_tiles: int, topk: int, extra_
 @pytest.mark.parametrize("seg", [
     (0, 256, 256, 16384, 0),  # topk 16384, one sequence a segment: 16 windows
     (172, 256, 256, 16384, 0),  # a part's segment from tile 172 (splits 3): windows count from it
-    (0, 44, 20, 1250, 1500),  # window 1 crosses from the main list (a partial tile 19) into the extra one
+    (0, 44, 20, 1250, 1500),  # window 1 crosses from the main list into the extra one
     (0, 48, 32, 2048, 1024),  # window 2 is the extra list
     (3, 36, 20, 1250, 1500),  # 33 tiles from tile 3: a last window of one tile
     (0, 512, 512, 32768, 0),  # the largest list
@@ -70,13 +68,11 @@ def test_every_tile_reads_its_own_entries_from_the_windows(seg):
             want = ("main", pos) if tile < main_tiles else ("extra", pos - main_tiles * KEYS)
             if want[1] < (topk if want[0] == "main" else extra_topk):
                 assert got == want, (i, key, got)
-            # past a list nothing is copied: whatever the buffer holds is never taken (key_index
-            # takes an entry only below the list's length ≤ topk)
+            # past a list nothing is copied nor taken
 
 
 def test_a_window_offset_off_by_one_is_caught():
-    """The simulation is not blind: entries read at the tile's offset in its window (i mod W,
-    not i mod 2W) hand tiles of window 1 window 0's entries."""
+    """The simulation is not blind: reading at i mod 2W hands window 1 window 0's entries."""
     real = iw.entry
     try:
         iw.entry = lambda i, key, keys, window=iw.WINDOW_TILES: (i % window) * keys + key
@@ -90,7 +86,7 @@ def test_a_window_offset_off_by_one_is_caught():
 
 
 def _old_smem(k: sm90.Kernel) -> int:
-    """The shared memory the kernel asked before streaming: the segment's entries whole."""
+    """Shared memory asked before streaming: the segment's entries whole."""
     return 2 * (64 * 512 + 2 * 64 * 512 + 64 * 64) + 4 * k.sched.chunk * 64 + 4 * 64 + 4096
 
 
@@ -105,13 +101,12 @@ def test_segments_stream_only_past_two_windows_and_the_shared_memory_counts_the_
             assert k.smem_bytes == 204800 + 4 * 32 * 64 + 4352 == 217344
         else:
             assert k.staged_tiles == k.sched.chunk and k.smem_bytes == _old_smem(k), config  # as before
-    # topk 16384 was refused before (the issue's message); streamed it fits
+    # refused before; streamed it fits
     assert _old_smem(sm90.Kernel(b=1, config="s2h64_m16384bs256", kv_format="model1", splits=1)) == 274688 > SMEM_LIMIT
 
 
 def test_without_streaming_topk_16384_is_refused_as_before(monkeypatch):
-    """The streaming is what makes topk 16384 fit: with segments staged whole the constructor
-    refuses it with the issue's message."""
+    """Staged whole, topk 16384 is refused with the issue's message."""
     monkeypatch.setattr(sm90, "streams", lambda chunk: False)
     monkeypatch.setattr(sm90, "staged_tiles", lambda chunk: chunk)
     monkeypatch.setattr(sm90, "staged_bytes", lambda chunk, keys: 4 * keys * chunk)
@@ -133,8 +128,7 @@ def test_every_list_up_to_32768_fits_and_longer_is_refused_in_one_line(config):
 
 
 def test_sm100_auto_scratch_is_capped():
-    """sm100's "auto" asked 256 slots at topk 16384 (~268 MB of O_part at b 2 s2 h128): capped to AUTO_SPLITS (32);
-    short configs keep 18."""
+    """sm100's "auto" at topk 16384 is capped to AUTO_SPLITS (32); short configs keep 18."""
     case = dict(b=2, config="s2h128_m16384bs256", kv_format="model1", scenario="sink", splits="auto")
     cap = sd.split_capacity(case)
     assert cap == sd.AUTO_SPLITS == 32
@@ -142,7 +136,7 @@ def test_sm100_auto_scratch_is_capped():
     assert o_part.shape[0] == 32 and 32 * 2 * 2 * 128 * 512 * 4 <= 40 << 20  # 32 MiB, not 268 MB
     assert sd.split_capacity({**case, "config": "s2h128_m128bs256_x1024bs64"}) == 18
     assert sd.split_capacity({**case, "splits": 1}) == 1
-    # sm90's persistent parts may still need more (their own capacity is kept)
+    # sm90's persistent parts keep their own capacity
     b1 = dict(b=1, config="s1h128_m32768bs256", kv_format="model1", scenario="sink", splits="auto")
     k = sm90.Kernel(b=1, config=b1["config"], kv_format="model1", splits="auto")
     assert sd.split_capacity(b1) == max(32, k.splits) and k.splits <= sd.split_capacity(b1)
@@ -152,8 +146,7 @@ def test_sm100_auto_scratch_is_capped():
 
 
 def _sm90_ptx(project_root, tmp_path, monkeypatch, cases, fixture: str = ""):
-    """PTX of E's sm90 kernel (or fixtures/`fixture`'s) per (b, config, kv_format, splits), sm_90a, 132 SMs, no
-    records."""
+    """PTX of E's sm90 kernel (or a fixture's) per (b, config, kv_format, splits), sm_90a, 132 SMs."""
     import dataclasses
 
     from harness.execution.compile import Compiler, ptxas_resources
@@ -180,9 +173,8 @@ def _sm90_ptx(project_root, tmp_path, monkeypatch, cases, fixture: str = ""):
     return out
 
 
-# sha256 of the whole PTX (attention kernel, ZeroFlags, PartCombine) of production configs, compiled at
-# 67fc0d9 (before streaming) and after it: the same bytes.  A deliberate change of E's default kernel
-# changes them — update them then, and prove that kernel on a GPU.
+# sha256 of production configs' whole PTX, same before (67fc0d9) and after streaming.
+# A deliberate change of E's default kernel changes them: update them and prove it on a GPU.
 PRODUCTION_PTX = {
     (2, "s2h128_m128bs256_x1024bs64", "model1", "auto"): "f67903ff020471440cd92f79ae35873d63e85aa9429963286ccaeb5f0d3282c8",
     (64, "s2h64_m128bs256_x1024bs64", "model1", "auto"): "7338ca40c17315f3c1f64165699d2e01fea3d09de3da33f01c77d6e889480308",
@@ -190,8 +182,7 @@ PRODUCTION_PTX = {
 
 
 def test_sm90_streams_topk_16384_and_32768_and_the_production_ptx_is_unchanged(project_root, tmp_path, monkeypatch):
-    """topk 16384 / 32768 stream by 4-byte cp.async without spills (≤ 104 bytes in a pair); the production PTX is
-    PRODUCTION_PTX exactly."""
+    """topk 16384 / 32768 stream by 4-byte cp.async, spills bounded; production PTX is PRODUCTION_PTX exactly."""
     streamed = [(1, "s2h64_m16384bs256", "model1", 3), (1, "s1h128_m32768bs256", "model1", 1)]
     got = _sm90_ptx(project_root, tmp_path, monkeypatch, streamed + list(PRODUCTION_PTX))
     for key in streamed:
@@ -199,8 +190,7 @@ def test_sm90_streams_topk_16384_and_32768_and_the_production_ptx_is_unchanged(p
         assert ptx.count("@p cp.async.ca.shared.global") == 3, key  # a loop of 8 entries a thread: windows 0, 1 and w + 1
         assert "cp.async.wait_group 1;" in ptx and "cp.async.wait_group 0;" in ptx, key
         assert "bar.sync \t10, 128;" in ptx and "bar.sync \t6, 128;" in ptx, key
-        # alone no spill; the pair's producer (at its 152 registers) spills a few addresses
-        # (docs/STAGE_E.md): bounded here so that a change that makes it worse is seen
+        # the pair's producer spills a few addresses (docs/STAGE_E.md): bounded so a regression shows
         assert res.get("spill", 0) <= (104 if "h128" in key[1] else 0), (key, res)
     for key, digest in PRODUCTION_PTX.items():
         ptx, _ = got[key]
@@ -209,8 +199,7 @@ def test_sm90_streams_topk_16384_and_32768_and_the_production_ptx_is_unchanged(p
 
 
 def test_planted_stream_behind_reaches_the_compiled_e_kernel(project_root, tmp_path, monkeypatch):
-    """wrong_e_window's `refill_source` hook must reach the kernel (else its GPU test runs the correct one): the
-    PTX differs."""
+    """wrong_e_window's `refill_source` hook reaches the kernel: the PTX differs."""
     key = (1, "s2h64_m16384bs256", "model1", 1)
     got = [_sm90_ptx(project_root, tmp_path / name, monkeypatch, [key], name)[key][0] for name in ("", "wrong_e_window")]
     bodies = [ptx.replace(ptx.split(".entry", 1)[1].split("(", 1)[0].strip(), "K") for ptx in got]
@@ -236,8 +225,7 @@ _SM100 = """
 
 
 def test_sm100_compiles_topk_16384_and_32768_with_its_auto_splits_capped(tmp_path):
-    """sm_100a builds topk 16384 / 32768; at b 1 s1 h64 topk 32768 the chooser asks 74 splits and the kernel takes
-    the scratch's 57."""
+    """sm_100a builds topk 16384 / 32768; at b 1 s1 h64 topk 32768 the kernel takes the scratch's 57 splits."""
     import os
     import subprocess
     import sys
@@ -261,8 +249,7 @@ def test_sm100_compiles_topk_16384_and_32768_with_its_auto_splits_capped(tmp_pat
 
 
 def test_the_planted_stream_one_window_behind_moves_o_past_the_bounds():
-    """wrong_e_window on the oracle moves O and LSE far past E's bounds (cosine ≥ 0.9999, LSE rel_l2 ≤ 1e-5): the
-    GPU `fail` is the check's."""
+    """wrong_e_window on the oracle fails E's bounds: the GPU `fail` is the check's."""
     import torch
 
     case = dict(b=1, config="s2h64_m4096bs256", kv_format="model1", scenario="sink", splits=1)  # 64 tiles, 4 windows

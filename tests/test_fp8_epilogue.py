@@ -1,6 +1,5 @@
-"""Stage E's fused FP8 output epilogue, oracle side (oracles/fp8_epilogue.py, issue 33 item 2):
-the rotation, the exponent rule, the packed layout, and the lab's metric on the decoded outputs —
-which a planted wrong-sign rotation and a wrong exponent must fail (CPU; the kernel: GPU tests)."""
+"""Stage E's fused FP8 epilogue, oracle side (issue 33.2): rotation, exponent rule, packed layout, metric;
+planted wrong-sign rotation and wrong exponent fail."""
 
 from __future__ import annotations
 
@@ -32,7 +31,7 @@ def test_inverse_rotation_undoes_the_forward_one_and_moves_only_the_rope_lanes()
     assert (fwd[1:, :, 448:] - o[1:, :, 448:]).abs().max() > 0.1
     back = fe.rotate(fwd, cs, pos)
     assert (back - o).abs().max() < 1e-6  # fp32 cos/sin: cos² + sin² = 1 to ~1e-7
-    # the convention, on one pair: the inverse is the conjugate (y0 = x0 cos + x1 sin, y1 = −x0 sin + x1 cos)
+    # the inverse is the conjugate
     x = torch.zeros(1, 1, 512, dtype=torch.float64)
     x[..., 448], x[..., 449] = 1.0, 0.0
     y = fe.rotate(x, cs, torch.tensor([5]))
@@ -69,7 +68,7 @@ def test_pack_and_decode_round_trip_and_layout():
     q, e = fe.quantise(o)
     out, scales = fe.pack(q, e, b, s_q, h_q)
     assert out.shape == (2, 6, 8, 512) and scales.shape == (2, 8, 8) and scales.dtype == torch.int32
-    # head 13 of token (1, 0) (row 2): group 1, slot 5; byte k of its word = block k's UE8M0
+    # head 13 of token (1, 0): group 1, slot 5; byte k = block k's UE8M0
     assert torch.equal(out[1, 2, 5], q[1, 0, 13])
     word = int(scales[1, 5, 2]) & 0xFFFFFFFF
     assert [(word >> (8 * k)) & 0xFF for k in range(4)] == [int(x) + 127 for x in e[1, 0, 13]]
@@ -97,16 +96,14 @@ def test_unwritten_words_stay_unwritten_after_decode():
 
 
 def _kernel_like(inputs, case, sign: float = 1.0, exp_shift: int = 0):
-    """What an exact fp8_rope kernel writes (the oracle's rows, rotated with `sign` on the sin,
-    quantised), as the float32 words of tensors(); `exp_shift`: one block's exponent written off
-    by it (its e4m3 values left as they are)."""
+    """An exact fp8_rope kernel's words (rotated with `sign`, quantised); `exp_shift` moves one block's exponent."""
     c = sd.SparseConfig.parse(case["config"])
     bf = dict(case, epilogue="bf16")
     o = sd.reference(inputs, bf)["O"]  # the unrotated float64 rows
     b = case["b"]
     o = fe.rotate(o.reshape(b * c.s_q, c.h_q, 512), inputs["cos_sin_cache"], inputs["positions"], sign=sign).view(o.shape)
     q, e = fe.quantise(o)
-    if exp_shift:  # the first block whose exponent is not ambiguous (its reference an integer)
+    if exp_shift:  # a block whose exponent is unambiguous
         at = (fe.exponent_reference(o) == e.double()).nonzero()[0].tolist()
         e[tuple(at)] += exp_shift
     out, scales = fe.pack(q, e, b, c.s_q, c.h_q)
@@ -136,8 +133,7 @@ def test_an_exact_kernel_passes_the_stage_tolerances(scenario):
 
 
 def test_a_wrong_sign_rotation_fails_the_metric():
-    """The planted bug of tests/fixtures/wrong_e_rope_sign, on the oracle side: the inverse rotation
-    applied with the wrong sign (the forward rotation) — O's rope lanes wrong, the lab says fail."""
+    """wrong_e_rope_sign's bug on the oracle side (forward rotation): the lab says fail."""
     case = dict(CASE, scenario="sink")
     inputs = sd.make_inputs(case, seed=12)
     (status, why), metrics = _verdict(_kernel_like(inputs, case, sign=-1.0), inputs, case)
@@ -152,8 +148,7 @@ def test_a_wrong_exponent_fails_the_metric():
 
 
 def test_bf16_cases_keep_their_inputs_and_outputs():
-    """The epilogue axis adds inputs drawn last: a bf16 case's other inputs are those of before,
-    its compared outputs O and LSE as the kernel writes them, O_scale empty on both sides."""
+    """The epilogue axis draws its inputs last: a bf16 case is as before, O_scale empty on both sides."""
     case = dict(CASE, epilogue="bf16", scenario="sink")
     a = sd.make_inputs(case, seed=5)
     b = sd.make_inputs({k: v for k, v in case.items() if k != "epilogue"}, seed=5)
@@ -170,7 +165,7 @@ def test_bf16_cases_keep_their_inputs_and_outputs():
 
 
 def _sm90_fp8_ptx(project_root, tmp_path, monkeypatch, case: dict, fixture: str = ""):
-    """(PTX, ptxas resources) of stage E's sm90 kernel (or tests/fixtures/`fixture`'s) for `case`."""
+    """(PTX, ptxas resources) of E's sm90 kernel (or a fixture's) for `case`."""
     import dataclasses
     from pathlib import Path
 
@@ -195,10 +190,7 @@ def _sm90_fp8_ptx(project_root, tmp_path, monkeypatch, case: dict, fixture: str 
 
 
 def test_sm90_fp8_epilogue_compiles_without_spills_and_the_planted_sign_reaches_it(project_root, tmp_path, monkeypatch):
-    """epilogue fp8_rope, model1, h_q 64, splits 3 (whole sequences' epilogue and PartCombine's):
-    compiled for sm_90a with no spills; the e4m3 conversions are there — 64 a warpgroup's two rows
-    in the attention kernel, 8 a PartCombine lane — and tests/fixtures/wrong_e_rope_sign's hook
-    reaches the code (its PTX differs, the kernel's name set aside, with the same conversions)."""
+    """fp8_rope model1 h_q 64 splits 3, sm_90a: no spills, e4m3 conversions; wrong_e_rope_sign reaches it."""
     case = dict(b=2, config="s2h64_m128bs256_x512bs64", kv_format="model1", scenario="sink", splits=3, epilogue="fp8_rope")
     got = [_sm90_fp8_ptx(project_root, tmp_path / (name or "stage"), monkeypatch, case, name)
            for name in ("", "wrong_e_rope_sign")]
@@ -219,10 +211,7 @@ def test_sm90_fp8_epilogue_compiles_without_spills_and_the_planted_sign_reaches_
 
 
 def test_the_kernels_addresses_and_exponent_bits_agree_with_the_oracle():
-    """stages/common/fp8_epilogue.py's byte offsets of a row's values and scale word (what both
-    sm90 paths store at) are where oracles/fp8_epilogue.py `pack` puts them, and its exponent
-    bit rule (the PTX of `ue8m0_byte`, mirrored in Python) is the oracle's ceil(log2(max(amax,
-    1e-4)/448)) wherever that is not ambiguous."""
+    """stages/common/fp8_epilogue.py's byte offsets and exponent rule match oracles/fp8_epilogue.py `pack`."""
     from stages.common import fp8_epilogue as ke
 
     g = torch.Generator().manual_seed(3)
@@ -248,9 +237,7 @@ def test_the_kernels_addresses_and_exponent_bits_agree_with_the_oracle():
 
 
 def test_sm100_fp8_epilogue_compiles_without_spills(project_root, tmp_path, monkeypatch):
-    """sm_100a (compile-only): the one-split epilogue (two passes over a row's TMEM chunks: 128
-    conversions for a CTA's 256 columns, two 16-byte stores a 32-column chunk) and SplitCombine's
-    (a byte a store: 16 a lane), no spills."""
+    """sm_100a: the one-split and SplitCombine epilogues' conversions and stores, no spills."""
     from pathlib import Path
 
     from harness.execution.compile import Compiler, ptxas_resources
