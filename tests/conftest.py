@@ -1,4 +1,4 @@
-"""Shared fixtures: the project root, a throwaway lab of fake CPU stages, and the GPU marker."""
+"""Shared fixtures: project root, a throwaway lab of fake CPU stages, the GPU marker."""
 
 import os
 import shutil
@@ -27,8 +27,7 @@ has_gpu = _cuda_available
 
 def traced(script: str, tmp_path: Path, arch: str = "sm_100a", timeout: float = 900,
            **env: str) -> subprocess.CompletedProcess:
-    """Run `script` from a file (CuTeDSL reads a jit function's source) in a fresh process with
-    CUTE_DSL_ARCH=`arch` (CuTeDSL's arch is per process) and `env`."""
+    """Run `script` from a file in a fresh process with CUTE_DSL_ARCH=`arch` and `env`."""
     path = tmp_path / "probe.py"
     path.write_text(textwrap.dedent(script))
     env = {**os.environ, "CUTE_DSL_ARCH": arch, "PYTHONPATH": str(ROOT), **env}
@@ -51,8 +50,7 @@ def _lab_package(name: str) -> bool:
 
 @pytest.fixture(autouse=True)
 def _project_lab_packages_survive():
-    """A test that imports a fake lab's `oracles`/`stages` in-process must not leave them in place of the
-    project's: the earlier modules come back."""
+    """A test importing a fake lab's `oracles`/`stages` leaves the project's modules in place after."""
     before = {k: v for k, v in sys.modules.items() if _lab_package(k)}
     path = list(sys.path)
     yield
@@ -69,7 +67,7 @@ def project_root() -> Path:
 
 
 def make_fake_lab(dest: Path) -> Path:
-    """A lab of fake CPU stages (tests/fixtures/lab) in `dest`, as its own git repository."""
+    """A lab of fake CPU stages (tests/fixtures/lab) in `dest`, its own git repository."""
     shutil.copytree(FIXTURES / "lab", dest)
     shutil.copy(ROOT / "oracles" / "common.py", dest / "oracles" / "common.py")
     subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
@@ -88,23 +86,21 @@ def fake_lab(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture
 def lab_path(fake_lab, monkeypatch):
-    """fake_lab importable: its oracles and stages, none of this tree's already imported."""
+    """fake_lab importable: its oracles and stages, none of this tree's."""
     monkeypatch.syspath_prepend(str(fake_lab))
     for name in [m for m in sys.modules if m == "oracles" or m.startswith(("oracles.", "stages"))]:
         monkeypatch.delitem(sys.modules, name)
     return fake_lab
 
 
-# A name no stage can have (stage ids are [A-Z0-9][A-Z0-9_]*, harness/spec/spec.py): the tests' example
-# of a stage that does not exist stays one however many stages are scaffolded.
+# A name no stage can have (stage ids are [A-Z0-9][A-Z0-9_]*).
 NO_SUCH_STAGE = "stage-no-such"
 
 COPY_IGNORE = (".git", ".cache", ".device", ".peers", "scratch", "__pycache__", ".run", ".pytest_cache")
 
 
 def copy_lab(dest: Path, results: bool = True) -> Path:
-    """A copy of this lab in `dest` (no git, no caches; `results`: its notebook too), to run commands without
-    writing the real tree."""
+    """A copy of this lab in `dest` (no git, no caches; `results`: its notebook too)."""
     ignore = COPY_IGNORE + (() if results else ("results",))
     shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(*ignore))
     return dest
@@ -112,7 +108,7 @@ def copy_lab(dest: Path, results: bool = True) -> Path:
 
 @pytest.fixture(scope="module")
 def lab_copy(tmp_path_factory) -> Path:
-    """A copy of this lab (results included) shared by a module's tests; commands run in it via `lab_env`."""
+    """A copy of this lab (results included) shared by a module's tests; run via `lab_env`."""
     return copy_lab(tmp_path_factory.mktemp("labcopy") / "lab")
 
 
@@ -141,7 +137,7 @@ def load_script(name: str):
 
 
 def write_records(root: Path, records) -> None:
-    """`records` appended to root's notebook by one RecordWriter, as a run writes them."""
+    """`records` appended by one RecordWriter, as a run writes them."""
     from harness.notebook.records import RecordWriter
 
     w = RecordWriter(root)
@@ -151,8 +147,7 @@ def write_records(root: Path, records) -> None:
 
 
 def write_baselines(lab: Path, text: str | bytes) -> Path:
-    """The lab's run baselines file, results/baselines.yaml.xz, holding `text` xz-compressed (as
-    `dsv4-lab baseline accept` stores it)."""
+    """results/baselines.yaml.xz holding `text` xz-compressed."""
     import lzma
 
     path = lab / "results" / "baselines.yaml.xz"
@@ -162,7 +157,7 @@ def write_baselines(lab: Path, text: str | bytes) -> Path:
 
 
 def baselines_text(lab: Path) -> str:
-    """The text of the lab's run baselines file (results/baselines.yaml.xz, decompressed)."""
+    """The text of results/baselines.yaml.xz."""
     import lzma
 
     return lzma.decompress((lab / "results" / "baselines.yaml.xz").read_bytes()).decode()

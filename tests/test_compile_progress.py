@@ -1,5 +1,4 @@
-"""`dsv4-lab compile` as a user meets it: progress and case labels; nothing new leaves results/ as it was; the temp
-folder goes."""
+"""`dsv4-lab compile` as a user meets it: progress, case labels, results/ untouched when nothing is new, temp gone."""
 
 import io
 import json
@@ -21,13 +20,13 @@ LABEL = "hd=64,n=128,m=128"
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory) -> Path:
-    """One compile cache for this file's labs (the same source compiles once)."""
+    """One compile cache for this file's labs."""
     return tmp_path_factory.mktemp("compile_cache")
 
 
 @pytest.fixture
 def lab(tmp_path, cache):
-    """A copy of the lab with an empty notebook, the shared compile cache and its own TMPDIR."""
+    """A lab copy with an empty notebook, the shared compile cache and its own TMPDIR."""
     lab = tmp_path / "lab"
     shutil.copytree(ROOT, lab, ignore=IGNORE)
     tmp = tmp_path / "tmp"
@@ -48,7 +47,7 @@ def _compile(lab: Path, env: dict, *extra: str) -> str:
 
 
 def _compile_in_a_terminal(lab: Path, env: dict) -> str:
-    """The same command with its output on a pseudo-terminal (what a user at a shell sees)."""
+    """The same command on a pseudo-terminal."""
     import pty
 
     master, slave = pty.openpty()
@@ -81,7 +80,7 @@ def test_looking_again_writes_nothing_and_record_writes_all_the_same(lab):
     records = lab / "results" / "records" / "A.jsonl"
     runs = lab / "results" / "runs.jsonl"
 
-    # The first compile of this source: a record, the run's events, a line for the finished case.
+    # First compile: a record, the run's events, a line for the case.
     out = _compile(lab, env)
     lines = [x for x in out.splitlines() if LABEL in x and "sm_100a" in x and "compiled" in x]
     assert len(lines) >= 2, out  # the line of the finished case, and the table's row
@@ -91,7 +90,7 @@ def test_looking_again_writes_nothing_and_record_writes_all_the_same(lab):
     assert {"results/inventories.jsonl.xz", "results/envs.jsonl.xz", "results/runs.jsonl",
             "results/records/A.jsonl"} <= set(before)
 
-    # Again, on a terminal: a progress bar, the case's line; nothing new, so nothing written.
+    # Again, on a terminal: a progress bar, the case's line; nothing written.
     shown = _compile_in_a_terminal(lab, env)
     assert "compiling" in shown and "1/1" in shown, shown  # the bar: its description and count
     assert LABEL in shown and "unchanged" in shown
@@ -105,8 +104,7 @@ def test_looking_again_writes_nothing_and_record_writes_all_the_same(lab):
     assert len(records.read_text().splitlines()) == 2 and len(runs.read_text().splitlines()) == 4
     assert records.read_bytes().startswith(before["results/records/A.jsonl"])
 
-    # A record of another source (the kernel changed since) is no reason to stay quiet: the
-    # current source has no record of its own here, so this compile records.
+    # A record of another source does not count: this compile records.
     lines = records.read_text().splitlines()
     old = [json.loads(x) for x in lines]
     for d in old:
@@ -119,8 +117,7 @@ def test_looking_again_writes_nothing_and_record_writes_all_the_same(lab):
 
 @pytest.mark.skipif(has_gpu(), reason="the path of a machine with no GPU (every case compiled, not run)")
 def test_running_again_where_nothing_runs_writes_nothing(lab):
-    """The README's first command on a laptop: `run` again with nothing changed records nothing and exits 0;
-    `--record` records all the same."""
+    """`run` again with nothing changed records nothing, exit 0; `--record` records."""
     lab, env, tmp = lab
     args = ["run", "stage-A", "--hd", "64", "--n", "128"]
     r = run_cli(args, cwd=lab, env_extra=env, timeout=600)
@@ -141,8 +138,7 @@ def test_running_again_where_nothing_runs_writes_nothing(lab):
 
 
 def test_every_label_of_stage_E_reads_whole_in_the_lines_and_the_table():
-    """Stage E's 531 cases have labels up to 107 characters that differ only at their end: each
-    case's line and table row carries its whole label, so no two rows read alike."""
+    """Stage E's labels differ only at their end: each line and row carries the whole label."""
     from rich.console import Console
 
     from harness.execution.compile import CompileResult
@@ -196,7 +192,7 @@ def test_same_facts_ignores_only_the_time_and_the_cache_flag():
     assert not same_facts(old, rec(regs=56))
     assert not same_facts(old, rec(inv={"wgmma": 8}))
     assert not same_facts(old, rec(sass={"HGMMA": 4}))  # news: the old record has no SASS
-    # a machine without the CUDA binary tools or ptxas tells less; what it tells agrees: nothing new
+    # without CUDA tools or ptxas it tells less, and agrees
     assert same_facts(rec(sass={"HGMMA": 4}, static_smem=0), old)
     assert not same_facts(rec(sass={"HGMMA": 4}), rec(sass={"HGMMA": 8}))
     assert not same_facts(rec(status="compile_error"), rec())
@@ -205,8 +201,7 @@ def test_same_facts_ignores_only_the_time_and_the_cache_flag():
 
 @pytest.mark.parametrize("cancel", [False, True])
 def test_the_compile_workers_temp_folder_goes_with_them(tmp_path, monkeypatch, cancel):
-    """Each compile worker's scratch (CuTeDSL dump) folder is removed when the compiler closes, normally or
-    cancelled."""
+    """Each compile worker's scratch folder is removed when the compiler closes, normally or cancelled."""
     import tempfile
 
     from harness.execution.compile import Compiler

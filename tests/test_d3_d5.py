@@ -1,5 +1,4 @@
-"""Stages D3–D5 on the CPU: oracles vs float64 loops, merge identity, sink, generators, key limits, combine,
-refusals, and planted bugs' reach."""
+"""Stages D3–D5 on the CPU: oracles vs float64 loops, merge, sink, generators, key limits, combine, refusals, bugs."""
 
 import itertools
 import math
@@ -34,8 +33,7 @@ def tolerances(stage: str) -> dict[str, Tolerance]:
 
 
 def loops(q, branches, sink=None):
-    """Plain float64 loops.  q [b][s][h][d] (lists); branches: a list of (kv [b][n][d],
-    valid(b, t, j) -> bool); sink: a list of h logits or None.  -> O [b][s][h][d], LSE [b][h][s]."""
+    """float64 loops; branches: [(kv, valid(b, t, j))]; sink: h logits or None -> O, LSE."""
     b_, s_, h_, d = len(q), len(q[0]), len(q[0][0]), len(q[0][0][0])
     scale = 1.0 / math.sqrt(d)
     out = [[[None] * h_ for _ in range(s_)] for _ in range(b_)]
@@ -108,8 +106,7 @@ def test_merge_oracle_matches_plain_float64_loops(branches, sink):
 
 
 def test_merge_identity_two_branches_merged_by_lse_equal_one_softmax_over_the_union():
-    """DSV4.md: two branches merged by LSE equal one softmax over the union (also with an empty branch); the sink
-    applies to the merged row."""
+    """Two branches merged by LSE equal one softmax over the union (also empty); the sink applies after."""
     for branches in ("k+k", "0+k", "k+0", "0+0"):
         case = {"shape": "b4s2h64m128n256d64", "branches": branches, "sink": "none", "splits": 1}
         inputs = md.merge_inputs(case, seed=11)
@@ -209,8 +206,7 @@ def test_visit_tiles_is_the_valid_tiles_of_the_split_in_order(t1, t2):
 
 
 def test_combine_with_sink_and_empty_splits():
-    """3 splits (one empty) merged, then the sink: the one-softmax answer; a row of empty splits stays O = 0, LSE =
-    +inf."""
+    """3 splits (one empty) merged, then the sink; all-empty rows stay O = 0, LSE = +inf."""
     g = torch.Generator().manual_seed(3)
     s = torch.randn(2, 12, generator=g, dtype=torch.float64) * 2
     v = torch.randn(12, 8, generator=g, dtype=torch.float64)
@@ -259,14 +255,11 @@ def test_kernels_accept_their_matrix_within_the_scratch(stage, module):
         importlib.import_module("stages.D5_sink_merge.sm90").Kernel(shape="b1s1h64m64n100d512", splits=1, sink="none")
 
 
-# -- the planted bugs are visible to the lab's own judge
-# Each bug moves the LSE (the cheap half of the oracle) past the stage's LSE tolerance on every
-# case its GPU test runs: enough for the lab's verdict to be `fail` there.
+# -- planted bugs move the LSE past the stage's tolerance on every case their GPU test runs
 
 
 def lse_only(q, kv, valid):
-    """float64 LSE [b, h_q, s_q] over the valid keys (+inf when none): the oracle's own
-    masked_attention without the P·V half."""
+    """float64 LSE [b, h_q, s_q] over the valid keys (+inf when none)."""
     q, kv = q.double(), kv.double()
     kv = torch.where(valid.any(dim=1)[..., None], kv, torch.zeros_like(kv))
     s = torch.einsum("bthd,bnd->bthn", q, kv) / math.sqrt(q.shape[-1])
@@ -332,8 +325,7 @@ def test_lse_only_is_the_oracles_lse():
 
 
 def test_d5_builds_one_launch_over_both_branches_q_once_and_combines_with_the_sink(tmp_path):
-    """Both branches in ONE kernel (plus the combine), Q by one TMA box per 64 columns, a descriptor a branch; no
-    spills."""
+    """Both branches in one kernel (plus combine), Q by one TMA box per 64 columns; no spills."""
     import os
     import re
     import shutil
@@ -359,7 +351,7 @@ def test_d5_builds_one_launch_over_both_branches_q_once_and_combines_with_the_si
     ptx = Path(res.ptx_path).read_text()
     assert ptx.count(".entry ") == 2  # the decode kernel and the combine: one launch for both branches
     fam = families(res.inventory)
-    assert fam.get("cp.async.bulk.tensor") == 512 // 64 * 3, fam  # copy sites: Q (8 boxes of 64 columns), and one KV tile per branch (8 each)
+    assert fam.get("cp.async.bulk.tensor") == 512 // 64 * 3, fam  # Q: 8 boxes; KV: 8 per branch
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
     if shutil.which("ptxas"):
         assert res.resources["spill"] == 0, res.resources
@@ -380,7 +372,7 @@ def test_torch_peer_matches_the_oracle_and_never_nans(sink):
             assert (o == 0).all()
 
 
-# -- stages/common/softmax.py: the lonely-row rule is a compile-time switch
+# -- the lonely-row rule is a compile-time switch
 
 _SOFTMAX_PROBE = '''
 import os, re
@@ -423,7 +415,7 @@ for lonely in (True, False):
 
 
 def test_softmax_lonely_row_select_is_traced_only_when_asked(tmp_path):
-    """OnlineSoftmax(lonely_rows=True) emits one select a row (m_safe = 0 for a −inf max); False emits none."""
+    """lonely_rows=True emits one select a row; False none."""
     import os
     import subprocess
     import sys
@@ -446,8 +438,7 @@ def test_softmax_lonely_row_select_is_traced_only_when_asked(tmp_path):
 @pytest.mark.parametrize("stage,module", [("D3", "stages.D3_swa.sm90"), ("D4", "stages.D4_causal_swa.sm90"),
                                           ("D5", "stages.D5_sink_merge.sm90")])
 def test_house_visits_exactly_the_valid_keys_once_over_all_splits(stage, module):
-    """key_limits + visit_plan + mask_boundary attend, over all CTAs, exactly the oracle's valid keys of every
-    (batch, token), each once."""
+    """key_limits + visit_plan + mask_boundary visit exactly the oracle's valid keys, each once."""
     import importlib
 
     Kernel = importlib.import_module(module).Kernel

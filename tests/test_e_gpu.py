@@ -1,5 +1,4 @@
-"""On a GPU: stage E's planted bugs (tests/fixtures/wrong_e_*) are reported `fail` (test_e_oracle.py: each moves O
-past the bounds); a grid larger than the SMs is not merged in the kernel and passes (issue 30 item 5)."""
+"""On a GPU: stage E's planted bugs fail; a grid larger than the SMs is not merged in the kernel and passes."""
 
 import dataclasses
 
@@ -19,7 +18,7 @@ def _planted(project_root, name: str):
 
 
 def _run_cases(spec, stage, cases, tmp_path, label: str, want: str) -> None:
-    """Run `cases` of `stage` on the GPU; every record must be `want` with every element written."""
+    """Run `cases` of `stage` on the GPU; every record `want`, every element written."""
     summary = Runner(spec, RunOptions(tasks=[Task(stage, "sm_90a", c) for c in cases], argv=["pytest"]),
                      results_root=tmp_path).run()
     assert len(summary.records) == len(cases)
@@ -44,15 +43,14 @@ def test_lab_catches_a_scale_from_the_wrong_tile(project_root, tmp_path):
 
 
 def test_lab_catches_an_nvfp4_scale_from_the_neighbouring_group(project_root, tmp_path):
-    """Issue 33: nvfp4 groups 2g and 2g + 1 swap their e4m3 scales (tests/fixtures/
-    wrong_e_nvfp4_group), alone (h_q 64) and in the cluster pair (h_q 128): every case fails."""
+    """Issue 33: wrong_e_nvfp4_group fails every case, h_q 64 and 128."""
     _run_all_fail(project_root, tmp_path, "wrong_e_nvfp4_group",
                   lambda c: c["kv_format"] == "nvfp4" and c["config"] in ("s1h64_m96bs64", "s2h128_m128bs256_x1024bs64")
                   and c["splits"] == 1 and c["scenario"] in ("plain", "sink", "dup"), 6)
 
 
 def test_nvfp4_cases_agree_with_the_oracle(project_root, tmp_path):
-    """Issue 33 item 1: every nvfp4 case of the matrix (108: every config, scenario, splits) passes."""
+    """Issue 33.1: every nvfp4 case of the matrix passes."""
     spec = load_spec(root=project_root)
     cases = [c for c in expand(spec.stages["E"]) if c.dict["kv_format"] == "nvfp4"]
     assert len(cases) == 108
@@ -66,16 +64,14 @@ def test_lab_catches_entries_past_topk_length_honoured(project_root, tmp_path):
 
 
 def test_lab_catches_a_pair_that_fills_the_wrong_slot(project_root, tmp_path):
-    """h_q = 128: the two CTAs of a cluster exchange dequantised halves; a half sent into the
-    peer's other slot must fail (tests/fixtures/wrong_e_pair)."""
+    """h_q 128: wrong_e_pair (the half sent to the peer's other slot) fails."""
     _run_all_fail(project_root, tmp_path, "wrong_e_pair",
                   lambda c: c["config"] in ("s2h128_m128bs256_x1024bs64", "s1h128_m128bs256_x1024bs2")
                   and c["kv_format"] in ("model1", "v4.1") and c["scenario"] == "plain" and c["splits"] == 1, 4)
 
 
 def test_parts_that_cut_sequences_agree_with_the_oracle(project_root, tmp_path):
-    """Parts across sequence boundaries (splits 4: parts of 5 of 18 tiles; 5 tiles in parts of 3), edge scenarios:
-    all pass."""
+    """Parts across sequence boundaries, edge scenarios: all pass."""
     from stages.E_sparse_decode import sm90
 
     spec = load_spec(root=project_root)
@@ -92,16 +88,14 @@ def test_parts_that_cut_sequences_agree_with_the_oracle(project_root, tmp_path):
 
 
 def test_lab_catches_a_rescale_skipped(project_root, tmp_path):
-    """wrong_e_rescale: the `extreme` scenario's scales (2^−20 … 2^15) move maxima by far more than 2^8; every such
-    case fails."""
+    """wrong_e_rescale fails every `extreme` case."""
     _run_all_fail(project_root, tmp_path, "wrong_e_rescale",
                   lambda c: c["scenario"] == "extreme" and c["splits"] == 1
                   and c["config"] in ("s2h128_m128bs256_x1024bs64", "s2h64_m200bs2_x64bs256"), 6)
 
 
 def _merge_cases(stage, sm90):
-    """Parts that cut sequences in two (splits 2 at b 3; s2h64_m200bs2_x64bs256: kernel merge and PartCombine),
-    edge scenarios included."""
+    """Parts cutting sequences in two (kernel merge and PartCombine), edge scenarios: pass."""
     cases = []
     for config in ("s2h128_m128bs256_x1024bs64", "s2h64_m128bs256_x1024bs64", "s2h64_m200bs2_x64bs256"):
         k = sm90.Kernel(b=3, config=config, kv_format="model1", splits=2)
@@ -115,8 +109,7 @@ def _merge_cases(stage, sm90):
 
 
 def test_sequences_cut_in_two_are_merged_by_the_kernel(project_root, tmp_path):
-    """Piece 0 of a two-piece sequence waits for piece 1's flag and merges its partial
-    (stages/common/part_merge.py): every case passes."""
+    """Piece 0 merges piece 1's partial after its flag: every case passes."""
     from stages.E_sparse_decode import sm90
 
     spec = load_spec(root=project_root)
@@ -125,7 +118,7 @@ def test_sequences_cut_in_two_are_merged_by_the_kernel(project_root, tmp_path):
 
 
 def test_lab_catches_a_merge_that_forgets_piece_1(project_root, tmp_path):
-    """The same cases with piece 1 dropped from the merge (tests/fixtures/wrong_e_merge) fail."""
+    """The same cases with piece 1 dropped (wrong_e_merge) fail."""
     from stages.E_sparse_decode import sm90
 
     spec, wrong = _planted(project_root, "wrong_e_merge")
@@ -139,8 +132,7 @@ def _cases(stage, b, configs, scenarios, splits):
 
 
 def test_a_grid_larger_than_the_resident_set_is_not_merged_and_passes(project_root, tmp_path, monkeypatch):
-    """Issue 30 item 5: (a) b 74 splits 2, 592 CTAs: PartCombine merges, all pass; (b) with $DSV4_SM_COUNT=8 the b
-    3 cases are not merged, pass."""
+    """Issue 30.5: b 74 splits 2 (592 CTAs) pass via PartCombine; $DSV4_SM_COUNT=8: b 3 not merged, pass."""
     from stages.common.device import ENV
     from stages.E_sparse_decode import sm90
 
@@ -163,8 +155,7 @@ def test_a_grid_larger_than_the_resident_set_is_not_merged_and_passes(project_ro
 
 @pytest.mark.parametrize("scenario", ["sink_inf", "topk_len", "lonely", "extreme", "dup", "softmax_scale"])
 def test_flashmla_agrees_with_the_oracle_on_model1_bytes(scenario):
-    """Issue 14 item 6: FlashMLA's V4 sparse decode on the stage's bytes agrees with the oracle (cosine ≥ 0.9999),
-    passed scale 512^−0.55."""
+    """Issue 14.6: FlashMLA's V4 sparse decode on the stage's bytes agrees with the oracle."""
     import math
 
     import torch
@@ -183,7 +174,7 @@ def test_flashmla_agrees_with_the_oracle_on_model1_bytes(scenario):
         inputs = sd.make_inputs(case, seed=21, device="cuda")
         ref = sd.reference(inputs, case)
         out = flashmla_sparse.make("sparse_decode", torch_sparse.sparse_dims(sd.tensors(case)), inputs)()
-        # as a serving engine calls it (metadata made in the call): the same outputs
+        # metadata made in the call: the same outputs
         again = flashmla_sparse_percall.make("sparse_decode", torch_sparse.sparse_dims(sd.tensors(case)), inputs)()
         torch.cuda.synchronize()
         assert torch.equal(again["O"], out["O"]) and torch.equal(again["LSE"], out["LSE"]), config
@@ -196,8 +187,7 @@ def test_flashmla_agrees_with_the_oracle_on_model1_bytes(scenario):
 
 
 def test_lab_catches_a_kernel_that_ignores_the_softmax_scale(project_root, tmp_path):
-    """Issue 35 item 1: wrong_e_softmax_scale fails every `softmax_scale` case (512^−0.55) and passes the
-    default-scale `sink` ones."""
+    """Issue 35.1: wrong_e_softmax_scale fails every `softmax_scale` case, passes the `sink` ones."""
     spec, wrong = _planted(project_root, "wrong_e_softmax_scale")
     keep = [c for c in expand(wrong) if c.dict["splits"] == 1 and c.dict["kv_format"] in ("model1", "simple")
             and c.dict["config"] in ("s1h64_m96bs64", "s2h128_m128bs256_x1024bs64")]
@@ -209,8 +199,7 @@ def test_lab_catches_a_kernel_that_ignores_the_softmax_scale(project_root, tmp_p
 
 
 def _stream_cases(stage):
-    """The matrix's topk 16384 / 32768 cases (E `more:`): windows crossing into the extra list, streamed segments
-    (> 32 tiles) and short ones."""
+    """The matrix's topk 16384 / 32768 cases."""
     from stages.E_sparse_decode import sm90
 
     cases = [c for c in expand(stage) if c.dict["config"] in
@@ -222,15 +211,13 @@ def _stream_cases(stage):
 
 
 def test_streamed_idx_windows_agree_with_the_oracle(project_root, tmp_path):
-    """Issue 35 item 1: segments over 32 tiles stream idx entries through two 16-tile windows (idx_windows.py): all
-    pass."""
+    """Issue 35.1: streamed segments (> 32 tiles): all pass."""
     spec = load_spec(root=project_root)
     _run_cases(spec, spec.stages["E"], _stream_cases(spec.stages["E"]), tmp_path, "stream", "pass")
 
 
 def test_lab_catches_a_stream_one_window_behind(project_root, tmp_path):
-    """wrong_e_window fails every streamed case of one list (lists of two left out: a main entry taken for the
-    extra cache may lie past it)."""
+    """wrong_e_window fails every streamed single-list case."""
     spec, wrong = _planted(project_root, "wrong_e_window")
     cases = [c for c in _stream_cases(wrong) if c.dict["splits"] in (1, 3) and "_x" not in c.dict["config"]]
     assert len(cases) == 8, [c.dict for c in cases]
@@ -239,24 +226,22 @@ def test_lab_catches_a_stream_one_window_behind(project_root, tmp_path):
 
 
 def _fp8_cases(stage):
-    """The matrix's fused-FP8-epilogue cases (stages.yaml E `more:`, epilogue fp8_rope)."""
+    """The matrix's fp8_rope cases."""
     cases = [c for c in expand(stage) if c.dict.get("epilogue") == "fp8_rope"]
     assert len(cases) == 74, len(cases)
     return cases
 
 
 def test_fp8_epilogue_agrees_with_the_oracle(project_root, tmp_path):
-    """Issue 33 item 2: O inverse-rotated and written as e4m3 + UE8M0 exponents (whole sequences,
-    in-kernel merges, PartCombine's splits 3): every fp8_rope case passes."""
+    """Issue 33.2: every fp8_rope case passes."""
     spec = load_spec(root=project_root)
     _run_cases(spec, spec.stages["E"], _fp8_cases(spec.stages["E"]), tmp_path, "fp8_rope", "pass")
 
 
 def test_lab_catches_an_inverse_rotation_with_the_wrong_sign(project_root, tmp_path):
-    """tests/fixtures/wrong_e_rope_sign (the forward rotation in the fused epilogue) fails the
-    fp8_rope cases of every path (splits 1, auto, 3) and passes the bf16 ones it leaves alone."""
+    """wrong_e_rope_sign fails the fp8_rope cases of every path, passes the bf16 ones."""
     spec, wrong = _planted(project_root, "wrong_e_rope_sign")
-    # not lonely: at b 2 its only row with keys is token 0 of batch 0, whose position is 0 (no rotation)
+    # not lonely: b 2's only row with keys is at position 0
     fp8 = [c for c in _fp8_cases(wrong) if c.dict["scenario"] in ("plain", "sink")
            or (c.dict["splits"] == 3 and c.dict["scenario"] != "lonely")]
     bf16 = [c for c in expand(wrong) if c.dict.get("epilogue") == "bf16" and c.dict["scenario"] == "sink"

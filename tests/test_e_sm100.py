@@ -1,5 +1,4 @@
-"""Stage E on sm_100a, compiled on the CPU: TMEM plan, the dequantisers' ring view, LSE re-indexing, gather4 rows,
-smem plan, no spills."""
+"""Stage E on sm_100a, compiled on the CPU: TMEM, ring view, LSE indexing, gather4, smem, no spills."""
 
 import json
 import os
@@ -64,8 +63,7 @@ def test_tmem_plan_fits_and_an_over_budget_plan_is_refused_by_the_constructor():
 
 
 def test_the_sink_is_applied_once_in_the_epilogue_or_in_the_combine():
-    """One split: the epilogue applies the sink (has_row_scale); split-KV: SplitCombine after the merge (the
-    house's default would drop it)."""
+    """One split: the epilogue applies the sink; split-KV: SplitCombine after the merge."""
     from stages.E_sparse_decode.sm100 import Kernel
 
     one = Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits=1)
@@ -84,8 +82,7 @@ def test_one_branch_config_has_only_main_tiles():
 @pytest.mark.parametrize("fmt", ["model1", "v4.1"])
 @pytest.mark.parametrize("block_size", [2, 64, 256])
 def test_gather_rows_start_at_the_tokens_bytes(fmt, block_size):
-    """gather_row(i) of the uniform row view starts at token i's data (kvcache.token_offsets), across several
-    blocks."""
+    """gather_row(i) starts at token i's data (kvcache.token_offsets), across blocks."""
     import torch
 
     from oracles.kvcache import block_bytes, token_offsets
@@ -100,7 +97,7 @@ def test_gather_rows_start_at_the_tokens_bytes(fmt, block_size):
 
 
 def test_the_simple_format_is_no_uniform_row_array_and_is_refused_a_tensor_map():
-    """simple's blocks (512-byte rows, then fp32 scales, padded) are no uniform rows: rows_view refuses them."""
+    """simple's blocks are no uniform rows: rows_view refuses them."""
     from oracles.kvcache import block_bytes
     from stages.common.sm100_gather import rows_view
     from stages.E_sparse_decode.sm100 import Kernel
@@ -111,8 +108,7 @@ def test_the_simple_format_is_no_uniform_row_array_and_is_refused_a_tensor_map()
 
 
 def test_the_staging_ring_takes_its_bytes_from_the_chunk_ring():
-    """2 raw slots (64 keys × 192 / 128 B) leave 3 / 4 chunk slots (simple: 5), never under n_v + 1 = 3; the plan
-    stays under 227 KiB."""
+    """Chunk slots never under n_v + 1 = 3; the plan stays under 227 KiB."""
     from stages.common.sm100_decode import SMEM_LIMIT
     from stages.E_sparse_decode.sm100 import Kernel
 
@@ -126,8 +122,7 @@ def test_the_staging_ring_takes_its_bytes_from_the_chunk_ring():
 
 
 def test_trace_time_tmem_check_refuses_a_planted_over_budget_plan(tmp_path):
-    """With the plan forced to "fits" (o_split = 1 at d = 512), the trace re-checks S and O columns from the
-    fragments and refuses."""
+    """Plan forced to "fits": the trace re-checks S and O columns and refuses."""
     prelude = """
         import stages.common.sm100_decode as house
         real = house.tmem_budget
@@ -144,8 +139,7 @@ def test_trace_time_tmem_check_refuses_a_planted_over_budget_plan(tmp_path):
 
 
 def test_a_dequant_view_that_is_not_the_mma_bytes_is_refused(tmp_path):
-    """The dequantisers write through a (key, col, slot) view; tiled columns-first it puts
-    elements where the MMA does not read them, and tracing stops."""
+    """A columns-first view of the dequantisers' writes misses the MMA's reads: tracing stops."""
     prelude = """
         import cutlass.cute as cute
         from cutlass.cute.nvgpu import tcgen05
@@ -165,8 +159,7 @@ def test_a_dequant_view_that_is_not_the_mma_bytes_is_refused(tmp_path):
 
 
 def test_lse_view_puts_one_token_rows_at_lse_b_h_t(tmp_path):
-    """Flat row (b·s_q + t)·h_q + h lands at LSE[b, h, t] (offset b·h_q·s_q + h·s_q + t); the house's own view
-    would not."""
+    """Flat row (b·s_q + t)·h_q + h lands at LSE[b, h, t]."""
     r = _traced("""
         import cutlass, cutlass.cute as cute
         b, s_q, h_q = 3, 2, 4
@@ -208,8 +201,7 @@ def _inventory(ptx: str) -> dict:
     {"b": 2, "config": "s2h128_m128bs256_x1024bs64", "kv_format": "nvfp4", "splits": 1},  # issue 33: global loads, no gather
 ])
 def test_representative_cases_compile_for_sm100a_without_spills(case, tmp_path):
-    """tcgen05 MMAs, async-proxy fences, no spills; gather4 of four DISTINCT rows (one row four times was a bad
-    index tensor), simple 16-byte loads; no 0f3D8293EE (issue 35)."""
+    """tcgen05 MMAs, async fences, no spills; gather4 of four distinct rows; no 0f3D8293EE."""
     import re
 
     from harness.execution.compile import ptxas_resources
@@ -247,7 +239,7 @@ def test_representative_cases_compile_for_sm100a_without_spills(case, tmp_path):
         assert inv.get("ld.shared.128b", 0) >= 4 * 4 * 2, inv
     fam_wgmma = fam.get("wgmma", 0)
     assert fam_wgmma == 0
-    # e8m0 bytes are read zero-extended (a sign-extended byte ≥ 128 negates a scale ≥ 2; H6's c2547ff)
+    # e8m0 bytes zero-extended
     assert "ld.global.s8" not in ptx
     if case["kv_format"] != "simple":
         assert "ld.global.b8" in ptx

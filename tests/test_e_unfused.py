@@ -1,7 +1,5 @@
-"""Issue 33 item 3's peers of stage E on the CPU: the unfused pair's separate inverse-RoPE + quantise pass
-against oracles/fp8_epilogue.py, the peers' shape rules for nvfp4 and fp8_rope cases, FlashMLA's model1
-cache of an nvfp4 case's tokens, and how the bench judges a peer (its own cosine bound, the kernel's output
-form through the stage's decode)."""
+"""Issue 33.3's peers of stage E on the CPU: the unfused pair's pass vs oracles/fp8_epilogue.py, peer shape
+rules, FlashMLA's model1 twin of nvfp4, how bench judges a peer."""
 
 import math
 
@@ -28,7 +26,7 @@ def _dims(case):
 
 
 def _random_o(b, s_q, h, seed=0):
-    """bf16 O rows at scales 2^−30 … 2^8 (a block's exponent anywhere from the −22 floor up), a zero row."""
+    """bf16 O rows at scales 2^−30 … 2^8, and a zero row."""
     g = torch.Generator().manual_seed(seed)
     o = torch.randn(b, s_q, h, 512, generator=g) * torch.pow(2.0, torch.randint(-30, 9, (b, s_q, h, 1), generator=g).float())
     o[0, 0, 1] = 0.0  # a lonely row: exponent −22, zero bytes
@@ -37,10 +35,7 @@ def _random_o(b, s_q, h, seed=0):
 
 @pytest.mark.parametrize("b,s_q,h", [(3, 2, 16), (1, 1, 64), (2, 2, 128)])
 def test_the_separate_pass_is_the_oracles_rotation_and_quantisation(b, s_q, h):
-    """Bit-exact against float64 rotate → quantise → pack where the float64 rows leave no doubt: every exponent
-    whose block amax / 448 is not within 2^−6 of a power of two, every nope byte (lanes 0 … 447: bf16 values, no
-    arithmetic but the power-of-two scale) of such a block; the rope bytes (float32 rotation) at most one e4m3 step
-    off, nearly all equal; the pad words 0."""
+    """Bit-exact vs float64 where unambiguous (exponents, nope bytes); rope bytes ≤ one e4m3 step off; pads 0."""
     n = b * s_q
     o = _random_o(b, s_q, h)
     cs = fe.make_cos_sin_cache()
@@ -76,7 +71,7 @@ def test_the_separate_pass_is_the_oracles_rotation_and_quantisation(b, s_q, h):
 
 
 def test_the_pass_rotates_the_inverse_way_and_by_each_tokens_own_position():
-    """A pass with the forward rotation, or one row's position for all, is told apart (the exponents aside)."""
+    """The forward rotation, or one row's position for all, is told apart."""
     b, s_q, h = 2, 2, 8
     o = _random_o(b, s_q, h, seed=3)
     o[0, 0, 1] = 1.0
@@ -91,8 +86,7 @@ def test_the_pass_rotates_the_inverse_way_and_by_each_tokens_own_position():
 
 
 def test_peer_rules():
-    """e_unfused_fp8 takes fp8_rope cases on sm90 only; FlashMLA and the PyTorch peer refuse fp8_rope (they
-    write bf16 O); FlashMLA takes nvfp4 (a model1 cache of the same tokens) and still refuses simple / v4.1."""
+    """e_unfused_fp8 takes fp8_rope on sm90 only; FlashMLA and PyTorch refuse fp8_rope; FlashMLA takes nvfp4."""
     fp8, bf16 = _dims(_case(PROD[0], epilogue="fp8_rope")), _dims(_case(PROD[0]))
     assert fp8["epilogue"] == "fp8_rope" and bf16["epilogue"] == "bf16"
     assert eu.unsupported("sparse_decode", fp8, (9, 0)) is None and eu.unsupported("sparse_decode", fp8, None) is None
@@ -118,9 +112,7 @@ def test_the_config_is_rebuilt_from_the_sizes(config):
 
 
 def test_flashmla_reads_a_model1_cache_of_the_nvfp4_cases_tokens():
-    """Every indexed token of the nvfp4 cache is in the model1 twin at the same index (the model1 writer's bytes
-    of the nvfp4 values), every other token NaN; the float64 attention over the twin is within
-    NVFP4_COSINE_MIN of the nvfp4 rows but not within the stage's 0.9999 (so the peer needs its own bound)."""
+    """The model1 twin holds every indexed nvfp4 token; its attention is within NVFP4_COSINE_MIN, not 0.9999."""
     case = _case(PROD[1], "nvfp4")
     inputs = sd.make_inputs(case, seed=5)
     c = sd.SparseConfig.parse(case["config"])
@@ -147,7 +139,7 @@ def test_flashmla_reads_a_model1_cache_of_the_nvfp4_cases_tokens():
 
 
 def test_flashmla_nvfp4_call_gets_the_model1_view(monkeypatch):
-    """Stand-in flash_mla: an nvfp4 case reaches FlashMLA as model1 bytes (584-byte rows, the model1 block)."""
+    """Stand-in flash_mla: an nvfp4 case reaches FlashMLA as model1 bytes."""
     import sys
     import types
 
@@ -170,7 +162,7 @@ def test_flashmla_nvfp4_call_gets_the_model1_view(monkeypatch):
 
 
 def _judge(case):
-    """The bench job of `case` as bench makes it (stage E's own tolerances for the case), and its specs."""
+    """The bench job of `case` as bench makes it, and its specs."""
     from harness.execution.bench import _job
     from harness.spec.spec import load_spec
     from tests.conftest import ROOT
@@ -180,8 +172,7 @@ def _judge(case):
 
 
 def test_the_bench_judges_the_unfused_pairs_words_through_the_stages_decode():
-    """The pair's O_fp8 / O_scale words (the kernel's output form) are decoded as the kernel's are and pass;
-    the same words with the forward rotation fail."""
+    """The pair's words decoded as the kernel's pass; with the forward rotation they fail."""
     from harness.execution.executor import Checked, peer_verdict
 
     case = _case("s1h64_m96bs64", epilogue="fp8_rope", b=2)
@@ -207,7 +198,7 @@ def test_the_bench_judges_the_unfused_pairs_words_through_the_stages_decode():
 
 
 def test_the_bench_holds_flashmla_to_its_own_bound_on_nvfp4():
-    """FlashMLA's O on the model1 twin passes with check_cosine's bound, and would fail the stage's 0.9999."""
+    """FlashMLA's O on the model1 twin passes check_cosine's bound, fails 0.9999."""
     from harness.execution.executor import Checked, peer_verdict
 
     case = _case(PROD[1], "nvfp4")
@@ -228,9 +219,7 @@ def test_the_bench_holds_flashmla_to_its_own_bound_on_nvfp4():
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", PROD)
 def test_gpu_the_unfused_pair_agrees_with_the_fp8_rope_oracle(config):
-    """On an H100/H200: the pair (our bf16 kernel + the compiled pass) at a production config, b 2, decoded as the
-    fused kernel's words are, agrees with the float64 fp8_rope rows (the stage's fp8_rope bounds; exponents exact
-    where unambiguous), and the pass that ran is torch.compile's."""
+    """On an H100/H200: the pair at b 2 meets the fp8_rope bounds, and its pass is torch.compile's."""
     case = _case(config, epilogue="fp8_rope", b=2)
     inputs = sd.make_inputs(case, seed=11, device="cuda")
     run = eu.make("sparse_decode", _dims(case), inputs)
@@ -253,8 +242,7 @@ def test_gpu_the_unfused_pair_agrees_with_the_fp8_rope_oracle(config):
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", PROD)
 def test_gpu_flashmla_on_the_model1_twin_of_an_nvfp4_case(config):
-    """On an H100/H200 with sgl-flash-mla: FlashMLA's call on an nvfp4 case (its model1 twin) passes the peer's own
-    bound against the nvfp4 float64 rows, as the bench will judge it."""
+    """On an H100/H200 with sgl-flash-mla: FlashMLA on an nvfp4 case passes the peer's own bound."""
     from harness.peers import flashmla_sparse_percall
 
     if flashmla_sparse.installed():

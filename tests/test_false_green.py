@@ -1,4 +1,4 @@
-"""Green that proved nothing (issue 27, items 3, 5, 6, 7, 8). Each test fails without its fix."""
+"""Green that proved nothing (issue 27, items 3, 5–8)."""
 
 from tests.conftest import run_cli, write_baselines
 
@@ -64,8 +64,7 @@ def test_stage_tolerances_that_hold_nothing_are_one_line(fake_lab, tol, says):
 
 
 def test_the_loosest_allowed_bounds_still_fail_a_minus_b(fake_lab):
-    """`a - b` for `a + b` (cosine ~0, rel_l2 ~1) fails the loosest allowed bounds: cosine_min 0.9 alone,
-    rel_l2_max 0.5 alone."""
+    """`a - b` for `a + b` fails cosine_min 0.9 alone and rel_l2_max 0.5 alone."""
     path = fake_lab / "stages.yaml"
     text = path.read_text()
     for tol in ("{cosine_min: 0.9}", "{rel_l2_max: 0.5}"):
@@ -120,8 +119,7 @@ def test_the_committed_stages_and_baselines_keep_to_the_bounds(project_root):
     assert baselines.load(project_root, must_exist=True)
 
 
-# Item 3: a kernel that writes its inputs fails, in both execution paths; the oracle sees the
-# inputs as generated.
+# Item 3: a kernel writing its inputs fails in both paths; the oracle sees them as generated.
 
 import json  # noqa: E402
 
@@ -157,7 +155,7 @@ def test_a_run_fails_a_kernel_that_writes_its_inputs(fake_lab):
                                     "(16 elements changed)"), zero["error"]
     assert copy["status"] == "fail" and copy["error"].startswith("kernel wrote its input b ("), copy
     assert "kernel wrote its input a" not in copy["error"]
-    # the oracle ran on the inputs as generated: the right answer before the write passes the metrics
+    # the oracle ran on the generated inputs
     assert touch["status"] == "fail" and touch["error"] == "kernel wrote its input a (1 element changed)", touch
     assert touch["metrics"]["out"]["cosine"] > 0.9999
     assert ok["status"] == "pass" and not ok.get("error")
@@ -220,11 +218,11 @@ import shutil  # noqa: E402
 from harness.spec import identity  # noqa: E402
 from harness.core.statuses import STATUSES  # noqa: E402
 
-# Calls that compare outputs, judge them, or fail a case for what it did to its inputs.
+# Calls that compare, judge, or fail a case.
 VERDICT_CALLS = {"judge", "violations", "compare", "describe_input_writes"}
-# statuses' names that decide what fails or what a status may be (STYLE and RAN only show or read).
+# statuses' names that decide
 DECIDING_NAMES = {"FAILING", "STATUSES"}
-# Modules that match but decide nothing stored in a record, and why (identity.py says the same).
+# Matching modules that decide nothing, and why.
 NOT_HASHED = {
     "workflows/gate.py": "compares records with baselines afresh at every gate call",
     "notebook/baselines.py": "a compile baseline's {status: compiled} is read by the gate afresh",
@@ -233,7 +231,7 @@ NOT_HASHED = {
 
 
 def _decides_a_verdict(path: Path) -> list[str]:
-    """What in `path` decides a case's verdict or a record's status (empty: nothing)."""
+    """What in `path` decides a verdict or status."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Call):
@@ -263,7 +261,7 @@ def test_every_module_that_decides_a_verdict_is_hashed():
         why = _decides_a_verdict(path)
         if why:
             deciding[path.relative_to(identity.HARNESS_DIR).as_posix()] = why
-    # the scan finds what it must (a scan that finds nothing would pass anything)
+    # the scan finds what it must
     assert {"execution/runner.py", "execution/worker.py", "execution/bench.py", "execution/compilerun.py",
             "execution/metrics.py", "notebook/records.py"} <= set(deciding)
     missing = {m: w for m, w in deciding.items() if m not in hashed and m not in NOT_HASHED}
@@ -273,7 +271,7 @@ def test_every_module_that_decides_a_verdict_is_hashed():
 
 
 def _project_copy(tmp_path: Path, monkeypatch) -> Path:
-    """A copy of the lab's harness that identity hashes instead of the real one."""
+    """A copy of the lab's harness that identity hashes."""
     from tests.conftest import ROOT
 
     dest = tmp_path / "proj"
@@ -301,8 +299,7 @@ def test_editing_verdict_code_makes_results_stale(fake_lab, tmp_path, monkeypatc
     assert identity.source_hash(fake_lab, spec.stages["OK"], "cpu") != before
 
 
-# Item 6: code or data loaded dynamically is hashed (the stage's folder, stages/common, the
-# oracle's folder), and `check` says so in one line per call.
+# Item 6: dynamically loaded code or data is hashed; `check` says so in one line per call.
 
 DYN_STAGE = """\
   DYN:
@@ -319,7 +316,7 @@ DYN_STAGE = """\
 HEAD = "from pathlib import Path\nimport importlib, runpy, sys\nHERE = Path(__file__).parent\n\n"
 KERNEL = HEAD + "class Dyn:\n    def __init__(self, *, n):\n        self.n = n\n\n    def __call__(self, a, b, out):\n{body}"
 
-# form -> (the kernel's __call__ body, the file it loads, that file's text)
+# form -> (__call__ body, file loaded, its text)
 DYNAMIC_FORMS = {
     "import_module": ("        importlib.import_module('stages.fake.helper').add(a, b, out)\n",
                       "stages/fake/helper.py", "def add(a, b, out):\n    out.copy_(a + b)\n"),

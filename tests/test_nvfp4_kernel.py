@@ -1,7 +1,5 @@
-"""Stage E sm90's nvfp4 dequantisation on the CPU: a model of what each producer thread loads,
-converts (stages/common/e2m1_bits.py's instructions, emulated bit for bit) and where it stores,
-held equal to oracles/kvcache.py's dequantiser — every column of a token written once, with the
-value bf16(code · scale)."""
+"""Stage E sm90's nvfp4 dequantisation on the CPU: each producer thread's loads, conversions (emulated bit
+for bit) and stores equal oracles/kvcache.py's dequantiser, every column written once."""
 
 import struct
 
@@ -14,8 +12,7 @@ from stages.E_sparse_decode import sm90
 
 
 def _prmt(a: int, b: int, sel: int) -> int:
-    """PTX prmt.b32 (default mode): 4 bytes from {b, a} by the selector's 4 nibbles; a nibble's
-    bit 3 replicates the selected byte's sign bit."""
+    """PTX prmt.b32 (default mode), sign replication by a nibble's bit 3."""
     src = a.to_bytes(4, "little") + b.to_bytes(4, "little")
     out = 0
     for n in range(4):
@@ -40,7 +37,7 @@ def _halves(word: int) -> tuple[float, float]:
 
 
 def _scale(word: int, byte: int) -> tuple[float, float]:
-    """(F, Sb) of scale_factors: the byte into both halves (PRMT, SHL 4, AND), × 2^120, × 2^126."""
+    """(F, Sb) of scale_factors."""
     t = ((_prmt(word, 0, eb.scale_select(byte)) << 4) & 0xFFFFFFFF) & eb.SCALE_MASK
     lo, hi = _halves(t)
     assert lo == hi or (lo != lo and hi != hi)
@@ -50,7 +47,7 @@ def _scale(word: int, byte: int) -> tuple[float, float]:
 
 
 def _word(word: int, f: float, sb: float, one_multiply: bool) -> list[float]:
-    """The 8 values of e2m1x8_to_bf16: split, per output word PRMT, IMAD, LOP3, then the HFMA2s."""
+    """The 8 values of e2m1x8_to_bf16."""
     even, odd = eb.split(word)
     vals = []
     for k in range(4):
@@ -61,8 +58,7 @@ def _word(word: int, f: float, sb: float, one_multiply: bool) -> list[float]:
 
 
 def model_token(data: bytes, scales: bytes, group_byte=lambda b: b) -> dict[int, list[float]]:
-    """column → [values written there] for one token (its 352 data bytes, 32 scale bytes), by the
-    4 threads of its key (q = 0 … 3), as dequant_nvfp4 indexes them; `group_byte` is its hook."""
+    """column → [values written] for one token by its key's 4 threads; `group_byte` is the hook."""
     words = [int.from_bytes(scales[4 * i : 4 * i + 4], "little") for i in range(8)]
     one_multiply = all(eb.scales_fit(words[i]) == 0 for i in range(7))
     out: dict[int, list[float]] = {}
@@ -124,8 +120,7 @@ def test_scales_fit_is_the_byte_test():
 
 
 def test_a_neighbouring_groups_scale_moves_the_values():
-    """tests/fixtures/wrong_e_nvfp4_group's hook (byte ^ 1: group 2g takes 2g + 1's scale and the
-    reverse) changes the dequantised columns wherever the two scales differ."""
+    """wrong_e_nvfp4_group's hook changes the columns wherever the two scales differ."""
     cache, data, scales = _token(2, LARGE)
     good = model_token(data, scales)
     bad = model_token(data, scales, group_byte=lambda b: b ^ 1)
@@ -134,10 +129,7 @@ def test_a_neighbouring_groups_scale_moves_the_values():
 
 
 def test_the_pair_kernel_compiles_without_spills_and_converts_by_bit_moves(project_root, tmp_path, monkeypatch):
-    """Compiled for sm_90a (no GPU), the h_q 128 cluster pair — the producer's tightest registers:
-    no spill (model1 has none there either), the e2m1 codes spread by the IMAD and masked as
-    e2m1_bits says, the scales' two bf16x2 factors, and the 32 scale bytes by two read-only
-    16-byte loads without the L2 prefetch."""
+    """sm_90a h_q 128 pair: no spill, e2m1 codes as e2m1_bits says, the scale factors, two 16-byte scale loads."""
     from pathlib import Path
 
     from harness.execution.compile import Compiler
@@ -160,9 +152,7 @@ def test_the_pair_kernel_compiles_without_spills_and_converts_by_bit_moves(proje
 
 
 def test_the_neighbouring_group_bug_moves_o_past_the_tolerances():
-    """tests/fixtures/wrong_e_nvfp4_group on the float64 oracle: the inputs with every token's
-    scales of groups 2g and 2g + 1 swapped (what the hook's byte ^ 1 reads) give an O the
-    stage's tolerances (cosine ≥ 0.9999, rel L2 ≤ 1e-2) reject, in plain, sink and dup."""
+    """wrong_e_nvfp4_group's swap on the float64 oracle fails the tolerances in plain, sink and dup."""
     from oracles import sparse_decode as sd
 
     for scenario in ("plain", "sink", "dup"):
@@ -182,8 +172,7 @@ def test_the_neighbouring_group_bug_moves_o_past_the_tolerances():
 
 
 def test_the_planted_bug_reaches_the_compiled_kernel(project_root, tmp_path, monkeypatch):
-    """The fixture's hook is called: compiled for sm_90a, its nvfp4 kernel's PTX differs from
-    the stage's (the kernel's name set aside), with the same conversions."""
+    """The fixture's hook is called: its PTX differs, same conversions."""
     import dataclasses
     from pathlib import Path
 
@@ -204,15 +193,13 @@ def test_the_planted_bug_reaches_the_compiled_kernel(project_root, tmp_path, mon
     assert all(r.ok for r in got), [r.error for r in got]
     ptx = [Path(r.ptx_path).read_text() for r in got]
     bodies = [p.replace(p.split(".entry", 1)[1].split("(", 1)[0].strip(), "K") for p in ptx]
-    # h_q 64: the table build (the default alone) — the same PRMT lookups in both, the scales differ
+    # h_q 64: the same PRMT lookups in both, the scales differ
     assert bodies[0].count("prmt.b32") == bodies[1].count("prmt.b32") > 0
     assert bodies[0] != bodies[1]
 
 
 def test_the_table_path_gives_every_code_exactly():
-    """Kernel(e2m1_table=True)'s lookup (e2m1_bits.table_half, emulated: two PRMT tables, two
-    interleaves, the signs by IMAD + LOP3) gives the bf16 of every e2m1 code, signed zero
-    included, for all 65 536 groups of 4 codes; × the scale is then one exact HFMA2."""
+    """e2m1_table=True's lookup gives the bf16 of every e2m1 code for all 65 536 groups of 4."""
     bf16 = {c: int(torch.tensor([float(SIGNED_VALUES[c])], dtype=torch.bfloat16).view(torch.int16).item()) & 0xFFFF
             for c in range(16)}
     for half in range(1 << 16):

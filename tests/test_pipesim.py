@@ -1,6 +1,5 @@
-"""The sm100 (and sm90) pipeline protocols on the CPU (issue 34 item 3), simulated by stages/common/pipesim.py:
-every case of every kernel, 0, 1, 2 and many visited tiles, both O halves, runs without deadlock, lapped ring or
-stray arrival; barrier counts and expect_tx bytes equal the compiled PTX's; planted count/byte drifts are caught.
+"""sm100/sm90 pipeline protocols simulated by stages/common/pipesim.py (issue 34.3): no deadlock, lapped ring or
+stray arrival for any case and tile count; counts and bytes equal the PTX's; planted drifts caught.
 """
 
 import json
@@ -49,13 +48,13 @@ def _kernel_cases(stage_id: str) -> list[dict]:
 
 
 def _max_tiles(k) -> int:
-    """The most KV tiles a CTA of this decode kernel visits: its longest split."""
+    """The most KV tiles a CTA visits: its longest split."""
     g = k.sched
     return max(g.work(0, s, 0).tile_end - g.work(0, s, 0).tile_begin for s in range(g.splits))
 
 
 def _protocols(stage_id: str, case: dict, arch: str = "sm_100a"):
-    """(tiles, laps of the KV ring those tiles make, protocol) for every CTA the kernel can have."""
+    """(tiles, ring laps, protocol) for every CTA the kernel can have."""
     k = _kernel(stage_id, case, arch)
     if arch == "sm_90a" and stage_id == "E":  # every part of the grid (both CTAs of a pair together)
         for part in range(k.sched.parts):
@@ -69,7 +68,7 @@ def _protocols(stage_id: str, case: dict, arch: str = "sm_100a"):
         for c in range(k.grid_ctas):
             tiles = [max(g.item(i).tile_end - g.item(i).tile_begin, 0) for i in range(c, g.items, k.grid_ctas)]
             yield sum(tiles), sum(tiles) / k.stages, P.decode_sm90_persistent(k, tiles)
-        # and walks with an empty item (an empty split) between, before and after ones with tiles
+        # with empty items between, before and after
         for tiles in ([0, 2, 0, 3], [3, 0, 1], [1, 1, 1, 1, 1]):
             yield sum(tiles), sum(tiles) / k.stages, P.decode_sm90_persistent(k, tiles)
         return
@@ -118,9 +117,9 @@ def test_every_case_of_the_matrix_completes(arch, stage_id):
             counts.add(n)
             laps = max(laps, lapped)
             runs += 1
-    # empty split / all rows lonely (none on E sm90: its parts hold a tile each), one tile, two tiles
+    # empty split, one tile, two tiles
     assert ({1, 2} if (arch, stage_id) == ("sm_90a", "E") else {0, 1, 2}) <= counts
-    assert laps >= 2  # and many: the KV ring goes round at least twice (the phase parity wraps)
+    assert laps >= 2  # and many: the ring wraps twice
     print(arch, stage_id, runs, "CTA protocols, tiles", sorted(counts)[-1], "laps", laps)
 
 
@@ -136,7 +135,7 @@ def test_model1_wide_chunk_and_both_load_orders_are_in_the_protocol():
 
 
 def _planted(proto: Protocol, role: str, bar: str, delta: int) -> Protocol:
-    """`proto` whose role `role` arrives `delta` more (or fewer) times on its first arrival at `bar`."""
+    """`proto` with `role` arriving `delta` more times on its first arrival at `bar`."""
     make = proto.roles[role]
 
     def wrong():
@@ -164,8 +163,7 @@ def test_an_arrive_count_off_by_one_deadlocks_and_names_the_barrier():
 
 
 def test_d2_persistent_walk_completes_and_a_q_never_freed_deadlocks_at_the_next_item():
-    """D2's persistent CTAs (sm90): warpgroup 0 frees Q after an item's last S; without it the load warp waits at
-    item 2."""
+    """D2 sm90: without warpgroup 0 freeing Q the load warp waits at item 2."""
     k = _kernel("D2", {"shape": "b64s2h128n1152d512", "splits": "auto"}, "sm_90a")
     good = P.decode_sm90_persistent(k, [18, 18])
     assert simulate(good) is None
@@ -201,7 +199,7 @@ def test_the_simulator_reports_a_lapped_ring_and_a_stray_arrival():
 
 # -- the PTX cross-check
 
-PTX_CASES = {  # sm_100a: one compiled case per family (and E's three formats: different protocols)
+PTX_CASES = {  # sm_100a: one case per family (E: three formats)
     "D2": {"shape": "b4s2h128n256d64", "splits": 1},
     "D5": {"shape": "b4s2h128m128n256d512", "splits": "many", "sink": 0},
     "E/model1": {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "model1", "splits": 1, "epilogue": "bf16"},
@@ -210,7 +208,7 @@ PTX_CASES = {  # sm_100a: one compiled case per family (and E's three formats: d
     "I1": {"s": 128, "s_kv": 1024},
     "I2": {"b": 8, "next_n": 2, "block_kv": 64},
 }
-PTX_CASES_SM90 = {  # sm_90a: the decode house (one and two branches), stage E (a pair, alone), the indexers
+PTX_CASES_SM90 = {  # sm_90a: decode house, E, indexers
     "D2": {"shape": "b4s2h128n256d64", "splits": 1},
     "E/pair": {"b": 2, "config": "s2h128_m128bs256_x1024bs64", "kv_format": "model1", "splits": 1, "epilogue": "bf16"},
     "E/alone": {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "simple", "splits": "auto", "epilogue": "bf16"},
@@ -239,8 +237,7 @@ print("RESULT" + json.dumps(out))
 
 
 def _compiled(tmp, arch: str, cases: dict) -> dict:
-    """The PTX of `cases` for `arch` through the lab's compile cache (compiled once, reused while sources are
-    unchanged)."""
+    """The PTX of `cases` for `arch` through the lab's compile cache."""
     script = tmp / f"compile_{arch}.py"
     script.write_text(textwrap.dedent(_COMPILE.format(root=str(ROOT), cases=cases, arch=arch)))
     env = {**os.environ, "CUTE_DSL_ARCH": arch, "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(tmp),
@@ -315,8 +312,7 @@ def test_a_drifted_count_or_byte_total_fails_the_cross_check(compiled):
 
 
 def test_an_eager_qk_order_that_outruns_the_ring_deadlocks():
-    """qk_early = R − n_v chunks of Q·K_{j+1}ᵀ before P·V_j; one more and the MMA warp waits on a slot only P·V_j
-    frees."""
+    """qk_early = R − n_v chunks; one more and the MMA warp waits on a slot only P·V_j frees."""
     import copy
 
     k = _kernel("D2", {"shape": "b1s2h128n1152d512", "splits": 1})
@@ -329,8 +325,7 @@ def test_an_eager_qk_order_that_outruns_the_ring_deadlocks():
 
 
 def test_a_pair_whose_consumers_never_release_the_peer_deadlocks_naming_remote_empty():
-    """E on Hopper at h_q 128: without the release on the peer's remote_empty, the peer's producer waits there
-    forever."""
+    """E sm90 h_q 128: without the release on remote_empty the peer's producer waits forever."""
     k = _kernel("E", {"b": 2, "config": "s2h128_m128bs256_x1024bs64", "kv_format": "model1", "splits": 1, "epilogue": "bf16"}, "sm_90a")
     good = P.sparse_sm90(k, 0)
     assert simulate(good) is None
