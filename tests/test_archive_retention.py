@@ -1,5 +1,4 @@
-"""Compaction retires the archive's oldest stale lines (archive.py `retire`), never what a baseline or note names;
-`show`/`history` say where."""
+"""Compaction retires the archive's oldest stale lines, never what a baseline or note names; show/history say where."""
 
 import json
 import lzma
@@ -37,8 +36,7 @@ def _archived_ids(root: Path) -> list[str]:
 
 
 def _lab_with_history(lab: Path) -> tuple[list[str], str]:
-    """Five stale runs of two cases archived and committed; r1 noted, r2.0 a baseline, r3.1 a speed baseline. ->
-    (archive ids, commit)."""
+    """Five stale runs archived and committed; r1 noted, r2.0 a baseline, r3.1 a speed baseline -> (ids, commit)."""
     runs = [f"2020010{k}-000000-000{k}" for k in range(1, 6)]
     _write(lab, [_rec(run, i, n, f"2020-01-0{k + 1}T00:00:00Z") for k, run in enumerate(runs)
                  for i, n in enumerate((16, 32))])
@@ -48,7 +46,7 @@ def _lab_with_history(lab: Path) -> tuple[list[str], str]:
                                                            gpu={"name": "GPU"})], [])
     append_event(notes_file(lab), {"run": runs[0], "t": "2020-01-09T00:00:00Z", "text": "the first light"})
     compact = _compact_script()
-    assert compact.main(lab) == 0  # stale: all archived; the archive at HEAD holds none yet, so none retires
+    assert compact.main(lab) == 0  # none at HEAD yet: none retires
     ids = _archived_ids(lab)
     assert len(ids) == 10 and not retired_file(lab).exists()
     return ids, _commit(lab, "results")
@@ -59,7 +57,7 @@ def test_retention_keeps_the_newest_n_per_case_and_what_a_baseline_or_a_note_nam
     assert _compact_script().main(fake_lab, keep=2) == 0
     r = [i.split(".")[0] for i in ids[::2]]  # the five runs, oldest first
     kept = set(_archived_ids(fake_lab))
-    # newest 2 per case (runs 4 and 5), run 1 (a note is on it), r2.0 (a baseline names it), r3.1 (a speed baseline)
+    # kept: newest 2 per case, run 1 (note), r2.0 (baseline), r3.1 (speed baseline)
     assert kept == {f"{r[3]}.0", f"{r[3]}.1", f"{r[4]}.0", f"{r[4]}.1", f"{r[0]}.0", f"{r[0]}.1", f"{r[1]}.0",
                     f"{r[2]}.1"}
     gone = set(ids) - kept
@@ -107,8 +105,7 @@ def test_recent_lines_and_lines_no_commit_holds_are_not_retired(fake_lab):
     _commit(fake_lab, "results")
     assert _compact_script().main(fake_lab, keep=2, days=1) == 0 and len(_archived_ids(fake_lab)) == 4  # the last day's stay
     assert _compact_script().main(fake_lab, keep=2) == 0 and len(_archived_ids(fake_lab)) == 2  # keep 2: only the newest 2
-    # lines archived since the last commit are in no commit's archive: they stay until committed, even
-    # the oldest of three new ones, third of its case; the two held at HEAD, now older, go
+    # lines archived since the last commit stay until committed; the two held at HEAD go
     new = [f"2020020{k}-000000-000{k}.0" for k in range(1, 4)]
     _write(fake_lab, [_rec(i.split(".")[0], 0, 16) for i in new])
     assert _compact_script().main(fake_lab, keep=2, days=0) == 0
@@ -133,7 +130,7 @@ def test_show_and_history_of_a_retired_record_say_where_it_is(fake_lab):
 
 
 def test_a_runs_live_lines_hold_its_archived_lines_of_their_own_stage_only(fake_lab):
-    """Run A's stale OK lines retire though A has live BAD lines; run B's live OK line holds its stale OK line."""
+    """Run A's stale OK lines retire despite live BAD lines; run B's live OK line holds its stale one."""
     from harness.spec.identity import source_hash
     from harness.spec.spec import load_spec
 
@@ -191,8 +188,7 @@ def test_bad_options_are_one_line():
 
 
 def test_the_default_keeps_no_stale_test_line_but_four_bench_lines_a_shape():
-    """By default no stale test-case line is kept (one kept proof carried the tree past 3 MiB), but a bench shape's
-    newest four stay (`history --speed`)."""
+    """By default no stale test-case line is kept, but a bench shape's newest four stay."""
     from harness.notebook import archive
 
     assert _compact_script().KEEP_NEWEST == 0 and archive.KEEP_BENCH == 4
@@ -209,8 +205,7 @@ def test_the_default_keeps_no_stale_test_line_but_four_bench_lines_a_shape():
 
 
 def test_the_retirings_are_kept_compressed_and_an_old_plain_file_is_folded_in(fake_lab):
-    """retired.jsonl.xz is one xz stream; an old plain retired.jsonl is read and folded in; a bad .xz warns readers
-    and makes a retiring change nothing."""
+    """retired.jsonl.xz is one stream; old plain retired.jsonl is folded in; a bad .xz warns and retires nothing."""
     import lzma
 
     from harness.notebook.retired import old_retired_file, retired_lines

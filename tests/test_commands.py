@@ -1,5 +1,4 @@
-"""The command registry (harness/commands/, issue 28 item 3) and what is derived from it; adding a command is one
-file."""
+"""The command registry (harness/commands/) and what derives from it; a command is one file."""
 
 import os
 import shutil
@@ -15,7 +14,7 @@ from tests.conftest import ROOT, run_cli
 
 
 def _click_commands():
-    """(command path, click command) of every command the registry's app has."""
+    """(path, click command) of every registered command."""
     import typer
 
     import cli
@@ -41,8 +40,7 @@ def _option_names(cmd) -> set[str]:
 
 
 def test_every_flag_of_every_command_is_a_name_stages_yaml_may_not_use_for_an_axis():
-    """An axis named like a flag of a command could never be filtered on (the command takes the
-    flag): the loader refuses it. The list it refuses is the list the commands declare with."""
+    """An axis named like a command's flag is refused; the refused list is the commands' own."""
     commands = _click_commands()
     assert {"run", "compile", "baseline accept", "targets check", "new stage", "inspect"} <= {p for p, _ in commands}
     missing = {f"{path}: --{name.replace('_', '-')}" for path, cmd in commands for name in _option_names(cmd)
@@ -54,8 +52,7 @@ def test_every_flag_of_every_command_is_a_name_stages_yaml_may_not_use_for_an_ax
 
 
 def test_an_axis_named_like_a_flag_of_any_command_is_refused(fake_lab):
-    """`record` (run --record, compile --record) was missing from the hand-written list: a stage
-    with an axis `record` loaded, and `run STAGE --record 1` took the flag, never the filter."""
+    """An axis `record` is refused (run/compile --record)."""
     path = fake_lab / "stages.yaml"
     path.write_text(path.read_text().replace("matrix: {n: [16, 32]}", "matrix: {n: [16, 32], record: [1, 2]}"))
     with pytest.raises(SpecError, match="--record is one of the lab's own options — rename the axis"):
@@ -66,9 +63,7 @@ BENCH_BLOCK = "    bench:\n      matrix:\n        n: [4096, 1000]\n      row_axi
 
 
 def test_help_lists_axis_filters_where_the_command_takes_them(fake_lab):
-    """`show --help` (the record viewer) listed every stage's axis filters because `baseline
-    show` is also named "show"; `bench --help`, which takes filters (on the bench shapes),
-    listed none."""
+    """`show --help` lists no other command's filters; `bench --help` lists its own."""
     path = fake_lab / "stages.yaml"
     text = path.read_text()
     path.write_text(text.replace("    timeout_s: 20\n", "    timeout_s: 20\n" + BENCH_BLOCK, 1))
@@ -134,8 +129,7 @@ def _dsv4(code: Path, lab: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_new_command_is_one_file(fake_lab, tmp_path):
-    """Dropping in harness/commands/hello.py lists the command, its axis filters and misspelt options behave as
-    `run`'s, its error is one line."""
+    """harness/commands/hello.py is listed with its filters; options and errors behave as `run`'s."""
     code = _code_copy(tmp_path)
     (code / "harness" / "commands" / "hello.py").write_text(HELLO)
     top = _dsv4(code, fake_lab, "--help")
@@ -162,7 +156,7 @@ def test_a_flag_name_the_option_list_lacks_is_named_with_the_fix(fake_lab, tmp_p
 
 
 def test_the_registry_has_one_module_per_command_and_no_hand_kept_lists_in_cli():
-    """cli.py names no command and no error class: the registry is the only list."""
+    """cli.py names no command and no error class."""
     text = (ROOT / "cli.py").read_text()
     for word in ("@app.command", "AXIS_HELP_COMMANDS", "RunSetupError", "BaselineError", "\"harness.notebook.baselines\""):
         assert word not in text, word

@@ -1,5 +1,4 @@
-"""Compile checks with no GPU: each stage builds for both archs with the expected MMAs; the cache, compile records,
-`compile --diff`."""
+"""Compile checks with no GPU: every stage builds for both archs with the expected MMAs; cache, records, --diff."""
 
 import pytest
 
@@ -23,7 +22,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    """Compile every listed case once (both archs, in parallel) into a throwaway cache."""
+    """Compile every listed case once (both archs) into a throwaway cache."""
     import os
 
     os.environ["DSV4_LAB_CACHE"] = str(tmp_path_factory.mktemp("cache"))
@@ -51,7 +50,7 @@ def test_every_kernel_compiles_with_its_tensor_core_instructions(compiled):
             assert fam.get(instr, 0) >= at_least, f"{sid} {arch} {dict(case)}: no {instr} in the PTX"
         other = "tcgen05.mma" if arch == "sm_90a" else "wgmma"
         assert fam.get(other, 0) == 0
-        summary = res.summary()  # what a record keeps: the detailed inventory, for compile-only baselines
+        summary = res.summary()  # the detailed inventory, for compile-only baselines
         assert summary["inv"] == res.inventory and mma_counts(summary["inv"])
         if arch == "sm_100a":
             assert any(k.startswith("tcgen05.mma.cta_group::") and ".kind::" in k for k in summary["inv"])
@@ -93,7 +92,7 @@ def test_second_compile_is_a_cache_hit(compiled):
 
 
 def test_compile_error_is_a_result_with_the_compilers_message(fake_lab, tmp_path):
-    """A kernel that fails to build gives compile_error with the message, and the run goes on."""
+    """A kernel that fails to build gives compile_error with the message; the run goes on."""
     from tests.conftest import run_cli
 
     (fake_lab / "stages" / "fake" / "sm90.py").write_text(
@@ -110,8 +109,7 @@ def test_compile_error_is_a_result_with_the_compilers_message(fake_lab, tmp_path
 
 
 def test_tmem_budget_refuses_an_impossible_configuration():
-    """D1 on sm_100a: O over 512 TMEM columns cannot fit beside S and is refused with a clear error before
-    compiling."""
+    """D1 on sm_100a: O over 512 TMEM columns is refused before compiling."""
     from stages.D1_headdim.sm100 import Kernel, tmem_budget
 
     with pytest.raises(ValueError, match=r"TMEM budget: S 64 \+ O 512 = 576 columns > 512"):
@@ -207,7 +205,7 @@ def test_sass_inventory_counts_the_mix_with_widths():
 
 
 def test_the_cuda_tools_are_found_inside_the_nvidia_wheels(tmp_path, monkeypatch):
-    """cuobjdump / nvdisasm from the `sass` extra live in site-packages/nvidia/<pkg>/bin, not on PATH."""
+    """cuobjdump / nvdisasm are found in site-packages/nvidia/<pkg>/bin."""
     import harness.notebook.inventory as inventory
 
     fake = tmp_path / "site" / "nvidia" / "cu13" / "bin"
@@ -264,7 +262,7 @@ def test_compile_writes_records_and_run_events_with_a_one_line_error(fake_lab):
 
 
 def test_an_oracle_that_raises_in_tensors_is_a_compile_error_not_a_crash(fake_lab):
-    """An oracle whose tensors(case) raises makes a compile error naming its line; the parent never dies of it."""
+    """An oracle whose tensors(case) raises: a compile error naming its line."""
     import os
     import subprocess
     import sys
@@ -289,8 +287,7 @@ def test_an_oracle_that_raises_in_tensors_is_a_compile_error_not_a_crash(fake_la
 
 
 def test_compile_diff_shows_what_changed_since_a_commit(fake_lab):
-    """REV's kernel raises one message, the tree's another: the diff shows the change (REV's code from git), exit
-    0; a bad REV: exit 2."""
+    """`compile --diff REV` shows the change, exit 0; a bad REV: exit 2."""
     import subprocess
 
     _broken_sm90(fake_lab, "class Kernel:\n    def __init__(self, *, n):\n        raise ValueError('old build')\n" + CALL)
@@ -334,7 +331,7 @@ def test_counter_changes_are_listed_with_missing_instructions_as_zero():
 
 
 def test_a_cancelled_compiler_kills_its_running_compiles(project_root):
-    """Ctrl-C during a long compile: close(cancel=True) returns at once and no compile process outlives it."""
+    """Ctrl-C during a compile: close(cancel=True) returns at once, no process outlives it."""
     import time
 
     from harness.execution.compile import Compiler

@@ -1,5 +1,4 @@
-"""Stage D2 on the CPU: oracle, inputs, split chooser, grid, combine math, barriers, K/V views, refusals and
-scratch."""
+"""Stage D2 on the CPU: oracle, inputs, split chooser, grid, combine, barriers, K/V views, refusals, scratch."""
 
 import itertools
 import math
@@ -25,7 +24,7 @@ def test_oracle_matches_plain_float64_loops(shape):
     p = decode.parse_shape(shape)
     inputs = decode.make_inputs(case, seed=case_seed("D2", case))
     ref = decode.reference(inputs, case)
-    # the plain float64 loops of tests/test_d3_d5.py, every key below n valid
+    # float64 loops of test_d3_d5.py, every key below n valid
     o, lse = loops(inputs["Q"].double().tolist(), [(inputs["KV"].double().tolist(), lambda b, t, j: j < p["n"])])
     assert torch.allclose(ref["O"], o, rtol=0, atol=1e-10)
     assert torch.allclose(ref["LSE"], lse, rtol=0, atol=1e-10)
@@ -51,8 +50,7 @@ def test_inputs_seeded_never_degenerate_and_nan_beyond_n():
 
 @pytest.mark.parametrize("shape", ["b1s2h64n1152d512", "b1s1h64n4096d512"])
 def test_inputs_make_every_tile_matter_and_move_the_max_late(shape):
-    """Some rows' max moves into late keys, no key dominates, and dropping any 64-key tile breaks the O tolerance
-    (1e-2)."""
+    """Late maxima, no dominant key: dropping any 64-key tile breaks the O tolerance."""
     case = {"shape": shape, "splits": 1}
     p = decode.parse_shape(shape)
     inputs = decode.make_inputs(case, case_seed("D2", case))
@@ -179,7 +177,7 @@ def test_scheduler_covers_every_row_block_and_tile_once(grid):
         empty = w.tile_begin >= w.tile_end
         assert empty == (w.split >= sch.nonempty_splits(grid.num_tiles, grid.splits))
         rb = grid.row_block(w)
-        # Q and O viewed as [b · s_q · h_q, d]: row (batch, token, head) row-major, 64 heads a block
+        # Q and O as [b · s_q · h_q, d], 64 heads a block
         assert rb * 64 == (w.batch * grid.tokens + w.token) * grid.head_blocks * 64 + w.head_block * 64
         row_blocks.add((w.split, rb))
         partial_blocks.add(grid.partial_row_block(w))
@@ -192,8 +190,7 @@ def test_scheduler_covers_every_row_block_and_tile_once(grid):
 @pytest.mark.parametrize("grid", [sch.DecodeGrid(2, 2, 64, 1, 18), sch.DecodeGrid(1, 2, 1, 7, 18), sch.DecodeGrid(2, 3, 2, 21, 18)])
 @pytest.mark.parametrize("ctas", [1, 7, 132])
 def test_persistent_ctas_walk_every_item_once_in_the_grids_order(grid, ctas):
-    """A persistent CTA c walks items c, c + ctas, …: every CTA's work once, and the items running together are
-    neighbours (same KV tiles)."""
+    """Persistent CTA c walks items c, c + ctas, …: all work once, neighbours together."""
     gx, gy, gz = grid.grid
     assert grid.items == gx * gy * gz
     assert [grid.item(i) for i in range(grid.items)] == [
@@ -203,7 +200,7 @@ def test_persistent_ctas_walk_every_item_once_in_the_grids_order(grid, ctas):
 
 
 def test_d2_runs_persistent_ctas_and_the_masked_rungs_do_not():
-    """D2's launch is min(work items, SMs) CTAs (PERSISTENT); D3 keeps one CTA an item."""
+    """D2 launches min(items, SMs) CTAs; D3 one CTA an item."""
     from stages.D2_decode.sm90 import Kernel
     from stages.D3_swa.sm90 import Kernel as D3Kernel
 
@@ -279,7 +276,7 @@ def test_named_barriers_are_distinct_hardware_ids():
     assert all(1 <= i < MAX_NAMED_BARRIERS for i in ids if i)
 
 
-# -- K and Vᵀ views of one shared-memory slot (traces layouts, no kernel)
+# -- K and Vᵀ views of one smem slot
 
 
 def test_kv_views_address_the_same_bytes_and_a_mismatch_is_caught(monkeypatch):
@@ -297,7 +294,7 @@ def test_kv_views_address_the_same_bytes_and_a_mismatch_is_caught(monkeypatch):
     def trace():
         for d, bn in ((64, 128), (128, 128), (256, 128), (512, 64)):
             kv_layouts(cutlass.BFloat16, d, bn, 2, d // 2)  # raises if the views disagree
-        # Vᵀ tiled hd-first (the library's default order) is NOT K's bytes: must be refused.
+        # Vᵀ tiled hd-first is not K's bytes: refused.
         kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, cutlass.BFloat16, 256)
         vkind = sm90_utils.get_smem_layout_atom(LayoutEnum.COL_MAJOR, cutlass.BFloat16, 256)
         k = cute.tile_to_shape(warpgroup.make_smem_layout_atom(kind, cutlass.BFloat16), (64, 512, 2), order=(0, 1, 2))
@@ -342,8 +339,7 @@ def test_kernel_builds_reads_kv_once_rebalances_registers_and_combines_only_when
         assert res.ok, f"{case}: {res.error}"
         fam = families(res.inventory)
         d = decode.parse_shape(case["shape"])["d"]
-        # One TMA per swizzle-atom-wide box: Q's atoms are 64 columns, the KV tile's are
-        # min(64, d/2) (one warpgroup's O slice); nothing for a separate V.
+        # One TMA per swizzle-atom box; nothing for a separate V.
         assert fam.get("cp.async.bulk.tensor") == d // 64 + d // min(64, d // 2), (case, fam)
         assert fam.get("wgmma", 0) > 0 and fam.get("stmatrix", 0) > 0
         ptx = Path(res.ptx_path).read_text()
@@ -356,8 +352,7 @@ def test_kernel_builds_reads_kv_once_rebalances_registers_and_combines_only_when
 
 
 def test_kernel_stores_o_by_16_bytes_and_votes_on_the_o_rescale(d2_builds):
-    """D2's WIDE_STORE (16-byte stores of O or the fp32 partial, quad_store.py) and LAZY_RESCALE (a warp vote
-    before rescaling O)."""
+    """D2's WIDE_STORE and LAZY_RESCALE."""
     for case, res in d2_builds:
         assert res.ok, f"{case}: {res.error}"
         ptx = Path(res.ptx_path).read_text()
@@ -369,8 +364,7 @@ def test_kernel_stores_o_by_16_bytes_and_votes_on_the_o_rescale(d2_builds):
 
 
 def test_warpgroup_0_takes_p_from_registers_and_only_arrives_at_p_full(d2_builds):
-    """REGISTER_P: warpgroup 0's P·V wgmmas read P from registers, warpgroup 1's from smem, as many of each; wg 0
-    only arrives at P_FULL."""
+    """REGISTER_P: warpgroup 0's P·V reads P from registers, wg 1 from smem; only wg 0 arrives at P_FULL."""
     for case, res in d2_builds:
         assert res.ok, f"{case}: {res.error}"
         attention = next(e for e in Path(res.ptx_path).read_text().split(".entry ")[1:] if "wgmma" in e)

@@ -1,5 +1,4 @@
-"""Stages D3–D5 on sm_100a, compiled on the CPU: TMEM plan, visited tiles, whole 128-byte key rows, constant S mask
-columns, no spills."""
+"""Stages D3–D5 on sm_100a, compiled on the CPU: TMEM, visited tiles, 128-byte rows, S mask columns, no spills."""
 
 import pytest
 
@@ -39,7 +38,7 @@ def test_d5_tile_space_is_both_branches_and_its_sink_switch():
     (128, 1, [0]), (128, 2, [0, 1]), (64, 1, [0]), (64, 2, [1]), (64, 3, [1, 2]),
 ])
 def test_block_last_token_is_the_last_token_with_a_row_in_the_block(h_q, s_q, want):
-    """A 128-row block visits its LAST token's tiles (the largest causal limit)."""
+    """A 128-row block visits its last token's tiles."""
     from stages.D4_causal_swa.sm100 import Kernel
 
     k = Kernel(shape=f"b1s{s_q}h{h_q}n256d512", splits=1)
@@ -66,12 +65,12 @@ def test_visit_plans_of_the_masked_rungs():
     assert _plan([swa], [1152], 5, 9, 0, 1)[:3] == (4, 4, 5)  # a split's own range
     assert _plan([swa], [100], 5, 9, 0, 1)[0] == 0  # a split above the fill level is empty
     causal = Branch("swa", 256, 256, causal=True)
-    # fill 65, s_q 2: token 0 sees keys ≤ 63 (one tile), token 1 keys ≤ 64 (two tiles)
+    # fill 65, s_q 2: one tile for token 0, two for token 1
     assert _plan([causal], [65], 0, 4, 0, 2)[0] == 1
     assert _plan([causal], [65], 0, 4, 1, 2)[0] == 2
     assert _plan([causal], [1], 0, 4, 0, 2)[0] == 0  # fill < s_q: token 0 sees nothing
     main, swa2 = Branch("main", 128, 128), Branch("swa", 256, 256, causal=True)
-    # both branches: main tiles [0, 2) then SWA tiles [2, 6); a split over the border
+    # main tiles [0, 2), SWA [2, 6); a split over the border
     assert _plan([main, swa2], [128, 256], 1, 4, 0, 1) == (3, 1, 1, 0)
     assert _plan([main, swa2], [0, 256], 0, 6, 0, 1)[:2] == (4, 0)  # empty main branch
     assert _plan([main, swa2], [70, 0], 0, 6, 0, 1)[:2] == (2, 2)  # empty SWA branch
@@ -81,8 +80,7 @@ def test_visit_plans_of_the_masked_rungs():
 
 
 def test_ring_rows_are_whole_lines_and_a_wrong_line_view_is_refused(tmp_path):
-    """V rows past the fill level are zeroed as whole 128-byte lines (check_lines over every element); a wrong view
-    is refused."""
+    """V rows past the fill are zeroed as whole 128-byte lines; a wrong view is refused."""
     r = traced("""
         import cutlass.cute as cute
         import stages.D3_swa.sm100 as m
@@ -110,8 +108,7 @@ def test_ring_rows_are_whole_lines_and_a_wrong_line_view_is_refused(tmp_path):
 
 
 def test_mask_columns_are_trace_time_constants_and_a_row_shift_is_refused(tmp_path):
-    """Register i of every softmax thread's 32x32b S fragment holds key column i (row_key_columns, all 128
-    threads); a one-row shift is refused."""
+    """Register i of each S fragment holds key column i; a one-row shift is refused."""
     r = traced("""
         import cutlass
         import cutlass.cute as cute
@@ -145,7 +142,7 @@ def test_mask_columns_are_trace_time_constants_and_a_row_shift_is_refused(tmp_pa
     assert "WRONG-ACCEPTED" not in out and "WRONG-REFUSED S load: thread 0 holds a register of another row" in out, out[-2000:]
 
 
-# D5's trace-time TMEM check: tests/test_d2_sm100.py::test_trace_time_tmem_check_refuses_from_the_fragments[D5]
+# D5's TMEM check: test_d2_sm100.py
 
 
 @pytest.mark.parametrize("stage, case", [
@@ -153,8 +150,7 @@ def test_mask_columns_are_trace_time_constants_and_a_row_shift_is_refused(tmp_pa
     ("D5", {"shape": "b4s2h128m128n256d512", "branches": "k+k", "sink": 5, "splits": 1}),
 ])
 def test_representative_case_compiles_for_sm100a_without_spills(stage, case, tmp_path, monkeypatch):
-    """Through the compile path: D4 with three tokens, empty splits and the combine; D5 with both branches and the
-    sink."""
+    """Compile path: D4 with three tokens, empty splits, combine; D5 with both branches and sink."""
     from harness.execution.compile import Compiler
     from harness.notebook.inventory import families
     from harness.spec.spec import load_spec

@@ -1,5 +1,4 @@
-"""The gate without a GPU (issue 26 item 2): the hook judges the index and proves stale cases on a proof target
-over a real sshd."""
+"""The gate without a GPU: the hook judges the index and proves stale cases on a target over a real sshd."""
 
 import os
 import subprocess
@@ -23,7 +22,7 @@ PY = sys.executable
 
 
 def commit(lab: Path, env: dict, *paths: str, message: str = "change") -> subprocess.CompletedProcess:
-    """`git add PATHS` then `git commit`, the installed hook judging it."""
+    """`git add PATHS; git commit` with the hook."""
     if paths:
         subprocess.run(["git", "add", *paths], cwd=lab, check=True)
     return subprocess.run([*GIT, "commit", "-qm", message], cwd=lab, env=env, capture_output=True, text=True,
@@ -32,8 +31,7 @@ def commit(lab: Path, env: dict, *paths: str, message: str = "change") -> subpro
 
 @pytest.fixture
 def hooked_lab(fake_lab, tmp_path):
-    """The fake lab, stage HD (sm_90a: nothing here runs it) baselined from a fresh record, committed, hook
-    installed."""
+    """Fake lab, stage HD baselined, committed, hook installed."""
     lab = fake_lab
     add_hd_stage(lab)
     spec = load_spec(root=lab)
@@ -87,8 +85,7 @@ def test_a_staged_kernel_edit_is_refused_naming_the_target_way_in_one_line(hooke
 
 
 def test_the_staged_gate_judges_staged_baselines_and_names_declared_targets(hooked_lab):
-    """A baseline dropped in the working tree but still in the index still holds the commit;
-    with targets declared, the stale line names them."""
+    """A baseline dropped in the tree but staged still holds; the stale line names the targets."""
     lab, env = hooked_lab
     (lab / "targets.yaml").write_text("version: 1\ntargets:\n  box:\n    ssh: gpu-box\n    workdir: /w\n"
                                       "    python: python3\n")
@@ -99,7 +96,7 @@ def test_the_staged_gate_judges_staged_baselines_and_names_declared_targets(hook
     r = run_cli(["gate", "--staged", "--no-run"], cwd=lab, env_extra=env)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "dsv4-lab gate --target box (declared: box;" in r.stdout, r.stdout
-    # the working tree: no baselines left beside records — a loss, never a pass (issue 27 item 4)
+    # no baselines left beside records: a loss, never a pass
     r = run_cli(["gate", "--no-run"], cwd=lab, env_extra=env)
     assert r.returncode == 1 and "no baselines, but the notebook has records" in r.stdout, r.stdout + r.stderr
 
@@ -176,8 +173,7 @@ def test_gate_with_a_bad_proof_target_or_target_is_one_line_exit_2(hooked_lab, t
 
 @pytest.fixture
 def proof_lab(tmp_path, monkeypatch, ssh_server: SshServer):
-    """A small lab (tests/ssh_fixtures.py: stage FAKE, arch cpu) that declares the target `box`
-    on the test sshd; FAKE run here and baselined, all committed, the hook installed."""
+    """A small lab declaring target `box` on the test sshd; FAKE baselined, committed, hook installed."""
     monkeypatch.setenv("DSV4_LAB_SSH_CONFIG", str(ssh_server.config))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("DSV4_LAB_GIT", raising=False)
@@ -204,8 +200,7 @@ def fake_src(lab: Path) -> str:
 
 @pytest.mark.ssh
 def test_the_hook_proves_a_staged_edit_on_the_proof_target(proof_lab, tmp_path):
-    """proof_target: the staged edit is proven on `box` and the commit goes through; an unstaged broken edit is
-    neither copied nor proven."""
+    """proof_target proves the staged edit on `box`; an unstaged broken edit is not copied."""
     lab, env = proof_lab
     user_file(tmp_path, "version: 1\nproof_target: box\n")
     kernel = lab / "stages" / "fake" / "cpu.py"
@@ -244,8 +239,7 @@ def test_gate_target_proves_stale_cases_there_and_local_proves_here(proof_lab):
 
 
 def test_staged_gate_of_a_lab_in_a_subfolder_of_its_repository(fake_lab, tmp_path):
-    """A lab below the repository's top: the index's lab is found under the export's prefix; its staged baselines
-    count."""
+    """A lab below the repository's top: its staged baselines count."""
     import shutil
 
     from harness.workflows import gate
@@ -273,8 +267,7 @@ def test_staged_gate_of_a_lab_in_a_subfolder_of_its_repository(fake_lab, tmp_pat
 
 
 def test_a_staged_run_here_runs_the_staged_kernel_and_writes_records_to_the_lab(fake_lab):
-    """No target: a stale case runnable here runs from the index's snapshot (the staged kernel); records land in
-    the lab."""
+    """No target: a stale case runnable here runs from the index's snapshot."""
     import io
 
     from harness.workflows import gate

@@ -1,5 +1,4 @@
-"""oracles/kvcache.py's nvfp4 format (issue 33 item 1): FlashInfer's 384-byte NVFP4 cache — the
-bytes, the quantiser (e4m3 group scales, e2m1 codes) and the dequantiser (CPU)."""
+"""oracles/kvcache.py's nvfp4 format: bytes, quantiser and dequantiser."""
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ SIGNED = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0,
 
 
 def _token_bytes(cache, bs, index):
-    """(data [352], scales [32]) bytes of token `index` by the layout's arithmetic, written out."""
+    """(data, scales) bytes of token `index` by the layout's arithmetic."""
     blk, off = divmod(index, bs)
     row = cache[blk]
     return row[off * 352 : off * 352 + 352], row[bs * 352 + off * 32 : bs * 352 + off * 32 + 32]
@@ -42,9 +41,7 @@ def test_block_is_384_bytes_a_token_data_plane_then_scale_plane(bs):
 
 
 def test_every_code_times_every_e4m3_scale_round_trips_exactly():
-    """A group holding the 16 codes in order, × s for every positive finite e4m3 s (the
-    subnormals 2^−9 … 7·2^−9 included), and a zero group: amax = 6s, so the scale is s itself,
-    every code comes back, and dequantising gives x bit for bit."""
+    """Every code × every positive e4m3 s, and a zero group: the scale is s, dequantising is exact."""
     scale_bytes = list(range(0x01, 0x7F)) + [0]  # 126 scales and a zero group: 127 groups
     s = kc.e4m3_decode(torch.tensor(scale_bytes, dtype=torch.uint8))
     groups = SIGNED[None, :] * s[:, None]  # [127, 16]; the zero group's −0s stay −0
@@ -68,9 +65,7 @@ def test_every_code_times_every_e4m3_scale_round_trips_exactly():
 
 
 def test_flashinfer_known_encoding():
-    """FlashInfer's test_nvfp4_sparse_mla_known_encoding_and_nonfinite_contract: with scale 1
-    the values 0, −0, 0.5, −0.5, …, 6, −6 pack to 0x80, 0x91, …, 0xF7 (the low nibble the
-    earlier value) and the scale byte is 0x38 (e4m3 1.0)."""
+    """FlashInfer's known encoding: 0, −0, …, 6, −6 pack to 0x80, …, 0xF7; scale byte 0x38."""
     x = torch.zeros(1, kc.D)
     x[0, :16] = torch.tensor([0.0, -0.0, 0.5, -0.5, 1.0, -1.0, 1.5, -1.5, 2.0, -2.0, 3.0, -3.0, 4.0, -4.0, 6.0, -6.0])
     data, scales = kc.encode_tokens(x, "nvfp4")
@@ -80,7 +75,7 @@ def test_flashinfer_known_encoding():
 
 
 def test_scale_rule_and_saturation():
-    """scale = e4m3(amax / 6), round to nearest even, saturating at 448 (amax beyond 2688)."""
+    """scale = e4m3(amax / 6), nearest even, saturating at 448."""
     g = torch.Generator().manual_seed(1)
     x = torch.randn(8, kc.D, generator=g) * torch.pow(2.0, torch.randint(-12, 12, (8, 1), generator=g).float())
     x[0, :16] = 1e5  # saturates
@@ -92,8 +87,7 @@ def test_scale_rule_and_saturation():
 
 
 def test_hand_made_bytes_dequantise_bit_exactly():
-    """Bytes written by hand at the layout's offsets (block 1, token 2 of blocks of 3) read back
-    as code · scale: normal, subnormal (2^−9, 7·2^−9), negative and zero scales."""
+    """Hand-written bytes read back as code · scale: normal, subnormal, negative, zero scales."""
     bs = 3
     cache = torch.zeros(2, kc.block_bytes("nvfp4", bs), dtype=torch.uint8)
     g = torch.Generator().manual_seed(2)
@@ -133,8 +127,7 @@ def test_round_trip_error_is_half_an_e2m1_step_of_the_group_plus_scale_rounding(
     g = x[..., : kc.D_NOPE].double().reshape(3, 64, 28, 16)
     amax = g.abs().amax(-1, keepdim=True)
     err = (y[..., : kc.D_NOPE].reshape(g.shape) - g).abs()
-    # e2m1's widest step is 2 (between 4 and 6): half of it at scale ≈ amax / 6 (× 1 + 2^−4 for
-    # the scale's own rounding), plus the amax's own clipping to 6 · scale
+    # half e2m1's widest step at the scale, plus clipping to 6 · scale
     assert bool((err <= amax / 6 * (1 + 2.0 ** -4) + amax * 2.0 ** -4 + 1e-12).all())
 
 

@@ -1,5 +1,4 @@
-"""`prepared` (issue 34 item 5): never a pass, run baseline or gate result; the launch interposer in "fake" mode.
-GPU: test_prepare_gpu.py."""
+"""`prepared`: never a pass, run baseline or gate result; the interposer's "fake" mode."""
 
 import dataclasses
 import json
@@ -61,8 +60,7 @@ def test_dashboard_shows_prepared_apart_from_compiled_and_from_a_run(project_roo
 
 
 def test_baselines_never_take_a_prepared_record_as_a_run_result(tmp_path, monkeypatch):
-    """A case whose only record is `prepared` gets no run baseline, even with its arch runnable; where not
-    runnable, a compile-only one."""
+    """A `prepared`-only case gets no run baseline; unrunnable, a compile-only one."""
     from harness.notebook import baselines
     from harness.spec.identity import source_hash
     from harness.spec.matrix import expand
@@ -90,7 +88,7 @@ def test_baselines_never_take_a_prepared_record_as_a_run_result(tmp_path, monkey
 
 
 def test_run_prepare_without_a_gpu_says_so_and_records_compiled(fake_lab, monkeypatch):
-    """No GPU here: nothing to prepare on — the cases stay `compiled` and the reason says why."""
+    """No GPU: the cases stay `compiled` and the reason says why."""
     from harness.spec.matrix import expand
     from harness.execution.runner import RunOptions, Runner, Task
     from harness.spec.spec import load_spec
@@ -170,10 +168,8 @@ _HOST_PATH = """
         print("RAISED", type(exc).__name__, str(exc)[:200])
 """
 
-# A stand-in for the CUDA runtime of a GPU whose arch the kernel was not built for: it refuses the
-# library (or, with lazy loading, the kernel) with error 209, no image for this device, and aborts
-# when given a handle it never made — where the real driver's behaviour is undefined (the first
-# H200 run of --prepare died of SIGSEGV there).  DRIVER_REFUSES: load | lookup | other (error 2).
+# A stand-in CUDA runtime refusing the arch (error 209) and aborting on unknown handles.
+# DRIVER_REFUSES: load | lookup | other (error 2).
 _DRIVER = r"""
 #include <stdint.h>
 #include <stdlib.h>
@@ -200,8 +196,7 @@ int _cudaLaunchKernel(void *fn, uint32_t a, uint32_t b, uint32_t c, uint32_t d, 
 
 @pytest.fixture(scope="module")
 def e_sm100_object(tmp_path_factory):
-    """E's sm100 kernel (simple) compiled for sm_100a as an object file, with the inferred launch smem, grid,
-    threads."""
+    """E's sm100 kernel compiled for sm_100a as an object file, with smem, grid, threads."""
     d = tmp_path_factory.mktemp("e_sm100")
     (d / "compile.py").write_text(textwrap.dedent(_COMPILE))
     env = {**os.environ, "CUTE_DSL_ARCH": "sm_100a", "PYTHONPATH": str(ROOT)}
@@ -223,8 +218,7 @@ def _host_path(obj, mode: str, runtime: str = "", **env_extra) -> tuple[str, dic
 
 
 def test_the_host_path_of_e_sm100_runs_up_to_the_launch_under_the_interposer(e_sm100_object):
-    """E sm100's host code under the fake interposer reaches one launch with the compile's grid, threads and smem;
-    prepare mode without a driver raises."""
+    """Under the fake interposer: one launch with the compile's grid, threads, smem; no driver raises."""
     out, got, _ = _host_path(e_sm100_object, "prepare")
     assert "RAISED" in out and got is None, out[-3000:]  # never a false `prepared`
     out, got, _ = _host_path(e_sm100_object, "fake")
@@ -237,8 +231,7 @@ def test_the_host_path_of_e_sm100_runs_up_to_the_launch_under_the_interposer(e_s
 
 @pytest.mark.parametrize("refuses, calls", [("load", 1 | 2 | 4 | 8), ("lookup", 2 | 4 | 8)])
 def test_a_refused_library_or_kernel_is_never_handed_to_the_driver(e_sm100_object, tmp_path, refuses, calls):
-    """A stand-in driver refusing the sm_100a image: later calls on the refused handle are passed over, never
-    forwarded (it once SIGSEGVed the H200)."""
+    """A refused image's handle is never forwarded."""
     lib = tmp_path / "libdriver.so"
     (tmp_path / "driver.c").write_text(_DRIVER)
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "driver.c")], check=True)
@@ -251,8 +244,7 @@ def test_a_refused_library_or_kernel_is_never_handed_to_the_driver(e_sm100_objec
 
 
 def test_an_error_that_is_no_arch_refusal_fails_the_host_path(e_sm100_object, tmp_path):
-    """A driver error not about the arch (2, out of memory, at the library load) fails the host path: nothing
-    `prepared`."""
+    """A driver error not about the arch fails the host path: nothing `prepared`."""
     lib = tmp_path / "libdriver.so"
     (tmp_path / "driver.c").write_text(_DRIVER)
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "driver.c")], check=True)

@@ -1,5 +1,4 @@
-"""Signals and leftovers (issue 27, items 10–12, 14, 15) with real processes; leftovers are found by an env marker
-in /proc."""
+"""Signals and leftovers (issue 27) with real processes, found by an env marker in /proc."""
 
 import os
 import signal
@@ -103,8 +102,7 @@ SPAWN_STAGE = '''\
 
 @pytest.mark.parametrize("mode, code, status", [("hang", 1, "timeout"), ("leave", 0, "pass")])
 def test_a_process_the_kernel_starts_does_not_outlive_its_case(fake_lab, mode, code, status):
-    """`hang` and `leave`: the kernel's `sleep 600` goes with the worker's process group, so `dsv4-lab run … |
-    tail` returns."""
+    """`hang`/`leave`: the kernel's child goes with the worker's group; `run … | tail` returns."""
     _add_stage(fake_lab, SPAWN_STAGE, "spawn", SPAWNING_KERNEL)
     token = uuid.uuid4().hex
     proc = _start(fake_lab, ["run", "stage-SPAWN", "--mode", mode], token)
@@ -130,8 +128,7 @@ def _ignore_hangup() -> None:
 
 
 def test_a_run_started_with_sighup_ignored_keeps_going_on_a_hang_up(fake_lab):
-    """`nohup dsv4-lab run …`: SIGHUP ignored, the run finishes (the hang times out: exit 1, not 129), not
-    interrupted."""
+    """`nohup dsv4-lab run`: SIGHUP ignored, the run finishes."""
     token = uuid.uuid4().hex
     proc = _start(fake_lab, ["run", "stage-BAD", "--mode", "ok,hang", "--timeout", "6"], token,
                   preexec=_ignore_hangup)
@@ -157,8 +154,7 @@ def test_a_run_started_with_sighup_ignored_keeps_going_on_a_hang_up(fake_lab):
 
 
 def test_a_stop_signal_during_the_shut_down_gives_the_exit_code_of_the_end_event(fake_lab, monkeypatch):
-    """SIGTERM while the run shuts down (compilers closing): the end event says interrupted, and so does the exit
-    (143, not 0)."""
+    """SIGTERM during shutdown: end event interrupted, exit 143."""
     from harness.execution import runner as runner_mod
     from harness.spec.matrix import expand
     from harness.spec.spec import load_spec
@@ -184,9 +180,7 @@ def test_a_stop_signal_during_the_shut_down_gives_the_exit_code_of_the_end_event
     assert summary.interrupted and summary.exit_code == 143
 
 
-# Item 10: `dsv4-lab compile` and signals (a compile that takes its time: the kernel's
-# constructor starts a child, says so, and hangs; it runs in a compile worker, after CuTeDSL
-# is imported there).
+# Item 10: `dsv4-lab compile` and signals (a kernel constructor that hangs in a compile worker).
 
 SLOW_COMPILE_KERNEL = '''\
     import os
@@ -249,7 +243,7 @@ def test_a_stop_signal_ends_a_compile_interrupted_with_nothing_left(fake_lab, tm
 
 
 def test_sigterm_during_the_gates_recompile_is_143_interrupted_with_nothing_left(fake_lab, tmp_path):
-    """SIGTERM during the gate's recompile: 143, never a verdict, the end event interrupted, no worker left."""
+    """SIGTERM during the gate's recompile: 143, no verdict, no worker left."""
     _add_stage(fake_lab, SLOW_COMPILE_STAGE, "slowcompile", SLOW_COMPILE_KERNEL)
     (fake_lab / "results" / "records").mkdir(parents=True, exist_ok=True)
     write_baselines(fake_lab, textwrap.dedent('''\
@@ -317,8 +311,7 @@ def test_ctrl_c_while_the_command_line_loads_is_one_line_and_130(fake_lab):
 
 
 def test_a_command_over_the_case_limit_is_refused_in_one_line_before_building_cases(fake_lab):
-    """Two stages of MAX_RUN_CASES * 0.8 cases: `run --all` is refused at once in one line, exit 2; one stage with
-    a filter is fine."""
+    """`run --all` past MAX_RUN_CASES is refused in one line, exit 2; a filtered stage is fine."""
     side = int((MAX_RUN_CASES * 0.8) ** 0.5) + 1
     values = ", ".join(str(i) for i in range(1, side + 1))
     with open(fake_lab / "stages.yaml", "a") as f:

@@ -1,5 +1,4 @@
-"""Slurm targets (issue 32): the targets.yaml entry, the sbatch script, runs on a real Slurm
-(tests/slurm_fixtures.py)."""
+"""Slurm targets (issue 32): targets.yaml, the sbatch script, runs on a real Slurm."""
 
 import json
 import os
@@ -86,7 +85,7 @@ def test_bad_slurm_target_is_one_line(tmp_path: Path, change: tuple[str, str], k
 
 
 def test_slurm_target_bad_input_via_cli(tmp_path: Path) -> None:
-    """Through the command line: one line naming file, line and key, exit 2, no traceback."""
+    """CLI: one line naming file, line and key, exit 2."""
     lab = make_lab(tmp_path / "lab", GOOD.replace("qos: high", "qos: '`reboot`'"))
     out = run_cli(lab, "targets", "list")
     assert out.returncode == 2, out
@@ -95,7 +94,7 @@ def test_slurm_target_bad_input_via_cli(tmp_path: Path) -> None:
 
 
 def test_slurm_target_is_not_an_ssh_target(tmp_path: Path) -> None:
-    """`--target cl,other` (the SSH split) refuses a slurm target with one line."""
+    """`--target cl,other` refuses a slurm target in one line."""
     lab = make_lab(tmp_path / "lab", GOOD + "  box:\n    ssh: box\n    workdir: w\n    python: python3\n")
     out = run_cli(lab, "run", "FAKE", "--target", "b200,box")
     assert out.returncode == 2 and "b200 is a slurm target" in out.stderr and "Traceback" not in out.stderr, out
@@ -119,7 +118,7 @@ def test_print_job_shows_the_gpu_array(tmp_path: Path) -> None:
     assert "--target" not in script.split("harness.remote.slurm_side", 1)[1].split("\n")[0]
     assert "source /shared/venv/bin/activate && python -m harness.remote.slurm_side" in script
     assert not (tmp_path / "shared").exists()  # nothing copied, nothing submitted
-    # without --gpus: the target's `tasks`, never more than the cases (FAKE has 3)
+    # without --gpus: `tasks`, never more than the cases
     out = run_cli(lab, "run", "FAKE", "--target", "b200", "--print-job")
     assert "#SBATCH --array=0-2\n" in out.stdout, out.stdout
     out = run_cli(lab, "run", "FAKE", "--print-job")
@@ -210,13 +209,13 @@ def test_round_trip(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:  # noq
     starts = [e for e in _events(lab) if e["event"] == "start"]
     assert sorted(e.get("shard") for e in starts if "shard" in e) == ["0/3", "1/3", "2/3"]
     assert slurm_cluster.squeue() == []
-    # each task's key was deleted by the task once read; the records came from its record file
+    # each task deleted its key; records from its file
     run_dirs = list((tmp_path / "shared").glob("*.runs/*"))
     assert len(run_dirs) == 1 and not list(run_dirs[0].glob("key.*")) and len(list(run_dirs[0].glob("rec.*"))) == 3
 
 
 def test_array_with_failing_timed_out_and_forging_tasks(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
-    """5 tasks, one case each: 1, 2 (forges), 5 pass; 3 FAILED -> crash; 4 TIMEOUT (1 min) -> timeout."""
+    """5 tasks: 1, 2 (forges), 5 pass; 3 FAILED -> crash; 4 TIMEOUT -> timeout."""
     lab = make_lab(tmp_path / "lab", _targets(tmp_path / "shared", tasks=5, time_limit="1"))
     _add_mix_stage(lab)
     out = run_cli(lab, "run", "MIX", "--target", "cl", env={**slurm_cluster.env, **POLL}, timeout=300)
@@ -236,7 +235,7 @@ def test_array_with_failing_timed_out_and_forging_tasks(slurm_cluster: SlurmClus
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_stop_signal_cancels_the_array(slurm_cluster: SlurmCluster, tmp_path: Path, sig: int, code: int
                                        ) -> None:  # noqa: F811
-    """3 tasks of 4 CPUs on an 8-CPU node: two run, one waits (PENDING, Resources); Ctrl-C (SIGTERM) cancels all."""
+    """3 tasks, room for two: one PENDING; SIGTERM cancels all."""
     lab = make_lab(tmp_path / "lab", _targets(tmp_path / "shared", "    sbatch_options: {cpus-per-task: 4}\n"))
     env = {**os.environ, **slurm_cluster.env, **POLL, "DSV4_LAB_ROOT": str(lab), "PYTHONPATH": str(lab)}
     proc = subprocess.Popen([sys.executable, "-m", "cli", "run", "SLOW", "--target", "cl"], cwd=lab, env=env,
@@ -294,7 +293,7 @@ class Kernel:
 
 
 def test_node_fail_is_requeued_once(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
-    """NODE_FAIL under a running task: the lab resubmits it once with a fresh key; its case passes, exit 0."""
+    """NODE_FAIL: resubmitted once with a fresh key; passes, exit 0."""
     lab = make_lab(tmp_path / "lab", _targets(tmp_path / "shared", tasks=1))
     (lab / "stages" / "nf").mkdir()
     (lab / "stages" / "nf" / "__init__.py").write_text("")
@@ -333,7 +332,7 @@ def test_node_fail_is_requeued_once(slurm_cluster: SlurmCluster, tmp_path: Path)
 
 
 def test_preempted_task_marks_its_cases_skipped(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
-    """A higher-tier job preempts the task (PreemptMode=CANCEL): its cases are skipped, saying PREEMPTED; exit 1."""
+    """Preempted task: its cases skipped, saying PREEMPTED; exit 1."""
     lab = make_lab(tmp_path / "lab", _targets(tmp_path / "shared", "    sbatch_options: {cpus-per-task: 8}\n", tasks=1))
     env = {**os.environ, **slurm_cluster.env, **POLL, "DSV4_LAB_ROOT": str(lab), "PYTHONPATH": str(lab)}
     proc = subprocess.Popen([sys.executable, "-m", "cli", "run", "SLOW", "--target", "cl"], cwd=lab, env=env,
@@ -364,12 +363,11 @@ def test_preempted_task_marks_its_cases_skipped(slurm_cluster: SlurmCluster, tmp
     assert slurm_cluster.squeue() == []
 
 
-# A login host reached over ssh (a throwaway sshd on 127.0.0.1; no Slurm behind it here).
+# A login host over ssh (no Slurm behind it).
 
 
 def test_login_over_ssh(ssh_server: SshServer, tmp_path: Path) -> None:  # noqa: F811
-    """The tree goes over ssh into the run folder; a login host without Slurm (or unreachable) is one
-    line, exit 3 — and nothing is written."""
+    """The tree goes over ssh; a login host without Slurm is one line, exit 3, nothing written."""
     extra = lambda alias: (f"  far:\n    kind: slurm\n    login: {alias}\n    partition: {PARTITION}\n"  # noqa: E731
                            f"    python: {sys.executable}\n    workdir: {tmp_path / 'far'}\n")
     lab = make_lab(tmp_path / "lab", _targets(tmp_path / "shared") + extra("labhost") + extra("labhost-closed")

@@ -1,4 +1,4 @@
-"""SSH targets: targets.yaml validation, ssh argv and quoting, remote runs on a real sshd (tests/ssh_fixtures.py)."""
+"""SSH targets: targets.yaml validation, ssh argv and quoting, remote runs on a real sshd."""
 
 import json
 import os
@@ -40,7 +40,7 @@ def write_targets(path: Path, text: str) -> Path:
 
 @pytest.fixture
 def lab_dir(tmp_path, monkeypatch) -> Path:
-    """An empty lab folder, with the per-user targets file isolated under tmp."""
+    """An empty lab folder; the user targets file under tmp."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("DSV4_LAB_SSH_CONFIG", raising=False)
     lab = tmp_path / "lab"
@@ -176,7 +176,7 @@ def test_cli_prints_one_line_and_exits_2(tmp_path):
 
 
 def yaml_bomb(levels: int = 9, width: int = 9) -> str:
-    """A billion-laughs document: `width ** levels` values from a few hundred bytes."""
+    """A billion-laughs document."""
     lines = [f"l0: &l0 [{', '.join(['lol'] * width)}]"]
     for i in range(1, levels):
         lines.append(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]")
@@ -333,12 +333,12 @@ def test_explain_ssh_failure():
     assert "cannot reach gpu" in explain_ssh_failure(t, "ssh: connect to host gpu port 22: Connection refused")
 
 
-# Which way the tree is copied: rsync when both sides have it, else tar (no ssh needed).
+# Copy by rsync when both sides have it, else tar.
 
 
 @pytest.fixture
 def fake_sync(monkeypatch):
-    """treecopy with the remote probe and both copiers replaced by recorders."""
+    """treecopy with probe and copiers recorded."""
     calls: list[str] = []
     state = {"remote": True, "local": "/usr/bin/rsync", "rsync_fails": False}
 
@@ -455,7 +455,7 @@ def test_full_round_trip(remote_lab, tmp_path, capsys, method):
 
 @pytest.mark.ssh
 def test_remote_without_rsync_is_copied_by_tar(remote_lab, tmp_path, monkeypatch):
-    """This side's rsync (a failing stand-in) is never called when the remote has none: the copy goes by tar."""
+    """No remote rsync: the local one is never called; tar."""
     if shutil.which("rsync", path="/usr/local/bin:/usr/bin:/bin"):
         pytest.skip("rsync is installed on the test remote (this machine)")
     bin_dir = tmp_path / "bin"
@@ -529,8 +529,7 @@ def test_remote_crash_keeps_records_received(remote_lab, capsys):
 
 @pytest.mark.ssh
 def test_stopping_a_remote_run_here_stops_it_there(remote_lab, ssh_server, tmp_path):
-    """SIGTERM here (Ctrl-C, SIGHUP alike): the run is interrupted, exit 143, and the remote run and worker stop
-    too."""
+    """SIGTERM here: exit 143; the remote run and worker stop too."""
     sig, code = signal.SIGTERM, 143
     env = {**os.environ, "DSV4_LAB_ROOT": str(remote_lab), "PYTHONPATH": str(remote_lab),
            "DSV4_LAB_SSH_CONFIG": str(ssh_server.config), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
@@ -566,8 +565,7 @@ def _cmdline(pid: int) -> bytes:
 
 
 def remote_sides(proc, seconds: float, *marks: bytes) -> list[int]:
-    """The pids whose command line holds every mark and that have a child, polled until found,
-    `seconds` pass or `proc` ends."""
+    """Pids with every mark and a child, polled until found or timeout."""
     found, deadline = [], time.monotonic() + seconds
     while not found and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
@@ -741,7 +739,7 @@ def lab_env(lab: Path) -> dict[str, str]:
 
 
 def remote_side(lab: Path, stage: str, key: str) -> tuple[subprocess.Popen, bytes, str]:
-    """Run the remote side as ssh would: the key on stdin, which stays open until it exits."""
+    """The remote side as ssh runs it: key on stdin, open until exit."""
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen([PY, "-m", "harness.remote.remote_side", "run", stage, "--emit-jsonl"], cwd=lab,
                                 env=lab_env(lab), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
@@ -783,7 +781,7 @@ def alive(pid: int) -> bool:
 
 
 def test_remote_side_stops_when_its_stdin_ends(tmp_path):
-    """The local side gone (ssh killed) ends the remote side's stdin: the run and its worker stop at once."""
+    """ssh killed: the remote run and its worker stop at once."""
     from harness.remote.channel import Receiver, new_key
     from harness.remote.remote_run import parse_payload
 
@@ -801,7 +799,7 @@ def test_remote_side_stops_when_its_stdin_ends(tmp_path):
         rx = Receiver(key)
         kind, start = parse_payload(rx.open(proc.stdout.readline().rstrip(b"\n"))[0], {"SLOW"})
         assert kind == "event" and start["event"] == "start"
-        # the kernel itself says when it is running (its worker's pid): no reading of process trees
+        # the kernel reports its worker's pid
         deadline = time.monotonic() + 180
         while not any(mark.iterdir()) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -828,8 +826,7 @@ def test_remote_side_stops_when_its_stdin_ends(tmp_path):
 
 
 def test_remote_side_keeps_its_channel_private(tmp_path):
-    """The remote side alone: stdout carries only authentic frames, the kernel's prints go to stderr, the key is
-    not in its environment."""
+    """Remote side alone: only authentic frames on stdout, prints to stderr, key not in its env."""
     from harness.remote.channel import Receiver, new_key
     from harness.remote.remote_run import parse_payload
 
