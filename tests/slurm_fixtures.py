@@ -1,6 +1,5 @@
-"""A real Slurm on 127.0.0.1 (munged, slurmctld, slurmd in a temp folder) for the slurm-target tests:
-`slurm_cluster` (session scope), one node `dsv4node`, partitions `cpu` and `urgent` (preempts `cpu`), MinJobAge
-600; reached through SLURM_CONF; skipped with the reason where it cannot start."""
+"""A real Slurm on 127.0.0.1 (`slurm_cluster`, session scope): node `dsv4node`, partitions `cpu` and `urgent`
+(preempts `cpu`), via SLURM_CONF; skipped with the reason where it cannot start."""
 
 import os
 import shutil
@@ -101,7 +100,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    """A real slurmctld + slurmd (+ munged) on 127.0.0.1 for this session (skipped if they cannot start)."""
+    """A real slurmctld + slurmd (+ munged) on 127.0.0.1 (skipped if they cannot start)."""
     for path in (MUNGED, SLURMCTLD, SLURMD):
         if not os.access(path, os.X_OK):
             pytest.skip(f"{path} is not installed: apt-get install slurm-wlm munge")

@@ -1,9 +1,6 @@
-"""A real OpenSSH server on 127.0.0.1 for the targets tests, and a throwaway lab to run on it.
+"""A real OpenSSH server on 127.0.0.1 (`ssh_server`) and a throwaway lab (`make_lab`) for the targets tests.
 
-`ssh_server` (session scope): sshd -D on a free port and an `ssh -F` config (DSV4_LAB_SSH_CONFIG) whose aliases
-exercise each outcome: labhost works; labhost-badkey host key mismatch; labhost-unknown unknown host key;
-labhost-noauth auth failure; labhost-closed unreachable. `make_lab(path)`: a small git lab with CPU stages
-FAKE (out = a + b), CRASH, NOISY (forged record lines) and SLOW (a minute per case).
+Aliases: labhost works; -badkey, -unknown, -noauth, -closed fail as named. Stages FAKE, CRASH, NOISY, SLOW.
 """
 
 import getpass
@@ -111,14 +108,14 @@ def _wait_listening(proc: subprocess.Popen, port: int, log: Path, timeout: float
 
 @pytest.fixture(scope="session")
 def ssh_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
-    """A real sshd on 127.0.0.1 for this test session (skipped if it cannot start)."""
+    """A real sshd on 127.0.0.1 (skipped if it cannot start)."""
     if not os.access(SSHD, os.X_OK):
         pytest.skip(f"sshd is not installed ({SSHD}): apt-get install openssh-server")
     for tool in ("ssh", "ssh-keygen"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed: apt-get install openssh-client")
     if os.geteuid() == 0 and not os.path.isdir("/run/sshd"):
-        # sshd running as root needs its privilege-separation folder (the service normally makes it).
+        # root's sshd needs its privilege-separation folder.
         try:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
         except OSError as exc:
@@ -284,7 +281,7 @@ def git(root: Path, *args: str) -> str:
 
 
 def make_lab(root: Path, targets_yaml: str = "") -> Path:
-    """A small git lab at `root` with the CPU stages FAKE and CRASH; returns root."""
+    """A small git lab with CPU stages FAKE and CRASH."""
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
     root.mkdir(parents=True, exist_ok=True)
@@ -311,7 +308,7 @@ def make_lab(root: Path, targets_yaml: str = "") -> Path:
 
 def run_cli(root: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300
             ) -> subprocess.CompletedProcess:
-    """`python -m cli ARGS` in the lab at `root` (its own copy of the harness)."""
+    """`python -m cli ARGS` in the lab at `root`."""
     full = {**os.environ, "DSV4_LAB_ROOT": str(root), "PYTHONPATH": str(root), **(env or {})}
     full.pop("DSV4_LAB_GIT", None)
     return subprocess.run([sys.executable, "-m", "cli", *args], cwd=root, env=full, capture_output=True,

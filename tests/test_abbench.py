@@ -1,5 +1,4 @@
-"""`bench --compare REV` (issue 29 item 3) on the CPU: the interleaving scheduler (fake drifting timer), both
-kernels checked, the `compare` block, the no-GPU answer."""
+"""`bench --compare REV` on the CPU: interleaving (fake drifting timer), both checked, `compare`, no-GPU answer."""
 
 import dataclasses
 import subprocess
@@ -16,7 +15,7 @@ from tests.test_bench import LAB, _job  # lab_path: a conftest fixture
 
 
 class DriftingGPU:
-    """A fake GPU whose clock slows 10 % over the run: a round takes base µs × the clock then, plus 1 % noise."""
+    """A fake GPU whose clock slows 10 % over the run, plus 1 % noise."""
 
     def __init__(self, rounds: int, seed: int = 0) -> None:
         self.t, self.n = 0, 2 * rounds
@@ -37,7 +36,7 @@ def test_interleaved_rounds_are_paired_and_beat_a_drifting_clock():
     got = abtest.interleaved({"A": gpu.timer("A", 100.0), "B": gpu.timer("B", 100.0)}, 40)
     assert gpu.order[:6] == ["A", "B", "B", "A", "A", "B"] and len(got["A"]) == len(got["B"]) == 40
     assert abtest.compare(got["A"], got["B"]).verdict == abtest.NO_CHANGE
-    # the same kernels timed one after the other (all of A, then all of B) on the same clock:
+    # timed one after the other on the same clock:
     gpu = DriftingGPU(40)
     a = [gpu.timer("A", 100.0)() for _ in range(40)]
     b = [gpu.timer("B", 100.0)() for _ in range(40)]

@@ -1,5 +1,4 @@
-"""On a GPU: `bench --compare HEAD` end to end on one D1 shape of an unchanged tree (an A/A): the verdict is "no
-detectable change"."""
+"""On a GPU: `bench --compare HEAD` (an A/A): "no detectable change"."""
 
 import shutil
 import subprocess

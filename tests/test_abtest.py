@@ -1,5 +1,4 @@
-"""harness/execution/abtest.py: the A/B verdict's error rates on synthetic samples (shared drift 3 % sd, own noise
-1–2 % sd, as a shared H100/H200 shows)."""
+"""abtest.py: the A/B verdict's error rates on synthetic samples (shared drift, own noise)."""
 
 import numpy as np
 import pytest
@@ -27,7 +26,7 @@ def test_verdict_error_rates(change, own_sd, rng_seed, n, want, least):
 
 def test_never_slower_or_faster_when_the_interval_holds_one():
     rng = np.random.default_rng(4)
-    for i in range(300):  # wild noise, few rounds, every size of change: the rule holds every time
+    for i in range(300):  # the rule holds every time
         a, b = _samples(rng, float(rng.uniform(-0.1, 0.1)), float(rng.uniform(0.005, 0.2)),
                         rounds=int(rng.integers(5, 30)), drift_sd=float(rng.uniform(0, 0.1)))
         c = abtest.compare(a, b, resamples=200, seed=i)

@@ -1,5 +1,4 @@
-"""Trace-time asserts of the sm100 decode kernels (issue 34 item 4): TMEM tiles, E's gather byte counts, the
-launch's dynamic smem."""
+"""Trace-time asserts of the sm100 decode kernels: TMEM tiles, E's gather bytes, launch smem."""
 
 import json
 import textwrap
@@ -33,8 +32,7 @@ def _traced(script: str, tmp_path) -> str:
 
 
 def test_o_tmem_tiles_other_than_the_pv_mma_tile_are_refused(tmp_path):
-    """One 256-column O tile passed the older check (tiles × columns) but the PV MMA writes 128 a tile: the second
-    would land outside O."""
+    """A 256-column O tile: the second PV tile would land outside O; refused."""
     out = _traced("""
         import stages.common.sm100_decode as house
         import stages.D2_decode.sm100 as m
@@ -53,8 +51,7 @@ def test_o_tmem_tiles_other_than_the_pv_mma_tile_are_refused(tmp_path):
 
 
 def test_e_gather_bytes_come_from_the_copy_atom_and_must_add_up(tmp_path):
-    """A model1 row plan gathering 512 of 576 bytes is refused at trace time, not left as an expect-tx that never
-    completes on the GPU."""
+    """A model1 row gathering 512 of 576 bytes is refused at trace time."""
     out = _traced("""
         import stages.E_sparse_decode.sm100 as m
         from oracles.sparse_decode import tensors
@@ -68,8 +65,7 @@ def test_e_gather_bytes_come_from_the_copy_atom_and_must_add_up(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["simple", "v4.1"])
 def test_e_launch_smem_is_the_struct_within_the_limit_with_its_margin(fmt, tmp_path):
-    """The launch's dynamic smem (inferred, read from the compiled host code) is the struct: 231,424 of 232,448
-    bytes, 1,024 to spare."""
+    """The launch's dynamic smem is the struct: 231,424 of 232,448 bytes."""
     out = _traced(f"""
         import stages.E_sparse_decode.sm100 as m
         from oracles.sparse_decode import tensors

@@ -1,5 +1,4 @@
-"""`dsv4-lab check`: each way a new stage can be wrong is one file:line, exit 2; one lab holds a stage per
-breakage; the real lab passes."""
+"""`dsv4-lab check`: each way a new stage can be wrong is one file:line, exit 2; the real lab passes."""
 
 import re
 import shutil
@@ -23,7 +22,7 @@ def _line_of(text: str, needle: str) -> int:
 
 
 def _bare_lab(dest: Path) -> Path:
-    """A lab with no stages yet: stages.yaml, oracles/common.py, the packages."""
+    """A lab with no stages yet."""
     (dest / "oracles").mkdir(parents=True)
     (dest / "stages").mkdir()
     (dest / "oracles" / "__init__.py").write_text("")
@@ -34,7 +33,7 @@ def _bare_lab(dest: Path) -> Path:
 
 
 def _stage(lab: Path, sid: str) -> tuple[Path, Path, Path]:
-    """Scaffold stage `sid` with the Q·Kᵀ oracle; its oracle, sm90 and sm100 files."""
+    """Scaffold `sid` with the Q·Kᵀ oracle; its oracle, sm90 and sm100 files."""
     scaffold_stage(lab, sid, AXES, ["Q:m,hd", "K:n,hd"], ["S:m,n:float32"])
     oracle = lab / "oracles" / f"{sid.lower()}.py"
     oracle.write_text(BASE_ORACLE)
@@ -71,7 +70,7 @@ def _where(path: Path, needle: str, lab: Path) -> str:
 
 
 def _build_broken(lab: Path) -> dict[str, str]:
-    """Stage id -> the `file:line` its one problem line must start with."""
+    """Stage id -> its problem line's `file:line`."""
     want: dict[str, str] = {}
 
     o, _, _ = _stage(lab, "OK1")  # a correct stage among them: no line
@@ -210,7 +209,7 @@ def test_check_passes_on_the_real_lab_fast():
     for sid, st in load_spec(root=ROOT).stages.items():
         assert f"check: stage-{sid} ok ({', '.join(st.kernels)})" in r.stdout, r.stdout
     assert r.stderr.strip() == "" and "Traceback" not in r.stdout
-    # no compiling, no GPU: ~10 s for eleven stages on an idle 2-core machine (imports, shapes)
+    # no compiling, no GPU
     assert seconds < 60, f"check took {seconds:.1f} s"
 
 

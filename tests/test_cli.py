@@ -1,4 +1,4 @@
-"""The README's main job with no GPU: compile stage A for both archs and say plainly that nothing ran and why."""
+"""No GPU: compile stage A for both archs and say that nothing ran and why."""
 
 import pytest
 
@@ -30,8 +30,7 @@ def test_list_shows_archs_and_whether_they_run_here(lab_copy, tmp_path):
 
 
 def test_unknown_stage_and_bad_arch_are_one_line_exit_2(lab_copy, tmp_path):
-    """On a copy of the lab, and with a name no stage id can be: were a stage of that name
-    scaffolded, `run` would write records into the real tree."""
+    """On a copy of the lab, with a name no stage id can be."""
     for args, says in (([ "run", NO_SUCH_STAGE], f"no stage '{NO_SUCH_STAGE}'"),
                        (["compile", "A", "--arch", "sm_80"], "unknown")):
         r = run_cli(args, cwd=lab_copy, env_extra=lab_env(lab_copy, tmp_path / "cache"))
@@ -39,8 +38,7 @@ def test_unknown_stage_and_bad_arch_are_one_line_exit_2(lab_copy, tmp_path):
 
 
 def test_a_failure_in_user_code_is_one_line_with_the_traceback_kept(fake_lab):
-    """A raising kernel: one error line naming the user's file:line, the traceback kept (`show ID`, `--traceback`
-    live)."""
+    """A raising kernel: one line naming file:line, the traceback kept."""
     r = run_cli(["run", "stage-BAD", "--mode", "raise"], cwd=fake_lab)
     assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
     (rec,) = read_records(fake_lab, ["BAD"])

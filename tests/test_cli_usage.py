@@ -1,4 +1,4 @@
-"""The command line a newcomer meets (issue 26), each command in a fresh process on a throwaway lab."""
+"""The command line a newcomer meets, in fresh processes on a throwaway lab."""
 
 import os
 import signal
@@ -105,7 +105,7 @@ def test_show_and_note_of_an_unknown_id_are_one_line_on_stderr(fake_lab):
 
 
 def test_baseline_show_lists_cases_in_matrix_order(fake_lab):
-    """hd 512 saved first and sorting as text ('hd=512' < 'hd=64'): shown hd 64 first."""
+    """hd sorts by number, not text."""
     add_hd_stage(fake_lab)
     spec = load_spec(root=fake_lab)
     items = [Baseline("HD", "cpu", case, f"run1.{i}", "s", {"out": {"cosine": 0.999}})
@@ -171,7 +171,7 @@ def test_the_dashboard_is_one_row_per_stage_and_arch_and_cuts_no_number(fake_lab
     assert "…" not in r.stdout
     rows = [line for line in lines if "sm_90a" in line or "sm_100a" in line or " cpu " in line]
     table = [line for line in rows if not line.startswith("○")]
-    # stage-OK, stage-BAD: cpu; stage-HD: sm_90a, sm_100a, cpu — one line each
+    # one line per stage
     assert len([line for line in table if " cpu " in line]) == 3 and len(table) == 5, "\n".join(lines)
     assert len(lines) < 25, "\n".join(lines)
     hd90 = next(line for line in table if "sm_90a" in line)
@@ -184,7 +184,7 @@ def test_the_dashboard_is_one_row_per_stage_and_arch_and_cuts_no_number(fake_lab
 
 @pytest.mark.skipif(has_gpu(), reason="the CPU machine's wording")
 def test_a_compile_only_row_says_what_run_says(fake_lab):
-    """Cases only `dsv4-lab compile` recorded read like those `run` recorded on a CPU machine."""
+    """Compiled-only cases read like run ones on a CPU machine."""
     _dashboard_records(fake_lab)
     out = run_cli(["dashboard"], cwd=fake_lab).stdout
     row = next(line for line in out.splitlines() if "sm_100a" in line)
@@ -193,7 +193,7 @@ def test_a_compile_only_row_says_what_run_says(fake_lab):
 
 
 def test_ctrl_c_in_dashboard_watch_exits_130(fake_lab):
-    """A real process and a real SIGINT, as a terminal's Ctrl-C sends it."""
+    """A real SIGINT, as Ctrl-C sends it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            **lab_env(fake_lab, fake_lab.parent / "cache")}
     p = subprocess.Popen([sys.executable, "-m", "cli", "dashboard", "--watch", "--interval", "0.2"], cwd=fake_lab,
@@ -215,7 +215,7 @@ def test_ctrl_c_in_dashboard_watch_exits_130(fake_lab):
 
 @pytest.mark.parametrize("argv", [["run", "stage-A", "--shard", "3/2"], ["suite", "deepgemm", "--shard", "half"]])
 def test_a_bad_shard_is_one_line_for_run_and_suite(argv):
-    """`--shard i/n` is read by one function for `run` and `suite`: anything else is one line."""
+    """`--shard i/n`: anything else is one line."""
     r = run_cli(argv, cwd=ROOT)
     err = (r.stdout + r.stderr).strip()
     assert r.returncode != 0 and f"--shard {argv[-1]}: expected i/n with 0 <= i < n" in err, err

@@ -1,4 +1,4 @@
-"""harness/core/console.py: text from records is shown as text, never as rich markup or terminal control sequences."""
+"""Text from records is shown as text, never markup or control sequences."""
 
 from rich.console import Console
 

@@ -1,5 +1,4 @@
-"""No CuTeDSL name the installed CuTeDSL deprecates (issue 26; e.g. `cutlass.utils.LayoutEnum`): not in the
-sources, none warned at trace time."""
+"""No name the installed CuTeDSL deprecates, in sources or at trace time."""
 
 import os
 import re
@@ -13,7 +12,7 @@ LAB_FOLDERS = ("stages", "harness", "oracles", "scripts", "tests")
 
 
 def _moved_names() -> dict[str, str]:
-    """name -> its new home, as the installed cutlass.utils says (its PEP 562 `__getattr__`)."""
+    """name -> its new home per cutlass.utils."""
     import cutlass.utils as cu
 
     moved = dict(getattr(cu, "_MOVED_ALIASES", {}) or {})
@@ -40,8 +39,7 @@ def test_the_lab_spells_no_moved_cutlass_utils_name_the_old_way():
 
 
 def test_the_shared_sm90_layouts_trace_without_a_deprecation_warning_from_the_lab(tmp_path):
-    """sm90_smem_p.py's Vᵀ layout and sm90_decode.py's K/Vᵀ views (the issue's two places) trace with deprecations
-    as errors."""
+    """The issue's two places trace with deprecations as errors."""
     probe = tmp_path / "probe.py"
     probe.write_text(textwrap.dedent("""
         import warnings

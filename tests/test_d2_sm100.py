@@ -1,5 +1,4 @@
-"""Stage D2 on sm_100a, compiled on the CPU: the TMEM plan (512 columns), K and V as one smem copy, splits, no
-spills (traced ~10–40 s each)."""
+"""Stage D2 on sm_100a, compiled on the CPU: TMEM plan, K and V as one smem copy, splits, no spills."""
 
 import pytest
 
@@ -19,7 +18,7 @@ def test_tmem_plan_fits_and_an_over_budget_plan_is_refused_with_its_columns():
     assert Kernel(shape="b1s1h128n256d256", splits=1).o_split == 1
     with pytest.raises(ValueError, match=r"TMEM budget: S 2×64 \+ O 512 = 640 columns > 512"):
         Kernel(shape="b1s1h128n256d512", splits=1, o_split=1)
-    # one S buffer would fit O whole only if S + O ≤ 512: 64 + 512 does not either
+    # S + O ≤ 512 fails either way
     with pytest.raises(ValueError, match=r"S 1×64 \+ O 512 = 576 columns > 512"):
         Kernel(shape="b1s1h128n256d512", splits=1, o_split=1, s_stages=1)
 
@@ -39,8 +38,7 @@ def test_split_plan_uses_the_scheduler_and_many_leaves_empty_splits():
 
 
 def test_ring_never_deadlocks_on_the_next_tiles_qk():
-    """QK_{j+1}'s early chunks (issued before PV_j) reuse only ring slots of K-only chunks of tile j, never one
-    waiting for PV_j."""
+    """QK_{j+1}'s early chunks reuse only K-only ring slots of tile j."""
     from stages.D2_decode.sm100 import ring_plan
 
     for d, o_split in ((64, 1), (128, 1), (256, 1), (512, 2), (512, 4)):
@@ -60,8 +58,7 @@ def test_ring_never_deadlocks_on_the_next_tiles_qk():
      {"shape": "b1s1h128m128n256d512", "splits": 1, "sink": "5", "branches": "k+k"}, {"branches": None}),
 ], ids=["D2", "D5"])
 def test_trace_time_tmem_check_refuses_from_the_fragments(tmp_path, stage, tensors, case, kw):
-    """With the constructor's plan forced to "fits", the traced D2 (and D5) still refuses: S and O columns from the
-    fragments vs 512."""
+    """Plan forced to "fits": the traced D2 (and D5) still refuses from the fragments."""
     args = {k: v for k, v in case.items() if k not in kw}
     r = traced("""
         import cutlass
@@ -118,8 +115,7 @@ def test_v_view_is_the_same_bytes_as_k_and_a_wrong_view_is_refused(tmp_path):
 
 
 def test_representative_case_compiles_for_sm100a_without_spills(tmp_path, monkeypatch):
-    """d = 512 (two O halves), more splits than KV tiles, NaN pad rows, the combine, through the lab's compile
-    path."""
+    """d = 512, more splits than tiles, NaN pad rows, the combine, via the compile path."""
     from harness.execution.compile import Compiler
     from harness.notebook.inventory import families
     from harness.spec.spec import load_spec

@@ -1,4 +1,4 @@
-"""Dashboard, history, show and note rendered to text (as when piped to a file)."""
+"""Dashboard, history, show and note rendered to text."""
 
 import re
 
@@ -72,7 +72,7 @@ def test_sparkline():
 
 
 def test_watch_refreshes_while_records_arrive(fake_lab):
-    """Frames are read as they come (no fixed sleeps: a loaded machine starts slowly)."""
+    """Frames read as they come (no fixed sleeps)."""
     import os
     import queue
     import subprocess

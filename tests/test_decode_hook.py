@@ -1,8 +1,5 @@
-"""A stage's `decode` (stages.yaml; stage E's fp8_rope epilogue uses it): the kernel writes another
-form of its outputs (e4m3 bytes and exponents in float32 words there), and what `decode(outputs,
-case)` makes of them is what the oracle's outputs and the tolerances are compared with — in a
-run (harness/execution/executor.py) and in `dsv4-lab check` (harness/spec/check.py).  A fake CPU
-lab: its kernel writes 2·(a + b) into `raw`; decode halves it into `out`."""
+"""A stage's `decode` (stages.yaml): what decode(outputs, case) makes of the kernel's outputs is compared, in a run
+and in `check`. Fake CPU lab: the kernel writes 2·(a + b) into `raw`; decode halves it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The DeepGEMM peer adapter vs a CPU stand-in for DeepGEMM 54e2261's indexer calls (its asserts, NaN where
-unwritten): output = float64 oracle."""
+"""The DeepGEMM peer vs a CPU stand-in for DeepGEMM 54e2261's indexer calls: output = float64 oracle."""
 
 import types
 
@@ -40,7 +39,7 @@ def _fake_deep_gemm(meta_error: str | None = None) -> types.ModuleType:
         valid = (j[None, :] >= ks[:, None].long()) & (j[None, :] < ke[:, None].long())
         x = torch.einsum("shd,kd->shk", q.float(), kv_fp.float()) * kv_sf[None, None, :]
         out = (x.relu() * weights[:, :, None]).sum(1)
-        if max_seqlen_k:  # [s, max_seqlen_k] from ks; the columns past ke − ks unwritten (NaN here)
+        if max_seqlen_k:  # past ke − ks unwritten (NaN)
             c = ks.long()[:, None] + torch.arange(max_seqlen_k)[None, :]
             picked = out.gather(1, c.clamp(0, out.shape[1] - 1))
             return picked.masked_fill(c >= ke.long()[:, None], float("nan")).to(logits_dtype)
@@ -100,7 +99,7 @@ def _option_id(o: dict) -> str:
                          ids=_option_id)
 @pytest.mark.parametrize("next_n", [1, 2])
 def test_paged_adapter_matches_the_oracle(monkeypatch, next_n, options):
-    """The stage's options reach DeepGEMM (its answer has the stage's dtype and shape)."""
+    """The stage's options reach DeepGEMM."""
     monkeypatch.setitem(__import__("sys").modules, "deep_gemm", _fake_deep_gemm())
     case = {"b": 3, "next_n": next_n, "ctx": 150, "block_kv": 64, **options}
     ins = ix.paged_make_inputs(case, 0)
@@ -129,8 +128,7 @@ def test_flat_adapter_matches_the_oracle(monkeypatch, options):
 
 
 def test_deepgemm_error_is_reported_as_is(monkeypatch):
-    """A failing metadata call (a JIT compile error, say) surfaces with its own message, not
-    masked by a retry in another calling convention."""
+    """A failing metadata call surfaces with its own message, no retry masking it."""
     monkeypatch.setitem(__import__("sys").modules, "deep_gemm", _fake_deep_gemm("NVCC compilation failed"))
     case = {"b": 3, "next_n": 2, "ctx": 150, "block_kv": 64}
     with pytest.raises(RuntimeError, match="NVCC compilation failed"):

@@ -1,5 +1,4 @@
-"""stages/common/e4m3_bits.py: bit moves and two power-of-two factors give round(e4m3 · 2^(e − 127)) to bf16
-exactly, for every byte pair."""
+"""stages/common/e4m3_bits.py gives round(e4m3 · 2^(e − 127)) to bf16 exactly, for every byte pair."""
 
 import numpy as np
 import pytest
@@ -8,7 +7,7 @@ from stages.common import e4m3_bits as eb
 
 
 def _prmt_sign(word: int, select: int) -> int:
-    """PRMT word, 0, select: nibble k picks byte k of the result; 8 | i is byte i's sign copy."""
+    """PRMT word, 0, select."""
     b = [(word >> (8 * i)) & 0xFF for i in range(4)] + [0, 0, 0, 0]
     out = 0
     for k in range(4):
@@ -25,7 +24,7 @@ def _bf16(bits: int) -> float:
 
 
 def _exact_bf16_product(x: float, m: float) -> float:
-    """x · m, asserting it is a bf16 with no rounding (powers of two: only range could break it)."""
+    """x · m, asserting no rounding."""
     y = x * m
     f = np.float32(y)
     assert float(f) == y
@@ -80,7 +79,7 @@ def test_factors_are_normal_bf16_powers_of_two():
 
 
 def test_one_multiply_drops_only_a_factor_of_one():
-    """The one-multiply path skips × m2 only where m2 is bf16 1.0 (`one_multiply_fits`); a scale past it needs m2."""
+    """The one-multiply path skips × m2 only where m2 is 1.0."""
     for e in range(1, 255):
         m2 = eb.factors(e)[1] & 0xFFFF
         assert (m2 == 0x3F80) == bool(eb.one_multiply_fits(e)), e

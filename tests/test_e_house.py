@@ -1,5 +1,4 @@
-"""Stage E's house: the SM count (132, 114, 78) drives parts, waves, in-kernel merge, scratch and cache key; one
-barrier-id registry."""
+"""Stage E's house: the SM count drives parts, waves, merge, scratch, cache key; one barrier-id registry."""
 
 import math
 import re
@@ -22,8 +21,7 @@ def _kernel(b, config, splits="auto", sm_count=None):
 
 @pytest.mark.parametrize("sms", [132, 114, 78])
 def test_parts_and_waves_are_computed_for_the_sm_count(sms):
-    """The grid takes one wave of the SMs given (b ≥ 32) and merges in-kernel only when parts · head blocks CTAs
-    fit those SMs at once."""
+    """One wave of the SMs given; in-kernel merge only when all CTAs fit at once."""
     for config in (H128, H64):
         for b in (32, 64, 74, 128, 256):
             k = _kernel(b, config, sm_count=sms)
@@ -35,16 +33,14 @@ def test_parts_and_waves_are_computed_for_the_sm_count(sms):
 
 
 def test_the_parts_differ_by_gpu():
-    """b 64, h_q 128: an H100 SXM runs 64 whole-sequence parts; an H100 PCIe and an H20 cut sequences to fill 114
-    and 78 SMs."""
+    """b 64, h_q 128: 132 SMs run whole sequences; 114 and 78 cut them."""
     got = {sms: (_kernel(64, H128, sm_count=sms).sched.part_tiles, _kernel(64, H128, sm_count=sms).sched.parts,
                  _kernel(64, H128, sm_count=sms).merges) for sms in (132, 114, 78)}
     assert got == {132: (36, 64, False), 114: (42, 55, True), 78: (60, 39, True)}
 
 
 def test_a_grid_larger_than_the_sms_is_not_merged_in_the_kernel():
-    """b 3 splits 2: 2 · 12 CTAs resident on 132 SMs merge in-kernel; on 8 SMs a waiting piece 0 could hang, so
-    PartCombine merges."""
+    """b 3 splits 2: 132 SMs merge in-kernel; 8 SMs use PartCombine."""
     k = _kernel(3, H128, splits=2, sm_count=132)
     assert k.merges and not k.combines
     small = _kernel(3, H128, splits=2, sm_count=8)
@@ -53,8 +49,7 @@ def test_a_grid_larger_than_the_sms_is_not_merged_in_the_kernel():
 
 
 def test_the_kernel_and_the_scratch_take_the_gpus_count(monkeypatch):
-    """No sm_count: kernel and scratch take the GPU's ($DSV4_SM_COUNT; b 64 h_q 128 on an H20 cuts sequences in
-    two, 132 SMs none)."""
+    """No sm_count: kernel and scratch take $DSV4_SM_COUNT."""
     monkeypatch.setenv(device.ENV, "78")
     k = _kernel(64, H128)
     assert k.sm_count == 78 and k.sched == _kernel(64, H128, sm_count=78).sched
@@ -73,7 +68,7 @@ def test_a_bad_sm_count_override_is_one_line(monkeypatch):
 
 
 def test_the_compile_key_holds_the_sm_count(project_root, monkeypatch):
-    """A kernel built for 114 SMs is not the one built for 78: the compile cache keys them apart."""
+    """The compile cache keys kernels of different SM counts apart."""
     from harness.execution.compile import cache_key
     from harness.spec.spec import load_spec
 
@@ -105,8 +100,7 @@ def _stage_sources(project_root):
 
 
 def test_barrier_ids_come_from_one_registry(project_root):
-    """Every named barrier is a NamedBarrier member (barriers.py), never a bare int: E once kept ids 6, 7, 8 apart
-    from it."""
+    """Every named barrier is a NamedBarrier member, never a bare int."""
     from stages.common import unaligned_barriers
     from stages.common.barriers import MAX_NAMED_BARRIERS, NamedBarrier
 

@@ -1,5 +1,4 @@
-"""Stage E's peers: the problem's sizes from the tensors, the PyTorch peer vs the oracle, FlashMLA's rules and
-cache view."""
+"""Stage E's peers: sizes from tensors, the PyTorch peer vs the oracle, FlashMLA's rules and cache view."""
 
 import math
 
@@ -26,9 +25,7 @@ def test_dims_read_back_format_and_blocks(config, fmt):
 
 
 def test_dims_tell_nvfp4_from_the_formats_of_the_same_block_bytes():
-    """nvfp4's blocks are read back as powers of two only (oracles/kvcache.py block_size_of): v4.1's
-    256-token block is nvfp4's of 352 and simple's 64 nvfp4's 86, and without the rule the peer
-    reads both as 'more than one format's block' (issue 33). The one collision left is pinned."""
+    """nvfp4 blocks read back as powers of two only (block_size_of); the one collision left is pinned."""
     from oracles import kvcache as kc
 
     assert kc.block_bytes("v4.1", 256) == kc.block_bytes("nvfp4", 352) and kc.block_size_of("nvfp4", kc.block_bytes("v4.1", 256)) is None
@@ -56,7 +53,7 @@ def test_dims_refuse_other_tensors():
                                                  ("model1", "softmax_scale", "s2h64_m200bs2_x64bs256"),
                                                  ("nvfp4", "invalid", "s2h64_m200bs2_x64bs256")])
 def test_torch_peer_matches_the_oracle(fmt, scenario, config):
-    """… at the inputs' softmax_scale (the `softmax_scale` scenario's 512^−0.55 included)."""
+    """… at the inputs' softmax_scale."""
     case = _case(config, fmt, scenario)
     inputs = sd.make_inputs(case, seed=7)
     ref = sd.reference(inputs, case)
@@ -70,8 +67,7 @@ def test_torch_peer_matches_the_oracle(fmt, scenario, config):
 
 
 def test_flashmla_percall_makes_its_metadata_in_every_call_and_the_other_once(monkeypatch):
-    """Stand-in flash_mla: the plain peer makes its metadata once before timing; `flashmla_sparse_percall` a fresh
-    one each call."""
+    """Stand-in flash_mla: metadata once before timing; `flashmla_sparse_percall` each call."""
     import sys
     import types
 

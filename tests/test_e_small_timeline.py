@@ -1,5 +1,4 @@
-"""scripts/e_small_timeline.py: the variant grammar (name[:knob=value,…][@b<B>[:<config prefix>]+…]) and its shape
-filters."""
+"""scripts/e_small_timeline.py: the variant grammar and its shape filters."""
 
 
 from tests.conftest import ROOT, load_script
@@ -20,7 +19,7 @@ def test_knobs_are_the_kernels_keyword_arguments():
                **{key: v for key, v in knobs.items() if key not in ("splits", "fmt", "stamps")})
     assert not k.fast_combine and not k.sink_first and k.pair_stores and k.combine_group == 4
     default = Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits="auto")
-    # the build the lab runs: the options timed faster on (docs/STAGE_E.md), the diagnostic one off
+    # the lab's build: the faster options on, the diagnostic one off
     assert default.fast_combine and default.sink_first and default.pair_stores and not default.stamps
 
 
@@ -35,7 +34,7 @@ def test_a_variants_filter_names_its_shapes():
 
 
 def test_variant_inputs_rotate_as_bench_rotates(monkeypatch):
-    """scripts/variant_launch.py: the first set, then clones at other addresses (timing.rotations)."""
+    """scripts/variant_launch.py: the first set, then clones (timing.rotations)."""
     import sys
 
     import torch

@@ -1,5 +1,4 @@
-"""The case executor and worker supervisor behind `run`, `run --bench`, `bench`: one timing format (old `peer_us`
-read), one job mapping."""
+"""The executor and supervisor behind run/bench: one timing format (old `peer_us` read), one job mapping."""
 
 import pytest
 
@@ -24,8 +23,7 @@ def _bench_job(mode: str = "ok") -> ex.BenchJob:
 
 
 def _fake_bench(calls: list):
-    """harness.execution.timing.bench without a GPU: runs each launch once, reports a fixed time (the
-    kernel's first, then its peer's)."""
+    """timing.bench without a GPU: each launch once, fixed times."""
     def bench(launches, reps=30, warmup=3, min_launches=1):
         for f in launches:
             f()
@@ -37,7 +35,7 @@ def _fake_bench(calls: list):
 
 
 def test_run_bench_times_its_peer_in_the_flat_peer_keys(lab_path, monkeypatch):
-    # `run --bench` used to write `peer_us`; it now writes what `bench` writes: peer_<name>_us, _spread, _ratio
+    # `run --bench` writes what `bench` writes, not `peer_us`
     import harness.execution.timing
 
     calls: list = []
@@ -78,7 +76,7 @@ def test_one_stage_to_job_mapping(project_root):
     kernel = [f for f in ex.KernelJob.__dataclass_fields__ if f not in ("object_path", "prefix")]
     assert {f: getattr(run, f) for f in kernel} == {f: getattr(bench, f) for f in kernel}
     assert bench.tolerances == st.tolerances_for(case) and bench.check_rows == st.bench_plan.check_rows
-    i1 = spec.stages["I1"]  # a bench shape is judged by its case's bounds (tolerances by: logits_dtype)
+    i1 = spec.stages["I1"]  # bench shapes judged by their case's bounds
     shape = {**{a: v[0] for a, v in i1.bench_plan.matrix.items()}, "logits_dtype": "bf16"}
     assert _job(i1, "sm_90a", shape, False, 30, 0).tolerances["logits"].rel_l2_max == 2.0e-3
     assert _job(i1, "sm_90a", {**shape, "logits_dtype": "fp32"}, False, 30, 0).tolerances["logits"].rel_l2_max == 1.0e-3
@@ -100,8 +98,7 @@ def test_bench_shape_runs_in_the_supervised_worker(lab_path):
 
 @pytest.mark.gpu
 def test_run_bench_on_a_gpu_records_the_flat_peer_keys(project_root, tmp_path):
-    """On a GPU: `run --bench` records `peer_torch_attention_us` / `_ratio` (as `bench` names peers), never
-    `peer_us`."""
+    """On a GPU: `run --bench` records `peer_torch_attention_us` / `_ratio`, never `peer_us`."""
     import shutil
 
     from harness.notebook.records import read_records

@@ -1,5 +1,4 @@
-"""`run --first-light` (issue 34 item 6): plan order, stop at the first failing step, never green off an sm_100
-device; here exit ≠ 0."""
+"""`run --first-light`: plan order, stop at the first failing step, never green off sm_100; here exit ≠ 0."""
 
 import dataclasses
 
@@ -39,7 +38,7 @@ def test_a_plan_label_the_matrix_lost_is_refused_by_name():
 
 
 def _script(monkeypatch, statuses):
-    """Run the plan with each step's record status taken from `statuses` in turn."""
+    """Run the plan, step statuses from `statuses`."""
     ran, lines = [], []
     it = iter(statuses)
     monkeypatch.setattr(fl, "newest_status", lambda root, stage, case, since: (next(it), "run.1", "why"))

@@ -1,5 +1,4 @@
-"""The installed console script answers bad invocations in one line, exit 2; help and `--version` exit 0; also with
-`click` unimportable and a fresh venv (DSV4_FRESH_VENV)."""
+"""The installed script: bad invocations one line, exit 2; help and `--version` exit 0; without `click` too."""
 
 import os
 import shutil
@@ -40,7 +39,7 @@ def _typer_vendors_click() -> bool:
 
 
 def _check(script: str, env: dict[str, str], tmp_path: Path) -> None:
-    """Every invocation on a copy of the lab (DSV4_LAB_ROOT): none of them may write into the real tree."""
+    """On a copy of the lab: never write into the real tree."""
     lab = copy_lab(tmp_path / "lab")
     env = {**env, "DSV4_LAB_ROOT": str(lab)}
     failures = []
@@ -69,7 +68,7 @@ def _env(**extra: str) -> dict[str, str]:
 @pytest.mark.skipif(not shutil.which("dsv4-lab"), reason="the console script is not installed in this environment")
 @pytest.mark.skipif(not _typer_vendors_click(), reason="this typer needs click itself, so click cannot be blocked")
 def test_bad_invocations_of_the_installed_script_without_click(tmp_path):
-    # This tree's code under the installed script (its editable install may point at another checkout).
+    # This tree's code under the installed script.
     env = _env(PYTHONPATH=os.pathsep.join([str(FIXTURES / "noclick"), str(ROOT)]), DSV4_LAB_CACHE=str(tmp_path / "cache"))
     probe = subprocess.run([shutil.which("python3") or "python3", "-c", "import click"], env=env, capture_output=True)
     assert probe.returncode != 0, "click should be blocked"

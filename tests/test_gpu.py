@@ -1,5 +1,4 @@
-"""On a GPU: stage A runs through the lab's runner, and stage B with P's layout permuted (runs cleanly, garbage
-out) is reported `fail`."""
+"""On a GPU: stage A runs; stage B with P permuted is reported `fail`."""
 
 import dataclasses
 

@@ -1,8 +1,4 @@
-"""On a GPU (issue 34 item 2): tests/fixtures/hang_d2 built with `--debug-hangs` is recorded `hang`
-(kv.full slot 1 phase 0). Run alone:
-
-    python3 -m pytest -q -m gpu tests/test_hang_gpu.py
-"""
+"""On a GPU: hang_d2 with `--debug-hangs` is recorded `hang`. Alone: pytest -q -m gpu tests/test_hang_gpu.py"""
 
 import dataclasses
 
@@ -40,8 +36,7 @@ def test_planted_deadlock_is_a_hang_naming_pipeline_and_slot(project_root, tmp_p
 
 
 def test_the_same_case_built_normally_still_runs_the_real_kernel(project_root, tmp_path):
-    """The stage's own D2 kernel with --debug-hangs on the same case: no hang, a pass (the bound
-    costs nothing a correct kernel notices)."""
+    """D2 itself with --debug-hangs: no hang, a pass."""
     spec = load_spec(root=project_root)
     stage = spec.stages["D2"]
     tasks = [Task(stage, "sm_90a", c) for c in expand(stage) if c.dict == CASE]

@@ -1,5 +1,4 @@
-"""`--debug-hangs` (issue 34 item 2): off, PTX identical to a pass-through guard; on, the timer bound and trap;
-cache key; `hang` replies."""
+"""`--debug-hangs`: off, PTX as a pass-through guard; on, timer bound and trap; cache key; `hang` replies."""
 
 import json
 import os
@@ -92,7 +91,7 @@ def test_flag_on_bounds_every_wait_and_names_it(builds):
     on = builds["on"]["ptx"]
     assert on != builds["off"]["ptx"]
     assert "%globaltimer" in on and "trap;" in on
-    # no unbounded wait left: CuTeDSL's own wait is an endless try_wait loop with a time hint
+    # no unbounded wait left
     assert "10000000;" not in on.replace(" ", "")
     assert "10000000;" in builds["off"]["ptx"].replace(" ", "")
     lines = " | ".join(_formats(on))
@@ -115,7 +114,7 @@ def test_flag_is_in_the_cache_key_and_the_summary(builds):
     assert "debug" not in builds["off"]["summary"]
 
 
-# -- the worker's side (no GPU: a real file-descriptor capture around a fake launch)
+# -- the worker's side (fd capture around a fake launch)
 
 
 class _FakeTorch:
@@ -133,7 +132,7 @@ def test_a_hang_line_on_stdout_makes_the_case_a_hang():
     line = ("DSV4-HANG role=mma pipeline=kv.full slot=1 phase=0 cta=(0,0,2) tile=(0,0,2) warp=0 thread=0 "
             "waited_ns=4000000123")
 
-    def launch():  # what the driver does with a device printf: write to file descriptor 1
+    def launch():  # a device printf writes to fd 1
         os.write(1, f"{line}\n{line.replace('warp=0 thread=0', 'warp=1 thread=32')}\n".encode())
 
     with pytest.raises(KernelHang) as got:
@@ -168,7 +167,7 @@ def test_the_lab_and_the_kernels_agree_on_the_switch():
 
 
 def test_run_flag_reaches_the_run_and_its_records(fake_lab):
-    """`run … --debug-hangs` (real CLI, fake lab): the start event says debug-hangs; without the flag it does not."""
+    """`run … --debug-hangs`: the start event says so; without the flag not."""
     from harness.notebook.records import runs_file
     from tests.conftest import run_cli
 
@@ -182,8 +181,7 @@ def test_run_flag_reaches_the_run_and_its_records(fake_lab):
 
 
 def test_every_pipeline_and_bare_wait_in_the_kernels_goes_through_the_guard():
-    """Over stages/: a pipeline without `name=` would report `pipeline=unnamed`; a bare mbarrier_wait would stay
-    unbounded."""
+    """Over stages/: no unnamed pipeline, no bare mbarrier_wait."""
     import re
 
     bad = []

@@ -1,5 +1,4 @@
-"""A record's identity covers everything that can change its verdict; comment- and blank-line-only edits keep
-results fresh."""
+"""A record's identity covers what can change its verdict; comment/blank-line edits keep results fresh."""
 
 import shutil
 from pathlib import Path
@@ -20,7 +19,7 @@ def h(lab: Path, stage: str = "OK", arch: str = "cpu") -> str:
 
 @pytest.fixture
 def lab_with_own_harness(fake_lab, tmp_path, monkeypatch):
-    """The fake lab, and a copy of the lab's harness/ that the hash reads as the verdict code."""
+    """Fake lab plus a copy of harness/ hashed as the verdict code."""
     copy = tmp_path / "labcode" / "harness"
     shutil.copytree(ROOT / "harness", copy, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(identity, "HARNESS_DIR", copy)
@@ -55,7 +54,7 @@ def test_loosening_a_tolerance_makes_results_stale(fake_lab):
 
 
 def test_loosening_a_tolerance_by_an_axis_value_makes_results_stale(fake_lab):
-    """An output's `by:` bounds are part of the verdict: adding one, or loosening it, changes the hash."""
+    """Adding or loosening an output's `by:` bounds changes the hash."""
     text = (fake_lab / "stages.yaml").read_text()
     before = h(fake_lab)
     hashes = []
@@ -123,8 +122,7 @@ def test_a_module_that_does_not_tokenize_is_hashed_by_its_bytes(fake_lab):
 
 
 def test_the_code_text_of_a_python_file_is_the_same_under_every_python_version():
-    """3.12 splits f-strings into tokens and 3.11 does not: the hash must not see that (records
-    made on a GPU machine's Python must be fresh on the laptop's)."""
+    """f-string tokenisation (3.12 vs 3.11) does not change the hash."""
     from harness.spec.identity import code_text
 
     src = b'x = f"{a!r:>{w}} # not a comment"  # a comment\n\n\n    \ny = "#" + f\'{b}\'\t\n# only a comment\n'
@@ -141,8 +139,7 @@ def _other_pythons() -> list[str]:
 
 @pytest.mark.skipif(not _other_pythons(), reason="no second Python version on this machine to compare with")
 def test_every_lab_file_hashes_the_same_under_other_python_versions():
-    """The GPU machine runs Python 3.12, this one 3.11: every lab .py must hash the same under both, or its records
-    go stale."""
+    """Every lab .py hashes the same under 3.11 and 3.12."""
     import hashlib
     import json
     import subprocess

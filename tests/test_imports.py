@@ -1,5 +1,4 @@
-"""No import circle among harness/ and cli.py, function-level imports included; a failure names each circle with
-its file:lines."""
+"""No import circle among harness/ and cli.py; a failure names each circle with file:lines."""
 
 import ast
 from pathlib import Path
@@ -22,7 +21,7 @@ def lab_modules(root: Path = ROOT) -> dict[str, Path]:
 
 
 def _resolve(name: str, mods: dict[str, Path]) -> str | None:
-    """The lab module that importing `name` loads (its longest known prefix), or None."""
+    """The lab module importing `name` loads, or None."""
     parts = name.split(".")
     while parts:
         cand = ".".join(parts)
@@ -57,8 +56,7 @@ def import_edges(mods: dict[str, Path]) -> dict[str, dict[str, int]]:
 
 
 def cycles(edges: dict[str, dict[str, int]]) -> list[tuple[list[str], list[str]]]:
-    """(a shortest circle, all members) of each strongly connected component of more than
-    one module (Tarjan)."""
+    """(a shortest circle, members) of each multi-module SCC (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -95,7 +93,7 @@ def cycles(edges: dict[str, dict[str, int]]) -> list[tuple[list[str], list[str]]
 
 
 def _circle(comp: list[str], edges: dict[str, dict[str, int]]) -> list[str]:
-    """A shortest circle from the component's first member back to itself (breadth first)."""
+    """A shortest circle through the component's first member (BFS)."""
     members = set(comp)
     start = comp[0]
     prev: dict[str, str] = {}

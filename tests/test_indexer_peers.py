@@ -1,5 +1,4 @@
-"""The indexer's peers: problems from I1's/I2's tensor specs, the PyTorch peer vs the float64 oracle, DeepGEMM's
-rules and absence."""
+"""The indexer's peers: problems from tensor specs, PyTorch peer vs float64 oracle, DeepGEMM's rules and absence."""
 
 import dataclasses
 
@@ -25,7 +24,7 @@ def test_problem_dims_of_both_stages():
     assert problem_dims("paged_mqa_logits", _by(ix.paged_tensors(I2_CASE))) == {
         "b": 3, "next_n": 2, "h": 64, "d": 128, "num_blocks": geo["num_blocks"], "block_kv": 64,
         "max_blocks": geo["max_blocks"], "max_len": geo["max_len"], "logits_bf16": 0, "context_2d": 0}
-    # the stage's options, as the peers see them: heads, head_dim, bf16 logits
+    # the stage's options
     opts = {"heads": 32, "head_dim": 64, "logits_dtype": "bf16"}
     assert problem_dims("mqa_logits", _by(ix.tensors({**I1_CASE, **opts}))) == {
         "s": 16, "s_kv": 256, "h": 32, "d": 64, "logits_bf16": 1, "compressed": 0, "width": 256}

@@ -1,5 +1,4 @@
-"""`dsv4-lab inspect` (CPU): the planted mismatch (fixtures/inspect_mismatch.py) fails "P in registers", matching
-MMAs pass it."""
+"""`dsv4-lab inspect`: the planted mismatch fails "P in registers", matching MMAs pass."""
 
 import dataclasses
 import subprocess

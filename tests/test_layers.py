@@ -1,5 +1,4 @@
-"""Oracles import nothing of the harness, and no harness module hides a stdlib module (a `harness/inspect.py` read
-as `inspect`)."""
+"""Oracles import nothing of the harness; no harness module hides a stdlib module."""
 
 import ast
 import sys
@@ -11,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _imports(path: Path) -> list[tuple[str, int]]:
-    """(module named, line) for every import statement of the file, in functions too."""
+    """(module, line) of every import of the file."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
@@ -36,9 +35,7 @@ def test_no_harness_module_shadows_the_standard_library():
     assert not shadowing, f"harness modules named like standard-library modules (rename them): {shadowing}"
 
 
-# The harness's packages form layers (docs/ARCHITECTURE.md): a module imports only its own package
-# or a lower layer, at module level or inside a function alike (tests/test_imports.py's edges).
-# lowest first; a package may import its own layer and those before it
+# Package layers (docs/ARCHITECTURE.md), lowest first: a module imports its own layer or lower ones.
 LAYERS = {
     "harness.core": 0,
     "harness.peers": 1,

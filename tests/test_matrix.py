@@ -60,10 +60,10 @@ def test_bool_axis_values_parse(project_root):
     assert sel and all(c.dict["v_is_k"] is True for c in sel)
 
 
-# Size limit: refused before anything is built; filters apply per axis first.
+# Size limit: refused before building; filters apply first.
 
 def _big(stage_a):
-    """10**6 cases: a Stage built directly (load_spec refuses such a matrix in stages.yaml)."""
+    """10**6 cases via a Stage built directly."""
     return replace(stage_a, matrix={f"a{i}": list(range(10)) for i in range(6)})
 
 

@@ -1,4 +1,4 @@
-"""Metrics against hand-computed values; poison and unwritten detection; tolerances."""
+"""Metrics vs hand-computed values; poison, unwritten, tolerances."""
 
 import math
 

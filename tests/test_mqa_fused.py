@@ -1,4 +1,4 @@
-"""oracles/mqa_fused.py: the fused float64 MQA-logits reference equals oracles/indexer.py mqa_logits."""
+"""oracles/mqa_fused.py equals oracles/indexer.py mqa_logits."""
 
 import json
 import time
@@ -11,8 +11,7 @@ from oracles.mqa_fused import BK, BR, MAX_OFFSET, model_logits, mqa_logits_fused
 
 
 def _case(rows, keys, h, d, seed, device="cpu"):
-    """Random q, k, w, ranges: empty rows, ks > ke, ranges past the keys, rows missing whole key blocks, CTAs
-    seeing none."""
+    """Random q, k, w, ranges with the edge cases."""
     g = torch.Generator().manual_seed(seed)
     q, k, w = torch.randn(rows, h, d, generator=g), torch.randn(keys, d, generator=g), torch.randn(rows, h, generator=g)
     ks = torch.randint(-5, keys, (rows,), generator=g)
@@ -38,8 +37,7 @@ def _check(got, want):
 
 @pytest.mark.parametrize("h,d,rows,keys", [(8, 32, BR + 6, 2 * BK + 44), (16, 64, 9, BK - 5)])
 def test_the_tiling_model_equals_mqa_logits(h, d, rows, keys):
-    """The kernel's blocks and index math in numpy: every element written, −inf where the reference has it, else
-    1e-12 relative."""
+    """The kernel's index math in numpy: every element written, −inf where the reference has it."""
     args, valid = _case(rows, keys, h, d, seed=h + d)
     want = mqa_logits(*args[:3], valid)
     assert torch.isinf(want).any() and (~torch.isinf(want)).any()
@@ -54,7 +52,7 @@ def test_row_chunks_keep_offsets_32_bit():
 
 
 def test_it_compiles_for_sm90_without_spills(tmp_path):
-    """Every (h, d) the suites use compiles for sm_90a (on the CPU); ptxas: no spill, no stack."""
+    """Every (h, d) the suites use compiles for sm_90a; no spill, no stack."""
     from tests.conftest import traced
 
     r = traced("""
@@ -81,15 +79,14 @@ def test_it_compiles_for_sm90_without_spills(tmp_path):
 def test_fused_equals_mqa_logits_on_the_gpu(h, d):
     for seed, (rows, keys) in enumerate([(5, 77), (BR + 3, 3 * BK + 17), (700, 2600)]):
         args, valid = _case(rows, keys, h, d, seed, "cuda")
-        if seed == 0:  # views 4 or 8 bytes past an allocation's start: the dispatcher realigns them
+        if seed == 0:  # misaligned views: the dispatcher realigns them
             args = [torch.cat([t[:1], t])[1:] for t in args]
         _check(mqa_logits_fused(*args), mqa_logits(*args[:3], valid))
 
 
 @pytest.mark.gpu
 def test_fused_in_row_chunks(monkeypatch):
-    """Where rows × keys passes the 32-bit offsets the dispatcher launches chunks of rows (here
-    forced: 2 · BR rows a launch, the last chunk short)."""
+    """Past 32-bit offsets the dispatcher launches chunks of rows (forced here)."""
     import oracles.mqa_fused
 
     args, valid = _case(5 * BR + 9, 3 * BK + 17, 32, 64, 7, "cuda")
@@ -99,7 +96,7 @@ def test_fused_in_row_chunks(monkeypatch):
 
 @pytest.mark.gpu
 def test_fused_timing_big_case():
-    """s 2048, s_kv 65536, h 64, d 128, causal: prints the fused kernel's and the reference's times."""
+    """Prints the fused kernel's and the reference's times."""
     s, s_kv, h, d = 2048, 65536, 64, 128
     q, k, w = (torch.randn(*shape, device="cuda", dtype=torch.float64) for shape in ((s, h, d), (s_kv, d), (s, h)))
     ke = torch.arange(s_kv - s + 1, s_kv + 1, device="cuda", dtype=torch.int32)

@@ -1,5 +1,4 @@
-"""The notebook's queries (records.py) answer as the readers' old code (kept here verbatim) on the real notebook
-and old-format lines."""
+"""The notebook's queries answer as the readers' old code (kept verbatim) on the real notebook and old lines."""
 
 import json
 from pathlib import Path
@@ -13,7 +12,7 @@ from harness.core.statuses import RAN
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# The old code, as it stood in baselines.py, gate.py, compilerun.py, dashboard.py, archive.py.
+# The old code, from baselines.py, gate.py, compilerun.py, dashboard.py, archive.py.
 
 
 def old_shows_compile(rec) -> bool:
@@ -117,7 +116,7 @@ def test_real_notebook_newest_and_fresh_answers_are_unchanged(real_notebook):
                     assert (R.newest(pool, stage, arch, case, src, R.shows_compile)
                             is old_newest_compiled(pool, stage, arch, case, src))
                     checked += 1
-        # the dashboard's newest result per case, and the freshness of every record
+        # newest result per case, freshness of every record
         assert _ids(R.newest_by_case([r for r in tests if r.status in RAN]).values()) == _ids(
             {case_label(r.case): r for r in tests if r.status in RAN}.values())
         lines = [{"arch": r.arch, "code": r.code} for r in mine]  # what the archive reads of a raw line
@@ -136,7 +135,7 @@ def test_real_notebook_scans_from_the_newest_line_are_unchanged(real_notebook):
             by_stage.setdefault(r.stage, []).append(r)
     for stage, mine in by_stage.items():
         path = R.stage_file(ROOT, stage)
-        # each case's own newest source hash (the committed notebook is stale against this tree's code)
+        # each case's newest source hash
         src = {(r.arch, case_label(r.case)): R.code_src(r) for r in mine}
         for kind in ("compile", "run"):
             todo = {k: kind for k in src}
@@ -152,7 +151,7 @@ def test_real_notebook_scans_from_the_newest_line_are_unchanged(real_notebook):
         assert {k: v.id for k, v in found.items()} == {k: v.id for k, v in old.items()}
 
 
-OLD_LINES = [  # lines as older writers wrote them: run --bench's `peer_us`, a bench record, no code.src
+OLD_LINES = [  # lines as older writers wrote them
     {"v": 1, "id": "r1.1", "run": "r1", "t": "2026-11-01T00:00:00Z", "stage": "A", "arch": "sm_90a",
      "case": {"hd": 64}, "status": "pass", "metrics": {"O": {"cosine": 0.99999}},
      "timing": {"us": 2.5, "tflops": 10.0, "gbps": 100.0, "peer_us": 7.5, "peer_tflops": 3.3},
@@ -185,13 +184,13 @@ def test_old_format_notebook_reads_as_before(tmp_path):
     assert R.run_peer_us(tests[0]) == 7.5 and R.peer_times(every[2].timing) == {"torch_sdpa": 150.0}
 
 
-# One notebook: the schema, the queries and the run sessions live in records.py only.
+# One notebook: schema, queries and run sessions live in records.py only.
 
 HARNESS = ROOT / "harness"
 
 
 def _sources() -> dict[str, str]:
-    """Every harness module's text by file name, the command modules (harness/commands/) apart."""
+    """Every harness module's text by file name, commands apart."""
     files = [p for p in sorted(HARNESS.rglob("*.py")) if p.name != "__init__.py" and p.parent.name != "commands"]
     src = {p.name: p.read_text() for p in files}
     assert len(src) == len(files) > 40, "harness modules not found, or two of one name"

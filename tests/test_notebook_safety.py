@@ -1,4 +1,4 @@
-"""Nothing in the notebook is lost or hangs a reader (issue 27 items 1, 2, 4, 9, 15)."""
+"""Nothing in the notebook is lost or hangs a reader (issue 27)."""
 
 import json
 import os
@@ -31,8 +31,7 @@ append_event(runs_file(root), {"run": "child", "t": "2026-01-01T00:00:01Z", "eve
 
 
 def test_compacting_while_a_run_appends_loses_no_record(fake_lab, capsys):
-    """A real process appends 30 records while compaction runs again and again: every record survives (file or
-    archive)."""
+    """30 records appended while compaction runs again and again: all survive."""
     from harness.spec.identity import source_hash
     from harness.spec.spec import load_spec
 
@@ -61,7 +60,7 @@ def test_compacting_while_a_run_appends_loses_no_record(fake_lab, capsys):
     assert read_runs(fake_lab, warn)["child"]["event"] == "end"
 
 
-# -- baselines: duplicate keys, a forged parsed copy, a write that would lose some (item 2) ----
+# -- baselines: duplicate keys, forged parsed copy, a losing write ----
 
 import lzma  # noqa: E402
 import resource  # noqa: E402
@@ -89,7 +88,7 @@ def _records(lab: Path, cases=(16, 32)) -> None:
 
 @pytest.fixture
 def based(fake_lab):
-    """The fake lab with two passing records of stage OK, both baselined by `baseline accept`."""
+    """Fake lab, two passing OK records, both baselined."""
     _records(fake_lab)
     r = run_cli(["baseline", "accept", "stage-OK"], cwd=fake_lab)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -204,7 +203,7 @@ def test_missing_records_folder_is_named_as_such(based):
 
 
 def _limited() -> None:
-    """A child that tries to read /dev/zero whole dies at 2 GiB instead of taking the machine."""
+    """A child reading /dev/zero whole dies at 2 GiB."""
     resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 
 

@@ -1,5 +1,4 @@
-"""part_combine.py and part_merge.ZeroFlags for sm_90a: a row's slot loads fly before use (issue 30: one L2 round
-trip a slot dominated)."""
+"""part_combine.py and ZeroFlags for sm_90a: a row's slot loads fly before use."""
 
 import os
 import re
@@ -63,7 +62,7 @@ open(sys.argv[6], "w").write(ptx)
 
 
 def _ptx(tmp_path, grid: tuple) -> dict[str, str]:
-    """{kernel name: its PTX body} of ZeroFlags and PartCombine for PartGrid(*grid)."""
+    """{kernel name: PTX body} of ZeroFlags and PartCombine."""
     probe, dump, out = tmp_path / "probe.py", tmp_path / "dump", tmp_path / "out.ptx"
     probe.write_text(_PROBE)
     dump.mkdir()
@@ -81,8 +80,7 @@ def _ptx(tmp_path, grid: tuple) -> dict[str, str]:
 
 
 def test_the_fast_combine_issues_a_groups_loads_before_it_uses_them(tmp_path):
-    """`fast`, b 2 s_q 2 h_q 128 (9 pieces): predicated L2 loads, the first group's (5 slots × 4) all issued before
-    use (two round trips, not nine); no launch_dependents (timed slower)."""
+    """`fast`, b 2 s_q 2 h_q 128: predicated L2 loads, first group's all issued before use; no launch_dependents."""
     bodies = _ptx(tmp_path, (2, 2, 2, 18, 2))
     combine = next(v for k, v in bodies.items() if "PartCombine" in k)
     zero = next(v for k, v in bodies.items() if "ZeroFlags" in k)
@@ -98,8 +96,7 @@ def test_the_fast_combine_issues_a_groups_loads_before_it_uses_them(tmp_path):
 @pytest.mark.parametrize("hb,tokens,b,T,L", [(2, 2, 2, 18, 2), (1, 2, 2, 18, 1), (2, 2, 1, 18, 1), (1, 1, 16, 18, 3),
                                              (2, 2, 8, 18, 6), (1, 2, 3, 5, 3), (2, 1, 74, 18, 21), (1, 1, 74, 18, 11)])
 def test_the_combine_launches_a_cta_for_every_cut_row_block_and_no_idle_ones(hb, tokens, b, T, L):
-    """Every 4 rows of every cut sequence get one CTA (by boundary, or `fast` by sequence: none idle; by boundary b
-    2 h 128 launched 1 120 CTAs for 128 busy, issue 30)."""
+    """Every 4 rows of every cut sequence get one CTA; `fast` leaves none idle."""
     from stages.common.part_combine import PartCombine
     from stages.common.part_scheduler import PartGrid
 

@@ -1,5 +1,4 @@
-"""The in-kernel merge of a sequence cut in two (part_merge.py): roles (no deadlock), when a launch merges, piece
-1's staging."""
+"""The in-kernel merge of a sequence cut in two: roles (no deadlock), when it merges, piece 1's staging."""
 
 import itertools
 
@@ -16,8 +15,7 @@ GRIDS = [PartGrid(hb, tokens, b, T, L) for hb, tokens, b, T, L in itertools.prod
 @pytest.mark.parametrize("g", [g for g in GRIDS if any(g.pieces(s) == 2 for s in range(g.sequences))],
                          ids=lambda g: f"hb{g.head_blocks}t{g.tokens}b{g.batches}T{g.num_tiles}L{g.part_tiles}")
 def test_piece_0_is_a_parts_last_segment_and_piece_1_the_next_parts_first(g):
-    """merge_roles: a hand-over is its part's first segment, a merge its part's last, waiting on the next part
-    only: no wait cycle."""
+    """merge_roles: no wait cycle."""
     roles = {}
     for p in range(g.parts):
         n = g.segments(p)
@@ -64,8 +62,7 @@ def test_staging_copies_every_byte_of_the_block_once():
 
 
 def _wavefronts(byte_addresses) -> int:
-    """Shared-memory wavefronts of one warp instruction's 8-byte loads: the most distinct 4-byte
-    words any bank is asked for."""
+    """smem wavefronts of one warp's 8-byte loads: most distinct words a bank serves."""
     words_by_bank: dict[int, set[int]] = {}
     for at in byte_addresses:
         for word in (at // 4, at // 4 + 1):
@@ -75,8 +72,7 @@ def _wavefronts(byte_addresses) -> int:
 
 @pytest.mark.parametrize("col0", [0, 256])
 def test_staged_reads_find_the_accumulators_values_on_two_wavefronts(col0):
-    """add_staged_rows reads each accumulator value's staged place, and each warp's 32 eight-byte loads take two
-    wavefronts."""
+    """add_staged_rows reads the staged places in two wavefronts a warp."""
     for warp in range(4):
         for h in range(2):
             for g in range(256 // 8):
@@ -90,8 +86,7 @@ def test_staged_reads_find_the_accumulators_values_on_two_wavefronts(col0):
 
 
 def test_without_the_swizzle_the_reads_would_conflict():
-    """The bank count can fail: the same reads in the unswizzled row-major layout (8 rows of one
-    load on the same banks) take 8 wavefronts."""
+    """The count can fail: unswizzled row-major takes 8."""
     for g in range(256 // 8):
         plain = [(lane // 4) * ROW_BYTES + (8 * g + 2 * (lane % 4)) * 4 for lane in range(32)]
         assert _wavefronts(plain) == 8, g

@@ -1,5 +1,4 @@
-"""The persistent decode schedule (part_scheduler.py): every (sequence, tile) once, in order, with slots and piece
-counts; the chooser."""
+"""The persistent decode schedule: every (sequence, tile) once, in order, slots, piece counts; the chooser."""
 
 import itertools
 
@@ -9,8 +8,7 @@ from stages.common.part_scheduler import PartGrid, choose_part_tiles, part_cost,
 
 
 def _walk(g: PartGrid, head_block: int = 0):
-    """{(sequence, tile): (part, slot, complete)} by the kernel's segment(); each part's
-    segments contiguous and in order."""
+    """{(sequence, tile): (part, slot, complete)}; each part's segments contiguous, in order."""
     seen = {}
     for p in range(g.parts):
         done = 0
@@ -55,7 +53,7 @@ def test_segments_cover_every_tile_once_with_their_slots(T, L):
 @pytest.mark.parametrize("T,L", [(18, 1), (18, 2), (18, 5), (18, 17), (18, 18), (18, 36), (18, 41), (18, 42),
                                  (5, 3), (2, 7), (10, 4), (1, 1)])
 def test_cut_at_names_every_cut_sequence_once(T, L):
-    """PartGrid.cut_at: exactly the cut sequences, each by one boundary; no whole sequence touched."""
+    """PartGrid.cut_at: exactly the cut sequences, one boundary each."""
     for tokens, batches in ((1, 1), (2, 3), (1, 7), (2, 74)):
         g = PartGrid(2, tokens, batches, T, L)
         named = [g.cut_at(b)[0] for b in range(1, g.parts) if g.cut_at(b)[1]]
@@ -82,8 +80,7 @@ def test_resolve_maps_the_matrix_values():
 
 @pytest.mark.parametrize("hb", [1, 2])
 def test_the_chooser_fills_the_gpu_and_cuts_only_where_it_pays(hb):
-    """Bench launches (s_q 2, 18 tiles): whole sequences at b 64, 128, 256; cut at b 74, 148; never more CTAs than
-    SMs."""
+    """Bench launches: whole sequences at b 64, 128, 256; cut at b 74, 148; never more CTAs than SMs."""
     for b in (2, 64, 74, 128, 148, 256):
         L = choose_part_tiles(hb, 2, b, 18)
         g = PartGrid(hb, 2, b, 18, L)
@@ -99,8 +96,7 @@ def test_the_chooser_fills_the_gpu_and_cuts_only_where_it_pays(hb):
                                               (2, 2, 2, 2), (2, 1, 4, 2), (2, 2, 8, 6), (1, 1, 16, 3),
                                               (1, 2, 32, 9), (2, 2, 64, 36)])
 def test_the_chooser_counts_a_sequences_pieces(hb, tokens, b, want):
-    """18 tiles in 18 pieces (H200: b 1 s2 h128 17.4 µs at L = 1, 15.7 at L = 2): PIECE_COST moves b ≤ 2 to L = 2,
-    larger b unchanged."""
+    """PIECE_COST moves b ≤ 2 to L = 2, larger b unchanged."""
     from stages.common.part_scheduler import choose_part_tiles
 
     choose_part_tiles.cache_clear()

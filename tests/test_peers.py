@@ -1,5 +1,4 @@
-"""Peer adapters: supported shapes, tensor mapping, PyTorch peers vs the oracle, a missing package is "not
-installed", never a failure."""
+"""Peer adapters: shapes, tensor mapping, PyTorch peers vs oracle; a missing package is "not installed"."""
 
 import importlib.util
 
@@ -66,7 +65,7 @@ def test_fa4_shapes(d, cc, ok):
 def test_flashmla_takes_the_dense_mla_decode_shape_only():
     dims = problem_dims("mla_decode", mla(h_q=128, n=4096))
     assert why_not("flashmla", "mla_decode", dims, (9, 0), probe=False) is None
-    # DSV4's 512-wide latent head (K = V) goes in padded to 576 with zero columns
+    # K = V padded to 576 with zeros
     assert why_not("flashmla", "mla_decode", problem_dims("mla_decode", mla(d_qk=512)), (9, 0), probe=False) is None
     assert "576 / 512" in why_not("flashmla", "mla_decode", problem_dims("mla_decode", mla(d_qk=640)), (9, 0), probe=False)
     assert "64 or 128" in why_not("flashmla", "mla_decode", problem_dims("mla_decode", mla(h_q=16)), (9, 0), probe=False)
@@ -137,7 +136,7 @@ def test_torch_peers_agree_on_mla_decode():
     dims = problem_dims("mla_decode", mla(b, s_q, h_q, d_qk, d_v, n))
     plain = adapter("torch_plain").make("mla_decode", dims, ins)()
     sdpa = adapter("torch_sdpa").make("mla_decode", dims, ins)()
-    # an independent float64 reference: token t, head h of sequence i over all n keys of sequence i
+    # independent float64 reference
     q, kv = ins["Q"].double(), ins["KV"].double()
     s = torch.einsum("bthd,bnd->bthn", q, kv) / d_qk ** 0.5
     ref = torch.einsum("bthn,bnd->bthd", torch.softmax(s, -1), kv[..., :d_v])
@@ -147,7 +146,7 @@ def test_torch_peers_agree_on_mla_decode():
 
 
 def test_flashmla_counts_its_own_576_wide_work():
-    """Its TFLOP/s is of what it computed: Q·Kᵀ at 576 columns and P·V at 512, whatever the stage's d."""
+    """TFLOP/s of what it computed (576 / 512 columns)."""
     from harness.peers import flashmla
 
     dims = problem_dims("mla_decode", mla(d_qk=512, h_q=128, n=4096))
@@ -155,8 +154,7 @@ def test_flashmla_counts_its_own_576_wide_work():
 
 
 def test_flashmla_pads_a_512_head_to_the_same_answer(monkeypatch):
-    """Zero-padded columns change no score and the scale is the real width's (a float64 stand-in flash_mla checks
-    the adapter's inputs)."""
+    """Zero-padded columns change no score; the scale is the real width's."""
     import math
     import sys
     import types
@@ -189,8 +187,7 @@ def test_flashmla_pads_a_512_head_to_the_same_answer(monkeypatch):
 
 
 def test_sink_decode_peer_matches_the_d5_oracle():
-    """torch_plain's sink_decode (D5's bench peer) vs the oracle: a lonely batch, a sink, NaN rows past the fill
-    levels."""
+    """torch_plain's sink_decode vs the oracle: lonely batch, sink, NaN rows past the fill."""
     import torch
 
     from harness.peers import adapter

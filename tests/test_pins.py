@@ -1,5 +1,4 @@
-"""The install a newcomer runs is the one CI tested: bounded deps, constraints.txt pins, the README's install line,
-.ci/run."""
+"""The newcomer's install is the one CI tested: bounded deps, constraints.txt, README's install line, .ci/run."""
 
 import re
 
@@ -13,8 +12,7 @@ from tests.conftest import ROOT
 tomllib = pytest.importorskip("tomllib")
 
 PROJECT = "dsv4-lab"
-# Installed by hand on a GPU machine, never by CI: FlashAttention-4 for `bench --peers`. It has no
-# release on the package index this project is tested from, so it cannot be pinned.
+# FlashAttention-4 (`bench --peers`): installed by hand, not on the index, unpinnable.
 UNPINNED_EXTRAS = {"peers"}
 
 
@@ -23,7 +21,7 @@ def _pyproject() -> dict:
 
 
 def _requirements(project: dict) -> list[tuple[str, Requirement]]:
-    """(where, requirement) for the dependencies and every extra but UNPINNED_EXTRAS."""
+    """(where, requirement) of the deps and extras but UNPINNED_EXTRAS."""
     out = [("dependencies", Requirement(r)) for r in project["dependencies"]]
     for extra, reqs in project.get("optional-dependencies", {}).items():
         if extra not in UNPINNED_EXTRAS:
@@ -32,7 +30,7 @@ def _requirements(project: dict) -> list[tuple[str, Requirement]]:
 
 
 def constraint_pins(text: str) -> dict[str, Version]:
-    """name -> pinned release of a constraints file; every line must be an exact `name==version`."""
+    """name -> pin of a constraints file; every line `name==version`."""
     pins: dict[str, Version] = {}
     for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
@@ -47,7 +45,7 @@ def constraint_pins(text: str) -> dict[str, Version]:
 
 
 def bound_problems(project: dict, pins: dict[str, Version]) -> list[str]:
-    """Every requirement has a lower and an upper bound, and its pin lies within them."""
+    """Every requirement is bounded both ways; its pin inside."""
     problems = []
     extras = set(project.get("optional-dependencies", {}))
     for where, req in _requirements(project):
@@ -75,7 +73,7 @@ def test_every_dependency_is_bounded_and_pinned_within_its_bounds():
 
 
 def test_the_check_catches_an_unbounded_or_unpinned_dependency():
-    """The check above is not vacuous: the pyproject.toml before pinning fails it, item by item."""
+    """Not vacuous: the pre-pinning pyproject.toml fails it."""
     old = {"dependencies": ["nvidia-cutlass-dsl==4.8.1", "torch", "rich>=13"],
            "optional-dependencies": {"dev": ["pytest"], "sass": ["nvidia-cuda-nvdisasm>=13"], "peers": ["x"],
                                      "all": ["dsv4-lab[nope]"]}}
@@ -113,7 +111,7 @@ def test_readme_installs_with_the_constraints():
     installs = [part.strip() for part in line.split("&&") if part.strip().startswith("pip install")]
     assert installs and all(" -c constraints.txt " in f" {p} " for p in installs), line
     assert any('-e ".[dev]"' in p for p in installs), line
-    # the torch the README installs first is the one pinned, so the second pip never swaps it
+    # the README's first torch is the pinned one
     torch = re.search(r"\btorch==(\S+)", line)
     assert torch, line
     assert Version(torch.group(1)) == constraint_pins((ROOT / "constraints.txt").read_text())["torch"], line
@@ -128,7 +126,7 @@ def test_ci_builds_its_venv_from_the_readme_line_and_runs_the_whole_suite_twice(
     readme = (ROOT / "README.md").read_text().splitlines()
     assert [ln for ln in readme if re.search(pattern.group(1), ln)][0].strip() == _readme_install_line()
     assert 'eval "$install"' in code and "python3 -m venv" in code
-    # the whole suite, the README's way, in each venv (no -x, no -k, no path: nothing left out)
+    # the whole suite, the README's way, in each venv
     runs = re.findall(r"python3 -m pytest[^)\n]*", code)
     assert runs == ["python3 -m pytest -q", "python3 -m pytest -q"], runs
     newest = ci.split("\n# 2. ", 1)[1]  # the second venv: the newest releases the bounds allow

@@ -1,5 +1,4 @@
-"""`dsv4-lab profile` (issue 29 item 5) on the CPU: the ncu command line, the raw-page parser (fixtures/ncu), the
-profile block."""
+"""`dsv4-lab profile` on the CPU: the ncu command line, the raw-page parser, the profile block."""
 
 import os
 import shutil
@@ -108,8 +107,7 @@ def test_profile_compare_without_ncu_takes_rev_then_says_so(fake_lab):
 
 
 def test_a_duration_in_a_unit_the_lab_does_not_know_is_an_error_not_a_factor_of_one():
-    """The first H200 profiles printed 106,208 "µs" for a ~100 µs kernel (unknown unit taken as µs): unknown units
-    are a ProfileError."""
+    """Unknown units are a ProfileError (never taken as µs)."""
     text = (FIXTURES / "ncu" / "raw_page.csv").read_text()
     want = profile.parse_csv(text)["duration_us"]
     assert abs(want - 412.736) < 1e-6

@@ -1,5 +1,4 @@
-"""quad_store.py: the quad transpose of the wide O stores as four numpy lanes, and its accumulator layout vs
-CuTe's."""
+"""quad_store.py: the quad transpose as numpy lanes; its accumulator layout vs CuTe's."""
 
 import os
 import subprocess
@@ -15,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _lanes(words):
-    """Run quad_transpose for the 4 threads of a quad at once: value k of every word is thread k's."""
+    """quad_transpose for a quad's 4 threads: value k of every word is thread k's."""
     q = np.arange(4)
     return quad_transpose(words, q, lambda v, bit: v[q ^ bit], np.where)
 
@@ -41,7 +40,7 @@ def test_transpose_takes_four_words():
 
 
 def test_coordinates_of_a_quad_tile_16_contiguous_bytes():
-    # the four threads of a quad, word (h, g): columns 8g + 2q + e — together 8 consecutive columns
+    # word (h, g) of the quad: 8 consecutive columns
     for h in (0, 1):
         for g in (0, 5, 31):
             cols = sorted(accumulator_coordinate(t, 4 * g + 2 * h + e)[1] for t in range(4) for e in (0, 1))
@@ -71,8 +70,7 @@ trace()
 
 
 def test_accumulator_layout_matches_cute(tmp_path):
-    """E's P·V accumulator is where accumulator_coordinate says, a wrong assumption refused (a subprocess: arch per
-    process)."""
+    """E's P·V accumulator is where accumulator_coordinate says; a wrong one refused."""
     pytest.importorskip("cutlass")
     probe = tmp_path / "probe.py"
     probe.write_text(_LAYOUT_PROBE)

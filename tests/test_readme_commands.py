@@ -1,5 +1,4 @@
-"""Every `dsv4-lab …` command in README.md runs as written (issue 26): SYNOPSES stand-ins, SKIPPED with their
-covering test."""
+"""Every `dsv4-lab …` command in README.md runs as written (SYNOPSES stand-ins, SKIPPED with their test)."""
 
 import os
 import re
@@ -12,7 +11,7 @@ README = ROOT / "README.md"
 
 
 def readme_commands(text: str) -> list[str]:
-    """Every `dsv4-lab …` command of the README once, in order: inline code and code-block lines (after `&&` too)."""
+    """Every README command once, in order (inline and code blocks, after `&&` too)."""
     found: list[str] = []
     for m in re.finditer(r"`(dsv4-lab [^`\n]+)`", text):
         found.append(m.group(1))
@@ -33,14 +32,14 @@ def readme_commands(text: str) -> list[str]:
 
 
 def is_synopsis(cmd: str) -> bool:
-    """A placeholder (STAGE, ID, RUN, NAME…), an optional part ([…]) or alternatives (a|b)."""
+    """A placeholder, optional part or alternatives."""
     return bool(re.search(r"\[|\||\b[A-Z]{2,}\b", cmd))
 
 
 NEW_STAGE = ["new", "stage", "ZX", "--axes", "m=128", "--axes", "hd=64,128", "--axes", "n=128,256",
              "--in", "Q:m,hd:bfloat16", "--out", "S:m,n:float32"]
 
-# README synopsis -> the concrete commands that stand for it ({record}, {run}: ids from the notebook).
+# synopsis -> concrete commands ({record}, {run}: notebook ids).
 SYNOPSES: dict[str, list[list[str]]] = {
     "dsv4-lab check [STAGE]": [["check", "stage-A"]],
     "dsv4-lab new stage ID --axes m=128 --axes hd=64,128 --axes n=128,256 --in Q:m,hd:bfloat16 --out S:m,n:float32":
@@ -83,9 +82,9 @@ SKIPPED: dict[str, str] = {
     "dsv4-lab profile stage-E [filters] [--compare REV]": "needs a GPU and ncu; tests/test_profile.py",
 }
 
-# Exit codes the README documents where 0 is not the answer on this machine.
+# Documented non-zero exits here.
 NO_GPU_EXITS = {"bench": {1}, "calibrate": {1}}  # "With no GPU, bench prints its plan and exits 1: nothing was timed"
-EXITS = {"baseline accept": {0, 1}}  # 1: nothing to take (no fresh compiled record for the current source)
+EXITS = {"baseline accept": {0, 1}}  # 1: nothing fresh to take
 
 
 def _expected(args: list[str]) -> set[int] | None:

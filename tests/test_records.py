@@ -55,7 +55,7 @@ def test_validate_rejects_wrong_version_and_status():
 
 
 def test_an_append_after_a_truncated_last_line_starts_on_a_fresh_line(tmp_path):
-    """A crash can leave the last line cut off; the next record must not be glued to it."""
+    """A cut-off last line is not glued to the next record."""
     w = RecordWriter(tmp_path)
     w.write(sample(1))
     w.close()
@@ -128,8 +128,7 @@ def test_bench_records_are_left_out_of_test_matrix_readers(tmp_path):
 
 
 def test_a_remote_bench_record_passes_the_strict_check_and_text_in_a_number_does_not():
-    """A remote bench record as the lab writes it passes the channel's strict check; text in a number, or not one
-    printable line, does not."""
+    """A remote bench record passes the channel's strict check; text in a number or a bad line does not."""
     good = {"v": 1, "id": "R.1", "run": "R", "t": "2026-11-27T00:00:00Z", "stage": "E", "arch": "sm_90a",
             "case": {"b": 2}, "status": "pass", "code": {"commit": "abc1234", "dirty": False, "src": "s"},
             "timing": {"us": 20.5, "spread": 0.02, "method": "graph", "gpu_name": "NVIDIA H100 80GB HBM3",

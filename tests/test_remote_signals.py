@@ -1,5 +1,4 @@
-"""Ctrl-C on a remote run (issue 27 item 13: exit 130, ssh not in the foreground group) and a relative workdir
-(item 15), real sshd."""
+"""Ctrl-C on a remote run (exit 130) and a relative workdir, real sshd."""
 
 import dataclasses
 import os
@@ -47,8 +46,7 @@ def test_ctrl_c_on_a_remote_run_is_130_and_interrupted_not_a_lost_link(remote_la
 
 @pytest.mark.ssh
 def test_ctrl_c_before_the_remote_run_starts_does_not_blame_python(remote_lab, ssh_server, tmp_path):
-    """Ctrl-C while the target's `python` starts slowly is an interruption (130), not "check `python` at
-    targets.yaml"."""
+    """Ctrl-C while the target's `python` starts slowly is an interruption (130)."""
     (remote_lab / "targets.yaml").write_text("version: 1\ntargets:\n" + target_yaml(
         "slowstart", "labhost", tmp_path / "remote work", python=f"sleep 60; {PY}"))
     proc = _start_remote_run(remote_lab, ssh_server, tmp_path, "FAKE", "--target", "slowstart")
@@ -69,8 +67,7 @@ def test_ctrl_c_before_the_remote_run_starts_does_not_blame_python(remote_lab, s
 
 
 def test_a_relative_workdir_is_in_the_remote_home(tmp_path, monkeypatch):
-    """`workdir: work` means ~/work: the remote command cds into the copy and names it as the root (run here by sh,
-    in a home of its own)."""
+    """`workdir: work` means ~/work: the remote cds into it and names it the root."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     lab = make_lab(tmp_path / "lab", "version: 1\ntargets:\n" + target_yaml("rel", "labhost", "work"))
     t = load_targets(lab)["rel"]

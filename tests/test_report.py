@@ -1,4 +1,4 @@
-"""The run's results table: a run spread over several GPUs says which GPU ran each case."""
+"""A run over several GPUs says which GPU ran each case."""
 
 import io
 

@@ -1,4 +1,4 @@
-"""The roofline arithmetic (max(flops/peak, bytes/bandwidth) / measured), its calibration file and timing summary."""
+"""Roofline arithmetic, its calibration file and timing summary."""
 
 import json
 import math
@@ -10,7 +10,7 @@ from harness.execution.timing import passes, rotations, summarize
 
 
 def test_compute_bound():
-    # D1 at hd 128, m 8192, n 4096: 4*m*n*d = 17.2 GFLOP; 6 MiB of tensors
+    # D1 hd 128, m 8192, n 4096: 17.2 GFLOP; 6 MiB
     flops, nbytes = 4.0 * 8192 * 4096 * 128, (8192 * 128 * 2) * 2 + (4096 * 128 * 2) * 2 + 8192 * 4
     b = bound(flops, nbytes, peak_tflops=774.0, peak_gbps=4200.0)
     assert b.limiter == "compute"
@@ -26,7 +26,7 @@ def test_memory_bound():
 
 
 def test_fraction_above_one_is_reported_not_clipped():
-    # faster than the calibrated peak (a clock boost, an under-counted byte): the number says so
+    # faster than the calibrated peak: said
     assert bound(1e12, 0, 1000.0, 1000.0).fraction(500.0) == pytest.approx(2.0)
 
 
@@ -57,7 +57,7 @@ def test_read_peaks_newest_of_this_gpu(tmp_path):
     path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n")
     warn: list[str] = []
     p = read_peaks(tmp_path, "NVIDIA H200", warn)
-    # the newest usable line wins; an FP8 peak from an earlier line is kept when the newest has none
+    # the newest usable line wins; an earlier FP8 peak kept
     assert p == Peaks("NVIDIA H200", 774.0, 4200.0, 1400.0)
     assert len(warn) == 2 and all("calibration.jsonl:" in w for w in warn)
     assert read_peaks(tmp_path, "NVIDIA B200") is None

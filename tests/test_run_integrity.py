@@ -1,5 +1,4 @@
-"""No false green: a run short of its plan never exits 0; bad numbers are usage errors; signals end it 128 +
-signal, records kept."""
+"""No false green: a short run never exits 0; bad numbers are usage errors; signals end it 128 + n, records kept."""
 
 import os
 import signal
@@ -138,8 +137,7 @@ def test_repeated_ctrl_c_during_the_clean_up_still_ends_the_run_properly(fake_la
 
 
 def test_scratch_tensors_are_poisoned_workspace_never_compared(fake_lab):
-    """Scratch tensors are poisoned and never compared: relaying through one passes, reading one unwritten gets
-    NaN."""
+    """Scratch is poisoned, never compared: relaying passes, reading unwritten gets NaN."""
     (fake_lab / "oracles" / "add.py").write_text((fake_lab / "oracles" / "add.py").read_text() + '''
 
 def scratch_tensors(case):

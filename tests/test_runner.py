@@ -1,5 +1,4 @@
-"""Worker isolation: abort, hang, raise, garbage or unwritten outputs get that status; the run goes on; Ctrl-C
-keeps what finished."""
+"""Worker isolation: abort, hang, raise, garbage, unwritten get that status; the run goes on; Ctrl-C keeps results."""
 
 import json
 import os
@@ -47,8 +46,7 @@ def test_bad_filter_is_one_line_exit_2(fake_lab):
 
 
 def test_ctrl_c_keeps_finished_records_and_marks_run_interrupted(fake_lab):
-    """SIGINT to the whole process group, as a terminal sends it: the case in flight is dropped, not recorded a
-    crash."""
+    """SIGINT to the group: the case in flight is dropped, not a crash."""
     env = {"PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "cli", "run", "stage-BAD", "--mode", "ok,hang", "--timeout", "60"],
                             cwd=fake_lab, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -70,7 +68,7 @@ def test_ctrl_c_keeps_finished_records_and_marks_run_interrupted(fake_lab):
 
 
 def test_the_results_table_cuts_no_case_label(fake_lab):
-    """Labels differing only at their end (like E's) read whole in a piped run's table (issue 26 item 3)."""
+    """Labels differing only at their end read whole in a piped table."""
     tail = "x" * 90
     text = (fake_lab / "stages.yaml").read_text()
     text += f"""
@@ -94,8 +92,7 @@ def test_the_results_table_cuts_no_case_label(fake_lab):
 
 
 def test_each_case_is_judged_by_its_own_bounds(fake_lab):
-    """tolerances `by:` reaches the verdict: n=32's rel_l2_max 0 fails (fp32 vs float64 sums), n=16 passes its own
-    bound."""
+    """`by:` reaches the verdict: n=32's rel_l2_max 0 fails, n=16 passes."""
     spec = fake_lab / "stages.yaml"
     old = "tolerances: {out: {cosine_min: 0.9999, rel_l2_max: 1.0e-6}}\n    timeout_s: 20\n"
     assert spec.read_text().count(old) == 1

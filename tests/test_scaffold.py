@@ -1,5 +1,4 @@
-"""`dsv4-lab new stage`: the scaffold passes `check` and compiles for both archs; bad requests: one line, exit 2,
-nothing written."""
+"""`dsv4-lab new stage`: passes `check`, compiles for both archs; bad requests: one line, exit 2, nothing written."""
 
 import shutil
 from pathlib import Path
@@ -73,7 +72,7 @@ def test_scaffold_oracle_is_seeded_never_zero_and_mirrors_its_shapes(lab_copy):
         assert all((a[k] != 0).any() and a[k].unique().numel() > 1 for k in a)  # never zeros, never constant
         out = mod.reference(a, case)["O"]
         assert tuple(out.shape) == (8, 3)
-        # element i (CuTe's column-major order) = first input's element i mod its size
+        # element i = first input's element i mod its size
         x = a["X"].double()
         colex = x.T.reshape(-1)
         for i in range(24):

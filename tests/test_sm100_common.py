@@ -1,5 +1,4 @@
-"""stages/common's sm100 pieces: identity_coords and the agreement checks refusing a planted mismatch (traced,
-sm_100a)."""
+"""stages/common's sm100 pieces: identity_coords and the agreement checks refusing a mismatch (sm_100a)."""
 
 from types import SimpleNamespace
 
@@ -12,7 +11,7 @@ from tests.conftest import traced
 
 
 class _Fake:
-    """An identity-coordinate tensor stand-in: iterator, layout.shape/.stride, and t[i] from a given list."""
+    """An identity-coordinate tensor stand-in."""
 
     def __init__(self, base, shape, stride, answers=None):
         self.iterator = base
@@ -28,7 +27,7 @@ def test_identity_coords_walks_modes_first_fastest_with_broadcasts():
 
     from stages.common.sm100_coords import identity_coords
 
-    # ((2, 3), 2) : ((1@1, 0), 16@0) from base (5, 7): row 5 + 16·i2, key 7 + i0; i1 broadcasts.
+    # ((2, 3), 2) : ((1@1, 0), 16@0) from (5, 7)
     t = _Fake((5, 7), ((2, 3), 2), ((E(1, 1), 0), E(16, 0)))
     want = [(5 + 16 * i2, 7 + i0) for i2 in range(2) for i1 in range(3) for i0 in range(2)]
     assert identity_coords(t) == want
@@ -47,8 +46,7 @@ def test_identity_coords_refuses_what_it_cannot_evaluate(base, shape, stride):
 
 
 def test_fragment_coords_spot_check_and_fallback():
-    """A Python evaluation disagreeing with CuTe's indexing stops the compile; an unevaluable tensor is indexed per
-    element."""
+    """A Python evaluation disagreeing with CuTe stops the compile; unevaluable: per element."""
     from cutlass.cute import ScaledBasis as E
 
     import stages.common.sm100_idioms as idioms
@@ -124,8 +122,7 @@ _SETUP = """
 
 
 def test_identity_coords_equals_cute_indexing_on_the_kernels_partitions(tmp_path):
-    """For every register of the partitions the sm100 checks compare, all four warps: identity_coords gives exactly
-    t[i]."""
+    """Every register of the compared partitions, all four warps: identity_coords gives t[i]."""
     r = traced(_SETUP + """
     def same(name, t, step=1):
         a = identity_coords(t)
@@ -157,8 +154,7 @@ def test_identity_coords_equals_cute_indexing_on_the_kernels_partitions(tmp_path
 
 
 def test_agreement_checks_still_refuse_a_planted_mismatch(tmp_path):
-    """The kernels' own pairs pass; a store partition shifted by one key, a transposed one, a wrong A-operand view
-    are refused."""
+    """The kernels' own pairs pass; shifted, transposed or wrong A-operand views are refused."""
     r = traced(_SETUP + """
     def expect(name, fn):
         try:
@@ -196,8 +192,7 @@ def test_agreement_checks_still_refuse_a_planted_mismatch(tmp_path):
 
 
 def test_rungs_take_their_operands_as_one_tuple(project_root):
-    """Issue 28 item 5: sm100 rungs B, C, D1 take AttentionOperands.args() as ONE KernelOperands, not twelve
-    flattened arguments."""
+    """sm100 rungs B, C, D1 take AttentionOperands.args() as one KernelOperands."""
     from stages.common.sm100_setup import KernelOperands
 
     assert len(KernelOperands._fields) == 12

@@ -1,5 +1,4 @@
-"""The sm90 set-up pieces stages A–D1 share: `smem_struct` equals the hand-written structs; the register-P house
-calls the hooks."""
+"""The sm90 pieces stages A–D1 share: `smem_struct` equals the hand structs; the register-P house calls hooks."""
 
 import subprocess
 
@@ -11,8 +10,7 @@ def _traced(script: str, tmp_path) -> subprocess.CompletedProcess:
 
 
 def test_smem_struct_matches_the_hand_written_structs(tmp_path):
-    """D1's and the register-P storage equal the former hand-written @cute.struct classes; a reordered struct must
-    NOT match."""
+    """D1's and register-P storage equal the old structs; a reordered one does not."""
     r = _traced("""
         import cutlass
         import cutlass.cute as cute
@@ -70,7 +68,7 @@ def test_smem_struct_matches_the_hand_written_structs(tmp_path):
 
 
 def test_register_p_house_calls_the_rungs_hooks(tmp_path):
-    """Stage B with `between` or `p_from_scores` raising stops in the hook; the unchanged kernel traces through."""
+    """A raising hook stops stage B in the hook; unchanged, it traces through."""
     r = _traced("""
         import cutlass
         import cutlass.cute as cute

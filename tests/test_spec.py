@@ -1,4 +1,4 @@
-"""stages.yaml validation: every bad spec is one line naming file, line and key; exit 2."""
+"""stages.yaml validation: every bad spec is one line naming file, line, key; exit 2."""
 
 import textwrap
 from pathlib import Path
@@ -92,8 +92,7 @@ def test_stage_names():
 
 
 def test_more_adds_a_few_cases_beside_the_matrix_product(fake_lab):
-    """`more:` lists further products (missing axes at the matrix's first value): new cases after the product,
-    filterable."""
+    """`more:` lists further products: new cases after the product, filterable."""
     from harness.spec.matrix import count, expand, parse_filters
 
     write(fake_lab, GOOD.replace("matrix: {n: [16, 32]}", "matrix: {n: [16, 32], w: [a]}\n"
@@ -118,8 +117,7 @@ def test_bad_more_is_one_line(fake_lab, more, says):
 
 
 def test_tolerances_by_an_axis_value(fake_lab):
-    """`by:` bounds for an axis value lie over the output's; a value of another type (32 vs '32', 1 vs true) is not
-    it."""
+    """`by:` bounds override the output's; another type (32 vs '32', 1 vs true) does not match."""
     from harness.spec.spec import Tolerance
 
     write(fake_lab, GOOD.replace("matrix: {n: [16, 32]}", "matrix: {n: [16, 32], w: [a, b]}").replace(
@@ -155,7 +153,7 @@ def test_bad_tolerances_by_is_one_line(fake_lab, by, key, says):
 
 
 def test_judge_refuses_tolerances_not_resolved_for_the_case(fake_lab):
-    """judge refuses bounds with their `by:` entries still in them (the stage's, not the case's)."""
+    """judge refuses bounds still holding `by:`."""
     from harness.execution.metrics import judge
 
     write(fake_lab, BY.replace("by: BY", "by: {w: {b: {rel_l2_max: 2.0e-3}}}"))

@@ -1,5 +1,4 @@
-"""Speed baselines (issue 29 item 1): `accept --speed` keeps median, spread, peer ratios and GPU in
-speed_baselines.yaml.xz."""
+"""Speed baselines: `accept --speed` keeps median, spread, peer ratios, GPU in speed_baselines.yaml.xz."""
 
 import lzma
 from pathlib import Path
@@ -119,7 +118,7 @@ def test_a_baseline_from_a_dirty_tree_says_so(slab):
     assert b.dirty and "dirty: true" in _speed_text(slab)
 
 
-# -- the xz file, and an older clone's plain results/speed_baselines.yaml
+# -- the xz file, and the old plain one
 
 ONE = "version: 1\nspeed:\n  OK:\n    cpu:\n      n=8: {record: r0.1, src: s, commit: c, us: 7.0, gpu: {}}\n"
 

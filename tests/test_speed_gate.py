@@ -1,4 +1,4 @@
-"""`gate --speed` (issue 29 item 4): unchanged sources hold, changed ones need an A/B on the baseline's GPU model."""
+"""`gate --speed`: unchanged sources hold, changed ones need an A/B on the baseline's GPU model."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""`gate --speed --target NAME` (issue 29 item 3) against a real sshd and a CPU-only lab."""
+"""`gate --speed --target NAME` against a real sshd and a CPU-only lab."""
 
 import json
 import shutil
@@ -46,8 +46,7 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 @pytest.fixture
 def speed_lab(tmp_path, monkeypatch, ssh_server: SshServer) -> Path:
-    """A committed git lab with one speed baseline (FAKE cpu n=4096) and targets `box` (works) and `closed` on the
-    test sshd."""
+    """A git lab with one speed baseline and targets `box` and `closed`."""
     monkeypatch.setenv("DSV4_LAB_SSH_CONFIG", str(ssh_server.config))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("DSV4_LAB_GIT", raising=False)
@@ -218,7 +217,7 @@ def test_the_far_side_without_a_channel_key_is_one_line(tmp_path):
 
 @pytest.mark.skipif(has_gpu(), reason="the no-GPU answer")
 def test_compare_takes_a_shipped_tree_where_there_is_no_git(fake_lab, tmp_path, capsys):
-    """No .git there: `bench --compare` takes the tree sent with the copy and its sha; a tree not sent is one line."""
+    """No .git there: `bench --compare` takes the sent tree and its sha; unsent: one line."""
     from harness.execution import abbench
     from harness.execution.bench import BenchError
     from tests.test_bench import LAB

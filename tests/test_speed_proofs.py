@@ -1,5 +1,4 @@
-"""scripts/speed_proofs.py on the CPU: the scratch lab's HEAD is the tree (A/A), or differs by E's kernel swapped
-for slow_e."""
+"""scripts/speed_proofs.py on the CPU: the scratch HEAD is the tree, or E swapped for slow_e."""
 
 import subprocess
 

@@ -1,4 +1,4 @@
-"""Speed in `history STAGE --speed` and the dashboard's Δ speed column (issue 29 item 6)."""
+"""Speed in `history --speed` and the dashboard's Δ speed column."""
 
 from harness.notebook.records import Record, RecordWriter
 from tests.conftest import run_cli

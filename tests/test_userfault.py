@@ -1,5 +1,4 @@
-"""A failure in the user's code is one line naming their file:line; the full trace kept; what make_inputs/oracle
-return is checked."""
+"""A user-code failure is one line naming their file:line; full trace kept; make_inputs/oracle results checked."""
 
 import importlib
 import os
@@ -57,7 +56,7 @@ def test_at_import_and_syntax_error(tmp_path):
 
 
 def test_harness_and_library_frames_are_never_blamed(tmp_path):
-    # an error raised inside a library (json) called from the user's code: the user's line
+    # an error inside a library called from user code: the user's line
     name = _module(tmp_path, "uf_lib", "import json\n\ndef make_inputs(case, seed, device):\n    return json.loads('{')\n")
     mod = importlib.import_module(name)
     exc = _raised(lambda: mod.make_inputs({}, 0, "cpu"))
