@@ -1,5 +1,6 @@
 """Shared fixtures: project root, a throwaway lab of fake CPU stages, the GPU marker."""
 
+import lzma
 import os
 import shutil
 import subprocess
@@ -118,8 +119,6 @@ def lab_env(lab: Path, cache: Path) -> dict[str, str]:
 
 def run_cli(args: list[str], cwd: Path, env_extra: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """`dsv4-lab ARGS` as a user types it, in a fresh process."""
-    import os
-
     env = {**os.environ, **(env_extra or {})}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, env=env, capture_output=True, text=True,
@@ -148,8 +147,6 @@ def write_records(root: Path, records) -> None:
 
 def write_baselines(lab: Path, text: str | bytes) -> Path:
     """results/baselines.yaml.xz holding `text` xz-compressed."""
-    import lzma
-
     path = lab / "results" / "baselines.yaml.xz"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(lzma.compress(text.encode() if isinstance(text, str) else text, format=lzma.FORMAT_XZ))
@@ -158,6 +155,4 @@ def write_baselines(lab: Path, text: str | bytes) -> Path:
 
 def baselines_text(lab: Path) -> str:
     """The text of results/baselines.yaml.xz."""
-    import lzma
-
     return lzma.decompress((lab / "results" / "baselines.yaml.xz").read_bytes()).decode()

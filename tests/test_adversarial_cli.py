@@ -1,5 +1,9 @@
 """Adversarial pass after issues 26/27: newcomer mistakes that ran what nobody asked for; concurrency/signals."""
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,11 +85,6 @@ cli.main()
 @pytest.mark.parametrize("sig,code", [("HUP", 129), ("TERM", 143), ("INT", 130)])
 def test_a_stop_signal_while_main_imports_is_one_line_never_a_traceback(fake_lab, sig, code):
     """A hang-up ~0.25 s into `baseline accept` once printed a traceback."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, "-c", LATE_SIGNAL.replace("{sig}", sig)], cwd=fake_lab, env=env,
                        capture_output=True, text=True, timeout=60,
@@ -98,10 +97,6 @@ def test_a_stop_signal_while_main_imports_is_one_line_never_a_traceback(fake_lab
 @pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
 def test_an_interrupted_run_says_so_in_one_line_on_stderr(fake_lab, sig, code):
     """`run … > log` then a stop signal: the word about it goes to stderr, not only the file."""
-    import os
-    import signal
-    import subprocess
-    import sys
     import time
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DSV4_LAB_ROOT": str(fake_lab),
@@ -142,8 +137,6 @@ def test_dash_h_is_help_like_dash_dash_help(fake_lab, cmd):
 ])
 def test_new_stage_refuses_an_absurd_or_word_dimension_and_writes_nothing(fake_lab, axis, line):
     """`--axes m=<huge>` or `m=abc` are refused in words that fit."""
-    import subprocess
-
     r = _usage(fake_lab, ["new", "stage", "ZZ", "--axes", axis, "--in", "Q:m:bfloat16", "--out", "S:m:float32"])
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.strip() == line

@@ -206,8 +206,6 @@ def test_the_default_keeps_no_stale_test_line_but_four_bench_lines_a_shape():
 
 def test_the_retirings_are_kept_compressed_and_an_old_plain_file_is_folded_in(fake_lab):
     """retired.jsonl.xz is one stream; old plain retired.jsonl is folded in; a bad .xz warns and retires nothing."""
-    import lzma
-
     from harness.notebook.retired import old_retired_file, retired_lines
 
     old_line = b'{"stage":"E","lines":1,"from":"abc","how":"git show abc:x","ids":{"r1":"1"}}'

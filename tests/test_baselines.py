@@ -18,6 +18,7 @@ from harness.notebook.baselines import Baseline, BaselineError
 from harness.spec.identity import source_hash
 from harness.core.labels import case_label
 from harness.notebook.records import Record
+from harness.spec.matrix import expand
 from harness.spec.spec import load_spec
 from tests.conftest import ROOT, baselines_text, run_cli, write_baselines, write_records
 
@@ -180,7 +181,6 @@ def _add_stage(lab: Path, name: str, kernels: str, matrix: str) -> None:
 
 def _accept_many(lab: str, stage: str, n: int, barrier) -> None:
     sys.path.insert(0, lab)
-    from harness.spec.matrix import expand
 
     spec = load_spec(root=Path(lab))
     st = spec.stages[stage]
@@ -375,7 +375,6 @@ def test_show_filters_by_stage_arch_and_case(blab, capsys):
     spec = load_spec(root=blab)
     _write_records(blab, [_compiled(spec, "HD", C64), _compiled(spec, "HD", C512, i=2), _pass(spec, "HD", C64)])
     assert _accept(blab).returncode == 0
-    from harness.spec.matrix import expand
 
     st = spec.stages["HD"]
     assert baselines.show(blab, st, ["sm_100a"], [c for c in expand(st) if c.dict["hd"] == 512]) == 0

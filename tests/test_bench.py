@@ -7,6 +7,7 @@ import pytest
 
 from harness.execution.bench import (BenchError, BenchJob, check_and_time, is_bench, plan_cases, row_tensors, sample_rows,
                            shape_support)
+from harness.execution.bench import _beside
 from harness.spec.matrix import FilterError
 from harness.notebook.records import Record, validate
 from harness.spec.spec import MAX_BENCH_CASES, SpecError, load_spec
@@ -162,8 +163,6 @@ def test_bad_more_or_beside_is_one_line(fake_lab, old, new, key, says):
 
 
 def test_beside_gives_each_other_shape_its_twins_time():
-    from harness.execution.bench import _beside
-
     seen: dict = {}
     model1, other = {"us": 100.0}, {"us": 112.0}
     _beside((("kv_format", "model1"),), {"b": 2, "kv_format": "model1"}, model1, seen)
@@ -176,8 +175,6 @@ def test_beside_gives_each_other_shape_its_twins_time():
 
 def test_beside_with_two_axes_gives_each_shape_the_twin_of_each():
     """Issue 33.3: `beside` gives nvfp4 rows the bf16 model1 time, fp8_rope rows the bf16 time; twins planned first."""
-    from harness.execution.bench import _beside
-
     pairs = (("kv_format", "model1"), ("epilogue", "bf16"))
     seen: dict = {}
     base, nv, fp8 = {"us": 100.0}, {"us": 80.0}, {"us": 103.0}
@@ -189,7 +186,6 @@ def test_beside_with_two_axes_gives_each_shape_the_twin_of_each():
 
 def test_project_e_bench_covers_latency_and_every_format(project_root):
     """Issue 30.1: model1 at b 1 … 256; v4.1 and simple after their model1 twin, with no FlashMLA peer."""
-
     spec = load_spec(root=project_root)
     stage = spec.stages["E"]
     cases = plan_cases(stage, [])  # E's test matrix has more: (topk up to 32768)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.commands.registry import registry
 from harness.core.optionnames import COMMAND_OPTIONS, GLOBAL_OPTIONS, RESERVED_AXES
 from harness.spec.spec import SpecError, load_spec
 from tests.conftest import ROOT, run_cli
@@ -18,7 +19,6 @@ def _click_commands():
     import typer
 
     import cli
-    from harness.commands.registry import registry
 
     root = typer.main.get_command(cli.build_app(registry()))
     out = []
@@ -160,7 +160,6 @@ def test_the_registry_has_one_module_per_command_and_no_hand_kept_lists_in_cli()
     text = (ROOT / "cli.py").read_text()
     for word in ("@app.command", "AXIS_HELP_COMMANDS", "RunSetupError", "BaselineError", "\"harness.notebook.baselines\""):
         assert word not in text, word
-    from harness.commands.registry import registry
 
     paths = [c.path for c in registry()]
     assert paths[:3] == ["list", "run", "compile"] and paths[-1] == "new stage", paths

@@ -1,5 +1,9 @@
 """Compile checks with no GPU: every stage builds for both archs with the expected MMAs; cache, records, --diff."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from harness.execution.compile import Compiler
@@ -23,8 +27,6 @@ CASES = {
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """Compile every listed case once (both archs) into a throwaway cache."""
-    import os
-
     os.environ["DSV4_LAB_CACHE"] = str(tmp_path_factory.mktemp("cache"))
     spec = load_spec(root=ROOT)
     compiler = Compiler(spec.root)
@@ -263,10 +265,6 @@ def test_compile_writes_records_and_run_events_with_a_one_line_error(fake_lab):
 
 def test_an_oracle_that_raises_in_tensors_is_a_compile_error_not_a_crash(fake_lab):
     """An oracle whose tensors(case) raises: a compile error naming its line."""
-    import os
-    import subprocess
-    import sys
-
     add = fake_lab / "oracles" / "add.py"
     add.write_text(add.read_text().replace("def tensors(case):", "def tensors(case):\n    raise KeyError('hd')\n", 1))
     _broken_sm90(fake_lab, "class Kernel:\n    def __init__(self, *, n):\n        pass\n" + CALL)
@@ -288,15 +286,11 @@ def test_an_oracle_that_raises_in_tensors_is_a_compile_error_not_a_crash(fake_la
 
 def test_compile_diff_shows_what_changed_since_a_commit(fake_lab):
     """`compile --diff REV` shows the change, exit 0; a bad REV: exit 2."""
-    import subprocess
-
     _broken_sm90(fake_lab, "class Kernel:\n    def __init__(self, *, n):\n        raise ValueError('old build')\n" + CALL)
     subprocess.run(["git", "add", "-A"], cwd=fake_lab, check=True)
     subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "v1"], cwd=fake_lab, check=True)
     (fake_lab / "stages" / "fake" / "sm90.py").write_text(
         "class Kernel:\n    def __init__(self, *, n):\n        raise ValueError('new build')\n" + CALL)
-    import os
-    import sys
 
     script = (
         "import sys\nfrom pathlib import Path\nfrom harness.execution.compilediff import diff_main\n"
@@ -333,8 +327,6 @@ def test_counter_changes_are_listed_with_missing_instructions_as_zero():
 def test_a_cancelled_compiler_kills_its_running_compiles(project_root):
     """Ctrl-C during a compile: close(cancel=True) returns at once, no process outlives it."""
     import time
-
-    from harness.execution.compile import Compiler
 
     c = Compiler(project_root, max_workers=1)
     fut = c._pool("sm_90a").submit(time.sleep, 120)

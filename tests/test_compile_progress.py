@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.notebook.records import Record
 from tests.conftest import ROOT, has_gpu, run_cli
 
 IGNORE = shutil.ignore_patterns(".git", ".cache", ".device", "scratch", "results", "__pycache__", ".run", "*.egg-info")
@@ -144,7 +145,6 @@ def test_every_label_of_stage_E_reads_whole_in_the_lines_and_the_table():
     from harness.execution.compile import CompileResult
     from harness.execution.compilerun import CompileJob, Compiled
     from harness.spec.matrix import expand
-    from harness.notebook.records import Record
     from harness.execution.report import compile_line, compile_table, print_whole
     from harness.spec.spec import load_spec
 
@@ -178,7 +178,6 @@ def test_every_label_of_stage_E_reads_whole_in_the_lines_and_the_table():
 
 def test_same_facts_ignores_only_the_time_and_the_cache_flag():
     from harness.execution.compilerun import same_facts
-    from harness.notebook.records import Record
 
     def rec(status="compiled", src="abc", **compile):
         c = {"key": "k1", "s": 3.0, "cached": False, "regs": 54, "inv": {"wgmma": 4}, **compile}

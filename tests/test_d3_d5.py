@@ -1,7 +1,9 @@
 """Stages D3–D5 on the CPU: oracles vs float64 loops, merge, sink, generators, key limits, combine, refusals, bugs."""
 
+import importlib
 import itertools
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -237,8 +239,6 @@ def test_combine_with_sink_and_empty_splits():
 @pytest.mark.parametrize("stage,module", [("D3", "stages.D3_swa.sm90"), ("D4", "stages.D4_causal_swa.sm90"),
                                           ("D5", "stages.D5_sink_merge.sm90")])
 def test_kernels_accept_their_matrix_within_the_scratch(stage, module):
-    import importlib
-
     Kernel = importlib.import_module(module).Kernel
     tensors = md.swa_tensors if stage != "D5" else md.merge_tensors
     for case in matrix(stage):
@@ -326,7 +326,6 @@ def test_lse_only_is_the_oracles_lse():
 
 def test_d5_builds_one_launch_over_both_branches_q_once_and_combines_with_the_sink(tmp_path):
     """Both branches in one kernel (plus combine), Q by one TMA box per 64 columns; no spills."""
-    import os
     import re
     import shutil
 
@@ -416,7 +415,6 @@ for lonely in (True, False):
 
 def test_softmax_lonely_row_select_is_traced_only_when_asked(tmp_path):
     """lonely_rows=True emits one select a row; False none."""
-    import os
     import subprocess
     import sys
 
@@ -439,8 +437,6 @@ def test_softmax_lonely_row_select_is_traced_only_when_asked(tmp_path):
                                           ("D5", "stages.D5_sink_merge.sm90")])
 def test_house_visits_exactly_the_valid_keys_once_over_all_splits(stage, module):
     """key_limits + visit_plan + mask_boundary visit exactly the oracle's valid keys, each once."""
-    import importlib
-
     Kernel = importlib.import_module(module).Kernel
     for case in matrix(stage):
         params = {k: case[k] for k in ("shape", "splits", "sink") if k in case}

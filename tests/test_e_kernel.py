@@ -1,5 +1,6 @@
 """Stage E's sm90 kernel on the CPU (no compile): cache layouts, partial scratch, refusals."""
 
+import inspect
 import re
 
 import pytest
@@ -281,7 +282,6 @@ def test_the_stamps_build_and_pair_stores(knob_ptx):
 def test_softmax_scale_is_a_kernel_input_in_the_oracle_order(arch):
     """Both kernels take `softmax_scale` where the oracle lists it (the harness's order)."""
     import importlib
-    import inspect
 
     kernel = importlib.import_module(f"stages.E_sparse_decode.{arch}").Kernel
     names = [s.name for s in sd.tensors(dict(b=2, config="s1h64_m96bs64", kv_format="model1", scenario="plain",
@@ -320,7 +320,6 @@ def test_the_sm90_kernel_reads_its_softmax_scale_at_run_time(project_root, tmp_p
 def test_resident_combine_is_gone():
     """`resident_combine` (NaN on the GPU) is removed."""
     import importlib.util
-    import inspect
 
     from stages.common.barriers import NamedBarrier
 

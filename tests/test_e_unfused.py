@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from harness.execution.executor import Checked, peer_verdict
 from harness.peers import e_unfused_fp8 as eu
 from harness.peers import flashmla_sparse, torch_sparse
 from oracles import fp8_epilogue as fe
@@ -173,8 +174,6 @@ def _judge(case):
 
 def test_the_bench_judges_the_unfused_pairs_words_through_the_stages_decode():
     """The pair's words decoded as the kernel's pass; with the forward rotation they fail."""
-    from harness.execution.executor import Checked, peer_verdict
-
     case = _case("s1h64_m96bs64", epilogue="fp8_rope", b=2)
     inputs = sd.make_inputs(case, seed=4)
     ref = sd.reference(inputs, case)
@@ -199,8 +198,6 @@ def test_the_bench_judges_the_unfused_pairs_words_through_the_stages_decode():
 
 def test_the_bench_holds_flashmla_to_its_own_bound_on_nvfp4():
     """FlashMLA's O on the model1 twin passes check_cosine's bound, fails 0.9999."""
-    from harness.execution.executor import Checked, peer_verdict
-
     case = _case(PROD[1], "nvfp4")
     inputs = sd.make_inputs(case, seed=5)
     c = sd.SparseConfig.parse(case["config"])

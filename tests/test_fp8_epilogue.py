@@ -4,11 +4,14 @@ planted wrong-sign rotation and wrong exponent fail."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
+from harness.execution.compile import Compiler, ptxas_resources
 from harness.execution.metrics import POISON_BITS, compare, judge, poison_
+from harness.spec.spec import load_spec
 from oracles import fp8_epilogue as fe
 from oracles import sparse_decode as sd
 
@@ -112,8 +115,6 @@ def _kernel_like(inputs, case, sign: float = 1.0, exp_shift: int = 0):
 
 
 def _verdict(outputs, inputs, case):
-    from harness.spec.spec import load_spec
-
     import pathlib
     stage = load_spec(pathlib.Path(__file__).resolve().parents[1] / "stages.yaml").stage("E")
     ref = sd.reference(inputs, case)
@@ -167,9 +168,7 @@ def test_bf16_cases_keep_their_inputs_and_outputs():
 def _sm90_fp8_ptx(project_root, tmp_path, monkeypatch, case: dict, fixture: str = ""):
     """(PTX, ptxas resources) of E's sm90 kernel (or a fixture's) for `case`."""
     import dataclasses
-    from pathlib import Path
 
-    from harness.execution.compile import Compiler, ptxas_resources
     from harness.spec.spec import KernelRef, load_spec
 
     monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
@@ -238,11 +237,6 @@ def test_the_kernels_addresses_and_exponent_bits_agree_with_the_oracle():
 
 def test_sm100_fp8_epilogue_compiles_without_spills(project_root, tmp_path, monkeypatch):
     """sm_100a: the one-split and SplitCombine epilogues' conversions and stores, no spills."""
-    from pathlib import Path
-
-    from harness.execution.compile import Compiler, ptxas_resources
-    from harness.spec.spec import load_spec
-
     monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
     spec = load_spec(root=project_root)
     compiler = Compiler(spec.root)

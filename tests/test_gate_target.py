@@ -1,5 +1,6 @@
 """The gate without a GPU: the hook judges the index and proves stale cases on a target over a real sshd."""
 
+import io
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from harness.spec.identity import source_hash
 from harness.notebook.records import read_records
 from harness.spec.spec import load_spec
 from harness.remote.targets import TargetError, load_targets, proof_target
+from harness.workflows import gate
 from tests.conftest import run_cli
 from tests.ssh_fixtures import SshServer, make_lab, ssh_server  # noqa: F401  (fixture)
 from tests.ssh_fixtures import run_cli as lab_cli
@@ -242,8 +244,6 @@ def test_staged_gate_of_a_lab_in_a_subfolder_of_its_repository(fake_lab, tmp_pat
     """A lab below the repository's top: its staged baselines count."""
     import shutil
 
-    from harness.workflows import gate
-
     add_hd_stage(fake_lab)
     spec = load_spec(root=fake_lab)
     write(fake_lab, rec(spec, "HD", "sm_90a", C64, 0.9999))
@@ -255,7 +255,6 @@ def test_staged_gate_of_a_lab_in_a_subfolder_of_its_repository(fake_lab, tmp_pat
     subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
     subprocess.run([*GIT, "commit", "-qm", "lab"], cwd=repo, check=True)
     edit_kernel(lab)  # unstaged
-    import io
 
     out = io.StringIO()
     assert gate.main(lab, allow_run=False, out=out, staged=True) == 0, out.getvalue()
@@ -268,10 +267,6 @@ def test_staged_gate_of_a_lab_in_a_subfolder_of_its_repository(fake_lab, tmp_pat
 
 def test_a_staged_run_here_runs_the_staged_kernel_and_writes_records_to_the_lab(fake_lab):
     """No target: a stale case runnable here runs from the index's snapshot."""
-    import io
-
-    from harness.workflows import gate
-
     lab = fake_lab
     add_hd_stage(lab)
     spec = load_spec(root=lab)

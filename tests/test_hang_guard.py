@@ -2,12 +2,15 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
+from harness.execution.executor import launch_watching_hangs as _launch_watching_hangs
+from harness.execution.worker import error_reply as _error_reply
 from tests.conftest import ROOT
 
 CASE = {"shape": "b4s2h128n256d64", "splits": 1}  # D2's smallest: 2 KV tiles a CTA
@@ -79,8 +82,6 @@ def test_flag_off_is_the_build_without_the_guard(builds):
 
 def _formats(ptx: str) -> list[str]:
     """The printf format strings of a PTX module (global byte arrays)."""
-    import re
-
     out = []
     for m in re.finditer(r"\.global \.align 1 \.b8 (\w+)\[\d+\] = \{([^}]*)\}", ptx):
         out.append(bytes(int(x) for x in m.group(2).split(",")).decode(errors="replace"))
@@ -126,8 +127,6 @@ class _FakeTorch:
 
 def test_a_hang_line_on_stdout_makes_the_case_a_hang():
     from harness.execution.hangs import KernelHang
-    from harness.execution.executor import launch_watching_hangs as _launch_watching_hangs
-    from harness.execution.worker import error_reply as _error_reply
 
     line = ("DSV4-HANG role=mma pipeline=kv.full slot=1 phase=0 cta=(0,0,2) tile=(0,0,2) warp=0 thread=0 "
             "waited_ns=4000000123")
@@ -145,9 +144,6 @@ def test_a_hang_line_on_stdout_makes_the_case_a_hang():
 
 
 def test_a_crash_without_a_hang_line_stays_a_crash():
-    from harness.execution.executor import launch_watching_hangs as _launch_watching_hangs
-    from harness.execution.worker import error_reply as _error_reply
-
     with pytest.raises(RuntimeError) as got:
         _launch_watching_hangs(lambda: os.write(1, b"some kernel printf\n"), _FakeTorch)
     assert _error_reply(got.value, ROOT, 1.0)["status"] == "crash"
@@ -182,8 +178,6 @@ def test_run_flag_reaches_the_run_and_its_records(fake_lab):
 
 def test_every_pipeline_and_bare_wait_in_the_kernels_goes_through_the_guard():
     """Over stages/: no unnamed pipeline, no bare mbarrier_wait."""
-    import re
-
     bad = []
     for path in sorted((ROOT / "stages").rglob("*.py")):
         if path.name == "hang_guard.py":

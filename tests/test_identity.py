@@ -130,7 +130,6 @@ def test_the_code_text_of_a_python_file_is_the_same_under_every_python_version()
 
 
 def _other_pythons() -> list[str]:
-    import shutil
     import sys
 
     mine = f"python{sys.version_info.major}.{sys.version_info.minor}"

@@ -1,5 +1,6 @@
 """Stages I1/I2 on the CPU: quantisers, paged cache, oracles vs float64 loops, −inf, NaN keys, generators, named bugs."""
 
+import ast
 import math
 
 import pytest
@@ -635,8 +636,6 @@ def test_i2_sm90_slots_must_be_a_multiple_of_the_mma_warpgroups():
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
 def test_i1_fill_warps_use_the_common_fill_outside(arch):
     """I1's fill warps on both archs call indexer.py `fill_outside`, not a copy of it."""
-    import ast
-
     from tests.conftest import ROOT
 
     tree = ast.parse((ROOT / "stages" / "I1_mqa_logits" / f"{arch}.py").read_text())
@@ -680,8 +679,6 @@ def test_planted_stale_weights_reach_the_compiled_i2_kernel(tmp_path):
                                             ("wrong_e_nvfp4_group", "E_sparse_decode"), ("wrong_e_rope_sign", "E_sparse_decode")])
 def test_planted_bug_fixtures_override_only_hooks(fixture, stage):
     """Fixtures replace only the kernel's named hooks, never copy a long method."""
-    import ast
-
     from tests.conftest import ROOT
 
     def methods(path):

@@ -32,9 +32,6 @@ append_event(runs_file(root), {"run": "child", "t": "2026-01-01T00:00:01Z", "eve
 
 def test_compacting_while_a_run_appends_loses_no_record(fake_lab, capsys):
     """30 records appended while compaction runs again and again: all survive."""
-    from harness.spec.identity import source_hash
-    from harness.spec.spec import load_spec
-
     spec = load_spec(root=fake_lab)
     fresh = source_hash(spec.root, spec.stages["OK"], "cpu")
     compact = load_script("compact_results")
@@ -64,18 +61,18 @@ def test_compacting_while_a_run_appends_loses_no_record(fake_lab, capsys):
 
 import lzma  # noqa: E402
 import resource  # noqa: E402
+import shutil  # noqa: E402
 
 import pytest  # noqa: E402
 
 from harness.notebook import baselines  # noqa: E402
 from harness.notebook.records import Record, RecordWriter  # noqa: E402
+from harness.spec.identity import source_hash  # noqa: E402
+from harness.spec.spec import load_spec  # noqa: E402
 from tests.conftest import baselines_text, run_cli, write_baselines  # noqa: E402
 
 
 def _records(lab: Path, cases=(16, 32)) -> None:
-    from harness.spec.identity import source_hash
-    from harness.spec.spec import load_spec
-
     spec = load_spec(root=lab)
     src = source_hash(spec.root, spec.stages["OK"], "cpu")
     w = RecordWriter(lab)
@@ -180,8 +177,6 @@ def test_a_folder_for_the_baselines_lock_is_one_line_exit_2(based):
 
 
 def test_results_as_a_file_is_one_line_exit_2_never_a_pass(based):
-    import shutil
-
     shutil.rmtree(based / "results")
     (based / "results").write_text("oops\n")
     for args in (["gate", "--no-run"], ["baseline", "accept", "stage-OK"]):
@@ -191,8 +186,6 @@ def test_results_as_a_file_is_one_line_exit_2_never_a_pass(based):
 
 
 def test_missing_records_folder_is_named_as_such(based):
-    import shutil
-
     shutil.rmtree(based / "results" / "records")
     r = _gate(based)
     assert r.returncode == 1 and "results/records/ is missing" in r.stdout, r.stdout + r.stderr

@@ -2,6 +2,8 @@
 
 import json
 import lzma
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,8 +12,11 @@ from harness.notebook.archive import archive_stale, inline_archive
 from harness.notebook.inventories import (EnvStore, InventoryStore, StoreAppender, compact_file, content_id, plain_store_file,
                                  rewrite_store, store_file)
 from harness.core.paths import results_dir
+from harness.notebook import inventories
 from harness.notebook.records import (Record, _read_archive, archive_file, iter_records, read_records,
                                       segment_file, stage_file)
+from harness.spec.identity import source_hash
+from harness.spec.spec import load_spec
 from tests.conftest import ROOT, load_script, write_records
 
 # The tracked tree and the CuTeDSL pack (~59.9 MiB) share one 64 MiB carry.
@@ -22,7 +27,6 @@ PACK_SIZE_KNOWN = "59.9 MiB"
 
 def _tracked_sizes(root: Path) -> dict[str, int]:
     import os
-    import subprocess
 
     import pytest
 
@@ -324,8 +328,6 @@ def test_an_old_archive_that_names_ids_is_read_and_inlined(tmp_path):
 
 
 def test_a_reader_loads_the_store_once_per_file_not_once_per_record(tmp_path, monkeypatch):
-    from harness.notebook import inventories
-
     _write_all(tmp_path, [rec(i) for i in range(5)])
     calls = []
     real = inventories.InventoryStore._load
@@ -396,8 +398,6 @@ def test_each_env_block_is_stored_once_and_every_reader_gets_the_record_as_writt
 
 
 def test_the_env_store_is_written_and_fsynced_before_the_record(tmp_path, monkeypatch):
-    from harness.notebook import inventories
-
     seen: list[tuple[str, int]] = []
     real = inventories.StoreAppender.write
 
@@ -462,9 +462,6 @@ def test_an_old_archive_that_names_an_env_id_is_read_and_inlined(tmp_path):
 
 
 def test_compacting_folds_inline_envs_into_the_store_and_drops_unused_ones(fake_lab):
-    from harness.spec.identity import source_hash
-    from harness.spec.spec import load_spec
-
     spec = load_spec(root=fake_lab)
     fresh = source_hash(spec.root, spec.stages["OK"], "cpu")
     unused = {**ENV_CPU, "cpus": 64}
@@ -519,8 +516,6 @@ def test_a_corrupt_env_store_line_or_stream_costs_one_warning_each_and_nothing_e
 
 
 def test_show_and_the_dashboard_read_an_env_by_id_and_a_missing_one_is_one_line(fake_lab):
-    from harness.spec.identity import source_hash
-    from harness.spec.spec import load_spec
     from tests.conftest import run_cli
 
     spec = load_spec(root=fake_lab)
@@ -575,7 +570,6 @@ def test_records_read_archive_then_segment_then_plain_in_order(tmp_path):
 
 def test_a_record_only_in_the_segment_is_found_by_newest_newest_by_case_and_the_gate(fake_lab):
     from harness.notebook.records import newest, newest_by_case
-    from harness.spec.spec import load_spec
     from harness.workflows import gate
     from tests.test_gate import C64, add_hd_stage, base, decide, rec as gate_rec, write
 
@@ -599,17 +593,11 @@ def test_a_record_only_in_the_segment_is_found_by_newest_newest_by_case_and_the_
 
 
 def _fresh_ok(lab, i: int) -> Record:
-    from harness.spec.identity import source_hash
-    from harness.spec.spec import load_spec
-
     spec = load_spec(root=lab)
     return env_rec(i, ENV_GPU, source_hash(spec.root, spec.stages["OK"], "cpu"), "OK", "cpu")
 
 
 def _compact_cli(lab):
-    import subprocess
-    import sys
-
     script = ROOT / "scripts" / "compact_results.py"
     return subprocess.run([sys.executable, str(script), str(lab)], capture_output=True, text=True, timeout=300)
 
@@ -711,9 +699,6 @@ def test_compaction_that_would_lose_a_record_says_so_in_one_line(fake_lab, monke
 
 def test_compact_results_help_and_an_unknown_option_touch_nothing(tmp_path):
     """`--help` exits 0, an unknown option is one line (exit 2); neither is taken for LAB_ROOT."""
-    import subprocess
-    import sys
-
     script = ROOT / "scripts" / "compact_results.py"
     for args, code, text in ((["--help"], 0, "compact_results.py [LAB_ROOT]"), (["--bogus"], 2, "unknown option '--bogus'")):
         r = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -2,10 +2,12 @@
 for bit) and stores equal oracles/kvcache.py's dequantiser, every column written once."""
 
 import struct
+from pathlib import Path
 
 import pytest
 import torch
 
+from harness.execution.compile import Compiler
 from oracles import kvcache as kc
 from stages.common import e2m1_bits as eb
 from stages.E_sparse_decode import sm90
@@ -130,9 +132,6 @@ def test_a_neighbouring_groups_scale_moves_the_values():
 
 def test_the_pair_kernel_compiles_without_spills_and_converts_by_bit_moves(project_root, tmp_path, monkeypatch):
     """sm_90a h_q 128 pair: no spill, e2m1 codes as e2m1_bits says, the scale factors, two 16-byte scale loads."""
-    from pathlib import Path
-
-    from harness.execution.compile import Compiler
     from harness.spec.spec import load_spec
 
     monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
@@ -174,9 +173,7 @@ def test_the_neighbouring_group_bug_moves_o_past_the_tolerances():
 def test_the_planted_bug_reaches_the_compiled_kernel(project_root, tmp_path, monkeypatch):
     """The fixture's hook is called: its PTX differs, same conversions."""
     import dataclasses
-    from pathlib import Path
 
-    from harness.execution.compile import Compiler
     from harness.spec.spec import KernelRef, load_spec
 
     monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))

@@ -5,6 +5,7 @@ import importlib.util
 import pytest
 
 from harness.peers import PROBLEMS, PEER_NAMES, PEERS, adapter, why_not
+from harness.peers import flashmla
 from harness.peers.base import importable
 from harness.peers.problems import problem_dims
 from oracles.common import TensorSpec
@@ -147,8 +148,6 @@ def test_torch_peers_agree_on_mla_decode():
 
 def test_flashmla_counts_its_own_576_wide_work():
     """TFLOP/s of what it computed (576 / 512 columns)."""
-    from harness.peers import flashmla
-
     dims = problem_dims("mla_decode", mla(d_qk=512, h_q=128, n=4096))
     assert flashmla.flops("mla_decode", dims) == 2.0 * dims["b"] * dims["s_q"] * 128 * 4096 * (576 + 512)
 
@@ -160,8 +159,6 @@ def test_flashmla_pads_a_512_head_to_the_same_answer(monkeypatch):
     import types
 
     import torch
-
-    from harness.peers import flashmla
 
     seen = {}
 
@@ -190,8 +187,6 @@ def test_sink_decode_peer_matches_the_d5_oracle():
     """torch_plain's sink_decode vs the oracle: lonely batch, sink, NaN rows past the fill."""
     import torch
 
-    from harness.peers import adapter
-    from harness.peers.problems import problem_dims
     from oracles import masked_decode as md
 
     case = {"shape": "b4s2h64m128n256d64", "branches": "k+k", "sink": 5, "splits": 1}

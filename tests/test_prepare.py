@@ -12,6 +12,9 @@ import pytest
 
 from harness.notebook.records import Record
 from harness.core.statuses import COMPILED, FAILING, PREPARED, RAN, STATUSES, STYLE
+from harness.spec.identity import source_hash
+from harness.spec.matrix import expand
+from harness.spec.spec import load_spec
 from tests.conftest import ROOT
 
 
@@ -43,8 +46,6 @@ def test_summary_says_nothing_ran_when_cases_were_only_prepared():
 
 def test_dashboard_shows_prepared_apart_from_compiled_and_from_a_run(project_root):
     from harness.workflows.dashboard import cell
-    from harness.spec.identity import source_hash
-    from harness.spec.spec import load_spec
 
     spec = load_spec(root=project_root)
     stage = spec.stages["D2"]
@@ -62,10 +63,7 @@ def test_dashboard_shows_prepared_apart_from_compiled_and_from_a_run(project_roo
 def test_baselines_never_take_a_prepared_record_as_a_run_result(tmp_path, monkeypatch):
     """A `prepared`-only case gets no run baseline; unrunnable, a compile-only one."""
     from harness.notebook import baselines
-    from harness.spec.identity import source_hash
-    from harness.spec.matrix import expand
     from harness.notebook.records import RecordWriter
-    from harness.spec.spec import load_spec
     from tests.conftest import copy_lab
 
     lab = copy_lab(tmp_path / "lab", results=False)
@@ -89,9 +87,7 @@ def test_baselines_never_take_a_prepared_record_as_a_run_result(tmp_path, monkey
 
 def test_run_prepare_without_a_gpu_says_so_and_records_compiled(fake_lab, monkeypatch):
     """No GPU: the cases stay `compiled` and the reason says why."""
-    from harness.spec.matrix import expand
     from harness.execution.runner import RunOptions, Runner, Task
-    from harness.spec.spec import load_spec
 
     monkeypatch.setattr("harness.execution.runner.gpu_capabilities", lambda: {})
     spec = load_spec(root=fake_lab)

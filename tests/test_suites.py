@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+from harness.spec.spec import load_spec
 from tests.conftest import ROOT, run_cli
 
 
@@ -94,7 +95,6 @@ def test_a_table_edit_makes_cases_supported(monkeypatch):
 
 def test_deepgemm_heads_and_head_dims_are_supported_and_reach_the_kernel(monkeypatch):
     """Issue 35.2: heads 32|64, head_dim 32|64|128 supported (84 of 246) and reach the kernel."""
-    from harness.spec.spec import load_spec
     from oracles.suites import deepgemm_mqa as m, deepgemm_paged as p
 
     _fp32_only(monkeypatch, m, p)
@@ -113,7 +113,6 @@ def test_deepgemm_heads_and_head_dims_are_supported_and_reach_the_kernel(monkeyp
 
 def test_deepgemm_bf16_logits_are_supported_and_reach_the_kernel():
     """Issue 35.2: bf16 logits: 138 of 246 supported; the dtype reaches kernel and output."""
-    from harness.spec.spec import load_spec
     from oracles.suites import deepgemm_mqa as m, deepgemm_paged as p
 
     assert (len([c for c in m.cases() if not c["compressed"]]),
@@ -131,7 +130,6 @@ def test_deepgemm_compressed_logits_are_supported_and_judged_decompressed():
     """Issue 35.2: compressed: 234 of 246; `compressed` reaches the kernel, judged via `decompress`."""
     import torch
 
-    from harness.spec.spec import load_spec
     from oracles import indexer
     from oracles.suites import deepgemm_mqa as m
 
@@ -155,7 +153,6 @@ def test_deepgemm_compressed_logits_are_supported_and_judged_decompressed():
 
 def test_deepgemm_context_2d_is_supported_and_reaches_the_kernel():
     """Issue 35.2: 2-D context: all 246; per-token lengths as context_2d; flops per token."""
-    from harness.spec.spec import load_spec
     from oracles.suites import deepgemm_paged as p
 
     assert len(p.cases()) == 30 and not any(p.reasons(u) for u in p.upstream())
@@ -463,7 +460,6 @@ def test_a_bad_suite_is_one_line(fake_lab, body, extra, says):
 def test_all_means_the_ladder_not_the_suites(suite_lab):
     """`run --all` runs the ladder; a suite stage runs only when named."""
     from harness.commands.base import stages_of
-    from harness.spec.spec import load_spec
 
     spec = load_spec(root=suite_lab)
     assert [st.id for st in stages_of(spec, None, True)] == ["OK", "BAD"]

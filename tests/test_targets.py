@@ -20,6 +20,7 @@ from harness.remote import remote_run, target_check, targets, treecopy
 from harness.spec.matrix import expand
 from harness.core.jsonl import MAX_LINE_BYTES
 from harness.notebook.records import read_records, read_runs
+from harness.remote.channel import Receiver, new_key
 from harness.spec.spec import load_spec
 from harness.remote.remote_run import parse_payload, read_lines, remote_run_args
 from harness.remote.ssh import explain_ssh_failure, remote_path, ssh_argv
@@ -782,9 +783,6 @@ def alive(pid: int) -> bool:
 
 def test_remote_side_stops_when_its_stdin_ends(tmp_path):
     """ssh killed: the remote run and its worker stop at once."""
-    from harness.remote.channel import Receiver, new_key
-    from harness.remote.remote_run import parse_payload
-
     lab = make_lab(tmp_path / "lab")
     key = new_key()
     mark = tmp_path / "mark"
@@ -827,9 +825,6 @@ def test_remote_side_stops_when_its_stdin_ends(tmp_path):
 
 def test_remote_side_keeps_its_channel_private(tmp_path):
     """Remote side alone: only authentic frames on stdout, prints to stderr, key not in its env."""
-    from harness.remote.channel import Receiver, new_key
-    from harness.remote.remote_run import parse_payload
-
     lab = make_lab(tmp_path / "lab")
     key = new_key()
     proc, stdout, err = remote_side(lab, "NOISY", key)
