@@ -94,7 +94,7 @@ def lab_path(fake_lab, monkeypatch):
     return fake_lab
 
 
-# A name no stage can have (stage ids are [A-Z0-9][A-Z0-9_]*).
+# A name no stage id can be.
 NO_SUCH_STAGE = "stage-no-such"
 
 COPY_IGNORE = (".git", ".cache", ".device", ".peers", "scratch", "__pycache__", ".run", ".pytest_cache")

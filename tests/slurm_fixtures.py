@@ -1,5 +1,4 @@
-"""A real Slurm on 127.0.0.1 (`slurm_cluster`, session scope): node `dsv4node`, partitions `cpu` and `urgent`
-(preempts `cpu`), via SLURM_CONF; skipped with the reason where it cannot start."""
+"""A real Slurm on 127.0.0.1 (`slurm_cluster`): node `dsv4node`, partitions `cpu`, `urgent` (preempts `cpu`)."""
 
 import os
 import shutil
@@ -20,7 +19,7 @@ SLURMCTLD = "/usr/sbin/slurmctld"
 SLURMD = "/usr/sbin/slurmd"
 NODE = "dsv4node"
 PARTITION = "cpu"
-URGENT = "urgent"  # a partition whose jobs preempt (cancel) those of PARTITION
+URGENT = "urgent"  # preempts (cancels) PARTITION's jobs
 
 
 @dataclass

@@ -1,7 +1,4 @@
-"""A real OpenSSH server on 127.0.0.1 (`ssh_server`) and a throwaway lab (`make_lab`) for the targets tests.
-
-Aliases: labhost works; -badkey, -unknown, -noauth, -closed fail as named. Stages FAKE, CRASH, NOISY, SLOW.
-"""
+"""A real sshd on 127.0.0.1 (`ssh_server`; aliases labhost, -badkey, -unknown, -noauth, -closed) and `make_lab`."""
 
 import getpass
 import os
@@ -28,7 +25,7 @@ class SshServer:
     port: int
     closed_port: int
     dir: Path
-    config: Path  # the client ssh config: point DSV4_LAB_SSH_CONFIG at it
+    config: Path  # client config for DSV4_LAB_SSH_CONFIG
     user: str
     log: Path
 
@@ -115,7 +112,7 @@ def ssh_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed: apt-get install openssh-client")
     if os.geteuid() == 0 and not os.path.isdir("/run/sshd"):
-        # root's sshd needs its privilege-separation folder.
+        # root's sshd needs /run/sshd.
         try:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
         except OSError as exc:

@@ -1,4 +1,4 @@
-"""`bench --compare REV` on the CPU: interleaving (fake drifting timer), both checked, `compare`, no-GPU answer."""
+"""`bench --compare REV` on the CPU: interleaving, both checked, `compare`, no-GPU answer."""
 
 import dataclasses
 import subprocess

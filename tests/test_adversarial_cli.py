@@ -1,4 +1,4 @@
-"""Adversarial pass after issues 26/27: newcomer mistakes that ran what nobody asked for; concurrency/signals."""
+"""Newcomer mistakes that ran what nobody asked for; concurrency/signals."""
 
 import os
 import signal
@@ -96,7 +96,7 @@ def test_a_stop_signal_while_main_imports_is_one_line_never_a_traceback(fake_lab
 
 @pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
 def test_an_interrupted_run_says_so_in_one_line_on_stderr(fake_lab, sig, code):
-    """`run … > log` then a stop signal: the word about it goes to stderr, not only the file."""
+    """`run … > log` then a stop signal: stderr says so."""
     import time
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DSV4_LAB_ROOT": str(fake_lab),

@@ -1,4 +1,4 @@
-"""Compaction retires the archive's oldest stale lines, never what a baseline or note names; show/history say where."""
+"""Compaction retires old stale archive lines, never named ones; show/history say where."""
 
 import json
 import lzma
@@ -36,7 +36,7 @@ def _archived_ids(root: Path) -> list[str]:
 
 
 def _lab_with_history(lab: Path) -> tuple[list[str], str]:
-    """Five stale runs archived and committed; r1 noted, r2.0 a baseline, r3.1 a speed baseline -> (ids, commit)."""
+    """Five stale runs archived and committed, some named -> (ids, commit)."""
     runs = [f"2020010{k}-000000-000{k}" for k in range(1, 6)]
     _write(lab, [_rec(run, i, n, f"2020-01-0{k + 1}T00:00:00Z") for k, run in enumerate(runs)
                  for i, n in enumerate((16, 32))])
@@ -57,12 +57,12 @@ def test_retention_keeps_the_newest_n_per_case_and_what_a_baseline_or_a_note_nam
     assert _compact_script().main(fake_lab, keep=2) == 0
     r = [i.split(".")[0] for i in ids[::2]]  # the five runs, oldest first
     kept = set(_archived_ids(fake_lab))
-    # kept: newest 2 per case, run 1 (note), r2.0 (baseline), r3.1 (speed baseline)
+    # kept: newest 2 per case and the named ones
     assert kept == {f"{r[3]}.0", f"{r[3]}.1", f"{r[4]}.0", f"{r[4]}.1", f"{r[0]}.0", f"{r[0]}.1", f"{r[1]}.0",
                     f"{r[2]}.1"}
     gone = set(ids) - kept
     assert gone == {f"{r[1]}.1", f"{r[2]}.0"}
-    # keep 1: one more per case goes, the named ones still stay
+    # keep 1: one more per case goes
     _commit(fake_lab, "retired")
     assert _compact_script().main(fake_lab, keep=1) == 0
     assert set(_archived_ids(fake_lab)) == kept - {f"{r[3]}.0", f"{r[3]}.1"}
@@ -105,7 +105,7 @@ def test_recent_lines_and_lines_no_commit_holds_are_not_retired(fake_lab):
     _commit(fake_lab, "results")
     assert _compact_script().main(fake_lab, keep=2, days=1) == 0 and len(_archived_ids(fake_lab)) == 4  # the last day's stay
     assert _compact_script().main(fake_lab, keep=2) == 0 and len(_archived_ids(fake_lab)) == 2  # keep 2: only the newest 2
-    # lines archived since the last commit stay until committed; the two held at HEAD go
+    # uncommitted archive lines stay; the two at HEAD go
     new = [f"2020020{k}-000000-000{k}.0" for k in range(1, 4)]
     _write(fake_lab, [_rec(i.split(".")[0], 0, 16) for i in new])
     assert _compact_script().main(fake_lab, keep=2, days=0) == 0
@@ -130,7 +130,7 @@ def test_show_and_history_of_a_retired_record_say_where_it_is(fake_lab):
 
 
 def test_a_runs_live_lines_hold_its_archived_lines_of_their_own_stage_only(fake_lab):
-    """Run A's stale OK lines retire despite live BAD lines; run B's live OK line holds its stale one."""
+    """Stale OK lines retire despite live BAD lines; a live OK line holds its stale one."""
     from harness.spec.identity import source_hash
     from harness.spec.spec import load_spec
 
@@ -145,7 +145,7 @@ def test_a_runs_live_lines_hold_its_archived_lines_of_their_own_stage_only(fake_
     assert _compact_script().main(fake_lab) == 0
     assert _archived_ids(fake_lab) == [f"{b}.0"] and where(fake_lab, f"{a}.0")[0] == "record"
     out = run_cli(["show", a], cwd=fake_lab)
-    said = out.stdout.splitlines()  # the BAD line left, and where the retired OK lines are
+    said = out.stdout.splitlines()  # the BAD line left; the retired ones' place
     assert out.returncode == 0 and "n=16,mode=ok" in out.stdout and "n=32" not in out.stdout, out.stdout + out.stderr
     assert [x for x in said if "retired" in x] == [x for x in said if f"records of run {a} were retired" in x
                                                    and "(stage OK" in x and "git show" in x] != []
@@ -173,7 +173,7 @@ def test_a_baselines_file_that_cannot_be_read_retires_nothing_in_one_line(fake_l
     ids, _ = _lab_with_history(fake_lab)
     write_baselines(fake_lab, "OK: [unclosed\n")
     capsys.readouterr()
-    assert _compact_script().main(fake_lab) == 1  # and no traceback: the baselines' trim says it in one line too
+    assert _compact_script().main(fake_lab) == 1  # the trim says it in one line
     said = capsys.readouterr().err
     assert "Traceback" not in said and "baselines not trimmed" in said
     err = [x for x in said.splitlines() if "retired" in x]
@@ -205,7 +205,7 @@ def test_the_default_keeps_no_stale_test_line_but_four_bench_lines_a_shape():
 
 
 def test_the_retirings_are_kept_compressed_and_an_old_plain_file_is_folded_in(fake_lab):
-    """retired.jsonl.xz is one stream; old plain retired.jsonl is folded in; a bad .xz warns and retires nothing."""
+    """retired.jsonl.xz: one stream; old plain file folded in; a bad .xz warns, retires nothing."""
     from harness.notebook.retired import old_retired_file, retired_lines
 
     old_line = b'{"stage":"E","lines":1,"from":"abc","how":"git show abc:x","ids":{"r1":"1"}}'

@@ -1,4 +1,4 @@
-"""results/baselines.yaml.xz under bad input and races, compile-only baselines, the git hook's interpreter."""
+"""baselines.yaml.xz under bad input and races, compile-only baselines, the hook's interpreter."""
 
 import io
 import lzma
@@ -260,7 +260,7 @@ def test_accept_refuses_a_compile_error_and_asks_to_compile_what_has_no_record(b
 
 
 def test_accept_keeps_a_run_baseline_where_the_arch_cannot_run(blab):
-    """sm_100a with a run baseline and only a compiled record here: the run baseline is kept."""
+    """sm_100a with a run baseline and only a compiled record: the run baseline is kept."""
     spec = load_spec(root=blab)
     run_b = Baseline("HD", "sm_100a", "hd=64,n=16", "b200.1", "old", {"out": {"cosine": 0.999}})
     baselines.save(blab, [run_b])
@@ -328,7 +328,7 @@ def test_sass_mma_counts_are_compared_when_both_sides_have_sass(blab):
 
 
 def test_a_record_without_the_inventory_proves_nothing(blab):
-    """A compiled record without the inventory is stale for a compile-only baseline, never a pass."""
+    """A compiled record without inventory is stale for a compile-only baseline."""
     spec = load_spec(root=blab)
     base = _compiled(spec, "HD", C64)
     _baseline_from(blab, base)
@@ -391,13 +391,13 @@ def test_show_filters_by_stage_arch_and_case(blab, capsys):
 
 def _commit(lab: Path, env: dict) -> subprocess.CompletedProcess:
     (lab / "x.txt").write_text(str(os.urandom(4)))
-    subprocess.run(["git", "add", "-A"], cwd=lab, check=True)  # the hook judges what is staged: the stage, its baselines
+    subprocess.run(["git", "add", "-A"], cwd=lab, check=True)  # the hook judges what is staged
     return subprocess.run(["/usr/bin/git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "x"],
                           cwd=lab, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_hook_runs_with_the_installing_interpreter_when_nothing_is_on_path(blab, monkeypatch):
-    """The hook names the absolute interpreter: with PATH=/usr/bin:/bin, no PYTHONPATH, it still gates."""
+    """With PATH=/usr/bin:/bin and no PYTHONPATH the hook still gates."""
     assert gate.install_hook(blab) == 0
     hook = (blab / ".git" / "hooks" / "pre-commit").read_text()
     assert str(Path(sys.executable).absolute()) in hook and str(ROOT) in hook and "exec python3 " not in hook
@@ -416,7 +416,7 @@ def test_hook_runs_with_the_installing_interpreter_when_nothing_is_on_path(blab,
 
 
 def test_the_gate_reads_records_only_when_nothing_changed(blab):
-    """Fresh results: the gate decides without importing torch or CuTeDSL, compiling nothing."""
+    """Fresh results: the gate imports no torch or CuTeDSL, compiles nothing."""
     spec = load_spec(root=blab)
     _write_records(blab, [_compiled(spec, "HD", C64), _pass(spec, "HD", C64)])
     assert _accept(blab, "--hd", "64").returncode == 0
@@ -499,7 +499,7 @@ def test_run_baseline_metrics_are_rounded_and_their_own_record_still_holds():
             assert abs(r - v) <= 0.5 * 10.0 ** (1 - baselines.SIG_DIGITS) * abs(v)
     assert rounded["O"]["cosine"] != EXACT["O"]["cosine"]  # it did round
     b = Baseline("A", "sm_90a", "n=1", "r9.1", "x", rounded)
-    assert gate.compare(b, _rec_with(EXACT)) == []  # the record the baseline was taken from passes it
+    assert gate.compare(b, _rec_with(EXACT)) == []  # its own record passes it
     # and the gate still sees a real change
     worse = {"O": {**EXACT["O"], "cosine": EXACT["O"]["cosine"] - 2e-6}, "LSE": {**EXACT["LSE"], "max_abs": 1605.0}}
     assert {(f.output, f.metric) for f in gate.compare(b, _rec_with(worse))} == {("O", "cosine"), ("LSE", "max_abs")}
@@ -520,7 +520,7 @@ def test_accept_takes_rounded_metrics_from_the_record():
     assert got == baselines.gated_metrics(EXACT, baselines.DEFAULT_TOLERANCE) != EXACT
 
 
-# -- compile baselines: results/compile_baselines.yaml.xz
+# -- compile baselines
 
 
 COMP = {"status": "compiled", "regs": 160, "spill": 0, "smem": 80000, "inv": {"(all)": 900,
@@ -541,7 +541,7 @@ baselines:
 
 
 def _yaml(lab: Path, text: str) -> None:
-    write_baselines(lab, text)  # the run baselines file (results/baselines.yaml.xz)
+    write_baselines(lab, text)  # the run baselines file
 
 
 def _old_yaml(lab: Path, text: str) -> Path:
@@ -572,7 +572,7 @@ def test_save_keeps_run_baselines_and_compile_ones_in_two_xz_files_and_reads_bot
     assert "kind: compile" in text and "c.1" in text and "c.2" in text and "r.1" not in text
     assert text.startswith(baselines.HEADER) and "\nversion: 1\nbaselines:\n" in text
     assert baselines.load(fake_lab) == [other, RUN_B, COMP_B]  # the order save writes: stage, arch, case
-    baselines.save(fake_lab, [RUN_B])  # the last compile baseline dropped: the xz file is emptied, not left
+    baselines.save(fake_lab, [RUN_B])  # the last one dropped: the file is emptied
     assert baselines.load(fake_lab) == [RUN_B]
 
 
@@ -646,7 +646,7 @@ def test_the_staged_gate_reads_the_baselines_from_the_index(blab, arch, kind):
 
 @pytest.mark.parametrize("crash_at", [2, 3])
 def test_a_case_changing_kind_is_never_lost_when_a_write_is_cut_short(fake_lab, monkeypatch, crash_at):
-    """Run → compile-only moves files; dying between the writes leaves it in one or both, never neither."""
+    """Run → compile-only: dying between writes leaves it in one or both files."""
     run_k = Baseline("OK", "sm_100a", "n=16", "b200.1", "s", {"out": {"cosine": 0.999}})
     baselines.save(fake_lab, [run_k, RUN_B])
     writes = []
@@ -662,9 +662,9 @@ def test_a_case_changing_kind_is_never_lost_when_a_write_is_cut_short(fake_lab, 
     with pytest.raises(KeyboardInterrupt):
         baselines.save(fake_lab, [COMP_B, RUN_B], read=[run_k, RUN_B])
     monkeypatch.setattr(baselines, "replace_file", real)
-    if crash_at == 2:  # the xz file never written: the run baseline is still there
+    if crash_at == 2:  # xz never written: run baseline kept
         assert baselines.load(fake_lab) == [RUN_B, run_k]
-    else:  # both written, the run file not yet trimmed: in both, one line
+    else:  # both written: in both, one line
         with pytest.raises(BaselineError, match="also in results/baselines.yaml.xz"):
             baselines.load(fake_lab)
 
@@ -696,7 +696,7 @@ def test_the_real_baselines_round_trip_one_line_a_case(tmp_path, monkeypatch):
     assert len(cases) == len(runs) and all(ln.endswith("}") and ", src: " in ln for ln in cases)
 
 
-# -- an older clone's plain results/baselines.yaml
+# -- an older clone's plain baselines.yaml
 
 
 def test_an_old_plain_baselines_file_is_read_and_the_next_save_compresses_it_and_removes_it(fake_lab):
@@ -787,7 +787,7 @@ def test_drop_all_removes_the_baselines_of_cases_the_matrix_no_longer_has(fake_l
 
 
 def test_drop_gone_removes_only_the_baselines_of_cases_the_matrix_no_longer_has(fake_lab):
-    """`drop STAGE --gone` removes only cases gone from the matrix; again: "nothing gone", exit 0; filters: usage."""
+    """`drop STAGE --gone`: only cases gone from the matrix; again: "nothing gone"; filters: usage."""
     gone = GOOD_RUN.replace("      n=16:\n", "      n=16,width=3:\n")
     also = GOOD_RUN.split("    cpu:\n", 1)[1]
     write_baselines(fake_lab, gone + also + also.replace("n=16:", "n=32:").replace("r.1", "r.2")

@@ -57,10 +57,10 @@ def test_bench_block_loads(fake_lab):
     st = load(fake_lab).stages["OK"]
     plan = st.bench_plan
     assert plan is not None
-    # omitted axes take the test matrix's first value; numbers may lie outside it
+    # omitted axes take the matrix's first value
     assert plan.matrix == {"n": [4096, 1000], "mode": ["ok"]}
     assert plan.row_axis == "n" and plan.check_rows == 64 and plan.peers == () and plan.peak == "bf16"
-    # `run --bench` times the largest number / first word of each axis by default
+    # default: largest number / first word per axis
     assert st.bench == {"n": 32, "mode": "ok"}
 
 
@@ -73,7 +73,7 @@ def test_project_bench_blocks(project_root):
     assert c is not None and c.matrix["n"] == [4096, 16384] and c.matrix["m"] == [128]
     # run --bench still names one test case
     assert spec.stages["D1"].bench == {"hd": 512, "n": 1024}
-    # D2: DSV4's decode batch beside FlashMLA's dense decode
+    # D2 beside FlashMLA's dense decode
     d2 = spec.stages["D2"].bench_plan
     assert d2 is not None and d2.open_axes == ("shape",) and d2.problem == "mla_decode" and "flashmla" in d2.peers
     assert d2.matrix == {"shape": ["b64s2h128n1152d512", "b64s2h128n4096d512"], "splits": ["auto"]}
@@ -138,7 +138,7 @@ MORE = LAB.replace("      row_axis: n\n", "      more: [{n: [512], mode: [wrong]
 
 
 def test_more_matrices_and_beside(fake_lab):
-    """`more` appends shapes; `beside` puts its value first and adds any missing twin, same run."""
+    """`more` appends shapes; `beside` adds any missing twin, same run."""
     st = load(fake_lab, MORE).stages["OK"]
     assert st.bench_plan.more == ({"n": [512], "mode": ["wrong"]},) and st.bench_plan.beside == (("mode", "ok"),)
     assert plan_cases(st, []) == [{"n": 4096, "mode": "ok"}, {"n": 1000, "mode": "ok"}, {"n": 512, "mode": "ok"},
@@ -174,7 +174,7 @@ def test_beside_gives_each_other_shape_its_twins_time():
 
 
 def test_beside_with_two_axes_gives_each_shape_the_twin_of_each():
-    """Issue 33.3: `beside` gives nvfp4 rows the bf16 model1 time, fp8_rope rows the bf16 time; twins planned first."""
+    """Issue 33.3: `beside` gives nvfp4 and fp8_rope rows their bf16 twins' time; twins planned first."""
     pairs = (("kv_format", "model1"), ("epilogue", "bf16"))
     seen: dict = {}
     base, nv, fp8 = {"us": 100.0}, {"us": 80.0}, {"us": 103.0}
@@ -185,7 +185,7 @@ def test_beside_with_two_axes_gives_each_shape_the_twin_of_each():
     assert fp8 == {"us": 103.0, "beside_bf16_us": 100.0, "beside_bf16_cost": 1.03} and base == {"us": 100.0}
 
 def test_project_e_bench_covers_latency_and_every_format(project_root):
-    """Issue 30.1: model1 at b 1 … 256; v4.1 and simple after their model1 twin, with no FlashMLA peer."""
+    """Issue 30.1: model1 at b 1 … 256; v4.1 and simple after their twin, no FlashMLA peer."""
     spec = load_spec(root=project_root)
     stage = spec.stages["E"]
     cases = plan_cases(stage, [])  # E's test matrix has more: (topk up to 32768)
@@ -199,7 +199,7 @@ def test_project_e_bench_covers_latency_and_every_format(project_root):
         assert "reads model1" in shape_support(stage, c, (9, 0))["flashmla_sparse"]
     assert stage.bench_plan.beside == (("kv_format", "model1"), ("epilogue", "bf16"))
     assert shape_support(stage, model1[0], (9, 0))["flashmla_sparse"] is None
-    # issue 35.1: topk 2048 and 16384 at b 2 and 64, FlashMLA beside
+    # topk 2048 and 16384 at b 2 and 64
     long = [c for c in model1 if c["config"] in ("s2h128_m2048bs64", "s2h128_m16384bs64")]
     assert {(c["b"], c["config"]) for c in long} == {(b, cfg) for b in (2, 64)
                                                     for cfg in ("s2h128_m2048bs64", "s2h128_m16384bs64")}
@@ -261,7 +261,7 @@ def test_sample_rows():
 def test_row_tensors_for_attention():
     from oracles.attention import softmax_tensors
 
-    case = {"m": 8192, "n": 8192, "hd": 128}  # n == m: the rows are found by what changes, not by size
+    case = {"m": 8192, "n": 8192, "hd": 128}  # n == m: rows found by what changes
     assert row_tensors(softmax_tensors(case), softmax_tensors({**case, "m": 256}), "m", 8192, 256) == {"Q", "O", "LSE"}
 
 
@@ -306,7 +306,7 @@ def test_check_fails_a_wrong_kernel_before_timing(lab_path):
 
 
 def test_check_fails_unwritten_rows_outside_the_sample(lab_path):
-    # the kernel writes the first half only; all of it is scanned for poison
+    # first half written; all scanned for poison
     out = check_and_time(_job("unwritten", rows=2), lab_path)
     assert out["status"] == "fail" and "never written" in out["error"], out
 
@@ -316,7 +316,7 @@ def test_check_every_row_without_a_row_axis(lab_path):
     assert out["status"] == "pass" and out["checked"] == "every row"
 
 
-# Records, the dashboard's column, and the command.
+# Records, dashboard column, command.
 
 
 def _bench_record(**timing) -> Record:
@@ -429,7 +429,7 @@ def test_bench_times_d1_on_a_gpu(project_root, tmp_path):
 
     from harness.notebook.records import read_records
 
-    lab = tmp_path / "lab"  # a copy: the test's records never land in the lab's own notebook
+    lab = tmp_path / "lab"  # a copy: records never land in the lab
     shutil.copytree(project_root, lab, ignore=shutil.ignore_patterns(".git", ".cache", ".device", ".peers", "results",
                                                                      "__pycache__"))
     r = run_cli(["bench", "stage-D1", "--hd", "128", "--peers", "--reps", "5"], cwd=lab, timeout=900,

@@ -74,7 +74,7 @@ def _build_broken(lab: Path) -> dict[str, str]:
     want: dict[str, str] = {}
 
     o, _, _ = _stage(lab, "OK1")  # a correct stage among them: no line
-    o, _, _ = _stage(lab, "TSHAPE")  # tensors() declares the output with the wrong shape
+    o, _, _ = _stage(lab, "TSHAPE")  # wrong output shape
     _edit(o, 'TensorSpec("S", (m, n), "float32", "out")', 'TensorSpec("S", (m, n + 1), "float32", "out")')
     want["TSHAPE"] = _where(o, "def reference(", lab)
 
@@ -121,7 +121,7 @@ def _build_broken(lab: Path) -> dict[str, str]:
     _edit(k100, "import cutlass.cute as cute\n", "import cutlass.cute as cute\nfrom cutlass import no_such_name\n")
     want["KIMPORT"] = _where(k100, "no_such_name", lab)
 
-    _, k90, _ = _stage(lab, "NOINIT")  # a kernel class with no __init__ (object's takes no keywords)
+    _, k90, _ = _stage(lab, "NOINIT")  # no __init__
     _edit(k90, "    def __init__(self, *, hd: int, n: int, m: int):", "    def _unused(self, *, hd: int, n: int, m: int):")
     want["NOINIT"] = _where(k90, "class Kernel", lab)
 
@@ -219,7 +219,7 @@ def test_check_one_stage_by_name():
 
 
 def test_check_unknown_stage_is_one_line():
-    from tests.conftest import NO_SUCH_STAGE  # a name no stage id can be (ZZ could be scaffolded)
+    from tests.conftest import NO_SUCH_STAGE  # ZZ could be scaffolded
 
     r = run_cli(["check", NO_SUCH_STAGE], cwd=ROOT, env_extra={"DSV4_LAB_ROOT": str(ROOT)})
     assert r.returncode == 2 and f"no stage '{NO_SUCH_STAGE}'" in r.stderr and "Traceback" not in r.stderr

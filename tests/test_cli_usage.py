@@ -63,12 +63,12 @@ def test_an_unknown_option_is_named_with_the_closest_one_not_read_as_an_axis(fak
     _one_line_usage_error(run_cli(["compile", "stage-OK", "--kep", "x"], cwd=fake_lab), "did you mean --keep?")
     _one_line_usage_error(run_cli(["history", "stage-BAD", "--mod", "ok"], cwd=fake_lab),
                           "no such option '--mod'", "did you mean --mode?")
-    # with --all, the first filter word is not taken for the stage's name
+    # with --all the first filter word is no stage name
     _one_line_usage_error(run_cli(["run", "--all", "--dry-run"], cwd=fake_lab), "no such option '--dry-run'")
     _one_line_usage_error(run_cli(["run", "--all", "--n", "16", "--arhc", "cpu"], cwd=fake_lab),
                           "no such option '--arhc'", "did you mean --arch?")
     _one_line_usage_error(run_cli(["run", "--n", "16"], cwd=fake_lab), "--n is an axis filter — name a stage first")
-    # an axis of another stage is still the filter error it was
+    # another stage's axis: the filter error
     _one_line_usage_error(run_cli(["run", "stage-OK", "--mode", "ok"], cwd=fake_lab), "stage-OK: no axis 'mode'")
     assert not (fake_lab / "results" / "records").exists() or not any((fake_lab / "results" / "records").iterdir())
 
@@ -199,7 +199,7 @@ def test_ctrl_c_in_dashboard_watch_exits_130(fake_lab):
     p = subprocess.Popen([sys.executable, "-m", "cli", "dashboard", "--watch", "--interval", "0.2"], cwd=fake_lab,
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        first = p.stdout.readline()  # the watch is running once its first frame is out
+        first = p.stdout.readline()  # the watch's first frame is out
         assert first.startswith("---"), first + p.stderr.read()
         time.sleep(0.3)
         p.send_signal(signal.SIGINT)

@@ -40,7 +40,7 @@ def _option_names(cmd) -> set[str]:
 
 
 def test_every_flag_of_every_command_is_a_name_stages_yaml_may_not_use_for_an_axis():
-    """An axis named like a command's flag is refused; the refused list is the commands' own."""
+    """An axis named like a command's flag is refused."""
     commands = _click_commands()
     assert {"run", "compile", "baseline accept", "targets check", "new stage", "inspect"} <= {p for p, _ in commands}
     missing = {f"{path}: --{name.replace('_', '-')}" for path, cmd in commands for name in _option_names(cmd)
@@ -129,7 +129,7 @@ def _dsv4(code: Path, lab: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_new_command_is_one_file(fake_lab, tmp_path):
-    """harness/commands/hello.py is listed with its filters; options and errors behave as `run`'s."""
+    """harness/commands/hello.py is listed; options and errors behave as `run`'s."""
     code = _code_copy(tmp_path)
     (code / "harness" / "commands" / "hello.py").write_text(HELLO)
     top = _dsv4(code, fake_lab, "--help")

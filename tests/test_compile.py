@@ -1,4 +1,4 @@
-"""Compile checks with no GPU: every stage builds for both archs with the expected MMAs; cache, records, --diff."""
+"""Compile checks with no GPU: every stage builds for both archs with its MMAs; cache, records, --diff."""
 
 import os
 import subprocess
@@ -15,7 +15,7 @@ EXPECTED = {
     "sm_90a": {"wgmma": 1, "cp.async.bulk.tensor": 1},
     "sm_100a": {"tcgen05.mma": 1, "tcgen05.ld": 1, "cp.async.bulk.tensor": 1},
 }
-# stage -> (cases to compile, extra instructions per arch)
+# stage -> (cases, extra instructions per arch)
 CASES = {
     "A": ([{"hd": 64, "n": 128, "m": 128}, {"hd": 512, "n": 256, "m": 128}], {}),
     "B": ([{"hd": 64, "n": 256, "v_is_k": True, "m": 128}], {"sm_100a": {"tcgen05.st": 1}}),
@@ -52,7 +52,7 @@ def test_every_kernel_compiles_with_its_tensor_core_instructions(compiled):
             assert fam.get(instr, 0) >= at_least, f"{sid} {arch} {dict(case)}: no {instr} in the PTX"
         other = "tcgen05.mma" if arch == "sm_90a" else "wgmma"
         assert fam.get(other, 0) == 0
-        summary = res.summary()  # the detailed inventory, for compile-only baselines
+        summary = res.summary()  # for compile-only baselines
         assert summary["inv"] == res.inventory and mma_counts(summary["inv"])
         if arch == "sm_100a":
             assert any(k.startswith("tcgen05.mma.cta_group::") and ".kind::" in k for k in summary["inv"])
@@ -230,7 +230,7 @@ def test_the_cuda_tools_are_found_inside_the_nvidia_wheels(tmp_path, monkeypatch
         inventory.find_tool.cache_clear()
 
 
-# -- compile writes records; errors are one line in the user's file
+# -- compile records; one-line errors
 
 
 CALL = "\n    def __call__(self, a, b, out, stream):\n        pass\n"
@@ -339,7 +339,7 @@ def test_a_cancelled_compiler_kills_its_running_compiles(project_root):
     t0 = time.monotonic()
     c.close(cancel=True)
     assert time.monotonic() - t0 < 10
-    deadline = time.monotonic() + 30  # a loaded machine may take a moment to reap the terminated process
+    deadline = time.monotonic() + 30  # reaping may take a moment
     while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not [p for p in procs if p.is_alive()]  # without the terminate it sleeps on for two minutes
+    assert not [p for p in procs if p.is_alive()]  # else it sleeps two minutes

@@ -1,4 +1,4 @@
-"""`dsv4-lab compile` as a user meets it: progress, case labels, results/ untouched when nothing is new, temp gone."""
+"""`dsv4-lab compile` as a user meets it: progress, labels, nothing written when nothing is new."""
 
 import io
 import json
@@ -81,17 +81,17 @@ def test_looking_again_writes_nothing_and_record_writes_all_the_same(lab):
     records = lab / "results" / "records" / "A.jsonl"
     runs = lab / "results" / "runs.jsonl"
 
-    # First compile: a record, the run's events, a line for the case.
+    # First compile: a record, events, the case's line.
     out = _compile(lab, env)
     lines = [x for x in out.splitlines() if LABEL in x and "sm_100a" in x and "compiled" in x]
-    assert len(lines) >= 2, out  # the line of the finished case, and the table's row
+    assert len(lines) >= 2, out  # the case's line and table row
     assert len(records.read_text().splitlines()) == 1 and len(runs.read_text().splitlines()) == 2
-    assert _leftover_temp(tmp) == []  # the compile workers' scratch folder went with them
+    assert _leftover_temp(tmp) == []  # scratch folder gone
     before = _results(lab)
     assert {"results/inventories.jsonl.xz", "results/envs.jsonl.xz", "results/runs.jsonl",
             "results/records/A.jsonl"} <= set(before)
 
-    # Again, on a terminal: a progress bar, the case's line; nothing written.
+    # Again, on a terminal: progress bar; nothing written.
     shown = _compile_in_a_terminal(lab, env)
     assert "compiling" in shown and "1/1" in shown, shown  # the bar: its description and count
     assert LABEL in shown and "unchanged" in shown
@@ -100,12 +100,12 @@ def test_looking_again_writes_nothing_and_record_writes_all_the_same(lab):
     assert "records: none written" in out and "--record" in out
     assert _results(lab) == before
 
-    # --record writes the case again, with the run's events.
+    # --record writes it again.
     out = _compile(lab, env, "--record")
     assert len(records.read_text().splitlines()) == 2 and len(runs.read_text().splitlines()) == 4
     assert records.read_bytes().startswith(before["results/records/A.jsonl"])
 
-    # A record of another source does not count: this compile records.
+    # Another source's record does not count.
     lines = records.read_text().splitlines()
     old = [json.loads(x) for x in lines]
     for d in old:
@@ -139,7 +139,7 @@ def test_running_again_where_nothing_runs_writes_nothing(lab):
 
 
 def test_every_label_of_stage_E_reads_whole_in_the_lines_and_the_table():
-    """Stage E's labels differ only at their end: each line and row carries the whole label."""
+    """E's labels differ only at their end: each row carries the whole label."""
     from rich.console import Console
 
     from harness.execution.compile import CompileResult
@@ -191,7 +191,7 @@ def test_same_facts_ignores_only_the_time_and_the_cache_flag():
     assert not same_facts(old, rec(regs=56))
     assert not same_facts(old, rec(inv={"wgmma": 8}))
     assert not same_facts(old, rec(sass={"HGMMA": 4}))  # news: the old record has no SASS
-    # without CUDA tools or ptxas it tells less, and agrees
+    # without CUDA tools it tells less
     assert same_facts(rec(sass={"HGMMA": 4}, static_smem=0), old)
     assert not same_facts(rec(sass={"HGMMA": 4}), rec(sass={"HGMMA": 8}))
     assert not same_facts(rec(status="compile_error"), rec())
@@ -200,7 +200,7 @@ def test_same_facts_ignores_only_the_time_and_the_cache_flag():
 
 @pytest.mark.parametrize("cancel", [False, True])
 def test_the_compile_workers_temp_folder_goes_with_them(tmp_path, monkeypatch, cancel):
-    """Each compile worker's scratch folder is removed when the compiler closes, normally or cancelled."""
+    """Compile workers' scratch folders are removed on close, normal or cancelled."""
     import tempfile
 
     from harness.execution.compile import Compiler

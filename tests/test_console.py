@@ -23,7 +23,7 @@ def test_case_line_shows_record_text_literally():
     rec = Record(id="R.1", run="R", t="2026-01-01T00:00:00Z", stage="A", arch="sm_90a",
                  case={"n": "[/x]", "flag": True}, status="crash",
                  error="bad shape [m, n] [/red]\x1b[2J\nsecond line")
-    text = render(case_line(rec))  # rich would raise MarkupError on an unescaped "[/red]"
+    text = render(case_line(rec))  # rich would raise MarkupError
     assert "n=[/x],flag=true" in text and "bad shape [m, n] [/red]\\x1b[2J" in text
     assert "\x1b" not in text and "second line" not in text
 

@@ -1,4 +1,4 @@
-"""Stage D2 on the CPU: oracle, inputs, split chooser, grid, combine, barriers, K/V views, refusals, scratch."""
+"""Stage D2 on the CPU: oracle, inputs, splits, grid, combine, barriers, K/V views, refusals, scratch."""
 
 import itertools
 import math
@@ -24,7 +24,7 @@ def test_oracle_matches_plain_float64_loops(shape):
     p = decode.parse_shape(shape)
     inputs = decode.make_inputs(case, seed=case_seed("D2", case))
     ref = decode.reference(inputs, case)
-    # float64 loops of test_d3_d5.py, every key below n valid
+    # float64 loops, keys below n valid
     o, lse = loops(inputs["Q"].double().tolist(), [(inputs["KV"].double().tolist(), lambda b, t, j: j < p["n"])])
     assert torch.allclose(ref["O"], o, rtol=0, atol=1e-10)
     assert torch.allclose(ref["LSE"], lse, rtol=0, atol=1e-10)
@@ -128,7 +128,7 @@ def test_choose_splits_known_values():
     assert sch.choose_splits(4, 18) == 18
     assert sch.choose_splits(132, 64) == 1 and sch.choose_splits(512, 18) == 1  # the GPU is full
     assert sch.choose_splits(1, 1) == 1
-    assert sch.choose_splits(16, 18) == 6  # 9 would take two waves of 2 tiles: 6 × 3 tiles in one
+    assert sch.choose_splits(16, 18) == 6  # 6 × 3 tiles in one wave
 
 
 @pytest.mark.parametrize("ctas, tiles, sms", [(c, t, s) for c in (1, 2, 3, 7, 8, 33, 66, 131, 132, 500)
@@ -137,7 +137,7 @@ def test_choose_splits_is_the_cheapest_split_with_no_empty_one(ctas, tiles, sms)
     s = sch.choose_splits(ctas, tiles, sms)
     assert 1 <= s <= min(tiles, sch.MAX_SPLITS)
     assert sch.nonempty_splits(tiles, s) == s
-    if ctas >= sms:  # the GPU is already full: no split, whatever the cost model says
+    if ctas >= sms:  # GPU already full: no split
         assert s == 1
         return
     best = min(sch.split_cost(ctas, tiles, k, sms) for k in range(1, min(tiles, sch.MAX_SPLITS) + 1)
@@ -213,7 +213,7 @@ def test_d2_runs_persistent_ctas_and_the_masked_rungs_do_not():
 
 
 def test_empty_splits_also_below_the_tile_count():
-    g = sch.DecodeGrid(1, 1, 1, 7, 18)  # chunk 3: splits 0..5 hold tiles, split 6 is empty
+    g = sch.DecodeGrid(1, 1, 1, 7, 18)  # chunk 3: split 6 empty
     assert g.chunk == 3 and sch.nonempty_splits(18, 7) == 6
     w = g.work(0, 6, 0)
     assert w.tile_begin >= w.tile_end
@@ -245,7 +245,7 @@ def test_combine_of_split_partials_is_full_attention(num_tiles, splits):
     o_parts, lse_parts = [], []
     for s in range(splits):
         w = grid.work(0, s, 0)
-        if w.tile_begin >= w.tile_end:  # empty: LSE −∞; its O is garbage and must be ignored
+        if w.tile_begin >= w.tile_end:  # empty: LSE −∞, O ignored
             o_parts.append(torch.full((rows, d), math.nan, dtype=torch.float64))
             lse_parts.append(torch.full((rows,), -math.inf, dtype=torch.float64))
         else:
@@ -339,7 +339,7 @@ def test_kernel_builds_reads_kv_once_rebalances_registers_and_combines_only_when
         assert res.ok, f"{case}: {res.error}"
         fam = families(res.inventory)
         d = decode.parse_shape(case["shape"])["d"]
-        # One TMA per swizzle-atom box; nothing for a separate V.
+        # One TMA per swizzle-atom box.
         assert fam.get("cp.async.bulk.tensor") == d // 64 + d // min(64, d // 2), (case, fam)
         assert fam.get("wgmma", 0) > 0 and fam.get("stmatrix", 0) > 0
         ptx = Path(res.ptx_path).read_text()
@@ -364,7 +364,7 @@ def test_kernel_stores_o_by_16_bytes_and_votes_on_the_o_rescale(d2_builds):
 
 
 def test_warpgroup_0_takes_p_from_registers_and_only_arrives_at_p_full(d2_builds):
-    """REGISTER_P: warpgroup 0's P·V reads P from registers, wg 1 from smem; only wg 0 arrives at P_FULL."""
+    """REGISTER_P: wg 0's P·V reads P from registers, wg 1 from smem; only wg 0 arrives at P_FULL."""
     for case, res in d2_builds:
         assert res.ok, f"{case}: {res.error}"
         attention = next(e for e in Path(res.ptx_path).read_text().split(".entry ")[1:] if "wgmma" in e)

@@ -33,7 +33,7 @@ def test_split_plan_uses_the_scheduler_and_many_leaves_empty_splits():
     assert k.sched.work(0, 17, 0)[4:] == (17, 18)
     assert Kernel(shape="b4s64h128n1152d512", splits="auto").splits == 1  # 512 CTAs fill 148 SMs
     assert Kernel(shape="b1s1h64n256d512", splits="auto").splits > 1
-    # h_q = 64, s_q = 2: both tokens share one 128-row block
+    # both tokens in one 128-row block
     assert Kernel(shape="b1s2h64n256d512", splits=1).row_blocks == 1
 
 
@@ -49,7 +49,7 @@ def test_ring_never_deadlocks_on_the_next_tiles_qk():
             assert prev < r["n_nonv"], (d, o_split, p)
 
 
-# -- traced: the checks the kernel runs while it is compiled
+# -- traced checks
 
 
 @pytest.mark.parametrize("stage, tensors, case, kw", [

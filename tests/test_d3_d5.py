@@ -1,4 +1,4 @@
-"""Stages D3–D5 on the CPU: oracles vs float64 loops, merge, sink, generators, key limits, combine, refusals, bugs."""
+"""Stages D3–D5 on the CPU: oracles, merge, sink, generators, key limits, combine, refusals, bugs."""
 
 import importlib
 import itertools
@@ -35,7 +35,7 @@ def tolerances(stage: str) -> dict[str, Tolerance]:
 
 
 def loops(q, branches, sink=None):
-    """float64 loops; branches: [(kv, valid(b, t, j))]; sink: h logits or None -> O, LSE."""
+    """float64 loops: branches [(kv, valid(b, t, j))], sink or None -> O, LSE."""
     b_, s_, h_, d = len(q), len(q[0]), len(q[0][0]), len(q[0][0][0])
     scale = 1.0 / math.sqrt(d)
     out = [[[None] * h_ for _ in range(s_)] for _ in range(b_)]
@@ -174,7 +174,7 @@ def test_merge_inputs_spread_lse_so_every_sink_value_matters():
             assert torch.isnan(inputs[name][b, L:].float()).all() and torch.isfinite(inputs[name][b, :L].float()).all()
 
 
-# -- key limits, tile visits (the functions the kernels trace)
+# -- key limits, tile visits
 
 
 def test_key_limit_matches_the_causal_rule():
@@ -255,7 +255,7 @@ def test_kernels_accept_their_matrix_within_the_scratch(stage, module):
         importlib.import_module("stages.D5_sink_merge.sm90").Kernel(shape="b1s1h64m64n100d512", splits=1, sink="none")
 
 
-# -- planted bugs move the LSE past the stage's tolerance on every case their GPU test runs
+# -- planted bugs move the LSE past tolerance on their GPU cases
 
 
 def lse_only(q, kv, valid):
@@ -348,7 +348,7 @@ def test_d5_builds_one_launch_over_both_branches_q_once_and_combines_with_the_si
             os.environ["DSV4_LAB_CACHE"] = old
     assert res.ok, res.error
     ptx = Path(res.ptx_path).read_text()
-    assert ptx.count(".entry ") == 2  # the decode kernel and the combine: one launch for both branches
+    assert ptx.count(".entry ") == 2  # one launch for both branches
     fam = families(res.inventory)
     assert fam.get("cp.async.bulk.tensor") == 512 // 64 * 3, fam  # Q: 8 boxes; KV: 8 per branch
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
@@ -430,7 +430,7 @@ def test_softmax_lonely_row_select_is_traced_only_when_asked(tmp_path):
     assert "LONELY 2" in out and "PLAIN 0" in out, out[-2000:]
 
 
-# -- the house's own planning code, run on ints over every case
+# -- the house's planning code over every case
 
 
 @pytest.mark.parametrize("stage,module", [("D3", "stages.D3_swa.sm90"), ("D4", "stages.D4_causal_swa.sm90"),

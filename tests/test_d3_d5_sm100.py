@@ -1,4 +1,4 @@
-"""Stages D3–D5 on sm_100a, compiled on the CPU: TMEM, visited tiles, 128-byte rows, S mask columns, no spills."""
+"""Stages D3–D5 on sm_100a, compiled on the CPU: TMEM, tiles, 128-byte rows, S mask, no spills."""
 
 import pytest
 
@@ -43,7 +43,7 @@ def test_block_last_token_is_the_last_token_with_a_row_in_the_block(h_q, s_q, wa
 
     k = Kernel(shape=f"b1s{s_q}h{h_q}n256d512", splits=1)
     assert [int(k.block_last_token(rb)) for rb in range(k.row_blocks)] == want
-    for rb, t in enumerate(want):  # the rows of the block hold tokens ≤ t, and t itself
+    for rb, t in enumerate(want):  # tokens ≤ t, and t
         rows = range(rb * 128, min((rb + 1) * 128, s_q * h_q))
         assert max(r // h_q for r in rows) == t
 
@@ -65,12 +65,12 @@ def test_visit_plans_of_the_masked_rungs():
     assert _plan([swa], [1152], 5, 9, 0, 1)[:3] == (4, 4, 5)  # a split's own range
     assert _plan([swa], [100], 5, 9, 0, 1)[0] == 0  # a split above the fill level is empty
     causal = Branch("swa", 256, 256, causal=True)
-    # fill 65, s_q 2: one tile for token 0, two for token 1
+    # fill 65, s_q 2: 1 tile, then 2
     assert _plan([causal], [65], 0, 4, 0, 2)[0] == 1
     assert _plan([causal], [65], 0, 4, 1, 2)[0] == 2
     assert _plan([causal], [1], 0, 4, 0, 2)[0] == 0  # fill < s_q: token 0 sees nothing
     main, swa2 = Branch("main", 128, 128), Branch("swa", 256, 256, causal=True)
-    # main tiles [0, 2), SWA [2, 6); a split over the border
+    # main [0, 2), SWA [2, 6); split over the border
     assert _plan([main, swa2], [128, 256], 1, 4, 0, 1) == (3, 1, 1, 0)
     assert _plan([main, swa2], [0, 256], 0, 6, 0, 1)[:2] == (4, 0)  # empty main branch
     assert _plan([main, swa2], [70, 0], 0, 6, 0, 1)[:2] == (2, 2)  # empty SWA branch

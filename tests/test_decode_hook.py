@@ -1,5 +1,5 @@
-"""A stage's `decode` (stages.yaml): what decode(outputs, case) makes of the kernel's outputs is compared, in a run
-and in `check`. Fake CPU lab: the kernel writes 2·(a + b) into `raw`; decode halves it."""
+"""A stage's `decode`: decode(outputs, case) is what is compared, in a run and in `check`.
+Fake lab: the kernel writes 2·(a + b) into `raw`; decode halves it."""
 
 from __future__ import annotations
 

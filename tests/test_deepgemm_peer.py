@@ -67,7 +67,7 @@ def _fake_deep_gemm(meta_error: str | None = None) -> types.ModuleType:
         assert not clean_logits, "DG_HOST_ASSERT(not is_context_lens_2d)"
         assert block_table.shape[0] == b and block_table.stride(1) == 1 and block_table.dtype == torch.int32
         assert schedule_meta.shape == (NUM_SMS + 1, 2) and schedule_meta.dtype == torch.int32
-        raw = kv_cache.reshape(nb, -1)  # per block: bk·d e4m3 values, then bk fp32 scales
+        raw = kv_cache.reshape(nb, -1)  # bk·d e4m3, then bk fp32 scales
         values = raw[:, : bk * d].contiguous().view(torch.float8_e4m3fn).view(nb, bk, d).float()
         scales = raw[:, bk * d:].contiguous().view(torch.float32).view(nb, bk)
         out = torch.full((b * next_n, max_context_len), float("nan"))  # unwritten

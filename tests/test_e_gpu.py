@@ -1,4 +1,4 @@
-"""On a GPU: stage E's planted bugs fail; a grid larger than the SMs is not merged in the kernel and passes."""
+"""On a GPU: E's planted bugs fail; a grid past the SMs is not merged in-kernel and passes."""
 
 import dataclasses
 
@@ -99,7 +99,7 @@ def _merge_cases(stage, sm90):
     cases = []
     for config in ("s2h128_m128bs256_x1024bs64", "s2h64_m128bs256_x1024bs64", "s2h64_m200bs2_x64bs256"):
         k = sm90.Kernel(b=3, config=config, kv_format="model1", splits=2)
-        assert k.merges, config  # the kernel merges its two-piece sequences itself …
+        assert k.merges, config  # the kernel merges these itself …
         assert k.combines == (config == "s2h64_m200bs2_x64bs256"), config  # … and launches PartCombine only for more
         for fmt in ("model1", "simple"):
             for scenario in ("sink", "sink_inf", "lonely", "topk_len", "extreme"):
@@ -132,7 +132,7 @@ def _cases(stage, b, configs, scenarios, splits):
 
 
 def test_a_grid_larger_than_the_resident_set_is_not_merged_and_passes(project_root, tmp_path, monkeypatch):
-    """Issue 30.5: b 74 splits 2 (592 CTAs) pass via PartCombine; $DSV4_SM_COUNT=8: b 3 not merged, pass."""
+    """Issue 30.5: b 74 splits 2 pass via PartCombine; $DSV4_SM_COUNT=8: b 3 not merged, pass."""
     from stages.common.device import ENV
     from stages.E_sparse_decode import sm90
 
@@ -241,7 +241,7 @@ def test_fp8_epilogue_agrees_with_the_oracle(project_root, tmp_path):
 def test_lab_catches_an_inverse_rotation_with_the_wrong_sign(project_root, tmp_path):
     """wrong_e_rope_sign fails the fp8_rope cases of every path, passes the bf16 ones."""
     spec, wrong = _planted(project_root, "wrong_e_rope_sign")
-    # not lonely: b 2's only row with keys is at position 0
+    # b 2's only row with keys is at position 0
     fp8 = [c for c in _fp8_cases(wrong) if c.dict["scenario"] in ("plain", "sink")
            or (c.dict["splits"] == 3 and c.dict["scenario"] != "lonely")]
     bf16 = [c for c in expand(wrong) if c.dict.get("epilogue") == "bf16" and c.dict["scenario"] == "sink"

@@ -1,4 +1,4 @@
-"""Stage E's house: the SM count drives parts, waves, merge, scratch, cache key; one barrier-id registry."""
+"""Stage E's house: the SM count drives parts, merge, scratch, cache key; one barrier registry."""
 
 import math
 import re

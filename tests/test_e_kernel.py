@@ -35,7 +35,7 @@ def test_splits_fit_the_declared_scratch(project_root):
         assert k.partials == (k.sched.cut > 0)
         if case["splits"] == 1:
             assert k.splits == 1 and not k.partials
-    # parts cutting sequences (splits = 4: 18 tiles in parts of 5) fit too
+    # parts cutting sequences fit too
     case = dict(b=3, config="s2h128_m128bs256_x1024bs64", kv_format="model1", scenario="sink", splits=4)
     k = sm90.Kernel(b=3, config=case["config"], kv_format="model1", splits=4)
     assert k.sched.part_tiles == 5 and k.splits == 5 <= sd.split_capacity(case)
@@ -83,7 +83,7 @@ def _ptx(project_root, tmp_path, monkeypatch, cfgs, fmt):
 
 
 def test_the_gather_loads_into_registers(project_root, tmp_path, monkeypatch):
-    """Keys by predicated 128-bit ld.global.nc L2::256B; scales as whole words (not ld.global.s8); no cp.async."""
+    """Keys by predicated 128-bit ld.global.nc; scales as whole words; no cp.async."""
     ptx, _ = _ptx(project_root, tmp_path, monkeypatch, ["s1h64_m96bs64"], "model1")["s1h64_m96bs64"]
     assert "@p ld.global.nc.L2::256B.v4.b32" in ptx and "@p ld.global.nc.v2.b32" in ptx
     assert "ld.global.nc.L2::256B.v2.b32" not in ptx
@@ -93,7 +93,7 @@ def test_the_gather_loads_into_registers(project_root, tmp_path, monkeypatch):
 
 def test_more_parts_than_the_grid_holds_are_refused():
     """Parts on grid.y (≤ 65 535): past it the kernel refuses at construction."""
-    T = 18  # s2h64_m128bs256_x1024bs64: 2 + 16 tiles a sequence
+    T = 18  # 2 + 16 tiles a sequence
     fits = 65535 // (2 * T)
     sm90.Kernel(b=fits, config="s2h64_m128bs256_x1024bs64", kv_format="model1", splits="many")
     with pytest.raises(ValueError, match="65535 rows"):
@@ -112,7 +112,7 @@ def test_two_head_blocks_share_their_tiles_in_a_cluster():
             assert w0._replace(head_block=1) == w1 and w0.head_block == 0
     alone = sm90.Kernel(b=2, config="s2h64_m128bs256_x1024bs64", kv_format="model1", splits=1)
     assert not alone.pair and alone.own_keys == 64 and alone.rounds == 2 and alone.sides == 1
-    # every key dequantised by exactly one CTA's threads of one round; its 4 threads agree; both CTAs mask all
+    # each key dequantised once; its 4 threads agree; both CTAs mask all
     for kk in (k, alone):
         ranks = (0, 1) if kk.pair else (0,)
         threads = [(w, lane) for w in range(kk.plan.producer_warps) for lane in range(32)]
@@ -134,7 +134,7 @@ def test_the_pair_exchanges_tiles_by_st_async(project_root, tmp_path, monkeypatc
     got = _ptx(project_root, tmp_path, monkeypatch, ["s2h128_m128bs256_x1024bs64", "s2h64_m128bs256_x1024bs64"], "v4.1")
     (pair, pres), (alone, ares) = got["s2h128_m128bs256_x1024bs64"], got["s2h64_m128bs256_x1024bs64"]
     assert pres.resources.get("spill", 0) == 0 and ares.resources.get("spill", 0) == 0, (pres.resources, ares.resources)
-    # v4.1: 8 pieces a key, two 16-byte stores each; two tiles an iteration
+    # v4.1: two 16-byte stores a piece
     assert pair.count("st.async") == 2 * 8 * 2 and "mbarrier::complete_tx::bytes" in pair
     assert "barrier.cluster.arrive.relaxed" in pair and "barrier.cluster.wait" in pair
     assert "mapa" in pair
@@ -148,7 +148,7 @@ def test_the_pair_exchanges_tiles_by_st_async(project_root, tmp_path, monkeypatc
                                 ("dec", str(plan.producer_regs))]), moves
         # conversion chosen by a warp vote
         assert "vote.sync.all" in ptx
-        # the MMA warpgroups meet at unaligned named barriers (an aligned one would be divergent)
+        # unaligned named barriers
         for bar in ("barrier.cta.sync 1, 256", "barrier.cta.sync 2, 256", "barrier.cta.arrive 2, 256",
                     "barrier.cta.sync 3, 256"):
             assert bar in ptx, bar
@@ -248,7 +248,7 @@ def test_small_batch_defaults_load_the_sink_first_and_never_launch_dependents(kn
     for body in (default, plain):
         assert "griddepcontrol.launch_dependents" not in body
         assert "cp.async.bulk.prefetch" not in body and "prefetch.global.L2" not in body
-    # warpgroup 0's first global load past the softmax scale's: the sink, before its first S
+    # the sink is warpgroup 0's first load after the scale
     wg0 = default[default.index("setmaxnreg.inc.sync.aligned.u32"):]
     assert _first_load_but_the_scale(wg0) < wg0.index("wgmma.mma_async"), "the sink is loaded after the first S"
     wg0 = plain[plain.index("setmaxnreg.inc.sync.aligned.u32"):]
@@ -264,7 +264,7 @@ def _first_load_but_the_scale(body: str) -> int:
 
 
 def test_the_stamps_build_and_pair_stores(knob_ptx):
-    """`stamps` writes timers at 12 points, default none; `pair_stores` stores partials by 8 bytes, `plain` by 16."""
+    """`stamps` writes timers at 12 points, default none; partial stores by 8 bytes, `plain` by 16."""
     tmp_path = knob_ptx
     stamps = _main_body((tmp_path / "stamps.ptx").read_text())
     default = _main_body((tmp_path / "default.ptx").read_text())
@@ -291,7 +291,7 @@ def test_softmax_scale_is_a_kernel_input_in_the_oracle_order(arch):
 
 
 def test_the_matrix_covers_the_softmax_scale_in_48_cases_of_the_same_kernels(project_root):
-    """`softmax_scale` adds 48 cases, each compiled as the default-scale case (a runtime input)."""
+    """`softmax_scale` adds 48 cases, compiled as the default-scale ones."""
     from harness.execution.compile import cache_key
 
     spec = load_spec(root=project_root)
@@ -336,7 +336,7 @@ def _entries(ptx: str) -> list[str]:
 
 
 def test_the_default_small_batch_build_combines_by_part_combine(knob_ptx):
-    """b 2 s2 h64 model1: the default launches PartCombine; the attention kernel waits on no other CTA."""
+    """b 2 s2 h64 model1: PartCombine launched; the attention kernel waits on no CTA."""
     default = (knob_ptx / "default.ptx").read_text()
     assert any("PartCombine" in n for n in _entries(default))
     body = _main_body(default)

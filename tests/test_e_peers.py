@@ -1,4 +1,4 @@
-"""Stage E's peers: sizes from tensors, the PyTorch peer vs the oracle, FlashMLA's rules and cache view."""
+"""Stage E's peers: sizes, the PyTorch peer vs the oracle, FlashMLA's rules and cache view."""
 
 import math
 
@@ -25,7 +25,7 @@ def test_dims_read_back_format_and_blocks(config, fmt):
 
 
 def test_dims_tell_nvfp4_from_the_formats_of_the_same_block_bytes():
-    """nvfp4 blocks read back as powers of two only (block_size_of); the one collision left is pinned."""
+    """nvfp4 blocks read back as powers of two only; the one collision left is pinned."""
     from oracles import kvcache as kc
 
     assert kc.block_bytes("v4.1", 256) == kc.block_bytes("nvfp4", 352) and kc.block_size_of("nvfp4", kc.block_bytes("v4.1", 256)) is None

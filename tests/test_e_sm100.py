@@ -224,7 +224,7 @@ def test_representative_cases_compile_for_sm100a_without_spills(case, tmp_path):
                          r"\[[^]]+\], \[%rd\d+, \{([^}]+)\}\]", ptx)
     tiles = sum(n for k, n in inv.items() if k.startswith("cp.async.bulk.tensor.3d"))
     assert 0 < tiles <= 8, inv  # Q's boxes: KV never goes through a tiled TMA
-    if case["kv_format"] == "nvfp4":  # 8 bytes of e2m1 a piece, 32 of rope, a scale byte: 4 keys × 2 lists
+    if case["kv_format"] == "nvfp4":  # e2m1 8 B, rope 32 B, scale 1 B: 4 keys × 2 lists
         assert not gathers and inv.get("ld.global.64b", 0) >= 8 and inv.get("ld.global.128b", 0) >= 16, inv
         assert ptx.count(f"mul.lo.u32 t, t, {0x1040:#x}") >= 8  # the e2m1 bit moves (stages/common/e2m1_bits.py)
     elif case["kv_format"] == "simple":

@@ -14,12 +14,12 @@ def test_knobs_are_the_kernels_keyword_arguments():
     assert knobs == dict(fast_combine=False, sink_first=False, pair_stores=True, stamps=True, combine_group=4, splits=9,
                          fmt="simple")
     accepted = set(inspect.signature(Kernel.__init__).parameters)
-    assert set(knobs) - {"splits", "fmt"} <= accepted  # splits and fmt are the case's, the rest the kernel's
+    assert set(knobs) - {"splits", "fmt"} <= accepted  # splits and fmt from the case
     k = Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits="auto",
                **{key: v for key, v in knobs.items() if key not in ("splits", "fmt", "stamps")})
     assert not k.fast_combine and not k.sink_first and k.pair_stores and k.combine_group == 4
     default = Kernel(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="model1", splits="auto")
-    # the lab's build: the faster options on, the diagnostic one off
+    # the lab's build options
     assert default.fast_combine and default.sink_first and default.pair_stores and not default.stamps
 
 

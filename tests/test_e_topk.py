@@ -1,4 +1,4 @@
-"""Stage E at topk up to 32768 on the CPU: idx windows simulated, smem, refusals, sm100 scratch, compiles."""
+"""Stage E at topk up to 32768 on the CPU: idx windows, smem, refusals, sm100 scratch, compiles."""
 
 import hashlib
 import json
@@ -18,7 +18,7 @@ KEYS = 64
 
 
 def _simulate(tile_begin: int, tile_end: int, main_tiles: int, topk: int, extra_topk: int, window: int = iw.WINDOW_TILES):
-    """The producer's window order over one segment: (list, position) per key read; no buffer overwritten unread."""
+    """The producer's window order: (list, position) per key; no buffer overwritten unread."""
     buf: list = [None] * (2 * window * KEYS)
     holds: list = [None, None]  # the window each buffer holds
 
@@ -52,8 +52,8 @@ def _simulate(tile_begin: int, tile_end: int, main_tiles: int, topk: int, extra_
 
 @pytest.mark.parametrize("seg", [
     (0, 256, 256, 16384, 0),  # topk 16384, one sequence a segment: 16 windows
-    (172, 256, 256, 16384, 0),  # a part's segment from tile 172 (splits 3): windows count from it
-    (0, 44, 20, 1250, 1500),  # window 1 crosses from the main list into the extra one
+    (172, 256, 256, 16384, 0),  # from tile 172: windows count from it
+    (0, 44, 20, 1250, 1500),  # window 1 crosses into the extra list
     (0, 48, 32, 2048, 1024),  # window 2 is the extra list
     (3, 36, 20, 1250, 1500),  # 33 tiles from tile 3: a last window of one tile
     (0, 512, 512, 32768, 0),  # the largest list
@@ -146,7 +146,7 @@ def test_sm100_auto_scratch_is_capped():
 
 
 def _sm90_ptx(project_root, tmp_path, monkeypatch, cases, fixture: str = ""):
-    """PTX of E's sm90 kernel (or a fixture's) per (b, config, kv_format, splits), sm_90a, 132 SMs."""
+    """PTX of E's sm90 kernel (or a fixture's) per (b, config, kv_format, splits)."""
     import dataclasses
 
     from harness.execution.compile import Compiler, ptxas_resources
@@ -182,15 +182,15 @@ PRODUCTION_PTX = {
 
 
 def test_sm90_streams_topk_16384_and_32768_and_the_production_ptx_is_unchanged(project_root, tmp_path, monkeypatch):
-    """topk 16384 / 32768 stream by 4-byte cp.async, spills bounded; production PTX is PRODUCTION_PTX exactly."""
+    """topk 16384 / 32768 stream by cp.async, spills bounded; production PTX unchanged."""
     streamed = [(1, "s2h64_m16384bs256", "model1", 3), (1, "s1h128_m32768bs256", "model1", 1)]
     got = _sm90_ptx(project_root, tmp_path, monkeypatch, streamed + list(PRODUCTION_PTX))
     for key in streamed:
         ptx, res = got[key]
-        assert ptx.count("@p cp.async.ca.shared.global") == 3, key  # a loop of 8 entries a thread: windows 0, 1 and w + 1
+        assert ptx.count("@p cp.async.ca.shared.global") == 3, key  # windows 0, 1 and w + 1
         assert "cp.async.wait_group 1;" in ptx and "cp.async.wait_group 0;" in ptx, key
         assert "bar.sync \t10, 128;" in ptx and "bar.sync \t6, 128;" in ptx, key
-        # the pair's producer spills a few addresses (docs/STAGE_E.md): bounded so a regression shows
+        # the pair's producer spills a little: bounded
         assert res.get("spill", 0) <= (104 if "h128" in key[1] else 0), (key, res)
     for key, digest in PRODUCTION_PTX.items():
         ptx, _ = got[key]
@@ -225,7 +225,7 @@ _SM100 = """
 
 
 def test_sm100_compiles_topk_16384_and_32768_with_its_auto_splits_capped(tmp_path):
-    """sm_100a builds topk 16384 / 32768; at b 1 s1 h64 topk 32768 the kernel takes the scratch's 57 splits."""
+    """sm_100a builds topk 16384 / 32768; topk 32768 takes the scratch's 57 splits."""
     import os
     import subprocess
     import sys
@@ -245,7 +245,7 @@ def test_sm100_compiles_topk_16384_and_32768_with_its_auto_splits_capped(tmp_pat
         assert smem <= SMEM_LIMIT and taken == min(chosen, cap), (config, got)
     assert got["s2h128_m16384bs256"][2] == 32  # AUTO_SPLITS (sm90's parts need fewer there)
     chosen, taken, cap, _ = got["s1h64_m32768bs64"]
-    assert chosen == 74 and cap == 57 == taken  # capped to the scratch: sm90's 57 pieces, more than 32
+    assert chosen == 74 and cap == 57 == taken  # capped to the scratch
 
 
 def test_the_planted_stream_one_window_behind_moves_o_past_the_bounds():

@@ -1,5 +1,4 @@
-"""Issue 33.3's peers of stage E on the CPU: the unfused pair's pass vs oracles/fp8_epilogue.py, peer shape
-rules, FlashMLA's model1 twin of nvfp4, how bench judges a peer."""
+"""Issue 33.3's E peers on the CPU: the unfused pass, shape rules, FlashMLA's model1 twin, judging."""
 
 import math
 
@@ -36,7 +35,7 @@ def _random_o(b, s_q, h, seed=0):
 
 @pytest.mark.parametrize("b,s_q,h", [(3, 2, 16), (1, 1, 64), (2, 2, 128)])
 def test_the_separate_pass_is_the_oracles_rotation_and_quantisation(b, s_q, h):
-    """Bit-exact vs float64 where unambiguous (exponents, nope bytes); rope bytes ≤ one e4m3 step off; pads 0."""
+    """Bit-exact vs float64 where unambiguous; rope bytes ≤ one e4m3 step off; pads 0."""
     n = b * s_q
     o = _random_o(b, s_q, h)
     cs = fe.make_cos_sin_cache()
@@ -87,7 +86,7 @@ def test_the_pass_rotates_the_inverse_way_and_by_each_tokens_own_position():
 
 
 def test_peer_rules():
-    """e_unfused_fp8 takes fp8_rope on sm90 only; FlashMLA and PyTorch refuse fp8_rope; FlashMLA takes nvfp4."""
+    """e_unfused_fp8 takes fp8_rope on sm90; FlashMLA and PyTorch refuse it; FlashMLA takes nvfp4."""
     fp8, bf16 = _dims(_case(PROD[0], epilogue="fp8_rope")), _dims(_case(PROD[0]))
     assert fp8["epilogue"] == "fp8_rope" and bf16["epilogue"] == "bf16"
     assert eu.unsupported("sparse_decode", fp8, (9, 0)) is None and eu.unsupported("sparse_decode", fp8, None) is None
@@ -113,7 +112,7 @@ def test_the_config_is_rebuilt_from_the_sizes(config):
 
 
 def test_flashmla_reads_a_model1_cache_of_the_nvfp4_cases_tokens():
-    """The model1 twin holds every indexed nvfp4 token; its attention is within NVFP4_COSINE_MIN, not 0.9999."""
+    """The model1 twin holds every nvfp4 token; within NVFP4_COSINE_MIN, not 0.9999."""
     case = _case(PROD[1], "nvfp4")
     inputs = sd.make_inputs(case, seed=5)
     c = sd.SparseConfig.parse(case["config"])
@@ -231,7 +230,7 @@ def test_gpu_the_unfused_pair_agrees_with_the_fp8_rope_oracle(config):
     assert cos >= 0.999 and rel <= 4e-2, (cos, rel)
     assert torch.equal(dec["O_scale"].double()[sure], ref["O_scale"][sure])
     assert eu.PASS["kind"] == "torch.compile"
-    again = run()  # a second call: the same bytes (the timed calls are this call)
+    again = run()  # a second call: same bytes
     torch.cuda.synchronize()
     assert torch.equal(again["O_fp8"].view(torch.int32), got["O_fp8"].view(torch.int32))
 

@@ -1,4 +1,4 @@
-"""The executor and supervisor behind run/bench: one timing format (old `peer_us` read), one job mapping."""
+"""The executor behind run/bench: one timing format (old `peer_us` read), one job mapping."""
 
 import pytest
 
@@ -35,7 +35,7 @@ def _fake_bench(calls: list):
 
 
 def test_run_bench_times_its_peer_in_the_flat_peer_keys(lab_path, monkeypatch):
-    # `run --bench` writes what `bench` writes, not `peer_us`
+    # `run --bench` writes what `bench` writes
     import harness.execution.timing
 
     calls: list = []
@@ -104,7 +104,7 @@ def test_run_bench_on_a_gpu_records_the_flat_peer_keys(project_root, tmp_path):
     from harness.notebook.records import read_records
     from tests.conftest import run_cli
 
-    lab = tmp_path / "lab"  # a copy: the test's records never land in the lab's own notebook
+    lab = tmp_path / "lab"  # a copy: records never land in the lab
     shutil.copytree(project_root, lab, ignore=shutil.ignore_patterns(".git", ".cache", ".device", ".peers", "results",
                                                                      "__pycache__"))
     r = run_cli(["run", "stage-D1", "--hd", "512", "--n", "1024", "--arch", "sm_90a", "--bench"], cwd=lab,

@@ -3,7 +3,7 @@
 from tests.conftest import run_cli, write_baselines
 
 
-# Item 7: a run that selects no case exits 1, with one line.
+# Item 7: no case selected: exit 1, one line.
 
 
 def test_a_shard_past_the_end_is_exit_1_one_line(fake_lab):
@@ -24,7 +24,7 @@ def test_a_shard_that_selects_a_case_still_runs(fake_lab):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-# Item 8: tolerances that hold nothing are refused, in one line.
+# Item 8: empty tolerances refused.
 
 import io  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -119,7 +119,7 @@ def test_the_committed_stages_and_baselines_keep_to_the_bounds(project_root):
     assert baselines.load(project_root, must_exist=True)
 
 
-# Item 3: a kernel writing its inputs fails in both paths; the oracle sees them as generated.
+# Item 3: a kernel writing its inputs fails.
 
 import json  # noqa: E402
 
@@ -184,7 +184,7 @@ def test_the_worker_names_the_inputs_written(lab_path):
               inputs=("oracles.add", "make_inputs"), oracle=("oracles.add", "reference"), flops=None, seed=3)
     out = _Executor(lab_path).run(job)
     assert out["wrote_inputs"] == {"b": 16}
-    # the oracle saw b as generated: out = 2a is far from a + b
+    # out = 2a is far from a + b
     assert out["metrics"]["out"]["cosine"] < 0.99
 
 
@@ -197,7 +197,7 @@ def test_inputs_are_compared_bit_for_bit():
     b = torch.arange(6, dtype=torch.int64).reshape(2, 3)
     inputs = {"a": a, "b": b}
     kept = keep(inputs)
-    assert written(inputs, kept) == {}  # a NaN that stayed is no change (a value comparison says it is)
+    assert written(inputs, kept) == {}  # a NaN that stayed is no change
     a[1] = 0.0  # -0.0 -> +0.0: equal as values, not as bits
     a.view(torch.int32)[2] = 0x7FC00001  # another NaN payload
     assert changed(a, kept["a"]) == 2
@@ -210,7 +210,7 @@ def test_inputs_are_compared_bit_for_bit():
     assert changed(h, h.clone()) == 0 and changed(torch.tensor(3.0), torch.tensor(3.0)) == 0
 
 
-# Item 5: every module that decides a verdict is in the staleness hash.
+# Item 5: verdict modules are in the staleness hash.
 
 import ast  # noqa: E402
 import shutil  # noqa: E402
@@ -299,7 +299,7 @@ def test_editing_verdict_code_makes_results_stale(fake_lab, tmp_path, monkeypatc
     assert identity.source_hash(fake_lab, spec.stages["OK"], "cpu") != before
 
 
-# Item 6: dynamically loaded code or data is hashed; `check` says so in one line per call.
+# Item 6: dynamically loaded code is hashed; `check` says so.
 
 DYN_STAGE = """\
   DYN:
@@ -360,7 +360,7 @@ def test_editing_what_is_loaded_dynamically_makes_results_stale(fake_lab, form):
     spec = load_spec(root=fake_lab)
     before = identity.source_hash(fake_lab, spec.stages["DYN"], "cpu")
     (fake_lab / loaded).write_text(text + "# and more\n" if loaded.endswith(".py") else text + "2\n")
-    if loaded.endswith(".py"):  # a comment alone keeps results fresh: change code
+    if loaded.endswith(".py"):  # comments keep results fresh: change code
         (fake_lab / loaded).write_text(text.replace("a + b", "a - b"))
     assert identity.source_hash(fake_lab, spec.stages["DYN"], "cpu") != before, form
     uses = identity.dynamic_uses(fake_lab, spec.stages["DYN"], "cpu")

@@ -1,4 +1,4 @@
-"""`run --first-light`: plan order, stop at the first failing step, never green off sm_100; here exit ≠ 0."""
+"""`run --first-light`: plan order, stops at the first failure, never green off sm_100."""
 
 import dataclasses
 

@@ -1,5 +1,4 @@
-"""Stage E's fused FP8 epilogue, oracle side (issue 33.2): rotation, exponent rule, packed layout, metric;
-planted wrong-sign rotation and wrong exponent fail."""
+"""Stage E's fused FP8 epilogue, oracle side: rotation, exponent rule, layout, metric; planted bugs fail."""
 
 from __future__ import annotations
 
@@ -40,7 +39,7 @@ def test_inverse_rotation_undoes_the_forward_one_and_moves_only_the_rope_lanes()
     y = fe.rotate(x, cs, torch.tensor([5]))
     c, s = float(cs[5, 0]), float(cs[5, 32])
     assert y[0, 0, 448].item() == pytest.approx(c) and y[0, 0, 449].item() == pytest.approx(-s)
-    # cache row: 32 cos then 32 sin of θ_i = p · 10000^(−2i/64)
+    # 32 cos then 32 sin of θ_i = p · 10000^(−2i/64)
     assert float(cs[5, 3]) == pytest.approx(math.cos(5 * 10000 ** (-6 / 64)), abs=1e-6)
     assert float(cs[5, 35]) == pytest.approx(math.sin(5 * 10000 ** (-6 / 64)), abs=1e-6)
 
@@ -57,7 +56,7 @@ def test_exponent_rule_on_edge_values():
     assert exp_of(1e-9) == -22  # below the floor
     assert exp_of(-300.0) == 0  # |x|
     ref = fe.exponent_reference(torch.tensor([448.0 * 2**-3] + [0.0] * 511, dtype=torch.float64))
-    assert float(ref[0]) == -2.5  # within the band of 2^−3: either −3 or −2 passes (max_abs ≤ 0.5)
+    assert float(ref[0]) == -2.5  # either −3 or −2 passes
     assert float(ref[1]) == -22.0
     ref = fe.exponent_reference(torch.tensor([448.0 * 2**-3 * 1.1] + [0.0] * 511, dtype=torch.float64))
     assert float(ref[0]) == -2.0  # outside the band: exact
@@ -71,7 +70,7 @@ def test_pack_and_decode_round_trip_and_layout():
     q, e = fe.quantise(o)
     out, scales = fe.pack(q, e, b, s_q, h_q)
     assert out.shape == (2, 6, 8, 512) and scales.shape == (2, 8, 8) and scales.dtype == torch.int32
-    # head 13 of token (1, 0): group 1, slot 5; byte k = block k's UE8M0
+    # head 13 of token (1, 0): group 1, slot 5
     assert torch.equal(out[1, 2, 5], q[1, 0, 13])
     word = int(scales[1, 5, 2]) & 0xFFFFFFFF
     assert [(word >> (8 * k)) & 0xFF for k in range(4)] == [int(x) + 127 for x in e[1, 0, 13]]
@@ -99,7 +98,7 @@ def test_unwritten_words_stay_unwritten_after_decode():
 
 
 def _kernel_like(inputs, case, sign: float = 1.0, exp_shift: int = 0):
-    """An exact fp8_rope kernel's words (rotated with `sign`, quantised); `exp_shift` moves one block's exponent."""
+    """An exact fp8_rope kernel's words; `exp_shift` moves one block's exponent."""
     c = sd.SparseConfig.parse(case["config"])
     bf = dict(case, epilogue="bf16")
     o = sd.reference(inputs, bf)["O"]  # the unrotated float64 rows
@@ -149,7 +148,7 @@ def test_a_wrong_exponent_fails_the_metric():
 
 
 def test_bf16_cases_keep_their_inputs_and_outputs():
-    """The epilogue axis draws its inputs last: a bf16 case is as before, O_scale empty on both sides."""
+    """The epilogue axis draws its inputs last: bf16 cases as before, O_scale empty."""
     case = dict(CASE, epilogue="bf16", scenario="sink")
     a = sd.make_inputs(case, seed=5)
     b = sd.make_inputs({k: v for k, v in case.items() if k != "epilogue"}, seed=5)
@@ -198,7 +197,7 @@ def test_sm90_fp8_epilogue_compiles_without_spills_and_the_planted_sign_reaches_
     assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == 2 * 64 + 8
     assert "st.global.v4.b32" in ptx  # PartCombine's 16-byte stores of e4m3
 
-    def body(text):  # every kernel's name (it embeds its module's) set aside
+    def body(text):  # kernel names set aside
         import re
 
         for name in re.findall(r"\.entry\s+(\S+?)\(", text):
@@ -210,7 +209,7 @@ def test_sm90_fp8_epilogue_compiles_without_spills_and_the_planted_sign_reaches_
 
 
 def test_the_kernels_addresses_and_exponent_bits_agree_with_the_oracle():
-    """stages/common/fp8_epilogue.py's byte offsets and exponent rule match oracles/fp8_epilogue.py `pack`."""
+    """The kernel's byte offsets and exponent rule match oracles/fp8_epilogue.py."""
     from stages.common import fp8_epilogue as ke
 
     g = torch.Generator().manual_seed(3)

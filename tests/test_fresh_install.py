@@ -1,4 +1,4 @@
-"""The installed script: bad invocations one line, exit 2; help and `--version` exit 0; without `click` too."""
+"""The installed script: bad invocations one line, exit 2; help and --version exit 0."""
 
 import os
 import shutil
@@ -26,7 +26,7 @@ BAD_INVOCATIONS = [
     ["--no-such-flag"],
 ]
 
-# Nothing asked: the help, exit 0 (the first thing people type).
+# Nothing asked: help, exit 0.
 HELP_INVOCATIONS = [[], ["baseline"], ["new"], ["targets"], ["--help"], ["run", "--help"]]
 
 

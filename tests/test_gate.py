@@ -1,4 +1,4 @@
-"""Gate decisions on synthetic records: pass, regression, improvement, stale, early stop, corrupt; the hook."""
+"""Gate decisions on synthetic records: pass, regression, improvement, stale, early stop, corrupt; hook."""
 
 import io
 import json
@@ -147,7 +147,7 @@ def test_changed_source_makes_results_stale(lab):
     baselines.save(lab, [base(spec, "HD", "sm_90a", C64, 0.9999)])
     assert decide(lab)[0] == 0
     with open(lab / "stages" / "fake" / "cpu.py", "a") as fh:
-        fh.write("\nA_CHANGE = 1\n")  # code, not a comment: comments keep results fresh
+        fh.write("\nA_CHANGE = 1\n")  # code, not a comment
     code, text = decide(lab)
     assert code == 1 and "stale" in text
 
@@ -223,13 +223,13 @@ def test_hook_refuses_a_commit_that_regresses(lab, tmp_path):
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{Path(os.sys.executable).parent}:{os.environ['PATH']}"}
     (lab / "x.txt").write_text("x")
-    subprocess.run(["git", "add", "-A"], cwd=lab, check=True)  # the hook judges what is staged: stage, baselines
+    subprocess.run(["git", "add", "-A"], cwd=lab, check=True)  # the hook judges what is staged
     r = subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-m", "x"], cwd=lab, env=env,
                        capture_output=True, text=True)
     assert r.returncode != 0 and "REGRESSIONS" in r.stdout + r.stderr
 
 
-# -- the real lab: a broken sm_100a build is refused without a GPU
+# -- a broken sm_100a build is refused without a GPU
 
 
 def test_hook_refuses_a_commit_that_breaks_the_sm100_build_of_d1(tmp_path, monkeypatch):
@@ -275,7 +275,7 @@ def test_hook_refuses_a_commit_that_breaks_the_sm100_build_of_d1(tmp_path, monke
         assert r.returncode != 0, r.stdout + r.stderr
         return r.stdout + r.stderr
 
-    # parses but no longer builds: recompiled and refused
+    # no longer builds: refused
     out = commit_broken(good + "\n_planted = name_that_does_not_exist\n")
     assert "REGRESSIONS" in out and "stage-D1 sm_100a hd=64,n=128,m=128" in out and "compile_error" in out, out
     assert "stages/D1_headdim/sm100.py:" in out and "NameError" in out, out

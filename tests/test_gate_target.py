@@ -1,4 +1,4 @@
-"""The gate without a GPU: the hook judges the index and proves stale cases on a target over a real sshd."""
+"""The gate without a GPU: the hook judges the index, proving stale cases over a real sshd."""
 
 import io
 import os
@@ -50,7 +50,7 @@ def hooked_lab(fake_lab, tmp_path):
 def edit_kernel(lab: Path, line: str = "A_CHANGE = 1") -> Path:
     kernel = lab / "stages" / "fake" / "cpu.py"
     with open(kernel, "a") as fh:
-        fh.write(f"\n{line}\n")  # code, not a comment: comments keep results fresh
+        fh.write(f"\n{line}\n")  # code, not a comment
     return kernel
 
 
@@ -80,14 +80,14 @@ def test_a_staged_kernel_edit_is_refused_naming_the_target_way_in_one_line(hooke
     assert "(declare one in targets.yaml;" in line and "`proof_target: NAME` in " in line, line
     assert line.endswith("or on a machine that can: dsv4-lab run stage-HD --arch sm_90a"), line
     assert "xdg/dsv4-lab/targets.yaml makes the hook use it" in line, line
-    # the same edit left unstaged again: the docs commit goes through
+    # unstaged edit: the docs commit goes through
     subprocess.run(["git", "reset", "-q", "--", str(kernel)], cwd=lab, check=True)
     r = commit(lab, env, message="docs")
     assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_the_staged_gate_judges_staged_baselines_and_names_declared_targets(hooked_lab):
-    """A baseline dropped in the tree but staged still holds; the stale line names the targets."""
+    """A staged baseline dropped from the tree still holds; the stale line names the targets."""
     lab, env = hooked_lab
     (lab / "targets.yaml").write_text("version: 1\ntargets:\n  box:\n    ssh: gpu-box\n    workdir: /w\n"
                                       "    python: python3\n")
@@ -98,7 +98,7 @@ def test_the_staged_gate_judges_staged_baselines_and_names_declared_targets(hook
     r = run_cli(["gate", "--staged", "--no-run"], cwd=lab, env_extra=env)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "dsv4-lab gate --target box (declared: box;" in r.stdout, r.stdout
-    # no baselines left beside records: a loss, never a pass
+    # no baselines beside records: never a pass
     r = run_cli(["gate", "--no-run"], cwd=lab, env_extra=env)
     assert r.returncode == 1 and "no baselines, but the notebook has records" in r.stdout, r.stdout + r.stderr
 
@@ -175,7 +175,7 @@ def test_gate_with_a_bad_proof_target_or_target_is_one_line_exit_2(hooked_lab, t
 
 @pytest.fixture
 def proof_lab(tmp_path, monkeypatch, ssh_server: SshServer):
-    """A small lab declaring target `box` on the test sshd; FAKE baselined, committed, hook installed."""
+    """A small lab with target `box` on the test sshd; FAKE baselined, committed, hooked."""
     monkeypatch.setenv("DSV4_LAB_SSH_CONFIG", str(ssh_server.config))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("DSV4_LAB_GIT", raising=False)

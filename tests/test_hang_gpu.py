@@ -1,4 +1,4 @@
-"""On a GPU: hang_d2 with `--debug-hangs` is recorded `hang`. Alone: pytest -q -m gpu tests/test_hang_gpu.py"""
+"""On a GPU: hang_d2 with `--debug-hangs` is recorded `hang`."""
 
 import dataclasses
 

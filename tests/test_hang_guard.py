@@ -1,4 +1,4 @@
-"""`--debug-hangs`: off, PTX as a pass-through guard; on, timer bound and trap; cache key; `hang` replies."""
+"""`--debug-hangs`: off, PTX unchanged; on, timer bound and trap; cache key; `hang` replies."""
 
 import json
 import os
@@ -115,7 +115,7 @@ def test_flag_is_in_the_cache_key_and_the_summary(builds):
     assert "debug" not in builds["off"]["summary"]
 
 
-# -- the worker's side (fd capture around a fake launch)
+# -- the worker's side
 
 
 class _FakeTorch:

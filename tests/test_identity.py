@@ -1,4 +1,4 @@
-"""A record's identity covers what can change its verdict; comment/blank-line edits keep results fresh."""
+"""A record's identity covers what can change its verdict; comment-only edits keep it."""
 
 import shutil
 from pathlib import Path

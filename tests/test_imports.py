@@ -46,7 +46,7 @@ def import_edges(mods: dict[str, Path]) -> dict[str, dict[str, int]]:
                     anchor = package.split(".") if package else []
                     anchor = anchor[: len(anchor) - (node.level - 1)] if node.level > 1 else anchor
                     base = ".".join([*anchor, *([base] if base else [])])
-                # `from pkg import name`: name may itself be a module
+                # name may be a module
                 targets = [f"{base}.{a.name}" if base else a.name for a in node.names] or [base]
             for t in targets:
                 dep = _resolve(t, mods)

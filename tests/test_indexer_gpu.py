@@ -24,7 +24,7 @@ def test_lab_catches_dropped_relu_in_stage_i1(project_root, tmp_path):
                       project_root / "tests" / "fixtures" / "wrong_i1" / "sm90.py")
     wrong_i1 = dataclasses.replace(i1, kernels={"sm_90a": wrong}, dir=wrong.path.parent)
     summary = _run(spec, wrong_i1, "sm_90a", tmp_path, where={"s": 128})
-    # the product's 4 cases at s 128 and the more: cases
+    # the 4 product cases and the more: ones
     assert len(summary.records) == 12
     assert {(r.case["heads"], r.case["head_dim"], r.case["logits_dtype"], r.case["compressed"])
             for r in summary.records} == {(64, 128, "fp32", False), (32, 128, "fp32", False), (64, 32, "fp32", False),

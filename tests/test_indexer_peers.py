@@ -1,4 +1,4 @@
-"""The indexer's peers: problems from tensor specs, PyTorch peer vs float64 oracle, DeepGEMM's rules and absence."""
+"""The indexer's peers: problems, PyTorch peer vs oracle, DeepGEMM's rules and absence."""
 
 import dataclasses
 

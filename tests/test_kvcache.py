@@ -60,7 +60,7 @@ def test_round_trip_error_is_e4m3_rounding(fmt, bs):
     assert tuple(y.shape) == (3, bs, kc.D) and bool(torch.isfinite(y).all())
     group = {"simple": kc.D, "model1": kc.MODEL1_TILE, "v4.1": kc.V41_GROUP}[fmt]
     xd = x.double()
-    # per group: half an e4m3 ulp at the group's amax + subnormal step
+    # half an ulp at the group's amax + subnormal step
     g = xd[..., : (kc.D_NOPE if fmt == "model1" else kc.D)].reshape(3, bs, -1, group if fmt != "simple" else kc.D)
     amax = g.abs().amax(dim=-1, keepdim=True)
     err = (y[..., : g.shape[-2] * g.shape[-1]].reshape(g.shape) - g).abs()

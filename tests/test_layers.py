@@ -35,7 +35,7 @@ def test_no_harness_module_shadows_the_standard_library():
     assert not shadowing, f"harness modules named like standard-library modules (rename them): {shadowing}"
 
 
-# Package layers (docs/ARCHITECTURE.md), lowest first: a module imports its own layer or lower ones.
+# Package layers, lowest first: a module imports its own layer or lower.
 LAYERS = {
     "harness.core": 0,
     "harness.peers": 1,

@@ -60,7 +60,7 @@ def test_bool_axis_values_parse(project_root):
     assert sel and all(c.dict["v_is_k"] is True for c in sel)
 
 
-# Size limit: refused before building; filters apply first.
+# Size limit before building.
 
 def _big(stage_a):
     """10**6 cases via a Stage built directly."""
@@ -89,7 +89,7 @@ def test_filters_narrow_a_big_matrix_without_building_it(stage_a):
     cases = expand(big, filters)
     assert len(cases) == 2 * 10**4 and {c.dict["a1"] for c in cases} == {2, 3}
     assert cases[0].label == "a0=1,a1=2,a2=0,a3=0,a4=0,a5=0"
-    # the same cases as filtering the full product would give
+    # as filtering the full product
     small = replace(stage_a, matrix={"a": [1, 2, 3], "b": ["x", "y"]})
     f = parse_filters(small, [("b", "y")])
     assert expand(small, f) == select(expand(small), f)

@@ -19,7 +19,7 @@ def _case(rows, keys, h, d, seed, device="cpu"):
     ke[::7] = ks[::7]  # empty rows
     ks[:4] = torch.tensor([0, keys - 3, 0, keys // 2])[:rows]  # all keys, the last 3, the first 40,
     ke[:4] = torch.tensor([keys, keys + 9, 40, keys // 3])[:rows]  # ks > ke
-    ks[BR:2 * BR], ke[BR:2 * BR] = 0, 40  # the second row block's CTAs past key 40 compute nothing
+    ks[BR:2 * BR], ke[BR:2 * BR] = 0, 40  # CTAs past key 40 compute nothing
     args = [t.to(torch.float64).to(device) for t in (q, k, w)] + [t.to(torch.int32).to(device) for t in (ks, ke)]
     j = torch.arange(keys, device=device)
     return args, (args[3][:, None] <= j) & (j < args[4][:, None])

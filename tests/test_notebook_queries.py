@@ -1,4 +1,4 @@
-"""The notebook's queries answer as the readers' old code (kept verbatim) on the real notebook and old lines."""
+"""The notebook's queries answer as the old code (kept verbatim) did."""
 
 import json
 from pathlib import Path
@@ -12,7 +12,7 @@ from harness.core.statuses import RAN
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# The old code, from baselines.py, gate.py, compilerun.py, dashboard.py, archive.py.
+# The old code, verbatim.
 
 
 def old_shows_compile(rec) -> bool:
@@ -42,7 +42,7 @@ def old_newest_compiled(records, stage, arch, case, src):  # baselines.newest_co
     return None
 
 
-def old_gate_scan(path, stage, todo_in, src):  # gate.newest_records, one stage: todo (arch, label) -> kind
+def old_gate_scan(path, stage, todo_in, src):  # gate.newest_records
     todo = dict(todo_in)
     found = []
     for rec in R.iter_records(path, [], newest_first=True) if todo else ():
@@ -116,7 +116,7 @@ def test_real_notebook_newest_and_fresh_answers_are_unchanged(real_notebook):
                     assert (R.newest(pool, stage, arch, case, src, R.shows_compile)
                             is old_newest_compiled(pool, stage, arch, case, src))
                     checked += 1
-        # newest result per case, freshness of every record
+        # newest per case, freshness
         assert _ids(R.newest_by_case([r for r in tests if r.status in RAN]).values()) == _ids(
             {case_label(r.case): r for r in tests if r.status in RAN}.values())
         lines = [{"arch": r.arch, "code": r.code} for r in mine]  # what the archive reads of a raw line
@@ -184,7 +184,7 @@ def test_old_format_notebook_reads_as_before(tmp_path):
     assert R.run_peer_us(tests[0]) == 7.5 and R.peer_times(every[2].timing) == {"torch_sdpa": 150.0}
 
 
-# One notebook: schema, queries and run sessions live in records.py only.
+# One notebook module: records.py.
 
 HARNESS = ROOT / "harness"
 
@@ -228,7 +228,7 @@ def test_run_log_writes_its_events_once(tmp_path):
     log.plan(target="local", argv=["run"], cases=2)
     rec = R.Record(id=f"{log.run_id}.1", run=log.run_id, t=R.now_iso(), stage="A", arch="cpu", case={"n": 1},
                    status="pass")
-    assert not R.runs_file(tmp_path).exists()  # planned, not written: a session that writes nothing leaves no trace
+    assert not R.runs_file(tmp_path).exists()  # planned, not written: no trace
     log.write(rec)
     log.write(rec)
     log.close()

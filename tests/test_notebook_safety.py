@@ -43,7 +43,7 @@ def test_compacting_while_a_run_appends_loses_no_record(fake_lab, capsys):
     while child.poll() is None:
         assert compact.main(fake_lab) == 0
         rounds += 1
-        time.sleep(0.1)  # flock is not fair: leave the run a moment to append between rounds
+        time.sleep(0.1)  # flock is not fair
     assert child.wait() == 0
     assert rounds >= 3, rounds  # compaction really ran during the run
     warn: list[str] = []
@@ -52,12 +52,12 @@ def test_compacting_while_a_run_appends_loses_no_record(fake_lab, capsys):
     assert sorted(ids) == sorted(f"child.{i}" for i in range(n)), f"{n - len(set(ids))} of {n} lost"
     envs = {r.id: r.env for r in read_records(fake_lab, ["OK"]) if r.run == "child"}
     assert all(envs[f"child.{i}"] == {"host": "h", "gpu": f"g{i % 7}", "i": i % 5} for i in range(n))
-    assert compact.main(fake_lab) == 0  # once more, with nothing appending: still all there
+    assert compact.main(fake_lab) == 0  # once more: still all there
     assert len([r for r in read_records(fake_lab, ["OK"]) if r.run == "child"]) == n
     assert read_runs(fake_lab, warn)["child"]["event"] == "end"
 
 
-# -- baselines: duplicate keys, forged parsed copy, a losing write ----
+# -- baselines: duplicates, forgeries, losing writes
 
 import lzma  # noqa: E402
 import resource  # noqa: E402
@@ -144,7 +144,7 @@ def test_save_never_writes_a_file_that_loses_a_baseline_it_read(based):
     assert path.read_bytes() == before
 
 
-# -- no baselines is no pass once the notebook has records (item 4)
+# -- no baselines is no pass (item 4)
 
 
 @pytest.mark.parametrize("content", [None, "", "version: 1\n", "version: 1\nbaselines: {}\n"])
@@ -214,7 +214,7 @@ def test_a_symlink_to_dev_zero_under_results_is_refused(based, name):
     path.unlink(missing_ok=True)
     path.symlink_to("/dev/zero")
     said = ""
-    for args in (["dashboard"], ["show", "r"]):  # the dashboard reads the records, `show` the runs too
+    for args in (["dashboard"], ["show", "r"]):  # dashboard and `show`
         r = _cli(based, args)
         assert "MemoryError" not in r.stderr and "internal error" not in r.stderr and r.returncode in (0, 1, 2), \
             (args, r.returncode, r.stderr[-2000:])

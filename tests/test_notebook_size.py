@@ -19,7 +19,7 @@ from harness.spec.identity import source_hash
 from harness.spec.spec import load_spec
 from tests.conftest import ROOT, load_script, write_records
 
-# The tracked tree and the CuTeDSL pack (~59.9 MiB) share one 64 MiB carry.
+# tracked tree + CuTeDSL pack share one 64 MiB carry.
 TRACKED_BUDGET = 3 * 1024 * 1024
 CARRY_CAP = 64 * 1024 * 1024
 PACK_SIZE_KNOWN = "59.9 MiB"
@@ -39,7 +39,7 @@ def _tracked_sizes(root: Path) -> dict[str, int]:
     sizes = {}
     for name in filter(None, out.stdout.decode("utf-8", "surrogateescape").split("\0")):
         try:
-            sizes[name] = os.lstat(root / name).st_size  # as `du -b` counts it; a file deleted here counts nothing
+            sizes[name] = os.lstat(root / name).st_size  # as `du -b` counts
         except OSError:
             continue
     return sizes
@@ -110,7 +110,7 @@ def test_a_tampered_store_line_or_an_unknown_id_costs_that_table_only(tmp_path):
     assert "inv" not in got[0].compile and got[0].compile["sass"] == SASS and got[0].compile["regs"] == 90
     assert "inv" not in got[1].compile and "sass" not in got[1].compile
     assert any("must hash to the id" in x for x in warn) and any("does not hold" in x for x in warn)
-    assert baselines.compile_facts(got[0]) is None  # the gate is never shown an inventory it cannot trust
+    assert baselines.compile_facts(got[0]) is None  # never an untrusted inventory
 
 
 def test_compacting_an_old_notebook_keeps_every_record_and_every_bad_line(tmp_path):
@@ -143,7 +143,7 @@ def test_stale_lines_move_to_the_archive_and_read_back_first(tmp_path):
     assert [r.id for r in after] == ["r1.0", "r1.1", "r1.3", "r1.2", "r1.4", "r1.5"]  # archive = the older part
     newest = [r.id for r in iter_records(stage_file(tmp_path, "A"), [], newest_first=True)]
     assert newest == list(reversed([r.id for r in after]))
-    # A second pass appends to the archive; nothing is lost or doubled.
+    # A second pass: nothing lost or doubled.
     _write_all(tmp_path, [rec(6, "new")])
     assert archive_stale(tmp_path, "A", {"sm_90a": "newer"})[0] == 3
     assert sorted(r.id for r in read_records(tmp_path, ["A"], [])) == sorted([r.id for r in before] + ["r1.6"])
@@ -177,7 +177,7 @@ def test_a_compile_baseline_keeps_the_total_and_the_mma_counters(tmp_path):
     (tmp_path / "stages.yaml").write_text("")
     baselines.save(tmp_path, [b])
     text = lzma.decompress(baselines.compile_baselines_file(tmp_path).read_bytes()).decode()
-    assert "inv: {" in text and "tolerance" not in text  # plain mappings on one line; default tolerances unwritten
+    assert "inv: {" in text and "tolerance" not in text  # default tolerances unwritten
     assert baselines.load(tmp_path) == [b]
     b.tolerance = {**b.tolerance, "regs": 16}  # a changed tolerance is written, and read back
     baselines.save(tmp_path, [b])
@@ -185,7 +185,7 @@ def test_a_compile_baseline_keeps_the_total_and_the_mma_counters(tmp_path):
     assert baselines.load(tmp_path) == [b]
 
 
-# --- the store, xz-compressed: appended stream by stream, read robustly, compacted
+# --- the xz store
 
 def _variant(i: int) -> dict[str, int]:
     return {**INV, "ld.global.128b": 100 + i}
@@ -204,7 +204,7 @@ def test_inventories_are_appended_as_xz_streams_and_read_back_across_them(tmp_pa
     _write(tmp_path, range(2, 4))  # a second writer appends to the same store
     path = store_file(results_dir(tmp_path))
     assert path.name == "inventories.jsonl.xz" and not plain_store_file(results_dir(tmp_path)).exists()
-    assert _streams(path) == 5  # SASS once, then each changed INV: one xz stream per line
+    assert _streams(path) == 5  # one xz stream per line
     lines = lzma.decompress(path.read_bytes()).splitlines()  # concatenated streams: one valid xz file
     assert sorted(json.loads(x)["id"] for x in lines) == sorted(
         {content_id(SASS)} | {content_id(_variant(i)) for i in range(4)})
@@ -226,7 +226,7 @@ def test_a_cut_off_last_stream_costs_one_warning_and_keeps_every_stream_before(t
     assert [r.compile.get("inv") for r in got] == [_variant(0), _variant(1), None]  # only the cut-off table is lost
     cut = [x for x in warn if "xz stream" in x]
     assert len(cut) == 1 and f"byte {last}:" in cut[0] and str(path) in cut[0] and "cut off" in cut[0]
-    # A writer after the crash appends behind the fragment; still one warning.
+    # A later writer: still one warning.
     _write(tmp_path, [3])
     warn = []
     got = read_records(tmp_path, ["A"], warn)
@@ -260,7 +260,7 @@ def test_compacting_keeps_what_a_line_names_and_a_dropped_inventory_costs_one_ta
     path = store_file(results_dir(tmp_path))
     assert _streams(path) == 1 and len(lzma.decompress(path.read_bytes()).splitlines()) == 3
     assert [r.compile["inv"] for r in read_records(tmp_path, ["A"], [])] == [_variant(1), _variant(2)]
-    # A record whose inventory was dropped keeps the rest.
+    # A dropped inventory keeps the rest.
     with open(stage_file(tmp_path, "A"), "a") as fh:
         fh.write(lines[0] + "\n")
     warn: list[str] = []
@@ -278,8 +278,8 @@ def test_a_plain_store_of_an_older_notebook_is_read_beside_the_xz_one_and_folded
     path.parent.mkdir(parents=True)
     compacted = [{**rec(0, inv=_variant(0)).to_dict()}]
     compacted[0]["compile"] = {**compacted[0]["compile"], "inv": "#" + old[0]["id"], "sass": "#" + old[1]["id"]}
-    path.write_text(json.dumps(compacted[0]) + "\n")  # a record written before the store was compressed
-    _write(tmp_path, [1])  # a new writer: its new INV goes to the xz store, SASS is known already
+    path.write_text(json.dumps(compacted[0]) + "\n")  # written before compression
+    _write(tmp_path, [1])  # new INV to the xz store
     assert _streams(store_file(results)) == 1
     warn: list[str] = []
     before = read_records(tmp_path, ["A"], warn)
@@ -298,7 +298,7 @@ def test_archived_lines_carry_their_inventories_inline(tmp_path):
     archived = [json.loads(x) for x in _read_archive(archive_file(stage_file(tmp_path, "A")), None).splitlines()]
     assert [a["compile"]["inv"] for a in archived] == [_variant(0), _variant(1)]
     assert all(a["compile"]["sass"] == SASS for a in archived)
-    # Compacting keeps just the live record's two tables.
+    # Compacting keeps the live tables.
     assert _compact_script().named_ids(tmp_path, InventoryStore(results_dir(tmp_path))) == {content_id(SASS), content_id(_variant(2))}
     rewrite_store(InventoryStore(results_dir(tmp_path)), _compact_script().named_ids(tmp_path, InventoryStore(results_dir(tmp_path))))
     warn: list[str] = []
@@ -366,7 +366,7 @@ def test_runs_no_live_record_names_move_to_the_archive_and_read_back(tmp_path):
     assert any("not an xz archive" in w for w in warn)  # a bad archive costs a warning, not a crash
 
 
-# --- env blocks: kept once in results/envs.jsonl.xz, a record names its env by id
+# --- env blocks in results/envs.jsonl.xz
 
 ENV_GPU = {"host": "vm", "torch": "2.11.0+cu130", "cute": "4.8.1", "gpu": "NVIDIA H100 80GB HBM3", "cc": "9.0",
            "cuda": "13.0", "driver": "580.159.04"}
@@ -474,7 +474,7 @@ def test_compacting_folds_inline_envs_into_the_store_and_drops_unused_ones(fake_
     warn: list[str] = []
     before = read_records(fake_lab, ["OK"], warn)
     assert before == old and len(warn) == 1
-    assert _compact_script().main(fake_lab) == 1  # the broken line: OK.jsonl is not sealed, the rest is done
+    assert _compact_script().main(fake_lab) == 1  # broken line: OK.jsonl not sealed
     assert sorted(e["id"] for e in _env_lines(fake_lab)) == [content_id(ENV_GPU)]  # unused and archived: dropped
     assert _streams(EnvStore(results_dir(fake_lab)).path) == 1
     lines = path.read_text().splitlines()
@@ -489,7 +489,7 @@ def test_compacting_folds_inline_envs_into_the_store_and_drops_unused_ones(fake_
     assert sorted(after, key=lambda r: r.id) == before and len(warn) == 1  # the broken line, as before
     size = path.stat().st_size
     assert _compact_script().main(fake_lab) == 1 and path.stat().st_size == size  # idempotent
-    path.write_text("\n".join(lines[:2]) + "\n")  # the broken line mended away: the live lines are sealed
+    path.write_text("\n".join(lines[:2]) + "\n")  # mended: sealed
     assert _compact_script().main(fake_lab) == 0 and path.read_bytes() == b""
     assert _read_archive(segment_file(path), None) == ("\n".join(lines[:2]) + "\n").encode()
     assert sorted(read_records(fake_lab, ["OK"], warn), key=lambda r: r.id) == before
@@ -535,7 +535,7 @@ def test_show_and_the_dashboard_read_an_env_by_id_and_a_missing_one_is_one_line(
     assert "OK.jsonl:1: env names env block" in out.stderr and "does not hold" in out.stderr
 
 
-# --- sealed segments: results/records/<stage>.jsonl.xz ---
+# --- sealed segments ---
 
 def _seal(root, stage: str = "A"):
     from harness.notebook.archive import seal
@@ -559,9 +559,9 @@ def test_records_read_archive_then_segment_then_plain_in_order(tmp_path):
     assert [r.id for r in read_records(tmp_path, None, warn)] == ids and not warn
     assert [r.id for r in iter_records(path, warn, newest_first=True)] == ids[::-1]
     assert read_records(tmp_path, ["A"], warn)[3] == rec(3, "new")  # ids in the segment read back as values
-    path.unlink()  # a stage whose live lines are all in its segment is still a stage with records
+    path.unlink()  # sealed stages still have records
     assert [r.id for r in read_records(tmp_path, None, warn)] == ids[:6] and not warn
-    # A bad segment line is skipped and named: file, line.
+    # A bad segment line is named.
     lines = lzma.decompress(segment.read_bytes()).splitlines()
     segment.write_bytes(lzma.compress(b"\n".join([lines[0], b'{"v": 1, "id": "cut', *lines[1:]]) + b"\n"))
     assert [r.id for r in read_records(tmp_path, ["A"], warn)] == ids[:6]
@@ -586,7 +586,7 @@ def test_a_record_only_in_the_segment_is_found_by_newest_newest_by_case_and_the_
     write(fake_lab, gate_rec(spec, "HD", "sm_90a", C64, 0.5, i=2))  # a newer plain line still decides
     assert decide(fake_lab)[0] == 1
     assert _seal(fake_lab, "HD")[0] == 1 and decide(fake_lab)[0] == 1  # and still does once sealed
-    baselines.baselines_file(fake_lab).unlink()  # records only in a segment are records: their baselines' loss is no pass
+    baselines.baselines_file(fake_lab).unlink()  # segment records count for the gate
     assert gate.notebook_has_records(fake_lab)
     code, text = decide(fake_lab)
     assert code == 1 and "restore it" in text, text
@@ -647,10 +647,10 @@ def test_a_duplicate_id_across_segment_and_plain_reads_as_it_does_across_archive
         _write_all(root, [second])
         notebooks[where] = read_records(root, ["A"])
     assert [(r.id, r.status) for r in notebooks["segment"]] == [("r1.0", "pass"), ("r1.1", "pass"), ("r1.0", "fail")]
-    assert notebooks["segment"] == notebooks["archive"]  # both read, in their places: the newest is the later
+    assert notebooks["segment"] == notebooks["archive"]  # both read, newest later
     from harness.notebook.records import newest
     assert newest(notebooks["segment"], "A", "sm_90a", {"n": 0}).status == "fail"
-    # Sealing again: a line the segment already holds is read twice, not sealed twice.
+    # Sealing again: no line sealed twice.
     root = tmp_path / "segment"
     path = stage_file(root, "A")
     leftover = lzma.decompress(segment_file(path).read_bytes()).splitlines()[1]
@@ -686,7 +686,7 @@ def test_compaction_that_would_lose_a_record_says_so_in_one_line(fake_lab, monke
     script = _compact_script()
     assert sum(script.every_record(fake_lab).values()) == 2
 
-    def lossy_seal(root, stage_id):  # a seal with a bug: empties the plain file, seals nothing
+    def lossy_seal(root, stage_id):  # a buggy seal seals nothing
         replace_file(stage_file(root, stage_id), b"")
         return 2, 0
 

@@ -1,5 +1,4 @@
-"""Stage E sm90's nvfp4 dequantisation on the CPU: each producer thread's loads, conversions (emulated bit
-for bit) and stores equal oracles/kvcache.py's dequantiser, every column written once."""
+"""E sm90's nvfp4 dequantisation on the CPU, emulated bit for bit, equals oracles/kvcache.py's."""
 
 import struct
 from pathlib import Path
@@ -74,7 +73,7 @@ def model_token(data: bytes, scales: bytes, group_byte=lambda b: b) -> dict[int,
                 for c, v in enumerate(_word(w, f, sb, one_multiply)):
                     out.setdefault(128 * p + 32 * q + 8 * i + c, []).append(v)
         f, sb = _scale(words[6], group_byte(q))
-        for i in range(2):  # the tail: bytes 192 + 8·q, stored as model1's piece 6
+        for i in range(2):  # tail: bytes 192 + 8·q
             w = int.from_bytes(data[64 * t + 8 * q + 4 * i : 64 * t + 8 * q + 4 * i + 4], "little")
             for c, v in enumerate(_word(w, f, sb, one_multiply)):
                 out.setdefault(64 * 6 + 16 * q + 8 * i + c, []).append(v)
@@ -131,7 +130,7 @@ def test_a_neighbouring_groups_scale_moves_the_values():
 
 
 def test_the_pair_kernel_compiles_without_spills_and_converts_by_bit_moves(project_root, tmp_path, monkeypatch):
-    """sm_90a h_q 128 pair: no spill, e2m1 codes as e2m1_bits says, the scale factors, two 16-byte scale loads."""
+    """sm_90a h_q 128 pair: no spill, e2m1 codes, scale factors, two 16-byte scale loads."""
     from harness.spec.spec import load_spec
 
     monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
@@ -190,7 +189,7 @@ def test_the_planted_bug_reaches_the_compiled_kernel(project_root, tmp_path, mon
     assert all(r.ok for r in got), [r.error for r in got]
     ptx = [Path(r.ptx_path).read_text() for r in got]
     bodies = [p.replace(p.split(".entry", 1)[1].split("(", 1)[0].strip(), "K") for p in ptx]
-    # h_q 64: the same PRMT lookups in both, the scales differ
+    # h_q 64: same lookups, scales differ
     assert bodies[0].count("prmt.b32") == bodies[1].count("prmt.b32") > 0
     assert bodies[0] != bodies[1]
 

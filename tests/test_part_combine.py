@@ -80,7 +80,7 @@ def _ptx(tmp_path, grid: tuple) -> dict[str, str]:
 
 
 def test_the_fast_combine_issues_a_groups_loads_before_it_uses_them(tmp_path):
-    """`fast`, b 2 s_q 2 h_q 128: predicated L2 loads, first group's all issued before use; no launch_dependents."""
+    """`fast`, b 2 s_q 2 h_q 128: loads issued before use; no launch_dependents."""
     bodies = _ptx(tmp_path, (2, 2, 2, 18, 2))
     combine = next(v for k, v in bodies.items() if "PartCombine" in k)
     zero = next(v for k, v in bodies.items() if "ZeroFlags" in k)

@@ -1,4 +1,4 @@
-"""The in-kernel merge of a sequence cut in two: roles (no deadlock), when it merges, piece 1's staging."""
+"""The in-kernel merge of a cut sequence: roles, when it merges, staging."""
 
 import itertools
 
@@ -41,11 +41,11 @@ def test_a_launch_merges_only_what_it_can_and_only_when_resident():
     assert not merges_in_kernel(g, 127)  # 128 CTAs are not resident at once on 127 SMs
     assert not merges_in_kernel(PartGrid(2, 2, 64, 18, 36), 132)  # nothing cut
     assert not merges_in_kernel(PartGrid(2, 2, 3, 18, 5), 132)  # every cut sequence has 4 or 5 pieces
-    mixed = PartGrid(1, 2, 3, 5, 3)  # pieces 2 and 3: the kernel merges some, PartCombine the rest
+    mixed = PartGrid(1, 2, 3, 5, 3)  # pieces 2 and 3: split between kernel and PartCombine
     assert {mixed.pieces(s) for s in range(mixed.sequences)} == {2, 3} and merges_in_kernel(mixed, 132)
 
 
-ROWS, ROW_BYTES, THREADS = 64, 512 * 4, 256  # stage E: a 64-row block of fp32 O, 256 MMA threads
+ROWS, ROW_BYTES, THREADS = 64, 512 * 4, 256  # stage E: 64 rows of fp32 O, 256 threads
 
 
 def test_staging_copies_every_byte_of_the_block_once():

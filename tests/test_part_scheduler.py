@@ -1,4 +1,4 @@
-"""The persistent decode schedule: every (sequence, tile) once, in order, slots, piece counts; the chooser."""
+"""The persistent decode schedule: every (sequence, tile) once, in order; the chooser."""
 
 import itertools
 

@@ -1,4 +1,4 @@
-"""Peer adapters: shapes, tensor mapping, PyTorch peers vs oracle; a missing package is "not installed"."""
+"""Peer adapters: shapes, mapping, PyTorch peers vs oracle; missing packages "not installed"."""
 
 import importlib.util
 
@@ -42,7 +42,7 @@ def test_every_problem_has_its_dims_reader():
 def test_problem_dims_from_the_stage_tensors():
     assert attn(8192, 4096, 128) == {"m": 8192, "n": 4096, "d": 128}
     assert problem_dims("mla_decode", mla()) == {"b": 2, "s_q": 2, "h_q": 64, "d_qk": 576, "d_v": 512, "n": 128}
-    # tensors that are not the problem's layout: one phrase, not a crash
+    # bad layouts: one phrase
     from oracles.qk import tensors as qk_tensors
 
     why = problem_dims("attention", qk_tensors({"m": 128, "n": 128, "hd": 64}))
@@ -72,7 +72,7 @@ def test_flashmla_takes_the_dense_mla_decode_shape_only():
     assert "64 or 128" in why_not("flashmla", "mla_decode", problem_dims("mla_decode", mla(h_q=16)), (9, 0), probe=False)
     assert "pages" in why_not("flashmla", "mla_decode", problem_dims("mla_decode", mla(n=100)), (9, 0), probe=False)
     assert "sm90" in why_not("flashmla", "mla_decode", dims, (10, 0), probe=False)
-    # C and D1 are dense attention: FlashMLA is not their peer
+    # C and D1: no FlashMLA
     assert "not attention" in why_not("flashmla", "attention", attn(8192, 4096, 128), (9, 0))
 
 

@@ -1,4 +1,4 @@
-"""The newcomer's install is the one CI tested: bounded deps, constraints.txt, README's install line, .ci/run."""
+"""The newcomer's install is the one CI tested: bounds, pins, README, .ci/run."""
 
 import re
 
@@ -12,7 +12,7 @@ from tests.conftest import ROOT
 tomllib = pytest.importorskip("tomllib")
 
 PROJECT = "dsv4-lab"
-# FlashAttention-4 (`bench --peers`): installed by hand, not on the index, unpinnable.
+# FlashAttention-4: installed by hand, unpinnable.
 UNPINNED_EXTRAS = {"peers"}
 
 
@@ -50,7 +50,7 @@ def bound_problems(project: dict, pins: dict[str, Version]) -> list[str]:
     extras = set(project.get("optional-dependencies", {}))
     for where, req in _requirements(project):
         name = canonicalize_name(req.name)
-        if name == PROJECT:  # an extra naming another extra of this project (dev -> sass)
+        if name == PROJECT:  # dev -> sass
             missing = req.extras - extras
             if missing:
                 problems.append(f"{where}: {req} names extras that do not exist: {sorted(missing)}")
@@ -88,7 +88,7 @@ def test_the_check_catches_an_unbounded_or_unpinned_dependency():
 
 def test_constraints_pin_the_whole_install_exactly():
     pins = constraint_pins((ROOT / "constraints.txt").read_text())
-    # the dependencies' own dependencies too, not just the direct ones
+    # transitive deps too
     for name in ("click", "nvidia-cutlass-dsl-libs-base", "cuda-bindings", "markdown-it-py", "pluggy"):
         if name == "click" and name not in pins:
             continue  # typer vendors click; nothing to pin
@@ -129,6 +129,6 @@ def test_ci_builds_its_venv_from_the_readme_line_and_runs_the_whole_suite_twice(
     # the whole suite, the README's way, in each venv
     runs = re.findall(r"python3 -m pytest[^)\n]*", code)
     assert runs == ["python3 -m pytest -q", "python3 -m pytest -q"], runs
-    newest = ci.split("\n# 2. ", 1)[1]  # the second venv: the newest releases the bounds allow
+    newest = ci.split("\n# 2. ", 1)[1]  # the second venv: newest allowed
     assert "--upgrade" in newest and "constraints.txt" not in newest
     assert "|| true" not in code and "set -euo pipefail" in code

@@ -1,5 +1,5 @@
-"""sm100/sm90 pipeline protocols simulated by stages/common/pipesim.py (issue 34.3): no deadlock, lapped ring or
-stray arrival for any case and tile count; counts and bytes equal the PTX's; planted drifts caught.
+"""Pipeline protocols simulated by stages/common/pipesim.py: no deadlock, lapped ring or stray arrival;
+counts and bytes equal the PTX's; planted drifts caught.
 """
 
 import json
@@ -56,7 +56,7 @@ def _max_tiles(k) -> int:
 def _protocols(stage_id: str, case: dict, arch: str = "sm_100a"):
     """(tiles, ring laps, protocol) for every CTA the kernel can have."""
     k = _kernel(stage_id, case, arch)
-    if arch == "sm_90a" and stage_id == "E":  # every part of the grid (both CTAs of a pair together)
+    if arch == "sm_90a" and stage_id == "E":  # every part of the grid
         for part in range(k.sched.parts):
             proto = P.sparse_sm90(k, part)
             n = sum(w.tile_end - w.tile_begin for w, _ in (k.sched.segment(0, part, s)
@@ -72,7 +72,7 @@ def _protocols(stage_id: str, case: dict, arch: str = "sm_100a"):
         for tiles in ([0, 2, 0, 3], [3, 0, 1], [1, 1, 1, 1, 1]):
             yield sum(tiles), sum(tiles) / k.stages, P.decode_sm90_persistent(k, tiles)
         return
-    if arch == "sm_90a" and stage_id in ("I1", "I2"):  # every CTA's share of the case's (block, tile) pairs
+    if arch == "sm_90a" and stage_id in ("I1", "I2"):  # every CTA's pairs
         from oracles.indexer import context_lens_of, paged_geometry, ranges_of
         from stages.common.indexer import block_tiles, share_segments
 
@@ -85,7 +85,7 @@ def _protocols(stage_id: str, case: dict, arch: str = "sm_100a"):
         for c in range(k.ctas):
             segs = [n for _, _, n in share_segments(blocks, c, k.ctas)]
             yield sum(segs), sum(segs) / k.STAGES, P.indexer_sm90_persistent(k, segs, every)
-        # and walks with empty segments and more segments than Q slots
+        # empty segments, more segments than Q slots
         for segs in ([2], [0, 2, 0, 3], [3 * k.STAGES + 1, 0, 1], [1] * 7, [k.STAGES - 1, k.STAGES + 1]):
             yield sum(segs), sum(segs) / k.STAGES, P.indexer_sm90_persistent(k, segs, every)
         return
@@ -128,7 +128,7 @@ def test_model1_wide_chunk_and_both_load_orders_are_in_the_protocol():
     raw = [[op.tx for op in P.sparse_sm100(k, 1, half).roles["index"]() if isinstance(op, Arrive) and op.bar == "raw.full"]
            for half in (0, 1)]
     assert sorted(raw[0]) == sorted(raw[1]) == [8192, 8192, 8192, 12288]
-    assert raw[0] != raw[1]  # the wide chunk comes at another position of each half's load order
+    assert raw[0] != raw[1]  # the wide chunk moves
 
 
 # -- planted protocol bugs
@@ -174,7 +174,7 @@ def test_d2_persistent_walk_completes_and_a_q_never_freed_deadlocks_at_the_next_
 def test_the_simulator_reports_a_lapped_ring_and_a_stray_arrival():
     bars = {"x.full": Barrier(1, 1), "x.empty": Barrier(1, 1)}
 
-    def producer():  # never waits for the slot to be empty: fills it twice
+    def producer():  # fills the slot twice
         for g in range(2):
             yield Arrive("x.full", 0)
 

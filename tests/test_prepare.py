@@ -164,7 +164,7 @@ _HOST_PATH = """
         print("RAISED", type(exc).__name__, str(exc)[:200])
 """
 
-# A stand-in CUDA runtime refusing the arch (error 209) and aborting on unknown handles.
+# Stand-in CUDA runtime: refuses the arch (209), aborts on unknown handles.
 # DRIVER_REFUSES: load | lookup | other (error 2).
 _DRIVER = r"""
 #include <stdint.h>
@@ -214,7 +214,7 @@ def _host_path(obj, mode: str, runtime: str = "", **env_extra) -> tuple[str, dic
 
 
 def test_the_host_path_of_e_sm100_runs_up_to_the_launch_under_the_interposer(e_sm100_object):
-    """Under the fake interposer: one launch with the compile's grid, threads, smem; no driver raises."""
+    """Fake interposer: one launch with the compile's grid, threads, smem; no driver raises."""
     out, got, _ = _host_path(e_sm100_object, "prepare")
     assert "RAISED" in out and got is None, out[-3000:]  # never a false `prepared`
     out, got, _ = _host_path(e_sm100_object, "fake")

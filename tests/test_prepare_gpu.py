@@ -1,7 +1,4 @@
-"""On an H100/H200: every sm100 kernel's host path runs up to the launch and is recorded `prepared`:
-
-    python3 -m pytest -q -m gpu tests/test_prepare_gpu.py
-"""
+"""On an H100/H200: every sm100 kernel's host path runs to the launch, recorded `prepared`."""
 
 import pytest
 
@@ -12,7 +9,7 @@ from harness.spec.spec import load_spec
 
 pytestmark = pytest.mark.gpu
 
-# One case per sm100 kernel, E's three formats, first light's.
+# One case per sm100 kernel.
 WANT = {
     "E": [{"config": "s2h64_m128bs256_x512bs64", "scenario": "invalid", "splits": 1, "kv_format": f}
           for f in ("simple", "model1", "v4.1")] + [{"config": "s2h128_m128bs256_x1024bs64", "kv_format": "model1",
@@ -36,7 +33,7 @@ def test_every_sm100_kernel_is_prepared_up_to_the_launch(project_root, tmp_path)
         pytest.skip("an sm_100 GPU is here: its cases run for real (dsv4-lab run … --arch sm_100a)")
     spec = load_spec(root=project_root)
     tasks = [Task(st, "sm_100a", c) for st in spec.stages.values() if "sm_100a" in st.kernels and st.suite is None
-             for c in _cases(st)]  # a suite stage runs the same kernels as its stage
+             for c in _cases(st)]  # suites run their stage's kernels
     summary = Runner(spec, RunOptions(tasks=tasks, argv=["pytest"], prepare=True), results_root=tmp_path).run()
     assert len(summary.records) == len(tasks)
     for rec in summary.records:

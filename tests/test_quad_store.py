@@ -20,7 +20,7 @@ def _lanes(words):
 
 
 def test_transpose_gives_each_thread_one_group():
-    # thread s holds word i = 100·s + i (its two columns of group i)
+    # thread s holds word i = 100·s + i
     words = [np.array([100 * s + i for s in range(4)]) for i in range(4)]
     got = _lanes(words)
     for i in range(4):  # after: word i of thread s is thread i's word s

@@ -1,4 +1,4 @@
-"""Every `dsv4-lab …` command in README.md runs as written (SYNOPSES stand-ins, SKIPPED with their test)."""
+"""Every `dsv4-lab …` command in README.md runs as written (SYNOPSES, SKIPPED)."""
 
 import os
 import re
@@ -39,15 +39,15 @@ def is_synopsis(cmd: str) -> bool:
 NEW_STAGE = ["new", "stage", "ZX", "--axes", "m=128", "--axes", "hd=64,128", "--axes", "n=128,256",
              "--in", "Q:m,hd:bfloat16", "--out", "S:m,n:float32"]
 
-# synopsis -> concrete commands ({record}, {run}: notebook ids).
+# synopsis -> concrete commands.
 SYNOPSES: dict[str, list[list[str]]] = {
     "dsv4-lab check [STAGE]": [["check", "stage-A"]],
     "dsv4-lab new stage ID --axes m=128 --axes hd=64,128 --axes n=128,256 --in Q:m,hd:bfloat16 --out S:m,n:float32":
-        [NEW_STAGE, ["check", "stage-ZX"]],  # the scaffolded stage passes check, as the README says
+        [NEW_STAGE, ["check", "stage-ZX"]],  # the scaffold passes check
     "dsv4-lab baseline accept|show|drop STAGE [filters]":
         [["baseline", "show", "stage-A"], ["baseline", "show", "stage-D1", "--hd", "64"],
          ["baseline", "accept", "stage-A", "--arch", "sm_100a", "--hd", "64"], ["baseline", "drop", "stage-A", "--hd", "64"]],
-    "dsv4-lab dashboard [--watch]": [["dashboard"]],  # --watch: tests/test_cli_usage.py (Ctrl-C, exit 130)
+    "dsv4-lab dashboard [--watch]": [["dashboard"]],  # --watch: test_cli_usage.py
     "dsv4-lab history STAGE [filters]": [["history", "stage-D1", "--hd", "512"]],
     "dsv4-lab show ID": [["show", "{record}"], ["show", "{run}"]],
     "dsv4-lab note RUN \"text\"": [["note", "{run}", "a note from the README test"]],
@@ -58,7 +58,7 @@ SYNOPSES: dict[str, list[list[str]]] = {
 }
 
 SLOW = "minutes of compiling on a CPU"
-# README command -> why it is not run here (and what covers it).
+# README command -> why not run here.
 SKIPPED: dict[str, str] = {
     "dsv4-lab run stage-A": f"{SLOW} (16 kernels); tests/test_cli.py::test_main_job_without_gpu_compiles_and_says_nothing_ran "
                             "runs it on one case",
@@ -83,7 +83,7 @@ SKIPPED: dict[str, str] = {
 }
 
 # Documented non-zero exits here.
-NO_GPU_EXITS = {"bench": {1}, "calibrate": {1}}  # "With no GPU, bench prints its plan and exits 1: nothing was timed"
+NO_GPU_EXITS = {"bench": {1}, "calibrate": {1}}  # no GPU: bench exits 1
 EXITS = {"baseline accept": {0, 1}}  # 1: nothing fresh to take
 
 
@@ -125,7 +125,7 @@ def test_a_readme_command_runs_as_written(command, lab_copy, ids, tmp_path_facto
     for args in runs:
         expected = _expected(args)
         if expected is None:
-            continue  # a GPU here: tests/test_gpu.py and the bench tests time it
+            continue  # GPU: test_gpu.py
         r = run_cli(args, cwd=lab_copy, env_extra=env, timeout=900)
         text = r.stdout + r.stderr
         shown = f"dsv4-lab {' '.join(args)} → exit {r.returncode}:\n{text[-2000:]}"

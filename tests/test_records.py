@@ -80,8 +80,6 @@ BAD_TYPES = [
 
 
 def test_reader_skips_records_of_the_wrong_type_with_file_line_warnings(tmp_path):
-    import pytest  # noqa: F401
-
     path = stage_file(tmp_path, "A")
     path.parent.mkdir(parents=True)
     good = json.loads(sample(1).to_json())
@@ -128,7 +126,7 @@ def test_bench_records_are_left_out_of_test_matrix_readers(tmp_path):
 
 
 def test_a_remote_bench_record_passes_the_strict_check_and_text_in_a_number_does_not():
-    """A remote bench record passes the channel's strict check; text in a number or a bad line does not."""
+    """A remote bench record passes the channel's check; a text number or bad line does not."""
     good = {"v": 1, "id": "R.1", "run": "R", "t": "2026-11-27T00:00:00Z", "stage": "E", "arch": "sm_90a",
             "case": {"b": 2}, "status": "pass", "code": {"commit": "abc1234", "dirty": False, "src": "s"},
             "timing": {"us": 20.5, "spread": 0.02, "method": "graph", "gpu_name": "NVIDIA H100 80GB HBM3",

@@ -32,7 +32,7 @@ def test_ctrl_c_on_a_remote_run_is_130_and_interrupted_not_a_lost_link(remote_la
         remote = remote_sides(proc, 120, b"harness.remote.remote_side\0run\0SLOW")  # with its worker up
         assert remote, "the remote run never started"
         workers = set().union(*(descendants(pid) for pid in remote))
-        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C signals the foreground group
         out, err = proc.communicate(timeout=60)
         text = out.decode() + err.decode()
         assert proc.returncode == 130, text
@@ -52,7 +52,7 @@ def test_ctrl_c_before_the_remote_run_starts_does_not_blame_python(remote_lab, s
     proc = _start_remote_run(remote_lab, ssh_server, tmp_path, "FAKE", "--target", "slowstart")
     shell: list[int] = []
     try:
-        # the remote shell of this run: ssh is up, its `sleep 60` is running
+        # the remote `sleep 60` is running
         shell = remote_sides(proc, 60, b"harness.remote.remote_side", str(tmp_path).encode())
         assert shell, "the remote command never started"
         os.killpg(proc.pid, signal.SIGINT)

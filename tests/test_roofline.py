@@ -57,7 +57,7 @@ def test_read_peaks_newest_of_this_gpu(tmp_path):
     path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n")
     warn: list[str] = []
     p = read_peaks(tmp_path, "NVIDIA H200", warn)
-    # the newest usable line wins; an earlier FP8 peak kept
+    # newest usable line wins
     assert p == Peaks("NVIDIA H200", 774.0, 4200.0, 1400.0)
     assert len(warn) == 2 and all("calibration.jsonl:" in w for w in warn)
     assert read_peaks(tmp_path, "NVIDIA B200") is None

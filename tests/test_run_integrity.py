@@ -1,4 +1,4 @@
-"""No false green: a short run never exits 0; bad numbers are usage errors; signals end it 128 + n, records kept."""
+"""No false green: a short run never exits 0; bad numbers: usage errors; signals: 128 + n, records kept."""
 
 import os
 import signal
@@ -111,7 +111,7 @@ def test_a_stop_signal_to_the_run_ends_it_interrupted_with_no_orphan(fake_lab, s
     proc = _start_hanging_run(fake_lab)
     workers = _children(proc.pid)
     assert workers, "the run should have a worker process"
-    os.kill(proc.pid, sig)          # the run alone, not its process group: workers must not outlive it
+    os.kill(proc.pid, sig)          # the run alone: workers must not outlive it
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == code, out + err
     assert "Traceback" not in out + err

@@ -1,4 +1,4 @@
-"""Worker isolation: abort, hang, raise, garbage, unwritten get that status; the run goes on; Ctrl-C keeps results."""
+"""Worker isolation: each failure gets its status; the run goes on; Ctrl-C keeps results."""
 
 import json
 import os

@@ -107,7 +107,7 @@ def test_a_process_the_kernel_starts_does_not_outlive_its_case(fake_lab, mode, c
     token = uuid.uuid4().hex
     proc = _start(fake_lab, ["run", "stage-SPAWN", "--mode", mode], token)
     try:
-        out, err = proc.communicate(timeout=120)  # reads stdout to its end: a live `sleep` holds it open
+        out, err = proc.communicate(timeout=120)  # a live `sleep` holds stdout
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         _kill_marked(token)
@@ -150,7 +150,7 @@ def test_a_run_started_with_sighup_ignored_keeps_going_on_a_hang_up(fake_lab):
         _kill_marked(token)
 
 
-# Item 15: a stop signal while the run shuts down.
+# Item 15: a stop signal at shutdown.
 
 
 def test_a_stop_signal_during_the_shut_down_gives_the_exit_code_of_the_end_event(fake_lab, monkeypatch):
@@ -180,7 +180,7 @@ def test_a_stop_signal_during_the_shut_down_gives_the_exit_code_of_the_end_event
     assert summary.interrupted and summary.exit_code == 143
 
 
-# Item 10: `dsv4-lab compile` and signals (a kernel constructor that hangs in a compile worker).
+# Item 10: `compile` and signals.
 
 SLOW_COMPILE_KERNEL = '''\
     import os
@@ -277,7 +277,7 @@ def test_sigterm_during_the_gates_recompile_is_143_interrupted_with_nothing_left
         _kill_marked(token)
 
 
-# Item 10: a Ctrl-C while the command line is still loading.
+# Item 10: Ctrl-C while loading.
 
 EARLY_CTRL_C = '''\
 import builtins, os, signal, sys, time

@@ -23,7 +23,7 @@ def _targets(workdir: Path, extra: str = "", tasks: int = 3, time_limit: str = "
             f"    workdir: {workdir}\n{extra}")
 
 
-# targets.yaml: the slurm kind, and one line for each bad input.
+# targets.yaml: slurm entries.
 
 GOOD = """\
 version: 1
@@ -100,7 +100,7 @@ def test_slurm_target_is_not_an_ssh_target(tmp_path: Path) -> None:
     assert out.returncode == 2 and "b200 is a slurm target" in out.stderr and "Traceback" not in out.stderr, out
 
 
-# The sbatch script (the GPU path, checked without a cluster).
+# The sbatch script.
 
 
 def test_print_job_shows_the_gpu_array(tmp_path: Path) -> None:
@@ -118,7 +118,7 @@ def test_print_job_shows_the_gpu_array(tmp_path: Path) -> None:
     assert "--target" not in script.split("harness.remote.slurm_side", 1)[1].split("\n")[0]
     assert "source /shared/venv/bin/activate && python -m harness.remote.slurm_side" in script
     assert not (tmp_path / "shared").exists()  # nothing copied, nothing submitted
-    # without --gpus: `tasks`, never more than the cases
+    # without --gpus: `tasks`, capped by cases
     out = run_cli(lab, "run", "FAKE", "--target", "b200", "--print-job")
     assert "#SBATCH --array=0-2\n" in out.stdout, out.stdout
     out = run_cli(lab, "run", "FAKE", "--print-job")
@@ -209,7 +209,7 @@ def test_round_trip(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:  # noq
     starts = [e for e in _events(lab) if e["event"] == "start"]
     assert sorted(e.get("shard") for e in starts if "shard" in e) == ["0/3", "1/3", "2/3"]
     assert slurm_cluster.squeue() == []
-    # each task deleted its key; records from its file
+    # keys deleted; records from files
     run_dirs = list((tmp_path / "shared").glob("*.runs/*"))
     assert len(run_dirs) == 1 and not list(run_dirs[0].glob("key.*")) and len(list(run_dirs[0].glob("rec.*"))) == 3
 

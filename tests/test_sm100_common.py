@@ -1,4 +1,4 @@
-"""stages/common's sm100 pieces: identity_coords and the agreement checks refusing a mismatch (sm_100a)."""
+"""stages/common's sm100 pieces: identity_coords and agreement checks (sm_100a)."""
 
 from types import SimpleNamespace
 
@@ -34,7 +34,7 @@ def test_identity_coords_walks_modes_first_fastest_with_broadcasts():
 
 
 @pytest.mark.parametrize("base, shape, stride", [
-    ((0, 0), (4,), (3,)),  # a plain non-zero stride: not a coordinate tensor
+    ((0, 0), (4,), (3,)),  # not a coordinate tensor
     ((0, 0), (4,), ("E<0,1>",)),  # not a basis at all
     (((0, 1), 0), (4,), (0,)),  # a nested base coordinate
 ])
@@ -46,7 +46,7 @@ def test_identity_coords_refuses_what_it_cannot_evaluate(base, shape, stride):
 
 
 def test_fragment_coords_spot_check_and_fallback():
-    """A Python evaluation disagreeing with CuTe stops the compile; unevaluable: per element."""
+    """A Python evaluation disagreeing with CuTe stops the compile."""
     from cutlass.cute import ScaledBasis as E
 
     import stages.common.sm100_idioms as idioms
@@ -67,7 +67,7 @@ def test_fragment_coords_spot_check_and_fallback():
         idioms.cute.size = orig
 
 
-# -- traced: the real partitions of stages B, C and D1
+# -- traced partitions of B, C, D1
 
 _SETUP = """
     import cutlass, cutlass.cute as cute

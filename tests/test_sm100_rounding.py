@@ -1,7 +1,6 @@
-"""Every sm100 kernel's rounding plan, emulated on the CPU against its stage's tolerances (issue 34 item 1).
+"""Every sm100 kernel's rounding plan, emulated on the CPU against its stage's tolerances.
 
-Rounds where the kernel rounds, float64 otherwise; E's key scale per KEY_SCALE of E's sm100.py.
-test_old_e_simple_plan_fails_lse shows the check bites.
+E's key scale follows KEY_SCALE; test_old_e_simple_plan_fails_lse shows the check bites.
 """
 
 import ast
@@ -54,7 +53,7 @@ def _reference(stage: str, inputs: dict, case: dict) -> dict:
 
 def _verdict(stage: str, outs: dict, ref: dict, case: dict) -> tuple[str, str | None, dict]:
     tolerances = SPEC.stages[stage].tolerances_for(case)
-    # E's O_scale (fp8_rope's exponents; empty in bf16, the cases here) is not emulated
+    # O_scale not emulated (bf16 here)
     tolerances = {n: t for n, t in tolerances.items() if not (stage == "E" and n == "O_scale")}
     metrics = {name: compare(outs[name], ref[name]).to_json() for name in tolerances}
     verdict, why = judge(tolerances, metrics)
@@ -65,10 +64,9 @@ def _verdict(stage: str, outs: dict, ref: dict, case: dict) -> tuple[str, str | 
 
 
 def online_attention(q, k, v, valid, scale: float, tile: int, k_scale=None, sink=None):
-    """sm100 attention arithmetic over G groups: q [G, R, d], k [G, N, d], v [G, N, dv], valid [G, R|1, N].
+    """sm100 attention arithmetic over G groups -> (O [G, R, dv], LSE [G, R]).
 
-    Online softmax per `tile` keys; k_scale on S and on P (after ℓ, before bf16); sink folded in.
-    Returns (O [G, R, dv], LSE [G, R])."""
+    Online softmax per `tile` keys; k_scale on S and on P (after ℓ, before bf16); sink folded in."""
     G, R, _ = q.shape
     N, dv = k.shape[1], v.shape[2]
     m = torch.full((G, R), -math.inf, dtype=torch.float64)
@@ -143,7 +141,7 @@ def _masked(inputs, case, kvs, valids, sink):
     shape = case["shape"]
     p = parse_branch_shape(shape) if "m" in shape.split("h")[1] else parse_shape(shape)
     b, s_q, h_q, d = p["b"], p["s_q"], p["h_q"], p["d"]
-    # one group per (batch, token): its keys' validity differs by token
+    # one group per (batch, token)
     q = inputs["Q"].double().reshape(b * s_q, 1, h_q, d).reshape(b * s_q, h_q, d)
     kv = torch.cat([x.double() for x in kvs], dim=1)  # [b, N, d]
     ok = torch.cat(valids, dim=-1).reshape(b * s_q, 1, -1)  # [b·s_q, 1, N]
@@ -273,7 +271,7 @@ def emulate_I2(inputs, case):
 EMULATORS = {"A": emulate_A, "B": emulate_B, "C": emulate_C, "D1": emulate_D1, "D2": emulate_D2, "D3": emulate_D3,
              "D4": emulate_D4, "D5": emulate_D5, "E": emulate_E, "I1": emulate_I1, "I2": emulate_I2}
 
-# Small cases of each stage's matrix (the first value of every other axis).
+# Small cases of each stage's matrix.
 CASES = [
     ("A", {"hd": 512, "n": 128}),
     ("B", {"n": 128, "v_is_k": False}),

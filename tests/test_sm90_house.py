@@ -1,4 +1,4 @@
-"""The sm90 pieces stages A–D1 share: `smem_struct` equals the hand structs; the register-P house calls hooks."""
+"""sm90 pieces A–D1 share: `smem_struct` equals the hand structs; the register-P house calls hooks."""
 
 import subprocess
 

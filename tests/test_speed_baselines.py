@@ -1,4 +1,4 @@
-"""Speed baselines: `accept --speed` keeps median, spread, peer ratios, GPU in speed_baselines.yaml.xz."""
+"""Speed baselines: `accept --speed` keeps median, spread, ratios, GPU."""
 
 import lzma
 from pathlib import Path

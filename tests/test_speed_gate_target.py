@@ -85,7 +85,7 @@ def test_unchanged_source_holds_without_connecting(speed_lab, tmp_path):
 
 @pytest.mark.ssh
 def test_a_changed_kernel_ships_its_baseline_commit_and_the_targets_no_gpu_line_comes_back(speed_lab, tmp_path):
-    sha = git(speed_lab, "rev-parse", "HEAD~1").strip()  # the baseline's commit (the speed file came after it)
+    sha = git(speed_lab, "rev-parse", "HEAD~1").strip()  # the baseline's commit
     _change_kernel(speed_lab)
     r = run_cli(speed_lab, "gate", "--speed", "--target", "box")
     assert r.returncode == 1, r.stdout + r.stderr
@@ -99,7 +99,7 @@ def test_a_changed_kernel_ships_its_baseline_commit_and_the_targets_no_gpu_line_
     assert not list(folder.glob("results/records/*.jsonl"))  # nothing recorded on the remote
     assert not (tmp_path / "remote work" / remote_speedgate.REV_DIR).exists()  # nothing outside the work folder
     assert read_records(speed_lab, ["FAKE"]) == []
-    (run,) = read_runs(speed_lab).values()  # the remote gate's run, its end event here, tagged with the target
+    (run,) = read_runs(speed_lab).values()  # the remote run's end event, tagged
     assert run["target"] == "box" and run["interrupted"] is False
 
 
@@ -165,7 +165,7 @@ def _liar(lab: Path, tmp_path: Path, verdict: str, extra: list[str], unplanned: 
 @pytest.mark.parametrize("verdict, extra, unplanned, code, rejected", [
     ("no detectable change", [], [], 0, 0),  # the records prove it: the gate passes
     ("no detectable change", ['{"v": 1, "id": "X.1", "run": "G1", "stage": "FAKE"}'], [999], 1, 2),
-    ("slower", [], [], 1, 0),  # "every baseline holds", says the remote; its record says slower
+    ("slower", [], [], 1, 0),  # remote holds; record slower
 ])
 def test_only_authentic_planned_records_count(speed_lab, tmp_path, verdict, extra, unplanned, code, rejected):
     _change_kernel(speed_lab)

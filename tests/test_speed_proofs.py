@@ -9,7 +9,7 @@ def test_scratch_labs_for_both_proofs(tmp_path):
     sp = load_script("speed_proofs")
     aa = sp.scratch_lab(tmp_path / "aa", planted=False)
     assert subprocess.run(["git", "status", "--porcelain"], cwd=aa, capture_output=True, text=True).stdout == ""
-    assert not (aa / "results").exists()  # its own notebook: nothing of results/ is copied or written
+    assert not (aa / "results").exists()  # its own notebook
     planted = sp.scratch_lab(tmp_path / "planted", planted=True)
     diff = subprocess.run(["git", "diff", "--stat"], cwd=planted, capture_output=True, text=True).stdout
     assert "stages.yaml | 2 +-" in diff and "1 file changed" in diff, diff

@@ -39,7 +39,7 @@ def _why(*mods) -> Counter:
 
 
 def test_flashmla_case_list_matches_upstream_gen_testcase():
-    """FlashMLA@9241ae3: 3680 + 1036 corner + 32 performance cases; 246 at d_qk 576, 4 at topk 16384."""
+    """FlashMLA@9241ae3: 3680 + 1036 + 32 cases; 246 at d_qk 576, 4 at topk 16384."""
     from oracles.suites import flashmla_sparse as f
 
     u = f.upstream()
@@ -47,24 +47,24 @@ def test_flashmla_case_list_matches_upstream_gen_testcase():
     assert Counter(x.group for x in u) == {"correctness": 3680, "corner": 1036, "performance": 32}
     assert sum(x.d_qk == 576 for x in u) == 246
     reasons = Counter(r.split(" (")[0].split(":")[0] for x in u for r in f.reasons(x))
-    assert reasons == {"DeepSeek-V3.2 layout": 246}  # topk 16384: E streams its index entries (issue 35 item 1)
+    assert reasons == {"DeepSeek-V3.2 layout": 246}  # topk 16384: streamed
     listed = f.cases()
     assert len(listed) == 4502 == sum(not f.reasons(x) for x in u)
     assert len({(c["b"], c["config"]) for c in listed}) == 926
     assert {c["config"] for c in listed if c["group"] == "performance" and c["b"] == 148 and "m16384" in c["config"]} \
         == {"s2h64_m16384bs64", "s2h128_m16384bs64"}
     assert all(c["kv_format"] == "model1" for c in listed)
-    # upstream's corner rule: at least one of all-invalid, zero-length, sink on
+    # corner: all-invalid, zero-length or sink
     assert all(x.all_invalid or x.zero_seqlen or x.sink for x in u if x.group == "corner")
-    # MODEL1 CONFIG2 is stage E's own production config word
+    # E's production config
     assert any(c["config"] == "s2h128_m128bs256_x1024bs64" and c["b"] == 148 for c in listed)
 
 
 def test_deepgemm_case_lists_match_upstream(monkeypatch):
-    """DeepGEMM@54e2261 + @80ceeb2: 246 cases, 41 in reach of I1/I2 (64 heads of 128), per reason."""
+    """DeepGEMM@54e2261 + @80ceeb2: 246 cases, 41 in reach of I1/I2, per reason."""
     from oracles.suites import deepgemm_mqa as m, deepgemm_paged as p
 
-    for mod in (m, p):  # the tables before issue 35 (the counts it names)
+    for mod in (m, p):  # the tables before issue 35
         _set(monkeypatch, mod, HEADS=(64,), HEAD_DIMS=(128,))
     _fp32_only(monkeypatch, m, p)
     assert (len(m.upstream()), len(p.upstream())) == (216, 30)
@@ -84,12 +84,12 @@ def test_a_table_edit_makes_cases_supported(monkeypatch):
     from oracles.suites import flashmla_sparse as f
 
     assert sum(not f.reasons(u) for u in f.upstream()) == 4502  # topk up to 32768 (issue 35 item 1)
-    monkeypatch.setattr(f, "MAX_TOPK", 2048)  # the table before it: the topk 16384 cases refused again
+    monkeypatch.setattr(f, "MAX_TOPK", 2048)  # the older table
     assert sum(not f.reasons(u) for u in f.upstream()) == 4500
     assert sum(r.startswith("topk > ") for u in f.upstream() for r in f.reasons(u)) == 4
     from oracles.suites import deepgemm_paged as p
 
-    monkeypatch.setattr(p, "CONTEXT_2D", False)  # (the stage takes all four options now: one taken away)
+    monkeypatch.setattr(p, "CONTEXT_2D", False)  # one option taken away
     assert sum("per-token" in r for u in p.upstream() for r in p.reasons(u)) == 12
 
 
@@ -196,7 +196,7 @@ def test_flashmla_generators_follow_upstream_distributions():
     case = _case(f, i)
     x = f.make_inputs(case, seed=123)
     assert torch.equal(x["Q"], f.make_inputs(case, seed=7)["Q"])  # seeded by the upstream case, not --seed
-    # sm_scale = d_qk^-0.55 as E's softmax_scale input, Q unscaled
+    # sm_scale = d_qk^-0.55, Q unscaled
     assert x["softmax_scale"].dtype == torch.float32 and tuple(x["softmax_scale"].shape) == (1,)
     assert float(x["softmax_scale"][0]) == float(torch.tensor(512 ** -0.55, dtype=torch.float32))
     q = x["Q"].float()
@@ -236,7 +236,7 @@ def test_flashmla_corner_generators():
                  h_q=64, block=61)
     x = f.make_inputs(_case(f, i), 0)
     empty = (x["idx"] == -1).view(u.b, -1).all(dim=1)
-    assert 20 < int(empty.sum()) < 54  # N(0,1) > 0 → a zero-length sequence, about half of 74
+    assert 20 < int(empty.sum()) < 54  # about half of 74 empty
 
 
 def test_deepgemm_generators_follow_upstream():
@@ -308,7 +308,7 @@ def test_deepgemm_rule_passes_the_reference_and_fails_planted_errors():
     hole[0, 0] = -math.inf
     bad = diff_below(hole.float(), {"unquantised": (ref, 1e-3)}, neginf_ref=ref)
     assert not bad["suite_ok"] and "-inf at 3585 positions, the reference at 3584" in bad["suite_why"]
-    # 54e2261's paged rule: a hole still fails (NaN diff); finite vs −inf is masked as upstream does
+    # 54e2261's paged rule: a hole fails; −inf masked
     assert not diff_below(hole.float().masked_fill(ref == -math.inf, 0), {"u": (ref, 1e-3)})["suite_ok"]
     junk = ref.masked_fill(ref == -math.inf, 5.0)
     assert diff_below(junk.float().masked_fill(ref == -math.inf, 0), {"u": (ref, 1e-3)})["suite_ok"]
@@ -316,7 +316,7 @@ def test_deepgemm_rule_passes_the_reference_and_fails_planted_errors():
     assert not diff_below(torch.full((4,), math.nan), {"u": (torch.ones(4, dtype=torch.float64), 1e-3)})["suite_ok"]
 
 
-# Suite stages through the one executor (a fake CPU lab)
+# Suite stages via the executor
 
 
 SUITE_MODULE = '''
@@ -419,7 +419,7 @@ def test_the_gate_sees_a_suite_regression(suite_lab):
     r = run_cli(["baseline", "accept", "stage-SUITE"], cwd=suite_lab)
     assert r.returncode == 0, r.stdout + r.stderr
     assert run_cli(["gate", "--no-run"], cwd=suite_lab).returncode == 0
-    crit = suite_lab / "oracles" / "suite_add.py"  # the peer's rule tightened: the same kernel now misses it
+    crit = suite_lab / "oracles" / "suite_add.py"  # a tightened rule fails it
     crit.write_text(crit.read_text().replace("d < 1e-6", "d < -1.0"))
     subprocess.run(["git", "add", "-A"], cwd=suite_lab, check=True)
     r = run_cli(["gate"], cwd=suite_lab)
@@ -428,7 +428,7 @@ def test_the_gate_sees_a_suite_regression(suite_lab):
     assert "fail: out: fails the suite's pass rule; out: max diff" in r.stdout
 
 
-# Bad suite blocks: one line, file:line: key: problem — fix
+# Bad suite blocks: one line
 
 
 @pytest.mark.parametrize("body, extra, says", [
@@ -542,8 +542,8 @@ def test_flashmla_reference_in_batch_chunks_equals_it_whole(monkeypatch):
     for case in picks:
         x = f.make_inputs(case, 0)
         whole = sd.reference(x, case)
-        joined = []  # the pieces torch.cat joins: one a sequence, for O and for LSE (torch is one module
-        real = torch.cat  # whichever copy of oracles/ an earlier test left imported)
+        joined = []  # the pieces torch.cat joins (torch is one module,
+        real = torch.cat  # whichever oracles/ is imported)
         monkeypatch.setattr(torch, "cat", lambda ts, *a, **k: joined.append([t.shape[0] for t in ts]) or real(ts, *a, **k))
         monkeypatch.setattr(f, "REFERENCE_KV_BYTES", 1)
         got = f.reference(x, case)

@@ -221,7 +221,7 @@ def test_unknown_target_is_a_target_error(lab_dir):
         targets.resolve_targets(lab_dir, "b200,local")
 
 
-# The ssh argv and the remote command (no ssh needed).
+# ssh argv and remote command.
 
 
 def _target(**kw) -> Target:
@@ -334,7 +334,7 @@ def test_explain_ssh_failure():
     assert "cannot reach gpu" in explain_ssh_failure(t, "ssh: connect to host gpu port 22: Connection refused")
 
 
-# Copy by rsync when both sides have it, else tar.
+# rsync if both sides have it, else tar.
 
 
 @pytest.fixture
@@ -444,7 +444,7 @@ def test_full_round_trip(remote_lab, tmp_path, capsys, method):
     (run,) = runs.values()
     assert run["target"] == "box" and run["interrupted"] is False and run["counts"] == {"pass": 3}
     assert "rejected" not in run
-    # the remote folder is exactly what git would commit
+    # exactly what git would commit
     on_remote = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
     assert on_remote == sorted(shipped)
     assert "notes.txt" in on_remote and "local.log" not in on_remote and "stale.py" not in on_remote
@@ -808,7 +808,7 @@ def test_remote_side_stops_when_its_stdin_ends(tmp_path):
         time.sleep(1)
         t0 = time.monotonic()
         proc.stdin.close()
-        assert proc.wait(20) == 129  # SIGHUP (a TimeoutExpired here: the run went on unseen)
+        assert proc.wait(20) == 129  # SIGHUP
         rest = proc.stdout.read()
         assert time.monotonic() - t0 < 20
         deadline = time.monotonic() + 10
@@ -824,7 +824,7 @@ def test_remote_side_stops_when_its_stdin_ends(tmp_path):
 
 
 def test_remote_side_keeps_its_channel_private(tmp_path):
-    """Remote side alone: only authentic frames on stdout, prints to stderr, key not in its env."""
+    """Remote side: only authentic frames on stdout, prints to stderr, key not in env."""
     lab = make_lab(tmp_path / "lab")
     key = new_key()
     proc, stdout, err = remote_side(lab, "NOISY", key)

@@ -1,4 +1,4 @@
-"""A user-code failure is one line naming their file:line; full trace kept; make_inputs/oracle results checked."""
+"""A user-code failure is one line at their file:line; trace kept; make_inputs/oracle results checked."""
 
 import importlib
 import os
@@ -56,12 +56,12 @@ def test_at_import_and_syntax_error(tmp_path):
 
 
 def test_harness_and_library_frames_are_never_blamed(tmp_path):
-    # an error inside a library called from user code: the user's line
+    # the user's line, not the library's
     name = _module(tmp_path, "uf_lib", "import json\n\ndef make_inputs(case, seed, device):\n    return json.loads('{')\n")
     mod = importlib.import_module(name)
     exc = _raised(lambda: mod.make_inputs({}, 0, "cpu"))
     assert describe(exc, tmp_path).startswith("uf_lib.py:4: in make_inputs: JSONDecodeError:")
-    # the lab's own harness/ under the root is not the user's code
+    # the lab's harness/ is not user code
     harness = tmp_path / "harness"
     harness.mkdir()
     (harness / "fake_runner.py").write_text("def call(fn):\n    return fn()\n")
@@ -69,7 +69,7 @@ def test_harness_and_library_frames_are_never_blamed(tmp_path):
     exec(compile((harness / "fake_runner.py").read_text(), str(harness / "fake_runner.py"), "exec"), ns)
     exc = _raised(lambda: ns["call"](lambda: mod.make_inputs({}, 0, "cpu")))
     assert user_frame(exc, tmp_path).file == "uf_lib.py"
-    # nothing of the user's: the bare exception, no location
+    # no user frame: no location
     exc = _raised(lambda: ns["call"](lambda: int("x")))
     assert describe(exc, tmp_path) == "ValueError: invalid literal for int() with base 10: 'x'"
 
@@ -206,7 +206,7 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    try:  # a zombie (dead, not yet reaped by init) counts as gone
+    try:  # a zombie counts as gone
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
     except (OSError, IndexError):
         return False
@@ -231,5 +231,5 @@ def test_worker_dies_with_its_parent(tmp_path, sig):
     finally:
         if parent.poll() is None:
             parent.kill()
-        if pid and _alive(pid):  # never leave an orphan behind, even when the test fails
+        if pid and _alive(pid):  # never leave an orphan
             os.kill(pid, signal.SIGKILL)

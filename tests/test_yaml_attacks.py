@@ -112,7 +112,7 @@ def test_rich_spec_loads(fake_lab):
 
 
 def _refused_in_one_line(cases, load, error, line) -> int:
-    """How many variants `load` refuses, each one line matching `line`; nothing else escapes."""
+    """How many variants `load` refuses, each one line; nothing else escapes."""
     refused, problems = 0, []
     for what, text in cases:
         try:
@@ -295,7 +295,7 @@ def test_module_reexporting_its_entry_is_accepted(fake_lab):
     assert load_spec(root=fake_lab).stages["OK"].kernels["cpu"].entry == "Kernel"
 
 
-# YAML amplification and depth in yamlnodes.compose.
+# YAML amplification and depth.
 
 
 class _E(Exception):
