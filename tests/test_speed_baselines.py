@@ -173,3 +173,17 @@ def test_the_real_speed_baselines_round_trip_to_the_same_text(tmp_path):
     assert len(real) > 10
     speedbaselines.save(lab, real, real)
     assert speedbaselines.load(lab) == real and _speed_text(lab) == text
+
+
+def test_drop_gone_also_drops_the_speed_baselines_of_shapes_the_bench_block_lost(slab):
+    _bench(slab, "r1.1", 4096, 50.0)
+    _bench(slab, "r1.2", 1000, 12.0)
+    write_baselines(slab, "version: 1\nbaselines: {}\n")
+    assert run_cli(["baseline", "accept", "stage-OK", "--speed"], cwd=slab).returncode == 0
+    r = run_cli(["baseline", "drop", "stage-OK", "--gone"], cwd=slab)  # the bench block still has both
+    assert r.returncode == 0 and "speed" not in r.stdout, r.stdout + r.stderr
+    assert len(speedbaselines.load(slab)) == 2
+    (slab / "stages.yaml").write_text(LAB.replace("n: [4096, 1000]", "n: [4096]"))
+    r = run_cli(["baseline", "drop", "stage-OK", "--gone"], cwd=slab)
+    assert r.returncode == 0 and "dropped 1 speed baseline(s) of stage-OK" in r.stdout, r.stdout + r.stderr
+    assert [b.case for b in speedbaselines.load(slab)] == [N4096]

@@ -77,7 +77,8 @@ def drop(
     every: bool = option("all", False, help="every baseline of the stage, those of cases its matrix no longer "
                                             "has included (an axis renamed, a case list changed)"),
     gone: bool = option("gone", False, help="only the baselines whose case the stage's matrix no longer has "
-                                            "(orphans after its axes changed), the rest kept"),
+                                            "(orphans after its axes changed), and the speed baselines of "
+                                            "shapes its bench block no longer has; the rest kept"),
 ) -> None:
     """Remove the baselines of the selected cases (--all: every baseline of the stage; --gone:
     those of cases its matrix no longer has)."""
@@ -91,12 +92,32 @@ def drop(
         if ctx.args or where:
             raise UsageError("--gone drops the baselines of cases the matrix no longer has: axis filters cannot "
                              "name those — give none with it")
-        raise typer.Exit(baselines.drop(spec, st, archs_of(arch), [], gone=True))
+        code = baselines.drop(spec, st, archs_of(arch), [], gone=True)
+        raise typer.Exit(code or _drop_gone_speed(spec, st, archs_of(arch)))
     if every:
         if ctx.args or where:
             raise UsageError("--all drops every baseline of the stage: give no axis filters with it")
         raise typer.Exit(baselines.drop(spec, st, archs_of(arch), [], every=True))
     raise typer.Exit(baselines.drop(spec, st, archs_of(arch), cases_of(st, ctx.args, where)))
+
+
+def _drop_gone_speed(spec, stage, archs: list[str] | None) -> int:
+    """--gone for the speed baselines too: those of shapes the stage's bench block no longer has."""
+    from rich.console import Console
+
+    from harness.execution.bench import plan_cases
+    from harness.notebook import speedbaselines
+
+    if stage.bench_plan is None:
+        shapes: list = []
+    else:
+        shapes = plan_cases(stage, [])
+    gone = speedbaselines.drop_gone(spec.root, stage, archs, shapes)
+    if gone:
+        shown = ", ".join(f"{b.arch} {b.case}" for b in gone[:3]) + (f" and {len(gone) - 3} more" if len(gone) > 3 else "")
+        Console(highlight=False, markup=False, soft_wrap=True).print(
+            f"dropped {len(gone)} speed baseline(s) of {stage.name} whose bench shape its bench block no longer has: {shown}")
+    return 0
 
 
 COMMANDS = [Command(name, fn, group=BASELINE, axes="matrix", errors=(BaselineError, BenchError))

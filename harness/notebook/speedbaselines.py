@@ -351,6 +351,21 @@ def accept(root: Path, stage, archs: list[str] | None, cases: list[dict[str, Any
     return 0
 
 
+def drop_gone(root: Path, stage, archs: list[str] | None, shapes: list[dict[str, Any]]) -> list[SpeedBaseline]:
+    """Remove the stage's speed baselines whose shape is not among `shapes` (its bench plan: after an
+        axis was added or a shape left the bench block they name nothing `gate --speed` times);
+        the dropped ones (the file untouched when none)."""
+    labels = {case_label(c) for c in shapes}
+    with locked(root):
+        current = load(root)
+        gone = [b for b in current if b.stage == stage.id and (not archs or b.arch in archs) and b.case not in labels]
+        if gone:
+            out = {id(b) for b in gone}
+            keep = [b for b in current if id(b) not in out]
+            save(root, keep, keep)
+    return gone
+
+
 def show(root: Path, stage: Any = None, archs: list[str] | None = None) -> int:
     """Print the speed baselines (of one stage, or all)."""
     from rich.console import Console
