@@ -125,6 +125,50 @@ def run_cli(args: list[str], cwd: Path, env_extra: dict | None = None, timeout: 
                           timeout=timeout)
 
 
+def planted(spec, stage_id: str, fixture: str):
+    """`spec`'s stage with its sm_90a kernel replaced by tests/fixtures/FIXTURE/sm90.py's `Kernel`."""
+    import dataclasses
+
+    from harness.spec.spec import KernelRef
+
+    ref = KernelRef("sm_90a", f"tests.fixtures.{fixture}.sm90", "Kernel", FIXTURES / fixture / "sm90.py")
+    return dataclasses.replace(spec.stages[stage_id], kernels={"sm_90a": ref}, dir=ref.path.parent)
+
+
+def run_cases(spec, stage, cases, tmp_path: Path, arch: str = "sm_90a", **opts):
+    """A Runner's summary of `cases` of `stage` on `arch`, records under `tmp_path`."""
+    from harness.execution.runner import RunOptions, Runner, Task
+
+    tasks = [Task(stage, arch, c) for c in cases]
+    return Runner(spec, RunOptions(tasks=tasks, argv=["pytest"], **opts), results_root=tmp_path).run()
+
+
+def compile_cases(monkeypatch, cache: Path, stage, arch: str, cases, **compiler_kw) -> list:
+    """`cases` of `stage` compiled here for `arch`, one after another (cache in `cache`); each must build."""
+    from harness.execution.compile import Compiler
+
+    monkeypatch.setenv("DSV4_LAB_CACHE", str(cache))
+    compiler = Compiler(ROOT, **compiler_kw)
+    try:
+        got = [compiler.submit(stage, arch, c).result() for c in cases]
+    finally:
+        compiler.close()
+    assert all(r.ok for r in got), [r.error for r in got]
+    return got
+
+
+def e_sm90_builds(tmp_path: Path, monkeypatch, cases, fixture: str = "") -> list[tuple[str, dict]]:
+    """(PTX, ptxas resources) of E's sm90 kernel (or FIXTURE's) per case, compiled here at 132 SMs."""
+    from harness.execution.compile import ptxas_resources
+    from harness.spec.spec import load_spec
+
+    monkeypatch.setenv("DSV4_SM_COUNT", "132")
+    spec = load_spec(root=ROOT)
+    stage = planted(spec, "E", fixture) if fixture else spec.stages["E"]
+    return [(Path(r.ptx_path).read_text(), ptxas_resources(Path(r.ptx_path), "sm_90a"))
+            for r in compile_cases(monkeypatch, tmp_path, stage, "sm_90a", cases)]
+
+
 def load_script(name: str):
     """scripts/NAME.py as a module (scripts/ is no package)."""
     import importlib.util

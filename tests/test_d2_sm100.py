@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.conftest import ROOT, traced
+from tests.conftest import ROOT, compile_cases, traced
 
 
 # -- plain Python: the plans
@@ -116,20 +116,13 @@ def test_v_view_is_the_same_bytes_as_k_and_a_wrong_view_is_refused(tmp_path):
 
 def test_representative_case_compiles_for_sm100a_without_spills(tmp_path, monkeypatch):
     """d = 512, more splits than tiles, NaN pad rows, the combine, via the compile path."""
-    from harness.execution.compile import Compiler
     from harness.notebook.inventory import families
     from harness.spec.spec import load_spec
 
-    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
-    spec = load_spec(root=ROOT)
-    st = spec.stages["D2"]
+    st = load_spec(root=ROOT).stages["D2"]
     assert "sm_100a" in st.kernels, "stages.yaml: D2 declares no sm100 kernel"
-    compiler = Compiler(spec.root, max_workers=1)
-    try:
-        res = compiler.submit(st, "sm_100a", {"shape": "b4s2h64n1152d512p100", "splits": "many"}).result()
-    finally:
-        compiler.close()
-    assert res.ok, res.error
+    (res,) = compile_cases(monkeypatch, tmp_path, st, "sm_100a", [{"shape": "b4s2h64n1152d512p100", "splits": "many"}],
+                           max_workers=1)
     assert res.resources.get("spill", 0) == 0
     assert res.resources["smem"] <= 227 * 1024
     inv = res.inventory
