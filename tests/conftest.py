@@ -67,13 +67,19 @@ def project_root() -> Path:
     return ROOT
 
 
+def commit_all(root: Path, msg: str) -> str:
+    """Everything in the git repository at `root` committed (`git add -A`); the new HEAD."""
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", msg], cwd=root, check=True)
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
+
 def make_fake_lab(dest: Path) -> Path:
     """A lab of fake CPU stages (tests/fixtures/lab) in `dest`, its own git repository."""
     shutil.copytree(FIXTURES / "lab", dest)
     shutil.copy(ROOT / "oracles" / "common.py", dest / "oracles" / "common.py")
     subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
-    subprocess.run(["git", "add", "-A"], cwd=dest, check=True)
-    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "fake lab"], cwd=dest, check=True)
+    commit_all(dest, "fake lab")
     return dest
 
 
@@ -155,6 +161,27 @@ def compile_cases(monkeypatch, cache: Path, stage, arch: str, cases, **compiler_
         compiler.close()
     assert all(r.ok for r in got), [r.error for r in got]
     return got
+
+
+def sm100_decode_build(monkeypatch, tmp_path: Path, stage_id: str, case: dict, *families_used: str) -> dict:
+    """The inventory of STAGE_ID's sm100 kernel compiled here for `case`: no spill, ≤ 227 KiB of shared memory,
+    1-CTA kind::f16 tcgen05 MMAs, no wgmma, each of `families_used` at least once."""
+    from harness.notebook.inventory import families
+    from harness.spec.spec import load_spec
+
+    st = load_spec(root=ROOT).stages[stage_id]
+    if "sm_100a" not in st.kernels:
+        pytest.fail(f"stages.yaml: {stage_id} declares no sm100 kernel")
+    (res,) = compile_cases(monkeypatch, tmp_path, st, "sm_100a", [case], max_workers=1)
+    assert res.resources.get("spill", 0) == 0
+    assert res.resources["smem"] <= 227 * 1024
+    inv = res.inventory
+    assert any(k.startswith("tcgen05.mma.cta_group::1.kind::f16") for k in inv), inv
+    fam = families(inv)
+    for instr in families_used:
+        assert fam.get(instr, 0) >= 1, (instr, inv)
+    assert fam.get("wgmma", 0) == 0
+    return inv
 
 
 def e_sm90_builds(tmp_path: Path, monkeypatch, cases, fixture: str = "") -> list[tuple[str, dict]]:
