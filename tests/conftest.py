@@ -67,13 +67,19 @@ def project_root() -> Path:
     return ROOT
 
 
+def commit_all(root: Path, msg: str) -> str:
+    """Everything in the git repository at `root` committed (`git add -A`); the new HEAD."""
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", msg], cwd=root, check=True)
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
+
 def make_fake_lab(dest: Path) -> Path:
     """A lab of fake CPU stages (tests/fixtures/lab) in `dest`, its own git repository."""
     shutil.copytree(FIXTURES / "lab", dest)
     shutil.copy(ROOT / "oracles" / "common.py", dest / "oracles" / "common.py")
     subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
-    subprocess.run(["git", "add", "-A"], cwd=dest, check=True)
-    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "fake lab"], cwd=dest, check=True)
+    commit_all(dest, "fake lab")
     return dest
 
 
@@ -123,6 +129,71 @@ def run_cli(args: list[str], cwd: Path, env_extra: dict | None = None, timeout: 
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def planted(spec, stage_id: str, fixture: str):
+    """`spec`'s stage with its sm_90a kernel replaced by tests/fixtures/FIXTURE/sm90.py's `Kernel`."""
+    import dataclasses
+
+    from harness.spec.spec import KernelRef
+
+    ref = KernelRef("sm_90a", f"tests.fixtures.{fixture}.sm90", "Kernel", FIXTURES / fixture / "sm90.py")
+    return dataclasses.replace(spec.stages[stage_id], kernels={"sm_90a": ref}, dir=ref.path.parent)
+
+
+def run_cases(spec, stage, cases, tmp_path: Path, arch: str = "sm_90a", **opts):
+    """A Runner's summary of `cases` of `stage` on `arch`, records under `tmp_path`."""
+    from harness.execution.runner import RunOptions, Runner, Task
+
+    tasks = [Task(stage, arch, c) for c in cases]
+    return Runner(spec, RunOptions(tasks=tasks, argv=["pytest"], **opts), results_root=tmp_path).run()
+
+
+def compile_cases(monkeypatch, cache: Path, stage, arch: str, cases, **compiler_kw) -> list:
+    """`cases` of `stage` compiled here for `arch`, one after another (cache in `cache`); each must build."""
+    from harness.execution.compile import Compiler
+
+    monkeypatch.setenv("DSV4_LAB_CACHE", str(cache))
+    compiler = Compiler(ROOT, **compiler_kw)
+    try:
+        got = [compiler.submit(stage, arch, c).result() for c in cases]
+    finally:
+        compiler.close()
+    assert all(r.ok for r in got), [r.error for r in got]
+    return got
+
+
+def sm100_decode_build(monkeypatch, tmp_path: Path, stage_id: str, case: dict, *families_used: str) -> dict:
+    """The inventory of STAGE_ID's sm100 kernel compiled here for `case`: no spill, ≤ 227 KiB of shared memory,
+    1-CTA kind::f16 tcgen05 MMAs, no wgmma, each of `families_used` at least once."""
+    from harness.notebook.inventory import families
+    from harness.spec.spec import load_spec
+
+    st = load_spec(root=ROOT).stages[stage_id]
+    if "sm_100a" not in st.kernels:
+        pytest.fail(f"stages.yaml: {stage_id} declares no sm100 kernel")
+    (res,) = compile_cases(monkeypatch, tmp_path, st, "sm_100a", [case], max_workers=1)
+    assert res.resources.get("spill", 0) == 0
+    assert res.resources["smem"] <= 227 * 1024
+    inv = res.inventory
+    assert any(k.startswith("tcgen05.mma.cta_group::1.kind::f16") for k in inv), inv
+    fam = families(inv)
+    for instr in families_used:
+        assert fam.get(instr, 0) >= 1, (instr, inv)
+    assert fam.get("wgmma", 0) == 0
+    return inv
+
+
+def e_sm90_builds(tmp_path: Path, monkeypatch, cases, fixture: str = "") -> list[tuple[str, dict]]:
+    """(PTX, ptxas resources) of E's sm90 kernel (or FIXTURE's) per case, compiled here at 132 SMs."""
+    from harness.execution.compile import ptxas_resources
+    from harness.spec.spec import load_spec
+
+    monkeypatch.setenv("DSV4_SM_COUNT", "132")
+    spec = load_spec(root=ROOT)
+    stage = planted(spec, "E", fixture) if fixture else spec.stages["E"]
+    return [(Path(r.ptx_path).read_text(), ptxas_resources(Path(r.ptx_path), "sm_90a"))
+            for r in compile_cases(monkeypatch, tmp_path, stage, "sm_90a", cases)]
 
 
 def load_script(name: str):

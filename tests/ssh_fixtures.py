@@ -255,13 +255,13 @@ class Kernel:
         out.copy_(a + b)
 '''
 
-def _cpu_stage(name: str, title: str, timeout_s: int) -> str:
+def _cpu_stage(name: str, title: str, timeout_s: int, n: str = "[4, 8, 16]") -> str:
     """A stages.yaml entry of a CPU stage on the fake add oracle."""
     d = name.lower()
     return (f"  {name}:\n    title: {title}\n    dir: stages/{d}\n    kernels:\n"
             f"      cpu: {{module: stages.{d}.cpu, entry: Kernel}}\n    tensors: oracles.fake:tensors\n"
             f"    inputs: oracles.fake:make_inputs\n    oracle: oracles.fake:reference\n    matrix:\n"
-            f"      n: [4, 8, 16]\n    tolerances:\n      out: {{cosine_min: 0.9999}}\n    timeout_s: {timeout_s}\n")
+            f"      n: {n}\n    tolerances:\n      out: {{cosine_min: 0.9999}}\n    timeout_s: {timeout_s}\n")
 
 
 STAGES_YAML = "version: 1\nstages:\n" + "".join(_cpu_stage(*s) for s in (
@@ -301,6 +301,17 @@ def make_lab(root: Path, targets_yaml: str = "") -> Path:
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "lab")
     return root
+
+
+def add_cpu_stage(root: Path, name: str, title: str, kernel: str, n: str, timeout_s: int = 600) -> None:
+    """Stage NAME (stages/<name>/cpu.py: `kernel`, matrix n: `n`) added to the lab at `root` and committed."""
+    d = root / "stages" / name.lower()
+    d.mkdir()
+    (d / "__init__.py").write_text("")
+    (d / "cpu.py").write_text(kernel)
+    (root / "stages.yaml").write_text((root / "stages.yaml").read_text() + _cpu_stage(name, title, timeout_s, n))
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", name.lower())
 
 
 def run_cli(root: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300

@@ -10,7 +10,7 @@ from harness.notebook import baselines, speedbaselines
 from harness.notebook.records import (Record, _read_archive, append_event, archive_file, notes_file,
                                       stage_file)
 from harness.notebook.retired import encode_ids, read_retired, retired_file, where
-from tests.conftest import run_cli, write_baselines, write_records
+from tests.conftest import commit_all, run_cli, write_baselines, write_records
 from tests.test_notebook_size import _compact_script
 
 STALE = "0ld0ld0ld0ld"
@@ -24,10 +24,7 @@ def _rec(run: str, i: int, n: int, t: str = "2020-01-01T00:00:00Z") -> Record:
 _write = write_records
 
 
-def _commit(root: Path, msg: str) -> str:
-    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
-    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", msg], cwd=root, check=True)
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+_commit = commit_all
 
 
 def _archived_ids(root: Path) -> list[str]:

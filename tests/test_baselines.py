@@ -282,6 +282,14 @@ def _baseline_from(lab: Path, rec: Record) -> None:
                                   dict(baselines.COMPILE_TOLERANCE), None, facts)])
 
 
+def _baselined(lab: Path, **kw):
+    """(spec, record): stage HD's compiled hd=64 record, its compile baseline accepted."""
+    spec = load_spec(root=lab)
+    base = _compiled(spec, "HD", C64, **kw)
+    _baseline_from(lab, base)
+    return spec, base
+
+
 @pytest.mark.parametrize("change, verdict, words", [
     ({}, 0, ["1 baselined case(s) hold"]),
     ({"regs": 168}, 0, ["hold"]),  # +8: within the margin
@@ -297,9 +305,7 @@ def _baseline_from(lab: Path, rec: Record) -> None:
     ({"regs": None}, 1, ["not reported now", "nothing proven"]),
 ])
 def test_gate_compares_what_compiling_proves(blab, change, verdict, words):
-    spec = load_spec(root=blab)
-    base = _compiled(spec, "HD", C64)
-    _baseline_from(blab, base)
+    spec, base = _baselined(blab)
     _write_records(blab, [base, _compiled(spec, "HD", C64, i=2, **change)])
     code, text = _gate(blab)
     assert code == verdict, text
@@ -308,18 +314,14 @@ def test_gate_compares_what_compiling_proves(blab, change, verdict, words):
 
 
 def test_a_compile_error_is_a_regression_named_with_its_file_line(blab):
-    spec = load_spec(root=blab)
-    base = _compiled(spec, "HD", C64)
-    _baseline_from(blab, base)
+    spec, base = _baselined(blab)
     _write_records(blab, [base, _compiled(spec, "HD", C64, i=2, status="compile_error", inv=None)])
     code, text = _gate(blab)
     assert code == 1 and "stage-HD sm_100a hd=64,n=16" in text and "compile_error: stages/x.py:3" in text
 
 
 def test_sass_mma_counts_are_compared_when_both_sides_have_sass(blab):
-    spec = load_spec(root=blab)
-    base = _compiled(spec, "HD", C64, sass={"(all)": 800, "UTCHMMA": 12})
-    _baseline_from(blab, base)
+    spec, base = _baselined(blab, sass={"(all)": 800, "UTCHMMA": 12})
     _write_records(blab, [base, _compiled(spec, "HD", C64, i=2, sass={"(all)": 700, "UTCHMMA": 6})])
     code, text = _gate(blab)
     assert code == 1 and "SASS UTCHMMA" in text
@@ -329,9 +331,7 @@ def test_sass_mma_counts_are_compared_when_both_sides_have_sass(blab):
 
 def test_a_record_without_the_inventory_proves_nothing(blab):
     """A compiled record without inventory is stale for a compile-only baseline."""
-    spec = load_spec(root=blab)
-    base = _compiled(spec, "HD", C64)
-    _baseline_from(blab, base)
+    spec, base = _baselined(blab)
     _write_records(blab, [_compiled(spec, "HD", C64, i=2, inv=None)])
     code, text = _gate(blab)
     assert code == 1 and "stale" in text and "dsv4-lab compile stage-HD --arch sm_100a" in text
@@ -339,9 +339,7 @@ def test_a_record_without_the_inventory_proves_nothing(blab):
 
 def test_stale_compile_only_cases_are_recompiled_by_the_gate(blab):
     """A stale compile-only case is recompiled: the gate names the compile error and writes the record."""
-    spec = load_spec(root=blab)
-    base = _compiled(spec, "HD", C64, src="0ld0ld0ld0ld")
-    _baseline_from(blab, base)
+    spec, base = _baselined(blab, src="0ld0ld0ld0ld")
     _write_records(blab, [base])
     code, text = _gate(blab, allow_run=True)
     assert code == 1 and "REGRESSIONS" in text and "stage-HD sm_100a hd=64,n=16" in text and "compile_error" in text

@@ -9,7 +9,7 @@ import pytest
 from harness.execution.compile import Compiler
 from harness.notebook.inventory import families, mma_counts, ptx_inventory, ptx_key, sass_inventory
 from harness.spec.spec import load_spec
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, commit_all, run_cli
 
 EXPECTED = {
     "sm_90a": {"wgmma": 1, "cp.async.bulk.tensor": 1},
@@ -287,8 +287,7 @@ def test_an_oracle_that_raises_in_tensors_is_a_compile_error_not_a_crash(fake_la
 def test_compile_diff_shows_what_changed_since_a_commit(fake_lab):
     """`compile --diff REV` shows the change, exit 0; a bad REV: exit 2."""
     _broken_sm90(fake_lab, "class Kernel:\n    def __init__(self, *, n):\n        raise ValueError('old build')\n" + CALL)
-    subprocess.run(["git", "add", "-A"], cwd=fake_lab, check=True)
-    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "v1"], cwd=fake_lab, check=True)
+    commit_all(fake_lab, "v1")
     (fake_lab / "stages" / "fake" / "sm90.py").write_text(
         "class Kernel:\n    def __init__(self, *, n):\n        raise ValueError('new build')\n" + CALL)
 

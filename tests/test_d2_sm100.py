@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.conftest import ROOT, traced
+from tests.conftest import sm100_decode_build, traced
 
 
 # -- plain Python: the plans
@@ -116,26 +116,6 @@ def test_v_view_is_the_same_bytes_as_k_and_a_wrong_view_is_refused(tmp_path):
 
 def test_representative_case_compiles_for_sm100a_without_spills(tmp_path, monkeypatch):
     """d = 512, more splits than tiles, NaN pad rows, the combine, via the compile path."""
-    from harness.execution.compile import Compiler
-    from harness.notebook.inventory import families
-    from harness.spec.spec import load_spec
-
-    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
-    spec = load_spec(root=ROOT)
-    st = spec.stages["D2"]
-    assert "sm_100a" in st.kernels, "stages.yaml: D2 declares no sm100 kernel"
-    compiler = Compiler(spec.root, max_workers=1)
-    try:
-        res = compiler.submit(st, "sm_100a", {"shape": "b4s2h64n1152d512p100", "splits": "many"}).result()
-    finally:
-        compiler.close()
-    assert res.ok, res.error
-    assert res.resources.get("spill", 0) == 0
-    assert res.resources["smem"] <= 227 * 1024
-    inv = res.inventory
-    assert any(k.startswith("tcgen05.mma.cta_group::1.kind::f16") for k in inv), inv
+    inv = sm100_decode_build(monkeypatch, tmp_path, "D2", {"shape": "b4s2h64n1152d512p100", "splits": "many"},
+                             "tcgen05.ld", "tcgen05.commit", "cp.async.bulk.tensor", "fence.proxy.async.shared::cta")
     assert not any(k.startswith("tcgen05.mma.cta_group::2") for k in inv)
-    fam = families(inv)
-    for instr in ("tcgen05.ld", "tcgen05.commit", "cp.async.bulk.tensor", "fence.proxy.async.shared::cta"):
-        assert fam.get(instr, 0) >= 1, (instr, inv)
-    assert fam.get("wgmma", 0) == 0

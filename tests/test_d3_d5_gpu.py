@@ -1,26 +1,21 @@
 """On a GPU: D3–D5's planted bugs run cleanly and are reported `fail`."""
 
-import dataclasses
-
 import pytest
 
 from harness.spec.matrix import expand
-from harness.execution.runner import RunOptions, Runner, Task
-from harness.spec.spec import KernelRef, load_spec
+from harness.spec.spec import load_spec
+from tests.conftest import planted, run_cases
 
 pytestmark = pytest.mark.gpu
 
 
 def _run(spec, stage, tmp_path, keep):
-    tasks = [Task(stage, "sm_90a", c) for c in expand(stage) if keep(c.dict)]
-    return Runner(spec, RunOptions(tasks=tasks, argv=["pytest"]), results_root=tmp_path).run()
+    return run_cases(spec, stage, [c for c in expand(stage) if keep(c.dict)], tmp_path)
 
 
 def _planted(project_root, stage_id: str):
     spec = load_spec(root=project_root)
-    name = f"wrong_{stage_id.lower()}"
-    ref = KernelRef("sm_90a", f"tests.fixtures.{name}.sm90", "Kernel", project_root / "tests" / "fixtures" / name / "sm90.py")
-    return spec, dataclasses.replace(spec.stages[stage_id], kernels={"sm_90a": ref}, dir=ref.path.parent)
+    return spec, planted(spec, stage_id, f"wrong_{stage_id.lower()}")
 
 
 def _all_fail(summary, count: int, label: str) -> None:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.conftest import ROOT, traced
+from tests.conftest import sm100_decode_build, traced
 
 
 # -- plain Python: plans
@@ -151,26 +151,5 @@ def test_mask_columns_are_trace_time_constants_and_a_row_shift_is_refused(tmp_pa
 ])
 def test_representative_case_compiles_for_sm100a_without_spills(stage, case, tmp_path, monkeypatch):
     """Compile path: D4 with three tokens, empty splits, combine; D5 with both branches and sink."""
-    from harness.execution.compile import Compiler
-    from harness.notebook.inventory import families
-    from harness.spec.spec import load_spec
-
-    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
-    spec = load_spec(root=ROOT)
-    st = spec.stages[stage]
-    if "sm_100a" not in st.kernels:
-        pytest.fail(f"stages.yaml: {stage} declares no sm100 kernel")
-    compiler = Compiler(spec.root, max_workers=1)
-    try:
-        res = compiler.submit(st, "sm_100a", case).result()
-    finally:
-        compiler.close()
-    assert res.ok, res.error
-    assert res.resources.get("spill", 0) == 0
-    assert res.resources["smem"] <= 227 * 1024
-    inv = res.inventory
-    assert any(k.startswith("tcgen05.mma.cta_group::1.kind::f16") for k in inv), inv
-    fam = families(inv)
-    for instr in ("tcgen05.ld", "tcgen05.st", "tcgen05.commit", "cp.async.bulk.tensor", "fence.proxy.async.shared::cta"):
-        assert fam.get(instr, 0) >= 1, (instr, inv)
-    assert fam.get("wgmma", 0) == 0
+    sm100_decode_build(monkeypatch, tmp_path, stage, case, "tcgen05.ld", "tcgen05.st", "tcgen05.commit",
+                       "cp.async.bulk.tensor", "fence.proxy.async.shared::cta")

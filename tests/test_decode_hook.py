@@ -3,10 +3,8 @@ Fake lab: the kernel writes 2·(a + b) into `raw`; decode halves it."""
 
 from __future__ import annotations
 
-import subprocess
-
 from harness.notebook.records import read_records
-from tests.conftest import run_cli
+from tests.conftest import commit_all, run_cli
 
 STAGE = """
   DEC:
@@ -65,8 +63,7 @@ def _dec_lab(lab, decode: str = "decode"):
     (lab / "stages.yaml").write_text((lab / "stages.yaml").read_text() + STAGE.replace("DECODE", decode))
     (lab / "oracles" / "dec.py").write_text(ORACLE)
     (lab / "stages" / "fake" / "dec.py").write_text(KERNEL)
-    subprocess.run(["git", "add", "-A"], cwd=lab, check=True)
-    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "dec"], cwd=lab, check=True)
+    commit_all(lab, "dec")
 
 
 def test_a_run_compares_what_decode_makes_of_the_outputs(fake_lab):

@@ -1,26 +1,22 @@
 """On a GPU: E's planted bugs fail; a grid past the SMs is not merged in-kernel and passes."""
 
-import dataclasses
-
 import pytest
 
 from harness.spec.matrix import Case, expand
-from harness.execution.runner import RunOptions, Runner, Task
-from harness.spec.spec import KernelRef, load_spec
+from harness.spec.spec import load_spec
+from tests.conftest import planted, run_cases
 
 pytestmark = pytest.mark.gpu
 
 
 def _planted(project_root, name: str):
     spec = load_spec(root=project_root)
-    ref = KernelRef("sm_90a", f"tests.fixtures.{name}.sm90", "Kernel", project_root / "tests" / "fixtures" / name / "sm90.py")
-    return spec, dataclasses.replace(spec.stages["E"], kernels={"sm_90a": ref}, dir=ref.path.parent)
+    return spec, planted(spec, "E", name)
 
 
 def _run_cases(spec, stage, cases, tmp_path, label: str, want: str) -> None:
     """Run `cases` of `stage` on the GPU; every record `want`, every element written."""
-    summary = Runner(spec, RunOptions(tasks=[Task(stage, "sm_90a", c) for c in cases], argv=["pytest"]),
-                     results_root=tmp_path).run()
+    summary = run_cases(spec, stage, cases, tmp_path)
     assert len(summary.records) == len(cases)
     for rec in summary.records:
         print(label, rec.case, rec.status, rec.metrics.get("O"), rec.error)

@@ -65,21 +65,11 @@ def _ptx(project_root, tmp_path, monkeypatch, cfgs, fmt):
     """The PTX of E's sm90 kernel per config (sm_90a, no records)."""
     from pathlib import Path
 
-    from harness.execution.compile import Compiler
+    from tests.conftest import compile_cases
 
-    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
-    spec = load_spec(root=project_root)
-    compiler = Compiler(spec.root)
-    out = {}
-    try:
-        for cfg in cfgs:
-            case = dict(b=2, config=cfg, kv_format=fmt, scenario="plain", splits=1, epilogue="bf16")
-            res = compiler.submit(spec.stages["E"], "sm_90a", case).result()
-            assert res.ok, res.error
-            out[cfg] = (Path(res.ptx_path).read_text(), res)
-    finally:
-        compiler.close()
-    return out
+    cases = [dict(b=2, config=cfg, kv_format=fmt, scenario="plain", splits=1, epilogue="bf16") for cfg in cfgs]
+    got = compile_cases(monkeypatch, tmp_path, load_spec(root=project_root).stages["E"], "sm_90a", cases)
+    return {cfg: (Path(r.ptx_path).read_text(), r) for cfg, r in zip(cfgs, got)}
 
 
 def test_the_gather_loads_into_registers(project_root, tmp_path, monkeypatch):

@@ -121,41 +121,40 @@ def test_the_staging_ring_takes_its_bytes_from_the_chunk_ring():
 # -- traced: refusals
 
 
-def test_trace_time_tmem_check_refuses_a_planted_over_budget_plan(tmp_path):
-    """Plan forced to "fits": the trace re-checks S and O columns and refuses."""
-    prelude = """
-        import stages.common.sm100_decode as house
-        real = house.tmem_budget
-        house.tmem_budget = lambda d, kv, o_split, s_stages: real(d, kv, 2, s_stages)  # lie: "fits"
-        import stages.E_sparse_decode.sm100 as m
-        class Planted(m.Kernel):
-            def __init__(self, **kw):
-                super().__init__(o_split=1, **kw)
-    """
+_OVER_BUDGET = """
+    import stages.common.sm100_decode as house
+    real = house.tmem_budget
+    house.tmem_budget = lambda d, kv, o_split, s_stages: real(d, kv, 2, s_stages)  # lie: "fits"
+    import stages.E_sparse_decode.sm100 as m
+    class Planted(m.Kernel):
+        def __init__(self, **kw):
+            super().__init__(o_split=1, **kw)
+"""
+_COLUMNS_FIRST_VIEW = """
+    import cutlass.cute as cute
+    from cutlass.cute.nvgpu import tcgen05
+    import stages.E_sparse_decode.sm100 as m
+    class Planted(m.Kernel):
+        def key_col_layout(self, qk_mma, pv_mma, k_smem):
+            atom = tcgen05.make_smem_layout_atom(tcgen05.SmemLayoutAtomKind.K_SW128, m.BF16)
+            kw = cute.tile_to_shape(atom, (m.KV_TILE, self.chunk, self.slots), order=(1, 0, 2))
+            k_coords, _ = self.kv_coords(qk_mma, pv_mma)
+            m.check_key_col_view(kw, k_smem, k_coords)
+            return kw
+"""
+
+
+@pytest.mark.parametrize("prelude, refusal", [
+    (_OVER_BUDGET, "TMEM budget: S 2×64 + O 512 = 640 columns > 512"),
+    (_COLUMNS_FIRST_VIEW, "REFUSED K write view"),
+], ids=["tmem_plan_over_budget", "dequant_view_not_the_mma_bytes"])
+def test_trace_time_checks_refuse_a_planted_kernel(tmp_path, prelude, refusal):
+    """Plan forced to "fits": the trace re-checks S and O columns and refuses. A columns-first
+    view of the dequantisers' writes misses the MMA's reads: tracing stops."""
     out = _compile({"b": 2, "config": "s1h128_m128bs256", "kv_format": "simple", "splits": 1}, tmp_path,
                    kernel="Planted", prelude=prelude)
     assert "COMPILED" not in out, out[-2000:]
-    assert "TMEM budget: S 2×64 + O 512 = 640 columns > 512" in out, out[-2000:]
-
-
-def test_a_dequant_view_that_is_not_the_mma_bytes_is_refused(tmp_path):
-    """A columns-first view of the dequantisers' writes misses the MMA's reads: tracing stops."""
-    prelude = """
-        import cutlass.cute as cute
-        from cutlass.cute.nvgpu import tcgen05
-        import stages.E_sparse_decode.sm100 as m
-        class Planted(m.Kernel):
-            def key_col_layout(self, qk_mma, pv_mma, k_smem):
-                atom = tcgen05.make_smem_layout_atom(tcgen05.SmemLayoutAtomKind.K_SW128, m.BF16)
-                kw = cute.tile_to_shape(atom, (m.KV_TILE, self.chunk, self.slots), order=(1, 0, 2))
-                k_coords, _ = self.kv_coords(qk_mma, pv_mma)
-                m.check_key_col_view(kw, k_smem, k_coords)
-                return kw
-    """
-    out = _compile({"b": 2, "config": "s1h128_m128bs256", "kv_format": "simple", "splits": 1}, tmp_path,
-                   kernel="Planted", prelude=prelude)
-    assert "COMPILED" not in out, out[-2000:]
-    assert "REFUSED K write view" in out, out[-2000:]
+    assert refusal in out, out[-2000:]
 
 
 def test_lse_view_puts_one_token_rows_at_lse_b_h_t(tmp_path):

@@ -2,7 +2,6 @@
 
 import hashlib
 import json
-from pathlib import Path
 
 import pytest
 
@@ -10,6 +9,7 @@ from oracles import sparse_decode as sd
 from stages.common import idx_windows as iw
 from stages.common.device import SMEM_LIMIT
 from stages.E_sparse_decode import sm100, sm90
+from tests.conftest import e_sm90_builds
 
 KEYS = 64
 
@@ -145,32 +145,11 @@ def test_sm100_auto_scratch_is_capped():
 # -- compiled
 
 
-def _sm90_ptx(project_root, tmp_path, monkeypatch, cases, fixture: str = ""):
+def _sm90_ptx(tmp_path, monkeypatch, cases, fixture: str = ""):
     """PTX of E's sm90 kernel (or a fixture's) per (b, config, kv_format, splits)."""
-    import dataclasses
-
-    from harness.execution.compile import Compiler, ptxas_resources
-    from harness.spec.spec import KernelRef, load_spec
-
-    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
-    monkeypatch.setenv("DSV4_SM_COUNT", "132")
-    spec = load_spec(root=project_root)
-    stage = spec.stages["E"]
-    if fixture:
-        path = project_root / "tests" / "fixtures" / fixture / "sm90.py"
-        ref = KernelRef("sm_90a", f"tests.fixtures.{fixture}.sm90", "Kernel", path)
-        stage = dataclasses.replace(stage, kernels={"sm_90a": ref}, dir=ref.path.parent)
-    compiler = Compiler(spec.root)
-    out = {}
-    try:
-        for b, config, fmt, splits in cases:
-            case = dict(b=b, config=config, kv_format=fmt, scenario="plain", splits=splits, epilogue="bf16")
-            res = compiler.submit(stage, "sm_90a", case).result()
-            assert res.ok, res.error
-            out[(b, config, fmt, splits)] = (Path(res.ptx_path).read_text(), ptxas_resources(Path(res.ptx_path), "sm_90a"))
-    finally:
-        compiler.close()
-    return out
+    builds = e_sm90_builds(tmp_path, monkeypatch, [dict(b=b, config=config, kv_format=fmt, scenario="plain", splits=splits,
+                                                        epilogue="bf16") for b, config, fmt, splits in cases], fixture)
+    return dict(zip(cases, builds))
 
 
 # sha256 of production configs' whole PTX, same before (67fc0d9) and after streaming.
@@ -184,7 +163,7 @@ PRODUCTION_PTX = {
 def test_sm90_streams_topk_16384_and_32768_and_the_production_ptx_is_unchanged(project_root, tmp_path, monkeypatch):
     """topk 16384 / 32768 stream by cp.async, spills bounded; production PTX unchanged."""
     streamed = [(1, "s2h64_m16384bs256", "model1", 3), (1, "s1h128_m32768bs256", "model1", 1)]
-    got = _sm90_ptx(project_root, tmp_path, monkeypatch, streamed + list(PRODUCTION_PTX))
+    got = _sm90_ptx(tmp_path, monkeypatch, streamed + list(PRODUCTION_PTX))
     for key in streamed:
         ptx, res = got[key]
         assert ptx.count("@p cp.async.ca.shared.global") == 3, key  # windows 0, 1 and w + 1
@@ -201,7 +180,7 @@ def test_sm90_streams_topk_16384_and_32768_and_the_production_ptx_is_unchanged(p
 def test_planted_stream_behind_reaches_the_compiled_e_kernel(project_root, tmp_path, monkeypatch):
     """wrong_e_window's `refill_source` hook reaches the kernel: the PTX differs."""
     key = (1, "s2h64_m16384bs256", "model1", 1)
-    got = [_sm90_ptx(project_root, tmp_path / name, monkeypatch, [key], name)[key][0] for name in ("", "wrong_e_window")]
+    got = [_sm90_ptx(tmp_path / name, monkeypatch, [key], name)[key][0] for name in ("", "wrong_e_window")]
     bodies = [ptx.replace(ptx.split(".entry", 1)[1].split("(", 1)[0].strip(), "K") for ptx in got]
     assert bodies[0].count("cp.async.ca") == bodies[1].count("cp.async.ca") > 0
     assert bodies[0] != bodies[1]

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.execution.compile import Compiler, ptxas_resources
+from harness.execution.compile import ptxas_resources
 from harness.execution.metrics import POISON_BITS, compare, judge, poison_
 from harness.spec.spec import load_spec
 from oracles import fp8_epilogue as fe
 from oracles import sparse_decode as sd
+from tests.conftest import compile_cases, e_sm90_builds
 
 CASE = {"b": 2, "config": "s2h64_m128bs256_x512bs64", "kv_format": "model1", "scenario": "lonely", "splits": 1,
         "epilogue": "fp8_rope"}
@@ -164,34 +165,10 @@ def test_bf16_cases_keep_their_inputs_and_outputs():
 # -- compiled (sm_90a on the CPU)
 
 
-def _sm90_fp8_ptx(project_root, tmp_path, monkeypatch, case: dict, fixture: str = ""):
-    """(PTX, ptxas resources) of E's sm90 kernel (or a fixture's) for `case`."""
-    import dataclasses
-
-    from harness.spec.spec import KernelRef, load_spec
-
-    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
-    monkeypatch.setenv("DSV4_SM_COUNT", "132")
-    spec = load_spec(root=project_root)
-    stage = spec.stages["E"]
-    if fixture:
-        path = project_root / "tests" / "fixtures" / fixture / "sm90.py"
-        ref = KernelRef("sm_90a", f"tests.fixtures.{fixture}.sm90", "Kernel", path)
-        stage = dataclasses.replace(stage, kernels={"sm_90a": ref}, dir=ref.path.parent)
-    compiler = Compiler(spec.root)
-    try:
-        res = compiler.submit(stage, "sm_90a", case).result()
-        assert res.ok, res.error
-        return Path(res.ptx_path).read_text(), ptxas_resources(Path(res.ptx_path), "sm_90a")
-    finally:
-        compiler.close()
-
-
 def test_sm90_fp8_epilogue_compiles_without_spills_and_the_planted_sign_reaches_it(project_root, tmp_path, monkeypatch):
     """fp8_rope model1 h_q 64 splits 3, sm_90a: no spills, e4m3 conversions; wrong_e_rope_sign reaches it."""
     case = dict(b=2, config="s2h64_m128bs256_x512bs64", kv_format="model1", scenario="sink", splits=3, epilogue="fp8_rope")
-    got = [_sm90_fp8_ptx(project_root, tmp_path / (name or "stage"), monkeypatch, case, name)
-           for name in ("", "wrong_e_rope_sign")]
+    got = [e_sm90_builds(tmp_path / (name or "stage"), monkeypatch, [case], name)[0] for name in ("", "wrong_e_rope_sign")]
     (ptx, res), (wrong, _) = got
     assert res.get("spill", 0) == 0, res
     assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == 2 * 64 + 8
@@ -236,19 +213,11 @@ def test_the_kernels_addresses_and_exponent_bits_agree_with_the_oracle():
 
 def test_sm100_fp8_epilogue_compiles_without_spills(project_root, tmp_path, monkeypatch):
     """sm_100a: the one-split and SplitCombine epilogues' conversions and stores, no spills."""
-    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
-    spec = load_spec(root=project_root)
-    compiler = Compiler(spec.root)
-    got = {}
-    try:
-        for splits in (1, 4):
-            case = dict(b=2, config="s2h64_m128bs256_x512bs64", kv_format="model1", scenario="sink", splits=splits,
-                        epilogue="fp8_rope")
-            res = compiler.submit(spec.stages["E"], "sm_100a", case).result()
-            assert res.ok, res.error
-            got[splits] = (Path(res.ptx_path).read_text(), ptxas_resources(Path(res.ptx_path), "sm_100a"))
-    finally:
-        compiler.close()
+    cases = [dict(b=2, config="s2h64_m128bs256_x512bs64", kv_format="model1", scenario="sink", splits=splits,
+                  epilogue="fp8_rope") for splits in (1, 4)]
+    got = {c["splits"]: (Path(r.ptx_path).read_text(), ptxas_resources(Path(r.ptx_path), "sm_100a"))
+           for c, r in zip(cases, compile_cases(monkeypatch, tmp_path, load_spec(root=project_root).stages["E"],
+                                                "sm_100a", cases))}
     one, split = got[1][0], got[4][0]
     assert all(r.get("spill", 0) == 0 for _, r in got.values()), [r for _, r in got.values()]
     assert one.count("cvt.rn.satfinite.e4m3x2.f32") == 128 and one.count("st.global.v4.b32") == 16

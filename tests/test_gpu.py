@@ -1,19 +1,16 @@
 """On a GPU: stage A runs; stage B with P permuted is reported `fail`."""
 
-import dataclasses
-
 import pytest
 
 from harness.spec.matrix import expand
-from harness.execution.runner import RunOptions, Runner, Task
-from harness.spec.spec import KernelRef, load_spec
+from harness.spec.spec import load_spec
+from tests.conftest import planted, run_cases
 
 pytestmark = pytest.mark.gpu
 
 
 def _run(spec, stage, arch, tmp_path):
-    tasks = [Task(stage, arch, c) for c in expand(stage)]
-    return Runner(spec, RunOptions(tasks=tasks, argv=["pytest"]), results_root=tmp_path).run()
+    return run_cases(spec, stage, expand(stage), tmp_path, arch)
 
 
 def test_stage_a_sm90_passes_its_matrix(project_root, tmp_path):
@@ -25,11 +22,7 @@ def test_stage_a_sm90_passes_its_matrix(project_root, tmp_path):
 
 def test_lab_catches_permuted_p_in_stage_b(project_root, tmp_path):
     spec = load_spec(root=project_root)
-    b = spec.stages["B"]
-    wrong = KernelRef("sm_90a", "tests.fixtures.wrong_b.sm90", "Kernel",
-                      project_root / "tests" / "fixtures" / "wrong_b" / "sm90.py")
-    wrong_b = dataclasses.replace(b, kernels={"sm_90a": wrong}, dir=wrong.path.parent)
-    summary = _run(spec, wrong_b, "sm_90a", tmp_path)
+    summary = _run(spec, planted(spec, "B", "wrong_b"), "sm_90a", tmp_path)
     assert len(summary.records) == 4
     for rec in summary.records:
         print("wrong-B", rec.case, rec.status, rec.metrics["O"])

@@ -1,31 +1,22 @@
 """On a GPU: hang_d2 with `--debug-hangs` is recorded `hang`."""
 
-import dataclasses
-
 import pytest
 
 from harness.spec.matrix import expand
-from harness.execution.runner import RunOptions, Runner, Task
-from harness.spec.spec import KernelRef, load_spec
+from harness.spec.spec import load_spec
+from tests.conftest import planted, run_cases
 
 pytestmark = pytest.mark.gpu
 
 CASE = {"shape": "b4s2h128n256d64", "splits": 1}  # 2 KV tiles a CTA: tile 1 is the skipped one
 
 
-def _fixture(project_root):
-    spec = load_spec(root=project_root)
-    ref = KernelRef("sm_90a", "tests.fixtures.hang_d2.sm90", "Kernel",
-                    project_root / "tests" / "fixtures" / "hang_d2" / "sm90.py")
-    return spec, dataclasses.replace(spec.stages["D2"], kernels={"sm_90a": ref}, dir=ref.path.parent)
-
-
 def test_planted_deadlock_is_a_hang_naming_pipeline_and_slot(project_root, tmp_path):
-    spec, stage = _fixture(project_root)
-    tasks = [Task(stage, "sm_90a", c) for c in expand(stage) if c.dict == CASE]
-    assert len(tasks) == 1
-    summary = Runner(spec, RunOptions(tasks=tasks, argv=["pytest"], debug_hangs=True, timeout_s=120),
-                     results_root=tmp_path).run()
+    spec = load_spec(root=project_root)
+    stage = planted(spec, "D2", "hang_d2")
+    cases = [c for c in expand(stage) if c.dict == CASE]
+    assert len(cases) == 1
+    summary = run_cases(spec, stage, cases, tmp_path, debug_hangs=True, timeout_s=120)
     (rec,) = summary.records
     print(rec.status, rec.error)
     assert rec.status == "hang", (rec.status, rec.error)
@@ -39,8 +30,7 @@ def test_the_same_case_built_normally_still_runs_the_real_kernel(project_root, t
     """D2 itself with --debug-hangs: no hang, a pass."""
     spec = load_spec(root=project_root)
     stage = spec.stages["D2"]
-    tasks = [Task(stage, "sm_90a", c) for c in expand(stage) if c.dict == CASE]
-    summary = Runner(spec, RunOptions(tasks=tasks, argv=["pytest"], debug_hangs=True), results_root=tmp_path).run()
+    summary = run_cases(spec, stage, [c for c in expand(stage) if c.dict == CASE], tmp_path, debug_hangs=True)
     (rec,) = summary.records
     assert rec.status == "pass", (rec.status, rec.error)
     assert rec.compile["debug"] == "hangs"

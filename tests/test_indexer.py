@@ -2,6 +2,7 @@
 
 import ast
 import math
+import re
 
 import pytest
 import torch
@@ -436,89 +437,63 @@ def _probe(tmp_path, arch: str, probe: str, *args) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-_SETMAXNREG_PROBE = r"""
-import json, os, sys
-from pathlib import Path
-from harness.spec.spec import load_spec
-from harness.execution.compile import compile_case
-root = Path(sys.argv[1]); out = {}
-spec = load_spec(root=root)
-for stage, case in json.loads(sys.argv[2]):
-    keep = Path(sys.argv[3]) / f"{stage}-{len(out)}"
-    r = compile_case(root, spec.stages[stage], "sm_90a", case, keep=keep)
-    ptx = (keep / "kernel.ptx").read_text() if r.ok else ""
-    ref = spec.stages[stage].kernels["sm_90a"]
-    kernel_class = getattr(__import__(ref.module, fromlist=[ref.entry]), ref.entry)
-    k = kernel_class(**{p: case[p] for p in spec.stages[stage].kernel_params})
-    out[json.dumps([stage, case])] = [r.ok, r.error, r.resources.get("regs"), "setmaxnreg.inc" in ptx,
-                                      k.THREADS, k.MMA_THREADS, k.MMA_REGS, k.LOAD_REGS]
-print(json.dumps(out))
-"""
-
-
-def test_sm90_register_increase_only_where_the_launch_grants_it(tmp_path):
-    """setmaxnreg.inc only where the launch grants it; I2 next_n 1 asks none."""
-    cases = [["I2", _I2_CASE], ["I2", {**_I2_CASE, "next_n": 2}], ["I1", _I1_CASE]]
-    got = _probe(tmp_path, "sm_90a", _SETMAXNREG_PROBE, cases, tmp_path)
-    for key, (ok, err, regs, inc, threads, mma_threads, mma_regs, load_regs) in got.items():
-        assert ok, f"{key}: {err}"
-        assert threads * regs <= 65536, f"{key}: {threads} threads × {regs} registers"
-        freed, taken = 128 * (regs - load_regs), mma_threads * (mma_regs - regs)
-        assert not inc or freed >= taken, f"{key}: setmaxnreg.inc takes {taken} registers, the decrease frees {freed}"
-    assert [v[3] for v in got.values()] == [False, True, True]  # the probe sees both kinds
-
-
-_PLANTED_BUG_PROBE = r"""
-import dataclasses, json, sys
-from pathlib import Path
-from harness.spec.spec import KernelRef, load_spec
-from harness.execution.compile import compile_case
-root, out = Path(sys.argv[1]), {}
-i1 = load_spec(root=root).stages["I1"]
-wrong = KernelRef("sm_90a", "tests.fixtures.wrong_i1.sm90", "Kernel", root / "tests" / "fixtures" / "wrong_i1" / "sm90.py")
-case = {"s": 128, "s_kv": 1024, "ranges": "causal", "heads": 64, "head_dim": 128, "logits_dtype": "fp32", "compressed": False}
-for name, stage in (("stage", i1), ("wrong", dataclasses.replace(i1, kernels={"sm_90a": wrong}, dir=wrong.path.parent))):
-    keep = Path(sys.argv[2]) / name
-    r = compile_case(root, stage, "sm_90a", case, keep=keep)
-    ptx = (keep / "kernel.ptx").read_text() if r.ok else ""
-    out[name] = [r.ok, r.error, ptx.count("max.f32"), ptx.count("wgmma.mma_async")]
-print(json.dumps(out))
-"""
-
-
-def test_planted_relu_bug_reaches_the_compiled_i1_kernel(tmp_path):
-    """wrong_i1's `head_partial` reaches the epilogue: relu in the stage, none in it."""
-    got = _probe(tmp_path, "sm_90a", _PLANTED_BUG_PROBE, tmp_path)
-    for name, (ok, err, _, _) in got.items():
-        assert ok, f"{name}: {err}"
-    (_, _, stage_max, stage_mma), (_, _, wrong_max, wrong_mma) = got["stage"], got["wrong"]
-    assert stage_max - wrong_max >= 64  # relu per tile gone
-    assert stage_mma == wrong_mma > 0
-
-
-_EPILOGUE_LOADS_PROBE = r"""
+_COMPILE_PROBE = r"""
 import json, sys
 from pathlib import Path
 from harness.spec.spec import load_spec
 from harness.execution.compile import compile_case
-root, out = Path(sys.argv[1]), {}
+from tests.conftest import planted
+root, arch, out = Path(sys.argv[1]), sys.argv[2], []
 spec = load_spec(root=root)
-for stage, case in json.loads(sys.argv[2]):
-    keep = Path(sys.argv[3]) / f"{stage}-{len(out)}"
-    r = compile_case(root, spec.stages[stage], "sm_90a", case, keep=keep)
-    ptx = (keep / "kernel.ptx").read_text() if r.ok else ""
-    tail = ptx[ptx.rfind("wgmma.wait_group"):] if "wgmma.wait_group" in ptx else ""
-    out[json.dumps([stage, case])] = [r.ok, r.error, ptx.count("wgmma.wait_group"), tail.count("ld.global")]
+for stage, case, fixture in json.loads(sys.argv[3]):
+    keep = Path(sys.argv[4]) / str(len(out))
+    r = compile_case(root, planted(spec, stage, fixture) if fixture else spec.stages[stage], arch, case, keep=keep)
+    out.append([r.ok, r.error, r.resources if r.ok else {}, str(keep / "kernel.ptx")])
 print(json.dumps(out))
 """
 
 
+def _builds(tmp_path, arch: str, builds) -> list[tuple[dict, str]]:
+    """(ptxas resources, PTX) of each [stage, case, fixture ("": the stage's own)], compiled in a fresh interpreter."""
+    from pathlib import Path
+
+    got = _probe(tmp_path, arch, _COMPILE_PROBE, arch, builds, tmp_path)
+    for (stage, case, fixture), (ok, err, _, _) in zip(builds, got):
+        assert ok, f"{stage} {fixture} {case}: {err}"
+    return [(res, Path(ptx).read_text()) for _, _, res, ptx in got]
+
+
+def test_sm90_register_increase_only_where_the_launch_grants_it(tmp_path):
+    """setmaxnreg.inc only where the launch grants it; I2 next_n 1 asks none."""
+    import importlib
+
+    from tests.conftest import ROOT
+
+    cases = [["I2", _I2_CASE], ["I2", {**_I2_CASE, "next_n": 2}], ["I1", _I1_CASE]]
+    spec, incs = load_spec(root=ROOT), []
+    for (stage, case), (res, ptx) in zip(cases, _builds(tmp_path, "sm_90a", [[st, c, ""] for st, c in cases])):
+        key, ref, regs = (stage, case), spec.stages[stage].kernels["sm_90a"], res.get("regs")
+        k = getattr(importlib.import_module(ref.module), ref.entry)(**{p: case[p] for p in spec.stages[stage].kernel_params})
+        assert k.THREADS * regs <= 65536, f"{key}: {k.THREADS} threads × {regs} registers"
+        freed, taken = 128 * (regs - k.LOAD_REGS), k.MMA_THREADS * (k.MMA_REGS - regs)
+        incs.append("setmaxnreg.inc" in ptx)
+        assert not incs[-1] or freed >= taken, f"{key}: setmaxnreg.inc takes {taken} registers, the decrease frees {freed}"
+    assert incs == [False, True, True]  # the probe sees both kinds
+
+
+def test_planted_relu_bug_reaches_the_compiled_i1_kernel(tmp_path):
+    """wrong_i1's `head_partial` reaches the epilogue: relu in the stage, none in it."""
+    (_, stage), (_, wrong) = _builds(tmp_path, "sm_90a", [["I1", _I1_CASE, f] for f in ("", "wrong_i1")])
+    assert stage.count("max.f32") - wrong.count("max.f32") >= 64  # relu per tile gone
+    assert stage.count("wgmma.mma_async") == wrong.count("wgmma.mma_async") > 0
+
+
 def test_sm90_epilogue_issues_no_global_load(tmp_path):
     """Key scales load before the MMA: no ld.global after wgmma.wait_group (issue 31)."""
-    cases = [["I1", _I1_CASE], ["I2", {**_I2_CASE, "next_n": 2}]]
-    got = _probe(tmp_path, "sm_90a", _EPILOGUE_LOADS_PROBE, cases, tmp_path)
-    for key, (ok, err, waits, loads) in got.items():
-        assert ok, f"{key}: {err}"
+    cases = [["I1", _I1_CASE, ""], ["I2", {**_I2_CASE, "next_n": 2}, ""]]
+    for key, (_, ptx) in zip(cases, _builds(tmp_path, "sm_90a", cases)):
+        tail = ptx[ptx.rfind("wgmma.wait_group"):] if "wgmma.wait_group" in ptx else ""
+        waits, loads = ptx.count("wgmma.wait_group"), tail.count("ld.global")
         assert waits == 1, f"{key}: {waits} wgmma.wait_group, the probe expects the MMA loop's one"
         assert loads == 0, f"{key}: {loads} ld.global after the MMA's wgmma.wait_group (in the epilogue)"
 
@@ -555,25 +530,6 @@ def test_quad_pick_takes_each_lanes_candidate():
         assert list(quad_pick(q, values, index, sel)) == [100 + index[lane] for lane in range(4)]
 
 
-_SHAPES_PROBE = r"""
-import json, sys
-from pathlib import Path
-from harness.spec.spec import load_spec
-from harness.execution.compile import compile_case
-root, arch, out = Path(sys.argv[1]), sys.argv[2], {}
-spec = load_spec(root=root)
-for stage, case in json.loads(sys.argv[3]):
-    keep = Path(sys.argv[4]) / f"{stage}-{len(out)}"
-    r = compile_case(root, spec.stages[stage], arch, case, keep=keep)
-    ptx = (keep / "kernel.ptx").read_text() if r.ok else ""
-    out[json.dumps([stage, case])] = [r.ok, r.error, ptx.count("wgmma.mma_async"), ptx.count("tcgen05.mma.cta_group"),
-                                      sorted(set(__import__("re").findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
-                                      "cvt.rn.bf16.f32" in ptx, "st.global.b16" in ptx, "st.global.b32" in ptx,
-                                      r.resources.get("smem") if r.ok else None]
-print(json.dumps(out))
-"""
-
-
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_indexer_options_compile_on_both_archs(tmp_path, arch):
     """Issue 35.2 options compile on both archs."""
@@ -585,15 +541,16 @@ def test_indexer_options_compile_on_both_archs(tmp_path, arch):
              ["I1", {"s": 34808, "s_kv": 1024, "ranges": "causal"}]]
     full = {"heads": 64, "head_dim": 128, "logits_dtype": "fp32"}
     cases = [[st, {**full, **({"compressed": False} if st == "I1" else {"context_2d": False}), **c}] for st, c in cases]
-    got = list(_probe(tmp_path, arch, _SHAPES_PROBE, arch, cases, tmp_path).values())
-    for ok, err, *_ in got:
-        assert ok, err
+    got = [[ptx.count("wgmma.mma_async"), ptx.count("tcgen05.mma.cta_group"),
+            sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
+            "cvt.rn.bf16.f32" in ptx, "st.global.b16" in ptx, "st.global.b32" in ptx, res.get("smem")]
+           for res, ptx in _builds(tmp_path, arch, [[st, c, ""] for st, c in cases])]
     if arch == "sm_90a":
-        assert [g[2:5] for g in got[:2]] == [[2, 0, ["m64n64k32"]], [1, 0, ["m64n64k32"]]]
+        assert [g[0:3] for g in got[:2]] == [[2, 0, ["m64n64k32"]], [1, 0, ["m64n64k32"]]]
     else:
-        assert [g[2:4] for g in got[:2]] == [[0, 2], [0, 1]]
-    assert [g[5:8] for g in got[:3]] == [[False, False, True], [False, False, True], [True, True, False]]
-    assert got[3][0] and got[4][0]  # I1's compressed form, I2's 2-D context lengths
+        assert [g[0:2] for g in got[:2]] == [[0, 2], [0, 1]]
+    assert [g[3:6] for g in got[:3]] == [[False, False, True], [False, False, True], [True, True, False]]
+    # got[3], got[4] built: I1's compressed form, I2's 2-D context lengths
     if arch == "sm_90a":  # the longest prefill uses all smem
         from stages.common.device import SMEM_LIMIT
 
@@ -643,35 +600,17 @@ def test_i1_fill_warps_use_the_common_fill_outside(arch):
     assert called.count("fill_outside") == 1 and not {"fill_rows", "fill_compressed"} & set(called), called
 
 
-_PLANTED_I2_PROBE = r"""
-import dataclasses, hashlib, json, sys
-from pathlib import Path
-from harness.spec.spec import KernelRef, load_spec
-from harness.execution.compile import compile_case
-root, out = Path(sys.argv[1]), {}
-i2 = load_spec(root=root).stages["I2"]
-wrong = KernelRef("sm_90a", "tests.fixtures.wrong_i2.sm90", "Kernel", root / "tests" / "fixtures" / "wrong_i2" / "sm90.py")
-case = {"b": 8, "next_n": 2, "ctx": 3000, "block_kv": 64, "heads": 64, "head_dim": 128, "logits_dtype": "fp32",
-        "context_2d": False}
-for name, stage in (("stage", i2), ("wrong", dataclasses.replace(i2, kernels={"sm_90a": wrong}, dir=wrong.path.parent))):
-    keep = Path(sys.argv[2]) / name
-    r = compile_case(root, stage, "sm_90a", case, keep=keep)
-    ptx = (keep / "kernel.ptx").read_text() if r.ok else ""
-    body = ptx.split(".entry", 1)[-1]
-    entry = body.split("(", 1)[0].strip()
-    body = body.replace(entry, "K") if entry else body  # the kernel's name embeds its module's
-    out[name] = [r.ok, r.error, hashlib.sha256(body.encode()).hexdigest(), ptx.count("wgmma.mma_async")]
-print(json.dumps(out))
-"""
-
-
 def test_planted_stale_weights_reach_the_compiled_i2_kernel(tmp_path):
     """wrong_i2's `segment_weights` override reaches the kernel: same MMAs, different PTX."""
-    got = _probe(tmp_path, "sm_90a", _PLANTED_I2_PROBE, tmp_path)
-    for name, (ok, err, _, _) in got.items():
-        assert ok, f"{name}: {err}"
-    assert got["stage"][3] == got["wrong"][3] > 0
-    assert got["stage"][2] != got["wrong"][2]
+    case = {**_I2_CASE, "b": 8, "next_n": 2, "ctx": 3000}
+    stage, wrong = [ptx for _, ptx in _builds(tmp_path, "sm_90a", [["I2", case, f] for f in ("", "wrong_i2")])]
+    assert stage.count("wgmma.mma_async") == wrong.count("wgmma.mma_async") > 0
+    bodies = []
+    for ptx in (stage, wrong):
+        body = ptx.split(".entry", 1)[-1]
+        entry = body.split("(", 1)[0].strip()
+        bodies.append(body.replace(entry, "K") if entry else body)  # the kernel's name embeds its module's
+    assert bodies[0] != bodies[1]
 
 
 @pytest.mark.parametrize("fixture, stage", [("wrong_i1", "I1_mqa_logits"), ("wrong_i2", "I2_paged_mqa_logits"),

@@ -1,29 +1,22 @@
 """On a GPU: wrong_i1 / wrong_i2 run cleanly with right −inf positions and are `fail`."""
 
-import dataclasses
-
 import pytest
 
 from harness.spec.matrix import expand
-from harness.execution.runner import RunOptions, Runner, Task
-from harness.spec.spec import KernelRef, load_spec
+from harness.spec.spec import load_spec
+from tests.conftest import planted, run_cases
 
 pytestmark = pytest.mark.gpu
 
 
 def _run(spec, stage, arch, tmp_path, where=None):
     cases = [c for c in expand(stage) if where is None or all(c.dict[k] == v for k, v in where.items())]
-    tasks = [Task(stage, arch, c) for c in cases]
-    return Runner(spec, RunOptions(tasks=tasks, argv=["pytest"]), results_root=tmp_path).run()
+    return run_cases(spec, stage, cases, tmp_path, arch)
 
 
 def test_lab_catches_dropped_relu_in_stage_i1(project_root, tmp_path):
     spec = load_spec(root=project_root)
-    i1 = spec.stages["I1"]
-    wrong = KernelRef("sm_90a", "tests.fixtures.wrong_i1.sm90", "Kernel",
-                      project_root / "tests" / "fixtures" / "wrong_i1" / "sm90.py")
-    wrong_i1 = dataclasses.replace(i1, kernels={"sm_90a": wrong}, dir=wrong.path.parent)
-    summary = _run(spec, wrong_i1, "sm_90a", tmp_path, where={"s": 128})
+    summary = _run(spec, planted(spec, "I1", "wrong_i1"), "sm_90a", tmp_path, where={"s": 128})
     # the 4 product cases and the more: ones
     assert len(summary.records) == 12
     assert {(r.case["heads"], r.case["head_dim"], r.case["logits_dtype"], r.case["compressed"])
@@ -40,11 +33,8 @@ def test_lab_catches_dropped_relu_in_stage_i1(project_root, tmp_path):
 def test_lab_catches_stale_weights_in_the_persistent_i2(project_root, tmp_path):
     """wrong_i2 at b 8, ctx 3000: shares spanning sequences fail, every case."""
     spec = load_spec(root=project_root)
-    i2 = spec.stages["I2"]
-    wrong = KernelRef("sm_90a", "tests.fixtures.wrong_i2.sm90", "Kernel",
-                      project_root / "tests" / "fixtures" / "wrong_i2" / "sm90.py")
-    wrong_i2 = dataclasses.replace(i2, kernels={"sm_90a": wrong}, dir=wrong.path.parent)
-    summary = _run(spec, wrong_i2, "sm_90a", tmp_path, where={"b": 8, "ctx": 3000, "heads": 64, "head_dim": 128})
+    summary = _run(spec, planted(spec, "I2", "wrong_i2"), "sm_90a", tmp_path,
+                   where={"b": 8, "ctx": 3000, "heads": 64, "head_dim": 128})
     assert {(r.case["next_n"], r.case["logits_dtype"], r.case["context_2d"]) for r in summary.records} >= {
         (1, "fp32", False), (2, "fp32", False), (2, "fp32", True)}
     for rec in summary.records:

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.execution.compile import Compiler
 from oracles import kvcache as kc
 from stages.common import e2m1_bits as eb
 from stages.E_sparse_decode import sm90
+from tests.conftest import compile_cases, planted
 
 
 def _prmt(a: int, b: int, sel: int) -> int:
@@ -133,15 +133,8 @@ def test_the_pair_kernel_compiles_without_spills_and_converts_by_bit_moves(proje
     """sm_90a h_q 128 pair: no spill, e2m1 codes, scale factors, two 16-byte scale loads."""
     from harness.spec.spec import load_spec
 
-    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
-    spec = load_spec(root=project_root)
-    compiler = Compiler(spec.root)
-    try:
-        case = dict(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="nvfp4", scenario="plain", splits=1, epilogue="bf16")
-        res = compiler.submit(spec.stages["E"], "sm_90a", case).result()
-    finally:
-        compiler.close()
-    assert res.ok, res.error
+    case = dict(b=2, config="s2h128_m128bs256_x1024bs64", kv_format="nvfp4", scenario="plain", splits=1, epilogue="bf16")
+    (res,) = compile_cases(monkeypatch, tmp_path, load_spec(root=project_root).stages["E"], "sm_90a", [case])
     assert res.resources.get("spill", 0) == 0 and res.resources.get("stack", 0) == 0, res.resources
     ptx = Path(res.ptx_path).read_text()
     assert f"mul.lo.u32 t, t, {eb.SPREAD:#x}" in ptx and f"and.b32 t, t, {eb.MASK:#x}" in ptx
@@ -171,23 +164,12 @@ def test_the_neighbouring_group_bug_moves_o_past_the_tolerances():
 
 def test_the_planted_bug_reaches_the_compiled_kernel(project_root, tmp_path, monkeypatch):
     """The fixture's hook is called: its PTX differs, same conversions."""
-    import dataclasses
+    from harness.spec.spec import load_spec
 
-    from harness.spec.spec import KernelRef, load_spec
-
-    monkeypatch.setenv("DSV4_LAB_CACHE", str(tmp_path))
     spec = load_spec(root=project_root)
-    path = project_root / "tests" / "fixtures" / "wrong_e_nvfp4_group" / "sm90.py"
-    wrong = dataclasses.replace(spec.stages["E"], kernels={"sm_90a": KernelRef("sm_90a", "tests.fixtures.wrong_e_nvfp4_group.sm90",
-                                                                              "Kernel", path)}, dir=path.parent)
     case = dict(b=2, config="s1h64_m96bs64", kv_format="nvfp4", scenario="plain", splits=1, epilogue="bf16")
-    compiler = Compiler(spec.root)
-    try:
-        got = [compiler.submit(st, "sm_90a", case).result() for st in (spec.stages["E"], wrong)]
-    finally:
-        compiler.close()
-    assert all(r.ok for r in got), [r.error for r in got]
-    ptx = [Path(r.ptx_path).read_text() for r in got]
+    ptx = [Path(compile_cases(monkeypatch, tmp_path, st, "sm_90a", [case])[0].ptx_path).read_text()
+           for st in (spec.stages["E"], planted(spec, "E", "wrong_e_nvfp4_group"))]
     bodies = [p.replace(p.split(".entry", 1)[1].split("(", 1)[0].strip(), "K") for p in ptx]
     # h_q 64: same lookups, scales differ
     assert bodies[0].count("prmt.b32") == bodies[1].count("prmt.b32") > 0

@@ -12,7 +12,7 @@ import pytest
 
 from harness.remote.targets import SlurmTarget, TargetError, load_targets_file
 from tests.slurm_fixtures import PARTITION, URGENT, SlurmCluster, slurm_cluster  # noqa: F401 (fixture)
-from tests.ssh_fixtures import SshServer, git, make_lab, run_cli, ssh_server  # noqa: F401 (fixture)
+from tests.ssh_fixtures import SshServer, add_cpu_stage, make_lab, run_cli, ssh_server  # noqa: F401 (fixture)
 
 POLL = {"DSV4_LAB_SLURM_POLL": "0.5"}
 
@@ -174,20 +174,6 @@ class Kernel:
 '''
 
 
-def _add_mix_stage(lab: Path) -> None:
-    (lab / "stages" / "mix").mkdir()
-    (lab / "stages" / "mix" / "__init__.py").write_text("")
-    (lab / "stages" / "mix" / "cpu.py").write_text(MIX_KERNEL)
-    text = (lab / "stages.yaml").read_text()
-    text += ("  MIX:\n    title: one behaviour per case\n    dir: stages/mix\n    kernels:\n"
-             "      cpu: {module: stages.mix.cpu, entry: Kernel}\n    tensors: oracles.fake:tensors\n"
-             "    inputs: oracles.fake:make_inputs\n    oracle: oracles.fake:reference\n    matrix:\n"
-             "      n: [1, 2, 3, 4, 5]\n    tolerances:\n      out: {cosine_min: 0.9999}\n    timeout_s: 600\n")
-    (lab / "stages.yaml").write_text(text)
-    git(lab, "add", "-A")
-    git(lab, "commit", "-q", "-m", "mix")
-
-
 def _records(lab: Path, stage: str) -> list[dict]:
     path = lab / "results" / "records" / f"{stage}.jsonl"
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
@@ -217,7 +203,7 @@ def test_round_trip(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:  # noq
 def test_array_with_failing_timed_out_and_forging_tasks(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
     """5 tasks: 1, 2 (forges), 5 pass; 3 FAILED -> crash; 4 TIMEOUT -> timeout."""
     lab = make_lab(tmp_path / "lab", _targets(tmp_path / "shared", tasks=5, time_limit="1"))
-    _add_mix_stage(lab)
+    add_cpu_stage(lab, "MIX", "one behaviour per case", MIX_KERNEL, "[1, 2, 3, 4, 5]")
     out = run_cli(lab, "run", "MIX", "--target", "cl", env={**slurm_cluster.env, **POLL}, timeout=300)
     assert out.returncode == 1, (out.stdout, out.stderr)
     recs = {r["case"]["n"]: r for r in _records(lab, "MIX")}
@@ -295,16 +281,7 @@ class Kernel:
 def test_node_fail_is_requeued_once(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
     """NODE_FAIL: resubmitted once with a fresh key; passes, exit 0."""
     lab = make_lab(tmp_path / "lab", _targets(tmp_path / "shared", tasks=1))
-    (lab / "stages" / "nf").mkdir()
-    (lab / "stages" / "nf" / "__init__.py").write_text("")
-    (lab / "stages" / "nf" / "cpu.py").write_text(NODEFAIL_KERNEL)
-    text = (lab / "stages.yaml").read_text().replace("  SLOW:", "  NF:\n    title: node fail\n    dir: stages/nf\n"
-        "    kernels:\n      cpu: {module: stages.nf.cpu, entry: Kernel}\n    tensors: oracles.fake:tensors\n"
-        "    inputs: oracles.fake:make_inputs\n    oracle: oracles.fake:reference\n    matrix:\n      n: [4]\n"
-        "    tolerances:\n      out: {cosine_min: 0.9999}\n    timeout_s: 600\n  SLOW:")
-    (lab / "stages.yaml").write_text(text)
-    git(lab, "add", "-A")
-    git(lab, "commit", "-q", "-m", "nf")
+    add_cpu_stage(lab, "NF", "node fail", NODEFAIL_KERNEL, "[4]")
     mark = tmp_path / "nf.mark"
     env = {**os.environ, **slurm_cluster.env, **POLL, "DSV4_LAB_ROOT": str(lab), "PYTHONPATH": str(lab),
            "NF_MARK": str(mark)}

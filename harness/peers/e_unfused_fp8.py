@@ -10,18 +10,10 @@ compiled once per process (cute.compile traced on compact tensors of the real on
 harness/execution/compile.py traces the lab's kernels; launched as harness/execution/launch.py
 launches them); each input set
 gets its own bf16 O, LSE and split scratch.  run() launches that kernel, then the pass on its O:
-
-    rope lanes   448 … 511 inverse-rotated in interleaved pairs with row positions[r] of
-                 cos_sin_cache ([cos θ_0..31, sin θ_0..31]): y0 = x0·cos + x1·sin,
-                 y1 = x1·cos − x0·sin (float32)
-    blocks       4 of 128 lanes a row: e = ceil(log2(max(amax, 1e-4) / 448)), values
-                 e4m3(x · 2^−e), clamped to ±448
-    layouts      O_fp8 e4m3 [h_q/8, b·s_q, 8, 512]; O_scale int32 [h_q/8, 8, align4(b·s_q)], word
-                 [g, j, r] the 4 exponents of head 8g + j of token r as bytes e + 127 (block k in
-                 bits 8k … 8k + 7), the pad words 0
-
-— oracles/fp8_epilogue.py's conventions (its float64 rotate / quantise / pack are the reference
-the CPU tests hold `rope_quantise` to).  The pass is `rope_quantise` under torch.compile (one
+the inverse rotation of the rope lanes (float32), the per-128 UE8M0 exponents and e4m3 values
+(clamped to ±448) and the packed O_fp8 / O_scale words (pad words 0), all as oracles/fp8_epilogue.py's
+module doc states them (its float64 rotate / quantise / pack are the reference the CPU tests hold
+`rope_quantise` to).  The pass is `rope_quantise` under torch.compile (one
 fused Triton kernel or a few; default mode, no CUDA graphs of its own: the bench captures the
 pair in its graph), or eager PyTorch where torch.compile fails on the first call (PASS says
 which ran; a line on stderr says so).  run() returns the kernel's own output form — O_fp8 and

@@ -1,21 +1,10 @@
 """`dsv4-lab new stage`: scaffold a stage that passes `check` and compiles for both archs.
 
-    dsv4-lab new stage ID --axes NAME=V1,V2,... [--axes ...]
-                          --in NAME:DIMS[:DTYPE] [--in ...] --out NAME:DIMS[:DTYPE] [--out ...]
-                          [--title TEXT] [--slug WORD]
-
-  ID      a stage id like E2 (or stage-E2): a letter, then letters, digits or _
-  --axes  one matrix axis and its values, e.g. `--axes hd=64,128` (ints, true/false, or words)
-  --in    one input tensor, e.g. `--in Q:m,hd:bfloat16`; DIMS are comma-separated expressions
-          over int axes and integers (+ - * // and parentheses).
-          DTYPE: bfloat16 (default for --in), float16, float32, int32, uint8, float8_e4m3fn
-  --out   one output tensor, same form; DTYPE: float32 (default for --out), bfloat16, float16
-
-It creates stages/<ID>_<slug>/{__init__.py, sm90.py, sm100.py} (a `Kernel` with a placeholder
-elementwise body: output element i = the first input's element i mod its size), oracles/<id>.py
-(`tensors`, `make_inputs`, a `reference` mirroring the placeholder, `flops`), and appends the
-stage's block to stages.yaml (validated; everything rolled back when it does not load).
-main(root, ...) -> int (one line on a problem, exit code 2)."""
+The flags (`--axes`, `--in`/`--out` NAME:DIMS[:DTYPE], `--title`, `--slug`), what it writes
+(stages/<ID>_<slug>/, oracles/<id>.py with a `reference` mirroring the placeholder elementwise
+kernel, the stages.yaml block, rolled back when it does not load) and the dtypes each side takes:
+docs/STAGES.md, "From new to baselined", step 1.  main(root, ...) -> int (one line on a problem,
+exit code 2)."""
 
 from __future__ import annotations
 
