@@ -196,6 +196,27 @@ def e_sm90_builds(tmp_path: Path, monkeypatch, cases, fixture: str = "") -> list
             for r in compile_cases(monkeypatch, tmp_path, stage, "sm_90a", cases)]
 
 
+def prmt(a: int, b: int, sel: int) -> int:
+    """PTX prmt.b32 (default mode) on the CPU: byte n of the result is byte sel[n] & 7 of b:a, or
+    that byte's sign replicated when sel[n] has bit 3 (the bit-move dequantisers' model)."""
+    src = a.to_bytes(4, "little") + b.to_bytes(4, "little")
+    out = 0
+    for n in range(4):
+        nib = (sel >> (4 * n)) & 0xF
+        byte = src[nib & 7]
+        if nib & 8:
+            byte = 0xFF if byte & 0x80 else 0
+        out |= byte << (8 * n)
+    return out
+
+
+def bf16_value(bits: int) -> float:
+    """The value of the bf16 in the low 16 bits of `bits`."""
+    import struct
+
+    return struct.unpack("<f", struct.pack("<I", (bits & 0xFFFF) << 16))[0]
+
+
 def load_script(name: str):
     """scripts/NAME.py as a module (scripts/ is no package)."""
     import importlib.util

@@ -4,23 +4,7 @@ import numpy as np
 import pytest
 
 from stages.common import e4m3_bits as eb
-
-
-def _prmt_sign(word: int, select: int) -> int:
-    """PRMT word, 0, select."""
-    b = [(word >> (8 * i)) & 0xFF for i in range(4)] + [0, 0, 0, 0]
-    out = 0
-    for k in range(4):
-        n = (select >> (4 * k)) & 0xF
-        v = b[n & 7]
-        if n & 8:
-            v = 0xFF if v & 0x80 else 0
-        out |= v << (8 * k)
-    return out
-
-
-def _bf16(bits: int) -> float:
-    return float(np.array([bits << 16], dtype=np.uint32).view(np.float32)[0])
+from tests.conftest import bf16_value as _bf16, prmt
 
 
 def _exact_bf16_product(x: float, m: float) -> float:
@@ -36,10 +20,10 @@ def _exact_bf16_product(x: float, m: float) -> float:
 def _recipe(byte: int, e: int) -> float:
     word = byte * 0x01010101  # the byte in all four places
     m1, m2 = (m & 0xFFFF for m in eb.factors(e))
-    t = (_prmt_sign(word, eb.SELECT_LO) << 4) & eb.HALF_MASK & 0xFFFFFFFF
+    t = (prmt(word, 0, eb.SELECT_LO) << 4) & eb.HALF_MASK & 0xFFFFFFFF
     x = _bf16(t & 0xFFFF)
     assert _bf16(t >> 16) == x
-    other = (_prmt_sign(word & 0xFFFF0000, eb.SELECT_HI) << 4) & eb.HALF_MASK & 0xFFFFFFFF  # bytes 2, 3 only
+    other = (prmt(word & 0xFFFF0000, 0, eb.SELECT_HI) << 4) & eb.HALF_MASK & 0xFFFFFFFF  # bytes 2, 3 only
     assert other == t
     return _exact_bf16_product(_exact_bf16_product(x, _bf16(m1)), _bf16(m2))
 

@@ -45,12 +45,22 @@ def test_lab_catches_an_nvfp4_scale_from_the_neighbouring_group(project_root, tm
                   and c["splits"] == 1 and c["scenario"] in ("plain", "sink", "dup"), 6)
 
 
+def _all_pass(project_root, tmp_path, select, label: str) -> None:
+    """E's cases `select(stage)` picks: every one passes."""
+    spec = load_spec(root=project_root)
+    _run_cases(spec, spec.stages["E"], select(spec.stages["E"]), tmp_path, label, "pass")
+
+
+def _nvfp4_cases(stage):
+    """The matrix's nvfp4 cases."""
+    cases = [c for c in expand(stage) if c.dict["kv_format"] == "nvfp4"]
+    assert len(cases) == 108
+    return cases
+
+
 def test_nvfp4_cases_agree_with_the_oracle(project_root, tmp_path):
     """Issue 33.1: every nvfp4 case of the matrix passes."""
-    spec = load_spec(root=project_root)
-    cases = [c for c in expand(spec.stages["E"]) if c.dict["kv_format"] == "nvfp4"]
-    assert len(cases) == 108
-    _run_cases(spec, spec.stages["E"], cases, tmp_path, "nvfp4", "pass")
+    _all_pass(project_root, tmp_path, _nvfp4_cases, "nvfp4")
 
 
 def test_lab_catches_entries_past_topk_length_honoured(project_root, tmp_path):
@@ -210,8 +220,7 @@ def _stream_cases(stage):
 
 def test_streamed_idx_windows_agree_with_the_oracle(project_root, tmp_path):
     """Issue 35.1: streamed segments (> 32 tiles): all pass."""
-    spec = load_spec(root=project_root)
-    _run_cases(spec, spec.stages["E"], _stream_cases(spec.stages["E"]), tmp_path, "stream", "pass")
+    _all_pass(project_root, tmp_path, _stream_cases, "stream")
 
 
 def test_lab_catches_a_stream_one_window_behind(project_root, tmp_path):
@@ -220,7 +229,6 @@ def test_lab_catches_a_stream_one_window_behind(project_root, tmp_path):
     cases = [c for c in _stream_cases(wrong) if c.dict["splits"] in (1, 3) and "_x" not in c.dict["config"]]
     assert len(cases) == 8, [c.dict for c in cases]
     _run_cases(spec, wrong, cases, tmp_path, "wrong_e_window", "fail")
-
 
 
 def _fp8_cases(stage):
@@ -232,8 +240,7 @@ def _fp8_cases(stage):
 
 def test_fp8_epilogue_agrees_with_the_oracle(project_root, tmp_path):
     """Issue 33.2: every fp8_rope case passes."""
-    spec = load_spec(root=project_root)
-    _run_cases(spec, spec.stages["E"], _fp8_cases(spec.stages["E"]), tmp_path, "fp8_rope", "pass")
+    _all_pass(project_root, tmp_path, _fp8_cases, "fp8_rope")
 
 
 def test_lab_catches_an_inverse_rotation_with_the_wrong_sign(project_root, tmp_path):

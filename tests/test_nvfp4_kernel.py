@@ -1,6 +1,5 @@
 """E sm90's nvfp4 dequantisation on the CPU, emulated bit for bit, equals oracles/kvcache.py's."""
 
-import struct
 from pathlib import Path
 
 import pytest
@@ -9,24 +8,7 @@ import torch
 from oracles import kvcache as kc
 from stages.common import e2m1_bits as eb
 from stages.E_sparse_decode import sm90
-from tests.conftest import compile_cases, planted
-
-
-def _prmt(a: int, b: int, sel: int) -> int:
-    """PTX prmt.b32 (default mode), sign replication by a nibble's bit 3."""
-    src = a.to_bytes(4, "little") + b.to_bytes(4, "little")
-    out = 0
-    for n in range(4):
-        nib = (sel >> (4 * n)) & 0xF
-        byte = src[nib & 7]
-        if nib & 8:
-            byte = 0xFF if byte & 0x80 else 0
-        out |= byte << (8 * n)
-    return out
-
-
-def _bf16(bits: int) -> float:
-    return struct.unpack("<f", struct.pack("<I", (bits & 0xFFFF) << 16))[0]
+from tests.conftest import bf16_value as _bf16, compile_cases, planted, prmt as _prmt
 
 
 def _to_bf16(x: float) -> float:
