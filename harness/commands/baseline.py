@@ -108,10 +108,7 @@ def _drop_gone_speed(spec, stage, archs: list[str] | None) -> int:
     from harness.execution.bench import plan_cases
     from harness.notebook import speedbaselines
 
-    if stage.bench_plan is None:
-        shapes: list = []
-    else:
-        shapes = plan_cases(stage, [])
+    shapes = [] if stage.bench_plan is None else plan_cases(stage, [])  # no bench block: every one is gone
     gone = speedbaselines.drop_gone(spec.root, stage, archs, shapes)
     if gone:
         shown = ", ".join(f"{b.arch} {b.case}" for b in gone[:3]) + (f" and {len(gone) - 3} more" if len(gone) > 3 else "")
