@@ -1,6 +1,6 @@
 """Upkeep of the notebook's size (the tracked tree must stay small enough to carry to a GPU
 machine): move the records' inline inventories and env blocks into their stores, stale records
-into results/archive/<stage>.jsonl.xz and the events of runs no live line names into
+(and those a suite baseline stands for: harness/notebook/baselines.py) into results/archive/<stage>.jsonl.xz and the events of runs no live line names into
 results/archive/runs.jsonl.xz, seal each stage's live lines into its segment (a stage with a line
 readers skip is left as it is, one line, exit 1), rewrite each store as one xz stream of the
 values a line still names (folding in an older plain inventories.jsonl), retire the archive's
@@ -187,12 +187,18 @@ def _compact(root: Path, force: bool, keep: int = KEEP_NEWEST, days: float = KEE
               f"results/records/{stage_id}.jsonl.xz) and run again", file=sys.stderr)
         problems += 1
     spec = load_spec(root / "stages.yaml")
+    try:
+        summaries = {(b.stage, b.arch): b.src for b in baselines.load(root) if b.kind == "suite"}
+    except baselines.BaselineError as exc:  # then no suite's records move: they may be its only proof
+        print(f"compact_results: {exc} — no suite's records archived", file=sys.stderr)
+        summaries, problems = {}, problems + 1
     for stage in spec.stages.values():
         if stage.id in unreadable:
             continue
         current = {arch: source_hash(spec.root, stage, arch) for arch in stage.kernels}
+        summarized = {arch: src for (sid, arch), src in summaries.items() if sid == stage.id}
         try:
-            moved, saved = archive_stale(root, stage.id, current)
+            moved, saved = archive_stale(root, stage.id, current, summarized)
         except OSError as exc:
             print(f"warning: {exc}", file=sys.stderr)
             problems += 1

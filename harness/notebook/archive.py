@@ -2,7 +2,8 @@
 Records).
 
 `archive_stale` moves every line of results/records/<stage>.jsonl (and its segment) whose
-`code.src` is not the stage's source hash now to the end of results/archive/<stage>.jsonl.xz,
+`code.src` is not the stage's source hash now — or is the one a suite baseline holds every case
+at: the baseline stands for them — to the end of results/archive/<stage>.jsonl.xz,
 byte for byte but with the store ids it names replaced by their values (`inline_archive` does
 the same to older archive lines; an id a store lacks stays). Fresh records, unparsable lines and
 lines of stages or archs the spec no longer has stay. `archive_runs` does the same for the events
@@ -134,14 +135,19 @@ def _parsed(raw: bytes):
         return None
 
 
-def archive_stale(root: Path, stage_id: str, current_src: dict[str, str]) -> tuple[int, int]:
+def archive_stale(root: Path, stage_id: str, current_src: dict[str, str],
+                  summarized: dict[str, str] | None = None) -> tuple[int, int]:
     """Move the stale lines of a stage's segment and records file (segment's first) into its
-        archive; `current_src`: arch -> the source hash now.  Returns (lines moved, bytes lost)."""
+        archive; `current_src`: arch -> the source hash now; `summarized`: arch -> the source hash a
+        suite baseline holds every case at (notebook/baselines.py: suite) — that source's lines move
+        too, the baseline standing for them.  Returns (lines moved, bytes lost)."""
+    summarized = summarized or {}
 
     def stale(obj) -> bool:
         arch = obj.get("arch") if isinstance(obj, dict) else None
-        return (isinstance(arch, str) and arch in current_src and code_src(obj) is not None
-                and not is_fresh(obj, current_src[arch]))
+        if not (isinstance(arch, str) and arch in current_src and code_src(obj) is not None):
+            return False
+        return not is_fresh(obj, current_src[arch]) or (arch in summarized and is_fresh(obj, summarized[arch]))
 
     path = stage_file(root, stage_id)
     archive, segment = archive_file(path), segment_file(path)

@@ -9,6 +9,12 @@ moved by `save`; one case in both files, or both run files at once, is one line 
     cosine   absolute: now >= baseline - tol
     rel_l2   relative: now <= baseline * (1 + tol) + 1e-12
     max_abs  relative: now <= baseline * (1 + tol) + 1e-12
+* **suite** (a stage with a `suite:` block, an arch the lab's GPUs run): one baseline for the whole
+  case list, label SUITE_LABEL — every case's newest fresh result passed at source `src` (the
+  peer's own rule and the stage's bounds), `suite: {cases: N, runs: [...]}` naming the runs that
+  showed it. Its records may then leave the live notebook for git history (compaction retires
+  them: a case list of thousands would outgrow the tree a GPU machine is sent); the gate holds it
+  while the stage's source hash is `src`, and otherwise wants every case's fresh result, each a pass.
 * **compile** (an arch no device here runs): from the newest fresh `compiled` record, status,
   registers, spill bytes, shared memory, named barriers, the inventory's total and tensor-core
   MMA counters. The gate refuses a compile error, a new spill, registers past the margin
@@ -42,13 +48,15 @@ from harness.core.jsonl import replace_file
 from harness.core.labels import case_label
 from harness.core.paths import cache_dir, results_dir
 from harness.core.notebooklock import LockError, open_lock
-from harness.notebook.records import Record, newest, shows_compile  # noqa: F401  (shows_compile: named here too)
+from harness.notebook.records import Record, is_fresh, newest, shows_compile  # noqa: F401  (shows_compile: named here too)
 from harness.core.safeio import Unsafe, open_regular, xz_decompress
 from harness.spec.spec import ARCH_KEYS
 
 BASELINE_VERSION = 1
 RUN_METRICS = ("cosine", "rel_l2", "max_abs")
 DEFAULT_TOLERANCE = {"cosine": 1e-6, "rel_l2": 0.25, "max_abs": 0.25}
+# The label of a suite stage's one baseline (module doc: suite); no matrix case has it.
+SUITE_LABEL = "all-cases"
 # Compile-only: registers may grow by this many, or by this fraction, whichever is larger.
 REGS_MARGIN = 8
 REGS_MARGIN_REL = 0.05
@@ -80,13 +88,16 @@ class Baseline:
     tolerance: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TOLERANCE))
     timing_us: float | None = None
     compile: dict[str, Any] | None = None  # compile-only: status, regs, spill, smem, barriers, inv, sass
+    suite: dict[str, Any] | None = None  # a suite's whole case list: {"cases": N, "runs": [run ids]}
 
     @property
     def kind(self) -> str:
-        return "compile" if self.compile is not None else "run"
+        return "compile" if self.compile is not None else ("suite" if self.suite is not None else "run")
 
     def to_yaml(self) -> dict[str, Any]:
         d: dict[str, Any] = {"record": self.record, "src": self.src}
+        if self.suite is not None:
+            return {"kind": "suite", **d, "suite": self.suite}
         if self.compile is not None:
             d = {"kind": "compile", **d, "compile": self.compile}
         else:
@@ -202,10 +213,12 @@ def _only(d: dict, allowed: tuple[str, ...], keys: tuple) -> None:
 def _entry(stage: str, arch: str, label: str, e: Any) -> Baseline:
     keys: tuple = ("baselines", stage, arch, label)
     e = _mapping(e, keys)
-    _only(e, ("kind", "record", "src", "metrics", "tolerance", "us", "compile"), keys)
+    _only(e, ("kind", "record", "src", "metrics", "tolerance", "us", "compile", "suite"), keys)
     kind = e.get("kind", "run")
-    if kind not in ("run", "compile"):
-        raise _Bad(keys + ("kind",), f"expected run or compile, got {_what(kind)}")
+    if kind not in ("run", "compile", "suite"):
+        raise _Bad(keys + ("kind",), f"expected run, compile or suite, got {_what(kind)}")
+    if kind == "suite":
+        return _suite_entry(stage, arch, label, e, keys)
     for req in ("record", "src") + (("compile",) if kind == "compile" else ("metrics",)):
         if req not in e:
             raise _Bad(keys, f"missing '{req}' — a {kind} baseline needs record, src and "
@@ -247,6 +260,32 @@ def _entry(stage: str, arch: str, label: str, e: Any) -> Baseline:
     _only(tol_in, tuple(COMPILE_TOLERANCE), keys + ("tolerance",))
     tol = {**COMPILE_TOLERANCE, **{k: _tolerance_value(k, v, keys) for k, v in tol_in.items()}}
     return Baseline(str(stage), str(arch), str(label), record, src, {}, tol, None, out_c)
+
+
+def _suite_entry(stage: str, arch: str, label: str, e: dict, keys: tuple) -> Baseline:
+    """A suite's one baseline (module doc): record, src and suite {cases, runs}, nothing else."""
+    _only(e, ("kind", "record", "src", "suite"), keys)
+    if label != SUITE_LABEL:
+        raise _Bad(keys, f"a suite baseline is labelled {SUITE_LABEL} (it holds every case of the list)")
+    for req in ("record", "src", "suite"):
+        if req not in e:
+            raise _Bad(keys, f"missing '{req}' — a suite baseline needs record, src and suite")
+    record = _text(e["record"], keys + ("record",))
+    src = _text(e["src"], keys + ("src",))
+    body = _mapping(e["suite"], keys + ("suite",))
+    _only(body, ("cases", "runs"), keys + ("suite",))
+    for req in ("cases", "runs"):
+        if req not in body:
+            raise _Bad(keys + ("suite",), f"missing '{req}' — a suite baseline counts its cases and names its runs")
+    cases = _count(body["cases"], keys + ("suite", "cases"))
+    if cases == 0:
+        raise _Bad(keys + ("suite", "cases"), "0 cases hold nothing")
+    runs = body["runs"]
+    if not isinstance(runs, list) or not runs:
+        raise _Bad(keys + ("suite", "runs"), f"expected a non-empty list of run ids, got {_what(runs)}")
+    runs = [_text(r, keys + ("suite", "runs")) for r in runs]
+    return Baseline(str(stage), str(arch), str(label), record, src, {}, {}, None, None,
+                    {"cases": cases, "runs": runs})
 
 
 def _tree(doc: Any) -> list[Baseline]:
@@ -505,7 +544,7 @@ def save(root: Path, items: list[Baseline], read: list[Baseline] | None = None) 
             stage, arch, case = sorted(lost)[0]
             raise BaselineError(f"{shown}: not written — it would lose {len(lost)} of the {len(read)} baselines it "
                                 f"holds (stage-{stage} {arch} {case} …); the file is unchanged")
-    runs = [b for b in items if b.kind == "run"]
+    runs = [b for b in items if b.kind != "compile"]  # a suite's baseline is a run baseline of its own kind
     comps = [b for b in items if b.kind == "compile"]
     # What the run file holds of the cases the compile file will hold (a run baseline turned compile-only,
     # a compile baseline written before the split) stays there until the compile file holds them.
@@ -663,6 +702,9 @@ def accept(spec, stage, archs: list[str] | None, cases, compile_only: bool = Fal
     console = Console(highlight=False, markup=False)
     root = spec.root
     runnable = runnable_archs()
+    run_archs = [a for a in stage.kernels if (a in LAB_RUN_ARCHS or a in runnable) and (not archs or a in archs)]
+    if stage.suite is not None and not compile_only and run_archs:  # a suite's archs that run: one baseline each
+        return accept_suite(spec, stage, run_archs, cases)
     with locked(root):
         current = load(root)  # a bad file stops here: nothing is overwritten
         warn: list[str] = []
@@ -731,6 +773,70 @@ def accept(spec, stage, archs: list[str] | None, cases, compile_only: bool = Fal
     return 0
 
 
+SUITE_SHOWN = 3  # accept of a suite: how many of the cases that stop it its line names
+
+
+def accept_suite(spec, stage, archs: list[str], cases) -> int:
+    """A suite stage's one baseline per arch the lab's GPUs run (module doc: suite): taken only when
+        every case of its list has a fresh result and each passed; otherwise one line naming how many
+        did not and the first few, exit 1.  It replaces the stage's per-case baselines of that arch."""
+    from rich.console import Console
+
+    from harness.core.statuses import RAN
+    from harness.notebook.records import newest_by_case, print_warnings, read_records
+    from harness.spec.identity import source_hash
+    from harness.spec.matrix import expand
+
+    console = Console(highlight=False, markup=False, soft_wrap=True)
+    every = expand(stage)
+    if len(cases) != len(every):
+        print(f"dsv4-lab: {stage.name} is a suite: its baseline holds every one of its {len(every)} cases — "
+              "accept it without filters", file=sys.stderr)
+        return 2
+    root = spec.root
+    code = 0
+    with locked(root):
+        current = load(root)
+        warn: list[str] = []
+        records = read_records(root, [stage.id], warn)
+        print_warnings(warn)
+        keep = list(current)
+        taken: list[Baseline] = []
+        for arch in archs:
+            src = source_hash(root, stage, arch)
+            fresh = [r for r in records if r.arch == arch and is_fresh(r, src) and r.status in RAN]
+            by_case = newest_by_case(fresh)
+            missing = [case_label(c.dict) for c in every if case_label(c.dict) not in by_case]
+            failed = [(case_label(c.dict), by_case[case_label(c.dict)]) for c in every
+                      if case_label(c.dict) in by_case and by_case[case_label(c.dict)].status != "pass"]
+            if missing or failed:
+                parts = []
+                if failed:
+                    parts.append(f"{len(failed)} failed (" + "; ".join(f"{label}: {rec.status} {rec.id}"
+                                                                      for label, rec in failed[:SUITE_SHOWN])
+                                 + (" …" if len(failed) > SUITE_SHOWN else "") + ")")
+                if missing:
+                    parts.append(f"{len(missing)} have no result for the current source ("
+                                 + ", ".join(missing[:SUITE_SHOWN]) + (" …" if len(missing) > SUITE_SHOWN else "") + ")")
+                console.print(f"{stage.name} {arch}: no suite baseline — it holds every one of the {len(every)} cases "
+                              f"passing, and {' and '.join(parts)}: run them (dsv4-lab run {stage.name} --arch {arch})")
+                code = 1
+                continue
+            chosen = [by_case[case_label(c.dict)] for c in every]
+            newest_rec = max(chosen, key=lambda r: r.t)
+            runs = sorted({r.run for r in chosen})
+            keep = [b for b in keep if not (b.stage == stage.id and b.arch == arch)]
+            taken.append(Baseline(stage.id, arch, SUITE_LABEL, newest_rec.id, src, {}, {}, None, None,
+                                  {"cases": len(every), "runs": runs}))
+        if taken:
+            save(root, keep + taken, read=keep)
+    for b in taken:
+        console.print(f"baseline {stage.name} {b.arch} {SUITE_LABEL}: all {b.suite['cases']} cases pass "
+                      f"← runs {', '.join(b.suite['runs'])} (suite; the records may now be retired to git history "
+                      "by scripts/compact_results.py)")
+    return code if not taken or code else 0
+
+
 # The archs the lab's own GPUs run (Hopper: H100/H200), each with the GPU that runs it: a case of
 # one is baselined from a passing run, never from compiling alone.
 LAB_RUN_ARCHS: dict[str, str] = {"sm_90a": "Hopper"}
@@ -752,6 +858,8 @@ def drop(spec, stage, archs: list[str] | None, cases, every: bool = False, gone:
     from harness.spec.matrix import expand
 
     labels = {case_label(c.dict) for c in (expand(stage) if gone else cases)}
+    if stage.suite is not None and (gone or len(labels) == len(expand(stage))):  # its one baseline (suite)
+        labels.add(SUITE_LABEL)
     with locked(spec.root):
         items = load(spec.root, must_exist=True)
         mine = [b for b in items if b.stage == stage.id and (not archs or b.arch in archs)]
@@ -804,7 +912,7 @@ def show(root: Path, stage: Any = None, archs: list[str] | None = None, cases: l
 
     items = load(root, must_exist=True)
     sid = None if stage is None else (stage.id if hasattr(stage, "id") else normalize_stage_name(str(stage)))
-    labels = None if cases is None else {case_label(c.dict) for c in cases}
+    labels = None if cases is None else {case_label(c.dict) for c in cases} | {SUITE_LABEL}  # a suite's, whatever the filter
     items = sorted(select(items, sid, archs, labels), key=matrix_order(root))
     console = make_console()
     if not items:
@@ -821,6 +929,16 @@ def show(root: Path, stage: Any = None, archs: list[str] | None = None, cases: l
             for out, m in b.metrics.items():
                 t.add_row(escape(b.stage), b.arch, escape(b.case), escape(out), _f(m.get("cosine"), ".9f"), _f(m.get("rel_l2"), ".2e"),
                           _f(m.get("max_abs"), ".2e"), _f(b.timing_us, ".2f"), escape(b.record))
+        console.print(t)
+    suites = [b for b in items if b.kind == "suite"]
+    if suites:
+        t = Table(title="baselines (suite: every case of the list passed)")
+        for col in ("stage", "arch", "cases", "src", "runs", "record"):
+            t.add_column(col)
+        for b in suites:
+            s = b.suite or {}
+            t.add_row(escape(b.stage), b.arch, str(s.get("cases")), escape(b.src[:12]),
+                      escape(", ".join(s.get("runs", []))), escape(b.record))
         console.print(t)
     if comps:
         t = Table(title="baselines (compile-only)")

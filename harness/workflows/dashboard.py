@@ -16,7 +16,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from harness.notebook.baselines import load as load_baselines
+from harness.notebook.baselines import SUITE_LABEL, load as load_baselines
 from harness.core.labels import case_label
 from harness.spec.identity import source_hash
 from harness.spec.matrix import count
@@ -91,10 +91,13 @@ def cell(spec: Spec, stage: Stage, arch: str, records: list[Record], baselines: 
     mine_speed = [b for (st, a, _), b in (speed or {}).items() if st == stage.id and a == arch]
     if mine_speed:
         c.speed = speed_text(benched, mine_speed, source_hash(spec.root, stage, arch))
+    src = source_hash(spec.root, stage, arch)
+    suite = baselines.get((stage.id, arch, SUITE_LABEL))
+    if suite is not None and (suite.src == src or not any(r.status in RAN and is_fresh(r, src) for r in mine)):
+        return suite_cell(c, suite, src, count(stage), now)
     if not mine:
         c.ran = "not compiled yet"
         return c
-    src = source_hash(spec.root, stage, arch)
     compiled = [r for r in mine if r.compile and r.status != "compile_error"]
     errors = [r for r in mine if r.status == "compile_error"]
     newest = mine[-1]
@@ -156,6 +159,23 @@ def cell(spec: Spec, stage: Stage, arch: str, records: list[Record], baselines: 
     c.style = "green" if n_pass == total and not c.stale else ("red" if n_pass < len(run) else "yellow")
     if compile_error:  # the newest build failed: what ran before is not what the source builds now
         c.ran, c.style = "✗ compile error", "red"
+    return c
+
+
+def suite_cell(c: Cell, b, src: str, total: int, now: float) -> Cell:
+    """A suite stage whose one baseline holds for the current source, or whose records left the live
+        notebook with no newer ones (retired to git history once that baseline held every case,
+        notebook/baselines.py: suite): what the baseline says."""
+    n = (b.suite or {}).get("cases", 0)
+    runs = (b.suite or {}).get("runs", [])
+    c.passed = f"{'✓' if n == total else '✗'} {n}/{total}"
+    c.ran = f"suite baseline: runs {runs[0]}" + (f" … {runs[-1]}" if len(runs) > 1 else "") + " (records in git history)"
+    c.stale = "" if b.src == src else "stale"
+    c.style = "green" if n == total and not c.stale else "yellow"
+    try:
+        c.age = _age(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.strptime(b.record[:15], "%Y%m%d-%H%M%S")), now)
+    except ValueError:
+        pass
     return c
 
 

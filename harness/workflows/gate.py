@@ -20,7 +20,7 @@ import shlex
 import signal
 import stat
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -144,21 +144,68 @@ class _Lookup:
 
 
 def newest_records(root: Path, items: list[Baseline], src: dict[tuple[str, str], str | None],
-                   warn: list[str]) -> list[Record]:
+                   warn: list[str], spec: Spec | None = None) -> list[Record]:
     """The records the gate needs, oldest first: each stage's file read from its newest line back
-        until every baselined case has its newest fresh result (a case without one reads it all).
+        until every baselined case has its newest fresh result (a case without one reads it all);
+        a suite baseline whose source moved wants every case of its list (`spec` lists them).
         Lines checked as `read_records` checks them; a bad one skipped with a file:line warning."""
     from harness.notebook.records import newest_fresh_in_file, stage_file
 
     out: list[Record] = []
     for stage in sorted({b.stage for b in items}):
         wanted = {(b.arch, b.case): (src[(b.stage, b.arch)], _proves(b)) for b in items
-                  if b.stage == stage and src.get((b.stage, b.arch))}
+                  if b.stage == stage and src.get((b.stage, b.arch)) and b.kind != "suite"}
+        for b in items:
+            if b.stage == stage and b.kind == "suite" and spec is not None and _suite_moved(b, src):
+                wanted.update({(b.arch, label): (src[(b.stage, b.arch)], _proves(b))
+                               for label in _suite_labels(spec, b.stage)})
         _, met = newest_fresh_in_file(stage_file(root, stage), wanted,
                                       lambda rec, stage=stage: (rec.arch, case_label(rec.case)) if rec.stage == stage
                                       else None, warn)
         out += met
     return out
+
+
+def _suite_moved(b: Baseline, src: dict[tuple[str, str], str | None]) -> bool:
+    """Whether a suite baseline's stage has a source hash now other than the one its runs passed at."""
+    current = src.get((b.stage, b.arch))
+    return current is not None and current != b.src
+
+
+def _suite_labels(spec: Spec, stage: str) -> list[str]:
+    from harness.spec.matrix import expand
+
+    st = spec.stages.get(stage)
+    return [] if st is None else [case_label(c.dict) for c in expand(st)]
+
+
+def suite_findings(spec: Spec, b: Baseline, current: str, look: "_Lookup") -> list[Finding]:
+    """A suite baseline (notebook/baselines.py: suite) on the current tree: it holds while the stage's
+        source hash is the one every case passed at and the list has as many cases; else every case
+        wants a fresh result — one that is not a pass is a regression (the case named), one missing
+        leaves the baseline stale."""
+    labels = list(look.cases.get(b.stage, {}))
+    count = (b.suite or {}).get("cases")
+    if current == b.src and len(labels) == count:
+        return []
+    failed: list[Finding] = []
+    missing = 0
+    for label in labels:
+        recs = look.records.get((b.stage, b.arch, *look.cases[b.stage][label].items()), [])
+        rec = newest(recs, b.stage, b.arch, look.cases[b.stage][label], current, _proves(b))
+        if rec is None:
+            missing += 1
+        elif rec.status != "pass":
+            failed.append(Finding("regression", replace(b, case=label), metric="status", record=rec.id,
+                                  text=f"{rec.status}: {rec.error or rec.status}"[:200]))
+    if failed:
+        return failed
+    if missing:
+        why = ("its source changed" if current != b.src
+               else f"its list has {len(labels)} cases now, {count} when it was baselined")
+        return [Finding("stale", b, text=f"{missing} of {len(labels)} cases have no result for the current source "
+                                         f"({why})")]
+    return []  # every case passed at the new source: the suite still holds (accept it again to move its src)
 
 
 def _proves(b: Baseline):
@@ -201,6 +248,13 @@ def evaluate(spec: Spec, items: list[Baseline], records: list[Record],
             if current is None:
                 findings.append(Finding("error", b, text=f"stage {b.stage} or arch {b.arch} is no longer in stages.yaml"))
                 continue
+            if b.kind == "suite":
+                if spec.stages[b.stage].suite is None:
+                    findings.append(Finding("error", b, text=f"stage-{b.stage} is no suite any more — drop its suite "
+                                                             f"baseline: dsv4-lab baseline drop stage-{b.stage} --gone"))
+                else:
+                    findings += suite_findings(spec, b, current, look)
+                continue
             if look.case(b) is None:
                 findings.append(Finding("error", b, text=f"case {b.case} is no longer in stage-{b.stage}'s matrix — "
                                                          f"drop it: dsv4-lab baseline drop stage-{b.stage} --gone, then "
@@ -234,11 +288,18 @@ def _case_of(spec: Spec, b: Baseline):
     return Case(st.id, ())
 
 
+def _cases_of(spec: Spec, b: Baseline) -> list:
+    """The cases a stale baseline is re-proven with: its case, or a suite's whole list."""
+    from harness.spec.matrix import expand
+
+    return list(expand(spec.stages[b.stage])) if b.kind == "suite" else [_case_of(spec, b)]
+
+
 def _run_stale(spec: Spec, stale: list[Finding]) -> None:
     """Run the stale cases here (records are written as for any run)."""
     from harness.execution.runner import RunOptions, Runner, Task
 
-    tasks = [Task(spec.stages[f.baseline.stage], f.baseline.arch, _case_of(spec, f.baseline)) for f in stale]
+    tasks = [Task(spec.stages[f.baseline.stage], f.baseline.arch, case) for f in stale for case in _cases_of(spec, f.baseline)]
     print(f"gate: running {len(tasks)} stale case(s) on this machine …", file=sys.stderr)
     summary = Runner(spec, RunOptions(tasks=tasks, argv=["gate"]), on_record=_progress(len(tasks), _run_line)).run()
     if summary.interrupted:  # stopped by a signal: the gate stops too, 128 + signal (never a verdict)
@@ -333,7 +394,7 @@ def _judge(root: Path, baselines_root: Path, allow_run: bool, out, target: str |
         sys.path.insert(0, str(root))
     warn: list[str] = []
     src = sources(spec, items)
-    records = newest_records(root, items, src, warn)
+    records = newest_records(root, items, src, warn, spec)
     print_warnings(warn)
     findings, stopped = evaluate(spec, items, records, src)
     stale = [f for f in findings if f.kind == "stale"]
@@ -342,7 +403,7 @@ def _judge(root: Path, baselines_root: Path, allow_run: bool, out, target: str |
     runnable: set[str] | None = None
     if stale and allow_run and not stopped:
         compile_stale = [f for f in stale if f.baseline.kind == "compile"]
-        run_all = [f for f in stale if f.baseline.kind == "run"]
+        run_all = [f for f in stale if f.baseline.kind != "compile"]
         try:
             proof = _proof(lab, target) if run_all else None
         except TargetError as exc:
@@ -361,7 +422,7 @@ def _judge(root: Path, baselines_root: Path, allow_run: bool, out, target: str |
                 print(f"dsv4-lab: {exc}", file=sys.stderr)
                 return 2
         if compile_stale or run_stale or proof is not None:
-            records = newest_records(root, items, src, [])
+            records = newest_records(root, items, src, [], spec)
             findings, stopped = evaluate(spec, items, records, src)
             stale = [f for f in findings if f.kind == "stale"]
     lead, tail = _stale_hint(lab, spec, stale, records, src, proof, remote_rc, runnable, allow_run) if stale \
@@ -391,15 +452,19 @@ def _prove_on_target(spec: Spec, target: str, stale: list[Finding], snap) -> int
     from harness.remote.remote_run import run_remote
 
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    whole: set[tuple[str, str]] = set()  # a suite: its whole list, no --where
     for f in stale:
-        groups.setdefault((f.baseline.stage, f.baseline.arch), []).append(_case_of(spec, f.baseline).dict)
+        groups.setdefault((f.baseline.stage, f.baseline.arch), []).extend(c.dict for c in _cases_of(spec, f.baseline))
+        if f.baseline.kind == "suite":
+            whole.add((f.baseline.stage, f.baseline.arch))
     print(f"gate: proving {len(stale)} stale case(s) on {target} ("
           + ", ".join(f"stage-{s} {a}" for s, a in sorted(groups)) + ") …", file=sys.stderr)
     worst = 0
     for (sid, arch), cases in sorted(groups.items()):
         st = spec.stages[sid]
-        where = ",".join(f"{axis}=" + "|".join(str(v) for v in sorted({c[axis] for c in cases if axis in c}, key=str))
-                         for axis in st.matrix if any(axis in c for c in cases))
+        where = "" if (sid, arch) in whole else ",".join(
+            f"{axis}=" + "|".join(str(v) for v in sorted({c[axis] for c in cases if axis in c}, key=str))
+            for axis in st.matrix if any(axis in c for c in cases))
         chosen = expand(st, parse_filters(st, parse_where(where)))
         argv = ["run", f"stage-{sid}", "--arch", arch] + (["--where", where] if where else [])
         rc = run_remote(spec, target, argv, [st], [arch], {st.id: chosen}, snapshot=snap)
@@ -411,7 +476,7 @@ def _stale_hint(lab: Path, spec: Spec, stale: list[Finding], records: list[Recor
                 remote_rc: int, runnable: set[str] | None, allow_run: bool) -> tuple[str, str]:
     """What the stale line says around its commands: how to prove what this machine cannot run, or
         what the proof target said."""
-    runs = [f for f in stale if f.baseline.kind == "run"]
+    runs = [f for f in stale if f.baseline.kind != "compile"]
     if not runs:
         return "", ""
     if proof is not None:
