@@ -12,7 +12,7 @@ moved by `save`; one case in both files, or both run files at once, is one line 
 * **suite** (a stage with a `suite:` block, an arch the lab's GPUs run): one baseline for the whole
   case list, label SUITE_LABEL — every case's newest fresh result passed at source `src` (the
   peer's own rule and the stage's bounds), `suite: {cases: N, runs: [...]}` naming the runs that
-  showed it. Its records may then leave the live notebook for git history (compaction retires
+  showed it, `record` the newest of them (a run: no one record stands for the list). Its records may then leave the live notebook for git history (compaction retires
   them: a case list of thousands would outgrow the tree a GPU machine is sent); the gate holds it
   while the stage's source hash is `src`, and otherwise wants every case's fresh result, each a pass.
 * **compile** (an arch no device here runs): from the newest fresh `compiled` record, status,
@@ -826,7 +826,7 @@ def accept_suite(spec, stage, archs: list[str], cases) -> int:
             newest_rec = max(chosen, key=lambda r: r.t)
             runs = sorted({r.run for r in chosen})
             keep = [b for b in keep if not (b.stage == stage.id and b.arch == arch)]
-            taken.append(Baseline(stage.id, arch, SUITE_LABEL, newest_rec.id, src, {}, {}, None, None,
+            taken.append(Baseline(stage.id, arch, SUITE_LABEL, newest_rec.run, src, {}, {}, None, None,
                                   {"cases": len(every), "runs": runs}))
         if taken:
             save(root, keep + taken, read=keep)
