@@ -38,7 +38,7 @@ def _accepted(lab):
 def test_accept_takes_one_baseline_for_the_whole_list(suite_lab):
     r = _accepted(suite_lab)
     run = _records(suite_lab, "SUITE")[0]["run"]
-    assert f"baseline stage-SUITE cpu all-cases: all 2 cases pass ← runs {run}" in r.stdout
+    assert f"baseline stage-SUITE cpu all-cases: all 2 cases pass ← runs {run} (suite" in r.stdout
     (b,) = _suites(suite_lab)
     assert (b.stage, b.arch, b.case, b.suite) == ("SUITE", "cpu", "all-cases", {"cases": 2, "runs": [run]})
     assert [x for x in baselines.load(suite_lab) if x.stage == "SUITE"] == [b]  # no per-case baselines beside it
@@ -67,7 +67,7 @@ def test_accept_refuses_a_list_with_a_failure_or_a_case_not_run(suite_lab):
     r = run_cli(["baseline", "accept", "stage-NUDGE"], cwd=suite_lab)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "stage-NUDGE cpu: no suite baseline — it holds every one of the 2 cases passing, and 2 failed (" in r.stdout
-    assert "n=16,id=0: fail " in r.stdout
+    assert "(n=16,id=0: fail " in r.stdout
     assert run_cli(["run", "stage-SUITE", "--n", "16"], cwd=suite_lab).returncode == 0
     r = run_cli(["baseline", "accept", "stage-SUITE"], cwd=suite_lab)
     assert r.returncode == 1 and "1 have no result for the current source (n=32,id=1)" in r.stdout, r.stdout
@@ -142,27 +142,41 @@ def test_records_of_another_source_are_not_taken_for_the_suite(suite_lab):
     assert len(live) == 2  # the new source's two; the old two archived as stale
 
 
-@pytest.mark.parametrize("entry, says", [
-    ("{kind: suite, record: r.1, src: s, suite: {cases: 2, runs: []}}", "suite.runs: expected a non-empty list"),
-    ("{kind: suite, record: r.1, src: s, suite: {cases: 0, runs: [r]}}", "suite.cases: 0 cases hold nothing"),
-    ("{kind: suite, record: r.1, src: s, suite: {cases: 2}}", "missing 'runs'"),
-    ("{kind: suite, record: r.1, src: s, metrics: {out: {cosine: 1.0}}, suite: {cases: 2, runs: [r]}}",
-     "metrics: unknown key"),
+@pytest.mark.parametrize("label, body, says", [
+    ("all-cases", "suite: {cases: 2, runs: []}", "suite.runs: expected a non-empty list"),
+    ("all-cases", "suite: {cases: 0, runs: [r]}", "suite.cases: 0 cases hold nothing"),
+    ("all-cases", "suite: {cases: 2}", "missing 'runs'"),
+    ("all-cases", "metrics: {out: {cosine: 1.0}}, suite: {cases: 2, runs: [r]}", "metrics: unknown key"),
+    ("n=16,id=0", "suite: {cases: 2, runs: [r]}", "a suite baseline is labelled all-cases"),
 ])
-def test_a_bad_suite_baseline_is_one_line(suite_lab, entry, says):
-    text = f"version: 1\nbaselines:\n  SUITE:\n    cpu:\n      all-cases: {entry}\n"
+def test_a_bad_suite_baseline_is_one_line(suite_lab, label, body, says):
+    text = f"version: 1\nbaselines:\n  SUITE:\n    cpu:\n      {label}: {{kind: suite, record: r, src: s, {body}}}\n"
     (suite_lab / "results").mkdir(exist_ok=True)
     (suite_lab / "results" / "baselines.yaml.xz").write_bytes(lzma.compress(text.encode()))
     r = run_cli(["gate", "--no-run"], cwd=suite_lab)
-    assert r.returncode == 2, r.stdout + r.stderr
     err = r.stderr.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err and says in err, err
+    assert r.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err and says in err, err
 
 
-def test_a_suite_baseline_must_be_labelled_for_the_whole_list(suite_lab):
-    text = ("version: 1\nbaselines:\n  SUITE:\n    cpu:\n"
-            "      n=16,id=0: {kind: suite, record: r.1, src: s, suite: {cases: 2, runs: [r]}}\n")
-    (suite_lab / "results").mkdir(exist_ok=True)
-    (suite_lab / "results" / "baselines.yaml.xz").write_bytes(lzma.compress(text.encode()))
-    r = run_cli(["gate", "--no-run"], cwd=suite_lab)
-    assert r.returncode == 2 and "a suite baseline is labelled all-cases" in r.stderr, r.stderr
+def test_run_missing_resumes_a_run_cut_short(suite_lab):
+    import os
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "run_missing.py"
+
+    def resume(stage):
+        return subprocess.run([sys.executable, str(script), stage, "--arch", "cpu"], cwd=suite_lab, capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(script.parent.parent)})
+
+    assert run_cli(["run", "stage-SUITE", "--n", "16"], cwd=suite_lab).returncode == 0
+    r = resume("stage-SUITE")
+    assert r.returncode == 0 and "1 of 2 cases have a verdict for the current source (0 not a pass); running the other 1" \
+        in r.stdout, r.stdout + r.stderr
+    assert [x["case"]["n"] for x in _records(suite_lab, "SUITE")] == [16, 32]
+    r = resume("SUITE")
+    assert r.returncode == 0 and "running the other 0" in r.stdout and len(_records(suite_lab, "SUITE")) == 2
+    assert run_cli(["run", "stage-NUDGE"], cwd=suite_lab).returncode == 1
+    r = resume("stage-NUDGE")
+    assert r.returncode == 1 and "(2 not a pass)" in r.stdout, r.stdout
+    assert resume("stage-NOPE").returncode == 2

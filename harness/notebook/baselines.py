@@ -806,18 +806,13 @@ def accept_suite(spec, stage, archs: list[str], cases) -> int:
             src = source_hash(root, stage, arch)
             fresh = [r for r in records if r.arch == arch and is_fresh(r, src) and r.status in RAN]
             by_case = newest_by_case(fresh)
-            missing = [case_label(c.dict) for c in every if case_label(c.dict) not in by_case]
-            failed = [(case_label(c.dict), by_case[case_label(c.dict)]) for c in every
-                      if case_label(c.dict) in by_case and by_case[case_label(c.dict)].status != "pass"]
+            labels = [case_label(c.dict) for c in every]
+            missing = [label for label in labels if label not in by_case]
+            failed = [f"{label}: {by_case[label].status} {by_case[label].id}" for label in labels
+                      if label in by_case and by_case[label].status != "pass"]
             if missing or failed:
-                parts = []
-                if failed:
-                    parts.append(f"{len(failed)} failed (" + "; ".join(f"{label}: {rec.status} {rec.id}"
-                                                                      for label, rec in failed[:SUITE_SHOWN])
-                                 + (" …" if len(failed) > SUITE_SHOWN else "") + ")")
-                if missing:
-                    parts.append(f"{len(missing)} have no result for the current source ("
-                                 + ", ".join(missing[:SUITE_SHOWN]) + (" …" if len(missing) > SUITE_SHOWN else "") + ")")
+                parts = [f"{len(xs)} {what} ({_few(xs)})" for xs, what in
+                         ((failed, "failed"), (missing, "have no result for the current source")) if xs]
                 console.print(f"{stage.name} {arch}: no suite baseline — it holds every one of the {len(every)} cases "
                               f"passing, and {' and '.join(parts)}: run them (dsv4-lab run {stage.name} --arch {arch})")
                 code = 1
@@ -832,9 +827,12 @@ def accept_suite(spec, stage, archs: list[str], cases) -> int:
             save(root, keep + taken, read=keep)
     for b in taken:
         console.print(f"baseline {stage.name} {b.arch} {SUITE_LABEL}: all {b.suite['cases']} cases pass "
-                      f"← runs {', '.join(b.suite['runs'])} (suite; the records may now be retired to git history "
-                      "by scripts/compact_results.py)")
-    return code if not taken or code else 0
+                      f"← runs {', '.join(b.suite['runs'])} (suite: compaction may now retire its records)")
+    return code
+
+
+def _few(items: list[str]) -> str:
+    return "; ".join(items[:SUITE_SHOWN]) + (" …" if len(items) > SUITE_SHOWN else "")
 
 
 # The archs the lab's own GPUs run (Hopper: H100/H200), each with the GPU that runs it: a case of

@@ -167,9 +167,7 @@ def newest_records(root: Path, items: list[Baseline], src: dict[tuple[str, str],
 
 
 def _suite_moved(b: Baseline, src: dict[tuple[str, str], str | None]) -> bool:
-    """Whether a suite baseline's stage has a source hash now other than the one its runs passed at."""
-    current = src.get((b.stage, b.arch))
-    return current is not None and current != b.src
+    return src.get((b.stage, b.arch)) not in (None, b.src)
 
 
 def _suite_labels(spec: Spec, stage: str) -> list[str]:
@@ -181,9 +179,8 @@ def _suite_labels(spec: Spec, stage: str) -> list[str]:
 
 def suite_findings(spec: Spec, b: Baseline, current: str, look: "_Lookup") -> list[Finding]:
     """A suite baseline (notebook/baselines.py: suite) on the current tree: it holds while the stage's
-        source hash is the one every case passed at and the list has as many cases; else every case
-        wants a fresh result — one that is not a pass is a regression (the case named), one missing
-        leaves the baseline stale."""
+        source hash and case count are its own; else each case's fresh result must be a pass (a
+        regression naming the case), a case without one leaves it stale."""
     labels = list(look.cases.get(b.stage, {}))
     count = (b.suite or {}).get("cases")
     if current == b.src and len(labels) == count:
