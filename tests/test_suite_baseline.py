@@ -88,7 +88,7 @@ def test_the_gate_holds_it_from_the_source_alone_and_reproves_it_when_the_source
     assert code == 1, out
     assert "gate: stale" in out and "dsv4-lab run stage-SUITE --arch cpu" in out
     code, out = _decide(suite_lab, allow_run=True)  # re-proven here: both cases run and pass
-    assert code == 0 and "gate: pass" in out, out
+    assert code == 0 and "gate: pass" in out and "all 2 pass at the new source — re-accept it" in out, out
     assert len(_records(suite_lab, "SUITE")) == 2
     crit.write_text(crit.read_text().replace("d < 1e-6", "d < -1.0"))  # now the rule fails every case
     code, out = _decide(suite_lab, allow_run=True)

@@ -202,7 +202,8 @@ def suite_findings(spec: Spec, b: Baseline, current: str, look: "_Lookup") -> li
                else f"its list has {len(labels)} cases now, {count} when it was baselined")
         return [Finding("stale", b, text=f"{missing} of {len(labels)} cases have no result for the current source "
                                          f"({why})")]
-    return []  # every case passed at the new source: the suite still holds (accept it again to move its src)
+    return [Finding("change", b, metric="src", text=f"all {len(labels)} pass at the new source — re-accept it "
+                                                     f"(dsv4-lab baseline accept stage-{b.stage})")]
 
 
 def _proves(b: Baseline):
