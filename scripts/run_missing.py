@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # after the lab root: workers re-run this line
 
-from harness.core.statuses import RAN  # noqa: E402
 from harness.core.labels import case_label  # noqa: E402
-from harness.notebook.records import is_fresh, newest_by_case, read_records  # noqa: E402
+from harness.notebook.baselines import fresh_verdicts  # noqa: E402
+from harness.notebook.records import read_records  # noqa: E402
 from harness.spec.identity import source_hash  # noqa: E402
 from harness.spec.matrix import expand  # noqa: E402
 from harness.spec.spec import SpecError, normalize_stage_name  # noqa: E402
@@ -42,8 +42,7 @@ def main(argv: list[str]) -> int:
         print(f"run_missing: no stage {a.stage} with a kernel for {a.arch} in stages.yaml", file=sys.stderr)
         return 2
     src = source_hash(spec.root, st, a.arch)
-    done = newest_by_case([r for r in read_records(spec.root, [st.id]) if r.arch == a.arch and is_fresh(r, src)],
-                          lambda r: r.status in RAN)
+    done = fresh_verdicts(read_records(spec.root, [st.id]), a.arch, src)
     every = list(expand(st))
     todo = [c for c in every if case_label(c.dict) not in done]
     failed = sum(1 for r in done.values() if r.status != "pass")

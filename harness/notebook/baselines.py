@@ -782,8 +782,7 @@ def accept_suite(spec, stage, archs: list[str], cases) -> int:
         did not and the first few, exit 1.  It replaces the stage's per-case baselines of that arch."""
     from rich.console import Console
 
-    from harness.core.statuses import RAN
-    from harness.notebook.records import newest_by_case, print_warnings, read_records
+    from harness.notebook.records import print_warnings, read_records
     from harness.spec.identity import source_hash
     from harness.spec.matrix import expand
 
@@ -802,11 +801,10 @@ def accept_suite(spec, stage, archs: list[str], cases) -> int:
         print_warnings(warn)
         keep = list(current)
         taken: list[Baseline] = []
+        labels = [case_label(c.dict) for c in every]
         for arch in archs:
             src = source_hash(root, stage, arch)
-            fresh = [r for r in records if r.arch == arch and is_fresh(r, src) and r.status in RAN]
-            by_case = newest_by_case(fresh)
-            labels = [case_label(c.dict) for c in every]
+            by_case = fresh_verdicts(records, arch, src)
             missing = [label for label in labels if label not in by_case]
             failed = [f"{label}: {by_case[label].status} {by_case[label].id}" for label in labels
                       if label in by_case and by_case[label].status != "pass"]
@@ -817,7 +815,7 @@ def accept_suite(spec, stage, archs: list[str], cases) -> int:
                               f"passing, and {' and '.join(parts)}: run them (dsv4-lab run {stage.name} --arch {arch})")
                 code = 1
                 continue
-            chosen = [by_case[case_label(c.dict)] for c in every]
+            chosen = [by_case[label] for label in labels]
             newest_rec = max(chosen, key=lambda r: r.t)
             runs = sorted({r.run for r in chosen})
             keep = [b for b in keep if not (b.stage == stage.id and b.arch == arch)]
@@ -829,6 +827,14 @@ def accept_suite(spec, stage, archs: list[str], cases) -> int:
         console.print(f"baseline {stage.name} {b.arch} {SUITE_LABEL}: all {b.suite['cases']} cases pass "
                       f"← runs {', '.join(b.suite['runs'])} (suite: compaction may now retire its records)")
     return code
+
+
+def fresh_verdicts(records: list[Record], arch: str, src: str) -> dict[str, Record]:
+    """Case label -> the newest record of `arch` made at source `src` with a verdict (pass, fail, …)."""
+    from harness.core.statuses import RAN
+    from harness.notebook.records import newest_by_case
+
+    return newest_by_case([r for r in records if r.arch == arch and is_fresh(r, src)], lambda r: r.status in RAN)
 
 
 def _few(items: list[str]) -> str:
