@@ -64,6 +64,7 @@ SKIPPED: dict[str, str] = {
                             "runs it on one case",
     "dsv4-lab run stage-D1 --hd 512": f"{SLOW} (4 kernels at hd 512)",
     "dsv4-lab compile stage-E --arch sm_100a": f"{SLOW} (423 cases)",
+    "dsv4-lab suite deepgemm": f"{SLOW} (246 cases); tests/test_suites.py",
     "dsv4-lab gate": "judges the whole notebook: stale cases are run or recompiled (minutes); tests/test_gate.py",
     "dsv4-lab gate --install-hook": "needs a git repository; tests/test_gate.py::test_hook_install_is_idempotent_and_"
                                     "refuses_a_foreign_hook",
